@@ -1,0 +1,24 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PORT ?= 8501
+
+.PHONY: setup run test test-fast bench
+
+setup:
+	@bash scripts/setup.sh
+
+# 1) set up on first use, then open the app in the browser
+run: setup
+	$(PY) -m streamlit run app.py --server.port $(PORT) --browser.gatherUsageStats false
+
+# 2) set up on first use, then run the whole suite (real-model tests included)
+test: setup
+	$(PY) -m pytest -q -ra
+
+test-fast: setup
+	$(PY) -m pytest -q -ra -m "not slow and not browser"
+
+bench: setup
+	$(PY) bench/bench_kvcore.py
+	$(PY) bench/bench_engine.py
+	$(PY) bench/bench_app_step.py

