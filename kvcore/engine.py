@@ -95,6 +95,9 @@ class Engine:
         self._arrivals = 0
         self._pending: list[RequestSpec] = sorted(scenario.requests, key=lambda r: r.arrival_step)
         self.history: list[trace.StepRecord] = []
+        # Refuse a scenario whose prompt can never fit now, not in the middle of a run.
+        for spec in self._pending:
+            self._checked_prompt(spec)
         if self.debug:
             self.check_invariants()
 
@@ -121,6 +124,17 @@ class Engine:
         nothing, if it is malformed or can never fit in the pool."""
         if spec.id in self.scheduler.requests:
             raise ValueError(f"a request with id {spec.id!r} already exists")
+        ids = self._checked_prompt(spec)
+        s = self.settings
+        self._arrivals += 1
+        req = Request(spec.id, ids, spec.max_tokens, arrival_time=self._arrivals,
+                      priority=spec.priority, cache_salt=spec.cache_salt,
+                      eos_token_ids=self._eos_ids(), ignore_eos=spec.ignore_eos,
+                      block_hasher=self.hasher if s.enable_prefix_caching else None)
+        self.scheduler.add_request(req)
+
+    def _checked_prompt(self, spec: RequestSpec) -> list[int]:
+        """The prompt's token ids; ValueError if the prompt alone can never fit."""
         ids = self.encode(spec)
         s = self.settings
         full_groups = sum(1 for g in self.groups if g.kind == "full")
@@ -134,12 +148,7 @@ class Engine:
         if len(ids) >= self.max_model_len:
             raise ValueError(f"request {spec.id!r}: prompt of {len(ids)} tokens reaches max_model_len "
                              f"{self.max_model_len}")
-        self._arrivals += 1
-        req = Request(spec.id, ids, spec.max_tokens, arrival_time=self._arrivals,
-                      priority=spec.priority, cache_salt=spec.cache_salt,
-                      eos_token_ids=self._eos_ids(), ignore_eos=spec.ignore_eos,
-                      block_hasher=self.hasher if s.enable_prefix_caching else None)
-        self.scheduler.add_request(req)
+        return ids
 
     def has_unfinished(self) -> bool:
         return bool(self._pending) or self.scheduler.has_unfinished_requests()

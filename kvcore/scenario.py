@@ -155,7 +155,7 @@ def _check_request(i: int, raw: Any, problems: list[str]) -> Optional[RequestSpe
 
 def load_scenario(source: Union[dict, str, Path]) -> Scenario:
     """Parse and validate a scenario from a dict, a JSON string, or a path to a JSON file."""
-    if isinstance(source, Path) or (isinstance(source, str) and not source.lstrip().startswith("{")):
+    if isinstance(source, Path) or (isinstance(source, str) and not source.lstrip().startswith(("{", "["))):
         try:
             text = Path(source).read_text(encoding="utf-8")
         except OSError as e:

@@ -185,7 +185,8 @@ class BlockPool:
             for bid, h in evicted.items():
                 self.recorder.emit(trace.EVICTED, [bid], reason="reused from queue head", hash=h)
             self.recorder.emit(trace.ALLOCATED, [b.block_id for b in ret],
-                               queue_positions=list(range(len(ret))), evicted_hashes=evicted)
+                               queue_positions=list(range(len(ret))),
+                               evicted_hashes={str(k): v for k, v in evicted.items()})
         return ret
 
     def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:

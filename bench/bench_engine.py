@@ -1,0 +1,249 @@
+"""Engine benchmark: decode throughput and time to first token of the paged runner.
+
+Compares the paged ModelRunner (driven by a minimal engine, kvcore.model.testing.MiniEngine)
+with transformers on the same weights and prompts:
+
+- decode throughput (tokens/s) with 1 and 8 concurrent requests, vs ``model.generate``
+  at batch 1 and with a left-padded batch of 8, and vs transformers' continuous batching
+  ``model.generate_batch`` where it runs;
+- time to first token vs prefix-hit length (a second request reusing the first one's
+  cached blocks feeds only its tail);
+- one decode step vs the memory-bandwidth bound (all fp32 weights streamed once).
+
+Every measurement function takes a callable, so another driver (e.g. the Engine) can
+be plugged in: ``decode_tps(run, prompts, n)`` needs ``run(prompts, max_new_tokens)``
+that generates exactly ``max_new_tokens`` for each prompt; ``ttft(first_token)`` needs
+``first_token(prompt, hit_tokens) -> seconds``.
+
+Decode throughput is measured as ``B * (N - n0) / (t(N) - t(n0))`` -- the prefill and
+first token cancel out, so backends that cannot time their steps separately (generate)
+are measured like the others.  Runs are interleaved and the best of ``--repeat`` kept,
+since the machine may be shared.
+
+    python bench/bench_engine.py            # SmolLM2 when installed, else tiny-random
+    python bench/bench_engine.py --quick    # fewer tokens and repeats
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+from typing import Callable, Sequence
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import torch  # noqa: E402
+
+from kvcore.model import ModelRunner, load_model, smollm2_available  # noqa: E402
+from kvcore.model.testing import MiniEngine  # noqa: E402
+
+RunFn = Callable[[list[list[int]], int], object]
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Name three prime numbers.",
+    "Why is the sky blue?",
+    "Give me a tip for learning Python.",
+    "What does a KV cache store?",
+    "Describe a cat in one sentence.",
+    "How many legs does a spider have?",
+]
+
+
+# --------------------------------------------------------------------- measurement
+def timed(fn: Callable[[], object]) -> float:
+    gc.collect()
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def decode_tps(run: RunFn, prompts: list[list[int]], new_tokens: int, repeat: int = 3,
+               base_tokens: int = 2) -> float:
+    """Decode tokens/s of ``run`` for these prompts: B*(N-n0) / (t(N)-t(n0)), best of ``repeat``."""
+    run(prompts, base_tokens)  # warm-up
+    short, long = [], []
+    for _ in range(repeat):
+        short.append(timed(lambda: run(prompts, base_tokens)))
+        long.append(timed(lambda: run(prompts, new_tokens)))
+    dt = min(long) - min(short)
+    return len(prompts) * (new_tokens - base_tokens) / max(dt, 1e-9)
+
+
+def ttft(first_token: Callable[[list[int], int], float], prompt: list[int], hits: Sequence[int],
+         repeat: int = 3) -> dict[int, float]:
+    """Median seconds to the first token for each prefix-hit length (in tokens)."""
+    first_token(prompt, 0)  # warm-up
+    return {h: statistics.median(first_token(prompt, h) for _ in range(repeat)) for h in hits}
+
+
+def weight_bandwidth_bound(model) -> tuple[float, float, float]:
+    """(weight bytes, measured GB/s of a streaming read, seconds to stream all weights once)."""
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())  # tied weights counted once
+    big = torch.ones(64 * 1024 * 1024 // 4 * 4)  # 64 MiB
+    big.sum()
+    t = min(timed(lambda: big.sum()) for _ in range(5))
+    gbs = big.numel() * 4 / t / 1e9
+    return nbytes, gbs, nbytes / (gbs * 1e9)
+
+
+# --------------------------------------------------------------------- backends
+def paged_runner_backend(loaded, block_size: int = 16, num_blocks: int | None = None):
+    """run(prompts, n) through a ModelRunner (allocated once) and the minimal engine."""
+    num_blocks = num_blocks or 256
+    runner = ModelRunner(loaded, num_blocks, block_size)
+
+    def run(prompts, n):
+        eng = MiniEngine(runner, poison=None)
+        for i, p in enumerate(prompts):
+            eng.add(f"r{i}", p, n)
+        return eng.run()
+
+    def first_token(prompt, hit):
+        eng = MiniEngine(runner, poison=None)
+        k = hit // block_size
+        if k:
+            eng.add("warm", prompt, 1)
+            eng.run()  # its blocks now hold the prompt's KV
+            eng.reqs["warm"].finished = True
+        eng.add("b", prompt, 1, prefix_of="warm" if k else None, prefix_blocks=k)
+        return timed(lambda: eng.step(["b"]))
+
+    return run, first_token, runner
+
+
+def hf_generate_backend(loaded):
+    """run(prompts, n) with ``model.generate`` (left-padded batch when several prompts)."""
+    model = loaded.model
+    pad = loaded.tokenizer.pad_token_id if getattr(loaded.tokenizer, "pad_token_id", None) is not None else 0
+
+    def run(prompts, n):
+        L = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), L), pad, dtype=torch.long)
+        mask = torch.zeros((len(prompts), L), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, L - len(p):] = torch.tensor(p)
+            mask[i, L - len(p):] = 1
+        with torch.inference_mode():
+            return model.generate(ids.to(loaded.device), attention_mask=mask.to(loaded.device),
+                                  do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=pad)
+
+    def first_token(prompt, hit):
+        return timed(lambda: run([prompt], 1))
+
+    return run, first_token
+
+
+def hf_generate_batch_backend(loaded):
+    """run(prompts, n) with transformers' continuous batching ``generate_batch`` (or None)."""
+    from transformers import GenerationConfig
+
+    model = loaded.model
+    if not hasattr(model, "generate_batch"):
+        return None
+
+    def run(prompts, n):
+        gcfg = GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=-1, pad_token_id=0)
+        out = model.generate_batch(inputs=prompts, generation_config=gcfg, progress_bar=False)
+        lens = [len(o.generated_tokens) for o in out.values()]
+        if lens != [n] * len(prompts):
+            raise RuntimeError(f"generate_batch returned {lens} tokens")
+        return out
+
+    return run
+
+
+# --------------------------------------------------------------------- main
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer tokens and repeats")
+    ap.add_argument("--model", choices=["smollm2", "tiny-random"], default=None)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--no-generate-batch", action="store_true", help="skip transformers' generate_batch")
+    args = ap.parse_args(argv)
+
+    name = args.model or ("smollm2" if smollm2_available() else "tiny-random")
+    loaded = load_model(name, args.device)
+    torch.set_grad_enabled(False)
+    new_tokens = 12 if args.quick else 32
+    repeat = 2 if args.quick else 3
+    prompts8 = [loaded.encode_prompt(q) for q in QUESTIONS]
+    prompt1 = [prompts8[0]]
+
+    print(f"# Paged KV Lab engine benchmark ({loaded.name}, {loaded.device}, {loaded.dtype}, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads)")
+    print(f"prompts: {len(prompts8)} chat prompts of {min(map(len, prompts8))}-{max(map(len, prompts8))} "
+          f"tokens; {new_tokens} new tokens; best of {repeat}\n")
+
+    paged_run, paged_first, runner = paged_runner_backend(loaded)
+    gen_run, gen_first = hf_generate_backend(loaded)
+
+    rows: list[tuple[str, str, float]] = []
+    res = {}
+    res["paged1"] = decode_tps(paged_run, prompt1, new_tokens, repeat)
+    res["gen1"] = decode_tps(gen_run, prompt1, new_tokens, repeat)
+    res["paged8"] = decode_tps(paged_run, prompts8, new_tokens, repeat)
+    res["gen8"] = decode_tps(gen_run, prompts8, new_tokens, repeat)
+    gb = None if args.no_generate_batch else hf_generate_batch_backend(loaded)
+    if gb is not None:
+        try:
+            res["gb8"] = decode_tps(gb, prompts8, new_tokens, max(1, repeat - 1), base_tokens=2)
+        except Exception as exc:  # pragma: no cover - depends on the transformers build
+            print(f"(generate_batch did not run: {type(exc).__name__}: {exc})")
+
+    rows.append(("paged runner", "1", res["paged1"]))
+    rows.append(("transformers generate", "1", res["gen1"]))
+    rows.append(("paged runner", "8 concurrent", res["paged8"]))
+    rows.append(("transformers generate (left-padded)", "8", res["gen8"]))
+    if "gb8" in res:
+        rows.append(("transformers generate_batch (continuous batching)", "8", res["gb8"]))
+
+    print("## Decode throughput\n")
+    print("| backend | requests | decode tokens/s | vs generate batch 1 |")
+    print("|---|---|---:|---:|")
+    for who, n, tps in rows:
+        print(f"| {who} | {n} | {tps:.1f} | {tps / res['gen1']:.2f}x |")
+    print()
+    print("Targets (CPU): paged batch 1 >= 1.0x generate: "
+          f"{res['paged1'] / res['gen1']:.2f}x; 8 concurrent >= 5x generate batch 1: "
+          f"{res['paged8'] / res['gen1']:.2f}x"
+          + (f"; >= 2x generate_batch: {res['paged8'] / res['gb8']:.2f}x" if "gb8" in res else ""))
+
+    # one decode step vs the bandwidth bound
+    nbytes, gbs, bound = weight_bandwidth_bound(loaded.model)
+    step1 = 1.0 / res["paged1"]
+    step8 = 8.0 / res["paged8"]
+    print("\n## One decode step vs the memory-bandwidth bound\n")
+    print("| | ms |")
+    print("|---|---:|")
+    print(f"| weights {nbytes / 1e6:.0f} MB at measured {gbs:.1f} GB/s (bound) | {bound * 1e3:.1f} |")
+    print(f"| weights at a nominal 35 GB/s | {nbytes / 35e9 * 1e3:.1f} |")
+    print(f"| paged decode step, 1 request | {step1 * 1e3:.1f} ({step1 / bound:.1f}x the bound) |")
+    print(f"| paged decode step, 8 requests | {step8 * 1e3:.1f} ({step8 / bound:.1f}x the bound) |")
+
+    # time to first token vs prefix-hit length
+    long_prompt = []
+    for p in prompts8:
+        long_prompt += p
+    L = 128 if args.quick else 256
+    long_prompt = (long_prompt * 4)[:L]
+    bs = runner.block_size
+    full = (L - 1) // bs * bs
+    hits = sorted({0, full // 4 // bs * bs, full // 2 // bs * bs, 3 * full // 4 // bs * bs, full})
+    t_paged = ttft(paged_first, long_prompt, hits, repeat)
+    t_gen = statistics.median(gen_first(long_prompt, 0) for _ in range(repeat))
+    print(f"\n## Time to first token vs prefix-hit length (prompt {L} tokens, block size {bs})\n")
+    print("| prefix hit (tokens) | tokens computed | paged TTFT ms | generate TTFT ms (no reuse) |")
+    print("|---:|---:|---:|---:|")
+    for h in hits:
+        print(f"| {h} | {L - h} | {t_paged[h] * 1e3:.1f} | {t_gen * 1e3:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,60 @@
+"""The model side of the engine: loading, paged KV pools, paged attention, the runner.
+
+Only this package imports torch/transformers.  Attributes are imported lazily, so
+``kvcore.model.memory`` (pure arithmetic) can be used without importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    # loader
+    "load_model": "loader",
+    "LoadedModel": "loader",
+    "ModelNotAvailable": "loader",
+    "DeviceNotAvailable": "loader",
+    "MODEL_CHOICES": "loader",
+    "DEVICE_CHOICES": "loader",
+    "DTYPE_CHOICES": "loader",
+    "ByteTokenizer": "loader",
+    "reference_model": "loader",
+    "resolve_device": "loader",
+    "smollm2_available": "loader",
+    "smollm2_gguf_path": "loader",
+    "smollm2_cache_dir": "loader",
+    "ensure_smollm2_converted": "loader",
+    "cache_root": "loader",
+    "tiny_random_config": "loader",
+    # paged attention
+    "ATTN_NAME": "paged_attention",
+    "PagedStep": "paged_attention",
+    "GroupStep": "paged_attention",
+    "build_paged_step": "paged_attention",
+    "paged_attention_forward": "paged_attention",
+    # runner
+    "ModelRunner": "runner",
+    "SeqBatchItem": "runner",
+    # memory (torch-free)
+    "bytes_per_block": "memory",
+    "bytes_per_block_dims": "memory",
+    "blocks_for_budget": "memory",
+    "blocks_for_budget_dims": "memory",
+    "dtype_bytes": "memory",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'kvcore.model' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

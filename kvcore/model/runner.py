@@ -1,0 +1,181 @@
+"""ModelRunner: run one engine step -- all scheduled sequences in ONE packed forward.
+
+The engine hands a list of :class:`SeqBatchItem` (which tokens to feed, from which
+position, through which block tables); the runner packs the tokens of all sequences
+along one axis (batch dimension 1, explicit position ids), lets every decoder layer
+write and read K/V through the paged pools (:mod:`kvcore.model.paged_attention`), and
+computes logits only at the last token of the sequences that sample this step.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .loader import LoadedModel, shared_clone
+from .paged_attention import ATTN_NAME, PagedStep, build_paged_step
+
+try:  # the engine's own definition, when present (same fields)
+    from kvcore.batch import SeqBatchItem  # type: ignore
+except ImportError:  # pragma: no cover - kvcore.batch is written by the engine side
+    @dataclass(frozen=True)
+    class SeqBatchItem:  # type: ignore[no-redef]
+        request_id: str
+        token_ids: list[int]                 # tokens fed this step (prompt chunk, or the last sampled token)
+        start_pos: int                       # position of token_ids[0] = tokens already in the pool
+        block_tables: tuple[list[int], ...]  # per KV cache group: logical block -> physical block (0 = null)
+        sample: bool                         # this step completes the known tokens: sample the next one
+
+
+class ModelRunner:
+    """Owns the paged KV pools (one tensor per decoder layer) and runs steps.
+
+    layer_group[i]: the KV cache group decoder layer i reads/writes through.
+    group_sliding_window[g]: None = full attention, W = sliding window of W tokens.
+    seed: None = greedy (argmax, ties -> lowest id); an int = sampling at temperature 1
+    from a torch.Generator seeded once here (same steps -> same tokens).
+
+    The runner works on a shallow clone of ``loaded.model`` that shares every weight
+    tensor but has its own config, switched to the paged attention; ``loaded.model``
+    itself is left untouched (it keeps its sdpa attention for ``generate``).
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        num_blocks: int,
+        block_size: int,
+        layer_group: Sequence[int] | None = None,
+        group_sliding_window: Sequence[int | None] | None = None,
+        seed: int | None = None,
+    ) -> None:
+        cfg = loaded.config
+        n_layers = int(cfg.num_hidden_layers)
+        if layer_group is None:
+            layer_group = [0] * n_layers
+        if group_sliding_window is None:
+            group_sliding_window = [None]
+        layer_group = [int(g) for g in layer_group]
+        group_sliding_window = [None if w is None else int(w) for w in group_sliding_window]
+        if len(layer_group) != n_layers:
+            raise ValueError(f"layer_group has {len(layer_group)} entries; the model has {n_layers} layers")
+        if any(g < 0 or g >= len(group_sliding_window) for g in layer_group):
+            raise ValueError(f"layer_group {layer_group} names a group beyond {len(group_sliding_window)} groups")
+        if any(w is not None and w < 1 for w in group_sliding_window):
+            raise ValueError(f"sliding windows must be >= 1: {group_sliding_window}")
+        if num_blocks < 2:
+            raise ValueError("num_blocks must be >= 2 (block 0 is the null block)")
+        if block_size < 1:
+            raise ValueError("block_size must be >= 1")
+
+        self.loaded = loaded
+        self.num_blocks = int(num_blocks)
+        self.block_size = int(block_size)
+        self.layer_group = layer_group
+        self.group_sliding_window = group_sliding_window
+        self.seed = seed
+        self.device = loaded.device
+        self.dtype = loaded.dtype
+        self.num_layers = n_layers
+        self.num_kv_heads = int(cfg.num_key_value_heads)
+        self.num_heads = int(cfg.num_attention_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        self.vocab_size = int(cfg.vocab_size)
+
+        self.model = shared_clone(loaded.model)
+        self.model.set_attn_implementation(ATTN_NAME)
+        self.model.eval()
+
+        shape = (self.num_blocks, 2, self.num_kv_heads, self.block_size, self.head_dim)
+        with torch.inference_mode():
+            self.kv_caches: list[torch.Tensor] = [
+                torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(n_layers)
+            ]
+        self._generator: torch.Generator | None = None
+        if seed is not None:
+            self._generator = torch.Generator(device=self.device)
+            self._generator.manual_seed(int(seed))
+        self.last_step: PagedStep | None = None  # for displays/tests: what the last step gathered
+
+    # ------------------------------------------------------------------ info
+    @property
+    def kv_cache_shape(self) -> tuple[int, ...]:
+        return tuple(self.kv_caches[0].shape)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.kv_caches)
+
+    def read_block(self, layer: int, block_id: int) -> torch.Tensor:
+        """A copy of one block of one layer: [2 (K,V), num_kv_heads, block_size, head_dim]."""
+        return self.kv_caches[layer][block_id].detach().clone()
+
+    # ------------------------------------------------------------------ steps
+    def _forward(self, items: Sequence[SeqBatchItem]) -> tuple[list[str], torch.Tensor | None]:
+        for it in items:
+            if len(it.token_ids) == 0:
+                raise ValueError(f"request {it.request_id!r}: no tokens to feed")
+            if it.start_pos < 0:
+                raise ValueError(f"request {it.request_id!r}: negative start_pos")
+            if len(it.block_tables) != len(self.group_sliding_window):
+                raise ValueError(
+                    f"request {it.request_id!r}: {len(it.block_tables)} block tables for "
+                    f"{len(self.group_sliding_window)} KV cache groups"
+                )
+        counts = [len(it.token_ids) for it in items]
+        starts = [int(it.start_pos) for it in items]
+        step = build_paged_step(
+            counts, starts, [it.block_tables for it in items], [it.request_id for it in items],
+            self.group_sliding_window, self.kv_caches, self.layer_group, self.block_size,
+            self.num_blocks, self.num_kv_heads, self.num_heads // self.num_kv_heads, self.device,
+        )
+        self.last_step = step
+        ids = list(itertools.chain.from_iterable(it.token_ids for it in items))
+        pos = list(itertools.chain.from_iterable(range(s, s + n) for s, n in zip(starts, counts)))
+        keep, rids, end = [], [], 0
+        for it, n in zip(items, counts):
+            end += n
+            if it.sample:
+                keep.append(end - 1)
+                rids.append(it.request_id)
+        dev = self.device
+        input_ids = torch.tensor([ids], dtype=torch.long).to(dev)
+        position_ids = torch.tensor([pos], dtype=torch.long).to(dev)
+        logits_to_keep = torch.tensor(keep, dtype=torch.long).to(dev)
+        out = self.model(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            use_cache=False,
+            logits_to_keep=logits_to_keep,
+            paged_step=step,
+        )
+        return rids, (out.logits[0] if rids else None)
+
+    @torch.inference_mode()
+    def execute_logits(self, items: Sequence[SeqBatchItem]) -> dict[str, torch.Tensor]:
+        """Run one step; last-position logits (float32, CPU, [vocab]) of each item with sample=True."""
+        if not items:
+            return {}
+        rids, logits = self._forward(items)
+        if logits is None:
+            return {}
+        logits = logits.float().cpu()
+        return {r: logits[i].clone() for i, r in enumerate(rids)}
+
+    @torch.inference_mode()
+    def execute(self, items: Sequence[SeqBatchItem]) -> dict[str, int]:
+        """Run one step; the next token of each item with sample=True."""
+        if not items:
+            return {}
+        rids, logits = self._forward(items)
+        if logits is None:
+            return {}
+        if self._generator is None:
+            next_ids = torch.argmax(logits, dim=-1)
+        else:
+            probs = torch.softmax(logits.float(), dim=-1)
+            next_ids = torch.multinomial(probs, 1, generator=self._generator)[:, 0]
+        return dict(zip(rids, next_ids.tolist()))

@@ -1,0 +1,226 @@
+"""A test/bench-only driver for :class:`ModelRunner`: a trivial engine around it.
+
+It is *not* the project's engine (that is kvcore/engine.py with vLLM's block manager
+and scheduler); it exists so that the model side can be checked against transformers
+on its own: a refcounted allocator handing out fresh block ids, block tables per KV
+cache group, chunked prefill, decode, prefix reuse (sharing another request's first
+full blocks), preemption by recompute, and the sliding-window rule that replaces
+blocks wholly outside the window with the null block 0 and frees them.
+
+Freed blocks are overwritten with large finite garbage (``poison``), so a runner that
+read a block it should not would produce visibly wrong logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import torch
+
+from .runner import ModelRunner, SeqBatchItem
+
+NULL_BLOCK = 0
+
+
+class BlockAllocator:
+    """Fresh ids first (1, 2, 3, ...), then freed ones (FIFO); block 0 is the null block."""
+
+    def __init__(self, num_blocks: int):
+        self.num_blocks = num_blocks
+        self._next_fresh = 1
+        self._free: list[int] = []
+        self.ref: dict[int, int] = {}
+
+    def allocate(self) -> int:
+        if self._next_fresh < self.num_blocks:
+            bid = self._next_fresh
+            self._next_fresh += 1
+        elif self._free:
+            bid = self._free.pop(0)
+        else:
+            raise RuntimeError("out of KV blocks")
+        self.ref[bid] = 1
+        return bid
+
+    def incref(self, bid: int) -> None:
+        self.ref[bid] += 1
+
+    def free(self, bid: int) -> bool:
+        """Drop one reference; True when the block became free."""
+        if bid == NULL_BLOCK:
+            return False
+        self.ref[bid] -= 1
+        if self.ref[bid] == 0:
+            del self.ref[bid]
+            self._free.append(bid)
+            return True
+        return False
+
+    @property
+    def num_used(self) -> int:
+        return len(self.ref)
+
+
+@dataclass
+class _Req:
+    rid: str
+    prompt: list[int]
+    max_new_tokens: int
+    tables: list[list[int]]
+    computed: int = 0
+    output: list[int] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)
+    finished: bool = False
+
+    @property
+    def known(self) -> list[int]:
+        return self.prompt + self.output
+
+
+class MiniEngine:
+    """Drives a ModelRunner step by step like an engine would (for tests and benchmarks).
+
+    chunk_size: at most this many tokens of a request per step (chunked prefill).
+    collect_logits: call ``execute_logits`` and keep every sampled position's logits
+    (greedy argmax is then taken here, exactly like the runner's greedy path).
+    """
+
+    def __init__(self, runner: ModelRunner, chunk_size: int | None = None,
+                 collect_logits: bool = False, eos_ids: Iterable[int] = (), poison: float | None = 1e4):
+        self.runner = runner
+        self.bs = runner.block_size
+        self.windows = runner.group_sliding_window
+        self.alloc = BlockAllocator(runner.num_blocks)
+        self.chunk_size = chunk_size
+        self.collect_logits = collect_logits
+        self.eos_ids = set(eos_ids)
+        self.poison = poison
+        self.reqs: dict[str, _Req] = {}
+        self.steps = 0
+        self.history: list[list[SeqBatchItem]] = []
+
+    # ---------------------------------------------------------------- requests
+    def add(self, rid: str, prompt: Sequence[int], max_new_tokens: int,
+            prefix_of: str | None = None, prefix_blocks: int = 0) -> None:
+        """Add a request; optionally reuse the first ``prefix_blocks`` full blocks of ``prefix_of``.
+
+        The caller guarantees the shared tokens are identical (like a prefix-cache hit)."""
+        r = _Req(rid, list(prompt), max_new_tokens, [[] for _ in self.windows])
+        if prefix_of is not None and prefix_blocks > 0:
+            src = self.reqs[prefix_of]
+            n = prefix_blocks * self.bs
+            if src.computed < n or src.known[:n] != r.prompt[:n] or len(r.prompt) <= n:
+                raise ValueError("prefix reuse needs computed, identical full blocks and a tail to feed")
+            for g in range(len(self.windows)):
+                shared = src.tables[g][:prefix_blocks]
+                for b in shared:
+                    if b != NULL_BLOCK:
+                        self.alloc.incref(b)
+                r.tables[g] = list(shared)
+            r.computed = n
+        self.reqs[rid] = r
+
+    def preempt(self, rid: str) -> None:
+        """Preemption by recompute: free every block (last first); redo prompt + output later."""
+        r = self.reqs[rid]
+        for g, table in enumerate(r.tables):
+            for b in reversed(table):
+                self._free(b)
+            r.tables[g] = []
+        r.computed = 0
+
+    def _free(self, bid: int) -> None:
+        if self.alloc.free(bid) and self.poison is not None:
+            with torch.inference_mode():
+                for t in self.runner.kv_caches:
+                    t[bid].fill_(self.poison)
+
+    # ---------------------------------------------------------------- steps
+    def _prepare(self, r: _Req) -> SeqBatchItem:
+        known = r.known
+        start = r.computed
+        n = len(known) - start
+        if self.chunk_size is not None:
+            n = min(n, self.chunk_size)
+        end = start + n
+        for g, W in enumerate(self.windows):
+            table = r.tables[g]
+            if W is not None:  # blocks wholly before start-W+1 can never be read again
+                for i in range(max(0, start - W + 1) // self.bs):
+                    if table[i] != NULL_BLOCK:
+                        self._free(table[i])
+                        table[i] = NULL_BLOCK
+            while len(table) * self.bs < end:
+                table.append(self.alloc.allocate())
+        return SeqBatchItem(r.rid, known[start:end], start, tuple(list(t) for t in r.tables),
+                            end == len(known))
+
+    def step(self, rids: Sequence[str] | None = None) -> dict[str, int]:
+        """Schedule the given (default: all unfinished) requests in one forward."""
+        if rids is None:
+            rids = [rid for rid, r in self.reqs.items() if not r.finished]
+        items = [self._prepare(self.reqs[rid]) for rid in rids]
+        if not items:
+            return {}
+        self.history.append(items)
+        if self.collect_logits:
+            logits = self.runner.execute_logits(items)
+            sampled = {rid: int(torch.argmax(lg)) for rid, lg in logits.items()}
+        else:
+            logits = {}
+            sampled = self.runner.execute(items)
+        self.steps += 1
+        for it in items:
+            r = self.reqs[it.request_id]
+            r.computed = it.start_pos + len(it.token_ids)
+            if it.sample:
+                tok = sampled[it.request_id]
+                r.output.append(tok)
+                if it.request_id in logits:
+                    r.logits.append(logits[it.request_id])
+                if len(r.output) >= r.max_new_tokens or tok in self.eos_ids:
+                    r.finished = True
+        return sampled
+
+    def run(self, max_steps: int = 10_000) -> dict[str, list[int]]:
+        for _ in range(max_steps):
+            if all(r.finished for r in self.reqs.values()):
+                break
+            self.step()
+        return self.outputs()
+
+    def finish(self, rid: str) -> None:
+        """Free a finished request's blocks (last block first)."""
+        r = self.reqs[rid]
+        r.finished = True
+        self.preempt(rid)
+
+    def outputs(self) -> dict[str, list[int]]:
+        return {rid: list(r.output) for rid, r in self.reqs.items()}
+
+
+# -------------------------------------------------------------------- references
+@torch.inference_mode()
+def reference_generate(model, prompt: Sequence[int], max_new_tokens: int, pad_token_id: int,
+                       eos_token_id=None) -> list[int]:
+    """transformers' greedy ``generate`` for one prompt (stops at EOS like the driver)."""
+    dev = next(model.parameters()).device
+    ids = torch.tensor([list(prompt)], dtype=torch.long, device=dev)
+    out = model.generate(
+        ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
+        min_new_tokens=None, pad_token_id=pad_token_id, eos_token_id=eos_token_id,
+        temperature=None, top_p=None, top_k=None,
+    )
+    return out[0, len(prompt):].tolist()
+
+
+@torch.inference_mode()
+def reference_logits(model, prompt: Sequence[int], output: Sequence[int]) -> torch.Tensor:
+    """Logits (float32, CPU) predicting each output token, from one full forward of prompt+output."""
+    dev = next(model.parameters()).device
+    full = list(prompt) + list(output)
+    ids = torch.tensor([full], dtype=torch.long, device=dev)
+    logits = model(ids, use_cache=False).logits[0].float().cpu()
+    n = len(output)
+    return logits[len(prompt) - 1: len(prompt) - 1 + n]

@@ -1,0 +1,107 @@
+"""The playground's forms: every engine setting, and requests with free text."""
+from __future__ import annotations
+
+import copy
+import string
+
+import streamlit as st
+
+from kvcore.scenario import EngineSettings
+
+from .catalog import Lesson
+from .modelstate import ModelState
+from .state import SETTING_DEFAULTS, LessonState, rebuild
+
+CHOICES = {
+    "hash_algo": ("xxhash", "sha256"), "policy": ("fcfs", "priority"), "free_order": ("v0.33", "legacy"),
+    "admission": ("full_sequence", "first_chunk"), "sliding_retention": ("sparse", "dense"),
+}
+HELP = {
+    "block_size": ("tokens per block", "每块的 token 数"),
+    "num_gpu_blocks": ("blocks in the pool, counting the null block", "块池中的块数（含空块）"),
+    "max_num_seqs": ("running requests at most", "最多同时运行的请求数"),
+    "max_num_batched_tokens": ("token budget per step", "每步 token 预算"),
+    "sliding_window": ("0 = no window", "0 = 不使用滑动窗口"),
+    "admission": ("full_sequence (0.33): admit only if the whole prompt fits", "full_sequence（0.33）：整个提示词放得下才接纳"),
+}
+
+
+def _next_id(existing: list[str]) -> str:
+    for c in string.ascii_uppercase:
+        if c not in existing:
+            return c
+    return f"R{len(existing)}"
+
+
+def settings_form(state: LessonState, lesson: Lesson, ms: ModelState, lang: str) -> None:
+    zh = lang == "zh"
+    eng = {**SETTING_DEFAULTS, **state.base.get("engine", {})}
+    with st.form(f"settings:{lesson.id}"):
+        st.markdown("**引擎设置**" if zh else "**Engine settings**")
+        c = st.columns(4)
+        vals = {}
+        ints = ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens")
+        for i, name in enumerate(ints):
+            vals[name] = c[i].number_input(name, min_value=1 if name != "num_gpu_blocks" else 2, max_value=100000,
+                                           value=int(eng[name]), step=1, key=f"pg_{name}",
+                                           help=HELP[name][1 if zh else 0])
+        c = st.columns(5)
+        for i, (name, opts) in enumerate(CHOICES.items()):
+            vals[name] = c[i].selectbox(name, opts, index=opts.index(eng[name]) if eng[name] in opts else 0,
+                                        key=f"pg_{name}", help=HELP.get(name, ("", ""))[1 if zh else 0] or None)
+        c = st.columns(4)
+        vals["enable_prefix_caching"] = c[0].checkbox("enable_prefix_caching", value=bool(eng["enable_prefix_caching"]),
+                                                      key="pg_enable_prefix_caching")
+        sw = c[1].number_input("sliding_window", min_value=0, max_value=100000, value=int(eng["sliding_window"] or 0),
+                               key="pg_sliding_window", help=HELP["sliding_window"][1 if zh else 0])
+        vals["sliding_window"] = int(sw) or None
+        layers = c[2].selectbox("layers" if not zh else "层", ("uniform", "hybrid"),
+                                index=1 if state.overrides.get("layers") == "hybrid" else 0, key="pg_layers",
+                                format_func=lambda x: {"uniform": "all the same" if not zh else "全部相同",
+                                                       "hybrid": "hybrid: full + sliding" if not zh else "混合：全注意力 + 滑动窗口"}[x])
+        seed = c[3].number_input("seed (0 = greedy)", min_value=0, max_value=2 ** 31 - 1, value=int(eng["seed"] or 0),
+                                 key="pg_seed")
+        vals["seed"] = int(seed) or None
+        if st.form_submit_button("应用设置" if zh else "Apply settings"):
+            base = copy.deepcopy(state.base)
+            new_eng = {k: v for k, v in {**base.get("engine", {}), **vals}.items()
+                       if k in EngineSettings.__dataclass_fields__}
+            new_eng.pop("layer_types", None)
+            base["engine"] = new_eng
+            over = {} if layers == "uniform" else {"layers": "hybrid"}
+            err = rebuild(state, lesson, ms, base=base, overrides=over, keep_step=True)
+            if err:
+                state.error = err
+            st.rerun()
+
+
+def request_form(state: LessonState, lesson: Lesson, ms: ModelState, lang: str) -> None:
+    zh = lang == "zh"
+    existing = [r["id"] for r in state.base.get("requests", [])]
+    with st.form(f"addreq:{lesson.id}", clear_on_submit=False):
+        st.markdown("**添加请求（下一步到达）**" if zh else "**Add a request (arrives at the next step)**")
+        c = st.columns([1, 4])
+        rid = c[0].text_input("id", value=_next_id(existing), key="pg_req_id")
+        text = c[1].text_input("提示词" if zh else "prompt", value="What is paged attention?", key="pg_req_text")
+        c = st.columns(5)
+        chat = c[0].checkbox("chat", value=True, key="pg_req_chat")
+        max_tokens = c[1].number_input("max_tokens", 1, 512, 12, key="pg_req_max")
+        priority = c[2].number_input("priority", -100, 100, 0, key="pg_req_prio")
+        salt = c[3].text_input("cache_salt", value="", key="pg_req_salt")
+        ignore_eos = c[4].checkbox("ignore_eos", value=False, key="pg_req_eos")
+        if st.form_submit_button("添加" if zh else "Add request", type="primary"):
+            add_request(state, lesson, ms, {"id": rid.strip(), "prompt": text, "chat": bool(chat),
+                                            "max_tokens": int(max_tokens), "priority": int(priority),
+                                            "cache_salt": salt or None, "ignore_eos": bool(ignore_eos)})
+            st.rerun()
+
+
+def add_request(state: LessonState, lesson: Lesson, ms: ModelState, req: dict) -> str | None:
+    """Append a request arriving at the next step and replay to the current one."""
+    base = copy.deepcopy(state.base)
+    cursor = state.run.cursor if state.run else 0
+    base.setdefault("requests", []).append({**req, "arrival_step": cursor})
+    err = rebuild(state, lesson, ms, base=base, keep_step=True)
+    if err:
+        state.error = err
+    return err

@@ -1,0 +1,4 @@
+"""Lesson page 'batching': layout and controls come from lesson.view."""
+from lesson.view import render_lesson
+
+render_lesson("batching")

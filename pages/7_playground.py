@@ -1,0 +1,4 @@
+"""Lesson page 'playground': layout and controls come from lesson.view."""
+from lesson.view import render_lesson
+
+render_lesson("playground")

@@ -1,0 +1,104 @@
+"""Small builders shared by the kvcore tests (no torch: NoModelRunner stands in for the model)."""
+from __future__ import annotations
+
+import hashlib
+import pickle
+from typing import Optional, Sequence
+
+from kvcore import trace
+from kvcore.engine import Engine, NoModelRunner
+from kvcore.kv.block_hash import BlockHasher, get_hash_fn
+from kvcore.kv.block_pool import BlockPool
+from kvcore.kv.coordinator import KVCacheGroupSpec
+from kvcore.kv.kv_cache_manager import KVCacheManager
+from kvcore.scenario import EngineSettings, RequestSpec, Scenario
+from kvcore.sched.request import Request
+
+FULL = (KVCacheGroupSpec("full"),)
+
+
+def sliding(window: int):
+    return (KVCacheGroupSpec("sliding", window),)
+
+
+def hybrid(window: int):
+    return (KVCacheGroupSpec("full"), KVCacheGroupSpec("sliding", window))
+
+
+# -- vLLM's formula, computed independently of kvcore -----------------------------------
+def vllm_sha256(obj) -> bytes:
+    return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
+VLLM_NONE_HASH_SHA256 = vllm_sha256("vllm-none-hash")
+
+
+def vllm_chain(tokens: Sequence[int], block_size: int, salt: Optional[str] = None) -> list[bytes]:
+    out, parent = [], VLLM_NONE_HASH_SHA256
+    for i in range(len(tokens) // block_size):
+        extra = (("cache_salt", salt),) if (i == 0 and salt) else None
+        parent = vllm_sha256((parent, tuple(tokens[i * block_size:(i + 1) * block_size]), extra))
+        out.append(parent)
+    return out
+
+
+# -- builders ---------------------------------------------------------------------------
+def make_request(rid: str, tokens: Sequence[int], block_size: int, *, salt: Optional[str] = None,
+                 max_tokens: int = 16, priority: int = 0, arrival: int = 0,
+                 hash_algo: str = "sha256", caching: bool = True) -> Request:
+    hasher = BlockHasher(get_hash_fn(hash_algo), block_size) if caching else None
+    return Request(rid, list(tokens), max_tokens, arrival_time=arrival, priority=priority,
+                   cache_salt=salt, block_hasher=hasher)
+
+
+def make_manager(num_blocks: int, block_size: int, groups=FULL, *, caching: bool = True,
+                 free_order: str = "v0.33", retention: str = "sparse",
+                 recorder: Optional[trace.Recorder] = None, max_model_len: int = 1 << 30) -> KVCacheManager:
+    return KVCacheManager(num_blocks, block_size, groups, caching, max_model_len, free_order,
+                          retention, recorder)
+
+
+def queue_ids(pool: BlockPool) -> list[int]:
+    return [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+
+
+def ids(blocks) -> list[int]:
+    return [b.block_id for b in blocks]
+
+
+def admit(kvm: KVCacheManager, req: Request, num_new: Optional[int] = None):
+    """What the scheduler does for a waiting request: look up hits, then allocate."""
+    hits, num_hit = kvm.get_computed_blocks(req)
+    n = (req.num_tokens - num_hit) if num_new is None else num_new
+    new = kvm.allocate_slots(req, n, num_hit, hits)
+    if new is not None:
+        req.num_computed_tokens = num_hit + n
+    return new, hits, num_hit
+
+
+def settings(**kw) -> EngineSettings:
+    base = dict(block_size=4, num_gpu_blocks=16, max_num_seqs=8, max_num_batched_tokens=256,
+                hash_algo="sha256")
+    base.update(kw)
+    return EngineSettings(**base)
+
+
+def spec(rid: str, tokens: Sequence[int], **kw) -> RequestSpec:
+    kw.setdefault("ignore_eos", True)
+    return RequestSpec(rid, prompt_token_ids=tuple(tokens), **kw)
+
+
+def make_engine(requests=(), runner=None, debug: bool = True, **kw) -> Engine:
+    scen = Scenario(name="test", engine=settings(**kw), requests=tuple(requests))
+    return Engine(scen, runner=runner or NoModelRunner(), debug=debug)
+
+
+def events_of(records, kind: str, request_id: Optional[str] = None) -> list:
+    if isinstance(records, trace.StepRecord):
+        records = [records]
+    return [e for r in records for e in r.events
+            if e.kind == kind and (request_id is None or e.request_id == request_id)]
+
+
+def table(engine: Engine, rid: str, group: int = 0) -> list[int]:
+    return engine.kv_cache_manager.get_block_ids(rid)[group]

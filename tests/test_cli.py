@@ -1,0 +1,95 @@
+"""The command-line replay: examples run, traces parse, outputs match the engine, bad input exits 2."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvcore.engine import Engine
+from kvcore.scenario import load_scenario
+from kvcore.trace import StepRecord
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.json"))
+
+
+def run_cli(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "kvcore", *map(str, args)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_there_are_examples():
+    names = {p.stem for p in EXAMPLES}
+    assert {"shared_prefix", "eviction", "preemption", "sliding_window"} <= names
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_example_runs_and_trace_matches_engine(path, tmp_path, tiny_model):
+    out = tmp_path / "trace.jsonl"
+    r = run_cli("run", path, "--model", "tiny-random", "--device", "cpu", "--trace", out, "--check")
+    assert r.returncode == 0, r.stderr
+    assert "== step 1" in r.stdout and "== outputs" in r.stdout
+    lines = [json.loads(l) for l in out.read_text().splitlines()]
+    records = [StepRecord.from_dict(d) for d in lines[:-1]]
+    assert [rec.step for rec in records] == list(range(1, len(records) + 1))
+    assert all(rec.snapshot.num_free_blocks == len(rec.snapshot.free_queue) for rec in records)
+    cli_outputs = lines[-1]["outputs"]
+
+    scenario = load_scenario(path)
+    from dataclasses import replace
+    engine = Engine(replace(scenario, model="tiny-random", device="cpu"), model=tiny_model)
+    engine.run()
+    assert cli_outputs == engine.outputs()
+    # the trace is the engine's own record, step for step
+    assert [r.to_dict() for r in engine.history] == [rec.to_dict() for rec in records]
+
+
+def test_until_stops_at_first_event(tmp_path):
+    r = run_cli("run", ROOT / "examples" / "preemption.json", "--model", "tiny-random", "--device", "cpu",
+                "--until", "preempted")
+    assert r.returncode == 0, r.stderr
+    assert "stopped at the first 'preempted' event" in r.stdout
+    assert "PREEMPTED" in r.stdout
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("{not json", "json: line 1"),
+    ('{"engine": {"block_size": 0}}', "engine.block_size: must be an integer >= 1"),
+    ('{"engine": {"num_gpu_blocks": 1}}', "engine.num_gpu_blocks: must be an integer >= 2"),
+    ('{"engine": {"colour": 1}}', "engine.colour: unknown setting"),
+    ('{"model": "gpt5"}', "model: must be one of"),
+    ('{"device": "tpu"}', "device: must be one of"),
+    ('{"requests": [{"id": "a", "prompt": "x", "max_tokens": 0}]}', "requests[0].max_tokens"),
+    ('{"requests": [{"id": "a"}]}', "requests[0]: give exactly one of prompt or prompt_token_ids"),
+    ('{"requests": [{"id": "a", "prompt": "x"}, {"id": "a", "prompt": "y"}]}', "duplicate id"),
+    ('[1, 2]', "must be a JSON object"),
+])
+def test_bad_scenarios_exit_2(tmp_path, content, needle):
+    f = tmp_path / "bad.json"
+    f.write_text(content)
+    r = run_cli("run", f, "--model", "tiny-random", "--device", "cpu")
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert needle in r.stderr
+
+
+def test_prompt_larger_than_pool_exits_2(tmp_path):
+    f = tmp_path / "big.json"
+    f.write_text(json.dumps({"model": "tiny-random", "device": "cpu",
+                             "engine": {"block_size": 2, "num_gpu_blocks": 3},
+                             "requests": [{"id": "big", "prompt_token_ids": list(range(1, 20))}]}))
+    r = run_cli("run", f)
+    assert r.returncode == 2
+    assert "needs 10 blocks" in r.stderr and "only 2 usable blocks" in r.stderr
+
+
+def test_missing_file_and_bad_until(tmp_path):
+    r = run_cli("run", tmp_path / "nope.json")
+    assert r.returncode == 2 and "cannot read" in r.stderr
+    r = run_cli("run", ROOT / "examples" / "eviction.json", "--until", "explosion")
+    assert r.returncode == 2 and "--until must be one of" in r.stderr
+
+
+def test_unknown_device_is_a_clear_error(tmp_path):
+    r = run_cli("run", ROOT / "examples" / "eviction.json", "--model", "tiny-random", "--device", "quantum")
+    assert r.returncode == 2 and "invalid choice" in r.stderr

@@ -1,0 +1,280 @@
+"""Scheduler through the Engine (NoModelRunner, no torch): budget, chunked prefill, admission,
+preemption under FCFS and priority, resume with prefix hits, finishing, aborting."""
+import pytest
+
+from kvcore import trace
+from kvcore.engine import NoModelRunner
+from kvcore.sched.request import RequestStatus
+
+from _kv_helpers import events_of, make_engine, spec, table
+
+
+def steps_until(eng, pred, limit=100):
+    recs = []
+    for _ in range(limit):
+        recs.append(eng.step())
+        if pred(recs[-1]):
+            return recs
+    raise AssertionError("condition never met")
+
+
+# -- chunked prefill, token budget ----------------------------------------------------------------
+def test_chunked_prefill_splits_a_long_prompt_across_steps():
+    eng = make_engine([spec("a", list(range(20)), max_tokens=2)], max_num_batched_tokens=8)
+    r1, r2, r3 = eng.step(), eng.step(), eng.step()
+    assert [r.scheduled for r in (r1, r2, r3)] == [{"a": 8}, {"a": 8}, {"a": 4}]
+    assert [r.new_tokens for r in (r1, r2)] == [{}, {}]            # no token mid-prompt
+    assert list(r3.new_tokens) == ["a"]
+    assert [r.snapshot.request("a").block_tables[0] for r in (r1, r2, r3)] == [
+        (1, 2), (1, 2, 3, 4), (1, 2, 3, 4, 5)]
+    assert [r.snapshot.request("a").num_computed_tokens for r in (r1, r2, r3)] == [8, 16, 20]
+    starts = [e.data["start"] for e in events_of([r1, r2, r3], trace.SCHEDULED)]
+    assert starts == [0, 8, 16]
+    r4 = eng.step()
+    assert r4.scheduled == {"a": 1}
+    assert eng.outputs()["a"]["finish_reason"] == "finished_length"
+
+
+def test_budget_left_by_running_requests_goes_to_waiting_ones():
+    eng = make_engine([spec("a", list(range(20)), max_tokens=2), spec("b", list(range(50, 54)))],
+                      max_num_batched_tokens=8)
+    r1 = eng.step()
+    assert r1.scheduled == {"a": 8}
+    blocked = events_of(r1, trace.BLOCKED, "b")
+    assert blocked and blocked[-1].data["reason"] == "token_budget"
+    r3 = [eng.step(), eng.step()][-1]
+    assert r3.scheduled == {"a": 4, "b": 4}                        # running first, then waiting
+
+
+def test_long_prefill_token_threshold_caps_each_chunk():
+    eng = make_engine([spec("a", list(range(10)), max_tokens=1)], long_prefill_token_threshold=3)
+    assert [eng.step().scheduled["a"] for _ in range(4)] == [3, 3, 3, 1]
+
+
+# -- admission ------------------------------------------------------------------------------------------
+def test_admission_blocked_by_max_num_seqs():
+    eng = make_engine([spec("a", [1, 2, 3], max_tokens=3), spec("b", [4, 5, 6], max_tokens=1)],
+                      max_num_seqs=1)
+    recs = steps_until(eng, lambda r: "b" in r.scheduled)
+    assert [r.scheduled for r in recs] == [{"a": 3}, {"a": 1}, {"a": 1}, {"b": 3}]
+    reasons = {e.data["reason"] for e in events_of(recs[:3], trace.BLOCKED, "b")}
+    assert reasons == {"max_num_seqs"}
+    assert recs[0].snapshot.waiting == ("b",) and recs[0].snapshot.running == ("a",)
+
+
+@pytest.mark.parametrize("admission", ["full_sequence", "first_chunk"])
+def test_admission_blocked_by_free_blocks_full_sequence_vs_first_chunk(admission):
+    eng = make_engine([spec("a", list(range(8)), max_tokens=8),
+                       spec("b", list(range(100, 116)), max_tokens=2, arrival_step=1)],
+                      num_gpu_blocks=6, max_num_batched_tokens=8, admission=admission)
+    eng.step()
+    r2 = eng.step()                                   # a holds 3 blocks, 2 free; b needs 4
+    if admission == "full_sequence":
+        assert r2.scheduled == {"a": 1}
+        (ev,) = events_of(r2, trace.BLOCKED, "b")
+        assert ev.data["reason"] == "no_free_blocks" and ev.data["num_free_blocks"] == 2
+    else:                                             # older rule: the 7-token chunk fits in 2 blocks
+        assert r2.scheduled == {"a": 1, "b": 7}
+        assert table(eng, "b") == [4, 5]
+        r3 = eng.step()                               # ...and b is preempted when it grows
+        assert [e.request_id for e in events_of(r3, trace.PREEMPTED)] == ["b"]
+    eng.run()
+    assert all(o["finish_reason"] == "finished_length" for o in eng.outputs().values())
+
+
+def test_admission_counts_free_queue_hits_but_not_hits_in_use():
+    # a holds the prompt's blocks; an identical b only needs the new tail block.
+    eng = make_engine([spec("a", list(range(12)), max_tokens=2),
+                       spec("b", list(range(12)) + [77], max_tokens=2, arrival_step=1)],
+                      num_gpu_blocks=6)
+    eng.step()
+    r2 = eng.step()
+    assert "b" in r2.scheduled
+    assert table(eng, "b") == [1, 2, 3, 5]
+    (hit,) = events_of(r2, trace.CACHE_HIT, "b")
+    assert hit.data["num_tokens"] == 12
+
+
+# -- preemption --------------------------------------------------------------------------------------------
+def test_fcfs_preempts_the_last_running_request_and_it_rehits_its_own_blocks():
+    eng = make_engine([spec("A", list(range(8)), max_tokens=6), spec("B", list(range(20, 28)), max_tokens=6)],
+                      num_gpu_blocks=6)
+    r1 = eng.step()
+    assert table(eng, "A") == [1, 2] and table(eng, "B") == [3, 4]
+    r2 = eng.step()
+    (pre,) = events_of(r2, trace.PREEMPTED)
+    assert pre.request_id == "B" and pre.data["policy"] == "fcfs"
+    assert pre.data["reason"] == "B needed blocks"
+    assert r2.scheduled == {"A": 1}
+    snap = r2.snapshot
+    b = snap.request("B")
+    assert b.status == "preempted" and b.num_computed_tokens == 0 and b.num_preemptions == 1
+    assert b.block_tables == ((),)
+    assert snap.waiting == ("B",) and snap.running == ("A",)
+    assert snap.free_queue == (4, 3)                  # freed in reverse, both cached -> tail
+    # No waiting request is admitted in a step that preempted.
+    assert events_of(r2, trace.BLOCKED, "B")[0].data["reason"] == "preempted_this_step"
+    recs = steps_until(eng, lambda r: events_of(r, trace.RESUMED))
+    # A took block 4 (B's tail) first; B's first block survived and is hit again.
+    res = events_of(recs[-1], trace.RESUMED, "B")[0]
+    assert res.data["num_cached_tokens"] == 4 and res.data["num_preemptions"] == 1
+    hit = events_of(recs[-1], trace.CACHE_HIT, "B")[0]
+    assert hit.block_ids == (3,) and hit.data["preempted_before"] is True
+    assert recs[-1].snapshot.request("B").num_cached_tokens == 4
+    assert table(eng, "B")[0] == 3
+    sched = [e for e in events_of(recs[-1], trace.SCHEDULED, "B")][0]
+    assert sched.data["kind"] == "recompute" and sched.data["start"] == 4
+    eng.run()
+    outs = eng.outputs()
+    assert len(outs["B"]["token_ids"]) == 6 and outs["B"]["finish_reason"] == "finished_length"
+
+
+def test_fcfs_preempted_request_goes_back_to_the_front_of_the_waiting_queue():
+    eng = make_engine([spec("A", list(range(8)), max_tokens=6), spec("B", list(range(20, 28)), max_tokens=6),
+                       spec("C", [9, 9, 9, 9, 9, 9, 9, 9, 9], max_tokens=1, arrival_step=1)],
+                      num_gpu_blocks=6)
+    eng.step()
+    r2 = eng.step()
+    assert r2.snapshot.waiting == ("B", "C")
+
+
+@pytest.mark.parametrize("policy", ["priority", "fcfs"])
+def test_preemption_victim_under_both_policies(policy):
+    # X (priority 5, i.e. least important) is admitted first and so sits first in `running`.
+    eng = make_engine([spec("X", list(range(6)), max_tokens=6, priority=5),
+                       spec("Y", list(range(50, 54)), max_tokens=2, arrival_step=1)],
+                      num_gpu_blocks=4, policy=policy)
+    eng.step()
+    r2 = eng.step()
+    assert r2.snapshot.running == ("X", "Y")
+    r3 = eng.step()                                   # X fits; then Y needs a block and none is free
+    (pre,) = events_of(r3, trace.PREEMPTED)
+    if policy == "priority":
+        # The largest (priority, arrival) wherever it sits: X, already in this step's batch,
+        # whose token is taken back out; Y gets X's freed block.
+        assert pre.request_id == "X" and pre.data["victim_priority"] == 5
+        assert r3.scheduled == {"Y": 1}
+        assert not events_of(r3, trace.SCHEDULED, "X")
+        x = r3.snapshot.request("X")
+        assert x.status == "preempted" and x.num_computed_tokens == 0
+        assert x.num_output_tokens == r2.snapshot.request("X").num_output_tokens   # nothing sampled
+        r4 = eng.step()
+        res = events_of(r4, trace.RESUMED, "X")
+        assert res and res[0].data["num_cached_tokens"] == 4
+    else:
+        assert pre.request_id == "Y"                  # the last in `running`: Y preempts itself
+        assert r3.scheduled == {"X": 1}
+    eng.run()
+    assert {o["finish_reason"] for o in eng.outputs().values()} == {"finished_length"}
+
+
+def test_priority_waiting_queue_orders_by_priority_then_arrival():
+    reqs = [spec("p2", [1], priority=2, max_tokens=1), spec("p0-late", [2], priority=0, max_tokens=1),
+            spec("p1", [3], priority=1, max_tokens=1), spec("p0", [4], priority=0, max_tokens=1),
+            spec("hold", [5], priority=-1, max_tokens=3)]
+    eng = make_engine(reqs, policy="priority", max_num_seqs=1)
+    r1 = eng.step()
+    assert r1.scheduled == {"hold": 1}
+    # (priority, arrival): p0-late arrived second, p0 fourth.
+    assert r1.snapshot.waiting == ("p0-late", "p0", "p1", "p2")
+    order = []
+    for rec in eng.run():
+        order += [e.request_id for e in events_of(rec, trace.ADMITTED)]
+    assert order == ["p0-late", "p0", "p1", "p2"]
+
+
+# -- finishing ----------------------------------------------------------------------------------------------
+def test_last_sampled_token_never_gets_a_kv_slot():
+    eng = make_engine([spec("a", [1, 2, 3], max_tokens=2), spec("b", [1, 2, 3, 4], max_tokens=1)])
+    recs = eng.run()
+    allocated = {rid: [b for e in events_of(recs, trace.ALLOCATED, rid) for b in e.block_ids]
+                 for rid in ("a", "b")}
+    assert allocated == {"a": [1], "b": [2]}
+    assert len(eng.outputs()["a"]["token_ids"]) == 2
+
+
+def test_finish_on_eos_frees_blocks():
+    # NoModelRunner's first token for request "e" after 4 prompt tokens is 470.
+    eng = make_engine([spec("e", [1, 2, 3, 4], max_tokens=10, ignore_eos=False)],
+                      runner=NoModelRunner(eos_token_id=470))
+    recs = eng.run()
+    out = eng.outputs()["e"]
+    assert out["token_ids"] == [470] and out["finish_reason"] == "finished_stopped"
+    fin = events_of(recs, trace.FINISHED, "e")[0]
+    assert fin.data["reason"] == "eos"
+    assert eng.kv_cache_manager.block_pool.get_num_free_blocks() == 15
+    # ignore_eos keeps going to max_tokens.
+    eng = make_engine([spec("e", [1, 2, 3, 4], max_tokens=3, ignore_eos=True)],
+                      runner=NoModelRunner(eos_token_id=470))
+    eng.run()
+    assert eng.outputs()["e"]["finish_reason"] == "finished_length"
+
+
+def test_abort_running_and_waiting_requests():
+    eng = make_engine([spec("a", list(range(6)), max_tokens=5), spec("b", [1, 2], max_tokens=5)],
+                      max_num_seqs=1)
+    eng.step()
+    eng.scheduler.abort_request("a")
+    eng.scheduler.abort_request("b")
+    eng.scheduler.abort_request("b")                  # twice: no-op
+    rec = eng.step()
+    assert {e.request_id for e in events_of(rec, trace.FINISHED)} == {"a", "b"}
+    assert all(e.data["reason"] == "aborted" for e in events_of(rec, trace.FINISHED))
+    assert not eng.has_unfinished()
+    assert eng.kv_cache_manager.block_pool.get_num_free_blocks() == 15
+    assert eng.outputs()["a"]["finish_reason"] == "finished_aborted"
+
+
+def test_free_order_at_the_end_of_a_request_v033_vs_legacy():
+    for order, expect in (("v0.33", (3, 4, 5, 6, 7, 2, 1)), ("legacy", (4, 5, 6, 7, 3, 2, 1))):
+        eng = make_engine([spec("a", list(range(10)), max_tokens=1)], num_gpu_blocks=8, free_order=order)
+        eng.run()
+        assert eng.snapshot().free_queue == expect, order
+
+
+# -- things that can never fit --------------------------------------------------------------------------------
+def test_prompt_larger_than_the_pool_is_rejected_with_a_clear_message():
+    with pytest.raises(ValueError, match=r"request 'big': its prompt of 9 tokens needs 3 blocks of 4 "
+                                         r"tokens but the pool has only 2 usable blocks"):
+        make_engine([spec("big", list(range(9)), arrival_step=3)], num_gpu_blocks=3)
+    eng = make_engine([], num_gpu_blocks=3)
+    with pytest.raises(ValueError, match="null block"):
+        eng.add_request(spec("big", list(range(9))))
+    assert not eng.has_unfinished() and eng.scheduler.requests == {}
+
+
+def test_a_request_that_can_never_fit_is_aborted_with_a_clear_event():
+    # The prompt fits (2 blocks) but its first decode token needs a third, and the pool has 2.
+    eng = make_engine([spec("grow", list(range(8)), max_tokens=5)], num_gpu_blocks=3)
+    recs = eng.run(max_steps=20)
+    assert len(recs) < 5 and not eng.has_unfinished()
+    blocked = [e for e in events_of(recs, trace.BLOCKED, "grow") if e.data["reason"] == "never_fits"]
+    assert len(blocked) == 1 and blocked[0].data["usable_blocks"] == 2
+    assert eng.outputs()["grow"]["finish_reason"] == "finished_aborted"
+    assert eng.kv_cache_manager.block_pool.get_num_free_blocks() == 2
+
+
+def test_block_size_one_end_to_end():
+    eng = make_engine([spec("a", [5, 6, 7], max_tokens=3), spec("b", [5, 6, 7], max_tokens=2, arrival_step=1)],
+                      block_size=1, num_gpu_blocks=12)
+    recs = eng.run()
+    (hit,) = events_of(recs, trace.CACHE_HIT, "b")
+    assert hit.data["num_tokens"] == 2 and hit.block_ids == (1, 2)
+    assert eng.kv_cache_manager.block_pool.get_num_free_blocks() == 11
+
+
+def test_reset_prefix_cache_through_the_engine():
+    eng = make_engine([spec("a", list(range(9)), max_tokens=2)])
+    eng.step()
+    assert eng.reset_prefix_cache() is False
+    eng.run()
+    assert eng.reset_prefix_cache() is True
+    assert eng.snapshot().hash_map == {}
+    assert [type(e).__name__ for e in eng.take_kv_events()][-1] == "AllBlocksCleared"
+
+
+def test_scheduler_config_is_validated():
+    with pytest.raises(ValueError, match="admission"):
+        make_engine([], admission="eager")
+    with pytest.raises(ValueError, match="policy"):
+        make_engine([], policy="lifo")
