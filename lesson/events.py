@@ -186,7 +186,7 @@ def sentence(e: Event, lang: str = "en", decode: Decode | None = None, multi_gro
             tid_list = tid if isinstance(tid, list) else [tid]
             txt = decode(tid_list) if decode else str(tid)
             parts.append(f"{rid} → “{txt}”")
-        return ("采样：" if zh else "sampled: ") + (", ".join(parts) if parts else "—")
+        return ("模型采样：" if zh else "the model sampled: ") + (", ".join(parts) if parts else "—")
     return f"{k}: {r} {ids(b)} {d}"
 
 

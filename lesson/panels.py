@@ -102,12 +102,16 @@ def md_escape_keep(line: str) -> str:
     return line.replace("*", "\\*").replace("_", "\\_").replace("#", "\\#").replace("<", "&lt;")
 
 
-def show_grid_and_queue(run: LabRun, lang: str, decode, colors, key: str) -> None:
+def show_grid(run: LabRun, lang: str, decode, colors, key: str) -> None:
     snap = run.snapshot
     changed = changed_blocks(run.record.events) if run.record else set()
     st.markdown(f"**{tr('grid', lang)}**")
     chart(F.block_grid(snap, decode=decode, colors=colors, lang=lang, changed=changed), f"grid:{key}")
     st.caption(tr("grid_caption", lang))
+
+
+def show_queue(run: LabRun, lang: str, decode, key: str) -> None:
+    snap = run.snapshot
     st.markdown(f"**{tr('queue', lang)}**")
     chart(F.free_queue(snap, decode=decode, lang=lang), f"queue:{key}")
     st.caption(tr("queue_caption", lang))

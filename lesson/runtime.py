@@ -117,3 +117,19 @@ class LabRun:
         spec = dataclasses.replace(spec, arrival_step=self.cursor)
         scenario = dataclasses.replace(self.scenario, requests=tuple(self.scenario.requests) + (spec,))
         self.replace_scenario(scenario, keep_step=True)
+
+
+def lesson_scenario(lesson, num_layers: int | None = None, overrides: dict | None = None,
+                    model: str = "smollm2", device: str = "auto"):
+    """A lesson's scenario (with setting overrides) as a validated kvcore Scenario."""
+    from kvcore.scenario import load_scenario
+    d = lesson.scenario_dict(num_layers, overrides)
+    d["model"], d["device"] = model, device
+    return load_scenario(d)
+
+
+def lesson_run(lesson, loaded_model, overrides: dict | None = None) -> LabRun:
+    """A LabRun of a lesson on an already loaded model (tests, benchmarks)."""
+    from kvcore.engine import Engine
+    scenario = lesson_scenario(lesson, loaded_model.num_layers, overrides, loaded_model.name)
+    return LabRun(scenario, lambda s: Engine(s, model=loaded_model))

@@ -86,10 +86,11 @@ def render_lesson(lesson_id: str, compact: bool = False) -> None:
     P.show_metrics_row(run, lang)
     left, right = st.columns([3, 2])
     with left:
-        P.show_grid_and_queue(run, lang, decode, colors, key)
+        P.show_grid(run, lang, decode, colors, key)
     with right:
         P.show_events(run, lang, decode)
-        P.show_outputs(run, lang)
+    P.show_queue(run, lang, decode, key)
+    P.show_outputs(run, lang)
     P.show_tables(run, lang, decode, colors, key)
     if not compact:
         P.show_chains_and_metrics(run, lang, decode, colors, key)

@@ -304,3 +304,18 @@ def test_recorder_names_the_request_for_pool_events():
     hit = evs[0]
     assert hit.block_ids == (1, 2) and hit.data["num_tokens"] == 8
     assert hit.data["preempted_before"] is False
+
+
+def test_lookahead_slots_are_allocated_but_not_cached():
+    kvm = make_manager(10, 4)
+    a = make_request("a", list(range(8)), 4)
+    new = kvm.allocate_slots(a, 8, num_lookahead_tokens=5)       # slots for 13 tokens
+    assert new.get_block_ids() == ([1, 2, 3, 4],)
+    hashed = [b.block_id for b in kvm.block_pool.blocks if b.block_hash is not None]
+    assert hashed == [1, 2]                                       # only the 8 real tokens
+
+
+def test_max_model_len_caps_the_slots():
+    kvm = make_manager(10, 4, max_model_len=10)
+    a = make_request("a", list(range(8)), 4)
+    assert kvm.allocate_slots(a, 8, num_lookahead_tokens=8).get_block_ids() == ([1, 2, 3],)

@@ -115,6 +115,12 @@ def test_fcfs_preempts_the_last_running_request_and_it_rehits_its_own_blocks():
     # No waiting request is admitted in a step that preempted.
     assert events_of(r2, trace.BLOCKED, "B")[0].data["reason"] == "preempted_this_step"
     recs = steps_until(eng, lambda r: events_of(r, trace.RESUMED))
+    # While waiting, B (9 tokens: 3 blocks) hits its 2 cached blocks, but they sit in the free
+    # queue and so count as needed: 2 hits + 1 new > 2 free blocks.
+    r3 = recs[0]
+    assert events_of(r3, trace.CACHE_HIT, "B")[0].block_ids == (3, 4)
+    blocked = events_of(r3, trace.BLOCKED, "B")[0]
+    assert blocked.data["reason"] == "no_free_blocks" and blocked.data["num_free_blocks"] == 2
     # A took block 4 (B's tail) first; B's first block survived and is hit again.
     res = events_of(recs[-1], trace.RESUMED, "B")[0]
     assert res.data["num_cached_tokens"] == 4 and res.data["num_preemptions"] == 1
@@ -252,6 +258,32 @@ def test_a_request_that_can_never_fit_is_aborted_with_a_clear_event():
     assert len(blocked) == 1 and blocked[0].data["usable_blocks"] == 2
     assert eng.outputs()["grow"]["finish_reason"] == "finished_aborted"
     assert eng.kv_cache_manager.block_pool.get_num_free_blocks() == 2
+
+
+def test_two_identical_prompts_computed_side_by_side_give_two_blocks_one_hash():
+    """b arrives while a is still prefilling in chunks: b hits what a has cached so far, then
+    both compute the rest of the same prompt into their own blocks."""
+    eng = make_engine([spec("a", list(range(16)), max_tokens=2),
+                       spec("b", list(range(16)), max_tokens=2, arrival_step=1)],
+                      long_prefill_token_threshold=4)
+    eng.step()
+    r2 = eng.step()
+    assert events_of(r2, trace.CACHE_HIT, "b")[0].block_ids == (1, 2)
+    r3 = eng.step()
+    assert table(eng, "a") == [1, 2, 4] and table(eng, "b") == [1, 2, 3, 5]
+    snap = r3.snapshot
+    dup = {k: v for k, v in snap.hash_map.items() if len(v) > 1}
+    assert sorted(dup.values()) == [(3, 4)]                 # b stored it first, then a
+    blk = {v.block_id: v for v in snap.blocks}
+    assert blk[3].block_hash == blk[4].block_hash and blk[3].token_ids == (8, 9, 10, 11)
+    eng.run()
+    assert eng.kv_cache_manager.block_pool.get_num_free_blocks() == 15
+
+
+def test_pools_without_a_usable_block_are_rejected():
+    for n in (0, 1):
+        with pytest.raises(ValueError, match="num_gpu_blocks"):
+            make_engine([], num_gpu_blocks=n)
 
 
 def test_block_size_one_end_to_end():

@@ -22,6 +22,7 @@ from _kv_helpers import make_engine, make_manager, make_request, spec
 _rng = random.Random(1234)
 PREFIXES = [[], [7] * 3, [_rng.randrange(50) for _ in range(8)], [_rng.randrange(50) for _ in range(16)]]
 PREFIXES.append(PREFIXES[2] + [1, 2, 3, 4, 5])
+SUFFIXES = [[], [1], [1, 2], [3, 4, 5, 6], [1, 2, 3, 4, 5, 6, 7, 8, 9]]
 
 
 class KVCacheMachine(RuleBasedStateMachine):
@@ -32,7 +33,7 @@ class KVCacheMachine(RuleBasedStateMachine):
         window = data.draw(st.integers(1, 12), label="window") if mode != "full" else None
         kw = dict(
             block_size=bs,
-            num_gpu_blocks=data.draw(st.integers(2, 24), label="num_gpu_blocks"),
+            num_gpu_blocks=data.draw(st.one_of(st.integers(2, 10), st.integers(2, 24)), label="num_gpu_blocks"),
             max_num_seqs=data.draw(st.integers(1, 4), label="max_num_seqs"),
             max_num_batched_tokens=data.draw(st.integers(1, 32), label="budget"),
             long_prefill_token_threshold=data.draw(st.sampled_from([0, 0, 3, 8]), label="threshold"),
@@ -51,21 +52,25 @@ class KVCacheMachine(RuleBasedStateMachine):
         self.steps = 0
 
     # -- rules ------------------------------------------------------------------------------------------
-    @rule(data=st.data())
-    def add_request(self, data):
-        prefix = data.draw(st.sampled_from(PREFIXES))
-        suffix = data.draw(st.lists(st.integers(0, 5), min_size=0 if prefix else 1, max_size=10))
-        rid = f"r{self.n}"
-        self.n += 1
-        s = spec(rid, prefix + suffix,
-                 max_tokens=data.draw(st.integers(1, 6)),
-                 priority=data.draw(st.integers(0, 3)),
-                 cache_salt=data.draw(st.sampled_from([None, None, "", "salt-a", "salt-b"])))
-        try:
-            self.eng.add_request(s)
-        except ValueError as e:
-            assert "usable blocks" in str(e)
-            assert rid not in self.eng.scheduler.requests
+    @rule(data=st.data(), k=st.integers(1, 3))
+    def add_requests(self, data, k):
+        for _ in range(k):
+            prefix = data.draw(st.sampled_from(PREFIXES))
+            suffix = data.draw(st.one_of(st.sampled_from(SUFFIXES),
+                                         st.lists(st.integers(0, 5), max_size=10)))
+            if not prefix + suffix:
+                suffix = [0]
+            rid = f"r{self.n}"
+            self.n += 1
+            s = spec(rid, prefix + suffix,
+                     max_tokens=data.draw(st.integers(1, 12)),
+                     priority=data.draw(st.integers(0, 3)),
+                     cache_salt=data.draw(st.sampled_from([None, None, None, "", "salt-a"])))
+            try:
+                self.eng.add_request(s)
+            except ValueError as e:
+                assert "usable blocks" in str(e)
+                assert rid not in self.eng.scheduler.requests
 
     @rule()
     def step(self):
@@ -87,10 +92,12 @@ class KVCacheMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def evict_blocks(self, data):
         n = self.kw["num_gpu_blocks"]
-        self.eng.evict_blocks(data.draw(st.sets(st.integers(0, n - 1), max_size=n)))
+        self.eng.evict_blocks(data.draw(st.sets(st.integers(0, n - 1), max_size=3)))
 
-    @rule()
-    def reset_prefix_cache(self):
+    @rule(go=st.integers(0, 3))
+    def reset_prefix_cache(self, go):
+        if go:
+            return                                # keep resets rare so that hits can build up
         pool = self.eng.kv_cache_manager.block_pool
         all_free = pool.get_num_free_blocks() == pool.num_gpu_blocks - 1
         assert self.eng.reset_prefix_cache() is all_free

@@ -136,6 +136,7 @@ class BlockPool:
         hashes = request.block_hashes
         assert len(hashes) >= num_full_blocks, "request hashes lag behind its tokens"
         new_ids, new_hashes = [], []
+        first = -1                     # table index of the first block stored by this call
         for i in range(num_cached_blocks, num_full_blocks):
             blk = blocks[i]
             if blk.is_null or (keep is not None and i not in keep):
@@ -144,6 +145,8 @@ class BlockPool:
             if blk.block_hash is not None:
                 assert blk.block_hash == key, "a hit block carries the wrong hash"
                 continue
+            if first < 0:
+                first = i
             blk.block_hash = key
             self.cached_block_hash_to_block.insert(key, blk)
             if hashes[i] not in self.hash_meta:
@@ -156,7 +159,6 @@ class BlockPool:
         if not new_ids:
             return
         if self.enable_kv_cache_events:
-            first = blocks.index(self.blocks[new_ids[0]])
             self.kv_event_queue.append(BlockStored(
                 new_hashes, hashes[first - 1] if first else None,
                 list(request.all_token_ids[first * block_size:(first + len(new_ids)) * block_size]),

@@ -24,20 +24,23 @@ NULL_BLOCK = 0
 
 
 class BlockAllocator:
-    """Fresh ids first (1, 2, 3, ...), then freed ones (FIFO); block 0 is the null block."""
+    """Fresh ids first (1, 2, 3, ...), then freed ones (FIFO); block 0 is the null block.
 
-    def __init__(self, num_blocks: int):
+    ``prefer_freed=True`` hands out freed blocks before fresh ones (stresses reuse)."""
+
+    def __init__(self, num_blocks: int, prefer_freed: bool = False):
         self.num_blocks = num_blocks
+        self.prefer_freed = prefer_freed
         self._next_fresh = 1
         self._free: list[int] = []
         self.ref: dict[int, int] = {}
 
     def allocate(self) -> int:
-        if self._next_fresh < self.num_blocks:
+        if self._free and (self.prefer_freed or self._next_fresh >= self.num_blocks):
+            bid = self._free.pop(0)
+        elif self._next_fresh < self.num_blocks:
             bid = self._next_fresh
             self._next_fresh += 1
-        elif self._free:
-            bid = self._free.pop(0)
         else:
             raise RuntimeError("out of KV blocks")
         self.ref[bid] = 1
@@ -82,16 +85,19 @@ class MiniEngine:
     """Drives a ModelRunner step by step like an engine would (for tests and benchmarks).
 
     chunk_size: at most this many tokens of a request per step (chunked prefill).
+    poison: value written into every block when it is freed (None: leave it).
+    prefer_freed: reuse freed blocks before fresh ones.
     collect_logits: call ``execute_logits`` and keep every sampled position's logits
     (greedy argmax is then taken here, exactly like the runner's greedy path).
     """
 
     def __init__(self, runner: ModelRunner, chunk_size: int | None = None,
-                 collect_logits: bool = False, eos_ids: Iterable[int] = (), poison: float | None = 1e4):
+                 collect_logits: bool = False, eos_ids: Iterable[int] = (), poison: float | None = 1e4,
+                 prefer_freed: bool = False):
         self.runner = runner
         self.bs = runner.block_size
         self.windows = runner.group_sliding_window
-        self.alloc = BlockAllocator(runner.num_blocks)
+        self.alloc = BlockAllocator(runner.num_blocks, prefer_freed)
         self.chunk_size = chunk_size
         self.collect_logits = collect_logits
         self.eos_ids = set(eos_ids)
@@ -207,10 +213,10 @@ def reference_generate(model, prompt: Sequence[int], max_new_tokens: int, pad_to
     """transformers' greedy ``generate`` for one prompt (stops at EOS like the driver)."""
     dev = next(model.parameters()).device
     ids = torch.tensor([list(prompt)], dtype=torch.long, device=dev)
+    kw = {} if eos_token_id is None else {"eos_token_id": eos_token_id}  # default: the model's EOS
     out = model.generate(
         ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
-        min_new_tokens=None, pad_token_id=pad_token_id, eos_token_id=eos_token_id,
-        temperature=None, top_p=None, top_k=None,
+        pad_token_id=pad_token_id, **kw,
     )
     return out[0, len(prompt):].tolist()
 

@@ -129,7 +129,7 @@ def hash_chains(snap: Snapshot, *, decode: Decode | None = None, colors: dict[st
         labels.append(",".join(str(b.block_id) for b in bl))
         fill.append(colors.get(owners[0], "#888") if used and owners else CACHED_FREE_COLOR)
         line.append("#111" if any(b.ref_cnt > 1 for b in bl) else "#666")
-        size.append(30 + 6 * (len(bl) - 1))
+        size.append(34 + 8 * (len(bl) - 1))
         toks = bl[0].token_ids
         lines = [f"<b>{L['hash']}</b>: {h}", f"{L['parent']}: {parent[key] or 'NONE_HASH'}",
                  f"{L['blocks']}: {labels[-1]}" + (f" ({L['group']} {g})" if len(groups) > 1 else ""),
@@ -140,12 +140,14 @@ def hash_chains(snap: Snapshot, *, decode: Decode | None = None, colors: dict[st
         hover.append("<br>".join(lines))
     fig.add_trace(go.Scatter(
         x=xs, y=ys, mode="markers+text", text=labels, textposition="middle center",
+        textfont=dict(color="#111", size=12),
         marker=dict(size=size, color=fill, line=dict(color=line, width=2), symbol="square"),
         customdata=hover, hovertemplate="%{customdata}<extra></extra>", showlegend=False))
-    fig.add_trace(go.Scatter(x=xs, y=ys, mode="text", text=["#" + short_hash(k[0], 6) for k in nodes],
-                             textposition="bottom center", textfont=dict(size=10, color="#555"),
+    fig.add_trace(go.Scatter(x=xs, y=[y + 0.42 for y in ys], mode="text",
+                             text=["#" + short_hash(k[0], 6) for k in nodes],
+                             textposition="middle center", textfont=dict(size=10, color="#555"),
                              hoverinfo="skip", showlegend=False))
     maxd = max(depth.values())
     fig.update_xaxes(title_text=L["axis"], range=[-2.6, maxd + 0.6], dtick=1, showgrid=False, zeroline=False)
     fig.update_yaxes(visible=False, autorange="reversed")
-    return base_layout(fig, height=max(160, 70 + 48 * next_leaf[0]), legend=bool(ox))
+    return base_layout(fig, height=max(170, 80 + 60 * next_leaf[0]), legend=bool(ox))

@@ -21,7 +21,7 @@ LABELS = {
 
 
 def free_queue(snap: Snapshot, *, decode: Decode | None = None, lang: str = "en",
-               cols: int = 12) -> go.Figure:
+               cols: int = 16) -> go.Figure:
     L = LABELS.get(lang, LABELS["en"])
     blocks = {b.block_id: b for b in snap.blocks}
     q = list(snap.free_queue)
@@ -53,14 +53,14 @@ def free_queue(snap: Snapshot, *, decode: Decode | None = None, lang: str = "en"
             lines.append(L["nohash"])
         hover[y][x] = "<br>".join(lines)
     fig = go.Figure(go.Heatmap(
-        z=z, text=text, customdata=hover, texttemplate="%{text}", showscale=False,
+        z=z, text=text, customdata=hover, texttemplate="%{text}", textfont=dict(size=13), showscale=False,
         colorscale=[[0, FREE_COLOR], [0.5, FREE_COLOR], [0.5, CACHED_FREE_COLOR], [1, CACHED_FREE_COLOR]],
-        zmin=-0.5, zmax=1.5, xgap=14, ygap=10, hovertemplate="%{customdata}<extra></extra>"))
+        zmin=-0.5, zmax=1.5, xgap=10, ygap=8, hovertemplate="%{customdata}<extra></extra>"))
     shapes = [dict(type="rect", x0=-0.5, x1=0.5, y0=-0.5, y1=0.5, line=dict(color=VICTIM_COLOR, width=4))]
     for pos in range(len(q) - 1):
         x, y = pos % cols, pos // cols
         if x < cols - 1:
-            shapes.append(dict(type="line", x0=x + 0.33, x1=x + 0.67, y0=y, y1=y,
+            shapes.append(dict(type="line", x0=x + 0.36, x1=x + 0.64, y0=y, y1=y,
                                line=dict(color="#777", width=2)))
     fig.update_layout(shapes=shapes)
     tx, ty = (len(q) - 1) % cols, (len(q) - 1) // cols
@@ -70,4 +70,4 @@ def free_queue(snap: Snapshot, *, decode: Decode | None = None, lang: str = "en"
                        font=dict(color="#555", size=12))
     fig.update_xaxes(visible=False, range=[-0.6, cols - 0.4])
     fig.update_yaxes(visible=False, range=[rows - 0.5 + 0.4, -0.5 - 0.5])
-    return base_layout(fig, height=60 + 46 * rows, legend=False)
+    return base_layout(fig, height=70 + 52 * rows, legend=False)

@@ -57,8 +57,9 @@ def block_tables(snap: Snapshot, *, decode: Decode | None = None, colors: dict[s
                 hover[y][x] = f"{head}<br>{L['null']}"
                 continue
             z[y][x] = cats.index(rid)
-            text[y][x] = str(bid)
             toks = block_tokens(req, x, bs)
+            snippet = html_text(safe_decode(decode, toks), 14) if toks and width <= 8 else ""
+            text[y][x] = f"<b>{bid}</b>" + (f"<br>{snippet}" if snippet else "")
             lines = [head, f"{L['slot']} {bid * bs}–{bid * bs + bs - 1}"]
             if toks:
                 lines.append(f"{L['text']}: “{html_text(safe_decode(decode, toks))}”")
@@ -89,4 +90,4 @@ def block_tables(snap: Snapshot, *, decode: Decode | None = None, colors: dict[s
     fig.update_layout(shapes=shapes)
     fig.update_xaxes(title_text=L["logical"], dtick=1, side="top", showgrid=False)
     fig.update_yaxes(autorange="reversed", showgrid=False, type="category")
-    return base_layout(fig, height=80 + 38 * len(rows), legend=False)
+    return base_layout(fig, height=80 + (52 if width <= 8 else 38) * len(rows), legend=False)

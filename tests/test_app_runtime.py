@@ -1,0 +1,122 @@
+"""LabRun (cursor over recorded steps), quiz predictions and the myths, on the engine without a model."""
+import dataclasses
+
+from kvcore.engine import Engine, NoModelRunner
+from kvcore.scenario import RequestSpec, load_scenario
+from lesson.myths import free_runs, internal_waste, lru_contrast, myth_sections
+from lesson.quiz import make_prediction
+from lesson.runtime import LabRun
+
+SCENARIO = {"engine": {"block_size": 4, "num_gpu_blocks": 12, "max_num_seqs": 3}, "requests": [
+    {"id": "A", "prompt_token_ids": list(range(1, 14)), "max_tokens": 4, "ignore_eos": True},
+    {"id": "B", "prompt_token_ids": list(range(100, 128)), "max_tokens": 6, "arrival_step": 4, "ignore_eos": True},
+    {"id": "C", "prompt_token_ids": list(range(1, 14)), "max_tokens": 4, "arrival_step": 10, "ignore_eos": True},
+]}
+
+
+def new_run(d=SCENARIO):
+    return LabRun(load_scenario(d), lambda s: Engine(s, runner=NoModelRunner(), debug=True))
+
+
+def test_step_back_goto_give_the_same_records():
+    run = new_run()
+    assert run.cursor == 0 and run.snapshot.step == 0 and run.record is None
+    r1 = run.forward()
+    r2 = run.forward()
+    assert (r1.step, r2.step, run.cursor) == (1, 2, 2)
+    run.back()
+    assert run.snapshot is r1.snapshot
+    assert run.forward() is r2, "stepping again after Back shows the very same record"
+    run.goto(7)
+    assert run.cursor == 7 and run.snapshot.step == 7
+    run.goto(1)
+    assert run.snapshot is r1.snapshot and len(run.records) == 7
+    run.run_to_end()
+    assert run.finished and not run.can_forward()
+    again = new_run()
+    again.run_to_end()
+    assert [r.to_dict() for r in again.records] == [r.to_dict() for r in run.records]
+
+
+def test_run_until_and_reset():
+    run = new_run()
+    rec = run.run_until("evicted")
+    assert rec is not None and any(e.kind == "evicted" for e in rec.events)
+    assert run.cursor == rec.step
+    assert run.run_until("preempted") is None and run.finished
+    run.reset()
+    assert run.cursor == 0 and run.records == []
+
+
+def test_add_request_replays_then_arrives_next_step():
+    run = new_run()
+    run.goto(3)
+    before = [r.to_dict() for r in run.records[:3]]
+    run.add_request(RequestSpec("D", prompt_token_ids=(1, 2, 3, 4, 5), max_tokens=2))
+    assert run.cursor == 3 and [r.to_dict() for r in run.records] == before
+    rec = run.forward()
+    assert any(e.kind == "arrived" and e.request_id == "D" for e in rec.events)
+
+
+def test_settings_rebuild():
+    run = new_run()
+    run.goto(5)
+    run.replace_scenario(run.with_settings(num_gpu_blocks=30))
+    assert run.cursor == 5 and run.snapshot.num_gpu_blocks == 30
+
+
+def test_quiz_answers_are_what_the_engine_did():
+    run = new_run()
+    asked = set()
+    while run.can_forward():
+        snap = run.snapshot
+        rec = run.peek_next()
+        for lang, prefer in (("en", ()), ("zh", ()), ("en", ("allocated",))):
+            p = make_prediction(snap, rec, lang, prefer)
+            if p is None:
+                continue
+            asked.add(p.kind)
+            assert 0 <= p.answer < len(p.options) and p.explain
+            if p.kind == "alloc":
+                alloc = next(e for e in rec.events if e.kind == "allocated")
+                assert p.options[p.answer].endswith(str(alloc.block_ids[0]))
+            if p.kind == "hit":
+                assert (p.answer == 0) == any(e.kind == "cache_hit" for e in rec.events)
+            if p.kind == "evict":
+                ev = next(e for e in rec.events if e.kind == "evicted")
+                assert p.options[p.answer].endswith(str(ev.block_ids[0]))
+            if p.kind == "free":
+                assert p.options[p.answer] == str(rec.snapshot.num_free_blocks)
+        run.forward()
+    assert {"alloc", "hit", "evict"} <= asked
+
+
+def test_quiz_victim():
+    d = {"engine": {"block_size": 2, "num_gpu_blocks": 8, "max_num_seqs": 3}, "requests": [
+        {"id": r, "prompt_token_ids": [i + 1, i + 2], "max_tokens": 8, "ignore_eos": True}
+        for i, r in enumerate("ABC")]}
+    run = new_run(d)
+    rec = None
+    while run.can_forward():
+        snap, rec = run.snapshot, run.peek_next()
+        if any(e.kind == "preempted" for e in rec.events):
+            break
+        run.forward()
+    p = make_prediction(snap, rec, "en", ("preempted",))
+    victim = next(e.request_id for e in rec.events if e.kind == "preempted")
+    assert p.kind == "victim" and p.options[p.answer] == victim == snap.running[-1]
+
+
+def test_myths_on_the_live_pool():
+    run = new_run()
+    run.goto(12)
+    snaps = run.snapshots()
+    c = lru_contrast(snaps)
+    assert c.vllm_order == run.snapshot.free_queue and sorted(c.timestamp_order) == sorted(c.vllm_order)
+    runs = free_runs(run.snapshot)
+    assert sum(b - a + 1 for a, b in runs) == len(run.snapshot.free_queue)
+    waste, held = internal_waste(run.snapshot)
+    assert 0 <= waste <= held
+    for lang in ("en", "zh"):
+        secs = myth_sections(snaps, lang)
+        assert len(secs) == 3 and all(all(part for part in s) for s in secs)
