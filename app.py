@@ -8,7 +8,7 @@ st.set_page_config(page_title="Paged KV Lab", page_icon="🧱", layout="wide")
 
 from lesson.home_page import render_home  # noqa: E402  (set_page_config must come first)
 from lesson.i18n import LANG_NAMES, LANGS, tr  # noqa: E402
-from lesson.lessons import LESSONS, PAGE_FILES  # noqa: E402
+from lesson.lessons import LESSONS, PAGE_FILES, url_path  # noqa: E402
 from lesson.modelstate import (DEVICES, MODELS, default_device, default_model, get_model,  # noqa: E402
                                model_summary)
 from lesson.state import init_globals_from_url  # noqa: E402
@@ -35,10 +35,11 @@ with st.sidebar:
         st.caption(tr("model_info", lang, **info) + " · " + tr("model_loaded", lang, model=name,
                                                                device=info["device"], secs=ms.seconds))
 st.session_state["_model_state"] = ms
+st.session_state["_prefs"] = {"lang": lang, "model_name": name, "device": device}
 
 home = st.Page(render_home, title=tr("nav_home", lang), icon="🏠", url_path="home", default=True)
 lesson_pages = [
-    st.Page(PAGE_FILES[l.id], title=f"{l.number}. {l.title[lang]}", icon=l.icon, url_path=l.id)
+    st.Page(PAGE_FILES[l.id], title=f"{l.number}. {l.title[lang]}", icon=l.icon, url_path=url_path(l.id))
     for l in LESSONS
 ]
 st.navigation({tr("nav_home", lang): [home], tr("nav_lessons", lang): lesson_pages}).run()

@@ -36,43 +36,49 @@ def _next_id(existing: list[str]) -> str:
 def settings_form(state: LessonState, lesson: Lesson, ms: ModelState, lang: str) -> None:
     zh = lang == "zh"
     eng = {**SETTING_DEFAULTS, **state.base.get("engine", {})}
+    hint = lambda name: HELP[name][1 if zh else 0] if name in HELP else None  # noqa: E731
+    layer_names = {"uniform": "全部相同" if zh else "all the same",
+                   "hybrid": "混合：全注意力 + 滑动窗口" if zh else "hybrid: full + sliding"}
     with st.form(f"settings:{lesson.id}"):
         st.markdown("**引擎设置**" if zh else "**Engine settings**")
         c = st.columns(4)
-        vals = {}
-        ints = ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens")
-        for i, name in enumerate(ints):
-            vals[name] = c[i].number_input(name, min_value=1 if name != "num_gpu_blocks" else 2, max_value=100000,
-                                           value=int(eng[name]), step=1, key=f"pg_{name}",
-                                           help=HELP[name][1 if zh else 0])
+        for i, name in enumerate(("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens")):
+            c[i].number_input(name, min_value=2 if name == "num_gpu_blocks" else 1, max_value=100000,
+                              value=int(eng[name]), step=1, key=f"pg_{name}", help=hint(name))
         c = st.columns(5)
         for i, (name, opts) in enumerate(CHOICES.items()):
-            vals[name] = c[i].selectbox(name, opts, index=opts.index(eng[name]) if eng[name] in opts else 0,
-                                        key=f"pg_{name}", help=HELP.get(name, ("", ""))[1 if zh else 0] or None)
+            c[i].selectbox(name, opts, index=opts.index(eng[name]) if eng[name] in opts else 0,
+                           key=f"pg_{name}", help=hint(name))
         c = st.columns(4)
-        vals["enable_prefix_caching"] = c[0].checkbox("enable_prefix_caching", value=bool(eng["enable_prefix_caching"]),
-                                                      key="pg_enable_prefix_caching")
-        sw = c[1].number_input("sliding_window", min_value=0, max_value=100000, value=int(eng["sliding_window"] or 0),
-                               key="pg_sliding_window", help=HELP["sliding_window"][1 if zh else 0])
-        vals["sliding_window"] = int(sw) or None
-        layers = c[2].selectbox("layers" if not zh else "层", ("uniform", "hybrid"),
-                                index=1 if state.overrides.get("layers") == "hybrid" else 0, key="pg_layers",
-                                format_func=lambda x: {"uniform": "all the same" if not zh else "全部相同",
-                                                       "hybrid": "hybrid: full + sliding" if not zh else "混合：全注意力 + 滑动窗口"}[x])
-        seed = c[3].number_input("seed (0 = greedy)", min_value=0, max_value=2 ** 31 - 1, value=int(eng["seed"] or 0),
-                                 key="pg_seed")
-        vals["seed"] = int(seed) or None
-        if st.form_submit_button("应用设置" if zh else "Apply settings"):
-            base = copy.deepcopy(state.base)
-            new_eng = {k: v for k, v in {**base.get("engine", {}), **vals}.items()
-                       if k in EngineSettings.__dataclass_fields__}
-            new_eng.pop("layer_types", None)
-            base["engine"] = new_eng
-            over = {} if layers == "uniform" else {"layers": "hybrid"}
-            err = rebuild(state, lesson, ms, base=base, overrides=over, keep_step=True)
-            if err:
-                state.error = err
-            st.rerun()
+        c[0].checkbox("enable_prefix_caching", value=bool(eng["enable_prefix_caching"]),
+                      key="pg_enable_prefix_caching")
+        c[1].number_input("sliding_window", min_value=0, max_value=100000, value=int(eng["sliding_window"] or 0),
+                          key="pg_sliding_window", help=hint("sliding_window"))
+        c[2].selectbox("层" if zh else "layers", ("uniform", "hybrid"), format_func=layer_names.get,
+                       index=1 if state.overrides.get("layers") == "hybrid" else 0, key="pg_layers")
+        c[3].number_input("seed (0 = greedy)", min_value=0, max_value=2 ** 31 - 1, value=int(eng["seed"] or 0),
+                          key="pg_seed")
+        st.form_submit_button("应用设置" if zh else "Apply settings", on_click=on_apply_settings,
+                              args=(state, lesson, ms))
+
+
+def on_apply_settings(state: LessonState, lesson: Lesson, ms: ModelState) -> None:
+    ss = st.session_state
+    vals = {name: int(ss[f"pg_{name}"]) for name in ("block_size", "num_gpu_blocks", "max_num_seqs",
+                                                       "max_num_batched_tokens")}
+    vals.update({name: ss[f"pg_{name}"] for name in CHOICES})
+    vals["enable_prefix_caching"] = bool(ss["pg_enable_prefix_caching"])
+    vals["sliding_window"] = int(ss["pg_sliding_window"]) or None
+    vals["seed"] = int(ss["pg_seed"]) or None
+    base = copy.deepcopy(state.base)
+    new_eng = {k: v for k, v in {**base.get("engine", {}), **vals}.items()
+               if k in EngineSettings.__dataclass_fields__}
+    new_eng.pop("layer_types", None)
+    base["engine"] = new_eng
+    over = {} if ss["pg_layers"] == "uniform" else {"layers": "hybrid"}
+    err = rebuild(state, lesson, ms, base=base, overrides=over, keep_step=True)
+    if err:
+        state.error = err
 
 
 def request_form(state: LessonState, lesson: Lesson, ms: ModelState, lang: str) -> None:
@@ -81,19 +87,26 @@ def request_form(state: LessonState, lesson: Lesson, ms: ModelState, lang: str) 
     with st.form(f"addreq:{lesson.id}", clear_on_submit=False):
         st.markdown("**添加请求（下一步到达）**" if zh else "**Add a request (arrives at the next step)**")
         c = st.columns([1, 4])
-        rid = c[0].text_input("id", value=_next_id(existing), key="pg_req_id")
-        text = c[1].text_input("提示词" if zh else "prompt", value="What is paged attention?", key="pg_req_text")
+        c[0].text_input("id", value=_next_id(existing), key="pg_req_id")
+        c[1].text_input("提示词" if zh else "prompt", value="What is paged attention?", key="pg_req_text")
         c = st.columns(5)
-        chat = c[0].checkbox("chat", value=True, key="pg_req_chat")
-        max_tokens = c[1].number_input("max_tokens", 1, 512, 12, key="pg_req_max")
-        priority = c[2].number_input("priority", -100, 100, 0, key="pg_req_prio")
-        salt = c[3].text_input("cache_salt", value="", key="pg_req_salt")
-        ignore_eos = c[4].checkbox("ignore_eos", value=False, key="pg_req_eos")
-        if st.form_submit_button("添加" if zh else "Add request", type="primary"):
-            add_request(state, lesson, ms, {"id": rid.strip(), "prompt": text, "chat": bool(chat),
-                                            "max_tokens": int(max_tokens), "priority": int(priority),
-                                            "cache_salt": salt or None, "ignore_eos": bool(ignore_eos)})
-            st.rerun()
+        c[0].checkbox("chat", value=True, key="pg_req_chat")
+        c[1].number_input("max_tokens", 1, 512, 12, key="pg_req_max")
+        c[2].number_input("priority", -100, 100, 0, key="pg_req_prio")
+        c[3].text_input("cache_salt", value="", key="pg_req_salt")
+        c[4].checkbox("ignore_eos", value=False, key="pg_req_eos")
+        st.form_submit_button("添加" if zh else "Add request", type="primary", on_click=on_add_request,
+                              args=(state, lesson, ms))
+
+
+def on_add_request(state: LessonState, lesson: Lesson, ms: ModelState) -> None:
+    ss = st.session_state
+    add_request(state, lesson, ms, {
+        "id": str(ss["pg_req_id"]).strip(), "prompt": ss["pg_req_text"], "chat": bool(ss["pg_req_chat"]),
+        "max_tokens": int(ss["pg_req_max"]), "priority": int(ss["pg_req_prio"]),
+        "cache_salt": ss["pg_req_salt"] or None, "ignore_eos": bool(ss["pg_req_eos"])})
+    if state.error is None:
+        del ss["pg_req_id"]  # the next request gets the next free letter
 
 
 def add_request(state: LessonState, lesson: Lesson, ms: ModelState, req: dict) -> str | None:

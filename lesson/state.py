@@ -115,6 +115,8 @@ def rebuild(state: LessonState, lesson: Lesson, ms: ModelState, base: dict | Non
         return f"{type(e).__name__}: {e}"
     state.base, state.overrides, state.run = copy.deepcopy(new_base), dict(new_over), run
     state.quiz, state.playing = None, False
+    for k in [k for k in st.session_state if str(k).startswith("pg_") and not str(k).startswith("pg_req")]:
+        del st.session_state[k]  # the playground form shows the new settings
     return None
 
 
@@ -200,9 +202,15 @@ def init_globals_from_url() -> None:
         return
     st.session_state["_url_read"] = True
     qp = st.query_params
-    if qp.get("lang") in ("en", "zh"):
-        st.session_state["lang"] = qp["lang"]
-    if qp.get("model") in MODELS:
-        st.session_state["model_name"] = qp["model"]
-    if qp.get("device") in DEVICES:
-        st.session_state["device"] = qp["device"]
+    prefs = st.session_state.setdefault("_prefs", {})
+    for param, key, allowed in (("lang", "lang", ("en", "zh")), ("model", "model_name", MODELS),
+                                ("device", "device", DEVICES)):
+        if qp.get(param) in allowed:
+            st.session_state[key] = prefs[key] = qp[param]
+
+
+def pref(key: str, default: str) -> str:
+    """A sidebar choice. ``_prefs`` mirrors the sidebar widgets so a page run without app.py
+    (AppTest.switch_page runs only the page file) still sees them."""
+    v = st.session_state.get(key)
+    return v if v is not None else st.session_state.get("_prefs", {}).get(key, default)

@@ -11,22 +11,25 @@ from .figures import color_map
 from .i18n import pick, tr
 from .lessons import BY_ID
 from .modelstate import ModelState, default_device, default_model
-from .state import get_state, locked, write_url
+from .state import get_state, init_globals_from_url, locked, pref, write_url
 from .widgets import controls, quiz_box, scenario_file, timeline, toggles
 
 PLAY_SECONDS = 0.8
 
 
 def current_lang() -> str:
-    return st.session_state.get("lang", "en")
+    return pref("lang", "en")
 
 
 def current_model() -> ModelState:
+    """The model app.py's sidebar loaded; a page run on its own (AppTest.switch_page runs only the
+    page file) loads what the sidebar would."""
+    name = pref("model_name", default_model())
+    device = pref("device", default_device())
     ms = st.session_state.get("_model_state")
-    if ms is None:  # a page run on its own (tests): load what the sidebar would
+    if ms is None or (ms.name, ms.device) != (name, device):
         from .modelstate import get_model
-        ms = get_model(st.session_state.get("model_name", default_model()),
-                       st.session_state.get("device", default_device()))
+        ms = get_model(name, device)
     return ms
 
 
@@ -53,6 +56,7 @@ def decoder(model):
 
 def render_lesson(lesson_id: str, compact: bool = False) -> None:
     lesson = BY_ID[lesson_id]
+    init_globals_from_url()
     lang = current_lang()
     ms = current_model()
     if not compact:

@@ -203,16 +203,22 @@ def on_paste(state: LessonState, lesson: Lesson, ms: ModelState, key: str, lang:
     apply_scenario_text(state, lesson, ms, st.session_state.get(key) or "", lang)
 
 
+def on_upload(state: LessonState, lesson: Lesson, ms: ModelState, key: str, lang: str) -> None:
+    up = st.session_state.get(key)
+    if up is None or up.file_id == state.upload_id:
+        return
+    state.upload_id = up.file_id
+    apply_scenario_text(state, lesson, ms, up.getvalue(), lang)
+
+
 def scenario_file(state: LessonState, lesson: Lesson, ms: ModelState, lang: str) -> None:
     with st.expander(tr("scenario", lang), expanded=False):
         data = json.dumps(scenario_to_dict(state.run.scenario), indent=2, ensure_ascii=False)
         st.download_button(tr("download", lang), data, file_name=f"{state.run.scenario.name}.json",
                            mime="application/json", key=f"dl:{lesson.id}")
-        up = st.file_uploader(tr("upload", lang), type=["json"], key=f"up:{lesson.id}")
-        if up is not None and up.file_id != state.upload_id:
-            state.upload_id = up.file_id
-            apply_scenario_text(state, lesson, ms, up.getvalue(), lang)
-            st.rerun()
+        up_key = f"up:{lesson.id}"
+        st.file_uploader(tr("upload", lang), type=["json"], key=up_key, on_change=on_upload,
+                         args=(state, lesson, ms, up_key, lang))
         key = f"paste:{lesson.id}"
         st.text_area(tr("paste", lang), key=key, height=120)
         st.button(tr("load", lang), key=f"paste_btn:{lesson.id}", on_click=on_paste,

@@ -36,6 +36,14 @@ def tiny():
     return load_model("tiny-random", "cpu")
 
 
+def sidebar_set(at, key, value):
+    """Set a sidebar choice on a lesson page. AppTest.switch_page runs the page file alone (not app.py),
+    so there is no sidebar there; the page reads the same session keys the sidebar widgets write."""
+    at.session_state[key] = value
+    at.session_state["_prefs"] = {**at.session_state["_prefs"], key: value}
+    return at.run()
+
+
 def app(page: str | None = None) -> AppTest:
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     assert not at.exception, [e.value for e in at.exception]
@@ -93,6 +101,21 @@ def test_home_page_runs_and_steps():
     assert not at.exception
     assert metric(at, "Step") == "1"
     assert len(at.get("page_link")) == len(LESSONS)
+    assert any("tiny-random ready" in s.value for s in at.sidebar.success), "the sidebar shows the load state"
+
+
+def test_home_sidebar_language_and_bad_device():
+    at = app()
+    at.sidebar.selectbox(key="lang").set_value("zh").run()
+    assert "一分钟看懂分页 KV 缓存" in [h.value for h in at.header]
+    assert at.sidebar.selectbox(key="model_name").label == "模型"
+    import torch
+    if not torch.cuda.is_available():
+        at.sidebar.selectbox(key="device").set_value("cuda").run()
+        assert not at.exception
+        assert any("cuda" in e.value.lower() for e in at.sidebar.error)
+        at.sidebar.selectbox(key="device").set_value("cpu").run()
+        assert not at.exception and not at.sidebar.error
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda l: l.id)
@@ -141,7 +164,7 @@ def test_language_switch_changes_text():
     at = app(PAGE_FILES["prefix"])
     at.button(key="step:prefix").click().run()
     assert at.button(key="step:prefix").label.startswith("Step")
-    at.selectbox(key="lang").set_value("zh").run()
+    sidebar_set(at, "lang", "zh")
     assert not at.exception
     assert at.button(key="step:prefix").label.startswith("单步")
     assert any("前缀缓存与哈希链" in t.value for t in at.title)
@@ -186,14 +209,17 @@ def test_good_scenario_upload_replaces_the_run():
 
 
 def test_url_reopens_the_same_view(tiny):
+    link = {"lesson": "eviction", "step": "5", "lang": "zh", "num_gpu_blocks": "14"}
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.query_params.update({"lesson": "eviction", "step": "5", "lang": "zh", "num_gpu_blocks": "14"})
-    at.run()
+    at.query_params.update(link)
+    at.run()  # AppTest always starts on the default page, which rewrites the URL; a browser opens the lesson
+    at.query_params.clear()
+    at.query_params.update(link)
     at.switch_page(PAGE_FILES["eviction"]).run()
     assert not at.exception
     state = at.session_state["lesson:eviction"]
     assert state.run.cursor == 5 and state.run.scenario.engine.num_gpu_blocks == 14
-    assert at.session_state["lang"] == "zh"
+    assert any("驱逐" in t.value for t in at.title), "the link's language is applied"
 
 
 def test_toggle_rebuilds_at_the_same_step():
@@ -248,8 +274,8 @@ def test_unavailable_device_keeps_the_app_running():
     if torch.cuda.is_available():
         pytest.skip("CUDA is available here; the failure path needs a machine without it")
     at = app(PAGE_FILES["blocks"])
-    at.selectbox(key="device").set_value("cuda").run()
+    sidebar_set(at, "device", "cuda")
     assert not at.exception
     assert any("cuda" in e.value.lower() for e in at.error)
-    at.selectbox(key="device").set_value("cpu").run()
+    sidebar_set(at, "device", "cpu")
     assert not at.exception and metric(at, "Step") == "0"

@@ -449,6 +449,43 @@ def _head_dim(config) -> int:
     return int(hd) if hd else int(config.hidden_size // config.num_attention_heads)
 
 
+WEIGHT_LAYOUT_ENV = "PAGED_KV_LAB_WEIGHT_LAYOUT"
+
+
+def use_input_major_weights(model) -> int:
+    """Store every Linear weight input-major (as ``W.t().contiguous().t()``); same values.
+
+    ``nn.Linear`` computes ``x @ W.T``.  With the usual ``[out, in]`` row-major W, MKL's
+    sgemm takes a transposed-B path that, for the small M of decoding (2-40 rows), costs
+    about 2x what the plain path costs when ``W.T`` is itself contiguous (measured on this
+    project's 2-core CPU: per SmolLM2 layer 1.9 ms -> 0.9 ms at 8 rows, unchanged at 1 row).
+    Tied weights stay tied (the embedding then gathers strided rows, which is cheap).
+    Only worth it on the CPU; ``PAGED_KV_LAB_WEIGHT_LAYOUT=default`` turns it off.
+    Returns the number of weight tensors re-laid out.
+    """
+    if os.environ.get(WEIGHT_LAYOUT_ENV, "") == "default":
+        return 0
+    replaced: dict[int, torch.nn.Parameter] = {}
+    count = 0
+    with torch.no_grad():
+        for module in model.modules():
+            if not isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+                continue
+            w = module.weight
+            if id(w) not in replaced:
+                if isinstance(module, torch.nn.Embedding) and not any(
+                    m.weight is w for m in model.modules() if isinstance(m, torch.nn.Linear)
+                ):
+                    continue  # an untied embedding: leave it row-major
+                if w.dim() != 2 or not w.is_contiguous():
+                    replaced[id(w)] = w
+                    continue
+                replaced[id(w)] = torch.nn.Parameter(w.detach().t().contiguous().t(), requires_grad=False)
+                count += 1
+            module.weight = replaced[id(w)]
+    return count
+
+
 def _load_smollm2(device: torch.device, dtype: torch.dtype, progress: Progress) -> LoadedModel:
     from transformers import AutoTokenizer, LlamaForCausalLM
 
@@ -458,6 +495,8 @@ def _load_smollm2(device: torch.device, dtype: torch.dtype, progress: Progress) 
         tok = AutoTokenizer.from_pretrained(str(folder))
     model = model.to(device=device, dtype=dtype).eval()
     model.requires_grad_(False)
+    if device.type == "cpu":
+        use_input_major_weights(model)
     eos = model.generation_config.eos_token_id
     if eos is None:
         eos = model.config.eos_token_id
@@ -518,6 +557,8 @@ def _load_tiny(device: torch.device, dtype: torch.dtype, progress: Progress) -> 
         model = LlamaForCausalLM(config)
     model = model.to(device=device, dtype=dtype).eval()
     model.requires_grad_(False)
+    if device.type == "cpu":
+        use_input_major_weights(model)
     model.generation_config.pad_token_id = config.pad_token_id
     model.generation_config.eos_token_id = config.eos_token_id
     return LoadedModel(

@@ -52,10 +52,11 @@ class GroupStep:
     """Per KV cache group, per step: where to write, what to gather, and the mask."""
 
     sliding_window: int | None
-    write_rows: torch.Tensor   # [Hkv*T] rows of pool.view(-1, D) receiving the new K (V: + Hkv*bs)
+    write_rows: torch.Tensor   # [Hkv*T] rows of pool.view(-1, D) receiving the new K
+    write_rows_v: torch.Tensor  # the same for V (K's rows + Hkv*bs)
     gather_rows: torch.Tensor  # [S*2*Hkv*NB] rows of pool.view(-1, bs, D) to gather
     num_ctx_blocks: int        # NB: gathered blocks per sequence (padded)
-    mask: torch.Tensor         # [S, 1, G*Qm, NB*bs] bool, True = may attend
+    mask: torch.Tensor         # [S, 1, G*Qm, NB*bs] additive: 0 = may attend, -inf = masked
     gathered_block_ids: list[list[int]]  # per sequence, the physical blocks read (for displays/tests)
 
 
@@ -110,6 +111,7 @@ def build_paged_step(
     num_kv_heads: int,
     num_q_per_kv: int,
     device: torch.device,
+    dtype: torch.dtype = torch.float32,
 ) -> PagedStep:
     """Index tensors and masks for one packed forward (computed once, used by every layer)."""
     S = len(token_counts)
@@ -169,10 +171,13 @@ def build_paged_step(
         m = kpos[:, None, :] <= q_pos[:, :, None]                         # [S, Qm, L]
         if W is not None:
             m &= kpos[:, None, :] > (q_pos[:, :, None] - W)
-        mask = m[:, None].expand(S, G, Qm, NB * bs).reshape(S, 1, G * Qm, NB * bs)
+        m = m[:, None].expand(S, G, Qm, NB * bs).reshape(S, 1, G * Qm, NB * bs)
+        # additive float mask, built once per step (sdpa would otherwise convert a bool mask per layer)
+        mask = torch.zeros(m.shape, dtype=dtype).masked_fill_(~m, float("-inf"))
         groups.append(GroupStep(
             sliding_window=W,
             write_rows=write_rows.reshape(-1).to(device),
+            write_rows_v=(write_rows.reshape(-1) + Hkv * bs).to(device),
             gather_rows=gather_rows.reshape(-1).to(device),
             num_ctx_blocks=NB,
             mask=mask.to(device),
@@ -211,10 +216,10 @@ def paged_attention_forward(
     G = Hq // Hkv
     S, Qm, T = step.num_seqs, step.max_query_len, step.num_tokens
 
-    # 1) write: K rows [Hkv, T] of the pool seen as [num_blocks*2*Hkv*bs, D]; V rows follow K's by Hkv*bs
+    # 1) write: K rows [Hkv, T] of the pool seen as [num_blocks*2*Hkv*bs, D]; V's are Hkv*bs further
     rows = pool.view(-1, D)
-    rows.index_copy_(0, gs.write_rows, key[0].reshape(Hkv * T, D).to(pool.dtype))
-    rows.index_copy_(0, gs.write_rows + Hkv * bs, value[0].reshape(Hkv * T, D).to(pool.dtype))
+    rows.index_copy_(0, gs.write_rows, key[0].reshape(Hkv * T, D))
+    rows.index_copy_(0, gs.write_rows_v, value[0].reshape(Hkv * T, D))
 
     # 2) gather every sequence's visible blocks at once: [S, 2, Hkv, NB*bs, D]
     NB = gs.num_ctx_blocks
@@ -227,9 +232,8 @@ def paged_attention_forward(
     else:
         qp = (q.index_select(1, step.q_index).view(Hkv, G, S, Qm, D)
               .permute(2, 0, 1, 3, 4).reshape(S, Hkv, G * Qm, D))
-    out = F.scaled_dot_product_attention(
-        qp, kv[:, 0].to(qp.dtype), kv[:, 1].to(qp.dtype), attn_mask=gs.mask, scale=scaling
-    )  # [S, Hkv, G*Qm, D]
+    out = F.scaled_dot_product_attention(qp, kv[:, 0], kv[:, 1], attn_mask=gs.mask, scale=scaling)
+    # out: [S, Hkv, G*Qm, D]
     if step.q_index is None:
         return out.reshape(1, S, Hq, D), None
     out = out.view(S, Hkv, G, Qm, D).permute(0, 3, 1, 2, 4).reshape(S * Qm, Hq, D)

@@ -131,6 +131,7 @@ class ModelRunner:
             counts, starts, [it.block_tables for it in items], [it.request_id for it in items],
             self.group_sliding_window, self.kv_caches, self.layer_group, self.block_size,
             self.num_blocks, self.num_kv_heads, self.num_heads // self.num_kv_heads, self.device,
+            self.dtype,
         )
         self.last_step = step
         ids = list(itertools.chain.from_iterable(it.token_ids for it in items))

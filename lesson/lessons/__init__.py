@@ -13,11 +13,21 @@ from .l7_playground import LESSON as L7
 LESSONS: tuple[Lesson, ...] = (L1, L2, L3, L4, L5, L6, L7)
 BY_ID: dict[str, Lesson] = {l.id: l for l in LESSONS + (HOME,)}
 
-# The page file of each lesson (relative to app.py); its url path is the lesson id.
+# The page file of each lesson (relative to app.py).
 PAGE_FILES: dict[str, str] = {
     "blocks": "pages/1_blocks.py", "prefix": "pages/2_prefix_caching.py", "eviction": "pages/3_eviction.py",
     "preemption": "pages/4_preemption.py", "sliding": "pages/5_sliding_window.py",
     "batching": "pages/6_batching.py", "playground": "pages/7_playground.py",
 }
 
-__all__ = ["LESSONS", "BY_ID", "HOME", "PAGE_FILES"]
+
+
+def url_path(lesson_id: str) -> str:
+    """The page's URL path: the name Streamlit derives from the file ("2_prefix_caching.py" ->
+    "prefix_caching"). It must match: on a new session's first run the browser's path is checked
+    against the pages/ folder before st.navigation has run, and any other name gets "Page not found"."""
+    stem = PAGE_FILES[lesson_id].rsplit("/", 1)[-1].removesuffix(".py")
+    return stem.split("_", 1)[1]
+
+
+__all__ = ["LESSONS", "BY_ID", "HOME", "PAGE_FILES", "url_path"]
