@@ -165,13 +165,18 @@ def main(argv=None) -> int:
     ap.add_argument("--model", choices=["smollm2", "tiny-random"], default=None)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--no-generate-batch", action="store_true", help="skip transformers' generate_batch")
+    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    ap.add_argument("--repeat", type=int, default=None, help="runs per measurement (best kept)")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     name = args.model or ("smollm2" if smollm2_available() else "tiny-random")
     loaded = load_model(name, args.device)
     torch.set_grad_enabled(False)
     new_tokens = 12 if args.quick else 32
-    repeat = 2 if args.quick else 3
+    repeat = args.repeat or (2 if args.quick else 3)
+    load0 = os.getloadavg()[0]
     prompts8 = [loaded.encode_prompt(q) for q in QUESTIONS]
     prompt1 = [prompts8[0]]
 
@@ -242,6 +247,8 @@ def main(argv=None) -> int:
     print("|---:|---:|---:|---:|")
     for h in hits:
         print(f"| {h} | {L - h} | {t_paged[h] * 1e3:.1f} | {t_gen * 1e3:.1f} |")
+    print(f"\n(load average {load0:.1f} at start, {os.getloadavg()[0]:.1f} at the end, on "
+          f"{os.cpu_count()} CPUs: other processes on the machine inflate every figure)")
     return 0
 
 

@@ -119,14 +119,17 @@ def controls(state: LessonState, lesson: Lesson, lang: str) -> None:
     k = lesson.id
     c = st.columns([1, 1.2, 1, 1.2, 1, 2.2, 0.8])
     c[0].button(tr("back", lang), key=f"back:{k}", on_click=on_back, args=(state,), disabled=run.cursor == 0,
-                width="stretch", shortcut="Left")
+                width="stretch", shortcut="Left", icon=":material/arrow_back:")
     c[1].button(tr("step", lang), key=f"step:{k}", on_click=on_step, args=(state, lesson, lang), type="primary",
-                disabled=state.quiz is not None or run.finished, width="stretch", shortcut="Right")
+                disabled=state.quiz is not None or run.finished, width="stretch", shortcut="Right",
+                icon=":material/arrow_forward:", icon_position="right")
     c[2].button(tr("pause", lang) if state.playing else tr("play", lang), key=f"play:{k}", on_click=on_play,
-                args=(state,), disabled=run.finished and not state.playing, width="stretch")
+                args=(state,), disabled=run.finished and not state.playing, width="stretch",
+                icon=":material/pause:" if state.playing else ":material/play_arrow:")
     c[3].button(tr("to_end", lang), key=f"end:{k}", on_click=on_to_end, args=(state, lang),
-                disabled=run.finished, width="stretch")
-    c[4].button(tr("reset", lang), key=f"reset:{k}", on_click=on_reset, args=(state, lang), width="stretch")
+                disabled=run.finished, width="stretch", icon=":material/skip_next:")
+    c[4].button(tr("reset", lang), key=f"reset:{k}", on_click=on_reset, args=(state, lang), width="stretch",
+                icon=":material/restart_alt:")
     kinds = tuple(dict.fromkeys(tuple(x for x in lesson.focus if x in UNTIL_KINDS) + UNTIL_KINDS))
     with c[5]:
         ic, bc = st.columns([2, 1])

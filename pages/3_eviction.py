@@ -1,4 +1,4 @@
-"""Lesson page 'eviction': layout and controls come from lesson.view."""
-from lesson.view import render_lesson
+"""Lesson page 'eviction' (the layout and controls are shared: lesson/view.py)."""
+from lesson.entry import lesson_page
 
-render_lesson("eviction")
+lesson_page("eviction")

@@ -1,4 +1,4 @@
-"""Lesson page 'preemption': layout and controls come from lesson.view."""
-from lesson.view import render_lesson
+"""Lesson page 'preemption' (the layout and controls are shared: lesson/view.py)."""
+from lesson.entry import lesson_page
 
-render_lesson("preemption")
+lesson_page("preemption")

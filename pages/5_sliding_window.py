@@ -1,4 +1,4 @@
-"""Lesson page 'sliding': layout and controls come from lesson.view."""
-from lesson.view import render_lesson
+"""Lesson page 'sliding' (the layout and controls are shared: lesson/view.py)."""
+from lesson.entry import lesson_page
 
-render_lesson("sliding")
+lesson_page("sliding")

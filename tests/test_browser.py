@@ -93,8 +93,9 @@ def test_prefix_caching_lesson_shows_a_hit(server, browser):
     assert "Prefix caching and hash chains" in page.inner_text("h1")
     step = page.locator("button[kind=primary]").filter(has_text="Step").first
     hit = page.get_by_text("hit 3 cached blocks")
-    for _ in range(12):
+    for n in range(1, 13):
         step.click()
+        page.get_by_text(f"Step {n} of {n} computed").wait_for(timeout=120_000)
         wait_idle(page)
         if hit.count():
             break

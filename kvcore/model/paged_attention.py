@@ -65,6 +65,8 @@ class PagedStep:
     """Everything a layer needs for one forward; passed to ``model(...)`` as ``paged_step=``."""
 
     kv_caches: Sequence[torch.Tensor]  # per layer [num_blocks, 2, Hkv, bs, D]
+    pool_rows: Sequence[torch.Tensor]    # per layer, the pool viewed as [num_blocks*2*Hkv*bs, D]
+    pool_blocks: Sequence[torch.Tensor]  # per layer, the pool viewed as [num_blocks*2*Hkv, bs, D]
     layer_group: Sequence[int]         # per layer, its KV cache group
     groups: list[GroupStep]
     num_seqs: int                      # S
@@ -98,6 +100,13 @@ def _check_tables(item_no: int, request_id: str, table: Sequence[int], first: in
         )
 
 
+def pool_views_of(kv_caches: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per layer, the two flat views the kernel indexes (made once, reused every step)."""
+    rows = [t.view(-1, t.shape[-1]) for t in kv_caches]
+    blocks = [t.view(-1, t.shape[-2], t.shape[-1]) for t in kv_caches]
+    return rows, blocks
+
+
 def build_paged_step(
     token_counts: Sequence[int],
     start_positions: Sequence[int],
@@ -112,6 +121,7 @@ def build_paged_step(
     num_q_per_kv: int,
     device: torch.device,
     dtype: torch.dtype = torch.float32,
+    pool_views: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
 ) -> PagedStep:
     """Index tensors and masks for one packed forward (computed once, used by every layer)."""
     S = len(token_counts)
@@ -183,8 +193,11 @@ def build_paged_step(
             mask=mask.to(device),
             gathered_block_ids=ids,
         ))
+    if pool_views is None:
+        pool_views = pool_views_of(kv_caches)
     return PagedStep(
-        kv_caches=kv_caches, layer_group=layer_group, groups=groups, num_seqs=S,
+        kv_caches=kv_caches, pool_rows=pool_views[0], pool_blocks=pool_views[1],
+        layer_group=layer_group, groups=groups, num_seqs=S,
         max_query_len=Qm, num_tokens=T,
         q_index=None if q_index is None else q_index.to(device),
         out_index=None if out_index is None else out_index.to(device),
@@ -209,33 +222,31 @@ def paged_attention_forward(
         )
     step = paged_step
     layer = module.layer_idx
-    pool = step.kv_caches[layer]
     gs = step.groups[step.layer_group[layer]]
-    _, _, Hkv, bs, D = pool.shape
-    Hq = query.shape[1]
+    blocks = step.pool_blocks[layer]
+    _, bs, D = blocks.shape
+    _, Hq, T, _ = query.shape
+    Hkv = key.shape[1]
     G = Hq // Hkv
-    S, Qm, T = step.num_seqs, step.max_query_len, step.num_tokens
+    S, Qm = step.num_seqs, step.max_query_len
 
     # 1) write: K rows [Hkv, T] of the pool seen as [num_blocks*2*Hkv*bs, D]; V's are Hkv*bs further
-    rows = pool.view(-1, D)
-    rows.index_copy_(0, gs.write_rows, key[0].reshape(Hkv * T, D))
-    rows.index_copy_(0, gs.write_rows_v, value[0].reshape(Hkv * T, D))
+    rows = step.pool_rows[layer]
+    rows.index_copy_(0, gs.write_rows, key.reshape(Hkv * T, D))
+    rows.index_copy_(0, gs.write_rows_v, value.reshape(Hkv * T, D))
 
-    # 2) gather every sequence's visible blocks at once: [S, 2, Hkv, NB*bs, D]
-    NB = gs.num_ctx_blocks
-    kv = pool.view(-1, bs, D).index_select(0, gs.gather_rows).view(S, 2, Hkv, NB * bs, D)
+    # 2) gather every sequence's visible blocks at once: K and V [S, Hkv, NB*bs, D]
+    k, v = blocks.index_select(0, gs.gather_rows).view(S, 2, Hkv, gs.num_ctx_blocks * bs, D).unbind(1)
 
     # 3) queries grouped under their KV head: [S, Hkv, G*Qm, D] (no repeat of K/V needed)
-    q = query[0]
     if step.q_index is None:  # decode only: one query per sequence, T == S
-        qp = q.view(Hkv, G, S, D).permute(2, 0, 1, 3)
-    else:
-        qp = (q.index_select(1, step.q_index).view(Hkv, G, S, Qm, D)
-              .permute(2, 0, 1, 3, 4).reshape(S, Hkv, G * Qm, D))
-    out = F.scaled_dot_product_attention(qp, kv[:, 0], kv[:, 1], attn_mask=gs.mask, scale=scaling)
-    # out: [S, Hkv, G*Qm, D]
-    if step.q_index is None:
+        qp = query.view(Hkv, G, S, D).permute(2, 0, 1, 3)
+        out = F.scaled_dot_product_attention(qp, k, v, attn_mask=gs.mask, scale=scaling)
         return out.reshape(1, S, Hq, D), None
+    qp = (query.view(Hkv, G, T, D).index_select(2, step.q_index).view(Hkv, G, S, Qm, D)
+          .permute(2, 0, 1, 3, 4).reshape(S, Hkv, G * Qm, D))
+    out = F.scaled_dot_product_attention(qp, k, v, attn_mask=gs.mask, scale=scaling)
+    # out: [S, Hkv, G*Qm, D] -> packed [1, T, Hq, D]
     out = out.view(S, Hkv, G, Qm, D).permute(0, 3, 1, 2, 4).reshape(S * Qm, Hq, D)
     return out.index_select(0, step.out_index).unsqueeze(0), None
 

@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 
 from .loader import LoadedModel, shared_clone
-from .paged_attention import ATTN_NAME, PagedStep, build_paged_step
+from .paged_attention import ATTN_NAME, PagedStep, build_paged_step, pool_views_of
 
 try:  # the engine's own definition, when present (same fields)
     from kvcore.batch import SeqBatchItem  # type: ignore
@@ -94,6 +94,7 @@ class ModelRunner:
             self.kv_caches: list[torch.Tensor] = [
                 torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(n_layers)
             ]
+        self._pool_views = pool_views_of(self.kv_caches)
         self._generator: torch.Generator | None = None
         if seed is not None:
             self._generator = torch.Generator(device=self.device)
@@ -131,7 +132,7 @@ class ModelRunner:
             counts, starts, [it.block_tables for it in items], [it.request_id for it in items],
             self.group_sliding_window, self.kv_caches, self.layer_group, self.block_size,
             self.num_blocks, self.num_kv_heads, self.num_heads // self.num_kv_heads, self.device,
-            self.dtype,
+            self.dtype, self._pool_views,
         )
         self.last_step = step
         ids = list(itertools.chain.from_iterable(it.token_ids for it in items))

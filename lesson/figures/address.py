@@ -3,11 +3,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import plotly.graph_objects as go
-
 from kvcore.trace import Snapshot
 
-from .common import NULL_COLOR, Decode, base_layout, colors_for, group_label, all_tokens, safe_decode
+from .common import NULL_COLOR, Decode, all_tokens, colors_for, group_label, make_figure, safe_decode
 
 
 @dataclass(frozen=True)
@@ -44,41 +42,36 @@ def address_of(snap: Snapshot, request_id: str, position: int, decode: Decode | 
 
 
 def address_figure(snap: Snapshot, request_id: str, position: int, *, colors: dict[str, str] | None = None,
-                   lang: str = "en", group: int = 0) -> go.Figure:
+                   lang: str = "en", group: int = 0):
     """Two rows: the request's logical blocks on top, the physical pool below, arrows between."""
     colors = colors_for(snap, colors)
     r = snap.request(request_id)
     table = r.block_tables[group] if group < len(r.block_tables) else ()
-    bs = snap.block_size
     nulls = {b.block_id for b in snap.blocks if b.is_null}
     n = len(snap.blocks)
-    lb = position // bs
+    lb = position // snap.block_size
     color = colors.get(request_id, "#1f77b4")
-    fig = go.Figure()
     span = max(n, len(table), 1)
     lx = [i * (span / max(len(table), 1)) for i in range(len(table))]
-    for i, pb in enumerate(table):
-        px = pb
-        chosen = i == lb
-        fig.add_annotation(x=px, y=0.18, ax=lx[i], ay=0.82, xref="x", yref="y", axref="x", ayref="y",
-                           showarrow=True, arrowhead=3, arrowwidth=4 if chosen else 1,
-                           arrowcolor="#e00000" if chosen else "#aaa", text="")
-    top_lbl = "logical" if lang != "zh" else "逻辑块"
-    bot_lbl = "physical" if lang != "zh" else "物理块"
-    fig.add_trace(go.Scatter(
-        x=lx, y=[1] * len(table), mode="markers+text", text=[f"L{i}" for i in range(len(table))],
-        marker=dict(symbol="square", size=30, color=[NULL_COLOR if pb in nulls else color for pb in table],
-                    line=dict(color=["#e00000" if i == lb else "#fff" for i in range(len(table))], width=3)),
-        textfont=dict(color="white"), name=top_lbl,
-        hovertext=[f"{top_lbl} {i} → {bot_lbl} {pb}" for i, pb in enumerate(table)], hoverinfo="text"))
+    arrows = [{"x": pb, "y": 0.18, "ax": lx[i], "ay": 0.82, "xref": "x", "yref": "y", "axref": "x", "ayref": "y",
+               "showarrow": True, "arrowhead": 3, "arrowwidth": 4 if i == lb else 1,
+               "arrowcolor": "#e00000" if i == lb else "#aaa", "text": ""} for i, pb in enumerate(table)]
+    top = "逻辑块" if lang == "zh" else "logical"
+    bottom = "物理块" if lang == "zh" else "physical"
+    chosen = table[lb] if lb < len(table) else None
     held = set(table)
-    fig.add_trace(go.Scatter(
-        x=list(range(n)), y=[0] * n, mode="markers+text", text=[str(i) for i in range(n)],
-        marker=dict(symbol="square", size=22,
-                    color=[NULL_COLOR if i in nulls else (color if i in held else "#e6e6e6") for i in range(n)],
-                    line=dict(color=["#e00000" if lb < len(table) and i == table[lb] else "#fff"
-                                     for i in range(n)], width=3)),
-        textfont=dict(size=10), name=bot_lbl, hoverinfo="skip"))
-    fig.update_xaxes(visible=False, range=[-1, span])
-    fig.update_yaxes(visible=False, range=[-0.4, 1.4])
-    return base_layout(fig, height=170, legend=False)
+    data = [
+        {"type": "scatter", "x": lx, "y": [1] * len(table), "mode": "markers+text", "name": top,
+         "text": [f"L{i}" for i in range(len(table))], "textfont": {"color": "white"},
+         "marker": {"symbol": "square", "size": 30, "color": [NULL_COLOR if pb in nulls else color for pb in table],
+                    "line": {"color": ["#e00000" if i == lb else "#fff" for i in range(len(table))], "width": 3}},
+         "hovertext": [f"{top} {i} → {bottom} {pb}" for i, pb in enumerate(table)], "hoverinfo": "text"},
+        {"type": "scatter", "x": list(range(n)), "y": [0] * n, "mode": "markers+text", "name": bottom,
+         "text": [str(i) for i in range(n)], "textfont": {"size": 10}, "hoverinfo": "skip",
+         "marker": {"symbol": "square", "size": 22,
+                    "color": [NULL_COLOR if i in nulls else (color if i in held else "#e6e6e6") for i in range(n)],
+                    "line": {"color": ["#e00000" if i == chosen else "#fff" for i in range(n)], "width": 3}}},
+    ]
+    layout = {"annotations": arrows, "xaxis": {"visible": False, "range": [-1, span]},
+              "yaxis": {"visible": False, "range": [-0.4, 1.4]}}
+    return make_figure(data, layout, height=170, legend=False)

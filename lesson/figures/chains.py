@@ -3,11 +3,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-import plotly.graph_objects as go
-
 from kvcore.trace import Snapshot
 
-from .common import CACHED_FREE_COLOR, Decode, base_layout, colors_for, html_text, safe_decode, short_hash
+from .common import (CACHED_FREE_COLOR, Decode, colors_for, empty_figure, html_text, make_figure, safe_decode,
+                     short_hash)
 
 LABELS = {
     "en": {"root": "NONE_HASH", "hash": "hash", "parent": "parent", "blocks": "blocks", "text": "text",
@@ -54,16 +53,12 @@ def chain_nodes(snap: Snapshot):
 
 
 def hash_chains(snap: Snapshot, *, decode: Decode | None = None, colors: dict[str, str] | None = None,
-                lang: str = "en") -> go.Figure:
+                lang: str = "en"):
     L = LABELS.get(lang, LABELS["en"])
     colors = colors_for(snap, colors)
     nodes, parent, depth = chain_nodes(snap)
     if not nodes:
-        fig = go.Figure()
-        fig.add_annotation(text=L["empty"], showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
-        fig.update_xaxes(visible=False)
-        fig.update_yaxes(visible=False)
-        return base_layout(fig, height=90, legend=False)
+        return empty_figure(L["empty"])
     groups = sorted({g for _, g in nodes})
     children: dict[object, list] = defaultdict(list)
     roots: dict[int, list] = defaultdict(list)
@@ -93,8 +88,7 @@ def hash_chains(snap: Snapshot, *, decode: Decode | None = None, colors: dict[st
             place(key)
         root_y[g] = (start + next_leaf[0] - 1) / 2
         next_leaf[0] += 0.6
-    ex, ey = [], []
-    ox, oy = [], []
+    ex, ey, ox, oy = [], [], [], []
     for key in nodes:
         pk = (parent[key], key[1]) if parent[key] else None
         x1, y1 = depth[key], ypos[key]
@@ -107,18 +101,16 @@ def hash_chains(snap: Snapshot, *, decode: Decode | None = None, colors: dict[st
         else:
             ox += [x1 - 0.6, x1, None]
             oy += [y1, y1, None]
-    fig = go.Figure()
-    fig.add_trace(go.Scatter(x=ex, y=ey, mode="lines", line=dict(color="#999", width=2),
-                             hoverinfo="skip", showlegend=False))
+    data = [{"type": "scatter", "x": ex, "y": ey, "mode": "lines", "line": {"color": "#999", "width": 2},
+             "hoverinfo": "skip", "showlegend": False}]
     if ox:
-        fig.add_trace(go.Scatter(x=ox, y=oy, mode="lines", line=dict(color="#bbb", width=2, dash="dot"),
-                                 hoverinfo="skip", name=L["orphan"]))
-    rx = [-1 for _ in groups]
-    ry = [root_y[g] for g in groups]
+        data.append({"type": "scatter", "x": ox, "y": oy, "mode": "lines", "name": L["orphan"],
+                     "line": {"color": "#bbb", "width": 2, "dash": "dot"}, "hoverinfo": "skip"})
     rt = [L["root"] + (f" · g{g}" if len(groups) > 1 else "") for g in groups]
-    fig.add_trace(go.Scatter(x=rx, y=ry, mode="markers+text", text=rt, textposition="middle left",
-                             marker=dict(size=16, color="#555", symbol="diamond"), hoverinfo="text",
-                             hovertext=rt, showlegend=False))
+    data.append({"type": "scatter", "x": [-1] * len(groups), "y": [root_y[g] for g in groups],
+                 "mode": "markers+text", "text": rt, "textposition": "middle left", "hovertext": rt,
+                 "hoverinfo": "text", "marker": {"size": 16, "color": "#555", "symbol": "diamond"},
+                 "showlegend": False})
     xs, ys, labels, hover, fill, line, size = [], [], [], [], [], [], []
     for key, bl in nodes.items():
         h, g = key
@@ -130,24 +122,21 @@ def hash_chains(snap: Snapshot, *, decode: Decode | None = None, colors: dict[st
         fill.append(colors.get(owners[0], "#888") if used and owners else CACHED_FREE_COLOR)
         line.append("#111" if any(b.ref_cnt > 1 for b in bl) else "#666")
         size.append(34 + 8 * (len(bl) - 1))
-        toks = bl[0].token_ids
         lines = [f"<b>{L['hash']}</b>: {h}", f"{L['parent']}: {parent[key] or 'NONE_HASH'}",
                  f"{L['blocks']}: {labels[-1]}" + (f" ({L['group']} {g})" if len(groups) > 1 else ""),
                  f"{L['ref']}: {', '.join(str(b.ref_cnt) for b in bl)}",
                  f"{L['owners']}: {', '.join(dict.fromkeys(owners)) or L['free']}"]
-        if toks:
-            lines.append(f"{L['text']}: “{html_text(safe_decode(decode, toks))}”")
+        if bl[0].token_ids:
+            lines.append(f"{L['text']}: “{html_text(safe_decode(decode, bl[0].token_ids))}”")
         hover.append("<br>".join(lines))
-    fig.add_trace(go.Scatter(
-        x=xs, y=ys, mode="markers+text", text=labels, textposition="middle center",
-        textfont=dict(color="#111", size=12),
-        marker=dict(size=size, color=fill, line=dict(color=line, width=2), symbol="square"),
-        customdata=hover, hovertemplate="%{customdata}<extra></extra>", showlegend=False))
-    fig.add_trace(go.Scatter(x=xs, y=[y + 0.42 for y in ys], mode="text",
-                             text=["#" + short_hash(k[0], 6) for k in nodes],
-                             textposition="middle center", textfont=dict(size=10, color="#555"),
-                             hoverinfo="skip", showlegend=False))
-    maxd = max(depth.values())
-    fig.update_xaxes(title_text=L["axis"], range=[-2.6, maxd + 0.6], dtick=1, showgrid=False, zeroline=False)
-    fig.update_yaxes(visible=False, autorange="reversed")
-    return base_layout(fig, height=max(170, 80 + 60 * next_leaf[0]), legend=bool(ox))
+    data.append({"type": "scatter", "x": xs, "y": ys, "mode": "markers+text", "text": labels,
+                 "textposition": "middle center", "textfont": {"color": "#111", "size": 12},
+                 "marker": {"size": size, "color": fill, "line": {"color": line, "width": 2}, "symbol": "square"},
+                 "customdata": hover, "hovertemplate": "%{customdata}<extra></extra>", "showlegend": False})
+    data.append({"type": "scatter", "x": xs, "y": [y + 0.42 for y in ys], "mode": "text",
+                 "text": ["#" + short_hash(k[0], 6) for k in nodes], "textposition": "middle center",
+                 "textfont": {"size": 10, "color": "#555"}, "hoverinfo": "skip", "showlegend": False})
+    layout = {"xaxis": {"title": {"text": L["axis"]}, "range": [-2.6, max(depth.values()) + 0.6], "dtick": 1,
+                        "showgrid": False, "zeroline": False},
+              "yaxis": {"visible": False, "autorange": "reversed"}}
+    return make_figure(data, layout, height=max(170, 80 + 60 * next_leaf[0]), legend=bool(ox))

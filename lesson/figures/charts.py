@@ -3,11 +3,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import plotly.graph_objects as go
-
 from kvcore.trace import SCHEDULED, Snapshot, StepRecord
 
-from .common import base_layout, color_map
+from .common import color_map, make_figure
 
 LABELS = {
     "en": {"usage": "KV usage %", "hit": "prefix hit rate %", "running": "running", "waiting": "waiting",
@@ -21,63 +19,61 @@ LABELS = {
 }
 
 
-def metrics_over_time(snaps: Sequence[Snapshot], *, lang: str = "en") -> go.Figure:
+def metrics_over_time(snaps: Sequence[Snapshot], *, lang: str = "en"):
     L = LABELS.get(lang, LABELS["en"])
     steps = [s.step for s in snaps]
-    fig = go.Figure()
-    fig.add_trace(go.Scatter(x=steps, y=[100 * s.usage for s in snaps], name=L["usage"], mode="lines+markers",
-                             line=dict(color="#d62728", width=3)))
-    fig.add_trace(go.Scatter(x=steps, y=[100 * float(s.prefix_cache.get("hit_rate", 0.0)) for s in snaps],
-                             name=L["hit"], mode="lines+markers", line=dict(color="#2ca02c", width=3)))
-    fig.add_trace(go.Bar(x=steps, y=[len(s.running) for s in snaps], name=L["running"], yaxis="y2",
-                         marker_color="rgba(31,119,180,0.45)"))
-    fig.add_trace(go.Bar(x=steps, y=[len(s.waiting) for s in snaps], name=L["waiting"], yaxis="y2",
-                         marker_color="rgba(255,127,14,0.45)"))
-    fig.update_layout(
-        barmode="group",
-        xaxis=dict(title=L["step"], dtick=1 if len(steps) <= 30 else None),
-        yaxis=dict(title=L["pct"], range=[0, 105]),
-        yaxis2=dict(title=L["count"], overlaying="y", side="right", rangemode="tozero", dtick=1,
-                    showgrid=False),
-    )
-    return base_layout(fig, height=260)
+    data = [
+        {"type": "scatter", "x": steps, "y": [100 * s.usage for s in snaps], "name": L["usage"],
+         "mode": "lines+markers", "line": {"color": "#d62728", "width": 3}},
+        {"type": "scatter", "x": steps, "y": [100 * float(s.prefix_cache.get("hit_rate", 0.0)) for s in snaps],
+         "name": L["hit"], "mode": "lines+markers", "line": {"color": "#2ca02c", "width": 3}},
+        {"type": "bar", "x": steps, "y": [len(s.running) for s in snaps], "name": L["running"], "yaxis": "y2",
+         "marker": {"color": "rgba(31,119,180,0.45)"}},
+        {"type": "bar", "x": steps, "y": [len(s.waiting) for s in snaps], "name": L["waiting"], "yaxis": "y2",
+         "marker": {"color": "rgba(255,127,14,0.45)"}},
+    ]
+    layout = {"barmode": "group",
+              "xaxis": {"title": {"text": L["step"]}, "dtick": 1 if len(steps) <= 30 else None},
+              "yaxis": {"title": {"text": L["pct"]}, "range": [0, 105]},
+              "yaxis2": {"title": {"text": L["count"]}, "overlaying": "y", "side": "right", "rangemode": "tozero",
+                         "dtick": 1, "showgrid": False}}
+    return make_figure(data, layout, height=260)
 
 
 def token_budget(records: Sequence[StepRecord], budget: int, *, colors: dict[str, str] | None = None,
-                 lang: str = "en") -> go.Figure:
-    """Stacked bars: tokens each request got per step; hatched bars are prefill chunks."""
+                 lang: str = "en"):
+    """Stacked bars: tokens each request got per step; hatched bars are prefills and chunks."""
     L = LABELS.get(lang, LABELS["en"])
     rids = list(dict.fromkeys(r for rec in records for r in rec.scheduled))
     colors = {**color_map(rids), **(colors or {})}
     steps = [rec.step for rec in records]
-    fig = go.Figure()
+    data = []
     for rid in rids:
         ys, patterns, kinds = [], [], []
         for rec in records:
-            n = rec.scheduled.get(rid, 0)
             kind = next((e.data.get("kind", "") for e in rec.events
                          if e.kind == SCHEDULED and e.request_id == rid), "")
-            ys.append(n)
+            ys.append(rec.scheduled.get(rid, 0))
             kinds.append(L.get(kind, kind))
             patterns.append("" if kind == "decode" else "/")
-        fig.add_trace(go.Bar(x=steps, y=ys, name=rid, marker=dict(color=colors.get(rid), pattern_shape=patterns),
-                             customdata=kinds, hovertemplate=f"{rid}: %{{y}} ({'%{customdata}'})<extra></extra>"))
+        data.append({"type": "bar", "x": steps, "y": ys, "name": rid, "customdata": kinds,
+                     "marker": {"color": colors.get(rid), "pattern": {"shape": patterns}},
+                     "hovertemplate": f"{rid}: %{{y}} (%{{customdata}})<extra></extra>"})
     if steps:
-        fig.add_trace(go.Scatter(x=[steps[0] - 0.5, steps[-1] + 0.5], y=[budget, budget], mode="lines",
-                                 name=L["budget"], line=dict(color="#d62728", dash="dash", width=2)))
-    fig.update_layout(barmode="stack", xaxis=dict(title=L["step"], dtick=1 if len(steps) <= 30 else None),
-                      yaxis=dict(title=L["tokens"], rangemode="tozero"))
-    return base_layout(fig, height=260)
+        data.append({"type": "scatter", "x": [steps[0] - 0.5, steps[-1] + 0.5], "y": [budget, budget],
+                     "mode": "lines", "name": L["budget"], "line": {"color": "#d62728", "dash": "dash", "width": 2}})
+    layout = {"barmode": "stack", "xaxis": {"title": {"text": L["step"]}, "dtick": 1 if len(steps) <= 30 else None},
+              "yaxis": {"title": {"text": L["tokens"]}, "rangemode": "tozero"}}
+    return make_figure(data, layout, height=260)
 
 
-def blocks_held(snaps: Sequence[Snapshot], *, colors: dict[str, str] | None = None,
-                lang: str = "en") -> go.Figure:
+def blocks_held(snaps: Sequence[Snapshot], *, colors: dict[str, str] | None = None, lang: str = "en"):
     """Per request: distinct non-null blocks in its tables, step by step (flat under a sliding window)."""
     L = LABELS.get(lang, LABELS["en"])
     nulls = {b.block_id for s in snaps[:1] for b in s.blocks if b.is_null}
     rids = list(dict.fromkeys(r.request_id for s in snaps for r in s.requests))
     colors = {**color_map(rids), **(colors or {})}
-    fig = go.Figure()
+    data = []
     for rid in rids:
         xs, ys = [], []
         for s in snaps:
@@ -85,9 +81,9 @@ def blocks_held(snaps: Sequence[Snapshot], *, colors: dict[str, str] | None = No
                 r = s.request(rid)
             except KeyError:
                 continue
-            held = {b for t in r.block_tables for b in t if b not in nulls}
             xs.append(s.step)
-            ys.append(len(held))
-        fig.add_trace(go.Scatter(x=xs, y=ys, name=rid, mode="lines+markers", line=dict(color=colors.get(rid))))
-    fig.update_layout(xaxis=dict(title=L["step"]), yaxis=dict(title=L["blocks"], rangemode="tozero"))
-    return base_layout(fig, height=240)
+            ys.append(len({b for t in r.block_tables for b in t if b not in nulls}))
+        data.append({"type": "scatter", "x": xs, "y": ys, "name": rid, "mode": "lines+markers",
+                     "line": {"color": colors.get(rid)}})
+    layout = {"xaxis": {"title": {"text": L["step"]}}, "yaxis": {"title": {"text": L["blocks"]}, "rangemode": "tozero"}}
+    return make_figure(data, layout, height=240)

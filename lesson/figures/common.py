@@ -87,13 +87,45 @@ def block_state(b: BlockView) -> str:
     return "cached" if b.block_hash else "free"
 
 
-def base_layout(fig, height: int, title: str | None = None, legend: bool = True):
-    fig.update_layout(
-        height=height, margin=dict(l=10, r=10, t=36 if title else 10, b=10),
-        title=dict(text=title, x=0, font=dict(size=15)) if title else None,
-        font=FONT, plot_bgcolor="white", paper_bgcolor="white",
-        showlegend=legend,
-        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="left", x=0),
-        hoverlabel=dict(font=dict(family=FONT["family"], size=13)),
-    )
-    return fig
+def make_figure(data: list[dict], layout: dict, height: int, title: str | None = None,
+                legend: bool = True):
+    """A plotly Figure from plain dicts, skipping plotly's per-property validation (the builders'
+    output is fixed and tested), which costs tens of milliseconds per figure on every Step.
+    Streamlit then serialises it without validating again."""
+    import plotly.graph_objects as go
+    lay = {
+        "height": height, "margin": {"l": 10, "r": 10, "t": 36 if title else 10, "b": 10},
+        "font": FONT, "plot_bgcolor": "white", "paper_bgcolor": "white", "showlegend": legend,
+        "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "left", "x": 0},
+        "hoverlabel": {"font": {"family": FONT["family"], "size": 13}},
+    }
+    if title:
+        lay["title"] = {"text": title, "x": 0, "font": {"size": 15}}
+    lay.update(layout)
+    try:
+        return go.Figure({"data": data, "layout": lay}, _validate=False)
+    except TypeError:  # a plotly without the private switch: validate
+        return go.Figure({"data": data, "layout": lay})
+
+
+def empty_figure(message: str, height: int = 90, color: str | None = None):
+    ann = {"text": message, "showarrow": False, "x": 0.5, "y": 0.5, "xref": "paper", "yref": "paper"}
+    if color:
+        ann["font"] = {"size": 15, "color": color}
+    return make_figure([], {"annotations": [ann], "xaxis": {"visible": False}, "yaxis": {"visible": False}},
+                       height, legend=False)
+
+
+def legend_entry(name: str, color: str, symbol: str = "square", line: str | None = None) -> dict:
+    """A legend-only trace (no points)."""
+    return {"type": "scatter", "x": [None], "y": [None], "mode": "markers", "name": name, "hoverinfo": "skip",
+            "marker": {"symbol": symbol, "size": 13, "color": line or color, "line": {"width": 1, "color": "#888"}}}
+
+
+def stepped_scale(palette: list[str]) -> list[list]:
+    """A discrete colorscale: value i (of len(palette)) maps to palette[i] with zmin=-0.5, zmax=k-0.5."""
+    k = len(palette)
+    scale = []
+    for i, c in enumerate(palette):
+        scale += [[i / k, c], [(i + 1) / k, c]]
+    return scale

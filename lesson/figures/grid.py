@@ -4,12 +4,11 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-import plotly.graph_objects as go
-
 from kvcore.trace import Snapshot
 
-from .common import (CACHED_FREE_COLOR, FREE_COLOR, NULL_COLOR, SHARED_BORDER, VICTIM_COLOR,
-                     Decode, base_layout, block_state, colors_for, html_text, safe_decode, short_hash)
+from .common import (CACHED_FREE_COLOR, FREE_COLOR, NULL_COLOR, SHARED_BORDER, VICTIM_COLOR, Decode,
+                     block_state, colors_for, html_text, legend_entry, make_figure, safe_decode, short_hash,
+                     stepped_scale)
 
 LABELS = {
     "en": {"null": "null block", "free": "free", "cached": "cached, free", "shared": "shared (ref_cnt>1)",
@@ -55,7 +54,7 @@ def block_hover(b, lang: str, decode: Decode | None) -> str:
 
 
 def block_grid(snap: Snapshot, *, decode: Decode | None = None, colors: dict[str, str] | None = None,
-               lang: str = "en", changed: Iterable[int] = (), cols: int | None = None) -> go.Figure:
+               lang: str = "en", changed: Iterable[int] = (), cols: int | None = None):
     L = LABELS.get(lang, LABELS["en"])
     colors = colors_for(snap, colors)
     n = len(snap.blocks)
@@ -63,7 +62,6 @@ def block_grid(snap: Snapshot, *, decode: Decode | None = None, colors: dict[str
     rows = max(1, math.ceil(n / cols))
     cats = ["null", "free", "cached"] + list(colors)
     palette = [NULL_COLOR, FREE_COLOR, CACHED_FREE_COLOR] + [colors[r] for r in colors]
-    k = len(cats)
     z = [[None] * cols for _ in range(rows)]
     text = [[""] * cols for _ in range(rows)]
     hover = [[""] * cols for _ in range(rows)]
@@ -71,6 +69,11 @@ def block_grid(snap: Snapshot, *, decode: Decode | None = None, colors: dict[str
     changed = set(changed)
     victim = snap.free_queue[0] if snap.free_queue else None
     present = set()
+
+    def box(x, y, color, width, dash="solid", pad=0.44):
+        shapes.append({"type": "rect", "x0": x - pad, "x1": x + pad, "y0": y - pad, "y1": y + pad,
+                       "line": {"color": color, "width": width, "dash": dash}, "layer": "above"})
+
     for i, b in enumerate(snap.blocks):
         x, y = cell_xy(i, cols)
         state = block_state(b)
@@ -87,27 +90,19 @@ def block_grid(snap: Snapshot, *, decode: Decode | None = None, colors: dict[str
         z[y][x] = cats.index(cat)
         text[y][x] = label
         hover[y][x] = block_hover(b, lang, decode)
-
-        def box(color, width, dash="solid", pad=0.44):
-            shapes.append(dict(type="rect", x0=x - pad, x1=x + pad, y0=y - pad, y1=y + pad,
-                               line=dict(color=color, width=width, dash=dash), layer="above"))
         if b.ref_cnt > 1:
-            box(SHARED_BORDER, 4)
+            box(x, y, SHARED_BORDER, 4)
             present.add("shared")
         if b.block_id == victim:
-            box(VICTIM_COLOR, 4, pad=0.47)
+            box(x, y, VICTIM_COLOR, 4, pad=0.47)
             present.add("victim")
         if b.block_id in changed:
-            box("#ff9900", 2, "dot", pad=0.36)
+            box(x, y, "#ff9900", 2, "dot", pad=0.36)
             present.add("changed")
-    scale = [[0.0, palette[0]]]
-    for i, c in enumerate(palette):
-        scale += [[i / k, c], [(i + 1) / k, c]]
-    scale = scale[1:]
-    fig = go.Figure(go.Heatmap(
-        z=z, text=text, customdata=hover, texttemplate="%{text}", textfont=dict(size=12),
-        colorscale=scale, zmin=-0.5, zmax=k - 0.5, showscale=False, xgap=3, ygap=3,
-        hovertemplate="%{customdata}<extra></extra>", name="blocks"))
+    data = [{"type": "heatmap", "z": z, "text": text, "customdata": hover, "texttemplate": "%{text}",
+             "textfont": {"size": 12}, "colorscale": stepped_scale(palette), "zmin": -0.5,
+             "zmax": len(cats) - 0.5, "showscale": False, "xgap": 3, "ygap": 3,
+             "hovertemplate": "%{customdata}<extra></extra>", "name": "blocks"}]
     for cat, color, symbol, line in (
         ("null", NULL_COLOR, "square", None), ("free", FREE_COLOR, "square", None),
         ("cached", CACHED_FREE_COLOR, "square", None),
@@ -115,14 +110,8 @@ def block_grid(snap: Snapshot, *, decode: Decode | None = None, colors: dict[str
         ("changed", "white", "square-open", "#ff9900"),
     ):
         if cat in present:
-            fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=L[cat],
-                                     marker=dict(symbol=symbol, size=13, color=line or color,
-                                                 line=dict(width=1, color="#888"))))
-    for rid in colors:
-        if rid in present:
-            fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=rid,
-                                     marker=dict(symbol="square", size=13, color=colors[rid])))
-    fig.update_layout(shapes=shapes)
-    fig.update_xaxes(visible=False, range=[-0.5, cols - 0.5])
-    fig.update_yaxes(visible=False, range=[rows - 0.5, -0.5])
-    return base_layout(fig, height=70 + 52 * rows)
+            data.append(legend_entry(L[cat], color, symbol, line))
+    data += [legend_entry(rid, colors[rid]) for rid in colors if rid in present]
+    layout = {"shapes": shapes, "xaxis": {"visible": False, "range": [-0.5, cols - 0.5]},
+              "yaxis": {"visible": False, "range": [rows - 0.5, -0.5]}}
+    return make_figure(data, layout, height=70 + 52 * rows)

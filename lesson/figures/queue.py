@@ -3,12 +3,10 @@ from __future__ import annotations
 
 import math
 
-import plotly.graph_objects as go
-
 from kvcore.trace import Snapshot
 
-from .common import (CACHED_FREE_COLOR, FREE_COLOR, VICTIM_COLOR, Decode, base_layout, html_text,
-                     safe_decode, short_hash)
+from .common import (CACHED_FREE_COLOR, FREE_COLOR, VICTIM_COLOR, Decode, empty_figure, html_text,
+                     make_figure, safe_decode, short_hash)
 
 LABELS = {
     "en": {"head": "HEAD · next victim", "tail": "TAIL", "pos": "position", "block": "block",
@@ -20,18 +18,12 @@ LABELS = {
 }
 
 
-def free_queue(snap: Snapshot, *, decode: Decode | None = None, lang: str = "en",
-               cols: int = 16) -> go.Figure:
+def free_queue(snap: Snapshot, *, decode: Decode | None = None, lang: str = "en", cols: int = 16):
     L = LABELS.get(lang, LABELS["en"])
     blocks = {b.block_id: b for b in snap.blocks}
     q = list(snap.free_queue)
     if not q:
-        fig = go.Figure()
-        fig.add_annotation(text=L["empty"], showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
-                           font=dict(size=15, color=VICTIM_COLOR))
-        fig.update_xaxes(visible=False)
-        fig.update_yaxes(visible=False)
-        return base_layout(fig, height=80, legend=False)
+        return empty_figure(L["empty"], 80, VICTIM_COLOR)
     cols = min(cols, len(q))
     rows = math.ceil(len(q) / cols)
     z = [[None] * cols for _ in range(rows)]
@@ -52,22 +44,25 @@ def free_queue(snap: Snapshot, *, decode: Decode | None = None, lang: str = "en"
         else:
             lines.append(L["nohash"])
         hover[y][x] = "<br>".join(lines)
-    fig = go.Figure(go.Heatmap(
-        z=z, text=text, customdata=hover, texttemplate="%{text}", textfont=dict(size=13), showscale=False,
-        colorscale=[[0, FREE_COLOR], [0.5, FREE_COLOR], [0.5, CACHED_FREE_COLOR], [1, CACHED_FREE_COLOR]],
-        zmin=-0.5, zmax=1.5, xgap=10, ygap=8, hovertemplate="%{customdata}<extra></extra>"))
-    shapes = [dict(type="rect", x0=-0.5, x1=0.5, y0=-0.5, y1=0.5, line=dict(color=VICTIM_COLOR, width=4))]
+    data = [{"type": "heatmap", "z": z, "text": text, "customdata": hover, "texttemplate": "%{text}",
+             "textfont": {"size": 13}, "showscale": False, "zmin": -0.5, "zmax": 1.5, "xgap": 10, "ygap": 8,
+             "colorscale": [[0, FREE_COLOR], [0.5, FREE_COLOR], [0.5, CACHED_FREE_COLOR], [1, CACHED_FREE_COLOR]],
+             "hovertemplate": "%{customdata}<extra></extra>"}]
+    shapes = [{"type": "rect", "x0": -0.5, "x1": 0.5, "y0": -0.5, "y1": 0.5,
+               "line": {"color": VICTIM_COLOR, "width": 4}}]
     for pos in range(len(q) - 1):
         x, y = pos % cols, pos // cols
         if x < cols - 1:
-            shapes.append(dict(type="line", x0=x + 0.36, x1=x + 0.64, y0=y, y1=y,
-                               line=dict(color="#777", width=2)))
-    fig.update_layout(shapes=shapes)
+            shapes.append({"type": "line", "x0": x + 0.36, "x1": x + 0.64, "y0": y, "y1": y,
+                           "line": {"color": "#777", "width": 2}})
     tx, ty = (len(q) - 1) % cols, (len(q) - 1) // cols
-    fig.add_annotation(x=0, y=-0.5, text=L["head"], showarrow=False, yshift=10,
-                       font=dict(color=VICTIM_COLOR, size=12), xanchor="left")
-    fig.add_annotation(x=tx, y=ty + 0.5, text=L["tail"], showarrow=False, yshift=-10,
-                       font=dict(color="#555", size=12))
-    fig.update_xaxes(visible=False, range=[-0.6, cols - 0.4])
-    fig.update_yaxes(visible=False, range=[rows - 0.5 + 0.4, -0.5 - 0.5])
-    return base_layout(fig, height=70 + 52 * rows, legend=False)
+    annotations = [
+        {"x": 0, "y": -0.5, "text": L["head"], "showarrow": False, "yshift": 10, "xanchor": "left",
+         "font": {"color": VICTIM_COLOR, "size": 12}},
+        {"x": tx, "y": ty + 0.5, "text": L["tail"], "showarrow": False, "yshift": -10,
+         "font": {"color": "#555", "size": 12}},
+    ]
+    layout = {"shapes": shapes, "annotations": annotations,
+              "xaxis": {"visible": False, "range": [-0.6, cols - 0.4]},
+              "yaxis": {"visible": False, "range": [rows - 0.5 + 0.4, -1.0]}}
+    return make_figure(data, layout, height=70 + 52 * rows, legend=False)

@@ -1,12 +1,10 @@
 """Block tables: per request (and per KV cache group) logical block -> physical block."""
 from __future__ import annotations
 
-import plotly.graph_objects as go
-
 from kvcore.trace import Snapshot
 
-from .common import (NULL_COLOR, Decode, base_layout, block_tokens, colors_for, group_label,
-                     html_text, safe_decode, short_hash)
+from .common import (NULL_COLOR, Decode, block_tokens, colors_for, empty_figure, group_label, html_text,
+                     make_figure, safe_decode, short_hash, stepped_scale)
 
 LABELS = {
     "en": {"logical": "logical block", "physical": "physical block", "tokens": "tokens", "text": "text",
@@ -31,17 +29,18 @@ def table_rows(snap: Snapshot) -> list[tuple[str, str, int, tuple[int, ...]]]:
 
 
 def block_tables(snap: Snapshot, *, decode: Decode | None = None, colors: dict[str, str] | None = None,
-                 lang: str = "en") -> go.Figure:
+                 lang: str = "en"):
     L = LABELS.get(lang, LABELS["en"])
     colors = colors_for(snap, colors)
     rows = table_rows(snap)
+    if not rows:
+        return empty_figure(L["empty"])
     bs = snap.block_size
     blocks = {b.block_id: b for b in snap.blocks}
     reqs = {r.request_id: r for r in snap.requests}
-    width = max((len(t) for *_, t in rows), default=1)
+    width = max(len(t) for *_, t in rows)
     cats = ["null"] + list(colors)
     palette = [NULL_COLOR] + [colors[c] for c in colors]
-    k = len(cats)
     z = [[None] * width for _ in rows]
     text = [[""] * width for _ in rows]
     hover = [[""] * width for _ in rows]
@@ -61,33 +60,20 @@ def block_tables(snap: Snapshot, *, decode: Decode | None = None, colors: dict[s
             snippet = html_text(safe_decode(decode, toks), 14) if toks and width <= 8 else ""
             text[y][x] = f"<b>{bid}</b>" + (f"<br>{snippet}" if snippet else "")
             lines = [head, f"{L['slot']} {bid * bs}–{bid * bs + bs - 1}"]
-            if toks:
-                lines.append(f"{L['text']}: “{html_text(safe_decode(decode, toks))}”")
-            else:
-                lines.append(L["pending"])
+            lines.append(f"{L['text']}: “{html_text(safe_decode(decode, toks))}”" if toks else L["pending"])
             if b is not None:
                 lines.append(f"{L['ref']}: {b.ref_cnt}")
                 if b.block_hash:
                     lines.append(f"{L['hash']}: {short_hash(b.block_hash)}…")
                 if b.ref_cnt > 1:
-                    shapes.append(dict(type="rect", x0=x - .45, x1=x + .45, y0=y - .42, y1=y + .42,
-                                       line=dict(color="#111", width=3), layer="above"))
+                    shapes.append({"type": "rect", "x0": x - .45, "x1": x + .45, "y0": y - .42, "y1": y + .42,
+                                   "line": {"color": "#111", "width": 3}, "layer": "above"})
             hover[y][x] = "<br>".join(lines)
-    scale = []
-    for i, c in enumerate(palette):
-        scale += [[i / k, c], [(i + 1) / k, c]]
-    if not rows:
-        fig = go.Figure()
-        fig.add_annotation(text=L["empty"], showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper")
-        fig.update_xaxes(visible=False)
-        fig.update_yaxes(visible=False)
-        return base_layout(fig, height=90, legend=False)
-    fig = go.Figure(go.Heatmap(
-        z=z, text=text, customdata=hover, texttemplate="%{text}", colorscale=scale,
-        zmin=-0.5, zmax=k - 0.5, showscale=False, xgap=3, ygap=3,
-        y=[r[0] for r in rows], x=list(range(width)),
-        hovertemplate="%{customdata}<extra></extra>"))
-    fig.update_layout(shapes=shapes)
-    fig.update_xaxes(title_text=L["logical"], dtick=1, side="top", showgrid=False)
-    fig.update_yaxes(autorange="reversed", showgrid=False, type="category")
-    return base_layout(fig, height=80 + (52 if width <= 8 else 38) * len(rows), legend=False)
+    data = [{"type": "heatmap", "z": z, "text": text, "customdata": hover, "texttemplate": "%{text}",
+             "colorscale": stepped_scale(palette), "zmin": -0.5, "zmax": len(cats) - 0.5, "showscale": False,
+             "xgap": 3, "ygap": 3, "y": [r[0] for r in rows], "x": list(range(width)),
+             "hovertemplate": "%{customdata}<extra></extra>"}]
+    layout = {"shapes": shapes,
+              "xaxis": {"title": {"text": L["logical"]}, "dtick": 1, "side": "top", "showgrid": False},
+              "yaxis": {"autorange": "reversed", "showgrid": False, "type": "category"}}
+    return make_figure(data, layout, height=80 + (52 if width <= 8 else 38) * len(rows), legend=False)

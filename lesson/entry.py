@@ -1,0 +1,68 @@
+"""The app's entry: page config, sidebar (language, model, device, load state) and navigation.
+
+app.py calls ``main()``. Each file in pages/ calls ``lesson_page(id)``: inside the entry's
+navigation it draws the lesson; run on its own it runs the entry first, whose navigation then
+runs the page. A page file can run on its own because Streamlit still treats pages/ as a
+multipage folder until the first ``st.navigation`` call of the process (so a deep link opened
+first on a fresh server lands there), and because AppTest.switch_page runs page files alone.
+"""
+from __future__ import annotations
+
+import threading
+
+import streamlit as st
+
+from .home_page import render_home
+from .i18n import LANG_NAMES, LANGS, tr
+from .lessons import LESSONS, PAGE_FILES, url_path
+from .modelstate import DEVICES, MODELS, default_device, default_model, get_model, model_summary
+from .state import init_globals_from_url
+from .view import render_lesson
+
+_inside = threading.local()   # script runs are per-session threads
+
+
+def sidebar() -> str:
+    init_globals_from_url()
+    st.session_state.setdefault("lang", "en")
+    st.session_state.setdefault("model_name", default_model())
+    st.session_state.setdefault("device", default_device())
+    with st.sidebar:
+        st.selectbox("Language / 语言", LANGS, key="lang", format_func=LANG_NAMES.get)
+        lang = st.session_state["lang"]
+        st.selectbox(tr("model", lang), MODELS, key="model_name", format_func=lambda m: tr(f"model_{m}", lang))
+        st.selectbox(tr("device", lang), DEVICES, key="device", format_func=lambda d: tr(f"device_{d}", lang))
+        name, device = st.session_state["model_name"], st.session_state["device"]
+        st.markdown(f"**{tr('model_state', lang)}**")
+        ms = get_model(name, device, status_text=tr("model_loading", lang, model=name, device=device))
+        if ms.model is None:
+            st.error(tr("model_failed", lang, model=name, device=device, error=ms.error))
+            st.caption(tr("model_hint", lang))
+        else:
+            info = model_summary(ms.model)
+            st.success(tr("model_ready", lang, model=name, device=info["device"]))
+            st.caption(tr("model_info", lang, **info) + " · "
+                       + tr("model_loaded", lang, model=name, device=info["device"], secs=ms.seconds))
+    st.session_state["_model_state"] = ms
+    st.session_state["_prefs"] = {"lang": lang, "model_name": name, "device": device}
+    return lang
+
+
+def main() -> None:
+    st.set_page_config(page_title="Paged KV Lab", page_icon="🧱", layout="wide")
+    _inside.depth = getattr(_inside, "depth", 0) + 1
+    try:
+        lang = sidebar()
+        home = st.Page(render_home, title=tr("nav_home", lang), icon="🏠", url_path="home", default=True)
+        pages = [st.Page(PAGE_FILES[l.id], title=f"{l.number}. {l.title[lang]}", icon=l.icon,
+                         url_path=url_path(l.id)) for l in LESSONS]
+        st.navigation({tr("nav_home", lang): [home], tr("nav_lessons", lang): pages}).run()
+    finally:
+        _inside.depth -= 1
+
+
+def lesson_page(lesson_id: str) -> None:
+    if getattr(_inside, "depth", 0) > 0:
+        render_lesson(lesson_id)
+    else:
+        main()
