@@ -209,8 +209,7 @@ class BlockPool:
         if self.recorder is not None:
             wanted = {b.block_id for b in blocks if b.ref_cnt == 0 and not b.is_null}
             if wanted:
-                positions = {b.block_id: i for i, b in enumerate(self.free_block_queue.get_all_free_blocks())
-                             if b.block_id in wanted}
+                positions = self._queue_positions(wanted)
         from_queue = []
         for block in blocks:
             if block.ref_cnt == 0 and not block.is_null:
@@ -220,6 +219,20 @@ class BlockPool:
         if self.recorder is not None and blocks:
             self.recorder.emit(trace.TOUCHED, [b.block_id for b in blocks], from_queue=from_queue,
                                queue_positions=[positions[i] for i in from_queue])
+
+    def _queue_positions(self, wanted: set[int]) -> dict[int, int]:
+        """Queue positions of some free blocks, for the record. Walks from the tail and stops
+        once all are found: hits are usually recently freed hashed blocks, near the tail."""
+        q = self.free_block_queue
+        out: dict[int, int] = {}
+        pos = q.num_free_blocks - 1
+        curr = q.fake_free_list_tail.prev_free_block
+        while curr is not q.fake_free_list_head and len(out) < len(wanted):
+            if curr.block_id in wanted:
+                out[curr.block_id] = pos
+            curr = curr.prev_free_block
+            pos -= 1
+        return out
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock], reason: str = "") -> None:
         """ref_cnt -= 1 in the given order; blocks reaching 0 join the queue in that order.
@@ -266,6 +279,7 @@ class BlockPool:
                 self.recorder.emit(trace.RESET, ok=False, blocks_in_use=num_used - 1)
             return False
         self.cached_block_hash_to_block = BlockHashToBlockMap()
+        self.hash_meta.clear()
         for block in self.blocks:
             block.reset_hash()
         if self.enable_kv_cache_events:

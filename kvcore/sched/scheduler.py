@@ -213,10 +213,11 @@ class Scheduler:
             token = sampled[rid]
             req.append_output_token_ids([token])
             reason = None
-            if not req.ignore_eos and token in req.eos_token_ids:
-                req.status, reason = RequestStatus.FINISHED_STOPPED, "eos"
-            elif req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.config.max_model_len:
+            # vLLM checks the length cap before EOS.
+            if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.config.max_model_len:
                 req.status, reason = RequestStatus.FINISHED_LENGTH_CAPPED, "length"
+            elif not req.ignore_eos and token in req.eos_token_ids:
+                req.status, reason = RequestStatus.FINISHED_STOPPED, "eos"
             if reason is not None:
                 self.running.remove(req)
                 self._emit(trace.FINISHED, req, reason=reason, num_output_tokens=req.num_output_tokens)
