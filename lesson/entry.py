@@ -53,7 +53,7 @@ def main() -> None:
     _inside.depth = getattr(_inside, "depth", 0) + 1
     try:
         lang = sidebar()
-        home = st.Page(render_home, title=tr("nav_home", lang), icon="🏠", url_path="home", default=True)
+        home = st.Page(render_home, title=tr("nav_home", lang), icon="🏠", default=True)
         pages = [st.Page(PAGE_FILES[l.id], title=f"{l.number}. {l.title[lang]}", icon=l.icon,
                          url_path=url_path(l.id)) for l in LESSONS]
         st.navigation({tr("nav_home", lang): [home], tr("nav_lessons", lang): pages}).run()

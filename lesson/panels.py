@@ -235,8 +235,8 @@ def show_requests(run: LabRun, lang: str) -> None:
     st.dataframe(requests_frame(run.snapshot, lang), hide_index=True, width="stretch")
 
 
-def show_myths(run: LabRun, lang: str) -> None:
-    with st.expander(tr("myths", lang), expanded=False):
+def show_myths(run: LabRun, lang: str, expanded: bool = False) -> None:
+    with st.expander(tr("myths", lang), expanded=expanded):
         for myth, fact, live in myth_sections(run.snapshots(), lang):
             st.markdown(f"❌ {myth}")
             st.markdown(f"✅ {fact}")

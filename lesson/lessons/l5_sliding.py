@@ -25,9 +25,12 @@ LESSON = Lesson(
     intro={
         "en": "With a sliding window of W = {sliding_window}, a token attends only to itself and the W − 1 tokens "
               "before it. Older K/V is never read again, so a sliding-window group frees every block that lies "
-              "wholly outside the window and points that table slot at the **null block** (∅).",
+              "wholly outside the window and points that table slot at the **null block** (∅). "
+              "(SmolLM2 was trained with full attention, so its text degrades under a window: this lesson is "
+              "about memory, not quality.)",
         "zh": "滑动窗口 W = {sliding_window} 时，一个 token 只关注它自己和之前的 W − 1 个 token。更早的 K/V 再也不会被读取，"
-              "所以滑动窗口组会释放完全落在窗口之外的块，并把块表中的这个位置指向**空块**（∅）。",
+              "所以滑动窗口组会释放完全落在窗口之外的块，并把块表中的这个位置指向**空块**（∅）。"
+              "（SmolLM2 训练时使用全注意力，加窗口后生成质量会下降：本课关注的是显存，而不是质量。）",
     },
     moments=(
         Moment("window_skipped", text={
