@@ -79,6 +79,8 @@ TEXT: dict[str, tuple[str, str]] = {
                        "共享前缀的请求共享从根出发的同一条路径。"),
     "outputs": ("Generated text", "生成的文本"),
     "metrics": ("Over time", "随时间变化"),
+    "m_step": ("Step", "步"),
+    "m_free": ("free blocks", "空闲块"),
     "usage": ("KV usage %", "KV 使用率 %"),
     "hit_rate": ("prefix hit rate %", "前缀命中率 %"),
     "running": ("running", "运行中"),

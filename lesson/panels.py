@@ -99,7 +99,9 @@ def show_events(run: LabRun, lang: str, decode) -> None:
 
 def md_escape_keep(line: str) -> str:
     """Escape only what breaks markdown in sentences (keeps our `code` and plain words)."""
-    return line.replace("*", "\\*").replace("_", "\\_").replace("#", "\\#").replace("<", "&lt;")
+    for ch in "*_#$~[]":
+        line = line.replace(ch, "\\" + ch)
+    return line.replace("<", "&lt;")
 
 
 def show_grid(run: LabRun, lang: str, decode, colors, key: str) -> None:
@@ -120,8 +122,8 @@ def show_queue(run: LabRun, lang: str, decode, key: str) -> None:
 def show_metrics_row(run: LabRun, lang: str) -> None:
     snap = run.snapshot
     c = st.columns(5)
-    c[0].metric(tr("step", lang).replace("▶", "").strip() if lang == "en" else "步", snap.step)
-    c[1].metric("free blocks" if lang == "en" else "空闲块", snap.num_free_blocks)
+    c[0].metric(tr("m_step", lang), snap.step)
+    c[1].metric(tr("m_free", lang), snap.num_free_blocks)
     c[2].metric(tr("usage", lang), f"{100 * snap.usage:.0f}%")
     c[3].metric(tr("hit_rate", lang), f"{100 * float(snap.prefix_cache.get('hit_rate', 0.0)):.0f}%")
     c[4].metric(f"{tr('running', lang)} / {tr('waiting', lang)}", f"{len(snap.running)} / {len(snap.waiting)}")

@@ -60,8 +60,19 @@ class LabRun:
         if self.at_frontier:
             if not self.engine.has_unfinished():
                 return None
-            self.records.append(self.engine.step())
+            try:
+                rec = self.engine.step()
+            except Exception:
+                self._recover()
+                raise
+            self.records.append(rec)
         return self.records[self.cursor]
+
+    def _recover(self) -> None:
+        """After a failed step the engine may be half-way through it: rebuild it at the last record."""
+        self.engine = self._factory(self.scenario)
+        for _ in range(len(self.records)):
+            self.engine.step()
 
     def forward(self) -> StepRecord | None:
         rec = self.peek_next()
@@ -117,6 +128,15 @@ class LabRun:
         spec = dataclasses.replace(spec, arrival_step=self.cursor)
         scenario = dataclasses.replace(self.scenario, requests=tuple(self.scenario.requests) + (spec,))
         self.replace_scenario(scenario, keep_step=True)
+
+
+def check_requests(scenario, factory: EngineFactory) -> None:
+    """Raise ValueError if a request can never be added (too long for the pool, bad token ids...),
+    using the engine's own checks on a throwaway engine, so a run never fails half-way later."""
+    import dataclasses as dc
+    engine = factory(scenario)
+    for spec in scenario.requests:
+        engine.add_request(dc.replace(spec))
 
 
 def lesson_scenario(lesson, num_layers: int | None = None, overrides: dict | None = None,

@@ -20,7 +20,7 @@ from kvcore.scenario import EngineSettings, Scenario, ScenarioError, load_scenar
 
 from .catalog import Lesson
 from .modelstate import DEVICES, MODELS, ModelState, engine_lock
-from .runtime import LabRun
+from .runtime import LabRun, check_requests
 
 SETTING_DEFAULTS = dataclasses.asdict(EngineSettings())
 URL_SETTINGS = tuple(k for k in SETTING_DEFAULTS if k != "layer_types") + ("layers",)
@@ -39,9 +39,6 @@ class LessonState:
     quiz: Any = None                   # a pending quiz.Prediction
     quiz_choice: int | None = None
     upload_id: str | None = None
-
-    def is_custom(self, lesson: Lesson) -> bool:
-        return self.base != lesson.scenario
 
 
 def build_scenario(lesson: Lesson, base: dict, overrides: dict, ms: ModelState) -> Scenario:
@@ -106,6 +103,7 @@ def rebuild(state: LessonState, lesson: Lesson, ms: ModelState, base: dict | Non
     try:
         scenario = build_scenario(lesson, new_base, new_over, ms)
         step = state.run.cursor if (keep_step and state.run is not None) else 0
+        locked(check_requests, scenario, make_factory(ms))
         run = locked(LabRun, scenario, make_factory(ms))
         if step:
             locked(run.goto, step)

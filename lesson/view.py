@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import time
-from functools import lru_cache
 
 import streamlit as st
 
@@ -22,8 +21,8 @@ def current_lang() -> str:
 
 
 def current_model() -> ModelState:
-    """The model app.py's sidebar loaded; a page run on its own (AppTest.switch_page runs only the
-    page file) loads what the sidebar would."""
+    """The model the sidebar loaded in this run (lesson/entry.py stores it); loaded here only if a
+    page is drawn without the entry."""
     name = pref("model_name", default_model())
     device = pref("device", default_device())
     ms = st.session_state.get("_model_state")
@@ -33,16 +32,13 @@ def current_model() -> ModelState:
     return ms
 
 
-@lru_cache(maxsize=8)
-def _decoder_for(model_id: int):
-    cache: dict[tuple[int, ...], str] = {}
-    return cache
+_DECODED: dict[int, dict[tuple[int, ...], str]] = {}   # per model: token ids -> text (figures decode a lot)
 
 
 def decoder(model):
     if model is None:
         return None
-    cache = _decoder_for(id(model))
+    cache = _DECODED.setdefault(id(model), {})
 
     def decode(ids):
         key = tuple(int(i) for i in ids)

@@ -206,6 +206,12 @@ def test_good_scenario_upload_replaces_the_run():
     assert "scn" in at.query_params
     at.button(key="step:playground").click().run()
     assert [r.request_id for r in state.run.snapshot.requests] == ["Z"]
+    link = {k: (v[0] if isinstance(v, list) else v) for k, v in at.query_params.items()}
+    again = AppTest.from_file(APP, default_timeout=TIMEOUT)
+    again.query_params.update(link)
+    again.switch_page(PAGE_FILES["playground"]).run()
+    other = again.session_state["lesson:playground"]
+    assert other.run.scenario == state.run.scenario and other.run.cursor == 1, "the link carries the scenario"
 
 
 def test_url_reopens_the_same_view(tiny):
@@ -276,3 +282,14 @@ def test_unavailable_device_keeps_the_app_running():
     assert any("cuda" in e.value.lower() for e in at.error)
     sidebar_set(at, "device", "cpu")
     assert not at.exception and metric(at, "Step") == "0"
+
+
+def test_playground_refuses_a_request_that_never_fits():
+    at = app(PAGE_FILES["playground"])
+    state = at.session_state["lesson:playground"]
+    before = state.run.scenario
+    at.text_input(key="pg_req_text").set_value("many words " * 200)
+    at.button(key="FormSubmitter:addreq:playground-Add request").click().run()
+    assert not at.exception
+    assert "usable blocks" in " ".join(e.value for e in at.error)
+    assert state.run.scenario == before

@@ -120,3 +120,34 @@ def test_myths_on_the_live_pool():
     for lang in ("en", "zh"):
         secs = myth_sections(snaps, lang)
         assert len(secs) == 3 and all(all(part for part in s) for s in secs)
+
+
+def test_a_failing_step_leaves_the_run_consistent():
+    calls = {"n": 0}
+
+    class Flaky(NoModelRunner):
+        def execute(self, items):
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise RuntimeError("boom")
+            return super().execute(items)
+
+    run = LabRun(load_scenario(SCENARIO), lambda s: Engine(s, runner=Flaky()))
+    run.forward()
+    run.forward()
+    try:
+        run.forward()
+    except RuntimeError:
+        pass
+    assert run.cursor == 2 and len(run.records) == 2
+    rec = run.forward()
+    assert rec.step == 3, "the rebuilt engine continues at the right step"
+
+
+def test_check_requests_refuses_what_never_fits():
+    import pytest
+    from lesson.runtime import check_requests
+    d = {"engine": {"block_size": 2, "num_gpu_blocks": 4},
+         "requests": [{"id": "X", "prompt_token_ids": list(range(1, 20)), "max_tokens": 2}]}
+    with pytest.raises(ValueError, match="usable blocks"):
+        check_requests(load_scenario(d), lambda s: Engine(s, runner=NoModelRunner()))

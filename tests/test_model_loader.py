@@ -23,6 +23,21 @@ from kvcore.model import (
 from kvcore.model import loader
 
 
+@pytest.fixture(autouse=True)
+def _one_thread_for_the_tiny_model(request):
+    """The tiny model's ops are too small to gain from threads; on a busy 2-core machine
+    OpenMP threads only wait for each other.  The slow SmolLM2 tests keep torch's default."""
+    if request.node.get_closest_marker("slow"):
+        yield
+        return
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
 # ----------------------------------------------------------------------------- errors
 def test_unknown_model_lists_the_choices():
     with pytest.raises(ValueError, match=r"unknown model 'gpt5'.*smollm2.*tiny-random"):

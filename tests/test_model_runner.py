@@ -29,6 +29,21 @@ TOL_SMOL = 1e-3
 W = 8  # sliding window used by the window tests (prompts are longer than W)
 
 
+@pytest.fixture(autouse=True)
+def _one_thread_for_the_tiny_model(request):
+    """The tiny model's ops are too small to gain from threads; on a busy 2-core machine
+    OpenMP threads only wait for each other.  The slow SmolLM2 tests keep torch's default."""
+    if request.node.get_closest_marker("slow"):
+        yield
+        return
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
 def make_prompts(vocab: int, lengths, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
