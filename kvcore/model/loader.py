@@ -199,6 +199,18 @@ def _publish(tmp: Path, final: Path, needed: Sequence[str]) -> None:
         raise RuntimeError(f"could not write the model cache folder {final}")
 
 
+def _make_cache_root(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = Path(tempfile.mkdtemp(prefix=".probe-", dir=folder))
+        probe.rmdir()
+    except OSError as exc:
+        raise RuntimeError(
+            f"cannot write the model cache folder {folder} ({exc}); point the environment "
+            f"variable {CACHE_ENV} at a writable folder"
+        ) from exc
+
+
 def _write_marker(folder: Path, gguf: Path, what: str, seconds: float) -> None:
     st = gguf.stat()
     info = {
@@ -264,7 +276,7 @@ def _convert_tokenizer(gguf: Path, progress: Progress) -> Path:
     final = _tokenizer_cache_dir(gguf)
     if _is_complete(final, _TOKENIZER_FILES):
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
+    _make_cache_root(final.parent)
     _say(progress, f"converting the SmolLM2 tokenizer once to {final} (about 10 s)")
     t0 = time.perf_counter()
     tok = load_gguf_tokenizer(gguf)
@@ -286,7 +298,7 @@ def ensure_smollm2_converted(progress: Progress = None) -> Path:
     final = smollm2_cache_dir(gguf)
     if _is_complete(final, _MODEL_FILES):
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
+    _make_cache_root(final.parent)
     _say(progress, f"converting SmolLM2 GGUF once to {final} (about 20-60 s)")
     t0 = time.perf_counter()
     tok_dir = _tokenizer_cache_dir(gguf)
