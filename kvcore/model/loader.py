@@ -472,7 +472,9 @@ def use_input_major_weights(model) -> int:
     about 2x what the plain path costs when ``W.T`` is itself contiguous (measured on this
     project's 2-core CPU: per SmolLM2 layer 1.9 ms -> 0.9 ms at 8 rows, unchanged at 1 row).
     Tied weights stay tied (the embedding then gathers strided rows, which is cheap).
-    Only worth it on the CPU; ``PAGED_KV_LAB_WEIGHT_LAYOUT=default`` turns it off.
+    The price: the weights become a private copy (538 MB for SmolLM2) instead of pages of
+    the memory-mapped safetensors file.  Only worth it on the CPU;
+    ``PAGED_KV_LAB_WEIGHT_LAYOUT=default`` turns it off.
     Returns the number of weight tensors re-laid out.
     """
     if os.environ.get(WEIGHT_LAYOUT_ENV, "") == "default":
