@@ -35,11 +35,12 @@ if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$hash_now" ]; then
   echo "$hash_now" > "$STAMP"
 fi
 
-# Debian's chromium for the one real-browser test (never `playwright install`).
+# Debian's chromium for the one real-browser test (never `playwright install`), and fonts so
+# Chinese labels and emoji render in its screenshots.
 if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null 2>&1; then
   if [ "$(id -u)" = "0" ]; then
     echo "== installing chromium (apt)"
-    (apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }) \
+    (apt-get install -y -q chromium fonts-noto-cjk fonts-noto-color-emoji >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium fonts-noto-cjk fonts-noto-color-emoji >/dev/null 2>&1; }) \
       || echo "   chromium could not be installed; the browser test will skip with a reason"
   elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
     sudo apt-get install -y -q chromium >/dev/null 2>&1 || echo "   chromium not installed; the browser test will skip"

@@ -1,5 +1,4 @@
 """LabRun (cursor over recorded steps), quiz predictions and the myths, on the engine without a model."""
-import dataclasses
 
 from kvcore.engine import Engine, NoModelRunner
 from kvcore.scenario import RequestSpec, load_scenario
