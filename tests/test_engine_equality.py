@@ -13,6 +13,8 @@ from kvcore.engine import Engine
 from kvcore.scenario import EngineSettings, RequestSpec, Scenario
 from kvcore.model import reference_model
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 P = [17, 254, 1033, 88, 4012, 7, 391, 2290, 56, 1777, 640, 12, 9001, 345, 78, 2048, 31, 4444, 500, 61, 909]
 
 

@@ -23,19 +23,7 @@ from kvcore.model import (
 from kvcore.model import loader
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Run the model tests on one torch thread.
-
-    On a 2-core machine shared with other jobs, OpenMP's threads spin waiting for each
-    other: the SmolLM2 tests took 225 s with torch's 2 threads under load and 20-30 s
-    with one; the tiny model's ops are too small to gain from threads at all."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ----------------------------------------------------------------------------- errors
