@@ -11,7 +11,7 @@ from kvcore.invariants import check_invariants
 from kvcore.kv.block_hash import BlockHasher, get_hash_fn
 from kvcore.kv.coordinator import KVCacheGroupSpec
 from kvcore.kv.kv_cache_manager import KVCacheManager
-from kvcore.sched.request import Request, RequestStatus
+from kvcore.sched.request import Request
 from kvcore.sched.scheduler import Scheduler, SchedulerConfig
 from kvcore.scenario import EngineSettings, RequestSpec, Scenario
 from kvcore.snapshot import take_snapshot
@@ -63,7 +63,7 @@ class Engine:
         self.debug = debug
         self.model = None
         if runner is None:
-            from kvcore.model import ModelRunner, load_model
+            from kvcore.model import load_model
             self.model = model if model is not None else load_model(
                 scenario.model, scenario.device, scenario.dtype, progress=progress)
             cfg = self.model.config

@@ -1,7 +1,7 @@
 """BlockPool: every physical block, the free queue and the prefix-cache map (vLLM v1: block_pool)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
 from kvcore import trace

@@ -1,6 +1,7 @@
 """Per-attention-type block bookkeeping (vLLM v1: single_type_kv_cache_manager)."""
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import defaultdict
 from typing import Optional, Sequence
 
@@ -17,7 +18,7 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class SingleTypeKVCacheManager:
+class SingleTypeKVCacheManager(ABC):
     """Block tables of one KV cache group.
 
     Invariant: ``req_to_blocks[r][i]`` is the physical block holding logical
@@ -132,9 +133,11 @@ class SingleTypeKVCacheManager:
                          num_computed_tokens=total_computed_tokens)
             self.block_pool.free_blocks(removed, reason="window")
 
+    @abstractmethod
     def find_longest_cache_hit(self, block_hashes: Sequence[bytes], max_length: int,
                                kv_cache_group_ids: list[int]) -> list[list[KVCacheBlock]]:
-        raise NotImplementedError  # each attention type defines its own search
+        """Cached blocks of the longest hit (per group in ``kv_cache_group_ids``), at most
+        ``max_length`` tokens; each attention type defines its own search."""
 
 
 class FullAttentionManager(SingleTypeKVCacheManager):

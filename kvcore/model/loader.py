@@ -21,7 +21,6 @@ wheel at all.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import importlib.util
 import json
@@ -34,6 +33,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+
+from .byte_tokenizer import ByteTokenizer
 
 MODEL_CHOICES: tuple[str, ...] = ("smollm2", "tiny-random")
 DEVICE_CHOICES: tuple[str, ...] = ("auto", "cpu", "cuda")
@@ -328,91 +329,6 @@ def ensure_smollm2_converted(progress: Progress = None) -> Path:
 
 
 # ---------------------------------------------------------------------------
-# fallback tokenizer for the tiny model when SmolLM2 is not installed
-# ---------------------------------------------------------------------------
-
-class ByteTokenizer:
-    """A trivial byte-level tokenizer: id = 3 + byte; 0, 1, 2 are special tokens.
-
-    Only used by ``tiny-random`` when the SmolLM2 wheel is missing.  Ids the model may
-    produce beyond the byte range decode to ``<N>``.  It offers the few methods the
-    project uses of a transformers tokenizer.
-    """
-
-    SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-    OFFSET = 3
-
-    def __init__(self, vocab_size: int = 49152):
-        self.vocab_size = vocab_size
-        self.bos_token_id = 1
-        self.eos_token_id = 2
-        self.pad_token_id = 2
-        self.unk_token_id = 0
-        self.eos_token = self.SPECIALS[2]
-        self.name_or_path = "byte-fallback"
-        self.chat_template = "byte-fallback chat format (im_start/im_end)"
-
-    def __len__(self) -> int:
-        return self.vocab_size
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        ids: list[int] = []
-        i = 0
-        while i < len(text):
-            for sid, s in enumerate(self.SPECIALS):
-                if text.startswith(s, i):
-                    ids.append(sid)
-                    i += len(s)
-                    break
-            else:
-                j = i
-                while j < len(text) and not any(text.startswith(s, j) for s in self.SPECIALS):
-                    j += 1
-                ids.extend(self.OFFSET + b for b in text[i:j].encode("utf-8"))
-                i = j
-        return ids
-
-    def __call__(self, text: str, **_: Any) -> dict[str, list[int]]:
-        ids = self.encode(text)
-        return {"input_ids": ids, "attention_mask": [1] * len(ids)}
-
-    def convert_ids_to_tokens(self, ids):
-        single = isinstance(ids, int)
-        out = [self._piece(int(i)) for i in ([ids] if single else ids)]
-        return out[0] if single else out
-
-    def _piece(self, i: int) -> str:
-        if 0 <= i < self.OFFSET:
-            return self.SPECIALS[i]
-        if self.OFFSET <= i < self.OFFSET + 256:
-            return bytes([i - self.OFFSET]).decode("latin-1")
-        return f"<{i}>"
-
-    def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        out: list[str] = []
-        buf = bytearray()
-        for i in (int(x) for x in ids):
-            if self.OFFSET <= i < self.OFFSET + 256:
-                buf.append(i - self.OFFSET)
-                continue
-            if buf:
-                out.append(buf.decode("utf-8", errors="replace"))
-                buf = bytearray()
-            if i < self.OFFSET and skip_special_tokens:
-                continue
-            out.append(self._piece(i))
-        if buf:
-            out.append(buf.decode("utf-8", errors="replace"))
-        return "".join(out)
-
-    def apply_chat_template(self, messages, add_generation_prompt: bool = True, tokenize: bool = True, **_: Any):
-        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-        if add_generation_prompt:
-            text += "<|im_start|>assistant\n"
-        return self.encode(text) if tokenize else text
-
-
-# ---------------------------------------------------------------------------
 # the loaded model
 # ---------------------------------------------------------------------------
 
@@ -604,88 +520,3 @@ def load_model(
     if name == "smollm2":
         return _load_smollm2(dev, dt, progress)
     return _load_tiny(dev, dt, progress)
-
-
-# ---------------------------------------------------------------------------
-# models sharing the loaded weights (no copy of the parameters)
-# ---------------------------------------------------------------------------
-
-def _share_weights_into(cls, config, source_model):
-    """Build ``cls(config)`` without allocating, then point its parameters at ``source_model``'s."""
-    with torch.device("meta"):
-        new = cls(config)
-    state = source_model.state_dict()
-    missing, unexpected = new.load_state_dict(state, strict=False, assign=True)
-    missing = [m for m in missing if not m.endswith("lm_head.weight")]
-    if missing or unexpected:
-        raise RuntimeError(f"weights do not fit {cls.__name__}: missing={missing} unexpected={unexpected}")
-    if getattr(config, "tie_word_embeddings", False):
-        new.lm_head.weight = new.model.embed_tokens.weight
-    # Non-persistent buffers (rotary inv_freq) are not in the state dict: rebuild them.
-    device = next(source_model.parameters()).device
-    rotary = type(new.model.rotary_emb)(config=config).to(device)
-    for name, buf in source_model.model.rotary_emb.named_buffers():
-        if hasattr(rotary, name) and getattr(rotary, name).shape == buf.shape:
-            setattr(rotary, name, buf)  # the very same inverse frequencies as the source model
-    new.model.rotary_emb = rotary
-    for n, t in list(new.named_parameters()) + list(new.named_buffers()):
-        if t.is_meta:
-            raise RuntimeError(f"{n} stayed on the meta device")
-    new.generation_config = copy.deepcopy(source_model.generation_config)
-    return new.eval().requires_grad_(False)
-
-
-def shared_clone(model):
-    """A new module tree sharing every parameter/buffer tensor with ``model`` but with its own config.
-
-    The runner uses it to switch the attention implementation without touching the
-    caller's model (so ``loaded.model.generate`` keeps working).
-    """
-    memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
-    return copy.deepcopy(model, memo)
-
-
-def reference_model(
-    loaded: LoadedModel,
-    sliding_window: int | None = None,
-    layer_types: Sequence[str] | None = None,
-):
-    """A transformers model on the same weights, for comparisons with sliding windows.
-
-    - neither argument: a shared-weight LlamaForCausalLM (sdpa attention);
-    - ``sliding_window=W`` only: ``MistralForCausalLM`` with a window of W on all layers;
-    - ``layer_types`` (``"full_attention"`` / ``"sliding_attention"`` per layer) with W:
-      ``MinistralForCausalLM``.
-    transformers' window convention (checked on 5.23, ``masking_utils.sliding_window_overlay``:
-    ``kv_idx > q_idx - sliding_window``): a query at position p sees keys p-W+1 .. p, i.e.
-    itself and the W-1 tokens before it; the paged kernel uses the same convention.
-    The parameters are shared with ``loaded.model`` (nothing is copied).
-    """
-    src = loaded.model
-    base = src.config.to_dict()
-    for k in ("architectures", "model_type", "transformers_version", "quantization_config",
-              "_name_or_path", "sliding_window", "layer_types", "use_sliding_window"):
-        base.pop(k, None)
-    base["tie_word_embeddings"] = bool(getattr(src.config, "tie_word_embeddings", False))
-    if layer_types is not None:
-        from transformers import MinistralConfig, MinistralForCausalLM
-
-        layer_types = list(layer_types)
-        if len(layer_types) != src.config.num_hidden_layers:
-            raise ValueError("layer_types needs one entry per decoder layer")
-        bad = set(layer_types) - {"full_attention", "sliding_attention"}
-        if bad:
-            raise ValueError(f"unknown layer types {bad}")
-        if "sliding_attention" in layer_types and not sliding_window:
-            raise ValueError("sliding layers need a sliding_window")
-        cfg = MinistralConfig(**base, sliding_window=sliding_window, layer_types=layer_types)
-        cls = MinistralForCausalLM
-    elif sliding_window is not None:
-        from transformers import MistralConfig, MistralForCausalLM
-
-        cfg = MistralConfig(**base, sliding_window=int(sliding_window))
-        cls = MistralForCausalLM
-    else:
-        return shared_clone(src)
-    cfg._attn_implementation = "sdpa"
-    return _share_weights_into(cls, cfg, src)

@@ -16,7 +16,8 @@ from typing import Sequence
 
 import torch
 
-from .loader import LoadedModel, shared_clone
+from .loader import LoadedModel
+from .reference import shared_clone
 from .paged_attention import ATTN_NAME, PagedStep, build_paged_step, pool_views_of
 
 try:  # the engine's own definition, when present (same fields)
