@@ -139,8 +139,8 @@ class Engine:
         s = self.settings
         full_groups = sum(1 for g in self.groups if g.kind == "full")
         usable = s.num_gpu_blocks - 1
-        need = -(-len(ids) // s.block_size) * max(full_groups, 1 if full_groups else 0)
-        if full_groups and need > usable:
+        need = -(-len(ids) // s.block_size) * full_groups
+        if need > usable:
             raise ValueError(
                 f"request {spec.id!r}: its prompt of {len(ids)} tokens needs {need} blocks of "
                 f"{s.block_size} tokens but the pool has only {usable} usable blocks "
@@ -225,8 +225,7 @@ class Engine:
         check_invariants(self.kv_cache_manager, self.hash_fn, self.scheduler.requests)
 
     def reset_prefix_cache(self) -> bool:
-        ok = self.kv_cache_manager.reset_prefix_cache()
-        return ok
+        return self.kv_cache_manager.reset_prefix_cache()
 
     def evict_blocks(self, block_ids) -> None:
         self.kv_cache_manager.evict_blocks(block_ids)
