@@ -49,9 +49,15 @@ def test_cuda_absent_is_a_clear_error():
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_half_precision_refused_on_cpu(dtype):
-    with pytest.raises(ValueError, match="only supported on CUDA"):
-        load_model("tiny-random", device="cpu", dtype=dtype)
+def test_half_precision_loads_on_cpu(dtype):
+    m = load_model("tiny-random", device="cpu", dtype=dtype)
+    assert m.dtype == getattr(torch, dtype)
+    assert {p.dtype for p in m.model.parameters()} == {getattr(torch, dtype)}
+
+
+def test_unknown_dtype_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown dtype 'int8'; valid choices: float32, bfloat16, float16"):
+        load_model("tiny-random", device="cpu", dtype="int8")
 
 
 def test_auto_device():
