@@ -118,6 +118,38 @@ def weight_bandwidth_bound(model) -> tuple[float, float, float]:
     return nbytes, gbs, nbytes / (gbs * 1e9)
 
 
+def attention_free_step(loaded, batch: int = 8, repeat: int = 20) -> float:
+    """Median seconds of one decode forward of ``batch`` tokens with attention replaced by
+    a no-op: everything in a step that is not attention (transformers' layers, the
+    weights' matmuls, the packed LM head).  No engine that keeps transformers' layers and
+    changes only attention -- ours, or transformers' own continuous batching -- can take a
+    decode step in less."""
+    from transformers import AttentionInterface
+
+    from kvcore.model.reference import shared_clone
+    from kvcore.model.runner import PackedLMHead
+
+    def no_attention(module, query, key, value, attention_mask, **kwargs):
+        return query.transpose(1, 2), None
+
+    AttentionInterface.register("kvlab_bench_no_attention", no_attention)
+    model = shared_clone(loaded.model)
+    model.set_attn_implementation("kvlab_bench_no_attention")
+    head = PackedLMHead.try_build(model.get_output_embeddings().weight)
+    if head is not None:
+        model.lm_head = head
+    dev = loaded.device
+    ids = torch.full((1, batch), 100, dtype=torch.long, device=dev)
+    pos = torch.arange(40, 40 + batch, device=dev)[None]
+    keep = torch.arange(batch, device=dev)
+    with torch.inference_mode():
+        def forward():
+            model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=keep)
+        for _ in range(3):
+            forward()
+        return statistics.median(timed(forward) for _ in range(repeat))
+
+
 # --------------------------------------------------------------------- backends
 def paged_runner_backend(loaded, block_size: int = 16, num_blocks: int | None = None):
     """run(prompts, n) through a ModelRunner (allocated once) and the minimal engine."""
@@ -296,6 +328,14 @@ def main(argv=None) -> int:
     print(f"| weights at a nominal 35 GB/s | {nbytes / 35e9 * 1e3:.1f} |")
     print(f"| paged decode step, 1 request | {step1 * 1e3:.1f} ({step1 / bound:.1f}x the bound) |")
     print(f"| paged decode step, 8 requests | {step8 * 1e3:.1f} ({step8 / bound:.1f}x the bound) |")
+    floor8 = attention_free_step(loaded, 8)
+    print(f"| the same model with attention a no-op, 8 tokens (the floor for transformers' layers) "
+          f"| {floor8 * 1e3:.1f} |")
+    if "gb8" in res:
+        gb_step, paged_step = 8.0 / res["gb8"], 8.0 / res["paged8_again"]
+        print(f"\nAgainst generate_batch: its decode step {gb_step * 1e3:.1f} ms, ours "
+              f"{paged_step * 1e3:.1f} ms; even with attention free of cost the ratio could be at most "
+              f"{gb_step / floor8:.2f}x, since {floor8 * 1e3:.1f} ms of every step is transformers' layers.")
 
     # time to first token vs prefix-hit length
     long_prompt = []

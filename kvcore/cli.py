@@ -7,13 +7,12 @@ Exit codes: 0 ok, 2 bad scenario or arguments, 3 model or device unavailable.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import replace
 from typing import TextIO
 
 from kvcore import trace
-from kvcore.scenario import MODELS, DEVICES, ScenarioError, load_scenario
+from kvcore.scenario import MODELS, DEVICES, ScenarioError, load_scenario, scenario_to_dict
 
 
 def describe(ev: trace.Event) -> str:
@@ -98,6 +97,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     trace_file = open(args.trace, "w", encoding="utf-8") if args.trace else None
     try:
+        if trace_file:  # the header: the scenario as run (after overrides) and the state before step 1
+            trace_file.write(trace.header_line(scenario_to_dict(scenario), engine.snapshot()) + "\n")
         while engine.has_unfinished():
             try:
                 rec = engine.step()
@@ -107,13 +108,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             if not args.quiet:
                 _log_step(rec, sys.stdout)
             if trace_file:
-                trace_file.write(json.dumps(rec.to_dict()) + "\n")
+                trace_file.write(trace.step_line(rec) + "\n")
             if args.until and any(e.kind == args.until for e in rec.events):
                 print(f"-- stopped at the first '{args.until}' event (step {rec.step})")
                 break
         outputs = engine.outputs()
         if trace_file:
-            trace_file.write(json.dumps({"outputs": outputs}) + "\n")
+            trace_file.write(trace.outputs_line(outputs) + "\n")
         print("== outputs")
         for rid, o in outputs.items():
             print(f"   {rid}: {o['text']!r} {o['token_ids']}")
@@ -128,7 +129,8 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="replay a scenario step by step")
     r.add_argument("scenario", help="scenario JSON file")
-    r.add_argument("--trace", help="write one JSON object per step to this JSONL file")
+    r.add_argument("--trace", help="write a JSONL trace (header, one line per step, outputs) to this file; "
+                                   "the app's Trace viewer opens it")
     r.add_argument("--until", help="stop at the first event of this kind")
     r.add_argument("--model", choices=MODELS, help="override the scenario's model")
     r.add_argument("--device", choices=DEVICES, help="override the scenario's device")

@@ -1,25 +1,45 @@
 """The app's entry: page config, sidebar (language, model, device, load state) and navigation.
 
-app.py calls ``main()``. Each file in pages/ calls ``lesson_page(id)``: inside the entry's
-navigation it draws the lesson; run on its own it runs the entry first, whose navigation then
-runs the page. A page file can run on its own because Streamlit still treats pages/ as a
-multipage folder until the first ``st.navigation`` call of the process (so a deep link opened
-first on a fresh server lands there), and because AppTest.switch_page runs page files alone.
+app.py calls ``main()``. Each file in pages/ calls ``lesson_page(id)`` (a tool page:
+``run_page(render)``): inside the entry's navigation it draws the page; run on its own it runs
+the entry first, whose navigation then runs the page. A page file can run on its own because
+Streamlit still treats pages/ as a multipage folder until the first ``st.navigation`` call of the
+process (so a deep link opened first on a fresh server lands there), and because
+AppTest.switch_page runs page files alone.
 """
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
 import streamlit as st
 
 from .home_page import render_home
 from .i18n import LANG_NAMES, LANGS, tr
-from .lessons import LESSONS, PAGE_FILES, url_path
+from .lessons import LESSONS, PAGE_FILES, page_url_path, url_path
 from .modelstate import DEVICES, MODELS, default_device, default_model, get_model, model_summary
 from .state import init_globals_from_url
+from .trace_page import PAGE_FILE as TRACE_PAGE_FILE
 from .view import render_lesson
 
 _inside = threading.local()   # script runs are per-session threads
+
+
+def _copy_choice(widget_key: str, key: str) -> None:
+    st.session_state[key] = st.session_state[widget_key]
+
+
+def _choice(label: str, options, key: str, format_func) -> None:
+    """A sidebar selectbox whose value lives in the plain session key ``key``.
+
+    The widget has its own key and is handed the value before every run. Streamlit ties a
+    widget's value to the script that drew it: the first run of a deep-linked page file and
+    the entry's navigation are different scripts, and a widget keyed by the value itself came
+    back there at its first option (the sidebar fell back to smollm2 / auto)."""
+    widget_key = f"_sidebar_{key}"
+    st.session_state[widget_key] = st.session_state[key]
+    st.selectbox(label, options, key=widget_key, format_func=format_func,
+                 on_change=_copy_choice, args=(widget_key, key))
 
 
 def sidebar() -> str:
@@ -28,10 +48,10 @@ def sidebar() -> str:
     st.session_state.setdefault("model_name", default_model())
     st.session_state.setdefault("device", default_device())
     with st.sidebar:
-        st.selectbox("Language / 语言", LANGS, key="lang", format_func=LANG_NAMES.get)
+        _choice("Language / 语言", LANGS, "lang", LANG_NAMES.get)
         lang = st.session_state["lang"]
-        st.selectbox(tr("model", lang), MODELS, key="model_name", format_func=lambda m: tr(f"model_{m}", lang))
-        st.selectbox(tr("device", lang), DEVICES, key="device", format_func=lambda d: tr(f"device_{d}", lang))
+        _choice(tr("model", lang), MODELS, "model_name", lambda m: tr(f"model_{m}", lang))
+        _choice(tr("device", lang), DEVICES, "device", lambda d: tr(f"device_{d}", lang))
         name, device = st.session_state["model_name"], st.session_state["device"]
         st.markdown(f"**{tr('model_state', lang)}**")
         ms = get_model(name, device, status_text=tr("model_loading", lang, model=name, device=device))
@@ -56,13 +76,20 @@ def main() -> None:
         home = st.Page(render_home, title=tr("nav_home", lang), icon="🏠", default=True)
         pages = [st.Page(PAGE_FILES[l.id], title=f"{l.number}. {l.title[lang]}", icon=l.icon,
                          url_path=url_path(l.id)) for l in LESSONS]
-        st.navigation({tr("nav_home", lang): [home], tr("nav_lessons", lang): pages}).run()
+        tools = [st.Page(TRACE_PAGE_FILE, title=tr("nav_trace", lang), icon="🔎",
+                         url_path=page_url_path(TRACE_PAGE_FILE))]
+        st.navigation({tr("nav_home", lang): [home], tr("nav_lessons", lang): pages,
+                       tr("nav_tools", lang): tools}).run()
     finally:
         _inside.depth -= 1
 
 
-def lesson_page(lesson_id: str) -> None:
+def run_page(render: Callable[[], None]) -> None:
     if getattr(_inside, "depth", 0) > 0:
-        render_lesson(lesson_id)
+        render()
     else:
         main()
+
+
+def lesson_page(lesson_id: str) -> None:
+    run_page(lambda: render_lesson(lesson_id))

@@ -133,6 +133,43 @@ TEXT: dict[str, tuple[str, str]] = {
     "home_live": ("Live: two requests sharing a prompt prefix on the real model", "实时演示：真实模型上两个共享提示前缀的请求"),
     "home_lessons": ("Lessons", "课程列表"),
     "open": ("Open", "打开"),
+    # trace viewer
+    "nav_tools": ("Tools", "工具"),
+    "nav_trace": ("Trace viewer", "轨迹查看器"),
+    "trace_title": ("Trace viewer", "轨迹查看器"),
+    "trace_summary": ("Open a trace written by `python -m kvcore run SCENARIO.json --trace OUT.jsonl` and step "
+                      "through the recorded allocation decisions with every picture of the lessons. Nothing is "
+                      "recomputed: what you see is what the engine recorded.",
+                      "打开由 `python -m kvcore run SCENARIO.json --trace OUT.jsonl` 写出的轨迹文件，"
+                      "用课程里的全部图示逐步查看记录下的分配决策。不会重新计算：看到的就是引擎记录的内容。"),
+    "trace_upload": ("Trace file (.jsonl)", "轨迹文件（.jsonl）"),
+    "trace_example": ("Load an example trace", "加载示例轨迹"),
+    "trace_example_help": ("Runs examples/eviction.json on the loaded model and opens its trace, as the CLI "
+                           "would write it.",
+                           "用已加载的模型运行 examples/eviction.json，并打开它的轨迹（与命令行写出的相同）。"),
+    "trace_none": ("No trace loaded yet: upload a .jsonl file or load the example.",
+                   "尚未加载轨迹：请上传 .jsonl 文件，或加载示例。"),
+    "trace_loaded": ("Loaded trace “{name}”: {steps} steps.", "已加载轨迹“{name}”：共 {steps} 步。"),
+    "bad_trace": ("“{name}” was not loaded; the trace shown before is kept. Problems:",
+                  "“{name}”未加载，之前显示的轨迹保持不变。问题："),
+    "trace_about": ("**{name}** · {steps} steps · scenario “{scenario}” · model {model}",
+                    "**{name}** · 共 {steps} 步 · 场景“{scenario}” · 模型 {model}"),
+    "trace_no_header": ("This trace has no header line (it was written before traces had one): the scenario and "
+                        "the state before step 1 are unknown, so it starts at step 1.",
+                        "这个轨迹没有头部行（写出它的版本还没有头部）：场景和第 1 步之前的状态未知，因此从第 1 步开始。"),
+    "trace_ids_only": ("Tokens are shown as ids: the trace was recorded with {model}, the sidebar's model is {loaded}.",
+                       "token 以 id 显示：轨迹用 {model} 录制，而侧边栏的模型是 {loaded}。"),
+    "trace_ids_unknown": ("Tokens are shown as ids: the trace does not say which model recorded it.",
+                          "token 以 id 显示：轨迹没有记录是哪个模型生成的。"),
+    "trace_step_of": ("Step {step} of {total} in the trace", "第 {step} 步（轨迹共 {total} 步）"),
+    "trace_end": ("End of the trace: it stops here, before every request finished.",
+                  "轨迹到此结束：它在所有请求完成之前就停止了。"),
+    "trace_outputs": ("Outputs at the end of the run (the trace's last line)", "运行结束时的输出（轨迹的最后一行）"),
+    "trace_outputs_cols": (("request", "finish reason", "text", "token ids"), ("请求", "结束原因", "文本", "token id")),
+    "trace_no_outputs": ("The trace has no outputs line (the file may have been cut short).",
+                         "轨迹没有输出行（文件可能被截断了）。"),
+    "trace_scenario": ("Scenario of this trace (header)", "本轨迹的场景（头部）"),
+    "trace_open_playground": ("Open this scenario in the Playground", "在游乐场中打开这个场景"),
 }
 
 

@@ -1,4 +1,4 @@
-"""The pictures and tables every lesson shows, drawn from the current Snapshot."""
+"""The pictures and tables every lesson (and the trace viewer) shows, drawn from the current Snapshot."""
 from __future__ import annotations
 
 import re
@@ -14,7 +14,7 @@ from .events import changed_blocks, reason, step_sentences
 from .i18n import pick, tr
 from .memory import DTYPES, blocks_in_budget, bytes_per_block, dims_from_config, formula, human_bytes
 from .myths import myth_sections
-from .runtime import LabRun
+from .runtime import Timeline
 
 PLOTLY_CONFIG = {"displayModeBar": False, "scrollZoom": False}
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|>~<$])")
@@ -28,7 +28,7 @@ def chart(fig, key: str) -> None:
     st.plotly_chart(fig, key=key, config=PLOTLY_CONFIG, width="stretch")
 
 
-def fmt_fields(snap: Snapshot, run: LabRun) -> dict:
+def fmt_fields(snap: Snapshot, run: Timeline) -> dict:
     eng = run.scenario.engine
     return {"block_size": snap.block_size, "num_gpu_blocks": snap.num_gpu_blocks,
             "sliding_window": eng.sliding_window, "max_num_batched_tokens": eng.max_num_batched_tokens,
@@ -40,7 +40,7 @@ class _Safe(dict):
         return "{" + key + "}"
 
 
-def narration(lesson: Lesson, run: LabRun, lang: str) -> list[str]:
+def narration(lesson: Lesson, run: Timeline, lang: str) -> list[str]:
     """Narration for the shown step: intro at step 0, moments that first happen now, outro at the end."""
     snap, rec = run.snapshot, run.record
     base = fmt_fields(snap, run)
@@ -55,12 +55,12 @@ def narration(lesson: Lesson, run: LabRun, lang: str) -> list[str]:
         if "slots" in fields:
             fields["slots"] = "[" + ", ".join(map(str, fields["slots"])) + "]"
         texts.append(pick(m.text, lang).format_map(_Safe(fields)))
-    if run.at_frontier and not run.engine.has_unfinished() and lesson.outro:
+    if run.finished and lesson.outro:
         texts.append("🏁 " + pick(lesson.outro, lang).format_map(_Safe(base)))
     return texts
 
 
-def auto_summary(run: LabRun, lang: str) -> str:
+def auto_summary(run: Timeline, lang: str) -> str:
     rec = run.record
     if rec is None:
         return ""
@@ -74,7 +74,7 @@ def auto_summary(run: LabRun, lang: str) -> str:
     return head + (" — " + ", ".join(parts) if parts else "")
 
 
-def show_narration(lesson: Lesson, run: LabRun, lang: str) -> None:
+def show_narration(lesson: Lesson, run: Timeline, lang: str) -> None:
     texts = narration(lesson, run, lang)
     if texts:
         for t in texts:
@@ -83,7 +83,7 @@ def show_narration(lesson: Lesson, run: LabRun, lang: str) -> None:
         st.caption(auto_summary(run, lang))
 
 
-def show_events(run: LabRun, lang: str, decode) -> None:
+def show_events(run: Timeline, lang: str, decode) -> None:
     rec = run.record
     st.markdown(f"**{tr('events', lang)}**")
     if rec is None:
@@ -104,7 +104,7 @@ def md_escape_keep(line: str) -> str:
     return line.replace("<", "&lt;")
 
 
-def show_grid(run: LabRun, lang: str, decode, colors, key: str) -> None:
+def show_grid(run: Timeline, lang: str, decode, colors, key: str) -> None:
     snap = run.snapshot
     changed = changed_blocks(run.record.events) if run.record else set()
     st.markdown(f"**{tr('grid', lang)}**")
@@ -112,14 +112,14 @@ def show_grid(run: LabRun, lang: str, decode, colors, key: str) -> None:
     st.caption(tr("grid_caption", lang))
 
 
-def show_queue(run: LabRun, lang: str, decode, key: str) -> None:
+def show_queue(run: Timeline, lang: str, decode, key: str) -> None:
     snap = run.snapshot
     st.markdown(f"**{tr('queue', lang)}**")
     chart(F.free_queue(snap, decode=decode, lang=lang), f"queue:{key}")
     st.caption(tr("queue_caption", lang))
 
 
-def show_metrics_row(run: LabRun, lang: str) -> None:
+def show_metrics_row(run: Timeline, lang: str) -> None:
     snap = run.snapshot
     c = st.columns(5)
     c[0].metric(tr("m_step", lang), snap.step)
@@ -129,7 +129,7 @@ def show_metrics_row(run: LabRun, lang: str) -> None:
     c[4].metric(f"{tr('running', lang)} / {tr('waiting', lang)}", f"{len(snap.running)} / {len(snap.waiting)}")
 
 
-def show_outputs(run: LabRun, lang: str) -> None:
+def show_outputs(run: Timeline, lang: str) -> None:
     snap = run.snapshot
     st.markdown(f"**{tr('outputs', lang)}**")
     if not snap.requests:
@@ -146,12 +146,12 @@ def requests_frame(snap: Snapshot, lang: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(cols))
 
 
-def show_tables(run: LabRun, lang: str, decode, colors, key: str) -> None:
+def show_tables(run: Timeline, lang: str, decode, colors, key: str) -> None:
     st.markdown(f"**{tr('tables', lang)}**")
     chart(F.block_tables(run.snapshot, decode=decode, colors=colors, lang=lang), f"tables:{key}")
 
 
-def show_chains_and_metrics(run: LabRun, lang: str, decode, colors, key: str) -> None:
+def show_chains_and_metrics(run: Timeline, lang: str, decode, colors, key: str) -> None:
     left, right = st.columns(2)
     with left:
         st.markdown(f"**{tr('chains', lang)}**")
@@ -162,7 +162,7 @@ def show_chains_and_metrics(run: LabRun, lang: str, decode, colors, key: str) ->
         chart(F.metrics_over_time(run.snapshots(), lang=lang), f"metrics:{key}")
 
 
-def show_extra_panels(lesson: Lesson, run: LabRun, lang: str, colors, key: str, model) -> None:
+def show_extra_panels(lesson: Lesson, run: Timeline, lang: str, colors, key: str, model) -> None:
     if "budget" in lesson.panels:
         st.markdown(f"**{tr('budget', lang)}**")
         chart(F.token_budget(run.shown_records(), run.scenario.engine.max_num_batched_tokens, colors=colors,
@@ -174,7 +174,7 @@ def show_extra_panels(lesson: Lesson, run: LabRun, lang: str, colors, key: str, 
         show_memory(run, lang, model, key)
 
 
-def show_memory(run: LabRun, lang: str, model, key: str) -> None:
+def show_memory(run: Timeline, lang: str, model, key: str) -> None:
     with st.expander(tr("memory", lang), expanded=True):
         dims = dims_from_config(model.config)
         model_dtype = str(getattr(model, "dtype", "float32")).replace("torch.", "")
@@ -204,7 +204,7 @@ def show_memory(run: LabRun, lang: str, model, key: str) -> None:
                     f"（引擎为分页 K/V 张量正好分配这么多）。"))
 
 
-def show_address(run: LabRun, lang: str, colors, key: str, decode) -> None:
+def show_address(run: Timeline, lang: str, colors, key: str, decode) -> None:
     snap = run.snapshot
     with st.expander(tr("address", lang), expanded=False):
         reqs = [r for r in snap.requests if any(r.block_tables)]
@@ -232,12 +232,12 @@ def show_address(run: LabRun, lang: str, colors, key: str, decode) -> None:
         chart(F.address_figure(snap, rid, pos, colors=colors, lang=lang, group=g), f"addr:{key}")
 
 
-def show_requests(run: LabRun, lang: str) -> None:
+def show_requests(run: Timeline, lang: str) -> None:
     st.markdown(f"**{tr('requests', lang)}**")
     st.dataframe(requests_frame(run.snapshot, lang), hide_index=True, width="stretch")
 
 
-def show_myths(run: LabRun, lang: str, expanded: bool = False) -> None:
+def show_myths(run: Timeline, lang: str, expanded: bool = False) -> None:
     with st.expander(tr("myths", lang), expanded=expanded):
         for myth, fact, live in myth_sections(run.snapshots(), lang):
             st.markdown(f"❌ {myth}")

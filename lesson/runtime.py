@@ -1,31 +1,42 @@
-"""One learner's run of a scenario: the engine, the recorded steps and a cursor.
+"""Recorded steps and a cursor: a learner's live run (LabRun) or a trace file (TraceRun).
 
 No Streamlit here. Records are frozen data, so Back and the timeline only move
-the cursor; Step past the last record asks the engine for a new one. Anything
-that changes the scenario (a setting, an added request, an upload) builds a new
-engine and replays to the same step, which gives the same records because the
-engine is deterministic.
+the cursor. In a LabRun, Step past the last record asks the engine for a new one;
+anything that changes the scenario (a setting, an added request, an upload) builds
+a new engine and replays to the same step, which gives the same records because
+the engine is deterministic. A TraceRun's records are fixed: Step stops at the last.
+The panels draw any Timeline.
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Any, Callable
 
-from kvcore.trace import Snapshot, StepRecord
+from kvcore.trace import Snapshot, StepRecord, Trace
 
 EngineFactory = Callable[[Any], Any]   # Scenario -> Engine
 
 MAX_RUN_STEPS = 400  # a bound for "run until" / "run to end" so a run can never hang the page
 
 
-class LabRun:
-    def __init__(self, scenario, factory: EngineFactory):
-        self.scenario = scenario
-        self._factory = factory
-        self.engine = factory(scenario)
-        self.initial: Snapshot = self.engine.snapshot()
-        self.records: list[StepRecord] = []
-        self.cursor = 0
+class Timeline:
+    """Steps 1..n and a cursor over them.
+
+    Invariants: ``records[i].step == i + 1``; ``first <= cursor <= len(records)``. Cursor 0 shows
+    ``initial`` (the state before step 1), cursor k the state after step k. ``first`` is 0, or 1
+    when the state before step 1 is unknown (``initial`` is None; then there is a record).
+    ``scenario`` is the kvcore Scenario that was run, or None when unknown.
+    """
+
+    scenario: Any = None
+
+    def __init__(self, initial: Snapshot | None, records=()) -> None:
+        self.initial = initial
+        self.records: list[StepRecord] = list(records)
+        self.first = 0 if initial is not None else 1
+        if self.first > len(self.records):
+            raise ValueError("a timeline without the state before step 1 needs a step record")
+        self.cursor = self.first
 
     # -- reading ---------------------------------------------------------
     @property
@@ -37,8 +48,10 @@ class LabRun:
         return None if self.cursor == 0 else self.records[self.cursor - 1]
 
     def snapshots(self, upto: int | None = None) -> list[Snapshot]:
+        """The states shown so far, oldest first (from step 0 where it is known)."""
         upto = self.cursor if upto is None else upto
-        return [self.initial] + [r.snapshot for r in self.records[:upto]]
+        head = [self.initial] if self.initial is not None else []
+        return head + [r.snapshot for r in self.records[:upto]]
 
     def shown_records(self) -> list[StepRecord]:
         return self.records[: self.cursor]
@@ -48,31 +61,22 @@ class LabRun:
         return self.cursor == len(self.records)
 
     def can_forward(self) -> bool:
-        return not self.at_frontier or bool(self.engine.has_unfinished())
+        return not self.at_frontier
 
     @property
     def finished(self) -> bool:
         return not self.can_forward()
 
     # -- moving ----------------------------------------------------------
+    def _compute_next(self) -> bool:
+        """Append the record after the last one if it can be computed; a fixed timeline cannot."""
+        return False
+
     def peek_next(self) -> StepRecord | None:
         """The record Step would show next, computing it if needed; the cursor stays."""
-        if self.at_frontier:
-            if not self.engine.has_unfinished():
-                return None
-            try:
-                rec = self.engine.step()
-            except Exception:
-                self._recover()
-                raise
-            self.records.append(rec)
+        if self.at_frontier and not self._compute_next():
+            return None
         return self.records[self.cursor]
-
-    def _recover(self) -> None:
-        """After a failed step the engine may be half-way through it: rebuild it at the last record."""
-        self.engine = self._factory(self.scenario)
-        for _ in range(len(self.records)):
-            self.engine.step()
 
     def forward(self) -> StepRecord | None:
         rec = self.peek_next()
@@ -81,11 +85,11 @@ class LabRun:
         return rec
 
     def back(self) -> None:
-        self.cursor = max(0, self.cursor - 1)
+        self.cursor = max(self.first, self.cursor - 1)
 
     def goto(self, step: int) -> None:
         """Show step ``step`` (0 = before the first step), computing up to it if needed."""
-        step = max(0, int(step))
+        step = max(self.first, int(step))
         while self.cursor < step and self.forward() is not None:
             pass
         self.cursor = min(step, len(self.records))
@@ -105,6 +109,50 @@ class LabRun:
         for _ in range(max_steps):
             if self.forward() is None:
                 return
+
+    def reset(self) -> None:
+        self.cursor = self.first
+
+
+class TraceRun(Timeline):
+    """A trace file's steps. ``scenario`` is the header's (None without a header, and then the
+    run starts at step 1); ``trace`` keeps the file's outputs line."""
+
+    def __init__(self, trace: Trace) -> None:
+        from kvcore.scenario import load_scenario
+        super().__init__(trace.initial, trace.records)
+        self.trace = trace
+        self.scenario = load_scenario(trace.scenario) if trace.scenario is not None else None
+
+
+class LabRun(Timeline):
+    """A scenario run live on an engine: Step at the last record computes the next one."""
+
+    def __init__(self, scenario, factory: EngineFactory):
+        self.scenario = scenario
+        self._factory = factory
+        self.engine = factory(scenario)
+        super().__init__(self.engine.snapshot())
+
+    def can_forward(self) -> bool:
+        return not self.at_frontier or bool(self.engine.has_unfinished())
+
+    def _compute_next(self) -> bool:
+        if not self.engine.has_unfinished():
+            return False
+        try:
+            rec = self.engine.step()
+        except Exception:
+            self._recover()
+            raise
+        self.records.append(rec)
+        return True
+
+    def _recover(self) -> None:
+        """After a failed step the engine may be half-way through it: rebuild it at the last record."""
+        self.engine = self._factory(self.scenario)
+        for _ in range(len(self.records)):
+            self.engine.step()
 
     # -- changing the scenario ---------------------------------------------
     def reset(self) -> None:

@@ -20,25 +20,30 @@ from kvcore.scenario import EngineSettings, Scenario, ScenarioError, load_scenar
 
 from .catalog import Lesson
 from .modelstate import DEVICES, MODELS, ModelState, engine_lock
-from .runtime import LabRun, check_requests
+from .runtime import LabRun, Timeline, check_requests
 
 SETTING_DEFAULTS = dataclasses.asdict(EngineSettings())
 URL_SETTINGS = tuple(k for k in SETTING_DEFAULTS if k != "layer_types") + ("layers",)
 
 
-@dataclass
-class LessonState:
-    lesson_id: str
-    base: dict                         # scenario in the engine's file format (before overrides)
-    overrides: dict = field(default_factory=dict)
-    run: LabRun | None = None
-    model_key: tuple = ()
-    error: str | None = None           # last engine / scenario error, shown once
+@dataclass(kw_only=True)
+class PageState:
+    """What the shared controls (lesson/widgets.py) act on: a Timeline and the page's modes."""
+    run: Timeline | None = None
+    error: str | None = None           # last engine / scenario / file error, shown once
     notice: str | None = None
     playing: bool = False
     quiz: Any = None                   # a pending quiz.Prediction
     quiz_choice: int | None = None
-    upload_id: str | None = None
+    upload_id: str | None = None       # the last uploaded file handled (a rerun must not load it again)
+
+
+@dataclass
+class LessonState(PageState):
+    lesson_id: str
+    base: dict                         # scenario in the engine's file format (before overrides)
+    overrides: dict = field(default_factory=dict)
+    model_key: tuple = ()
 
 
 def build_scenario(lesson: Lesson, base: dict, overrides: dict, ms: ModelState) -> Scenario:

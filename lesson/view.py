@@ -78,9 +78,9 @@ def render_lesson(lesson_id: str, compact: bool = False) -> None:
     key = lesson.id
     if not compact:
         toggles(state, lesson, ms, lang)
-    controls(state, lesson, lang)
-    timeline(state, lesson, lang)
-    quiz_box(state, lesson, lang)
+    controls(state, lesson.id, lesson.focus, lang)
+    timeline(state, lesson.id, lang)
+    quiz_box(state, lesson.id, lang)
     if state.quiz is None:
         P.show_narration(lesson, run, lang)
     P.show_metrics_row(run, lang)

@@ -3,73 +3,14 @@
 What is shown is compared with an independent engine stepped to the same step.
 """
 import json
-import os
 
 import pytest
 
-os.environ.setdefault("PAGED_KV_LAB_MODEL", "tiny-random")
-os.environ.setdefault("PAGED_KV_LAB_DEVICE", "cpu")
+from _app_helpers import (APP, TIMEOUT, app, charts, grid_cells, metric, queue_order, sidebar_set,  # noqa: F401
+                          tiny, tiny_model_env)
+from streamlit.testing.v1 import AppTest
 
-from streamlit.testing.v1 import AppTest  # noqa: E402
-
-from lesson.lessons import BY_ID, LESSONS, PAGE_FILES  # noqa: E402
-
-APP = os.path.join(os.path.dirname(__file__), "..", "app.py")
-TIMEOUT = 180
-
-
-@pytest.fixture(scope="module", autouse=True)
-def tiny_model_env():
-    old = {k: os.environ.get(k) for k in ("PAGED_KV_LAB_MODEL", "PAGED_KV_LAB_DEVICE")}
-    os.environ["PAGED_KV_LAB_MODEL"], os.environ["PAGED_KV_LAB_DEVICE"] = "tiny-random", "cpu"
-    yield
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    from kvcore.model import load_model
-    return load_model("tiny-random", "cpu")
-
-
-def sidebar_set(at, key, value):
-    """Set a sidebar choice on a lesson page. AppTest.switch_page runs the page file alone (not app.py),
-    so there is no sidebar there; the page reads the same session keys the sidebar widgets write."""
-    at.session_state[key] = value
-    at.session_state["_prefs"] = {**at.session_state["_prefs"], key: value}
-    return at.run()
-
-
-def app(page: str | None = None) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
-    assert not at.exception, [e.value for e in at.exception]
-    if page:
-        at.switch_page(page).run()
-        assert not at.exception, [e.value for e in at.exception]
-    return at
-
-
-def charts(at) -> dict[str, dict]:
-    """Plotly figures on the page by their key ("grid:prefix", "queue:prefix", ...)."""
-    return {el.proto.id.rsplit("-", 1)[-1]: json.loads(el.proto.spec) for el in at.get("plotly_chart")}
-
-
-def grid_cells(fig) -> list[str]:
-    hm = next(t for t in fig["data"] if t["type"] == "heatmap")
-    return [c for row in hm["text"] for c in row if c]
-
-
-def queue_order(fig) -> list[int]:
-    hm = next(t for t in fig["data"] if t["type"] == "heatmap")
-    return [int(c.split("</b>")[0].replace("<b>", "")) for row in hm["text"] for c in row if c]
-
-
-def metric(at, label: str) -> str:
-    return next(m.value for m in at.metric if m.label == label)
+from lesson.lessons import BY_ID, LESSONS, PAGE_FILES
 
 
 def engine_snapshot(lesson_id, step, model):
@@ -106,16 +47,33 @@ def test_home_page_runs_and_steps():
 
 def test_home_sidebar_language_and_bad_device():
     at = app()
-    at.sidebar.selectbox(key="lang").set_value("zh").run()
+    at.sidebar.selectbox(key="_sidebar_lang").set_value("zh").run()
     assert "一分钟看懂分页 KV 缓存" in [h.value for h in at.header]
-    assert at.sidebar.selectbox(key="model_name").label == "模型"
+    assert at.sidebar.selectbox(key="_sidebar_model_name").label == "模型"
     import torch
     if not torch.cuda.is_available():
-        at.sidebar.selectbox(key="device").set_value("cuda").run()
+        at.sidebar.selectbox(key="_sidebar_device").set_value("cuda").run()
         assert not at.exception
         assert any("cuda" in e.value.lower() for e in at.sidebar.error)
-        at.sidebar.selectbox(key="device").set_value("cpu").run()
+        at.sidebar.selectbox(key="_sidebar_device").set_value("cpu").run()
         assert not at.exception and not at.sidebar.error
+
+
+def test_sidebar_choices_survive_page_switches():
+    """A page file's first run and the navigation are different scripts to Streamlit; the
+    sidebar's model, device and language must not fall back to their first options there."""
+    at = app()
+    at.sidebar.selectbox(key="_sidebar_lang").set_value("zh").run()
+    at.switch_page(PAGE_FILES["blocks"]).run()
+    for _ in range(3):
+        assert not at.exception, [e.value for e in at.exception]
+        ms = at.session_state["_model_state"]
+        assert (ms.name, ms.device, at.session_state["lang"]) == ("tiny-random", "cpu", "zh")
+        assert at.query_params["model"] == ["tiny-random"] or at.query_params["model"] == "tiny-random"
+        at.run()
+    at.switch_page(PAGE_FILES["prefix"]).run()
+    ms = at.session_state["_model_state"]
+    assert (ms.name, ms.device, at.session_state["lang"]) == ("tiny-random", "cpu", "zh")
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda l: l.id)
@@ -293,3 +251,18 @@ def test_playground_refuses_a_request_that_never_fits():
     assert not at.exception
     assert "usable blocks" in " ".join(e.value for e in at.error)
     assert state.run.scenario == before
+
+
+def test_every_page_file_is_in_the_navigation_under_streamlits_name():
+    """A page file's URL path must be the name Streamlit derives from it (lesson/lessons url_path)."""
+    from pathlib import Path
+
+    from streamlit.source_util import page_icon_and_name
+
+    from lesson.lessons import page_url_path
+    from lesson.trace_page import PAGE_FILE
+    root = Path(APP).resolve().parent
+    files = sorted((root / "pages").glob("*.py"))
+    assert {f"pages/{f.name}" for f in files} == set(PAGE_FILES.values()) | {PAGE_FILE}
+    for f in files:
+        assert page_url_path(f"pages/{f.name}") == page_icon_and_name(f)[1]

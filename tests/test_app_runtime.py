@@ -150,3 +150,46 @@ def test_check_requests_refuses_what_never_fits():
          "requests": [{"id": "X", "prompt_token_ids": list(range(1, 20)), "max_tokens": 2}]}
     with pytest.raises(ValueError, match="usable blocks"):
         check_requests(load_scenario(d), lambda s: Engine(s, runner=NoModelRunner()))
+
+
+def lab_trace(run: LabRun, header: bool = True, outputs: bool = True):
+    from kvcore.scenario import scenario_to_dict
+    from kvcore.trace import Trace, read_trace
+    run.run_to_end()
+    t = Trace(scenario_to_dict(run.scenario) if header else None, run.initial if header else None,
+              tuple(run.records), run.engine.outputs() if outputs else None)
+    return read_trace(t.to_jsonl())
+
+
+def test_trace_run_moves_like_a_lab_run_over_fixed_records():
+    from lesson.runtime import TraceRun
+    live = new_run()
+    tr = TraceRun(lab_trace(live))
+    assert tr.scenario == live.scenario and tr.cursor == 0 and tr.snapshot == live.initial and tr.record is None
+    assert tr.forward() == live.records[0] and tr.cursor == 1
+    tr.goto(7)
+    assert tr.snapshot == live.records[6].snapshot and tr.snapshots() == live.snapshots(7)
+    rec = tr.run_until("evicted")
+    assert rec is not None and rec.step == tr.cursor and any(e.kind == "evicted" for e in rec.events)
+    tr.goto(10_000)
+    assert tr.cursor == len(live.records) and tr.at_frontier and tr.finished and not tr.can_forward()
+    assert tr.forward() is None and tr.peek_next() is None and tr.cursor == len(live.records)
+    assert tr.run_until("preempted") is None
+    tr.back()
+    assert tr.cursor == len(live.records) - 1 and tr.can_forward()
+    tr.reset()
+    assert tr.cursor == 0
+
+
+def test_trace_run_without_header_starts_at_step_one():
+    from lesson.runtime import TraceRun
+    live = new_run()
+    tr = TraceRun(lab_trace(live, header=False, outputs=False))
+    assert tr.scenario is None and tr.first == 1 and tr.cursor == 1 and tr.record == live.records[0]
+    tr.back()
+    tr.goto(0)
+    assert tr.cursor == 1, "the state before step 1 is unknown: the cursor stays at step 1"
+    assert tr.snapshots() == [live.records[0].snapshot]
+    tr.run_to_end()
+    tr.reset()
+    assert tr.cursor == 1 and len(tr.snapshots()) == 1

@@ -1,14 +1,16 @@
-"""The command-line replay: examples run, traces parse, outputs match the engine, bad input exits 2."""
+"""The command-line replay: examples run, traces (header, steps, outputs) parse, outputs match the engine,
+bad input exits 2."""
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from kvcore.engine import Engine
-from kvcore.scenario import load_scenario
-from kvcore.trace import StepRecord
+from kvcore.scenario import load_scenario, scenario_to_dict
+from kvcore.trace import Snapshot, StepRecord, read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.json"))
@@ -31,26 +33,37 @@ def test_example_runs_and_trace_matches_engine(path, tmp_path, tiny_model):
     assert r.returncode == 0, r.stderr
     assert "== step 1" in r.stdout and "== outputs" in r.stdout
     lines = [json.loads(l) for l in out.read_text().splitlines()]
-    records = [StepRecord.from_dict(d) for d in lines[:-1]]
+    header, steps, last = lines[0], lines[1:-1], lines[-1]
+    records = [StepRecord.from_dict(d) for d in steps]
     assert [rec.step for rec in records] == list(range(1, len(records) + 1))
     assert all(rec.snapshot.num_free_blocks == len(rec.snapshot.free_queue) for rec in records)
-    cli_outputs = lines[-1]["outputs"]
+    cli_outputs = last["outputs"]
 
-    scenario = load_scenario(path)
-    from dataclasses import replace
-    engine = Engine(replace(scenario, model="tiny-random", device="cpu"), model=tiny_model)
+    scenario = replace(load_scenario(path), model="tiny-random", device="cpu")
+    engine = Engine(scenario, model=tiny_model)
+    # the header: the scenario as run (after --model/--device) and the state before step 1
+    assert set(header) == {"scenario", "snapshot"}
+    assert header["scenario"] == scenario_to_dict(scenario)
+    assert Snapshot.from_dict(header["snapshot"]) == engine.snapshot() and engine.snapshot().step == 0
     engine.run()
     assert cli_outputs == engine.outputs()
     # the trace is the engine's own record, step for step
     assert [r.to_dict() for r in engine.history] == [rec.to_dict() for rec in records]
+    # and the app's reader gets all of it back
+    t = read_trace(out.read_text())
+    assert t.scenario == header["scenario"] and t.records == tuple(records) and t.outputs == cli_outputs
 
 
 def test_until_stops_at_first_event(tmp_path):
+    out = tmp_path / "until.jsonl"
     r = run_cli("run", ROOT / "examples" / "preemption.json", "--model", "tiny-random", "--device", "cpu",
-                "--until", "preempted")
+                "--until", "preempted", "--trace", out)
     assert r.returncode == 0, r.stderr
     assert "stopped at the first 'preempted' event" in r.stdout
     assert "PREEMPTED" in r.stdout
+    t = read_trace(out.read_text())   # a stopped run still ends its trace with the outputs so far
+    assert any(e.kind == "preempted" for e in t.records[-1].events)
+    assert t.outputs is not None and any(o["finish_reason"] is None for o in t.outputs.values())
 
 
 @pytest.mark.parametrize("content, needle", [

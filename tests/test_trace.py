@@ -137,3 +137,125 @@ def test_snapshot_with_caching_off():
     assert not events_of(recs, trace.CACHE_HIT) and not events_of(recs, trace.CACHED)
     assert all(b.block_hash is None for r in recs for b in r.snapshot.blocks)
     assert recs[0].snapshot.hash_map == {}
+
+
+# -- trace files: the CLI's JSONL, read back ---------------------------------------------
+def engine_trace(**kw):
+    """A small run as a trace file written with the CLI's own line writers; (text, engine, initial)."""
+    from kvcore.scenario import scenario_to_dict
+    eng = make_engine([spec("A", list(range(8)), max_tokens=5), spec("B", list(range(20, 28)), max_tokens=4,
+                                                                      arrival_step=2)],
+                      num_gpu_blocks=6, **kw)
+    initial = eng.snapshot()
+    lines = [trace.header_line(scenario_to_dict(eng.scenario), initial)]
+    lines += [trace.step_line(r) for r in eng.run()]
+    lines.append(trace.outputs_line(eng.outputs()))
+    return "\n".join(lines) + "\n", eng, initial
+
+
+def test_trace_file_round_trip():
+    from kvcore.scenario import scenario_to_dict
+    text, eng, initial = engine_trace()
+    t = trace.read_trace(text)
+    assert t.initial == initial and t.initial.step == 0
+    assert t.records == tuple(eng.history) and [r.step for r in t.records] == list(range(1, len(eng.history) + 1))
+    assert t.scenario == scenario_to_dict(eng.scenario) and t.outputs == eng.outputs()
+    assert t.to_jsonl() == text, "Trace writes exactly what the CLI writes"
+    assert trace.read_trace(text.encode()) == t
+    assert trace.read_trace("\n\n" + text.replace("\n", "\n\n")) == t, "blank lines are skipped"
+
+
+def test_trace_without_header_or_outputs():
+    text, eng, _ = engine_trace()
+    lines = text.splitlines()
+    old = trace.read_trace("\n".join(lines[1:]))          # written before traces had a header
+    assert old.initial is None and old.scenario is None and old.records == tuple(eng.history)
+    cut = trace.read_trace("\n".join(lines[:-1]))         # cut short: no outputs line
+    assert cut.outputs is None and cut.initial is not None and cut.records == tuple(eng.history)
+    only_header = trace.read_trace(lines[0])              # a scenario without requests: nothing stepped
+    assert only_header.records == () and only_header.initial is not None
+
+
+def _edit(i, fn):
+    """A mutation of line i (parsed), for the table below."""
+    def apply(lines):
+        d = json.loads(lines[i])
+        fn(d)
+        return lines[:i] + [json.dumps(d)] + lines[i + 1:]
+    return apply
+
+
+BAD_TRACES = [
+    (lambda lines: [], "empty file"),
+    (lambda lines: ["   ", ""], "empty file"),
+    (lambda lines: lines[:2] + ["{not json"] + lines[2:], "line 3: not JSON: "),
+    (lambda lines: ["[1, 2]"] + lines[1:], "line 1: not a JSON object"),
+    (_edit(3, lambda d: d.pop("snapshot")), "line 4: step record missing 'snapshot'"),
+    (lambda lines: lines[:3] + lines[4:], "line 4: step 4 after step 2: steps must be 1, 2, 3..."),
+    (lambda lines: lines[2:], "line 1: step 2 first: steps must be 1, 2, 3..."),
+    (lambda lines: lines[1:3] + lines[:1] + lines[3:], "line 3: a header (scenario + snapshot) must be the first"),
+    (lambda lines: lines + [lines[1]], "nothing may follow the outputs line"),
+    (_edit(2, lambda d: d["snapshot"]["blocks"][2].update(ref_cnt="x")),
+     'line 3: step record: snapshot.blocks[2].ref_cnt: expected int, got "x"'),
+    (_edit(2, lambda d: d["snapshot"]["blocks"][2].pop("token_ids")), "line 3: step record: missing key 'token_ids'"),
+    (_edit(2, lambda d: d["snapshot"]["blocks"].append(5)), "line 3: step record: TypeError"),
+    (_edit(2, lambda d: d["snapshot"].update(free_queue=[1, 99])), "line 3: snapshot: block ids [99] outside the pool"),
+    (_edit(2, lambda d: d["snapshot"].update(step=7)), "line 3: step 2 holds a snapshot of step 7"),
+    (_edit(2, lambda d: d.update(events=[{"kind": "allocated", "block_ids": "ab"}])),
+     "line 3: step record: events[0].block_ids[0]: expected int"),
+    (_edit(0, lambda d: d["scenario"]["engine"].update(block_size=0)), "line 1: header scenario: engine.block_size"),
+    (_edit(0, lambda d: d.update(scenario=[1])), "line 1: header scenario: not a JSON object"),
+    (_edit(0, lambda d: d.pop("scenario")), "line 1: header missing 'scenario'"),
+    (_edit(0, lambda d: d["snapshot"].update(step=3)), "line 1: header snapshot is of step 3; it must be 0"),
+    (_edit(-1, lambda d: d.update(outputs={"A": {"text": 1}})), "outputs must map request ids"),
+    (lambda lines: lines[:2] + ['{"colour": 1}'] + lines[2:], "line 3: not a trace line"),
+    (lambda lines: lines[-1:], "no header and no step records: nothing to show"),
+    (lambda lines: ['{"engine": {"block_size": 4}, "requests": []}'], "this looks like a scenario file, not a trace"),
+]
+
+
+@pytest.mark.parametrize("mutate, needle", BAD_TRACES, ids=[n[:40] for _, n in BAD_TRACES])
+def test_bad_traces_say_what_and_where(mutate, needle):
+    text, _, _ = engine_trace()
+    bad = "\n".join(mutate(text.splitlines()))
+    with pytest.raises(trace.TraceError) as err:
+        trace.read_trace(bad)
+    assert any(needle in p for p in err.value.problems), err.value.problems
+    assert isinstance(err.value, ValueError) and needle in str(err.value)
+
+
+def test_bad_bytes_and_too_many_problems():
+    with pytest.raises(trace.TraceError, match="not UTF-8"):
+        trace.read_trace(b"\xff\xfe{}")
+    with pytest.raises(trace.TraceError) as err:
+        trace.read_trace("\n".join(["{x"] * 50))
+    assert len(err.value.problems) == trace.MAX_PROBLEMS + 1 and "more problems" in err.value.problems[-1]
+
+
+def _paths(d, path=()):
+    """Every (path, value) inside nested dicts/lists."""
+    yield path, d
+    items = d.items() if isinstance(d, dict) else enumerate(d) if isinstance(d, list) else ()
+    for k, v in items:
+        yield from _paths(v, path + (k,))
+
+
+def test_any_wrong_value_is_a_trace_error_never_a_crash():
+    """Replace every value of a header and a step line, one at a time, by values of the wrong kind:
+    the reader either accepts the file or raises TraceError (no KeyError, TypeError, ...)."""
+    text, _, _ = engine_trace(block_size=4)
+    lines = text.splitlines()
+    lines = lines[:3] + lines[-1:]       # header, steps 1 and 2, outputs: every kind of line, kept short
+    for i in (0, 2, 3):
+        base = json.loads(lines[i])
+        for path, _ in list(_paths(base))[1:]:
+            for wrong in (None, -1, "x", [None], {"k": None}):
+                d = json.loads(lines[i])
+                target = d
+                for k in path[:-1]:
+                    target = target[k]
+                target[path[-1]] = wrong
+                try:
+                    trace.read_trace("\n".join(lines[:i] + [json.dumps(d)] + lines[i + 1:]))
+                except trace.TraceError:
+                    pass

@@ -21,13 +21,16 @@ PAGE_FILES: dict[str, str] = {
 }
 
 
-
-def url_path(lesson_id: str) -> str:
-    """The page's URL path: the name Streamlit derives from the file ("2_prefix_caching.py" ->
+def page_url_path(page_file: str) -> str:
+    """A page file's URL path: the name Streamlit derives from the file ("2_prefix_caching.py" ->
     "prefix_caching"). It must match: on a new session's first run the browser's path is checked
     against the pages/ folder before st.navigation has run, and any other name gets "Page not found"."""
-    stem = PAGE_FILES[lesson_id].rsplit("/", 1)[-1].removesuffix(".py")
+    stem = page_file.rsplit("/", 1)[-1].removesuffix(".py")
     return stem.split("_", 1)[1]
 
 
-__all__ = ["LESSONS", "BY_ID", "HOME", "PAGE_FILES", "url_path"]
+def url_path(lesson_id: str) -> str:
+    return page_url_path(PAGE_FILES[lesson_id])
+
+
+__all__ = ["LESSONS", "BY_ID", "HOME", "PAGE_FILES", "page_url_path", "url_path"]
