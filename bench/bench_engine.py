@@ -26,14 +26,12 @@ consecutive decode forwards instead.
     python bench/bench_engine.py --quick       # fewer tokens and repeats
     python bench/bench_engine.py --threads 1   # on a machine shared with other jobs
 
-Figures on the project's 2-core CPU (SmolLM2, fp32, torch 2.13, transformers 5.23, an
-almost idle machine, 2 threads): paged 14.7 tok/s at batch 1 vs generate 13.6 (1.08x);
-8 concurrent 78 tok/s = 5.7x generate at batch 1; generate_batch 60 tok/s (1.26x: the
-2x target is not reached).  A batch-1 decode step takes 68 ms against 27 ms to stream the
-538 MB of weights at the measured 20 GB/s (15 ms at a nominal 35 GB/s): about 30 ms of
-the rest is the per-layer Python/dispatch cost of transformers' modules (a 30-layer
-model of negligible size still takes ~31 ms a step, with or without the paged kernel),
-which generate and generate_batch pay as well.
+Figures on the project's 2-core CPU (SmolLM2, fp32, torch 2.13, transformers 5.23, 2 threads,
+a shared machine): paged 14.8 tok/s at batch 1 vs generate 14.4 (1.03x); 8 concurrent 79.7
+tok/s = 5.55x generate at batch 1; vs generate_batch 1.35x (decode step 97 vs 131 ms).  The
+2x target over generate_batch is out of reach for any attention inside transformers' layers:
+the same model with attention a no-op takes 86 ms for 8 decode tokens (printed below as the
+floor), so even a free attention would be 131 / 86 = 1.53x.
 """
 
 from __future__ import annotations
