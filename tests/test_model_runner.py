@@ -23,6 +23,7 @@ import torch
 
 from kvcore.model import ModelRunner, SeqBatchItem, reference_model
 from kvcore.model.testing import MiniEngine, reference_generate, reference_logits
+from kvcore.model.runner import PackedLinear
 
 TOL_TINY = 5e-5
 TOL_SMOL = 1e-3
@@ -304,9 +305,40 @@ def test_runner_leaves_the_loaded_model_alone(tiny_model):
     assert lm.model.config._attn_implementation != runner.model.config._attn_implementation
     assert runner.model.lm_head.weight.data_ptr() == lm.model.lm_head.weight.data_ptr()
     assert runner.kv_cache_shape == (8, 2, lm.config.num_key_value_heads, 4, lm.config.head_dim)
-    assert isinstance(lm.model.lm_head, torch.nn.Linear)  # a packed head lives only in the runner
+    assert isinstance(lm.model.lm_head, torch.nn.Linear)  # packed layers live only in the runner
+    assert not any(isinstance(m, PackedLinear) for m in lm.model.modules())
     again = ModelRunner(lm, 8, 4)
     assert type(again.model.lm_head) is type(runner.model.lm_head)  # every runner gets the same head
+
+
+def test_runner_packs_every_linear_layer_once(tiny_model):
+    lm = tiny_model
+    runner = ModelRunner(lm, 8, 4)
+    n_linear = sum(isinstance(m, torch.nn.Linear) for m in lm.model.modules())
+    assert runner.num_packed_layers == n_linear == 7 * lm.config.num_hidden_layers + 1
+    assert not any(isinstance(m, torch.nn.Linear) for m in runner.model.modules())
+    again = ModelRunner(lm, 8, 4)
+    a = runner.model.model.layers[0].mlp.down_proj
+    b = again.model.model.layers[0].mlp.down_proj
+    assert a.packed is b.packed  # one packed copy per weight, shared by every runner
+    assert a.weight.data_ptr() == lm.model.model.layers[0].mlp.down_proj.weight.data_ptr()
+
+
+@pytest.mark.parametrize("rows", [1, 2, 8, 37])
+def test_packed_linear_computes_what_linear_computes(tiny_model, rows):
+    lin = tiny_model.model.model.layers[1].mlp.up_proj
+    packed = PackedLinear.try_build(lin)
+    assert packed is not None
+    x = torch.randn(1, rows, lin.in_features, generator=torch.Generator().manual_seed(rows))
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x), torch.nn.functional.linear(x, lin.weight), rtol=1e-5, atol=1e-5)
+
+
+def test_packing_can_be_turned_off(tiny_model, monkeypatch):
+    monkeypatch.setenv("PAGED_KV_LAB_PACKED_WEIGHTS", "0")
+    runner = ModelRunner(tiny_model, 8, 4)
+    assert runner.num_packed_layers == 0
+    assert isinstance(runner.model.lm_head, torch.nn.Linear)
 
 
 def test_bad_block_tables_are_refused(tiny_model):

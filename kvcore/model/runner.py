@@ -32,52 +32,89 @@ except ImportError:  # pragma: no cover - kvcore.batch is written by the engine 
         sample: bool                         # this step completes the known tokens: sample the next one
 
 
-PACKED_HEAD_ENV = "PAGED_KV_LAB_PACKED_HEAD"
+PACKED_ENV = "PAGED_KV_LAB_PACKED_WEIGHTS"
 _PACKED_ATTR = "_kvlab_onednn_packed"  # the packed copy lives on the weight tensor it was made from
 
 
-class PackedLMHead(torch.nn.Module):
-    """The output projection with its weight pre-packed for oneDNN (CPU, float32).
+class PackedLinear(torch.nn.Module):
+    """A ``Linear`` whose weight also exists pre-packed for oneDNN (CPU, float32): same math.
 
-    Projecting 2+ rows onto SmolLM2's 49,152-token vocabulary is the largest single
-    matmul of a decode step; with a weight reordered once for oneDNN it costs about 2/3
-    of MKL's plain path at 8 rows (measured: a batch-8 decode step 145 -> 135 ms on one
-    core).  A single row keeps the plain ``F.linear`` (faster there).  The packed copy
-    (the size of the weight) is kept on the weight tensor and shared by all its runners.
+    ``nn.Linear`` hands each call to MKL's sgemm, which re-packs the whole weight on every
+    call; for the 2-40 rows of a decode step that repacking, not the arithmetic, is most of
+    the cost.  Reordering each weight once into oneDNN's blocked layout (what vLLM's CPU
+    backend does for its linear layers too) cut SmolLM2's 210 layer matmuls at 8 rows from
+    about 66 to 41-48 ms and its 49,152-row output projection from about 28 to 11 ms on this
+    project's 2-core CPU.  A single row keeps the plain ``F.linear`` (a GEMV; no faster
+    packed).  The decoder layers' own code is unchanged: only the module that multiplies
+    by the weight differs.  The packed copy (the size of the weight) is kept on the weight
+    tensor and shared by every runner on those weights; ``PAGED_KV_LAB_PACKED_WEIGHTS=0``
+    turns packing off.
     """
 
-    def __init__(self, weight: torch.Tensor, packed: torch.Tensor):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor):
         super().__init__()
         self.weight = weight
+        self.bias = bias
         self.packed = packed
 
+    @property
+    def in_features(self) -> int:
+        return int(self.weight.shape[1])
+
+    @property
+    def out_features(self) -> int:
+        return int(self.weight.shape[0])
+
     @staticmethod
-    def try_build(weight: torch.Tensor) -> "PackedLMHead | None":
-        if os.environ.get(PACKED_HEAD_ENV, "1") == "0":
+    def try_build(linear: torch.nn.Module) -> "PackedLinear | None":
+        """The packed twin of ``linear``; None where packing does not apply or fails its check."""
+        if os.environ.get(PACKED_ENV, "1") == "0":
             return None
-        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+        weight, bias = linear.weight, getattr(linear, "bias", None)
+        if weight.device.type != "cpu" or weight.dtype != torch.float32 or weight.dim() != 2:
             return None
         try:
             if not torch.backends.mkldnn.is_available():
                 return None
             packed = getattr(weight, _PACKED_ATTR, None)
-            if packed is None:
+            fresh = packed is None
+            if fresh:
                 packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 8)
-            head = PackedLMHead(weight, packed)
-            x = torch.randn(1, 3, weight.shape[1], generator=torch.Generator().manual_seed(0))
-            with torch.inference_mode():
-                ok = torch.allclose(head(x), torch.nn.functional.linear(x, weight), rtol=1e-4, atol=1e-4)
+            layer = PackedLinear(weight, bias, packed)
+            if fresh:  # the packed copy must compute what F.linear computes before it is trusted
+                x = torch.randn(3, weight.shape[1], generator=torch.Generator().manual_seed(0))
+                with torch.inference_mode():
+                    ok = torch.allclose(layer(x), torch.nn.functional.linear(x, weight, bias),
+                                        rtol=1e-4, atol=1e-4)
+                if not ok:
+                    return None
         except (RuntimeError, AttributeError, NotImplementedError, TypeError):
-            return None  # an older torch without these ops, or no oneDNN: keep the plain head
-        if not ok:
-            return None
+            return None  # an older torch without these ops, or no oneDNN: keep the plain Linear
         setattr(weight, _PACKED_ATTR, packed)  # shared by every runner on these weights
-        return head
+        return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.numel() <= x.shape[-1]:  # one row
-            return torch.nn.functional.linear(x, self.weight)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [], "")
+            return torch.nn.functional.linear(x, self.weight, self.bias)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def pack_linear_layers(model: torch.nn.Module) -> int:
+    """Swap every ``nn.Linear`` of ``model`` (in place) for its :class:`PackedLinear`.
+
+    Meant for a runner's private clone; returns how many layers were swapped."""
+    swaps = []
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if isinstance(child, torch.nn.Linear):
+                swaps.append((parent, name, child))
+    count = 0
+    for parent, name, child in swaps:
+        packed = PackedLinear.try_build(child)
+        if packed is not None:
+            setattr(parent, name, packed)
+            count += 1
+    return count
 
 
 class ModelRunner:
@@ -138,10 +175,7 @@ class ModelRunner:
         self.model = shared_clone(loaded.model)
         self.model.set_attn_implementation(ATTN_NAME)
         self.model.eval()
-        head = self.model.get_output_embeddings()
-        packed = PackedLMHead.try_build(head.weight) if getattr(head, "bias", None) is None else None
-        if packed is not None:
-            self.model.lm_head = packed  # only in the runner's clone
+        self.num_packed_layers = pack_linear_layers(self.model)  # only in the runner's clone
 
         shape = (self.num_blocks, 2, self.num_kv_heads, self.block_size, self.head_dim)
         with torch.inference_mode():
