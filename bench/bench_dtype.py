@@ -24,7 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
-from bench.bench_engine import QUESTIONS, decode_tps_from_steps, paged_runner_backend  # noqa: E402
+from bench.bench_engine import QUESTIONS, paged_runner_backend, step_seconds_interleaved  # noqa: E402
 from kvcore.model import load_model, smollm2_available  # noqa: E402
 from kvcore.model.testing import measure_agreement  # noqa: E402
 
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
         secs = time.perf_counter() - t0
         run, _, _ = paged_runner_backend(loaded)
         run(prompts, 2)  # warm-up
-        step_ms = len(prompts) / decode_tps_from_steps(run, prompts, 12, repeat=2) * 1e3
+        step_ms = step_seconds_interleaved({"paged": (run, prompts)}, 12, repeat=2)["paged"] * 1e3
         div = ", ".join(f"({r}, {k}, {m:.3g})" for r, k, m in a.divergences) or "none"
         print(f"| {dt} | {a.paged_diff:.3g} | {a.reference_noise:.3g} | {a.tokens_equal}/{a.tokens_total} "
               f"| {div} | {step_ms:.1f} | {secs:.1f} |", flush=True)

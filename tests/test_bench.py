@@ -1,0 +1,27 @@
+"""The benchmarks' drivers still fit the code they measure (no timing is asserted here)."""
+import importlib
+import math
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+@pytest.mark.parametrize("name", ["bench_engine", "bench_dtype", "bench_kvcore", "bench_app_step"])
+def test_every_benchmark_imports(name):
+    importlib.import_module(f"bench.{name}")
+
+
+def test_engine_and_runner_backends_generate_the_same_tokens(tiny_model, one_torch_thread):
+    from bench.bench_engine import engine_backend, paged_runner_backend, step_seconds_interleaved
+
+    prompts = [tiny_model.encode_prompt(q) for q in ("Name a colour.", "Why is the sky blue?")]
+    engine_run = engine_backend(tiny_model)
+    runner_run, _, _ = paged_runner_backend(tiny_model)
+    by_engine = engine_run(prompts, 5)
+    by_runner = runner_run(prompts, 5)
+    assert [by_engine[f"r{i}"]["token_ids"] for i in range(2)] == [by_runner[f"r{i}"] for i in range(2)]
+    steps = step_seconds_interleaved({"e": (engine_run, prompts), "r": (runner_run, prompts)}, 4, repeat=1)
+    assert all(math.isfinite(s) and s > 0 for s in steps.values())
