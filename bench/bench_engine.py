@@ -1,37 +1,38 @@
-"""Engine benchmark: decode throughput and time to first token of the paged runner.
+"""Engine benchmark: decode throughput and time to first token of the paged engine.
 
-Compares the paged ModelRunner (driven by a minimal engine, kvcore.model.testing.MiniEngine)
-with transformers on the same weights and prompts:
+Compares, on the same weights and prompts, the full :class:`kvcore.engine.Engine` (vLLM's
+scheduler and block manager, the recorder and a Snapshot every step: what the app and the
+CLI run) and the bare paged ModelRunner (driven by kvcore.model.testing.MiniEngine) with
+transformers:
 
 - decode throughput (tokens/s) with 1 and 8 concurrent requests, vs ``model.generate``
-  at batch 1 and with a left-padded batch of 8, and vs transformers' continuous batching
-  ``model.generate_batch`` where it runs;
+  at batch 1 and with a left-padded batch of 8;
+- the median decode step with 8 requests vs transformers' continuous batching
+  ``model.generate_batch`` (its start-up takes seconds and varies a lot, so steps are
+  compared: the gap between its consecutive decode forwards, our ``Engine.step()``);
 - time to first token vs prefix-hit length (a second request reusing the first one's
   cached blocks feeds only its tail);
-- one decode step vs the memory-bandwidth bound (all fp32 weights streamed once).
+- one decode step vs the memory-bandwidth bound (all fp32 weights streamed once), and two
+  floors: the same model with attention a no-op, with the runner's oneDNN-packed linear
+  layers and with plain ``nn.Linear`` (what the stock model, generate_batch's, runs).
 
-Every measurement function takes a callable, so another driver (e.g. the Engine) can
-be plugged in: ``decode_tps(run, prompts, n)`` needs ``run(prompts, max_new_tokens)``
-that generates exactly ``max_new_tokens`` for each prompt; ``ttft(first_token)`` needs
-``first_token(prompt, hit_tokens) -> seconds``.
+Every measurement function takes a callable: ``decode_tps(run, prompts, n)`` needs
+``run(prompts, max_new_tokens)`` that generates exactly ``max_new_tokens`` for each
+prompt; ``step_seconds_interleaved`` needs a ``run`` that also sets ``run.step_seconds``;
+``ttft(first_token)`` needs ``first_token(prompt, hit_tokens) -> seconds``.
 
 Decode throughput is measured as ``B * (N - n0) / (t(N) - t(n0))`` -- the prefill and
 first token cancel out, so backends that cannot time their steps separately (generate)
-are measured like the others.  Runs are interleaved and the best of ``--repeat`` kept,
-since the machine may be shared.  ``generate_batch`` spends several (very variable)
-seconds starting up, so it and a second paged measurement use the median time between
-consecutive decode forwards instead.
+are measured like the others.  Runs are interleaved round-robin and the best of
+``--repeat`` kept, since the machine may be shared.
 
     python bench/bench_engine.py               # SmolLM2 when installed, else tiny-random
     python bench/bench_engine.py --quick       # fewer tokens and repeats
+    python bench/bench_engine.py --repeat 5    # steadier figures on a busy machine
     python bench/bench_engine.py --threads 1   # on a machine shared with other jobs
 
-Figures on the project's 2-core CPU (SmolLM2, fp32, torch 2.13, transformers 5.23, 2 threads,
-a shared machine): paged 14.8 tok/s at batch 1 vs generate 14.4 (1.03x); 8 concurrent 79.7
-tok/s = 5.55x generate at batch 1; vs generate_batch 1.35x (decode step 97 vs 131 ms).  The
-2x target over generate_batch is out of reach for any attention inside transformers' layers:
-the same model with attention a no-op takes 86 ms for 8 decode tokens (printed below as the
-floor), so even a free attention would be 131 / 86 = 1.53x.
+Figures: see the README's *Measured results* (they move by +-20% between runs on the
+project's shared 2-core machine).
 """
 
 from __future__ import annotations

@@ -5,9 +5,10 @@ sampled position must match a full transformers forward within a tolerance.
 
 Measured max |logit difference| (float32, CPU, torch 2.13 / transformers 5.23):
   tiny-random : about 3.5e-6 (logits of order 1-10)    -> tolerance TOL_TINY = 5e-5
-  SmolLM2-135M: about 6e-5 (logits of order 10-30)      -> tolerance TOL_SMOL = 1e-3
+  SmolLM2-135M: about 1.3e-4 (logits of order 10-30)    -> tolerance TOL_SMOL = 1e-3
+  (transformers' own drift, generate with its cache vs one full forward, is 1.5e-4 there)
 The differences come only from float summation order (packed vs per-request forward, the
-gathered blocks vs a contiguous cache, the runner's oneDNN-packed output projection).
+gathered blocks vs a contiguous cache, the runner's oneDNN-packed linear layers).
 
 The runner is driven by kvcore.model.testing.MiniEngine: a trivial engine (fresh block
 ids, block tables, chunked prefill, decode, prefix reuse, preemption by recompute, and

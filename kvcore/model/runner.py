@@ -5,6 +5,8 @@ position, through which block tables); the runner packs the tokens of all sequen
 along one axis (batch dimension 1, explicit position ids), lets every decoder layer
 write and read K/V through the paged pools (:mod:`kvcore.model.paged_attention`), and
 computes logits only at the last token of the sequences that sample this step.
+On the CPU in float32 the runner's linear layers multiply through weights pre-packed
+once for oneDNN (:class:`PackedLinear`); everything else is transformers' own code.
 """
 
 from __future__ import annotations
@@ -127,7 +129,8 @@ class ModelRunner:
 
     The runner works on a shallow clone of ``loaded.model`` that shares every weight
     tensor but has its own config, switched to the paged attention; ``loaded.model``
-    itself is left untouched (it keeps its sdpa attention for ``generate``).
+    itself is left untouched (it keeps its sdpa attention and plain ``nn.Linear`` layers
+    for ``generate``).
     """
 
     def __init__(
