@@ -25,3 +25,14 @@ def test_engine_and_runner_backends_generate_the_same_tokens(tiny_model, one_tor
     assert [by_engine[f"r{i}"]["token_ids"] for i in range(2)] == [by_runner[f"r{i}"] for i in range(2)]
     steps = step_seconds_interleaved({"e": (engine_run, prompts), "r": (runner_run, prompts)}, 4, repeat=1)
     assert all(math.isfinite(s) and s > 0 for s in steps.values())
+
+
+def test_step_breakdown_parts_add_up(tiny_model, one_torch_thread):
+    from bench.bench_engine import attention_free_steps, step_breakdown
+
+    prompts = [tiny_model.encode_prompt(q) for q in ("Name a colour.", "Why is the sky blue?")]
+    parts = step_breakdown(tiny_model, prompts, steps=3, repeat=1)
+    assert parts["linear"] > 0 and parts["attention"] > 0 and parts["rest"] > 0
+    assert parts["linear"] + parts["attention"] + parts["rest"] == pytest.approx(parts["step"])
+    floors = attention_free_steps(tiny_model, 4, steps=2, repeat=1)
+    assert set(floors) == {"packed", "plain"} and all(v > 0 for v in floors.values())
