@@ -46,11 +46,10 @@ class PackedLinear(torch.nn.Module):
     the cost.  Reordering each weight once into oneDNN's blocked layout (what vLLM's CPU
     backend does for its linear layers too) cut SmolLM2's 210 layer matmuls at 8 rows from
     about 66 to 41-48 ms and its 49,152-row output projection from about 28 to 11 ms on this
-    project's 2-core CPU.  A single row keeps the plain ``F.linear`` (a GEMV; no faster
-    packed).  The decoder layers' own code is unchanged: only the module that multiplies
-    by the weight differs.  The packed copy (the size of the weight) is kept on the weight
-    tensor and shared by every runner on those weights; ``PAGED_KV_LAB_PACKED_WEIGHTS=0``
-    turns packing off.
+    project's 2-core CPU; a one-row step (batch 1) gains a few per cent too.  The decoder
+    layers' own code is unchanged: only the module that multiplies by the weight differs.
+    The packed copy (the size of the weight) is kept on the weight tensor and shared by
+    every runner on those weights; ``PAGED_KV_LAB_PACKED_WEIGHTS=0`` turns packing off.
     """
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor):
@@ -96,8 +95,6 @@ class PackedLinear(torch.nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() <= x.shape[-1]:  # one row
-            return torch.nn.functional.linear(x, self.weight, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
