@@ -9,7 +9,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
-@pytest.mark.parametrize("name", ["bench_engine", "bench_dtype", "bench_kvcore", "bench_app_step"])
+@pytest.mark.parametrize("name", ["bench_engine", "bench_dtype", "bench_kvcore", "bench_app_step", "step_anatomy"])
 def test_every_benchmark_imports(name):
     importlib.import_module(f"bench.{name}")
 
@@ -28,7 +28,7 @@ def test_engine_and_runner_backends_generate_the_same_tokens(tiny_model, one_tor
 
 
 def test_step_breakdown_parts_add_up(tiny_model, one_torch_thread):
-    from bench.bench_engine import attention_free_steps, step_breakdown
+    from bench.step_anatomy import attention_free_steps, step_breakdown
 
     prompts = [tiny_model.encode_prompt(q) for q in ("Name a colour.", "Why is the sky blue?")]
     parts = step_breakdown(tiny_model, prompts, steps=3, repeat=1)

@@ -58,14 +58,6 @@ class PackedLinear(torch.nn.Module):
         self.bias = bias
         self.packed = packed
 
-    @property
-    def in_features(self) -> int:
-        return int(self.weight.shape[1])
-
-    @property
-    def out_features(self) -> int:
-        return int(self.weight.shape[0])
-
     @staticmethod
     def try_build(linear: torch.nn.Module) -> "PackedLinear | None":
         """The packed twin of ``linear``; None where packing does not apply or fails its check."""
