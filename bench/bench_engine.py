@@ -12,9 +12,10 @@ transformers:
   compared: the gap between its consecutive decode forwards, our ``Engine.step()``);
 - time to first token vs prefix-hit length (a second request reusing the first one's
   cached blocks feeds only its tail);
-- one decode step vs the memory-bandwidth bound (all fp32 weights streamed once), and two
+- one decode step vs the memory-bandwidth bound (all fp32 weights streamed once), and
   floors: the same model with attention a no-op, with the runner's oneDNN-packed linear
-  layers and with plain ``nn.Linear`` (what the stock model, generate_batch's, runs).
+  layers (sibling projections stacked, and not), and with plain ``nn.Linear`` (what the
+  stock model, generate_batch's, runs).
 
 Every measurement function takes a callable: ``decode_tps(run, prompts, n)`` needs
 ``run(prompts, max_new_tokens)`` that generates exactly ``max_new_tokens`` for each
@@ -353,6 +354,8 @@ def main(argv=None) -> int:
     floor_packed, floor_plain = floors["packed"], floors["plain"]
     print(f"| the model with attention a no-op, 8 tokens, oneDNN-packed linears (our runner's floor) "
           f"| {floor_packed * 1e3:.1f} |")
+    print(f"| the same with q/k/v and gate/up packed each on its own, not stacked "
+          f"| {floors['unstacked'] * 1e3:.1f} |")
     print(f"| the same with plain nn.Linear (the floor of the stock model, generate_batch's) "
           f"| {floor_plain * 1e3:.1f} |")
     parts = step_breakdown(loaded, prompts8, repeat=repeat)

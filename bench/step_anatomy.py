@@ -18,10 +18,11 @@ from kvcore.model.testing import MiniEngine
 def attention_free_steps(loaded, batch: int = 8, steps: int = 15, repeat: int = 3) -> dict[str, float]:
     """Seconds of one decode forward of ``batch`` tokens with attention replaced by a no-op:
     everything in a step that is not attention (transformers' layers, the weights' matmuls,
-    the LM head).  ``packed``: with the runner's oneDNN-packed linear layers (the floor of
-    our runner); ``plain``: with ``nn.Linear`` (the floor of anything running the stock
-    model, transformers' own continuous batching included).  Each is the median of
-    ``steps`` back-to-back forwards, best of ``repeat`` interleaved rounds."""
+    the LM head).  ``packed``: with the runner's oneDNN-packed linear layers, q/k/v and
+    gate/up stacked (the floor of our runner); ``unstacked``: packed, each projection on its
+    own; ``plain``: with ``nn.Linear`` (the floor of anything running the stock model,
+    transformers' own continuous batching included).  Each is the median of ``steps``
+    back-to-back forwards, best of ``repeat`` interleaved rounds."""
     from transformers import AttentionInterface
 
     from kvcore.model.reference import shared_clone
@@ -32,11 +33,11 @@ def attention_free_steps(loaded, batch: int = 8, steps: int = 15, repeat: int = 
 
     AttentionInterface.register("kvlab_bench_no_attention", no_attention)
     models = {}
-    for kind in ("packed", "plain"):
+    for kind in ("packed", "unstacked", "plain"):
         model = shared_clone(loaded.model)
         model.set_attn_implementation("kvlab_bench_no_attention")
-        if kind == "packed":
-            pack_linear_layers(model)
+        if kind != "plain":
+            pack_linear_layers(model, stack_siblings=kind == "packed")
         models[kind] = model
     dev = loaded.device
     ids = torch.full((1, batch), 100, dtype=torch.long, device=dev)

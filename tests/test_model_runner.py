@@ -321,8 +321,45 @@ def test_runner_packs_every_linear_layer_once(tiny_model):
     again = ModelRunner(lm, 8, 4)
     a = runner.model.model.layers[0].mlp.down_proj
     b = again.model.model.layers[0].mlp.down_proj
-    assert a.packed is b.packed  # one packed copy per weight, shared by every runner
+    assert a.group.packed is b.group.packed  # one packed copy per weight, shared by every runner
     assert a.weight.data_ptr() == lm.model.model.layers[0].mlp.down_proj.weight.data_ptr()
+
+
+def test_sibling_projections_share_one_stacked_weight(tiny_model):
+    layer = ModelRunner(tiny_model, 8, 4).model.model.layers[0]
+    attn, mlp = layer.self_attn, layer.mlp
+    assert attn.q_proj.group is attn.k_proj.group is attn.v_proj.group
+    assert [attn.q_proj.member, attn.k_proj.member, attn.v_proj.member] == [0, 1, 2]
+    assert mlp.gate_proj.group is mlp.up_proj.group is not mlp.down_proj.group
+    assert len({id(attn.o_proj.group), id(attn.q_proj.group), id(mlp.gate_proj.group)}) == 3
+
+
+def test_stacked_siblings_compute_what_each_linear_computes(tiny_model):
+    """Whatever the call pattern -- siblings on one input, a member twice, another input in
+    between -- every member returns its own F.linear of the input it was given."""
+    plain = tiny_model.model.model.layers[1].self_attn
+    packed = ModelRunner(tiny_model, 8, 4).model.model.layers[1].self_attn
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 5, plain.q_proj.in_features, generator=gen)
+    y = torch.randn(1, 5, plain.q_proj.in_features, generator=gen)
+    calls = [("q_proj", x), ("k_proj", x), ("v_proj", x),   # the decoder layer's pattern
+             ("k_proj", x), ("k_proj", x),                   # a member twice on one input
+             ("q_proj", y), ("v_proj", x), ("k_proj", y),    # inputs interleaved
+             ("v_proj", y), ("q_proj", y)]
+    with torch.inference_mode():
+        for name, inp in calls:
+            want = torch.nn.functional.linear(inp, getattr(plain, name).weight)
+            torch.testing.assert_close(getattr(packed, name)(inp), want, rtol=1e-5, atol=1e-5)
+
+
+def test_stacking_can_be_left_out(tiny_model):
+    from kvcore.model.reference import shared_clone
+    from kvcore.model.runner import pack_linear_layers
+
+    model = shared_clone(tiny_model.model)
+    assert pack_linear_layers(model, stack_siblings=False) == 7 * tiny_model.config.num_hidden_layers + 1
+    attn = model.model.layers[0].self_attn
+    assert attn.q_proj.group is not attn.k_proj.group
 
 
 @pytest.mark.parametrize("rows", [1, 2, 8, 37])
@@ -427,3 +464,20 @@ def test_smollm2_sliding_window_and_hybrid(smollm2):
         eng.add(rid, p, 8)
     eng.run()
     check(lm, reference_model(lm, sliding_window=W, layer_types=types), eng, prompts, 8, TOL_SMOL)
+
+
+def test_siblings_that_cannot_stack_are_packed_one_by_one(tiny_model):
+    from kvcore.model.reference import shared_clone
+    from kvcore.model.runner import pack_linear_layers
+
+    model = shared_clone(tiny_model.model)
+    mlp = model.model.layers[0].mlp
+    # an up_proj with a bias next to a gate_proj without one: one stacked weight cannot hold both
+    up = torch.nn.Linear(mlp.up_proj.in_features, mlp.up_proj.out_features, bias=True)
+    mlp.up_proj = up
+    pack_linear_layers(model)
+    assert isinstance(mlp.gate_proj, PackedLinear) and isinstance(mlp.up_proj, PackedLinear)
+    assert mlp.gate_proj.group is not mlp.up_proj.group
+    x = torch.randn(1, 4, up.in_features, generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        torch.testing.assert_close(mlp.up_proj(x), up(x), rtol=1e-5, atol=1e-5)
