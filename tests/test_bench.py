@@ -27,6 +27,19 @@ def test_engine_and_runner_backends_generate_the_same_tokens(tiny_model, one_tor
     assert all(math.isfinite(s) and s > 0 for s in steps.values())
 
 
+def test_paired_ratios_pair_the_runs_of_one_round():
+    from bench.bench_engine import paired_ratios, step_rounds
+
+    seconds = iter([0.2, 0.1, 0.4, 0.1, 0.3, 0.2])  # round by round: base, other
+
+    def run(prompts, n):
+        run.step_seconds = next(seconds)
+
+    rounds = step_rounds({"base": (run, []), "other": (run, [])}, 1, repeat=3)
+    assert rounds == {"base": [0.2, 0.4, 0.3], "other": [0.1, 0.1, 0.2]}
+    assert paired_ratios(rounds, "base", "other") == pytest.approx([2.0, 4.0, 1.5])
+
+
 def test_step_breakdown_parts_add_up(tiny_model, one_torch_thread):
     from bench.step_anatomy import attention_free_steps, step_breakdown
 
