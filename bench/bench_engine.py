@@ -250,10 +250,13 @@ def step_rounds(cases: dict[str, tuple[RunFn, list[list[int]]]], new_tokens: int
                 repeat: int = 3) -> dict[str, list[float]]:
     """The median decode step (seconds) of each ``run`` that reports ``run.step_seconds``, one
     value per round: the backends' runs interleaved round-robin ``repeat`` times, so a burst
-    of load from other processes hits the runs of one round alike."""
+    of load from other processes hits the runs of one round alike.  Each round starts one
+    backend later than the one before, so none always runs first or right after another."""
     rounds: dict[str, list[float]] = {k: [] for k in cases}
-    for _ in range(repeat):
-        for k, (run, prompts) in cases.items():
+    keys = list(cases)
+    for r in range(repeat):
+        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
+            run, prompts = cases[k]
             run(prompts, new_tokens)
             rounds[k].append(run.step_seconds)
     return rounds
@@ -280,6 +283,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-generate-batch", action="store_true", help="skip transformers' generate_batch")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     ap.add_argument("--repeat", type=int, default=None, help="runs per measurement (best kept)")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="rounds of the generate_batch comparison (default: --repeat)")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -336,14 +341,14 @@ def main(argv=None) -> int:
         try:
             rounds = step_rounds(
                 {"gb8": (gb, prompts8), "engine8": (engine_run, prompts8), "paged8": (paged_run, prompts8)},
-                min(new_tokens, 16), repeat)
+                min(new_tokens, 16), args.rounds or repeat)
             steps = {k: min(v) for k, v in rounds.items()}
         except Exception as exc:  # pragma: no cover - depends on the transformers build
             print(f"(generate_batch did not run: {type(exc).__name__}: {exc})")
     if steps:
         print("\n## Against transformers' continuous batching (`generate_batch`), same 8 prompts\n")
         print("Median decode step, runs interleaved, best of "
-              f"{repeat}:\n")
+              f"{args.rounds or repeat}:\n")
         print("| backend | decode step ms | decode tokens/s | generate_batch step / this step |")
         print("|---|---:|---:|---:|")
         for k, who in (("gb8", "transformers generate_batch"), ("engine8", "Engine"),

@@ -30,12 +30,17 @@ def test_engine_and_runner_backends_generate_the_same_tokens(tiny_model, one_tor
 def test_paired_ratios_pair_the_runs_of_one_round():
     from bench.bench_engine import paired_ratios, step_rounds
 
-    seconds = iter([0.2, 0.1, 0.4, 0.1, 0.3, 0.2])  # round by round: base, other
+    order = []
+    seconds = {"base": iter([0.2, 0.4, 0.3]), "other": iter([0.1, 0.1, 0.2])}
 
-    def run(prompts, n):
-        run.step_seconds = next(seconds)
+    def backend(name):
+        def run(prompts, n):
+            order.append(name)
+            run.step_seconds = next(seconds[name])
+        return run
 
-    rounds = step_rounds({"base": (run, []), "other": (run, [])}, 1, repeat=3)
+    rounds = step_rounds({"base": (backend("base"), []), "other": (backend("other"), [])}, 1, repeat=3)
+    assert order == ["base", "other", "other", "base", "base", "other"]  # who goes first rotates
     assert rounds == {"base": [0.2, 0.4, 0.3], "other": [0.1, 0.1, 0.2]}
     assert paired_ratios(rounds, "base", "other") == pytest.approx([2.0, 4.0, 1.5])
 
