@@ -14,8 +14,8 @@ transformers:
   cached blocks feeds only its tail);
 - one decode step vs the memory-bandwidth bound (all fp32 weights streamed once), and
   floors: the same model with attention a no-op, with the runner's oneDNN-packed linear
-  layers (sibling projections stacked, and not), and with plain ``nn.Linear`` (what the
-  stock model, generate_batch's, runs).
+  layers and with plain ``nn.Linear`` (what the stock model, generate_batch's, runs);
+- what stacking q/k/v and gate/up into one packed weight each gains, step against step.
 
 Every measurement function takes a callable: ``decode_tps(run, prompts, n)`` needs
 ``run(prompts, max_new_tokens)`` that generates exactly ``max_new_tokens`` for each
@@ -53,7 +53,7 @@ import torch  # noqa: E402
 from kvcore.model import ModelRunner, load_model, smollm2_available  # noqa: E402
 from kvcore.model.testing import MiniEngine  # noqa: E402
 
-from bench.step_anatomy import attention_free_steps, step_breakdown  # noqa: E402
+from bench.step_anatomy import attention_free_steps, stacking_gain, step_breakdown  # noqa: E402
 
 RunFn = Callable[[list[list[int]], int], object]
 
@@ -376,8 +376,6 @@ def main(argv=None) -> int:
     floor_packed, floor_plain = floors["packed"], floors["plain"]
     print(f"| the model with attention a no-op, 8 tokens, oneDNN-packed linears (our runner's floor) "
           f"| {floor_packed * 1e3:.1f} |")
-    print(f"| the same with q/k/v and gate/up packed each on its own, not stacked "
-          f"| {floors['unstacked'] * 1e3:.1f} |")
     print(f"| the same with plain nn.Linear (the floor of the stock model, generate_batch's) "
           f"| {floor_plain * 1e3:.1f} |")
     parts = step_breakdown(loaded, prompts8, repeat=repeat)
@@ -390,6 +388,11 @@ def main(argv=None) -> int:
                              "module calls; embedding; argmax; the step's indices"),
                     ("step", "the step")):
         print(f"| {what} | {parts[k] * 1e3:.1f} |")
+    for n in (8, 1):
+        gain = stacking_gain(loaded, prompts8[:n])
+        print(f"\nDecode step with {n} request(s), steps alternating: q/k/v and gate/up stacked "
+              f"{gain['stacked'] * 1e3:.1f} ms, each packed on its own {gain['unstacked'] * 1e3:.1f} ms "
+              f"({gain['unstacked'] / gain['stacked']:.2f}x)")
 
     # time to first token vs prefix-hit length
     long_prompt = []

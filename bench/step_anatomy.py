@@ -18,10 +18,9 @@ from kvcore.model.testing import MiniEngine
 def attention_free_steps(loaded, batch: int = 8, steps: int = 15, repeat: int = 3) -> dict[str, float]:
     """Seconds of one decode forward of ``batch`` tokens with attention replaced by a no-op:
     everything in a step that is not attention (transformers' layers, the weights' matmuls,
-    the LM head).  ``packed``: with the runner's oneDNN-packed linear layers, q/k/v and
-    gate/up stacked (the floor of our runner); ``unstacked``: packed, each projection on its
-    own; ``plain``: with ``nn.Linear`` (the floor of anything running the stock model,
-    transformers' own continuous batching included).  Each is the median of ``steps``
+    the LM head).  ``packed``: with the runner's oneDNN-packed linear layers (the floor of
+    our runner); ``plain``: with ``nn.Linear`` (the floor of anything running the stock
+    model, transformers' own continuous batching included).  Each is the median of ``steps``
     back-to-back forwards, best of ``repeat`` interleaved rounds."""
     from transformers import AttentionInterface
 
@@ -33,11 +32,11 @@ def attention_free_steps(loaded, batch: int = 8, steps: int = 15, repeat: int = 
 
     AttentionInterface.register("kvlab_bench_no_attention", no_attention)
     models = {}
-    for kind in ("packed", "unstacked", "plain"):
+    for kind in ("packed", "plain"):
         model = shared_clone(loaded.model)
         model.set_attn_implementation("kvlab_bench_no_attention")
-        if kind != "plain":
-            pack_linear_layers(model, stack_siblings=kind == "packed")
+        if kind == "packed":
+            pack_linear_layers(model)
         models[kind] = model
     dev = loaded.device
     ids = torch.full((1, batch), 100, dtype=torch.long, device=dev)
@@ -107,3 +106,33 @@ def step_breakdown(loaded, prompts: list[list[int]], steps: int = 15, repeat: in
             best = {"step": step, "linear": linear, "attention": attention,
                     "rest": step - linear - attention}
     return best
+
+
+def stacking_gain(loaded, prompts: list[list[int]], steps: int = 40) -> dict[str, float]:
+    """Median decode step (seconds) of two paged runners on the same requests, one with the
+    sibling projections (q/k/v, gate/up) stacked into one packed weight each -- what
+    ModelRunner does -- and one with every projection packed on its own; their steps
+    alternate, so load from other processes hits both alike."""
+    import kvcore.model.runner as runner_module
+
+    default = runner_module.pack_linear_layers
+    runners = {"stacked": ModelRunner(loaded, 256, 16)}
+    runner_module.pack_linear_layers = lambda model: default(model, stack_siblings=False)
+    try:
+        runners["unstacked"] = ModelRunner(loaded, 256, 16)
+    finally:
+        runner_module.pack_linear_layers = default
+    engines = {}
+    for kind, runner in runners.items():
+        engines[kind] = eng = MiniEngine(runner, poison=None)
+        for i, p in enumerate(prompts):
+            eng.add(f"r{i}", p, steps + 3)
+        eng.step()
+        eng.step()
+    times: dict[str, list[float]] = {k: [] for k in engines}
+    for _ in range(steps):
+        for kind, eng in engines.items():
+            t0 = time.perf_counter()
+            eng.step()
+            times[kind].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}

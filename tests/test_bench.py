@@ -46,11 +46,13 @@ def test_paired_ratios_pair_the_runs_of_one_round():
 
 
 def test_step_breakdown_parts_add_up(tiny_model, one_torch_thread):
-    from bench.step_anatomy import attention_free_steps, step_breakdown
+    from bench.step_anatomy import attention_free_steps, stacking_gain, step_breakdown
 
     prompts = [tiny_model.encode_prompt(q) for q in ("Name a colour.", "Why is the sky blue?")]
     parts = step_breakdown(tiny_model, prompts, steps=3, repeat=1)
     assert parts["linear"] > 0 and parts["attention"] > 0 and parts["rest"] > 0
     assert parts["linear"] + parts["attention"] + parts["rest"] == pytest.approx(parts["step"])
     floors = attention_free_steps(tiny_model, 4, steps=2, repeat=1)
-    assert set(floors) == {"packed", "unstacked", "plain"} and all(v > 0 for v in floors.values())
+    assert set(floors) == {"packed", "plain"} and all(v > 0 for v in floors.values())
+    gain = stacking_gain(tiny_model, prompts, steps=3)
+    assert set(gain) == {"stacked", "unstacked"} and all(v > 0 for v in gain.values())
