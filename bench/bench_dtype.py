@@ -24,7 +24,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
-from bench.bench_engine import QUESTIONS, paged_runner_backend, step_seconds_interleaved  # noqa: E402
+from bench.bench_engine import QUESTIONS, paged_runner_backend  # noqa: E402
+from bench.timing import step_seconds_interleaved  # noqa: E402
 from kvcore.model import load_model, smollm2_available  # noqa: E402
 from kvcore.model.testing import measure_agreement  # noqa: E402
 

@@ -17,10 +17,9 @@ transformers:
   layers and with plain ``nn.Linear`` (what the stock model, generate_batch's, runs);
 - what stacking q/k/v and gate/up into one packed weight each gains, step against step.
 
-Every measurement function takes a callable: ``decode_tps(run, prompts, n)`` needs
-``run(prompts, max_new_tokens)`` that generates exactly ``max_new_tokens`` for each
-prompt; ``step_seconds_interleaved`` needs a ``run`` that also sets ``run.step_seconds``;
-``ttft(first_token)`` needs ``first_token(prompt, hit_tokens) -> seconds``.
+Every measurement (``bench/timing.py``) takes the backends as callables: ``run(prompts,
+max_new_tokens)`` generates exactly ``max_new_tokens`` for each prompt and may set
+``run.step_seconds``; ``first_token(prompt, hit_tokens)`` returns seconds.
 
 Decode throughput is measured as ``B * (N - n0) / (t(N) - t(n0))`` -- the prefill and
 first token cancel out, so backends that cannot time their steps separately (generate)
@@ -39,12 +38,10 @@ project's shared 2-core machine).
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import statistics
 import sys
 import time
-from typing import Callable, Sequence
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -54,8 +51,9 @@ from kvcore.model import ModelRunner, load_model, smollm2_available  # noqa: E40
 from kvcore.model.testing import MiniEngine  # noqa: E402
 
 from bench.step_anatomy import attention_free_steps, stacking_gain, step_breakdown  # noqa: E402
-
-RunFn = Callable[[list[list[int]], int], object]
+from bench.timing import (  # noqa: E402
+    best_steps, decode_tps_interleaved, paired_ratios, step_rounds, timed, ttft,
+)
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -69,47 +67,7 @@ QUESTIONS = [
 ]
 
 
-# --------------------------------------------------------------------- measurement
-def timed(fn: Callable[[], object]) -> float:
-    gc.collect()
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def decode_tps(run: RunFn, prompts: list[list[int]], new_tokens: int, repeat: int = 3,
-               base_tokens: int = 2) -> float:
-    """Decode tokens/s of ``run`` for these prompts: B*(N-n0) / (t(N)-t(n0)), best of ``repeat``."""
-    return decode_tps_interleaved({"x": (run, prompts)}, new_tokens, repeat, base_tokens)["x"]
-
-
-def decode_tps_interleaved(cases: dict[str, tuple[RunFn, list[list[int]]]], new_tokens: int,
-                           repeat: int = 3, base_tokens: int = 2) -> dict[str, float]:
-    """decode_tps for several backends, their runs interleaved round-robin.
-
-    On a shared machine a burst of load then hits every backend alike instead of
-    whichever happened to be measured at that moment; the best (lowest) time is kept."""
-    for run, prompts in cases.values():
-        run(prompts, base_tokens)  # warm-up
-    short: dict[str, list[float]] = {k: [] for k in cases}
-    long: dict[str, list[float]] = {k: [] for k in cases}
-    for _ in range(repeat):
-        for k, (run, prompts) in cases.items():
-            short[k].append(timed(lambda: run(prompts, base_tokens)))
-            long[k].append(timed(lambda: run(prompts, new_tokens)))
-    return {
-        k: len(prompts) * (new_tokens - base_tokens) / max(min(long[k]) - min(short[k]), 1e-9)
-        for k, (run, prompts) in cases.items()
-    }
-
-
-def ttft(first_token: Callable[[list[int], int], float], prompt: list[int], hits: Sequence[int],
-         repeat: int = 3) -> dict[int, float]:
-    """Best seconds to the first token for each prefix-hit length (in tokens)."""
-    first_token(prompt, 0)  # warm-up
-    return {h: min(first_token(prompt, h) for _ in range(repeat)) for h in hits}
-
-
+# --------------------------------------------------------------------- the bound
 def weight_bandwidth_bound(model) -> tuple[float, float, float]:
     """(weight bytes, measured GB/s of a streaming read, seconds to stream all weights once)."""
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())  # tied weights counted once
@@ -246,34 +204,6 @@ def hf_generate_batch_backend(loaded):
     return run
 
 
-def step_rounds(cases: dict[str, tuple[RunFn, list[list[int]]]], new_tokens: int,
-                repeat: int = 3) -> dict[str, list[float]]:
-    """The median decode step (seconds) of each ``run`` that reports ``run.step_seconds``, one
-    value per round: the backends' runs interleaved round-robin ``repeat`` times, so a burst
-    of load from other processes hits the runs of one round alike.  Each round starts one
-    backend later than the one before, so none always runs first or right after another."""
-    rounds: dict[str, list[float]] = {k: [] for k in cases}
-    keys = list(cases)
-    for r in range(repeat):
-        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
-            run, prompts = cases[k]
-            run(prompts, new_tokens)
-            rounds[k].append(run.step_seconds)
-    return rounds
-
-
-def step_seconds_interleaved(cases: dict[str, tuple[RunFn, list[list[int]]]], new_tokens: int,
-                             repeat: int = 3) -> dict[str, float]:
-    """Best median decode step (seconds) of each backend over :func:`step_rounds`."""
-    return {k: min(v) for k, v in step_rounds(cases, new_tokens, repeat).items()}
-
-
-def paired_ratios(rounds: dict[str, list[float]], base: str, other: str) -> list[float]:
-    """Per round, ``base``'s step over ``other``'s: runs minutes apart see different loads on
-    a shared machine, the two runs of one round nearly the same."""
-    return [b / o for b, o in zip(rounds[base], rounds[other])]
-
-
 # --------------------------------------------------------------------- main
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -342,7 +272,7 @@ def main(argv=None) -> int:
             rounds = step_rounds(
                 {"gb8": (gb, prompts8), "engine8": (engine_run, prompts8), "paged8": (paged_run, prompts8)},
                 min(new_tokens, 16), args.rounds or repeat)
-            steps = {k: min(v) for k, v in rounds.items()}
+            steps = best_steps(rounds)
         except Exception as exc:  # pragma: no cover - depends on the transformers build
             print(f"(generate_batch did not run: {type(exc).__name__}: {exc})")
     if steps:

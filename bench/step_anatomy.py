@@ -113,15 +113,15 @@ def stacking_gain(loaded, prompts: list[list[int]], steps: int = 40) -> dict[str
     sibling projections (q/k/v, gate/up) stacked into one packed weight each -- what
     ModelRunner does -- and one with every projection packed on its own; their steps
     alternate, so load from other processes hits both alike."""
+    from functools import partial
+    from unittest import mock
+
     import kvcore.model.runner as runner_module
 
-    default = runner_module.pack_linear_layers
     runners = {"stacked": ModelRunner(loaded, 256, 16)}
-    runner_module.pack_linear_layers = lambda model: default(model, stack_siblings=False)
-    try:
+    unstacked = partial(runner_module.pack_linear_layers, stack_siblings=False)
+    with mock.patch.object(runner_module, "pack_linear_layers", unstacked):
         runners["unstacked"] = ModelRunner(loaded, 256, 16)
-    finally:
-        runner_module.pack_linear_layers = default
     engines = {}
     for kind, runner in runners.items():
         engines[kind] = eng = MiniEngine(runner, poison=None)

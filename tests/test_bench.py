@@ -15,7 +15,8 @@ def test_every_benchmark_imports(name):
 
 
 def test_engine_and_runner_backends_generate_the_same_tokens(tiny_model, one_torch_thread):
-    from bench.bench_engine import engine_backend, paged_runner_backend, step_seconds_interleaved
+    from bench.bench_engine import engine_backend, paged_runner_backend
+    from bench.timing import step_seconds_interleaved
 
     prompts = [tiny_model.encode_prompt(q) for q in ("Name a colour.", "Why is the sky blue?")]
     engine_run = engine_backend(tiny_model)
@@ -28,7 +29,7 @@ def test_engine_and_runner_backends_generate_the_same_tokens(tiny_model, one_tor
 
 
 def test_paired_ratios_pair_the_runs_of_one_round():
-    from bench.bench_engine import paired_ratios, step_rounds
+    from bench.timing import paired_ratios, step_rounds
 
     order = []
     seconds = {"base": iter([0.2, 0.4, 0.3]), "other": iter([0.1, 0.1, 0.2])}

@@ -35,7 +35,7 @@ except ImportError:  # pragma: no cover - kvcore.batch is written by the engine 
 
 
 PACKED_ENV = "PAGED_KV_LAB_PACKED_WEIGHTS"
-_PACKED_ATTR = "_kvlab_onednn_packed"  # on a group's first weight: {ids of the group's weights: PackedWeights}
+_PACKED_ATTR = "_kvlab_onednn_packed"  # on a group's first weight: {ids of its weights: (packed, bias, sizes)}
 
 # Sibling projections that Llama-family layers multiply by the same input, stacked into one
 # packed weight (vLLM's QKVParallelLinear and MergedColumnParallelLinear stack the same ones).
@@ -92,26 +92,25 @@ class PackedWeights:
             return None
         key = tuple(id(w) for w in weights)
         shared = getattr(w0, _PACKED_ATTR, None) or {}
-        if key in shared:
-            return PackedWeights(shared[key].packed, shared[key].bias, shared[key].sizes)
-        try:
-            if not torch.backends.mkldnn.is_available():
-                return None
-            with torch.inference_mode():
-                stacked = torch.cat([w.detach() for w in weights]).contiguous()
-                bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
-                packed = torch.ops.mkldnn._reorder_linear_weight(stacked, 8)
-                made = PackedWeights(packed, bias, [int(w.shape[0]) for w in weights])
-                x = torch.randn(3, w0.shape[1], generator=torch.Generator().manual_seed(0))
-                got = made.multiply(x).split(made.sizes, dim=-1)
-                if not all(torch.allclose(g, torch.nn.functional.linear(x, w, b), rtol=1e-4, atol=1e-4)
-                           for g, w, b in zip(got, weights, biases)):
+        if key not in shared:
+            try:
+                if not torch.backends.mkldnn.is_available():
                     return None
-        except (RuntimeError, AttributeError, NotImplementedError, TypeError):
-            return None  # an older torch without these ops, or no oneDNN: keep the plain Linear
-        shared[key] = made
-        setattr(w0, _PACKED_ATTR, shared)
-        return PackedWeights(packed, bias, made.sizes)
+                with torch.inference_mode():
+                    stacked = torch.cat([w.detach() for w in weights]).contiguous()
+                    bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
+                    made = PackedWeights(torch.ops.mkldnn._reorder_linear_weight(stacked, 8), bias,
+                                         [int(w.shape[0]) for w in weights])
+                    x = torch.randn(3, w0.shape[1], generator=torch.Generator().manual_seed(0))
+                    got = made.multiply(x).split(made.sizes, dim=-1)
+                    if not all(torch.allclose(g, torch.nn.functional.linear(x, w, b), rtol=1e-4, atol=1e-4)
+                               for g, w, b in zip(got, weights, biases)):
+                        return None
+            except (RuntimeError, AttributeError, NotImplementedError, TypeError):
+                return None  # an older torch without these ops, or no oneDNN: keep the plain Linear
+            shared[key] = (made.packed, made.bias, made.sizes)
+            setattr(w0, _PACKED_ATTR, shared)
+        return PackedWeights(*shared[key])  # the packed tensor shared, the call state each runner's own
 
 
 class PackedLinear(torch.nn.Module):
