@@ -34,7 +34,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from kvcore import trace  # noqa: E402
+from kvcore import events  # noqa: E402
 from kvcore.engine import Engine, NoModelRunner  # noqa: E402
 from kvcore.kv.block_pool import BlockPool  # noqa: E402
 from kvcore.scenario import EngineSettings, RequestSpec, Scenario  # noqa: E402
@@ -112,7 +112,7 @@ def pool_round(num_blocks: int) -> dict[str, float]:
 
 def touch_with_recorder(num_blocks: int, calls: int) -> float:
     """Seconds per touch() call of one free block when the recorder is on."""
-    pool = BlockPool(num_blocks + 1, True, BLOCK_SIZE, recorder=trace.Recorder())
+    pool = BlockPool(num_blocks + 1, True, BLOCK_SIZE, recorder=events.Recorder())
     blocks = pool.get_new_blocks(num_blocks)
     pool.free_blocks(blocks)
     mid = blocks[num_blocks // 2: num_blocks // 2 + calls]

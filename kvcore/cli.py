@@ -11,59 +11,59 @@ import sys
 from dataclasses import replace
 from typing import TextIO
 
-from kvcore import trace
+from kvcore import events, snapshot, trace
 from kvcore.scenario import MODELS, DEVICES, ScenarioError, load_scenario, scenario_to_dict
 
 
-def describe(ev: trace.Event) -> str:
+def describe(ev: events.Event) -> str:
     """One log line per event, with its reason."""
     d = ev.data
     who = f"[{ev.request_id}] " if ev.request_id else ""
     grp = f" (group {ev.group})" if ev.group is not None and ev.kind in (
-        trace.ALLOCATED, trace.CACHED, trace.FREED, trace.TOUCHED, trace.WINDOW_SKIPPED) else ""
+        events.ALLOCATED, events.CACHED, events.FREED, events.TOUCHED, events.WINDOW_SKIPPED) else ""
     ids = list(ev.block_ids)
     k = ev.kind
-    if k == trace.ARRIVED:
+    if k == events.ARRIVED:
         return f"{who}arrived with {d.get('num_prompt_tokens')} prompt tokens (priority {d.get('priority')})"
-    if k == trace.CACHE_HIT:
+    if k == events.CACHE_HIT:
         return f"{who}prefix-cache hit: {d.get('num_blocks')} blocks = {d.get('num_tokens')} tokens {d.get('block_ids_per_group')}"
-    if k == trace.CACHE_MISS:
+    if k == events.CACHE_MISS:
         return f"{who}prefix-cache miss ({d.get('num_full_blocks')} full blocks looked up)"
-    if k == trace.ALLOCATED:
+    if k == events.ALLOCATED:
         ev_h = d.get("evicted_hashes") or {}
         lost = f"; evicted cached hashes {', '.join(f'{b}:{h[:8]}' for b, h in ev_h.items())}" if ev_h else ""
         return f"{who}allocated blocks {ids}{grp} from the free-queue head{lost}"
-    if k == trace.EVICTED:
+    if k == events.EVICTED:
         return f"{who}block {ids[0]} lost hash {d.get('hash', '')[:8]} ({d.get('reason')})"
-    if k == trace.TOUCHED:
+    if k == events.TOUCHED:
         fq = d.get("from_queue") or []
         where = f"; {fq} pulled out of the free queue at positions {d.get('queue_positions')}" if fq else ""
         return f"{who}touched {ids}{grp}: ref_cnt += 1{where}"
-    if k == trace.CACHED:
+    if k == events.CACHED:
         return f"{who}cached full blocks {ids}{grp} as {', '.join(h[:8] for h in d.get('hashes', []))}"
-    if k == trace.FREED:
+    if k == events.FREED:
         return (f"{who}freed {ids}{grp} ({d.get('reason')}): to head {d.get('to_head')}, "
                 f"to tail {d.get('to_tail')}, still used {d.get('still_used')}")
-    if k == trace.WINDOW_SKIPPED:
+    if k == events.WINDOW_SKIPPED:
         return f"{who}sliding window passed blocks {ids}{grp}: table slots {d.get('slots')} -> null block"
-    if k == trace.SCHEDULED:
+    if k == events.SCHEDULED:
         return f"{who}scheduled {d.get('num_tokens')} tokens ({d.get('kind')}) from position {d.get('start')}"
-    if k in (trace.ADMITTED, trace.RESUMED):
+    if k in (events.ADMITTED, events.RESUMED):
         return f"{who}{k}, starting with {d.get('num_cached_tokens')} cached tokens"
-    if k == trace.BLOCKED:
+    if k == events.BLOCKED:
         return f"{who}not admitted: {d.get('reason')}"
-    if k == trace.PREEMPTED:
+    if k == events.PREEMPTED:
         return f"{who}PREEMPTED ({d.get('policy')}): {d.get('reason')}; its blocks are freed, it will recompute"
-    if k == trace.FINISHED:
+    if k == events.FINISHED:
         return f"{who}finished ({d.get('reason')})"
-    if k == trace.RESET:
+    if k == events.RESET:
         return f"prefix cache reset {'done' if d.get('ok') else 'refused: blocks in use'}"
-    if k == trace.SAMPLED:
+    if k == events.SAMPLED:
         return f"sampled {d.get('tokens')}"
     return f"{who}{k} {ids} {d}"
 
 
-def _log_step(rec: trace.StepRecord, out: TextIO) -> None:
+def _log_step(rec: snapshot.StepRecord, out: TextIO) -> None:
     snap = rec.snapshot
     out.write(f"== step {rec.step}: batch {rec.scheduled} | free {snap.num_free_blocks} "
               f"| usage {snap.usage:.0%} | waiting {list(snap.waiting)} running {list(snap.running)}\n")
@@ -82,8 +82,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         scenario = replace(scenario, model=args.model)
     if args.device:
         scenario = replace(scenario, device=args.device)
-    if args.until and args.until not in trace.EVENT_KINDS:
-        print(f"error: --until must be one of {', '.join(trace.EVENT_KINDS)}", file=sys.stderr)
+    if args.until and args.until not in events.EVENT_KINDS:
+        print(f"error: --until must be one of {', '.join(events.EVENT_KINDS)}", file=sys.stderr)
         return 2
     from kvcore.engine import Engine
     from kvcore.model import ModelNotAvailable, DeviceNotAvailable

@@ -5,11 +5,11 @@ import zlib
 from dataclasses import replace
 from typing import Callable, Optional
 
-from kvcore import trace
+from kvcore import events, snapshot
 from kvcore.batch import SeqBatchItem
 from kvcore.invariants import check_invariants
 from kvcore.kv.block_hash import BlockHasher, get_hash_fn
-from kvcore.kv.coordinator import KVCacheGroupSpec
+from kvcore.kv.kv_cache_coordinator import KVCacheGroupSpec
 from kvcore.kv.kv_cache_manager import KVCacheManager
 from kvcore.sched.request import Request
 from kvcore.sched.scheduler import Scheduler, SchedulerConfig
@@ -75,7 +75,7 @@ class Engine:
             max_len = 1 << 20
         self.groups, layer_group = kv_cache_groups(s, num_layers)
         self.max_model_len = s.max_model_len or max_len
-        self.recorder = trace.Recorder()
+        self.recorder = events.Recorder()
         self.hash_fn = get_hash_fn(s.hash_algo)
         self.hasher = BlockHasher(self.hash_fn, s.block_size)
         self.kv_cache_manager = KVCacheManager(
@@ -94,7 +94,7 @@ class Engine:
         self.step_count = 0
         self._arrivals = 0
         self._pending: list[RequestSpec] = sorted(scenario.requests, key=lambda r: r.arrival_step)
-        self.history: list[trace.StepRecord] = []
+        self.history: list[snapshot.StepRecord] = []
         # Refuse a scenario whose prompt can never fit now, not in the middle of a run.
         for spec in self._pending:
             self._checked_prompt(spec)
@@ -154,7 +154,7 @@ class Engine:
         return bool(self._pending) or self.scheduler.has_unfinished_requests()
 
     # -- stepping -----------------------------------------------------------------------
-    def step(self) -> trace.StepRecord:
+    def step(self) -> snapshot.StepRecord:
         self.step_count += 1
         while self._pending and self._pending[0].arrival_step < self.step_count:
             self.add_request(self._pending.pop(0))
@@ -171,25 +171,25 @@ class Engine:
                     sample=before + n >= req.num_tokens))
             sampled = self.runner.execute(items)
             if sampled:
-                self.recorder.at(None).emit(trace.SAMPLED, sampled_ids=list(sampled), tokens=dict(sampled))
+                self.recorder.at(None).emit(events.SAMPLED, sampled_ids=list(sampled), tokens=dict(sampled))
             self.scheduler.update_from_output(out, sampled)
         elif not self.scheduler.running and self.scheduler.waiting:
             # Nothing runs and the head of the queue was refused by an empty pool: it never fits.
             head = self.scheduler.waiting.peek_request()
             self.scheduler.abort_request(head.request_id)
-            self.recorder.at(head.request_id).emit(trace.BLOCKED, reason="never_fits",
+            self.recorder.at(head.request_id).emit(events.BLOCKED, reason="never_fits",
                                num_tokens=head.num_tokens,
                                usable_blocks=self.settings.num_gpu_blocks - 1)
         if self.debug:
             self.check_invariants()
-        rec = trace.StepRecord(
+        rec = snapshot.StepRecord(
             step=self.step_count, scheduled=dict(out.num_scheduled_tokens),
             events=tuple(self.recorder.drain()), snapshot=self.snapshot(),
             new_tokens={rid: [t] for rid, t in sampled.items()})
         self.history.append(rec)
         return rec
 
-    def run(self, until: Optional[str] = None, max_steps: int = 100_000) -> list[trace.StepRecord]:
+    def run(self, until: Optional[str] = None, max_steps: int = 100_000) -> list[snapshot.StepRecord]:
         """Step until every request finished, or until a step emits an event of kind ``until``."""
         records = []
         while self.has_unfinished() and len(records) < max_steps:
@@ -211,7 +211,7 @@ class Engine:
             return ""
         return self.model.decode(list(token_ids))
 
-    def snapshot(self) -> trace.Snapshot:
+    def snapshot(self) -> snapshot.Snapshot:
         return take_snapshot(self.scheduler, self.step_count, self.decode if self.model else None)
 
     def outputs(self) -> dict[str, dict]:

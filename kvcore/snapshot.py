@@ -1,14 +1,125 @@
-"""Freeze the scheduler and block pool into a Snapshot (O(blocks + requests))."""
+"""What the engine looks like after a step, as plain frozen data, and how to take it.
+
+BlockView / RequestView / Snapshot / StepRecord carry no reference back into live
+engine objects, so a Snapshot taken at step 3 still describes step 3 after the engine
+has moved on. The app draws only from these records; ``take_snapshot`` freezes the
+scheduler and block pool into one (O(blocks + requests)).
+"""
 from __future__ import annotations
 
-from typing import Callable, Optional
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional, TYPE_CHECKING
 
+from kvcore.events import Event
 from kvcore.kv.block_hash import get_block_hash, get_group_id
-from kvcore.sched.scheduler import Scheduler
-from kvcore.trace import BlockView, RequestView, Snapshot
+
+if TYPE_CHECKING:
+    from kvcore.sched.scheduler import Scheduler
 
 
-def take_snapshot(scheduler: Scheduler, step: int,
+@dataclass(frozen=True)
+class BlockView:
+    block_id: int
+    ref_cnt: int
+    is_null: bool
+    block_hash: str | None          # hex of the hash (without group id); None if not cached
+    parent_hash: str | None         # hex of the parent block's hash; None for a first block
+    group: int | None               # KV cache group whose cache key holds the hash
+    token_ids: tuple[int, ...]      # tokens whose K/V the block holds (full blocks: block_size of them)
+    queue_pos: int | None           # 0 = head of the free queue; None = not in the queue
+    owners: tuple[str, ...]         # request ids whose block tables hold this block
+
+
+@dataclass(frozen=True)
+class RequestView:
+    request_id: str
+    status: str                     # waiting | running | preempted | finished_stopped | finished_length ...
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_computed_tokens: int
+    num_cached_tokens: int          # prefix-hit tokens at its (last) admission
+    block_tables: tuple[tuple[int, ...], ...]   # per group: logical block -> physical block id
+    num_preemptions: int
+    priority: int
+    arrival: int
+    output_token_ids: tuple[int, ...]
+    prompt_token_ids: tuple[int, ...]
+    text: str                       # detokenised output so far ("" where no tokenizer)
+    cache_salt: str | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    step: int
+    block_size: int
+    num_gpu_blocks: int
+    blocks: tuple[BlockView, ...]
+    free_queue: tuple[int, ...]      # head -> tail
+    hash_map: dict[str, tuple[int, ...]]   # "hexhash@group" -> block ids, insertion order
+    requests: tuple[RequestView, ...]
+    waiting: tuple[str, ...]
+    running: tuple[str, ...]
+    usage: float
+    num_free_blocks: int
+    prefix_cache: dict[str, float]   # queries, hits, hit_rate (tokens), since reset
+    groups: tuple[dict[str, Any], ...]  # per KV cache group: {"kind": "full"|"sliding", "sliding_window": W|None}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "Snapshot":
+        blocks = tuple(BlockView(**{**b, "token_ids": tuple(b["token_ids"]), "owners": tuple(b["owners"])})
+                       for b in d["blocks"])
+        reqs = tuple(RequestView(**{
+            **r,
+            "block_tables": tuple(tuple(t) for t in r["block_tables"]),
+            "output_token_ids": tuple(r["output_token_ids"]),
+            "prompt_token_ids": tuple(r["prompt_token_ids"]),
+        }) for r in d["requests"])
+        return Snapshot(
+            step=d["step"], block_size=d["block_size"], num_gpu_blocks=d["num_gpu_blocks"],
+            blocks=blocks, free_queue=tuple(d["free_queue"]),
+            hash_map={k: tuple(v) for k, v in d["hash_map"].items()},
+            requests=reqs, waiting=tuple(d["waiting"]), running=tuple(d["running"]),
+            usage=d["usage"], num_free_blocks=d["num_free_blocks"],
+            prefix_cache=dict(d["prefix_cache"]), groups=tuple(d["groups"]),
+        )
+
+    def request(self, request_id: str) -> RequestView:
+        for r in self.requests:
+            if r.request_id == request_id:
+                return r
+        raise KeyError(request_id)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One engine step: what ran, what happened, and the state after it."""
+
+    step: int
+    scheduled: dict[str, int]        # request id -> tokens computed this step
+    events: tuple[Event, ...]
+    snapshot: Snapshot
+    new_tokens: dict[str, list[int]] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "scheduled": dict(self.scheduled),
+            "events": [e.to_dict() for e in self.events],
+            "snapshot": self.snapshot.to_dict(),
+            "new_tokens": {k: list(v) for k, v in self.new_tokens.items()},
+        }
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "StepRecord":
+        return StepRecord(d["step"], dict(d["scheduled"]),
+                          tuple(Event.from_dict(e) for e in d["events"]),
+                          Snapshot.from_dict(d["snapshot"]),
+                          {k: list(v) for k, v in d.get("new_tokens", {}).items()})
+
+def take_snapshot(scheduler: "Scheduler", step: int,
                   decode: Optional[Callable[[list[int]], str]] = None) -> Snapshot:
     kvm = scheduler.kv_cache_manager
     pool = kvm.block_pool

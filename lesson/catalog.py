@@ -11,7 +11,8 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from kvcore.trace import Event, StepRecord
+from kvcore.events import Event
+from kvcore.snapshot import StepRecord
 
 Text = dict  # {"en": ..., "zh": ...}
 

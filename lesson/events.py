@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from kvcore.trace import Event
+from kvcore.events import Event
 
 from .figures.common import short_hash
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from kvcore.trace import Snapshot
+from kvcore.snapshot import Snapshot
 
 
 @dataclass(frozen=True)

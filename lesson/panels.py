@@ -6,7 +6,7 @@ import re
 import pandas as pd
 import streamlit as st
 
-from kvcore.trace import Snapshot
+from kvcore.snapshot import Snapshot
 
 from . import figures as F
 from .catalog import Lesson, moment_matches, narration_for_step

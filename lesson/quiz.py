@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvcore.trace import Snapshot, StepRecord
+from kvcore.snapshot import Snapshot, StepRecord
 
 from .figures.common import short_hash
 from .i18n import tr

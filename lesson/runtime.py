@@ -12,7 +12,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from kvcore.trace import Snapshot, StepRecord, Trace
+from kvcore.snapshot import Snapshot, StepRecord
+from kvcore.trace import Trace
 
 EngineFactory = Callable[[Any], Any]   # Scenario -> Engine
 

@@ -5,11 +5,11 @@ import hashlib
 import pickle
 from typing import Optional, Sequence
 
-from kvcore import trace
+from kvcore import events, snapshot
 from kvcore.engine import Engine, NoModelRunner
 from kvcore.kv.block_hash import BlockHasher, get_hash_fn
 from kvcore.kv.block_pool import BlockPool
-from kvcore.kv.coordinator import KVCacheGroupSpec
+from kvcore.kv.kv_cache_coordinator import KVCacheGroupSpec
 from kvcore.kv.kv_cache_manager import KVCacheManager
 from kvcore.scenario import EngineSettings, RequestSpec, Scenario
 from kvcore.sched.request import Request
@@ -53,7 +53,7 @@ def make_request(rid: str, tokens: Sequence[int], block_size: int, *, salt: Opti
 
 def make_manager(num_blocks: int, block_size: int, groups=FULL, *, caching: bool = True,
                  free_order: str = "v0.33", retention: str = "sparse",
-                 recorder: Optional[trace.Recorder] = None, max_model_len: int = 1 << 30) -> KVCacheManager:
+                 recorder: Optional[events.Recorder] = None, max_model_len: int = 1 << 30) -> KVCacheManager:
     return KVCacheManager(num_blocks, block_size, groups, caching, max_model_len, free_order,
                           retention, recorder)
 
@@ -94,7 +94,7 @@ def make_engine(requests=(), runner=None, debug: bool = True, **kw) -> Engine:
 
 
 def events_of(records, kind: str, request_id: Optional[str] = None) -> list:
-    if isinstance(records, trace.StepRecord):
+    if isinstance(records, snapshot.StepRecord):
         records = [records]
     return [e for r in records for e in r.events
             if e.kind == kind and (request_id is None or e.request_id == request_id)]

@@ -1,7 +1,7 @@
 """Event sentences: every kind in both languages, reasons included, defensive about data."""
 import pytest
 
-from kvcore.trace import EVENT_KINDS, Event
+from kvcore.events import EVENT_KINDS, Event
 from lesson.events import changed_blocks, sentence, step_sentences
 
 SAMPLES = [

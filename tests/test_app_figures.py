@@ -6,7 +6,7 @@ import pytest
 
 from kvcore.engine import Engine, NoModelRunner
 from kvcore.scenario import load_scenario
-from kvcore.trace import BlockView, RequestView, Snapshot
+from kvcore.snapshot import BlockView, RequestView, Snapshot
 from lesson import figures as F
 from lesson.figures.common import short_hash
 

@@ -1,7 +1,7 @@
 """BlockPool and BlockHashToBlockMap, written from vLLM v1's block_pool.py (0.33 free order)."""
 import pytest
 
-from kvcore import trace
+from kvcore import events
 from kvcore.kv.block_hash import get_block_hash, make_block_hash_with_group_id
 from kvcore.kv.block_pool import (AllBlocksCleared, BlockHashToBlockMap, BlockPool, BlockRemoved,
                                   BlockStored)
@@ -151,7 +151,7 @@ def test_null_block_is_never_freed_or_queued():
 
 # -- touch ----------------------------------------------------------------------------------------
 def test_touch_pulls_a_free_block_out_of_the_middle_of_the_queue():
-    rec = trace.Recorder()
+    rec = events.Recorder()
     p = pool(8, recorder=rec)
     _, blocks = cached_blocks(p, [1, 2, 3, 4, 5, 6])
     p.free_blocks(reversed(blocks))
@@ -162,7 +162,7 @@ def test_touch_pulls_a_free_block_out_of_the_middle_of_the_queue():
     assert blocks[1].ref_cnt == 1
     assert blocks[1].block_hash is not None          # a hit keeps its hash
     (ev,) = rec.drain()
-    assert ev.kind == trace.TOUCHED and ev.block_ids == (2,)
+    assert ev.kind == events.TOUCHED and ev.block_ids == (2,)
     assert ev.data["from_queue"] == [2] and ev.data["queue_positions"] == [5]
 
 
@@ -221,7 +221,7 @@ def test_block_hash_to_block_map_semantics():
 
 # -- eviction: lazy, on pop; evict_blocks -----------------------------------------------------------
 def test_eviction_is_lazy_the_hash_goes_only_when_the_block_is_popped():
-    rec = trace.Recorder()
+    rec = events.Recorder()
     p = pool(6, recorder=rec)                         # usable 1..5
     req, blocks = cached_blocks(p, [1, 2, 3, 4])      # blocks 1 2, both cached
     p.take_events()
@@ -240,9 +240,9 @@ def test_eviction_is_lazy_the_hash_goes_only_when_the_block_is_popped():
     assert p.get_cached_block(h0, [0]) == [blocks[0]]   # the prefix block survives longest
     assert p.take_events() == [BlockRemoved([h1])]
     evs = rec.drain()
-    ev = [e for e in evs if e.kind == trace.EVICTED]
+    ev = [e for e in evs if e.kind == events.EVICTED]
     assert len(ev) == 1 and ev[0].block_ids == (2,) and ev[0].data["hash"] == h1.hex()
-    alloc = [e for e in evs if e.kind == trace.ALLOCATED][-1]
+    alloc = [e for e in evs if e.kind == events.ALLOCATED][-1]
     assert alloc.data["evicted_hashes"] == {"2": h1.hex()}  # JSON-friendly keys
 
 
@@ -269,7 +269,7 @@ def test_evict_blocks_rejects_ids_outside_the_pool():
 
 # -- reset_prefix_cache -------------------------------------------------------------------------------
 def test_reset_prefix_cache_refuses_while_blocks_are_in_use():
-    rec = trace.Recorder()
+    rec = events.Recorder()
     p = pool(6, recorder=rec)
     req, blocks = cached_blocks(p, [1, 2, 3, 4])
     p.take_events()
@@ -277,7 +277,7 @@ def test_reset_prefix_cache_refuses_while_blocks_are_in_use():
     assert blocks[0].block_hash is not None
     assert p.get_cached_block(req.block_hashes[0], [0]) == [blocks[0]]
     assert p.take_events() == []
-    ev = [e for e in rec.drain() if e.kind == trace.RESET][-1]
+    ev = [e for e in rec.drain() if e.kind == events.RESET][-1]
     assert ev.data == {"ok": False, "blocks_in_use": 2}
 
 
@@ -334,17 +334,17 @@ def test_cache_full_blocks_skips_blocks_already_cached_and_null_blocks():
 
 
 def test_recorder_reports_allocations_and_frees_with_their_reasons():
-    rec = trace.Recorder()
+    rec = events.Recorder()
     p = pool(8, recorder=rec)
     req, blocks = cached_blocks(p, [1, 2, 3])
     evs = rec.drain()
-    alloc = [e for e in evs if e.kind == trace.ALLOCATED][0]
+    alloc = [e for e in evs if e.kind == events.ALLOCATED][0]
     assert alloc.block_ids == (1, 2) and alloc.data["queue_positions"] == [0, 1]
-    cached = [e for e in evs if e.kind == trace.CACHED][0]
+    cached = [e for e in evs if e.kind == events.CACHED][0]
     assert cached.block_ids == (1,) and cached.data["hashes"] == [req.block_hashes[0].hex()]
     p.free_blocks(reversed(blocks), reason="finished")
     (ev,) = rec.drain()
-    assert ev.kind == trace.FREED and ev.block_ids == (2, 1)
+    assert ev.kind == events.FREED and ev.block_ids == (2, 1)
     assert ev.data["to_head"] == [2] and ev.data["to_tail"] == [1]
     assert ev.data["reason"] == "finished" and ev.data["still_used"] == []
     assert get_block_hash(blocks[0].block_hash) == req.block_hashes[0]

@@ -10,7 +10,8 @@ import pytest
 
 from kvcore.engine import Engine
 from kvcore.scenario import load_scenario, scenario_to_dict
-from kvcore.trace import Snapshot, StepRecord, read_trace
+from kvcore.snapshot import Snapshot, StepRecord
+from kvcore.trace import read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.json"))

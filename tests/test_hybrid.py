@@ -1,7 +1,7 @@
 """Hybrid models: one full-attention group and one sliding-window group over one shared pool."""
 import pytest
 
-from kvcore import trace
+from kvcore import events
 from kvcore.engine import kv_cache_groups
 from kvcore.kv.block_hash import get_block_hash, get_group_id
 from kvcore.scenario import EngineSettings
@@ -83,11 +83,11 @@ def test_full_attention_shortens_the_hit_and_caps_the_sliding_search():
 
 
 def test_free_releases_group_0_reversed_then_group_1():
-    rec = trace.Recorder()
+    rec = events.Recorder()
     kvm, a = setup(recorder=rec)
     rec.drain()
     kvm.free(a)
-    freed = [e for e in rec.drain() if e.kind == trace.FREED]
+    freed = [e for e in rec.drain() if e.kind == events.FREED]
     assert [(e.group, e.block_ids) for e in freed] == [(0, (6, 5, 4, 3, 2, 1)), (1, (12, 11, 10, 9, 8, 7))]
     # 0.33: unhashed 6, then 12 9 8 7, to the head (each call prepends); hashed to the tail.
     assert queue_ids(kvm.block_pool) == [12, 9, 8, 7, 6, 13, 14, 15, 16, 17, 18, 19,
@@ -114,7 +114,7 @@ def test_engine_hybrid_resend_hits_in_both_groups():
                       block_size=BS, num_gpu_blocks=24, sliding_window=W,
                       layer_types=("full_attention", "sliding_attention"))
     recs = eng.run()
-    hit = events_of(recs, trace.CACHE_HIT, "b")
+    hit = events_of(recs, events.CACHE_HIT, "b")
     assert len(hit) == 1 and hit[0].data["num_tokens"] == 10
     assert hit[0].data["block_ids_per_group"][1][:3] == [0, 0, 0]
     assert eng.snapshot().request("b").num_cached_tokens == 10

@@ -1,7 +1,7 @@
 """KVCacheManager with one full-attention group: hits, allocation, caching, freeing, stats, events."""
 import pytest
 
-from kvcore import trace
+from kvcore import events
 from kvcore.kv.block_hash import make_block_hash_with_group_id
 from kvcore.kv.block_pool import AllBlocksCleared, BlockRemoved, BlockStored
 
@@ -292,14 +292,14 @@ def test_block_size_must_be_positive():
 
 
 def test_recorder_names_the_request_for_pool_events():
-    rec = trace.Recorder()
+    rec = events.Recorder()
     kvm = make_manager(10, 4, recorder=rec)
     admit(kvm, make_request("a", list(range(10)), 4))
     rec.drain()
     admit(kvm, make_request("b", list(range(10)), 4))
     evs = rec.drain()
     kinds = [e.kind for e in evs]
-    assert kinds == [trace.CACHE_HIT, trace.TOUCHED, trace.ALLOCATED]
+    assert kinds == [events.CACHE_HIT, events.TOUCHED, events.ALLOCATED]
     assert all(e.request_id == "b" for e in evs)
     hit = evs[0]
     assert hit.block_ids == (1, 2) and hit.data["num_tokens"] == 8

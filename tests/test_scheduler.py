@@ -2,7 +2,7 @@
 preemption under FCFS and priority, resume with prefix hits, finishing, aborting."""
 import pytest
 
-from kvcore import trace
+from kvcore import events
 from kvcore.engine import NoModelRunner
 from kvcore.sched.request import RequestStatus
 
@@ -28,7 +28,7 @@ def test_chunked_prefill_splits_a_long_prompt_across_steps():
     assert [r.snapshot.request("a").block_tables[0] for r in (r1, r2, r3)] == [
         (1, 2), (1, 2, 3, 4), (1, 2, 3, 4, 5)]
     assert [r.snapshot.request("a").num_computed_tokens for r in (r1, r2, r3)] == [8, 16, 20]
-    starts = [e.data["start"] for e in events_of([r1, r2, r3], trace.SCHEDULED)]
+    starts = [e.data["start"] for e in events_of([r1, r2, r3], events.SCHEDULED)]
     assert starts == [0, 8, 16]
     r4 = eng.step()
     assert r4.scheduled == {"a": 1}
@@ -40,7 +40,7 @@ def test_budget_left_by_running_requests_goes_to_waiting_ones():
                       max_num_batched_tokens=8)
     r1 = eng.step()
     assert r1.scheduled == {"a": 8}
-    blocked = events_of(r1, trace.BLOCKED, "b")
+    blocked = events_of(r1, events.BLOCKED, "b")
     assert blocked and blocked[-1].data["reason"] == "token_budget"
     r3 = [eng.step(), eng.step()][-1]
     assert r3.scheduled == {"a": 4, "b": 4}                        # running first, then waiting
@@ -57,7 +57,7 @@ def test_admission_blocked_by_max_num_seqs():
                       max_num_seqs=1)
     recs = steps_until(eng, lambda r: "b" in r.scheduled)
     assert [r.scheduled for r in recs] == [{"a": 3}, {"a": 1}, {"a": 1}, {"b": 3}]
-    reasons = {e.data["reason"] for e in events_of(recs[:3], trace.BLOCKED, "b")}
+    reasons = {e.data["reason"] for e in events_of(recs[:3], events.BLOCKED, "b")}
     assert reasons == {"max_num_seqs"}
     assert recs[0].snapshot.waiting == ("b",) and recs[0].snapshot.running == ("a",)
 
@@ -71,13 +71,13 @@ def test_admission_blocked_by_free_blocks_full_sequence_vs_first_chunk(admission
     r2 = eng.step()                                   # a holds 3 blocks, 2 free; b needs 4
     if admission == "full_sequence":
         assert r2.scheduled == {"a": 1}
-        (ev,) = events_of(r2, trace.BLOCKED, "b")
+        (ev,) = events_of(r2, events.BLOCKED, "b")
         assert ev.data["reason"] == "no_free_blocks" and ev.data["num_free_blocks"] == 2
     else:                                             # older rule: the 7-token chunk fits in 2 blocks
         assert r2.scheduled == {"a": 1, "b": 7}
         assert table(eng, "b") == [4, 5]
         r3 = eng.step()                               # ...and b is preempted when it grows
-        assert [e.request_id for e in events_of(r3, trace.PREEMPTED)] == ["b"]
+        assert [e.request_id for e in events_of(r3, events.PREEMPTED)] == ["b"]
     eng.run()
     assert all(o["finish_reason"] == "finished_length" for o in eng.outputs().values())
 
@@ -91,7 +91,7 @@ def test_admission_counts_free_queue_hits_but_not_hits_in_use():
     r2 = eng.step()
     assert "b" in r2.scheduled
     assert table(eng, "b") == [1, 2, 3, 5]
-    (hit,) = events_of(r2, trace.CACHE_HIT, "b")
+    (hit,) = events_of(r2, events.CACHE_HIT, "b")
     assert hit.data["num_tokens"] == 12
 
 
@@ -102,7 +102,7 @@ def test_fcfs_preempts_the_last_running_request_and_it_rehits_its_own_blocks():
     r1 = eng.step()
     assert table(eng, "A") == [1, 2] and table(eng, "B") == [3, 4]
     r2 = eng.step()
-    (pre,) = events_of(r2, trace.PREEMPTED)
+    (pre,) = events_of(r2, events.PREEMPTED)
     assert pre.request_id == "B" and pre.data["policy"] == "fcfs"
     assert pre.data["reason"] == "B needed blocks"
     assert r2.scheduled == {"A": 1}
@@ -113,22 +113,22 @@ def test_fcfs_preempts_the_last_running_request_and_it_rehits_its_own_blocks():
     assert snap.waiting == ("B",) and snap.running == ("A",)
     assert snap.free_queue == (4, 3)                  # freed in reverse, both cached -> tail
     # No waiting request is admitted in a step that preempted.
-    assert events_of(r2, trace.BLOCKED, "B")[0].data["reason"] == "preempted_this_step"
-    recs = steps_until(eng, lambda r: events_of(r, trace.RESUMED))
+    assert events_of(r2, events.BLOCKED, "B")[0].data["reason"] == "preempted_this_step"
+    recs = steps_until(eng, lambda r: events_of(r, events.RESUMED))
     # While waiting, B (9 tokens: 3 blocks) hits its 2 cached blocks, but they sit in the free
     # queue and so count as needed: 2 hits + 1 new > 2 free blocks.
     r3 = recs[0]
-    assert events_of(r3, trace.CACHE_HIT, "B")[0].block_ids == (3, 4)
-    blocked = events_of(r3, trace.BLOCKED, "B")[0]
+    assert events_of(r3, events.CACHE_HIT, "B")[0].block_ids == (3, 4)
+    blocked = events_of(r3, events.BLOCKED, "B")[0]
     assert blocked.data["reason"] == "no_free_blocks" and blocked.data["num_free_blocks"] == 2
     # A took block 4 (B's tail) first; B's first block survived and is hit again.
-    res = events_of(recs[-1], trace.RESUMED, "B")[0]
+    res = events_of(recs[-1], events.RESUMED, "B")[0]
     assert res.data["num_cached_tokens"] == 4 and res.data["num_preemptions"] == 1
-    hit = events_of(recs[-1], trace.CACHE_HIT, "B")[0]
+    hit = events_of(recs[-1], events.CACHE_HIT, "B")[0]
     assert hit.block_ids == (3,) and hit.data["preempted_before"] is True
     assert recs[-1].snapshot.request("B").num_cached_tokens == 4
     assert table(eng, "B")[0] == 3
-    sched = [e for e in events_of(recs[-1], trace.SCHEDULED, "B")][0]
+    sched = [e for e in events_of(recs[-1], events.SCHEDULED, "B")][0]
     assert sched.data["kind"] == "recompute" and sched.data["start"] == 4
     eng.run()
     outs = eng.outputs()
@@ -154,18 +154,18 @@ def test_preemption_victim_under_both_policies(policy):
     r2 = eng.step()
     assert r2.snapshot.running == ("X", "Y")
     r3 = eng.step()                                   # X fits; then Y needs a block and none is free
-    (pre,) = events_of(r3, trace.PREEMPTED)
+    (pre,) = events_of(r3, events.PREEMPTED)
     if policy == "priority":
         # The largest (priority, arrival) wherever it sits: X, already in this step's batch,
         # whose token is taken back out; Y gets X's freed block.
         assert pre.request_id == "X" and pre.data["victim_priority"] == 5
         assert r3.scheduled == {"Y": 1}
-        assert not events_of(r3, trace.SCHEDULED, "X")
+        assert not events_of(r3, events.SCHEDULED, "X")
         x = r3.snapshot.request("X")
         assert x.status == "preempted" and x.num_computed_tokens == 0
         assert x.num_output_tokens == r2.snapshot.request("X").num_output_tokens   # nothing sampled
         r4 = eng.step()
-        res = events_of(r4, trace.RESUMED, "X")
+        res = events_of(r4, events.RESUMED, "X")
         assert res and res[0].data["num_cached_tokens"] == 4
     else:
         assert pre.request_id == "Y"                  # the last in `running`: Y preempts itself
@@ -185,7 +185,7 @@ def test_priority_waiting_queue_orders_by_priority_then_arrival():
     assert r1.snapshot.waiting == ("p0-late", "p0", "p1", "p2")
     order = []
     for rec in eng.run():
-        order += [e.request_id for e in events_of(rec, trace.ADMITTED)]
+        order += [e.request_id for e in events_of(rec, events.ADMITTED)]
     assert order == ["p0-late", "p0", "p1", "p2"]
 
 
@@ -193,7 +193,7 @@ def test_priority_waiting_queue_orders_by_priority_then_arrival():
 def test_last_sampled_token_never_gets_a_kv_slot():
     eng = make_engine([spec("a", [1, 2, 3], max_tokens=2), spec("b", [1, 2, 3, 4], max_tokens=1)])
     recs = eng.run()
-    allocated = {rid: [b for e in events_of(recs, trace.ALLOCATED, rid) for b in e.block_ids]
+    allocated = {rid: [b for e in events_of(recs, events.ALLOCATED, rid) for b in e.block_ids]
                  for rid in ("a", "b")}
     assert allocated == {"a": [1], "b": [2]}
     assert len(eng.outputs()["a"]["token_ids"]) == 2
@@ -206,7 +206,7 @@ def test_finish_on_eos_frees_blocks():
     recs = eng.run()
     out = eng.outputs()["e"]
     assert out["token_ids"] == [470] and out["finish_reason"] == "finished_stopped"
-    fin = events_of(recs, trace.FINISHED, "e")[0]
+    fin = events_of(recs, events.FINISHED, "e")[0]
     assert fin.data["reason"] == "eos"
     assert eng.kv_cache_manager.block_pool.get_num_free_blocks() == 15
     # ignore_eos keeps going to max_tokens.
@@ -224,8 +224,8 @@ def test_abort_running_and_waiting_requests():
     eng.scheduler.abort_request("b")
     eng.scheduler.abort_request("b")                  # twice: no-op
     rec = eng.step()
-    assert {e.request_id for e in events_of(rec, trace.FINISHED)} == {"a", "b"}
-    assert all(e.data["reason"] == "aborted" for e in events_of(rec, trace.FINISHED))
+    assert {e.request_id for e in events_of(rec, events.FINISHED)} == {"a", "b"}
+    assert all(e.data["reason"] == "aborted" for e in events_of(rec, events.FINISHED))
     assert not eng.has_unfinished()
     assert eng.kv_cache_manager.block_pool.get_num_free_blocks() == 15
     assert eng.outputs()["a"]["finish_reason"] == "finished_aborted"
@@ -254,7 +254,7 @@ def test_a_request_that_can_never_fit_is_aborted_with_a_clear_event():
     eng = make_engine([spec("grow", list(range(8)), max_tokens=5)], num_gpu_blocks=3)
     recs = eng.run(max_steps=20)
     assert len(recs) < 5 and not eng.has_unfinished()
-    blocked = [e for e in events_of(recs, trace.BLOCKED, "grow") if e.data["reason"] == "never_fits"]
+    blocked = [e for e in events_of(recs, events.BLOCKED, "grow") if e.data["reason"] == "never_fits"]
     assert len(blocked) == 1 and blocked[0].data["usable_blocks"] == 2
     assert eng.outputs()["grow"]["finish_reason"] == "finished_aborted"
     assert eng.kv_cache_manager.block_pool.get_num_free_blocks() == 2
@@ -268,7 +268,7 @@ def test_two_identical_prompts_computed_side_by_side_give_two_blocks_one_hash():
                       long_prefill_token_threshold=4)
     eng.step()
     r2 = eng.step()
-    assert events_of(r2, trace.CACHE_HIT, "b")[0].block_ids == (1, 2)
+    assert events_of(r2, events.CACHE_HIT, "b")[0].block_ids == (1, 2)
     r3 = eng.step()
     assert table(eng, "a") == [1, 2, 4] and table(eng, "b") == [1, 2, 3, 5]
     snap = r3.snapshot
@@ -290,7 +290,7 @@ def test_block_size_one_end_to_end():
     eng = make_engine([spec("a", [5, 6, 7], max_tokens=3), spec("b", [5, 6, 7], max_tokens=2, arrival_step=1)],
                       block_size=1, num_gpu_blocks=12)
     recs = eng.run()
-    (hit,) = events_of(recs, trace.CACHE_HIT, "b")
+    (hit,) = events_of(recs, events.CACHE_HIT, "b")
     assert hit.data["num_tokens"] == 2 and hit.block_ids == (1, 2)
     assert eng.kv_cache_manager.block_pool.get_num_free_blocks() == 11
 

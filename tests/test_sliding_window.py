@@ -1,9 +1,9 @@
 """SlidingWindowManager: null slots, right-to-left hit search, sparse (0.33) vs dense retention."""
 import pytest
 
-from kvcore import trace
+from kvcore import events
 from kvcore.kv.block_hash import make_block_hash_with_group_id
-from kvcore.kv.single_type_manager import SlidingWindowManager
+from kvcore.kv.single_type_kv_cache_manager import SlidingWindowManager
 
 from _kv_helpers import admit, ids, make_engine, make_manager, make_request, queue_ids, sliding, spec
 
@@ -73,7 +73,7 @@ def test_hit_search_respects_max_length():
 
 # -- null slots ------------------------------------------------------------------------------------------
 def test_blocks_outside_the_window_become_null_slots_and_are_freed():
-    rec = trace.Recorder()
+    rec = events.Recorder()
     kvm, m = manager(recorder=rec)
     pool = kvm.block_pool
     r = make_request("r", list(range(11)), BS)
@@ -84,7 +84,7 @@ def test_blocks_outside_the_window_become_null_slots_and_are_freed():
     assert kvm.allocate_slots(r, 1).get_block_ids() == ([],)      # 12 tokens still fit 6 slots
     # 11 computed tokens: the next token sees tokens 8..11, so tokens 0..7 (blocks 0..3) are skipped.
     assert kvm.get_block_ids("r") == ([0, 0, 0, 0, 5, 6],)
-    ev = [e for e in rec.drain() if e.kind == trace.WINDOW_SKIPPED][0]
+    ev = [e for e in rec.drain() if e.kind == events.WINDOW_SKIPPED][0]
     assert ev.block_ids == (4, 3, 2, 1) and ev.data["slots"] == [3, 2, 1, 0]
     assert all(pool.blocks[i].ref_cnt == 0 for i in (1, 2, 3, 4))
     assert pool.null_block.ref_cnt <= 0 and 0 not in queue_ids(pool)

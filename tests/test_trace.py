@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from kvcore import trace
-from kvcore.trace import Event, Snapshot, StepRecord
+from kvcore import events, trace
+from kvcore.events import Event
+from kvcore.snapshot import Snapshot, StepRecord
 
 from _kv_helpers import events_of, make_engine, spec, vllm_chain
 
@@ -33,7 +34,7 @@ def test_step_record_and_event_json_round_trip():
         d = json.loads(json.dumps(rec.to_dict()))
         back = StepRecord.from_dict(d)
         assert back == rec
-    ev = Event(trace.EVICTED, "r", (3, 4), 1, {"hash": "ab", "n": [1, 2]})
+    ev = Event(events.EVICTED, "r", (3, 4), 1, {"hash": "ab", "n": [1, 2]})
     assert Event.from_dict(json.loads(json.dumps(ev.to_dict()))) == ev
 
 
@@ -85,7 +86,7 @@ def test_sliding_window_null_slots_show_in_the_snapshot():
     recs = eng.run()
     tables = [r.snapshot.request("a").block_tables[0] for r in recs if r.snapshot.request("a").block_tables[0]]
     assert tables[-1][:3] == (0, 0, 0)
-    skipped = events_of(recs, trace.WINDOW_SKIPPED, "a")
+    skipped = events_of(recs, events.WINDOW_SKIPPED, "a")
     assert skipped and all(e.data["slots"] for e in skipped)
     assert recs[0].snapshot.groups == ({"kind": "sliding", "sliding_window": 4},)
 
@@ -96,28 +97,28 @@ def test_events_carry_their_reasons_as_plain_data():
     recs = eng.run()
     for rec in recs:
         json.dumps([e.to_dict() for e in rec.events])
-        assert all(e.kind in trace.EVENT_KINDS for e in rec.events)
-    pre = events_of(recs, trace.PREEMPTED)[0]
+        assert all(e.kind in events.EVENT_KINDS for e in rec.events)
+    pre = events_of(recs, events.PREEMPTED)[0]
     assert pre.request_id == "B" and "needed blocks" in pre.data["reason"]
-    ev = events_of(recs, trace.EVICTED)[0]
+    ev = events_of(recs, events.EVICTED)[0]
     assert ev.data["reason"] == "reused from queue head" and len(ev.data["hash"]) == 64
-    fin = events_of(recs, trace.FINISHED)
+    fin = events_of(recs, events.FINISHED)
     assert {e.request_id: e.data["reason"] for e in fin} == {"A": "length", "B": "length"}
-    freed = events_of(recs, trace.FREED, "B")[0]
+    freed = events_of(recs, events.FREED, "B")[0]
     assert freed.data["reason"] == "preempted" and freed.block_ids == (4, 3)
-    arrived = events_of(recs, trace.ARRIVED)
+    arrived = events_of(recs, events.ARRIVED)
     assert [e.request_id for e in arrived] == ["A", "B"]
-    sampled = events_of(recs, trace.SAMPLED)
+    sampled = events_of(recs, events.SAMPLED)
     assert sampled and sampled[0].request_id is None and set(sampled[0].data["tokens"]) == {"A", "B"}
 
 
 def test_recorder_collects_and_drains():
-    rec = trace.Recorder()
-    rec.at("r1", group=1).emit(trace.ALLOCATED, [3], why="x")
-    rec.emit(trace.FREED, [3], request_id="r2", group=0)
+    rec = events.Recorder()
+    rec.at("r1", group=1).emit(events.ALLOCATED, [3], why="x")
+    rec.emit(events.FREED, [3], request_id="r2", group=0)
     out = rec.drain()
-    assert out == [Event(trace.ALLOCATED, "r1", (3,), 1, {"why": "x"}),
-                   Event(trace.FREED, "r2", (3,), 0, {})]
+    assert out == [Event(events.ALLOCATED, "r1", (3,), 1, {"why": "x"}),
+                   Event(events.FREED, "r2", (3,), 0, {})]
     assert rec.drain() == []
 
 
@@ -134,7 +135,7 @@ def test_snapshot_with_caching_off():
     eng = make_engine([spec("a", SHARED, max_tokens=2), spec("b", SHARED, max_tokens=2)],
                       enable_prefix_caching=False)
     recs = eng.run()
-    assert not events_of(recs, trace.CACHE_HIT) and not events_of(recs, trace.CACHED)
+    assert not events_of(recs, events.CACHE_HIT) and not events_of(recs, events.CACHED)
     assert all(b.block_hash is None for r in recs for b in r.snapshot.blocks)
     assert recs[0].snapshot.hash_map == {}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
-from kvcore import trace
+from kvcore import events
 from kvcore.kv.block_hash import get_block_hash, get_group_id, make_block_hash_with_group_id
 from kvcore.kv.free_queue import FreeKVCacheBlockQueue, KVCacheBlock
 
@@ -89,7 +89,7 @@ class BlockPool:
 
     def __init__(self, num_gpu_blocks: int, enable_caching: bool, block_size: int,
                  free_order: str = FREE_ORDER_V033,
-                 recorder: Optional[trace.Recorder] = None,
+                 recorder: Optional[events.Recorder] = None,
                  enable_kv_cache_events: bool = True) -> None:
         if not isinstance(num_gpu_blocks, int) or num_gpu_blocks < 2:
             raise ValueError(
@@ -164,7 +164,7 @@ class BlockPool:
                 list(request.all_token_ids[first * block_size:(first + len(new_ids)) * block_size]),
                 block_size))
         if self.recorder is not None:
-            self.recorder.emit(trace.CACHED, new_ids, group=kv_cache_group_id,
+            self.recorder.emit(events.CACHED, new_ids, group=kv_cache_group_id,
                                hashes=[h.hex() for h in new_hashes],
                                num_tokens=len(new_ids) * block_size)
 
@@ -185,8 +185,8 @@ class BlockPool:
             block.ref_cnt += 1
         if self.recorder is not None and ret:
             for bid, h in evicted.items():
-                self.recorder.emit(trace.EVICTED, [bid], reason="reused from queue head", hash=h)
-            self.recorder.emit(trace.ALLOCATED, [b.block_id for b in ret],
+                self.recorder.emit(events.EVICTED, [bid], reason="reused from queue head", hash=h)
+            self.recorder.emit(events.ALLOCATED, [b.block_id for b in ret],
                                queue_positions=list(range(len(ret))),
                                evicted_hashes={str(k): v for k, v in evicted.items()})
         return ret
@@ -217,7 +217,7 @@ class BlockPool:
                 from_queue.append(block.block_id)
             block.ref_cnt += 1
         if self.recorder is not None and blocks:
-            self.recorder.emit(trace.TOUCHED, [b.block_id for b in blocks], from_queue=from_queue,
+            self.recorder.emit(events.TOUCHED, [b.block_id for b in blocks], from_queue=from_queue,
                                queue_positions=[positions[i] for i in from_queue])
 
     def _queue_positions(self, wanted: set[int]) -> dict[int, int]:
@@ -254,7 +254,7 @@ class BlockPool:
         if to_tail:
             self.free_block_queue.append_n(to_tail)
         if self.recorder is not None and blocks:
-            self.recorder.emit(trace.FREED, [b.block_id for b in blocks if not b.is_null],
+            self.recorder.emit(events.FREED, [b.block_id for b in blocks if not b.is_null],
                                to_head=[b.block_id for b in to_head],
                                to_tail=[b.block_id for b in to_tail],
                                still_used=[b.block_id for b in blocks if b.ref_cnt > 0 and not b.is_null],
@@ -268,7 +268,7 @@ class BlockPool:
             block = self.blocks[block_id]
             key = block.block_hash
             if self._maybe_evict_cached_block(block) and self.recorder is not None:
-                self.recorder.emit(trace.EVICTED, [block_id], reason="evict_blocks",
+                self.recorder.emit(events.EVICTED, [block_id], reason="evict_blocks",
                                    hash=get_block_hash(key).hex(), group=get_group_id(key))
 
     def reset_prefix_cache(self) -> bool:
@@ -276,7 +276,7 @@ class BlockPool:
         num_used = self.num_gpu_blocks - self.get_num_free_blocks()
         if num_used != 1:
             if self.recorder is not None:
-                self.recorder.emit(trace.RESET, ok=False, blocks_in_use=num_used - 1)
+                self.recorder.emit(events.RESET, ok=False, blocks_in_use=num_used - 1)
             return False
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         self.hash_meta.clear()
@@ -285,7 +285,7 @@ class BlockPool:
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(AllBlocksCleared())
         if self.recorder is not None:
-            self.recorder.emit(trace.RESET, ok=True)
+            self.recorder.emit(events.RESET, ok=True)
         return True
 
     def get_num_free_blocks(self) -> int:

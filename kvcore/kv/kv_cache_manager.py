@@ -4,11 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from kvcore import trace
+from kvcore import events
 from kvcore.kv.block_pool import FREE_ORDER_V033, BlockPool
-from kvcore.kv.coordinator import KVCacheCoordinator, KVCacheGroupSpec
+from kvcore.kv.kv_cache_coordinator import KVCacheCoordinator, KVCacheGroupSpec
 from kvcore.kv.free_queue import KVCacheBlock
-from kvcore.kv.single_type_manager import SPARSE
+from kvcore.kv.single_type_kv_cache_manager import SPARSE
 
 
 @dataclass
@@ -48,7 +48,7 @@ class KVCacheManager:
                  groups: Sequence[KVCacheGroupSpec] = (KVCacheGroupSpec("full"),),
                  enable_caching: bool = True, max_model_len: int = 1 << 30,
                  free_order: str = FREE_ORDER_V033, sliding_retention: str = SPARSE,
-                 recorder: Optional[trace.Recorder] = None) -> None:
+                 recorder: Optional[events.Recorder] = None) -> None:
         if not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be an integer >= 1; got {block_size!r}")
         self.block_size = block_size
@@ -84,12 +84,12 @@ class KVCacheManager:
         self.prefix_cache_stats.record(request.num_tokens, num_tokens)
         if self.recorder is not None:
             if num_tokens:
-                self.recorder.emit(trace.CACHE_HIT, [b.block_id for g in blocks for b in g if not b.is_null],
+                self.recorder.emit(events.CACHE_HIT, [b.block_id for g in blocks for b in g if not b.is_null],
                                    num_tokens=num_tokens, num_blocks=num_tokens // self.block_size,
                                    block_ids_per_group=[[b.block_id for b in g] for g in blocks],
                                    preempted_before=request.num_preemptions > 0)
             else:
-                self.recorder.emit(trace.CACHE_MISS, num_tokens=request.num_tokens,
+                self.recorder.emit(events.CACHE_MISS, num_tokens=request.num_tokens,
                                    num_full_blocks=len(request.block_hashes))
         if not any(blocks):
             return self.empty_kv_cache_blocks, num_tokens

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from kvcore import trace
+from kvcore import events
 from kvcore.kv.kv_cache_manager import KVCacheManager
 from kvcore.sched.request import Request, RequestStatus
 from kvcore.sched.request_queue import PRIORITY, create_request_queue
@@ -51,7 +51,7 @@ class Scheduler:
     """
 
     def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
-                 recorder: Optional[trace.Recorder] = None) -> None:
+                 recorder: Optional[events.Recorder] = None) -> None:
         if config.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
         if config.max_num_batched_tokens < 1:
@@ -76,7 +76,7 @@ class Scheduler:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         self.requests[request.request_id] = request
         self.waiting.add_request(request)
-        self._emit(trace.ARRIVED, request, num_prompt_tokens=request.num_prompt_tokens,
+        self._emit(events.ARRIVED, request, num_prompt_tokens=request.num_prompt_tokens,
                    priority=request.priority)
 
     def has_unfinished_requests(self) -> bool:
@@ -128,26 +128,26 @@ class Scheduler:
         # 2) Waiting requests, unless someone was preempted in this step.
         if preempted:
             if self.waiting and self.recorder is not None:
-                self._emit(trace.BLOCKED, self.waiting.peek_request(), reason="preempted_this_step")
+                self._emit(events.BLOCKED, self.waiting.peek_request(), reason="preempted_this_step")
         else:
             while self.waiting and token_budget > 0:
                 request = self.waiting.peek_request()
                 if len(self.running) >= cfg.max_num_seqs:
-                    self._emit(trace.BLOCKED, request, reason="max_num_seqs", max_num_seqs=cfg.max_num_seqs)
+                    self._emit(events.BLOCKED, request, reason="max_num_seqs", max_num_seqs=cfg.max_num_seqs)
                     break
                 hits, num_hit = self.kv_cache_manager.get_computed_blocks(request)
                 num_new = request.num_tokens - num_hit
                 if 0 < cfg.long_prefill_token_threshold < num_new:
                     num_new = cfg.long_prefill_token_threshold
                 if not cfg.enable_chunked_prefill and num_new > token_budget:
-                    self._emit(trace.BLOCKED, request, reason="token_budget", token_budget=token_budget)
+                    self._emit(events.BLOCKED, request, reason="token_budget", token_budget=token_budget)
                     break
                 num_new = min(num_new, token_budget)
                 new_blocks = self.kv_cache_manager.allocate_slots(
                     request, num_new, num_hit, hits,
                     full_sequence_must_fit=cfg.admission == ADMIT_FULL_SEQUENCE)
                 if new_blocks is None:
-                    self._emit(trace.BLOCKED, request, reason="no_free_blocks",
+                    self._emit(events.BLOCKED, request, reason="no_free_blocks",
                                num_free_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks(),
                                num_tokens=request.num_tokens)
                     break
@@ -161,10 +161,10 @@ class Scheduler:
                 request.status = RequestStatus.RUNNING
                 request.num_computed_tokens = num_hit
                 request.num_cached_tokens = num_hit
-                self._emit(trace.RESUMED if resumed else trace.ADMITTED, request,
+                self._emit(events.RESUMED if resumed else events.ADMITTED, request,
                            num_cached_tokens=num_hit, num_preemptions=request.num_preemptions)
             if self.waiting and token_budget <= 0 and self.recorder is not None:
-                self._emit(trace.BLOCKED, self.waiting.peek_request(), reason="token_budget", token_budget=0)
+                self._emit(events.BLOCKED, self.waiting.peek_request(), reason="token_budget", token_budget=0)
 
         out.scheduled_running_reqs = [r.request_id for r in scheduled_running]
         out.preempted_reqs = [r.request_id for r in preempted]
@@ -179,7 +179,7 @@ class Scheduler:
                 kind = "chunk"
             else:
                 kind = "prefill"
-            self._emit(trace.SCHEDULED, req, num_tokens=n, kind=kind, start=before)
+            self._emit(events.SCHEDULED, req, num_tokens=n, kind=kind, start=before)
             # vLLM advances num_computed_tokens when it schedules, before the model runs.
             req.num_computed_tokens += n
         return out
@@ -190,7 +190,7 @@ class Scheduler:
         return self.running[-1]
 
     def _preempt_request(self, request: Request, reason: str) -> None:
-        self._emit(trace.PREEMPTED, request, policy=self.policy, reason=reason,
+        self._emit(events.PREEMPTED, request, policy=self.policy, reason=reason,
                    victim_priority=request.priority, num_computed_tokens=request.num_computed_tokens)
         self.kv_cache_manager.free(request, reason="preempted")
         request.status = RequestStatus.PREEMPTED
@@ -220,7 +220,7 @@ class Scheduler:
                 req.status, reason = RequestStatus.FINISHED_STOPPED, "eos"
             if reason is not None:
                 self.running.remove(req)
-                self._emit(trace.FINISHED, req, reason=reason, num_output_tokens=req.num_output_tokens)
+                self._emit(events.FINISHED, req, reason=reason, num_output_tokens=req.num_output_tokens)
                 self.kv_cache_manager.free(req, reason="finished")
                 finished.append(rid)
         self.finished_req_ids.extend(finished)
@@ -236,4 +236,4 @@ class Scheduler:
         else:
             self.waiting.remove_request(req)
         req.status = RequestStatus.FINISHED_ABORTED
-        self._emit(trace.FINISHED, req, reason="aborted")
+        self._emit(events.FINISHED, req, reason="aborted")

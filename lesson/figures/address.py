@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvcore.trace import Snapshot
+from kvcore.snapshot import Snapshot
 
 from .common import NULL_COLOR, Decode, all_tokens, colors_for, group_label, make_figure, safe_decode
 

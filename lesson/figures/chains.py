@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from kvcore.trace import Snapshot
+from kvcore.snapshot import Snapshot
 
 from .common import (CACHED_FREE_COLOR, Decode, colors_for, empty_figure, html_text, make_figure, safe_decode,
                      short_hash)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from kvcore.trace import SCHEDULED, Snapshot, StepRecord
+from kvcore.events import SCHEDULED
+from kvcore.snapshot import Snapshot, StepRecord
 
 from .common import color_map, make_figure
 

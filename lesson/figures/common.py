@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Sequence
 
-from kvcore.trace import BlockView, RequestView, Snapshot
+from kvcore.snapshot import BlockView, RequestView, Snapshot
 
 Decode = Callable[[Sequence[int]], str]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from typing import Iterable
 
-from kvcore.trace import Snapshot
+from kvcore.snapshot import Snapshot
 
 from .common import (CACHED_FREE_COLOR, FREE_COLOR, NULL_COLOR, SHARED_BORDER, VICTIM_COLOR, Decode,
                      block_state, colors_for, html_text, legend_entry, make_figure, safe_decode, short_hash,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from kvcore.trace import Snapshot
+from kvcore.snapshot import Snapshot
 
 from .common import (CACHED_FREE_COLOR, FREE_COLOR, VICTIM_COLOR, Decode, empty_figure, html_text,
                      make_figure, safe_decode, short_hash)

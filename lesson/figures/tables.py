@@ -1,7 +1,7 @@
 """Block tables: per request (and per KV cache group) logical block -> physical block."""
 from __future__ import annotations
 
-from kvcore.trace import Snapshot
+from kvcore.snapshot import Snapshot
 
 from .common import (NULL_COLOR, Decode, block_tokens, colors_for, empty_figure, group_label, html_text,
                      make_figure, safe_decode, short_hash, stepped_scale)

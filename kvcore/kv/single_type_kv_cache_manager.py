@@ -5,7 +5,7 @@ from abc import ABC, abstractmethod
 from collections import defaultdict
 from typing import Optional, Sequence
 
-from kvcore import trace
+from kvcore import events
 from kvcore.kv.block_pool import BlockPool
 from kvcore.kv.free_queue import KVCacheBlock
 
@@ -129,7 +129,7 @@ class SingleTypeKVCacheManager(ABC):
             self._enter()
             rec = self.block_pool.recorder
             if rec is not None:
-                rec.emit(trace.WINDOW_SKIPPED, [b.block_id for b in removed], slots=slots,
+                rec.emit(events.WINDOW_SKIPPED, [b.block_id for b in removed], slots=slots,
                          num_computed_tokens=total_computed_tokens)
             self.block_pool.free_blocks(removed, reason="window")
 

@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 from kvcore.kv.block_pool import BlockPool
 from kvcore.kv.free_queue import KVCacheBlock
-from kvcore.kv.single_type_manager import (FullAttentionManager, SingleTypeKVCacheManager,
+from kvcore.kv.single_type_kv_cache_manager import (FullAttentionManager, SingleTypeKVCacheManager,
                                            SlidingWindowManager, SPARSE)
 
 
