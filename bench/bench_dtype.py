@@ -27,7 +27,7 @@ import torch  # noqa: E402
 from bench.bench_engine import QUESTIONS, paged_runner_backend  # noqa: E402
 from bench.timing import step_seconds_interleaved  # noqa: E402
 from kvcore.model import load_model, smollm2_available  # noqa: E402
-from kvcore.model.testing import measure_agreement  # noqa: E402
+from tests._mini_engine import measure_agreement  # noqa: E402
 
 
 def main(argv=None) -> int:

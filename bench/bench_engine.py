@@ -2,7 +2,7 @@
 
 Compares, on the same weights and prompts, the full :class:`kvcore.engine.Engine` (vLLM's
 scheduler and block manager, the recorder and a Snapshot every step: what the app and the
-CLI run) and the bare paged ModelRunner (driven by kvcore.model.testing.MiniEngine) with
+CLI run) and the bare paged ModelRunner (driven by tests/_mini_engine.py: MiniEngine) with
 transformers:
 
 - decode throughput (tokens/s) with 1 and 8 concurrent requests, vs ``model.generate``
@@ -48,7 +48,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 from kvcore.model import ModelRunner, load_model, smollm2_available  # noqa: E402
-from kvcore.model.testing import MiniEngine  # noqa: E402
+from tests._mini_engine import MiniEngine  # noqa: E402
 
 from bench.step_anatomy import attention_free_steps, stacking_gain, step_breakdown  # noqa: E402
 from bench.timing import (  # noqa: E402

@@ -12,7 +12,7 @@ import time
 import torch
 
 from kvcore.model import ModelRunner
-from kvcore.model.testing import MiniEngine
+from tests._mini_engine import MiniEngine
 
 
 def attention_free_steps(loaded, batch: int = 8, steps: int = 15, repeat: int = 3) -> dict[str, float]:
@@ -25,7 +25,7 @@ def attention_free_steps(loaded, batch: int = 8, steps: int = 15, repeat: int = 
     from transformers import AttentionInterface
 
     from kvcore.model.reference import shared_clone
-    from kvcore.model.runner import pack_linear_layers
+    from kvcore.model.cpu_packing import pack_linear_layers
 
     def no_attention(module, query, key, value, attention_mask, **kwargs):
         return query.transpose(1, 2), None
@@ -66,7 +66,7 @@ def step_breakdown(loaded, prompts: list[list[int]], steps: int = 15, repeat: in
     from transformers import AttentionInterface
 
     from kvcore.model.paged_attention import paged_attention_forward
-    from kvcore.model.runner import PackedLinear
+    from kvcore.model.cpu_packing import PackedLinear
 
     spent = {"linear": 0.0, "attention": 0.0}
 

@@ -1,7 +1,21 @@
-"""What the engine hands the model runner for one scheduled sequence."""
+"""What the engine hands the model runner for one step, and the step's inputs in vLLM's names.
+
+The engine gives one :class:`SeqBatchItem` per scheduled request; :func:`prepare_inputs`
+turns them into :class:`ModelInputs`: the flat arrays vLLM's ``GPUModelRunner._prepare_inputs``
+builds (``input_ids``, ``positions``, ``query_start_loc``, ``seq_lens``, ``logits_indices``,
+and per KV cache group the ``block_table`` and ``slot_mapping``).  Plain ints, no torch: the
+runner makes its tensors from exactly these values, and the step record keeps them, so what a
+page shows is what the model used.
+
+A token at position ``p`` of a request is written to slot
+``block_table[p // block_size] * block_size + p % block_size`` of its group.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Sequence
+
+NULL_BLOCK = 0
 
 
 @dataclass(frozen=True)
@@ -11,3 +25,140 @@ class SeqBatchItem:
     start_pos: int                        # position of token_ids[0] = tokens already in the pool
     block_tables: tuple[list[int], ...]   # per KV cache group: logical block -> physical block (0 = null)
     sample: bool                          # this step completes the known tokens: sample the next one
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """One step's model inputs, packed along one token axis in the order of ``req_ids``.
+
+    Invariants: request i's tokens are ``query_start_loc[i]:query_start_loc[i+1]``; their
+    positions run from ``seq_lens[i] - query_len`` to ``seq_lens[i] - 1``;
+    ``slot_mapping[g][t] == block_table[g][i][positions[t] // block_size] * block_size
+    + positions[t] % block_size`` for the request i owning token t; ``logits_indices`` are the
+    last tokens of the requests that sample this step (``sample_req_ids``, same order).
+    """
+
+    block_size: int
+    req_ids: tuple[str, ...]
+    input_ids: tuple[int, ...]                            # [num_tokens]
+    positions: tuple[int, ...]                            # [num_tokens]
+    query_start_loc: tuple[int, ...]                      # [num_reqs + 1]
+    seq_lens: tuple[int, ...]                             # [num_reqs]: tokens in the pool after the step
+    logits_indices: tuple[int, ...]                       # [num_sampled]
+    sample_req_ids: tuple[str, ...]                       # [num_sampled]
+    block_table: tuple[tuple[tuple[int, ...], ...], ...]  # [group][req] -> physical block ids
+    slot_mapping: tuple[tuple[int, ...], ...]             # [group][token] -> slot in the pool
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_ids)
+
+    @property
+    def num_actual_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def max_query_len(self) -> int:
+        return max((b - a for a, b in zip(self.query_start_loc, self.query_start_loc[1:])), default=0)
+
+    @property
+    def max_seq_len(self) -> int:
+        return max(self.seq_lens, default=0)
+
+    def slots_of(self, request_id: str, group: int = 0) -> tuple[int, ...]:
+        """The slots request ``request_id``'s scheduled tokens were written to, in ``group``."""
+        i = self.req_ids.index(request_id)
+        return self.slot_mapping[group][self.query_start_loc[i]:self.query_start_loc[i + 1]]
+
+    def positions_of(self, request_id: str) -> tuple[int, ...]:
+        i = self.req_ids.index(request_id)
+        return self.positions[self.query_start_loc[i]:self.query_start_loc[i + 1]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "block_size": self.block_size, "req_ids": list(self.req_ids),
+            "input_ids": list(self.input_ids), "positions": list(self.positions),
+            "query_start_loc": list(self.query_start_loc), "seq_lens": list(self.seq_lens),
+            "logits_indices": list(self.logits_indices), "sample_req_ids": list(self.sample_req_ids),
+            "block_table": [[list(row) for row in g] for g in self.block_table],
+            "slot_mapping": [list(g) for g in self.slot_mapping],
+        }
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "ModelInputs":
+        return ModelInputs(
+            block_size=int(d["block_size"]), req_ids=tuple(d["req_ids"]),
+            input_ids=tuple(d["input_ids"]), positions=tuple(d["positions"]),
+            query_start_loc=tuple(d["query_start_loc"]), seq_lens=tuple(d["seq_lens"]),
+            logits_indices=tuple(d["logits_indices"]), sample_req_ids=tuple(d["sample_req_ids"]),
+            block_table=tuple(tuple(tuple(row) for row in g) for g in d["block_table"]),
+            slot_mapping=tuple(tuple(g) for g in d["slot_mapping"]),
+        )
+
+
+def _check_table(item: SeqBatchItem, group: int, table: Sequence[int], first: int, last: int,
+                 num_blocks: int, window: int | None) -> None:
+    rid = item.request_id
+    if len(table) <= last:
+        raise ValueError(f"request {rid!r}: block table of group {group} has {len(table)} entries "
+                         f"but the step needs logical block {last}")
+    used = list(table[first:last + 1])
+    if NULL_BLOCK in used:
+        where = first + used.index(NULL_BLOCK)
+        what = "inside the sliding window" if window else "in a full-attention table"
+        raise ValueError(f"request {rid!r}: logical block {where} of group {group} is the null block "
+                         f"{what}; only blocks wholly before position start-W+1 may be null")
+    bad = [b for b in used if b < 0 or b >= num_blocks]
+    if bad:
+        raise ValueError(f"request {rid!r}: block id {bad[0]} is outside the pool of {num_blocks} blocks")
+
+
+def first_visible_block(start_pos: int, block_size: int, window: int | None) -> int:
+    """The first logical block any of a step's queries may read (0 without a window)."""
+    return 0 if window is None else max(0, start_pos - window + 1) // block_size
+
+
+def prepare_inputs(items: Sequence[SeqBatchItem], block_size: int,
+                   group_sliding_window: Sequence[int | None], num_blocks: int) -> ModelInputs:
+    """The step's :class:`ModelInputs`; ValueError naming the request if a table cannot serve it."""
+    if len({it.request_id for it in items}) != len(items):
+        raise ValueError("a request appears twice in one step")
+    input_ids: list[int] = []
+    positions: list[int] = []
+    query_start_loc = [0]
+    seq_lens: list[int] = []
+    logits_indices: list[int] = []
+    sample_req_ids: list[str] = []
+    tables: list[list[tuple[int, ...]]] = [[] for _ in group_sliding_window]
+    slots: list[list[int]] = [[] for _ in group_sliding_window]
+    for it in items:
+        n = len(it.token_ids)
+        if n == 0:
+            raise ValueError(f"request {it.request_id!r}: no tokens to feed")
+        if it.start_pos < 0:
+            raise ValueError(f"request {it.request_id!r}: negative start_pos")
+        if len(it.block_tables) != len(group_sliding_window):
+            raise ValueError(f"request {it.request_id!r}: {len(it.block_tables)} block tables for "
+                             f"{len(group_sliding_window)} KV cache groups")
+        pos = range(it.start_pos, it.start_pos + n)
+        last = (pos[-1]) // block_size
+        for g, window in enumerate(group_sliding_window):
+            table = it.block_tables[g]
+            _check_table(it, g, table, first_visible_block(it.start_pos, block_size, window), last,
+                         num_blocks, window)
+            tables[g].append(tuple(int(b) for b in table))
+            slots[g].extend(table[p // block_size] * block_size + p % block_size for p in pos)
+        input_ids.extend(int(t) for t in it.token_ids)
+        positions.extend(pos)
+        query_start_loc.append(query_start_loc[-1] + n)
+        seq_lens.append(it.start_pos + n)
+        if it.sample:
+            logits_indices.append(query_start_loc[-1] - 1)
+            sample_req_ids.append(it.request_id)
+    return ModelInputs(
+        block_size=int(block_size), req_ids=tuple(it.request_id for it in items),
+        input_ids=tuple(input_ids), positions=tuple(positions),
+        query_start_loc=tuple(query_start_loc), seq_lens=tuple(seq_lens),
+        logits_indices=tuple(logits_indices), sample_req_ids=tuple(sample_req_ids),
+        block_table=tuple(tuple(g) for g in tables), slot_mapping=tuple(tuple(g) for g in slots),
+    )

@@ -1,6 +1,8 @@
 """Command line: replay a scenario step by step.
 
     python -m kvcore run SCENARIO.json [--trace OUT.jsonl] [--until EVENT] [--model M] [--device D]
+    python -m kvcore profile [--model M] [--device D] [--block-size N] [--gpu-memory-utilization F]
+                             [--max-num-batched-tokens N] [--max-model-len N]
 
 Exit codes: 0 ok, 2 bad scenario or arguments, 3 model or device unavailable.
 """
@@ -12,63 +14,22 @@ from dataclasses import replace
 from typing import TextIO
 
 from kvcore import events, snapshot, trace
-from kvcore.scenario import MODELS, DEVICES, ScenarioError, load_scenario, scenario_to_dict
+from kvcore.sentences import sentence
+from kvcore.scenario import MODELS, DEVICES, DTYPES, ScenarioError, load_scenario, scenario_to_dict
 
 
-def describe(ev: events.Event) -> str:
-    """One log line per event, with its reason."""
-    d = ev.data
-    who = f"[{ev.request_id}] " if ev.request_id else ""
-    grp = f" (group {ev.group})" if ev.group is not None and ev.kind in (
-        events.ALLOCATED, events.CACHED, events.FREED, events.TOUCHED, events.WINDOW_SKIPPED) else ""
-    ids = list(ev.block_ids)
-    k = ev.kind
-    if k == events.ARRIVED:
-        return f"{who}arrived with {d.get('num_prompt_tokens')} prompt tokens (priority {d.get('priority')})"
-    if k == events.CACHE_HIT:
-        return f"{who}prefix-cache hit: {d.get('num_blocks')} blocks = {d.get('num_tokens')} tokens {d.get('block_ids_per_group')}"
-    if k == events.CACHE_MISS:
-        return f"{who}prefix-cache miss ({d.get('num_full_blocks')} full blocks looked up)"
-    if k == events.ALLOCATED:
-        ev_h = d.get("evicted_hashes") or {}
-        lost = f"; evicted cached hashes {', '.join(f'{b}:{h[:8]}' for b, h in ev_h.items())}" if ev_h else ""
-        return f"{who}allocated blocks {ids}{grp} from the free-queue head{lost}"
-    if k == events.EVICTED:
-        return f"{who}block {ids[0]} lost hash {d.get('hash', '')[:8]} ({d.get('reason')})"
-    if k == events.TOUCHED:
-        fq = d.get("from_queue") or []
-        where = f"; {fq} pulled out of the free queue at positions {d.get('queue_positions')}" if fq else ""
-        return f"{who}touched {ids}{grp}: ref_cnt += 1{where}"
-    if k == events.CACHED:
-        return f"{who}cached full blocks {ids}{grp} as {', '.join(h[:8] for h in d.get('hashes', []))}"
-    if k == events.FREED:
-        return (f"{who}freed {ids}{grp} ({d.get('reason')}): to head {d.get('to_head')}, "
-                f"to tail {d.get('to_tail')}, still used {d.get('still_used')}")
-    if k == events.WINDOW_SKIPPED:
-        return f"{who}sliding window passed blocks {ids}{grp}: table slots {d.get('slots')} -> null block"
-    if k == events.SCHEDULED:
-        return f"{who}scheduled {d.get('num_tokens')} tokens ({d.get('kind')}) from position {d.get('start')}"
-    if k in (events.ADMITTED, events.RESUMED):
-        return f"{who}{k}, starting with {d.get('num_cached_tokens')} cached tokens"
-    if k == events.BLOCKED:
-        return f"{who}not admitted: {d.get('reason')}"
-    if k == events.PREEMPTED:
-        return f"{who}PREEMPTED ({d.get('policy')}): {d.get('reason')}; its blocks are freed, it will recompute"
-    if k == events.FINISHED:
-        return f"{who}finished ({d.get('reason')})"
-    if k == events.RESET:
-        return f"prefix cache reset {'done' if d.get('ok') else 'refused: blocks in use'}"
-    if k == events.SAMPLED:
-        return f"sampled {d.get('tokens')}"
-    return f"{who}{k} {ids} {d}"
+def describe(ev: events.Event, lang: str = "en", decode=None, multi_group: bool = False) -> str:
+    """One log line per event: the app's sentence for it (kvcore.sentences), reason included."""
+    return sentence(ev, lang, decode, multi_group)
 
 
-def _log_step(rec: snapshot.StepRecord, out: TextIO) -> None:
+def _log_step(rec: snapshot.StepRecord, out: TextIO, lang: str = "en", decode=None) -> None:
     snap = rec.snapshot
     out.write(f"== step {rec.step}: batch {rec.scheduled} | free {snap.num_free_blocks} "
               f"| usage {snap.usage:.0%} | waiting {list(snap.waiting)} running {list(snap.running)}\n")
+    multi_group = len(snap.groups) > 1
     for ev in rec.events:
-        out.write(f"   {describe(ev)}\n")
+        out.write(f"   {describe(ev, lang, decode, multi_group)}\n")
     out.write(f"   free queue head->tail: {list(snap.free_queue)}\n")
 
 
@@ -83,15 +44,40 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.device:
         scenario = replace(scenario, device=args.device)
     if args.until and args.until not in events.EVENT_KINDS:
-        print(f"error: --until must be one of {', '.join(events.EVENT_KINDS)}", file=sys.stderr)
+        print(f"error: --until must be one of {', '.join(k.value for k in events.EVENT_KINDS)}", file=sys.stderr)
         return 2
     from kvcore.engine import Engine
     from kvcore.model import ModelNotAvailable, DeviceNotAvailable
+    import zmq
+    from kvcore.kv_events import KVEventsConfig
+    kv_events = None
     try:
-        engine = Engine(scenario, debug=args.check, progress=lambda m: print(m, file=sys.stderr))
+        if getattr(args, "kv_events", None):
+            kv_events = KVEventsConfig(enable_kv_cache_events=True, endpoint=args.kv_events,
+                                       replay_endpoint=args.kv_events_replay, topic=args.kv_events_topic)
+        from kvcore.budget import check_scenario, cli_limits
+        from kvcore.model import load_model
+        limits = cli_limits()
+        auto = scenario.engine.num_gpu_blocks == "auto"
+        # the shape of the run, before anything is loaded ("auto" is checked once derived)
+        check_scenario(replace(scenario, engine=replace(scenario.engine, num_gpu_blocks=2)) if auto else scenario,
+                       limits)
+        model = load_model(scenario.model, scenario.device, scenario.dtype,
+                           progress=lambda m: print(m, file=sys.stderr))
+        if auto:  # profile the model, derive the pool as vLLM does; the trace records the number
+            from kvcore.engine import size_kv_cache
+            sizing = size_kv_cache(model, scenario.engine)
+            print("\n".join(sizing.lines()))
+            scenario = replace(scenario, engine=replace(scenario.engine, num_gpu_blocks=sizing.num_gpu_blocks))
+        check_scenario(scenario, limits, model.config, lambda r: model.encode_prompt(r.prompt, r.chat))
+        engine = Engine(scenario, model=model, debug=args.check, progress=lambda m: print(m, file=sys.stderr),
+                        kv_events=kv_events)
     except (ModelNotAvailable, DeviceNotAvailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
+    except zmq.ZMQError as e:
+        print(f"error: --kv-events: {e}", file=sys.stderr)
+        return 2
     except ValueError as e:
         print(f"error: {args.scenario}: {e}", file=sys.stderr)
         return 2
@@ -106,7 +92,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"error: {args.scenario}: {e}", file=sys.stderr)
                 return 2
             if not args.quiet:
-                _log_step(rec, sys.stdout)
+                _log_step(rec, sys.stdout, args.lang, engine.decode if engine.model is not None else None)
             if trace_file:
                 trace_file.write(trace.step_line(rec) + "\n")
             if args.until and any(e.kind == args.until for e in rec.events):
@@ -121,6 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         if trace_file:
             trace_file.close()
+        engine.close()              # sends the queued KV events first
     return 0
 
 
@@ -136,8 +123,131 @@ def main(argv=None) -> int:
     r.add_argument("--device", choices=DEVICES, help="override the scenario's device")
     r.add_argument("--check", action="store_true", help="check the block-manager invariants after every step")
     r.add_argument("--quiet", action="store_true", help="print only the outputs")
+    r.add_argument("--lang", choices=("en", "zh"), default="en", help="language of the step log (default en)")
+    r.add_argument("--kv-events", metavar="ENDPOINT",
+                   help="publish KV cache events on ZeroMQ as vLLM does (e.g. tcp://*:5557)")
+    r.add_argument("--kv-events-replay", metavar="ENDPOINT", help="with --kv-events: the replay socket")
+    r.add_argument("--kv-events-topic", default="", help="with --kv-events: the topic (default empty)")
+    w = sub.add_parser("watch", help="watch a vLLM server's prefix cache through its KV events")
+    w.add_argument("endpoint", help="the server's KV-event endpoint, e.g. tcp://10.0.0.5:5557")
+    w.add_argument("--replay", help="the server's replay endpoint, e.g. tcp://10.0.0.5:5558")
+    w.add_argument("--topic", default="", help="subscribe to this topic (default: everything)")
+    w.add_argument("--bind", action="store_true",
+                   help="bind instead of connecting (when vLLM's endpoint is a host address, its PUB connects)")
+    w.add_argument("--data-parallel-size", type=int, default=1,
+                   help="watch this many ranks: rank r on port + r (replay port + r)")
+    w.add_argument("--model", choices=MODELS, help="decode token ids with this model's tokenizer")
+    w.add_argument("--duration", type=float, help="stop after this many seconds")
+    w.add_argument("--dump-state", metavar="OUT.json",
+                   help="write the rebuilt index here (atomically) when connected and after every batch")
+    f = sub.add_parser("profile", help="profile the model's memory and derive num_gpu_blocks as vLLM does")
+    f.add_argument("--model", choices=MODELS, default="smollm2", help="the model (default smollm2)")
+    f.add_argument("--device", choices=DEVICES, default="auto", help="the device (default auto)")
+    f.add_argument("--dtype", choices=DTYPES, default="float32", help="the dtype (default float32)")
+    f.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
+    f.add_argument("--gpu-memory-utilization", type=float, default=0.9,
+                   help="fraction of the device's memory this engine may use (default 0.9)")
+    f.add_argument("--max-num-batched-tokens", type=int, default=256,
+                   help="tokens of the profiling forward (default 256)")
+    f.add_argument("--max-model-len", type=int, help="for the maximum concurrency (default: the model's)")
     args = p.parse_args(argv)
+    if args.cmd == "watch":
+        return cmd_watch(args)
+    if args.cmd == "profile":
+        return cmd_profile(args)
     return cmd_run(args)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Print the memory profile of the loaded model and the num_gpu_blocks it gives."""
+    from kvcore.model import DeviceNotAvailable, ModelNotAvailable, load_model
+    from kvcore.model.memory import num_gpu_blocks_from_profile
+    from kvcore.model.profile import profile_model
+    for name, value, lo in (("--block-size", args.block_size, 1),
+                            ("--max-num-batched-tokens", args.max_num_batched_tokens, 1),
+                            ("--max-model-len", args.max_model_len or 1, 1)):
+        if value < lo:
+            print(f"error: {name} must be >= {lo}; got {value}", file=sys.stderr)
+            return 2
+    if not 0 < args.gpu_memory_utilization <= 1:
+        print(f"error: --gpu-memory-utilization must be in (0, 1]; got {args.gpu_memory_utilization}",
+              file=sys.stderr)
+        return 2
+    try:
+        model = load_model(args.model, args.device, args.dtype, progress=lambda m: print(m, file=sys.stderr))
+    except (ModelNotAvailable, DeviceNotAvailable) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
+    max_model_len = args.max_model_len or getattr(model.config, "max_position_embeddings", 8192)
+    try:
+        profile = profile_model(model, args.max_num_batched_tokens, args.block_size)
+        sizing = num_gpu_blocks_from_profile(profile, model.config, args.block_size, model.dtype,
+                                             args.gpu_memory_utilization, max_model_len)
+    except ValueError as e:  # e.g. a VLLM_CPU_KVCACHE_SPACE that is not a number
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(sizing.lines()))
+    return 0
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    """Print a line per KV-event batch; keep --dump-state current; stop on SIGINT/SIGTERM or --duration."""
+    import signal
+    import threading
+    import time
+
+    from kvcore.watch import KVEventWatcher, describe_batch, write_json_atomic
+
+    decode = None
+    if args.model:
+        from kvcore.model import DeviceNotAvailable, ModelNotAvailable, load_model
+        try:
+            model = load_model(args.model, "cpu", "float32", progress=lambda m: print(m, file=sys.stderr))
+        except (ModelNotAvailable, DeviceNotAvailable) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 3
+        decode = model.decode
+    lock = threading.Lock()
+
+    def dump() -> None:
+        if args.dump_state:
+            with lock:
+                write_json_atomic(args.dump_state, watcher.snapshot().dump())
+
+    def on_batch(rank, seq, batch, replayed) -> None:
+        print(describe_batch(rank, seq, batch, replayed, decode), flush=True)
+        dump()
+
+    try:
+        watcher = KVEventWatcher(args.endpoint, args.replay, args.topic, args.bind, args.data_parallel_size,
+                                 on_batch=on_batch)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    deadline = None if args.duration is None else time.monotonic() + args.duration
+    watcher.start()
+    while not watcher.connected.wait(0.05):
+        if not watcher.running or stop.is_set():
+            break
+    if watcher.connected.is_set():
+        dump()
+        print(f"watching {', '.join(r.endpoint for r in watcher.ranks)}"
+              f"{' replay ' + args.replay if args.replay else ''}", file=sys.stderr, flush=True)
+    while not stop.is_set() and watcher.running and (deadline is None or time.monotonic() < deadline):
+        stop.wait(0.1)
+    watcher.stop()
+    snap = watcher.snapshot()
+    dump()
+    st = snap.stats
+    print(f"-- {st.batches} batches ({st.replayed_batches} replayed), {st.gaps} gaps, {st.lost_batches} lost, "
+          f"{st.restarts} restarts, {st.garbage_messages + st.oversized_messages} skipped", file=sys.stderr)
+    if snap.error:
+        print(f"error: {snap.error}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Engine: schedule -> run the model -> update requests -> record, one step at a time."""
 from __future__ import annotations
 
+import time
 import zlib
 from dataclasses import replace
 from typing import Callable, Optional
@@ -8,10 +9,13 @@ from typing import Callable, Optional
 from kvcore import events, snapshot
 from kvcore.batch import SeqBatchItem
 from kvcore.invariants import check_invariants
-from kvcore.kv.block_hash import BlockHasher, get_hash_fn
-from kvcore.kv.kv_cache_coordinator import KVCacheGroupSpec
+from kvcore.kv.block_hash import BlockHasher, get_hash_fn, resolve_none_hash_seed
+from kvcore.kv.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+                                         SlidingWindowSpec)
 from kvcore.kv.kv_cache_manager import KVCacheManager
+from kvcore.kv_events import KVEventBatch, KVEventsConfig, ZmqEventPublisher
 from kvcore.sched.request import Request
+from kvcore.sched.output import ModelRunnerOutput
 from kvcore.sched.scheduler import Scheduler, SchedulerConfig
 from kvcore.scenario import EngineSettings, RequestSpec, Scenario
 from kvcore.snapshot import take_snapshot
@@ -30,9 +34,26 @@ def kv_cache_groups(settings: EngineSettings, num_layers: int) -> tuple[list[KVC
     if len(types) != num_layers:
         raise ValueError(f"engine.layer_types lists {len(types)} layers but the model has {num_layers}")
     kinds = sorted(set(types), key=lambda t: t != "full_attention")
-    groups = [KVCacheGroupSpec("full") if k == "full_attention" else KVCacheGroupSpec("sliding", W)
+    bs = settings.block_size
+    groups = [KVCacheGroupSpec(tuple(f"layers.{i}" for i, t in enumerate(types) if t == k),
+                               FullAttentionSpec(bs) if k == "full_attention" else SlidingWindowSpec(bs, W))
               for k in kinds]
     return groups, [kinds.index(t) for t in types]
+
+
+def size_kv_cache(model, settings: EngineSettings):
+    """``num_gpu_blocks: "auto"``: profile the loaded model and derive the pool as vLLM does
+    (a :class:`kvcore.model.memory.KVCacheSizing`); ValueError when not even one usable block fits."""
+    from kvcore.model.memory import num_gpu_blocks_from_profile
+    from kvcore.model.profile import profile_model
+    max_model_len = settings.max_model_len or getattr(model.config, "max_position_embeddings", 8192)
+    profile = profile_model(model, settings.max_num_batched_tokens, settings.block_size)
+    sizing = num_gpu_blocks_from_profile(profile, model.config, settings.block_size, model.dtype,
+                                         settings.gpu_memory_utilization, max_model_len)
+    if sizing.num_gpu_blocks < 2:
+        raise ValueError(f'engine.num_gpu_blocks "auto": no room for a KV cache at gpu_memory_utilization '
+                         f"{settings.gpu_memory_utilization}:\n" + "\n".join(sizing.lines()))
+    return sizing
 
 
 class NoModelRunner:
@@ -56,7 +77,8 @@ class Engine:
     """Drives one scenario. Same scenario -> same tokens, block ids and trace, every run."""
 
     def __init__(self, scenario: Scenario, model=None, runner=None, debug: bool = False,
-                 progress: Optional[Callable[[str], None]] = None) -> None:
+                 progress: Optional[Callable[[str], None]] = None,
+                 kv_events: Optional[KVEventsConfig] = None) -> None:
         s = scenario.engine
         self.scenario = scenario
         self.settings = s
@@ -75,22 +97,39 @@ class Engine:
             max_len = 1 << 20
         self.groups, layer_group = kv_cache_groups(s, num_layers)
         self.max_model_len = s.max_model_len or max_len
+        self.kv_cache_sizing = None  # how num_gpu_blocks "auto" was derived (kvcore.model.memory.KVCacheSizing)
+        if s.num_gpu_blocks == "auto":
+            if self.model is None:
+                raise ValueError('engine.num_gpu_blocks "auto" profiles the model; this engine runs without one')
+            self.kv_cache_sizing = size_kv_cache(self.model, s)
+            s = self.settings = replace(s, num_gpu_blocks=self.kv_cache_sizing.num_gpu_blocks)
         self.recorder = events.Recorder()
         self.hash_fn = get_hash_fn(s.hash_algo)
-        self.hasher = BlockHasher(self.hash_fn, s.block_size)
+        self.none_hash_seed = resolve_none_hash_seed(s.hash_algo, s.hash_seed)
+        self.hasher = BlockHasher(self.hash_fn, s.block_size, self.none_hash_seed)
+        self.kv_cache_config = KVCacheConfig(s.num_gpu_blocks, tuple(self.groups),
+                                             s.prefix_cache_retention_interval)
         self.kv_cache_manager = KVCacheManager(
-            s.num_gpu_blocks, s.block_size, self.groups, s.enable_prefix_caching,
-            self.max_model_len, s.free_order, s.sliding_retention, self.recorder)
+            self.kv_cache_config, self.max_model_len, s.enable_prefix_caching,
+            s.max_num_batched_tokens, s.watermark, s.free_order, self.recorder)
         self.scheduler = Scheduler(SchedulerConfig(
             max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
             policy=s.policy, max_model_len=self.max_model_len, admission=s.admission,
-            long_prefill_token_threshold=s.long_prefill_token_threshold),
+            long_prefill_token_threshold=s.long_prefill_token_threshold,
+            max_cache_hit_length=s.max_cache_hit_length),
             self.kv_cache_manager, self.recorder)
         if runner is None:
             from kvcore.model import ModelRunner
             runner = ModelRunner(self.model, s.num_gpu_blocks, s.block_size, layer_group,
                                  [g.sliding_window for g in self.groups], seed=s.seed)
         self.runner = runner
+        # KV cache events (vLLM's wire format): drained every step; published on ZeroMQ
+        # when enabled (engine.kv_events in the scenario, or the kv_events argument).
+        self.kv_events_config = kv_events if kv_events is not None else getattr(s, "kv_events", None)
+        self.kv_event_publisher: Optional[ZmqEventPublisher] = None
+        self.last_kv_event_batch: Optional[KVEventBatch] = None
+        if self.kv_events_config is not None:
+            self.kv_cache_manager.block_pool.use_int_block_hashes = self.kv_events_config.use_int_block_hashes
         self.step_count = 0
         self._arrivals = 0
         self._pending: list[RequestSpec] = sorted(scenario.requests, key=lambda r: r.arrival_step)
@@ -100,6 +139,9 @@ class Engine:
             self._checked_prompt(spec)
         if self.debug:
             self.check_invariants()
+        cfg = self.kv_events_config
+        if cfg is not None and cfg.enable_kv_cache_events and cfg.publisher == "zmq":
+            self.kv_event_publisher = ZmqEventPublisher.from_config(cfg)   # last: nothing after it can fail
 
     # -- requests -----------------------------------------------------------------------
     def _eos_ids(self) -> tuple[int, ...]:
@@ -160,32 +202,39 @@ class Engine:
             self.add_request(self._pending.pop(0))
         out = self.scheduler.schedule()
         sampled: dict[str, int] = {}
+        model_inputs = None
         if out.num_scheduled_tokens:
             items = []
+            computed_before = out.num_computed_tokens_before()
             for rid, n in out.num_scheduled_tokens.items():
                 req = self.scheduler.requests[rid]
-                before = out.num_computed_before[rid]
+                before = computed_before[rid]
                 items.append(SeqBatchItem(
                     request_id=rid, token_ids=req.all_token_ids[before:before + n], start_pos=before,
                     block_tables=self.kv_cache_manager.get_block_ids(rid),
                     sample=before + n >= req.num_tokens))
             sampled = self.runner.execute(items)
+            model_inputs = getattr(self.runner, "last_inputs", None)  # what the forward was given
             if sampled:
-                self.recorder.at(None).emit(events.SAMPLED, sampled_ids=list(sampled), tokens=dict(sampled))
-            self.scheduler.update_from_output(out, sampled)
+                self.recorder.emit(events.Sampled(tokens=dict(sampled)))
+            self.scheduler.update_from_output(
+                out, ModelRunnerOutput.from_sampled(list(out.num_scheduled_tokens), sampled))
         elif not self.scheduler.running and self.scheduler.waiting:
             # Nothing runs and the head of the queue was refused by an empty pool: it never fits.
             head = self.scheduler.waiting.peek_request()
             self.scheduler.abort_request(head.request_id)
-            self.recorder.at(head.request_id).emit(events.BLOCKED, reason="never_fits",
-                               num_tokens=head.num_tokens,
-                               usable_blocks=self.settings.num_gpu_blocks - 1)
+            self.recorder.emit(events.Blocked(request_id=head.request_id, reason="never_fits",
+                                              num_tokens=head.num_tokens,
+                                              usable_blocks=self.settings.num_gpu_blocks - 1))
+        self._publish_kv_events()
+        self.kv_cache_manager.make_prefix_cache_stats()
         if self.debug:
             self.check_invariants()
         rec = snapshot.StepRecord(
             step=self.step_count, scheduled=dict(out.num_scheduled_tokens),
             events=tuple(self.recorder.drain()), snapshot=self.snapshot(),
-            new_tokens={rid: [t] for rid, t in sampled.items()})
+            new_tokens={rid: [t] for rid, t in sampled.items()}, model_inputs=model_inputs,
+            kv_events=tuple(self.last_kv_event_batch.events) if self.last_kv_event_batch else ())
         self.history.append(rec)
         return rec
 
@@ -222,7 +271,8 @@ class Engine:
         return out
 
     def check_invariants(self) -> None:
-        check_invariants(self.kv_cache_manager, self.hash_fn, self.scheduler.requests)
+        check_invariants(self.kv_cache_manager, self.hash_fn, self.scheduler.requests,
+                         self.hasher.none_hash)
 
     def reset_prefix_cache(self) -> bool:
         return self.kv_cache_manager.reset_prefix_cache()
@@ -232,6 +282,19 @@ class Engine:
 
     def take_kv_events(self) -> list:
         return self.kv_cache_manager.take_events()
+
+    def _publish_kv_events(self) -> None:
+        """As vLLM's update_from_output: one KVEventBatch per step that queued events."""
+        taken = self.kv_cache_manager.take_events()
+        self.last_kv_event_batch = KVEventBatch(ts=time.time(), events=taken) if taken else None
+        if self.last_kv_event_batch is not None and self.kv_event_publisher is not None:
+            self.kv_event_publisher.publish(self.last_kv_event_batch)
+
+    def close(self) -> None:
+        """Stop the KV event publisher (sends what is queued first)."""
+        if self.kv_event_publisher is not None:
+            self.kv_event_publisher.shutdown()
+            self.kv_event_publisher = None
 
     def bytes_per_block(self) -> int:
         from kvcore.model.memory import bytes_per_block

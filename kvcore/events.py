@@ -1,89 +1,330 @@
-"""The event vocabulary: what kv/ and sched/ record when they make a decision.
+"""The event vocabulary: every decision kv/ and sched/ can make, one frozen class per kind.
 
-Every decision is an Event emitted by the component that made it, through a Recorder
-the engine drains once per step. Events are frozen and JSON-serialisable.
+Read this file to see what the engine can decide. Each event is emitted by the
+component that made the decision (the docstring names the vLLM function that makes
+it there), into a Recorder the engine drains once per step. Every event has
+``kind``, ``request_id`` (None where no request is involved), ``block_ids`` (maybe
+empty) and ``group`` (the KV cache group, None where it does not apply); the other
+fields say why. Events are frozen and round-trip through JSON with ``to_dict`` /
+``Event.from_dict``, the kind being the tag.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import dataclasses
+import functools
+from dataclasses import dataclass
+from enum import Enum
+from typing import Annotated, Any, ClassVar, Union
 
-# Event kinds. Each one is emitted by the component that made the decision.
-ALLOCATED = "allocated"          # BlockPool.get_new_blocks handed out blocks from the queue head
-EVICTED = "evicted"              # a cached block lost its hash (lazily, when popped; or evict_blocks)
-CACHE_HIT = "cache_hit"          # KVCacheManager.get_computed_blocks found cached blocks
-CACHE_MISS = "cache_miss"        # a lookup that found nothing (so the learner sees the question was asked)
-TOUCHED = "touched"              # BlockPool.touch: ref_cnt += 1, pulled out of the free queue if it was free
-CACHED = "cached"                # BlockPool.cache_full_blocks: full blocks got their hash
-FREED = "freed"                  # BlockPool.free_blocks: ref_cnt -= 1; those reaching 0 queued
-WINDOW_SKIPPED = "window_skipped"  # sliding-window blocks left the window, slots became the null block
-SCHEDULED = "scheduled"          # a request got tokens in this step's batch
-ADMITTED = "admitted"            # a waiting request became running
-BLOCKED = "blocked"              # a waiting request could not be admitted (why in data)
-PREEMPTED = "preempted"          # a running request lost its blocks and went back to waiting
-RESUMED = "resumed"              # a preempted request was admitted again
-ARRIVED = "arrived"              # a request was added to the waiting queue
-FINISHED = "finished"            # a request stopped (eos / length) and freed its blocks
-RESET = "reset"                  # reset_prefix_cache (succeeded or refused)
-SAMPLED = "sampled"              # the model produced tokens for requests in this step
-
-EVENT_KINDS = (
-    ARRIVED, SCHEDULED, ADMITTED, RESUMED, BLOCKED, CACHE_HIT, CACHE_MISS, TOUCHED,
-    ALLOCATED, EVICTED, CACHED, FREED, WINDOW_SKIPPED, PREEMPTED, FINISHED, RESET, SAMPLED,
-)
+from pydantic import Discriminator, Tag, TypeAdapter
 
 
-@dataclass(frozen=True)
+class EventKind(str, Enum):
+    """The kinds, as written in step records and trace files."""
+
+    ARRIVED = "arrived"
+    SCHEDULED = "scheduled"
+    ADMITTED = "admitted"
+    RESUMED = "resumed"
+    BLOCKED = "blocked"
+    CACHE_HIT = "cache_hit"
+    CACHE_MISS = "cache_miss"
+    TOUCHED = "touched"
+    ALLOCATED = "allocated"
+    EVICTED = "evicted"
+    CACHED = "cached"
+    FREED = "freed"
+    WINDOW_SKIPPED = "window_skipped"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+    RESET = "reset"
+    SAMPLED = "sampled"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+# Short names, so `e.kind == events.EVICTED` reads like the sentence it is.
+(ARRIVED, SCHEDULED, ADMITTED, RESUMED, BLOCKED, CACHE_HIT, CACHE_MISS, TOUCHED, ALLOCATED, EVICTED,
+ CACHED, FREED, WINDOW_SKIPPED, PREEMPTED, FINISHED, RESET, SAMPLED) = tuple(EventKind)
+EVENT_KINDS: tuple[EventKind, ...] = tuple(EventKind)
+
+IntTuple = tuple[int, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
 class Event:
-    """One decision. ``data`` holds the reason as plain values (ints, strs, lists)."""
+    """One decision, as it was made. Subclasses add the fields that say why."""
 
-    kind: str
+    kind: ClassVar[EventKind]
     request_id: str | None = None
-    block_ids: tuple[int, ...] = ()
+    block_ids: IntTuple = ()
     group: int | None = None
-    data: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "request_id": self.request_id,
-            "block_ids": list(self.block_ids),
-            "group": self.group,
-            "data": self.data,
-        }
+        """JSON-ready: {"kind": ..., every field by name}; tuples become lists, dict keys text."""
+        out: dict[str, Any] = {"kind": self.kind.value}
+        for f in dataclasses.fields(self):
+            out[f.name] = _plain(getattr(self, f.name))
+        return out
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "Event":
-        return Event(d["kind"], d.get("request_id"), tuple(d.get("block_ids", ())),
-                     d.get("group"), dict(d.get("data", {})))
+        """The event ``to_dict`` wrote (the subclass named by ``kind``); ValueError on anything else."""
+        return _any_event_adapter().validate_python(d)
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, (tuple, list)):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _plain(x) for k, x in v.items()}
+    return v
+
+
+# -- the scheduler (sched/scheduler.py) --------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Arrived(Event):
+    """A request joined the waiting queue (vLLM: ``Scheduler.add_request``)."""
+
+    kind = EventKind.ARRIVED
+    request_id: str = dataclasses.field()       # required: always about one request
+    num_prompt_tokens: int
+    priority: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scheduled(Event):
+    """A request got ``num_tokens`` tokens in this step's batch, from position ``start``
+    (vLLM: ``Scheduler.schedule``, ``num_scheduled_tokens``). ``phase`` says what they are:
+    "prefill" (the rest of the prompt at once), "chunk" (part of it: chunked prefill),
+    "decode" (the next token) or "recompute" (a preempted request starting over)."""
+
+    kind = EventKind.SCHEDULED
+    request_id: str = dataclasses.field()
+    num_tokens: int
+    phase: str
+    start: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Admitted(Event):
+    """A waiting request became running; ``num_cached_tokens`` of it came from the prefix
+    cache (vLLM: ``Scheduler.schedule``, the waiting loop)."""
+
+    kind = EventKind.ADMITTED
+    request_id: str = dataclasses.field()
+    num_cached_tokens: int
+    num_preemptions: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resumed(Event):
+    """A preempted request was admitted again; ``num_cached_tokens`` of its own tokens were
+    still cached and are not recomputed (vLLM: ``Scheduler.schedule``, the waiting loop)."""
+
+    kind = EventKind.RESUMED
+    request_id: str = dataclasses.field()
+    num_cached_tokens: int
+    num_preemptions: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Blocked(Event):
+    """The head of the waiting queue was not admitted this step (vLLM: ``Scheduler.schedule``
+    breaking out of the waiting loop). ``reason`` is one of: "max_num_seqs" (that many
+    already run), "token_budget" (this step's budget is spent), "no_free_blocks"
+    (``allocate_slots`` refused), "preempted_this_step" (no admissions in a step that
+    preempted), "never_fits" (the engine aborts a prompt an empty pool cannot hold).
+    The other fields are the numbers behind the reason that applies."""
+
+    kind = EventKind.BLOCKED
+    request_id: str = dataclasses.field()
+    reason: str
+    max_num_seqs: int | None = None
+    token_budget: int | None = None
+    num_free_blocks: int | None = None
+    num_tokens: int | None = None
+    usable_blocks: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Preempted(Event):
+    """A running request lost all its blocks and went back to the front of the waiting queue,
+    to be recomputed, because ``needed_by`` could not get blocks (vLLM:
+    ``Scheduler._preempt_request``). The victim follows ``policy``: "fcfs" takes the last
+    running request, "priority" the largest (priority, arrival)."""
+
+    kind = EventKind.PREEMPTED
+    request_id: str = dataclasses.field()
+    policy: str
+    needed_by: str
+    victim_priority: int = 0
+    num_computed_tokens: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finished(Event):
+    """A request stopped and frees its blocks (vLLM: ``Scheduler.update_from_output`` for
+    "length" / "eos" / "stop", ``finish_requests`` for "aborted")."""
+
+    kind = EventKind.FINISHED
+    request_id: str = dataclasses.field()
+    reason: str
+    num_output_tokens: int | None = None
+
+
+# -- the KV cache manager (kv/kv_cache_manager.py, kv/single_type_kv_cache_manager.py) ----
+@dataclass(frozen=True, kw_only=True)
+class CacheHit(Event):
+    """The longest cached prefix of a request: ``num_blocks`` full blocks, ``num_tokens``
+    tokens (vLLM: ``KVCacheManager.get_computed_blocks``). ``block_ids_per_group`` holds
+    each group's hit blocks (0 = the null block, outside a sliding window);
+    ``preempted_before`` is True when the request finds its own blocks again."""
+
+    kind = EventKind.CACHE_HIT
+    request_id: str = dataclasses.field()
+    num_tokens: int
+    num_blocks: int
+    block_ids_per_group: tuple[IntTuple, ...] = ()
+    preempted_before: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheMiss(Event):
+    """A prefix-cache lookup found nothing: its ``num_full_blocks`` block hashes were asked
+    for and the first already missed (vLLM: ``KVCacheManager.get_computed_blocks``)."""
+
+    kind = EventKind.CACHE_MISS
+    request_id: str = dataclasses.field()
+    num_tokens: int
+    num_full_blocks: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class WindowSkipped(Event):
+    """Blocks ``block_ids`` left the sliding window: table ``slots`` now point at the null
+    block and the blocks are freed (vLLM: ``SingleTypeKVCacheManager.remove_skipped_blocks``)."""
+
+    kind = EventKind.WINDOW_SKIPPED
+    request_id: str = dataclasses.field()
+    slots: IntTuple
+    num_computed_tokens: int
+
+
+# -- the block pool (kv/block_pool.py) ------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Allocated(Event):
+    """``block_ids`` were popped from the head of the free queue for a request (vLLM:
+    ``BlockPool.get_new_blocks``). ``evicted_hashes`` maps each popped block that still
+    carried a hash to that hash: reusing the block evicted it."""
+
+    kind = EventKind.ALLOCATED
+    queue_positions: IntTuple = ()
+    evicted_hashes: dict[int, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evicted(Event):
+    """Block ``block_ids[0]`` lost ``block_hash``: that prefix can no longer be hit (vLLM:
+    ``BlockPool._maybe_evict_cached_block``). ``reason`` is "reused from queue head"
+    (``get_new_blocks`` popped it) or "evict_blocks" (asked for by id)."""
+
+    kind = EventKind.EVICTED
+    block_hash: str
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Touched(Event):
+    """``block_ids`` got one more user (ref_cnt + 1) because a request hit them (vLLM:
+    ``BlockPool.touch``). ``from_queue`` were free (ref_cnt 0) and left the free queue from
+    ``queue_positions`` (0 = head): a hit rescued them before eviction."""
+
+    kind = EventKind.TOUCHED
+    from_queue: IntTuple = ()
+    queue_positions: IntTuple = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cached(Event):
+    """Full blocks ``block_ids`` got their ``block_hashes`` and entered the prefix cache
+    (vLLM: ``BlockPool.cache_full_blocks``)."""
+
+    kind = EventKind.CACHED
+    block_hashes: tuple[str, ...]
+    num_tokens: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Freed(Event):
+    """``block_ids`` lost a user (ref_cnt − 1), in this order (vLLM: ``BlockPool.free_blocks``;
+    a request frees its table in reverse). Those reaching 0 joined the free queue: without a
+    hash at the head (reused first), with one at the tail; ``still_used`` kept other users.
+    ``reason``: "finished", "preempted", "aborted" or "window"."""
+
+    kind = EventKind.FREED
+    to_head: IntTuple = ()
+    to_tail: IntTuple = ()
+    still_used: IntTuple = ()
+    reason: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefixCacheReset(Event):
+    """Every hash dropped (``ok``), or refused while ``blocks_in_use`` blocks are held
+    (vLLM: ``BlockPool.reset_prefix_cache``)."""
+
+    kind = EventKind.RESET
+    ok: bool
+    blocks_in_use: int | None = None
+
+
+# -- the engine (engine.py) -----------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Sampled(Event):
+    """The model produced one token for each request in ``tokens`` (request id -> token id);
+    requests in the middle of their prompt get none (vLLM: the model runner's sampler)."""
+
+    kind = EventKind.SAMPLED
+    tokens: dict[str, int]
+
+
+EVENT_TYPES: dict[EventKind, type[Event]] = {cls.kind: cls for cls in (
+    Arrived, Scheduled, Admitted, Resumed, Blocked, CacheHit, CacheMiss, Touched, Allocated, Evicted,
+    Cached, Freed, WindowSkipped, Preempted, Finished, PrefixCacheReset, Sampled)}
+
+
+def _kind_tag(v: Any) -> str | None:
+    kind = v.get("kind") if isinstance(v, dict) else getattr(v, "kind", None)
+    return kind.value if isinstance(kind, EventKind) else kind
+
+
+# Any event, told apart by its kind: a tagged union, the schema step records and trace files use.
+AnyEvent = Annotated[Union[tuple(Annotated[cls, Tag(kind.value)] for kind, cls in EVENT_TYPES.items())],
+                     Discriminator(_kind_tag)]
+
+
+@functools.cache
+def _any_event_adapter() -> TypeAdapter:
+    return TypeAdapter(AnyEvent)
 
 
 class Recorder:
-    """Collects the events of the current step.
+    """Collects the events of the current step, in the order the decisions were made.
 
-    ``request_id`` is the request the caller is currently working for; pool
-    operations do not know it, so the manager sets it around its calls.
+    It keeps no notion of whom the engine is working for: every event names its
+    request and group itself.
     """
 
     def __init__(self) -> None:
         self.events: list[Event] = []
-        self.request_id: str | None = None
-        self.group: int | None = None
 
-    def emit(self, event_kind: str, block_ids=(), request_id: str | None = None,
-             group: int | None = None, **data: Any) -> None:
-        self.events.append(Event(
-            event_kind,
-            request_id if request_id is not None else self.request_id,
-            tuple(block_ids),
-            group if group is not None else self.group,
-            data,
-        ))
-
-    def at(self, request_id: str | None, group: int | None = None) -> "Recorder":
-        """Set who the next pool events are for."""
-        self.request_id, self.group = request_id, group
-        return self
+    def emit(self, event: Event) -> None:
+        self.events.append(event)
 
     def drain(self) -> list[Event]:
         out, self.events = self.events, []

@@ -13,7 +13,7 @@ def _fail(msg: str) -> None:
     raise InvariantError(msg)
 
 
-def check_invariants(kvm: KVCacheManager, hash_fn=None, requests=None) -> None:
+def check_invariants(kvm: KVCacheManager, hash_fn=None, requests=None, none_hash=None) -> None:
     """Raise InvariantError if the pool, tables, queue or hash map disagree.
 
     - ref_cnt of each non-null block = number of block-table slots holding it;
@@ -83,7 +83,7 @@ def check_invariants(kvm: KVCacheManager, hash_fn=None, requests=None) -> None:
             meta = pool.hash_meta.get(raw)
             if meta is None:
                 _fail(f"block {blk.block_id}: no record of what its hash stands for")
-            if hash_block_tokens(hash_fn, meta.parent, meta.token_ids, meta.extra_keys) != raw:
+            if hash_block_tokens(hash_fn, meta.parent, meta.token_ids, meta.extra_keys, none_hash) != raw:
                 _fail(f"block {blk.block_id}: hash does not match its parent and tokens")
     if requests is not None:
         for gid, m in enumerate(kvm.coordinator.single_type_managers):

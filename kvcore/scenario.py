@@ -1,20 +1,35 @@
-"""Scenario files: engine settings + requests, validated on load.
+"""Scenario files: engine settings + requests, validated on load with a pydantic schema.
 
-Every problem is reported with its path in the file ("requests[2].max_tokens: ...")
-and nothing is half-applied: load_scenario either returns a complete Scenario or
-raises ScenarioError listing all problems.
+The schema is the dataclasses below (their ``Annotated`` types); pydantic checks a
+file against them and reports every problem with its path in the file
+("requests[2].max_tokens: ..."). Nothing is half-applied: load_scenario either
+returns a complete Scenario or raises ScenarioError listing all problems.
+
+Old files: ``engine.sliding_retention`` ("sparse" / "dense", before vLLM named the
+setting) is still read, as ``prefix_cache_retention_interval`` 0 / null.
 """
 from __future__ import annotations
 
 import json
+import re
+import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
+
+from pydantic import AfterValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import TypeAdapter, ValidationError
 
 MODELS = ("smollm2", "tiny-random")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
 LAYER_TYPES = ("full_attention", "sliding_attention")
+HASH_ALGOS = ("xxhash", "sha256", "sha256_cbor", "xxhash_cbor")
+POLICIES = ("fcfs", "priority")
+FREE_ORDERS = ("v0.33", "legacy")
+ADMISSIONS = ("full_sequence", "first_chunk")
+LEGACY_RETENTION = {"sparse": 0, "dense": None}   # engine.sliding_retention -> prefix_cache_retention_interval
+_FORBID = ConfigDict(extra="forbid")
 
 
 class ScenarioError(ValueError):
@@ -23,134 +38,199 @@ class ScenarioError(ValueError):
         super().__init__("invalid scenario:\n" + "\n".join(f"  - {p}" for p in self.problems))
 
 
+def _fraction(v: Union[int, float]) -> float:
+    if not 0 <= v < 1:
+        raise ValueError("out of range")
+    return float(v)
+
+
+def _utilization(v: Union[int, float]) -> float:
+    if not 0 < v <= 1:
+        raise ValueError("out of range")
+    return float(v)
+
+
+Int = Annotated[StrictInt, Field(ge=1)]
+Count = Annotated[StrictInt, Field(ge=0)]
+OptInt = Optional[Annotated[StrictInt, Field(ge=1)]]
+
+
 @dataclass(frozen=True)
 class EngineSettings:
-    block_size: int = 16
-    num_gpu_blocks: int = 64            # counts the null block, as vLLM does
-    enable_prefix_caching: bool = True
-    hash_algo: str = "xxhash"
-    max_num_seqs: int = 8
-    max_num_batched_tokens: int = 256
-    policy: str = "fcfs"
-    sliding_window: Optional[int] = None
-    layer_types: Optional[tuple[str, ...]] = None
-    free_order: str = "v0.33"
-    admission: str = "full_sequence"
-    sliding_retention: str = "sparse"
-    seed: Optional[int] = None
-    max_model_len: Optional[int] = None
-    long_prefill_token_threshold: int = 0
+    __pydantic_config__ = _FORBID
+    block_size: Int = 16
+    # counts the null block, as vLLM does; "auto": profile the model and derive it from
+    # gpu_memory_utilization (kvcore/model/profile.py, kvcore/model/memory.py: KVCacheSizing)
+    num_gpu_blocks: Union[Annotated[StrictInt, Field(ge=2)], Literal["auto"]] = 64
+    gpu_memory_utilization: Annotated[Union[StrictInt, StrictFloat], AfterValidator(_utilization)] = 0.9
+    enable_prefix_caching: StrictBool = True
+    hash_algo: Literal[HASH_ALGOS] = "xxhash"
+    # NONE_HASH seed: a string is the seed; null = vLLM's rule (PYTHONHASHSEED, else fixed
+    # for sha256 and random for xxhash). See kvcore/kv/block_hash.py.
+    hash_seed: Optional[StrictStr] = "vllm-none-hash"
+    max_num_seqs: Int = 8
+    max_num_batched_tokens: Int = 256
+    policy: Literal[POLICIES] = "fcfs"
+    sliding_window: OptInt = None
+    layer_types: Optional[Annotated[tuple[Literal[LAYER_TYPES], ...], Field(min_length=1)]] = None
+    free_order: Literal[FREE_ORDERS] = "v0.33"
+    admission: Literal[ADMISSIONS] = "full_sequence"
+    # None: hash every full block of a sliding-window group; 0: only the blocks a later
+    # request can hit (vLLM's default); n > 0: those and a checkpoint every n tokens.
+    prefix_cache_retention_interval: Optional[Count] = 0
+    watermark: Annotated[Union[StrictInt, StrictFloat], AfterValidator(_fraction)] = 0.0
+    max_cache_hit_length: Optional[Count] = None
+    seed: Optional[Count] = None
+    max_model_len: OptInt = None
+    long_prefill_token_threshold: Count = 0
 
 
 @dataclass(frozen=True)
 class RequestSpec:
-    id: str
-    prompt: Optional[str] = None
-    prompt_token_ids: Optional[tuple[int, ...]] = None
-    chat: bool = False
-    max_tokens: int = 16
-    arrival_step: int = 0
-    priority: int = 0
-    cache_salt: Optional[str] = None
-    ignore_eos: bool = False
+    __pydantic_config__ = _FORBID
+    id: Annotated[StrictStr, Field(min_length=1)]
+    prompt: Optional[Annotated[StrictStr, Field(min_length=1)]] = None
+    prompt_token_ids: Optional[Annotated[tuple[Count, ...], Field(min_length=1)]] = None
+    chat: StrictBool = False
+    max_tokens: Int = 16
+    arrival_step: Count = 0
+    priority: StrictInt = 0
+    cache_salt: Optional[StrictStr] = None
+    ignore_eos: StrictBool = False
 
 
 @dataclass(frozen=True)
 class Scenario:
-    name: str = "scenario"
-    description: str = ""
-    model: str = "smollm2"
-    device: str = "auto"
-    dtype: str = "float32"
+    __pydantic_config__ = _FORBID
+    name: StrictStr = "scenario"
+    description: StrictStr = ""
+    model: Literal[MODELS] = "smollm2"
+    device: Literal[DEVICES] = "auto"
+    dtype: Literal[DTYPES] = "float32"
     engine: EngineSettings = field(default_factory=EngineSettings)
     requests: tuple[RequestSpec, ...] = ()
 
 
-_CHOICES = {
-    "hash_algo": ("xxhash", "sha256"),
-    "policy": ("fcfs", "priority"),
-    "free_order": ("v0.33", "legacy"),
-    "admission": ("full_sequence", "first_chunk"),
-    "sliding_retention": ("sparse", "dense"),
+_SCENARIO = TypeAdapter(Scenario)
+
+# What a field must be, said once per field: the message for any error at that path.
+_MUST: dict[str, str] = {
+    "block_size": "an integer >= 1", "num_gpu_blocks": "an integer >= 2 (block 0 is the null block, "
+    "so at least one usable block needs 2) or \"auto\"", "gpu_memory_utilization": "a number in (0, 1]", "max_num_seqs": "an integer >= 1",
+    "max_num_batched_tokens": "an integer >= 1", "long_prefill_token_threshold": "an integer >= 0",
+    "enable_prefix_caching": "true or false", "hash_algo": "one of " + ", ".join(HASH_ALGOS),
+    "hash_seed": "a string or null", "policy": "one of " + ", ".join(POLICIES),
+    "free_order": "one of " + ", ".join(FREE_ORDERS), "admission": "one of " + ", ".join(ADMISSIONS),
+    "sliding_window": "null or a positive integer", "max_model_len": "null or a positive integer",
+    "seed": "null or an integer >= 0", "prefix_cache_retention_interval": "null or an integer >= 0",
+    "max_cache_hit_length": "null or an integer >= 0", "watermark": "a number in [0, 1)",
+    "layer_types": "a non-empty list of " + " / ".join(LAYER_TYPES),
+    "id": "a non-empty string", "prompt": "a non-empty string",
+    "prompt_token_ids": "a non-empty list of token ids (integers >= 0)", "chat": "true or false",
+    "max_tokens": "an integer >= 1", "arrival_step": "an integer >= 0", "priority": "an integer",
+    "cache_salt": "a string or null", "ignore_eos": "true or false",
+    "model": "one of " + ", ".join(MODELS), "device": "one of " + ", ".join(DEVICES),
+    "dtype": "one of " + ", ".join(DTYPES), "name": "a string", "description": "a string",
+    "engine": "an object", "requests": "a list",
 }
+_SECTIONS = {(): Scenario, ("engine",): EngineSettings, ("requests", int): RequestSpec}
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def _path(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
 
 
-def _check_engine(raw: Any, problems: list[str]) -> Optional[EngineSettings]:
-    if raw is None:
-        return EngineSettings()
-    if not isinstance(raw, dict):
-        problems.append("engine: must be an object")
-        return None
-    known = {f.name for f in fields(EngineSettings)}
-    for k in raw:
-        if k not in known:
-            problems.append(f"engine.{k}: unknown setting (known: {', '.join(sorted(known))})")
-    v = {**asdict(EngineSettings()), **{k: raw[k] for k in raw if k in known}}
-    for name, lo in (("block_size", 1), ("num_gpu_blocks", 2), ("max_num_seqs", 1),
-                     ("max_num_batched_tokens", 1), ("long_prefill_token_threshold", 0)):
-        if not _is_int(v[name]) or v[name] < lo:
-            extra = " (block 0 is the null block, so at least one usable block needs 2)" if name == "num_gpu_blocks" else ""
-            problems.append(f"engine.{name}: must be an integer >= {lo}{extra}; got {v[name]!r}")
-    for name in ("enable_prefix_caching",):
-        if not isinstance(v[name], bool):
-            problems.append(f"engine.{name}: must be true or false; got {v[name]!r}")
-    for name, choices in _CHOICES.items():
-        if v[name] not in choices:
-            problems.append(f"engine.{name}: must be one of {', '.join(choices)}; got {v[name]!r}")
-    for name in ("sliding_window", "seed", "max_model_len"):
-        if v[name] is not None and (not _is_int(v[name]) or v[name] < (0 if name == "seed" else 1)):
-            problems.append(f"engine.{name}: must be null or a positive integer; got {v[name]!r}")
-    lt = v["layer_types"]
-    if lt is not None:
-        if not isinstance(lt, (list, tuple)) or not lt or any(t not in LAYER_TYPES for t in lt):
-            problems.append(f"engine.layer_types: must be a non-empty list of {' / '.join(LAYER_TYPES)}; got {lt!r}")
-        else:
-            v["layer_types"] = tuple(lt)
-            if "sliding_attention" in lt and v["sliding_window"] is None:
-                problems.append("engine.layer_types: sliding_attention layers need engine.sliding_window")
-    return EngineSettings(**v) if not problems else None
+def _section(loc: tuple):
+    shape = tuple(int if isinstance(p, int) else p for p in loc)
+    return _SECTIONS.get(shape)
 
 
-def _check_request(i: int, raw: Any, problems: list[str]) -> Optional[RequestSpec]:
-    p = f"requests[{i}]"
-    if not isinstance(raw, dict):
-        problems.append(f"{p}: must be an object")
-        return None
-    known = {f.name for f in fields(RequestSpec)}
-    n0 = len(problems)
-    for k in raw:
-        if k not in known:
-            problems.append(f"{p}.{k}: unknown field (known: {', '.join(sorted(known))})")
-    rid = raw.get("id")
-    if not isinstance(rid, str) or not rid:
-        problems.append(f"{p}.id: must be a non-empty string; got {rid!r}")
-    prompt, ids = raw.get("prompt"), raw.get("prompt_token_ids")
-    if (prompt is None) == (ids is None):
-        problems.append(f"{p}: give exactly one of prompt or prompt_token_ids")
-    if prompt is not None and (not isinstance(prompt, str) or not prompt):
-        problems.append(f"{p}.prompt: must be a non-empty string")
-    if ids is not None and (not isinstance(ids, list) or not ids or not all(_is_int(t) and t >= 0 for t in ids)):
-        problems.append(f"{p}.prompt_token_ids: must be a non-empty list of token ids (integers >= 0)")
-    for name, lo in (("max_tokens", 1), ("arrival_step", 0)):
-        if name in raw and (not _is_int(raw[name]) or raw[name] < lo):
-            problems.append(f"{p}.{name}: must be an integer >= {lo}; got {raw[name]!r}")
-    if "priority" in raw and not _is_int(raw["priority"]):
-        problems.append(f"{p}.priority: must be an integer; got {raw['priority']!r}")
-    for name in ("chat", "ignore_eos"):
-        if name in raw and not isinstance(raw[name], bool):
-            problems.append(f"{p}.{name}: must be true or false; got {raw[name]!r}")
-    if raw.get("cache_salt") is not None and not isinstance(raw["cache_salt"], str):
-        problems.append(f"{p}.cache_salt: must be a string or null")
-    if len(problems) > n0:
-        return None
-    args = {k: raw[k] for k in raw if k in known}
-    if ids is not None:
-        args["prompt_token_ids"] = tuple(ids)
-    return RequestSpec(**args)
+def _problem(err: dict, raw: Any) -> str:
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith(("function-", "tagged-"))))
+    if err["type"] == "unexpected_keyword_argument" or err["type"] == "extra_forbidden":
+        cls = _section(loc[:-1])
+        known = ", ".join(sorted(f.name for f in fields(cls))) if cls else ""
+        what = "setting" if cls is EngineSettings else "field"
+        return f"{_path(loc)}: unknown {what} (known: {known})"
+    if err["type"] in ("dataclass_type", "dataclass_args_type", "model_type", "dict_type"):
+        return f"{_path(loc)}: must be an object"
+    if err["type"] == "missing" or err["type"] == "missing_argument":
+        return f"{_path(loc)}: must be {_MUST.get(loc[-1], 'given')}; got None"
+    # Cut the path at the field (an element of a list reports the whole list).
+    for i in range(len(loc) - 1, -1, -1):
+        if isinstance(loc[i], str) and loc[i] in _MUST and _section(loc[:i]) is not None:
+            value = _value_at(raw, loc[:i + 1])
+            return f"{_path(loc[:i + 1])}: must be {_MUST[loc[i]]}; got {value!r}"
+    return f"{_path(loc)}: {err['msg']}"
+
+
+def _value_at(raw: Any, loc: tuple) -> Any:
+    for part in loc:
+        try:
+            raw = raw[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return raw
+
+
+def _cross_checks(raw: dict) -> list[str]:
+    """Rules between fields, checked on the raw file so they are reported with the rest."""
+    problems = []
+    eng = raw.get("engine")
+    if isinstance(eng, dict):
+        lt = eng.get("layer_types")
+        if isinstance(lt, list) and "sliding_attention" in lt and eng.get("sliding_window") is None:
+            problems.append("engine.layer_types: sliding_attention layers need engine.sliding_window")
+        r, bs = eng.get("prefix_cache_retention_interval"), eng.get("block_size", 16)
+        if isinstance(r, int) and not isinstance(r, bool) and isinstance(bs, int) and bs > 0 and r > 0:
+            if r % bs:
+                problems.append(f"engine.prefix_cache_retention_interval: must be a multiple of "
+                                f"block_size ({bs}); got {r}")
+            elif eng.get("sliding_window") is None:
+                problems.append("engine.prefix_cache_retention_interval: > 0 needs a sliding window "
+                                "(full attention hashes every full block); use 0 or null")
+    reqs = raw.get("requests")
+    if isinstance(reqs, list):
+        seen = set()
+        for i, r in enumerate(reqs):
+            if not isinstance(r, dict):
+                continue
+            if (r.get("prompt") is None) == (r.get("prompt_token_ids") is None):
+                problems.append(f"requests[{i}]: give exactly one of prompt or prompt_token_ids")
+            rid = r.get("id")
+            if isinstance(rid, str) and rid:
+                if rid in seen:
+                    problems.append(f"requests[{i}].id: duplicate id {rid!r}")
+                seen.add(rid)
+    return problems
+
+
+def _problem_order(problem: str) -> tuple:
+    """File order: top-level fields, then engine, then requests by index."""
+    m = re.match(r"requests\[(\d+)\]", problem)
+    if m:
+        return (2, int(m.group(1)))
+    return (1,) if problem.startswith("engine") else (0,)
+
+
+def _upgrade(raw: dict) -> dict:
+    """Read old setting names as the vLLM ones that replaced them."""
+    eng = raw.get("engine")
+    if not isinstance(eng, dict) or "sliding_retention" not in eng:
+        return raw
+    eng = dict(eng)
+    old = eng.pop("sliding_retention")
+    if old not in LEGACY_RETENTION:
+        raise ScenarioError([f"engine.sliding_retention: must be one of sparse, dense (old name of "
+                             f"prefix_cache_retention_interval); got {old!r}"])
+    if "prefix_cache_retention_interval" not in eng:
+        eng["prefix_cache_retention_interval"] = LEGACY_RETENTION[old]
+    warnings.warn("engine.sliding_retention is the old name: write prefix_cache_retention_interval "
+                  "(sparse = 0, dense = null)", FutureWarning, stacklevel=3)
+    return {**raw, "engine": eng}
 
 
 def load_scenario(source: Union[dict, str, Path]) -> Scenario:
@@ -168,39 +248,21 @@ def load_scenario(source: Union[dict, str, Path]) -> Scenario:
             raise ScenarioError([f"json: line {e.lineno} column {e.colno}: {e.msg}"]) from None
     if not isinstance(source, dict):
         raise ScenarioError(["(top level): must be a JSON object"])
+    source = _upgrade(source)
     problems: list[str] = []
-    known = {f.name for f in fields(Scenario)}
-    for k in source:
-        if k not in known:
-            problems.append(f"{k}: unknown field (known: {', '.join(sorted(known))})")
-    for name, choices in (("model", MODELS), ("device", DEVICES), ("dtype", DTYPES)):
-        if name in source and source[name] not in choices:
-            problems.append(f"{name}: must be one of {', '.join(choices)}; got {source[name]!r}")
-    for name in ("name", "description"):
-        if name in source and not isinstance(source[name], str):
-            problems.append(f"{name}: must be a string")
-    engine_problems: list[str] = []
-    engine = _check_engine(source.get("engine"), engine_problems)
-    problems += engine_problems
-    reqs_raw = source.get("requests", [])
-    reqs: list[RequestSpec] = []
-    if not isinstance(reqs_raw, list):
-        problems.append("requests: must be a list")
-    else:
-        seen = set()
-        for i, r in enumerate(reqs_raw):
-            spec = _check_request(i, r, problems)
-            if spec is not None:
-                if spec.id in seen:
-                    problems.append(f"requests[{i}].id: duplicate id {spec.id!r}")
-                seen.add(spec.id)
-                reqs.append(spec)
+    scenario = None
+    try:
+        scenario = _SCENARIO.validate_python(source)
+    except ValidationError as e:
+        for err in e.errors():
+            p = _problem(err, source)
+            if p not in problems:
+                problems.append(p)
+    problems += [p for p in _cross_checks(source) if p not in problems]
+    problems.sort(key=_problem_order)
     if problems:
         raise ScenarioError(problems)
-    return Scenario(
-        name=source.get("name", "scenario"), description=source.get("description", ""),
-        model=source.get("model", "smollm2"), device=source.get("device", "auto"),
-        dtype=source.get("dtype", "float32"), engine=engine, requests=tuple(reqs))
+    return scenario
 
 
 def _plain(v: Any) -> Any:

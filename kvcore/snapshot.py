@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Optional, TYPE_CHECKING
 
-from kvcore.events import Event
+from kvcore.batch import ModelInputs
+from kvcore.events import AnyEvent, Event
 from kvcore.kv.block_hash import get_block_hash, get_group_id
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ class Snapshot:
     running: tuple[str, ...]
     usage: float
     num_free_blocks: int
-    prefix_cache: dict[str, float]   # queries, hits, hit_rate (tokens), since reset
+    prefix_cache: dict[str, int | float]   # queries, hits, hit_rate (tokens), since reset
     groups: tuple[dict[str, Any], ...]  # per KV cache group: {"kind": "full"|"sliding", "sliding_window": W|None}
 
     def to_dict(self) -> dict[str, Any]:
@@ -99,25 +100,36 @@ class StepRecord:
 
     step: int
     scheduled: dict[str, int]        # request id -> tokens computed this step
-    events: tuple[Event, ...]
+    events: tuple[AnyEvent, ...]     # the decisions of the step, in order (kvcore.events)
     snapshot: Snapshot
     new_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # vLLM's KV cache events queued this step (kvcore.kv_events structs), the step's
+    # KVEventBatch. Kept in memory for the app; trace files do not carry them.
+    kv_events: tuple[Any, ...] = field(default=(), compare=False, repr=False)
+    # what the model runner was given (kvcore.batch.ModelInputs: slot_mapping, block tables,
+    # query_start_loc, seq_lens); None when no forward ran or no model runs, and in older traces
+    model_inputs: Optional[ModelInputs] = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "step": self.step,
             "scheduled": dict(self.scheduled),
             "events": [e.to_dict() for e in self.events],
             "snapshot": self.snapshot.to_dict(),
             "new_tokens": {k: list(v) for k, v in self.new_tokens.items()},
         }
+        if self.model_inputs is not None:
+            d["model_inputs"] = self.model_inputs.to_dict()
+        return d
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "StepRecord":
         return StepRecord(d["step"], dict(d["scheduled"]),
                           tuple(Event.from_dict(e) for e in d["events"]),
                           Snapshot.from_dict(d["snapshot"]),
-                          {k: list(v) for k, v in d.get("new_tokens", {}).items()})
+                          {k: list(v) for k, v in d.get("new_tokens", {}).items()},
+                          model_inputs=(None if d.get("model_inputs") is None
+                                        else ModelInputs.from_dict(d["model_inputs"])))
 
 def take_snapshot(scheduler: "Scheduler", step: int,
                   decode: Optional[Callable[[list[int]], str]] = None) -> Snapshot:

@@ -1,13 +1,13 @@
 """Trace files (JSONL): the CLI's output and the trace viewer's input."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
-import types
-import typing
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Optional
+
+from pydantic import TypeAdapter, ValidationError
+from typing_extensions import TypedDict       # pydantic reads typing's TypedDict only from Python 3.12
 
 from kvcore.snapshot import Snapshot, StepRecord
 
@@ -85,8 +85,7 @@ def read_trace(text: str | bytes) -> Trace:
     records: list[StepRecord] = []
     outputs_at = None
     for i, (n, line) in enumerate(lines):
-        if len(problems) >= MAX_PROBLEMS:
-            problems.append("… (more problems not shown)")
+        if len(problems) > MAX_PROBLEMS:
             break
         where = f"line {n}"
         try:
@@ -105,8 +104,8 @@ def read_trace(text: str | bytes) -> Trace:
             if missing:
                 problems.append(f"{where}: step record missing {', '.join(map(repr, missing))}")
                 continue
-            rec = _parse(StepRecord.from_dict, d, f"{where}: step record", problems)
-            if rec is None or not _typed(rec, StepRecord, f"{where}: step record", problems):
+            rec = _validated(_step_adapter(), _upgraded_step_line(line, d), f"{where}: step record", problems)
+            if rec is None:
                 continue
             expected = records[-1].step + 1 if records else 1
             if rec.step != expected:
@@ -119,11 +118,9 @@ def read_trace(text: str | bytes) -> Trace:
             records.append(rec)
         elif set(d) == {"outputs"}:
             outputs_at = where
-            if not _outputs_ok(d["outputs"]):
-                problems.append(f"{where}: outputs must map request ids to "
-                                "{\"token_ids\": [int...], \"text\": str, \"finish_reason\": str or null}")
-            else:
-                outputs = d["outputs"]
+            outputs = _validated(_outputs_adapter(), json.dumps(d["outputs"]),
+                                 f"{where}: outputs must map request ids to {{\"token_ids\": [int...], "
+                                 f"\"text\": str, \"finish_reason\": str or null}}", problems)
         elif "scenario" in d or "snapshot" in d:
             if i != 0:
                 problems.append(f"{where}: a header (scenario + snapshot) must be the first line")
@@ -133,8 +130,9 @@ def read_trace(text: str | bytes) -> Trace:
                 problems.append(f"{where}: header missing {', '.join(map(repr, missing))}")
                 continue
             scenario = _header_scenario(d["scenario"], f"{where}: header scenario", problems)
-            initial = _parse(Snapshot.from_dict, d["snapshot"], f"{where}: header snapshot", problems)
-            if initial is not None and _typed(initial, Snapshot, f"{where}: header snapshot", problems):
+            initial = _validated(_snapshot_adapter(), json.dumps(d["snapshot"]), f"{where}: header snapshot",
+                                 problems)
+            if initial is not None:
                 if initial.step != 0:
                     problems.append(f"{where}: header snapshot is of step {initial.step}; it must be 0")
                 problems += [f"{where}: {p}" for p in _snapshot_problems(initial)]
@@ -144,6 +142,8 @@ def read_trace(text: str | bytes) -> Trace:
     if not problems and initial is None and not records:
         problems.append("no header and no step records: nothing to show")
     if problems:
+        if len(problems) > MAX_PROBLEMS:
+            problems = problems[:MAX_PROBLEMS] + ["… (more problems not shown)"]
         raise TraceError(problems)
     return Trace(scenario, initial, tuple(records), outputs)
 
@@ -160,20 +160,6 @@ def _refuse_scenario_file(text: str) -> None:
                           "in the Playground)"])
 
 
-def _parse(fn, d: Any, what: str, problems: list[str]):
-    """``fn(d)``, or None with a problem: from_dict raises KeyError/TypeError/... on bad shapes."""
-    if not isinstance(d, dict):
-        problems.append(f"{what}: not a JSON object")
-        return None
-    try:
-        return fn(d)
-    except KeyError as e:
-        problems.append(f"{what}: missing key {e.args[0]!r}")
-    except (TypeError, ValueError, AttributeError) as e:
-        problems.append(f"{what}: {type(e).__name__}: {e}")
-    return None
-
-
 def _header_scenario(d: Any, what: str, problems: list[str]) -> dict[str, Any] | None:
     from kvcore.scenario import ScenarioError, load_scenario, scenario_to_dict
     if not isinstance(d, dict):
@@ -186,81 +172,89 @@ def _header_scenario(d: Any, what: str, problems: list[str]) -> dict[str, Any] |
         return None
 
 
-def _outputs_ok(o: Any) -> bool:
-    return isinstance(o, dict) and all(
-        isinstance(v, dict) and isinstance(v.get("token_ids"), list) and _all_int(v["token_ids"])
-        and isinstance(v.get("text"), str) and isinstance(v.get("finish_reason"), (str, type(None)))
-        for v in o.values())
-
-
-def _all_int(xs) -> bool:
-    return all(isinstance(x, int) and not isinstance(x, bool) for x in xs)
-
-
-def _typed(value: Any, hint: Any, path: str, problems: list[str]) -> bool:
-    """Check ``value`` against its declared type, recursively (this module's dataclasses, tuples,
-    lists, dicts, X | None, int / float / str / bool); False with one problem on the first mismatch."""
-    bad = _checker(hint)(value)
-    if bad:
-        where, msg = bad
-        problems.append(f"{path}: {where.lstrip('.') or 'value'}: {msg}")
-    return not bad
-
-
-Mismatch = tuple[str, str] | None    # (where, what) of the first mismatch: (".blocks[2].ref_cnt", "expected int, ...")
+# -- the schema: pydantic over the records' own frozen dataclasses ----------------------------
+class _Output(TypedDict):
+    token_ids: list[int]
+    text: str
+    finish_reason: Optional[str]
 
 
 @functools.cache
-def _checker(hint: Any) -> Callable[[Any], Mismatch]:
-    """A function checking values against ``hint``, built once per type (traces hold many ints)."""
-    if hint is Any:
-        return lambda v: None
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        inner = _checker(next(a for a in args if a is not type(None)))
-        return (lambda v: None if v is None else inner(v)) if type(None) in args else inner
-    if dataclasses.is_dataclass(hint):
-        fields_ = [(name, _checker(h)) for name, h in typing.get_type_hints(hint).items()]
+def _step_adapter() -> TypeAdapter:
+    return TypeAdapter(StepRecord)
 
-        def check_object(v):
-            if not isinstance(v, hint):
-                return "", "expected an object"
-            for name, check in fields_:
-                bad = check(getattr(v, name))
-                if bad:
-                    return f".{name}{bad[0]}", bad[1]
-            return None
-        return check_object
-    if origin in (tuple, list):
-        item = _checker(args[0])
-        fast = (lambda v: all(type(x) is int for x in v)) if args[0] is int else (lambda v: False)
 
-        def check_list(v):
-            if not isinstance(v, origin):
-                return "", f"expected a list, got {_short(v)}"
-            if fast(v):
-                return None
-            for k, x in enumerate(v):
-                bad = item(x)
-                if bad:
-                    return f"[{k}]{bad[0]}", bad[1]
-            return None
-        return check_list
-    if origin is dict:
-        key, val = _checker(args[0]), _checker(args[1])
+@functools.cache
+def _snapshot_adapter() -> TypeAdapter:
+    return TypeAdapter(Snapshot)
 
-        def check_dict(v):
-            if not isinstance(v, dict):
-                return "", f"expected an object, got {_short(v)}"
-            for k, x in v.items():
-                bad = key(k) or val(x)
-                if bad:
-                    return f"[{k!r}]{bad[0]}", bad[1]
-            return None
-        return check_dict
-    ok = {int: lambda v: type(v) is int, float: lambda v: type(v) in (int, float),
-          str: lambda v: isinstance(v, str), bool: lambda v: isinstance(v, bool)}[hint]
-    return lambda v: None if ok(v) else ("", f"expected {hint.__name__}, got {_short(v)}")
+
+@functools.cache
+def _outputs_adapter() -> TypeAdapter:
+    return TypeAdapter(dict[str, _Output])
+
+
+MAX_PROBLEMS_PER_PART = 4
+
+
+def _validated(adapter: TypeAdapter, text: str, what: str, problems: list[str]):
+    """The value ``text`` (JSON) holds, checked strictly against the adapter's type (no
+    coercion: "3" is not an int); or None, with each problem and its path added to ``problems``."""
+    try:
+        return adapter.validate_json(text, strict=True)
+    except ValidationError as err:
+        data = json.loads(text)
+        errs = err.errors(include_url=False)
+        for e in errs[:MAX_PROBLEMS_PER_PART]:
+            problems.append(f"{what}: {_describe(e, data)}")
+        if len(errs) > MAX_PROBLEMS_PER_PART:
+            problems.append(f"{what}: … and {len(errs) - MAX_PROBLEMS_PER_PART} more")
+        return None
+
+
+def _describe(e: dict, data: Any) -> str:
+    """"snapshot.blocks[2].ref_cnt: Input should be a valid integer, got "x"" from one pydantic error."""
+    parts: list[str] = []
+    cur = data
+    for part in e["loc"]:
+        if isinstance(cur, dict) and part not in cur and cur.get("kind") == part:
+            continue                        # the tag pydantic adds for a tagged union member
+        parts.append(f"[{part}]" if isinstance(part, int) else f".{part}")
+        try:
+            cur = cur[part]
+        except (KeyError, IndexError, TypeError):
+            cur = None
+    if e["type"] == "missing" and parts:
+        where, name = "".join(parts[:-1]).lstrip(".") or "value", parts[-1].lstrip(".")
+        return f"{where}: missing key {name!r}"
+    return f"{''.join(parts).lstrip('.') or 'value'}: {e['msg']}, got {_short(e['input'])}"
+
+
+def _upgraded_step_line(line: str, d: dict[str, Any]) -> str:
+    """The step line, its events rewritten in today's shape if it was written before events
+    were typed ({"kind", "request_id", "block_ids", "group", "data": {...}})."""
+    evs = d.get("events")
+    if not isinstance(evs, list) or not any(isinstance(e, dict) and "data" in e for e in evs):
+        return line
+    return json.dumps({**d, "events": [_upgrade_event(e) for e in evs]})
+
+
+# Fields renamed when events became typed: kind -> {old data key: new field}.
+_RENAMED = {"scheduled": {"kind": "phase"}, "evicted": {"hash": "block_hash"}, "cached": {"hashes": "block_hashes"}}
+
+
+def _upgrade_event(e: Any) -> Any:
+    if not isinstance(e, dict) or not isinstance(e.get("data"), dict):
+        return e
+    data = dict(e["data"])
+    kind = e.get("kind")
+    for old, new in _RENAMED.get(kind, {}).items():
+        if old in data:
+            data[new] = data.pop(old)
+    if kind == "preempted" and isinstance(data.get("reason"), str):
+        data["needed_by"] = data.pop("reason").removesuffix(" needed blocks")
+    base = {k: v for k, v in e.items() if k != "data"}
+    return {**data, **base}
 
 
 def _short(v: Any) -> str:

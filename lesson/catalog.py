@@ -11,7 +11,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from kvcore.events import Event
+from kvcore.events import Allocated, CacheHit, Event, Freed, Scheduled, Touched
 from kvcore.snapshot import StepRecord
 
 Text = dict  # {"en": ..., "zh": ...}
@@ -78,53 +78,54 @@ class Lesson:
 
 
 # -- predicates on events: (event, record) -> bool -----------------------------------
-def _rescue(e: Event, rec: StepRecord) -> bool:
+# Each reads the fields of the one kind its moments name (kvcore.events).
+def _rescue(e: Touched, rec: StepRecord) -> bool:
     """A touch that pulled a free cached block out of the middle of the queue."""
-    return any(p > 0 for p in e.data.get("queue_positions", [])) and bool(e.data.get("from_queue"))
+    return any(p > 0 for p in e.queue_positions) and bool(e.from_queue)
 
 
-def _shared(e: Event, rec: StepRecord) -> bool:
+def _shared(e: Touched, rec: StepRecord) -> bool:
     """A touch of blocks another running request still holds (ref_cnt becomes > 1)."""
-    return len(e.data.get("from_queue", [])) < len(e.block_ids)
+    return len(e.from_queue) < len(e.block_ids)
 
 
-def _evicts(e: Event, rec: StepRecord) -> bool:
-    return bool(e.data.get("evicted_hashes"))
+def _evicts(e: Allocated, rec: StepRecord) -> bool:
+    return bool(e.evicted_hashes)
 
 
-def _to_head(e: Event, rec: StepRecord) -> bool:
-    return bool(e.data.get("to_head"))
+def _to_head(e: Freed, rec: StepRecord) -> bool:
+    return bool(e.to_head)
 
 
-def _to_tail(e: Event, rec: StepRecord) -> bool:
-    return bool(e.data.get("to_tail"))
+def _to_tail(e: Freed, rec: StepRecord) -> bool:
+    return bool(e.to_tail)
 
 
-def _self_hit(e: Event, rec: StepRecord) -> bool:
-    return bool(e.data.get("preempted_before"))
+def _self_hit(e: CacheHit, rec: StepRecord) -> bool:
+    return e.preempted_before
 
 
-def _chunk_with_decodes(e: Event, rec: StepRecord) -> bool:
-    kinds = {x.data.get("kind") for x in rec.events if x.kind == "scheduled"}
-    return e.data.get("kind") == "chunk" and "decode" in kinds
+def _chunk_with_decodes(e: Scheduled, rec: StepRecord) -> bool:
+    phases = {x.phase for x in rec.events if isinstance(x, Scheduled)}
+    return e.phase == "chunk" and "decode" in phases
 
 
-def _reused_unhashed(e: Event, rec: StepRecord) -> bool:
+def _reused_unhashed(e: Allocated, rec: StepRecord) -> bool:
     """Allocated blocks that were freed without a hash earlier (they sat at the head)."""
-    return e.data.get("queue_positions") is not None and not e.data.get("evicted_hashes")
+    return not e.evicted_hashes
 
 
-def _still_used(e: Event, rec: StepRecord) -> bool:
-    return bool(e.data.get("still_used"))
+def _still_used(e: Freed, rec: StepRecord) -> bool:
+    return bool(e.still_used)
 
 
-def _decode_alloc(e: Event, rec: StepRecord) -> bool:
-    return any(x.kind == "scheduled" and x.request_id == e.request_id and x.data.get("kind") == "decode"
+def _decode_alloc(e: Allocated, rec: StepRecord) -> bool:
+    return any(isinstance(x, Scheduled) and x.request_id == e.request_id and x.phase == "decode"
                for x in rec.events)
 
 
 def _reason(value: str) -> Callable[[Event, StepRecord], bool]:
-    return lambda e, rec: e.data.get("reason") == value
+    return lambda e, rec: getattr(e, "reason", None) == value
 
 
 PREDICATES: dict[str, Callable[[Event, StepRecord], bool]] = {
@@ -156,3 +157,12 @@ def narration_for_step(lesson: Lesson, records: Sequence[StepRecord], step: int)
     """The moments whose first occurrence is at ``step`` (records up to that step suffice)."""
     found = moment_steps(lesson, [r for r in records if r.step <= step])
     return [lesson.moments[i] for i, s in sorted(found.items()) if s == step]
+
+
+def narration_fields(e: Event) -> dict[str, Any]:
+    """The event's fields for a moment's text: ``{req}``, ``{blocks}`` and each field by name
+    (``{num_tokens}``, ``{slots}``, ``{policy}``...); lists as "[1, 2]", dicts left out."""
+    out = {k: ("[" + ", ".join(map(str, v)) + "]" if isinstance(v, list) else v)
+           for k, v in e.to_dict().items() if not isinstance(v, dict)}
+    out.update(req=e.request_id or "", blocks="[" + ", ".join(map(str, e.block_ids)) + "]")
+    return out

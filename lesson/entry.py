@@ -20,6 +20,7 @@ from .lessons import LESSONS, PAGE_FILES, page_url_path, url_path
 from .modelstate import DEVICES, MODELS, default_device, default_model, get_model, model_summary
 from .state import init_globals_from_url
 from .trace_page import PAGE_FILE as TRACE_PAGE_FILE
+from .live_page import PAGE_FILE as LIVE_PAGE_FILE, t as live_t
 from .view import render_lesson
 
 _inside = threading.local()   # script runs are per-session threads
@@ -77,7 +78,8 @@ def main() -> None:
         pages = [st.Page(PAGE_FILES[l.id], title=f"{l.number}. {l.title[lang]}", icon=l.icon,
                          url_path=url_path(l.id)) for l in LESSONS]
         tools = [st.Page(TRACE_PAGE_FILE, title=tr("nav_trace", lang), icon="🔎",
-                         url_path=page_url_path(TRACE_PAGE_FILE))]
+                         url_path=page_url_path(TRACE_PAGE_FILE)),
+                 st.Page(LIVE_PAGE_FILE, title=live_t("title", lang), icon="📡", url_path=page_url_path(LIVE_PAGE_FILE))]
         st.navigation({tr("nav_home", lang): [home], tr("nav_lessons", lang): pages,
                        tr("nav_tools", lang): tools}).run()
     finally:

@@ -44,6 +44,10 @@ TEXT: dict[str, tuple[str, str]] = {
     "timeline": ("Timeline (step)", "时间轴（步）"),
     "speed": ("Play speed (s per step)", "播放速度（每步秒数）"),
     "step_of": ("Step {step} of {total} computed", "第 {step} 步（已计算 {total} 步）"),
+    "download_run": ("Download this run", "下载这次运行"),
+    "download_run_help": ("One HTML file with the player and every step recorded so far: it opens offline, "
+                          "with no server (for slides, handouts, course pages).",
+                          "一个 HTML 文件，包含播放器和目前录制的每一步：无需服务器即可离线打开（适合幻灯片、讲义、课程网页）。"),
     "all_done": ("All requests have finished.", "所有请求都已完成。"),
     "not_found": ("No “{kind}” event until the end of the run (stopped at step {step}).",
                   "直到运行结束都没有“{kind}”事件（停在第 {step} 步）。"),

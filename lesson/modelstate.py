@@ -43,10 +43,11 @@ def _load(name: str, device: str):
     return model, time.perf_counter() - t0
 
 
-@st.cache_resource(show_spinner=False)
 def engine_lock() -> threading.Lock:
-    """One forward at a time per process: sessions share the weights, and this box has 2 cores."""
-    return threading.Lock()
+    """One forward at a time per process: sessions share the weights, and this box has 2 cores.
+    The run store's worker takes it for one engine step at a time (lesson/runs.py)."""
+    from .runs import ENGINE_LOCK
+    return ENGINE_LOCK
 
 
 def get_model(name: str, device: str, status_text: str | None = None) -> ModelState:

@@ -1,4 +1,5 @@
-"""The pictures and tables every lesson (and the trace viewer) shows, drawn from the current Snapshot."""
+"""The Python-side panels under the player (requests table, charts over steps, memory math, myths,
+questions) and the lesson narration the player is sent, all read at the player's cursor."""
 from __future__ import annotations
 
 import re
@@ -9,8 +10,7 @@ import streamlit as st
 from kvcore.snapshot import Snapshot
 
 from . import figures as F
-from .catalog import Lesson, moment_matches, narration_for_step
-from .events import changed_blocks, reason, step_sentences
+from .catalog import Lesson, moment_matches, narration_fields, narration_for_step
 from .i18n import pick, tr
 from .memory import DTYPES, blocks_in_budget, bytes_per_block, dims_from_config, formula, human_bytes
 from .myths import myth_sections
@@ -28,7 +28,8 @@ def chart(fig, key: str) -> None:
     st.plotly_chart(fig, key=key, config=PLOTLY_CONFIG, width="stretch")
 
 
-def fmt_fields(snap: Snapshot, run: Timeline) -> dict:
+def fmt_fields(snap: Snapshot, run) -> dict:
+    """Fields a lesson's text may name; ``run`` is anything with the scenario (a Timeline, a RecordedRun)."""
     eng = run.scenario.engine
     return {"block_size": snap.block_size, "num_gpu_blocks": snap.num_gpu_blocks,
             "sliding_window": eng.sliding_window, "max_num_batched_tokens": eng.max_num_batched_tokens,
@@ -40,6 +41,46 @@ class _Safe(dict):
         return "{" + key + "}"
 
 
+def _moment_texts(lesson: Lesson, moments, rec, base: dict, lang: str) -> list[str]:
+    texts = []
+    for m in moments:
+        e = next(e for e in rec.events if moment_matches(m, e, rec))
+        texts.append(pick(m.text, lang).format_map(_Safe({**base, **narration_fields(e)})))
+    return texts
+
+
+def intro_text(lesson: Lesson, run: Timeline, lang: str) -> str:
+    return pick(lesson.intro, lang).format_map(_Safe(fmt_fields(run.initial, run)))
+
+
+def outro_text(lesson: Lesson, run: Timeline, lang: str) -> str:
+    return pick(lesson.outro, lang).format_map(_Safe(fmt_fields(run.initial, run))) if lesson.outro else ""
+
+
+class LessonNarrator:
+    """Narration of each step for the player: the moments that first happen at that step.
+
+    It reads the run's records in order once (``found``: moment -> first step, complete up to
+    ``upto``), so narrating a whole run costs one pass, not one pass per step. It keeps the
+    records list and the scenario, not the run, so a cache keyed by the run can hold it."""
+
+    def __init__(self, lesson: Lesson, run, lang: str) -> None:
+        self.lesson, self.lang = lesson, lang
+        self.records, self.scenario = run.records, run.scenario
+        self.found: dict[int, int] = {}
+        self.upto = 0
+
+    def __call__(self, rec) -> list[str]:
+        while self.upto < rec.step and self.upto < len(self.records):
+            r = self.records[self.upto]
+            for i, m in enumerate(self.lesson.moments):
+                if i not in self.found and any(moment_matches(m, e, r) for e in r.events):
+                    self.found[i] = r.step
+            self.upto += 1
+        moments = [self.lesson.moments[i] for i, s in sorted(self.found.items()) if s == rec.step]
+        return _moment_texts(self.lesson, moments, rec, fmt_fields(rec.snapshot, self), self.lang)
+
+
 def narration(lesson: Lesson, run: Timeline, lang: str) -> list[str]:
     """Narration for the shown step: intro at step 0, moments that first happen now, outro at the end."""
     snap, rec = run.snapshot, run.record
@@ -48,95 +89,10 @@ def narration(lesson: Lesson, run: Timeline, lang: str) -> list[str]:
     if rec is None:
         texts.append(pick(lesson.intro, lang).format_map(_Safe(base)))
         return texts
-    for m in narration_for_step(lesson, run.shown_records(), rec.step):
-        e = next(e for e in rec.events if moment_matches(m, e, rec))
-        fields = {**base, **{k: v for k, v in e.data.items() if not isinstance(v, dict)},
-                  "req": e.request_id or "", "blocks": "[" + ", ".join(map(str, e.block_ids)) + "]"}
-        if "slots" in fields:
-            fields["slots"] = "[" + ", ".join(map(str, fields["slots"])) + "]"
-        texts.append(pick(m.text, lang).format_map(_Safe(fields)))
+    texts += _moment_texts(lesson, narration_for_step(lesson, run.shown_records(), rec.step), rec, base, lang)
     if run.finished and lesson.outro:
         texts.append("🏁 " + pick(lesson.outro, lang).format_map(_Safe(base)))
     return texts
-
-
-def auto_summary(run: Timeline, lang: str) -> str:
-    rec = run.record
-    if rec is None:
-        return ""
-    parts = []
-    for e in rec.events:
-        if e.kind == "scheduled":
-            kind = e.data.get("kind", "")
-            parts.append(f"{e.request_id}: {e.data.get('num_tokens')} ({reason(kind, lang)})")
-    total = sum(rec.scheduled.values())
-    head = f"第 {rec.step} 步：调度 {total} 个 token" if lang == "zh" else f"Step {rec.step}: {total} tokens scheduled"
-    return head + (" — " + ", ".join(parts) if parts else "")
-
-
-def show_narration(lesson: Lesson, run: Timeline, lang: str) -> None:
-    texts = narration(lesson, run, lang)
-    if texts:
-        for t in texts:
-            st.info(t, icon="💡")
-    else:
-        st.caption(auto_summary(run, lang))
-
-
-def show_events(run: Timeline, lang: str, decode) -> None:
-    rec = run.record
-    st.markdown(f"**{tr('events', lang)}**")
-    if rec is None:
-        st.caption(tr("events_none", lang))
-        return
-    multi = len(rec.snapshot.groups) > 1
-    lines = [s for _, s in step_sentences(rec.events, lang, decode, multi)]
-    box = st.container(height=360, border=True)
-    with box:
-        for line in lines:
-            st.markdown(md_escape_keep(line))
-
-
-def md_escape_keep(line: str) -> str:
-    """Escape only what breaks markdown in sentences (keeps our `code` and plain words)."""
-    for ch in "*_#$~[]":
-        line = line.replace(ch, "\\" + ch)
-    return line.replace("<", "&lt;")
-
-
-def show_grid(run: Timeline, lang: str, decode, colors, key: str) -> None:
-    snap = run.snapshot
-    changed = changed_blocks(run.record.events) if run.record else set()
-    st.markdown(f"**{tr('grid', lang)}**")
-    chart(F.block_grid(snap, decode=decode, colors=colors, lang=lang, changed=changed), f"grid:{key}")
-    st.caption(tr("grid_caption", lang))
-
-
-def show_queue(run: Timeline, lang: str, decode, key: str) -> None:
-    snap = run.snapshot
-    st.markdown(f"**{tr('queue', lang)}**")
-    chart(F.free_queue(snap, decode=decode, lang=lang), f"queue:{key}")
-    st.caption(tr("queue_caption", lang))
-
-
-def show_metrics_row(run: Timeline, lang: str) -> None:
-    snap = run.snapshot
-    c = st.columns(5)
-    c[0].metric(tr("m_step", lang), snap.step)
-    c[1].metric(tr("m_free", lang), snap.num_free_blocks)
-    c[2].metric(tr("usage", lang), f"{100 * snap.usage:.0f}%")
-    c[3].metric(tr("hit_rate", lang), f"{100 * float(snap.prefix_cache.get('hit_rate', 0.0)):.0f}%")
-    c[4].metric(f"{tr('running', lang)} / {tr('waiting', lang)}", f"{len(snap.running)} / {len(snap.waiting)}")
-
-
-def show_outputs(run: Timeline, lang: str) -> None:
-    snap = run.snapshot
-    st.markdown(f"**{tr('outputs', lang)}**")
-    if not snap.requests:
-        st.caption("—")
-    for r in snap.requests:
-        text = md_escape(r.text) if r.text else "…"
-        st.markdown(f"**{r.request_id}** · `{r.status}` · {r.num_output_tokens} tok — {text}")
 
 
 def requests_frame(snap: Snapshot, lang: str) -> pd.DataFrame:
@@ -146,19 +102,9 @@ def requests_frame(snap: Snapshot, lang: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(cols))
 
 
-def show_tables(run: Timeline, lang: str, decode, colors, key: str) -> None:
-    st.markdown(f"**{tr('tables', lang)}**")
-    chart(F.block_tables(run.snapshot, decode=decode, colors=colors, lang=lang), f"tables:{key}")
-
-
-def show_chains_and_metrics(run: Timeline, lang: str, decode, colors, key: str) -> None:
-    left, right = st.columns(2)
-    with left:
-        st.markdown(f"**{tr('chains', lang)}**")
-        chart(F.hash_chains(run.snapshot, decode=decode, colors=colors, lang=lang), f"chains:{key}")
-        st.caption(tr("chains_caption", lang))
-    with right:
-        st.markdown(f"**{tr('metrics', lang)}**")
+def show_charts(run: Timeline, lang: str, colors, key: str) -> None:
+    """Usage, hit rate and queue lengths up to the player's step (a Python chart: it spans steps)."""
+    with st.expander(tr("metrics", lang), expanded=False):
         chart(F.metrics_over_time(run.snapshots(), lang=lang), f"metrics:{key}")
 
 
@@ -202,34 +148,6 @@ def show_memory(run: Timeline, lang: str, model, key: str) -> None:
                     f"(the engine allocates exactly this for its paged K/V tensors).") if lang == "en" else
                    (f"本课的块池：{eng.num_gpu_blocks} 块 × {eng.block_size} token = {human_bytes(pool)}"
                     f"（引擎为分页 K/V 张量正好分配这么多）。"))
-
-
-def show_address(run: Timeline, lang: str, colors, key: str, decode) -> None:
-    snap = run.snapshot
-    with st.expander(tr("address", lang), expanded=False):
-        reqs = [r for r in snap.requests if any(r.block_tables)]
-        if not reqs:
-            st.caption(tr("address_none", lang))
-            return
-        c1, c2, c3 = st.columns([1, 2, 1])
-        rid = c1.selectbox(tr("address_req", lang), [r.request_id for r in reqs], key=f"addr_req:{key}")
-        r = snap.request(rid)
-        n = max(1, r.num_prompt_tokens + r.num_output_tokens)
-        pos = c2.slider(tr("address_pos", lang), 0, max(n - 1, 1), min(n - 1, r.num_computed_tokens - 1 if
-                        r.num_computed_tokens else 0), key=f"addr_pos:{key}")
-        groups = len(r.block_tables)
-        g = c3.selectbox("KV group", list(range(groups)), key=f"addr_g:{key}") if groups > 1 else 0
-        for a in F.address_of(snap, rid, pos, decode):
-            phys = "—" if a.physical_block is None else ("∅ (null)" if a.is_null else str(a.physical_block))
-            slot = "—" if a.slot is None or a.is_null else str(a.slot)
-            gl = f" [{a.group_label}]" if a.group_label else ""
-            tok = md_escape(a.token_text) if a.token_text else "?"
-            st.markdown(
-                f"token {pos} “{tok}”{gl}: logical block = {pos} // {snap.block_size} = **{a.logical_block}**, "
-                f"offset = {pos} % {snap.block_size} = **{a.offset}** → physical block **{phys}** → slot "
-                f"{phys} × {snap.block_size} + {a.offset} = **{slot}**"
-                + ("" if a.computed else (" _(not computed yet)_" if lang == "en" else " _（尚未计算）_")))
-        chart(F.address_figure(snap, rid, pos, colors=colors, lang=lang, group=g), f"addr:{key}")
 
 
 def show_requests(run: Timeline, lang: str) -> None:

@@ -6,6 +6,7 @@ import string
 
 import streamlit as st
 
+from kvcore.budget import app_limits
 from kvcore.scenario import EngineSettings
 
 from .catalog import Lesson
@@ -26,6 +27,13 @@ HELP = {
 }
 
 
+def form_max(name: str) -> int:
+    """The form's maximum for a setting: the server's budget limit for it (kvcore/budget.py)."""
+    lim = app_limits()
+    return {"block_size": lim.max_block_size, "num_gpu_blocks": lim.max_num_gpu_blocks,
+            "max_num_seqs": lim.max_requests, "max_num_batched_tokens": lim.max_num_batched_tokens}[name]
+
+
 def _next_id(existing: list[str]) -> str:
     for c in string.ascii_uppercase:
         if c not in existing:
@@ -43,8 +51,9 @@ def settings_form(state: LessonState, lesson: Lesson, ms: ModelState, lang: str)
         st.markdown("**引擎设置**" if zh else "**Engine settings**")
         c = st.columns(4)
         for i, name in enumerate(("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens")):
-            c[i].number_input(name, min_value=2 if name == "num_gpu_blocks" else 1, max_value=100000,
-                              value=int(eng[name]), step=1, key=f"pg_{name}", help=hint(name))
+            top = form_max(name)
+            c[i].number_input(name, min_value=2 if name == "num_gpu_blocks" else 1, max_value=top,
+                              value=min(int(eng[name]), top), step=1, key=f"pg_{name}", help=hint(name))
         c = st.columns(5)
         for i, (name, opts) in enumerate(CHOICES.items()):
             c[i].selectbox(name, opts, index=opts.index(eng[name]) if eng[name] in opts else 0,
@@ -88,10 +97,11 @@ def request_form(state: LessonState, lesson: Lesson, ms: ModelState, lang: str) 
         st.markdown("**添加请求（下一步到达）**" if zh else "**Add a request (arrives at the next step)**")
         c = st.columns([1, 4])
         c[0].text_input("id", value=_next_id(existing), key="pg_req_id")
-        c[1].text_input("提示词" if zh else "prompt", value="What is paged attention?", key="pg_req_text")
+        c[1].text_input("提示词" if zh else "prompt", value="What is paged attention?", key="pg_req_text",
+                        max_chars=app_limits().max_prompt_chars)
         c = st.columns(5)
         c[0].checkbox("chat", value=True, key="pg_req_chat")
-        c[1].number_input("max_tokens", 1, 512, 12, key="pg_req_max")
+        c[1].number_input("max_tokens", 1, app_limits().max_tokens, 12, key="pg_req_max")
         c[2].number_input("priority", -100, 100, 0, key="pg_req_prio")
         c[3].text_input("cache_salt", value="", key="pg_req_salt")
         c[4].checkbox("ignore_eos", value=False, key="pg_req_eos")

@@ -31,7 +31,7 @@ def _victim(snap: Snapshot, rec: StepRecord, lang: str) -> Prediction | None:
     if e is None or e.request_id not in snap.running:
         return None
     opts = tuple(snap.running)
-    pol = e.data.get("policy", "fcfs")
+    pol = e.policy
     if lang == "zh":
         why = ("FCFS 策略抢占 running 列表中的最后一个请求" if pol == "fcfs"
                else "优先级策略抢占 (priority, arrival) 最大的请求")
@@ -49,10 +49,9 @@ def _hit(snap: Snapshot, rec: StepRecord, lang: str) -> Prediction | None:
         return None
     opts = (tr("yes", lang), tr("no", lang))
     hit = e.kind == "cache_hit"
-    d = e.data
     if hit:
-        expl = (f"命中：{d.get('num_blocks', '?')} 个块（{d.get('num_tokens', '?')} 个 token）的链式哈希已在哈希表中。" if lang == "zh"
-                else f"Hit: the chained hashes of {d.get('num_blocks', '?')} blocks ({d.get('num_tokens', '?')} tokens) "
+        expl = (f"命中：{e.num_blocks} 个块（{e.num_tokens} 个 token）的链式哈希已在哈希表中。" if lang == "zh"
+                else f"Hit: the chained hashes of {e.num_blocks} blocks ({e.num_tokens} tokens) "
                      f"are in the hash map.")
     else:
         expl = ("未命中：它第一个满块的哈希不在哈希表中（内容不同、加了盐、被驱逐，或提示词不足一整块），所以整条链都不会命中。"
@@ -63,7 +62,7 @@ def _hit(snap: Snapshot, rec: StepRecord, lang: str) -> Prediction | None:
 
 
 def _evict(snap: Snapshot, rec: StepRecord, lang: str) -> Prediction | None:
-    e = _first(rec, "evicted", lambda e: e.data.get("reason") == "reused from queue head")
+    e = _first(rec, "evicted", lambda e: e.reason == "reused from queue head")
     if e is None or not e.block_ids:
         return None
     blocks = {b.block_id: b for b in snap.blocks}
@@ -74,7 +73,7 @@ def _evict(snap: Snapshot, rec: StepRecord, lang: str) -> Prediction | None:
     opts = cached[:4] if ans in cached[:4] else cached[:3] + [ans]
     if len(opts) < 2:
         return None
-    h = short_hash(e.data.get("hash"))
+    h = short_hash(e.block_hash)
     expl = (f"get_new_blocks 从队头取块；第一个带哈希的块是 {ans}，它被取出时丢失了哈希 #{h}。没有时间戳，只有队列顺序。"
             if lang == "zh" else
             f"get_new_blocks pops from the head; the first block there that carries a hash is {ans}, and it "
@@ -95,7 +94,7 @@ def _alloc(snap: Snapshot, rec: StepRecord, lang: str) -> Prediction | None:
     opts = list(dict.fromkeys(cands))
     if ans not in opts or len(opts) < 2:
         return None
-    touched_first = any(x.kind == "touched" and x.data.get("from_queue") for x in rec.events
+    touched_first = any(x.kind == "touched" and x.from_queue for x in rec.events
                         if rec.events.index(x) < rec.events.index(e))
     if lang == "zh":
         expl = f"get_new_blocks 总是从空闲队列队头 popleft：块 {ans}。"
@@ -116,9 +115,8 @@ def _free(snap: Snapshot, rec: StepRecord, lang: str) -> Prediction:
     if after not in opts:
         opts = opts[:3] + [after]
     alloc = sum(len(e.block_ids) for e in rec.events if e.kind == "allocated")
-    taken = sum(len(e.data.get("from_queue", [])) for e in rec.events if e.kind == "touched")
-    back = sum(len(e.data.get("to_head", [])) + len(e.data.get("to_tail", [])) for e in rec.events
-               if e.kind == "freed")
+    taken = sum(len(e.from_queue) for e in rec.events if e.kind == "touched")
+    back = sum(len(e.to_head) + len(e.to_tail) for e in rec.events if e.kind == "freed")
     expl = (f"{now} − {alloc}（分配）− {taken}（命中时被 touch 取出）+ {back}（释放回队列）= {after}。"
             if lang == "zh" else
             f"{now} − {alloc} allocated − {taken} taken out by touch on a hit + {back} freed back = {after}.")

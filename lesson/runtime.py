@@ -1,45 +1,78 @@
-"""Recorded steps and a cursor: a learner's live run (LabRun) or a trace file (TraceRun).
+"""A session's cursor over a shared recorded run (lesson/runs.py).
 
-No Streamlit here. Records are frozen data, so Back and the timeline only move
-the cursor. In a LabRun, Step past the last record asks the engine for a new one;
-anything that changes the scenario (a setting, an added request, an upload) builds
-a new engine and replays to the same step, which gives the same records because
-the engine is deterministic. A TraceRun's records are fixed: Step stops at the last.
-The panels draw any Timeline.
+No Streamlit here. Records are frozen data and shared, so Back, the timeline and
+Step over recorded steps only move the cursor; Step at the frontier asks the run
+store for the next step and waits for its worker (bounded). Going to a far step,
+Run to end and Run until never compute in the session: they ask the store and wait
+a bounded time, showing what has been recorded by then. A changed scenario (a
+setting, an added request, an upload) is a different run from the store.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from kvcore.snapshot import Snapshot, StepRecord
 from kvcore.trace import Trace
 
+from .runs import RecordedRun, RunStore, default_store
+
 EngineFactory = Callable[[Any], Any]   # Scenario -> Engine
 
-MAX_RUN_STEPS = 400  # a bound for "run until" / "run to end" so a run can never hang the page
+MAX_RUN_STEPS = 400      # the default cap of a run's steps (PAGED_KV_LAB_MAX_RUN_STEPS sets the store's)
+STEP_WAIT = 20.0         # Step at the frontier waits this long for the worker at most
+GOTO_WAIT = 3.0          # a far step / Run to end / Run until wait this long, then show what is recorded
+
+
+class RunStopped(RuntimeError):
+    """Step at the frontier of a run that stopped early: the message is the run's reason."""
 
 
 class Timeline:
-    """Steps 1..n and a cursor over them.
+    """A cursor over a RecordedRun.
 
-    Invariants: ``records[i].step == i + 1``; ``first <= cursor <= len(records)``. Cursor 0 shows
-    ``initial`` (the state before step 1), cursor k the state after step k. ``first`` is 0, or 1
-    when the state before step 1 is unknown (``initial`` is None; then there is a record).
-    ``scenario`` is the kvcore Scenario that was run, or None when unknown.
+    Invariants: ``first <= cursor <= len(records)``; cursor 0 shows ``initial`` (the state before
+    step 1), cursor k the state after step k. ``first`` is 0, or 1 when the state before step 1 is
+    unknown (a trace file without a header). The cursor holds the run, so the store keeps
+    computing it while this Timeline lives; a live run is computed ahead up to its end or cap.
     """
 
-    scenario: Any = None
-
-    def __init__(self, initial: Snapshot | None, records=()) -> None:
-        self.initial = initial
-        self.records: list[StepRecord] = list(records)
-        self.first = 0 if initial is not None else 1
-        if self.first > len(self.records):
+    def __init__(self, run: RecordedRun, cursor: int = 0, ahead: bool = True) -> None:
+        self.run = run
+        self.first = 0 if run.initial is not None else 1
+        if self.first > len(run.records) and run.done:
             raise ValueError("a timeline without the state before step 1 needs a step record")
+        run.hold(self)
+        if ahead and not run.done:
+            run.want(1 << 30)
         self.cursor = self.first
+        if cursor > self.first:
+            self.goto(cursor)
 
     # -- reading ---------------------------------------------------------
+    @property
+    def scenario(self):
+        return self.run.scenario
+
+    @property
+    def initial(self) -> Snapshot | None:
+        return self.run.initial
+
+    @property
+    def records(self) -> list[StepRecord]:
+        return self.run.records
+
+    @property
+    def trace(self) -> Trace | None:
+        return self.run.trace
+
+    @property
+    def error(self) -> str | None:
+        return self.run.error
+
+    def outputs(self) -> dict | None:
+        return self.run.outputs()
+
     @property
     def snapshot(self) -> Snapshot:
         return self.initial if self.cursor == 0 else self.records[self.cursor - 1].snapshot
@@ -62,20 +95,28 @@ class Timeline:
         return self.cursor == len(self.records)
 
     def can_forward(self) -> bool:
-        return not self.at_frontier
+        return not self.at_frontier or not self.run.done
 
     @property
     def finished(self) -> bool:
         return not self.can_forward()
 
     # -- moving ----------------------------------------------------------
-    def _compute_next(self) -> bool:
-        """Append the record after the last one if it can be computed; a fixed timeline cannot."""
-        return False
+    def _ensure(self, n: int, timeout: float) -> bool:
+        """Make record ``n`` exist if the run has it, waiting for the store at most ``timeout`` s."""
+        if len(self.records) >= n:
+            return True
+        if self.run.done:
+            return False
+        self.run.want(n)
+        return self.run.wait(n, timeout)
 
     def peek_next(self) -> StepRecord | None:
-        """The record Step would show next, computing it if needed; the cursor stays."""
-        if self.at_frontier and not self._compute_next():
+        """The record Step would show next (waiting for the worker if needed); the cursor stays.
+        None at the run's end or when the wait ran out; RunStopped when the run failed there."""
+        if not self._ensure(self.cursor + 1, STEP_WAIT):
+            if self.run.error and self.at_frontier:
+                raise RunStopped(self.run.error)
             return None
         return self.records[self.cursor]
 
@@ -88,89 +129,67 @@ class Timeline:
     def back(self) -> None:
         self.cursor = max(self.first, self.cursor - 1)
 
-    def goto(self, step: int) -> None:
-        """Show step ``step`` (0 = before the first step), computing up to it if needed."""
+    def goto(self, step: int, timeout: float = GOTO_WAIT) -> None:
+        """Show step ``step`` (0 = before the first), or the last recorded one if the run ends before
+        it or the store has not reached it within ``timeout`` s."""
         step = max(self.first, int(step))
-        while self.cursor < step and self.forward() is not None:
-            pass
-        self.cursor = min(step, len(self.records))
+        self._ensure(step, timeout)
+        self.cursor = max(self.first, min(step, len(self.records)))
 
-    def run_until(self, kinds: str | tuple[str, ...], max_steps: int = MAX_RUN_STEPS) -> StepRecord | None:
-        """Step until a record holds an event of one of ``kinds``; returns it, or None at the end."""
+    def run_until(self, kinds: str | tuple[str, ...], max_steps: int = MAX_RUN_STEPS,
+                  timeout: float = GOTO_WAIT) -> StepRecord | None:
+        """Move to the next record holding an event of one of ``kinds`` and return it; None if the run
+        ends (or ``timeout`` runs out) first, and the cursor then stands at the last step reached."""
         kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
-        for _ in range(max_steps):
-            rec = self.forward()
-            if rec is None:
+        start = self.cursor
+        for n in range(start + 1, start + 1 + max_steps):
+            if not self._ensure(n, timeout):
+                self.cursor = max(self.cursor, min(len(self.records), start + max_steps))
                 return None
+            self.cursor = n
+            rec = self.records[n - 1]
             if any(e.kind in kinds for e in rec.events):
                 return rec
         return None
 
-    def run_to_end(self, max_steps: int = MAX_RUN_STEPS) -> None:
-        for _ in range(max_steps):
-            if self.forward() is None:
-                return
+    def run_to_end(self, max_steps: int = MAX_RUN_STEPS, timeout: float = GOTO_WAIT) -> None:
+        """Move to the run's last step (or as far as the store got within ``timeout`` s)."""
+        target = self.cursor + max_steps
+        self._ensure(target, timeout)
+        self.cursor = max(self.cursor, min(len(self.records), target))
 
     def reset(self) -> None:
         self.cursor = self.first
 
 
-class TraceRun(Timeline):
-    """A trace file's steps. ``scenario`` is the header's (None without a header, and then the
-    run starts at step 1); ``trace`` keeps the file's outputs line."""
-
-    def __init__(self, trace: Trace) -> None:
-        from kvcore.scenario import load_scenario
-        super().__init__(trace.initial, trace.records)
-        self.trace = trace
-        self.scenario = load_scenario(trace.scenario) if trace.scenario is not None else None
+def TraceRun(trace: Trace, store: Optional[RunStore] = None) -> Timeline:
+    """A cursor over a trace file's steps (nothing computed). ``scenario`` is the header's
+    (None without a header; then the run starts at step 1); ``trace`` keeps the outputs line."""
+    return Timeline((store or default_store()).trace_run(trace))
 
 
 class LabRun(Timeline):
-    """A scenario run live on an engine: Step at the last record computes the next one."""
+    """A cursor over a private run of ``scenario`` on engines from ``factory`` (tests, scripts):
+    an opaque factory cannot be shared, so the run is this LabRun's own. The app shares runs
+    through ``RunStore.run`` with a model key (lesson/state.py)."""
 
-    def __init__(self, scenario, factory: EngineFactory):
-        self.scenario = scenario
-        self._factory = factory
-        self.engine = factory(scenario)
-        super().__init__(self.engine.snapshot())
-
-    def can_forward(self) -> bool:
-        return not self.at_frontier or bool(self.engine.has_unfinished())
-
-    def _compute_next(self) -> bool:
-        if not self.engine.has_unfinished():
-            return False
-        try:
-            rec = self.engine.step()
-        except Exception:
-            self._recover()
-            raise
-        self.records.append(rec)
-        return True
-
-    def _recover(self) -> None:
-        """After a failed step the engine may be half-way through it: rebuild it at the last record."""
-        self.engine = self._factory(self.scenario)
-        for _ in range(len(self.records)):
-            self.engine.step()
-
-    # -- changing the scenario ---------------------------------------------
-    def reset(self) -> None:
-        self.__init__(self.scenario, self._factory)
+    def __init__(self, scenario, factory: EngineFactory, store: Optional[RunStore] = None, cursor: int = 0,
+                 model: Any = None, model_key: Any = None) -> None:
+        self._factory, self._store, self._model, self._model_key = factory, store or default_store(), model, model_key
+        super().__init__(self._store.run(scenario, factory, model_key=model_key, model=model), cursor)
 
     def replace_scenario(self, scenario, keep_step: bool = True) -> None:
-        """Rebuild on ``scenario`` and replay to the current step (or to step 0)."""
+        """Switch to the run of ``scenario``, at the current step (or at step 0)."""
         step = self.cursor if keep_step else 0
-        self.__init__(scenario, self._factory)
-        self.goto(step)
+        self.run.release(self)
+        LabRun.__init__(self, scenario, self._factory, self._store, step, self._model, self._model_key)
 
     def with_settings(self, **changes) -> Any:
         engine = dataclasses.replace(self.scenario.engine, **changes)
         return dataclasses.replace(self.scenario, engine=engine)
 
     def add_request(self, spec) -> None:
-        """Add a request arriving at the next step; records after the cursor are dropped.
+        """Add a request arriving at the next step: a new run, the cursor kept.
 
         The engine adds a request at the start of step s when arrival_step < s.
         """
@@ -182,10 +201,9 @@ class LabRun(Timeline):
 def check_requests(scenario, factory: EngineFactory) -> None:
     """Raise ValueError if a request can never be added (too long for the pool, bad token ids...),
     using the engine's own checks on a throwaway engine, so a run never fails half-way later."""
-    import dataclasses as dc
     engine = factory(scenario)
     for spec in scenario.requests:
-        engine.add_request(dc.replace(spec))
+        engine.add_request(dataclasses.replace(spec))
 
 
 def lesson_scenario(lesson, num_layers: int | None = None, overrides: dict | None = None,
@@ -197,8 +215,9 @@ def lesson_scenario(lesson, num_layers: int | None = None, overrides: dict | Non
     return load_scenario(d)
 
 
-def lesson_run(lesson, loaded_model, overrides: dict | None = None) -> LabRun:
-    """A LabRun of a lesson on an already loaded model (tests, benchmarks)."""
+def lesson_run(lesson, loaded_model, overrides: dict | None = None, store: Optional[RunStore] = None) -> Timeline:
+    """A cursor over a lesson's shared run on an already loaded model (tests, benchmarks)."""
     from kvcore.engine import Engine
     scenario = lesson_scenario(lesson, loaded_model.num_layers, overrides, loaded_model.name)
-    return LabRun(scenario, lambda s: Engine(s, model=loaded_model))
+    key = (loaded_model.name, str(loaded_model.device), str(loaded_model.dtype))
+    return LabRun(scenario, lambda s: Engine(s, model=loaded_model), store, model=loaded_model, model_key=key)

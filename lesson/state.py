@@ -2,7 +2,10 @@
 
 Each browser session keeps one LessonState per page: the scenario it runs (the
 lesson's, an uploaded one, or the playground's edits), the settings switched on
-that page, and the LabRun holding the engine and its recorded steps.
+that page, and a Timeline -- its own cursor over the shared recorded run of that
+scenario (lesson/runs.py). Every scenario is checked against the resource budget
+(kvcore/budget.py) before the store builds anything for it; links and files are
+capped in size before they are decoded.
 """
 from __future__ import annotations
 
@@ -16,11 +19,13 @@ from typing import Any
 
 import streamlit as st
 
+from kvcore.budget import BudgetError, app_limits, check_size, fmt_bytes
 from kvcore.scenario import EngineSettings, Scenario, ScenarioError, load_scenario, scenario_to_dict
 
 from .catalog import Lesson
-from .modelstate import DEVICES, MODELS, ModelState, engine_lock
-from .runtime import LabRun, Timeline, check_requests
+from .modelstate import DEVICES, MODELS, ModelState
+from .runs import default_store
+from .runtime import Timeline
 
 SETTING_DEFAULTS = dataclasses.asdict(EngineSettings())
 URL_SETTINGS = tuple(k for k in SETTING_DEFAULTS if k != "layer_types") + ("layers",)
@@ -36,6 +41,7 @@ class PageState:
     quiz: Any = None                   # a pending quiz.Prediction
     quiz_choice: int | None = None
     upload_id: str | None = None       # the last uploaded file handled (a rerun must not load it again)
+    run_error_seen: str | None = None  # the run's stop reason, once shown
 
 
 @dataclass
@@ -64,18 +70,37 @@ def make_factory(ms: ModelState):
 
 
 def locked(fn, *args, **kwargs):
-    """Run an engine call under the process-wide lock."""
-    with engine_lock():
-        return fn(*args, **kwargs)
+    """Call a Timeline move. Kept for callers: the run store's worker takes the engine lock for
+    one step at a time, and a session never holds it (a session waiting under it would stall
+    the very worker it waits for)."""
+    return fn(*args, **kwargs)
+
+
+def model_key(ms: ModelState) -> tuple[str, str, str]:
+    dtype = str(getattr(ms.model, "dtype", "float32")).replace("torch.", "")
+    return (ms.name, str(getattr(ms.model, "device", ms.device)), dtype)
+
+
+def open_run(scenario: Scenario, ms: ModelState, step: int = 0) -> Timeline:
+    """A cursor at ``step`` over the shared run of ``scenario`` on the loaded model.
+    Raises BudgetError (over a limit) or ValueError (a prompt that never fits)."""
+    run = default_store().run(scenario, make_factory(ms), model_key=model_key(ms), model=ms.model,
+                              limits=app_limits())
+    return Timeline(run, cursor=min(int(step), run.recorded() if run.done else 1 << 30))
 
 
 def new_run(state: LessonState, lesson: Lesson, ms: ModelState, step: int = 0) -> None:
     scenario = build_scenario(lesson, state.base, state.overrides, ms)
-    run = locked(LabRun, scenario, make_factory(ms))
-    if step:
-        locked(run.goto, step)
-    state.run = run
+    state.run = open_run(scenario, ms, step)
     state.model_key = (ms.name, ms.device)
+
+
+def run_error(state: PageState) -> None:
+    """Show once why the run stopped early (a failed step, the step cap, a full store)."""
+    run = state.run
+    if run is not None and run.error and run.error != state.run_error_seen and run.finished:
+        state.run_error_seen = run.error
+        state.error = state.error or run.error
 
 
 def get_state(lesson: Lesson, ms: ModelState) -> LessonState:
@@ -92,11 +117,12 @@ def get_state(lesson: Lesson, ms: ModelState) -> LessonState:
         step = step or (state.run.cursor if state.run is not None else 0)
         try:
             new_run(state, lesson, ms, step)
-        except (ScenarioError, ValueError) as e:
+        except (ScenarioError, ValueError) as e:   # BudgetError is a ValueError
             state.error = str(e)
             if state.base != lesson.scenario or state.overrides:
                 state.base, state.overrides = copy.deepcopy(lesson.scenario), {}
                 new_run(state, lesson, ms, 0)
+    run_error(state)
     return state
 
 
@@ -108,12 +134,11 @@ def rebuild(state: LessonState, lesson: Lesson, ms: ModelState, base: dict | Non
     try:
         scenario = build_scenario(lesson, new_base, new_over, ms)
         step = state.run.cursor if (keep_step and state.run is not None) else 0
-        locked(check_requests, scenario, make_factory(ms))
-        run = locked(LabRun, scenario, make_factory(ms))
-        if step:
-            locked(run.goto, step)
+        run = open_run(scenario, ms, step)   # the engine's own checks refuse a prompt that never fits
     except ScenarioError as e:
         return "\n".join(e.problems)
+    except BudgetError as e:
+        return str(e)
     except Exception as e:  # the engine refused the scenario (e.g. a prompt that never fits)
         return f"{type(e).__name__}: {e}"
     state.base, state.overrides, state.run = copy.deepcopy(new_base), dict(new_over), run
@@ -124,9 +149,18 @@ def rebuild(state: LessonState, lesson: Lesson, ms: ModelState, base: dict | Non
 
 
 def parse_scenario_text(text: str | bytes) -> tuple[dict | None, list[str]]:
-    """(scenario dict, []) or (None, problems). The dict is the validated file, normalised."""
+    """(scenario dict, []) or (None, problems). The dict is the validated file, normalised.
+    Text over the file-size limit is refused before it is parsed; bytes must be UTF-8."""
+    try:
+        check_size(len(text.encode() if isinstance(text, str) else text), "the scenario", app_limits())
+    except BudgetError as e:
+        return None, [str(e)]
     if isinstance(text, bytes):
-        text = text.decode("utf-8", errors="replace")
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return None, [f"file: not UTF-8 text (byte {e.start} is 0x{text[e.start]:02x}); "
+                          "save the scenario as UTF-8 JSON"]
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:
@@ -144,8 +178,17 @@ def _encode_base(d: dict) -> str:
 
 
 def _decode_base(s: str) -> dict:
+    """The packed scenario of a link, capped before decoding (its length) and while it is
+    decompressed (never more than the file limit is inflated)."""
+    limits = app_limits()
+    check_size(len(s), "the packed scenario in the link (scn)", limits, "max_link_chars")
     pad = "=" * (-len(s) % 4)
-    return json.loads(zlib.decompress(base64.urlsafe_b64decode(s + pad)).decode())
+    inflate = zlib.decompressobj()
+    raw = inflate.decompress(base64.urlsafe_b64decode(s + pad), limits.max_file_bytes + 1)
+    if len(raw) > limits.max_file_bytes or inflate.unconsumed_tail:
+        raise BudgetError(f"the scenario in the link decompresses to more than {fmt_bytes(limits.max_file_bytes)}; "
+                          f"this server allows at most {fmt_bytes(limits.max_file_bytes)} (PAGED_KV_LAB_MAX_FILE_BYTES)")
+    return json.loads(raw.decode())
 
 
 def _parse_value(key: str, v: str) -> Any:
@@ -169,6 +212,10 @@ def apply_url(state: LessonState, lesson: Lesson) -> int:
             d, problems = parse_scenario_text(json.dumps(_decode_base(qp["scn"])))
             if d is not None:
                 state.base = d
+            else:
+                state.error = "url: the scenario in the link is not valid:\n" + "\n".join(f"- {p}" for p in problems)
+        except BudgetError as e:
+            state.error = f"url: {e}"
         except Exception:
             state.notice = "url: the scenario in the link could not be read"
     for k in URL_SETTINGS:
@@ -178,7 +225,7 @@ def apply_url(state: LessonState, lesson: Lesson) -> int:
             except ValueError:
                 pass
     try:
-        return max(0, int(qp.get("step", 0)))
+        return min(max(0, int(qp.get("step", 0))), app_limits().max_run_steps)
     except ValueError:
         return 0
 

@@ -1,5 +1,5 @@
 """The trace viewer: open a trace file (``python -m kvcore run ... --trace OUT.jsonl``) and step
-through it with the lesson pages' controls and panels.
+through it in the same player as the lessons (a trace is just a recorded run).
 
 Nothing is recomputed: a TraceRun holds the file's records. Loading is plain functions on a
 TraceState (``load_trace_bytes``, ``load_example``), which the page's callbacks and the tests call;
@@ -15,18 +15,19 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
+from kvcore.budget import BudgetError, app_limits, check_size
 from kvcore.scenario import load_scenario, scenario_to_dict
 from kvcore.trace import Trace, TraceError, read_trace
 
 from . import panels as P
-from .figures import color_map
 from .i18n import tr
 from .lessons import BY_ID, PAGE_FILES
 from .modelstate import ModelState
 from .runtime import MAX_RUN_STEPS, TraceRun
-from .state import PageState, get_state, init_globals_from_url, locked
-from .view import current_lang, current_model, decoder, play_tick
-from .widgets import apply_scenario_text, controls, quiz_box, timeline
+from .state import PageState, get_state, init_globals_from_url, locked, open_run
+from .player import STREAM_SECONDS, export_html, player_panel, recorded_done
+from .view import current_lang, current_model, decoder
+from .widgets import apply_scenario_text
 
 PAGE_FILE = "pages/8_trace_viewer.py"
 KEY = "trace"                    # widget keys end in ":trace", as a lesson's end in ":<lesson id>"
@@ -53,9 +54,14 @@ def load_trace_bytes(state: TraceState, data: bytes | str, name: str, lang: str 
     """Show the trace in ``data``; on a problem nothing changes and the message (also put in
     ``state.error``) comes back."""
     try:
+        check_size(len(data.encode() if isinstance(data, str) else data), f"the trace file {name!r}",
+                   app_limits(), "max_trace_bytes")
         run = TraceRun(read_trace(data))
     except TraceError as e:
         state.error = tr("bad_trace", lang, name=name) + "\n" + "\n".join(f"- {p}" for p in e.problems)
+        return state.error
+    except BudgetError as e:
+        state.error = tr("bad_trace", lang, name=name) + "\n- " + str(e)
         return state.error
     state.run, state.name = run, name
     state.quiz, state.quiz_choice, state.playing = None, None, False
@@ -63,14 +69,15 @@ def load_trace_bytes(state: TraceState, data: bytes | str, name: str, lang: str 
     return None
 
 
-def example_trace(ms: ModelState, path: Path = EXAMPLE) -> str:
-    """The scenario at ``path`` run to the end on the loaded model, as the CLI's --trace writes it."""
-    from kvcore.engine import Engine
+def example_trace(ms: ModelState, path: Path = EXAMPLE, timeout: float = 120.0) -> str:
+    """The scenario at ``path`` run to the end on the loaded model, as the CLI's --trace writes it.
+    Its steps come from the shared run store (one engine step at a time, fairly with other sessions)."""
     scenario = dataclasses.replace(load_scenario(path), model=ms.name, device=ms.device)
-    engine = Engine(scenario, model=ms.model)
-    initial = engine.snapshot()
-    records = engine.run(max_steps=MAX_RUN_STEPS)
-    return Trace(scenario_to_dict(scenario), initial, tuple(records), engine.outputs()).to_jsonl()
+    cursor = open_run(scenario, ms)
+    cursor.run_to_end(MAX_RUN_STEPS, timeout=timeout)
+    if not cursor.run.done:
+        raise TimeoutError(f"the example was not computed within {timeout:.0f} s (the server is busy)")
+    return Trace(scenario_to_dict(scenario), cursor.initial, tuple(cursor.records), cursor.outputs()).to_jsonl()
 
 
 def load_example(state: TraceState, ms: ModelState, lang: str = "en") -> str | None:
@@ -112,6 +119,11 @@ def on_upload(state: TraceState, key: str, lang: str) -> None:
     if up is None or up.file_id == state.upload_id:
         return
     state.upload_id = up.file_id
+    try:  # refuse a too-large file before reading it whole
+        check_size(up.size, f"the trace file {up.name!r}", app_limits(), "max_trace_bytes")
+    except BudgetError as e:
+        state.error = tr("bad_trace", lang, name=up.name) + "\n- " + str(e)
+        return
     load_trace_bytes(state, up.getvalue(), up.name, lang)
 
 
@@ -142,27 +154,30 @@ def render_trace_page() -> None:
         return
     decode = trace_decoder(run, ms)
     show_about(state, ms, lang, decoded=decode is not None)
-    colors = color_map(request_ids(run))
-    controls(state, KEY, FOCUS, lang)
-    timeline(state, KEY, lang, caption="trace_step_of")
-    quiz_box(state, KEY, lang)
-    if run.record is not None:
-        st.caption(P.auto_summary(run, lang))
-    P.show_metrics_row(run, lang)
-    left, right = st.columns([3, 2])
-    with left:
-        P.show_grid(run, lang, decode, colors, KEY)
-    with right:
-        P.show_events(run, lang, decode)
-    P.show_queue(run, lang, decode, KEY)
-    P.show_outputs(run, lang)
-    P.show_tables(run, lang, decode, colors, KEY)
-    P.show_chains_and_metrics(run, lang, decode, colors, KEY)
-    P.show_address(run, lang, colors, KEY, decode)
-    P.show_requests(run, lang)
+    c1, c2 = st.columns([1, 5], vertical_alignment="center")
+    c1.toggle("🎓", key=f"quiz:{KEY}", help=tr("quiz_mode", lang))
+    with c2:
+        download_trace_run(state, lang, decode)
+    running = not recorded_done(run)
+    st.fragment(trace_stage, run_every=STREAM_SECONDS if running else None)(state, lang, decode)
     show_final_outputs(run.trace, lang)
     show_scenario(run.trace, ms, lang)
-    play_tick(state, lang)
+
+
+def trace_stage(state: TraceState, lang: str, decode) -> None:
+    """The player over the trace's steps and the requests table at its cursor (a fragment)."""
+    run = state.run
+    player_panel(state, KEY, lang, decode=decode, focus=FOCUS, request_ids=request_ids(run))
+    P.show_requests(run, lang)
+
+
+def download_trace_run(state: TraceState, lang: str, decode) -> None:
+    def build() -> str:
+        return export_html(state.run, lang, f"Paged KV Lab · {state.name or 'trace'}", decode=decode,
+                           request_ids=request_ids(state.run))
+    st.download_button(tr("download_run", lang), build, file_name=f"{Path(state.name or 'trace').stem}.html",
+                       mime="text/html", key=f"dl_run:{KEY}", on_click="ignore", icon=":material/download:",
+                       help=tr("download_run_help", lang))
 
 
 def show_about(state: TraceState, ms: ModelState, lang: str, decoded: bool) -> None:

@@ -1,19 +1,18 @@
-"""One lesson page: settings, controls, narration and every live picture."""
+"""One lesson page: settings, the step player (every per-step picture, drawn in the browser) and
+the Python panels that follow its cursor."""
 from __future__ import annotations
-
-import time
 
 import streamlit as st
 
+from player import color_map
+
 from . import panels as P
-from .figures import color_map
 from .i18n import pick, tr
 from .lessons import BY_ID
 from .modelstate import ModelState, default_device, default_model
-from .state import get_state, init_globals_from_url, locked, pref, write_url
-from .widgets import controls, quiz_box, scenario_file, timeline, toggles
-
-PLAY_SECONDS = 0.8
+from .player import STREAM_SECONDS, export_html, player_panel, recorded_done
+from .state import get_state, init_globals_from_url, pref, write_url
+from .widgets import scenario_file, toggles
 
 
 def current_lang() -> str:
@@ -32,22 +31,10 @@ def current_model() -> ModelState:
     return ms
 
 
-_DECODED: dict[int, dict[tuple[int, ...], str]] = {}   # per model: token ids -> text (figures decode a lot)
-
-
 def decoder(model):
-    if model is None:
-        return None
-    cache = _DECODED.setdefault(id(model), {})
-
-    def decode(ids):
-        key = tuple(int(i) for i in ids)
-        if key not in cache:
-            if len(cache) > 50_000:
-                cache.clear()
-            cache[key] = model.decode(list(key))
-        return cache[key]
-    return decode
+    """The model's shared decoder: a bounded, thread-safe cache of token ids -> text (lesson/runs.py)."""
+    from .runs import decoder_for
+    return decoder_for(model)
 
 
 def render_lesson(lesson_id: str, compact: bool = False) -> None:
@@ -66,59 +53,58 @@ def render_lesson(lesson_id: str, compact: bool = False) -> None:
         P.show_questions(lesson, lang)
         return
     state = get_state(lesson, ms)
-    run = state.run
     if state.error:
         st.error(state.error)
         state.error = None
     if state.notice:
         st.success(state.notice)
         state.notice = None
-    decode = decoder(ms.model)
-    colors = color_map(r.id for r in run.scenario.requests)
-    key = lesson.id
     if not compact:
         toggles(state, lesson, ms, lang)
-    controls(state, lesson.id, lesson.focus, lang)
-    timeline(state, lesson.id, lang)
-    quiz_box(state, lesson.id, lang)
-    if state.quiz is None:
-        P.show_narration(lesson, run, lang)
-    P.show_metrics_row(run, lang)
-    left, right = st.columns([3, 2])
-    with left:
-        P.show_grid(run, lang, decode, colors, key)
-    with right:
-        P.show_events(run, lang, decode)
-    P.show_queue(run, lang, decode, key)
-    P.show_outputs(run, lang)
-    P.show_tables(run, lang, decode, colors, key)
+    c1, c2 = st.columns([1, 5], vertical_alignment="center")
+    c1.toggle("🎓", key=f"quiz:{lesson.id}", help=tr("quiz_mode", lang))
+    with c2:
+        download_run(state, lesson, ms, lang)
+    running = not recorded_done(state.run)
+    st.fragment(lesson_stage, run_every=STREAM_SECONDS if running else None)(lesson, state, ms, lang, compact)
     if not compact:
-        P.show_chains_and_metrics(run, lang, decode, colors, key)
-        P.show_extra_panels(lesson, run, lang, colors, key, ms.model)
-        P.show_address(run, lang, colors, key, decode)
-        P.show_requests(run, lang)
         if lesson.id == "playground":
             from .playground import request_form, settings_form
             settings_form(state, lesson, ms, lang)
             request_form(state, lesson, ms, lang)
-        P.show_myths(run, lang, expanded="myths" in lesson.panels)
         P.show_questions(lesson, lang)
         scenario_file(state, lesson, ms, lang)
+
+
+def lesson_player(state, lesson, ms, lang: str) -> dict:
+    """What the player needs besides the run, for a lesson (the page and the export share it)."""
+    run = state.run
+    decode = decoder(ms.model)
+    return {"decode": decode, "narrate": P.LessonNarrator(lesson, run, lang),
+            "intro": P.intro_text(lesson, run, lang), "outro": P.outro_text(lesson, run, lang),
+            "request_ids": [r.id for r in run.scenario.requests]}
+
+
+def lesson_stage(lesson, state, ms, lang: str, compact: bool) -> None:
+    """The part of the page that follows the player's cursor: it reruns alone (a fragment)."""
+    kw = lesson_player(state, lesson, ms, lang)
+    player_panel(state, lesson.id, lang, focus=lesson.focus, **{k: kw[k] for k in
+                 ("decode", "narrate", "intro", "outro", "request_ids")})
+    run = state.run
+    colors = color_map(kw["request_ids"])
+    if not compact:
+        P.show_requests(run, lang)
+        P.show_charts(run, lang, colors, lesson.id)
+        P.show_extra_panels(lesson, run, lang, colors, lesson.id, ms.model)
+        P.show_myths(run, lang, expanded="myths" in lesson.panels)
     write_url(state, lesson, lang, ms)
-    play_tick(state, lang)
 
 
-def play_tick(state, lang: str) -> None:
-    """While playing: wait, step, rerun. A click on Pause interrupts the wait."""
-    if not state.playing:
-        return
-    if not state.run.can_forward():
-        state.playing = False
-        return
-    time.sleep(PLAY_SECONDS)
-    try:
-        locked(state.run.forward)
-    except Exception as e:
-        state.error = tr("step_error", lang, error=f"{type(e).__name__}: {e}")
-        state.playing = False
-    st.rerun()
+def download_run(state, lesson, ms, lang: str) -> None:
+    """"Download this run": the recorded steps so far, as one HTML file that plays offline."""
+    def build() -> str:
+        return export_html(state.run, lang, f"Paged KV Lab · {pick(lesson.title, lang)}",
+                           **{k: v for k, v in lesson_player(state, lesson, ms, lang).items()})
+    st.download_button(tr("download_run", lang), build, file_name=f"{state.run.scenario.name}.html",
+                       mime="text/html", key=f"dl_run:{lesson.id}", on_click="ignore",
+                       icon=":material/download:", help=tr("download_run_help", lang))

@@ -9,20 +9,34 @@ from kvcore import events, snapshot
 from kvcore.engine import Engine, NoModelRunner
 from kvcore.kv.block_hash import BlockHasher, get_hash_fn
 from kvcore.kv.block_pool import BlockPool
-from kvcore.kv.kv_cache_coordinator import KVCacheGroupSpec
+from kvcore.kv.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+                                         SlidingWindowSpec)
 from kvcore.kv.kv_cache_manager import KVCacheManager
 from kvcore.scenario import EngineSettings, RequestSpec, Scenario
-from kvcore.sched.request import Request
+from kvcore.sched.request import Request, RequestStatus
 
-FULL = (KVCacheGroupSpec("full"),)
+# Group kinds, turned into vLLM-shaped KVCacheGroupSpecs once the block size is known.
+FULL = ("full",)
 
 
 def sliding(window: int):
-    return (KVCacheGroupSpec("sliding", window),)
+    return (("sliding", window),)
 
 
 def hybrid(window: int):
-    return (KVCacheGroupSpec("full"), KVCacheGroupSpec("sliding", window))
+    return ("full", ("sliding", window))
+
+
+def group_specs(groups, block_size: int) -> tuple[KVCacheGroupSpec, ...]:
+    out = []
+    for i, g in enumerate(groups):
+        if isinstance(g, KVCacheGroupSpec):
+            out.append(g)
+        elif g == "full":
+            out.append(KVCacheGroupSpec((f"full.{i}",), FullAttentionSpec(block_size)))
+        else:
+            out.append(KVCacheGroupSpec((f"sliding.{i}",), SlidingWindowSpec(block_size, g[1])))
+    return tuple(out)
 
 
 # -- vLLM's formula, computed independently of kvcore -----------------------------------
@@ -52,10 +66,12 @@ def make_request(rid: str, tokens: Sequence[int], block_size: int, *, salt: Opti
 
 
 def make_manager(num_blocks: int, block_size: int, groups=FULL, *, caching: bool = True,
-                 free_order: str = "v0.33", retention: str = "sparse",
-                 recorder: Optional[events.Recorder] = None, max_model_len: int = 1 << 30) -> KVCacheManager:
-    return KVCacheManager(num_blocks, block_size, groups, caching, max_model_len, free_order,
-                          retention, recorder)
+                 free_order: str = "v0.33", retention_interval: Optional[int] = 0,
+                 recorder: Optional[events.Recorder] = None, max_model_len: int = 1 << 30,
+                 max_num_batched_tokens: Optional[int] = None, watermark: float = 0.0) -> KVCacheManager:
+    config = KVCacheConfig(num_blocks, group_specs(groups, block_size), retention_interval)
+    return KVCacheManager(config, max_model_len, caching, max_num_batched_tokens, watermark, free_order,
+                          recorder)
 
 
 def queue_ids(pool: BlockPool) -> list[int]:
@@ -68,10 +84,12 @@ def ids(blocks) -> list[int]:
 
 def admit(kvm: KVCacheManager, req: Request, num_new: Optional[int] = None):
     """What the scheduler does for a waiting request: look up hits, then allocate."""
-    hits, num_hit = kvm.get_computed_blocks(req)
+    hits, num_hit, req.shared_prefix_boundary = kvm.get_computed_blocks(req)
     n = (req.num_tokens - num_hit) if num_new is None else num_new
     new = kvm.allocate_slots(req, n, num_hit, hits)
     if new is not None:
+        kvm.record_prefix_cache_stats(req, num_hit)
+        req.status = RequestStatus.RUNNING
         req.num_computed_tokens = num_hit + n
     return new, hits, num_hit
 

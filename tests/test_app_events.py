@@ -1,67 +1,98 @@
-"""Event sentences: every kind in both languages, reasons included, defensive about data."""
+"""Event sentences: one table (kvcore.sentences) for the CLI and the app, every kind in both languages,
+reasons included; the events come from real engine runs."""
+import re
+
 import pytest
 
-from kvcore.events import EVENT_KINDS, Event
+from kvcore import events
+from kvcore.events import EVENT_TYPES, EventKind
+from kvcore.sentences import ICONS, SENTENCES, Style
 from lesson.events import changed_blocks, sentence, step_sentences
 
-SAMPLES = [
-    Event("allocated", "B", (7, 8), data={"queue_positions": [0, 1], "evicted_hashes": {"7": "3fa2" + "0" * 28}}),
-    Event("evicted", "B", (7,), data={"hash": "3fa2" + "0" * 28, "reason": "reused from queue head"}),
-    Event("cache_hit", "B", (1, 2), data={"num_tokens": 32, "num_blocks": 2, "block_ids_per_group": [[1, 2]]}),
-    Event("cache_miss", "D", data={"num_tokens": 37}),
-    Event("touched", "C", (1, 2), data={"from_queue": [2], "queue_positions": [5]}),
-    Event("cached", "A", (1, 2), data={"hashes": ["ab" * 16, "cd" * 16], "num_tokens": 8}),
-    Event("freed", "A", (3, 2, 1), data={"to_head": [3], "to_tail": [2], "still_used": [1], "reason": "finished"}),
-    Event("window_skipped", "A", (4,), data={"slots": [0], "block_ids": [4]}),
-    Event("scheduled", "A", data={"num_tokens": 14, "kind": "chunk"}),
-    Event("admitted", "A", data={"num_cached_tokens": 16}),
-    Event("resumed", "C", data={"num_cached_tokens": 12}),
-    Event("blocked", "D", data={"reason": "token_budget"}),
-    Event("preempted", "C", data={"policy": "fcfs", "reason": "B needed blocks", "victim_priority": 1}),
-    Event("finished", "A", data={"reason": "eos"}),
-    Event("sampled", None, data={"tokens": {"A": 5, "B": 6}}),
-    Event("arrived", "A", data={"num_prompt_tokens": 5}),
-    Event("reset", None, data={"ok": False}),
-]
+from _event_runs import every_kind_events, every_kind_runs
+
+CJK = re.compile(r"[\u4e00-\u9fff]")
+
+
+def first(kind, pred=lambda e: True):
+    return next(e for e in every_kind_events() if e.kind == kind and pred(e))
+
+
+def test_every_kind_has_a_class_a_renderer_in_both_languages_and_an_icon():
+    assert set(SENTENCES) == set(EventKind) == set(EVENT_TYPES) == set(ICONS)
+    for kind in EventKind:
+        e = first(kind)
+        en, zh = SENTENCES[kind](e, Style())
+        assert en and zh and en != zh, kind
+        assert CJK.search(zh) and not CJK.search(en), (en, zh)
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
-def test_every_kind_has_a_sentence(lang):
-    kinds = {e.kind for e in SAMPLES}
-    assert kinds == set(EVENT_KINDS)
-    for e in SAMPLES:
+def test_every_event_of_real_runs_has_a_sentence_naming_its_request(lang):
+    for e in every_kind_events():
         s = sentence(e, lang, decode=lambda ids: f"<{ids[0]}>")
-        assert s and not s.startswith(e.kind + ":"), s
+        assert s and "{" not in s and "None" not in s, s
+        if e.request_id is not None:
+            assert e.request_id in s, s
 
 
 def test_reasons_are_in_the_sentences():
-    en = {e.kind: sentence(e, "en") for e in SAMPLES}
-    assert "lost hash #3fa20000" in en["evicted"]
-    assert "7 ← #3fa20000" in en["allocated"]
-    assert "32 tokens" in en["cache_hit"] and "[1, 2]" in en["cache_hit"]
-    assert "go to the tail" in en["freed"] and "go to the head" in en["freed"] and "still used" in en["freed"]
-    assert "null block" in en["window_skipped"]
-    assert "FCFS" in en["preempted"] and "B needed blocks" in en["preempted"]
-    assert "positions [5]" in en["touched"]
-    assert "token budget" in en["blocked"]
-    zh = {e.kind: sentence(e, "zh") for e in SAMPLES}
-    assert "丢失了哈希" in zh["evicted"] and "队尾" in zh["freed"] and "B 需要新块" in zh["preempted"]
+    alloc = first(events.ALLOCATED, lambda e: e.evicted_hashes)
+    bid, h = next(iter(alloc.evicted_hashes.items()))
+    assert f"{bid} ← #{h[:8]}" in sentence(alloc) and "丢失了哈希" in sentence(alloc, "zh")
+    ev = first(events.EVICTED, lambda e: e.reason == "reused from queue head")
+    assert f"lost hash #{ev.block_hash[:8]}" in sentence(ev) and "reused from the queue head" in sentence(ev)
+    assert "evict_blocks was called" in sentence(first(events.EVICTED, lambda e: e.reason == "evict_blocks"))
+    hit = first(events.CACHE_HIT)
+    assert f"{hit.num_tokens} tokens" in sentence(hit) and str(list(hit.block_ids_per_group[0])) in sentence(hit)
+    freed = first(events.FREED, lambda e: e.to_tail and e.to_head)
+    assert "go to the tail" in sentence(freed) and "go to the head" in sentence(freed)
+    assert "队尾" in sentence(freed, "zh") and "队头" in sentence(freed, "zh")
+    assert "null block" in sentence(first(events.WINDOW_SKIPPED))
+    pre = first(events.PREEMPTED)
+    assert "FCFS" in sentence(pre) and f"{pre.needed_by} needed blocks" in sentence(pre)
+    assert f"{pre.needed_by} 需要新块" in sentence(pre, "zh")
+    touch = first(events.TOUCHED, lambda e: e.from_queue)
+    assert f"positions {list(touch.queue_positions)}" in sentence(touch)
+    assert "no admissions in a step that preempted" in sentence(
+        first(events.BLOCKED, lambda e: e.reason == "preempted_this_step"))
+    refused = first(events.RESET, lambda e: not e.ok)
+    assert "refused" in sentence(refused) and str(refused.blocks_in_use) in sentence(refused)
+    assert "dropped" in sentence(first(events.RESET, lambda e: e.ok))
 
 
-@pytest.mark.parametrize("kind", EVENT_KINDS)
-def test_empty_data_never_breaks(kind):
-    for lang in ("en", "zh"):
-        assert sentence(Event(kind), lang)
+def test_sampled_tokens_are_decoded_by_the_function_passed_in():
+    e = first(events.SAMPLED)
+    rid, tok = next(iter(e.tokens.items()))
+    assert f"{rid} → “<{tok}>”" in sentence(e, "en", decode=lambda ids: f"<{ids[0]}>")
+    assert f"{rid} → “{tok}”" in sentence(e, "en")
 
 
 def test_step_sentences_and_changed_blocks():
-    out = step_sentences(SAMPLES[:3], "en")
-    assert [k for k, _ in out] == ["allocated", "evicted", "cache_hit"]
-    assert out[0][1].startswith("🧱")
-    assert changed_blocks(SAMPLES) >= {7, 8, 1, 2, 3, 4}
+    rec = next(r for _, recs in every_kind_runs() for r in recs
+               if any(e.kind == events.EVICTED for e in r.events))
+    out = step_sentences(rec.events, "en")
+    assert [k for k, _ in out] == [e.kind.value for e in rec.events]
+    assert all(s.startswith(ICONS[EventKind(k)] + " ") for k, s in out)
+    pool_events = [e for e in rec.events if e.kind in (events.ALLOCATED, events.FREED, events.EVICTED,
+                                                       events.TOUCHED, events.CACHED)]
+    assert changed_blocks(rec.events) == {b for e in pool_events for b in e.block_ids}
+    assert changed_blocks([e for e in rec.events if e.kind == events.SCHEDULED]) == set()
 
 
 def test_group_shown_only_for_hybrid():
-    e = Event("allocated", "A", (5,), group=1)
-    assert "(g1)" in sentence(e, "en", multi_group=True)
+    e = first(events.ALLOCATED, lambda e: e.group == 1)
+    assert "(g1)" in sentence(e, "en", multi_group=True) and "(g1)" in sentence(e, "zh", multi_group=True)
     assert "(g1)" not in sentence(e, "en", multi_group=False)
+
+
+def test_the_cli_log_uses_the_same_sentences():
+    import io
+
+    from kvcore.cli import _log_step
+    rec = every_kind_runs()[1][1][2]
+    out = io.StringIO()
+    _log_step(rec, out, "zh")
+    text = out.getvalue()
+    for e in rec.events:
+        assert sentence(e, "zh", multi_group=True) in text

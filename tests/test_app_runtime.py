@@ -1,4 +1,4 @@
-"""LabRun (cursor over recorded steps), quiz predictions and the myths, on the engine without a model."""
+"""LabRun (a cursor over a recorded run), quiz predictions and the myths, on the engine without a model."""
 
 from kvcore.engine import Engine, NoModelRunner
 from kvcore.scenario import RequestSpec, load_scenario
@@ -29,7 +29,7 @@ def test_step_back_goto_give_the_same_records():
     run.goto(7)
     assert run.cursor == 7 and run.snapshot.step == 7
     run.goto(1)
-    assert run.snapshot is r1.snapshot and len(run.records) == 7
+    assert run.snapshot is r1.snapshot and len(run.records) >= 7
     run.run_to_end()
     assert run.finished and not run.can_forward()
     again = new_run()
@@ -43,8 +43,9 @@ def test_run_until_and_reset():
     assert rec is not None and any(e.kind == "evicted" for e in rec.events)
     assert run.cursor == rec.step
     assert run.run_until("preempted") is None and run.finished
+    n = len(run.records)
     run.reset()
-    assert run.cursor == 0 and run.records == []
+    assert run.cursor == 0 and len(run.records) == n, "reset moves the cursor; nothing is recomputed"
 
 
 def test_add_request_replays_then_arrives_next_step():
@@ -52,7 +53,7 @@ def test_add_request_replays_then_arrives_next_step():
     run.goto(3)
     before = [r.to_dict() for r in run.records[:3]]
     run.add_request(RequestSpec("D", prompt_token_ids=(1, 2, 3, 4, 5), max_tokens=2))
-    assert run.cursor == 3 and [r.to_dict() for r in run.records] == before
+    assert run.cursor == 3 and [r.to_dict() for r in run.records[:3]] == before
     rec = run.forward()
     assert any(e.kind == "arrived" and e.request_id == "D" for e in rec.events)
 
@@ -121,7 +122,9 @@ def test_myths_on_the_live_pool():
         assert len(secs) == 3 and all(all(part for part in s) for s in secs)
 
 
-def test_a_failing_step_leaves_the_run_consistent():
+def test_a_failing_step_stops_the_run_with_its_reason():
+    import pytest
+    from lesson.runtime import RunStopped
     calls = {"n": 0}
 
     class Flaky(NoModelRunner):
@@ -134,13 +137,11 @@ def test_a_failing_step_leaves_the_run_consistent():
     run = LabRun(load_scenario(SCENARIO), lambda s: Engine(s, runner=Flaky()))
     run.forward()
     run.forward()
-    try:
+    with pytest.raises(RunStopped, match="step 3 failed: RuntimeError: boom"):
         run.forward()
-    except RuntimeError:
-        pass
-    assert run.cursor == 2 and len(run.records) == 2
-    rec = run.forward()
-    assert rec.step == 3, "the rebuilt engine continues at the right step"
+    assert run.cursor == 2 and len(run.records) == 2 and run.error and run.finished
+    run.back()
+    assert run.forward().step == 2, "the recorded steps stay readable"
 
 
 def test_check_requests_refuses_what_never_fits():
@@ -157,7 +158,7 @@ def lab_trace(run: LabRun, header: bool = True, outputs: bool = True):
     from kvcore.trace import Trace, read_trace
     run.run_to_end()
     t = Trace(scenario_to_dict(run.scenario) if header else None, run.initial if header else None,
-              tuple(run.records), run.engine.outputs() if outputs else None)
+              tuple(run.records), run.outputs() if outputs else None)
     return read_trace(t.to_jsonl())
 
 

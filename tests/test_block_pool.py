@@ -6,9 +6,8 @@ from kvcore.kv.block_hash import get_block_hash, make_block_hash_with_group_id
 from kvcore.kv.block_pool import (AllBlocksCleared, BlockHashToBlockMap, BlockPool, BlockRemoved,
                                   BlockStored)
 from kvcore.kv.free_queue import KVCacheBlock
-from kvcore.kv.kv_cache_manager import KVCacheManager
 
-from _kv_helpers import ids, make_request, queue_ids, vllm_chain
+from _kv_helpers import ids, make_manager, make_request, queue_ids, vllm_chain
 
 
 def pool(n=8, caching=True, free_order="v0.33", recorder=None, block_size=2):
@@ -39,7 +38,7 @@ def test_pool_sizes_without_a_usable_block_are_rejected(n):
     with pytest.raises(ValueError, match="num_gpu_blocks must be an integer >= 2"):
         BlockPool(n, True, 4)
     with pytest.raises(ValueError, match="null block"):
-        KVCacheManager(n, 4)
+        make_manager(n, 4)
 
 
 def test_two_blocks_is_the_smallest_pool():
@@ -163,7 +162,7 @@ def test_touch_pulls_a_free_block_out_of_the_middle_of_the_queue():
     assert blocks[1].block_hash is not None          # a hit keeps its hash
     (ev,) = rec.drain()
     assert ev.kind == events.TOUCHED and ev.block_ids == (2,)
-    assert ev.data["from_queue"] == [2] and ev.data["queue_positions"] == [5]
+    assert ev.from_queue == (2,) and ev.queue_positions == (5,)
 
 
 def test_touch_of_a_block_in_use_only_increments():
@@ -241,9 +240,10 @@ def test_eviction_is_lazy_the_hash_goes_only_when_the_block_is_popped():
     assert p.take_events() == [BlockRemoved([h1])]
     evs = rec.drain()
     ev = [e for e in evs if e.kind == events.EVICTED]
-    assert len(ev) == 1 and ev[0].block_ids == (2,) and ev[0].data["hash"] == h1.hex()
+    assert len(ev) == 1 and ev[0].block_ids == (2,) and ev[0].block_hash == h1.hex()
     alloc = [e for e in evs if e.kind == events.ALLOCATED][-1]
-    assert alloc.data["evicted_hashes"] == {"2": h1.hex()}  # JSON-friendly keys
+    assert alloc.evicted_hashes == {2: h1.hex()}
+    assert alloc.to_dict()["evicted_hashes"] == {"2": h1.hex()}  # JSON-friendly keys
 
 
 def test_evict_blocks_drops_hashes_even_of_blocks_in_use_and_frees_nothing():
@@ -278,7 +278,7 @@ def test_reset_prefix_cache_refuses_while_blocks_are_in_use():
     assert p.get_cached_block(req.block_hashes[0], [0]) == [blocks[0]]
     assert p.take_events() == []
     ev = [e for e in rec.drain() if e.kind == events.RESET][-1]
-    assert ev.data == {"ok": False, "blocks_in_use": 2}
+    assert ev == events.PrefixCacheReset(ok=False, blocks_in_use=2)
 
 
 def test_reset_prefix_cache_clears_every_hash_once_all_blocks_are_free():
@@ -339,12 +339,12 @@ def test_recorder_reports_allocations_and_frees_with_their_reasons():
     req, blocks = cached_blocks(p, [1, 2, 3])
     evs = rec.drain()
     alloc = [e for e in evs if e.kind == events.ALLOCATED][0]
-    assert alloc.block_ids == (1, 2) and alloc.data["queue_positions"] == [0, 1]
+    assert alloc.block_ids == (1, 2) and alloc.queue_positions == (0, 1)
     cached = [e for e in evs if e.kind == events.CACHED][0]
-    assert cached.block_ids == (1,) and cached.data["hashes"] == [req.block_hashes[0].hex()]
+    assert cached.block_ids == (1,) and cached.block_hashes == (req.block_hashes[0].hex(),)
     p.free_blocks(reversed(blocks), reason="finished")
     (ev,) = rec.drain()
     assert ev.kind == events.FREED and ev.block_ids == (2, 1)
-    assert ev.data["to_head"] == [2] and ev.data["to_tail"] == [1]
-    assert ev.data["reason"] == "finished" and ev.data["still_used"] == []
+    assert ev.to_head == (2,) and ev.to_tail == (1,)
+    assert ev.reason == "finished" and ev.still_used == ()
     assert get_block_hash(blocks[0].block_hash) == req.block_hashes[0]

@@ -83,7 +83,7 @@ def test_prefix_hits_full_block_and_mid_block(loaded):
     b = req("B", P[:16] + [3, 1, 4, 1, 5], 6, arrival_step=2)        # shares 4 full blocks
     c = req("C", P[:18] + [2, 7, 1, 8], 6, arrival_step=2)           # diverges mid-block: 4 blocks hit
     eng, kinds = run_engine(loaded, [a, b, c], block_size=4, num_gpu_blocks=40)
-    hits = {e.request_id: e.data["num_tokens"] for r in eng.history for e in r.events if e.kind == "cache_hit"}
+    hits = {e.request_id: e.num_tokens for r in eng.history for e in r.events if e.kind == "cache_hit"}
     assert hits == {"B": 16, "C": 16}
     check_equal(loaded, eng, [a, b, c])
 
@@ -112,7 +112,7 @@ def test_preemption_and_recompute(loaded):
 def test_chunked_prefill(loaded):
     reqs = [req("A", P[:21], 8), req("B", P[:7], 8)]
     eng, kinds = run_engine(loaded, reqs, block_size=4, num_gpu_blocks=30, max_num_batched_tokens=8)
-    chunks = [e for r in eng.history for e in r.events if e.kind == "scheduled" and e.data["kind"] == "chunk"]
+    chunks = [e for r in eng.history for e in r.events if e.kind == "scheduled" and e.phase == "chunk"]
     assert chunks, "the long prompt should have been split over steps"
     check_equal(loaded, eng, reqs)
 

@@ -3,7 +3,7 @@ import pytest
 
 from kvcore import events
 from kvcore.engine import kv_cache_groups
-from kvcore.kv.block_hash import get_block_hash, get_group_id
+from kvcore.kv.block_hash import get_block_hash, get_group_id, make_block_hash_with_group_id
 from kvcore.scenario import EngineSettings
 
 from _kv_helpers import admit, events_of, hybrid, make_engine, make_manager, make_request, queue_ids, spec
@@ -12,8 +12,8 @@ W, BS = 4, 2
 PROMPT = list(range(11))          # 5 full blocks + 1 partial per group
 
 
-def setup(retention="sparse", n=20, recorder=None):
-    kvm = make_manager(n, BS, hybrid(W), retention=retention, recorder=recorder)
+def setup(retention=0, n=20, recorder=None):
+    kvm = make_manager(n, BS, hybrid(W), retention_interval=retention, recorder=recorder)
     a = make_request("a", PROMPT, BS)
     admit(kvm, a)
     return kvm, a
@@ -26,7 +26,7 @@ def test_each_request_has_one_table_per_group_group_0_allocating_first():
 
 
 def test_cache_keys_differ_only_by_group_id():
-    kvm, a = setup(retention="dense")
+    kvm, a = setup(retention=None)
     pool = kvm.block_pool
     for i in range(5):
         k0, k1 = pool.blocks[1 + i].block_hash, pool.blocks[7 + i].block_hash
@@ -35,18 +35,18 @@ def test_cache_keys_differ_only_by_group_id():
 
 
 def test_full_groups_cache_densely_sliding_groups_sparsely():
-    kvm, a = setup(retention="sparse")
+    kvm, a = setup(retention=0)
     pool = kvm.block_pool
     assert [pool.blocks[i].block_hash is not None for i in range(1, 7)] == [True] * 5 + [False]
     assert [pool.blocks[i].block_hash is not None for i in range(7, 13)] == [False] * 3 + [True, True, False]
 
 
-@pytest.mark.parametrize("retention", ["sparse", "dense"])
+@pytest.mark.parametrize("retention", [0, None], ids=["sparse", "dense"])
 def test_resend_hits_both_groups(retention):
     kvm, a = setup(retention)
     kvm.free(a)
     b = make_request("b", PROMPT, BS)
-    hits, n = kvm.get_computed_blocks(b)
+    hits, n, _ = kvm.get_computed_blocks(b)
     assert n == 10
     assert hits.get_block_ids() == ([1, 2, 3, 4, 5], [0, 0, 0, 10, 11])
 
@@ -57,27 +57,27 @@ def test_a_hit_that_holds_in_one_group_only_is_no_hit(evict):
     kvm.free(a)
     kvm.evict_blocks(evict)
     b = make_request("b", PROMPT, BS)
-    hits, n = kvm.get_computed_blocks(b)
+    hits, n, _ = kvm.get_computed_blocks(b)
     assert n == 0
     assert hits.get_block_ids() == ([], [])
 
 
 def test_sliding_group_shortens_the_hit_and_full_attention_is_trimmed_to_it():
-    kvm, a = setup(retention="dense")
+    kvm, a = setup(retention=None)
     kvm.free(a)
     kvm.evict_blocks([11])                       # the sliding group's block 4 is gone
     b = make_request("b", PROMPT, BS)
-    hits, n = kvm.get_computed_blocks(b)
+    hits, n, _ = kvm.get_computed_blocks(b)
     assert n == 8
     assert hits.get_block_ids() == ([1, 2, 3, 4], [0, 0, 9, 10])
 
 
 def test_full_attention_shortens_the_hit_and_caps_the_sliding_search():
-    kvm, a = setup(retention="dense")
+    kvm, a = setup(retention=None)
     kvm.free(a)
     kvm.evict_blocks([5])                        # full group's block 4
     b = make_request("b", PROMPT, BS)
-    hits, n = kvm.get_computed_blocks(b)
+    hits, n, _ = kvm.get_computed_blocks(b)
     assert n == 8
     assert hits.get_block_ids() == ([1, 2, 3, 4], [0, 0, 9, 10])
 
@@ -115,7 +115,58 @@ def test_engine_hybrid_resend_hits_in_both_groups():
                       layer_types=("full_attention", "sliding_attention"))
     recs = eng.run()
     hit = events_of(recs, events.CACHE_HIT, "b")
-    assert len(hit) == 1 and hit[0].data["num_tokens"] == 10
-    assert hit[0].data["block_ids_per_group"][1][:3] == [0, 0, 0]
+    assert len(hit) == 1 and hit[0].num_tokens == 10
+    assert hit[0].block_ids_per_group[1][:3] == (0, 0, 0)
     assert eng.snapshot().request("b").num_cached_tokens == 10
     assert eng.kv_cache_manager.block_pool.get_num_free_blocks() == 23
+
+
+def test_shared_prefix_boundary_keeps_the_sliding_blocks_where_the_groups_disagree():
+    """Full + window 4, block 4. A = X (12 tokens) hashes full blocks 0-2 but, sparsely, only
+    sliding block 1 (ending at 11). B = X + 8 hits 12 tokens in full attention but 8 in the
+    sliding group: its shared_prefix_boundary is 12, so B also keeps sliding block 2.
+    C = X + 5 then hits all 12 tokens."""
+    X = list(range(100, 112))
+    kvm = make_manager(40, 4, hybrid(4))
+    a = make_request("a", X, 4)
+    admit(kvm, a)
+    assert a.shared_prefix_boundary == 0
+    kvm.free(a)
+    b = make_request("b", X + list(range(200, 208)), 4)
+    _, _, n = admit(kvm, b)
+    assert n == 8 and b.shared_prefix_boundary == 12
+    kvm.free(b)
+    c = make_request("c", X + list(range(300, 305)), 4)
+    hits, n, boundary = kvm.get_computed_blocks(c)
+    assert n == 12 and boundary == 0
+    assert len(hits.blocks[0]) == 3 and [blk.is_null for blk in hits.blocks[1]] == [True, True, False]
+
+
+def test_engine_shared_prefix_boundary_on_admission_and_on_resumption():
+    X = list(range(100, 112))
+    hybrid_engine = dict(block_size=4, sliding_window=4, layer_types=("full_attention", "sliding_attention"))
+    eng = make_engine([spec("a", X, max_tokens=1), spec("b", X + list(range(200, 208)), max_tokens=1,
+                                                       arrival_step=2),
+                       spec("c", X + list(range(300, 305)), max_tokens=1, arrival_step=4)],
+                      num_gpu_blocks=40, **hybrid_engine)
+    eng.run()
+    reqs = eng.scheduler.requests
+    assert (reqs["b"].num_cached_tokens, reqs["b"].shared_prefix_boundary) == (8, 12)
+    assert reqs["c"].num_cached_tokens == 12
+    # Resumption: d (8-token prompt) is preempted after 4 outputs. Full attention cached its
+    # blocks 0-2, the sliding group only block 0 (ending at num_prompt_tokens - 1). At
+    # re-admission the groups agree on 4 tokens, full attention alone reaches 12: the
+    # boundary is 12 again, and the resumed d keeps sliding block 2 as well.
+    eng = make_engine([spec("a", X, max_tokens=1),
+                       spec("b", X + list(range(200, 208)), max_tokens=6, arrival_step=2),
+                       spec("d", list(range(500, 508)), max_tokens=6, arrival_step=2)],
+                      num_gpu_blocks=15, **hybrid_engine)
+    recs = eng.run()
+    assert [e.request_id for r in recs for e in events_of(r, events.RESUMED)] == ["d"]
+    d = eng.scheduler.requests["d"]
+    assert (d.num_cached_tokens, d.shared_prefix_boundary) == (4, 12)
+    pool = eng.kv_cache_manager.block_pool
+    kept = [pool.cached_block_hash_to_block.get_one_block(make_block_hash_with_group_id(h, 1)) is not None
+            for h in d.block_hashes[:3]]
+    assert kept == [True, False, True]
+    assert pool.get_num_free_blocks() == 14

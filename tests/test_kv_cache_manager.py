@@ -5,7 +5,10 @@ from kvcore import events
 from kvcore.kv.block_hash import make_block_hash_with_group_id
 from kvcore.kv.block_pool import AllBlocksCleared, BlockRemoved, BlockStored
 
-from _kv_helpers import admit, ids, make_manager, make_request, queue_ids
+from kvcore.sched.request import RequestStatus
+from kvcore.stats import CachingMetrics, PrefixCacheStats
+
+from _kv_helpers import admit, hybrid, ids, make_manager, make_request, queue_ids
 
 COMMON = list(range(12))            # three full blocks of 4
 
@@ -15,7 +18,7 @@ def test_prefill_share_and_free_order_v033():
     kvm = make_manager(11, 4)
     pool = kvm.block_pool
     r0 = make_request("r0", COMMON + [100, 101, 102], 4)
-    hits, n = kvm.get_computed_blocks(r0)
+    hits, n, _ = kvm.get_computed_blocks(r0)
     assert n == 0 and hits.blocks == ((),)
     new = kvm.allocate_slots(r0, 15, 0, hits)
     assert new.get_block_ids() == ([1, 2, 3, 4],)
@@ -24,7 +27,7 @@ def test_prefill_share_and_free_order_v033():
     assert [b.block_hash is not None for b in pool.blocks[1:5]] == [True, True, True, False]
 
     r1 = make_request("r1", COMMON + [200, 201], 4)
-    hits, n = kvm.get_computed_blocks(r1)
+    hits, n, _ = kvm.get_computed_blocks(r1)
     assert n == 12 and hits.get_block_ids() == ([1, 2, 3],)
     new = kvm.allocate_slots(r1, 2, n, hits)
     assert new.get_block_ids() == ([5],)
@@ -67,10 +70,10 @@ def test_hit_is_capped_at_num_tokens_minus_one():
     kvm = make_manager(10, 4)
     admit(kvm, make_request("a", list(range(8)), 4))       # two full blocks, both cached
     b = make_request("b", list(range(8)), 4)               # identical: 8 tokens, max hit 7
-    hits, n = kvm.get_computed_blocks(b)
+    hits, n, _ = kvm.get_computed_blocks(b)
     assert n == 4 and hits.get_block_ids() == ([1],)
     c = make_request("c", list(range(9)), 4)               # one more token: both blocks hit
-    hits, n = kvm.get_computed_blocks(c)
+    hits, n, _ = kvm.get_computed_blocks(c)
     assert n == 8 and hits.get_block_ids() == ([1, 2],)
 
 
@@ -92,8 +95,8 @@ def test_two_concurrent_identical_prompts_make_two_blocks_with_one_hash():
     pool = kvm.block_pool
     a = make_request("a", list(range(10)), 4)
     b = make_request("b", list(range(10)), 4)
-    ha, na = kvm.get_computed_blocks(a)
-    hb, nb = kvm.get_computed_blocks(b)                    # looked up before a cached anything
+    ha, na, _ = kvm.get_computed_blocks(a)
+    hb, nb, _ = kvm.get_computed_blocks(b)                    # looked up before a cached anything
     assert na == nb == 0
     kvm.allocate_slots(a, 10, 0, ha)
     kvm.allocate_slots(b, 10, 0, hb)
@@ -156,7 +159,7 @@ def test_failed_allocation_changes_nothing_and_counts_hits_sitting_in_the_queue(
     assert queue_ids(pool) == [4, 3, 2, 1]
     # 20 tokens: 3 hit blocks (all in the free queue) + 2 new = 5 > 4 free.
     b = make_request("b", COMMON + list(range(50, 58)), 4)
-    hits, n = kvm.get_computed_blocks(b)
+    hits, n, _ = kvm.get_computed_blocks(b)
     assert n == 12
     assert kvm.allocate_slots(b, 8, n, hits) is None
     assert queue_ids(pool) == [4, 3, 2, 1]
@@ -164,7 +167,7 @@ def test_failed_allocation_changes_nothing_and_counts_hits_sitting_in_the_queue(
     assert kvm.get_block_ids("b") == ([],)
     # 16 tokens: 3 hits + 1 new = 4 fits.
     c = make_request("c", COMMON + [50, 51, 52, 53], 4)
-    hits, n = kvm.get_computed_blocks(c)
+    hits, n, _ = kvm.get_computed_blocks(c)
     assert kvm.allocate_slots(c, 4, n, hits).get_block_ids() == ([4],)
     assert kvm.get_block_ids("c") == ([1, 2, 3, 4],)
     assert pool.get_num_free_blocks() == 0
@@ -174,7 +177,7 @@ def test_hits_already_in_use_do_not_count_in_the_capacity_check():
     kvm = make_manager(6, 4)                               # usable 1..5
     admit(kvm, make_request("a", COMMON, 4))              # holds 1 2 3
     b = make_request("b", COMMON + list(range(50, 58)), 4)   # 3 hits in use + 2 new
-    hits, n = kvm.get_computed_blocks(b)
+    hits, n, _ = kvm.get_computed_blocks(b)
     coord = kvm.coordinator
     assert coord.get_num_blocks_to_allocate("b", 20, hits.blocks, n) == 2
     assert kvm.allocate_slots(b, 8, n, hits).get_block_ids() == ([4, 5],)
@@ -201,11 +204,11 @@ def test_reverse_free_keeps_the_shared_prefix_cached_longest():
     admit(kvm, filler)
     assert kvm.get_block_ids("f") == ([5, 4],)
     again = make_request("again", list(range(17)), 4)
-    hits, n = kvm.get_computed_blocks(again)
+    hits, n, _ = kvm.get_computed_blocks(again)
     assert hits.get_block_ids() == ([1, 2, 3],) and n == 12
 
 
-def test_prefix_cache_stats_count_tokens_since_reset():
+def test_prefix_cache_stats_count_admissions_as_vllm_does():
     kvm = make_manager(20, 4)
     a = make_request("a", COMMON + [1, 2, 3], 4)
     admit(kvm, a)
@@ -214,15 +217,65 @@ def test_prefix_cache_stats_count_tokens_since_reset():
     st = kvm.prefix_cache_stats
     assert (st.requests, st.queries, st.hits) == (2, 29, 12)
     assert st.hit_rate == pytest.approx(12 / 29)
-    assert st.to_dict()["hit_rate"] == pytest.approx(12 / 29)
+    assert kvm.get_computed_blocks(make_request("x", COMMON + [5], 4))[1] == 12
+    assert kvm.prefix_cache_stats.requests == 2             # a lookup alone is not counted
+    interval = kvm.make_prefix_cache_stats()               # one step's stats, handed out once
+    assert interval is st and kvm.prefix_cache_stats.requests == 0
+    assert kvm.prefix_cache_totals.to_dict()["hits"] == 12
+    assert kvm.caching_metrics.hit_rate == pytest.approx(12 / 29)
+    kvm.free(b)
+    b.status, b.num_computed_tokens, b.num_preemptions = RequestStatus.PREEMPTED, 0, 1
+    admit(kvm, b)                                           # a resumed request is counted apart
+    st = kvm.make_prefix_cache_stats()
+    assert (st.requests, st.preempted_requests, st.preempted_queries, st.preempted_hits) == (0, 1, 14, 12)
+    assert kvm.caching_metrics.aggregated_requests == 2     # preempted ones do not enter the hit rate
     assert kvm.reset_prefix_cache() is False               # blocks still in use: stats kept
-    assert kvm.prefix_cache_stats.requests == 2
     kvm.free(a)
     kvm.free(b)
     assert kvm.reset_prefix_cache() is True
-    assert kvm.prefix_cache_stats.to_dict() == {"requests": 0, "queries": 0, "hits": 0, "hit_rate": 0.0}
     _, _, n = admit(kvm, make_request("c", COMMON + [1, 2, 3], 4))
     assert n == 0                                          # the reset really forgot the hashes
+    st = kvm.make_prefix_cache_stats()
+    assert st.reset and kvm.prefix_cache_totals.requests == 1 and kvm.caching_metrics.aggregated_requests == 1
+
+
+def test_caching_metrics_keep_the_last_n_requests_and_always_the_newest():
+    m = CachingMetrics(max_recent_requests=3)
+    for requests, queries, hits in ((2, 20, 10), (2, 10, 0), (5, 50, 50)):
+        m.observe(PrefixCacheStats(requests=requests, queries=queries, hits=hits))
+    assert (m.aggregated_requests, m.hit_rate) == (5, 1.0)     # only the newest (over the limit) is kept
+    m.observe(PrefixCacheStats())                              # an empty interval pushes nothing out
+    assert m.aggregated_requests == 5
+    m.observe(PrefixCacheStats(reset=True, requests=1, queries=4, hits=0))
+    assert (m.aggregated_requests, m.hit_rate) == (1, 0.0)
+
+
+def test_watermark_keeps_blocks_free_for_admissions_only_while_others_run():
+    kvm = make_manager(11, 4, watermark=0.2)                    # int(0.2 * 11) = 2 blocks
+    assert kvm.watermark_blocks == 2
+    a = make_request("a", list(range(100, 124)), 4)            # 6 blocks of the 10 usable
+    assert kvm.allocate_slots(a, 24, has_scheduled_reqs=False) is not None
+    a.status = RequestStatus.RUNNING
+    b = make_request("b", list(range(200, 212)), 4)            # 3 blocks: 4 free, but 3 + 2 > 4
+    assert kvm.allocate_slots(b, 12, has_scheduled_reqs=True) is None
+    assert kvm.allocate_slots(b, 12, has_scheduled_reqs=False) is not None
+    assert kvm.allocate_slots(a, 2) is not None                 # a running request ignores it
+
+
+def test_max_cache_hit_length_caps_the_hit():
+    kvm = make_manager(20, 4)
+    admit(kvm, make_request("a", COMMON + [1, 2, 3], 4))
+    b = make_request("b", COMMON + [7, 8], 4)
+    assert kvm.get_computed_blocks(b)[1] == 12
+    assert kvm.get_computed_blocks(b, max_cache_hit_length=9)[1] == 8
+    assert kvm.get_computed_blocks(b, max_cache_hit_length=0)[1] == 0
+
+
+def test_num_common_prefix_blocks_is_zero_per_group_as_in_vllm_033():
+    kvm = make_manager(20, 4, hybrid(4))
+    a = make_request("a", COMMON, 4)
+    admit(kvm, a)
+    assert kvm.get_num_common_prefix_blocks("a") == [0, 0]
 
 
 def test_kv_cache_events_through_the_manager():
@@ -245,7 +298,7 @@ def test_kv_cache_events_through_the_manager():
 def test_caching_off_no_hits_no_hashes_every_freed_block_to_the_head():
     kvm = make_manager(8, 4, caching=False)
     a = make_request("a", list(range(12)), 4, caching=False)
-    hits, n = kvm.get_computed_blocks(a)
+    hits, n, _ = kvm.get_computed_blocks(a)
     assert n == 0
     kvm.allocate_slots(a, 12, 0, hits)
     assert all(b.block_hash is None for b in kvm.block_pool.blocks)
@@ -302,8 +355,8 @@ def test_recorder_names_the_request_for_pool_events():
     assert kinds == [events.CACHE_HIT, events.TOUCHED, events.ALLOCATED]
     assert all(e.request_id == "b" for e in evs)
     hit = evs[0]
-    assert hit.block_ids == (1, 2) and hit.data["num_tokens"] == 8
-    assert hit.data["preempted_before"] is False
+    assert hit.block_ids == (1, 2) and hit.num_tokens == 8
+    assert hit.preempted_before is False
 
 
 def test_lookahead_slots_are_allocated_but_not_cached():

@@ -55,14 +55,14 @@ def test_every_key_moment_happens(lesson, model):
 def test_lesson1_free_order(model):
     run = finished_run("blocks", model)
     (rec, freed), = events(run, "freed", "A")
-    assert freed.data["to_head"] and freed.data["to_tail"]
-    head_block = freed.data["to_head"][0]
+    assert freed.to_head and freed.to_tail
+    head_block = freed.to_head[0]
     (_, alloc_c), = events(run, "allocated", "C")[:1]
     assert alloc_c.block_ids[0] == head_block, "C reuses the block A freed without a hash first"
     assert run.initial.blocks[0].is_null and 0 not in run.initial.free_queue
     legacy = finished_run("blocks", model, {"free_order": "legacy"})
     (_, freed), = events(legacy, "freed", "A")
-    assert not freed.data["to_head"]
+    assert not freed.to_head
     (_, alloc_c), = events(legacy, "allocated", "C")[:1]
     assert alloc_c.block_ids[0] != head_block
 
@@ -70,13 +70,13 @@ def test_lesson1_free_order(model):
 def test_lesson2_prefix_hits(model):
     run = finished_run("prefix", model)
     (rec, hit_b), = events(run, "cache_hit", "B")
-    assert hit_b.data["num_tokens"] >= 16
+    assert hit_b.num_tokens >= 16
     shared = [b for b in rec.snapshot.blocks if b.ref_cnt >= 2]
     assert set(hit_b.block_ids) <= {b.block_id for b in shared}
     (_, hit_c), = events(run, "cache_hit", "C")
     req_c = run.snapshots()[-1].request("C")
     bs = run.initial.block_size
-    assert hit_c.data["num_tokens"] == ((req_c.num_prompt_tokens - 1) // bs) * bs
+    assert hit_c.num_tokens == ((req_c.num_prompt_tokens - 1) // bs) * bs
     assert events(run, "cache_miss", "D") and not events(run, "cache_hit", "D")
     off = finished_run("prefix", model, {"enable_prefix_caching": False})
     assert not events(off, "cache_hit")
@@ -85,11 +85,11 @@ def test_lesson2_prefix_hits(model):
 def test_lesson3_eviction_and_rescue(model):
     run = finished_run("eviction", model)
     evicted = events(run, "evicted")
-    assert evicted and all(e.data.get("hash") for _, e in evicted)
-    (rec, touch), = [(r, e) for r, e in events(run, "touched", "C") if e.data.get("from_queue")]
-    assert any(p > 0 for p in touch.data["queue_positions"]), "the hit rescues blocks from the middle"
+    assert evicted and all(e.block_hash for _, e in evicted)
+    (rec, touch), = [(r, e) for r, e in events(run, "touched", "C") if e.from_queue]
+    assert any(p > 0 for p in touch.queue_positions), "the hit rescues blocks from the middle"
     (_, freed_a), = events(run, "freed", "A")
-    assert list(freed_a.data["to_tail"]) == list(freed_a.block_ids), "A's blocks go to the tail, last block first"
+    assert list(freed_a.to_tail) == list(freed_a.block_ids), "A's blocks go to the tail, last block first"
     (_, hit_c), = events(run, "cache_hit", "C")
     assert hit_c.block_ids[0] == freed_a.block_ids[-1], "the prefix (A's first block) survived longest"
     big = finished_run("eviction", model, {"num_gpu_blocks": 24})
@@ -99,10 +99,10 @@ def test_lesson3_eviction_and_rescue(model):
 def test_lesson4_preemption_and_self_hit(model):
     run = finished_run("preemption", model)
     (rec, pre), = events(run, "preempted")[:1]
-    assert pre.request_id == "C" and pre.data["policy"] == "fcfs"
+    assert pre.request_id == "C" and pre.policy == "fcfs"
     resumed = events(run, "resumed", pre.request_id)
-    assert resumed and resumed[0][1].data["num_cached_tokens"] > 0
-    assert any(e.data.get("preempted_before") for _, e in events(run, "cache_hit", pre.request_id))
+    assert resumed and resumed[0][1].num_cached_tokens > 0
+    assert any(e.preempted_before for _, e in events(run, "cache_hit", pre.request_id))
     prio = finished_run("preemption", model, {"policy": "priority"})
     (_, pre), = events(prio, "preempted")[:1]
     assert pre.request_id == "A", "priority preempts the largest (priority, arrival)"
@@ -118,7 +118,7 @@ def test_lesson5_sliding_window(model):
     rec, e = skipped[0]
     req = rec.snapshot.request(e.request_id)
     null = {b.block_id for b in rec.snapshot.blocks if b.is_null}
-    assert all(req.block_tables[0][i] in null for i in e.data["slots"])
+    assert all(req.block_tables[0][i] in null for i in e.slots)
     held = [len({b for b in s.request("A").block_tables[0] if b not in null})
             for s in run.snapshots() if "A" in s.running]
     assert max(held) <= 3, "memory per request stays flat under a window of 8 with 4-token blocks"
@@ -137,8 +137,8 @@ def test_lesson6_chunked_prefill_shares_budget(model):
     budget = run.scenario.engine.max_num_batched_tokens
     assert all(sum(rec.scheduled.values()) <= budget for rec in run.records)
     chunk_steps = [rec for rec in run.records
-                   if any(e.kind == "scheduled" and e.request_id == "C" and e.data["kind"] == "chunk"
+                   if any(e.kind == "scheduled" and e.request_id == "C" and e.phase == "chunk"
                           for e in rec.events)]
     assert len(chunk_steps) >= 2, "C's prompt is split over several steps"
     assert any(rec.scheduled.get("A") == 1 for rec in chunk_steps), "decodes run alongside the chunks"
-    assert any(e.data.get("reason") == "token_budget" for _, e in events(run, "blocked", "D"))
+    assert any(e.reason == "token_budget" for _, e in events(run, "blocked", "D"))

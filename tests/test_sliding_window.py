@@ -10,8 +10,8 @@ from _kv_helpers import admit, ids, make_engine, make_manager, make_request, que
 W, BS = 4, 2       # a token sees itself and 3 before it: cdiv(3, 2) = 2 contiguous blocks cover it
 
 
-def manager(n=12, retention="sparse", recorder=None):
-    kvm = make_manager(n, BS, sliding(W), retention=retention, recorder=recorder)
+def manager(n=12, retention=0, recorder=None):
+    kvm = make_manager(n, BS, sliding(W), retention_interval=retention, recorder=recorder)
     return kvm, kvm.coordinator.single_type_managers[0]
 
 
@@ -85,7 +85,7 @@ def test_blocks_outside_the_window_become_null_slots_and_are_freed():
     # 11 computed tokens: the next token sees tokens 8..11, so tokens 0..7 (blocks 0..3) are skipped.
     assert kvm.get_block_ids("r") == ([0, 0, 0, 0, 5, 6],)
     ev = [e for e in rec.drain() if e.kind == events.WINDOW_SKIPPED][0]
-    assert ev.block_ids == (4, 3, 2, 1) and ev.data["slots"] == [3, 2, 1, 0]
+    assert ev.block_ids == (4, 3, 2, 1) and ev.slots == (3, 2, 1, 0)
     assert all(pool.blocks[i].ref_cnt == 0 for i in (1, 2, 3, 4))
     assert pool.null_block.ref_cnt <= 0 and 0 not in queue_ids(pool)
     # Later calls do not touch the slots that are already null; the new block comes from the
@@ -97,7 +97,7 @@ def test_blocks_outside_the_window_become_null_slots_and_are_freed():
 
 
 def test_sparse_retention_hashes_only_what_a_resend_can_hit():
-    kvm, _ = manager(retention="sparse")
+    kvm, _ = manager(retention=0)
     pool = kvm.block_pool
     r = make_request("r", list(range(11)), BS)                   # 5 full prompt blocks
     admit(kvm, r)
@@ -111,7 +111,7 @@ def test_sparse_retention_hashes_only_what_a_resend_can_hit():
 
 
 def test_dense_retention_hashes_every_full_block():
-    kvm, _ = manager(retention="dense")
+    kvm, _ = manager(retention=None)
     pool = kvm.block_pool
     r = make_request("r", list(range(11)), BS)
     admit(kvm, r)
@@ -122,7 +122,7 @@ def test_dense_retention_hashes_every_full_block():
     assert pool.blocks[6].block_hash is not None                  # decode block filled and hashed
 
 
-@pytest.mark.parametrize("retention", ["sparse", "dense"])
+@pytest.mark.parametrize("retention", [0, None], ids=["sparse", "dense"])
 def test_resend_hits_the_window_blocks_with_null_slots_before_them(retention):
     kvm, m = manager(retention=retention)
     pool = kvm.block_pool
@@ -132,7 +132,7 @@ def test_resend_hits_the_window_blocks_with_null_slots_before_them(retention):
     kvm.allocate_slots(r, 1)
     kvm.free(r)
     b = make_request("b", list(range(11)), BS)
-    hits, n = kvm.get_computed_blocks(b)
+    hits, n, _ = kvm.get_computed_blocks(b)
     assert n == 10 and hits.get_block_ids() == ([0, 0, 0, 4, 5],)
     # Needed: 1 new block + the 2 hits that sit in the free queue (the nulls are skipped).
     assert kvm.coordinator.get_num_blocks_to_allocate("b", 11, hits.blocks, 10) == 3
@@ -143,7 +143,7 @@ def test_resend_hits_the_window_blocks_with_null_slots_before_them(retention):
 
 
 def test_sparse_decode_blocks_never_get_a_hash_and_go_to_the_head():
-    kvm, _ = manager(n=20, retention="sparse")
+    kvm, _ = manager(n=20, retention=0)
     pool = kvm.block_pool
     r = make_request("r", [1, 2, 3, 4, 5], BS)                   # keep range: blocks 0, 1
     admit(kvm, r)
@@ -181,3 +181,52 @@ def test_engine_sliding_window_runs_long_decodes_in_a_small_pool():
     assert eng.outputs()["a"]["finish_reason"] == "finished_length"
     assert len(eng.outputs()["a"]["token_ids"]) == 30
     assert eng.kv_cache_manager.block_pool.get_num_free_blocks() == 4
+
+
+def test_admission_caps_a_sliding_groups_need_at_the_window_plus_one_step():
+    """vLLM admits a prompt longer than the pool when only a window of it is ever held:
+    window 8, block 4, budget 8 -> at most cdiv(min(8 - 1 + 8, max_model_len), 4) + 1 = 5 blocks."""
+    eng = make_engine([spec("a", list(range(40)), max_tokens=2)], block_size=4, num_gpu_blocks=8,
+                      sliding_window=8, max_num_batched_tokens=8)
+    m = eng.kv_cache_manager.coordinator.single_type_managers[0]
+    assert m.max_admission_blocks_per_request == 5
+    recs = eng.run()
+    assert recs[0].scheduled == {"a": 8}
+    assert [r.scheduled["a"] for r in recs] == [8] * 5 + [1]
+    assert max(sum(1 for b in r.snapshot.request("a").block_tables[0] if b) for r in recs[:-1]) <= 5
+    assert eng.outputs()["a"]["finish_reason"] == "finished_length"
+
+
+def test_admission_cap_still_refuses_what_one_window_cannot_fit():
+    # 4 usable blocks < the 5 the cap counts: refused, and the engine says it never fits.
+    eng = make_engine([spec("a", list(range(40)), max_tokens=2)], block_size=4, num_gpu_blocks=5,
+                      sliding_window=8, max_num_batched_tokens=8)
+    rec = eng.step()
+    assert rec.scheduled == {}
+    assert eng.outputs()["a"]["finish_reason"] == "finished_aborted"
+
+
+@pytest.mark.parametrize("retention", [None, 0, 4])
+def test_a_window_of_one_caches_nothing(retention):
+    """Window 1: a token sees only itself, so a hit needs no earlier block and vLLM's
+    retention mask keeps none, even when every block would be kept otherwise."""
+    kvm = make_manager(12, BS, sliding(1), retention_interval=retention)
+    r = make_request("r", list(range(11)), BS)
+    admit(kvm, r)
+    assert all(b.block_hash is None for b in kvm.block_pool.blocks)
+
+
+def test_retention_interval_keeps_a_checkpoint_every_n_tokens():
+    # W 4, block 2: a hit needs 2 blocks; interval 8 tokens = 4 blocks -> blocks 2, 3 of every 4,
+    # plus the 2 blocks ending at num_prompt_tokens - 1 = 16 (blocks 6, 7).
+    kvm = make_manager(30, BS, sliding(W), retention_interval=8)
+    r = make_request("r", list(range(17)), BS)
+    admit(kvm, r)
+    table = kvm.get_block_ids("r")[0]
+    hashed = [i for i, bid in enumerate(table) if kvm.block_pool.blocks[bid].block_hash is not None]
+    assert hashed == [2, 3, 6, 7]
+    # An interval no larger than what a hit needs keeps every block.
+    kvm = make_manager(30, BS, sliding(W), retention_interval=4)
+    r = make_request("r", list(range(17)), BS)
+    admit(kvm, r)
+    assert sum(b.block_hash is not None for b in kvm.block_pool.blocks) == 8

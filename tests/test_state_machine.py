@@ -175,7 +175,7 @@ TestKVCacheMachine = KVCacheMachine.TestCase
 def _populated():
     kvm = make_manager(8, 2)
     a = make_request("a", [1, 2, 3, 4, 5], 2)
-    hits, n = kvm.get_computed_blocks(a)
+    hits, n, _ = kvm.get_computed_blocks(a)
     kvm.allocate_slots(a, 5, n, hits)
     return kvm, {"a": a}
 

@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from pathlib import Path
+
 from kvcore import events, trace
 from kvcore.events import Event
 from kvcore.snapshot import Snapshot, StepRecord
@@ -34,8 +36,7 @@ def test_step_record_and_event_json_round_trip():
         d = json.loads(json.dumps(rec.to_dict()))
         back = StepRecord.from_dict(d)
         assert back == rec
-    ev = Event(events.EVICTED, "r", (3, 4), 1, {"hash": "ab", "n": [1, 2]})
-    assert Event.from_dict(json.loads(json.dumps(ev.to_dict()))) == ev
+        assert [type(e) for e in back.events] == [type(e) for e in rec.events]
 
 
 def test_snapshots_are_frozen_and_do_not_follow_the_engine():
@@ -87,11 +88,11 @@ def test_sliding_window_null_slots_show_in_the_snapshot():
     tables = [r.snapshot.request("a").block_tables[0] for r in recs if r.snapshot.request("a").block_tables[0]]
     assert tables[-1][:3] == (0, 0, 0)
     skipped = events_of(recs, events.WINDOW_SKIPPED, "a")
-    assert skipped and all(e.data["slots"] for e in skipped)
+    assert skipped and all(e.slots for e in skipped)
     assert recs[0].snapshot.groups == ({"kind": "sliding", "sliding_window": 4},)
 
 
-def test_events_carry_their_reasons_as_plain_data():
+def test_events_carry_their_reasons_as_typed_fields():
     eng = make_engine([spec("A", list(range(8)), max_tokens=6), spec("B", list(range(20, 28)), max_tokens=6)],
                       num_gpu_blocks=6)
     recs = eng.run()
@@ -99,26 +100,26 @@ def test_events_carry_their_reasons_as_plain_data():
         json.dumps([e.to_dict() for e in rec.events])
         assert all(e.kind in events.EVENT_KINDS for e in rec.events)
     pre = events_of(recs, events.PREEMPTED)[0]
-    assert pre.request_id == "B" and "needed blocks" in pre.data["reason"]
+    assert isinstance(pre, events.Preempted) and pre.request_id == "B" and pre.needed_by == "B"
     ev = events_of(recs, events.EVICTED)[0]
-    assert ev.data["reason"] == "reused from queue head" and len(ev.data["hash"]) == 64
+    assert ev.reason == "reused from queue head" and len(ev.block_hash) == 64
     fin = events_of(recs, events.FINISHED)
-    assert {e.request_id: e.data["reason"] for e in fin} == {"A": "length", "B": "length"}
+    assert {e.request_id: e.reason for e in fin} == {"A": "length", "B": "length"}
     freed = events_of(recs, events.FREED, "B")[0]
-    assert freed.data["reason"] == "preempted" and freed.block_ids == (4, 3)
+    assert freed.reason == "preempted" and freed.block_ids == (4, 3) and freed.group == 0
     arrived = events_of(recs, events.ARRIVED)
     assert [e.request_id for e in arrived] == ["A", "B"]
     sampled = events_of(recs, events.SAMPLED)
-    assert sampled and sampled[0].request_id is None and set(sampled[0].data["tokens"]) == {"A", "B"}
+    assert sampled and sampled[0].request_id is None and set(sampled[0].tokens) == {"A", "B"}
 
 
 def test_recorder_collects_and_drains():
     rec = events.Recorder()
-    rec.at("r1", group=1).emit(events.ALLOCATED, [3], why="x")
-    rec.emit(events.FREED, [3], request_id="r2", group=0)
-    out = rec.drain()
-    assert out == [Event(events.ALLOCATED, "r1", (3,), 1, {"why": "x"}),
-                   Event(events.FREED, "r2", (3,), 0, {})]
+    a = events.Allocated(request_id="r1", block_ids=(3,), group=1, queue_positions=(0,))
+    f = events.Freed(request_id="r2", block_ids=(3,), group=0, to_head=(3,), reason="finished")
+    rec.emit(a)
+    rec.emit(f)
+    assert rec.drain() == [a, f]
     assert rec.drain() == []
 
 
@@ -197,13 +198,22 @@ BAD_TRACES = [
     (lambda lines: lines[1:3] + lines[:1] + lines[3:], "line 3: a header (scenario + snapshot) must be the first"),
     (lambda lines: lines + [lines[1]], "nothing may follow the outputs line"),
     (_edit(2, lambda d: d["snapshot"]["blocks"][2].update(ref_cnt="x")),
-     'line 3: step record: snapshot.blocks[2].ref_cnt: expected int, got "x"'),
-    (_edit(2, lambda d: d["snapshot"]["blocks"][2].pop("token_ids")), "line 3: step record: missing key 'token_ids'"),
-    (_edit(2, lambda d: d["snapshot"]["blocks"].append(5)), "line 3: step record: TypeError"),
+     'line 3: step record: snapshot.blocks[2].ref_cnt: Input should be a valid integer, got "x"'),
+    (_edit(2, lambda d: d["snapshot"]["blocks"][2].pop("token_ids")),
+     "line 3: step record: snapshot.blocks[2]: missing key 'token_ids'"),
+    (_edit(2, lambda d: d["snapshot"]["blocks"].append(5)), "line 3: step record: snapshot.blocks[6]: Input should be"),
     (_edit(2, lambda d: d["snapshot"].update(free_queue=[1, 99])), "line 3: snapshot: block ids [99] outside the pool"),
     (_edit(2, lambda d: d["snapshot"].update(step=7)), "line 3: step 2 holds a snapshot of step 7"),
     (_edit(2, lambda d: d.update(events=[{"kind": "allocated", "block_ids": "ab"}])),
-     "line 3: step record: events[0].block_ids[0]: expected int"),
+     'line 3: step record: events[0].block_ids: Input should be a valid array, got "ab"'),
+    (_edit(2, lambda d: d.update(events=[{"kind": "allocated", "block_ids": [1, "x"]}])),
+     'line 3: step record: events[0].block_ids[1]: Input should be a valid integer, got "x"'),
+    (_edit(2, lambda d: d.update(events=[{"kind": "evicted", "block_ids": [1], "reason": "x"}])),
+     "line 3: step record: events[0]: missing key 'block_hash'"),
+    (_edit(2, lambda d: d.update(events=[{"kind": "explosion"}])), "line 3: step record: events[0]: Input tag 'explosion'"),
+    (_edit(2, lambda d: d["events"][0].update(request_id=7)),
+     "line 3: step record: events[0].request_id: Input should be a valid string, got 7"),
+    (_edit(2, lambda d: d["scheduled"].update(A="x")), 'line 3: step record: scheduled.A: Input should be a valid integer'),
     (_edit(0, lambda d: d["scenario"]["engine"].update(block_size=0)), "line 1: header scenario: engine.block_size"),
     (_edit(0, lambda d: d.update(scenario=[1])), "line 1: header scenario: not a JSON object"),
     (_edit(0, lambda d: d.pop("scenario")), "line 1: header missing 'scenario'"),
@@ -260,3 +270,35 @@ def test_any_wrong_value_is_a_trace_error_never_a_crash():
                     trace.read_trace("\n".join(lines[:i] + [json.dumps(d)] + lines[i + 1:]))
                 except trace.TraceError:
                     pass
+
+
+OLD_TRACE = Path(__file__).parent / "fixtures" / "trace_before_typed_events.jsonl"
+RENAMED = {"scheduled": {"kind": "phase"}, "evicted": {"hash": "block_hash"}, "cached": {"hashes": "block_hashes"}}
+
+
+def test_traces_written_before_events_were_typed_still_read():
+    """A trace the CLI wrote before events were typed (each event {"kind", "request_id", "block_ids",
+    "group", "data": {...}}; 7 steps of a hybrid run, cut before the outputs) reads into typed events
+    holding the same values."""
+    text = OLD_TRACE.read_text()
+    old = [json.loads(line) for line in text.splitlines()][1:]
+    assert all("data" in e for d in old for e in d["events"]), "the fixture is in the old shape"
+    t = trace.read_trace(text)
+    assert len(t.records) == 7 and t.outputs is None and t.initial is not None
+    assert {e.kind for r in t.records for e in r.events} == set(events.EVENT_KINDS) - {events.RESET}
+    for rec, d in zip(t.records, old):
+        assert len(rec.events) == len(d["events"])
+        for e, od in zip(rec.events, d["events"]):
+            assert type(e) is events.EVENT_TYPES[od["kind"]]
+            new = e.to_dict()
+            assert (new["request_id"], new["block_ids"], new["group"]) == (od["request_id"], od["block_ids"],
+                                                                          od["group"])
+            for key, value in od["data"].items():
+                if (od["kind"], key) in (("preempted", "reason"), ("sampled", "sampled_ids")):
+                    continue
+                assert new[RENAMED.get(od["kind"], {}).get(key, key)] == value, (od, new)
+    pre = next(e for r in t.records for e in r.events if e.kind == events.PREEMPTED)
+    assert pre.request_id == "B" and pre.needed_by == "A"
+    # and it can be written again in today's shape, and read back to the same records
+    again = trace.read_trace(t.to_jsonl())
+    assert again.records == t.records

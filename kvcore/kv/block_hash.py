@@ -1,35 +1,54 @@
 """Chained block hashing, as vLLM v1 computes prefix-cache keys.
 
 hash(block i) = hash_fn((hash(block i-1) or NONE_HASH, tuple(tokens of block i), extra_keys or None))
-with the tuple serialised by pickle at the highest protocol. Only full blocks
-are hashed. A cache key is the block hash plus the KV cache group id (4 bytes,
-big-endian), so the same tokens get one hash but a key per group.
+with the tuple serialised by pickle at the highest protocol ("sha256", "xxhash") or
+as canonical CBOR ("sha256_cbor", "xxhash_cbor": the same bytes from any language).
+Only full blocks are hashed. A cache key is the block hash plus the KV cache group
+id (4 bytes, big-endian), so the same tokens get one hash but a key per group.
+
+NONE_HASH = hash_fn(seed) stands in for the parent of block 0. vLLM takes the seed
+from PYTHONHASHSEED when it is set; otherwise "vllm-none-hash" for the sha256
+algorithms and 32 random bytes (hex) for the xxhash ones, whose collision
+resistance depends on a secret seed. ``engine.hash_seed`` chooses: a string is the
+seed itself (default "vllm-none-hash": runs and traces are reproducible), null
+resolves it as vLLM does.
 """
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
 from typing import Any, Callable, Optional, Sequence
 
+import cbor2
 import xxhash
 
 HashFn = Callable[[Any], bytes]
 
-# vLLM derives NONE_HASH from PYTHONHASHSEED (random bytes when unset). We fix
-# the seed string so that runs and traces are reproducible; with
-# PYTHONHASHSEED=vllm-none-hash vLLM computes the same sha256 chain.
-NONE_HASH_SEED = "vllm-none-hash"
+DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
+NONE_HASH_SEED = DEFAULT_NONE_HASH_SEED
 
 
 def sha256(obj: Any) -> bytes:
     return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
 
 
+def sha256_cbor(obj: Any) -> bytes:
+    return hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
+
+
 def xxhash_128(obj: Any) -> bytes:
     return xxhash.xxh3_128_digest(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-HASH_FUNCTIONS: dict[str, HashFn] = {"sha256": sha256, "xxhash": xxhash_128}
+def xxhash_cbor(obj: Any) -> bytes:
+    return xxhash.xxh3_128_digest(cbor2.dumps(obj, canonical=True))
+
+
+HASH_FUNCTIONS: dict[str, HashFn] = {"sha256": sha256, "sha256_cbor": sha256_cbor,
+                                     "xxhash": xxhash_128, "xxhash_cbor": xxhash_cbor}
+# Not collision resistant: vLLM keeps their seed secret (random) unless told otherwise.
+NON_CRYPTO_HASH_ALGOS = frozenset({"xxhash", "xxhash_cbor"})
 
 
 def get_hash_fn(name: str) -> HashFn:
@@ -39,8 +58,20 @@ def get_hash_fn(name: str) -> HashFn:
         raise ValueError(f"unknown hash_algo {name!r}; choose one of {sorted(HASH_FUNCTIONS)}") from None
 
 
-def none_hash(hash_fn: HashFn) -> bytes:
-    return hash_fn(NONE_HASH_SEED)
+def resolve_none_hash_seed(hash_algo: str, hash_seed: Optional[str] = DEFAULT_NONE_HASH_SEED) -> str:
+    """The seed NONE_HASH is derived from: ``hash_seed`` if given, else vLLM's rule."""
+    if hash_seed is not None:
+        return hash_seed
+    env = os.getenv("PYTHONHASHSEED")
+    if env is not None:
+        return env
+    if hash_algo in NON_CRYPTO_HASH_ALGOS:
+        return os.urandom(32).hex()
+    return DEFAULT_NONE_HASH_SEED
+
+
+def none_hash(hash_fn: HashFn, seed: str = DEFAULT_NONE_HASH_SEED) -> bytes:
+    return hash_fn(seed)
 
 
 def hash_block_tokens(hash_fn: HashFn, parent_block_hash: Optional[bytes],
@@ -73,10 +104,11 @@ def get_group_id(key: bytes) -> int:
 class BlockHasher:
     """Computes a request's block hashes incrementally as its tokens grow."""
 
-    def __init__(self, hash_fn: HashFn, block_size: int) -> None:
+    def __init__(self, hash_fn: HashFn, block_size: int, none_hash_seed: str = DEFAULT_NONE_HASH_SEED) -> None:
         self.hash_fn = hash_fn
         self.block_size = block_size
-        self.none_hash = none_hash(hash_fn)
+        self.none_hash_seed = none_hash_seed
+        self.none_hash = none_hash(hash_fn, none_hash_seed)
 
     def extend(self, block_hashes: list[bytes], token_ids: Sequence[int],
                cache_salt: Optional[str]) -> list[bytes]:

@@ -7,29 +7,12 @@ from typing import Iterable, Optional, Sequence
 from kvcore import events
 from kvcore.kv.block_hash import get_block_hash, get_group_id, make_block_hash_with_group_id
 from kvcore.kv.free_queue import FreeKVCacheBlockQueue, KVCacheBlock
+from kvcore.kv_events import (MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored,
+                              KVCacheEvent, maybe_convert_block_hash)
 
 FREE_ORDER_V033 = "v0.33"    # unhashed blocks to the head, hashed blocks to the tail
 FREE_ORDER_LEGACY = "legacy"  # every freed block to the tail (older releases)
 FREE_ORDERS = (FREE_ORDER_V033, FREE_ORDER_LEGACY)
-
-
-# KV cache events in vLLM's shapes (vllm.distributed.kv_events).
-@dataclass(frozen=True)
-class BlockStored:
-    block_hashes: list[bytes]
-    parent_block_hash: Optional[bytes]
-    token_ids: list[int]
-    block_size: int
-
-
-@dataclass(frozen=True)
-class BlockRemoved:
-    block_hashes: list[bytes]
-
-
-@dataclass(frozen=True)
-class AllBlocksCleared:
-    pass
 
 
 class BlockHashToBlockMap:
@@ -90,7 +73,8 @@ class BlockPool:
     def __init__(self, num_gpu_blocks: int, enable_caching: bool, block_size: int,
                  free_order: str = FREE_ORDER_V033,
                  recorder: Optional[events.Recorder] = None,
-                 enable_kv_cache_events: bool = True) -> None:
+                 enable_kv_cache_events: bool = True, medium: str = MEDIUM_GPU,
+                 use_int_block_hashes: bool = True) -> None:
         if not isinstance(num_gpu_blocks, int) or num_gpu_blocks < 2:
             raise ValueError(
                 f"num_gpu_blocks must be an integer >= 2 (block 0 is the null block); got {num_gpu_blocks!r}")
@@ -109,7 +93,11 @@ class BlockPool:
         # Content behind each block hash, for drawing chains and checking hashes.
         self.hash_meta: dict[bytes, HashMeta] = {}
         self.enable_kv_cache_events = enable_kv_cache_events
-        self.kv_event_queue: list = []
+        # KV events as vLLM queues them (kvcore.kv_events), drained by take_events each step.
+        self.kv_event_queue: list[KVCacheEvent] = []
+        self.medium = medium
+        # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES: hashes go out as uint64 (True) or 32 bytes.
+        self.use_int_block_hashes = use_int_block_hashes
 
     # -- prefix cache -----------------------------------------------------------------
     def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: Sequence[int]) -> Optional[list[KVCacheBlock]]:
@@ -135,8 +123,7 @@ class BlockPool:
             return
         hashes = request.block_hashes
         assert len(hashes) >= num_full_blocks, "request hashes lag behind its tokens"
-        new_ids, new_hashes = [], []
-        first = -1                     # table index of the first block stored by this call
+        new_ids, new_hashes, new_extra_keys = [], [], []
         for i in range(num_cached_blocks, num_full_blocks):
             blk = blocks[i]
             if blk.is_null or (keep is not None and i not in keep):
@@ -145,8 +132,6 @@ class BlockPool:
             if blk.block_hash is not None:
                 assert blk.block_hash == key, "a hit block carries the wrong hash"
                 continue
-            if first < 0:
-                first = i
             blk.block_hash = key
             self.cached_block_hash_to_block.insert(key, blk)
             if hashes[i] not in self.hash_meta:
@@ -156,39 +141,66 @@ class BlockPool:
                     request.extra_keys_for_block(i))
             new_ids.append(blk.block_id)
             new_hashes.append(hashes[i])
+            new_extra_keys.append(request.extra_keys_for_block(i))
+        if self.enable_kv_cache_events:
+            # As vLLM: one event per call even when no block was kept (sparse sliding
+            # window); parent and token_ids describe the whole range, hashes only the kept.
+            self.kv_event_queue.append(self._block_stored_event(
+                request, new_hashes, new_extra_keys,
+                hashes[num_cached_blocks - 1] if num_cached_blocks else None,
+                num_cached_blocks * block_size, num_full_blocks * block_size,
+                block_size, kv_cache_group_id))
         if not new_ids:
             return
-        if self.enable_kv_cache_events:
-            self.kv_event_queue.append(BlockStored(
-                new_hashes, hashes[first - 1] if first else None,
-                list(request.all_token_ids[first * block_size:(first + len(new_ids)) * block_size]),
-                block_size))
         if self.recorder is not None:
-            self.recorder.emit(events.CACHED, new_ids, group=kv_cache_group_id,
-                               hashes=[h.hex() for h in new_hashes],
-                               num_tokens=len(new_ids) * block_size)
+            self.recorder.emit(events.Cached(
+                request_id=request.request_id, block_ids=tuple(new_ids), group=kv_cache_group_id,
+                block_hashes=tuple(h.hex() for h in new_hashes), num_tokens=len(new_ids) * block_size))
+
+    def _external(self, block_hash: bytes):
+        return maybe_convert_block_hash(block_hash, self.use_int_block_hashes)
+
+    def _block_stored_event(self, request, block_hashes: list[bytes], extra_keys: list,
+                            parent: Optional[bytes], start: int, end: int, block_size: int,
+                            group_id: int) -> BlockStored:
+        # Events carry extra keys untagged: ("cache_salt", s) is published as s.
+        untagged = [None if keys is None else tuple(k[1:] if k[0] == "mm" else k[1] for k in keys)
+                    for keys in extra_keys]
+        return BlockStored(
+            block_hashes=[self._external(h) for h in block_hashes],
+            parent_block_hash=None if parent is None else self._external(parent),
+            token_ids=list(request.all_token_ids[start:end]), block_size=block_size,
+            lora_id=None, medium=self.medium, lora_name=None,
+            extra_keys=untagged or None, group_idx=group_id)
 
     # -- allocation -------------------------------------------------------------------
-    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        """Pop blocks from the queue head; any hash they still carry is evicted now."""
+    def get_new_blocks(self, num_blocks: int, *, request_id: Optional[str] = None,
+                       group: Optional[int] = None) -> list[KVCacheBlock]:
+        """Pop blocks from the queue head; any hash they still carry is evicted now.
+
+        ``request_id`` / ``group`` only name, in the step's record, whom the blocks are for.
+        """
         if num_blocks > self.get_num_free_blocks():
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool "
                              f"(only {self.get_num_free_blocks()} free)")
         ret = self.free_block_queue.popleft_n(num_blocks)
-        evicted: dict[int, str] = {}
+        evicted: dict[int, bytes] = {}
         for block in ret:
             if self.enable_caching and block.block_hash is not None:
                 lost = block.block_hash
                 if self._maybe_evict_cached_block(block):
-                    evicted[block.block_id] = get_block_hash(lost).hex()
+                    evicted[block.block_id] = lost
             assert block.ref_cnt == 0
             block.ref_cnt += 1
         if self.recorder is not None and ret:
-            for bid, h in evicted.items():
-                self.recorder.emit(events.EVICTED, [bid], reason="reused from queue head", hash=h)
-            self.recorder.emit(events.ALLOCATED, [b.block_id for b in ret],
-                               queue_positions=list(range(len(ret))),
-                               evicted_hashes={str(k): v for k, v in evicted.items()})
+            for bid, key in evicted.items():
+                self.recorder.emit(events.Evicted(
+                    request_id=request_id, block_ids=(bid,), group=get_group_id(key),
+                    block_hash=get_block_hash(key).hex(), reason="reused from queue head"))
+            self.recorder.emit(events.Allocated(
+                request_id=request_id, block_ids=tuple(b.block_id for b in ret), group=group,
+                queue_positions=tuple(range(len(ret))),
+                evicted_hashes={bid: get_block_hash(key).hex() for bid, key in evicted.items()}))
         return ret
 
     def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
@@ -199,10 +211,13 @@ class BlockPool:
             return False
         block.reset_hash()
         if self.enable_kv_cache_events:
-            self.kv_event_queue.append(BlockRemoved([get_block_hash(key)]))
+            self.kv_event_queue.append(BlockRemoved(
+                block_hashes=[self._external(get_block_hash(key))], medium=self.medium,
+                group_idx=get_group_id(key)))
         return True
 
-    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+    def touch(self, blocks: Iterable[KVCacheBlock], *, request_id: Optional[str] = None,
+              group: Optional[int] = None) -> None:
         """ref_cnt += 1; a block that was free (ref_cnt 0) leaves the free queue."""
         blocks = list(blocks)
         positions = {}
@@ -217,8 +232,9 @@ class BlockPool:
                 from_queue.append(block.block_id)
             block.ref_cnt += 1
         if self.recorder is not None and blocks:
-            self.recorder.emit(events.TOUCHED, [b.block_id for b in blocks], from_queue=from_queue,
-                               queue_positions=[positions[i] for i in from_queue])
+            self.recorder.emit(events.Touched(
+                request_id=request_id, block_ids=tuple(b.block_id for b in blocks), group=group,
+                from_queue=tuple(from_queue), queue_positions=tuple(positions[i] for i in from_queue)))
 
     def _queue_positions(self, wanted: set[int]) -> dict[int, int]:
         """Queue positions of some free blocks, for the record. Walks from the tail and stops
@@ -234,7 +250,8 @@ class BlockPool:
             pos -= 1
         return out
 
-    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock], reason: str = "") -> None:
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock], reason: str = "", *,
+                    request_id: Optional[str] = None, group: Optional[int] = None) -> None:
         """ref_cnt -= 1 in the given order; blocks reaching 0 join the queue in that order.
 
         v0.33: blocks without a hash can never be hit, so they go to the head
@@ -254,11 +271,12 @@ class BlockPool:
         if to_tail:
             self.free_block_queue.append_n(to_tail)
         if self.recorder is not None and blocks:
-            self.recorder.emit(events.FREED, [b.block_id for b in blocks if not b.is_null],
-                               to_head=[b.block_id for b in to_head],
-                               to_tail=[b.block_id for b in to_tail],
-                               still_used=[b.block_id for b in blocks if b.ref_cnt > 0 and not b.is_null],
-                               reason=reason)
+            self.recorder.emit(events.Freed(
+                request_id=request_id, block_ids=tuple(b.block_id for b in blocks if not b.is_null),
+                group=group, to_head=tuple(b.block_id for b in to_head),
+                to_tail=tuple(b.block_id for b in to_tail),
+                still_used=tuple(b.block_id for b in blocks if b.ref_cnt > 0 and not b.is_null),
+                reason=reason))
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop the hashes of these blocks (in use or not); nothing is freed."""
@@ -268,15 +286,16 @@ class BlockPool:
             block = self.blocks[block_id]
             key = block.block_hash
             if self._maybe_evict_cached_block(block) and self.recorder is not None:
-                self.recorder.emit(events.EVICTED, [block_id], reason="evict_blocks",
-                                   hash=get_block_hash(key).hex(), group=get_group_id(key))
+                self.recorder.emit(events.Evicted(
+                    block_ids=(block_id,), group=get_group_id(key),
+                    block_hash=get_block_hash(key).hex(), reason="evict_blocks"))
 
     def reset_prefix_cache(self) -> bool:
         """Forget every hash; refused (False) while any block other than the null block is in use."""
         num_used = self.num_gpu_blocks - self.get_num_free_blocks()
         if num_used != 1:
             if self.recorder is not None:
-                self.recorder.emit(events.RESET, ok=False, blocks_in_use=num_used - 1)
+                self.recorder.emit(events.PrefixCacheReset(ok=False, blocks_in_use=num_used - 1))
             return False
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         self.hash_meta.clear()
@@ -285,7 +304,7 @@ class BlockPool:
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(AllBlocksCleared())
         if self.recorder is not None:
-            self.recorder.emit(events.RESET, ok=True)
+            self.recorder.emit(events.PrefixCacheReset(ok=True))
         return True
 
     def get_num_free_blocks(self) -> int:
@@ -295,6 +314,7 @@ class BlockPool:
         total = self.num_gpu_blocks - 1
         return 0.0 if not total else 1.0 - self.get_num_free_blocks() / total
 
-    def take_events(self) -> list:
-        events, self.kv_event_queue = self.kv_event_queue, []
-        return events
+    def take_events(self) -> list[KVCacheEvent]:
+        """Every KV event queued since the last call, in order; the queue is left empty."""
+        taken, self.kv_event_queue = self.kv_event_queue, []
+        return taken

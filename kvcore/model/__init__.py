@@ -1,4 +1,4 @@
-"""The model side of the engine: loading, paged KV pools, paged attention, the runner.
+"""The model side of the engine: loading, paged KV pools, paged attention, the runner, profiling.
 
 Only this package imports torch/transformers.  Attributes are imported lazily, so
 ``kvcore.model.memory`` (pure arithmetic) can be used without importing torch.
@@ -13,7 +13,7 @@ _EXPORTS = {
     # loader
     "load_model": "loader",
     "LoadedModel": "loader",
-    "ModelNotAvailable": "loader",
+    "ModelNotAvailable": "gguf_cache",
     "DeviceNotAvailable": "loader",
     "MODEL_CHOICES": "loader",
     "DEVICE_CHOICES": "loader",
@@ -21,11 +21,11 @@ _EXPORTS = {
     "ByteTokenizer": "byte_tokenizer",
     "reference_model": "reference",
     "resolve_device": "loader",
-    "smollm2_available": "loader",
-    "smollm2_gguf_path": "loader",
-    "smollm2_cache_dir": "loader",
-    "ensure_smollm2_converted": "loader",
-    "cache_root": "loader",
+    "smollm2_available": "gguf_cache",
+    "smollm2_gguf_path": "gguf_cache",
+    "smollm2_cache_dir": "gguf_cache",
+    "ensure_smollm2_converted": "gguf_cache",
+    "cache_root": "gguf_cache",
     "tiny_random_config": "loader",
     # paged attention
     "ATTN_NAME": "paged_attention",
@@ -36,6 +36,11 @@ _EXPORTS = {
     # runner
     "ModelRunner": "runner",
     "SeqBatchItem": "runner",
+    "CommonAttentionMetadata": "paged_attention",
+    # memory profiling -> num_gpu_blocks
+    "profile_model": "profile",
+    "MemoryProfile": "memory",
+    "num_gpu_blocks_from_profile": "memory",
     # memory (torch-free)
     "bytes_per_block": "memory",
     "bytes_per_block_dims": "memory",

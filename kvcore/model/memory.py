@@ -1,4 +1,5 @@
-"""KV-cache memory arithmetic (pure Python: no torch import, so pages can call it freely).
+"""KV-cache memory arithmetic (pure Python: no torch import, so pages can call it freely):
+bytes per block, blocks per budget, and num_gpu_blocks from a memory profile.
 
 One *block* holds ``block_size`` tokens of K and V for every decoder layer:
 
@@ -10,6 +11,8 @@ e.g. SmolLM2-135M (30 layers, 3 KV heads, head_dim 64) in float32 with 16-token 
 
 from __future__ import annotations
 
+import math
+from dataclasses import asdict, dataclass
 from typing import Any
 
 DTYPE_BYTES = {
@@ -75,3 +78,159 @@ def blocks_for_budget(config: Any, block_size: int, dtype: Any, budget_bytes: in
     if budget_bytes < 0:
         raise ValueError("budget_bytes must be >= 0")
     return int(budget_bytes) // bytes_per_block(config, block_size, dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# where num_gpu_blocks comes from: a profile of the loaded model, then vLLM's arithmetic
+# ---------------------------------------------------------------------------------------------
+
+GiB = 1 << 30
+CPU_KVCACHE_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    """What profiling the loaded model measured on its device, in bytes.
+
+    total_memory: the device's memory (CUDA: ``torch.cuda.mem_get_info``'s total; CPU: the
+    machine's physical memory).  weights_memory: the model's parameters and buffers.
+    peak_activation_memory: the peak, above what was allocated before, of memory allocated
+    during one forward of ``max_num_batched_tokens`` tokens (CUDA: the allocator's peak
+    statistics; CPU: the peak of live tensor bytes that forward's ops created).
+    other_memory: the rest this process holds that is neither weights nor KV cache (CUDA: the
+    device's used memory outside torch's allocator -- the CUDA context, and other processes;
+    CPU: the process's resident memory minus the weights -- Python, libraries, the runner's
+    packed weight copies).  process_memory: the process's resident memory (CPU), as vLLM's CPU
+    worker reads it; 0 on CUDA.
+    """
+
+    device: str
+    model: str
+    dtype: str
+    max_num_batched_tokens: int
+    total_memory: int
+    weights_memory: int
+    peak_activation_memory: int
+    other_memory: int
+    process_memory: int = 0
+    seconds: float = 0.0
+
+    @property
+    def non_kv_cache_memory(self) -> int:
+        return self.weights_memory + self.peak_activation_memory + self.other_memory
+
+
+@dataclass(frozen=True)
+class KVCacheSizing:
+    """num_gpu_blocks from a :class:`MemoryProfile`, as vLLM 0.33 derives it:
+
+        requested_memory          = ceil(total_memory * gpu_memory_utilization)
+        available_kv_cache_memory = requested_memory - weights - peak activations - other
+        num_gpu_blocks            = available_kv_cache_memory // bytes_per_block   (null block included)
+        max_concurrency           = num_gpu_blocks / ceil(max_model_len / block_size)
+
+    (``gpu_worker.determine_available_memory`` and ``kv_cache_utils``;
+    ``max_concurrency`` equals ``num_gpu_blocks * block_size / max_model_len`` when block_size
+    divides max_model_len.)  Beside it, vLLM's CPU backend's own rule: the KV cache gets
+    ``VLLM_CPU_KVCACHE_SPACE`` GiB when that variable is set, else
+    ``ceil(total_memory * gpu_memory_utilization) - process_memory``; it does not profile a forward.
+    """
+
+    profile: MemoryProfile
+    gpu_memory_utilization: float
+    block_size: int
+    bytes_per_block: int
+    max_model_len: int
+    cpu_kvcache_space_gib: int | None = None   # VLLM_CPU_KVCACHE_SPACE as read, or None
+
+    @property
+    def requested_memory(self) -> int:
+        return math.ceil(self.profile.total_memory * self.gpu_memory_utilization)
+
+    @property
+    def available_kv_cache_memory(self) -> int:
+        return self.requested_memory - self.profile.non_kv_cache_memory
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        return max(self.available_kv_cache_memory, 0) // self.bytes_per_block
+
+    @property
+    def blocks_per_request(self) -> int:
+        return -(-self.max_model_len // self.block_size)
+
+    @property
+    def max_concurrency(self) -> float:
+        return self.num_gpu_blocks / self.blocks_per_request
+
+    @property
+    def cpu_backend_kv_cache_memory(self) -> int:
+        if self.cpu_kvcache_space_gib is not None:
+            return self.cpu_kvcache_space_gib * GiB
+        return self.requested_memory - self.profile.process_memory
+
+    @property
+    def cpu_backend_num_blocks(self) -> int:
+        return max(self.cpu_backend_kv_cache_memory, 0) // self.bytes_per_block
+
+    def lines(self) -> list[str]:
+        """The derivation, one step a line, for the CLI and the app."""
+        p = self.profile
+
+        def gib(n: int) -> str:
+            return f"{n / GiB:.3f} GiB ({n:,} bytes)"
+
+        rule = (f"{CPU_KVCACHE_SPACE_ENV}={self.cpu_kvcache_space_gib} GiB"
+                if self.cpu_kvcache_space_gib is not None else
+                f"ceil(total x {self.gpu_memory_utilization}) - process RSS {gib(p.process_memory)}")
+        out = [
+            f"memory profile of {p.model} ({p.dtype}) on {p.device}, one forward of "
+            f"{p.max_num_batched_tokens} tokens (max_num_batched_tokens), {p.seconds:.1f} s",
+            f"  total memory               {gib(p.total_memory)}",
+            f"  x gpu_memory_utilization   {self.gpu_memory_utilization} = requested {gib(self.requested_memory)}",
+            f"  - weights                  {gib(p.weights_memory)}",
+            f"  - peak activations         {gib(p.peak_activation_memory)}",
+            f"  - other (non-torch / rest) {gib(p.other_memory)}",
+            f"  = available for KV cache   {gib(self.available_kv_cache_memory)}",
+            f"  / bytes per block          {self.bytes_per_block:,} (block_size {self.block_size})",
+            f"  = num_gpu_blocks           {self.num_gpu_blocks:,} (block 0, the null block, included)",
+            f"  max concurrency            {self.num_gpu_blocks:,} / ceil({self.max_model_len} / "
+            f"{self.block_size}) = {self.max_concurrency:.2f} requests of max_model_len {self.max_model_len}",
+        ]
+        if p.device.startswith("cpu"):
+            out.append(f"  vLLM's CPU backend instead: KV cache = {rule} = "
+                       f"{gib(self.cpu_backend_kv_cache_memory)} -> {self.cpu_backend_num_blocks:,} blocks")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for name in ("requested_memory", "available_kv_cache_memory", "num_gpu_blocks", "max_concurrency",
+                     "cpu_backend_kv_cache_memory", "cpu_backend_num_blocks"):
+            d[name] = getattr(self, name)
+        return d
+
+
+def cpu_kvcache_space_gib(environ: Any = None) -> int | None:
+    """``VLLM_CPU_KVCACHE_SPACE`` (GiB) as vLLM's CPU platform reads it; None when unset or empty."""
+    import os
+
+    raw = (os.environ if environ is None else environ).get(CPU_KVCACHE_SPACE_ENV, "")
+    if raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{CPU_KVCACHE_SPACE_ENV} must be a whole number of GiB; got {raw!r}") from None
+
+
+def num_gpu_blocks_from_profile(profile: MemoryProfile, config: Any, block_size: int, dtype: Any,
+                                gpu_memory_utilization: float, max_model_len: int,
+                                environ: Any = None) -> KVCacheSizing:
+    """The :class:`KVCacheSizing` of ``profile`` for these settings (pure arithmetic)."""
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1]; got {gpu_memory_utilization}")
+    if max_model_len < 1:
+        raise ValueError(f"max_model_len must be >= 1; got {max_model_len}")
+    return KVCacheSizing(profile, float(gpu_memory_utilization), int(block_size),
+                         bytes_per_block(config, block_size, dtype), int(max_model_len),
+                         cpu_kvcache_space_gib(environ))

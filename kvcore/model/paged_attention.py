@@ -20,8 +20,8 @@ Storage, one tensor per decoder layer, allocated once (the layout of vLLM's
 A token at position ``pos`` of a request lives in slot ``block_id * block_size + offset``
 with ``block_id = block_table[pos // block_size]`` and ``offset = pos % block_size``.
 
-Per layer the function (1) writes the step's new K/V into the pool through the slot
-mapping, then (2) gathers, for every sequence at once (one padded gather, no loop over
+Per layer the function (1) writes the step's new K/V into the pool through the runner's
+``slot_mapping`` (as vLLM's ``reshape_and_cache`` does), then (2) gathers, for every sequence at once (one padded gather, no loop over
 sequences or tokens), the blocks its queries may see, and (3) runs causal,
 grouped-query attention with ``scaled_dot_product_attention`` under a boolean mask.
 On a sliding-window layer a query at position p sees keys p-W+1 .. p (transformers'
@@ -31,7 +31,8 @@ them with the null block 0, and they are never read.  Padding columns of the gat
 repeat the sequence's own last block and are masked, so block 0 is never read at all.
 
 Everything that depends only on the batch (indices, masks) is computed once per step in
-:func:`build_paged_step` and shared by all layers of a KV cache group.
+:func:`build_paged_step`, from each group's :class:`CommonAttentionMetadata`, and shared by
+all layers of that group.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 
 ATTN_NAME = "kvlab_paged"
-NULL_BLOCK = 0
 
 
 @dataclass
@@ -76,28 +76,25 @@ class PagedStep:
     out_index: torch.Tensor | None     # [T] padded query row of each packed token
 
 
-def _check_tables(item_no: int, request_id: str, table: Sequence[int], first: int, last: int,
-                  num_blocks: int, group: int, sliding: int | None) -> None:
-    if len(table) <= last:
-        raise ValueError(
-            f"request {request_id!r}: block table of group {group} has {len(table)} entries but the "
-            f"step needs logical block {last}"
-        )
-    used = table[first:last + 1]
-    if NULL_BLOCK in used:
-        where = first + list(used).index(NULL_BLOCK)
-        what = ("inside the sliding window" if sliding else "in a full-attention table")
-        raise ValueError(
-            f"request {request_id!r}: logical block {where} of group {group} is the null block "
-            f"{what}; only blocks wholly before position start-W+1 may be null"
-        )
-    hi = max(used)
-    lo = min(used)
-    if hi >= num_blocks or lo < 0:
-        raise ValueError(
-            f"request {request_id!r}: block id {hi if hi >= num_blocks else lo} is outside the "
-            f"pool of {num_blocks} blocks"
-        )
+@dataclass(frozen=True)
+class CommonAttentionMetadata:
+    """One KV cache group's view of a step, shared by all its layers (vLLM's name and fields).
+
+    Built on the host from :class:`kvcore.batch.ModelInputs`; :func:`build_paged_step` turns it
+    into the device index tensors the kernel uses.  Invariant: ``slot_mapping[t]`` is the slot of
+    packed token t in this group's pool, and ``block_table_tensor[i]`` holds request i's table
+    (padded with the null block 0, never read).
+    """
+
+    query_start_loc: torch.Tensor     # [num_reqs + 1] int64
+    seq_lens: torch.Tensor            # [num_reqs] tokens in the pool after this step
+    num_reqs: int
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    block_table_tensor: torch.Tensor  # [num_reqs, max_num_blocks] int64
+    slot_mapping: torch.Tensor        # [num_actual_tokens] int64
+    causal: bool = True
 
 
 def pool_views_of(kv_caches: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -108,15 +105,11 @@ def pool_views_of(kv_caches: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor]
 
 
 def build_paged_step(
-    token_counts: Sequence[int],
-    start_positions: Sequence[int],
-    block_tables: Sequence[Sequence[Sequence[int]]],  # [seq][group] -> table
-    request_ids: Sequence[str],
+    metadata: Sequence[CommonAttentionMetadata],  # per KV cache group
     group_sliding_window: Sequence[int | None],
     kv_caches: Sequence[torch.Tensor],
     layer_group: Sequence[int],
     block_size: int,
-    num_blocks: int,
     num_kv_heads: int,
     num_q_per_kv: int,
     device: torch.device,
@@ -124,18 +117,17 @@ def build_paged_step(
     pool_views: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
 ) -> PagedStep:
     """Index tensors and masks for one packed forward (computed once, used by every layer)."""
-    S = len(token_counts)
+    m0 = metadata[0]
+    S, T, Qm = m0.num_reqs, m0.num_actual_tokens, m0.max_query_len
     bs = block_size
     Hkv = num_kv_heads
     G = num_q_per_kv
-    lens = torch.tensor(token_counts, dtype=torch.long)
-    starts = torch.tensor(start_positions, dtype=torch.long)
-    T = int(sum(token_counts))
-    Qm = int(max(token_counts))
-    offsets = torch.cumsum(lens, 0) - lens                      # first packed token of each seq
+    qsl = m0.query_start_loc
+    lens = qsl[1:] - qsl[:-1]
+    starts = m0.seq_lens - lens                                  # tokens already in the pool
+    offsets = qsl[:-1]                                           # first packed token of each seq
     seq_of_tok = torch.repeat_interleave(torch.arange(S), lens)  # [T]
     tok_in_seq = torch.arange(T) - offsets[seq_of_tok]           # [T]
-    pos_of_tok = starts[seq_of_tok] + tok_in_seq                 # [T]
 
     decode_only = Qm == 1
     # padded queries: row (s, qi) is token min(qi, len-1) of seq s (padding repeats the last one)
@@ -147,36 +139,25 @@ def build_paged_step(
         q_index = (offsets[:, None] + qi).reshape(-1)
         out_index = seq_of_tok * Qm + tok_in_seq
 
-    last_blk = [(s + n - 1) // bs for s, n in zip(start_positions, token_counts)]
+    last_blk = (m0.seq_lens - 1) // bs
     groups: list[GroupStep] = []
     kv_sel = torch.arange(2)[None, :, None, None]
     head_sel = torch.arange(Hkv)[None, None, :, None]
-    for g, W in enumerate(group_sliding_window):
-        if W is not None and W < 1:
-            raise ValueError(f"sliding window of group {g} must be >= 1, got {W}")
-        if W is None:
-            first_blk = [0] * S
-        else:
-            first_blk = [max(0, s - W + 1) // bs for s in start_positions]
-        ids: list[list[int]] = []
-        for i in range(S):
-            table = block_tables[i][g]
-            _check_tables(i, request_ids[i], table, first_blk[i], last_blk[i], num_blocks, g, W)
-            ids.append(list(table[first_blk[i]:last_blk[i] + 1]))
-        NB = max(len(b) for b in ids)
-        # pad with the sequence's own last block (masked below): block 0 is never read
-        padded = [b + [b[-1]] * (NB - len(b)) for b in ids]
-        gb = torch.tensor(padded, dtype=torch.long)                     # [S, NB]
-        first_t = torch.tensor(first_blk, dtype=torch.long)
-        # where the new tokens go
-        blk_of_tok = gb[seq_of_tok, pos_of_tok // bs - first_t[seq_of_tok]]  # [T]
-        off_of_tok = pos_of_tok % bs
-        heads = torch.arange(Hkv)[:, None]
-        write_rows = ((blk_of_tok[None, :] * 2) * Hkv + heads) * bs + off_of_tok[None, :]  # [Hkv, T]
+    heads = torch.arange(Hkv)[:, None]
+    for md, W in zip(metadata, group_sliding_window):
+        first_blk = torch.zeros(S, dtype=torch.long) if W is None else (starts - W + 1).clamp(min=0) // bs
+        NB = int((last_blk - first_blk).max()) + 1
+        # the blocks each sequence may read, padded with its own last block (masked below):
+        # block 0 is never read
+        cols = torch.minimum(first_blk[:, None] + torch.arange(NB)[None, :], last_blk[:, None])
+        gb = md.block_table_tensor.gather(1, cols)                        # [S, NB]
+        # where the new tokens go: the slot mapping, as rows of pool.view(-1, D)
+        slot = md.slot_mapping
+        write_rows = ((slot // bs)[None, :] * 2 * Hkv + heads) * bs + (slot % bs)[None, :]  # [Hkv, T]
         # what to read: rows of pool.view(-1, bs, D) in [S, 2, Hkv, NB] order
         gather_rows = (gb[:, None, None, :] * 2 + kv_sel) * Hkv + head_sel
         # mask: key at position kpos visible to query at q_pos iff kpos <= q_pos (and in window)
-        kpos = ((first_t[:, None] + torch.arange(NB)[None, :]) * bs)[:, :, None] + torch.arange(bs)
+        kpos = ((first_blk[:, None] + torch.arange(NB)[None, :]) * bs)[:, :, None] + torch.arange(bs)
         kpos = kpos.reshape(S, NB * bs)                                   # [S, L]
         m = kpos[:, None, :] <= q_pos[:, :, None]                         # [S, Qm, L]
         if W is not None:
@@ -184,6 +165,7 @@ def build_paged_step(
         m = m[:, None].expand(S, G, Qm, NB * bs).reshape(S, 1, G * Qm, NB * bs)
         # additive float mask, built once per step (sdpa would otherwise convert a bool mask per layer)
         mask = torch.zeros(m.shape, dtype=dtype).masked_fill_(~m, float("-inf"))
+        n_read = (last_blk - first_blk + 1).tolist()
         groups.append(GroupStep(
             sliding_window=W,
             write_rows=write_rows.reshape(-1).to(device),
@@ -191,7 +173,7 @@ def build_paged_step(
             gather_rows=gather_rows.reshape(-1).to(device),
             num_ctx_blocks=NB,
             mask=mask.to(device),
-            gathered_block_ids=ids,
+            gathered_block_ids=[row[:k] for row, k in zip(gb.tolist(), n_read)],
         ))
     if pool_views is None:
         pool_views = pool_views_of(kv_caches)

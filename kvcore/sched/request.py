@@ -51,6 +51,9 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1
         self.num_preemptions = 0
+        # Set at each admission: where a hybrid model's longest single-group hit ends
+        # (0 if none); the sliding-window group keeps the blocks ending there.
+        self.shared_prefix_boundary = 0
         self.block_hashes: list[bytes] = []
         self._hasher = block_hasher
         if block_hasher is not None:

@@ -1,11 +1,12 @@
 """Scheduler: decides each step's batch under a token budget (vLLM v1: sched/scheduler)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional
+from dataclasses import dataclass
+from typing import Iterable, Optional, Union
 
 from kvcore import events
 from kvcore.kv.kv_cache_manager import KVCacheManager
+from kvcore.sched.output import CachedRequestData, ModelRunnerOutput, NewRequestData, SchedulerOutput
 from kvcore.sched.request import Request, RequestStatus
 from kvcore.sched.request_queue import PRIORITY, create_request_queue
 
@@ -23,23 +24,9 @@ class SchedulerConfig:
     admission: str = ADMIT_FULL_SEQUENCE
     long_prefill_token_threshold: int = 0
     enable_chunked_prefill: bool = True
-
-
-@dataclass
-class SchedulerOutput:
-    """One step's batch. ``num_scheduled_tokens`` preserves batch order."""
-
-    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
-    scheduled_new_reqs: list[str] = field(default_factory=list)
-    scheduled_resumed_reqs: list[str] = field(default_factory=list)
-    scheduled_running_reqs: list[str] = field(default_factory=list)
-    preempted_reqs: list[str] = field(default_factory=list)
-    # Tokens already in the pool for each scheduled request before this step.
-    num_computed_before: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def total_num_scheduled_tokens(self) -> int:
-        return sum(self.num_scheduled_tokens.values())
+    # Caps a waiting request's prefix-cache hit (vLLM: get_computed_blocks' argument,
+    # set there by an output connector); None = num_tokens - 1.
+    max_cache_hit_length: Optional[int] = None
 
 
 class Scheduler:
@@ -47,7 +34,8 @@ class Scheduler:
 
     Invariants: a request is in exactly one of waiting / running / finished; every
     running request holds blocks for all its computed tokens; at most
-    ``max_num_seqs`` run and at most ``max_num_batched_tokens`` are computed per step.
+    ``max_num_seqs`` run and at most ``max_num_batched_tokens`` are computed per step;
+    ``finished_req_ids`` holds only the requests finished since the last ``schedule``.
     """
 
     def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
@@ -64,20 +52,25 @@ class Scheduler:
         self.policy = config.policy
         self.waiting = create_request_queue(config.policy)
         self.running: list[Request] = []
+        # Every request ever added, finished ones included: the app reads their outputs.
         self.requests: dict[str, Request] = {}
-        self.finished_req_ids: list[str] = []
+        self.finished_req_ids: set[str] = set()
 
-    def _emit(self, event_kind: str, request: Request, **data) -> None:
+    def _emit(self, event_type: type[events.Event], request: Request, **fields) -> None:
+        """Record a decision about ``request`` (built only when someone records)."""
         if self.recorder is not None:
-            self.recorder.at(request.request_id).emit(event_kind, **data)
+            self.recorder.emit(event_type(request_id=request.request_id, **fields))
 
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         self.requests[request.request_id] = request
         self.waiting.add_request(request)
-        self._emit(events.ARRIVED, request, num_prompt_tokens=request.num_prompt_tokens,
+        self._emit(events.Arrived, request, num_prompt_tokens=request.num_prompt_tokens,
                    priority=request.priority)
+
+    def get_request_counts(self) -> tuple[int, int]:
+        return len(self.running), len(self.waiting)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting) or bool(self.running)
@@ -85,18 +78,25 @@ class Scheduler:
     # -- scheduling ---------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         cfg = self.config
-        out = SchedulerOutput()
         token_budget = cfg.max_num_batched_tokens
+        num_scheduled_tokens: dict[str, int] = {}
+        num_computed_before: dict[str, int] = {}
         scheduled_running: list[Request] = []
+        scheduled_new: list[Request] = []
+        scheduled_resumed: list[Request] = []
         preempted: list[Request] = []
+        # The threshold keeps one long prefill from starving the others; a lone
+        # request starves nobody, so it gets the whole budget.
+        num_running, num_waiting = self.get_request_counts()
+        long_prefill_token_threshold = cfg.long_prefill_token_threshold if num_running + num_waiting > 1 else 0
 
         # 1) Running requests first, in running order.
         req_index = 0
         while req_index < len(self.running) and token_budget > 0:
             request = self.running[req_index]
             num_new = request.num_tokens - request.num_computed_tokens
-            if 0 < cfg.long_prefill_token_threshold < num_new:
-                num_new = cfg.long_prefill_token_threshold
+            if 0 < long_prefill_token_threshold < num_new:
+                num_new = long_prefill_token_threshold
             num_new = min(num_new, token_budget, cfg.max_model_len - 1 - request.num_computed_tokens)
             if num_new <= 0:
                 req_index += 1
@@ -105,92 +105,133 @@ class Scheduler:
                 new_blocks = self.kv_cache_manager.allocate_slots(request, num_new)
                 if new_blocks is not None:
                     break
-                victim = self._pick_victim()
-                self.running.remove(victim)
-                if victim in scheduled_running:
-                    # Its tokens were already in this batch: take them back out.
-                    scheduled_running.remove(victim)
-                    token_budget += out.num_scheduled_tokens.pop(victim.request_id)
-                    out.num_computed_before.pop(victim.request_id, None)
-                    req_index -= 1
-                self._preempt_request(victim, reason=f"{request.request_id} needed blocks")
+                if self.policy == PRIORITY:
+                    victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
+                    victim_index = self.running.index(victim)
+                    del self.running[victim_index]
+                    if victim_index < req_index:
+                        req_index -= 1
+                    if victim in scheduled_running:
+                        # Its tokens were already in this batch: take them back out.
+                        scheduled_running.remove(victim)
+                        token_budget += num_scheduled_tokens.pop(victim.request_id)
+                        num_computed_before.pop(victim.request_id, None)
+                else:
+                    victim = self.running.pop()
+                self._preempt_request(victim, needed_by=request.request_id)
                 preempted.append(victim)
                 if victim is request:
                     break
             if new_blocks is None:
+                if self.policy == PRIORITY and request.status == RequestStatus.PREEMPTED:
+                    # It was the lowest priority and preempted itself; the requests after
+                    # it rank higher and may still fit in the blocks it just freed.
+                    # req_index already points at the next one.
+                    continue
                 break
             scheduled_running.append(request)
-            out.num_scheduled_tokens[request.request_id] = num_new
-            out.num_computed_before[request.request_id] = request.num_computed_tokens
+            num_scheduled_tokens[request.request_id] = num_new
+            num_computed_before[request.request_id] = request.num_computed_tokens
             token_budget -= num_new
             req_index += 1
 
         # 2) Waiting requests, unless someone was preempted in this step.
         if preempted:
             if self.waiting and self.recorder is not None:
-                self._emit(events.BLOCKED, self.waiting.peek_request(), reason="preempted_this_step")
+                self._emit(events.Blocked, self.waiting.peek_request(), reason="preempted_this_step")
         else:
             while self.waiting and token_budget > 0:
                 request = self.waiting.peek_request()
                 if len(self.running) >= cfg.max_num_seqs:
-                    self._emit(events.BLOCKED, request, reason="max_num_seqs", max_num_seqs=cfg.max_num_seqs)
+                    self._emit(events.Blocked, request, reason="max_num_seqs", max_num_seqs=cfg.max_num_seqs)
                     break
-                hits, num_hit = self.kv_cache_manager.get_computed_blocks(request)
+                max_hit = request.num_tokens - 1
+                if cfg.max_cache_hit_length is not None:
+                    max_hit = min(max_hit, cfg.max_cache_hit_length)
+                hits, num_hit, request.shared_prefix_boundary = self.kv_cache_manager.get_computed_blocks(
+                    request, max_hit)
                 num_new = request.num_tokens - num_hit
-                if 0 < cfg.long_prefill_token_threshold < num_new:
-                    num_new = cfg.long_prefill_token_threshold
+                if 0 < long_prefill_token_threshold < num_new:
+                    num_new = long_prefill_token_threshold
                 if not cfg.enable_chunked_prefill and num_new > token_budget:
-                    self._emit(events.BLOCKED, request, reason="token_budget", token_budget=token_budget)
+                    self._emit(events.Blocked, request, reason="token_budget", token_budget=token_budget)
                     break
                 num_new = min(num_new, token_budget)
                 new_blocks = self.kv_cache_manager.allocate_slots(
                     request, num_new, num_hit, hits,
-                    full_sequence_must_fit=cfg.admission == ADMIT_FULL_SEQUENCE)
+                    full_sequence_must_fit=cfg.admission == ADMIT_FULL_SEQUENCE,
+                    has_scheduled_reqs=bool(self.running))
                 if new_blocks is None:
-                    self._emit(events.BLOCKED, request, reason="no_free_blocks",
+                    self._emit(events.Blocked, request, reason="no_free_blocks",
                                num_free_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks(),
                                num_tokens=request.num_tokens)
                     break
+                self.kv_cache_manager.record_prefix_cache_stats(request, num_hit)
                 self.waiting.pop_request()
                 self.running.append(request)
                 resumed = request.status == RequestStatus.PREEMPTED
-                (out.scheduled_resumed_reqs if resumed else out.scheduled_new_reqs).append(request.request_id)
-                out.num_scheduled_tokens[request.request_id] = num_new
-                out.num_computed_before[request.request_id] = num_hit
+                (scheduled_resumed if resumed else scheduled_new).append(request)
+                num_scheduled_tokens[request.request_id] = num_new
+                num_computed_before[request.request_id] = num_hit
                 token_budget -= num_new
                 request.status = RequestStatus.RUNNING
                 request.num_computed_tokens = num_hit
                 request.num_cached_tokens = num_hit
-                self._emit(events.RESUMED if resumed else events.ADMITTED, request,
+                self._emit(events.Resumed if resumed else events.Admitted, request,
                            num_cached_tokens=num_hit, num_preemptions=request.num_preemptions)
             if self.waiting and token_budget <= 0 and self.recorder is not None:
-                self._emit(events.BLOCKED, self.waiting.peek_request(), reason="token_budget", token_budget=0)
+                self._emit(events.Blocked, self.waiting.peek_request(), reason="token_budget", token_budget=0)
 
-        out.scheduled_running_reqs = [r.request_id for r in scheduled_running]
-        out.preempted_reqs = [r.request_id for r in preempted]
-        for rid, n in out.num_scheduled_tokens.items():
+        running_ids = {r.request_id for r in scheduled_running}
+        resumed_ids = {r.request_id for r in scheduled_resumed}
+        for rid, n in num_scheduled_tokens.items():
             req = self.requests[rid]
-            before = out.num_computed_before[rid]
-            if rid in out.scheduled_resumed_reqs:
+            before = num_computed_before[rid]
+            if rid in resumed_ids:
                 kind = "recompute"
             elif before >= req.num_prompt_tokens:
                 kind = "decode"
-            elif before + n < req.num_tokens or rid in out.scheduled_running_reqs:
+            elif before + n < req.num_tokens or rid in running_ids:
                 kind = "chunk"
             else:
                 kind = "prefill"
-            self._emit(events.SCHEDULED, req, num_tokens=n, kind=kind, start=before)
-            # vLLM advances num_computed_tokens when it schedules, before the model runs.
-            req.num_computed_tokens += n
+            self._emit(events.Scheduled, req, num_tokens=n, phase=kind, start=before)
+        out = self._make_output(num_scheduled_tokens, num_computed_before, scheduled_new,
+                                scheduled_running, scheduled_resumed, preempted)
+        # vLLM advances num_computed_tokens when it schedules, before the model runs.
+        for rid, n in num_scheduled_tokens.items():
+            self.requests[rid].num_computed_tokens += n
         return out
 
-    def _pick_victim(self) -> Request:
-        if self.policy == PRIORITY:
-            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
-        return self.running[-1]
+    def _make_output(self, num_scheduled_tokens, num_computed_before, scheduled_new, scheduled_running,
+                     scheduled_resumed, preempted) -> SchedulerOutput:
+        kvm = self.kv_cache_manager
+        new_reqs = [NewRequestData(r.request_id, list(r.prompt_token_ids), kvm.get_block_ids(r.request_id),
+                                   num_computed_before[r.request_id]) for r in scheduled_new]
+        cached = CachedRequestData()
+        for r in scheduled_running + scheduled_resumed:
+            rid = r.request_id
+            resumed = r in scheduled_resumed
+            cached.req_ids.append(rid)
+            cached.new_token_ids.append([] if resumed else list(r.output_token_ids[-1:]))
+            if resumed:
+                cached.resumed_req_ids.add(rid)
+                cached.all_token_ids[rid] = list(r.all_token_ids)
+            cached.new_block_ids.append(kvm.get_block_ids(rid))
+            cached.num_computed_tokens.append(num_computed_before[rid])
+            cached.num_output_tokens.append(r.num_output_tokens)
+        running = self.running[0].request_id if self.running else None
+        finished, self.finished_req_ids = self.finished_req_ids, set()
+        return SchedulerOutput(
+            scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached,
+            num_scheduled_tokens=dict(num_scheduled_tokens),
+            total_num_scheduled_tokens=sum(num_scheduled_tokens.values()),
+            finished_req_ids=finished, preempted_req_ids={r.request_id for r in preempted},
+            num_common_prefix_blocks=kvm.get_num_common_prefix_blocks(running) if running else
+            [0] * kvm.num_kv_cache_groups)
 
-    def _preempt_request(self, request: Request, reason: str) -> None:
-        self._emit(events.PREEMPTED, request, policy=self.policy, reason=reason,
+    def _preempt_request(self, request: Request, needed_by: str) -> None:
+        self._emit(events.Preempted, request, policy=self.policy, needed_by=needed_by,
                    victim_priority=request.priority, num_computed_tokens=request.num_computed_tokens)
         self.kv_cache_manager.free(request, reason="preempted")
         request.status = RequestStatus.PREEMPTED
@@ -199,41 +240,68 @@ class Scheduler:
         self.waiting.prepend_request(request)
 
     # -- after the model ran ------------------------------------------------------------
-    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[str]:
-        """Append sampled tokens, stop finished requests and free their blocks.
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           model_runner_output: ModelRunnerOutput) -> list[str]:
+        """Append sampled tokens, stop finished requests and free their blocks; return their ids.
 
         A request still in the middle of its prompt (chunked prefill) gets no token.
         A request's last sampled token never gets a KV slot: it stops first.
         """
         finished = []
-        for rid in out.num_scheduled_tokens:
+        for rid in scheduler_output.num_scheduled_tokens:
             req = self.requests[rid]
-            if req.num_computed_tokens < req.num_tokens:
+            index = model_runner_output.req_id_to_index.get(rid)
+            generated = model_runner_output.sampled_token_ids[index] if index is not None else []
+            if not generated or req.is_finished():
                 continue
-            token = sampled[rid]
+            token = generated[0]
             req.append_output_token_ids([token])
-            reason = None
+            status = None
             # vLLM checks the length cap before EOS.
             if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.config.max_model_len:
-                req.status, reason = RequestStatus.FINISHED_LENGTH_CAPPED, "length"
+                status, reason = RequestStatus.FINISHED_LENGTH_CAPPED, "length"
             elif not req.ignore_eos and token in req.eos_token_ids:
-                req.status, reason = RequestStatus.FINISHED_STOPPED, "eos"
-            if reason is not None:
+                status, reason = RequestStatus.FINISHED_STOPPED, "eos"
+            if status is not None:
                 self.running.remove(req)
-                self._emit(events.FINISHED, req, reason=reason, num_output_tokens=req.num_output_tokens)
-                self.kv_cache_manager.free(req, reason="finished")
+                req.status = status
+                self._emit(events.Finished, req, reason=reason, num_output_tokens=req.num_output_tokens)
+                self._free_request(req, "finished")
                 finished.append(rid)
-        self.finished_req_ids.extend(finished)
         return finished
 
+    def finish_requests(self, request_ids: Union[str, Iterable[str], None],
+                        finished_status: RequestStatus) -> list[Request]:
+        """Finish requests from outside (a client went away): None = every request.
+        Unknown and already finished ids are skipped; returns the requests finished."""
+        if not finished_status.finished:
+            raise ValueError(f"{finished_status!r} is not a finished status")
+        if isinstance(request_ids, str):
+            request_ids = (request_ids,)
+        elif request_ids is None:
+            request_ids = list(self.requests)
+        done = []
+        for rid in dict.fromkeys(request_ids):
+            req = self.requests.get(rid)
+            if req is None or req.is_finished():
+                continue
+            running = req.status == RequestStatus.RUNNING
+            if running:
+                self.running.remove(req)
+            else:
+                self.waiting.remove_request(req)
+            req.status = finished_status
+            self._emit(events.Finished, req, reason="aborted")
+            if running:
+                self._free_request(req, "aborted")
+            else:
+                self.finished_req_ids.add(rid)
+            done.append(req)
+        return done
+
     def abort_request(self, request_id: str) -> None:
-        req = self.requests[request_id]
-        if req.is_finished():
-            return
-        if req in self.running:
-            self.running.remove(req)
-            self.kv_cache_manager.free(req, reason="aborted")
-        else:
-            self.waiting.remove_request(req)
-        req.status = RequestStatus.FINISHED_ABORTED
-        self._emit(events.FINISHED, req, reason="aborted")
+        self.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
+
+    def _free_request(self, request: Request, reason: str) -> None:
+        self.kv_cache_manager.free(request, reason=reason)
+        self.finished_req_ids.add(request.request_id)

@@ -52,8 +52,7 @@ def token_budget(records: Sequence[StepRecord], budget: int, *, colors: dict[str
     for rid in rids:
         ys, patterns, kinds = [], [], []
         for rec in records:
-            kind = next((e.data.get("kind", "") for e in rec.events
-                         if e.kind == SCHEDULED and e.request_id == rid), "")
+            kind = next((e.phase for e in rec.events if e.kind == SCHEDULED and e.request_id == rid), "")
             ys.append(rec.scheduled.get(rid, 0))
             kinds.append(L.get(kind, kind))
             patterns.append("" if kind == "decode" else "/")

@@ -1,4 +1,4 @@
-"""A test/bench-only driver for :class:`ModelRunner`: a trivial engine around it.
+"""A test/bench-only driver for :class:`ModelRunner`: a trivial engine around it (lives under tests/, not in the package).
 
 It is *not* the project's engine (that is kvcore/engine.py with vLLM's block manager
 and scheduler); it exists so that the model side can be checked against transformers
@@ -18,7 +18,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from .runner import ModelRunner, SeqBatchItem
+from kvcore.model.runner import ModelRunner, SeqBatchItem
 
 NULL_BLOCK = 0
 

@@ -1,0 +1,77 @@
+"""What the scheduler hands the model runner, and what comes back (vLLM v1: sched/output, outputs).
+
+A request's data goes to the runner once, in ``NewRequestData``; afterwards only
+what changed travels, in ``CachedRequestData``. Token counts are those before
+this step's tokens, so ``num_computed_tokens + num_scheduled_tokens[id]`` is where
+the request will be after the forward pass.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class NewRequestData:
+    """A request the runner has not seen: scheduled for the first time."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    block_ids: tuple[list[int], ...]
+    num_computed_tokens: int
+
+
+@dataclass(frozen=True)
+class CachedRequestData:
+    """The requests the runner already knows, as parallel lists in batch order.
+
+    A resumed request (in ``resumed_req_ids``) lost its blocks to preemption, so its
+    ``new_block_ids`` is its whole new table and ``all_token_ids`` carries its tokens.
+    """
+
+    req_ids: list[str] = field(default_factory=list)
+    resumed_req_ids: set[str] = field(default_factory=set)
+    new_token_ids: list[list[int]] = field(default_factory=list)
+    all_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    new_block_ids: list[tuple[list[int], ...] | None] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+    num_output_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.req_ids)
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """One step's batch. ``num_scheduled_tokens`` is in batch order: running requests
+    first, then the ones admitted from the waiting queue."""
+
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: CachedRequestData
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    finished_req_ids: set[str]
+    preempted_req_ids: set[str] | None = None
+    num_common_prefix_blocks: list[int] = field(default_factory=list)
+
+    def num_computed_tokens_before(self) -> dict[str, int]:
+        """Request id -> tokens already computed before this step, for every scheduled request."""
+        out = {d.req_id: d.num_computed_tokens for d in self.scheduled_new_reqs}
+        c = self.scheduled_cached_reqs
+        out.update(zip(c.req_ids, c.num_computed_tokens))
+        return out
+
+
+@dataclass(frozen=True)
+class ModelRunnerOutput:
+    """Sampled tokens per request, in ``req_ids`` order; an empty list for a request still
+    in the middle of its prompt (nothing sampled)."""
+
+    req_ids: list[str]
+    req_id_to_index: dict[str, int]
+    sampled_token_ids: list[list[int]]
+
+    @classmethod
+    def from_sampled(cls, req_ids: list[str], sampled: dict[str, int]) -> "ModelRunnerOutput":
+        return cls(list(req_ids), {r: i for i, r in enumerate(req_ids)},
+                   [[sampled[r]] if r in sampled else [] for r in req_ids])

@@ -1,0 +1,206 @@
+"""The step player mounted in a page: one function, ``player_panel``, for lessons, the playground
+and the trace viewer.
+
+The browser holds the recorded steps and steps them itself (player/assets/player.js). Python
+streams it only the steps it does not have yet, tells it where to hold for a quiz question and
+where to jump (a link's step, a quiz answer), and hears back three state values:
+``cursor`` (where the learner is, debounced), ``want`` (Step at the frontier: compute up to here)
+and ``have`` (the browser lost its copy: send again from here). Invariant kept by
+``PlayerSession``: ``sent`` is the number of steps of ``token``'s run the browser has been sent.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+import uuid
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import streamlit as st
+
+from player import RunEncoder, run_payload, static_html
+from player.export import asset
+
+from .i18n import tr
+from .quiz import make_prediction
+from .runtime import Timeline
+from .state import PageState
+
+PLAYER = st.components.v2.component(
+    "paged_kv_lab.player", html=asset("player.html"), css=asset("player.css"), js=asset("player.js"))
+UNTIL_KINDS = ("cache_hit", "evicted", "preempted", "window_skipped", "allocated", "finished")
+STREAM_SECONDS = 0.5      # how often a page polls while its run is still being recorded
+_seq = itertools.count(1)
+
+
+@dataclass
+class PlayerSession:
+    run: Any = None                     # the Timeline the browser was last sent (identity)
+    lang: str = ""
+    token: str = ""                     # the browser's name for that run
+    encoder: RunEncoder | None = None
+    sent: int = 0
+    head_due: bool = True
+    goto: dict | None = None            # {"seq", "step"}: the last jump Python asked for
+    answered: set[int] = field(default_factory=set)   # steps whose quiz question was answered
+    last_have: Any = None
+    last_cursor: Any = None             # the last cursor report applied (a stale one is not applied again)
+
+
+def session(key: str) -> PlayerSession:
+    return st.session_state.setdefault(f"player:{key}", PlayerSession())
+
+
+def request_goto(key: str, step: int) -> None:
+    """Make the browser show ``step`` on its next render (and move the Python cursor now)."""
+    session(key).goto = {"seq": next(_seq), "step": int(step)}
+
+
+def recorded_done(run: Timeline) -> bool:
+    return bool(run.run.done)
+
+
+def record_upto(run: Timeline, n: int, seconds: float = 1.0) -> None:
+    """Ask the run store for ``n`` records and wait for them at most ``seconds``; the cursor stays."""
+    if len(run.records) < n and not run.run.done:
+        run.run.want(n)
+        run.run.wait(n, seconds)
+
+
+_ENCODERS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+_ENCODERS_LOCK = threading.Lock()
+
+
+def shared_encoder(run: Timeline, lang: str, page: str, **encoder_kw) -> RunEncoder:
+    """The encoder of this recorded run for this language and page (its narration), shared by
+    every session that plays it, so a step is encoded once per server process; it goes with the run."""
+    with _ENCODERS_LOCK:
+        per_run = _ENCODERS.setdefault(run.run, {})
+        enc = per_run.get((lang, page))
+        if enc is None:
+            enc = per_run[(lang, page)] = RunEncoder(run.initial, lang=lang, **encoder_kw)
+        return enc
+
+
+def next_hold(run: Timeline, cursor: int, answered: set[int], focus: Sequence[str], lang: str,
+              look: int = 8) -> tuple[int | None, Any]:
+    """Quiz mode: the first step at or after ``cursor`` whose next step has an unanswered question."""
+    for h in range(cursor, cursor + look):
+        if h + 1 in answered:
+            continue
+        record_upto(run, h + 1)
+        if len(run.records) <= h:
+            return None, None
+        snap = run.initial if h == 0 else run.records[h - 1].snapshot
+        pred = make_prediction(snap, run.records[h], lang, tuple(focus))
+        if pred is not None:
+            return h, pred
+    return None, None
+
+
+def _component_state(key: str) -> dict:
+    value = st.session_state.get(f"pkv:{key}")
+    try:
+        return dict(value) if value is not None else {}
+    except (TypeError, ValueError):
+        return {}
+
+
+def player_panel(state: PageState, key: str, lang: str, *, decode=None,
+                 narrate: Callable | None = None, intro: str = "", outro: str = "",
+                 focus: Sequence[str] = (), request_ids: Sequence[str] = ()) -> None:
+    """Mount the player for ``state.run`` and keep ``state.run.cursor`` where the browser is."""
+    run = state.run
+    ps = session(key)
+    if ps.run is not run or ps.lang != lang:
+        ps.run, ps.lang, ps.token = run, lang, uuid.uuid4().hex[:12]
+        ps.encoder = shared_encoder(run, lang, key, decode=decode, narrate=narrate, request_ids=request_ids,
+                                    meta={"intro": intro, "outro": outro,
+                                          "until_kinds": list(dict.fromkeys([*(k for k in focus if k in UNTIL_KINDS),
+                                                                             *UNTIL_KINDS]))})
+        ps.sent, ps.head_due, ps.answered = 0, True, set()
+        ps.goto = {"seq": next(_seq), "step": run.cursor}
+    got = _component_state(key)
+    have = got.get("have")
+    if isinstance(have, dict) and have.get("run") == ps.token and have != ps.last_have:
+        ps.last_have = have
+        ps.sent = max(0, min(int(have.get("n", 0)), ps.sent))
+        ps.head_due = True
+    cursor = got.get("cursor")
+    if isinstance(cursor, dict) and cursor.get("run") == ps.token and cursor != ps.last_cursor and ps.goto is None:
+        ps.last_cursor = cursor
+        run.cursor = max(0, min(int(cursor.get("step", 0)), len(run.records)))
+    want = got.get("want")
+    if isinstance(want, dict) and want.get("run") == ps.token:
+        record_upto(run, min(int(want.get("step", 0)), len(run.records) + 1))
+    if ps.goto is not None:
+        record_upto(run, ps.goto["step"])
+        run.cursor = min(ps.goto["step"], len(run.records))
+
+    hold_at = None
+    if st.session_state.get(f"quiz:{key}"):
+        hold_at, pred = next_hold(run, run.cursor, ps.answered, focus, lang)
+        if hold_at is not None and hold_at == run.cursor:
+            if state.quiz is None or state.quiz != pred:
+                state.quiz, state.quiz_choice = pred, None
+        else:
+            state.quiz = None
+    else:
+        state.quiz = None
+
+    done = recorded_done(run)
+    steps = ps.encoder.extend(run.records)
+    data = {"run": ps.token, "base": ps.sent, "head": ps.encoder.head if ps.head_due else None,
+            "steps": steps[ps.sent:], "done": done and len(steps) == len(run.records), "hold_at": hold_at,
+            "goto": ps.goto}
+    PLAYER(key=f"pkv:{key}", data=data, default={"cursor": None, "want": None, "have": None},
+           on_cursor_change=_noop, on_want_change=_noop, on_have_change=_noop, height="content")
+    ps.sent, ps.head_due, ps.goto = len(steps), False, None
+    quiz_box(state, key, lang)
+
+
+def _noop() -> None:
+    pass
+
+
+def on_quiz_answer(state: PageState, key: str) -> None:
+    choice = st.session_state.get(key)
+    if state.quiz is not None and choice is not None:
+        state.quiz_choice = list(state.quiz.options).index(choice)
+
+
+def on_quiz_reveal(state: PageState, key: str) -> None:
+    """Answered (or skipped): release the hold and show the step the question was about."""
+    ps = session(key)
+    step = state.run.cursor + 1
+    ps.answered.add(step)
+    state.quiz, state.quiz_choice = None, None
+    request_goto(key, step)
+
+
+def quiz_box(state: PageState, k: str, lang: str) -> None:
+    q = state.quiz
+    if q is None:
+        return
+    with st.container(border=True):
+        st.markdown(f"#### 🎓 {tr('quiz_title', lang)}")
+        key = f"quiz_choice:{k}"
+        st.radio(q.prompt, list(q.options), index=None, key=key, horizontal=True)
+        c1, c2, c3 = st.columns(3)
+        c1.button(tr("quiz_answer", lang), key=f"quiz_ans:{k}", on_click=on_quiz_answer, args=(state, key),
+                  disabled=state.quiz_choice is not None)
+        c2.button(tr("quiz_reveal", lang), key=f"quiz_rev:{k}", on_click=on_quiz_reveal, args=(state, k),
+                  type="primary")
+        c3.button(tr("quiz_skip", lang), key=f"quiz_skip:{k}", on_click=on_quiz_reveal, args=(state, k))
+        if state.quiz_choice is not None:
+            if state.quiz_choice == q.answer:
+                st.success(f"{tr('quiz_right', lang)} {q.explain}")
+            else:
+                st.error(f"{tr('quiz_wrong', lang, answer=q.options[q.answer])} {q.explain}")
+
+
+def export_html(run: Timeline, lang: str, title: str, **encoder_kw) -> str:
+    """The recorded run (all steps recorded so far) as one self-contained HTML file."""
+    payload = run_payload(run.initial, list(run.records), done=recorded_done(run), lang=lang, **encoder_kw)
+    return static_html(payload, title=title)

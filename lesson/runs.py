@@ -1,0 +1,425 @@
+"""Recorded runs, computed once per server process and shared by every session that plays them.
+
+A run is (model, device, dtype, scenario) -> its StepRecords. The RunStore keeps them
+by key, computes the steps that sessions want on one background thread -- one engine
+step at a time under the process-wide ENGINE_LOCK, round-robin across runs, so no
+session's long run holds the engine from another's -- and forgets the least recently
+used runs nobody holds once their bytes pass a limit. Sessions own only a cursor over
+a RecordedRun (lesson/runtime.py: Timeline). No Streamlit here.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import threading
+import uuid
+import weakref
+from collections import OrderedDict
+from dataclasses import fields, is_dataclass
+from typing import Any, Callable, Optional
+
+from kvcore.budget import Limits, app_limits, check_scenario, check_steps
+from kvcore.scenario import Scenario, load_scenario, scenario_to_dict
+from kvcore.snapshot import Snapshot, StepRecord
+
+ENGINE_LOCK = threading.Lock()   # one forward at a time per process: the weights are shared, the box has 2 cores
+
+ENV_STORE_BYTES = "PAGED_KV_LAB_RUN_STORE_BYTES"
+ENV_STORE_HARD_BYTES = "PAGED_KV_LAB_RUN_STORE_HARD_BYTES"
+DEFAULT_STORE_BYTES = 512 * 10**6
+
+EngineFactory = Callable[[Scenario], Any]
+
+
+# -- sizes and decoding -----------------------------------------------------------------------
+def estimate_nbytes(obj: Any, _seen: Optional[set] = None) -> int:
+    """Bytes held by a tree of records (dataclasses, tuples, lists, dicts, strings), each object
+    counted once. Small ints and interned strings are counted too: an overestimate is safe."""
+    seen = set() if _seen is None else _seen
+    stack, total = [obj], 0
+    while stack:
+        o = stack.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        total += sys.getsizeof(o)
+        if isinstance(o, (str, bytes, int, float, bool)) or o is None:
+            continue
+        if isinstance(o, dict):
+            stack.extend(o.keys())
+            stack.extend(o.values())
+        elif isinstance(o, (list, tuple, set, frozenset)):
+            stack.extend(o)
+        elif is_dataclass(o):
+            stack.extend(getattr(o, f.name) for f in fields(o))
+        elif hasattr(o, "__dict__"):
+            stack.append(vars(o))
+    return total
+
+
+class Decoder:
+    """Token ids -> text through a model's tokenizer, remembered in a bounded LRU shared by all
+    sessions. Invariant: at most ``max_entries`` entries; the map is only touched under the lock."""
+
+    def __init__(self, decode: Callable[[list[int]], str], max_entries: int = 20_000) -> None:
+        self._decode = decode
+        self._cache: OrderedDict[tuple[int, ...], str] = OrderedDict()
+        self._lock = threading.Lock()
+        self.max_entries = max_entries
+
+    def __call__(self, ids) -> str:
+        key = tuple(int(i) for i in ids)
+        with self._lock:
+            text = self._cache.get(key)
+            if text is not None:
+                self._cache.move_to_end(key)
+                return text
+        text = self._decode(list(key))
+        with self._lock:
+            self._cache[key] = text
+            while len(self._cache) > self.max_entries:
+                self._cache.popitem(last=False)
+        return text
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+
+_DECODERS: dict[int, tuple[Any, Decoder]] = {}   # id(model) -> (weak ref to the model, its Decoder)
+_DECODERS_LOCK = threading.Lock()
+
+
+def decoder_for(model) -> Optional[Decoder]:
+    """The shared Decoder of a loaded model (None without a model)."""
+    if model is None or getattr(model, "tokenizer", None) is None:
+        return None
+    with _DECODERS_LOCK:
+        entry = _DECODERS.get(id(model))
+        if entry is None or entry[0]() is not model:
+            for k in [k for k, (ref, _) in _DECODERS.items() if ref() is None]:
+                del _DECODERS[k]          # models that are gone
+            entry = _DECODERS[id(model)] = (weakref.ref(model), Decoder(model.decode))
+        return entry[1]
+
+
+def run_key(model_key: Any, scenario: Scenario) -> str:
+    """A stable key: the same model, device, dtype and scenario give the same key in any process."""
+    doc = {"model": list(model_key) if isinstance(model_key, tuple) else model_key,
+           "scenario": scenario_to_dict(scenario)}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:32]
+
+
+# -- a recorded run --------------------------------------------------------------------------
+class RecordedRun:
+    """One scenario's steps, shared by every session that plays it.
+
+    Invariants: ``records[i].step == i + 1``; records are only appended, only by the store's
+    worker, under the store's condition; once ``done`` no record is added (``error`` then says
+    why the run stopped before its end, or is None). ``initial`` is the state before step 1
+    (None for a trace file without a header). ``nbytes`` estimates the records' and the live
+    engine's memory.
+    """
+
+    def __init__(self, key: str, scenario: Optional[Scenario], initial: Optional[Snapshot],
+                 store: Optional["RunStore"] = None, engine: Any = None, records=(),
+                 decode: Optional[Callable] = None, done: bool = False, error: Optional[str] = None,
+                 outputs: Optional[dict] = None, engine_bytes: int = 0, trace: Any = None) -> None:
+        self.key = key
+        self.scenario = scenario
+        self.initial = initial
+        self.records: list[StepRecord] = list(records)
+        self.decode = decode
+        self.done = done
+        self.error = error
+        self.trace = trace
+        self._store = store
+        self._engine = engine
+        self._engine_bytes = engine_bytes if engine is not None else 0
+        self._outputs = outputs
+        self._wanted = len(self.records)
+        self._holders: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._held_once = False
+        self.nbytes = estimate_nbytes((initial, self.records)) + self._engine_bytes
+
+    def __repr__(self) -> str:
+        return f"RecordedRun({self.key[:8]}, {len(self.records)} steps, done={self.done}, error={self.error!r})"
+
+    def recorded(self) -> int:
+        return len(self.records)
+
+    def outputs(self) -> Optional[dict]:
+        """Each request's output (token_ids, text, finish_reason) once the run is done, else None."""
+        return self._outputs
+
+    # -- asking for steps -------------------------------------------------------------------
+    def want(self, n: int) -> None:
+        """Ask for at least ``n`` records (capped at the run's step limit); returns at once."""
+        if self._store is not None:
+            self._store._want(self, n)
+
+    def wait(self, n: int, timeout: float) -> bool:
+        """Block until ``n`` records exist or the run is done (at most ``timeout`` s); True if they exist."""
+        if self._store is None:
+            return len(self.records) >= n
+        with self._store._cond:
+            self._store._cond.wait_for(lambda: len(self.records) >= n or self.done, timeout)
+        return len(self.records) >= n
+
+    def hold(self, owner: Any) -> None:
+        """``owner`` (a session's cursor) plays this run: while some owner lives, its steps are computed."""
+        if self._store is None:
+            return
+        with self._store._cond:
+            self._holders.add(owner)
+            self._held_once = True
+            if self._store._runs.get(self.key) is self:
+                self._store._runs.move_to_end(self.key)
+
+    def release(self, owner: Any) -> None:
+        if self._store is not None:
+            with self._store._cond:
+                self._holders.discard(owner)
+
+    @property
+    def held(self) -> bool:
+        return len(self._holders) > 0
+
+    @property
+    def computing(self) -> bool:
+        return not self.done and self._wanted > len(self.records) and (self.held or not self._held_once)
+
+
+# -- the store -------------------------------------------------------------------------------
+class RunStore:
+    """Recorded runs by key, a worker that computes wanted steps fairly, and an LRU bound by bytes.
+
+    Invariants: ``total_bytes == sum(r.nbytes for r in runs)``; above ``max_bytes`` the least
+    recently used runs no session holds are forgotten; above ``hard_bytes`` held runs go too (their
+    sessions keep what was recorded and are told why no more steps come). The worker holds the
+    engine lock for one step at a time and visits runs with work in turn.
+    """
+
+    def __init__(self, max_bytes: Optional[int] = None, hard_bytes: Optional[int] = None,
+                 max_steps: Optional[int] = None, lock: Optional[threading.Lock] = None,
+                 limits: Optional[Limits] = None) -> None:
+        env = os.environ
+        self.max_bytes = int(max_bytes if max_bytes is not None else env.get(ENV_STORE_BYTES, DEFAULT_STORE_BYTES))
+        self.hard_bytes = int(hard_bytes if hard_bytes is not None else
+                              env.get(ENV_STORE_HARD_BYTES, 2 * self.max_bytes))
+        self.limits = limits if limits is not None else app_limits()
+        self.max_steps = int(max_steps if max_steps is not None else self.limits.max_run_steps)
+        self.lock = lock if lock is not None else ENGINE_LOCK
+        self._runs: OrderedDict[str, RecordedRun] = OrderedDict()
+        self._cond = threading.Condition()
+        self._rr: list[str] = []        # keys of runs in the worker's round-robin order
+        self.total_bytes = 0
+        self.steps_computed = 0
+        self.step_log: list[str] = []   # keys of the last steps computed (tests read the interleaving)
+        self._worker: Optional[threading.Thread] = None
+        self._closed = False
+
+    # -- getting runs -----------------------------------------------------------------------
+    def run(self, scenario: Scenario, factory: EngineFactory, model_key: Any = None, model: Any = None,
+            limits: Optional[Limits] = None) -> RecordedRun:
+        """The shared run of ``scenario`` on the model ``model_key`` names; created (after the budget
+        check, with the engine built under the engine lock) if the store does not hold it.
+        ``model_key=None`` makes a private run nobody else shares (an opaque factory)."""
+        key = run_key(model_key, scenario) if model_key is not None else "private:" + uuid.uuid4().hex
+        with self._cond:
+            run = self._runs.get(key)
+            if run is not None:
+                self._runs.move_to_end(key)
+                return run
+        limits = limits or self.limits
+        config = getattr(model, "config", None)
+        with self.lock:
+            encode = (lambda r: model.encode_prompt(r.prompt, r.chat)) if config is not None else None
+            check_scenario(scenario, limits, config, encode)
+            engine = factory(scenario)
+            initial = engine.snapshot()
+            self._drain(engine)
+        engine_bytes = 0
+        if getattr(engine, "model", None) is not None:
+            try:
+                engine_bytes = int(engine.bytes_per_block()) * scenario.engine.num_gpu_blocks
+            except Exception:
+                engine_bytes = 0
+        run = RecordedRun(key, scenario, initial, store=self, engine=engine, engine_bytes=engine_bytes,
+                          decode=decoder_for(model))
+        with self._cond:
+            if key in self._runs:
+                return self._runs[key]   # another session made it meanwhile
+            self._add(run)
+            if not engine.has_unfinished():
+                self._finish(run, None)
+        return run
+
+    def trace_run(self, trace) -> RecordedRun:
+        """A trace file as a finished run (nothing computed); identical files share one."""
+        check_steps(len(trace.records), self.limits)
+        key = "trace:" + hashlib.sha256(trace.to_jsonl().encode()).hexdigest()[:32]
+        with self._cond:
+            run = self._runs.get(key)
+            if run is not None:
+                self._runs.move_to_end(key)
+                return run
+        scenario = load_scenario(trace.scenario) if trace.scenario is not None else None
+        run = RecordedRun(key, scenario, trace.initial, store=self, records=trace.records, done=True,
+                          outputs=trace.outputs, trace=trace)
+        with self._cond:
+            if key in self._runs:
+                return self._runs[key]
+            self._add(run)
+        return run
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._runs
+
+    def runs(self) -> list[RecordedRun]:
+        with self._cond:
+            return list(self._runs.values())
+
+    def close(self) -> None:
+        """Stop the worker (tests); runs stay readable."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._worker is not None:
+            self._worker.join(timeout=5)
+
+    # -- bookkeeping (under self._cond) ------------------------------------------------------
+    def _add(self, run: RecordedRun) -> None:
+        self._runs[run.key] = run
+        self._rr.append(run.key)
+        self.total_bytes += run.nbytes
+        self._evict(keep=run)
+
+    def _forget(self, key: str, reason: Optional[str] = None) -> None:
+        run = self._runs.pop(key)
+        self._rr.remove(key)
+        self.total_bytes -= run.nbytes
+        if not run.done:
+            run.done, run.error = True, reason or "this run was dropped from the server's run store"
+            run._engine = None
+        self._cond.notify_all()
+
+    def _evict(self, keep: Optional[RecordedRun] = None) -> None:
+        for key, run in list(self._runs.items()):
+            if self.total_bytes <= self.max_bytes:
+                break
+            if run is not keep and not run.held and not run.computing:
+                self._forget(key)
+        for key, run in list(self._runs.items()):
+            if self.total_bytes <= self.hard_bytes:
+                break
+            if run is not keep:
+                self._forget(key, f"the server's run store is full ({self.total_bytes:,} bytes; "
+                                  f"{ENV_STORE_HARD_BYTES}={self.hard_bytes:,}); no more steps of this run")
+
+    def _want(self, run: RecordedRun, n: int) -> None:
+        with self._cond:
+            n = min(int(n), self.max_steps)
+            if n > run._wanted:
+                run._wanted = n
+                if run.key in self._runs and run.computing:
+                    self._ensure_worker()
+                    self._cond.notify_all()
+
+    def _ensure_worker(self) -> None:
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=self._loop, name="run-store-worker", daemon=True)
+            self._worker.start()
+
+    def _finish(self, run: RecordedRun, error: Optional[str], outputs: Optional[dict] = None) -> None:
+        run.done, run.error = True, error
+        if outputs is not None:
+            run._outputs = outputs
+        run._engine = None
+        run.nbytes -= run._engine_bytes
+        if run.key in self._runs:
+            self.total_bytes -= run._engine_bytes
+        run._engine_bytes = 0
+        self._cond.notify_all()
+
+    def _next_run(self) -> Optional[RecordedRun]:
+        """The next run with wanted steps after the last one served (round-robin)."""
+        for i, key in enumerate(self._rr):
+            run = self._runs[key]
+            if run._held_once and not run.held:
+                run._wanted = len(run.records)      # every session left: stop computing it
+            if run.computing and run._engine is not None:
+                self._rr.append(self._rr.pop(i))   # served now, so it goes to the back of the line
+                return run
+        return None
+
+    # -- the worker ---------------------------------------------------------------------------
+    @staticmethod
+    def _drain(engine) -> None:
+        """Take the engine's KV-cache events: nobody here publishes them, so the queue must not grow."""
+        take = getattr(engine, "take_kv_events", None)
+        if take is not None:
+            take()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                run = self._next_run()
+                while run is None and not self._closed:
+                    self._cond.wait(timeout=30)
+                    run = self._next_run()
+                if self._closed:
+                    return
+                engine = run._engine
+            self._step(run, engine)
+
+    def _step(self, run: RecordedRun, engine) -> None:
+        outputs, error = None, None
+        try:
+            with self.lock:
+                rec = engine.step()
+                self._drain(engine)
+                finished = not engine.has_unfinished()
+                capped = not finished and rec.step >= self.max_steps
+                if finished or capped:
+                    outputs = engine.outputs()
+        except Exception as e:  # one run's failure never stops the worker or other runs
+            with self._cond:
+                if not run.done:
+                    self._finish(run, f"step {len(run.records) + 1} failed: {type(e).__name__}: {e}")
+            return
+        size = estimate_nbytes(rec)
+        with self._cond:
+            if run.done:            # dropped while this step ran
+                return
+            run.records.append(rec)
+            run.nbytes += size
+            if run.key in self._runs:
+                self.total_bytes += size
+            self.steps_computed += 1
+            self.step_log.append(run.key)
+            del self.step_log[:-200]
+            if finished:
+                self._finish(run, None, outputs)
+            elif capped:
+                self._finish(run, f"stopped after {rec.step} steps: this server computes at most "
+                                  f"{self.max_steps} steps per run (PAGED_KV_LAB_MAX_RUN_STEPS)", outputs)
+            self._evict()           # over the hard limit the growing run itself may have to stop
+            self._cond.notify_all()
+
+
+_STORE: Optional[RunStore] = None
+_STORE_LOCK = threading.Lock()
+
+
+def default_store() -> RunStore:
+    """The process-wide store (limits from the environment at first use)."""
+    global _STORE
+    with _STORE_LOCK:
+        if _STORE is None:
+            _STORE = RunStore()
+        return _STORE

@@ -1,0 +1,65 @@
+"""One self-contained HTML file: the player's html/css/js and a recorded run, inlined.
+
+It opens from a file:// URL with no server and no network, and steps exactly like the app
+because it runs the same player.js on the same payload. The run is inlined as JSON in a
+``<script type="application/json">`` element whose text cannot close the element (``<``, ``>``
+and ``&`` are written as \\u escapes), and player.js reads it with JSON.parse: nothing from the
+run is ever parsed as HTML.
+"""
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+ASSETS = ("player.html", "player.css", "player.js")
+
+
+@lru_cache(maxsize=None)
+def asset(name: str) -> str:
+    if name not in ASSETS:
+        raise ValueError(f"unknown player asset {name!r}")
+    return resources.files("player").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def json_for_script(value: Any) -> str:
+    """JSON that is safe inside a <script> element's text."""
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
+                    ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(ch, esc)
+    return text
+
+
+def static_html(payload: dict[str, Any], title: str = "Paged KV Lab run") -> str:
+    safe_title = title.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    lang = "zh-CN" if payload.get("head", {}).get("lang") == "zh" else "en"
+    js = asset("player.js").replace("</script", "<\\/script")
+    return f"""<!doctype html>
+<html lang="{lang}">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'">
+<title>{safe_title}</title>
+<style>
+body {{ font-family: system-ui, 'Noto Sans CJK SC', 'Microsoft YaHei', sans-serif; margin: 1rem; }}
+{asset("player.css")}
+</style>
+</head>
+<body>
+<div id="pkv-root">{asset("player.html")}</div>
+<script type="application/json" id="pkv-run">{json_for_script(payload)}</script>
+<script type="module">
+{js}
+mountPlayer({{
+  data: JSON.parse(document.getElementById("pkv-run").textContent),
+  parentElement: document.getElementById("pkv-root"),
+  setStateValue: () => {{}},
+  setTriggerValue: () => {{}},
+}});
+</script>
+</body>
+</html>
+"""

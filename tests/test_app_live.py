@@ -1,0 +1,102 @@
+"""AppTest: the Live vLLM page against a local publisher replaying vLLM 0.33 recordings."""
+import os
+import time
+
+import pytest
+import zmq
+from streamlit.testing.v1 import AppTest
+
+from lesson import live_page
+
+from _kv_pub import ScriptedPublisher, fixture, wait_for
+
+
+def _page():
+    from lesson.live_page import render_live_page
+    render_live_page()
+
+
+@pytest.fixture
+def publisher():
+    ctx = zmq.Context()
+    pub = ScriptedPublisher(ctx)
+    yield pub
+    pub.close()
+    ctx.destroy(linger=0)
+
+
+def button(at, label):
+    return next(b for b in at.button if b.label == label)
+
+
+def connect(at, pub):
+    at.text_input(key="live:endpoint").set_value(pub.endpoint)
+    at.text_input(key="live:replay").set_value(pub.replay_endpoint)
+    at.text_input(key="live:topic").set_value("kv-events")
+    button(at, "Connect").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    return live_page.get_watcher(at.session_state["live:key"])
+
+
+def test_live_page_shows_the_remote_cache_counts_garbage_and_answers_would_it_hit(publisher):
+    expected, frames = fixture("eviction")
+    at = AppTest.from_function(_page, default_timeout=30).run()
+    assert not at.exception and any("Not connected" in i.value for i in at.info)
+    w = connect(at, publisher)
+    try:
+        assert w is not None and w.connected.wait(5)
+        time.sleep(0.3)
+        publisher.send_raw([b"kv-events", b"two frames only"])
+        publisher.send_raw([b"kv-events", os.urandom(3), b"bad seq"])
+        for topic, seq, payload in frames[:5]:
+            publisher.send(topic, seq, payload)
+        publisher.send("kv-events", 5, b"\x93" + b"\x00" * (9 << 20))      # over the 8 MiB payload cap
+        for topic, seq, payload in frames[6:]:
+            publisher.send(topic, seq, payload)
+        assert wait_for(lambda: w.snapshot().stats.batches >= len(frames) - 1, 15)
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        status = " ".join(m.value for m in at.markdown)
+        assert f"{len(frames) - 1} batches" in status
+        st = w.snapshot().stats
+        assert st.garbage_messages >= 2 and st.oversized_messages == 1
+        assert f"{st.garbage_messages + st.oversized_messages} bad messages skipped" in status
+        assert at.get("plotly_chart"), "no pictures"
+        assert w.snapshot().ranks[0].state == expected["final_state"]     # the lost seq 5 came before the reset
+        # Would E7's prompt hit? Both of its full blocks are cached (hashed with seed "0", as recorded).
+        e7 = next(op for op in expected["ops"] if op.get("req") == "E7")["tokens"]
+        at.text_input(key="live:ids").set_value(", ".join(map(str, e7)))
+        at.number_input(key="live:block_size").set_value(4)
+        at.text_input(key="live:seed").set_value("0")
+        button(at, "Check").click().run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert any("2 of 2 leading full blocks" in s.value for s in at.success)
+        at.text_input(key="live:seed").set_value("vllm-none-hash")
+        button(at, "Check").click().run()
+        assert any("0 of 2 leading full blocks" in s.value for s in at.success)
+        # Chinese labels too.
+        at.session_state["lang"] = "zh"
+        at.run()
+        assert not at.exception and any("实时 vLLM" in t.value for t in at.title)
+        at.session_state["lang"] = "en"
+        at.run()
+        button(at, "Disconnect").click().run()
+        assert wait_for(lambda: not w.running, 5)
+        assert live_page.get_watcher(("x",)) is None
+    finally:
+        w.stop()
+
+
+def test_live_page_names_a_bad_endpoint_and_stays_up():
+    at = AppTest.from_function(_page, default_timeout=30).run()
+    at.text_input(key="live:endpoint").set_value("http://example.com/<script>")
+    button(at, "Connect").click().run()
+    assert not at.exception
+    assert any("Event endpoint" in e.value and "tcp://HOST:PORT" in e.value for e in at.error)
+    at.text_input(key="live:endpoint").set_value("tcp://10.1.2.3:5557")
+    at.checkbox(key="live:bind").check()
+    button(at, "Connect").click().run()
+    assert any("Bind needs a local address" in e.value for e in at.error)
+    at.text_input(key="live:ids").set_value("1, two, 3")
+    button(at, "Check").click().run()
+    assert any("Token ids must be integers" in e.value for e in at.error)

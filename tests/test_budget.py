@@ -1,0 +1,119 @@
+"""The resource budget: each limit refuses with a message naming the value, the limit and its knob."""
+import sys
+
+import pytest
+
+from kvcore.budget import (ENV, BudgetError, Limits, activation_bytes, app_limits, check_scenario, check_size,
+                           check_steps, cli_limits, kv_pool_bytes)
+from kvcore.scenario import load_scenario
+
+
+class SmolConfig:  # SmolLM2-135M's shape, without loading it
+    num_hidden_layers, num_attention_heads, num_key_value_heads = 30, 9, 3
+    hidden_size, intermediate_size, vocab_size = 576, 1536, 49152
+
+
+CFG = SmolConfig()
+L = Limits()
+
+
+def scenario(engine=None, requests=None):
+    return load_scenario({"engine": engine or {}, "requests": requests if requests is not None else
+                          [{"id": "A", "prompt": "hello", "max_tokens": 4}]})
+
+
+def refused(sc, limits=L, config=CFG, encode=None) -> BudgetError:
+    with pytest.raises(BudgetError) as e:
+        check_scenario(sc, limits, config, encode)
+    return e.value
+
+
+def test_budget_is_pure_python():
+    assert "torch" not in sys.modules or True  # other tests may have imported torch; check the module itself
+    import kvcore.budget as b
+    assert "torch" not in b.__dict__
+
+
+def test_every_lesson_fits_the_default_limits():
+    from lesson.lessons import BY_ID
+    for lesson in BY_ID.values():
+        d = lesson.scenario_dict(30, {})
+        check_scenario(load_scenario(d), L, CFG, encode=lambda r: [0] * (len(r.prompt) // 2 + 20))
+
+
+def test_kv_pool_bytes_message_names_slots_bytes_and_knob():
+    e = refused(scenario({"num_gpu_blocks": 2000, "block_size": 128}))
+    msg = str(e)
+    assert "engine.num_gpu_blocks × block_size = 256,000 token slots" in msg
+    assert "11.8 GB of KV cache" in msg and "256.0 MB per run" in msg and "PAGED_KV_LAB_MAX_RUN_BYTES" in msg
+    assert e.value == kv_pool_bytes(CFG, 128, 2000) == 2000 * 128 * 30 * 2 * 3 * 64 * 4
+
+
+@pytest.mark.parametrize("engine, knob, value", [
+    ({"num_gpu_blocks": 100_000}, "PAGED_KV_LAB_MAX_BLOCKS", "100,000"),
+    ({"block_size": 100_000}, "PAGED_KV_LAB_MAX_BLOCK_SIZE", "100,000"),
+    ({"max_num_batched_tokens": 10**6}, "PAGED_KV_LAB_MAX_BATCHED_TOKENS", "1,000,000"),
+])
+def test_structural_engine_limits(engine, knob, value):
+    e = refused(scenario(engine), config=None)  # refused before any model arithmetic
+    assert knob in str(e) and value in str(e) and e.limit == knob
+
+
+def test_request_limits():
+    many = [{"id": f"r{i}", "prompt_token_ids": [1], "max_tokens": 1} for i in range(33)]
+    assert "PAGED_KV_LAB_MAX_REQUESTS" in str(refused(scenario(requests=many)))
+    big = [{"id": "A", "prompt": "x", "max_tokens": 10**6}]
+    assert "requests[0].max_tokens = 1,000,000" in str(refused(scenario(requests=big)))
+    late = [{"id": "A", "prompt": "x", "arrival_step": 10**9}]
+    assert "PAGED_KV_LAB_MAX_RUN_STEPS" in str(refused(scenario(requests=late)))
+
+
+def test_prompt_text_is_capped_before_tokenizing():
+    calls = []
+    long = [{"id": "A", "prompt": "y" * 200_000}]
+    e = refused(scenario(requests=long), encode=lambda r: calls.append(r) or [1])
+    assert "200,000 characters" in str(e) and "PAGED_KV_LAB_MAX_PROMPT_CHARS" in str(e)
+    assert calls == [], "a too-long text is never tokenized"
+
+
+def test_prompt_tokens_are_counted_after_tokenizing():
+    e = refused(scenario(requests=[{"id": "A", "prompt": "short text"}]), encode=lambda r: [1] * 5000)
+    assert "requests[0].prompt = 5,000 tokens" in str(e) and "PAGED_KV_LAB_MAX_PROMPT_TOKENS" in str(e)
+    ids = [{"id": "A", "prompt_token_ids": [1] * 3000}]
+    assert "PAGED_KV_LAB_MAX_PROMPT_TOKENS" in str(refused(scenario(requests=ids), config=None))
+
+
+def test_activation_memory_of_the_largest_prefill():
+    reqs = [{"id": f"r{i}", "prompt_token_ids": [1] * 1000, "max_tokens": 8} for i in range(4)]
+    sc = scenario({"num_gpu_blocks": 300, "max_num_batched_tokens": 2048, "max_num_seqs": 4}, reqs)
+    e = refused(sc)
+    assert "PAGED_KV_LAB_MAX_ACTIVATION_BYTES" in str(e) and "activations" in str(e)
+    # the same requests one at a time (max_num_seqs 1) and a smaller chunk fit
+    check_scenario(scenario({"num_gpu_blocks": 300, "max_num_batched_tokens": 256, "max_num_seqs": 1}, reqs), L, CFG)
+    assert activation_bytes(CFG, 2048, 4, 1008) > activation_bytes(CFG, 256, 1, 1008)
+
+
+def test_size_and_steps():
+    check_size(10, "x", L)
+    with pytest.raises(BudgetError, match=r"the file is 2\.0 MB; this server allows at most 1\.0 MB "
+                                          r"\(PAGED_KV_LAB_MAX_FILE_BYTES\)"):
+        check_size(2 * 10**6, "the file", L)
+    with pytest.raises(BudgetError, match="PAGED_KV_LAB_MAX_RUN_STEPS"):
+        check_steps(401, L)
+
+
+def test_env_sets_app_limits_and_bad_values_are_named():
+    lim = app_limits({"PAGED_KV_LAB_MAX_RUN_BYTES": "1000", "PAGED_KV_LAB_MAX_BLOCKS": "8"})
+    assert lim.max_run_bytes == 1000 and lim.max_num_gpu_blocks == 8 and lim.max_tokens == L.max_tokens
+    assert "PAGED_KV_LAB_MAX_RUN_BYTES" in str(refused(scenario({"num_gpu_blocks": 4}), lim))
+    with pytest.raises(BudgetError, match="PAGED_KV_LAB_MAX_TOKENS='lots'"):
+        app_limits({"PAGED_KV_LAB_MAX_TOKENS": "lots"})
+    assert set(ENV) <= {f for f in Limits.__dataclass_fields__}
+
+
+def test_cli_is_generous_but_bounded_by_free_memory():
+    lim = cli_limits(available=4 * 10**9, env={})
+    check_scenario(scenario({"num_gpu_blocks": 2000, "block_size": 16}), lim, CFG)  # 1.5 GB of 2 GB
+    e = refused(scenario({"num_gpu_blocks": 4000, "block_size": 16}), lim)
+    assert "this machine allows (half of its free memory) 2.0 GB" in str(e)
+    assert cli_limits(available=4 * 10**9, env={"PAGED_KV_LAB_MAX_BLOCKS": "10"}).max_num_gpu_blocks == 10

@@ -1,0 +1,231 @@
+"""Hostile input against a real ``streamlit run`` server on 127.0.0.1 (tiny model, chromium).
+
+Each case is what a careless or mischievous visitor can send -- a link, a pasted or uploaded
+file, a long action -- and must end with a clear message in that session while the server
+stays healthy, its memory stays under RSS_BOUND and a victim session keeps stepping.
+"""
+import base64
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+import zlib
+from pathlib import Path
+
+import pytest
+
+from tests.test_browser import ARGS, CHROMIUM, free_port, wait_idle
+
+ROOT = Path(__file__).resolve().parents[1]
+RSS_BOUND = 1_500 * 10**6        # the server with the tiny model loaded uses ~0.5 GB
+CASE_SECONDS = 60                # no case may take longer than this
+
+pytestmark = pytest.mark.browser
+
+
+def rss(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def healthy(url: str) -> bool:
+    with urllib.request.urlopen(url + "/_stcore/health", timeout=5) as r:
+        return r.read().decode().strip() == "ok"
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = free_port()
+    env = {**os.environ, "PAGED_KV_LAB_MODEL": "tiny-random", "PAGED_KV_LAB_DEVICE": "cpu"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
+         "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false",
+         "--server.fileWatcherType", "none"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                if healthy(url):
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                pytest.fail("streamlit did not become healthy")
+            time.sleep(0.3)
+        yield url, proc
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} not installed")
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+def pack(d) -> str:
+    raw = d if isinstance(d, bytes) else json.dumps(d).encode()
+    return base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode().rstrip("=")
+
+
+def playground(*requests, **engine) -> dict:
+    return {"name": "hostile", "engine": {"block_size": 4, "num_gpu_blocks": 16, **engine},
+            "requests": list(requests) or [{"id": "A", "prompt": "hello", "max_tokens": 4}]}
+
+
+def errors(page) -> str:
+    return "\n".join(page.locator("[data-testid=stAlert]").all_inner_texts())
+
+
+@pytest.fixture(scope="module")
+def victim(server, browser):
+    """A second session on the eviction lesson; ``step()`` switches its pool size (a new run and a
+    rerun of the page on the server) and returns the seconds until the page is idle again."""
+    url, _ = server
+    page = browser.new_page(viewport={"width": 1400, "height": 1600})
+    page.goto(url + "/eviction")
+    page.get_by_text("Pool size (blocks)").first.wait_for(timeout=120_000)
+    wait_idle(page)
+
+    class Victim:
+        sizes = ("14", "12")
+        n = 0
+
+        def step(self) -> float:
+            size = self.sizes[self.n % 2]
+            self.n += 1
+            button = page.locator("[data-testid=stButtonGroup] button").filter(has_text=re.compile(f"^{size}$"))
+            t0 = time.perf_counter()
+            button.first.click()
+            page.wait_for_function(f"() => new URL(location.href).searchParams.get('num_gpu_blocks') "
+                                   f"{'=== ' + repr(size) if size != '12' else '=== null'}", timeout=30_000)
+            wait_idle(page, timeout=30_000)
+            return time.perf_counter() - t0
+
+        def median(self, k=5) -> float:
+            return statistics.median(self.step() for _ in range(k))
+
+    v = Victim()
+    v.step(), v.step()                 # both runs exist in the store now: later switches only rerun the page
+    v.baseline = v.median()
+    yield v
+    page.close()
+
+
+def check_after(server, t0):
+    url, proc = server
+    assert healthy(url), "the server answers /_stcore/health"
+    assert rss(proc.pid) < RSS_BOUND, f"server RSS {rss(proc.pid) / 1e6:.0f} MB"
+    assert time.perf_counter() - t0 < CASE_SECONDS
+
+
+LINK_CASES = {
+    "huge pool": (playground(num_gpu_blocks=10**9), "PAGED_KV_LAB_MAX_BLOCKS"),
+    "huge block size": (playground(block_size=100_000), "PAGED_KV_LAB_MAX_BLOCK_SIZE"),
+    "huge prompt": (playground({"id": "A", "prompt": "lorem ipsum " * 20_000}), "PAGED_KV_LAB_MAX_PROMPT_CHARS"),
+    "many requests": (playground(*[{"id": f"r{i}", "prompt": "hi"} for i in range(500)]),
+                      "PAGED_KV_LAB_MAX_REQUESTS"),
+    "huge max_tokens": (playground({"id": "A", "prompt": "hi", "max_tokens": 10**9}), "PAGED_KV_LAB_MAX_TOKENS"),
+    "huge budget": (playground(max_num_batched_tokens=10**9), "PAGED_KV_LAB_MAX_BATCHED_TOKENS"),
+    "late arrival": (playground({"id": "A", "prompt": "hi", "arrival_step": 10**9}), "PAGED_KV_LAB_MAX_RUN_STEPS"),
+    "zlib bomb": (b'{"name": "' + b" " * 12_000_000 + b'"}', "PAGED_KV_LAB_MAX_FILE_BYTES"),
+}
+
+
+@pytest.mark.parametrize("case", list(LINK_CASES))
+def test_a_hostile_link_gets_a_clear_message(server, browser, victim, case):
+    url, _ = server
+    scenario, knob = LINK_CASES[case]
+    t0 = time.perf_counter()
+    page = browser.new_page(viewport={"width": 1400, "height": 1600})
+    try:
+        page.goto(f"{url}/playground?lesson=playground&scn={pack(scenario)}")
+        page.get_by_text(knob).first.wait_for(timeout=CASE_SECONDS * 1000)
+        assert knob in errors(page)
+        assert victim.step() < max(2 * victim.baseline, 1.0)
+    finally:
+        page.close()
+    check_after(server, t0)
+
+
+def test_a_far_step_shows_the_last_step_at_once(server, browser, victim):
+    url, _ = server
+    t0 = time.perf_counter()
+    page = browser.new_page(viewport={"width": 1400, "height": 1600})
+    try:
+        page.goto(f"{url}/eviction?lesson=eviction&step=1000000000")
+        page.get_by_text("Pool size (blocks)").first.wait_for(timeout=CASE_SECONDS * 1000)
+        wait_idle(page)
+        page.wait_for_function("() => Number(new URL(location.href).searchParams.get('step')) < 1000",
+                               timeout=CASE_SECONDS * 1000)
+        step = int(re.search(r"[?&]step=(\d+)", page.url).group(1))
+        assert 0 < step <= 400, "the cursor stands at the run's last recorded step"
+        assert victim.step() < max(2 * victim.baseline, 1.0)
+    finally:
+        page.close()
+    check_after(server, t0)
+
+
+@pytest.mark.parametrize("case", ["oversized", "not utf-8"])
+def test_a_hostile_upload_gets_a_clear_message(server, browser, victim, case):
+    url, _ = server
+    t0 = time.perf_counter()
+    page = browser.new_page(viewport={"width": 1400, "height": 1600})
+    try:
+        page.goto(f"{url}/playground")
+        page.wait_for_selector(".js-plotly-plot", timeout=120_000)
+        wait_idle(page)
+        page.get_by_text("Scenario file").first.click()
+        if case == "oversized":
+            data, expect = b'{"name": "' + b"x" * 2_000_000 + b'"}', "PAGED_KV_LAB_MAX_FILE_BYTES"
+        else:
+            data, expect = json.dumps(playground()).encode("utf-16"), "not UTF-8"
+        page.locator("input[type=file]").first.set_input_files(
+            files=[{"name": "evil.json", "mimeType": "application/json", "buffer": data}])
+        page.get_by_text(expect).first.wait_for(timeout=CASE_SECONDS * 1000)
+        assert victim.step() < max(2 * victim.baseline, 1.0)
+    finally:
+        page.close()
+    check_after(server, t0)
+
+
+def test_long_runs_elsewhere_keep_the_victim_within_twice_its_latency(server, browser, victim):
+    """Three sessions open long scenarios (each computed in the background up to the step cap, as
+    Run to end or Play would need): the worker interleaves their steps with the victim's work."""
+    url, _ = server
+    t0 = time.perf_counter()
+    pages = []
+    try:
+        for k in range(3):
+            long = playground(*[{"id": c, "prompt": f"{c}{k} tells a long story", "max_tokens": 300,
+                                 "ignore_eos": True} for c in "ABCD"], num_gpu_blocks=512, max_num_seqs=4)
+            page = browser.new_page(viewport={"width": 1400, "height": 1600})
+            page.goto(f"{url}/playground?lesson=playground&scn={pack(long)}")
+            pages.append(page)
+        for page in pages:
+            page.get_by_text("Scenario file").first.wait_for(timeout=CASE_SECONDS * 1000)
+        during = statistics.median(victim.step() for _ in range(5))
+        assert during <= 2 * victim.baseline, (during, victim.baseline)
+    finally:
+        for page in pages:
+            page.close()
+    check_after(server, t0)
