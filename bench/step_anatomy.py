@@ -116,11 +116,11 @@ def stacking_gain(loaded, prompts: list[list[int]], steps: int = 40) -> dict[str
     from functools import partial
     from unittest import mock
 
-    import kvcore.model.runner as runner_module
+    import kvcore.model.cpu_packing as packing
 
     runners = {"stacked": ModelRunner(loaded, 256, 16)}
-    unstacked = partial(runner_module.pack_linear_layers, stack_siblings=False)
-    with mock.patch.object(runner_module, "pack_linear_layers", unstacked):
+    unstacked = partial(packing.pack_linear_layers, stack_siblings=False)
+    with mock.patch.object(packing, "pack_linear_layers", unstacked):
         runners["unstacked"] = ModelRunner(loaded, 256, 16)
     engines = {}
     for kind, runner in runners.items():

@@ -178,6 +178,10 @@ def check_scenario(scenario: Any, limits: Limits, config: Any = None,
     """
     s = scenario.engine
     reqs = scenario.requests
+    if s.num_gpu_blocks == "auto":  # sized from the machine's memory: a number is needed to check it
+        raise BudgetError('engine.num_gpu_blocks "auto" sizes the pool from the whole device\'s memory; '
+                          "give a number here (`python -m kvcore profile` shows what \"auto\" would give)",
+                          ENV["max_num_gpu_blocks"])
     for field, name, value in (("max_num_gpu_blocks", "engine.num_gpu_blocks", s.num_gpu_blocks),
                                ("max_block_size", "engine.block_size", s.block_size),
                                ("max_num_batched_tokens", "engine.max_num_batched_tokens", s.max_num_batched_tokens),

@@ -1,6 +1,6 @@
 """Command line: replay a scenario step by step.
 
-    python -m kvcore run SCENARIO.json [--trace OUT.jsonl] [--until EVENT] [--model M] [--device D]
+    python -m kvcore run SCENARIO.json [--trace OUT.jsonl] [--html OUT.html] [--until EVENT] [--model M] [--device D]
     python -m kvcore profile [--model M] [--device D] [--block-size N] [--gpu-memory-utilization F]
                              [--max-num-batched-tokens N] [--max-model-len N]
 
@@ -15,7 +15,8 @@ from typing import TextIO
 
 from kvcore import events, snapshot, trace
 from kvcore.sentences import sentence
-from kvcore.scenario import MODELS, DEVICES, DTYPES, ScenarioError, load_scenario, scenario_to_dict
+from kvcore.scenario import (MODELS, DEVICES, DTYPES, ScenarioError, load_scenario, parse_engine_overrides,
+                             scenario_to_dict, with_engine_overrides)
 
 
 def describe(ev: events.Event, lang: str = "en", decode=None, multi_group: bool = False) -> str:
@@ -33,9 +34,21 @@ def _log_step(rec: snapshot.StepRecord, out: TextIO, lang: str = "en", decode=No
     out.write(f"   free queue head->tail: {list(snap.free_queue)}\n")
 
 
+def _write_html(path: str, scenario, initial, records, engine, lang: str, done: bool) -> None:
+    """The run as one self-contained HTML file: the app's step player with every step inlined."""
+    from player import run_payload, static_html   # lazy: the player is not needed for a plain run
+    decode = engine.decode if engine.model is not None else None
+    payload = run_payload(initial, records, done=done, lang=lang, decode=decode,
+                          request_ids=[r.id for r in scenario.requests])
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(static_html(payload, title=f"Paged KV Lab · {scenario.name}"))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     try:
         scenario = load_scenario(args.scenario)
+        if getattr(args, "set", None):
+            scenario = with_engine_overrides(scenario, parse_engine_overrides(args.set))
     except ScenarioError as e:
         print(f"error: {args.scenario}: {e}", file=sys.stderr)
         return 2
@@ -50,7 +63,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from kvcore.model import ModelNotAvailable, DeviceNotAvailable
     import zmq
     from kvcore.kv_events import KVEventsConfig
-    kv_events = None
+    kv_events = scenario.engine.kv_events          # the file's engine.kv_events, unless --kv-events
     try:
         if getattr(args, "kv_events", None):
             kv_events = KVEventsConfig(enable_kv_cache_events=True, endpoint=args.kv_events,
@@ -82,6 +95,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"error: {args.scenario}: {e}", file=sys.stderr)
         return 2
     trace_file = open(args.trace, "w", encoding="utf-8") if args.trace else None
+    initial, records = (engine.snapshot(), []) if getattr(args, "html", None) else (None, None)
     try:
         if trace_file:  # the header: the scenario as run (after overrides) and the state before step 1
             trace_file.write(trace.header_line(scenario_to_dict(scenario), engine.snapshot()) + "\n")
@@ -95,12 +109,16 @@ def cmd_run(args: argparse.Namespace) -> int:
                 _log_step(rec, sys.stdout, args.lang, engine.decode if engine.model is not None else None)
             if trace_file:
                 trace_file.write(trace.step_line(rec) + "\n")
+            if records is not None:
+                records.append(rec)
             if args.until and any(e.kind == args.until for e in rec.events):
                 print(f"-- stopped at the first '{args.until}' event (step {rec.step})")
                 break
         outputs = engine.outputs()
         if trace_file:
             trace_file.write(trace.outputs_line(outputs) + "\n")
+        if records is not None:
+            _write_html(args.html, scenario, initial, records, engine, args.lang, done=not engine.has_unfinished())
         print("== outputs")
         for rid, o in outputs.items():
             print(f"   {rid}: {o['text']!r} {o['token_ids']}")
@@ -118,7 +136,12 @@ def main(argv=None) -> int:
     r.add_argument("scenario", help="scenario JSON file")
     r.add_argument("--trace", help="write a JSONL trace (header, one line per step, outputs) to this file; "
                                    "the app's Trace viewer opens it")
+    r.add_argument("--html", metavar="OUT.html", help="write the run as one self-contained HTML file that steps "
+                   "offline in a browser (the app's player)")
     r.add_argument("--until", help="stop at the first event of this kind")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
+                   help="override an engine setting (repeatable; VALUE read as JSON), e.g. --set watermark=0.1 "
+                        "--set prefix_cache_retention_interval=null --set hash_algo=sha256_cbor")
     r.add_argument("--model", choices=MODELS, help="override the scenario's model")
     r.add_argument("--device", choices=DEVICES, help="override the scenario's device")
     r.add_argument("--check", action="store_true", help="check the block-manager invariants after every step")
@@ -207,16 +230,15 @@ def cmd_watch(args: argparse.Namespace) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 3
         decode = model.decode
-    lock = threading.Lock()
-
     def dump() -> None:
         if args.dump_state:
-            with lock:
-                write_json_atomic(args.dump_state, watcher.snapshot().dump())
+            write_json_atomic(args.dump_state, watcher.snapshot().dump())
+
+    dirty = threading.Event()
 
     def on_batch(rank, seq, batch, replayed) -> None:
         print(describe_batch(rank, seq, batch, replayed, decode), flush=True)
-        dump()
+        dirty.set()      # the main loop writes the state (at most 5 times a second: it can be large)
 
     try:
         watcher = KVEventWatcher(args.endpoint, args.replay, args.topic, args.bind, args.data_parallel_size,
@@ -237,7 +259,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
         print(f"watching {', '.join(r.endpoint for r in watcher.ranks)}"
               f"{' replay ' + args.replay if args.replay else ''}", file=sys.stderr, flush=True)
     while not stop.is_set() and watcher.running and (deadline is None or time.monotonic() < deadline):
-        stop.wait(0.1)
+        stop.wait(0.2)
+        if dirty.is_set():
+            dirty.clear()
+            dump()
     watcher.stop()
     snap = watcher.snapshot()
     dump()

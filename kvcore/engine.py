@@ -123,13 +123,16 @@ class Engine:
             runner = ModelRunner(self.model, s.num_gpu_blocks, s.block_size, layer_group,
                                  [g.sliding_window for g in self.groups], seed=s.seed)
         self.runner = runner
-        # KV cache events (vLLM's wire format): drained every step; published on ZeroMQ
-        # when enabled (engine.kv_events in the scenario, or the kv_events argument).
-        self.kv_events_config = kv_events if kv_events is not None else getattr(s, "kv_events", None)
+        # KV cache events (vLLM's wire format) are drained every step. They go out on ZeroMQ
+        # only when the caller passes ``kv_events`` (the CLI passes --kv-events or the
+        # scenario's engine.kv_events): a scenario file alone never opens a socket, so a
+        # file uploaded to the app cannot make its server bind or connect anywhere.
+        self.kv_events_config = kv_events
         self.kv_event_publisher: Optional[ZmqEventPublisher] = None
         self.last_kv_event_batch: Optional[KVEventBatch] = None
-        if self.kv_events_config is not None:
-            self.kv_cache_manager.block_pool.use_int_block_hashes = self.kv_events_config.use_int_block_hashes
+        wire = kv_events if kv_events is not None else getattr(s, "kv_events", None)
+        if wire is not None:
+            self.kv_cache_manager.block_pool.use_int_block_hashes = wire.use_int_block_hashes
         self.step_count = 0
         self._arrivals = 0
         self._pending: list[RequestSpec] = sorted(scenario.requests, key=lambda r: r.arrival_step)

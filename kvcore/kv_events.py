@@ -112,8 +112,44 @@ def kv_cache_spec_metadata(group: Any) -> tuple[str, Optional[int]]:
     return "unknown", window
 
 
+# Releases before 0.33 sent each event as an array ["BlockStored", hashes, parent, ...]
+# (array_like), with fewer trailing fields. Read them too, into the 0.33 structs.
+class _LegacyEvent(msgspec.Struct, array_like=True, tag=True, gc=False):
+    pass
+
+
+class _LegacyBlockStored(_LegacyEvent, tag="BlockStored"):
+    block_hashes: list[ExternalBlockHash]
+    parent_block_hash: Optional[ExternalBlockHash]
+    token_ids: list[int]
+    block_size: int
+    lora_id: Optional[int] = None
+    medium: Optional[str] = None
+    lora_name: Optional[str] = None
+    extra_keys: Optional[list[Optional[tuple[Any, ...]]]] = None
+    group_idx: Optional[int] = None
+
+
+class _LegacyBlockRemoved(_LegacyEvent, tag="BlockRemoved"):
+    block_hashes: list[ExternalBlockHash]
+    medium: Optional[str] = None
+    group_idx: Optional[int] = None
+
+
+class _LegacyAllBlocksCleared(_LegacyEvent, tag="AllBlocksCleared"):
+    pass
+
+
+class _LegacyBatch(EventBatch):
+    events: list[Union[_LegacyBlockStored, _LegacyBlockRemoved, _LegacyAllBlocksCleared]]
+
+
+_MODERN = {_LegacyBlockStored: BlockStored, _LegacyBlockRemoved: BlockRemoved,
+           _LegacyAllBlocksCleared: AllBlocksCleared}
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(KVEventBatch)
+_legacy_decoder = msgspec.msgpack.Decoder(_LegacyBatch)
 
 
 def encode_batch(batch: KVEventBatch) -> bytes:
@@ -121,8 +157,19 @@ def encode_batch(batch: KVEventBatch) -> bytes:
 
 
 def decode_batch(payload: bytes) -> KVEventBatch:
-    """Decode one payload; raises msgspec.DecodeError (a ValueError) on anything else."""
-    return _decoder.decode(payload)
+    """Decode one payload (0.33's map events, or older array events); raises
+    msgspec.DecodeError (a ValueError) on anything else."""
+    try:
+        return _decoder.decode(payload)
+    except msgspec.DecodeError:
+        try:
+            old = _legacy_decoder.decode(payload)
+        except msgspec.DecodeError:
+            pass
+        else:
+            events = [_MODERN[type(e)](**{f: getattr(e, f) for f in e.__struct_fields__}) for e in old.events]
+            return KVEventBatch(ts=old.ts, events=events, data_parallel_rank=old.data_parallel_rank)
+        raise
 
 
 def maybe_convert_block_hash(block_hash: bytes, use_int_block_hashes: bool = True) -> ExternalBlockHash:
@@ -154,8 +201,11 @@ def event_to_dict(ev: KVCacheEventType) -> dict:
 
 @dataclass(frozen=True)
 class KVEventsConfig:
-    """vLLM's --kv-events-config, the fields our publisher uses (same names and defaults)."""
+    """vLLM's --kv-events-config, the fields our publisher uses (same names and defaults).
 
+    Also the scenario's ``engine.kv_events`` (validated there by pydantic, strictly)."""
+
+    __pydantic_config__ = {"extra": "forbid"}
     enable_kv_cache_events: bool = False
     publisher: Optional[str] = None          # "zmq" when enabled, else "null"
     endpoint: str = "tcp://*:5557"
@@ -172,15 +222,20 @@ class KVEventsConfig:
         if self.publisher is None:
             object.__setattr__(self, "publisher", "zmq" if self.enable_kv_cache_events else "null")
         if self.publisher not in ("zmq", "null"):
-            raise ValueError(f"kv_events.publisher must be 'zmq' or 'null'; got {self.publisher!r}")
+            raise ValueError(f"kv_events.publisher: must be 'zmq' or 'null'; got {self.publisher!r}")
+        for name in ("enable_kv_cache_events", "use_int_block_hashes"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"kv_events.{name}: must be true or false; got {getattr(self, name)!r}")
+        if not isinstance(self.topic, str):
+            raise ValueError(f"kv_events.topic: must be a string; got {self.topic!r}")
         for name in ("buffer_steps", "hwm", "max_queue_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"kv_events.{name} must be a positive integer; got {v!r}")
+                raise ValueError(f"kv_events.{name}: must be a positive integer; got {v!r}")
         for name in ("endpoint", "replay_endpoint"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, str) and v.startswith(("tcp://", "ipc://", "inproc://"))):
-                raise ValueError(f"kv_events.{name} must be a tcp://, ipc:// or inproc:// endpoint; got {v!r}")
+                raise ValueError(f"kv_events.{name}: must be a tcp://, ipc:// or inproc:// endpoint; got {v!r}")
 
 
 def offset_endpoint_port(endpoint: Optional[str], data_parallel_rank: int) -> Optional[str]:

@@ -6,19 +6,21 @@ file against them and reports every problem with its path in the file
 returns a complete Scenario or raises ScenarioError listing all problems.
 
 Old files: ``engine.sliding_retention`` ("sparse" / "dense", before vLLM named the
-setting) is still read, as ``prefix_cache_retention_interval`` 0 / null.
+setting) is still read, as ``prefix_cache_retention_interval`` 0 / null; the app's
+lesson 5 switch still writes it, with those two words as its labels.
 """
 from __future__ import annotations
 
 import json
 import re
-import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import AfterValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 from pydantic import TypeAdapter, ValidationError
+
+from kvcore.kv_events import KVEventsConfig
 
 MODELS = ("smollm2", "tiny-random")
 DEVICES = ("auto", "cpu", "cuda")
@@ -83,6 +85,8 @@ class EngineSettings:
     seed: Optional[Count] = None
     max_model_len: OptInt = None
     long_prefill_token_threshold: Count = 0
+    # KV cache events published on ZeroMQ as vLLM does (vLLM's --kv-events-config); off when null.
+    kv_events: Optional[KVEventsConfig] = None
 
 
 @dataclass(frozen=True)
@@ -132,8 +136,14 @@ _MUST: dict[str, str] = {
     "model": "one of " + ", ".join(MODELS), "device": "one of " + ", ".join(DEVICES),
     "dtype": "one of " + ", ".join(DTYPES), "name": "a string", "description": "a string",
     "engine": "an object", "requests": "a list",
+    "enable_kv_cache_events": "true or false",
+    "publisher": "\"zmq\" or \"null\"", "endpoint": "a tcp://, ipc:// or inproc:// endpoint",
+    "replay_endpoint": "null or a tcp://, ipc:// or inproc:// endpoint", "buffer_steps": "an integer >= 1",
+    "hwm": "an integer >= 1", "max_queue_size": "an integer >= 1", "topic": "a string",
+    "use_int_block_hashes": "true or false",
 }
-_SECTIONS = {(): Scenario, ("engine",): EngineSettings, ("requests", int): RequestSpec}
+_SECTIONS = {(): Scenario, ("engine",): EngineSettings, ("requests", int): RequestSpec,
+             ("engine", "kv_events"): KVEventsConfig}
 
 
 def _path(loc: tuple) -> str:
@@ -155,6 +165,8 @@ def _problem(err: dict, raw: Any) -> str:
         known = ", ".join(sorted(f.name for f in fields(cls))) if cls else ""
         what = "setting" if cls is EngineSettings else "field"
         return f"{_path(loc)}: unknown {what} (known: {known})"
+    if err["type"] == "value_error" and loc[:2] == ("engine", "kv_events"):   # KVEventsConfig's own check
+        return f"engine.{err['ctx']['error']}"
     if err["type"] in ("dataclass_type", "dataclass_args_type", "model_type", "dict_type"):
         return f"{_path(loc)}: must be an object"
     if err["type"] == "missing" or err["type"] == "missing_argument":
@@ -226,10 +238,10 @@ def _upgrade(raw: dict) -> dict:
     if old not in LEGACY_RETENTION:
         raise ScenarioError([f"engine.sliding_retention: must be one of sparse, dense (old name of "
                              f"prefix_cache_retention_interval); got {old!r}"])
-    if "prefix_cache_retention_interval" not in eng:
-        eng["prefix_cache_retention_interval"] = LEGACY_RETENTION[old]
-    warnings.warn("engine.sliding_retention is the old name: write prefix_cache_retention_interval "
-                  "(sparse = 0, dense = null)", FutureWarning, stacklevel=3)
+    if "prefix_cache_retention_interval" in eng:
+        raise ScenarioError(["engine.sliding_retention: give prefix_cache_retention_interval only "
+                             "(sliding_retention is its old name: sparse = 0, dense = null)"])
+    eng["prefix_cache_retention_interval"] = LEGACY_RETENTION[old]
     return {**raw, "engine": eng}
 
 
@@ -280,3 +292,25 @@ def scenario_to_dict(s: Scenario) -> dict:
     d["requests"] = [{k: v for k, v in r.items() if k == "id" or v != _plain(default_req[k])}
                      for r in d["requests"]]
     return d
+
+
+def parse_engine_overrides(pairs: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` strings (the CLI's ``--set``) as engine settings; a value is read as JSON
+    (``null``, ``0.1``, ``"x"``) and otherwise taken as text. ScenarioError names a bad pair."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ScenarioError([f"--set {pair!r}: write KEY=VALUE, e.g. watermark=0.1"])
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value
+    return out
+
+
+def with_engine_overrides(s: Scenario, overrides: dict[str, Any]) -> Scenario:
+    """The scenario with some engine settings replaced, validated like a file (problems with paths)."""
+    d = scenario_to_dict(s)
+    d["engine"] = {**d["engine"], **overrides}
+    return load_scenario(d)

@@ -155,8 +155,10 @@ def _allocated(e: E.Allocated, s: Style):
 
 def _evicted(e: E.Evicted, s: Style):
     h = short_hash(e.block_hash)
-    return (f"block {ids(e.block_ids)} lost hash #{h} ({reason(e.reason, 'en')}): that prefix can no longer be hit.",
-            f"块 {ids(e.block_ids)} 丢失了哈希 #{h}（{reason(e.reason, 'zh')}）：这段前缀不能再被命中。")
+    en_for, zh_for = (f", for {e.request_id}", f"，分给 {e.request_id}") if e.request_id else ("", "")
+    return (f"block {ids(e.block_ids)} lost hash #{h} ({reason(e.reason, 'en')}{en_for}): "
+            f"that prefix can no longer be hit.",
+            f"块 {ids(e.block_ids)} 丢失了哈希 #{h}（{reason(e.reason, 'zh')}{zh_for}）：这段前缀不能再被命中。")
 
 
 def _cached(e: E.Cached, s: Style):
@@ -212,7 +214,8 @@ def _reset(e: E.PrefixCacheReset, s: Style):
 
 
 def _sampled(e: E.Sampled, s: Style):
-    parts = ", ".join(f"{rid} → “{s.decode([t]) if s.decode else t}”" for rid, t in e.tokens.items()) or "—"
+    text = (lambda t: str(t)) if s.decode is None else (lambda t: s.decode([t]))
+    parts = ", ".join(f"{rid} → “{text(t)}”" for rid, t in e.tokens.items()) or "—"
     return f"the model sampled: {parts}", f"模型采样：{parts}"
 
 

@@ -204,30 +204,35 @@ def _validated(adapter: TypeAdapter, text: str, what: str, problems: list[str]):
         return adapter.validate_json(text, strict=True)
     except ValidationError as err:
         data = json.loads(text)
-        errs = err.errors(include_url=False)
-        for e in errs[:MAX_PROBLEMS_PER_PART]:
-            problems.append(f"{what}: {_describe(e, data)}")
-        if len(errs) > MAX_PROBLEMS_PER_PART:
-            problems.append(f"{what}: … and {len(errs) - MAX_PROBLEMS_PER_PART} more")
+        by_place: dict[tuple, list[str]] = {}     # a union's members fail at the same place: one line
+        for e in err.errors(include_url=False):
+            where, what_wrong = _describe(e, data)
+            key = (where, what_wrong) if e["type"] == "missing" else (where,)
+            by_place.setdefault(key, []).append(what_wrong)
+        said = [f"{key[0]}: {' or '.join(dict.fromkeys(msgs))}" for key, msgs in by_place.items()]
+        problems.extend(f"{what}: {p}" for p in said[:MAX_PROBLEMS_PER_PART])
+        if len(said) > MAX_PROBLEMS_PER_PART:
+            problems.append(f"{what}: … and {len(said) - MAX_PROBLEMS_PER_PART} more")
         return None
 
 
-def _describe(e: dict, data: Any) -> str:
-    """"snapshot.blocks[2].ref_cnt: Input should be a valid integer, got "x"" from one pydantic error."""
+def _describe(e: dict, data: Any) -> tuple[str, str]:
+    """("snapshot.blocks[2].ref_cnt", 'Input should be a valid integer, got "x"') from one pydantic error."""
     parts: list[str] = []
     cur = data
     for part in e["loc"]:
         if isinstance(cur, dict) and part not in cur and cur.get("kind") == part:
             continue                        # the tag pydantic adds for a tagged union member
+        if isinstance(part, str) and not isinstance(cur, dict):
+            continue                        # a member of a plain union ("int", "float"): same place
         parts.append(f"[{part}]" if isinstance(part, int) else f".{part}")
         try:
             cur = cur[part]
         except (KeyError, IndexError, TypeError):
             cur = None
     if e["type"] == "missing" and parts:
-        where, name = "".join(parts[:-1]).lstrip(".") or "value", parts[-1].lstrip(".")
-        return f"{where}: missing key {name!r}"
-    return f"{''.join(parts).lstrip('.') or 'value'}: {e['msg']}, got {_short(e['input'])}"
+        return "".join(parts[:-1]).lstrip(".") or "value", f"missing key {parts[-1].lstrip('.')!r}"
+    return "".join(parts).lstrip(".") or "value", f"{e['msg']}, got {_short(e['input'])}"
 
 
 def _upgraded_step_line(line: str, d: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import html
 import re
 import threading
+import time
 from typing import Optional
 
 import pandas as pd
@@ -19,7 +20,8 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from kvcore.kv.block_hash import HASH_FUNCTIONS
-from kvcore.watch import CacheEntry, KVEventWatcher, leading_hits
+from kvcore.prefix_index import CacheEntry, leading_hits
+from kvcore.watch import KVEventWatcher
 
 PAGE_FILE = "pages/9_live_vllm.py"
 MAX_WATCHERS = 8                 # background subscribers per server process
@@ -106,6 +108,8 @@ def t(key: str, lang: str, **fields) -> str:
 # -- shared watchers ------------------------------------------------------------------------------
 _lock = threading.Lock()
 _watchers: dict[tuple, KVEventWatcher] = {}
+_last_viewed: dict[tuple, float] = {}
+IDLE_STOP_S = 600                # a watcher no session has looked at for this long gives its place up
 
 
 def watcher_key(endpoint: str, replay: Optional[str], topic: str, bind: bool, ranks: int) -> tuple:
@@ -129,8 +133,12 @@ def connect(key: tuple, lang: str) -> tuple[Optional[KVEventWatcher], Optional[s
         w = _watchers.get(key)
         if w is not None and w.running:
             return w, None
-        for k in [k for k, old in _watchers.items() if not old.running]:
-            del _watchers[k]          # stopped or failed: its place is free
+        now = time.monotonic()
+        for k, old in list(_watchers.items()):
+            if not old.running or now - _last_viewed.get(k, now) > IDLE_STOP_S:
+                old.stop(timeout=0.5)     # stopped, failed or forgotten: its place is free
+                del _watchers[k]
+                _last_viewed.pop(k, None)
         if key not in _watchers and len(_watchers) >= MAX_WATCHERS:
             return None, t("too_many", lang, n=MAX_WATCHERS)
         endpoint, replay, topic, bind, ranks = key
@@ -139,6 +147,7 @@ def connect(key: tuple, lang: str) -> tuple[Optional[KVEventWatcher], Optional[s
         except ValueError as e:
             return None, str(e)
         _watchers[key] = w.start()
+        _last_viewed[key] = now
         return w, None
 
 
@@ -146,6 +155,7 @@ def disconnect(key: tuple) -> None:
     """Stops the shared watcher: every session looking at this endpoint loses it."""
     with _lock:
         w = _watchers.pop(key, None)
+        _last_viewed.pop(key, None)
     if w is not None:
         w.stop()
 
@@ -154,7 +164,10 @@ def get_watcher(key: Optional[tuple]) -> Optional[KVEventWatcher]:
     if key is None:
         return None
     with _lock:
-        return _watchers.get(key)
+        w = _watchers.get(key)
+        if w is not None:
+            _last_viewed[key] = time.monotonic()
+        return w
 
 
 # -- pictures ------------------------------------------------------------------------------------
@@ -270,12 +283,16 @@ def render_live_page() -> None:
     if watcher is None:
         st.info(t("not_connected", lang))
     else:
-        st.fragment(_live_view, run_every=1.0)(watcher, lang)
+        st.fragment(_live_view, run_every=1.0)(key, lang)
     _hit_form(watcher, lang)
 
 
-def _live_view(watcher: KVEventWatcher, lang: str) -> None:
-    snap = watcher.snapshot()
+def _live_view(key: tuple, lang: str) -> None:
+    watcher = get_watcher(key)        # also marks it as looked at
+    if watcher is None:
+        st.info(t("not_connected", lang))
+        return
+    snap = watcher.snapshot(with_state=False)
     if snap.error:
         st.error(t("failed", lang, error=snap.error))
     elif not watcher.connected.is_set():
@@ -336,7 +353,7 @@ def _hit_form(watcher: Optional[KVEventWatcher], lang: str) -> None:
     group = st.session_state.get("live:group", "0")
     info = {}
     if watcher is not None:
-        snap = watcher.snapshot()
+        snap = watcher.snapshot(with_state=False)
         rank = rank if rank < len(snap.ranks) else 0
         info = snap.ranks[rank].group_info.get(group, {})
     with st.form("live:hit"):

@@ -38,6 +38,7 @@ _seq = itertools.count(1)
 class PlayerSession:
     run: Any = None                     # the Timeline the browser was last sent (identity)
     lang: str = ""
+    decoded: bool = False
     token: str = ""                     # the browser's name for that run
     encoder: RunEncoder | None = None
     sent: int = 0
@@ -77,9 +78,11 @@ def shared_encoder(run: Timeline, lang: str, page: str, **encoder_kw) -> RunEnco
     every session that plays it, so a step is encoded once per server process; it goes with the run."""
     with _ENCODERS_LOCK:
         per_run = _ENCODERS.setdefault(run.run, {})
-        enc = per_run.get((lang, page))
+        key = (lang, page, encoder_kw.get("decode") is not None)   # a trace may be viewed without its model
+        enc = per_run.get(key)
         if enc is None:
-            enc = per_run[(lang, page)] = RunEncoder(run.initial, lang=lang, **encoder_kw)
+            first = run.records[0] if run.initial is None else None
+            enc = per_run[key] = RunEncoder(run.initial, lang=lang, first_record=first, **encoder_kw)
         return enc
 
 
@@ -109,12 +112,13 @@ def _component_state(key: str) -> dict:
 
 def player_panel(state: PageState, key: str, lang: str, *, decode=None,
                  narrate: Callable | None = None, intro: str = "", outro: str = "",
-                 focus: Sequence[str] = (), request_ids: Sequence[str] = ()) -> None:
-    """Mount the player for ``state.run`` and keep ``state.run.cursor`` where the browser is."""
+                 focus: Sequence[str] = (), request_ids: Sequence[str] = (), url_step: bool = False) -> None:
+    """Mount the player for ``state.run`` and keep ``state.run.cursor`` where the browser is.
+    ``url_step``: the browser keeps the link's ``step`` parameter at the player's step."""
     run = state.run
     ps = session(key)
-    if ps.run is not run or ps.lang != lang:
-        ps.run, ps.lang, ps.token = run, lang, uuid.uuid4().hex[:12]
+    if ps.run is not run or ps.lang != lang or ps.decoded != (decode is not None):
+        ps.run, ps.lang, ps.token, ps.decoded = run, lang, uuid.uuid4().hex[:12], decode is not None
         ps.encoder = shared_encoder(run, lang, key, decode=decode, narrate=narrate, request_ids=request_ids,
                                     meta={"intro": intro, "outro": outro,
                                           "until_kinds": list(dict.fromkeys([*(k for k in focus if k in UNTIL_KINDS),
@@ -130,13 +134,13 @@ def player_panel(state: PageState, key: str, lang: str, *, decode=None,
     cursor = got.get("cursor")
     if isinstance(cursor, dict) and cursor.get("run") == ps.token and cursor != ps.last_cursor and ps.goto is None:
         ps.last_cursor = cursor
-        run.cursor = max(0, min(int(cursor.get("step", 0)), len(run.records)))
+        run.cursor = max(run.first, min(int(cursor.get("step", 0)), len(run.records)))
     want = got.get("want")
     if isinstance(want, dict) and want.get("run") == ps.token:
         record_upto(run, min(int(want.get("step", 0)), len(run.records) + 1))
     if ps.goto is not None:
         record_upto(run, ps.goto["step"])
-        run.cursor = min(ps.goto["step"], len(run.records))
+        run.cursor = max(run.first, min(ps.goto["step"], len(run.records)))
 
     hold_at = None
     if st.session_state.get(f"quiz:{key}"):
@@ -152,8 +156,8 @@ def player_panel(state: PageState, key: str, lang: str, *, decode=None,
     done = recorded_done(run)
     steps = ps.encoder.extend(run.records)
     data = {"run": ps.token, "base": ps.sent, "head": ps.encoder.head if ps.head_due else None,
-            "steps": steps[ps.sent:], "done": done and len(steps) == len(run.records), "hold_at": hold_at,
-            "goto": ps.goto}
+            "steps": steps[ps.sent:], "done": done and len(steps) + run.first == len(run.records), "hold_at": hold_at,
+            "goto": ps.goto, "url_step": url_step}
     PLAYER(key=f"pkv:{key}", data=data, default={"cursor": None, "want": None, "have": None},
            on_cursor_change=_noop, on_want_change=_noop, on_have_change=_noop, height="content")
     ps.sent, ps.head_due, ps.goto = len(steps), False, None

@@ -14,8 +14,8 @@ from .modelstate import ModelState
 from .state import SETTING_DEFAULTS, LessonState, rebuild
 
 CHOICES = {
-    "hash_algo": ("xxhash", "sha256"), "policy": ("fcfs", "priority"), "free_order": ("v0.33", "legacy"),
-    "admission": ("full_sequence", "first_chunk"), "sliding_retention": ("sparse", "dense"),
+    "hash_algo": ("xxhash", "sha256", "sha256_cbor", "xxhash_cbor"), "policy": ("fcfs", "priority"),
+    "free_order": ("v0.33", "legacy"), "admission": ("full_sequence", "first_chunk"),
 }
 HELP = {
     "block_size": ("tokens per block", "每块的 token 数"),
@@ -24,6 +24,16 @@ HELP = {
     "max_num_batched_tokens": ("token budget per step", "每步 token 预算"),
     "sliding_window": ("0 = no window", "0 = 不使用滑动窗口"),
     "admission": ("full_sequence (0.33): admit only if the whole prompt fits", "full_sequence（0.33）：整个提示词放得下才接纳"),
+    "prefix_cache_retention_interval": (
+        "sliding-window blocks that get a hash: -1 = null, every block (dense); 0 = only those a later "
+        "request can hit (sparse, vLLM's default); n = also a checkpoint every n tokens (a multiple of block_size)",
+        "滑动窗口中哪些块得到哈希：-1 = null，每个块（稠密）；0 = 只保留之后的请求能命中的块（稀疏，vLLM 默认）；"
+        "n = 另外每 n 个 token 保留一个检查点（block_size 的倍数）"),
+    "watermark": ("fraction of the pool a new request must leave free while others run",
+                  "其他请求运行时，新请求必须留空的块池比例"),
+    "max_cache_hit_length": ("longest prefix-cache hit in tokens; -1 = no cap", "前缀缓存命中的最长 token 数；-1 = 不限"),
+    "hash_seed": ("NONE_HASH seed; empty = vLLM's rule (PYTHONHASHSEED, else fixed for sha256, random for xxhash)",
+                  "NONE_HASH 种子；留空 = vLLM 的规则（PYTHONHASHSEED，否则 sha256 固定、xxhash 随机）"),
 }
 
 
@@ -67,6 +77,19 @@ def settings_form(state: LessonState, lesson: Lesson, ms: ModelState, lang: str)
                        index=1 if state.overrides.get("layers") == "hybrid" else 0, key="pg_layers")
         c[3].number_input("seed (0 = greedy)", min_value=0, max_value=2 ** 31 - 1, value=int(eng["seed"] or 0),
                           key="pg_seed")
+        c = st.columns(4)
+        retention = eng.get("prefix_cache_retention_interval", 0)
+        c[0].number_input("prefix_cache_retention_interval", min_value=-1, max_value=100000,
+                          value=-1 if retention is None else int(retention), step=1,
+                          key="pg_prefix_cache_retention_interval", help=hint("prefix_cache_retention_interval"))
+        c[1].number_input("watermark", min_value=0.0, max_value=0.99, value=float(eng.get("watermark") or 0.0),
+                          step=0.05, key="pg_watermark", help=hint("watermark"))
+        cap = eng.get("max_cache_hit_length")
+        c[2].number_input("max_cache_hit_length", min_value=-1, max_value=10 ** 6,
+                          value=-1 if cap is None else int(cap), step=1, key="pg_max_cache_hit_length",
+                          help=hint("max_cache_hit_length"))
+        c[3].text_input("hash_seed", value=eng.get("hash_seed") or "", max_chars=64, key="pg_hash_seed",
+                        help=hint("hash_seed"))
         st.form_submit_button("应用设置" if zh else "Apply settings", on_click=on_apply_settings,
                               args=(state, lesson, ms))
 
@@ -79,6 +102,12 @@ def on_apply_settings(state: LessonState, lesson: Lesson, ms: ModelState) -> Non
     vals["enable_prefix_caching"] = bool(ss["pg_enable_prefix_caching"])
     vals["sliding_window"] = int(ss["pg_sliding_window"]) or None
     vals["seed"] = int(ss["pg_seed"]) or None
+    retention = int(ss["pg_prefix_cache_retention_interval"])
+    vals["prefix_cache_retention_interval"] = None if retention < 0 else retention
+    vals["watermark"] = float(ss["pg_watermark"])
+    cap = int(ss["pg_max_cache_hit_length"])
+    vals["max_cache_hit_length"] = None if cap < 0 else cap
+    vals["hash_seed"] = str(ss["pg_hash_seed"]) or None
     base = copy.deepcopy(state.base)
     new_eng = {k: v for k, v in {**base.get("engine", {}), **vals}.items()
                if k in EngineSettings.__dataclass_fields__}

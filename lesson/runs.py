@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import threading
+import time
 import uuid
 import weakref
 from collections import OrderedDict
@@ -141,6 +142,7 @@ class RecordedRun:
         self._wanted = len(self.records)
         self._holders: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._held_once = False
+        self._waiters = 0               # sessions blocked in wait(): their steps go first
         self.nbytes = estimate_nbytes((initial, self.records)) + self._engine_bytes
 
     def __repr__(self) -> str:
@@ -164,7 +166,12 @@ class RecordedRun:
         if self._store is None:
             return len(self.records) >= n
         with self._store._cond:
-            self._store._cond.wait_for(lambda: len(self.records) >= n or self.done, timeout)
+            self._waiters += 1
+            self._store._cond.notify_all()      # wake a pausing worker: someone waits now
+            try:
+                self._store._cond.wait_for(lambda: len(self.records) >= n or self.done, timeout)
+            finally:
+                self._waiters -= 1
         return len(self.records) >= n
 
     def hold(self, owner: Any) -> None:
@@ -203,7 +210,7 @@ class RunStore:
 
     def __init__(self, max_bytes: Optional[int] = None, hard_bytes: Optional[int] = None,
                  max_steps: Optional[int] = None, lock: Optional[threading.Lock] = None,
-                 limits: Optional[Limits] = None) -> None:
+                 limits: Optional[Limits] = None, background_pause: float = 1.0) -> None:
         env = os.environ
         self.max_bytes = int(max_bytes if max_bytes is not None else env.get(ENV_STORE_BYTES, DEFAULT_STORE_BYTES))
         self.hard_bytes = int(hard_bytes if hard_bytes is not None else
@@ -217,6 +224,7 @@ class RunStore:
         self.total_bytes = 0
         self.steps_computed = 0
         self.step_log: list[str] = []   # keys of the last steps computed (tests read the interleaving)
+        self.background_pause = background_pause   # idle time after a step nobody waits for, per step time
         self._worker: Optional[threading.Thread] = None
         self._closed = False
 
@@ -347,15 +355,24 @@ class RunStore:
         self._cond.notify_all()
 
     def _next_run(self) -> Optional[RecordedRun]:
-        """The next run with wanted steps after the last one served (round-robin)."""
+        """The next run with wanted steps after the last one served (round-robin), runs that a
+        session is waiting for first."""
+        ready = []
         for i, key in enumerate(self._rr):
             run = self._runs[key]
             if run._held_once and not run.held:
                 run._wanted = len(run.records)      # every session left: stop computing it
             if run.computing and run._engine is not None:
-                self._rr.append(self._rr.pop(i))   # served now, so it goes to the back of the line
-                return run
-        return None
+                ready.append(i)
+        if not ready:
+            return None
+        i = next((i for i in ready if self._runs[self._rr[i]]._waiters), ready[0])
+        key = self._rr.pop(i)
+        self._rr.append(key)                        # served now, so it goes to the back of the line
+        return self._runs[key]
+
+    def _anyone_waiting(self) -> bool:
+        return any(r._waiters and r.computing for r in self._runs.values())
 
     # -- the worker ---------------------------------------------------------------------------
     @staticmethod
@@ -375,7 +392,16 @@ class RunStore:
                 if self._closed:
                     return
                 engine = run._engine
+                waited = run._waiters > 0
+            t0 = time.perf_counter()
             self._step(run, engine)
+            if not waited:
+                # Computing ahead is background work: leave the CPU (and the GIL) to sessions'
+                # pages for as long as the step took, unless a session starts waiting for a step.
+                pause = self.background_pause * (time.perf_counter() - t0)
+                with self._cond:
+                    if pause > 0 and not self._anyone_waiting():
+                        self._cond.wait_for(self._anyone_waiting, pause)
 
     def _step(self, run: RecordedRun, engine) -> None:
         outputs, error = None, None

@@ -88,7 +88,7 @@ def lesson_player(state, lesson, ms, lang: str) -> dict:
 def lesson_stage(lesson, state, ms, lang: str, compact: bool) -> None:
     """The part of the page that follows the player's cursor: it reruns alone (a fragment)."""
     kw = lesson_player(state, lesson, ms, lang)
-    player_panel(state, lesson.id, lang, focus=lesson.focus, **{k: kw[k] for k in
+    player_panel(state, lesson.id, lang, focus=lesson.focus, url_step=True, **{k: kw[k] for k in
                  ("decode", "narrate", "intro", "outro", "request_ids")})
     run = state.run
     colors = color_map(kw["request_ids"])

@@ -108,9 +108,16 @@ class RunEncoder:
     so one encoder serves every session playing it (``extend`` is safe from several threads).
     """
 
-    def __init__(self, initial: Snapshot, *, lang: str = "en", decode: Decode | None = None,
+    def __init__(self, initial: Snapshot | None, *, lang: str = "en", decode: Decode | None = None,
                  narrate: Narrate | None = None, request_ids: Sequence[str] = (),
-                 meta: dict[str, Any] | None = None) -> None:
+                 meta: dict[str, Any] | None = None, first_record: StepRecord | None = None) -> None:
+        """``initial`` is the state before step 1; a trace without one starts at ``first_record``
+        (its step 1): then the browser's position k means step k + 1 (``head["first"]`` is 1)."""
+        self.first = 0 if initial is not None else 1
+        if initial is None:
+            if first_record is None:
+                raise ValueError("a run without the state before step 1 needs its first record")
+            initial = first_record.snapshot
         self.lang = lang
         self.decode = decode
         self.narrate = narrate
@@ -125,7 +132,10 @@ class RunEncoder:
         self.head = {"format": FORMAT, "lang": lang, "block_size": initial.block_size,
                      "num_gpu_blocks": initial.num_gpu_blocks, "groups": [dict(g) for g in initial.groups],
                      "colors": color_map(ids), "prompts": prompts, "initial": self._prev,
-                     "decoded": decode is not None, "vocab": self._vocab(tokens), **(meta or {})}
+                     "decoded": decode is not None, "vocab": self._vocab(tokens), "first": self.first,
+                     **(meta or {})}
+        if first_record is not None and self.first:
+            self.head["step0"] = self._step(first_record, self._prev, self._prev)
         self.steps: list[dict[str, Any]] = []
 
     def _vocab(self, ids: Iterable[int]) -> dict[str, str]:
@@ -142,9 +152,10 @@ class RunEncoder:
         return out
 
     def extend(self, records: Sequence[StepRecord]) -> list[dict[str, Any]]:
-        """Encode the records not encoded yet (``records[i].step == i + 1``); returns all steps."""
+        """Encode the records not encoded yet (``records[i].step == i + 1``); returns all steps
+        (``steps[i]`` is record ``i + first``)."""
         with self._lock:
-            for rec in records[len(self.steps):]:
+            for rec in records[self.first + len(self.steps):]:
                 cur = snapshot_dict(rec.snapshot)
                 self.steps.append(self._step(rec, self._prev, cur))
                 self._prev = cur
@@ -168,8 +179,9 @@ class RunEncoder:
         return d
 
 
-def run_payload(initial: Snapshot, records: Sequence[StepRecord], *, done: bool = True, **encoder_kw) -> dict:
+def run_payload(initial: Snapshot | None, records: Sequence[StepRecord], *, done: bool = True,
+                **encoder_kw) -> dict:
     """A whole recorded run in one payload (the static export, the CLI's --html)."""
-    enc = RunEncoder(initial, **encoder_kw)
+    enc = RunEncoder(initial, first_record=records[0] if initial is None else None, **encoder_kw)
     return {"run": "export", "base": 0, "head": enc.head, "steps": list(enc.extend(records)), "done": done,
             "hold_at": None, "goto": None}

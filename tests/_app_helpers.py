@@ -50,21 +50,71 @@ def app(page: str | None = None) -> AppTest:
 
 
 def charts(at) -> dict[str, dict]:
-    """Plotly figures on the page by their key ("grid:prefix", "queue:prefix", ...)."""
+    """Plotly figures on the page by their key ("metrics:prefix", "budget:batching", ...)."""
     return {el.proto.id.rsplit("-", 1)[-1]: json.loads(el.proto.spec) for el in at.get("plotly_chart")}
 
 
-def grid_cells(fig) -> list[str]:
-    hm = next(t for t in fig["data"] if t["type"] == "heatmap")
-    return [c for row in hm["text"] for c in row if c]
+def player_data(at, key: str) -> dict:
+    """What the page sent the browser player in its last run (``key``: a lesson id or "trace")."""
+    els = [e for e in at.get("bidi_component") if e.proto.id.endswith(f"pkv:{key}")]
+    assert len(els) == 1, f"one player for {key}, found {len(els)}"
+    return json.loads(els[0].proto.json)
 
 
-def queue_order(fig) -> list[int]:
-    hm = next(t for t in fig["data"] if t["type"] == "heatmap")
-    return [int(c.split("</b>")[0].replace("<b>", "")) for row in hm["text"] for c in row if c]
+class Browser:
+    """The browser side of one player, as player.js keeps it: the head, then every step streamed
+    (checked to arrive in order), rebuilt into whole snapshots with the same delta rule."""
+
+    def __init__(self, at, key: str) -> None:
+        self.at, self.key = at, key
+        self.run_token, self.head, self.steps, self.snaps, self.vocab = None, None, [], [], {}
+        self.done, self.hold_at, self.goto = False, None, None
+        self.sync()
+
+    def sync(self) -> "Browser":
+        from player import apply_delta
+        d = player_data(self.at, self.key)
+        if d["run"] != self.run_token and d["head"] is None:
+            # a run this browser never saw the head of: ask for it again, as player.js does
+            self.at.session_state[f"pkv:{self.key}"] = {"have": {"run": d["run"], "n": -1}}
+            self.at.run()
+            d = player_data(self.at, self.key)
+            assert d["head"] is not None and d["base"] == 0, "asked again, the page sends the run from its start"
+        if d["run"] != self.run_token:
+            self.run_token, self.head, self.steps = d["run"], d["head"], []
+            self.snaps, self.vocab = [d["head"]["initial"]], dict(d["head"]["vocab"])
+        assert d["base"] <= len(self.steps), "no step is skipped"
+        for st in d["steps"][len(self.steps) - d["base"]:]:
+            self.steps.append(st)
+            self.vocab.update(st["vocab"])
+            self.snaps.append(apply_delta(self.snaps[-1], st))
+        self.done, self.hold_at = d["done"], d["hold_at"]
+        self.goto = d["goto"] or self.goto      # a jump is sent once; the browser remembers it
+        return self
+
+    def run(self) -> "Browser":
+        self.at.run()
+        assert not self.at.exception, [e.value for e in self.at.exception]
+        return self.sync()
+
+    def until_recorded(self, n: int, seconds: float = 60) -> "Browser":
+        """Rerun (as the page's polling fragment does) until ``n`` steps have arrived or the run ended."""
+        import time
+        t0 = time.time()
+        while len(self.steps) < n and not self.done and time.time() - t0 < seconds:
+            time.sleep(0.05)
+            self.run()
+        return self
+
+    def show(self, step: int) -> "Browser":
+        """The learner moves the player to ``step``: the browser reports its cursor, the page reruns."""
+        self.until_recorded(step)
+        self.at.session_state[f"pkv:{self.key}"] = {"cursor": {"run": self.run_token, "step": step}}
+        return self.run()
+
+    def texts(self, step: int) -> list[str]:
+        return [e[3] for e in self.steps[step - 1]["ev"]] if step else []
 
 
 def metric(at, label: str) -> str:
     return next(m.value for m in at.metric if m.label == label)
-
-

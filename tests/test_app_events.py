@@ -67,6 +67,14 @@ def test_sampled_tokens_are_decoded_by_the_function_passed_in():
     assert f"{rid} → “<{tok}>”" in sentence(e, "en", decode=lambda ids: f"<{ids[0]}>")
     assert f"{rid} → “{tok}”" in sentence(e, "en")
 
+    class EmptyCache:                     # a decoder with an empty cache is falsy, and still used
+        def __len__(self):
+            return 0
+
+        def __call__(self, ids):
+            return f"<{ids[0]}>"
+    assert f"{rid} → “<{tok}>”" in sentence(e, "en", decode=EmptyCache())
+
 
 def test_step_sentences_and_changed_blocks():
     rec = next(r for _, recs in every_kind_runs() for r in recs

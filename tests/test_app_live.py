@@ -1,6 +1,7 @@
 """AppTest: the Live vLLM page against a local publisher replaying vLLM 0.33 recordings."""
 import os
 import time
+from pathlib import Path
 
 import pytest
 import zmq
@@ -100,3 +101,13 @@ def test_live_page_names_a_bad_endpoint_and_stays_up():
     at.text_input(key="live:ids").set_value("1, two, 3")
     button(at, "Check").click().run()
     assert any("Token ids must be integers" in e.value for e in at.error)
+
+
+def test_live_page_is_in_the_navigation_and_opens_from_the_app(monkeypatch):
+    monkeypatch.setenv("PAGED_KV_LAB_MODEL", "tiny-random")
+    monkeypatch.setenv("PAGED_KV_LAB_DEVICE", "cpu")
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=180).run()
+    assert not at.exception, [e.value for e in at.exception]
+    at.switch_page(live_page.PAGE_FILE).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("Live vLLM" in t.value for t in at.title)

@@ -6,41 +6,46 @@ import json
 
 import pytest
 
-from _app_helpers import (APP, TIMEOUT, app, charts, grid_cells, metric, queue_order, sidebar_set,  # noqa: F401
+from _app_helpers import (APP, TIMEOUT, Browser, app, charts, player_data, sidebar_set,  # noqa: F401
                           tiny, tiny_model_env)
 from streamlit.testing.v1 import AppTest
 
 from lesson.lessons import BY_ID, LESSONS, PAGE_FILES
+from player import snapshot_dict
 
 
 def engine_snapshot(lesson_id, step, model):
-    from lesson.runtime import lesson_run
-    run = lesson_run(BY_ID[lesson_id], model)
-    run.goto(step)
-    return run.snapshot
+    """An independent engine (not the app's run store) stepped to ``step``."""
+    from kvcore.engine import Engine
+    from lesson.runtime import lesson_scenario
+    scenario = lesson_scenario(BY_ID[lesson_id], model.num_layers, model=model.name, device="cpu")
+    engine = Engine(scenario, model=model)
+    for _ in range(step):
+        engine.step()
+    return engine.snapshot()
 
 
-def assert_shows(at, lesson_id, step, model):
+def assert_shows(browser, lesson_id, step, model):
+    """The player holds that step exactly as the engine has it, and the page follows the cursor."""
+    at = browser.at
     snap = engine_snapshot(lesson_id, step, model)
-    figs = charts(at)
-    assert metric(at, "Step") == str(step)
-    assert metric(at, "free blocks") == str(snap.num_free_blocks)
-    cells = grid_cells(figs[f"grid:{lesson_id}"])
-    for b in snap.blocks:
-        if b.ref_cnt > 0:
-            assert f"r{b.ref_cnt}" in cells[b.block_id], (b, cells[b.block_id])
-    if snap.free_queue:
-        assert queue_order(figs[f"queue:{lesson_id}"]) == list(snap.free_queue)
+    assert browser.snaps[step] == snapshot_dict(snap)
+    state = at.session_state[f"lesson:{lesson_id}"]
+    assert state.run.cursor == step
     assert at.query_params.get("step") in (str(step), [str(step)])
+    if lesson_id != "home":
+        table = at.dataframe[0].value
+        assert list(table.iloc[:, 0]) == [r.request_id for r in snap.requests]
+        assert list(table.iloc[:, 4]) == [r.num_computed_tokens for r in snap.requests]
 
 
-def test_home_page_runs_and_steps():
+def test_home_page_runs_and_steps(tiny):
     at = app()
     assert "Paged KV caching in a minute" in [h.value for h in at.header]
-    assert "grid:home" in charts(at)
-    at.button(key="step:home").click().run()
-    assert not at.exception
-    assert metric(at, "Step") == "1"
+    b = Browser(at, "home").until_recorded(1)
+    assert b.head["intro"], "step 0 shows the lesson's introduction"
+    b.show(1)
+    assert_shows(b, "home", 1, tiny)
     assert len(at.get("page_link")) == len(LESSONS)
     assert any("tiny-random ready" in s.value for s in at.sidebar.success), "the sidebar shows the load state"
 
@@ -80,61 +85,48 @@ def test_sidebar_choices_survive_page_switches():
 def test_every_lesson_page(lesson, tiny):
     at = app(PAGE_FILES[lesson.id])
     assert any(lesson.title["en"] in t.value for t in at.title)
-    figs = charts(at)
-    assert {f"grid:{lesson.id}", f"queue:{lesson.id}", f"tables:{lesson.id}", f"chains:{lesson.id}",
-            f"metrics:{lesson.id}"} <= set(figs)
-    assert at.info, "step 0 shows the lesson's introduction"
-    for _ in range(3):
-        at.button(key=f"step:{lesson.id}").click().run()
-        assert not at.exception, [e.value for e in at.exception]
-    assert_shows(at, lesson.id, 3, tiny)
-    at.button(key=f"back:{lesson.id}").click().run()
-    assert_shows(at, lesson.id, 2, tiny)
-    at.slider(key=f"timeline:{lesson.id}").set_value(0).run()
-    assert_shows(at, lesson.id, 0, tiny)
-    at.slider(key=f"timeline:{lesson.id}").set_value(3).run()
-    assert_shows(at, lesson.id, 3, tiny)
-
-
-def test_back_and_step_again_is_identical():
-    at = app(PAGE_FILES["eviction"])
-    for _ in range(6):
-        at.button(key="step:eviction").click().run()
-    first = charts(at)["grid:eviction"]
-    at.button(key="back:eviction").click().run()
-    at.button(key="step:eviction").click().run()
-    assert charts(at)["grid:eviction"] == first
+    b = Browser(at, lesson.id)
+    assert b.head["lang"] == "en" and b.head["intro"], "step 0 shows the lesson's introduction"
+    assert "metrics:" + lesson.id in charts(at)
+    b.show(3)
+    assert_shows(b, lesson.id, 3, tiny)
+    b.show(2)
+    assert_shows(b, lesson.id, 2, tiny)
+    b.show(0)
+    assert_shows(b, lesson.id, 0, tiny)
+    b.until_recorded(1 << 30)
+    assert b.done, "the run streams to its end"
+    last = len(b.steps)
+    assert b.snaps[last] == snapshot_dict(engine_snapshot(lesson.id, last, tiny))
 
 
 def test_run_until_hit_and_events(tiny):
     at = app(PAGE_FILES["prefix"])
-    at.selectbox(key="until_kind:prefix").set_value("cache_hit").run()
-    at.button(key="until:prefix").click().run()
-    state = at.session_state["lesson:prefix"]
-    assert any(e.kind == "cache_hit" for e in state.run.record.events)
-    md = " ".join(m.value for m in at.markdown)
-    assert "hit 3 cached blocks" in md
-    assert any("hits" in i.value for i in at.info), "the narration explains the hit"
-    assert_shows(at, "prefix", state.run.cursor, tiny)
+    b = Browser(at, "prefix").until_recorded(1 << 30)
+    hit = next(i + 1 for i, st in enumerate(b.steps) if any(e[0] == "cache_hit" for e in st["ev"]))
+    assert any("hit 3 cached blocks" in t for t in b.texts(hit))
+    assert any("hits" in n for n in b.steps[hit - 1]["nar"]), "the narration explains the hit"
+    assert "cache_hit" in b.head["until_kinds"]
+    b.show(hit)
+    assert_shows(b, "prefix", hit, tiny)
 
 
 def test_language_switch_changes_text():
     at = app(PAGE_FILES["prefix"])
-    at.button(key="step:prefix").click().run()
-    assert at.button(key="step:prefix").label.startswith("Step")
+    b = Browser(at, "prefix").show(1)
+    assert b.head["lang"] == "en" and any("arrived" in t for t in b.texts(1))
     sidebar_set(at, "lang", "zh")
     assert not at.exception
-    assert at.button(key="step:prefix").label.startswith("单步")
+    b.sync().until_recorded(1)
+    assert b.head["lang"] == "zh", "the player is sent the run in Chinese"
+    assert any("到达" in t for t in b.texts(1)) and not any("arrived" in t for t in b.texts(1))
     assert any("前缀缓存与哈希链" in t.value for t in at.title)
-    md = " ".join(m.value for m in at.markdown)
-    assert "到达" in md and "arrived" not in md
-    assert metric(at, "步") == "1", "switching the language keeps the step"
+    assert b.goto["step"] == 1, "switching the language keeps the step"
 
 
 def test_bad_scenario_shows_error_and_keeps_state():
     at = app(PAGE_FILES["prefix"])
-    for _ in range(2):
-        at.button(key="step:prefix").click().run()
+    Browser(at, "prefix").show(2)
     state = at.session_state["lesson:prefix"]
     before = (state.run.scenario, state.run.cursor)
     at.text_area(key="paste:prefix").set_value('{"engine": {"block_size": 0}, "requests": [{"id": "A"}]}').run()
@@ -142,7 +134,6 @@ def test_bad_scenario_shows_error_and_keeps_state():
     errors = " ".join(e.value for e in at.error)
     assert "engine.block_size" in errors and "requests[0]" in errors
     assert (state.run.scenario, state.run.cursor) == before
-    assert metric(at, "Step") == "2"
     at.text_area(key="paste:prefix").set_value("{not json").run()
     at.button(key="paste_btn:prefix").click().run()
     assert "json" in " ".join(e.value for e in at.error)
@@ -162,7 +153,8 @@ def test_good_scenario_upload_replaces_the_run():
     state = at.session_state["lesson:playground"]
     assert state.run.scenario.name == "mine" and state.run.cursor == 0
     assert "scn" in at.query_params
-    at.button(key="step:playground").click().run()
+    b = Browser(at, "playground").show(1)
+    assert [r["id"] for r in b.snaps[1]["reqs"]] == ["Z"]
     assert [r.request_id for r in state.run.snapshot.requests] == ["Z"]
     link = {k: (v[0] if isinstance(v, list) else v) for k, v in at.query_params.items()}
     again = AppTest.from_file(APP, default_timeout=TIMEOUT)
@@ -180,13 +172,14 @@ def test_url_reopens_the_same_view(tiny):
     assert not at.exception
     state = at.session_state["lesson:eviction"]
     assert state.run.cursor == 5 and state.run.scenario.engine.num_gpu_blocks == 14
+    b = Browser(at, "eviction")
+    assert b.goto["step"] == 5 and len(b.steps) >= 5, "the player opens at the link's step"
     assert any("驱逐" in t.value for t in at.title), "the link's language is applied"
 
 
 def test_toggle_rebuilds_at_the_same_step():
     at = app(PAGE_FILES["preemption"])
-    for _ in range(4):
-        at.button(key="step:preemption").click().run()
+    Browser(at, "preemption").show(4)
     at.segmented_control(key="tg:preemption:policy").set_value("priority").run()
     assert not at.exception
     state = at.session_state["lesson:preemption"]
@@ -197,37 +190,41 @@ def test_toggle_rebuilds_at_the_same_step():
 def test_quiz_asks_then_reveals():
     at = app(PAGE_FILES["blocks"])
     at.toggle(key="quiz:blocks").set_value(True).run()
-    at.button(key="step:blocks").click().run()
+    b = Browser(at, "blocks")
     state = at.session_state["lesson:blocks"]
     assert state.quiz is not None and state.run.cursor == 0, "the question comes before the step"
+    assert b.hold_at == 0, "the player holds the next step back"
     q = state.quiz
     at.radio(key="quiz_choice:blocks").set_value(q.options[q.answer]).run()
     at.button(key="quiz_ans:blocks").click().run()
     assert any("Right" in s.value for s in at.success)
     at.button(key="quiz_rev:blocks").click().run()
-    assert state.run.cursor == 1 and state.quiz is None
+    b.sync()
+    assert state.run.cursor == 1 and b.goto["step"] == 1, "the answer releases the step"
+    assert (b.hold_at == 1) == (state.quiz is not None), "the next question holds the following step back"
 
 
 def test_playground_adds_a_request():
     at = app(PAGE_FILES["playground"])
-    at.button(key="step:playground").click().run()
+    Browser(at, "playground").show(1)
     at.text_input(key="pg_req_id").set_value("Q")
     at.text_input(key="pg_req_text").set_value("Why is the sea blue?")
     at.button(key="FormSubmitter:addreq:playground-Add request").click().run()
     assert not at.exception and not at.error
     state = at.session_state["lesson:playground"]
     assert any(r.id == "Q" and r.arrival_step == 1 for r in state.run.scenario.requests)
-    at.button(key="step:playground").click().run()
-    assert any(e.kind == "arrived" and e.request_id == "Q" for e in state.run.record.events)
+    b = Browser(at, "playground").until_recorded(2)
+    assert b.goto["step"] == 1, "the new run opens at the same step"
+    assert any(e[0] == "arrived" and e[1] == "Q" for e in b.steps[1]["ev"])
 
 
 def test_two_sessions_do_not_share_state():
     a, b = app(PAGE_FILES["blocks"]), app(PAGE_FILES["blocks"])
-    a.button(key="step:blocks").click().run()
-    a.button(key="step:blocks").click().run()
+    Browser(a, "blocks").show(2)
     b.run()
-    assert metric(a, "Step") == "2" and metric(b, "Step") == "0"
+    assert a.session_state["lesson:blocks"].run.cursor == 2 and b.session_state["lesson:blocks"].run.cursor == 0
     assert a.session_state["lesson:blocks"].run is not b.session_state["lesson:blocks"].run
+    assert player_data(a, "blocks")["run"] != player_data(b, "blocks")["run"]
 
 
 def test_unavailable_device_keeps_the_app_running():
@@ -239,7 +236,7 @@ def test_unavailable_device_keeps_the_app_running():
     assert not at.exception
     assert any("cuda" in e.value.lower() for e in at.error)
     sidebar_set(at, "device", "cpu")
-    assert not at.exception and metric(at, "Step") == "0"
+    assert not at.exception and Browser(at, "blocks").head is not None, "the player is back"
 
 
 def test_playground_refuses_a_request_that_never_fits():
@@ -260,9 +257,10 @@ def test_every_page_file_is_in_the_navigation_under_streamlits_name():
     from streamlit.source_util import page_icon_and_name
 
     from lesson.lessons import page_url_path
+    from lesson.live_page import PAGE_FILE as LIVE_PAGE
     from lesson.trace_page import PAGE_FILE
     root = Path(APP).resolve().parent
     files = sorted((root / "pages").glob("*.py"))
-    assert {f"pages/{f.name}" for f in files} == set(PAGE_FILES.values()) | {PAGE_FILE}
+    assert {f"pages/{f.name}" for f in files} == set(PAGE_FILES.values()) | {PAGE_FILE, LIVE_PAGE}
     for f in files:
         assert page_url_path(f"pages/{f.name}") == page_icon_and_name(f)[1]

@@ -11,15 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from _app_helpers import APP, TIMEOUT, app, charts, grid_cells, metric, queue_order, sidebar_set  # noqa: F401
+from _app_helpers import APP, TIMEOUT, Browser, app, player_data, sidebar_set  # noqa: F401
 from _app_helpers import tiny, tiny_model_env  # noqa: F401
 from streamlit.testing.v1 import AppTest
 
 from kvcore.scenario import load_scenario
 from lesson.events import step_sentences
-from lesson.lessons import PAGE_FILES
-from lesson.panels import md_escape_keep
 from lesson.trace_page import PAGE_FILE, STATE_KEY
+from player import snapshot_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 EVICTION = ROOT / "examples" / "eviction.json"
@@ -68,17 +67,10 @@ def upload(at, text, name="eviction.jsonl") -> AppTest:
     return at
 
 
-def assert_shows(at, snap, step_label="Step", free_label="free blocks"):
-    figs = charts(at)
-    assert metric(at, step_label) == str(snap.step)
-    assert metric(at, free_label) == str(snap.num_free_blocks)
-    cells = grid_cells(figs["grid:trace"])
-    for b in snap.blocks:
-        if b.ref_cnt > 0:
-            assert f"r{b.ref_cnt}" in cells[b.block_id], (b, cells[b.block_id])
-    if snap.free_queue:
-        assert queue_order(figs["queue:trace"]) == list(snap.free_queue)
-    assert {"grid:trace", "queue:trace", "tables:trace", "chains:trace", "metrics:trace"} <= set(figs)
+def assert_shows(b, snap):
+    """The player holds ``snap`` at its step, exactly, and the page's cursor is there."""
+    assert b.snaps[snap.step - b.head["first"]] == snapshot_dict(snap)
+    assert b.at.session_state[STATE_KEY].run.cursor == snap.step
 
 
 def markdown(at) -> str:
@@ -88,41 +80,30 @@ def markdown(at) -> str:
 def test_open_a_cli_trace_and_step_through_it(cli_trace, engine_records, tiny):
     at = trace_app()
     assert any("Trace viewer" in t.value for t in at.title)
-    assert any("No trace loaded" in i.value for i in at.info) and not charts(at)
+    assert any("No trace loaded" in i.value for i in at.info) and not at.get("bidi_component")
     upload(at, cli_trace)
     n = len(engine_records[1])
     assert any(f"Loaded trace “eviction.jsonl”: {n} steps." in s.value for s in at.success)
-    assert_shows(at, snapshot_at(engine_records, 0))
-    assert at.button(key="back:trace").disabled
-    for step in (1, 2):
-        at.button(key="step:trace").click().run()
-        assert not at.exception, [e.value for e in at.exception]
-        assert_shows(at, snapshot_at(engine_records, step))
-    rec = engine_records[1][1]
-    for _, sentence in step_sentences(rec.events, "en", tiny.decode):
-        assert md_escape_keep(sentence) in markdown(at), sentence
-    at.button(key="back:trace").click().run()
-    assert_shows(at, snapshot_at(engine_records, 1))
-    at.slider(key="timeline:trace").set_value(5).run()
-    assert_shows(at, snapshot_at(engine_records, 5))
-    # run until an event, within the recorded steps
-    found = {k: next((r.step for r in engine_records[1][5:] if any(e.kind == k for e in r.events)), None)
-             for k in ("evicted", "cache_hit", "finished")}
-    kind, step = next((k, s) for k, s in found.items() if s is not None)
-    at.selectbox(key="until_kind:trace").set_value(kind).run()
-    at.button(key="until:trace").click().run()
-    label = {"evicted": "eviction", "cache_hit": "cache hit", "finished": "a request finishing"}[kind]
-    assert any(f"First “{label}” event at step {step}" in s.value for s in at.success)
-    assert_shows(at, snapshot_at(engine_records, step))
-    at.button(key="end:trace").click().run()
-    assert_shows(at, snapshot_at(engine_records, n))
-    assert at.button(key="step:trace").disabled and at.button(key="end:trace").disabled
+    b = Browser(at, "trace")
+    assert b.done and len(b.steps) == n and b.head["first"] == 0, "a trace is sent whole: nothing to compute"
+    for step in range(n + 1):
+        assert b.snaps[step] == snapshot_dict(snapshot_at(engine_records, step)), step
+    for rec in engine_records[1]:
+        assert b.texts(rec.step) == [s for _, s in step_sentences(rec.events, "en", tiny.decode)]
+    assert_shows(b, snapshot_at(engine_records, 0))
+    for step in (2, 1, 5, n):
+        b.show(step)
+        assert_shows(b, snapshot_at(engine_records, step))
+        table = at.dataframe[0].value
+        assert list(table.iloc[:, 0]) == [r.request_id for r in snapshot_at(engine_records, step).requests]
+    assert {"evicted", "cache_hit", "finished"} <= set(b.head["until_kinds"])
     # the outputs line and the header's scenario
     final = json.loads(cli_trace.splitlines()[-1])["outputs"]
     table = at.dataframe[-1].value
     assert list(table["request"]) == list(final) and list(table["text"]) == [o["text"] for o in final.values()]
     assert "`block_size=4`" in markdown(at) and "`num_gpu_blocks=14`" in markdown(at)
     assert not any("shown as ids" in c.value for c in at.caption), "the trace's model is loaded: text is decoded"
+    assert b.head["decoded"]
     assert "step" not in at.query_params and "lesson" not in at.query_params
 
 
@@ -133,7 +114,8 @@ def test_token_ids_when_the_trace_was_recorded_with_another_model(cli_trace):
     at = upload(trace_app(), "\n".join([json.dumps(h)] + rest))
     assert any("shown as ids: the trace was recorded with smollm2, the sidebar's model is tiny-random" in c.value
                for c in at.caption)
-    assert charts(at)["grid:trace"]
+    b = Browser(at, "trace")
+    assert not b.head["decoded"] and not b.vocab, "no text is made up from another model's tokenizer"
 
 
 BAD_FILES = [
@@ -148,8 +130,7 @@ BAD_FILES = [
 
 def test_a_bad_file_shows_why_and_keeps_the_trace(cli_trace, engine_records):
     at = upload(trace_app(), cli_trace)
-    for _ in range(2):
-        at.button(key="step:trace").click().run()
+    b = Browser(at, "trace").show(2)
     state = at.session_state[STATE_KEY]
     before = (state.run, state.run.cursor, state.name)
     lines = cli_trace.splitlines()
@@ -158,9 +139,10 @@ def test_a_bad_file_shows_why_and_keeps_the_trace(cli_trace, engine_records):
         errors = " ".join(e.value for e in at.error)
         assert f"“{name}” was not loaded; the trace shown before is kept" in errors and needle in errors, errors
         assert (state.run, state.run.cursor, state.name) == before
-        assert_shows(at, snapshot_at(engine_records, 2))
-    at.button(key="step:trace").click().run()
-    assert_shows(at, snapshot_at(engine_records, 3))  # the old trace keeps working
+        assert b.sync().run_token == player_data(at, "trace")["run"], "the player keeps the same run"
+        assert_shows(b, snapshot_at(engine_records, 2))
+    b.show(3)
+    assert_shows(b, snapshot_at(engine_records, 3))  # the old trace keeps working
 
 
 def test_a_trace_without_header_starts_at_step_one(cli_trace, engine_records):
@@ -172,13 +154,13 @@ def test_a_trace_without_header_starts_at_step_one(cli_trace, engine_records):
     assert any("no header line" in i.value for i in at.info)
     assert any("does not say which model" in c.value for c in at.caption)
     assert any("no outputs line" in c.value for c in at.caption)
-    assert_shows(at, snapshot_at(engine_records, 1))
-    assert at.button(key="back:trace").disabled
-    assert at.slider(key="timeline:trace").min == 1
-    at.button(key="step:trace").click().run()
-    assert_shows(at, snapshot_at(engine_records, 2))
-    at.slider(key="timeline:trace").set_value(1).run()
-    assert_shows(at, snapshot_at(engine_records, 1))
+    b = Browser(at, "trace")
+    assert b.head["first"] == 1 and b.head["step0"]["ev"], "the first position is step 1, with its events"
+    assert_shows(b, snapshot_at(engine_records, 1))
+    b.show(2)
+    assert_shows(b, snapshot_at(engine_records, 2))
+    b.show(1)
+    assert_shows(b, snapshot_at(engine_records, 1))
 
 
 def test_chinese(cli_trace, engine_records, tiny):
@@ -187,14 +169,13 @@ def test_chinese(cli_trace, engine_records, tiny):
     assert any("尚未加载轨迹" in i.value for i in at.info)
     upload(at, cli_trace)
     assert any("已加载轨迹" in s.value for s in at.success)
-    assert at.button(key="step:trace").label.startswith("单步")
-    at.button(key="step:trace").click().run()
-    assert_shows(at, snapshot_at(engine_records, 1), "步", "空闲块")
-    for _, sentence in step_sentences(engine_records[1][0].events, "zh", tiny.decode):
-        assert md_escape_keep(sentence) in markdown(at), sentence
+    b = Browser(at, "trace").show(1)
+    assert b.head["lang"] == "zh"
+    assert_shows(b, snapshot_at(engine_records, 1))
+    assert b.texts(1) == [s for _, s in step_sentences(engine_records[1][0].events, "zh", tiny.decode)]
     upload(at, "{x", "bad.jsonl")
     assert any("未加载" in e.value for e in at.error)
-    assert metric(at, "步") == "1"
+    assert at.session_state[STATE_KEY].run.cursor == 1
 
 
 def test_example_trace_then_open_its_scenario_in_the_playground(engine_records):
@@ -206,8 +187,8 @@ def test_example_trace_then_open_its_scenario_in_the_playground(engine_records):
     assert state.name == "eviction.jsonl" and t.scenario["name"] == "eviction" and t.scenario["model"] == "tiny-random"
     assert t.initial == engine_records[0] and list(t.records) == engine_records[1], \
         "the example is what the CLI writes for examples/eviction.json"
-    at.button(key="step:trace").click().run()
-    assert_shows(at, snapshot_at(engine_records, 1))
+    b = Browser(at, "trace").show(1)
+    assert_shows(b, snapshot_at(engine_records, 1))
     at.button(key="playground:trace").click().run()
     assert not at.exception, [e.value for e in at.exception]
     assert any("Playground" in t.value for t in at.title)

@@ -8,6 +8,23 @@ from kvcore.kv.block_pool import (AllBlocksCleared, BlockHashToBlockMap, BlockPo
 from kvcore.kv.free_queue import KVCacheBlock
 
 from _kv_helpers import ids, make_manager, make_request, queue_ids, vllm_chain
+from kvcore.kv_events import maybe_convert_block_hash
+
+
+def ext(h):
+    return maybe_convert_block_hash(h)          # a hash as the KV events carry it (uint64)
+
+
+def stored(hashes, parent, token_ids, block_size, group=0, kind=None):
+    """BlockStored as vLLM fills it: medium GPU, one extra-keys entry per hash; ``kind`` is
+    stamped by the KVCacheManager, not the pool."""
+    return BlockStored(block_hashes=[ext(h) for h in hashes], parent_block_hash=None if parent is None else ext(parent),
+                       token_ids=token_ids, block_size=block_size, lora_id=None, medium="GPU", lora_name=None,
+                       extra_keys=[None] * len(hashes) or None, group_idx=group, kv_cache_spec_kind=kind)
+
+
+def removed(h, group=0):
+    return BlockRemoved(block_hashes=[ext(h)], medium="GPU", group_idx=group)
 
 
 def pool(n=8, caching=True, free_order="v0.33", recorder=None, block_size=2):
@@ -237,7 +254,7 @@ def test_eviction_is_lazy_the_hash_goes_only_when_the_block_is_popped():
     assert blocks[1].block_hash is None
     assert p.get_cached_block(h1, [0]) is None
     assert p.get_cached_block(h0, [0]) == [blocks[0]]   # the prefix block survives longest
-    assert p.take_events() == [BlockRemoved([h1])]
+    assert p.take_events() == [removed(h1)]
     evs = rec.drain()
     ev = [e for e in evs if e.kind == events.EVICTED]
     assert len(ev) == 1 and ev[0].block_ids == (2,) and ev[0].block_hash == h1.hex()
@@ -256,7 +273,7 @@ def test_evict_blocks_drops_hashes_even_of_blocks_in_use_and_frees_nothing():
     assert p.get_cached_block(req.block_hashes[1], [0]) is None
     assert p.get_cached_block(req.block_hashes[0], [0]) == [blocks[0]]
     assert queue_ids(p) == free_before
-    assert p.take_events() == [BlockRemoved([req.block_hashes[1]])]
+    assert p.take_events() == [removed(req.block_hashes[1])]
     p.evict_blocks([2, 4])                            # nothing cached there: no event
     assert p.take_events() == []
 
@@ -302,10 +319,10 @@ def test_block_stored_events_carry_parent_hash_token_ids_and_block_size():
     blocks = p.get_new_blocks(3)
     p.cache_full_blocks(req, blocks, 0, 2, 2, 0)
     h = req.block_hashes
-    assert p.take_events() == [BlockStored([h[0], h[1]], None, [1, 2, 3, 4], 2)]
+    assert p.take_events() == [stored([h[0], h[1]], None, [1, 2, 3, 4], 2)]
     req.append_output_token_ids([6])                  # block 2 is full now
     p.cache_full_blocks(req, blocks, 2, 3, 2, 0)
-    assert p.take_events() == [BlockStored([req.block_hashes[2]], h[1], [5, 6], 2)]
+    assert p.take_events() == [stored([req.block_hashes[2]], h[1], [5, 6], 2)]
     assert p.take_events() == []                      # drained
 
 
@@ -330,7 +347,7 @@ def test_cache_full_blocks_skips_blocks_already_cached_and_null_blocks():
     assert p.null_block.block_hash is None
     assert blocks[2].block_hash == make_block_hash_with_group_id(req.block_hashes[2], 0)
     (ev,) = p.take_events()
-    assert ev.block_hashes == [req.block_hashes[2]]     # only the newly stored hash
+    assert ev.block_hashes == [ext(req.block_hashes[2])]     # only the newly stored hash
 
 
 def test_recorder_reports_allocations_and_frees_with_their_reasons():

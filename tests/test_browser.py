@@ -1,4 +1,5 @@
-"""One real browser: Debian's chromium, driven by Playwright, through the prefix-caching lesson."""
+"""A real browser (Debian's chromium, driven by Playwright) and the step player: keys, buttons, the
+timeline, hover, the quiz hold, the static export offline, and a hostile prompt shown as text."""
 import os
 import shutil
 import signal
@@ -15,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-MODEL = os.environ.get("PAGED_KV_LAB_BROWSER_MODEL", "smollm2")
+MODEL = os.environ.get("PAGED_KV_LAB_BROWSER_MODEL", "tiny-random")  # smollm2 for the real model
 
 
 def free_port() -> int:
@@ -84,31 +85,177 @@ def wait_idle(page, timeout=120_000):
     page.wait_for_function("() => !document.querySelector('[data-testid=stStatusWidget]')", timeout=timeout)
 
 
+def open_player(page, url, done=True):
+    page.goto(url)
+    page.wait_for_selector(".pkv[data-total]", timeout=180_000)
+    if done:   # the run streamed in to its end (the tiny model records a lesson in well under a second)
+        page.wait_for_selector('.pkv[data-done="true"]', timeout=180_000)
+    return page.locator(".pkv")
+
+
+def shown_step(page) -> int:
+    return int(page.locator(".pkv").get_attribute("data-step"))
+
+
+def wait_step(page, n: int):
+    page.wait_for_selector(f'.pkv[data-step="{n}"]', timeout=10_000)
+
+
+def drawn(page) -> dict:
+    """What the player draws now: grid (id, ref_cnt, owners), free queue order, block tables."""
+    grid = page.locator(".pkv-grid .pkv-block").evaluate_all(
+        "els => els.map(e => [Number(e.dataset.block), Number(e.dataset.ref), e.dataset.owners])")
+    queue = page.locator(".pkv-queue [data-block]").evaluate_all("els => els.map(e => Number(e.dataset.block))")
+    tables = page.locator(".pkv-tables table tr").evaluate_all(
+        "rows => rows.map(r => [Number(r.closest('table').dataset.group), r.dataset.req,"
+        " Array.from(r.querySelectorAll('.pkv-chip')).map(c => Number(c.dataset.block))])")
+    return {"grid": grid, "queue": queue, "tables": sorted(map(tuple, [(g, r, tuple(b)) for g, r, b in tables]))}
+
+
+def expected(snap) -> dict:
+    grid = [[b.block_id, b.ref_cnt, ",".join(b.owners)] for b in snap.blocks]
+    tables = sorted((g, r.request_id, tuple(t)) for r in snap.requests for g, t in enumerate(r.block_tables) if t)
+    return {"grid": grid, "queue": list(snap.free_queue), "tables": tables}
+
+
+def engine_snapshots(lesson_id):
+    """An independent engine's snapshots of a lesson, on the server's model."""
+    from kvcore.engine import Engine
+    from kvcore.model import load_model
+    from lesson.lessons import BY_ID
+    from lesson.runtime import lesson_scenario
+    model = load_model(model_for_browser(), "cpu")
+    engine = Engine(lesson_scenario(BY_ID[lesson_id], model.num_layers, model=model.name, device="cpu"), model=model)
+    snaps = [engine.snapshot()]
+    records = []
+    while engine.has_unfinished() and len(records) < 400:
+        records.append(engine.step())
+        snaps.append(records[-1].snapshot)
+    return snaps, records
+
+
 @pytest.mark.browser
-def test_prefix_caching_lesson_shows_a_hit(server, browser):
+def test_keys_buttons_timeline_and_hover_agree_with_the_engine(server, browser):
+    snaps, records = engine_snapshots("prefix")
+    n = len(records)
     page = browser.new_page(viewport={"width": 1500, "height": 1900})
-    page.goto(server + "/prefix_caching")
-    page.wait_for_selector(".js-plotly-plot", timeout=180_000)
-    wait_idle(page)
+    open_player(page, server + "/prefix_caching")
     assert "Prefix caching and hash chains" in page.inner_text("h1")
-    step = page.locator("button[kind=primary]").filter(has_text="Step").first
-    hit = page.get_by_text("hit 3 cached blocks")
-    for n in range(1, 13):
-        step.click()
-        page.get_by_text(f"Step {n} of {n} computed").wait_for(timeout=120_000)
-        wait_idle(page)
-        if hit.count():
-            break
-    assert hit.count(), "stepping the lesson shows B's cache hit"
-    assert page.get_by_text("touch [1, 2, 3]").count()
-    assert "step=" in page.url and "lesson=prefix" in page.url
-    grid_text = page.locator(".js-plotly-plot").first.inner_text()
-    assert "r2" in grid_text, "blocks shared by A and B show ref_cnt 2 in the grid"
-    page.wait_for_timeout(800)
+    assert page.locator(".pkv-pos").inner_text() == f"Step 0 of {n}"
+    assert drawn(page) == expected(snaps[0])
+    for _ in range(3):
+        page.keyboard.press("ArrowRight")
+    wait_step(page, 3)
+    assert page.locator(".pkv-pos").inner_text() == f"Step 3 of {n}"
+    assert drawn(page) == expected(snaps[3])
+    page.locator('[data-act="back"]').click()
+    wait_step(page, 2)
+    assert drawn(page) == expected(snaps[2])
+    page.keyboard.press("End")
+    wait_step(page, n)
+    assert drawn(page) == expected(snaps[n])
+    page.keyboard.press("Home")
+    wait_step(page, 0)
+    page.locator(".pkv-timeline").evaluate("(el) => { el.value = '4'; el.dispatchEvent(new Event('input')); }")
+    wait_step(page, 4)
+    assert drawn(page) == expected(snaps[4])
+    page.keyboard.press("ArrowLeft")
+    wait_step(page, 3)
+    # Run until the first cache hit after the cursor
+    hit = next(r.step for r in records[3:] if any(e.kind == "cache_hit" for e in r.events))
+    page.locator('[data-role="until"]').select_option("cache_hit")
+    page.locator('[data-act="until"]').click()
+    wait_step(page, hit)
+    assert drawn(page) == expected(snaps[hit])
+    from kvcore.sentences import sentence
+    hit_event = next(e for e in records[hit - 1].events if e.kind == "cache_hit")
+    assert page.locator(".pkv-events").get_by_text(sentence(hit_event, "en", None)[:30]).count()
+    # hover: the whole story of a shared block
+    shared = next(b for b in snaps[hit].blocks if b.ref_cnt > 1)
+    page.locator(f'.pkv-grid [data-block="{shared.block_id}"]').hover()
+    tip = page.locator(".pkv-tip").inner_text()
+    assert f"block {shared.block_id}" in tip and shared.block_hash in tip and f"ref_cnt: {shared.ref_cnt}" in tip
+    assert (shared.parent_hash or "NONE_HASH") in tip and "not in the free queue" in tip
+    # the page hears where the player is (debounced), without redrawing the player
+    page.wait_for_function(f"() => location.search.includes('step={hit}')", timeout=15_000)
+    assert "lesson=prefix" in page.url
+    # click a request to follow it: its blocks stay lit, the others dim
+    page.locator(".pkv-outputs .pkv-badge").first.click()
+    assert page.locator(".pkv-grid .pkv-block.pkv-sel").count() >= 1 and page.locator(".pkv-grid .pkv-dim").count()
+    page.wait_for_timeout(500)
     out = ROOT / "test-artifacts"
     out.mkdir(exist_ok=True)
+    page.locator(".pkv-outputs .pkv-badge").first.click()
     page.screenshot(path=str(out / "prefix-caching-hit.png"))
-    (ROOT / "docs").mkdir(exist_ok=True)
     if os.environ.get("PAGED_KV_LAB_UPDATE_SCREENSHOT"):  # refresh the README's picture on request only
+        (ROOT / "docs").mkdir(exist_ok=True)
         shutil.copy(out / "prefix-caching-hit.png", ROOT / "docs" / "screenshot.png")
     page.close()
+
+
+@pytest.mark.browser
+def test_quiz_holds_the_step_back(server, browser):
+    page = browser.new_page(viewport={"width": 1500, "height": 1900})
+    open_player(page, server + "/blocks")
+    page.get_by_text("🎓").first.click()
+    page.get_by_text("Predict before you look").first.wait_for(timeout=30_000)
+    page.keyboard.press("ArrowRight")
+    page.wait_for_timeout(300)
+    assert shown_step(page) == 0, "the step is held back until the question is answered"
+    assert "Answer the question" in page.locator('[data-role="notice"]').inner_text()
+    page.get_by_role("button", name="Reveal the step").click()
+    wait_step(page, 1)
+    page.close()
+
+
+HOSTILE = "<img src=x onerror=alert(1)> <script>alert(2)</script>"
+
+
+def hostile_dict():
+    return {"name": "hostile", "engine": {"block_size": 4, "num_gpu_blocks": 24},
+            "requests": [{"id": "X", "prompt": HOSTILE, "max_tokens": 3}]}
+
+
+def assert_literal(page):
+    """The hostile prompt is text everywhere: visible literally, never a tag, never run."""
+    page.locator(".pkv-grid .pkv-block.used").first.hover()
+    assert "onerror=alert(1)" in page.locator(".pkv-tip").inner_text()
+    chains = page.locator(".pkv-chains").inner_text()
+    assert "<img src=x onerror=alert(1)>" in chains or "onerror=alert(1)>" in chains
+    assert page.locator(".pkv img, .pkv script").count() == 0
+
+
+@pytest.mark.browser
+def test_hostile_prompt_is_text_in_the_app_and_in_its_export(server, browser, tmp_path):
+    from lesson.state import _encode_base
+    page = browser.new_page(viewport={"width": 1500, "height": 1900}, accept_downloads=True)
+    dialogs = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    open_player(page, server + "/playground?lesson=playground&scn=" + _encode_base(hostile_dict()))
+    page.keyboard.press("End")
+    assert_literal(page)
+    with page.expect_download(timeout=60_000) as dl:
+        page.get_by_text("Download this run").first.click()
+    path = tmp_path / "run.html"
+    dl.value.save_as(path)
+    html = path.read_text()
+    assert "<img" not in html
+    page.close()
+    # the export: opened from a file:// URL with the network off, it steps like the app
+    ctx = browser.new_context(offline=True)
+    page = ctx.new_page()
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    requests = []
+    page.on("request", lambda r: requests.append(r.url))
+    open_player(page, path.as_uri())
+    n = int(page.locator(".pkv").get_attribute("data-total"))
+    page.keyboard.press("ArrowRight")
+    wait_step(page, 1)
+    page.locator('[data-act="step"]').click()
+    wait_step(page, 2)
+    page.keyboard.press("End")
+    wait_step(page, n)
+    assert_literal(page)
+    assert [u for u in requests if not u.startswith("file:")] == [], "the export loads nothing"
+    assert not dialogs, f"no script from the prompt ran: {dialogs}"
+    ctx.close()

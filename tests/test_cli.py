@@ -10,6 +10,7 @@ import pytest
 
 from kvcore.engine import Engine
 from kvcore.scenario import load_scenario, scenario_to_dict
+from kvcore.sentences import sentence
 from kvcore.snapshot import Snapshot, StepRecord
 from kvcore.trace import read_trace
 
@@ -50,6 +51,10 @@ def test_example_runs_and_trace_matches_engine(path, tmp_path, tiny_model):
     assert cli_outputs == engine.outputs()
     # the trace is the engine's own record, step for step
     assert [r.to_dict() for r in engine.history] == [rec.to_dict() for rec in records]
+    # the step log is one sentence per event, the app's own (decoded tokens aside)
+    for e in records[0].events:
+        if e.kind != "sampled":
+            assert f"   {sentence(e)}\n" in r.stdout, sentence(e)
     # and the app's reader gets all of it back
     t = read_trace(out.read_text())
     assert t.scenario == header["scenario"] and t.records == tuple(records) and t.outputs == cli_outputs
@@ -58,12 +63,15 @@ def test_example_runs_and_trace_matches_engine(path, tmp_path, tiny_model):
 def test_until_stops_at_first_event(tmp_path):
     out = tmp_path / "until.jsonl"
     r = run_cli("run", ROOT / "examples" / "preemption.json", "--model", "tiny-random", "--device", "cpu",
-                "--until", "preempted", "--trace", out)
+                "--until", "preempted", "--trace", out, "--lang", "zh")
     assert r.returncode == 0, r.stderr
     assert "stopped at the first 'preempted' event" in r.stdout
-    assert "PREEMPTED" in r.stdout
-    t = read_trace(out.read_text())   # a stopped run still ends its trace with the outputs so far
-    assert any(e.kind == "preempted" for e in t.records[-1].events)
+    t = read_trace(out.read_text())
+    # the step log is the app's own sentences (kvcore.sentences), here in Chinese, reasons included
+    pre = next(e for e in t.records[-1].events if e.kind == "preempted")
+    assert f"   {sentence(pre, 'zh')}\n" in r.stdout and "被抢占（FCFS" in r.stdout
+    assert "模型采样" in r.stdout
+    # a stopped run still ends its trace with the outputs so far
     assert t.outputs is not None and any(o["finish_reason"] is None for o in t.outputs.values())
 
 

@@ -115,3 +115,39 @@ def test_cache_key_is_hash_plus_4_byte_big_endian_group_id():
     assert k0 == h + b"\x00\x00\x00\x00" and k1 == h + b"\x00\x00\x00\x01"
     assert get_block_hash(k1) == h and get_group_id(k1) == 1
     assert get_group_id(make_block_hash_with_group_id(h, 258)) == 258
+
+
+# -- CBOR algorithms and NONE_HASH seeding as vLLM 0.33 does them --------------------------------------------
+def test_cbor_algorithms_hash_canonical_cbor_of_the_same_tuple():
+    import cbor2
+    parent = hashlib.sha256(cbor2.dumps("vllm-none-hash", canonical=True)).digest()
+    toks = [5, 6, 7, 8]
+    req = make_request("r", toks, 4, hash_algo="sha256_cbor")
+    assert req.block_hashes == [hashlib.sha256(cbor2.dumps((parent, tuple(toks), None), canonical=True)).digest()]
+    none_x = xxhash.xxh3_128_digest(cbor2.dumps("vllm-none-hash", canonical=True))
+    salted = make_request("s", toks, 4, hash_algo="xxhash_cbor", salt="k")
+    key = (none_x, tuple(toks), (("cache_salt", "k"),))
+    assert salted.block_hashes == [xxhash.xxh3_128_digest(cbor2.dumps(key, canonical=True))]
+
+
+def test_none_hash_seed_resolves_as_vllm_when_hash_seed_is_null(monkeypatch):
+    from kvcore.kv.block_hash import resolve_none_hash_seed
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    assert resolve_none_hash_seed("sha256", None) == resolve_none_hash_seed("sha256_cbor", None) == "vllm-none-hash"
+    a, b = resolve_none_hash_seed("xxhash", None), resolve_none_hash_seed("xxhash_cbor", None)
+    assert a != b and len(a) == len(b) == 64 and int(a, 16) >= 0      # fresh random bytes each time
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    assert resolve_none_hash_seed("xxhash", None) == resolve_none_hash_seed("sha256", None) == "0"
+    assert resolve_none_hash_seed("xxhash", "mine") == "mine"           # an explicit seed wins
+
+
+def test_engine_hash_seed_reproduces_a_vllm_server_started_with_pythonhashseed(monkeypatch):
+    # The fixtures were recorded from vLLM 0.33 with PYTHONHASHSEED=0 and sha256: NONE_HASH is
+    # sha256(pickle("0")) = 1973e238..., so engine.hash_seed "0" gives the server's hashes.
+    from _kv_helpers import make_engine, spec
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    eng = make_engine([spec("a", list(range(8)))], hash_algo="sha256", hash_seed="0")
+    assert eng.hasher.none_hash.hex().startswith("1973e23848344dc4")
+    assert make_engine([], hash_algo="sha256").hasher.none_hash == VLLM_NONE_HASH_SHA256   # default seed
+    x1, x2 = (make_engine([], hash_algo="xxhash", hash_seed=None).hasher.none_hash for _ in range(2))
+    assert x1 != x2                                                      # vLLM's random xxhash seed

@@ -9,6 +9,23 @@ from kvcore.sched.request import RequestStatus
 from kvcore.stats import CachingMetrics, PrefixCacheStats
 
 from _kv_helpers import admit, hybrid, ids, make_manager, make_request, queue_ids
+from kvcore.kv_events import maybe_convert_block_hash
+
+
+def ext(h):
+    return maybe_convert_block_hash(h)          # a hash as the KV events carry it (uint64)
+
+
+def stored(hashes, parent, token_ids, block_size, group=0, kind=None):
+    """BlockStored as vLLM fills it: medium GPU, one extra-keys entry per hash; ``kind`` is
+    stamped by the KVCacheManager, not the pool."""
+    return BlockStored(block_hashes=[ext(h) for h in hashes], parent_block_hash=None if parent is None else ext(parent),
+                       token_ids=token_ids, block_size=block_size, lora_id=None, medium="GPU", lora_name=None,
+                       extra_keys=[None] * len(hashes) or None, group_idx=group, kv_cache_spec_kind=kind)
+
+
+def removed(h, group=0):
+    return BlockRemoved(block_hashes=[ext(h)], medium="GPU", group_idx=group)
 
 COMMON = list(range(12))            # three full blocks of 4
 
@@ -283,12 +300,12 @@ def test_kv_cache_events_through_the_manager():
     a = make_request("a", [1, 2, 3, 4], 2)
     admit(kvm, a)
     h = a.block_hashes
-    assert kvm.take_events() == [BlockStored([h[0], h[1]], None, [1, 2, 3, 4], 2)]
+    assert kvm.take_events() == [stored([h[0], h[1]], None, [1, 2, 3, 4], 2, kind="full_attention")]
     kvm.free(a)                                            # queue: 3 2 1
     b = make_request("b", [9, 9, 9, 9, 9, 9], 2)           # needs all three blocks
     admit(kvm, b)
     evs = kvm.take_events()
-    assert evs[:2] == [BlockRemoved([h[1]]), BlockRemoved([h[0]])]
+    assert evs[:2] == [removed(h[1]), removed(h[0])]
     assert isinstance(evs[2], BlockStored) and len(evs[2].block_hashes) == 3
     kvm.free(b)
     assert kvm.reset_prefix_cache() is True

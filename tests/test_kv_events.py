@@ -12,7 +12,7 @@ import pytest
 from kvcore import kv_events as ke
 from kvcore.engine import Engine
 from kvcore.scenario import EngineSettings, RequestSpec, Scenario
-from kvcore.watch import PrefixCacheIndex
+from kvcore.prefix_index import PrefixCacheIndex
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "vllm-kv-events"
 NAMES = ["shared_prefix", "shared_prefix_bytes", "eviction", "hybrid"]
@@ -88,10 +88,34 @@ def test_the_index_counts_duplicates_and_drops_a_hash_at_zero():
     assert index.state() == {"groups": {}} and "0000000000000009" in index.state("CPU")["groups"]["0"]
 
 
+def test_the_index_keeps_at_most_its_cap_of_hashes_and_counts_the_rest():
+    from kvcore.prefix_index import HashBudget
+    budget = HashBudget(3)
+    index = PrefixCacheIndex(budget)
+    index.apply(ke.BlockStored(block_hashes=[1, 2, 3, 4, 5], parent_block_hash=None, token_ids=list(range(10)),
+                               block_size=2, lora_id=None, medium="GPU", lora_name=None, group_idx=0))
+    assert len(index.state()["groups"]["0"]) == 3 and budget.refused == 2
+    index.apply(ke.BlockRemoved(block_hashes=[1], medium="GPU", group_idx=0))
+    index.apply(ke.BlockStored(block_hashes=[6], parent_block_hash=5, token_ids=[0, 1], block_size=2,
+                               lora_id=None, medium="GPU", lora_name=None, group_idx=0))
+    assert "0000000000000006" in index.state()["groups"]["0"] and budget.used == 3
+
+
 def test_a_batch_without_rank_decodes_whether_sent_as_two_or_three_elements():
     for raw in ([1.5, [{"type": "AllBlocksCleared"}]], [1.5, [{"type": "AllBlocksCleared"}], None]):
         b = ke.decode_batch(msgspec.msgpack.encode(raw))
         assert b.data_parallel_rank is None and b.events == [ke.AllBlocksCleared()]
+
+
+def test_older_array_events_are_read_too():
+    """Before 0.33 events were arrays tagged by their first element, with fewer fields."""
+    raw = [2.5, [["BlockStored", [7, 8], None, [1, 2, 3, 4], 2, None, "GPU"],
+                 ["BlockRemoved", [7], "GPU"], ["AllBlocksCleared"]], 1]
+    b = ke.decode_batch(msgspec.msgpack.encode(raw))
+    assert b.ts == 2.5 and b.data_parallel_rank == 1
+    assert b.events == [ke.BlockStored(block_hashes=[7, 8], parent_block_hash=None, token_ids=[1, 2, 3, 4],
+                                       block_size=2, lora_id=None, medium="GPU", lora_name=None),
+                        ke.BlockRemoved(block_hashes=[7], medium="GPU"), ke.AllBlocksCleared()]
 
 
 def test_garbage_payloads_raise_decode_errors():
@@ -117,7 +141,7 @@ def test_endpoint_rules_follow_vllm():
     assert ke.is_bind_endpoint("tcp://*:5557") and ke.is_bind_endpoint("ipc:///tmp/x")
     assert ke.is_bind_endpoint("tcp://[::]:5557")
     assert not ke.is_bind_endpoint("tcp://127.0.0.1:5557")
-    with pytest.raises(ValueError, match="buffer_steps"):
+    with pytest.raises(ValueError, match="buffer_steps: must be"):
         ke.KVEventsConfig(enable_kv_cache_events=True, buffer_steps=0)
     assert ke.KVEventsConfig().publisher == "null" and ke.KVEventsConfig(True).publisher == "zmq"
 
@@ -161,9 +185,10 @@ def engine_for(expected, **publish) -> Engine:
     return eng
 
 
-def run_ops(expected, **publish) -> list[ke.KVEventBatch]:
+def run_ops(expected, eng=None) -> list[ke.KVEventBatch]:
     """Our engine through the fixture's ops; the KV event batch of every step that had one."""
-    eng = engine_for(expected, **publish)
+    own = eng is None
+    eng = eng or engine_for(expected)
     batches = []
 
     def step():
@@ -187,7 +212,8 @@ def run_ops(expected, **publish) -> list[ke.KVEventBatch]:
             assert n == op["steps"] - 1, f"{op}: we took {n} steps"
         elif op["op"] == "reset_prefix_cache":
             assert eng.reset_prefix_cache() is op["result"]
-    eng.close()
+    if own:
+        eng.close()
     return batches
 
 

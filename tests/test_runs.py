@@ -113,14 +113,29 @@ def test_runs_interleave_round_robin(store):
                       model_key=f"k{i}") for i in range(3)]
     with store.lock:               # hold the engine: all three are wanted before the worker starts
         cursors = [Timeline(r) for r in runs]
-    for r in runs:
-        assert r.wait(6, 10)
+    deadline = time.time() + 10
+    while not all(r.done for r in runs) and time.time() < deadline:
+        time.sleep(0.01)           # (no wait(): a waited-for run would go first)
     names = [n for n, _ in log]
     assert len(names) == 18
     for i in range(0, 18, 3):
         assert sorted(names[i:i + 3]) == ["r0", "r1", "r2"], f"one step each in turn, got {names}"
     assert len({tid for _, tid in log}) == 1, "one worker thread computes every step"
     assert cursors
+
+
+def test_a_step_a_session_waits_for_goes_before_background_steps(store):
+    log = []
+    runs = [store.run(sc(f"r{i}"), lambda s, i=i: FakeEngine(n=50, delay=0.002, log=log, name=f"r{i}"),
+                      model_key=f"k{i}") for i in range(3)]
+    with store.lock:
+        cursors = [Timeline(r) for r in runs]
+        waiter = threading.Thread(target=cursors[2].goto, args=(10, 10.0))
+        waiter.start()
+        time.sleep(0.05)
+    waiter.join(10)
+    first = [n for n, _ in log[:12]]
+    assert first.count("r2") >= 9 and cursors[2].cursor == 10, first
 
 
 def test_one_failing_run_never_stops_the_others(store):

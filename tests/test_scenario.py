@@ -27,7 +27,28 @@ def test_defaults():
     assert s == Scenario()
     assert s.engine == EngineSettings()
     assert s.engine.free_order == "v0.33" and s.engine.admission == "full_sequence"
-    assert s.engine.sliding_retention == "sparse" and s.engine.hash_algo == "xxhash"
+    assert s.engine.prefix_cache_retention_interval == 0 and s.engine.hash_algo == "xxhash"
+    assert s.engine.hash_seed == "vllm-none-hash" and s.engine.watermark == 0.0
+    assert s.engine.max_cache_hit_length is None
+
+
+@pytest.mark.parametrize("old, new", [("sparse", 0), ("dense", None)])
+def test_old_sliding_retention_is_read_as_the_retention_interval(old, new):
+    s = load_scenario({"engine": {"sliding_retention": old, "sliding_window": 4}})
+    assert s.engine.prefix_cache_retention_interval == new
+    assert "sliding_retention" not in scenario_to_dict(s)["engine"]
+    assert one_problem({"engine": {"sliding_retention": old, "prefix_cache_retention_interval": 0}}).startswith(
+        "engine.sliding_retention: give prefix_cache_retention_interval only")
+
+
+def test_new_settings_load():
+    s = load_scenario({"engine": {"hash_algo": "sha256_cbor", "hash_seed": None, "watermark": 0.25,
+                                  "max_cache_hit_length": 32, "sliding_window": 8, "block_size": 4,
+                                  "prefix_cache_retention_interval": 16}})
+    e = s.engine
+    assert (e.hash_algo, e.hash_seed, e.watermark, e.max_cache_hit_length) == ("sha256_cbor", None, 0.25, 32)
+    assert e.prefix_cache_retention_interval == 16 and isinstance(load_scenario(
+        {"engine": {"watermark": 0}}).engine.watermark, float)
 
 
 def test_load_from_dict_json_string_and_file(tmp_path):
@@ -72,14 +93,23 @@ def test_example_scenarios_load(path):
     ({"max_num_batched_tokens": -4}, "engine.max_num_batched_tokens: must be an integer >= 1"),
     ({"long_prefill_token_threshold": -1}, "engine.long_prefill_token_threshold: must be an integer >= 0"),
     ({"enable_prefix_caching": "yes"}, "engine.enable_prefix_caching: must be true or false"),
-    ({"hash_algo": "md5"}, "engine.hash_algo: must be one of xxhash, sha256; got 'md5'"),
+    ({"hash_algo": "md5"}, "engine.hash_algo: must be one of xxhash, sha256, sha256_cbor, xxhash_cbor; got 'md5'"),
     ({"policy": "lifo"}, "engine.policy: must be one of fcfs, priority"),
     ({"free_order": "lru"}, "engine.free_order: must be one of v0.33, legacy"),
     ({"admission": "eager"}, "engine.admission: must be one of full_sequence, first_chunk"),
     ({"sliding_retention": "all"}, "engine.sliding_retention: must be one of sparse, dense"),
+    ({"prefix_cache_retention_interval": -4}, "engine.prefix_cache_retention_interval: must be null or an integer >= 0"),
+    ({"prefix_cache_retention_interval": 6, "block_size": 4, "sliding_window": 8},
+     "engine.prefix_cache_retention_interval: must be a multiple of block_size (4); got 6"),
+    ({"prefix_cache_retention_interval": 16}, "engine.prefix_cache_retention_interval: > 0 needs a sliding window"),
+    ({"watermark": 1}, "engine.watermark: must be a number in [0, 1); got 1"),
+    ({"watermark": True}, "engine.watermark: must be a number in [0, 1); got True"),
+    ({"watermark": "0.1"}, "engine.watermark: must be a number in [0, 1)"),
+    ({"max_cache_hit_length": -1}, "engine.max_cache_hit_length: must be null or an integer >= 0"),
+    ({"hash_seed": 42}, "engine.hash_seed: must be a string or null; got 42"),
     ({"sliding_window": 0}, "engine.sliding_window: must be null or a positive integer; got 0"),
     ({"max_model_len": -1}, "engine.max_model_len: must be null or a positive integer"),
-    ({"seed": -1}, "engine.seed: must be null or a positive integer"),
+    ({"seed": -1}, "engine.seed: must be null or an integer >= 0"),
     ({"layer_types": ["full_attention", "mamba"]}, "engine.layer_types: must be a non-empty list"),
     ({"layer_types": []}, "engine.layer_types: must be a non-empty list"),
     ({"layer_types": ["sliding_attention"]}, "engine.layer_types: sliding_attention layers need engine.sliding_window"),

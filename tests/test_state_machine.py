@@ -1,8 +1,9 @@
 """Random operation sequences keep every invariant (hypothesis RuleBasedStateMachine).
 
 Each example draws engine settings (block size 1..8, small pools, both policies, both free
-orders, both admission rules, caching on/off, full / sliding / hybrid groups, sparse / dense
-retention), then interleaves arrivals of prompts that share prefixes, engine steps, aborts,
+orders, both admission rules, caching on/off, full / sliding / hybrid groups, every
+prefix_cache_retention_interval kind (null, 0, a multiple of the block size), watermark,
+max_cache_hit_length, the four hash algorithms and NONE_HASH seeds), then interleaves arrivals of prompts that share prefixes, engine steps, aborts,
 evict_blocks and reset_prefix_cache. The engine runs with debug=True, so check_invariants()
 runs after every step; the machine also checks it after every rule, together with the
 scheduler's own bookkeeping. At the end every request must finish and the pool must be all free.
@@ -41,8 +42,13 @@ class KVCacheMachine(RuleBasedStateMachine):
             free_order=data.draw(st.sampled_from(["v0.33", "legacy"]), label="free_order"),
             admission=data.draw(st.sampled_from(["full_sequence", "first_chunk"]), label="admission"),
             enable_prefix_caching=data.draw(st.booleans(), label="caching"),
-            sliding_retention=data.draw(st.sampled_from(["sparse", "dense"]), label="retention"),
-            hash_algo=data.draw(st.sampled_from(["xxhash", "sha256"]), label="hash_algo"),
+            prefix_cache_retention_interval=data.draw(
+                st.sampled_from([None, 0] + ([bs, 2 * bs, 3 * bs] if mode != "full" else [])), label="retention"),
+            watermark=data.draw(st.sampled_from([0.0, 0.0, 0.1, 0.3]), label="watermark"),
+            max_cache_hit_length=data.draw(st.sampled_from([None, None, 0, 5, 12]), label="max_cache_hit_length"),
+            hash_algo=data.draw(st.sampled_from(["xxhash", "sha256", "sha256_cbor", "xxhash_cbor"]),
+                                label="hash_algo"),
+            hash_seed=data.draw(st.sampled_from(["vllm-none-hash", "another seed", None]), label="hash_seed"),
             sliding_window=window,
             layer_types=("full_attention", "sliding_attention") if mode == "hybrid" else None,
         )
@@ -111,16 +117,22 @@ class KVCacheMachine(RuleBasedStateMachine):
         total = sum(rec.scheduled.values())
         assert total <= self.kw["max_num_batched_tokens"]
         thr = self.kw["long_prefill_token_threshold"]
-        if thr:
+        if thr and len(rec.scheduled) > 1:       # the cap only applies with more than one request
             assert all(n <= thr for n in rec.scheduled.values())
+        stats = self.eng.kv_cache_manager.prefix_cache_totals
+        assert 0 <= stats.hits <= stats.queries and 0 <= stats.preempted_hits <= stats.preempted_queries
+        cap = self.kw["max_cache_hit_length"]
+        if cap is not None:
+            assert stats.hits + stats.preempted_hits <= cap * (stats.requests + stats.preempted_requests)
         assert rec.snapshot.num_free_blocks == len(rec.snapshot.free_queue)
         return rec
 
     @invariant()
     def invariants_hold(self):
         eng = self.eng
-        check_invariants(eng.kv_cache_manager, eng.hash_fn, eng.scheduler.requests)
+        check_invariants(eng.kv_cache_manager, eng.hash_fn, eng.scheduler.requests, eng.hasher.none_hash)
         sched = eng.scheduler
+        assert all(sched.requests[rid].is_finished() for rid in sched.finished_req_ids)
         running = {r.request_id for r in sched.running}
         waiting = {r.request_id for r in sched.waiting.ordered()}
         assert len(sched.running) == len(running) <= self.kw["max_num_seqs"]
@@ -162,7 +174,7 @@ class KVCacheMachine(RuleBasedStateMachine):
         assert all(b.ref_cnt == 0 for b in pool.blocks if not b.is_null)
         assert pool.get_usage() == 0.0
         assert eng.reset_prefix_cache() is True
-        check_invariants(eng.kv_cache_manager, eng.hash_fn, eng.scheduler.requests)
+        check_invariants(eng.kv_cache_manager, eng.hash_fn, eng.scheduler.requests, eng.hasher.none_hash)
 
 
 KVCacheMachine.TestCase.settings = settings(

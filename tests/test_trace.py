@@ -7,7 +7,6 @@ import pytest
 from pathlib import Path
 
 from kvcore import events, trace
-from kvcore.events import Event
 from kvcore.snapshot import Snapshot, StepRecord
 
 from _kv_helpers import events_of, make_engine, spec, vllm_chain
@@ -214,6 +213,10 @@ BAD_TRACES = [
     (_edit(2, lambda d: d["events"][0].update(request_id=7)),
      "line 3: step record: events[0].request_id: Input should be a valid string, got 7"),
     (_edit(2, lambda d: d["scheduled"].update(A="x")), 'line 3: step record: scheduled.A: Input should be a valid integer'),
+    (_edit(2, lambda d: d["snapshot"]["prefix_cache"].update(hits="x")),   # int or float: one line, both said
+     'snapshot.prefix_cache.hits: Input should be a valid integer, got "x" or Input should be a valid number'),
+    (_edit(2, lambda d: d["snapshot"]["blocks"][1].update(ref_cnt=1.0)),   # no coercion
+     'snapshot.blocks[1].ref_cnt: Input should be a valid integer, got 1.0'),
     (_edit(0, lambda d: d["scenario"]["engine"].update(block_size=0)), "line 1: header scenario: engine.block_size"),
     (_edit(0, lambda d: d.update(scenario=[1])), "line 1: header scenario: not a JSON object"),
     (_edit(0, lambda d: d.pop("scenario")), "line 1: header missing 'scenario'"),

@@ -11,7 +11,8 @@ import pytest
 import zmq
 
 from kvcore import kv_events as ke
-from kvcore.watch import KVEventWatcher, leading_hits
+from kvcore.prefix_index import leading_hits
+from kvcore.watch import KVEventWatcher
 
 from _kv_pub import ScriptedPublisher, bind_free, fixture, wait_for
 
@@ -153,7 +154,7 @@ def test_garbage_is_counted_and_skipped_and_the_stream_goes_on(publisher, ctx):
 
 def test_leading_hits_hashes_a_prompt_as_the_server_did():
     expected, frames = fixture("eviction")
-    from kvcore.watch import PrefixCacheIndex
+    from kvcore.prefix_index import PrefixCacheIndex
     index = PrefixCacheIndex()
     for _, _, payload in frames[:5]:                                    # up to before_eviction
         for ev in ke.decode_batch(payload).events:
@@ -169,16 +170,17 @@ def test_leading_hits_hashes_a_prompt_as_the_server_did():
 
 
 def test_our_engine_publishes_frames_the_watcher_reads_as_vllm_events(ctx, tmp_path):
-    from test_kv_events import run_ops            # the same ops as the fixture tests
+    from test_kv_events import engine_for, run_ops    # the same ops as the fixture tests
     expected, frames = fixture("eviction")
     pub_ep, replay_ep = f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay"   # ipc: vLLM binds it
     got = []
     w = KVEventWatcher(pub_ep, replay_ep, topic="kv-events", context=ctx,
                        on_batch=lambda rank, seq, batch, replayed: got.append((seq, batch)))
+    eng = engine_for(expected, endpoint=pub_ep, replay_endpoint=replay_ep, topic="kv-events")
     try:
         w.start()
         assert w.connected.wait(5)
-        run_ops(expected, endpoint=pub_ep, replay_endpoint=replay_ep, topic="kv-events")
+        run_ops(expected, eng)
         assert wait_for(lambda: len(got) == len(frames))
         for (seq, batch), (_, want_seq, payload) in zip(got, frames):
             want = ke.decode_batch(payload)
@@ -186,6 +188,7 @@ def test_our_engine_publishes_frames_the_watcher_reads_as_vllm_events(ctx, tmp_p
         assert w.snapshot().ranks[0].state == expected["final_state"]
     finally:
         w.stop()
+        eng.close()
 
 
 def test_cli_watch_dumps_the_fixture_state_and_stops_cleanly_on_sigterm(publisher, tmp_path):
@@ -236,3 +239,67 @@ def test_cli_watch_stops_after_duration_and_refuses_bad_endpoints(tmp_path):
     r = subprocess.run([sys.executable, "-m", "kvcore", "watch", "http://example.com"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "endpoint" in r.stderr
+
+
+def test_a_scenario_with_engine_kv_events_publishes_every_step_that_had_events(ctx, tmp_path):
+    from kvcore.engine import Engine, NoModelRunner
+    from kvcore.scenario import load_scenario
+    from kvcore.prefix_index import PrefixCacheIndex
+    pub_ep, replay_ep = f"ipc://{tmp_path}/p", f"ipc://{tmp_path}/r"
+    scenario = load_scenario({"model": "tiny-random", "engine": {
+        "block_size": 4, "num_gpu_blocks": 10, "hash_algo": "sha256",
+        "kv_events": {"enable_kv_cache_events": True, "endpoint": pub_ep, "replay_endpoint": replay_ep,
+                      "topic": "lab"}},
+        "requests": [{"id": "a", "prompt_token_ids": list(range(1, 14)), "max_tokens": 6},
+                     {"id": "b", "prompt_token_ids": list(range(1, 9)) + [99] * 9, "max_tokens": 6,
+                      "arrival_step": 2}]})
+    assert Engine(scenario, runner=NoModelRunner()).kv_event_publisher is None   # a file alone opens no socket
+    eng = Engine(scenario, runner=NoModelRunner(), kv_events=scenario.engine.kv_events)   # as the CLI does
+    w = KVEventWatcher(pub_ep, replay_ep, topic="lab", context=ctx).start()
+    try:
+        assert w.connected.wait(5)
+        time.sleep(0.2)
+        mine = PrefixCacheIndex()
+        sent = 0
+        while eng.has_unfinished():
+            eng.step()
+            if eng.last_kv_event_batch is not None:
+                sent += 1
+                for ev in eng.last_kv_event_batch.events:
+                    mine.apply(ev)
+        assert sent >= 3
+        assert wait_for(lambda: w.snapshot().stats.batches == sent)
+        assert w.snapshot().ranks[0].state == mine.state() and mine.state()["groups"]["0"]
+    finally:
+        w.stop()
+        eng.close()
+
+
+def test_our_publisher_sends_vllms_live_frames_and_answers_replay_as_vllm_did(ctx, tmp_path):
+    import base64
+    from _kv_pub import FIXTURES
+    expected, frames = fixture("eviction")
+    example = json.loads((FIXTURES / "eviction.replay_example.json").read_text())
+    pub = ke.ZmqEventPublisher(0, f"ipc://{tmp_path}/p", f"ipc://{tmp_path}/r", topic="kv-events", context=ctx)
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(pub.endpoint)
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(pub.replay_endpoint)
+    try:
+        time.sleep(0.3)
+        for _, _, payload in frames:
+            pub.publish_payload(payload)
+        for topic, seq, payload in frames:
+            assert sub.poll(5000)
+            assert sub.recv_multipart() == [topic.encode(), seq.to_bytes(8, "big"), payload]
+        dealer.send_multipart([base64.b64decode(f) for f in example["request"]["dealer_sends"]])
+        for reply in example["replies"]:
+            assert dealer.poll(5000)
+            assert dealer.recv_multipart() == [base64.b64decode(f) for f in reply["frames_b64"]]
+        dealer.send_multipart([b"", b"\x00", b"a third frame"])     # not a replay request: no answer
+        assert not dealer.poll(300)
+    finally:
+        sub.close(0)
+        dealer.close(0)
+        pub.shutdown()

@@ -82,11 +82,13 @@ function applyDelta(prev, d) {
 
 class Player {
   constructor(root) {
-    this.root = root;
+    this.root = root;                          // a ShadowRoot in the app, a div in the export
+    this.box = root.querySelector(".pkv");     // carries data-step / data-total for tests and benches
     this.q = (role) => root.querySelector(`[data-role="${role}"]`);
     this.run = null;            // the RUNS entry shown
     this.runKey = null;
     this.cursor = 0;
+    this.first = 0;
     this.prevShown = null;      // the snapshot drawn before (for enter transitions)
     this.sel = null;            // {type: "block"|"req", id}
     this.playing = false;
@@ -133,11 +135,13 @@ class Player {
     const fresh = this.runKey !== data.run;
     this.run = run;
     this.runKey = data.run;
-    this.holdAt = data.hold_at === undefined ? null : data.hold_at;
+    this.first = run.head.first || 0;        // 1 for a trace without the state before step 1
+    this.urlStep = !!data.url_step;
+    this.holdAt = data.hold_at === undefined || data.hold_at === null ? null : data.hold_at - this.first;
     if (fresh) { this.cursor = Math.min(this.cursor, this.n); this.prevShown = null; this.staticLabels(); }
     if (data.goto && data.goto.seq !== this.gotoSeq) {
       this.gotoSeq = data.goto.seq;
-      this.pendingGoto = data.goto.step;
+      this.pendingGoto = Math.max(0, data.goto.step - this.first);
     }
     if (this.pendingGoto !== null && (this.pendingGoto <= this.n || run.done)) {
       const target = Math.min(this.pendingGoto, this.n);
@@ -154,13 +158,27 @@ class Player {
     if (!this.component || !this.component.setStateValue) return;
     const key = JSON.stringify(value);
     if (this.reported[name] === key) return;
-    const send = () => { this.reported[name] = key; this.component.setStateValue(name, value); };
+    const send = () => {
+      this.reported[name] = key;
+      this.component.setStateValue(name, value);
+      if (name === "cursor" && this.urlStep) this.writeUrl(value.step);
+    };
     if (name === "cursor" && !now) {
       clearTimeout(this.reportTimer);
       this.reportTimer = setTimeout(send, REPORT_MS);
     } else {
       send();
     }
+  }
+
+  // The link keeps the step: written here, at once, as the page would write it on its next full run.
+  writeUrl(step) {
+    try {
+      const u = new URL(window.location.href);
+      if (u.searchParams.get("step") === String(step)) return;
+      u.searchParams.set("step", String(step));
+      window.history.replaceState(window.history.state, "", u.toString());
+    } catch (e) { /* a page without a writable location (a sandbox) keeps its URL */ }
   }
 
   // -- moving ------------------------------------------------------------------------
@@ -172,7 +190,7 @@ class Player {
     this.prevShown = animate && Math.abs(k - before) === 1 && this.run ? this.run.snaps[before] : null;
     this.cursor = k;
     this.draw();
-    this.report("cursor", { run: this.runKey, step: k }, false);
+    this.report("cursor", { run: this.runKey, step: k + this.first }, false);
   }
 
   step() {
@@ -181,7 +199,7 @@ class Player {
     if (this.cursor < this.n) { this.show(this.cursor + 1); return true; }
     if (this.run && !this.run.done) {
       this.notice(this.L.waiting_step);
-      this.report("want", { run: this.runKey, step: this.cursor + 1 }, true);
+      this.report("want", { run: this.runKey, step: this.cursor + 1 + this.first }, true);
       return false;
     }
     this.notice(this.endText());
@@ -202,7 +220,7 @@ class Player {
       if (!this.playing) return;
       if (this.cursor >= this.n && this.run.done) { this.stopPlay(); this.notice(this.endText()); this.draw(); return; }
       if (this.holdAt !== null && this.cursor >= this.holdAt) { this.stopPlay(); this.notice(this.L.hold); this.draw(); return; }
-      if (this.cursor < this.n) this.show(this.cursor + 1); else this.report("want", { run: this.runKey, step: this.cursor + 1 }, true);
+      if (this.cursor < this.n) this.show(this.cursor + 1); else this.report("want", { run: this.runKey, step: this.cursor + 1 + this.first }, true);
       this.timer = setTimeout(tick, PLAY_MS / speed);
     };
     this.draw();
@@ -225,7 +243,7 @@ class Player {
     if (this.seek.end) {
       if (this.cursor !== limit) this.show(limit, false);
       if (this.run.done || limit < this.n) { this.seek = null; this.notice(this.endText()); }
-      else { this.notice(L.waiting_step); this.report("want", { run: this.runKey, step: this.n + 1 }, true); }
+      else { this.notice(L.waiting_step); this.report("want", { run: this.runKey, step: this.n + 1 + this.first }, true); }
       this.draw();
       return;
     }
@@ -233,7 +251,7 @@ class Player {
       if (this.run.steps[k - 1].ev.some((e) => e[0] === this.seek.kind)) {
         this.seek = null;
         this.show(k, false);
-        this.notice(L.found(name, k));
+        this.notice(L.found(name, k + this.first));
         return;
       }
     }
@@ -244,7 +262,7 @@ class Player {
     } else {
       this.show(limit, false);
       this.notice(L.searching(name));
-      this.report("want", { run: this.runKey, step: this.n + 1 }, true);
+      this.report("want", { run: this.runKey, step: this.n + 1 + this.first }, true);
     }
   }
 
@@ -323,13 +341,14 @@ class Player {
 
   draw() {
     if (!this.run) return;
-    const L = this.L, snap = this.run.snaps[this.cursor], st = this.cursor ? this.run.steps[this.cursor - 1] : null;
-    this.root.dataset.step = String(this.cursor);
-    this.root.dataset.total = String(this.n);
-    this.root.dataset.done = String(this.run.done);
+    const L = this.L, snap = this.run.snaps[this.cursor];
+    const st = this.cursor ? this.run.steps[this.cursor - 1] : (this.run.head.step0 || null);
+    this.box.dataset.step = String(this.cursor + this.first);
+    this.box.dataset.total = String(this.n + this.first);
+    this.box.dataset.done = String(this.run.done);
     const tl = this.q("timeline");
     tl.max = String(Math.max(this.n, 1)); tl.value = String(this.cursor); tl.disabled = this.n === 0;
-    this.q("pos").textContent = L.pos(this.cursor, this.n);
+    this.q("pos").textContent = L.pos(this.cursor + this.first, this.n + this.first);
     this.q("live").textContent = this.run.done ? "" : L.computing;
     const btn = (a) => this.root.querySelector(`[data-act="${a}"]`);
     btn("back").disabled = this.cursor === 0;
@@ -578,8 +597,7 @@ class Player {
     const b = snap.blocks[Number(t.dataset.block)];
     if (!b) return;
     tip.textContent = this.blockLines(snap, b).join("\n");
-    const box = this.root.querySelector(".pkv") || this.root;
-    const rb = box.getBoundingClientRect(), rt = t.getBoundingClientRect();
+    const rb = this.box.getBoundingClientRect(), rt = t.getBoundingClientRect();
     tip.style.left = `${Math.max(0, rt.left - rb.left)}px`;
     tip.style.top = `${rt.bottom - rb.top + 4}px`;
     tip.hidden = false;
