@@ -21,4 +21,4 @@ test-fast: setup
 bench: setup
 	$(PY) bench/bench_kvcore.py
 	$(PY) bench/bench_engine.py
-	$(PY) bench/bench_app_step.py
+	$(PY) bench/bench_player.py

@@ -1,6 +1,7 @@
 """Command line: replay a scenario step by step.
 
     python -m kvcore run SCENARIO.json [--trace OUT.jsonl] [--html OUT.html] [--until EVENT] [--model M] [--device D]
+                             [--set KEY=VALUE ...]
     python -m kvcore profile [--model M] [--device D] [--block-size N] [--gpu-memory-utilization F]
                              [--max-num-batched-tokens N] [--max-model-len N]
 

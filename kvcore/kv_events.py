@@ -367,10 +367,3 @@ class ZmqEventPublisher:
             if seq >= start_seq:
                 self._replay.send_multipart((ident, b"", self._topic, seq.to_bytes(8, "big"), payload))
         self._replay.send_multipart((ident, b"", b"", END_SEQ, b""))
-
-
-def create_publishers(config: KVEventsConfig, data_parallel_size: int = 1) -> list[ZmqEventPublisher]:
-    """One publisher per data-parallel rank, or none when events are off or the publisher is null."""
-    if not config.enable_kv_cache_events or config.publisher == "null":
-        return []
-    return [ZmqEventPublisher.from_config(config, r) for r in range(data_parallel_size)]

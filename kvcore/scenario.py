@@ -302,10 +302,14 @@ def parse_engine_overrides(pairs: list[str]) -> dict[str, Any]:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise ScenarioError([f"--set {pair!r}: write KEY=VALUE, e.g. watermark=0.1"])
+        key = key.strip()
+        if isinstance(getattr(EngineSettings, key, None), str) and value != "null":
+            out[key] = value            # a text setting stays text: hash_seed=0 is the seed "0"
+            continue
         try:
-            out[key.strip()] = json.loads(value)
+            out[key] = json.loads(value)
         except json.JSONDecodeError:
-            out[key.strip()] = value
+            out[key] = value
     return out
 
 

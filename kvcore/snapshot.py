@@ -29,6 +29,7 @@ class BlockView:
     token_ids: tuple[int, ...]      # tokens whose K/V the block holds (full blocks: block_size of them)
     queue_pos: int | None           # 0 = head of the free queue; None = not in the queue
     owners: tuple[str, ...]         # request ids whose block tables hold this block
+    block_hash_num_tokens: int | None = None   # prefix length the hash covers (vLLM's name); None if not cached
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,10 @@ class Snapshot:
     running: tuple[str, ...]
     usage: float
     num_free_blocks: int
-    prefix_cache: dict[str, int | float]   # queries, hits, hit_rate (tokens), since reset
+    # vLLM's PrefixCacheStats since the last reset (tokens; requests resumed after preemption
+    # counted apart) + recent_hit_rate / recent_requests: the hit rate over the last N requests
+    # as vLLM logs it (kvcore/stats.py)
+    prefix_cache: dict[str, int | float]
     groups: tuple[dict[str, Any], ...]  # per KV cache group: {"kind": "full"|"sliding", "sliding_window": W|None}
 
     def to_dict(self) -> dict[str, Any]:
@@ -169,7 +173,8 @@ def take_snapshot(scheduler: "Scheduler", step: int,
         blocks.append(BlockView(
             block_id=blk.block_id, ref_cnt=0 if blk.is_null else blk.ref_cnt, is_null=blk.is_null,
             block_hash=h, parent_hash=parent, group=group, token_ids=tuple(toks),
-            queue_pos=queue_pos.get(blk.block_id), owners=tuple(owners.get(blk.block_id, ()))))
+            queue_pos=queue_pos.get(blk.block_id), owners=tuple(owners.get(blk.block_id, ())),
+            block_hash_num_tokens=blk.block_hash_num_tokens))
 
     hash_map = {
         f"{get_block_hash(key).hex()}@{get_group_id(key)}": tuple(blocks_by_id)
@@ -194,5 +199,6 @@ def take_snapshot(scheduler: "Scheduler", step: int,
         waiting=tuple(r.request_id for r in scheduler.waiting.ordered()),
         running=tuple(r.request_id for r in scheduler.running),
         usage=kvm.usage, num_free_blocks=pool.get_num_free_blocks(),
-        prefix_cache=kvm.prefix_cache_stats.to_dict(),
+        prefix_cache={**kvm.prefix_cache_totals.to_dict(), "recent_hit_rate": kvm.caching_metrics.hit_rate,
+                      "recent_requests": kvm.caching_metrics.aggregated_requests},
         groups=tuple(g.to_dict() for g in kvm.coordinator.groups))

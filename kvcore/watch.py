@@ -175,6 +175,9 @@ class KVEventWatcher:
                 r.sub = self._ctx.socket(zmq.SUB)
                 r.sub.setsockopt(zmq.LINGER, 0)
                 r.sub.setsockopt(zmq.RCVHWM, 100_000)
+                # A hard ceiling in libzmq (it drops the connection); below it, payloads over
+                # max_payload_bytes are read, counted and dropped by _receive.
+                r.sub.setsockopt(zmq.MAXMSGSIZE, 8 * self.max_payload_bytes)
                 r.sub.setsockopt_string(zmq.SUBSCRIBE, self.topic)
                 if self.bind:
                     r.sub.bind(r.endpoint)
@@ -185,6 +188,7 @@ class KVEventWatcher:
                 if r.replay_endpoint is not None:
                     r.dealer = self._ctx.socket(zmq.DEALER)
                     r.dealer.setsockopt(zmq.LINGER, 0)
+                    r.dealer.setsockopt(zmq.MAXMSGSIZE, 8 * self.max_payload_bytes)
                     r.dealer.connect(r.replay_endpoint)
                     poller.register(r.dealer, zmq.POLLIN)
             time.sleep(0.2)     # let the subscription reach the publisher before asking for a replay

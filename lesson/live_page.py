@@ -9,7 +9,6 @@ blocks the server holds now.
 """
 from __future__ import annotations
 
-import html
 import re
 import threading
 import time
@@ -172,8 +171,9 @@ def get_watcher(key: Optional[tuple]) -> Optional[KVEventWatcher]:
 
 # -- pictures ------------------------------------------------------------------------------------
 def _label(text: str) -> str:
-    # Plotly reads a few HTML tags in text; token text is data, so it is escaped.
-    return html.escape(text.replace("\n", "⏎"))
+    # Plotly reads a few HTML tags (<b>, <br>, <a href>) in text; token text is data, so its
+    # angle brackets are swapped for look-alikes that no renderer takes for markup.
+    return text.replace("\n", "⏎").replace("<", "‹").replace(">", "›")
 
 
 def chain_depths(entries: dict[str, CacheEntry]) -> dict[str, int]:
@@ -224,7 +224,8 @@ def tree_figure(entries: dict[str, CacheEntry], decode, lang: str) -> go.Figure:
         labels.append(t(name if name != "unknown" else "unknown_tokens", lang))
         hover.append("")
     fig = go.Figure(go.Icicle(ids=ids, parents=parents, labels=labels, hovertext=hover,
-                              hoverinfo="text", tiling={"orientation": "h"}, maxdepth=8))
+                              hoverinfo="text", tiling={"orientation": "h"}, maxdepth=8,
+                              root_color="#e8e8e8"))
     fig.update_layout(margin=dict(l=0, r=0, t=10, b=0), height=420)
     return fig
 
@@ -323,7 +324,7 @@ def _live_view(key: tuple, lang: str) -> None:
     with c1:
         st.markdown(f"**{t('rates', lang)}**")
         fig = go.Figure()
-        xs = [h["t"] for h in hist]
+        xs = pd.to_datetime([h["t"] for h in hist], unit="s")
         fig.add_scatter(x=xs, y=[h["stored"] for h in hist], name=t("stored", lang))
         fig.add_scatter(x=xs, y=[-h["removed"] for h in hist], name=t("removed", lang))
         fig.update_layout(height=260, margin=dict(l=0, r=0, t=10, b=0))
@@ -333,7 +334,8 @@ def _live_view(key: tuple, lang: str) -> None:
         fig = go.Figure()
         series = sorted({k for h in hist for k in h["cached"]})
         for name in series:
-            fig.add_scatter(x=[h["t"] for h in hist], y=[h["cached"].get(name, 0) for h in hist], name=name)
+            fig.add_scatter(x=pd.to_datetime([h["t"] for h in hist], unit="s"),
+                            y=[h["cached"].get(name, 0) for h in hist], name=name)
         fig.update_layout(height=260, margin=dict(l=0, r=0, t=10, b=0))
         st.plotly_chart(fig, key="live:cached", config={"displayModeBar": False})
     st.subheader(t("longest", lang))

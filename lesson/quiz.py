@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from kvcore.snapshot import Snapshot, StepRecord
 
-from .figures.common import short_hash
+from kvcore.sentences import short_hash
 from .i18n import tr
 
 

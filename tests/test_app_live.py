@@ -111,3 +111,21 @@ def test_live_page_is_in_the_navigation_and_opens_from_the_app(monkeypatch):
     at.switch_page(live_page.PAGE_FILE).run()
     assert not at.exception, [e.value for e in at.exception]
     assert any("Live vLLM" in t.value for t in at.title)
+
+
+def test_tree_and_longest_prefixes_follow_the_hash_chains_and_never_pass_markup():
+    from kvcore import kv_events as ke
+    from kvcore.prefix_index import PrefixCacheIndex
+    expected, frames = fixture("shared_prefix")
+    index = PrefixCacheIndex()
+    for _, _, payload in frames:
+        for ev in ke.decode_batch(payload).events:
+            index.apply(ev)
+    entries = index.tiers[("GPU", "0")]
+    depth = live_page.chain_depths(entries)
+    assert max(depth.values()) == 4                     # 16-token blocks: A, B, C, D reach block 3
+    fig = live_page.tree_figure(entries, lambda ids: "<b>hi</b><script>", "en")
+    trace = fig.data[0]
+    assert len(trace.ids) == len(entries) + 1 and not any("<" in x for x in trace.labels + trace.hovertext)
+    rows = live_page.longest_prefixes(entries, None)
+    assert rows[0]["blocks"] == 4 and rows[0]["tokens"] == 64 and len(rows) == 4

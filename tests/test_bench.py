@@ -9,7 +9,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
-@pytest.mark.parametrize("name", ["bench_engine", "bench_dtype", "bench_kvcore", "bench_app_step", "step_anatomy"])
+@pytest.mark.parametrize("name", ["bench_engine", "bench_dtype", "bench_kvcore", "step_anatomy", "bench_player"])
 def test_every_benchmark_imports(name):
     importlib.import_module(f"bench.{name}")
 

@@ -87,7 +87,12 @@ def wait_idle(page, timeout=120_000):
 
 def open_player(page, url, done=True):
     page.goto(url)
-    page.wait_for_selector(".pkv[data-total]", timeout=180_000)
+    try:
+        page.wait_for_selector(".pkv[data-total]", timeout=180_000)
+    except Exception:
+        (ROOT / "test-artifacts").mkdir(exist_ok=True)
+        page.screenshot(path=str(ROOT / "test-artifacts" / "player-missing.png"))
+        raise
     if done:   # the run streamed in to its end (the tiny model records a lesson in well under a second)
         page.wait_for_selector('.pkv[data-done="true"]', timeout=180_000)
     return page.locator(".pkv")

@@ -130,16 +130,16 @@ def victim(server, browser):
 
     v = Victim()
     v.step(), v.step()                 # both runs exist in the store now: later switches only rerun the page
-    v.baseline = v.median()
+    v.baseline = v.median(3)
     yield v
     page.close()
 
 
-def check_after(server, t0):
+def check_after(server, t0, seconds=CASE_SECONDS):
     url, proc = server
     assert healthy(url), "the server answers /_stcore/health"
     assert rss(proc.pid) < RSS_BOUND, f"server RSS {rss(proc.pid) / 1e6:.0f} MB"
-    assert time.perf_counter() - t0 < CASE_SECONDS
+    assert time.perf_counter() - t0 < seconds
 
 
 LINK_CASES = {
@@ -155,20 +155,20 @@ LINK_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(LINK_CASES))
-def test_a_hostile_link_gets_a_clear_message(server, browser, victim, case):
+def test_hostile_links_get_clear_messages(server, browser, victim):
     url, _ = server
-    scenario, knob = LINK_CASES[case]
     t0 = time.perf_counter()
     page = browser.new_page(viewport={"width": 1400, "height": 1600})
     try:
-        page.goto(f"{url}/playground?lesson=playground&scn={pack(scenario)}", timeout=CASE_SECONDS * 1000)
-        page.get_by_text(knob).first.wait_for(timeout=CASE_SECONDS * 1000)
-        assert knob in errors(page)
+        for case, (scenario, knob) in LINK_CASES.items():
+            page.goto(f"{url}/playground?lesson=playground&scn={pack(scenario)}", timeout=CASE_SECONDS * 1000)
+            page.get_by_text(knob).first.wait_for(timeout=CASE_SECONDS * 1000)
+            assert knob in errors(page), case
+            assert healthy(url), case
     finally:
         page.close()
     victim.within_twice()
-    check_after(server, t0)
+    check_after(server, t0, CASE_SECONDS * 2)
 
 
 def test_a_far_step_shows_the_last_step_at_once(server, browser, victim):
@@ -189,27 +189,26 @@ def test_a_far_step_shows_the_last_step_at_once(server, browser, victim):
     check_after(server, t0)
 
 
-@pytest.mark.parametrize("case", ["oversized", "not utf-8"])
-def test_a_hostile_upload_gets_a_clear_message(server, browser, victim, case):
+def test_hostile_uploads_get_clear_messages(server, browser, victim):
     url, _ = server
     t0 = time.perf_counter()
-    page = browser.new_page(viewport={"width": 1400, "height": 1600})
-    try:
-        page.goto(f"{url}/playground", timeout=CASE_SECONDS * 1000)
-        page.get_by_text("Scenario file").first.wait_for(timeout=CASE_SECONDS * 1000)
-        wait_idle(page)
-        page.get_by_text("Scenario file").first.click()
-        if case == "oversized":
-            data, expect = b'{"name": "' + b"x" * 2_000_000 + b'"}', "PAGED_KV_LAB_MAX_FILE_BYTES"
-        else:
-            data, expect = json.dumps(playground()).encode("utf-16"), "not UTF-8"
-        page.locator("input[type=file]").first.set_input_files(
-            files=[{"name": "evil.json", "mimeType": "application/json", "buffer": data}])
-        page.get_by_text(expect).first.wait_for(timeout=CASE_SECONDS * 1000)
-    finally:
-        page.close()
+    for name, data, expect in (
+            ("big.json", b'{"name": "' + b"x" * 2_000_000 + b'"}', "PAGED_KV_LAB_MAX_FILE_BYTES"),
+            ("utf16.json", json.dumps(playground()).encode("utf-16"), "not UTF-8")):
+        page = browser.new_page(viewport={"width": 1400, "height": 1600})
+        try:
+            page.goto(f"{url}/playground", timeout=CASE_SECONDS * 1000)
+            page.get_by_text("Scenario file").first.wait_for(timeout=CASE_SECONDS * 1000)
+            wait_idle(page)
+            page.get_by_text("Scenario file").first.click()
+            page.locator("input[type=file]").first.set_input_files(
+                files=[{"name": name, "mimeType": "application/json", "buffer": data}])
+            page.get_by_text(expect).first.wait_for(timeout=CASE_SECONDS * 1000)
+            assert healthy(url), name
+        finally:
+            page.close()
     victim.within_twice()
-    check_after(server, t0)
+    check_after(server, t0, CASE_SECONDS * 2)
 
 
 def test_long_runs_elsewhere_keep_the_victim_within_twice_its_latency(server, browser, victim):

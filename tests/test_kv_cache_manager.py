@@ -389,3 +389,14 @@ def test_max_model_len_caps_the_slots():
     kvm = make_manager(10, 4, max_model_len=10)
     a = make_request("a", list(range(8)), 4)
     assert kvm.allocate_slots(a, 8, num_lookahead_tokens=8).get_block_ids() == ([1, 2, 3],)
+
+
+def test_cached_blocks_carry_block_hash_num_tokens_until_they_lose_the_hash():
+    kvm = make_manager(10, 4)
+    a = make_request("a", COMMON + [1], 4)
+    admit(kvm, a)
+    table = kvm.get_block_ids("a")[0]
+    assert [kvm.block_pool.blocks[b].block_hash_num_tokens for b in table] == [4, 8, 12, None]
+    kvm.free(a)
+    kvm.evict_blocks([table[1]])
+    assert kvm.block_pool.blocks[table[1]].block_hash_num_tokens is None

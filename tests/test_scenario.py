@@ -175,3 +175,18 @@ def test_all_problems_are_reported_at_once_and_nothing_is_half_applied():
                    "requests": [{"id": "a", "prompt": "p", "max_tokens": 0}]})
     assert [p.split(":")[0] for p in ps] == ["model", "engine.block_size", "engine.num_gpu_blocks",
                                              "requests[0].max_tokens"]
+
+
+def test_engine_overrides_from_key_value_pairs_are_validated_like_a_file():
+    from kvcore.scenario import parse_engine_overrides, with_engine_overrides
+    s = load_scenario({"engine": {"sliding_window": 8, "block_size": 4}})
+    o = with_engine_overrides(s, parse_engine_overrides(
+        ["watermark=0.1", "prefix_cache_retention_interval=null", "hash_algo=sha256_cbor", "hash_seed=0",
+         "max_cache_hit_length=16"])).engine
+    assert (o.watermark, o.prefix_cache_retention_interval, o.hash_algo, o.hash_seed, o.max_cache_hit_length) == (
+        0.1, None, "sha256_cbor", "0", 16)
+    with pytest.raises(ScenarioError) as info:
+        with_engine_overrides(s, parse_engine_overrides(["watermark=2", "blk=3"]))
+    assert [p.split(":")[0] for p in info.value.problems] == ["engine.watermark", "engine.blk"]
+    with pytest.raises(ScenarioError, match="KEY=VALUE"):
+        parse_engine_overrides(["watermark"])

@@ -340,3 +340,14 @@ def test_scheduler_config_is_validated():
         make_engine([], admission="eager")
     with pytest.raises(ValueError, match="policy"):
         make_engine([], policy="lifo")
+
+
+def test_snapshot_prefix_cache_stats_count_resumed_requests_apart():
+    # The preemption story above: B is preempted and resumed with a 4-token hit.
+    eng = make_engine([spec("A", list(range(8)), max_tokens=6), spec("B", list(range(20, 28)), max_tokens=6)],
+                      num_gpu_blocks=6)
+    eng.run()
+    pc = eng.snapshot().prefix_cache
+    assert (pc["requests"], pc["queries"], pc["hits"]) == (2, 16, 0)
+    assert pc["preempted_requests"] == 1 and pc["preempted_hits"] == 4
+    assert pc["recent_requests"] == 2 and pc["recent_hit_rate"] == 0.0

@@ -133,6 +133,7 @@ class BlockPool:
                 assert blk.block_hash == key, "a hit block carries the wrong hash"
                 continue
             blk.block_hash = key
+            blk.block_hash_num_tokens = (i + 1) * block_size
             self.cached_block_hash_to_block.insert(key, blk)
             if hashes[i] not in self.hash_meta:
                 self.hash_meta[hashes[i]] = HashMeta(

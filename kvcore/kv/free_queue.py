@@ -10,19 +10,23 @@ class KVCacheBlock:
     """Metadata of one physical KV block.
 
     ``block_hash`` is the cache key (block hash + group id) and is set only
-    while the block is full and registered in the prefix cache. The two link
+    while the block is full and registered in the prefix cache;
+    ``block_hash_num_tokens`` is then the prefix length the hash covers (the
+    end of the block: (index + 1) * block_size), else None. The two link
     fields are owned by FreeKVCacheBlockQueue and are None outside the queue.
     """
 
     block_id: int
     ref_cnt: int = 0
     block_hash: Optional[bytes] = None
+    block_hash_num_tokens: Optional[int] = None
     prev_free_block: Optional["KVCacheBlock"] = None
     next_free_block: Optional["KVCacheBlock"] = None
     is_null: bool = False
 
     def reset_hash(self) -> None:
         self.block_hash = None
+        self.block_hash_num_tokens = None
 
     def __repr__(self) -> str:
         return f"KVCacheBlock(id={self.block_id}, ref_cnt={self.ref_cnt})"

@@ -1,0 +1,278 @@
+"""The step player, measured in a real browser and under a class of websocket clients.
+
+    python bench/bench_player.py [--model smollm2|tiny-random] [--clicks 60] [--sessions 30]
+                                 [--skip-browser] [--skip-class]
+
+A real server (streamlit run app.py on 127.0.0.1, an OS-chosen port) and Debian's chromium
+through Playwright:
+- first picture: a new tab opens a lesson (model already loaded) until the player has drawn;
+- recorded step: Step / Back / timeline clicks on recorded steps, click -> painted (the click is
+  dispatched in the page, painted = two animation frames after it; no server round-trip);
+- Step at the frontier: on a fresh playground run, Step when the next step is not recorded yet;
+- server CPU: the server process's CPU seconds over 100 recorded-step clicks (a click every
+  120 ms, then 2 s for the debounced cursor reports).
+A class: N websocket clients (the browser's own protocol: BackMsg / ForwardMsg protobufs on
+/_stcore/stream, no browser), each opening a lesson and then reporting 10 cursor moves the way
+player.js does (the component's state as a widget value, one fragment rerun each); the time from
+a report to the server's script_finished, p50 / p90, errors, and each session's own run token.
+Prints markdown; the load average is printed with it.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+CHROMIUM = "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FIND_ROOT = "() => [...document.querySelectorAll('*')].map(e => e.shadowRoot).find(r => r && r.querySelector('.pkv'))"
+
+
+def pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(model: str):
+    port = free_port()
+    env = {**os.environ, "PAGED_KV_LAB_MODEL": model, "PAGED_KV_LAB_DEVICE": "cpu"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.address",
+         "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false",
+         "--server.fileWatcherType", "none"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/_stcore/health", timeout=2) as r:
+                if r.read().strip() == b"ok":
+                    return proc, url
+        except OSError:
+            time.sleep(0.3)
+    stop(proc)
+    raise SystemExit("the server did not start")
+
+
+def stop(proc) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def cpu_seconds(pid: int) -> float:
+    import psutil
+    p = psutil.Process(pid)
+    t = p.cpu_times()
+    return t.user + t.system
+
+
+# -- the browser -----------------------------------------------------------------------------
+CLICK = """async ([act]) => {
+  const root = (%s)();
+  const box = root.querySelector('.pkv');
+  const before = box.dataset.step;
+  const t0 = performance.now();
+  if (act === 'timeline') {
+    const tl = root.querySelector('.pkv-timeline');
+    tl.value = String(Math.floor(Math.random() * Number(tl.max)));
+    tl.dispatchEvent(new Event('input'));
+  } else {
+    root.querySelector(`[data-act="${act}"]`).click();
+  }
+  await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+  return [performance.now() - t0, before, box.dataset.step];
+}""" % FIND_ROOT
+
+
+def wait_done(page, timeout=300_000):
+    page.wait_for_selector('.pkv[data-done="true"]', timeout=timeout)
+
+
+def bench_browser(url: str, server_pid: int, clicks: int) -> dict:
+    from playwright.sync_api import sync_playwright
+    out: dict = {}
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = b.new_page(viewport={"width": 1500, "height": 1900})
+        page.goto(url)                       # loads the model (not timed)
+        page.wait_for_selector(".pkv[data-total]", timeout=600_000)
+        wait_done(page)
+        firsts = []
+        for lesson_path in ("blocks", "prefix_caching", "eviction"):
+            p2 = b.new_page(viewport={"width": 1500, "height": 1900})
+            t0 = time.perf_counter()
+            p2.goto(f"{url}/{lesson_path}")
+            p2.wait_for_selector(".pkv-grid .pkv-block", timeout=120_000)
+            firsts.append(time.perf_counter() - t0)
+            p2.close()
+        out["first picture (s)"] = firsts
+        page.goto(url + "/eviction")
+        page.wait_for_selector(".pkv[data-total]", timeout=120_000)
+        wait_done(page)
+        n = int(page.locator(".pkv").get_attribute("data-total"))
+        times = {"step": [], "back": [], "timeline": []}
+        page.evaluate("([a]) => 0", ["x"])
+        for i in range(clicks):
+            act = ("step", "back", "timeline")[i % 3]
+            if act == "step" and int(page.locator(".pkv").get_attribute("data-step")) >= n:
+                page.evaluate("(f) => (%s)().querySelector('[data-act=home]').click()" % FIND_ROOT)
+            ms, before, after = page.evaluate(CLICK, [act])
+            times[act].append(ms)
+            page.wait_for_timeout(60)
+        out["recorded click -> painted (ms)"] = times
+        # server CPU over 100 recorded-step clicks
+        page.evaluate("(f) => (%s)().querySelector('[data-act=home]').click()" % FIND_ROOT)
+        page.wait_for_timeout(1500)
+        c0 = cpu_seconds(server_pid)
+        for i in range(100):
+            act = "step" if (i // n) % 2 == 0 else "back"
+            page.evaluate(CLICK, [act])
+            page.wait_for_timeout(120)
+        page.wait_for_timeout(2000)
+        out["server CPU over 100 clicks (s)"] = cpu_seconds(server_pid) - c0
+        # Step at the frontier: a playground run no one has recorded (a unique prompt)
+        from lesson.state import _encode_base
+        scn = {"name": "frontier", "engine": {"block_size": 8, "num_gpu_blocks": 64},
+               "requests": [{"id": "A", "prompt": f"Tell a long story about the number {time.time()}",
+                             "max_tokens": 60}]}
+        page.goto(f"{url}/playground?lesson=playground&scn={_encode_base(scn)}")
+        page.wait_for_selector(".pkv[data-total]", timeout=120_000)
+        frontier = []
+        for _ in range(12):
+            if page.locator(".pkv").get_attribute("data-done") == "true":
+                break
+            page.evaluate("(f) => (%s)().querySelector('[data-act=home]').click()" % FIND_ROOT)
+            page.keyboard.press("End")
+            cur = int(page.locator(".pkv").get_attribute("data-step"))
+            t0 = time.perf_counter()
+            page.evaluate("(f) => (%s)().querySelector('[data-act=step]').click()" % FIND_ROOT)
+            page.wait_for_function(f"() => Number((%s)().querySelector('.pkv').dataset.step) > {cur}" % FIND_ROOT,
+                                   timeout=60_000)
+            frontier.append(1000 * (time.perf_counter() - t0))
+        out["Step at the frontier (ms)"] = frontier
+        b.close()
+    return out
+
+
+# -- a class of websocket clients -------------------------------------------------------------
+async def one_session(url: str, page_name: str, moves: int, results: list, errors: list, tokens: list) -> None:
+    import websockets
+    from streamlit.proto.BackMsg_pb2 import BackMsg
+    from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+    ws_url = url.replace("http://", "ws://") + "/_stcore/stream"
+
+    async def rerun(ws, widget_states=None, fragment_id=None):
+        msg = BackMsg()
+        cs = msg.rerun_script
+        cs.query_string = ""
+        cs.page_name = page_name
+        if widget_states is not None:
+            cs.widget_states.CopyFrom(widget_states)
+        if fragment_id:
+            cs.fragment_id = fragment_id
+        t0 = time.perf_counter()
+        await ws.send(msg.SerializeToString())
+        found = None
+        while True:
+            raw = await asyncio.wait_for(ws.recv(), timeout=120)
+            fm = ForwardMsg()
+            fm.ParseFromString(raw)
+            kind = fm.WhichOneof("type")
+            if kind == "delta" and fm.delta.WhichOneof("type") == "new_element":
+                el = fm.delta.new_element
+                if el.WhichOneof("type") == "bidi_component" and el.bidi_component.id.endswith("pkv:" + key):
+                    found = (el.bidi_component.id, json.loads(el.bidi_component.json), fm.delta.fragment_id)
+            if kind == "script_finished":
+                return time.perf_counter() - t0, found
+
+    key = {"blocks": "blocks", "prefix_caching": "prefix", "eviction": "eviction"}[page_name]
+    try:
+        async with websockets.connect(ws_url, subprotocols=["streamlit"], max_size=None) as ws:
+            _, found = await rerun(ws)
+            for _ in range(20):   # until the player is on the page
+                if found:
+                    break
+                await asyncio.sleep(0.2)
+                _, found = await rerun(ws)
+            if not found:
+                errors.append("no player on the page")
+                return
+            wid, data, fragment_id = found
+            tokens.append(data["run"])
+            from streamlit.proto.WidgetStates_pb2 import WidgetStates
+            for k in range(1, moves + 1):
+                ws_state = WidgetStates()
+                w = ws_state.widgets.add()
+                w.id = wid
+                w.json_value = json.dumps({"cursor": {"run": data["run"], "step": k % 6}})
+                dt, _ = await rerun(ws, ws_state, fragment_id)
+                results.append(dt)
+                await asyncio.sleep(0.3)
+    except Exception as e:  # counted, not raised: the bench reports errors
+        errors.append(f"{type(e).__name__}: {e}")
+
+
+async def bench_class(url: str, sessions: int, moves: int) -> dict:
+    results, errors, tokens = [], [], []
+    pages = ("blocks", "prefix_caching", "eviction")
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one_session(url, pages[i % 3], moves, results, errors, tokens) for i in range(sessions)))
+    return {"sessions": sessions, "moves": len(results), "p50 ms": 1000 * pct(results, 0.5),
+            "p90 ms": 1000 * pct(results, 0.9), "errors": errors[:5], "n errors": len(errors),
+            "distinct run tokens": len(set(tokens)), "wall s": time.perf_counter() - t0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--clicks", type=int, default=60)
+    ap.add_argument("--sessions", type=int, default=30)
+    ap.add_argument("--skip-browser", action="store_true")
+    ap.add_argument("--skip-class", action="store_true")
+    args = ap.parse_args()
+    proc, url = start_server(args.model)
+    try:
+        print(f"model {args.model}, cpu; load average before: {os.getloadavg()}")
+        if not args.skip_browser:
+            r = bench_browser(url, proc.pid, args.clicks)
+            print("| measure | p50 | p90 | n |\n|---|---|---|---|")
+            for act, xs in r["recorded click -> painted (ms)"].items():
+                print(f"| recorded {act} click -> painted (ms) | {pct(xs, .5):.1f} | {pct(xs, .9):.1f} | {len(xs)} |")
+            xs = r["Step at the frontier (ms)"]
+            print(f"| Step at the frontier (ms) | {pct(xs, .5):.0f} | {pct(xs, .9):.0f} | {len(xs)} |")
+            xs = r["first picture (s)"]
+            print(f"| a lesson's first picture, model loaded (s) | {pct(xs, .5):.2f} | {max(xs):.2f} | {len(xs)} |")
+            print(f"\nserver CPU over 100 recorded-step clicks: {r['server CPU over 100 clicks (s)']:.2f} s")
+        if not args.skip_class:
+            c = asyncio.run(bench_class(url, args.sessions, 10))
+            print(f"\n{c['sessions']} websocket sessions, {c['moves']} cursor reports: p50 {c['p50 ms']:.0f} ms, "
+                  f"p90 {c['p90 ms']:.0f} ms, errors {c['n errors']} {c['errors']}, "
+                  f"{c['distinct run tokens']} distinct session runs, {c['wall s']:.0f} s")
+        print(f"load average after: {os.getloadavg()}")
+    finally:
+        stop(proc)
+
+
+if __name__ == "__main__":
+    main()
