@@ -2,6 +2,8 @@
 
     python -m kvcore run SCENARIO.json [--trace OUT.jsonl] [--html OUT.html] [--until EVENT] [--model M] [--device D]
                              [--set KEY=VALUE ...]
+    python -m kvcore explain (SCENARIO.json | --trace OUT.jsonl) (--request ID [--step N] [--vs ID] | --block N
+                             | --calls --step N) [--lang zh]
     python -m kvcore profile [--model M] [--device D] [--block-size N] [--gpu-memory-utilization F]
                              [--max-num-batched-tokens N] [--max-model-len N]
 
@@ -164,6 +166,18 @@ def main(argv=None) -> int:
     w.add_argument("--duration", type=float, help="stop after this many seconds")
     w.add_argument("--dump-state", metavar="OUT.json",
                    help="write the rebuilt index here (atomically) when connected and after every batch")
+    x = sub.add_parser("explain", help="answer why: a request's cache hit, a block's life, two requests' chains")
+    x.add_argument("scenario", nargs="?", help="scenario JSON file (run here first); or give --trace")
+    x.add_argument("--trace", metavar="OUT.jsonl", help="explain this recorded run (a trace file) instead")
+    x.add_argument("--request", metavar="ID", help="why this request's prefix-cache hit stopped where it did")
+    x.add_argument("--step", type=int, help="with --request: its admission at or before this step; with --calls: the step")
+    x.add_argument("--vs", metavar="ID", help="with --request: the two requests' hash chains side by side")
+    x.add_argument("--block", type=int, metavar="N", help="the life of physical block N")
+    x.add_argument("--calls", action="store_true", help="with --step: the functions that ran, in call order")
+    x.add_argument("--set", action="append", metavar="KEY=VALUE", default=[], help="override an engine setting")
+    x.add_argument("--model", choices=MODELS, help="override the scenario's model (with --trace: decode with it)")
+    x.add_argument("--device", choices=DEVICES, help="override the scenario's device")
+    x.add_argument("--lang", choices=("en", "zh"), default="en", help="language of the answer (default en)")
     f = sub.add_parser("profile", help="profile the model's memory and derive num_gpu_blocks as vLLM does")
     f.add_argument("--model", choices=MODELS, default="smollm2", help="the model (default smollm2)")
     f.add_argument("--device", choices=DEVICES, default="auto", help="the device (default auto)")
@@ -175,6 +189,8 @@ def main(argv=None) -> int:
                    help="tokens of the profiling forward (default 256)")
     f.add_argument("--max-model-len", type=int, help="for the maximum concurrency (default: the model's)")
     args = p.parse_args(argv)
+    if args.cmd == "explain":
+        return cmd_explain(args)
     if args.cmd == "watch":
         return cmd_watch(args)
     if args.cmd == "profile":
@@ -273,6 +289,50 @@ def cmd_watch(args: argparse.Namespace) -> int:
     if snap.error:
         print(f"error: {snap.error}", file=sys.stderr)
         return 1
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """Record the scenario's run (or read the trace), then print the answer (kvcore.explain_text)."""
+    from kvcore.explain import ExplainError, RecordedSteps
+    from kvcore.explain_text import answer
+    from kvcore.model import DeviceNotAvailable, ModelNotAvailable, load_model
+    if (args.scenario is None) == (args.trace is None):
+        print("error: give a scenario file or --trace OUT.jsonl (one of them)", file=sys.stderr)
+        return 2
+    quiet = lambda m: print(m, file=sys.stderr)   # noqa: E731
+    try:
+        if args.trace:
+            with open(args.trace, "rb") as fh:
+                tr = trace.read_trace(fh.read())
+            decode = load_model(args.model, "cpu", "float32", progress=quiet).decode if args.model else None
+            run = RecordedSteps.from_trace(tr, decode)
+        else:
+            scenario = load_scenario(args.scenario)
+            if args.set:
+                scenario = with_engine_overrides(scenario, parse_engine_overrides(args.set))
+            scenario = replace(scenario, model=args.model or scenario.model, device=args.device or scenario.device)
+            from kvcore.budget import check_scenario, cli_limits
+            from kvcore.engine import Engine
+            auto = scenario.engine.num_gpu_blocks == "auto"
+            check_scenario(replace(scenario, engine=replace(scenario.engine, num_gpu_blocks=2)) if auto else scenario,
+                           cli_limits())
+            engine = Engine(scenario, progress=quiet)
+            initial = engine.snapshot()
+            records = engine.run()
+            run = RecordedSteps(initial, tuple(records), engine.settings, engine.decode)
+        lines = answer(run, request=args.request, step=args.step, vs=args.vs, block=args.block,
+                       calls=args.calls, lang=args.lang)
+    except (ModelNotAvailable, DeviceNotAvailable) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
+    except OSError as e:
+        print(f"error: {args.trace}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    except (ExplainError, ValueError) as e:        # ScenarioError, TraceError, BudgetError are ValueErrors
+        print(f"error: {args.trace or args.scenario}: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
     return 0
 
 

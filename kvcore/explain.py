@@ -176,7 +176,6 @@ EVICTED = "evicted"
 RESET = "reset"
 SALT = "salt"
 TOKENS_DIFFER = "tokens_differ"
-CACHED_LATER = "cached_later"
 # A rule, not a miss.
 CACHING_OFF = "caching_off"
 SHORTER_THAN_BLOCK = "shorter_than_block"
@@ -186,7 +185,7 @@ MAX_CACHE_HIT_LENGTH = "max_cache_hit_length"
 SLIDING_WINDOW = "sliding_window"
 GROUPS_DISAGREE = "groups_disagree"
 CANNOT_REHASH = "cannot_rehash"
-MISS_REASONS = (NEVER_COMPUTED, EVICTED, RESET, SALT, TOKENS_DIFFER, CACHED_LATER)
+MISS_REASONS = (NEVER_COMPUTED, EVICTED, RESET, SALT, TOKENS_DIFFER)
 RULE_REASONS = (CACHING_OFF, SHORTER_THAN_BLOCK, PARTIAL_BLOCK, CAPPED_LAST_TOKEN, MAX_CACHE_HIT_LENGTH,
                 SLIDING_WINDOW, GROUPS_DISAGREE, CANNOT_REHASH)
 
@@ -223,6 +222,7 @@ class HitExplanation:
     text_before: Optional[str] = None     # decoded text before token_position (both share it)
     text_here: Optional[str] = None       # this request's text from token_position on
     text_other: Optional[str] = None      # the other chain's text from token_position on
+    ids_before: tuple[int, ...] = ()
     ids_here: tuple[int, ...] = ()
     ids_other: tuple[int, ...] = ()
     kept_blocks: tuple[int, ...] = ()     # sliding window: chain indices the window group still held
@@ -321,11 +321,6 @@ def _miss(run, history: CacheHistory, views, rid, tokens, chain, m: int, pos: Po
                               cached_block=got.block_id, lost_step=last.pos[0] if last else None,
                               lost_reason=last.reason if last else "", evicted_for=last.request_id if last else None,
                               **at)
-    later = [e for e in history.entries.get(key, ())
-             if e.action == "cached" and e.pos[0] == pos[0] and e.pos > pos and e.request_id != rid]
-    if later:
-        return HitExplanation(reason=CACHED_LATER, other_request=later[0].request_id, cached_step=pos[0],
-                              cached_block=later[0].block_id, **at)
     end = (m + 1) * bs
     best = None                  # (lcp, cached pos, request id, its tokens, its salt)
     for qid, qv in views.items():
@@ -345,13 +340,14 @@ def _miss(run, history: CacheHistory, views, rid, tokens, chain, m: int, pos: Po
             continue
         lcp = next((i for i, (a, b) in enumerate(zip(tokens, q_tokens)) if a != b), min(len(tokens), len(q_tokens)))
         if lcp >= m * bs and (m > 0 or lcp > 0) and (best is None or (lcp, q_got.pos) > best[:2]):
-            best = (lcp, q_got.pos, qid, q_tokens)
+            best = (lcp, q_got.pos, qid, q_tokens, q_got.block_id)
     if best is None:
         return HitExplanation(reason=NEVER_COMPUTED, **at)
-    p, q_pos, qid, q_tokens = best
+    p, q_pos, qid, q_tokens, q_block = best
     lo, hi = max(0, p - 8), p + 8
     return HitExplanation(reason=TOKENS_DIFFER, token_position=p, other_request=qid, cached_step=q_pos[0] or None,
+                          cached_block=q_block,
                           text_before=run.text(tokens[lo:p]), text_here=run.text(tokens[p:hi]),
-                          text_other=run.text(q_tokens[p:hi]), ids_here=tuple(tokens[lo:hi]),
-                          ids_other=tuple(q_tokens[lo:hi]), **at)
+                          text_other=run.text(q_tokens[p:hi]), ids_before=tuple(tokens[lo:p]),
+                          ids_here=tuple(tokens[p:hi]), ids_other=tuple(q_tokens[p:hi]), **at)
 

@@ -72,6 +72,22 @@ def _index_in_table(snap: Snapshot, rid: Optional[str], bid: int, group: Optiona
     return None
 
 
+def _place_in_table(run: RecordedSteps, step: int, ev, block_id: int) -> Optional[int]:
+    """A block's logical index when given (hit or allocated): the request's table length before the step, plus the blocks
+    it got (hits, then new ones) in this group earlier in the step, plus its place in ``ev``."""
+    before = run.snapshot_before(step)
+    rv = next((r for r in before.requests if r.request_id == ev.request_id), None) if before else None
+    g = ev.group or 0
+    start = len(rv.block_tables[g]) if rv is not None and g < len(rv.block_tables) else 0
+    earlier = 0
+    for e in run.records[step - 1].events:
+        if e is ev:
+            break
+        if e.kind in (E.ALLOCATED, E.TOUCHED) and e.request_id == ev.request_id and (e.group or 0) == g:
+            earlier += len(e.block_ids)
+    return start + earlier + ev.block_ids.index(block_id)
+
+
 def life_of_block(run: RecordedSteps, block_id: int) -> BlockLife:
     """The block's story, replayed from the events; its states agree with every snapshot."""
     snap0 = run.initial or (run.records[0].snapshot if run.records else None)
@@ -87,24 +103,27 @@ def life_of_block(run: RecordedSteps, block_id: int) -> BlockLife:
     states = [BlockState(0, ref, h, tuple(sorted(owners)), b0.queue_pos)]
     views = run.request_views()
     bs = run.block_size()
+    index_of: dict[Optional[str], Optional[int]] = {}   # request -> this block's place in its table
     for rec in run.records:
         snap = rec.snapshot
         for ev in rec.events:
             if b0.is_null or (block_id not in ev.block_ids and ev.kind != E.RESET):
                 continue
             rid, kw = ev.request_id, {}
-            if ev.kind == E.ALLOCATED:
+            if ev.kind in (E.ALLOCATED, E.TOUCHED):
                 ref += 1
                 owners.append(rid)
-                kw = dict(logical_index=_index_in_table(snap, rid, block_id, ev.group), queue_pos=0)
-            elif ev.kind == E.TOUCHED:
-                ref += 1
-                owners.append(rid)
-                qp = dict(zip(ev.from_queue, ev.queue_positions)).get(block_id)
-                kw = dict(logical_index=_index_in_table(snap, rid, block_id, ev.group), queue_pos=qp)
+                # its place in the table after the step; a request that finished in this step
+                # has no table left, so the place is counted from the allocation itself
+                idx = _index_in_table(snap, rid, block_id, ev.group)
+                if idx is None:
+                    idx = _place_in_table(run, rec.step, ev, block_id)
+                index_of[rid] = idx
+                qp = 0 if ev.kind == E.ALLOCATED else dict(zip(ev.from_queue, ev.queue_positions)).get(block_id)
+                kw = dict(logical_index=idx, queue_pos=qp)
             elif ev.kind == E.CACHED:
                 h = ev.block_hashes[ev.block_ids.index(block_id)]
-                idx = _index_in_table(snap, rid, block_id, ev.group)
+                idx = index_of.get(rid)
                 toks = all_tokens(views[rid]) if rid in views else ()
                 prefix = toks[:(idx + 1) * bs] if idx is not None else ()
                 kw = dict(logical_index=idx, prefix_text=run.text(prefix), token_ids=tuple(prefix[-bs:]))
@@ -153,6 +172,8 @@ class ChainRow:
     tokens_b: tuple[int, ...]
     shared: tuple[SharedSpan, ...] = ()
     lost_steps: tuple[int, ...] = ()     # same hash: steps where a block holding it lost it
+    blocks_a: tuple[int, ...] = ()       # physical blocks that held this logical block of a, in order
+    blocks_b: tuple[int, ...] = ()
 
     @property
     def same(self) -> bool:
@@ -191,7 +212,14 @@ def compare_requests(run: RecordedSteps, a: str, b: str) -> Comparison:
     ca, cb = chain_hashes(run, ta, sa), chain_hashes(run, tb, sb)
     spans: dict[int, list[int]] = {}
     index: dict[int, Optional[int]] = {}
+    held: dict[tuple[str, int], list[int]] = {}      # (request, logical index) -> physical blocks
     for rec in run.records:
+        for rv in rec.snapshot.requests:
+            if rv.request_id in (a, b) and g < len(rv.block_tables):
+                for i, bid in enumerate(rv.block_tables[g]):
+                    seen = held.setdefault((rv.request_id, i), [])
+                    if bid != 0 and (not seen or seen[-1] != bid):
+                        seen.append(bid)
         for blk in rec.snapshot.blocks:
             if a in blk.owners and b in blk.owners:
                 cur = spans.get(blk.block_id)
@@ -212,7 +240,8 @@ def compare_requests(run: RecordedSteps, a: str, b: str) -> Comparison:
             lost = tuple(e.pos[0] for e in history.entries.get(f"{ha}@{g}", ()) if e.action != "cached")
         rows.append(ChainRow(i, ha, hb, tuple(ta[i * bs:(i + 1) * bs]) if ha else (),
                              tuple(tb[i * bs:(i + 1) * bs]) if hb else (),
-                             tuple(sp for sp in shared if sp.index == i), lost))
+                             tuple(sp for sp in shared if sp.index == i), lost,
+                             tuple(held.get((a, i), ())), tuple(held.get((b, i), ()))))
     div = next((r.index for r in rows if r.hash_a and r.hash_b and r.hash_a != r.hash_b), None)
     reason = p = None
     texts: dict = {}

@@ -13,6 +13,7 @@ from .modelstate import ModelState, default_device, default_model
 from .player import STREAM_SECONDS, export_html, player_panel, recorded_done
 from .state import get_state, init_globals_from_url, pref, write_url
 from .widgets import scenario_file, toggles
+from .why_panel import why_panel
 
 
 def current_lang() -> str:
@@ -97,6 +98,7 @@ def lesson_stage(lesson, state, ms, lang: str, compact: bool) -> None:
         P.show_charts(run, lang, colors, lesson.id)
         P.show_extra_panels(lesson, run, lang, colors, lesson.id, ms.model)
         P.show_myths(run, lang, expanded="myths" in lesson.panels)
+        why_panel(run, lang, lesson.id, kw["decode"])
     write_url(state, lesson, lang, ms)
 
 

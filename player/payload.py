@@ -41,7 +41,7 @@ def color_map(request_ids: Iterable[str]) -> dict[str, str]:
 # -- whole snapshots -------------------------------------------------------------------
 def block_dict(b: BlockView) -> dict[str, Any]:
     return {"i": b.block_id, "r": b.ref_cnt, "z": b.is_null, "h": b.block_hash, "p": b.parent_hash,
-            "g": b.group, "k": list(b.token_ids), "o": list(b.owners)}
+            "g": b.group, "k": list(b.token_ids), "o": list(b.owners), "hn": b.block_hash_num_tokens}
 
 
 def request_dict(r: RequestView) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -34,11 +35,13 @@ def model_for_browser() -> str:
 def server():
     port = free_port()
     env = {**os.environ, "PAGED_KV_LAB_MODEL": model_for_browser(), "PAGED_KV_LAB_DEVICE": "cpu"}
+    # the server's log goes to a file: an undrained pipe fills up and then blocks the server
+    log = tempfile.TemporaryFile()
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
          "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false",
          "--server.fileWatcherType", "none"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 90
@@ -50,7 +53,8 @@ def server():
             except OSError:
                 pass
             if proc.poll() is not None or time.time() > deadline:
-                out = proc.stdout.read().decode(errors="replace") if proc.poll() is not None else ""
+                log.seek(0)
+                out = log.read().decode(errors="replace")
                 pytest.fail(f"streamlit did not become healthy: {out[-2000:]}")
             time.sleep(0.3)
         yield url
@@ -175,12 +179,15 @@ def test_keys_buttons_timeline_and_hover_agree_with_the_engine(server, browser):
     from kvcore.sentences import sentence
     hit_event = next(e for e in records[hit - 1].events if e.kind == "cache_hit")
     assert page.locator(".pkv-events").get_by_text(sentence(hit_event, "en", None)[:30]).count()
-    # hover: the whole story of a shared block
-    shared = next(b for b in snaps[hit].blocks if b.ref_cnt > 1)
-    page.locator(f'.pkv-grid [data-block="{shared.block_id}"]').hover()
-    tip = page.locator(".pkv-tip").inner_text()
-    assert f"block {shared.block_id}" in tip and shared.block_hash in tip and f"ref_cnt: {shared.ref_cnt}" in tip
-    assert (shared.parent_hash or "NONE_HASH") in tip and "not in the free queue" in tip
+    # hover: the whole story of every cached block
+    for b in snaps[hit].blocks:
+        if not b.block_hash:
+            continue
+        page.locator(f'.pkv-grid [data-block="{b.block_id}"]').hover()
+        tip = page.locator(".pkv-tip").inner_text()
+        assert f"block {b.block_id}" in tip and b.block_hash in tip and f"ref_cnt: {b.ref_cnt}" in tip
+        assert (b.parent_hash or "NONE_HASH") in tip and ", ".join(b.owners or ("—",)) in tip
+        assert ("not in the free queue" if b.queue_pos is None else f"position: {b.queue_pos} (head = 0)") in tip
     # the page hears where the player is (debounced), without redrawing the player
     page.wait_for_function(f"() => location.search.includes('step={hit}')", timeout=15_000)
     assert "lesson=prefix" in page.url

@@ -161,14 +161,15 @@ def test_hostile_links_get_clear_messages(server, browser, victim):
     page = browser.new_page(viewport={"width": 1400, "height": 1600})
     try:
         for case, (scenario, knob) in LINK_CASES.items():
+            t1 = time.perf_counter()
             page.goto(f"{url}/playground?lesson=playground&scn={pack(scenario)}", timeout=CASE_SECONDS * 1000)
             page.get_by_text(knob).first.wait_for(timeout=CASE_SECONDS * 1000)
             assert knob in errors(page), case
-            assert healthy(url), case
+            check_after(server, t1)
     finally:
         page.close()
     victim.within_twice()
-    check_after(server, t0, CASE_SECONDS * 2)
+    check_after(server, t0, CASE_SECONDS * len(LINK_CASES))
 
 
 def test_a_far_step_shows_the_last_step_at_once(server, browser, victim):
@@ -200,7 +201,8 @@ def test_hostile_uploads_get_clear_messages(server, browser, victim):
             page.goto(f"{url}/playground", timeout=CASE_SECONDS * 1000)
             page.get_by_text("Scenario file").first.wait_for(timeout=CASE_SECONDS * 1000)
             wait_idle(page)
-            page.get_by_text("Scenario file").first.click()
+            page.locator("[data-testid=stExpander] summary").filter(has_text="Scenario file").first.click()
+            page.locator("input[type=file]").first.wait_for(state="attached", timeout=CASE_SECONDS * 1000)
             page.locator("input[type=file]").first.set_input_files(
                 files=[{"name": name, "mimeType": "application/json", "buffer": data}])
             page.get_by_text(expect).first.wait_for(timeout=CASE_SECONDS * 1000)
@@ -215,6 +217,7 @@ def test_long_runs_elsewhere_keep_the_victim_within_twice_its_latency(server, br
     """A session opens a long scenario (each computed in the background up to the step cap, as
     Run to end or Play would need): the worker interleaves their steps with the victim's work."""
     url, _ = server
+    victim.baseline = victim.median(3)      # the machine's load drifts: compare with just before
     t0 = time.perf_counter()
     pages = []
     try:

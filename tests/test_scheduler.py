@@ -351,3 +351,51 @@ def test_snapshot_prefix_cache_stats_count_resumed_requests_apart():
     assert (pc["requests"], pc["queries"], pc["hits"]) == (2, 16, 0)
     assert pc["preempted_requests"] == 1 and pc["preempted_hits"] == 4
     assert pc["recent_requests"] == 2 and pc["recent_hit_rate"] == 0.0
+
+
+def test_scheduler_output_has_vllms_fields_and_finished_ids_are_handed_out_once():
+    from kvcore.sched.output import ModelRunnerOutput
+    eng = make_engine([spec("a", list(range(6)), max_tokens=1), spec("b", list(range(50, 53)), max_tokens=3)])
+    for s in eng.scenario.requests:
+        eng.add_request(s)
+    sched = eng.scheduler
+    out = sched.schedule()
+    assert [d.req_id for d in out.scheduled_new_reqs] == ["a", "b"]
+    assert out.scheduled_new_reqs[0].num_computed_tokens == 0
+    assert out.scheduled_new_reqs[0].block_ids == ([1, 2],) and out.scheduled_new_reqs[1].prompt_token_ids == [50, 51, 52]
+    assert out.scheduled_cached_reqs.req_ids == [] and out.total_num_scheduled_tokens == 9
+    assert out.num_scheduled_tokens == {"a": 6, "b": 3} and out.finished_req_ids == set()
+    assert out.preempted_req_ids == set() and out.num_common_prefix_blocks == [0]
+    finished = sched.update_from_output(out, ModelRunnerOutput.from_sampled(["a", "b"], {"a": 7, "b": 8}))
+    assert finished == ["a"]
+    out2 = sched.schedule()
+    assert out2.finished_req_ids == {"a"}                     # handed out once...
+    c = out2.scheduled_cached_reqs
+    assert c.req_ids == ["b"] and c.new_token_ids == [] and c.num_computed_tokens == [3]
+    assert c.num_output_tokens == [1] and c.resumed_req_ids == set() and c.all_token_ids == {}
+    assert c.new_block_ids == [None]                          # its one block still has room
+    assert sched.finished_req_ids == set()                    # ...then forgotten: no unbounded growth
+    done = sched.finish_requests(None, RequestStatus.FINISHED_ABORTED)
+    assert [r.request_id for r in done] == ["b"]             # a was already finished
+    assert sched.finish_requests("nope", RequestStatus.FINISHED_ABORTED) == []
+    assert sched.schedule().finished_req_ids == {"b"}
+    with pytest.raises(ValueError, match="not a finished status"):
+        sched.finish_requests("b", RequestStatus.RUNNING)
+
+
+def test_a_resumed_request_travels_as_cached_data_with_its_whole_table_and_tokens():
+    eng = make_engine([spec("A", list(range(8)), max_tokens=6), spec("B", list(range(20, 28)), max_tokens=6)],
+                      num_gpu_blocks=6)
+    outs = []
+    schedule = eng.scheduler.schedule
+    eng.scheduler.schedule = lambda: outs.append(schedule()) or outs[-1]
+    eng.run()
+    pre = next(o for o in outs if o.preempted_req_ids)
+    assert pre.preempted_req_ids == {"B"}
+    res = next(o for o in outs if o.scheduled_cached_reqs.resumed_req_ids)
+    c = res.scheduled_cached_reqs
+    i = c.req_ids.index("B")
+    assert c.resumed_req_ids == {"B"} and not [d for d in res.scheduled_new_reqs if d.req_id == "B"]
+    (table,) = c.new_block_ids[i]
+    assert table[0] == 3 and len(table) == -(-len(c.all_token_ids["B"]) // 4)   # the hit, then the rest
+    assert c.all_token_ids["B"][:8] == list(range(20, 28)) and c.num_computed_tokens[i] == 4

@@ -24,8 +24,10 @@ class NewRequestData:
 class CachedRequestData:
     """The requests the runner already knows, as parallel lists in batch order.
 
-    A resumed request (in ``resumed_req_ids``) lost its blocks to preemption, so its
-    ``new_block_ids`` is its whole new table and ``all_token_ids`` carries its tokens.
+    ``new_block_ids`` holds the blocks added this step (None if none); a resumed request
+    (in ``resumed_req_ids``) lost its blocks to preemption, so its entry is its whole new
+    table. ``all_token_ids`` carries the tokens of every request that was not in the
+    previous step's batch. ``new_token_ids`` is only filled under pipeline parallelism.
     """
 
     req_ids: list[str] = field(default_factory=list)

@@ -55,6 +55,7 @@ class Scheduler:
         # Every request ever added, finished ones included: the app reads their outputs.
         self.requests: dict[str, Request] = {}
         self.finished_req_ids: set[str] = set()
+        self.prev_step_scheduled_req_ids: set[str] = set()
 
     def _emit(self, event_type: type[events.Event], request: Request, **fields) -> None:
         """Record a decision about ``request`` (built only when someone records)."""
@@ -81,6 +82,7 @@ class Scheduler:
         token_budget = cfg.max_num_batched_tokens
         num_scheduled_tokens: dict[str, int] = {}
         num_computed_before: dict[str, int] = {}
+        req_to_new_blocks: dict[str, tuple[list[int], ...]] = {}
         scheduled_running: list[Request] = []
         scheduled_new: list[Request] = []
         scheduled_resumed: list[Request] = []
@@ -116,6 +118,7 @@ class Scheduler:
                         scheduled_running.remove(victim)
                         token_budget += num_scheduled_tokens.pop(victim.request_id)
                         num_computed_before.pop(victim.request_id, None)
+                        req_to_new_blocks.pop(victim.request_id, None)
                 else:
                     victim = self.running.pop()
                 self._preempt_request(victim, needed_by=request.request_id)
@@ -130,6 +133,7 @@ class Scheduler:
                     continue
                 break
             scheduled_running.append(request)
+            req_to_new_blocks[request.request_id] = new_blocks.get_block_ids()
             num_scheduled_tokens[request.request_id] = num_new
             num_computed_before[request.request_id] = request.num_computed_tokens
             token_budget -= num_new
@@ -169,6 +173,7 @@ class Scheduler:
                 self.kv_cache_manager.record_prefix_cache_stats(request, num_hit)
                 self.waiting.pop_request()
                 self.running.append(request)
+                req_to_new_blocks[request.request_id] = self.kv_cache_manager.get_block_ids(request.request_id)
                 resumed = request.status == RequestStatus.PREEMPTED
                 (scheduled_resumed if resumed else scheduled_new).append(request)
                 num_scheduled_tokens[request.request_id] = num_new
@@ -196,28 +201,33 @@ class Scheduler:
             else:
                 kind = "prefill"
             self._emit(events.Scheduled, req, num_tokens=n, phase=kind, start=before)
-        out = self._make_output(num_scheduled_tokens, num_computed_before, scheduled_new,
+        out = self._make_output(num_scheduled_tokens, num_computed_before, req_to_new_blocks, scheduled_new,
                                 scheduled_running, scheduled_resumed, preempted)
+        self.prev_step_scheduled_req_ids = set(num_scheduled_tokens)
         # vLLM advances num_computed_tokens when it schedules, before the model runs.
         for rid, n in num_scheduled_tokens.items():
             self.requests[rid].num_computed_tokens += n
         return out
 
-    def _make_output(self, num_scheduled_tokens, num_computed_before, scheduled_new, scheduled_running,
-                     scheduled_resumed, preempted) -> SchedulerOutput:
+    def _make_output(self, num_scheduled_tokens, num_computed_before, req_to_new_blocks, scheduled_new,
+                     scheduled_running, scheduled_resumed, preempted) -> SchedulerOutput:
+        """As vLLM: a new request carries its whole table, a running one only the blocks added
+        this step (None if none), a resumed one its whole new table; ``all_token_ids`` goes to
+        the runner for every request it did not see in the previous step. ``new_token_ids``
+        stays empty: vLLM fills it only under pipeline parallelism."""
         kvm = self.kv_cache_manager
-        new_reqs = [NewRequestData(r.request_id, list(r.prompt_token_ids), kvm.get_block_ids(r.request_id),
+        new_reqs = [NewRequestData(r.request_id, list(r.prompt_token_ids), req_to_new_blocks[r.request_id],
                                    num_computed_before[r.request_id]) for r in scheduled_new]
         cached = CachedRequestData()
         for r in scheduled_running + scheduled_resumed:
             rid = r.request_id
-            resumed = r in scheduled_resumed
             cached.req_ids.append(rid)
-            cached.new_token_ids.append([] if resumed else list(r.output_token_ids[-1:]))
-            if resumed:
+            if r in scheduled_resumed:
                 cached.resumed_req_ids.add(rid)
+            if rid not in self.prev_step_scheduled_req_ids:
                 cached.all_token_ids[rid] = list(r.all_token_ids)
-            cached.new_block_ids.append(kvm.get_block_ids(rid))
+            block_ids = req_to_new_blocks[rid]
+            cached.new_block_ids.append(block_ids if any(block_ids) else None)
             cached.num_computed_tokens.append(num_computed_before[rid])
             cached.num_output_tokens.append(r.num_output_tokens)
         running = self.running[0].request_id if self.running else None

@@ -44,10 +44,10 @@ LESSON = Lesson(
             "zh": "滑出窗口的块像其他被释放的块一样回到空闲队列：有哈希的去队尾，没哈希的去队头。"
                   "看看“每个请求持有的块数”：解码期间它保持平稳。"}),
         Moment("freed", request="A", where="to_head", key=False, text={
-            "en": "Sparse retention (vLLM 0.33): a sliding-window group hashes only the cdiv(W − 1, block_size) blocks "
+            "en": "Sparse retention (`prefix_cache_retention_interval` 0, vLLM's default): a sliding-window group hashes only the cdiv(W − 1, block_size) blocks "
                   "that a resend of the same prompt could hit — those ending where the prompt's last block starts. "
                   "A's other full blocks never got a hash, so they went to the **head**. Switch to *dense* to hash them all.",
-            "zh": "稀疏保留（vLLM 0.33）：滑动窗口组只给“重发同一提示词时可能命中”的 cdiv(W − 1, block_size) 个块计算哈希——"
+            "zh": "稀疏保留（`prefix_cache_retention_interval` 为 0，vLLM 默认）：滑动窗口组只给“重发同一提示词时可能命中”的 cdiv(W − 1, block_size) 个块计算哈希——"
                   "即在提示词最后一块开始处结束的那几块。A 的其他满块从未得到哈希，所以去了**队头**。切换到“稠密”可以给它们全部计算哈希。"}),
         Moment("cache_hit", request="C", text={
             "en": "C resends A's prompt. For a sliding window the hit is searched **from the right**: it needs enough "
@@ -82,8 +82,9 @@ LESSON = Lesson(
                      "zh": "块表保持长度不变（位置仍可寻址），但指向块 0，它不存任何东西。"}),
     ),
     toggles=(
+        # The old setting name, read as prefix_cache_retention_interval 0 / null (kvcore/scenario.py).
         Toggle("sliding_retention", {"en": "Retention", "zh": "保留策略"}, ("sparse", "dense"),
-               ({"en": "sparse (0.33)", "zh": "稀疏（0.33）"}, {"en": "dense (older)", "zh": "稠密（旧版）"})),
+               ({"en": "sparse (interval 0)", "zh": "稀疏（间隔 0）"}, {"en": "dense (interval null)", "zh": "稠密（间隔 null）"})),
         Toggle("layers", {"en": "Layers", "zh": "层"}, ("uniform", "hybrid"),
                ({"en": "all sliding", "zh": "全部滑动窗口"}, {"en": "hybrid: full + sliding", "zh": "混合：全注意力 + 滑动窗口"})),
     ),

@@ -99,6 +99,7 @@ class Player {
     this.holdAt = null;
     this.component = null;
     this.reported = {};
+    this.asks = 0;
     this.reportTimer = null;
     this.addrReq = null; this.addrPos = null; this.addrGroup = 0;
     this.bind();
@@ -156,6 +157,7 @@ class Player {
 
   report(name, value, now) {
     if (!this.component || !this.component.setStateValue) return;
+    if (name === "have") value = { ...value, ask: ++this.asks };   // asking again must be a new value
     const key = JSON.stringify(value);
     if (this.reported[name] === key) return;
     const send = () => {
@@ -386,10 +388,16 @@ class Player {
   drawMetrics(snap) {
     const L = this.L;
     const cells = [[L.m_step, snap.step], [L.m_free, snap.free], [L.m_usage, `${Math.round(100 * snap.usage)}%`],
-      [L.m_hit, `${Math.round(100 * (snap.pc.hit_rate || 0))}%`], [L.m_rw, `${snap.run.length} / ${snap.wait.length}`]];
+      [L.m_hit, this.hitText(snap.pc)], [L.m_rw, `${snap.run.length} / ${snap.wait.length}`]];
     this.q("metrics").replaceChildren(...cells.map(([k, v]) => {
       const c = el("div", "pkv-metric"); c.append(el("small", null, k), el("b", null, v)); return c;
     }));
+  }
+
+  hitText(pc) {
+    // vLLM's PrefixCacheStats: hit tokens / queried tokens at admission; resumed requests apart (⟲).
+    const resumed = pc.preempted_requests ? ` ⟲ ${pc.preempted_hits}/${pc.preempted_queries}` : "";
+    return `${Math.round(100 * (pc.hit_rate || 0))}% · ${pc.hits || 0}/${pc.queries || 0}${resumed}`;
   }
 
   blockClass(b, base) {
@@ -581,7 +589,8 @@ class Player {
     return [
       `${L.block} ${b.i}${b.z ? ` (${L.null_block})` : ""}`,
       `${L.ref}: ${b.r} · ${L.owners}: ${b.o.length ? b.o.join(", ") : "—"}`,
-      `${L.hash}: ${b.h || "—"}${b.h && (this.run.head.groups || []).length > 1 ? ` (${L.group} ${b.g})` : ""}`,
+      `${L.hash}: ${b.h || "—"}${b.h && (this.run.head.groups || []).length > 1 ? ` (${L.group} ${b.g})` : ""}`
+        + (b.h && b.hn ? ` · block_hash_num_tokens: ${b.hn}` : ""),
       `${L.parent}: ${b.h ? (b.p || "NONE_HASH") : "—"}`,
       `${L.tokens}: ${b.k.length}${this.run.head.decoded ? "" : " " + L.decoded_ids}`,
       `${L.text}: «${this.tokText(b.k)}»`,
