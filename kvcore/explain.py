@@ -2,10 +2,10 @@
 
 Three questions: why a request's prefix-cache hit stopped where it did (``explain_hit``), the
 life of one physical block (``life_of_block``) and two requests' hash chains side by side
-(``compare_requests``; both in ``kvcore.explain_blocks``). Nothing here touches a live engine: the cache's history is replayed
-from the recorded events (Cached / Evicted / PrefixCacheReset), and a request's chain is
-re-hashed from its recorded tokens with the run's hash settings, exactly as the engine's
-BlockHasher does. ``kvcore.explain_text`` turns the answers into sentences (EN / 中文).
+(``compare_requests``; both in ``kvcore.explain_blocks``). Nothing here touches a live engine:
+the cache's history is replayed from the recorded events (Cached / Evicted / PrefixCacheReset),
+and a request's chain is re-hashed from its recorded tokens with the run's hash settings,
+exactly as the engine's BlockHasher does. ``kvcore.explain_text`` turns the answers into sentences (EN / 中文).
 """
 from __future__ import annotations
 
@@ -253,7 +253,10 @@ def explain_hit(run: RecordedSteps, request_id: str, step: Optional[int] = None)
         found = [a for a in found if a[0] <= step][-1:]
     if not found:
         where = f" by step {step}" if step is not None else ""
-        raise ExplainError(f"request {request_id!r} was not admitted{where}")
+        blocked = [(rec.step, ev.reason) for rec in run.records[:step] for ev in rec.events
+                   if ev.kind == E.BLOCKED and ev.request_id == request_id]
+        why = f" (last held back at step {blocked[-1][0]}: {blocked[-1][1]})" if blocked else ""
+        raise ExplainError(f"request {request_id!r} was not admitted{where}{why}")
     history = CacheHistory(run)
     return [_explain_admission(run, history, views, request_id, s, i, ev) for s, i, ev in found]
 
@@ -265,7 +268,7 @@ def _explain_admission(run, history: CacheHistory, views, rid: str, step: int, i
     pos: Pos = (step, lookups[-1] if lookups else idx)
     before = run.snapshot_before(step)
     rv_before = next((r for r in before.requests if r.request_id == rid), None) if before else None
-    rv = rv_before or rec.snapshot.request(rid)
+    rv = rv_before or views[rid]
     tokens = all_tokens(rv) if rv_before is not None else tuple(rv.prompt_token_ids)
     n, bs = len(tokens), run.block_size()
     hit = ev.num_cached_tokens
@@ -322,7 +325,7 @@ def _miss(run, history: CacheHistory, views, rid, tokens, chain, m: int, pos: Po
                               lost_reason=last.reason if last else "", evicted_for=last.request_id if last else None,
                               **at)
     end = (m + 1) * bs
-    best = None                  # (lcp, cached pos, request id, its tokens, its salt)
+    best = None                  # (common prefix length, when cached, request id, its tokens, block)
     for qid, qv in views.items():
         if qid == rid:
             continue

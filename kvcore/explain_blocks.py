@@ -73,8 +73,9 @@ def _index_in_table(snap: Snapshot, rid: Optional[str], bid: int, group: Optiona
 
 
 def _place_in_table(run: RecordedSteps, step: int, ev, block_id: int) -> Optional[int]:
-    """A block's logical index when given (hit or allocated): the request's table length before the step, plus the blocks
-    it got (hits, then new ones) in this group earlier in the step, plus its place in ``ev``."""
+    """A block's logical index when given (hit or allocated): the request's table length before
+    the step, plus the blocks it got (hits, then new ones) in this group earlier in the step, plus
+    its place in ``ev``."""
     before = run.snapshot_before(step)
     rv = next((r for r in before.requests if r.request_id == ev.request_id), None) if before else None
     g = ev.group or 0
@@ -119,7 +120,8 @@ def life_of_block(run: RecordedSteps, block_id: int) -> BlockLife:
                 if idx is None:
                     idx = _place_in_table(run, rec.step, ev, block_id)
                 index_of[rid] = idx
-                qp = 0 if ev.kind == E.ALLOCATED else dict(zip(ev.from_queue, ev.queue_positions)).get(block_id)
+                left = ev.block_ids if ev.kind == E.ALLOCATED else ev.from_queue
+                qp = dict(zip(left, ev.queue_positions)).get(block_id)
                 kw = dict(logical_index=idx, queue_pos=qp)
             elif ev.kind == E.CACHED:
                 h = ev.block_hashes[ev.block_ids.index(block_id)]

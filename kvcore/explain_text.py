@@ -79,8 +79,8 @@ def hit_sentences(x: X.HitExplanation, lang: str = "en") -> list[str]:
                              "块的哈希，所以整条链的哈希都不同。",
                              o=_salt_words(x.other_salt, lang), m=_salt_words(x.salt, lang), **kw))
     elif r == X.TOKENS_DIFFER:
-        out.append(stop + _t(lang, "the nearest cached chain, request {q}'s (cached at step {cs}), first differs from this "
-                             "one at token {p}.", "最接近的已缓存链（请求 {q} 的，第 {cs} 步缓存）在第 {p} 个 token "
+        out.append(stop + _t(lang, "the nearest cached chain, request {q}'s (cached at step {cs}), first differs "
+                             "from this one at token {p}.", "最接近的已缓存链（请求 {q} 的，第 {cs} 步缓存）在第 {p} 个 token "
                              "处与它第一次不同。", **kw))
         here = _quote(x.text_here, x.ids_here)
         other = _quote(x.text_other, x.ids_other)
@@ -123,9 +123,11 @@ def hit_sentences(x: X.HitExplanation, lang: str = "en") -> list[str]:
                           "滑动窗口组只能在保留了命中终点之前那一窗口的块的位置命中；它保留了这条链的第 [{kept}] 块。",
                           kept=kept, **kw))
     elif r == X.CANNOT_REHASH:
-        out.append(_t(lang, "This run's NONE_HASH seed was random (hash_seed null with an xxhash algorithm), so its block "
-                      "hashes cannot be recomputed to find the first missing block.",
-                      "本次运行的 NONE_HASH 种子是随机的（hash_seed 为 null 且用 xxhash），无法重算块哈希来找出第一个缺失的块。"))
+        out.append(_t(lang, "This run's block hashes cannot be recomputed to find the first missing block: its "
+                      "engine settings are unknown (a trace without its header) or its NONE_HASH seed was random "
+                      "(hash_seed null with an xxhash algorithm).",
+                      "无法重算本次运行的块哈希来找出第一个缺失的块：它的引擎设置未知（没有文件头的 trace），"
+                      "或者 NONE_HASH 种子是随机的（hash_seed 为 null 且用 xxhash）。"))
     out.append(code_line(FUNCTIONS["get_computed_blocks"], lang))
     return out
 
@@ -136,7 +138,8 @@ def moment_sentence(m: BlockMoment, lang: str = "en") -> str:
               lost=short_hash(m.lost_hash), qp=m.queue_pos, g=m.group)
     head = _t(lang, "step {s}: ", "第 {s} 步：", **kw)
     if m.kind == "allocated":
-        return head + _t(lang, "allocated to {r} as its logical block {i}, popped from the free-queue head; ref_cnt {ref}",
+        return head + _t(lang, "allocated to {r} as its logical block {i}, popped from the free-queue head; "
+                         "ref_cnt {ref}",
                          "从空闲队列队头取出，分配给 {r} 作为其第 {i} 个逻辑块；ref_cnt {ref}", **kw)
     if m.kind == "touched":
         rescued = (_t(lang, ", rescued from free-queue position {qp}", "，从空闲队列第 {qp} 位被救回", **kw)

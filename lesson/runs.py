@@ -30,6 +30,8 @@ ENGINE_LOCK = threading.Lock()   # one forward at a time per process: the weight
 ENV_STORE_BYTES = "PAGED_KV_LAB_RUN_STORE_BYTES"
 ENV_STORE_HARD_BYTES = "PAGED_KV_LAB_RUN_STORE_HARD_BYTES"
 DEFAULT_STORE_BYTES = 512 * 10**6
+ENV_BACKGROUND_PAUSE = "PAGED_KV_LAB_BACKGROUND_PAUSE"
+DEFAULT_BACKGROUND_PAUSE = 1.0      # computing ahead takes at most half of the time (and of the GIL)
 
 EngineFactory = Callable[[Scenario], Any]
 
@@ -210,8 +212,10 @@ class RunStore:
 
     def __init__(self, max_bytes: Optional[int] = None, hard_bytes: Optional[int] = None,
                  max_steps: Optional[int] = None, lock: Optional[threading.Lock] = None,
-                 limits: Optional[Limits] = None, background_pause: float = 1.0) -> None:
+                 limits: Optional[Limits] = None, background_pause: Optional[float] = None) -> None:
         env = os.environ
+        if background_pause is None:
+            background_pause = float(env.get(ENV_BACKGROUND_PAUSE, DEFAULT_BACKGROUND_PAUSE))
         self.max_bytes = int(max_bytes if max_bytes is not None else env.get(ENV_STORE_BYTES, DEFAULT_STORE_BYTES))
         self.hard_bytes = int(hard_bytes if hard_bytes is not None else
                               env.get(ENV_STORE_HARD_BYTES, 2 * self.max_bytes))

@@ -197,8 +197,7 @@ def _parse_value(key: str, v: str) -> Any:
         return None
     if isinstance(default, bool):
         return v.lower() in ("1", "true", "yes", "on")
-    if isinstance(default, int) or key in ("sliding_window", "seed", "max_model_len", "max_cache_hit_length",
-                                           "prefix_cache_retention_interval"):
+    if isinstance(default, int) or key in ("sliding_window", "seed", "max_model_len", "max_cache_hit_length"):
         return int(v)
     if isinstance(default, float):
         return float(v)

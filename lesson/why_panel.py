@@ -93,8 +93,8 @@ def why_panel(run: Any, lang: str, key: str, decode: Optional[Callable] = None) 
                 step = len(steps.records)
                 rows = [{"": "  " * k.depth + k.link.name, "vLLM 0.33.0": k.link.vllm.url, "kvcore": k.link.ours.target}
                         for k in step_calls(steps, step)]
-                st.dataframe(rows, hide_index=True, key=f"why_calls:{key}",
-                             column_config={"vLLM 0.33.0": st.column_config.LinkColumn(display_text=r"v0\.33\.0/(.*)$")})
+                link = st.column_config.LinkColumn(display_text=r"v0\.33\.0/(.*)$")
+                st.dataframe(rows, hide_index=True, key=f"why_calls:{key}", column_config={"vLLM 0.33.0": link})
         except ExplainError as e:
             st.info(str(e))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
+from _app_helpers import tiny_model_env  # noqa: F401  (the page test runs the app on the tiny model)
 from _event_runs import every_kind_runs
 from _kv_helpers import make_engine, spec
 from kvcore import events as E
@@ -14,7 +15,7 @@ from kvcore import trace
 from kvcore.cli import main
 from kvcore.explain import CacheHistory, RecordedSteps, explain_hit
 from kvcore.explain_blocks import compare_requests, life_of_block
-from kvcore.explain_text import answer, hit_sentences
+from kvcore.explain_text import hit_sentences
 from kvcore.scenario import Scenario, scenario_to_dict
 
 A = list(range(100, 108))          # two blocks of 4
@@ -138,12 +139,24 @@ def test_resumption_after_preemption_is_explained_too():
     assert "resumed" in hit_sentences(out[0])[0]
 
 
+def test_a_random_none_hash_seed_cannot_be_rehashed(monkeypatch):
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    run = record([spec("A", A, max_tokens=1), spec("B", A, max_tokens=1, arrival_step=3)],
+                 hash_algo="xxhash", hash_seed=None)
+    x = why(run, "B")
+    assert x.reason == X.CANNOT_REHASH and x.hit_tokens == 4
+    assert "cannot be recomputed" in hit_sentences(x)[1]
+
+
 def test_unknown_request_or_step_is_a_clear_error():
     run = record([spec("A", A, max_tokens=1, arrival_step=2)])
     with pytest.raises(X.ExplainError, match="no request 'Z'"):
         explain_hit(run, "Z")
     with pytest.raises(X.ExplainError, match="not admitted by step 1"):
         explain_hit(run, "A", 1)
+    full = record([spec("A", A, max_tokens=3), spec("B", A, max_tokens=1)], max_num_seqs=1)
+    with pytest.raises(X.ExplainError, match=r"not admitted by step 1 \(last held back at step 1: max_num_seqs\)"):
+        explain_hit(full, "B", 1)
     with pytest.raises(X.ExplainError, match="outside the pool"):
         life_of_block(run, 99)
 
@@ -308,7 +321,7 @@ def test_why_panel_on_a_lesson_page_follows_the_player():
     from _app_helpers import Browser, app
     at = app("pages/2_prefix_caching.py")
     at.toggle(key="why_open:prefix").set_value(True).run()
-    assert not at.selectbox(key=None) or "why_req:prefix" not in [s.key for s in at.selectbox]  # step 0
+    assert "why_req:prefix" not in [s.key for s in at.selectbox]      # at step 0 there is nothing to ask
     b = Browser(at, "prefix").until_recorded(1 << 20)
     b.show(len(b.steps))
     sb = at.selectbox(key="why_req:prefix")

@@ -190,3 +190,18 @@ def test_engine_overrides_from_key_value_pairs_are_validated_like_a_file():
     assert [p.split(":")[0] for p in info.value.problems] == ["engine.watermark", "engine.blk"]
     with pytest.raises(ScenarioError, match="KEY=VALUE"):
         parse_engine_overrides(["watermark"])
+
+
+def test_cli_set_overrides_an_engine_setting(tmp_path, capsys):
+    from kvcore.cli import main
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps({"model": "tiny-random", "device": "cpu",
+                             "engine": {"block_size": 4, "num_gpu_blocks": 16, "hash_algo": "sha256"},
+                             "requests": [{"id": "a", "prompt_token_ids": [1, 2, 3, 4, 5], "max_tokens": 2}]}))
+    assert main(["run", str(f), "--set", "watermark=2", "--quiet"]) == 2
+    assert "engine.watermark: must be a number in [0, 1); got 2" in capsys.readouterr().err
+    trace = tmp_path / "t.jsonl"
+    assert main(["run", str(f), "--set", "hash_algo=sha256_cbor", "--set", "hash_seed=0", "--quiet",
+                 "--trace", str(trace)]) == 0
+    engine = json.loads(trace.read_text().splitlines()[0])["scenario"]["engine"]
+    assert (engine["hash_algo"], engine["hash_seed"]) == ("sha256_cbor", "0")
