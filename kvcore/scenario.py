@@ -101,6 +101,12 @@ class RequestSpec:
     priority: StrictInt = 0
     cache_salt: Optional[StrictStr] = None
     ignore_eos: StrictBool = False
+    # parallel sampling (vLLM's SamplingParams.n): n child requests "0_<id>", "1_<id>", ...
+    # (kvcore/parallel_sampling.py)
+    n: Int = 1
+    # vLLM's SamplingParams.seed: sample at temperature 1 from this request's own generator
+    # (child i of an n > 1 request: seed + i); None: greedy, or the engine's seed if it has one
+    seed: Optional[Count] = None
 
 
 @dataclass(frozen=True)
@@ -132,7 +138,7 @@ _MUST: dict[str, str] = {
     "id": "a non-empty string", "prompt": "a non-empty string",
     "prompt_token_ids": "a non-empty list of token ids (integers >= 0)", "chat": "true or false",
     "max_tokens": "an integer >= 1", "arrival_step": "an integer >= 0", "priority": "an integer",
-    "cache_salt": "a string or null", "ignore_eos": "true or false",
+    "cache_salt": "a string or null", "ignore_eos": "true or false", "n": "an integer >= 1",
     "model": "one of " + ", ".join(MODELS), "device": "one of " + ", ".join(DEVICES),
     "dtype": "one of " + ", ".join(DTYPES), "name": "a string", "description": "a string",
     "engine": "an object", "requests": "a list",
@@ -217,6 +223,14 @@ def _cross_checks(raw: dict) -> list[str]:
                 if rid in seen:
                     problems.append(f"requests[{i}].id: duplicate id {rid!r}")
                 seen.add(rid)
+        # an n > 1 request runs as children "0_<id>", "1_<id>"...: no id may be used twice
+        n_of = {r["id"]: r.get("n") for r in reqs if isinstance(r, dict) and isinstance(r.get("id"), str)}
+        for pid, n in n_of.items():
+            if isinstance(n, int) and not isinstance(n, bool) and 1 < n <= 1024:
+                clash = sorted(f"{k}_{pid}" for k in range(n) if f"{k}_{pid}" in n_of)
+                if clash:
+                    problems.append(f"requests: {pid!r} has n = {n}, so it runs as {clash[0]!r}...; "
+                                    f"that id is already another request's")
     return problems
 
 

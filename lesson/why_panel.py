@@ -32,6 +32,7 @@ WORDS = {
     "not_yet": ("Nothing to explain before step 1.", "第 1 步之前没有可解释的内容。"),
     "our_code": ("Our function: {f}", "本项目的函数：{f}"),
     "vllm_code": ("vLLM 0.33.0: {f}", "vLLM 0.33.0：{f}"),
+    "source_of": ("Source of", "查看源码"),
 }
 
 
@@ -95,6 +96,10 @@ def why_panel(run: Any, lang: str, key: str, decode: Optional[Callable] = None) 
                         for k in step_calls(steps, step)]
                 link = st.column_config.LinkColumn(display_text=r"v0\.33\.0/(.*)$")
                 st.dataframe(rows, hide_index=True, key=f"why_calls:{key}", column_config={"vLLM 0.33.0": link})
+                names = list(dict.fromkeys(k.link.name for k in step_calls(steps, step)))
+                name = st.selectbox(w("source_of", lang), names, key=f"why_src:{key}")
+                if name is not None:
+                    _code(name, lang, key)
         except ExplainError as e:
             st.info(str(e))
 
@@ -103,7 +108,7 @@ def _code(name: str, lang: str, key: str) -> None:
     from kvcore.source_links import FUNCTIONS
     link = FUNCTIONS[name]
     st.markdown(f"[{w('vllm_code', lang, f=link.vllm.qualname)}]({link.vllm.url})")
-    with st.popover(w("our_code", lang, f=link.ours.target)):
+    with st.expander(w("our_code", lang, f=link.ours.target)):
         st.code(link.ours.source(), language="python")
 
 

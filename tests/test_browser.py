@@ -252,7 +252,7 @@ def test_hostile_prompt_is_text_in_the_app_and_in_its_export(server, browser, tm
     page.keyboard.press("End")
     assert_literal(page)
     with page.expect_download(timeout=60_000) as dl:
-        page.get_by_text("Download this run").first.click()
+        page.get_by_role("button", name="Download this run").click()
     path = tmp_path / "run.html"
     dl.value.save_as(path)
     html = path.read_text()

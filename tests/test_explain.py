@@ -315,6 +315,8 @@ def test_why_panel_shows_a_request_and_a_block_in_both_languages():
         for mode in ("two", "calls"):
             at.radio(key="why_mode:t").set_value(mode).run()
             assert not at.exception and len(at.dataframe) == 1, mode
+        at.selectbox(key="why_src:t").set_value("get_new_blocks").run()
+        assert any("def get_new_blocks(" in c.value for c in at.code)     # our source, read at run time
 
 
 def test_why_panel_on_a_lesson_page_follows_the_player():
