@@ -66,6 +66,8 @@ def main() -> None:
         del cursor
     gc.collect()
 
+    if args.steps <= 0:
+        return
     steps, i, samples, t0 = 0, 0, [], time.perf_counter()
     start = rss()
     while steps < args.steps:

@@ -25,6 +25,7 @@ class SeqBatchItem:
     start_pos: int                        # position of token_ids[0] = tokens already in the pool
     block_tables: tuple[list[int], ...]   # per KV cache group: logical block -> physical block (0 = null)
     sample: bool                          # this step completes the known tokens: sample the next one
+    num_draft_tokens: int = 0             # the last ones of token_ids are drafts: logits after each
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,8 @@ class ModelInputs:
     positions run from ``seq_lens[i] - query_len`` to ``seq_lens[i] - 1``;
     ``slot_mapping[g][t] == block_table[g][i][positions[t] // block_size] * block_size
     + positions[t] % block_size`` for the request i owning token t; ``logits_indices`` are the
-    last tokens of the requests that sample this step (``sample_req_ids``, same order).
+    last tokens of the requests that sample this step (``sample_req_ids``, same order) — a
+    request with d drafts has its last d + 1 tokens there, its id repeated d + 1 times.
     """
 
     block_size: int
@@ -153,8 +155,11 @@ def prepare_inputs(items: Sequence[SeqBatchItem], block_size: int,
         query_start_loc.append(query_start_loc[-1] + n)
         seq_lens.append(it.start_pos + n)
         if it.sample:
-            logits_indices.append(query_start_loc[-1] - 1)
-            sample_req_ids.append(it.request_id)
+            if not 0 <= it.num_draft_tokens < n:
+                raise ValueError(f"request {it.request_id!r}: {it.num_draft_tokens} drafts among {n} tokens")
+            end = query_start_loc[-1]
+            logits_indices.extend(range(end - 1 - it.num_draft_tokens, end))
+            sample_req_ids.extend([it.request_id] * (it.num_draft_tokens + 1))
     return ModelInputs(
         block_size=int(block_size), req_ids=tuple(it.request_id for it in items),
         input_ids=tuple(input_ids), positions=tuple(positions),

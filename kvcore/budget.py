@@ -185,7 +185,8 @@ def check_scenario(scenario: Any, limits: Limits, config: Any = None,
     for field, name, value in (("max_num_gpu_blocks", "engine.num_gpu_blocks", s.num_gpu_blocks),
                                ("max_block_size", "engine.block_size", s.block_size),
                                ("max_num_batched_tokens", "engine.max_num_batched_tokens", s.max_num_batched_tokens),
-                               ("max_requests", "requests (how many)", len(reqs))):
+                               ("max_requests", "requests (how many, each of n children counted)",
+                                sum(getattr(r, "n", 1) for r in reqs))):
         if value > getattr(limits, field):
             raise _refuse(name, value, getattr(limits, field), limits, field)
     for i, r in enumerate(reqs):

@@ -119,12 +119,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                 break
         outputs = engine.outputs()
         if trace_file:
-            trace_file.write(trace.outputs_line(outputs) + "\n")
+            trace_file.write(trace.outputs_line(outputs, engine.parents()) + "\n")
         if records is not None:
             _write_html(args.html, scenario, initial, records, engine, args.lang, done=not engine.has_unfinished())
         print("== outputs")
         for rid, o in outputs.items():
             print(f"   {rid}: {o['text']!r} {o['token_ids']}")
+        for pid, kids in engine.parents().items():
+            print(f"   {pid} (n = {len(kids)}): {', '.join(kids)}")
     finally:
         if trace_file:
             trace_file.close()

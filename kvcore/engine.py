@@ -9,6 +9,7 @@ from typing import Callable, Optional
 from kvcore import events, snapshot
 from kvcore.batch import SeqBatchItem
 from kvcore.invariants import check_invariants
+from kvcore.parallel_sampling import ParentRequest, fan_out, group_outputs, parent_groups
 from kvcore.kv.block_hash import BlockHasher, get_hash_fn, resolve_none_hash_seed
 from kvcore.kv.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
                                          SlidingWindowSpec)
@@ -19,6 +20,7 @@ from kvcore.sched.output import ModelRunnerOutput
 from kvcore.sched.scheduler import Scheduler, SchedulerConfig
 from kvcore.scenario import EngineSettings, RequestSpec, Scenario
 from kvcore.snapshot import take_snapshot
+from kvcore.spec_decode import NgramProposer, SpecDecodingStats, rejection_sample
 
 
 def kv_cache_groups(settings: EngineSettings, num_layers: int) -> tuple[list[KVCacheGroupSpec], list[int]]:
@@ -63,13 +65,30 @@ class NoModelRunner:
     def __init__(self, vocab_size: int = 1000, eos_token_id: Optional[int] = None) -> None:
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
+        self.request_seeds: dict[str, int] = {}   # a request's own seed replaces its id's checksum
+
+    def add_request_seed(self, request_id: str, seed: int) -> None:
+        self.request_seeds[request_id] = seed
 
     def execute(self, items) -> dict[str, int]:
         out = {}
         for it in items:
             if it.sample:
-                seed = zlib.crc32(it.request_id.encode()) + 7919 * (it.start_pos + len(it.token_ids))
+                base = self.request_seeds.get(it.request_id, zlib.crc32(it.request_id.encode()))
+                seed = base + 7919 * (it.start_pos + len(it.token_ids))
                 out[it.request_id] = seed % self.vocab_size
+        return out
+
+    def execute_verify(self, items) -> dict[str, list[int]]:
+        """The token after each of an item's last 1 + num_draft_tokens positions (same function
+        of the position as ``execute``, so drafts never change what is generated)."""
+        out = {}
+        for it in items:
+            if it.sample:
+                base = self.request_seeds.get(it.request_id, zlib.crc32(it.request_id.encode()))
+                end = it.start_pos + len(it.token_ids)
+                out[it.request_id] = [(base + 7919 * p) % self.vocab_size
+                                      for p in range(end - it.num_draft_tokens, end + 1)]
         return out
 
 
@@ -116,8 +135,18 @@ class Engine:
             max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
             policy=s.policy, max_model_len=self.max_model_len, admission=s.admission,
             long_prefill_token_threshold=s.long_prefill_token_threshold,
-            max_cache_hit_length=s.max_cache_hit_length),
+            max_cache_hit_length=s.max_cache_hit_length,
+            num_spec_tokens=s.speculative.num_speculative_tokens if s.speculative else 0),
             self.kv_cache_manager, self.recorder)
+        # Speculative decoding: drafts from an n-gram proposer, verified greedily.
+        self.drafter: Optional[NgramProposer] = None
+        self.spec_decoding_stats = SpecDecodingStats()
+        if s.speculative is not None:
+            if s.seed is not None:
+                raise ValueError("engine.speculative verifies drafts greedily: it needs engine.seed null")
+            sp = s.speculative
+            self.drafter = NgramProposer(sp.prompt_lookup_min, sp.prompt_lookup_max,
+                                         sp.num_speculative_tokens, self.max_model_len)
         if runner is None:
             from kvcore.model import ModelRunner
             runner = ModelRunner(self.model, s.num_gpu_blocks, s.block_size, layer_group,
@@ -135,6 +164,7 @@ class Engine:
             self.kv_cache_manager.block_pool.use_int_block_hashes = wire.use_int_block_hashes
         self.step_count = 0
         self._arrivals = 0
+        self.parent_requests: dict[str, ParentRequest] = {}   # requests with n > 1, by parent id
         self._pending: list[RequestSpec] = sorted(scenario.requests, key=lambda r: r.arrival_step)
         self.history: list[snapshot.StepRecord] = []
         # Refuse a scenario whose prompt can never fit now, not in the middle of a run.
@@ -167,16 +197,28 @@ class Engine:
     def add_request(self, spec: RequestSpec) -> None:
         """Queue a request now (its arrival_step is ignored). Raises ValueError, changing
         nothing, if it is malformed or can never fit in the pool."""
-        if spec.id in self.scheduler.requests:
+        parent, children = fan_out(spec)    # n > 1: children "0_<id>"... (vLLM's ParentRequest)
+        for child in children:
+            if child.id in self.scheduler.requests or child.id in self.parent_requests:
+                raise ValueError(f"a request with id {child.id!r} already exists")
+        if parent is not None and spec.id in self.scheduler.requests:
             raise ValueError(f"a request with id {spec.id!r} already exists")
+        if self.drafter is not None and (spec.seed is not None or spec.n > 1):
+            raise ValueError(f"request {spec.id!r}: engine.speculative verifies drafts greedily; "
+                             f"seeded sampling and n > 1 are not supported with it")
         ids = self._checked_prompt(spec)
         s = self.settings
-        self._arrivals += 1
-        req = Request(spec.id, ids, spec.max_tokens, arrival_time=self._arrivals,
-                      priority=spec.priority, cache_salt=spec.cache_salt,
-                      eos_token_ids=self._eos_ids(), ignore_eos=spec.ignore_eos,
-                      block_hasher=self.hasher if s.enable_prefix_caching else None)
-        self.scheduler.add_request(req)
+        if parent is not None:
+            self.parent_requests[parent.request_id] = parent
+        for child in children:
+            self._arrivals += 1
+            req = Request(child.id, ids, child.max_tokens, arrival_time=self._arrivals,
+                          priority=child.priority, cache_salt=child.cache_salt,
+                          eos_token_ids=self._eos_ids(), ignore_eos=child.ignore_eos,
+                          block_hasher=self.hasher if s.enable_prefix_caching else None)
+            if child.seed is not None and hasattr(self.runner, "add_request_seed"):
+                self.runner.add_request_seed(child.id, child.seed)
+            self.scheduler.add_request(req)
 
     def _checked_prompt(self, spec: RequestSpec) -> list[int]:
         """The prompt's token ids; ValueError if the prompt alone can never fit."""
@@ -205,23 +247,33 @@ class Engine:
             self.add_request(self._pending.pop(0))
         out = self.scheduler.schedule()
         sampled: dict[str, int] = {}
+        new_tokens: dict[str, list[int]] = {}
         model_inputs = None
         if out.num_scheduled_tokens:
             items = []
             computed_before = out.num_computed_tokens_before()
+            drafts = out.scheduled_spec_decode_tokens
             for rid, n in out.num_scheduled_tokens.items():
                 req = self.scheduler.requests[rid]
                 before = computed_before[rid]
+                d = drafts.get(rid, [])
                 items.append(SeqBatchItem(
-                    request_id=rid, token_ids=req.all_token_ids[before:before + n], start_pos=before,
+                    request_id=rid, token_ids=(req.all_token_ids + d)[before:before + n], start_pos=before,
                     block_tables=self.kv_cache_manager.get_block_ids(rid),
-                    sample=before + n >= req.num_tokens))
-            sampled = self.runner.execute(items)
+                    sample=before + n >= req.num_tokens, num_draft_tokens=len(d)))
+            if self.drafter is None:
+                sampled = self.runner.execute(items)
+                new_tokens = {rid: [t] for rid, t in sampled.items()}
+            else:
+                new_tokens = self._verify(items, drafts)
+                sampled = {rid: toks[-1] for rid, toks in new_tokens.items()}
             model_inputs = getattr(self.runner, "last_inputs", None)  # what the forward was given
             if sampled:
                 self.recorder.emit(events.Sampled(tokens=dict(sampled)))
             self.scheduler.update_from_output(
-                out, ModelRunnerOutput.from_sampled(list(out.num_scheduled_tokens), sampled))
+                out, ModelRunnerOutput.from_token_lists(list(out.num_scheduled_tokens), new_tokens))
+            if self.drafter is not None:
+                self._propose_drafts(new_tokens)
         elif not self.scheduler.running and self.scheduler.waiting:
             # Nothing runs and the head of the queue was refused by an empty pool: it never fits.
             head = self.scheduler.waiting.peek_request()
@@ -236,10 +288,33 @@ class Engine:
         rec = snapshot.StepRecord(
             step=self.step_count, scheduled=dict(out.num_scheduled_tokens),
             events=tuple(self.recorder.drain()), snapshot=self.snapshot(),
-            new_tokens={rid: [t] for rid, t in sampled.items()}, model_inputs=model_inputs,
+            new_tokens=new_tokens, model_inputs=model_inputs,
             kv_events=tuple(self.last_kv_event_batch.events) if self.last_kv_event_batch else ())
         self.history.append(rec)
         return rec
+
+    def _verify(self, items: list[SeqBatchItem], drafts: dict[str, list[int]]) -> dict[str, list[int]]:
+        """One forward over tokens and drafts; per sampling request the tokens it gains
+        (vLLM: the rejection sampler's greedy path)."""
+        targets = self.runner.execute_verify(items)
+        gained = {}
+        for rid, target in targets.items():
+            d = drafts.get(rid, [])
+            gained[rid] = rejection_sample(d, target)
+            if d:
+                self.spec_decoding_stats = self.spec_decoding_stats.observe(len(d), len(gained[rid]) - 1)
+        return gained
+
+    def _propose_drafts(self, new_tokens: dict[str, list[int]]) -> None:
+        """Drafts for every request that sampled and still runs (vLLM: ``propose_draft_token_ids``
+        after sampling, then ``Scheduler.update_draft_token_ids``)."""
+        proposals: dict[str, list[int]] = {}
+        for rid in new_tokens:
+            req = self.scheduler.requests[rid]
+            if req.is_finished() or req.num_tokens >= self.max_model_len:
+                continue
+            proposals[rid] = self.drafter.propose(req.all_token_ids)
+        self.scheduler.update_draft_token_ids(proposals)
 
     def run(self, until: Optional[str] = None, max_steps: int = 100_000) -> list[snapshot.StepRecord]:
         """Step until every request finished, or until a step emits an event of kind ``until``."""
@@ -272,6 +347,15 @@ class Engine:
             out[rid] = {"token_ids": list(req.output_token_ids), "text": self.decode(req.output_token_ids),
                         "finish_reason": req.status.value if req.is_finished() else None}
         return out
+
+    def grouped_outputs(self) -> dict[str, dict]:
+        """``outputs()`` gathered under the requests as sent: a parent's children by index
+        (kvcore.parallel_sampling.group_outputs)."""
+        return group_outputs(self.outputs(), self.parents())
+
+    def parents(self) -> dict[str, list[str]]:
+        """parent id -> child ids, for the requests with n > 1 added so far."""
+        return parent_groups(self.parent_requests.values())
 
     def check_invariants(self) -> None:
         check_invariants(self.kv_cache_manager, self.hash_fn, self.scheduler.requests,

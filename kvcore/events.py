@@ -39,6 +39,9 @@ class EventKind(str, Enum):
     FINISHED = "finished"
     RESET = "reset"
     SAMPLED = "sampled"
+    DRAFT_PROPOSED = "draft_proposed"
+    DRAFT_ACCEPTED = "draft_accepted"
+    DRAFT_REJECTED = "draft_rejected"
 
     def __str__(self) -> str:
         return self.value
@@ -49,7 +52,8 @@ class EventKind(str, Enum):
 
 # Short names, so `e.kind == events.EVICTED` reads like the sentence it is.
 (ARRIVED, SCHEDULED, ADMITTED, RESUMED, BLOCKED, CACHE_HIT, CACHE_MISS, TOUCHED, ALLOCATED, EVICTED,
- CACHED, FREED, WINDOW_SKIPPED, PREEMPTED, FINISHED, RESET, SAMPLED) = tuple(EventKind)
+ CACHED, FREED, WINDOW_SKIPPED, PREEMPTED, FINISHED, RESET, SAMPLED, DRAFT_PROPOSED, DRAFT_ACCEPTED,
+ DRAFT_REJECTED) = tuple(EventKind)
 EVENT_KINDS: tuple[EventKind, ...] = tuple(EventKind)
 
 IntTuple = tuple[int, ...]
@@ -293,9 +297,51 @@ class Sampled(Event):
     tokens: dict[str, int]
 
 
+# -- speculative decoding (spec_decode.py; sched/scheduler.py) -------------------------------
+@dataclass(frozen=True, kw_only=True)
+class DraftProposed(Event):
+    """The n-gram proposer found the request's latest tokens earlier among its own ``num_tokens``
+    tokens and drafts the tokens that followed there; the next step schedules them after its
+    last token (vLLM: ``NgramProposer.propose``, kept by ``Scheduler.update_draft_token_ids``)."""
+
+    kind = EventKind.DRAFT_PROPOSED
+    request_id: str = dataclasses.field()
+    draft_token_ids: IntTuple
+    num_tokens: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class DraftAccepted(Event):
+    """The target model agreed with the first drafts: ``accepted_token_ids`` join the request's
+    tokens, followed by ``next_token_id``, the model's own token after them (vLLM: the greedy
+    path of ``RejectionSampler``)."""
+
+    kind = EventKind.DRAFT_ACCEPTED
+    request_id: str = dataclasses.field()
+    accepted_token_ids: IntTuple
+    num_draft_tokens: int
+    next_token_id: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class DraftRejected(Event):
+    """The target model chose ``target_token_id`` where the drafts said ``rejected_token_ids[0]``:
+    those drafts are dropped, and ``num_computed_tokens`` moves back over them, so their slots
+    will be overwritten (vLLM: ``Scheduler.update_from_output``, ``num_computed_tokens -=
+    num_rejected``). ``positions`` are where their K/V was written; those slots are reused."""
+
+    kind = EventKind.DRAFT_REJECTED
+    request_id: str = dataclasses.field()
+    rejected_token_ids: IntTuple
+    target_token_id: int
+    num_computed_tokens: int
+    positions: IntTuple = ()
+
+
 EVENT_TYPES: dict[EventKind, type[Event]] = {cls.kind: cls for cls in (
     Arrived, Scheduled, Admitted, Resumed, Blocked, CacheHit, CacheMiss, Touched, Allocated, Evicted,
-    Cached, Freed, WindowSkipped, Preempted, Finished, PrefixCacheReset, Sampled)}
+    Cached, Freed, WindowSkipped, Preempted, Finished, PrefixCacheReset, Sampled, DraftProposed,
+    DraftAccepted, DraftRejected)}
 
 
 def _kind_tag(v: Any) -> str | None:

@@ -63,6 +63,14 @@ def parent_groups(parents: Iterable[ParentRequest]) -> dict[str, list[str]]:
     return {p.request_id: list(p.child_request_ids) for p in parents}
 
 
+def scenario_parents(specs: Iterable[RequestSpec], present: Iterable[str]) -> dict[str, list[str]]:
+    """parent id -> child ids for the specs with n > 1 whose children are among ``present``
+    (the request ids a run has outputs for)."""
+    have = set(present)
+    return {p.request_id: list(p.child_request_ids)
+            for p in (fan_out(s)[0] for s in specs) if p is not None and p.child_request_ids[0] in have}
+
+
 def group_outputs(outputs: Mapping[str, dict[str, Any]],
                   parents: Mapping[str, list[str]]) -> dict[str, dict[str, Any]]:
     """Outputs per request as the user sent it: ``{id: {"outputs": [...], "finished": bool}}``.

@@ -58,6 +58,28 @@ OptInt = Optional[Annotated[StrictInt, Field(ge=1)]]
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    """vLLM's speculative_config, n-gram (prompt lookup) method only; verification is greedy.
+    Unset lookup lengths follow vLLM: both unset -> 5 and 5, one set -> the other equals it."""
+    __pydantic_config__ = _FORBID
+    method: Literal["ngram"] = "ngram"
+    num_speculative_tokens: Int = 3
+    prompt_lookup_min: OptInt = None
+    prompt_lookup_max: OptInt = None
+
+    def __post_init__(self) -> None:
+        lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
+        if lo is None and hi is None:
+            lo = hi = 5
+        lo = hi if lo is None else lo
+        hi = lo if hi is None else hi
+        if lo > hi:
+            raise ValueError(f"prompt_lookup_min={lo} must be <= prompt_lookup_max={hi}")
+        object.__setattr__(self, "prompt_lookup_min", lo)
+        object.__setattr__(self, "prompt_lookup_max", hi)
+
+
+@dataclass(frozen=True)
 class EngineSettings:
     __pydantic_config__ = _FORBID
     block_size: Int = 16
@@ -87,6 +109,8 @@ class EngineSettings:
     long_prefill_token_threshold: Count = 0
     # KV cache events published on ZeroMQ as vLLM does (vLLM's --kv-events-config); off when null.
     kv_events: Optional[KVEventsConfig] = None
+    # Speculative decoding (kvcore/spec_decode.py); off when null.
+    speculative: Optional[SpeculativeConfig] = None
 
 
 @dataclass(frozen=True)

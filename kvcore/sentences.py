@@ -31,7 +31,7 @@ ICONS: dict[EventKind, str] = {
     E.ARRIVED: "📥", E.SCHEDULED: "🗓", E.ADMITTED: "✅", E.RESUMED: "↩️", E.BLOCKED: "⛔",
     E.CACHE_HIT: "🎯", E.CACHE_MISS: "🔍", E.TOUCHED: "👆", E.ALLOCATED: "🧱", E.EVICTED: "🗑",
     E.CACHED: "🔒", E.FREED: "♻️", E.WINDOW_SKIPPED: "🪟", E.PREEMPTED: "⚠️", E.FINISHED: "🏁",
-    E.RESET: "🧹", E.SAMPLED: "✍️",
+    E.RESET: "🧹", E.SAMPLED: "✍️", E.DRAFT_PROPOSED: "🔮", E.DRAFT_ACCEPTED: "👍", E.DRAFT_REJECTED: "👎",
 }
 
 # The words behind the short reason codes events carry: (English, 中文).
@@ -219,12 +219,50 @@ def _sampled(e: E.Sampled, s: Style):
     return f"the model sampled: {parts}", f"模型采样：{parts}"
 
 
+def _tokens(ids: Sequence[int], s: Style) -> str:
+    return ", ".join(f"“{s.decode([t])}”" for t in ids) if s.decode else ", ".join(map(str, ids))
+
+
+def _draft_proposed(e: E.DraftProposed, s: Style):
+    d = len(e.draft_token_ids)
+    return (f"{e.request_id}: its latest tokens appeared earlier, so the n-gram proposer drafts "
+            f"the {d} tokens that followed there ({_tokens(e.draft_token_ids, s)}); next step they are "
+            f"scheduled after its last token and get KV slots, to be verified.",
+            f"{e.request_id}：它最新的几个 token 在前文出现过，n-gram 提议器据此起草当时紧随其后的 "
+            f"{d} 个 token（{_tokens(e.draft_token_ids, s)}）；下一步它们排在最后一个 token 之后调度、"
+            f"占用 KV 槽位，等待验证。")
+
+
+def _draft_accepted(e: E.DraftAccepted, s: Style):
+    a = len(e.accepted_token_ids)
+    nxt = _tokens([e.next_token_id], s)
+    return (f"{e.request_id}: the model agreed with {a} of {e.num_draft_tokens} drafts "
+            f"({_tokens(e.accepted_token_ids, s)}) and added its own next token {nxt}: "
+            f"{a + 1} tokens from one forward pass.",
+            f"{e.request_id}：模型认可了 {e.num_draft_tokens} 个草稿中的 {a} 个"
+            f"（{_tokens(e.accepted_token_ids, s)}），并接上自己的下一个 token {nxt}："
+            f"一次前向得到 {a + 1} 个 token。")
+
+
+def _draft_rejected(e: E.DraftRejected, s: Style):
+    r = len(e.rejected_token_ids)
+    return (f"{e.request_id}: the model chose {_tokens([e.target_token_id], s)} instead of draft "
+            f"{_tokens(e.rejected_token_ids[:1], s)}; {r} drafts are dropped and num_computed_tokens moves back "
+            f"to {e.num_computed_tokens}, so their slots (positions {_tokens(e.positions, Style())}) will be "
+            f"overwritten and never enter the prefix cache.",
+            f"{e.request_id}：模型选择了 {_tokens([e.target_token_id], s)} 而不是草稿 "
+            f"{_tokens(e.rejected_token_ids[:1], s)}；丢弃 {r} 个草稿，num_computed_tokens 回退到 "
+            f"{e.num_computed_tokens}，它们的槽位（位置 {_tokens(e.positions, Style())}）之后会被覆盖，"
+            f"也绝不会进入前缀缓存。")
+
+
 SENTENCES: dict[EventKind, Render] = {
     E.ARRIVED: _arrived, E.SCHEDULED: _scheduled, E.ADMITTED: _admitted, E.RESUMED: _resumed,
     E.BLOCKED: _blocked, E.CACHE_HIT: _cache_hit, E.CACHE_MISS: _cache_miss, E.TOUCHED: _touched,
     E.ALLOCATED: _allocated, E.EVICTED: _evicted, E.CACHED: _cached, E.FREED: _freed,
     E.WINDOW_SKIPPED: _window_skipped, E.PREEMPTED: _preempted, E.FINISHED: _finished,
-    E.RESET: _reset, E.SAMPLED: _sampled,
+    E.RESET: _reset, E.SAMPLED: _sampled, E.DRAFT_PROPOSED: _draft_proposed,
+    E.DRAFT_ACCEPTED: _draft_accepted, E.DRAFT_REJECTED: _draft_rejected,
 }
 
 

@@ -31,6 +31,8 @@ VLLM_FILE_LINES: dict[str, int] = {
     "vllm/v1/core/block_pool.py": 945,
     "vllm/v1/core/kv_cache_utils.py": 1263,
     "vllm/v1/sample/sampler.py": 501,
+    "vllm/v1/spec_decode/ngram_proposer.py": 295,
+    "vllm/v1/sample/rejection_sampler.py": 1197,
 }
 
 
@@ -141,6 +143,12 @@ FUNCTIONS: dict[str, CodeLink] = {c.name: c for c in (
           "kvcore.kv.block_pool:BlockPool.reset_prefix_cache"),
     _link("hash_block_tokens", _UTILS, 707, 737, "hash_block_tokens", "kvcore.kv.block_hash:hash_block_tokens"),
     _link("sample", "vllm/v1/sample/sampler.py", 129, 211, "Sampler.forward", "kvcore.engine:Engine.step"),
+    _link("propose", "vllm/v1/spec_decode/ngram_proposer.py", 138, 173, "NgramProposer.propose",
+          "kvcore.spec_decode:NgramProposer.propose"),
+    _link("update_draft_token_ids", _SCHED, 2862, 2881, "Scheduler.update_draft_token_ids",
+          "kvcore.sched.scheduler:Scheduler.update_draft_token_ids"),
+    _link("rejection_sample", "vllm/v1/sample/rejection_sampler.py", 432, 586,
+          "rejection_sample", "kvcore.spec_decode:rejection_sample"),
 )}
 
 _FREED_BY = {
@@ -183,6 +191,12 @@ def event_calls(ev: E.Event, num_groups: int = 1) -> tuple[str, ...]:
         return ("reset_prefix_cache",)
     if k == E.SAMPLED:
         return ("sample",)
+    if k == E.DRAFT_PROPOSED:
+        return ("propose",)
+    if k == E.DRAFT_ACCEPTED:
+        return ("rejection_sample",)
+    if k == E.DRAFT_REJECTED:
+        return ("update_from_output",)
     raise ValueError(f"no code link for event kind {k!r}")
 
 

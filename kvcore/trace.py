@@ -17,7 +17,8 @@ from kvcore.snapshot import Snapshot, StepRecord
 #            (first line; traces written before the header existed lack it)
 #   steps    StepRecord.to_dict() for steps 1, 2, 3... in order
 #   outputs  {"outputs": {request id: {"token_ids": [...], "text": str, "finish_reason": str | None}}}
-#            (last line; a file cut short lacks it)
+#            (last line; a file cut short lacks it), with ``"parents": {parent id: [child ids]}``
+#            when some request had n > 1 (its children, in index order: kvcore/parallel_sampling.py)
 # The three *_line functions are the only writers of the format; read_trace the only reader.
 
 def header_line(scenario: dict[str, Any], initial: Snapshot) -> str:
@@ -28,8 +29,8 @@ def step_line(rec: StepRecord) -> str:
     return json.dumps(rec.to_dict())
 
 
-def outputs_line(outputs: dict[str, dict[str, Any]]) -> str:
-    return json.dumps({"outputs": outputs})
+def outputs_line(outputs: dict[str, dict[str, Any]], parents: dict[str, list[str]] | None = None) -> str:
+    return json.dumps({"outputs": outputs, **({"parents": parents} if parents else {})})
 
 
 @dataclass(frozen=True)
@@ -45,12 +46,13 @@ class Trace:
     initial: Snapshot | None
     records: tuple[StepRecord, ...]
     outputs: dict[str, dict[str, Any]] | None
+    parents: dict[str, list[str]] | None = None   # n > 1: parent id -> child ids (index order)
 
     def to_jsonl(self) -> str:
         lines = [header_line(self.scenario, self.initial)] if self.initial is not None else []
         lines += [step_line(r) for r in self.records]
         if self.outputs is not None:
-            lines.append(outputs_line(self.outputs))
+            lines.append(outputs_line(self.outputs, self.parents))
         return "\n".join(lines) + "\n"
 
 
@@ -81,7 +83,7 @@ def read_trace(text: str | bytes) -> Trace:
         raise TraceError(["empty file"])
     _refuse_scenario_file(text)
     problems: list[str] = []
-    scenario = initial = outputs = None
+    scenario = initial = outputs = parents = None
     records: list[StepRecord] = []
     outputs_at = None
     for i, (n, line) in enumerate(lines):
@@ -116,11 +118,17 @@ def read_trace(text: str | bytes) -> Trace:
             else:
                 problems += [f"{where}: {p}" for p in _snapshot_problems(rec.snapshot)]
             records.append(rec)
-        elif set(d) == {"outputs"}:
+        elif "outputs" in d and set(d) <= {"outputs", "parents"}:
             outputs_at = where
             outputs = _validated(_outputs_adapter(), json.dumps(d["outputs"]),
                                  f"{where}: outputs must map request ids to {{\"token_ids\": [int...], "
                                  f"\"text\": str, \"finish_reason\": str or null}}", problems)
+            if "parents" in d:
+                parents = _validated(_parents_adapter(), json.dumps(d["parents"]),
+                                     f"{where}: parents must map parent ids to lists of child ids", problems)
+                unknown = sorted({c for kids in (parents or {}).values() for c in kids} - set(outputs or {}))
+                if outputs is not None and unknown:
+                    problems.append(f"{where}: parents name children with no output: {', '.join(unknown[:5])}")
         elif "scenario" in d or "snapshot" in d:
             if i != 0:
                 problems.append(f"{where}: a header (scenario + snapshot) must be the first line")
@@ -145,7 +153,7 @@ def read_trace(text: str | bytes) -> Trace:
         if len(problems) > MAX_PROBLEMS:
             problems = problems[:MAX_PROBLEMS] + ["… (more problems not shown)"]
         raise TraceError(problems)
-    return Trace(scenario, initial, tuple(records), outputs)
+    return Trace(scenario, initial, tuple(records), outputs, parents)
 
 
 def _refuse_scenario_file(text: str) -> None:
@@ -192,6 +200,11 @@ def _snapshot_adapter() -> TypeAdapter:
 @functools.cache
 def _outputs_adapter() -> TypeAdapter:
     return TypeAdapter(dict[str, _Output])
+
+
+@functools.cache
+def _parents_adapter() -> TypeAdapter:
+    return TypeAdapter(dict[str, list[str]])
 
 
 MAX_PROBLEMS_PER_PART = 4

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Optional, Sequence
 
 from kvcore.snapshot import Snapshot
 
@@ -54,6 +54,37 @@ def internal_waste(snap: Snapshot) -> tuple[int, int]:
             held += len(real) * snap.block_size
             waste += max(0, slots - r.num_computed_tokens)
     return waste, held
+
+
+@dataclass(frozen=True)
+class WriteTargets:
+    shared: tuple[int, ...]          # blocks with ref_cnt > 1 (several block tables point at them)
+    shared_unhashed: tuple[int, ...]  # of those, blocks without a hash (v1 never has one)
+    written: tuple[int, ...]         # the block each running request writes its next token into
+    written_shared: tuple[int, ...]  # of those, blocks with ref_cnt > 1: what copy-on-write would copy
+
+
+def write_targets(snap: Snapshot) -> WriteTargets:
+    """Which blocks are shared and which are written next: copy-on-write would need the two to meet."""
+    ref = {b.block_id: b for b in snap.blocks if not b.is_null}
+    shared = tuple(sorted(bid for bid, b in ref.items() if b.ref_cnt > 1))
+    written = []
+    for r in snap.requests:
+        if r.request_id not in snap.running:
+            continue
+        for table in r.block_tables:
+            i = r.num_computed_tokens // snap.block_size
+            if i < len(table) and table[i] in ref:
+                written.append(table[i])
+    written = tuple(sorted(set(written)))
+    return WriteTargets(shared, tuple(b for b in shared if ref[b].block_hash is None), written,
+                        tuple(b for b in written if ref[b].ref_cnt > 1))
+
+
+def hash_map_summary(snap: Snapshot) -> tuple[int, int, Optional[tuple[str, tuple[int, ...]]]]:
+    """(hashes, blocks they map to, one entry) of the block pool's flat hash -> blocks map."""
+    entries = list(snap.hash_map.items())
+    return len(entries), sum(len(v) for v in snap.hash_map.values()), (entries[0] if entries else None)
 
 
 def myth_sections(snaps: Sequence[Snapshot], lang: str = "en") -> list[tuple[str, str, str]]:
@@ -113,4 +144,41 @@ def myth_sections(snaps: Sequence[Snapshot], lang: str = "en") -> list[tuple[str
         "'dirty'. (v0 had swapping; v1 removed it.)",
         (f"到目前为止的抢占次数：{pre}。换出到 CPU 的块：0。" if zh else
          f"Preemptions so far: {pre}. Blocks swapped to CPU: 0.")))
+    w = write_targets(snap)
+    out.append((
+        "“Beam search / 并行采样的序列共享物理块；要写入 ref_cnt > 1 的块时，先复制一份（写时复制，CoW）。”" if zh else
+        "“Beam search / parallel sampling sequences share physical blocks; writing a block with ref_cnt > 1 "
+        "first copies it (copy-on-write).”",
+        "那是 vLLM V0 的块管理器。v1 没有写时复制：n > 1 的请求在到达时拆成 n 个子请求（0_id、1_id…），"
+        "它们只因提示词相同而通过前缀缓存共享块。能被共享的只有已缓存的满块，而满块再也不会被写入；"
+        "每个请求只写自己最后那个未满的块，未满的块没有哈希，别人命中不了，所以它的 ref_cnt 总是 1。v1 也没有 beam search 的块分叉。"
+        if zh else
+        "That is vLLM V0's block manager. v1 has no copy-on-write: a request with n > 1 fans out on arrival into "
+        "n child requests (0_id, 1_id, ...) that share blocks only because their prompts are equal, through the "
+        "prefix cache. Only cached full blocks can be shared, and a full block is never written again; each "
+        "request writes only its own last, partial block, which has no hash, so nobody can hit it and its "
+        "ref_cnt stays 1. v1's block manager has no beam-search forking either.",
+        (f"现在 ref_cnt > 1 的块：{list(w.shared) or '无'}（其中没有哈希的：{len(w.shared_unhashed)}）。"
+         f"运行中的请求下一个 token 写入的块：{list(w.written) or '无'}，其中被共享的：{len(w.written_shared)}——"
+         "没有需要复制的块。" if zh else
+         f"Blocks with ref_cnt > 1 now: {list(w.shared) or 'none'} ({len(w.shared_unhashed)} of them without a "
+         f"hash). Blocks the running requests write their next token into: {list(w.written) or 'none'}, "
+         f"{len(w.written_shared)} of them shared — nothing to copy.")))
+    n_hash, n_blocks, first = hash_map_summary(snap)
+    example = ""
+    if first is not None:
+        example = (f"例如 {first[0][:12]}… → 块 {list(first[1])}。" if zh else
+                   f"For example {first[0][:12]}… → blocks {list(first[1])}.")
+    out.append((
+        "“vLLM 用基数树（Radix Tree）管理前缀哈希与物理块的对应关系，树的每个节点对应一个物理块。”" if zh else
+        "“vLLM keeps prefix hashes in a radix tree; each tree node is a physical block.”",
+        "基数树是 SGLang 的 RadixAttention。vLLM v1 的 BlockPool 只有一张扁平的字典：块哈希（带 KV cache 组号）→ "
+        "持有它的块。哈希是链式的，一个哈希就代表整个前缀，所以查找只需把请求的满块逐个哈希、逐个查字典，"
+        "遇到第一个未命中就停下——没有树节点、没有边，也不需要分裂节点。" if zh else
+        "A radix tree is SGLang's RadixAttention. vLLM v1's BlockPool has one flat dict: block hash (with its KV "
+        "cache group) → the blocks holding it. Hashes are chained, so one hash stands for the whole prefix: a "
+        "lookup hashes the request's full blocks and probes the dict one block at a time, stopping at the first "
+        "miss — no tree nodes, no edges, no node splitting.",
+        (f"现在这张表有 {n_hash} 个哈希，指向 {n_blocks} 个块。{example}" if zh else
+         f"The map holds {n_hash} hashes pointing at {n_blocks} blocks right now. {example}")))
     return out

@@ -120,9 +120,7 @@ def player_panel(state: PageState, key: str, lang: str, *, decode=None,
     if ps.run is not run or ps.lang != lang or ps.decoded != (decode is not None):
         ps.run, ps.lang, ps.token, ps.decoded = run, lang, uuid.uuid4().hex[:12], decode is not None
         ps.encoder = shared_encoder(run, lang, key, decode=decode, narrate=narrate, request_ids=request_ids,
-                                    meta={"intro": intro, "outro": outro,
-                                          "until_kinds": list(dict.fromkeys([*(k for k in focus if k in UNTIL_KINDS),
-                                                                             *UNTIL_KINDS]))})
+                                    meta=player_meta(intro, outro, focus))
         ps.sent, ps.head_due, ps.answered = 0, True, set()
         ps.goto = {"seq": next(_seq), "step": run.cursor}
     got = _component_state(key)
@@ -204,7 +202,16 @@ def quiz_box(state: PageState, k: str, lang: str) -> None:
                 st.error(f"{tr('quiz_wrong', lang, answer=q.options[q.answer])} {q.explain}")
 
 
-def export_html(run: Timeline, lang: str, title: str, **encoder_kw) -> str:
+def player_meta(intro: str = "", outro: str = "", focus: Sequence[str] = ()) -> dict:
+    """The page's words for the player: intro (step 0), outro (the end), Run-until kinds (focus first)."""
+    return {"intro": intro, "outro": outro,
+            "until_kinds": list(dict.fromkeys([*(k for k in focus if k in UNTIL_KINDS), *UNTIL_KINDS]))}
+
+
+def export_html(run: Timeline, lang: str, title: str, *, intro: str = "", outro: str = "",
+                focus: Sequence[str] = (), **encoder_kw) -> str:
     """The recorded run (all steps recorded so far) as one self-contained HTML file."""
-    payload = run_payload(run.initial, list(run.records), done=recorded_done(run), lang=lang, **encoder_kw)
+    records = list(run.records)
+    payload = run_payload(run.initial, records, done=recorded_done(run) and len(records) == len(run.records),
+                          lang=lang, meta=player_meta(intro, outro, focus), **encoder_kw)
     return static_html(payload, title=title)

@@ -134,6 +134,11 @@ def request_form(state: LessonState, lesson: Lesson, ms: ModelState, lang: str) 
         c[2].number_input("priority", -100, 100, 0, key="pg_req_prio")
         c[3].text_input("cache_salt", value="", key="pg_req_salt")
         c[4].checkbox("ignore_eos", value=False, key="pg_req_eos")
+        c = st.columns(5)
+        c[0].number_input("n", 1, 8, 1, key="pg_req_n",
+                          help="并行采样：n 个子请求 0_id、1_id…" if zh else "parallel sampling: n child requests 0_id, 1_id, ...")
+        c[1].number_input("seed", 0, 2**31 - 1, None, key="pg_req_seed",
+                          help="空：贪心" if zh else "empty: greedy")
         st.form_submit_button("添加" if zh else "Add request", type="primary", on_click=on_add_request,
                               args=(state, lesson, ms))
 
@@ -143,7 +148,8 @@ def on_add_request(state: LessonState, lesson: Lesson, ms: ModelState) -> None:
     add_request(state, lesson, ms, {
         "id": str(ss["pg_req_id"]).strip(), "prompt": ss["pg_req_text"], "chat": bool(ss["pg_req_chat"]),
         "max_tokens": int(ss["pg_req_max"]), "priority": int(ss["pg_req_prio"]),
-        "cache_salt": ss["pg_req_salt"] or None, "ignore_eos": bool(ss["pg_req_eos"])})
+        "cache_salt": ss["pg_req_salt"] or None, "ignore_eos": bool(ss["pg_req_eos"]),
+        "n": int(ss["pg_req_n"]), "seed": None if ss["pg_req_seed"] is None else int(ss["pg_req_seed"])})
     if state.error is None:
         del ss["pg_req_id"]  # the next request gets the next free letter
 

@@ -57,6 +57,8 @@ def estimate_nbytes(obj: Any, _seen: Optional[set] = None) -> int:
             stack.extend(o)
         elif is_dataclass(o):
             stack.extend(getattr(o, f.name) for f in fields(o))
+            if hasattr(o, "__dict__"):
+                total += sys.getsizeof(vars(o))   # the instance's attribute dict is not in getsizeof(o)
         elif hasattr(o, "__dict__"):
             stack.append(vars(o))
     return total
@@ -163,17 +165,21 @@ class RecordedRun:
         if self._store is not None:
             self._store._want(self, n)
 
-    def wait(self, n: int, timeout: float) -> bool:
-        """Block until ``n`` records exist or the run is done (at most ``timeout`` s); True if they exist."""
+    def wait(self, n: int, timeout: float, urgent: bool = True) -> bool:
+        """Block until ``n`` records exist or the run is done (at most ``timeout`` s); True if they exist.
+        Waiting for the very next step (Step at the frontier) is urgent: the store computes it before
+        steps computed ahead. A longer wait (Run to end, a far step) is not, so it cannot crowd out
+        other sessions; ``urgent=False`` makes any wait a background one."""
         if self._store is None:
             return len(self.records) >= n
         with self._store._cond:
-            self._waiters += 1
+            urgent = bool(urgent) and n <= len(self.records) + 1    # only the very next step is urgent
+            self._waiters += urgent
             self._store._cond.notify_all()      # wake a pausing worker: someone waits now
             try:
                 self._store._cond.wait_for(lambda: len(self.records) >= n or self.done, timeout)
             finally:
-                self._waiters -= 1
+                self._waiters -= urgent
         return len(self.records) >= n
 
     def hold(self, owner: Any) -> None:

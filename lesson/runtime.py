@@ -102,19 +102,20 @@ class Timeline:
         return not self.can_forward()
 
     # -- moving ----------------------------------------------------------
-    def _ensure(self, n: int, timeout: float) -> bool:
-        """Make record ``n`` exist if the run has it, waiting for the store at most ``timeout`` s."""
+    def _ensure(self, n: int, timeout: float, urgent: bool = False) -> bool:
+        """Make record ``n`` exist if the run has it, waiting for the store at most ``timeout`` s
+        (``urgent``: only the next step, which the store computes before background steps)."""
         if len(self.records) >= n:
             return True
         if self.run.done:
             return False
         self.run.want(n)
-        return self.run.wait(n, timeout)
+        return self.run.wait(n, timeout, urgent=urgent)
 
     def peek_next(self) -> StepRecord | None:
         """The record Step would show next (waiting for the worker if needed); the cursor stays.
         None at the run's end or when the wait ran out; RunStopped when the run failed there."""
-        if not self._ensure(self.cursor + 1, STEP_WAIT):
+        if not self._ensure(self.cursor + 1, STEP_WAIT, urgent=True):
             if self.run.error and self.at_frontier:
                 raise RunStopped(self.run.error)
             return None

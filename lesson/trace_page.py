@@ -16,6 +16,7 @@ import pandas as pd
 import streamlit as st
 
 from kvcore.budget import BudgetError, app_limits, check_size
+from kvcore.parallel_sampling import scenario_parents
 from kvcore.scenario import load_scenario, scenario_to_dict
 from kvcore.trace import Trace, TraceError, read_trace
 
@@ -77,7 +78,9 @@ def example_trace(ms: ModelState, path: Path = EXAMPLE, timeout: float = 120.0) 
     cursor.run_to_end(MAX_RUN_STEPS, timeout=timeout)
     if not cursor.run.done:
         raise TimeoutError(f"the example was not computed within {timeout:.0f} s (the server is busy)")
-    return Trace(scenario_to_dict(scenario), cursor.initial, tuple(cursor.records), cursor.outputs()).to_jsonl()
+    outputs = cursor.outputs()
+    parents = scenario_parents(scenario.requests, outputs or ())
+    return Trace(scenario_to_dict(scenario), cursor.initial, tuple(cursor.records), outputs, parents).to_jsonl()
 
 
 def load_example(state: TraceState, ms: ModelState, lang: str = "en") -> str | None:
@@ -174,7 +177,7 @@ def trace_stage(state: TraceState, lang: str, decode) -> None:
 def download_trace_run(state: TraceState, lang: str, decode) -> None:
     def build() -> str:
         return export_html(state.run, lang, f"Paged KV Lab · {state.name or 'trace'}", decode=decode,
-                           request_ids=request_ids(state.run))
+                           request_ids=request_ids(state.run), focus=FOCUS)
     st.download_button(tr("download_run", lang), build, file_name=f"{Path(state.name or 'trace').stem}.html",
                        mime="text/html", key=f"dl_run:{KEY}", on_click="ignore", icon=":material/download:",
                        help=tr("download_run_help", lang))

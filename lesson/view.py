@@ -105,8 +105,8 @@ def lesson_stage(lesson, state, ms, lang: str, compact: bool) -> None:
 def download_run(state, lesson, ms, lang: str) -> None:
     """"Download this run": the recorded steps so far, as one HTML file that plays offline."""
     def build() -> str:
-        return export_html(state.run, lang, f"Paged KV Lab · {pick(lesson.title, lang)}",
-                           **{k: v for k, v in lesson_player(state, lesson, ms, lang).items()})
+        return export_html(state.run, lang, f"Paged KV Lab · {pick(lesson.title, lang)}", focus=lesson.focus,
+                           **lesson_player(state, lesson, ms, lang))
     st.download_button(tr("download_run", lang), build, file_name=f"{state.run.scenario.name}.html",
                        mime="text/html", key=f"dl_run:{lesson.id}", on_click="ignore",
                        icon=":material/download:", help=tr("download_run_help", lang))

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import functools
 
+from kvcore.engine import NoModelRunner
+from kvcore.scenario import SpeculativeConfig
+
 from _kv_helpers import make_engine, spec, table
 
 
@@ -33,6 +36,14 @@ def every_kind_runs() -> tuple[tuple[str, tuple], ...]:
                       block_size=2, num_gpu_blocks=16, max_num_batched_tokens=12, sliding_window=4,
                       layer_types=("full_attention", "sliding_attention"))
     runs.append(("hybrid", tuple(eng.run())))
+    # Speculative decoding: a 5-token vocabulary makes the stand-in model cycle downwards while
+    # the prompt climbs, so the n-gram proposer's first drafts (from the prompt) are rejected and
+    # its later ones (from the model's own cycle) accepted.
+    eng = make_engine([spec("S", [0, 1, 2, 3, 4] * 2, max_tokens=14)], runner=NoModelRunner(vocab_size=5),
+                      block_size=4, num_gpu_blocks=12,
+                      speculative=SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_min=1,
+                                                    prompt_lookup_max=2))
+    runs.append(("spec_decode", tuple(eng.run())))
     return tuple(runs)
 
 

@@ -119,7 +119,7 @@ def test_myths_on_the_live_pool():
     assert 0 <= waste <= held
     for lang in ("en", "zh"):
         secs = myth_sections(snaps, lang)
-        assert len(secs) == 3 and all(all(part for part in s) for s in secs)
+        assert len(secs) == 5 and all(all(part for part in s) for s in secs)
 
 
 def test_a_failing_step_stops_the_run_with_its_reason():

@@ -117,3 +117,28 @@ def test_cli_is_generous_but_bounded_by_free_memory():
     e = refused(scenario({"num_gpu_blocks": 4000, "block_size": 16}), lim)
     assert "this machine allows (half of its free memory) 2.0 GB" in str(e)
     assert cli_limits(available=4 * 10**9, env={"PAGED_KV_LAB_MAX_BLOCKS": "10"}).max_num_gpu_blocks == 10
+
+
+# -- links and files (lesson/state.py) ------------------------------------------------------
+def test_a_zlib_bomb_link_is_refused_while_it_is_decompressed():
+    import base64
+    import zlib
+
+    from lesson.state import _decode_base, _encode_base
+    assert _decode_base(_encode_base({"name": "ok"})) == {"name": "ok"}
+    bomb = base64.urlsafe_b64encode(zlib.compress(b"[" + b" " * 10_000_000 + b"]", 9)).decode()
+    assert len(bomb) < Limits().max_link_chars, "a real bomb: small enough to pass the length cap"
+    with pytest.raises(BudgetError, match=r"decompresses to more than 1\.0 MB.*PAGED_KV_LAB_MAX_FILE_BYTES"):
+        _decode_base(bomb)
+    with pytest.raises(BudgetError, match="PAGED_KV_LAB_MAX_LINK_CHARS"):
+        _decode_base("A" * 20_000)
+
+
+def test_files_are_capped_and_must_be_utf8():
+    from lesson.state import parse_scenario_text
+    d, problems = parse_scenario_text(b'{"name": "' + b"x" * 2_000_000 + b'"}')
+    assert d is None and "PAGED_KV_LAB_MAX_FILE_BYTES" in problems[0]
+    d, problems = parse_scenario_text('{"name": "ok"}'.encode("utf-16"))
+    assert d is None and "not UTF-8" in problems[0]
+    d, problems = parse_scenario_text('{"name": "ünï"}'.encode())
+    assert problems == [] and d["name"] == "ünï"

@@ -27,7 +27,8 @@ def test_every_kind_has_its_own_frozen_class_that_names_the_vllm_function():
 def test_kind_strings_are_the_ones_traces_have_always_used():
     assert [k.value for k in EVENT_KINDS] == [
         "arrived", "scheduled", "admitted", "resumed", "blocked", "cache_hit", "cache_miss", "touched",
-        "allocated", "evicted", "cached", "freed", "window_skipped", "preempted", "finished", "reset", "sampled"]
+        "allocated", "evicted", "cached", "freed", "window_skipped", "preempted", "finished", "reset", "sampled",
+        "draft_proposed", "draft_accepted", "draft_rejected"]
     assert events.EVICTED == "evicted" and f"{events.EVICTED}" == "evicted" and str(events.FREED) == "freed"
 
 

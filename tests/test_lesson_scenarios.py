@@ -142,3 +142,19 @@ def test_lesson6_chunked_prefill_shares_budget(model):
     assert len(chunk_steps) >= 2, "C's prompt is split over several steps"
     assert any(rec.scheduled.get("A") == 1 for rec in chunk_steps), "decodes run alongside the chunks"
     assert any(e.reason == "token_budget" for _, e in events(run, "blocked", "D"))
+
+
+def test_lesson8_children_share_the_prompt(model):
+    run = finished_run("parallel", model)
+    (rec, hit1), = events(run, "cache_hit", "1_A")
+    (_, hit2), = events(run, "cache_hit", "2_A")
+    assert hit1.block_ids == hit2.block_ids and hit1.num_tokens >= 16
+    ref = {b.block_id: b.ref_cnt for b in rec.snapshot.blocks}
+    assert all(ref[b] == 3 for b in hit1.block_ids), "the prompt's full blocks are held by all three children"
+    own = {rid: events(run, "allocated", rid)[0][1].block_ids for rid in ("1_A", "2_A")}
+    assert all(len(b) == 1 and ref[b[0]] == 1 for b in own.values()) and own["1_A"] != own["2_A"]
+    outs = run.outputs()
+    assert set(outs) == {"0_A", "1_A", "2_A"} and len({tuple(o["token_ids"]) for o in outs.values()}) > 1
+    off = finished_run("parallel", model, {"enable_prefix_caching": False})
+    assert not events(off, "cache_hit") and [o["token_ids"] for o in off.outputs().values()] == \
+        [o["token_ids"] for o in outs.values()], "the seeds, not the cache, decide the samples"

@@ -130,12 +130,27 @@ def test_a_step_a_session_waits_for_goes_before_background_steps(store):
                       model_key=f"k{i}") for i in range(3)]
     with store.lock:
         cursors = [Timeline(r) for r in runs]
-        waiter = threading.Thread(target=cursors[2].goto, args=(10, 10.0))
+        waiter = threading.Thread(target=lambda: [cursors[2].forward() for _ in range(10)])
         waiter.start()
         time.sleep(0.05)
     waiter.join(10)
-    first = [n for n, _ in log[:12]]
+    first = [n for n, _ in log[:15]]
     assert first.count("r2") >= 9 and cursors[2].cursor == 10, first
+
+
+def test_a_long_wait_is_not_urgent(store):
+    """Run to end / a far step wait without priority: the other runs keep their turns."""
+    log = []
+    runs = [store.run(sc(f"r{i}"), lambda s, i=i: FakeEngine(n=30, delay=0.002, log=log, name=f"r{i}"),
+                      model_key=f"k{i}") for i in range(2)]
+    with store.lock:
+        cursors = [Timeline(r) for r in runs]
+        waiter = threading.Thread(target=cursors[0].run_to_end, kwargs={"timeout": 10.0})
+        waiter.start()
+        time.sleep(0.05)
+    waiter.join(10)
+    first = [n for n, _ in log[:20]]
+    assert 8 <= first.count("r0") <= 12, first
 
 
 def test_one_failing_run_never_stops_the_others(store):

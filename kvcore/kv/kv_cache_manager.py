@@ -161,6 +161,12 @@ class KVCacheManager:
             self.coordinator.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
         return KVCacheBlocks(new_blocks)
 
+    def cache_blocks(self, request, num_computed_tokens: int) -> None:
+        """Cache the request's full blocks up to ``num_computed_tokens``, never past its real
+        tokens: a draft's slot may be overwritten, so it must not enter the prefix cache."""
+        if self.enable_caching:
+            self.coordinator.cache_blocks(request, min(num_computed_tokens, request.num_tokens))
+
     def free(self, request, reason: str = "finished") -> None:
         """Free every group's table in reverse order (group 0 first)."""
         self.coordinator.free(request.request_id, reason)

@@ -117,8 +117,16 @@ class ModelRunner:
         if seed is not None:
             self._generator = torch.Generator(device=self.device)
             self._generator.manual_seed(int(seed))
+        # vLLM's per-request SamplingParams.seed: request id -> its own generator
+        self.request_generators: dict[str, torch.Generator] = {}
         self.last_inputs: ModelInputs | None = None  # the last step's inputs (for the step record)
         self.last_step: PagedStep | None = None      # what the last step's kernel indexed (tests)
+
+    def add_request_seed(self, request_id: str, seed: int) -> None:
+        """Sample ``request_id`` at temperature 1 from a generator of its own, seeded once here."""
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(int(seed))
+        self.request_generators[request_id] = gen
 
     @property
     def kv_cache_shape(self) -> tuple[int, ...]:
@@ -171,9 +179,33 @@ class ModelRunner:
         rids, logits = self._forward(items)
         if logits is None:
             return {}
-        if self._generator is None:
-            next_ids = torch.argmax(logits, dim=-1)
+        if not self.request_generators:
+            if self._generator is None:
+                next_ids = torch.argmax(logits, dim=-1).tolist()
+            else:
+                probs = torch.softmax(logits.float(), dim=-1)
+                next_ids = torch.multinomial(probs, 1, generator=self._generator)[:, 0].tolist()
         else:
-            probs = torch.softmax(logits.float(), dim=-1)
-            next_ids = torch.multinomial(probs, 1, generator=self._generator)[:, 0]
-        return dict(zip(rids, next_ids.tolist()))
+            next_ids = []
+            for i, rid in enumerate(rids):
+                gen = self.request_generators.get(rid, self._generator)
+                if gen is None:
+                    next_ids.append(int(torch.argmax(logits[i])))
+                else:
+                    probs = torch.softmax(logits[i].float(), dim=-1)
+                    next_ids.append(int(torch.multinomial(probs, 1, generator=gen)))
+        return dict(zip(rids, next_ids))
+
+    @torch.inference_mode()
+    def execute_verify(self, items: Sequence[SeqBatchItem]) -> dict[str, list[int]]:
+        """Run one step; greedy tokens after each logits position of each item with sample=True:
+        one for a plain item, 1 + num_draft_tokens for one carrying drafts (speculative decoding)."""
+        if not items:
+            return {}
+        rids, logits = self._forward(items)
+        if logits is None:
+            return {}
+        out: dict[str, list[int]] = {}
+        for rid, token in zip(rids, torch.argmax(logits, dim=-1).tolist()):
+            out.setdefault(rid, []).append(token)
+        return out

@@ -55,6 +55,8 @@ class SchedulerOutput:
     finished_req_ids: set[str]
     preempted_req_ids: set[str] | None = None
     num_common_prefix_blocks: list[int] = field(default_factory=list)
+    # request id -> the draft tokens scheduled after its last token (speculative decoding)
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
 
     def num_computed_tokens_before(self) -> dict[str, int]:
         """Request id -> tokens already computed before this step, for every scheduled request."""
@@ -72,6 +74,12 @@ class ModelRunnerOutput:
     req_ids: list[str]
     req_id_to_index: dict[str, int]
     sampled_token_ids: list[list[int]]
+
+    @classmethod
+    def from_token_lists(cls, req_ids: list[str], sampled: dict[str, list[int]]) -> "ModelRunnerOutput":
+        """Several tokens per request (speculative decoding: accepted drafts + one more)."""
+        return cls(list(req_ids), {r: i for i, r in enumerate(req_ids)},
+                   [list(sampled.get(r, ())) for r in req_ids])
 
     @classmethod
     def from_sampled(cls, req_ids: list[str], sampled: dict[str, int]) -> "ModelRunnerOutput":

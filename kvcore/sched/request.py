@@ -55,6 +55,8 @@ class Request:
         # (0 if none); the sliding-window group keeps the blocks ending there.
         self.shared_prefix_boundary = 0
         self.block_hashes: list[bytes] = []
+        # Draft tokens proposed for the next step (speculative decoding); never in all_token_ids.
+        self.spec_token_ids: list[int] = []
         self._hasher = block_hasher
         if block_hasher is not None:
             block_hasher.extend(self.block_hashes, self.all_token_ids, self.cache_salt)
@@ -62,6 +64,10 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.all_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return len(self.all_token_ids) + len(self.spec_token_ids)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -27,6 +27,12 @@ class SchedulerConfig:
     # Caps a waiting request's prefix-cache hit (vLLM: get_computed_blocks' argument,
     # set there by an output connector); None = num_tokens - 1.
     max_cache_hit_length: Optional[int] = None
+    # Draft tokens proposed per request and step (speculative decoding; 0 = off).
+    num_spec_tokens: int = 0
+    # KV slots reserved past the scheduled tokens (vLLM's num_lookahead_tokens): only drafters
+    # that write K/V beyond the verified range (EAGLE, draft models) need them; the n-gram
+    # proposer writes none, so with it this stays 0 and drafts get their slots as scheduled tokens.
+    num_lookahead_tokens: int = 0
 
 
 class Scheduler:
@@ -87,6 +93,7 @@ class Scheduler:
         scheduled_new: list[Request] = []
         scheduled_resumed: list[Request] = []
         preempted: list[Request] = []
+        scheduled_spec_decode_tokens: dict[str, list[int]] = {}
         # The threshold keeps one long prefill from starving the others; a lone
         # request starves nobody, so it gets the whole budget.
         num_running, num_waiting = self.get_request_counts()
@@ -96,7 +103,7 @@ class Scheduler:
         req_index = 0
         while req_index < len(self.running) and token_budget > 0:
             request = self.running[req_index]
-            num_new = request.num_tokens - request.num_computed_tokens
+            num_new = request.num_tokens_with_spec - request.num_computed_tokens
             if 0 < long_prefill_token_threshold < num_new:
                 num_new = long_prefill_token_threshold
             num_new = min(num_new, token_budget, cfg.max_model_len - 1 - request.num_computed_tokens)
@@ -104,7 +111,8 @@ class Scheduler:
                 req_index += 1
                 continue
             while True:
-                new_blocks = self.kv_cache_manager.allocate_slots(request, num_new)
+                new_blocks = self.kv_cache_manager.allocate_slots(
+                    request, num_new, num_lookahead_tokens=cfg.num_lookahead_tokens)
                 if new_blocks is not None:
                     break
                 if self.policy == PRIORITY:
@@ -119,6 +127,7 @@ class Scheduler:
                         token_budget += num_scheduled_tokens.pop(victim.request_id)
                         num_computed_before.pop(victim.request_id, None)
                         req_to_new_blocks.pop(victim.request_id, None)
+                        scheduled_spec_decode_tokens.pop(victim.request_id, None)
                 else:
                     victim = self.running.pop()
                 self._preempt_request(victim, needed_by=request.request_id)
@@ -138,6 +147,12 @@ class Scheduler:
             num_computed_before[request.request_id] = request.num_computed_tokens
             token_budget -= num_new
             req_index += 1
+            if request.spec_token_ids:
+                # The budget or max_model_len may have cut the drafts short.
+                num_spec = num_new + request.num_computed_tokens - request.num_tokens
+                if num_spec > 0:
+                    scheduled_spec_decode_tokens[request.request_id] = request.spec_token_ids[:num_spec]
+                request.spec_token_ids = []    # the next ones come from update_draft_token_ids
 
         # 2) Waiting requests, unless someone was preempted in this step.
         if preempted:
@@ -202,7 +217,7 @@ class Scheduler:
                 kind = "prefill"
             self._emit(events.Scheduled, req, num_tokens=n, phase=kind, start=before)
         out = self._make_output(num_scheduled_tokens, num_computed_before, req_to_new_blocks, scheduled_new,
-                                scheduled_running, scheduled_resumed, preempted)
+                                scheduled_running, scheduled_resumed, preempted, scheduled_spec_decode_tokens)
         self.prev_step_scheduled_req_ids = set(num_scheduled_tokens)
         # vLLM advances num_computed_tokens when it schedules, before the model runs.
         for rid, n in num_scheduled_tokens.items():
@@ -210,7 +225,8 @@ class Scheduler:
         return out
 
     def _make_output(self, num_scheduled_tokens, num_computed_before, req_to_new_blocks, scheduled_new,
-                     scheduled_running, scheduled_resumed, preempted) -> SchedulerOutput:
+                     scheduled_running, scheduled_resumed, preempted,
+                     scheduled_spec_decode_tokens=None) -> SchedulerOutput:
         """As vLLM: a new request carries its whole table, a running one only the blocks added
         this step (None if none), a resumed one its whole new table; ``all_token_ids`` goes to
         the runner for every request it did not see in the previous step. ``new_token_ids``
@@ -238,7 +254,8 @@ class Scheduler:
             total_num_scheduled_tokens=sum(num_scheduled_tokens.values()),
             finished_req_ids=finished, preempted_req_ids={r.request_id for r in preempted},
             num_common_prefix_blocks=kvm.get_num_common_prefix_blocks(running) if running else
-            [0] * kvm.num_kv_cache_groups)
+            [0] * kvm.num_kv_cache_groups,
+            scheduled_spec_decode_tokens=dict(scheduled_spec_decode_tokens or {}))
 
     def _preempt_request(self, request: Request, needed_by: str) -> None:
         self._emit(events.Preempted, request, policy=self.policy, needed_by=needed_by,
@@ -246,6 +263,7 @@ class Scheduler:
         self.kv_cache_manager.free(request, reason="preempted")
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.num_preemptions += 1
         self.waiting.prepend_request(request)
 
@@ -256,29 +274,71 @@ class Scheduler:
 
         A request still in the middle of its prompt (chunked prefill) gets no token.
         A request's last sampled token never gets a KV slot: it stops first.
+        With drafts, ``generated`` is the accepted drafts plus one token; the rejected drafts
+        are taken back from ``num_computed_tokens`` and tokens past a stop are dropped.
         """
         finished = []
+        spec_tokens = scheduler_output.scheduled_spec_decode_tokens
         for rid in scheduler_output.num_scheduled_tokens:
             req = self.requests[rid]
             index = model_runner_output.req_id_to_index.get(rid)
             generated = model_runner_output.sampled_token_ids[index] if index is not None else []
             if not generated or req.is_finished():
                 continue
-            token = generated[0]
-            req.append_output_token_ids([token])
+            drafts = spec_tokens.get(rid)
+            if drafts:
+                self._settle_drafts(req, drafts, generated)
             status = None
-            # vLLM checks the length cap before EOS.
-            if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.config.max_model_len:
-                status, reason = RequestStatus.FINISHED_LENGTH_CAPPED, "length"
-            elif not req.ignore_eos and token in req.eos_token_ids:
-                status, reason = RequestStatus.FINISHED_STOPPED, "eos"
+            for num_new, token in enumerate(generated, 1):
+                req.append_output_token_ids([token])
+                # vLLM checks the length cap before EOS.
+                if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.config.max_model_len:
+                    status, reason = RequestStatus.FINISHED_LENGTH_CAPPED, "length"
+                elif not req.ignore_eos and token in req.eos_token_ids:
+                    status, reason = RequestStatus.FINISHED_STOPPED, "eos"
+                if status is not None:
+                    req.num_computed_tokens -= len(generated) - num_new
+                    break
             if status is not None:
                 self.running.remove(req)
                 req.status = status
                 self._emit(events.Finished, req, reason=reason, num_output_tokens=req.num_output_tokens)
                 self._free_request(req, "finished")
                 finished.append(rid)
+            elif drafts and self.kv_cache_manager.enable_caching:
+                # Accepted drafts may have filled blocks: cache them now, up to the real tokens.
+                self.kv_cache_manager.cache_blocks(req, req.num_computed_tokens)
         return finished
+
+    def _settle_drafts(self, req: Request, drafts: list[int], generated: list[int]) -> None:
+        """Greedy verification kept ``len(generated) - 1`` drafts: record it and move
+        ``num_computed_tokens`` back over the rest (their slots are simply written again later)."""
+        num_accepted = len(generated) - 1
+        num_rejected = len(drafts) - num_accepted
+        if req.num_computed_tokens > 0:
+            req.num_computed_tokens -= num_rejected
+        if num_accepted:
+            self._emit(events.DraftAccepted, req, accepted_token_ids=tuple(generated[:-1]),
+                       num_draft_tokens=len(drafts), next_token_id=generated[-1])
+        if num_rejected:
+            first = req.num_computed_tokens
+            self._emit(events.DraftRejected, req, rejected_token_ids=tuple(drafts[num_accepted:]),
+                       target_token_id=generated[-1], num_computed_tokens=req.num_computed_tokens,
+                       positions=tuple(range(first, first + num_rejected)))
+
+    def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> None:
+        """Keep each request's drafts for the next step; a request still in its prompt, or
+        finished, keeps none (vLLM: ``Scheduler.update_draft_token_ids``)."""
+        for rid, drafts in draft_token_ids.items():
+            req = self.requests.get(rid)
+            if req is None or req.is_finished():
+                continue
+            if req.num_computed_tokens < req.num_tokens - 1:   # a prefill chunk: no drafts
+                req.spec_token_ids = []
+                continue
+            req.spec_token_ids = list(drafts)
+            if drafts:
+                self._emit(events.DraftProposed, req, draft_token_ids=tuple(drafts), num_tokens=req.num_tokens)
 
     def finish_requests(self, request_ids: Union[str, Iterable[str], None],
                         finished_status: RequestStatus) -> list[Request]:

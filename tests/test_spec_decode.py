@@ -1,0 +1,216 @@
+"""Speculative decoding (n-gram proposer, greedy verification): the proposer's matching rule,
+greedy acceptance, the scheduler's bookkeeping (drafts scheduled, num_computed_tokens moved
+back, drafts never cached), and token-for-token equality with decoding without drafts and
+with transformers' generate — the tiny model always, SmolLM2 in the slow set."""
+import pytest
+
+from kvcore import events
+from kvcore.engine import Engine, NoModelRunner
+from kvcore.scenario import EngineSettings, RequestSpec, Scenario, ScenarioError, SpeculativeConfig, load_scenario
+from kvcore.spec_decode import NgramProposer, SpecDecodingStats, rejection_sample
+
+from _kv_helpers import events_of, make_engine, spec
+from test_engine_equality import eos_of, reference_tokens
+
+SPEC = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
+REP = [17, 254, 1033, 88, 4012, 7, 391]            # repeated: the proposer finds it again
+
+
+# -- the proposer and the acceptance rule ---------------------------------------------------
+def test_proposer_takes_the_longest_ngram_and_its_first_occurrence():
+    p = NgramProposer(min_n=2, max_n=3, k=4, max_model_len=100)
+    assert p.propose([1, 2, 3, 4, 2, 3]) == [4, 2, 3]            # vLLM's docstring example
+    # 1-grams are too short here; [9, 5] occurs twice: the first occurrence is used
+    assert p.propose([9, 5, 6, 9, 5, 7, 9, 5]) == [6, 9, 5, 7]
+    # a 3-gram match beats a 2-gram one
+    assert p.propose([7, 8, 1, 0, 8, 1, 2, 7, 8, 1]) == [0, 8, 1, 2]
+    assert p.propose([1, 2, 3]) == [] and p.propose([5]) == []
+    assert NgramProposer(1, 1, 3, 100).propose([4, 4]) == [4]    # only one token follows the match
+
+
+def test_proposer_never_drafts_past_max_model_len():
+    p = NgramProposer(1, 2, k=5, max_model_len=10)
+    toks = [1, 2, 3, 1, 2, 3, 1, 2]
+    assert p.propose(toks) == [3, 1]
+    assert NgramProposer(1, 2, k=5, max_model_len=8).propose(toks) == []
+
+
+@pytest.mark.parametrize("bad", [dict(min_n=0, max_n=2, k=1), dict(min_n=3, max_n=2, k=1),
+                                 dict(min_n=1, max_n=2, k=0)])
+def test_proposer_refuses_bad_settings(bad):
+    with pytest.raises(ValueError):
+        NgramProposer(max_model_len=100, **bad)
+
+
+def test_greedy_acceptance_is_the_longest_matching_prefix_plus_one_token():
+    assert rejection_sample([5, 6, 7], [5, 6, 7, 8]) == [5, 6, 7, 8]       # all held: bonus token
+    assert rejection_sample([5, 6, 7], [5, 9, 7, 8]) == [5, 9]             # second draft wrong
+    assert rejection_sample([5, 6, 7], [1, 6, 7, 8]) == [1]                # first draft wrong
+    assert rejection_sample([], [3]) == [3]
+    with pytest.raises(ValueError):
+        rejection_sample([1, 2], [1, 2])
+    s = SpecDecodingStats().observe(3, 3).observe(3, 0)
+    assert (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens) == (2, 6, 3)
+    assert s.acceptance_rate == 0.5 and s.mean_acceptance_length == 2.5
+
+
+def test_the_setting_is_off_by_default_and_validated():
+    assert EngineSettings().speculative is None
+    sc = load_scenario({"engine": {"speculative": {"num_speculative_tokens": 2, "prompt_lookup_max": 3}}})
+    assert (sc.engine.speculative.prompt_lookup_min, sc.engine.speculative.prompt_lookup_max) == (3, 3)
+    assert load_scenario({"engine": {"speculative": {}}}).engine.speculative.prompt_lookup_min == 5
+    for bad in ({"method": "eagle"}, {"num_speculative_tokens": 0},
+                {"prompt_lookup_min": 4, "prompt_lookup_max": 2}, {"k": 3}):
+        with pytest.raises(ScenarioError, match="speculative"):
+            load_scenario({"engine": {"speculative": bad}})
+
+
+def test_speculative_decoding_refuses_sampling():
+    with pytest.raises(ValueError, match="greedily"):
+        make_engine(speculative=SPEC, seed=3)
+    eng = make_engine(speculative=SPEC)
+    with pytest.raises(ValueError, match="greedily"):
+        eng.add_request(spec("A", range(5), seed=1))
+
+
+# -- the scheduler's bookkeeping (stand-in model: tokens are a function of the position) ------
+def cycling_engine(**kw):
+    """A 5-token vocabulary: the stand-in model counts down while the prompt counts up, so the
+    first drafts (found in the prompt) are rejected and later ones (the model's cycle) accepted."""
+    kw.setdefault("speculative", SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_min=1,
+                                                   prompt_lookup_max=2))
+    return make_engine([spec("S", [0, 1, 2, 3, 4] * 2, max_tokens=14)], runner=NoModelRunner(vocab_size=5),
+                       block_size=4, num_gpu_blocks=12, **kw)
+
+
+def test_drafts_are_scheduled_verified_and_rolled_back():
+    eng = cycling_engine()
+    recs = eng.run()
+    base = make_engine([spec("S", [0, 1, 2, 3, 4] * 2, max_tokens=14)], runner=NoModelRunner(vocab_size=5),
+                       block_size=4, num_gpu_blocks=12)
+    base_recs = base.run()
+    assert eng.outputs()["S"]["token_ids"] == base.outputs()["S"]["token_ids"]
+    assert len(recs) < len(base_recs)                     # accepted drafts saved steps
+    for prev, rec in zip(recs, recs[1:]):
+        proposed = events_of(prev, events.DRAFT_PROPOSED, "S")
+        if not proposed:
+            continue
+        drafts = proposed[0].draft_token_ids
+        assert rec.scheduled["S"] == 1 + len(drafts)      # the last token and every draft
+        gained = rec.new_tokens["S"]
+        acc = events_of(rec, events.DRAFT_ACCEPTED, "S")
+        rej = events_of(rec, events.DRAFT_REJECTED, "S")
+        n_acc = len(acc[0].accepted_token_ids) if acc else 0
+        assert list(drafts[:n_acc]) == gained[:n_acc] and len(gained) <= n_acc + 1
+        if rej:
+            r = rej[0]
+            assert r.rejected_token_ids == drafts[n_acc:] and r.target_token_id == gained[n_acc]
+            # rolled back: everything but the request's newest token is computed
+            assert r.num_computed_tokens + 1 == 10 + sum(len(x.new_tokens.get("S", ())) for x in
+                                                         recs[:recs.index(rec) + 1])
+            assert r.positions == tuple(range(r.num_computed_tokens, r.num_computed_tokens + len(drafts) - n_acc))
+    kinds = {e.kind for r in recs for e in r.events}
+    assert {events.DRAFT_PROPOSED, events.DRAFT_ACCEPTED, events.DRAFT_REJECTED} <= kinds
+    assert eng.spec_decoding_stats.num_accepted_tokens > 0
+    assert eng.spec_decoding_stats.num_accepted_tokens < eng.spec_decoding_stats.num_draft_tokens
+
+
+def test_a_draft_never_enters_the_prefix_cache():
+    """Schedule drafts that fill a block past the request's real tokens: that block is not
+    cached when slots are allocated, only once verification made its tokens real."""
+    eng = cycling_engine()
+    sched, kvm = eng.scheduler, eng.kv_cache_manager
+    manager = kvm.coordinator.single_type_managers[0]
+    saw_draft_past_boundary = False
+    while eng.has_unfinished():
+        req = sched.requests["S"]
+        n_real, drafts = req.num_tokens, list(req.spec_token_ids)
+        rec = eng.step()
+        if drafts and (n_real + len(drafts)) // 4 > n_real // 4:
+            saw_draft_past_boundary = True
+        if not req.is_finished():
+            assert manager.num_cached_block.get("S", 0) * 4 <= req.num_computed_tokens
+    assert saw_draft_past_boundary
+
+
+def test_allocate_slots_caches_only_up_to_num_tokens():
+    eng = cycling_engine()
+    sched, kvm = eng.scheduler, eng.kv_cache_manager
+    manager = kvm.coordinator.single_type_managers[0]
+    while eng.has_unfinished():
+        req = sched.requests["S"]
+        if req.spec_token_ids and (req.num_tokens_with_spec - 1) // 4 > (req.num_tokens - 1) // 4 \
+                and req.num_tokens % 4:
+            n_real = req.num_tokens
+            out = sched.schedule()                      # allocate_slots for 1 + drafts
+            assert out.scheduled_spec_decode_tokens["S"]
+            assert len(kvm.get_block_ids("S")[0]) * 4 >= req.num_computed_tokens    # slots for drafts
+            assert manager.num_cached_block["S"] == n_real // 4    # the block holding drafts is not cached
+            return
+        eng.step()
+    pytest.fail("no step scheduled drafts across a block boundary")
+
+
+def test_preempted_request_drops_its_drafts_and_still_matches():
+    specs = [spec("A", [0, 1, 2, 3, 4] * 2, max_tokens=12), spec("B", [4, 3, 2, 1, 0] * 2, max_tokens=12)]
+    sp = SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=2)
+    eng = make_engine(specs, runner=NoModelRunner(vocab_size=5), block_size=4, num_gpu_blocks=9, speculative=sp)
+    recs = eng.run()
+    base = make_engine(specs, runner=NoModelRunner(vocab_size=5), block_size=4, num_gpu_blocks=9)
+    base.run()
+    assert events_of(recs, events.PREEMPTED)
+    assert eng.outputs() == base.outputs()
+
+
+# -- equality with the real model ------------------------------------------------------------
+@pytest.fixture(params=["tiny", pytest.param("smollm2", marks=pytest.mark.slow)])
+def loaded(request, tiny_model, one_torch_thread):
+    return tiny_model if request.param == "tiny" else request.getfixturevalue("smollm2")
+
+
+def run(loaded, requests, speculative, **engine):
+    sc = Scenario(model=loaded.name, device="cpu", engine=EngineSettings(speculative=speculative, **engine),
+                  requests=tuple(requests))
+    eng = Engine(sc, model=loaded, debug=True)
+    recs = eng.run()
+    return eng, recs
+
+
+def req(rid, ids, n=20, **kw):
+    return RequestSpec(id=rid, prompt_token_ids=tuple(ids), max_tokens=n, **kw)
+
+
+CASES = {
+    "alone": ([req("A", REP * 3)], dict(block_size=4)),
+    "batched": ([req("A", REP * 3), req("B", REP[:4] * 4 + [5, 6], n=16), req("C", [3, 1, 4, 1, 5, 9, 2, 6], n=12)],
+                dict(block_size=4)),
+    "prefix_hits": ([req("A", REP * 3, n=12), req("B", REP * 3 + [9], n=12, arrival_step=4)], dict(block_size=4)),
+    "preemption": ([req("A", REP * 2, n=24), req("B", REP[::-1] * 2, n=24)], dict(block_size=4, num_gpu_blocks=11)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_greedy_output_is_identical_with_and_without_drafts_and_to_generate(loaded, case):
+    requests, engine = CASES[case]
+    eng, recs = run(loaded, requests, SPEC, **engine)
+    base, base_recs = run(loaded, requests, None, **engine)
+    kinds = {e.kind for r in recs for e in r.events}
+    assert events.DRAFT_PROPOSED in kinds
+    for r in requests:
+        got = eng.outputs()[r.id]["token_ids"]
+        assert got == base.outputs()[r.id]["token_ids"], f"{r.id}: drafts changed the output"
+        assert got == reference_tokens(loaded.model, list(r.prompt_token_ids), r.max_tokens, eos_of(loaded))
+    if case == "prefix_hits":
+        assert events.CACHE_HIT in kinds
+    if case == "preemption":
+        assert events.PREEMPTED in kinds
+
+
+def test_drafts_are_verified_in_one_packed_forward(tiny_model, one_torch_thread):
+    eng, recs = run(tiny_model, [req("A", REP * 3)], SPEC, block_size=4)
+    rec = next(r for r in recs if r.scheduled.get("A", 0) > 1 and r.step > 1)
+    mi = rec.model_inputs
+    n = rec.scheduled["A"]
+    assert mi.sample_req_ids == ("A",) * n and len(mi.logits_indices) == n
+    assert mi.logits_indices == tuple(range(mi.num_actual_tokens - n, mi.num_actual_tokens))
+    assert len(mi.slots_of("A")) == n                          # every draft got a KV slot
