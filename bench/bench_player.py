@@ -25,7 +25,6 @@ import json
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -175,6 +174,28 @@ def bench_browser(url: str, server_pid: int, clicks: int) -> dict:
     return out
 
 
+# -- what is sent ------------------------------------------------------------------------------
+def payload_sizes(model_name: str) -> list[tuple]:
+    """Per lesson: KiB of whole snapshots per step vs the deltas the player is sent (JSON)."""
+    from kvcore.engine import Engine
+    from kvcore.model import load_model
+    from lesson.lessons import LESSONS
+    from lesson.runtime import lesson_scenario
+    from player import RunEncoder, snapshot_dict
+    model = load_model(model_name, "cpu")
+    rows = []
+    for lesson in LESSONS:
+        engine = Engine(lesson_scenario(lesson, model.num_layers, model=model.name, device="cpu"), model=model)
+        initial = engine.snapshot()
+        records = engine.run(max_steps=400)
+        enc = RunEncoder(initial, decode=model.decode)
+        steps = enc.extend(records)
+        whole = sum(len(json.dumps(snapshot_dict(r.snapshot))) for r in records)
+        sent = len(json.dumps(enc.head)) + sum(len(json.dumps(st)) for st in steps)
+        rows.append((lesson.id, len(records), whole / 1024, sent / 1024, sent / max(1, len(steps)) / 1024))
+    return rows
+
+
 # -- a class of websocket clients -------------------------------------------------------------
 async def one_session(url: str, page_name: str, moves: int, results: list, errors: list, tokens: list) -> None:
     import websockets
@@ -250,7 +271,14 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=30)
     ap.add_argument("--skip-browser", action="store_true")
     ap.add_argument("--skip-class", action="store_true")
+    ap.add_argument("--payload", action="store_true", help="only the sizes of what is sent (no server)")
     args = ap.parse_args()
+    if args.payload:
+        print("| lesson | steps | whole snapshots (KiB) | player payload: head + deltas + events + text (KiB) "
+              "| per step (KiB) |\n|---|---:|---:|---:|---:|")
+        for row in payload_sizes(args.model):
+            print("| %s | %d | %.0f | %.0f | %.1f |" % row)
+        return
     proc, url = start_server(args.model)
     try:
         print(f"model {args.model}, cpu; load average before: {os.getloadavg()}")

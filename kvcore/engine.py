@@ -274,7 +274,7 @@ class Engine:
                 out, ModelRunnerOutput.from_token_lists(list(out.num_scheduled_tokens), new_tokens))
             if self.drafter is not None:
                 self._propose_drafts(new_tokens)
-        elif not self.scheduler.running and self.scheduler.waiting:
+        elif not self.scheduler.running and self.scheduler.waiting and not self._retry_after_drafts(out):
             # Nothing runs and the head of the queue was refused by an empty pool: it never fits.
             head = self.scheduler.waiting.peek_request()
             self.scheduler.abort_request(head.request_id)
@@ -292,6 +292,17 @@ class Engine:
             kv_events=tuple(self.last_kv_event_batch.events) if self.last_kv_event_batch else ())
         self.history.append(rec)
         return rec
+
+    def _retry_after_drafts(self, out) -> bool:
+        """A lone request whose drafts needed more slots than the pool has preempted itself;
+        without drafts its real tokens still fit, so it goes back through the queue (as in
+        vLLM) instead of being aborted as one that never fits."""
+        if self.drafter is None or not out.preempted_req_ids:
+            return False
+        head = self.scheduler.waiting.peek_request()
+        full_groups = sum(1 for g in self.groups if g.kind == "full")
+        need = -(-(head.num_tokens + 1) // self.settings.block_size) * full_groups
+        return need <= self.settings.num_gpu_blocks - 1
 
     def _verify(self, items: list[SeqBatchItem], drafts: dict[str, list[int]]) -> dict[str, list[int]]:
         """One forward over tokens and drafts; per sampling request the tokens it gains
@@ -330,7 +341,8 @@ class Engine:
         for spec in specs:
             self.add_request(replace(spec, arrival_step=0))
         self.run()
-        return {s.id: self.outputs()[s.id] for s in specs}
+        out, grouped = self.outputs(), self.grouped_outputs()   # n > 1: the children, by index
+        return {s.id: out[s.id] if s.n == 1 else grouped[s.id] for s in specs}
 
     # -- reading --------------------------------------------------------------------------
     def decode(self, token_ids) -> str:

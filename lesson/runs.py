@@ -271,7 +271,7 @@ class RunStore:
                 return self._runs[key]   # another session made it meanwhile
             self._add(run)
             if not engine.has_unfinished():
-                self._finish(run, None)
+                self._finish(run, None, engine.outputs())
         return run
 
     def trace_run(self, trace) -> RecordedRun:

@@ -204,6 +204,10 @@ def show_final_outputs(trace: Trace, lang: str) -> None:
             for rid, o in trace.outputs.items()]
     st.dataframe(pd.DataFrame(rows, columns=list(tr("trace_outputs_cols", lang))), hide_index=True,
                  width="stretch")
+    if trace.parents:   # n > 1: the children above, grouped under the request as it was sent
+        cols = ["父请求", "n", "子请求"] if lang == "zh" else ["parent", "n", "children"]
+        st.dataframe(pd.DataFrame([(p, len(k), ", ".join(k)) for p, k in trace.parents.items()], columns=cols),
+                     hide_index=True, width="stretch")
 
 
 def show_scenario(trace: Trace, ms: ModelState, lang: str) -> None:

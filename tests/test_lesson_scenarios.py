@@ -13,6 +13,8 @@ from lesson.lessons import BY_ID, HOME, LESSONS
 from lesson.panels import narration
 from lesson.runtime import lesson_run
 
+RUN_WAIT = 300.0   # run_to_end waits this long for the run store (SmolLM2 on a busy machine is slow)
+
 
 def events(run, kind, request=None):
     return [(rec, e) for rec in run.records for e in rec.events
@@ -21,7 +23,7 @@ def events(run, kind, request=None):
 
 def finished_run(lesson_id, model, overrides=None):
     run = lesson_run(BY_ID[lesson_id], model, overrides)
-    run.run_to_end()
+    run.run_to_end(timeout=RUN_WAIT)
     assert run.finished
     for rec in run.records:
         assert rec.step == rec.snapshot.step
@@ -39,7 +41,7 @@ def model(request):
 @pytest.mark.parametrize("lesson", [l for l in LESSONS + (HOME,) if l.moments], ids=lambda l: l.id)
 def test_every_key_moment_happens(lesson, model):
     run = lesson_run(lesson, model)
-    run.run_to_end()
+    run.run_to_end(timeout=RUN_WAIT)
     found = moment_steps(lesson, run.records)
     missing = [m.kind + (f"/{m.request}" if m.request else "") + (f"/{m.where}" if m.where else "")
                for i, m in enumerate(lesson.moments) if m.key and i not in found]

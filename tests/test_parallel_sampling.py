@@ -97,6 +97,10 @@ def test_greedy_children_produce_the_same_text(model):
     assert outs[0]["token_ids"] == outs[1]["token_ids"] == outs[2]["token_ids"]
     assert outs[0]["text"] == outs[1]["text"] == outs[2]["text"]
     assert set(e.outputs()) == {"0_A", "1_A", "2_A"}
+    fresh = Engine(scenario(), model=model)
+    got = fresh.generate([RequestSpec(id="G", prompt=PROMPT, n=2, max_tokens=3, ignore_eos=True)])
+    assert [o["request_id"] for o in got["G"]["outputs"]] == ["0_G", "1_G"]
+    assert got["G"]["outputs"][0]["token_ids"] == got["G"]["outputs"][1]["token_ids"] == outs[0]["token_ids"][:3]
 
 
 def test_seeded_children_differ_reproducibly(model):
@@ -141,3 +145,29 @@ def test_playground_adds_a_request_with_n():
     assert (q.n, q.seed) == (2, 5)
     b = Browser(at, "playground").until_recorded(2)
     assert {e[1] for e in b.steps[1]["ev"] if e[0] == "arrived"} >= {"0_Q", "1_Q"}
+
+
+def test_cli_trace_groups_children_in_the_trace_viewer(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from _app_helpers import app, sidebar_set
+    from lesson.trace_page import PAGE_FILE
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "ps.jsonl"
+    r = subprocess.run([sys.executable, "-m", "kvcore", "run", str(root / "examples" / "parallel_sampling.json"),
+                        "--model", "tiny-random", "--device", "cpu", "--trace", str(out), "--quiet"],
+                       cwd=root, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "A (n = 3): 0_A, 1_A, 2_A" in r.stdout and "B (n = 2): 0_B, 1_B" in r.stdout
+    t = read_trace(out.read_text())
+    assert t.parents == {"A": ["0_A", "1_A", "2_A"], "B": ["0_B", "1_B"]}
+    assert t.outputs["0_B"]["token_ids"] == t.outputs["1_B"]["token_ids"], "greedy children agree"
+    at = app(PAGE_FILE)
+    sidebar_set(at, "model_name", "tiny-random")
+    at.file_uploader(key="up:trace").upload("ps.jsonl", out.read_bytes(), "application/jsonl").run()
+    assert not at.exception, [e.value for e in at.exception]
+    tables = [d.value for d in at.dataframe]
+    groups = [tb for tb in tables if list(tb.columns) == ["parent", "n", "children"]]
+    assert groups and groups[0].values.tolist() == [["A", 3, "0_A, 1_A, 2_A"], ["B", 2, "0_B, 1_B"]]

@@ -1,6 +1,7 @@
 """The player's data contract, without a browser: what the payload says at every step equals an
 independent engine's snapshot, deltas rebuild whole snapshots, steps stream in pieces exactly as
 at once, and text from prompts stays data (in the payload and in the static export)."""
+import dataclasses
 import json
 import re
 
@@ -124,3 +125,17 @@ def test_static_html_is_self_contained(tiny_model):
     html = static_html(run_payload(initial, records, decode=engine.decode))
     assert "http://" not in html and "https://" not in html and "src=" not in html.split("pkv-run")[0]
     assert "default-src 'none'" in html
+
+
+def test_cli_writes_the_same_player(tmp_path, tiny_model):
+    from pathlib import Path
+
+    from kvcore.cli import main
+    out = tmp_path / "run.html"
+    scenario = Path(__file__).resolve().parents[1] / "examples" / "shared_prefix.json"
+    assert main(["run", str(scenario), "--model", "tiny-random", "--device", "cpu", "--html", str(out), "--quiet"]) == 0
+    html = out.read_text()
+    payload = json.loads(re.search(r'<script type="application/json" id="pkv-run">(.*?)</script>', html, re.S).group(1))
+    engine = Engine(dataclasses.replace(load_scenario(scenario), model="tiny-random", device="cpu"), model=tiny_model)
+    truth = [engine.snapshot()] + [r.snapshot for r in engine.run(max_steps=400)]
+    assert payload["done"] and replay(payload) == [snapshot_dict(t) for t in truth]

@@ -122,6 +122,7 @@ def test_a_draft_never_enters_the_prefix_cache():
     sched, kvm = eng.scheduler, eng.kv_cache_manager
     manager = kvm.coordinator.single_type_managers[0]
     saw_draft_past_boundary = False
+    eng.step()                                           # the prompt
     while eng.has_unfinished():
         req = sched.requests["S"]
         n_real, drafts = req.num_tokens, list(req.spec_token_ids)
@@ -137,6 +138,7 @@ def test_allocate_slots_caches_only_up_to_num_tokens():
     eng = cycling_engine()
     sched, kvm = eng.scheduler, eng.kv_cache_manager
     manager = kvm.coordinator.single_type_managers[0]
+    eng.step()                                           # the prompt
     while eng.has_unfinished():
         req = sched.requests["S"]
         if req.spec_token_ids and (req.num_tokens_with_spec - 1) // 4 > (req.num_tokens - 1) // 4 \

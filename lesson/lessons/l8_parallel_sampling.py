@@ -14,7 +14,7 @@ LESSON = Lesson(
         "model": "smollm2",
         "engine": {"block_size": 8, "num_gpu_blocks": 32, "max_num_seqs": 4, "max_num_batched_tokens": 128},
         "requests": [
-            {"id": "A", "prompt": "Write a haiku about memory.", "chat": True, "max_tokens": 12, "n": 3,
+            {"id": "A", "prompt": "Write a haiku about memory.", "chat": True, "max_tokens": 8, "n": 3,
              "seed": 42, "ignore_eos": True},
         ],
     },
