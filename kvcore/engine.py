@@ -210,8 +210,8 @@ class Engine:
         s = self.settings
         if parent is not None:
             self.parent_requests[parent.request_id] = parent
+        self._arrivals += 1     # children are copies of one request: one arrival time, as in vLLM
         for child in children:
-            self._arrivals += 1
             req = Request(child.id, ids, child.max_tokens, arrival_time=self._arrivals,
                           priority=child.priority, cache_salt=child.cache_salt,
                           eos_token_ids=self._eos_ids(), ignore_eos=child.ignore_eos,

@@ -124,6 +124,17 @@ def _decode_alloc(e: Allocated, rec: StepRecord) -> bool:
                for x in rec.events)
 
 
+def _with_drafts(e: Scheduled, rec: StepRecord) -> bool:
+    """A decode that carries draft tokens after its last token (speculative decoding)."""
+    return e.phase == "decode" and e.num_tokens > 1
+
+
+def _after_verify(e: Event, rec: StepRecord) -> bool:
+    """Blocks cached after the same request's drafts were accepted in this step."""
+    accepted = [i for i, x in enumerate(rec.events) if x.kind == "draft_accepted" and x.request_id == e.request_id]
+    return bool(accepted) and rec.events.index(e) > accepted[0]
+
+
 def _reason(value: str) -> Callable[[Event, StepRecord], bool]:
     return lambda e, rec: getattr(e, "reason", None) == value
 
@@ -131,7 +142,8 @@ def _reason(value: str) -> Callable[[Event, StepRecord], bool]:
 PREDICATES: dict[str, Callable[[Event, StepRecord], bool]] = {
     "rescue": _rescue, "shared": _shared, "evicts": _evicts, "to_head": _to_head, "to_tail": _to_tail,
     "self_hit": _self_hit, "chunk_with_decodes": _chunk_with_decodes, "reused_unhashed": _reused_unhashed,
-    "still_used": _still_used, "decode_alloc": _decode_alloc,
+    "still_used": _still_used, "decode_alloc": _decode_alloc, "with_drafts": _with_drafts,
+    "after_verify": _after_verify,
     "preempted_reason": _reason("preempted"), "window_reason": _reason("window"),
     "after_preempt": _reason("preempted_this_step"), "budget_reason": _reason("token_budget"),
 }

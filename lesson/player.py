@@ -102,6 +102,11 @@ def next_hold(run: Timeline, cursor: int, answered: set[int], focus: Sequence[st
     return None, None
 
 
+def _int(v: Any, default: int = 0) -> int:
+    """A step number from the browser; anything else (a hostile or broken client) counts as ``default``."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and abs(v) < 1 << 31 else default
+
+
 def _component_state(key: str) -> dict:
     value = st.session_state.get(f"pkv:{key}")
     try:
@@ -127,15 +132,15 @@ def player_panel(state: PageState, key: str, lang: str, *, decode=None,
     have = got.get("have")
     if isinstance(have, dict) and have.get("run") == ps.token and have != ps.last_have:
         ps.last_have = have
-        ps.sent = max(0, min(int(have.get("n", 0)), ps.sent))
+        ps.sent = max(0, min(_int(have.get("n"), -1), ps.sent))
         ps.head_due = True
     cursor = got.get("cursor")
     if isinstance(cursor, dict) and cursor.get("run") == ps.token and cursor != ps.last_cursor and ps.goto is None:
         ps.last_cursor = cursor
-        run.cursor = max(run.first, min(int(cursor.get("step", 0)), len(run.records)))
+        run.cursor = max(run.first, min(_int(cursor.get("step"), run.cursor), len(run.records)))
     want = got.get("want")
     if isinstance(want, dict) and want.get("run") == ps.token:
-        record_upto(run, min(int(want.get("step", 0)), len(run.records) + 1))
+        record_upto(run, min(_int(want.get("step")), len(run.records) + 1))
     if ps.goto is not None:
         record_upto(run, ps.goto["step"])
         run.cursor = max(run.first, min(ps.goto["step"], len(run.records)))

@@ -264,3 +264,15 @@ def test_every_page_file_is_in_the_navigation_under_streamlits_name():
     assert {f"pages/{f.name}" for f in files} == set(PAGE_FILES.values()) | {PAGE_FILE, LIVE_PAGE}
     for f in files:
         assert page_url_path(f"pages/{f.name}") == page_icon_and_name(f)[1]
+
+
+def test_a_broken_browser_report_changes_nothing():
+    """The page reads the player's reports defensively: garbage from a client is ignored."""
+    at = app(PAGE_FILES["blocks"])
+    b = Browser(at, "blocks").show(2)
+    for junk in ({"cursor": {"run": b.run_token, "step": "x"}}, {"want": {"run": b.run_token, "step": None}},
+                 {"have": {"run": b.run_token, "n": [1]}}, {"cursor": "nonsense"}, {"cursor": {"run": "other", "step": 1}}):
+        at.session_state["pkv:blocks"] = junk
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+    assert at.session_state["lesson:blocks"].run.cursor == 2

@@ -160,3 +160,26 @@ def test_lesson8_children_share_the_prompt(model):
     off = finished_run("parallel", model, {"enable_prefix_caching": False})
     assert not events(off, "cache_hit") and [o["token_ids"] for o in off.outputs().values()] == \
         [o["token_ids"] for o in outs.values()], "the seeds, not the cache, decide the samples"
+
+
+def test_lesson9_drafts_get_slots_and_never_enter_the_cache(model):
+    run = finished_run("specdec", model)
+    proposed = events(run, "draft_proposed", "A")
+    assert proposed and events(run, "draft_accepted", "A") and events(run, "draft_rejected")
+    recs = {rec.step: rec for rec in run.records}
+    for rec, e in proposed:
+        nxt = recs.get(rec.step + 1)
+        if nxt is not None and "A" in nxt.scheduled:
+            assert nxt.scheduled["A"] == 1 + len(e.draft_token_ids)      # the last token + its drafts
+            assert len(nxt.model_inputs.slots_of("A")) == nxt.scheduled["A"]
+    # a block is cached only for a request's real tokens, never for a slot that held a draft
+    for rec in run.records:
+        blocks = {b.block_id: b for b in rec.snapshot.blocks}
+        for r in rec.snapshot.requests:
+            real = r.num_prompt_tokens + r.num_output_tokens
+            for i, b in enumerate(r.block_tables[0] if r.block_tables else ()):
+                if blocks[b].block_hash is not None and not blocks[b].is_null:
+                    assert blocks[b].block_hash_num_tokens <= real, (rec.step, r.request_id, i)
+    off = finished_run("specdec", model, {"speculative": None})
+    assert [o["token_ids"] for o in off.outputs().values()] == [o["token_ids"] for o in run.outputs().values()]
+    assert len(off.records) > len(run.records), "accepted drafts save steps"

@@ -84,6 +84,7 @@ def test_children_share_the_prompt_blocks_without_copy(model):
     own = [t[full] for t in tables.values()]
     assert len(set(own)) == 3 and all(ref[b] == 1 for b in own), "each child owns its partial block"
     assert all(snap.blocks[b].block_hash is None for b in own), "a partial block is never cached"
+    assert len({snap.request(rid).arrival for rid in tables}) == 1, "copies of one request: one arrival time"
 
 
 def test_greedy_children_produce_the_same_text(model):

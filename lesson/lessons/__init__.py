@@ -10,8 +10,9 @@ from .l5_sliding import LESSON as L5
 from .l6_batching import LESSON as L6
 from .l7_playground import LESSON as L7
 from .l8_parallel_sampling import LESSON as L8
+from .l9_spec_decode import LESSON as L9
 
-LESSONS: tuple[Lesson, ...] = (L1, L2, L3, L4, L5, L6, L7, L8)
+LESSONS: tuple[Lesson, ...] = (L1, L2, L3, L4, L5, L6, L7, L8, L9)
 BY_ID: dict[str, Lesson] = {l.id: l for l in LESSONS + (HOME,)}
 
 # The page file of each lesson (relative to app.py).
@@ -19,7 +20,7 @@ PAGE_FILES: dict[str, str] = {
     "blocks": "pages/1_blocks.py", "prefix": "pages/2_prefix_caching.py", "eviction": "pages/3_eviction.py",
     "preemption": "pages/4_preemption.py", "sliding": "pages/5_sliding_window.py",
     "batching": "pages/6_batching.py", "playground": "pages/7_playground.py",
-    "parallel": "pages/10_parallel_sampling.py",
+    "parallel": "pages/10_parallel_sampling.py", "specdec": "pages/11_spec_decode.py",
 }
 
 
