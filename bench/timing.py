@@ -38,8 +38,10 @@ def decode_tps_interleaved(cases: dict[str, tuple[RunFn, list[list[int]]]], new_
         for k, (run, prompts) in cases.items():
             short[k].append(timed(lambda: run(prompts, base_tokens)))
             long[k].append(timed(lambda: run(prompts, new_tokens)))
+    # under heavy load the best short run can take longer than the best long one: no figure then
     return {
-        k: len(prompts) * (new_tokens - base_tokens) / max(min(long[k]) - min(short[k]), 1e-9)
+        k: (len(prompts) * (new_tokens - base_tokens) / (min(long[k]) - min(short[k]))
+            if min(long[k]) > min(short[k]) else float("nan"))
         for k, (run, prompts) in cases.items()
     }
 

@@ -291,7 +291,9 @@ class PrefixCacheReset(Event):
 @dataclass(frozen=True, kw_only=True)
 class Sampled(Event):
     """The model produced one token for each request in ``tokens`` (request id -> token id);
-    requests in the middle of their prompt get none (vLLM: the model runner's sampler)."""
+    requests in the middle of their prompt get none (vLLM: the model runner's sampler). With
+    speculative decoding it is the last token a request gained; the accepted drafts before it
+    are in ``DraftAccepted``."""
 
     kind = EventKind.SAMPLED
     tokens: dict[str, int]

@@ -226,7 +226,7 @@ def _tokens(ids: Sequence[int], s: Style) -> str:
 def _draft_proposed(e: E.DraftProposed, s: Style):
     d = len(e.draft_token_ids)
     return (f"{e.request_id}: its latest tokens appeared earlier, so the n-gram proposer drafts "
-            f"the {d} tokens that followed there ({_tokens(e.draft_token_ids, s)}); next step they are "
+            f"the {d} token{'s' if d != 1 else ''} that followed there ({_tokens(e.draft_token_ids, s)}); next step they are "
             f"scheduled after its last token and get KV slots, to be verified.",
             f"{e.request_id}：它最新的几个 token 在前文出现过，n-gram 提议器据此起草当时紧随其后的 "
             f"{d} 个 token（{_tokens(e.draft_token_ids, s)}）；下一步它们排在最后一个 token 之后调度、"
@@ -236,7 +236,7 @@ def _draft_proposed(e: E.DraftProposed, s: Style):
 def _draft_accepted(e: E.DraftAccepted, s: Style):
     a = len(e.accepted_token_ids)
     nxt = _tokens([e.next_token_id], s)
-    return (f"{e.request_id}: the model agreed with {a} of {e.num_draft_tokens} drafts "
+    return (f"{e.request_id}: the model agreed with {a} of {e.num_draft_tokens} draft{'s' if e.num_draft_tokens != 1 else ''} "
             f"({_tokens(e.accepted_token_ids, s)}) and added its own next token {nxt}: "
             f"{a + 1} tokens from one forward pass.",
             f"{e.request_id}：模型认可了 {e.num_draft_tokens} 个草稿中的 {a} 个"
@@ -247,7 +247,7 @@ def _draft_accepted(e: E.DraftAccepted, s: Style):
 def _draft_rejected(e: E.DraftRejected, s: Style):
     r = len(e.rejected_token_ids)
     return (f"{e.request_id}: the model chose {_tokens([e.target_token_id], s)} instead of draft "
-            f"{_tokens(e.rejected_token_ids[:1], s)}; {r} drafts are dropped and num_computed_tokens moves back "
+            f"{_tokens(e.rejected_token_ids[:1], s)}; {r} draft{'s are' if r != 1 else ' is'} dropped and num_computed_tokens moves back "
             f"to {e.num_computed_tokens}, so their slots (positions {_tokens(e.positions, Style())}) will be "
             f"overwritten and never enter the prefix cache.",
             f"{e.request_id}：模型选择了 {_tokens([e.target_token_id], s)} 而不是草稿 "

@@ -3,6 +3,7 @@ greedy acceptance, the scheduler's bookkeeping (drafts scheduled, num_computed_t
 back, drafts never cached), and token-for-token equality with decoding without drafts and
 with transformers' generate — the tiny model always, SmolLM2 in the slow set."""
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from kvcore import events
 from kvcore.engine import Engine, NoModelRunner
@@ -162,6 +163,44 @@ def test_preempted_request_drops_its_drafts_and_still_matches():
     base.run()
     assert events_of(recs, events.PREEMPTED)
     assert eng.outputs() == base.outputs()
+
+
+def test_a_lone_request_whose_drafts_overflow_the_pool_is_retried_not_aborted():
+    sp = SpeculativeConfig(num_speculative_tokens=5, prompt_lookup_min=1, prompt_lookup_max=2)
+    eng = make_engine([spec("R", [0, 1, 2, 3, 4] * 2, max_tokens=6)], runner=NoModelRunner(vocab_size=5),
+                      block_size=4, num_gpu_blocks=5, speculative=sp)    # 16 real tokens fit in 4 blocks
+    recs = eng.run()
+    assert events_of(recs, events.PREEMPTED, "R")                     # 1 + 5 drafts did not fit
+    assert not [e for e in events_of(recs, events.BLOCKED) if e.reason == "never_fits"]
+    assert eng.outputs()["R"]["finish_reason"] == "finished_length" and len(eng.outputs()["R"]["token_ids"]) == 6
+
+
+@settings(max_examples=30, deadline=None)
+@given(block_size=st.sampled_from([1, 2, 4, 8]), k=st.integers(1, 5), min_n=st.integers(1, 3),
+       extra_n=st.integers(0, 2), spare_blocks=st.integers(0, 6), budget=st.sampled_from([4, 7, 64]),
+       num_requests=st.integers(1, 3), max_tokens=st.integers(1, 16), caching=st.booleans())
+def test_any_setting_keeps_the_invariants_and_the_output(block_size, k, min_n, extra_n, spare_blocks, budget,
+                                                         num_requests, max_tokens, caching):
+    """Drafts, rollbacks, preemption (tight pools) and chunked prefill (small budgets) together: the pool's
+    invariants hold after every step (debug=True), every request finishes as without drafts, with the
+    same tokens — even when only the drafts overflow the pool."""
+    prompts = [[0, 1, 2, 3, 4] * 2, [4, 3, 2, 1, 0, 4, 3], [2, 2, 2, 2, 2, 2, 2, 2, 2]][:num_requests]
+    specs = [spec(f"R{i}", p, max_tokens=max_tokens) for i, p in enumerate(prompts)]
+    longest = max(len(p) for p in prompts) + max_tokens
+    pool = -(-longest // block_size) + 1 + spare_blocks
+    common = dict(runner_vocab=5, block_size=block_size, num_gpu_blocks=pool, max_num_batched_tokens=budget,
+                  enable_prefix_caching=caching)
+    sp = SpeculativeConfig(num_speculative_tokens=k, prompt_lookup_min=min_n, prompt_lookup_max=min_n + extra_n)
+
+    def go(speculative):
+        kw = dict(common)
+        eng = make_engine(specs, runner=NoModelRunner(vocab_size=kw.pop("runner_vocab")), speculative=speculative,
+                          **kw)
+        eng.run(max_steps=2000)
+        assert not eng.has_unfinished()
+        return eng.outputs()
+
+    assert go(sp) == go(None)
 
 
 # -- equality with the real model ------------------------------------------------------------
