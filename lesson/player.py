@@ -15,10 +15,12 @@ import threading
 import uuid
 import weakref
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import streamlit as st
 
+import player as player_pkg
 from player import RunEncoder, run_payload, static_html
 from player.export import asset
 
@@ -27,8 +29,32 @@ from .quiz import make_prediction
 from .runtime import Timeline
 from .state import PageState
 
-PLAYER = st.components.v2.component(
-    "paged_kv_lab.player", html=asset("player.html"), css=asset("player.css"), js=asset("player.js"))
+
+def _served_assets() -> bool:
+    """Declare player/assets as the component's asset_dir, once per server process, so the browser
+    loads player.js / player.css by URL (cached) instead of receiving them inline on every rerun.
+    Streamlit 1.67 finds asset_dir only in the pyproject.toml of an installed package, which an
+    editable install of this repo does not expose; its component manager takes the same manifest
+    directly. Without a running server (AppTest, bare mode) each call gets a fresh manager, so the
+    assets go inline there."""
+    from streamlit.runtime import Runtime
+    if not Runtime.exists():
+        return False
+    from streamlit.components.v2.get_bidi_component_manager import get_bidi_component_manager
+    from streamlit.components.v2.manifest_scanner import ComponentConfig, ComponentManifest
+    manager = get_bidi_component_manager()
+    if manager.get_component_asset_root(COMPONENT) is None:
+        manager.register_from_manifest(
+            ComponentManifest(name="paged_kv_lab", version="1", components=[ComponentConfig("player", "assets")]),
+            Path(player_pkg.__file__).resolve().parent)
+    return manager.get_component_asset_root(COMPONENT) is not None
+
+
+COMPONENT = "paged_kv_lab.player"
+PLAYER = (st.components.v2.component(COMPONENT, html=asset("player.html"), css="player.css", js="player.js")
+          if _served_assets() else
+          st.components.v2.component(COMPONENT, html=asset("player.html"), css=asset("player.css"),
+                                     js=asset("player.js")))
 UNTIL_KINDS = ("cache_hit", "evicted", "preempted", "window_skipped", "allocated", "finished")
 STREAM_SECONDS = 0.5      # how often a page polls while its run is still being recorded
 _seq = itertools.count(1)
@@ -60,6 +86,14 @@ def request_goto(key: str, step: int) -> None:
 
 def recorded_done(run: Timeline) -> bool:
     return bool(run.run.done)
+
+
+def stop_polling_when_done(run: Timeline, polling: bool) -> None:
+    """A fragment that polls while its run is recorded keeps polling until the page reruns: once
+    the run is done, rerun the page once so the fragment is mounted again without a timer (every
+    poll reruns the panels below the player, for each open tab)."""
+    if polling and recorded_done(run):
+        st.rerun(scope="app")
 
 
 def record_upto(run: Timeline, n: int, seconds: float = 1.0) -> None:

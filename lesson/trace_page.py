@@ -26,7 +26,7 @@ from .lessons import BY_ID, PAGE_FILES
 from .modelstate import ModelState
 from .runtime import MAX_RUN_STEPS, TraceRun
 from .state import PageState, get_state, init_globals_from_url, locked, open_run
-from .player import STREAM_SECONDS, export_html, player_panel, recorded_done
+from .player import STREAM_SECONDS, export_html, player_panel, recorded_done, stop_polling_when_done
 from .view import current_lang, current_model, decoder
 from .widgets import apply_scenario_text
 
@@ -162,16 +162,17 @@ def render_trace_page() -> None:
     with c2:
         download_trace_run(state, lang, decode)
     running = not recorded_done(run)
-    st.fragment(trace_stage, run_every=STREAM_SECONDS if running else None)(state, lang, decode)
+    st.fragment(trace_stage, run_every=STREAM_SECONDS if running else None)(state, lang, decode, running)
     show_final_outputs(run.trace, lang)
     show_scenario(run.trace, ms, lang)
 
 
-def trace_stage(state: TraceState, lang: str, decode) -> None:
+def trace_stage(state: TraceState, lang: str, decode, polling: bool = False) -> None:
     """The player over the trace's steps and the requests table at its cursor (a fragment)."""
     run = state.run
     player_panel(state, KEY, lang, decode=decode, focus=FOCUS, request_ids=request_ids(run))
     P.show_requests(run, lang)
+    stop_polling_when_done(run, polling)
 
 
 def download_trace_run(state: TraceState, lang: str, decode) -> None:

@@ -10,7 +10,7 @@ from . import panels as P
 from .i18n import pick, tr
 from .lessons import BY_ID
 from .modelstate import ModelState, default_device, default_model
-from .player import STREAM_SECONDS, export_html, player_panel, recorded_done
+from .player import STREAM_SECONDS, export_html, player_panel, recorded_done, stop_polling_when_done
 from .state import get_state, init_globals_from_url, pref, write_url
 from .widgets import scenario_file, toggles
 from .why_panel import why_panel
@@ -67,7 +67,8 @@ def render_lesson(lesson_id: str, compact: bool = False) -> None:
     with c2:
         download_run(state, lesson, ms, lang)
     running = not recorded_done(state.run)
-    st.fragment(lesson_stage, run_every=STREAM_SECONDS if running else None)(lesson, state, ms, lang, compact)
+    st.fragment(lesson_stage, run_every=STREAM_SECONDS if running else None)(lesson, state, ms, lang, compact,
+                                                                            running)
     if not compact:
         if lesson.id == "playground":
             from .playground import request_form, settings_form
@@ -86,7 +87,7 @@ def lesson_player(state, lesson, ms, lang: str) -> dict:
             "request_ids": [r.id for r in run.scenario.requests]}
 
 
-def lesson_stage(lesson, state, ms, lang: str, compact: bool) -> None:
+def lesson_stage(lesson, state, ms, lang: str, compact: bool, polling: bool = False) -> None:
     """The part of the page that follows the player's cursor: it reruns alone (a fragment)."""
     kw = lesson_player(state, lesson, ms, lang)
     player_panel(state, lesson.id, lang, focus=lesson.focus, url_step=True, **{k: kw[k] for k in
@@ -100,6 +101,7 @@ def lesson_stage(lesson, state, ms, lang: str, compact: bool) -> None:
         P.show_myths(run, lang, expanded="myths" in lesson.panels)
         why_panel(run, lang, lesson.id, kw["decode"])
     write_url(state, lesson, lang, ms)
+    stop_polling_when_done(run, polling)
 
 
 def download_run(state, lesson, ms, lang: str) -> None:

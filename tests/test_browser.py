@@ -276,3 +276,49 @@ def test_hostile_prompt_is_text_in_the_app_and_in_its_export(server, browser, tm
     assert [u for u in requests if not u.startswith("file:")] == [], "the export loads nothing"
     assert not dialogs, f"no script from the prompt ran: {dialogs}"
     ctx.close()
+
+
+@pytest.mark.browser
+def test_step_at_the_frontier_shows_the_step_once_it_arrives(browser, tmp_path):
+    """Step pressed where nothing is recorded yet asks the server for the step, and the player shows
+    that step as soon as it streams in (it used to stay on the old step). No server: the player of
+    an export that holds only the first steps, fed the rest the way the component feeds it."""
+    from player import run_payload, static_html
+    snaps, records = engine_snapshots("prefix")
+    k = 3
+    whole = run_payload(snaps[0], records, done=True)
+    part = {**whole, "steps": whole["steps"][:k], "done": False}
+    path = tmp_path / "part.html"
+    path.write_text(static_html(part))
+    page = browser.new_page()
+    page.goto(path.as_uri())
+    page.wait_for_selector(".pkv[data-total]", timeout=30_000)
+    page.keyboard.press("End")
+    wait_step(page, k)
+    page.locator('[data-act="step"]').click()
+    assert "Computing the next step" in page.locator('[data-role="notice"]').inner_text()
+    assert shown_step(page) == k
+    page.evaluate("(rest) => globalThis.__pkvActive.receive(rest)",
+                  {**whole, "head": None, "base": k, "steps": whole["steps"][k:], "done": True})
+    wait_step(page, k + 1)
+    assert page.locator('[data-role="notice"]').is_hidden()
+    page.close()
+
+
+@pytest.mark.browser
+def test_a_finished_page_is_quiet_and_loads_the_player_by_url(server, browser):
+    """Once its run is recorded, an open lesson page stops talking to the server: the fragment that
+    streamed the steps polled every half second for as long as the tab stayed open, rerunning every
+    panel. The player's js and css come by URL (cached), not inline in every rerun."""
+    page = browser.new_page(viewport={"width": 1500, "height": 1900})
+    urls, frames = [], []
+    page.on("request", lambda r: urls.append(r.url))
+    page.on("websocket", lambda ws: ws.on("framereceived", lambda f: frames.append(time.monotonic())))
+    open_player(page, server + "/eviction")
+    wait_idle(page)
+    page.wait_for_timeout(1500)
+    quiet_from = time.monotonic()
+    page.wait_for_timeout(3000)
+    assert [t for t in frames if t > quiet_from] == [], "the page reran with nothing to say"
+    assert any(u.endswith("/paged_kv_lab.player/player.js") for u in urls), urls
+    page.close()

@@ -58,7 +58,7 @@ const KIND_NAMES = {
 };
 const SPEEDS = [0.5, 1, 2, 4];
 const PLAY_MS = 800;
-const REPORT_MS = 250;
+const REPORT_MS = 700;      // the cursor is reported once the learner pauses: each report reruns Python
 const RUNS = new Map();      // run key -> {head, snaps, steps, done}: survives a remount of the element
 const MAX_RUNS = 4;
 const PLAYERS = new WeakMap();
@@ -97,6 +97,7 @@ class Player {
     this.gotoSeq = null;
     this.pendingGoto = null;
     this.holdAt = null;
+    this.wantNext = false;      // Step was pressed at the frontier: show the next step when it arrives
     this.component = null;
     this.reported = {};
     this.asks = 0;
@@ -149,6 +150,9 @@ class Player {
       this.pendingGoto = null;
       this.stopPlay();
       this.show(target, false);
+    } else if (this.wantNext && this.cursor < this.maxStep()) {
+      this.notice(null);
+      this.show(this.cursor + 1);
     } else {
       this.continueSeek();
       this.draw();
@@ -189,6 +193,7 @@ class Player {
   show(k, animate = true) {
     k = Math.max(0, Math.min(k, this.n));
     const before = this.cursor;
+    this.wantNext = false;
     this.prevShown = animate && Math.abs(k - before) === 1 && this.run ? this.run.snaps[before] : null;
     this.cursor = k;
     this.draw();
@@ -201,6 +206,7 @@ class Player {
     if (this.cursor < this.n) { this.show(this.cursor + 1); return true; }
     if (this.run && !this.run.done) {
       this.notice(this.L.waiting_step);
+      this.wantNext = true;
       this.report("want", { run: this.runKey, step: this.cursor + 1 + this.first }, true);
       return false;
     }
