@@ -9,6 +9,7 @@ blocks the server holds now.
 """
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -24,6 +25,7 @@ from kvcore.watch import KVEventWatcher
 
 PAGE_FILE = "pages/9_live_vllm.py"
 MAX_WATCHERS = 8                 # background subscribers per server process
+WATCH_HOSTS_ENV = "PAGED_KV_LAB_WATCH_HOSTS"
 MAX_TREE_NODES = 1500
 MAX_PROMPT_CHARS = 20_000
 MAX_PROMPT_TOKENS = 8192
@@ -50,6 +52,10 @@ TEXT: dict[str, tuple[str, str]] = {
                      "{field}：应为 tcp://主机:端口（例如 tcp://10.0.0.5:5557）；收到 {value!r}"),
     "bind_star": ("Bind needs a local address such as tcp://*:5557 or tcp://127.0.0.1:5557.",
                   "绑定需要本机地址，例如 tcp://*:5557 或 tcp://127.0.0.1:5557。"),
+    "host_not_allowed": ("{field}: this server may watch only {hosts}; got host {host!r} "
+                         "(set PAGED_KV_LAB_WATCH_HOSTS to a comma-separated list of hosts, or *, to allow more)",
+                         "{field}：本服务器只能监视 {hosts}；收到主机 {host!r}"
+                         "（把 PAGED_KV_LAB_WATCH_HOSTS 设为逗号分隔的主机列表或 * 以放开）"),
     "too_many": ("This server already watches {n} endpoints (the limit); disconnect one first.",
                  "本服务器已在监视 {n} 个端点（上限），请先断开一个。"),
     "failed": ("The watcher stopped: {error}", "监视器已停止：{error}"),
@@ -123,7 +129,20 @@ def check_endpoints(endpoint: str, replay: str, bind: bool, lang: str) -> Option
         return t("bad_endpoint", lang, field=t("replay", lang), value=replay[:80])
     if bind and not re.match(r"^tcp://(\*|127\.0\.0\.1|localhost|\[::1?\]):", endpoint):
         return t("bind_star", lang)
+    allowed = allowed_hosts()
+    for field, value in (("endpoint", endpoint), ("replay", replay)):
+        host = value and value[len("tcp://"):value.rindex(":")].strip("[]")
+        if host and host != "*" and "*" not in allowed and host.lower() not in allowed:
+            return t("host_not_allowed", lang, field=t(field, lang), host=host, hosts=", ".join(sorted(allowed)))
     return None
+
+
+def allowed_hosts() -> set[str]:
+    """Hosts the page may connect to: loopback by default, so a visitor cannot make a shared server
+    open connections elsewhere; PAGED_KV_LAB_WATCH_HOSTS widens it (comma-separated; "*" = any)."""
+    raw = os.environ.get(WATCH_HOSTS_ENV, "")
+    extra = {h.strip().lower().strip("[]") for h in raw.split(",") if h.strip()}
+    return {"127.0.0.1", "localhost", "::1"} | extra
 
 
 def connect(key: tuple, lang: str) -> tuple[Optional[KVEventWatcher], Optional[str]]:

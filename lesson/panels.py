@@ -12,6 +12,7 @@ from kvcore.snapshot import Snapshot
 from . import figures as F
 from .catalog import Lesson, moment_matches, narration_fields, narration_for_step
 from .i18n import pick, tr
+from .how_many_blocks import show_how_many_blocks
 from .memory import DTYPES, blocks_in_budget, bytes_per_block, dims_from_config, formula, human_bytes
 from .myths import myth_sections
 from .runtime import Timeline
@@ -148,6 +149,7 @@ def show_memory(run: Timeline, lang: str, model, key: str) -> None:
                     f"(the engine allocates exactly this for its paged K/V tensors).") if lang == "en" else
                    (f"本课的块池：{eng.num_gpu_blocks} 块 × {eng.block_size} token = {human_bytes(pool)}"
                     f"（引擎为分页 K/V 张量正好分配这么多）。"))
+        show_how_many_blocks(model, lang, key)
 
 
 def show_requests(run: Timeline, lang: str) -> None:

@@ -98,6 +98,10 @@ def test_live_page_names_a_bad_endpoint_and_stays_up():
     at.checkbox(key="live:bind").check()
     button(at, "Connect").click().run()
     assert any("Bind needs a local address" in e.value for e in at.error)
+    at.checkbox(key="live:bind").uncheck()
+    button(at, "Connect").click().run()
+    assert any("may watch only" in e.value and "PAGED_KV_LAB_WATCH_HOSTS" in e.value and "10.1.2.3" in e.value
+               for e in at.error), "a shared server connects only to allowed hosts"
     at.text_input(key="live:ids").set_value("1, two, 3")
     button(at, "Check").click().run()
     assert any("Token ids must be integers" in e.value for e in at.error)
@@ -129,3 +133,15 @@ def test_tree_and_longest_prefixes_follow_the_hash_chains_and_never_pass_markup(
     assert len(trace.ids) == len(entries) + 1 and not any("<" in x for x in trace.labels + trace.hovertext)
     rows = live_page.longest_prefixes(entries, None)
     assert rows[0]["blocks"] == 4 and rows[0]["tokens"] == 64 and len(rows) == 4
+
+
+def test_watch_hosts_are_loopback_unless_the_server_allows_more(monkeypatch):
+    from lesson.live_page import check_endpoints
+    monkeypatch.delenv("PAGED_KV_LAB_WATCH_HOSTS", raising=False)
+    assert check_endpoints("tcp://127.0.0.1:5557", "tcp://[::1]:5558", False, "en") is None
+    assert "may watch only" in check_endpoints("tcp://127.0.0.1:5557", "tcp://vllm-a:5558", False, "en")
+    monkeypatch.setenv("PAGED_KV_LAB_WATCH_HOSTS", "vllm-a, 10.0.0.5")
+    assert check_endpoints("tcp://10.0.0.5:5557", "tcp://vllm-a:5558", False, "en") is None
+    assert "vllm-b" in check_endpoints("tcp://vllm-b:5557", "", False, "zh")
+    monkeypatch.setenv("PAGED_KV_LAB_WATCH_HOSTS", "*")
+    assert check_endpoints("tcp://vllm-b:5557", "", False, "en") is None
