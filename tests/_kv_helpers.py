@@ -14,6 +14,8 @@ from kvcore.kv.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCa
 from kvcore.kv.kv_cache_manager import KVCacheManager
 from kvcore.scenario import EngineSettings, RequestSpec, Scenario
 from kvcore.sched.request import Request, RequestStatus
+from kvcore.kv.block_pool import BlockRemoved, BlockStored
+from kvcore.kv_events import maybe_convert_block_hash
 
 # Group kinds, turned into vLLM-shaped KVCacheGroupSpecs once the block size is known.
 FULL = ("full",)
@@ -120,3 +122,19 @@ def events_of(records, kind: str, request_id: Optional[str] = None) -> list:
 
 def table(engine: Engine, rid: str, group: int = 0) -> list[int]:
     return engine.kv_cache_manager.get_block_ids(rid)[group]
+
+
+def ext(h):
+    return maybe_convert_block_hash(h)          # a hash as the KV events carry it (uint64)
+
+
+def stored(hashes, parent, token_ids, block_size, group=0, kind=None):
+    """BlockStored as vLLM fills it: medium GPU, one extra-keys entry per hash; ``kind`` is
+    stamped by the KVCacheManager, not the pool."""
+    return BlockStored(block_hashes=[ext(h) for h in hashes], parent_block_hash=None if parent is None else ext(parent),
+                       token_ids=token_ids, block_size=block_size, lora_id=None, medium="GPU", lora_name=None,
+                       extra_keys=[None] * len(hashes) or None, group_idx=group, kv_cache_spec_kind=kind)
+
+
+def removed(h, group=0):
+    return BlockRemoved(block_hashes=[ext(h)], medium="GPU", group_idx=group)

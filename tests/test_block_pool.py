@@ -7,24 +7,8 @@ from kvcore.kv.block_pool import (AllBlocksCleared, BlockHashToBlockMap, BlockPo
                                   BlockStored)
 from kvcore.kv.free_queue import KVCacheBlock
 
-from _kv_helpers import ids, make_manager, make_request, queue_ids, vllm_chain
-from kvcore.kv_events import maybe_convert_block_hash
+from _kv_helpers import ids, make_manager, make_request, queue_ids, vllm_chain, ext, removed, stored
 
-
-def ext(h):
-    return maybe_convert_block_hash(h)          # a hash as the KV events carry it (uint64)
-
-
-def stored(hashes, parent, token_ids, block_size, group=0, kind=None):
-    """BlockStored as vLLM fills it: medium GPU, one extra-keys entry per hash; ``kind`` is
-    stamped by the KVCacheManager, not the pool."""
-    return BlockStored(block_hashes=[ext(h) for h in hashes], parent_block_hash=None if parent is None else ext(parent),
-                       token_ids=token_ids, block_size=block_size, lora_id=None, medium="GPU", lora_name=None,
-                       extra_keys=[None] * len(hashes) or None, group_idx=group, kv_cache_spec_kind=kind)
-
-
-def removed(h, group=0):
-    return BlockRemoved(block_hashes=[ext(h)], medium="GPU", group_idx=group)
 
 
 def pool(n=8, caching=True, free_order="v0.33", recorder=None, block_size=2):

@@ -8,24 +8,8 @@ from kvcore.kv.block_pool import AllBlocksCleared, BlockRemoved, BlockStored
 from kvcore.sched.request import RequestStatus
 from kvcore.stats import CachingMetrics, PrefixCacheStats
 
-from _kv_helpers import admit, hybrid, ids, make_manager, make_request, queue_ids
-from kvcore.kv_events import maybe_convert_block_hash
+from _kv_helpers import admit, hybrid, ids, make_manager, make_request, queue_ids, ext, removed, stored
 
-
-def ext(h):
-    return maybe_convert_block_hash(h)          # a hash as the KV events carry it (uint64)
-
-
-def stored(hashes, parent, token_ids, block_size, group=0, kind=None):
-    """BlockStored as vLLM fills it: medium GPU, one extra-keys entry per hash; ``kind`` is
-    stamped by the KVCacheManager, not the pool."""
-    return BlockStored(block_hashes=[ext(h) for h in hashes], parent_block_hash=None if parent is None else ext(parent),
-                       token_ids=token_ids, block_size=block_size, lora_id=None, medium="GPU", lora_name=None,
-                       extra_keys=[None] * len(hashes) or None, group_idx=group, kv_cache_spec_kind=kind)
-
-
-def removed(h, group=0):
-    return BlockRemoved(block_hashes=[ext(h)], medium="GPU", group_idx=group)
 
 COMMON = list(range(12))            # three full blocks of 4
 
