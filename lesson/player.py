@@ -5,8 +5,12 @@ The browser holds the recorded steps and steps them itself (player/assets/player
 streams it only the steps it does not have yet, tells it where to hold for a quiz question and
 where to jump (a link's step, a quiz answer), and hears back three state values:
 ``cursor`` (where the learner is, debounced), ``want`` (Step at the frontier: compute up to here)
-and ``have`` (the browser lost its copy: send again from here). Invariant kept by
-``PlayerSession``: ``sent`` is the number of steps of ``token``'s run the browser has been sent.
+and ``have`` (the browser lost its copy: send again from here); ``cursor`` and ``want`` also carry
+``n``, the number of steps the browser holds. Invariant kept by ``PlayerSession``: ``acked`` is the
+number of steps of ``token``'s run the browser said it holds (-1: not even the head), and every
+render sends the head (while ``acked`` < 0) and all steps from ``acked`` on. Streamlit hands the
+component only the latest render's data, so a render that says "the same as before, plus step k"
+may never be seen; sending from what the browser confirmed makes each render complete by itself.
 """
 from __future__ import annotations
 
@@ -30,31 +34,34 @@ from .runtime import Timeline
 from .state import PageState
 
 
-def _served_assets() -> bool:
-    """Declare player/assets as the component's asset_dir, once per server process, so the browser
-    loads player.js / player.css by URL (cached) instead of receiving them inline on every rerun.
-    Streamlit 1.67 finds asset_dir only in the pyproject.toml of an installed package, which an
-    editable install of this repo does not expose; its component manager takes the same manifest
-    directly. Without a running server (AppTest, bare mode) each call gets a fresh manager, so the
-    assets go inline there."""
+COMPONENT = "paged_kv_lab.player"
+_PLAYERS: dict[int, Any] = {}     # id(component manager) -> the mounted component's callable
+
+
+def player_component():
+    """The player component. Under a running server, player/assets is declared as the component's
+    asset_dir (once per server process), so the browser loads player.js / player.css by URL, cached,
+    instead of receiving them inline in every rerun. Streamlit 1.67 finds asset_dir only in the
+    pyproject.toml of an installed package, which this repo's editable install does not expose; its
+    component manager takes the same manifest directly. Without a running server (bare mode) each
+    call gets a fresh manager, so the assets go inline there."""
+    from streamlit.components.v2.get_bidi_component_manager import get_bidi_component_manager
     from streamlit.runtime import Runtime
     if not Runtime.exists():
-        return False
-    from streamlit.components.v2.get_bidi_component_manager import get_bidi_component_manager
-    from streamlit.components.v2.manifest_scanner import ComponentConfig, ComponentManifest
+        return st.components.v2.component(COMPONENT, html=asset("player.html"), css=asset("player.css"),
+                                          js=asset("player.js"))
     manager = get_bidi_component_manager()
-    if manager.get_component_asset_root(COMPONENT) is None:
+    component = _PLAYERS.get(id(manager))
+    if component is None or manager.get_component_asset_root(COMPONENT) is None:
+        from streamlit.components.v2.manifest_scanner import ComponentConfig, ComponentManifest
         manager.register_from_manifest(
             ComponentManifest(name="paged_kv_lab", version="1", components=[ComponentConfig("player", "assets")]),
             Path(player_pkg.__file__).resolve().parent)
-    return manager.get_component_asset_root(COMPONENT) is not None
+        component = _PLAYERS[id(manager)] = st.components.v2.component(
+            COMPONENT, html=asset("player.html"), css="player.css", js="player.js")
+    return component
 
 
-COMPONENT = "paged_kv_lab.player"
-PLAYER = (st.components.v2.component(COMPONENT, html=asset("player.html"), css="player.css", js="player.js")
-          if _served_assets() else
-          st.components.v2.component(COMPONENT, html=asset("player.html"), css=asset("player.css"),
-                                     js=asset("player.js")))
 UNTIL_KINDS = ("cache_hit", "evicted", "preempted", "window_skipped", "allocated", "finished")
 STREAM_SECONDS = 0.5      # how often a page polls while its run is still being recorded
 _seq = itertools.count(1)
@@ -67,12 +74,12 @@ class PlayerSession:
     decoded: bool = False
     token: str = ""                     # the browser's name for that run
     encoder: RunEncoder | None = None
-    sent: int = 0
-    head_due: bool = True
+    acked: int = -1
     goto: dict | None = None            # {"seq", "step"}: the last jump Python asked for
     answered: set[int] = field(default_factory=set)   # steps whose quiz question was answered
     last_have: Any = None
     last_cursor: Any = None             # the last cursor report applied (a stale one is not applied again)
+    last_want: Any = None
 
 
 def session(key: str) -> PlayerSession:
@@ -160,21 +167,25 @@ def player_panel(state: PageState, key: str, lang: str, *, decode=None,
         ps.run, ps.lang, ps.token, ps.decoded = run, lang, uuid.uuid4().hex[:12], decode is not None
         ps.encoder = shared_encoder(run, lang, key, decode=decode, narrate=narrate, request_ids=request_ids,
                                     meta=player_meta(intro, outro, focus))
-        ps.sent, ps.head_due, ps.answered = 0, True, set()
+        ps.acked, ps.answered = -1, set()
         ps.goto = {"seq": next(_seq), "step": run.cursor}
     got = _component_state(key)
+    encoded = len(ps.encoder.steps)
+    cursor = got.get("cursor")
+    if isinstance(cursor, dict) and cursor.get("run") == ps.token and cursor != ps.last_cursor:
+        ps.last_cursor = cursor
+        ps.acked = max(ps.acked, min(_int(cursor.get("n"), -1), encoded))
+        if ps.goto is None:
+            run.cursor = max(run.first, min(_int(cursor.get("step"), run.cursor), len(run.records)))
+    want = got.get("want")
+    if isinstance(want, dict) and want.get("run") == ps.token and want != ps.last_want:
+        ps.last_want = want
+        ps.acked = max(ps.acked, min(_int(want.get("n"), -1), encoded))
+        record_upto(run, min(_int(want.get("step")), len(run.records) + 1))
     have = got.get("have")
     if isinstance(have, dict) and have.get("run") == ps.token and have != ps.last_have:
         ps.last_have = have
-        ps.sent = max(0, min(_int(have.get("n"), -1), ps.sent))
-        ps.head_due = True
-    cursor = got.get("cursor")
-    if isinstance(cursor, dict) and cursor.get("run") == ps.token and cursor != ps.last_cursor and ps.goto is None:
-        ps.last_cursor = cursor
-        run.cursor = max(run.first, min(_int(cursor.get("step"), run.cursor), len(run.records)))
-    want = got.get("want")
-    if isinstance(want, dict) and want.get("run") == ps.token:
-        record_upto(run, min(_int(want.get("step")), len(run.records) + 1))
+        ps.acked = min(_int(have.get("n"), -1), encoded)    # the browser lost its copy (or part of it)
     if ps.goto is not None:
         record_upto(run, ps.goto["step"])
         run.cursor = max(run.first, min(ps.goto["step"], len(run.records)))
@@ -192,12 +203,13 @@ def player_panel(state: PageState, key: str, lang: str, *, decode=None,
 
     done = recorded_done(run)
     steps = ps.encoder.extend(run.records)
-    data = {"run": ps.token, "base": ps.sent, "head": ps.encoder.head if ps.head_due else None,
-            "steps": steps[ps.sent:], "done": done and len(steps) + run.first == len(run.records), "hold_at": hold_at,
+    base = max(ps.acked, 0)
+    data = {"run": ps.token, "base": base, "head": ps.encoder.head if ps.acked < 0 else None,
+            "steps": steps[base:], "done": done and len(steps) + run.first == len(run.records), "hold_at": hold_at,
             "goto": ps.goto, "url_step": url_step}
-    PLAYER(key=f"pkv:{key}", data=data, default={"cursor": None, "want": None, "have": None},
+    player_component()(key=f"pkv:{key}", data=data, default={"cursor": None, "want": None, "have": None},
            on_cursor_change=_noop, on_want_change=_noop, on_have_change=_noop, height="content")
-    ps.sent, ps.head_due, ps.goto = len(steps), False, None
+    ps.goto = None
     quiz_box(state, key, lang)
 
 

@@ -163,6 +163,8 @@ class Player {
     if (!this.component || !this.component.setStateValue) return;
     if (name === "have") value = { ...value, ask: ++this.asks };   // asking again must be a new value
     const key = JSON.stringify(value);
+    // A report also says how many steps this browser holds: Python then sends only what is beyond.
+    if (name !== "have" && this.run) value = { ...value, n: this.n };
     if (this.reported[name] === key) return;
     const send = () => {
       this.reported[name] = key;
