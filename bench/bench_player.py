@@ -145,21 +145,25 @@ def bench_browser(url: str, server_pid: int, clicks: int) -> dict:
         page.wait_for_timeout(2000)
         out["server CPU over 100 clicks (s)"] = cpu_seconds(server_pid) - c0
         print(f"server CPU over 100 recorded-step clicks: {out['server CPU over 100 clicks (s)']:.2f} s", flush=True)
-        firsts = []
-        for lesson_path in ("blocks", "prefix_caching", "eviction"):
+        firsts, seen = [], []
+        for lesson_path in ("blocks", "prefix_caching", "eviction", "preemption", "sliding_window"):
             p2 = b.new_page(viewport={"width": 1500, "height": 1900})
             t0 = time.perf_counter()
             p2.goto(f"{url}/{lesson_path}")
             try:
                 p2.wait_for_selector(".pkv-grid .pkv-block", timeout=120_000)
-                firsts.append(time.perf_counter() - t0)
+                seen.append(time.perf_counter() - t0)
+                # the page's own clock: navigation start -> the player's first draw
+                firsts.append(int(p2.locator(".pkv").get_attribute("data-first-draw")) / 1000)
             except Exception:   # reported, not raised
                 print(f"| first picture of /{lesson_path}: nothing drawn within 120 s |", flush=True)
             p2.close()
         out["first picture (s)"] = firsts
         if firsts:
-            print(f"| a lesson's first picture, model loaded (s) | {pct(firsts, .5):.2f} | {max(firsts):.2f} | "
-                  f"{len(firsts)} |", flush=True)
+            print(f"| a lesson's first picture, model loaded: navigation -> first draw, page clock (s) | "
+                  f"{pct(firsts, .5):.2f} | {max(firsts):.2f} | {len(firsts)} |", flush=True)
+            print(f"| the same, as the bench's selector wait sees it (s) | {pct(seen, .5):.2f} | {max(seen):.2f} | "
+                  f"{len(seen)} |", flush=True)
         # Step at the frontier: a playground run no one has recorded (a unique prompt)
         from lesson.state import _encode_base
         scn = {"name": "frontier", "engine": {"block_size": 8, "num_gpu_blocks": 64},

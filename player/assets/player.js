@@ -354,6 +354,8 @@ class Player {
     const L = this.L, snap = this.run.snaps[this.cursor];
     const st = this.cursor ? this.run.steps[this.cursor - 1] : (this.run.head.step0 || null);
     this.box.dataset.step = String(this.cursor + this.first);
+    // When the first picture was drawn, in ms since the page's navigation began (read by the bench).
+    if (!this.box.dataset.firstDraw && typeof performance !== "undefined") this.box.dataset.firstDraw = String(Math.round(performance.now()));
     this.box.dataset.total = String(this.n + this.first);
     this.box.dataset.done = String(this.run.done);
     const tl = this.q("timeline");
