@@ -1,0 +1,71 @@
+"""A real browser (Debian's chromium) and the "Why?" panel under the step player: select a request
+and see why its cache hit stopped where it did; select a block and see its story; both languages.
+The sentences shown must equal kvcore.explain on an independent engine run to the same step."""
+import pytest
+
+from tests.test_browser import browser, open_player, server, wait_idle, wait_step  # noqa: F401
+
+pytestmark = pytest.mark.browser
+
+
+def recorded_until_hit():
+    """The prefix lesson on the tiny model, stepped by an independent engine to B's first hit."""
+    from kvcore.engine import Engine
+    from kvcore.explain import RecordedSteps
+    from kvcore.model import load_model
+    from lesson.lessons import BY_ID
+    from lesson.runtime import lesson_scenario
+    model = load_model("tiny-random", "cpu")
+    scenario = lesson_scenario(BY_ID["prefix"], model.num_layers, model=model.name, device="cpu")
+    engine = Engine(scenario, model=model)
+    initial, records = engine.snapshot(), []
+    while engine.has_unfinished():
+        records.append(engine.step())
+        if any(e.kind == "cache_hit" for e in records[-1].events):
+            break
+    hit = next(e for e in records[-1].events if e.kind == "cache_hit")
+    return RecordedSteps(initial, tuple(records), scenario.engine, model.decode), hit.request_id
+
+
+def choose(page, label, option):
+    box = page.locator("[data-testid=stSelectbox]").filter(has_text=label).first
+    box.click()
+    page.get_by_role("option", name=option, exact=True).first.click()
+    wait_idle(page)
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_select_a_request_and_a_block_and_the_page_says_why(server, browser, lang):
+    from kvcore.explain import explain_hit
+    from kvcore.explain_blocks import life_of_block
+    from kvcore.explain_text import hit_sentences, life_sentences
+    from lesson.why_panel import WORDS
+    steps, rid = recorded_until_hit()
+    n = len(steps.records)
+    page = browser.new_page(viewport={"width": 1500, "height": 2400})
+    open_player(page, f"{server}/prefix_caching?lang={lang}")
+    for _ in range(n):
+        page.keyboard.press("ArrowRight")
+    wait_step(page, n)
+    # the page hears the player's cursor (debounced); the panel explains only the steps shown so far
+    page.wait_for_function(f"() => location.search.includes('step={n}')", timeout=15_000)
+    wait_idle(page)
+    word = {k: (v[1] if lang == "zh" else v[0]) for k, v in WORDS.items()}
+    page.get_by_text(word["title"]).first.click()          # the "Why?" toggle
+    wait_idle(page)
+    choose(page, word["pick_request"], rid)
+    body = page.inner_text("body")
+    explained = explain_hit(steps, rid)
+    assert explained and rid in hit_sentences(explained[0], lang)[0]
+    for x in explained:
+        for line in hit_sentences(x, lang)[:-1]:
+            assert line.replace("`", "").replace("*", "")[:40] in body.replace("`", "").replace("*", ""), line
+    # the life of a block that B hit
+    hit_block = next(e for e in steps.records[-1].events if e.kind == "cache_hit").block_ids[0]
+    page.get_by_text(word["block"], exact=True).first.click()
+    wait_idle(page)
+    choose(page, word["pick_block"], str(hit_block))
+    body = page.inner_text("body").replace("`", "").replace("*", "")
+    story = life_sentences(life_of_block(steps, hit_block), lang)
+    assert story and all(s.replace("`", "").replace("*", "")[:40] in body for s in story[:3]), story[:3]
+    page.close()
