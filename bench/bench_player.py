@@ -5,7 +5,9 @@
 
 A real server (streamlit run app.py on 127.0.0.1, an OS-chosen port) and Debian's chromium
 through Playwright:
-- first picture: a new tab opens a lesson (model already loaded) until the player has drawn;
+- first picture: a new tab opens a lesson (model already loaded) until the player has drawn, read
+  on the page's own clock (navigation start -> the player's first draw, ``data-first-draw``) and as
+  the bench's selector wait sees it (that adds Playwright's polling and the bench's own CPU share);
 - recorded step: Step / Back / timeline clicks on recorded steps, click -> painted (the click is
   dispatched in the page, painted = two animation frames after it; no server round-trip);
 - Step at the frontier: on a fresh playground run, Step when the next step is not recorded yet;
@@ -13,7 +15,8 @@ through Playwright:
   120 ms, then 2 s for the debounced cursor reports).
 A class: N websocket clients (the browser's own protocol: BackMsg / ForwardMsg protobufs on
 /_stcore/stream, no browser), each opening a lesson and then reporting 10 cursor moves the way
-player.js does (the component's state as a widget value, one fragment rerun each); the time from
+player.js does (the component's state as a widget value with the count of steps held, one fragment
+rerun each; the client first polls the page until its run is recorded, as the page does); the time from
 a report to the server's script_finished, p50 / p90, errors, and each session's own run token.
 Prints markdown; the load average is printed with it.
 """
@@ -234,7 +237,7 @@ async def one_session(url: str, page_name: str, moves: int, results: list, error
         await ws.send(msg.SerializeToString())
         found = None
         while True:
-            raw = await asyncio.wait_for(ws.recv(), timeout=120)
+            raw = await asyncio.wait_for(ws.recv(), timeout=30)
             fm = ForwardMsg()
             fm.ParseFromString(raw)
             kind = fm.WhichOneof("type")
@@ -258,14 +261,22 @@ async def one_session(url: str, page_name: str, moves: int, results: list, error
                 errors.append("no player on the page")
                 return
             wid, data, fragment_id = found
+            while not data["done"] and len(data["steps"]) < 400:   # the run streams in, as the page polls it
+                await asyncio.sleep(0.5)
+                _, found = await rerun(ws)
+                if found:
+                    wid, more, fragment_id = found
+                    data = {**more, "steps": data["steps"][:more["base"]] + more["steps"]}
             tokens.append(data["run"])
             from streamlit.proto.WidgetStates_pb2 import WidgetStates
             for k in range(1, moves + 1):
                 ws_state = WidgetStates()
                 w = ws_state.widgets.add()
                 w.id = wid
-                w.json_value = json.dumps({"cursor": {"run": data["run"], "step": k % 6}})
-                dt, _ = await rerun(ws, ws_state, fragment_id)
+                w.json_value = json.dumps({"cursor": {"run": data["run"], "step": k % 6, "n": len(data["steps"])}})
+                dt, again = await rerun(ws, ws_state, fragment_id)
+                if again:   # a full rerun (the run's end) mounts the fragment anew: the browser follows its id
+                    wid, fragment_id = again[0], again[2]
                 results.append(dt)
                 await asyncio.sleep(0.3)
     except Exception as e:  # counted, not raised: the bench reports errors
