@@ -29,6 +29,7 @@ from .state import PageState, get_state, init_globals_from_url, locked, open_run
 from .player import STREAM_SECONDS, export_html, player_panel, recorded_done, stop_polling_when_done
 from .view import current_lang, current_model, decoder
 from .widgets import apply_scenario_text
+from .why_panel import why_panel
 
 PAGE_FILE = "pages/8_trace_viewer.py"
 KEY = "trace"                    # widget keys end in ":trace", as a lesson's end in ":<lesson id>"
@@ -172,6 +173,7 @@ def trace_stage(state: TraceState, lang: str, decode, polling: bool = False) -> 
     run = state.run
     player_panel(state, KEY, lang, decode=decode, focus=FOCUS, request_ids=request_ids(run))
     P.show_requests(run, lang)
+    why_panel(run, lang, KEY, decode)
     stop_polling_when_done(run, polling)
 
 

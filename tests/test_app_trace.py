@@ -196,3 +196,21 @@ def test_example_trace_then_open_its_scenario_in_the_playground(engine_records):
     assert run.scenario.name == "eviction" and [r.id for r in run.scenario.requests] == ["A", "B", "C"]
     assert run.scenario.engine == load_scenario(EVICTION).engine
     assert any("Loaded scenario “eviction”" in s.value for s in at.success)
+
+
+def test_why_panel_on_the_trace_viewer_explains_the_steps_shown(engine_records):
+    """A trace is a recorded run: the Why? panel answers on it, up to the player's cursor."""
+    from kvcore.explain import RecordedSteps, explain_hit
+    from kvcore.explain_text import hit_sentences
+    at = trace_app()
+    at.button(key="example:trace").click().run()
+    b = Browser(at, "trace").show(len(engine_records[1]))
+    at.toggle(key="why_open:trace").set_value(True).run()
+    assert not at.exception, [e.value for e in at.exception]
+    at.selectbox(key="why_req:trace").set_value("C").run()
+    assert not at.exception, [e.value for e in at.exception]
+    steps = RecordedSteps(engine_records[0], tuple(engine_records[1]), load_scenario(EVICTION).engine, None)
+    expected = hit_sentences(explain_hit(steps, "C")[0], "en")[0]
+    text = " ".join(m.value for m in at.markdown).replace("\\", "")
+    assert expected[:30] in text, (expected, text[:500])
+    assert b.done
