@@ -25,6 +25,8 @@ from kvcore.budget import Limits, app_limits, check_scenario, check_steps
 from kvcore.scenario import Scenario, load_scenario, scenario_to_dict
 from kvcore.snapshot import Snapshot, StepRecord
 
+from .decoder import decoder_for
+
 ENGINE_LOCK = threading.Lock()   # one forward at a time per process: the weights are shared, the box has 2 cores
 
 ENV_STORE_BYTES = "PAGED_KV_LAB_RUN_STORE_BYTES"
@@ -62,51 +64,6 @@ def estimate_nbytes(obj: Any, _seen: Optional[set] = None) -> int:
         elif hasattr(o, "__dict__"):
             stack.append(vars(o))
     return total
-
-
-class Decoder:
-    """Token ids -> text through a model's tokenizer, remembered in a bounded LRU shared by all
-    sessions. Invariant: at most ``max_entries`` entries; the map is only touched under the lock."""
-
-    def __init__(self, decode: Callable[[list[int]], str], max_entries: int = 20_000) -> None:
-        self._decode = decode
-        self._cache: OrderedDict[tuple[int, ...], str] = OrderedDict()
-        self._lock = threading.Lock()
-        self.max_entries = max_entries
-
-    def __call__(self, ids) -> str:
-        key = tuple(int(i) for i in ids)
-        with self._lock:
-            text = self._cache.get(key)
-            if text is not None:
-                self._cache.move_to_end(key)
-                return text
-        text = self._decode(list(key))
-        with self._lock:
-            self._cache[key] = text
-            while len(self._cache) > self.max_entries:
-                self._cache.popitem(last=False)
-        return text
-
-    def __len__(self) -> int:
-        return len(self._cache)
-
-
-_DECODERS: dict[int, tuple[Any, Decoder]] = {}   # id(model) -> (weak ref to the model, its Decoder)
-_DECODERS_LOCK = threading.Lock()
-
-
-def decoder_for(model) -> Optional[Decoder]:
-    """The shared Decoder of a loaded model (None without a model)."""
-    if model is None or getattr(model, "tokenizer", None) is None:
-        return None
-    with _DECODERS_LOCK:
-        entry = _DECODERS.get(id(model))
-        if entry is None or entry[0]() is not model:
-            for k in [k for k, (ref, _) in _DECODERS.items() if ref() is None]:
-                del _DECODERS[k]          # models that are gone
-            entry = _DECODERS[id(model)] = (weakref.ref(model), Decoder(model.decode))
-        return entry[1]
 
 
 def run_key(model_key: Any, scenario: Scenario) -> str:

@@ -34,7 +34,7 @@ def current_model() -> ModelState:
 
 def decoder(model):
     """The model's shared decoder: a bounded, thread-safe cache of token ids -> text (lesson/runs.py)."""
-    from .runs import decoder_for
+    from .decoder import decoder_for
     return decoder_for(model)
 
 
