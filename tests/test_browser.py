@@ -1,5 +1,6 @@
 """A real browser (Debian's chromium, driven by Playwright) and the step player: keys, buttons, the
 timeline, hover, the quiz hold, the static export offline, and a hostile prompt shown as text."""
+import contextlib
 import os
 import shutil
 import signal
@@ -31,10 +32,12 @@ def model_for_browser() -> str:
     return MODEL if MODEL != "smollm2" or smollm2_available() else "tiny-random"
 
 
-@pytest.fixture(scope="module")
-def server():
+@contextlib.contextmanager
+def streamlit_server(model: str):
+    """``streamlit run app.py`` on 127.0.0.1 and a free port, in its own process group; yields
+    (url, process) once /_stcore/health answers, and stops the whole group afterwards."""
     port = free_port()
-    env = {**os.environ, "PAGED_KV_LAB_MODEL": model_for_browser(), "PAGED_KV_LAB_DEVICE": "cpu"}
+    env = {**os.environ, "PAGED_KV_LAB_MODEL": model, "PAGED_KV_LAB_DEVICE": "cpu"}
     # the server's log goes to a file: an undrained pipe fills up and then blocks the server
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen(
@@ -57,13 +60,19 @@ def server():
                 out = log.read().decode(errors="replace")
                 pytest.fail(f"streamlit did not become healthy: {out[-2000:]}")
             time.sleep(0.3)
-        yield url
+        yield url, proc
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def server():
+    with streamlit_server(model_for_browser()) as (url, _):
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -6,22 +6,16 @@ stays healthy, its memory stays under RSS_BOUND and a victim session keeps stepp
 """
 import base64
 import json
-import os
 import re
-import signal
 import statistics
-import subprocess
-import sys
 import time
 import urllib.request
 import zlib
-from pathlib import Path
 
 import pytest
 
-from tests.test_browser import ARGS, CHROMIUM, free_port, wait_idle
+from tests.test_browser import browser, streamlit_server, wait_idle  # noqa: F401
 
-ROOT = Path(__file__).resolve().parents[1]
 RSS_BOUND = 1_500 * 10**6        # the server with the tiny model loaded uses ~0.5 GB
 CASE_SECONDS = 60                # no case may take longer than this
 
@@ -43,43 +37,8 @@ def healthy(url: str) -> bool:
 
 @pytest.fixture(scope="module")
 def server():
-    port = free_port()
-    env = {**os.environ, "PAGED_KV_LAB_MODEL": "tiny-random", "PAGED_KV_LAB_DEVICE": "cpu"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
-         "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false",
-         "--server.fileWatcherType", "none"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 90
-        while True:
-            try:
-                if healthy(url):
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                pytest.fail("streamlit did not become healthy")
-            time.sleep(0.3)
+    with streamlit_server("tiny-random") as (url, proc):
         yield url, proc
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} not installed")
-    from playwright.sync_api import sync_playwright
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 def pack(d) -> str:
