@@ -10,8 +10,10 @@ its own cursor, as a Streamlit script thread would be) does one long action:
   prefill      a large prefill: 4 prompts of 250 tokens in one step (max_num_batched_tokens 2048)
 
 Reported: the victim's p50 / p90 Step latency alone and during each action, and the ratio.
+``--think S`` makes the victim pause S seconds between Steps, as a person reading the step does
+(the default 0 clicks back to back); during the pause the long work gets the engine.
 
-    .venv/bin/python bench/bench_fairness.py [--model smollm2|tiny-random] [--steps 12]
+    .venv/bin/python bench/bench_fairness.py [--model smollm2|tiny-random] [--steps 12] [--think 0.3]
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=os.environ.get("PAGED_KV_LAB_MODEL", "smollm2"))
     ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--think", type=float, default=0.0, help="seconds the victim waits between Steps")
     args = ap.parse_args()
     from kvcore.model import load_model
     model = load_model(args.model, "cpu")
@@ -67,6 +70,8 @@ def main() -> None:
         cursor = Timeline(store.run(sc, factory, key, model), ahead=False)
         out = []
         for _ in range(args.steps):
+            if args.think:
+                time.sleep(args.think)
             t0 = time.perf_counter()
             rec = cursor.forward()
             out.append(time.perf_counter() - t0)   # a timed-out Step (None) counts with its wait
@@ -95,7 +100,7 @@ def main() -> None:
     victim_latencies()  # warm-up
     base = victim_latencies()
     print(f"model {model.name}, load average {os.getloadavg()[0]:.2f}; victim = lesson 'prefix', "
-          f"{len(base)} Steps at the frontier per measurement")
+          f"{len(base)} Steps at the frontier per measurement, {args.think:g} s between them")
     print(f"{'action elsewhere':<12} {'p50 ms':>8} {'p90 ms':>8} {'p50 / alone':>12}")
     b50 = statistics.median(base)
     print(f"{'(alone)':<12} {b50 * 1e3:8.0f} {pct(base, 0.9) * 1e3:8.0f} {1.0:12.2f}")

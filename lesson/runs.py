@@ -34,6 +34,8 @@ ENV_STORE_HARD_BYTES = "PAGED_KV_LAB_RUN_STORE_HARD_BYTES"
 DEFAULT_STORE_BYTES = 512 * 10**6
 ENV_BACKGROUND_PAUSE = "PAGED_KV_LAB_BACKGROUND_PAUSE"
 DEFAULT_BACKGROUND_PAUSE = 1.0      # computing ahead takes at most half of the time (and of the GIL)
+ENV_BACKGROUND_MAX_WAIT = "PAGED_KV_LAB_BACKGROUND_MAX_WAIT"
+DEFAULT_BACKGROUND_MAX_WAIT = 2.0   # clicks never starve long work for longer than this
 
 EngineFactory = Callable[[Scenario], Any]
 
@@ -171,14 +173,25 @@ class RunStore:
     recently used runs no session holds are forgotten; above ``hard_bytes`` held runs go too (their
     sessions keep what was recorded and are told why no more steps come). The worker holds the
     engine lock for one step at a time and visits runs with work in turn.
+
+    Two classes of work: a step some session is blocked on at its frontier (a click: "urgent") and
+    everything else (steps computed ahead, Run to end, a far step, Play). Urgent steps go first,
+    round-robin among themselves. Other work starts only after an idle gap of ``background_pause``
+    times the last step's duration with nobody waiting -- a session that just got its step usually
+    clicks again within that gap, and its next step must not queue behind work ahead -- except that
+    once other work has waited ``background_max_wait`` seconds it gets one step even under clicks,
+    so it is slowed but never starved.
     """
 
     def __init__(self, max_bytes: Optional[int] = None, hard_bytes: Optional[int] = None,
                  max_steps: Optional[int] = None, lock: Optional[threading.Lock] = None,
-                 limits: Optional[Limits] = None, background_pause: Optional[float] = None) -> None:
+                 limits: Optional[Limits] = None, background_pause: Optional[float] = None,
+                 background_max_wait: Optional[float] = None) -> None:
         env = os.environ
         if background_pause is None:
             background_pause = float(env.get(ENV_BACKGROUND_PAUSE, DEFAULT_BACKGROUND_PAUSE))
+        if background_max_wait is None:
+            background_max_wait = float(env.get(ENV_BACKGROUND_MAX_WAIT, DEFAULT_BACKGROUND_MAX_WAIT))
         self.max_bytes = int(max_bytes if max_bytes is not None else env.get(ENV_STORE_BYTES, DEFAULT_STORE_BYTES))
         self.hard_bytes = int(hard_bytes if hard_bytes is not None else
                               env.get(ENV_STORE_HARD_BYTES, 2 * self.max_bytes))
@@ -191,7 +204,11 @@ class RunStore:
         self.total_bytes = 0
         self.steps_computed = 0
         self.step_log: list[str] = []   # keys of the last steps computed (tests read the interleaving)
-        self.background_pause = background_pause   # idle time after a step nobody waits for, per step time
+        self.background_pause = background_pause   # idle gap before other work, per last step's time
+        self.background_max_wait = background_max_wait
+        self._last_step_end = 0.0       # perf_counter at the end of the last step (any kind)
+        self._last_step_time = 0.0
+        self._background_since: Optional[float] = None   # when other work last got a step (None: none pending)
         self._worker: Optional[threading.Thread] = None
         self._closed = False
 
@@ -321,9 +338,9 @@ class RunStore:
         run._engine_bytes = 0
         self._cond.notify_all()
 
-    def _next_run(self) -> Optional[RecordedRun]:
-        """The next run with wanted steps after the last one served (round-robin), runs that a
-        session is waiting for first."""
+    def _next_run(self, background: bool) -> Optional[RecordedRun]:
+        """The next run to step, round-robin after the last one served: a run some session waits
+        for at its frontier, else (when ``background``) any run with wanted steps."""
         ready = []
         for i, key in enumerate(self._rr):
             run = self._runs[key]
@@ -332,14 +349,26 @@ class RunStore:
             if run.computing and run._engine is not None:
                 ready.append(i)
         if not ready:
+            self._background_since = None
             return None
-        i = next((i for i in ready if self._runs[self._rr[i]]._waiters), ready[0])
+        urgent = [i for i in ready if self._runs[self._rr[i]]._waiters]
+        others = [i for i in ready if not self._runs[self._rr[i]]._waiters]
+        now = time.perf_counter()
+        if not others:
+            self._background_since = None
+        elif self._background_since is None:
+            self._background_since = now
+        starved = bool(others) and now - self._background_since >= self.background_max_wait
+        if urgent and not starved:
+            i = urgent[0]
+        elif others and (background or starved):
+            i = others[0]
+            self._background_since = None           # served: its wait starts again
+        else:
+            return None
         key = self._rr.pop(i)
         self._rr.append(key)                        # served now, so it goes to the back of the line
         return self._runs[key]
-
-    def _anyone_waiting(self) -> bool:
-        return any(r._waiters and r.computing for r in self._runs.values())
 
     # -- the worker ---------------------------------------------------------------------------
     @staticmethod
@@ -349,26 +378,31 @@ class RunStore:
         if take is not None:
             take()
 
+    def _gap_left(self) -> float:
+        """Seconds until other work may start: the idle gap after the last step not yet over."""
+        return self._last_step_end + self.background_pause * self._last_step_time - time.perf_counter()
+
     def _loop(self) -> None:
         while True:
             with self._cond:
-                run = self._next_run()
-                while run is None and not self._closed:
-                    self._cond.wait(timeout=30)
-                    run = self._next_run()
+                while not self._closed:
+                    gap = self._gap_left()
+                    run = self._next_run(background=gap <= 0)
+                    if run is not None:
+                        break
+                    # nothing urgent: sleep out the gap (or until work comes); a waiter wakes us
+                    self._cond.wait(timeout=gap if gap > 0 and self._has_work() else 30)
                 if self._closed:
                     return
                 engine = run._engine
-                waited = run._waiters > 0
             t0 = time.perf_counter()
             self._step(run, engine)
-            if not waited:
-                # Computing ahead is background work: leave the CPU (and the GIL) to sessions'
-                # pages for as long as the step took, unless a session starts waiting for a step.
-                pause = self.background_pause * (time.perf_counter() - t0)
-                with self._cond:
-                    if pause > 0 and not self._anyone_waiting():
-                        self._cond.wait_for(self._anyone_waiting, pause)
+            with self._cond:
+                self._last_step_end = time.perf_counter()
+                self._last_step_time = self._last_step_end - t0
+
+    def _has_work(self) -> bool:
+        return any(r.computing and r._engine is not None for r in self._runs.values())
 
     def _step(self, run: RecordedRun, engine) -> None:
         outputs, error = None, None

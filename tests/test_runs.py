@@ -139,6 +139,33 @@ def test_a_step_a_session_waits_for_goes_before_background_steps(store):
     assert first.count("r2") >= 9 and cursors[2].cursor == 10, first
 
 
+def test_clicks_do_not_queue_behind_work_ahead_which_is_slowed_but_not_starved():
+    """A session clicking Step at its frontier back to back gets its steps without waiting behind
+    other runs' work ahead (the idle gap after each step is its window); the work ahead still gets a
+    step each ``background_max_wait`` seconds."""
+    store = RunStore(max_bytes=10**9, max_steps=400, limits=Limits(), background_pause=1.0,
+                     background_max_wait=0.25)
+    try:
+        log = []
+        ahead = store.run(sc("ahead"), lambda s: FakeEngine(n=300, delay=0.04, log=log, name="ahead"),
+                          model_key="ahead")
+        clicker = store.run(sc("click"), lambda s: FakeEngine(n=300, delay=0.04, log=log, name="click"),
+                            model_key="click")
+        ta, tc = Timeline(ahead), Timeline(clicker, ahead=False)
+        assert ahead.wait(2, 5)
+        log.clear()
+        for _ in range(30):
+            assert tc.forward() is not None
+        names = [n for n, _ in log]
+        behind = sum(1 for a, b in zip(names, names[1:]) if a == "ahead" and b == "click")
+        assert names.count("click") == 30
+        assert behind <= 10, f"{behind} of 30 clicks queued behind a step computed ahead: {names}"
+        assert names.count("ahead") >= 1, "work ahead starved while another session clicked"
+        assert ta
+    finally:
+        store.close()
+
+
 def test_a_long_wait_is_not_urgent(store):
     """Run to end / a far step wait without priority: the other runs keep their turns."""
     log = []
