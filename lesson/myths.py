@@ -1,8 +1,10 @@
 """Myths some articles tell about vLLM's block manager, checked against the live pool."""
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from kvcore.snapshot import Snapshot
 
@@ -87,6 +89,11 @@ def hash_map_summary(snap: Snapshot) -> tuple[int, int, Optional[tuple[str, tupl
     return len(entries), sum(len(v) for v in snap.hash_map.values()), (entries[0] if entries else None)
 
 
+def _ids(blocks) -> str:
+    """Block ids as "3, 5" (no brackets: the page shows the live text inside a markdown directive)."""
+    return ", ".join(str(b) for b in blocks)
+
+
 def myth_sections(snaps: Sequence[Snapshot], lang: str = "en") -> list[tuple[str, str, str]]:
     """(myth, what vLLM does, what the live pool shows now) for each myth."""
     zh = lang == "zh"
@@ -158,17 +165,17 @@ def myth_sections(snaps: Sequence[Snapshot], lang: str = "en") -> list[tuple[str
         "prefix cache. Only cached full blocks can be shared, and a full block is never written again; each "
         "request writes only its own last, partial block, which has no hash, so nobody can hit it and its "
         "ref_cnt stays 1. v1's block manager has no beam-search forking either.",
-        (f"现在 ref_cnt > 1 的块：{list(w.shared) or '无'}（其中没有哈希的：{len(w.shared_unhashed)}）。"
-         f"运行中的请求下一个 token 写入的块：{list(w.written) or '无'}，其中被共享的：{len(w.written_shared)}——"
+        (f"现在 ref_cnt > 1 的块：{_ids(w.shared) or '无'}（其中没有哈希的：{len(w.shared_unhashed)}）。"
+         f"运行中的请求下一个 token 写入的块：{_ids(w.written) or '无'}，其中被共享的：{len(w.written_shared)}——"
          "没有需要复制的块。" if zh else
-         f"Blocks with ref_cnt > 1 now: {list(w.shared) or 'none'} ({len(w.shared_unhashed)} of them without a "
-         f"hash). Blocks the running requests write their next token into: {list(w.written) or 'none'}, "
+         f"Blocks with ref_cnt > 1 now: {_ids(w.shared) or 'none'} ({len(w.shared_unhashed)} of them without a "
+         f"hash). Blocks the running requests write their next token into: {_ids(w.written) or 'none'}, "
          f"{len(w.written_shared)} of them shared — nothing to copy.")))
     n_hash, n_blocks, first = hash_map_summary(snap)
     example = ""
     if first is not None:
-        example = (f"例如 {first[0][:12]}… → 块 {list(first[1])}。" if zh else
-                   f"For example {first[0][:12]}… → blocks {list(first[1])}.")
+        example = (f"例如 {first[0][:12]}… → 块 {_ids(first[1])}。" if zh else
+                   f"For example {first[0][:12]}… → blocks {_ids(first[1])}.")
     out.append((
         "“vLLM 用基数树（Radix Tree）管理前缀哈希与物理块的对应关系，树的每个节点对应一个物理块。”" if zh else
         "“vLLM keeps prefix hashes in a radix tree; each tree node is a physical block.”",
@@ -181,4 +188,28 @@ def myth_sections(snaps: Sequence[Snapshot], lang: str = "en") -> list[tuple[str
         "miss — no tree nodes, no edges, no node splitting.",
         (f"现在这张表有 {n_hash} 个哈希，指向 {n_blocks} 个块。{example}" if zh else
          f"The map holds {n_hash} hashes pointing at {n_blocks} blocks right now. {example}")))
+    return out
+
+
+_SHOWN: "OrderedDict[tuple, list[tuple[str, str, str]]]" = OrderedDict()
+_SHOWN_LOCK = threading.Lock()
+SHOWN_MAX = 512
+
+
+def myth_sections_at(run_key: str, step: int, snaps: Callable[[], Sequence[Snapshot]],
+                     lang: str = "en") -> list[tuple[str, str, str]]:
+    """``myth_sections`` of a recorded run at ``step``, computed once per server process: every
+    session at the same step of the same run (a class on one lesson) shares it, and a run's
+    history is walked once per step, not once per cursor report. Bounded (LRU), thread-safe."""
+    key = (run_key, step, lang)
+    with _SHOWN_LOCK:
+        hit = _SHOWN.get(key)
+        if hit is not None:
+            _SHOWN.move_to_end(key)
+            return hit
+    out = myth_sections(snaps(), lang)
+    with _SHOWN_LOCK:
+        _SHOWN[key] = out
+        while len(_SHOWN) > SHOWN_MAX:
+            _SHOWN.popitem(last=False)
     return out

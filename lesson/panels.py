@@ -1,32 +1,27 @@
-"""The Python-side panels under the player (requests table, charts over steps, memory math, myths,
-questions) and the lesson narration the player is sent, all read at the player's cursor."""
+"""The Python-side panels under the player (memory math, myths, questions), the words and settings
+of the panels the player draws itself (requests table, charts over steps), and the lesson narration
+the player is sent."""
 from __future__ import annotations
 
 import re
+from typing import Sequence
 
-import pandas as pd
 import streamlit as st
 
 from kvcore.snapshot import Snapshot
 
-from . import figures as F
 from .catalog import Lesson, moment_matches, narration_fields, narration_for_step
 from .i18n import pick, tr
 from .how_many_blocks import show_how_many_blocks
 from .memory import DTYPES, blocks_in_budget, bytes_per_block, dims_from_config, formula, human_bytes
-from .myths import myth_sections
+from .myths import myth_sections_at
 from .runtime import Timeline
 
-PLOTLY_CONFIG = {"displayModeBar": False, "scrollZoom": False}
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|>~<$])")
 
 
 def md_escape(s: str) -> str:
     return _MD_SPECIAL.sub(r"\\\1", s).replace("\n", "⏎ ")
-
-
-def chart(fig, key: str) -> None:
-    st.plotly_chart(fig, key=key, config=PLOTLY_CONFIG, width="stretch")
 
 
 def fmt_fields(snap: Snapshot, run) -> dict:
@@ -96,29 +91,20 @@ def narration(lesson: Lesson, run: Timeline, lang: str) -> list[str]:
     return texts
 
 
-def requests_frame(snap: Snapshot, lang: str) -> pd.DataFrame:
-    cols = tr("req_table_cols", lang)
-    rows = [(r.request_id, r.status, r.num_prompt_tokens, r.num_output_tokens, r.num_computed_tokens,
-             r.num_cached_tokens, r.num_preemptions, r.priority) for r in snap.requests]
-    return pd.DataFrame(rows, columns=list(cols))
+# The panels the player draws from its recorded steps, below its own pictures, in this order.
+PLAYER_PANELS = ("requests", "metrics", "budget", "held")
 
 
-def show_charts(run: Timeline, lang: str, colors, key: str) -> None:
-    """Usage, hit rate and queue lengths up to the player's step (a Python chart: it spans steps)."""
-    with st.expander(tr("metrics", lang), expanded=False):
-        chart(F.metrics_over_time(run.snapshots(), lang=lang), f"metrics:{key}")
-
-
-def show_extra_panels(lesson: Lesson, run: Timeline, lang: str, colors, key: str, model) -> None:
-    if "budget" in lesson.panels:
-        st.markdown(f"**{tr('budget', lang)}**")
-        chart(F.token_budget(run.shown_records(), run.scenario.engine.max_num_batched_tokens, colors=colors,
-                             lang=lang), f"budget:{key}")
-    if "held" in lesson.panels:
-        st.markdown(f"**{tr('held', lang)}**")
-        chart(F.blocks_held(run.snapshots(), colors=colors, lang=lang), f"held:{key}")
-    if "memory" in lesson.panels and model is not None:
-        show_memory(run, lang, model, key)
+def player_panels(panels: Sequence[str], run, lang: str) -> dict:
+    """The head's ``meta`` for the player's panels: which to draw (``panels`` filtered to those the
+    player draws), the token budget line, and their words in ``lang`` (over the player's own).
+    ``run`` is anything with the scenario; a trace without its header has no budget."""
+    eng = run.scenario.engine if getattr(run, "scenario", None) is not None else None
+    return {"panels": [p for p in PLAYER_PANELS if p in panels],
+            "budget": eng.max_num_batched_tokens if eng is not None else None,
+            "words": {"requests": tr("requests", lang), "over_time": tr("metrics", lang),
+                      "budget": tr("budget", lang), "held": tr("held", lang),
+                      "req_cols": list(tr("req_table_cols", lang))}}
 
 
 def show_memory(run: Timeline, lang: str, model, key: str) -> None:
@@ -152,17 +138,14 @@ def show_memory(run: Timeline, lang: str, model, key: str) -> None:
         show_how_many_blocks(model, lang, key)
 
 
-def show_requests(run: Timeline, lang: str) -> None:
-    st.markdown(f"**{tr('requests', lang)}**")
-    st.dataframe(requests_frame(run.snapshot, lang), hide_index=True, width="stretch")
-
-
 def show_myths(run: Timeline, lang: str, expanded: bool = False) -> None:
+    """Each myth, what vLLM does, and the live pool at the player's step: one markdown element for
+    all of them (this panel reruns with every cursor report, and each element is a message)."""
+    live = "Live" if lang == "en" else "实时"
+    sections = myth_sections_at(run.run.key, run.cursor, run.snapshots, lang)
     with st.expander(tr("myths", lang), expanded=expanded):
-        for myth, fact, live in myth_sections(run.snapshots(), lang):
-            st.markdown(f"❌ {myth}")
-            st.markdown(f"✅ {fact}")
-            st.success(("Live: " if lang == "en" else "实时：") + live)
+        st.markdown("\n\n---\n\n".join(f"❌ {myth}\n\n✅ {fact}\n\n:green-background[**{live}:** {now}]"
+                                       for myth, fact, now in sections))
 
 
 def show_questions(lesson: Lesson, lang: str) -> None:

@@ -158,15 +158,17 @@ def _component_state(key: str) -> dict:
 
 def player_panel(state: PageState, key: str, lang: str, *, decode=None,
                  narrate: Callable | None = None, intro: str = "", outro: str = "",
-                 focus: Sequence[str] = (), request_ids: Sequence[str] = (), url_step: bool = False) -> None:
+                 focus: Sequence[str] = (), request_ids: Sequence[str] = (), url_step: bool = False,
+                 meta: dict | None = None) -> None:
     """Mount the player for ``state.run`` and keep ``state.run.cursor`` where the browser is.
-    ``url_step``: the browser keeps the link's ``step`` parameter at the player's step."""
+    ``url_step``: the browser keeps the link's ``step`` parameter at the player's step; ``meta``:
+    more for the head (the panels under the player and their words, lesson/panels.py)."""
     run = state.run
     ps = session(key)
     if ps.run is not run or ps.lang != lang or ps.decoded != (decode is not None):
         ps.run, ps.lang, ps.token, ps.decoded = run, lang, uuid.uuid4().hex[:12], decode is not None
         ps.encoder = shared_encoder(run, lang, key, decode=decode, narrate=narrate, request_ids=request_ids,
-                                    meta=player_meta(intro, outro, focus))
+                                    meta={**player_meta(intro, outro, focus), **(meta or {})})
         ps.acked, ps.answered = -1, set()
         ps.goto = {"seq": next(_seq), "step": run.cursor}
     got = _component_state(key)
@@ -260,9 +262,9 @@ def player_meta(intro: str = "", outro: str = "", focus: Sequence[str] = ()) -> 
 
 
 def export_html(run: Timeline, lang: str, title: str, *, intro: str = "", outro: str = "",
-                focus: Sequence[str] = (), **encoder_kw) -> str:
+                focus: Sequence[str] = (), meta: dict | None = None, **encoder_kw) -> str:
     """The recorded run (all steps recorded so far) as one self-contained HTML file."""
     records = list(run.records)
     payload = run_payload(run.initial, records, done=recorded_done(run) and len(records) == len(run.records),
-                          lang=lang, meta=player_meta(intro, outro, focus), **encoder_kw)
+                          lang=lang, meta={**player_meta(intro, outro, focus), **(meta or {})}, **encoder_kw)
     return static_html(payload, title=title)

@@ -171,8 +171,8 @@ def render_trace_page() -> None:
 def trace_stage(state: TraceState, lang: str, decode, polling: bool = False) -> None:
     """The player over the trace's steps and the requests table at its cursor (a fragment)."""
     run = state.run
-    player_panel(state, KEY, lang, decode=decode, focus=FOCUS, request_ids=request_ids(run))
-    P.show_requests(run, lang)
+    player_panel(state, KEY, lang, decode=decode, focus=FOCUS, request_ids=request_ids(run),
+                 meta=P.player_panels(("requests", "metrics"), run, lang))
     why_panel(run, lang, KEY, decode)
     stop_polling_when_done(run, polling)
 
@@ -180,7 +180,8 @@ def trace_stage(state: TraceState, lang: str, decode, polling: bool = False) -> 
 def download_trace_run(state: TraceState, lang: str, decode) -> None:
     def build() -> str:
         return export_html(state.run, lang, f"Paged KV Lab · {state.name or 'trace'}", decode=decode,
-                           request_ids=request_ids(state.run), focus=FOCUS)
+                           request_ids=request_ids(state.run), focus=FOCUS,
+                           meta=P.player_panels(("requests", "metrics"), state.run, lang))
     st.download_button(tr("download_run", lang), build, file_name=f"{Path(state.name or 'trace').stem}.html",
                        mime="text/html", key=f"dl_run:{KEY}", on_click="ignore", icon=":material/download:",
                        help=tr("download_run_help", lang))

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import streamlit as st
 
-from player import color_map
-
 from . import panels as P
 from .i18n import pick, tr
 from .lessons import BY_ID
@@ -70,6 +68,8 @@ def render_lesson(lesson_id: str, compact: bool = False) -> None:
     st.fragment(lesson_stage, run_every=STREAM_SECONDS if running else None)(lesson, state, ms, lang, compact,
                                                                             running)
     if not compact:
+        if "memory" in lesson.panels and ms.model is not None:   # not per step: outside the fragment
+            P.show_memory(state.run, lang, ms.model, lesson.id)
         if lesson.id == "playground":
             from .playground import request_form, settings_form
             settings_form(state, lesson, ms, lang)
@@ -84,20 +84,19 @@ def lesson_player(state, lesson, ms, lang: str) -> dict:
     decode = decoder(ms.model)
     return {"decode": decode, "narrate": P.LessonNarrator(lesson, run, lang),
             "intro": P.intro_text(lesson, run, lang), "outro": P.outro_text(lesson, run, lang),
-            "request_ids": [r.id for r in run.scenario.requests]}
+            "request_ids": [r.id for r in run.scenario.requests],
+            "meta": P.player_panels(("requests", "metrics", *lesson.panels), run, lang)}
 
 
 def lesson_stage(lesson, state, ms, lang: str, compact: bool, polling: bool = False) -> None:
     """The part of the page that follows the player's cursor: it reruns alone (a fragment)."""
     kw = lesson_player(state, lesson, ms, lang)
+    if compact:   # the player alone: no panels under it
+        kw["meta"] = P.player_panels((), state.run, lang)
     player_panel(state, lesson.id, lang, focus=lesson.focus, url_step=True, **{k: kw[k] for k in
-                 ("decode", "narrate", "intro", "outro", "request_ids")})
+                 ("decode", "narrate", "intro", "outro", "request_ids", "meta")})
     run = state.run
-    colors = color_map(kw["request_ids"])
     if not compact:
-        P.show_requests(run, lang)
-        P.show_charts(run, lang, colors, lesson.id)
-        P.show_extra_panels(lesson, run, lang, colors, lesson.id, ms.model)
         P.show_myths(run, lang, expanded="myths" in lesson.panels)
         why_panel(run, lang, lesson.id, kw["decode"])
     write_url(state, lesson, lang, ms)

@@ -102,7 +102,8 @@ def _summary(rec: StepRecord, lang: str) -> str:
 class RunEncoder:
     """One recorded run encoded for one language (and narration), step by step, in order.
 
-    Invariant: ``steps[i]`` encodes record i + 1 as a delta on the snapshot before it, and its
+    Invariant: ``steps[i]`` encodes record i + 1 as a delta on the snapshot before it (plus what
+    ran: ``sched`` request -> tokens, ``ph`` request -> phase, the events), and its
     ``vocab`` holds the texts of exactly the token ids no earlier step (nor the head) used: so any
     browser that holds steps 1..k holds every text they need. Encoded steps depend only on the run,
     so one encoder serves every session playing it (``extend`` is safe from several threads).
@@ -171,7 +172,8 @@ class RunEncoder:
         tokens = [t for p in new_prompts.values() for t in p] + [t for b in cur["blocks"] for t in b["k"]]
         tokens += [t for r in cur["reqs"] for t in r["ot"]]
         d = delta(prev, cur)
-        d.update(ev=events, sched=dict(rec.scheduled), changed=sorted(changed_blocks(rec.events)),
+        phases = {e.request_id: e.phase for e in rec.events if e.kind == "scheduled"}
+        d.update(ev=events, sched=dict(rec.scheduled), ph=phases, changed=sorted(changed_blocks(rec.events)),
                  nar=self.narrate(rec) if self.narrate is not None else [], sum=_summary(rec, self.lang),
                  vocab=self._vocab(tokens))
         if new_prompts:

@@ -49,9 +49,10 @@ def app(page: str | None = None) -> AppTest:
     return at
 
 
-def charts(at) -> dict[str, dict]:
-    """Plotly figures on the page by their key ("metrics:prefix", "budget:batching", ...)."""
-    return {el.proto.id.rsplit("-", 1)[-1]: json.loads(el.proto.spec) for el in at.get("plotly_chart")}
+def server_drawn(at) -> list[str]:
+    """Pictures drawn by the server on the page (plotly charts, dataframes): the per-step ones are
+    the browser player's, so a lesson's fragment has none (it reruns on every cursor report)."""
+    return [e.type for e in at.get("plotly_chart")] + [e.type for e in at.get("dataframe")]
 
 
 def player_data(at, key: str) -> dict:

@@ -120,6 +120,24 @@ def test_myths_on_the_live_pool():
     for lang in ("en", "zh"):
         secs = myth_sections(snaps, lang)
         assert len(secs) == 5 and all(all(part for part in s) for s in secs)
+        # the page shows each live text inside a markdown directive: no bracket may close it early
+        assert not any(c in live for _, _, live in secs for c in "[]"), secs
+
+
+def test_myths_are_computed_once_per_run_step_and_language():
+    from lesson.myths import myth_sections_at
+    run = new_run()
+    run.goto(12)
+    calls = []
+
+    def snaps():
+        calls.append(1)
+        return run.snapshots()
+    first = myth_sections_at("run-x", 12, snaps, "en")
+    assert myth_sections_at("run-x", 12, snaps, "en") is first and len(calls) == 1
+    assert first == myth_sections(run.snapshots(), "en")
+    run.goto(5)
+    assert myth_sections_at("run-x", 5, snaps, "en") == myth_sections(run.snapshots(), "en") and len(calls) == 2
 
 
 def test_a_failing_step_stops_the_run_with_its_reason():

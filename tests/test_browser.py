@@ -331,3 +331,44 @@ def test_a_finished_page_is_quiet_and_loads_the_player_by_url(server, browser):
     assert [t for t in frames if t > quiet_from] == [], "the page reran with nothing to say"
     assert any(u.endswith("/paged_kv_lab.player/player.js") for u in urls), urls
     page.close()
+
+
+@pytest.mark.browser
+def test_requests_table_and_over_time_chart_follow_the_cursor(server, browser):
+    """The player's requests table at a step equals an independent engine's snapshot there, the
+    over-time chart has one point per step up to the cursor, and a hostile request id is text."""
+    from kvcore.engine import Engine
+    from kvcore.model import load_model
+    from kvcore.scenario import load_scenario
+    from lesson.state import _encode_base
+    rid = "<img src=x onerror=alert(1)>"
+    d = {"name": "table", "engine": {"block_size": 4, "num_gpu_blocks": 24},
+         "requests": [{"id": rid, "prompt": "The quick brown fox jumps", "max_tokens": 4},
+                      {"id": "B", "prompt": "The quick brown fox sleeps", "max_tokens": 3, "arrival_step": 1}]}
+    engine = Engine(load_scenario(d), model=load_model(model_for_browser(), "cpu"))
+    snaps = [engine.snapshot()] + [r.snapshot for r in engine.run(max_steps=100)]
+    page = browser.new_page(viewport={"width": 1500, "height": 1900})
+    dialogs = []
+    page.on("dialog", lambda dl: (dialogs.append(dl.message), dl.dismiss()))
+    open_player(page, server + "/playground?lesson=playground&scn=" + _encode_base(d))
+    assert int(page.locator(".pkv").get_attribute("data-total")) == len(snaps) - 1
+    page.locator('[data-role="metrics-panel"] summary').click()    # the chart starts closed
+
+    def table():
+        return page.locator(".pkv-reqs tbody tr").evaluate_all(
+            "rows => rows.map(r => Array.from(r.cells).map(c => c.textContent))")
+
+    def points(series):
+        return page.locator(f'[data-role="over"] circle[data-series="{series}"]').evaluate_all(
+            "els => els.map(e => Number(e.getAttribute('data-step')))")
+
+    for key, step in (("ArrowRight", 1), ("ArrowRight", 2), ("ArrowRight", 3), ("ArrowLeft", 2), ("End", len(snaps) - 1)):
+        page.keyboard.press(key)
+        wait_step(page, step)
+        assert table() == [[r.request_id, r.status] + [str(v) for v in (
+            r.num_prompt_tokens, r.num_output_tokens, r.num_computed_tokens, r.num_cached_tokens,
+            r.num_preemptions, r.priority)] for r in snaps[step].requests], step
+        assert points("usage") == points("hit") == list(range(step + 1)), step
+    assert page.locator(f'.pkv-reqs .pkv-badge[data-req="{rid}"]').inner_text() == rid
+    assert page.locator(".pkv img, .pkv script").count() == 0 and not dialogs
+    page.close()

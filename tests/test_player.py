@@ -123,6 +123,7 @@ def test_hostile_prompt_round_trips_as_plain_data(tiny_model):
 def test_static_html_is_self_contained(tiny_model):
     initial, records, engine = recorded(hostile_scenario(), tiny_model)
     html = static_html(run_payload(initial, records, decode=engine.decode))
+    html = html.replace('"http://www.w3.org/2000/svg"', "")   # SVG's namespace name (createElementNS), never fetched
     assert "http://" not in html and "https://" not in html and "src=" not in html.split("pkv-run")[0]
     assert "default-src 'none'" in html
 
