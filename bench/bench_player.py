@@ -16,7 +16,7 @@ through Playwright:
 A class: N websocket clients (the browser's own protocol: BackMsg / ForwardMsg protobufs on
 /_stcore/stream, no browser), each opening a lesson and then reporting 10 cursor moves the way
 player.js does (the component's state as a widget value with the count of steps held, one fragment
-rerun each; the client first polls the page until its run is recorded, as the page does); the time from
+rerun each; the client first asks for the run's steps until it is recorded, as player.js does); the time from
 a report to the server's script_finished, p50 / p90, errors, and each session's own run token.
 Prints markdown; the load average is printed with it.
 """
@@ -82,6 +82,11 @@ def stop(proc) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
+def rss_mb(pid: int) -> float:
+    import psutil
+    return psutil.Process(pid).memory_info().rss / 1e6
+
+
 def cpu_seconds(pid: int) -> float:
     import psutil
     p = psutil.Process(pid)
@@ -117,6 +122,8 @@ def bench_browser(url: str, server_pid: int, clicks: int) -> dict:
     with sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         page = b.new_page(viewport={"width": 1500, "height": 1900})
+        page.on("pageerror", lambda e: print(f"| page error: {str(e)[:800]} |", flush=True))
+        page.on("response", lambda r: r.status >= 400 and print(f"| HTTP {r.status}: {r.url[:200]} |", flush=True))
         page.goto(url)                       # loads the model (not timed)
         page.wait_for_selector(".pkv[data-total]", timeout=600_000)
         wait_done(page)
@@ -198,7 +205,8 @@ def first_pictures(browser, page, url: str) -> dict:
                                    timeout=120_000)
             out["sidebar click"].append((page.evaluate(FIRST_DRAW) - t) / 1000)
         except Exception:   # reported, not raised
-            print(f"| sidebar click to /{path}: nothing drawn within 120 s |", flush=True)
+            page.screenshot(path=f"/tmp/first-{path}.png")
+            print(f"| sidebar click to /{path}: nothing drawn within 120 s (at {page.url}) |", flush=True)
     ctx = browser.new_context(viewport={"width": 1500, "height": 1900})
     warm = ctx.new_page()
     warm.goto(url)
@@ -245,7 +253,8 @@ def payload_sizes(model_name: str) -> list[tuple]:
 
 
 # -- a class of websocket clients -------------------------------------------------------------
-async def one_session(url: str, page_name: str, moves: int, results: list, errors: list, tokens: list) -> None:
+async def one_session(url: str, page_name: str, moves: int, results: list, errors: list, tokens: list,
+                      query: str = "", recorded: list | None = None) -> None:
     import websockets
     from streamlit.proto.BackMsg_pb2 import BackMsg
     from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
@@ -254,7 +263,7 @@ async def one_session(url: str, page_name: str, moves: int, results: list, error
     async def rerun(ws, widget_states=None, fragment_id=None):
         msg = BackMsg()
         cs = msg.rerun_script
-        cs.query_string = ""
+        cs.query_string = query
         cs.page_name = page_name
         if widget_states is not None:
             cs.widget_states.CopyFrom(widget_states)
@@ -275,9 +284,10 @@ async def one_session(url: str, page_name: str, moves: int, results: list, error
             if kind == "script_finished":
                 return time.perf_counter() - t0, found
 
-    key = {"blocks": "blocks", "prefix_caching": "prefix", "eviction": "eviction"}[page_name]
+    key = {"blocks": "blocks", "prefix_caching": "prefix", "eviction": "eviction", "playground": "playground"}[page_name]
     try:
         async with websockets.connect(ws_url, subprotocols=["streamlit"], max_size=None) as ws:
+            opened = time.perf_counter()
             _, found = await rerun(ws)
             for _ in range(20):   # until the player is on the page
                 if found:
@@ -288,14 +298,22 @@ async def one_session(url: str, page_name: str, moves: int, results: list, error
                 errors.append("no player on the page")
                 return
             wid, data, fragment_id = found
-            while not data["done"] and len(data["steps"]) < 400:   # the run streams in, as the page polls it
+            from streamlit.proto.WidgetStates_pb2 import WidgetStates
+            asks = 0
+            while not data["done"] and len(data["steps"]) < 400:   # the run streams in, as player.js asks for it
                 await asyncio.sleep(0.5)
-                _, found = await rerun(ws)
+                asks += 1
+                ws_state = WidgetStates()
+                w = ws_state.widgets.add()
+                w.id = wid
+                w.json_value = json.dumps({"poll": {"run": data["run"], "n": len(data["steps"]), "ask": asks}})
+                _, found = await rerun(ws, ws_state, fragment_id)
                 if found:
                     wid, more, fragment_id = found
                     data = {**more, "steps": data["steps"][:more["base"]] + more["steps"]}
             tokens.append(data["run"])
-            from streamlit.proto.WidgetStates_pb2 import WidgetStates
+            if recorded is not None:
+                recorded.append(time.perf_counter() - opened)
             for k in range(1, moves + 1):
                 ws_state = WidgetStates()
                 w = ws_state.widgets.add()
@@ -310,14 +328,29 @@ async def one_session(url: str, page_name: str, moves: int, results: list, error
         errors.append(f"{type(e).__name__}: {e}")
 
 
-async def bench_class(url: str, sessions: int, moves: int) -> dict:
-    results, errors, tokens = [], [], []
+def playground_query(i: int) -> str:
+    """A playground link of its own for session ``i``: two requests, a prompt no other session has."""
+    from lesson.state import _encode_base
+    scn = {"name": f"class-{i}", "engine": {"block_size": 8, "num_gpu_blocks": 64, "max_num_seqs": 2},
+           "requests": [{"id": "A", "prompt": f"Student {i} asks about paged attention", "max_tokens": 16},
+                        {"id": "B", "prompt": f"Student {i} asks about prefix caching", "max_tokens": 16,
+                         "arrival_step": 2}]}
+    return f"lesson=playground&scn={_encode_base(scn)}"
+
+
+async def bench_class(url: str, sessions: int, moves: int, playground: bool = False) -> dict:
+    """``playground``: every session opens a scenario of its own (30 runs recorded), else one of three
+    lessons (three shared runs)."""
+    results, errors, tokens, recorded = [], [], [], []
     pages = ("blocks", "prefix_caching", "eviction")
     t0 = time.perf_counter()
-    await asyncio.gather(*(one_session(url, pages[i % 3], moves, results, errors, tokens) for i in range(sessions)))
+    await asyncio.gather(*(
+        one_session(url, "playground" if playground else pages[i % 3], moves, results, errors, tokens,
+                    query=playground_query(i) if playground else "", recorded=recorded) for i in range(sessions)))
     return {"sessions": sessions, "moves": len(results), "p50 ms": 1000 * pct(results, 0.5),
             "p90 ms": 1000 * pct(results, 0.9), "errors": errors[:5], "n errors": len(errors),
-            "distinct run tokens": len(set(tokens)), "wall s": time.perf_counter() - t0}
+            "distinct run tokens": len(set(tokens)), "wall s": time.perf_counter() - t0,
+            "recorded p50 s": pct(recorded, 0.5), "recorded max s": max(recorded) if recorded else float("nan")}
 
 
 def main() -> None:
@@ -327,6 +360,8 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=30)
     ap.add_argument("--skip-browser", action="store_true")
     ap.add_argument("--skip-class", action="store_true")
+    ap.add_argument("--playground", action="store_true",
+                    help="the class opens one playground scenario per session instead of three lessons")
     ap.add_argument("--payload", action="store_true", help="only the sizes of what is sent (no server)")
     args = ap.parse_args()
     if args.payload:
@@ -344,10 +379,14 @@ def main() -> None:
             xs = r["Step at the frontier (ms)"]
             print(f"| Step at the frontier (ms) | {pct(xs, .5):.0f} | {pct(xs, .9):.0f} | {len(xs)} |")
         if not args.skip_class:
-            c = asyncio.run(bench_class(url, args.sessions, 10))
-            print(f"\n{c['sessions']} websocket sessions, {c['moves']} cursor reports: p50 {c['p50 ms']:.0f} ms, "
+            rss0 = rss_mb(proc.pid)
+            c = asyncio.run(bench_class(url, args.sessions, 10, playground=args.playground))
+            what = "playground scenarios, one per session" if args.playground else "lessons (3 shared runs)"
+            print(f"\n{c['sessions']} websocket sessions on {what}, {c['moves']} cursor reports: p50 {c['p50 ms']:.0f} ms, "
                   f"p90 {c['p90 ms']:.0f} ms, errors {c['n errors']} {c['errors']}, "
-                  f"{c['distinct run tokens']} distinct session runs, {c['wall s']:.0f} s")
+                  f"{c['distinct run tokens']} distinct session runs, {c['wall s']:.0f} s; a session's run recorded "
+                  f"after p50 {c['recorded p50 s']:.1f} s (max {c['recorded max s']:.1f} s); server RSS "
+                  f"{rss0:.0f} -> {rss_mb(proc.pid):.0f} MB")
         print(f"load average after: {os.getloadavg()}")
     finally:
         stop(proc)

@@ -3,10 +3,11 @@ and the trace viewer.
 
 The browser holds the recorded steps and steps them itself (player/assets/player.js). Python
 streams it only the steps it does not have yet, tells it where to hold for a quiz question and
-where to jump (a link's step, a quiz answer), and hears back three state values:
-``cursor`` (where the learner is, debounced), ``want`` (Step at the frontier: compute up to here)
-and ``have`` (the browser lost its copy: send again from here); ``cursor`` and ``want`` also carry
-``n``, the number of steps the browser holds. Invariant kept by ``PlayerSession``: ``acked`` is the
+where to jump (a link's step, a quiz answer), and hears back four state values:
+``cursor`` (where the learner is, debounced), ``want`` (Step at the frontier: compute up to here),
+``poll`` (the run is still being recorded: send what is new; the browser asks every 0.5 s while its
+tab is visible, so the page itself never polls) and ``have`` (the browser lost its copy: send again
+from here); all but ``have`` also carry ``n``, the number of steps the browser holds. Invariant kept by ``PlayerSession``: ``acked`` is the
 number of steps of ``token``'s run the browser said it holds (-1: not even the head), and every
 render sends the head (while ``acked`` < 0) and all steps from ``acked`` on. Streamlit hands the
 component only the latest render's data, so a render that says "the same as before, plus step k"
@@ -14,6 +15,7 @@ may never be seen; sending from what the browser confirmed makes each render com
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 import uuid
@@ -63,7 +65,6 @@ def player_component():
 
 
 UNTIL_KINDS = ("cache_hit", "evicted", "preempted", "window_skipped", "allocated", "finished")
-STREAM_SECONDS = 0.5      # how often a page polls while its run is still being recorded
 _seq = itertools.count(1)
 
 
@@ -80,6 +81,7 @@ class PlayerSession:
     last_have: Any = None
     last_cursor: Any = None             # the last cursor report applied (a stale one is not applied again)
     last_want: Any = None
+    last_poll: Any = None
 
 
 def session(key: str) -> PlayerSession:
@@ -91,16 +93,22 @@ def request_goto(key: str, step: int) -> None:
     session(key).goto = {"seq": next(_seq), "step": int(step)}
 
 
+def page_fragment(func: Callable, page: str) -> Callable:
+    """``func`` as a Streamlit fragment whose id is this page's own. Streamlit names a fragment by
+    its function and position, so every lesson page's stage had one id; a player on the page being
+    left could still report (its cursor, a poll) while the next page loads, and Streamlit then reran
+    the new page's fragment as if it were the old one's, its elements at paths the browser had just
+    cleared (the browser's page crashed: "Bad delta path index"). With one id per page the stale
+    report names no fragment on the new page and is dropped."""
+    @functools.wraps(func)
+    def stage(*args, **kwargs):
+        return func(*args, **kwargs)
+    stage.__qualname__ = f"{func.__qualname__}[{page}]"
+    return st.fragment(stage)
+
+
 def recorded_done(run: Timeline) -> bool:
     return bool(run.run.done)
-
-
-def stop_polling_when_done(run: Timeline, polling: bool) -> None:
-    """A fragment that polls while its run is recorded keeps polling until the page reruns: once
-    the run is done, rerun the page once so the fragment is mounted again without a timer (every
-    poll reruns the panels below the player, for each open tab)."""
-    if polling and recorded_done(run):
-        st.rerun(scope="app")
 
 
 def record_upto(run: Timeline, n: int, seconds: float = 1.0) -> None:
@@ -184,6 +192,10 @@ def player_panel(state: PageState, key: str, lang: str, *, decode=None,
         ps.last_want = want
         ps.acked = max(ps.acked, min(_int(want.get("n"), -1), encoded))
         record_upto(run, min(_int(want.get("step")), len(run.records) + 1))
+    poll = got.get("poll")
+    if isinstance(poll, dict) and poll.get("run") == ps.token and poll != ps.last_poll:
+        ps.last_poll = poll
+        ps.acked = max(ps.acked, min(_int(poll.get("n"), -1), encoded))
     have = got.get("have")
     if isinstance(have, dict) and have.get("run") == ps.token and have != ps.last_have:
         ps.last_have = have
@@ -209,8 +221,9 @@ def player_panel(state: PageState, key: str, lang: str, *, decode=None,
     data = {"run": ps.token, "base": base, "head": ps.encoder.head if ps.acked < 0 else None,
             "steps": steps[base:], "done": done and len(steps) + run.first == len(run.records), "hold_at": hold_at,
             "goto": ps.goto, "url_step": url_step}
-    player_component()(key=f"pkv:{key}", data=data, default={"cursor": None, "want": None, "have": None},
-           on_cursor_change=_noop, on_want_change=_noop, on_have_change=_noop, height="content")
+    player_component()(key=f"pkv:{key}", data=data, default={"cursor": None, "want": None, "have": None, "poll": None},
+           on_cursor_change=_noop, on_want_change=_noop, on_have_change=_noop, on_poll_change=_noop,
+           height="content")
     ps.goto = None
     quiz_box(state, key, lang)
 

@@ -26,7 +26,7 @@ from .lessons import BY_ID, PAGE_FILES
 from .modelstate import ModelState
 from .runtime import MAX_RUN_STEPS, TraceRun
 from .state import PageState, get_state, init_globals_from_url, locked, open_run
-from .player import STREAM_SECONDS, export_html, player_panel, recorded_done, stop_polling_when_done
+from .player import export_html, player_panel
 from .view import current_lang, current_model, decoder
 from .widgets import apply_scenario_text
 from .why_panel import why_panel
@@ -162,19 +162,17 @@ def render_trace_page() -> None:
     c1.toggle("🎓", key=f"quiz:{KEY}", help=tr("quiz_mode", lang))
     with c2:
         download_trace_run(state, lang, decode)
-    running = not recorded_done(run)
-    st.fragment(trace_stage, run_every=STREAM_SECONDS if running else None)(state, lang, decode, running)
+    st.fragment(trace_stage)(state, lang, decode)
     show_final_outputs(run.trace, lang)
     show_scenario(run.trace, ms, lang)
 
 
-def trace_stage(state: TraceState, lang: str, decode, polling: bool = False) -> None:
-    """The player over the trace's steps and the requests table at its cursor (a fragment)."""
+def trace_stage(state: TraceState, lang: str, decode) -> None:
+    """The player over the trace's steps and the "Why?" panel at its cursor (a fragment)."""
     run = state.run
     player_panel(state, KEY, lang, decode=decode, focus=FOCUS, request_ids=request_ids(run),
                  meta=P.player_panels(("requests", "metrics"), run, lang))
     why_panel(run, lang, KEY, decode)
-    stop_polling_when_done(run, polling)
 
 
 def download_trace_run(state: TraceState, lang: str, decode) -> None:

@@ -8,7 +8,7 @@ from . import panels as P
 from .i18n import pick, tr
 from .lessons import BY_ID
 from .modelstate import ModelState, default_device, default_model
-from .player import STREAM_SECONDS, export_html, player_panel, recorded_done, stop_polling_when_done
+from .player import export_html, page_fragment, player_panel
 from .state import get_state, init_globals_from_url, pref, write_url
 from .widgets import scenario_file, toggles
 from .why_panel import why_panel
@@ -64,9 +64,7 @@ def render_lesson(lesson_id: str, compact: bool = False) -> None:
     c1.toggle("🎓", key=f"quiz:{lesson.id}", help=tr("quiz_mode", lang))
     with c2:
         download_run(state, lesson, ms, lang)
-    running = not recorded_done(state.run)
-    st.fragment(lesson_stage, run_every=STREAM_SECONDS if running else None)(lesson, state, ms, lang, compact,
-                                                                            running)
+    page_fragment(lesson_stage, lesson.id)(lesson, state, ms, lang, compact)
     if not compact:
         if "memory" in lesson.panels and ms.model is not None:   # not per step: outside the fragment
             P.show_memory(state.run, lang, ms.model, lesson.id)
@@ -88,8 +86,9 @@ def lesson_player(state, lesson, ms, lang: str) -> dict:
             "meta": P.player_panels(("requests", "metrics", *lesson.panels), run, lang)}
 
 
-def lesson_stage(lesson, state, ms, lang: str, compact: bool, polling: bool = False) -> None:
-    """The part of the page that follows the player's cursor: it reruns alone (a fragment)."""
+def lesson_stage(lesson, state, ms, lang: str, compact: bool) -> None:
+    """The part of the page that follows the player's cursor: it reruns alone (a fragment), when the
+    player reports its cursor or asks for the steps recorded since."""
     kw = lesson_player(state, lesson, ms, lang)
     if compact:   # the player alone: no panels under it
         kw["meta"] = P.player_panels((), state.run, lang)
@@ -100,7 +99,6 @@ def lesson_stage(lesson, state, ms, lang: str, compact: bool, polling: bool = Fa
         P.show_myths(run, lang, expanded="myths" in lesson.panels)
         why_panel(run, lang, lesson.id, kw["decode"])
     write_url(state, lesson, lang, ms)
-    stop_polling_when_done(run, polling)
 
 
 def download_run(state, lesson, ms, lang: str) -> None:

@@ -58,6 +58,7 @@ mountPlayer({{
   parentElement: document.getElementById("pkv-root"),
   setStateValue: () => {{}},
   setTriggerValue: () => {{}},
+  static: true,
 }});
 </script>
 </body>

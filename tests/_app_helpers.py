@@ -99,7 +99,7 @@ class Browser:
         return self.sync()
 
     def until_recorded(self, n: int, seconds: float = 60) -> "Browser":
-        """Rerun (as the page's polling fragment does) until ``n`` steps have arrived or the run ended."""
+        """Rerun (as player.js's ``poll`` asks do) until ``n`` steps have arrived or the run ended."""
         import time
         t0 = time.time()
         while len(self.steps) < n and not self.done and time.time() - t0 < seconds:

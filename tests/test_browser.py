@@ -372,3 +372,41 @@ def test_requests_table_and_over_time_chart_follow_the_cursor(server, browser):
     assert page.locator(f'.pkv-reqs .pkv-badge[data-req="{rid}"]').inner_text() == rid
     assert page.locator(".pkv img, .pkv script").count() == 0 and not dialogs
     page.close()
+
+
+@pytest.mark.browser
+def test_a_recording_run_streams_in_by_the_players_own_asks(server, browser):
+    """While the server records a run, the player asks for new steps (a fragment rerun each) every
+    half second; a hidden tab stops asking and starts again when shown; and a click on another page
+    in the sidebar while the run records lands on that page (the page used to poll itself and then
+    rerun the whole app when the run ended, which could pull the browser back to the old page)."""
+    from lesson.state import _encode_base
+    long = {"name": "streams", "engine": {"block_size": 4, "num_gpu_blocks": 512, "max_num_seqs": 4},
+            "requests": [{"id": c, "prompt": f"{c} {time.time()} tells a long story", "max_tokens": 380,
+                          "ignore_eos": True} for c in "ABCD"]}
+    page = browser.new_page(viewport={"width": 1500, "height": 1900})
+    sent = []
+    page.on("websocket", lambda ws: ws.on("framesent", lambda f: sent.append(time.monotonic())))
+    box = open_player(page, f"{server}/playground?lesson=playground&scn={_encode_base(long)}", done=False)
+    hide = """(hidden) => { Object.defineProperty(document, 'visibilityState', {value: hidden ? 'hidden' : 'visible',
+               configurable: true}); document.dispatchEvent(new Event('visibilitychange')); }"""
+    page.evaluate(hide, True)
+    assert box.get_attribute("data-done") == "false", "the run must still be recording for this test"
+    page.wait_for_timeout(1200)                     # an ask already sent may still be answered
+    quiet_from, shown_total = time.monotonic(), int(box.get_attribute("data-total"))
+    page.wait_for_timeout(1500)
+    assert [t for t in sent if t > quiet_from] == [], "a hidden tab does not ask"
+    assert int(box.get_attribute("data-total")) == shown_total
+    page.evaluate(hide, False)
+    deadline = time.monotonic() + 10
+    while int(box.get_attribute("data-total")) == shown_total and time.monotonic() < deadline:
+        page.wait_for_timeout(200)
+    assert int(box.get_attribute("data-total")) > shown_total, "shown again, the tab asks again: steps stream in"
+    assert sent[-1] > quiet_from
+    page.locator('[data-testid=stSidebarNav] a[href$="/eviction"]').first.click()
+    page.wait_for_function("() => location.pathname.endsWith('/eviction')", timeout=10_000)
+    page.get_by_text("Pool size (blocks)").first.wait_for(timeout=30_000)
+    page.wait_for_timeout(2500)                     # the playground run keeps recording meanwhile
+    assert page.evaluate("() => location.pathname").endswith("/eviction")
+    assert page.get_by_text("Pool size (blocks)").first.is_visible(), "still on the page the learner chose"
+    page.close()

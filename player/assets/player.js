@@ -71,6 +71,8 @@ const KIND_NAMES = {
 const SPEEDS = [0.5, 1, 2, 4];
 const PLAY_MS = 800;
 const REPORT_MS = 700;      // the cursor is reported once the learner pauses: each report reruns Python
+const POLL_MS = 500;        // while the server still records the run, ask it for new steps this often
+const LEAVING_MS = 3000;    // after a click on a link to another page, how long this page's players keep still
 const RUNS = new Map();      // run key -> {head, snaps, steps, done}: survives a remount of the element
 const MAX_RUNS = 4;
 const PLAYERS = new WeakMap();
@@ -206,6 +208,8 @@ class Player {
     this.reported = {};
     this.asks = 0;
     this.reportTimer = null;
+    this.pollTimer = null;      // armed while the run is still being recorded and the tab is visible
+    this.polls = 0;
     this.addrReq = null; this.addrPos = null; this.addrGroup = 0;
     this.uid = ++PLAYER_UIDS;   // names this player's SVG patterns apart from another player's
     this.bind();
@@ -247,6 +251,7 @@ class Player {
       }
       run.done = !!data.done;
     }
+    if (typeof location !== "undefined") this.path = location.pathname;
     const fresh = this.runKey !== data.run;
     this.run = run;
     this.runKey = data.run;
@@ -270,16 +275,46 @@ class Player {
       this.continueSeek();
       this.draw();
     }
+    this.poll();
+  }
+
+  // The browser asks for new steps while the run is still being recorded: each ask reruns only the
+  // player's part of the page, and nothing is asked once the run is done, while the tab is hidden
+  // (a class's background tabs cost the server nothing) or after the player left the page.
+  poll() {
+    if (this.pollTimer !== null || this.component === null || this.component.static) return;
+    const tick = () => {
+      this.pollTimer = null;
+      const host = this.root.host || this.root;
+      if (!this.run || this.run.done || host.isConnected === false || this.left()) return;
+      if (typeof document !== "undefined" && document.visibilityState === "hidden") {
+        document.addEventListener("visibilitychange", () => this.poll(), { once: true });
+        return;
+      }
+      this.component.setStateValue("poll", { run: this.runKey, n: this.n, ask: ++this.polls });
+      this.pollTimer = setTimeout(tick, POLL_MS);
+    };
+    this.pollTimer = setTimeout(tick, POLL_MS);
+  }
+
+  // True once the learner went to another page of the app: this player's reports would rerun a
+  // fragment the new page does not have while it loads, so it says nothing more.
+  left() {
+    if (typeof location === "undefined" || this.path === undefined) return false;
+    const going = globalThis.__pkvLeaving;
+    return location.pathname !== this.path ||
+      (!!going && going.path === this.path && performance.now() - going.t < LEAVING_MS);
   }
 
   report(name, value, now) {
-    if (!this.component || !this.component.setStateValue) return;
+    if (!this.component || !this.component.setStateValue || this.left()) return;
     if (name === "have") value = { ...value, ask: ++this.asks };   // asking again must be a new value
     const key = JSON.stringify(value);
     // A report also says how many steps this browser holds: Python then sends only what is beyond.
     if (name !== "have" && this.run) value = { ...value, n: this.n };
     if (this.reported[name] === key) return;
     const send = () => {
+      if (this.left()) return;
       this.reported[name] = key;
       this.component.setStateValue(name, value);
       if (name === "cursor" && this.urlStep) this.writeUrl(value.step);
@@ -893,6 +928,17 @@ function onKey(e) {
   if (p && p.root.isConnected !== false) p.key(e);
 }
 
+// A click on a link to another page (the app's sidebar): the URL changes only once the server
+// answers, and a report sent meanwhile would rerun a fragment while the next page loads.
+function onLinkClick(e) {
+  const a = e.target && e.target.closest ? e.target.closest("a[href]") : null;
+  if (!a) return;
+  const to = new URL(a.href, location.href);
+  if (to.origin === location.origin && to.pathname !== location.pathname) {
+    globalThis.__pkvLeaving = { path: location.pathname, t: performance.now() };
+  }
+}
+
 export default function mountPlayer(component) {
   const { data, parentElement } = component;
   const root = parentElement.querySelector(".pkv") ? parentElement : null;
@@ -907,6 +953,7 @@ export default function mountPlayer(component) {
   if (!globalThis.__pkvKeys) {
     globalThis.__pkvKeys = true;
     document.addEventListener("keydown", onKey);
+    document.addEventListener("click", onLinkClick, true);
   }
   p.receive(data);
 }
