@@ -138,12 +138,16 @@ def show_memory(run: Timeline, lang: str, model, key: str) -> None:
         show_how_many_blocks(model, lang, key)
 
 
-def show_myths(run: Timeline, lang: str, expanded: bool = False) -> None:
+def show_myths(run: Timeline, lang: str, key: str, expanded: bool = False) -> None:
     """Each myth, what vLLM does, and the live pool at the player's step: one markdown element for
-    all of them (this panel reruns with every cursor report, and each element is a message)."""
+    all of them (this panel reruns with every cursor report, and each element is a message), and
+    nothing while the expander is closed."""
+    box = st.expander(tr("myths", lang), expanded=expanded, key=f"myths_open:{key}", on_change="rerun")
+    if not box.open:
+        return
     live = "Live" if lang == "en" else "实时"
     sections = myth_sections_at(run.run.key, run.cursor, run.snapshots, lang)
-    with st.expander(tr("myths", lang), expanded=expanded):
+    with box:
         st.markdown("\n\n---\n\n".join(f"❌ {myth}\n\n✅ {fact}\n\n:green-background[**{live}:** {now}]"
                                        for myth, fact, now in sections))
 
@@ -151,7 +155,10 @@ def show_myths(run: Timeline, lang: str, expanded: bool = False) -> None:
 def show_questions(lesson: Lesson, lang: str) -> None:
     if not lesson.questions:
         return
-    with st.expander(tr("check_yourself", lang), expanded=False):
+    box = st.expander(tr("check_yourself", lang), key=f"questions_open:{lesson.id}", on_change="rerun")
+    if not box.open:    # drawn only when opened (its radios would load and draw on every page load)
+        return
+    with box:
         for i, q in enumerate(lesson.questions):
             opts = [pick(o, lang) for o in q.options]
             choice = st.radio(pick(q.prompt, lang), opts, index=None, key=f"cq:{lesson.id}:{i}")

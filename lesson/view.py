@@ -96,7 +96,7 @@ def lesson_stage(lesson, state, ms, lang: str, compact: bool) -> None:
                  ("decode", "narrate", "intro", "outro", "request_ids", "meta")})
     run = state.run
     if not compact:
-        P.show_myths(run, lang, expanded="myths" in lesson.panels)
+        P.show_myths(run, lang, lesson.id, expanded="myths" in lesson.panels)
         why_panel(run, lang, lesson.id, kw["decode"])
     write_url(state, lesson, lang, ms)
 

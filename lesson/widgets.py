@@ -78,7 +78,10 @@ def on_upload(state: LessonState, lesson: Lesson, ms: ModelState, key: str, lang
 
 
 def scenario_file(state: LessonState, lesson: Lesson, ms: ModelState, lang: str) -> None:
-    with st.expander(tr("scenario", lang), expanded=False):
+    box = st.expander(tr("scenario", lang), key=f"scenario_open:{lesson.id}", on_change="rerun")
+    if not box.open:    # drawn only when opened: a closed expander's widgets would still load and draw
+        return
+    with box:
         data = json.dumps(scenario_to_dict(state.run.scenario), indent=2, ensure_ascii=False)
         st.download_button(tr("download", lang), data, file_name=f"{state.run.scenario.name}.json",
                            mime="application/json", key=f"dl:{lesson.id}")

@@ -131,6 +131,9 @@ def test_bad_scenario_shows_error_and_keeps_state():
     Browser(at, "prefix").show(2)
     state = at.session_state["lesson:prefix"]
     before = (state.run.scenario, state.run.cursor)
+    assert not at.text_area, "the scenario file's widgets are drawn only once its expander is opened"
+    at.session_state["scenario_open:prefix"] = True
+    at.run()
     at.text_area(key="paste:prefix").set_value('{"engine": {"block_size": 0}, "requests": [{"id": "A"}]}').run()
     at.button(key="paste_btn:prefix").click().run()
     errors = " ".join(e.value for e in at.error)
@@ -149,6 +152,8 @@ def test_good_scenario_upload_replaces_the_run():
     at = app(PAGE_FILES["playground"])
     good = {"name": "mine", "engine": {"block_size": 2, "num_gpu_blocks": 10},
             "requests": [{"id": "Z", "prompt": "Hello there", "max_tokens": 3}]}
+    at.session_state["scenario_open:playground"] = True
+    at.run()
     at.text_area(key="paste:playground").set_value(json.dumps(good)).run()
     at.button(key="paste_btn:playground").click().run()
     assert not at.error
