@@ -15,7 +15,8 @@ from typing import Any, Callable, Optional
 from kvcore.snapshot import Snapshot, StepRecord
 from kvcore.trace import Trace
 
-from .runs import RecordedRun, RunStore, default_store
+from .recorded_run import RecordedRun
+from .runs import RunStore, default_store
 
 EngineFactory = Callable[[Any], Any]   # Scenario -> Engine
 

@@ -9,7 +9,8 @@ import pytest
 from kvcore.budget import BudgetError, Limits
 from kvcore.scenario import load_scenario
 from lesson.decoder import Decoder
-from lesson.runs import RecordedRun, RunStore, estimate_nbytes, run_key
+from lesson.recorded_run import RecordedRun, estimate_nbytes, run_key
+from lesson.runs import RunStore
 from lesson.runtime import LabRun, RunStopped, Timeline
 
 SCENARIO = {"engine": {"block_size": 4, "num_gpu_blocks": 12, "max_num_seqs": 3}, "requests": [
