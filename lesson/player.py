@@ -28,7 +28,7 @@ import streamlit as st
 
 import player as player_pkg
 from player import RunEncoder, run_payload, static_html
-from player.export import asset
+from player.export import asset, module_js
 
 from .i18n import tr
 from .quiz import make_prediction
@@ -51,7 +51,7 @@ def player_component():
     from streamlit.runtime import Runtime
     if not Runtime.exists():
         return st.components.v2.component(COMPONENT, html=asset("player.html"), css=asset("player.css"),
-                                          js=asset("player.js"))
+                                          js=module_js())
     manager = get_bidi_component_manager()
     component = _PLAYERS.get(id(manager))
     if component is None or manager.get_component_asset_root(COMPONENT) is None:

@@ -13,7 +13,8 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-ASSETS = ("player.html", "player.css", "player.js")
+ASSETS = ("player.html", "player.css", "player.js", "panels.js", "charts.js", "text.js")
+MODULES = ("text.js", "charts.js", "panels.js", "player.js")   # each after the modules it imports
 
 
 @lru_cache(maxsize=None)
@@ -21,6 +22,18 @@ def asset(name: str) -> str:
     if name not in ASSETS:
         raise ValueError(f"unknown player asset {name!r}")
     return resources.files("player").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+@lru_cache(maxsize=None)
+def module_js() -> str:
+    """The player's four JS modules as one module's text, for where they cannot be fetched by URL
+    (the static export, a page without a server): each file in import order, its imports of the
+    others dropped. The app serves them as files and the browser resolves the imports itself."""
+    parts = []
+    for name in MODULES:
+        lines = asset(name).split("\n")
+        parts.append("\n".join(line for line in lines if not line.startswith("import ")))
+    return "\n".join(parts)
 
 
 def json_for_script(value: Any) -> str:
@@ -35,7 +48,7 @@ def json_for_script(value: Any) -> str:
 def static_html(payload: dict[str, Any], title: str = "Paged KV Lab run") -> str:
     safe_title = title.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     lang = "zh-CN" if payload.get("head", {}).get("lang") == "zh" else "en"
-    js = asset("player.js").replace("</script", "<\\/script")
+    js = module_js().replace("</script", "<\\/script")
     return f"""<!doctype html>
 <html lang="{lang}">
 <head>
