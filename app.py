@@ -1,7 +1,7 @@
 """Paged KV Lab: step a real LLM through vLLM v1's paged KV-cache management, live.
 
-Run: python -m streamlit run app.py   (the entry itself lives in lesson/entry.py)
+Run: python -m streamlit run app.py   (the entry itself lives in ui/entry.py)
 """
-from lesson.entry import main
+from ui.entry import main
 
 main()

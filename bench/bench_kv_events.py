@@ -18,9 +18,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from kvcore import kv_events as ke  # noqa: E402
-from kvcore.prefix_index import PrefixCacheIndex  # noqa: E402
-from kvcore.watch import KVEventWatcher  # noqa: E402
+from kvcore.distributed import kv_events as ke  # noqa: E402
+from watch.prefix_index import PrefixCacheIndex  # noqa: E402
+from watch.watcher import KVEventWatcher  # noqa: E402
 
 
 def batches(n: int, blocks: int) -> list[ke.KVEventBatch]:

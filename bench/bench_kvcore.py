@@ -34,10 +34,11 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from kvcore import events  # noqa: E402
-from kvcore.engine import Engine, NoModelRunner  # noqa: E402
-from kvcore.kv.block_pool import BlockPool  # noqa: E402
-from kvcore.scenario import EngineSettings, RequestSpec, Scenario  # noqa: E402
+from record import events  # noqa: E402
+from kvcore.engine.core import Engine, NoModelRunner  # noqa: E402
+from kvcore.core.block_pool import BlockPool  # noqa: E402
+from record.scenario import EngineSettings, RequestSpec, Scenario  # noqa: E402
+from kvcore.utils.math_utils import cdiv
 
 BLOCK_SIZE = 16
 CHUNK = 32          # blocks per call, like a request's table growing by a prompt's worth
@@ -137,7 +138,7 @@ def scheduler_steps(num_reqs: int, steps: int, snapshot: bool) -> tuple[float, f
     """Median seconds per decode step with ``num_reqs`` running, and the pool size used."""
     prompt_len = 64
     max_tokens = steps + 8
-    per_req = -(-(prompt_len + max_tokens) // BLOCK_SIZE)
+    per_req = cdiv((prompt_len + max_tokens), BLOCK_SIZE)
     num_gpu_blocks = num_reqs * per_req + 64
     settings = EngineSettings(block_size=BLOCK_SIZE, num_gpu_blocks=num_gpu_blocks, max_num_seqs=num_reqs,
                               max_num_batched_tokens=8192, hash_algo="xxhash")

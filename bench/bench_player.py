@@ -157,7 +157,7 @@ def bench_browser(url: str, server_pid: int, clicks: int) -> dict:
         print(f"server CPU over 100 recorded-step clicks: {out['server CPU over 100 clicks (s)']:.2f} s", flush=True)
         out["first picture"] = first_pictures(b, page, url)
         # Step at the frontier: a playground run no one has recorded (a unique prompt)
-        from lesson.state import _encode_base
+        from ui.state import _encode_base
         scn = {"name": "frontier", "engine": {"block_size": 8, "num_gpu_blocks": 64},
                "requests": [{"id": "A", "prompt": f"Tell a long story about the number {time.time()}",
                              "max_tokens": 60}]}
@@ -237,10 +237,10 @@ def first_pictures(browser, page, url: str) -> dict:
 # -- what is sent ------------------------------------------------------------------------------
 def payload_sizes(model_name: str) -> list[tuple]:
     """Per lesson: KiB of whole snapshots per step vs the deltas the player is sent (JSON)."""
-    from kvcore.engine import Engine
+    from kvcore.engine.core import Engine
     from kvcore.model import load_model
-    from lesson.lessons import LESSONS
-    from lesson.runtime import lesson_scenario
+    from lessons import LESSONS
+    from runstore.runtime import lesson_scenario
     from player import RunEncoder, snapshot_dict
     model = load_model(model_name, "cpu")
     rows = []
@@ -334,7 +334,7 @@ async def one_session(url: str, page_name: str, moves: int, results: list, error
 
 def playground_query(i: int) -> str:
     """A playground link of its own for session ``i``: two requests, a prompt no other session has."""
-    from lesson.state import _encode_base
+    from ui.state import _encode_base
     scn = {"name": f"class-{i}", "engine": {"block_size": 8, "num_gpu_blocks": 64, "max_num_seqs": 2},
            "requests": [{"id": "A", "prompt": f"Student {i} asks about paged attention", "max_tokens": 16},
                         {"id": "B", "prompt": f"Student {i} asks about prefix caching", "max_tokens": 16,

@@ -19,12 +19,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kvcore.budget import Limits  # noqa: E402
-from kvcore.engine import Engine  # noqa: E402
-from kvcore.scenario import load_scenario  # noqa: E402
-from lesson.lessons import BY_ID  # noqa: E402
-from lesson.runs import RunStore  # noqa: E402
-from lesson.runtime import Timeline, lesson_scenario  # noqa: E402
+from record.budget import Limits  # noqa: E402
+from kvcore.engine.core import Engine  # noqa: E402
+from record.scenario import load_scenario  # noqa: E402
+from lessons import BY_ID  # noqa: E402
+from runstore.store import RunStore  # noqa: E402
+from runstore.runtime import Timeline, lesson_scenario  # noqa: E402
 
 WORDS = "paged attention keeps keys and values in blocks that requests share by hash".split()
 

@@ -13,11 +13,11 @@ import argparse
 import json
 import time
 
-from kvcore import trace
-from kvcore.engine import Engine, NoModelRunner
-from kvcore.events import Event
-from kvcore.scenario import EngineSettings, RequestSpec, Scenario, scenario_to_dict
-from kvcore.sentences import sentence
+from record import trace
+from kvcore.engine.core import Engine, NoModelRunner
+from record.events import Event
+from record.scenario import EngineSettings, RequestSpec, Scenario, scenario_to_dict
+from words.sentences import sentence
 
 
 def make_trace(num_requests: int) -> str:

@@ -65,7 +65,7 @@ def step_breakdown(loaded, prompts: list[list[int]], steps: int = 15, repeat: in
     the embedding, argmax, building the step's indices)."""
     from transformers import AttentionInterface
 
-    from kvcore.model.paged_attention import paged_attention_forward
+    from kvcore.worker.paged_attention import paged_attention_forward
     from kvcore.model.cpu_packing import PackedLinear
 
     spent = {"linear": 0.0, "attention": 0.0}

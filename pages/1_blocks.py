@@ -1,4 +1,4 @@
-"""Lesson page 'blocks' (the layout and controls are shared: lesson/view.py)."""
-from lesson.entry import lesson_page
+"""Lesson page 'blocks' (the layout and controls are shared: ui/view.py)."""
+from ui.entry import lesson_page
 
 lesson_page("blocks")

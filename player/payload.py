@@ -14,9 +14,9 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable, Iterable, Sequence
 
-from kvcore.snapshot import BlockView, RequestView, Snapshot, StepRecord
+from record.snapshot import BlockView, RequestView, Snapshot, StepRecord
 
-from .sentences import changed_blocks, reason, step_sentences
+from words.sentences import changed_blocks, reason, step_sentences
 
 Decode = Callable[[Sequence[int]], str]
 Narrate = Callable[[StepRecord], list[str]]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import functools
 
-from kvcore.engine import NoModelRunner
-from kvcore.scenario import SpeculativeConfig
+from kvcore.engine.core import NoModelRunner
+from record.scenario import SpeculativeConfig
 
 from _kv_helpers import make_engine, spec, table
 

@@ -5,17 +5,20 @@ import hashlib
 import pickle
 from typing import Optional, Sequence
 
-from kvcore import events, snapshot
-from kvcore.engine import Engine, NoModelRunner
-from kvcore.kv.block_hash import BlockHasher, get_hash_fn
-from kvcore.kv.block_pool import BlockPool
-from kvcore.kv.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
+from record import events
+
+from record import snapshot
+from kvcore.engine.core import Engine, NoModelRunner
+from kvcore.core.kv_cache_utils import BlockHasher
+from kvcore.utils.hashing import get_hash_fn
+from kvcore.core.block_pool import BlockPool
+from kvcore.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
                                          SlidingWindowSpec)
-from kvcore.kv.kv_cache_manager import KVCacheManager
-from kvcore.scenario import EngineSettings, RequestSpec, Scenario
-from kvcore.sched.request import Request, RequestStatus
-from kvcore.kv.block_pool import BlockRemoved, BlockStored
-from kvcore.kv_events import maybe_convert_block_hash
+from kvcore.core.kv_cache_manager import KVCacheManager
+from record.scenario import EngineSettings, RequestSpec, Scenario
+from kvcore.request import Request, RequestStatus
+from kvcore.core.block_pool import BlockRemoved, BlockStored
+from kvcore.distributed.kv_events import maybe_convert_block_hash
 
 # Group kinds, turned into vLLM-shaped KVCacheGroupSpecs once the block size is known.
 FULL = ("full",)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import zmq
 
-from kvcore.kv_events import END_SEQ
+from kvcore.distributed.kv_events import END_SEQ
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "vllm-kv-events"
 if not FIXTURES.is_dir():

@@ -1,13 +1,13 @@
-"""Event sentences: one table (kvcore.sentences) for the CLI and the app, every kind in both languages,
+"""Event sentences: one table (words.sentences) for the CLI and the app, every kind in both languages,
 reasons included; the events come from real engine runs."""
 import re
 
 import pytest
 
-from kvcore import events
-from kvcore.events import EVENT_TYPES, EventKind
-from kvcore.sentences import ICONS, SENTENCES, Style
-from lesson.events import changed_blocks, sentence, step_sentences
+from record import events
+from record.events import EVENT_TYPES, EventKind
+from words.sentences import ICONS, SENTENCES, Style
+from words.sentences import changed_blocks, sentence, step_sentences
 
 from _event_runs import every_kind_events, every_kind_runs
 
@@ -97,7 +97,7 @@ def test_group_shown_only_for_hybrid():
 def test_the_cli_log_uses_the_same_sentences():
     import io
 
-    from kvcore.cli import _log_step
+    from cli.main import _log_step
     rec = every_kind_runs()[1][1][2]
     out = io.StringIO()
     _log_step(rec, out, "zh")

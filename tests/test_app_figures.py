@@ -3,11 +3,11 @@ at every step it equals an independent engine's record and snapshot, for lessons
 model. The drawing itself is checked in a real browser (tests/test_browser.py)."""
 import pytest
 
-from kvcore.engine import Engine
-from lesson.i18n import tr
-from lesson.lessons import BY_ID
-from lesson.panels import player_panels
-from lesson.runtime import lesson_scenario
+from kvcore.engine.core import Engine
+from words.i18n import tr
+from lessons import BY_ID
+from ui.panels import player_panels
+from runstore.runtime import lesson_scenario
 from player import apply_delta, run_payload
 
 

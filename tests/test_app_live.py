@@ -7,13 +7,13 @@ import pytest
 import zmq
 from streamlit.testing.v1 import AppTest
 
-from lesson import live_page
+from ui import live_page
 
 from _kv_pub import ScriptedPublisher, fixture, wait_for
 
 
 def _page():
-    from lesson.live_page import render_live_page
+    from ui.live_page import render_live_page
     render_live_page()
 
 
@@ -118,8 +118,8 @@ def test_live_page_is_in_the_navigation_and_opens_from_the_app(monkeypatch):
 
 
 def test_tree_and_longest_prefixes_follow_the_hash_chains_and_never_pass_markup():
-    from kvcore import kv_events as ke
-    from kvcore.prefix_index import PrefixCacheIndex
+    from kvcore.distributed import kv_events as ke
+    from watch.prefix_index import PrefixCacheIndex
     expected, frames = fixture("shared_prefix")
     index = PrefixCacheIndex()
     for _, _, payload in frames:
@@ -136,7 +136,7 @@ def test_tree_and_longest_prefixes_follow_the_hash_chains_and_never_pass_markup(
 
 
 def test_watch_hosts_are_loopback_unless_the_server_allows_more(monkeypatch):
-    from lesson.live_page import check_endpoints
+    from ui.live_page import check_endpoints
     monkeypatch.delenv("PAGED_KV_LAB_WATCH_HOSTS", raising=False)
     assert check_endpoints("tcp://127.0.0.1:5557", "tcp://[::1]:5558", False, "en") is None
     assert "may watch only" in check_endpoints("tcp://127.0.0.1:5557", "tcp://vllm-a:5558", False, "en")

@@ -10,15 +10,15 @@ from _app_helpers import (APP, TIMEOUT, Browser, app, player_data, server_drawn,
                           tiny, tiny_model_env)
 from streamlit.testing.v1 import AppTest
 
-from lesson.i18n import tr
-from lesson.lessons import BY_ID, LESSONS, PAGE_FILES
+from words.i18n import tr
+from lessons import BY_ID, LESSONS, PAGE_FILES
 from player import snapshot_dict
 
 
 def engine_snapshot(lesson_id, step, model):
     """An independent engine (not the app's run store) stepped to ``step``."""
-    from kvcore.engine import Engine
-    from lesson.runtime import lesson_scenario
+    from kvcore.engine.core import Engine
+    from runstore.runtime import lesson_scenario
     scenario = lesson_scenario(BY_ID[lesson_id], model.num_layers, model=model.name, device="cpu")
     engine = Engine(scenario, model=model)
     for _ in range(step):
@@ -263,9 +263,9 @@ def test_every_page_file_is_in_the_navigation_under_streamlits_name():
 
     from streamlit.source_util import page_icon_and_name
 
-    from lesson.lessons import page_url_path
-    from lesson.live_page import PAGE_FILE as LIVE_PAGE
-    from lesson.trace_page import PAGE_FILE
+    from lessons import page_url_path
+    from ui.live_page import PAGE_FILE as LIVE_PAGE
+    from ui.trace_page import PAGE_FILE
     root = Path(APP).resolve().parent
     files = sorted((root / "pages").glob("*.py"))
     assert {f"pages/{f.name}" for f in files} == set(PAGE_FILES.values()) | {PAGE_FILE, LIVE_PAGE}

@@ -1,10 +1,10 @@
 """LabRun (a cursor over a recorded run), quiz predictions and the myths, on the engine without a model."""
 
-from kvcore.engine import Engine, NoModelRunner
-from kvcore.scenario import RequestSpec, load_scenario
-from lesson.myths import free_runs, internal_waste, lru_contrast, myth_sections
-from lesson.quiz import make_prediction
-from lesson.runtime import LabRun
+from kvcore.engine.core import Engine, NoModelRunner
+from record.scenario import RequestSpec, load_scenario
+from lessons.myths import free_runs, internal_waste, lru_contrast, myth_sections
+from lessons.quiz import make_prediction
+from runstore.runtime import LabRun
 
 SCENARIO = {"engine": {"block_size": 4, "num_gpu_blocks": 12, "max_num_seqs": 3}, "requests": [
     {"id": "A", "prompt_token_ids": list(range(1, 14)), "max_tokens": 4, "ignore_eos": True},
@@ -125,7 +125,7 @@ def test_myths_on_the_live_pool():
 
 
 def test_myths_are_computed_once_per_run_step_and_language():
-    from lesson.myths import myth_sections_at
+    from lessons.myths import myth_sections_at
     run = new_run()
     run.goto(12)
     calls = []
@@ -142,7 +142,7 @@ def test_myths_are_computed_once_per_run_step_and_language():
 
 def test_a_failing_step_stops_the_run_with_its_reason():
     import pytest
-    from lesson.runtime import RunStopped
+    from runstore.runtime import RunStopped
     calls = {"n": 0}
 
     class Flaky(NoModelRunner):
@@ -164,7 +164,7 @@ def test_a_failing_step_stops_the_run_with_its_reason():
 
 def test_check_requests_refuses_what_never_fits():
     import pytest
-    from lesson.runtime import check_requests
+    from runstore.runtime import check_requests
     d = {"engine": {"block_size": 2, "num_gpu_blocks": 4},
          "requests": [{"id": "X", "prompt_token_ids": list(range(1, 20)), "max_tokens": 2}]}
     with pytest.raises(ValueError, match="usable blocks"):
@@ -172,8 +172,8 @@ def test_check_requests_refuses_what_never_fits():
 
 
 def lab_trace(run: LabRun, header: bool = True, outputs: bool = True):
-    from kvcore.scenario import scenario_to_dict
-    from kvcore.trace import Trace, read_trace
+    from record.scenario import scenario_to_dict
+    from record.trace import Trace, read_trace
     run.run_to_end()
     t = Trace(scenario_to_dict(run.scenario) if header else None, run.initial if header else None,
               tuple(run.records), run.outputs() if outputs else None)
@@ -181,7 +181,7 @@ def lab_trace(run: LabRun, header: bool = True, outputs: bool = True):
 
 
 def test_trace_run_moves_like_a_lab_run_over_fixed_records():
-    from lesson.runtime import TraceRun
+    from runstore.runtime import TraceRun
     live = new_run()
     tr = TraceRun(lab_trace(live))
     assert tr.scenario == live.scenario and tr.cursor == 0 and tr.snapshot == live.initial and tr.record is None
@@ -201,7 +201,7 @@ def test_trace_run_moves_like_a_lab_run_over_fixed_records():
 
 
 def test_trace_run_without_header_starts_at_step_one():
-    from lesson.runtime import TraceRun
+    from runstore.runtime import TraceRun
     live = new_run()
     tr = TraceRun(lab_trace(live, header=False, outputs=False))
     assert tr.scenario is None and tr.first == 1 and tr.cursor == 1 and tr.record == live.records[0]

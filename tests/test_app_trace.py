@@ -15,9 +15,9 @@ from _app_helpers import APP, TIMEOUT, Browser, app, player_data, sidebar_set  #
 from _app_helpers import tiny, tiny_model_env  # noqa: F401
 from streamlit.testing.v1 import AppTest
 
-from kvcore.scenario import load_scenario
-from lesson.events import step_sentences
-from lesson.trace_page import PAGE_FILE, STATE_KEY
+from record.scenario import load_scenario
+from words.sentences import step_sentences
+from ui.trace_page import PAGE_FILE, STATE_KEY
 from player import snapshot_dict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,7 +38,7 @@ def cli_trace(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def engine_records(tiny):
     """The same scenario on an independent engine: (state before step 1, records)."""
-    from kvcore.engine import Engine
+    from kvcore.engine.core import Engine
     engine = Engine(replace(load_scenario(EVICTION), model="tiny-random", device="cpu"), model=tiny)
     initial = engine.snapshot()
     return initial, engine.run()
@@ -199,8 +199,8 @@ def test_example_trace_then_open_its_scenario_in_the_playground(engine_records):
 
 def test_why_panel_on_the_trace_viewer_explains_the_steps_shown(engine_records):
     """A trace is a recorded run: the Why? panel answers on it, up to the player's cursor."""
-    from kvcore.explain import RecordedSteps, explain_hit
-    from kvcore.explain_text import hit_sentences
+    from words.explain import RecordedSteps, explain_hit
+    from words.explain_text import hit_sentences
     at = trace_app()
     at.button(key="example:trace").click().run()
     b = Browser(at, "trace").show(len(engine_records[1]))

@@ -1,13 +1,14 @@
 """BlockPool and BlockHashToBlockMap, written from vLLM v1's block_pool.py (0.33 free order)."""
 import pytest
 
-from kvcore import events
-from kvcore.kv.block_hash import get_block_hash, make_block_hash_with_group_id
-from kvcore.kv.block_pool import (AllBlocksCleared, BlockHashToBlockMap, BlockPool, BlockRemoved,
+from record import events
+from kvcore.core.kv_cache_utils import get_block_hash, make_block_hash_with_group_id
+from kvcore.core.block_pool import (AllBlocksCleared, BlockHashToBlockMap, BlockPool, BlockRemoved,
                                   BlockStored)
-from kvcore.kv.free_queue import KVCacheBlock
+from kvcore.core.kv_cache_utils import KVCacheBlock
 
 from _kv_helpers import ids, make_manager, make_request, queue_ids, vllm_chain, ext, removed, stored
+from kvcore.utils.math_utils import cdiv
 
 
 
@@ -19,7 +20,7 @@ def cached_blocks(p, tokens, block_size=2, rid="r"):
     """Allocate and cache the full blocks of a prompt, as allocate_slots would."""
     req = make_request(rid, tokens, block_size)
     n_full = len(tokens) // block_size
-    blocks = p.get_new_blocks(-(-len(tokens) // block_size))
+    blocks = p.get_new_blocks(cdiv(len(tokens), block_size))
     p.cache_full_blocks(req, blocks, 0, n_full, block_size, 0)
     return req, blocks
 

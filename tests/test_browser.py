@@ -138,10 +138,10 @@ def expected(snap) -> dict:
 
 def engine_snapshots(lesson_id):
     """An independent engine's snapshots of a lesson, on the server's model."""
-    from kvcore.engine import Engine
+    from kvcore.engine.core import Engine
     from kvcore.model import load_model
-    from lesson.lessons import BY_ID
-    from lesson.runtime import lesson_scenario
+    from lessons import BY_ID
+    from runstore.runtime import lesson_scenario
     model = load_model(model_for_browser(), "cpu")
     engine = Engine(lesson_scenario(BY_ID[lesson_id], model.num_layers, model=model.name, device="cpu"), model=model)
     snaps = [engine.snapshot()]
@@ -185,7 +185,7 @@ def test_keys_buttons_timeline_and_hover_agree_with_the_engine(server, browser):
     page.locator('[data-act="until"]').click()
     wait_step(page, hit)
     assert drawn(page) == expected(snaps[hit])
-    from kvcore.sentences import sentence
+    from words.sentences import sentence
     hit_event = next(e for e in records[hit - 1].events if e.kind == "cache_hit")
     assert page.locator(".pkv-events").get_by_text(sentence(hit_event, "en", None)[:30]).count()
     # hover: the whole story of every cached block
@@ -253,7 +253,7 @@ def assert_literal(page):
 
 @pytest.mark.browser
 def test_hostile_prompt_is_text_in_the_app_and_in_its_export(server, browser, tmp_path):
-    from lesson.state import _encode_base
+    from ui.state import _encode_base
     page = browser.new_page(viewport={"width": 1500, "height": 1900}, accept_downloads=True)
     dialogs = []
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
@@ -337,10 +337,10 @@ def test_a_finished_page_is_quiet_and_loads_the_player_by_url(server, browser):
 def test_requests_table_and_over_time_chart_follow_the_cursor(server, browser):
     """The player's requests table at a step equals an independent engine's snapshot there, the
     over-time chart has one point per step up to the cursor, and a hostile request id is text."""
-    from kvcore.engine import Engine
+    from kvcore.engine.core import Engine
     from kvcore.model import load_model
-    from kvcore.scenario import load_scenario
-    from lesson.state import _encode_base
+    from record.scenario import load_scenario
+    from ui.state import _encode_base
     rid = "<img src=x onerror=alert(1)>"
     d = {"name": "table", "engine": {"block_size": 4, "num_gpu_blocks": 24},
          "requests": [{"id": rid, "prompt": "The quick brown fox jumps", "max_tokens": 4},
@@ -380,7 +380,7 @@ def test_a_recording_run_streams_in_by_the_players_own_asks(server, browser):
     half second; a hidden tab stops asking and starts again when shown; and a click on another page
     in the sidebar while the run records lands on that page (the page used to poll itself and then
     rerun the whole app when the run ended, which could pull the browser back to the old page)."""
-    from lesson.state import _encode_base
+    from ui.state import _encode_base
     long = {"name": "streams", "engine": {"block_size": 4, "num_gpu_blocks": 512, "max_num_seqs": 4},
             "requests": [{"id": c, "prompt": f"{c} {time.time()} tells a long story", "max_tokens": 380,
                           "ignore_eos": True} for c in "ABCD"]}

@@ -1,6 +1,6 @@
 """A real browser (Debian's chromium) and the "Why?" panel under the step player: select a request
 and see why its cache hit stopped where it did; select a block and see its story; both languages.
-The sentences shown must equal kvcore.explain on an independent engine run to the same step."""
+The sentences shown must equal words.explain on an independent engine run to the same step."""
 import re
 
 import pytest
@@ -12,11 +12,11 @@ pytestmark = pytest.mark.browser
 
 def recorded_until_hit():
     """The prefix lesson on the tiny model, stepped by an independent engine to B's first hit."""
-    from kvcore.engine import Engine
-    from kvcore.explain import RecordedSteps
+    from kvcore.engine.core import Engine
+    from words.explain import RecordedSteps
     from kvcore.model import load_model
-    from lesson.lessons import BY_ID
-    from lesson.runtime import lesson_scenario
+    from lessons import BY_ID
+    from runstore.runtime import lesson_scenario
     model = load_model("tiny-random", "cpu")
     scenario = lesson_scenario(BY_ID["prefix"], model.num_layers, model=model.name, device="cpu")
     engine = Engine(scenario, model=model)
@@ -49,10 +49,10 @@ def shows(page, line: str) -> None:
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_select_a_request_and_a_block_and_the_page_says_why(server, browser, lang):
-    from kvcore.explain import explain_hit
-    from kvcore.explain_blocks import life_of_block
-    from kvcore.explain_text import hit_sentences, life_sentences
-    from lesson.why_panel import WORDS
+    from words.explain import explain_hit
+    from words.explain_blocks import life_of_block
+    from words.explain_text import hit_sentences, life_sentences
+    from ui.why_panel import WORDS
     steps, rid = recorded_until_hit()
     n = len(steps.records)
     page = browser.new_page(viewport={"width": 1500, "height": 2400})

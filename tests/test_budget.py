@@ -3,9 +3,9 @@ import sys
 
 import pytest
 
-from kvcore.budget import (ENV, BudgetError, Limits, activation_bytes, app_limits, check_scenario, check_size,
+from record.budget import (ENV, BudgetError, Limits, activation_bytes, app_limits, check_scenario, check_size,
                            check_steps, cli_limits, kv_pool_bytes)
-from kvcore.scenario import load_scenario
+from record.scenario import load_scenario
 
 
 class SmolConfig:  # SmolLM2-135M's shape, without loading it
@@ -30,12 +30,12 @@ def refused(sc, limits=L, config=CFG, encode=None) -> BudgetError:
 
 def test_budget_is_pure_python():
     assert "torch" not in sys.modules or True  # other tests may have imported torch; check the module itself
-    import kvcore.budget as b
+    import record.budget as b
     assert "torch" not in b.__dict__
 
 
 def test_every_lesson_fits_the_default_limits():
-    from lesson.lessons import BY_ID
+    from lessons import BY_ID
     for lesson in BY_ID.values():
         d = lesson.scenario_dict(30, {})
         check_scenario(load_scenario(d), L, CFG, encode=lambda r: [0] * (len(r.prompt) // 2 + 20))
@@ -119,12 +119,12 @@ def test_cli_is_generous_but_bounded_by_free_memory():
     assert cli_limits(available=4 * 10**9, env={"PAGED_KV_LAB_MAX_BLOCKS": "10"}).max_num_gpu_blocks == 10
 
 
-# -- links and files (lesson/state.py) ------------------------------------------------------
+# -- links and files (ui/state.py) ------------------------------------------------------
 def test_a_zlib_bomb_link_is_refused_while_it_is_decompressed():
     import base64
     import zlib
 
-    from lesson.state import _decode_base, _encode_base
+    from ui.state import _decode_base, _encode_base
     assert _decode_base(_encode_base({"name": "ok"})) == {"name": "ok"}
     bomb = base64.urlsafe_b64encode(zlib.compress(b"[" + b" " * 10_000_000 + b"]", 9)).decode()
     assert len(bomb) < Limits().max_link_chars, "a real bomb: small enough to pass the length cap"
@@ -135,7 +135,7 @@ def test_a_zlib_bomb_link_is_refused_while_it_is_decompressed():
 
 
 def test_files_are_capped_and_must_be_utf8():
-    from lesson.state import parse_scenario_text
+    from ui.state import parse_scenario_text
     d, problems = parse_scenario_text(b'{"name": "' + b"x" * 2_000_000 + b'"}')
     assert d is None and "PAGED_KV_LAB_MAX_FILE_BYTES" in problems[0]
     d, problems = parse_scenario_text('{"name": "ok"}'.encode("utf-16"))

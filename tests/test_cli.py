@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from kvcore.engine import Engine
-from kvcore.scenario import load_scenario, scenario_to_dict
-from kvcore.sentences import sentence
-from kvcore.snapshot import Snapshot, StepRecord
-from kvcore.trace import read_trace
+from kvcore.engine.core import Engine
+from record.scenario import load_scenario, scenario_to_dict
+from words.sentences import sentence
+from record.snapshot import Snapshot, StepRecord
+from record.trace import read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.json"))
@@ -67,7 +67,7 @@ def test_until_stops_at_first_event(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "stopped at the first 'preempted' event" in r.stdout
     t = read_trace(out.read_text())
-    # the step log is the app's own sentences (kvcore.sentences), here in Chinese, reasons included
+    # the step log is the app's own sentences (words.sentences), here in Chinese, reasons included
     pre = next(e for e in t.records[-1].events if e.kind == "preempted")
     assert f"   {sentence(pre, 'zh')}\n" in r.stdout and "被抢占（FCFS" in r.stdout
     assert "模型采样" in r.stdout

@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from kvcore.engine import Engine
-from kvcore.scenario import EngineSettings, RequestSpec, Scenario
+from kvcore.engine.core import Engine
+from record.scenario import EngineSettings, RequestSpec, Scenario
 from kvcore.model import reference_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -6,8 +6,8 @@ import typing
 
 import pytest
 
-from kvcore import events
-from kvcore.events import EVENT_KINDS, EVENT_TYPES, Event, EventKind
+from record import events
+from record.events import EVENT_KINDS, EVENT_TYPES, Event, EventKind
 
 from _event_runs import every_kind_events, every_kind_runs
 from _kv_helpers import make_engine, spec
@@ -113,7 +113,7 @@ def test_the_engine_takes_the_kv_cache_events_every_step():
     """vLLM's KV cache events go onto the step's record; the pool's queue is empty after every
     step (it used to grow for the life of the engine). Each block the step cached is in one of
     the step's BlockStored events, each eviction is one BlockRemoved."""
-    from kvcore.kv_events import maybe_convert_block_hash
+    from kvcore.distributed.kv_events import maybe_convert_block_hash
 
     eng = make_engine([spec("A", range(8), max_tokens=6), spec("B", range(20, 28), max_tokens=6)],
                       num_gpu_blocks=6)

@@ -1,4 +1,4 @@
-"""Answers to "why?" (kvcore.explain, kvcore.explain_blocks, kvcore.explain_text): one run per
+"""Answers to "why?" (words.explain, words.explain_blocks, words.explain_text): one run per
 reason a hit stops where it does, the life of a block against every recorded snapshot (random
 runs), two requests side by side, and the ``explain`` subcommand."""
 from __future__ import annotations
@@ -9,14 +9,14 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from _app_helpers import tiny_model_env  # noqa: F401  (the page test runs the app on the tiny model)
 from _event_runs import every_kind_runs
 from _kv_helpers import make_engine, spec
-from kvcore import events as E
-from kvcore import explain as X
-from kvcore import trace
-from kvcore.cli import main
-from kvcore.explain import CacheHistory, RecordedSteps, explain_hit
-from kvcore.explain_blocks import compare_requests, life_of_block
-from kvcore.explain_text import hit_sentences
-from kvcore.scenario import Scenario, scenario_to_dict
+from record import events as E
+from words import explain as X
+from record import trace
+from cli.main import main
+from words.explain import CacheHistory, RecordedSteps, explain_hit
+from words.explain_blocks import compare_requests, life_of_block
+from words.explain_text import hit_sentences
+from record.scenario import Scenario, scenario_to_dict
 
 A = list(range(100, 108))          # two blocks of 4
 
@@ -283,7 +283,7 @@ def _why_page():
     import streamlit as st
     sys.path.insert(0, str(Path("tests").resolve()))
     from _kv_helpers import make_engine, spec
-    from lesson.why_panel import why_panel
+    from ui.why_panel import why_panel
 
     A = list(range(100, 108))
     eng = make_engine([spec("A", A, max_tokens=1), spec("B", range(200, 216), max_tokens=1, arrival_step=2),

@@ -1,7 +1,7 @@
 """FreeKVCacheBlockQueue: the doubly linked free list between two sentinels (vLLM v1 kv_cache_utils)."""
 import pytest
 
-from kvcore.kv.free_queue import FreeKVCacheBlockQueue, KVCacheBlock
+from kvcore.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
 
 
 def make(n):

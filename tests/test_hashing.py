@@ -7,9 +7,9 @@ import pickle
 import pytest
 import xxhash
 
-from kvcore.kv.block_hash import (NONE_HASH_SEED, BlockHasher, cache_salt_extra_keys, get_block_hash,
-                                  get_group_id, get_hash_fn, hash_block_tokens,
-                                  make_block_hash_with_group_id, none_hash)
+from kvcore.core.kv_cache_utils import NONE_HASH_SEED, BlockHasher, cache_salt_extra_keys, get_block_hash, get_group_id, hash_block_tokens, make_block_hash_with_group_id, none_hash
+
+from kvcore.utils.hashing import get_hash_fn
 
 from _kv_helpers import VLLM_NONE_HASH_SHA256, make_request, vllm_chain
 
@@ -131,7 +131,7 @@ def test_cbor_algorithms_hash_canonical_cbor_of_the_same_tuple():
 
 
 def test_none_hash_seed_resolves_as_vllm_when_hash_seed_is_null(monkeypatch):
-    from kvcore.kv.block_hash import resolve_none_hash_seed
+    from kvcore.core.kv_cache_utils import resolve_none_hash_seed
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
     assert resolve_none_hash_seed("sha256", None) == resolve_none_hash_seed("sha256_cbor", None) == "vllm-none-hash"
     a, b = resolve_none_hash_seed("xxhash", None), resolve_none_hash_seed("xxhash_cbor", None)

@@ -3,8 +3,8 @@ under AppTest on the tiny model; the figures equal KVCacheSizing computed indepe
 from _app_helpers import app, tiny, tiny_model_env  # noqa: F401
 
 from kvcore.model.memory import num_gpu_blocks_from_profile
-from lesson import how_many_blocks as H
-from lesson.lessons import PAGE_FILES
+from ui import how_many_blocks as H
+from lessons import PAGE_FILES
 
 
 def metric(at, label):

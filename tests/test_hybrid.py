@@ -1,10 +1,10 @@
 """Hybrid models: one full-attention group and one sliding-window group over one shared pool."""
 import pytest
 
-from kvcore import events
-from kvcore.engine import kv_cache_groups
-from kvcore.kv.block_hash import get_block_hash, get_group_id, make_block_hash_with_group_id
-from kvcore.scenario import EngineSettings
+from record import events
+from kvcore.engine.core import kv_cache_groups
+from kvcore.core.kv_cache_utils import get_block_hash, get_group_id, make_block_hash_with_group_id
+from record.scenario import EngineSettings
 
 from _kv_helpers import admit, events_of, hybrid, make_engine, make_manager, make_request, queue_ids, spec
 

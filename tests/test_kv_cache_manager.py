@@ -1,12 +1,12 @@
 """KVCacheManager with one full-attention group: hits, allocation, caching, freeing, stats, events."""
 import pytest
 
-from kvcore import events
-from kvcore.kv.block_hash import make_block_hash_with_group_id
-from kvcore.kv.block_pool import AllBlocksCleared, BlockRemoved, BlockStored
+from record import events
+from kvcore.core.kv_cache_utils import make_block_hash_with_group_id
+from kvcore.core.block_pool import AllBlocksCleared, BlockRemoved, BlockStored
 
-from kvcore.sched.request import RequestStatus
-from kvcore.stats import CachingMetrics, PrefixCacheStats
+from kvcore.request import RequestStatus
+from kvcore.metrics.stats import CachingMetrics, PrefixCacheStats
 
 from _kv_helpers import admit, hybrid, ids, make_manager, make_request, queue_ids, ext, removed, stored
 

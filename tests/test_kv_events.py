@@ -9,10 +9,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from kvcore import kv_events as ke
-from kvcore.engine import Engine
-from kvcore.scenario import EngineSettings, RequestSpec, Scenario
-from kvcore.prefix_index import PrefixCacheIndex
+from kvcore.distributed import kv_events as ke
+from kvcore.engine.core import Engine
+from record.scenario import EngineSettings, RequestSpec, Scenario
+from watch.prefix_index import PrefixCacheIndex
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "vllm-kv-events"
 NAMES = ["shared_prefix", "shared_prefix_bytes", "eviction", "hybrid"]
@@ -89,7 +89,7 @@ def test_the_index_counts_duplicates_and_drops_a_hash_at_zero():
 
 
 def test_the_index_keeps_at_most_its_cap_of_hashes_and_counts_the_rest():
-    from kvcore.prefix_index import HashBudget
+    from watch.prefix_index import HashBudget
     budget = HashBudget(3)
     index = PrefixCacheIndex(budget)
     index.apply(ke.BlockStored(block_hashes=[1, 2, 3, 4, 5], parent_block_hash=None, token_ids=list(range(10)),

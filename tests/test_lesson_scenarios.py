@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from lesson.catalog import moment_steps
-from lesson.lessons import BY_ID, HOME, LESSONS
-from lesson.panels import narration
-from lesson.runtime import lesson_run
+from lessons.catalog import moment_steps
+from lessons import BY_ID, HOME, LESSONS
+from ui.panels import narration
+from runstore.runtime import lesson_run
 
 RUN_WAIT = 300.0   # run_to_end waits this long for the run store (SmolLM2 on a busy machine is slow)
 

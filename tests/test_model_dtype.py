@@ -9,10 +9,10 @@ greedy divergence must sit on a near tie that this much rounding can flip.
 import pytest
 import torch
 
-from kvcore.engine import Engine
+from kvcore.engine.core import Engine
 from kvcore.model import ModelRunner, load_model
 from _mini_engine import measure_agreement
-from kvcore.scenario import EngineSettings, RequestSpec, Scenario
+from record.scenario import EngineSettings, RequestSpec, Scenario
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

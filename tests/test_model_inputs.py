@@ -1,12 +1,12 @@
-"""The runner's step inputs (kvcore/batch.py: ModelInputs, vLLM's names) and their place in the step record."""
+"""The runner's step inputs (kvcore/worker/gpu_input_batch.py: ModelInputs, vLLM's names) and their place in the step record."""
 from __future__ import annotations
 
 import pytest
 
-from kvcore import trace
-from kvcore.batch import ModelInputs, SeqBatchItem, prepare_inputs
-from kvcore.engine import Engine
-from kvcore.scenario import EngineSettings, RequestSpec, Scenario
+from record import trace
+from kvcore.worker.gpu_input_batch import ModelInputs, SeqBatchItem, prepare_inputs
+from kvcore.engine.core import Engine
+from record.scenario import EngineSettings, RequestSpec, Scenario
 
 
 def test_prepare_inputs_lays_out_two_requests_and_two_groups():

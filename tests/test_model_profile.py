@@ -8,11 +8,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from kvcore.cli import main
-from kvcore.engine import Engine
+from cli.main import main
+from kvcore.engine.core import Engine
 from kvcore.model.memory import GiB, MemoryProfile, bytes_per_block, num_gpu_blocks_from_profile
 from kvcore.model.profile import LiveTensorBytes, profile_model, weights_bytes
-from kvcore.scenario import EngineSettings, RequestSpec, Scenario, load_scenario
+from record.scenario import EngineSettings, RequestSpec, Scenario, load_scenario
 
 PROFILE = MemoryProfile(device="cuda:0", model="m", dtype="float16", max_num_batched_tokens=256,
                         total_memory=80 * GiB, weights_memory=3 * GiB + 12345,

@@ -4,11 +4,11 @@ import json
 import pytest
 from _app_helpers import tiny_model_env  # noqa: F401  (the app test below runs the tiny model)
 
-from kvcore.budget import BudgetError, Limits, check_scenario
-from kvcore.engine import Engine
-from kvcore.parallel_sampling import ParentRequest, fan_out, group_outputs, scenario_parents
-from kvcore.scenario import RequestSpec, ScenarioError, load_scenario
-from kvcore.trace import TraceError, outputs_line, read_trace, step_line
+from record.budget import BudgetError, Limits, check_scenario
+from kvcore.engine.core import Engine
+from kvcore.engine.parallel_sampling import ParentRequest, fan_out, group_outputs, scenario_parents
+from record.scenario import RequestSpec, ScenarioError, load_scenario
+from record.trace import TraceError, outputs_line, read_trace, step_line
 
 PROMPT = "What is a KV cache? Tell me more, please."   # not a whole number of 8-token blocks
 
@@ -133,7 +133,7 @@ def test_trace_keeps_children_and_their_parent(model):
 
 def test_playground_adds_a_request_with_n():
     from _app_helpers import Browser, app
-    from lesson.lessons import PAGE_FILES
+    from lessons import PAGE_FILES
     at = app(PAGE_FILES["playground"])
     Browser(at, "playground").show(1)
     at.text_input(key="pg_req_id").set_value("Q")
@@ -154,7 +154,7 @@ def test_cli_trace_groups_children_in_the_trace_viewer(tmp_path):
     from pathlib import Path
 
     from _app_helpers import app, sidebar_set
-    from lesson.trace_page import PAGE_FILE
+    from ui.trace_page import PAGE_FILE
     root = Path(__file__).resolve().parent.parent
     out = tmp_path / "ps.jsonl"
     r = subprocess.run([sys.executable, "-m", "kvcore", "run", str(root / "examples" / "parallel_sampling.json"),

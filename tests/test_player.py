@@ -7,11 +7,11 @@ import re
 
 import pytest
 
-from kvcore.engine import Engine
-from kvcore.scenario import load_scenario
-from lesson.lessons import BY_ID, LESSONS
-from lesson.panels import LessonNarrator
-from lesson.runtime import lesson_scenario
+from kvcore.engine.core import Engine
+from record.scenario import load_scenario
+from lessons import BY_ID, LESSONS
+from ui.panels import LessonNarrator
+from runstore.runtime import lesson_scenario
 from player import RunEncoder, apply_delta, run_payload, snapshot_dict, static_html
 from player.export import json_for_script
 
@@ -131,7 +131,7 @@ def test_static_html_is_self_contained(tiny_model):
 def test_cli_writes_the_same_player(tmp_path, tiny_model):
     from pathlib import Path
 
-    from kvcore.cli import main
+    from cli.main import main
     out = tmp_path / "run.html"
     scenario = Path(__file__).resolve().parents[1] / "examples" / "shared_prefix.json"
     assert main(["run", str(scenario), "--model", "tiny-random", "--device", "cpu", "--html", str(out), "--quiet"]) == 0

@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from kvcore.budget import BudgetError, Limits
-from kvcore.scenario import load_scenario
-from lesson.decoder import Decoder
-from lesson.recorded_run import RecordedRun, estimate_nbytes, run_key
-from lesson.runs import RunStore
-from lesson.runtime import LabRun, RunStopped, Timeline
+from record.budget import BudgetError, Limits
+from record.scenario import load_scenario
+from runstore.decoder import Decoder
+from runstore.recorded_run import RecordedRun, estimate_nbytes, run_key
+from runstore.store import RunStore
+from runstore.runtime import LabRun, RunStopped, Timeline
 
 SCENARIO = {"engine": {"block_size": 4, "num_gpu_blocks": 12, "max_num_seqs": 3}, "requests": [
     {"id": "A", "prompt_token_ids": list(range(1, 14)), "max_tokens": 4, "ignore_eos": True},
@@ -279,12 +279,12 @@ def test_decoder_is_bounded_and_shared_across_threads():
 
 # -- on the real engine (no model) ----------------------------------------------------------------
 def engine_factory(s):
-    from kvcore.engine import Engine, NoModelRunner
+    from kvcore.engine.core import Engine, NoModelRunner
     return Engine(s, runner=NoModelRunner(), debug=True)
 
 
 def test_a_shared_run_equals_a_fresh_engine_step_by_step(store):
-    from kvcore.engine import Engine, NoModelRunner
+    from kvcore.engine.core import Engine, NoModelRunner
     scenario = load_scenario(SCENARIO)
     one = Timeline(store.run(scenario, engine_factory, model_key="no-model"))
     two = Timeline(store.run(load_scenario(SCENARIO), engine_factory, model_key="no-model"))
@@ -299,7 +299,7 @@ def test_a_shared_run_equals_a_fresh_engine_step_by_step(store):
 
 
 def test_lab_run_add_request_is_a_new_run_with_the_cursor_kept(store):
-    from kvcore.scenario import RequestSpec
+    from record.scenario import RequestSpec
     run = LabRun(load_scenario(SCENARIO), engine_factory, store)
     run.goto(3)
     before = [r.to_dict() for r in run.records[:3]]
@@ -311,8 +311,8 @@ def test_lab_run_add_request_is_a_new_run_with_the_cursor_kept(store):
 
 
 def test_a_trace_file_is_a_finished_run(store):
-    from kvcore.scenario import scenario_to_dict
-    from kvcore.trace import Trace, read_trace
+    from record.scenario import scenario_to_dict
+    from record.trace import Trace, read_trace
     live = Timeline(store.run(load_scenario(SCENARIO), engine_factory, model_key="no-model"))
     live.run_to_end(timeout=10)
     trace = read_trace(Trace(scenario_to_dict(live.scenario), live.initial, tuple(live.records),

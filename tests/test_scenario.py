@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcore.scenario import (EngineSettings, RequestSpec, Scenario, ScenarioError, load_scenario,
+from record.scenario import (EngineSettings, RequestSpec, Scenario, ScenarioError, load_scenario,
                              scenario_to_dict)
 
 EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.json"))
@@ -178,7 +178,7 @@ def test_all_problems_are_reported_at_once_and_nothing_is_half_applied():
 
 
 def test_engine_overrides_from_key_value_pairs_are_validated_like_a_file():
-    from kvcore.scenario import parse_engine_overrides, with_engine_overrides
+    from record.scenario import parse_engine_overrides, with_engine_overrides
     s = load_scenario({"engine": {"sliding_window": 8, "block_size": 4}})
     o = with_engine_overrides(s, parse_engine_overrides(
         ["watermark=0.1", "prefix_cache_retention_interval=null", "hash_algo=sha256_cbor", "hash_seed=0",
@@ -193,7 +193,7 @@ def test_engine_overrides_from_key_value_pairs_are_validated_like_a_file():
 
 
 def test_cli_set_overrides_an_engine_setting(tmp_path, capsys):
-    from kvcore.cli import main
+    from cli.main import main
     f = tmp_path / "s.json"
     f.write_text(json.dumps({"model": "tiny-random", "device": "cpu",
                              "engine": {"block_size": 4, "num_gpu_blocks": 16, "hash_algo": "sha256"},

@@ -2,11 +2,12 @@
 preemption under FCFS and priority, resume with prefix hits, finishing, aborting."""
 import pytest
 
-from kvcore import events
-from kvcore.engine import NoModelRunner
-from kvcore.sched.request import RequestStatus
+from record import events
+from kvcore.engine.core import NoModelRunner
+from kvcore.request import RequestStatus
 
 from _kv_helpers import events_of, make_engine, spec, table
+from kvcore.utils.math_utils import cdiv
 
 
 def steps_until(eng, pred, limit=100):
@@ -354,7 +355,7 @@ def test_snapshot_prefix_cache_stats_count_resumed_requests_apart():
 
 
 def test_scheduler_output_has_vllms_fields_and_finished_ids_are_handed_out_once():
-    from kvcore.sched.output import ModelRunnerOutput
+    from kvcore.outputs import ModelRunnerOutput
     eng = make_engine([spec("a", list(range(6)), max_tokens=1), spec("b", list(range(50, 53)), max_tokens=3)])
     for s in eng.scenario.requests:
         eng.add_request(s)
@@ -397,5 +398,5 @@ def test_a_resumed_request_travels_as_cached_data_with_its_whole_table_and_token
     i = c.req_ids.index("B")
     assert c.resumed_req_ids == {"B"} and not [d for d in res.scheduled_new_reqs if d.req_id == "B"]
     (table,) = c.new_block_ids[i]
-    assert table[0] == 3 and len(table) == -(-len(c.all_token_ids["B"]) // 4)   # the hit, then the rest
+    assert table[0] == 3 and len(table) == cdiv(len(c.all_token_ids["B"]), 4)   # the hit, then the rest
     assert c.all_token_ids["B"][:8] == list(range(20, 28)) and c.num_computed_tokens[i] == 4

@@ -1,9 +1,9 @@
 """SlidingWindowManager: null slots, right-to-left hit search, sparse (0.33) vs dense retention."""
 import pytest
 
-from kvcore import events
-from kvcore.kv.block_hash import make_block_hash_with_group_id
-from kvcore.kv.single_type_kv_cache_manager import SlidingWindowManager
+from record import events
+from kvcore.core.kv_cache_utils import make_block_hash_with_group_id
+from kvcore.core.single_type_kv_cache_manager import SlidingWindowManager
 
 from _kv_helpers import admit, ids, make_engine, make_manager, make_request, queue_ids, sliding, spec
 

@@ -1,4 +1,4 @@
-"""The code behind each decision (kvcore.source_links): every vLLM permalink points into a file of
+"""The code behind each decision (words.source_links): every vLLM permalink points into a file of
 the v0.33.0 tag within its recorded length, every kvcore link is a real function, every event
 kind has a chain, and a step's calls come out in call order."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import re
 import pytest
 
 from _event_runs import every_kind_events, every_kind_runs
-from kvcore import events as E
-from kvcore.source_links import (FUNCTIONS, VLLM_FILE_LINES, VLLM_TAG, call_order, decision_link,
+from record import events as E
+from words.source_links import (FUNCTIONS, VLLM_FILE_LINES, VLLM_TAG, call_order, decision_link,
                                  event_calls)
 
 PERMALINK = re.compile(r"^https://github\.com/vllm-project/vllm/blob/v0\.33\.0/(vllm/[\w/]+\.py)#L(\d+)-L(\d+)$")

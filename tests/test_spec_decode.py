@@ -5,13 +5,16 @@ with transformers' generate — the tiny model always, SmolLM2 in the slow set."
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from kvcore import events
-from kvcore.engine import Engine, NoModelRunner
-from kvcore.scenario import EngineSettings, RequestSpec, Scenario, ScenarioError, SpeculativeConfig, load_scenario
-from kvcore.spec_decode import NgramProposer, SpecDecodingStats, rejection_sample
+from record import events
+from kvcore.engine.core import Engine, NoModelRunner
+from record.scenario import EngineSettings, RequestSpec, Scenario, ScenarioError, SpeculativeConfig, load_scenario
+from kvcore.spec_decode.ngram_proposer import NgramProposer
+from kvcore.spec_decode.metrics import SpecDecodingStats
+from kvcore.sample.rejection_sampler import rejection_sample
 
 from _kv_helpers import events_of, make_engine, spec
 from test_engine_equality import eos_of, reference_tokens
+from kvcore.utils.math_utils import cdiv
 
 SPEC = SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
 REP = [17, 254, 1033, 88, 4012, 7, 391]            # repeated: the proposer finds it again
@@ -187,7 +190,7 @@ def test_any_setting_keeps_the_invariants_and_the_output(block_size, k, min_n, e
     prompts = [[0, 1, 2, 3, 4] * 2, [4, 3, 2, 1, 0, 4, 3], [2, 2, 2, 2, 2, 2, 2, 2, 2]][:num_requests]
     specs = [spec(f"R{i}", p, max_tokens=max_tokens) for i, p in enumerate(prompts)]
     longest = max(len(p) for p in prompts) + max_tokens
-    pool = -(-longest // block_size) + 1 + spare_blocks
+    pool = cdiv(longest, block_size) + 1 + spare_blocks
     common = dict(runner_vocab=5, block_size=block_size, num_gpu_blocks=pool, max_num_batched_tokens=budget,
                   enable_prefix_caching=caching)
     sp = SpeculativeConfig(num_speculative_tokens=k, prompt_lookup_min=min_n, prompt_lookup_max=min_n + extra_n)

@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from kvcore.invariants import InvariantError, check_invariants
-from kvcore.sched.request import RequestStatus
+from record.invariants import InvariantError, check_invariants
+from kvcore.request import RequestStatus
 
 from _kv_helpers import make_engine, make_manager, make_request, spec
 
@@ -194,7 +194,7 @@ def _populated():
 
 def test_check_invariants_accepts_a_sound_state():
     kvm, reqs = _populated()
-    from kvcore.kv.block_hash import get_hash_fn
+    from kvcore.utils.hashing import get_hash_fn
     check_invariants(kvm, get_hash_fn("sha256"), reqs)
 
 
@@ -209,7 +209,7 @@ def test_check_invariants_accepts_a_sound_state():
 ])
 def test_check_invariants_rejects_broken_states(corrupt, message):
     kvm, reqs = _populated()
-    from kvcore.kv.block_hash import get_hash_fn
+    from kvcore.utils.hashing import get_hash_fn
     corrupt(kvm)
     with pytest.raises(InvariantError, match=message):
         check_invariants(kvm, get_hash_fn("sha256"), reqs)
@@ -217,7 +217,7 @@ def test_check_invariants_rejects_broken_states(corrupt, message):
 
 def test_check_invariants_rejects_a_hash_that_does_not_match_its_tokens():
     kvm, reqs = _populated()
-    from kvcore.kv.block_hash import get_hash_fn
+    from kvcore.utils.hashing import get_hash_fn
     meta = kvm.block_pool.hash_meta
     raw = next(iter(meta))
     meta[raw].token_ids = (99, 99)

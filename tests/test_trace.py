@@ -6,8 +6,10 @@ import pytest
 
 from pathlib import Path
 
-from kvcore import events, trace
-from kvcore.snapshot import Snapshot, StepRecord
+from record import events
+
+from record import trace
+from record.snapshot import Snapshot, StepRecord
 
 from _kv_helpers import events_of, make_engine, spec, vllm_chain
 
@@ -143,7 +145,7 @@ def test_snapshot_with_caching_off():
 # -- trace files: the CLI's JSONL, read back ---------------------------------------------
 def engine_trace(**kw):
     """A small run as a trace file written with the CLI's own line writers; (text, engine, initial)."""
-    from kvcore.scenario import scenario_to_dict
+    from record.scenario import scenario_to_dict
     eng = make_engine([spec("A", list(range(8)), max_tokens=5), spec("B", list(range(20, 28)), max_tokens=4,
                                                                       arrival_step=2)],
                       num_gpu_blocks=6, **kw)
@@ -155,7 +157,7 @@ def engine_trace(**kw):
 
 
 def test_trace_file_round_trip():
-    from kvcore.scenario import scenario_to_dict
+    from record.scenario import scenario_to_dict
     text, eng, initial = engine_trace()
     t = trace.read_trace(text)
     assert t.initial == initial and t.initial.step == 0

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import zmq
 
-from kvcore import kv_events as ke
-from kvcore.prefix_index import leading_hits
-from kvcore.watch import KVEventWatcher
+from kvcore.distributed import kv_events as ke
+from watch.prefix_index import leading_hits
+from watch.watcher import KVEventWatcher
 
 from _kv_pub import ScriptedPublisher, bind_free, fixture, wait_for
 
@@ -154,7 +154,7 @@ def test_garbage_is_counted_and_skipped_and_the_stream_goes_on(publisher, ctx):
 
 def test_leading_hits_hashes_a_prompt_as_the_server_did():
     expected, frames = fixture("eviction")
-    from kvcore.prefix_index import PrefixCacheIndex
+    from watch.prefix_index import PrefixCacheIndex
     index = PrefixCacheIndex()
     for _, _, payload in frames[:5]:                                    # up to before_eviction
         for ev in ke.decode_batch(payload).events:
@@ -242,9 +242,9 @@ def test_cli_watch_stops_after_duration_and_refuses_bad_endpoints(tmp_path):
 
 
 def test_a_scenario_with_engine_kv_events_publishes_every_step_that_had_events(ctx, tmp_path):
-    from kvcore.engine import Engine, NoModelRunner
-    from kvcore.scenario import load_scenario
-    from kvcore.prefix_index import PrefixCacheIndex
+    from kvcore.engine.core import Engine, NoModelRunner
+    from record.scenario import load_scenario
+    from watch.prefix_index import PrefixCacheIndex
     pub_ep, replay_ep = f"ipc://{tmp_path}/p", f"ipc://{tmp_path}/r"
     scenario = load_scenario({"model": "tiny-random", "engine": {
         "block_size": 4, "num_gpu_blocks": 10, "hash_algo": "sha256",

@@ -17,9 +17,9 @@ from typing import Any, Sequence
 
 import torch
 
-from .byte_tokenizer import ByteTokenizer
-from .cpu_packing import use_input_major_weights
-from .gguf_cache import (
+from kvcore.model.byte_tokenizer import ByteTokenizer
+from kvcore.model.cpu_packing import use_input_major_weights
+from kvcore.model.gguf_cache import (
     _MODEL_FILES, ModelNotAvailable, Progress, _convert_tokenizer, _is_complete, _quiet_transformers,
     ensure_smollm2_converted, smollm2_cache_dir, smollm2_gguf_path,
 )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
+from kvcore.utils.math_utils import cdiv
 
 DTYPE_BYTES = {
     "float32": 4, "fp32": 4, "float": 4,
@@ -157,7 +158,7 @@ class KVCacheSizing:
 
     @property
     def blocks_per_request(self) -> int:
-        return -(-self.max_model_len // self.block_size)
+        return cdiv(self.max_model_len, self.block_size)
 
     @property
     def max_concurrency(self) -> float:

@@ -23,8 +23,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from .loader import LoadedModel
-from .memory import MemoryProfile
+from kvcore.model.loader import LoadedModel
+from kvcore.model.memory import MemoryProfile
+from kvcore.utils.math_utils import cdiv
 
 
 def _storage(t):
@@ -97,9 +98,9 @@ def weights_bytes(model: torch.nn.Module) -> int:
 
 
 def _dummy_items(num_tokens: int, block_size: int):
-    from kvcore.batch import SeqBatchItem
+    from kvcore.worker.gpu_input_batch import SeqBatchItem
 
-    table = list(range(1, 1 + -(-num_tokens // block_size)))
+    table = list(range(1, 1 + cdiv(num_tokens, block_size)))
     return [SeqBatchItem("profile", [0] * num_tokens, 0, (table,), True)]
 
 
@@ -107,7 +108,7 @@ def _dummy_items(num_tokens: int, block_size: int):
 def profile_model(loaded: LoadedModel, max_num_batched_tokens: int = 256, block_size: int = 16) -> MemoryProfile:
     """Weights, peak activations of one forward of ``max_num_batched_tokens`` tokens, and the
     rest, measured on ``loaded``'s device (see the module docstring)."""
-    from .runner import ModelRunner
+    from kvcore.worker.gpu_model_runner import ModelRunner
 
     n = int(max_num_batched_tokens)
     if n < 1:
@@ -115,7 +116,7 @@ def profile_model(loaded: LoadedModel, max_num_batched_tokens: int = 256, block_
     t0 = time.perf_counter()
     dev = loaded.device
     weights = weights_bytes(loaded.model)
-    runner = ModelRunner(loaded, num_blocks=1 + -(-n // block_size), block_size=block_size)
+    runner = ModelRunner(loaded, num_blocks=1 + cdiv(n, block_size), block_size=block_size)
     items = _dummy_items(n, block_size)
     proc = psutil.Process()
     if dev.type == "cuda":

@@ -7,7 +7,7 @@ from typing import Sequence
 
 import torch
 
-from .loader import LoadedModel
+from kvcore.model.loader import LoadedModel
 
 
 def _share_weights_into(cls, config, source_model):

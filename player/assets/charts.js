@@ -96,7 +96,7 @@ function legend(items) {   // [[colour, text]]
 
 export class PlayerCharts {
   // -- the panels under the pictures: requests table and charts over steps -------------
-  // The page names them in head.panels (lesson/panels.py player_panels; an export without it gets
+  // The page names them in head.panels (ui/panels.py player_panels; an export without it gets
   // the table and "over time"), with head.budget (max_num_batched_tokens) and head.words. Each is
   // drawn from the snapshots and steps held, up to the cursor, on an x axis of all steps held.
   drawPanels(snap) {

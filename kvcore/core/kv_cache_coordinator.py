@@ -1,0 +1,152 @@
+"""KV cache coordinator: one single-type manager per KV cache group, one shared BlockPool
+(vLLM v1: kv_cache_coordinator).
+
+A uniform model has one group; a model mixing full and sliding-window layers
+has two (group 0 = full attention, group 1 = sliding window). Every request
+has one block table per group, all drawn from the same free queue.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Optional, Sequence
+
+from record import events
+from kvcore.core.block_pool import FREE_ORDER_V033, BlockPool
+from kvcore.core.kv_cache_utils import KVCacheBlock
+from kvcore.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+from kvcore.core.single_type_kv_cache_manager import SingleTypeKVCacheManager, get_manager_for_kv_cache_spec
+
+__all__ = ["KVCacheCoordinator", "KVCacheCoordinatorNoPrefixCache", "UnitaryKVCacheCoordinator",
+           "HybridKVCacheCoordinator", "get_kv_cache_coordinator", "replay_boundaries", "KVCacheGroupSpec"]
+
+
+def replay_boundaries(num_prompt_tokens: int) -> tuple[int, ...]:
+    """Where a later request replaying this prompt can stop its hit: a resend of the
+    same prompt is capped at ``num_prompt_tokens - 1`` (its last token is recomputed)."""
+    return (num_prompt_tokens - 1,)
+
+
+class KVCacheCoordinator(ABC):
+    """Fans each call out to the groups in group order and sums what they need."""
+
+    def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, max_in_flight_tokens: int,
+                 enable_caching: bool, free_order: str = FREE_ORDER_V033,
+                 recorder: Optional[events.Recorder] = None) -> None:
+        self.kv_cache_config = kv_cache_config
+        self.block_size = kv_cache_config.block_size
+        self.enable_caching = enable_caching
+        self.groups = tuple(kv_cache_config.kv_cache_groups)
+        self.retention_interval = kv_cache_config.prefix_cache_retention_interval
+        self.block_pool = BlockPool(kv_cache_config.num_blocks, enable_caching, self.block_size,
+                                    free_order, recorder)
+        self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
+            get_manager_for_kv_cache_spec(g.kv_cache_spec, self.block_pool, enable_caching, gid,
+                                          max_in_flight_tokens, max_model_len)
+            for gid, g in enumerate(self.groups))
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
+                                   new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
+                                   total_computed_tokens: int, apply_admission_cap: bool = False) -> int:
+        return sum(m.get_num_blocks_to_allocate(request_id, num_tokens, new_computed_blocks[i],
+                                                total_computed_tokens, apply_admission_cap)
+                   for i, m in enumerate(self.single_type_managers))
+
+    def allocate_new_computed_blocks(self, request_id: str, new_computed_blocks,
+                                     num_local_computed_tokens: int) -> None:
+        for i, m in enumerate(self.single_type_managers):
+            m.allocate_new_computed_blocks(request_id, new_computed_blocks[i], num_local_computed_tokens)
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> tuple[list[KVCacheBlock], ...]:
+        return tuple(m.allocate_new_blocks(request_id, num_tokens) for m in self.single_type_managers)
+
+    def cache_blocks(self, request, num_computed_tokens: int) -> None:
+        boundaries = replay_boundaries(request.num_prompt_tokens)
+        for m in self.single_type_managers:
+            if m.enable_caching:
+                m.cache_blocks(request, num_computed_tokens, self.retention_interval, boundaries)
+
+    def free(self, request_id: str, reason: str = "") -> None:
+        for m in self.single_type_managers:
+            m.free(request_id, reason)
+
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        for m in self.single_type_managers:
+            m.remove_skipped_blocks(request_id, total_computed_tokens)
+
+    def get_blocks(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
+        return tuple(list(m.req_to_blocks.get(request_id, ())) for m in self.single_type_managers)
+
+    @abstractmethod
+    def find_longest_cache_hit(self, block_hashes: Sequence[bytes], max_cache_hit_length: int
+                               ) -> tuple[tuple[list[KVCacheBlock], ...], int, int]:
+        """(hit blocks per group, hit length in tokens, uncached shared-prefix tokens):
+        the last is how far one group's own hit reaches past the hit all groups
+        agree on (0 unless hybrid)."""
+
+
+class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
+    """Prefix caching off: nothing is ever a hit."""
+
+    def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, max_in_flight_tokens: int,
+                 free_order: str = FREE_ORDER_V033, recorder: Optional[events.Recorder] = None) -> None:
+        super().__init__(kv_cache_config, max_model_len, max_in_flight_tokens, False, free_order, recorder)
+
+    def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
+        return tuple([] for _ in self.single_type_managers), 0, 0
+
+
+class UnitaryKVCacheCoordinator(KVCacheCoordinator):
+    """One KV cache group (all layers full attention, or all sliding window)."""
+
+    def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
+        hit = self.single_type_managers[0].find_longest_cache_hit(block_hashes, max_cache_hit_length, [0])[0]
+        return (hit,), len(hit) * self.block_size, 0
+
+
+class HybridKVCacheCoordinator(KVCacheCoordinator):
+    """Several KV cache groups of different attention types sharing one pool."""
+
+    def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
+        """Fixed point over the groups: each one accepts the candidate length or shortens it.
+
+        Full attention scans first (its hit is downward closed, so later rounds just
+        trim it); the sliding-window search is capped at the current length. A hit
+        that holds in one group only is therefore no hit — but its length is kept:
+        past the agreed hit lies a shared prefix the other group has not cached yet.
+        """
+        managers = self.single_type_managers
+        order = sorted(range(len(managers)), key=lambda g: managers[g].kind != "full")
+        hits: list[Optional[list[KVCacheBlock]]] = [None] * len(order)
+        hit_length = max_cache_hit_length
+        longest_hit_length = 0
+        simple = len(order) == 2 and managers[order[0]].kind == "full"
+        while True:
+            curr = hit_length
+            for g in order:
+                m = managers[g]
+                if m.kind == "full" and hits[g] is not None:
+                    curr = (curr // self.block_size) * self.block_size
+                    continue
+                hits[g] = m.find_longest_cache_hit(block_hashes, curr, [g])[0]
+                curr = len(hits[g]) * self.block_size
+                longest_hit_length = max(longest_hit_length, curr)
+            if curr >= hit_length:
+                break
+            hit_length = curr
+            if simple:
+                break  # one full + one other group: the first round is already final
+        num_blocks = hit_length // self.block_size
+        for g in order:
+            if managers[g].kind == "full" and hits[g] is not None:
+                del hits[g][num_blocks:]
+        return tuple(h if h is not None else [] for h in hits), hit_length, longest_hit_length - hit_length
+
+
+def get_kv_cache_coordinator(kv_cache_config: KVCacheConfig, max_model_len: int, max_in_flight_tokens: int,
+                             enable_caching: bool, free_order: str = FREE_ORDER_V033,
+                             recorder: Optional[events.Recorder] = None) -> KVCacheCoordinator:
+    if not enable_caching:
+        return KVCacheCoordinatorNoPrefixCache(kv_cache_config, max_model_len, max_in_flight_tokens,
+                                               free_order, recorder)
+    cls = UnitaryKVCacheCoordinator if len(kv_cache_config.kv_cache_groups) == 1 else HybridKVCacheCoordinator
+    return cls(kv_cache_config, max_model_len, max_in_flight_tokens, True, free_order, recorder)

@@ -1,0 +1,196 @@
+"""KVCacheManager: the scheduler's single door to the paged cache (vLLM v1: kv_cache_manager)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from record import events
+from kvcore.core.block_pool import FREE_ORDER_V033
+from kvcore.core.kv_cache_utils import KVCacheBlock
+from kvcore.core.kv_cache_coordinator import get_kv_cache_coordinator
+from kvcore.kv_cache_interface import KVCacheConfig
+from kvcore.distributed.kv_events import BlockStored, kv_cache_spec_metadata
+from kvcore.request import RequestStatus
+from kvcore.metrics.stats import CachingMetrics, PrefixCacheStats
+
+
+@dataclass
+class KVCacheBlocks:
+    """Blocks per KV cache group: ``blocks[g][i]`` is group g's i-th block."""
+
+    blocks: tuple[Sequence[KVCacheBlock], ...]
+
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        return tuple([b.block_id for b in group] for group in self.blocks)
+
+
+class KVCacheManager:
+    """Prefix-cache lookups, slot allocation and freeing for every group of one pool.
+
+    ``prefix_cache_stats`` counts the admissions since the last ``make_prefix_cache_stats``
+    (one engine step); ``prefix_cache_totals`` and ``caching_metrics`` (the hit rate of
+    the last ``max_recent_requests`` requests) are fed from it.
+    """
+
+    def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int = 1 << 30,
+                 enable_caching: bool = True, max_num_batched_tokens: Optional[int] = None,
+                 watermark: float = 0.0, free_order: str = FREE_ORDER_V033,
+                 recorder: Optional[events.Recorder] = None, max_recent_requests: int = 1000) -> None:
+        if not 0.0 <= watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1); got {watermark!r}")
+        self.kv_cache_config = kv_cache_config
+        self.block_size = kv_cache_config.block_size
+        self.enable_caching = enable_caching
+        self.max_model_len = max_model_len
+        self.recorder = recorder
+        # One step holds at most max_num_batched_tokens new tokens per request.
+        max_in_flight_tokens = max_num_batched_tokens if max_num_batched_tokens is not None else max_model_len
+        self.coordinator = get_kv_cache_coordinator(kv_cache_config, max_model_len, max_in_flight_tokens,
+                                                    enable_caching, free_order, recorder)
+        self.block_pool = self.coordinator.block_pool
+        self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
+        # Blocks kept free when admitting a waiting request, so running ones can grow.
+        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        self.prefix_cache_stats = PrefixCacheStats()
+        self.prefix_cache_totals = PrefixCacheStats()
+        self.caching_metrics = CachingMetrics(max_recent_requests)
+        self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.get_usage()
+
+    # -- statistics -------------------------------------------------------------------
+    def record_prefix_cache_stats(self, request, num_hits: int) -> None:
+        """Count one admission's lookup (the scheduler calls this once the request is admitted)."""
+        if not self.enable_caching:
+            return
+        self.prefix_cache_stats.record(request.num_tokens, num_hits, request.num_preemptions > 0)
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats:
+        """This interval's stats, handed out and started afresh (once per step)."""
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        if stats.reset:
+            self.prefix_cache_totals = PrefixCacheStats()
+        self.prefix_cache_totals.add(stats)
+        self.caching_metrics.observe(stats)
+        return stats
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        """Per group, the leading blocks every running request shares. vLLM 0.33 removed
+        cascade attention, the only reader, and reports 0 for every group; so do we."""
+        return [0] * self.num_kv_cache_groups
+
+    # -- lookup and allocation ----------------------------------------------------------
+    def get_computed_blocks(self, request, max_cache_hit_length: Optional[int] = None
+                            ) -> tuple[KVCacheBlocks, int, int]:
+        """Longest cached prefix of the request, in full blocks: (blocks, tokens, boundary).
+
+        The hit stops at ``max_cache_hit_length`` (default num_tokens - 1: the last token
+        is always computed, because its logits are needed to sample the next one).
+        ``shared_prefix_boundary`` is the longest single group's hit when it reaches past
+        the hit all groups agree on (hybrid models), else 0: the sliding-window group then
+        keeps the blocks ending there, so the next request sharing the prefix hits it all.
+        """
+        if not self.enable_caching:
+            return self.empty_kv_cache_blocks, 0, 0
+        if max_cache_hit_length is None:
+            max_cache_hit_length = request.num_tokens - 1
+        blocks, num_tokens, num_uncached = self.coordinator.find_longest_cache_hit(
+            request.block_hashes, max_cache_hit_length)
+        shared_prefix_boundary = num_tokens + num_uncached if num_uncached else 0
+        if self.recorder is not None:
+            if num_tokens:
+                self.recorder.emit(events.CacheHit(
+                    request_id=request.request_id,
+                    block_ids=tuple(b.block_id for g in blocks for b in g if not b.is_null),
+                    num_tokens=num_tokens, num_blocks=num_tokens // self.block_size,
+                    block_ids_per_group=tuple(tuple(b.block_id for b in g) for g in blocks),
+                    preempted_before=request.num_preemptions > 0))
+            else:
+                self.recorder.emit(events.CacheMiss(
+                    request_id=request.request_id, num_tokens=request.num_tokens,
+                    num_full_blocks=len(request.block_hashes)))
+        if not any(blocks):
+            return self.empty_kv_cache_blocks, num_tokens, shared_prefix_boundary
+        return KVCacheBlocks(blocks), num_tokens, shared_prefix_boundary
+
+    def allocate_slots(self, request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                       new_computed_blocks: Optional[KVCacheBlocks] = None,
+                       num_lookahead_tokens: int = 0, full_sequence_must_fit: bool = False,
+                       has_scheduled_reqs: bool = True) -> Optional[KVCacheBlocks]:
+        """Give the request slots for ``num_new_tokens`` more tokens; None if they do not fit.
+
+        Order, as in vLLM: (1) with ``full_sequence_must_fit`` refuse unless the whole
+        request fits (a sliding-window group counting at most the blocks it can hold at
+        once); (2) free blocks that left the sliding window — even if the call then
+        fails; (3) capacity check, counting hit blocks that touching will pull out of the
+        free queue; (4) touch the hits; (5) allocate; (6) cache the full blocks for
+        min(computed + new, num_tokens) tokens — before the forward pass fills them.
+        A waiting request must also leave ``watermark_blocks`` free when another request
+        is running. A None return leaves tables and ref counts as they were (apart from 2).
+        """
+        if num_new_tokens <= 0:
+            raise ValueError("num_new_tokens must be greater than 0")
+        hits = (new_computed_blocks or self.empty_kv_cache_blocks).blocks
+        num_local_computed = request.num_computed_tokens + num_new_computed_tokens
+        total_computed = min(num_local_computed, self.max_model_len)
+        watermark_blocks = 0
+        if has_scheduled_reqs and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            watermark_blocks = self.watermark_blocks
+
+        if full_sequence_must_fit:
+            full = min(request.num_tokens, self.max_model_len)
+            need = self.coordinator.get_num_blocks_to_allocate(request.request_id, full, hits, total_computed,
+                                                               apply_admission_cap=True)
+            if need + watermark_blocks > self.block_pool.get_num_free_blocks():
+                return None
+
+        num_tokens_need_slot = min(total_computed + num_new_tokens + num_lookahead_tokens,
+                                   self.max_model_len)
+        self.coordinator.remove_skipped_blocks(request.request_id, total_computed)
+        need = self.coordinator.get_num_blocks_to_allocate(request.request_id, num_tokens_need_slot,
+                                                           hits, num_local_computed)
+        if need + watermark_blocks > self.block_pool.get_num_free_blocks():
+            return None
+
+        if hits is not self.empty_kv_cache_blocks.blocks:
+            self.coordinator.allocate_new_computed_blocks(request.request_id, hits, num_local_computed)
+        new_blocks = self.coordinator.allocate_new_blocks(request.request_id, num_tokens_need_slot)
+        if self.enable_caching:
+            self.coordinator.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
+        return KVCacheBlocks(new_blocks)
+
+    def cache_blocks(self, request, num_computed_tokens: int) -> None:
+        """Cache the request's full blocks up to ``num_computed_tokens``, never past its real
+        tokens: a draft's slot may be overwritten, so it must not enter the prefix cache."""
+        if self.enable_caching:
+            self.coordinator.cache_blocks(request, min(num_computed_tokens, request.num_tokens))
+
+    def free(self, request, reason: str = "finished") -> None:
+        """Free every group's table in reverse order (group 0 first)."""
+        self.coordinator.free(request.request_id, reason)
+
+    def evict_blocks(self, block_ids) -> None:
+        self.block_pool.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        ok = self.block_pool.reset_prefix_cache()
+        if ok:
+            self.prefix_cache_stats.reset = True
+        return ok
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        return KVCacheBlocks(self.coordinator.get_blocks(request_id))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        return self.get_blocks(request_id).get_block_ids()
+
+    def take_events(self) -> list:
+        """The pool's KV events, BlockStored stamped with its group's spec kind and window."""
+        taken = self.block_pool.take_events()
+        meta = [kv_cache_spec_metadata(g) for g in self.coordinator.groups]
+        for ev in taken:
+            if isinstance(ev, BlockStored) and ev.group_idx is not None and 0 <= ev.group_idx < len(meta):
+                ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window = meta[ev.group_idx]
+        return taken

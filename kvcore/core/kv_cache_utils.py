@@ -1,0 +1,219 @@
+"""Block metadata, the free-block queue and chained block hashing (vLLM: v1/core/kv_cache_utils.py).
+
+Chained block hashing, as vLLM v1 computes prefix-cache keys.
+
+hash(block i) = hash_fn((hash(block i-1) or NONE_HASH, tuple(tokens of block i), extra_keys or None))
+with the tuple serialised by pickle at the highest protocol ("sha256", "xxhash") or
+as canonical CBOR ("sha256_cbor", "xxhash_cbor": the same bytes from any language).
+Only full blocks are hashed. A cache key is the block hash plus the KV cache group
+id (4 bytes, big-endian), so the same tokens get one hash but a key per group.
+
+NONE_HASH = hash_fn(seed) stands in for the parent of block 0. vLLM takes the seed
+from PYTHONHASHSEED when it is set; otherwise "vllm-none-hash" for the sha256
+algorithms and 32 random bytes (hex) for the xxhash ones, whose collision
+resistance depends on a secret seed. ``engine.hash_seed`` chooses: a string is the
+seed itself (default "vllm-none-hash": runs and traces are reproducible), null
+resolves it as vLLM does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+import os
+from typing import Iterable, Optional, Sequence
+
+from kvcore.utils.hashing import NON_CRYPTO_HASH_ALGOS, HashFn
+
+DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
+NONE_HASH_SEED = DEFAULT_NONE_HASH_SEED
+
+
+@dataclass(eq=False, slots=True)
+class KVCacheBlock:
+    """Metadata of one physical KV block.
+
+    ``block_hash`` is the cache key (block hash + group id) and is set only
+    while the block is full and registered in the prefix cache;
+    ``block_hash_num_tokens`` is then the prefix length the hash covers (the
+    end of the block: (index + 1) * block_size), else None. The two link
+    fields are owned by FreeKVCacheBlockQueue and are None outside the queue.
+    """
+
+    block_id: int
+    ref_cnt: int = 0
+    block_hash: Optional[bytes] = None
+    block_hash_num_tokens: Optional[int] = None
+    prev_free_block: Optional["KVCacheBlock"] = None
+    next_free_block: Optional["KVCacheBlock"] = None
+    is_null: bool = False
+
+    def reset_hash(self) -> None:
+        self.block_hash = None
+        self.block_hash_num_tokens = None
+
+    def __repr__(self) -> str:
+        return f"KVCacheBlock(id={self.block_id}, ref_cnt={self.ref_cnt})"
+
+
+class FreeKVCacheBlockQueue:
+    """Doubly linked list of free blocks between two sentinel nodes.
+
+    Invariant: the blocks between the sentinels are exactly the free blocks,
+    each once, head = next to be handed out (and so the next cached block to
+    lose its hash), tail = the last; ``num_free_blocks`` is their count.
+    Every operation except ``get_all_free_blocks`` is O(1) per block, which is
+    why a list or deque is not used: ``remove`` must take a block out of the
+    middle when a prefix-cache hit revives it.
+    """
+
+    def __init__(self, blocks: list[KVCacheBlock]) -> None:
+        self.num_free_blocks = len(blocks)
+        self.fake_free_list_head = KVCacheBlock(block_id=-1)
+        self.fake_free_list_tail = KVCacheBlock(block_id=-1)
+        prev = self.fake_free_list_head
+        for block in blocks:
+            prev.next_free_block = block
+            block.prev_free_block = prev
+            prev = block
+        prev.next_free_block = self.fake_free_list_tail
+        self.fake_free_list_tail.prev_free_block = prev
+
+    def popleft(self) -> KVCacheBlock:
+        first = self.fake_free_list_head.next_free_block
+        if first is self.fake_free_list_tail or first is None:
+            raise ValueError("No free blocks available")
+        self._unlink(first)
+        return first
+
+    def popleft_n(self, n: int) -> list[KVCacheBlock]:
+        if n > self.num_free_blocks:
+            raise ValueError(f"Cannot pop {n} blocks: only {self.num_free_blocks} free")
+        out: list[KVCacheBlock] = []
+        curr = self.fake_free_list_head.next_free_block
+        for _ in range(n):
+            assert curr is not None
+            out.append(curr)
+            nxt = curr.next_free_block
+            curr.prev_free_block = curr.next_free_block = None
+            curr = nxt
+        if n:
+            self.fake_free_list_head.next_free_block = curr
+            curr.prev_free_block = self.fake_free_list_head
+            self.num_free_blocks -= n
+        return out
+
+    def remove(self, block: KVCacheBlock) -> None:
+        if block.prev_free_block is None or block.next_free_block is None:
+            raise RuntimeError(f"remove() called on {block!r}, which is not in the free queue")
+        self._unlink(block)
+
+    def _unlink(self, block: KVCacheBlock) -> None:
+        block.prev_free_block.next_free_block = block.next_free_block
+        block.next_free_block.prev_free_block = block.prev_free_block
+        block.prev_free_block = block.next_free_block = None
+        self.num_free_blocks -= 1
+
+    def append(self, block: KVCacheBlock) -> None:
+        self.append_n([block])
+
+    def append_n(self, blocks: Iterable[KVCacheBlock]) -> None:
+        last = self.fake_free_list_tail.prev_free_block
+        n = 0
+        for block in blocks:
+            last.next_free_block = block
+            block.prev_free_block = last
+            last = block
+            n += 1
+        last.next_free_block = self.fake_free_list_tail
+        self.fake_free_list_tail.prev_free_block = last
+        self.num_free_blocks += n
+
+    def prepend_n(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Put blocks at the head, keeping their order (blocks[0] becomes the head)."""
+        first = self.fake_free_list_head.next_free_block
+        prev = self.fake_free_list_head
+        n = 0
+        for block in blocks:
+            prev.next_free_block = block
+            block.prev_free_block = prev
+            prev = block
+            n += 1
+        prev.next_free_block = first
+        first.prev_free_block = prev
+        self.num_free_blocks += n
+
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        out = []
+        curr = self.fake_free_list_head.next_free_block
+        while curr is not None and curr is not self.fake_free_list_tail:
+            out.append(curr)
+            curr = curr.next_free_block
+        return out
+
+
+def resolve_none_hash_seed(hash_algo: str, hash_seed: Optional[str] = DEFAULT_NONE_HASH_SEED) -> str:
+    """The seed NONE_HASH is derived from: ``hash_seed`` if given, else vLLM's rule."""
+    if hash_seed is not None:
+        return hash_seed
+    env = os.getenv("PYTHONHASHSEED")
+    if env is not None:
+        return env
+    if hash_algo in NON_CRYPTO_HASH_ALGOS:
+        return os.urandom(32).hex()
+    return DEFAULT_NONE_HASH_SEED
+
+
+def none_hash(hash_fn: HashFn, seed: str = DEFAULT_NONE_HASH_SEED) -> bytes:
+    return hash_fn(seed)
+
+
+def hash_block_tokens(hash_fn: HashFn, parent_block_hash: Optional[bytes],
+                      block_token_ids: Sequence[int], extra_keys: Optional[tuple] = None,
+                      none: Optional[bytes] = None) -> bytes:
+    if not parent_block_hash:
+        parent_block_hash = none if none is not None else none_hash(hash_fn)
+    return hash_fn((parent_block_hash, tuple(block_token_ids), extra_keys))
+
+
+def cache_salt_extra_keys(cache_salt: Optional[str], block_index: int) -> Optional[tuple]:
+    """Extra keys of a block: the salt goes into the first block only; an empty salt is no salt."""
+    if block_index == 0 and cache_salt:
+        return (("cache_salt", cache_salt),)
+    return None
+
+
+def make_block_hash_with_group_id(block_hash: bytes, group_id: int) -> bytes:
+    return block_hash + group_id.to_bytes(4, "big", signed=False)
+
+
+def get_block_hash(key: bytes) -> bytes:
+    return key[:-4]
+
+
+def get_group_id(key: bytes) -> int:
+    return int.from_bytes(key[-4:], "big", signed=False)
+
+
+class BlockHasher:
+    """Computes a request's block hashes incrementally as its tokens grow."""
+
+    def __init__(self, hash_fn: HashFn, block_size: int, none_hash_seed: str = DEFAULT_NONE_HASH_SEED) -> None:
+        self.hash_fn = hash_fn
+        self.block_size = block_size
+        self.none_hash_seed = none_hash_seed
+        self.none_hash = none_hash(hash_fn, none_hash_seed)
+
+    def extend(self, block_hashes: list[bytes], token_ids: Sequence[int],
+               cache_salt: Optional[str]) -> list[bytes]:
+        """Append the hashes of newly completed full blocks; returns the new ones."""
+        bs = self.block_size
+        new = []
+        start = len(block_hashes) * bs
+        while start + bs <= len(token_ids):
+            idx = start // bs
+            parent = block_hashes[-1] if block_hashes else None
+            h = hash_block_tokens(self.hash_fn, parent, token_ids[start:start + bs],
+                                  cache_salt_extra_keys(cache_salt, idx), self.none_hash)
+            block_hashes.append(h)
+            new.append(h)
+            start += bs
+        return new

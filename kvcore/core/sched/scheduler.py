@@ -1,0 +1,378 @@
+"""Scheduler: decides each step's batch under a token budget (vLLM v1: sched/scheduler)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Optional, Union
+
+from record import events
+from kvcore.core.kv_cache_manager import KVCacheManager
+from kvcore.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from kvcore.outputs import ModelRunnerOutput
+from kvcore.request import Request, RequestStatus
+from kvcore.core.sched.request_queue import PRIORITY, create_request_queue
+
+ADMIT_FULL_SEQUENCE = "full_sequence"  # v0.33: a waiting request is admitted only if all of it fits
+ADMIT_FIRST_CHUNK = "first_chunk"      # older releases: only this step's chunk must fit
+ADMISSIONS = (ADMIT_FULL_SEQUENCE, ADMIT_FIRST_CHUNK)
+
+
+@dataclass
+class SchedulerConfig:
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 256
+    policy: str = "fcfs"
+    max_model_len: int = 8192
+    admission: str = ADMIT_FULL_SEQUENCE
+    long_prefill_token_threshold: int = 0
+    enable_chunked_prefill: bool = True
+    # Caps a waiting request's prefix-cache hit (vLLM: get_computed_blocks' argument,
+    # set there by an output connector); None = num_tokens - 1.
+    max_cache_hit_length: Optional[int] = None
+    # Draft tokens proposed per request and step (speculative decoding; 0 = off).
+    num_spec_tokens: int = 0
+    # KV slots reserved past the scheduled tokens (vLLM's num_lookahead_tokens): only drafters
+    # that write K/V beyond the verified range (EAGLE, draft models) need them; the n-gram
+    # proposer writes none, so with it this stays 0 and drafts get their slots as scheduled tokens.
+    num_lookahead_tokens: int = 0
+
+
+class Scheduler:
+    """Waiting and running queues over one KVCacheManager.
+
+    Invariants: a request is in exactly one of waiting / running / finished; every
+    running request holds blocks for all its computed tokens; at most
+    ``max_num_seqs`` run and at most ``max_num_batched_tokens`` are computed per step;
+    ``finished_req_ids`` holds only the requests finished since the last ``schedule``.
+    """
+
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
+                 recorder: Optional[events.Recorder] = None) -> None:
+        if config.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be >= 1")
+        if config.max_num_batched_tokens < 1:
+            raise ValueError("max_num_batched_tokens must be >= 1")
+        if config.admission not in ADMISSIONS:
+            raise ValueError(f"admission must be one of {ADMISSIONS}; got {config.admission!r}")
+        self.config = config
+        self.kv_cache_manager = kv_cache_manager
+        self.recorder = recorder
+        self.policy = config.policy
+        self.waiting = create_request_queue(config.policy)
+        self.running: list[Request] = []
+        # Every request ever added, finished ones included: the app reads their outputs.
+        self.requests: dict[str, Request] = {}
+        self.finished_req_ids: set[str] = set()
+        self.prev_step_scheduled_req_ids: set[str] = set()
+
+    def _emit(self, event_type: type[events.Event], request: Request, **fields) -> None:
+        """Record a decision about ``request`` (built only when someone records)."""
+        if self.recorder is not None:
+            self.recorder.emit(event_type(request_id=request.request_id, **fields))
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        self.requests[request.request_id] = request
+        self.waiting.add_request(request)
+        self._emit(events.Arrived, request, num_prompt_tokens=request.num_prompt_tokens,
+                   priority=request.priority)
+
+    def get_request_counts(self) -> tuple[int, int]:
+        return len(self.running), len(self.waiting)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting) or bool(self.running)
+
+    # -- scheduling ---------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        cfg = self.config
+        token_budget = cfg.max_num_batched_tokens
+        num_scheduled_tokens: dict[str, int] = {}
+        num_computed_before: dict[str, int] = {}
+        req_to_new_blocks: dict[str, tuple[list[int], ...]] = {}
+        scheduled_running: list[Request] = []
+        scheduled_new: list[Request] = []
+        scheduled_resumed: list[Request] = []
+        preempted: list[Request] = []
+        scheduled_spec_decode_tokens: dict[str, list[int]] = {}
+        # The threshold keeps one long prefill from starving the others; a lone
+        # request starves nobody, so it gets the whole budget.
+        num_running, num_waiting = self.get_request_counts()
+        long_prefill_token_threshold = cfg.long_prefill_token_threshold if num_running + num_waiting > 1 else 0
+
+        # 1) Running requests first, in running order.
+        req_index = 0
+        while req_index < len(self.running) and token_budget > 0:
+            request = self.running[req_index]
+            num_new = request.num_tokens_with_spec - request.num_computed_tokens
+            if 0 < long_prefill_token_threshold < num_new:
+                num_new = long_prefill_token_threshold
+            num_new = min(num_new, token_budget, cfg.max_model_len - 1 - request.num_computed_tokens)
+            if num_new <= 0:
+                req_index += 1
+                continue
+            while True:
+                new_blocks = self.kv_cache_manager.allocate_slots(
+                    request, num_new, num_lookahead_tokens=cfg.num_lookahead_tokens)
+                if new_blocks is not None:
+                    break
+                if self.policy == PRIORITY:
+                    victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
+                    victim_index = self.running.index(victim)
+                    del self.running[victim_index]
+                    if victim_index < req_index:
+                        req_index -= 1
+                    if victim in scheduled_running:
+                        # Its tokens were already in this batch: take them back out.
+                        scheduled_running.remove(victim)
+                        token_budget += num_scheduled_tokens.pop(victim.request_id)
+                        num_computed_before.pop(victim.request_id, None)
+                        req_to_new_blocks.pop(victim.request_id, None)
+                        scheduled_spec_decode_tokens.pop(victim.request_id, None)
+                else:
+                    victim = self.running.pop()
+                self._preempt_request(victim, needed_by=request.request_id)
+                preempted.append(victim)
+                if victim is request:
+                    break
+            if new_blocks is None:
+                if self.policy == PRIORITY and request.status == RequestStatus.PREEMPTED:
+                    # It was the lowest priority and preempted itself; the requests after
+                    # it rank higher and may still fit in the blocks it just freed.
+                    # req_index already points at the next one.
+                    continue
+                break
+            scheduled_running.append(request)
+            req_to_new_blocks[request.request_id] = new_blocks.get_block_ids()
+            num_scheduled_tokens[request.request_id] = num_new
+            num_computed_before[request.request_id] = request.num_computed_tokens
+            token_budget -= num_new
+            req_index += 1
+            if request.spec_token_ids:
+                # The budget or max_model_len may have cut the drafts short.
+                num_spec = num_new + request.num_computed_tokens - request.num_tokens
+                if num_spec > 0:
+                    scheduled_spec_decode_tokens[request.request_id] = request.spec_token_ids[:num_spec]
+                request.spec_token_ids = []    # the next ones come from update_draft_token_ids
+
+        # 2) Waiting requests, unless someone was preempted in this step.
+        if preempted:
+            if self.waiting and self.recorder is not None:
+                self._emit(events.Blocked, self.waiting.peek_request(), reason="preempted_this_step")
+        else:
+            while self.waiting and token_budget > 0:
+                request = self.waiting.peek_request()
+                if len(self.running) >= cfg.max_num_seqs:
+                    self._emit(events.Blocked, request, reason="max_num_seqs", max_num_seqs=cfg.max_num_seqs)
+                    break
+                max_hit = request.num_tokens - 1
+                if cfg.max_cache_hit_length is not None:
+                    max_hit = min(max_hit, cfg.max_cache_hit_length)
+                hits, num_hit, request.shared_prefix_boundary = self.kv_cache_manager.get_computed_blocks(
+                    request, max_hit)
+                num_new = request.num_tokens - num_hit
+                if 0 < long_prefill_token_threshold < num_new:
+                    num_new = long_prefill_token_threshold
+                if not cfg.enable_chunked_prefill and num_new > token_budget:
+                    self._emit(events.Blocked, request, reason="token_budget", token_budget=token_budget)
+                    break
+                num_new = min(num_new, token_budget)
+                new_blocks = self.kv_cache_manager.allocate_slots(
+                    request, num_new, num_hit, hits,
+                    full_sequence_must_fit=cfg.admission == ADMIT_FULL_SEQUENCE,
+                    has_scheduled_reqs=bool(self.running))
+                if new_blocks is None:
+                    self._emit(events.Blocked, request, reason="no_free_blocks",
+                               num_free_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks(),
+                               num_tokens=request.num_tokens)
+                    break
+                self.kv_cache_manager.record_prefix_cache_stats(request, num_hit)
+                self.waiting.pop_request()
+                self.running.append(request)
+                req_to_new_blocks[request.request_id] = self.kv_cache_manager.get_block_ids(request.request_id)
+                resumed = request.status == RequestStatus.PREEMPTED
+                (scheduled_resumed if resumed else scheduled_new).append(request)
+                num_scheduled_tokens[request.request_id] = num_new
+                num_computed_before[request.request_id] = num_hit
+                token_budget -= num_new
+                request.status = RequestStatus.RUNNING
+                request.num_computed_tokens = num_hit
+                request.num_cached_tokens = num_hit
+                self._emit(events.Resumed if resumed else events.Admitted, request,
+                           num_cached_tokens=num_hit, num_preemptions=request.num_preemptions)
+            if self.waiting and token_budget <= 0 and self.recorder is not None:
+                self._emit(events.Blocked, self.waiting.peek_request(), reason="token_budget", token_budget=0)
+
+        running_ids = {r.request_id for r in scheduled_running}
+        resumed_ids = {r.request_id for r in scheduled_resumed}
+        for rid, n in num_scheduled_tokens.items():
+            req = self.requests[rid]
+            before = num_computed_before[rid]
+            if rid in resumed_ids:
+                kind = "recompute"
+            elif before >= req.num_prompt_tokens:
+                kind = "decode"
+            elif before + n < req.num_tokens or rid in running_ids:
+                kind = "chunk"
+            else:
+                kind = "prefill"
+            self._emit(events.Scheduled, req, num_tokens=n, phase=kind, start=before)
+        out = self._make_output(num_scheduled_tokens, num_computed_before, req_to_new_blocks, scheduled_new,
+                                scheduled_running, scheduled_resumed, preempted, scheduled_spec_decode_tokens)
+        self.prev_step_scheduled_req_ids = set(num_scheduled_tokens)
+        # vLLM advances num_computed_tokens when it schedules, before the model runs.
+        for rid, n in num_scheduled_tokens.items():
+            self.requests[rid].num_computed_tokens += n
+        return out
+
+    def _make_output(self, num_scheduled_tokens, num_computed_before, req_to_new_blocks, scheduled_new,
+                     scheduled_running, scheduled_resumed, preempted,
+                     scheduled_spec_decode_tokens=None) -> SchedulerOutput:
+        """As vLLM: a new request carries its whole table, a running one only the blocks added
+        this step (None if none), a resumed one its whole new table; ``all_token_ids`` goes to
+        the runner for every request it did not see in the previous step. ``new_token_ids``
+        stays empty: vLLM fills it only under pipeline parallelism."""
+        kvm = self.kv_cache_manager
+        new_reqs = [NewRequestData(r.request_id, list(r.prompt_token_ids), req_to_new_blocks[r.request_id],
+                                   num_computed_before[r.request_id]) for r in scheduled_new]
+        cached = CachedRequestData()
+        for r in scheduled_running + scheduled_resumed:
+            rid = r.request_id
+            cached.req_ids.append(rid)
+            if r in scheduled_resumed:
+                cached.resumed_req_ids.add(rid)
+            if rid not in self.prev_step_scheduled_req_ids:
+                cached.all_token_ids[rid] = list(r.all_token_ids)
+            block_ids = req_to_new_blocks[rid]
+            cached.new_block_ids.append(block_ids if any(block_ids) else None)
+            cached.num_computed_tokens.append(num_computed_before[rid])
+            cached.num_output_tokens.append(r.num_output_tokens)
+        running = self.running[0].request_id if self.running else None
+        finished, self.finished_req_ids = self.finished_req_ids, set()
+        return SchedulerOutput(
+            scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached,
+            num_scheduled_tokens=dict(num_scheduled_tokens),
+            total_num_scheduled_tokens=sum(num_scheduled_tokens.values()),
+            finished_req_ids=finished, preempted_req_ids={r.request_id for r in preempted},
+            num_common_prefix_blocks=kvm.get_num_common_prefix_blocks(running) if running else
+            [0] * kvm.num_kv_cache_groups,
+            scheduled_spec_decode_tokens=dict(scheduled_spec_decode_tokens or {}))
+
+    def _preempt_request(self, request: Request, needed_by: str) -> None:
+        self._emit(events.Preempted, request, policy=self.policy, needed_by=needed_by,
+                   victim_priority=request.priority, num_computed_tokens=request.num_computed_tokens)
+        self.kv_cache_manager.free(request, reason="preempted")
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.spec_token_ids = []
+        request.num_preemptions += 1
+        self.waiting.prepend_request(request)
+
+    # -- after the model ran ------------------------------------------------------------
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           model_runner_output: ModelRunnerOutput) -> list[str]:
+        """Append sampled tokens, stop finished requests and free their blocks; return their ids.
+
+        A request still in the middle of its prompt (chunked prefill) gets no token.
+        A request's last sampled token never gets a KV slot: it stops first.
+        With drafts, ``generated`` is the accepted drafts plus one token; the rejected drafts
+        are taken back from ``num_computed_tokens`` and tokens past a stop are dropped.
+        """
+        finished = []
+        spec_tokens = scheduler_output.scheduled_spec_decode_tokens
+        for rid in scheduler_output.num_scheduled_tokens:
+            req = self.requests[rid]
+            index = model_runner_output.req_id_to_index.get(rid)
+            generated = model_runner_output.sampled_token_ids[index] if index is not None else []
+            if not generated or req.is_finished():
+                continue
+            drafts = spec_tokens.get(rid)
+            if drafts:
+                self._settle_drafts(req, drafts, generated)
+            status = None
+            for num_new, token in enumerate(generated, 1):
+                req.append_output_token_ids([token])
+                # vLLM checks the length cap before EOS.
+                if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.config.max_model_len:
+                    status, reason = RequestStatus.FINISHED_LENGTH_CAPPED, "length"
+                elif not req.ignore_eos and token in req.eos_token_ids:
+                    status, reason = RequestStatus.FINISHED_STOPPED, "eos"
+                if status is not None:
+                    req.num_computed_tokens -= len(generated) - num_new
+                    break
+            if status is not None:
+                self.running.remove(req)
+                req.status = status
+                self._emit(events.Finished, req, reason=reason, num_output_tokens=req.num_output_tokens)
+                self._free_request(req, "finished")
+                finished.append(rid)
+            elif drafts and self.kv_cache_manager.enable_caching:
+                # Accepted drafts may have filled blocks: cache them now, up to the real tokens.
+                self.kv_cache_manager.cache_blocks(req, req.num_computed_tokens)
+        return finished
+
+    def _settle_drafts(self, req: Request, drafts: list[int], generated: list[int]) -> None:
+        """Greedy verification kept ``len(generated) - 1`` drafts: record it and move
+        ``num_computed_tokens`` back over the rest (their slots are simply written again later)."""
+        num_accepted = len(generated) - 1
+        num_rejected = len(drafts) - num_accepted
+        if req.num_computed_tokens > 0:
+            req.num_computed_tokens -= num_rejected
+        if num_accepted:
+            self._emit(events.DraftAccepted, req, accepted_token_ids=tuple(generated[:-1]),
+                       num_draft_tokens=len(drafts), next_token_id=generated[-1])
+        if num_rejected:
+            first = req.num_computed_tokens
+            self._emit(events.DraftRejected, req, rejected_token_ids=tuple(drafts[num_accepted:]),
+                       target_token_id=generated[-1], num_computed_tokens=req.num_computed_tokens,
+                       positions=tuple(range(first, first + num_rejected)))
+
+    def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> None:
+        """Keep each request's drafts for the next step; a request still in its prompt, or
+        finished, keeps none (vLLM: ``Scheduler.update_draft_token_ids``)."""
+        for rid, drafts in draft_token_ids.items():
+            req = self.requests.get(rid)
+            if req is None or req.is_finished():
+                continue
+            if req.num_computed_tokens < req.num_tokens - 1:   # a prefill chunk: no drafts
+                req.spec_token_ids = []
+                continue
+            req.spec_token_ids = list(drafts)
+            if drafts:
+                self._emit(events.DraftProposed, req, draft_token_ids=tuple(drafts), num_tokens=req.num_tokens)
+
+    def finish_requests(self, request_ids: Union[str, Iterable[str], None],
+                        finished_status: RequestStatus) -> list[Request]:
+        """Finish requests from outside (a client went away): None = every request.
+        Unknown and already finished ids are skipped; returns the requests finished."""
+        if not finished_status.finished:
+            raise ValueError(f"{finished_status!r} is not a finished status")
+        if isinstance(request_ids, str):
+            request_ids = (request_ids,)
+        elif request_ids is None:
+            request_ids = list(self.requests)
+        done = []
+        for rid in dict.fromkeys(request_ids):
+            req = self.requests.get(rid)
+            if req is None or req.is_finished():
+                continue
+            running = req.status == RequestStatus.RUNNING
+            if running:
+                self.running.remove(req)
+            else:
+                self.waiting.remove_request(req)
+            req.status = finished_status
+            self._emit(events.Finished, req, reason="aborted")
+            if running:
+                self._free_request(req, "aborted")
+            else:
+                self.finished_req_ids.add(rid)
+            done.append(req)
+        return done
+
+    def abort_request(self, request_id: str) -> None:
+        self.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
+
+    def _free_request(self, request: Request, reason: str) -> None:
+        self.kv_cache_manager.free(request, reason=reason)
+        self.finished_req_ids.add(request.request_id)

@@ -1,0 +1,234 @@
+"""Per-attention-type block bookkeeping (vLLM v1: single_type_kv_cache_manager)."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from typing import Optional, Sequence
+
+from record import events
+from kvcore.core.block_pool import BlockPool
+from kvcore.core.kv_cache_utils import KVCacheBlock
+from kvcore.kv_cache_interface import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
+from kvcore.utils.math_utils import cdiv
+
+
+class SingleTypeKVCacheManager(ABC):
+    """Block tables of one KV cache group.
+
+    Invariant: ``req_to_blocks[r][i]`` is the physical block holding logical
+    block i of request r (the null block where the tokens were skipped), and
+    ``num_cached_block[r]`` counts the leading blocks already offered to the
+    prefix cache. Only running requests appear here.
+    """
+
+    def __init__(self, kv_cache_spec: KVCacheSpec, block_pool: BlockPool, enable_caching: bool,
+                 kv_cache_group_id: int, max_admission_blocks_per_request: Optional[int] = None) -> None:
+        self.kv_cache_spec = kv_cache_spec
+        self.block_size = kv_cache_spec.block_size
+        self.block_pool = block_pool
+        self.enable_caching = enable_caching
+        self.kv_cache_group_id = kv_cache_group_id
+        # Set for specs that give blocks back while a request runs (sliding window):
+        # the full-sequence admission check counts at most this many blocks.
+        self.max_admission_blocks_per_request = max_admission_blocks_per_request
+        self.req_to_blocks: defaultdict[str, list[KVCacheBlock]] = defaultdict(list)
+        self.num_cached_block: dict[str, int] = {}
+        self._null_block = block_pool.null_block
+
+    @property
+    def kind(self) -> str:
+        return self.kv_cache_spec.kind
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return 0
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
+                                   new_computed_blocks: Sequence[KVCacheBlock],
+                                   total_computed_tokens: int, apply_admission_cap: bool = False) -> int:
+        """Blocks this call would take from the free queue, hits sitting in the queue included."""
+        num_required = cdiv(num_tokens, self.block_size)
+        if apply_admission_cap and self.max_admission_blocks_per_request is not None:
+            num_required = min(num_required, self.max_admission_blocks_per_request)
+        num_req_blocks = len(self.req_to_blocks.get(request_id, ()))
+        if request_id in self.num_cached_block:
+            assert not new_computed_blocks
+            return max(num_required - num_req_blocks, 0)
+        num_skipped_blocks = self.get_num_skipped_tokens(total_computed_tokens) // self.block_size
+        num_local = len(new_computed_blocks) + num_req_blocks
+        num_new = max(num_required - max(num_skipped_blocks, num_local), 0)
+        skip_hits = max(0, num_skipped_blocks - num_req_blocks)
+        evictable = sum(1 for b in new_computed_blocks[skip_hits:] if b.ref_cnt == 0 and not b.is_null)
+        return num_new + evictable
+
+    def allocate_new_computed_blocks(self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock],
+                                     num_local_computed_tokens: int) -> None:
+        """Take the prefix-cache hits into the table (touching them); skipped ones become null."""
+        if request_id in self.num_cached_block:
+            assert not new_computed_blocks
+            return
+        req_blocks = self.req_to_blocks[request_id]
+        assert not req_blocks
+        num_skipped_blocks = self.get_num_skipped_tokens(num_local_computed_tokens) // self.block_size
+        hits = list(new_computed_blocks[num_skipped_blocks:])
+        if self.enable_caching and hits:
+            self.block_pool.touch(hits, request_id=request_id, group=self.kv_cache_group_id)
+        req_blocks.extend([self._null_block] * num_skipped_blocks)
+        req_blocks.extend(hits)
+        self.num_cached_block[request_id] = len(req_blocks)
+
+    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+        req_blocks = self.req_to_blocks[request_id]
+        num_new = cdiv(num_tokens, self.block_size) - len(req_blocks)
+        if num_new <= 0:
+            return []
+        new_blocks = self.block_pool.get_new_blocks(num_new, request_id=request_id,
+                                                    group=self.kv_cache_group_id)
+        req_blocks.extend(new_blocks)
+        return new_blocks
+
+    def reachable_block_mask(self, start_block: int, end_block: int, retention_interval: Optional[int],
+                             reachable_boundaries: Sequence[int]) -> Optional[list[bool]]:
+        """Which of blocks [start_block, end_block) get a hash; None = all of them.
+        Full attention can hit at any block boundary, so it keeps every block."""
+        return None
+
+    def cache_blocks(self, request, num_tokens: int, retention_interval: Optional[int] = 0,
+                     replay_boundaries: Sequence[int] = ()) -> None:
+        num_cached = self.num_cached_block.get(request.request_id, 0)
+        num_full = num_tokens // self.block_size
+        if num_cached >= num_full:
+            return
+        boundaries = list(replay_boundaries)
+        if request.shared_prefix_boundary:
+            boundaries.append(request.shared_prefix_boundary)
+        mask = self.reachable_block_mask(num_cached, num_full, retention_interval, boundaries)
+        keep = None if mask is None else {num_cached + j for j, m in enumerate(mask) if m}
+        self.block_pool.cache_full_blocks(request, self.req_to_blocks[request.request_id], num_cached,
+                                          num_full, self.block_size, self.kv_cache_group_id, keep=keep)
+        self.num_cached_block[request.request_id] = num_full
+
+    def free(self, request_id: str, reason: str = "") -> None:
+        """Free in reverse order: a request's tail blocks reach the queue first, so shared
+        prefix blocks (freed last) stay cached longest."""
+        req_blocks = self.req_to_blocks.pop(request_id, [])
+        self.block_pool.free_blocks(reversed(req_blocks), reason=reason, request_id=request_id,
+                                    group=self.kv_cache_group_id)
+        self.num_cached_block.pop(request_id, None)
+
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        num_skipped_tokens = self.get_num_skipped_tokens(total_computed_tokens)
+        if num_skipped_tokens <= 0:
+            return
+        blocks = self.req_to_blocks[request_id]
+        num_skipped_blocks = min(num_skipped_tokens // self.block_size, len(blocks))
+        removed, slots = [], []
+        for i in range(num_skipped_blocks - 1, -1, -1):
+            if blocks[i] is self._null_block:
+                break  # everything before it was nulled by an earlier call
+            removed.append(blocks[i])
+            slots.append(i)
+            blocks[i] = self._null_block
+        if removed:
+            rec = self.block_pool.recorder
+            if rec is not None:
+                rec.emit(events.WindowSkipped(
+                    request_id=request_id, block_ids=tuple(b.block_id for b in removed),
+                    group=self.kv_cache_group_id, slots=tuple(slots),
+                    num_computed_tokens=total_computed_tokens))
+            self.block_pool.free_blocks(removed, reason="window", request_id=request_id,
+                                        group=self.kv_cache_group_id)
+
+    @abstractmethod
+    def find_longest_cache_hit(self, block_hashes: Sequence[bytes], max_length: int,
+                               kv_cache_group_ids: list[int]) -> list[list[KVCacheBlock]]:
+        """Cached blocks of the longest hit (per group in ``kv_cache_group_ids``), at most
+        ``max_length`` tokens; each attention type defines its own search."""
+
+
+class FullAttentionManager(SingleTypeKVCacheManager):
+
+    def find_longest_cache_hit(self, block_hashes, max_length, kv_cache_group_ids):
+        """Left to right; the chain means the first miss ends the hit."""
+        out: list[list[KVCacheBlock]] = [[] for _ in kv_cache_group_ids]
+        for block_hash in block_hashes[:max_length // self.block_size]:
+            cached = self.block_pool.get_cached_block(block_hash, kv_cache_group_ids)
+            if cached is None:
+                break
+            for dst, blk in zip(out, cached):
+                dst.append(blk)
+        return out
+
+
+class SlidingWindowManager(SingleTypeKVCacheManager):
+
+    def __init__(self, kv_cache_spec: SlidingWindowSpec, block_pool: BlockPool, enable_caching: bool,
+                 kv_cache_group_id: int, max_admission_blocks_per_request: Optional[int] = None) -> None:
+        super().__init__(kv_cache_spec, block_pool, enable_caching, kv_cache_group_id,
+                         max_admission_blocks_per_request)
+        self.sliding_window = kv_cache_spec.sliding_window
+        # A token sees itself and the W-1 before it, so W-1 earlier tokens must be cached.
+        self.contiguous_blocks = cdiv(self.sliding_window - 1, self.block_size)
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return max(0, num_computed_tokens - self.sliding_window + 1)
+
+    def reachable_block_mask(self, start_block, end_block, retention_interval, reachable_boundaries):
+        """A hit ending at a block boundary needs the ``contiguous_blocks`` blocks before it,
+        so only those tails are worth a hash. Interval None: a tail at every boundary
+        (all blocks, or none for a window of 1); n > 0: a tail every n tokens; and, unless
+        None, the tails ending where a later request can stop (the resend cap
+        ``num_prompt_tokens - 1`` and a shared-prefix boundary)."""
+        need = self.contiguous_blocks
+        mask = [False] * (end_block - start_block)
+        segment_tokens = self.block_size if retention_interval is None else retention_interval
+        if segment_tokens:
+            per_segment = segment_tokens // self.block_size
+            if need >= per_segment:
+                return None
+            for i in range(start_block, end_block):
+                if i % per_segment >= per_segment - need:
+                    mask[i - start_block] = True
+        if retention_interval is not None:
+            for boundary in reachable_boundaries:
+                end = boundary // self.block_size
+                for j in range(max(start_block, end - need), min(end_block, end)):
+                    mask[j - start_block] = True
+        return mask
+
+    def find_longest_cache_hit(self, block_hashes, max_length, kv_cache_group_ids):
+        """Right to left: the first run of ``contiguous_blocks`` cached blocks covers the
+        window; blocks before it are outside the window and become null."""
+        max_blocks = max_length // self.block_size
+        null = self.block_pool.null_block
+        out = [[null] * max_blocks for _ in kv_cache_group_ids]
+        run = 0
+        found = False
+        for i in range(max_blocks - 1, -1, -1):
+            cached = self.block_pool.get_cached_block(block_hashes[i], kv_cache_group_ids)
+            if cached is None:
+                run = 0
+                continue
+            for dst, blk in zip(out, cached):
+                dst[i] = blk
+            run += 1
+            if run >= self.contiguous_blocks:
+                for dst in out:
+                    del dst[i + run:]
+                found = True
+                break
+        if not found:
+            # Fewer than a window's worth: only a run starting at block 0 counts.
+            for dst in out:
+                del dst[run:]
+        return out
+
+
+def get_manager_for_kv_cache_spec(kv_cache_spec: KVCacheSpec, block_pool: BlockPool, enable_caching: bool,
+                                  kv_cache_group_id: int, max_in_flight_tokens: int,
+                                  max_model_len: int) -> SingleTypeKVCacheManager:
+    cap = kv_cache_spec.max_admission_blocks_per_request(max_in_flight_tokens, max_model_len)
+    if isinstance(kv_cache_spec, SlidingWindowSpec):
+        return SlidingWindowManager(kv_cache_spec, block_pool, enable_caching, kv_cache_group_id, cap)
+    if isinstance(kv_cache_spec, FullAttentionSpec):
+        return FullAttentionManager(kv_cache_spec, block_pool, enable_caching, kv_cache_group_id, cap)
+    raise ValueError(f"no manager for KV cache spec {type(kv_cache_spec).__name__}")

@@ -1,0 +1,120 @@
+"""What the KV cache looks like to the manager: specs, groups, config (vLLM v1: kv_cache_interface).
+
+Only the fields the block manager reads are kept; vLLM's byte-level fields
+(heads, head size, dtype, tensors) serve the GPU allocator, which lives in
+``kvcore/model``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
+from kvcore.utils.math_utils import cdiv
+
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """One layer's cache layout: ``block_size`` tokens per block."""
+
+    block_size: int
+    kind: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            raise ValueError(f"block_size must be an integer >= 1; got {self.block_size!r}")
+
+    def max_admission_blocks_per_request(self, max_in_flight_tokens: int, max_model_len: int) -> Optional[int]:
+        """The most blocks one request can hold at once; None = no cap (it keeps every block)."""
+        return None
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "sliding_window": getattr(self, "sliding_window", None)}
+
+
+@dataclass(frozen=True)
+class FullAttentionSpec(KVCacheSpec):
+    """Every token attends to every earlier one: a request keeps all its blocks."""
+
+    kind: ClassVar[str] = "full"
+
+
+@dataclass(frozen=True)
+class SlidingWindowSpec(KVCacheSpec):
+    """A token attends to itself and the ``sliding_window - 1`` tokens before it."""
+
+    sliding_window: int
+    kind: ClassVar[str] = "sliding"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.sliding_window, int) or self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be an integer >= 1; got {self.sliding_window!r}")
+
+    def max_admission_blocks_per_request(self, max_in_flight_tokens: int, max_model_len: int) -> int:
+        # Blocks behind the window are freed before each chunk allocates, so a request
+        # never holds more than the window plus one step's tokens; +1 because the
+        # window need not start on a block boundary.
+        num_tokens = min(self.sliding_window - 1 + max_in_flight_tokens, max_model_len)
+        return cdiv(num_tokens, self.block_size) + 1
+
+
+@dataclass(frozen=True)
+class KVCacheGroupSpec:
+    """Layers sharing one block table; the manager treats them as one layer."""
+
+    layer_names: tuple[str, ...]
+    kv_cache_spec: KVCacheSpec
+
+    @property
+    def kind(self) -> str:
+        return self.kv_cache_spec.kind
+
+    @property
+    def sliding_window(self) -> Optional[int]:
+        return getattr(self.kv_cache_spec, "sliding_window", None)
+
+    def to_dict(self) -> dict:
+        return self.kv_cache_spec.to_dict()
+
+
+@dataclass(frozen=True)
+class KVCacheConfig:
+    """The whole cache: ``num_blocks`` blocks (the null block included) shared by the groups.
+
+    ``prefix_cache_retention_interval`` says which full blocks of a sliding-window
+    group get a hash: None = every one, 0 = only those a later request can reach
+    (vLLM's default), n > 0 = those plus a checkpoint every n tokens.
+    """
+
+    num_blocks: int
+    kv_cache_groups: tuple[KVCacheGroupSpec, ...]
+    prefix_cache_retention_interval: Optional[int] = 0
+
+    def __post_init__(self) -> None:
+        if not self.kv_cache_groups:
+            raise ValueError("at least one KV cache group is needed")
+        sizes = {g.kv_cache_spec.block_size for g in self.kv_cache_groups}
+        if len(sizes) != 1:
+            raise ValueError(f"every KV cache group must use one block size; got {sorted(sizes)}")
+        r = self.prefix_cache_retention_interval
+        if r is None:
+            return
+        if not isinstance(r, int) or isinstance(r, bool) or r < 0 or r % self.block_size:
+            raise ValueError(f"prefix_cache_retention_interval must be null or a non-negative multiple "
+                             f"of block_size ({self.block_size}); got {r!r}")
+        if r > 0 and not any(g.kind == "sliding" for g in self.kv_cache_groups):
+            raise ValueError("prefix_cache_retention_interval > 0 needs a sliding-window group "
+                             "(full attention always hashes every full block); set it to 0 or null")
+
+    @property
+    def block_size(self) -> int:
+        return self.kv_cache_groups[0].kv_cache_spec.block_size
+
+
+def full_attention(block_size: int, layer_names: tuple[str, ...] = ("full",)) -> KVCacheGroupSpec:
+    return KVCacheGroupSpec(layer_names, FullAttentionSpec(block_size))
+
+
+def sliding_window(block_size: int, window: int, layer_names: tuple[str, ...] = ("sliding",)) -> KVCacheGroupSpec:
+    return KVCacheGroupSpec(layer_names, SlidingWindowSpec(block_size, window))

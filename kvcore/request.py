@@ -1,0 +1,98 @@
+"""A generation request as the scheduler sees it (vLLM v1: request)."""
+from __future__ import annotations
+
+import enum
+from typing import Iterable, Optional
+
+from kvcore.core.kv_cache_utils import BlockHasher, cache_salt_extra_keys
+
+
+class RequestStatus(str, enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "finished_stopped"
+    FINISHED_LENGTH_CAPPED = "finished_length"
+    FINISHED_ABORTED = "finished_aborted"
+
+    @property
+    def finished(self) -> bool:
+        return self.value.startswith("finished")
+
+
+class Request:
+    """Token state of one request.
+
+    Invariants: ``all_token_ids`` = prompt + outputs; ``num_computed_tokens`` is the
+    number of leading tokens whose K/V is (or is being) written in the pool, so it
+    never exceeds ``num_tokens``; ``block_hashes`` holds the chained hash of every
+    full block of ``all_token_ids``.
+    """
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
+                 arrival_time: int = 0, priority: int = 0, cache_salt: Optional[str] = None,
+                 eos_token_ids: Iterable[int] = (), ignore_eos: bool = False,
+                 block_hasher: Optional[BlockHasher] = None) -> None:
+        if not prompt_token_ids:
+            raise ValueError(f"request {request_id!r}: the prompt is empty")
+        if max_tokens < 1:
+            raise ValueError(f"request {request_id!r}: max_tokens must be >= 1")
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.max_tokens = max_tokens
+        self.arrival_time = arrival_time
+        self.priority = priority
+        self.cache_salt = cache_salt or None
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.ignore_eos = ignore_eos
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1
+        self.num_preemptions = 0
+        # Set at each admission: where a hybrid model's longest single-group hit ends
+        # (0 if none); the sliding-window group keeps the blocks ending there.
+        self.shared_prefix_boundary = 0
+        self.block_hashes: list[bytes] = []
+        # Draft tokens proposed for the next step (speculative decoding); never in all_token_ids.
+        self.spec_token_ids: list[int] = []
+        self._hasher = block_hasher
+        if block_hasher is not None:
+            block_hasher.extend(self.block_hashes, self.all_token_ids, self.cache_salt)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return len(self.all_token_ids) + len(self.spec_token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    def is_finished(self) -> bool:
+        return self.status.finished
+
+    def extra_keys_for_block(self, block_index: int) -> Optional[tuple]:
+        return cache_salt_extra_keys(self.cache_salt, block_index)
+
+    def append_output_token_ids(self, token_ids: Iterable[int]) -> None:
+        for t in token_ids:
+            self.output_token_ids.append(t)
+            self.all_token_ids.append(t)
+        if self._hasher is not None:
+            self._hasher.extend(self.block_hashes, self.all_token_ids, self.cache_salt)
+
+    def __lt__(self, other: "Request") -> bool:
+        return (self.priority, self.arrival_time, self.request_id) < (
+            other.priority, other.arrival_time, other.request_id)
+
+    def __repr__(self) -> str:
+        return f"Request({self.request_id!r}, {self.status.value}, {self.num_computed_tokens}/{self.num_tokens})"

@@ -1,0 +1,211 @@
+"""ModelRunner: one engine step = one packed forward over the paged KV pools.
+
+Read top to bottom, a step is what vLLM's ``GPUModelRunner.execute_model`` does:
+
+1. :func:`kvcore.worker.gpu_input_batch.prepare_inputs` lays the scheduled requests' tokens along one axis:
+   ``input_ids``, ``positions``, ``query_start_loc``, ``seq_lens``, ``logits_indices`` and,
+   per KV cache group, the ``block_table`` and ``slot_mapping``;
+2. each group's :class:`CommonAttentionMetadata` is made from those arrays;
+3. the model runs once (batch dimension 1); every decoder layer writes its new K/V to the
+   ``slot_mapping`` slots and reads through the block table
+   (:mod:`kvcore.worker.paged_attention`);
+4. logits are computed only at ``logits_indices``, and the next tokens sampled.
+
+``last_inputs`` keeps step 1's result, which the engine stores in the step's record.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from kvcore.worker.gpu_input_batch import ModelInputs, SeqBatchItem, prepare_inputs
+
+from kvcore.model.cpu_packing import pack_for_cpu
+from kvcore.model.loader import LoadedModel
+from kvcore.worker.paged_attention import ATTN_NAME, CommonAttentionMetadata, PagedStep, build_paged_step, pool_views_of
+from kvcore.model.reference import shared_clone
+
+__all__ = ["ModelRunner", "SeqBatchItem", "ModelInputs", "attention_metadata"]
+
+
+def attention_metadata(inputs: ModelInputs) -> list[CommonAttentionMetadata]:
+    """One :class:`CommonAttentionMetadata` per KV cache group (host tensors)."""
+    query_start_loc = torch.tensor(inputs.query_start_loc, dtype=torch.long)
+    seq_lens = torch.tensor(inputs.seq_lens, dtype=torch.long)
+    out = []
+    for tables, slots in zip(inputs.block_table, inputs.slot_mapping):
+        width = max(len(t) for t in tables)
+        block_table_tensor = torch.zeros((inputs.num_reqs, width), dtype=torch.long)  # pad: null block
+        for i, t in enumerate(tables):
+            block_table_tensor[i, :len(t)] = torch.tensor(t, dtype=torch.long)
+        out.append(CommonAttentionMetadata(
+            query_start_loc=query_start_loc, seq_lens=seq_lens, num_reqs=inputs.num_reqs,
+            num_actual_tokens=inputs.num_actual_tokens, max_query_len=inputs.max_query_len,
+            max_seq_len=inputs.max_seq_len, block_table_tensor=block_table_tensor,
+            slot_mapping=torch.tensor(slots, dtype=torch.long)))
+    return out
+
+
+class ModelRunner:
+    """Owns the paged KV pools (one tensor per decoder layer) and runs steps.
+
+    layer_group[i]: the KV cache group decoder layer i reads/writes through.
+    group_sliding_window[g]: None = full attention, W = sliding window of W tokens.
+    seed: None = greedy (argmax, ties -> lowest id); an int = sampling at temperature 1
+    from a torch.Generator seeded once here (same steps -> same tokens).
+
+    The runner works on a shallow clone of ``loaded.model`` that shares every weight
+    tensor but has its own config, switched to the paged attention; ``loaded.model``
+    itself is left untouched (it keeps its sdpa attention and plain ``nn.Linear`` layers
+    for ``generate``).  On the CPU the clone's linear layers are pre-packed
+    (:func:`kvcore.model.cpu_packing.pack_for_cpu`).
+    """
+
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        num_blocks: int,
+        block_size: int,
+        layer_group: Sequence[int] | None = None,
+        group_sliding_window: Sequence[int | None] | None = None,
+        seed: int | None = None,
+    ) -> None:
+        cfg = loaded.config
+        n_layers = int(cfg.num_hidden_layers)
+        layer_group = [0] * n_layers if layer_group is None else [int(g) for g in layer_group]
+        group_sliding_window = [None] if group_sliding_window is None else [
+            None if w is None else int(w) for w in group_sliding_window]
+        if len(layer_group) != n_layers:
+            raise ValueError(f"layer_group has {len(layer_group)} entries; the model has {n_layers} layers")
+        if any(g < 0 or g >= len(group_sliding_window) for g in layer_group):
+            raise ValueError(f"layer_group {layer_group} names a group beyond {len(group_sliding_window)} groups")
+        if any(w is not None and w < 1 for w in group_sliding_window):
+            raise ValueError(f"sliding windows must be >= 1: {group_sliding_window}")
+        if num_blocks < 2:
+            raise ValueError("num_blocks must be >= 2 (block 0 is the null block)")
+        if block_size < 1:
+            raise ValueError("block_size must be >= 1")
+
+        self.loaded = loaded
+        self.num_blocks = int(num_blocks)
+        self.block_size = int(block_size)
+        self.layer_group = layer_group
+        self.group_sliding_window = group_sliding_window
+        self.seed = seed
+        self.device = loaded.device
+        self.dtype = loaded.dtype
+        self.num_layers = n_layers
+        self.num_kv_heads = int(cfg.num_key_value_heads)
+        self.num_heads = int(cfg.num_attention_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        self.vocab_size = int(cfg.vocab_size)
+
+        self.model = shared_clone(loaded.model)
+        self.model.set_attn_implementation(ATTN_NAME)
+        self.model.eval()
+        self.num_packed_layers = pack_for_cpu(self.model)  # only in the runner's clone
+
+        # vLLM's layout: [num_blocks, 2 (K, V), num_kv_heads, block_size, head_dim] per layer
+        shape = (self.num_blocks, 2, self.num_kv_heads, self.block_size, self.head_dim)
+        with torch.inference_mode():
+            self.kv_caches: list[torch.Tensor] = [
+                torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(n_layers)]
+        self._pool_views = pool_views_of(self.kv_caches)
+        self._generator: torch.Generator | None = None
+        if seed is not None:
+            self._generator = torch.Generator(device=self.device)
+            self._generator.manual_seed(int(seed))
+        # vLLM's per-request SamplingParams.seed: request id -> its own generator
+        self.request_generators: dict[str, torch.Generator] = {}
+        self.last_inputs: ModelInputs | None = None  # the last step's inputs (for the step record)
+        self.last_step: PagedStep | None = None      # what the last step's kernel indexed (tests)
+
+    def add_request_seed(self, request_id: str, seed: int) -> None:
+        """Sample ``request_id`` at temperature 1 from a generator of its own, seeded once here."""
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(int(seed))
+        self.request_generators[request_id] = gen
+
+    @property
+    def kv_cache_shape(self) -> tuple[int, ...]:
+        return tuple(self.kv_caches[0].shape)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.kv_caches)
+
+    def read_block(self, layer: int, block_id: int) -> torch.Tensor:
+        """A copy of one block of one layer: [2 (K,V), num_kv_heads, block_size, head_dim]."""
+        return self.kv_caches[layer][block_id].detach().clone()
+
+    def _forward(self, items: Sequence[SeqBatchItem]) -> tuple[tuple[str, ...], torch.Tensor | None]:
+        """Steps 1-3: the sampled requests' ids and their logits ([num_sampled, vocab])."""
+        inputs = prepare_inputs(items, self.block_size, self.group_sliding_window, self.num_blocks)
+        self.last_inputs = inputs
+        metadata = attention_metadata(inputs)
+        self.last_step = step = build_paged_step(
+            metadata, self.group_sliding_window, self.kv_caches, self.layer_group, self.block_size,
+            self.num_kv_heads, self.num_heads // self.num_kv_heads, self.device, self.dtype,
+            self._pool_views)
+        dev = self.device
+        out = self.model(
+            input_ids=torch.tensor([inputs.input_ids], dtype=torch.long).to(dev),
+            position_ids=torch.tensor([inputs.positions], dtype=torch.long).to(dev),
+            logits_to_keep=torch.tensor(inputs.logits_indices, dtype=torch.long).to(dev),
+            use_cache=False,
+            paged_step=step,
+        )
+        # a prefill chunk that samples nothing still ran: its K/V is in the pool now
+        return inputs.sample_req_ids, (out.logits[0] if inputs.sample_req_ids else None)
+
+    @torch.inference_mode()
+    def execute_logits(self, items: Sequence[SeqBatchItem]) -> dict[str, torch.Tensor]:
+        """Run one step; last-position logits (float32, CPU, [vocab]) of each item with sample=True."""
+        if not items:
+            return {}
+        rids, logits = self._forward(items)
+        if logits is None:
+            return {}
+        logits = logits.float().cpu()
+        return {r: logits[i].clone() for i, r in enumerate(rids)}
+
+    @torch.inference_mode()
+    def execute(self, items: Sequence[SeqBatchItem]) -> dict[str, int]:
+        """Run one step; the next token of each item with sample=True."""
+        if not items:
+            return {}
+        rids, logits = self._forward(items)
+        if logits is None:
+            return {}
+        if not self.request_generators:
+            if self._generator is None:
+                next_ids = torch.argmax(logits, dim=-1).tolist()
+            else:
+                probs = torch.softmax(logits.float(), dim=-1)
+                next_ids = torch.multinomial(probs, 1, generator=self._generator)[:, 0].tolist()
+        else:
+            next_ids = []
+            for i, rid in enumerate(rids):
+                gen = self.request_generators.get(rid, self._generator)
+                if gen is None:
+                    next_ids.append(int(torch.argmax(logits[i])))
+                else:
+                    probs = torch.softmax(logits[i].float(), dim=-1)
+                    next_ids.append(int(torch.multinomial(probs, 1, generator=gen)))
+        return dict(zip(rids, next_ids))
+
+    @torch.inference_mode()
+    def execute_verify(self, items: Sequence[SeqBatchItem]) -> dict[str, list[int]]:
+        """Run one step; greedy tokens after each logits position of each item with sample=True:
+        one for a plain item, 1 + num_draft_tokens for one carrying drafts (speculative decoding)."""
+        if not items:
+            return {}
+        rids, logits = self._forward(items)
+        if logits is None:
+            return {}
+        out: dict[str, list[int]] = {}
+        for rid, token in zip(rids, torch.argmax(logits, dim=-1).tolist()):
+            out.setdefault(rid, []).append(token)
+        return out

@@ -1,0 +1,100 @@
+"""check_invariants: the properties the block manager must keep after every operation."""
+from __future__ import annotations
+
+from kvcore.core.kv_cache_utils import get_block_hash, get_group_id, hash_block_tokens
+from kvcore.core.kv_cache_manager import KVCacheManager
+
+
+class InvariantError(AssertionError):
+    pass
+
+
+def _fail(msg: str) -> None:
+    raise InvariantError(msg)
+
+
+def check_invariants(kvm: KVCacheManager, hash_fn=None, requests=None, none_hash=None) -> None:
+    """Raise InvariantError if the pool, tables, queue or hash map disagree.
+
+    - ref_cnt of each non-null block = number of block-table slots holding it;
+    - the free queue holds exactly the non-null blocks with ref_cnt 0, once each,
+      links consistent both ways, and num_free_blocks is its length;
+    - every hash-map entry points at a block carrying that key;
+    - a cached block's hash equals the chained hash of its parent and tokens;
+    - a hashed block in a request's table at index i carries that request's i-th
+      block hash (with the table's group id);
+    - the null block is in no queue and in no hash map entry.
+    """
+    pool = kvm.block_pool
+    null = pool.null_block
+    holders = [0] * pool.num_gpu_blocks
+    for m in kvm.coordinator.single_type_managers:
+        for table in m.req_to_blocks.values():
+            for blk in table:
+                if not blk.is_null:
+                    holders[blk.block_id] += 1
+    for blk in pool.blocks:
+        if blk.is_null:
+            continue
+        if blk.ref_cnt != holders[blk.block_id]:
+            _fail(f"block {blk.block_id}: ref_cnt {blk.ref_cnt} but held by {holders[blk.block_id]} table slots")
+
+    q = pool.free_block_queue
+    seen = set()
+    prev = q.fake_free_list_head
+    curr = prev.next_free_block
+    while curr is not q.fake_free_list_tail:
+        if curr is None:
+            _fail("free queue broken: a link is None before the tail")
+        if curr.prev_free_block is not prev:
+            _fail(f"free queue: block {curr.block_id}.prev does not point back")
+        if curr.block_id in seen:
+            _fail(f"free queue: block {curr.block_id} appears twice")
+        if curr.is_null:
+            _fail("free queue holds the null block")
+        seen.add(curr.block_id)
+        prev, curr = curr, curr.next_free_block
+    if q.fake_free_list_tail.prev_free_block is not prev:
+        _fail("free queue: tail sentinel does not point at the last block")
+    expected = {b.block_id for b in pool.blocks if not b.is_null and b.ref_cnt == 0}
+    if seen != expected:
+        _fail(f"free queue holds {sorted(seen)} but the free blocks are {sorted(expected)}")
+    if q.num_free_blocks != len(seen):
+        _fail(f"num_free_blocks is {q.num_free_blocks} but the queue holds {len(seen)}")
+    for blk in pool.blocks:
+        if blk.block_id not in seen and (blk.prev_free_block is not None or blk.next_free_block is not None):
+            _fail(f"block {blk.block_id} is outside the queue but keeps queue links")
+
+    for key, by_id in pool.cached_block_hash_to_block.items():
+        if not by_id:
+            _fail("hash map holds an empty entry")
+        for bid, blk in by_id.items():
+            if blk.block_id != bid or blk.block_hash != key:
+                _fail(f"hash map entry {key.hex()[:12]} points at block {bid}, which carries "
+                      f"{blk.block_hash.hex()[:12] if blk.block_hash else None}")
+            if blk is null:
+                _fail("the null block is in the hash map")
+    registered = {bid for _, by_id in pool.cached_block_hash_to_block.items() for bid in by_id}
+    for blk in pool.blocks:
+        if blk.block_hash is not None and blk.block_id not in registered:
+            _fail(f"block {blk.block_id} carries a hash that the map does not list")
+        if blk.block_hash is not None and hash_fn is not None:
+            raw = get_block_hash(blk.block_hash)
+            meta = pool.hash_meta.get(raw)
+            if meta is None:
+                _fail(f"block {blk.block_id}: no record of what its hash stands for")
+            if hash_block_tokens(hash_fn, meta.parent, meta.token_ids, meta.extra_keys, none_hash) != raw:
+                _fail(f"block {blk.block_id}: hash does not match its parent and tokens")
+    if requests is not None:
+        for gid, m in enumerate(kvm.coordinator.single_type_managers):
+            for rid, table in m.req_to_blocks.items():
+                req = requests[rid]
+                for i, blk in enumerate(table):
+                    if blk.block_hash is None:
+                        continue
+                    if i >= len(req.block_hashes) or get_block_hash(blk.block_hash) != req.block_hashes[i]:
+                        _fail(f"request {rid} slot {i}: block {blk.block_id} carries another content's hash")
+                    if get_group_id(blk.block_hash) != gid:
+                        _fail(f"request {rid} group {gid}: block {blk.block_id} is cached under another group")
+    if null.block_hash is not None:
+        _fail("the null block carries a hash")

@@ -1,0 +1,128 @@
+"""The "Why?" panel below the player: a request's cache hit explained, a block's life as a
+timeline, two requests' chains aligned, and the code that ran in the current step.
+
+Everything comes from words.explain* over the steps shown so far (the player's cursor), so
+the panel never tells what has not happened yet. Text from tokens and prompts goes through
+``md_escape`` or into dataframes (shown as text), never as HTML.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import streamlit as st
+
+from words.explain import ExplainError, RecordedSteps, explain_hit
+from words.explain_blocks import compare_requests, life_of_block
+from words.explain_text import comparison_sentences, hit_sentences, life_sentences, step_calls
+from record.scenario import load_scenario
+from words.sentences import short_hash
+
+from ui.panels import md_escape
+
+WORDS = {
+    "title": ("Why? — ask the recorded run", "为什么？—— 问问这次记录的运行"),
+    "mode": ("Question", "问题"),
+    "request": ("Why this cache hit?", "为什么命中这么多？"),
+    "block": ("The life of a block", "一个块的一生"),
+    "two": ("Two requests side by side", "两个请求并排对比"),
+    "calls": ("Code of this step", "本步运行的代码"),
+    "pick_request": ("Request", "请求"),
+    "pick_block": ("Block", "块"),
+    "pick_other": ("Compared with", "对比"),
+    "not_yet": ("Nothing to explain before step 1.", "第 1 步之前没有可解释的内容。"),
+    "our_code": ("Our function: {f}", "本项目的函数：{f}"),
+    "vllm_code": ("vLLM 0.33.0: {f}", "vLLM 0.33.0：{f}"),
+    "source_of": ("Source of", "查看源码"),
+}
+
+
+def w(key: str, lang: str, **kw) -> str:
+    en, zh = WORDS[key]
+    return (zh if lang == "zh" else en).format(**kw)
+
+
+def recorded_steps(run: Any, decode: Optional[Callable] = None) -> RecordedSteps:
+    """The steps ``run`` (a Timeline or a RecordedRun) has shown so far, as words.explain reads them."""
+    records = run.shown_records() if hasattr(run, "shown_records") else run.records
+    scenario = run.scenario
+    if scenario is None and getattr(run, "trace", None) is not None and run.trace.scenario is not None:
+        scenario = load_scenario(run.trace.scenario)
+    return RecordedSteps(run.initial, tuple(records), scenario.engine if scenario is not None else None, decode)
+
+
+def _lines(lines: list[str]) -> None:
+    for line in lines:
+        st.markdown(md_escape(line))
+
+
+def why_panel(run: Any, lang: str, key: str, decode: Optional[Callable] = None) -> None:
+    """The panel; ``key`` keeps its widgets apart from another page's (a lesson id, "trace").
+    Nothing is computed until the learner opens it (the toggle): the player reruns this part
+    of the page whenever its cursor moves."""
+    if not st.toggle(w("title", lang), key=f"why_open:{key}"):
+        return
+    with st.container(border=True):
+        steps = recorded_steps(run, decode)
+        if not steps.records:
+            st.caption(w("not_yet", lang))
+            return
+        modes = ("request", "block", "two", "calls")
+        mode = st.radio(w("mode", lang), modes, format_func=lambda m: w(m, lang), horizontal=True,
+                        key=f"why_mode:{key}")
+        requests = list(steps.request_views())
+        try:
+            if mode == "request":
+                rid = st.selectbox(w("pick_request", lang), requests, key=f"why_req:{key}")
+                for x in explain_hit(steps, rid):
+                    _lines(hit_sentences(x, lang)[:-1])
+                _code("get_computed_blocks", lang, key)
+            elif mode == "block":
+                n = len(steps.records[-1].snapshot.blocks)
+                bid = st.selectbox(w("pick_block", lang), list(range(1, n)), key=f"why_block:{key}")
+                life = life_of_block(steps, bid)
+                _lines(life_sentences(life, lang))
+                if life.moments:
+                    st.dataframe(block_table(life, lang), hide_index=True, key=f"why_block_table:{key}")
+            elif mode == "two":
+                c1, c2 = st.columns(2)
+                a = c1.selectbox(w("pick_request", lang), requests, key=f"why_a:{key}")
+                b = c2.selectbox(w("pick_other", lang), [r for r in requests if r != a] or requests, key=f"why_b:{key}")
+                c = compare_requests(steps, a, b)
+                _lines(comparison_sentences(c, lang))
+                st.dataframe(chain_table(c), hide_index=True, key=f"why_chain_table:{key}")
+            else:
+                step = len(steps.records)
+                rows = [{"": "  " * k.depth + k.link.name, "vLLM 0.33.0": k.link.vllm.url, "kvcore": k.link.ours.target}
+                        for k in step_calls(steps, step)]
+                link = st.column_config.LinkColumn(display_text=r"v0\.33\.0/(.*)$")
+                st.dataframe(rows, hide_index=True, key=f"why_calls:{key}", column_config={"vLLM 0.33.0": link})
+                names = list(dict.fromkeys(k.link.name for k in step_calls(steps, step)))
+                name = st.selectbox(w("source_of", lang), names, key=f"why_src:{key}")
+                if name is not None:
+                    _code(name, lang, key)
+        except ExplainError as e:
+            st.info(str(e))
+
+
+def _code(name: str, lang: str, key: str) -> None:
+    from words.source_links import FUNCTIONS
+    link = FUNCTIONS[name]
+    st.markdown(f"[{w('vllm_code', lang, f=link.vllm.qualname)}]({link.vllm.url})")
+    with st.expander(w("our_code", lang, f=link.ours.target)):
+        st.code(link.ours.source(), language="python")
+
+
+def block_table(life, lang: str) -> list[dict]:
+    """The block's timeline, one row per event (the same facts as its sentences)."""
+    return [{"step": m.step, "event": m.kind, "request": m.request_id or "", "logical block": m.logical_index,
+             "ref_cnt": m.ref_cnt, "hash": short_hash(m.block_hash), "lost hash": short_hash(m.lost_hash),
+             "queue": m.joined or ("" if m.queue_pos is None else str(m.queue_pos)), "reason": m.reason,
+             "prefix": m.prefix_text or ""} for m in life.moments]
+
+
+def chain_table(c) -> list[dict]:
+    """The two chains aligned block by block."""
+    return [{"block": r.index, f"hash {c.a}": short_hash(r.hash_a), f"hash {c.b}": short_hash(r.hash_b),
+             "same": r.same, f"tokens {c.a}": str(list(r.tokens_a)), f"tokens {c.b}": str(list(r.tokens_b)),
+             "shared": ", ".join(f"#{s.block_id} steps {s.first_step}-{s.last_step}" for s in r.shared)}
+            for r in c.rows]
