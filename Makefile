@@ -2,7 +2,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PORT ?= 8501
 
-.PHONY: setup run test test-fast bench
+.PHONY: setup run test test-fast bench docs
 
 setup:
 	@bash scripts/setup.sh
@@ -22,3 +22,8 @@ bench: setup
 	$(PY) bench/bench_kvcore.py
 	$(PY) bench/bench_engine.py
 	$(PY) bench/bench_player.py
+
+# the docs site (docs/ + mkdocs.yml) into site/; installs mkdocs-material into the venv if missing
+docs: setup
+	@$(PY) -c "import material" 2>/dev/null || $(PY) -m pip install -q -e ".[docs]"
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site

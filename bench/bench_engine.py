@@ -1,6 +1,6 @@
 """Engine benchmark: decode throughput and time to first token of the paged engine.
 
-Compares, on the same weights and prompts, the full :class:`kvcore.engine.core.Engine` (vLLM's
+Compares, on the same weights and prompts, the full :class:`record.engine.Engine` (vLLM's
 scheduler and block manager, the recorder and a Snapshot every step: what the app and the
 CLI run) and the bare paged ModelRunner (driven by tests/_mini_engine.py: MiniEngine) with
 transformers:
@@ -112,11 +112,11 @@ def paged_runner_backend(loaded, block_size: int = 16, num_blocks: int | None = 
 
 
 def engine_backend(loaded, block_size: int = 16, num_blocks: int = 256):
-    """run(prompts, n) through the full :class:`kvcore.engine.core.Engine`: vLLM's scheduler and
+    """run(prompts, n) through the full :class:`record.engine.Engine`: vLLM's scheduler and
     block manager (prefix caching on), the recorder, a Snapshot and detokenised text every
     step -- what the app and the CLI run.  ``run.step_seconds``: the median decode step of
     the last call (steps where every scheduled request feeds one token)."""
-    from kvcore.engine.core import Engine
+    from record.engine import Engine
     from record.scenario import EngineSettings, RequestSpec, Scenario
 
     def run(prompts, n):

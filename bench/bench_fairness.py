@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from record.budget import Limits  # noqa: E402
-from kvcore.engine.core import Engine  # noqa: E402
+from record.engine import Engine  # noqa: E402
 from record.scenario import load_scenario  # noqa: E402
 from lessons import BY_ID  # noqa: E402
 from runstore.store import RunStore  # noqa: E402

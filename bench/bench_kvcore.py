@@ -1,6 +1,6 @@
 """kvcore benchmark: BlockPool operations are O(1) per block; cost of a scheduler step.
 
-Pool operations (recorder off: ``BlockPool(..., recorder=None)``, prefix caching on, KV cache
+Pool operations (recorder off: no observer attached, prefix caching on, KV cache
 events on as the engine has them) are timed on pools of 10k and 100k blocks. Each operation is
 driven over the *whole* pool in chunks of ``CHUNK`` blocks and reported in microseconds per
 block; if an operation is O(1) per block, the 100k figure equals the 10k one (ratio ~1):
@@ -34,8 +34,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from record import events  # noqa: E402
-from kvcore.engine.core import Engine, NoModelRunner  # noqa: E402
+from record.recorder import Recorder  # noqa: E402
+from record.engine import Engine, NoModelRunner  # noqa: E402
 from kvcore.core.block_pool import BlockPool  # noqa: E402
 from record.scenario import EngineSettings, RequestSpec, Scenario  # noqa: E402
 from kvcore.utils.math_utils import cdiv
@@ -69,7 +69,7 @@ def _clock(fn) -> float:
 def pool_round(num_blocks: int) -> dict[str, float]:
     """One pass of every operation over the whole pool; seconds per block for each."""
     n_chunks = num_blocks // CHUNK
-    pool = BlockPool(n_chunks * CHUNK + 1, True, BLOCK_SIZE, recorder=None)
+    pool = BlockPool(n_chunks * CHUNK + 1, True, BLOCK_SIZE, True)
     reqs = [FakeRequest(i, CHUNK) for i in range(n_chunks)]
     chunks: list[list] = []
     out: dict[str, float] = {}
@@ -113,7 +113,8 @@ def pool_round(num_blocks: int) -> dict[str, float]:
 
 def touch_with_recorder(num_blocks: int, calls: int) -> float:
     """Seconds per touch() call of one free block when the recorder is on."""
-    pool = BlockPool(num_blocks + 1, True, BLOCK_SIZE, recorder=events.Recorder())
+    pool = BlockPool(num_blocks + 1, True, BLOCK_SIZE, True)
+    rec = Recorder().attach_block_pool(pool)
     blocks = pool.get_new_blocks(num_blocks)
     pool.free_blocks(blocks)
     mid = blocks[num_blocks // 2: num_blocks // 2 + calls]
@@ -122,7 +123,7 @@ def touch_with_recorder(num_blocks: int, calls: int) -> float:
         for b in mid:
             pool.touch([b])
     t = _clock(run) / len(mid)
-    pool.recorder.drain()
+    rec.drain()
     return t
 
 

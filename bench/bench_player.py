@@ -237,7 +237,7 @@ def first_pictures(browser, page, url: str) -> dict:
 # -- what is sent ------------------------------------------------------------------------------
 def payload_sizes(model_name: str) -> list[tuple]:
     """Per lesson: KiB of whole snapshots per step vs the deltas the player is sent (JSON)."""
-    from kvcore.engine.core import Engine
+    from record.engine import Engine
     from kvcore.model import load_model
     from lessons import LESSONS
     from runstore.runtime import lesson_scenario

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
-from kvcore.engine.core import Engine  # noqa: E402
+from record.engine import Engine  # noqa: E402
 from kvcore.model import load_model, smollm2_available  # noqa: E402
 from record.scenario import EngineSettings, RequestSpec, Scenario, SpeculativeConfig  # noqa: E402
 

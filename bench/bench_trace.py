@@ -14,7 +14,7 @@ import json
 import time
 
 from record import trace
-from kvcore.engine.core import Engine, NoModelRunner
+from record.engine import Engine, NoModelRunner
 from record.events import Event
 from record.scenario import EngineSettings, RequestSpec, Scenario, scenario_to_dict
 from words.sentences import sentence

@@ -66,7 +66,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.until and args.until not in events.EVENT_KINDS:
         print(f"error: --until must be one of {', '.join(k.value for k in events.EVENT_KINDS)}", file=sys.stderr)
         return 2
-    from kvcore.engine.core import Engine
+    from record.engine import Engine
     from kvcore.model import ModelNotAvailable, DeviceNotAvailable
     import zmq
     from kvcore.distributed.kv_events import KVEventsConfig
@@ -85,7 +85,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         model = load_model(scenario.model, scenario.device, scenario.dtype,
                            progress=lambda m: print(m, file=sys.stderr))
         if auto:  # profile the model, derive the pool as vLLM does; the trace records the number
-            from kvcore.engine.core import size_kv_cache
+            from record.engine import size_kv_cache
             sizing = size_kv_cache(model, scenario.engine)
             print("\n".join(sizing.lines()))
             scenario = replace(scenario, engine=replace(scenario.engine, num_gpu_blocks=sizing.num_gpu_blocks))
@@ -319,7 +319,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
                 scenario = with_engine_overrides(scenario, parse_engine_overrides(args.set))
             scenario = replace(scenario, model=args.model or scenario.model, device=args.device or scenario.device)
             from record.budget import check_scenario, cli_limits
-            from kvcore.engine.core import Engine
+            from record.engine import Engine
             auto = scenario.engine.num_gpu_blocks == "auto"
             check_scenario(replace(scenario, engine=replace(scenario.engine, num_gpu_blocks=2)) if auto else scenario,
                            cli_limits())

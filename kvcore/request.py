@@ -33,8 +33,6 @@ class Request:
                  arrival_time: int = 0, priority: int = 0, cache_salt: Optional[str] = None,
                  eos_token_ids: Iterable[int] = (), ignore_eos: bool = False,
                  block_hasher: Optional[BlockHasher] = None) -> None:
-        if not prompt_token_ids:
-            raise ValueError(f"request {request_id!r}: the prompt is empty")
         if max_tokens < 1:
             raise ValueError(f"request {request_id!r}: max_tokens must be >= 1")
         self.request_id = request_id

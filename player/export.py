@@ -4,7 +4,8 @@ It opens from a file:// URL with no server and no network, and steps exactly lik
 because it runs the same player.js on the same payload. The run is inlined as JSON in a
 ``<script type="application/json">`` element whose text cannot close the element (``<``, ``>``
 and ``&`` are written as \\u escapes), and player.js reads it with JSON.parse: nothing from the
-run is ever parsed as HTML.
+run is ever parsed as HTML. What the app sends with a run's head besides the run (the wire keys
+and the player's words: ``player_book``) is inlined in the module, as a JSON literal.
 """
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-ASSETS = ("player.html", "player.css", "player.js", "panels.js", "charts.js", "text.js")
-MODULES = ("text.js", "charts.js", "panels.js", "player.js")   # each after the modules it imports
+from player.payload import player_book
+
+ASSETS = ("player.html", "player.css", "player.js", "panels.js", "charts.js", "text.js", "decode.js")
+MODULES = ("text.js", "decode.js", "charts.js", "panels.js", "player.js")   # each after the modules it imports
 
 
 @lru_cache(maxsize=None)
@@ -26,7 +29,7 @@ def asset(name: str) -> str:
 
 @lru_cache(maxsize=None)
 def module_js() -> str:
-    """The player's four JS modules as one module's text, for where they cannot be fetched by URL
+    """The player's JS modules as one module's text, for where they cannot be fetched by URL
     (the static export, a page without a server): each file in import order, its imports of the
     others dropped. The app serves them as files and the browser resolves the imports itself."""
     parts = []
@@ -47,7 +50,8 @@ def json_for_script(value: Any) -> str:
 
 def static_html(payload: dict[str, Any], title: str = "Paged KV Lab run") -> str:
     safe_title = title.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-    lang = "zh-CN" if payload.get("head", {}).get("lang") == "zh" else "en"
+    run_lang = (payload.get("head") or {}).get("lang") or "en"
+    lang = "zh-CN" if run_lang == "zh" else "en"
     js = module_js().replace("</script", "<\\/script")
     return f"""<!doctype html>
 <html lang="{lang}">
@@ -67,7 +71,7 @@ body {{ font-family: system-ui, 'Noto Sans CJK SC', 'Microsoft YaHei', sans-seri
 <script type="module">
 {js}
 mountPlayer({{
-  data: JSON.parse(document.getElementById("pkv-run").textContent),
+  data: {{ ...JSON.parse(document.getElementById("pkv-run").textContent), ...{json_for_script(player_book(run_lang))} }},
   parentElement: document.getElementById("pkv-root"),
   setStateValue: () => {{}},
   setTriggerValue: () => {{}},

@@ -3,20 +3,30 @@
 The player gets the state before step 1 whole (``head``) and then one *step* per engine step:
 what ran (events with their sentences, scheduled tokens, narration) and what changed in the
 snapshot (only the blocks and requests that differ from the step before, the free queue only
-when it moved). ``apply_delta`` rebuilds whole snapshots the way player.js does, so tests can
-hold the two against the engine's own snapshots.
+when it moved). The keys on the wire are short; each is defined once, in assets/wire.json, which
+this module encodes with and the browser's decoder (assets/decode.js) decodes with.
 
-The steps, applied in order onto the head's snapshot, give exactly ``snapshot_dict`` of every
-record's snapshot (tests/test_player.py holds this against an independent engine). No Streamlit here: the app, the static export and the CLI share this module.
+The steps, applied in order onto the head's snapshot by the decoder, give exactly
+``snapshot_dict`` of every record's snapshot (tests/test_browser_decoder.py holds this in a real
+browser). No Streamlit here: the app, the static export and the CLI share this module.
 """
 from __future__ import annotations
 
+import json
 import threading
+from operator import attrgetter
+from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from record.snapshot import BlockView, RequestView, Snapshot, StepRecord
 
+from words.i18n import player_strings, tr
 from words.sentences import changed_blocks, reason, step_sentences
+
+# The wire keys, per kind: the name the code uses -> the key on the wire (assets/wire.json).
+WIRE: dict[str, Any] = {k: v for k, v in json.loads(
+    (Path(__file__).parent / "assets" / "wire.json").read_text(encoding="utf-8")).items() if not k.startswith("_")}
+B, R, S, T = WIRE["block"], WIRE["request"], WIRE["snapshot"], WIRE["step"]
 
 Decode = Callable[[Sequence[int]], str]
 Narrate = Callable[[StepRecord], list[str]]
@@ -39,55 +49,66 @@ def color_map(request_ids: Iterable[str]) -> dict[str, str]:
 
 
 # -- whole snapshots -------------------------------------------------------------------
-def block_dict(b: BlockView) -> dict[str, Any]:
-    return {"i": b.block_id, "r": b.ref_cnt, "z": b.is_null, "h": b.block_hash, "p": b.parent_hash,
-            "g": b.group, "k": list(b.token_ids), "o": list(b.owners), "hn": b.block_hash_num_tokens}
+def _encoder(name: str, spec: dict[str, str], as_json: dict[str, str]) -> Callable[[Any], dict]:
+    """``view -> wire dict`` for ``spec``: each field, in order, under its wire key, made plain JSON
+    by the helper ``as_json`` names where it is not already. Compiled from ``spec`` once (as
+    dataclasses builds ``__init__``), so it costs what the dict written out by hand would; its
+    text is the function's ``source``."""
+    if not all(field.isidentifier() and isinstance(key, str) for field, key in spec.items()):
+        raise ValueError(f"wire.json: bad {name} field names")
+    items = ", ".join(f"{key!r}: {as_json[f]}(v.{f})" if f in as_json else f"{key!r}: v.{f}"
+                      for f, key in spec.items())
+    source = f"def {name}(v):\n    return {{{items}}}\n"
+    scope = {"_lists": _lists, "_blocks": _blocks, "_requests": _requests}
+    exec(source, scope)
+    fn = scope[name]
+    fn.source = source
+    return fn
 
 
-def request_dict(r: RequestView) -> dict[str, Any]:
-    """A request without its prompt ids (they never change: the head carries them once)."""
-    return {"id": r.request_id, "st": r.status, "np": r.num_prompt_tokens, "no": r.num_output_tokens,
-            "nc": r.num_computed_tokens, "nk": r.num_cached_tokens, "bt": [list(t) for t in r.block_tables],
-            "pe": r.num_preemptions, "pri": r.priority, "ar": r.arrival, "ot": list(r.output_token_ids),
-            "tx": r.text, "salt": r.cache_salt}
+def _lists(tables: Sequence[Sequence[int]]) -> list[list[int]]:
+    return [list(t) for t in tables]
 
 
-def snapshot_dict(s: Snapshot) -> dict[str, Any]:
-    return {"step": s.step, "blocks": [block_dict(b) for b in s.blocks], "queue": list(s.free_queue),
-            "reqs": [request_dict(r) for r in s.requests], "wait": list(s.waiting), "run": list(s.running),
-            "usage": s.usage, "free": s.num_free_blocks, "pc": dict(s.prefix_cache)}
+def _blocks(blocks: Sequence[BlockView]) -> list[dict[str, Any]]:
+    return [block_dict(b) for b in blocks]
 
 
-# -- deltas ----------------------------------------------------------------------------
+def _requests(requests: Sequence[RequestView]) -> list[dict[str, Any]]:
+    return [request_dict(r) for r in requests]
+
+
+block_dict = _encoder("block_dict", B, {"token_ids": "list", "owners": "list"})
+# a request without its prompt ids: they never change, and the head carries them once
+request_dict = _encoder("request_dict", R, {"block_tables": "_lists", "output_token_ids": "list"})
+snapshot_dict = _encoder("snapshot_dict", S, {
+    "blocks": "_blocks", "free_queue": "list", "requests": "_requests", "waiting": "list", "running": "list",
+    "prefix_cache": "dict"})
+
+
+_SCALARS = [key for name, key in S.items() if name not in ("blocks", "free_queue", "requests")]
+
+
 def delta(prev: dict[str, Any], cur: dict[str, Any]) -> dict[str, Any]:
-    """What ``cur`` changes in ``prev``: changed blocks, changed requests, the request order and
-    the queue when they moved, and the small scalars always."""
-    d: dict[str, Any] = {k: cur[k] for k in ("step", "wait", "run", "usage", "free", "pc")}
-    d["blocks"] = [b for b, p in zip(cur["blocks"], prev["blocks"]) if b != p] + cur["blocks"][len(prev["blocks"]):]
-    if cur["queue"] != prev["queue"]:
-        d["queue"] = cur["queue"]
-    old = {r["id"]: r for r in prev["reqs"]}
-    d["reqs"] = [r for r in cur["reqs"] if old.get(r["id"]) != r]
-    order = [r["id"] for r in cur["reqs"]]
-    if order != [r["id"] for r in prev["reqs"]]:
-        d["order"] = order
+    """What ``cur`` changes in ``prev`` (wire dicts): changed blocks, changed requests, the request
+    order and the queue when they moved, and the small scalars always."""
+    blocks, queue, reqs, rid = S["blocks"], S["free_queue"], S["requests"], R["request_id"]
+    d: dict[str, Any] = {k: cur[k] for k in _SCALARS}
+    d[blocks] = [b for b, p in zip(cur[blocks], prev[blocks]) if b != p] + cur[blocks][len(prev[blocks]):]
+    if cur[queue] != prev[queue]:
+        d[queue] = cur[queue]
+    old = {r[rid]: r for r in prev[reqs]}
+    d[reqs] = [r for r in cur[reqs] if old.get(r[rid]) != r]
+    order = [r[rid] for r in cur[reqs]]
+    if order != [r[rid] for r in prev[reqs]]:
+        d[T["request_order"]] = order
     return d
 
 
-def apply_delta(prev: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
-    """The whole snapshot after ``d`` (player.js does the same in the browser)."""
-    blocks = list(prev["blocks"])
-    for b in d["blocks"]:
-        if b["i"] < len(blocks):
-            blocks[b["i"]] = b
-        else:
-            blocks.append(b)
-    by_id = {r["id"]: r for r in prev["reqs"]}
-    by_id.update({r["id"]: r for r in d["reqs"]})
-    order = d.get("order", [r["id"] for r in prev["reqs"]])
-    out = {k: d[k] for k in ("step", "wait", "run", "usage", "free", "pc")}
-    out.update(blocks=blocks, queue=d.get("queue", prev["queue"]), reqs=[by_id[i] for i in order])
-    return out
+def player_book(lang: str) -> dict[str, Any]:
+    """What the browser needs besides a run to play it: the wire keys and its words in ``lang``
+    (words/strings.json). Sent with a run's head, never inside it."""
+    return {"wire": WIRE, "strings": {lang: player_strings(lang)}}
 
 
 # -- the run ---------------------------------------------------------------------------
@@ -95,8 +116,7 @@ def _summary(rec: StepRecord, lang: str) -> str:
     parts = [f"{e.request_id}: {getattr(e, 'num_tokens', '?')} ({reason(getattr(e, 'phase', ''), lang)})"
              for e in rec.events if e.kind == "scheduled"]
     total = sum(rec.scheduled.values())
-    head = f"第 {rec.step} 步：调度 {total} 个 token" if lang == "zh" else f"Step {rec.step}: {total} tokens scheduled"
-    return head + (" — " + ", ".join(parts) if parts else "")
+    return tr("step_summary", lang, step=rec.step, total=total) + (" — " + ", ".join(parts) if parts else "")
 
 
 class RunEncoder:
@@ -164,20 +184,22 @@ class RunEncoder:
 
     def _step(self, rec: StepRecord, prev: dict[str, Any], cur: dict[str, Any]) -> dict[str, Any]:
         sentences = step_sentences(rec.events, self.lang, self.decode, self._multi)
-        events = [[str(e.kind), e.request_id, list(e.block_ids), text, e.group]
+        events = [[{"kind": str(e.kind), "request_id": e.request_id, "block_ids": list(e.block_ids), "text": text,
+                    "group": e.group}[name] for name in WIRE["event"]]
                   for e, (_, text) in zip(rec.events, sentences)]
         new_prompts = {r.request_id: list(r.prompt_token_ids) for r in rec.snapshot.requests
                        if r.request_id not in self._prompts_seen}
         self._prompts_seen.update(new_prompts)
-        tokens = [t for p in new_prompts.values() for t in p] + [t for b in cur["blocks"] for t in b["k"]]
-        tokens += [t for r in cur["reqs"] for t in r["ot"]]
+        tokens = [t for p in new_prompts.values() for t in p] + [t for b in cur[S["blocks"]] for t in b[B["token_ids"]]]
+        tokens += [t for r in cur[S["requests"]] for t in r[R["output_token_ids"]]]
         d = delta(prev, cur)
         phases = {e.request_id: e.phase for e in rec.events if e.kind == "scheduled"}
-        d.update(ev=events, sched=dict(rec.scheduled), ph=phases, changed=sorted(changed_blocks(rec.events)),
-                 nar=self.narrate(rec) if self.narrate is not None else [], sum=_summary(rec, self.lang),
-                 vocab=self._vocab(tokens))
+        d.update({T["events"]: events, T["scheduled"]: dict(rec.scheduled), T["phases"]: phases,
+                  T["changed_blocks"]: sorted(changed_blocks(rec.events)),
+                  T["narration"]: self.narrate(rec) if self.narrate is not None else [],
+                  T["summary"]: _summary(rec, self.lang), T["vocab"]: self._vocab(tokens)})
         if new_prompts:
-            d["prompts"] = new_prompts
+            d[T["new_prompts"]] = new_prompts
         return d
 
 

@@ -1,8 +1,9 @@
 """The event vocabulary: every decision kv/ and sched/ can make, one frozen class per kind.
 
-Read this file to see what the engine can decide. Each event is emitted by the
-component that made the decision (the docstring names the vLLM function that makes
-it there), into a Recorder the engine drains once per step. Every event has
+Read this file to see what the engine can decide. kvcore tells its observer each decision
+as it makes it (the docstring names the vLLM function that makes it there);
+``record.recorder.Recorder`` turns those calls into these events and the engine drains
+them once per step. Every event has
 ``kind``, ``request_id`` (None where no request is involved), ``block_ids`` (maybe
 empty) and ``group`` (the KV cache group, None where it does not apply); the other
 fields say why. Events are frozen and round-trip through JSON with ``to_dict`` /
@@ -359,21 +360,3 @@ AnyEvent = Annotated[Union[tuple(Annotated[cls, Tag(kind.value)] for kind, cls i
 @functools.cache
 def _any_event_adapter() -> TypeAdapter:
     return TypeAdapter(AnyEvent)
-
-
-class Recorder:
-    """Collects the events of the current step, in the order the decisions were made.
-
-    It keeps no notion of whom the engine is working for: every event names its
-    request and group itself.
-    """
-
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-
-    def emit(self, event: Event) -> None:
-        self.events.append(event)
-
-    def drain(self) -> list[Event]:
-        out, self.events = self.events, []
-        return out

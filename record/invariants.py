@@ -13,19 +13,22 @@ def _fail(msg: str) -> None:
     raise InvariantError(msg)
 
 
-def check_invariants(kvm: KVCacheManager, hash_fn=None, requests=None, none_hash=None) -> None:
+def check_invariants(kvm: KVCacheManager, hash_fn=None, requests=None, none_hash=None, hash_meta=None) -> None:
     """Raise InvariantError if the pool, tables, queue or hash map disagree.
 
     - ref_cnt of each non-null block = number of block-table slots holding it;
     - the free queue holds exactly the non-null blocks with ref_cnt 0, once each,
       links consistent both ways, and num_free_blocks is its length;
     - every hash-map entry points at a block carrying that key;
-    - a cached block's hash equals the chained hash of its parent and tokens;
+    - a cached block's hash equals the chained hash of its parent and tokens (``hash_meta``, the
+      recorder's record of what each hash stands for, given);
     - a hashed block in a request's table at index i carries that request's i-th
       block hash (with the table's group id);
     - the null block is in no queue and in no hash map entry.
     """
     pool = kvm.block_pool
+    if hash_meta is None and getattr(pool.observer, "hash_meta", None) is not None:
+        hash_meta = pool.observer.hash_meta
     null = pool.null_block
     holders = [0] * pool.num_gpu_blocks
     for m in kvm.coordinator.single_type_managers:
@@ -65,22 +68,24 @@ def check_invariants(kvm: KVCacheManager, hash_fn=None, requests=None, none_hash
         if blk.block_id not in seen and (blk.prev_free_block is not None or blk.next_free_block is not None):
             _fail(f"block {blk.block_id} is outside the queue but keeps queue links")
 
-    for key, by_id in pool.cached_block_hash_to_block.items():
-        if not by_id:
+    registered = set()
+    for key, ids in pool.cached_block_hash_to_block.block_ids():
+        if not ids:
             _fail("hash map holds an empty entry")
-        for bid, blk in by_id.items():
-            if blk.block_id != bid or blk.block_hash != key:
+        for bid in ids:
+            blk = pool.blocks[bid]
+            if blk.block_hash != key:
                 _fail(f"hash map entry {key.hex()[:12]} points at block {bid}, which carries "
                       f"{blk.block_hash.hex()[:12] if blk.block_hash else None}")
             if blk is null:
                 _fail("the null block is in the hash map")
-    registered = {bid for _, by_id in pool.cached_block_hash_to_block.items() for bid in by_id}
+            registered.add(bid)
     for blk in pool.blocks:
         if blk.block_hash is not None and blk.block_id not in registered:
             _fail(f"block {blk.block_id} carries a hash that the map does not list")
-        if blk.block_hash is not None and hash_fn is not None:
+        if blk.block_hash is not None and hash_fn is not None and hash_meta is not None:
             raw = get_block_hash(blk.block_hash)
-            meta = pool.hash_meta.get(raw)
+            meta = hash_meta.get(raw)
             if meta is None:
                 _fail(f"block {blk.block_id}: no record of what its hash stands for")
             if hash_block_tokens(hash_fn, meta.parent, meta.token_ids, meta.extra_keys, none_hash) != raw:

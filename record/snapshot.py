@@ -48,6 +48,9 @@ class RequestView:
     prompt_token_ids: tuple[int, ...]
     text: str                       # detokenised output so far ("" where no tokenizer)
     cache_salt: str | None = None
+    # The engine's chained hash (hex) of every full block of prompt + output so far; empty with
+    # prefix caching off (and in traces recorded before snapshots kept them).
+    block_hashes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ class Snapshot:
             "block_tables": tuple(tuple(t) for t in r["block_tables"]),
             "output_token_ids": tuple(r["output_token_ids"]),
             "prompt_token_ids": tuple(r["prompt_token_ids"]),
+            "block_hashes": tuple(r.get("block_hashes", ())),
         }) for r in d["requests"])
         return Snapshot(
             step=d["step"], block_size=d["block_size"], num_gpu_blocks=d["num_gpu_blocks"],
@@ -136,7 +140,12 @@ class StepRecord:
                                         else ModelInputs.from_dict(d["model_inputs"])))
 
 def take_snapshot(scheduler: "Scheduler", step: int,
-                  decode: Optional[Callable[[list[int]], str]] = None) -> Snapshot:
+                  decode: Optional[Callable[[list[int]], str]] = None, hash_meta: Optional[dict] = None,
+                  requests: Optional[dict] = None) -> Snapshot:
+    """The state after ``step``; ``hash_meta`` (the recorder's) says what each cached hash stands for;
+    ``requests`` (default: the scheduler's unfinished ones) are the requests to show, finished included."""
+    if requests is None:
+        requests = scheduler.requests
     kvm = scheduler.kv_cache_manager
     pool = kvm.block_pool
     bs = kvm.block_size
@@ -147,7 +156,7 @@ def take_snapshot(scheduler: "Scheduler", step: int,
 
     owners: dict[int, list[str]] = {}
     held_tokens: dict[int, tuple[int, ...]] = {}
-    for rid, req in scheduler.requests.items():
+    for rid, req in requests.items():
         for m in managers:
             for i, blk in enumerate(m.req_to_blocks.get(rid, ())):
                 if blk.is_null:
@@ -166,7 +175,7 @@ def take_snapshot(scheduler: "Scheduler", step: int,
             raw = get_block_hash(blk.block_hash)
             group = get_group_id(blk.block_hash)
             h = raw.hex()
-            meta = pool.hash_meta.get(raw)
+            meta = hash_meta.get(raw) if hash_meta is not None else None
             if meta is not None:
                 parent = meta.parent.hex() if meta.parent else None
                 toks = meta.token_ids
@@ -178,24 +187,24 @@ def take_snapshot(scheduler: "Scheduler", step: int,
 
     hash_map = {
         f"{get_block_hash(key).hex()}@{get_group_id(key)}": tuple(blocks_by_id)
-        for key, blocks_by_id in pool.cached_block_hash_to_block.items()
+        for key, blocks_by_id in pool.cached_block_hash_to_block.block_ids()
     }
 
-    requests = []
-    for rid, req in scheduler.requests.items():
+    views = []
+    for rid, req in requests.items():
         tables = tuple(tuple(b.block_id for b in m.req_to_blocks.get(rid, ())) for m in managers)
-        requests.append(RequestView(
+        views.append(RequestView(
             request_id=rid, status=req.status.value, num_prompt_tokens=req.num_prompt_tokens,
             num_output_tokens=req.num_output_tokens, num_computed_tokens=req.num_computed_tokens,
             num_cached_tokens=max(req.num_cached_tokens, 0), block_tables=tables,
             num_preemptions=req.num_preemptions, priority=req.priority, arrival=req.arrival_time,
             output_token_ids=tuple(req.output_token_ids), prompt_token_ids=tuple(req.prompt_token_ids),
             text=decode(req.output_token_ids) if decode and req.output_token_ids else "",
-            cache_salt=req.cache_salt))
+            cache_salt=req.cache_salt, block_hashes=tuple(h.hex() for h in req.block_hashes)))
 
     return Snapshot(
         step=step, block_size=bs, num_gpu_blocks=pool.num_gpu_blocks, blocks=tuple(blocks),
-        free_queue=tuple(queue), hash_map=hash_map, requests=tuple(requests),
+        free_queue=tuple(queue), hash_map=hash_map, requests=tuple(views),
         waiting=tuple(r.request_id for r in scheduler.waiting.ordered()),
         running=tuple(r.request_id for r in scheduler.running),
         usage=kvm.usage, num_free_blocks=pool.get_num_free_blocks(),

@@ -219,7 +219,7 @@ def lesson_scenario(lesson, num_layers: int | None = None, overrides: dict | Non
 
 def lesson_run(lesson, loaded_model, overrides: dict | None = None, store: Optional[RunStore] = None) -> Timeline:
     """A cursor over a lesson's shared run on an already loaded model (tests, benchmarks)."""
-    from kvcore.engine.core import Engine
+    from record.engine import Engine
     scenario = lesson_scenario(lesson, loaded_model.num_layers, overrides, loaded_model.name)
     key = (loaded_model.name, str(loaded_model.device), str(loaded_model.dtype))
     return LabRun(scenario, lambda s: Engine(s, model=loaded_model), store, model=loaded_model, model_key=key)

@@ -10,11 +10,13 @@ a RecordedRun (runstore/runtime.py: Timeline). No Streamlit here.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import threading
 import time
 import uuid
+import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Optional
 
@@ -83,6 +85,7 @@ class RunStore:
         self._background_since: Optional[float] = None   # when other work last got a step (None: none pending)
         self._worker: Optional[threading.Thread] = None
         self._closed = False
+        _OPEN_STORES.add(self)
 
     # -- getting runs -----------------------------------------------------------------------
     def run(self, scenario: Scenario, factory: EngineFactory, model_key: Any = None, model: Any = None,
@@ -148,13 +151,13 @@ class RunStore:
         with self._cond:
             return list(self._runs.values())
 
-    def close(self) -> None:
-        """Stop the worker (tests); runs stay readable."""
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the worker after the step it is computing, if any; runs stay readable."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        if self._worker is not None:
-            self._worker.join(timeout=5)
+        if self._worker is not None and self._worker is not threading.current_thread():
+            self._worker.join(timeout=timeout)
 
     # -- bookkeeping (under self._cond) ------------------------------------------------------
     def _add(self, run: RecordedRun) -> None:
@@ -313,6 +316,17 @@ class RunStore:
 
 _STORE: Optional[RunStore] = None
 _STORE_LOCK = threading.Lock()
+
+
+# Every store still open, closed at interpreter exit: the worker is a daemon thread, and one
+# killed in the middle of a model step while the interpreter tears down can abort the process.
+_OPEN_STORES: "weakref.WeakSet[RunStore]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_stores() -> None:
+    for store in list(_OPEN_STORES):
+        store.close(timeout=30.0)
 
 
 def default_store() -> RunStore:

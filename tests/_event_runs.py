@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from kvcore.engine.core import NoModelRunner
+from record.engine import NoModelRunner
 from record.scenario import SpeculativeConfig
 
 from _kv_helpers import make_engine, spec, table

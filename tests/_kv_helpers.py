@@ -6,9 +6,10 @@ import pickle
 from typing import Optional, Sequence
 
 from record import events
+from record.recorder import Recorder
 
 from record import snapshot
-from kvcore.engine.core import Engine, NoModelRunner
+from record.engine import Engine, NoModelRunner
 from kvcore.core.kv_cache_utils import BlockHasher
 from kvcore.utils.hashing import get_hash_fn
 from kvcore.core.block_pool import BlockPool
@@ -72,11 +73,14 @@ def make_request(rid: str, tokens: Sequence[int], block_size: int, *, salt: Opti
 
 def make_manager(num_blocks: int, block_size: int, groups=FULL, *, caching: bool = True,
                  free_order: str = "v0.33", retention_interval: Optional[int] = 0,
-                 recorder: Optional[events.Recorder] = None, max_model_len: int = 1 << 30,
+                 recorder: Optional[Recorder] = None, max_model_len: int = 1 << 30,
                  max_num_batched_tokens: Optional[int] = None, watermark: float = 0.0) -> KVCacheManager:
     config = KVCacheConfig(num_blocks, group_specs(groups, block_size), retention_interval)
-    return KVCacheManager(config, max_model_len, caching, max_num_batched_tokens, watermark, free_order,
-                          recorder)
+    kvm = KVCacheManager(config, max_model_len, caching, max_num_batched_tokens, watermark, free_order,
+                         enable_kv_cache_events=True)
+    if recorder is not None:
+        recorder.attach(kvm)
+    return kvm
 
 
 def queue_ids(pool: BlockPool) -> list[int]:

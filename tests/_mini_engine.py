@@ -1,6 +1,6 @@
 """A test/bench-only driver for :class:`ModelRunner`: a trivial engine around it (lives under tests/, not in the package).
 
-It is *not* the project's engine (that is kvcore/engine/core.py with vLLM's block manager
+It is *not* the project's engine (that is record/engine.py with vLLM's block manager
 and scheduler); it exists so that the model side can be checked against transformers
 on its own: a refcounted allocator handing out fresh block ids, block tables per KV
 cache group, chunked prefill, decode, prefix reuse (sharing another request's first

@@ -3,7 +3,7 @@ at every step it equals an independent engine's record and snapshot, for lessons
 model. The drawing itself is checked in a real browser (tests/test_browser.py)."""
 import pytest
 
-from kvcore.engine.core import Engine
+from record.engine import Engine
 from words.i18n import tr
 from lessons import BY_ID
 from ui.panels import player_panels

@@ -17,7 +17,7 @@ from player import snapshot_dict
 
 def engine_snapshot(lesson_id, step, model):
     """An independent engine (not the app's run store) stepped to ``step``."""
-    from kvcore.engine.core import Engine
+    from record.engine import Engine
     from runstore.runtime import lesson_scenario
     scenario = lesson_scenario(BY_ID[lesson_id], model.num_layers, model=model.name, device="cpu")
     engine = Engine(scenario, model=model)

@@ -1,6 +1,6 @@
 """LabRun (a cursor over a recorded run), quiz predictions and the myths, on the engine without a model."""
 
-from kvcore.engine.core import Engine, NoModelRunner
+from record.engine import Engine, NoModelRunner
 from record.scenario import RequestSpec, load_scenario
 from lessons.myths import free_runs, internal_waste, lru_contrast, myth_sections
 from lessons.quiz import make_prediction

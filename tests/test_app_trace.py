@@ -38,7 +38,7 @@ def cli_trace(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def engine_records(tiny):
     """The same scenario on an independent engine: (state before step 1, records)."""
-    from kvcore.engine.core import Engine
+    from record.engine import Engine
     engine = Engine(replace(load_scenario(EVICTION), model="tiny-random", device="cpu"), model=tiny)
     initial = engine.snapshot()
     return initial, engine.run()

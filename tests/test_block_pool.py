@@ -9,11 +9,15 @@ from kvcore.core.kv_cache_utils import KVCacheBlock
 
 from _kv_helpers import ids, make_manager, make_request, queue_ids, vllm_chain, ext, removed, stored
 from kvcore.utils.math_utils import cdiv
+from record.recorder import Recorder
 
 
 
 def pool(n=8, caching=True, free_order="v0.33", recorder=None, block_size=2):
-    return BlockPool(n, caching, block_size, free_order, recorder)
+    p = BlockPool(n, caching, block_size, True, free_order=free_order)
+    if recorder is not None:
+        recorder.attach_block_pool(p)
+    return p
 
 
 def cached_blocks(p, tokens, block_size=2, rid="r"):
@@ -152,7 +156,7 @@ def test_null_block_is_never_freed_or_queued():
 
 # -- touch ----------------------------------------------------------------------------------------
 def test_touch_pulls_a_free_block_out_of_the_middle_of_the_queue():
-    rec = events.Recorder()
+    rec = Recorder()
     p = pool(8, recorder=rec)
     _, blocks = cached_blocks(p, [1, 2, 3, 4, 5, 6])
     p.free_blocks(reversed(blocks))
@@ -197,12 +201,28 @@ def test_two_blocks_with_one_hash_get_cached_block_returns_the_first_inserted():
     assert a[0].block_hash == b[0].block_hash
     assert p.get_cached_block(h0, [0]) == [a[0]]
     key = make_block_hash_with_group_id(h0, 0)
-    assert list(dict(p.cached_block_hash_to_block.items())[key]) == [1, 3]
+    assert dict(p.cached_block_hash_to_block.block_ids())[key] == (1, 3)
     # Evicting the first one leaves the second findable.
     p.evict_blocks([1])
     assert p.get_cached_block(h0, [0]) == [b[0]]
     p.evict_blocks([3])
     assert p.get_cached_block(h0, [0]) is None
+
+
+def test_block_hash_to_block_map_holds_one_block_bare_and_several_in_a_dict_as_vllm():
+    """vLLM 0.33 stores the common case (one block per key) as the block itself and only a
+    key with several blocks as {block_id: block}; popping moves a remaining key to the end."""
+    m = BlockHashToBlockMap()
+    b1, b2, b3 = KVCacheBlock(1), KVCacheBlock(2), KVCacheBlock(3)
+    m.insert(b"k", b1)
+    assert m._cache[b"k"] is b1
+    m.insert(b"k", b2)
+    assert m._cache[b"k"] == {1: b1, 2: b2}
+    m.insert(b"j", b3)
+    assert m.contain(b"k", 2) and not m.contain(b"j", 1)
+    assert m.pop(b"k", 1) is b1
+    assert m._cache[b"k"] == {2: b2} and list(m._cache) == [b"j", b"k"]
+    assert m.pop(b"j", 9) is None and m._cache[b"j"] is b3
 
 
 def test_block_hash_to_block_map_semantics():
@@ -222,7 +242,7 @@ def test_block_hash_to_block_map_semantics():
 
 # -- eviction: lazy, on pop; evict_blocks -----------------------------------------------------------
 def test_eviction_is_lazy_the_hash_goes_only_when_the_block_is_popped():
-    rec = events.Recorder()
+    rec = Recorder()
     p = pool(6, recorder=rec)                         # usable 1..5
     req, blocks = cached_blocks(p, [1, 2, 3, 4])      # blocks 1 2, both cached
     p.take_events()
@@ -271,7 +291,7 @@ def test_evict_blocks_rejects_ids_outside_the_pool():
 
 # -- reset_prefix_cache -------------------------------------------------------------------------------
 def test_reset_prefix_cache_refuses_while_blocks_are_in_use():
-    rec = events.Recorder()
+    rec = Recorder()
     p = pool(6, recorder=rec)
     req, blocks = cached_blocks(p, [1, 2, 3, 4])
     p.take_events()
@@ -336,7 +356,7 @@ def test_cache_full_blocks_skips_blocks_already_cached_and_null_blocks():
 
 
 def test_recorder_reports_allocations_and_frees_with_their_reasons():
-    rec = events.Recorder()
+    rec = Recorder()
     p = pool(8, recorder=rec)
     req, blocks = cached_blocks(p, [1, 2, 3])
     evs = rec.drain()
@@ -344,9 +364,10 @@ def test_recorder_reports_allocations_and_frees_with_their_reasons():
     assert alloc.block_ids == (1, 2) and alloc.queue_positions == (0, 1)
     cached = [e for e in evs if e.kind == events.CACHED][0]
     assert cached.block_ids == (1,) and cached.block_hashes == (req.block_hashes[0].hex(),)
-    p.free_blocks(reversed(blocks), reason="finished")
+    p.free_blocks(reversed(blocks))
     (ev,) = rec.drain()
     assert ev.kind == events.FREED and ev.block_ids == (2, 1)
     assert ev.to_head == (2,) and ev.to_tail == (1,)
-    assert ev.reason == "finished" and ev.still_used == ()
+    # a lone pool's calls name no request and no reason: the managers' calls do (test_kv_cache_manager)
+    assert ev.reason == "" and ev.request_id is None and ev.still_used == ()
     assert get_block_hash(blocks[0].block_hash) == req.block_hashes[0]

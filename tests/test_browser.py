@@ -138,7 +138,7 @@ def expected(snap) -> dict:
 
 def engine_snapshots(lesson_id):
     """An independent engine's snapshots of a lesson, on the server's model."""
-    from kvcore.engine.core import Engine
+    from record.engine import Engine
     from kvcore.model import load_model
     from lessons import BY_ID
     from runstore.runtime import lesson_scenario
@@ -337,7 +337,7 @@ def test_a_finished_page_is_quiet_and_loads_the_player_by_url(server, browser):
 def test_requests_table_and_over_time_chart_follow_the_cursor(server, browser):
     """The player's requests table at a step equals an independent engine's snapshot there, the
     over-time chart has one point per step up to the cursor, and a hostile request id is text."""
-    from kvcore.engine.core import Engine
+    from record.engine import Engine
     from kvcore.model import load_model
     from record.scenario import load_scenario
     from ui.state import _encode_base

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.browser
 
 def recorded_until_hit():
     """The prefix lesson on the tiny model, stepped by an independent engine to B's first hit."""
-    from kvcore.engine.core import Engine
+    from record.engine import Engine
     from words.explain import RecordedSteps
     from kvcore.model import load_model
     from lessons import BY_ID

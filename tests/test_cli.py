@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcore.engine.core import Engine
+from record.engine import Engine
 from record.scenario import load_scenario, scenario_to_dict
 from words.sentences import sentence
 from record.snapshot import Snapshot, StepRecord

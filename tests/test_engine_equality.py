@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from kvcore.engine.core import Engine
+from record.engine import Engine
 from record.scenario import EngineSettings, RequestSpec, Scenario
 from kvcore.model import reference_model
 

@@ -78,12 +78,33 @@ def test_from_dict_refuses_what_is_not_an_event(bad):
         Event.from_dict(bad)
 
 
-def test_recorder_holds_no_current_request_or_group():
-    rec = events.Recorder()
-    assert vars(rec) == {"events": []}
-    assert not hasattr(rec, "at") and not hasattr(rec, "request_id") and not hasattr(rec, "group")
-    with pytest.raises(TypeError):
-        rec.emit(events.ALLOCATED, [3])                       # the old (kind, ids, **data) call is gone
+def test_kvcore_keeps_vllms_signatures_and_a_recorder_attaches_without_changing_them():
+    """The pool's methods take what vLLM 0.33's take, no request/group/reason keywords; the
+    recorder gets whom a call is for by wrapping the manager instances it is attached to."""
+    import inspect
+    from kvcore.core.block_pool import BlockPool
+    from kvcore.core.kv_cache_manager import KVCacheManager
+    from kvcore.core.single_type_kv_cache_manager import SingleTypeKVCacheManager
+    from record.recorder import Recorder
+    from _kv_helpers import make_manager
+    want = {
+        BlockPool.get_new_blocks: ["self", "num_blocks"],
+        BlockPool.touch: ["self", "blocks"],
+        BlockPool.free_blocks: ["self", "ordered_blocks"],
+        BlockPool.evict_blocks: ["self", "block_ids"],
+        BlockPool.cache_full_blocks: ["self", "request", "blocks", "num_cached_blocks", "num_full_blocks",
+                                      "block_size", "kv_cache_group_id", "block_mask"],
+        KVCacheManager.free: ["self", "request"],
+        SingleTypeKVCacheManager.free: ["self", "request_id"],
+        SingleTypeKVCacheManager.allocate_new_blocks: ["self", "request_id", "num_tokens"],
+    }
+    for fn, params in want.items():
+        assert list(inspect.signature(fn).parameters) == params, fn.__qualname__
+    plain = make_manager(8, 2)
+    assert plain.block_pool.observer is None and "free" not in vars(plain)
+    rec = Recorder()
+    kvm = make_manager(8, 2, recorder=rec)
+    assert kvm.block_pool.observer is rec and "free" in vars(kvm)
     with pytest.raises(TypeError):
         events.Allocated((3,))                                # fields by name only
 

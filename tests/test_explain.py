@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from _app_helpers import tiny_model_env  # noqa: F401  (the page test runs the app on the tiny model)
 from _event_runs import every_kind_runs
-from _kv_helpers import make_engine, spec
+from _kv_helpers import make_engine, spec, vllm_chain
 from record import events as E
 from words import explain as X
 from record import trace
@@ -42,7 +42,7 @@ def test_never_computed_names_the_first_missing_block():
     run = record([spec("A", A[:6], max_tokens=1), spec("B", A[:6] + [1, 2, 3, 4, 5, 6], max_tokens=1, arrival_step=3)])
     x = why(run, "B")
     assert (x.reason, x.step, x.hit_tokens, x.block_index) == (X.NEVER_COMPUTED, 4, 4, 1)
-    assert x.block_hash == X.chain_hashes(run, A[:6] + [1, 2, 3, 4, 5, 6], None)[1]
+    assert x.block_hash == vllm_chain(A[:6] + [1, 2, 3, 4, 5, 6], run.block_size())[1].hex()   # hashed independently
 
 
 def test_evicted_names_who_computed_it_and_who_took_the_block():
@@ -139,13 +139,26 @@ def test_resumption_after_preemption_is_explained_too():
     assert "resumed" in hit_sentences(out[0])[0]
 
 
-def test_a_random_none_hash_seed_cannot_be_rehashed(monkeypatch):
+def test_a_random_none_hash_seed_is_explained_from_the_hashes_the_engine_kept(monkeypatch):
+    """The snapshot carries the engine's own block hashes, so even a random NONE_HASH seed
+    (xxhash, hash_seed null: nobody could recompute them) is explained: B hits A's block."""
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
     run = record([spec("A", A, max_tokens=1), spec("B", A, max_tokens=1, arrival_step=3)],
                  hash_algo="xxhash", hash_seed=None)
     x = why(run, "B")
-    assert x.reason == X.CANNOT_REHASH and x.hit_tokens == 4
-    assert "cannot be recomputed" in hit_sentences(x)[1]
+    assert x.reason != X.CANNOT_REHASH and x.hit_tokens == 4
+
+
+def test_a_recording_without_block_hashes_says_it_cannot_name_the_missing_block():
+    import dataclasses
+    run = record([spec("A", A, max_tokens=1), spec("B", A, max_tokens=1, arrival_step=3)])
+    strip = lambda snap: dataclasses.replace(snap, requests=tuple(dataclasses.replace(r, block_hashes=())
+                                                                    for r in snap.requests))
+    run = dataclasses.replace(run, initial=strip(run.initial),
+                              records=tuple(dataclasses.replace(r, snapshot=strip(r.snapshot)) for r in run.records))
+    x = why(run, "B")
+    assert x.reason == X.CANNOT_REHASH
+    assert "kept no block hashes" in hit_sentences(x)[1]
 
 
 def test_unknown_request_or_step_is_a_clear_error():

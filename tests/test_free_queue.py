@@ -133,3 +133,13 @@ def test_mixed_operations_keep_both_directions_consistent():
     assert_consistent(q, [0, 2, 4, 5, 7, 3, 1, 6])
     assert q.popleft() is blocks[0]
     assert_consistent(q, [2, 4, 5, 7, 3, 1, 6])
+
+
+def test_append_n_asserts_the_tail_sentinel_has_a_previous_node_as_vllm():
+    blocks = [KVCacheBlock(i) for i in range(3)]
+    q = FreeKVCacheBlockQueue(blocks)
+    q.append_n([])                                       # nothing to add: nothing touched
+    assert q.num_free_blocks == 3
+    q.fake_free_list_tail.prev_free_block = None         # a broken list
+    with pytest.raises(AssertionError, match="tail sentinel"):
+        q.append_n([KVCacheBlock(9)])

@@ -2,11 +2,12 @@
 import pytest
 
 from record import events
-from kvcore.engine.core import kv_cache_groups
+from record.engine import kv_cache_groups
 from kvcore.core.kv_cache_utils import get_block_hash, get_group_id, make_block_hash_with_group_id
 from record.scenario import EngineSettings
 
 from _kv_helpers import admit, events_of, hybrid, make_engine, make_manager, make_request, queue_ids, spec
+from record.recorder import Recorder
 
 W, BS = 4, 2
 PROMPT = list(range(11))          # 5 full blocks + 1 partial per group
@@ -83,7 +84,7 @@ def test_full_attention_shortens_the_hit_and_caps_the_sliding_search():
 
 
 def test_free_releases_group_0_reversed_then_group_1():
-    rec = events.Recorder()
+    rec = Recorder()
     kvm, a = setup(recorder=rec)
     rec.drain()
     kvm.free(a)

@@ -9,6 +9,7 @@ from kvcore.request import RequestStatus
 from kvcore.metrics.stats import CachingMetrics, PrefixCacheStats
 
 from _kv_helpers import admit, hybrid, ids, make_manager, make_request, queue_ids, ext, removed, stored
+from record.recorder import Recorder
 
 
 COMMON = list(range(12))            # three full blocks of 4
@@ -105,7 +106,7 @@ def test_two_concurrent_identical_prompts_make_two_blocks_with_one_hash():
     for i, (x, y) in enumerate(((1, 4), (2, 5))):
         key = make_block_hash_with_group_id(a.block_hashes[i], 0)
         assert pool.blocks[x].block_hash == pool.blocks[y].block_hash == key
-        assert list(dict(pool.cached_block_hash_to_block.items())[key]) == [x, y]
+        assert dict(pool.cached_block_hash_to_block.block_ids())[key] == (x, y)
         assert pool.get_cached_block(a.block_hashes[i], [0]) == [pool.blocks[x]]   # first inserted
     c = make_request("c", list(range(10)), 4)
     _, hits, n = admit(kvm, c)
@@ -346,7 +347,7 @@ def test_block_size_must_be_positive():
 
 
 def test_recorder_names_the_request_for_pool_events():
-    rec = events.Recorder()
+    rec = Recorder()
     kvm = make_manager(10, 4, recorder=rec)
     admit(kvm, make_request("a", list(range(10)), 4))
     rec.drain()

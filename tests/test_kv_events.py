@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from kvcore.distributed import kv_events as ke
-from kvcore.engine.core import Engine
+from record.engine import Engine
 from record.scenario import EngineSettings, RequestSpec, Scenario
 from watch.prefix_index import PrefixCacheIndex
 

@@ -5,7 +5,7 @@ import pytest
 
 from record import trace
 from kvcore.worker.gpu_input_batch import ModelInputs, SeqBatchItem, prepare_inputs
-from kvcore.engine.core import Engine
+from record.engine import Engine
 from record.scenario import EngineSettings, RequestSpec, Scenario
 
 

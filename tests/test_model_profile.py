@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cli.main import main
-from kvcore.engine.core import Engine
+from record.engine import Engine
 from kvcore.model.memory import GiB, MemoryProfile, bytes_per_block, num_gpu_blocks_from_profile
 from kvcore.model.profile import LiveTensorBytes, profile_model, weights_bytes
 from record.scenario import EngineSettings, RequestSpec, Scenario, load_scenario

@@ -1,7 +1,11 @@
-"""The paged ModelRunner against transformers on the same weights.
+"""The paged ModelRunner, driven by the real engine, against transformers on the same weights.
 
-Greedy tokens must equal ``model.generate(do_sample=False)`` and the logits of every
-sampled position must match a full transformers forward within a tolerance.
+Each test runs a scenario through ``record.engine.Engine`` (vLLM's scheduler and block manager
+decide the batches, the block tables, prefix hits, preemption and the sliding window's null
+blocks) with the runner watched (tests/_runner_tap.py: TappedRun): greedy tokens must equal
+``model.generate(do_sample=False)`` and the logits of every sampled position must match a full
+transformers forward within a tolerance. Blocks that sit free without a hash are overwritten
+with large garbage before every forward, so reading one would show.
 
 Measured max |logit difference| (float32, CPU, torch 2.13 / transformers 5.23):
   tiny-random : about 3.5e-6 (logits of order 1-10)    -> tolerance TOL_TINY = 5e-5
@@ -9,12 +13,6 @@ Measured max |logit difference| (float32, CPU, torch 2.13 / transformers 5.23):
   (transformers' own drift, generate with its cache vs one full forward, is 1.5e-4 there)
 The differences come only from float summation order (packed vs per-request forward, the
 gathered blocks vs a contiguous cache, the runner's oneDNN-packed linear layers).
-
-The runner is driven by tests/_mini_engine.py: MiniEngine: a trivial engine (fresh block
-ids, block tables, chunked prefill, decode, prefix reuse, preemption by recompute, and
-the sliding-window rule that swaps blocks wholly before ``start - W + 1`` for the null
-block 0 and frees them).  Freed blocks are overwritten with large garbage, so reading
-one would show.
 """
 
 from __future__ import annotations
@@ -23,8 +21,9 @@ import pytest
 import torch
 
 from kvcore.model import ModelRunner, SeqBatchItem, reference_model
-from _mini_engine import MiniEngine, reference_generate, reference_logits
 from kvcore.model.cpu_packing import PackedLinear
+from kvcore.utils.math_utils import cdiv
+from _runner_tap import TappedRun, pad_id, reference_generate, reference_logits, req
 
 TOL_TINY = 5e-5
 TOL_SMOL = 1e-3
@@ -39,33 +38,22 @@ def make_prompts(vocab: int, lengths, seed: int = 0) -> list[list[int]]:
     return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
-def pad_id(lm) -> int:
-    p = getattr(lm.tokenizer, "pad_token_id", None)
-    return int(p) if p is not None else 0
-
-
-def check(lm, ref, eng: MiniEngine, prompts: dict[str, list[int]], max_new: int, tol: float) -> float:
-    """Tokens equal transformers' greedy generate; logits within ``tol``; returns the max diff."""
-    outs = eng.outputs()
+def check(lm, ref, run: TappedRun, tol: float) -> float:
+    """Every request's tokens equal transformers' greedy generate and the logits of each sampled
+    position are within ``tol`` of one full forward; returns the max difference."""
+    outs = run.outputs()
     worst = 0.0
-    for rid, prompt in prompts.items():
-        want = reference_generate(ref, prompt, max_new, pad_id(lm))
+    for rid, spec in run.specs.items():
+        prompt = list(spec.prompt_token_ids)
+        want = reference_generate(ref, prompt, spec.max_tokens, pad_id(lm))
         assert outs[rid] == want, f"{rid}: paged {outs[rid]} != transformers {want}"
-        got = eng.reqs[rid].logits
+        got = run.logits[rid]
         if got:
+            assert len(got) == len(outs[rid]), f"{rid}: one sampled position per output token"
             diff = (torch.stack(got) - reference_logits(ref, prompt, outs[rid])).abs().max().item()
             assert diff < tol, f"{rid}: max |logit diff| {diff} >= {tol}"
             worst = max(worst, diff)
     return worst
-
-
-def engine(lm, block_size=4, windows=(None,), layer_group=None, chunk=None, num_blocks=256, seed=None,
-           prefer_freed=True):
-    """A MiniEngine that reuses freed (poisoned) blocks first, collecting logits."""
-    n = lm.config.num_hidden_layers
-    runner = ModelRunner(lm, num_blocks, block_size, layer_group or [0] * n, list(windows), seed=seed)
-    return MiniEngine(runner, chunk_size=chunk, collect_logits=True, eos_ids=lm.eos_ids,
-                      prefer_freed=prefer_freed)
 
 
 def count_forwards(runner: ModelRunner) -> list[int]:
@@ -82,103 +70,103 @@ def hybrid_types(n_layers: int) -> list[str]:
     return ["full_attention" if i % 2 == 0 else "sliding_attention" for i in range(n_layers)]
 
 
+def tables_of(run: TappedRun, group: int) -> list[list[int]]:
+    return [list(it.block_tables[group]) for step in run.batches.values() for it in step]
+
+
 # ----------------------------------------------------------------------------- tiny
 @pytest.mark.parametrize("block_size", [1, 5, 16])
 def test_single_request(tiny_model, block_size):
     lm = tiny_model
     (p,) = make_prompts(lm.config.vocab_size, [21])
-    eng = engine(lm, block_size)
-    eng.add("a", p, 12)
-    eng.run()
-    check(lm, lm.model, eng, {"a": p}, 12, TOL_TINY)
-    assert eng.steps == 12  # one prefill step + 11 decode steps
+    run = TappedRun(lm, [req("a", p, 12)], block_size=block_size)
+    run.run()
+    check(lm, lm.model, run, TOL_TINY)
+    assert len(run.records) == len(run.batches) == 12  # one prefill step + 11 decode steps
 
 
 def test_batched_prefill_then_decode_one_forward_per_step(tiny_model):
     lm = tiny_model
     prompts = dict(zip("abcde", make_prompts(lm.config.vocab_size, [7, 13, 21, 30, 3], seed=1)))
-    eng = engine(lm, block_size=4)
-    calls = count_forwards(eng.runner)
-    for rid, p in prompts.items():
-        eng.add(rid, p, 10)
-    eng.run()
-    first = eng.history[0]
+    run = TappedRun(lm, [req(rid, p, 10) for rid, p in prompts.items()], block_size=4)
+    calls = count_forwards(run.runner)
+    run.run()
+    first, *rest = [run.batches[s] for s in sorted(run.batches)]
     assert [len(it.token_ids) for it in first] == [7, 13, 21, 30, 3] and all(it.sample for it in first)
-    assert all(len(it.token_ids) == 1 for step in eng.history[1:] for it in step)
-    assert len(eng.history[1]) == 5
-    assert calls[0] == eng.steps == 10  # all sequences of a step run in ONE forward
-    check(lm, lm.model, eng, prompts, 10, TOL_TINY)
+    assert all(len(it.token_ids) == 1 for step in rest for it in step)
+    assert len(rest[0]) == 5
+    assert calls[0] == len(run.records) == 10  # all sequences of a step run in ONE forward
+    check(lm, lm.model, run, TOL_TINY)
 
 
 def test_prefill_mixed_with_decodes(tiny_model):
     lm = tiny_model
     ps = make_prompts(lm.config.vocab_size, [9, 14, 5, 26, 11], seed=2)
     prompts = dict(zip("abcde", ps))
-    eng = engine(lm, block_size=5, chunk=8)
-    for rid in "abc":
-        eng.add(rid, prompts[rid], 10)
-    for _ in range(3):
-        eng.step()
-    eng.add("d", prompts["d"], 10)  # 26 tokens in chunks of 8 while a, b, c decode
-    eng.step()
-    mixed = eng.history[-1]
+    # d arrives at step 4 (26 tokens in chunks of 8 while a, b, c decode), e at step 6
+    arrival = {"d": 3, "e": 5}
+    run = TappedRun(lm, [req(rid, p, 10, arrival.get(rid, 0)) for rid, p in prompts.items()],
+                    block_size=5, long_prefill_token_threshold=8)
+    run.run()
+    mixed = run.batches[4]
     assert sorted(len(it.token_ids) for it in mixed) == [1, 1, 1, 8]
     assert [it.sample for it in mixed if it.request_id == "d"] == [False]
-    eng.step()
-    eng.add("e", prompts["e"], 10)
-    eng.run()
-    check(lm, lm.model, eng, prompts, 10, TOL_TINY)
+    assert run.items_of("e")[0].start_pos == 0 and min(s for s in run.batches if any(
+        it.request_id == "e" for it in run.batches[s])) == 6
+    check(lm, lm.model, run, TOL_TINY)
 
 
 @pytest.mark.parametrize("chunk", [1, 3, 8])
 def test_chunked_prefill(tiny_model, chunk):
     lm = tiny_model
     prompts = dict(zip("ab", make_prompts(lm.config.vocab_size, [23, 10], seed=3)))
-    eng = engine(lm, block_size=4, chunk=chunk)
-    for rid, p in prompts.items():
-        eng.add(rid, p, 8)
-    eng.run()
-    starts = [it.start_pos for step in eng.history for it in step if it.request_id == "a"]
+    # b decodes all along: a request alone would get the whole token budget (record/engine.py)
+    run = TappedRun(lm, [req("a", prompts["a"], 8), req("b", prompts["b"], 30)], block_size=4,
+                    long_prefill_token_threshold=chunk)
+    run.run()
+    starts = [it.start_pos for it in run.items_of("a")]
     assert starts[: -(8 - 1)] == list(range(0, 23, chunk))  # the prompt went in over several steps
-    check(lm, lm.model, eng, prompts, 8, TOL_TINY)
+    check(lm, lm.model, run, TOL_TINY)
 
 
 @pytest.mark.parametrize("shared_tokens", [16, 18], ids=["full-block-boundary", "diverges-mid-block"])
 def test_prefix_reuse(tiny_model, shared_tokens):
-    """B reuses A's first full blocks (block ids in its table) and feeds only its tail."""
+    """B arrives once A's prompt is cached, hits A's first full blocks (their ids in its table)
+    and feeds only its tail."""
     lm = tiny_model
     bs = 4
     a, tail = make_prompts(lm.config.vocab_size, [22, 9], seed=4)
     b = a[:shared_tokens] + tail
-    eng = engine(lm, block_size=bs)
-    eng.add("a", a, 10)
-    eng.step()  # A's prompt is in the pool
+    run = TappedRun(lm, [req("a", a, 10), req("b", b, 10, arrival=1)], block_size=bs)
+    run.run()  # A keeps decoding while B prefills its tail
     hit_blocks = shared_tokens // bs  # a hit covers only full blocks
-    eng.add("b", b, 10, prefix_of="a", prefix_blocks=hit_blocks)
-    eng.run()  # A keeps decoding while B prefills its tail
-    b_items = [it for step in eng.history for it in step if it.request_id == "b"]
+    (hit,) = [e for e in run.events("cache_hit") if e.request_id == "b"]
+    assert hit.num_blocks == hit_blocks
+    b_items = run.items_of("b")
     assert b_items[0].start_pos == hit_blocks * bs == 16
-    assert b_items[0].token_ids == b[16:]
-    assert b_items[0].block_tables[0][:hit_blocks] == eng.reqs["a"].tables[0][:hit_blocks]
-    check(lm, lm.model, eng, {"a": a, "b": b}, 10, TOL_TINY)
+    assert list(b_items[0].token_ids) == b[16:]
+    assert list(b_items[0].block_tables[0][:hit_blocks]) == list(run.items_of("a")[0].block_tables[0][:hit_blocks])
+    check(lm, lm.model, run, TOL_TINY)
 
 
 def test_recompute_after_preemption(tiny_model):
+    """A pool too small for all three: one request is preempted, its freed (poisoned) blocks go
+    to the others, and it later recomputes its prompt and its output so far, in chunks."""
     lm = tiny_model
     prompts = dict(zip("abc", make_prompts(lm.config.vocab_size, [13, 19, 6], seed=5)))
-    eng = engine(lm, block_size=4, chunk=7)
-    for rid, p in prompts.items():
-        eng.add(rid, p, 12)
-    for _ in range(6):
-        eng.step()
-    freed = [b for b in eng.reqs["b"].tables[0]]
-    eng.preempt("b")  # free (blocks get poisoned) and redo later from scratch
-    for _ in range(4):
-        eng.step(["a", "c"])  # a and c go on, reusing b's freed blocks
-    reused = set(eng.reqs["a"].tables[0] + eng.reqs["c"].tables[0]) & set(freed)
+    run = TappedRun(lm, [req(rid, p, 12) for rid, p in prompts.items()], block_size=4, num_gpu_blocks=14,
+                    long_prefill_token_threshold=7, enable_prefix_caching=False)
+    run.run()
+    (victim, *_) = run.events("preempted")
+    rid, at = victim.request_id, next(r.step for r in run.records if victim in r.events)
+    freed = set(next(it for s in sorted(run.batches, reverse=True) if s < at
+                     for it in run.batches[s] if it.request_id == rid).block_tables[0])
+    reused = {b for s in run.batches if s >= at for it in run.batches[s] if it.request_id != rid
+              for b in it.block_tables[0]} & freed
     assert reused, "the freed blocks should have been handed to other requests"
-    eng.run()  # b recomputes prompt + its output so far, in chunks
-    check(lm, lm.model, eng, prompts, 12, TOL_TINY)
+    again = [it for s in sorted(run.batches) if s > at for it in run.batches[s] if it.request_id == rid]
+    assert again[0].start_pos == 0 and len(again[0].token_ids) <= 7, "recomputed from its first token"
+    check(lm, lm.model, run, TOL_TINY)
 
 
 def test_kv_lands_in_the_slots_of_the_block_table(tiny_model):
@@ -201,20 +189,20 @@ def test_kv_lands_in_the_slots_of_the_block_table(tiny_model):
     assert all(runner.kv_caches[0][b].abs().sum() == 0 for b in untouched)
 
 
-@pytest.mark.parametrize("block_size,chunk", [(4, None), (5, 3), (1, 11), (16, 6)])
+
+
+@pytest.mark.parametrize("block_size,chunk", [(4, 0), (5, 3), (1, 11), (16, 6)])
 def test_sliding_window_all_layers(tiny_model, block_size, chunk):
     """W=8 on every layer vs MistralForCausalLM(sliding_window=8); out-of-window blocks are null."""
     lm = tiny_model
     ref = reference_model(lm, sliding_window=W)
     prompts = dict(zip("abcd", make_prompts(lm.config.vocab_size, [21, 30, 5, 17], seed=7)))
-    eng = engine(lm, block_size=block_size, windows=[W], chunk=chunk)
-    for rid, p in prompts.items():
-        eng.add(rid, p, 12)
-    eng.run()
-    tables = [it.block_tables[0] for step in eng.history for it in step]
+    run = TappedRun(lm, [req(rid, p, 12) for rid, p in prompts.items()], block_size=block_size,
+                    num_gpu_blocks=128, sliding_window=W, long_prefill_token_threshold=chunk)
+    run.run()
     if block_size < 16:
-        assert any(0 in t for t in tables), "the window should have nulled some blocks"
-    check(lm, ref, eng, prompts, 12, TOL_TINY)
+        assert any(0 in t for t in tables_of(run, 0)), "the window should have nulled some blocks"
+    check(lm, ref, run, TOL_TINY)
 
 
 def test_sliding_window_really_changes_the_output(tiny_model):
@@ -226,24 +214,22 @@ def test_sliding_window_really_changes_the_output(tiny_model):
     assert (reference_logits(ref, p, out) - reference_logits(lm.model, p, out)).abs().max() > 1e-2
 
 
-@pytest.mark.parametrize("chunk", [None, 5])
+@pytest.mark.parametrize("chunk", [0, 5])
 def test_hybrid_full_and_sliding_layers(tiny_model, chunk):
     """Alternating full / sliding layers vs MinistralForCausalLM(layer_types=...)."""
     lm = tiny_model
-    n = lm.config.num_hidden_layers
-    types = hybrid_types(n)
+    types = hybrid_types(lm.config.num_hidden_layers)
     ref = reference_model(lm, sliding_window=W, layer_types=types)
-    layer_group = [0 if t == "full_attention" else 1 for t in types]
     prompts = dict(zip("abc", make_prompts(lm.config.vocab_size, [25, 12, 19], seed=8)))
-    eng = engine(lm, block_size=4, windows=[None, W], layer_group=layer_group, chunk=chunk)
-    for rid, p in prompts.items():
-        eng.add(rid, p, 12)
-    eng.run()
-    items = [it for step in eng.history for it in step]
-    assert any(0 in it.block_tables[1] for it in items)      # sliding group: nulled blocks
-    assert not any(0 in it.block_tables[0] for it in items)  # full group: never
-    assert set(eng.reqs["a"].tables[0]).isdisjoint(x for x in eng.reqs["a"].tables[1] if x)
-    check(lm, ref, eng, prompts, 12, TOL_TINY)
+    run = TappedRun(lm, [req(rid, p, 12) for rid, p in prompts.items()], block_size=4, num_gpu_blocks=128,
+                    sliding_window=W, layer_types=types, long_prefill_token_threshold=chunk)
+    assert list(run.runner.layer_group) == [0 if t == "full_attention" else 1 for t in types]
+    run.run()
+    assert any(0 in t for t in tables_of(run, 1))      # sliding group: nulled blocks
+    assert not any(0 in t for t in tables_of(run, 0))  # full group: never
+    last_a = run.items_of("a")[-1].block_tables
+    assert set(last_a[0]).isdisjoint(x for x in last_a[1] if x)
+    check(lm, ref, run, TOL_TINY)
 
 
 def test_null_block_is_never_read(tiny_model):
@@ -251,17 +237,17 @@ def test_null_block_is_never_read(tiny_model):
     lm = tiny_model
     ref = reference_model(lm, sliding_window=W)
     prompts = dict(zip("ab", make_prompts(lm.config.vocab_size, [27, 14], seed=9)))
-    eng = engine(lm, block_size=4, windows=[W], chunk=6)
+    run = TappedRun(lm, [req(rid, p, 10) for rid, p in prompts.items()], block_size=4, sliding_window=W,
+                    long_prefill_token_threshold=6)
     with torch.inference_mode():
-        for t in eng.runner.kv_caches:
+        for t in run.runner.kv_caches:
             t[0].fill_(float("nan"))
-    for rid, p in prompts.items():
-        eng.add(rid, p, 10)
-    eng.run()
-    check(lm, ref, eng, prompts, 10, TOL_TINY)
-    assert eng.runner.last_step is not None
-    for gs in eng.runner.last_step.groups:
-        assert all(0 not in ids for ids in gs.gathered_block_ids)
+    run.run()
+    check(lm, ref, run, TOL_TINY)
+    assert any(0 in t for t in tables_of(run, 0)), "the tables do hold the null block"
+    assert run.gathered and len(run.gathered) == len(run.batches)
+    for groups in run.gathered.values():
+        assert all(0 not in ids for g in groups for ids in g)
 
 
 def test_execute_is_argmax_of_execute_logits(tiny_model):
@@ -269,11 +255,8 @@ def test_execute_is_argmax_of_execute_logits(tiny_model):
     prompts = make_prompts(lm.config.vocab_size, [12, 20, 7], seed=10)
     outs = []
     for collect in (False, True):
-        runner = ModelRunner(lm, 64, 4)
-        eng = MiniEngine(runner, collect_logits=collect, eos_ids=lm.eos_ids)
-        for i, p in enumerate(prompts):
-            eng.add(str(i), p, 8)
-        outs.append(eng.run())
+        run = TappedRun(lm, [req(str(i), p, 8) for i, p in enumerate(prompts)], logits=collect, block_size=4)
+        outs.append(run.run())
     assert outs[0] == outs[1]
 
 
@@ -282,13 +265,35 @@ def test_seeded_sampling_is_reproducible(tiny_model):
     prompts = make_prompts(lm.config.vocab_size, [12, 20], seed=11)
 
     def sample(seed):
-        eng = MiniEngine(ModelRunner(lm, 64, 4, seed=seed), eos_ids=())
-        for i, p in enumerate(prompts):
-            eng.add(str(i), p, 8)
-        return eng.run()
+        run = TappedRun(lm, [req(str(i), p, 8) for i, p in enumerate(prompts)], logits=False,
+                        block_size=4, seed=seed)
+        assert run.runner._generator is not None      # the engine's seed reached the runner
+        return run.run()
 
     assert sample(1) == sample(1)
     assert sample(1) != sample(2)
+
+
+def prefix_hit_then_preemption(lm, a: list[int], b: list[int], bs: int, new: int) -> TappedRun:
+    """A, then B sharing A's start (diverging mid-block) arrives and hits A's full blocks; the
+    pool holds what each needs alone but not both at their longest (their lengths taken from
+    transformers' own outputs), so one is preempted and recomputed."""
+    shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y) // bs
+    out = {k: len(reference_generate(lm.model, p, new, pad_id(lm))) for k, p in (("a", a), ("b", b))}
+    alone = max(cdiv(len(a) + out["a"], bs), cdiv(len(b) + out["b"], bs))
+    run = TappedRun(lm, [req("a", a, new), req("b", b, new, arrival=1)], block_size=bs,
+                    num_gpu_blocks=1 + alone + 1)
+    run.run()
+    hit = next(e for e in run.events("cache_hit") if e.request_id == "b")
+    assert hit.num_blocks == shared > 0
+    assert run.events("preempted"), "the pool is too small for both: someone is preempted"
+    return run
+
+
+def test_prefix_hit_then_preemption(tiny_model):
+    lm = tiny_model
+    a, tail = make_prompts(lm.config.vocab_size, [23, 8], seed=12)
+    check(lm, lm.model, prefix_hit_then_preemption(lm, a, a[:17] + tail, 5, 10), TOL_TINY)
 
 
 def test_step_without_sampling_returns_nothing(tiny_model):
@@ -412,18 +417,15 @@ QUESTIONS = ["What is the capital of France?", "Name three primes.",
 
 @pytest.mark.slow
 def test_smollm2_batched_mixed_chunked(smollm2):
-    """4 chat prompts: two prefill together, one joins (chunked) while they decode."""
+    """4 chat prompts: two prefill together, two join (chunked) at step 5 while they decode."""
     lm = smollm2
     prompts = {f"q{i}": lm.encode_prompt(q) for i, q in enumerate(QUESTIONS)}
-    eng = engine(lm, block_size=16, chunk=16)
-    eng.add("q0", prompts["q0"], 12)
-    eng.add("q1", prompts["q1"], 12)
-    for _ in range(4):
-        eng.step()
-    eng.add("q2", prompts["q2"], 12)
-    eng.add("q3", prompts["q3"], 12)
-    eng.run()
-    worst = check(lm, lm.model, eng, prompts, 12, TOL_SMOL)
+    run = TappedRun(lm, [req(rid, p, 12, 0 if rid in ("q0", "q1") else 4) for rid, p in prompts.items()],
+                    block_size=16, long_prefill_token_threshold=16)
+    run.run()
+    assert any(len(run.batches[s]) == 4 and any(not it.sample for it in run.batches[s]) for s in run.batches), \
+        "a step mixes decodes with a prefill chunk"
+    worst = check(lm, lm.model, run, TOL_SMOL)
     print(f"SmolLM2 max |logit diff| {worst:.2e}")
 
 
@@ -432,38 +434,24 @@ def test_smollm2_prefix_reuse_and_preemption(smollm2):
     lm = smollm2
     a = lm.encode_prompt("What is the capital of France?")
     b = lm.encode_prompt("What is the capital of Italy?")
-    shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
-    bs = 5  # does not divide the prompts; B diverges mid-block
-    eng = engine(lm, block_size=bs)
-    eng.add("a", a, 10)
-    eng.step()
-    eng.add("b", b, 10, prefix_of="a", prefix_blocks=shared // bs)
-    for _ in range(4):
-        eng.step()
-    eng.preempt("a")
-    eng.step(["b"])
-    eng.run()
-    check(lm, lm.model, eng, {"a": a, "b": b}, 10, TOL_SMOL)
+    # block size 5 does not divide the prompts; B diverges mid-block
+    check(lm, lm.model, prefix_hit_then_preemption(lm, a, b, 5, 10), TOL_SMOL)
 
 
 @pytest.mark.slow
 def test_smollm2_sliding_window_and_hybrid(smollm2):
     lm = smollm2
     prompts = {f"q{i}": lm.encode_prompt(q) for i, q in enumerate(QUESTIONS[:2])}
-    n = lm.config.num_hidden_layers
-    eng = engine(lm, block_size=4, windows=[W], chunk=12)
-    for rid, p in prompts.items():
-        eng.add(rid, p, 8)
-    eng.run()
-    check(lm, reference_model(lm, sliding_window=W), eng, prompts, 8, TOL_SMOL)
+    reqs = [req(rid, p, 8) for rid, p in prompts.items()]
+    run = TappedRun(lm, reqs, block_size=4, num_gpu_blocks=128, sliding_window=W, long_prefill_token_threshold=12)
+    run.run()
+    check(lm, reference_model(lm, sliding_window=W), run, TOL_SMOL)
 
-    types = hybrid_types(n)
-    groups = [0 if t == "full_attention" else 1 for t in types]
-    eng = engine(lm, block_size=4, windows=[None, W], layer_group=groups, chunk=12)
-    for rid, p in prompts.items():
-        eng.add(rid, p, 8)
-    eng.run()
-    check(lm, reference_model(lm, sliding_window=W, layer_types=types), eng, prompts, 8, TOL_SMOL)
+    types = hybrid_types(lm.config.num_hidden_layers)
+    run = TappedRun(lm, reqs, block_size=4, num_gpu_blocks=128, sliding_window=W, layer_types=types,
+                    long_prefill_token_threshold=12)
+    run.run()
+    check(lm, reference_model(lm, sliding_window=W, layer_types=types), run, TOL_SMOL)
 
 
 def test_siblings_that_cannot_stack_are_packed_one_by_one(tiny_model):

@@ -5,7 +5,7 @@ import pytest
 from _app_helpers import tiny_model_env  # noqa: F401  (the app test below runs the tiny model)
 
 from record.budget import BudgetError, Limits, check_scenario
-from kvcore.engine.core import Engine
+from record.engine import Engine
 from kvcore.engine.parallel_sampling import ParentRequest, fan_out, group_outputs, scenario_parents
 from record.scenario import RequestSpec, ScenarioError, load_scenario
 from record.trace import TraceError, outputs_line, read_trace, step_line

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from kvcore.engine.core import Engine
+from record.engine import Engine
 from record.scenario import load_scenario
 from lessons import BY_ID, LESSONS
 from ui.panels import LessonNarrator

@@ -279,12 +279,12 @@ def test_decoder_is_bounded_and_shared_across_threads():
 
 # -- on the real engine (no model) ----------------------------------------------------------------
 def engine_factory(s):
-    from kvcore.engine.core import Engine, NoModelRunner
+    from record.engine import Engine, NoModelRunner
     return Engine(s, runner=NoModelRunner(), debug=True)
 
 
 def test_a_shared_run_equals_a_fresh_engine_step_by_step(store):
-    from kvcore.engine.core import Engine, NoModelRunner
+    from record.engine import Engine, NoModelRunner
     scenario = load_scenario(SCENARIO)
     one = Timeline(store.run(scenario, engine_factory, model_key="no-model"))
     two = Timeline(store.run(load_scenario(SCENARIO), engine_factory, model_key="no-model"))

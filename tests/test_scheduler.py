@@ -3,7 +3,7 @@ preemption under FCFS and priority, resume with prefix hits, finishing, aborting
 import pytest
 
 from record import events
-from kvcore.engine.core import NoModelRunner
+from record.engine import NoModelRunner
 from kvcore.request import RequestStatus
 
 from _kv_helpers import events_of, make_engine, spec, table
@@ -400,3 +400,26 @@ def test_a_resumed_request_travels_as_cached_data_with_its_whole_table_and_token
     (table,) = c.new_block_ids[i]
     assert table[0] == 3 and len(table) == cdiv(len(c.all_token_ids["B"]), 4)   # the hit, then the rest
     assert c.all_token_ids["B"][:8] == list(range(20, 28)) and c.num_computed_tokens[i] == 4
+
+
+def test_a_finished_request_leaves_the_scheduler_and_its_id_can_be_used_again():
+    """As vLLM 0.33 (Scheduler._free_blocks): a finished request is deleted from
+    ``Scheduler.requests``, so memory does not grow with every request a run has seen and the
+    id is free again; the recording layer (Engine) still shows and outputs it."""
+    from kvcore.request import Request
+    eng = make_engine([spec("A", [1, 2, 3, 4], max_tokens=2)], block_size=4, num_gpu_blocks=8)
+    eng.run()
+    assert "A" not in eng.scheduler.requests and not eng.scheduler.has_unfinished_requests()
+    assert eng.outputs()["A"]["finish_reason"] == "finished_length"
+    assert [r.request_id for r in eng.snapshot().requests] == ["A"]
+    eng.scheduler.add_request(Request("A", [5, 6, 7], 1))            # the id is free again
+    assert eng.scheduler.requests["A"].prompt_token_ids == [5, 6, 7]
+
+
+def test_request_takes_an_empty_prompt_as_vllm_and_the_engine_refuses_it_by_name():
+    from kvcore.request import Request
+    r = Request("empty", [], 4)                                        # vLLM's lookahead tests build one
+    assert r.num_tokens == 0 and r.block_hashes == []
+    eng = make_engine([], block_size=4, num_gpu_blocks=8)
+    with pytest.raises(ValueError, match="'e': the prompt is empty"):
+        eng.add_request(spec("e", []))

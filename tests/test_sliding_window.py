@@ -6,6 +6,7 @@ from kvcore.core.kv_cache_utils import make_block_hash_with_group_id
 from kvcore.core.single_type_kv_cache_manager import SlidingWindowManager
 
 from _kv_helpers import admit, ids, make_engine, make_manager, make_request, queue_ids, sliding, spec
+from record.recorder import Recorder
 
 W, BS = 4, 2       # a token sees itself and 3 before it: cdiv(3, 2) = 2 contiguous blocks cover it
 
@@ -73,7 +74,7 @@ def test_hit_search_respects_max_length():
 
 # -- null slots ------------------------------------------------------------------------------------------
 def test_blocks_outside_the_window_become_null_slots_and_are_freed():
-    rec = events.Recorder()
+    rec = Recorder()
     kvm, m = manager(recorder=rec)
     pool = kvm.block_pool
     r = make_request("r", list(range(11)), BS)

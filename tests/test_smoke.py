@@ -7,7 +7,7 @@ import pytest
 
 
 @pytest.mark.parametrize("name", ["kvcore", "kvcore.core.block_pool", "kvcore.core.sched.scheduler",
-                                  "kvcore.engine.core", "cli.main", "kvcore.model", "ui.entry"])
+                                  "record.engine", "cli.main", "kvcore.model", "ui.entry"])
 def test_imports(name):
     importlib.import_module(name)
 
@@ -16,7 +16,7 @@ def test_kvcore_core_is_pure_python():
     """The block manager and scheduler import without torch, streamlit or plotly."""
     import subprocess
     import sys
-    code = ("import sys; import kvcore.engine.core, record.snapshot, cli.main; "
+    code = ("import sys; import record.engine, record.snapshot, cli.main; "
             "bad = [m for m in ('torch', 'transformers', 'streamlit', 'plotly') if m in sys.modules]; "
             "print(bad); sys.exit(1 if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from record import events
-from kvcore.engine.core import Engine, NoModelRunner
+from record.engine import Engine, NoModelRunner
 from record.scenario import EngineSettings, RequestSpec, Scenario, ScenarioError, SpeculativeConfig, load_scenario
 from kvcore.spec_decode.ngram_proposer import NgramProposer
 from kvcore.spec_decode.metrics import SpecDecodingStats
@@ -260,3 +260,41 @@ def test_drafts_are_verified_in_one_packed_forward(tiny_model, one_torch_thread)
     assert mi.sample_req_ids == ("A",) * n and len(mi.logits_indices) == n
     assert mi.logits_indices == tuple(range(mi.num_actual_tokens - n, mi.num_actual_tokens))
     assert len(mi.slots_of("A")) == n                          # every draft got a KV slot
+
+
+class CycleRunner(NoModelRunner):
+    """A text that repeats with period 3: the token at position q is CYCLE[q % 3], so the n-gram
+    proposer drafts it exactly and every draft is accepted."""
+
+    CYCLE = (11, 12, 13)
+
+    def execute(self, items):
+        return {it.request_id: self.CYCLE[(it.start_pos + len(it.token_ids)) % 3] for it in items if it.sample}
+
+    def execute_verify(self, items):
+        out = {}
+        for it in items:
+            if it.sample:
+                end = it.start_pos + len(it.token_ids)
+                out[it.request_id] = [self.CYCLE[q % 3] for q in range(end - it.num_draft_tokens, end + 1)]
+        return out
+
+
+def test_a_block_that_accepted_drafts_complete_is_cached_even_when_the_request_finishes_that_step():
+    """vLLM 0.33 caches a running request's blocks after its tokens are appended, before a stop
+    frees them (update_from_output), so a block filled by accepted drafts in the request's last
+    step enters the prefix cache: a later prompt with that prefix hits both blocks, not one."""
+    cyc = list(CycleRunner.CYCLE)
+    a = spec("A", cyc * 2, max_tokens=5)                          # 6 prompt tokens, block size 4
+    b = spec("B", (cyc * 3), max_tokens=1, arrival_step=3)         # A's first 9 tokens
+    eng = make_engine([a, b], runner=CycleRunner(), block_size=4, num_gpu_blocks=16,
+                      speculative=SpeculativeConfig(num_speculative_tokens=4, prompt_lookup_min=1,
+                                                    prompt_lookup_max=3))
+    recs = eng.run()
+    (fin,) = events_of(recs, events.FINISHED, "A")
+    assert events_of(recs, events.DRAFT_ACCEPTED, "A"), "the drafts must be accepted for this case"
+    step_of_finish = next(r for r in recs if fin in r.events)
+    cached = events_of(step_of_finish, events.CACHED, "A")
+    assert cached and step_of_finish.events.index(cached[-1]) < step_of_finish.events.index(fin)
+    (hit,) = events_of(recs, events.CACHE_HIT, "B")
+    assert hit.num_tokens == 8                                    # two blocks; without the fix, 4

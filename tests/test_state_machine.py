@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from record.invariants import InvariantError, check_invariants
+from record.recorder import Recorder
 from kvcore.request import RequestStatus
 
 from _kv_helpers import make_engine, make_manager, make_request, spec
@@ -185,7 +186,7 @@ TestKVCacheMachine = KVCacheMachine.TestCase
 
 # -- the checker itself catches broken states ----------------------------------------------------------------
 def _populated():
-    kvm = make_manager(8, 2)
+    kvm = make_manager(8, 2, recorder=Recorder())    # the recorder keeps what each hash stands for
     a = make_request("a", [1, 2, 3, 4, 5], 2)
     hits, n, _ = kvm.get_computed_blocks(a)
     kvm.allocate_slots(a, 5, n, hits)
@@ -218,7 +219,7 @@ def test_check_invariants_rejects_broken_states(corrupt, message):
 def test_check_invariants_rejects_a_hash_that_does_not_match_its_tokens():
     kvm, reqs = _populated()
     from kvcore.utils.hashing import get_hash_fn
-    meta = kvm.block_pool.hash_meta
+    meta = kvm.block_pool.observer.hash_meta
     raw = next(iter(meta))
     meta[raw].token_ids = (99, 99)
     with pytest.raises(InvariantError, match="does not match its parent and tokens"):

@@ -12,6 +12,7 @@ from record import trace
 from record.snapshot import Snapshot, StepRecord
 
 from _kv_helpers import events_of, make_engine, spec, vllm_chain
+from record.recorder import Recorder
 
 SHARED = list(range(10))
 
@@ -115,7 +116,7 @@ def test_events_carry_their_reasons_as_typed_fields():
 
 
 def test_recorder_collects_and_drains():
-    rec = events.Recorder()
+    rec = Recorder()
     a = events.Allocated(request_id="r1", block_ids=(3,), group=1, queue_positions=(0,))
     f = events.Freed(request_id="r2", block_ids=(3,), group=0, to_head=(3,), reason="finished")
     rec.emit(a)

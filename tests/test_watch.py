@@ -242,7 +242,7 @@ def test_cli_watch_stops_after_duration_and_refuses_bad_endpoints(tmp_path):
 
 
 def test_a_scenario_with_engine_kv_events_publishes_every_step_that_had_events(ctx, tmp_path):
-    from kvcore.engine.core import Engine, NoModelRunner
+    from record.engine import Engine, NoModelRunner
     from record.scenario import load_scenario
     from watch.prefix_index import PrefixCacheIndex
     pub_ep, replay_ep = f"ipc://{tmp_path}/p", f"ipc://{tmp_path}/r"

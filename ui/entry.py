@@ -20,7 +20,7 @@ from lessons import LESSONS, PAGE_FILES, page_url_path, url_path
 from ui.modelstate import DEVICES, MODELS, default_device, default_model, get_model, model_summary
 from ui.state import init_globals_from_url
 from ui.trace_page import PAGE_FILE as TRACE_PAGE_FILE
-from ui.live_page import PAGE_FILE as LIVE_PAGE_FILE, t as live_t
+from ui.live_page import PAGE_FILE as LIVE_PAGE_FILE
 from ui.view import render_lesson
 
 _inside = threading.local()   # script runs are per-session threads
@@ -49,7 +49,7 @@ def sidebar() -> str:
     st.session_state.setdefault("model_name", default_model())
     st.session_state.setdefault("device", default_device())
     with st.sidebar:
-        _choice("Language / 语言", LANGS, "lang", LANG_NAMES.get)
+        _choice(tr("language"), LANGS, "lang", LANG_NAMES.get)
         lang = st.session_state["lang"]
         _choice(tr("model", lang), MODELS, "model_name", lambda m: tr(f"model_{m}", lang))
         _choice(tr("device", lang), DEVICES, "device", lambda d: tr(f"device_{d}", lang))
@@ -79,7 +79,7 @@ def main() -> None:
                          url_path=url_path(l.id)) for l in LESSONS]
         tools = [st.Page(TRACE_PAGE_FILE, title=tr("nav_trace", lang), icon="🔎",
                          url_path=page_url_path(TRACE_PAGE_FILE)),
-                 st.Page(LIVE_PAGE_FILE, title=live_t("title", lang), icon="📡", url_path=page_url_path(LIVE_PAGE_FILE))]
+                 st.Page(LIVE_PAGE_FILE, title=tr("live.title", lang), icon="📡", url_path=page_url_path(LIVE_PAGE_FILE))]
         st.navigation({tr("nav_home", lang): [home], tr("nav_lessons", lang): pages,
                        tr("nav_tools", lang): tools}).run()
     finally:

@@ -13,6 +13,7 @@ import streamlit as st
 from kvcore.model.memory import KVCacheSizing, MemoryProfile, num_gpu_blocks_from_profile
 
 from ui.memory import DTYPES, human_bytes
+from words.i18n import tr
 
 PROFILE_TOKENS = 256          # the forward profiled: the lessons' token budget, well inside the run budget
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -45,21 +46,11 @@ def sizing(model, profile: MemoryProfile, utilization: float, block_size: int, k
 
 
 def show_how_many_blocks(model, lang: str, key: str) -> None:
-    zh = lang == "zh"
-    st.markdown("**" + ("有多少个块？num_gpu_blocks 从哪里来" if zh else "How many blocks? Where num_gpu_blocks comes from")
-                + "**")
-    st.caption(
-        "vLLM 先在设备上剖析模型：权重、一次 max_num_batched_tokens 前向的激活峰值、其余开销；"
-        "再用 gpu_memory_utilization × 总内存减去它们，剩下的按每块字节数切成块。"
-        if zh else
-        "vLLM first profiles the model on its device: weights, the peak activations of one forward of "
-        "max_num_batched_tokens tokens, and everything else; then total memory × gpu_memory_utilization, "
-        "minus those, is cut into blocks of bytes_per_block.")
+    st.markdown(f"**{tr('hmb.title', lang)}**")
+    st.caption(tr("hmb.caption", lang))
     profile = profiled(model)
     if profile is None:
-        label = (f"剖析已加载的模型（{PROFILE_TOKENS} 个 token 的一次前向）" if zh else
-                 f"Profile the loaded model (one forward of {PROFILE_TOKENS} tokens)")
-        if not st.button(label, key=f"hmb_profile:{key}"):
+        if not st.button(tr("hmb.profile", lang, tokens=PROFILE_TOKENS), key=f"hmb_profile:{key}"):
             return
         try:
             profile = model_profile(model)
@@ -72,17 +63,13 @@ def show_how_many_blocks(model, lang: str, key: str) -> None:
     c1, c2, c3, c4 = st.columns(4)
     util = c1.slider("gpu_memory_utilization", 0.05, 1.0, 0.9, 0.05, key=f"hmb_util:{key}")
     bs = c2.select_slider("block_size", options=list(BLOCK_SIZES), value=16, key=f"hmb_bs:{key}")
-    kv_dtype = c3.selectbox("KV dtype" if not zh else "KV 数据类型", DTYPES,
+    kv_dtype = c3.selectbox(tr("hmb.kv_dtype", lang), DTYPES,
                             index=DTYPES.index(model_dtype) if model_dtype in DTYPES else 0, key=f"hmb_dt:{key}")
     mml = c4.select_slider("max_model_len", options=lens, value=lens[-1], key=f"hmb_len:{key}")
     s = sizing(model, profile, util, bs, kv_dtype, mml)
     m1, m2, m3 = st.columns(3)
     m1.metric("num_gpu_blocks", f"{s.num_gpu_blocks:,}")
-    m2.metric("最大并发" if zh else "max concurrency", f"{s.max_concurrency:,.2f}")
-    m3.metric("KV 缓存" if zh else "KV cache", human_bytes(max(s.available_kv_cache_memory, 0)))
+    m2.metric(tr("hmb.max_concurrency", lang), f"{s.max_concurrency:,.2f}")
+    m3.metric(tr("hmb.kv_cache", lang), human_bytes(max(s.available_kv_cache_memory, 0)))
     st.code("\n".join(s.lines()), language=None)
-    st.caption(
-        f"最大并发 = num_gpu_blocks / ceil(max_model_len / block_size)：同时能放下多少个满长度（{mml} token）的请求。"
-        if zh else
-        f"max concurrency = num_gpu_blocks / ceil(max_model_len / block_size): how many requests of the full "
-        f"length ({mml} tokens) fit at once.")
+    st.caption(tr("hmb.concurrency_caption", lang, tokens=mml))

@@ -116,25 +116,16 @@ def show_memory(run: Timeline, lang: str, model, key: str) -> None:
                               value=16, key=f"mem_bs:{key}")
         dtype = c2.selectbox("dtype", DTYPES, index=DTYPES.index(model_dtype) if model_dtype in DTYPES else 0,
                              key=f"mem_dt:{key}")
-        gib = c3.slider("GiB" if lang == "en" else "显存预算（GiB）", 0.25, 80.0, 8.0, 0.25, key=f"mem_gb:{key}")
+        gib = c3.slider(tr("memory.gib", lang), 0.25, 80.0, 8.0, 0.25, key=f"mem_gb:{key}")
         bpb = bytes_per_block(bs, dims, dtype)
         n = blocks_in_budget(int(gib * 1024 ** 3), bpb)
-        st.markdown(
-            (f"**{model.name}**: {dims.layers} layers × {dims.kv_heads} KV heads × head size {dims.head_dim}.  \n"
-             f"bytes per block = block_size × layers × 2 (K, V) × KV heads × head size × dtype bytes  \n"
-             f"= `{formula(bs, dims, dtype)}` ({human_bytes(bpb)})  \n"
-             f"{gib:g} GiB → **{n:,} blocks** = {n * bs:,} tokens of KV cache.")
-            if lang == "en" else
-            (f"**{model.name}**：{dims.layers} 层 × {dims.kv_heads} 个 KV 头 × 头维度 {dims.head_dim}。  \n"
-             f"每块字节数 = block_size × 层数 × 2（K、V）× KV 头数 × 头维度 × dtype 字节数  \n"
-             f"= `{formula(bs, dims, dtype)}`（{human_bytes(bpb)}）  \n"
-             f"{gib:g} GiB → **{n:,} 个块** = {n * bs:,} 个 token 的 KV 缓存。"))
+        st.markdown(tr("memory.math", lang, model=model.name, layers=dims.layers, kv_heads=dims.kv_heads,
+                       head_dim=dims.head_dim, formula=formula(bs, dims, dtype), block_bytes=human_bytes(bpb),
+                       gib=gib, blocks=n, tokens=n * bs))
         eng = run.scenario.engine
         pool = bytes_per_block(eng.block_size, dims, model_dtype) * eng.num_gpu_blocks
-        st.caption((f"This lesson's pool: {eng.num_gpu_blocks} blocks × {eng.block_size} tokens = {human_bytes(pool)} "
-                    f"(the engine allocates exactly this for its paged K/V tensors).") if lang == "en" else
-                   (f"本课的块池：{eng.num_gpu_blocks} 块 × {eng.block_size} token = {human_bytes(pool)}"
-                    f"（引擎为分页 K/V 张量正好分配这么多）。"))
+        st.caption(tr("memory.pool", lang, blocks=eng.num_gpu_blocks, block_size=eng.block_size,
+                      bytes=human_bytes(pool)))
         show_how_many_blocks(model, lang, key)
 
 
@@ -145,7 +136,7 @@ def show_myths(run: Timeline, lang: str, key: str, expanded: bool = False) -> No
     box = st.expander(tr("myths", lang), expanded=expanded, key=f"myths_open:{key}", on_change="rerun")
     if not box.open:
         return
-    live = "Live" if lang == "en" else "实时"
+    live = tr("myths_live", lang)
     sections = myth_sections_at(run.run.key, run.cursor, run.snapshots, lang)
     with box:
         st.markdown("\n\n---\n\n".join(f"❌ {myth}\n\n✅ {fact}\n\n:green-background[**{live}:** {now}]"

@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 import streamlit as st
 
 import player as player_pkg
-from player import RunEncoder, run_payload, static_html
+from player import RunEncoder, player_book, run_payload, static_html
 from player.export import asset, module_js
 
 from words.i18n import tr
@@ -221,6 +221,8 @@ def player_panel(state: PageState, key: str, lang: str, *, decode=None,
     data = {"run": ps.token, "base": base, "head": ps.encoder.head if ps.acked < 0 else None,
             "steps": steps[base:], "done": done and len(steps) + run.first == len(run.records), "hold_at": hold_at,
             "goto": ps.goto, "url_step": url_step}
+    if ps.acked < 0:    # with the head: the wire keys and the player's words (never inside the run)
+        data.update(player_book(lang))
     player_component()(key=f"pkv:{key}", data=data, default={"cursor": None, "want": None, "have": None, "poll": None},
            on_cursor_change=_noop, on_want_change=_noop, on_have_change=_noop, on_poll_change=_noop,
            height="content")

@@ -12,31 +12,12 @@ from record.scenario import EngineSettings
 from lessons.catalog import Lesson
 from ui.modelstate import ModelState
 from ui.state import SETTING_DEFAULTS, LessonState, rebuild
+from words.i18n import catalogue, tr
 
 CHOICES = {
     "hash_algo": ("xxhash", "sha256", "sha256_cbor", "xxhash_cbor"), "policy": ("fcfs", "priority"),
     "free_order": ("v0.33", "legacy"), "admission": ("full_sequence", "first_chunk"),
 }
-HELP = {
-    "block_size": ("tokens per block", "每块的 token 数"),
-    "num_gpu_blocks": ("blocks in the pool, counting the null block", "块池中的块数（含空块）"),
-    "max_num_seqs": ("running requests at most", "最多同时运行的请求数"),
-    "max_num_batched_tokens": ("token budget per step", "每步 token 预算"),
-    "sliding_window": ("0 = no window", "0 = 不使用滑动窗口"),
-    "admission": ("full_sequence (0.33): admit only if the whole prompt fits", "full_sequence（0.33）：整个提示词放得下才接纳"),
-    "prefix_cache_retention_interval": (
-        "sliding-window blocks that get a hash: -1 = null, every block (dense); 0 = only those a later "
-        "request can hit (sparse, vLLM's default); n = also a checkpoint every n tokens (a multiple of block_size)",
-        "滑动窗口中哪些块得到哈希：-1 = null，每个块（稠密）；0 = 只保留之后的请求能命中的块（稀疏，vLLM 默认）；"
-        "n = 另外每 n 个 token 保留一个检查点（block_size 的倍数）"),
-    "watermark": ("fraction of the pool a new request must leave free while others run",
-                  "其他请求运行时，新请求必须留空的块池比例"),
-    "max_cache_hit_length": ("longest prefix-cache hit in tokens; -1 = no cap", "前缀缓存命中的最长 token 数；-1 = 不限"),
-    "hash_seed": ("NONE_HASH seed; empty = vLLM's rule (PYTHONHASHSEED, else fixed for sha256, random for xxhash)",
-                  "NONE_HASH 种子；留空 = vLLM 的规则（PYTHONHASHSEED，否则 sha256 固定、xxhash 随机）"),
-}
-
-
 def form_max(name: str) -> int:
     """The form's maximum for a setting: the server's budget limit for it (record/budget.py)."""
     lim = app_limits()
@@ -52,13 +33,11 @@ def _next_id(existing: list[str]) -> str:
 
 
 def settings_form(state: LessonState, lesson: Lesson, ms: ModelState, lang: str) -> None:
-    zh = lang == "zh"
     eng = {**SETTING_DEFAULTS, **state.base.get("engine", {})}
-    hint = lambda name: HELP[name][1 if zh else 0] if name in HELP else None  # noqa: E731
-    layer_names = {"uniform": "全部相同" if zh else "all the same",
-                   "hybrid": "混合：全注意力 + 滑动窗口" if zh else "hybrid: full + sliding"}
+    hint = lambda name: tr(f"playground.help.{name}", lang) if f"playground.help.{name}" in catalogue() else None  # noqa: E731
+    layer_names = {"uniform": tr("playground.layers_uniform", lang), "hybrid": tr("playground.layers_hybrid", lang)}
     with st.form(f"settings:{lesson.id}"):
-        st.markdown("**引擎设置**" if zh else "**Engine settings**")
+        st.markdown(f"**{tr('settings', lang)}**")
         c = st.columns(4)
         for i, name in enumerate(("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens")):
             top = form_max(name)
@@ -73,7 +52,7 @@ def settings_form(state: LessonState, lesson: Lesson, ms: ModelState, lang: str)
                       key="pg_enable_prefix_caching")
         c[1].number_input("sliding_window", min_value=0, max_value=100000, value=int(eng["sliding_window"] or 0),
                           key="pg_sliding_window", help=hint("sliding_window"))
-        c[2].selectbox("层" if zh else "layers", ("uniform", "hybrid"), format_func=layer_names.get,
+        c[2].selectbox(tr("playground.layers", lang), ("uniform", "hybrid"), format_func=layer_names.get,
                        index=1 if state.overrides.get("layers") == "hybrid" else 0, key="pg_layers")
         c[3].number_input("seed (0 = greedy)", min_value=0, max_value=2 ** 31 - 1, value=int(eng["seed"] or 0),
                           key="pg_seed")
@@ -90,7 +69,7 @@ def settings_form(state: LessonState, lesson: Lesson, ms: ModelState, lang: str)
                           help=hint("max_cache_hit_length"))
         c[3].text_input("hash_seed", value=eng.get("hash_seed") or "", max_chars=64, key="pg_hash_seed",
                         help=hint("hash_seed"))
-        st.form_submit_button("应用设置" if zh else "Apply settings", on_click=on_apply_settings,
+        st.form_submit_button(tr("playground.apply", lang), on_click=on_apply_settings,
                               args=(state, lesson, ms))
 
 
@@ -120,13 +99,12 @@ def on_apply_settings(state: LessonState, lesson: Lesson, ms: ModelState) -> Non
 
 
 def request_form(state: LessonState, lesson: Lesson, ms: ModelState, lang: str) -> None:
-    zh = lang == "zh"
     existing = [r["id"] for r in state.base.get("requests", [])]
     with st.form(f"addreq:{lesson.id}", clear_on_submit=False):
-        st.markdown("**添加请求（下一步到达）**" if zh else "**Add a request (arrives at the next step)**")
+        st.markdown(f"**{tr('playground.add_title', lang)}**")
         c = st.columns([1, 4])
         c[0].text_input("id", value=_next_id(existing), key="pg_req_id")
-        c[1].text_input("提示词" if zh else "prompt", value="What is paged attention?", key="pg_req_text",
+        c[1].text_input(tr("playground.prompt", lang), value="What is paged attention?", key="pg_req_text",
                         max_chars=app_limits().max_prompt_chars)
         c = st.columns(5)
         c[0].checkbox("chat", value=True, key="pg_req_chat")
@@ -136,10 +114,10 @@ def request_form(state: LessonState, lesson: Lesson, ms: ModelState, lang: str) 
         c[4].checkbox("ignore_eos", value=False, key="pg_req_eos")
         c = st.columns(5)
         c[0].number_input("n", 1, 8, 1, key="pg_req_n",
-                          help="并行采样：n 个子请求 0_id、1_id…" if zh else "parallel sampling: n child requests 0_id, 1_id, ...")
+                          help=tr("playground.help.n", lang))
         c[1].number_input("seed", 0, 2**31 - 1, None, key="pg_req_seed",
-                          help="空：贪心" if zh else "empty: greedy")
-        st.form_submit_button("添加" if zh else "Add request", type="primary", on_click=on_add_request,
+                          help=tr("playground.help.seed", lang))
+        st.form_submit_button(tr("playground.add", lang), type="primary", on_click=on_add_request,
                               args=(state, lesson, ms))
 
 

@@ -64,7 +64,7 @@ def build_scenario(lesson: Lesson, base: dict, overrides: dict, ms: ModelState) 
 
 def make_factory(ms: ModelState):
     def factory(scenario: Scenario):
-        from kvcore.engine.core import Engine
+        from record.engine import Engine
         return Engine(scenario, model=ms.model)
     return factory
 

@@ -207,7 +207,7 @@ def show_final_outputs(trace: Trace, lang: str) -> None:
     st.dataframe(pd.DataFrame(rows, columns=list(tr("trace_outputs_cols", lang))), hide_index=True,
                  width="stretch")
     if trace.parents:   # n > 1: the children above, grouped under the request as it was sent
-        cols = ["父请求", "n", "子请求"] if lang == "zh" else ["parent", "n", "children"]
+        cols = list(tr("trace_parents_cols", lang))
         st.dataframe(pd.DataFrame([(p, len(k), ", ".join(k)) for p, k in trace.parents.items()], columns=cols),
                      hide_index=True, width="stretch")
 

@@ -18,28 +18,7 @@ from record.scenario import load_scenario
 from words.sentences import short_hash
 
 from ui.panels import md_escape
-
-WORDS = {
-    "title": ("Why? — ask the recorded run", "为什么？—— 问问这次记录的运行"),
-    "mode": ("Question", "问题"),
-    "request": ("Why this cache hit?", "为什么命中这么多？"),
-    "block": ("The life of a block", "一个块的一生"),
-    "two": ("Two requests side by side", "两个请求并排对比"),
-    "calls": ("Code of this step", "本步运行的代码"),
-    "pick_request": ("Request", "请求"),
-    "pick_block": ("Block", "块"),
-    "pick_other": ("Compared with", "对比"),
-    "not_yet": ("Nothing to explain before step 1.", "第 1 步之前没有可解释的内容。"),
-    "our_code": ("Our function: {f}", "本项目的函数：{f}"),
-    "vllm_code": ("vLLM 0.33.0: {f}", "vLLM 0.33.0：{f}"),
-    "source_of": ("Source of", "查看源码"),
-}
-
-
-def w(key: str, lang: str, **kw) -> str:
-    en, zh = WORDS[key]
-    return (zh if lang == "zh" else en).format(**kw)
-
+from words.i18n import tr
 
 def recorded_steps(run: Any, decode: Optional[Callable] = None) -> RecordedSteps:
     """The steps ``run`` (a Timeline or a RecordedRun) has shown so far, as words.explain reads them."""
@@ -59,34 +38,34 @@ def why_panel(run: Any, lang: str, key: str, decode: Optional[Callable] = None) 
     """The panel; ``key`` keeps its widgets apart from another page's (a lesson id, "trace").
     Nothing is computed until the learner opens it (the toggle): the player reruns this part
     of the page whenever its cursor moves."""
-    if not st.toggle(w("title", lang), key=f"why_open:{key}"):
+    if not st.toggle(tr("why.title", lang), key=f"why_open:{key}"):
         return
     with st.container(border=True):
         steps = recorded_steps(run, decode)
         if not steps.records:
-            st.caption(w("not_yet", lang))
+            st.caption(tr("why.not_yet", lang))
             return
         modes = ("request", "block", "two", "calls")
-        mode = st.radio(w("mode", lang), modes, format_func=lambda m: w(m, lang), horizontal=True,
+        mode = st.radio(tr("why.mode", lang), modes, format_func=lambda m: tr(f"why.{m}", lang), horizontal=True,
                         key=f"why_mode:{key}")
         requests = list(steps.request_views())
         try:
             if mode == "request":
-                rid = st.selectbox(w("pick_request", lang), requests, key=f"why_req:{key}")
+                rid = st.selectbox(tr("why.pick_request", lang), requests, key=f"why_req:{key}")
                 for x in explain_hit(steps, rid):
                     _lines(hit_sentences(x, lang)[:-1])
                 _code("get_computed_blocks", lang, key)
             elif mode == "block":
                 n = len(steps.records[-1].snapshot.blocks)
-                bid = st.selectbox(w("pick_block", lang), list(range(1, n)), key=f"why_block:{key}")
+                bid = st.selectbox(tr("why.pick_block", lang), list(range(1, n)), key=f"why_block:{key}")
                 life = life_of_block(steps, bid)
                 _lines(life_sentences(life, lang))
                 if life.moments:
                     st.dataframe(block_table(life, lang), hide_index=True, key=f"why_block_table:{key}")
             elif mode == "two":
                 c1, c2 = st.columns(2)
-                a = c1.selectbox(w("pick_request", lang), requests, key=f"why_a:{key}")
-                b = c2.selectbox(w("pick_other", lang), [r for r in requests if r != a] or requests, key=f"why_b:{key}")
+                a = c1.selectbox(tr("why.pick_request", lang), requests, key=f"why_a:{key}")
+                b = c2.selectbox(tr("why.pick_other", lang), [r for r in requests if r != a] or requests, key=f"why_b:{key}")
                 c = compare_requests(steps, a, b)
                 _lines(comparison_sentences(c, lang))
                 st.dataframe(chain_table(c), hide_index=True, key=f"why_chain_table:{key}")
@@ -97,7 +76,7 @@ def why_panel(run: Any, lang: str, key: str, decode: Optional[Callable] = None) 
                 link = st.column_config.LinkColumn(display_text=r"v0\.33\.0/(.*)$")
                 st.dataframe(rows, hide_index=True, key=f"why_calls:{key}", column_config={"vLLM 0.33.0": link})
                 names = list(dict.fromkeys(k.link.name for k in step_calls(steps, step)))
-                name = st.selectbox(w("source_of", lang), names, key=f"why_src:{key}")
+                name = st.selectbox(tr("why.source_of", lang), names, key=f"why_src:{key}")
                 if name is not None:
                     _code(name, lang, key)
         except ExplainError as e:
@@ -107,8 +86,8 @@ def why_panel(run: Any, lang: str, key: str, decode: Optional[Callable] = None) 
 def _code(name: str, lang: str, key: str) -> None:
     from words.source_links import FUNCTIONS
     link = FUNCTIONS[name]
-    st.markdown(f"[{w('vllm_code', lang, f=link.vllm.qualname)}]({link.vllm.url})")
-    with st.expander(w("our_code", lang, f=link.ours.target)):
+    st.markdown(f"[{tr('why.vllm_code', lang, f=link.vllm.qualname)}]({link.vllm.url})")
+    with st.expander(tr("why.our_code", lang, f=link.ours.target)):
         st.code(link.ours.source(), language="python")
 
 

@@ -12,6 +12,7 @@ history and log lengths.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import json
@@ -19,6 +20,7 @@ import os
 import tempfile
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional
@@ -105,6 +107,16 @@ class _Rank:
         self.dealer: Optional[zmq.Socket] = None
 
 
+# Watchers still running at interpreter exit are stopped first (their threads are daemons).
+_RUNNING_WATCHERS: "weakref.WeakSet[KVEventWatcher]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_running_watchers() -> None:
+    for w in list(_RUNNING_WATCHERS):
+        w.stop()
+
+
 class KVEventWatcher:
     """Subscribes to KV events of ``data_parallel_size`` ranks and keeps their prefix caches.
 
@@ -149,6 +161,7 @@ class KVEventWatcher:
     def start(self) -> "KVEventWatcher":
         self._thread = threading.Thread(target=self._run_safely, daemon=True, name="kv-events-watcher")
         self._thread.start()
+        _RUNNING_WATCHERS.add(self)
         return self
 
     def stop(self, timeout: float = 3.0) -> None:

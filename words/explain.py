@@ -4,8 +4,7 @@ Three questions: why a request's prefix-cache hit stopped where it did (``explai
 life of one physical block (``life_of_block``) and two requests' hash chains side by side
 (``compare_requests``; both in ``words.explain_blocks``). Nothing here touches a live engine:
 the cache's history is replayed from the recorded events (Cached / Evicted / PrefixCacheReset),
-and a request's chain is re-hashed from its recorded tokens with the run's hash settings,
-exactly as the engine's BlockHasher does. ``words.explain_text`` turns the answers into sentences (EN / 中文).
+and a request's chain is the one the engine computed, kept in every snapshot's RequestView. ``words.explain_text`` turns the answers into sentences (EN / 中文).
 """
 from __future__ import annotations
 
@@ -13,8 +12,6 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from record import events as E
-from kvcore.core.kv_cache_utils import BlockHasher, resolve_none_hash_seed
-from kvcore.utils.hashing import NON_CRYPTO_HASH_ALGOS, get_hash_fn
 from record.scenario import EngineSettings, load_scenario
 from record.snapshot import RequestView, Snapshot, StepRecord
 
@@ -154,20 +151,15 @@ class CacheHistory:
         return got[-1] if got else None
 
 
-def chain_hashes(run: RecordedSteps, token_ids: Sequence[int], cache_salt: Optional[str]) -> list[str]:
-    """The request's block hashes (hex), computed as the engine's BlockHasher does."""
-    s = run.settings
-    hasher = BlockHasher(get_hash_fn(s.hash_algo), run.block_size(), resolve_none_hash_seed(s.hash_algo, s.hash_seed))
-    return [h.hex() for h in hasher.extend([], list(token_ids), cache_salt)]
+def chain_of(rv: RequestView, num_tokens: int, block_size: int) -> list[str]:
+    """The hashes (hex) of the full blocks among the request's first ``num_tokens`` tokens, as the
+    engine computed them (the snapshot keeps them; a chain's first blocks depend only on them)."""
+    return list(rv.block_hashes[:num_tokens // block_size])
 
 
-def rehashable(settings: Optional[EngineSettings]) -> bool:
-    """False when the run's NONE_HASH seed was random (hash_seed null, xxhash, no PYTHONHASHSEED)."""
-    import os
-    if settings is None:
-        return False
-    return not (settings.hash_seed is None and settings.hash_algo in NON_CRYPTO_HASH_ALGOS
-                and os.getenv("PYTHONHASHSEED") is None)
+def has_hashes(views) -> bool:
+    """False for a recording whose snapshots kept no block hashes (a trace from before they did)."""
+    return any(rv.block_hashes for rv in views)
 
 
 # -- 1. why this hit length -----------------------------------------------------------------
@@ -280,11 +272,11 @@ def _explain_admission(run, history: CacheHistory, views, rid: str, step: int, i
         return HitExplanation(reason=CACHING_OFF, **base)
     if n < bs:
         return HitExplanation(reason=SHORTER_THAN_BLOCK, **base)
-    if not rehashable(s):
+    if not has_hashes(views.values()):
         return HitExplanation(reason=CANNOT_REHASH, **base)
     groups = run.groups()
     g = run.primary_group()
-    chain = chain_hashes(run, tokens, base["salt"])
+    chain = chain_of(views[rid], n, bs)
     present = [history.present(f"{h}@{g}", pos) for h in chain]
     k = hit // bs
     cap = n - 1
@@ -333,7 +325,7 @@ def _miss(run, history: CacheHistory, views, rid, tokens, chain, m: int, pos: Po
         q_tokens, q_salt = all_tokens(qv), salt_key(qv.cache_salt)
         if len(q_tokens) < end:
             continue
-        q_key = f"{chain_hashes(run, q_tokens[:end], q_salt)[m]}@{g}"
+        q_key = f"{qv.block_hashes[m]}@{g}"
         q_got = history.ever_cached(q_key, pos)
         if q_got is None:
             continue

@@ -13,7 +13,7 @@ from typing import Optional
 
 from record import events as E
 from words.explain import (SALT, TOKENS_DIFFER, CacheHistory, ExplainError, RecordedSteps, salt_key, all_tokens,
-                            chain_hashes, rehashable)
+                            has_hashes)
 from record.snapshot import Snapshot
 
 
@@ -206,12 +206,12 @@ def compare_requests(run: RecordedSteps, a: str, b: str) -> Comparison:
     for rid in (a, b):
         if rid not in views:
             raise ExplainError(f"no request {rid!r} in this run; requests: {', '.join(views) or 'none'}")
-    if not rehashable(run.settings):
-        raise ExplainError("the run's hashes cannot be recomputed (unknown settings or a random NONE_HASH seed)")
+    if not has_hashes((views[a], views[b])):
+        raise ExplainError("this recording kept no block hashes (a trace recorded before snapshots kept them)")
     bs, g = run.block_size(), run.primary_group()
     ta, tb = all_tokens(views[a]), all_tokens(views[b])
     sa, sb = salt_key(views[a].cache_salt), salt_key(views[b].cache_salt)
-    ca, cb = chain_hashes(run, ta, sa), chain_hashes(run, tb, sb)
+    ca, cb = list(views[a].block_hashes), list(views[b].block_hashes)
     spans: dict[int, list[int]] = {}
     index: dict[int, Optional[int]] = {}
     held: dict[tuple[str, int], list[int]] = {}      # (request, logical index) -> physical blocks

@@ -123,11 +123,9 @@ def hit_sentences(x: X.HitExplanation, lang: str = "en") -> list[str]:
                           "滑动窗口组只能在保留了命中终点之前那一窗口的块的位置命中；它保留了这条链的第 [{kept}] 块。",
                           kept=kept, **kw))
     elif r == X.CANNOT_REHASH:
-        out.append(_t(lang, "This run's block hashes cannot be recomputed to find the first missing block: its "
-                      "engine settings are unknown (a trace without its header) or its NONE_HASH seed was random "
-                      "(hash_seed null with an xxhash algorithm).",
-                      "无法重算本次运行的块哈希来找出第一个缺失的块：它的引擎设置未知（没有文件头的 trace），"
-                      "或者 NONE_HASH 种子是随机的（hash_seed 为 null 且用 xxhash）。"))
+        out.append(_t(lang, "This recording kept no block hashes (a trace written before snapshots kept the "
+                      "engine's hashes), so the first missing block cannot be named.",
+                      "这份录制没有保存块哈希（在快照开始保存引擎哈希之前写下的 trace），因此无法指出第一个缺失的块。"))
     out.append(code_line(FUNCTIONS["get_computed_blocks"], lang))
     return out
 

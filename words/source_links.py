@@ -142,7 +142,7 @@ FUNCTIONS: dict[str, CodeLink] = {c.name: c for c in (
     _link("reset_prefix_cache", _POOL, 871, 910, "BlockPool.reset_prefix_cache",
           "kvcore.core.block_pool:BlockPool.reset_prefix_cache"),
     _link("hash_block_tokens", _UTILS, 707, 737, "hash_block_tokens", "kvcore.core.kv_cache_utils:hash_block_tokens"),
-    _link("sample", "vllm/v1/sample/sampler.py", 129, 211, "Sampler.forward", "kvcore.engine.core:Engine.step"),
+    _link("sample", "vllm/v1/sample/sampler.py", 129, 211, "Sampler.forward", "record.engine:Engine.step"),
     _link("propose", "vllm/v1/spec_decode/ngram_proposer.py", 138, 173, "NgramProposer.propose",
           "kvcore.spec_decode.ngram_proposer:NgramProposer.propose"),
     _link("update_draft_token_ids", _SCHED, 2862, 2881, "Scheduler.update_draft_token_ids",

@@ -1,5 +1,5 @@
 """KV cache coordinator: one single-type manager per KV cache group, one shared BlockPool
-(vLLM v1: kv_cache_coordinator).
+(vLLM: v1/core/kv_cache_coordinator.py).
 
 A uniform model has one group; a model mixing full and sliding-window layers
 has two (group 0 = full attention, group 1 = sliding window). Every request
@@ -10,7 +10,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Optional, Sequence
 
-from record import events
 from kvcore.core.block_pool import FREE_ORDER_V033, BlockPool
 from kvcore.core.kv_cache_utils import KVCacheBlock
 from kvcore.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
@@ -31,14 +30,14 @@ class KVCacheCoordinator(ABC):
 
     def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, max_in_flight_tokens: int,
                  enable_caching: bool, free_order: str = FREE_ORDER_V033,
-                 recorder: Optional[events.Recorder] = None) -> None:
+                 enable_kv_cache_events: bool = False) -> None:
         self.kv_cache_config = kv_cache_config
         self.block_size = kv_cache_config.block_size
         self.enable_caching = enable_caching
         self.groups = tuple(kv_cache_config.kv_cache_groups)
         self.retention_interval = kv_cache_config.prefix_cache_retention_interval
         self.block_pool = BlockPool(kv_cache_config.num_blocks, enable_caching, self.block_size,
-                                    free_order, recorder)
+                                    enable_kv_cache_events, free_order=free_order)
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
             get_manager_for_kv_cache_spec(g.kv_cache_spec, self.block_pool, enable_caching, gid,
                                           max_in_flight_tokens, max_model_len)
@@ -65,9 +64,9 @@ class KVCacheCoordinator(ABC):
             if m.enable_caching:
                 m.cache_blocks(request, num_computed_tokens, self.retention_interval, boundaries)
 
-    def free(self, request_id: str, reason: str = "") -> None:
+    def free(self, request_id: str) -> None:
         for m in self.single_type_managers:
-            m.free(request_id, reason)
+            m.free(request_id)
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
         for m in self.single_type_managers:
@@ -88,8 +87,9 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
     """Prefix caching off: nothing is ever a hit."""
 
     def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, max_in_flight_tokens: int,
-                 free_order: str = FREE_ORDER_V033, recorder: Optional[events.Recorder] = None) -> None:
-        super().__init__(kv_cache_config, max_model_len, max_in_flight_tokens, False, free_order, recorder)
+                 free_order: str = FREE_ORDER_V033, enable_kv_cache_events: bool = False) -> None:
+        super().__init__(kv_cache_config, max_model_len, max_in_flight_tokens, False, free_order,
+                         enable_kv_cache_events)
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
         return tuple([] for _ in self.single_type_managers), 0, 0
@@ -144,9 +144,9 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
 
 def get_kv_cache_coordinator(kv_cache_config: KVCacheConfig, max_model_len: int, max_in_flight_tokens: int,
                              enable_caching: bool, free_order: str = FREE_ORDER_V033,
-                             recorder: Optional[events.Recorder] = None) -> KVCacheCoordinator:
+                             enable_kv_cache_events: bool = False) -> KVCacheCoordinator:
     if not enable_caching:
         return KVCacheCoordinatorNoPrefixCache(kv_cache_config, max_model_len, max_in_flight_tokens,
-                                               free_order, recorder)
+                                               free_order, enable_kv_cache_events)
     cls = UnitaryKVCacheCoordinator if len(kv_cache_config.kv_cache_groups) == 1 else HybridKVCacheCoordinator
-    return cls(kv_cache_config, max_model_len, max_in_flight_tokens, True, free_order, recorder)
+    return cls(kv_cache_config, max_model_len, max_in_flight_tokens, True, free_order, enable_kv_cache_events)

@@ -1,10 +1,9 @@
-"""KVCacheManager: the scheduler's single door to the paged cache (vLLM v1: kv_cache_manager)."""
+"""KVCacheManager: the scheduler's single door to the paged cache (vLLM: v1/core/kv_cache_manager.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from record import events
 from kvcore.core.block_pool import FREE_ORDER_V033
 from kvcore.core.kv_cache_utils import KVCacheBlock
 from kvcore.core.kv_cache_coordinator import get_kv_cache_coordinator
@@ -35,18 +34,17 @@ class KVCacheManager:
     def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int = 1 << 30,
                  enable_caching: bool = True, max_num_batched_tokens: Optional[int] = None,
                  watermark: float = 0.0, free_order: str = FREE_ORDER_V033,
-                 recorder: Optional[events.Recorder] = None, max_recent_requests: int = 1000) -> None:
+                 enable_kv_cache_events: bool = False, max_recent_requests: int = 1000) -> None:
         if not 0.0 <= watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1); got {watermark!r}")
         self.kv_cache_config = kv_cache_config
         self.block_size = kv_cache_config.block_size
         self.enable_caching = enable_caching
         self.max_model_len = max_model_len
-        self.recorder = recorder
         # One step holds at most max_num_batched_tokens new tokens per request.
         max_in_flight_tokens = max_num_batched_tokens if max_num_batched_tokens is not None else max_model_len
         self.coordinator = get_kv_cache_coordinator(kv_cache_config, max_model_len, max_in_flight_tokens,
-                                                    enable_caching, free_order, recorder)
+                                                    enable_caching, free_order, enable_kv_cache_events)
         self.block_pool = self.coordinator.block_pool
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         # Blocks kept free when admitting a waiting request, so running ones can grow.
@@ -99,18 +97,18 @@ class KVCacheManager:
         blocks, num_tokens, num_uncached = self.coordinator.find_longest_cache_hit(
             request.block_hashes, max_cache_hit_length)
         shared_prefix_boundary = num_tokens + num_uncached if num_uncached else 0
-        if self.recorder is not None:
+        observer = self.block_pool.observer
+        if observer is not None:
             if num_tokens:
-                self.recorder.emit(events.CacheHit(
-                    request_id=request.request_id,
+                observer.on_decision(
+                    "cache_hit", request.request_id,
                     block_ids=tuple(b.block_id for g in blocks for b in g if not b.is_null),
                     num_tokens=num_tokens, num_blocks=num_tokens // self.block_size,
                     block_ids_per_group=tuple(tuple(b.block_id for b in g) for g in blocks),
-                    preempted_before=request.num_preemptions > 0))
+                    preempted_before=request.num_preemptions > 0)
             else:
-                self.recorder.emit(events.CacheMiss(
-                    request_id=request.request_id, num_tokens=request.num_tokens,
-                    num_full_blocks=len(request.block_hashes)))
+                observer.on_decision("cache_miss", request.request_id, num_tokens=request.num_tokens,
+                                     num_full_blocks=len(request.block_hashes))
         if not any(blocks):
             return self.empty_kv_cache_blocks, num_tokens, shared_prefix_boundary
         return KVCacheBlocks(blocks), num_tokens, shared_prefix_boundary
@@ -167,9 +165,9 @@ class KVCacheManager:
         if self.enable_caching:
             self.coordinator.cache_blocks(request, min(num_computed_tokens, request.num_tokens))
 
-    def free(self, request, reason: str = "finished") -> None:
+    def free(self, request) -> None:
         """Free every group's table in reverse order (group 0 first)."""
-        self.coordinator.free(request.request_id, reason)
+        self.coordinator.free(request.request_id)
 
     def evict_blocks(self, block_ids) -> None:
         self.block_pool.evict_blocks(block_ids)

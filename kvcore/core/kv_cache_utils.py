@@ -115,17 +115,20 @@ class FreeKVCacheBlockQueue:
     def append(self, block: KVCacheBlock) -> None:
         self.append_n([block])
 
-    def append_n(self, blocks: Iterable[KVCacheBlock]) -> None:
-        last = self.fake_free_list_tail.prev_free_block
-        n = 0
+    def append_n(self, blocks: list[KVCacheBlock]) -> None:
+        """Put blocks at the tail, keeping their order (blocks[-1] becomes the tail)."""
+        if not blocks:
+            return
+        tail = self.fake_free_list_tail
+        last = tail.prev_free_block
+        assert last is not None, "the tail sentinel must always have a previous node"
         for block in blocks:
             last.next_free_block = block
             block.prev_free_block = last
             last = block
-            n += 1
-        last.next_free_block = self.fake_free_list_tail
-        self.fake_free_list_tail.prev_free_block = last
-        self.num_free_blocks += n
+        last.next_free_block = tail
+        tail.prev_free_block = last
+        self.num_free_blocks += len(blocks)
 
     def prepend_n(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Put blocks at the head, keeping their order (blocks[0] becomes the head)."""

@@ -1,11 +1,10 @@
-"""Per-attention-type block bookkeeping (vLLM v1: single_type_kv_cache_manager)."""
+"""Per-attention-type block bookkeeping (vLLM: v1/core/single_type_kv_cache_manager.py)."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from typing import Optional, Sequence
 
-from record import events
 from kvcore.core.block_pool import BlockPool
 from kvcore.core.kv_cache_utils import KVCacheBlock
 from kvcore.kv_cache_interface import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
@@ -71,7 +70,7 @@ class SingleTypeKVCacheManager(ABC):
         num_skipped_blocks = self.get_num_skipped_tokens(num_local_computed_tokens) // self.block_size
         hits = list(new_computed_blocks[num_skipped_blocks:])
         if self.enable_caching and hits:
-            self.block_pool.touch(hits, request_id=request_id, group=self.kv_cache_group_id)
+            self.block_pool.touch(hits)
         req_blocks.extend([self._null_block] * num_skipped_blocks)
         req_blocks.extend(hits)
         self.num_cached_block[request_id] = len(req_blocks)
@@ -81,8 +80,7 @@ class SingleTypeKVCacheManager(ABC):
         num_new = cdiv(num_tokens, self.block_size) - len(req_blocks)
         if num_new <= 0:
             return []
-        new_blocks = self.block_pool.get_new_blocks(num_new, request_id=request_id,
-                                                    group=self.kv_cache_group_id)
+        new_blocks = self.block_pool.get_new_blocks(num_new)
         req_blocks.extend(new_blocks)
         return new_blocks
 
@@ -102,17 +100,15 @@ class SingleTypeKVCacheManager(ABC):
         if request.shared_prefix_boundary:
             boundaries.append(request.shared_prefix_boundary)
         mask = self.reachable_block_mask(num_cached, num_full, retention_interval, boundaries)
-        keep = None if mask is None else {num_cached + j for j, m in enumerate(mask) if m}
         self.block_pool.cache_full_blocks(request, self.req_to_blocks[request.request_id], num_cached,
-                                          num_full, self.block_size, self.kv_cache_group_id, keep=keep)
+                                          num_full, self.block_size, self.kv_cache_group_id, mask)
         self.num_cached_block[request.request_id] = num_full
 
-    def free(self, request_id: str, reason: str = "") -> None:
+    def free(self, request_id: str) -> None:
         """Free in reverse order: a request's tail blocks reach the queue first, so shared
         prefix blocks (freed last) stay cached longest."""
         req_blocks = self.req_to_blocks.pop(request_id, [])
-        self.block_pool.free_blocks(reversed(req_blocks), reason=reason, request_id=request_id,
-                                    group=self.kv_cache_group_id)
+        self.block_pool.free_blocks(reversed(req_blocks))
         self.num_cached_block.pop(request_id, None)
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
@@ -129,14 +125,12 @@ class SingleTypeKVCacheManager(ABC):
             slots.append(i)
             blocks[i] = self._null_block
         if removed:
-            rec = self.block_pool.recorder
-            if rec is not None:
-                rec.emit(events.WindowSkipped(
-                    request_id=request_id, block_ids=tuple(b.block_id for b in removed),
-                    group=self.kv_cache_group_id, slots=tuple(slots),
-                    num_computed_tokens=total_computed_tokens))
-            self.block_pool.free_blocks(removed, reason="window", request_id=request_id,
-                                        group=self.kv_cache_group_id)
+            observer = self.block_pool.observer
+            if observer is not None:
+                observer.on_decision("window_skipped", request_id, block_ids=tuple(b.block_id for b in removed),
+                                     group=self.kv_cache_group_id, slots=tuple(slots),
+                                     num_computed_tokens=total_computed_tokens)
+            self.block_pool.free_blocks(removed)
 
     @abstractmethod
     def find_longest_cache_hit(self, block_hashes: Sequence[bytes], max_length: int,

@@ -1,319 +1,119 @@
-"""Engine: schedule -> run the model -> update requests -> record, one step at a time."""
+"""EngineCore: one step is schedule -> run the model -> update the requests (vLLM: v1/engine/core.py).
+
+As in vLLM, ``step`` asks the scheduler for a batch, hands it to the model runner, and gives
+the sampled tokens back to the scheduler (``update_from_output``), which appends them, stops
+finished requests and frees their blocks. With speculative decoding the runner verifies the
+drafts in the same forward, and the proposer drafts the next ones after sampling
+(``propose_draft_token_ids`` / ``Scheduler.update_draft_token_ids``).
+
+What vLLM spreads over processes (the engine client, the executor, the workers) runs here in
+one call, in the same order. Decisions go to the pool's observer, as everywhere in kvcore.
+"""
 from __future__ import annotations
 
-import time
-import zlib
-from dataclasses import replace
-from typing import Callable, Optional
+from dataclasses import dataclass, field
+from typing import Any, Optional
 
-from record import events
-
-from record import snapshot
-from kvcore.worker.gpu_input_batch import SeqBatchItem
-from record.invariants import check_invariants
-from kvcore.engine.parallel_sampling import ParentRequest, fan_out, group_outputs, parent_groups
-from kvcore.core.kv_cache_utils import BlockHasher, resolve_none_hash_seed
-from kvcore.utils.hashing import get_hash_fn
-from kvcore.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
-                                         SlidingWindowSpec)
-from kvcore.core.kv_cache_manager import KVCacheManager
-from kvcore.distributed.kv_events import KVEventBatch, KVEventsConfig, ZmqEventPublisher
-from kvcore.request import Request
+from kvcore.core.sched.output import SchedulerOutput
+from kvcore.core.sched.scheduler import Scheduler
 from kvcore.outputs import ModelRunnerOutput
-from kvcore.core.sched.scheduler import Scheduler, SchedulerConfig
-from record.scenario import EngineSettings, RequestSpec, Scenario
-from record.snapshot import take_snapshot
-from kvcore.spec_decode.ngram_proposer import NgramProposer
-from kvcore.spec_decode.metrics import SpecDecodingStats
 from kvcore.sample.rejection_sampler import rejection_sample
+from kvcore.spec_decode.metrics import SpecDecodingStats
+from kvcore.spec_decode.ngram_proposer import NgramProposer
 from kvcore.utils.math_utils import cdiv
+from kvcore.worker.gpu_input_batch import SeqBatchItem
 
 
-def kv_cache_groups(settings: EngineSettings, num_layers: int) -> tuple[list[KVCacheGroupSpec], list[int]]:
-    """KV cache groups and, per decoder layer, the group it reads.
+@dataclass
+class EngineCoreStep:
+    """What one step did: the scheduler's output, the tokens each request gained (accepted
+    drafts included), and the inputs the forward pass was given (None without a forward)."""
 
-    No window: one full-attention group. A window without layer_types: every layer
-    slides, one sliding group. A mix: group 0 = full layers, group 1 = sliding layers.
+    scheduler_output: SchedulerOutput
+    new_tokens: dict[str, list[int]] = field(default_factory=dict)
+    model_inputs: Any = None
+
+
+class EngineCore:
+    """The scheduler, the model runner and (optionally) a draft proposer, stepped together.
+
+    Invariant: after ``step`` every request the batch sampled has its token appended or has
+    finished; drafts are proposed only for requests still running.
     """
-    W = settings.sliding_window
-    types = settings.layer_types
-    if types is None:
-        types = ("sliding_attention" if W else "full_attention",) * num_layers
-    if len(types) != num_layers:
-        raise ValueError(f"engine.layer_types lists {len(types)} layers but the model has {num_layers}")
-    kinds = sorted(set(types), key=lambda t: t != "full_attention")
-    bs = settings.block_size
-    groups = [KVCacheGroupSpec(tuple(f"layers.{i}" for i, t in enumerate(types) if t == k),
-                               FullAttentionSpec(bs) if k == "full_attention" else SlidingWindowSpec(bs, W))
-              for k in kinds]
-    return groups, [kinds.index(t) for t in types]
 
-
-def size_kv_cache(model, settings: EngineSettings):
-    """``num_gpu_blocks: "auto"``: profile the loaded model and derive the pool as vLLM does
-    (a :class:`kvcore.model.memory.KVCacheSizing`); ValueError when not even one usable block fits."""
-    from kvcore.model.memory import num_gpu_blocks_from_profile
-    from kvcore.model.profile import profile_model
-    max_model_len = settings.max_model_len or getattr(model.config, "max_position_embeddings", 8192)
-    profile = profile_model(model, settings.max_num_batched_tokens, settings.block_size)
-    sizing = num_gpu_blocks_from_profile(profile, model.config, settings.block_size, model.dtype,
-                                         settings.gpu_memory_utilization, max_model_len)
-    if sizing.num_gpu_blocks < 2:
-        raise ValueError(f'engine.num_gpu_blocks "auto": no room for a KV cache at gpu_memory_utilization '
-                         f"{settings.gpu_memory_utilization}:\n" + "\n".join(sizing.lines()))
-    return sizing
-
-
-class NoModelRunner:
-    """Stands in for the model when only the block manager is studied (benchmarks,
-    property tests): the next token is a fixed function of the request and its length."""
-
-    def __init__(self, vocab_size: int = 1000, eos_token_id: Optional[int] = None) -> None:
-        self.vocab_size = vocab_size
-        self.eos_token_id = eos_token_id
-        self.request_seeds: dict[str, int] = {}   # a request's own seed replaces its id's checksum
-
-    def add_request_seed(self, request_id: str, seed: int) -> None:
-        self.request_seeds[request_id] = seed
-
-    def execute(self, items) -> dict[str, int]:
-        out = {}
-        for it in items:
-            if it.sample:
-                base = self.request_seeds.get(it.request_id, zlib.crc32(it.request_id.encode()))
-                seed = base + 7919 * (it.start_pos + len(it.token_ids))
-                out[it.request_id] = seed % self.vocab_size
-        return out
-
-    def execute_verify(self, items) -> dict[str, list[int]]:
-        """The token after each of an item's last 1 + num_draft_tokens positions (same function
-        of the position as ``execute``, so drafts never change what is generated)."""
-        out = {}
-        for it in items:
-            if it.sample:
-                base = self.request_seeds.get(it.request_id, zlib.crc32(it.request_id.encode()))
-                end = it.start_pos + len(it.token_ids)
-                out[it.request_id] = [(base + 7919 * p) % self.vocab_size
-                                      for p in range(end - it.num_draft_tokens, end + 1)]
-        return out
-
-
-class Engine:
-    """Drives one scenario. Same scenario -> same tokens, block ids and trace, every run."""
-
-    def __init__(self, scenario: Scenario, model=None, runner=None, debug: bool = False,
-                 progress: Optional[Callable[[str], None]] = None,
-                 kv_events: Optional[KVEventsConfig] = None) -> None:
-        s = scenario.engine
-        self.scenario = scenario
-        self.settings = s
-        self.debug = debug
-        self.model = None
-        if runner is None:
-            from kvcore.model import load_model
-            self.model = model if model is not None else load_model(
-                scenario.model, scenario.device, scenario.dtype, progress=progress)
-            cfg = self.model.config
-            num_layers = cfg.num_hidden_layers
-            max_len = getattr(cfg, "max_position_embeddings", 8192)
-        else:
-            self.model = model
-            num_layers = 1 if s.layer_types is None else len(s.layer_types)
-            max_len = 1 << 20
-        self.groups, layer_group = kv_cache_groups(s, num_layers)
-        self.max_model_len = s.max_model_len or max_len
-        self.kv_cache_sizing = None  # how num_gpu_blocks "auto" was derived (kvcore.model.memory.KVCacheSizing)
-        if s.num_gpu_blocks == "auto":
-            if self.model is None:
-                raise ValueError('engine.num_gpu_blocks "auto" profiles the model; this engine runs without one')
-            self.kv_cache_sizing = size_kv_cache(self.model, s)
-            s = self.settings = replace(s, num_gpu_blocks=self.kv_cache_sizing.num_gpu_blocks)
-        self.recorder = events.Recorder()
-        self.hash_fn = get_hash_fn(s.hash_algo)
-        self.none_hash_seed = resolve_none_hash_seed(s.hash_algo, s.hash_seed)
-        self.hasher = BlockHasher(self.hash_fn, s.block_size, self.none_hash_seed)
-        self.kv_cache_config = KVCacheConfig(s.num_gpu_blocks, tuple(self.groups),
-                                             s.prefix_cache_retention_interval)
-        self.kv_cache_manager = KVCacheManager(
-            self.kv_cache_config, self.max_model_len, s.enable_prefix_caching,
-            s.max_num_batched_tokens, s.watermark, s.free_order, self.recorder)
-        self.scheduler = Scheduler(SchedulerConfig(
-            max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
-            policy=s.policy, max_model_len=self.max_model_len, admission=s.admission,
-            long_prefill_token_threshold=s.long_prefill_token_threshold,
-            max_cache_hit_length=s.max_cache_hit_length,
-            num_spec_tokens=s.speculative.num_speculative_tokens if s.speculative else 0),
-            self.kv_cache_manager, self.recorder)
-        # Speculative decoding: drafts from an n-gram proposer, verified greedily.
-        self.drafter: Optional[NgramProposer] = None
+    def __init__(self, scheduler: Scheduler, model_runner, drafter: Optional[NgramProposer] = None,
+                 max_model_len: int = 1 << 30) -> None:
+        self.scheduler = scheduler
+        self.model_runner = model_runner
+        self.drafter = drafter
+        self.max_model_len = max_model_len
         self.spec_decoding_stats = SpecDecodingStats()
-        if s.speculative is not None:
-            if s.seed is not None:
-                raise ValueError("engine.speculative verifies drafts greedily: it needs engine.seed null")
-            sp = s.speculative
-            self.drafter = NgramProposer(sp.prompt_lookup_min, sp.prompt_lookup_max,
-                                         sp.num_speculative_tokens, self.max_model_len)
-        if runner is None:
-            from kvcore.model import ModelRunner
-            runner = ModelRunner(self.model, s.num_gpu_blocks, s.block_size, layer_group,
-                                 [g.sliding_window for g in self.groups], seed=s.seed)
-        self.runner = runner
-        # KV cache events (vLLM's wire format) are drained every step. They go out on ZeroMQ
-        # only when the caller passes ``kv_events`` (the CLI passes --kv-events or the
-        # scenario's engine.kv_events): a scenario file alone never opens a socket, so a
-        # file uploaded to the app cannot make its server bind or connect anywhere.
-        self.kv_events_config = kv_events
-        self.kv_event_publisher: Optional[ZmqEventPublisher] = None
-        self.last_kv_event_batch: Optional[KVEventBatch] = None
-        wire = kv_events if kv_events is not None else getattr(s, "kv_events", None)
-        if wire is not None:
-            self.kv_cache_manager.block_pool.use_int_block_hashes = wire.use_int_block_hashes
-        self.step_count = 0
-        self._arrivals = 0
-        self.parent_requests: dict[str, ParentRequest] = {}   # requests with n > 1, by parent id
-        self._pending: list[RequestSpec] = sorted(scenario.requests, key=lambda r: r.arrival_step)
-        self.history: list[snapshot.StepRecord] = []
-        # Refuse a scenario whose prompt can never fit now, not in the middle of a run.
-        for spec in self._pending:
-            self._checked_prompt(spec)
-        if self.debug:
-            self.check_invariants()
-        cfg = self.kv_events_config
-        if cfg is not None and cfg.enable_kv_cache_events and cfg.publisher == "zmq":
-            self.kv_event_publisher = ZmqEventPublisher.from_config(cfg)   # last: nothing after it can fail
 
-    # -- requests -----------------------------------------------------------------------
-    def _eos_ids(self) -> tuple[int, ...]:
-        if self.model is None:
-            return (self.runner.eos_token_id,) if getattr(self.runner, "eos_token_id", None) is not None else ()
-        eos = self.model.eos_token_id
-        return tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
+    def add_request(self, request) -> None:
+        self.scheduler.add_request(request)
 
-    def encode(self, spec: RequestSpec) -> list[int]:
-        if spec.prompt_token_ids is not None:
-            ids = list(spec.prompt_token_ids)
-            vocab = getattr(getattr(self.model, "config", None), "vocab_size", None)
-            if vocab is not None and any(t >= vocab for t in ids):
-                raise ValueError(f"request {spec.id!r}: token ids must be < vocab size {vocab}")
-            return ids
-        if self.model is None:
-            raise ValueError(f"request {spec.id!r}: a text prompt needs a model with a tokenizer")
-        return self.model.encode_prompt(spec.prompt, spec.chat)
+    def _observe(self, kind: str, request_id: Optional[str], **fields) -> None:
+        observer = self.scheduler.observer
+        if observer is not None:
+            observer.on_decision(kind, request_id, **fields)
 
-    def add_request(self, spec: RequestSpec) -> None:
-        """Queue a request now (its arrival_step is ignored). Raises ValueError, changing
-        nothing, if it is malformed or can never fit in the pool."""
-        parent, children = fan_out(spec)    # n > 1: children "0_<id>"... (vLLM's ParentRequest)
-        for child in children:
-            if child.id in self.scheduler.requests or child.id in self.parent_requests:
-                raise ValueError(f"a request with id {child.id!r} already exists")
-        if parent is not None and spec.id in self.scheduler.requests:
-            raise ValueError(f"a request with id {spec.id!r} already exists")
-        if self.drafter is not None and (spec.seed is not None or spec.n > 1):
-            raise ValueError(f"request {spec.id!r}: engine.speculative verifies drafts greedily; "
-                             f"seeded sampling and n > 1 are not supported with it")
-        ids = self._checked_prompt(spec)
-        s = self.settings
-        if parent is not None:
-            self.parent_requests[parent.request_id] = parent
-        self._arrivals += 1     # children are copies of one request: one arrival time, as in vLLM
-        for child in children:
-            req = Request(child.id, ids, child.max_tokens, arrival_time=self._arrivals,
-                          priority=child.priority, cache_salt=child.cache_salt,
-                          eos_token_ids=self._eos_ids(), ignore_eos=child.ignore_eos,
-                          block_hasher=self.hasher if s.enable_prefix_caching else None)
-            if child.seed is not None and hasattr(self.runner, "add_request_seed"):
-                self.runner.add_request_seed(child.id, child.seed)
-            self.scheduler.add_request(req)
-
-    def _checked_prompt(self, spec: RequestSpec) -> list[int]:
-        """The prompt's token ids; ValueError if the prompt alone can never fit."""
-        ids = self.encode(spec)
-        s = self.settings
-        full_groups = sum(1 for g in self.groups if g.kind == "full")
-        usable = s.num_gpu_blocks - 1
-        need = cdiv(len(ids), s.block_size) * full_groups
-        if need > usable:
-            raise ValueError(
-                f"request {spec.id!r}: its prompt of {len(ids)} tokens needs {need} blocks of "
-                f"{s.block_size} tokens but the pool has only {usable} usable blocks "
-                f"(num_gpu_blocks={s.num_gpu_blocks}, block 0 is the null block)")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(f"request {spec.id!r}: prompt of {len(ids)} tokens reaches max_model_len "
-                             f"{self.max_model_len}")
-        return ids
-
-    def has_unfinished(self) -> bool:
-        return bool(self._pending) or self.scheduler.has_unfinished_requests()
-
-    # -- stepping -----------------------------------------------------------------------
-    def step(self) -> snapshot.StepRecord:
-        self.step_count += 1
-        while self._pending and self._pending[0].arrival_step < self.step_count:
-            self.add_request(self._pending.pop(0))
-        out = self.scheduler.schedule()
-        sampled: dict[str, int] = {}
-        new_tokens: dict[str, list[int]] = {}
-        model_inputs = None
+    def step(self) -> EngineCoreStep:
+        scheduler = self.scheduler
+        out = scheduler.schedule()
+        result = EngineCoreStep(out)
         if out.num_scheduled_tokens:
             items = []
             computed_before = out.num_computed_tokens_before()
             drafts = out.scheduled_spec_decode_tokens
+            kvm = scheduler.kv_cache_manager
             for rid, n in out.num_scheduled_tokens.items():
-                req = self.scheduler.requests[rid]
+                req = scheduler.requests[rid]
                 before = computed_before[rid]
                 d = drafts.get(rid, [])
                 items.append(SeqBatchItem(
                     request_id=rid, token_ids=(req.all_token_ids + d)[before:before + n], start_pos=before,
-                    block_tables=self.kv_cache_manager.get_block_ids(rid),
+                    block_tables=kvm.get_block_ids(rid),
                     sample=before + n >= req.num_tokens, num_draft_tokens=len(d)))
             if self.drafter is None:
-                sampled = self.runner.execute(items)
+                sampled = self.model_runner.execute(items)
                 new_tokens = {rid: [t] for rid, t in sampled.items()}
             else:
                 new_tokens = self._verify(items, drafts)
                 sampled = {rid: toks[-1] for rid, toks in new_tokens.items()}
-            model_inputs = getattr(self.runner, "last_inputs", None)  # what the forward was given
+            result.new_tokens = new_tokens
+            result.model_inputs = getattr(self.model_runner, "last_inputs", None)
             if sampled:
-                self.recorder.emit(events.Sampled(tokens=dict(sampled)))
-            self.scheduler.update_from_output(
+                self._observe("sampled", None, tokens=dict(sampled))
+            scheduler.update_from_output(
                 out, ModelRunnerOutput.from_token_lists(list(out.num_scheduled_tokens), new_tokens))
             if self.drafter is not None:
-                self._propose_drafts(new_tokens)
-        elif not self.scheduler.running and self.scheduler.waiting and not self._retry_after_drafts(out):
+                self.propose_draft_token_ids(new_tokens)
+        elif not scheduler.running and scheduler.waiting and not self._retry_after_drafts(out):
             # Nothing runs and the head of the queue was refused by an empty pool: it never fits.
-            head = self.scheduler.waiting.peek_request()
-            self.scheduler.abort_request(head.request_id)
-            self.recorder.emit(events.Blocked(request_id=head.request_id, reason="never_fits",
-                                              num_tokens=head.num_tokens,
-                                              usable_blocks=self.settings.num_gpu_blocks - 1))
-        self._publish_kv_events()
-        self.kv_cache_manager.make_prefix_cache_stats()
-        if self.debug:
-            self.check_invariants()
-        rec = snapshot.StepRecord(
-            step=self.step_count, scheduled=dict(out.num_scheduled_tokens),
-            events=tuple(self.recorder.drain()), snapshot=self.snapshot(),
-            new_tokens=new_tokens, model_inputs=model_inputs,
-            kv_events=tuple(self.last_kv_event_batch.events) if self.last_kv_event_batch else ())
-        self.history.append(rec)
-        return rec
+            head = scheduler.waiting.peek_request()
+            scheduler.abort_request(head.request_id)
+            self._observe("blocked", head.request_id, reason="never_fits", num_tokens=head.num_tokens,
+                          usable_blocks=scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1)
+        return result
 
-    def _retry_after_drafts(self, out) -> bool:
+    def _full_groups(self) -> int:
+        return sum(1 for g in self.scheduler.kv_cache_manager.coordinator.groups if g.kind == "full")
+
+    def _retry_after_drafts(self, out: SchedulerOutput) -> bool:
         """A lone request whose drafts needed more slots than the pool has preempted itself;
         without drafts its real tokens still fit, so it goes back through the queue (as in
         vLLM) instead of being aborted as one that never fits."""
         if self.drafter is None or not out.preempted_req_ids:
             return False
         head = self.scheduler.waiting.peek_request()
-        full_groups = sum(1 for g in self.groups if g.kind == "full")
-        need = cdiv((head.num_tokens + 1), self.settings.block_size) * full_groups
-        return need <= self.settings.num_gpu_blocks - 1
+        kvm = self.scheduler.kv_cache_manager
+        need = cdiv(head.num_tokens + 1, kvm.block_size) * self._full_groups()
+        return need <= kvm.block_pool.num_gpu_blocks - 1
 
     def _verify(self, items: list[SeqBatchItem], drafts: dict[str, list[int]]) -> dict[str, list[int]]:
         """One forward over tokens and drafts; per sampling request the tokens it gains
         (vLLM: the rejection sampler's greedy path)."""
-        targets = self.runner.execute_verify(items)
+        targets = self.model_runner.execute_verify(items)
         gained = {}
         for rid, target in targets.items():
             d = drafts.get(rid, [])
@@ -322,85 +122,13 @@ class Engine:
                 self.spec_decoding_stats = self.spec_decoding_stats.observe(len(d), len(gained[rid]) - 1)
         return gained
 
-    def _propose_drafts(self, new_tokens: dict[str, list[int]]) -> None:
-        """Drafts for every request that sampled and still runs (vLLM: ``propose_draft_token_ids``
-        after sampling, then ``Scheduler.update_draft_token_ids``)."""
+    def propose_draft_token_ids(self, new_tokens: dict[str, list[int]]) -> None:
+        """Drafts for every request that sampled and still runs, handed to the scheduler
+        (vLLM: ``propose_draft_token_ids``, then ``Scheduler.update_draft_token_ids``)."""
         proposals: dict[str, list[int]] = {}
         for rid in new_tokens:
-            req = self.scheduler.requests[rid]
-            if req.is_finished() or req.num_tokens >= self.max_model_len:
+            req = self.scheduler.requests.get(rid)     # gone once finished
+            if req is None or req.num_tokens >= self.max_model_len:
                 continue
             proposals[rid] = self.drafter.propose(req.all_token_ids)
         self.scheduler.update_draft_token_ids(proposals)
-
-    def run(self, until: Optional[str] = None, max_steps: int = 100_000) -> list[snapshot.StepRecord]:
-        """Step until every request finished, or until a step emits an event of kind ``until``."""
-        records = []
-        while self.has_unfinished() and len(records) < max_steps:
-            rec = self.step()
-            records.append(rec)
-            if until is not None and any(e.kind == until for e in rec.events):
-                break
-        return records
-
-    def generate(self, specs: list[RequestSpec]) -> dict[str, dict]:
-        for spec in specs:
-            self.add_request(replace(spec, arrival_step=0))
-        self.run()
-        out, grouped = self.outputs(), self.grouped_outputs()   # n > 1: the children, by index
-        return {s.id: out[s.id] if s.n == 1 else grouped[s.id] for s in specs}
-
-    # -- reading --------------------------------------------------------------------------
-    def decode(self, token_ids) -> str:
-        if self.model is None or not token_ids:
-            return ""
-        return self.model.decode(list(token_ids))
-
-    def snapshot(self) -> snapshot.Snapshot:
-        return take_snapshot(self.scheduler, self.step_count, self.decode if self.model else None)
-
-    def outputs(self) -> dict[str, dict]:
-        out = {}
-        for rid, req in self.scheduler.requests.items():
-            out[rid] = {"token_ids": list(req.output_token_ids), "text": self.decode(req.output_token_ids),
-                        "finish_reason": req.status.value if req.is_finished() else None}
-        return out
-
-    def grouped_outputs(self) -> dict[str, dict]:
-        """``outputs()`` gathered under the requests as sent: a parent's children by index
-        (kvcore.engine.parallel_sampling.group_outputs)."""
-        return group_outputs(self.outputs(), self.parents())
-
-    def parents(self) -> dict[str, list[str]]:
-        """parent id -> child ids, for the requests with n > 1 added so far."""
-        return parent_groups(self.parent_requests.values())
-
-    def check_invariants(self) -> None:
-        check_invariants(self.kv_cache_manager, self.hash_fn, self.scheduler.requests,
-                         self.hasher.none_hash)
-
-    def reset_prefix_cache(self) -> bool:
-        return self.kv_cache_manager.reset_prefix_cache()
-
-    def evict_blocks(self, block_ids) -> None:
-        self.kv_cache_manager.evict_blocks(block_ids)
-
-    def take_kv_events(self) -> list:
-        return self.kv_cache_manager.take_events()
-
-    def _publish_kv_events(self) -> None:
-        """As vLLM's update_from_output: one KVEventBatch per step that queued events."""
-        taken = self.kv_cache_manager.take_events()
-        self.last_kv_event_batch = KVEventBatch(ts=time.time(), events=taken) if taken else None
-        if self.last_kv_event_batch is not None and self.kv_event_publisher is not None:
-            self.kv_event_publisher.publish(self.last_kv_event_batch)
-
-    def close(self) -> None:
-        """Stop the KV event publisher (sends what is queued first)."""
-        if self.kv_event_publisher is not None:
-            self.kv_event_publisher.shutdown()
-            self.kv_event_publisher = None
-
-    def bytes_per_block(self) -> int:
-        from kvcore.model.memory import bytes_per_block
-        return bytes_per_block(self.model.config, self.settings.block_size, self.model.dtype)

@@ -16,9 +16,10 @@ output under its parent, ordered by child index, like vLLM's ``RequestOutput.out
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping, Optional, TypeVar
 
-from record.scenario import RequestSpec
+# A request as sent (the scenario's RequestSpec: a dataclass with ``id``, ``n`` and ``seed``).
+RequestSpec = TypeVar("RequestSpec")
 
 
 @dataclass(frozen=True)

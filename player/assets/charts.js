@@ -110,15 +110,16 @@ export class PlayerCharts {
 
   drawRequests(snap) {
     const L = this.L;
-    if (!snap.reqs.length) { this.q("requests").replaceChildren(el("div", "pkv-muted", "—")); return; }
+    if (!snap.requests.length) { this.q("requests").replaceChildren(el("div", "pkv-muted", "—")); return; }
     const table = el("table");
     const head = el("tr");
     head.append(...L.req_cols.map((c) => el("th", null, c)));
-    const rows = snap.reqs.map((r) => {
+    const rows = snap.requests.map((r) => {
       const tr = el("tr");
-      tr.dataset.req = r.id;
-      const id = el("td"); id.append(this.badge(r.id)); tr.append(id);
-      for (const v of [r.st, r.np, r.no, r.nc, r.nk, r.pe, r.pri]) tr.append(el("td", null, v));
+      tr.dataset.req = r.request_id;
+      const id = el("td"); id.append(this.badge(r.request_id)); tr.append(id);
+      for (const v of [r.status, r.num_prompt_tokens, r.num_output_tokens, r.num_computed_tokens, r.num_cached_tokens,
+        r.num_preemptions, r.priority]) tr.append(el("td", null, v));
       return tr;
     });
     const thead = el("thead"); thead.append(head);
@@ -131,15 +132,16 @@ export class PlayerCharts {
 
   drawOverTime() {
     const L = this.L, snaps = this.run.snaps, shown = snaps.slice(0, this.cursor + 1);
-    const hit = (s) => 100 * (s.pc.hit_rate || 0);
-    const y2Max = Math.max(1, ...snaps.map((s) => Math.max(s.run.length, s.wait.length)));
+    const hit = (s) => 100 * (s.prefix_cache.hit_rate || 0);
+    const y2Max = Math.max(1, ...snaps.map((s) => Math.max(s.running.length, s.waiting.length)));
     const f = stepFrame({ x0: snaps[0].step, x1: snaps[snaps.length - 1].step, yMax: 100, y2Max, intY2: true,
                           xLabel: L.c_step, yLabel: "%", y2Label: L.c_count });
     const w = Math.min(f.slot * 0.36, 18);
     for (const s of shown) {
-      f.svg.append(sv("rect", { x: f.x(s.step) - w, y: f.y2(s.run.length), width: w, height: f.bottom - f.y2(s.run.length),
+      f.svg.append(sv("rect", { x: f.x(s.step) - w, y: f.y2(s.running.length), width: w,
+                                height: f.bottom - f.y2(s.running.length),
                                 fill: "rgba(31,119,180,0.45)", "data-series": "running", "data-step": s.step }),
-        sv("rect", { x: f.x(s.step), y: f.y2(s.wait.length), width: w, height: f.bottom - f.y2(s.wait.length),
+        sv("rect", { x: f.x(s.step), y: f.y2(s.waiting.length), width: w, height: f.bottom - f.y2(s.waiting.length),
                      fill: "rgba(255,127,14,0.45)", "data-series": "waiting", "data-step": s.step }));
     }
     f.svg.append(...polyline(f, shown.map((s) => [s.step, 100 * s.usage]), "#d62728", "usage", f.y),
@@ -148,7 +150,7 @@ export class PlayerCharts {
     const text = (step) => {
       const s = byStep.get(step);
       return `${L.c_step} ${step}: ${L.c_usage} ${Math.round(100 * s.usage)} · ${L.c_hit} ${Math.round(hit(s))} · ` +
-        `${L.c_running} ${s.run.length} · ${L.c_waiting} ${s.wait.length}`;
+        `${L.c_running} ${s.running.length} · ${L.c_waiting} ${s.waiting.length}`;
     };
     const readout = el("div", "pkv-readout");
     stepMarks(f, shown.map((s) => s.step), this.stepOf(this.cursor), text, readout);
@@ -160,8 +162,8 @@ export class PlayerCharts {
     const L = this.L, steps = this.run.steps, budget = this.run.head.budget;
     const box = this.q("budget");
     if (!steps.length) { box.replaceChildren(el("div", "pkv-muted", "—")); return; }
-    const rids = [...new Set(steps.flatMap((st) => Object.keys(st.sched)))];
-    const total = (st) => Object.values(st.sched).reduce((a, b) => a + b, 0);
+    const rids = [...new Set(steps.flatMap((st) => Object.keys(st.scheduled)))];
+    const total = (st) => Object.values(st.scheduled).reduce((a, b) => a + b, 0);
     const yMax = 1.1 * Math.max(budget || 0, 1, ...steps.map(total));
     const f = stepFrame({ x0: this.stepOf(1), x1: this.stepOf(steps.length), yMax, xLabel: L.c_step,
                           yLabel: L.c_tokens, intY: true });
@@ -176,12 +178,12 @@ export class PlayerCharts {
       const st = steps[k - 1], step = this.stepOf(k);
       let acc = 0;
       for (const rid of rids) {
-        const n = st.sched[rid] || 0;
+        const n = st.scheduled[rid] || 0;
         if (!n) continue;
         const a = { x: f.x(step) - w / 2, y: f.y(acc + n), width: w, height: f.y(acc) - f.y(acc + n) };
-        const striped = (st.ph || {})[rid] !== "decode";
+        const striped = (st.phases || {})[rid] !== "decode";
         f.svg.append(sv("rect", { ...a, fill: this.color(rid), "data-req": rid, "data-step": step,
-                                  "data-phase": (st.ph || {})[rid] || "" }));
+                                  "data-phase": (st.phases || {})[rid] || "" }));
         if (striped) f.svg.append(sv("rect", { ...a, fill: `url(#${hatch})` }));
         acc += n;
       }
@@ -192,7 +194,8 @@ export class PlayerCharts {
     }
     const text = (step) => {
       const st = steps[step - this.stepOf(1)];
-      const parts = rids.filter((r) => st.sched[r]).map((r) => `${r} ${st.sched[r]} (${L[st.ph && st.ph[r]] || (st.ph && st.ph[r]) || "?"})`);
+      const ph = st.phases || {};
+      const parts = rids.filter((r) => st.scheduled[r]).map((r) => `${r} ${st.scheduled[r]} (${L[ph[r]] || ph[r] || "?"})`);
       return `${L.c_step} ${step}: ${parts.join(", ") || "—"} · ${total(st)}${budget ? ` / ${budget}` : ""}`;
     };
     const readout = el("div", "pkv-readout");
@@ -205,17 +208,18 @@ export class PlayerCharts {
 
   drawHeld() {
     const L = this.L, snaps = this.run.snaps, shown = snaps.slice(0, this.cursor + 1);
-    const nulls = new Set(snaps[0].blocks.filter((b) => b.z).map((b) => b.i));
-    const held = (r) => new Set(r.bt.flat().filter((b) => !nulls.has(b))).size;
-    const rids = [...new Set(snaps.flatMap((s) => s.reqs.map((r) => r.id)))];
-    const yMax = Math.max(1, ...snaps.flatMap((s) => s.reqs.map(held))) * 1.1;
+    const nulls = new Set(snaps[0].blocks.filter((b) => b.is_null).map((b) => b.block_id));
+    const held = (r) => new Set(r.block_tables.flat().filter((b) => !nulls.has(b))).size;
+    const rids = [...new Set(snaps.flatMap((s) => s.requests.map((r) => r.request_id)))];
+    const yMax = Math.max(1, ...snaps.flatMap((s) => s.requests.map(held))) * 1.1;
     const f = stepFrame({ x0: snaps[0].step, x1: snaps[snaps.length - 1].step, yMax, intY: true,
                           xLabel: L.c_step, yLabel: L.c_blocks });
     const lines = new Map(rids.map((r) => [r, []]));
-    for (const s of shown) for (const r of s.reqs) lines.get(r.id).push([s.step, held(r)]);
+    for (const s of shown) for (const r of s.requests) lines.get(r.request_id).push([s.step, held(r)]);
     for (const [rid, pts] of lines) if (pts.length) f.svg.append(...polyline(f, pts, this.color(rid), rid, f.y));
     const byStep = new Map(shown.map((s) => [s.step, s]));
-    const text = (step) => `${L.c_step} ${step}: ` + (byStep.get(step).reqs.map((r) => `${r.id} ${held(r)}`).join(", ") || "—");
+    const text = (step) => `${L.c_step} ${step}: ` +
+      (byStep.get(step).requests.map((r) => `${r.request_id} ${held(r)}`).join(", ") || "—");
     const readout = el("div", "pkv-readout");
     stepMarks(f, shown.map((s) => s.step), this.stepOf(this.cursor), text, readout);
     this.q("held").replaceChildren(legend(rids.map((r) => [this.color(r), r])), f.svg, readout);

@@ -2,24 +2,24 @@
 // text, block tables, hash chains, the PagedAttention address view, hover and the selection.
 // Methods of the Player (player.js), drawn from its snapshot at the cursor.
 
-import { el } from "./text.js";
+import { el, fmt } from "./text.js";
 import { PlayerCharts } from "./charts.js";
 
 export class PlayerPanels extends PlayerCharts {
   drawNarration(snap, st) {
     const box = this.q("narration");
     const h = this.run.head;
-    const texts = st ? st.nar.slice() : (h.intro ? [h.intro] : []);
+    const texts = st ? st.narration.slice() : (h.intro ? [h.intro] : []);
     if (this.cursor === this.n && this.run.done && this.cursor > 0 && h.outro) texts.push("🏁 " + h.outro);
     const items = texts.map((t) => el("div", null, "💡 " + t));
-    if (!items.length && st) items.push(el("div", "pkv-sum", st.sum));
+    if (!items.length && st) items.push(el("div", "pkv-sum", st.summary));
     box.replaceChildren(...items);
   }
 
   drawMetrics(snap) {
     const L = this.L;
-    const cells = [[L.m_step, snap.step], [L.m_free, snap.free], [L.m_usage, `${Math.round(100 * snap.usage)}%`],
-      [L.m_hit, this.hitText(snap.pc)], [L.m_rw, `${snap.run.length} / ${snap.wait.length}`]];
+    const cells = [[L.m_step, snap.step], [L.m_free, snap.num_free_blocks], [L.m_usage, `${Math.round(100 * snap.usage)}%`],
+      [L.m_hit, this.hitText(snap.prefix_cache)], [L.m_rw, `${snap.running.length} / ${snap.waiting.length}`]];
     this.q("metrics").replaceChildren(...cells.map(([k, v]) => {
       const c = el("div", "pkv-metric"); c.append(el("small", null, k), el("b", null, v)); return c;
     }));
@@ -33,34 +33,35 @@ export class PlayerPanels extends PlayerCharts {
 
   blockClass(b, base) {
     let cls = base;
-    if (b.z) cls += " null";
-    else if (b.o.length) cls += " used";
-    else if (b.h) cls += " cached";
-    if (b.r > 1) cls += " shared";
+    if (b.is_null) cls += " null";
+    else if (b.owners.length) cls += " used";
+    else if (b.block_hash) cls += " cached";
+    if (b.ref_cnt > 1) cls += " shared";
     return cls;
   }
 
   paintOwners(node, b) {
-    if (b.z || !b.o.length) return;
-    const cols = b.o.map((o) => this.color(o));
+    if (b.is_null || !b.owners.length) return;
+    const cols = b.owners.map((o) => this.color(o));
     node.style.background = cols.length === 1 ? cols[0]
       : `linear-gradient(135deg, ${cols.map((c, i) => `${c} ${(100 * i) / cols.length}% ${(100 * (i + 1)) / cols.length}%`).join(", ")})`;
   }
 
   selState(b) {
     if (!this.sel) return "";
-    if (this.sel.type === "block") return b.i === this.sel.id ? " pkv-sel" : "";
-    return b.o.includes(this.sel.id) ? " pkv-sel" : " pkv-dim";
+    if (this.sel.type === "block") return b.block_id === this.sel.id ? " pkv-sel" : "";
+    return b.owners.includes(this.sel.id) ? " pkv-sel" : " pkv-dim";
   }
 
   drawGrid(snap, changed) {
     const nodes = snap.blocks.map((b) => {
-      const d = el("div", this.blockClass(b, "pkv-block") + (changed.has(b.i) ? " changed" : "") + this.selState(b));
-      d.dataset.block = String(b.i);
-      d.dataset.ref = String(b.r);
-      d.dataset.owners = b.o.join(",");
+      const d = el("div", this.blockClass(b, "pkv-block") + (changed.has(b.block_id) ? " changed" : "") + this.selState(b));
+      d.dataset.block = String(b.block_id);
+      d.dataset.ref = String(b.ref_cnt);
+      d.dataset.owners = b.owners.join(",");
       this.paintOwners(d, b);
-      d.append(el("span", "pkv-id", b.z ? "∅" : b.i), el("span", "pkv-ref", b.z ? this.L.null_block : `ref ${b.r}`));
+      d.append(el("span", "pkv-id", b.is_null ? "∅" : b.block_id),
+        el("span", "pkv-ref", b.is_null ? this.L.null_block : `${this.L.ref_short} ${b.ref_cnt}`));
       return d;
     });
     this.q("grid").replaceChildren(...nodes);
@@ -69,7 +70,7 @@ export class PlayerPanels extends PlayerCharts {
   drawEvents(st) {
     const box = this.q("events");
     if (!st) { box.replaceChildren(el("li", "pkv-muted", this.L.events_none)); return; }
-    box.replaceChildren(...st.ev.map(([kind, rid, blocks, text]) => {
+    box.replaceChildren(...st.events.map(({ kind, request_id: rid, block_ids: blocks, text }) => {
       const li = el("li", null, text);
       li.dataset.kind = kind;
       if (rid !== null && rid !== undefined) { li.style.borderLeft = `4px solid ${this.color(rid)}`; li.style.paddingLeft = "4px"; }
@@ -79,16 +80,17 @@ export class PlayerPanels extends PlayerCharts {
   }
 
   chip(b, enterCls) {
-    const c = el("span", this.blockClass(b, "pkv-chip") + this.selState(b) + (enterCls ? " " + enterCls : ""), b.z ? "∅" : b.i);
-    c.dataset.block = String(b.i);
+    const c = el("span", this.blockClass(b, "pkv-chip") + this.selState(b) + (enterCls ? " " + enterCls : ""),
+      b.is_null ? "∅" : b.block_id);
+    c.dataset.block = String(b.block_id);
     this.paintOwners(c, b);
     return c;
   }
 
   drawQueue(snap) {
-    const prevQ = this.prevShown ? new Set(this.prevShown.queue) : null;
+    const prevQ = this.prevShown ? new Set(this.prevShown.free_queue) : null;
     const items = [el("span", "pkv-end", this.L.head + " →")];
-    for (const id of snap.queue) items.push(this.chip(snap.blocks[id], prevQ && !prevQ.has(id) ? "pkv-enter-queue" : ""));
+    for (const id of snap.free_queue) items.push(this.chip(snap.blocks[id], prevQ && !prevQ.has(id) ? "pkv-enter-queue" : ""));
     items.push(el("span", "pkv-end", "→ " + this.L.tail));
     this.q("queue").replaceChildren(...items);
   }
@@ -101,11 +103,12 @@ export class PlayerPanels extends PlayerCharts {
   }
 
   drawOutputs(snap) {
-    const rows = snap.reqs.map((r) => {
+    const rows = snap.requests.map((r) => {
       const d = el("div");
-      d.dataset.req = r.id;
-      d.append(this.badge(r.id), el("code", null, r.st), el("span", "pkv-muted", ` · ${r.no} tok — `),
-        el("span", "pkv-text", r.tx || (r.ot.length ? this.tokText(r.ot) : "…")));
+      d.dataset.req = r.request_id;
+      d.append(this.badge(r.request_id), el("code", null, r.status),
+        el("span", "pkv-muted", ` · ${r.num_output_tokens} ${this.L.tok} — `),
+        el("span", "pkv-text", r.text || (r.output_token_ids.length ? this.tokText(r.output_token_ids) : "…")));
       return d;
     });
     this.q("outputs").replaceChildren(...(rows.length ? rows : [el("div", "pkv-muted", "—")]));
@@ -114,20 +117,25 @@ export class PlayerPanels extends PlayerCharts {
   drawTables(snap) {
     const groups = this.run.head.groups || [{}];
     const prevHeld = new Set();
-    if (this.prevShown) for (const r of this.prevShown.reqs) for (const t of r.bt) for (const id of t) prevHeld.add(`${r.id}:${id}`);
+    if (this.prevShown) {
+      for (const r of this.prevShown.requests) for (const t of r.block_tables) for (const id of t) prevHeld.add(`${r.request_id}:${id}`);
+    }
     const out = [];
     groups.forEach((g, gi) => {
-      const reqs = snap.reqs.filter((r) => r.bt[gi] && r.bt[gi].length);
-      if (groups.length > 1) out.push(el("div", "pkv-muted", `${this.L.group} ${gi}: ${g.kind || ""}${g.sliding_window ? ` (window ${g.sliding_window})` : ""}`));
+      const reqs = snap.requests.filter((r) => r.block_tables[gi] && r.block_tables[gi].length);
+      if (groups.length > 1) {
+        const win = g.sliding_window ? ` (${this.L.window} ${g.sliding_window})` : "";
+        out.push(el("div", "pkv-muted", `${this.L.group} ${gi}: ${g.kind || ""}${win}`));
+      }
       const table = el("table");
       table.dataset.group = String(gi);
       for (const r of reqs) {
         const tr = el("tr");
-        tr.dataset.req = r.id;
-        const head = el("td"); head.append(this.badge(r.id)); tr.append(head);
-        r.bt[gi].forEach((id, li) => {
+        tr.dataset.req = r.request_id;
+        const head = el("td"); head.append(this.badge(r.request_id)); tr.append(head);
+        r.block_tables[gi].forEach((id, li) => {
           const td = el("td");
-          const enter = this.prevShown && !prevHeld.has(`${r.id}:${id}`) ? "pkv-enter-table" : "";
+          const enter = this.prevShown && !prevHeld.has(`${r.request_id}:${id}`) ? "pkv-enter-table" : "";
           td.append(this.chip(snap.blocks[id], enter), el("div", "pkv-logical", `L${li}`));
           tr.append(td);
         });
@@ -140,23 +148,25 @@ export class PlayerPanels extends PlayerCharts {
 
   drawChains(snap) {
     const L = this.L;
-    const cached = snap.blocks.filter((b) => b.h);
+    const cached = snap.blocks.filter((b) => b.block_hash);
     if (!cached.length) { this.q("chains").replaceChildren(el("div", "pkv-muted", L.no_chains)); return; }
     const key = (h, g) => `${h}@${g}`;
-    const present = new Set(cached.map((b) => key(b.h, b.g)));
+    const present = new Set(cached.map((b) => key(b.block_hash, b.group)));
     const kids = new Map();
     for (const b of cached) {
-      const p = b.p === null || b.p === undefined ? "ROOT" : (present.has(key(b.p, b.g)) ? key(b.p, b.g) : "ORPHAN");
+      const p = b.parent_hash === null || b.parent_hash === undefined ? "ROOT"
+        : (present.has(key(b.parent_hash, b.group)) ? key(b.parent_hash, b.group) : "ORPHAN");
       if (!kids.has(p)) kids.set(p, []);
       kids.get(p).push(b);
     }
     const node = (b, depth) => {
       const li = el("li");
       const row = el("span", "pkv-node" + this.selState(b));
-      row.dataset.block = String(b.i);
-      row.append(this.chip(b, ""), el("code", null, "#" + b.h.slice(0, 8)), el("span", "pkv-text", `«${this.tokText(b.k)}»`));
+      row.dataset.block = String(b.block_id);
+      row.append(this.chip(b, ""), el("code", null, "#" + b.block_hash.slice(0, 8)),
+        el("span", "pkv-text", `«${this.tokText(b.token_ids)}»`));
       li.append(row);
-      const ch = depth < 64 ? kids.get(key(b.h, b.g)) : null;
+      const ch = depth < 64 ? kids.get(key(b.block_hash, b.group)) : null;
       if (ch && ch.length) { const ul = el("ul"); ul.append(...ch.map((c) => node(c, depth + 1))); li.append(ul); }
       return li;
     };
@@ -173,18 +183,18 @@ export class PlayerPanels extends PlayerCharts {
 
   drawAddress(snap) {
     const L = this.L, box = this.q("address");
-    const reqs = snap.reqs.filter((r) => r.bt.some((t) => t.length));
+    const reqs = snap.requests.filter((r) => r.block_tables.some((t) => t.length));
     if (!reqs.length) { box.replaceChildren(el("div", "pkv-muted", L.address_none)); return; }
-    if (!reqs.some((r) => r.id === this.addrReq)) this.addrReq = reqs[0].id;
-    const r = reqs.find((x) => x.id === this.addrReq);
-    const prompt = this.run.head.prompts[r.id] || [];
-    const toks = prompt.concat(r.ot);
+    if (!reqs.some((r) => r.request_id === this.addrReq)) this.addrReq = reqs[0].request_id;
+    const r = reqs.find((x) => x.request_id === this.addrReq);
+    const prompt = this.run.head.prompts[r.request_id] || [];
+    const toks = prompt.concat(r.output_token_ids);
     const n = Math.max(1, toks.length);
-    const pos = this.addrPos === null ? Math.max(0, Math.min(n - 1, r.nc - 1)) : Math.min(this.addrPos, n - 1);
+    const pos = this.addrPos === null ? Math.max(0, Math.min(n - 1, r.num_computed_tokens - 1)) : Math.min(this.addrPos, n - 1);
     const bs = this.run.head.block_size;
     const sel = el("select", "pkv-select");
-    sel.replaceChildren(...reqs.map((x) => { const o = el("option", null, x.id); o.value = x.id; return o; }));
-    sel.value = r.id;
+    sel.replaceChildren(...reqs.map((x) => { const o = el("option", null, x.request_id); o.value = x.request_id; return o; }));
+    sel.value = r.request_id;
     sel.addEventListener("change", () => { this.addrReq = sel.value; this.addrPos = null; this.draw(); });
     const range = el("input");
     range.type = "range"; range.min = "0"; range.max = String(n - 1); range.value = String(pos);
@@ -192,17 +202,17 @@ export class PlayerPanels extends PlayerCharts {
     const l1 = el("label", null, L.req + " "); l1.append(sel);
     const l2 = el("label", null, `${L.pos_label} ${pos} `); l2.append(range);
     const parts = [l1, l2];
-    const nulls = new Set(snap.blocks.filter((b) => b.z).map((b) => b.i));
+    const nulls = new Set(snap.blocks.filter((b) => b.is_null).map((b) => b.block_id));
     const lb = Math.floor(pos / bs), off = pos % bs;
-    r.bt.forEach((table, gi) => {
+    r.block_tables.forEach((table, gi) => {
       const pb = lb < table.length ? table[lb] : null;
-      const phys = pb === null ? "—" : (nulls.has(pb) ? "∅ (null)" : String(pb));
+      const phys = pb === null ? "—" : (nulls.has(pb) ? L.null_slot : String(pb));
       const slot = pb === null || nulls.has(pb) ? "—" : String(pb * bs + off);
       const tok = pos < toks.length ? this.tokText([toks[pos]]) : "?";
-      const gl = r.bt.length > 1 ? ` [${L.group} ${gi}]` : "";
+      const gl = r.block_tables.length > 1 ? ` [${L.group} ${gi}]` : "";
       const line = el("div", "pkv-addr-line",
-        `token ${pos} “${tok}”${gl}: logical block = ${pos} // ${bs} = ${lb}, offset = ${pos} % ${bs} = ${off} → ` +
-        `physical block ${phys} → slot ${phys} × ${bs} + ${off} = ${slot}` + (pos < r.nc ? "" : " " + L.not_computed));
+        fmt(L.address_line, { pos, token: tok, group: gl, block_size: bs, logical: lb, offset: off, physical: phys, slot }) +
+        (pos < r.num_computed_tokens ? "" : " " + L.not_computed));
       const row = el("div", "pkv-addr-row");
       table.forEach((id, i) => {
         const c = this.chip(snap.blocks[id], i === lb ? "pkv-target" : "");
@@ -216,15 +226,15 @@ export class PlayerPanels extends PlayerCharts {
 
   blockLines(snap, b) {
     const L = this.L;
-    const qpos = snap.queue.indexOf(b.i);
+    const qpos = snap.free_queue.indexOf(b.block_id);
     return [
-      `${L.block} ${b.i}${b.z ? ` (${L.null_block})` : ""}`,
-      `${L.ref}: ${b.r} · ${L.owners}: ${b.o.length ? b.o.join(", ") : "—"}`,
-      `${L.hash}: ${b.h || "—"}${b.h && (this.run.head.groups || []).length > 1 ? ` (${L.group} ${b.g})` : ""}`
-        + (b.h && b.hn ? ` · block_hash_num_tokens: ${b.hn}` : ""),
-      `${L.parent}: ${b.h ? (b.p || "NONE_HASH") : "—"}`,
-      `${L.tokens}: ${b.k.length}${this.run.head.decoded ? "" : " " + L.decoded_ids}`,
-      `${L.text}: «${this.tokText(b.k)}»`,
+      `${L.block} ${b.block_id}${b.is_null ? ` (${L.null_block})` : ""}`,
+      `${L.ref}: ${b.ref_cnt} · ${L.owners}: ${b.owners.length ? b.owners.join(", ") : "—"}`,
+      `${L.hash}: ${b.block_hash || "—"}${b.block_hash && (this.run.head.groups || []).length > 1 ? ` (${L.group} ${b.group})` : ""}`
+        + (b.block_hash && b.block_hash_num_tokens ? ` · block_hash_num_tokens: ${b.block_hash_num_tokens}` : ""),
+      `${L.parent}: ${b.block_hash ? (b.parent_hash || "NONE_HASH") : "—"}`,
+      `${L.tokens}: ${b.token_ids.length}${this.run.head.decoded ? "" : " " + L.decoded_ids}`,
+      `${L.text}: «${this.tokText(b.token_ids)}»`,
       `${L.qpos}: ${qpos < 0 ? L.not_free : `${qpos} (${L.head} = 0)`}`,
     ];
   }
@@ -253,14 +263,14 @@ export class PlayerPanels extends PlayerCharts {
       box.textContent = b ? this.blockLines(snap, b).join("\n") : "";
       return;
     }
-    const r = snap.reqs.find((x) => x.id === this.sel.id);
+    const r = snap.requests.find((x) => x.request_id === this.sel.id);
     if (!r) { box.textContent = `${L.req} ${this.sel.id}: —`; return; }
     box.textContent = [
-      `${L.req} ${r.id} · ${L.status}: ${r.st}`,
-      `${L.prompt}: ${r.np} tok «${this.tokText(this.run.head.prompts[r.id] || [])}»`,
-      `${L.computed}: ${r.nc} · ${L.cached}: ${r.nk} · ${L.preemptions}: ${r.pe}`,
-      ...r.bt.map((t, gi) => `${L.tables} [${gi}]: ${t.join(", ") || "—"}`),
-      `${L.outputs}: ${r.tx || this.tokText(r.ot)}`,
+      `${L.req} ${r.request_id} · ${L.status}: ${r.status}`,
+      `${L.prompt}: ${r.num_prompt_tokens} ${L.tok} «${this.tokText(this.run.head.prompts[r.request_id] || [])}»`,
+      `${L.computed}: ${r.num_computed_tokens} · ${L.cached}: ${r.num_cached_tokens} · ${L.preemptions}: ${r.num_preemptions}`,
+      ...r.block_tables.map((t, gi) => `${L.tables} [${gi}]: ${t.join(", ") || "—"}`),
+      `${L.outputs}: ${r.text || this.tokText(r.output_token_ids)}`,
     ].join("\n");
   }
 }

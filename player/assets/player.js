@@ -3,10 +3,12 @@
 // latest `data`) and inside the static export (called once). Every string that comes from the
 // run (token text, prompts, request ids, sentences) is inserted with textContent, never as HTML.
 
-// The per-step pictures are in panels.js and charts.js, the words in text.js; the static export
-// (player/export.py) inlines all four files in one module.
+// The per-step pictures are in panels.js and charts.js, the words in text.js, the decoder of the
+// server's payload in decode.js; the static export (player/export.py) inlines all five files in
+// one module.
 
-import { KIND_NAMES, LABELS, el } from "./text.js";
+import { addStrings, el, fmt, wordsFor } from "./text.js";
+import { applyDelta, decodeSnapshot, decodeStep, hasWire, setWire } from "./decode.js";
 import { PlayerPanels } from "./panels.js";
 
 const SPEEDS = [0.5, 1, 2, 4];
@@ -18,16 +20,6 @@ const RUNS = new Map();      // run key -> {head, snaps, steps, done}: survives 
 const MAX_RUNS = 4;
 const PLAYERS = new WeakMap();
 let PLAYER_UIDS = 0;
-
-function applyDelta(prev, d) {
-  const blocks = prev.blocks.slice();
-  for (const b of d.blocks) blocks[b.i] = b;
-  const byId = new Map(prev.reqs.map((r) => [r.id, r]));
-  for (const r of d.reqs) byId.set(r.id, r);
-  const order = d.order || prev.reqs.map((r) => r.id);
-  return { step: d.step, wait: d.wait, run: d.run, usage: d.usage, free: d.free, pc: d.pc, blocks,
-           queue: d.queue || prev.queue, reqs: order.map((id) => byId.get(id)) };
-}
 
 class Player extends PlayerPanels {
   constructor(root) {
@@ -63,20 +55,25 @@ class Player extends PlayerPanels {
   get L() {
     if (this._lRun !== this.run) {
       this._lRun = this.run;
-      const base = LABELS[(this.run && this.run.head.lang) || "en"] || LABELS.en;
-      this._L = { ...base, ...((this.run && this.run.head.words) || {}) };
+      this._L = { ...wordsFor((this.run && this.run.head.lang) || "en"), ...((this.run && this.run.head.words) || {}) };
     }
     return this._L;
   }
   get n() { return this.run ? this.run.steps.length : 0; }
 
   // -- data in -----------------------------------------------------------------------
+  // A run's head comes with what decodes and words it (data.wire, data.strings: player_book in
+  // player/payload.py); steps come decoded into run.snaps (whole snapshots) and run.steps.
   receive(data) {
     if (!data || !data.run) return;
+    setWire(data.wire);
+    addStrings(data.strings);
     let run = RUNS.get(data.run);
     if (!run) {
-      if (!data.head) { this.report("have", { run: data.run, n: -1 }, true); return; }
-      run = { head: data.head, snaps: [data.head.initial], steps: [], done: false, vocab: {} };
+      if (!data.head || !hasWire()) { this.report("have", { run: data.run, n: -1 }, true); return; }
+      const { initial, step0, ...head } = data.head;
+      run = { head, snaps: [decodeSnapshot(initial)], step0: step0 ? decodeStep(step0) : null, steps: [],
+              done: false, vocab: {} };
       RUNS.set(data.run, run);
       if (RUNS.size > MAX_RUNS) RUNS.delete(RUNS.keys().next().value);
       Object.assign(run.vocab, data.head.vocab || {});
@@ -87,10 +84,10 @@ class Player extends PlayerPanels {
       this.report("have", { run: data.run, n: run.steps.length }, true);
     } else {
       for (let i = run.steps.length - data.base; i < (data.steps || []).length; i++) {
-        const st = data.steps[i];
+        const st = decodeStep(data.steps[i]);
         Object.assign(run.vocab, st.vocab || {});
-        if (st.prompts) Object.assign(run.head.prompts, st.prompts);
-        run.snaps.push(applyDelta(run.snaps[run.snaps.length - 1], st));
+        if (st.new_prompts) Object.assign(run.head.prompts, st.new_prompts);
+        run.snaps.push(applyDelta(run.snaps[run.snaps.length - 1], data.steps[i]));
         run.steps.push(st);
       }
       run.done = !!data.done;
@@ -210,7 +207,7 @@ class Player extends PlayerPanels {
 
   endText() {
     const s = this.run.snaps[this.cursor];
-    return s.wait.length || s.run.length ? this.L.trace_end : this.L.all_done;
+    return s.waiting.length || s.running.length ? this.L.trace_end : this.L.all_done;
   }
 
   togglePlay() {
@@ -240,7 +237,7 @@ class Player extends PlayerPanels {
   continueSeek() {
     if (!this.seek || !this.run) return;
     const L = this.L;
-    const name = this.seek.kind ? ((KIND_NAMES[this.run.head.lang] || KIND_NAMES.en)[this.seek.kind] || this.seek.kind) : "";
+    const name = this.seek.kind ? (L[`kind_${this.seek.kind}`] || this.seek.kind) : "";
     const limit = this.maxStep();
     if (this.seek.end) {
       if (this.cursor !== limit) this.show(limit, false);
@@ -250,20 +247,20 @@ class Player extends PlayerPanels {
       return;
     }
     for (let k = this.cursor + 1; k <= limit; k++) {
-      if (this.run.steps[k - 1].ev.some((e) => e[0] === this.seek.kind)) {
+      if (this.run.steps[k - 1].events.some((e) => e.kind === this.seek.kind)) {
         this.seek = null;
         this.show(k, false);
-        this.notice(L.found(name, k + this.first));
+        this.notice(fmt(L.found, { kind: name, step: k + this.first }));
         return;
       }
     }
     if (limit < this.n || this.run.done) {
       this.seek = null;
       this.show(limit, false);
-      this.notice(limit < this.n ? L.hold : L.not_found(name));
+      this.notice(limit < this.n ? L.hold : fmt(L.not_found, { kind: name }));
     } else {
       this.show(limit, false);
-      this.notice(L.searching(name));
+      this.notice(fmt(L.searching, { kind: name }));
       this.report("want", { run: this.runKey, step: this.n + 1 + this.first }, true);
     }
   }
@@ -327,12 +324,11 @@ class Player extends PlayerPanels {
       if (b.dataset.act !== "home" && L[b.dataset.act]) b.textContent = L[b.dataset.act];
     }
     const sp = this.q("speed");
-    sp.replaceChildren(...SPEEDS.map((s) => { const o = el("option", null, L.speed(s)); o.value = String(s); return o; }));
+    sp.replaceChildren(...SPEEDS.map((s) => { const o = el("option", null, fmt(L.speed, { speed: s })); o.value = String(s); return o; }));
     sp.value = "1";
-    const names = KIND_NAMES[this.run.head.lang] || KIND_NAMES.en;
-    const kinds = this.run.head.until_kinds || Object.keys(names);
+    const kinds = this.run.head.until_kinds || Object.keys(L).filter((k) => k.startsWith("kind_")).map((k) => k.slice(5));
     const un = this.q("until");
-    un.replaceChildren(...kinds.map((k) => { const o = el("option", null, `${L.until_prefix}: ${names[k] || k}`); o.value = k; return o; }));
+    un.replaceChildren(...kinds.map((k) => { const o = el("option", null, fmt(L.until_option, { kind: L[`kind_${k}`] || k })); o.value = k; return o; }));
   }
 
   color(rid) { return (this.run.head.colors || {})[rid] || "#1f77b4"; }
@@ -346,7 +342,7 @@ class Player extends PlayerPanels {
   draw() {
     if (!this.run) return;
     const L = this.L, snap = this.run.snaps[this.cursor];
-    const st = this.cursor ? this.run.steps[this.cursor - 1] : (this.run.head.step0 || null);
+    const st = this.cursor ? this.run.steps[this.cursor - 1] : this.run.step0;
     this.box.dataset.step = String(this.cursor + this.first);
     // When the first picture was drawn, in ms since the page's navigation began (read by the bench).
     if (!this.box.dataset.firstDraw && typeof performance !== "undefined") this.box.dataset.firstDraw = String(Math.round(performance.now()));
@@ -354,7 +350,7 @@ class Player extends PlayerPanels {
     this.box.dataset.done = String(this.run.done);
     const tl = this.q("timeline");
     tl.max = String(Math.max(this.n, 1)); tl.value = String(this.cursor); tl.disabled = this.n === 0;
-    this.q("pos").textContent = L.pos(this.cursor + this.first, this.n + this.first);
+    this.q("pos").textContent = fmt(L.pos, { step: this.cursor + this.first, total: this.n + this.first });
     this.q("live").textContent = this.run.done ? "" : L.computing;
     const btn = (a) => this.root.querySelector(`[data-act="${a}"]`);
     btn("back").disabled = this.cursor === 0;
@@ -365,7 +361,7 @@ class Player extends PlayerPanels {
     btn("until").disabled = atEnd;
     btn("play").textContent = this.playing ? L.pause : L.play;
     btn("play").disabled = atEnd && !this.playing;
-    const changed = new Set(st ? st.changed : []);
+    const changed = new Set(st ? st.changed_blocks : []);
     this.drawNarration(snap, st);
     this.drawMetrics(snap);
     this.drawGrid(snap, changed);

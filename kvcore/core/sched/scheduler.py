@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Optional, Union
 
-from record import events
 from kvcore.core.kv_cache_manager import KVCacheManager
 from kvcore.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from kvcore.outputs import ModelRunnerOutput
@@ -45,8 +44,7 @@ class Scheduler:
     ``finished_req_ids`` holds only the requests finished since the last ``schedule``.
     """
 
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager,
-                 recorder: Optional[events.Recorder] = None) -> None:
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
         if config.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
         if config.max_num_batched_tokens < 1:
@@ -55,26 +53,32 @@ class Scheduler:
             raise ValueError(f"admission must be one of {ADMISSIONS}; got {config.admission!r}")
         self.config = config
         self.kv_cache_manager = kv_cache_manager
-        self.recorder = recorder
         self.policy = config.policy
         self.waiting = create_request_queue(config.policy)
         self.running: list[Request] = []
-        # Every request ever added, finished ones included: the app reads their outputs.
+        # The unfinished requests, by id: as in vLLM a request leaves when it finishes (its id
+        # can then be used again); whoever needs finished ones' outputs keeps them itself.
         self.requests: dict[str, Request] = {}
         self.finished_req_ids: set[str] = set()
         self.prev_step_scheduled_req_ids: set[str] = set()
 
-    def _emit(self, event_type: type[events.Event], request: Request, **fields) -> None:
-        """Record a decision about ``request`` (built only when someone records)."""
-        if self.recorder is not None:
-            self.recorder.emit(event_type(request_id=request.request_id, **fields))
+    @property
+    def observer(self):
+        """Who is told each decision (the pool's observer; None: nobody records)."""
+        return self.kv_cache_manager.block_pool.observer
+
+    def _emit(self, kind: str, request: Request, **fields) -> None:
+        """Tell the observer, if any, a decision about ``request``: ``kind`` names it."""
+        observer = self.kv_cache_manager.block_pool.observer
+        if observer is not None:
+            observer.on_decision(kind, request.request_id, **fields)
 
     def add_request(self, request: Request) -> None:
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         self.requests[request.request_id] = request
         self.waiting.add_request(request)
-        self._emit(events.Arrived, request, num_prompt_tokens=request.num_prompt_tokens,
+        self._emit("arrived", request, num_prompt_tokens=request.num_prompt_tokens,
                    priority=request.priority)
 
     def get_request_counts(self) -> tuple[int, int]:
@@ -157,13 +161,13 @@ class Scheduler:
 
         # 2) Waiting requests, unless someone was preempted in this step.
         if preempted:
-            if self.waiting and self.recorder is not None:
-                self._emit(events.Blocked, self.waiting.peek_request(), reason="preempted_this_step")
+            if self.waiting and self.observer is not None:
+                self._emit("blocked", self.waiting.peek_request(), reason="preempted_this_step")
         else:
             while self.waiting and token_budget > 0:
                 request = self.waiting.peek_request()
                 if len(self.running) >= cfg.max_num_seqs:
-                    self._emit(events.Blocked, request, reason="max_num_seqs", max_num_seqs=cfg.max_num_seqs)
+                    self._emit("blocked", request, reason="max_num_seqs", max_num_seqs=cfg.max_num_seqs)
                     break
                 max_hit = request.num_tokens - 1
                 if cfg.max_cache_hit_length is not None:
@@ -174,7 +178,7 @@ class Scheduler:
                 if 0 < long_prefill_token_threshold < num_new:
                     num_new = long_prefill_token_threshold
                 if not cfg.enable_chunked_prefill and num_new > token_budget:
-                    self._emit(events.Blocked, request, reason="token_budget", token_budget=token_budget)
+                    self._emit("blocked", request, reason="token_budget", token_budget=token_budget)
                     break
                 num_new = min(num_new, token_budget)
                 new_blocks = self.kv_cache_manager.allocate_slots(
@@ -182,7 +186,7 @@ class Scheduler:
                     full_sequence_must_fit=cfg.admission == ADMIT_FULL_SEQUENCE,
                     has_scheduled_reqs=bool(self.running))
                 if new_blocks is None:
-                    self._emit(events.Blocked, request, reason="no_free_blocks",
+                    self._emit("blocked", request, reason="no_free_blocks",
                                num_free_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks(),
                                num_tokens=request.num_tokens)
                     break
@@ -198,10 +202,10 @@ class Scheduler:
                 request.status = RequestStatus.RUNNING
                 request.num_computed_tokens = num_hit
                 request.num_cached_tokens = num_hit
-                self._emit(events.Resumed if resumed else events.Admitted, request,
+                self._emit("resumed" if resumed else "admitted", request,
                            num_cached_tokens=num_hit, num_preemptions=request.num_preemptions)
-            if self.waiting and token_budget <= 0 and self.recorder is not None:
-                self._emit(events.Blocked, self.waiting.peek_request(), reason="token_budget", token_budget=0)
+            if self.waiting and token_budget <= 0 and self.observer is not None:
+                self._emit("blocked", self.waiting.peek_request(), reason="token_budget", token_budget=0)
 
         running_ids = {r.request_id for r in scheduled_running}
         resumed_ids = {r.request_id for r in scheduled_resumed}
@@ -216,7 +220,7 @@ class Scheduler:
                 kind = "chunk"
             else:
                 kind = "prefill"
-            self._emit(events.Scheduled, req, num_tokens=n, phase=kind, start=before)
+            self._emit("scheduled", req, num_tokens=n, phase=kind, start=before)
         out = self._make_output(num_scheduled_tokens, num_computed_before, req_to_new_blocks, scheduled_new,
                                 scheduled_running, scheduled_resumed, preempted, scheduled_spec_decode_tokens)
         self.prev_step_scheduled_req_ids = set(num_scheduled_tokens)
@@ -259,9 +263,9 @@ class Scheduler:
             scheduled_spec_decode_tokens=dict(scheduled_spec_decode_tokens or {}))
 
     def _preempt_request(self, request: Request, needed_by: str) -> None:
-        self._emit(events.Preempted, request, policy=self.policy, needed_by=needed_by,
+        self._emit("preempted", request, policy=self.policy, needed_by=needed_by,
                    victim_priority=request.priority, num_computed_tokens=request.num_computed_tokens)
-        self.kv_cache_manager.free(request, reason="preempted")
+        self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.spec_token_ids = []
@@ -300,15 +304,16 @@ class Scheduler:
                 if status is not None:
                     req.num_computed_tokens -= len(generated) - num_new
                     break
+            if self.config.num_spec_tokens > 0:
+                # As vLLM: accepted drafts may have filled blocks; cache them up to the real
+                # tokens now, before a stop below frees them.
+                self.kv_cache_manager.cache_blocks(req, req.num_computed_tokens)
             if status is not None:
                 self.running.remove(req)
                 req.status = status
-                self._emit(events.Finished, req, reason=reason, num_output_tokens=req.num_output_tokens)
-                self._free_request(req, "finished")
+                self._emit("finished", req, reason=reason, num_output_tokens=req.num_output_tokens)
+                self._free_request(req)
                 finished.append(rid)
-            elif drafts and self.kv_cache_manager.enable_caching:
-                # Accepted drafts may have filled blocks: cache them now, up to the real tokens.
-                self.kv_cache_manager.cache_blocks(req, req.num_computed_tokens)
         return finished
 
     def _settle_drafts(self, req: Request, drafts: list[int], generated: list[int]) -> None:
@@ -319,11 +324,11 @@ class Scheduler:
         if req.num_computed_tokens > 0:
             req.num_computed_tokens -= num_rejected
         if num_accepted:
-            self._emit(events.DraftAccepted, req, accepted_token_ids=tuple(generated[:-1]),
+            self._emit("draft_accepted", req, accepted_token_ids=tuple(generated[:-1]),
                        num_draft_tokens=len(drafts), next_token_id=generated[-1])
         if num_rejected:
             first = req.num_computed_tokens
-            self._emit(events.DraftRejected, req, rejected_token_ids=tuple(drafts[num_accepted:]),
+            self._emit("draft_rejected", req, rejected_token_ids=tuple(drafts[num_accepted:]),
                        target_token_id=generated[-1], num_computed_tokens=req.num_computed_tokens,
                        positions=tuple(range(first, first + num_rejected)))
 
@@ -339,7 +344,7 @@ class Scheduler:
                 continue
             req.spec_token_ids = list(drafts)
             if drafts:
-                self._emit(events.DraftProposed, req, draft_token_ids=tuple(drafts), num_tokens=req.num_tokens)
+                self._emit("draft_proposed", req, draft_token_ids=tuple(drafts), num_tokens=req.num_tokens)
 
     def finish_requests(self, request_ids: Union[str, Iterable[str], None],
                         finished_status: RequestStatus) -> list[Request]:
@@ -362,17 +367,16 @@ class Scheduler:
             else:
                 self.waiting.remove_request(req)
             req.status = finished_status
-            self._emit(events.Finished, req, reason="aborted")
-            if running:
-                self._free_request(req, "aborted")
-            else:
-                self.finished_req_ids.add(rid)
+            self._emit("finished", req, reason="aborted")
+            self._free_request(req)
             done.append(req)
         return done
 
     def abort_request(self, request_id: str) -> None:
         self.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
 
-    def _free_request(self, request: Request, reason: str) -> None:
-        self.kv_cache_manager.free(request, reason=reason)
+    def _free_request(self, request: Request) -> None:
+        """A finished request gives back its blocks (none if it never ran) and leaves."""
+        self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
+        del self.requests[request.request_id]

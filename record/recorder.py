@@ -1,0 +1,195 @@
+"""The Recorder: kvcore's decisions, as they are made, turned into typed events (record.events).
+
+kvcore keeps vLLM's method signatures, so its calls do not say whom the pool is working for.
+Instead the pool has one ``observer`` (as vLLM's pool has its metrics collector), set once by
+:meth:`Recorder.attach`. The observer hears three kinds of call:
+
+- block-level hooks from ``BlockPool``: ``on_blocks_allocated``, ``on_block_evicted``,
+  ``on_blocks_touched``, ``on_blocks_freed``, ``on_blocks_cached``, ``on_prefix_cache_reset``;
+- ``on_decision(kind, request_id, **fields)`` from the scheduler, the KV cache manager and the
+  engine, for decisions about a request (``kind`` is an ``EventKind`` value);
+- the request and KV cache group a pool call is made for: ``attach`` wraps, on the manager
+  instances only, the entry points that name a request (``allocate_new_computed_blocks``,
+  ``allocate_new_blocks``, ``free``, ``remove_skipped_blocks``, and ``KVCacheManager.free``)
+  so that the block-level events name them. Nothing in kvcore changes for it, and with no
+  recorder attached nothing is wrapped.
+
+The recorder also keeps what the pool itself does not need: what each block hash stands for
+(``hash_meta``: parent hash, tokens, extra keys), for the hash chains the player draws and the
+invariant checks.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from kvcore.core.kv_cache_utils import KVCacheBlock, get_block_hash, get_group_id
+from record.events import (EVENT_TYPES, Allocated, Cached, Event, EventKind, Evicted, Freed,
+                           PrefixCacheReset, Touched)
+
+_BY_KIND: dict[str, type[Event]] = {k.value: cls for k, cls in EVENT_TYPES.items()}
+
+
+@dataclass
+class HashMeta:
+    """What a block hash stands for: parent hash, the block's tokens, extra keys."""
+
+    parent: Optional[bytes]
+    token_ids: tuple[int, ...]
+    extra_keys: Optional[tuple] = None
+
+
+class Recorder:
+    """Collects the events of the current step, in the order the decisions were made.
+
+    Invariant: ``events`` holds exactly the decisions since the last ``drain``, each naming its
+    request and group as the call it came from did (None outside any request's call).
+    """
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.hash_meta: dict[bytes, HashMeta] = {}
+        # Whom the pool works for right now: (request id, group, the reason a free gives).
+        self._context: tuple[Optional[str], Optional[int], str] = (None, None, "")
+        self._next_free_reason = ""
+        self._evicted: list[tuple[int, bytes]] = []   # evicted by the allocation in progress
+        self.block_pool = None
+
+    # -- attaching ---------------------------------------------------------------------
+    def attach(self, kv_cache_manager) -> "Recorder":
+        """Observe a KVCacheManager (its pool, its managers) and the scheduler over it."""
+        self.attach_block_pool(kv_cache_manager.block_pool)
+        self._wrap(kv_cache_manager, "free", self._kvm_free)
+        for m in kv_cache_manager.coordinator.single_type_managers:
+            for name in ("allocate_new_computed_blocks", "allocate_new_blocks", "free"):
+                self._wrap(m, name, functools.partial(self._for_request, m.kv_cache_group_id, None))
+            self._wrap(m, "remove_skipped_blocks",
+                       functools.partial(self._for_request, m.kv_cache_group_id, "window"))
+        return self
+
+    def attach_block_pool(self, pool) -> "Recorder":
+        """Observe a lone BlockPool (its events then name no request)."""
+        pool.observer = self
+        self.block_pool = pool
+        return self
+
+    @staticmethod
+    def _wrap(obj, name: str, around) -> None:
+        inner = getattr(obj, name)
+        setattr(obj, name, functools.wraps(inner)(functools.partial(around, inner)))
+
+    def _for_request(self, group: int, reason: Optional[str], inner, request_id, *args, **kwargs):
+        saved = self._context
+        free_reason = reason if reason is not None else (saved[2] if saved[0] == request_id else "")
+        self._context = (request_id, group, free_reason)
+        try:
+            return inner(request_id, *args, **kwargs)
+        finally:
+            self._context = saved
+
+    def _kvm_free(self, inner, request, *args, **kwargs):
+        # The scheduler says why just before it frees: preempted, finished or aborted.
+        saved = self._context
+        self._context = (request.request_id, None, self._next_free_reason or "finished")
+        self._next_free_reason = ""
+        try:
+            return inner(request, *args, **kwargs)
+        finally:
+            self._context = saved
+
+    # -- decisions about a request --------------------------------------------------------
+    def on_decision(self, kind: str, request_id: Optional[str], **fields: Any) -> None:
+        if kind == EventKind.PREEMPTED:
+            self._next_free_reason = "preempted"
+        elif kind == EventKind.FINISHED:
+            self._next_free_reason = "aborted" if fields.get("reason") == "aborted" else "finished"
+        self.events.append(_BY_KIND[kind](request_id=request_id, **fields))
+
+    # -- block-level hooks (BlockPool) -----------------------------------------------------
+    def on_block_evicted(self, block: KVCacheBlock) -> None:
+        key = block.block_hash
+        if block.ref_cnt == 0 and block.prev_free_block is None:
+            # Popped from the queue head by get_new_blocks: reported with that allocation.
+            self._evicted.append((block.block_id, key))
+            return
+        self.events.append(Evicted(block_ids=(block.block_id,), group=get_group_id(key),
+                                   block_hash=get_block_hash(key).hex(), reason="evict_blocks"))
+
+    def on_blocks_allocated(self, blocks: Sequence[KVCacheBlock]) -> None:
+        request_id, group, _ = self._context
+        evicted, self._evicted = self._evicted, []
+        for bid, key in evicted:
+            self.events.append(Evicted(
+                request_id=request_id, block_ids=(bid,), group=get_group_id(key),
+                block_hash=get_block_hash(key).hex(), reason="reused from queue head"))
+        self.events.append(Allocated(
+            request_id=request_id, block_ids=tuple(b.block_id for b in blocks), group=group,
+            queue_positions=tuple(range(len(blocks))),
+            evicted_hashes={bid: get_block_hash(key).hex() for bid, key in evicted}))
+
+    def on_blocks_touched(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Called before the blocks leave the queue, so their positions can still be read."""
+        request_id, group, _ = self._context
+        from_queue = [b.block_id for b in blocks if b.ref_cnt == 0 and not b.is_null]
+        positions = self._queue_positions(set(from_queue)) if from_queue else {}
+        self.events.append(Touched(
+            request_id=request_id, block_ids=tuple(b.block_id for b in blocks), group=group,
+            from_queue=tuple(from_queue), queue_positions=tuple(positions[i] for i in from_queue)))
+
+    def _queue_positions(self, wanted: set[int]) -> dict[int, int]:
+        """Queue positions of some free blocks. Walks from the tail and stops once all are
+        found: hits are usually recently freed hashed blocks, near the tail."""
+        q = self.block_pool.free_block_queue
+        out: dict[int, int] = {}
+        pos = q.num_free_blocks - 1
+        curr = q.fake_free_list_tail.prev_free_block
+        while curr is not q.fake_free_list_head and len(out) < len(wanted):
+            if curr.block_id in wanted:
+                out[curr.block_id] = pos
+            curr = curr.prev_free_block
+            pos -= 1
+        return out
+
+    def on_blocks_freed(self, blocks: Sequence[KVCacheBlock], to_head: Sequence[KVCacheBlock],
+                        to_tail: Sequence[KVCacheBlock]) -> None:
+        request_id, group, reason = self._context
+        self.events.append(Freed(
+            request_id=request_id, block_ids=tuple(b.block_id for b in blocks if not b.is_null),
+            group=group, to_head=tuple(b.block_id for b in to_head),
+            to_tail=tuple(b.block_id for b in to_tail),
+            still_used=tuple(b.block_id for b in blocks if b.ref_cnt > 0 and not b.is_null),
+            reason=reason))
+
+    def on_blocks_cached(self, request, blocks: Sequence[KVCacheBlock], block_size: int) -> None:
+        hashes = request.block_hashes
+        raws = []
+        for blk in blocks:
+            raw = get_block_hash(blk.block_hash)
+            raws.append(raw)
+            if raw not in self.hash_meta:
+                i = blk.block_hash_num_tokens // block_size - 1
+                self.hash_meta[raw] = HashMeta(
+                    hashes[i - 1] if i else None,
+                    tuple(request.all_token_ids[i * block_size:(i + 1) * block_size]),
+                    request.extra_keys_for_block(i))
+        self.events.append(Cached(
+            request_id=request.request_id, block_ids=tuple(b.block_id for b in blocks),
+            group=get_group_id(blocks[0].block_hash), block_hashes=tuple(r.hex() for r in raws),
+            num_tokens=len(blocks) * block_size))
+
+    def on_prefix_cache_reset(self, ok: bool, blocks_in_use: int) -> None:
+        if ok:
+            self.hash_meta.clear()
+            self.events.append(PrefixCacheReset(ok=True))
+        else:
+            self.events.append(PrefixCacheReset(ok=False, blocks_in_use=blocks_in_use))
+
+    # -- reading -------------------------------------------------------------------------
+    def emit(self, event: Event) -> None:
+        """Record an event made outside kvcore (the engine driver's own decisions)."""
+        self.events.append(event)
+
+    def drain(self) -> list[Event]:
+        out, self.events = self.events, []
+        return out

@@ -1,0 +1,90 @@
+"""The house's rules, read from the code itself (no module is imported): imports run one way.
+
+- kvcore (the vLLM mirror) imports nothing of the lab around it; only its model and worker
+  parts import torch/transformers, and no part of it imports streamlit or plotly;
+- each folder beside kvcore imports only the layers below it (the table ``MAY_IMPORT``);
+- the run store and the player import no Streamlit, the player no lesson code;
+- benchmarks import no test helpers.
+"""
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+OURS = ("kvcore", "record", "words", "watch", "runstore", "player", "lessons", "ui", "cli")
+# Which of our packages each one may import (besides itself), lowest layer first.
+MAY_IMPORT = {
+    "kvcore": set(),
+    "record": {"kvcore"},
+    "words": {"kvcore", "record"},
+    "watch": {"kvcore"},
+    "runstore": {"kvcore", "record"},
+    "player": {"kvcore", "record", "words"},
+    "lessons": {"kvcore", "record", "words"},
+    "ui": {"kvcore", "record", "words", "watch", "runstore", "player", "lessons"},
+    "cli": {"kvcore", "record", "words", "watch", "runstore", "player"},
+}
+# The one door from kvcore up: ``python -m kvcore`` runs the command line (cli/main.py).
+EXCEPTIONS = {("kvcore/__main__.py", "cli")}
+ML = {"torch", "transformers", "gguf", "accelerate"}
+UI_LIBS = {"streamlit", "plotly", "pandas"}
+
+
+def imports_of(path: Path) -> set[str]:
+    """Top-level names of every absolute import in the file (function-level ones included)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import (the house uses absolute ones)"
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def files(pkg: str) -> list[Path]:
+    return sorted((ROOT / pkg).rglob("*.py"))
+
+
+@pytest.mark.parametrize("pkg", OURS)
+def test_imports_run_one_way(pkg):
+    bad = []
+    for f in files(pkg):
+        rel = f.relative_to(ROOT).as_posix()
+        for name in imports_of(f) & set(OURS) - {pkg} - MAY_IMPORT[pkg]:
+            if (rel, name) not in EXCEPTIONS:
+                bad.append(f"{rel} imports {name}")
+    assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_only_kvcores_model_and_worker_import_torch_and_nothing_in_kvcore_imports_ui_libraries():
+    bad = []
+    for f in files("kvcore"):
+        rel = f.relative_to(ROOT).as_posix()
+        found = imports_of(f)
+        if found & UI_LIBS:
+            bad.append(f"{rel} imports {sorted(found & UI_LIBS)}")
+        if found & ML and not rel.startswith(("kvcore/model/", "kvcore/worker/")):
+            bad.append(f"{rel} imports {sorted(found & ML)}")
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("pkg", ["runstore", "player", "record", "words", "watch", "lessons"])
+def test_only_the_ui_imports_streamlit(pkg):
+    bad = [f"{f.relative_to(ROOT)}" for f in files(pkg) if imports_of(f) & {"streamlit", "plotly"}]
+    assert not bad, bad
+
+
+def test_benchmarks_import_no_test_helpers():
+    helpers = {p.stem for p in (ROOT / "tests").glob("*.py")} | {"tests", "conftest"}
+    bad = [f"{f.name} imports {sorted(imports_of(f) & helpers)}" for f in files("bench")
+           if imports_of(f) & helpers]
+    assert not bad, bad
+
+
+def test_the_rules_would_catch_a_wrong_import(tmp_path):
+    """The checker itself: a kvcore-like file importing the recorder is reported."""
+    f = tmp_path / "x.py"
+    f.write_text("import os\nfrom record.recorder import Recorder\n\ndef f():\n    import streamlit\n")
+    assert imports_of(f) == {"os", "record", "streamlit"}
