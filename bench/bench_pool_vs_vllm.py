@@ -6,7 +6,7 @@ through one op sequence, written once below (``pool_round``), over the whole poo
 garbage collector off while it runs, and the best of several rounds is kept:
 
 - ``get_new_blocks``             fresh blocks from the head of the free queue (no hash to drop)
-- ``cache_full_blocks``          hash full blocks into the prefix-cache map (+ one BlockStored a call)
+- ``cache_full_blocks``          hash full blocks into the prefix-cache map (+ a BlockStored a call)
 - ``get_cached_block (hit)``     prefix-cache lookups of cached hashes; ``(miss)`` of unknown ones
 - ``free_blocks``                a finished request's blocks, in reverse, to the queue's tail
 - ``touch``                      prefix hits revive free hashed blocks from the middle of the queue
@@ -28,6 +28,7 @@ do not. Both sides must also publish the same KV events, op by op: the bench che
 
 Without ``VLLM_VENV`` it says how to make one and exits 0 (skipped).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,22 +40,32 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 BLOCK_SIZE = 16
-CHUNK = 32           # blocks per call: a request's table growing by a prompt's worth
-GROUP_IDS = [0]      # one KV cache group (a full-attention model)
+CHUNK = 32  # blocks per call: a request's table growing by a prompt's worth
+GROUP_IDS = [0]  # one KV cache group (a full-attention model)
 VLLM_VERSION = "0.33.0"
 
-OPS = ("get_new_blocks", "cache_full_blocks", "get_cached_block (hit)", "get_cached_block (miss)",
-       "free_blocks", "touch", "get_new_blocks (evicting)", "evict_blocks", "reset_prefix_cache")
+OPS = (
+    "get_new_blocks",
+    "cache_full_blocks",
+    "get_cached_block (hit)",
+    "get_cached_block (miss)",
+    "free_blocks",
+    "touch",
+    "get_new_blocks (evicting)",
+    "evict_blocks",
+    "reset_prefix_cache",
+)
 UNITS = {"get_cached_block (hit)": "lookup", "get_cached_block (miss)": "lookup"}
 TARGET_OFF, TARGET_ON = 1.0, 1.5
 
 
-# -- the request both pools read -------------------------------------------------------------------------------
+# -- the request both pools read -------------------------------------------------------------------
 class FakeRequest:
     """What ``cache_full_blocks`` reads from a request, on either side.
 
@@ -67,7 +78,9 @@ class FakeRequest:
 
     def __init__(self, index: int, num_blocks: int) -> None:
         self.request_id = f"r{index}"
-        self.block_hashes = [index.to_bytes(16, "big") + i.to_bytes(16, "big") for i in range(num_blocks)]
+        self.block_hashes = [
+            index.to_bytes(16, "big") + i.to_bytes(16, "big") for i in range(num_blocks)
+        ]
         self.all_token_ids = list(range(index, index + num_blocks * BLOCK_SIZE))
         self.lora_request = None
         self.session_id = None
@@ -82,30 +95,45 @@ class FakeRequest:
         return None
 
 
-# -- the two sides ----------------------------------------------------------------------------------------------
+# -- the two sides ---------------------------------------------------------------------------------
 def make_our_pool(num_blocks: int, recording: bool):
-    """Our BlockPool as an engine has it; with ``recording``, a Recorder attached. -> (pool, recorder)."""
-    if REPO not in sys.path:
-        sys.path.insert(0, REPO)
-    from kvcore.core.block_pool import BlockPool
+    """Our BlockPool as an engine has it, and with ``recording`` a Recorder attached.
 
-    if "recorder" in inspect.signature(BlockPool).parameters:     # the API before issue #20
+    -> (pool, recorder or None).
+    """
+    BlockPool = _our_block_pool()
+    if _old_api(BlockPool):
         from record import events
+
         rec = events.Recorder() if recording else None
-        return BlockPool(num_blocks, True, BLOCK_SIZE, recorder=rec, enable_kv_cache_events=True), rec
+        return BlockPool(
+            num_blocks, True, BLOCK_SIZE, recorder=rec, enable_kv_cache_events=True
+        ), rec
     pool = BlockPool(num_blocks, True, BLOCK_SIZE, enable_kv_cache_events=True)
     rec = None
     if recording:
         from record.recorder import Recorder
+
         rec = Recorder()
         rec.attach_block_pool(pool)
     return pool, rec
 
 
-def our_api() -> str:
+def _our_block_pool():
+    if REPO not in sys.path:
+        sys.path.insert(0, REPO)
     from kvcore.core.block_pool import BlockPool
 
-    if "recorder" in inspect.signature(BlockPool).parameters:
+    return BlockPool
+
+
+def _old_api(block_pool_class) -> bool:
+    """The API before issue #20: recording on = ``BlockPool(..., recorder=Recorder())``."""
+    return "recorder" in inspect.signature(block_pool_class).parameters
+
+
+def our_api() -> str:
+    if _old_api(_our_block_pool()):
         return "old (BlockPool(..., recorder=))"
     return "vLLM's signatures, Recorder.attach_block_pool"
 
@@ -128,7 +156,7 @@ def vllm_drain(pool, recorder) -> list:
     return pool.take_events()
 
 
-# -- the op sequence --------------------------------------------------------------------------------------------
+# -- the op sequence -------------------------------------------------------------------------------
 def _clock(fn: Callable[[], Any]) -> float:
     gc.collect()
     gc.disable()
@@ -147,7 +175,7 @@ def pool_round(make: Callable[[int], tuple], drain_fn: Callable, num_blocks: int
     """
     n_chunks = num_blocks // CHUNK
     n = n_chunks * CHUNK
-    pool, rec = make(n + 1)                      # + the null block
+    pool, rec = make(n + 1)  # + the null block
     reqs = [FakeRequest(i, CHUNK) for i in range(n_chunks)]
     hit_hashes = [h for r in reqs for h in r.block_hashes]
     miss_hashes = [(n_chunks + i).to_bytes(16, "big") + i.to_bytes(16, "big") for i in range(n)]
@@ -156,8 +184,8 @@ def pool_round(make: Callable[[int], tuple], drain_fn: Callable, num_blocks: int
     kv: dict[str, dict[str, int]] = {}
     found: list = []
 
-    def timed(op: str, fn: Callable[[], Any], units: int = n) -> None:
-        secs[op] = _clock(fn) / units
+    def timed(op: str, fn: Callable[[], Any]) -> None:
+        secs[op] = _clock(fn) / n
         kv[op] = dict(Counter(type(e).__name__ for e in drain_fn(pool, rec)))
 
     def alloc():
@@ -165,7 +193,7 @@ def pool_round(make: Callable[[int], tuple], drain_fn: Callable, num_blocks: int
             chunks.append(pool.get_new_blocks(CHUNK))
 
     def cache():
-        for req, blocks in zip(reqs, chunks):
+        for req, blocks in zip(reqs, chunks, strict=True):
             pool.cache_full_blocks(req, blocks, 0, CHUNK, BLOCK_SIZE, 0)
 
     def lookup(hashes):
@@ -173,6 +201,7 @@ def pool_round(make: Callable[[int], tuple], drain_fn: Callable, num_blocks: int
             get = pool.get_cached_block
             for h in hashes:
                 found.append(get(h, GROUP_IDS))
+
         return run
 
     def free():
@@ -196,6 +225,7 @@ def pool_round(make: Callable[[int], tuple], drain_fn: Callable, num_blocks: int
     def touch():
         for i in order:
             pool.touch(chunks[i])
+
     timed("touch", touch)
     free()
     chunks.clear()
@@ -211,6 +241,7 @@ def pool_round(make: Callable[[int], tuple], drain_fn: Callable, num_blocks: int
     def evict():
         for ids in id_sets:
             pool.evict_blocks(ids)
+
     timed("evict_blocks", evict)
     assert len(pool.cached_block_hash_to_block) == 0
 
@@ -223,17 +254,30 @@ def pool_round(make: Callable[[int], tuple], drain_fn: Callable, num_blocks: int
     return {"seconds": secs, "events": kv}
 
 
-# -- vLLM's side: a worker under the scratch environment's Python -----------------------------------------------
+# -- vLLM's side: a worker under the scratch environment's Python ----------------------------------
 def worker_main() -> None:
-    """Answer one JSON line per request line {"n": blocks}; the first line says what was imported."""
+    """One JSON line per request line {"n": blocks}; the first line says what was imported."""
     out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)                                # vLLM's logger writes to stdout: keep it off the replies
+    os.dup2(2, 1)  # vLLM's logger writes to stdout: keep it off the replies
     sys.stdout = sys.stderr
     import vllm
+    from vllm import envs
     from vllm.v1.core import block_pool
 
-    out.write(json.dumps({"version": vllm.__version__, "file": block_pool.__file__,
-                          "python": sys.version.split()[0]}) + "\n")
+    # As EngineCore does once it is up: environment variables are read once, then cached
+    # (BlockPool reads VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES for every hash it publishes).
+    envs.enable_envs_cache()
+
+    out.write(
+        json.dumps(
+            {
+                "version": vllm.__version__,
+                "file": block_pool.__file__,
+                "python": sys.version.split()[0],
+            }
+        )
+        + "\n"
+    )
     for line in sys.stdin:
         req = json.loads(line)
         out.write(json.dumps(pool_round(make_vllm_pool, vllm_drain, req["n"])) + "\n")
@@ -242,16 +286,28 @@ def worker_main() -> None:
 class VllmWorker:
     def __init__(self, venv: str) -> None:
         python = os.path.join(venv, "bin", "python")
-        env = dict(os.environ, VLLM_LOGGING_LEVEL="WARNING", VLLM_NO_USAGE_STATS="1",
-                   VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES="1", OMP_NUM_THREADS="1")
-        self.proc = subprocess.Popen([python, "-I", os.path.abspath(__file__), "--worker"], env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        env = dict(
+            os.environ,
+            VLLM_LOGGING_LEVEL="WARNING",
+            VLLM_NO_USAGE_STATS="1",
+            VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES="1",
+            OMP_NUM_THREADS="1",
+        )
+        self.proc = subprocess.Popen(
+            [python, "-I", os.path.abspath(__file__), "--worker"],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.info = self._read()
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"the vLLM worker died (exit {self.proc.wait()}); see its stderr above")
+            raise RuntimeError(
+                f"the vLLM worker died (exit {self.proc.wait()}); see its stderr above"
+            )
         return json.loads(line)
 
     def round(self, n: int) -> dict:
@@ -264,18 +320,20 @@ class VllmWorker:
         self.proc.wait()
 
 
-# -- report -----------------------------------------------------------------------------------------------------
+# -- report ----------------------------------------------------------------------------------------
 SIDES = ("vllm", "off", "on")
 
 
 def run(sizes: tuple[int, ...], repeat: int, worker: VllmWorker) -> dict:
     """{n: {side: [round, ...]}}; the three sides take turns, who goes first rotating."""
     rounds: dict[int, dict[str, list]] = {n: {s: [] for s in SIDES} for n in sizes}
-    ours = {"off": lambda n: pool_round(lambda m: make_our_pool(m, False), drain, n),
-            "on": lambda n: pool_round(lambda m: make_our_pool(m, True), drain, n)}
+    ours = {
+        "off": lambda n: pool_round(lambda m: make_our_pool(m, False), drain, n),
+        "on": lambda n: pool_round(lambda m: make_our_pool(m, True), drain, n),
+    }
     for n in sizes:
         for r in range(repeat):
-            for side in SIDES[r % 3:] + SIDES[:r % 3]:
+            for side in SIDES[r % 3 :] + SIDES[: r % 3]:
                 rounds[n][side].append(worker.round(n) if side == "vllm" else ours[side](n))
     return rounds
 
@@ -288,37 +346,59 @@ def summarize(rounds: dict) -> dict:
         rows = {}
         for op in OPS:
             v, off, on = (best[s][op] * 1e6 for s in SIDES)
-            rows[op] = {"unit": UNITS.get(op, "block"), "vllm_us": v, "ours_off_us": off, "ours_on_us": on,
-                        "ratio_off": off / v, "ratio_on": on / v,
-                        "same_kv_events": events["vllm"][op] == events["off"][op] == events["on"][op],
-                        "kv_events": events["vllm"][op]}
+            rows[op] = {
+                "unit": UNITS.get(op, "block"),
+                "vllm_us": v,
+                "ours_off_us": off,
+                "ours_on_us": on,
+                "ratio_off": off / v,
+                "ratio_on": on / v,
+                "same_kv_events": events["vllm"][op] == events["off"][op] == events["on"][op],
+                "kv_events": events["vllm"][op],
+            }
         out[n] = rows
     return out
 
 
 def print_table(summary: dict, repeat: int) -> None:
     for n, rows in summary.items():
-        print(f"\n## {n // 1000}k blocks (block_size {BLOCK_SIZE}, {CHUNK} blocks a call, best of {repeat})\n")
+        print(
+            f"\n## {n // 1000}k blocks (block_size {BLOCK_SIZE}, {CHUNK} blocks a call, "
+            f"best of {repeat})\n"
+        )
         print("| op | vLLM µs | ours off µs | ours on µs | off/vLLM | on/vLLM |")
         print("|---|---:|---:|---:|---:|---:|")
         for op, r in rows.items():
             flag_off = "" if r["ratio_off"] <= TARGET_OFF else " ✗"
             flag_on = "" if r["ratio_on"] <= TARGET_ON else " ✗"
             unit = "" if r["unit"] == "block" else f" (per {r['unit']})"
-            print(f"| {op}{unit} | {r['vllm_us']:.3f} | {r['ours_off_us']:.3f} | {r['ours_on_us']:.3f} | "
-                  f"{r['ratio_off']:.2f}{flag_off} | {r['ratio_on']:.2f}{flag_on} |")
+            print(
+                f"| {op}{unit} | {r['vllm_us']:.3f} | {r['ours_off_us']:.3f} | "
+                f"{r['ours_on_us']:.3f} | "
+                f"{r['ratio_off']:.2f}{flag_off} | {r['ratio_on']:.2f}{flag_on} |"
+            )
         differ = [op for op, r in rows.items() if not r["same_kv_events"]]
-        print("\nKV events, op by op: " + ("the same on both sides" if not differ
-                                           else "DIFFER for " + ", ".join(differ)))
-    print(f"\nµs per block (per lookup where said); ✗: over the target (off <= {TARGET_OFF}, on <= {TARGET_ON}).")
+        print(
+            "\nKV events, op by op: "
+            + ("the same on both sides" if not differ else "DIFFER for " + ", ".join(differ))
+        )
+    print(
+        f"\nµs per block (per lookup where said); ✗: over the target "
+        f"(off <= {TARGET_OFF}, on <= {TARGET_ON})."
+    )
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="10k blocks only, 3 rounds (about half a minute)")
+    ap.add_argument(
+        "--quick", action="store_true", help="10k blocks only, 3 rounds (about half a minute)"
+    )
     ap.add_argument("--repeat", type=int, help="rounds per side (default 7, --quick 3)")
-    ap.add_argument("--sizes", type=lambda s: tuple(int(x) for x in s.split(",")),
-                    help="pool sizes, comma separated (default 10000,100000; --quick 10000)")
+    ap.add_argument(
+        "--sizes",
+        type=lambda s: tuple(int(x) for x in s.split(",")),
+        help="pool sizes, comma separated (default 10000,100000; --quick 10000)",
+    )
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -327,9 +407,11 @@ def main(argv=None) -> int:
         return 0
     venv = os.environ.get("VLLM_VENV")
     if not venv or not os.path.exists(os.path.join(venv, "bin", "python")):
-        print(f"skipped: no vLLM {VLLM_VERSION} environment (VLLM_VENV={venv or 'unset'}).\n"
-              f"Make one with `bash scripts/vllm_env.sh` (builds /tmp/vllm-venv), then run\n"
-              f"  VLLM_VENV=/tmp/vllm-venv .venv/bin/python bench/bench_pool_vs_vllm.py")
+        print(
+            f"skipped: no vLLM {VLLM_VERSION} environment (VLLM_VENV={venv or 'unset'}).\n"
+            f"Make one with `bash scripts/vllm_env.sh` (builds /tmp/vllm-venv), then run\n"
+            f"  VLLM_VENV=/tmp/vllm-venv .venv/bin/python bench/bench_pool_vs_vllm.py"
+        )
         return 0
     repeat = args.repeat or (3 if args.quick else 7)
     sizes = args.sizes or ((10_000,) if args.quick else (10_000, 100_000))
@@ -348,15 +430,29 @@ def main(argv=None) -> int:
     load1 = os.getloadavg()
     api = our_api()
     print(f"# Our BlockPool vs vLLM {info['version']}'s ({info['file']})")
-    print(f"Python {sys.version.split()[0]} here, {info['python']} in the worker; our pool API: {api}; "
-          f"load average {load0[0]:.2f} before, {load1[0]:.2f} after; {time.perf_counter() - t0:.0f} s")
+    print(
+        f"Python {sys.version.split()[0]} here, {info['python']} in the worker; "
+        f"our pool API: {api}; load average {load0[0]:.2f} before, {load1[0]:.2f} after; "
+        f"{time.perf_counter() - t0:.0f} s"
+    )
     print_table(summary, repeat)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"vllm": info, "repeat": repeat, "block_size": BLOCK_SIZE, "chunk": CHUNK,
-                       "our_api": api, "loadavg_before": load0, "loadavg_after": load1,
-                       "targets": {"ratio_off": TARGET_OFF, "ratio_on": TARGET_ON},
-                       "sizes": {str(n): rows for n, rows in summary.items()}}, f, indent=1)
+            json.dump(
+                {
+                    "vllm": info,
+                    "repeat": repeat,
+                    "block_size": BLOCK_SIZE,
+                    "chunk": CHUNK,
+                    "our_api": api,
+                    "loadavg_before": load0,
+                    "loadavg_after": load1,
+                    "targets": {"ratio_off": TARGET_OFF, "ratio_on": TARGET_ON},
+                    "sizes": {str(n): rows for n, rows in summary.items()},
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 

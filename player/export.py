@@ -53,6 +53,7 @@ def static_html(payload: dict[str, Any], title: str = "Paged KV Lab run") -> str
     run_lang = (payload.get("head") or {}).get("lang") or "en"
     lang = "zh-CN" if run_lang == "zh" else "en"
     js = module_js().replace("</script", "<\\/script")
+    book = json_for_script(player_book(run_lang))
     return f"""<!doctype html>
 <html lang="{lang}">
 <head>
@@ -71,7 +72,7 @@ body {{ font-family: system-ui, 'Noto Sans CJK SC', 'Microsoft YaHei', sans-seri
 <script type="module">
 {js}
 mountPlayer({{
-  data: {{ ...JSON.parse(document.getElementById("pkv-run").textContent), ...{json_for_script(player_book(run_lang))} }},
+  data: {{ ...JSON.parse(document.getElementById("pkv-run").textContent), ...{book} }},
   parentElement: document.getElementById("pkv-root"),
   setStateValue: () => {{}},
   setTriggerValue: () => {{}},

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import threading
-from operator import attrgetter
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 

@@ -155,7 +155,7 @@ class Engine:
             self.drafter = NgramProposer(sp.prompt_lookup_min, sp.prompt_lookup_max,
                                          sp.num_speculative_tokens, self.max_model_len)
         if runner is None:
-            from kvcore.model import ModelRunner
+            from kvcore.worker.gpu_model_runner import ModelRunner
             runner = ModelRunner(self.model, s.num_gpu_blocks, s.block_size, layer_group,
                                  [g.sliding_window for g in self.groups], seed=s.seed)
         self.runner = runner

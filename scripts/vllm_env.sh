@@ -49,7 +49,12 @@ if ready; then
 fi
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+# pip, without the noise that is expected here: vLLM's own dependency list is left out on purpose
+# (--no-deps), so pip lists what "vllm requires"; and this machine's extra local indexes warn.
+pip_install() {
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 \
+        | { grep -vE "is ignored: it is neither|^vllm $VERSION requires|dependency resolver does not" || true; }
+}
 
 # 1. vLLM itself, without its dependencies.
 if [ "$("$VENV/bin/python" -c "import importlib.metadata as m; print(m.version('vllm'))" 2>/dev/null)" != "$VERSION" ]; then
@@ -63,11 +68,11 @@ if [ "$("$VENV/bin/python" -c "import importlib.metadata as m; print(m.version('
         WHEEL="$(ls /tmp/vllm033/vllm-$VERSION-*.whl | head -n1)"
     fi
     echo "installing $WHEEL (--no-deps)"
-    "${PIP[@]}" --no-deps "$WHEEL"
+    pip_install --no-deps "$WHEEL"
 fi
 
 # 2. torch: the local CPU build (another spec downloads GBs of CUDA wheels).
-"$VENV/bin/python" -c "import torch" 2>/dev/null || "${PIP[@]}" "torch==2.13.0"
+"$VENV/bin/python" -c "import torch" 2>/dev/null || pip_install "torch==2.13.0"
 
 # 3. The import chain of vllm.v1.core.block_pool, at vLLM's own version specifiers where it has one.
 NEEDED="packaging psutil pyzmq urllib3 regex numpy msgspec pydantic cbor2 transformers aiohttp requests
@@ -102,9 +107,9 @@ EOF
 echo "installing: ${SPECS[*]}"
 # oss-harmony (vLLM's name for the openai_harmony module) may be missing from an index; then the
 # original openai-harmony provides the same module.
-if ! "${PIP[@]}" "${SPECS[@]}"; then
+if ! pip_install "${SPECS[@]}"; then
     SPECS=("${SPECS[@]/oss-harmony*/openai-harmony}")
-    "${PIP[@]}" "${SPECS[@]}"
+    pip_install "${SPECS[@]}"
 fi
 
 if ready; then

@@ -63,8 +63,11 @@ def player_data(at, key: str) -> dict:
 
 
 class Browser:
-    """The browser side of one player, as player.js keeps it: the head, then every step streamed
-    (checked to arrive in order), rebuilt into whole snapshots with the same delta rule."""
+    """The browser side of one player: the head, then every step streamed (checked to arrive in
+    order, none skipped). ``snaps`` are the snapshots the browser's decoder rebuilds from them
+    (player/assets/decode.js, checked in a real browser by tests/test_browser_decoder.py): each
+    step is checked here to be exactly the delta (player.delta) from the snapshot before to the
+    snapshot the page recorded for that step, and that recorded snapshot is the one kept."""
 
     def __init__(self, at, key: str) -> None:
         self.at, self.key = at, key
@@ -72,8 +75,13 @@ class Browser:
         self.done, self.hold_at, self.goto = False, None, None
         self.sync()
 
+    def recorded(self) -> tuple[list, int]:
+        """The records of the run the page streams (its Timeline) and its ``first``."""
+        run = self.at.session_state[f"player:{self.key}"].run
+        return run.records, run.first
+
     def sync(self) -> "Browser":
-        from player import apply_delta
+        from player import WIRE, delta, snapshot_dict
         d = player_data(self.at, self.key)
         if d["run"] != self.run_token and d["head"] is None:
             # a run this browser never saw the head of: ask for it again, as player.js does
@@ -82,13 +90,24 @@ class Browser:
             d = player_data(self.at, self.key)
             assert d["head"] is not None and d["base"] == 0, "asked again, the page sends the run from its start"
         if d["run"] != self.run_token:
+            assert d.get("wire") == WIRE and d.get("strings"), "the head comes with the wire keys and the words"
             self.run_token, self.head, self.steps = d["run"], d["head"], []
             self.snaps, self.vocab = [d["head"]["initial"]], dict(d["head"]["vocab"])
         assert d["base"] <= len(self.steps), "no step is skipped"
-        for st in d["steps"][len(self.steps) - d["base"]:]:
-            self.steps.append(st)
-            self.vocab.update(st["vocab"])
-            self.snaps.append(apply_delta(self.snaps[-1], st))
+        new = d["steps"][len(self.steps) - d["base"]:]
+        if new:
+            records, first = self.recorded()
+            if len(self.steps) == 0:
+                start = records[0].snapshot if first else self.at.session_state[f"player:{self.key}"].run.initial
+                assert self.snaps[0] == snapshot_dict(start), "the head holds the state the run starts from"
+            state = set(WIRE["snapshot"].values()) | {WIRE["step"]["request_order"]}
+            for st in new:
+                cur = snapshot_dict(records[len(self.steps) + first].snapshot)
+                assert {k: v for k, v in st.items() if k in state} == delta(self.snaps[-1], cur), \
+                    f"step {cur['step']} is the delta to the recorded snapshot"
+                self.steps.append(st)
+                self.vocab.update(st["vocab"])
+                self.snaps.append(cur)
         self.done, self.hold_at = d["done"], d["hold_at"]
         self.goto = d["goto"] or self.goto      # a jump is sent once; the browser remembers it
         return self

@@ -12,9 +12,7 @@ import zmq
 
 from kvcore.distributed.kv_events import END_SEQ
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "vllm-kv-events"
-if not FIXTURES.is_dir():
-    FIXTURES = Path("/work/shared/fixtures/vllm-kv-events")
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "vllm-kv-events"   # real vLLM 0.33.0 frames
 
 
 def fixture(name: str) -> tuple[dict, list[tuple[str, int, bytes]]]:

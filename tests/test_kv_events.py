@@ -1,5 +1,5 @@
 """vLLM 0.33's KV-event wire format, checked against frames recorded from real vLLM 0.33.0
-(shared/fixtures/vllm-kv-events): decode, re-encode byte for byte, and our engine's own
+(tests/fixtures/vllm-kv-events, a copy of shared/fixtures/vllm-kv-events): decode, re-encode byte for byte, and our engine's own
 events for the same operations."""
 import base64
 import json
@@ -14,15 +14,12 @@ from record.engine import Engine
 from record.scenario import EngineSettings, RequestSpec, Scenario
 from watch.prefix_index import PrefixCacheIndex
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "vllm-kv-events"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "vllm-kv-events"   # real vLLM 0.33.0 frames
 NAMES = ["shared_prefix", "shared_prefix_bytes", "eviction", "hybrid"]
 
 
 def _fixture_dir() -> Path:
-    for d in (FIXTURES, Path("/work/shared/fixtures/vllm-kv-events")):
-        if d.is_dir():
-            return d
-    pytest.skip("the vLLM KV-event fixtures are not here")
+    return FIXTURES
 
 
 def load(name):

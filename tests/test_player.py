@@ -1,6 +1,8 @@
-"""The player's data contract, without a browser: what the payload says at every step equals an
-independent engine's snapshot, deltas rebuild whole snapshots, steps stream in pieces exactly as
-at once, and text from prompts stays data (in the payload and in the static export)."""
+"""The player's data contract, without a browser: the payload is exactly the encoding of an
+independent engine's snapshots (the first whole, then each as a delta on the one before; that the
+browser's decoder gets the snapshots back is tests/test_browser_decoder.py), deltas are small,
+steps stream in pieces exactly as at once, the wire keys name the snapshot's fields, and text from
+prompts stays data (in the payload and in the static export)."""
 import dataclasses
 import json
 import re
@@ -12,7 +14,7 @@ from record.scenario import load_scenario
 from lessons import BY_ID, LESSONS
 from ui.panels import LessonNarrator
 from runstore.runtime import lesson_scenario
-from player import RunEncoder, apply_delta, run_payload, snapshot_dict, static_html
+from player import WIRE, RunEncoder, delta, player_book, run_payload, snapshot_dict, static_html
 from player.export import json_for_script
 
 HOSTILE = "<img src=x onerror=alert(1)> and <script>alert(2)</script> & \u2028"
@@ -24,12 +26,17 @@ def recorded(scenario, model):
     return initial, engine.run(max_steps=400), engine
 
 
-def replay(payload):
-    """The snapshots the browser rebuilds: head's, then each step's delta applied in order."""
-    snaps = [payload["head"]["initial"]]
-    for st in payload["steps"]:
-        snaps.append(apply_delta(snaps[-1], st))
-    return snaps
+STATE_KEYS = set(WIRE["snapshot"].values()) | {WIRE["step"]["request_order"]}
+
+
+def assert_encodes(payload, truth):
+    """``payload`` holds ``truth`` (snapshots, from the state before step 1): the head's whole, then
+    each step's state part the delta on the one before, exactly as player.delta writes it."""
+    wire = [snapshot_dict(s) for s in truth]
+    assert payload["head"]["initial"] == wire[0]
+    assert len(payload["steps"]) == len(wire) - 1
+    for st, prev, cur, snap in zip(payload["steps"], wire, wire[1:], truth[1:]):
+        assert {k: v for k, v in st.items() if k in STATE_KEYS} == delta(prev, cur), f"step {snap.step}"
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda l: l.id)
@@ -40,11 +47,11 @@ def test_every_step_equals_an_independent_engine(lesson, tiny_model):
                           narrate=LessonNarrator(lesson, engine_run(scenario, records), "en"))
     other = Engine(scenario, model=tiny_model)      # a second engine, stepped on its own
     truth = [other.snapshot()] + [other.step().snapshot for _ in records]
-    shown = replay(payload)
-    assert len(shown) == len(truth) == len(records) + 1
-    for snap, got in zip(truth, shown):
-        assert got == snapshot_dict(snap), f"step {snap.step}"
-        # the pictures' own fields, spelled out: grid, queue, tables
+    assert len(truth) == len(records) + 1
+    assert_encodes(payload, truth)
+    for snap in truth:
+        got = snapshot_dict(snap)
+        # the pictures' own fields, spelled out under their wire keys: grid, queue, tables
         assert [(b["i"], b["r"], b["h"], b["o"], b["z"]) for b in got["blocks"]] == \
             [(b.block_id, b.ref_cnt, b.block_hash, list(b.owners), b.is_null) for b in snap.blocks]
         assert got["queue"] == list(snap.free_queue)
@@ -139,4 +146,20 @@ def test_cli_writes_the_same_player(tmp_path, tiny_model):
     payload = json.loads(re.search(r'<script type="application/json" id="pkv-run">(.*?)</script>', html, re.S).group(1))
     engine = Engine(dataclasses.replace(load_scenario(scenario), model="tiny-random", device="cpu"), model=tiny_model)
     truth = [engine.snapshot()] + [r.snapshot for r in engine.run(max_steps=400)]
-    assert payload["done"] and replay(payload) == [snapshot_dict(t) for t in truth]
+    assert payload["done"]
+    assert_encodes(payload, truth)
+    # the player's words and the wire keys are inlined next to the run, never inside it
+    book = json.dumps(player_book("en"), ensure_ascii=False, separators=(",", ":"))
+    assert book.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026") in html
+
+
+def test_the_wire_keys_name_the_snapshots_fields():
+    """wire.json's names are record/snapshot.py's field names (the decoder's names in the browser),
+    no two fields of a kind share a key, and a step's keys never clash with its snapshot's."""
+    from record.snapshot import BlockView, RequestView, Snapshot
+    for kind, view in (("block", BlockView), ("request", RequestView), ("snapshot", Snapshot)):
+        names = {f.name for f in dataclasses.fields(view)}
+        assert set(WIRE[kind]) <= names, set(WIRE[kind]) - names
+        assert len(set(WIRE[kind].values())) == len(WIRE[kind])
+    assert not set(WIRE["step"].values()) & set(WIRE["snapshot"].values())
+    assert WIRE["event"] == ["kind", "request_id", "block_ids", "text", "group"]

@@ -79,7 +79,8 @@ def main() -> None:
                          url_path=url_path(l.id)) for l in LESSONS]
         tools = [st.Page(TRACE_PAGE_FILE, title=tr("nav_trace", lang), icon="🔎",
                          url_path=page_url_path(TRACE_PAGE_FILE)),
-                 st.Page(LIVE_PAGE_FILE, title=tr("live.title", lang), icon="📡", url_path=page_url_path(LIVE_PAGE_FILE))]
+                 st.Page(LIVE_PAGE_FILE, title=tr("live.title", lang), icon="📡",
+                         url_path=page_url_path(LIVE_PAGE_FILE))]
         st.navigation({tr("nav_home", lang): [home], tr("nav_lessons", lang): pages,
                        tr("nav_tools", lang): tools}).run()
     finally:

@@ -55,7 +55,8 @@ def check_endpoints(endpoint: str, replay: str, bind: bool, lang: str) -> Option
     for field, value in (("endpoint", endpoint), ("replay", replay)):
         host = value and value[len("tcp://"):value.rindex(":")].strip("[]")
         if host and host != "*" and "*" not in allowed and host.lower() not in allowed:
-            return tr("live.host_not_allowed", lang, field=tr(f"live.{field}", lang), host=host, hosts=", ".join(sorted(allowed)))
+            return tr("live.host_not_allowed", lang, field=tr(f"live.{field}", lang), host=host,
+                      hosts=", ".join(sorted(allowed)))
     return None
 
 
@@ -281,8 +282,8 @@ def _live_view(key: tuple, lang: str) -> None:
         st.plotly_chart(fig, key="live:cached", config={"displayModeBar": False})
     st.subheader(tr("live.longest", lang))
     rows = longest_prefixes(entries, decode)
-    st.dataframe(pd.DataFrame([{tr("live.col_blocks", lang): r["blocks"], tr("live.col_tokens", lang): r["tokens"],
-                                tr("live.col_last", lang): r["last"], tr("live.col_text", lang): r["text"]} for r in rows]),
+    cols = {c: tr(f"live.col_{c}", lang) for c in ("blocks", "tokens", "last", "text")}
+    st.dataframe(pd.DataFrame([{cols[c]: r[c] for c in cols} for r in rows]),
                  hide_index=True, key="live:longest")
     with st.expander(tr("live.log", lang)):
         st.code("\n".join(snap.log[-60:]) or "-", language=None)

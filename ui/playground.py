@@ -12,12 +12,14 @@ from record.scenario import EngineSettings
 from lessons.catalog import Lesson
 from ui.modelstate import ModelState
 from ui.state import SETTING_DEFAULTS, LessonState, rebuild
-from words.i18n import catalogue, tr
+from words.i18n import tr
 
 CHOICES = {
     "hash_algo": ("xxhash", "sha256", "sha256_cbor", "xxhash_cbor"), "policy": ("fcfs", "priority"),
     "free_order": ("v0.33", "legacy"), "admission": ("full_sequence", "first_chunk"),
 }
+
+
 def form_max(name: str) -> int:
     """The form's maximum for a setting: the server's budget limit for it (record/budget.py)."""
     lim = app_limits()
@@ -34,7 +36,11 @@ def _next_id(existing: list[str]) -> str:
 
 def settings_form(state: LessonState, lesson: Lesson, ms: ModelState, lang: str) -> None:
     eng = {**SETTING_DEFAULTS, **state.base.get("engine", {})}
-    hint = lambda name: tr(f"playground.help.{name}", lang) if f"playground.help.{name}" in catalogue() else None  # noqa: E731
+
+    def hint(name: str) -> str | None:          # a setting without a help text shows none
+        text = tr(f"playground.help.{name}", lang)
+        return None if text == f"playground.help.{name}" else text
+
     layer_names = {"uniform": tr("playground.layers_uniform", lang), "hybrid": tr("playground.layers_hybrid", lang)}
     with st.form(f"settings:{lesson.id}"):
         st.markdown(f"**{tr('settings', lang)}**")

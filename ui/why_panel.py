@@ -65,7 +65,8 @@ def why_panel(run: Any, lang: str, key: str, decode: Optional[Callable] = None) 
             elif mode == "two":
                 c1, c2 = st.columns(2)
                 a = c1.selectbox(tr("why.pick_request", lang), requests, key=f"why_a:{key}")
-                b = c2.selectbox(tr("why.pick_other", lang), [r for r in requests if r != a] or requests, key=f"why_b:{key}")
+                b = c2.selectbox(tr("why.pick_other", lang), [r for r in requests if r != a] or requests,
+                                 key=f"why_b:{key}")
                 c = compare_requests(steps, a, b)
                 _lines(comparison_sentences(c, lang))
                 st.dataframe(chain_table(c), hide_index=True, key=f"why_chain_table:{key}")

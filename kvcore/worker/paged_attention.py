@@ -200,7 +200,7 @@ def paged_attention_forward(
     """Write this layer's new K/V into its block pool, then attend over each sequence's blocks."""
     if paged_step is None:
         raise RuntimeError(
-            f"attention '{ATTN_NAME}' was called without a paged_step; use kvcore.model.ModelRunner"
+            f"attention '{ATTN_NAME}' was called without a paged_step; use kvcore.worker.gpu_model_runner.ModelRunner"
         )
     step = paged_step
     layer = module.layer_idx
