@@ -69,7 +69,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from record.engine import Engine
     from kvcore.model import ModelNotAvailable, DeviceNotAvailable
     import zmq
-    from kvcore.distributed.kv_events import KVEventsConfig
+    from kvcore.config.kv_events import KVEventsConfig
     kv_events = scenario.engine.kv_events          # the file's engine.kv_events, unless --kv-events
     try:
         if getattr(args, "kv_events", None):

@@ -17,13 +17,15 @@ from kvcore.engine.core import EngineCore
 from record.invariants import check_invariants
 from kvcore.engine.parallel_sampling import ParentRequest, fan_out, group_outputs, parent_groups
 from kvcore.core.kv_cache_utils import BlockHasher, resolve_none_hash_seed
-from kvcore.utils.hashing import get_hash_fn
+from kvcore.utils.hashing import get_hash_fn_by_name
 from kvcore.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
                                          SlidingWindowSpec)
 from kvcore.core.kv_cache_manager import KVCacheManager
-from kvcore.distributed.kv_events import KVEventBatch, KVEventsConfig, ZmqEventPublisher
+from kvcore.distributed.kv_events import KVEventBatch, ZmqEventPublisher
+from kvcore.config.kv_events import KVEventsConfig
 from kvcore.request import Request
-from kvcore.core.sched.scheduler import Scheduler, SchedulerConfig
+from kvcore.core.sched.scheduler import Scheduler
+from kvcore.config.scheduler import SchedulerConfig
 from record.scenario import EngineSettings, RequestSpec, Scenario
 from record.snapshot import take_snapshot
 from kvcore.spec_decode.ngram_proposer import NgramProposer
@@ -130,7 +132,7 @@ class Engine:
             self.kv_cache_sizing = size_kv_cache(self.model, s)
             s = self.settings = replace(s, num_gpu_blocks=self.kv_cache_sizing.num_gpu_blocks)
         self.recorder = Recorder()
-        self.hash_fn = get_hash_fn(s.hash_algo)
+        self.hash_fn = get_hash_fn_by_name(s.hash_algo)
         self.none_hash_seed = resolve_none_hash_seed(s.hash_algo, s.hash_seed)
         self.hasher = BlockHasher(self.hash_fn, s.block_size, self.none_hash_seed)
         self.kv_cache_config = KVCacheConfig(s.num_gpu_blocks, tuple(self.groups),
@@ -155,8 +157,8 @@ class Engine:
             self.drafter = NgramProposer(sp.prompt_lookup_min, sp.prompt_lookup_max,
                                          sp.num_speculative_tokens, self.max_model_len)
         if runner is None:
-            from kvcore.worker.gpu_model_runner import ModelRunner
-            runner = ModelRunner(self.model, s.num_gpu_blocks, s.block_size, layer_group,
+            from kvcore.worker.gpu_model_runner import GPUModelRunner
+            runner = GPUModelRunner(self.model, s.num_gpu_blocks, s.block_size, layer_group,
                                  [g.sliding_window for g in self.groups], seed=s.seed)
         self.runner = runner
         self.engine_core = EngineCore(self.scheduler, runner, self.drafter, self.max_model_len)

@@ -21,7 +21,9 @@ invariant checks.
 from __future__ import annotations
 
 import functools
+from bisect import bisect_left
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Optional, Sequence
 
 from kvcore.core.kv_cache_utils import KVCacheBlock, get_block_hash, get_group_id
@@ -29,6 +31,7 @@ from record.events import (EVENT_TYPES, Allocated, Cached, Event, EventKind, Evi
                            PrefixCacheReset, Touched)
 
 _BY_KIND: dict[str, type[Event]] = {k.value: cls for k, cls in EVENT_TYPES.items()}
+_ID = attrgetter("block_id")
 
 
 @dataclass
@@ -55,6 +58,12 @@ class Recorder:
         self._next_free_reason = ""
         self._evicted: list[tuple[int, bytes]] = []   # evicted by the allocation in progress
         self.block_pool = None
+        # Where a revived block stood in the free queue, without walking it (on_blocks_touched):
+        # each block entering the queue gets a key, increasing towards the tail; keys between the
+        # head's and the tail's that are no longer in the queue were taken out of the middle.
+        self._qkey: dict[int, int] = {}
+        self._hi = -1                          # the largest key given so far
+        self._holes: list[int] = []
 
     # -- attaching ---------------------------------------------------------------------
     def attach(self, kv_cache_manager) -> "Recorder":
@@ -72,6 +81,9 @@ class Recorder:
         """Observe a lone BlockPool (its events then name no request)."""
         pool.observer = self
         self.block_pool = pool
+        free = pool.free_block_queue.get_all_free_blocks()
+        self._qkey = {b.block_id: k for k, b in enumerate(free)}
+        self._hi, self._holes = len(free) - 1, []
         return self
 
     @staticmethod
@@ -119,47 +131,85 @@ class Recorder:
     def on_blocks_allocated(self, blocks: Sequence[KVCacheBlock]) -> None:
         request_id, group, _ = self._context
         evicted, self._evicted = self._evicted, []
+        hexes = {bid: get_block_hash(key).hex() for bid, key in evicted}
         for bid, key in evicted:
             self.events.append(Evicted(
                 request_id=request_id, block_ids=(bid,), group=get_group_id(key),
-                block_hash=get_block_hash(key).hex(), reason="reused from queue head"))
+                block_hash=hexes[bid], reason="reused from queue head"))
         self.events.append(Allocated(
-            request_id=request_id, block_ids=tuple(b.block_id for b in blocks), group=group,
-            queue_positions=tuple(range(len(blocks))),
-            evicted_hashes={bid: get_block_hash(key).hex() for bid, key in evicted}))
+            request_id=request_id, block_ids=tuple(map(_ID, blocks)), group=group,
+            queue_positions=tuple(range(len(blocks))), evicted_hashes=hexes))
 
     def on_blocks_touched(self, blocks: Sequence[KVCacheBlock]) -> None:
-        """Called before the blocks leave the queue, so their positions can still be read."""
+        """Called before the blocks leave the queue, so their positions can still be read.
+
+        A block's position is how many free blocks stand before it: every key from the head's up
+        to its own belongs to a block in the queue, except the keys of blocks taken out of the
+        middle (``_holes``, sorted). So no walk along the queue: a lookup and a bisect per block.
+        """
         request_id, group, _ = self._context
         from_queue = [b.block_id for b in blocks if b.ref_cnt == 0 and not b.is_null]
-        positions = self._queue_positions(set(from_queue)) if from_queue else {}
+        positions: tuple[int, ...] = ()
+        if from_queue:
+            qkey, holes = self._qkey, self._holes
+            head = self.block_pool.free_block_queue.fake_free_list_head.next_free_block
+            lo = qkey[head.block_id]
+            if holes and holes[0] < lo:
+                del holes[:bisect_left(holes, lo)]      # left behind by the head: forget them
+            keys = list(map(qkey.__getitem__, from_queue))
+            first, last = min(keys), max(keys)
+            run = last - first == len(keys) - 1      # distinct keys: a run of consecutive ones
+            at = bisect_left(holes, first)
+            if run and at == bisect_left(holes, last):
+                # The usual case (a request's blocks were freed together): no hole among them, so
+                # the same number of holes stands before each, and they go in as one run.
+                positions = tuple(map((lo + at).__rsub__, keys))
+                holes[at:at] = range(first, last + 1)
+            else:
+                positions = tuple(k - lo - bisect_left(holes, k) for k in keys)
+                holes.extend(keys)
+                holes.sort()
+        from_queue = tuple(from_queue)
         self.events.append(Touched(
-            request_id=request_id, block_ids=tuple(b.block_id for b in blocks), group=group,
-            from_queue=tuple(from_queue), queue_positions=tuple(positions[i] for i in from_queue)))
-
-    def _queue_positions(self, wanted: set[int]) -> dict[int, int]:
-        """Queue positions of some free blocks. Walks from the tail and stops once all are
-        found: hits are usually recently freed hashed blocks, near the tail."""
-        q = self.block_pool.free_block_queue
-        out: dict[int, int] = {}
-        pos = q.num_free_blocks - 1
-        curr = q.fake_free_list_tail.prev_free_block
-        while curr is not q.fake_free_list_head and len(out) < len(wanted):
-            if curr.block_id in wanted:
-                out[curr.block_id] = pos
-            curr = curr.prev_free_block
-            pos -= 1
-        return out
+            request_id=request_id, group=group, from_queue=from_queue, queue_positions=positions,
+            block_ids=from_queue if len(from_queue) == len(blocks) else tuple(map(_ID, blocks))))
 
     def on_blocks_freed(self, blocks: Sequence[KVCacheBlock], to_head: Sequence[KVCacheBlock],
                         to_tail: Sequence[KVCacheBlock]) -> None:
         request_id, group, reason = self._context
-        self.events.append(Freed(
-            request_id=request_id, block_ids=tuple(b.block_id for b in blocks if not b.is_null),
-            group=group, to_head=tuple(b.block_id for b in to_head),
-            to_tail=tuple(b.block_id for b in to_tail),
-            still_used=tuple(b.block_id for b in blocks if b.ref_cnt > 0 and not b.is_null),
-            reason=reason))
+        head_ids = tuple(map(_ID, to_head)) if to_head else ()
+        tail_ids = tuple(map(_ID, to_tail)) if to_tail else ()
+        if head_ids or tail_ids:
+            self._key_new_queue_entries(head_ids, tail_ids)
+        if len(head_ids) + len(tail_ids) == len(blocks):   # the common case: every block joined the queue
+            ids = head_ids if not tail_ids else tail_ids if not head_ids else tuple(map(_ID, blocks))
+            still_used: tuple[int, ...] = ()
+        else:
+            ids = tuple(b.block_id for b in blocks if not b.is_null)
+            still_used = tuple(b.block_id for b in blocks if b.ref_cnt > 0 and not b.is_null)
+        self.events.append(Freed(request_id=request_id, block_ids=ids, group=group, to_head=head_ids,
+                                 to_tail=tail_ids, still_used=still_used, reason=reason))
+
+    def _key_new_queue_entries(self, head_ids: tuple[int, ...], tail_ids: tuple[int, ...]) -> None:
+        """Keys for blocks that just joined the queue: the head's go just below the old head's key,
+        the tail's above every key given so far (so the keys of blocks taken from the middle stay
+        holes between them)."""
+        qkey, holes = self._qkey, self._holes
+        queue = self.block_pool.free_block_queue
+        if queue.num_free_blocks == len(head_ids) + len(tail_ids):   # it was empty: start afresh
+            holes.clear()
+            base = self._hi + 1
+            qkey.update(zip(head_ids + tail_ids, range(base, base + len(head_ids) + len(tail_ids))))
+            self._hi = base + len(head_ids) + len(tail_ids) - 1
+            return
+        if head_ids:
+            # the old head now stands right after the blocks put before it
+            old_head = qkey[self.block_pool.blocks[head_ids[-1]].next_free_block.block_id]
+            del holes[:bisect_left(holes, old_head)]   # below the old head: stale
+            qkey.update(zip(head_ids, range(old_head - len(head_ids), old_head)))
+        if tail_ids:
+            qkey.update(zip(tail_ids, range(self._hi + 1, self._hi + 1 + len(tail_ids))))
+            self._hi += len(tail_ids)
 
     def on_blocks_cached(self, request, blocks: Sequence[KVCacheBlock], block_size: int) -> None:
         hashes = request.block_hashes
@@ -180,7 +230,8 @@ class Recorder:
 
     def on_prefix_cache_reset(self, ok: bool, blocks_in_use: int) -> None:
         if ok:
-            self.hash_meta.clear()
+            # hash_meta stays: what a hash stands for never changes, and a hash seen again later
+            # (the same tokens cached anew) finds its record.
             self.events.append(PrefixCacheReset(ok=True))
         else:
             self.events.append(PrefixCacheReset(ok=False, blocks_in_use=blocks_in_use))

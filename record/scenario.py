@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import AfterValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 from pydantic import TypeAdapter, ValidationError
 
-from kvcore.distributed.kv_events import KVEventsConfig
+from kvcore.config.kv_events import KVEventsConfig
 
 MODELS = ("smollm2", "tiny-random")
 DEVICES = ("auto", "cpu", "cuda")

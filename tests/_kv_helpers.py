@@ -11,7 +11,7 @@ from record.recorder import Recorder
 from record import snapshot
 from record.engine import Engine, NoModelRunner
 from kvcore.core.kv_cache_utils import BlockHasher
-from kvcore.utils.hashing import get_hash_fn
+from kvcore.utils.hashing import get_hash_fn_by_name
 from kvcore.core.block_pool import BlockPool
 from kvcore.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
                                          SlidingWindowSpec)
@@ -66,7 +66,7 @@ def vllm_chain(tokens: Sequence[int], block_size: int, salt: Optional[str] = Non
 def make_request(rid: str, tokens: Sequence[int], block_size: int, *, salt: Optional[str] = None,
                  max_tokens: int = 16, priority: int = 0, arrival: int = 0,
                  hash_algo: str = "sha256", caching: bool = True) -> Request:
-    hasher = BlockHasher(get_hash_fn(hash_algo), block_size) if caching else None
+    hasher = BlockHasher(get_hash_fn_by_name(hash_algo), block_size) if caching else None
     return Request(rid, list(tokens), max_tokens, arrival_time=arrival, priority=priority,
                    cache_salt=salt, block_hasher=hasher)
 

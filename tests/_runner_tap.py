@@ -1,11 +1,11 @@
 """The real engine (record.engine.Engine) with its model runner watched: the model tests drive
 a scenario through it and read what the runner was given and what it computed.
 
-``TappedRun`` puts itself between the engine's EngineCore and its ModelRunner (the engine's own
+``TappedRun`` puts itself between the engine's EngineCore and its GPUModelRunner (the engine's own
 ``runner`` attribute stays the real one). For every forward it keeps the batch (the
 ``SeqBatchItem`` list, by step), the paged kernel's gathered block ids, and, with
 ``logits=True``, every sampled position's logits (the greedy token is then their argmax, as
-``ModelRunner.execute`` takes it). Before each forward it overwrites the blocks that sit in the
+``GPUModelRunner.execute`` takes it). Before each forward it overwrites the blocks that sit in the
 free queue without a hash with large finite garbage (``poison``): nothing may read them, so a
 runner or a block manager that did would produce visibly wrong logits. Cached free blocks are
 left alone: a later prefix hit may legitimately read them.

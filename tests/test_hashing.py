@@ -9,7 +9,7 @@ import xxhash
 
 from kvcore.core.kv_cache_utils import NONE_HASH_SEED, BlockHasher, cache_salt_extra_keys, get_block_hash, get_group_id, hash_block_tokens, make_block_hash_with_group_id, none_hash
 
-from kvcore.utils.hashing import get_hash_fn
+from kvcore.utils.hashing import get_hash_fn_by_name
 
 from _kv_helpers import VLLM_NONE_HASH_SHA256, make_request, vllm_chain
 
@@ -21,7 +21,7 @@ def test_none_hash_is_vllms_with_pythonhashseed_set_to_the_seed_string(monkeypat
     seed = os.getenv("PYTHONHASHSEED")
     expected = hashlib.sha256(pickle.dumps(seed, protocol=pickle.HIGHEST_PROTOCOL)).digest()
     assert NONE_HASH_SEED == "vllm-none-hash"
-    assert none_hash(get_hash_fn("sha256")) == expected == VLLM_NONE_HASH_SHA256
+    assert none_hash(get_hash_fn_by_name("sha256")) == expected == VLLM_NONE_HASH_SHA256
     assert len(expected) == 32
 
 
@@ -30,7 +30,7 @@ def test_sha256_block_hash_is_byte_identical_to_vllms_formula():
     toks = [101, 7, 9000, 3]
     expected = hashlib.sha256(pickle.dumps((parent, tuple(toks), None),
                                            protocol=pickle.HIGHEST_PROTOCOL)).digest()
-    fn = get_hash_fn("sha256")
+    fn = get_hash_fn_by_name("sha256")
     assert hash_block_tokens(fn, None, toks) == expected           # None parent -> NONE_HASH
     assert hash_block_tokens(fn, b"", toks) == expected            # falsy parent -> NONE_HASH
     child = hashlib.sha256(pickle.dumps((expected, (5, 6, 7, 8), None),
@@ -47,7 +47,7 @@ def test_request_chain_matches_vllm_for_sha256():
 
 def test_xxhash_is_xxh3_128_of_the_same_pickle():
     toks = [1, 2, 3, 4]
-    fn = get_hash_fn("xxhash")
+    fn = get_hash_fn_by_name("xxhash")
     none = xxhash.xxh3_128_digest(pickle.dumps("vllm-none-hash", protocol=pickle.HIGHEST_PROTOCOL))
     assert none_hash(fn) == none
     expected = xxhash.xxh3_128_digest(pickle.dumps((none, (1, 2, 3, 4), None),
@@ -58,7 +58,7 @@ def test_xxhash_is_xxh3_128_of_the_same_pickle():
 
 def test_unknown_hash_algo_is_rejected():
     with pytest.raises(ValueError, match="unknown hash_algo 'md5'"):
-        get_hash_fn("md5")
+        get_hash_fn_by_name("md5")
 
 
 def test_only_full_blocks_are_hashed_and_hashes_grow_with_the_tokens():
@@ -73,7 +73,7 @@ def test_only_full_blocks_are_hashed_and_hashes_grow_with_the_tokens():
 
 
 def test_hasher_extend_returns_only_the_new_hashes():
-    h = BlockHasher(get_hash_fn("sha256"), 3)
+    h = BlockHasher(get_hash_fn_by_name("sha256"), 3)
     hashes: list = []
     assert h.extend(hashes, [1, 2], None) == []
     new = h.extend(hashes, [1, 2, 3, 4, 5, 6, 7], None)

@@ -1,4 +1,4 @@
-"""The paged ModelRunner, driven by the real engine, against transformers on the same weights.
+"""The paged GPUModelRunner, driven by the real engine, against transformers on the same weights.
 
 Each test runs a scenario through ``record.engine.Engine`` (vLLM's scheduler and block manager
 decide the batches, the block tables, prefix hits, preemption and the sliding window's null
@@ -20,7 +20,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kvcore.model import ModelRunner, SeqBatchItem, reference_model
+from kvcore.model import reference_model
+from kvcore.worker.gpu_input_batch import SeqBatchItem
+from kvcore.worker.gpu_model_runner import GPUModelRunner
 from kvcore.model.cpu_packing import PackedLinear
 from kvcore.utils.math_utils import cdiv
 from _runner_tap import TappedRun, pad_id, reference_generate, reference_logits, req
@@ -56,7 +58,7 @@ def check(lm, ref, run: TappedRun, tol: float) -> float:
     return worst
 
 
-def count_forwards(runner: ModelRunner) -> list[int]:
+def count_forwards(runner: GPUModelRunner) -> list[int]:
     calls = [0]
 
     def hook(*_):
@@ -174,7 +176,7 @@ def test_kv_lands_in_the_slots_of_the_block_table(tiny_model):
     lm = tiny_model
     (p,) = make_prompts(lm.config.vocab_size, [11], seed=6)
     bs = 4
-    runner = ModelRunner(lm, 32, bs)
+    runner = GPUModelRunner(lm, 32, bs)
     table = [7, 3, 12]
     runner.execute([SeqBatchItem("a", p, 0, (table,), True)])
     with torch.inference_mode():
@@ -298,7 +300,7 @@ def test_prefix_hit_then_preemption(tiny_model):
 
 def test_step_without_sampling_returns_nothing(tiny_model):
     lm = tiny_model
-    runner = ModelRunner(lm, 16, 4)
+    runner = GPUModelRunner(lm, 16, 4)
     item = SeqBatchItem("a", [5, 6, 7, 8, 9], 0, ([1, 2],), False)
     assert runner.execute([item]) == {}
     assert runner.execute([]) == {}
@@ -307,23 +309,23 @@ def test_step_without_sampling_returns_nothing(tiny_model):
 
 def test_runner_leaves_the_loaded_model_alone(tiny_model):
     lm = tiny_model
-    runner = ModelRunner(lm, 8, 4)
+    runner = GPUModelRunner(lm, 8, 4)
     assert lm.model.config._attn_implementation != runner.model.config._attn_implementation
     assert runner.model.lm_head.weight.data_ptr() == lm.model.lm_head.weight.data_ptr()
     assert runner.kv_cache_shape == (8, 2, lm.config.num_key_value_heads, 4, lm.config.head_dim)
     assert isinstance(lm.model.lm_head, torch.nn.Linear)  # packed layers live only in the runner
     assert not any(isinstance(m, PackedLinear) for m in lm.model.modules())
-    again = ModelRunner(lm, 8, 4)
+    again = GPUModelRunner(lm, 8, 4)
     assert type(again.model.lm_head) is type(runner.model.lm_head)  # every runner gets the same head
 
 
 def test_runner_packs_every_linear_layer_once(tiny_model):
     lm = tiny_model
-    runner = ModelRunner(lm, 8, 4)
+    runner = GPUModelRunner(lm, 8, 4)
     n_linear = sum(isinstance(m, torch.nn.Linear) for m in lm.model.modules())
     assert runner.num_packed_layers == n_linear == 7 * lm.config.num_hidden_layers + 1
     assert not any(isinstance(m, torch.nn.Linear) for m in runner.model.modules())
-    again = ModelRunner(lm, 8, 4)
+    again = GPUModelRunner(lm, 8, 4)
     a = runner.model.model.layers[0].mlp.down_proj
     b = again.model.model.layers[0].mlp.down_proj
     assert a.group.packed is b.group.packed  # one packed copy per weight, shared by every runner
@@ -331,7 +333,7 @@ def test_runner_packs_every_linear_layer_once(tiny_model):
 
 
 def test_sibling_projections_share_one_stacked_weight(tiny_model):
-    layer = ModelRunner(tiny_model, 8, 4).model.model.layers[0]
+    layer = GPUModelRunner(tiny_model, 8, 4).model.model.layers[0]
     attn, mlp = layer.self_attn, layer.mlp
     assert attn.q_proj.group is attn.k_proj.group is attn.v_proj.group
     assert [attn.q_proj.member, attn.k_proj.member, attn.v_proj.member] == [0, 1, 2]
@@ -343,7 +345,7 @@ def test_stacked_siblings_compute_what_each_linear_computes(tiny_model):
     """Whatever the call pattern -- siblings on one input, a member twice, another input in
     between -- every member returns its own F.linear of the input it was given."""
     plain = tiny_model.model.model.layers[1].self_attn
-    packed = ModelRunner(tiny_model, 8, 4).model.model.layers[1].self_attn
+    packed = GPUModelRunner(tiny_model, 8, 4).model.model.layers[1].self_attn
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(1, 5, plain.q_proj.in_features, generator=gen)
     y = torch.randn(1, 5, plain.q_proj.in_features, generator=gen)
@@ -379,7 +381,7 @@ def test_packed_linear_computes_what_linear_computes(tiny_model, rows):
 
 def test_packing_can_be_turned_off(tiny_model, monkeypatch):
     monkeypatch.setenv("PAGED_KV_LAB_PACKED_WEIGHTS", "0")
-    runner = ModelRunner(tiny_model, 8, 4)
+    runner = GPUModelRunner(tiny_model, 8, 4)
     assert runner.num_packed_layers == 0
     assert isinstance(runner.model.lm_head, torch.nn.Linear)
 
@@ -387,7 +389,7 @@ def test_packing_can_be_turned_off(tiny_model, monkeypatch):
 def test_bad_block_tables_are_refused(tiny_model):
     lm = tiny_model
     n = lm.config.num_hidden_layers
-    runner = ModelRunner(lm, 16, 4)
+    runner = GPUModelRunner(lm, 16, 4)
     toks = list(range(10, 20))
     with pytest.raises(ValueError, match="block table"):
         runner.execute([SeqBatchItem("a", toks, 0, ([1, 2],), True)])  # needs 3 blocks
@@ -399,15 +401,15 @@ def test_bad_block_tables_are_refused(tiny_model):
         runner.execute([SeqBatchItem("a", toks, 0, ([1, 2, 3],), True)] * 2)
     with pytest.raises(ValueError, match="KV cache groups"):
         runner.execute([SeqBatchItem("a", toks, 0, ([1, 2, 3], [4, 5, 6]), True)])
-    sliding = ModelRunner(lm, 16, 4, [0] * n, [W])
+    sliding = GPUModelRunner(lm, 16, 4, [0] * n, [W])
     # next token at position 12 sees 5..12: logical block 1 (positions 4-7) may not be null
     with pytest.raises(ValueError, match="inside the sliding window"):
         sliding.execute([SeqBatchItem("a", [3], 12, ([0, 0, 2, 3],), True)])
     assert sliding.execute([SeqBatchItem("a", [3], 12, ([0, 1, 2, 3],), True)])
     with pytest.raises(ValueError, match="layer_group"):
-        ModelRunner(lm, 16, 4, [0], [None])
+        GPUModelRunner(lm, 16, 4, [0], [None])
     with pytest.raises(ValueError, match="group"):
-        ModelRunner(lm, 16, 4, [0, 1] * (n // 2), [None])
+        GPUModelRunner(lm, 16, 4, [0, 1] * (n // 2), [None])
 
 
 # ----------------------------------------------------------------------------- SmolLM2

@@ -195,8 +195,8 @@ def _populated():
 
 def test_check_invariants_accepts_a_sound_state():
     kvm, reqs = _populated()
-    from kvcore.utils.hashing import get_hash_fn
-    check_invariants(kvm, get_hash_fn("sha256"), reqs)
+    from kvcore.utils.hashing import get_hash_fn_by_name
+    check_invariants(kvm, get_hash_fn_by_name("sha256"), reqs)
 
 
 @pytest.mark.parametrize("corrupt, message", [
@@ -210,17 +210,17 @@ def test_check_invariants_accepts_a_sound_state():
 ])
 def test_check_invariants_rejects_broken_states(corrupt, message):
     kvm, reqs = _populated()
-    from kvcore.utils.hashing import get_hash_fn
+    from kvcore.utils.hashing import get_hash_fn_by_name
     corrupt(kvm)
     with pytest.raises(InvariantError, match=message):
-        check_invariants(kvm, get_hash_fn("sha256"), reqs)
+        check_invariants(kvm, get_hash_fn_by_name("sha256"), reqs)
 
 
 def test_check_invariants_rejects_a_hash_that_does_not_match_its_tokens():
     kvm, reqs = _populated()
-    from kvcore.utils.hashing import get_hash_fn
+    from kvcore.utils.hashing import get_hash_fn_by_name
     meta = kvm.block_pool.observer.hash_meta
     raw = next(iter(meta))
     meta[raw].token_ids = (99, 99)
     with pytest.raises(InvariantError, match="does not match its parent and tokens"):
-        check_invariants(kvm, get_hash_fn("sha256"), reqs)
+        check_invariants(kvm, get_hash_fn_by_name("sha256"), reqs)

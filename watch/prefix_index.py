@@ -174,9 +174,9 @@ def leading_hits(entries: dict[str, CacheEntry] | Iterable[str], token_ids: Sequ
     text of every full block of the prompt).
     """
     from kvcore.core.kv_cache_utils import cache_salt_extra_keys, hash_block_tokens
-    from kvcore.utils.hashing import get_hash_fn
+    from kvcore.utils.hashing import get_hash_fn_by_name
 
-    hash_fn = get_hash_fn(hash_algo)
+    hash_fn = get_hash_fn_by_name(hash_algo)
     none = hash_fn(hash_seed)
     held = set(entries)
     parent = None

@@ -243,11 +243,10 @@ class BlockPool:
         to_tail: list[KVCacheBlock] = []
         head_ok = self.free_order == FREE_ORDER_V033
         observer = self.observer
-        freed: Optional[list[KVCacheBlock]] = [] if observer is not None else None
+        if observer is not None:
+            ordered_blocks = list(ordered_blocks)   # the observer reads them after the loop
         for block in ordered_blocks:
             block.ref_cnt -= 1
-            if freed is not None:
-                freed.append(block)
             if block.ref_cnt == 0 and not block.is_null:
                 if block.block_hash is None and head_ok:
                     to_head.append(block)
@@ -257,8 +256,8 @@ class BlockPool:
             self.free_block_queue.prepend_n(to_head)
         if to_tail:
             self.free_block_queue.append_n(to_tail)
-        if freed:
-            observer.on_blocks_freed(freed, to_head, to_tail)
+        if observer is not None and ordered_blocks:
+            observer.on_blocks_freed(ordered_blocks, to_head, to_tail)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop the hashes of these blocks (in use or not); nothing is freed."""

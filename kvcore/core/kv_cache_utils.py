@@ -81,7 +81,7 @@ class FreeKVCacheBlockQueue:
         first = self.fake_free_list_head.next_free_block
         if first is self.fake_free_list_tail or first is None:
             raise ValueError("No free blocks available")
-        self._unlink(first)
+        self.remove(first)
         return first
 
     def popleft_n(self, n: int) -> list[KVCacheBlock]:
@@ -102,13 +102,12 @@ class FreeKVCacheBlockQueue:
         return out
 
     def remove(self, block: KVCacheBlock) -> None:
-        if block.prev_free_block is None or block.next_free_block is None:
+        """Take a block out of the middle (a prefix-cache hit revives it): O(1)."""
+        prev_block, next_block = block.prev_free_block, block.next_free_block
+        if prev_block is None or next_block is None:
             raise RuntimeError(f"remove() called on {block!r}, which is not in the free queue")
-        self._unlink(block)
-
-    def _unlink(self, block: KVCacheBlock) -> None:
-        block.prev_free_block.next_free_block = block.next_free_block
-        block.next_free_block.prev_free_block = block.prev_free_block
+        prev_block.next_free_block = next_block
+        next_block.prev_free_block = prev_block
         block.prev_free_block = block.next_free_block = None
         self.num_free_blocks -= 1
 

@@ -1,5 +1,5 @@
-"""The model side of the engine: loading, memory profiling (the runner and paged attention are in
-:mod:`kvcore.worker`, re-exported here for convenience).
+"""The model side of the engine: loading and memory profiling (the runner and paged attention are in
+:mod:`kvcore.worker`).
 
 Only this package imports torch/transformers.  Attributes are imported lazily, so
 ``kvcore.model.memory`` (pure arithmetic) can be used without importing torch.
@@ -28,16 +28,6 @@ _EXPORTS = {
     "ensure_smollm2_converted": "gguf_cache",
     "cache_root": "gguf_cache",
     "tiny_random_config": "loader",
-    # paged attention
-    "ATTN_NAME": "kvcore.worker.paged_attention",
-    "PagedStep": "kvcore.worker.paged_attention",
-    "GroupStep": "kvcore.worker.paged_attention",
-    "build_paged_step": "kvcore.worker.paged_attention",
-    "paged_attention_forward": "kvcore.worker.paged_attention",
-    # runner
-    "ModelRunner": "kvcore.worker.gpu_model_runner",
-    "SeqBatchItem": "kvcore.worker.gpu_input_batch",
-    "CommonAttentionMetadata": "kvcore.worker.paged_attention",
     # memory profiling -> num_gpu_blocks
     "profile_model": "profile",
     "MemoryProfile": "memory",
@@ -57,7 +47,7 @@ def __getattr__(name: str) -> Any:
     mod = _EXPORTS.get(name)
     if mod is None:
         raise AttributeError(f"module 'kvcore.model' has no attribute {name!r}")
-    value = getattr(importlib.import_module(mod if "." in mod else f"{__name__}.{mod}"), name)
+    value = getattr(importlib.import_module(f"{__name__}.{mod}"), name)
     globals()[name] = value
     return value
 

@@ -108,7 +108,7 @@ def _dummy_items(num_tokens: int, block_size: int):
 def profile_model(loaded: LoadedModel, max_num_batched_tokens: int = 256, block_size: int = 16) -> MemoryProfile:
     """Weights, peak activations of one forward of ``max_num_batched_tokens`` tokens, and the
     rest, measured on ``loaded``'s device (see the module docstring)."""
-    from kvcore.worker.gpu_model_runner import ModelRunner
+    from kvcore.worker.gpu_model_runner import GPUModelRunner
 
     n = int(max_num_batched_tokens)
     if n < 1:
@@ -116,7 +116,7 @@ def profile_model(loaded: LoadedModel, max_num_batched_tokens: int = 256, block_
     t0 = time.perf_counter()
     dev = loaded.device
     weights = weights_bytes(loaded.model)
-    runner = ModelRunner(loaded, num_blocks=1 + cdiv(n, block_size), block_size=block_size)
+    runner = GPUModelRunner(loaded, num_blocks=1 + cdiv(n, block_size), block_size=block_size)
     items = _dummy_items(n, block_size)
     proc = psutil.Process()
     if dev.type == "cuda":

@@ -10,7 +10,7 @@ import pickle
 from typing import Any, Callable
 
 import cbor2
-import xxhash
+import xxhash as _xxhash
 
 HashFn = Callable[[Any], bytes]
 
@@ -23,21 +23,21 @@ def sha256_cbor(obj: Any) -> bytes:
     return hashlib.sha256(cbor2.dumps(obj, canonical=True)).digest()
 
 
-def xxhash_128(obj: Any) -> bytes:
-    return xxhash.xxh3_128_digest(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+def xxhash(obj: Any) -> bytes:
+    return _xxhash.xxh3_128_digest(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def xxhash_cbor(obj: Any) -> bytes:
-    return xxhash.xxh3_128_digest(cbor2.dumps(obj, canonical=True))
+    return _xxhash.xxh3_128_digest(cbor2.dumps(obj, canonical=True))
 
 
 HASH_FUNCTIONS: dict[str, HashFn] = {"sha256": sha256, "sha256_cbor": sha256_cbor,
-                                     "xxhash": xxhash_128, "xxhash_cbor": xxhash_cbor}
+                                     "xxhash": xxhash, "xxhash_cbor": xxhash_cbor}
 # Not collision resistant: vLLM keeps their seed secret (random) unless told otherwise.
 NON_CRYPTO_HASH_ALGOS = frozenset({"xxhash", "xxhash_cbor"})
 
 
-def get_hash_fn(name: str) -> HashFn:
+def get_hash_fn_by_name(name: str) -> HashFn:
     try:
         return HASH_FUNCTIONS[name]
     except KeyError:

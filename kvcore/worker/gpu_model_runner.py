@@ -24,7 +24,8 @@ from kvcore.worker.gpu_input_batch import ModelInputs, SeqBatchItem, prepare_inp
 
 from kvcore.model.cpu_packing import pack_for_cpu
 from kvcore.model.loader import LoadedModel
-from kvcore.worker.paged_attention import ATTN_NAME, CommonAttentionMetadata, PagedStep, build_paged_step, pool_views_of
+from kvcore.worker.paged_attention import ATTN_NAME, PagedStep, build_paged_step, pool_views_of
+from kvcore.attention.backend import CommonAttentionMetadata
 from kvcore.model.reference import shared_clone
 
 __all__ = ["ModelRunner", "SeqBatchItem", "ModelInputs", "attention_metadata"]
@@ -48,7 +49,7 @@ def attention_metadata(inputs: ModelInputs) -> list[CommonAttentionMetadata]:
     return out
 
 
-class ModelRunner:
+class GPUModelRunner:
     """Owns the paged KV pools (one tensor per decoder layer) and runs steps.
 
     layer_group[i]: the KV cache group decoder layer i reads/writes through.
