@@ -2,20 +2,27 @@
 
 Compares, on the same weights and prompts, the full :class:`record.engine.Engine` (vLLM's
 scheduler and block manager, the recorder and a Snapshot every step: what the app and the
-CLI run) and the bare paged ModelRunner (driven by tests/_mini_engine.py: MiniEngine) with
-transformers:
+CLI run), the same requests through kvcore alone -- its KVCacheManager, Scheduler and
+EngineCore over the same GPUModelRunner, under the same engine settings, with no Recorder
+attached, KV cache events off and no Snapshot (``bench/step_anatomy.py: BareEngine``; "bare
+kvcore" below) -- and transformers.  Engine over bare kvcore is what recording and the
+Snapshots cost.  Measured:
 
 - decode throughput (tokens/s) with 1 and 8 concurrent requests, vs ``model.generate``
   at batch 1 and with a left-padded batch of 8;
 - the median decode step with 8 requests vs transformers' continuous batching
   ``model.generate_batch`` (its start-up takes seconds and varies a lot, so steps are
-  compared: the gap between its consecutive decode forwards, our ``Engine.step()``);
-- time to first token vs prefix-hit length (a second request reusing the first one's
-  cached blocks feeds only its tail);
+  compared: the gap between its consecutive decode forwards, our ``Engine.step()`` and
+  ``EngineCore.step()``);
+- time to first token vs prefix-hit length, bare kvcore (a first request over the prompt's
+  first ``hit`` tokens leaves their blocks in the prefix cache; the timed step prefills the
+  second request, the whole prompt, which feeds only its tail);
 - one decode step vs the memory-bandwidth bound (all fp32 weights streamed once), and
   floors: the same model with attention a no-op, with the runner's oneDNN-packed linear
   layers and with plain ``nn.Linear`` (what the stock model, generate_batch's, runs);
-- what stacking q/k/v and gate/up into one packed weight each gains, step against step.
+- where a decode step of 8 requests goes (linear layers, paged attention, the rest), and what
+  stacking q/k/v and gate/up into one packed weight each gains, step against step
+  (``bench/step_anatomy.py``).
 
 Every measurement (``bench/timing.py``) takes the backends as callables: ``run(prompts,
 max_new_tokens)`` generates exactly ``max_new_tokens`` for each prompt and may set
@@ -28,11 +35,12 @@ are measured like the others.  Runs are interleaved round-robin and the best of
 
     python bench/bench_engine.py               # SmolLM2 when installed, else tiny-random
     python bench/bench_engine.py --quick       # fewer tokens and repeats
+    python bench/bench_engine.py --quick --model tiny-random   # a minute: does it still run?
     python bench/bench_engine.py --repeat 5    # steadier figures on a busy machine
     python bench/bench_engine.py --threads 1   # on a machine shared with other jobs
 
-Figures: see the README's *Measured results* (they move by +-20% between runs on the
-project's shared 2-core machine).
+Figures: docs/results.md, *Engine speed* (they move by +-20% between runs on the project's
+shared 2-core machine).
 """
 
 from __future__ import annotations
@@ -47,13 +55,24 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import torch  # noqa: E402
 
-from kvcore.model import ModelRunner, load_model, smollm2_available  # noqa: E402
-from tests._mini_engine import MiniEngine  # noqa: E402
-
-from bench.step_anatomy import attention_free_steps, stacking_gain, step_breakdown  # noqa: E402
-from bench.timing import (  # noqa: E402
-    best_steps, decode_tps_interleaved, paired_ratios, step_rounds, timed, ttft,
+from bench.step_anatomy import (  # noqa: E402
+    BareEngine,
+    attention_free_steps,
+    bare_engine,
+    bench_settings,
+    stacking_gain,
+    step_breakdown,
 )
+from bench.timing import (  # noqa: E402
+    best_steps,
+    decode_tps_interleaved,
+    paired_ratios,
+    step_rounds,
+    timed,
+    ttft,
+)
+from kvcore.model import load_model, smollm2_available  # noqa: E402
+from kvcore.worker.gpu_model_runner import GPUModelRunner  # noqa: E402
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -80,33 +99,49 @@ def weight_bandwidth_bound(model) -> tuple[float, float, float]:
 
 # --------------------------------------------------------------------- backends
 def paged_runner_backend(loaded, block_size: int = 16, num_blocks: int | None = None):
-    """run(prompts, n) through a ModelRunner (allocated once) and the minimal engine."""
+    """run(prompts, n) through bare kvcore (:class:`bench.step_anatomy.BareEngine`: KVCacheManager,
+    Scheduler and EngineCore, no Recorder, no Snapshot) over one GPUModelRunner, allocated once;
+    each call builds fresh kvcore bookkeeping over it (an empty prefix cache) under the same
+    settings as :func:`engine_backend`.  ``run`` returns each request's token ids;
+    ``run.step_seconds``: the median decode step of the last call (steps where every scheduled
+    request feeds one token).  ``first_token(prompt, hit)``: seconds of the step that prefills
+    ``prompt`` with its first ``hit`` tokens (a multiple of the block size) already cached."""
     num_blocks = num_blocks or 256
-    runner = ModelRunner(loaded, num_blocks, block_size)
+    runner = GPUModelRunner(loaded, num_blocks, block_size)
 
     def run(prompts, n):
-        eng = MiniEngine(runner, poison=None)
-        for i, p in enumerate(prompts):
-            eng.add(f"r{i}", p, n)
-        steps = []
-        while not all(r.finished for r in eng.reqs.values()):
+        eng = bare_engine(runner, prompts, n)
+        decode_steps = []
+        while eng.has_unfinished():
             t0 = time.perf_counter()
-            eng.step()
-            steps.append(time.perf_counter() - t0)
-        run.step_seconds = statistics.median(steps[1:]) if len(steps) > 1 else float("nan")
-        return eng.outputs()
+            done = eng.step()
+            dt = time.perf_counter() - t0
+            scheduled = done.scheduler_output.num_scheduled_tokens
+            if scheduled and all(v == 1 for v in scheduled.values()):
+                decode_steps.append(dt)
+        outs = eng.outputs()
+        if any(len(o) != n for o in outs.values()):
+            raise RuntimeError("bare kvcore did not generate exactly n tokens per request")
+        run.step_seconds = statistics.median(decode_steps) if decode_steps else float("nan")
+        return outs
 
     run.step_seconds = float("nan")
 
     def first_token(prompt, hit):
-        eng = MiniEngine(runner, poison=None)
-        k = hit // block_size
-        if k:
-            eng.add("warm", prompt, 1)
-            eng.run()  # its blocks now hold the prompt's KV
-            eng.reqs["warm"].finished = True
-        eng.add("b", prompt, 1, prefix_of="warm" if k else None, prefix_blocks=k)
-        return timed(lambda: eng.step(["b"]))
+        if hit % block_size or hit >= len(prompt):
+            raise ValueError("a prefix hit is whole blocks, short of the prompt")
+        eng = BareEngine(runner, bench_settings([prompt], block_size, num_blocks))
+        if hit:
+            eng.add("warm", prompt[:hit], 1)
+            eng.run()  # finished: its full blocks stay in the prefix cache, holding the KV
+        eng.add("b", prompt, 1)
+        out = []
+        seconds = timed(lambda: out.append(eng.step()))
+        fed = out[0].scheduler_output.num_scheduled_tokens.get("b")
+        if fed != len(prompt) - hit:
+            raise RuntimeError(f"expected a prefix hit of {hit} tokens; "
+                               f"the step fed {fed} of {len(prompt)}")
+        return seconds
 
     return run, first_token, runner
 
@@ -117,14 +152,12 @@ def engine_backend(loaded, block_size: int = 16, num_blocks: int = 256):
     step -- what the app and the CLI run.  ``run.step_seconds``: the median decode step of
     the last call (steps where every scheduled request feeds one token)."""
     from record.engine import Engine
-    from record.scenario import EngineSettings, RequestSpec, Scenario
+    from record.scenario import RequestSpec, Scenario
 
     def run(prompts, n):
         scenario = Scenario(
             model=loaded.name, device=str(loaded.device.type),
-            engine=EngineSettings(block_size=block_size, num_gpu_blocks=num_blocks,
-                                  max_num_seqs=len(prompts),
-                                  max_num_batched_tokens=max(256, sum(map(len, prompts)))),
+            engine=bench_settings(prompts, block_size, num_blocks),
             requests=tuple(RequestSpec(id=f"r{i}", prompt_token_ids=tuple(p), max_tokens=n,
                                        ignore_eos=True) for i, p in enumerate(prompts)))
         eng = Engine(scenario, model=loaded)
@@ -246,12 +279,13 @@ def main(argv=None) -> int:
         "gen8": (gen_run, prompts8),
     }
     res = decode_tps_interleaved(cases, new_tokens, repeat)
+    bare = "bare kvcore (scheduler, block manager; no Recorder, no Snapshot)"
     rows: list[tuple[str, str, float]] = [
-        ("paged runner", "1", res["paged1"]),
-        ("Engine (scheduler, block manager, Snapshot)", "1", res["engine1"]),
+        (bare, "1", res["paged1"]),
+        ("Engine (scheduler, block manager, Recorder, Snapshot)", "1", res["engine1"]),
         ("transformers generate", "1", res["gen1"]),
-        ("paged runner", "8 concurrent", res["paged8"]),
-        ("Engine (scheduler, block manager, Snapshot)", "8 concurrent", res["engine8"]),
+        (bare, "8 concurrent", res["paged8"]),
+        ("Engine (scheduler, block manager, Recorder, Snapshot)", "8 concurrent", res["engine8"]),
         ("transformers generate (left-padded)", "8", res["gen8"]),
     ]
     print("## Decode throughput\n")
@@ -260,10 +294,13 @@ def main(argv=None) -> int:
     for who, n, tps in rows:
         print(f"| {who} | {n} | {tps:.1f} | {tps / res['gen1']:.2f}x |")
     print()
-    print("Targets (CPU): batch 1 >= 1.0x generate: runner "
+    print("Targets (CPU): batch 1 >= 1.0x generate: bare "
           f"{res['paged1'] / res['gen1']:.2f}x, Engine {res['engine1'] / res['gen1']:.2f}x; "
-          f"8 concurrent >= 5x generate batch 1: runner {res['paged8'] / res['gen1']:.2f}x, "
+          f"8 concurrent >= 5x generate batch 1: bare {res['paged8'] / res['gen1']:.2f}x, "
           f"Engine {res['engine8'] / res['gen1']:.2f}x")
+    print("What recording and the Snapshots cost (Engine's decode time per token over bare "
+          f"kvcore's): 1 request {res['paged1'] / res['engine1']:.2f}x, "
+          f"8 concurrent {res['paged8'] / res['engine8']:.2f}x")
 
     steps: dict[str, float] = {}
     gb = None if args.no_generate_batch else hf_generate_batch_backend(loaded)
@@ -282,14 +319,17 @@ def main(argv=None) -> int:
         print("| backend | decode step ms | decode tokens/s | generate_batch step / this step |")
         print("|---|---:|---:|---:|")
         for k, who in (("gb8", "transformers generate_batch"), ("engine8", "Engine"),
-                       ("paged8", "paged runner")):
+                       ("paged8", "bare kvcore")):
             print(f"| {who} | {steps[k] * 1e3:.1f} | {8 / steps[k]:.1f} | {steps['gb8'] / steps[k]:.2f}x |")
         print(f"\nTarget (CPU): >= 2x generate_batch: Engine {steps['gb8'] / steps['engine8']:.2f}x, "
-              f"runner {steps['gb8'] / steps['paged8']:.2f}x (best against best)")
-        for k, who in (("engine8", "Engine"), ("paged8", "runner")):
+              f"bare kvcore {steps['gb8'] / steps['paged8']:.2f}x (best against best)")
+        for k, who in (("engine8", "Engine"), ("paged8", "bare kvcore")):
             r = paired_ratios(rounds, "gb8", k)
             print(f"Paired, round by round: {who} {', '.join(f'{x:.2f}x' for x in r)}; "
                   f"median {statistics.median(r):.2f}x")
+        r = paired_ratios(rounds, "engine8", "paged8")
+        print(f"Engine step / bare kvcore step (recording + Snapshot), round by round: "
+              f"{', '.join(f'{x:.2f}x' for x in r)}; median {statistics.median(r):.2f}x")
 
     # one decode step vs the bandwidth bound
     nbytes, gbs, bound = weight_bandwidth_bound(loaded.model)
@@ -300,8 +340,9 @@ def main(argv=None) -> int:
     print("|---|---:|")
     print(f"| weights {nbytes / 1e6:.0f} MB at measured {gbs:.1f} GB/s (bound) | {bound * 1e3:.1f} |")
     print(f"| weights at a nominal 35 GB/s | {nbytes / 35e9 * 1e3:.1f} |")
-    print(f"| paged decode step, 1 request | {step1 * 1e3:.1f} ({step1 / bound:.1f}x the bound) |")
-    print(f"| paged decode step, 8 requests | {step8 * 1e3:.1f} ({step8 / bound:.1f}x the bound) |")
+    for n, step in ((1, step1), (8, step8)):
+        print(f"| bare kvcore decode step, {n} request{'s' if n > 1 else ''} | {step * 1e3:.1f} "
+              f"({step / bound:.1f}x the bound) |")
     floors = attention_free_steps(loaded, 8, repeat=repeat)
     floor_packed, floor_plain = floors["packed"], floors["plain"]
     print(f"| the model with attention a no-op, 8 tokens, oneDNN-packed linears (our runner's floor) "
@@ -309,13 +350,14 @@ def main(argv=None) -> int:
     print(f"| the same with plain nn.Linear (the floor of the stock model, generate_batch's) "
           f"| {floor_plain * 1e3:.1f} |")
     parts = step_breakdown(loaded, prompts8, repeat=repeat)
-    print("\n## Where a decode step of 8 requests goes (paged runner, timed in place)\n")
+    print("\n## Where a decode step of 8 requests goes (bare kvcore, timed in place)\n")
     print("| part | ms |")
     print("|---|---:|")
     for k, what in (("linear", "linear layers + LM head (oneDNN-packed)"),
                     ("attention", "paged attention (K/V writes, block gathers, SDPA)"),
                     ("rest", "everything else: transformers' norms, RoPE, residuals, activation, "
-                             "module calls; embedding; argmax; the step's indices"),
+                             "module calls; embedding; argmax; the step's indices; "
+                             "kvcore's scheduling and block bookkeeping"),
                     ("step", "the step")):
         print(f"| {what} | {parts[k] * 1e3:.1f} |")
     for n in (8, 1):

@@ -1,18 +1,111 @@
 """Where a decode step's time goes: the paged runner timed part by part, in place, and the
 model's attention-free floors (with oneDNN-packed and with plain linear layers).
 
-Used by bench_engine.py, which prints both next to the throughput figures.
+The runner is driven by :class:`BareEngine`: kvcore alone -- its KVCacheManager, Scheduler and
+EngineCore over a GPUModelRunner, built from EngineSettings as ``record.engine.Engine`` builds
+them, but with no Recorder attached, KV cache events off, no Snapshot and no detokenising.
+bench_engine.py uses it too, as its bare side, and prints these parts next to the throughput
+figures:
+
+    .venv/bin/python bench/bench_engine.py --quick --model tiny-random
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from typing import Iterable, Sequence
 
 import torch
 
-from kvcore.model import ModelRunner
-from tests._mini_engine import MiniEngine
+from kvcore.config.scheduler import SchedulerConfig
+from kvcore.core.kv_cache_manager import KVCacheManager
+from kvcore.core.kv_cache_utils import BlockHasher, resolve_none_hash_seed
+from kvcore.core.sched.scheduler import Scheduler
+from kvcore.engine.core import EngineCore, EngineCoreStep
+from kvcore.kv_cache_interface import KVCacheConfig
+from kvcore.request import Request
+from kvcore.utils.hashing import get_hash_fn_by_name
+from kvcore.worker.gpu_model_runner import GPUModelRunner
+from record.engine import kv_cache_groups
+from record.scenario import EngineSettings
+
+
+def bench_settings(prompts: Sequence[Sequence[int]], block_size: int = 16, num_blocks: int = 256,
+                   **kw) -> EngineSettings:
+    """The engine settings both sides of bench_engine.py run under: every prompt admitted
+    and prefilled in the first step, prefix caching on (EngineSettings' defaults otherwise)."""
+    return EngineSettings(block_size=block_size, num_gpu_blocks=num_blocks,
+                          max_num_seqs=max(1, len(prompts)),
+                          max_num_batched_tokens=max(256, sum(map(len, prompts))), **kw)
+
+
+class BareEngine:
+    """vLLM's step loop and nothing around it: kvcore's KVCacheManager, Scheduler and EngineCore
+    over an existing GPUModelRunner (its pool is reused; only the bookkeeping is new).
+
+    Built from ``settings`` as ``record.engine.Engine`` builds them (same KV cache groups,
+    hashing, scheduler config), but the pool's observer stays None (no Recorder attached, so no
+    block hook and no decision is recorded and nothing is wrapped), KV cache events are off (as
+    in vLLM by default), and a step is just ``EngineCore.step()``: no Snapshot, no text, no
+    invariant checks. The runner must have been built with the settings' block size and
+    ``num_gpu_blocks`` blocks, one full-attention group (no sliding window, no drafts)."""
+
+    def __init__(self, runner: GPUModelRunner, settings: EngineSettings) -> None:
+        s = settings
+        if (runner.block_size, runner.num_blocks) != (s.block_size, s.num_gpu_blocks):
+            raise ValueError("the runner's pool does not match the settings' "
+                             "block_size / num_gpu_blocks")
+        cfg = runner.loaded.config
+        self.max_model_len = s.max_model_len or getattr(cfg, "max_position_embeddings", 8192)
+        groups, _ = kv_cache_groups(s, runner.num_layers)
+        self.kv_cache_manager = KVCacheManager(
+            KVCacheConfig(s.num_gpu_blocks, tuple(groups), s.prefix_cache_retention_interval),
+            self.max_model_len, s.enable_prefix_caching, s.max_num_batched_tokens, s.watermark,
+            s.free_order, enable_kv_cache_events=False)
+        self.scheduler = Scheduler(SchedulerConfig(
+            max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
+            policy=s.policy, max_model_len=self.max_model_len, admission=s.admission,
+            long_prefill_token_threshold=s.long_prefill_token_threshold,
+            max_cache_hit_length=s.max_cache_hit_length), self.kv_cache_manager)
+        self.engine_core = EngineCore(self.scheduler, runner, None, self.max_model_len)
+        self.hasher = (BlockHasher(get_hash_fn_by_name(s.hash_algo), s.block_size,
+                                   resolve_none_hash_seed(s.hash_algo, s.hash_seed))
+                       if s.enable_prefix_caching else None)
+        self.requests: dict[str, Request] = {}
+
+    def add(self, rid: str, prompt: Sequence[int], max_tokens: int, eos_ids: Iterable[int] = (),
+            ignore_eos: bool = True) -> None:
+        """Queue a request (default: exactly ``max_tokens`` tokens, EOS ignored)."""
+        req = Request(rid, list(prompt), max_tokens, arrival_time=len(self.requests) + 1,
+                      eos_token_ids=eos_ids, ignore_eos=ignore_eos, block_hasher=self.hasher)
+        self.requests[rid] = req
+        self.scheduler.add_request(req)
+
+    def step(self) -> EngineCoreStep:
+        return self.engine_core.step()
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def run(self, max_steps: int = 100_000) -> dict[str, list[int]]:
+        for _ in range(max_steps):
+            if not self.has_unfinished():
+                break
+            self.step()
+        return self.outputs()
+
+    def outputs(self) -> dict[str, list[int]]:
+        return {rid: list(r.output_token_ids) for rid, r in self.requests.items()}
+
+
+def bare_engine(runner: GPUModelRunner, prompts: Sequence[Sequence[int]],
+                max_tokens: int) -> BareEngine:
+    """A BareEngine over ``runner`` with ``prompts`` queued as r0, r1, ... (``max_tokens`` each)."""
+    eng = BareEngine(runner, bench_settings(prompts, runner.block_size, runner.num_blocks))
+    for i, p in enumerate(prompts):
+        eng.add(f"r{i}", p, max_tokens)
+    return eng
 
 
 def attention_free_steps(loaded, batch: int = 8, steps: int = 15, repeat: int = 3) -> dict[str, float]:
@@ -24,8 +117,8 @@ def attention_free_steps(loaded, batch: int = 8, steps: int = 15, repeat: int = 
     back-to-back forwards, best of ``repeat`` interleaved rounds."""
     from transformers import AttentionInterface
 
-    from kvcore.model.reference import shared_clone
     from kvcore.model.cpu_packing import pack_linear_layers
+    from kvcore.model.reference import shared_clone
 
     def no_attention(module, query, key, value, attention_mask, **kwargs):
         return query.transpose(1, 2), None
@@ -59,14 +152,16 @@ def attention_free_steps(loaded, batch: int = 8, steps: int = 15, repeat: int = 
 
 def step_breakdown(loaded, prompts: list[list[int]], steps: int = 15, repeat: int = 3) -> dict[str, float]:
     """Where a decode step of the paged runner goes, timed in place (seconds per step, the
-    round with the fastest median step of ``repeat``): ``step`` in all, ``linear`` (every
-    linear layer, the LM head included), ``attention`` (our paged attention: K/V writes,
-    block gathers, SDPA) and ``rest`` (transformers' other per-layer ops and module calls,
-    the embedding, argmax, building the step's indices)."""
+    round with the fastest median step of ``repeat``): ``step`` in all (one
+    ``EngineCore.step()`` of a :class:`BareEngine`), ``linear`` (every linear layer, the LM
+    head included), ``attention`` (our paged attention: K/V writes, block gathers, SDPA) and
+    ``rest`` (transformers' other per-layer ops and module calls, the embedding, argmax,
+    building the step's indices, and kvcore's bookkeeping: scheduling, the block manager,
+    ``update_from_output``)."""
     from transformers import AttentionInterface
 
-    from kvcore.worker.paged_attention import paged_attention_forward
     from kvcore.model.cpu_packing import PackedLinear
+    from kvcore.worker.paged_attention import paged_attention_forward
 
     spent = {"linear": 0.0, "attention": 0.0}
 
@@ -77,7 +172,7 @@ def step_breakdown(loaded, prompts: list[list[int]], steps: int = 15, repeat: in
         return out
 
     AttentionInterface.register("kvlab_bench_timed", timed_attention)
-    runner = ModelRunner(loaded, 256, 16)
+    runner = GPUModelRunner(loaded, 256, 16)
     runner.model.set_attn_implementation("kvlab_bench_timed")
     for module in runner.model.modules():
         if isinstance(module, (PackedLinear, torch.nn.Linear)):
@@ -89,10 +184,8 @@ def step_breakdown(loaded, prompts: list[list[int]], steps: int = 15, repeat: in
             module.forward = timed_linear
     best: dict[str, float] = {"step": float("inf")}
     for _ in range(repeat):
-        eng = MiniEngine(runner, poison=None)
-        for i, p in enumerate(prompts):
-            eng.add(f"r{i}", p, steps + 3)
-        eng.step()
+        eng = bare_engine(runner, prompts, steps + 3)
+        eng.step()  # the prefill
         eng.step()
         rows = []
         for _ in range(steps):
@@ -109,25 +202,23 @@ def step_breakdown(loaded, prompts: list[list[int]], steps: int = 15, repeat: in
 
 
 def stacking_gain(loaded, prompts: list[list[int]], steps: int = 40) -> dict[str, float]:
-    """Median decode step (seconds) of two paged runners on the same requests, one with the
-    sibling projections (q/k/v, gate/up) stacked into one packed weight each -- what
-    ModelRunner does -- and one with every projection packed on its own; their steps
-    alternate, so load from other processes hits both alike."""
+    """Median decode step (seconds, one :class:`BareEngine` step) of two paged runners on the
+    same requests, one with the sibling projections (q/k/v, gate/up) stacked into one packed
+    weight each -- what GPUModelRunner does -- and one with every projection packed on its
+    own; their steps alternate, so load from other processes hits both alike."""
     from functools import partial
     from unittest import mock
 
     import kvcore.model.cpu_packing as packing
 
-    runners = {"stacked": ModelRunner(loaded, 256, 16)}
+    runners = {"stacked": GPUModelRunner(loaded, 256, 16)}
     unstacked = partial(packing.pack_linear_layers, stack_siblings=False)
     with mock.patch.object(packing, "pack_linear_layers", unstacked):
-        runners["unstacked"] = ModelRunner(loaded, 256, 16)
+        runners["unstacked"] = GPUModelRunner(loaded, 256, 16)
     engines = {}
     for kind, runner in runners.items():
-        engines[kind] = eng = MiniEngine(runner, poison=None)
-        for i, p in enumerate(prompts):
-            eng.add(f"r{i}", p, steps + 3)
-        eng.step()
+        engines[kind] = eng = bare_engine(runner, prompts, steps + 3)
+        eng.step()  # the prefill
         eng.step()
     times: dict[str, list[float]] = {k: [] for k in engines}
     for _ in range(steps):

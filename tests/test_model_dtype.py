@@ -9,13 +9,14 @@ greedy divergence must sit on a near tie that this much rounding can flip.
 import pytest
 import torch
 
-from dataclasses import dataclass
 from typing import Sequence
 
 from record.engine import Engine
-from kvcore.model import ModelRunner, load_model
+from kvcore.model import load_model
+from kvcore.model.reference import Agreement, agreement_with_generate
+from kvcore.worker.gpu_model_runner import GPUModelRunner
 from kvcore.utils.math_utils import cdiv
-from _runner_tap import TappedRun, reference_logits, req
+from _runner_tap import TappedRun, req
 from record.scenario import EngineSettings, RequestSpec, Scenario
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -30,71 +31,19 @@ def tiny_half(request):
     return load_model("tiny-random", device="cpu", dtype=request.param)
 
 
-@dataclass(frozen=True)
-class Agreement:
-    """How closely the paged runner follows transformers in the model's own dtype.
-
-    paged_diff: largest |logit difference| between the paged runner and one full forward of
-    transformers over the same tokens (same weights, same dtype).  reference_noise: the same
-    measure between transformers' own ``generate`` (with its KV cache) and that full forward --
-    how far two correct implementations already drift apart in this dtype.  A greedy divergence
-    is *explained* when, at the first differing position, ``generate``'s logits rank the two
-    candidates closer than ``paged_diff + reference_noise`` (a near tie that rounding may flip).
-    """
-
-    dtype: str
-    paged_diff: float
-    reference_noise: float
-    tokens_equal: int            # tokens equal to generate's, each request up to its first difference
-    tokens_total: int            # tokens compared (each request: the shorter of the two outputs)
-    divergences: tuple[tuple[str, int, float], ...]  # (request, position, generate's top-2 margin there)
-
-    @property
-    def divergences_explained(self) -> bool:
-        bound = self.paged_diff + self.reference_noise
-        return all(margin <= bound for _, _, margin in self.divergences)
-
-
 @torch.inference_mode()
 def measure_agreement(loaded, prompts: Sequence[Sequence[int]], new_tokens: int,
                       block_size: int = 16) -> Agreement:
     """Run ``prompts`` together through the engine (its paged runner watched, tests/_runner_tap.py)
-    and one by one through ``generate``. Both stop at the model's EOS (no logits processor touches
-    ``generate``'s greedy choice, so its raw logits are the ones it chose from); a request is
-    compared over the tokens both produced."""
-    model = loaded.model
-    dev = next(model.parameters()).device
-    eos = sorted(loaded.eos_ids)
+    and compare with ``generate`` one by one (kvcore.model.reference.agreement_with_generate, the
+    measure bench/bench_dtype.py prints too)."""
     blocks = 1 + sum(cdiv(len(p) + new_tokens, block_size) for p in prompts)
     run = TappedRun(loaded, [req(f"r{i}", p, new_tokens) for i, p in enumerate(prompts)], poison=None,
                     block_size=block_size, num_gpu_blocks=blocks, max_num_seqs=len(prompts),
                     max_num_batched_tokens=max(256, sum(map(len, prompts))))
     paged = run.run()
     assert len(run.batches[1]) == len(prompts), "every prompt in the first batch"
-    pad = getattr(loaded.tokenizer, "pad_token_id", None) or 0
-    paged_diff = noise = 0.0
-    equal = total = 0
-    divergences = []
-    for i, p in enumerate(prompts):
-        rid = f"r{i}"
-        ids = torch.tensor([list(p)], dtype=torch.long, device=dev)
-        gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                             max_new_tokens=new_tokens, pad_token_id=pad, eos_token_id=eos,
-                             output_logits=True, return_dict_in_generate=True)
-        g = gen.sequences[0, len(p):].tolist()
-        g_logits = torch.stack([lg[0].float().cpu() for lg in gen.logits])
-        noise = max(noise, (g_logits - reference_logits(model, p, g)).abs().max().item())
-        o = paged[rid]
-        p_logits = torch.stack(run.logits[rid])
-        paged_diff = max(paged_diff, (p_logits - reference_logits(model, p, o)).abs().max().item())
-        n = min(len(o), len(g))
-        k = next((j for j in range(n) if o[j] != g[j]), n)
-        equal += k
-        total += n
-        if k < n:
-            divergences.append((rid, k, (g_logits[k, g[k]] - g_logits[k, o[k]]).item()))
-    return Agreement(str(loaded.dtype).replace("torch.", ""), paged_diff, noise, equal, total,
-                     tuple(divergences))
+    return agreement_with_generate(loaded, prompts, new_tokens, paged, run.logits)
 
 
 def check(a):
@@ -105,7 +54,7 @@ def check(a):
 
 
 def test_pools_take_the_model_dtype(tiny_half):
-    runner = ModelRunner(tiny_half, num_blocks=8, block_size=4)
+    runner = GPUModelRunner(tiny_half, num_blocks=8, block_size=4)
     assert {t.dtype for t in runner.kv_caches} == {tiny_half.dtype}
 
 

@@ -1,9 +1,11 @@
-"""transformers models that share the loaded weights: the references the engine is checked against."""
+"""transformers models that share the loaded weights: the references the engine is checked against,
+and (``agreement_with_generate``) how far a paged run drifts from them in the model's dtype."""
 
 from __future__ import annotations
 
 import copy
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 import torch
 
@@ -89,3 +91,80 @@ def reference_model(
         return shared_clone(src)
     cfg._attn_implementation = "sdpa"
     return _share_weights_into(cls, cfg, src)
+
+
+# -- half precision: how far the paged runner drifts from transformers ---------------------------
+@dataclass(frozen=True)
+class Agreement:
+    """How closely the paged runner follows transformers in the model's own dtype.
+
+    paged_diff: largest |logit difference| between the paged runner and one full forward of
+    transformers over the same tokens (same weights, same dtype).  reference_noise: the same
+    measure between transformers' own ``generate`` (with its KV cache) and that full forward --
+    how far two correct implementations already drift apart in this dtype.  A greedy divergence
+    is *explained* when, at the first differing position, ``generate``'s logits rank the two
+    candidates closer than ``paged_diff + reference_noise`` (a near tie that rounding may flip).
+    """
+
+    dtype: str
+    paged_diff: float
+    reference_noise: float
+    tokens_equal: int   # tokens equal to generate's, each request up to its first difference
+    tokens_total: int   # tokens compared (each request: the shorter of the two outputs)
+    # (request, position, generate's top-2 margin there)
+    divergences: tuple[tuple[str, int, float], ...]
+
+    @property
+    def divergences_explained(self) -> bool:
+        bound = self.paged_diff + self.reference_noise
+        return all(margin <= bound for _, _, margin in self.divergences)
+
+
+@torch.inference_mode()
+def reference_logits(model, prompt: Sequence[int], output: Sequence[int]) -> torch.Tensor:
+    """Logits (float32, CPU) predicting each output token, from one full forward of
+    prompt + output."""
+    dev = next(model.parameters()).device
+    ids = torch.tensor([list(prompt) + list(output)], dtype=torch.long, device=dev)
+    logits = model(ids, use_cache=False).logits[0].float().cpu()
+    return logits[len(prompt) - 1: len(prompt) - 1 + len(output)]
+
+
+@torch.inference_mode()
+def agreement_with_generate(loaded: LoadedModel, prompts: Sequence[Sequence[int]], new_tokens: int,
+                            paged_tokens: Mapping[str, Sequence[int]],
+                            paged_logits: Mapping[str, Sequence[torch.Tensor]]) -> Agreement:
+    """Compare a paged run of ``prompts`` (request ``r{i}`` is prompt i: its greedy tokens and,
+    per sampled position, its logits as float32 [vocab]) with ``loaded.model.generate``, one
+    prompt at a time, up to ``new_tokens`` tokens.  Both stop at the model's EOS (no logits
+    processor touches ``generate``'s greedy choice, so its raw logits are the ones it chose
+    from); a request is compared over the tokens both produced.  Whoever drives the paged
+    runner (the recording engine in tests/test_model_dtype.py, bare kvcore in
+    bench/bench_dtype.py) hands its outputs here."""
+    model = loaded.model
+    dev = next(model.parameters()).device
+    eos = sorted(loaded.eos_ids)
+    pad = getattr(loaded.tokenizer, "pad_token_id", None) or 0
+    paged_diff = noise = 0.0
+    equal = total = 0
+    divergences = []
+    for i, p in enumerate(prompts):
+        rid = f"r{i}"
+        ids = torch.tensor([list(p)], dtype=torch.long, device=dev)
+        gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=new_tokens, pad_token_id=pad, eos_token_id=eos,
+                             output_logits=True, return_dict_in_generate=True)
+        g = gen.sequences[0, len(p):].tolist()
+        g_logits = torch.stack([lg[0].float().cpu() for lg in gen.logits])
+        noise = max(noise, (g_logits - reference_logits(model, p, g)).abs().max().item())
+        o = list(paged_tokens[rid])
+        p_logits = torch.stack(list(paged_logits[rid]))
+        paged_diff = max(paged_diff, (p_logits - reference_logits(model, p, o)).abs().max().item())
+        n = min(len(o), len(g))
+        k = next((j for j in range(n) if o[j] != g[j]), n)
+        equal += k
+        total += n
+        if k < n:
+            divergences.append((rid, k, (g_logits[k, g[k]] - g_logits[k, o[k]]).item()))
+    return Agreement(str(loaded.dtype).replace("torch.", ""), paged_diff, noise, equal, total,
+                     tuple(divergences))
