@@ -13,9 +13,13 @@ run: setup
 
 # 2) set up on first use, then run the whole suite (real-model tests included)
 test: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q -ra
 
 test-fast: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -q -ra -m "not slow and not browser"
 
 bench: setup

@@ -2,6 +2,7 @@
 
 Run: python -m streamlit run app.py   (the entry itself lives in ui/entry.py)
 """
+
 from ui.entry import main
 
 main()

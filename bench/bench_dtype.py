@@ -21,6 +21,7 @@ its bounds (the test drives the recording Engine instead).
 On the project's 2-core CPU float16 is very slow (no fast fp16 kernels: ~5 min for the
 agreement run alone), so it is left out by default there.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -80,11 +81,17 @@ def measure_agreement(loaded, prompts, new_tokens: int, block_size: int = 16) ->
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model", choices=["smollm2", "tiny-random"], default=None)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"],
-                    choices=["float32", "bfloat16", "float16"])
+    ap.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=["float32", "bfloat16"],
+        choices=["float32", "bfloat16", "float16"],
+    )
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args(argv)
@@ -92,12 +99,19 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     torch.set_grad_enabled(False)
     name = args.model or ("smollm2" if smollm2_available() else "tiny-random")
-    print(f"# Paged KV Lab half-precision benchmark ({name}, {args.device}, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads; {len(QUESTIONS)} chat prompts, up to {args.new_tokens} "
-          f"new tokens, stopping at EOS)\n")
-    print("| dtype | paged vs full forward: max abs logit diff | transformers' own drift | "
-          "greedy tokens equal to generate | divergences (request, position, generate's top-2 margin) "
-          "| paged decode step, 8 requests (ms) | agreement run (s) |")
+    print(
+        f"# Paged KV Lab half-precision benchmark ({name}, {args.device}, torch "
+        f"{torch.__version__}, "
+        f"{torch.get_num_threads()} threads; {len(QUESTIONS)} chat prompts, up to "
+        f"{args.new_tokens} "
+        f"new tokens, stopping at EOS)\n"
+    )
+    print(
+        "| dtype | paged vs full forward: max abs logit diff | transformers' own drift | "
+        "greedy tokens equal to generate | divergences (request, position, generate's top-2 "
+        "margin) "
+        "| paged decode step, 8 requests (ms) | agreement run (s) |"
+    )
     print("|---|---:|---:|---:|---|---:|---:|")
     for dt in args.dtypes:
         loaded = load_model(name, args.device, dt)
@@ -109,8 +123,12 @@ def main(argv=None) -> int:
         run(prompts, 2)  # warm-up
         step_ms = step_seconds_interleaved({"paged": (run, prompts)}, 12, repeat=2)["paged"] * 1e3
         div = ", ".join(f"({r}, {k}, {m:.3g})" for r, k, m in a.divergences) or "none"
-        print(f"| {dt} | {a.paged_diff:.3g} | {a.reference_noise:.3g} | {a.tokens_equal}/{a.tokens_total} "
-              f"| {div} | {step_ms:.1f} | {secs:.1f} |", flush=True)
+        print(
+            f"| {dt} | {a.paged_diff:.3g} | {a.reference_noise:.3g} | "
+            f"{a.tokens_equal}/{a.tokens_total} "
+            f"| {div} | {step_ms:.1f} | {secs:.1f} |",
+            flush=True,
+        )
         del loaded, run
     return 0
 

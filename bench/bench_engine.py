@@ -89,7 +89,9 @@ QUESTIONS = [
 # --------------------------------------------------------------------- the bound
 def weight_bandwidth_bound(model) -> tuple[float, float, float]:
     """(weight bytes, measured GB/s of a streaming read, seconds to stream all weights once)."""
-    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())  # tied weights counted once
+    nbytes = sum(
+        p.numel() * p.element_size() for p in model.parameters()
+    )  # tied weights counted once
     big = torch.ones(64 * 1024 * 1024 // 4 * 4)  # 64 MiB
     big.sum()
     t = min(timed(lambda: big.sum()) for _ in range(5))
@@ -139,8 +141,9 @@ def paged_runner_backend(loaded, block_size: int = 16, num_blocks: int | None = 
         seconds = timed(lambda: out.append(eng.step()))
         fed = out[0].scheduler_output.num_scheduled_tokens.get("b")
         if fed != len(prompt) - hit:
-            raise RuntimeError(f"expected a prefix hit of {hit} tokens; "
-                               f"the step fed {fed} of {len(prompt)}")
+            raise RuntimeError(
+                f"expected a prefix hit of {hit} tokens; the step fed {fed} of {len(prompt)}"
+            )
         return seconds
 
     return run, first_token, runner
@@ -156,10 +159,14 @@ def engine_backend(loaded, block_size: int = 16, num_blocks: int = 256):
 
     def run(prompts, n):
         scenario = Scenario(
-            model=loaded.name, device=str(loaded.device.type),
+            model=loaded.name,
+            device=str(loaded.device.type),
             engine=bench_settings(prompts, block_size, num_blocks),
-            requests=tuple(RequestSpec(id=f"r{i}", prompt_token_ids=tuple(p), max_tokens=n,
-                                       ignore_eos=True) for i, p in enumerate(prompts)))
+            requests=tuple(
+                RequestSpec(id=f"r{i}", prompt_token_ids=tuple(p), max_tokens=n, ignore_eos=True)
+                for i, p in enumerate(prompts)
+            ),
+        )
         eng = Engine(scenario, model=loaded)
         decode_steps = []
         while eng.has_unfinished():
@@ -181,18 +188,28 @@ def engine_backend(loaded, block_size: int = 16, num_blocks: int = 256):
 def hf_generate_backend(loaded):
     """run(prompts, n) with ``model.generate`` (left-padded batch when several prompts)."""
     model = loaded.model
-    pad = loaded.tokenizer.pad_token_id if getattr(loaded.tokenizer, "pad_token_id", None) is not None else 0
+    pad = (
+        loaded.tokenizer.pad_token_id
+        if getattr(loaded.tokenizer, "pad_token_id", None) is not None
+        else 0
+    )
 
     def run(prompts, n):
         L = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), L), pad, dtype=torch.long)
         mask = torch.zeros((len(prompts), L), dtype=torch.long)
         for i, p in enumerate(prompts):
-            ids[i, L - len(p):] = torch.tensor(p)
-            mask[i, L - len(p):] = 1
+            ids[i, L - len(p) :] = torch.tensor(p)
+            mask[i, L - len(p) :] = 1
         with torch.inference_mode():
-            return model.generate(ids.to(loaded.device), attention_mask=mask.to(loaded.device),
-                                  do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=pad)
+            return model.generate(
+                ids.to(loaded.device),
+                attention_mask=mask.to(loaded.device),
+                do_sample=False,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                pad_token_id=pad,
+            )
 
     def first_token(prompt, hit):
         return timed(lambda: run([prompt], 1))
@@ -239,15 +256,25 @@ def hf_generate_batch_backend(loaded):
 
 # --------------------------------------------------------------------- main
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--quick", action="store_true", help="fewer tokens and repeats")
     ap.add_argument("--model", choices=["smollm2", "tiny-random"], default=None)
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--no-generate-batch", action="store_true", help="skip transformers' generate_batch")
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    ap.add_argument(
+        "--no-generate-batch", action="store_true", help="skip transformers' generate_batch"
+    )
+    ap.add_argument(
+        "--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)"
+    )
     ap.add_argument("--repeat", type=int, default=None, help="runs per measurement (best kept)")
-    ap.add_argument("--rounds", type=int, default=None,
-                    help="rounds of the generate_batch comparison (default: --repeat)")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="rounds of the generate_batch comparison (default: --repeat)",
+    )
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -261,10 +288,15 @@ def main(argv=None) -> int:
     prompts8 = [loaded.encode_prompt(q) for q in QUESTIONS]
     prompt1 = [prompts8[0]]
 
-    print(f"# Paged KV Lab engine benchmark ({loaded.name}, {loaded.device}, {loaded.dtype}, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads)")
-    print(f"prompts: {len(prompts8)} chat prompts of {min(map(len, prompts8))}-{max(map(len, prompts8))} "
-          f"tokens; {new_tokens} new tokens; best of {repeat}\n")
+    print(
+        f"# Paged KV Lab engine benchmark ({loaded.name}, {loaded.device}, {loaded.dtype}, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads)"
+    )
+    print(
+        f"prompts: {len(prompts8)} chat prompts of "
+        f"{min(map(len, prompts8))}-{max(map(len, prompts8))} "
+        f"tokens; {new_tokens} new tokens; best of {repeat}\n"
+    )
 
     paged_run, paged_first, runner = paged_runner_backend(loaded)
     engine_run = engine_backend(loaded)
@@ -294,42 +326,63 @@ def main(argv=None) -> int:
     for who, n, tps in rows:
         print(f"| {who} | {n} | {tps:.1f} | {tps / res['gen1']:.2f}x |")
     print()
-    print("Targets (CPU): batch 1 >= 1.0x generate: bare "
-          f"{res['paged1'] / res['gen1']:.2f}x, Engine {res['engine1'] / res['gen1']:.2f}x; "
-          f"8 concurrent >= 5x generate batch 1: bare {res['paged8'] / res['gen1']:.2f}x, "
-          f"Engine {res['engine8'] / res['gen1']:.2f}x")
-    print("What recording and the Snapshots cost (Engine's decode time per token over bare "
-          f"kvcore's): 1 request {res['paged1'] / res['engine1']:.2f}x, "
-          f"8 concurrent {res['paged8'] / res['engine8']:.2f}x")
+    print(
+        "Targets (CPU): batch 1 >= 1.0x generate: bare "
+        f"{res['paged1'] / res['gen1']:.2f}x, Engine {res['engine1'] / res['gen1']:.2f}x; "
+        f"8 concurrent >= 5x generate batch 1: bare {res['paged8'] / res['gen1']:.2f}x, "
+        f"Engine {res['engine8'] / res['gen1']:.2f}x"
+    )
+    print(
+        "What recording and the Snapshots cost (Engine's decode time per token over bare "
+        f"kvcore's): 1 request {res['paged1'] / res['engine1']:.2f}x, "
+        f"8 concurrent {res['paged8'] / res['engine8']:.2f}x"
+    )
 
     steps: dict[str, float] = {}
     gb = None if args.no_generate_batch else hf_generate_batch_backend(loaded)
     if gb is not None:
         try:
             rounds = step_rounds(
-                {"gb8": (gb, prompts8), "engine8": (engine_run, prompts8), "paged8": (paged_run, prompts8)},
-                min(new_tokens, 16), args.rounds or repeat)
+                {
+                    "gb8": (gb, prompts8),
+                    "engine8": (engine_run, prompts8),
+                    "paged8": (paged_run, prompts8),
+                },
+                min(new_tokens, 16),
+                args.rounds or repeat,
+            )
             steps = best_steps(rounds)
         except Exception as exc:  # pragma: no cover - depends on the transformers build
             print(f"(generate_batch did not run: {type(exc).__name__}: {exc})")
     if steps:
         print("\n## Against transformers' continuous batching (`generate_batch`), same 8 prompts\n")
-        print("Median decode step, runs interleaved, best of "
-              f"{args.rounds or repeat}:\n")
+        print(f"Median decode step, runs interleaved, best of {args.rounds or repeat}:\n")
         print("| backend | decode step ms | decode tokens/s | generate_batch step / this step |")
         print("|---|---:|---:|---:|")
-        for k, who in (("gb8", "transformers generate_batch"), ("engine8", "Engine"),
-                       ("paged8", "bare kvcore")):
-            print(f"| {who} | {steps[k] * 1e3:.1f} | {8 / steps[k]:.1f} | {steps['gb8'] / steps[k]:.2f}x |")
-        print(f"\nTarget (CPU): >= 2x generate_batch: Engine {steps['gb8'] / steps['engine8']:.2f}x, "
-              f"bare kvcore {steps['gb8'] / steps['paged8']:.2f}x (best against best)")
+        for k, who in (
+            ("gb8", "transformers generate_batch"),
+            ("engine8", "Engine"),
+            ("paged8", "bare kvcore"),
+        ):
+            print(
+                f"| {who} | {steps[k] * 1e3:.1f} | {8 / steps[k]:.1f} | "
+                f"{steps['gb8'] / steps[k]:.2f}x |"
+            )
+        print(
+            f"\nTarget (CPU): >= 2x generate_batch: Engine {steps['gb8'] / steps['engine8']:.2f}x, "
+            f"bare kvcore {steps['gb8'] / steps['paged8']:.2f}x (best against best)"
+        )
         for k, who in (("engine8", "Engine"), ("paged8", "bare kvcore")):
             r = paired_ratios(rounds, "gb8", k)
-            print(f"Paired, round by round: {who} {', '.join(f'{x:.2f}x' for x in r)}; "
-                  f"median {statistics.median(r):.2f}x")
+            print(
+                f"Paired, round by round: {who} {', '.join(f'{x:.2f}x' for x in r)}; "
+                f"median {statistics.median(r):.2f}x"
+            )
         r = paired_ratios(rounds, "engine8", "paged8")
-        print(f"Engine step / bare kvcore step (recording + Snapshot), round by round: "
-              f"{', '.join(f'{x:.2f}x' for x in r)}; median {statistics.median(r):.2f}x")
+        print(
+            f"Engine step / bare kvcore step (recording + Snapshot), round by round: "
+            f"{', '.join(f'{x:.2f}x' for x in r)}; median {statistics.median(r):.2f}x"
+        )
 
     # one decode step vs the bandwidth bound
     nbytes, gbs, bound = weight_bandwidth_bound(loaded.model)
@@ -338,33 +391,49 @@ def main(argv=None) -> int:
     print("\n## One decode step vs the memory-bandwidth bound\n")
     print("| | ms |")
     print("|---|---:|")
-    print(f"| weights {nbytes / 1e6:.0f} MB at measured {gbs:.1f} GB/s (bound) | {bound * 1e3:.1f} |")
+    print(
+        f"| weights {nbytes / 1e6:.0f} MB at measured {gbs:.1f} GB/s (bound) | {bound * 1e3:.1f} |"
+    )
     print(f"| weights at a nominal 35 GB/s | {nbytes / 35e9 * 1e3:.1f} |")
     for n, step in ((1, step1), (8, step8)):
-        print(f"| bare kvcore decode step, {n} request{'s' if n > 1 else ''} | {step * 1e3:.1f} "
-              f"({step / bound:.1f}x the bound) |")
+        print(
+            f"| bare kvcore decode step, {n} request{'s' if n > 1 else ''} | {step * 1e3:.1f} "
+            f"({step / bound:.1f}x the bound) |"
+        )
     floors = attention_free_steps(loaded, 8, repeat=repeat)
     floor_packed, floor_plain = floors["packed"], floors["plain"]
-    print(f"| the model with attention a no-op, 8 tokens, oneDNN-packed linears (our runner's floor) "
-          f"| {floor_packed * 1e3:.1f} |")
-    print(f"| the same with plain nn.Linear (the floor of the stock model, generate_batch's) "
-          f"| {floor_plain * 1e3:.1f} |")
+    print(
+        f"| the model with attention a no-op, 8 tokens, oneDNN-packed linears (our runner's floor) "
+        f"| {floor_packed * 1e3:.1f} |"
+    )
+    print(
+        f"| the same with plain nn.Linear (the floor of the stock model, generate_batch's) "
+        f"| {floor_plain * 1e3:.1f} |"
+    )
     parts = step_breakdown(loaded, prompts8, repeat=repeat)
     print("\n## Where a decode step of 8 requests goes (bare kvcore, timed in place)\n")
     print("| part | ms |")
     print("|---|---:|")
-    for k, what in (("linear", "linear layers + LM head (oneDNN-packed)"),
-                    ("attention", "paged attention (K/V writes, block gathers, SDPA)"),
-                    ("rest", "everything else: transformers' norms, RoPE, residuals, activation, "
-                             "module calls; embedding; argmax; the step's indices; "
-                             "kvcore's scheduling and block bookkeeping"),
-                    ("step", "the step")):
+    for k, what in (
+        ("linear", "linear layers + LM head (oneDNN-packed)"),
+        ("attention", "paged attention (K/V writes, block gathers, SDPA)"),
+        (
+            "rest",
+            "everything else: transformers' norms, RoPE, residuals, activation, "
+            "module calls; embedding; argmax; the step's indices; "
+            "kvcore's scheduling and block bookkeeping",
+        ),
+        ("step", "the step"),
+    ):
         print(f"| {what} | {parts[k] * 1e3:.1f} |")
     for n in (8, 1):
         gain = stacking_gain(loaded, prompts8[:n])
-        print(f"\nDecode step with {n} request(s), steps alternating: q/k/v and gate/up stacked "
-              f"{gain['stacked'] * 1e3:.1f} ms, each packed on its own {gain['unstacked'] * 1e3:.1f} ms "
-              f"({gain['unstacked'] / gain['stacked']:.2f}x)")
+        print(
+            f"\nDecode step with {n} request(s), steps alternating: q/k/v and gate/up stacked "
+            f"{gain['stacked'] * 1e3:.1f} ms, each packed on its own "
+            f"{gain['unstacked'] * 1e3:.1f} ms "
+            f"({gain['unstacked'] / gain['stacked']:.2f}x)"
+        )
 
     # time to first token vs prefix-hit length
     long_prompt = []
@@ -382,8 +451,10 @@ def main(argv=None) -> int:
     print("|---:|---:|---:|---:|")
     for h in hits:
         print(f"| {h} | {L - h} | {t_paged[h] * 1e3:.1f} | {t_gen * 1e3:.1f} |")
-    print(f"\n(load average {load0:.1f} at start, {os.getloadavg()[0]:.1f} at the end, on "
-          f"{os.cpu_count()} CPUs: other processes on the machine inflate every figure)")
+    print(
+        f"\n(load average {load0:.1f} at start, {os.getloadavg()[0]:.1f} at the end, on "
+        f"{os.cpu_count()} CPUs: other processes on the machine inflate every figure)"
+    )
     return 0
 
 

@@ -7,6 +7,7 @@ and, every other batch, one BlockRemoved), uint64 hashes. The end-to-end figure 
 ZmqEventPublisher sending as fast as it can to a KVEventWatcher over ipc:// on this machine,
 counted until every batch is applied (replay fills what the PUB socket drops).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,10 +29,20 @@ def batches(n: int, blocks: int) -> list[ke.KVEventBatch]:
     out, live = [], []
     for i in range(n):
         hashes = [rnd.getrandbits(64) for _ in range(blocks)]
-        events = [ke.BlockStored(block_hashes=hashes, parent_block_hash=live[-1] if live else None,
-                                 token_ids=[rnd.randrange(50_000) for _ in range(16 * blocks)], block_size=16,
-                                 lora_id=None, medium="GPU", lora_name=None, extra_keys=[None] * blocks,
-                                 group_idx=0, kv_cache_spec_kind="full_attention")]
+        events = [
+            ke.BlockStored(
+                block_hashes=hashes,
+                parent_block_hash=live[-1] if live else None,
+                token_ids=[rnd.randrange(50_000) for _ in range(16 * blocks)],
+                block_size=16,
+                lora_id=None,
+                medium="GPU",
+                lora_name=None,
+                extra_keys=[None] * blocks,
+                group_idx=0,
+                kv_cache_spec_kind="full_attention",
+            )
+        ]
         live.extend(hashes)
         if i % 2 and len(live) > blocks:
             events.insert(0, ke.BlockRemoved(block_hashes=[live.pop(0)], medium="GPU", group_idx=0))
@@ -46,7 +57,10 @@ def main() -> None:
     a = p.parse_args()
     bs = batches(a.batches, a.blocks)
     payloads = [ke.encode_batch(b) for b in bs]
-    print(f"{a.batches} batches, {a.blocks} blocks each, {sum(map(len, payloads)) / len(payloads):.0f} bytes/payload")
+    print(
+        f"{a.batches} batches, {a.blocks} blocks each, "
+        f"{sum(map(len, payloads)) / len(payloads):.0f} bytes/payload"
+    )
 
     t = time.perf_counter()
     decoded = [ke.decode_batch(pl) for pl in payloads]
@@ -59,7 +73,10 @@ def main() -> None:
         for ev in b.events:
             index.apply(ev)
     dt = time.perf_counter() - t
-    print(f"index apply:   {a.batches / dt:10.0f} batches/s ({sum(index.num_blocks().values())} blocks held)")
+    print(
+        f"index apply:   {a.batches / dt:10.0f} batches/s ({sum(index.num_blocks().values())} "
+        "blocks held)"
+    )
 
     with tempfile.TemporaryDirectory() as d:
         pub_ep, replay_ep = f"ipc://{d}/pub", f"ipc://{d}/replay"
@@ -72,12 +89,17 @@ def main() -> None:
             for pl in payloads:
                 pub.publish_payload(pl)
             deadline = time.monotonic() + 120
-            while w.snapshot(with_state=False).stats.batches < a.batches and time.monotonic() < deadline:
+            while (
+                w.snapshot(with_state=False).stats.batches < a.batches
+                and time.monotonic() < deadline
+            ):
                 time.sleep(0.01)
             dt = time.perf_counter() - t
             st = w.snapshot(with_state=False).stats
-            print(f"end to end:    {st.batches / dt:10.0f} batches/s ({st.batches} applied, "
-                  f"{st.replayed_batches} through replay, {st.gaps} gaps, {st.lost_batches} lost)")
+            print(
+                f"end to end:    {st.batches / dt:10.0f} batches/s ({st.batches} applied, "
+                f"{st.replayed_batches} through replay, {st.gaps} gaps, {st.lost_batches} lost)"
+            )
         finally:
             w.stop()
             pub.shutdown()

@@ -7,6 +7,7 @@ A run of ``--requests`` requests (shared 40-token prefixes, 30 output tokens eac
 ``--repeat``: ``read_trace`` (every line checked by pydantic), ``Event.to_dict`` /
 ``Event.from_dict`` per event, and one sentence per event in each language.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,9 +22,19 @@ from words.sentences import sentence
 
 
 def make_trace(num_requests: int) -> str:
-    reqs = tuple(RequestSpec(f"r{i}", prompt_token_ids=tuple([i % 5] * 40 + list(range(100 + i, 140 + i))),
-                             max_tokens=30, arrival_step=i, ignore_eos=True) for i in range(num_requests))
-    settings = EngineSettings(block_size=8, num_gpu_blocks=400, max_num_batched_tokens=256, hash_algo="sha256")
+    reqs = tuple(
+        RequestSpec(
+            f"r{i}",
+            prompt_token_ids=tuple([i % 5] * 40 + list(range(100 + i, 140 + i))),
+            max_tokens=30,
+            arrival_step=i,
+            ignore_eos=True,
+        )
+        for i in range(num_requests)
+    )
+    settings = EngineSettings(
+        block_size=8, num_gpu_blocks=400, max_num_batched_tokens=256, hash_algo="sha256"
+    )
     eng = Engine(Scenario(name="bench", engine=settings, requests=reqs), runner=NoModelRunner())
     lines = [trace.header_line(scenario_to_dict(eng.scenario), eng.snapshot())]
     lines += [trace.step_line(r) for r in eng.run()]
@@ -54,7 +65,9 @@ def main() -> None:
     from_d = best(lambda: [Event.from_dict(d) for d in dicts], args.repeat)
     say = best(lambda: [sentence(e, lang) for e in evs for lang in ("en", "zh")], args.repeat)
     mb = len(text.encode()) / 1e6
-    print(f"| trace: {len(t.records)} steps, {len(evs)} events, {mb:.1f} MB | best of {args.repeat} |")
+    print(
+        f"| trace: {len(t.records)} steps, {len(evs)} events, {mb:.1f} MB | best of {args.repeat} |"
+    )
     print("|---|---|")
     print(f"| read_trace (pydantic, strict) | {read:.2f} s ({mb / read:.0f} MB/s) |")
     print(f"| Event.to_dict | {to_d / len(evs) * 1e6:.1f} µs/event |")

@@ -31,13 +31,18 @@ from record.engine import kv_cache_groups
 from record.scenario import EngineSettings
 
 
-def bench_settings(prompts: Sequence[Sequence[int]], block_size: int = 16, num_blocks: int = 256,
-                   **kw) -> EngineSettings:
+def bench_settings(
+    prompts: Sequence[Sequence[int]], block_size: int = 16, num_blocks: int = 256, **kw
+) -> EngineSettings:
     """The engine settings both sides of bench_engine.py run under: every prompt admitted
     and prefilled in the first step, prefix caching on (EngineSettings' defaults otherwise)."""
-    return EngineSettings(block_size=block_size, num_gpu_blocks=num_blocks,
-                          max_num_seqs=max(1, len(prompts)),
-                          max_num_batched_tokens=max(256, sum(map(len, prompts))), **kw)
+    return EngineSettings(
+        block_size=block_size,
+        num_gpu_blocks=num_blocks,
+        max_num_seqs=max(1, len(prompts)),
+        max_num_batched_tokens=max(256, sum(map(len, prompts))),
+        **kw,
+    )
 
 
 class BareEngine:
@@ -54,31 +59,63 @@ class BareEngine:
     def __init__(self, runner: GPUModelRunner, settings: EngineSettings) -> None:
         s = settings
         if (runner.block_size, runner.num_blocks) != (s.block_size, s.num_gpu_blocks):
-            raise ValueError("the runner's pool does not match the settings' "
-                             "block_size / num_gpu_blocks")
+            raise ValueError(
+                "the runner's pool does not match the settings' block_size / num_gpu_blocks"
+            )
         cfg = runner.loaded.config
         self.max_model_len = s.max_model_len or getattr(cfg, "max_position_embeddings", 8192)
         groups, _ = kv_cache_groups(s, runner.num_layers)
         self.kv_cache_manager = KVCacheManager(
             KVCacheConfig(s.num_gpu_blocks, tuple(groups), s.prefix_cache_retention_interval),
-            self.max_model_len, s.enable_prefix_caching, s.max_num_batched_tokens, s.watermark,
-            s.free_order, enable_kv_cache_events=False)
-        self.scheduler = Scheduler(SchedulerConfig(
-            max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
-            policy=s.policy, max_model_len=self.max_model_len, admission=s.admission,
-            long_prefill_token_threshold=s.long_prefill_token_threshold,
-            max_cache_hit_length=s.max_cache_hit_length), self.kv_cache_manager)
+            self.max_model_len,
+            s.enable_prefix_caching,
+            s.max_num_batched_tokens,
+            s.watermark,
+            s.free_order,
+            enable_kv_cache_events=False,
+        )
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=s.max_num_seqs,
+                max_num_batched_tokens=s.max_num_batched_tokens,
+                policy=s.policy,
+                max_model_len=self.max_model_len,
+                admission=s.admission,
+                long_prefill_token_threshold=s.long_prefill_token_threshold,
+                max_cache_hit_length=s.max_cache_hit_length,
+            ),
+            self.kv_cache_manager,
+        )
         self.engine_core = EngineCore(self.scheduler, runner, None, self.max_model_len)
-        self.hasher = (BlockHasher(get_hash_fn_by_name(s.hash_algo), s.block_size,
-                                   resolve_none_hash_seed(s.hash_algo, s.hash_seed))
-                       if s.enable_prefix_caching else None)
+        self.hasher = (
+            BlockHasher(
+                get_hash_fn_by_name(s.hash_algo),
+                s.block_size,
+                resolve_none_hash_seed(s.hash_algo, s.hash_seed),
+            )
+            if s.enable_prefix_caching
+            else None
+        )
         self.requests: dict[str, Request] = {}
 
-    def add(self, rid: str, prompt: Sequence[int], max_tokens: int, eos_ids: Iterable[int] = (),
-            ignore_eos: bool = True) -> None:
+    def add(
+        self,
+        rid: str,
+        prompt: Sequence[int],
+        max_tokens: int,
+        eos_ids: Iterable[int] = (),
+        ignore_eos: bool = True,
+    ) -> None:
         """Queue a request (default: exactly ``max_tokens`` tokens, EOS ignored)."""
-        req = Request(rid, list(prompt), max_tokens, arrival_time=len(self.requests) + 1,
-                      eos_token_ids=eos_ids, ignore_eos=ignore_eos, block_hasher=self.hasher)
+        req = Request(
+            rid,
+            list(prompt),
+            max_tokens,
+            arrival_time=len(self.requests) + 1,
+            eos_token_ids=eos_ids,
+            ignore_eos=ignore_eos,
+            block_hasher=self.hasher,
+        )
         self.requests[rid] = req
         self.scheduler.add_request(req)
 
@@ -99,8 +136,9 @@ class BareEngine:
         return {rid: list(r.output_token_ids) for rid, r in self.requests.items()}
 
 
-def bare_engine(runner: GPUModelRunner, prompts: Sequence[Sequence[int]],
-                max_tokens: int) -> BareEngine:
+def bare_engine(
+    runner: GPUModelRunner, prompts: Sequence[Sequence[int]], max_tokens: int
+) -> BareEngine:
     """A BareEngine over ``runner`` with ``prompts`` queued as r0, r1, ... (``max_tokens`` each)."""
     eng = BareEngine(runner, bench_settings(prompts, runner.block_size, runner.num_blocks))
     for i, p in enumerate(prompts):
@@ -108,7 +146,9 @@ def bare_engine(runner: GPUModelRunner, prompts: Sequence[Sequence[int]],
     return eng
 
 
-def attention_free_steps(loaded, batch: int = 8, steps: int = 15, repeat: int = 3) -> dict[str, float]:
+def attention_free_steps(
+    loaded, batch: int = 8, steps: int = 15, repeat: int = 3
+) -> dict[str, float]:
     """Seconds of one decode forward of ``batch`` tokens with attention replaced by a no-op:
     everything in a step that is not attention (transformers' layers, the weights' matmuls,
     the LM head).  ``packed``: with the runner's oneDNN-packed linear layers (the floor of
@@ -150,7 +190,9 @@ def attention_free_steps(loaded, batch: int = 8, steps: int = 15, repeat: int = 
     return best
 
 
-def step_breakdown(loaded, prompts: list[list[int]], steps: int = 15, repeat: int = 3) -> dict[str, float]:
+def step_breakdown(
+    loaded, prompts: list[list[int]], steps: int = 15, repeat: int = 3
+) -> dict[str, float]:
     """Where a decode step of the paged runner goes, timed in place (seconds per step, the
     round with the fastest median step of ``repeat``): ``step`` in all (one
     ``EngineCore.step()`` of a :class:`BareEngine`), ``linear`` (every linear layer, the LM
@@ -176,11 +218,13 @@ def step_breakdown(loaded, prompts: list[list[int]], steps: int = 15, repeat: in
     runner.model.set_attn_implementation("kvlab_bench_timed")
     for module in runner.model.modules():
         if isinstance(module, (PackedLinear, torch.nn.Linear)):
+
             def timed_linear(x, _forward=module.forward):
                 t0 = time.perf_counter()
                 out = _forward(x)
                 spent["linear"] += time.perf_counter() - t0
                 return out
+
             module.forward = timed_linear
     best: dict[str, float] = {"step": float("inf")}
     for _ in range(repeat):
@@ -196,8 +240,12 @@ def step_breakdown(loaded, prompts: list[list[int]], steps: int = 15, repeat: in
         rows.sort()
         step, linear, attention = rows[len(rows) // 2]
         if step < best["step"]:
-            best = {"step": step, "linear": linear, "attention": attention,
-                    "rest": step - linear - attention}
+            best = {
+                "step": step,
+                "linear": linear,
+                "attention": attention,
+                "rest": step - linear - attention,
+            }
     return best
 
 

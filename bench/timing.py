@@ -23,8 +23,12 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
-def decode_tps_interleaved(cases: dict[str, tuple[RunFn, list[list[int]]]], new_tokens: int,
-                           repeat: int = 3, base_tokens: int = 2) -> dict[str, float]:
+def decode_tps_interleaved(
+    cases: dict[str, tuple[RunFn, list[list[int]]]],
+    new_tokens: int,
+    repeat: int = 3,
+    base_tokens: int = 2,
+) -> dict[str, float]:
     """Decode tokens/s of each backend for its prompts: B*(N-n0) / (t(N)-t(n0)), the runs
     interleaved round-robin ``repeat`` times.
 
@@ -40,21 +44,29 @@ def decode_tps_interleaved(cases: dict[str, tuple[RunFn, list[list[int]]]], new_
             long[k].append(timed(lambda: run(prompts, new_tokens)))
     # under heavy load the best short run can take longer than the best long one: no figure then
     return {
-        k: (len(prompts) * (new_tokens - base_tokens) / (min(long[k]) - min(short[k]))
-            if min(long[k]) > min(short[k]) else float("nan"))
+        k: (
+            len(prompts) * (new_tokens - base_tokens) / (min(long[k]) - min(short[k]))
+            if min(long[k]) > min(short[k])
+            else float("nan")
+        )
         for k, (run, prompts) in cases.items()
     }
 
 
-def ttft(first_token: Callable[[list[int], int], float], prompt: list[int], hits: Sequence[int],
-         repeat: int = 3) -> dict[int, float]:
+def ttft(
+    first_token: Callable[[list[int], int], float],
+    prompt: list[int],
+    hits: Sequence[int],
+    repeat: int = 3,
+) -> dict[int, float]:
     """Best seconds to the first token for each prefix-hit length (in tokens)."""
     first_token(prompt, 0)  # warm-up
     return {h: min(first_token(prompt, h) for _ in range(repeat)) for h in hits}
 
 
-def step_rounds(cases: dict[str, tuple[RunFn, list[list[int]]]], new_tokens: int,
-                repeat: int = 3) -> dict[str, list[float]]:
+def step_rounds(
+    cases: dict[str, tuple[RunFn, list[list[int]]]], new_tokens: int, repeat: int = 3
+) -> dict[str, list[float]]:
     """The median decode step (seconds) of each ``run`` that reports ``run.step_seconds``, one
     value per round: the backends' runs interleaved round-robin ``repeat`` times, so a burst
     of load from other processes hits the runs of one round alike.  Each round starts one
@@ -62,15 +74,16 @@ def step_rounds(cases: dict[str, tuple[RunFn, list[list[int]]]], new_tokens: int
     rounds: dict[str, list[float]] = {k: [] for k in cases}
     keys = list(cases)
     for r in range(repeat):
-        for k in keys[r % len(keys):] + keys[:r % len(keys)]:
+        for k in keys[r % len(keys) :] + keys[: r % len(keys)]:
             run, prompts = cases[k]
             run(prompts, new_tokens)
             rounds[k].append(run.step_seconds)
     return rounds
 
 
-def step_seconds_interleaved(cases: dict[str, tuple[RunFn, list[list[int]]]], new_tokens: int,
-                             repeat: int = 3) -> dict[str, float]:
+def step_seconds_interleaved(
+    cases: dict[str, tuple[RunFn, list[list[int]]]], new_tokens: int, repeat: int = 3
+) -> dict[str, float]:
     """Best median decode step (seconds) of each backend over :func:`step_rounds`."""
     return best_steps(step_rounds(cases, new_tokens, repeat))
 

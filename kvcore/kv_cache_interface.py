@@ -4,13 +4,13 @@ Only the fields the block manager reads are kept; vLLM's byte-level fields
 (heads, head size, dtype, tensors) serve the GPU allocator, which lives in
 ``kvcore/model``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
 from kvcore.utils.math_utils import cdiv
-
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,9 @@ class KVCacheSpec:
         if not isinstance(self.block_size, int) or self.block_size < 1:
             raise ValueError(f"block_size must be an integer >= 1; got {self.block_size!r}")
 
-    def max_admission_blocks_per_request(self, max_in_flight_tokens: int, max_model_len: int) -> Optional[int]:
+    def max_admission_blocks_per_request(
+        self, max_in_flight_tokens: int, max_model_len: int
+    ) -> Optional[int]:
         """The most blocks one request can hold at once; None = no cap (it keeps every block)."""
         return None
 
@@ -51,7 +53,9 @@ class SlidingWindowSpec(KVCacheSpec):
         if not isinstance(self.sliding_window, int) or self.sliding_window < 1:
             raise ValueError(f"sliding_window must be an integer >= 1; got {self.sliding_window!r}")
 
-    def max_admission_blocks_per_request(self, max_in_flight_tokens: int, max_model_len: int) -> int:
+    def max_admission_blocks_per_request(
+        self, max_in_flight_tokens: int, max_model_len: int
+    ) -> int:
         # Blocks behind the window are freed before each chunk allocates, so a request
         # never holds more than the window plus one step's tokens; +1 because the
         # window need not start on a block boundary.
@@ -101,11 +105,15 @@ class KVCacheConfig:
         if r is None:
             return
         if not isinstance(r, int) or isinstance(r, bool) or r < 0 or r % self.block_size:
-            raise ValueError(f"prefix_cache_retention_interval must be null or a non-negative multiple "
-                             f"of block_size ({self.block_size}); got {r!r}")
+            raise ValueError(
+                f"prefix_cache_retention_interval must be null or a non-negative multiple "
+                f"of block_size ({self.block_size}); got {r!r}"
+            )
         if r > 0 and not any(g.kind == "sliding" for g in self.kv_cache_groups):
-            raise ValueError("prefix_cache_retention_interval > 0 needs a sliding-window group "
-                             "(full attention always hashes every full block); set it to 0 or null")
+            raise ValueError(
+                "prefix_cache_retention_interval > 0 needs a sliding-window group "
+                "(full attention always hashes every full block); set it to 0 or null"
+            )
 
     @property
     def block_size(self) -> int:
@@ -116,5 +124,7 @@ def full_attention(block_size: int, layer_names: tuple[str, ...] = ("full",)) ->
     return KVCacheGroupSpec(layer_names, FullAttentionSpec(block_size))
 
 
-def sliding_window(block_size: int, window: int, layer_names: tuple[str, ...] = ("sliding",)) -> KVCacheGroupSpec:
+def sliding_window(
+    block_size: int, window: int, layer_names: tuple[str, ...] = ("sliding",)
+) -> KVCacheGroupSpec:
     return KVCacheGroupSpec(layer_names, SlidingWindowSpec(block_size, window))

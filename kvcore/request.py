@@ -1,4 +1,5 @@
 """A generation request as the scheduler sees it (vLLM v1: request)."""
+
 from __future__ import annotations
 
 import enum
@@ -29,10 +30,18 @@ class Request:
     full block of ``all_token_ids``.
     """
 
-    def __init__(self, request_id: str, prompt_token_ids: list[int], max_tokens: int,
-                 arrival_time: int = 0, priority: int = 0, cache_salt: Optional[str] = None,
-                 eos_token_ids: Iterable[int] = (), ignore_eos: bool = False,
-                 block_hasher: Optional[BlockHasher] = None) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        max_tokens: int,
+        arrival_time: int = 0,
+        priority: int = 0,
+        cache_salt: Optional[str] = None,
+        eos_token_ids: Iterable[int] = (),
+        ignore_eos: bool = False,
+        block_hasher: Optional[BlockHasher] = None,
+    ) -> None:
         if max_tokens < 1:
             raise ValueError(f"request {request_id!r}: max_tokens must be >= 1")
         self.request_id = request_id
@@ -90,7 +99,13 @@ class Request:
 
     def __lt__(self, other: "Request") -> bool:
         return (self.priority, self.arrival_time, self.request_id) < (
-            other.priority, other.arrival_time, other.request_id)
+            other.priority,
+            other.arrival_time,
+            other.request_id,
+        )
 
     def __repr__(self) -> str:
-        return f"Request({self.request_id!r}, {self.status.value}, {self.num_computed_tokens}/{self.num_tokens})"
+        return (
+            f"Request({self.request_id!r}, {self.status.value}, "
+            f"{self.num_computed_tokens}/{self.num_tokens})"
+        )

@@ -1,6 +1,6 @@
 """The lessons, in order."""
-from lessons.catalog import Lesson
 
+from lessons.catalog import Lesson
 from lessons.home import LESSON as HOME
 from lessons.l1_blocks import LESSON as L1
 from lessons.l2_prefix import LESSON as L2
@@ -13,21 +13,27 @@ from lessons.l8_parallel_sampling import LESSON as L8
 from lessons.l9_spec_decode import LESSON as L9
 
 LESSONS: tuple[Lesson, ...] = (L1, L2, L3, L4, L5, L6, L7, L8, L9)
-BY_ID: dict[str, Lesson] = {l.id: l for l in LESSONS + (HOME,)}
+BY_ID: dict[str, Lesson] = {lesson.id: lesson for lesson in LESSONS + (HOME,)}
 
 # The page file of each lesson (relative to app.py).
 PAGE_FILES: dict[str, str] = {
-    "blocks": "pages/1_blocks.py", "prefix": "pages/2_prefix_caching.py", "eviction": "pages/3_eviction.py",
-    "preemption": "pages/4_preemption.py", "sliding": "pages/5_sliding_window.py",
-    "batching": "pages/6_batching.py", "playground": "pages/7_playground.py",
-    "parallel": "pages/10_parallel_sampling.py", "specdec": "pages/11_spec_decode.py",
+    "blocks": "pages/1_blocks.py",
+    "prefix": "pages/2_prefix_caching.py",
+    "eviction": "pages/3_eviction.py",
+    "preemption": "pages/4_preemption.py",
+    "sliding": "pages/5_sliding_window.py",
+    "batching": "pages/6_batching.py",
+    "playground": "pages/7_playground.py",
+    "parallel": "pages/10_parallel_sampling.py",
+    "specdec": "pages/11_spec_decode.py",
 }
 
 
 def page_url_path(page_file: str) -> str:
     """A page file's URL path: the name Streamlit derives from the file ("2_prefix_caching.py" ->
     "prefix_caching"). It must match: on a new session's first run the browser's path is checked
-    against the pages/ folder before st.navigation has run, and any other name gets "Page not found"."""
+    against the pages/ folder before st.navigation has run, and any other name gets "Page not
+    found"."""
     stem = page_file.rsplit("/", 1)[-1].removesuffix(".py")
     return stem.split("_", 1)[1]
 

@@ -5,6 +5,7 @@ names an event kind (and optionally a request and a predicate on the event) and
 its text is shown at the first step where such an event occurs. Tests check
 that every moment of every lesson does occur.
 """
+
 from __future__ import annotations
 
 import copy
@@ -19,11 +20,11 @@ Text = dict  # {"en": ..., "zh": ...}
 
 @dataclass(frozen=True)
 class Moment:
-    kind: str                       # event kind
+    kind: str  # event kind
     text: Text
-    request: str | None = None      # only events of this request
-    where: str | None = None        # name of a predicate in PREDICATES
-    key: bool = True                # the lesson claims to show this (tests assert it happens)
+    request: str | None = None  # only events of this request
+    where: str | None = None  # name of a predicate in PREDICATES
+    key: bool = True  # the lesson claims to show this (tests assert it happens)
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class Question:
 @dataclass(frozen=True)
 class Toggle:
     """An engine setting the lesson page offers as a switch."""
+
     setting: str
     label: Text
     options: tuple[Any, ...]
@@ -57,9 +59,10 @@ class Lesson:
     outro: Text = field(default_factory=dict)
     questions: tuple[Question, ...] = ()
     toggles: tuple[Toggle, ...] = ()
-    focus: tuple[str, ...] = ("cache_hit",)        # event kinds offered first in "run until"
-    panels: tuple[str, ...] = ()                   # extra panels: memory, budget, held, myths
-    layer_pattern: tuple[str, ...] | None = None   # the "hybrid" layer mix, repeated over the model's layers
+    focus: tuple[str, ...] = ("cache_hit",)  # event kinds offered first in "run until"
+    panels: tuple[str, ...] = ()  # extra panels: memory, budget, held, myths
+    # the "hybrid" layer mix, repeated over the model's layers
+    layer_pattern: tuple[str, ...] | None = None
 
     def scenario_dict(self, num_layers: int | None = None, overrides: dict | None = None) -> dict:
         """The scenario in the engine's format, with settings overridden.
@@ -73,7 +76,9 @@ class Lesson:
         layers = overrides.pop("layers", None)
         eng.update(overrides)
         if layers == "hybrid" and self.layer_pattern and num_layers and eng.get("sliding_window"):
-            eng["layer_types"] = [self.layer_pattern[i % len(self.layer_pattern)] for i in range(num_layers)]
+            eng["layer_types"] = [
+                self.layer_pattern[i % len(self.layer_pattern)] for i in range(num_layers)
+            ]
         return d
 
 
@@ -120,8 +125,10 @@ def _still_used(e: Freed, rec: StepRecord) -> bool:
 
 
 def _decode_alloc(e: Allocated, rec: StepRecord) -> bool:
-    return any(isinstance(x, Scheduled) and x.request_id == e.request_id and x.phase == "decode"
-               for x in rec.events)
+    return any(
+        isinstance(x, Scheduled) and x.request_id == e.request_id and x.phase == "decode"
+        for x in rec.events
+    )
 
 
 def _with_drafts(e: Scheduled, rec: StepRecord) -> bool:
@@ -131,7 +138,11 @@ def _with_drafts(e: Scheduled, rec: StepRecord) -> bool:
 
 def _after_verify(e: Event, rec: StepRecord) -> bool:
     """Blocks cached after the same request's drafts were accepted in this step."""
-    accepted = [i for i, x in enumerate(rec.events) if x.kind == "draft_accepted" and x.request_id == e.request_id]
+    accepted = [
+        i
+        for i, x in enumerate(rec.events)
+        if x.kind == "draft_accepted" and x.request_id == e.request_id
+    ]
     return bool(accepted) and rec.events.index(e) > accepted[0]
 
 
@@ -140,12 +151,22 @@ def _reason(value: str) -> Callable[[Event, StepRecord], bool]:
 
 
 PREDICATES: dict[str, Callable[[Event, StepRecord], bool]] = {
-    "rescue": _rescue, "shared": _shared, "evicts": _evicts, "to_head": _to_head, "to_tail": _to_tail,
-    "self_hit": _self_hit, "chunk_with_decodes": _chunk_with_decodes, "reused_unhashed": _reused_unhashed,
-    "still_used": _still_used, "decode_alloc": _decode_alloc, "with_drafts": _with_drafts,
+    "rescue": _rescue,
+    "shared": _shared,
+    "evicts": _evicts,
+    "to_head": _to_head,
+    "to_tail": _to_tail,
+    "self_hit": _self_hit,
+    "chunk_with_decodes": _chunk_with_decodes,
+    "reused_unhashed": _reused_unhashed,
+    "still_used": _still_used,
+    "decode_alloc": _decode_alloc,
+    "with_drafts": _with_drafts,
     "after_verify": _after_verify,
-    "preempted_reason": _reason("preempted"), "window_reason": _reason("window"),
-    "after_preempt": _reason("preempted_this_step"), "budget_reason": _reason("token_budget"),
+    "preempted_reason": _reason("preempted"),
+    "window_reason": _reason("window"),
+    "after_preempt": _reason("preempted_this_step"),
+    "budget_reason": _reason("token_budget"),
 }
 
 
@@ -174,7 +195,10 @@ def narration_for_step(lesson: Lesson, records: Sequence[StepRecord], step: int)
 def narration_fields(e: Event) -> dict[str, Any]:
     """The event's fields for a moment's text: ``{req}``, ``{blocks}`` and each field by name
     (``{num_tokens}``, ``{slots}``, ``{policy}``...); lists as "[1, 2]", dicts left out."""
-    out = {k: ("[" + ", ".join(map(str, v)) + "]" if isinstance(v, list) else v)
-           for k, v in e.to_dict().items() if not isinstance(v, dict)}
+    out = {
+        k: ("[" + ", ".join(map(str, v)) + "]" if isinstance(v, list) else v)
+        for k, v in e.to_dict().items()
+        if not isinstance(v, dict)
+    }
     out.update(req=e.request_id or "", blocks="[" + ", ".join(map(str, e.block_ids)) + "]")
     return out

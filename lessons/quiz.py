@@ -3,19 +3,19 @@
 Pure functions of (the snapshot now, the record of the next step): the answer
 is what the engine really did, the explanation quotes the rule that decided it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from record.snapshot import Snapshot, StepRecord
-
-from words.sentences import short_hash
 from words.i18n import tr
+from words.sentences import short_hash
 
 
 @dataclass(frozen=True)
 class Prediction:
-    kind: str                 # victim | hit | evict | alloc | free
+    kind: str  # victim | hit | evict | alloc | free
     prompt: str
     options: tuple[str, ...]
     answer: int
@@ -33,13 +33,23 @@ def _victim(snap: Snapshot, rec: StepRecord, lang: str) -> Prediction | None:
     opts = tuple(snap.running)
     pol = e.policy
     if lang == "zh":
-        why = ("FCFS 策略抢占 running 列表中的最后一个请求" if pol == "fcfs"
-               else "优先级策略抢占 (priority, arrival) 最大的请求")
+        why = (
+            "FCFS 策略抢占 running 列表中的最后一个请求"
+            if pol == "fcfs"
+            else "优先级策略抢占 (priority, arrival) 最大的请求"
+        )
         expl = f"{why}：{e.request_id}。它的块被释放，它回到等待队列，之后重算。"
     else:
-        why = ("FCFS preempts the last request in the running list" if pol == "fcfs"
-               else "the priority policy preempts the running request with the largest (priority, arrival)")
-        expl = f"{why}: {e.request_id}. Its blocks are freed and it returns to waiting to be recomputed."
+        why = (
+            "FCFS preempts the last request in the running list"
+            if pol == "fcfs"
+            else "the priority policy preempts the running "
+            "request with the largest (priority, arrival)"
+        )
+        expl = (
+            f"{why}: {e.request_id}. Its blocks are freed "
+            "and it returns to waiting to be recomputed."
+        )
     return Prediction("victim", tr("quiz_q_victim", lang), opts, opts.index(e.request_id), expl)
 
 
@@ -50,14 +60,20 @@ def _hit(snap: Snapshot, rec: StepRecord, lang: str) -> Prediction | None:
     opts = (tr("yes", lang), tr("no", lang))
     hit = e.kind == "cache_hit"
     if hit:
-        expl = (f"命中：{e.num_blocks} 个块（{e.num_tokens} 个 token）的链式哈希已在哈希表中。" if lang == "zh"
-                else f"Hit: the chained hashes of {e.num_blocks} blocks ({e.num_tokens} tokens) "
-                     f"are in the hash map.")
+        expl = (
+            f"命中：{e.num_blocks} 个块（{e.num_tokens} 个 token）的链式哈希已在哈希表中。"
+            if lang == "zh"
+            else f"Hit: the chained hashes of {e.num_blocks} blocks ({e.num_tokens} tokens) "
+            f"are in the hash map."
+        )
     else:
-        expl = ("未命中：它第一个满块的哈希不在哈希表中（内容不同、加了盐、被驱逐，或提示词不足一整块），所以整条链都不会命中。"
-                if lang == "zh" else
-                "Miss: the hash of its first full block is not in the map (different tokens, a cache_salt, "
-                "evicted, or less than one full block), so nothing after it can hit either.")
+        expl = (
+            "未命中：它第一个满块的哈希不在哈希表中（内容不同、加了盐、被驱逐，或提示词不足一整块），所以整条链都不会命中。"
+            if lang == "zh"
+            else "Miss: the hash of its first full block is not in the "
+            "map (different tokens, a cache_salt, evicted, or less "
+            "than one full block), so nothing after it can hit either."
+        )
     return Prediction("hit", tr("quiz_q_hit", lang, req=e.request_id), opts, 0 if hit else 1, expl)
 
 
@@ -74,12 +90,20 @@ def _evict(snap: Snapshot, rec: StepRecord, lang: str) -> Prediction | None:
     if len(opts) < 2:
         return None
     h = short_hash(e.block_hash)
-    expl = (f"get_new_blocks 从队头取块；第一个带哈希的块是 {ans}，它被取出时丢失了哈希 #{h}。没有时间戳，只有队列顺序。"
-            if lang == "zh" else
-            f"get_new_blocks pops from the head; the first block there that carries a hash is {ans}, and it "
-            f"loses #{h} when popped. No timestamps — only queue order.")
-    return Prediction("evict", tr("quiz_q_evict", lang), tuple(f"{tr('block', lang)} {b}" for b in opts),
-                      opts.index(ans), expl)
+    expl = (
+        f"get_new_blocks 从队头取块；第一个带哈希的块是 {ans}，"
+        f"它被取出时丢失了哈希 #{h}。没有时间戳，只有队列顺序。"
+        if lang == "zh"
+        else "get_new_blocks pops from the head; the first block there that carries a "
+        f"hash is {ans}, and it loses #{h} when popped. No timestamps — only queue order."
+    )
+    return Prediction(
+        "evict",
+        tr("quiz_q_evict", lang),
+        tuple(f"{tr('block', lang)} {b}" for b in opts),
+        opts.index(ans),
+        expl,
+    )
 
 
 def _alloc(snap: Snapshot, rec: StepRecord, lang: str) -> Prediction | None:
@@ -94,8 +118,11 @@ def _alloc(snap: Snapshot, rec: StepRecord, lang: str) -> Prediction | None:
     opts = list(dict.fromkeys(cands))
     if ans not in opts or len(opts) < 2:
         return None
-    touched_first = any(x.kind == "touched" and x.from_queue for x in rec.events
-                        if rec.events.index(x) < rec.events.index(e))
+    touched_first = any(
+        x.kind == "touched" and x.from_queue
+        for x in rec.events
+        if rec.events.index(x) < rec.events.index(e)
+    )
     if lang == "zh":
         expl = f"get_new_blocks 总是从空闲队列队头 popleft：块 {ans}。"
         if touched_first:
@@ -104,31 +131,50 @@ def _alloc(snap: Snapshot, rec: StepRecord, lang: str) -> Prediction | None:
         expl = f"get_new_blocks always pops from the head of the free queue: block {ans}."
         if touched_first:
             expl += " (A cache hit's touch took some blocks out of the queue first in this step.)"
-    return Prediction("alloc", tr("quiz_q_alloc", lang), tuple(f"{tr('block', lang)} {b}" for b in opts),
-                      opts.index(ans), expl)
+    return Prediction(
+        "alloc",
+        tr("quiz_q_alloc", lang),
+        tuple(f"{tr('block', lang)} {b}" for b in opts),
+        opts.index(ans),
+        expl,
+    )
 
 
 def _free(snap: Snapshot, rec: StepRecord, lang: str) -> Prediction:
     after = rec.snapshot.num_free_blocks
     now = snap.num_free_blocks
-    opts = sorted({after, now, max(0, after - 1), after + 1} | ({after + 2} if after + 2 != now else set()))[:4]
+    opts = sorted(
+        {after, now, max(0, after - 1), after + 1} | ({after + 2} if after + 2 != now else set())
+    )[:4]
     if after not in opts:
         opts = opts[:3] + [after]
     alloc = sum(len(e.block_ids) for e in rec.events if e.kind == "allocated")
     taken = sum(len(e.from_queue) for e in rec.events if e.kind == "touched")
     back = sum(len(e.to_head) + len(e.to_tail) for e in rec.events if e.kind == "freed")
-    expl = (f"{now} − {alloc}（分配）− {taken}（命中时被 touch 取出）+ {back}（释放回队列）= {after}。"
-            if lang == "zh" else
-            f"{now} − {alloc} allocated − {taken} taken out by touch on a hit + {back} freed back = {after}.")
-    return Prediction("free", tr("quiz_q_free", lang), tuple(str(o) for o in opts), opts.index(after), expl)
+    expl = (
+        f"{now} − {alloc}（分配）− {taken}（命中时被 touch 取出）+ {back}（释放回队列）= {after}。"
+        if lang == "zh"
+        else f"{now} − {alloc} allocated − {taken} taken out "
+        f"by touch on a hit + {back} freed back = {after}."
+    )
+    return Prediction(
+        "free", tr("quiz_q_free", lang), tuple(str(o) for o in opts), opts.index(after), expl
+    )
 
 
-MAKERS = {"preempted": _victim, "cache_hit": _hit, "cache_miss": _hit, "evicted": _evict,
-          "allocated": _alloc, "touched": _hit}
+MAKERS = {
+    "preempted": _victim,
+    "cache_hit": _hit,
+    "cache_miss": _hit,
+    "evicted": _evict,
+    "allocated": _alloc,
+    "touched": _hit,
+}
 
 
-def make_prediction(snap: Snapshot, rec: StepRecord, lang: str = "en",
-                    prefer: tuple[str, ...] = ()) -> Prediction | None:
+def make_prediction(
+    snap: Snapshot, rec: StepRecord, lang: str = "en", prefer: tuple[str, ...] = ()
+) -> Prediction | None:
     """The most instructive question about ``rec``; None only for a step where nothing changes."""
     order = list(prefer) + ["preempted", "evicted", "cache_hit", "allocated"]
     for kind in order:
@@ -137,6 +183,8 @@ def make_prediction(snap: Snapshot, rec: StepRecord, lang: str = "en",
             p = maker(snap, rec, lang)
             if p is not None:
                 return p
-    if rec.snapshot.num_free_blocks != snap.num_free_blocks or any(e.kind == "freed" for e in rec.events):
+    if rec.snapshot.num_free_blocks != snap.num_free_blocks or any(
+        e.kind == "freed" for e in rec.events
+    ):
         return _free(snap, rec, lang)
     return None

@@ -7,6 +7,7 @@ and ``&`` are written as \\u escapes), and player.js reads it with JSON.parse: n
 run is ever parsed as HTML. What the app sends with a run's head besides the run (the wire keys
 and the player's words: ``player_book``) is inlined in the module, as a JSON literal.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,17 @@ from typing import Any
 
 from player.payload import player_book
 
-ASSETS = ("player.html", "player.css", "player.js", "panels.js", "charts.js", "text.js", "decode.js")
-MODULES = ("text.js", "decode.js", "charts.js", "panels.js", "player.js")   # each after the modules it imports
+ASSETS = (
+    "player.html",
+    "player.css",
+    "player.js",
+    "panels.js",
+    "charts.js",
+    "text.js",
+    "decode.js",
+)
+# each after the modules it imports
+MODULES = ("text.js", "decode.js", "charts.js", "panels.js", "player.js")
 
 
 @lru_cache(maxsize=None)
@@ -42,8 +52,13 @@ def module_js() -> str:
 def json_for_script(value: Any) -> str:
     """JSON that is safe inside a <script> element's text."""
     text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
-                    ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+    for ch, esc in (
+        ("<", "\\u003c"),
+        (">", "\\u003e"),
+        ("&", "\\u0026"),
+        ("\u2028", "\\u2028"),
+        ("\u2029", "\\u2029"),
+    ):
         text = text.replace(ch, esc)
     return text
 
@@ -59,7 +74,8 @@ def static_html(payload: dict[str, Any], title: str = "Paged KV Lab run") -> str
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; \
+script-src 'unsafe-inline'">
 <title>{safe_title}</title>
 <style>
 body {{ font-family: system-ui, 'Noto Sans CJK SC', 'Microsoft YaHei', sans-serif; margin: 1rem; }}

@@ -10,6 +10,7 @@ The app's limits (``app_limits``) are strict and come from environment variables
 the CLI's (``cli_limits``) are generous but never above the memory this machine has
 free. Pure Python: the model is described by its config object (duck-typed).
 """
+
 from __future__ import annotations
 
 import os
@@ -30,20 +31,23 @@ class BudgetError(ValueError):
 @dataclass(frozen=True)
 class Limits:
     """Upper bounds for one run. Each field is set by the environment variable ``ENV[field]``."""
-    max_run_bytes: int = 256 * 10**6          # KV-cache pool of one run
-    max_num_gpu_blocks: int = 2048            # block-manager objects (and one BlockView per step each)
+
+    max_run_bytes: int = 256 * 10**6  # KV-cache pool of one run
+    max_num_gpu_blocks: int = 2048  # block-manager objects (and one BlockView per step each)
     max_block_size: int = 256
-    max_prompt_chars: int = 8_000             # checked before tokenizing
-    max_prompt_tokens: int = 2_048            # per request, after tokenizing
-    max_tokens: int = 512                     # per request
+    max_prompt_chars: int = 8_000  # checked before tokenizing
+    max_prompt_tokens: int = 2_048  # per request, after tokenizing
+    max_tokens: int = 512  # per request
     max_requests: int = 32
-    max_run_steps: int = 400                  # steps one run may compute
+    max_run_steps: int = 400  # steps one run may compute
     max_num_batched_tokens: int = 2_048
-    max_activation_bytes: int = 512 * 10**6   # the largest prefill chunk's transient tensors
-    max_file_bytes: int = 1 * 10**6           # an uploaded / pasted / linked scenario (a link's: decompressed)
-    max_trace_bytes: int = 32 * 10**6         # an uploaded trace file (one snapshot per step makes them large)
-    max_link_chars: int = 16_000              # the packed ``scn`` of a link, before decompression
-    where: str = "this server allows"         # how refusals name the side that set the limit
+    max_activation_bytes: int = 512 * 10**6  # the largest prefill chunk's transient tensors
+    # an uploaded / pasted / linked scenario (a link's: decompressed)
+    max_file_bytes: int = 1 * 10**6
+    # an uploaded trace file (one snapshot per step makes them large)
+    max_trace_bytes: int = 32 * 10**6
+    max_link_chars: int = 16_000  # the packed ``scn`` of a link, before decompression
+    where: str = "this server allows"  # how refusals name the side that set the limit
 
 
 ENV = {
@@ -103,13 +107,26 @@ def cli_limits(available: int | None = None, env: Mapping[str, str] | None = Non
     half of the memory free now (a variable still lowers a limit)."""
     env = os.environ if env is None else env
     half = (available_memory() if available is None else int(available)) // 2
-    generous = Limits(max_run_bytes=half, max_num_gpu_blocks=1_000_000, max_block_size=4096,
-                      max_prompt_chars=2_000_000, max_prompt_tokens=1_000_000, max_tokens=1_000_000,
-                      max_requests=10_000, max_run_steps=1_000_000, max_num_batched_tokens=1_000_000,
-                      max_activation_bytes=half, max_file_bytes=2 * 10**9, max_trace_bytes=2 * 10**9, max_link_chars=10**9,
-                      where="this machine allows (half of its free memory)")
-    return replace(generous, **{f: min(getattr(generous, f), _env_int(env, ENV[f], getattr(generous, f)))
-                                for f in ENV})
+    generous = Limits(
+        max_run_bytes=half,
+        max_num_gpu_blocks=1_000_000,
+        max_block_size=4096,
+        max_prompt_chars=2_000_000,
+        max_prompt_tokens=1_000_000,
+        max_tokens=1_000_000,
+        max_requests=10_000,
+        max_run_steps=1_000_000,
+        max_num_batched_tokens=1_000_000,
+        max_activation_bytes=half,
+        max_file_bytes=2 * 10**9,
+        max_trace_bytes=2 * 10**9,
+        max_link_chars=10**9,
+        where="this machine allows (half of its free memory)",
+    )
+    return replace(
+        generous,
+        **{f: min(getattr(generous, f), _env_int(env, ENV[f], getattr(generous, f))) for f in ENV},
+    )
 
 
 # -- arithmetic -------------------------------------------------------------------------
@@ -126,7 +143,9 @@ def kv_pool_bytes(config: Any, block_size: int, num_gpu_blocks: int, dtype: Any 
     return int(num_gpu_blocks) * bytes_per_block_dims(block_size, n_layers, n_kv, head_dim, dtype)
 
 
-def activation_bytes(config: Any, chunk_tokens: int, num_seqs: int, context: int, dtype: Any = "float32") -> int:
+def activation_bytes(
+    config: Any, chunk_tokens: int, num_seqs: int, context: int, dtype: Any = "float32"
+) -> int:
     """An upper estimate of one forward's transient memory for a step of ``chunk_tokens`` tokens
     over ``num_seqs`` sequences each seeing up to ``context`` keys.
 
@@ -142,25 +161,37 @@ def activation_bytes(config: Any, chunk_tokens: int, num_seqs: int, context: int
     vocab = int(getattr(config, "vocab_size", 0))
     b = dtype_bytes(dtype)
     t, s, c = int(chunk_tokens), max(1, int(num_seqs)), int(context)
-    scores = s * t * c * (heads * 4 * 2 + 4)                # two score copies + the additive mask
-    gathered = s * c * heads * head_dim * 2 * b             # K and V gathered (GQA repeated)
+    scores = s * t * c * (heads * 4 * 2 + 4)  # two score copies + the additive mask
+    gathered = s * c * heads * head_dim * 2 * b  # K and V gathered (GQA repeated)
     linear = t * (4 * hidden + 3 * inter) * b
     logits = s * vocab * 4
     return scores + gathered + linear + logits
 
 
 # -- checks -----------------------------------------------------------------------------
-def _refuse(what: str, value: int, allowed: int, limits: Limits, field: str, unit: str = "") -> BudgetError:
-    return BudgetError(f"{what} = {value:,}{unit}; {limits.where} at most {allowed:,}{unit} ({ENV[field]})",
-                       ENV[field], value, allowed)
+def _refuse(
+    what: str, value: int, allowed: int, limits: Limits, field: str, unit: str = ""
+) -> BudgetError:
+    return BudgetError(
+        f"{what} = {value:,}{unit}; {limits.where} at most {allowed:,}{unit} ({ENV[field]})",
+        ENV[field],
+        value,
+        allowed,
+    )
 
 
 def check_size(nbytes: int, what: str, limits: Limits, field: str = "max_file_bytes") -> None:
-    """Refuse ``nbytes`` of raw input (a file, a pasted text, a decompressed link) over the limit."""
+    """Refuse ``nbytes`` of raw input (a file, a pasted text, a decompressed link) over the
+    limit."""
     allowed = getattr(limits, field)
     if nbytes > allowed:
-        raise BudgetError(f"{what} is {fmt_bytes(nbytes)}; {limits.where} at most {fmt_bytes(allowed)} "
-                          f"({ENV[field]})", ENV[field], nbytes, allowed)
+        raise BudgetError(
+            f"{what} is {fmt_bytes(nbytes)}; {limits.where} at most {fmt_bytes(allowed)} "
+            f"({ENV[field]})",
+            ENV[field],
+            nbytes,
+            allowed,
+        )
 
 
 def check_steps(steps: int, limits: Limits, what: str = "a trace file's steps") -> None:
@@ -168,8 +199,12 @@ def check_steps(steps: int, limits: Limits, what: str = "a trace file's steps") 
         raise _refuse(what, steps, limits.max_run_steps, limits, "max_run_steps")
 
 
-def check_scenario(scenario: Any, limits: Limits, config: Any = None,
-                   encode: Optional[Callable[[Any], list[int]]] = None) -> None:
+def check_scenario(
+    scenario: Any,
+    limits: Limits,
+    config: Any = None,
+    encode: Optional[Callable[[Any], list[int]]] = None,
+) -> None:
     """Raise BudgetError if ``scenario`` (a kvcore Scenario) would exceed ``limits``.
 
     Without ``config`` (no model: block-manager studies) the model-dependent checks are skipped;
@@ -178,46 +213,86 @@ def check_scenario(scenario: Any, limits: Limits, config: Any = None,
     """
     s = scenario.engine
     reqs = scenario.requests
-    if s.num_gpu_blocks == "auto":  # sized from the machine's memory: a number is needed to check it
-        raise BudgetError('engine.num_gpu_blocks "auto" sizes the pool from the whole device\'s memory; '
-                          "give a number here (`python -m kvcore profile` shows what \"auto\" would give)",
-                          ENV["max_num_gpu_blocks"])
-    for field, name, value in (("max_num_gpu_blocks", "engine.num_gpu_blocks", s.num_gpu_blocks),
-                               ("max_block_size", "engine.block_size", s.block_size),
-                               ("max_num_batched_tokens", "engine.max_num_batched_tokens", s.max_num_batched_tokens),
-                               ("max_requests", "requests (how many, each of n children counted)",
-                                sum(getattr(r, "n", 1) for r in reqs))):
+    # sized from the machine's memory: a number is needed to check it
+    if s.num_gpu_blocks == "auto":
+        raise BudgetError(
+            'engine.num_gpu_blocks "auto" sizes the pool from the whole device\'s memory; '
+            'give a number here (`python -m kvcore profile` shows what "auto" would give)',
+            ENV["max_num_gpu_blocks"],
+        )
+    for field, name, value in (
+        ("max_num_gpu_blocks", "engine.num_gpu_blocks", s.num_gpu_blocks),
+        ("max_block_size", "engine.block_size", s.block_size),
+        ("max_num_batched_tokens", "engine.max_num_batched_tokens", s.max_num_batched_tokens),
+        (
+            "max_requests",
+            "requests (how many, each of n children counted)",
+            sum(getattr(r, "n", 1) for r in reqs),
+        ),
+    ):
         if value > getattr(limits, field):
             raise _refuse(name, value, getattr(limits, field), limits, field)
     for i, r in enumerate(reqs):
         if r.max_tokens > limits.max_tokens:
-            raise _refuse(f"requests[{i}].max_tokens", r.max_tokens, limits.max_tokens, limits, "max_tokens")
+            raise _refuse(
+                f"requests[{i}].max_tokens", r.max_tokens, limits.max_tokens, limits, "max_tokens"
+            )
         if r.arrival_step >= limits.max_run_steps:
             raise BudgetError(
-                f"requests[{i}].arrival_step = {r.arrival_step:,} is after the last step a run may compute; "
-                f"{limits.where} at most {limits.max_run_steps:,} steps per run ({ENV['max_run_steps']})",
-                ENV["max_run_steps"], r.arrival_step, limits.max_run_steps)
+                f"requests[{i}].arrival_step = {r.arrival_step:,} is after the "
+                f"last step a run may compute; {limits.where} at most "
+                f"{limits.max_run_steps:,} steps per run ({ENV['max_run_steps']})",
+                ENV["max_run_steps"],
+                r.arrival_step,
+                limits.max_run_steps,
+            )
         if r.prompt is not None and len(r.prompt) > limits.max_prompt_chars:
-            raise _refuse(f"requests[{i}].prompt length", len(r.prompt), limits.max_prompt_chars, limits,
-                          "max_prompt_chars", " characters")
+            raise _refuse(
+                f"requests[{i}].prompt length",
+                len(r.prompt),
+                limits.max_prompt_chars,
+                limits,
+                "max_prompt_chars",
+                " characters",
+            )
         if r.prompt_token_ids is not None and len(r.prompt_token_ids) > limits.max_prompt_tokens:
-            raise _refuse(f"requests[{i}].prompt_token_ids length", len(r.prompt_token_ids),
-                          limits.max_prompt_tokens, limits, "max_prompt_tokens", " tokens")
+            raise _refuse(
+                f"requests[{i}].prompt_token_ids length",
+                len(r.prompt_token_ids),
+                limits.max_prompt_tokens,
+                limits,
+                "max_prompt_tokens",
+                " tokens",
+            )
     if config is None:
         return
     slots = s.num_gpu_blocks * s.block_size
     pool = kv_pool_bytes(config, s.block_size, s.num_gpu_blocks, scenario.dtype)
     if pool > limits.max_run_bytes:
         raise BudgetError(
-            f"engine.num_gpu_blocks × block_size = {slots:,} token slots would need {fmt_bytes(pool)} of KV "
-            f"cache; {limits.where} {fmt_bytes(limits.max_run_bytes)} per run ({ENV['max_run_bytes']})",
-            ENV["max_run_bytes"], pool, limits.max_run_bytes)
+            f"engine.num_gpu_blocks × block_size = {slots:,} token slots would "
+            f"need {fmt_bytes(pool)} of KV cache; {limits.where} "
+            f"{fmt_bytes(limits.max_run_bytes)} per run ({ENV['max_run_bytes']})",
+            ENV["max_run_bytes"],
+            pool,
+            limits.max_run_bytes,
+        )
     lengths = []
     for i, r in enumerate(reqs):
-        n = len(r.prompt_token_ids) if r.prompt_token_ids is not None else (
-            len(encode(r)) if encode is not None else len(r.prompt))
+        n = (
+            len(r.prompt_token_ids)
+            if r.prompt_token_ids is not None
+            else (len(encode(r)) if encode is not None else len(r.prompt))
+        )
         if n > limits.max_prompt_tokens:
-            raise _refuse(f"requests[{i}].prompt", n, limits.max_prompt_tokens, limits, "max_prompt_tokens", " tokens")
+            raise _refuse(
+                f"requests[{i}].prompt",
+                n,
+                limits.max_prompt_tokens,
+                limits,
+                "max_prompt_tokens",
+                " tokens",
+            )
         lengths.append(n)
     if not reqs:
         return
@@ -228,10 +303,14 @@ def check_scenario(scenario: Any, limits: Limits, config: Any = None,
     act = activation_bytes(config, chunk, seqs, context, scenario.dtype)
     if act > limits.max_activation_bytes:
         raise BudgetError(
-            f"a step of up to {chunk:,} tokens (engine.max_num_batched_tokens = {s.max_num_batched_tokens:,}) "
-            f"over {seqs} sequences of up to {context:,} tokens would need about {fmt_bytes(act)} of "
-            f"activations; {limits.where} {fmt_bytes(limits.max_activation_bytes)} per step "
-            f"({ENV['max_activation_bytes']})", ENV["max_activation_bytes"], act, limits.max_activation_bytes)
+            f"a step of up to {chunk:,} tokens (engine.max_num_batched_tokens = "
+            f"{s.max_num_batched_tokens:,}) over {seqs} sequences of up to {context:,} tokens "
+            f"would need about {fmt_bytes(act)} of activations; {limits.where} "
+            f"{fmt_bytes(limits.max_activation_bytes)} per step ({ENV['max_activation_bytes']})",
+            ENV["max_activation_bytes"],
+            act,
+            limits.max_activation_bytes,
+        )
 
 
 def limits_table() -> list[tuple[str, str, int]]:

@@ -4,6 +4,7 @@ It builds the KV cache groups, the KVCacheManager, the Scheduler and the EngineC
 scenario's engine settings, adds each request at its arrival step, attaches a Recorder, and
 after every ``EngineCore.step`` takes a Snapshot and publishes the KV events.
 """
+
 from __future__ import annotations
 
 import time
@@ -11,28 +12,34 @@ import zlib
 from dataclasses import replace
 from typing import Callable, Optional
 
-from record import snapshot
-from record.recorder import Recorder
-from kvcore.engine.core import EngineCore
-from record.invariants import check_invariants
-from kvcore.engine.parallel_sampling import ParentRequest, fan_out, group_outputs, parent_groups
-from kvcore.core.kv_cache_utils import BlockHasher, resolve_none_hash_seed
-from kvcore.utils.hashing import get_hash_fn_by_name
-from kvcore.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
-                                         SlidingWindowSpec)
-from kvcore.core.kv_cache_manager import KVCacheManager
-from kvcore.distributed.kv_events import KVEventBatch, ZmqEventPublisher
 from kvcore.config.kv_events import KVEventsConfig
-from kvcore.request import Request
-from kvcore.core.sched.scheduler import Scheduler
 from kvcore.config.scheduler import SchedulerConfig
+from kvcore.core.kv_cache_manager import KVCacheManager
+from kvcore.core.kv_cache_utils import BlockHasher, resolve_none_hash_seed
+from kvcore.core.sched.scheduler import Scheduler
+from kvcore.distributed.kv_events import KVEventBatch, ZmqEventPublisher
+from kvcore.engine.core import EngineCore
+from kvcore.engine.parallel_sampling import ParentRequest, fan_out, group_outputs, parent_groups
+from kvcore.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    SlidingWindowSpec,
+)
+from kvcore.request import Request
+from kvcore.spec_decode.ngram_proposer import NgramProposer
+from kvcore.utils.hashing import get_hash_fn_by_name
+from kvcore.utils.math_utils import cdiv
+from record import snapshot
+from record.invariants import check_invariants
+from record.recorder import Recorder
 from record.scenario import EngineSettings, RequestSpec, Scenario
 from record.snapshot import take_snapshot
-from kvcore.spec_decode.ngram_proposer import NgramProposer
-from kvcore.utils.math_utils import cdiv
 
 
-def kv_cache_groups(settings: EngineSettings, num_layers: int) -> tuple[list[KVCacheGroupSpec], list[int]]:
+def kv_cache_groups(
+    settings: EngineSettings, num_layers: int
+) -> tuple[list[KVCacheGroupSpec], list[int]]:
     """KV cache groups and, per decoder layer, the group it reads.
 
     No window: one full-attention group. A window without layer_types: every layer
@@ -43,27 +50,43 @@ def kv_cache_groups(settings: EngineSettings, num_layers: int) -> tuple[list[KVC
     if types is None:
         types = ("sliding_attention" if W else "full_attention",) * num_layers
     if len(types) != num_layers:
-        raise ValueError(f"engine.layer_types lists {len(types)} layers but the model has {num_layers}")
+        raise ValueError(
+            f"engine.layer_types lists {len(types)} layers but the model has {num_layers}"
+        )
     kinds = sorted(set(types), key=lambda t: t != "full_attention")
     bs = settings.block_size
-    groups = [KVCacheGroupSpec(tuple(f"layers.{i}" for i, t in enumerate(types) if t == k),
-                               FullAttentionSpec(bs) if k == "full_attention" else SlidingWindowSpec(bs, W))
-              for k in kinds]
+    groups = [
+        KVCacheGroupSpec(
+            tuple(f"layers.{i}" for i, t in enumerate(types) if t == k),
+            FullAttentionSpec(bs) if k == "full_attention" else SlidingWindowSpec(bs, W),
+        )
+        for k in kinds
+    ]
     return groups, [kinds.index(t) for t in types]
 
 
 def size_kv_cache(model, settings: EngineSettings):
     """``num_gpu_blocks: "auto"``: profile the loaded model and derive the pool as vLLM does
-    (a :class:`kvcore.model.memory.KVCacheSizing`); ValueError when not even one usable block fits."""
+    (a :class:`kvcore.model.memory.KVCacheSizing`); ValueError when not even one usable block
+    fits."""
     from kvcore.model.memory import num_gpu_blocks_from_profile
     from kvcore.model.profile import profile_model
+
     max_model_len = settings.max_model_len or getattr(model.config, "max_position_embeddings", 8192)
     profile = profile_model(model, settings.max_num_batched_tokens, settings.block_size)
-    sizing = num_gpu_blocks_from_profile(profile, model.config, settings.block_size, model.dtype,
-                                         settings.gpu_memory_utilization, max_model_len)
+    sizing = num_gpu_blocks_from_profile(
+        profile,
+        model.config,
+        settings.block_size,
+        model.dtype,
+        settings.gpu_memory_utilization,
+        max_model_len,
+    )
     if sizing.num_gpu_blocks < 2:
-        raise ValueError(f'engine.num_gpu_blocks "auto": no room for a KV cache at gpu_memory_utilization '
-                         f"{settings.gpu_memory_utilization}:\n" + "\n".join(sizing.lines()))
+        raise ValueError(
+            f'engine.num_gpu_blocks "auto": no room for a KV cache at gpu_memory_utilization '
+            f"{settings.gpu_memory_utilization}:\n" + "\n".join(sizing.lines())
+        )
     return sizing
 
 
@@ -74,7 +97,7 @@ class NoModelRunner:
     def __init__(self, vocab_size: int = 1000, eos_token_id: Optional[int] = None) -> None:
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
-        self.request_seeds: dict[str, int] = {}   # a request's own seed replaces its id's checksum
+        self.request_seeds: dict[str, int] = {}  # a request's own seed replaces its id's checksum
 
     def add_request_seed(self, request_id: str, seed: int) -> None:
         self.request_seeds[request_id] = seed
@@ -96,17 +119,25 @@ class NoModelRunner:
             if it.sample:
                 base = self.request_seeds.get(it.request_id, zlib.crc32(it.request_id.encode()))
                 end = it.start_pos + len(it.token_ids)
-                out[it.request_id] = [(base + 7919 * p) % self.vocab_size
-                                      for p in range(end - it.num_draft_tokens, end + 1)]
+                out[it.request_id] = [
+                    (base + 7919 * p) % self.vocab_size
+                    for p in range(end - it.num_draft_tokens, end + 1)
+                ]
         return out
 
 
 class Engine:
     """Drives one scenario. Same scenario -> same tokens, block ids and trace, every run."""
 
-    def __init__(self, scenario: Scenario, model=None, runner=None, debug: bool = False,
-                 progress: Optional[Callable[[str], None]] = None,
-                 kv_events: Optional[KVEventsConfig] = None) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        model=None,
+        runner=None,
+        debug: bool = False,
+        progress: Optional[Callable[[str], None]] = None,
+        kv_events: Optional[KVEventsConfig] = None,
+    ) -> None:
         s = scenario.engine
         self.scenario = scenario
         self.settings = s
@@ -114,8 +145,12 @@ class Engine:
         self.model = None
         if runner is None:
             from kvcore.model import load_model
-            self.model = model if model is not None else load_model(
-                scenario.model, scenario.device, scenario.dtype, progress=progress)
+
+            self.model = (
+                model
+                if model is not None
+                else load_model(scenario.model, scenario.device, scenario.dtype, progress=progress)
+            )
             cfg = self.model.config
             num_layers = cfg.num_hidden_layers
             max_len = getattr(cfg, "max_position_embeddings", 8192)
@@ -125,41 +160,70 @@ class Engine:
             max_len = 1 << 20
         self.groups, layer_group = kv_cache_groups(s, num_layers)
         self.max_model_len = s.max_model_len or max_len
-        self.kv_cache_sizing = None  # how num_gpu_blocks "auto" was derived (kvcore.model.memory.KVCacheSizing)
+        # how num_gpu_blocks "auto" was derived (kvcore.model.memory.KVCacheSizing)
+        self.kv_cache_sizing = None
         if s.num_gpu_blocks == "auto":
             if self.model is None:
-                raise ValueError('engine.num_gpu_blocks "auto" profiles the model; this engine runs without one')
+                raise ValueError(
+                    'engine.num_gpu_blocks "auto" profiles the model; this engine runs without one'
+                )
             self.kv_cache_sizing = size_kv_cache(self.model, s)
             s = self.settings = replace(s, num_gpu_blocks=self.kv_cache_sizing.num_gpu_blocks)
         self.recorder = Recorder()
         self.hash_fn = get_hash_fn_by_name(s.hash_algo)
         self.none_hash_seed = resolve_none_hash_seed(s.hash_algo, s.hash_seed)
         self.hasher = BlockHasher(self.hash_fn, s.block_size, self.none_hash_seed)
-        self.kv_cache_config = KVCacheConfig(s.num_gpu_blocks, tuple(self.groups),
-                                             s.prefix_cache_retention_interval)
+        self.kv_cache_config = KVCacheConfig(
+            s.num_gpu_blocks, tuple(self.groups), s.prefix_cache_retention_interval
+        )
         self.kv_cache_manager = KVCacheManager(
-            self.kv_cache_config, self.max_model_len, s.enable_prefix_caching,
-            s.max_num_batched_tokens, s.watermark, s.free_order, enable_kv_cache_events=True)
+            self.kv_cache_config,
+            self.max_model_len,
+            s.enable_prefix_caching,
+            s.max_num_batched_tokens,
+            s.watermark,
+            s.free_order,
+            enable_kv_cache_events=True,
+        )
         self.recorder.attach(self.kv_cache_manager)
-        self.scheduler = Scheduler(SchedulerConfig(
-            max_num_seqs=s.max_num_seqs, max_num_batched_tokens=s.max_num_batched_tokens,
-            policy=s.policy, max_model_len=self.max_model_len, admission=s.admission,
-            long_prefill_token_threshold=s.long_prefill_token_threshold,
-            max_cache_hit_length=s.max_cache_hit_length,
-            num_spec_tokens=s.speculative.num_speculative_tokens if s.speculative else 0),
-            self.kv_cache_manager)
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_num_seqs=s.max_num_seqs,
+                max_num_batched_tokens=s.max_num_batched_tokens,
+                policy=s.policy,
+                max_model_len=self.max_model_len,
+                admission=s.admission,
+                long_prefill_token_threshold=s.long_prefill_token_threshold,
+                max_cache_hit_length=s.max_cache_hit_length,
+                num_spec_tokens=s.speculative.num_speculative_tokens if s.speculative else 0,
+            ),
+            self.kv_cache_manager,
+        )
         # Speculative decoding: drafts from an n-gram proposer, verified greedily.
         self.drafter: Optional[NgramProposer] = None
         if s.speculative is not None:
             if s.seed is not None:
-                raise ValueError("engine.speculative verifies drafts greedily: it needs engine.seed null")
+                raise ValueError(
+                    "engine.speculative verifies drafts greedily: it needs engine.seed null"
+                )
             sp = s.speculative
-            self.drafter = NgramProposer(sp.prompt_lookup_min, sp.prompt_lookup_max,
-                                         sp.num_speculative_tokens, self.max_model_len)
+            self.drafter = NgramProposer(
+                sp.prompt_lookup_min,
+                sp.prompt_lookup_max,
+                sp.num_speculative_tokens,
+                self.max_model_len,
+            )
         if runner is None:
             from kvcore.worker.gpu_model_runner import GPUModelRunner
-            runner = GPUModelRunner(self.model, s.num_gpu_blocks, s.block_size, layer_group,
-                                 [g.sliding_window for g in self.groups], seed=s.seed)
+
+            runner = GPUModelRunner(
+                self.model,
+                s.num_gpu_blocks,
+                s.block_size,
+                layer_group,
+                [g.sliding_window for g in self.groups],
+                seed=s.seed,
+            )
         self.runner = runner
         self.engine_core = EngineCore(self.scheduler, runner, self.drafter, self.max_model_len)
         # KV cache events (vLLM's wire format) are drained every step. They go out on ZeroMQ
@@ -174,7 +238,7 @@ class Engine:
             self.kv_cache_manager.block_pool.use_int_block_hashes = wire.use_int_block_hashes
         self.step_count = 0
         self._arrivals = 0
-        self.parent_requests: dict[str, ParentRequest] = {}   # requests with n > 1, by parent id
+        self.parent_requests: dict[str, ParentRequest] = {}  # requests with n > 1, by parent id
         self._pending: list[RequestSpec] = sorted(scenario.requests, key=lambda r: r.arrival_step)
         self.history: list[snapshot.StepRecord] = []
         # Every request added, finished ones included, in arrival order: the recording shows
@@ -187,12 +251,17 @@ class Engine:
             self.check_invariants()
         cfg = self.kv_events_config
         if cfg is not None and cfg.enable_kv_cache_events and cfg.publisher == "zmq":
-            self.kv_event_publisher = ZmqEventPublisher.from_config(cfg)   # last: nothing after it can fail
+            # last: nothing after it can fail
+            self.kv_event_publisher = ZmqEventPublisher.from_config(cfg)
 
     # -- requests -----------------------------------------------------------------------
     def _eos_ids(self) -> tuple[int, ...]:
         if self.model is None:
-            return (self.runner.eos_token_id,) if getattr(self.runner, "eos_token_id", None) is not None else ()
+            return (
+                (self.runner.eos_token_id,)
+                if getattr(self.runner, "eos_token_id", None) is not None
+                else ()
+            )
         eos = self.model.eos_token_id
         return tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
 
@@ -210,29 +279,38 @@ class Engine:
     def add_request(self, spec: RequestSpec) -> None:
         """Queue a request now (its arrival_step is ignored). Raises ValueError, changing
         nothing, if it is malformed or can never fit in the pool."""
-        parent, children = fan_out(spec)    # n > 1: children "0_<id>"... (vLLM's ParentRequest)
+        parent, children = fan_out(spec)  # n > 1: children "0_<id>"... (vLLM's ParentRequest)
         for child in children:
             if child.id in self.scheduler.requests or child.id in self.parent_requests:
                 raise ValueError(f"a request with id {child.id!r} already exists")
         if parent is not None and spec.id in self.scheduler.requests:
             raise ValueError(f"a request with id {spec.id!r} already exists")
         if self.drafter is not None and (spec.seed is not None or spec.n > 1):
-            raise ValueError(f"request {spec.id!r}: engine.speculative verifies drafts greedily; "
-                             f"seeded sampling and n > 1 are not supported with it")
+            raise ValueError(
+                f"request {spec.id!r}: engine.speculative verifies drafts greedily; "
+                f"seeded sampling and n > 1 are not supported with it"
+            )
         ids = self._checked_prompt(spec)
         s = self.settings
         if parent is not None:
             self.parent_requests[parent.request_id] = parent
-        self._arrivals += 1     # children are copies of one request: one arrival time, as in vLLM
+        self._arrivals += 1  # children are copies of one request: one arrival time, as in vLLM
         for child in children:
-            req = Request(child.id, ids, child.max_tokens, arrival_time=self._arrivals,
-                          priority=child.priority, cache_salt=child.cache_salt,
-                          eos_token_ids=self._eos_ids(), ignore_eos=child.ignore_eos,
-                          block_hasher=self.hasher if s.enable_prefix_caching else None)
+            req = Request(
+                child.id,
+                ids,
+                child.max_tokens,
+                arrival_time=self._arrivals,
+                priority=child.priority,
+                cache_salt=child.cache_salt,
+                eos_token_ids=self._eos_ids(),
+                ignore_eos=child.ignore_eos,
+                block_hasher=self.hasher if s.enable_prefix_caching else None,
+            )
             if child.seed is not None and hasattr(self.runner, "add_request_seed"):
                 self.runner.add_request_seed(child.id, child.seed)
             self.scheduler.add_request(req)
-            self.requests.pop(child.id, None)     # an id used again: the new request is shown
+            self.requests.pop(child.id, None)  # an id used again: the new request is shown
             self.requests[child.id] = req
 
     def _checked_prompt(self, spec: RequestSpec) -> list[int]:
@@ -240,7 +318,9 @@ class Engine:
         ids = self.encode(spec)
         if not ids:
             # An input check: kvcore's Request, as vLLM's, takes an empty prompt.
-            raise ValueError(f"request {spec.id!r}: the prompt is empty (it must have at least one token)")
+            raise ValueError(
+                f"request {spec.id!r}: the prompt is empty (it must have at least one token)"
+            )
         s = self.settings
         full_groups = sum(1 for g in self.groups if g.kind == "full")
         usable = s.num_gpu_blocks - 1
@@ -249,10 +329,13 @@ class Engine:
             raise ValueError(
                 f"request {spec.id!r}: its prompt of {len(ids)} tokens needs {need} blocks of "
                 f"{s.block_size} tokens but the pool has only {usable} usable blocks "
-                f"(num_gpu_blocks={s.num_gpu_blocks}, block 0 is the null block)")
+                f"(num_gpu_blocks={s.num_gpu_blocks}, block 0 is the null block)"
+            )
         if len(ids) >= self.max_model_len:
-            raise ValueError(f"request {spec.id!r}: prompt of {len(ids)} tokens reaches max_model_len "
-                             f"{self.max_model_len}")
+            raise ValueError(
+                f"request {spec.id!r}: prompt of {len(ids)} tokens reaches max_model_len "
+                f"{self.max_model_len}"
+            )
         return ids
 
     def has_unfinished(self) -> bool:
@@ -270,10 +353,14 @@ class Engine:
         if self.debug:
             self.check_invariants()
         rec = snapshot.StepRecord(
-            step=self.step_count, scheduled=dict(out.num_scheduled_tokens),
-            events=tuple(self.recorder.drain()), snapshot=self.snapshot(),
-            new_tokens=done.new_tokens, model_inputs=done.model_inputs,
-            kv_events=tuple(self.last_kv_event_batch.events) if self.last_kv_event_batch else ())
+            step=self.step_count,
+            scheduled=dict(out.num_scheduled_tokens),
+            events=tuple(self.recorder.drain()),
+            snapshot=self.snapshot(),
+            new_tokens=done.new_tokens,
+            model_inputs=done.model_inputs,
+            kv_events=tuple(self.last_kv_event_batch.events) if self.last_kv_event_batch else (),
+        )
         self.history.append(rec)
         return rec
 
@@ -281,7 +368,9 @@ class Engine:
     def spec_decoding_stats(self):
         return self.engine_core.spec_decoding_stats
 
-    def run(self, until: Optional[str] = None, max_steps: int = 100_000) -> list[snapshot.StepRecord]:
+    def run(
+        self, until: Optional[str] = None, max_steps: int = 100_000
+    ) -> list[snapshot.StepRecord]:
         """Step until every request finished, or until a step emits an event of kind ``until``."""
         records = []
         while self.has_unfinished() and len(records) < max_steps:
@@ -295,7 +384,7 @@ class Engine:
         for spec in specs:
             self.add_request(replace(spec, arrival_step=0))
         self.run()
-        out, grouped = self.outputs(), self.grouped_outputs()   # n > 1: the children, by index
+        out, grouped = self.outputs(), self.grouped_outputs()  # n > 1: the children, by index
         return {s.id: out[s.id] if s.n == 1 else grouped[s.id] for s in specs}
 
     # -- reading --------------------------------------------------------------------------
@@ -305,14 +394,22 @@ class Engine:
         return self.model.decode(list(token_ids))
 
     def snapshot(self) -> snapshot.Snapshot:
-        return take_snapshot(self.scheduler, self.step_count, self.decode if self.model else None,
-                             self.recorder.hash_meta, self.requests)
+        return take_snapshot(
+            self.scheduler,
+            self.step_count,
+            self.decode if self.model else None,
+            self.recorder.hash_meta,
+            self.requests,
+        )
 
     def outputs(self) -> dict[str, dict]:
         out = {}
         for rid, req in self.requests.items():
-            out[rid] = {"token_ids": list(req.output_token_ids), "text": self.decode(req.output_token_ids),
-                        "finish_reason": req.status.value if req.is_finished() else None}
+            out[rid] = {
+                "token_ids": list(req.output_token_ids),
+                "text": self.decode(req.output_token_ids),
+                "finish_reason": req.status.value if req.is_finished() else None,
+            }
         return out
 
     def grouped_outputs(self) -> dict[str, dict]:
@@ -325,8 +422,9 @@ class Engine:
         return parent_groups(self.parent_requests.values())
 
     def check_invariants(self) -> None:
-        check_invariants(self.kv_cache_manager, self.hash_fn, self.scheduler.requests,
-                         self.hasher.none_hash)
+        check_invariants(
+            self.kv_cache_manager, self.hash_fn, self.scheduler.requests, self.hasher.none_hash
+        )
 
     def reset_prefix_cache(self) -> bool:
         return self.kv_cache_manager.reset_prefix_cache()
@@ -352,4 +450,5 @@ class Engine:
 
     def bytes_per_block(self) -> int:
         from kvcore.model.memory import bytes_per_block
+
         return bytes_per_block(self.model.config, self.settings.block_size, self.model.dtype)

@@ -9,6 +9,7 @@ empty) and ``group`` (the KV cache group, None where it does not apply); the oth
 fields say why. Events are frozen and round-trip through JSON with ``to_dict`` /
 ``Event.from_dict``, the kind being the tag.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,9 +53,28 @@ class EventKind(str, Enum):
 
 
 # Short names, so `e.kind == events.EVICTED` reads like the sentence it is.
-(ARRIVED, SCHEDULED, ADMITTED, RESUMED, BLOCKED, CACHE_HIT, CACHE_MISS, TOUCHED, ALLOCATED, EVICTED,
- CACHED, FREED, WINDOW_SKIPPED, PREEMPTED, FINISHED, RESET, SAMPLED, DRAFT_PROPOSED, DRAFT_ACCEPTED,
- DRAFT_REJECTED) = tuple(EventKind)
+(
+    ARRIVED,
+    SCHEDULED,
+    ADMITTED,
+    RESUMED,
+    BLOCKED,
+    CACHE_HIT,
+    CACHE_MISS,
+    TOUCHED,
+    ALLOCATED,
+    EVICTED,
+    CACHED,
+    FREED,
+    WINDOW_SKIPPED,
+    PREEMPTED,
+    FINISHED,
+    RESET,
+    SAMPLED,
+    DRAFT_PROPOSED,
+    DRAFT_ACCEPTED,
+    DRAFT_REJECTED,
+) = tuple(EventKind)
 EVENT_KINDS: tuple[EventKind, ...] = tuple(EventKind)
 
 IntTuple = tuple[int, ...]
@@ -78,7 +98,8 @@ class Event:
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "Event":
-        """The event ``to_dict`` wrote (the subclass named by ``kind``); ValueError on anything else."""
+        """The event ``to_dict`` wrote (the subclass named by ``kind``); ValueError on anything
+        else."""
         return _any_event_adapter().validate_python(d)
 
 
@@ -96,7 +117,7 @@ class Arrived(Event):
     """A request joined the waiting queue (vLLM: ``Scheduler.add_request``)."""
 
     kind = EventKind.ARRIVED
-    request_id: str = dataclasses.field()       # required: always about one request
+    request_id: str = dataclasses.field()  # required: always about one request
     num_prompt_tokens: int
     priority: int = 0
 
@@ -341,10 +362,31 @@ class DraftRejected(Event):
     positions: IntTuple = ()
 
 
-EVENT_TYPES: dict[EventKind, type[Event]] = {cls.kind: cls for cls in (
-    Arrived, Scheduled, Admitted, Resumed, Blocked, CacheHit, CacheMiss, Touched, Allocated, Evicted,
-    Cached, Freed, WindowSkipped, Preempted, Finished, PrefixCacheReset, Sampled, DraftProposed,
-    DraftAccepted, DraftRejected)}
+EVENT_TYPES: dict[EventKind, type[Event]] = {
+    cls.kind: cls
+    for cls in (
+        Arrived,
+        Scheduled,
+        Admitted,
+        Resumed,
+        Blocked,
+        CacheHit,
+        CacheMiss,
+        Touched,
+        Allocated,
+        Evicted,
+        Cached,
+        Freed,
+        WindowSkipped,
+        Preempted,
+        Finished,
+        PrefixCacheReset,
+        Sampled,
+        DraftProposed,
+        DraftAccepted,
+        DraftRejected,
+    )
+}
 
 
 def _kind_tag(v: Any) -> str | None:
@@ -353,8 +395,10 @@ def _kind_tag(v: Any) -> str | None:
 
 
 # Any event, told apart by its kind: a tagged union, the schema step records and trace files use.
-AnyEvent = Annotated[Union[tuple(Annotated[cls, Tag(kind.value)] for kind, cls in EVENT_TYPES.items())],
-                     Discriminator(_kind_tag)]
+AnyEvent = Annotated[
+    Union[tuple(Annotated[cls, Tag(kind.value)] for kind, cls in EVENT_TYPES.items())],
+    Discriminator(_kind_tag),
+]
 
 
 @functools.cache

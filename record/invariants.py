@@ -1,8 +1,9 @@
 """check_invariants: the properties the block manager must keep after every operation."""
+
 from __future__ import annotations
 
-from kvcore.core.kv_cache_utils import get_block_hash, get_group_id, hash_block_tokens
 from kvcore.core.kv_cache_manager import KVCacheManager
+from kvcore.core.kv_cache_utils import get_block_hash, get_group_id, hash_block_tokens
 
 
 class InvariantError(AssertionError):
@@ -13,7 +14,9 @@ def _fail(msg: str) -> None:
     raise InvariantError(msg)
 
 
-def check_invariants(kvm: KVCacheManager, hash_fn=None, requests=None, none_hash=None, hash_meta=None) -> None:
+def check_invariants(
+    kvm: KVCacheManager, hash_fn=None, requests=None, none_hash=None, hash_meta=None
+) -> None:
     """Raise InvariantError if the pool, tables, queue or hash map disagree.
 
     - ref_cnt of each non-null block = number of block-table slots holding it;
@@ -40,7 +43,10 @@ def check_invariants(kvm: KVCacheManager, hash_fn=None, requests=None, none_hash
         if blk.is_null:
             continue
         if blk.ref_cnt != holders[blk.block_id]:
-            _fail(f"block {blk.block_id}: ref_cnt {blk.ref_cnt} but held by {holders[blk.block_id]} table slots")
+            _fail(
+                f"block {blk.block_id}: ref_cnt {blk.ref_cnt} "
+                f"but held by {holders[blk.block_id]} table slots"
+            )
 
     q = pool.free_block_queue
     seen = set()
@@ -65,7 +71,9 @@ def check_invariants(kvm: KVCacheManager, hash_fn=None, requests=None, none_hash
     if q.num_free_blocks != len(seen):
         _fail(f"num_free_blocks is {q.num_free_blocks} but the queue holds {len(seen)}")
     for blk in pool.blocks:
-        if blk.block_id not in seen and (blk.prev_free_block is not None or blk.next_free_block is not None):
+        if blk.block_id not in seen and (
+            blk.prev_free_block is not None or blk.next_free_block is not None
+        ):
             _fail(f"block {blk.block_id} is outside the queue but keeps queue links")
 
     registered = set()
@@ -75,8 +83,10 @@ def check_invariants(kvm: KVCacheManager, hash_fn=None, requests=None, none_hash
         for bid in ids:
             blk = pool.blocks[bid]
             if blk.block_hash != key:
-                _fail(f"hash map entry {key.hex()[:12]} points at block {bid}, which carries "
-                      f"{blk.block_hash.hex()[:12] if blk.block_hash else None}")
+                _fail(
+                    f"hash map entry {key.hex()[:12]} points at block {bid}, which carries "
+                    f"{blk.block_hash.hex()[:12] if blk.block_hash else None}"
+                )
             if blk is null:
                 _fail("the null block is in the hash map")
             registered.add(bid)
@@ -88,7 +98,10 @@ def check_invariants(kvm: KVCacheManager, hash_fn=None, requests=None, none_hash
             meta = hash_meta.get(raw)
             if meta is None:
                 _fail(f"block {blk.block_id}: no record of what its hash stands for")
-            if hash_block_tokens(hash_fn, meta.parent, meta.token_ids, meta.extra_keys, none_hash) != raw:
+            if (
+                hash_block_tokens(hash_fn, meta.parent, meta.token_ids, meta.extra_keys, none_hash)
+                != raw
+            ):
                 _fail(f"block {blk.block_id}: hash does not match its parent and tokens")
     if requests is not None:
         for gid, m in enumerate(kvm.coordinator.single_type_managers):
@@ -97,9 +110,18 @@ def check_invariants(kvm: KVCacheManager, hash_fn=None, requests=None, none_hash
                 for i, blk in enumerate(table):
                     if blk.block_hash is None:
                         continue
-                    if i >= len(req.block_hashes) or get_block_hash(blk.block_hash) != req.block_hashes[i]:
-                        _fail(f"request {rid} slot {i}: block {blk.block_id} carries another content's hash")
+                    if (
+                        i >= len(req.block_hashes)
+                        or get_block_hash(blk.block_hash) != req.block_hashes[i]
+                    ):
+                        _fail(
+                            f"request {rid} slot {i}: block {blk.block_id} "
+                            "carries another content's hash"
+                        )
                     if get_group_id(blk.block_hash) != gid:
-                        _fail(f"request {rid} group {gid}: block {blk.block_id} is cached under another group")
+                        _fail(
+                            f"request {rid} group {gid}: block "
+                            f"{blk.block_id} is cached under another group"
+                        )
     if null.block_hash is not None:
         _fail("the null block carries a hash")

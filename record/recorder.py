@@ -18,6 +18,7 @@ The recorder also keeps what the pool itself does not need: what each block hash
 (``hash_meta``: parent hash, tokens, extra keys), for the hash chains the player draws and the
 invariant checks.
 """
+
 from __future__ import annotations
 
 import functools
@@ -27,8 +28,17 @@ from operator import attrgetter
 from typing import Any, Optional, Sequence
 
 from kvcore.core.kv_cache_utils import KVCacheBlock, get_block_hash, get_group_id
-from record.events import (EVENT_TYPES, Allocated, Cached, Event, EventKind, Evicted, Freed,
-                           PrefixCacheReset, Touched)
+from record.events import (
+    EVENT_TYPES,
+    Allocated,
+    Cached,
+    Event,
+    EventKind,
+    Evicted,
+    Freed,
+    PrefixCacheReset,
+    Touched,
+)
 
 _BY_KIND: dict[str, type[Event]] = {k.value: cls for k, cls in EVENT_TYPES.items()}
 _ID = attrgetter("block_id")
@@ -56,13 +66,13 @@ class Recorder:
         # Whom the pool works for right now: (request id, group, the reason a free gives).
         self._context: tuple[Optional[str], Optional[int], str] = (None, None, "")
         self._next_free_reason = ""
-        self._evicted: list[tuple[int, bytes]] = []   # evicted by the allocation in progress
+        self._evicted: list[tuple[int, bytes]] = []  # evicted by the allocation in progress
         self.block_pool = None
         # Where a revived block stood in the free queue, without walking it (on_blocks_touched):
         # each block entering the queue gets a key, increasing towards the tail; keys between the
         # head's and the tail's that are no longer in the queue were taken out of the middle.
         self._qkey: dict[int, int] = {}
-        self._hi = -1                          # the largest key given so far
+        self._hi = -1  # the largest key given so far
         self._holes: list[int] = []
 
     # -- attaching ---------------------------------------------------------------------
@@ -73,8 +83,11 @@ class Recorder:
         for m in kv_cache_manager.coordinator.single_type_managers:
             for name in ("allocate_new_computed_blocks", "allocate_new_blocks", "free"):
                 self._wrap(m, name, functools.partial(self._for_request, m.kv_cache_group_id, None))
-            self._wrap(m, "remove_skipped_blocks",
-                       functools.partial(self._for_request, m.kv_cache_group_id, "window"))
+            self._wrap(
+                m,
+                "remove_skipped_blocks",
+                functools.partial(self._for_request, m.kv_cache_group_id, "window"),
+            )
         return self
 
     def attach_block_pool(self, pool) -> "Recorder":
@@ -125,20 +138,38 @@ class Recorder:
             # Popped from the queue head by get_new_blocks: reported with that allocation.
             self._evicted.append((block.block_id, key))
             return
-        self.events.append(Evicted(block_ids=(block.block_id,), group=get_group_id(key),
-                                   block_hash=get_block_hash(key).hex(), reason="evict_blocks"))
+        self.events.append(
+            Evicted(
+                block_ids=(block.block_id,),
+                group=get_group_id(key),
+                block_hash=get_block_hash(key).hex(),
+                reason="evict_blocks",
+            )
+        )
 
     def on_blocks_allocated(self, blocks: Sequence[KVCacheBlock]) -> None:
         request_id, group, _ = self._context
         evicted, self._evicted = self._evicted, []
         hexes = {bid: get_block_hash(key).hex() for bid, key in evicted}
         for bid, key in evicted:
-            self.events.append(Evicted(
-                request_id=request_id, block_ids=(bid,), group=get_group_id(key),
-                block_hash=hexes[bid], reason="reused from queue head"))
-        self.events.append(Allocated(
-            request_id=request_id, block_ids=tuple(map(_ID, blocks)), group=group,
-            queue_positions=tuple(range(len(blocks))), evicted_hashes=hexes))
+            self.events.append(
+                Evicted(
+                    request_id=request_id,
+                    block_ids=(bid,),
+                    group=get_group_id(key),
+                    block_hash=hexes[bid],
+                    reason="reused from queue head",
+                )
+            )
+        self.events.append(
+            Allocated(
+                request_id=request_id,
+                block_ids=tuple(map(_ID, blocks)),
+                group=group,
+                queue_positions=tuple(range(len(blocks))),
+                evicted_hashes=hexes,
+            )
+        )
 
     def on_blocks_touched(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Called before the blocks leave the queue, so their positions can still be read.
@@ -155,10 +186,10 @@ class Recorder:
             head = self.block_pool.free_block_queue.fake_free_list_head.next_free_block
             lo = qkey[head.block_id]
             if holes and holes[0] < lo:
-                del holes[:bisect_left(holes, lo)]      # left behind by the head: forget them
+                del holes[: bisect_left(holes, lo)]  # left behind by the head: forget them
             keys = list(map(qkey.__getitem__, from_queue))
             first, last = min(keys), max(keys)
-            run = last - first == len(keys) - 1      # distinct keys: a run of consecutive ones
+            run = last - first == len(keys) - 1  # distinct keys: a run of consecutive ones
             at = bisect_left(holes, first)
             if run and at == bisect_left(holes, last):
                 # The usual case (a request's blocks were freed together): no hole among them, so
@@ -170,25 +201,47 @@ class Recorder:
                 holes.extend(keys)
                 holes.sort()
         from_queue = tuple(from_queue)
-        self.events.append(Touched(
-            request_id=request_id, group=group, from_queue=from_queue, queue_positions=positions,
-            block_ids=from_queue if len(from_queue) == len(blocks) else tuple(map(_ID, blocks))))
+        self.events.append(
+            Touched(
+                request_id=request_id,
+                group=group,
+                from_queue=from_queue,
+                queue_positions=positions,
+                block_ids=from_queue if len(from_queue) == len(blocks) else tuple(map(_ID, blocks)),
+            )
+        )
 
-    def on_blocks_freed(self, blocks: Sequence[KVCacheBlock], to_head: Sequence[KVCacheBlock],
-                        to_tail: Sequence[KVCacheBlock]) -> None:
+    def on_blocks_freed(
+        self,
+        blocks: Sequence[KVCacheBlock],
+        to_head: Sequence[KVCacheBlock],
+        to_tail: Sequence[KVCacheBlock],
+    ) -> None:
         request_id, group, reason = self._context
         head_ids = tuple(map(_ID, to_head)) if to_head else ()
         tail_ids = tuple(map(_ID, to_tail)) if to_tail else ()
         if head_ids or tail_ids:
             self._key_new_queue_entries(head_ids, tail_ids)
-        if len(head_ids) + len(tail_ids) == len(blocks):   # the common case: every block joined the queue
-            ids = head_ids if not tail_ids else tail_ids if not head_ids else tuple(map(_ID, blocks))
+        # the common case: every block joined the queue
+        if len(head_ids) + len(tail_ids) == len(blocks):
+            ids = (
+                head_ids if not tail_ids else tail_ids if not head_ids else tuple(map(_ID, blocks))
+            )
             still_used: tuple[int, ...] = ()
         else:
             ids = tuple(b.block_id for b in blocks if not b.is_null)
             still_used = tuple(b.block_id for b in blocks if b.ref_cnt > 0 and not b.is_null)
-        self.events.append(Freed(request_id=request_id, block_ids=ids, group=group, to_head=head_ids,
-                                 to_tail=tail_ids, still_used=still_used, reason=reason))
+        self.events.append(
+            Freed(
+                request_id=request_id,
+                block_ids=ids,
+                group=group,
+                to_head=head_ids,
+                to_tail=tail_ids,
+                still_used=still_used,
+                reason=reason,
+            )
+        )
 
     def _key_new_queue_entries(self, head_ids: tuple[int, ...], tail_ids: tuple[int, ...]) -> None:
         """Keys for blocks that just joined the queue: the head's go just below the old head's key,
@@ -196,7 +249,7 @@ class Recorder:
         holes between them)."""
         qkey, holes = self._qkey, self._holes
         queue = self.block_pool.free_block_queue
-        if queue.num_free_blocks == len(head_ids) + len(tail_ids):   # it was empty: start afresh
+        if queue.num_free_blocks == len(head_ids) + len(tail_ids):  # it was empty: start afresh
             holes.clear()
             base = self._hi + 1
             qkey.update(zip(head_ids + tail_ids, range(base, base + len(head_ids) + len(tail_ids))))
@@ -205,7 +258,7 @@ class Recorder:
         if head_ids:
             # the old head now stands right after the blocks put before it
             old_head = qkey[self.block_pool.blocks[head_ids[-1]].next_free_block.block_id]
-            del holes[:bisect_left(holes, old_head)]   # below the old head: stale
+            del holes[: bisect_left(holes, old_head)]  # below the old head: stale
             qkey.update(zip(head_ids, range(old_head - len(head_ids), old_head)))
         if tail_ids:
             qkey.update(zip(tail_ids, range(self._hi + 1, self._hi + 1 + len(tail_ids))))
@@ -221,12 +274,18 @@ class Recorder:
                 i = blk.block_hash_num_tokens // block_size - 1
                 self.hash_meta[raw] = HashMeta(
                     hashes[i - 1] if i else None,
-                    tuple(request.all_token_ids[i * block_size:(i + 1) * block_size]),
-                    request.extra_keys_for_block(i))
-        self.events.append(Cached(
-            request_id=request.request_id, block_ids=tuple(b.block_id for b in blocks),
-            group=get_group_id(blocks[0].block_hash), block_hashes=tuple(r.hex() for r in raws),
-            num_tokens=len(blocks) * block_size))
+                    tuple(request.all_token_ids[i * block_size : (i + 1) * block_size]),
+                    request.extra_keys_for_block(i),
+                )
+        self.events.append(
+            Cached(
+                request_id=request.request_id,
+                block_ids=tuple(b.block_id for b in blocks),
+                group=get_group_id(blocks[0].block_hash),
+                block_hashes=tuple(r.hex() for r in raws),
+                num_tokens=len(blocks) * block_size,
+            )
+        )
 
     def on_prefix_cache_reset(self, ok: bool, blocks_in_use: int) -> None:
         if ok:

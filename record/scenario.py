@@ -9,6 +9,7 @@ Old files: ``engine.sliding_retention`` ("sparse" / "dense", before vLLM named t
 setting) is still read, as ``prefix_cache_retention_interval`` 0 / null; the app's
 lesson 5 switch still writes it, with those two words as its labels.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,17 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import AfterValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
-from pydantic import TypeAdapter, ValidationError
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+)
 
 from kvcore.config.kv_events import KVEventsConfig
 
@@ -30,7 +40,8 @@ HASH_ALGOS = ("xxhash", "sha256", "sha256_cbor", "xxhash_cbor")
 POLICIES = ("fcfs", "priority")
 FREE_ORDERS = ("v0.33", "legacy")
 ADMISSIONS = ("full_sequence", "first_chunk")
-LEGACY_RETENTION = {"sparse": 0, "dense": None}   # engine.sliding_retention -> prefix_cache_retention_interval
+# engine.sliding_retention -> prefix_cache_retention_interval
+LEGACY_RETENTION = {"sparse": 0, "dense": None}
 _FORBID = ConfigDict(extra="forbid")
 
 
@@ -61,6 +72,7 @@ OptInt = Optional[Annotated[StrictInt, Field(ge=1)]]
 class SpeculativeConfig:
     """vLLM's speculative_config, n-gram (prompt lookup) method only; verification is greedy.
     Unset lookup lengths follow vLLM: both unset -> 5 and 5, one set -> the other equals it."""
+
     __pydantic_config__ = _FORBID
     method: Literal["ngram"] = "ngram"
     num_speculative_tokens: Int = 3
@@ -86,7 +98,9 @@ class EngineSettings:
     # counts the null block, as vLLM does; "auto": profile the model and derive it from
     # gpu_memory_utilization (kvcore/model/profile.py, kvcore/model/memory.py: KVCacheSizing)
     num_gpu_blocks: Union[Annotated[StrictInt, Field(ge=2)], Literal["auto"]] = 64
-    gpu_memory_utilization: Annotated[Union[StrictInt, StrictFloat], AfterValidator(_utilization)] = 0.9
+    gpu_memory_utilization: Annotated[
+        Union[StrictInt, StrictFloat], AfterValidator(_utilization)
+    ] = 0.9
     enable_prefix_caching: StrictBool = True
     hash_algo: Literal[HASH_ALGOS] = "xxhash"
     # NONE_HASH seed: a string is the seed; null = vLLM's rule (PYTHONHASHSEED, else fixed
@@ -149,31 +163,59 @@ _SCENARIO = TypeAdapter(Scenario)
 
 # What a field must be, said once per field: the message for any error at that path.
 _MUST: dict[str, str] = {
-    "block_size": "an integer >= 1", "num_gpu_blocks": "an integer >= 2 (block 0 is the null block, "
-    "so at least one usable block needs 2) or \"auto\"", "gpu_memory_utilization": "a number in (0, 1]", "max_num_seqs": "an integer >= 1",
-    "max_num_batched_tokens": "an integer >= 1", "long_prefill_token_threshold": "an integer >= 0",
-    "enable_prefix_caching": "true or false", "hash_algo": "one of " + ", ".join(HASH_ALGOS),
-    "hash_seed": "a string or null", "policy": "one of " + ", ".join(POLICIES),
-    "free_order": "one of " + ", ".join(FREE_ORDERS), "admission": "one of " + ", ".join(ADMISSIONS),
-    "sliding_window": "null or a positive integer", "max_model_len": "null or a positive integer",
-    "seed": "null or an integer >= 0", "prefix_cache_retention_interval": "null or an integer >= 0",
-    "max_cache_hit_length": "null or an integer >= 0", "watermark": "a number in [0, 1)",
+    "block_size": "an integer >= 1",
+    "num_gpu_blocks": "an integer >= 2 (block 0 is the null block, "
+    'so at least one usable block needs 2) or "auto"',
+    "gpu_memory_utilization": "a number in (0, 1]",
+    "max_num_seqs": "an integer >= 1",
+    "max_num_batched_tokens": "an integer >= 1",
+    "long_prefill_token_threshold": "an integer >= 0",
+    "enable_prefix_caching": "true or false",
+    "hash_algo": "one of " + ", ".join(HASH_ALGOS),
+    "hash_seed": "a string or null",
+    "policy": "one of " + ", ".join(POLICIES),
+    "free_order": "one of " + ", ".join(FREE_ORDERS),
+    "admission": "one of " + ", ".join(ADMISSIONS),
+    "sliding_window": "null or a positive integer",
+    "max_model_len": "null or a positive integer",
+    "seed": "null or an integer >= 0",
+    "prefix_cache_retention_interval": "null or an integer >= 0",
+    "max_cache_hit_length": "null or an integer >= 0",
+    "watermark": "a number in [0, 1)",
     "layer_types": "a non-empty list of " + " / ".join(LAYER_TYPES),
-    "id": "a non-empty string", "prompt": "a non-empty string",
-    "prompt_token_ids": "a non-empty list of token ids (integers >= 0)", "chat": "true or false",
-    "max_tokens": "an integer >= 1", "arrival_step": "an integer >= 0", "priority": "an integer",
-    "cache_salt": "a string or null", "ignore_eos": "true or false", "n": "an integer >= 1",
-    "model": "one of " + ", ".join(MODELS), "device": "one of " + ", ".join(DEVICES),
-    "dtype": "one of " + ", ".join(DTYPES), "name": "a string", "description": "a string",
-    "engine": "an object", "requests": "a list",
+    "id": "a non-empty string",
+    "prompt": "a non-empty string",
+    "prompt_token_ids": "a non-empty list of token ids (integers >= 0)",
+    "chat": "true or false",
+    "max_tokens": "an integer >= 1",
+    "arrival_step": "an integer >= 0",
+    "priority": "an integer",
+    "cache_salt": "a string or null",
+    "ignore_eos": "true or false",
+    "n": "an integer >= 1",
+    "model": "one of " + ", ".join(MODELS),
+    "device": "one of " + ", ".join(DEVICES),
+    "dtype": "one of " + ", ".join(DTYPES),
+    "name": "a string",
+    "description": "a string",
+    "engine": "an object",
+    "requests": "a list",
     "enable_kv_cache_events": "true or false",
-    "publisher": "\"zmq\" or \"null\"", "endpoint": "a tcp://, ipc:// or inproc:// endpoint",
-    "replay_endpoint": "null or a tcp://, ipc:// or inproc:// endpoint", "buffer_steps": "an integer >= 1",
-    "hwm": "an integer >= 1", "max_queue_size": "an integer >= 1", "topic": "a string",
+    "publisher": '"zmq" or "null"',
+    "endpoint": "a tcp://, ipc:// or inproc:// endpoint",
+    "replay_endpoint": "null or a tcp://, ipc:// or inproc:// endpoint",
+    "buffer_steps": "an integer >= 1",
+    "hwm": "an integer >= 1",
+    "max_queue_size": "an integer >= 1",
+    "topic": "a string",
     "use_int_block_hashes": "true or false",
 }
-_SECTIONS = {(): Scenario, ("engine",): EngineSettings, ("requests", int): RequestSpec,
-             ("engine", "kv_events"): KVEventsConfig}
+_SECTIONS = {
+    (): Scenario,
+    ("engine",): EngineSettings,
+    ("requests", int): RequestSpec,
+    ("engine", "kv_events"): KVEventsConfig,
+}
 
 
 def _path(loc: tuple) -> str:
@@ -189,13 +231,16 @@ def _section(loc: tuple):
 
 
 def _problem(err: dict, raw: Any) -> str:
-    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith(("function-", "tagged-"))))
+    loc = tuple(
+        p for p in err["loc"] if not (isinstance(p, str) and p.startswith(("function-", "tagged-")))
+    )
     if err["type"] == "unexpected_keyword_argument" or err["type"] == "extra_forbidden":
         cls = _section(loc[:-1])
         known = ", ".join(sorted(f.name for f in fields(cls))) if cls else ""
         what = "setting" if cls is EngineSettings else "field"
         return f"{_path(loc)}: unknown {what} (known: {known})"
-    if err["type"] == "value_error" and loc[:2] == ("engine", "kv_events"):   # KVEventsConfig's own check
+    # KVEventsConfig's own check
+    if err["type"] == "value_error" and loc[:2] == ("engine", "kv_events"):
         return f"engine.{err['ctx']['error']}"
     if err["type"] in ("dataclass_type", "dataclass_args_type", "model_type", "dict_type"):
         return f"{_path(loc)}: must be an object"
@@ -204,8 +249,8 @@ def _problem(err: dict, raw: Any) -> str:
     # Cut the path at the field (an element of a list reports the whole list).
     for i in range(len(loc) - 1, -1, -1):
         if isinstance(loc[i], str) and loc[i] in _MUST and _section(loc[:i]) is not None:
-            value = _value_at(raw, loc[:i + 1])
-            return f"{_path(loc[:i + 1])}: must be {_MUST[loc[i]]}; got {value!r}"
+            value = _value_at(raw, loc[: i + 1])
+            return f"{_path(loc[: i + 1])}: must be {_MUST[loc[i]]}; got {value!r}"
     return f"{_path(loc)}: {err['msg']}"
 
 
@@ -225,15 +270,27 @@ def _cross_checks(raw: dict) -> list[str]:
     if isinstance(eng, dict):
         lt = eng.get("layer_types")
         if isinstance(lt, list) and "sliding_attention" in lt and eng.get("sliding_window") is None:
-            problems.append("engine.layer_types: sliding_attention layers need engine.sliding_window")
+            problems.append(
+                "engine.layer_types: sliding_attention layers need engine.sliding_window"
+            )
         r, bs = eng.get("prefix_cache_retention_interval"), eng.get("block_size", 16)
-        if isinstance(r, int) and not isinstance(r, bool) and isinstance(bs, int) and bs > 0 and r > 0:
+        if (
+            isinstance(r, int)
+            and not isinstance(r, bool)
+            and isinstance(bs, int)
+            and bs > 0
+            and r > 0
+        ):
             if r % bs:
-                problems.append(f"engine.prefix_cache_retention_interval: must be a multiple of "
-                                f"block_size ({bs}); got {r}")
+                problems.append(
+                    f"engine.prefix_cache_retention_interval: must be a multiple of "
+                    f"block_size ({bs}); got {r}"
+                )
             elif eng.get("sliding_window") is None:
-                problems.append("engine.prefix_cache_retention_interval: > 0 needs a sliding window "
-                                "(full attention hashes every full block); use 0 or null")
+                problems.append(
+                    "engine.prefix_cache_retention_interval: > 0 needs a sliding window "
+                    "(full attention hashes every full block); use 0 or null"
+                )
     reqs = raw.get("requests")
     if isinstance(reqs, list):
         seen = set()
@@ -248,13 +305,19 @@ def _cross_checks(raw: dict) -> list[str]:
                     problems.append(f"requests[{i}].id: duplicate id {rid!r}")
                 seen.add(rid)
         # an n > 1 request runs as children "0_<id>", "1_<id>"...: no id may be used twice
-        n_of = {r["id"]: r.get("n") for r in reqs if isinstance(r, dict) and isinstance(r.get("id"), str)}
+        n_of = {
+            r["id"]: r.get("n")
+            for r in reqs
+            if isinstance(r, dict) and isinstance(r.get("id"), str)
+        }
         for pid, n in n_of.items():
             if isinstance(n, int) and not isinstance(n, bool) and 1 < n <= 1024:
                 clash = sorted(f"{k}_{pid}" for k in range(n) if f"{k}_{pid}" in n_of)
                 if clash:
-                    problems.append(f"requests: {pid!r} has n = {n}, so it runs as {clash[0]!r}...; "
-                                    f"that id is already another request's")
+                    problems.append(
+                        f"requests: {pid!r} has n = {n}, so it runs as {clash[0]!r}...; "
+                        f"that id is already another request's"
+                    )
     return problems
 
 
@@ -274,18 +337,28 @@ def _upgrade(raw: dict) -> dict:
     eng = dict(eng)
     old = eng.pop("sliding_retention")
     if old not in LEGACY_RETENTION:
-        raise ScenarioError([f"engine.sliding_retention: must be one of sparse, dense (old name of "
-                             f"prefix_cache_retention_interval); got {old!r}"])
+        raise ScenarioError(
+            [
+                f"engine.sliding_retention: must be one of sparse, dense (old name of "
+                f"prefix_cache_retention_interval); got {old!r}"
+            ]
+        )
     if "prefix_cache_retention_interval" in eng:
-        raise ScenarioError(["engine.sliding_retention: give prefix_cache_retention_interval only "
-                             "(sliding_retention is its old name: sparse = 0, dense = null)"])
+        raise ScenarioError(
+            [
+                "engine.sliding_retention: give prefix_cache_retention_interval only "
+                "(sliding_retention is its old name: sparse = 0, dense = null)"
+            ]
+        )
     eng["prefix_cache_retention_interval"] = LEGACY_RETENTION[old]
     return {**raw, "engine": eng}
 
 
 def load_scenario(source: Union[dict, str, Path]) -> Scenario:
     """Parse and validate a scenario from a dict, a JSON string, or a path to a JSON file."""
-    if isinstance(source, Path) or (isinstance(source, str) and not source.lstrip().startswith(("{", "["))):
+    if isinstance(source, Path) or (
+        isinstance(source, str) and not source.lstrip().startswith(("{", "["))
+    ):
         try:
             text = Path(source).read_text(encoding="utf-8")
         except OSError as e:
@@ -327,8 +400,10 @@ def scenario_to_dict(s: Scenario) -> dict:
     """The scenario in its file format (defaults of requests left out for readability)."""
     d = _plain(asdict(s))
     default_req = asdict(RequestSpec(id=""))
-    d["requests"] = [{k: v for k, v in r.items() if k == "id" or v != _plain(default_req[k])}
-                     for r in d["requests"]]
+    d["requests"] = [
+        {k: v for k, v in r.items() if k == "id" or v != _plain(default_req[k])}
+        for r in d["requests"]
+    ]
     return d
 
 
@@ -342,7 +417,7 @@ def parse_engine_overrides(pairs: list[str]) -> dict[str, Any]:
             raise ScenarioError([f"--set {pair!r}: write KEY=VALUE, e.g. watermark=0.1"])
         key = key.strip()
         if isinstance(getattr(EngineSettings, key, None), str) and value != "null":
-            out[key] = value            # a text setting stays text: hash_seed=0 is the seed "0"
+            out[key] = value  # a text setting stays text: hash_seed=0 is the seed "0"
             continue
         try:
             out[key] = json.loads(value)
@@ -352,7 +427,8 @@ def parse_engine_overrides(pairs: list[str]) -> dict[str, Any]:
 
 
 def with_engine_overrides(s: Scenario, overrides: dict[str, Any]) -> Scenario:
-    """The scenario with some engine settings replaced, validated like a file (problems with paths)."""
+    """The scenario with some engine settings replaced, validated like a file (problems with
+    paths)."""
     d = scenario_to_dict(s)
     d["engine"] = {**d["engine"], **overrides}
     return load_scenario(d)

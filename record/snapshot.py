@@ -5,14 +5,15 @@ engine objects, so a Snapshot taken at step 3 still describes step 3 after the e
 has moved on. The app draws only from these records; ``take_snapshot`` freezes the
 scheduler and block pool into one (O(blocks + requests)).
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from kvcore.core.kv_cache_utils import get_block_hash, get_group_id
 from kvcore.worker.gpu_input_batch import ModelInputs
 from record.events import AnyEvent, Event
-from kvcore.core.kv_cache_utils import get_block_hash, get_group_id
 
 if TYPE_CHECKING:
     from kvcore.core.sched.scheduler import Scheduler
@@ -23,30 +24,31 @@ class BlockView:
     block_id: int
     ref_cnt: int
     is_null: bool
-    block_hash: str | None          # hex of the hash (without group id); None if not cached
-    parent_hash: str | None         # hex of the parent block's hash; None for a first block
-    group: int | None               # KV cache group whose cache key holds the hash
-    token_ids: tuple[int, ...]      # tokens whose K/V the block holds (full blocks: block_size of them)
-    queue_pos: int | None           # 0 = head of the free queue; None = not in the queue
-    owners: tuple[str, ...]         # request ids whose block tables hold this block
-    block_hash_num_tokens: int | None = None   # prefix length the hash covers (vLLM's name); None if not cached
+    block_hash: str | None  # hex of the hash (without group id); None if not cached
+    parent_hash: str | None  # hex of the parent block's hash; None for a first block
+    group: int | None  # KV cache group whose cache key holds the hash
+    token_ids: tuple[int, ...]  # tokens whose K/V the block holds (full blocks: block_size of them)
+    queue_pos: int | None  # 0 = head of the free queue; None = not in the queue
+    owners: tuple[str, ...]  # request ids whose block tables hold this block
+    # prefix length the hash covers (vLLM's name); None if not cached
+    block_hash_num_tokens: int | None = None
 
 
 @dataclass(frozen=True)
 class RequestView:
     request_id: str
-    status: str                     # waiting | running | preempted | finished_stopped | finished_length ...
+    status: str  # waiting | running | preempted | finished_stopped | finished_length ...
     num_prompt_tokens: int
     num_output_tokens: int
     num_computed_tokens: int
-    num_cached_tokens: int          # prefix-hit tokens at its (last) admission
-    block_tables: tuple[tuple[int, ...], ...]   # per group: logical block -> physical block id
+    num_cached_tokens: int  # prefix-hit tokens at its (last) admission
+    block_tables: tuple[tuple[int, ...], ...]  # per group: logical block -> physical block id
     num_preemptions: int
     priority: int
     arrival: int
     output_token_ids: tuple[int, ...]
     prompt_token_ids: tuple[int, ...]
-    text: str                       # detokenised output so far ("" where no tokenizer)
+    text: str  # detokenised output so far ("" where no tokenizer)
     cache_salt: str | None = None
     # The engine's chained hash (hex) of every full block of prompt + output so far; empty with
     # prefix caching off (and in traces recorded before snapshots kept them).
@@ -59,8 +61,8 @@ class Snapshot:
     block_size: int
     num_gpu_blocks: int
     blocks: tuple[BlockView, ...]
-    free_queue: tuple[int, ...]      # head -> tail
-    hash_map: dict[str, tuple[int, ...]]   # "hexhash@group" -> block ids, insertion order
+    free_queue: tuple[int, ...]  # head -> tail
+    hash_map: dict[str, tuple[int, ...]]  # "hexhash@group" -> block ids, insertion order
     requests: tuple[RequestView, ...]
     waiting: tuple[str, ...]
     running: tuple[str, ...]
@@ -70,29 +72,44 @@ class Snapshot:
     # counted apart) + recent_hit_rate / recent_requests: the hit rate over the last N requests
     # as vLLM logs it (kvcore/metrics/stats.py)
     prefix_cache: dict[str, int | float]
-    groups: tuple[dict[str, Any], ...]  # per KV cache group: {"kind": "full"|"sliding", "sliding_window": W|None}
+    # per KV cache group: {"kind": "full"|"sliding", "sliding_window": W|None}
+    groups: tuple[dict[str, Any], ...]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "Snapshot":
-        blocks = tuple(BlockView(**{**b, "token_ids": tuple(b["token_ids"]), "owners": tuple(b["owners"])})
-                       for b in d["blocks"])
-        reqs = tuple(RequestView(**{
-            **r,
-            "block_tables": tuple(tuple(t) for t in r["block_tables"]),
-            "output_token_ids": tuple(r["output_token_ids"]),
-            "prompt_token_ids": tuple(r["prompt_token_ids"]),
-            "block_hashes": tuple(r.get("block_hashes", ())),
-        }) for r in d["requests"])
+        blocks = tuple(
+            BlockView(**{**b, "token_ids": tuple(b["token_ids"]), "owners": tuple(b["owners"])})
+            for b in d["blocks"]
+        )
+        reqs = tuple(
+            RequestView(
+                **{
+                    **r,
+                    "block_tables": tuple(tuple(t) for t in r["block_tables"]),
+                    "output_token_ids": tuple(r["output_token_ids"]),
+                    "prompt_token_ids": tuple(r["prompt_token_ids"]),
+                    "block_hashes": tuple(r.get("block_hashes", ())),
+                }
+            )
+            for r in d["requests"]
+        )
         return Snapshot(
-            step=d["step"], block_size=d["block_size"], num_gpu_blocks=d["num_gpu_blocks"],
-            blocks=blocks, free_queue=tuple(d["free_queue"]),
+            step=d["step"],
+            block_size=d["block_size"],
+            num_gpu_blocks=d["num_gpu_blocks"],
+            blocks=blocks,
+            free_queue=tuple(d["free_queue"]),
             hash_map={k: tuple(v) for k, v in d["hash_map"].items()},
-            requests=reqs, waiting=tuple(d["waiting"]), running=tuple(d["running"]),
-            usage=d["usage"], num_free_blocks=d["num_free_blocks"],
-            prefix_cache=dict(d["prefix_cache"]), groups=tuple(d["groups"]),
+            requests=reqs,
+            waiting=tuple(d["waiting"]),
+            running=tuple(d["running"]),
+            usage=d["usage"],
+            num_free_blocks=d["num_free_blocks"],
+            prefix_cache=dict(d["prefix_cache"]),
+            groups=tuple(d["groups"]),
         )
 
     def request(self, request_id: str) -> RequestView:
@@ -107,15 +124,16 @@ class StepRecord:
     """One engine step: what ran, what happened, and the state after it."""
 
     step: int
-    scheduled: dict[str, int]        # request id -> tokens computed this step
-    events: tuple[AnyEvent, ...]     # the decisions of the step, in order (record.events)
+    scheduled: dict[str, int]  # request id -> tokens computed this step
+    events: tuple[AnyEvent, ...]  # the decisions of the step, in order (record.events)
     snapshot: Snapshot
     new_tokens: dict[str, list[int]] = field(default_factory=dict)
     # vLLM's KV cache events queued this step (kvcore.distributed.kv_events structs), the step's
     # KVEventBatch. Kept in memory for the app; trace files do not carry them.
     kv_events: tuple[Any, ...] = field(default=(), compare=False, repr=False)
-    # what the model runner was given (kvcore.worker.gpu_input_batch.ModelInputs: slot_mapping, block tables,
-    # query_start_loc, seq_lens); None when no forward ran or no model runs, and in older traces
+    # what the model runner was given (kvcore.worker.gpu_input_batch.ModelInputs: slot_mapping,
+    # block tables, query_start_loc, seq_lens); None when no forward ran or no model runs, and in
+    # older traces
     model_inputs: Optional[ModelInputs] = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -132,18 +150,28 @@ class StepRecord:
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "StepRecord":
-        return StepRecord(d["step"], dict(d["scheduled"]),
-                          tuple(Event.from_dict(e) for e in d["events"]),
-                          Snapshot.from_dict(d["snapshot"]),
-                          {k: list(v) for k, v in d.get("new_tokens", {}).items()},
-                          model_inputs=(None if d.get("model_inputs") is None
-                                        else ModelInputs.from_dict(d["model_inputs"])))
+        return StepRecord(
+            d["step"],
+            dict(d["scheduled"]),
+            tuple(Event.from_dict(e) for e in d["events"]),
+            Snapshot.from_dict(d["snapshot"]),
+            {k: list(v) for k, v in d.get("new_tokens", {}).items()},
+            model_inputs=(
+                None if d.get("model_inputs") is None else ModelInputs.from_dict(d["model_inputs"])
+            ),
+        )
 
-def take_snapshot(scheduler: "Scheduler", step: int,
-                  decode: Optional[Callable[[list[int]], str]] = None, hash_meta: Optional[dict] = None,
-                  requests: Optional[dict] = None) -> Snapshot:
-    """The state after ``step``; ``hash_meta`` (the recorder's) says what each cached hash stands for;
-    ``requests`` (default: the scheduler's unfinished ones) are the requests to show, finished included."""
+
+def take_snapshot(
+    scheduler: "Scheduler",
+    step: int,
+    decode: Optional[Callable[[list[int]], str]] = None,
+    hash_meta: Optional[dict] = None,
+    requests: Optional[dict] = None,
+) -> Snapshot:
+    """The state after ``step``; ``hash_meta`` (the recorder's) says what each cached hash stands
+    for; ``requests`` (default: the scheduler's unfinished ones) are the requests to show, finished
+    included."""
     if requests is None:
         requests = scheduler.requests
     kvm = scheduler.kv_cache_manager
@@ -162,7 +190,7 @@ def take_snapshot(scheduler: "Scheduler", step: int,
                 if blk.is_null:
                     continue
                 owners.setdefault(blk.block_id, []).append(rid)
-                toks = tuple(req.all_token_ids[i * bs:min((i + 1) * bs, req.num_computed_tokens)])
+                toks = tuple(req.all_token_ids[i * bs : min((i + 1) * bs, req.num_computed_tokens)])
                 if len(toks) > len(held_tokens.get(blk.block_id, ())):
                     held_tokens[blk.block_id] = toks
 
@@ -179,11 +207,20 @@ def take_snapshot(scheduler: "Scheduler", step: int,
             if meta is not None:
                 parent = meta.parent.hex() if meta.parent else None
                 toks = meta.token_ids
-        blocks.append(BlockView(
-            block_id=blk.block_id, ref_cnt=0 if blk.is_null else blk.ref_cnt, is_null=blk.is_null,
-            block_hash=h, parent_hash=parent, group=group, token_ids=tuple(toks),
-            queue_pos=queue_pos.get(blk.block_id), owners=tuple(owners.get(blk.block_id, ())),
-            block_hash_num_tokens=blk.block_hash_num_tokens))
+        blocks.append(
+            BlockView(
+                block_id=blk.block_id,
+                ref_cnt=0 if blk.is_null else blk.ref_cnt,
+                is_null=blk.is_null,
+                block_hash=h,
+                parent_hash=parent,
+                group=group,
+                token_ids=tuple(toks),
+                queue_pos=queue_pos.get(blk.block_id),
+                owners=tuple(owners.get(blk.block_id, ())),
+                block_hash_num_tokens=blk.block_hash_num_tokens,
+            )
+        )
 
     hash_map = {
         f"{get_block_hash(key).hex()}@{get_group_id(key)}": tuple(blocks_by_id)
@@ -193,21 +230,42 @@ def take_snapshot(scheduler: "Scheduler", step: int,
     views = []
     for rid, req in requests.items():
         tables = tuple(tuple(b.block_id for b in m.req_to_blocks.get(rid, ())) for m in managers)
-        views.append(RequestView(
-            request_id=rid, status=req.status.value, num_prompt_tokens=req.num_prompt_tokens,
-            num_output_tokens=req.num_output_tokens, num_computed_tokens=req.num_computed_tokens,
-            num_cached_tokens=max(req.num_cached_tokens, 0), block_tables=tables,
-            num_preemptions=req.num_preemptions, priority=req.priority, arrival=req.arrival_time,
-            output_token_ids=tuple(req.output_token_ids), prompt_token_ids=tuple(req.prompt_token_ids),
-            text=decode(req.output_token_ids) if decode and req.output_token_ids else "",
-            cache_salt=req.cache_salt, block_hashes=tuple(h.hex() for h in req.block_hashes)))
+        views.append(
+            RequestView(
+                request_id=rid,
+                status=req.status.value,
+                num_prompt_tokens=req.num_prompt_tokens,
+                num_output_tokens=req.num_output_tokens,
+                num_computed_tokens=req.num_computed_tokens,
+                num_cached_tokens=max(req.num_cached_tokens, 0),
+                block_tables=tables,
+                num_preemptions=req.num_preemptions,
+                priority=req.priority,
+                arrival=req.arrival_time,
+                output_token_ids=tuple(req.output_token_ids),
+                prompt_token_ids=tuple(req.prompt_token_ids),
+                text=decode(req.output_token_ids) if decode and req.output_token_ids else "",
+                cache_salt=req.cache_salt,
+                block_hashes=tuple(h.hex() for h in req.block_hashes),
+            )
+        )
 
     return Snapshot(
-        step=step, block_size=bs, num_gpu_blocks=pool.num_gpu_blocks, blocks=tuple(blocks),
-        free_queue=tuple(queue), hash_map=hash_map, requests=tuple(views),
+        step=step,
+        block_size=bs,
+        num_gpu_blocks=pool.num_gpu_blocks,
+        blocks=tuple(blocks),
+        free_queue=tuple(queue),
+        hash_map=hash_map,
+        requests=tuple(views),
         waiting=tuple(r.request_id for r in scheduler.waiting.ordered()),
         running=tuple(r.request_id for r in scheduler.running),
-        usage=kvm.usage, num_free_blocks=pool.get_num_free_blocks(),
-        prefix_cache={**kvm.prefix_cache_totals.to_dict(), "recent_hit_rate": kvm.caching_metrics.hit_rate,
-                      "recent_requests": kvm.caching_metrics.aggregated_requests},
-        groups=tuple(g.to_dict() for g in kvm.coordinator.groups))
+        usage=kvm.usage,
+        num_free_blocks=pool.get_num_free_blocks(),
+        prefix_cache={
+            **kvm.prefix_cache_totals.to_dict(),
+            "recent_hit_rate": kvm.caching_metrics.hit_rate,
+            "recent_requests": kvm.caching_metrics.aggregated_requests,
+        },
+        groups=tuple(g.to_dict() for g in kvm.coordinator.groups),
+    )

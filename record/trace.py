@@ -1,4 +1,5 @@
 """Trace files (JSONL): the CLI's output and the trace viewer's input."""
+
 from __future__ import annotations
 
 import functools
@@ -7,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from pydantic import TypeAdapter, ValidationError
-from typing_extensions import TypedDict       # pydantic reads typing's TypedDict only from Python 3.12
+from typing_extensions import TypedDict  # pydantic reads typing's TypedDict only from Python 3.12
 
 from record.snapshot import Snapshot, StepRecord
 
@@ -16,10 +17,11 @@ from record.snapshot import Snapshot, StepRecord
 #   header   {"scenario": <scenario file>, "snapshot": <Snapshot before step 1>}
 #            (first line; traces written before the header existed lack it)
 #   steps    StepRecord.to_dict() for steps 1, 2, 3... in order
-#   outputs  {"outputs": {request id: {"token_ids": [...], "text": str, "finish_reason": str | None}}}
+# outputs  {"outputs": {request id: {"token_ids": [...], "text": str, "finish_reason": str | None}}}
 #            (last line; a file cut short lacks it), with ``"parents": {parent id: [child ids]}``
-#            when some request had n > 1 (its children, in index order: kvcore/engine/parallel_sampling.py)
+# when some request had n > 1 (its children, in index order: kvcore/engine/parallel_sampling.py)
 # The three *_line functions are the only writers of the format; read_trace the only reader.
+
 
 def header_line(scenario: dict[str, Any], initial: Snapshot) -> str:
     return json.dumps({"scenario": scenario, "snapshot": initial.to_dict()})
@@ -29,7 +31,9 @@ def step_line(rec: StepRecord) -> str:
     return json.dumps(rec.to_dict())
 
 
-def outputs_line(outputs: dict[str, dict[str, Any]], parents: dict[str, list[str]] | None = None) -> str:
+def outputs_line(
+    outputs: dict[str, dict[str, Any]], parents: dict[str, list[str]] | None = None
+) -> str:
     return json.dumps({"outputs": outputs, **({"parents": parents} if parents else {})})
 
 
@@ -46,7 +50,7 @@ class Trace:
     initial: Snapshot | None
     records: tuple[StepRecord, ...]
     outputs: dict[str, dict[str, Any]] | None
-    parents: dict[str, list[str]] | None = None   # n > 1: parent id -> child ids (index order)
+    parents: dict[str, list[str]] | None = None  # n > 1: parent id -> child ids (index order)
 
     def to_jsonl(self) -> str:
         lines = [header_line(self.scenario, self.initial)] if self.initial is not None else []
@@ -57,7 +61,8 @@ class Trace:
 
 
 class TraceError(ValueError):
-    """A file that is not a readable trace; ``problems`` name their line ("line 3: not JSON: ...")."""
+    """A file that is not a readable trace; ``problems`` name their line ("line 3: not JSON:
+    ...")."""
 
     def __init__(self, problems: list[str]) -> None:
         self.problems = list(problems)
@@ -106,7 +111,9 @@ def read_trace(text: str | bytes) -> Trace:
             if missing:
                 problems.append(f"{where}: step record missing {', '.join(map(repr, missing))}")
                 continue
-            rec = _validated(_step_adapter(), _upgraded_step_line(line, d), f"{where}: step record", problems)
+            rec = _validated(
+                _step_adapter(), _upgraded_step_line(line, d), f"{where}: step record", problems
+            )
             if rec is None:
                 continue
             expected = records[-1].step + 1 if records else 1
@@ -114,21 +121,35 @@ def read_trace(text: str | bytes) -> Trace:
                 after = f"after step {records[-1].step}" if records else "first"
                 problems.append(f"{where}: step {rec.step} {after}: steps must be 1, 2, 3...")
             elif rec.snapshot.step != rec.step:
-                problems.append(f"{where}: step {rec.step} holds a snapshot of step {rec.snapshot.step}")
+                problems.append(
+                    f"{where}: step {rec.step} holds a snapshot of step {rec.snapshot.step}"
+                )
             else:
                 problems += [f"{where}: {p}" for p in _snapshot_problems(rec.snapshot)]
             records.append(rec)
         elif "outputs" in d and set(d) <= {"outputs", "parents"}:
             outputs_at = where
-            outputs = _validated(_outputs_adapter(), json.dumps(d["outputs"]),
-                                 f"{where}: outputs must map request ids to {{\"token_ids\": [int...], "
-                                 f"\"text\": str, \"finish_reason\": str or null}}", problems)
+            outputs = _validated(
+                _outputs_adapter(),
+                json.dumps(d["outputs"]),
+                f'{where}: outputs must map request ids to {{"token_ids": [int...], '
+                f'"text": str, "finish_reason": str or null}}',
+                problems,
+            )
             if "parents" in d:
-                parents = _validated(_parents_adapter(), json.dumps(d["parents"]),
-                                     f"{where}: parents must map parent ids to lists of child ids", problems)
-                unknown = sorted({c for kids in (parents or {}).values() for c in kids} - set(outputs or {}))
+                parents = _validated(
+                    _parents_adapter(),
+                    json.dumps(d["parents"]),
+                    f"{where}: parents must map parent ids to lists of child ids",
+                    problems,
+                )
+                unknown = sorted(
+                    {c for kids in (parents or {}).values() for c in kids} - set(outputs or {})
+                )
                 if outputs is not None and unknown:
-                    problems.append(f"{where}: parents name children with no output: {', '.join(unknown[:5])}")
+                    problems.append(
+                        f"{where}: parents name children with no output: {', '.join(unknown[:5])}"
+                    )
         elif "scenario" in d or "snapshot" in d:
             if i != 0:
                 problems.append(f"{where}: a header (scenario + snapshot) must be the first line")
@@ -138,15 +159,23 @@ def read_trace(text: str | bytes) -> Trace:
                 problems.append(f"{where}: header missing {', '.join(map(repr, missing))}")
                 continue
             scenario = _header_scenario(d["scenario"], f"{where}: header scenario", problems)
-            initial = _validated(_snapshot_adapter(), json.dumps(d["snapshot"]), f"{where}: header snapshot",
-                                 problems)
+            initial = _validated(
+                _snapshot_adapter(),
+                json.dumps(d["snapshot"]),
+                f"{where}: header snapshot",
+                problems,
+            )
             if initial is not None:
                 if initial.step != 0:
-                    problems.append(f"{where}: header snapshot is of step {initial.step}; it must be 0")
+                    problems.append(
+                        f"{where}: header snapshot is of step {initial.step}; it must be 0"
+                    )
                 problems += [f"{where}: {p}" for p in _snapshot_problems(initial)]
         else:
-            problems.append(f"{where}: not a trace line (expected a header, a step record or the outputs; "
-                            f"got keys {', '.join(sorted(map(str, d)))[:80]})")
+            problems.append(
+                f"{where}: not a trace line (expected a header, a step record or the outputs; "
+                f"got keys {', '.join(sorted(map(str, d)))[:80]})"
+            )
     if not problems and initial is None and not records:
         problems.append("no header and no step records: nothing to show")
     if problems:
@@ -163,13 +192,18 @@ def _refuse_scenario_file(text: str) -> None:
     except json.JSONDecodeError:
         return
     if isinstance(whole, dict) and not {"step", "snapshot", "outputs"} & set(whole):
-        raise TraceError(["this looks like a scenario file, not a trace: make a trace with "
-                          "`python -m kvcore run SCENARIO.json --trace OUT.jsonl` (or open the scenario "
-                          "in the Playground)"])
+        raise TraceError(
+            [
+                "this looks like a scenario file, not a trace: make a trace with "
+                "`python -m kvcore run SCENARIO.json --trace OUT.jsonl` (or open the scenario "
+                "in the Playground)"
+            ]
+        )
 
 
 def _header_scenario(d: Any, what: str, problems: list[str]) -> dict[str, Any] | None:
     from record.scenario import ScenarioError, load_scenario, scenario_to_dict
+
     if not isinstance(d, dict):
         problems.append(f"{what}: not a JSON object")
         return None
@@ -217,7 +251,7 @@ def _validated(adapter: TypeAdapter, text: str, what: str, problems: list[str]):
         return adapter.validate_json(text, strict=True)
     except ValidationError as err:
         data = json.loads(text)
-        by_place: dict[tuple, list[str]] = {}     # a union's members fail at the same place: one line
+        by_place: dict[tuple, list[str]] = {}  # a union's members fail at the same place: one line
         for e in err.errors(include_url=False):
             where, what_wrong = _describe(e, data)
             key = (where, what_wrong) if e["type"] == "missing" else (where,)
@@ -230,14 +264,15 @@ def _validated(adapter: TypeAdapter, text: str, what: str, problems: list[str]):
 
 
 def _describe(e: dict, data: Any) -> tuple[str, str]:
-    """("snapshot.blocks[2].ref_cnt", 'Input should be a valid integer, got "x"') from one pydantic error."""
+    """("snapshot.blocks[2].ref_cnt", 'Input should be a valid integer, got "x"') from one pydantic
+    error."""
     parts: list[str] = []
     cur = data
     for part in e["loc"]:
         if isinstance(cur, dict) and part not in cur and cur.get("kind") == part:
-            continue                        # the tag pydantic adds for a tagged union member
+            continue  # the tag pydantic adds for a tagged union member
         if isinstance(part, str) and not isinstance(cur, dict):
-            continue                        # a member of a plain union ("int", "float"): same place
+            continue  # a member of a plain union ("int", "float"): same place
         parts.append(f"[{part}]" if isinstance(part, int) else f".{part}")
         try:
             cur = cur[part]
@@ -258,7 +293,11 @@ def _upgraded_step_line(line: str, d: dict[str, Any]) -> str:
 
 
 # Fields renamed when events became typed: kind -> {old data key: new field}.
-_RENAMED = {"scheduled": {"kind": "phase"}, "evicted": {"hash": "block_hash"}, "cached": {"hashes": "block_hashes"}}
+_RENAMED = {
+    "scheduled": {"kind": "phase"},
+    "evicted": {"hash": "block_hash"},
+    "cached": {"hashes": "block_hashes"},
+}
 
 
 def _upgrade_event(e: Any) -> Any:
@@ -285,11 +324,16 @@ def _snapshot_problems(s: Snapshot) -> list[str]:
     n = s.num_gpu_blocks
     out = []
     if s.block_size < 1 or n < 1:
-        out.append(f"snapshot: block_size and num_gpu_blocks must be >= 1 (got {s.block_size}, {n})")
+        out.append(
+            f"snapshot: block_size and num_gpu_blocks must be >= 1 (got {s.block_size}, {n})"
+        )
     if [b.block_id for b in s.blocks] != list(range(n)):
         out.append(f"snapshot: blocks must be blocks 0..{n - 1} in order")
-    refs = list(s.free_queue) + [b for ids in s.hash_map.values() for b in ids] + [
-        b for r in s.requests for t in r.block_tables for b in t]
+    refs = (
+        list(s.free_queue)
+        + [b for ids in s.hash_map.values() for b in ids]
+        + [b for r in s.requests for t in r.block_tables for b in t]
+    )
     bad = sorted({b for b in refs if not 0 <= b < n})
     if bad:
         out.append(f"snapshot: block ids {bad[:5]} outside the pool of {n} blocks")

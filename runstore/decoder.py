@@ -1,5 +1,6 @@
 """Token ids -> text, remembered once per loaded model and shared by every session and run
 (figures and sentences decode the same few blocks over and over). No Streamlit here."""
+
 from __future__ import annotations
 
 import threading
@@ -36,7 +37,7 @@ class Decoder:
         return len(self._cache)
 
 
-_DECODERS: dict[int, tuple[Any, Decoder]] = {}   # id(model) -> (weak ref to the model, its Decoder)
+_DECODERS: dict[int, tuple[Any, Decoder]] = {}  # id(model) -> (weak ref to the model, its Decoder)
 _DECODERS_LOCK = threading.Lock()
 
 
@@ -48,6 +49,6 @@ def decoder_for(model) -> Optional[Decoder]:
         entry = _DECODERS.get(id(model))
         if entry is None or entry[0]() is not model:
             for k in [k for k, (ref, _) in _DECODERS.items() if ref() is None]:
-                del _DECODERS[k]          # models that are gone
+                del _DECODERS[k]  # models that are gone
             entry = _DECODERS[id(model)] = (weakref.ref(model), Decoder(model.decode))
         return entry[1]

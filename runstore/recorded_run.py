@@ -2,6 +2,7 @@
 and sizes it (``run_key``, ``estimate_nbytes``). The store that makes runs and computes their
 steps is runstore/store.py. No Streamlit here.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -40,7 +41,8 @@ def estimate_nbytes(obj: Any, _seen: Optional[set] = None) -> int:
         elif is_dataclass(o):
             stack.extend(getattr(o, f.name) for f in fields(o))
             if hasattr(o, "__dict__"):
-                total += sys.getsizeof(vars(o))   # the instance's attribute dict is not in getsizeof(o)
+                # the instance's attribute dict is not in getsizeof(o)
+                total += sys.getsizeof(vars(o))
         elif hasattr(o, "__dict__"):
             stack.append(vars(o))
     return total
@@ -48,9 +50,13 @@ def estimate_nbytes(obj: Any, _seen: Optional[set] = None) -> int:
 
 def run_key(model_key: Any, scenario: Scenario) -> str:
     """A stable key: the same model, device, dtype and scenario give the same key in any process."""
-    doc = {"model": list(model_key) if isinstance(model_key, tuple) else model_key,
-           "scenario": scenario_to_dict(scenario)}
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[:32]
+    doc = {
+        "model": list(model_key) if isinstance(model_key, tuple) else model_key,
+        "scenario": scenario_to_dict(scenario),
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[
+        :32
+    ]
 
 
 # -- a recorded run --------------------------------------------------------------------------
@@ -64,10 +70,21 @@ class RecordedRun:
     engine's memory.
     """
 
-    def __init__(self, key: str, scenario: Optional[Scenario], initial: Optional[Snapshot],
-                 store: Optional["RunStore"] = None, engine: Any = None, records=(),
-                 decode: Optional[Callable] = None, done: bool = False, error: Optional[str] = None,
-                 outputs: Optional[dict] = None, engine_bytes: int = 0, trace: Any = None) -> None:
+    def __init__(
+        self,
+        key: str,
+        scenario: Optional[Scenario],
+        initial: Optional[Snapshot],
+        store: Optional["RunStore"] = None,
+        engine: Any = None,
+        records=(),
+        decode: Optional[Callable] = None,
+        done: bool = False,
+        error: Optional[str] = None,
+        outputs: Optional[dict] = None,
+        engine_bytes: int = 0,
+        trace: Any = None,
+    ) -> None:
         self.key = key
         self.scenario = scenario
         self.initial = initial
@@ -83,17 +100,21 @@ class RecordedRun:
         self._wanted = len(self.records)
         self._holders: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._held_once = False
-        self._waiters = 0               # sessions blocked in wait(): their steps go first
+        self._waiters = 0  # sessions blocked in wait(): their steps go first
         self.nbytes = estimate_nbytes((initial, self.records)) + self._engine_bytes
 
     def __repr__(self) -> str:
-        return f"RecordedRun({self.key[:8]}, {len(self.records)} steps, done={self.done}, error={self.error!r})"
+        return (
+            f"RecordedRun({self.key[:8]}, {len(self.records)} "
+            f"steps, done={self.done}, error={self.error!r})"
+        )
 
     def recorded(self) -> int:
         return len(self.records)
 
     def outputs(self) -> Optional[dict]:
-        """Each request's output (token_ids, text, finish_reason) once the run is done, else None."""
+        """Each request's output (token_ids, text, finish_reason) once the run is done, else
+        None."""
         return self._outputs
 
     # -- asking for steps -------------------------------------------------------------------
@@ -103,16 +124,17 @@ class RecordedRun:
             self._store._want(self, n)
 
     def wait(self, n: int, timeout: float, urgent: bool = True) -> bool:
-        """Block until ``n`` records exist or the run is done (at most ``timeout`` s); True if they exist.
-        Waiting for the very next step (Step at the frontier) is urgent: the store computes it before
-        steps computed ahead. A longer wait (Run to end, a far step) is not, so it cannot crowd out
-        other sessions; ``urgent=False`` makes any wait a background one."""
+        """Block until ``n`` records exist or the run is done (at most ``timeout`` s); True if they
+        exist. Waiting for the very next step (Step at the frontier) is urgent: the store computes
+        it before steps computed ahead. A longer wait (Run to end, a far step) is not, so it cannot
+        crowd out other sessions; ``urgent=False`` makes any wait a background one."""
         if self._store is None:
             return len(self.records) >= n
         with self._store._cond:
-            urgent = bool(urgent) and n <= len(self.records) + 1    # only the very next step is urgent
+            # only the very next step is urgent
+            urgent = bool(urgent) and n <= len(self.records) + 1
             self._waiters += urgent
-            self._store._cond.notify_all()      # wake a pausing worker: someone waits now
+            self._store._cond.notify_all()  # wake a pausing worker: someone waits now
             try:
                 self._store._cond.wait_for(lambda: len(self.records) >= n or self.done, timeout)
             finally:
@@ -120,7 +142,8 @@ class RecordedRun:
         return len(self.records) >= n
 
     def hold(self, owner: Any) -> None:
-        """``owner`` (a session's cursor) plays this run: while some owner lives, its steps are computed."""
+        """``owner`` (a session's cursor) plays this run: while some owner lives, its steps are
+        computed."""
         if self._store is None:
             return
         with self._store._cond:
@@ -140,4 +163,8 @@ class RecordedRun:
 
     @property
     def computing(self) -> bool:
-        return not self.done and self._wanted > len(self.records) and (self.held or not self._held_once)
+        return (
+            not self.done
+            and self._wanted > len(self.records)
+            and (self.held or not self._held_once)
+        )

@@ -7,6 +7,7 @@ Run to end and Run until never compute in the session: they ask the store and wa
 a bounded time, showing what has been recorded by then. A changed scenario (a
 setting, an added request, an upload) is a different run from the store.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,15 +15,15 @@ from typing import Any, Callable, Optional
 
 from record.snapshot import Snapshot, StepRecord
 from record.trace import Trace
-
 from runstore.recorded_run import RecordedRun
 from runstore.store import RunStore, default_store
 
-EngineFactory = Callable[[Any], Any]   # Scenario -> Engine
+EngineFactory = Callable[[Any], Any]  # Scenario -> Engine
 
-MAX_RUN_STEPS = 400      # the default cap of a run's steps (PAGED_KV_LAB_MAX_RUN_STEPS sets the store's)
-STEP_WAIT = 20.0         # Step at the frontier waits this long for the worker at most
-GOTO_WAIT = 3.0          # a far step / Run to end / Run until wait this long, then show what is recorded
+# the default cap of a run's steps (PAGED_KV_LAB_MAX_RUN_STEPS sets the store's)
+MAX_RUN_STEPS = 400
+STEP_WAIT = 20.0  # Step at the frontier waits this long for the worker at most
+GOTO_WAIT = 3.0  # a far step / Run to end / Run until wait this long, then show what is recorded
 
 
 class RunStopped(RuntimeError):
@@ -132,16 +133,21 @@ class Timeline:
         self.cursor = max(self.first, self.cursor - 1)
 
     def goto(self, step: int, timeout: float = GOTO_WAIT) -> None:
-        """Show step ``step`` (0 = before the first), or the last recorded one if the run ends before
-        it or the store has not reached it within ``timeout`` s."""
+        """Show step ``step`` (0 = before the first), or the last recorded one if the run ends
+        before it or the store has not reached it within ``timeout`` s."""
         step = max(self.first, int(step))
         self._ensure(step, timeout)
         self.cursor = max(self.first, min(step, len(self.records)))
 
-    def run_until(self, kinds: str | tuple[str, ...], max_steps: int = MAX_RUN_STEPS,
-                  timeout: float = GOTO_WAIT) -> StepRecord | None:
-        """Move to the next record holding an event of one of ``kinds`` and return it; None if the run
-        ends (or ``timeout`` runs out) first, and the cursor then stands at the last step reached."""
+    def run_until(
+        self,
+        kinds: str | tuple[str, ...],
+        max_steps: int = MAX_RUN_STEPS,
+        timeout: float = GOTO_WAIT,
+    ) -> StepRecord | None:
+        """Move to the next record holding an event of one of ``kinds`` and return it; None if the
+        run ends (or ``timeout`` runs out) first, and the cursor then stands at the last step
+        reached."""
         kinds = (kinds,) if isinstance(kinds, str) else tuple(kinds)
         start = self.cursor
         for n in range(start + 1, start + 1 + max_steps):
@@ -175,16 +181,32 @@ class LabRun(Timeline):
     an opaque factory cannot be shared, so the run is this LabRun's own. The app shares runs
     through ``RunStore.run`` with a model key (ui/state.py)."""
 
-    def __init__(self, scenario, factory: EngineFactory, store: Optional[RunStore] = None, cursor: int = 0,
-                 model: Any = None, model_key: Any = None) -> None:
-        self._factory, self._store, self._model, self._model_key = factory, store or default_store(), model, model_key
-        super().__init__(self._store.run(scenario, factory, model_key=model_key, model=model), cursor)
+    def __init__(
+        self,
+        scenario,
+        factory: EngineFactory,
+        store: Optional[RunStore] = None,
+        cursor: int = 0,
+        model: Any = None,
+        model_key: Any = None,
+    ) -> None:
+        self._factory, self._store, self._model, self._model_key = (
+            factory,
+            store or default_store(),
+            model,
+            model_key,
+        )
+        super().__init__(
+            self._store.run(scenario, factory, model_key=model_key, model=model), cursor
+        )
 
     def replace_scenario(self, scenario, keep_step: bool = True) -> None:
         """Switch to the run of ``scenario``, at the current step (or at step 0)."""
         step = self.cursor if keep_step else 0
         self.run.release(self)
-        LabRun.__init__(self, scenario, self._factory, self._store, step, self._model, self._model_key)
+        LabRun.__init__(
+            self, scenario, self._factory, self._store, step, self._model, self._model_key
+        )
 
     def with_settings(self, **changes) -> Any:
         engine = dataclasses.replace(self.scenario.engine, **changes)
@@ -196,7 +218,9 @@ class LabRun(Timeline):
         The engine adds a request at the start of step s when arrival_step < s.
         """
         spec = dataclasses.replace(spec, arrival_step=self.cursor)
-        scenario = dataclasses.replace(self.scenario, requests=tuple(self.scenario.requests) + (spec,))
+        scenario = dataclasses.replace(
+            self.scenario, requests=tuple(self.scenario.requests) + (spec,)
+        )
         self.replace_scenario(scenario, keep_step=True)
 
 
@@ -208,18 +232,29 @@ def check_requests(scenario, factory: EngineFactory) -> None:
         engine.add_request(dataclasses.replace(spec))
 
 
-def lesson_scenario(lesson, num_layers: int | None = None, overrides: dict | None = None,
-                    model: str = "smollm2", device: str = "auto"):
+def lesson_scenario(
+    lesson,
+    num_layers: int | None = None,
+    overrides: dict | None = None,
+    model: str = "smollm2",
+    device: str = "auto",
+):
     """A lesson's scenario (with setting overrides) as a validated kvcore Scenario."""
     from record.scenario import load_scenario
+
     d = lesson.scenario_dict(num_layers, overrides)
     d["model"], d["device"] = model, device
     return load_scenario(d)
 
 
-def lesson_run(lesson, loaded_model, overrides: dict | None = None, store: Optional[RunStore] = None) -> Timeline:
+def lesson_run(
+    lesson, loaded_model, overrides: dict | None = None, store: Optional[RunStore] = None
+) -> Timeline:
     """A cursor over a lesson's shared run on an already loaded model (tests, benchmarks)."""
     from record.engine import Engine
+
     scenario = lesson_scenario(lesson, loaded_model.num_layers, overrides, loaded_model.name)
     key = (loaded_model.name, str(loaded_model.device), str(loaded_model.dtype))
-    return LabRun(scenario, lambda s: Engine(s, model=loaded_model), store, model=loaded_model, model_key=key)
+    return LabRun(
+        scenario, lambda s: Engine(s, model=loaded_model), store, model=loaded_model, model_key=key
+    )

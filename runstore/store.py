@@ -8,6 +8,7 @@ session's long run holds the engine from another's -- and forgets the least rece
 used runs nobody holds once their bytes pass a limit. Sessions own only a cursor over
 a RecordedRun (runstore/runtime.py: Timeline). No Streamlit here.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -22,19 +23,19 @@ from typing import Any, Callable, Optional
 
 from record.budget import Limits, app_limits, check_scenario, check_steps
 from record.scenario import Scenario, load_scenario
-
 from runstore.decoder import decoder_for
 from runstore.recorded_run import RecordedRun, estimate_nbytes, run_key
 
-ENGINE_LOCK = threading.Lock()   # one forward at a time per process: the weights are shared, the box has 2 cores
+# one forward at a time per process: the weights are shared, the box has 2 cores
+ENGINE_LOCK = threading.Lock()
 
 ENV_STORE_BYTES = "PAGED_KV_LAB_RUN_STORE_BYTES"
 ENV_STORE_HARD_BYTES = "PAGED_KV_LAB_RUN_STORE_HARD_BYTES"
 DEFAULT_STORE_BYTES = 512 * 10**6
 ENV_BACKGROUND_PAUSE = "PAGED_KV_LAB_BACKGROUND_PAUSE"
-DEFAULT_BACKGROUND_PAUSE = 1.0      # computing ahead takes at most half of the time (and of the GIL)
+DEFAULT_BACKGROUND_PAUSE = 1.0  # computing ahead takes at most half of the time (and of the GIL)
 ENV_BACKGROUND_MAX_WAIT = "PAGED_KV_LAB_BACKGROUND_MAX_WAIT"
-DEFAULT_BACKGROUND_MAX_WAIT = 2.0   # clicks never starve long work for longer than this
+DEFAULT_BACKGROUND_MAX_WAIT = 2.0  # clicks never starve long work for longer than this
 
 EngineFactory = Callable[[Scenario], Any]
 
@@ -57,43 +58,66 @@ class RunStore:
     so it is slowed but never starved.
     """
 
-    def __init__(self, max_bytes: Optional[int] = None, hard_bytes: Optional[int] = None,
-                 max_steps: Optional[int] = None, lock: Optional[threading.Lock] = None,
-                 limits: Optional[Limits] = None, background_pause: Optional[float] = None,
-                 background_max_wait: Optional[float] = None) -> None:
+    def __init__(
+        self,
+        max_bytes: Optional[int] = None,
+        hard_bytes: Optional[int] = None,
+        max_steps: Optional[int] = None,
+        lock: Optional[threading.Lock] = None,
+        limits: Optional[Limits] = None,
+        background_pause: Optional[float] = None,
+        background_max_wait: Optional[float] = None,
+    ) -> None:
         env = os.environ
         if background_pause is None:
             background_pause = float(env.get(ENV_BACKGROUND_PAUSE, DEFAULT_BACKGROUND_PAUSE))
         if background_max_wait is None:
-            background_max_wait = float(env.get(ENV_BACKGROUND_MAX_WAIT, DEFAULT_BACKGROUND_MAX_WAIT))
-        self.max_bytes = int(max_bytes if max_bytes is not None else env.get(ENV_STORE_BYTES, DEFAULT_STORE_BYTES))
-        self.hard_bytes = int(hard_bytes if hard_bytes is not None else
-                              env.get(ENV_STORE_HARD_BYTES, 2 * self.max_bytes))
+            background_max_wait = float(
+                env.get(ENV_BACKGROUND_MAX_WAIT, DEFAULT_BACKGROUND_MAX_WAIT)
+            )
+        self.max_bytes = int(
+            max_bytes if max_bytes is not None else env.get(ENV_STORE_BYTES, DEFAULT_STORE_BYTES)
+        )
+        self.hard_bytes = int(
+            hard_bytes
+            if hard_bytes is not None
+            else env.get(ENV_STORE_HARD_BYTES, 2 * self.max_bytes)
+        )
         self.limits = limits if limits is not None else app_limits()
         self.max_steps = int(max_steps if max_steps is not None else self.limits.max_run_steps)
         self.lock = lock if lock is not None else ENGINE_LOCK
         self._runs: OrderedDict[str, RecordedRun] = OrderedDict()
         self._cond = threading.Condition()
-        self._rr: list[str] = []        # keys of runs in the worker's round-robin order
+        self._rr: list[str] = []  # keys of runs in the worker's round-robin order
         self.total_bytes = 0
         self.steps_computed = 0
-        self.step_log: list[str] = []   # keys of the last steps computed (tests read the interleaving)
-        self.background_pause = background_pause   # idle gap before other work, per last step's time
+        # keys of the last steps computed (tests read the interleaving)
+        self.step_log: list[str] = []
+        self.background_pause = background_pause  # idle gap before other work, per last step's time
         self.background_max_wait = background_max_wait
-        self._last_step_end = 0.0       # perf_counter at the end of the last step (any kind)
+        self._last_step_end = 0.0  # perf_counter at the end of the last step (any kind)
         self._last_step_time = 0.0
-        self._background_since: Optional[float] = None   # when other work last got a step (None: none pending)
+        # when other work last got a step (None: none pending)
+        self._background_since: Optional[float] = None
         self._worker: Optional[threading.Thread] = None
         self._closed = False
         _OPEN_STORES.add(self)
 
     # -- getting runs -----------------------------------------------------------------------
-    def run(self, scenario: Scenario, factory: EngineFactory, model_key: Any = None, model: Any = None,
-            limits: Optional[Limits] = None) -> RecordedRun:
-        """The shared run of ``scenario`` on the model ``model_key`` names; created (after the budget
-        check, with the engine built under the engine lock) if the store does not hold it.
+    def run(
+        self,
+        scenario: Scenario,
+        factory: EngineFactory,
+        model_key: Any = None,
+        model: Any = None,
+        limits: Optional[Limits] = None,
+    ) -> RecordedRun:
+        """The shared run of ``scenario`` on the model ``model_key`` names; created (after the
+        budget check, with the engine built under the engine lock) if the store does not hold it.
         ``model_key=None`` makes a private run nobody else shares (an opaque factory)."""
-        key = run_key(model_key, scenario) if model_key is not None else "private:" + uuid.uuid4().hex
+        key = (
+            run_key(model_key, scenario) if model_key is not None else "private:" + uuid.uuid4().hex
+        )
         with self._cond:
             run = self._runs.get(key)
             if run is not None:
@@ -102,7 +126,9 @@ class RunStore:
         limits = limits or self.limits
         config = getattr(model, "config", None)
         with self.lock:
-            encode = (lambda r: model.encode_prompt(r.prompt, r.chat)) if config is not None else None
+            encode = (
+                (lambda r: model.encode_prompt(r.prompt, r.chat)) if config is not None else None
+            )
             check_scenario(scenario, limits, config, encode)
             engine = factory(scenario)
             initial = engine.snapshot()
@@ -113,11 +139,18 @@ class RunStore:
                 engine_bytes = int(engine.bytes_per_block()) * scenario.engine.num_gpu_blocks
             except Exception:
                 engine_bytes = 0
-        run = RecordedRun(key, scenario, initial, store=self, engine=engine, engine_bytes=engine_bytes,
-                          decode=decoder_for(model))
+        run = RecordedRun(
+            key,
+            scenario,
+            initial,
+            store=self,
+            engine=engine,
+            engine_bytes=engine_bytes,
+            decode=decoder_for(model),
+        )
         with self._cond:
             if key in self._runs:
-                return self._runs[key]   # another session made it meanwhile
+                return self._runs[key]  # another session made it meanwhile
             self._add(run)
             if not engine.has_unfinished():
                 self._finish(run, None, engine.outputs())
@@ -133,8 +166,16 @@ class RunStore:
                 self._runs.move_to_end(key)
                 return run
         scenario = load_scenario(trace.scenario) if trace.scenario is not None else None
-        run = RecordedRun(key, scenario, trace.initial, store=self, records=trace.records, done=True,
-                          outputs=trace.outputs, trace=trace)
+        run = RecordedRun(
+            key,
+            scenario,
+            trace.initial,
+            store=self,
+            records=trace.records,
+            done=True,
+            outputs=trace.outputs,
+            trace=trace,
+        )
         with self._cond:
             if key in self._runs:
                 return self._runs[key]
@@ -185,8 +226,11 @@ class RunStore:
             if self.total_bytes <= self.hard_bytes:
                 break
             if run is not keep:
-                self._forget(key, f"the server's run store is full ({self.total_bytes:,} bytes; "
-                                  f"{ENV_STORE_HARD_BYTES}={self.hard_bytes:,}); no more steps of this run")
+                self._forget(
+                    key,
+                    f"the server's run store is full ({self.total_bytes:,} bytes; "
+                    f"{ENV_STORE_HARD_BYTES}={self.hard_bytes:,}); no more steps of this run",
+                )
 
     def _want(self, run: RecordedRun, n: int) -> None:
         with self._cond:
@@ -202,7 +246,9 @@ class RunStore:
             self._worker = threading.Thread(target=self._loop, name="run-store-worker", daemon=True)
             self._worker.start()
 
-    def _finish(self, run: RecordedRun, error: Optional[str], outputs: Optional[dict] = None) -> None:
+    def _finish(
+        self, run: RecordedRun, error: Optional[str], outputs: Optional[dict] = None
+    ) -> None:
         run.done, run.error = True, error
         if outputs is not None:
             run._outputs = outputs
@@ -220,7 +266,7 @@ class RunStore:
         for i, key in enumerate(self._rr):
             run = self._runs[key]
             if run._held_once and not run.held:
-                run._wanted = len(run.records)      # every session left: stop computing it
+                run._wanted = len(run.records)  # every session left: stop computing it
             if run.computing and run._engine is not None:
                 ready.append(i)
         if not ready:
@@ -238,24 +284,27 @@ class RunStore:
             i = urgent[0]
         elif others and (background or starved):
             i = others[0]
-            self._background_since = None           # served: its wait starts again
+            self._background_since = None  # served: its wait starts again
         else:
             return None
         key = self._rr.pop(i)
-        self._rr.append(key)                        # served now, so it goes to the back of the line
+        self._rr.append(key)  # served now, so it goes to the back of the line
         return self._runs[key]
 
     # -- the worker ---------------------------------------------------------------------------
     @staticmethod
     def _drain(engine) -> None:
-        """Take the engine's KV-cache events: nobody here publishes them, so the queue must not grow."""
+        """Take the engine's KV-cache events: nobody here publishes them, so the queue must not
+        grow."""
         take = getattr(engine, "take_kv_events", None)
         if take is not None:
             take()
 
     def _gap_left(self) -> float:
         """Seconds until other work may start: the idle gap after the last step not yet over."""
-        return self._last_step_end + self.background_pause * self._last_step_time - time.perf_counter()
+        return (
+            self._last_step_end + self.background_pause * self._last_step_time - time.perf_counter()
+        )
 
     def _loop(self) -> None:
         while True:
@@ -292,11 +341,13 @@ class RunStore:
         except Exception as e:  # one run's failure never stops the worker or other runs
             with self._cond:
                 if not run.done:
-                    self._finish(run, f"step {len(run.records) + 1} failed: {type(e).__name__}: {e}")
+                    self._finish(
+                        run, f"step {len(run.records) + 1} failed: {type(e).__name__}: {e}"
+                    )
             return
         size = estimate_nbytes(rec)
         with self._cond:
-            if run.done:            # dropped while this step ran
+            if run.done:  # dropped while this step ran
                 return
             run.records.append(rec)
             run.nbytes += size
@@ -308,9 +359,13 @@ class RunStore:
             if finished:
                 self._finish(run, None, outputs)
             elif capped:
-                self._finish(run, f"stopped after {rec.step} steps: this server computes at most "
-                                  f"{self.max_steps} steps per run (PAGED_KV_LAB_MAX_RUN_STEPS)", outputs)
-            self._evict()           # over the hard limit the growing run itself may have to stop
+                self._finish(
+                    run,
+                    f"stopped after {rec.step} steps: this server computes at most "
+                    f"{self.max_steps} steps per run (PAGED_KV_LAB_MAX_RUN_STEPS)",
+                    outputs,
+                )
+            self._evict()  # over the hard limit the growing run itself may have to stop
             self._cond.notify_all()
 
 

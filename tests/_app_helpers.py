@@ -1,5 +1,6 @@
 """Driving the app with AppTest on the tiny model: shared by the page tests (test_app_pages.py,
 test_app_trace.py). Importing the fixtures into a test module makes them that module's fixtures."""
+
 import json
 import os
 
@@ -29,6 +30,7 @@ def tiny_model_env():
 @pytest.fixture(scope="module")
 def tiny():
     from kvcore.model import load_model
+
     return load_model("tiny-random", "cpu")
 
 
@@ -82,34 +84,46 @@ class Browser:
 
     def sync(self) -> "Browser":
         from player import WIRE, delta, snapshot_dict
+
         d = player_data(self.at, self.key)
         if d["run"] != self.run_token and d["head"] is None:
             # a run this browser never saw the head of: ask for it again, as player.js does
             self.at.session_state[f"pkv:{self.key}"] = {"have": {"run": d["run"], "n": -1}}
             self.at.run()
             d = player_data(self.at, self.key)
-            assert d["head"] is not None and d["base"] == 0, "asked again, the page sends the run from its start"
+            assert d["head"] is not None and d["base"] == 0, (
+                "asked again, the page sends the run from its start"
+            )
         if d["run"] != self.run_token:
-            assert d.get("wire") == WIRE and d.get("strings"), "the head comes with the wire keys and the words"
+            assert d.get("wire") == WIRE and d.get("strings"), (
+                "the head comes with the wire keys and the words"
+            )
             self.run_token, self.head, self.steps = d["run"], d["head"], []
             self.snaps, self.vocab = [d["head"]["initial"]], dict(d["head"]["vocab"])
         assert d["base"] <= len(self.steps), "no step is skipped"
-        new = d["steps"][len(self.steps) - d["base"]:]
+        new = d["steps"][len(self.steps) - d["base"] :]
         if new:
             records, first = self.recorded()
             if len(self.steps) == 0:
-                start = records[0].snapshot if first else self.at.session_state[f"player:{self.key}"].run.initial
-                assert self.snaps[0] == snapshot_dict(start), "the head holds the state the run starts from"
+                start = (
+                    records[0].snapshot
+                    if first
+                    else self.at.session_state[f"player:{self.key}"].run.initial
+                )
+                assert self.snaps[0] == snapshot_dict(start), (
+                    "the head holds the state the run starts from"
+                )
             state = set(WIRE["snapshot"].values()) | {WIRE["step"]["request_order"]}
             for st in new:
                 cur = snapshot_dict(records[len(self.steps) + first].snapshot)
-                assert {k: v for k, v in st.items() if k in state} == delta(self.snaps[-1], cur), \
+                assert {k: v for k, v in st.items() if k in state} == delta(self.snaps[-1], cur), (
                     f"step {cur['step']} is the delta to the recorded snapshot"
+                )
                 self.steps.append(st)
                 self.vocab.update(st["vocab"])
                 self.snaps.append(cur)
         self.done, self.hold_at = d["done"], d["hold_at"]
-        self.goto = d["goto"] or self.goto      # a jump is sent once; the browser remembers it
+        self.goto = d["goto"] or self.goto  # a jump is sent once; the browser remembers it
         return self
 
     def run(self) -> "Browser":
@@ -118,8 +132,10 @@ class Browser:
         return self.sync()
 
     def until_recorded(self, n: int, seconds: float = 60) -> "Browser":
-        """Rerun (as player.js's ``poll`` asks do) until ``n`` steps have arrived or the run ended."""
+        """Rerun (as player.js's ``poll`` asks do) until ``n`` steps have arrived or the run
+        ended."""
         import time
+
         t0 = time.time()
         while len(self.steps) < n and not self.done and time.time() - t0 < seconds:
             time.sleep(0.05)
@@ -127,7 +143,8 @@ class Browser:
         return self
 
     def show(self, step: int) -> "Browser":
-        """The learner moves the player to ``step``: the browser reports its cursor, the page reruns."""
+        """The learner moves the player to ``step``: the browser reports its cursor, the page
+        reruns."""
         self.until_recorded(step)
         self.at.session_state[f"pkv:{self.key}"] = {"cursor": {"run": self.run_token, "step": step}}
         return self.run()

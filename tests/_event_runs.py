@@ -1,13 +1,13 @@
 """Real engine runs that, between them, make every kind of decision (tests take their events
 from here instead of building events by hand)."""
+
 from __future__ import annotations
 
 import functools
 
+from _kv_helpers import make_engine, spec, table
 from record.engine import NoModelRunner
 from record.scenario import SpeculativeConfig
-
-from _kv_helpers import make_engine, spec, table
 
 
 @functools.cache
@@ -17,12 +17,14 @@ def every_kind_runs() -> tuple[tuple[str, tuple], ...]:
     # A pool too small for two requests: preemption, eviction, a resumption that finds its own
     # blocks again; reset_prefix_cache refused while blocks are in use, then accepted; a block
     # evicted by id; a request whose prompt hits blocks another one holds.
-    eng = make_engine([spec("A", range(8), max_tokens=6), spec("B", range(20, 28), max_tokens=6)],
-                      num_gpu_blocks=6)
+    eng = make_engine(
+        [spec("A", range(8), max_tokens=6), spec("B", range(20, 28), max_tokens=6)],
+        num_gpu_blocks=6,
+    )
     recs = [eng.step()]
-    eng.reset_prefix_cache()                               # refused: A and B hold blocks
+    eng.reset_prefix_cache()  # refused: A and B hold blocks
     recs += eng.run()
-    eng.reset_prefix_cache()                               # accepted: nothing is in use
+    eng.reset_prefix_cache()  # accepted: nothing is in use
     eng.add_request(spec("C", range(40, 49), max_tokens=3))
     recs.append(eng.step())
     eng.evict_blocks([table(eng, "C")[0]])
@@ -31,18 +33,31 @@ def every_kind_runs() -> tuple[tuple[str, tuple], ...]:
     runs.append(("preemption", tuple(recs)))
     # Full + sliding-window groups, chunked prefill under a small budget: window skips, chunks
     # beside decodes, requests blocked by the budget, hits in both groups.
-    eng = make_engine([spec("A", range(8), max_tokens=6), spec("B", range(20, 28), max_tokens=6),
-                       spec("C", list(range(8)) + [99], max_tokens=2, arrival_step=3)],
-                      block_size=2, num_gpu_blocks=16, max_num_batched_tokens=12, sliding_window=4,
-                      layer_types=("full_attention", "sliding_attention"))
+    eng = make_engine(
+        [
+            spec("A", range(8), max_tokens=6),
+            spec("B", range(20, 28), max_tokens=6),
+            spec("C", list(range(8)) + [99], max_tokens=2, arrival_step=3),
+        ],
+        block_size=2,
+        num_gpu_blocks=16,
+        max_num_batched_tokens=12,
+        sliding_window=4,
+        layer_types=("full_attention", "sliding_attention"),
+    )
     runs.append(("hybrid", tuple(eng.run())))
     # Speculative decoding: a 5-token vocabulary makes the stand-in model cycle downwards while
     # the prompt climbs, so the n-gram proposer's first drafts (from the prompt) are rejected and
     # its later ones (from the model's own cycle) accepted.
-    eng = make_engine([spec("S", [0, 1, 2, 3, 4] * 2, max_tokens=14)], runner=NoModelRunner(vocab_size=5),
-                      block_size=4, num_gpu_blocks=12,
-                      speculative=SpeculativeConfig(num_speculative_tokens=3, prompt_lookup_min=1,
-                                                    prompt_lookup_max=2))
+    eng = make_engine(
+        [spec("S", [0, 1, 2, 3, 4] * 2, max_tokens=14)],
+        runner=NoModelRunner(vocab_size=5),
+        block_size=4,
+        num_gpu_blocks=12,
+        speculative=SpeculativeConfig(
+            num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=2
+        ),
+    )
     runs.append(("spec_decode", tuple(eng.run())))
     return tuple(runs)
 

@@ -1,25 +1,27 @@
 """Small builders shared by the kvcore tests (no torch: NoModelRunner stands in for the model)."""
+
 from __future__ import annotations
 
 import hashlib
 import pickle
 from typing import Optional, Sequence
 
-from record import events
-from record.recorder import Recorder
-
+from kvcore.core.block_pool import BlockPool, BlockRemoved, BlockStored
+from kvcore.core.kv_cache_manager import KVCacheManager
+from kvcore.core.kv_cache_utils import BlockHasher
+from kvcore.distributed.kv_events import maybe_convert_block_hash
+from kvcore.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    SlidingWindowSpec,
+)
+from kvcore.request import Request, RequestStatus
+from kvcore.utils.hashing import get_hash_fn_by_name
 from record import snapshot
 from record.engine import Engine, NoModelRunner
-from kvcore.core.kv_cache_utils import BlockHasher
-from kvcore.utils.hashing import get_hash_fn_by_name
-from kvcore.core.block_pool import BlockPool
-from kvcore.kv_cache_interface import (FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec,
-                                         SlidingWindowSpec)
-from kvcore.core.kv_cache_manager import KVCacheManager
+from record.recorder import Recorder
 from record.scenario import EngineSettings, RequestSpec, Scenario
-from kvcore.request import Request, RequestStatus
-from kvcore.core.block_pool import BlockRemoved, BlockStored
-from kvcore.distributed.kv_events import maybe_convert_block_hash
 
 # Group kinds, turned into vLLM-shaped KVCacheGroupSpecs once the block size is known.
 FULL = ("full",)
@@ -57,27 +59,59 @@ def vllm_chain(tokens: Sequence[int], block_size: int, salt: Optional[str] = Non
     out, parent = [], VLLM_NONE_HASH_SHA256
     for i in range(len(tokens) // block_size):
         extra = (("cache_salt", salt),) if (i == 0 and salt) else None
-        parent = vllm_sha256((parent, tuple(tokens[i * block_size:(i + 1) * block_size]), extra))
+        parent = vllm_sha256((parent, tuple(tokens[i * block_size : (i + 1) * block_size]), extra))
         out.append(parent)
     return out
 
 
 # -- builders ---------------------------------------------------------------------------
-def make_request(rid: str, tokens: Sequence[int], block_size: int, *, salt: Optional[str] = None,
-                 max_tokens: int = 16, priority: int = 0, arrival: int = 0,
-                 hash_algo: str = "sha256", caching: bool = True) -> Request:
+def make_request(
+    rid: str,
+    tokens: Sequence[int],
+    block_size: int,
+    *,
+    salt: Optional[str] = None,
+    max_tokens: int = 16,
+    priority: int = 0,
+    arrival: int = 0,
+    hash_algo: str = "sha256",
+    caching: bool = True,
+) -> Request:
     hasher = BlockHasher(get_hash_fn_by_name(hash_algo), block_size) if caching else None
-    return Request(rid, list(tokens), max_tokens, arrival_time=arrival, priority=priority,
-                   cache_salt=salt, block_hasher=hasher)
+    return Request(
+        rid,
+        list(tokens),
+        max_tokens,
+        arrival_time=arrival,
+        priority=priority,
+        cache_salt=salt,
+        block_hasher=hasher,
+    )
 
 
-def make_manager(num_blocks: int, block_size: int, groups=FULL, *, caching: bool = True,
-                 free_order: str = "v0.33", retention_interval: Optional[int] = 0,
-                 recorder: Optional[Recorder] = None, max_model_len: int = 1 << 30,
-                 max_num_batched_tokens: Optional[int] = None, watermark: float = 0.0) -> KVCacheManager:
+def make_manager(
+    num_blocks: int,
+    block_size: int,
+    groups=FULL,
+    *,
+    caching: bool = True,
+    free_order: str = "v0.33",
+    retention_interval: Optional[int] = 0,
+    recorder: Optional[Recorder] = None,
+    max_model_len: int = 1 << 30,
+    max_num_batched_tokens: Optional[int] = None,
+    watermark: float = 0.0,
+) -> KVCacheManager:
     config = KVCacheConfig(num_blocks, group_specs(groups, block_size), retention_interval)
-    kvm = KVCacheManager(config, max_model_len, caching, max_num_batched_tokens, watermark, free_order,
-                         enable_kv_cache_events=True)
+    kvm = KVCacheManager(
+        config,
+        max_model_len,
+        caching,
+        max_num_batched_tokens,
+        watermark,
+        free_order,
+        enable_kv_cache_events=True,
+    )
     if recorder is not None:
         recorder.attach(kvm)
     return kvm
@@ -104,8 +138,13 @@ def admit(kvm: KVCacheManager, req: Request, num_new: Optional[int] = None):
 
 
 def settings(**kw) -> EngineSettings:
-    base = dict(block_size=4, num_gpu_blocks=16, max_num_seqs=8, max_num_batched_tokens=256,
-                hash_algo="sha256")
+    base = dict(
+        block_size=4,
+        num_gpu_blocks=16,
+        max_num_seqs=8,
+        max_num_batched_tokens=256,
+        hash_algo="sha256",
+    )
     base.update(kw)
     return EngineSettings(**base)
 
@@ -123,8 +162,12 @@ def make_engine(requests=(), runner=None, debug: bool = True, **kw) -> Engine:
 def events_of(records, kind: str, request_id: Optional[str] = None) -> list:
     if isinstance(records, snapshot.StepRecord):
         records = [records]
-    return [e for r in records for e in r.events
-            if e.kind == kind and (request_id is None or e.request_id == request_id)]
+    return [
+        e
+        for r in records
+        for e in r.events
+        if e.kind == kind and (request_id is None or e.request_id == request_id)
+    ]
 
 
 def table(engine: Engine, rid: str, group: int = 0) -> list[int]:
@@ -132,15 +175,24 @@ def table(engine: Engine, rid: str, group: int = 0) -> list[int]:
 
 
 def ext(h):
-    return maybe_convert_block_hash(h)          # a hash as the KV events carry it (uint64)
+    return maybe_convert_block_hash(h)  # a hash as the KV events carry it (uint64)
 
 
 def stored(hashes, parent, token_ids, block_size, group=0, kind=None):
     """BlockStored as vLLM fills it: medium GPU, one extra-keys entry per hash; ``kind`` is
     stamped by the KVCacheManager, not the pool."""
-    return BlockStored(block_hashes=[ext(h) for h in hashes], parent_block_hash=None if parent is None else ext(parent),
-                       token_ids=token_ids, block_size=block_size, lora_id=None, medium="GPU", lora_name=None,
-                       extra_keys=[None] * len(hashes) or None, group_idx=group, kv_cache_spec_kind=kind)
+    return BlockStored(
+        block_hashes=[ext(h) for h in hashes],
+        parent_block_hash=None if parent is None else ext(parent),
+        token_ids=token_ids,
+        block_size=block_size,
+        lora_id=None,
+        medium="GPU",
+        lora_name=None,
+        extra_keys=[None] * len(hashes) or None,
+        group_idx=group,
+        kv_cache_spec_kind=kind,
+    )
 
 
 def removed(h, group=0):

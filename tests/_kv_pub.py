@@ -1,5 +1,6 @@
 """A scripted KV-event publisher for tests: vLLM's frames and replay protocol on 127.0.0.1,
 with the power to leave a seq out of the live stream (it stays in the replay buffer)."""
+
 from __future__ import annotations
 
 import base64
@@ -12,7 +13,8 @@ import zmq
 
 from kvcore.distributed.kv_events import END_SEQ
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "vllm-kv-events"   # real vLLM 0.33.0 frames
+# real vLLM 0.33.0 frames
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "vllm-kv-events"
 
 
 def fixture(name: str) -> tuple[dict, list[tuple[str, int, bytes]]]:
@@ -78,7 +80,9 @@ class ScriptedPublisher:
                 self.replay_requests += 1
                 for topic, seq, payload in self.buffer:
                     if seq >= start_seq:
-                        self.router.send_multipart([ident, b"", topic, seq.to_bytes(8, "big"), payload])
+                        self.router.send_multipart(
+                            [ident, b"", topic, seq.to_bytes(8, "big"), payload]
+                        )
                 self.router.send_multipart([ident, b"", b"", END_SEQ, b""])
 
     def close(self) -> None:

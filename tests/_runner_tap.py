@@ -10,6 +10,7 @@ free queue without a hash with large finite garbage (``poison``): nothing may re
 runner or a block manager that did would produce visibly wrong logits. Cached free blocks are
 left alone: a later prefix hit may legitimately read them.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -23,19 +24,39 @@ from record.scenario import load_scenario
 
 def req(rid: str, ids: Sequence[int], max_tokens: int, arrival: int = 0, **kw) -> dict:
     """One request of a scenario file, by token ids."""
-    return {"id": rid, "prompt_token_ids": list(ids), "max_tokens": max_tokens, "arrival_step": arrival, **kw}
+    return {
+        "id": rid,
+        "prompt_token_ids": list(ids),
+        "max_tokens": max_tokens,
+        "arrival_step": arrival,
+        **kw,
+    }
 
 
 def scenario(lm, requests: Sequence[dict], **engine):
     """A scenario as a file would hold it (record/scenario.py validates it), on ``lm``."""
-    return load_scenario({"name": "model-test", "model": lm.name, "device": "cpu",
-                          "dtype": str(lm.dtype).replace("torch.", ""), "engine": engine,
-                          "requests": list(requests)})
+    return load_scenario(
+        {
+            "name": "model-test",
+            "model": lm.name,
+            "device": "cpu",
+            "dtype": str(lm.dtype).replace("torch.", ""),
+            "engine": engine,
+            "requests": list(requests),
+        }
+    )
 
 
 class TappedRun:
-    def __init__(self, lm, requests: Sequence[dict], *, logits: bool = True, poison: float | None = 1e4,
-                 **engine) -> None:
+    def __init__(
+        self,
+        lm,
+        requests: Sequence[dict],
+        *,
+        logits: bool = True,
+        poison: float | None = 1e4,
+        **engine,
+    ) -> None:
         self.eng = Engine(scenario(lm, requests, **engine), model=lm)
         self.runner = self.eng.runner
         self.pool = self.eng.kv_cache_manager.block_pool
@@ -43,8 +64,8 @@ class TappedRun:
         self.collect = logits
         self.poison = poison
         self.poisoned: set[int] = set()
-        self.batches: dict[int, list] = {}               # step -> the items of its forward
-        self.gathered: dict[int, list] = {}              # step -> per group, the block ids the kernel read
+        self.batches: dict[int, list] = {}  # step -> the items of its forward
+        self.gathered: dict[int, list] = {}  # step -> per group, the block ids the kernel read
         self.logits: dict[str, list[torch.Tensor]] = defaultdict(list)
         self.records: list = []
         self.eng.engine_core.model_runner = self
@@ -73,7 +94,11 @@ class TappedRun:
     def _poison_free_blocks(self) -> None:
         if self.poison is None:
             return
-        free = {b.block_id for b in self.pool.free_block_queue.get_all_free_blocks() if b.block_hash is None}
+        free = {
+            b.block_id
+            for b in self.pool.free_block_queue.get_all_free_blocks()
+            if b.block_hash is None
+        }
         fresh = free - self.poisoned
         if fresh:
             with torch.inference_mode():
@@ -97,7 +122,9 @@ class TappedRun:
 
     def items_of(self, rid: str) -> list:
         """``rid``'s batch items, step by step."""
-        return [it for step in sorted(self.batches) for it in self.batches[step] if it.request_id == rid]
+        return [
+            it for step in sorted(self.batches) for it in self.batches[step] if it.request_id == rid
+        ]
 
     def events(self, kind: str) -> list:
         return [e for r in self.records for e in r.events if e.kind == kind]
@@ -110,23 +137,19 @@ def pad_id(lm) -> int:
 
 
 @torch.inference_mode()
-def reference_generate(model, prompt: Sequence[int], max_new_tokens: int, pad_token_id: int,
-                       eos_token_id=None) -> list[int]:
+def reference_generate(
+    model, prompt: Sequence[int], max_new_tokens: int, pad_token_id: int, eos_token_id=None
+) -> list[int]:
     """transformers' greedy ``generate`` for one prompt (stops at EOS like the engine)."""
     dev = next(model.parameters()).device
     ids = torch.tensor([list(prompt)], dtype=torch.long, device=dev)
     kw = {} if eos_token_id is None else {"eos_token_id": eos_token_id}  # default: the model's EOS
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                         max_new_tokens=max_new_tokens, pad_token_id=pad_token_id, **kw)
-    return out[0, len(prompt):].tolist()
-
-
-@torch.inference_mode()
-def reference_logits(model, prompt: Sequence[int], output: Sequence[int]) -> torch.Tensor:
-    """Logits (float32, CPU) predicting each output token, from one full forward of prompt+output."""
-    dev = next(model.parameters()).device
-    full = list(prompt) + list(output)
-    ids = torch.tensor([full], dtype=torch.long, device=dev)
-    logits = model(ids, use_cache=False).logits[0].float().cpu()
-    n = len(output)
-    return logits[len(prompt) - 1: len(prompt) - 1 + n]
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=pad_token_id,
+        **kw,
+    )
+    return out[0, len(prompt) :].tolist()

@@ -2,23 +2,33 @@
 
 What is shown is compared with an independent engine stepped to the same step.
 """
+
 import json
 
 import pytest
-
-from _app_helpers import (APP, TIMEOUT, Browser, app, player_data, server_drawn, sidebar_set,  # noqa: F401
-                          tiny, tiny_model_env)
 from streamlit.testing.v1 import AppTest
 
-from words.i18n import tr
+from _app_helpers import (  # noqa: F401  (pytest fixtures)
+    APP,
+    TIMEOUT,
+    Browser,
+    app,
+    player_data,
+    server_drawn,
+    sidebar_set,
+    tiny,
+    tiny_model_env,
+)
 from lessons import BY_ID, LESSONS, PAGE_FILES
 from player import snapshot_dict
+from words.i18n import tr
 
 
 def engine_snapshot(lesson_id, step, model):
     """An independent engine (not the app's run store) stepped to ``step``."""
     from record.engine import Engine
     from runstore.runtime import lesson_scenario
+
     scenario = lesson_scenario(BY_ID[lesson_id], model.num_layers, model=model.name, device="cpu")
     engine = Engine(scenario, model=model)
     for _ in range(step):
@@ -38,7 +48,7 @@ def assert_shows(browser, lesson_id, step, model):
     assert server_drawn(at) == [], "no per-step picture is drawn by the server"
 
 
-def test_home_page_runs_and_steps(tiny):
+def test_home_page_runs_and_steps(tiny):  # noqa: F811
     at = app()
     assert "Paged KV caching in a minute" in [h.value for h in at.header]
     b = Browser(at, "home").until_recorded(1)
@@ -46,7 +56,9 @@ def test_home_page_runs_and_steps(tiny):
     b.show(1)
     assert_shows(b, "home", 1, tiny)
     assert len(at.get("page_link")) == len(LESSONS)
-    assert any("tiny-random ready" in s.value for s in at.sidebar.success), "the sidebar shows the load state"
+    assert any("tiny-random ready" in s.value for s in at.sidebar.success), (
+        "the sidebar shows the load state"
+    )
 
 
 def test_home_sidebar_language_and_bad_device():
@@ -55,6 +67,7 @@ def test_home_sidebar_language_and_bad_device():
     assert "一分钟看懂分页 KV 缓存" in [h.value for h in at.header]
     assert at.sidebar.selectbox(key="_sidebar_model_name").label == "模型"
     import torch
+
     if not torch.cuda.is_available():
         at.sidebar.selectbox(key="_sidebar_device").set_value("cuda").run()
         assert not at.exception
@@ -73,23 +86,30 @@ def test_sidebar_choices_survive_page_switches():
         assert not at.exception, [e.value for e in at.exception]
         ms = at.session_state["_model_state"]
         assert (ms.name, ms.device, at.session_state["lang"]) == ("tiny-random", "cpu", "zh")
-        assert at.query_params["model"] == ["tiny-random"] or at.query_params["model"] == "tiny-random"
+        assert (
+            at.query_params["model"] == ["tiny-random"] or at.query_params["model"] == "tiny-random"
+        )
         at.run()
     at.switch_page(PAGE_FILES["prefix"]).run()
     ms = at.session_state["_model_state"]
     assert (ms.name, ms.device, at.session_state["lang"]) == ("tiny-random", "cpu", "zh")
 
 
-@pytest.mark.parametrize("lesson", LESSONS, ids=lambda l: l.id)
-def test_every_lesson_page(lesson, tiny):
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda lesson: lesson.id)
+def test_every_lesson_page(lesson, tiny):  # noqa: F811
     at = app(PAGE_FILES[lesson.id])
     assert any(lesson.title["en"] in t.value for t in at.title)
     b = Browser(at, lesson.id)
     assert b.head["lang"] == "en" and b.head["intro"], "step 0 shows the lesson's introduction"
     extra = [p for p in ("budget", "held") if p in lesson.panels]
-    assert b.head["panels"] == ["requests", "metrics", *extra], "the player draws the lesson's panels"
+    assert b.head["panels"] == ["requests", "metrics", *extra], (
+        "the player draws the lesson's panels"
+    )
     assert b.head["words"]["req_cols"] == list(tr("req_table_cols", "en"))
-    assert b.head["budget"] == b.at.session_state[f"lesson:{lesson.id}"].run.scenario.engine.max_num_batched_tokens
+    assert (
+        b.head["budget"]
+        == b.at.session_state[f"lesson:{lesson.id}"].run.scenario.engine.max_num_batched_tokens
+    )
     b.show(3)
     assert_shows(b, lesson.id, 3, tiny)
     b.show(2)
@@ -102,7 +122,7 @@ def test_every_lesson_page(lesson, tiny):
     assert b.snaps[last] == snapshot_dict(engine_snapshot(lesson.id, last, tiny))
 
 
-def test_run_until_hit_and_events(tiny):
+def test_run_until_hit_and_events(tiny):  # noqa: F811
     at = app(PAGE_FILES["prefix"])
     b = Browser(at, "prefix").until_recorded(1 << 30)
     hit = next(i + 1 for i, st in enumerate(b.steps) if any(e[0] == "cache_hit" for e in st["ev"]))
@@ -131,10 +151,14 @@ def test_bad_scenario_shows_error_and_keeps_state():
     Browser(at, "prefix").show(2)
     state = at.session_state["lesson:prefix"]
     before = (state.run.scenario, state.run.cursor)
-    assert not at.text_area, "the scenario file's widgets are drawn only once its expander is opened"
+    assert not at.text_area, (
+        "the scenario file's widgets are drawn only once its expander is opened"
+    )
     at.session_state["scenario_open:prefix"] = True
     at.run()
-    at.text_area(key="paste:prefix").set_value('{"engine": {"block_size": 0}, "requests": [{"id": "A"}]}').run()
+    at.text_area(key="paste:prefix").set_value(
+        '{"engine": {"block_size": 0}, "requests": [{"id": "A"}]}'
+    ).run()
     at.button(key="paste_btn:prefix").click().run()
     errors = " ".join(e.value for e in at.error)
     assert "engine.block_size" in errors and "requests[0]" in errors
@@ -142,16 +166,22 @@ def test_bad_scenario_shows_error_and_keeps_state():
     at.text_area(key="paste:prefix").set_value("{not json").run()
     at.button(key="paste_btn:prefix").click().run()
     assert "json" in " ".join(e.value for e in at.error)
-    at.file_uploader(key="up:prefix").upload("bad.json", b'{"requests": [{"id": "A", "prompt": "x", "max_tokens": -1}]}',
-                                             "application/json").run()
+    at.file_uploader(key="up:prefix").upload(
+        "bad.json",
+        b'{"requests": [{"id": "A", "prompt": "x", "max_tokens": -1}]}',
+        "application/json",
+    ).run()
     assert "requests[0].max_tokens" in " ".join(e.value for e in at.error)
     assert (state.run.scenario, state.run.cursor) == before
 
 
 def test_good_scenario_upload_replaces_the_run():
     at = app(PAGE_FILES["playground"])
-    good = {"name": "mine", "engine": {"block_size": 2, "num_gpu_blocks": 10},
-            "requests": [{"id": "Z", "prompt": "Hello there", "max_tokens": 3}]}
+    good = {
+        "name": "mine",
+        "engine": {"block_size": 2, "num_gpu_blocks": 10},
+        "requests": [{"id": "Z", "prompt": "Hello there", "max_tokens": 3}],
+    }
     at.session_state["scenario_open:playground"] = True
     at.run()
     at.text_area(key="paste:playground").set_value(json.dumps(good)).run()
@@ -168,10 +198,12 @@ def test_good_scenario_upload_replaces_the_run():
     again.query_params.update(link)
     again.switch_page(PAGE_FILES["playground"]).run()
     other = again.session_state["lesson:playground"]
-    assert other.run.scenario == state.run.scenario and other.run.cursor == 1, "the link carries the scenario"
+    assert other.run.scenario == state.run.scenario and other.run.cursor == 1, (
+        "the link carries the scenario"
+    )
 
 
-def test_url_reopens_the_same_view(tiny):
+def test_url_reopens_the_same_view(tiny):  # noqa: F811
     link = {"lesson": "eviction", "step": "5", "lang": "zh", "num_gpu_blocks": "14"}
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     at.query_params.update(link)
@@ -208,7 +240,9 @@ def test_quiz_asks_then_reveals():
     at.button(key="quiz_rev:blocks").click().run()
     b.sync()
     assert state.run.cursor == 1 and b.goto["step"] == 1, "the answer releases the step"
-    assert (b.hold_at == 1) == (state.quiz is not None), "the next question holds the following step back"
+    assert (b.hold_at == 1) == (state.quiz is not None), (
+        "the next question holds the following step back"
+    )
 
 
 def test_playground_adds_a_request():
@@ -229,13 +263,17 @@ def test_two_sessions_do_not_share_state():
     a, b = app(PAGE_FILES["blocks"]), app(PAGE_FILES["blocks"])
     Browser(a, "blocks").show(2)
     b.run()
-    assert a.session_state["lesson:blocks"].run.cursor == 2 and b.session_state["lesson:blocks"].run.cursor == 0
+    assert (
+        a.session_state["lesson:blocks"].run.cursor == 2
+        and b.session_state["lesson:blocks"].run.cursor == 0
+    )
     assert a.session_state["lesson:blocks"].run is not b.session_state["lesson:blocks"].run
     assert player_data(a, "blocks")["run"] != player_data(b, "blocks")["run"]
 
 
 def test_unavailable_device_keeps_the_app_running():
     import torch
+
     if torch.cuda.is_available():
         pytest.skip("CUDA is available here; the failure path needs a machine without it")
     at = app(PAGE_FILES["blocks"])
@@ -258,7 +296,8 @@ def test_playground_refuses_a_request_that_never_fits():
 
 
 def test_every_page_file_is_in_the_navigation_under_streamlits_name():
-    """A page file's URL path must be the name Streamlit derives from it (lesson/lessons url_path)."""
+    """A page file's URL path must be the name Streamlit derives from it (lesson/lessons
+    url_path)."""
     from pathlib import Path
 
     from streamlit.source_util import page_icon_and_name
@@ -266,6 +305,7 @@ def test_every_page_file_is_in_the_navigation_under_streamlits_name():
     from lessons import page_url_path
     from ui.live_page import PAGE_FILE as LIVE_PAGE
     from ui.trace_page import PAGE_FILE
+
     root = Path(APP).resolve().parent
     files = sorted((root / "pages").glob("*.py"))
     assert {f"pages/{f.name}" for f in files} == set(PAGE_FILES.values()) | {PAGE_FILE, LIVE_PAGE}
@@ -277,8 +317,13 @@ def test_a_broken_browser_report_changes_nothing():
     """The page reads the player's reports defensively: garbage from a client is ignored."""
     at = app(PAGE_FILES["blocks"])
     b = Browser(at, "blocks").show(2)
-    for junk in ({"cursor": {"run": b.run_token, "step": "x"}}, {"want": {"run": b.run_token, "step": None}},
-                 {"have": {"run": b.run_token, "n": [1]}}, {"cursor": "nonsense"}, {"cursor": {"run": "other", "step": 1}}):
+    for junk in (
+        {"cursor": {"run": b.run_token, "step": "x"}},
+        {"want": {"run": b.run_token, "step": None}},
+        {"have": {"run": b.run_token, "n": [1]}},
+        {"cursor": "nonsense"},
+        {"cursor": {"run": "other", "step": 1}},
+    ):
         at.session_state["pkv:blocks"] = junk
         at.run()
         assert not at.exception, [e.value for e in at.exception]

@@ -1,16 +1,32 @@
-"""LabRun (a cursor over a recorded run), quiz predictions and the myths, on the engine without a model."""
+"""LabRun (a cursor over a recorded run), quiz predictions and the myths, on the engine without a
+model."""
 
-from record.engine import Engine, NoModelRunner
-from record.scenario import RequestSpec, load_scenario
 from lessons.myths import free_runs, internal_waste, lru_contrast, myth_sections
 from lessons.quiz import make_prediction
+from record.engine import Engine, NoModelRunner
+from record.scenario import RequestSpec, load_scenario
 from runstore.runtime import LabRun
 
-SCENARIO = {"engine": {"block_size": 4, "num_gpu_blocks": 12, "max_num_seqs": 3}, "requests": [
-    {"id": "A", "prompt_token_ids": list(range(1, 14)), "max_tokens": 4, "ignore_eos": True},
-    {"id": "B", "prompt_token_ids": list(range(100, 128)), "max_tokens": 6, "arrival_step": 4, "ignore_eos": True},
-    {"id": "C", "prompt_token_ids": list(range(1, 14)), "max_tokens": 4, "arrival_step": 10, "ignore_eos": True},
-]}
+SCENARIO = {
+    "engine": {"block_size": 4, "num_gpu_blocks": 12, "max_num_seqs": 3},
+    "requests": [
+        {"id": "A", "prompt_token_ids": list(range(1, 14)), "max_tokens": 4, "ignore_eos": True},
+        {
+            "id": "B",
+            "prompt_token_ids": list(range(100, 128)),
+            "max_tokens": 6,
+            "arrival_step": 4,
+            "ignore_eos": True,
+        },
+        {
+            "id": "C",
+            "prompt_token_ids": list(range(1, 14)),
+            "max_tokens": 4,
+            "arrival_step": 10,
+            "ignore_eos": True,
+        },
+    ],
+}
 
 
 def new_run(d=SCENARIO):
@@ -45,7 +61,9 @@ def test_run_until_and_reset():
     assert run.run_until("preempted") is None and run.finished
     n = len(run.records)
     run.reset()
-    assert run.cursor == 0 and len(run.records) == n, "reset moves the cursor; nothing is recomputed"
+    assert run.cursor == 0 and len(run.records) == n, (
+        "reset moves the cursor; nothing is recomputed"
+    )
 
 
 def test_add_request_replays_then_arrives_next_step():
@@ -92,9 +110,13 @@ def test_quiz_answers_are_what_the_engine_did():
 
 
 def test_quiz_victim():
-    d = {"engine": {"block_size": 2, "num_gpu_blocks": 8, "max_num_seqs": 3}, "requests": [
-        {"id": r, "prompt_token_ids": [i + 1, i + 2], "max_tokens": 8, "ignore_eos": True}
-        for i, r in enumerate("ABC")]}
+    d = {
+        "engine": {"block_size": 2, "num_gpu_blocks": 8, "max_num_seqs": 3},
+        "requests": [
+            {"id": r, "prompt_token_ids": [i + 1, i + 2], "max_tokens": 8, "ignore_eos": True}
+            for i, r in enumerate("ABC")
+        ],
+    }
     run = new_run(d)
     rec = None
     while run.can_forward():
@@ -112,7 +134,9 @@ def test_myths_on_the_live_pool():
     run.goto(12)
     snaps = run.snapshots()
     c = lru_contrast(snaps)
-    assert c.vllm_order == run.snapshot.free_queue and sorted(c.timestamp_order) == sorted(c.vllm_order)
+    assert c.vllm_order == run.snapshot.free_queue and sorted(c.timestamp_order) == sorted(
+        c.vllm_order
+    )
     runs = free_runs(run.snapshot)
     assert sum(b - a + 1 for a, b in runs) == len(run.snapshot.free_queue)
     waste, held = internal_waste(run.snapshot)
@@ -126,6 +150,7 @@ def test_myths_on_the_live_pool():
 
 def test_myths_are_computed_once_per_run_step_and_language():
     from lessons.myths import myth_sections_at
+
     run = new_run()
     run.goto(12)
     calls = []
@@ -133,16 +158,22 @@ def test_myths_are_computed_once_per_run_step_and_language():
     def snaps():
         calls.append(1)
         return run.snapshots()
+
     first = myth_sections_at("run-x", 12, snaps, "en")
     assert myth_sections_at("run-x", 12, snaps, "en") is first and len(calls) == 1
     assert first == myth_sections(run.snapshots(), "en")
     run.goto(5)
-    assert myth_sections_at("run-x", 5, snaps, "en") == myth_sections(run.snapshots(), "en") and len(calls) == 2
+    assert (
+        myth_sections_at("run-x", 5, snaps, "en") == myth_sections(run.snapshots(), "en")
+        and len(calls) == 2
+    )
 
 
 def test_a_failing_step_stops_the_run_with_its_reason():
     import pytest
+
     from runstore.runtime import RunStopped
+
     calls = {"n": 0}
 
     class Flaky(NoModelRunner):
@@ -164,9 +195,13 @@ def test_a_failing_step_stops_the_run_with_its_reason():
 
 def test_check_requests_refuses_what_never_fits():
     import pytest
+
     from runstore.runtime import check_requests
-    d = {"engine": {"block_size": 2, "num_gpu_blocks": 4},
-         "requests": [{"id": "X", "prompt_token_ids": list(range(1, 20)), "max_tokens": 2}]}
+
+    d = {
+        "engine": {"block_size": 2, "num_gpu_blocks": 4},
+        "requests": [{"id": "X", "prompt_token_ids": list(range(1, 20)), "max_tokens": 2}],
+    }
     with pytest.raises(ValueError, match="usable blocks"):
         check_requests(load_scenario(d), lambda s: Engine(s, runner=NoModelRunner()))
 
@@ -174,24 +209,39 @@ def test_check_requests_refuses_what_never_fits():
 def lab_trace(run: LabRun, header: bool = True, outputs: bool = True):
     from record.scenario import scenario_to_dict
     from record.trace import Trace, read_trace
+
     run.run_to_end()
-    t = Trace(scenario_to_dict(run.scenario) if header else None, run.initial if header else None,
-              tuple(run.records), run.outputs() if outputs else None)
+    t = Trace(
+        scenario_to_dict(run.scenario) if header else None,
+        run.initial if header else None,
+        tuple(run.records),
+        run.outputs() if outputs else None,
+    )
     return read_trace(t.to_jsonl())
 
 
 def test_trace_run_moves_like_a_lab_run_over_fixed_records():
     from runstore.runtime import TraceRun
+
     live = new_run()
     tr = TraceRun(lab_trace(live))
-    assert tr.scenario == live.scenario and tr.cursor == 0 and tr.snapshot == live.initial and tr.record is None
+    assert (
+        tr.scenario == live.scenario
+        and tr.cursor == 0
+        and tr.snapshot == live.initial
+        and tr.record is None
+    )
     assert tr.forward() == live.records[0] and tr.cursor == 1
     tr.goto(7)
     assert tr.snapshot == live.records[6].snapshot and tr.snapshots() == live.snapshots(7)
     rec = tr.run_until("evicted")
-    assert rec is not None and rec.step == tr.cursor and any(e.kind == "evicted" for e in rec.events)
+    assert (
+        rec is not None and rec.step == tr.cursor and any(e.kind == "evicted" for e in rec.events)
+    )
     tr.goto(10_000)
-    assert tr.cursor == len(live.records) and tr.at_frontier and tr.finished and not tr.can_forward()
+    assert (
+        tr.cursor == len(live.records) and tr.at_frontier and tr.finished and not tr.can_forward()
+    )
     assert tr.forward() is None and tr.peek_next() is None and tr.cursor == len(live.records)
     assert tr.run_until("preempted") is None
     tr.back()
@@ -202,6 +252,7 @@ def test_trace_run_moves_like_a_lab_run_over_fixed_records():
 
 def test_trace_run_without_header_starts_at_step_one():
     from runstore.runtime import TraceRun
+
     live = new_run()
     tr = TraceRun(lab_trace(live, header=False, outputs=False))
     assert tr.scenario is None and tr.first == 1 and tr.cursor == 1 and tr.record == live.records[0]

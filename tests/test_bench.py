@@ -1,4 +1,5 @@
 """The benchmarks' drivers still fit the code they measure (no timing is asserted here)."""
+
 import importlib
 import math
 import os
@@ -9,7 +10,22 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
-@pytest.mark.parametrize("name", ["bench_engine", "bench_dtype", "bench_kvcore", "step_anatomy", "bench_player"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "bench_engine",
+        "bench_dtype",
+        "bench_kvcore",
+        "step_anatomy",
+        "bench_player",
+        "bench_pool_vs_vllm",
+        "bench_fairness",
+        "bench_soak",
+        "bench_spec_decode",
+        "bench_trace",
+        "bench_kv_events",
+    ],
+)
 def test_every_benchmark_imports(name):
     importlib.import_module(f"bench.{name}")
 
@@ -23,8 +39,12 @@ def test_engine_and_runner_backends_generate_the_same_tokens(tiny_model, one_tor
     runner_run, _, _ = paged_runner_backend(tiny_model)
     by_engine = engine_run(prompts, 5)
     by_runner = runner_run(prompts, 5)
-    assert [by_engine[f"r{i}"]["token_ids"] for i in range(2)] == [by_runner[f"r{i}"] for i in range(2)]
-    steps = step_seconds_interleaved({"e": (engine_run, prompts), "r": (runner_run, prompts)}, 4, repeat=1)
+    assert [by_engine[f"r{i}"]["token_ids"] for i in range(2)] == [
+        by_runner[f"r{i}"] for i in range(2)
+    ]
+    steps = step_seconds_interleaved(
+        {"e": (engine_run, prompts), "r": (runner_run, prompts)}, 4, repeat=1
+    )
     assert all(math.isfinite(s) and s > 0 for s in steps.values())
 
 
@@ -38,9 +58,12 @@ def test_paired_ratios_pair_the_runs_of_one_round():
         def run(prompts, n):
             order.append(name)
             run.step_seconds = next(seconds[name])
+
         return run
 
-    rounds = step_rounds({"base": (backend("base"), []), "other": (backend("other"), [])}, 1, repeat=3)
+    rounds = step_rounds(
+        {"base": (backend("base"), []), "other": (backend("other"), [])}, 1, repeat=3
+    )
     assert order == ["base", "other", "other", "base", "base", "other"]  # who goes first rotates
     assert rounds == {"base": [0.2, 0.4, 0.3], "other": [0.1, 0.1, 0.2]}
     assert paired_ratios(rounds, "base", "other") == pytest.approx([2.0, 4.0, 1.5])

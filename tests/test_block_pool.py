@@ -1,16 +1,17 @@
 """BlockPool and BlockHashToBlockMap, written from vLLM v1's block_pool.py (0.33 free order)."""
+
 import pytest
 
-from record import events
-from kvcore.core.kv_cache_utils import get_block_hash, make_block_hash_with_group_id
-from kvcore.core.block_pool import (AllBlocksCleared, BlockHashToBlockMap, BlockPool, BlockRemoved,
-                                  BlockStored)
-from kvcore.core.kv_cache_utils import KVCacheBlock
-
-from _kv_helpers import ids, make_manager, make_request, queue_ids, vllm_chain, ext, removed, stored
+from _kv_helpers import ext, ids, make_manager, make_request, queue_ids, removed, stored, vllm_chain
+from kvcore.core.block_pool import (
+    AllBlocksCleared,
+    BlockHashToBlockMap,
+    BlockPool,
+)
+from kvcore.core.kv_cache_utils import KVCacheBlock, get_block_hash, make_block_hash_with_group_id
 from kvcore.utils.math_utils import cdiv
+from record import events
 from record.recorder import Recorder
-
 
 
 def pool(n=8, caching=True, free_order="v0.33", recorder=None, block_size=2):
@@ -89,7 +90,7 @@ def test_get_new_blocks_refuses_clearly_and_changes_nothing():
 # -- free_blocks: LRU order, 0.33 head/tail split, legacy ---------------------------------------
 def test_freed_cached_blocks_join_the_tail_in_the_given_order():
     p = pool(8)
-    _, blocks = cached_blocks(p, [1, 2, 3, 4, 5, 6])   # blocks 1 2 3, all full and hashed
+    _, blocks = cached_blocks(p, [1, 2, 3, 4, 5, 6])  # blocks 1 2 3, all full and hashed
     assert all(b.block_hash is not None for b in blocks)
     p.free_blocks([blocks[1], blocks[2], blocks[0]])
     assert queue_ids(p) == [4, 5, 6, 7, 2, 3, 1]
@@ -99,8 +100,8 @@ def test_freed_cached_blocks_join_the_tail_in_the_given_order():
 def test_lru_order_after_frees_from_several_requests():
     """Blocks freed earlier are evicted earlier (the tail is the most recently freed)."""
     p = pool(10)
-    _, a = cached_blocks(p, [1, 2, 3, 4], rid="a")      # blocks 1 2
-    _, b = cached_blocks(p, [9, 9, 8, 8], rid="b")      # blocks 3 4
+    _, a = cached_blocks(p, [1, 2, 3, 4], rid="a")  # blocks 1 2
+    _, b = cached_blocks(p, [9, 9, 8, 8], rid="b")  # blocks 3 4
     p.free_blocks(reversed(b))
     p.free_blocks(reversed(a))
     assert queue_ids(p) == [5, 6, 7, 8, 9, 4, 3, 2, 1]
@@ -111,9 +112,9 @@ def test_lru_order_after_frees_from_several_requests():
 
 def test_v033_unhashed_blocks_go_to_the_head_hashed_to_the_tail():
     p = pool(8)
-    req, blocks = cached_blocks(p, [1, 2, 3, 4, 5])    # blocks 1 2 hashed, block 3 partial
+    req, blocks = cached_blocks(p, [1, 2, 3, 4, 5])  # blocks 1 2 hashed, block 3 partial
     assert blocks[2].block_hash is None
-    p.free_blocks(reversed(blocks))                    # order 3, 2, 1
+    p.free_blocks(reversed(blocks))  # order 3, 2, 1
     assert queue_ids(p) == [3, 4, 5, 6, 7, 2, 1]
     # The partial block is reused first; the cached ones survive.
     assert ids(p.get_new_blocks(1)) == [3]
@@ -162,10 +163,10 @@ def test_touch_pulls_a_free_block_out_of_the_middle_of_the_queue():
     p.free_blocks(reversed(blocks))
     assert queue_ids(p) == [4, 5, 6, 7, 3, 2, 1]
     rec.drain()
-    p.touch([blocks[1]])                             # block 2 sits at position 5
+    p.touch([blocks[1]])  # block 2 sits at position 5
     assert queue_ids(p) == [4, 5, 6, 7, 3, 1]
     assert blocks[1].ref_cnt == 1
-    assert blocks[1].block_hash is not None          # a hit keeps its hash
+    assert blocks[1].block_hash is not None  # a hit keeps its hash
     (ev,) = rec.drain()
     assert ev.kind == events.TOUCHED and ev.block_ids == (2,)
     assert ev.from_queue == (2,) and ev.queue_positions == (5,)
@@ -188,14 +189,14 @@ def test_cache_full_blocks_registers_hash_plus_group_id():
     assert req.block_hashes == expect
     assert blocks[0].block_hash == make_block_hash_with_group_id(expect[0], 0)
     assert p.get_cached_block(expect[1], [0]) == [blocks[1]]
-    assert p.get_cached_block(expect[1], [1]) is None          # same hash, other group: no entry
-    assert p.get_cached_block(expect[1], [0, 1]) is None       # a miss in any group is a miss
+    assert p.get_cached_block(expect[1], [1]) is None  # same hash, other group: no entry
+    assert p.get_cached_block(expect[1], [0, 1]) is None  # a miss in any group is a miss
 
 
 def test_two_blocks_with_one_hash_get_cached_block_returns_the_first_inserted():
     p = pool(8)
-    ra, a = cached_blocks(p, [7, 7, 8, 8], rid="a")     # blocks 1 2
-    rb, b = cached_blocks(p, [7, 7, 8, 8], rid="b")     # blocks 3 4: same content, computed alongside
+    ra, a = cached_blocks(p, [7, 7, 8, 8], rid="a")  # blocks 1 2
+    rb, b = cached_blocks(p, [7, 7, 8, 8], rid="b")  # blocks 3 4: same content, computed alongside
     h0 = ra.block_hashes[0]
     assert rb.block_hashes[0] == h0
     assert a[0].block_hash == b[0].block_hash
@@ -232,7 +233,7 @@ def test_block_hash_to_block_map_semantics():
     m.insert(b"k", b1)
     m.insert(b"k", b2)
     assert m.get_one_block(b"k") is b1 and len(m) == 1
-    assert m.pop(b"k", 9) is None                    # wrong id: nothing popped
+    assert m.pop(b"k", 9) is None  # wrong id: nothing popped
     assert m.get_one_block(b"k") is b1
     assert m.pop(b"k", 1) is b1
     assert m.get_one_block(b"k") is b2
@@ -240,25 +241,25 @@ def test_block_hash_to_block_map_semantics():
     assert len(m) == 0 and m.get_one_block(b"k") is None
 
 
-# -- eviction: lazy, on pop; evict_blocks -----------------------------------------------------------
+# -- eviction: lazy, on pop; evict_blocks ----------------------------------------------------------
 def test_eviction_is_lazy_the_hash_goes_only_when_the_block_is_popped():
     rec = Recorder()
-    p = pool(6, recorder=rec)                         # usable 1..5
-    req, blocks = cached_blocks(p, [1, 2, 3, 4])      # blocks 1 2, both cached
+    p = pool(6, recorder=rec)  # usable 1..5
+    req, blocks = cached_blocks(p, [1, 2, 3, 4])  # blocks 1 2, both cached
     p.take_events()
-    p.free_blocks(reversed(blocks))                   # queue: 3 4 5 2 1
+    p.free_blocks(reversed(blocks))  # queue: 3 4 5 2 1
     h0, h1 = req.block_hashes
     # Free but not popped: still cached and still hittable.
     assert p.get_cached_block(h1, [0]) == [blocks[1]]
     assert blocks[1].block_hash is not None
     rec.drain()
-    got = p.get_new_blocks(3)                          # 3 4 5: nothing evicted yet
+    got = p.get_new_blocks(3)  # 3 4 5: nothing evicted yet
     assert ids(got) == [3, 4, 5] and p.take_events() == []
-    got = p.get_new_blocks(1)                          # block 2 is the head now
+    got = p.get_new_blocks(1)  # block 2 is the head now
     assert ids(got) == [2]
     assert blocks[1].block_hash is None
     assert p.get_cached_block(h1, [0]) is None
-    assert p.get_cached_block(h0, [0]) == [blocks[0]]   # the prefix block survives longest
+    assert p.get_cached_block(h0, [0]) == [blocks[0]]  # the prefix block survives longest
     assert p.take_events() == [removed(h1)]
     evs = rec.drain()
     ev = [e for e in evs if e.kind == events.EVICTED]
@@ -279,7 +280,7 @@ def test_evict_blocks_drops_hashes_even_of_blocks_in_use_and_frees_nothing():
     assert p.get_cached_block(req.block_hashes[0], [0]) == [blocks[0]]
     assert queue_ids(p) == free_before
     assert p.take_events() == [removed(req.block_hashes[1])]
-    p.evict_blocks([2, 4])                            # nothing cached there: no event
+    p.evict_blocks([2, 4])  # nothing cached there: no event
     assert p.take_events() == []
 
 
@@ -289,7 +290,7 @@ def test_evict_blocks_rejects_ids_outside_the_pool():
         p.evict_blocks([4])
 
 
-# -- reset_prefix_cache -------------------------------------------------------------------------------
+# -- reset_prefix_cache ----------------------------------------------------------------------------
 def test_reset_prefix_cache_refuses_while_blocks_are_in_use():
     rec = Recorder()
     p = pool(6, recorder=rec)
@@ -314,10 +315,10 @@ def test_reset_prefix_cache_clears_every_hash_once_all_blocks_are_free():
     assert len(p.cached_block_hash_to_block) == 0
     assert p.get_cached_block(req.block_hashes[0], [0]) is None
     assert p.take_events() == [AllBlocksCleared()]
-    assert queue_ids(p) == order                       # the queue itself is untouched
+    assert queue_ids(p) == order  # the queue itself is untouched
 
 
-# -- KV cache events ----------------------------------------------------------------------------------
+# -- KV cache events -------------------------------------------------------------------------------
 def test_block_stored_events_carry_parent_hash_token_ids_and_block_size():
     p = pool(8)
     req = make_request("r", [1, 2, 3, 4, 5], 2)
@@ -325,10 +326,10 @@ def test_block_stored_events_carry_parent_hash_token_ids_and_block_size():
     p.cache_full_blocks(req, blocks, 0, 2, 2, 0)
     h = req.block_hashes
     assert p.take_events() == [stored([h[0], h[1]], None, [1, 2, 3, 4], 2)]
-    req.append_output_token_ids([6])                  # block 2 is full now
+    req.append_output_token_ids([6])  # block 2 is full now
     p.cache_full_blocks(req, blocks, 2, 3, 2, 0)
     assert p.take_events() == [stored([req.block_hashes[2]], h[1], [5, 6], 2)]
-    assert p.take_events() == []                      # drained
+    assert p.take_events() == []  # drained
 
 
 def test_no_kv_events_when_disabled():
@@ -348,11 +349,11 @@ def test_cache_full_blocks_skips_blocks_already_cached_and_null_blocks():
     p.cache_full_blocks(req, blocks, 0, 1, 2, 0)
     p.take_events()
     table = [blocks[0], p.null_block, blocks[2]]
-    p.cache_full_blocks(req, table, 0, 3, 2, 0)     # block 1 already cached, slot 1 is null
+    p.cache_full_blocks(req, table, 0, 3, 2, 0)  # block 1 already cached, slot 1 is null
     assert p.null_block.block_hash is None
     assert blocks[2].block_hash == make_block_hash_with_group_id(req.block_hashes[2], 0)
     (ev,) = p.take_events()
-    assert ev.block_hashes == [ext(req.block_hashes[2])]     # only the newly stored hash
+    assert ev.block_hashes == [ext(req.block_hashes[2])]  # only the newly stored hash
 
 
 def test_recorder_reports_allocations_and_frees_with_their_reasons():
@@ -368,6 +369,7 @@ def test_recorder_reports_allocations_and_frees_with_their_reasons():
     (ev,) = rec.drain()
     assert ev.kind == events.FREED and ev.block_ids == (2, 1)
     assert ev.to_head == (2,) and ev.to_tail == (1,)
-    # a lone pool's calls name no request and no reason: the managers' calls do (test_kv_cache_manager)
+    # a lone pool's calls name no request and no reason: the managers' calls do
+    # (test_kv_cache_manager)
     assert ev.reason == "" and ev.request_id is None and ev.still_used == ()
     assert get_block_hash(blocks[0].block_hash) == req.block_hashes[0]

@@ -1,5 +1,6 @@
 """A real browser (Debian's chromium, driven by Playwright) and the step player: keys, buttons, the
 timeline, hover, the quiz hold, the static export offline, and a hostile prompt shown as text."""
+
 import contextlib
 import os
 import shutil
@@ -16,8 +17,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 MODEL = os.environ.get("PAGED_KV_LAB_BROWSER_MODEL", "tiny-random")  # smollm2 for the real model
 
 
@@ -29,6 +38,7 @@ def free_port() -> int:
 
 def model_for_browser() -> str:
     from kvcore.model import smollm2_available
+
     return MODEL if MODEL != "smollm2" or smollm2_available() else "tiny-random"
 
 
@@ -41,10 +51,29 @@ def streamlit_server(model: str):
     # the server's log goes to a file: an undrained pipe fills up and then blocks the server
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.headless", "true",
-         "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false",
-         "--server.fileWatcherType", "none"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            "app.py",
+            "--server.headless",
+            "true",
+            "--server.address",
+            "127.0.0.1",
+            "--server.port",
+            str(port),
+            "--browser.gatherUsageStats",
+            "false",
+            "--server.fileWatcherType",
+            "none",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 90
@@ -95,7 +124,9 @@ def browser():
 def wait_idle(page, timeout=120_000):
     """Until Streamlit finished the rerun (its status widget disappears)."""
     page.wait_for_timeout(250)
-    page.wait_for_function("() => !document.querySelector('[data-testid=stStatusWidget]')", timeout=timeout)
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=stStatusWidget]')", timeout=timeout
+    )
 
 
 def open_player(page, url, done=True):
@@ -106,7 +137,8 @@ def open_player(page, url, done=True):
         (ROOT / "test-artifacts").mkdir(exist_ok=True)
         page.screenshot(path=str(ROOT / "test-artifacts" / "player-missing.png"))
         raise
-    if done:   # the run streamed in to its end (the tiny model records a lesson in well under a second)
+    # the run streamed in to its end (the tiny model records a lesson in well under a second)
+    if done:
         page.wait_for_selector('.pkv[data-done="true"]', timeout=180_000)
     return page.locator(".pkv")
 
@@ -122,28 +154,45 @@ def wait_step(page, n: int):
 def drawn(page) -> dict:
     """What the player draws now: grid (id, ref_cnt, owners), free queue order, block tables."""
     grid = page.locator(".pkv-grid .pkv-block").evaluate_all(
-        "els => els.map(e => [Number(e.dataset.block), Number(e.dataset.ref), e.dataset.owners])")
-    queue = page.locator(".pkv-queue [data-block]").evaluate_all("els => els.map(e => Number(e.dataset.block))")
+        "els => els.map(e => [Number(e.dataset.block), Number(e.dataset.ref), e.dataset.owners])"
+    )
+    queue = page.locator(".pkv-queue [data-block]").evaluate_all(
+        "els => els.map(e => Number(e.dataset.block))"
+    )
     tables = page.locator(".pkv-tables table tr").evaluate_all(
         "rows => rows.map(r => [Number(r.closest('table').dataset.group), r.dataset.req,"
-        " Array.from(r.querySelectorAll('.pkv-chip')).map(c => Number(c.dataset.block))])")
-    return {"grid": grid, "queue": queue, "tables": sorted(map(tuple, [(g, r, tuple(b)) for g, r, b in tables]))}
+        " Array.from(r.querySelectorAll('.pkv-chip')).map(c => Number(c.dataset.block))])"
+    )
+    return {
+        "grid": grid,
+        "queue": queue,
+        "tables": sorted(map(tuple, [(g, r, tuple(b)) for g, r, b in tables])),
+    }
 
 
 def expected(snap) -> dict:
     grid = [[b.block_id, b.ref_cnt, ",".join(b.owners)] for b in snap.blocks]
-    tables = sorted((g, r.request_id, tuple(t)) for r in snap.requests for g, t in enumerate(r.block_tables) if t)
+    tables = sorted(
+        (g, r.request_id, tuple(t))
+        for r in snap.requests
+        for g, t in enumerate(r.block_tables)
+        if t
+    )
     return {"grid": grid, "queue": list(snap.free_queue), "tables": tables}
 
 
 def engine_snapshots(lesson_id):
     """An independent engine's snapshots of a lesson, on the server's model."""
-    from record.engine import Engine
     from kvcore.model import load_model
     from lessons import BY_ID
+    from record.engine import Engine
     from runstore.runtime import lesson_scenario
+
     model = load_model(model_for_browser(), "cpu")
-    engine = Engine(lesson_scenario(BY_ID[lesson_id], model.num_layers, model=model.name, device="cpu"), model=model)
+    engine = Engine(
+        lesson_scenario(BY_ID[lesson_id], model.num_layers, model=model.name, device="cpu"),
+        model=model,
+    )
     snaps = [engine.snapshot()]
     records = []
     while engine.has_unfinished() and len(records) < 400:
@@ -174,7 +223,9 @@ def test_keys_buttons_timeline_and_hover_agree_with_the_engine(server, browser):
     assert drawn(page) == expected(snaps[n])
     page.keyboard.press("Home")
     wait_step(page, 0)
-    page.locator(".pkv-timeline").evaluate("(el) => { el.value = '4'; el.dispatchEvent(new Event('input')); }")
+    page.locator(".pkv-timeline").evaluate(
+        "(el) => { el.value = '4'; el.dispatchEvent(new Event('input')); }"
+    )
     wait_step(page, 4)
     assert drawn(page) == expected(snaps[4])
     page.keyboard.press("ArrowLeft")
@@ -186,22 +237,31 @@ def test_keys_buttons_timeline_and_hover_agree_with_the_engine(server, browser):
     wait_step(page, hit)
     assert drawn(page) == expected(snaps[hit])
     from words.sentences import sentence
+
     hit_event = next(e for e in records[hit - 1].events if e.kind == "cache_hit")
     assert page.locator(".pkv-events").get_by_text(sentence(hit_event, "en", None)[:30]).count()
     # hover: the whole story of every cached block
     for b in [b for b in snaps[hit].blocks if b.block_hash][:3]:
         page.locator(f'.pkv-grid [data-block="{b.block_id}"]').hover()
         tip = page.locator(".pkv-tip").inner_text()
-        assert f"block {b.block_id}" in tip and b.block_hash in tip and f"ref_cnt: {b.ref_cnt}" in tip
+        assert (
+            f"block {b.block_id}" in tip and b.block_hash in tip and f"ref_cnt: {b.ref_cnt}" in tip
+        )
         assert (b.parent_hash or "NONE_HASH") in tip and ", ".join(b.owners or ("—",)) in tip
-        assert ("not in the free queue" if b.queue_pos is None else f"position: {b.queue_pos} (head = 0)") in tip
+        assert (
+            "not in the free queue"
+            if b.queue_pos is None
+            else f"position: {b.queue_pos} (head = 0)"
+        ) in tip
     # the page hears where the player is (debounced), without redrawing the player
     page.wait_for_function(f"() => location.search.includes('step={hit}')", timeout=15_000)
     assert "lesson=prefix" in page.url
     # click a request to follow it: its blocks stay lit, the others dim
     holder = next(b.owners[0] for b in snaps[hit].blocks if b.owners)
     page.locator(f'.pkv-outputs .pkv-badge[data-req="{holder}"]').click()
-    lit = page.locator(".pkv-grid .pkv-block.pkv-sel").evaluate_all("els => els.map(e => Number(e.dataset.block))")
+    lit = page.locator(".pkv-grid .pkv-block.pkv-sel").evaluate_all(
+        "els => els.map(e => Number(e.dataset.block))"
+    )
     assert lit == [b.block_id for b in snaps[hit].blocks if holder in b.owners]
     assert page.locator(".pkv-selected").inner_text().startswith(f"request {holder}")
     page.wait_for_timeout(500)
@@ -209,7 +269,8 @@ def test_keys_buttons_timeline_and_hover_agree_with_the_engine(server, browser):
     out.mkdir(exist_ok=True)
     page.locator(f'.pkv-outputs .pkv-badge[data-req="{holder}"]').click()
     page.screenshot(path=str(out / "prefix-caching-hit.png"))
-    if os.environ.get("PAGED_KV_LAB_UPDATE_SCREENSHOT"):  # refresh the README's picture on request only
+    # refresh the README's picture on request only
+    if os.environ.get("PAGED_KV_LAB_UPDATE_SCREENSHOT"):
         (ROOT / "docs").mkdir(exist_ok=True)
         shutil.copy(out / "prefix-caching-hit.png", ROOT / "docs" / "screenshot.png")
     page.close()
@@ -222,7 +283,8 @@ def test_quiz_holds_the_step_back(server, browser):
     page.get_by_text("🎓").first.click()
     page.get_by_text("Predict before you look").first.wait_for(timeout=30_000)
     page.wait_for_selector('.pkv[data-step="0"] [data-act="step"]:disabled', timeout=10_000)
-    page.evaluate("() => document.activeElement && document.activeElement.blur()")   # the page has focus
+    # the page has focus
+    page.evaluate("() => document.activeElement && document.activeElement.blur()")
     page.keyboard.press("ArrowRight")
     page.wait_for_timeout(300)
     assert shown_step(page) == 0, "the step is held back until the question is answered"
@@ -236,8 +298,11 @@ HOSTILE = "<img src=x onerror=alert(1)> <script>alert(2)</script>"
 
 
 def hostile_dict():
-    return {"name": "hostile", "engine": {"block_size": 4, "num_gpu_blocks": 24},
-            "requests": [{"id": "X", "prompt": HOSTILE, "max_tokens": 3}]}
+    return {
+        "name": "hostile",
+        "engine": {"block_size": 4, "num_gpu_blocks": 24},
+        "requests": [{"id": "X", "prompt": HOSTILE, "max_tokens": 3}],
+    }
 
 
 def assert_literal(page):
@@ -254,6 +319,7 @@ def assert_literal(page):
 @pytest.mark.browser
 def test_hostile_prompt_is_text_in_the_app_and_in_its_export(server, browser, tmp_path):
     from ui.state import _encode_base
+
     page = browser.new_page(viewport={"width": 1500, "height": 1900}, accept_downloads=True)
     dialogs = []
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
@@ -293,6 +359,7 @@ def test_step_at_the_frontier_shows_the_step_once_it_arrives(browser, tmp_path):
     that step as soon as it streams in (it used to stay on the old step). No server: the player of
     an export that holds only the first steps, fed the rest the way the component feeds it."""
     from player import run_payload, static_html
+
     snaps, records = engine_snapshots("prefix")
     k = 3
     whole = run_payload(snaps[0], records, done=True)
@@ -307,8 +374,10 @@ def test_step_at_the_frontier_shows_the_step_once_it_arrives(browser, tmp_path):
     page.locator('[data-act="step"]').click()
     assert "Computing the next step" in page.locator('[data-role="notice"]').inner_text()
     assert shown_step(page) == k
-    page.evaluate("(rest) => globalThis.__pkvActive.receive(rest)",
-                  {**whole, "head": None, "base": k, "steps": whole["steps"][k:], "done": True})
+    page.evaluate(
+        "(rest) => globalThis.__pkvActive.receive(rest)",
+        {**whole, "head": None, "base": k, "steps": whole["steps"][k:], "done": True},
+    )
     wait_step(page, k + 1)
     assert page.locator('[data-role="notice"]').is_hidden()
     page.close()
@@ -322,7 +391,9 @@ def test_a_finished_page_is_quiet_and_loads_the_player_by_url(server, browser):
     page = browser.new_page(viewport={"width": 1500, "height": 1900})
     urls, frames = [], []
     page.on("request", lambda r: urls.append(r.url))
-    page.on("websocket", lambda ws: ws.on("framereceived", lambda f: frames.append(time.monotonic())))
+    page.on(
+        "websocket", lambda ws: ws.on("framereceived", lambda f: frames.append(time.monotonic()))
+    )
     open_player(page, server + "/eviction")
     wait_idle(page)
     page.wait_for_timeout(1500)
@@ -337,14 +408,20 @@ def test_a_finished_page_is_quiet_and_loads_the_player_by_url(server, browser):
 def test_requests_table_and_over_time_chart_follow_the_cursor(server, browser):
     """The player's requests table at a step equals an independent engine's snapshot there, the
     over-time chart has one point per step up to the cursor, and a hostile request id is text."""
-    from record.engine import Engine
     from kvcore.model import load_model
+    from record.engine import Engine
     from record.scenario import load_scenario
     from ui.state import _encode_base
+
     rid = "<img src=x onerror=alert(1)>"
-    d = {"name": "table", "engine": {"block_size": 4, "num_gpu_blocks": 24},
-         "requests": [{"id": rid, "prompt": "The quick brown fox jumps", "max_tokens": 4},
-                      {"id": "B", "prompt": "The quick brown fox sleeps", "max_tokens": 3, "arrival_step": 1}]}
+    d = {
+        "name": "table",
+        "engine": {"block_size": 4, "num_gpu_blocks": 24},
+        "requests": [
+            {"id": rid, "prompt": "The quick brown fox jumps", "max_tokens": 4},
+            {"id": "B", "prompt": "The quick brown fox sleeps", "max_tokens": 3, "arrival_step": 1},
+        ],
+    }
     engine = Engine(load_scenario(d), model=load_model(model_for_browser(), "cpu"))
     snaps = [engine.snapshot()] + [r.snapshot for r in engine.run(max_steps=100)]
     page = browser.new_page(viewport={"width": 1500, "height": 1900})
@@ -352,22 +429,42 @@ def test_requests_table_and_over_time_chart_follow_the_cursor(server, browser):
     page.on("dialog", lambda dl: (dialogs.append(dl.message), dl.dismiss()))
     open_player(page, server + "/playground?lesson=playground&scn=" + _encode_base(d))
     assert int(page.locator(".pkv").get_attribute("data-total")) == len(snaps) - 1
-    page.locator('[data-role="metrics-panel"] summary').click()    # the chart starts closed
+    page.locator('[data-role="metrics-panel"] summary').click()  # the chart starts closed
 
     def table():
         return page.locator(".pkv-reqs tbody tr").evaluate_all(
-            "rows => rows.map(r => Array.from(r.cells).map(c => c.textContent))")
+            "rows => rows.map(r => Array.from(r.cells).map(c => c.textContent))"
+        )
 
     def points(series):
         return page.locator(f'[data-role="over"] circle[data-series="{series}"]').evaluate_all(
-            "els => els.map(e => Number(e.getAttribute('data-step')))")
+            "els => els.map(e => Number(e.getAttribute('data-step')))"
+        )
 
-    for key, step in (("ArrowRight", 1), ("ArrowRight", 2), ("ArrowRight", 3), ("ArrowLeft", 2), ("End", len(snaps) - 1)):
+    for key, step in (
+        ("ArrowRight", 1),
+        ("ArrowRight", 2),
+        ("ArrowRight", 3),
+        ("ArrowLeft", 2),
+        ("End", len(snaps) - 1),
+    ):
         page.keyboard.press(key)
         wait_step(page, step)
-        assert table() == [[r.request_id, r.status] + [str(v) for v in (
-            r.num_prompt_tokens, r.num_output_tokens, r.num_computed_tokens, r.num_cached_tokens,
-            r.num_preemptions, r.priority)] for r in snaps[step].requests], step
+        assert table() == [
+            [r.request_id, r.status]
+            + [
+                str(v)
+                for v in (
+                    r.num_prompt_tokens,
+                    r.num_output_tokens,
+                    r.num_computed_tokens,
+                    r.num_cached_tokens,
+                    r.num_preemptions,
+                    r.priority,
+                )
+            ]
+            for r in snaps[step].requests
+        ], step
         assert points("usage") == points("hit") == list(range(step + 1)), step
     assert page.locator(f'.pkv-reqs .pkv-badge[data-req="{rid}"]').inner_text() == rid
     assert page.locator(".pkv img, .pkv script").count() == 0 and not dialogs
@@ -381,18 +478,34 @@ def test_a_recording_run_streams_in_by_the_players_own_asks(server, browser):
     in the sidebar while the run records lands on that page (the page used to poll itself and then
     rerun the whole app when the run ended, which could pull the browser back to the old page)."""
     from ui.state import _encode_base
-    long = {"name": "streams", "engine": {"block_size": 4, "num_gpu_blocks": 512, "max_num_seqs": 4},
-            "requests": [{"id": c, "prompt": f"{c} {time.time()} tells a long story", "max_tokens": 380,
-                          "ignore_eos": True} for c in "ABCD"]}
+
+    long = {
+        "name": "streams",
+        "engine": {"block_size": 4, "num_gpu_blocks": 512, "max_num_seqs": 4},
+        "requests": [
+            {
+                "id": c,
+                "prompt": f"{c} {time.time()} tells a long story",
+                "max_tokens": 380,
+                "ignore_eos": True,
+            }
+            for c in "ABCD"
+        ],
+    }
     page = browser.new_page(viewport={"width": 1500, "height": 1900})
     sent = []
     page.on("websocket", lambda ws: ws.on("framesent", lambda f: sent.append(time.monotonic())))
-    box = open_player(page, f"{server}/playground?lesson=playground&scn={_encode_base(long)}", done=False)
-    hide = """(hidden) => { Object.defineProperty(document, 'visibilityState', {value: hidden ? 'hidden' : 'visible',
-               configurable: true}); document.dispatchEvent(new Event('visibilitychange')); }"""
+    box = open_player(
+        page, f"{server}/playground?lesson=playground&scn={_encode_base(long)}", done=False
+    )
+    hide = """(hidden) => { Object.defineProperty(document, 'visibilityState',
+               {value: hidden ? 'hidden' : 'visible', configurable: true});
+               document.dispatchEvent(new Event('visibilitychange')); }"""
     page.evaluate(hide, True)
-    assert box.get_attribute("data-done") == "false", "the run must still be recording for this test"
-    page.wait_for_timeout(1200)                     # an ask already sent may still be answered
+    assert box.get_attribute("data-done") == "false", (
+        "the run must still be recording for this test"
+    )
+    page.wait_for_timeout(1200)  # an ask already sent may still be answered
     quiet_from, shown_total = time.monotonic(), int(box.get_attribute("data-total"))
     page.wait_for_timeout(1500)
     assert [t for t in sent if t > quiet_from] == [], "a hidden tab does not ask"
@@ -401,12 +514,16 @@ def test_a_recording_run_streams_in_by_the_players_own_asks(server, browser):
     deadline = time.monotonic() + 10
     while int(box.get_attribute("data-total")) == shown_total and time.monotonic() < deadline:
         page.wait_for_timeout(200)
-    assert int(box.get_attribute("data-total")) > shown_total, "shown again, the tab asks again: steps stream in"
+    assert int(box.get_attribute("data-total")) > shown_total, (
+        "shown again, the tab asks again: steps stream in"
+    )
     assert sent[-1] > quiet_from
     page.locator('[data-testid=stSidebarNav] a[href$="/eviction"]').first.click()
     page.wait_for_function("() => location.pathname.endsWith('/eviction')", timeout=10_000)
     page.get_by_text("Pool size (blocks)").first.wait_for(timeout=30_000)
-    page.wait_for_timeout(2500)                     # the playground run keeps recording meanwhile
+    page.wait_for_timeout(2500)  # the playground run keeps recording meanwhile
     assert page.evaluate("() => location.pathname").endswith("/eviction")
-    assert page.get_by_text("Pool size (blocks)").first.is_visible(), "still on the page the learner chose"
+    assert page.get_by_text("Pool size (blocks)").first.is_visible(), (
+        "still on the page the learner chose"
+    )
     page.close()

@@ -4,9 +4,10 @@ step the snapshot the player rebuilt from the payload's head and deltas equals t
 independent engine took there: field by field under record/snapshot.py's names, and as
 ``snapshot_dict`` once put back under the wire keys (player/assets/wire.json). What ran in the
 step (events, scheduled tokens, phases, changed blocks) is the engine's record."""
+
 import pytest
 
-from tests.test_browser import browser, wait_step  # noqa: F401
+from tests.test_browser import browser, wait_step  # noqa: F401  (pytest fixtures)
 
 pytestmark = pytest.mark.browser
 
@@ -24,6 +25,7 @@ def plain(v):
 def by_name(snap) -> dict:
     """A Snapshot under the decoder's names: the fields wire.json lists, as JSON would hold them."""
     from player import WIRE
+
     out = {name: plain(getattr(snap, name)) for name in WIRE["snapshot"]}
     out["blocks"] = [{f: plain(getattr(b, f)) for f in WIRE["block"]} for b in snap.blocks]
     out["requests"] = [{f: plain(getattr(r, f)) for f in WIRE["request"]} for r in snap.requests]
@@ -33,10 +35,13 @@ def by_name(snap) -> dict:
 def to_wire(decoded: dict) -> dict:
     """The decoded snapshot back under the wire keys, in the wire's order."""
     from player import WIRE
+
     out = {key: decoded[name] for name, key in WIRE["snapshot"].items()}
     S = WIRE["snapshot"]
     out[S["blocks"]] = [{k: b[n] for n, k in WIRE["block"].items()} for b in decoded["blocks"]]
-    out[S["requests"]] = [{k: r[n] for n, k in WIRE["request"].items()} for r in decoded["requests"]]
+    out[S["requests"]] = [
+        {k: r[n] for n, k in WIRE["request"].items()} for r in decoded["requests"]
+    ]
     return out
 
 
@@ -46,8 +51,11 @@ def recorded(lesson_id: str):
     from lessons import BY_ID
     from record.engine import Engine
     from runstore.runtime import lesson_scenario
+
     model = load_model("tiny-random", "cpu")
-    scenario = lesson_scenario(BY_ID[lesson_id], model.num_layers, model="tiny-random", device="cpu")
+    scenario = lesson_scenario(
+        BY_ID[lesson_id], model.num_layers, model="tiny-random", device="cpu"
+    )
     engine = Engine(scenario, model=model)
     initial, records = engine.snapshot(), engine.run(max_steps=400)
     other = Engine(scenario, model=model)
@@ -57,6 +65,7 @@ def recorded(lesson_id: str):
 
 def open_export(browser, tmp_path, payload):  # noqa: F811
     from player import static_html
+
     path = tmp_path / "run.html"
     path.write_text(static_html(payload), encoding="utf-8")
     ctx = browser.new_context(offline=True)
@@ -70,6 +79,7 @@ def open_export(browser, tmp_path, payload):  # noqa: F811
 
 def check_step(state, snap, rec) -> None:
     from player import snapshot_dict
+
     got = state["snap"]
     assert got == by_name(snap), f"step {snap.step}: the decoded snapshot differs from the engine's"
     assert to_wire(got) == snapshot_dict(snap), f"step {snap.step}"
@@ -77,8 +87,9 @@ def check_step(state, snap, rec) -> None:
     if rec is None:
         assert st is None
         return
-    assert [(e["kind"], e["request_id"], e["block_ids"], e["group"]) for e in st["events"]] == \
-        [(str(e.kind), e.request_id, list(e.block_ids), e.group) for e in rec.events], rec.step
+    assert [(e["kind"], e["request_id"], e["block_ids"], e["group"]) for e in st["events"]] == [
+        (str(e.kind), e.request_id, list(e.block_ids), e.group) for e in rec.events
+    ], rec.step
     assert all(isinstance(e["text"], str) and e["text"] for e in st["events"])
     assert st["scheduled"] == rec.scheduled
     assert st["phases"] == {e.request_id: e.phase for e in rec.events if e.kind == "scheduled"}
@@ -87,12 +98,14 @@ def check_step(state, snap, rec) -> None:
 
 def lesson_ids():
     from lessons import LESSONS
+
     return [lesson.id for lesson in LESSONS]
 
 
 @pytest.mark.parametrize("lesson_id", lesson_ids())
 def test_every_step_decodes_to_the_engines_snapshot(lesson_id, browser, tmp_path):  # noqa: F811
     from player import run_payload
+
     engine, initial, records, truth = recorded(lesson_id)
     payload = run_payload(initial, records, decode=engine.decode, lang="en")
     ctx, page, errors = open_export(browser, tmp_path, payload)
@@ -101,7 +114,7 @@ def test_every_step_decodes_to_the_engines_snapshot(lesson_id, browser, tmp_path
     state = page.evaluate(STATE)
     assert state["cursor"] == 0 and state["first"] == 0
     check_step(state, truth[0], None)
-    for k in range(1, n + 1):          # step by step, as a learner does
+    for k in range(1, n + 1):  # step by step, as a learner does
         page.keyboard.press("ArrowRight")
         wait_step(page, k)
         check_step(page.evaluate(STATE), truth[k], records[k - 1])
@@ -112,6 +125,7 @@ def test_every_step_decodes_to_the_engines_snapshot(lesson_id, browser, tmp_path
 def test_a_run_without_the_state_before_step_1(browser, tmp_path):  # noqa: F811
     """A trace without its header: the head holds step 1's snapshot and record (step0)."""
     from player import run_payload
+
     engine, _, records, truth = recorded("prefix")
     payload = run_payload(None, records, decode=engine.decode, lang="zh")
     ctx, page, errors = open_export(browser, tmp_path, payload)
@@ -126,14 +140,20 @@ def test_a_run_without_the_state_before_step_1(browser, tmp_path):  # noqa: F811
 
 
 def test_steps_streamed_in_pieces_decode_the_same(browser, tmp_path):  # noqa: F811
-    """The first steps inlined, the rest fed later as the app feeds them (no head, from ``base``)."""
+    """The first steps inlined, the rest fed later as the app feeds them (no head, from
+    ``base``)."""
     from player import run_payload
+
     engine, initial, records, truth = recorded("eviction")
     whole = run_payload(initial, records, decode=engine.decode)
     k = 4
-    ctx, page, errors = open_export(browser, tmp_path, {**whole, "steps": whole["steps"][:k], "done": False})
-    page.evaluate("(rest) => globalThis.__pkvActive.receive(rest)",
-                  {**whole, "head": None, "base": k, "steps": whole["steps"][k:], "done": True})
+    ctx, page, errors = open_export(
+        browser, tmp_path, {**whole, "steps": whole["steps"][:k], "done": False}
+    )
+    page.evaluate(
+        "(rest) => globalThis.__pkvActive.receive(rest)",
+        {**whole, "head": None, "base": k, "steps": whole["steps"][k:], "done": True},
+    )
     snaps = page.evaluate("() => globalThis.__pkvActive.run.snaps")
     assert snaps == [by_name(s) for s in truth]
     assert not errors, errors

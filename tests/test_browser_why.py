@@ -1,22 +1,24 @@
 """A real browser (Debian's chromium) and the "Why?" panel under the step player: select a request
 and see why its cache hit stopped where it did; select a block and see its story; both languages.
 The sentences shown must equal words.explain on an independent engine run to the same step."""
+
 import re
 
 import pytest
 
-from tests.test_browser import browser, open_player, server, wait_idle, wait_step  # noqa: F401
+from tests.test_browser import browser, open_player, server, wait_idle, wait_step  # noqa: F401  (pytest fixtures)
 
 pytestmark = pytest.mark.browser
 
 
 def recorded_until_hit():
     """The prefix lesson on the tiny model, stepped by an independent engine to B's first hit."""
-    from record.engine import Engine
-    from words.explain import RecordedSteps
     from kvcore.model import load_model
     from lessons import BY_ID
+    from record.engine import Engine
     from runstore.runtime import lesson_scenario
+    from words.explain import RecordedSteps
+
     model = load_model("tiny-random", "cpu")
     scenario = lesson_scenario(BY_ID["prefix"], model.num_layers, model=model.name, device="cpu")
     engine = Engine(scenario, model=model)
@@ -31,8 +33,9 @@ def recorded_until_hit():
 
 def choose(page, label, option):
     exact = page.locator("label", has_text=re.compile(f"^{re.escape(label)}$"))
-    box = page.locator("[data-testid=stSelectbox]").filter(has=exact).last   # the panel's, below the others
-    box.locator("input").first.click()               # open it, type to filter as a user does, pick
+    # the panel's, below the others
+    box = page.locator("[data-testid=stSelectbox]").filter(has=exact).last
+    box.locator("input").first.click()  # open it, type to filter as a user does, pick
     page.keyboard.press("Control+A")
     page.keyboard.type(option)
     page.get_by_role("option", name=option, exact=True).first.click()
@@ -43,16 +46,18 @@ def choose(page, label, option):
 def shows(page, line: str) -> None:
     """Wait (bounded) until the page's text holds the start of ``line`` (markdown marks aside)."""
     frag = line.replace("`", "").replace("*", "")[:40]
-    page.wait_for_function("(f) => document.body.innerText.replace(/[`*]/g, '').includes(f)", arg=frag,
-                           timeout=15_000)
+    page.wait_for_function(
+        "(f) => document.body.innerText.replace(/[`*]/g, '').includes(f)", arg=frag, timeout=15_000
+    )
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
-def test_select_a_request_and_a_block_and_the_page_says_why(server, browser, lang):
+def test_select_a_request_and_a_block_and_the_page_says_why(server, browser, lang):  # noqa: F811
     from words.explain import explain_hit
     from words.explain_blocks import life_of_block
     from words.explain_text import hit_sentences, life_sentences
     from words.i18n import tr
+
     steps, rid = recorded_until_hit()
     n = len(steps.records)
     page = browser.new_page(viewport={"width": 1500, "height": 2400})
@@ -64,7 +69,7 @@ def test_select_a_request_and_a_block_and_the_page_says_why(server, browser, lan
     page.wait_for_function(f"() => location.search.includes('step={n}')", timeout=15_000)
     wait_idle(page)
     word = {k: tr(f"why.{k}", lang) for k in ("title", "pick_request", "block", "pick_block")}
-    page.get_by_text(word["title"]).first.click()          # the "Why?" toggle
+    page.get_by_text(word["title"]).first.click()  # the "Why?" toggle
     wait_idle(page)
     choose(page, word["pick_request"], rid)
     explained = explain_hit(steps, rid)

@@ -1,10 +1,22 @@
-"""The resource budget: each limit refuses with a message naming the value, the limit and its knob."""
+"""The resource budget: each limit refuses with a message naming the value, the limit and its
+knob."""
+
 import sys
 
 import pytest
 
-from record.budget import (ENV, BudgetError, Limits, activation_bytes, app_limits, check_scenario, check_size,
-                           check_steps, cli_limits, kv_pool_bytes)
+from record.budget import (
+    ENV,
+    BudgetError,
+    Limits,
+    activation_bytes,
+    app_limits,
+    check_scenario,
+    check_size,
+    check_steps,
+    cli_limits,
+    kv_pool_bytes,
+)
 from record.scenario import load_scenario
 
 
@@ -18,8 +30,14 @@ L = Limits()
 
 
 def scenario(engine=None, requests=None):
-    return load_scenario({"engine": engine or {}, "requests": requests if requests is not None else
-                          [{"id": "A", "prompt": "hello", "max_tokens": 4}]})
+    return load_scenario(
+        {
+            "engine": engine or {},
+            "requests": requests
+            if requests is not None
+            else [{"id": "A", "prompt": "hello", "max_tokens": 4}],
+        }
+    )
 
 
 def refused(sc, limits=L, config=CFG, encode=None) -> BudgetError:
@@ -31,6 +49,7 @@ def refused(sc, limits=L, config=CFG, encode=None) -> BudgetError:
 def test_budget_is_pure_python():
     """Importing the budget (and the scenario it checks) in a fresh interpreter loads no torch."""
     import subprocess
+
     code = "import sys, record.budget, record.scenario; sys.exit('torch' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr or "record.budget imported torch"
@@ -38,6 +57,7 @@ def test_budget_is_pure_python():
 
 def test_every_lesson_fits_the_default_limits():
     from lessons import BY_ID
+
     for lesson in BY_ID.values():
         d = lesson.scenario_dict(30, {})
         check_scenario(load_scenario(d), L, CFG, encode=lambda r: [0] * (len(r.prompt) // 2 + 20))
@@ -47,15 +67,22 @@ def test_kv_pool_bytes_message_names_slots_bytes_and_knob():
     e = refused(scenario({"num_gpu_blocks": 2000, "block_size": 128}))
     msg = str(e)
     assert "engine.num_gpu_blocks × block_size = 256,000 token slots" in msg
-    assert "11.8 GB of KV cache" in msg and "256.0 MB per run" in msg and "PAGED_KV_LAB_MAX_RUN_BYTES" in msg
+    assert (
+        "11.8 GB of KV cache" in msg
+        and "256.0 MB per run" in msg
+        and "PAGED_KV_LAB_MAX_RUN_BYTES" in msg
+    )
     assert e.value == kv_pool_bytes(CFG, 128, 2000) == 2000 * 128 * 30 * 2 * 3 * 64 * 4
 
 
-@pytest.mark.parametrize("engine, knob, value", [
-    ({"num_gpu_blocks": 100_000}, "PAGED_KV_LAB_MAX_BLOCKS", "100,000"),
-    ({"block_size": 100_000}, "PAGED_KV_LAB_MAX_BLOCK_SIZE", "100,000"),
-    ({"max_num_batched_tokens": 10**6}, "PAGED_KV_LAB_MAX_BATCHED_TOKENS", "1,000,000"),
-])
+@pytest.mark.parametrize(
+    "engine, knob, value",
+    [
+        ({"num_gpu_blocks": 100_000}, "PAGED_KV_LAB_MAX_BLOCKS", "100,000"),
+        ({"block_size": 100_000}, "PAGED_KV_LAB_MAX_BLOCK_SIZE", "100,000"),
+        ({"max_num_batched_tokens": 10**6}, "PAGED_KV_LAB_MAX_BATCHED_TOKENS", "1,000,000"),
+    ],
+)
 def test_structural_engine_limits(engine, knob, value):
     e = refused(scenario(engine), config=None)  # refused before any model arithmetic
     assert knob in str(e) and value in str(e) and e.limit == knob
@@ -79,8 +106,12 @@ def test_prompt_text_is_capped_before_tokenizing():
 
 
 def test_prompt_tokens_are_counted_after_tokenizing():
-    e = refused(scenario(requests=[{"id": "A", "prompt": "short text"}]), encode=lambda r: [1] * 5000)
-    assert "requests[0].prompt = 5,000 tokens" in str(e) and "PAGED_KV_LAB_MAX_PROMPT_TOKENS" in str(e)
+    e = refused(
+        scenario(requests=[{"id": "A", "prompt": "short text"}]), encode=lambda r: [1] * 5000
+    )
+    assert "requests[0].prompt = 5,000 tokens" in str(
+        e
+    ) and "PAGED_KV_LAB_MAX_PROMPT_TOKENS" in str(e)
     ids = [{"id": "A", "prompt_token_ids": [1] * 3000}]
     assert "PAGED_KV_LAB_MAX_PROMPT_TOKENS" in str(refused(scenario(requests=ids), config=None))
 
@@ -91,14 +122,21 @@ def test_activation_memory_of_the_largest_prefill():
     e = refused(sc)
     assert "PAGED_KV_LAB_MAX_ACTIVATION_BYTES" in str(e) and "activations" in str(e)
     # the same requests one at a time (max_num_seqs 1) and a smaller chunk fit
-    check_scenario(scenario({"num_gpu_blocks": 300, "max_num_batched_tokens": 256, "max_num_seqs": 1}, reqs), L, CFG)
+    check_scenario(
+        scenario({"num_gpu_blocks": 300, "max_num_batched_tokens": 256, "max_num_seqs": 1}, reqs),
+        L,
+        CFG,
+    )
     assert activation_bytes(CFG, 2048, 4, 1008) > activation_bytes(CFG, 256, 1, 1008)
 
 
 def test_size_and_steps():
     check_size(10, "x", L)
-    with pytest.raises(BudgetError, match=r"the file is 2\.0 MB; this server allows at most 1\.0 MB "
-                                          r"\(PAGED_KV_LAB_MAX_FILE_BYTES\)"):
+    with pytest.raises(
+        BudgetError,
+        match=r"the file is 2\.0 MB; this server allows at most 1\.0 MB "
+        r"\(PAGED_KV_LAB_MAX_FILE_BYTES\)",
+    ):
         check_size(2 * 10**6, "the file", L)
     with pytest.raises(BudgetError, match="PAGED_KV_LAB_MAX_RUN_STEPS"):
         check_steps(401, L)
@@ -106,7 +144,9 @@ def test_size_and_steps():
 
 def test_env_sets_app_limits_and_bad_values_are_named():
     lim = app_limits({"PAGED_KV_LAB_MAX_RUN_BYTES": "1000", "PAGED_KV_LAB_MAX_BLOCKS": "8"})
-    assert lim.max_run_bytes == 1000 and lim.max_num_gpu_blocks == 8 and lim.max_tokens == L.max_tokens
+    assert (
+        lim.max_run_bytes == 1000 and lim.max_num_gpu_blocks == 8 and lim.max_tokens == L.max_tokens
+    )
     assert "PAGED_KV_LAB_MAX_RUN_BYTES" in str(refused(scenario({"num_gpu_blocks": 4}), lim))
     with pytest.raises(BudgetError, match="PAGED_KV_LAB_MAX_TOKENS='lots'"):
         app_limits({"PAGED_KV_LAB_MAX_TOKENS": "lots"})
@@ -118,7 +158,10 @@ def test_cli_is_generous_but_bounded_by_free_memory():
     check_scenario(scenario({"num_gpu_blocks": 2000, "block_size": 16}), lim, CFG)  # 1.5 GB of 2 GB
     e = refused(scenario({"num_gpu_blocks": 4000, "block_size": 16}), lim)
     assert "this machine allows (half of its free memory) 2.0 GB" in str(e)
-    assert cli_limits(available=4 * 10**9, env={"PAGED_KV_LAB_MAX_BLOCKS": "10"}).max_num_gpu_blocks == 10
+    assert (
+        cli_limits(available=4 * 10**9, env={"PAGED_KV_LAB_MAX_BLOCKS": "10"}).max_num_gpu_blocks
+        == 10
+    )
 
 
 # -- links and files (ui/state.py) ------------------------------------------------------
@@ -127,10 +170,13 @@ def test_a_zlib_bomb_link_is_refused_while_it_is_decompressed():
     import zlib
 
     from ui.state import _decode_base, _encode_base
+
     assert _decode_base(_encode_base({"name": "ok"})) == {"name": "ok"}
     bomb = base64.urlsafe_b64encode(zlib.compress(b"[" + b" " * 10_000_000 + b"]", 9)).decode()
     assert len(bomb) < Limits().max_link_chars, "a real bomb: small enough to pass the length cap"
-    with pytest.raises(BudgetError, match=r"decompresses to more than 1\.0 MB.*PAGED_KV_LAB_MAX_FILE_BYTES"):
+    with pytest.raises(
+        BudgetError, match=r"decompresses to more than 1\.0 MB.*PAGED_KV_LAB_MAX_FILE_BYTES"
+    ):
         _decode_base(bomb)
     with pytest.raises(BudgetError, match="PAGED_KV_LAB_MAX_LINK_CHARS"):
         _decode_base("A" * 20_000)
@@ -138,6 +184,7 @@ def test_a_zlib_bomb_link_is_refused_while_it_is_decompressed():
 
 def test_files_are_capped_and_must_be_utf8():
     from ui.state import parse_scenario_text
+
     d, problems = parse_scenario_text(b'{"name": "' + b"x" * 2_000_000 + b'"}')
     assert d is None and "PAGED_KV_LAB_MAX_FILE_BYTES" in problems[0]
     d, problems = parse_scenario_text('{"name": "ok"}'.encode("utf-16"))

@@ -1,5 +1,6 @@
-"""The command-line replay: examples run, traces (header, steps, outputs) parse, outputs match the engine,
-bad input exits 2."""
+"""The command-line replay: examples run, traces (header, steps, outputs) parse, outputs match the
+engine, bad input exits 2."""
+
 import json
 import subprocess
 import sys
@@ -10,17 +11,22 @@ import pytest
 
 from record.engine import Engine
 from record.scenario import load_scenario, scenario_to_dict
-from words.sentences import sentence
 from record.snapshot import Snapshot, StepRecord
 from record.trace import read_trace
+from words.sentences import sentence
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.json"))
 
 
 def run_cli(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "kvcore", *map(str, args)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "kvcore", *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_there_are_examples():
@@ -34,7 +40,7 @@ def test_example_runs_and_trace_matches_engine(path, tmp_path, tiny_model):
     r = run_cli("run", path, "--model", "tiny-random", "--device", "cpu", "--trace", out, "--check")
     assert r.returncode == 0, r.stderr
     assert "== step 1" in r.stdout and "== outputs" in r.stdout
-    lines = [json.loads(l) for l in out.read_text().splitlines()]
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
     header, steps, last = lines[0], lines[1:-1], lines[-1]
     records = [StepRecord.from_dict(d) for d in steps]
     assert [rec.step for rec in records] == list(range(1, len(records) + 1))
@@ -46,7 +52,9 @@ def test_example_runs_and_trace_matches_engine(path, tmp_path, tiny_model):
     # the header: the scenario as run (after --model/--device) and the state before step 1
     assert set(header) == {"scenario", "snapshot"}
     assert header["scenario"] == scenario_to_dict(scenario)
-    assert Snapshot.from_dict(header["snapshot"]) == engine.snapshot() and engine.snapshot().step == 0
+    assert (
+        Snapshot.from_dict(header["snapshot"]) == engine.snapshot() and engine.snapshot().step == 0
+    )
     engine.run()
     assert cli_outputs == engine.outputs()
     # the trace is the engine's own record, step for step
@@ -57,13 +65,29 @@ def test_example_runs_and_trace_matches_engine(path, tmp_path, tiny_model):
             assert f"   {sentence(e)}\n" in r.stdout, sentence(e)
     # and the app's reader gets all of it back
     t = read_trace(out.read_text())
-    assert t.scenario == header["scenario"] and t.records == tuple(records) and t.outputs == cli_outputs
+    assert (
+        t.scenario == header["scenario"]
+        and t.records == tuple(records)
+        and t.outputs == cli_outputs
+    )
 
 
 def test_until_stops_at_first_event(tmp_path):
     out = tmp_path / "until.jsonl"
-    r = run_cli("run", ROOT / "examples" / "preemption.json", "--model", "tiny-random", "--device", "cpu",
-                "--until", "preempted", "--trace", out, "--lang", "zh")
+    r = run_cli(
+        "run",
+        ROOT / "examples" / "preemption.json",
+        "--model",
+        "tiny-random",
+        "--device",
+        "cpu",
+        "--until",
+        "preempted",
+        "--trace",
+        out,
+        "--lang",
+        "zh",
+    )
     assert r.returncode == 0, r.stderr
     assert "stopped at the first 'preempted' event" in r.stdout
     t = read_trace(out.read_text())
@@ -75,18 +99,24 @@ def test_until_stops_at_first_event(tmp_path):
     assert t.outputs is not None and any(o["finish_reason"] is None for o in t.outputs.values())
 
 
-@pytest.mark.parametrize("content, needle", [
-    ("{not json", "json: line 1"),
-    ('{"engine": {"block_size": 0}}', "engine.block_size: must be an integer >= 1"),
-    ('{"engine": {"num_gpu_blocks": 1}}', "engine.num_gpu_blocks: must be an integer >= 2"),
-    ('{"engine": {"colour": 1}}', "engine.colour: unknown setting"),
-    ('{"model": "gpt5"}', "model: must be one of"),
-    ('{"device": "tpu"}', "device: must be one of"),
-    ('{"requests": [{"id": "a", "prompt": "x", "max_tokens": 0}]}', "requests[0].max_tokens"),
-    ('{"requests": [{"id": "a"}]}', "requests[0]: give exactly one of prompt or prompt_token_ids"),
-    ('{"requests": [{"id": "a", "prompt": "x"}, {"id": "a", "prompt": "y"}]}', "duplicate id"),
-    ('[1, 2]', "must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        ("{not json", "json: line 1"),
+        ('{"engine": {"block_size": 0}}', "engine.block_size: must be an integer >= 1"),
+        ('{"engine": {"num_gpu_blocks": 1}}', "engine.num_gpu_blocks: must be an integer >= 2"),
+        ('{"engine": {"colour": 1}}', "engine.colour: unknown setting"),
+        ('{"model": "gpt5"}', "model: must be one of"),
+        ('{"device": "tpu"}', "device: must be one of"),
+        ('{"requests": [{"id": "a", "prompt": "x", "max_tokens": 0}]}', "requests[0].max_tokens"),
+        (
+            '{"requests": [{"id": "a"}]}',
+            "requests[0]: give exactly one of prompt or prompt_token_ids",
+        ),
+        ('{"requests": [{"id": "a", "prompt": "x"}, {"id": "a", "prompt": "y"}]}', "duplicate id"),
+        ("[1, 2]", "must be a JSON object"),
+    ],
+)
 def test_bad_scenarios_exit_2(tmp_path, content, needle):
     f = tmp_path / "bad.json"
     f.write_text(content)
@@ -97,9 +127,16 @@ def test_bad_scenarios_exit_2(tmp_path, content, needle):
 
 def test_prompt_larger_than_pool_exits_2(tmp_path):
     f = tmp_path / "big.json"
-    f.write_text(json.dumps({"model": "tiny-random", "device": "cpu",
-                             "engine": {"block_size": 2, "num_gpu_blocks": 3},
-                             "requests": [{"id": "big", "prompt_token_ids": list(range(1, 20))}]}))
+    f.write_text(
+        json.dumps(
+            {
+                "model": "tiny-random",
+                "device": "cpu",
+                "engine": {"block_size": 2, "num_gpu_blocks": 3},
+                "requests": [{"id": "big", "prompt_token_ids": list(range(1, 20))}],
+            }
+        )
+    )
     r = run_cli("run", f)
     assert r.returncode == 2
     assert "needs 10 blocks" in r.stderr and "only 2 usable blocks" in r.stderr
@@ -113,5 +150,7 @@ def test_missing_file_and_bad_until(tmp_path):
 
 
 def test_unknown_device_is_a_clear_error(tmp_path):
-    r = run_cli("run", ROOT / "examples" / "eviction.json", "--model", "tiny-random", "--device", "quantum")
+    r = run_cli(
+        "run", ROOT / "examples" / "eviction.json", "--model", "tiny-random", "--device", "quantum"
+    )
     assert r.returncode == 2 and "invalid choice" in r.stderr

@@ -4,29 +4,56 @@ Alone, batched, with prefix hits (full-block and mid-block boundaries), after
 preemption, with chunked prefill, odd block sizes and sliding windows. The tiny
 model always; the real SmolLM2 in the slow set.
 """
-from dataclasses import replace
 
 import pytest
 import torch
 
+from kvcore.model import reference_model
 from record.engine import Engine
 from record.scenario import EngineSettings, RequestSpec, Scenario
-from kvcore.model import reference_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-P = [17, 254, 1033, 88, 4012, 7, 391, 2290, 56, 1777, 640, 12, 9001, 345, 78, 2048, 31, 4444, 500, 61, 909]
+P = [
+    17,
+    254,
+    1033,
+    88,
+    4012,
+    7,
+    391,
+    2290,
+    56,
+    1777,
+    640,
+    12,
+    9001,
+    345,
+    78,
+    2048,
+    31,
+    4444,
+    500,
+    61,
+    909,
+]
 
 
 def reference_tokens(model, ids, n, eos_ids):
     with torch.inference_mode():
         x = torch.tensor([ids], device=model.device)
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
-                             pad_token_id=0, eos_token_id=list(eos_ids) or None)
-    toks = out[0, len(ids):].tolist()
+        out = model.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=list(eos_ids) or None,
+        )
+    toks = out[0, len(ids) :].tolist()
     for i, t in enumerate(toks):  # generate pads after EOS in a batch; alone it stops there
         if t in eos_ids:
-            return toks[:i + 1]
+            return toks[: i + 1]
     return toks
 
 
@@ -36,7 +63,12 @@ def eos_of(loaded):
 
 
 def run_engine(loaded, requests, **engine):
-    sc = Scenario(model=loaded.name, device=loaded.device.type, engine=EngineSettings(**engine), requests=tuple(requests))
+    sc = Scenario(
+        model=loaded.name,
+        device=loaded.device.type,
+        engine=EngineSettings(**engine),
+        requests=tuple(requests),
+    )
     eng = Engine(sc, model=loaded, debug=True)
     records = eng.run()
     kinds = [e.kind for r in records for e in r.events]
@@ -71,7 +103,12 @@ def test_single_requests(loaded):
 
 
 def test_batched_requests_of_different_lengths(loaded):
-    reqs = [req("A", P[:3], 9), req("B", P[2:17], 7), req("C", P[5:21], 12), req("D", P[:11][::-1], 8)]
+    reqs = [
+        req("A", P[:3], 9),
+        req("B", P[2:17], 7),
+        req("C", P[5:21], 12),
+        req("D", P[:11][::-1], 8),
+    ]
     eng, kinds = run_engine(loaded, reqs, block_size=16, num_gpu_blocks=16)
     check_equal(loaded, eng, reqs)
     first = eng.history[0]
@@ -80,10 +117,12 @@ def test_batched_requests_of_different_lengths(loaded):
 
 def test_prefix_hits_full_block_and_mid_block(loaded):
     a = req("A", P[:21], 6)
-    b = req("B", P[:16] + [3, 1, 4, 1, 5], 6, arrival_step=2)        # shares 4 full blocks
-    c = req("C", P[:18] + [2, 7, 1, 8], 6, arrival_step=2)           # diverges mid-block: 4 blocks hit
+    b = req("B", P[:16] + [3, 1, 4, 1, 5], 6, arrival_step=2)  # shares 4 full blocks
+    c = req("C", P[:18] + [2, 7, 1, 8], 6, arrival_step=2)  # diverges mid-block: 4 blocks hit
     eng, kinds = run_engine(loaded, [a, b, c], block_size=4, num_gpu_blocks=40)
-    hits = {e.request_id: e.num_tokens for r in eng.history for e in r.events if e.kind == "cache_hit"}
+    hits = {
+        e.request_id: e.num_tokens for r in eng.history for e in r.events if e.kind == "cache_hit"
+    }
     assert hits == {"B": 16, "C": 16}
     check_equal(loaded, eng, [a, b, c])
 
@@ -100,19 +139,26 @@ def greedy_no_eos(model, ids, n):
 
 def test_preemption_and_recompute(loaded):
     # ignore_eos so every request decodes long enough to run the pool dry
-    reqs = [req("A", P[:9], 14, ignore_eos=True), req("B", P[3:12], 14, ignore_eos=True),
-            req("C", P[6:15], 14, ignore_eos=True)]
+    reqs = [
+        req("A", P[:9], 14, ignore_eos=True),
+        req("B", P[3:12], 14, ignore_eos=True),
+        req("C", P[6:15], 14, ignore_eos=True),
+    ]
     eng, kinds = run_engine(loaded, reqs, block_size=4, num_gpu_blocks=13)
     assert "preempted" in kinds and "resumed" in kinds
     outs = eng.outputs()
     for spec in reqs:
-        assert outs[spec.id]["token_ids"] == greedy_no_eos(loaded.model, spec.prompt_token_ids, spec.max_tokens)
+        assert outs[spec.id]["token_ids"] == greedy_no_eos(
+            loaded.model, spec.prompt_token_ids, spec.max_tokens
+        )
 
 
 def test_chunked_prefill(loaded):
     reqs = [req("A", P[:21], 8), req("B", P[:7], 8)]
     eng, kinds = run_engine(loaded, reqs, block_size=4, num_gpu_blocks=30, max_num_batched_tokens=8)
-    chunks = [e for r in eng.history for e in r.events if e.kind == "scheduled" and e.phase == "chunk"]
+    chunks = [
+        e for r in eng.history for e in r.events if e.kind == "scheduled" and e.phase == "chunk"
+    ]
     assert chunks, "the long prompt should have been split over steps"
     check_equal(loaded, eng, reqs)
 
@@ -139,7 +185,9 @@ def test_sliding_window_hybrid_layers(loaded):
     n = loaded.config.num_hidden_layers
     types = ["full_attention" if i % 2 == 0 else "sliding_attention" for i in range(n)]
     reqs = [req("A", P[:21], 10), req("B", P[:21], 6, arrival_step=14)]
-    eng, kinds = run_engine(loaded, reqs, block_size=4, num_gpu_blocks=40, sliding_window=8, layer_types=types)
+    eng, kinds = run_engine(
+        loaded, reqs, block_size=4, num_gpu_blocks=40, sliding_window=8, layer_types=types
+    )
     assert "window_skipped" in kinds
     snap = eng.history[3].snapshot
     assert len(snap.request("A").block_tables) == 2  # one table per KV cache group

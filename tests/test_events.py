@@ -1,16 +1,16 @@
 """The typed event vocabulary: one frozen class per kind, JSON round trip, and a Recorder that
 holds no notion of a "current request". Events come from real engine runs."""
+
 import dataclasses
 import json
 import typing
 
 import pytest
 
-from record import events
-from record.events import EVENT_KINDS, EVENT_TYPES, Event, EventKind
-
 from _event_runs import every_kind_events, every_kind_runs
 from _kv_helpers import make_engine, spec
+from record import events
+from record.events import EVENT_KINDS, EVENT_TYPES, Event, EventKind
 
 
 def test_every_kind_has_its_own_frozen_class_that_names_the_vllm_function():
@@ -26,10 +26,32 @@ def test_every_kind_has_its_own_frozen_class_that_names_the_vllm_function():
 
 def test_kind_strings_are_the_ones_traces_have_always_used():
     assert [k.value for k in EVENT_KINDS] == [
-        "arrived", "scheduled", "admitted", "resumed", "blocked", "cache_hit", "cache_miss", "touched",
-        "allocated", "evicted", "cached", "freed", "window_skipped", "preempted", "finished", "reset", "sampled",
-        "draft_proposed", "draft_accepted", "draft_rejected"]
-    assert events.EVICTED == "evicted" and f"{events.EVICTED}" == "evicted" and str(events.FREED) == "freed"
+        "arrived",
+        "scheduled",
+        "admitted",
+        "resumed",
+        "blocked",
+        "cache_hit",
+        "cache_miss",
+        "touched",
+        "allocated",
+        "evicted",
+        "cached",
+        "freed",
+        "window_skipped",
+        "preempted",
+        "finished",
+        "reset",
+        "sampled",
+        "draft_proposed",
+        "draft_accepted",
+        "draft_rejected",
+    ]
+    assert (
+        events.EVICTED == "evicted"
+        and f"{events.EVICTED}" == "evicted"
+        and str(events.FREED) == "freed"
+    )
 
 
 def test_the_engine_runs_make_every_kind():
@@ -66,13 +88,16 @@ def test_events_are_frozen():
         e.request_id = "zz"
 
 
-@pytest.mark.parametrize("bad", [
-    {"kind": "explosion"},
-    {"kind": "evicted", "block_ids": [1], "reason": "evict_blocks"},          # no block_hash
-    {"kind": "arrived", "num_prompt_tokens": 3},                              # no request_id
-    {"request_id": "a"},                                                      # no kind
-    [1, 2],
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"kind": "explosion"},
+        {"kind": "evicted", "block_ids": [1], "reason": "evict_blocks"},  # no block_hash
+        {"kind": "arrived", "num_prompt_tokens": 3},  # no request_id
+        {"request_id": "a"},  # no kind
+        [1, 2],
+    ],
+)
 def test_from_dict_refuses_what_is_not_an_event(bad):
     with pytest.raises(ValueError):
         Event.from_dict(bad)
@@ -82,18 +107,28 @@ def test_kvcore_keeps_vllms_signatures_and_a_recorder_attaches_without_changing_
     """The pool's methods take what vLLM 0.33's take, no request/group/reason keywords; the
     recorder gets whom a call is for by wrapping the manager instances it is attached to."""
     import inspect
+
+    from _kv_helpers import make_manager
     from kvcore.core.block_pool import BlockPool
     from kvcore.core.kv_cache_manager import KVCacheManager
     from kvcore.core.single_type_kv_cache_manager import SingleTypeKVCacheManager
     from record.recorder import Recorder
-    from _kv_helpers import make_manager
+
     want = {
         BlockPool.get_new_blocks: ["self", "num_blocks"],
         BlockPool.touch: ["self", "blocks"],
         BlockPool.free_blocks: ["self", "ordered_blocks"],
         BlockPool.evict_blocks: ["self", "block_ids"],
-        BlockPool.cache_full_blocks: ["self", "request", "blocks", "num_cached_blocks", "num_full_blocks",
-                                      "block_size", "kv_cache_group_id", "block_mask"],
+        BlockPool.cache_full_blocks: [
+            "self",
+            "request",
+            "blocks",
+            "num_cached_blocks",
+            "num_full_blocks",
+            "block_size",
+            "kv_cache_group_id",
+            "block_mask",
+        ],
         KVCacheManager.free: ["self", "request"],
         SingleTypeKVCacheManager.free: ["self", "request_id"],
         SingleTypeKVCacheManager.allocate_new_blocks: ["self", "request_id", "num_tokens"],
@@ -106,7 +141,7 @@ def test_kvcore_keeps_vllms_signatures_and_a_recorder_attaches_without_changing_
     kvm = make_manager(8, 2, recorder=rec)
     assert kvm.block_pool.observer is rec and "free" in vars(kvm)
     with pytest.raises(TypeError):
-        events.Allocated((3,))                                # fields by name only
+        events.Allocated((3,))  # fields by name only
 
 
 def test_pool_events_name_the_request_and_group_they_were_done_for():
@@ -116,7 +151,9 @@ def test_pool_events_name_the_request_and_group_they_were_done_for():
     checked = 0
     for _, recs in every_kind_runs():
         for rec in recs:
-            gone = {e.request_id for e in rec.events if e.kind in (events.PREEMPTED, events.FINISHED)}
+            gone = {
+                e.request_id for e in rec.events if e.kind in (events.PREEMPTED, events.FINISHED)
+            }
             for e in rec.events:
                 if e.kind in (events.ALLOCATED, events.TOUCHED, events.CACHED):
                     assert e.request_id is not None and e.group is not None, e
@@ -136,18 +173,28 @@ def test_the_engine_takes_the_kv_cache_events_every_step():
     the step's BlockStored events, each eviction is one BlockRemoved."""
     from kvcore.distributed.kv_events import maybe_convert_block_hash
 
-    eng = make_engine([spec("A", range(8), max_tokens=6), spec("B", range(20, 28), max_tokens=6)],
-                      num_gpu_blocks=6)
+    eng = make_engine(
+        [spec("A", range(8), max_tokens=6), spec("B", range(20, 28), max_tokens=6)],
+        num_gpu_blocks=6,
+    )
     pool = eng.kv_cache_manager.block_pool
     stored_total = 0
     while eng.has_unfinished():
         rec = eng.step()
         assert pool.kv_event_queue == []
-        stored = {h for ev in rec.kv_events if type(ev).__name__ == "BlockStored" for h in ev.block_hashes}
-        cached = {maybe_convert_block_hash(bytes.fromhex(h), pool.use_int_block_hashes)
-                  for e in rec.events if e.kind == events.CACHED for h in e.block_hashes}
+        stored = {
+            h for ev in rec.kv_events if type(ev).__name__ == "BlockStored" for h in ev.block_hashes
+        }
+        cached = {
+            maybe_convert_block_hash(bytes.fromhex(h), pool.use_int_block_hashes)
+            for e in rec.events
+            if e.kind == events.CACHED
+            for h in e.block_hashes
+        }
         assert cached <= stored
-        removed = sum(len(ev.block_hashes) for ev in rec.kv_events if type(ev).__name__ == "BlockRemoved")
+        removed = sum(
+            len(ev.block_hashes) for ev in rec.kv_events if type(ev).__name__ == "BlockRemoved"
+        )
         assert removed == sum(1 for e in rec.events if e.kind == events.EVICTED)
         stored_total += len(stored)
     assert stored_total and any(e.kind == events.EVICTED for r in eng.history for e in r.events)

@@ -1,24 +1,26 @@
 """Answers to "why?" (words.explain, words.explain_blocks, words.explain_text): one run per
 reason a hit stops where it does, the life of a block against every recorded snapshot (random
 runs), two requests side by side, and the ``explain`` subcommand."""
+
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from _app_helpers import tiny_model_env  # noqa: F401  (the page test runs the app on the tiny model)
 from _event_runs import every_kind_runs
 from _kv_helpers import make_engine, spec, vllm_chain
-from record import events as E
-from words import explain as X
-from record import trace
 from cli.main import main
+from record import events as E
+from record import trace
+from record.scenario import Scenario, scenario_to_dict
+from words import explain as X
 from words.explain import CacheHistory, RecordedSteps, explain_hit
 from words.explain_blocks import compare_requests, life_of_block
 from words.explain_text import hit_sentences
-from record.scenario import Scenario, scenario_to_dict
 
-A = list(range(100, 108))          # two blocks of 4
+A = list(range(100, 108))  # two blocks of 4
 
 
 def record(requests, decode=None, **kw) -> RecordedSteps:
@@ -39,15 +41,27 @@ def words(ids) -> str:
 
 # -- 1. why this hit length: one run per reason ----------------------------------------------
 def test_never_computed_names_the_first_missing_block():
-    run = record([spec("A", A[:6], max_tokens=1), spec("B", A[:6] + [1, 2, 3, 4, 5, 6], max_tokens=1, arrival_step=3)])
+    run = record(
+        [
+            spec("A", A[:6], max_tokens=1),
+            spec("B", A[:6] + [1, 2, 3, 4, 5, 6], max_tokens=1, arrival_step=3),
+        ]
+    )
     x = why(run, "B")
     assert (x.reason, x.step, x.hit_tokens, x.block_index) == (X.NEVER_COMPUTED, 4, 4, 1)
-    assert x.block_hash == vllm_chain(A[:6] + [1, 2, 3, 4, 5, 6], run.block_size())[1].hex()   # hashed independently
+    # hashed independently
+    assert x.block_hash == vllm_chain(A[:6] + [1, 2, 3, 4, 5, 6], run.block_size())[1].hex()
 
 
 def test_evicted_names_who_computed_it_and_who_took_the_block():
-    run = record([spec("A", A, max_tokens=1), spec("B", range(200, 216), max_tokens=1, arrival_step=2),
-                  spec("C", A, max_tokens=1, arrival_step=4)], num_gpu_blocks=6)
+    run = record(
+        [
+            spec("A", A, max_tokens=1),
+            spec("B", range(200, 216), max_tokens=1, arrival_step=2),
+            spec("C", A, max_tokens=1, arrival_step=4),
+        ],
+        num_gpu_blocks=6,
+    )
     x = why(run, "C")
     assert x.reason == X.EVICTED and x.block_index == 1 and x.hit_tokens == 4
     assert (x.other_request, x.cached_step, x.lost_step, x.evicted_for) == ("A", 1, 3, "B")
@@ -65,41 +79,78 @@ def test_reset_prefix_cache():
     eng.add_request(spec("C", A, max_tokens=1))
     recs += eng.run()
     x = why(RecordedSteps(initial, tuple(recs), eng.settings), "C")
-    assert (x.reason, x.block_index, x.other_request, x.cached_step, x.lost_step) == (X.RESET, 0, "A", 1, 2)
+    assert (x.reason, x.block_index, x.other_request, x.cached_step, x.lost_step) == (
+        X.RESET,
+        0,
+        "A",
+        1,
+        2,
+    )
 
 
 def test_a_different_cache_salt():
-    run = record([spec("A", A, max_tokens=1, cache_salt="alice"),
-                  spec("B", A, max_tokens=1, arrival_step=3, cache_salt="bob")])
+    run = record(
+        [
+            spec("A", A, max_tokens=1, cache_salt="alice"),
+            spec("B", A, max_tokens=1, arrival_step=3, cache_salt="bob"),
+        ]
+    )
     x = why(run, "B")
-    assert (x.reason, x.block_index, x.other_request, x.salt, x.other_salt) == (X.SALT, 0, "A", "bob", "alice")
+    assert (x.reason, x.block_index, x.other_request, x.salt, x.other_salt) == (
+        X.SALT,
+        0,
+        "A",
+        "bob",
+        "alice",
+    )
     assert "'alice'" in hit_sentences(x)[1]
 
 
 def test_tokens_differ_at_a_position_with_both_texts():
-    date_a = [7, 7, 1, 2] + A           # a "date" at the front of a system prompt
+    date_a = [7, 7, 1, 2] + A  # a "date" at the front of a system prompt
     date_b = [7, 7, 3, 4] + A
-    run = record([spec("A", date_a, max_tokens=1), spec("B", date_b, max_tokens=1, arrival_step=3)], decode=words)
+    run = record(
+        [spec("A", date_a, max_tokens=1), spec("B", date_b, max_tokens=1, arrival_step=3)],
+        decode=words,
+    )
     x = why(run, "B")
-    assert (x.reason, x.block_index, x.token_position, x.other_request) == (X.TOKENS_DIFFER, 0, 2, "A")
-    assert x.text_before == "w7 w7" and x.text_here.startswith("w3 w4") and x.text_other.startswith("w1 w2")
+    assert (x.reason, x.block_index, x.token_position, x.other_request) == (
+        X.TOKENS_DIFFER,
+        0,
+        2,
+        "A",
+    )
+    assert (
+        x.text_before == "w7 w7"
+        and x.text_here.startswith("w3 w4")
+        and x.text_other.startswith("w1 w2")
+    )
     zh = " ".join(hit_sentences(x, "zh"))
     assert "第 2 个 token" in zh and "'w3 w4" in zh
 
 
 def test_tokens_differ_later_in_the_chain():
-    run = record([spec("A", A + [9, 9, 9, 9], max_tokens=1),
-                  spec("B", A[:6] + [5, 5, 5, 5, 5, 5], max_tokens=1, arrival_step=3)])
+    run = record(
+        [
+            spec("A", A + [9, 9, 9, 9], max_tokens=1),
+            spec("B", A[:6] + [5, 5, 5, 5, 5, 5], max_tokens=1, arrival_step=3),
+        ]
+    )
     x = why(run, "B")
     assert (x.reason, x.block_index, x.token_position, x.hit_tokens) == (X.TOKENS_DIFFER, 1, 6, 4)
 
 
-@pytest.mark.parametrize("tokens,reason,hit,block", [
-    (A, X.CAPPED_LAST_TOKEN, 4, 1),             # both blocks cached; the last token is recomputed
-    (A + [1], X.PARTIAL_BLOCK, 8, 2),            # every full block hit; the rest is a partial block
-])
+@pytest.mark.parametrize(
+    "tokens,reason,hit,block",
+    [
+        (A, X.CAPPED_LAST_TOKEN, 4, 1),  # both blocks cached; the last token is recomputed
+        (A + [1], X.PARTIAL_BLOCK, 8, 2),  # every full block hit; the rest is a partial block
+    ],
+)
 def test_rules_after_a_full_prefix(tokens, reason, hit, block):
-    run = record([spec("A", A + [1, 2, 3], max_tokens=1), spec("B", tokens, max_tokens=1, arrival_step=3)])
+    run = record(
+        [spec("A", A + [1, 2, 3], max_tokens=1), spec("B", tokens, max_tokens=1, arrival_step=3)]
+    )
     x = why(run, "B")
     assert (x.reason, x.hit_tokens, x.block_index) == (reason, hit, block)
 
@@ -119,10 +170,21 @@ def test_other_rules():
 
 def test_hybrid_groups_must_agree_and_a_window_hits_only_where_it_kept_blocks():
     reqs = [spec("A", A, max_tokens=1), spec("B", A + [1, 2, 3, 4], max_tokens=1, arrival_step=3)]
-    hybrid = why(record(reqs, block_size=2, sliding_window=4, layer_types=("full_attention", "sliding_attention")),
-                 "B")
+    hybrid = why(
+        record(
+            reqs,
+            block_size=2,
+            sliding_window=4,
+            layer_types=("full_attention", "sliding_attention"),
+        ),
+        "B",
+    )
     assert (hybrid.reason, hybrid.hit_tokens, hybrid.block_index, hybrid.kept_blocks) == (
-        X.GROUPS_DISAGREE, 6, 3, (1, 2))
+        X.GROUPS_DISAGREE,
+        6,
+        3,
+        (1, 2),
+    )
     alone = why(record(reqs, block_size=2, sliding_window=4), "B")
     assert (alone.reason, alone.hit_tokens, alone.kept_blocks) == (X.SLIDING_WINDOW, 6, (1, 2))
 
@@ -143,19 +205,30 @@ def test_a_random_none_hash_seed_is_explained_from_the_hashes_the_engine_kept(mo
     """The snapshot carries the engine's own block hashes, so even a random NONE_HASH seed
     (xxhash, hash_seed null: nobody could recompute them) is explained: B hits A's block."""
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
-    run = record([spec("A", A, max_tokens=1), spec("B", A, max_tokens=1, arrival_step=3)],
-                 hash_algo="xxhash", hash_seed=None)
+    run = record(
+        [spec("A", A, max_tokens=1), spec("B", A, max_tokens=1, arrival_step=3)],
+        hash_algo="xxhash",
+        hash_seed=None,
+    )
     x = why(run, "B")
     assert x.reason != X.CANNOT_REHASH and x.hit_tokens == 4
 
 
 def test_a_recording_without_block_hashes_says_it_cannot_name_the_missing_block():
     import dataclasses
+
     run = record([spec("A", A, max_tokens=1), spec("B", A, max_tokens=1, arrival_step=3)])
-    strip = lambda snap: dataclasses.replace(snap, requests=tuple(dataclasses.replace(r, block_hashes=())
-                                                                    for r in snap.requests))
-    run = dataclasses.replace(run, initial=strip(run.initial),
-                              records=tuple(dataclasses.replace(r, snapshot=strip(r.snapshot)) for r in run.records))
+
+    def strip(snap):
+        return dataclasses.replace(
+            snap, requests=tuple(dataclasses.replace(r, block_hashes=()) for r in snap.requests)
+        )
+
+    run = dataclasses.replace(
+        run,
+        initial=strip(run.initial),
+        records=tuple(dataclasses.replace(r, snapshot=strip(r.snapshot)) for r in run.records),
+    )
     x = why(run, "B")
     assert x.reason == X.CANNOT_REHASH
     assert "kept no block hashes" in hit_sentences(x)[1]
@@ -168,7 +241,9 @@ def test_unknown_request_or_step_is_a_clear_error():
     with pytest.raises(X.ExplainError, match="not admitted by step 1"):
         explain_hit(run, "A", 1)
     full = record([spec("A", A, max_tokens=3), spec("B", A, max_tokens=1)], max_num_seqs=1)
-    with pytest.raises(X.ExplainError, match=r"not admitted by step 1 \(last held back at step 1: max_num_seqs\)"):
+    with pytest.raises(
+        X.ExplainError, match=r"not admitted by step 1 \(last held back at step 1: max_num_seqs\)"
+    ):
         explain_hit(full, "B", 1)
     with pytest.raises(X.ExplainError, match="outside the pool"):
         life_of_block(run, 99)
@@ -183,9 +258,15 @@ def small_runs(draw):
     reqs = []
     for i in range(n):
         tail = draw(st.lists(st.integers(0, 3), min_size=1, max_size=8))
-        reqs.append(spec(f"R{i}", (prefix if draw(st.booleans()) else []) + tail,
-                         max_tokens=draw(st.integers(1, 4)), arrival_step=draw(st.integers(0, 4)),
-                         cache_salt=draw(st.sampled_from([None, None, "s"]))))
+        reqs.append(
+            spec(
+                f"R{i}",
+                (prefix if draw(st.booleans()) else []) + tail,
+                max_tokens=draw(st.integers(1, 4)),
+                arrival_step=draw(st.integers(0, 4)),
+                cache_salt=draw(st.sampled_from([None, None, "s"])),
+            )
+        )
     kw = dict(block_size=bs, num_gpu_blocks=draw(st.integers(5, 12)))
     if draw(st.booleans()):
         kw.update(sliding_window=bs * 2, layer_types=("full_attention", "sliding_attention"))
@@ -198,7 +279,7 @@ def test_answers_agree_with_the_recorded_snapshots(case):
     reqs, kw = case
     try:
         run = record(reqs, **kw)
-    except ValueError:          # a prompt that never fits this pool
+    except ValueError:  # a prompt that never fits this pool
         assume(False)
     # the life of every block equals what each snapshot says about it
     for b in range(len(run.initial.blocks)):
@@ -208,7 +289,10 @@ def test_answers_agree_with_the_recorded_snapshots(case):
             if view.is_null:
                 continue
             assert (state.ref_cnt, state.block_hash, state.owners) == (
-                view.ref_cnt, view.block_hash, tuple(sorted(view.owners))), (b, state.step)
+                view.ref_cnt,
+                view.block_hash,
+                tuple(sorted(view.owners)),
+            ), (b, state.step)
             assert (state.queue_pos is None) == (state.ref_cnt > 0)
     # every admission: the hit is the recorded one, a missing block really was missing then
     history = CacheHistory(run)
@@ -219,15 +303,23 @@ def test_answers_agree_with_the_recorded_snapshots(case):
             assert x.reason in X.MISS_REASONS + X.RULE_REASONS
             if x.is_miss:
                 assert x.block_index == x.hit_blocks
-                lookup = max(i for i, e in enumerate(run.records[step - 1].events)
-                             if e.kind in (E.CACHE_HIT, E.CACHE_MISS) and e.request_id == r.id)
+                lookup = max(
+                    i
+                    for i, e in enumerate(run.records[step - 1].events)
+                    if e.kind in (E.CACHE_HIT, E.CACHE_MISS) and e.request_id == r.id
+                )
                 assert not history.present(f"{x.block_hash}@{x.group}", (step, lookup))
             assert hit_sentences(x, "zh") and hit_sentences(x, "en")
 
 
 # -- 3. side by side -----------------------------------------------------------------------------
 def test_two_requests_side_by_side():
-    run = record([spec("A", A + [1, 2, 3, 4], max_tokens=3), spec("B", A + [5, 6, 7, 8], max_tokens=3, arrival_step=1)])
+    run = record(
+        [
+            spec("A", A + [1, 2, 3, 4], max_tokens=3),
+            spec("B", A + [5, 6, 7, 8], max_tokens=3, arrival_step=1),
+        ]
+    )
     c = compare_requests(run, "A", "B")
     assert (c.diverge_index, c.reason, c.token_position) == (2, X.TOKENS_DIFFER, 8)
     assert [r.same for r in c.rows[:3]] == [True, True, False]
@@ -236,7 +328,9 @@ def test_two_requests_side_by_side():
     for s in c.shared:
         for step in range(s.first_step, s.last_step + 1):
             assert {"A", "B"} <= set(run.records[step - 1].snapshot.blocks[s.block_id].owners)
-    salted = record([spec("A", A, max_tokens=1, cache_salt="x"), spec("B", A, max_tokens=1, arrival_step=3)])
+    salted = record(
+        [spec("A", A, max_tokens=1, cache_salt="x"), spec("B", A, max_tokens=1, arrival_step=3)]
+    )
     c = compare_requests(salted, "A", "B")
     assert (c.diverge_index, c.reason, c.salt_a, c.salt_b, c.shared) == (0, X.SALT, "x", None, ())
 
@@ -244,8 +338,11 @@ def test_two_requests_side_by_side():
 # -- the CLI ---------------------------------------------------------------------------------------
 @pytest.fixture
 def trace_file(tmp_path):
-    reqs = [spec("A", A, max_tokens=1), spec("B", range(200, 216), max_tokens=1, arrival_step=2),
-            spec("C", A, max_tokens=1, arrival_step=4)]
+    reqs = [
+        spec("A", A, max_tokens=1),
+        spec("B", range(200, 216), max_tokens=1, arrival_step=2),
+        spec("C", A, max_tokens=1, arrival_step=4),
+    ]
     eng = make_engine(reqs, num_gpu_blocks=6)
     scen = Scenario(name="t", model="tiny-random", engine=eng.settings, requests=tuple(reqs))
     lines = [trace.header_line(scenario_to_dict(scen), eng.snapshot())]
@@ -258,7 +355,9 @@ def trace_file(tmp_path):
 def test_cli_explains_a_trace(trace_file, capsys):
     assert main(["explain", "--trace", str(trace_file), "--request", "C"]) == 0
     out = capsys.readouterr().out
-    assert "evicted at step 3" in out and "https://github.com/vllm-project/vllm/blob/v0.33.0/" in out
+    assert (
+        "evicted at step 3" in out and "https://github.com/vllm-project/vllm/blob/v0.33.0/" in out
+    )
     assert main(["explain", "--trace", str(trace_file), "--block", "2", "--lang", "zh"]) == 0
     out = capsys.readouterr().out
     assert "块 2 的一生" in out and "被驱逐" in out
@@ -266,7 +365,9 @@ def test_cli_explains_a_trace(trace_file, capsys):
     assert "A and C" in capsys.readouterr().out
     assert main(["explain", "--trace", str(trace_file), "--calls", "--step", "3"]) == 0
     out = capsys.readouterr().out
-    assert out.index("get_computed_blocks") < out.index("allocate_slots") < out.index("get_new_blocks")
+    assert (
+        out.index("get_computed_blocks") < out.index("allocate_slots") < out.index("get_new_blocks")
+    )
 
 
 def test_cli_refuses_bad_questions(trace_file, capsys):
@@ -279,28 +380,37 @@ def test_cli_refuses_bad_questions(trace_file, capsys):
 
 def test_cli_runs_a_scenario_first(tmp_path, capsys, tiny_model):
     path = tmp_path / "s.json"
-    path.write_text('{"model": "tiny-random", "device": "cpu", "engine": {"block_size": 4, "num_gpu_blocks": 16},'
-                    ' "requests": [{"id": "A", "prompt_token_ids": [5, 6, 7, 8, 9, 10, 11, 12], "max_tokens": 1},'
-                    ' {"id": "B", "prompt_token_ids": [5, 6, 7, 8, 9, 10, 11, 12], "max_tokens": 1,'
-                    ' "arrival_step": 3}]}')
+    path.write_text(
+        '{"model": "tiny-random", "device": "cpu", "engine": {"block_size": 4, '
+        '"num_gpu_blocks": 16}, "requests": [{"id": "A", "prompt_token_ids": [5, 6, '
+        '7, 8, 9, 10, 11, 12], "max_tokens": 1}, {"id": "B", "prompt_token_ids": '
+        '[5, 6, 7, 8, 9, 10, 11, 12], "max_tokens": 1, "arrival_step": 3}]}'
+    )
     assert main(["explain", str(path), "--request", "B"]) == 0
     assert "num_tokens − 1 = 7" in capsys.readouterr().out
 
 
-# -- the app's why-panel -----------------------------------------------------------------------------
+# -- the app's why-panel ---------------------------------------------------------------------------
 def _why_page():
     import sys
     from pathlib import Path
     from types import SimpleNamespace
 
     import streamlit as st
+
     sys.path.insert(0, str(Path("tests").resolve()))
     from _kv_helpers import make_engine, spec
     from ui.why_panel import why_panel
 
     A = list(range(100, 108))
-    eng = make_engine([spec("A", A, max_tokens=1), spec("B", range(200, 216), max_tokens=1, arrival_step=2),
-                       spec("C", A, max_tokens=1, arrival_step=4)], num_gpu_blocks=6)
+    eng = make_engine(
+        [
+            spec("A", A, max_tokens=1),
+            spec("B", range(200, 216), max_tokens=1, arrival_step=2),
+            spec("C", A, max_tokens=1, arrival_step=4),
+        ],
+        num_gpu_blocks=6,
+    )
     initial = eng.snapshot()
     # what the panel reads of a Timeline: the scenario, the state before step 1, the records
     run = SimpleNamespace(scenario=eng.scenario, initial=initial, records=eng.run(), trace=None)
@@ -309,12 +419,16 @@ def _why_page():
 
 def test_why_panel_shows_a_request_and_a_block_in_both_languages():
     from streamlit.testing.v1 import AppTest
-    for lang, hit, life in (("en", "evicted at step 3", "The life of block 2"), ("zh", "被驱逐", "块 2 的一生")):
+
+    for lang, hit, life in (
+        ("en", "evicted at step 3", "The life of block 2"),
+        ("zh", "被驱逐", "块 2 的一生"),
+    ):
         at = AppTest.from_function(_why_page, default_timeout=60)
         at.session_state["lang"] = lang
         at.run()
         assert not at.exception, [e.value for e in at.exception]
-        assert not at.selectbox            # closed: nothing computed
+        assert not at.selectbox  # closed: nothing computed
         at.toggle(key="why_open:t").set_value(True).run()
         at.selectbox(key="why_req:t").set_value("C").run()
         text = " ".join(m.value for m in at.markdown)
@@ -329,14 +443,17 @@ def test_why_panel_shows_a_request_and_a_block_in_both_languages():
             at.radio(key="why_mode:t").set_value(mode).run()
             assert not at.exception and len(at.dataframe) == 1, mode
         at.selectbox(key="why_src:t").set_value("get_new_blocks").run()
-        assert any("def get_new_blocks(" in c.value for c in at.code)     # our source, read at run time
+        # our source, read at run time
+        assert any("def get_new_blocks(" in c.value for c in at.code)
 
 
 def test_why_panel_on_a_lesson_page_follows_the_player():
     from _app_helpers import Browser, app
+
     at = app("pages/2_prefix_caching.py")
     at.toggle(key="why_open:prefix").set_value(True).run()
-    assert "why_req:prefix" not in [s.key for s in at.selectbox]      # at step 0 there is nothing to ask
+    # at step 0 there is nothing to ask
+    assert "why_req:prefix" not in [s.key for s in at.selectbox]
     b = Browser(at, "prefix").until_recorded(1 << 20)
     b.show(len(b.steps))
     sb = at.selectbox(key="why_req:prefix")

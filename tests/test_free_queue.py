@@ -1,4 +1,6 @@
-"""FreeKVCacheBlockQueue: the doubly linked free list between two sentinels (vLLM v1 kv_cache_utils)."""
+"""FreeKVCacheBlockQueue: the doubly linked free list between two sentinels (vLLM v1
+kv_cache_utils)."""
+
 import pytest
 
 from kvcore.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
@@ -105,7 +107,7 @@ def test_append_n_keeps_the_given_order():
 
 def test_prepend_n_puts_blocks_at_the_head_first_one_first():
     blocks, q = make(5)
-    got = q.popleft_n(3)          # queue: 3 4
+    got = q.popleft_n(3)  # queue: 3 4
     q.prepend_n([got[2], got[1]])  # 2 becomes the head, then 1
     assert_consistent(q, [2, 1, 3, 4])
     q.prepend_n([])
@@ -125,11 +127,11 @@ def test_prepend_and_append_into_an_empty_queue():
 
 def test_mixed_operations_keep_both_directions_consistent():
     blocks, q = make(8)
-    a = q.popleft_n(4)            # 4 5 6 7
-    q.remove(blocks[6])           # 4 5 7
-    q.append_n([a[3], a[1]])      # 4 5 7 3 1
-    q.prepend_n([a[0], a[2]])     # 0 2 4 5 7 3 1
-    q.append(blocks[6])           # 0 2 4 5 7 3 1 6
+    a = q.popleft_n(4)  # 4 5 6 7
+    q.remove(blocks[6])  # 4 5 7
+    q.append_n([a[3], a[1]])  # 4 5 7 3 1
+    q.prepend_n([a[0], a[2]])  # 0 2 4 5 7 3 1
+    q.append(blocks[6])  # 0 2 4 5 7 3 1 6
     assert_consistent(q, [0, 2, 4, 5, 7, 3, 1, 6])
     assert q.popleft() is blocks[0]
     assert_consistent(q, [2, 4, 5, 7, 3, 1, 6])
@@ -138,8 +140,8 @@ def test_mixed_operations_keep_both_directions_consistent():
 def test_append_n_asserts_the_tail_sentinel_has_a_previous_node_as_vllm():
     blocks = [KVCacheBlock(i) for i in range(3)]
     q = FreeKVCacheBlockQueue(blocks)
-    q.append_n([])                                       # nothing to add: nothing touched
+    q.append_n([])  # nothing to add: nothing touched
     assert q.num_free_blocks == 3
-    q.fake_free_list_tail.prev_free_block = None         # a broken list
+    q.fake_free_list_tail.prev_free_block = None  # a broken list
     with pytest.raises(AssertionError, match="tail sentinel"):
         q.append_n([KVCacheBlock(9)])

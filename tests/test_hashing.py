@@ -1,5 +1,6 @@
 """Chained block hashing, checked byte for byte against vLLM's formula computed here with
 hashlib + pickle (not with kvcore's code)."""
+
 import hashlib
 import os
 import pickle
@@ -7,11 +8,18 @@ import pickle
 import pytest
 import xxhash
 
-from kvcore.core.kv_cache_utils import NONE_HASH_SEED, BlockHasher, cache_salt_extra_keys, get_block_hash, get_group_id, hash_block_tokens, make_block_hash_with_group_id, none_hash
-
-from kvcore.utils.hashing import get_hash_fn_by_name
-
 from _kv_helpers import VLLM_NONE_HASH_SHA256, make_request, vllm_chain
+from kvcore.core.kv_cache_utils import (
+    NONE_HASH_SEED,
+    BlockHasher,
+    cache_salt_extra_keys,
+    get_block_hash,
+    get_group_id,
+    hash_block_tokens,
+    make_block_hash_with_group_id,
+    none_hash,
+)
+from kvcore.utils.hashing import get_hash_fn_by_name
 
 
 def test_none_hash_is_vllms_with_pythonhashseed_set_to_the_seed_string(monkeypatch):
@@ -28,21 +36,23 @@ def test_none_hash_is_vllms_with_pythonhashseed_set_to_the_seed_string(monkeypat
 def test_sha256_block_hash_is_byte_identical_to_vllms_formula():
     parent = VLLM_NONE_HASH_SHA256
     toks = [101, 7, 9000, 3]
-    expected = hashlib.sha256(pickle.dumps((parent, tuple(toks), None),
-                                           protocol=pickle.HIGHEST_PROTOCOL)).digest()
+    expected = hashlib.sha256(
+        pickle.dumps((parent, tuple(toks), None), protocol=pickle.HIGHEST_PROTOCOL)
+    ).digest()
     fn = get_hash_fn_by_name("sha256")
-    assert hash_block_tokens(fn, None, toks) == expected           # None parent -> NONE_HASH
-    assert hash_block_tokens(fn, b"", toks) == expected            # falsy parent -> NONE_HASH
-    child = hashlib.sha256(pickle.dumps((expected, (5, 6, 7, 8), None),
-                                        protocol=pickle.HIGHEST_PROTOCOL)).digest()
+    assert hash_block_tokens(fn, None, toks) == expected  # None parent -> NONE_HASH
+    assert hash_block_tokens(fn, b"", toks) == expected  # falsy parent -> NONE_HASH
+    child = hashlib.sha256(
+        pickle.dumps((expected, (5, 6, 7, 8), None), protocol=pickle.HIGHEST_PROTOCOL)
+    ).digest()
     assert hash_block_tokens(fn, expected, [5, 6, 7, 8]) == child
 
 
 def test_request_chain_matches_vllm_for_sha256():
-    toks = list(range(100, 123))                       # 23 tokens, block_size 4 -> 5 full blocks
+    toks = list(range(100, 123))  # 23 tokens, block_size 4 -> 5 full blocks
     req = make_request("r", toks, 4)
     assert req.block_hashes == vllm_chain(toks, 4)
-    assert len(req.block_hashes) == 5                  # the partial last block has no hash
+    assert len(req.block_hashes) == 5  # the partial last block has no hash
 
 
 def test_xxhash_is_xxh3_128_of_the_same_pickle():
@@ -50,8 +60,9 @@ def test_xxhash_is_xxh3_128_of_the_same_pickle():
     fn = get_hash_fn_by_name("xxhash")
     none = xxhash.xxh3_128_digest(pickle.dumps("vllm-none-hash", protocol=pickle.HIGHEST_PROTOCOL))
     assert none_hash(fn) == none
-    expected = xxhash.xxh3_128_digest(pickle.dumps((none, (1, 2, 3, 4), None),
-                                                   protocol=pickle.HIGHEST_PROTOCOL))
+    expected = xxhash.xxh3_128_digest(
+        pickle.dumps((none, (1, 2, 3, 4), None), protocol=pickle.HIGHEST_PROTOCOL)
+    )
     assert make_request("r", toks, 4, hash_algo="xxhash").block_hashes == [expected]
     assert len(expected) == 16
 
@@ -88,7 +99,7 @@ def test_block_size_one_hashes_every_token():
 def test_cache_salt_goes_into_the_first_block_only_as_a_tagged_tuple():
     assert cache_salt_extra_keys("s", 0) == (("cache_salt", "s"),)
     assert cache_salt_extra_keys("s", 1) is None
-    assert cache_salt_extra_keys("", 0) is None        # an empty salt is no salt
+    assert cache_salt_extra_keys("", 0) is None  # an empty salt is no salt
     assert cache_salt_extra_keys(None, 0) is None
     toks = [1, 2, 3, 4, 5, 6]
     salted = make_request("a", toks, 2, salt="tenant-1")
@@ -117,13 +128,16 @@ def test_cache_key_is_hash_plus_4_byte_big_endian_group_id():
     assert get_group_id(make_block_hash_with_group_id(h, 258)) == 258
 
 
-# -- CBOR algorithms and NONE_HASH seeding as vLLM 0.33 does them --------------------------------------------
+# -- CBOR algorithms and NONE_HASH seeding as vLLM 0.33 does them ----------------------------------
 def test_cbor_algorithms_hash_canonical_cbor_of_the_same_tuple():
     import cbor2
+
     parent = hashlib.sha256(cbor2.dumps("vllm-none-hash", canonical=True)).digest()
     toks = [5, 6, 7, 8]
     req = make_request("r", toks, 4, hash_algo="sha256_cbor")
-    assert req.block_hashes == [hashlib.sha256(cbor2.dumps((parent, tuple(toks), None), canonical=True)).digest()]
+    assert req.block_hashes == [
+        hashlib.sha256(cbor2.dumps((parent, tuple(toks), None), canonical=True)).digest()
+    ]
     none_x = xxhash.xxh3_128_digest(cbor2.dumps("vllm-none-hash", canonical=True))
     salted = make_request("s", toks, 4, hash_algo="xxhash_cbor", salt="k")
     key = (none_x, tuple(toks), (("cache_salt", "k"),))
@@ -132,22 +146,31 @@ def test_cbor_algorithms_hash_canonical_cbor_of_the_same_tuple():
 
 def test_none_hash_seed_resolves_as_vllm_when_hash_seed_is_null(monkeypatch):
     from kvcore.core.kv_cache_utils import resolve_none_hash_seed
+
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
-    assert resolve_none_hash_seed("sha256", None) == resolve_none_hash_seed("sha256_cbor", None) == "vllm-none-hash"
+    assert (
+        resolve_none_hash_seed("sha256", None)
+        == resolve_none_hash_seed("sha256_cbor", None)
+        == "vllm-none-hash"
+    )
     a, b = resolve_none_hash_seed("xxhash", None), resolve_none_hash_seed("xxhash_cbor", None)
-    assert a != b and len(a) == len(b) == 64 and int(a, 16) >= 0      # fresh random bytes each time
+    assert a != b and len(a) == len(b) == 64 and int(a, 16) >= 0  # fresh random bytes each time
     monkeypatch.setenv("PYTHONHASHSEED", "0")
     assert resolve_none_hash_seed("xxhash", None) == resolve_none_hash_seed("sha256", None) == "0"
-    assert resolve_none_hash_seed("xxhash", "mine") == "mine"           # an explicit seed wins
+    assert resolve_none_hash_seed("xxhash", "mine") == "mine"  # an explicit seed wins
 
 
 def test_engine_hash_seed_reproduces_a_vllm_server_started_with_pythonhashseed(monkeypatch):
     # The fixtures were recorded from vLLM 0.33 with PYTHONHASHSEED=0 and sha256: NONE_HASH is
     # sha256(pickle("0")) = 1973e238..., so engine.hash_seed "0" gives the server's hashes.
     from _kv_helpers import make_engine, spec
+
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
     eng = make_engine([spec("a", list(range(8)))], hash_algo="sha256", hash_seed="0")
     assert eng.hasher.none_hash.hex().startswith("1973e23848344dc4")
-    assert make_engine([], hash_algo="sha256").hasher.none_hash == VLLM_NONE_HASH_SHA256   # default seed
-    x1, x2 = (make_engine([], hash_algo="xxhash", hash_seed=None).hasher.none_hash for _ in range(2))
-    assert x1 != x2                                                      # vLLM's random xxhash seed
+    # default seed
+    assert make_engine([], hash_algo="sha256").hasher.none_hash == VLLM_NONE_HASH_SHA256
+    x1, x2 = (
+        make_engine([], hash_algo="xxhash", hash_seed=None).hasher.none_hash for _ in range(2)
+    )
+    assert x1 != x2  # vLLM's random xxhash seed

@@ -4,6 +4,7 @@ Each case is what a careless or mischievous visitor can send -- a link, a pasted
 file, a long action -- and must end with a clear message in that session while the server
 stays healthy, its memory stays under RSS_BOUND and a victim session keeps stepping.
 """
+
 import base64
 import json
 import re
@@ -14,10 +15,10 @@ import zlib
 
 import pytest
 
-from tests.test_browser import browser, streamlit_server, wait_idle  # noqa: F401
+from tests.test_browser import browser, streamlit_server, wait_idle  # noqa: F401  (pytest fixtures)
 
-RSS_BOUND = 1_500 * 10**6        # the server with the tiny model loaded uses ~0.5 GB
-CASE_SECONDS = 60                # no case may take longer than this
+RSS_BOUND = 1_500 * 10**6  # the server with the tiny model loaded uses ~0.5 GB
+CASE_SECONDS = 60  # no case may take longer than this
 
 pytestmark = pytest.mark.browser
 
@@ -47,8 +48,11 @@ def pack(d) -> str:
 
 
 def playground(*requests, **engine) -> dict:
-    return {"name": "hostile", "engine": {"block_size": 4, "num_gpu_blocks": 16, **engine},
-            "requests": list(requests) or [{"id": "A", "prompt": "hello", "max_tokens": 4}]}
+    return {
+        "name": "hostile",
+        "engine": {"block_size": 4, "num_gpu_blocks": 16, **engine},
+        "requests": list(requests) or [{"id": "A", "prompt": "hello", "max_tokens": 4}],
+    }
 
 
 def errors(page) -> str:
@@ -56,7 +60,7 @@ def errors(page) -> str:
 
 
 @pytest.fixture(scope="module")
-def victim(server, browser):
+def victim(server, browser):  # noqa: F811
     """A second session on the eviction lesson; ``step()`` switches its pool size (a new run and a
     rerun of the page on the server) and returns the seconds until the page is idle again."""
     url, _ = server
@@ -72,11 +76,16 @@ def victim(server, browser):
         def step(self) -> float:
             size = self.sizes[self.n % 2]
             self.n += 1
-            button = page.locator("[data-testid=stButtonGroup] button").filter(has_text=re.compile(f"^{size}$"))
+            button = page.locator("[data-testid=stButtonGroup] button").filter(
+                has_text=re.compile(f"^{size}$")
+            )
             t0 = time.perf_counter()
             button.first.click()
-            page.wait_for_function(f"() => new URL(location.href).searchParams.get('num_gpu_blocks') "
-                                   f"{'=== ' + repr(size) if size != '12' else '=== null'}", timeout=30_000)
+            page.wait_for_function(
+                f"() => new URL(location.href).searchParams.get('num_gpu_blocks') "
+                f"{'=== ' + repr(size) if size != '12' else '=== null'}",
+                timeout=30_000,
+            )
             wait_idle(page, timeout=30_000)
             return time.perf_counter() - t0
 
@@ -85,10 +94,12 @@ def victim(server, browser):
 
         def within_twice(self, k=3) -> None:
             during = self.median(k)
-            assert during <= 2 * self.baseline, f"victim {during:.2f} s vs baseline {self.baseline:.2f} s"
+            assert during <= 2 * self.baseline, (
+                f"victim {during:.2f} s vs baseline {self.baseline:.2f} s"
+            )
 
     v = Victim()
-    v.step(), v.step()                 # both runs exist in the store now: later switches only rerun the page
+    v.step(), v.step()  # both runs exist in the store now: later switches only rerun the page
     v.baseline = v.median(3)
     yield v
     page.close()
@@ -104,24 +115,38 @@ def check_after(server, t0, seconds=CASE_SECONDS):
 LINK_CASES = {
     "huge pool": (playground(num_gpu_blocks=10**9), "PAGED_KV_LAB_MAX_BLOCKS"),
     "huge block size": (playground(block_size=100_000), "PAGED_KV_LAB_MAX_BLOCK_SIZE"),
-    "huge prompt": (playground({"id": "A", "prompt": "lorem ipsum " * 20_000}), "PAGED_KV_LAB_MAX_PROMPT_CHARS"),
-    "many requests": (playground(*[{"id": f"r{i}", "prompt": "hi"} for i in range(500)]),
-                      "PAGED_KV_LAB_MAX_REQUESTS"),
-    "huge max_tokens": (playground({"id": "A", "prompt": "hi", "max_tokens": 10**9}), "PAGED_KV_LAB_MAX_TOKENS"),
+    "huge prompt": (
+        playground({"id": "A", "prompt": "lorem ipsum " * 20_000}),
+        "PAGED_KV_LAB_MAX_PROMPT_CHARS",
+    ),
+    "many requests": (
+        playground(*[{"id": f"r{i}", "prompt": "hi"} for i in range(500)]),
+        "PAGED_KV_LAB_MAX_REQUESTS",
+    ),
+    "huge max_tokens": (
+        playground({"id": "A", "prompt": "hi", "max_tokens": 10**9}),
+        "PAGED_KV_LAB_MAX_TOKENS",
+    ),
     "huge budget": (playground(max_num_batched_tokens=10**9), "PAGED_KV_LAB_MAX_BATCHED_TOKENS"),
-    "late arrival": (playground({"id": "A", "prompt": "hi", "arrival_step": 10**9}), "PAGED_KV_LAB_MAX_RUN_STEPS"),
+    "late arrival": (
+        playground({"id": "A", "prompt": "hi", "arrival_step": 10**9}),
+        "PAGED_KV_LAB_MAX_RUN_STEPS",
+    ),
     "zlib bomb": (b'{"name": "' + b" " * 12_000_000 + b'"}', "PAGED_KV_LAB_MAX_FILE_BYTES"),
 }
 
 
-def test_hostile_links_get_clear_messages(server, browser, victim):
+def test_hostile_links_get_clear_messages(server, browser, victim):  # noqa: F811
     url, _ = server
     t0 = time.perf_counter()
     page = browser.new_page(viewport={"width": 1400, "height": 1600})
     try:
         for case, (scenario, knob) in LINK_CASES.items():
             t1 = time.perf_counter()
-            page.goto(f"{url}/playground?lesson=playground&scn={pack(scenario)}", timeout=CASE_SECONDS * 1000)
+            page.goto(
+                f"{url}/playground?lesson=playground&scn={pack(scenario)}",
+                timeout=CASE_SECONDS * 1000,
+            )
             page.get_by_text(knob).first.wait_for(timeout=CASE_SECONDS * 1000)
             assert knob in errors(page), case
             check_after(server, t1)
@@ -131,7 +156,7 @@ def test_hostile_links_get_clear_messages(server, browser, victim):
     check_after(server, t0, CASE_SECONDS * len(LINK_CASES))
 
 
-def test_a_far_step_shows_the_last_step_at_once(server, browser, victim):
+def test_a_far_step_shows_the_last_step_at_once(server, browser, victim):  # noqa: F811
     url, _ = server
     t0 = time.perf_counter()
     page = browser.new_page(viewport={"width": 1400, "height": 1600})
@@ -139,8 +164,10 @@ def test_a_far_step_shows_the_last_step_at_once(server, browser, victim):
         page.goto(f"{url}/eviction?lesson=eviction&step=1000000000")
         page.get_by_text("Pool size (blocks)").first.wait_for(timeout=CASE_SECONDS * 1000)
         wait_idle(page)
-        page.wait_for_function("() => Number(new URL(location.href).searchParams.get('step')) < 1000",
-                               timeout=CASE_SECONDS * 1000)
+        page.wait_for_function(
+            "() => Number(new URL(location.href).searchParams.get('step')) < 1000",
+            timeout=CASE_SECONDS * 1000,
+        )
         step = int(re.search(r"[?&]step=(\d+)", page.url).group(1))
         assert 0 < step <= 400, "the cursor stands at the run's last recorded step"
     finally:
@@ -149,21 +176,27 @@ def test_a_far_step_shows_the_last_step_at_once(server, browser, victim):
     check_after(server, t0)
 
 
-def test_hostile_uploads_get_clear_messages(server, browser, victim):
+def test_hostile_uploads_get_clear_messages(server, browser, victim):  # noqa: F811
     url, _ = server
     t0 = time.perf_counter()
     for name, data, expect in (
-            ("big.json", b'{"name": "' + b"x" * 2_000_000 + b'"}', "PAGED_KV_LAB_MAX_FILE_BYTES"),
-            ("utf16.json", json.dumps(playground()).encode("utf-16"), "not UTF-8")):
+        ("big.json", b'{"name": "' + b"x" * 2_000_000 + b'"}', "PAGED_KV_LAB_MAX_FILE_BYTES"),
+        ("utf16.json", json.dumps(playground()).encode("utf-16"), "not UTF-8"),
+    ):
         page = browser.new_page(viewport={"width": 1400, "height": 1600})
         try:
             page.goto(f"{url}/playground", timeout=CASE_SECONDS * 1000)
             page.get_by_text("Scenario file").first.wait_for(timeout=CASE_SECONDS * 1000)
             wait_idle(page)
-            page.locator("[data-testid=stExpander] summary").filter(has_text="Scenario file").first.click()
-            page.locator("input[type=file]").first.wait_for(state="attached", timeout=CASE_SECONDS * 1000)
+            page.locator("[data-testid=stExpander] summary").filter(
+                has_text="Scenario file"
+            ).first.click()
+            page.locator("input[type=file]").first.wait_for(
+                state="attached", timeout=CASE_SECONDS * 1000
+            )
             page.locator("input[type=file]").first.set_input_files(
-                files=[{"name": name, "mimeType": "application/json", "buffer": data}])
+                files=[{"name": name, "mimeType": "application/json", "buffer": data}]
+            )
             page.get_by_text(expect).first.wait_for(timeout=CASE_SECONDS * 1000)
             assert healthy(url), name
         finally:
@@ -172,19 +205,32 @@ def test_hostile_uploads_get_clear_messages(server, browser, victim):
     check_after(server, t0, CASE_SECONDS * 2)
 
 
-def test_long_runs_elsewhere_keep_the_victim_within_twice_its_latency(server, browser, victim):
+def test_long_runs_elsewhere_keep_the_victim_within_twice_its_latency(server, browser, victim):  # noqa: F811
     """A session opens a long scenario (each computed in the background up to the step cap, as
     Run to end or Play would need): the worker interleaves their steps with the victim's work."""
     url, _ = server
-    victim.baseline = victim.median(3)      # the machine's load drifts: compare with just before
+    victim.baseline = victim.median(3)  # the machine's load drifts: compare with just before
     t0 = time.perf_counter()
     pages = []
     try:
         for k in range(1):
-            long = playground(*[{"id": c, "prompt": f"{c}{k} tells a long story", "max_tokens": 300,
-                                 "ignore_eos": True} for c in "ABCD"], num_gpu_blocks=512, max_num_seqs=4)
+            long = playground(
+                *[
+                    {
+                        "id": c,
+                        "prompt": f"{c}{k} tells a long story",
+                        "max_tokens": 300,
+                        "ignore_eos": True,
+                    }
+                    for c in "ABCD"
+                ],
+                num_gpu_blocks=512,
+                max_num_seqs=4,
+            )
             page = browser.new_page(viewport={"width": 1400, "height": 1600})
-            page.goto(f"{url}/playground?lesson=playground&scn={pack(long)}", timeout=CASE_SECONDS * 1000)
+            page.goto(
+                f"{url}/playground?lesson=playground&scn={pack(long)}", timeout=CASE_SECONDS * 1000
+            )
             pages.append(page)
         for page in pages:
             page.get_by_text("Scenario file").first.wait_for(timeout=CASE_SECONDS * 1000)

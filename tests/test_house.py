@@ -6,6 +6,7 @@
 - the run store and the player import no Streamlit, the player no lesson code;
 - benchmarks import no test helpers.
 """
+
 import ast
 from pathlib import Path
 
@@ -65,7 +66,9 @@ def test_only_kvcores_model_worker_and_attention_import_torch_and_none_imports_u
         found = imports_of(f)
         if found & UI_LIBS:
             bad.append(f"{rel} imports {sorted(found & UI_LIBS)}")
-        if found & ML and not rel.startswith(("kvcore/model/", "kvcore/worker/", "kvcore/attention/")):
+        if found & ML and not rel.startswith(
+            ("kvcore/model/", "kvcore/worker/", "kvcore/attention/")
+        ):
             bad.append(f"{rel} imports {sorted(found & ML)}")
     assert not bad, "\n".join(bad)
 
@@ -78,13 +81,18 @@ def test_only_the_ui_imports_streamlit(pkg):
 
 def test_benchmarks_import_no_test_helpers():
     helpers = {p.stem for p in (ROOT / "tests").glob("*.py")} | {"tests", "conftest"}
-    bad = [f"{f.name} imports {sorted(imports_of(f) & helpers)}" for f in files("bench")
-           if imports_of(f) & helpers]
+    bad = [
+        f"{f.name} imports {sorted(imports_of(f) & helpers)}"
+        for f in files("bench")
+        if imports_of(f) & helpers
+    ]
     assert not bad, bad
 
 
 def test_the_rules_would_catch_a_wrong_import(tmp_path):
     """The checker itself: a kvcore-like file importing the recorder is reported."""
     f = tmp_path / "x.py"
-    f.write_text("import os\nfrom record.recorder import Recorder\n\ndef f():\n    import streamlit\n")
+    f.write_text(
+        "import os\nfrom record.recorder import Recorder\n\ndef f():\n    import streamlit\n"
+    )
     assert imports_of(f) == {"os", "record", "streamlit"}

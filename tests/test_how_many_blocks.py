@@ -1,17 +1,17 @@
 """Lesson 1's "How many blocks?": the loaded model's profile and vLLM's num_gpu_blocks arithmetic,
 under AppTest on the tiny model; the figures equal KVCacheSizing computed independently."""
-from _app_helpers import app, tiny, tiny_model_env  # noqa: F401
 
+from _app_helpers import app, tiny, tiny_model_env  # noqa: F401  (pytest fixtures)
 from kvcore.model.memory import num_gpu_blocks_from_profile
-from ui import how_many_blocks as H
 from lessons import PAGE_FILES
+from ui import how_many_blocks as H
 
 
 def metric(at, label):
     return next(m.value for m in at.metric if m.label == label)
 
 
-def test_profile_then_sliders_give_vllms_num_gpu_blocks(tiny):
+def test_profile_then_sliders_give_vllms_num_gpu_blocks(tiny):  # noqa: F811
     H._PROFILES.clear()
     at = app(PAGE_FILES["blocks"])
     button = next(b for b in at.button if b.key == "hmb_profile:blocks")
@@ -24,8 +24,11 @@ def test_profile_then_sliders_give_vllms_num_gpu_blocks(tiny):
     def expected(util, bs, mml):
         return num_gpu_blocks_from_profile(profile, tiny.config, bs, "float32", util, mml)
 
-    max_len = H.MAX_MODEL_LENS[-1] if tiny.config.max_position_embeddings >= 8192 else at.select_slider(
-        key="hmb_len:blocks").value
+    max_len = (
+        H.MAX_MODEL_LENS[-1]
+        if tiny.config.max_position_embeddings >= 8192
+        else at.select_slider(key="hmb_len:blocks").value
+    )
     s = expected(0.9, 16, max_len)
     assert metric(at, "num_gpu_blocks") == f"{s.num_gpu_blocks:,}"
     assert metric(at, "max concurrency") == f"{s.max_concurrency:,.2f}"

@@ -1,6 +1,7 @@
 """vLLM 0.33's KV-event wire format, checked against frames recorded from real vLLM 0.33.0
-(tests/fixtures/vllm-kv-events, a copy of shared/fixtures/vllm-kv-events): decode, re-encode byte for byte, and our engine's own
-events for the same operations."""
+(tests/fixtures/vllm-kv-events, a copy of shared/fixtures/vllm-kv-events): decode, re-encode byte
+for byte, and our engine's own events for the same operations."""
+
 import base64
 import json
 from dataclasses import replace
@@ -14,7 +15,8 @@ from record.engine import Engine
 from record.scenario import EngineSettings, RequestSpec, Scenario
 from watch.prefix_index import PrefixCacheIndex
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "vllm-kv-events"   # real vLLM 0.33.0 frames
+# real vLLM 0.33.0 frames
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "vllm-kv-events"
 NAMES = ["shared_prefix", "shared_prefix_bytes", "eviction", "hybrid"]
 
 
@@ -25,7 +27,11 @@ def _fixture_dir() -> Path:
 def load(name):
     d = _fixture_dir()
     expected = json.loads((d / f"{name}.expected.json").read_text())
-    frames = [json.loads(line) for line in (d / f"{name}.frames.jsonl").read_text().splitlines() if line.strip()]
+    frames = [
+        json.loads(line)
+        for line in (d / f"{name}.frames.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
     return expected, frames
 
 
@@ -58,43 +64,86 @@ def test_the_rebuilt_index_equals_every_checkpoint_and_the_final_state(name):
         for ev in ke.decode_batch(base64.b64decode(frame["payload_b64"])).events:
             index.apply(ev)
         if frame["seq"] in checkpoints:
-            assert index.state()["groups"] == checkpoints.pop(frame["seq"])    # checkpoints hold the groups
+            # checkpoints hold the groups
+            assert index.state()["groups"] == checkpoints.pop(frame["seq"])
     assert not checkpoints
     assert index.state() == expected["final_state"]
-    counts = {g: {h: e["count"] for h, e in t.items()} for g, t in expected["final_state"]["groups"].items()}
+    counts = {
+        g: {h: e["count"] for h, e in t.items()}
+        for g, t in expected["final_state"]["groups"].items()
+    }
     assert counts == expected["engine_block_pool_counts"]
 
 
 def test_the_index_counts_duplicates_and_drops_a_hash_at_zero():
     index = PrefixCacheIndex()
-    stored = ke.BlockStored(block_hashes=[7], parent_block_hash=None, token_ids=[1, 2], block_size=2,
-                            lora_id=None, medium="GPU", lora_name=None, group_idx=0)
+    stored = ke.BlockStored(
+        block_hashes=[7],
+        parent_block_hash=None,
+        token_ids=[1, 2],
+        block_size=2,
+        lora_id=None,
+        medium="GPU",
+        lora_name=None,
+        group_idx=0,
+    )
     index.apply(stored)
     index.apply(stored)
     assert index.state()["groups"]["0"]["0000000000000007"]["count"] == 2
     removed = ke.BlockRemoved(block_hashes=[7], medium="GPU", group_idx=0)
     index.apply(removed)
     index.apply(removed)
-    index.apply(removed)                                   # unknown now: ignored
+    index.apply(removed)  # unknown now: ignored
     assert index.state() == {"groups": {}}
-    cpu = ke.BlockStored(block_hashes=[9], parent_block_hash=None, token_ids=[1, 2], block_size=2,
-                         lora_id=None, medium="CPU", lora_name=None, group_idx=0)
+    cpu = ke.BlockStored(
+        block_hashes=[9],
+        parent_block_hash=None,
+        token_ids=[1, 2],
+        block_size=2,
+        lora_id=None,
+        medium="CPU",
+        lora_name=None,
+        group_idx=0,
+    )
     index.apply(cpu)
     index.apply(stored)
-    index.apply(ke.AllBlocksCleared())                     # the GPU pool only
-    assert index.state() == {"groups": {}} and "0000000000000009" in index.state("CPU")["groups"]["0"]
+    index.apply(ke.AllBlocksCleared())  # the GPU pool only
+    assert (
+        index.state() == {"groups": {}} and "0000000000000009" in index.state("CPU")["groups"]["0"]
+    )
 
 
 def test_the_index_keeps_at_most_its_cap_of_hashes_and_counts_the_rest():
     from watch.prefix_index import HashBudget
+
     budget = HashBudget(3)
     index = PrefixCacheIndex(budget)
-    index.apply(ke.BlockStored(block_hashes=[1, 2, 3, 4, 5], parent_block_hash=None, token_ids=list(range(10)),
-                               block_size=2, lora_id=None, medium="GPU", lora_name=None, group_idx=0))
+    index.apply(
+        ke.BlockStored(
+            block_hashes=[1, 2, 3, 4, 5],
+            parent_block_hash=None,
+            token_ids=list(range(10)),
+            block_size=2,
+            lora_id=None,
+            medium="GPU",
+            lora_name=None,
+            group_idx=0,
+        )
+    )
     assert len(index.state()["groups"]["0"]) == 3 and budget.refused == 2
     index.apply(ke.BlockRemoved(block_hashes=[1], medium="GPU", group_idx=0))
-    index.apply(ke.BlockStored(block_hashes=[6], parent_block_hash=5, token_ids=[0, 1], block_size=2,
-                               lora_id=None, medium="GPU", lora_name=None, group_idx=0))
+    index.apply(
+        ke.BlockStored(
+            block_hashes=[6],
+            parent_block_hash=5,
+            token_ids=[0, 1],
+            block_size=2,
+            lora_id=None,
+            medium="GPU",
+            lora_name=None,
+            group_idx=0,
+        )
+    )
     assert "0000000000000006" in index.state()["groups"]["0"] and budget.used == 3
 
 
@@ -106,18 +155,40 @@ def test_a_batch_without_rank_decodes_whether_sent_as_two_or_three_elements():
 
 def test_older_array_events_are_read_too():
     """Before 0.33 events were arrays tagged by their first element, with fewer fields."""
-    raw = [2.5, [["BlockStored", [7, 8], None, [1, 2, 3, 4], 2, None, "GPU"],
-                 ["BlockRemoved", [7], "GPU"], ["AllBlocksCleared"]], 1]
+    raw = [
+        2.5,
+        [
+            ["BlockStored", [7, 8], None, [1, 2, 3, 4], 2, None, "GPU"],
+            ["BlockRemoved", [7], "GPU"],
+            ["AllBlocksCleared"],
+        ],
+        1,
+    ]
     b = ke.decode_batch(msgspec.msgpack.encode(raw))
     assert b.ts == 2.5 and b.data_parallel_rank == 1
-    assert b.events == [ke.BlockStored(block_hashes=[7, 8], parent_block_hash=None, token_ids=[1, 2, 3, 4],
-                                       block_size=2, lora_id=None, medium="GPU", lora_name=None),
-                        ke.BlockRemoved(block_hashes=[7], medium="GPU"), ke.AllBlocksCleared()]
+    assert b.events == [
+        ke.BlockStored(
+            block_hashes=[7, 8],
+            parent_block_hash=None,
+            token_ids=[1, 2, 3, 4],
+            block_size=2,
+            lora_id=None,
+            medium="GPU",
+            lora_name=None,
+        ),
+        ke.BlockRemoved(block_hashes=[7], medium="GPU"),
+        ke.AllBlocksCleared(),
+    ]
 
 
 def test_garbage_payloads_raise_decode_errors():
-    for junk in (b"", b"\x93\x01", b"\xc1", msgspec.msgpack.encode([1.0, [{"type": "Nope"}], 0]),
-                 msgspec.msgpack.encode({"ts": 1})):
+    for junk in (
+        b"",
+        b"\x93\x01",
+        b"\xc1",
+        msgspec.msgpack.encode([1.0, [{"type": "Nope"}], 0]),
+        msgspec.msgpack.encode({"ts": 1}),
+    ):
         with pytest.raises(msgspec.DecodeError):
             ke.decode_batch(junk)
 
@@ -168,16 +239,33 @@ def engine_for(expected, **publish) -> Engine:
     window = next((g["sliding_window"] for g in groups if g["sliding_window"]), None)
     layer_types = None
     if window is not None:
-        layer_types = tuple("sliding_attention" if g["sliding_window"] else "full_attention" for g in groups)
+        layer_types = tuple(
+            "sliding_attention" if g["sliding_window"] else "full_attention" for g in groups
+        )
     settings = EngineSettings(
-        block_size=st["block_size"], num_gpu_blocks=st["num_gpu_blocks"], hash_algo=st["prefix_caching_hash_algo"],
-        max_num_seqs=st["max_num_seqs"], max_num_batched_tokens=st["max_num_batched_tokens"],
-        max_model_len=st["max_model_len"], sliding_window=window, layer_types=layer_types)
-    outputs = {op["req"]: op["output_tokens"] for op in expected["ops"] if op["op"] == "add_request"}
-    settings = replace(settings, hash_seed=st["none_hash_seed"])   # vLLM ran with PYTHONHASHSEED=0
-    config = ke.KVEventsConfig(enable_kv_cache_events=bool(publish),
-                               use_int_block_hashes=st["VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"], **publish)
-    eng = Engine(Scenario(model="tiny-random", engine=settings), runner=FixtureRunner(outputs), kv_events=config)
+        block_size=st["block_size"],
+        num_gpu_blocks=st["num_gpu_blocks"],
+        hash_algo=st["prefix_caching_hash_algo"],
+        max_num_seqs=st["max_num_seqs"],
+        max_num_batched_tokens=st["max_num_batched_tokens"],
+        max_model_len=st["max_model_len"],
+        sliding_window=window,
+        layer_types=layer_types,
+    )
+    outputs = {
+        op["req"]: op["output_tokens"] for op in expected["ops"] if op["op"] == "add_request"
+    }
+    settings = replace(settings, hash_seed=st["none_hash_seed"])  # vLLM ran with PYTHONHASHSEED=0
+    config = ke.KVEventsConfig(
+        enable_kv_cache_events=bool(publish),
+        use_int_block_hashes=st["VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES"],
+        **publish,
+    )
+    eng = Engine(
+        Scenario(model="tiny-random", engine=settings),
+        runner=FixtureRunner(outputs),
+        kv_events=config,
+    )
     assert eng.hasher.none_hash.hex() == st["none_hash_sha256"]
     return eng
 
@@ -195,8 +283,14 @@ def run_ops(expected, eng=None) -> list[ke.KVEventBatch]:
 
     for op in expected["ops"]:
         if op["op"] == "add_request":
-            eng.add_request(RequestSpec(id=op["req"], prompt_token_ids=tuple(op["tokens"]),
-                                        max_tokens=op["max_tokens"], cache_salt=op.get("cache_salt")))
+            eng.add_request(
+                RequestSpec(
+                    id=op["req"],
+                    prompt_token_ids=tuple(op["tokens"]),
+                    max_tokens=op["max_tokens"],
+                    cache_salt=op.get("cache_salt"),
+                )
+            )
         elif op["op"] == "step":
             step()
         elif op["op"] == "run_until_idle":
@@ -218,8 +312,10 @@ def run_ops(expected, eng=None) -> list[ke.KVEventBatch]:
 def test_our_engine_publishes_the_same_events_and_bytes_for_the_same_ops(name):
     expected, frames = load(name)
     ours = run_ops(expected)
-    assert [[ke.event_to_dict(e) for e in b.events] for b in ours] == [wanted_events(b) for b in expected["batches"]]
+    assert [[ke.event_to_dict(e) for e in b.events] for b in ours] == [
+        wanted_events(b) for b in expected["batches"]
+    ]
     for b, frame, want in zip(ours, frames, expected["batches"]):
-        b.data_parallel_rank = 0            # the publisher fills it in
-        b.ts = want["ts"]                   # the only field that differs between runs
+        b.data_parallel_rank = 0  # the publisher fills it in
+        b.ts = want["ts"]  # the only field that differs between runs
         assert ke.encode_batch(b) == base64.b64decode(frame["payload_b64"])

@@ -6,24 +6,28 @@ yardstick is transformers' own drift between ``generate`` (with its KV cache) an
 forward over the same tokens.  The paged runner must stay within twice that drift, and any
 greedy divergence must sit on a near tie that this much rounding can flip.
 """
-import pytest
-import torch
 
 from typing import Sequence
 
-from record.engine import Engine
+import pytest
+import torch
+
+from _runner_tap import TappedRun, req
 from kvcore.model import load_model
 from kvcore.model.reference import Agreement, agreement_with_generate
-from kvcore.worker.gpu_model_runner import GPUModelRunner
 from kvcore.utils.math_utils import cdiv
-from _runner_tap import TappedRun, req
+from kvcore.worker.gpu_model_runner import GPUModelRunner
+from record.engine import Engine
 from record.scenario import EngineSettings, RequestSpec, Scenario
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-PROMPTS = [[17, 254, 1033, 88, 4012, 7, 391, 2290, 56, 1777, 640],
-           [12, 9001, 345, 78, 2048, 31, 4444, 500, 61, 909, 17, 254, 1033, 88, 4012, 7, 391, 2290, 56],
-           [640, 12, 9001], [2290, 56, 1777, 640, 12, 9001, 345, 78, 2048, 31]]
+PROMPTS = [
+    [17, 254, 1033, 88, 4012, 7, 391, 2290, 56, 1777, 640],
+    [12, 9001, 345, 78, 2048, 31, 4444, 500, 61, 909, 17, 254, 1033, 88, 4012, 7, 391, 2290, 56],
+    [640, 12, 9001],
+    [2290, 56, 1777, 640, 12, 9001, 345, 78, 2048, 31],
+]
 
 
 @pytest.fixture(scope="module", params=["bfloat16", "float16"])
@@ -32,15 +36,22 @@ def tiny_half(request):
 
 
 @torch.inference_mode()
-def measure_agreement(loaded, prompts: Sequence[Sequence[int]], new_tokens: int,
-                      block_size: int = 16) -> Agreement:
+def measure_agreement(
+    loaded, prompts: Sequence[Sequence[int]], new_tokens: int, block_size: int = 16
+) -> Agreement:
     """Run ``prompts`` together through the engine (its paged runner watched, tests/_runner_tap.py)
     and compare with ``generate`` one by one (kvcore.model.reference.agreement_with_generate, the
     measure bench/bench_dtype.py prints too)."""
     blocks = 1 + sum(cdiv(len(p) + new_tokens, block_size) for p in prompts)
-    run = TappedRun(loaded, [req(f"r{i}", p, new_tokens) for i, p in enumerate(prompts)], poison=None,
-                    block_size=block_size, num_gpu_blocks=blocks, max_num_seqs=len(prompts),
-                    max_num_batched_tokens=max(256, sum(map(len, prompts))))
+    run = TappedRun(
+        loaded,
+        [req(f"r{i}", p, new_tokens) for i, p in enumerate(prompts)],
+        poison=None,
+        block_size=block_size,
+        num_gpu_blocks=blocks,
+        max_num_seqs=len(prompts),
+        max_num_batched_tokens=max(256, sum(map(len, prompts))),
+    )
     paged = run.run()
     assert len(run.batches[1]) == len(prompts), "every prompt in the first batch"
     return agreement_with_generate(loaded, prompts, new_tokens, paged, run.logits)
@@ -69,10 +80,16 @@ def test_float32_agreement_is_exact_greedy(tiny_model):
 
 
 def test_engine_runs_a_bfloat16_scenario_end_to_end(tiny_model):
-    sc = Scenario(model="tiny-random", device="cpu", dtype="bfloat16",
-                  engine=EngineSettings(block_size=4, num_gpu_blocks=12),
-                  requests=(RequestSpec(id="a", prompt_token_ids=tuple(PROMPTS[0]), max_tokens=6),
-                            RequestSpec(id="b", prompt_token_ids=tuple(PROMPTS[0][:8]), max_tokens=6)))
+    sc = Scenario(
+        model="tiny-random",
+        device="cpu",
+        dtype="bfloat16",
+        engine=EngineSettings(block_size=4, num_gpu_blocks=12),
+        requests=(
+            RequestSpec(id="a", prompt_token_ids=tuple(PROMPTS[0]), max_tokens=6),
+            RequestSpec(id="b", prompt_token_ids=tuple(PROMPTS[0][:8]), max_tokens=6),
+        ),
+    )
     eng = Engine(sc, debug=True)  # loads the model itself, in the scenario's dtype
     eng.run()
     assert eng.model.dtype == torch.bfloat16
@@ -80,8 +97,14 @@ def test_engine_runs_a_bfloat16_scenario_end_to_end(tiny_model):
     ref = eng.model.model
     with torch.inference_mode():
         x = torch.tensor([PROMPTS[0]])
-        want = ref.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=6, min_new_tokens=6,
-                            do_sample=False, pad_token_id=0)[0, len(PROMPTS[0]):].tolist()
+        want = ref.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=6,
+            min_new_tokens=6,
+            do_sample=False,
+            pad_token_id=0,
+        )[0, len(PROMPTS[0]) :].tolist()
     assert eng.outputs()["a"]["token_ids"] == want
     assert any(e.kind == "cache_hit" for r in eng.history for e in r.events)
 
@@ -89,6 +112,13 @@ def test_engine_runs_a_bfloat16_scenario_end_to_end(tiny_model):
 @pytest.mark.slow
 def test_smollm2_bfloat16_agrees_with_transformers(smollm2):
     m = load_model("smollm2", device="cpu", dtype="bfloat16")
-    prompts = [m.encode_prompt(q) for q in ("What is the capital of France?", "Write a haiku about the sea.",
-                                            "Name three prime numbers.", "Why is the sky blue?")]
+    prompts = [
+        m.encode_prompt(q)
+        for q in (
+            "What is the capital of France?",
+            "Write a haiku about the sea.",
+            "Name three prime numbers.",
+            "Why is the sky blue?",
+        )
+    ]
     check(measure_agreement(m, prompts, 24))

@@ -1,17 +1,20 @@
-"""The runner's step inputs (kvcore/worker/gpu_input_batch.py: ModelInputs, vLLM's names) and their place in the step record."""
+"""The runner's step inputs (kvcore/worker/gpu_input_batch.py: ModelInputs, vLLM's names) and their
+place in the step record."""
+
 from __future__ import annotations
 
 import pytest
 
-from record import trace
 from kvcore.worker.gpu_input_batch import ModelInputs, SeqBatchItem, prepare_inputs
+from record import trace
 from record.engine import Engine
 from record.scenario import EngineSettings, RequestSpec, Scenario
 
 
 def test_prepare_inputs_lays_out_two_requests_and_two_groups():
     # A: a 5-token prefill chunk from position 3 (blocks of 4); B: one decode token at position 9.
-    # Group 1 slides with W = 4: B (sees positions 6..9) has logical block 0 out of its window (null).
+    # Group 1 slides with W = 4: B (sees positions 6..9) has logical block 0 out of its window
+    # (null).
     a = SeqBatchItem("A", [11, 12, 13, 14, 15], 3, ([7, 2, 9], [7, 2, 9]), sample=False)
     b = SeqBatchItem("B", [21], 9, ([4, 5, 6], [0, 5, 8]), sample=True)
     mi = prepare_inputs([a, b], 4, [None, 4], num_blocks=10)
@@ -30,14 +33,37 @@ def test_prepare_inputs_lays_out_two_requests_and_two_groups():
     assert ModelInputs.from_dict(mi.to_dict()) == mi
 
 
-@pytest.mark.parametrize("item, windows, message", [
-    (SeqBatchItem("A", [1, 2], 0, ([0],), True), [None], "null block in a full-attention table"),
-    (SeqBatchItem("A", [1], 8, ([1, 0, 3],), True), [6], "null block inside the sliding window"),
-    (SeqBatchItem("A", [1], 4, ([1],), True), [None], "has 1 entries but the step needs logical block 1"),
-    (SeqBatchItem("A", [1], 0, ([12],), True), [None], "block id 12 is outside the pool of 10 blocks"),
-    (SeqBatchItem("A", [], 0, ([1],), True), [None], "no tokens to feed"),
-    (SeqBatchItem("A", [1], 0, ([1], [1]), True), [None], "2 block tables for 1 KV cache groups"),
-])
+@pytest.mark.parametrize(
+    "item, windows, message",
+    [
+        (
+            SeqBatchItem("A", [1, 2], 0, ([0],), True),
+            [None],
+            "null block in a full-attention table",
+        ),
+        (
+            SeqBatchItem("A", [1], 8, ([1, 0, 3],), True),
+            [6],
+            "null block inside the sliding window",
+        ),
+        (
+            SeqBatchItem("A", [1], 4, ([1],), True),
+            [None],
+            "has 1 entries but the step needs logical block 1",
+        ),
+        (
+            SeqBatchItem("A", [1], 0, ([12],), True),
+            [None],
+            "block id 12 is outside the pool of 10 blocks",
+        ),
+        (SeqBatchItem("A", [], 0, ([1],), True), [None], "no tokens to feed"),
+        (
+            SeqBatchItem("A", [1], 0, ([1], [1]), True),
+            [None],
+            "2 block tables for 1 KV cache groups",
+        ),
+    ],
+)
 def test_prepare_inputs_names_the_request_and_the_problem(item, windows, message):
     with pytest.raises(ValueError, match=message):
         prepare_inputs([item], 4, windows, num_blocks=10)
@@ -51,11 +77,17 @@ def test_prepare_inputs_refuses_a_request_twice():
 
 
 def _scenario(**engine) -> Scenario:
-    return Scenario(model="tiny-random", device="cpu", engine=EngineSettings(**{
-        "block_size": 4, "num_gpu_blocks": 40, "max_num_batched_tokens": 8, **engine}), requests=(
-        RequestSpec("A", prompt_token_ids=tuple(range(5, 19)), max_tokens=4),
-        RequestSpec("B", prompt_token_ids=tuple(range(5, 15)), max_tokens=3, arrival_step=1),
-    ))
+    return Scenario(
+        model="tiny-random",
+        device="cpu",
+        engine=EngineSettings(
+            **{"block_size": 4, "num_gpu_blocks": 40, "max_num_batched_tokens": 8, **engine}
+        ),
+        requests=(
+            RequestSpec("A", prompt_token_ids=tuple(range(5, 19)), max_tokens=4),
+            RequestSpec("B", prompt_token_ids=tuple(range(5, 15)), max_tokens=3, arrival_step=1),
+        ),
+    )
 
 
 @pytest.mark.parametrize("engine", [{}, {"sliding_window": 6}], ids=["full", "sliding"])
@@ -68,8 +100,12 @@ def test_engine_records_the_runners_inputs(tiny_model, engine):
     bs = eng.settings.block_size
     for rec in records:
         mi = rec.model_inputs
-        assert dict(zip(mi.req_ids, (b - a for a, b in zip(mi.query_start_loc, mi.query_start_loc[1:])))) \
+        assert (
+            dict(
+                zip(mi.req_ids, (b - a for a, b in zip(mi.query_start_loc, mi.query_start_loc[1:])))
+            )
             == rec.scheduled
+        )
         for rid in mi.req_ids:
             view = rec.snapshot.request(rid)
             positions = mi.positions_of(rid)

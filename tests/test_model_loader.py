@@ -17,11 +17,11 @@ from kvcore.model import (
     blocks_for_budget_dims,
     bytes_per_block,
     bytes_per_block_dims,
+    gguf_cache,
     load_model,
+    loader,
     reference_model,
 )
-from kvcore.model import gguf_cache, loader
-
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -56,7 +56,9 @@ def test_half_precision_loads_on_cpu(dtype):
 
 
 def test_unknown_dtype_is_a_clear_error():
-    with pytest.raises(ValueError, match="unknown dtype 'int8'; valid choices: float32, bfloat16, float16"):
+    with pytest.raises(
+        ValueError, match="unknown dtype 'int8'; valid choices: float32, bfloat16, float16"
+    ):
         load_model("tiny-random", device="cpu", dtype="int8")
 
 
@@ -85,10 +87,18 @@ def test_tiny_model_is_deterministic_and_leaves_the_global_rng_alone(tiny_model)
 
 def test_tiny_model_shape(tiny_model):
     c = tiny_model.config
-    assert (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (64, 4, 2, 16)
+    assert (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (
+        64,
+        4,
+        2,
+        16,
+    )
     assert c.num_key_value_heads < c.num_attention_heads  # grouped-query attention
     assert c.tie_word_embeddings and c.rope_parameters["rope_theta"] == loader.SMOLLM2_ROPE_THETA
-    assert tiny_model.model.lm_head.weight.data_ptr() == tiny_model.model.model.embed_tokens.weight.data_ptr()
+    assert (
+        tiny_model.model.lm_head.weight.data_ptr()
+        == tiny_model.model.model.embed_tokens.weight.data_ptr()
+    )
     assert not tiny_model.model.training
     assert c.vocab_size == len(tiny_model.tokenizer)
 
@@ -102,8 +112,13 @@ def test_tiny_model_works_without_the_wheel(monkeypatch):
     assert lm.decode(ids) == "héllo"
     chat = lm.encode_prompt("hi", chat=True)
     assert chat[0] == 1 and lm.decode(chat).endswith("<|im_start|>assistant\n")
-    out = lm.model.generate(torch.tensor([chat]), attention_mask=torch.ones(1, len(chat), dtype=torch.long),
-                            do_sample=False, max_new_tokens=3, pad_token_id=2)
+    out = lm.model.generate(
+        torch.tensor([chat]),
+        attention_mask=torch.ones(1, len(chat), dtype=torch.long),
+        do_sample=False,
+        max_new_tokens=3,
+        pad_token_id=2,
+    )
     assert out.shape[1] > len(chat)
 
 
@@ -127,11 +142,16 @@ def test_cache_folder_follows_the_environment(monkeypatch, tmp_path):
 def test_reference_models_share_the_weights(tiny_model):
     n = tiny_model.config.num_hidden_layers
     mistral = reference_model(tiny_model, sliding_window=8)
-    ministral = reference_model(tiny_model, sliding_window=8, layer_types=["full_attention", "sliding_attention"] * (n // 2))
+    ministral = reference_model(
+        tiny_model, sliding_window=8, layer_types=["full_attention", "sliding_attention"] * (n // 2)
+    )
     assert type(mistral).__name__ == "MistralForCausalLM" and mistral.config.sliding_window == 8
     assert type(ministral).__name__ == "MinistralForCausalLM"
     for m in (mistral, ministral):
-        assert m.model.embed_tokens.weight.data_ptr() == tiny_model.model.model.embed_tokens.weight.data_ptr()
+        assert (
+            m.model.embed_tokens.weight.data_ptr()
+            == tiny_model.model.model.embed_tokens.weight.data_ptr()
+        )
         assert m.lm_head.weight.data_ptr() == m.model.embed_tokens.weight.data_ptr()
     # no window: the same function as the loaded model
     x = torch.tensor([[5, 9, 300, 7, 11]])
@@ -153,7 +173,13 @@ def test_transformers_window_convention():
 # ----------------------------------------------------------------------------- memory
 def test_bytes_per_block_smollm2_shape():
     class Cfg:  # SmolLM2-135M's numbers
-        num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, hidden_size = 30, 9, 3, 64, 576
+        num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, hidden_size = (
+            30,
+            9,
+            3,
+            64,
+            576,
+        )
 
     assert bytes_per_block(Cfg, 16, torch.float32) == 16 * 30 * 2 * 3 * 64 * 4 == 737280
     assert bytes_per_block(Cfg, 16, "bfloat16") == 737280 // 2
@@ -170,9 +196,11 @@ def test_bytes_per_block_matches_the_runner_pools(tiny_model):
 
 
 def test_memory_module_does_not_import_torch():
-    code = ("import sys, kvcore.model.memory as m; "
-            "assert m.bytes_per_block_dims(16, 30, 3, 64, 'float32') == 737280; "
-            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    code = (
+        "import sys, kvcore.model.memory as m; "
+        "assert m.bytes_per_block_dims(16, 30, 3, 64, 'float32') == 737280; "
+        "sys.exit(1 if 'torch' in sys.modules else 0)"
+    )
     root = Path(__file__).resolve().parents[1]
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -184,8 +212,11 @@ def test_smollm2_loads_with_its_chat_template(smollm2):
     lm = smollm2
     assert lm.config.num_hidden_layers == 30 and lm.config.num_key_value_heads == 3
     ids = lm.encode_prompt("What is the capital of France?", chat=True)
-    direct = lm.tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                              add_generation_prompt=True, tokenize=True)
+    direct = lm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        tokenize=True,
+    )
     direct = direct["input_ids"] if hasattr(direct, "keys") else direct
     assert ids == list(direct)
     assert lm.decode(ids).endswith("<|im_start|>assistant\n")
@@ -194,7 +225,8 @@ def test_smollm2_loads_with_its_chat_template(smollm2):
 
 @pytest.mark.slow
 def test_converted_weights_are_bit_identical_to_the_gguf(smollm2):
-    """The cached safetensors hold exactly what transformers de-quantises from the GGUF (~20-60 s)."""
+    """The cached safetensors hold exactly what transformers de-quantises from the GGUF (~20-60
+    s)."""
     gguf_model = gguf_cache.load_gguf_model()
     a = gguf_model.state_dict()
     b = smollm2.model.state_dict()
@@ -203,7 +235,12 @@ def test_converted_weights_are_bit_identical_to_the_gguf(smollm2):
         assert a[k].dtype == b[k].dtype == torch.float32, k
         assert torch.equal(a[k], b[k].cpu()), k
     tok = gguf_cache.load_gguf_tokenizer()
-    for text in ["Hello world", "  spaces\tand\nnewlines", "ünïcödé 😀", "<|im_start|>user\nhi<|im_end|>"]:
+    for text in [
+        "Hello world",
+        "  spaces\tand\nnewlines",
+        "ünïcödé 😀",
+        "<|im_start|>user\nhi<|im_end|>",
+    ]:
         assert tok.encode(text) == smollm2.tokenizer.encode(text)
 
 

@@ -1,4 +1,6 @@
-"""Memory profiling -> num_gpu_blocks (kvcore/model/profile.py, kvcore/model/memory.py: KVCacheSizing)."""
+"""Memory profiling -> num_gpu_blocks (kvcore/model/profile.py, kvcore/model/memory.py:
+KVCacheSizing)."""
+
 from __future__ import annotations
 
 import json
@@ -9,18 +11,31 @@ import pytest
 import torch
 
 from cli.main import main
-from record.engine import Engine
 from kvcore.model.memory import GiB, MemoryProfile, bytes_per_block, num_gpu_blocks_from_profile
 from kvcore.model.profile import LiveTensorBytes, profile_model, weights_bytes
+from record.engine import Engine
 from record.scenario import EngineSettings, RequestSpec, Scenario, load_scenario
 
-PROFILE = MemoryProfile(device="cuda:0", model="m", dtype="float16", max_num_batched_tokens=256,
-                        total_memory=80 * GiB, weights_memory=3 * GiB + 12345,
-                        peak_activation_memory=700_000_001, other_memory=500_000_000)
+PROFILE = MemoryProfile(
+    device="cuda:0",
+    model="m",
+    dtype="float16",
+    max_num_batched_tokens=256,
+    total_memory=80 * GiB,
+    weights_memory=3 * GiB + 12345,
+    peak_activation_memory=700_000_001,
+    other_memory=500_000_000,
+)
 
 
 class _Config:  # SmolLM2's shape
-    num_hidden_layers, num_attention_heads, num_key_value_heads, hidden_size, head_dim = 30, 9, 3, 576, 64
+    num_hidden_layers, num_attention_heads, num_key_value_heads, hidden_size, head_dim = (
+        30,
+        9,
+        3,
+        576,
+        64,
+    )
 
 
 def test_the_derivation_is_vllms_arithmetic_exactly():
@@ -38,7 +53,8 @@ def test_the_derivation_is_vllms_arithmetic_exactly():
     odd = num_gpu_blocks_from_profile(PROFILE, _Config, 48, "float16", 0.9, 1000, environ={})
     assert odd.blocks_per_request == 21 and odd.max_concurrency == odd.num_gpu_blocks / 21
     text = "\n".join(s.lines())
-    assert "197,721" in text and "0.9" in text and "vLLM's CPU backend" not in text  # a CUDA profile
+    # a CUDA profile
+    assert "197,721" in text and "0.9" in text and "vLLM's CPU backend" not in text
     assert json.loads(json.dumps(s.to_dict()))["num_gpu_blocks"] == 197721
 
 
@@ -55,23 +71,26 @@ def test_vllm_cpu_backend_rule_is_shown_beside():
     auto = num_gpu_blocks_from_profile(cpu, _Config, 16, "float32", 0.5, 8192, environ={})
     assert auto.cpu_backend_kv_cache_memory == math.ceil(80 * GiB * 0.5) - 2 * GiB
     assert auto.cpu_backend_num_blocks == (38 * GiB) // (16 * 30 * 2 * 3 * 64 * 4)
-    fixed = num_gpu_blocks_from_profile(cpu, _Config, 16, "float32", 0.5, 8192,
-                                        environ={"VLLM_CPU_KVCACHE_SPACE": "4"})
+    fixed = num_gpu_blocks_from_profile(
+        cpu, _Config, 16, "float32", 0.5, 8192, environ={"VLLM_CPU_KVCACHE_SPACE": "4"}
+    )
     assert fixed.cpu_backend_kv_cache_memory == 4 * GiB
     assert "VLLM_CPU_KVCACHE_SPACE=4 GiB" in "\n".join(fixed.lines())
     with pytest.raises(ValueError, match="VLLM_CPU_KVCACHE_SPACE"):
-        num_gpu_blocks_from_profile(cpu, _Config, 16, "float32", 0.5, 8192, environ={"VLLM_CPU_KVCACHE_SPACE": "4G"})
+        num_gpu_blocks_from_profile(
+            cpu, _Config, 16, "float32", 0.5, 8192, environ={"VLLM_CPU_KVCACHE_SPACE": "4G"}
+        )
 
 
 def test_live_tensor_bytes_counts_what_ops_allocate_while_alive():
     before = torch.ones(1000)
     with LiveTensorBytes() as m:
-        x = torch.randn(1000)            # +4000
-        y = x * 2                        # +4000 -> 8000 (peak)
-        del x                            # -4000
-        z = y.view(10, 100)              # a view: nothing new
-        before.add_(1)                   # in place, on memory from before: nothing
-        w = before[:10]                  # a view of memory from before: nothing
+        x = torch.randn(1000)  # +4000
+        y = x * 2  # +4000 -> 8000 (peak)
+        del x  # -4000
+        z = y.view(10, 100)  # a view: nothing new
+        before.add_(1)  # in place, on memory from before: nothing
+        w = before[:10]  # a view of memory from before: nothing
         assert m.current == 4000
         del y, z
         assert m.current == 0
@@ -93,30 +112,39 @@ def test_profile_of_the_tiny_model_is_positive_and_plausible(tiny_model):
 
 
 def _scenario(**engine) -> Scenario:
-    return Scenario(model="tiny-random", device="cpu", engine=EngineSettings(**{
-        "block_size": 16, "max_num_batched_tokens": 64, **engine}), requests=(
-        RequestSpec("A", prompt_token_ids=tuple(range(3, 40)), max_tokens=6),
-        RequestSpec("B", prompt_token_ids=tuple(range(3, 30)), max_tokens=6, arrival_step=1),
-    ))
+    return Scenario(
+        model="tiny-random",
+        device="cpu",
+        engine=EngineSettings(**{"block_size": 16, "max_num_batched_tokens": 64, **engine}),
+        requests=(
+            RequestSpec("A", prompt_token_ids=tuple(range(3, 40)), max_tokens=6),
+            RequestSpec("B", prompt_token_ids=tuple(range(3, 30)), max_tokens=6, arrival_step=1),
+        ),
+    )
 
 
 def _utilization_for(lm, blocks: int, block_size: int = 16) -> float:
     """A gpu_memory_utilization that leaves room for about ``blocks`` blocks on this machine now
     (the process's resident memory moves a little between two profiles)."""
     p = profile_model(lm, 64, block_size)
-    return (p.non_kv_cache_memory + blocks * bytes_per_block(lm.config, block_size, lm.dtype)) / p.total_memory
+    return (
+        p.non_kv_cache_memory + blocks * bytes_per_block(lm.config, block_size, lm.dtype)
+    ) / p.total_memory
 
 
 def test_auto_sizes_a_working_engine(tiny_model):
     util = _utilization_for(tiny_model, 300)
     eng = Engine(_scenario(num_gpu_blocks="auto", gpu_memory_utilization=util), model=tiny_model)
     n = eng.settings.num_gpu_blocks
-    assert n == eng.kv_cache_sizing.num_gpu_blocks and 2 <= n < 5000  # the RSS moves a little between profiles
+    # the RSS moves a little between profiles
+    assert n == eng.kv_cache_sizing.num_gpu_blocks and 2 <= n < 5000
     assert eng.runner.num_blocks == n and eng.snapshot().num_gpu_blocks == n
     eng.run()
     fixed = Engine(_scenario(num_gpu_blocks=64), model=tiny_model)
     fixed.run()
-    assert eng.outputs() == fixed.outputs() and all(len(o["token_ids"]) == 6 for o in eng.outputs().values())
+    assert eng.outputs() == fixed.outputs() and all(
+        len(o["token_ids"]) == 6 for o in eng.outputs().values()
+    )
 
 
 def test_auto_without_room_says_why(tiny_model):
@@ -125,22 +153,48 @@ def test_auto_without_room_says_why(tiny_model):
 
 
 def test_cli_profile_and_run_print_the_derivation(tiny_model, tmp_path, capsys):
-    assert main(["profile", "--model", "tiny-random", "--device", "cpu", "--max-num-batched-tokens", "64",
-                 "--gpu-memory-utilization", "0.5"]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                "--model",
+                "tiny-random",
+                "--device",
+                "cpu",
+                "--max-num-batched-tokens",
+                "64",
+                "--gpu-memory-utilization",
+                "0.5",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "num_gpu_blocks" in out and "peak activations" in out and "vLLM's CPU backend" in out
     assert main(["profile", "--model", "tiny-random", "--gpu-memory-utilization", "1.5"]) == 2
     # the run loads its own model: 1000 blocks of 64 KiB leave room for its few MB more
     util = _utilization_for(tiny_model, 1000, block_size=64)
     f = tmp_path / "auto.json"
-    f.write_text(json.dumps({"model": "tiny-random", "device": "cpu", "engine": {
-        "num_gpu_blocks": "auto", "gpu_memory_utilization": util, "max_num_batched_tokens": 64,
-        "block_size": 64},
-        "requests": [{"id": "A", "prompt_token_ids": [5, 6, 7, 8, 9], "max_tokens": 3}]}))
+    f.write_text(
+        json.dumps(
+            {
+                "model": "tiny-random",
+                "device": "cpu",
+                "engine": {
+                    "num_gpu_blocks": "auto",
+                    "gpu_memory_utilization": util,
+                    "max_num_batched_tokens": 64,
+                    "block_size": 64,
+                },
+                "requests": [{"id": "A", "prompt_token_ids": [5, 6, 7, 8, 9], "max_tokens": 3}],
+            }
+        )
+    )
     assert load_scenario(f).engine.num_gpu_blocks == "auto"
     trace_file = tmp_path / "t.jsonl"
     assert main(["run", str(f), "--quiet", "--trace", str(trace_file)]) == 0
     out = capsys.readouterr().out
     assert "= num_gpu_blocks" in out and "== outputs" in out
     header = json.loads(trace_file.read_text().splitlines()[0])
-    assert isinstance(header["scenario"]["engine"]["num_gpu_blocks"], int)  # the trace replays anywhere
+    # the trace replays anywhere
+    assert isinstance(header["scenario"]["engine"]["num_gpu_blocks"], int)

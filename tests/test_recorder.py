@@ -1,12 +1,13 @@
 """The Recorder's queue positions (where a revived block stood in the free queue) equal a walk of
 the queue, over random sequences of pool operations; it keeps them without walking."""
-from hypothesis import given, settings, strategies as st
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from _kv_helpers import make_request
 from kvcore.core.block_pool import BlockPool
 from record import events
 from record.recorder import Recorder
-
-from _kv_helpers import make_request
 
 BS = 2
 
@@ -16,8 +17,11 @@ def walked_positions(pool, ids):
     return tuple(order.index(i) for i in ids)
 
 
-ops = st.lists(st.tuples(st.sampled_from(["alloc", "free", "touch", "cache"]), st.integers(0, 10**6)),
-               min_size=1, max_size=60)
+ops = st.lists(
+    st.tuples(st.sampled_from(["alloc", "free", "touch", "cache"]), st.integers(0, 10**6)),
+    min_size=1,
+    max_size=60,
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -25,15 +29,14 @@ ops = st.lists(st.tuples(st.sampled_from(["alloc", "free", "touch", "cache"]), s
 def test_touched_queue_positions_equal_a_walk_of_the_queue(ops, n, legacy):
     pool = BlockPool(n, True, BS, True, free_order="legacy" if legacy else "v0.33")
     rec = Recorder().attach_block_pool(pool)
-    held: list = []            # blocks with ref_cnt > 0
-    free_hashed: list = []     # candidates for a touch: blocks in the queue
+    held: list = []  # blocks with ref_cnt > 0
     k = 0
     for op, r in ops:
         if op == "alloc" and pool.get_num_free_blocks():
             held += pool.get_new_blocks(1 + r % pool.get_num_free_blocks())
         elif op == "free" and held:
             i = r % len(held)
-            chunk, held[:] = held[i:i + 1 + r % 3], held[:i] + held[i + 1 + r % 3:]
+            chunk, held[:] = held[i : i + 1 + r % 3], held[:i] + held[i + 1 + r % 3 :]
             pool.free_blocks(list(reversed(chunk)))
         elif op == "cache" and held:
             b = held[r % len(held)]

@@ -1,4 +1,6 @@
-"""The run store: sharing, fair background computing, eviction by bytes, error isolation, release."""
+"""The run store: sharing, fair background computing, eviction by bytes, error isolation,
+release."""
+
 import gc
 import threading
 import time
@@ -10,13 +12,22 @@ from record.budget import BudgetError, Limits
 from record.scenario import load_scenario
 from runstore.decoder import Decoder
 from runstore.recorded_run import RecordedRun, estimate_nbytes, run_key
-from runstore.store import RunStore
 from runstore.runtime import LabRun, RunStopped, Timeline
+from runstore.store import RunStore
 
-SCENARIO = {"engine": {"block_size": 4, "num_gpu_blocks": 12, "max_num_seqs": 3}, "requests": [
-    {"id": "A", "prompt_token_ids": list(range(1, 14)), "max_tokens": 4, "ignore_eos": True},
-    {"id": "B", "prompt_token_ids": list(range(100, 128)), "max_tokens": 6, "arrival_step": 4, "ignore_eos": True},
-]}
+SCENARIO = {
+    "engine": {"block_size": 4, "num_gpu_blocks": 12, "max_num_seqs": 3},
+    "requests": [
+        {"id": "A", "prompt_token_ids": list(range(1, 14)), "max_tokens": 4, "ignore_eos": True},
+        {
+            "id": "B",
+            "prompt_token_ids": list(range(100, 128)),
+            "max_tokens": 6,
+            "arrival_step": 4,
+            "ignore_eos": True,
+        },
+    ],
+}
 
 
 @dataclass(frozen=True)
@@ -29,7 +40,14 @@ class FakeEngine:
     """Steps ``n`` times; each record carries ``size`` ints; step ``fail_at`` raises."""
 
     def __init__(self, n=5, size=10, fail_at=None, delay=0.0, log=None, name=""):
-        self.n, self.size, self.fail_at, self.delay, self.log, self.name = n, size, fail_at, delay, log, name
+        self.n, self.size, self.fail_at, self.delay, self.log, self.name = (
+            n,
+            size,
+            fail_at,
+            delay,
+            log,
+            name,
+        )
         self.step_count = 0
         self.kv_events = []
 
@@ -59,8 +77,12 @@ class FakeEngine:
 
 
 def sc(name="s", n_req=1):
-    return load_scenario({"name": name, "requests": [{"id": f"r{i}", "prompt_token_ids": [1, 2]}
-                                                     for i in range(n_req)]})
+    return load_scenario(
+        {
+            "name": name,
+            "requests": [{"id": f"r{i}", "prompt_token_ids": [1, 2]} for i in range(n_req)],
+        }
+    )
 
 
 @pytest.fixture
@@ -76,9 +98,13 @@ def test_identical_scenarios_share_one_run_and_the_key_is_stable(store):
     def factory(s):
         made.append(s)
         return FakeEngine()
+
     a = store.run(sc("x"), factory, model_key=("m", "cpu", "float32"))
-    b = store.run(load_scenario({"name": "x", "requests": [{"id": "r0", "prompt_token_ids": [1, 2]}]}), factory,
-                  model_key=("m", "cpu", "float32"))
+    b = store.run(
+        load_scenario({"name": "x", "requests": [{"id": "r0", "prompt_token_ids": [1, 2]}]}),
+        factory,
+        model_key=("m", "cpu", "float32"),
+    )
     assert a is b and len(made) == 1 and len(store) == 1
     assert run_key(("m", "cpu", "float32"), sc("x")) == a.key
     c = store.run(sc("x"), factory, model_key=("m", "cuda", "float32"))
@@ -89,10 +115,14 @@ def test_a_cursor_reads_steps_the_worker_computed(store):
     run = store.run(sc(), lambda s: FakeEngine(n=5), model_key="k")
     t = Timeline(run)
     assert run.wait(5, timeout=5) and run.done and run.error is None
-    assert [r.step for r in run.records] == [1, 2, 3, 4, 5] and run.outputs()["A"]["finish_reason"] == "length"
+    assert [r.step for r in run.records] == [1, 2, 3, 4, 5] and run.outputs()["A"][
+        "finish_reason"
+    ] == "length"
     assert t.forward().step == 1 and t.cursor == 1
     t.goto(10_000)
-    assert t.cursor == 5 and t.finished and t.forward() is None, "a step beyond the end shows the last step"
+    assert t.cursor == 5 and t.finished and t.forward() is None, (
+        "a step beyond the end shows the last step"
+    )
     t.back()
     assert t.cursor == 4 and t.can_forward()
 
@@ -103,6 +133,7 @@ def test_the_kv_event_queue_is_taken_every_step(store):
     def factory(s):
         engines.append(FakeEngine(n=4))
         return engines[-1]
+
     run = store.run(sc(), factory, model_key="k")
     t = Timeline(run)
     assert run.wait(4, 5) and t
@@ -111,25 +142,37 @@ def test_the_kv_event_queue_is_taken_every_step(store):
 
 def test_runs_interleave_round_robin(store):
     log = []
-    runs = [store.run(sc(f"r{i}"), lambda s, i=i: FakeEngine(n=6, delay=0.002, log=log, name=f"r{i}"),
-                      model_key=f"k{i}") for i in range(3)]
-    with store.lock:               # hold the engine: all three are wanted before the worker starts
+    runs = [
+        store.run(
+            sc(f"r{i}"),
+            lambda s, i=i: FakeEngine(n=6, delay=0.002, log=log, name=f"r{i}"),
+            model_key=f"k{i}",
+        )
+        for i in range(3)
+    ]
+    with store.lock:  # hold the engine: all three are wanted before the worker starts
         cursors = [Timeline(r) for r in runs]
     deadline = time.time() + 10
     while not all(r.done for r in runs) and time.time() < deadline:
-        time.sleep(0.01)           # (no wait(): a waited-for run would go first)
+        time.sleep(0.01)  # (no wait(): a waited-for run would go first)
     names = [n for n, _ in log]
     assert len(names) == 18
     for i in range(0, 18, 3):
-        assert sorted(names[i:i + 3]) == ["r0", "r1", "r2"], f"one step each in turn, got {names}"
+        assert sorted(names[i : i + 3]) == ["r0", "r1", "r2"], f"one step each in turn, got {names}"
     assert len({tid for _, tid in log}) == 1, "one worker thread computes every step"
     assert cursors
 
 
 def test_a_step_a_session_waits_for_goes_before_background_steps(store):
     log = []
-    runs = [store.run(sc(f"r{i}"), lambda s, i=i: FakeEngine(n=50, delay=0.002, log=log, name=f"r{i}"),
-                      model_key=f"k{i}") for i in range(3)]
+    runs = [
+        store.run(
+            sc(f"r{i}"),
+            lambda s, i=i: FakeEngine(n=50, delay=0.002, log=log, name=f"r{i}"),
+            model_key=f"k{i}",
+        )
+        for i in range(3)
+    ]
     with store.lock:
         cursors = [Timeline(r) for r in runs]
         waiter = threading.Thread(target=lambda: [cursors[2].forward() for _ in range(10)])
@@ -144,14 +187,25 @@ def test_clicks_do_not_queue_behind_work_ahead_which_is_slowed_but_not_starved()
     """A session clicking Step at its frontier back to back gets its steps without waiting behind
     other runs' work ahead (the idle gap after each step is its window); the work ahead still gets a
     step each ``background_max_wait`` seconds."""
-    store = RunStore(max_bytes=10**9, max_steps=400, limits=Limits(), background_pause=1.0,
-                     background_max_wait=0.25)
+    store = RunStore(
+        max_bytes=10**9,
+        max_steps=400,
+        limits=Limits(),
+        background_pause=1.0,
+        background_max_wait=0.25,
+    )
     try:
         log = []
-        ahead = store.run(sc("ahead"), lambda s: FakeEngine(n=300, delay=0.04, log=log, name="ahead"),
-                          model_key="ahead")
-        clicker = store.run(sc("click"), lambda s: FakeEngine(n=300, delay=0.04, log=log, name="click"),
-                            model_key="click")
+        ahead = store.run(
+            sc("ahead"),
+            lambda s: FakeEngine(n=300, delay=0.04, log=log, name="ahead"),
+            model_key="ahead",
+        )
+        clicker = store.run(
+            sc("click"),
+            lambda s: FakeEngine(n=300, delay=0.04, log=log, name="click"),
+            model_key="click",
+        )
         ta, tc = Timeline(ahead), Timeline(clicker, ahead=False)
         assert ahead.wait(2, 5)
         log.clear()
@@ -170,8 +224,14 @@ def test_clicks_do_not_queue_behind_work_ahead_which_is_slowed_but_not_starved()
 def test_a_long_wait_is_not_urgent(store):
     """Run to end / a far step wait without priority: the other runs keep their turns."""
     log = []
-    runs = [store.run(sc(f"r{i}"), lambda s, i=i: FakeEngine(n=30, delay=0.002, log=log, name=f"r{i}"),
-                      model_key=f"k{i}") for i in range(2)]
+    runs = [
+        store.run(
+            sc(f"r{i}"),
+            lambda s, i=i: FakeEngine(n=30, delay=0.002, log=log, name=f"r{i}"),
+            model_key=f"k{i}",
+        )
+        for i in range(2)
+    ]
     with store.lock:
         cursors = [Timeline(r) for r in runs]
         waiter = threading.Thread(target=cursors[0].run_to_end, kwargs={"timeout": 10.0})
@@ -202,6 +262,7 @@ def test_a_run_nobody_holds_stops_being_computed(store):
         def step(self):
             gate.wait(5)
             return super().step()
+
     run = store.run(sc(), lambda s: Slow(n=300, delay=0.01), model_key="k")
     t = Timeline(run)
     gate.set()
@@ -212,7 +273,7 @@ def test_a_run_nobody_holds_stops_being_computed(store):
     n = len(run.records)
     time.sleep(0.3)
     assert len(run.records) <= n + 1 and not run.done, "the worker left the run nobody plays"
-    t2 = Timeline(run)             # a new session picks it up where it stopped
+    t2 = Timeline(run)  # a new session picks it up where it stopped
     assert run.wait(n + 5, 5) and t2
 
 
@@ -227,7 +288,9 @@ def test_eviction_by_bytes_keeps_held_runs(store):
         del ta
         gc.collect()
         c = small.run(sc("c"), lambda s: FakeEngine(n=3, size=1000), model_key="c")
-        assert a.key not in small and b.key not in small and c.key in small, "unheld runs go, oldest first"
+        assert a.key not in small and b.key not in small and c.key in small, (
+            "unheld runs go, oldest first"
+        )
         assert small.total_bytes == c.nbytes
         assert a.records and a.done, "a forgotten run stays readable to whoever still has it"
     finally:
@@ -269,7 +332,9 @@ def test_budget_is_checked_before_the_engine_is_built(store):
 def test_decoder_is_bounded_and_shared_across_threads():
     calls = []
     d = Decoder(lambda ids: calls.append(ids) or ",".join(map(str, ids)), max_entries=50)
-    threads = [threading.Thread(target=lambda k=k: [d([k, i % 80]) for i in range(400)]) for k in range(4)]
+    threads = [
+        threading.Thread(target=lambda k=k: [d([k, i % 80]) for i in range(400)]) for k in range(4)
+    ]
     for th in threads:
         th.start()
     for th in threads:
@@ -280,11 +345,13 @@ def test_decoder_is_bounded_and_shared_across_threads():
 # -- on the real engine (no model) ----------------------------------------------------------------
 def engine_factory(s):
     from record.engine import Engine, NoModelRunner
+
     return Engine(s, runner=NoModelRunner(), debug=True)
 
 
 def test_a_shared_run_equals_a_fresh_engine_step_by_step(store):
     from record.engine import Engine, NoModelRunner
+
     scenario = load_scenario(SCENARIO)
     one = Timeline(store.run(scenario, engine_factory, model_key="no-model"))
     two = Timeline(store.run(load_scenario(SCENARIO), engine_factory, model_key="no-model"))
@@ -295,11 +362,14 @@ def test_a_shared_run_equals_a_fresh_engine_step_by_step(store):
     expected = fresh.run()
     assert [r.to_dict() for r in one.records] == [r.to_dict() for r in expected]
     two.goto(3)
-    assert two.snapshot == expected[2].snapshot and one.cursor == len(expected), "each session its own cursor"
+    assert two.snapshot == expected[2].snapshot and one.cursor == len(expected), (
+        "each session its own cursor"
+    )
 
 
 def test_lab_run_add_request_is_a_new_run_with_the_cursor_kept(store):
     from record.scenario import RequestSpec
+
     run = LabRun(load_scenario(SCENARIO), engine_factory, store)
     run.goto(3)
     before = [r.to_dict() for r in run.records[:3]]
@@ -313,10 +383,19 @@ def test_lab_run_add_request_is_a_new_run_with_the_cursor_kept(store):
 def test_a_trace_file_is_a_finished_run(store):
     from record.scenario import scenario_to_dict
     from record.trace import Trace, read_trace
+
     live = Timeline(store.run(load_scenario(SCENARIO), engine_factory, model_key="no-model"))
     live.run_to_end(timeout=10)
-    trace = read_trace(Trace(scenario_to_dict(live.scenario), live.initial, tuple(live.records),
-                             live.outputs()).to_jsonl())
+    trace = read_trace(
+        Trace(
+            scenario_to_dict(live.scenario), live.initial, tuple(live.records), live.outputs()
+        ).to_jsonl()
+    )
     run = store.trace_run(trace)
-    assert isinstance(run, RecordedRun) and run.done and run.error is None and run is store.trace_run(trace)
+    assert (
+        isinstance(run, RecordedRun)
+        and run.done
+        and run.error is None
+        and run is store.trace_run(trace)
+    )
     assert [r.to_dict() for r in run.records] == [r.to_dict() for r in live.records]

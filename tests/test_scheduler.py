@@ -1,13 +1,13 @@
 """Scheduler through the Engine (NoModelRunner, no torch): budget, chunked prefill, admission,
 preemption under FCFS and priority, resume with prefix hits, finishing, aborting."""
+
 import pytest
 
+from _kv_helpers import events_of, make_engine, spec, table
+from kvcore.request import RequestStatus
+from kvcore.utils.math_utils import cdiv
 from record import events
 from record.engine import NoModelRunner
-from kvcore.request import RequestStatus
-
-from _kv_helpers import events_of, make_engine, spec, table
-from kvcore.utils.math_utils import cdiv
 
 
 def steps_until(eng, pred, limit=100):
@@ -24,10 +24,13 @@ def test_chunked_prefill_splits_a_long_prompt_across_steps():
     eng = make_engine([spec("a", list(range(20)), max_tokens=2)], max_num_batched_tokens=8)
     r1, r2, r3 = eng.step(), eng.step(), eng.step()
     assert [r.scheduled for r in (r1, r2, r3)] == [{"a": 8}, {"a": 8}, {"a": 4}]
-    assert [r.new_tokens for r in (r1, r2)] == [{}, {}]            # no token mid-prompt
+    assert [r.new_tokens for r in (r1, r2)] == [{}, {}]  # no token mid-prompt
     assert list(r3.new_tokens) == ["a"]
     assert [r.snapshot.request("a").block_tables[0] for r in (r1, r2, r3)] == [
-        (1, 2), (1, 2, 3, 4), (1, 2, 3, 4, 5)]
+        (1, 2),
+        (1, 2, 3, 4),
+        (1, 2, 3, 4, 5),
+    ]
     assert [r.snapshot.request("a").num_computed_tokens for r in (r1, r2, r3)] == [8, 16, 20]
     starts = [e.start for e in events_of([r1, r2, r3], events.SCHEDULED)]
     assert starts == [0, 8, 16]
@@ -37,35 +40,43 @@ def test_chunked_prefill_splits_a_long_prompt_across_steps():
 
 
 def test_budget_left_by_running_requests_goes_to_waiting_ones():
-    eng = make_engine([spec("a", list(range(20)), max_tokens=2), spec("b", list(range(50, 54)))],
-                      max_num_batched_tokens=8)
+    eng = make_engine(
+        [spec("a", list(range(20)), max_tokens=2), spec("b", list(range(50, 54)))],
+        max_num_batched_tokens=8,
+    )
     r1 = eng.step()
     assert r1.scheduled == {"a": 8}
     blocked = events_of(r1, events.BLOCKED, "b")
     assert blocked and blocked[-1].reason == "token_budget"
     r3 = [eng.step(), eng.step()][-1]
-    assert r3.scheduled == {"a": 4, "b": 4}                        # running first, then waiting
+    assert r3.scheduled == {"a": 4, "b": 4}  # running first, then waiting
 
 
 def test_long_prefill_token_threshold_caps_chunks_only_with_more_than_one_request():
     # vLLM: the cap stops one prefill from starving the others; a lone request starves nobody.
     eng = make_engine([spec("a", list(range(10)), max_tokens=1)], long_prefill_token_threshold=3)
     assert eng.step().scheduled == {"a": 10}
-    eng = make_engine([spec("a", list(range(10)), max_tokens=1), spec("b", list(range(50, 60)), max_tokens=1)],
-                      long_prefill_token_threshold=3)
+    eng = make_engine(
+        [spec("a", list(range(10)), max_tokens=1), spec("b", list(range(50, 60)), max_tokens=1)],
+        long_prefill_token_threshold=3,
+    )
     assert eng.step().scheduled == {"a": 3, "b": 3}
     # Waiting requests count too: a running alone while b waits is still capped.
-    eng = make_engine([spec("a", list(range(10)), max_tokens=1), spec("b", list(range(50, 60)), max_tokens=1)],
-                      long_prefill_token_threshold=3, max_num_seqs=1)
+    eng = make_engine(
+        [spec("a", list(range(10)), max_tokens=1), spec("b", list(range(50, 60)), max_tokens=1)],
+        long_prefill_token_threshold=3,
+        max_num_seqs=1,
+    )
     assert [eng.step().scheduled for _ in range(3)] == [{"a": 3}, {"a": 3}, {"a": 3}]
     assert eng.step().scheduled == {"a": 1}
-    assert eng.step().scheduled == {"b": 10}       # b is alone now: its whole prompt
+    assert eng.step().scheduled == {"b": 10}  # b is alone now: its whole prompt
 
 
-# -- admission ------------------------------------------------------------------------------------------
+# -- admission -------------------------------------------------------------------------------------
 def test_admission_blocked_by_max_num_seqs():
-    eng = make_engine([spec("a", [1, 2, 3], max_tokens=3), spec("b", [4, 5, 6], max_tokens=1)],
-                      max_num_seqs=1)
+    eng = make_engine(
+        [spec("a", [1, 2, 3], max_tokens=3), spec("b", [4, 5, 6], max_tokens=1)], max_num_seqs=1
+    )
     recs = steps_until(eng, lambda r: "b" in r.scheduled)
     assert [r.scheduled for r in recs] == [{"a": 3}, {"a": 1}, {"a": 1}, {"b": 3}]
     reasons = {e.reason for e in events_of(recs[:3], events.BLOCKED, "b")}
@@ -75,19 +86,25 @@ def test_admission_blocked_by_max_num_seqs():
 
 @pytest.mark.parametrize("admission", ["full_sequence", "first_chunk"])
 def test_admission_blocked_by_free_blocks_full_sequence_vs_first_chunk(admission):
-    eng = make_engine([spec("a", list(range(8)), max_tokens=8),
-                       spec("b", list(range(100, 116)), max_tokens=2, arrival_step=1)],
-                      num_gpu_blocks=6, max_num_batched_tokens=8, admission=admission)
+    eng = make_engine(
+        [
+            spec("a", list(range(8)), max_tokens=8),
+            spec("b", list(range(100, 116)), max_tokens=2, arrival_step=1),
+        ],
+        num_gpu_blocks=6,
+        max_num_batched_tokens=8,
+        admission=admission,
+    )
     eng.step()
-    r2 = eng.step()                                   # a holds 3 blocks, 2 free; b needs 4
+    r2 = eng.step()  # a holds 3 blocks, 2 free; b needs 4
     if admission == "full_sequence":
         assert r2.scheduled == {"a": 1}
         (ev,) = events_of(r2, events.BLOCKED, "b")
         assert ev.reason == "no_free_blocks" and ev.num_free_blocks == 2
-    else:                                             # older rule: the 7-token chunk fits in 2 blocks
+    else:  # older rule: the 7-token chunk fits in 2 blocks
         assert r2.scheduled == {"a": 1, "b": 7}
         assert table(eng, "b") == [4, 5]
-        r3 = eng.step()                               # ...and b is preempted when it grows
+        r3 = eng.step()  # ...and b is preempted when it grows
         assert [e.request_id for e in events_of(r3, events.PREEMPTED)] == ["b"]
     eng.run()
     assert all(o["finish_reason"] == "finished_length" for o in eng.outputs().values())
@@ -95,9 +112,13 @@ def test_admission_blocked_by_free_blocks_full_sequence_vs_first_chunk(admission
 
 def test_admission_counts_free_queue_hits_but_not_hits_in_use():
     # a holds the prompt's blocks; an identical b only needs the new tail block.
-    eng = make_engine([spec("a", list(range(12)), max_tokens=2),
-                       spec("b", list(range(12)) + [77], max_tokens=2, arrival_step=1)],
-                      num_gpu_blocks=6)
+    eng = make_engine(
+        [
+            spec("a", list(range(12)), max_tokens=2),
+            spec("b", list(range(12)) + [77], max_tokens=2, arrival_step=1),
+        ],
+        num_gpu_blocks=6,
+    )
     eng.step()
     r2 = eng.step()
     assert "b" in r2.scheduled
@@ -106,11 +127,13 @@ def test_admission_counts_free_queue_hits_but_not_hits_in_use():
     assert hit.num_tokens == 12
 
 
-# -- preemption --------------------------------------------------------------------------------------------
+# -- preemption ------------------------------------------------------------------------------------
 def test_fcfs_preempts_the_last_running_request_and_it_rehits_its_own_blocks():
-    eng = make_engine([spec("A", list(range(8)), max_tokens=6), spec("B", list(range(20, 28)), max_tokens=6)],
-                      num_gpu_blocks=6)
-    r1 = eng.step()
+    eng = make_engine(
+        [spec("A", list(range(8)), max_tokens=6), spec("B", list(range(20, 28)), max_tokens=6)],
+        num_gpu_blocks=6,
+    )
+    eng.step()
     assert table(eng, "A") == [1, 2] and table(eng, "B") == [3, 4]
     r2 = eng.step()
     (pre,) = events_of(r2, events.PREEMPTED)
@@ -122,7 +145,7 @@ def test_fcfs_preempts_the_last_running_request_and_it_rehits_its_own_blocks():
     assert b.status == "preempted" and b.num_computed_tokens == 0 and b.num_preemptions == 1
     assert b.block_tables == ((),)
     assert snap.waiting == ("B",) and snap.running == ("A",)
-    assert snap.free_queue == (4, 3)                  # freed in reverse, both cached -> tail
+    assert snap.free_queue == (4, 3)  # freed in reverse, both cached -> tail
     # No waiting request is admitted in a step that preempted.
     assert events_of(r2, events.BLOCKED, "B")[0].reason == "preempted_this_step"
     recs = steps_until(eng, lambda r: events_of(r, events.RESUMED))
@@ -147,9 +170,14 @@ def test_fcfs_preempts_the_last_running_request_and_it_rehits_its_own_blocks():
 
 
 def test_fcfs_preempted_request_goes_back_to_the_front_of_the_waiting_queue():
-    eng = make_engine([spec("A", list(range(8)), max_tokens=6), spec("B", list(range(20, 28)), max_tokens=6),
-                       spec("C", [9, 9, 9, 9, 9, 9, 9, 9, 9], max_tokens=1, arrival_step=1)],
-                      num_gpu_blocks=6)
+    eng = make_engine(
+        [
+            spec("A", list(range(8)), max_tokens=6),
+            spec("B", list(range(20, 28)), max_tokens=6),
+            spec("C", [9, 9, 9, 9, 9, 9, 9, 9, 9], max_tokens=1, arrival_step=1),
+        ],
+        num_gpu_blocks=6,
+    )
     eng.step()
     r2 = eng.step()
     assert r2.snapshot.waiting == ("B", "C")
@@ -158,13 +186,18 @@ def test_fcfs_preempted_request_goes_back_to_the_front_of_the_waiting_queue():
 @pytest.mark.parametrize("policy", ["priority", "fcfs"])
 def test_preemption_victim_under_both_policies(policy):
     # X (priority 5, i.e. least important) is admitted first and so sits first in `running`.
-    eng = make_engine([spec("X", list(range(6)), max_tokens=6, priority=5),
-                       spec("Y", list(range(50, 54)), max_tokens=2, arrival_step=1)],
-                      num_gpu_blocks=4, policy=policy)
+    eng = make_engine(
+        [
+            spec("X", list(range(6)), max_tokens=6, priority=5),
+            spec("Y", list(range(50, 54)), max_tokens=2, arrival_step=1),
+        ],
+        num_gpu_blocks=4,
+        policy=policy,
+    )
     eng.step()
     r2 = eng.step()
     assert r2.snapshot.running == ("X", "Y")
-    r3 = eng.step()                                   # X fits; then Y needs a block and none is free
+    r3 = eng.step()  # X fits; then Y needs a block and none is free
     (pre,) = events_of(r3, events.PREEMPTED)
     if policy == "priority":
         # The largest (priority, arrival) wherever it sits: X, already in this step's batch,
@@ -174,12 +207,12 @@ def test_preemption_victim_under_both_policies(policy):
         assert not events_of(r3, events.SCHEDULED, "X")
         x = r3.snapshot.request("X")
         assert x.status == "preempted" and x.num_computed_tokens == 0
-        assert x.num_output_tokens == r2.snapshot.request("X").num_output_tokens   # nothing sampled
+        assert x.num_output_tokens == r2.snapshot.request("X").num_output_tokens  # nothing sampled
         r4 = eng.step()
         res = events_of(r4, events.RESUMED, "X")
         assert res and res[0].num_cached_tokens == 4
     else:
-        assert pre.request_id == "Y"                  # the last in `running`: Y preempts itself
+        assert pre.request_id == "Y"  # the last in `running`: Y preempts itself
         assert r3.scheduled == {"X": 1}
     eng.run()
     assert {o["finish_reason"] for o in eng.outputs().values()} == {"finished_length"}
@@ -189,9 +222,14 @@ def test_priority_self_preemption_lets_the_running_requests_after_it_go_on():
     # 4 usable blocks of 4: A (7 tokens, priority 1) runs; B (5 tokens, priority 0) joins and
     # fills the pool. A then needs a third block, is the least important and preempts itself;
     # vLLM goes on with the running requests after it, so B still decodes in that step.
-    eng = make_engine([spec("A", list(range(7)), max_tokens=8, priority=1),
-                       spec("B", list(range(50, 55)), max_tokens=8, arrival_step=1)],
-                      num_gpu_blocks=5, policy="priority")
+    eng = make_engine(
+        [
+            spec("A", list(range(7)), max_tokens=8, priority=1),
+            spec("B", list(range(50, 55)), max_tokens=8, arrival_step=1),
+        ],
+        num_gpu_blocks=5,
+        policy="priority",
+    )
     assert eng.step().scheduled == {"A": 7}
     r2 = eng.step()
     assert r2.scheduled == {"A": 1, "B": 5} and r2.snapshot.num_free_blocks == 0
@@ -205,9 +243,13 @@ def test_priority_self_preemption_lets_the_running_requests_after_it_go_on():
 
 
 def test_priority_waiting_queue_orders_by_priority_then_arrival():
-    reqs = [spec("p2", [1], priority=2, max_tokens=1), spec("p0-late", [2], priority=0, max_tokens=1),
-            spec("p1", [3], priority=1, max_tokens=1), spec("p0", [4], priority=0, max_tokens=1),
-            spec("hold", [5], priority=-1, max_tokens=3)]
+    reqs = [
+        spec("p2", [1], priority=2, max_tokens=1),
+        spec("p0-late", [2], priority=0, max_tokens=1),
+        spec("p1", [3], priority=1, max_tokens=1),
+        spec("p0", [4], priority=0, max_tokens=1),
+        spec("hold", [5], priority=-1, max_tokens=3),
+    ]
     eng = make_engine(reqs, policy="priority", max_num_seqs=1)
     r1 = eng.step()
     assert r1.scheduled == {"hold": 1}
@@ -219,20 +261,24 @@ def test_priority_waiting_queue_orders_by_priority_then_arrival():
     assert order == ["p0-late", "p0", "p1", "p2"]
 
 
-# -- finishing ----------------------------------------------------------------------------------------------
+# -- finishing -------------------------------------------------------------------------------------
 def test_last_sampled_token_never_gets_a_kv_slot():
     eng = make_engine([spec("a", [1, 2, 3], max_tokens=2), spec("b", [1, 2, 3, 4], max_tokens=1)])
     recs = eng.run()
-    allocated = {rid: [b for e in events_of(recs, events.ALLOCATED, rid) for b in e.block_ids]
-                 for rid in ("a", "b")}
+    allocated = {
+        rid: [b for e in events_of(recs, events.ALLOCATED, rid) for b in e.block_ids]
+        for rid in ("a", "b")
+    }
     assert allocated == {"a": [1], "b": [2]}
     assert len(eng.outputs()["a"]["token_ids"]) == 2
 
 
 def test_finish_on_eos_frees_blocks():
     # NoModelRunner's first token for request "e" after 4 prompt tokens is 470.
-    eng = make_engine([spec("e", [1, 2, 3, 4], max_tokens=10, ignore_eos=False)],
-                      runner=NoModelRunner(eos_token_id=470))
+    eng = make_engine(
+        [spec("e", [1, 2, 3, 4], max_tokens=10, ignore_eos=False)],
+        runner=NoModelRunner(eos_token_id=470),
+    )
     recs = eng.run()
     out = eng.outputs()["e"]
     assert out["token_ids"] == [470] and out["finish_reason"] == "finished_stopped"
@@ -240,19 +286,22 @@ def test_finish_on_eos_frees_blocks():
     assert fin.reason == "eos"
     assert eng.kv_cache_manager.block_pool.get_num_free_blocks() == 15
     # ignore_eos keeps going to max_tokens.
-    eng = make_engine([spec("e", [1, 2, 3, 4], max_tokens=3, ignore_eos=True)],
-                      runner=NoModelRunner(eos_token_id=470))
+    eng = make_engine(
+        [spec("e", [1, 2, 3, 4], max_tokens=3, ignore_eos=True)],
+        runner=NoModelRunner(eos_token_id=470),
+    )
     eng.run()
     assert eng.outputs()["e"]["finish_reason"] == "finished_length"
 
 
 def test_abort_running_and_waiting_requests():
-    eng = make_engine([spec("a", list(range(6)), max_tokens=5), spec("b", [1, 2], max_tokens=5)],
-                      max_num_seqs=1)
+    eng = make_engine(
+        [spec("a", list(range(6)), max_tokens=5), spec("b", [1, 2], max_tokens=5)], max_num_seqs=1
+    )
     eng.step()
     eng.scheduler.abort_request("a")
     eng.scheduler.abort_request("b")
-    eng.scheduler.abort_request("b")                  # twice: no-op
+    eng.scheduler.abort_request("b")  # twice: no-op
     rec = eng.step()
     assert {e.request_id for e in events_of(rec, events.FINISHED)} == {"a", "b"}
     assert all(e.reason == "aborted" for e in events_of(rec, events.FINISHED))
@@ -263,15 +312,20 @@ def test_abort_running_and_waiting_requests():
 
 def test_free_order_at_the_end_of_a_request_v033_vs_legacy():
     for order, expect in (("v0.33", (3, 4, 5, 6, 7, 2, 1)), ("legacy", (4, 5, 6, 7, 3, 2, 1))):
-        eng = make_engine([spec("a", list(range(10)), max_tokens=1)], num_gpu_blocks=8, free_order=order)
+        eng = make_engine(
+            [spec("a", list(range(10)), max_tokens=1)], num_gpu_blocks=8, free_order=order
+        )
         eng.run()
         assert eng.snapshot().free_queue == expect, order
 
 
-# -- things that can never fit --------------------------------------------------------------------------------
+# -- things that can never fit ---------------------------------------------------------------------
 def test_prompt_larger_than_the_pool_is_rejected_with_a_clear_message():
-    with pytest.raises(ValueError, match=r"request 'big': its prompt of 9 tokens needs 3 blocks of 4 "
-                                         r"tokens but the pool has only 2 usable blocks"):
+    with pytest.raises(
+        ValueError,
+        match=r"request 'big': its prompt of 9 tokens needs 3 blocks of 4 "
+        r"tokens but the pool has only 2 usable blocks",
+    ):
         make_engine([spec("big", list(range(9)), arrival_step=3)], num_gpu_blocks=3)
     eng = make_engine([], num_gpu_blocks=3)
     with pytest.raises(ValueError, match="null block"):
@@ -294,9 +348,14 @@ def test_two_identical_prompts_computed_side_by_side_give_two_blocks_one_hash():
     """b arrives while a is still prefilling in chunks: b hits what a has cached so far, then
     both compute the rest of the same prompt into their own blocks. (z is there so that a is
     not alone in step 1: the prefill cap only applies to more than one request.)"""
-    eng = make_engine([spec("a", list(range(16)), max_tokens=2), spec("z", [500], max_tokens=1),
-                       spec("b", list(range(16)), max_tokens=2, arrival_step=1)],
-                      long_prefill_token_threshold=4)
+    eng = make_engine(
+        [
+            spec("a", list(range(16)), max_tokens=2),
+            spec("z", [500], max_tokens=1),
+            spec("b", list(range(16)), max_tokens=2, arrival_step=1),
+        ],
+        long_prefill_token_threshold=4,
+    )
     eng.step()
     r2 = eng.step()
     assert events_of(r2, events.CACHE_HIT, "b")[0].block_ids == (1, 2)
@@ -304,7 +363,7 @@ def test_two_identical_prompts_computed_side_by_side_give_two_blocks_one_hash():
     assert table(eng, "a") == [1, 2, 4] and table(eng, "b") == [1, 2, 3, 5]
     snap = r3.snapshot
     dup = {k: v for k, v in snap.hash_map.items() if len(v) > 1}
-    assert sorted(dup.values()) == [(3, 4)]                 # b stored it first, then a
+    assert sorted(dup.values()) == [(3, 4)]  # b stored it first, then a
     blk = {v.block_id: v for v in snap.blocks}
     assert blk[3].block_hash == blk[4].block_hash and blk[3].token_ids == (8, 9, 10, 11)
     eng.run()
@@ -318,8 +377,11 @@ def test_pools_without_a_usable_block_are_rejected():
 
 
 def test_block_size_one_end_to_end():
-    eng = make_engine([spec("a", [5, 6, 7], max_tokens=3), spec("b", [5, 6, 7], max_tokens=2, arrival_step=1)],
-                      block_size=1, num_gpu_blocks=12)
+    eng = make_engine(
+        [spec("a", [5, 6, 7], max_tokens=3), spec("b", [5, 6, 7], max_tokens=2, arrival_step=1)],
+        block_size=1,
+        num_gpu_blocks=12,
+    )
     recs = eng.run()
     (hit,) = events_of(recs, events.CACHE_HIT, "b")
     assert hit.num_tokens == 2 and hit.block_ids == (1, 2)
@@ -345,8 +407,10 @@ def test_scheduler_config_is_validated():
 
 def test_snapshot_prefix_cache_stats_count_resumed_requests_apart():
     # The preemption story above: B is preempted and resumed with a 4-token hit.
-    eng = make_engine([spec("A", list(range(8)), max_tokens=6), spec("B", list(range(20, 28)), max_tokens=6)],
-                      num_gpu_blocks=6)
+    eng = make_engine(
+        [spec("A", list(range(8)), max_tokens=6), spec("B", list(range(20, 28)), max_tokens=6)],
+        num_gpu_blocks=6,
+    )
     eng.run()
     pc = eng.snapshot().prefix_cache
     assert (pc["requests"], pc["queries"], pc["hits"]) == (2, 16, 0)
@@ -356,28 +420,35 @@ def test_snapshot_prefix_cache_stats_count_resumed_requests_apart():
 
 def test_scheduler_output_has_vllms_fields_and_finished_ids_are_handed_out_once():
     from kvcore.outputs import ModelRunnerOutput
-    eng = make_engine([spec("a", list(range(6)), max_tokens=1), spec("b", list(range(50, 53)), max_tokens=3)])
+
+    eng = make_engine(
+        [spec("a", list(range(6)), max_tokens=1), spec("b", list(range(50, 53)), max_tokens=3)]
+    )
     for s in eng.scenario.requests:
         eng.add_request(s)
     sched = eng.scheduler
     out = sched.schedule()
     assert [d.req_id for d in out.scheduled_new_reqs] == ["a", "b"]
     assert out.scheduled_new_reqs[0].num_computed_tokens == 0
-    assert out.scheduled_new_reqs[0].block_ids == ([1, 2],) and out.scheduled_new_reqs[1].prompt_token_ids == [50, 51, 52]
+    assert out.scheduled_new_reqs[0].block_ids == ([1, 2],) and out.scheduled_new_reqs[
+        1
+    ].prompt_token_ids == [50, 51, 52]
     assert out.scheduled_cached_reqs.req_ids == [] and out.total_num_scheduled_tokens == 9
     assert out.num_scheduled_tokens == {"a": 6, "b": 3} and out.finished_req_ids == set()
     assert out.preempted_req_ids == set() and out.num_common_prefix_blocks == [0]
-    finished = sched.update_from_output(out, ModelRunnerOutput.from_sampled(["a", "b"], {"a": 7, "b": 8}))
+    finished = sched.update_from_output(
+        out, ModelRunnerOutput.from_sampled(["a", "b"], {"a": 7, "b": 8})
+    )
     assert finished == ["a"]
     out2 = sched.schedule()
-    assert out2.finished_req_ids == {"a"}                     # handed out once...
+    assert out2.finished_req_ids == {"a"}  # handed out once...
     c = out2.scheduled_cached_reqs
     assert c.req_ids == ["b"] and c.new_token_ids == [] and c.num_computed_tokens == [3]
     assert c.num_output_tokens == [1] and c.resumed_req_ids == set() and c.all_token_ids == {}
-    assert c.new_block_ids == [None]                          # its one block still has room
-    assert sched.finished_req_ids == set()                    # ...then forgotten: no unbounded growth
+    assert c.new_block_ids == [None]  # its one block still has room
+    assert sched.finished_req_ids == set()  # ...then forgotten: no unbounded growth
     done = sched.finish_requests(None, RequestStatus.FINISHED_ABORTED)
-    assert [r.request_id for r in done] == ["b"]             # a was already finished
+    assert [r.request_id for r in done] == ["b"]  # a was already finished
     assert sched.finish_requests("nope", RequestStatus.FINISHED_ABORTED) == []
     assert sched.schedule().finished_req_ids == {"b"}
     with pytest.raises(ValueError, match="not a finished status"):
@@ -385,8 +456,10 @@ def test_scheduler_output_has_vllms_fields_and_finished_ids_are_handed_out_once(
 
 
 def test_a_resumed_request_travels_as_cached_data_with_its_whole_table_and_tokens():
-    eng = make_engine([spec("A", list(range(8)), max_tokens=6), spec("B", list(range(20, 28)), max_tokens=6)],
-                      num_gpu_blocks=6)
+    eng = make_engine(
+        [spec("A", list(range(8)), max_tokens=6), spec("B", list(range(20, 28)), max_tokens=6)],
+        num_gpu_blocks=6,
+    )
     outs = []
     schedule = eng.scheduler.schedule
     eng.scheduler.schedule = lambda: outs.append(schedule()) or outs[-1]
@@ -398,7 +471,8 @@ def test_a_resumed_request_travels_as_cached_data_with_its_whole_table_and_token
     i = c.req_ids.index("B")
     assert c.resumed_req_ids == {"B"} and not [d for d in res.scheduled_new_reqs if d.req_id == "B"]
     (table,) = c.new_block_ids[i]
-    assert table[0] == 3 and len(table) == cdiv(len(c.all_token_ids["B"]), 4)   # the hit, then the rest
+    # the hit, then the rest
+    assert table[0] == 3 and len(table) == cdiv(len(c.all_token_ids["B"]), 4)
     assert c.all_token_ids["B"][:8] == list(range(20, 28)) and c.num_computed_tokens[i] == 4
 
 
@@ -407,18 +481,20 @@ def test_a_finished_request_leaves_the_scheduler_and_its_id_can_be_used_again():
     ``Scheduler.requests``, so memory does not grow with every request a run has seen and the
     id is free again; the recording layer (Engine) still shows and outputs it."""
     from kvcore.request import Request
+
     eng = make_engine([spec("A", [1, 2, 3, 4], max_tokens=2)], block_size=4, num_gpu_blocks=8)
     eng.run()
     assert "A" not in eng.scheduler.requests and not eng.scheduler.has_unfinished_requests()
     assert eng.outputs()["A"]["finish_reason"] == "finished_length"
     assert [r.request_id for r in eng.snapshot().requests] == ["A"]
-    eng.scheduler.add_request(Request("A", [5, 6, 7], 1))            # the id is free again
+    eng.scheduler.add_request(Request("A", [5, 6, 7], 1))  # the id is free again
     assert eng.scheduler.requests["A"].prompt_token_ids == [5, 6, 7]
 
 
 def test_request_takes_an_empty_prompt_as_vllm_and_the_engine_refuses_it_by_name():
     from kvcore.request import Request
-    r = Request("empty", [], 4)                                        # vLLM's lookahead tests build one
+
+    r = Request("empty", [], 4)  # vLLM's lookahead tests build one
     assert r.num_tokens == 0 and r.block_hashes == []
     eng = make_engine([], block_size=4, num_gpu_blocks=8)
     with pytest.raises(ValueError, match="'e': the prompt is empty"):

@@ -1,14 +1,22 @@
 """SlidingWindowManager: null slots, right-to-left hit search, sparse (0.33) vs dense retention."""
+
 import pytest
 
-from record import events
+from _kv_helpers import (
+    admit,
+    make_engine,
+    make_manager,
+    make_request,
+    queue_ids,
+    sliding,
+    spec,
+)
 from kvcore.core.kv_cache_utils import make_block_hash_with_group_id
 from kvcore.core.single_type_kv_cache_manager import SlidingWindowManager
-
-from _kv_helpers import admit, ids, make_engine, make_manager, make_request, queue_ids, sliding, spec
+from record import events
 from record.recorder import Recorder
 
-W, BS = 4, 2       # a token sees itself and 3 before it: cdiv(3, 2) = 2 contiguous blocks cover it
+W, BS = 4, 2  # a token sees itself and 3 before it: cdiv(3, 2) = 2 contiguous blocks cover it
 
 
 def manager(n=12, retention=0, recorder=None):
@@ -29,28 +37,32 @@ def test_window_must_be_positive(window):
         make_manager(8, 2, sliding(window))
 
 
-# -- right-to-left hit search (cf. vLLM's test_sliding_window_possible_cached_prefix) ----------------
-@pytest.mark.parametrize("cached, expect_len", [
-    ([], 0),
-    ([False], 0),
-    ([True], 1),                                   # fewer than a window: a run from block 0 counts
-    ([True, True], 2),
-    ([True, True, False], 2),
-    ([False, True, True], 3),                      # [null, b1, b2]
-    ([True, False, True], 1),                      # run from the right too short; [b0]
-    ([True, True, False, True], 2),
-    ([True, False, True, False, True, True, False, True], 6),   # [null x4, b4, b5]
-    ([False, False, False, True, True, True, True], 7),        # first run from the right wins
-    ([False, True, False, True], 0),
-])
+# -- right-to-left hit search (cf. vLLM's test_sliding_window_possible_cached_prefix) --------------
+@pytest.mark.parametrize(
+    "cached, expect_len",
+    [
+        ([], 0),
+        ([False], 0),
+        ([True], 1),  # fewer than a window: a run from block 0 counts
+        ([True, True], 2),
+        ([True, True, False], 2),
+        ([False, True, True], 3),  # [null, b1, b2]
+        ([True, False, True], 1),  # run from the right too short; [b0]
+        ([True, True, False, True], 2),
+        ([True, False, True, False, True, True, False, True], 6),  # [null x4, b4, b5]
+        ([False, False, False, True, True, True, True], 7),  # first run from the right wins
+        ([False, True, False, True], 0),
+    ],
+)
 def test_find_longest_cache_hit_searches_from_the_right(cached, expect_len):
     kvm, m = manager(n=20)
     pool = kvm.block_pool
     hashes = [bytes([i]) * 8 for i in range(len(cached))]
     for i, c in enumerate(cached):
         if c:
-            pool.cached_block_hash_to_block.insert(make_block_hash_with_group_id(hashes[i], 0),
-                                                   pool.blocks[10 + i])
+            pool.cached_block_hash_to_block.insert(
+                make_block_hash_with_group_id(hashes[i], 0), pool.blocks[10 + i]
+            )
     (hit,) = m.find_longest_cache_hit(hashes, len(cached) * BS, [0])
     assert len(hit) == expect_len
     # The last contiguous_blocks (or the run from block 0) are real; everything before is null.
@@ -66,13 +78,14 @@ def test_hit_search_respects_max_length():
     pool = kvm.block_pool
     hashes = [bytes([i]) * 8 for i in range(6)]
     for i in range(6):
-        pool.cached_block_hash_to_block.insert(make_block_hash_with_group_id(hashes[i], 0),
-                                               pool.blocks[10 + i])
-    (hit,) = m.find_longest_cache_hit(hashes, 7, [0])          # 7 tokens -> at most 3 blocks
+        pool.cached_block_hash_to_block.insert(
+            make_block_hash_with_group_id(hashes[i], 0), pool.blocks[10 + i]
+        )
+    (hit,) = m.find_longest_cache_hit(hashes, 7, [0])  # 7 tokens -> at most 3 blocks
     assert [b.block_id for b in hit] == [0, 11, 12]
 
 
-# -- null slots ------------------------------------------------------------------------------------------
+# -- null slots ------------------------------------------------------------------------------------
 def test_blocks_outside_the_window_become_null_slots_and_are_freed():
     rec = Recorder()
     kvm, m = manager(recorder=rec)
@@ -82,8 +95,9 @@ def test_blocks_outside_the_window_become_null_slots_and_are_freed():
     assert kvm.get_block_ids("r") == ([1, 2, 3, 4, 5, 6],)
     rec.drain()
     r.append_output_token_ids([99])
-    assert kvm.allocate_slots(r, 1).get_block_ids() == ([],)      # 12 tokens still fit 6 slots
-    # 11 computed tokens: the next token sees tokens 8..11, so tokens 0..7 (blocks 0..3) are skipped.
+    assert kvm.allocate_slots(r, 1).get_block_ids() == ([],)  # 12 tokens still fit 6 slots
+    # 11 computed tokens: the next token sees tokens 8..11, so tokens 0..7 (blocks 0..3) are
+    # skipped.
     assert kvm.get_block_ids("r") == ([0, 0, 0, 0, 5, 6],)
     ev = [e for e in rec.drain() if e.kind == events.WINDOW_SKIPPED][0]
     assert ev.block_ids == (4, 3, 2, 1) and ev.slots == (3, 2, 1, 0)
@@ -100,15 +114,22 @@ def test_blocks_outside_the_window_become_null_slots_and_are_freed():
 def test_sparse_retention_hashes_only_what_a_resend_can_hit():
     kvm, _ = manager(retention=0)
     pool = kvm.block_pool
-    r = make_request("r", list(range(11)), BS)                   # 5 full prompt blocks
+    r = make_request("r", list(range(11)), BS)  # 5 full prompt blocks
     admit(kvm, r)
     # end = (11 - 1) // 2 = 5: blocks 3 and 4 (ids 4, 5) cover the window of a resend.
-    assert [pool.blocks[i].block_hash is not None for i in range(1, 7)] == [False, False, False, True, True, False]
+    assert [pool.blocks[i].block_hash is not None for i in range(1, 7)] == [
+        False,
+        False,
+        False,
+        True,
+        True,
+        False,
+    ]
     r.append_output_token_ids([99])
     kvm.allocate_slots(r, 1)
     # Window moved: ids 4..1 freed; unhashed 3 2 1 go to the head, hashed 4 to the tail.
     assert queue_ids(pool) == [3, 2, 1, 7, 8, 9, 10, 11, 4]
-    assert pool.blocks[6].block_hash is None                      # decode block: never hashed
+    assert pool.blocks[6].block_hash is None  # decode block: never hashed
 
 
 def test_dense_retention_hashes_every_full_block():
@@ -120,7 +141,7 @@ def test_dense_retention_hashes_every_full_block():
     r.append_output_token_ids([99])
     kvm.allocate_slots(r, 1)
     assert queue_ids(pool) == [7, 8, 9, 10, 11, 4, 3, 2, 1]
-    assert pool.blocks[6].block_hash is not None                  # decode block filled and hashed
+    assert pool.blocks[6].block_hash is not None  # decode block filled and hashed
 
 
 @pytest.mark.parametrize("retention", [0, None], ids=["sparse", "dense"])
@@ -146,7 +167,7 @@ def test_resend_hits_the_window_blocks_with_null_slots_before_them(retention):
 def test_sparse_decode_blocks_never_get_a_hash_and_go_to_the_head():
     kvm, _ = manager(n=20, retention=0)
     pool = kvm.block_pool
-    r = make_request("r", [1, 2, 3, 4, 5], BS)                   # keep range: blocks 0, 1
+    r = make_request("r", [1, 2, 3, 4, 5], BS)  # keep range: blocks 0, 1
     admit(kvm, r)
     for t in range(9):
         r.append_output_token_ids([100 + t])
@@ -158,26 +179,27 @@ def test_sparse_decode_blocks_never_get_a_hash_and_go_to_the_head():
     hashed = {b.block_id for b in pool.blocks if b.block_hash is not None}
     assert hashed == {1, 2}
     kvm.free(r)
-    head = queue_ids(pool)[:len(live)]
+    head = queue_ids(pool)[: len(live)]
     assert set(head) == {b.block_id for b in live}
-    assert queue_ids(pool)[-2:] == [1, 2]           # left the window one by one, long ago
+    assert queue_ids(pool)[-2:] == [1, 2]  # left the window one by one, long ago
 
 
 def test_window_blocks_are_freed_even_when_allocation_then_fails():
-    kvm, _ = manager(n=7)                                         # usable 1..6
+    kvm, _ = manager(n=7)  # usable 1..6
     pool = kvm.block_pool
     r = make_request("r", list(range(11)), BS)
     admit(kvm, r)
     assert pool.get_num_free_blocks() == 0
-    assert kvm.allocate_slots(r, 20) is None                      # 31 tokens will never fit
+    assert kvm.allocate_slots(r, 20) is None  # 31 tokens will never fit
     assert kvm.get_block_ids("r") == ([0, 0, 0, 0, 5, 6],)
     assert sorted(queue_ids(pool)) == [1, 2, 3, 4]
 
 
 def test_engine_sliding_window_runs_long_decodes_in_a_small_pool():
     """With a window the pool only needs the blocks in the window, not the whole sequence."""
-    eng = make_engine([spec("a", list(range(6)), max_tokens=30)], block_size=2, num_gpu_blocks=5,
-                      sliding_window=4)
+    eng = make_engine(
+        [spec("a", list(range(6)), max_tokens=30)], block_size=2, num_gpu_blocks=5, sliding_window=4
+    )
     eng.run()
     assert eng.outputs()["a"]["finish_reason"] == "finished_length"
     assert len(eng.outputs()["a"]["token_ids"]) == 30
@@ -187,8 +209,13 @@ def test_engine_sliding_window_runs_long_decodes_in_a_small_pool():
 def test_admission_caps_a_sliding_groups_need_at_the_window_plus_one_step():
     """vLLM admits a prompt longer than the pool when only a window of it is ever held:
     window 8, block 4, budget 8 -> at most cdiv(min(8 - 1 + 8, max_model_len), 4) + 1 = 5 blocks."""
-    eng = make_engine([spec("a", list(range(40)), max_tokens=2)], block_size=4, num_gpu_blocks=8,
-                      sliding_window=8, max_num_batched_tokens=8)
+    eng = make_engine(
+        [spec("a", list(range(40)), max_tokens=2)],
+        block_size=4,
+        num_gpu_blocks=8,
+        sliding_window=8,
+        max_num_batched_tokens=8,
+    )
     m = eng.kv_cache_manager.coordinator.single_type_managers[0]
     assert m.max_admission_blocks_per_request == 5
     recs = eng.run()
@@ -200,8 +227,13 @@ def test_admission_caps_a_sliding_groups_need_at_the_window_plus_one_step():
 
 def test_admission_cap_still_refuses_what_one_window_cannot_fit():
     # 4 usable blocks < the 5 the cap counts: refused, and the engine says it never fits.
-    eng = make_engine([spec("a", list(range(40)), max_tokens=2)], block_size=4, num_gpu_blocks=5,
-                      sliding_window=8, max_num_batched_tokens=8)
+    eng = make_engine(
+        [spec("a", list(range(40)), max_tokens=2)],
+        block_size=4,
+        num_gpu_blocks=5,
+        sliding_window=8,
+        max_num_batched_tokens=8,
+    )
     rec = eng.step()
     assert rec.scheduled == {}
     assert eng.outputs()["a"]["finish_reason"] == "finished_aborted"

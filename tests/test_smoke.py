@@ -1,4 +1,5 @@
 """Every package imports, and the model wheel's GGUF file is where the loader looks."""
+
 import importlib
 import importlib.util
 from pathlib import Path
@@ -6,8 +7,18 @@ from pathlib import Path
 import pytest
 
 
-@pytest.mark.parametrize("name", ["kvcore", "kvcore.core.block_pool", "kvcore.core.sched.scheduler",
-                                  "record.engine", "cli.main", "kvcore.model", "ui.entry"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "kvcore",
+        "kvcore.core.block_pool",
+        "kvcore.core.sched.scheduler",
+        "record.engine",
+        "cli.main",
+        "kvcore.model",
+        "ui.entry",
+    ],
+)
 def test_imports(name):
     importlib.import_module(name)
 
@@ -16,9 +27,12 @@ def test_kvcore_core_is_pure_python():
     """The block manager and scheduler import without torch, streamlit or plotly."""
     import subprocess
     import sys
-    code = ("import sys; import record.engine, record.snapshot, cli.main; "
-            "bad = [m for m in ('torch', 'transformers', 'streamlit', 'plotly') if m in sys.modules]; "
-            "print(bad); sys.exit(1 if bad else 0)")
+
+    code = (
+        "import sys; import record.engine, record.snapshot, cli.main; "
+        "bad = [m for m in ('torch', 'transformers', 'streamlit', 'plotly') if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
 

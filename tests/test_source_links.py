@@ -1,6 +1,7 @@
 """The code behind each decision (words.source_links): every vLLM permalink points into a file of
 the v0.33.0 tag within its recorded length, every kvcore link is a real function, every event
 kind has a chain, and a step's calls come out in call order."""
+
 from __future__ import annotations
 
 import inspect
@@ -10,10 +11,18 @@ import pytest
 
 from _event_runs import every_kind_events, every_kind_runs
 from record import events as E
-from words.source_links import (FUNCTIONS, VLLM_FILE_LINES, VLLM_TAG, call_order, decision_link,
-                                 event_calls)
+from words.source_links import (
+    FUNCTIONS,
+    VLLM_FILE_LINES,
+    VLLM_TAG,
+    call_order,
+    decision_link,
+    event_calls,
+)
 
-PERMALINK = re.compile(r"^https://github\.com/vllm-project/vllm/blob/v0\.33\.0/(vllm/[\w/]+\.py)#L(\d+)-L(\d+)$")
+PERMALINK = re.compile(
+    r"^https://github\.com/vllm-project/vllm/blob/v0\.33\.0/(vllm/[\w/]+\.py)#L(\d+)-L(\d+)$"
+)
 
 
 @pytest.mark.parametrize("name", sorted(FUNCTIONS))
@@ -26,7 +35,10 @@ def test_vllm_permalinks_lie_in_the_tag_files(name):
     assert path == link.path and path in VLLM_FILE_LINES
     assert 1 <= start < end <= VLLM_FILE_LINES[path]
     # the vLLM function and ours carry the same method name (the house rule: vLLM's names)
-    assert link.qualname.split(".")[-1] == FUNCTIONS[name].ours.qualname.split(".")[-1] or name == "sample"
+    assert (
+        link.qualname.split(".")[-1] == FUNCTIONS[name].ours.qualname.split(".")[-1]
+        or name == "sample"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(FUNCTIONS))
@@ -53,7 +65,11 @@ def test_a_steps_calls_come_in_call_order():
     step = next(r for r in recs if any(e.kind == E.ALLOCATED for e in r.events))
     calls = call_order(step.events)
     names = [c.link.name for c in calls]
-    assert names.index("schedule") < names.index("get_computed_blocks") < names.index("allocate_slots") \
+    assert (
+        names.index("schedule")
+        < names.index("get_computed_blocks")
+        < names.index("allocate_slots")
         < names.index("get_new_blocks")
+    )
     depth = {c.link.name: c.depth for c in calls}
     assert (depth["schedule"], depth["allocate_slots"], depth["get_new_blocks"]) == (0, 1, 3)

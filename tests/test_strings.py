@@ -1,6 +1,7 @@
 """The one catalogue of UI strings (words/strings.json): every entry in both languages with the
 same fields, every key the Python code and the player's JavaScript use is there, every entry is
 used, and the player's templates are filled with the fields they name."""
+
 import json
 import re
 import string
@@ -16,7 +17,9 @@ ASSETS = ROOT / "player" / "assets"
 
 
 def fields(text: str) -> set[str]:
-    return {name.split(".")[0].split("[")[0] for _, name, _, _ in string.Formatter().parse(text) if name}
+    return {
+        name.split(".")[0].split("[")[0] for _, name, _, _ in string.Formatter().parse(text) if name
+    }
 
 
 def texts(entry) -> list[str]:
@@ -24,7 +27,9 @@ def texts(entry) -> list[str]:
 
 
 def python_sources() -> str:
-    return "\n".join(p.read_text(encoding="utf-8") for d in PY_DIRS for p in sorted((ROOT / d).rglob("*.py")))
+    return "\n".join(
+        p.read_text(encoding="utf-8") for d in PY_DIRS for p in sorted((ROOT / d).rglob("*.py"))
+    )
 
 
 def js_sources() -> str:
@@ -32,11 +37,13 @@ def js_sources() -> str:
 
 
 def python_keys() -> tuple[set[str], set[str]]:
-    """Keys passed to tr() as a literal, and the literal starts of the keys built from an f-string."""
+    """Keys passed to tr() as a literal, and the literal starts of the keys built from an
+    f-string."""
     src = python_sources()
     literal = set(re.findall(r"""\btr\(\s*(["'])([^"'{}]+)\1(?!\s*\+)""", src))
-    prefixes = set(re.findall(r"""\btr\(\s*f(["'])([^"'{]*)\{""", src)) | \
-        set(re.findall(r"""\btr\(\s*(["'])([^"']+)\1\s*\+""", src))
+    prefixes = set(re.findall(r"""\btr\(\s*f(["'])([^"'{]*)\{""", src)) | set(
+        re.findall(r"""\btr\(\s*(["'])([^"']+)\1\s*\+""", src)
+    )
     return {k for _, k in literal}, {p for _, p in prefixes}
 
 
@@ -54,7 +61,11 @@ def test_every_entry_has_both_languages_with_the_same_fields():
     raw = json.loads(CATALOGUE.read_text(encoding="utf-8"))
     for key, entry in raw.items():
         if "same_as" in entry:
-            assert set(entry) == {"same_as"} and entry["same_as"] in raw and "same_as" not in raw[entry["same_as"]], key
+            assert (
+                set(entry) == {"same_as"}
+                and entry["same_as"] in raw
+                and "same_as" not in raw[entry["same_as"]]
+            ), key
             continue
         assert set(entry) == set(LANGS), f"{key}: {sorted(entry)}"
         en, zh = (entry[lang] if isinstance(entry[lang], list) else [entry[lang]] for lang in LANGS)
@@ -70,7 +81,10 @@ def test_the_players_templates_are_plain_fields():
         if key.startswith(PLAYER_PREFIX):
             for text in (t for lang in LANGS for t in texts(entry[lang])):
                 for _, name, spec, conv in string.Formatter().parse(text):
-                    assert name is None or (re.fullmatch(r"\w+", name) and not spec and not conv), (key, text)
+                    assert name is None or (re.fullmatch(r"\w+", name) and not spec and not conv), (
+                        key,
+                        text,
+                    )
 
 
 def test_every_key_the_python_code_uses_is_there():
@@ -81,6 +95,7 @@ def test_every_key_the_python_code_uses_is_there():
         assert any(k.startswith(prefix) for k in keys), prefix
     # the keys built at run time, from what they are built of
     from ui.modelstate import DEVICES, MODELS
+
     built = [f"model_{m}" for m in MODELS] + [f"device_{d}" for d in DEVICES]
     built += [f"why.{m}" for m in ("request", "block", "two", "calls")]
     built += [f"live.{f}" for f in ("endpoint", "replay", "orphans", "unknown_tokens")]
@@ -91,15 +106,17 @@ def test_every_key_the_python_code_uses_is_there():
 def test_every_word_the_player_reads_is_there_in_both_languages():
     from record.events import EventKind
     from ui.player_component import UNTIL_KINDS
+
     names, prefixes = player_names()
     assert prefixes == {"kind_"}
     for lang in LANGS:
         words = player_strings(lang)
         assert not names - set(words), (lang, sorted(names - set(words)))
         assert {f"kind_{k}" for k in UNTIL_KINDS} <= set(words)
-        kinds = {k[len("kind_"):] for k in words if k.startswith("kind_")}
+        kinds = {k[len("kind_") :] for k in words if k.startswith("kind_")}
         assert kinds <= {k.value for k in EventKind}, kinds - {k.value for k in EventKind}
-        assert {"prefill", "chunk", "decode", "recompute"} <= set(words)   # the budget chart's phases
+        # the budget chart's phases
+        assert {"prefill", "chunk", "decode", "recompute"} <= set(words)
 
 
 def test_every_fmt_call_fills_the_fields_its_template_names():
@@ -114,13 +131,15 @@ def test_every_fmt_call_fills_the_fields_its_template_names():
 def test_every_entry_is_used():
     literal, prefixes = python_keys()
     names, js_prefixes = player_names()
-    phases = {"prefill", "chunk", "decode", "recompute"}          # the budget chart's L[phase]
+    phases = {"prefill", "chunk", "decode", "recompute"}  # the budget chart's L[phase]
 
     def used(key: str) -> bool:
         if key in literal or any(key.startswith(p) for p in prefixes):
             return True
-        name = key[len(PLAYER_PREFIX):] if key.startswith(PLAYER_PREFIX) else None
-        return name is not None and (name in names | phases or any(name.startswith(p) for p in js_prefixes))
+        name = key[len(PLAYER_PREFIX) :] if key.startswith(PLAYER_PREFIX) else None
+        return name is not None and (
+            name in names | phases or any(name.startswith(p) for p in js_prefixes)
+        )
 
     unused = [k for k in catalogue() if not used(k)]
     assert not unused, unused
@@ -130,7 +149,7 @@ def test_every_entry_is_used():
 def test_tr_fills_fields_and_reads_lists(lang):
     assert tr("model_failed", lang, model="m", device="cpu", error="boom").count("boom") == 1
     assert len(tr("req_table_cols", lang)) == 8
-    assert tr("player.req_cols", lang) == tr("req_table_cols", lang)     # written once: same_as
+    assert tr("player.req_cols", lang) == tr("req_table_cols", lang)  # written once: same_as
     assert player_strings(lang)["req_cols"] == list(tr("req_table_cols", lang))
     assert "{" in tr("live.intro", lang) and "{{" not in tr("live.intro", lang)
     assert tr("no such key", lang) == "no such key"

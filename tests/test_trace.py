@@ -1,30 +1,36 @@
 """Events and Snapshots: plain frozen data, JSON round trip, and what they say about the engine."""
+
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
-from pathlib import Path
-
-from record import events
-
-from record import trace
-from record.snapshot import Snapshot, StepRecord
-
 from _kv_helpers import events_of, make_engine, spec, vllm_chain
+from record import events, trace
 from record.recorder import Recorder
+from record.snapshot import Snapshot, StepRecord
 
 SHARED = list(range(10))
 
 
 def shared_prefix_engine(**kw):
-    return make_engine([spec("a", SHARED, max_tokens=3), spec("b", SHARED + [42], max_tokens=2, arrival_step=1,
-                                                                 priority=1, cache_salt=None)], **kw)
+    return make_engine(
+        [
+            spec("a", SHARED, max_tokens=3),
+            spec("b", SHARED + [42], max_tokens=2, arrival_step=1, priority=1, cache_salt=None),
+        ],
+        **kw,
+    )
 
 
 def test_snapshot_json_round_trip():
-    eng = shared_prefix_engine(sliding_window=4, layer_types=("full_attention", "sliding_attention"),
-                               block_size=2, num_gpu_blocks=24)
+    eng = shared_prefix_engine(
+        sliding_window=4,
+        layer_types=("full_attention", "sliding_attention"),
+        block_size=2,
+        num_gpu_blocks=24,
+    )
     for rec in eng.run():
         text = json.dumps(rec.snapshot.to_dict())
         back = Snapshot.from_dict(json.loads(text))
@@ -56,7 +62,7 @@ def test_snapshots_are_frozen_and_do_not_follow_the_engine():
 def test_snapshot_describes_blocks_queue_hash_map_and_requests():
     eng = shared_prefix_engine()
     eng.step()
-    snap = eng.step().snapshot                         # a decoding, b admitted with a 2-block hit
+    snap = eng.step().snapshot  # a decoding, b admitted with a 2-block hit
     assert snap.step == 2 and snap.block_size == 4 and snap.num_gpu_blocks == 16
     assert snap.running == ("a", "b") and snap.waiting == ()
     a, b = snap.request("a"), snap.request("b")
@@ -84,10 +90,15 @@ def test_snapshot_describes_blocks_queue_hash_map_and_requests():
 
 
 def test_sliding_window_null_slots_show_in_the_snapshot():
-    eng = make_engine([spec("a", list(range(9)), max_tokens=4)], block_size=2, num_gpu_blocks=12,
-                      sliding_window=4)
+    eng = make_engine(
+        [spec("a", list(range(9)), max_tokens=4)], block_size=2, num_gpu_blocks=12, sliding_window=4
+    )
     recs = eng.run()
-    tables = [r.snapshot.request("a").block_tables[0] for r in recs if r.snapshot.request("a").block_tables[0]]
+    tables = [
+        r.snapshot.request("a").block_tables[0]
+        for r in recs
+        if r.snapshot.request("a").block_tables[0]
+    ]
     assert tables[-1][:3] == (0, 0, 0)
     skipped = events_of(recs, events.WINDOW_SKIPPED, "a")
     assert skipped and all(e.slots for e in skipped)
@@ -95,8 +106,10 @@ def test_sliding_window_null_slots_show_in_the_snapshot():
 
 
 def test_events_carry_their_reasons_as_typed_fields():
-    eng = make_engine([spec("A", list(range(8)), max_tokens=6), spec("B", list(range(20, 28)), max_tokens=6)],
-                      num_gpu_blocks=6)
+    eng = make_engine(
+        [spec("A", list(range(8)), max_tokens=6), spec("B", list(range(20, 28)), max_tokens=6)],
+        num_gpu_blocks=6,
+    )
     recs = eng.run()
     for rec in recs:
         json.dumps([e.to_dict() for e in rec.events])
@@ -127,16 +140,25 @@ def test_recorder_collects_and_drains():
 
 def test_same_scenario_same_trace():
     def run():
-        eng = make_engine([spec("A", list(range(8)), max_tokens=6), spec("B", list(range(20, 28)), max_tokens=6),
-                           spec("C", list(range(8)), max_tokens=3, arrival_step=2, cache_salt="s")],
-                          num_gpu_blocks=7, hash_algo="xxhash")
+        eng = make_engine(
+            [
+                spec("A", list(range(8)), max_tokens=6),
+                spec("B", list(range(20, 28)), max_tokens=6),
+                spec("C", list(range(8)), max_tokens=3, arrival_step=2, cache_salt="s"),
+            ],
+            num_gpu_blocks=7,
+            hash_algo="xxhash",
+        )
         return json.dumps([r.to_dict() for r in eng.run()]), eng.outputs()
+
     assert run() == run()
 
 
 def test_snapshot_with_caching_off():
-    eng = make_engine([spec("a", SHARED, max_tokens=2), spec("b", SHARED, max_tokens=2)],
-                      enable_prefix_caching=False)
+    eng = make_engine(
+        [spec("a", SHARED, max_tokens=2), spec("b", SHARED, max_tokens=2)],
+        enable_prefix_caching=False,
+    )
     recs = eng.run()
     assert not events_of(recs, events.CACHE_HIT) and not events_of(recs, events.CACHED)
     assert all(b.block_hash is None for r in recs for b in r.snapshot.blocks)
@@ -145,11 +167,18 @@ def test_snapshot_with_caching_off():
 
 # -- trace files: the CLI's JSONL, read back ---------------------------------------------
 def engine_trace(**kw):
-    """A small run as a trace file written with the CLI's own line writers; (text, engine, initial)."""
+    """A small run as a trace file written with the CLI's own line writers; (text, engine,
+    initial)."""
     from record.scenario import scenario_to_dict
-    eng = make_engine([spec("A", list(range(8)), max_tokens=5), spec("B", list(range(20, 28)), max_tokens=4,
-                                                                      arrival_step=2)],
-                      num_gpu_blocks=6, **kw)
+
+    eng = make_engine(
+        [
+            spec("A", list(range(8)), max_tokens=5),
+            spec("B", list(range(20, 28)), max_tokens=4, arrival_step=2),
+        ],
+        num_gpu_blocks=6,
+        **kw,
+    )
     initial = eng.snapshot()
     lines = [trace.header_line(scenario_to_dict(eng.scenario), initial)]
     lines += [trace.step_line(r) for r in eng.run()]
@@ -159,10 +188,13 @@ def engine_trace(**kw):
 
 def test_trace_file_round_trip():
     from record.scenario import scenario_to_dict
+
     text, eng, initial = engine_trace()
     t = trace.read_trace(text)
     assert t.initial == initial and t.initial.step == 0
-    assert t.records == tuple(eng.history) and [r.step for r in t.records] == list(range(1, len(eng.history) + 1))
+    assert t.records == tuple(eng.history) and [r.step for r in t.records] == list(
+        range(1, len(eng.history) + 1)
+    )
     assert t.scenario == scenario_to_dict(eng.scenario) and t.outputs == eng.outputs()
     assert t.to_jsonl() == text, "Trace writes exactly what the CLI writes"
     assert trace.read_trace(text.encode()) == t
@@ -172,20 +204,22 @@ def test_trace_file_round_trip():
 def test_trace_without_header_or_outputs():
     text, eng, _ = engine_trace()
     lines = text.splitlines()
-    old = trace.read_trace("\n".join(lines[1:]))          # written before traces had a header
+    old = trace.read_trace("\n".join(lines[1:]))  # written before traces had a header
     assert old.initial is None and old.scenario is None and old.records == tuple(eng.history)
-    cut = trace.read_trace("\n".join(lines[:-1]))         # cut short: no outputs line
+    cut = trace.read_trace("\n".join(lines[:-1]))  # cut short: no outputs line
     assert cut.outputs is None and cut.initial is not None and cut.records == tuple(eng.history)
-    only_header = trace.read_trace(lines[0])              # a scenario without requests: nothing stepped
+    only_header = trace.read_trace(lines[0])  # a scenario without requests: nothing stepped
     assert only_header.records == () and only_header.initial is not None
 
 
 def _edit(i, fn):
     """A mutation of line i (parsed), for the table below."""
+
     def apply(lines):
         d = json.loads(lines[i])
         fn(d)
-        return lines[:i] + [json.dumps(d)] + lines[i + 1:]
+        return lines[:i] + [json.dumps(d)] + lines[i + 1 :]
+
     return apply
 
 
@@ -197,37 +231,79 @@ BAD_TRACES = [
     (_edit(3, lambda d: d.pop("snapshot")), "line 4: step record missing 'snapshot'"),
     (lambda lines: lines[:3] + lines[4:], "line 4: step 4 after step 2: steps must be 1, 2, 3..."),
     (lambda lines: lines[2:], "line 1: step 2 first: steps must be 1, 2, 3..."),
-    (lambda lines: lines[1:3] + lines[:1] + lines[3:], "line 3: a header (scenario + snapshot) must be the first"),
+    (
+        lambda lines: lines[1:3] + lines[:1] + lines[3:],
+        "line 3: a header (scenario + snapshot) must be the first",
+    ),
     (lambda lines: lines + [lines[1]], "nothing may follow the outputs line"),
-    (_edit(2, lambda d: d["snapshot"]["blocks"][2].update(ref_cnt="x")),
-     'line 3: step record: snapshot.blocks[2].ref_cnt: Input should be a valid integer, got "x"'),
-    (_edit(2, lambda d: d["snapshot"]["blocks"][2].pop("token_ids")),
-     "line 3: step record: snapshot.blocks[2]: missing key 'token_ids'"),
-    (_edit(2, lambda d: d["snapshot"]["blocks"].append(5)), "line 3: step record: snapshot.blocks[6]: Input should be"),
-    (_edit(2, lambda d: d["snapshot"].update(free_queue=[1, 99])), "line 3: snapshot: block ids [99] outside the pool"),
+    (
+        _edit(2, lambda d: d["snapshot"]["blocks"][2].update(ref_cnt="x")),
+        'line 3: step record: snapshot.blocks[2].ref_cnt: Input should be a valid integer, got "x"',
+    ),
+    (
+        _edit(2, lambda d: d["snapshot"]["blocks"][2].pop("token_ids")),
+        "line 3: step record: snapshot.blocks[2]: missing key 'token_ids'",
+    ),
+    (
+        _edit(2, lambda d: d["snapshot"]["blocks"].append(5)),
+        "line 3: step record: snapshot.blocks[6]: Input should be",
+    ),
+    (
+        _edit(2, lambda d: d["snapshot"].update(free_queue=[1, 99])),
+        "line 3: snapshot: block ids [99] outside the pool",
+    ),
     (_edit(2, lambda d: d["snapshot"].update(step=7)), "line 3: step 2 holds a snapshot of step 7"),
-    (_edit(2, lambda d: d.update(events=[{"kind": "allocated", "block_ids": "ab"}])),
-     'line 3: step record: events[0].block_ids: Input should be a valid array, got "ab"'),
-    (_edit(2, lambda d: d.update(events=[{"kind": "allocated", "block_ids": [1, "x"]}])),
-     'line 3: step record: events[0].block_ids[1]: Input should be a valid integer, got "x"'),
-    (_edit(2, lambda d: d.update(events=[{"kind": "evicted", "block_ids": [1], "reason": "x"}])),
-     "line 3: step record: events[0]: missing key 'block_hash'"),
-    (_edit(2, lambda d: d.update(events=[{"kind": "explosion"}])), "line 3: step record: events[0]: Input tag 'explosion'"),
-    (_edit(2, lambda d: d["events"][0].update(request_id=7)),
-     "line 3: step record: events[0].request_id: Input should be a valid string, got 7"),
-    (_edit(2, lambda d: d["scheduled"].update(A="x")), 'line 3: step record: scheduled.A: Input should be a valid integer'),
-    (_edit(2, lambda d: d["snapshot"]["prefix_cache"].update(hits="x")),   # int or float: one line, both said
-     'snapshot.prefix_cache.hits: Input should be a valid integer, got "x" or Input should be a valid number'),
-    (_edit(2, lambda d: d["snapshot"]["blocks"][1].update(ref_cnt=1.0)),   # no coercion
-     'snapshot.blocks[1].ref_cnt: Input should be a valid integer, got 1.0'),
-    (_edit(0, lambda d: d["scenario"]["engine"].update(block_size=0)), "line 1: header scenario: engine.block_size"),
+    (
+        _edit(2, lambda d: d.update(events=[{"kind": "allocated", "block_ids": "ab"}])),
+        'line 3: step record: events[0].block_ids: Input should be a valid array, got "ab"',
+    ),
+    (
+        _edit(2, lambda d: d.update(events=[{"kind": "allocated", "block_ids": [1, "x"]}])),
+        'line 3: step record: events[0].block_ids[1]: Input should be a valid integer, got "x"',
+    ),
+    (
+        _edit(2, lambda d: d.update(events=[{"kind": "evicted", "block_ids": [1], "reason": "x"}])),
+        "line 3: step record: events[0]: missing key 'block_hash'",
+    ),
+    (
+        _edit(2, lambda d: d.update(events=[{"kind": "explosion"}])),
+        "line 3: step record: events[0]: Input tag 'explosion'",
+    ),
+    (
+        _edit(2, lambda d: d["events"][0].update(request_id=7)),
+        "line 3: step record: events[0].request_id: Input should be a valid string, got 7",
+    ),
+    (
+        _edit(2, lambda d: d["scheduled"].update(A="x")),
+        "line 3: step record: scheduled.A: Input should be a valid integer",
+    ),
+    # int or float: one line, both said
+    (
+        _edit(2, lambda d: d["snapshot"]["prefix_cache"].update(hits="x")),
+        "snapshot.prefix_cache.hits: Input should be a valid "
+        'integer, got "x" or Input should be a valid number',
+    ),
+    (
+        _edit(2, lambda d: d["snapshot"]["blocks"][1].update(ref_cnt=1.0)),  # no coercion
+        "snapshot.blocks[1].ref_cnt: Input should be a valid integer, got 1.0",
+    ),
+    (
+        _edit(0, lambda d: d["scenario"]["engine"].update(block_size=0)),
+        "line 1: header scenario: engine.block_size",
+    ),
     (_edit(0, lambda d: d.update(scenario=[1])), "line 1: header scenario: not a JSON object"),
     (_edit(0, lambda d: d.pop("scenario")), "line 1: header missing 'scenario'"),
-    (_edit(0, lambda d: d["snapshot"].update(step=3)), "line 1: header snapshot is of step 3; it must be 0"),
+    (
+        _edit(0, lambda d: d["snapshot"].update(step=3)),
+        "line 1: header snapshot is of step 3; it must be 0",
+    ),
     (_edit(-1, lambda d: d.update(outputs={"A": {"text": 1}})), "outputs must map request ids"),
     (lambda lines: lines[:2] + ['{"colour": 1}'] + lines[2:], "line 3: not a trace line"),
     (lambda lines: lines[-1:], "no header and no step records: nothing to show"),
-    (lambda lines: ['{"engine": {"block_size": 4}, "requests": []}'], "this looks like a scenario file, not a trace"),
+    (
+        lambda lines: ['{"engine": {"block_size": 4}, "requests": []}'],
+        "this looks like a scenario file, not a trace",
+    ),
 ]
 
 
@@ -246,7 +322,10 @@ def test_bad_bytes_and_too_many_problems():
         trace.read_trace(b"\xff\xfe{}")
     with pytest.raises(trace.TraceError) as err:
         trace.read_trace("\n".join(["{x"] * 50))
-    assert len(err.value.problems) == trace.MAX_PROBLEMS + 1 and "more problems" in err.value.problems[-1]
+    assert (
+        len(err.value.problems) == trace.MAX_PROBLEMS + 1
+        and "more problems" in err.value.problems[-1]
+    )
 
 
 def _paths(d, path=()):
@@ -262,7 +341,7 @@ def test_any_wrong_value_is_a_trace_error_never_a_crash():
     the reader either accepts the file or raises TraceError (no KeyError, TypeError, ...)."""
     text, _, _ = engine_trace(block_size=4)
     lines = text.splitlines()
-    lines = lines[:3] + lines[-1:]       # header, steps 1 and 2, outputs: every kind of line, kept short
+    lines = lines[:3] + lines[-1:]  # header, steps 1 and 2, outputs: every kind of line, kept short
     for i in (0, 2, 3):
         base = json.loads(lines[i])
         for path, _ in list(_paths(base))[1:]:
@@ -273,33 +352,44 @@ def test_any_wrong_value_is_a_trace_error_never_a_crash():
                     target = target[k]
                 target[path[-1]] = wrong
                 try:
-                    trace.read_trace("\n".join(lines[:i] + [json.dumps(d)] + lines[i + 1:]))
+                    trace.read_trace("\n".join(lines[:i] + [json.dumps(d)] + lines[i + 1 :]))
                 except trace.TraceError:
                     pass
 
 
 OLD_TRACE = Path(__file__).parent / "fixtures" / "trace_before_typed_events.jsonl"
-RENAMED = {"scheduled": {"kind": "phase"}, "evicted": {"hash": "block_hash"}, "cached": {"hashes": "block_hashes"}}
+RENAMED = {
+    "scheduled": {"kind": "phase"},
+    "evicted": {"hash": "block_hash"},
+    "cached": {"hashes": "block_hashes"},
+}
 
 
 def test_traces_written_before_events_were_typed_still_read():
-    """A trace the CLI wrote before events were typed (each event {"kind", "request_id", "block_ids",
-    "group", "data": {...}}; 7 steps of a hybrid run, cut before the outputs) reads into typed events
-    holding the same values."""
+    """A trace the CLI wrote before events were typed (each event {"kind", "request_id",
+    "block_ids", "group", "data": {...}}; 7 steps of a hybrid run, cut before the outputs) reads
+    into typed events holding the same values."""
     text = OLD_TRACE.read_text()
     old = [json.loads(line) for line in text.splitlines()][1:]
     assert all("data" in e for d in old for e in d["events"]), "the fixture is in the old shape"
     t = trace.read_trace(text)
     assert len(t.records) == 7 and t.outputs is None and t.initial is not None
     assert {e.kind for r in t.records for e in r.events} == set(events.EVENT_KINDS) - {
-        events.RESET, events.DRAFT_PROPOSED, events.DRAFT_ACCEPTED, events.DRAFT_REJECTED}
+        events.RESET,
+        events.DRAFT_PROPOSED,
+        events.DRAFT_ACCEPTED,
+        events.DRAFT_REJECTED,
+    }
     for rec, d in zip(t.records, old):
         assert len(rec.events) == len(d["events"])
         for e, od in zip(rec.events, d["events"]):
             assert type(e) is events.EVENT_TYPES[od["kind"]]
             new = e.to_dict()
-            assert (new["request_id"], new["block_ids"], new["group"]) == (od["request_id"], od["block_ids"],
-                                                                          od["group"])
+            assert (new["request_id"], new["block_ids"], new["group"]) == (
+                od["request_id"],
+                od["block_ids"],
+                od["group"],
+            )
             for key, value in od["data"].items():
                 if (od["kind"], key) in (("preempted", "reason"), ("sampled", "sampled_ids")):
                     continue

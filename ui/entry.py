@@ -7,6 +7,7 @@ Streamlit still treats pages/ as a multipage folder until the first ``st.navigat
 process (so a deep link opened first on a fresh server lands there), and because
 AppTest.switch_page runs page files alone.
 """
+
 from __future__ import annotations
 
 import threading
@@ -14,16 +15,16 @@ from typing import Callable
 
 import streamlit as st
 
-from ui.home_page import render_home
-from words.i18n import LANG_NAMES, LANGS, tr
 from lessons import LESSONS, PAGE_FILES, page_url_path, url_path
+from ui.home_page import render_home
+from ui.live_page import PAGE_FILE as LIVE_PAGE_FILE
 from ui.modelstate import DEVICES, MODELS, default_device, default_model, get_model, model_summary
 from ui.state import init_globals_from_url
 from ui.trace_page import PAGE_FILE as TRACE_PAGE_FILE
-from ui.live_page import PAGE_FILE as LIVE_PAGE_FILE
 from ui.view import render_lesson
+from words.i18n import LANG_NAMES, LANGS, tr
 
-_inside = threading.local()   # script runs are per-session threads
+_inside = threading.local()  # script runs are per-session threads
 
 
 def _copy_choice(widget_key: str, key: str) -> None:
@@ -39,8 +40,14 @@ def _choice(label: str, options, key: str, format_func) -> None:
     back there at its first option (the sidebar fell back to smollm2 / auto)."""
     widget_key = f"_sidebar_{key}"
     st.session_state[widget_key] = st.session_state[key]
-    st.selectbox(label, options, key=widget_key, format_func=format_func,
-                 on_change=_copy_choice, args=(widget_key, key))
+    st.selectbox(
+        label,
+        options,
+        key=widget_key,
+        format_func=format_func,
+        on_change=_copy_choice,
+        args=(widget_key, key),
+    )
 
 
 def sidebar() -> str:
@@ -55,15 +62,20 @@ def sidebar() -> str:
         _choice(tr("device", lang), DEVICES, "device", lambda d: tr(f"device_{d}", lang))
         name, device = st.session_state["model_name"], st.session_state["device"]
         st.markdown(f"**{tr('model_state', lang)}**")
-        ms = get_model(name, device, status_text=tr("model_loading", lang, model=name, device=device))
+        ms = get_model(
+            name, device, status_text=tr("model_loading", lang, model=name, device=device)
+        )
         if ms.model is None:
             st.error(tr("model_failed", lang, model=name, device=device, error=ms.error))
             st.caption(tr("model_hint", lang))
         else:
             info = model_summary(ms.model)
             st.success(tr("model_ready", lang, model=name, device=info["device"]))
-            st.caption(tr("model_info", lang, **info) + " · "
-                       + tr("model_loaded", lang, model=name, device=info["device"], secs=ms.seconds))
+            st.caption(
+                tr("model_info", lang, **info)
+                + " · "
+                + tr("model_loaded", lang, model=name, device=info["device"], secs=ms.seconds)
+            )
     st.session_state["_model_state"] = ms
     st.session_state["_prefs"] = {"lang": lang, "model_name": name, "device": device}
     return lang
@@ -75,14 +87,36 @@ def main() -> None:
     try:
         lang = sidebar()
         home = st.Page(render_home, title=tr("nav_home", lang), icon="🏠", default=True)
-        pages = [st.Page(PAGE_FILES[l.id], title=f"{l.number}. {l.title[lang]}", icon=l.icon,
-                         url_path=url_path(l.id)) for l in LESSONS]
-        tools = [st.Page(TRACE_PAGE_FILE, title=tr("nav_trace", lang), icon="🔎",
-                         url_path=page_url_path(TRACE_PAGE_FILE)),
-                 st.Page(LIVE_PAGE_FILE, title=tr("live.title", lang), icon="📡",
-                         url_path=page_url_path(LIVE_PAGE_FILE))]
-        st.navigation({tr("nav_home", lang): [home], tr("nav_lessons", lang): pages,
-                       tr("nav_tools", lang): tools}).run()
+        pages = [
+            st.Page(
+                PAGE_FILES[lesson.id],
+                title=f"{lesson.number}. {lesson.title[lang]}",
+                icon=lesson.icon,
+                url_path=url_path(lesson.id),
+            )
+            for lesson in LESSONS
+        ]
+        tools = [
+            st.Page(
+                TRACE_PAGE_FILE,
+                title=tr("nav_trace", lang),
+                icon="🔎",
+                url_path=page_url_path(TRACE_PAGE_FILE),
+            ),
+            st.Page(
+                LIVE_PAGE_FILE,
+                title=tr("live.title", lang),
+                icon="📡",
+                url_path=page_url_path(LIVE_PAGE_FILE),
+            ),
+        ]
+        st.navigation(
+            {
+                tr("nav_home", lang): [home],
+                tr("nav_lessons", lang): pages,
+                tr("nav_tools", lang): tools,
+            }
+        ).run()
     finally:
         _inside.depth -= 1
 

@@ -7,6 +7,7 @@ snapshot. "Would this prompt hit?" hashes a prompt as the server does
 (hash algorithm, NONE_HASH seed, block size, salt) and counts the leading
 blocks the server holds now.
 """
+
 from __future__ import annotations
 
 import os
@@ -20,12 +21,12 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from kvcore.utils.hashing import HASH_FUNCTIONS
-from words.i18n import tr
 from watch.prefix_index import CacheEntry, leading_hits
 from watch.watcher import KVEventWatcher
+from words.i18n import tr
 
 PAGE_FILE = "pages/9_live_vllm.py"
-MAX_WATCHERS = 8                 # background subscribers per server process
+MAX_WATCHERS = 8  # background subscribers per server process
 WATCH_HOSTS_ENV = "PAGED_KV_LAB_WATCH_HOSTS"
 MAX_TREE_NODES = 1500
 MAX_PROMPT_CHARS = 20_000
@@ -36,7 +37,7 @@ _ENDPOINT = re.compile(r"^tcp://(\*|\[[0-9a-fA-F:.]+\]|[A-Za-z0-9.\-]{1,253}):\d
 _lock = threading.Lock()
 _watchers: dict[tuple, KVEventWatcher] = {}
 _last_viewed: dict[tuple, float] = {}
-IDLE_STOP_S = 600                # a watcher no session has looked at for this long gives its place up
+IDLE_STOP_S = 600  # a watcher no session has looked at for this long gives its place up
 
 
 def watcher_key(endpoint: str, replay: Optional[str], topic: str, bind: bool, ranks: int) -> tuple:
@@ -46,17 +47,24 @@ def watcher_key(endpoint: str, replay: Optional[str], topic: str, bind: bool, ra
 def check_endpoints(endpoint: str, replay: str, bind: bool, lang: str) -> Optional[str]:
     """A message naming what is wrong with the form, or None."""
     if not _ENDPOINT.match(endpoint or ""):
-        return tr("live.bad_endpoint", lang, field=tr("live.endpoint", lang), value=(endpoint or "")[:80])
+        return tr(
+            "live.bad_endpoint", lang, field=tr("live.endpoint", lang), value=(endpoint or "")[:80]
+        )
     if replay and not _ENDPOINT.match(replay):
         return tr("live.bad_endpoint", lang, field=tr("live.replay", lang), value=replay[:80])
     if bind and not re.match(r"^tcp://(\*|127\.0\.0\.1|localhost|\[::1?\]):", endpoint):
         return tr("live.bind_star", lang)
     allowed = allowed_hosts()
     for field, value in (("endpoint", endpoint), ("replay", replay)):
-        host = value and value[len("tcp://"):value.rindex(":")].strip("[]")
+        host = value and value[len("tcp://") : value.rindex(":")].strip("[]")
         if host and host != "*" and "*" not in allowed and host.lower() not in allowed:
-            return tr("live.host_not_allowed", lang, field=tr(f"live.{field}", lang), host=host,
-                      hosts=", ".join(sorted(allowed)))
+            return tr(
+                "live.host_not_allowed",
+                lang,
+                field=tr(f"live.{field}", lang),
+                host=host,
+                hosts=", ".join(sorted(allowed)),
+            )
     return None
 
 
@@ -77,7 +85,7 @@ def connect(key: tuple, lang: str) -> tuple[Optional[KVEventWatcher], Optional[s
         now = time.monotonic()
         for k, old in list(_watchers.items()):
             if not old.running or now - _last_viewed.get(k, now) > IDLE_STOP_S:
-                old.stop(timeout=0.5)     # stopped, failed or forgotten: its place is free
+                old.stop(timeout=0.5)  # stopped, failed or forgotten: its place is free
                 del _watchers[k]
                 _last_viewed.pop(k, None)
         if key not in _watchers and len(_watchers) >= MAX_WATCHERS:
@@ -135,7 +143,8 @@ def chain_depths(entries: dict[str, CacheEntry]) -> dict[str, int]:
 
 
 def tree_figure(entries: dict[str, CacheEntry], decode, lang: str) -> go.Figure:
-    """An icicle of the hash chains: each block under its parent, blocks of a shared prefix shared."""
+    """An icicle of the hash chains: each block under its parent, blocks of a shared prefix
+    shared."""
     depth = chain_depths(entries)
     keep = sorted(entries, key=lambda h: depth.get(h, 0))[:MAX_TREE_NODES]
     kept = set(keep)
@@ -158,16 +167,29 @@ def tree_figure(entries: dict[str, CacheEntry], decode, lang: str) -> go.Figure:
         ids.append(h)
         parents.append(parent)
         labels.append(_label(f"{h[:8]} {text[:24]}" if text else h[:8]))
-        hover.append(_label(f"{h} ×{e.count} · {len(e.token_ids or ())} tokens"
-                            + (f" · {text[:80]}" if text else "")))
+        hover.append(
+            _label(
+                f"{h} ×{e.count} · {len(e.token_ids or ())} tokens"
+                + (f" · {text[:80]}" if text else "")
+            )
+        )
     for name in sorted(extra_roots):
         ids.append(name)
         parents.append("")
         labels.append(tr("live." + (name if name != "unknown" else "unknown_tokens"), lang))
         hover.append("")
-    fig = go.Figure(go.Icicle(ids=ids, parents=parents, labels=labels, hovertext=hover,
-                              hoverinfo="text", tiling={"orientation": "h"}, maxdepth=8,
-                              root_color="#e8e8e8"))
+    fig = go.Figure(
+        go.Icicle(
+            ids=ids,
+            parents=parents,
+            labels=labels,
+            hovertext=hover,
+            hoverinfo="text",
+            tiling={"orientation": "h"},
+            maxdepth=8,
+            root_color="#e8e8e8",
+        )
+    )
     fig.update_layout(margin=dict(l=0, r=0, t=10, b=0), height=420)
     return fig
 
@@ -180,8 +202,14 @@ def longest_prefixes(entries: dict[str, CacheEntry], decode, limit: int = 10) ->
     for h in sorted(leaves, key=lambda h: -depth.get(h, 0))[:limit]:
         e = entries[h]
         text = decode(e.token_ids) if (decode is not None and e.token_ids) else ""
-        rows.append({"blocks": depth.get(h, 0), "tokens": depth.get(h, 0) * e.block_size, "last": h,
-                     "text": text[-80:]})
+        rows.append(
+            {
+                "blocks": depth.get(h, 0),
+                "tokens": depth.get(h, 0) * e.block_size,
+                "last": h,
+                "text": text[-80:],
+            }
+        )
     return rows
 
 
@@ -199,8 +227,12 @@ def render_live_page() -> None:
     st.caption(tr("live.intro", lang))
     with st.form("live:connect"):
         c1, c2 = st.columns(2)
-        endpoint = c1.text_input(tr("live.endpoint", lang), "tcp://127.0.0.1:5557", key="live:endpoint", max_chars=300)
-        replay = c2.text_input(tr("live.replay", lang), "tcp://127.0.0.1:5558", key="live:replay", max_chars=300)
+        endpoint = c1.text_input(
+            tr("live.endpoint", lang), "tcp://127.0.0.1:5557", key="live:endpoint", max_chars=300
+        )
+        replay = c2.text_input(
+            tr("live.replay", lang), "tcp://127.0.0.1:5558", key="live:replay", max_chars=300
+        )
         c3, c4, c5 = st.columns([2, 2, 3])
         topic = c3.text_input(tr("live.topic", lang), "kv-events", key="live:topic", max_chars=200)
         ranks = c4.number_input(tr("live.ranks", lang), 1, 16, 1, key="live:ranks")
@@ -231,7 +263,7 @@ def render_live_page() -> None:
 
 
 def _live_view(key: tuple, lang: str) -> None:
-    watcher = get_watcher(key)        # also marks it as looked at
+    watcher = get_watcher(key)  # also marks it as looked at
     if watcher is None:
         st.info(tr("live.not_connected", lang))
         return
@@ -241,8 +273,18 @@ def _live_view(key: tuple, lang: str) -> None:
     elif not watcher.connected.is_set():
         st.info(tr("live.waiting", lang))
     s = snap.stats
-    st.markdown(tr("live.status", lang, batches=s.batches, replayed=s.replayed_batches, gaps=s.gaps,
-                  lost=s.lost_batches, restarts=s.restarts, skipped=s.garbage_messages + s.oversized_messages))
+    st.markdown(
+        tr(
+            "live.status",
+            lang,
+            batches=s.batches,
+            replayed=s.replayed_batches,
+            gaps=s.gaps,
+            lost=s.lost_batches,
+            restarts=s.restarts,
+            skipped=s.garbage_messages + s.oversized_messages,
+        )
+    )
     if s.hashes_over_cap:
         st.warning(tr("live.over_cap", lang, n=s.hashes_over_cap))
     c1, c2, c3 = st.columns(3)
@@ -250,15 +292,27 @@ def _live_view(key: tuple, lang: str) -> None:
     rv = snap.ranks[rank]
     media = rv.media or ["GPU"]
     medium = c2.selectbox(tr("live.tier", lang), media, key="live:medium")
-    groups = sorted({g for (m, g) in watcher.tiers(rank) if m == medium} | set(rv.group_info)) or ["0"]
-    group = c3.selectbox(tr("live.group", lang), groups, key="live:group",
-                         format_func=lambda g: tr("live.group_label", lang, g=g, kind=(rv.group_info.get(g) or {}).get(
-                             "kv_cache_spec_kind") or "?"))
+    groups = sorted({g for (m, g) in watcher.tiers(rank) if m == medium} | set(rv.group_info)) or [
+        "0"
+    ]
+    group = c3.selectbox(
+        tr("live.group", lang),
+        groups,
+        key="live:group",
+        format_func=lambda g: tr(
+            "live.group_label",
+            lang,
+            g=g,
+            kind=(rv.group_info.get(g) or {}).get("kv_cache_spec_kind") or "?",
+        ),
+    )
     entries = watcher.entries(rank, medium, group)
     decode = _decoder(st.session_state.get("_model_state"))
     st.subheader(tr("live.tree", lang))
     if entries:
-        st.plotly_chart(tree_figure(entries, decode, lang), key="live:tree", config={"displayModeBar": False})
+        st.plotly_chart(
+            tree_figure(entries, decode, lang), key="live:tree", config={"displayModeBar": False}
+        )
     else:
         st.caption(tr("live.tree_empty", lang))
     hist = snap.history
@@ -276,15 +330,21 @@ def _live_view(key: tuple, lang: str) -> None:
         fig = go.Figure()
         series = sorted({k for h in hist for k in h["cached"]})
         for name in series:
-            fig.add_scatter(x=pd.to_datetime([h["t"] for h in hist], unit="s"),
-                            y=[h["cached"].get(name, 0) for h in hist], name=name)
+            fig.add_scatter(
+                x=pd.to_datetime([h["t"] for h in hist], unit="s"),
+                y=[h["cached"].get(name, 0) for h in hist],
+                name=name,
+            )
         fig.update_layout(height=260, margin=dict(l=0, r=0, t=10, b=0))
         st.plotly_chart(fig, key="live:cached", config={"displayModeBar": False})
     st.subheader(tr("live.longest", lang))
     rows = longest_prefixes(entries, decode)
     cols = {c: tr(f"live.col_{c}", lang) for c in ("blocks", "tokens", "last", "text")}
-    st.dataframe(pd.DataFrame([{cols[c]: r[c] for c in cols} for r in rows]),
-                 hide_index=True, key="live:longest")
+    st.dataframe(
+        pd.DataFrame([{cols[c]: r[c] for c in cols} for r in rows]),
+        hide_index=True,
+        key="live:longest",
+    )
     with st.expander(tr("live.log", lang)):
         st.code("\n".join(snap.log[-60:]) or "-", language=None)
 
@@ -301,15 +361,30 @@ def _hit_form(watcher: Optional[KVEventWatcher], lang: str) -> None:
         rank = rank if rank < len(snap.ranks) else 0
         info = snap.ranks[rank].group_info.get(group, {})
     with st.form("live:hit"):
-        prompt = st.text_area(tr("live.prompt", lang), key="live:prompt", max_chars=MAX_PROMPT_CHARS)
+        prompt = st.text_area(
+            tr("live.prompt", lang), key="live:prompt", max_chars=MAX_PROMPT_CHARS
+        )
         chat = st.checkbox(tr("live.chat", lang), key="live:chat")
-        ids_text = st.text_input(tr("live.token_ids", lang), key="live:ids", max_chars=MAX_PROMPT_TOKENS * 8)
+        ids_text = st.text_input(
+            tr("live.token_ids", lang), key="live:ids", max_chars=MAX_PROMPT_TOKENS * 8
+        )
         c1, c2, c3, c4 = st.columns(4)
-        block_size = c1.number_input(tr("live.block_size", lang), 1, 1024, int(info.get("block_size") or 16),
-                                     key="live:block_size")
-        algo = c2.selectbox(tr("live.hash_algo", lang), sorted(HASH_FUNCTIONS), key="live:algo",
-                            index=sorted(HASH_FUNCTIONS).index("sha256") if "sha256" in HASH_FUNCTIONS else 0)
-        seed = c3.text_input(tr("live.seed", lang), "vllm-none-hash", key="live:seed", max_chars=100)
+        block_size = c1.number_input(
+            tr("live.block_size", lang),
+            1,
+            1024,
+            int(info.get("block_size") or 16),
+            key="live:block_size",
+        )
+        algo = c2.selectbox(
+            tr("live.hash_algo", lang),
+            sorted(HASH_FUNCTIONS),
+            key="live:algo",
+            index=sorted(HASH_FUNCTIONS).index("sha256") if "sha256" in HASH_FUNCTIONS else 0,
+        )
+        seed = c3.text_input(
+            tr("live.seed", lang), "vllm-none-hash", key="live:seed", max_chars=100
+        )
         salt = c4.text_input(tr("live.salt", lang), "", key="live:salt", max_chars=200)
         go_check = st.form_submit_button(tr("live.check", lang))
     if not go_check:
@@ -334,7 +409,20 @@ def _hit_form(watcher: Optional[KVEventWatcher], lang: str) -> None:
     if watcher is not None:
         entries = watcher.entries(rank, medium, group)
         use_int = not entries or len(next(iter(entries))) == 16
-    hits, texts = leading_hits(entries, ids, int(block_size), algo, seed or "vllm-none-hash", salt or None, use_int)
-    st.success(tr("live.hit_result", lang, hits=hits, blocks=len(texts), tokens=hits * int(block_size)))
-    st.dataframe(pd.DataFrame({"block": list(range(len(texts))), "hash": texts,
-                               "cached": [h in entries for h in texts]}), hide_index=True, key="live:hits")
+    hits, texts = leading_hits(
+        entries, ids, int(block_size), algo, seed or "vllm-none-hash", salt or None, use_int
+    )
+    st.success(
+        tr("live.hit_result", lang, hits=hits, blocks=len(texts), tokens=hits * int(block_size))
+    )
+    st.dataframe(
+        pd.DataFrame(
+            {
+                "block": list(range(len(texts))),
+                "hash": texts,
+                "cached": [h in entries for h in texts],
+            }
+        ),
+        hide_index=True,
+        key="live:hits",
+    )

@@ -1,4 +1,5 @@
 """The memory math shown in lesson 1, on top of kvcore.model.memory (pure arithmetic)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -29,8 +30,10 @@ def blocks_in_budget(budget_bytes: int, block_bytes: int) -> int:
 
 
 def formula(block_size: int, dims: KVDims, dtype: str) -> str:
-    return (f"{block_size} × {dims.layers} × 2 × {dims.kv_heads} × {dims.head_dim} × {dtype_bytes(dtype)} "
-            f"= {bytes_per_block(block_size, dims, dtype):,} B")
+    return (
+        f"{block_size} × {dims.layers} × 2 × {dims.kv_heads} × {dims.head_dim} × "
+        f"{dtype_bytes(dtype)} = {bytes_per_block(block_size, dims, dtype):,} B"
+    )
 
 
 def human_bytes(n: float) -> str:

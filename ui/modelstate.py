@@ -1,4 +1,5 @@
 """The model, loaded once per server process and shared (read-only) by every session."""
+
 from __future__ import annotations
 
 import os
@@ -13,7 +14,8 @@ DEVICES = ("auto", "cpu", "cuda")
 ENV_MODEL = "PAGED_KV_LAB_MODEL"
 ENV_DEVICE = "PAGED_KV_LAB_DEVICE"
 
-_LOADED: set[tuple[str, str]] = set()   # what this process has loaded (to show progress only when needed)
+# what this process has loaded (to show progress only when needed)
+_LOADED: set[tuple[str, str]] = set()
 
 
 @dataclass
@@ -38,6 +40,7 @@ def default_device() -> str:
 @st.cache_resource(show_spinner=False, max_entries=4)
 def _load(name: str, device: str):
     from kvcore.model import load_model
+
     t0 = time.perf_counter()
     model = load_model(name, device)
     return model, time.perf_counter() - t0
@@ -47,6 +50,7 @@ def engine_lock() -> threading.Lock:
     """One forward at a time per process: sessions share the weights, and this box has 2 cores.
     The run store's worker takes it for one engine step at a time (runstore/store.py)."""
     from runstore.store import ENGINE_LOCK
+
     return ENGINE_LOCK
 
 

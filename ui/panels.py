@@ -1,6 +1,7 @@
 """The Python-side panels under the player (memory math, myths, questions), the words and settings
 of the panels the player draws itself (requests table, charts over steps), and the lesson narration
 the player is sent."""
+
 from __future__ import annotations
 
 import re
@@ -8,14 +9,20 @@ from typing import Sequence
 
 import streamlit as st
 
-from record.snapshot import Snapshot
-
 from lessons.catalog import Lesson, moment_matches, narration_fields, narration_for_step
-from words.i18n import pick, tr
-from ui.how_many_blocks import show_how_many_blocks
-from ui.memory import DTYPES, blocks_in_budget, bytes_per_block, dims_from_config, formula, human_bytes
 from lessons.myths import myth_sections_at
+from record.snapshot import Snapshot
 from runstore.runtime import Timeline
+from ui.how_many_blocks import show_how_many_blocks
+from ui.memory import (
+    DTYPES,
+    blocks_in_budget,
+    bytes_per_block,
+    dims_from_config,
+    formula,
+    human_bytes,
+)
+from words.i18n import pick, tr
 
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|>~<$])")
 
@@ -25,11 +32,17 @@ def md_escape(s: str) -> str:
 
 
 def fmt_fields(snap: Snapshot, run) -> dict:
-    """Fields a lesson's text may name; ``run`` is anything with the scenario (a Timeline, a RecordedRun)."""
+    """Fields a lesson's text may name; ``run`` is anything with the scenario (a Timeline, a
+    RecordedRun)."""
     eng = run.scenario.engine
-    return {"block_size": snap.block_size, "num_gpu_blocks": snap.num_gpu_blocks,
-            "sliding_window": eng.sliding_window, "max_num_batched_tokens": eng.max_num_batched_tokens,
-            "max_num_seqs": eng.max_num_seqs, "step": snap.step}
+    return {
+        "block_size": snap.block_size,
+        "num_gpu_blocks": snap.num_gpu_blocks,
+        "sliding_window": eng.sliding_window,
+        "max_num_batched_tokens": eng.max_num_batched_tokens,
+        "max_num_seqs": eng.max_num_seqs,
+        "step": snap.step,
+    }
 
 
 class _Safe(dict):
@@ -50,7 +63,11 @@ def intro_text(lesson: Lesson, run: Timeline, lang: str) -> str:
 
 
 def outro_text(lesson: Lesson, run: Timeline, lang: str) -> str:
-    return pick(lesson.outro, lang).format_map(_Safe(fmt_fields(run.initial, run))) if lesson.outro else ""
+    return (
+        pick(lesson.outro, lang).format_map(_Safe(fmt_fields(run.initial, run)))
+        if lesson.outro
+        else ""
+    )
 
 
 class LessonNarrator:
@@ -78,14 +95,17 @@ class LessonNarrator:
 
 
 def narration(lesson: Lesson, run: Timeline, lang: str) -> list[str]:
-    """Narration for the shown step: intro at step 0, moments that first happen now, outro at the end."""
+    """Narration for the shown step: intro at step 0, moments that first happen now, outro at the
+    end."""
     snap, rec = run.snapshot, run.record
     base = fmt_fields(snap, run)
     texts = []
     if rec is None:
         texts.append(pick(lesson.intro, lang).format_map(_Safe(base)))
         return texts
-    texts += _moment_texts(lesson, narration_for_step(lesson, run.shown_records(), rec.step), rec, base, lang)
+    texts += _moment_texts(
+        lesson, narration_for_step(lesson, run.shown_records(), rec.step), rec, base, lang
+    )
     if run.finished and lesson.outro:
         texts.append("🏁 " + pick(lesson.outro, lang).format_map(_Safe(base)))
     return texts
@@ -100,11 +120,17 @@ def player_panels(panels: Sequence[str], run, lang: str) -> dict:
     player draws), the token budget line, and their words in ``lang`` (over the player's own).
     ``run`` is anything with the scenario; a trace without its header has no budget."""
     eng = run.scenario.engine if getattr(run, "scenario", None) is not None else None
-    return {"panels": [p for p in PLAYER_PANELS if p in panels],
-            "budget": eng.max_num_batched_tokens if eng is not None else None,
-            "words": {"requests": tr("requests", lang), "over_time": tr("metrics", lang),
-                      "budget": tr("budget", lang), "held": tr("held", lang),
-                      "req_cols": list(tr("req_table_cols", lang))}}
+    return {
+        "panels": [p for p in PLAYER_PANELS if p in panels],
+        "budget": eng.max_num_batched_tokens if eng is not None else None,
+        "words": {
+            "requests": tr("requests", lang),
+            "over_time": tr("metrics", lang),
+            "budget": tr("budget", lang),
+            "held": tr("held", lang),
+            "req_cols": list(tr("req_table_cols", lang)),
+        },
+    }
 
 
 def show_memory(run: Timeline, lang: str, model, key: str) -> None:
@@ -112,20 +138,44 @@ def show_memory(run: Timeline, lang: str, model, key: str) -> None:
         dims = dims_from_config(model.config)
         model_dtype = str(getattr(model, "dtype", "float32")).replace("torch.", "")
         c1, c2, c3 = st.columns(3)
-        bs = c1.select_slider("block_size", options=[1, 2, 4, 8, 16, 32, 64, 128],
-                              value=16, key=f"mem_bs:{key}")
-        dtype = c2.selectbox("dtype", DTYPES, index=DTYPES.index(model_dtype) if model_dtype in DTYPES else 0,
-                             key=f"mem_dt:{key}")
+        bs = c1.select_slider(
+            "block_size", options=[1, 2, 4, 8, 16, 32, 64, 128], value=16, key=f"mem_bs:{key}"
+        )
+        dtype = c2.selectbox(
+            "dtype",
+            DTYPES,
+            index=DTYPES.index(model_dtype) if model_dtype in DTYPES else 0,
+            key=f"mem_dt:{key}",
+        )
         gib = c3.slider(tr("memory.gib", lang), 0.25, 80.0, 8.0, 0.25, key=f"mem_gb:{key}")
         bpb = bytes_per_block(bs, dims, dtype)
-        n = blocks_in_budget(int(gib * 1024 ** 3), bpb)
-        st.markdown(tr("memory.math", lang, model=model.name, layers=dims.layers, kv_heads=dims.kv_heads,
-                       head_dim=dims.head_dim, formula=formula(bs, dims, dtype), block_bytes=human_bytes(bpb),
-                       gib=gib, blocks=n, tokens=n * bs))
+        n = blocks_in_budget(int(gib * 1024**3), bpb)
+        st.markdown(
+            tr(
+                "memory.math",
+                lang,
+                model=model.name,
+                layers=dims.layers,
+                kv_heads=dims.kv_heads,
+                head_dim=dims.head_dim,
+                formula=formula(bs, dims, dtype),
+                block_bytes=human_bytes(bpb),
+                gib=gib,
+                blocks=n,
+                tokens=n * bs,
+            )
+        )
         eng = run.scenario.engine
         pool = bytes_per_block(eng.block_size, dims, model_dtype) * eng.num_gpu_blocks
-        st.caption(tr("memory.pool", lang, blocks=eng.num_gpu_blocks, block_size=eng.block_size,
-                      bytes=human_bytes(pool)))
+        st.caption(
+            tr(
+                "memory.pool",
+                lang,
+                blocks=eng.num_gpu_blocks,
+                block_size=eng.block_size,
+                bytes=human_bytes(pool),
+            )
+        )
         show_how_many_blocks(model, lang, key)
 
 
@@ -133,21 +183,29 @@ def show_myths(run: Timeline, lang: str, key: str, expanded: bool = False) -> No
     """Each myth, what vLLM does, and the live pool at the player's step: one markdown element for
     all of them (this panel reruns with every cursor report, and each element is a message), and
     nothing while the expander is closed."""
-    box = st.expander(tr("myths", lang), expanded=expanded, key=f"myths_open:{key}", on_change="rerun")
+    box = st.expander(
+        tr("myths", lang), expanded=expanded, key=f"myths_open:{key}", on_change="rerun"
+    )
     if not box.open:
         return
     live = tr("myths_live", lang)
     sections = myth_sections_at(run.run.key, run.cursor, run.snapshots, lang)
     with box:
-        st.markdown("\n\n---\n\n".join(f"❌ {myth}\n\n✅ {fact}\n\n:green-background[**{live}:** {now}]"
-                                       for myth, fact, now in sections))
+        st.markdown(
+            "\n\n---\n\n".join(
+                f"❌ {myth}\n\n✅ {fact}\n\n:green-background[**{live}:** {now}]"
+                for myth, fact, now in sections
+            )
+        )
 
 
 def show_questions(lesson: Lesson, lang: str) -> None:
     if not lesson.questions:
         return
-    box = st.expander(tr("check_yourself", lang), key=f"questions_open:{lesson.id}", on_change="rerun")
-    if not box.open:    # drawn only when opened (its radios would load and draw on every page load)
+    box = st.expander(
+        tr("check_yourself", lang), key=f"questions_open:{lesson.id}", on_change="rerun"
+    )
+    if not box.open:  # drawn only when opened (its radios would load and draw on every page load)
         return
     with box:
         for i, q in enumerate(lesson.questions):
@@ -157,4 +215,6 @@ def show_questions(lesson: Lesson, lang: str) -> None:
                 if opts.index(choice) == q.answer:
                     st.success(tr("quiz_right", lang) + " " + pick(q.explain, lang))
                 else:
-                    st.error(tr("quiz_wrong", lang, answer=opts[q.answer]) + " " + pick(q.explain, lang))
+                    st.error(
+                        tr("quiz_wrong", lang, answer=opts[q.answer]) + " " + pick(q.explain, lang)
+                    )

@@ -7,12 +7,14 @@ where to jump (a link's step, a quiz answer), and hears back four state values:
 ``cursor`` (where the learner is, debounced), ``want`` (Step at the frontier: compute up to here),
 ``poll`` (the run is still being recorded: send what is new; the browser asks every 0.5 s while its
 tab is visible, so the page itself never polls) and ``have`` (the browser lost its copy: send again
-from here); all but ``have`` also carry ``n``, the number of steps the browser holds. Invariant kept by ``PlayerSession``: ``acked`` is the
-number of steps of ``token``'s run the browser said it holds (-1: not even the head), and every
-render sends the head (while ``acked`` < 0) and all steps from ``acked`` on. Streamlit hands the
-component only the latest render's data, so a render that says "the same as before, plus step k"
-may never be seen; sending from what the browser confirmed makes each render complete by itself.
+from here); all but ``have`` also carry ``n``, the number of steps the browser holds. Invariant kept
+by ``PlayerSession``: ``acked`` is the number of steps of ``token``'s run the browser said it holds
+(-1: not even the head), and every render sends the head (while ``acked`` < 0) and all steps from
+``acked`` on. Streamlit hands the component only the latest render's data, so a render that says
+"the same as before, plus step k" may never be seen; sending from what the browser confirmed makes
+each render complete by itself.
 """
+
 from __future__ import annotations
 
 import functools
@@ -27,17 +29,15 @@ from typing import Any, Callable, Sequence
 import streamlit as st
 
 import player as player_pkg
+from lessons.quiz import make_prediction
 from player import RunEncoder, player_book, run_payload, static_html
 from player.export import asset, module_js
-
-from words.i18n import tr
-from lessons.quiz import make_prediction
 from runstore.runtime import Timeline
 from ui.state import PageState
-
+from words.i18n import tr
 
 COMPONENT = "paged_kv_lab.player"
-_PLAYERS: dict[int, Any] = {}     # id(component manager) -> the mounted component's callable
+_PLAYERS: dict[int, Any] = {}  # id(component manager) -> the mounted component's callable
 
 
 def player_component():
@@ -49,18 +49,25 @@ def player_component():
     call gets a fresh manager, so the assets go inline there."""
     from streamlit.components.v2.get_bidi_component_manager import get_bidi_component_manager
     from streamlit.runtime import Runtime
+
     if not Runtime.exists():
-        return st.components.v2.component(COMPONENT, html=asset("player.html"), css=asset("player.css"),
-                                          js=module_js())
+        return st.components.v2.component(
+            COMPONENT, html=asset("player.html"), css=asset("player.css"), js=module_js()
+        )
     manager = get_bidi_component_manager()
     component = _PLAYERS.get(id(manager))
     if component is None or manager.get_component_asset_root(COMPONENT) is None:
         from streamlit.components.v2.manifest_scanner import ComponentConfig, ComponentManifest
+
         manager.register_from_manifest(
-            ComponentManifest(name="paged_kv_lab", version="1", components=[ComponentConfig("player", "assets")]),
-            Path(player_pkg.__file__).resolve().parent)
+            ComponentManifest(
+                name="paged_kv_lab", version="1", components=[ComponentConfig("player", "assets")]
+            ),
+            Path(player_pkg.__file__).resolve().parent,
+        )
         component = _PLAYERS[id(manager)] = st.components.v2.component(
-            COMPONENT, html=asset("player.html"), css="player.css", js="player.js")
+            COMPONENT, html=asset("player.html"), css="player.css", js="player.js"
+        )
     return component
 
 
@@ -70,16 +77,16 @@ _seq = itertools.count(1)
 
 @dataclass
 class PlayerSession:
-    run: Any = None                     # the Timeline the browser was last sent (identity)
+    run: Any = None  # the Timeline the browser was last sent (identity)
     lang: str = ""
     decoded: bool = False
-    token: str = ""                     # the browser's name for that run
+    token: str = ""  # the browser's name for that run
     encoder: RunEncoder | None = None
     acked: int = -1
-    goto: dict | None = None            # {"seq", "step"}: the last jump Python asked for
-    answered: set[int] = field(default_factory=set)   # steps whose quiz question was answered
+    goto: dict | None = None  # {"seq", "step"}: the last jump Python asked for
+    answered: set[int] = field(default_factory=set)  # steps whose quiz question was answered
     last_have: Any = None
-    last_cursor: Any = None             # the last cursor report applied (a stale one is not applied again)
+    last_cursor: Any = None  # the last cursor report applied (a stale one is not applied again)
     last_want: Any = None
     last_poll: Any = None
 
@@ -100,9 +107,11 @@ def page_fragment(func: Callable, page: str) -> Callable:
     the new page's fragment as if it were the old one's, its elements at paths the browser had just
     cleared (the browser's page crashed: "Bad delta path index"). With one id per page the stale
     report names no fragment on the new page and is dropped."""
+
     @functools.wraps(func)
     def stage(*args, **kwargs):
         return func(*args, **kwargs)
+
     stage.__qualname__ = f"{func.__qualname__}[{page}]"
     return st.fragment(stage)
 
@@ -112,7 +121,8 @@ def recorded_done(run: Timeline) -> bool:
 
 
 def record_upto(run: Timeline, n: int, seconds: float = 1.0) -> None:
-    """Ask the run store for ``n`` records and wait for them at most ``seconds``; the cursor stays."""
+    """Ask the run store for ``n`` records and wait for them at most ``seconds``; the cursor
+    stays."""
     if len(run.records) < n and not run.run.done:
         run.run.want(n)
         run.run.wait(n, seconds)
@@ -124,20 +134,26 @@ _ENCODERS_LOCK = threading.Lock()
 
 def shared_encoder(run: Timeline, lang: str, page: str, **encoder_kw) -> RunEncoder:
     """The encoder of this recorded run for this language and page (its narration), shared by
-    every session that plays it, so a step is encoded once per server process; it goes with the run."""
+    every session that plays it, so a step is encoded once per server process; it goes with the
+    run."""
     with _ENCODERS_LOCK:
         per_run = _ENCODERS.setdefault(run.run, {})
-        key = (lang, page, encoder_kw.get("decode") is not None)   # a trace may be viewed without its model
+        # a trace may be viewed without its model
+        key = (lang, page, encoder_kw.get("decode") is not None)
         enc = per_run.get(key)
         if enc is None:
             first = run.records[0] if run.initial is None else None
-            enc = per_run[key] = RunEncoder(run.initial, lang=lang, first_record=first, **encoder_kw)
+            enc = per_run[key] = RunEncoder(
+                run.initial, lang=lang, first_record=first, **encoder_kw
+            )
         return enc
 
 
-def next_hold(run: Timeline, cursor: int, answered: set[int], focus: Sequence[str], lang: str,
-              look: int = 8) -> tuple[int | None, Any]:
-    """Quiz mode: the first step at or after ``cursor`` whose next step has an unanswered question."""
+def next_hold(
+    run: Timeline, cursor: int, answered: set[int], focus: Sequence[str], lang: str, look: int = 8
+) -> tuple[int | None, Any]:
+    """Quiz mode: the first step at or after ``cursor`` whose next step has an unanswered
+    question."""
     for h in range(cursor, cursor + look):
         if h + 1 in answered:
             continue
@@ -152,7 +168,8 @@ def next_hold(run: Timeline, cursor: int, answered: set[int], focus: Sequence[st
 
 
 def _int(v: Any, default: int = 0) -> int:
-    """A step number from the browser; anything else (a hostile or broken client) counts as ``default``."""
+    """A step number from the browser; anything else (a hostile or broken client) counts as
+    ``default``."""
     return v if isinstance(v, int) and not isinstance(v, bool) and abs(v) < 1 << 31 else default
 
 
@@ -164,10 +181,20 @@ def _component_state(key: str) -> dict:
         return {}
 
 
-def player_panel(state: PageState, key: str, lang: str, *, decode=None,
-                 narrate: Callable | None = None, intro: str = "", outro: str = "",
-                 focus: Sequence[str] = (), request_ids: Sequence[str] = (), url_step: bool = False,
-                 meta: dict | None = None) -> None:
+def player_panel(
+    state: PageState,
+    key: str,
+    lang: str,
+    *,
+    decode=None,
+    narrate: Callable | None = None,
+    intro: str = "",
+    outro: str = "",
+    focus: Sequence[str] = (),
+    request_ids: Sequence[str] = (),
+    url_step: bool = False,
+    meta: dict | None = None,
+) -> None:
     """Mount the player for ``state.run`` and keep ``state.run.cursor`` where the browser is.
     ``url_step``: the browser keeps the link's ``step`` parameter at the player's step; ``meta``:
     more for the head (the panels under the player and their words, ui/panels.py)."""
@@ -175,8 +202,15 @@ def player_panel(state: PageState, key: str, lang: str, *, decode=None,
     ps = session(key)
     if ps.run is not run or ps.lang != lang or ps.decoded != (decode is not None):
         ps.run, ps.lang, ps.token, ps.decoded = run, lang, uuid.uuid4().hex[:12], decode is not None
-        ps.encoder = shared_encoder(run, lang, key, decode=decode, narrate=narrate, request_ids=request_ids,
-                                    meta={**player_meta(intro, outro, focus), **(meta or {})})
+        ps.encoder = shared_encoder(
+            run,
+            lang,
+            key,
+            decode=decode,
+            narrate=narrate,
+            request_ids=request_ids,
+            meta={**player_meta(intro, outro, focus), **(meta or {})},
+        )
         ps.acked, ps.answered = -1, set()
         ps.goto = {"seq": next(_seq), "step": run.cursor}
     got = _component_state(key)
@@ -199,7 +233,8 @@ def player_panel(state: PageState, key: str, lang: str, *, decode=None,
     have = got.get("have")
     if isinstance(have, dict) and have.get("run") == ps.token and have != ps.last_have:
         ps.last_have = have
-        ps.acked = min(_int(have.get("n"), -1), encoded)    # the browser lost its copy (or part of it)
+        # the browser lost its copy (or part of it)
+        ps.acked = min(_int(have.get("n"), -1), encoded)
     if ps.goto is not None:
         record_upto(run, ps.goto["step"])
         run.cursor = max(run.first, min(ps.goto["step"], len(run.records)))
@@ -218,14 +253,28 @@ def player_panel(state: PageState, key: str, lang: str, *, decode=None,
     done = recorded_done(run)
     steps = ps.encoder.extend(run.records)
     base = max(ps.acked, 0)
-    data = {"run": ps.token, "base": base, "head": ps.encoder.head if ps.acked < 0 else None,
-            "steps": steps[base:], "done": done and len(steps) + run.first == len(run.records), "hold_at": hold_at,
-            "goto": ps.goto, "url_step": url_step}
-    if ps.acked < 0:    # with the head: the wire keys and the player's words (never inside the run)
+    data = {
+        "run": ps.token,
+        "base": base,
+        "head": ps.encoder.head if ps.acked < 0 else None,
+        "steps": steps[base:],
+        "done": done and len(steps) + run.first == len(run.records),
+        "hold_at": hold_at,
+        "goto": ps.goto,
+        "url_step": url_step,
+    }
+    if ps.acked < 0:  # with the head: the wire keys and the player's words (never inside the run)
         data.update(player_book(lang))
-    player_component()(key=f"pkv:{key}", data=data, default={"cursor": None, "want": None, "have": None, "poll": None},
-           on_cursor_change=_noop, on_want_change=_noop, on_have_change=_noop, on_poll_change=_noop,
-           height="content")
+    player_component()(
+        key=f"pkv:{key}",
+        data=data,
+        default={"cursor": None, "want": None, "have": None, "poll": None},
+        on_cursor_change=_noop,
+        on_want_change=_noop,
+        on_have_change=_noop,
+        on_poll_change=_noop,
+        height="content",
+    )
     ps.goto = None
     quiz_box(state, key, lang)
 
@@ -258,11 +307,23 @@ def quiz_box(state: PageState, k: str, lang: str) -> None:
         key = f"quiz_choice:{k}"
         st.radio(q.prompt, list(q.options), index=None, key=key, horizontal=True)
         c1, c2, c3 = st.columns(3)
-        c1.button(tr("quiz_answer", lang), key=f"quiz_ans:{k}", on_click=on_quiz_answer, args=(state, key),
-                  disabled=state.quiz_choice is not None)
-        c2.button(tr("quiz_reveal", lang), key=f"quiz_rev:{k}", on_click=on_quiz_reveal, args=(state, k),
-                  type="primary")
-        c3.button(tr("quiz_skip", lang), key=f"quiz_skip:{k}", on_click=on_quiz_reveal, args=(state, k))
+        c1.button(
+            tr("quiz_answer", lang),
+            key=f"quiz_ans:{k}",
+            on_click=on_quiz_answer,
+            args=(state, key),
+            disabled=state.quiz_choice is not None,
+        )
+        c2.button(
+            tr("quiz_reveal", lang),
+            key=f"quiz_rev:{k}",
+            on_click=on_quiz_reveal,
+            args=(state, k),
+            type="primary",
+        )
+        c3.button(
+            tr("quiz_skip", lang), key=f"quiz_skip:{k}", on_click=on_quiz_reveal, args=(state, k)
+        )
         if state.quiz_choice is not None:
             if state.quiz_choice == q.answer:
                 st.success(f"{tr('quiz_right', lang)} {q.explain}")
@@ -271,15 +332,34 @@ def quiz_box(state: PageState, k: str, lang: str) -> None:
 
 
 def player_meta(intro: str = "", outro: str = "", focus: Sequence[str] = ()) -> dict:
-    """The page's words for the player: intro (step 0), outro (the end), Run-until kinds (focus first)."""
-    return {"intro": intro, "outro": outro,
-            "until_kinds": list(dict.fromkeys([*(k for k in focus if k in UNTIL_KINDS), *UNTIL_KINDS]))}
+    """The page's words for the player: intro (step 0), outro (the end), Run-until kinds (focus
+    first)."""
+    return {
+        "intro": intro,
+        "outro": outro,
+        "until_kinds": list(dict.fromkeys([*(k for k in focus if k in UNTIL_KINDS), *UNTIL_KINDS])),
+    }
 
 
-def export_html(run: Timeline, lang: str, title: str, *, intro: str = "", outro: str = "",
-                focus: Sequence[str] = (), meta: dict | None = None, **encoder_kw) -> str:
+def export_html(
+    run: Timeline,
+    lang: str,
+    title: str,
+    *,
+    intro: str = "",
+    outro: str = "",
+    focus: Sequence[str] = (),
+    meta: dict | None = None,
+    **encoder_kw,
+) -> str:
     """The recorded run (all steps recorded so far) as one self-contained HTML file."""
     records = list(run.records)
-    payload = run_payload(run.initial, records, done=recorded_done(run) and len(records) == len(run.records),
-                          lang=lang, meta={**player_meta(intro, outro, focus), **(meta or {})}, **encoder_kw)
+    payload = run_payload(
+        run.initial,
+        records,
+        done=recorded_done(run) and len(records) == len(run.records),
+        lang=lang,
+        meta={**player_meta(intro, outro, focus), **(meta or {})},
+        **encoder_kw,
+    )
     return static_html(payload, title=title)

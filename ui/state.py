@@ -7,6 +7,7 @@ scenario (runstore/store.py). Every scenario is checked against the resource bud
 (record/budget.py) before the store builds anything for it; links and files are
 capped in size before they are decoded.
 """
+
 from __future__ import annotations
 
 import base64
@@ -19,13 +20,12 @@ from typing import Any
 
 import streamlit as st
 
+from lessons.catalog import Lesson
 from record.budget import BudgetError, app_limits, check_size, fmt_bytes
 from record.scenario import EngineSettings, Scenario, ScenarioError, load_scenario, scenario_to_dict
-
-from lessons.catalog import Lesson
-from ui.modelstate import DEVICES, MODELS, ModelState
-from runstore.store import default_store
 from runstore.runtime import Timeline
+from runstore.store import default_store
+from ui.modelstate import DEVICES, MODELS, ModelState
 
 SETTING_DEFAULTS = dataclasses.asdict(EngineSettings())
 URL_SETTINGS = tuple(k for k in SETTING_DEFAULTS if k != "layer_types") + ("layers",)
@@ -34,26 +34,28 @@ URL_SETTINGS = tuple(k for k in SETTING_DEFAULTS if k != "layer_types") + ("laye
 @dataclass(kw_only=True)
 class PageState:
     """What the shared controls (ui/widgets.py) act on: a Timeline and the page's modes."""
+
     run: Timeline | None = None
-    error: str | None = None           # last engine / scenario / file error, shown once
+    error: str | None = None  # last engine / scenario / file error, shown once
     notice: str | None = None
     playing: bool = False
-    quiz: Any = None                   # a pending quiz.Prediction
+    quiz: Any = None  # a pending quiz.Prediction
     quiz_choice: int | None = None
-    upload_id: str | None = None       # the last uploaded file handled (a rerun must not load it again)
+    upload_id: str | None = None  # the last uploaded file handled (a rerun must not load it again)
     run_error_seen: str | None = None  # the run's stop reason, once shown
 
 
 @dataclass
 class LessonState(PageState):
     lesson_id: str
-    base: dict                         # scenario in the engine's file format (before overrides)
+    base: dict  # scenario in the engine's file format (before overrides)
     overrides: dict = field(default_factory=dict)
     model_key: tuple = ()
 
 
 def build_scenario(lesson: Lesson, base: dict, overrides: dict, ms: ModelState) -> Scenario:
-    """Apply overrides (and the 'layers' pattern) to ``base`` and validate it with the engine's loader."""
+    """Apply overrides (and the 'layers' pattern) to ``base`` and validate it with the engine's
+    loader."""
     d = copy.deepcopy(base)
     tmp = dataclasses.replace(lesson, scenario=d)
     num_layers = int(ms.model.config.num_hidden_layers) if ms.model is not None else None
@@ -65,7 +67,9 @@ def build_scenario(lesson: Lesson, base: dict, overrides: dict, ms: ModelState) 
 def make_factory(ms: ModelState):
     def factory(scenario: Scenario):
         from record.engine import Engine
+
         return Engine(scenario, model=ms.model)
+
     return factory
 
 
@@ -84,8 +88,9 @@ def model_key(ms: ModelState) -> tuple[str, str, str]:
 def open_run(scenario: Scenario, ms: ModelState, step: int = 0) -> Timeline:
     """A cursor at ``step`` over the shared run of ``scenario`` on the loaded model.
     Raises BudgetError (over a limit) or ValueError (a prompt that never fits)."""
-    run = default_store().run(scenario, make_factory(ms), model_key=model_key(ms), model=ms.model,
-                              limits=app_limits())
+    run = default_store().run(
+        scenario, make_factory(ms), model_key=model_key(ms), model=ms.model, limits=app_limits()
+    )
     return Timeline(run, cursor=min(int(step), run.recorded() if run.done else 1 << 30))
 
 
@@ -117,7 +122,7 @@ def get_state(lesson: Lesson, ms: ModelState) -> LessonState:
         step = step or (state.run.cursor if state.run is not None else 0)
         try:
             new_run(state, lesson, ms, step)
-        except (ScenarioError, ValueError) as e:   # BudgetError is a ValueError
+        except (ScenarioError, ValueError) as e:  # BudgetError is a ValueError
             state.error = str(e)
             if state.base != lesson.scenario or state.overrides:
                 state.base, state.overrides = copy.deepcopy(lesson.scenario), {}
@@ -126,15 +131,22 @@ def get_state(lesson: Lesson, ms: ModelState) -> LessonState:
     return state
 
 
-def rebuild(state: LessonState, lesson: Lesson, ms: ModelState, base: dict | None = None,
-            overrides: dict | None = None, keep_step: bool = True) -> str | None:
+def rebuild(
+    state: LessonState,
+    lesson: Lesson,
+    ms: ModelState,
+    base: dict | None = None,
+    overrides: dict | None = None,
+    keep_step: bool = True,
+) -> str | None:
     """Switch to a new base/overrides; on any error nothing changes and the message comes back."""
     new_base = state.base if base is None else base
     new_over = state.overrides if overrides is None else overrides
     try:
         scenario = build_scenario(lesson, new_base, new_over, ms)
         step = state.run.cursor if (keep_step and state.run is not None) else 0
-        run = open_run(scenario, ms, step)   # the engine's own checks refuse a prompt that never fits
+        # the engine's own checks refuse a prompt that never fits
+        run = open_run(scenario, ms, step)
     except ScenarioError as e:
         return "\n".join(e.problems)
     except BudgetError as e:
@@ -143,7 +155,9 @@ def rebuild(state: LessonState, lesson: Lesson, ms: ModelState, base: dict | Non
         return f"{type(e).__name__}: {e}"
     state.base, state.overrides, state.run = copy.deepcopy(new_base), dict(new_over), run
     state.quiz, state.playing = None, False
-    for k in [k for k in st.session_state if str(k).startswith("pg_") and not str(k).startswith("pg_req")]:
+    for k in [
+        k for k in st.session_state if str(k).startswith("pg_") and not str(k).startswith("pg_req")
+    ]:
         del st.session_state[k]  # the playground form shows the new settings
     return None
 
@@ -152,15 +166,19 @@ def parse_scenario_text(text: str | bytes) -> tuple[dict | None, list[str]]:
     """(scenario dict, []) or (None, problems). The dict is the validated file, normalised.
     Text over the file-size limit is refused before it is parsed; bytes must be UTF-8."""
     try:
-        check_size(len(text.encode() if isinstance(text, str) else text), "the scenario", app_limits())
+        check_size(
+            len(text.encode() if isinstance(text, str) else text), "the scenario", app_limits()
+        )
     except BudgetError as e:
         return None, [str(e)]
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as e:
-            return None, [f"file: not UTF-8 text (byte {e.start} is 0x{text[e.start]:02x}); "
-                          "save the scenario as UTF-8 JSON"]
+            return None, [
+                f"file: not UTF-8 text (byte {e.start} is 0x{text[e.start]:02x}); "
+                "save the scenario as UTF-8 JSON"
+            ]
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:
@@ -186,8 +204,11 @@ def _decode_base(s: str) -> dict:
     inflate = zlib.decompressobj()
     raw = inflate.decompress(base64.urlsafe_b64decode(s + pad), limits.max_file_bytes + 1)
     if len(raw) > limits.max_file_bytes or inflate.unconsumed_tail:
-        raise BudgetError(f"the scenario in the link decompresses to more than {fmt_bytes(limits.max_file_bytes)}; "
-                          f"this server allows at most {fmt_bytes(limits.max_file_bytes)} (PAGED_KV_LAB_MAX_FILE_BYTES)")
+        raise BudgetError(
+            "the scenario in the link decompresses to more than "
+            f"{fmt_bytes(limits.max_file_bytes)}; this server allows at most "
+            f"{fmt_bytes(limits.max_file_bytes)} (PAGED_KV_LAB_MAX_FILE_BYTES)"
+        )
     return json.loads(raw.decode())
 
 
@@ -197,7 +218,12 @@ def _parse_value(key: str, v: str) -> Any:
         return None
     if isinstance(default, bool):
         return v.lower() in ("1", "true", "yes", "on")
-    if isinstance(default, int) or key in ("sliding_window", "seed", "max_model_len", "max_cache_hit_length"):
+    if isinstance(default, int) or key in (
+        "sliding_window",
+        "seed",
+        "max_model_len",
+        "max_cache_hit_length",
+    ):
         return int(v)
     if isinstance(default, float):
         return float(v)
@@ -215,7 +241,9 @@ def apply_url(state: LessonState, lesson: Lesson) -> int:
             if d is not None:
                 state.base = d
             else:
-                state.error = "url: the scenario in the link is not valid:\n" + "\n".join(f"- {p}" for p in problems)
+                state.error = "url: the scenario in the link is not valid:\n" + "\n".join(
+                    f"- {p}" for p in problems
+                )
         except BudgetError as e:
             state.error = f"url: {e}"
         except Exception:
@@ -233,8 +261,13 @@ def apply_url(state: LessonState, lesson: Lesson) -> int:
 
 
 def url_params(state: LessonState, lesson: Lesson, lang: str, ms: ModelState) -> dict[str, str]:
-    out = {"lesson": lesson.id, "step": str(state.run.cursor if state.run else 0), "lang": lang,
-           "model": ms.name, "device": ms.device}
+    out = {
+        "lesson": lesson.id,
+        "step": str(state.run.cursor if state.run else 0),
+        "lang": lang,
+        "model": ms.name,
+        "device": ms.device,
+    }
     for k, v in state.overrides.items():
         out[k] = "null" if v is None else (str(v).lower() if isinstance(v, bool) else str(v))
     if state.base != lesson.scenario:
@@ -255,8 +288,11 @@ def init_globals_from_url() -> None:
     st.session_state["_url_read"] = True
     qp = st.query_params
     prefs = st.session_state.setdefault("_prefs", {})
-    for param, key, allowed in (("lang", "lang", ("en", "zh")), ("model", "model_name", MODELS),
-                                ("device", "device", DEVICES)):
+    for param, key, allowed in (
+        ("lang", "lang", ("en", "zh")),
+        ("model", "model_name", MODELS),
+        ("device", "device", DEVICES),
+    ):
         if qp.get(param) in allowed:
             st.session_state[key] = prefs[key] = qp[param]
 

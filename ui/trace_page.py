@@ -5,6 +5,7 @@ Nothing is recomputed: a TraceRun holds the file's records. Loading is plain fun
 TraceState (``load_trace_bytes``, ``load_example``), which the page's callbacks and the tests call;
 a file that does not read leaves the trace shown before untouched.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -15,25 +16,24 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from record.budget import BudgetError, app_limits, check_size
 from kvcore.engine.parallel_sampling import scenario_parents
+from lessons import BY_ID, PAGE_FILES
+from record.budget import BudgetError, app_limits, check_size
 from record.scenario import load_scenario, scenario_to_dict
 from record.trace import Trace, TraceError, read_trace
-
-from ui import panels as P
-from words.i18n import tr
-from lessons import BY_ID, PAGE_FILES
-from ui.modelstate import ModelState
 from runstore.runtime import MAX_RUN_STEPS, TraceRun
-from ui.state import PageState, get_state, init_globals_from_url, locked, open_run
+from ui import panels as P
+from ui.modelstate import ModelState
 from ui.player_component import export_html, player_panel
+from ui.state import PageState, get_state, init_globals_from_url, locked, open_run
 from ui.view import current_lang, current_model, decoder
-from ui.widgets import apply_scenario_text
 from ui.why_panel import why_panel
+from ui.widgets import apply_scenario_text
+from words.i18n import tr
 
 PAGE_FILE = "pages/8_trace_viewer.py"
-KEY = "trace"                    # widget keys end in ":trace", as a lesson's end in ":<lesson id>"
-STATE_KEY = "trace_viewer"       # the TraceState in st.session_state
+KEY = "trace"  # widget keys end in ":trace", as a lesson's end in ":<lesson id>"
+STATE_KEY = "trace_viewer"  # the TraceState in st.session_state
 FOCUS = ("evicted", "preempted", "cache_hit")
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "eviction.json"
 
@@ -41,7 +41,8 @@ EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "eviction.json"
 @dataclass
 class TraceState(PageState):
     """The trace viewer's state; ``run`` is a TraceRun (or None before the first load)."""
-    name: str | None = None          # the loaded file's name
+
+    name: str | None = None  # the loaded file's name
 
 
 def get_trace_state() -> TraceState:
@@ -52,15 +53,23 @@ def get_trace_state() -> TraceState:
 
 
 # -- loading (plain functions) ------------------------------------------------------------
-def load_trace_bytes(state: TraceState, data: bytes | str, name: str, lang: str = "en") -> str | None:
+def load_trace_bytes(
+    state: TraceState, data: bytes | str, name: str, lang: str = "en"
+) -> str | None:
     """Show the trace in ``data``; on a problem nothing changes and the message (also put in
     ``state.error``) comes back."""
     try:
-        check_size(len(data.encode() if isinstance(data, str) else data), f"the trace file {name!r}",
-                   app_limits(), "max_trace_bytes")
+        check_size(
+            len(data.encode() if isinstance(data, str) else data),
+            f"the trace file {name!r}",
+            app_limits(),
+            "max_trace_bytes",
+        )
         run = TraceRun(read_trace(data))
     except TraceError as e:
-        state.error = tr("bad_trace", lang, name=name) + "\n" + "\n".join(f"- {p}" for p in e.problems)
+        state.error = (
+            tr("bad_trace", lang, name=name) + "\n" + "\n".join(f"- {p}" for p in e.problems)
+        )
         return state.error
     except BudgetError as e:
         state.error = tr("bad_trace", lang, name=name) + "\n- " + str(e)
@@ -73,15 +82,20 @@ def load_trace_bytes(state: TraceState, data: bytes | str, name: str, lang: str 
 
 def example_trace(ms: ModelState, path: Path = EXAMPLE, timeout: float = 120.0) -> str:
     """The scenario at ``path`` run to the end on the loaded model, as the CLI's --trace writes it.
-    Its steps come from the shared run store (one engine step at a time, fairly with other sessions)."""
+    Its steps come from the shared run store (one engine step at a time, fairly with other
+    sessions)."""
     scenario = dataclasses.replace(load_scenario(path), model=ms.name, device=ms.device)
     cursor = open_run(scenario, ms)
     cursor.run_to_end(MAX_RUN_STEPS, timeout=timeout)
     if not cursor.run.done:
-        raise TimeoutError(f"the example was not computed within {timeout:.0f} s (the server is busy)")
+        raise TimeoutError(
+            f"the example was not computed within {timeout:.0f} s (the server is busy)"
+        )
     outputs = cursor.outputs()
     parents = scenario_parents(scenario.requests, outputs or ())
-    return Trace(scenario_to_dict(scenario), cursor.initial, tuple(cursor.records), outputs, parents).to_jsonl()
+    return Trace(
+        scenario_to_dict(scenario), cursor.initial, tuple(cursor.records), outputs, parents
+    ).to_jsonl()
 
 
 def load_example(state: TraceState, ms: ModelState, lang: str = "en") -> str | None:
@@ -108,7 +122,8 @@ def request_ids(run: TraceRun) -> list[str]:
 
 
 def open_in_playground(trace: Trace, ms: ModelState, lang: str) -> str | None:
-    """Make the header's scenario the Playground's (as an uploaded scenario would); an error or None."""
+    """Make the header's scenario the Playground's (as an uploaded scenario would); an error or
+    None."""
     lesson = BY_ID["playground"]
     pstate = get_state(lesson, ms)
     if apply_scenario_text(pstate, lesson, ms, json.dumps(trace.scenario), lang):
@@ -141,10 +156,22 @@ def render_trace_page() -> None:
     st.caption(tr("trace_summary", lang))
     c1, c2 = st.columns([3, 1], vertical_alignment="bottom")
     up_key = f"up:{KEY}"
-    c1.file_uploader(tr("trace_upload", lang), type=["jsonl", "json"], key=up_key, on_change=on_upload,
-                     args=(state, up_key, lang))
-    c2.button(tr("trace_example", lang), key=f"example:{KEY}", on_click=load_example, args=(state, ms, lang),
-              help=tr("trace_example_help", lang), disabled=ms.model is None, width="stretch")
+    c1.file_uploader(
+        tr("trace_upload", lang),
+        type=["jsonl", "json"],
+        key=up_key,
+        on_change=on_upload,
+        args=(state, up_key, lang),
+    )
+    c2.button(
+        tr("trace_example", lang),
+        key=f"example:{KEY}",
+        on_click=load_example,
+        args=(state, ms, lang),
+        help=tr("trace_example_help", lang),
+        disabled=ms.model is None,
+        width="stretch",
+    )
     if state.error:
         st.error(state.error)
         state.error = None
@@ -170,31 +197,63 @@ def render_trace_page() -> None:
 def trace_stage(state: TraceState, lang: str, decode) -> None:
     """The player over the trace's steps and the "Why?" panel at its cursor (a fragment)."""
     run = state.run
-    player_panel(state, KEY, lang, decode=decode, focus=FOCUS, request_ids=request_ids(run),
-                 meta=P.player_panels(("requests", "metrics"), run, lang))
+    player_panel(
+        state,
+        KEY,
+        lang,
+        decode=decode,
+        focus=FOCUS,
+        request_ids=request_ids(run),
+        meta=P.player_panels(("requests", "metrics"), run, lang),
+    )
     why_panel(run, lang, KEY, decode)
 
 
 def download_trace_run(state: TraceState, lang: str, decode) -> None:
     def build() -> str:
-        return export_html(state.run, lang, f"Paged KV Lab · {state.name or 'trace'}", decode=decode,
-                           request_ids=request_ids(state.run), focus=FOCUS,
-                           meta=P.player_panels(("requests", "metrics"), state.run, lang))
-    st.download_button(tr("download_run", lang), build, file_name=f"{Path(state.name or 'trace').stem}.html",
-                       mime="text/html", key=f"dl_run:{KEY}", on_click="ignore", icon=":material/download:",
-                       help=tr("download_run_help", lang))
+        return export_html(
+            state.run,
+            lang,
+            f"Paged KV Lab · {state.name or 'trace'}",
+            decode=decode,
+            request_ids=request_ids(state.run),
+            focus=FOCUS,
+            meta=P.player_panels(("requests", "metrics"), state.run, lang),
+        )
+
+    st.download_button(
+        tr("download_run", lang),
+        build,
+        file_name=f"{Path(state.name or 'trace').stem}.html",
+        mime="text/html",
+        key=f"dl_run:{KEY}",
+        on_click="ignore",
+        icon=":material/download:",
+        help=tr("download_run_help", lang),
+    )
 
 
 def show_about(state: TraceState, ms: ModelState, lang: str, decoded: bool) -> None:
     run = state.run
     sc = run.scenario
-    st.markdown(tr("trace_about", lang, name=P.md_escape(state.name or "?"), steps=len(run.records),
-                   scenario=P.md_escape(sc.name) if sc else "?", model=sc.model if sc else "?"))
+    st.markdown(
+        tr(
+            "trace_about",
+            lang,
+            name=P.md_escape(state.name or "?"),
+            steps=len(run.records),
+            scenario=P.md_escape(sc.name) if sc else "?",
+            model=sc.model if sc else "?",
+        )
+    )
     if sc is None:
         st.info(tr("trace_no_header", lang))
     if not decoded:
-        st.caption(tr("trace_ids_only", lang, model=sc.model, loaded=ms.name) if sc is not None
-                   else tr("trace_ids_unknown", lang))
+        st.caption(
+            tr("trace_ids_only", lang, model=sc.model, loaded=ms.name)
+            if sc is not None
+            else tr("trace_ids_unknown", lang)
+        )
 
 
 def show_final_outputs(trace: Trace, lang: str) -> None:
@@ -202,14 +261,24 @@ def show_final_outputs(trace: Trace, lang: str) -> None:
     if trace.outputs is None:
         st.caption(tr("trace_no_outputs", lang))
         return
-    rows = [(rid, o["finish_reason"] or "—", o["text"], " ".join(map(str, o["token_ids"])))
-            for rid, o in trace.outputs.items()]
-    st.dataframe(pd.DataFrame(rows, columns=list(tr("trace_outputs_cols", lang))), hide_index=True,
-                 width="stretch")
-    if trace.parents:   # n > 1: the children above, grouped under the request as it was sent
+    rows = [
+        (rid, o["finish_reason"] or "—", o["text"], " ".join(map(str, o["token_ids"])))
+        for rid, o in trace.outputs.items()
+    ]
+    st.dataframe(
+        pd.DataFrame(rows, columns=list(tr("trace_outputs_cols", lang))),
+        hide_index=True,
+        width="stretch",
+    )
+    if trace.parents:  # n > 1: the children above, grouped under the request as it was sent
         cols = list(tr("trace_parents_cols", lang))
-        st.dataframe(pd.DataFrame([(p, len(k), ", ".join(k)) for p, k in trace.parents.items()], columns=cols),
-                     hide_index=True, width="stretch")
+        st.dataframe(
+            pd.DataFrame(
+                [(p, len(k), ", ".join(k)) for p, k in trace.parents.items()], columns=cols
+            ),
+            hide_index=True,
+            width="stretch",
+        )
 
 
 def show_scenario(trace: Trace, ms: ModelState, lang: str) -> None:
@@ -221,16 +290,19 @@ def show_scenario(trace: Trace, ms: ModelState, lang: str) -> None:
             st.caption(sc["description"])
         st.markdown(" · ".join(f"`{k}={v}`" for k, v in sc["engine"].items() if v is not None))
         st.json(sc, expanded=False)
-        if st.button(tr("trace_open_playground", lang), key=f"playground:{KEY}", disabled=ms.model is None):
+        if st.button(
+            tr("trace_open_playground", lang), key=f"playground:{KEY}", disabled=ms.model is None
+        ):
             err = open_in_playground(trace, ms, lang)
             if err is None:
-                st.switch_page(PAGE_FILES["playground"])   # stops this run
+                st.switch_page(PAGE_FILES["playground"])  # stops this run
             else:
                 st.error(err)
 
 
 def write_url(lang: str, ms: ModelState) -> None:
-    """A trace cannot live in the URL: keep only the sidebar's choices (drop a lesson's step, settings)."""
+    """A trace cannot live in the URL: keep only the sidebar's choices (drop a lesson's step,
+    settings)."""
     params = {"lang": lang, "model": ms.name, "device": ms.device}
     if dict(st.query_params) != params:
         st.query_params.from_dict(params)

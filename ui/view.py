@@ -1,17 +1,18 @@
 """One lesson page: settings, the step player (every per-step picture, drawn in the browser) and
 the Python panels that follow its cursor."""
+
 from __future__ import annotations
 
 import streamlit as st
 
-from ui import panels as P
-from words.i18n import pick, tr
 from lessons import BY_ID
+from ui import panels as P
 from ui.modelstate import ModelState, default_device, default_model
 from ui.player_component import export_html, page_fragment, player_panel
 from ui.state import get_state, init_globals_from_url, pref, write_url
-from ui.widgets import scenario_file, toggles
 from ui.why_panel import why_panel
+from ui.widgets import scenario_file, toggles
+from words.i18n import pick, tr
 
 
 def current_lang() -> str:
@@ -26,13 +27,16 @@ def current_model() -> ModelState:
     ms = st.session_state.get("_model_state")
     if ms is None or (ms.name, ms.device) != (name, device):
         from ui.modelstate import get_model
+
         ms = get_model(name, device)
     return ms
 
 
 def decoder(model):
-    """The model's shared decoder: a bounded, thread-safe cache of token ids -> text (runstore/store.py)."""
+    """The model's shared decoder: a bounded, thread-safe cache of token ids -> text
+    (runstore/store.py)."""
     from runstore.decoder import decoder_for
+
     return decoder_for(model)
 
 
@@ -42,8 +46,11 @@ def render_lesson(lesson_id: str, compact: bool = False) -> None:
     lang = current_lang()
     ms = current_model()
     if not compact:
-        st.title(f"{lesson.icon} {lesson.number}. {pick(lesson.title, lang)}" if lesson.number else
-                 pick(lesson.title, lang))
+        st.title(
+            f"{lesson.icon} {lesson.number}. {pick(lesson.title, lang)}"
+            if lesson.number
+            else pick(lesson.title, lang)
+        )
         st.caption(pick(lesson.summary, lang))
     if ms.model is None:
         st.error(tr("model_failed", lang, model=ms.name, device=ms.device, error=ms.error))
@@ -66,10 +73,11 @@ def render_lesson(lesson_id: str, compact: bool = False) -> None:
         download_run(state, lesson, ms, lang)
     page_fragment(lesson_stage, lesson.id)(lesson, state, ms, lang, compact)
     if not compact:
-        if "memory" in lesson.panels and ms.model is not None:   # not per step: outside the fragment
+        if "memory" in lesson.panels and ms.model is not None:  # not per step: outside the fragment
             P.show_memory(state.run, lang, ms.model, lesson.id)
         if lesson.id == "playground":
             from ui.playground import request_form, settings_form
+
             settings_form(state, lesson, ms, lang)
             request_form(state, lesson, ms, lang)
         P.show_questions(lesson, lang)
@@ -80,20 +88,30 @@ def lesson_player(state, lesson, ms, lang: str) -> dict:
     """What the player needs besides the run, for a lesson (the page and the export share it)."""
     run = state.run
     decode = decoder(ms.model)
-    return {"decode": decode, "narrate": P.LessonNarrator(lesson, run, lang),
-            "intro": P.intro_text(lesson, run, lang), "outro": P.outro_text(lesson, run, lang),
-            "request_ids": [r.id for r in run.scenario.requests],
-            "meta": P.player_panels(("requests", "metrics", *lesson.panels), run, lang)}
+    return {
+        "decode": decode,
+        "narrate": P.LessonNarrator(lesson, run, lang),
+        "intro": P.intro_text(lesson, run, lang),
+        "outro": P.outro_text(lesson, run, lang),
+        "request_ids": [r.id for r in run.scenario.requests],
+        "meta": P.player_panels(("requests", "metrics", *lesson.panels), run, lang),
+    }
 
 
 def lesson_stage(lesson, state, ms, lang: str, compact: bool) -> None:
     """The part of the page that follows the player's cursor: it reruns alone (a fragment), when the
     player reports its cursor or asks for the steps recorded since."""
     kw = lesson_player(state, lesson, ms, lang)
-    if compact:   # the player alone: no panels under it
+    if compact:  # the player alone: no panels under it
         kw["meta"] = P.player_panels((), state.run, lang)
-    player_panel(state, lesson.id, lang, focus=lesson.focus, url_step=True, **{k: kw[k] for k in
-                 ("decode", "narrate", "intro", "outro", "request_ids", "meta")})
+    player_panel(
+        state,
+        lesson.id,
+        lang,
+        focus=lesson.focus,
+        url_step=True,
+        **{k: kw[k] for k in ("decode", "narrate", "intro", "outro", "request_ids", "meta")},
+    )
     run = state.run
     if not compact:
         P.show_myths(run, lang, lesson.id, expanded="myths" in lesson.panels)
@@ -102,10 +120,24 @@ def lesson_stage(lesson, state, ms, lang: str, compact: bool) -> None:
 
 
 def download_run(state, lesson, ms, lang: str) -> None:
-    """"Download this run": the recorded steps so far, as one HTML file that plays offline."""
+    """ "Download this run": the recorded steps so far, as one HTML file that plays offline."""
+
     def build() -> str:
-        return export_html(state.run, lang, f"Paged KV Lab · {pick(lesson.title, lang)}", focus=lesson.focus,
-                           **lesson_player(state, lesson, ms, lang))
-    st.download_button(tr("download_run", lang), build, file_name=f"{state.run.scenario.name}.html",
-                       mime="text/html", key=f"dl_run:{lesson.id}", on_click="ignore",
-                       icon=":material/download:", help=tr("download_run_help", lang))
+        return export_html(
+            state.run,
+            lang,
+            f"Paged KV Lab · {pick(lesson.title, lang)}",
+            focus=lesson.focus,
+            **lesson_player(state, lesson, ms, lang),
+        )
+
+    st.download_button(
+        tr("download_run", lang),
+        build,
+        file_name=f"{state.run.scenario.name}.html",
+        mime="text/html",
+        key=f"dl_run:{lesson.id}",
+        on_click="ignore",
+        icon=":material/download:",
+        help=tr("download_run_help", lang),
+    )

@@ -5,28 +5,36 @@ Everything comes from words.explain* over the steps shown so far (the player's c
 the panel never tells what has not happened yet. Text from tokens and prompts goes through
 ``md_escape`` or into dataframes (shown as text), never as HTML.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
 import streamlit as st
 
+from record.scenario import load_scenario
+from ui.panels import md_escape
 from words.explain import ExplainError, RecordedSteps, explain_hit
 from words.explain_blocks import compare_requests, life_of_block
 from words.explain_text import comparison_sentences, hit_sentences, life_sentences, step_calls
-from record.scenario import load_scenario
+from words.i18n import tr
 from words.sentences import short_hash
 
-from ui.panels import md_escape
-from words.i18n import tr
 
 def recorded_steps(run: Any, decode: Optional[Callable] = None) -> RecordedSteps:
-    """The steps ``run`` (a Timeline or a RecordedRun) has shown so far, as words.explain reads them."""
+    """The steps ``run`` (a Timeline or a RecordedRun) has shown so far, as words.explain reads
+    them."""
     records = run.shown_records() if hasattr(run, "shown_records") else run.records
     scenario = run.scenario
-    if scenario is None and getattr(run, "trace", None) is not None and run.trace.scenario is not None:
+    if (
+        scenario is None
+        and getattr(run, "trace", None) is not None
+        and run.trace.scenario is not None
+    ):
         scenario = load_scenario(run.trace.scenario)
-    return RecordedSteps(run.initial, tuple(records), scenario.engine if scenario is not None else None, decode)
+    return RecordedSteps(
+        run.initial, tuple(records), scenario.engine if scenario is not None else None, decode
+    )
 
 
 def _lines(lines: list[str]) -> None:
@@ -46,8 +54,13 @@ def why_panel(run: Any, lang: str, key: str, decode: Optional[Callable] = None) 
             st.caption(tr("why.not_yet", lang))
             return
         modes = ("request", "block", "two", "calls")
-        mode = st.radio(tr("why.mode", lang), modes, format_func=lambda m: tr(f"why.{m}", lang), horizontal=True,
-                        key=f"why_mode:{key}")
+        mode = st.radio(
+            tr("why.mode", lang),
+            modes,
+            format_func=lambda m: tr(f"why.{m}", lang),
+            horizontal=True,
+            key=f"why_mode:{key}",
+        )
         requests = list(steps.request_views())
         try:
             if mode == "request":
@@ -57,25 +70,43 @@ def why_panel(run: Any, lang: str, key: str, decode: Optional[Callable] = None) 
                 _code("get_computed_blocks", lang, key)
             elif mode == "block":
                 n = len(steps.records[-1].snapshot.blocks)
-                bid = st.selectbox(tr("why.pick_block", lang), list(range(1, n)), key=f"why_block:{key}")
+                bid = st.selectbox(
+                    tr("why.pick_block", lang), list(range(1, n)), key=f"why_block:{key}"
+                )
                 life = life_of_block(steps, bid)
                 _lines(life_sentences(life, lang))
                 if life.moments:
-                    st.dataframe(block_table(life, lang), hide_index=True, key=f"why_block_table:{key}")
+                    st.dataframe(
+                        block_table(life, lang), hide_index=True, key=f"why_block_table:{key}"
+                    )
             elif mode == "two":
                 c1, c2 = st.columns(2)
                 a = c1.selectbox(tr("why.pick_request", lang), requests, key=f"why_a:{key}")
-                b = c2.selectbox(tr("why.pick_other", lang), [r for r in requests if r != a] or requests,
-                                 key=f"why_b:{key}")
+                b = c2.selectbox(
+                    tr("why.pick_other", lang),
+                    [r for r in requests if r != a] or requests,
+                    key=f"why_b:{key}",
+                )
                 c = compare_requests(steps, a, b)
                 _lines(comparison_sentences(c, lang))
                 st.dataframe(chain_table(c), hide_index=True, key=f"why_chain_table:{key}")
             else:
                 step = len(steps.records)
-                rows = [{"": "  " * k.depth + k.link.name, "vLLM 0.33.0": k.link.vllm.url, "kvcore": k.link.ours.target}
-                        for k in step_calls(steps, step)]
+                rows = [
+                    {
+                        "": "  " * k.depth + k.link.name,
+                        "vLLM 0.33.0": k.link.vllm.url,
+                        "kvcore": k.link.ours.target,
+                    }
+                    for k in step_calls(steps, step)
+                ]
                 link = st.column_config.LinkColumn(display_text=r"v0\.33\.0/(.*)$")
-                st.dataframe(rows, hide_index=True, key=f"why_calls:{key}", column_config={"vLLM 0.33.0": link})
+                st.dataframe(
+                    rows,
+                    hide_index=True,
+                    key=f"why_calls:{key}",
+                    column_config={"vLLM 0.33.0": link},
+                )
                 names = list(dict.fromkeys(k.link.name for k in step_calls(steps, step)))
                 name = st.selectbox(tr("why.source_of", lang), names, key=f"why_src:{key}")
                 if name is not None:
@@ -86,6 +117,7 @@ def why_panel(run: Any, lang: str, key: str, decode: Optional[Callable] = None) 
 
 def _code(name: str, lang: str, key: str) -> None:
     from words.source_links import FUNCTIONS
+
     link = FUNCTIONS[name]
     st.markdown(f"[{tr('why.vllm_code', lang, f=link.vllm.qualname)}]({link.vllm.url})")
     with st.expander(tr("why.our_code", lang, f=link.ours.target)):
@@ -94,15 +126,36 @@ def _code(name: str, lang: str, key: str) -> None:
 
 def block_table(life, lang: str) -> list[dict]:
     """The block's timeline, one row per event (the same facts as its sentences)."""
-    return [{"step": m.step, "event": m.kind, "request": m.request_id or "", "logical block": m.logical_index,
-             "ref_cnt": m.ref_cnt, "hash": short_hash(m.block_hash), "lost hash": short_hash(m.lost_hash),
-             "queue": m.joined or ("" if m.queue_pos is None else str(m.queue_pos)), "reason": m.reason,
-             "prefix": m.prefix_text or ""} for m in life.moments]
+    return [
+        {
+            "step": m.step,
+            "event": m.kind,
+            "request": m.request_id or "",
+            "logical block": m.logical_index,
+            "ref_cnt": m.ref_cnt,
+            "hash": short_hash(m.block_hash),
+            "lost hash": short_hash(m.lost_hash),
+            "queue": m.joined or ("" if m.queue_pos is None else str(m.queue_pos)),
+            "reason": m.reason,
+            "prefix": m.prefix_text or "",
+        }
+        for m in life.moments
+    ]
 
 
 def chain_table(c) -> list[dict]:
     """The two chains aligned block by block."""
-    return [{"block": r.index, f"hash {c.a}": short_hash(r.hash_a), f"hash {c.b}": short_hash(r.hash_b),
-             "same": r.same, f"tokens {c.a}": str(list(r.tokens_a)), f"tokens {c.b}": str(list(r.tokens_b)),
-             "shared": ", ".join(f"#{s.block_id} steps {s.first_step}-{s.last_step}" for s in r.shared)}
-            for r in c.rows]
+    return [
+        {
+            "block": r.index,
+            f"hash {c.a}": short_hash(r.hash_a),
+            f"hash {c.b}": short_hash(r.hash_b),
+            "same": r.same,
+            f"tokens {c.a}": str(list(r.tokens_a)),
+            f"tokens {c.b}": str(list(r.tokens_b)),
+            "shared": ", ".join(
+                f"#{s.block_id} steps {s.first_step}-{s.last_step}" for s in r.shared
+            ),
+        }
+        for r in c.rows
+    ]

@@ -1,21 +1,23 @@
 """Python-side controls around the player: a lesson's setting switches and the scenario file
 (download, upload, paste). Stepping itself happens in the browser (ui/player_component.py)."""
+
 from __future__ import annotations
 
 import json
 
 import streamlit as st
 
+from lessons.catalog import Lesson
 from record.budget import BudgetError, app_limits, check_size
 from record.scenario import scenario_to_dict
-
-from lessons.catalog import Lesson
-from words.i18n import pick, tr
 from ui.modelstate import ModelState
 from ui.state import LessonState, parse_scenario_text, rebuild
+from words.i18n import pick, tr
 
 
-def on_toggle(state: LessonState, lesson: Lesson, ms: ModelState, setting: str, key: str, lang: str) -> None:
+def on_toggle(
+    state: LessonState, lesson: Lesson, ms: ModelState, setting: str, key: str, lang: str
+) -> None:
     value = st.session_state.get(key)
     default = lesson.scenario.get("engine", {}).get(setting)
     over = dict(state.overrides)
@@ -39,22 +41,36 @@ def toggles(state: LessonState, lesson: Lesson, ms: ModelState, lang: str) -> No
         if t.setting == "layers":
             default = "uniform"
         st.session_state[key] = state.overrides.get(t.setting, default)
-        labels = {o: pick(t.option_labels[i], lang) if i < len(t.option_labels) else str(o)
-                  for i, o in enumerate(t.options)}
-        col.segmented_control(pick(t.label, lang), t.options, key=key, format_func=lambda o, L=labels: L[o],
-                              on_change=on_toggle, args=(state, lesson, ms, t.setting, key, lang), required=True)
+        labels = {
+            o: pick(t.option_labels[i], lang) if i < len(t.option_labels) else str(o)
+            for i, o in enumerate(t.options)
+        }
+        col.segmented_control(
+            pick(t.label, lang),
+            t.options,
+            key=key,
+            format_func=lambda o, L=labels: L[o],
+            on_change=on_toggle,
+            args=(state, lesson, ms, t.setting, key, lang),
+            required=True,
+        )
     cols[-1].caption(tr("settings_apply_note", lang))
 
 
-def apply_scenario_text(state: LessonState, lesson: Lesson, ms: ModelState, text, lang: str) -> bool:
-    """Validate and load a scenario; on any problem the old state stays and the problems are shown."""
+def apply_scenario_text(
+    state: LessonState, lesson: Lesson, ms: ModelState, text, lang: str
+) -> bool:
+    """Validate and load a scenario; on any problem the old state stays and the problems are
+    shown."""
     d, problems = parse_scenario_text(text)
     if d is None:
         state.error = tr("bad_scenario", lang) + "\n" + "\n".join(f"- {p}" for p in problems)
         return False
     err = rebuild(state, lesson, ms, base=d, overrides={}, keep_step=False)
     if err:
-        state.error = tr("bad_scenario", lang) + "\n" + "\n".join(f"- {p}" for p in err.splitlines())
+        state.error = (
+            tr("bad_scenario", lang) + "\n" + "\n".join(f"- {p}" for p in err.splitlines())
+        )
         return False
     state.notice = tr("loaded_ok", lang, name=d.get("name", "?"))
     return True
@@ -79,17 +95,32 @@ def on_upload(state: LessonState, lesson: Lesson, ms: ModelState, key: str, lang
 
 def scenario_file(state: LessonState, lesson: Lesson, ms: ModelState, lang: str) -> None:
     box = st.expander(tr("scenario", lang), key=f"scenario_open:{lesson.id}", on_change="rerun")
-    if not box.open:    # drawn only when opened: a closed expander's widgets would still load and draw
+    # drawn only when opened: a closed expander's widgets would still load and draw
+    if not box.open:
         return
     with box:
         data = json.dumps(scenario_to_dict(state.run.scenario), indent=2, ensure_ascii=False)
-        st.download_button(tr("download", lang), data, file_name=f"{state.run.scenario.name}.json",
-                           mime="application/json", key=f"dl:{lesson.id}")
+        st.download_button(
+            tr("download", lang),
+            data,
+            file_name=f"{state.run.scenario.name}.json",
+            mime="application/json",
+            key=f"dl:{lesson.id}",
+        )
         up_key = f"up:{lesson.id}"
-        st.file_uploader(tr("upload", lang), type=["json"], key=up_key, on_change=on_upload,
-                         args=(state, lesson, ms, up_key, lang))
+        st.file_uploader(
+            tr("upload", lang),
+            type=["json"],
+            key=up_key,
+            on_change=on_upload,
+            args=(state, lesson, ms, up_key, lang),
+        )
         key = f"paste:{lesson.id}"
         st.text_area(tr("paste", lang), key=key, height=120)
-        st.button(tr("load", lang), key=f"paste_btn:{lesson.id}", on_click=on_paste,
-                  args=(state, lesson, ms, key, lang))
+        st.button(
+            tr("load", lang),
+            key=f"paste_btn:{lesson.id}",
+            on_click=on_paste,
+            args=(state, lesson, ms, key, lang),
+        )
         st.caption(tr("link_caption", lang))

@@ -6,15 +6,23 @@ de-duplicate; token ids and parent only from an aligned store (a sparse
 sliding-window store lists fewer hashes than its tokens cover); AllBlocksCleared
 drops the GPU tier. Pure Python: the watcher (watch/watcher.py) feeds it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Sequence
 
-from kvcore.distributed.kv_events import (MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch,
-                              hash_text, maybe_convert_block_hash)
+from kvcore.distributed.kv_events import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    hash_text,
+    maybe_convert_block_hash,
+)
 
-MAX_HASHES = 200_000              # entries kept per watcher (all ranks, media and groups)
+MAX_HASHES = 200_000  # entries kept per watcher (all ranks, media and groups)
 
 
 @dataclass
@@ -59,7 +67,7 @@ class PrefixCacheIndex:
                 text = hash_text(h)
                 entry = tier.get(text) if tier is not None else None
                 if entry is None:
-                    continue      # removal of a hash we never saw (joined late, or over the cap)
+                    continue  # removal of a hash we never saw (joined late, or over the cap)
                 entry.count -= 1
                 if entry.count <= 0:
                     del tier[text]
@@ -91,14 +99,16 @@ class PrefixCacheIndex:
         extra = ev.extra_keys or []
         for i, h in enumerate(ev.block_hashes):
             text = hash_text(h)
-            tokens = tuple(ev.token_ids[i * bs:(i + 1) * bs]) if aligned else None
+            tokens = tuple(ev.token_ids[i * bs : (i + 1) * bs]) if aligned else None
             par = (parent if i == 0 else hash_text(ev.block_hashes[i - 1])) if aligned else None
             keys = extra[i] if i < len(extra) else None
             entry = tier.get(text)
             if entry is None:
                 if not self._budget.take(1):
                     continue
-                tier[text] = CacheEntry(1, par, tokens, bs, None if keys is None else list(keys), ev.lora_name)
+                tier[text] = CacheEntry(
+                    1, par, tokens, bs, None if keys is None else list(keys), ev.lora_name
+                )
                 continue
             entry.count += 1
             if aligned and entry.token_ids is None:
@@ -115,10 +125,15 @@ class PrefixCacheIndex:
         for (med, group), tier in sorted(self.tiers.items()):
             if med != medium or not tier:
                 continue
-            groups[group] = {h: {"parent_block_hash": e.parent_block_hash,
-                                 "token_ids": None if e.token_ids is None else list(e.token_ids),
-                                 "block_size": e.block_size, "count": e.count}
-                             for h, e in sorted(tier.items())}
+            groups[group] = {
+                h: {
+                    "parent_block_hash": e.parent_block_hash,
+                    "token_ids": None if e.token_ids is None else list(e.token_ids),
+                    "block_size": e.block_size,
+                    "count": e.count,
+                }
+                for h, e in sorted(tier.items())
+            }
         return {"groups": groups}
 
     def media(self) -> list[str]:
@@ -144,8 +159,13 @@ class HashBudget:
         self.used = max(0, self.used - n)
 
 
-def describe_batch(rank: int, seq: int, batch: KVEventBatch, replayed: bool = False,
-                   decode: Optional[Callable[[Sequence[int]], str]] = None) -> str:
+def describe_batch(
+    rank: int,
+    seq: int,
+    batch: KVEventBatch,
+    replayed: bool = False,
+    decode: Optional[Callable[[Sequence[int]], str]] = None,
+) -> str:
     """One readable line per batch: what was stored, removed or cleared."""
     parts = []
     for ev in batch.events:
@@ -154,19 +174,30 @@ def describe_batch(rank: int, seq: int, batch: KVEventBatch, replayed: bool = Fa
             text = ""
             if decode is not None and ev.token_ids:
                 text = f" {decode(ev.token_ids)!r}"
-            parts.append(f"stored {len(ev.block_hashes)} in group {ev.group_idx} ({hs}; "
-                         f"{len(ev.token_ids)} tokens){text}")
+            parts.append(
+                f"stored {len(ev.block_hashes)} in group {ev.group_idx} ({hs}; "
+                f"{len(ev.token_ids)} tokens){text}"
+            )
         elif isinstance(ev, BlockRemoved):
-            parts.append(f"removed {', '.join(hash_text(h)[:8] for h in ev.block_hashes)} from group {ev.group_idx}")
+            parts.append(
+                f"removed {', '.join(hash_text(h)[:8] for h in ev.block_hashes)} "
+                f"from group {ev.group_idx}"
+            )
         else:
             parts.append("cleared all blocks")
     src = " (replayed)" if replayed else ""
     return f"rank {rank} seq {seq}{src}: " + "; ".join(parts)
 
 
-def leading_hits(entries: dict[str, CacheEntry] | Iterable[str], token_ids: Sequence[int], block_size: int,
-                 hash_algo: str = "sha256", hash_seed: str = "vllm-none-hash",
-                 cache_salt: Optional[str] = None, use_int_block_hashes: bool = True) -> tuple[int, list[str]]:
+def leading_hits(
+    entries: dict[str, CacheEntry] | Iterable[str],
+    token_ids: Sequence[int],
+    block_size: int,
+    hash_algo: str = "sha256",
+    hash_seed: str = "vllm-none-hash",
+    cache_salt: Optional[str] = None,
+    use_int_block_hashes: bool = True,
+) -> tuple[int, list[str]]:
     """How many leading full blocks of ``token_ids`` the server holds, hashed as the server does.
 
     vLLM's NONE_HASH is hash_fn(seed) with seed = PYTHONHASHSEED when set, else
@@ -183,8 +214,13 @@ def leading_hits(entries: dict[str, CacheEntry] | Iterable[str], token_ids: Sequ
     texts = []
     hits = 0
     for i in range(len(token_ids) // block_size):
-        h = hash_block_tokens(hash_fn, parent, token_ids[i * block_size:(i + 1) * block_size],
-                              cache_salt_extra_keys(cache_salt, i), none)
+        h = hash_block_tokens(
+            hash_fn,
+            parent,
+            token_ids[i * block_size : (i + 1) * block_size],
+            cache_salt_extra_keys(cache_salt, i),
+            none,
+        )
         parent = h
         texts.append(hash_text(maybe_convert_block_hash(h, use_int_block_hashes)))
         if hits == i and texts[-1] in held:

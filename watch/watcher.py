@@ -10,6 +10,7 @@ frame counts, bad seqs, oversized or undecodable payloads are counted in
 ``WatchStats`` and skipped; memory is bounded by ``max_hashes`` and the
 history and log lengths.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -28,18 +29,25 @@ from typing import Callable, Optional
 import msgspec
 import zmq
 
-from kvcore.distributed.kv_events import (END_SEQ, MEDIUM_GPU, BlockRemoved, BlockStored, KVEventBatch, decode_batch,
-                              offset_endpoint_port)
+from kvcore.distributed.kv_events import (
+    END_SEQ,
+    MEDIUM_GPU,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    decode_batch,
+    offset_endpoint_port,
+)
 from watch.prefix_index import MAX_HASHES, CacheEntry, HashBudget, PrefixCacheIndex, describe_batch
 
-MAX_PAYLOAD_BYTES = 8 << 20       # larger payloads are counted as oversized and dropped
-HISTORY_SECONDS = 600             # per-second rates and cached-block counts kept
+MAX_PAYLOAD_BYTES = 8 << 20  # larger payloads are counted as oversized and dropped
+HISTORY_SECONDS = 600  # per-second rates and cached-block counts kept
 LOG_LINES = 500
 REPLAY_TIMEOUT_S = 3.0
-IDLE_REPLAY_S = 1.0               # idle this long: ask for a replay to catch a trailing batch
-MAX_PENDING = 1000                # live batches held while a gap is being replayed...
-MAX_PENDING_BYTES = 64 << 20      # ...and their bytes (beyond: dropped, the replay brings them)
-OVERSIZED = b"\x00oversized"     # stands in for a payload over the size cap
+IDLE_REPLAY_S = 1.0  # idle this long: ask for a replay to catch a trailing batch
+MAX_PENDING = 1000  # live batches held while a gap is being replayed...
+MAX_PENDING_BYTES = 64 << 20  # ...and their bytes (beyond: dropped, the replay brings them)
+OVERSIZED = b"\x00oversized"  # stands in for a payload over the size cap
 
 
 @dataclass
@@ -51,9 +59,9 @@ class WatchStats:
     replayed_batches: int = 0
     duplicates: int = 0
     gaps: int = 0
-    lost_batches: int = 0        # seqs neither the live stream nor the replay buffer had
+    lost_batches: int = 0  # seqs neither the live stream nor the replay buffer had
     restarts: int = 0
-    garbage_messages: int = 0    # wrong frame counts, bad seq frames, undecodable payloads
+    garbage_messages: int = 0  # wrong frame counts, bad seq frames, undecodable payloads
     oversized_messages: int = 0
     hashes_over_cap: int = 0
 
@@ -81,25 +89,37 @@ class WatchSnapshot:
     error: Optional[str] = None
 
     def dump(self) -> dict:
-        """``--dump-state``: the lowest rank's GPU tier at the top (the fixtures' shape), every rank below."""
+        """``--dump-state``: the lowest rank's GPU tier at the top (the fixtures' shape), every rank
+        below."""
         top = self.ranks[0].state if self.ranks else {"groups": {}}
-        return {"groups": top["groups"],
-                "ranks": {str(r.rank): {"next_seq": r.next_seq, "media": r.media, "group_info": r.group_info,
-                                        "state": r.state} for r in self.ranks},
-                "stats": asdict(self.stats)}
+        return {
+            "groups": top["groups"],
+            "ranks": {
+                str(r.rank): {
+                    "next_seq": r.next_seq,
+                    "media": r.media,
+                    "group_info": r.group_info,
+                    "state": r.state,
+                }
+                for r in self.ranks
+            },
+            "stats": asdict(self.stats),
+        }
 
 
 class _Rank:
     """One publisher: its sockets, the next seq it owes us, and its rebuilt cache."""
 
-    def __init__(self, rank: int, endpoint: str, replay_endpoint: Optional[str], budget: HashBudget) -> None:
+    def __init__(
+        self, rank: int, endpoint: str, replay_endpoint: Optional[str], budget: HashBudget
+    ) -> None:
         self.rank = rank
         self.endpoint = endpoint
         self.replay_endpoint = replay_endpoint
         self.index = PrefixCacheIndex(budget)
-        self.next_seq: Optional[int] = None          # None: nothing applied yet
-        self.digests: dict[int, bytes] = {}          # seq -> payload digest, for duplicate vs restart
-        self.pending: dict[int, bytes] = {}          # live batches ahead of a gap
+        self.next_seq: Optional[int] = None  # None: nothing applied yet
+        self.digests: dict[int, bytes] = {}  # seq -> payload digest, for duplicate vs restart
+        self.pending: dict[int, bytes] = {}  # live batches ahead of a gap
         self.pending_bytes = 0
         self.replay_sent_at: Optional[float] = None
         self.last_message_at = time.monotonic()
@@ -127,15 +147,31 @@ class KVEventWatcher:
     ``on_batch(rank, seq, batch, replayed)`` is called in the watcher thread.
     """
 
-    def __init__(self, endpoint: str, replay_endpoint: Optional[str] = None, topic: str = "",
-                 bind: bool = False, data_parallel_size: int = 1, *,
-                 max_payload_bytes: int = MAX_PAYLOAD_BYTES, max_hashes: int = MAX_HASHES,
-                 on_batch: Optional[Callable[[int, int, KVEventBatch, bool], None]] = None,
-                 context: Optional[zmq.Context] = None) -> None:
-        if not isinstance(endpoint, str) or not endpoint.startswith(("tcp://", "ipc://", "inproc://")):
-            raise ValueError(f"endpoint must be tcp://HOST:PORT, ipc://PATH or inproc://NAME; got {endpoint!r}")
-        if replay_endpoint is not None and not replay_endpoint.startswith(("tcp://", "ipc://", "inproc://")):
-            raise ValueError(f"replay endpoint must be tcp://, ipc:// or inproc://; got {replay_endpoint!r}")
+    def __init__(
+        self,
+        endpoint: str,
+        replay_endpoint: Optional[str] = None,
+        topic: str = "",
+        bind: bool = False,
+        data_parallel_size: int = 1,
+        *,
+        max_payload_bytes: int = MAX_PAYLOAD_BYTES,
+        max_hashes: int = MAX_HASHES,
+        on_batch: Optional[Callable[[int, int, KVEventBatch, bool], None]] = None,
+        context: Optional[zmq.Context] = None,
+    ) -> None:
+        if not isinstance(endpoint, str) or not endpoint.startswith(
+            ("tcp://", "ipc://", "inproc://")
+        ):
+            raise ValueError(
+                f"endpoint must be tcp://HOST:PORT, ipc://PATH or inproc://NAME; got {endpoint!r}"
+            )
+        if replay_endpoint is not None and not replay_endpoint.startswith(
+            ("tcp://", "ipc://", "inproc://")
+        ):
+            raise ValueError(
+                f"replay endpoint must be tcp://, ipc:// or inproc://; got {replay_endpoint!r}"
+            )
         if not 1 <= data_parallel_size <= 64:
             raise ValueError(f"data_parallel_size must be 1..64; got {data_parallel_size!r}")
         self.topic = topic
@@ -144,8 +180,15 @@ class KVEventWatcher:
         self.on_batch = on_batch
         self._ctx = context or zmq.Context.instance()
         self._budget = HashBudget(max_hashes)
-        self.ranks = [_Rank(r, offset_endpoint_port(endpoint, r), offset_endpoint_port(replay_endpoint, r),
-                            self._budget) for r in range(data_parallel_size)]
+        self.ranks = [
+            _Rank(
+                r,
+                offset_endpoint_port(endpoint, r),
+                offset_endpoint_port(replay_endpoint, r),
+                self._budget,
+            )
+            for r in range(data_parallel_size)
+        ]
         self.stats = WatchStats()
         self._history: deque[dict] = deque(maxlen=HISTORY_SECONDS)
         self._log: deque[str] = deque(maxlen=LOG_LINES)
@@ -159,7 +202,9 @@ class KVEventWatcher:
 
     # -- life cycle ----------------------------------------------------------------------
     def start(self) -> "KVEventWatcher":
-        self._thread = threading.Thread(target=self._run_safely, daemon=True, name="kv-events-watcher")
+        self._thread = threading.Thread(
+            target=self._run_safely, daemon=True, name="kv-events-watcher"
+        )
         self._thread.start()
         _RUNNING_WATCHERS.add(self)
         return self
@@ -179,7 +224,9 @@ class KVEventWatcher:
         except Exception as e:  # a socket error must end this watcher, not the server
             self.error = f"{type(e).__name__}: {e}"
 
-    def run(self, duration: Optional[float] = None, on_idle: Optional[Callable[[], None]] = None) -> None:
+    def run(
+        self, duration: Optional[float] = None, on_idle: Optional[Callable[[], None]] = None
+    ) -> None:
         """Watch until stop() (or ``duration`` seconds); sockets live and die in this thread."""
         deadline = None if duration is None else time.monotonic() + duration
         poller = zmq.Poller()
@@ -204,12 +251,14 @@ class KVEventWatcher:
                     r.dealer.setsockopt(zmq.MAXMSGSIZE, 8 * self.max_payload_bytes)
                     r.dealer.connect(r.replay_endpoint)
                     poller.register(r.dealer, zmq.POLLIN)
-            time.sleep(0.2)     # let the subscription reach the publisher before asking for a replay
+            time.sleep(0.2)  # let the subscription reach the publisher before asking for a replay
             for r in self.ranks:
                 self._request_replay(r, 0)
             self.connected.set()
-            self._log_line(f"connected to {', '.join(r.endpoint for r in self.ranks)}"
-                           + (" (bound)" if self.bind else ""))
+            self._log_line(
+                f"connected to {', '.join(r.endpoint for r in self.ranks)}"
+                + (" (bound)" if self.bind else "")
+            )
             while not self._stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 ready = dict(poller.poll(100))
                 for r in self.ranks:
@@ -230,7 +279,7 @@ class KVEventWatcher:
 
     # -- receiving -----------------------------------------------------------------------
     def _drain(self, r: _Rank, sock: zmq.Socket, replayed: bool) -> None:
-        for _ in range(1000):           # bounded per poll round, so other ranks get their turn
+        for _ in range(1000):  # bounded per poll round, so other ranks get their turn
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
             except zmq.Again:
@@ -259,8 +308,10 @@ class KVEventWatcher:
             # huge batch is neither kept in memory nor asked for again.
             with self._lock:
                 self.stats.oversized_messages += 1
-            self._log_line(f"rank {r.rank} seq {seq}: dropped a {len(payload)}-byte payload "
-                           f"(limit {self.max_payload_bytes})")
+            self._log_line(
+                f"rank {r.rank} seq {seq}: dropped a {len(payload)}-byte payload "
+                f"(limit {self.max_payload_bytes})"
+            )
             payload = OVERSIZED
         if r.next_seq is None:
             # With a replay socket we start from the server's whole buffer (seq 0 on);
@@ -278,23 +329,28 @@ class KVEventWatcher:
                 self._lost(r, seq - r.next_seq)
                 r.next_seq = seq
             elif replayed:
-                self._lost(r, seq - r.next_seq)     # older than the server's replay buffer
+                self._lost(r, seq - r.next_seq)  # older than the server's replay buffer
                 r.next_seq = seq
             else:
-                if len(r.pending) < MAX_PENDING and r.pending_bytes + len(payload) <= MAX_PENDING_BYTES:
+                if (
+                    len(r.pending) < MAX_PENDING
+                    and r.pending_bytes + len(payload) <= MAX_PENDING_BYTES
+                ):
                     r.pending[seq] = payload
                     r.pending_bytes += len(payload)
                 if r.replay_sent_at is None:
                     with self._lock:
                         self.stats.gaps += 1
-                    self._log_line(f"rank {r.rank}: gap before seq {seq} (expected {r.next_seq}); replaying")
+                    self._log_line(
+                        f"rank {r.rank}: gap before seq {seq} (expected {r.next_seq}); replaying"
+                    )
                     self._request_replay(r, r.next_seq)
                 return
         self._apply(r, seq, payload, replayed)
         self._apply_pending(r)
 
     def _apply(self, r: _Rank, seq: int, payload: bytes, replayed: bool) -> None:
-        r.next_seq = seq + 1              # the sender never sends this seq again, good or bad
+        r.next_seq = seq + 1  # the sender never sends this seq again, good or bad
         r.digests[seq] = _digest(payload)
         if len(r.digests) > 20_000:
             for old in sorted(r.digests)[:10_000]:
@@ -337,7 +393,7 @@ class KVEventWatcher:
     def _replay_done(self, r: _Rank) -> None:
         r.replay_sent_at = None
         self._apply_pending(r)
-        if r.pending:                    # the server no longer has what lies before them
+        if r.pending:  # the server no longer has what lies before them
             first = min(r.pending)
             self._lost(r, first - r.next_seq)
             r.next_seq = first
@@ -349,7 +405,7 @@ class KVEventWatcher:
         now = time.monotonic()
         if r.replay_sent_at is not None:
             if now - r.replay_sent_at > REPLAY_TIMEOUT_S:
-                r.replay_sent_at = None    # no answer: ask again on the next idle tick
+                r.replay_sent_at = None  # no answer: ask again on the next idle tick
             return
         if now - r.last_message_at > IDLE_REPLAY_S:
             self._request_replay(r, r.next_seq or 0)
@@ -371,8 +427,10 @@ class KVEventWatcher:
         r.digests.clear()
         r.pending.clear()
         r.pending_bytes = 0
-        self._log_line(f"rank {r.rank}: seq went back to {seq} (expected {r.next_seq}): "
-                       "the publisher restarted, state cleared")
+        self._log_line(
+            f"rank {r.rank}: seq went back to {seq} (expected {r.next_seq}): "
+            "the publisher restarted, state cleared"
+        )
         r.next_seq = seq
         if seq > 0 and r.dealer is not None:
             r.next_seq = 0
@@ -381,8 +439,10 @@ class KVEventWatcher:
     def _lost(self, r: _Rank, n: int) -> None:
         with self._lock:
             self.stats.lost_batches += n
-        self._log_line(f"rank {r.rank}: {n} batch(es) lost before seq {r.next_seq + n}: "
-                       "the cache shown may miss them")
+        self._log_line(
+            f"rank {r.rank}: {n} batch(es) lost before seq {r.next_seq + n}: "
+            "the cache shown may miss them"
+        )
 
     def _count_garbage(self, why: str) -> None:
         with self._lock:
@@ -410,13 +470,26 @@ class KVEventWatcher:
     def snapshot(self, with_state: bool = True) -> WatchSnapshot:
         """A copy of everything; ``with_state=False`` leaves out the (large) per-rank GPU state."""
         with self._lock:
-            ranks = [RankView(r.rank, r.endpoint, r.replay_endpoint, r.next_seq,
-                              r.index.state(MEDIUM_GPU) if with_state else {"groups": {}},
-                              r.index.media(), {g: asdict(i) for g, i in r.index.group_info.items()})
-                     for r in self.ranks]
-            return WatchSnapshot(self.connected.is_set() and self.running_or_inline(), ranks,
-                                 WatchStats(**asdict(self.stats)), list(self._history), list(self._log),
-                                 self.error)
+            ranks = [
+                RankView(
+                    r.rank,
+                    r.endpoint,
+                    r.replay_endpoint,
+                    r.next_seq,
+                    r.index.state(MEDIUM_GPU) if with_state else {"groups": {}},
+                    r.index.media(),
+                    {g: asdict(i) for g, i in r.index.group_info.items()},
+                )
+                for r in self.ranks
+            ]
+            return WatchSnapshot(
+                self.connected.is_set() and self.running_or_inline(),
+                ranks,
+                WatchStats(**asdict(self.stats)),
+                list(self._history),
+                list(self._log),
+                self.error,
+            )
 
     def running_or_inline(self) -> bool:
         return self._thread is None or self._thread.is_alive()
@@ -426,7 +499,9 @@ class KVEventWatcher:
         with self._lock:
             return sorted(self.ranks[rank].index.tiers)
 
-    def entries(self, rank: int = 0, medium: str = MEDIUM_GPU, group: str = "0") -> dict[str, CacheEntry]:
+    def entries(
+        self, rank: int = 0, medium: str = MEDIUM_GPU, group: str = "0"
+    ) -> dict[str, CacheEntry]:
         """A copy of one tier's entries."""
         with self._lock:
             tier = self.ranks[rank].index.tiers.get((medium, group), {})
@@ -434,7 +509,8 @@ class KVEventWatcher:
 
 
 def write_json_atomic(path: str, obj: dict) -> None:
-    """Write JSON to a temp file next to ``path`` and rename it over: readers never see half a file."""
+    """Write JSON to a temp file next to ``path`` and rename it over: readers never see half a
+    file."""
     target = os.path.abspath(path)
     fd, tmp = tempfile.mkstemp(prefix=".kv-state-", suffix=".json", dir=os.path.dirname(target))
     try:

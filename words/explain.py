@@ -4,8 +4,10 @@ Three questions: why a request's prefix-cache hit stopped where it did (``explai
 life of one physical block (``life_of_block``) and two requests' hash chains side by side
 (``compare_requests``; both in ``words.explain_blocks``). Nothing here touches a live engine:
 the cache's history is replayed from the recorded events (Cached / Evicted / PrefixCacheReset),
-and a request's chain is the one the engine computed, kept in every snapshot's RequestView. ``words.explain_text`` turns the answers into sentences (EN / 中文).
+and a request's chain is the one the engine computed, kept in every snapshot's RequestView.
+``words.explain_text`` turns the answers into sentences (EN / 中文).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,7 +18,7 @@ from record.scenario import EngineSettings, load_scenario
 from record.snapshot import RequestView, Snapshot, StepRecord
 
 Decode = Callable[[Sequence[int]], str]
-Pos = tuple[int, int]          # (step, index of the event in that step): a moment of the run
+Pos = tuple[int, int]  # (step, index of the event in that step): a moment of the run
 
 
 class ExplainError(ValueError):
@@ -73,7 +75,7 @@ class RecordedSteps:
             return None
         try:
             return self.decode(list(token_ids))
-        except Exception:          # a decoder that cannot read these ids: show ids instead
+        except Exception:  # a decoder that cannot read these ids: show ids instead
             return None
 
 
@@ -82,7 +84,7 @@ def all_tokens(rv: RequestView) -> tuple[int, ...]:
 
 
 def salt_key(s: Optional[str]) -> Optional[str]:
-    return s or None                 # an empty salt is no salt (block_hash.cache_salt_extra_keys)
+    return s or None  # an empty salt is no salt (block_hash.cache_salt_extra_keys)
 
 
 # -- the cache's history ------------------------------------------------------------------
@@ -115,12 +117,17 @@ class CacheHistory:
                 pos = (rec.step, i)
                 if ev.kind == E.CACHED:
                     for b, h in zip(ev.block_ids, ev.block_hashes):
-                        self._add(live, f"{h}@{ev.group or 0}", CacheEntry(pos, "cached", b, ev.request_id))
+                        self._add(
+                            live,
+                            f"{h}@{ev.group or 0}",
+                            CacheEntry(pos, "cached", b, ev.request_id),
+                        )
                 elif ev.kind == E.EVICTED:
                     key = f"{ev.block_hash}@{ev.group or 0}"
                     live.get(key, set()).discard(ev.block_ids[0])
                     self.entries.setdefault(key, []).append(
-                        CacheEntry(pos, "evicted", ev.block_ids[0], ev.request_id, ev.reason))
+                        CacheEntry(pos, "evicted", ev.block_ids[0], ev.request_id, ev.reason)
+                    )
                 elif ev.kind == E.RESET and ev.ok:
                     for key, bids in live.items():
                         if bids:
@@ -154,7 +161,7 @@ class CacheHistory:
 def chain_of(rv: RequestView, num_tokens: int, block_size: int) -> list[str]:
     """The hashes (hex) of the full blocks among the request's first ``num_tokens`` tokens, as the
     engine computed them (the snapshot keeps them; a chain's first blocks depend only on them)."""
-    return list(rv.block_hashes[:num_tokens // block_size])
+    return list(rv.block_hashes[: num_tokens // block_size])
 
 
 def has_hashes(views) -> bool:
@@ -179,8 +186,16 @@ SLIDING_WINDOW = "sliding_window"
 GROUPS_DISAGREE = "groups_disagree"
 CANNOT_REHASH = "cannot_rehash"
 MISS_REASONS = (NEVER_COMPUTED, EVICTED, RESET, SALT, TOKENS_DIFFER)
-RULE_REASONS = (CACHING_OFF, SHORTER_THAN_BLOCK, PARTIAL_BLOCK, CAPPED_LAST_TOKEN, MAX_CACHE_HIT_LENGTH,
-                SLIDING_WINDOW, GROUPS_DISAGREE, CANNOT_REHASH)
+RULE_REASONS = (
+    CACHING_OFF,
+    SHORTER_THAN_BLOCK,
+    PARTIAL_BLOCK,
+    CAPPED_LAST_TOKEN,
+    MAX_CACHE_HIT_LENGTH,
+    SLIDING_WINDOW,
+    GROUPS_DISAGREE,
+    CANNOT_REHASH,
+)
 
 
 @dataclass(frozen=True)
@@ -212,13 +227,13 @@ class HitExplanation:
     salt: Optional[str] = None
     other_salt: Optional[str] = None
     cap: Optional[int] = None
-    text_before: Optional[str] = None     # decoded text before token_position (both share it)
-    text_here: Optional[str] = None       # this request's text from token_position on
-    text_other: Optional[str] = None      # the other chain's text from token_position on
+    text_before: Optional[str] = None  # decoded text before token_position (both share it)
+    text_here: Optional[str] = None  # this request's text from token_position on
+    text_other: Optional[str] = None  # the other chain's text from token_position on
     ids_before: tuple[int, ...] = ()
     ids_here: tuple[int, ...] = ()
     ids_other: tuple[int, ...] = ()
-    kept_blocks: tuple[int, ...] = ()     # sliding window: chain indices the window group still held
+    kept_blocks: tuple[int, ...] = ()  # sliding window: chain indices the window group still held
 
     @property
     def hit_blocks(self) -> int:
@@ -231,33 +246,50 @@ class HitExplanation:
 
 def admissions(run: RecordedSteps, request_id: str) -> list[tuple[int, int, E.Event]]:
     """(step, event index, Admitted/Resumed event) of each admission of the request."""
-    return [(rec.step, i, ev) for rec in run.records for i, ev in enumerate(rec.events)
-            if ev.kind in (E.ADMITTED, E.RESUMED) and ev.request_id == request_id]
+    return [
+        (rec.step, i, ev)
+        for rec in run.records
+        for i, ev in enumerate(rec.events)
+        if ev.kind in (E.ADMITTED, E.RESUMED) and ev.request_id == request_id
+    ]
 
 
-def explain_hit(run: RecordedSteps, request_id: str, step: Optional[int] = None) -> list[HitExplanation]:
+def explain_hit(
+    run: RecordedSteps, request_id: str, step: Optional[int] = None
+) -> list[HitExplanation]:
     """Every admission of the request (the first and each resumption), or with ``step`` the
     last one at or before it. ExplainError if the request was never admitted there."""
     views = run.request_views()
     if request_id not in views:
-        raise ExplainError(f"no request {request_id!r} in this run; requests: {', '.join(views) or 'none'}")
+        raise ExplainError(
+            f"no request {request_id!r} in this run; requests: {', '.join(views) or 'none'}"
+        )
     found = admissions(run, request_id)
     if step is not None:
         found = [a for a in found if a[0] <= step][-1:]
     if not found:
         where = f" by step {step}" if step is not None else ""
-        blocked = [(rec.step, ev.reason) for rec in run.records[:step] for ev in rec.events
-                   if ev.kind == E.BLOCKED and ev.request_id == request_id]
+        blocked = [
+            (rec.step, ev.reason)
+            for rec in run.records[:step]
+            for ev in rec.events
+            if ev.kind == E.BLOCKED and ev.request_id == request_id
+        ]
         why = f" (last held back at step {blocked[-1][0]}: {blocked[-1][1]})" if blocked else ""
         raise ExplainError(f"request {request_id!r} was not admitted{where}{why}")
     history = CacheHistory(run)
     return [_explain_admission(run, history, views, request_id, s, i, ev) for s, i, ev in found]
 
 
-def _explain_admission(run, history: CacheHistory, views, rid: str, step: int, idx: int, ev) -> HitExplanation:
+def _explain_admission(
+    run, history: CacheHistory, views, rid: str, step: int, idx: int, ev
+) -> HitExplanation:
     rec = run.records[step - 1]
-    lookups = [i for i, e in enumerate(rec.events[:idx])
-               if e.kind in (E.CACHE_HIT, E.CACHE_MISS) and e.request_id == rid]
+    lookups = [
+        i
+        for i, e in enumerate(rec.events[:idx])
+        if e.kind in (E.CACHE_HIT, E.CACHE_MISS) and e.request_id == rid
+    ]
     pos: Pos = (step, lookups[-1] if lookups else idx)
     before = run.snapshot_before(step)
     rv_before = next((r for r in before.requests if r.request_id == rid), None) if before else None
@@ -265,8 +297,15 @@ def _explain_admission(run, history: CacheHistory, views, rid: str, step: int, i
     tokens = all_tokens(rv) if rv_before is not None else tuple(rv.prompt_token_ids)
     n, bs = len(tokens), run.block_size()
     hit = ev.num_cached_tokens
-    base = dict(request_id=rid, step=step, resumed=ev.kind == E.RESUMED, num_tokens=n, hit_tokens=hit,
-                block_size=bs, salt=salt_key(views[rid].cache_salt))
+    base = dict(
+        request_id=rid,
+        step=step,
+        resumed=ev.kind == E.RESUMED,
+        num_tokens=n,
+        hit_tokens=hit,
+        block_size=bs,
+        salt=salt_key(views[rid].cache_salt),
+    )
     s = run.settings
     if s is not None and not s.enable_prefix_caching:
         return HitExplanation(reason=CACHING_OFF, **base)
@@ -283,7 +322,7 @@ def _explain_admission(run, history: CacheHistory, views, rid: str, step: int, i
     if s.max_cache_hit_length is not None:
         cap = min(cap, s.max_cache_hit_length)
     base.update(group=g, cap=cap)
-    if groups[g].get("kind") != "full":           # a sliding window alone: it hits where it kept blocks
+    if groups[g].get("kind") != "full":  # a sliding window alone: it hits where it kept blocks
         kept = tuple(i for i, p in enumerate(present) if p)
         if kept and k < len(chain) and (k + 1) * bs <= cap:
             return HitExplanation(reason=SLIDING_WINDOW, kept_blocks=kept, **base)
@@ -298,13 +337,23 @@ def _explain_admission(run, history: CacheHistory, views, rid: str, step: int, i
         return HitExplanation(reason=CAPPED_LAST_TOKEN, block_index=k, **base)
     if k >= len(chain):
         return HitExplanation(reason=PARTIAL_BLOCK, block_index=len(chain), **base)
-    kept = tuple(i for i, h in enumerate(chain) for gg, d in enumerate(groups)
-                 if d.get("kind") != "full" and history.present(f"{h}@{gg}", pos))
-    return HitExplanation(reason=GROUPS_DISAGREE if len(groups) > 1 else SLIDING_WINDOW,
-                          block_index=k, kept_blocks=kept, **base)
+    kept = tuple(
+        i
+        for i, h in enumerate(chain)
+        for gg, d in enumerate(groups)
+        if d.get("kind") != "full" and history.present(f"{h}@{gg}", pos)
+    )
+    return HitExplanation(
+        reason=GROUPS_DISAGREE if len(groups) > 1 else SLIDING_WINDOW,
+        block_index=k,
+        kept_blocks=kept,
+        **base,
+    )
 
 
-def _miss(run, history: CacheHistory, views, rid, tokens, chain, m: int, pos: Pos, base) -> HitExplanation:
+def _miss(
+    run, history: CacheHistory, views, rid, tokens, chain, m: int, pos: Pos, base
+) -> HitExplanation:
     g, bs = base["group"], base["block_size"]
     key = f"{chain[m]}@{g}"
     at = dict(block_index=m, block_hash=chain[m], **base)
@@ -312,13 +361,18 @@ def _miss(run, history: CacheHistory, views, rid, tokens, chain, m: int, pos: Po
     if got is not None:
         lost = [e for e in history.before(key, pos) if e.pos > got.pos and e.action != "cached"]
         last = lost[-1] if lost else None
-        return HitExplanation(reason=RESET if last and last.action == "reset" else EVICTED,
-                              other_request=got.request_id, cached_step=got.pos[0] or None,
-                              cached_block=got.block_id, lost_step=last.pos[0] if last else None,
-                              lost_reason=last.reason if last else "", evicted_for=last.request_id if last else None,
-                              **at)
+        return HitExplanation(
+            reason=RESET if last and last.action == "reset" else EVICTED,
+            other_request=got.request_id,
+            cached_step=got.pos[0] or None,
+            cached_block=got.block_id,
+            lost_step=last.pos[0] if last else None,
+            lost_reason=last.reason if last else "",
+            evicted_for=last.request_id if last else None,
+            **at,
+        )
     end = (m + 1) * bs
-    best = None                  # (common prefix length, when cached, request id, its tokens, block)
+    best = None  # (common prefix length, when cached, request id, its tokens, block)
     for qid, qv in views.items():
         if qid == rid:
             continue
@@ -330,20 +384,37 @@ def _miss(run, history: CacheHistory, views, rid, tokens, chain, m: int, pos: Po
         if q_got is None:
             continue
         if q_salt != base["salt"] and q_tokens[:end] == tuple(tokens[:end]):
-            return HitExplanation(reason=SALT, other_request=qid, other_salt=q_salt, cached_step=q_got.pos[0] or None,
-                                  cached_block=q_got.block_id, **at)
+            return HitExplanation(
+                reason=SALT,
+                other_request=qid,
+                other_salt=q_salt,
+                cached_step=q_got.pos[0] or None,
+                cached_block=q_got.block_id,
+                **at,
+            )
         if q_salt != base["salt"]:
             continue
-        lcp = next((i for i, (a, b) in enumerate(zip(tokens, q_tokens)) if a != b), min(len(tokens), len(q_tokens)))
+        lcp = next(
+            (i for i, (a, b) in enumerate(zip(tokens, q_tokens)) if a != b),
+            min(len(tokens), len(q_tokens)),
+        )
         if lcp >= m * bs and (m > 0 or lcp > 0) and (best is None or (lcp, q_got.pos) > best[:2]):
             best = (lcp, q_got.pos, qid, q_tokens, q_got.block_id)
     if best is None:
         return HitExplanation(reason=NEVER_COMPUTED, **at)
     p, q_pos, qid, q_tokens, q_block = best
     lo, hi = max(0, p - 8), p + 8
-    return HitExplanation(reason=TOKENS_DIFFER, token_position=p, other_request=qid, cached_step=q_pos[0] or None,
-                          cached_block=q_block,
-                          text_before=run.text(tokens[lo:p]), text_here=run.text(tokens[p:hi]),
-                          text_other=run.text(q_tokens[p:hi]), ids_before=tuple(tokens[lo:p]),
-                          ids_here=tuple(tokens[p:hi]), ids_other=tuple(q_tokens[p:hi]), **at)
-
+    return HitExplanation(
+        reason=TOKENS_DIFFER,
+        token_position=p,
+        other_request=qid,
+        cached_step=q_pos[0] or None,
+        cached_block=q_block,
+        text_before=run.text(tokens[lo:p]),
+        text_here=run.text(tokens[p:hi]),
+        text_other=run.text(q_tokens[p:hi]),
+        ids_before=tuple(tokens[lo:p]),
+        ids_here=tuple(tokens[p:hi]),
+        ids_other=tuple(q_tokens[p:hi]),
+        **at,
+    )

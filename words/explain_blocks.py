@@ -6,15 +6,24 @@ what the recorded snapshots say (tests/test_explain.py checks it on random runs)
 ``compare_requests`` aligns two requests' hash chains block by block and finds the blocks they
 shared and for how long. Sentences for both live in ``words.explain_text``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
 from record import events as E
-from words.explain import (SALT, TOKENS_DIFFER, CacheHistory, ExplainError, RecordedSteps, salt_key, all_tokens,
-                            has_hashes)
 from record.snapshot import Snapshot
+from words.explain import (
+    SALT,
+    TOKENS_DIFFER,
+    CacheHistory,
+    ExplainError,
+    RecordedSteps,
+    all_tokens,
+    has_hashes,
+    salt_key,
+)
 
 
 # -- 2. the life of a block -------------------------------------------------------------------
@@ -58,14 +67,16 @@ class BlockLife:
     block_id: int
     is_null: bool
     moments: tuple[BlockMoment, ...]
-    states: tuple[BlockState, ...]      # one per step, step 0 = before step 1 (when recorded)
+    states: tuple[BlockState, ...]  # one per step, step 0 = before step 1 (when recorded)
 
 
-def _index_in_table(snap: Snapshot, rid: Optional[str], bid: int, group: Optional[int]) -> Optional[int]:
+def _index_in_table(
+    snap: Snapshot, rid: Optional[str], bid: int, group: Optional[int]
+) -> Optional[int]:
     rv = next((r for r in snap.requests if r.request_id == rid), None)
     if rv is None:
         return None
-    tables = rv.block_tables if group is None else rv.block_tables[group:group + 1]
+    tables = rv.block_tables if group is None else rv.block_tables[group : group + 1]
     for t in tables:
         if bid in t:
             return t.index(bid)
@@ -77,14 +88,22 @@ def _place_in_table(run: RecordedSteps, step: int, ev, block_id: int) -> Optiona
     the step, plus the blocks it got (hits, then new ones) in this group earlier in the step, plus
     its place in ``ev``."""
     before = run.snapshot_before(step)
-    rv = next((r for r in before.requests if r.request_id == ev.request_id), None) if before else None
+    rv = (
+        next((r for r in before.requests if r.request_id == ev.request_id), None)
+        if before
+        else None
+    )
     g = ev.group or 0
     start = len(rv.block_tables[g]) if rv is not None and g < len(rv.block_tables) else 0
     earlier = 0
     for e in run.records[step - 1].events:
         if e is ev:
             break
-        if e.kind in (E.ALLOCATED, E.TOUCHED) and e.request_id == ev.request_id and (e.group or 0) == g:
+        if (
+            e.kind in (E.ALLOCATED, E.TOUCHED)
+            and e.request_id == ev.request_id
+            and (e.group or 0) == g
+        ):
             earlier += len(e.block_ids)
     return start + earlier + ev.block_ids.index(block_id)
 
@@ -96,15 +115,17 @@ def life_of_block(run: RecordedSteps, block_id: int) -> BlockLife:
         n = len(snap0.blocks) if snap0 else 0
         raise ExplainError(f"block {block_id} is outside the pool (0..{n - 1})")
     if run.initial is None:
-        raise ExplainError("this trace has no header (the state before step 1), so a block's story "
-                           "cannot be replayed from the start")
+        raise ExplainError(
+            "this trace has no header (the state before step 1), so a block's story "
+            "cannot be replayed from the start"
+        )
     b0 = run.initial.blocks[block_id]
     ref, h, owners = b0.ref_cnt, b0.block_hash, list(b0.owners)
     moments: list[BlockMoment] = []
     states = [BlockState(0, ref, h, tuple(sorted(owners)), b0.queue_pos)]
     views = run.request_views()
     bs = run.block_size()
-    index_of: dict[Optional[str], Optional[int]] = {}   # request -> this block's place in its table
+    index_of: dict[Optional[str], Optional[int]] = {}  # request -> this block's place in its table
     for rec in run.records:
         snap = rec.snapshot
         for ev in rec.events:
@@ -127,8 +148,10 @@ def life_of_block(run: RecordedSteps, block_id: int) -> BlockLife:
                 h = ev.block_hashes[ev.block_ids.index(block_id)]
                 idx = index_of.get(rid)
                 toks = all_tokens(views[rid]) if rid in views else ()
-                prefix = toks[:(idx + 1) * bs] if idx is not None else ()
-                kw = dict(logical_index=idx, prefix_text=run.text(prefix), token_ids=tuple(prefix[-bs:]))
+                prefix = toks[: (idx + 1) * bs] if idx is not None else ()
+                kw = dict(
+                    logical_index=idx, prefix_text=run.text(prefix), token_ids=tuple(prefix[-bs:])
+                )
             elif ev.kind == E.EVICTED:
                 kw, h = dict(lost_hash=h, reason=ev.reason), None
             elif ev.kind == E.RESET:
@@ -139,15 +162,28 @@ def life_of_block(run: RecordedSteps, block_id: int) -> BlockLife:
                 ref -= 1
                 if rid in owners:
                     owners.remove(rid)
-                joined = "head" if block_id in ev.to_head else "tail" if block_id in ev.to_tail else ""
+                joined = (
+                    "head" if block_id in ev.to_head else "tail" if block_id in ev.to_tail else ""
+                )
                 kw = dict(joined=joined, reason=ev.reason)
             elif ev.kind == E.WINDOW_SKIPPED:
                 kw = dict(reason="window")
             else:
                 continue
-            moments.append(BlockMoment(step=rec.step, kind=ev.kind.value, request_id=rid, ref_cnt=ref,
-                                       block_hash=h, group=ev.group, **kw))
-        states.append(BlockState(rec.step, ref, h, tuple(sorted(owners)), snap.blocks[block_id].queue_pos))
+            moments.append(
+                BlockMoment(
+                    step=rec.step,
+                    kind=ev.kind.value,
+                    request_id=rid,
+                    ref_cnt=ref,
+                    block_hash=h,
+                    group=ev.group,
+                    **kw,
+                )
+            )
+        states.append(
+            BlockState(rec.step, ref, h, tuple(sorted(owners)), snap.blocks[block_id].queue_pos)
+        )
     return BlockLife(block_id, b0.is_null, tuple(moments), tuple(states))
 
 
@@ -173,8 +209,8 @@ class ChainRow:
     tokens_a: tuple[int, ...]
     tokens_b: tuple[int, ...]
     shared: tuple[SharedSpan, ...] = ()
-    lost_steps: tuple[int, ...] = ()     # same hash: steps where a block holding it lost it
-    blocks_a: tuple[int, ...] = ()       # physical blocks that held this logical block of a, in order
+    lost_steps: tuple[int, ...] = ()  # same hash: steps where a block holding it lost it
+    blocks_a: tuple[int, ...] = ()  # physical blocks that held this logical block of a, in order
     blocks_b: tuple[int, ...] = ()
 
     @property
@@ -205,16 +241,20 @@ def compare_requests(run: RecordedSteps, a: str, b: str) -> Comparison:
     views = run.request_views()
     for rid in (a, b):
         if rid not in views:
-            raise ExplainError(f"no request {rid!r} in this run; requests: {', '.join(views) or 'none'}")
+            raise ExplainError(
+                f"no request {rid!r} in this run; requests: {', '.join(views) or 'none'}"
+            )
     if not has_hashes((views[a], views[b])):
-        raise ExplainError("this recording kept no block hashes (a trace recorded before snapshots kept them)")
+        raise ExplainError(
+            "this recording kept no block hashes (a trace recorded before snapshots kept them)"
+        )
     bs, g = run.block_size(), run.primary_group()
     ta, tb = all_tokens(views[a]), all_tokens(views[b])
     sa, sb = salt_key(views[a].cache_salt), salt_key(views[b].cache_salt)
     ca, cb = list(views[a].block_hashes), list(views[b].block_hashes)
     spans: dict[int, list[int]] = {}
     index: dict[int, Optional[int]] = {}
-    held: dict[tuple[str, int], list[int]] = {}      # (request, logical index) -> physical blocks
+    held: dict[tuple[str, int], list[int]] = {}  # (request, logical index) -> physical blocks
     for rec in run.records:
         for rv in rec.snapshot.requests:
             if rv.request_id in (a, b) and g < len(rv.block_tables):
@@ -229,9 +269,15 @@ def compare_requests(run: RecordedSteps, a: str, b: str) -> Comparison:
                     cur[-1][1] = rec.step
                 else:
                     spans.setdefault(blk.block_id, []).append([rec.step, rec.step])
-                    index.setdefault(blk.block_id, _index_in_table(rec.snapshot, a, blk.block_id, None))
-    shared = tuple(sorted((SharedSpan(bid, index.get(bid), s, e) for bid, ss in spans.items() for s, e in ss),
-                          key=lambda sp: (sp.index if sp.index is not None else 1 << 30, sp.first_step)))
+                    index.setdefault(
+                        blk.block_id, _index_in_table(rec.snapshot, a, blk.block_id, None)
+                    )
+    shared = tuple(
+        sorted(
+            (SharedSpan(bid, index.get(bid), s, e) for bid, ss in spans.items() for s, e in ss),
+            key=lambda sp: (sp.index if sp.index is not None else 1 << 30, sp.first_step),
+        )
+    )
     history = CacheHistory(run)
     rows = []
     for i in range(max(len(ca), len(cb))):
@@ -239,11 +285,22 @@ def compare_requests(run: RecordedSteps, a: str, b: str) -> Comparison:
         hb = cb[i] if i < len(cb) else None
         lost = ()
         if ha is not None and ha == hb:
-            lost = tuple(e.pos[0] for e in history.entries.get(f"{ha}@{g}", ()) if e.action != "cached")
-        rows.append(ChainRow(i, ha, hb, tuple(ta[i * bs:(i + 1) * bs]) if ha else (),
-                             tuple(tb[i * bs:(i + 1) * bs]) if hb else (),
-                             tuple(sp for sp in shared if sp.index == i), lost,
-                             tuple(held.get((a, i), ())), tuple(held.get((b, i), ()))))
+            lost = tuple(
+                e.pos[0] for e in history.entries.get(f"{ha}@{g}", ()) if e.action != "cached"
+            )
+        rows.append(
+            ChainRow(
+                i,
+                ha,
+                hb,
+                tuple(ta[i * bs : (i + 1) * bs]) if ha else (),
+                tuple(tb[i * bs : (i + 1) * bs]) if hb else (),
+                tuple(sp for sp in shared if sp.index == i),
+                lost,
+                tuple(held.get((a, i), ())),
+                tuple(held.get((b, i), ())),
+            )
+        )
     div = next((r.index for r in rows if r.hash_a and r.hash_b and r.hash_a != r.hash_b), None)
     reason = p = None
     texts: dict = {}
@@ -254,5 +311,7 @@ def compare_requests(run: RecordedSteps, a: str, b: str) -> Comparison:
         else:
             reason, p = TOKENS_DIFFER, lcp
             lo, hi = max(0, p - 8), p + 8
-            texts = dict(text_before=run.text(ta[lo:p]), text_a=run.text(ta[p:hi]), text_b=run.text(tb[p:hi]))
+            texts = dict(
+                text_before=run.text(ta[lo:p]), text_a=run.text(ta[p:hi]), text_b=run.text(tb[p:hi])
+            )
     return Comparison(a, b, tuple(rows), div, reason, p, sa, sb, shared, **texts)

@@ -12,6 +12,7 @@ so ``{{`` is a literal brace) or by the player's ``fmt``; both languages name th
 ``{key: {"same_as": other}}`` is the other entry's text (the player's labels that the app shows
 too are written once).
 """
+
 from __future__ import annotations
 
 import json
@@ -37,7 +38,9 @@ def catalogue() -> dict[str, dict[str, Text]]:
         while "same_as" in entry:
             target = entry["same_as"]
             if target in seen or target not in raw:
-                raise ValueError(f"{CATALOGUE.name}: {key!r} refers to {target!r}, which is missing or circular")
+                raise ValueError(
+                    f"{CATALOGUE.name}: {key!r} refers to {target!r}, which is missing or circular"
+                )
             seen.append(target)
             entry = raw[target]
         out[key] = {lang: tuple(v) if isinstance(v, list) else v for lang, v in entry.items()}
@@ -62,9 +65,15 @@ def tr(key: str, lang: str = "en", **fields) -> Text:
 
 @lru_cache(maxsize=None)
 def _player_strings(lang: str) -> str:
-    return json.dumps({key[len(PLAYER_PREFIX):]: list(v) if isinstance(v, tuple) else v
-                       for key, entry in catalogue().items() if key.startswith(PLAYER_PREFIX)
-                       for v in [entry.get(lang) or entry["en"]]}, ensure_ascii=False)
+    return json.dumps(
+        {
+            key[len(PLAYER_PREFIX) :]: list(v) if isinstance(v, tuple) else v
+            for key, entry in catalogue().items()
+            if key.startswith(PLAYER_PREFIX)
+            for v in [entry.get(lang) or entry["en"]]
+        },
+        ensure_ascii=False,
+    )
 
 
 def player_strings(lang: str) -> dict[str, Union[str, list]]:

@@ -5,6 +5,7 @@ step log and the app's event list both read it. Token text comes from a ``decode
 function the caller passes in (kvcore does not know the UI or load a tokenizer here).
 Sentences are plain text, safe to show as markdown; they never carry HTML.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,16 +29,35 @@ class Style:
 Render = Callable[[Event, Style], tuple[str, str]]
 
 ICONS: dict[EventKind, str] = {
-    E.ARRIVED: "📥", E.SCHEDULED: "🗓", E.ADMITTED: "✅", E.RESUMED: "↩️", E.BLOCKED: "⛔",
-    E.CACHE_HIT: "🎯", E.CACHE_MISS: "🔍", E.TOUCHED: "👆", E.ALLOCATED: "🧱", E.EVICTED: "🗑",
-    E.CACHED: "🔒", E.FREED: "♻️", E.WINDOW_SKIPPED: "🪟", E.PREEMPTED: "⚠️", E.FINISHED: "🏁",
-    E.RESET: "🧹", E.SAMPLED: "✍️", E.DRAFT_PROPOSED: "🔮", E.DRAFT_ACCEPTED: "👍", E.DRAFT_REJECTED: "👎",
+    E.ARRIVED: "📥",
+    E.SCHEDULED: "🗓",
+    E.ADMITTED: "✅",
+    E.RESUMED: "↩️",
+    E.BLOCKED: "⛔",
+    E.CACHE_HIT: "🎯",
+    E.CACHE_MISS: "🔍",
+    E.TOUCHED: "👆",
+    E.ALLOCATED: "🧱",
+    E.EVICTED: "🗑",
+    E.CACHED: "🔒",
+    E.FREED: "♻️",
+    E.WINDOW_SKIPPED: "🪟",
+    E.PREEMPTED: "⚠️",
+    E.FINISHED: "🏁",
+    E.RESET: "🧹",
+    E.SAMPLED: "✍️",
+    E.DRAFT_PROPOSED: "🔮",
+    E.DRAFT_ACCEPTED: "👍",
+    E.DRAFT_REJECTED: "👎",
 }
 
 # The words behind the short reason codes events carry: (English, 中文).
 REASONS: dict[str, tuple[str, str]] = {
     "max_num_seqs": ("max_num_seqs running requests already", "运行中的请求数已达 max_num_seqs"),
-    "no_free_blocks": ("not enough free blocks for its whole sequence", "空闲块不足以容纳它的完整序列"),
+    "no_free_blocks": (
+        "not enough free blocks for its whole sequence",
+        "空闲块不足以容纳它的完整序列",
+    ),
     "token_budget": ("this step's token budget is used up", "本步的 token 预算已用完"),
     "finished": ("finished", "请求完成"),
     "preempted": ("preempted", "被抢占"),
@@ -45,14 +65,23 @@ REASONS: dict[str, tuple[str, str]] = {
     "eos": ("end-of-sequence token", "生成了结束符"),
     "length": ("max_tokens reached", "达到 max_tokens"),
     "stop": ("stop token", "停止符"),
-    "reused from queue head": ("its block was reused from the queue head", "它的块被从队头取出复用"),
+    "reused from queue head": (
+        "its block was reused from the queue head",
+        "它的块被从队头取出复用",
+    ),
     "evict_blocks": ("evict_blocks was called", "调用了 evict_blocks"),
     "prefill": ("prefill", "预填充"),
     "chunk": ("a prefill chunk", "一段分块预填充"),
     "decode": ("decode", "解码"),
     "recompute": ("recomputing after preemption", "抢占后重新计算"),
-    "preempted_this_step": ("no admissions in a step that preempted", "本步发生了抢占，不接纳新请求"),
-    "never_fits": ("its prompt can never fit in this pool, so it is aborted", "它的提示词永远放不进这个块池，因此被中止"),
+    "preempted_this_step": (
+        "no admissions in a step that preempted",
+        "本步发生了抢占，不接纳新请求",
+    ),
+    "never_fits": (
+        "its prompt can never fit in this pool, so it is aborted",
+        "它的提示词永远放不进这个块池，因此被中止",
+    ),
     "aborted": ("aborted", "已中止"),
     "fcfs": ("FCFS: the last request in running", "FCFS：running 队列中的最后一个"),
     "priority": ("priority: the largest (priority, arrival)", "优先级：(priority, arrival) 最大者"),
@@ -83,47 +112,67 @@ def _grp(e: Event, s: Style) -> str:
 
 # -- one renderer per kind: (English, 中文) ----------------------------------------------
 def _arrived(e: E.Arrived, s: Style):
-    return (f"{e.request_id} arrived ({e.num_prompt_tokens} prompt tokens, priority {e.priority}) "
-            f"and joined the waiting queue.",
-            f"{e.request_id} 到达（{e.num_prompt_tokens} 个提示 token，优先级 {e.priority}），进入等待队列。")
+    return (
+        f"{e.request_id} arrived ({e.num_prompt_tokens} prompt tokens, priority {e.priority}) "
+        f"and joined the waiting queue.",
+        f"{e.request_id} 到达（{e.num_prompt_tokens} 个提示 "
+        f"token，优先级 {e.priority}），进入等待队列。",
+    )
 
 
 def _scheduled(e: E.Scheduled, s: Style):
-    return (f"{e.request_id} is scheduled for {e.num_tokens} tokens from position {e.start} "
-            f"({reason(e.phase, 'en')}).",
-            f"{e.request_id} 本步从位置 {e.start} 起调度 {e.num_tokens} 个 token（{reason(e.phase, 'zh')}）。")
+    return (
+        f"{e.request_id} is scheduled for {e.num_tokens} tokens from position {e.start} "
+        f"({reason(e.phase, 'en')}).",
+        f"{e.request_id} 本步从位置 {e.start} 起调度 "
+        f"{e.num_tokens} 个 token（{reason(e.phase, 'zh')}）。",
+    )
 
 
 def _admitted(e: E.Admitted, s: Style):
     c = e.num_cached_tokens
-    return (f"{e.request_id} admitted from waiting to running; {c} of its tokens come from the prefix cache.",
-            f"{e.request_id} 从等待转为运行；其中 {c} 个 token 来自前缀缓存。")
+    return (
+        f"{e.request_id} admitted from waiting to running; "
+        f"{c} of its tokens come from the prefix cache.",
+        f"{e.request_id} 从等待转为运行；其中 {c} 个 token 来自前缀缓存。",
+    )
 
 
 def _resumed(e: E.Resumed, s: Style):
     c = e.num_cached_tokens
     if not c:
-        return (f"{e.request_id} resumed after preemption: none of its blocks survived, so everything is recomputed.",
-                f"{e.request_id} 在被抢占后恢复运行：它的块都已被复用，必须全部重新计算。")
-    return (f"{e.request_id} resumed after preemption: {c} of its own tokens were still cached, "
-            f"so they are not recomputed.",
-            f"{e.request_id} 在被抢占后恢复运行：它自己的 {c} 个 token 仍在缓存中，不用重算。")
+        return (
+            f"{e.request_id} resumed after preemption: none of "
+            "its blocks survived, so everything is recomputed.",
+            f"{e.request_id} 在被抢占后恢复运行：它的块都已被复用，必须全部重新计算。",
+        )
+    return (
+        f"{e.request_id} resumed after preemption: {c} of its own tokens were still cached, "
+        f"so they are not recomputed.",
+        f"{e.request_id} 在被抢占后恢复运行：它自己的 {c} 个 token 仍在缓存中，不用重算。",
+    )
 
 
 def _blocked(e: E.Blocked, s: Style):
-    return (f"{e.request_id} stays waiting: {reason(e.reason, 'en')}.",
-            f"{e.request_id} 继续等待：{reason(e.reason, 'zh')}。")
+    return (
+        f"{e.request_id} stays waiting: {reason(e.reason, 'en')}.",
+        f"{e.request_id} 继续等待：{reason(e.reason, 'zh')}。",
+    )
 
 
 def _cache_hit(e: E.CacheHit, s: Style):
     blocks = " + ".join(ids(g) for g in e.block_ids_per_group if g) or ids(e.block_ids)
-    return (f"{e.request_id} hit {e.num_blocks} cached blocks ({e.num_tokens} tokens): {blocks}.",
-            f"{e.request_id} 命中了 {e.num_blocks} 个已缓存块（{e.num_tokens} 个 token）：{blocks}。")
+    return (
+        f"{e.request_id} hit {e.num_blocks} cached blocks ({e.num_tokens} tokens): {blocks}.",
+        f"{e.request_id} 命中了 {e.num_blocks} 个已缓存块（{e.num_tokens} 个 token）：{blocks}。",
+    )
 
 
 def _cache_miss(e: E.CacheMiss, s: Style):
-    return (f"{e.request_id} looked up its {e.num_tokens} prompt tokens in the prefix cache: no hit.",
-            f"{e.request_id} 用 {e.num_tokens} 个提示 token 查询前缀缓存：没有命中。")
+    return (
+        f"{e.request_id} looked up its {e.num_tokens} prompt tokens in the prefix cache: no hit.",
+        f"{e.request_id} 用 {e.num_tokens} 个提示 token 查询前缀缓存：没有命中。",
+    )
 
 
 def _touched(e: E.Touched, s: Style):
@@ -132,11 +181,16 @@ def _touched(e: E.Touched, s: Style):
     if e.request_id:
         en, zh = f"{e.request_id}: {en}", f"{e.request_id}：{zh}"
     if not e.from_queue:
-        return (en + "; they were in use by others and are now shared.",
-                zh + "；这些块正被其他请求使用，现在被共享。")
+        return (
+            en + "; they were in use by others and are now shared.",
+            zh + "；这些块正被其他请求使用，现在被共享。",
+        )
     fq, pos = ids(e.from_queue), ids(e.queue_positions)
-    return (en + f"; {fq} were free and leave the free queue (queue positions {pos}) — rescued before eviction.",
-            zh + f"；{fq} 原本空闲，被从空闲队列中间取出（队列位置 {pos}），它们的缓存得以保住。")
+    return (
+        en + f"; {fq} were free and leave the free queue (queue "
+        f"positions {pos}) — rescued before eviction.",
+        zh + f"；{fq} 原本空闲，被从空闲队列中间取出（队列位置 {pos}），它们的缓存得以保住。",
+    )
 
 
 def _allocated(e: E.Allocated, s: Style):
@@ -155,17 +209,24 @@ def _allocated(e: E.Allocated, s: Style):
 
 def _evicted(e: E.Evicted, s: Style):
     h = short_hash(e.block_hash)
-    en_for, zh_for = (f", for {e.request_id}", f"，分给 {e.request_id}") if e.request_id else ("", "")
-    return (f"block {ids(e.block_ids)} lost hash #{h} ({reason(e.reason, 'en')}{en_for}): "
-            f"that prefix can no longer be hit.",
-            f"块 {ids(e.block_ids)} 丢失了哈希 #{h}（{reason(e.reason, 'zh')}{zh_for}）：这段前缀不能再被命中。")
+    en_for, zh_for = (
+        (f", for {e.request_id}", f"，分给 {e.request_id}") if e.request_id else ("", "")
+    )
+    return (
+        f"block {ids(e.block_ids)} lost hash #{h} ({reason(e.reason, 'en')}{en_for}): "
+        f"that prefix can no longer be hit.",
+        f"块 {ids(e.block_ids)} 丢失了哈希 "
+        f"#{h}（{reason(e.reason, 'zh')}{zh_for}）：这段前缀不能再被命中。",
+    )
 
 
 def _cached(e: E.Cached, s: Style):
     who = e.request_id or "?"
     pairs = ", ".join(f"{bid}=#{short_hash(h)}" for bid, h in zip(e.block_ids, e.block_hashes))
-    return (f"{who}'s full blocks were cached{_grp(e, s)}: {pairs} ({e.num_tokens} tokens).",
-            f"{who} 的满块被缓存{_grp(e, s)}：{pairs}（{e.num_tokens} 个 token）。")
+    return (
+        f"{who}'s full blocks were cached{_grp(e, s)}: {pairs} ({e.num_tokens} tokens).",
+        f"{who} 的满块被缓存{_grp(e, s)}：{pairs}（{e.num_tokens} 个 token）。",
+    )
 
 
 def _freed(e: E.Freed, s: Style):
@@ -182,35 +243,48 @@ def _freed(e: E.Freed, s: Style):
         zh_parts.append(f"{ids(e.still_used)} 仍被其他请求使用")
     en_detail = (": " + "; ".join(en_parts)) if en_parts else ""
     zh_detail = ("：" + "；".join(zh_parts)) if zh_parts else ""
-    return (f"{who} freed {ids(e.block_ids)}{_grp(e, s)} in reverse order ({reason(e.reason, 'en')}){en_detail}.",
-            f"{who} 按逆序释放块 {ids(e.block_ids)}{_grp(e, s)}（{reason(e.reason, 'zh')}）{zh_detail}。")
+    return (
+        f"{who} freed {ids(e.block_ids)}{_grp(e, s)} in "
+        f"reverse order ({reason(e.reason, 'en')}){en_detail}.",
+        f"{who} 按逆序释放块 "
+        f"{ids(e.block_ids)}{_grp(e, s)}（{reason(e.reason, 'zh')}）{zh_detail}。",
+    )
 
 
 def _window_skipped(e: E.WindowSkipped, s: Style):
-    return (f"{e.request_id}: logical blocks {ids(e.slots)} left the sliding window{_grp(e, s)}; blocks "
-            f"{ids(e.block_ids)} were freed and those slots now point at the null block.",
-            f"{e.request_id}：逻辑块 {ids(e.slots)} 滑出了窗口{_grp(e, s)}；块 {ids(e.block_ids)} 被释放，"
-            f"这些位置现在指向空块。")
+    return (
+        f"{e.request_id}: logical blocks {ids(e.slots)} left the sliding window{_grp(e, s)}; "
+        f"blocks {ids(e.block_ids)} were freed and those slots now point at the null block.",
+        f"{e.request_id}：逻辑块 {ids(e.slots)} 滑出了窗口{_grp(e, s)}；"
+        f"块 {ids(e.block_ids)} 被释放，这些位置现在指向空块。",
+    )
 
 
 def _preempted(e: E.Preempted, s: Style):
-    return (f"{e.request_id} was preempted ({reason(e.policy, 'en')}, {e.needed_by} needed blocks, priority "
-            f"{e.victim_priority}): all its blocks are freed and it goes back to waiting to be recomputed.",
-            f"{e.request_id} 被抢占（{reason(e.policy, 'zh')}，{e.needed_by} 需要新块，优先级 {e.victim_priority}）："
-            f"释放它的所有块，回到等待队列，之后重新计算。")
+    return (
+        f"{e.request_id} was preempted ({reason(e.policy, 'en')}, "
+        f"{e.needed_by} needed blocks, priority {e.victim_priority}): all "
+        "its blocks are freed and it goes back to waiting to be recomputed.",
+        f"{e.request_id} 被抢占（{reason(e.policy, 'zh')}，{e.needed_by} 需要新块，"
+        f"优先级 {e.victim_priority}）：释放它的所有块，回到等待队列，之后重新计算。",
+    )
 
 
 def _finished(e: E.Finished, s: Style):
-    return (f"{e.request_id} finished ({reason(e.reason, 'en')}) and frees its blocks.",
-            f"{e.request_id} 完成（{reason(e.reason, 'zh')}），释放它的块。")
+    return (
+        f"{e.request_id} finished ({reason(e.reason, 'en')}) and frees its blocks.",
+        f"{e.request_id} 完成（{reason(e.reason, 'zh')}），释放它的块。",
+    )
 
 
 def _reset(e: E.PrefixCacheReset, s: Style):
     if e.ok:
         return "reset_prefix_cache: every hash was dropped.", "reset_prefix_cache：所有哈希被清空。"
     n = e.blocks_in_use
-    return (f"reset_prefix_cache refused: {n} blocks are still in use.",
-            f"reset_prefix_cache 被拒绝：还有 {n} 个块正在使用。")
+    return (
+        f"reset_prefix_cache refused: {n} blocks are still in use.",
+        f"reset_prefix_cache 被拒绝：还有 {n} 个块正在使用。",
+    )
 
 
 def _sampled(e: E.Sampled, s: Style):
@@ -225,57 +299,82 @@ def _tokens(ids: Sequence[int], s: Style) -> str:
 
 def _draft_proposed(e: E.DraftProposed, s: Style):
     d = len(e.draft_token_ids)
-    return (f"{e.request_id}: its latest tokens appeared earlier, so the n-gram proposer drafts "
-            f"the {d} token{'s' if d != 1 else ''} that followed there ({_tokens(e.draft_token_ids, s)}); next step they are "
-            f"scheduled after its last token and get KV slots, to be verified.",
-            f"{e.request_id}：它最新的几个 token 在前文出现过，n-gram 提议器据此起草当时紧随其后的 "
-            f"{d} 个 token（{_tokens(e.draft_token_ids, s)}）；下一步它们排在最后一个 token 之后调度、"
-            f"占用 KV 槽位，等待验证。")
+    return (
+        f"{e.request_id}: its latest tokens appeared earlier, so the n-gram proposer drafts the "
+        f"{d} token{'s' if d != 1 else ''} that followed there ({_tokens(e.draft_token_ids, s)}); "
+        "next step they are scheduled after its last token and get KV slots, to be verified.",
+        f"{e.request_id}：它最新的几个 token 在前文出现过，n-gram 提议器据此起草当时紧随其后的 "
+        f"{d} 个 token（{_tokens(e.draft_token_ids, s)}）；下一步它们排在最后一个 token 之后调度、"
+        f"占用 KV 槽位，等待验证。",
+    )
 
 
 def _draft_accepted(e: E.DraftAccepted, s: Style):
     a = len(e.accepted_token_ids)
     nxt = _tokens([e.next_token_id], s)
-    return (f"{e.request_id}: the model agreed with {a} of {e.num_draft_tokens} draft{'s' if e.num_draft_tokens != 1 else ''} "
-            f"({_tokens(e.accepted_token_ids, s)}) and added its own next token {nxt}: "
-            f"{a + 1} tokens from one forward pass.",
-            f"{e.request_id}：模型认可了 {e.num_draft_tokens} 个草稿中的 {a} 个"
-            f"（{_tokens(e.accepted_token_ids, s)}），并接上自己的下一个 token {nxt}："
-            f"一次前向得到 {a + 1} 个 token。")
+    return (
+        f"{e.request_id}: the model agreed with {a} of {e.num_draft_tokens} "
+        f"draft{'s' if e.num_draft_tokens != 1 else ''} ({_tokens(e.accepted_token_ids, s)}) "
+        f"and added its own next token {nxt}: {a + 1} tokens from one forward pass.",
+        f"{e.request_id}：模型认可了 {e.num_draft_tokens} 个草稿中的 {a} 个"
+        f"（{_tokens(e.accepted_token_ids, s)}），并接上自己的下一个 token {nxt}："
+        f"一次前向得到 {a + 1} 个 token。",
+    )
 
 
 def _draft_rejected(e: E.DraftRejected, s: Style):
     r = len(e.rejected_token_ids)
-    return (f"{e.request_id}: the model chose {_tokens([e.target_token_id], s)} instead of draft "
-            f"{_tokens(e.rejected_token_ids[:1], s)}; {r} draft{'s are' if r != 1 else ' is'} dropped and num_computed_tokens moves back "
-            f"to {e.num_computed_tokens}, so their slots (positions {_tokens(e.positions, Style())}) will be "
-            f"overwritten and never enter the prefix cache.",
-            f"{e.request_id}：模型选择了 {_tokens([e.target_token_id], s)} 而不是草稿 "
-            f"{_tokens(e.rejected_token_ids[:1], s)}；丢弃 {r} 个草稿，num_computed_tokens 回退到 "
-            f"{e.num_computed_tokens}，它们的槽位（位置 {_tokens(e.positions, Style())}）之后会被覆盖，"
-            f"也绝不会进入前缀缓存。")
+    return (
+        f"{e.request_id}: the model chose {_tokens([e.target_token_id], s)} instead of draft "
+        f"{_tokens(e.rejected_token_ids[:1], s)}; {r} draft{'s are' if r != 1 else ' is'} dropped "
+        f"and num_computed_tokens moves back to {e.num_computed_tokens}, so their slots (positions "
+        f"{_tokens(e.positions, Style())}) will be overwritten and never enter the prefix cache.",
+        f"{e.request_id}：模型选择了 {_tokens([e.target_token_id], s)} 而不是草稿 "
+        f"{_tokens(e.rejected_token_ids[:1], s)}；丢弃 {r} 个草稿，num_computed_tokens 回退到 "
+        f"{e.num_computed_tokens}，它们的槽位（位置 {_tokens(e.positions, Style())}）之后会被覆盖，"
+        f"也绝不会进入前缀缓存。",
+    )
 
 
 SENTENCES: dict[EventKind, Render] = {
-    E.ARRIVED: _arrived, E.SCHEDULED: _scheduled, E.ADMITTED: _admitted, E.RESUMED: _resumed,
-    E.BLOCKED: _blocked, E.CACHE_HIT: _cache_hit, E.CACHE_MISS: _cache_miss, E.TOUCHED: _touched,
-    E.ALLOCATED: _allocated, E.EVICTED: _evicted, E.CACHED: _cached, E.FREED: _freed,
-    E.WINDOW_SKIPPED: _window_skipped, E.PREEMPTED: _preempted, E.FINISHED: _finished,
-    E.RESET: _reset, E.SAMPLED: _sampled, E.DRAFT_PROPOSED: _draft_proposed,
-    E.DRAFT_ACCEPTED: _draft_accepted, E.DRAFT_REJECTED: _draft_rejected,
+    E.ARRIVED: _arrived,
+    E.SCHEDULED: _scheduled,
+    E.ADMITTED: _admitted,
+    E.RESUMED: _resumed,
+    E.BLOCKED: _blocked,
+    E.CACHE_HIT: _cache_hit,
+    E.CACHE_MISS: _cache_miss,
+    E.TOUCHED: _touched,
+    E.ALLOCATED: _allocated,
+    E.EVICTED: _evicted,
+    E.CACHED: _cached,
+    E.FREED: _freed,
+    E.WINDOW_SKIPPED: _window_skipped,
+    E.PREEMPTED: _preempted,
+    E.FINISHED: _finished,
+    E.RESET: _reset,
+    E.SAMPLED: _sampled,
+    E.DRAFT_PROPOSED: _draft_proposed,
+    E.DRAFT_ACCEPTED: _draft_accepted,
+    E.DRAFT_REJECTED: _draft_rejected,
 }
 
 
-def sentence(e: Event, lang: str = "en", decode: Decode | None = None, multi_group: bool = False) -> str:
+def sentence(
+    e: Event, lang: str = "en", decode: Decode | None = None, multi_group: bool = False
+) -> str:
     """One event as one sentence ("zh" for Chinese, anything else English)."""
     en, zh = SENTENCES[e.kind](e, Style(decode, multi_group))
     return zh if lang == "zh" else en
 
 
-def step_sentences(evs: Sequence[Event], lang: str = "en", decode: Decode | None = None,
-                   multi_group: bool = False) -> list[tuple[str, str]]:
+def step_sentences(
+    evs: Sequence[Event], lang: str = "en", decode: Decode | None = None, multi_group: bool = False
+) -> list[tuple[str, str]]:
     """(kind, icon + sentence) for each event, in the order they happened."""
-    return [(e.kind.value, f"{ICONS[e.kind]} {sentence(e, lang, decode, multi_group)}") for e in evs]
+    return [
+        (e.kind.value, f"{ICONS[e.kind]} {sentence(e, lang, decode, multi_group)}") for e in evs
+    ]
 
 
 _BLOCK_KINDS = frozenset({E.ALLOCATED, E.TOUCHED, E.FREED, E.CACHED, E.EVICTED, E.WINDOW_SKIPPED})

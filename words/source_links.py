@@ -10,6 +10,7 @@ installed package at run time, so it is always the code that ran.
 ``EVENT_CALLS`` gives, per event, the call chain (outermost first) down to the function that
 made the decision; ``call_order`` turns a step's events into the functions that ran, in order.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -82,7 +83,7 @@ class OurLink:
 class CodeLink:
     """One decision point: the same function in vLLM and in kvcore."""
 
-    name: str          # the function's short name, as a learner reads it in a call chain
+    name: str  # the function's short name, as a learner reads it in a call chain
     vllm: VllmLink
     ours: OurLink
 
@@ -98,58 +99,230 @@ _SINGLE = "vllm/v1/core/single_type_kv_cache_manager.py"
 _POOL = "vllm/v1/core/block_pool.py"
 _UTILS = "vllm/v1/core/kv_cache_utils.py"
 
-FUNCTIONS: dict[str, CodeLink] = {c.name: c for c in (
-    _link("add_request", _SCHED, 2931, 2962, "Scheduler.add_request",
-          "kvcore.core.sched.scheduler:Scheduler.add_request"),
-    _link("schedule", _SCHED, 699, 1784, "Scheduler.schedule", "kvcore.core.sched.scheduler:Scheduler.schedule"),
-    _link("_preempt_request", _SCHED, 1799, 1843, "Scheduler._preempt_request",
-          "kvcore.core.sched.scheduler:Scheduler._preempt_request"),
-    _link("update_from_output", _SCHED, 2259, 2676, "Scheduler.update_from_output",
-          "kvcore.core.sched.scheduler:Scheduler.update_from_output"),
-    _link("finish_requests", _SCHED, 2964, 3029, "Scheduler.finish_requests",
-          "kvcore.core.sched.scheduler:Scheduler.finish_requests"),
-    _link("_free_request", _SCHED, 3031, 3062, "Scheduler._free_request",
-          "kvcore.core.sched.scheduler:Scheduler._free_request"),
-    _link("get_computed_blocks", _KVM, 266, 328, "KVCacheManager.get_computed_blocks",
-          "kvcore.core.kv_cache_manager:KVCacheManager.get_computed_blocks"),
-    _link("allocate_slots", _KVM, 380, 627, "KVCacheManager.allocate_slots",
-          "kvcore.core.kv_cache_manager:KVCacheManager.allocate_slots"),
-    _link("find_longest_cache_hit", _SINGLE, 742, 838, "FullAttentionManager.find_longest_cache_hit",
-          "kvcore.core.single_type_kv_cache_manager:FullAttentionManager.find_longest_cache_hit"),
-    _link("hybrid_find_longest_cache_hit", _COORD, 806, 941, "HybridKVCacheCoordinator.find_longest_cache_hit",
-          "kvcore.core.kv_cache_coordinator:HybridKVCacheCoordinator.find_longest_cache_hit"),
-    _link("sliding_find_longest_cache_hit", _SINGLE, 968, 1064, "SlidingWindowManager.find_longest_cache_hit",
-          "kvcore.core.single_type_kv_cache_manager:SlidingWindowManager.find_longest_cache_hit"),
-    _link("allocate_new_computed_blocks", _COORD, 265, 313, "KVCacheCoordinator.allocate_new_computed_blocks",
-          "kvcore.core.kv_cache_coordinator:KVCacheCoordinator.allocate_new_computed_blocks"),
-    _link("allocate_new_blocks", _SINGLE, 370, 410, "SingleTypeKVCacheManager.allocate_new_blocks",
-          "kvcore.core.single_type_kv_cache_manager:SingleTypeKVCacheManager.allocate_new_blocks"),
-    _link("remove_skipped_blocks", _SINGLE, 682, 720, "SingleTypeKVCacheManager.remove_skipped_blocks",
-          "kvcore.core.single_type_kv_cache_manager:SingleTypeKVCacheManager.remove_skipped_blocks"),
-    _link("cache_blocks", _SINGLE, 477, 542, "SingleTypeKVCacheManager.cache_blocks",
-          "kvcore.core.single_type_kv_cache_manager:SingleTypeKVCacheManager.cache_blocks"),
-    _link("free", _SINGLE, 591, 599, "SingleTypeKVCacheManager.free",
-          "kvcore.core.single_type_kv_cache_manager:SingleTypeKVCacheManager.free"),
-    _link("touch", _POOL, 792, 810, "BlockPool.touch", "kvcore.core.block_pool:BlockPool.touch"),
-    _link("get_new_blocks", _POOL, 706, 740, "BlockPool.get_new_blocks",
-          "kvcore.core.block_pool:BlockPool.get_new_blocks"),
-    _link("_maybe_evict_cached_block", _POOL, 769, 790, "BlockPool._maybe_evict_cached_block",
-          "kvcore.core.block_pool:BlockPool._maybe_evict_cached_block"),
-    _link("evict_blocks", _POOL, 851, 869, "BlockPool.evict_blocks", "kvcore.core.block_pool:BlockPool.evict_blocks"),
-    _link("cache_full_blocks", _POOL, 230, 356, "BlockPool.cache_full_blocks",
-          "kvcore.core.block_pool:BlockPool.cache_full_blocks"),
-    _link("free_blocks", _POOL, 816, 849, "BlockPool.free_blocks", "kvcore.core.block_pool:BlockPool.free_blocks"),
-    _link("reset_prefix_cache", _POOL, 871, 910, "BlockPool.reset_prefix_cache",
-          "kvcore.core.block_pool:BlockPool.reset_prefix_cache"),
-    _link("hash_block_tokens", _UTILS, 707, 737, "hash_block_tokens", "kvcore.core.kv_cache_utils:hash_block_tokens"),
-    _link("sample", "vllm/v1/sample/sampler.py", 129, 211, "Sampler.forward", "record.engine:Engine.step"),
-    _link("propose", "vllm/v1/spec_decode/ngram_proposer.py", 138, 173, "NgramProposer.propose",
-          "kvcore.spec_decode.ngram_proposer:NgramProposer.propose"),
-    _link("update_draft_token_ids", _SCHED, 2862, 2881, "Scheduler.update_draft_token_ids",
-          "kvcore.core.sched.scheduler:Scheduler.update_draft_token_ids"),
-    _link("rejection_sample", "vllm/v1/sample/rejection_sampler.py", 432, 586,
-          "rejection_sample", "kvcore.sample.rejection_sampler:rejection_sample"),
-)}
+FUNCTIONS: dict[str, CodeLink] = {
+    c.name: c
+    for c in (
+        _link(
+            "add_request",
+            _SCHED,
+            2931,
+            2962,
+            "Scheduler.add_request",
+            "kvcore.core.sched.scheduler:Scheduler.add_request",
+        ),
+        _link(
+            "schedule",
+            _SCHED,
+            699,
+            1784,
+            "Scheduler.schedule",
+            "kvcore.core.sched.scheduler:Scheduler.schedule",
+        ),
+        _link(
+            "_preempt_request",
+            _SCHED,
+            1799,
+            1843,
+            "Scheduler._preempt_request",
+            "kvcore.core.sched.scheduler:Scheduler._preempt_request",
+        ),
+        _link(
+            "update_from_output",
+            _SCHED,
+            2259,
+            2676,
+            "Scheduler.update_from_output",
+            "kvcore.core.sched.scheduler:Scheduler.update_from_output",
+        ),
+        _link(
+            "finish_requests",
+            _SCHED,
+            2964,
+            3029,
+            "Scheduler.finish_requests",
+            "kvcore.core.sched.scheduler:Scheduler.finish_requests",
+        ),
+        _link(
+            "_free_request",
+            _SCHED,
+            3031,
+            3062,
+            "Scheduler._free_request",
+            "kvcore.core.sched.scheduler:Scheduler._free_request",
+        ),
+        _link(
+            "get_computed_blocks",
+            _KVM,
+            266,
+            328,
+            "KVCacheManager.get_computed_blocks",
+            "kvcore.core.kv_cache_manager:KVCacheManager.get_computed_blocks",
+        ),
+        _link(
+            "allocate_slots",
+            _KVM,
+            380,
+            627,
+            "KVCacheManager.allocate_slots",
+            "kvcore.core.kv_cache_manager:KVCacheManager.allocate_slots",
+        ),
+        _link(
+            "find_longest_cache_hit",
+            _SINGLE,
+            742,
+            838,
+            "FullAttentionManager.find_longest_cache_hit",
+            "kvcore.core.single_type_kv_cache_manager:FullAttentionManager.find_longest_cache_hit",
+        ),
+        _link(
+            "hybrid_find_longest_cache_hit",
+            _COORD,
+            806,
+            941,
+            "HybridKVCacheCoordinator.find_longest_cache_hit",
+            "kvcore.core.kv_cache_coordinator:HybridKVCacheCoordinator.find_longest_cache_hit",
+        ),
+        _link(
+            "sliding_find_longest_cache_hit",
+            _SINGLE,
+            968,
+            1064,
+            "SlidingWindowManager.find_longest_cache_hit",
+            "kvcore.core.single_type_kv_cache_manager:SlidingWindowManager.find_longest_cache_hit",
+        ),
+        _link(
+            "allocate_new_computed_blocks",
+            _COORD,
+            265,
+            313,
+            "KVCacheCoordinator.allocate_new_computed_blocks",
+            "kvcore.core.kv_cache_coordinator:KVCacheCoordinator.allocate_new_computed_blocks",
+        ),
+        _link(
+            "allocate_new_blocks",
+            _SINGLE,
+            370,
+            410,
+            "SingleTypeKVCacheManager.allocate_new_blocks",
+            "kvcore.core.single_type_kv_cache_manager:SingleTypeKVCacheManager.allocate_new_blocks",
+        ),
+        _link(
+            "remove_skipped_blocks",
+            _SINGLE,
+            682,
+            720,
+            "SingleTypeKVCacheManager.remove_skipped_blocks",
+            "kvcore.core.single_type_kv_cache_manager:SingleTypeKVCacheManager.remove_skipped_blocks",
+        ),
+        _link(
+            "cache_blocks",
+            _SINGLE,
+            477,
+            542,
+            "SingleTypeKVCacheManager.cache_blocks",
+            "kvcore.core.single_type_kv_cache_manager:SingleTypeKVCacheManager.cache_blocks",
+        ),
+        _link(
+            "free",
+            _SINGLE,
+            591,
+            599,
+            "SingleTypeKVCacheManager.free",
+            "kvcore.core.single_type_kv_cache_manager:SingleTypeKVCacheManager.free",
+        ),
+        _link(
+            "touch", _POOL, 792, 810, "BlockPool.touch", "kvcore.core.block_pool:BlockPool.touch"
+        ),
+        _link(
+            "get_new_blocks",
+            _POOL,
+            706,
+            740,
+            "BlockPool.get_new_blocks",
+            "kvcore.core.block_pool:BlockPool.get_new_blocks",
+        ),
+        _link(
+            "_maybe_evict_cached_block",
+            _POOL,
+            769,
+            790,
+            "BlockPool._maybe_evict_cached_block",
+            "kvcore.core.block_pool:BlockPool._maybe_evict_cached_block",
+        ),
+        _link(
+            "evict_blocks",
+            _POOL,
+            851,
+            869,
+            "BlockPool.evict_blocks",
+            "kvcore.core.block_pool:BlockPool.evict_blocks",
+        ),
+        _link(
+            "cache_full_blocks",
+            _POOL,
+            230,
+            356,
+            "BlockPool.cache_full_blocks",
+            "kvcore.core.block_pool:BlockPool.cache_full_blocks",
+        ),
+        _link(
+            "free_blocks",
+            _POOL,
+            816,
+            849,
+            "BlockPool.free_blocks",
+            "kvcore.core.block_pool:BlockPool.free_blocks",
+        ),
+        _link(
+            "reset_prefix_cache",
+            _POOL,
+            871,
+            910,
+            "BlockPool.reset_prefix_cache",
+            "kvcore.core.block_pool:BlockPool.reset_prefix_cache",
+        ),
+        _link(
+            "hash_block_tokens",
+            _UTILS,
+            707,
+            737,
+            "hash_block_tokens",
+            "kvcore.core.kv_cache_utils:hash_block_tokens",
+        ),
+        _link(
+            "sample",
+            "vllm/v1/sample/sampler.py",
+            129,
+            211,
+            "Sampler.forward",
+            "record.engine:Engine.step",
+        ),
+        _link(
+            "propose",
+            "vllm/v1/spec_decode/ngram_proposer.py",
+            138,
+            173,
+            "NgramProposer.propose",
+            "kvcore.spec_decode.ngram_proposer:NgramProposer.propose",
+        ),
+        _link(
+            "update_draft_token_ids",
+            _SCHED,
+            2862,
+            2881,
+            "Scheduler.update_draft_token_ids",
+            "kvcore.core.sched.scheduler:Scheduler.update_draft_token_ids",
+        ),
+        _link(
+            "rejection_sample",
+            "vllm/v1/sample/rejection_sampler.py",
+            432,
+            586,
+            "rejection_sample",
+            "kvcore.sample.rejection_sampler:rejection_sample",
+        ),
+    )
+}
 
 _FREED_BY = {
     "finished": ("update_from_output", "_free_request", "free", "free_blocks"),
@@ -160,7 +333,8 @@ _FREED_BY = {
 
 
 def event_calls(ev: E.Event, num_groups: int = 1) -> tuple[str, ...]:
-    """The call chain (outermost first, names of FUNCTIONS) ending in the function that made ``ev``."""
+    """The call chain (outermost first, names of FUNCTIONS) ending in the function that made
+    ``ev``."""
     k = ev.kind
     if k == E.ARRIVED:
         return ("add_request",)
@@ -176,7 +350,13 @@ def event_calls(ev: E.Event, num_groups: int = 1) -> tuple[str, ...]:
     if k == E.EVICTED:
         if ev.reason == "evict_blocks":
             return ("evict_blocks", "_maybe_evict_cached_block")
-        return ("schedule", "allocate_slots", "allocate_new_blocks", "get_new_blocks", "_maybe_evict_cached_block")
+        return (
+            "schedule",
+            "allocate_slots",
+            "allocate_new_blocks",
+            "get_new_blocks",
+            "_maybe_evict_cached_block",
+        )
     if k == E.CACHED:
         return ("schedule", "allocate_slots", "cache_blocks", "cache_full_blocks")
     if k == E.FREED:
@@ -226,7 +406,7 @@ def call_order(evs: Iterable[E.Event], num_groups: int = 1) -> tuple[Call, ...]:
         if same == len(chain):
             if len(chain) == len(prev):
                 continue
-            same -= 1                # a caller of the previous chain decided: show it again
+            same -= 1  # a caller of the previous chain decided: show it again
         out.extend(Call(d, FUNCTIONS[name]) for d, name in enumerate(chain) if d >= same)
         prev = chain
     return tuple(out)

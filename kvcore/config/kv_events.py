@@ -1,4 +1,5 @@
 """Settings of the KV-event publisher (vLLM: vllm/config/kv_events.py)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ class KVEventsConfig:
 
     __pydantic_config__ = {"extra": "forbid"}
     enable_kv_cache_events: bool = False
-    publisher: Optional[str] = None          # "zmq" when enabled, else "null"
+    publisher: Optional[str] = None  # "zmq" when enabled, else "null"
     endpoint: str = "tcp://*:5557"
     replay_endpoint: Optional[str] = None
     buffer_steps: int = 10_000
@@ -28,10 +29,14 @@ class KVEventsConfig:
         if self.publisher is None:
             object.__setattr__(self, "publisher", "zmq" if self.enable_kv_cache_events else "null")
         if self.publisher not in ("zmq", "null"):
-            raise ValueError(f"kv_events.publisher: must be 'zmq' or 'null'; got {self.publisher!r}")
+            raise ValueError(
+                f"kv_events.publisher: must be 'zmq' or 'null'; got {self.publisher!r}"
+            )
         for name in ("enable_kv_cache_events", "use_int_block_hashes"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"kv_events.{name}: must be true or false; got {getattr(self, name)!r}")
+                raise ValueError(
+                    f"kv_events.{name}: must be true or false; got {getattr(self, name)!r}"
+                )
         if not isinstance(self.topic, str):
             raise ValueError(f"kv_events.topic: must be a string; got {self.topic!r}")
         for name in ("buffer_steps", "hwm", "max_queue_size"):
@@ -40,5 +45,9 @@ class KVEventsConfig:
                 raise ValueError(f"kv_events.{name}: must be a positive integer; got {v!r}")
         for name in ("endpoint", "replay_endpoint"):
             v = getattr(self, name)
-            if v is not None and not (isinstance(v, str) and v.startswith(("tcp://", "ipc://", "inproc://"))):
-                raise ValueError(f"kv_events.{name}: must be a tcp://, ipc:// or inproc:// endpoint; got {v!r}")
+            if v is not None and not (
+                isinstance(v, str) and v.startswith(("tcp://", "ipc://", "inproc://"))
+            ):
+                raise ValueError(
+                    f"kv_events.{name}: must be a tcp://, ipc:// or inproc:// endpoint; got {v!r}"
+                )

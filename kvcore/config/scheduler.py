@@ -1,11 +1,12 @@
 """The scheduler's settings (vLLM: vllm/config/scheduler.py), the fields our scheduler reads."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
 
 ADMIT_FULL_SEQUENCE = "full_sequence"  # v0.33: a waiting request is admitted only if all of it fits
-ADMIT_FIRST_CHUNK = "first_chunk"      # older releases: only this step's chunk must fit
+ADMIT_FIRST_CHUNK = "first_chunk"  # older releases: only this step's chunk must fit
 ADMISSIONS = (ADMIT_FULL_SEQUENCE, ADMIT_FIRST_CHUNK)
 
 

@@ -1,14 +1,27 @@
-"""BlockPool: every physical block, the free queue and the prefix-cache map (vLLM: v1/core/block_pool.py)."""
+"""BlockPool: every physical block, the free queue and the prefix-cache map (vLLM:
+v1/core/block_pool.py)."""
+
 from __future__ import annotations
 
 from typing import Any, Iterable, Optional, Sequence
 
-from kvcore.core.kv_cache_utils import (FreeKVCacheBlockQueue, KVCacheBlock, get_block_hash, get_group_id,
-                                        make_block_hash_with_group_id)
-from kvcore.distributed.kv_events import (MEDIUM_GPU, AllBlocksCleared, BlockRemoved, BlockStored,
-                                          KVCacheEvent, maybe_convert_block_hash)
+from kvcore.core.kv_cache_utils import (
+    FreeKVCacheBlockQueue,
+    KVCacheBlock,
+    get_block_hash,
+    get_group_id,
+    make_block_hash_with_group_id,
+)
+from kvcore.distributed.kv_events import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+    maybe_convert_block_hash,
+)
 
-FREE_ORDER_V033 = "v0.33"    # unhashed blocks to the head, hashed blocks to the tail
+FREE_ORDER_V033 = "v0.33"  # unhashed blocks to the head, hashed blocks to the tail
 FREE_ORDER_LEGACY = "legacy"  # every freed block to the tail (older releases)
 FREE_ORDERS = (FREE_ORDER_V033, FREE_ORDER_LEGACY)
 
@@ -89,12 +102,22 @@ class BlockPool:
     hooks see the blocks themselves; whom they are for is the observer's business.
     """
 
-    def __init__(self, num_gpu_blocks: int, enable_caching: bool, hash_block_size: int,
-                 enable_kv_cache_events: bool = False, medium: str = MEDIUM_GPU, *,
-                 free_order: str = FREE_ORDER_V033, use_int_block_hashes: bool = True) -> None:
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        enable_caching: bool,
+        hash_block_size: int,
+        enable_kv_cache_events: bool = False,
+        medium: str = MEDIUM_GPU,
+        *,
+        free_order: str = FREE_ORDER_V033,
+        use_int_block_hashes: bool = True,
+    ) -> None:
         if not isinstance(num_gpu_blocks, int) or num_gpu_blocks < 2:
             raise ValueError(
-                f"num_gpu_blocks must be an integer >= 2 (block 0 is the null block); got {num_gpu_blocks!r}")
+                "num_gpu_blocks must be an integer >= 2 (block "
+                f"0 is the null block); got {num_gpu_blocks!r}"
+            )
         if free_order not in FREE_ORDERS:
             raise ValueError(f"free_order must be one of {FREE_ORDERS}; got {free_order!r}")
         self.num_gpu_blocks = num_gpu_blocks
@@ -115,20 +138,31 @@ class BlockPool:
         self.observer: Any = None
 
     # -- prefix cache -----------------------------------------------------------------
-    def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: Sequence[int]) -> Optional[list[KVCacheBlock]]:
-        """The first-inserted block for the hash in every given group, or None if any group misses."""
+    def get_cached_block(
+        self, block_hash: bytes, kv_cache_group_ids: Sequence[int]
+    ) -> Optional[list[KVCacheBlock]]:
+        """The first-inserted block for the hash in every given group, or None if any group
+        misses."""
         out = []
         for group_id in kv_cache_group_ids:
             block = self.cached_block_hash_to_block.get_one_block(
-                make_block_hash_with_group_id(block_hash, group_id))
+                make_block_hash_with_group_id(block_hash, group_id)
+            )
             if block is None:
                 return None
             out.append(block)
         return out
 
-    def cache_full_blocks(self, request, blocks: list[KVCacheBlock], num_cached_blocks: int,
-                          num_full_blocks: int, block_size: int, kv_cache_group_id: int,
-                          block_mask: Optional[list[bool]] = None) -> None:
+    def cache_full_blocks(
+        self,
+        request,
+        blocks: list[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+        block_mask: Optional[list[bool]] = None,
+    ) -> None:
         """Give blocks[num_cached_blocks:num_full_blocks] their hashes and register them.
 
         ``block_mask`` (aligned with those blocks) leaves out the blocks no hit can ever use
@@ -163,36 +197,60 @@ class BlockPool:
         if events:
             # As vLLM: one event per call even when no block was kept (sparse sliding
             # window); parent and token_ids describe the whole range, hashes only the kept.
-            self.kv_event_queue.append(self._block_stored_event(
-                request, new_hashes, new_extra_keys,
-                hashes[num_cached_blocks - 1] if num_cached_blocks else None,
-                num_cached_blocks * block_size, num_full_blocks * block_size,
-                block_size, kv_cache_group_id))
+            self.kv_event_queue.append(
+                self._block_stored_event(
+                    request,
+                    new_hashes,
+                    new_extra_keys,
+                    hashes[num_cached_blocks - 1] if num_cached_blocks else None,
+                    num_cached_blocks * block_size,
+                    num_full_blocks * block_size,
+                    block_size,
+                    kv_cache_group_id,
+                )
+            )
         if cached:
             observer.on_blocks_cached(request, cached, block_size)
 
     def _external(self, block_hash: bytes):
         return maybe_convert_block_hash(block_hash, self.use_int_block_hashes)
 
-    def _block_stored_event(self, request, block_hashes: list[bytes], extra_keys: list,
-                            parent: Optional[bytes], start: int, end: int, block_size: int,
-                            group_id: int) -> BlockStored:
+    def _block_stored_event(
+        self,
+        request,
+        block_hashes: list[bytes],
+        extra_keys: list,
+        parent: Optional[bytes],
+        start: int,
+        end: int,
+        block_size: int,
+        group_id: int,
+    ) -> BlockStored:
         # Events carry extra keys untagged: ("cache_salt", s) is published as s.
-        untagged = [None if keys is None else tuple(k[1:] if k[0] == "mm" else k[1] for k in keys)
-                    for keys in extra_keys]
+        untagged = [
+            None if keys is None else tuple(k[1:] if k[0] == "mm" else k[1] for k in keys)
+            for keys in extra_keys
+        ]
         return BlockStored(
             block_hashes=[self._external(h) for h in block_hashes],
             parent_block_hash=None if parent is None else self._external(parent),
-            token_ids=list(request.all_token_ids[start:end]), block_size=block_size,
-            lora_id=None, medium=self.medium, lora_name=None,
-            extra_keys=untagged or None, group_idx=group_id)
+            token_ids=list(request.all_token_ids[start:end]),
+            block_size=block_size,
+            lora_id=None,
+            medium=self.medium,
+            lora_name=None,
+            extra_keys=untagged or None,
+            group_idx=group_id,
+        )
 
     # -- allocation -------------------------------------------------------------------
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Pop blocks from the queue head; any hash they still carry is evicted now."""
         if num_blocks > self.get_num_free_blocks():
-            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool "
-                             f"(only {self.get_num_free_blocks()} free)")
+            raise ValueError(
+                f"Cannot get {num_blocks} free blocks from the pool "
+                f"(only {self.get_num_free_blocks()} free)"
+            )
         ret = self.free_block_queue.popleft_n(num_blocks)
         if self.enable_caching:
             for block in ret:
@@ -215,18 +273,22 @@ class BlockPool:
         if self.cached_block_hash_to_block.pop(key, block.block_id) is None:
             return False
         if self.observer is not None:
-            self.observer.on_block_evicted(block)   # before the hash is gone
+            self.observer.on_block_evicted(block)  # before the hash is gone
         block.reset_hash()
         if self.enable_kv_cache_events:
-            self.kv_event_queue.append(BlockRemoved(
-                block_hashes=[self._external(get_block_hash(key))], medium=self.medium,
-                group_idx=get_group_id(key)))
+            self.kv_event_queue.append(
+                BlockRemoved(
+                    block_hashes=[self._external(get_block_hash(key))],
+                    medium=self.medium,
+                    group_idx=get_group_id(key),
+                )
+            )
         return True
 
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         """ref_cnt += 1; a block that was free (ref_cnt 0) leaves the free queue."""
         if self.observer is not None and blocks:
-            self.observer.on_blocks_touched(blocks)   # before: where in the queue they were
+            self.observer.on_blocks_touched(blocks)  # before: where in the queue they were
         remove = self.free_block_queue.remove
         for block in blocks:
             if block.ref_cnt == 0 and not block.is_null:
@@ -244,7 +306,7 @@ class BlockPool:
         head_ok = self.free_order == FREE_ORDER_V033
         observer = self.observer
         if observer is not None:
-            ordered_blocks = list(ordered_blocks)   # the observer reads them after the loop
+            ordered_blocks = list(ordered_blocks)  # the observer reads them after the loop
         for block in ordered_blocks:
             block.ref_cnt -= 1
             if block.ref_cnt == 0 and not block.is_null:
@@ -263,11 +325,14 @@ class BlockPool:
         """Drop the hashes of these blocks (in use or not); nothing is freed."""
         for block_id in block_ids:
             if not 0 <= block_id < len(self.blocks):
-                raise ValueError(f"block id {block_id} is outside the pool (0..{len(self.blocks) - 1})")
+                raise ValueError(
+                    f"block id {block_id} is outside the pool (0..{len(self.blocks) - 1})"
+                )
             self._maybe_evict_cached_block(self.blocks[block_id])
 
     def reset_prefix_cache(self) -> bool:
-        """Forget every hash; refused (False) while any block other than the null block is in use."""
+        """Forget every hash; refused (False) while any block other than the null block is in
+        use."""
         num_used = self.num_gpu_blocks - self.get_num_free_blocks()
         if num_used != 1:
             if self.observer is not None:

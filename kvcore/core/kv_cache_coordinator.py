@@ -5,6 +5,7 @@ A uniform model has one group; a model mixing full and sliding-window layers
 has two (group 0 = full attention, group 1 = sliding window). Every request
 has one block table per group, all drawn from the same free queue.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -12,11 +13,21 @@ from typing import Optional, Sequence
 
 from kvcore.core.block_pool import FREE_ORDER_V033, BlockPool
 from kvcore.core.kv_cache_utils import KVCacheBlock
+from kvcore.core.single_type_kv_cache_manager import (
+    SingleTypeKVCacheManager,
+    get_manager_for_kv_cache_spec,
+)
 from kvcore.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
-from kvcore.core.single_type_kv_cache_manager import SingleTypeKVCacheManager, get_manager_for_kv_cache_spec
 
-__all__ = ["KVCacheCoordinator", "KVCacheCoordinatorNoPrefixCache", "UnitaryKVCacheCoordinator",
-           "HybridKVCacheCoordinator", "get_kv_cache_coordinator", "replay_boundaries", "KVCacheGroupSpec"]
+__all__ = [
+    "KVCacheCoordinator",
+    "KVCacheCoordinatorNoPrefixCache",
+    "UnitaryKVCacheCoordinator",
+    "HybridKVCacheCoordinator",
+    "get_kv_cache_coordinator",
+    "replay_boundaries",
+    "KVCacheGroupSpec",
+]
 
 
 def replay_boundaries(num_prompt_tokens: int) -> tuple[int, ...]:
@@ -28,35 +39,72 @@ def replay_boundaries(num_prompt_tokens: int) -> tuple[int, ...]:
 class KVCacheCoordinator(ABC):
     """Fans each call out to the groups in group order and sums what they need."""
 
-    def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, max_in_flight_tokens: int,
-                 enable_caching: bool, free_order: str = FREE_ORDER_V033,
-                 enable_kv_cache_events: bool = False) -> None:
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        max_in_flight_tokens: int,
+        enable_caching: bool,
+        free_order: str = FREE_ORDER_V033,
+        enable_kv_cache_events: bool = False,
+    ) -> None:
         self.kv_cache_config = kv_cache_config
         self.block_size = kv_cache_config.block_size
         self.enable_caching = enable_caching
         self.groups = tuple(kv_cache_config.kv_cache_groups)
         self.retention_interval = kv_cache_config.prefix_cache_retention_interval
-        self.block_pool = BlockPool(kv_cache_config.num_blocks, enable_caching, self.block_size,
-                                    enable_kv_cache_events, free_order=free_order)
+        self.block_pool = BlockPool(
+            kv_cache_config.num_blocks,
+            enable_caching,
+            self.block_size,
+            enable_kv_cache_events,
+            free_order=free_order,
+        )
         self.single_type_managers: tuple[SingleTypeKVCacheManager, ...] = tuple(
-            get_manager_for_kv_cache_spec(g.kv_cache_spec, self.block_pool, enable_caching, gid,
-                                          max_in_flight_tokens, max_model_len)
-            for gid, g in enumerate(self.groups))
+            get_manager_for_kv_cache_spec(
+                g.kv_cache_spec,
+                self.block_pool,
+                enable_caching,
+                gid,
+                max_in_flight_tokens,
+                max_model_len,
+            )
+            for gid, g in enumerate(self.groups)
+        )
 
-    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
-                                   new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
-                                   total_computed_tokens: int, apply_admission_cap: bool = False) -> int:
-        return sum(m.get_num_blocks_to_allocate(request_id, num_tokens, new_computed_blocks[i],
-                                                total_computed_tokens, apply_admission_cap)
-                   for i, m in enumerate(self.single_type_managers))
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
+        total_computed_tokens: int,
+        apply_admission_cap: bool = False,
+    ) -> int:
+        return sum(
+            m.get_num_blocks_to_allocate(
+                request_id,
+                num_tokens,
+                new_computed_blocks[i],
+                total_computed_tokens,
+                apply_admission_cap,
+            )
+            for i, m in enumerate(self.single_type_managers)
+        )
 
-    def allocate_new_computed_blocks(self, request_id: str, new_computed_blocks,
-                                     num_local_computed_tokens: int) -> None:
+    def allocate_new_computed_blocks(
+        self, request_id: str, new_computed_blocks, num_local_computed_tokens: int
+    ) -> None:
         for i, m in enumerate(self.single_type_managers):
-            m.allocate_new_computed_blocks(request_id, new_computed_blocks[i], num_local_computed_tokens)
+            m.allocate_new_computed_blocks(
+                request_id, new_computed_blocks[i], num_local_computed_tokens
+            )
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> tuple[list[KVCacheBlock], ...]:
-        return tuple(m.allocate_new_blocks(request_id, num_tokens) for m in self.single_type_managers)
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int
+    ) -> tuple[list[KVCacheBlock], ...]:
+        return tuple(
+            m.allocate_new_blocks(request_id, num_tokens) for m in self.single_type_managers
+        )
 
     def cache_blocks(self, request, num_computed_tokens: int) -> None:
         boundaries = replay_boundaries(request.num_prompt_tokens)
@@ -76,8 +124,9 @@ class KVCacheCoordinator(ABC):
         return tuple(list(m.req_to_blocks.get(request_id, ())) for m in self.single_type_managers)
 
     @abstractmethod
-    def find_longest_cache_hit(self, block_hashes: Sequence[bytes], max_cache_hit_length: int
-                               ) -> tuple[tuple[list[KVCacheBlock], ...], int, int]:
+    def find_longest_cache_hit(
+        self, block_hashes: Sequence[bytes], max_cache_hit_length: int
+    ) -> tuple[tuple[list[KVCacheBlock], ...], int, int]:
         """(hit blocks per group, hit length in tokens, uncached shared-prefix tokens):
         the last is how far one group's own hit reaches past the hit all groups
         agree on (0 unless hybrid)."""
@@ -86,10 +135,22 @@ class KVCacheCoordinator(ABC):
 class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
     """Prefix caching off: nothing is ever a hit."""
 
-    def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int, max_in_flight_tokens: int,
-                 free_order: str = FREE_ORDER_V033, enable_kv_cache_events: bool = False) -> None:
-        super().__init__(kv_cache_config, max_model_len, max_in_flight_tokens, False, free_order,
-                         enable_kv_cache_events)
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        max_in_flight_tokens: int,
+        free_order: str = FREE_ORDER_V033,
+        enable_kv_cache_events: bool = False,
+    ) -> None:
+        super().__init__(
+            kv_cache_config,
+            max_model_len,
+            max_in_flight_tokens,
+            False,
+            free_order,
+            enable_kv_cache_events,
+        )
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
         return tuple([] for _ in self.single_type_managers), 0, 0
@@ -99,7 +160,9 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     """One KV cache group (all layers full attention, or all sliding window)."""
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
-        hit = self.single_type_managers[0].find_longest_cache_hit(block_hashes, max_cache_hit_length, [0])[0]
+        hit = self.single_type_managers[0].find_longest_cache_hit(
+            block_hashes, max_cache_hit_length, [0]
+        )[0]
         return (hit,), len(hit) * self.block_size, 0
 
 
@@ -139,14 +202,35 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         for g in order:
             if managers[g].kind == "full" and hits[g] is not None:
                 del hits[g][num_blocks:]
-        return tuple(h if h is not None else [] for h in hits), hit_length, longest_hit_length - hit_length
+        return (
+            tuple(h if h is not None else [] for h in hits),
+            hit_length,
+            longest_hit_length - hit_length,
+        )
 
 
-def get_kv_cache_coordinator(kv_cache_config: KVCacheConfig, max_model_len: int, max_in_flight_tokens: int,
-                             enable_caching: bool, free_order: str = FREE_ORDER_V033,
-                             enable_kv_cache_events: bool = False) -> KVCacheCoordinator:
+def get_kv_cache_coordinator(
+    kv_cache_config: KVCacheConfig,
+    max_model_len: int,
+    max_in_flight_tokens: int,
+    enable_caching: bool,
+    free_order: str = FREE_ORDER_V033,
+    enable_kv_cache_events: bool = False,
+) -> KVCacheCoordinator:
     if not enable_caching:
-        return KVCacheCoordinatorNoPrefixCache(kv_cache_config, max_model_len, max_in_flight_tokens,
-                                               free_order, enable_kv_cache_events)
-    cls = UnitaryKVCacheCoordinator if len(kv_cache_config.kv_cache_groups) == 1 else HybridKVCacheCoordinator
-    return cls(kv_cache_config, max_model_len, max_in_flight_tokens, True, free_order, enable_kv_cache_events)
+        return KVCacheCoordinatorNoPrefixCache(
+            kv_cache_config, max_model_len, max_in_flight_tokens, free_order, enable_kv_cache_events
+        )
+    cls = (
+        UnitaryKVCacheCoordinator
+        if len(kv_cache_config.kv_cache_groups) == 1
+        else HybridKVCacheCoordinator
+    )
+    return cls(
+        kv_cache_config,
+        max_model_len,
+        max_in_flight_tokens,
+        True,
+        free_order,
+        enable_kv_cache_events,
+    )

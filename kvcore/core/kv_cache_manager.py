@@ -1,16 +1,18 @@
-"""KVCacheManager: the scheduler's single door to the paged cache (vLLM: v1/core/kv_cache_manager.py)."""
+"""KVCacheManager: the scheduler's single door to the paged cache (vLLM:
+v1/core/kv_cache_manager.py)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from kvcore.core.block_pool import FREE_ORDER_V033
-from kvcore.core.kv_cache_utils import KVCacheBlock
 from kvcore.core.kv_cache_coordinator import get_kv_cache_coordinator
-from kvcore.kv_cache_interface import KVCacheConfig
+from kvcore.core.kv_cache_utils import KVCacheBlock
 from kvcore.distributed.kv_events import BlockStored, kv_cache_spec_metadata
-from kvcore.request import RequestStatus
+from kvcore.kv_cache_interface import KVCacheConfig
 from kvcore.metrics.stats import CachingMetrics, PrefixCacheStats
+from kvcore.request import RequestStatus
 
 
 @dataclass
@@ -31,10 +33,17 @@ class KVCacheManager:
     the last ``max_recent_requests`` requests) are fed from it.
     """
 
-    def __init__(self, kv_cache_config: KVCacheConfig, max_model_len: int = 1 << 30,
-                 enable_caching: bool = True, max_num_batched_tokens: Optional[int] = None,
-                 watermark: float = 0.0, free_order: str = FREE_ORDER_V033,
-                 enable_kv_cache_events: bool = False, max_recent_requests: int = 1000) -> None:
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int = 1 << 30,
+        enable_caching: bool = True,
+        max_num_batched_tokens: Optional[int] = None,
+        watermark: float = 0.0,
+        free_order: str = FREE_ORDER_V033,
+        enable_kv_cache_events: bool = False,
+        max_recent_requests: int = 1000,
+    ) -> None:
         if not 0.0 <= watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1); got {watermark!r}")
         self.kv_cache_config = kv_cache_config
@@ -42,9 +51,17 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self.max_model_len = max_model_len
         # One step holds at most max_num_batched_tokens new tokens per request.
-        max_in_flight_tokens = max_num_batched_tokens if max_num_batched_tokens is not None else max_model_len
-        self.coordinator = get_kv_cache_coordinator(kv_cache_config, max_model_len, max_in_flight_tokens,
-                                                    enable_caching, free_order, enable_kv_cache_events)
+        max_in_flight_tokens = (
+            max_num_batched_tokens if max_num_batched_tokens is not None else max_model_len
+        )
+        self.coordinator = get_kv_cache_coordinator(
+            kv_cache_config,
+            max_model_len,
+            max_in_flight_tokens,
+            enable_caching,
+            free_order,
+            enable_kv_cache_events,
+        )
         self.block_pool = self.coordinator.block_pool
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         # Blocks kept free when admitting a waiting request, so running ones can grow.
@@ -52,7 +69,9 @@ class KVCacheManager:
         self.prefix_cache_stats = PrefixCacheStats()
         self.prefix_cache_totals = PrefixCacheStats()
         self.caching_metrics = CachingMetrics(max_recent_requests)
-        self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(self.num_kv_cache_groups)))
+        self.empty_kv_cache_blocks = KVCacheBlocks(
+            tuple(() for _ in range(self.num_kv_cache_groups))
+        )
 
     @property
     def usage(self) -> float:
@@ -80,8 +99,9 @@ class KVCacheManager:
         return [0] * self.num_kv_cache_groups
 
     # -- lookup and allocation ----------------------------------------------------------
-    def get_computed_blocks(self, request, max_cache_hit_length: Optional[int] = None
-                            ) -> tuple[KVCacheBlocks, int, int]:
+    def get_computed_blocks(
+        self, request, max_cache_hit_length: Optional[int] = None
+    ) -> tuple[KVCacheBlocks, int, int]:
         """Longest cached prefix of the request, in full blocks: (blocks, tokens, boundary).
 
         The hit stops at ``max_cache_hit_length`` (default num_tokens - 1: the last token
@@ -95,28 +115,42 @@ class KVCacheManager:
         if max_cache_hit_length is None:
             max_cache_hit_length = request.num_tokens - 1
         blocks, num_tokens, num_uncached = self.coordinator.find_longest_cache_hit(
-            request.block_hashes, max_cache_hit_length)
+            request.block_hashes, max_cache_hit_length
+        )
         shared_prefix_boundary = num_tokens + num_uncached if num_uncached else 0
         observer = self.block_pool.observer
         if observer is not None:
             if num_tokens:
                 observer.on_decision(
-                    "cache_hit", request.request_id,
+                    "cache_hit",
+                    request.request_id,
                     block_ids=tuple(b.block_id for g in blocks for b in g if not b.is_null),
-                    num_tokens=num_tokens, num_blocks=num_tokens // self.block_size,
+                    num_tokens=num_tokens,
+                    num_blocks=num_tokens // self.block_size,
                     block_ids_per_group=tuple(tuple(b.block_id for b in g) for g in blocks),
-                    preempted_before=request.num_preemptions > 0)
+                    preempted_before=request.num_preemptions > 0,
+                )
             else:
-                observer.on_decision("cache_miss", request.request_id, num_tokens=request.num_tokens,
-                                     num_full_blocks=len(request.block_hashes))
+                observer.on_decision(
+                    "cache_miss",
+                    request.request_id,
+                    num_tokens=request.num_tokens,
+                    num_full_blocks=len(request.block_hashes),
+                )
         if not any(blocks):
             return self.empty_kv_cache_blocks, num_tokens, shared_prefix_boundary
         return KVCacheBlocks(blocks), num_tokens, shared_prefix_boundary
 
-    def allocate_slots(self, request, num_new_tokens: int, num_new_computed_tokens: int = 0,
-                       new_computed_blocks: Optional[KVCacheBlocks] = None,
-                       num_lookahead_tokens: int = 0, full_sequence_must_fit: bool = False,
-                       has_scheduled_reqs: bool = True) -> Optional[KVCacheBlocks]:
+    def allocate_slots(
+        self,
+        request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: Optional[KVCacheBlocks] = None,
+        num_lookahead_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        has_scheduled_reqs: bool = True,
+    ) -> Optional[KVCacheBlocks]:
         """Give the request slots for ``num_new_tokens`` more tokens; None if they do not fit.
 
         Order, as in vLLM: (1) with ``full_sequence_must_fit`` refuse unless the whole
@@ -134,29 +168,39 @@ class KVCacheManager:
         num_local_computed = request.num_computed_tokens + num_new_computed_tokens
         total_computed = min(num_local_computed, self.max_model_len)
         watermark_blocks = 0
-        if has_scheduled_reqs and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+        if has_scheduled_reqs and request.status in (
+            RequestStatus.WAITING,
+            RequestStatus.PREEMPTED,
+        ):
             watermark_blocks = self.watermark_blocks
 
         if full_sequence_must_fit:
             full = min(request.num_tokens, self.max_model_len)
-            need = self.coordinator.get_num_blocks_to_allocate(request.request_id, full, hits, total_computed,
-                                                               apply_admission_cap=True)
+            need = self.coordinator.get_num_blocks_to_allocate(
+                request.request_id, full, hits, total_computed, apply_admission_cap=True
+            )
             if need + watermark_blocks > self.block_pool.get_num_free_blocks():
                 return None
 
-        num_tokens_need_slot = min(total_computed + num_new_tokens + num_lookahead_tokens,
-                                   self.max_model_len)
+        num_tokens_need_slot = min(
+            total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len
+        )
         self.coordinator.remove_skipped_blocks(request.request_id, total_computed)
-        need = self.coordinator.get_num_blocks_to_allocate(request.request_id, num_tokens_need_slot,
-                                                           hits, num_local_computed)
+        need = self.coordinator.get_num_blocks_to_allocate(
+            request.request_id, num_tokens_need_slot, hits, num_local_computed
+        )
         if need + watermark_blocks > self.block_pool.get_num_free_blocks():
             return None
 
         if hits is not self.empty_kv_cache_blocks.blocks:
-            self.coordinator.allocate_new_computed_blocks(request.request_id, hits, num_local_computed)
+            self.coordinator.allocate_new_computed_blocks(
+                request.request_id, hits, num_local_computed
+            )
         new_blocks = self.coordinator.allocate_new_blocks(request.request_id, num_tokens_need_slot)
         if self.enable_caching:
-            self.coordinator.cache_blocks(request, min(total_computed + num_new_tokens, request.num_tokens))
+            self.coordinator.cache_blocks(
+                request, min(total_computed + num_new_tokens, request.num_tokens)
+            )
         return KVCacheBlocks(new_blocks)
 
     def cache_blocks(self, request, num_computed_tokens: int) -> None:
@@ -189,6 +233,10 @@ class KVCacheManager:
         taken = self.block_pool.take_events()
         meta = [kv_cache_spec_metadata(g) for g in self.coordinator.groups]
         for ev in taken:
-            if isinstance(ev, BlockStored) and ev.group_idx is not None and 0 <= ev.group_idx < len(meta):
+            if (
+                isinstance(ev, BlockStored)
+                and ev.group_idx is not None
+                and 0 <= ev.group_idx < len(meta)
+            ):
                 ev.kv_cache_spec_kind, ev.kv_cache_spec_sliding_window = meta[ev.group_idx]
         return taken

@@ -2,7 +2,8 @@
 
 Chained block hashing, as vLLM v1 computes prefix-cache keys.
 
-hash(block i) = hash_fn((hash(block i-1) or NONE_HASH, tuple(tokens of block i), extra_keys or None))
+hash(block i) = hash_fn((hash(block i-1) or NONE_HASH, tuple(tokens of block i),
+                        extra_keys or None))
 with the tuple serialised by pickle at the highest protocol ("sha256", "xxhash") or
 as canonical CBOR ("sha256_cbor", "xxhash_cbor": the same bytes from any language).
 Only full blocks are hashed. A cache key is the block hash plus the KV cache group
@@ -15,10 +16,11 @@ resistance depends on a secret seed. ``engine.hash_seed`` chooses: a string is t
 seed itself (default "vllm-none-hash": runs and traces are reproducible), null
 resolves it as vLLM does.
 """
+
 from __future__ import annotations
 
-from dataclasses import dataclass
 import os
+from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
 from kvcore.utils.hashing import NON_CRYPTO_HASH_ALGOS, HashFn
@@ -152,7 +154,9 @@ class FreeKVCacheBlockQueue:
         return out
 
 
-def resolve_none_hash_seed(hash_algo: str, hash_seed: Optional[str] = DEFAULT_NONE_HASH_SEED) -> str:
+def resolve_none_hash_seed(
+    hash_algo: str, hash_seed: Optional[str] = DEFAULT_NONE_HASH_SEED
+) -> str:
     """The seed NONE_HASH is derived from: ``hash_seed`` if given, else vLLM's rule."""
     if hash_seed is not None:
         return hash_seed
@@ -168,9 +172,13 @@ def none_hash(hash_fn: HashFn, seed: str = DEFAULT_NONE_HASH_SEED) -> bytes:
     return hash_fn(seed)
 
 
-def hash_block_tokens(hash_fn: HashFn, parent_block_hash: Optional[bytes],
-                      block_token_ids: Sequence[int], extra_keys: Optional[tuple] = None,
-                      none: Optional[bytes] = None) -> bytes:
+def hash_block_tokens(
+    hash_fn: HashFn,
+    parent_block_hash: Optional[bytes],
+    block_token_ids: Sequence[int],
+    extra_keys: Optional[tuple] = None,
+    none: Optional[bytes] = None,
+) -> bytes:
     if not parent_block_hash:
         parent_block_hash = none if none is not None else none_hash(hash_fn)
     return hash_fn((parent_block_hash, tuple(block_token_ids), extra_keys))
@@ -198,14 +206,17 @@ def get_group_id(key: bytes) -> int:
 class BlockHasher:
     """Computes a request's block hashes incrementally as its tokens grow."""
 
-    def __init__(self, hash_fn: HashFn, block_size: int, none_hash_seed: str = DEFAULT_NONE_HASH_SEED) -> None:
+    def __init__(
+        self, hash_fn: HashFn, block_size: int, none_hash_seed: str = DEFAULT_NONE_HASH_SEED
+    ) -> None:
         self.hash_fn = hash_fn
         self.block_size = block_size
         self.none_hash_seed = none_hash_seed
         self.none_hash = none_hash(hash_fn, none_hash_seed)
 
-    def extend(self, block_hashes: list[bytes], token_ids: Sequence[int],
-               cache_salt: Optional[str]) -> list[bytes]:
+    def extend(
+        self, block_hashes: list[bytes], token_ids: Sequence[int], cache_salt: Optional[str]
+    ) -> list[bytes]:
         """Append the hashes of newly completed full blocks; returns the new ones."""
         bs = self.block_size
         new = []
@@ -213,8 +224,13 @@ class BlockHasher:
         while start + bs <= len(token_ids):
             idx = start // bs
             parent = block_hashes[-1] if block_hashes else None
-            h = hash_block_tokens(self.hash_fn, parent, token_ids[start:start + bs],
-                                  cache_salt_extra_keys(cache_salt, idx), self.none_hash)
+            h = hash_block_tokens(
+                self.hash_fn,
+                parent,
+                token_ids[start : start + bs],
+                cache_salt_extra_keys(cache_salt, idx),
+                self.none_hash,
+            )
             block_hashes.append(h)
             new.append(h)
             start += bs

@@ -1,4 +1,5 @@
 """Per-attention-type block bookkeeping (vLLM: v1/core/single_type_kv_cache_manager.py)."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -20,8 +21,14 @@ class SingleTypeKVCacheManager(ABC):
     prefix cache. Only running requests appear here.
     """
 
-    def __init__(self, kv_cache_spec: KVCacheSpec, block_pool: BlockPool, enable_caching: bool,
-                 kv_cache_group_id: int, max_admission_blocks_per_request: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        kv_cache_spec: KVCacheSpec,
+        block_pool: BlockPool,
+        enable_caching: bool,
+        kv_cache_group_id: int,
+        max_admission_blocks_per_request: Optional[int] = None,
+    ) -> None:
         self.kv_cache_spec = kv_cache_spec
         self.block_size = kv_cache_spec.block_size
         self.block_pool = block_pool
@@ -41,9 +48,14 @@ class SingleTypeKVCacheManager(ABC):
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return 0
 
-    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int,
-                                   new_computed_blocks: Sequence[KVCacheBlock],
-                                   total_computed_tokens: int, apply_admission_cap: bool = False) -> int:
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        total_computed_tokens: int,
+        apply_admission_cap: bool = False,
+    ) -> int:
         """Blocks this call would take from the free queue, hits sitting in the queue included."""
         num_required = cdiv(num_tokens, self.block_size)
         if apply_admission_cap and self.max_admission_blocks_per_request is not None:
@@ -56,18 +68,26 @@ class SingleTypeKVCacheManager(ABC):
         num_local = len(new_computed_blocks) + num_req_blocks
         num_new = max(num_required - max(num_skipped_blocks, num_local), 0)
         skip_hits = max(0, num_skipped_blocks - num_req_blocks)
-        evictable = sum(1 for b in new_computed_blocks[skip_hits:] if b.ref_cnt == 0 and not b.is_null)
+        evictable = sum(
+            1 for b in new_computed_blocks[skip_hits:] if b.ref_cnt == 0 and not b.is_null
+        )
         return num_new + evictable
 
-    def allocate_new_computed_blocks(self, request_id: str, new_computed_blocks: Sequence[KVCacheBlock],
-                                     num_local_computed_tokens: int) -> None:
+    def allocate_new_computed_blocks(
+        self,
+        request_id: str,
+        new_computed_blocks: Sequence[KVCacheBlock],
+        num_local_computed_tokens: int,
+    ) -> None:
         """Take the prefix-cache hits into the table (touching them); skipped ones become null."""
         if request_id in self.num_cached_block:
             assert not new_computed_blocks
             return
         req_blocks = self.req_to_blocks[request_id]
         assert not req_blocks
-        num_skipped_blocks = self.get_num_skipped_tokens(num_local_computed_tokens) // self.block_size
+        num_skipped_blocks = (
+            self.get_num_skipped_tokens(num_local_computed_tokens) // self.block_size
+        )
         hits = list(new_computed_blocks[num_skipped_blocks:])
         if self.enable_caching and hits:
             self.block_pool.touch(hits)
@@ -84,14 +104,24 @@ class SingleTypeKVCacheManager(ABC):
         req_blocks.extend(new_blocks)
         return new_blocks
 
-    def reachable_block_mask(self, start_block: int, end_block: int, retention_interval: Optional[int],
-                             reachable_boundaries: Sequence[int]) -> Optional[list[bool]]:
+    def reachable_block_mask(
+        self,
+        start_block: int,
+        end_block: int,
+        retention_interval: Optional[int],
+        reachable_boundaries: Sequence[int],
+    ) -> Optional[list[bool]]:
         """Which of blocks [start_block, end_block) get a hash; None = all of them.
         Full attention can hit at any block boundary, so it keeps every block."""
         return None
 
-    def cache_blocks(self, request, num_tokens: int, retention_interval: Optional[int] = 0,
-                     replay_boundaries: Sequence[int] = ()) -> None:
+    def cache_blocks(
+        self,
+        request,
+        num_tokens: int,
+        retention_interval: Optional[int] = 0,
+        replay_boundaries: Sequence[int] = (),
+    ) -> None:
         num_cached = self.num_cached_block.get(request.request_id, 0)
         num_full = num_tokens // self.block_size
         if num_cached >= num_full:
@@ -100,8 +130,15 @@ class SingleTypeKVCacheManager(ABC):
         if request.shared_prefix_boundary:
             boundaries.append(request.shared_prefix_boundary)
         mask = self.reachable_block_mask(num_cached, num_full, retention_interval, boundaries)
-        self.block_pool.cache_full_blocks(request, self.req_to_blocks[request.request_id], num_cached,
-                                          num_full, self.block_size, self.kv_cache_group_id, mask)
+        self.block_pool.cache_full_blocks(
+            request,
+            self.req_to_blocks[request.request_id],
+            num_cached,
+            num_full,
+            self.block_size,
+            self.kv_cache_group_id,
+            mask,
+        )
         self.num_cached_block[request.request_id] = num_full
 
     def free(self, request_id: str) -> None:
@@ -127,24 +164,29 @@ class SingleTypeKVCacheManager(ABC):
         if removed:
             observer = self.block_pool.observer
             if observer is not None:
-                observer.on_decision("window_skipped", request_id, block_ids=tuple(b.block_id for b in removed),
-                                     group=self.kv_cache_group_id, slots=tuple(slots),
-                                     num_computed_tokens=total_computed_tokens)
+                observer.on_decision(
+                    "window_skipped",
+                    request_id,
+                    block_ids=tuple(b.block_id for b in removed),
+                    group=self.kv_cache_group_id,
+                    slots=tuple(slots),
+                    num_computed_tokens=total_computed_tokens,
+                )
             self.block_pool.free_blocks(removed)
 
     @abstractmethod
-    def find_longest_cache_hit(self, block_hashes: Sequence[bytes], max_length: int,
-                               kv_cache_group_ids: list[int]) -> list[list[KVCacheBlock]]:
+    def find_longest_cache_hit(
+        self, block_hashes: Sequence[bytes], max_length: int, kv_cache_group_ids: list[int]
+    ) -> list[list[KVCacheBlock]]:
         """Cached blocks of the longest hit (per group in ``kv_cache_group_ids``), at most
         ``max_length`` tokens; each attention type defines its own search."""
 
 
 class FullAttentionManager(SingleTypeKVCacheManager):
-
     def find_longest_cache_hit(self, block_hashes, max_length, kv_cache_group_ids):
         """Left to right; the chain means the first miss ends the hit."""
         out: list[list[KVCacheBlock]] = [[] for _ in kv_cache_group_ids]
-        for block_hash in block_hashes[:max_length // self.block_size]:
+        for block_hash in block_hashes[: max_length // self.block_size]:
             cached = self.block_pool.get_cached_block(block_hash, kv_cache_group_ids)
             if cached is None:
                 break
@@ -154,11 +196,21 @@ class FullAttentionManager(SingleTypeKVCacheManager):
 
 
 class SlidingWindowManager(SingleTypeKVCacheManager):
-
-    def __init__(self, kv_cache_spec: SlidingWindowSpec, block_pool: BlockPool, enable_caching: bool,
-                 kv_cache_group_id: int, max_admission_blocks_per_request: Optional[int] = None) -> None:
-        super().__init__(kv_cache_spec, block_pool, enable_caching, kv_cache_group_id,
-                         max_admission_blocks_per_request)
+    def __init__(
+        self,
+        kv_cache_spec: SlidingWindowSpec,
+        block_pool: BlockPool,
+        enable_caching: bool,
+        kv_cache_group_id: int,
+        max_admission_blocks_per_request: Optional[int] = None,
+    ) -> None:
+        super().__init__(
+            kv_cache_spec,
+            block_pool,
+            enable_caching,
+            kv_cache_group_id,
+            max_admission_blocks_per_request,
+        )
         self.sliding_window = kv_cache_spec.sliding_window
         # A token sees itself and the W-1 before it, so W-1 earlier tokens must be cached.
         self.contiguous_blocks = cdiv(self.sliding_window - 1, self.block_size)
@@ -166,7 +218,9 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return max(0, num_computed_tokens - self.sliding_window + 1)
 
-    def reachable_block_mask(self, start_block, end_block, retention_interval, reachable_boundaries):
+    def reachable_block_mask(
+        self, start_block, end_block, retention_interval, reachable_boundaries
+    ):
         """A hit ending at a block boundary needs the ``contiguous_blocks`` blocks before it,
         so only those tails are worth a hash. Interval None: a tail at every boundary
         (all blocks, or none for a window of 1); n > 0: a tail every n tokens; and, unless
@@ -207,7 +261,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             run += 1
             if run >= self.contiguous_blocks:
                 for dst in out:
-                    del dst[i + run:]
+                    del dst[i + run :]
                 found = True
                 break
         if not found:
@@ -217,12 +271,21 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         return out
 
 
-def get_manager_for_kv_cache_spec(kv_cache_spec: KVCacheSpec, block_pool: BlockPool, enable_caching: bool,
-                                  kv_cache_group_id: int, max_in_flight_tokens: int,
-                                  max_model_len: int) -> SingleTypeKVCacheManager:
+def get_manager_for_kv_cache_spec(
+    kv_cache_spec: KVCacheSpec,
+    block_pool: BlockPool,
+    enable_caching: bool,
+    kv_cache_group_id: int,
+    max_in_flight_tokens: int,
+    max_model_len: int,
+) -> SingleTypeKVCacheManager:
     cap = kv_cache_spec.max_admission_blocks_per_request(max_in_flight_tokens, max_model_len)
     if isinstance(kv_cache_spec, SlidingWindowSpec):
-        return SlidingWindowManager(kv_cache_spec, block_pool, enable_caching, kv_cache_group_id, cap)
+        return SlidingWindowManager(
+            kv_cache_spec, block_pool, enable_caching, kv_cache_group_id, cap
+        )
     if isinstance(kv_cache_spec, FullAttentionSpec):
-        return FullAttentionManager(kv_cache_spec, block_pool, enable_caching, kv_cache_group_id, cap)
+        return FullAttentionManager(
+            kv_cache_spec, block_pool, enable_caching, kv_cache_group_id, cap
+        )
     raise ValueError(f"no manager for KV cache spec {type(kv_cache_spec).__name__}")

@@ -11,17 +11,19 @@ fixtures' README (shared/fixtures/vllm-kv-events).
 ``[identity, b"", start_seq]`` with every buffered batch from start_seq and an
 end marker, and data-parallel rank r on port + r.
 """
+
 from __future__ import annotations
 
 import queue
 import threading
 from collections import deque
-from dataclasses import dataclass
 from itertools import count
 from typing import Any, Optional, Union
 
 import msgspec
 import zmq
+
+from kvcore.config.kv_events import KVEventsConfig
 
 MEDIUM_GPU = "GPU"
 MEDIUM_CPU = "CPU"
@@ -33,11 +35,19 @@ ExternalBlockHash = Union[bytes, int]
 
 # The spec kinds vLLM 0.33 puts in BlockStored.kv_cache_spec_kind.
 KV_CACHE_SPEC_KINDS = (
-    "full_attention", "mla_attention", "sliding_window", "sliding_window_mla", "mamba",
-    "chunked_local_attention", "sink_full_attention", "encoder_only_attention",
-    "cross_attention", "unknown")
+    "full_attention",
+    "mla_attention",
+    "sliding_window",
+    "sliding_window_mla",
+    "mamba",
+    "chunked_local_attention",
+    "sink_full_attention",
+    "encoder_only_attention",
+    "cross_attention",
+    "unknown",
+)
 
-END_SEQ = (-1).to_bytes(8, "big", signed=True)   # the replay stream's end marker
+END_SEQ = (-1).to_bytes(8, "big", signed=True)  # the replay stream's end marker
 
 
 class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -144,8 +154,11 @@ class _LegacyBatch(EventBatch):
     events: list[Union[_LegacyBlockStored, _LegacyBlockRemoved, _LegacyAllBlocksCleared]]
 
 
-_MODERN = {_LegacyBlockStored: BlockStored, _LegacyBlockRemoved: BlockRemoved,
-           _LegacyAllBlocksCleared: AllBlocksCleared}
+_MODERN = {
+    _LegacyBlockStored: BlockStored,
+    _LegacyBlockRemoved: BlockRemoved,
+    _LegacyAllBlocksCleared: AllBlocksCleared,
+}
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(KVEventBatch)
@@ -167,12 +180,17 @@ def decode_batch(payload: bytes) -> KVEventBatch:
         except msgspec.DecodeError:
             pass
         else:
-            events = [_MODERN[type(e)](**{f: getattr(e, f) for f in e.__struct_fields__}) for e in old.events]
+            events = [
+                _MODERN[type(e)](**{f: getattr(e, f) for f in e.__struct_fields__})
+                for e in old.events
+            ]
             return KVEventBatch(ts=old.ts, events=events, data_parallel_rank=old.data_parallel_rank)
         raise
 
 
-def maybe_convert_block_hash(block_hash: bytes, use_int_block_hashes: bool = True) -> ExternalBlockHash:
+def maybe_convert_block_hash(
+    block_hash: bytes, use_int_block_hashes: bool = True
+) -> ExternalBlockHash:
     """The hash as the wire carries it: its last 8 bytes as a big-endian uint64, or all of it."""
     if not use_int_block_hashes:
         return block_hash
@@ -187,7 +205,8 @@ def hash_text(h: ExternalBlockHash) -> str:
 
 
 def event_to_dict(ev: KVCacheEventType) -> dict:
-    """Every field by name in struct order (defaults as None), hashes as hex text, tuples as lists."""
+    """Every field by name in struct order (defaults as None), hashes as hex text, tuples as
+    lists."""
     out: dict[str, Any] = {"type": type(ev).__name__}
     for name in ev.__struct_fields__:
         v = getattr(ev, name)
@@ -235,10 +254,17 @@ class ZmqEventPublisher:
 
     SHUTDOWN_TIMEOUT = 1.0
 
-    def __init__(self, data_parallel_rank: int = 0, endpoint: str = "tcp://*:5557",
-                 replay_endpoint: Optional[str] = None, buffer_steps: int = 10_000,
-                 hwm: int = 100_000, max_queue_size: int = 100_000, topic: str = "",
-                 context: Optional[zmq.Context] = None) -> None:
+    def __init__(
+        self,
+        data_parallel_rank: int = 0,
+        endpoint: str = "tcp://*:5557",
+        replay_endpoint: Optional[str] = None,
+        buffer_steps: int = 10_000,
+        hwm: int = 100_000,
+        max_queue_size: int = 100_000,
+        topic: str = "",
+        context: Optional[zmq.Context] = None,
+    ) -> None:
         self.data_parallel_rank = data_parallel_rank
         self._queue: queue.Queue = queue.Queue(maxsize=max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
@@ -268,9 +294,18 @@ class ZmqEventPublisher:
         self._thread.start()
 
     @classmethod
-    def from_config(cls, config: KVEventsConfig, data_parallel_rank: int = 0) -> "ZmqEventPublisher":
-        return cls(data_parallel_rank, config.endpoint, config.replay_endpoint, config.buffer_steps,
-                   config.hwm, config.max_queue_size, config.topic)
+    def from_config(
+        cls, config: KVEventsConfig, data_parallel_rank: int = 0
+    ) -> "ZmqEventPublisher":
+        return cls(
+            data_parallel_rank,
+            config.endpoint,
+            config.replay_endpoint,
+            config.buffer_steps,
+            config.hwm,
+            config.max_queue_size,
+            config.topic,
+        )
 
     def publish(self, batch: EventBatch) -> None:
         if not self._running:
@@ -326,5 +361,7 @@ class ZmqEventPublisher:
         start_seq = int.from_bytes(start, "big")
         for seq, payload in list(self._buffer):
             if seq >= start_seq:
-                self._replay.send_multipart((ident, b"", self._topic, seq.to_bytes(8, "big"), payload))
+                self._replay.send_multipart(
+                    (ident, b"", self._topic, seq.to_bytes(8, "big"), payload)
+                )
         self._replay.send_multipart((ident, b"", b"", END_SEQ, b""))

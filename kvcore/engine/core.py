@@ -1,4 +1,5 @@
-"""EngineCore: one step is schedule -> run the model -> update the requests (vLLM: v1/engine/core.py).
+"""EngineCore: one step is schedule -> run the model -> update the requests (vLLM:
+v1/engine/core.py).
 
 As in vLLM, ``step`` asks the scheduler for a batch, hands it to the model runner, and gives
 the sampled tokens back to the scheduler (``update_from_output``), which appends them, stops
@@ -9,6 +10,7 @@ drafts in the same forward, and the proposer drafts the next ones after sampling
 What vLLM spreads over processes (the engine client, the executor, the workers) runs here in
 one call, in the same order. Decisions go to the pool's observer, as everywhere in kvcore.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -41,8 +43,13 @@ class EngineCore:
     finished; drafts are proposed only for requests still running.
     """
 
-    def __init__(self, scheduler: Scheduler, model_runner, drafter: Optional[NgramProposer] = None,
-                 max_model_len: int = 1 << 30) -> None:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        model_runner,
+        drafter: Optional[NgramProposer] = None,
+        max_model_len: int = 1 << 30,
+    ) -> None:
         self.scheduler = scheduler
         self.model_runner = model_runner
         self.drafter = drafter
@@ -70,10 +77,16 @@ class EngineCore:
                 req = scheduler.requests[rid]
                 before = computed_before[rid]
                 d = drafts.get(rid, [])
-                items.append(SeqBatchItem(
-                    request_id=rid, token_ids=(req.all_token_ids + d)[before:before + n], start_pos=before,
-                    block_tables=kvm.get_block_ids(rid),
-                    sample=before + n >= req.num_tokens, num_draft_tokens=len(d)))
+                items.append(
+                    SeqBatchItem(
+                        request_id=rid,
+                        token_ids=(req.all_token_ids + d)[before : before + n],
+                        start_pos=before,
+                        block_tables=kvm.get_block_ids(rid),
+                        sample=before + n >= req.num_tokens,
+                        num_draft_tokens=len(d),
+                    )
+                )
             if self.drafter is None:
                 sampled = self.model_runner.execute(items)
                 new_tokens = {rid: [t] for rid, t in sampled.items()}
@@ -85,19 +98,27 @@ class EngineCore:
             if sampled:
                 self._observe("sampled", None, tokens=dict(sampled))
             scheduler.update_from_output(
-                out, ModelRunnerOutput.from_token_lists(list(out.num_scheduled_tokens), new_tokens))
+                out, ModelRunnerOutput.from_token_lists(list(out.num_scheduled_tokens), new_tokens)
+            )
             if self.drafter is not None:
                 self.propose_draft_token_ids(new_tokens)
         elif not scheduler.running and scheduler.waiting and not self._retry_after_drafts(out):
             # Nothing runs and the head of the queue was refused by an empty pool: it never fits.
             head = scheduler.waiting.peek_request()
             scheduler.abort_request(head.request_id)
-            self._observe("blocked", head.request_id, reason="never_fits", num_tokens=head.num_tokens,
-                          usable_blocks=scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1)
+            self._observe(
+                "blocked",
+                head.request_id,
+                reason="never_fits",
+                num_tokens=head.num_tokens,
+                usable_blocks=scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1,
+            )
         return result
 
     def _full_groups(self) -> int:
-        return sum(1 for g in self.scheduler.kv_cache_manager.coordinator.groups if g.kind == "full")
+        return sum(
+            1 for g in self.scheduler.kv_cache_manager.coordinator.groups if g.kind == "full"
+        )
 
     def _retry_after_drafts(self, out: SchedulerOutput) -> bool:
         """A lone request whose drafts needed more slots than the pool has preempted itself;
@@ -110,7 +131,9 @@ class EngineCore:
         need = cdiv(head.num_tokens + 1, kvm.block_size) * self._full_groups()
         return need <= kvm.block_pool.num_gpu_blocks - 1
 
-    def _verify(self, items: list[SeqBatchItem], drafts: dict[str, list[int]]) -> dict[str, list[int]]:
+    def _verify(
+        self, items: list[SeqBatchItem], drafts: dict[str, list[int]]
+    ) -> dict[str, list[int]]:
         """One forward over tokens and drafts; per sampling request the tokens it gains
         (vLLM: the rejection sampler's greedy path)."""
         targets = self.model_runner.execute_verify(items)
@@ -119,7 +142,9 @@ class EngineCore:
             d = drafts.get(rid, [])
             gained[rid] = rejection_sample(d, target)
             if d:
-                self.spec_decoding_stats = self.spec_decoding_stats.observe(len(d), len(gained[rid]) - 1)
+                self.spec_decoding_stats = self.spec_decoding_stats.observe(
+                    len(d), len(gained[rid]) - 1
+                )
         return gained
 
     def propose_draft_token_ids(self, new_tokens: dict[str, list[int]]) -> None:
@@ -127,7 +152,7 @@ class EngineCore:
         (vLLM: ``propose_draft_token_ids``, then ``Scheduler.update_draft_token_ids``)."""
         proposals: dict[str, list[int]] = {}
         for rid in new_tokens:
-            req = self.scheduler.requests.get(rid)     # gone once finished
+            req = self.scheduler.requests.get(rid)  # gone once finished
             if req is None or req.num_tokens >= self.max_model_len:
                 continue
             proposals[rid] = self.drafter.propose(req.all_token_ids)

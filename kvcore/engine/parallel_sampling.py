@@ -13,6 +13,7 @@ which each owns. No block is ever written by two requests, so nothing is copied 
 The parent exists only on the output side: :func:`group_outputs` gathers each child's
 output under its parent, ordered by child index, like vLLM's ``RequestOutput.outputs``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
@@ -26,6 +27,7 @@ RequestSpec = TypeVar("RequestSpec")
 class ParentRequest:
     """One request with ``n`` children. Invariant: ``child_request_ids[i] == f"{i}_{request_id}"``
     and child ``i`` samples with ``seed + i`` (greedy / the engine's seed when ``seed`` is None)."""
+
     request_id: str
     n: int
     seed: Optional[int] = None
@@ -42,8 +44,10 @@ class ParentRequest:
 
     def child_specs(self, spec: RequestSpec) -> tuple[RequestSpec, ...]:
         """The children, in the order they are added to the scheduler."""
-        return tuple(replace(spec, id=self.child_request_id(i), n=1, seed=self.child_seed(i))
-                     for i in range(self.n))
+        return tuple(
+            replace(spec, id=self.child_request_id(i), n=1, seed=self.child_seed(i))
+            for i in range(self.n)
+        )
 
 
 def fan_out(spec: RequestSpec) -> tuple[Optional[ParentRequest], tuple[RequestSpec, ...]]:
@@ -68,12 +72,16 @@ def scenario_parents(specs: Iterable[RequestSpec], present: Iterable[str]) -> di
     """parent id -> child ids for the specs with n > 1 whose children are among ``present``
     (the request ids a run has outputs for)."""
     have = set(present)
-    return {p.request_id: list(p.child_request_ids)
-            for p in (fan_out(s)[0] for s in specs) if p is not None and p.child_request_ids[0] in have}
+    return {
+        p.request_id: list(p.child_request_ids)
+        for p in (fan_out(s)[0] for s in specs)
+        if p is not None and p.child_request_ids[0] in have
+    }
 
 
-def group_outputs(outputs: Mapping[str, dict[str, Any]],
-                  parents: Mapping[str, list[str]]) -> dict[str, dict[str, Any]]:
+def group_outputs(
+    outputs: Mapping[str, dict[str, Any]], parents: Mapping[str, list[str]]
+) -> dict[str, dict[str, Any]]:
     """Outputs per request as the user sent it: ``{id: {"outputs": [...], "finished": bool}}``.
 
     ``outputs`` maps the scheduler's request ids to their output (``Engine.outputs()``);
@@ -85,7 +93,9 @@ def group_outputs(outputs: Mapping[str, dict[str, Any]],
     groups: dict[str, dict[str, Any]] = {}
     for rid, out in outputs.items():
         pid, index = child_of.get(rid, (rid, 0))
-        groups.setdefault(pid, {"outputs": []})["outputs"].append({"index": index, "request_id": rid, **out})
+        groups.setdefault(pid, {"outputs": []})["outputs"].append(
+            {"index": index, "request_id": rid, **out}
+        )
     for g in groups.values():
         g["outputs"].sort(key=lambda o: o["index"])
         g["finished"] = all(o.get("finish_reason") is not None for o in g["outputs"])

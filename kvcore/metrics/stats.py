@@ -4,6 +4,7 @@ Counted in tokens at admission: a request that looked up the cache but was not
 admitted that step is not counted; a resumed (preempted) request is counted apart,
 so recomputation after preemption does not flatter the hit rate.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -33,8 +34,14 @@ class PrefixCacheStats:
         self.hits += num_hits
 
     def add(self, other: "PrefixCacheStats") -> None:
-        for name in ("requests", "queries", "hits", "preempted_requests", "preempted_queries",
-                     "preempted_hits"):
+        for name in (
+            "requests",
+            "queries",
+            "hits",
+            "preempted_requests",
+            "preempted_queries",
+            "preempted_hits",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     @property
@@ -85,4 +92,8 @@ class CachingMetrics:
 
     @property
     def hit_rate(self) -> float:
-        return self.aggregated_query_hit / self.aggregated_query_total if self.aggregated_query_total else 0.0
+        return (
+            self.aggregated_query_hit / self.aggregated_query_total
+            if self.aggregated_query_total
+            else 0.0
+        )

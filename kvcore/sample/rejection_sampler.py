@@ -1,4 +1,5 @@
 """Greedy verification of draft tokens (vLLM: v1/sample/rejection_sampler.py)."""
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -13,8 +14,10 @@ def rejection_sample(draft_token_ids: Sequence[int], target_token_ids: Sequence[
     the first i drafts, so it has one more entry than ``draft_token_ids``.
     """
     if len(target_token_ids) != len(draft_token_ids) + 1:
-        raise ValueError(f"{len(draft_token_ids)} drafts need {len(draft_token_ids) + 1} target tokens; "
-                         f"got {len(target_token_ids)}")
+        raise ValueError(
+            f"{len(draft_token_ids)} drafts need {len(draft_token_ids) + 1} target tokens; "
+            f"got {len(target_token_ids)}"
+        )
     out = []
     for draft, target in zip(draft_token_ids, target_token_ids):
         out.append(int(target))

@@ -1,4 +1,5 @@
 """Counters of speculative decoding (vLLM: v1/spec_decode/metrics.py)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,7 +10,7 @@ class SpecDecodingStats:
     """Counts over a run, as vLLM's spec-decoding metrics keep them: drafts proposed and
     accepted, and the verification steps they came in."""
 
-    num_drafts: int = 0              # verification steps that carried at least one draft
+    num_drafts: int = 0  # verification steps that carried at least one draft
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
 
@@ -23,5 +24,8 @@ class SpecDecodingStats:
         return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
 
     def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> "SpecDecodingStats":
-        return SpecDecodingStats(self.num_drafts + 1, self.num_draft_tokens + num_draft_tokens,
-                                 self.num_accepted_tokens + num_accepted_tokens)
+        return SpecDecodingStats(
+            self.num_drafts + 1,
+            self.num_draft_tokens + num_draft_tokens,
+            self.num_accepted_tokens + num_accepted_tokens,
+        )

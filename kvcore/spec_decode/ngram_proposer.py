@@ -1,5 +1,5 @@
-"""Speculative decoding with an n-gram proposer, verified greedily (vLLM v1: spec_decode/ngram_proposer,
-sample/rejection_sampler).
+"""Speculative decoding with an n-gram proposer, verified greedily (vLLM v1:
+spec_decode/ngram_proposer, sample/rejection_sampler).
 
 One step of it, as the engine runs it:
 
@@ -17,6 +17,7 @@ One step of it, as the engine runs it:
 Greedy verification never changes the output: every token kept is the target model's argmax
 after exactly the tokens before it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,7 +39,9 @@ class NgramProposer:
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_n <= self.max_n:
-            raise ValueError(f"prompt_lookup_min={self.min_n} must be >= 1 and <= prompt_lookup_max={self.max_n}")
+            raise ValueError(
+                f"prompt_lookup_min={self.min_n} must be >= 1 and <= prompt_lookup_max={self.max_n}"
+            )
         if self.k < 1:
             raise ValueError(f"num_speculative_tokens must be >= 1; got {self.k}")
 
@@ -55,10 +58,10 @@ class NgramProposer:
             return []
         tokens = list(token_ids)
         for n in range(min(self.max_n, total - 1), self.min_n - 1, -1):
-            suffix = tokens[total - n:]
+            suffix = tokens[total - n :]
             # An occurrence must end before the last token: the suffix itself does not count.
             for start in range(total - n):
-                if tokens[start:start + n] == suffix:
+                if tokens[start : start + n] == suffix:
                     after = start + n
-                    return tokens[after:after + min(k, total - after)]
+                    return tokens[after : after + min(k, total - after)]
         return []

@@ -3,6 +3,7 @@
 "sha256" and "xxhash" hash the pickled object; "sha256_cbor" and "xxhash_cbor" hash canonical
 CBOR, the same bytes from any language.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -31,8 +32,12 @@ def xxhash_cbor(obj: Any) -> bytes:
     return _xxhash.xxh3_128_digest(cbor2.dumps(obj, canonical=True))
 
 
-HASH_FUNCTIONS: dict[str, HashFn] = {"sha256": sha256, "sha256_cbor": sha256_cbor,
-                                     "xxhash": xxhash, "xxhash_cbor": xxhash_cbor}
+HASH_FUNCTIONS: dict[str, HashFn] = {
+    "sha256": sha256,
+    "sha256_cbor": sha256_cbor,
+    "xxhash": xxhash,
+    "xxhash_cbor": xxhash_cbor,
+}
 # Not collision resistant: vLLM keeps their seed secret (random) unless told otherwise.
 NON_CRYPTO_HASH_ALGOS = frozenset({"xxhash", "xxhash_cbor"})
 
@@ -41,4 +46,6 @@ def get_hash_fn_by_name(name: str) -> HashFn:
     try:
         return HASH_FUNCTIONS[name]
     except KeyError:
-        raise ValueError(f"unknown hash_algo {name!r}; choose one of {sorted(HASH_FUNCTIONS)}") from None
+        raise ValueError(
+            f"unknown hash_algo {name!r}; choose one of {sorted(HASH_FUNCTIONS)}"
+        ) from None

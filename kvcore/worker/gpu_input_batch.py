@@ -10,6 +10,7 @@ page shows is what the model used.
 A token at position ``p`` of a request is written to slot
 ``block_table[p // block_size] * block_size + p % block_size`` of its group.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,11 +22,12 @@ NULL_BLOCK = 0
 @dataclass(frozen=True)
 class SeqBatchItem:
     request_id: str
-    token_ids: list[int]                  # tokens fed this step (prompt chunk, or the last sampled token)
-    start_pos: int                        # position of token_ids[0] = tokens already in the pool
-    block_tables: tuple[list[int], ...]   # per KV cache group: logical block -> physical block (0 = null)
-    sample: bool                          # this step completes the known tokens: sample the next one
-    num_draft_tokens: int = 0             # the last ones of token_ids are drafts: logits after each
+    token_ids: list[int]  # tokens fed this step (prompt chunk, or the last sampled token)
+    start_pos: int  # position of token_ids[0] = tokens already in the pool
+    # per KV cache group: logical block -> physical block (0 = null)
+    block_tables: tuple[list[int], ...]
+    sample: bool  # this step completes the known tokens: sample the next one
+    num_draft_tokens: int = 0  # the last ones of token_ids are drafts: logits after each
 
 
 @dataclass(frozen=True)
@@ -42,14 +44,14 @@ class ModelInputs:
 
     block_size: int
     req_ids: tuple[str, ...]
-    input_ids: tuple[int, ...]                            # [num_tokens]
-    positions: tuple[int, ...]                            # [num_tokens]
-    query_start_loc: tuple[int, ...]                      # [num_reqs + 1]
-    seq_lens: tuple[int, ...]                             # [num_reqs]: tokens in the pool after the step
-    logits_indices: tuple[int, ...]                       # [num_sampled]
-    sample_req_ids: tuple[str, ...]                       # [num_sampled]
+    input_ids: tuple[int, ...]  # [num_tokens]
+    positions: tuple[int, ...]  # [num_tokens]
+    query_start_loc: tuple[int, ...]  # [num_reqs + 1]
+    seq_lens: tuple[int, ...]  # [num_reqs]: tokens in the pool after the step
+    logits_indices: tuple[int, ...]  # [num_sampled]
+    sample_req_ids: tuple[str, ...]  # [num_sampled]
     block_table: tuple[tuple[tuple[int, ...], ...], ...]  # [group][req] -> physical block ids
-    slot_mapping: tuple[tuple[int, ...], ...]             # [group][token] -> slot in the pool
+    slot_mapping: tuple[tuple[int, ...], ...]  # [group][token] -> slot in the pool
 
     @property
     def num_reqs(self) -> int:
@@ -61,7 +63,9 @@ class ModelInputs:
 
     @property
     def max_query_len(self) -> int:
-        return max((b - a for a, b in zip(self.query_start_loc, self.query_start_loc[1:])), default=0)
+        return max(
+            (b - a for a, b in zip(self.query_start_loc, self.query_start_loc[1:])), default=0
+        )
 
     @property
     def max_seq_len(self) -> int:
@@ -70,18 +74,22 @@ class ModelInputs:
     def slots_of(self, request_id: str, group: int = 0) -> tuple[int, ...]:
         """The slots request ``request_id``'s scheduled tokens were written to, in ``group``."""
         i = self.req_ids.index(request_id)
-        return self.slot_mapping[group][self.query_start_loc[i]:self.query_start_loc[i + 1]]
+        return self.slot_mapping[group][self.query_start_loc[i] : self.query_start_loc[i + 1]]
 
     def positions_of(self, request_id: str) -> tuple[int, ...]:
         i = self.req_ids.index(request_id)
-        return self.positions[self.query_start_loc[i]:self.query_start_loc[i + 1]]
+        return self.positions[self.query_start_loc[i] : self.query_start_loc[i + 1]]
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "block_size": self.block_size, "req_ids": list(self.req_ids),
-            "input_ids": list(self.input_ids), "positions": list(self.positions),
-            "query_start_loc": list(self.query_start_loc), "seq_lens": list(self.seq_lens),
-            "logits_indices": list(self.logits_indices), "sample_req_ids": list(self.sample_req_ids),
+            "block_size": self.block_size,
+            "req_ids": list(self.req_ids),
+            "input_ids": list(self.input_ids),
+            "positions": list(self.positions),
+            "query_start_loc": list(self.query_start_loc),
+            "seq_lens": list(self.seq_lens),
+            "logits_indices": list(self.logits_indices),
+            "sample_req_ids": list(self.sample_req_ids),
             "block_table": [[list(row) for row in g] for g in self.block_table],
             "slot_mapping": [list(g) for g in self.slot_mapping],
         }
@@ -89,30 +97,47 @@ class ModelInputs:
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "ModelInputs":
         return ModelInputs(
-            block_size=int(d["block_size"]), req_ids=tuple(d["req_ids"]),
-            input_ids=tuple(d["input_ids"]), positions=tuple(d["positions"]),
-            query_start_loc=tuple(d["query_start_loc"]), seq_lens=tuple(d["seq_lens"]),
-            logits_indices=tuple(d["logits_indices"]), sample_req_ids=tuple(d["sample_req_ids"]),
+            block_size=int(d["block_size"]),
+            req_ids=tuple(d["req_ids"]),
+            input_ids=tuple(d["input_ids"]),
+            positions=tuple(d["positions"]),
+            query_start_loc=tuple(d["query_start_loc"]),
+            seq_lens=tuple(d["seq_lens"]),
+            logits_indices=tuple(d["logits_indices"]),
+            sample_req_ids=tuple(d["sample_req_ids"]),
             block_table=tuple(tuple(tuple(row) for row in g) for g in d["block_table"]),
             slot_mapping=tuple(tuple(g) for g in d["slot_mapping"]),
         )
 
 
-def _check_table(item: SeqBatchItem, group: int, table: Sequence[int], first: int, last: int,
-                 num_blocks: int, window: int | None) -> None:
+def _check_table(
+    item: SeqBatchItem,
+    group: int,
+    table: Sequence[int],
+    first: int,
+    last: int,
+    num_blocks: int,
+    window: int | None,
+) -> None:
     rid = item.request_id
     if len(table) <= last:
-        raise ValueError(f"request {rid!r}: block table of group {group} has {len(table)} entries "
-                         f"but the step needs logical block {last}")
-    used = list(table[first:last + 1])
+        raise ValueError(
+            f"request {rid!r}: block table of group {group} has {len(table)} entries "
+            f"but the step needs logical block {last}"
+        )
+    used = list(table[first : last + 1])
     if NULL_BLOCK in used:
         where = first + used.index(NULL_BLOCK)
         what = "inside the sliding window" if window else "in a full-attention table"
-        raise ValueError(f"request {rid!r}: logical block {where} of group {group} is the null block "
-                         f"{what}; only blocks wholly before position start-W+1 may be null")
+        raise ValueError(
+            f"request {rid!r}: logical block {where} of group {group} is the null block "
+            f"{what}; only blocks wholly before position start-W+1 may be null"
+        )
     bad = [b for b in used if b < 0 or b >= num_blocks]
     if bad:
-        raise ValueError(f"request {rid!r}: block id {bad[0]} is outside the pool of {num_blocks} blocks")
+        raise ValueError(
+            f"request {rid!r}: block id {bad[0]} is outside the pool of {num_blocks} blocks"
+        )
 
 
 def first_visible_block(start_pos: int, block_size: int, window: int | None) -> int:
@@ -120,8 +145,12 @@ def first_visible_block(start_pos: int, block_size: int, window: int | None) -> 
     return 0 if window is None else max(0, start_pos - window + 1) // block_size
 
 
-def prepare_inputs(items: Sequence[SeqBatchItem], block_size: int,
-                   group_sliding_window: Sequence[int | None], num_blocks: int) -> ModelInputs:
+def prepare_inputs(
+    items: Sequence[SeqBatchItem],
+    block_size: int,
+    group_sliding_window: Sequence[int | None],
+    num_blocks: int,
+) -> ModelInputs:
     """The step's :class:`ModelInputs`; ValueError naming the request if a table cannot serve it."""
     if len({it.request_id for it in items}) != len(items):
         raise ValueError("a request appears twice in one step")
@@ -140,14 +169,23 @@ def prepare_inputs(items: Sequence[SeqBatchItem], block_size: int,
         if it.start_pos < 0:
             raise ValueError(f"request {it.request_id!r}: negative start_pos")
         if len(it.block_tables) != len(group_sliding_window):
-            raise ValueError(f"request {it.request_id!r}: {len(it.block_tables)} block tables for "
-                             f"{len(group_sliding_window)} KV cache groups")
+            raise ValueError(
+                f"request {it.request_id!r}: {len(it.block_tables)} block tables for "
+                f"{len(group_sliding_window)} KV cache groups"
+            )
         pos = range(it.start_pos, it.start_pos + n)
         last = (pos[-1]) // block_size
         for g, window in enumerate(group_sliding_window):
             table = it.block_tables[g]
-            _check_table(it, g, table, first_visible_block(it.start_pos, block_size, window), last,
-                         num_blocks, window)
+            _check_table(
+                it,
+                g,
+                table,
+                first_visible_block(it.start_pos, block_size, window),
+                last,
+                num_blocks,
+                window,
+            )
             tables[g].append(tuple(int(b) for b in table))
             slots[g].extend(table[p // block_size] * block_size + p % block_size for p in pos)
         input_ids.extend(int(t) for t in it.token_ids)
@@ -156,14 +194,21 @@ def prepare_inputs(items: Sequence[SeqBatchItem], block_size: int,
         seq_lens.append(it.start_pos + n)
         if it.sample:
             if not 0 <= it.num_draft_tokens < n:
-                raise ValueError(f"request {it.request_id!r}: {it.num_draft_tokens} drafts among {n} tokens")
+                raise ValueError(
+                    f"request {it.request_id!r}: {it.num_draft_tokens} drafts among {n} tokens"
+                )
             end = query_start_loc[-1]
             logits_indices.extend(range(end - 1 - it.num_draft_tokens, end))
             sample_req_ids.extend([it.request_id] * (it.num_draft_tokens + 1))
     return ModelInputs(
-        block_size=int(block_size), req_ids=tuple(it.request_id for it in items),
-        input_ids=tuple(input_ids), positions=tuple(positions),
-        query_start_loc=tuple(query_start_loc), seq_lens=tuple(seq_lens),
-        logits_indices=tuple(logits_indices), sample_req_ids=tuple(sample_req_ids),
-        block_table=tuple(tuple(g) for g in tables), slot_mapping=tuple(tuple(g) for g in slots),
+        block_size=int(block_size),
+        req_ids=tuple(it.request_id for it in items),
+        input_ids=tuple(input_ids),
+        positions=tuple(positions),
+        query_start_loc=tuple(query_start_loc),
+        seq_lens=tuple(seq_lens),
+        logits_indices=tuple(logits_indices),
+        sample_req_ids=tuple(sample_req_ids),
+        block_table=tuple(tuple(g) for g in tables),
+        slot_mapping=tuple(tuple(g) for g in slots),
     )

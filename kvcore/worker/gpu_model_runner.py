@@ -2,9 +2,9 @@
 
 Read top to bottom, a step is what vLLM's ``GPUModelRunner.execute_model`` does:
 
-1. :func:`kvcore.worker.gpu_input_batch.prepare_inputs` lays the scheduled requests' tokens along one axis:
-   ``input_ids``, ``positions``, ``query_start_loc``, ``seq_lens``, ``logits_indices`` and,
-   per KV cache group, the ``block_table`` and ``slot_mapping``;
+1. :func:`kvcore.worker.gpu_input_batch.prepare_inputs` lays the scheduled requests' tokens along
+   one axis: ``input_ids``, ``positions``, ``query_start_loc``, ``seq_lens``, ``logits_indices``
+   and, per KV cache group, the ``block_table`` and ``slot_mapping``;
 2. each group's :class:`CommonAttentionMetadata` is made from those arrays;
 3. the model runs once (batch dimension 1); every decoder layer writes its new K/V to the
    ``slot_mapping`` slots and reads through the block table
@@ -20,15 +20,14 @@ from typing import Sequence
 
 import torch
 
-from kvcore.worker.gpu_input_batch import ModelInputs, SeqBatchItem, prepare_inputs
-
+from kvcore.attention.backend import CommonAttentionMetadata
 from kvcore.model.cpu_packing import pack_for_cpu
 from kvcore.model.loader import LoadedModel
-from kvcore.worker.paged_attention import ATTN_NAME, PagedStep, build_paged_step, pool_views_of
-from kvcore.attention.backend import CommonAttentionMetadata
 from kvcore.model.reference import shared_clone
+from kvcore.worker.gpu_input_batch import ModelInputs, SeqBatchItem, prepare_inputs
+from kvcore.worker.paged_attention import ATTN_NAME, PagedStep, build_paged_step, pool_views_of
 
-__all__ = ["ModelRunner", "SeqBatchItem", "ModelInputs", "attention_metadata"]
+__all__ = ["GPUModelRunner", "SeqBatchItem", "ModelInputs", "attention_metadata"]
 
 
 def attention_metadata(inputs: ModelInputs) -> list[CommonAttentionMetadata]:
@@ -38,14 +37,22 @@ def attention_metadata(inputs: ModelInputs) -> list[CommonAttentionMetadata]:
     out = []
     for tables, slots in zip(inputs.block_table, inputs.slot_mapping):
         width = max(len(t) for t in tables)
-        block_table_tensor = torch.zeros((inputs.num_reqs, width), dtype=torch.long)  # pad: null block
+        # pad: null block
+        block_table_tensor = torch.zeros((inputs.num_reqs, width), dtype=torch.long)
         for i, t in enumerate(tables):
-            block_table_tensor[i, :len(t)] = torch.tensor(t, dtype=torch.long)
-        out.append(CommonAttentionMetadata(
-            query_start_loc=query_start_loc, seq_lens=seq_lens, num_reqs=inputs.num_reqs,
-            num_actual_tokens=inputs.num_actual_tokens, max_query_len=inputs.max_query_len,
-            max_seq_len=inputs.max_seq_len, block_table_tensor=block_table_tensor,
-            slot_mapping=torch.tensor(slots, dtype=torch.long)))
+            block_table_tensor[i, : len(t)] = torch.tensor(t, dtype=torch.long)
+        out.append(
+            CommonAttentionMetadata(
+                query_start_loc=query_start_loc,
+                seq_lens=seq_lens,
+                num_reqs=inputs.num_reqs,
+                num_actual_tokens=inputs.num_actual_tokens,
+                max_query_len=inputs.max_query_len,
+                max_seq_len=inputs.max_seq_len,
+                block_table_tensor=block_table_tensor,
+                slot_mapping=torch.tensor(slots, dtype=torch.long),
+            )
+        )
     return out
 
 
@@ -76,12 +83,19 @@ class GPUModelRunner:
         cfg = loaded.config
         n_layers = int(cfg.num_hidden_layers)
         layer_group = [0] * n_layers if layer_group is None else [int(g) for g in layer_group]
-        group_sliding_window = [None] if group_sliding_window is None else [
-            None if w is None else int(w) for w in group_sliding_window]
+        group_sliding_window = (
+            [None]
+            if group_sliding_window is None
+            else [None if w is None else int(w) for w in group_sliding_window]
+        )
         if len(layer_group) != n_layers:
-            raise ValueError(f"layer_group has {len(layer_group)} entries; the model has {n_layers} layers")
+            raise ValueError(
+                f"layer_group has {len(layer_group)} entries; the model has {n_layers} layers"
+            )
         if any(g < 0 or g >= len(group_sliding_window) for g in layer_group):
-            raise ValueError(f"layer_group {layer_group} names a group beyond {len(group_sliding_window)} groups")
+            raise ValueError(
+                f"layer_group {layer_group} names a group beyond {len(group_sliding_window)} groups"
+            )
         if any(w is not None and w < 1 for w in group_sliding_window):
             raise ValueError(f"sliding windows must be >= 1: {group_sliding_window}")
         if num_blocks < 2:
@@ -100,7 +114,9 @@ class GPUModelRunner:
         self.num_layers = n_layers
         self.num_kv_heads = int(cfg.num_key_value_heads)
         self.num_heads = int(cfg.num_attention_heads)
-        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        self.head_dim = int(
+            getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        )
         self.vocab_size = int(cfg.vocab_size)
 
         self.model = shared_clone(loaded.model)
@@ -112,7 +128,8 @@ class GPUModelRunner:
         shape = (self.num_blocks, 2, self.num_kv_heads, self.block_size, self.head_dim)
         with torch.inference_mode():
             self.kv_caches: list[torch.Tensor] = [
-                torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(n_layers)]
+                torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(n_layers)
+            ]
         self._pool_views = pool_views_of(self.kv_caches)
         self._generator: torch.Generator | None = None
         if seed is not None:
@@ -121,7 +138,7 @@ class GPUModelRunner:
         # vLLM's per-request SamplingParams.seed: request id -> its own generator
         self.request_generators: dict[str, torch.Generator] = {}
         self.last_inputs: ModelInputs | None = None  # the last step's inputs (for the step record)
-        self.last_step: PagedStep | None = None      # what the last step's kernel indexed (tests)
+        self.last_step: PagedStep | None = None  # what the last step's kernel indexed (tests)
 
     def add_request_seed(self, request_id: str, seed: int) -> None:
         """Sample ``request_id`` at temperature 1 from a generator of its own, seeded once here."""
@@ -141,15 +158,25 @@ class GPUModelRunner:
         """A copy of one block of one layer: [2 (K,V), num_kv_heads, block_size, head_dim]."""
         return self.kv_caches[layer][block_id].detach().clone()
 
-    def _forward(self, items: Sequence[SeqBatchItem]) -> tuple[tuple[str, ...], torch.Tensor | None]:
+    def _forward(
+        self, items: Sequence[SeqBatchItem]
+    ) -> tuple[tuple[str, ...], torch.Tensor | None]:
         """Steps 1-3: the sampled requests' ids and their logits ([num_sampled, vocab])."""
         inputs = prepare_inputs(items, self.block_size, self.group_sliding_window, self.num_blocks)
         self.last_inputs = inputs
         metadata = attention_metadata(inputs)
         self.last_step = step = build_paged_step(
-            metadata, self.group_sliding_window, self.kv_caches, self.layer_group, self.block_size,
-            self.num_kv_heads, self.num_heads // self.num_kv_heads, self.device, self.dtype,
-            self._pool_views)
+            metadata,
+            self.group_sliding_window,
+            self.kv_caches,
+            self.layer_group,
+            self.block_size,
+            self.num_kv_heads,
+            self.num_heads // self.num_kv_heads,
+            self.device,
+            self.dtype,
+            self._pool_views,
+        )
         dev = self.device
         out = self.model(
             input_ids=torch.tensor([inputs.input_ids], dtype=torch.long).to(dev),
@@ -163,7 +190,8 @@ class GPUModelRunner:
 
     @torch.inference_mode()
     def execute_logits(self, items: Sequence[SeqBatchItem]) -> dict[str, torch.Tensor]:
-        """Run one step; last-position logits (float32, CPU, [vocab]) of each item with sample=True."""
+        """Run one step; last-position logits (float32, CPU, [vocab]) of each item with
+        sample=True."""
         if not items:
             return {}
         rids, logits = self._forward(items)
@@ -200,7 +228,8 @@ class GPUModelRunner:
     @torch.inference_mode()
     def execute_verify(self, items: Sequence[SeqBatchItem]) -> dict[str, list[int]]:
         """Run one step; greedy tokens after each logits position of each item with sample=True:
-        one for a plain item, 1 + num_draft_tokens for one carrying drafts (speculative decoding)."""
+        one for a plain item, 1 + num_draft_tokens for one carrying drafts (speculative
+        decoding)."""
         if not items:
             return {}
         rids, logits = self._forward(items)

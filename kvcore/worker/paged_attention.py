@@ -21,9 +21,9 @@ A token at position ``pos`` of a request lives in slot ``block_id * block_size +
 with ``block_id = block_table[pos // block_size]`` and ``offset = pos % block_size``.
 
 Per layer the function (1) writes the step's new K/V into the pool through the runner's
-``slot_mapping`` (as vLLM's ``reshape_and_cache`` does), then (2) gathers, for every sequence at once (one padded gather, no loop over
-sequences or tokens), the blocks its queries may see, and (3) runs causal,
-grouped-query attention with ``scaled_dot_product_attention`` under a boolean mask.
+``slot_mapping`` (as vLLM's ``reshape_and_cache`` does), then (2) gathers, for every sequence at
+once (one padded gather, no loop over sequences or tokens), the blocks its queries may see, and (3)
+runs causal, grouped-query attention with ``scaled_dot_product_attention`` under a boolean mask.
 On a sliding-window layer a query at position p sees keys p-W+1 .. p (transformers'
 convention), and only the blocks from ``(start - W + 1) // block_size`` on are gathered:
 table entries before that are outside every query's window -- the block manager replaces
@@ -54,12 +54,13 @@ class GroupStep:
     """Per KV cache group, per step: where to write, what to gather, and the mask."""
 
     sliding_window: int | None
-    write_rows: torch.Tensor   # [Hkv*T] rows of pool.view(-1, D) receiving the new K
+    write_rows: torch.Tensor  # [Hkv*T] rows of pool.view(-1, D) receiving the new K
     write_rows_v: torch.Tensor  # the same for V (K's rows + Hkv*bs)
     gather_rows: torch.Tensor  # [S*2*Hkv*NB] rows of pool.view(-1, bs, D) to gather
-    num_ctx_blocks: int        # NB: gathered blocks per sequence (padded)
-    mask: torch.Tensor         # [S, 1, G*Qm, NB*bs] additive: 0 = may attend, -inf = masked
-    gathered_block_ids: list[list[int]]  # per sequence, the physical blocks read (for displays/tests)
+    num_ctx_blocks: int  # NB: gathered blocks per sequence (padded)
+    mask: torch.Tensor  # [S, 1, G*Qm, NB*bs] additive: 0 = may attend, -inf = masked
+    # per sequence, the physical blocks read (for displays/tests)
+    gathered_block_ids: list[list[int]]
 
 
 @dataclass
@@ -67,18 +68,20 @@ class PagedStep:
     """Everything a layer needs for one forward; passed to ``model(...)`` as ``paged_step=``."""
 
     kv_caches: Sequence[torch.Tensor]  # per layer [num_blocks, 2, Hkv, bs, D]
-    pool_rows: Sequence[torch.Tensor]    # per layer, the pool viewed as [num_blocks*2*Hkv*bs, D]
+    pool_rows: Sequence[torch.Tensor]  # per layer, the pool viewed as [num_blocks*2*Hkv*bs, D]
     pool_blocks: Sequence[torch.Tensor]  # per layer, the pool viewed as [num_blocks*2*Hkv, bs, D]
-    layer_group: Sequence[int]         # per layer, its KV cache group
+    layer_group: Sequence[int]  # per layer, its KV cache group
     groups: list[GroupStep]
-    num_seqs: int                      # S
-    max_query_len: int                 # Qm
-    num_tokens: int                    # T
-    q_index: torch.Tensor | None       # [S*Qm] packed token of each padded query; None = decode-only
-    out_index: torch.Tensor | None     # [T] padded query row of each packed token
+    num_seqs: int  # S
+    max_query_len: int  # Qm
+    num_tokens: int  # T
+    q_index: torch.Tensor | None  # [S*Qm] packed token of each padded query; None = decode-only
+    out_index: torch.Tensor | None  # [T] padded query row of each packed token
 
 
-def pool_views_of(kv_caches: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def pool_views_of(
+    kv_caches: Sequence[torch.Tensor],
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per layer, the two flat views the kernel indexes (made once, reused every step)."""
     rows = [t.view(-1, t.shape[-1]) for t in kv_caches]
     blocks = [t.view(-1, t.shape[-2], t.shape[-1]) for t in kv_caches]
@@ -105,15 +108,15 @@ def build_paged_step(
     G = num_q_per_kv
     qsl = m0.query_start_loc
     lens = qsl[1:] - qsl[:-1]
-    starts = m0.seq_lens - lens                                  # tokens already in the pool
-    offsets = qsl[:-1]                                           # first packed token of each seq
+    starts = m0.seq_lens - lens  # tokens already in the pool
+    offsets = qsl[:-1]  # first packed token of each seq
     seq_of_tok = torch.repeat_interleave(torch.arange(S), lens)  # [T]
-    tok_in_seq = torch.arange(T) - offsets[seq_of_tok]           # [T]
+    tok_in_seq = torch.arange(T) - offsets[seq_of_tok]  # [T]
 
     decode_only = Qm == 1
     # padded queries: row (s, qi) is token min(qi, len-1) of seq s (padding repeats the last one)
     qi = torch.minimum(torch.arange(Qm)[None, :], (lens - 1)[:, None])  # [S, Qm]
-    q_pos = starts[:, None] + qi                                         # [S, Qm]
+    q_pos = starts[:, None] + qi  # [S, Qm]
     if decode_only:
         q_index = out_index = None
     else:
@@ -126,42 +129,55 @@ def build_paged_step(
     head_sel = torch.arange(Hkv)[None, None, :, None]
     heads = torch.arange(Hkv)[:, None]
     for md, W in zip(metadata, group_sliding_window):
-        first_blk = torch.zeros(S, dtype=torch.long) if W is None else (starts - W + 1).clamp(min=0) // bs
+        first_blk = (
+            torch.zeros(S, dtype=torch.long) if W is None else (starts - W + 1).clamp(min=0) // bs
+        )
         NB = int((last_blk - first_blk).max()) + 1
         # the blocks each sequence may read, padded with its own last block (masked below):
         # block 0 is never read
         cols = torch.minimum(first_blk[:, None] + torch.arange(NB)[None, :], last_blk[:, None])
-        gb = md.block_table_tensor.gather(1, cols)                        # [S, NB]
+        gb = md.block_table_tensor.gather(1, cols)  # [S, NB]
         # where the new tokens go: the slot mapping, as rows of pool.view(-1, D)
         slot = md.slot_mapping
-        write_rows = ((slot // bs)[None, :] * 2 * Hkv + heads) * bs + (slot % bs)[None, :]  # [Hkv, T]
+        # [Hkv, T]
+        write_rows = ((slot // bs)[None, :] * 2 * Hkv + heads) * bs + (slot % bs)[None, :]
         # what to read: rows of pool.view(-1, bs, D) in [S, 2, Hkv, NB] order
         gather_rows = (gb[:, None, None, :] * 2 + kv_sel) * Hkv + head_sel
         # mask: key at position kpos visible to query at q_pos iff kpos <= q_pos (and in window)
-        kpos = ((first_blk[:, None] + torch.arange(NB)[None, :]) * bs)[:, :, None] + torch.arange(bs)
-        kpos = kpos.reshape(S, NB * bs)                                   # [S, L]
-        m = kpos[:, None, :] <= q_pos[:, :, None]                         # [S, Qm, L]
+        kpos = ((first_blk[:, None] + torch.arange(NB)[None, :]) * bs)[:, :, None] + torch.arange(
+            bs
+        )
+        kpos = kpos.reshape(S, NB * bs)  # [S, L]
+        m = kpos[:, None, :] <= q_pos[:, :, None]  # [S, Qm, L]
         if W is not None:
             m &= kpos[:, None, :] > (q_pos[:, :, None] - W)
         m = m[:, None].expand(S, G, Qm, NB * bs).reshape(S, 1, G * Qm, NB * bs)
-        # additive float mask, built once per step (sdpa would otherwise convert a bool mask per layer)
+        # additive float mask, built once per step (sdpa would otherwise convert a bool mask per
+        # layer)
         mask = torch.zeros(m.shape, dtype=dtype).masked_fill_(~m, float("-inf"))
         n_read = (last_blk - first_blk + 1).tolist()
-        groups.append(GroupStep(
-            sliding_window=W,
-            write_rows=write_rows.reshape(-1).to(device),
-            write_rows_v=(write_rows.reshape(-1) + Hkv * bs).to(device),
-            gather_rows=gather_rows.reshape(-1).to(device),
-            num_ctx_blocks=NB,
-            mask=mask.to(device),
-            gathered_block_ids=[row[:k] for row, k in zip(gb.tolist(), n_read)],
-        ))
+        groups.append(
+            GroupStep(
+                sliding_window=W,
+                write_rows=write_rows.reshape(-1).to(device),
+                write_rows_v=(write_rows.reshape(-1) + Hkv * bs).to(device),
+                gather_rows=gather_rows.reshape(-1).to(device),
+                num_ctx_blocks=NB,
+                mask=mask.to(device),
+                gathered_block_ids=[row[:k] for row, k in zip(gb.tolist(), n_read)],
+            )
+        )
     if pool_views is None:
         pool_views = pool_views_of(kv_caches)
     return PagedStep(
-        kv_caches=kv_caches, pool_rows=pool_views[0], pool_blocks=pool_views[1],
-        layer_group=layer_group, groups=groups, num_seqs=S,
-        max_query_len=Qm, num_tokens=T,
+        kv_caches=kv_caches,
+        pool_rows=pool_views[0],
+        pool_blocks=pool_views[1],
+        layer_group=layer_group,
+        groups=groups,
+        num_seqs=S,
+        max_query_len=Qm,
+        num_tokens=T,
         q_index=None if q_index is None else q_index.to(device),
         out_index=None if out_index is None else out_index.to(device),
     )
@@ -181,7 +197,8 @@ def paged_attention_forward(
     """Write this layer's new K/V into its block pool, then attend over each sequence's blocks."""
     if paged_step is None:
         raise RuntimeError(
-            f"attention '{ATTN_NAME}' was called without a paged_step; use kvcore.worker.gpu_model_runner.ModelRunner"
+            f"attention '{ATTN_NAME}' was called without a paged_step; "
+            "use kvcore.worker.gpu_model_runner.GPUModelRunner"
         )
     step = paged_step
     layer = module.layer_idx
@@ -199,15 +216,22 @@ def paged_attention_forward(
     rows.index_copy_(0, gs.write_rows_v, value.reshape(Hkv * T, D))
 
     # 2) gather every sequence's visible blocks at once: K and V [S, Hkv, NB*bs, D]
-    k, v = blocks.index_select(0, gs.gather_rows).view(S, 2, Hkv, gs.num_ctx_blocks * bs, D).unbind(1)
+    k, v = (
+        blocks.index_select(0, gs.gather_rows).view(S, 2, Hkv, gs.num_ctx_blocks * bs, D).unbind(1)
+    )
 
     # 3) queries grouped under their KV head: [S, Hkv, G*Qm, D] (no repeat of K/V needed)
     if step.q_index is None:  # decode only: one query per sequence, T == S
         qp = query.view(Hkv, G, S, D).permute(2, 0, 1, 3)
         out = F.scaled_dot_product_attention(qp, k, v, attn_mask=gs.mask, scale=scaling)
         return out.reshape(1, S, Hq, D), None
-    qp = (query.view(Hkv, G, T, D).index_select(2, step.q_index).view(Hkv, G, S, Qm, D)
-          .permute(2, 0, 1, 3, 4).reshape(S, Hkv, G * Qm, D))
+    qp = (
+        query.view(Hkv, G, T, D)
+        .index_select(2, step.q_index)
+        .view(Hkv, G, S, Qm, D)
+        .permute(2, 0, 1, 3, 4)
+        .reshape(S, Hkv, G * Qm, D)
+    )
     out = F.scaled_dot_product_attention(qp, k, v, attn_mask=gs.mask, scale=scaling)
     # out: [S, Hkv, G*Qm, D] -> packed [1, T, Hq, D]
     out = out.view(S, Hkv, G, Qm, D).permute(0, 3, 1, 2, 4).reshape(S * Qm, Hq, D)

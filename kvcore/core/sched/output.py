@@ -1,11 +1,12 @@
-"""What the scheduler hands the model runner, and what comes back (vLLM: v1/core/sched/output.py); what comes back is
-:class:`kvcore.outputs.ModelRunnerOutput`.
+"""What the scheduler hands the model runner, and what comes back (vLLM: v1/core/sched/output.py);
+what comes back is :class:`kvcore.outputs.ModelRunnerOutput`.
 
 A request's data goes to the runner once, in ``NewRequestData``; afterwards only
 what changed travels, in ``CachedRequestData``. Token counts are those before
 this step's tokens, so ``num_computed_tokens + num_scheduled_tokens[id]`` is where
 the request will be after the forward pass.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,4 +1,5 @@
 """Waiting queues: FCFS (a deque) and priority (a heap on (priority, arrival, id))."""
+
 from __future__ import annotations
 
 import heapq

@@ -1,14 +1,15 @@
 """Scheduler: decides each step's batch under a token budget (vLLM: v1/core/sched/scheduler.py)."""
+
 from __future__ import annotations
 
-from typing import Iterable, Optional, Union
+from typing import Iterable, Union
 
 from kvcore.config.scheduler import ADMISSIONS, ADMIT_FULL_SEQUENCE, SchedulerConfig
 from kvcore.core.kv_cache_manager import KVCacheManager
 from kvcore.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from kvcore.core.sched.request_queue import PRIORITY, create_request_queue
 from kvcore.outputs import ModelRunnerOutput
 from kvcore.request import Request, RequestStatus
-from kvcore.core.sched.request_queue import PRIORITY, create_request_queue
 
 
 class Scheduler:
@@ -54,8 +55,12 @@ class Scheduler:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         self.requests[request.request_id] = request
         self.waiting.add_request(request)
-        self._emit("arrived", request, num_prompt_tokens=request.num_prompt_tokens,
-                   priority=request.priority)
+        self._emit(
+            "arrived",
+            request,
+            num_prompt_tokens=request.num_prompt_tokens,
+            priority=request.priority,
+        )
 
     def get_request_counts(self) -> tuple[int, int]:
         return len(self.running), len(self.waiting)
@@ -78,7 +83,9 @@ class Scheduler:
         # The threshold keeps one long prefill from starving the others; a lone
         # request starves nobody, so it gets the whole budget.
         num_running, num_waiting = self.get_request_counts()
-        long_prefill_token_threshold = cfg.long_prefill_token_threshold if num_running + num_waiting > 1 else 0
+        long_prefill_token_threshold = (
+            cfg.long_prefill_token_threshold if num_running + num_waiting > 1 else 0
+        )
 
         # 1) Running requests first, in running order.
         req_index = 0
@@ -87,13 +94,16 @@ class Scheduler:
             num_new = request.num_tokens_with_spec - request.num_computed_tokens
             if 0 < long_prefill_token_threshold < num_new:
                 num_new = long_prefill_token_threshold
-            num_new = min(num_new, token_budget, cfg.max_model_len - 1 - request.num_computed_tokens)
+            num_new = min(
+                num_new, token_budget, cfg.max_model_len - 1 - request.num_computed_tokens
+            )
             if num_new <= 0:
                 req_index += 1
                 continue
             while True:
                 new_blocks = self.kv_cache_manager.allocate_slots(
-                    request, num_new, num_lookahead_tokens=cfg.num_lookahead_tokens)
+                    request, num_new, num_lookahead_tokens=cfg.num_lookahead_tokens
+                )
                 if new_blocks is not None:
                     break
                 if self.policy == PRIORITY:
@@ -132,8 +142,10 @@ class Scheduler:
                 # The budget or max_model_len may have cut the drafts short.
                 num_spec = num_new + request.num_computed_tokens - request.num_tokens
                 if num_spec > 0:
-                    scheduled_spec_decode_tokens[request.request_id] = request.spec_token_ids[:num_spec]
-                request.spec_token_ids = []    # the next ones come from update_draft_token_ids
+                    scheduled_spec_decode_tokens[request.request_id] = request.spec_token_ids[
+                        :num_spec
+                    ]
+                request.spec_token_ids = []  # the next ones come from update_draft_token_ids
 
         # 2) Waiting requests, unless someone was preempted in this step.
         if preempted:
@@ -143,13 +155,16 @@ class Scheduler:
             while self.waiting and token_budget > 0:
                 request = self.waiting.peek_request()
                 if len(self.running) >= cfg.max_num_seqs:
-                    self._emit("blocked", request, reason="max_num_seqs", max_num_seqs=cfg.max_num_seqs)
+                    self._emit(
+                        "blocked", request, reason="max_num_seqs", max_num_seqs=cfg.max_num_seqs
+                    )
                     break
                 max_hit = request.num_tokens - 1
                 if cfg.max_cache_hit_length is not None:
                     max_hit = min(max_hit, cfg.max_cache_hit_length)
-                hits, num_hit, request.shared_prefix_boundary = self.kv_cache_manager.get_computed_blocks(
-                    request, max_hit)
+                hits, num_hit, request.shared_prefix_boundary = (
+                    self.kv_cache_manager.get_computed_blocks(request, max_hit)
+                )
                 num_new = request.num_tokens - num_hit
                 if 0 < long_prefill_token_threshold < num_new:
                     num_new = long_prefill_token_threshold
@@ -158,18 +173,28 @@ class Scheduler:
                     break
                 num_new = min(num_new, token_budget)
                 new_blocks = self.kv_cache_manager.allocate_slots(
-                    request, num_new, num_hit, hits,
+                    request,
+                    num_new,
+                    num_hit,
+                    hits,
                     full_sequence_must_fit=cfg.admission == ADMIT_FULL_SEQUENCE,
-                    has_scheduled_reqs=bool(self.running))
+                    has_scheduled_reqs=bool(self.running),
+                )
                 if new_blocks is None:
-                    self._emit("blocked", request, reason="no_free_blocks",
-                               num_free_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks(),
-                               num_tokens=request.num_tokens)
+                    self._emit(
+                        "blocked",
+                        request,
+                        reason="no_free_blocks",
+                        num_free_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks(),
+                        num_tokens=request.num_tokens,
+                    )
                     break
                 self.kv_cache_manager.record_prefix_cache_stats(request, num_hit)
                 self.waiting.pop_request()
                 self.running.append(request)
-                req_to_new_blocks[request.request_id] = self.kv_cache_manager.get_block_ids(request.request_id)
+                req_to_new_blocks[request.request_id] = self.kv_cache_manager.get_block_ids(
+                    request.request_id
+                )
                 resumed = request.status == RequestStatus.PREEMPTED
                 (scheduled_resumed if resumed else scheduled_new).append(request)
                 num_scheduled_tokens[request.request_id] = num_new
@@ -178,10 +203,16 @@ class Scheduler:
                 request.status = RequestStatus.RUNNING
                 request.num_computed_tokens = num_hit
                 request.num_cached_tokens = num_hit
-                self._emit("resumed" if resumed else "admitted", request,
-                           num_cached_tokens=num_hit, num_preemptions=request.num_preemptions)
+                self._emit(
+                    "resumed" if resumed else "admitted",
+                    request,
+                    num_cached_tokens=num_hit,
+                    num_preemptions=request.num_preemptions,
+                )
             if self.waiting and token_budget <= 0 and self.observer is not None:
-                self._emit("blocked", self.waiting.peek_request(), reason="token_budget", token_budget=0)
+                self._emit(
+                    "blocked", self.waiting.peek_request(), reason="token_budget", token_budget=0
+                )
 
         running_ids = {r.request_id for r in scheduled_running}
         resumed_ids = {r.request_id for r in scheduled_resumed}
@@ -197,24 +228,47 @@ class Scheduler:
             else:
                 kind = "prefill"
             self._emit("scheduled", req, num_tokens=n, phase=kind, start=before)
-        out = self._make_output(num_scheduled_tokens, num_computed_before, req_to_new_blocks, scheduled_new,
-                                scheduled_running, scheduled_resumed, preempted, scheduled_spec_decode_tokens)
+        out = self._make_output(
+            num_scheduled_tokens,
+            num_computed_before,
+            req_to_new_blocks,
+            scheduled_new,
+            scheduled_running,
+            scheduled_resumed,
+            preempted,
+            scheduled_spec_decode_tokens,
+        )
         self.prev_step_scheduled_req_ids = set(num_scheduled_tokens)
         # vLLM advances num_computed_tokens when it schedules, before the model runs.
         for rid, n in num_scheduled_tokens.items():
             self.requests[rid].num_computed_tokens += n
         return out
 
-    def _make_output(self, num_scheduled_tokens, num_computed_before, req_to_new_blocks, scheduled_new,
-                     scheduled_running, scheduled_resumed, preempted,
-                     scheduled_spec_decode_tokens=None) -> SchedulerOutput:
+    def _make_output(
+        self,
+        num_scheduled_tokens,
+        num_computed_before,
+        req_to_new_blocks,
+        scheduled_new,
+        scheduled_running,
+        scheduled_resumed,
+        preempted,
+        scheduled_spec_decode_tokens=None,
+    ) -> SchedulerOutput:
         """As vLLM: a new request carries its whole table, a running one only the blocks added
         this step (None if none), a resumed one its whole new table; ``all_token_ids`` goes to
         the runner for every request it did not see in the previous step. ``new_token_ids``
         stays empty: vLLM fills it only under pipeline parallelism."""
         kvm = self.kv_cache_manager
-        new_reqs = [NewRequestData(r.request_id, list(r.prompt_token_ids), req_to_new_blocks[r.request_id],
-                                   num_computed_before[r.request_id]) for r in scheduled_new]
+        new_reqs = [
+            NewRequestData(
+                r.request_id,
+                list(r.prompt_token_ids),
+                req_to_new_blocks[r.request_id],
+                num_computed_before[r.request_id],
+            )
+            for r in scheduled_new
+        ]
         cached = CachedRequestData()
         for r in scheduled_running + scheduled_resumed:
             rid = r.request_id
@@ -230,17 +284,27 @@ class Scheduler:
         running = self.running[0].request_id if self.running else None
         finished, self.finished_req_ids = self.finished_req_ids, set()
         return SchedulerOutput(
-            scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached,
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached,
             num_scheduled_tokens=dict(num_scheduled_tokens),
             total_num_scheduled_tokens=sum(num_scheduled_tokens.values()),
-            finished_req_ids=finished, preempted_req_ids={r.request_id for r in preempted},
-            num_common_prefix_blocks=kvm.get_num_common_prefix_blocks(running) if running else
-            [0] * kvm.num_kv_cache_groups,
-            scheduled_spec_decode_tokens=dict(scheduled_spec_decode_tokens or {}))
+            finished_req_ids=finished,
+            preempted_req_ids={r.request_id for r in preempted},
+            num_common_prefix_blocks=kvm.get_num_common_prefix_blocks(running)
+            if running
+            else [0] * kvm.num_kv_cache_groups,
+            scheduled_spec_decode_tokens=dict(scheduled_spec_decode_tokens or {}),
+        )
 
     def _preempt_request(self, request: Request, needed_by: str) -> None:
-        self._emit("preempted", request, policy=self.policy, needed_by=needed_by,
-                   victim_priority=request.priority, num_computed_tokens=request.num_computed_tokens)
+        self._emit(
+            "preempted",
+            request,
+            policy=self.policy,
+            needed_by=needed_by,
+            victim_priority=request.priority,
+            num_computed_tokens=request.num_computed_tokens,
+        )
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
@@ -249,8 +313,9 @@ class Scheduler:
         self.waiting.prepend_request(request)
 
     # -- after the model ran ------------------------------------------------------------
-    def update_from_output(self, scheduler_output: SchedulerOutput,
-                           model_runner_output: ModelRunnerOutput) -> list[str]:
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> list[str]:
         """Append sampled tokens, stop finished requests and free their blocks; return their ids.
 
         A request still in the middle of its prompt (chunked prefill) gets no token.
@@ -273,7 +338,10 @@ class Scheduler:
             for num_new, token in enumerate(generated, 1):
                 req.append_output_token_ids([token])
                 # vLLM checks the length cap before EOS.
-                if req.num_output_tokens >= req.max_tokens or req.num_tokens >= self.config.max_model_len:
+                if (
+                    req.num_output_tokens >= req.max_tokens
+                    or req.num_tokens >= self.config.max_model_len
+                ):
                     status, reason = RequestStatus.FINISHED_LENGTH_CAPPED, "length"
                 elif not req.ignore_eos and token in req.eos_token_ids:
                     status, reason = RequestStatus.FINISHED_STOPPED, "eos"
@@ -300,13 +368,23 @@ class Scheduler:
         if req.num_computed_tokens > 0:
             req.num_computed_tokens -= num_rejected
         if num_accepted:
-            self._emit("draft_accepted", req, accepted_token_ids=tuple(generated[:-1]),
-                       num_draft_tokens=len(drafts), next_token_id=generated[-1])
+            self._emit(
+                "draft_accepted",
+                req,
+                accepted_token_ids=tuple(generated[:-1]),
+                num_draft_tokens=len(drafts),
+                next_token_id=generated[-1],
+            )
         if num_rejected:
             first = req.num_computed_tokens
-            self._emit("draft_rejected", req, rejected_token_ids=tuple(drafts[num_accepted:]),
-                       target_token_id=generated[-1], num_computed_tokens=req.num_computed_tokens,
-                       positions=tuple(range(first, first + num_rejected)))
+            self._emit(
+                "draft_rejected",
+                req,
+                rejected_token_ids=tuple(drafts[num_accepted:]),
+                target_token_id=generated[-1],
+                num_computed_tokens=req.num_computed_tokens,
+                positions=tuple(range(first, first + num_rejected)),
+            )
 
     def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> None:
         """Keep each request's drafts for the next step; a request still in its prompt, or
@@ -315,15 +393,18 @@ class Scheduler:
             req = self.requests.get(rid)
             if req is None or req.is_finished():
                 continue
-            if req.num_computed_tokens < req.num_tokens - 1:   # a prefill chunk: no drafts
+            if req.num_computed_tokens < req.num_tokens - 1:  # a prefill chunk: no drafts
                 req.spec_token_ids = []
                 continue
             req.spec_token_ids = list(drafts)
             if drafts:
-                self._emit("draft_proposed", req, draft_token_ids=tuple(drafts), num_tokens=req.num_tokens)
+                self._emit(
+                    "draft_proposed", req, draft_token_ids=tuple(drafts), num_tokens=req.num_tokens
+                )
 
-    def finish_requests(self, request_ids: Union[str, Iterable[str], None],
-                        finished_status: RequestStatus) -> list[Request]:
+    def finish_requests(
+        self, request_ids: Union[str, Iterable[str], None], finished_status: RequestStatus
+    ) -> list[Request]:
         """Finish requests from outside (a client went away): None = every request.
         Unknown and already finished ids are skipped; returns the requests finished."""
         if not finished_status.finished:
