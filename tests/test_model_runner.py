@@ -33,7 +33,8 @@ from kvcore.worker.gpu_model_runner import GPUModelRunner
 # oneDNN-packed linear layers are the runner's CPU path (kvcore/model/cpu_packing.py); on a GPU
 # (PAGED_KV_LAB_TEST_DEVICE=cuda) the runner leaves nn.Linear as it is.
 cpu_only = pytest.mark.skipif(
-    os.environ.get("PAGED_KV_LAB_TEST_DEVICE", "cpu") != "cpu", reason="oneDNN packing is the CPU path"
+    os.environ.get("PAGED_KV_LAB_TEST_DEVICE", "cpu") != "cpu",
+    reason="oneDNN packing is the CPU path",
 )
 
 TOL_TINY = 5e-5
