@@ -18,16 +18,16 @@ from typing import Iterable, Sequence
 
 import torch
 
-from kvcore.config.scheduler import SchedulerConfig
-from kvcore.core.kv_cache_manager import KVCacheManager
-from kvcore.core.kv_cache_utils import BlockHasher, resolve_none_hash_seed
 from kvcore.core.sched.scheduler import Scheduler
 from kvcore.engine.core import EngineCore, EngineCoreStep
-from kvcore.kv_cache_interface import KVCacheConfig
 from kvcore.request import Request
-from kvcore.utils.hashing import get_hash_fn_by_name
 from kvcore.worker.gpu_model_runner import GPUModelRunner
-from record.engine import kv_cache_groups
+from record.engine import (
+    block_hasher_for,
+    kv_cache_groups,
+    kv_cache_manager_for,
+    scheduler_config_for,
+)
 from record.scenario import EngineSettings
 
 
@@ -65,37 +65,15 @@ class BareEngine:
         cfg = runner.loaded.config
         self.max_model_len = s.max_model_len or getattr(cfg, "max_position_embeddings", 8192)
         groups, _ = kv_cache_groups(s, runner.num_layers)
-        self.kv_cache_manager = KVCacheManager(
-            KVCacheConfig(s.num_gpu_blocks, tuple(groups), s.prefix_cache_retention_interval),
-            self.max_model_len,
-            s.enable_prefix_caching,
-            s.max_num_batched_tokens,
-            s.watermark,
-            s.free_order,
-            enable_kv_cache_events=False,
+        # KV cache events off (vLLM's default) and no recorder: kvcore alone
+        self.kv_cache_manager = kv_cache_manager_for(
+            s, groups, self.max_model_len, enable_kv_cache_events=False
         )
         self.scheduler = Scheduler(
-            SchedulerConfig(
-                max_num_seqs=s.max_num_seqs,
-                max_num_batched_tokens=s.max_num_batched_tokens,
-                policy=s.policy,
-                max_model_len=self.max_model_len,
-                admission=s.admission,
-                long_prefill_token_threshold=s.long_prefill_token_threshold,
-                max_cache_hit_length=s.max_cache_hit_length,
-            ),
-            self.kv_cache_manager,
+            scheduler_config_for(s, self.max_model_len), self.kv_cache_manager
         )
         self.engine_core = EngineCore(self.scheduler, runner, None, self.max_model_len)
-        self.hasher = (
-            BlockHasher(
-                get_hash_fn_by_name(s.hash_algo),
-                s.block_size,
-                resolve_none_hash_seed(s.hash_algo, s.hash_seed),
-            )
-            if s.enable_prefix_caching
-            else None
-        )
+        self.hasher = block_hasher_for(s) if s.enable_prefix_caching else None
         self.requests: dict[str, Request] = {}
 
     def add(

@@ -65,6 +65,41 @@ def kv_cache_groups(
     return groups, [kinds.index(t) for t in types]
 
 
+def kv_cache_manager_for(
+    s: EngineSettings, groups, max_model_len: int, enable_kv_cache_events: bool
+) -> KVCacheManager:
+    """The KVCacheManager the settings describe, over these KV cache groups."""
+    return KVCacheManager(
+        KVCacheConfig(s.num_gpu_blocks, tuple(groups), s.prefix_cache_retention_interval),
+        max_model_len,
+        s.enable_prefix_caching,
+        s.max_num_batched_tokens,
+        s.watermark,
+        s.free_order,
+        enable_kv_cache_events=enable_kv_cache_events,
+    )
+
+
+def scheduler_config_for(s: EngineSettings, max_model_len: int) -> SchedulerConfig:
+    """vLLM's SchedulerConfig fields, from the scenario's engine settings."""
+    return SchedulerConfig(
+        max_num_seqs=s.max_num_seqs,
+        max_num_batched_tokens=s.max_num_batched_tokens,
+        policy=s.policy,
+        max_model_len=max_model_len,
+        admission=s.admission,
+        long_prefill_token_threshold=s.long_prefill_token_threshold,
+        max_cache_hit_length=s.max_cache_hit_length,
+        num_spec_tokens=s.speculative.num_speculative_tokens if s.speculative else 0,
+    )
+
+
+def block_hasher_for(s: EngineSettings) -> BlockHasher:
+    """Hashes requests' full blocks with the settings' algorithm and NONE_HASH seed."""
+    fn = get_hash_fn_by_name(s.hash_algo)
+    return BlockHasher(fn, s.block_size, resolve_none_hash_seed(s.hash_algo, s.hash_seed))
+
+
 def size_kv_cache(model, settings: EngineSettings):
     """``num_gpu_blocks: "auto"``: profile the loaded model and derive the pool as vLLM does
     (a :class:`kvcore.model.memory.KVCacheSizing`); ValueError when not even one usable block
@@ -170,34 +205,16 @@ class Engine:
             self.kv_cache_sizing = size_kv_cache(self.model, s)
             s = self.settings = replace(s, num_gpu_blocks=self.kv_cache_sizing.num_gpu_blocks)
         self.recorder = Recorder()
-        self.hash_fn = get_hash_fn_by_name(s.hash_algo)
-        self.none_hash_seed = resolve_none_hash_seed(s.hash_algo, s.hash_seed)
-        self.hasher = BlockHasher(self.hash_fn, s.block_size, self.none_hash_seed)
-        self.kv_cache_config = KVCacheConfig(
-            s.num_gpu_blocks, tuple(self.groups), s.prefix_cache_retention_interval
+        self.hasher = block_hasher_for(s)
+        self.hash_fn = self.hasher.hash_fn
+        self.none_hash_seed = self.hasher.none_hash_seed
+        self.kv_cache_manager = kv_cache_manager_for(
+            s, self.groups, self.max_model_len, enable_kv_cache_events=True
         )
-        self.kv_cache_manager = KVCacheManager(
-            self.kv_cache_config,
-            self.max_model_len,
-            s.enable_prefix_caching,
-            s.max_num_batched_tokens,
-            s.watermark,
-            s.free_order,
-            enable_kv_cache_events=True,
-        )
+        self.kv_cache_config = self.kv_cache_manager.kv_cache_config
         self.recorder.attach(self.kv_cache_manager)
         self.scheduler = Scheduler(
-            SchedulerConfig(
-                max_num_seqs=s.max_num_seqs,
-                max_num_batched_tokens=s.max_num_batched_tokens,
-                policy=s.policy,
-                max_model_len=self.max_model_len,
-                admission=s.admission,
-                long_prefill_token_threshold=s.long_prefill_token_threshold,
-                max_cache_hit_length=s.max_cache_hit_length,
-                num_spec_tokens=s.speculative.num_speculative_tokens if s.speculative else 0,
-            ),
-            self.kv_cache_manager,
+            scheduler_config_for(s, self.max_model_len), self.kv_cache_manager
         )
         # Speculative decoding: drafts from an n-gram proposer, verified greedily.
         self.drafter: Optional[NgramProposer] = None

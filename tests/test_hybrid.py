@@ -202,7 +202,7 @@ def test_engine_shared_prefix_boundary_on_admission_and_on_resumption():
         **hybrid_engine,
     )
     eng.run()
-    reqs = eng.scheduler.requests
+    reqs = eng.requests  # finished requests: kept by the recording, not the scheduler
     assert (reqs["b"].num_cached_tokens, reqs["b"].shared_prefix_boundary) == (8, 12)
     assert reqs["c"].num_cached_tokens == 12
     # Resumption: d (8-token prompt) is preempted after 4 outputs. Full attention cached its
@@ -220,7 +220,7 @@ def test_engine_shared_prefix_boundary_on_admission_and_on_resumption():
     )
     recs = eng.run()
     assert [e.request_id for r in recs for e in events_of(r, events.RESUMED)] == ["d"]
-    d = eng.scheduler.requests["d"]
+    d = eng.requests["d"]
     assert (d.num_cached_tokens, d.shared_prefix_boundary) == (4, 12)
     pool = eng.kv_cache_manager.block_pool
     kept = [

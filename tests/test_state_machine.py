@@ -120,7 +120,8 @@ class KVCacheMachine(RuleBasedStateMachine):
         live = sorted(rid for rid, r in self.eng.scheduler.requests.items() if not r.is_finished())
         rid = data.draw(st.sampled_from(live))
         self.eng.scheduler.abort_request(rid)
-        assert self.eng.scheduler.requests[rid].status == RequestStatus.FINISHED_ABORTED
+        assert self.eng.requests[rid].status == RequestStatus.FINISHED_ABORTED
+        assert rid not in self.eng.scheduler.requests
 
     @rule(data=st.data())
     def evict_blocks(self, data):
@@ -166,7 +167,9 @@ class KVCacheMachine(RuleBasedStateMachine):
             eng.kv_cache_manager, eng.hash_fn, eng.scheduler.requests, eng.hasher.none_hash
         )
         sched = eng.scheduler
-        assert all(sched.requests[rid].is_finished() for rid in sched.finished_req_ids)
+        # as vLLM: a finished request has left the scheduler (the recording keeps it)
+        assert not sched.finished_req_ids & set(sched.requests)
+        assert all(eng.requests[rid].is_finished() for rid in sched.finished_req_ids)
         running = {r.request_id for r in sched.running}
         waiting = {r.request_id for r in sched.waiting.ordered()}
         assert len(sched.running) == len(running) <= self.kw["max_num_seqs"]
