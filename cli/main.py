@@ -14,6 +14,7 @@ Exit codes: 0 ok, 2 bad scenario or arguments, 3 model or device unavailable.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from dataclasses import replace
 from typing import TextIO
@@ -30,6 +31,13 @@ from record.scenario import (
     with_engine_overrides,
 )
 from words.sentences import sentence
+
+
+def _loading():
+    """Around loading a model: kvcore/model prints its one-time messages ("converting the SmolLM2
+    tokenizer once...") itself, so they go to stderr, once; a progress callback that printed them
+    as well showed each twice."""
+    return contextlib.redirect_stdout(sys.stderr)
 
 
 def describe(ev: events.Event, lang: str = "en", decode=None, multi_group: bool = False) -> str:
@@ -111,12 +119,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             else scenario,
             limits,
         )
-        model = load_model(
-            scenario.model,
-            scenario.device,
-            scenario.dtype,
-            progress=lambda m: print(m, file=sys.stderr),
-        )
+        with _loading():
+            model = load_model(scenario.model, scenario.device, scenario.dtype)
         if auto:  # profile the model, derive the pool as vLLM does; the trace records the number
             from record.engine import size_kv_cache
 
@@ -132,7 +136,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             scenario,
             model=model,
             debug=args.check,
-            progress=lambda m: print(m, file=sys.stderr),
             kv_events=kv_events,
         )
     except (ModelNotAvailable, DeviceNotAvailable) as e:
@@ -352,9 +355,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        model = load_model(
-            args.model, args.device, args.dtype, progress=lambda m: print(m, file=sys.stderr)
-        )
+        with _loading():
+            model = load_model(args.model, args.device, args.dtype)
     except (ModelNotAvailable, DeviceNotAvailable) as e:
         print(f"error: {e}", file=sys.stderr)
         return 3
@@ -390,9 +392,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
         from kvcore.model import DeviceNotAvailable, ModelNotAvailable, load_model
 
         try:
-            model = load_model(
-                args.model, "cpu", "float32", progress=lambda m: print(m, file=sys.stderr)
-            )
+            with _loading():
+                model = load_model(args.model, "cpu", "float32")
         except (ModelNotAvailable, DeviceNotAvailable) as e:
             print(f"error: {e}", file=sys.stderr)
             return 3
@@ -468,16 +469,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if (args.scenario is None) == (args.trace is None):
         print("error: give a scenario file or --trace OUT.jsonl (one of them)", file=sys.stderr)
         return 2
-    quiet = lambda m: print(m, file=sys.stderr)  # noqa: E731
     try:
         if args.trace:
             with open(args.trace, "rb") as fh:
                 tr = trace.read_trace(fh.read())
-            decode = (
-                load_model(args.model, "cpu", "float32", progress=quiet).decode
-                if args.model
-                else None
-            )
+            decode = None
+            if args.model:
+                with _loading():
+                    decode = load_model(args.model, "cpu", "float32").decode
             run = RecordedSteps.from_trace(tr, decode)
         else:
             scenario = load_scenario(args.scenario)
@@ -496,7 +495,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
                 else scenario,
                 cli_limits(),
             )
-            engine = Engine(scenario, progress=quiet)
+            with _loading():
+                engine = Engine(scenario)
             initial = engine.snapshot()
             records = engine.run()
             run = RecordedSteps(initial, tuple(records), engine.settings, engine.decode)

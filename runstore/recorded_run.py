@@ -92,6 +92,8 @@ class RecordedRun:
         self.decode = decode
         self.done = done
         self.error = error
+        # the step cap (PAGED_KV_LAB_MAX_RUN_STEPS) it stopped at with requests unfinished
+        self.capped_at: Optional[int] = None
         self.trace = trace
         self._store = store
         self._engine = engine

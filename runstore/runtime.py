@@ -192,7 +192,7 @@ class LabRun(Timeline):
     ) -> None:
         self._factory, self._store, self._model, self._model_key = (
             factory,
-            store or default_store(),
+            store if store is not None else default_store(),
             model,
             model_key,
         )

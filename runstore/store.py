@@ -359,6 +359,7 @@ class RunStore:
             if finished:
                 self._finish(run, None, outputs)
             elif capped:
+                run.capped_at = self.max_steps
                 self._finish(
                     run,
                     f"stopped after {rec.step} steps: this server computes at most "

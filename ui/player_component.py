@@ -263,6 +263,8 @@ def player_panel(
         "goto": ps.goto,
         "url_step": url_step,
     }
+    if data["done"] and step_cap(run) is not None:  # only a capped run: the rest stay identical
+        data["stop"] = {"steps": step_cap(run)}
     if ps.acked < 0:  # with the head: the wire keys and the player's words (never inside the run)
         data.update(player_book(lang))
     player_component()(
@@ -331,6 +333,17 @@ def quiz_box(state: PageState, k: str, lang: str) -> None:
                 st.error(f"{tr('quiz_wrong', lang, answer=q.options[q.answer])} {q.explain}")
 
 
+def step_cap(run: Timeline) -> int | None:
+    """The step cap (PAGED_KV_LAB_MAX_RUN_STEPS) ``run`` stopped at with requests unfinished."""
+    return getattr(run.run, "capped_at", None)
+
+
+def step_cap_note(run: Timeline, lang: str) -> None:
+    """On the page, under the player: why a capped run ends with requests unfinished."""
+    if step_cap(run) is not None and recorded_done(run):
+        st.warning(tr("player.step_cap", lang, steps=step_cap(run)))
+
+
 def player_meta(intro: str = "", outro: str = "", focus: Sequence[str] = ()) -> dict:
     """The page's words for the player: intro (step 0), outro (the end), Run-until kinds (focus
     first)."""
@@ -354,12 +367,15 @@ def export_html(
 ) -> str:
     """The recorded run (all steps recorded so far) as one self-contained HTML file."""
     records = list(run.records)
+    done = recorded_done(run) and len(records) == len(run.records)
     payload = run_payload(
         run.initial,
         records,
-        done=recorded_done(run) and len(records) == len(run.records),
+        done=done,
         lang=lang,
         meta={**player_meta(intro, outro, focus), **(meta or {})},
         **encoder_kw,
     )
+    if done and step_cap(run) is not None:
+        payload["stop"] = {"steps": step_cap(run)}
     return static_html(payload, title=title)

@@ -103,6 +103,9 @@ def new_run(state: LessonState, lesson: Lesson, ms: ModelState, step: int = 0) -
 def run_error(state: PageState) -> None:
     """Show once why the run stopped early (a failed step, the step cap, a full store)."""
     run = state.run
+    capped = getattr(run.run, "capped_at", None) if run is not None else None
+    if capped is not None:  # said under the player, in the page's language (step_cap_note)
+        return
     if run is not None and run.error and run.error != state.run_error_seen and run.finished:
         state.run_error_seen = run.error
         state.error = state.error or run.error

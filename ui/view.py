@@ -8,7 +8,7 @@ import streamlit as st
 from lessons import BY_ID
 from ui import panels as P
 from ui.modelstate import ModelState, default_device, default_model
-from ui.player_component import export_html, page_fragment, player_panel
+from ui.player_component import export_html, page_fragment, player_panel, step_cap_note
 from ui.state import get_state, init_globals_from_url, pref, write_url
 from ui.why_panel import why_panel
 from ui.widgets import scenario_file, toggles
@@ -113,6 +113,7 @@ def lesson_stage(lesson, state, ms, lang: str, compact: bool) -> None:
         **{k: kw[k] for k in ("decode", "narrate", "intro", "outro", "request_ids", "meta")},
     )
     run = state.run
+    step_cap_note(run, lang)
     if not compact:
         P.show_myths(run, lang, lesson.id, expanded="myths" in lesson.panels)
         why_panel(run, lang, lesson.id, kw["decode"])

@@ -2,7 +2,7 @@
 // text, block tables, hash chains, the PagedAttention address view, hover and the selection.
 // Methods of the Player (player.js), drawn from its snapshot at the cursor.
 
-import { el, fmt } from "./text.js";
+import { el, fmt, oneLine } from "./text.js";
 import { PlayerCharts } from "./charts.js";
 
 export class PlayerPanels extends PlayerCharts {
@@ -108,7 +108,7 @@ export class PlayerPanels extends PlayerCharts {
       d.dataset.req = r.request_id;
       d.append(this.badge(r.request_id), el("code", null, r.status),
         el("span", "pkv-muted", ` · ${r.num_output_tokens} ${this.L.tok} — `),
-        el("span", "pkv-text", r.text || (r.output_token_ids.length ? this.tokText(r.output_token_ids) : "…")));
+        el("span", "pkv-text", oneLine(r.text || (r.output_token_ids.length ? this.tokText(r.output_token_ids) : "…"))));
       return d;
     });
     this.q("outputs").replaceChildren(...(rows.length ? rows : [el("div", "pkv-muted", "—")]));
@@ -164,7 +164,7 @@ export class PlayerPanels extends PlayerCharts {
       const row = el("span", "pkv-node" + this.selState(b));
       row.dataset.block = String(b.block_id);
       row.append(this.chip(b, ""), el("code", null, "#" + b.block_hash.slice(0, 8)),
-        el("span", "pkv-text", `«${this.tokText(b.token_ids)}»`));
+        el("span", "pkv-text", `«${oneLine(this.tokText(b.token_ids))}»`));
       li.append(row);
       const ch = depth < 64 ? kids.get(key(b.block_hash, b.group)) : null;
       if (ch && ch.length) { const ul = el("ul"); ul.append(...ch.map((c) => node(c, depth + 1))); li.append(ul); }

@@ -91,6 +91,7 @@ class Player extends PlayerPanels {
         run.steps.push(st);
       }
       run.done = !!data.done;
+      if (data.stop) run.stop = data.stop;
     }
     if (typeof location !== "undefined") this.path = location.pathname;
     const fresh = this.runKey !== data.run;
@@ -207,7 +208,10 @@ class Player extends PlayerPanels {
 
   endText() {
     const s = this.run.snaps[this.cursor];
-    return s.waiting.length || s.running.length ? this.L.trace_end : this.L.all_done;
+    if (!(s.waiting.length || s.running.length)) return this.L.all_done;
+    // stopped by the server's step cap: say which limit, and its variable
+    if (this.run.stop && this.cursor >= this.n) return fmt(this.L.step_cap, this.run.stop);
+    return this.L.trace_end;
   }
 
   togglePlay() {

@@ -17,6 +17,10 @@ export function fmt(template, fields) {
     name === undefined ? m[0] : (name in fields ? String(fields[name]) : m));
 }
 
+// A text drawn in one row (a generated text, a block's tokens): each line break is shown as a
+// visible mark, so the rest of the text stays in its row instead of starting a loose line.
+export function oneLine(text) { return String(text).replace(/\r\n|\r|\n/g, "\u21b5"); }
+
 export function el(tag, cls, text) {
   const e = document.createElement(tag);
   if (cls) e.className = cls;
