@@ -32,7 +32,6 @@ Without ``VLLM_VENV`` it says how to make one and exits 0 (skipped).
 from __future__ import annotations
 
 import argparse
-import gc
 import inspect
 import json
 import os
@@ -44,6 +43,9 @@ from collections.abc import Callable
 from typing import Any
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+if REPO not in sys.path:  # the worker runs this file isolated (-I), under vLLM's interpreter
+    sys.path.insert(0, REPO)
+from bench.timing import timed_without_gc  # noqa: E402  (stdlib only: fine in the worker too)
 
 BLOCK_SIZE = 16
 CHUNK = 32  # blocks per call: a request's table growing by a prompt's worth
@@ -120,8 +122,6 @@ def make_our_pool(num_blocks: int, recording: bool):
 
 
 def _our_block_pool():
-    if REPO not in sys.path:
-        sys.path.insert(0, REPO)
     from kvcore.core.block_pool import BlockPool
 
     return BlockPool
@@ -157,17 +157,6 @@ def vllm_drain(pool, recorder) -> list:
 
 
 # -- the op sequence -------------------------------------------------------------------------------
-def _clock(fn: Callable[[], Any]) -> float:
-    gc.collect()
-    gc.disable()
-    try:
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
-    finally:
-        gc.enable()
-
-
 def pool_round(make: Callable[[int], tuple], drain_fn: Callable, num_blocks: int) -> dict:
     """One pass of every operation over a whole pool of about ``num_blocks`` blocks.
 
@@ -185,7 +174,7 @@ def pool_round(make: Callable[[int], tuple], drain_fn: Callable, num_blocks: int
     found: list = []
 
     def timed(op: str, fn: Callable[[], Any]) -> None:
-        secs[op] = _clock(fn) / n
+        secs[op] = timed_without_gc(fn) / n
         kv[op] = dict(Counter(type(e).__name__ for e in drain_fn(pool, rec)))
 
     def alloc():

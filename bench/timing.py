@@ -23,6 +23,18 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - t0
 
 
+def timed_without_gc(fn: Callable[[], object]) -> float:
+    """Seconds ``fn`` takes with the garbage collector off (collected first)."""
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+    finally:
+        gc.enable()
+
+
 def decode_tps_interleaved(
     cases: dict[str, tuple[RunFn, list[list[int]]]],
     new_tokens: int,

@@ -4,8 +4,10 @@ v1/attention/backend.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # annotations only: the tensors come from the worker, which imports torch
+    import torch
 
 
 @dataclass(frozen=True)
