@@ -1,0 +1,124 @@
+"""AppTest: the "Real workloads" page replays a slice of Mooncake's trace (the page's "shipped"
+trace pointed at tests/fixtures/mooncake_shared_slice.jsonl), shows the replay's figures, sweeps
+the pool size, opens the large-pool player at a step with exactly the frames an independent
+recording gives, answers Why? and refuses what is over its budget, naming the limit."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from _app_helpers import app, sidebar_set, tiny_model_env  # noqa: F401  (pytest fixtures)
+from player.pool_payload import encode_frames
+from ui.workloads_data import (
+    LIMITS_ENV,
+    Settings,
+    record_window,
+    run_workload,
+    workload_limits,
+)
+from ui.workloads_page import KEY, PAGE_FILE, WorkloadsState, load_shipped, load_upload
+from words.explain_replay import replay_hit_sentences
+from workload.trace import load_trace
+
+SLICE = Path(__file__).parent / "fixtures" / "mooncake_shared_slice.jsonl"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def slice_as_shipped():
+    old = os.environ.get("PAGED_KV_LAB_REPLAY_TRACE")
+    os.environ["PAGED_KV_LAB_REPLAY_TRACE"] = str(SLICE)
+    yield
+    if old is None:
+        os.environ.pop("PAGED_KV_LAB_REPLAY_TRACE", None)
+    else:
+        os.environ["PAGED_KV_LAB_REPLAY_TRACE"] = old
+
+
+@pytest.fixture(scope="module")
+def page():
+    at = app(PAGE_FILE)
+    assert at.info and not at.metric  # nothing replayed yet
+    at.button(key=f"load:{KEY}").click().run()
+    at.button(key=f"replay:{KEY}").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+@pytest.fixture(scope="module")
+def independent():
+    trace = load_trace(SLICE)
+    return trace, run_workload(trace, Settings(), workload_limits())
+
+
+def test_the_figures_are_the_replays(page, independent):
+    _, run = independent
+    r = run.result
+    metrics = {m.label: m.value for m in page.metric}
+    assert metrics["Requests"] == f"{r.requests:,}"
+    assert metrics["Prefix hit rate"] == f"{100 * r.hit_rate:.1f}%"
+    assert metrics["Evictions"] == f"{r.evictions:,}" and r.hit_rate > 0.5
+    assert len(page.get("plotly_chart")) == 1  # usage / hit rate / running / waiting over steps
+
+
+def test_a_moment_opens_the_player_with_the_recorded_frames(page, independent):
+    trace, _ = independent
+    page.number_input(key=f"at:{KEY}").set_value(300)
+    page.button(key=f"open:{KEY}").click().run()
+    els = [e for e in page.get("bidi_component") if e.proto.id.endswith(f"pool:{KEY}")]
+    assert len(els) == 1
+    data = json.loads(els[0].proto.json)
+    w = record_window(trace, Settings(), 300, workload_limits())
+    assert data["frames"] == json.loads(json.dumps(encode_frames(w.frames)))
+    assert data["frames"][data["head"]["start"]]["s"] == 300
+    assert data["head"]["num_gpu_blocks"] == 10_000
+
+
+def test_why_tells_a_requests_hit(page, independent):
+    trace, run = independent
+    hit = next(p for p in run.result.per_request if p.hit_tokens > 0)
+    page.toggle(key=f"why_open:{KEY}").set_value(True).run()
+    page.selectbox(key=f"why_req:{KEY}").set_value(hit.request_id).run()
+    shown = " ".join(m.value for m in page.markdown).replace("\\", "")
+    x = run.explain(hit.request_id)[0]
+    for line in replay_hit_sentences(
+        x, "en", trace.block_size, trace.requests[int(hit.request_id)].hash_ids
+    ):
+        assert line in shown
+
+
+def test_the_sweep_draws_hit_rate_against_pool_size(page):
+    page.button(key=f"sweep:{KEY}").click().run()
+    assert not page.exception, [e.value for e in page.exception]
+    charts = page.get("plotly_chart")
+    assert len(charts) == 2
+    fig = json.loads(charts[1].proto.spec)
+    xs = fig["data"][0]["x"]
+    assert 10_000 in xs and len(xs) >= 3 and xs == sorted(xs)
+
+
+def test_the_page_speaks_chinese(page):
+    sidebar_set(page, "lang", "zh")
+    assert any("真实负载" in t.value for t in page.title)
+    assert {m.label for m in page.metric} >= {"请求数", "前缀命中率"}
+    sidebar_set(page, "lang", "en")
+
+
+def test_refusals_name_the_limit_and_its_variable(monkeypatch):
+    state = WorkloadsState()
+    monkeypatch.setenv(LIMITS_ENV["max_requests"], "5")
+    err = load_shipped(state, 0, 28)
+    assert "PAGED_KV_LAB_REPLAY_MAX_REQUESTS" in err and "at most 5" in err
+    assert state.trace is None
+    data = SLICE.read_bytes()
+    err = load_upload(state, data, "slice.jsonl")  # 28 requests > 5
+    assert "PAGED_KV_LAB_REPLAY_MAX_REQUESTS" in err and state.trace is None
+    monkeypatch.setenv(LIMITS_ENV["max_trace_bytes"], "1000")
+    err = load_upload(state, data, "slice.jsonl")
+    assert "PAGED_KV_LAB_REPLAY_MAX_BYTES" in err and "slice.jsonl" in err
+    monkeypatch.delenv(LIMITS_ENV["max_trace_bytes"])
+    monkeypatch.delenv(LIMITS_ENV["max_requests"])
+    err = load_upload(state, b'{"timestamp": 0, "input_length": 10}\n', "bad.jsonl")
+    assert "line 1" in err and state.trace is None  # the reader names the line and field
+    assert load_upload(state, data, "slice.jsonl") is None and len(state.trace) == 28
