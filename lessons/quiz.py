@@ -67,14 +67,49 @@ def _hit(snap: Snapshot, rec: StepRecord, lang: str) -> Prediction | None:
             f"are in the hash map."
         )
     else:
-        expl = (
-            "未命中：它第一个满块的哈希不在哈希表中（内容不同、加了盐、被驱逐，或提示词不足一整块），所以整条链都不会命中。"
-            if lang == "zh"
-            else "Miss: the hash of its first full block is not in the "
-            "map (different tokens, a cache_salt, evicted, or less "
-            "than one full block), so nothing after it can hit either."
-        )
+        expl = _miss_why(snap, lang)
     return Prediction("hit", tr("quiz_q_hit", lang, req=e.request_id), opts, 0 if hit else 1, expl)
+
+
+def _miss_why(snap: Snapshot, lang: str) -> str:
+    """Why a lookup found nothing, by how its KV cache groups are searched: a full-attention group
+    from the left (the chained hashes end the hit at the first missing block), a sliding-window
+    group from the right (it needs a run of cached blocks as long as its window)."""
+    kinds = {g.get("kind") for g in snap.groups} or {"full"}
+    zh = lang == "zh"
+    causes = (
+        "（内容不同、加了盐、被驱逐，或提示词不足一整块）"
+        if zh
+        else " (different tokens, a cache_salt, evicted, or less than one full block)"
+    )
+    full = (
+        f"全注意力组从左往右找：它第一个满块的哈希不在哈希表中{causes}。哈希是链式的，"
+        "所以后面的块也都不会命中"
+        if zh
+        else "a full-attention group is searched from the left: the hash of its first full "
+        f"block is not in the map{causes}, and as the hashes are chained, no later block "
+        "can hit either"
+    )
+    sliding = (
+        f"滑动窗口组从右往左找：没有找到窗口所需长度的一串连续的已缓存块{causes}"
+        if zh
+        else "a sliding-window group is searched from the right: no run of cached blocks as "
+        f"long as its window needs was found{causes}"
+    )
+    if kinds == {"full"}:
+        return ("未命中：" + full + "。") if zh else f"Miss: {full}."
+    if "full" not in kinds:
+        return ("未命中：" + sliding + "。") if zh else f"Miss: {sliding}."
+    return (
+        "未命中：命中长度必须在每个 KV cache 组里都成立，这里没有一个长度能同时成立。"
+        "全注意力组从左往右找，停在第一个不在哈希表中的块（哈希是链式的）；"
+        "滑动窗口组从右往左找，需要一串与窗口等长的连续已缓存块。"
+        if zh
+        else "Miss: a hit length must hold in every KV cache group, and here none held in all "
+        "of them. A full-attention group is searched from the left and stops at its first "
+        "block missing from the map (the hashes are chained); a sliding-window group is "
+        "searched from the right and needs a run of cached blocks as long as its window."
+    )
 
 
 def _evict(snap: Snapshot, rec: StepRecord, lang: str) -> Prediction | None:
@@ -92,10 +127,11 @@ def _evict(snap: Snapshot, rec: StepRecord, lang: str) -> Prediction | None:
     h = short_hash(e.block_hash)
     expl = (
         f"get_new_blocks 从队头取块；第一个带哈希的块是 {ans}，"
-        f"它被取出时丢失了哈希 #{h}。没有时间戳，只有队列顺序。"
+        f"它被取出时丢失了哈希 #{h}。驱逐不读时间戳，只看队列顺序。"
         if lang == "zh"
         else "get_new_blocks pops from the head; the first block there that carries a "
-        f"hash is {ans}, and it loses #{h} when popped. No timestamps — only queue order."
+        f"hash is {ans}, and it loses #{h} when popped. Eviction reads no timestamp — only "
+        "queue order."
     )
     return Prediction(
         "evict",
