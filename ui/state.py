@@ -26,9 +26,10 @@ from record.scenario import EngineSettings, Scenario, ScenarioError, load_scenar
 from runstore.runtime import Timeline
 from runstore.store import default_store
 from ui.modelstate import DEVICES, MODELS, ModelState
+from words.i18n import tr
 
 SETTING_DEFAULTS = dataclasses.asdict(EngineSettings())
-URL_SETTINGS = tuple(k for k in SETTING_DEFAULTS if k != "layer_types") + ("layers",)
+URL_SETTINGS = tuple(k for k in SETTING_DEFAULTS if k != "layer_types") + ("layers", "spec_method")
 
 
 @dataclass(kw_only=True)
@@ -125,13 +126,24 @@ def get_state(lesson: Lesson, ms: ModelState) -> LessonState:
         step = step or (state.run.cursor if state.run is not None else 0)
         try:
             new_run(state, lesson, ms, step)
-        except (ScenarioError, ValueError) as e:  # BudgetError is a ValueError
-            state.error = str(e)
+        except Exception as e:  # over the budget, invalid, or refused by the engine: said, kept
+            state.error = refusal(e)
             if state.base != lesson.scenario or state.overrides:
                 state.base, state.overrides = copy.deepcopy(lesson.scenario), {}
                 new_run(state, lesson, ms, 0)
     run_error(state)
     return state
+
+
+def refusal(e: Exception) -> str:
+    """Why a scenario did not open, in the words of what refused it: the schema's problems (one a
+    line), the budget's message, or the engine's error with its type (e.g. a prompt that never
+    fits the pool)."""
+    if isinstance(e, ScenarioError):
+        return "\n".join(e.problems)
+    if isinstance(e, BudgetError):
+        return str(e)
+    return f"{type(e).__name__}: {e}"
 
 
 def rebuild(
@@ -150,12 +162,8 @@ def rebuild(
         step = state.run.cursor if (keep_step and state.run is not None) else 0
         # the engine's own checks refuse a prompt that never fits
         run = open_run(scenario, ms, step)
-    except ScenarioError as e:
-        return "\n".join(e.problems)
-    except BudgetError as e:
-        return str(e)
-    except Exception as e:  # the engine refused the scenario (e.g. a prompt that never fits)
-        return f"{type(e).__name__}: {e}"
+    except Exception as e:  # invalid, over the budget, or refused by the engine's own checks
+        return refusal(e)
     state.base, state.overrides, state.run = copy.deepcopy(new_base), dict(new_over), run
     state.quiz, state.playing = None, False
     for k in [
@@ -238,25 +246,25 @@ def apply_url(state: LessonState, lesson: Lesson) -> int:
     qp = st.query_params
     if qp.get("lesson") != lesson.id:
         return 0
+    lang = pref("lang", "en")
+    problems: list[str] = []
     if "scn" in qp:
         try:
             d, problems = parse_scenario_text(json.dumps(_decode_base(qp["scn"])))
             if d is not None:
                 state.base = d
-            else:
-                state.error = "url: the scenario in the link is not valid:\n" + "\n".join(
-                    f"- {p}" for p in problems
-                )
         except BudgetError as e:
-            state.error = f"url: {e}"
-        except Exception:
-            state.notice = "url: the scenario in the link could not be read"
+            problems = [str(e)]
+        except Exception as e:  # not base64, not zlib, not UTF-8 JSON: a cut or edited link
+            problems = [tr("url_unreadable", lang, error=f"{type(e).__name__}: {e}")]
     for k in URL_SETTINGS:
         if k in qp:
             try:
                 state.overrides[k] = _parse_value(k, qp[k])
             except ValueError:
-                pass
+                problems.append(f"{k}={qp[k][:40]!r}: " + tr("url_not_a_number", lang))
+    if problems:
+        state.error = tr("url_bad", lang) + "\n" + "\n".join(f"- {p}" for p in problems)
     try:
         return min(max(0, int(qp.get("step", 0))), app_limits().max_run_steps)
     except ValueError:
@@ -274,12 +282,20 @@ def url_params(state: LessonState, lesson: Lesson, lang: str, ms: ModelState) ->
     for k, v in state.overrides.items():
         out[k] = "null" if v is None else (str(v).lower() if isinstance(v, bool) else str(v))
     if state.base != lesson.scenario:
-        out["scn"] = _encode_base(state.base)
+        packed = _encode_base(state.base)
+        if len(packed) <= app_limits().max_link_chars:  # a longer one would be refused on opening
+            out["scn"] = packed
     return out
 
 
 def write_url(state: LessonState, lesson: Lesson, lang: str, ms: ModelState) -> None:
+    """Keep the URL in step with the page; a scenario too large for a link is left out of it, and
+    the page says so (the link cap acts here, where the link is made)."""
     params = url_params(state, lesson, lang, ms)
+    if "scn" not in params and state.base != lesson.scenario:
+        most = app_limits().max_link_chars
+        chars = len(_encode_base(state.base))
+        st.caption(tr("url_too_long", lang, chars=f"{chars:,}", most=f"{most:,}"))
     if dict(st.query_params) != params:
         st.query_params.from_dict(params)
 

@@ -242,7 +242,7 @@ def show_about(state: TraceState, ms: ModelState, lang: str, decoded: bool) -> N
             lang,
             name=P.md_escape(state.name or "?"),
             steps=len(run.records),
-            scenario=P.md_escape(sc.name) if sc else "?",
+            scenario=P.md_escape(short(sc.name)) if sc else "?",
             model=sc.model if sc else "?",
         )
     )
@@ -287,8 +287,16 @@ def show_scenario(trace: Trace, ms: ModelState, lang: str) -> None:
     with st.expander(tr("trace_scenario", lang), expanded=False):
         sc = trace.scenario
         if sc.get("description"):
-            st.caption(sc["description"])
-        st.markdown(" · ".join(f"`{k}={v}`" for k, v in sc["engine"].items() if v is not None))
+            st.caption(P.md_escape(short(sc["description"])))
+        # the file's words, never markup: code spans (a backtick in a value would end one, so
+        # it goes), cut so that a huge value cannot fill the page
+        st.markdown(
+            " · ".join(
+                f"`{k}={short(str(v)).replace('`', '')}`"
+                for k, v in sc["engine"].items()
+                if v is not None
+            )
+        )
         st.json(sc, expanded=False)
         if st.button(
             tr("trace_open_playground", lang), key=f"playground:{KEY}", disabled=ms.model is None
@@ -298,6 +306,10 @@ def show_scenario(trace: Trace, ms: ModelState, lang: str) -> None:
                 st.switch_page(PAGE_FILES["playground"])  # stops this run
             else:
                 st.error(err)
+
+
+def short(text: str, most: int = 200) -> str:
+    return text if len(text) <= most else text[:most] + f"… ({len(text):,})"
 
 
 def write_url(lang: str, ms: ModelState) -> None:
