@@ -92,6 +92,9 @@ class RecordedRun:
         self.decode = decode
         self.done = done
         self.error = error
+        # why the store gave the run up ("store_full" with its figures, or "dropped"), for pages
+        # to say in their own language
+        self.error_key: Optional[tuple[str, dict]] = None
         # the step cap (PAGED_KV_LAB_MAX_RUN_STEPS) it stopped at with requests unfinished
         self.capped_at: Optional[int] = None
         self.trace = trace

@@ -210,9 +210,22 @@ class RunStore:
     def _forget(self, key: str, reason: Optional[str] = None) -> None:
         run = self._runs.pop(key)
         self._rr.remove(key)
+        held = self.total_bytes  # what the store held when it gave this run up
         self.total_bytes -= run.nbytes
         if not run.done:
             run.done, run.error = True, reason or "this run was dropped from the server's run store"
+            run.error_key = (
+                (
+                    "store_full",
+                    {
+                        "bytes": f"{held:,}",
+                        "var": ENV_STORE_HARD_BYTES,
+                        "limit": f"{self.hard_bytes:,}",
+                    },
+                )
+                if reason
+                else ("dropped", {})
+            )
             run._engine = None
         self._cond.notify_all()
 

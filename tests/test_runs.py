@@ -304,6 +304,12 @@ def test_hard_limit_stops_held_runs_with_a_reason():
         ta = Timeline(a)
         assert a.wait(400, 5) is False and a.done
         assert "PAGED_KV_LAB_RUN_STORE_HARD_BYTES" in a.error and ta
+        kind, fields = a.error_key  # what a page says, in its own language
+        from words.i18n import tr
+
+        for lang in ("en", "zh"):
+            said = tr("run_store_full", lang, **fields)
+            assert kind == "store_full" and "PAGED_KV_LAB_RUN_STORE_HARD_BYTES=200,000" in said
         assert hard.total_bytes <= 200_000 + estimate_nbytes(a.records[-1]) * 2
     finally:
         hard.close()

@@ -109,7 +109,13 @@ def run_error(state: PageState) -> None:
         return
     if run is not None and run.error and run.error != state.run_error_seen and run.finished:
         state.run_error_seen = run.error
-        state.error = state.error or run.error
+        said = getattr(run.run, "error_key", None)
+        if said is not None:
+            lang = st.session_state.get("_prefs", {}).get("lang", "en")
+            kind, fields = said
+            said = tr("run_store_full", lang, **fields) if kind == "store_full" else None
+            said = said or tr("run_dropped", lang)
+        state.error = state.error or said or run.error
 
 
 def get_state(lesson: Lesson, ms: ModelState) -> LessonState:

@@ -76,7 +76,7 @@ def load_trace_bytes(
         return state.error
     state.run, state.name = run, name
     state.quiz, state.quiz_choice, state.playing = None, None, False
-    state.notice = tr("trace_loaded", lang, name=name, steps=len(run.records))
+    state.notice = tr("trace_loaded", lang, name=P.md_escape(name), steps=len(run.records))
     return None
 
 

@@ -11,6 +11,7 @@ from lessons.catalog import Lesson
 from record.budget import BudgetError, app_limits, check_size
 from record.scenario import scenario_to_dict
 from ui.modelstate import ModelState
+from ui.panels import md_escape
 from ui.state import LessonState, parse_scenario_text, rebuild
 from words.i18n import pick, tr
 
@@ -72,7 +73,7 @@ def apply_scenario_text(
             tr("bad_scenario", lang) + "\n" + "\n".join(f"- {p}" for p in err.splitlines())
         )
         return False
-    state.notice = tr("loaded_ok", lang, name=d.get("name", "?"))
+    state.notice = tr("loaded_ok", lang, name=md_escape(str(d.get("name", "?"))))
     return True
 
 
