@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # A scratch Python environment in which vLLM 0.33.0's own BlockPool imports, on a CPU-only machine,
-# for bench/bench_pool_vs_vllm.py (our BlockPool against vLLM's, same op sequence).
+# for bench/bench_pool_vs_vllm.py (our BlockPool against vLLM's, same op sequence), and its Scheduler
+# for scripts/vllm_lookahead_diff.py (tests/test_draft_model_vllm.py: allocations with lookahead),
+# and its SimpleCPUOffloadScheduler for bench/offload_vs_vllm.py (tests/test_offload_vs_vllm.py: the
+# CPU tier; its import chain needs nothing more).
 #
 #   bash scripts/vllm_env.sh                 # builds /tmp/vllm-venv (idempotent: a ready one is kept)
 #   VLLM_VENV=/tmp/vllm-venv .venv/bin/python bench/bench_pool_vs_vllm.py
@@ -10,7 +13,9 @@
 # - torch==2.13.0 (vllm/__init__ imports torch; this machine has a local CPU build of 2.13.0,
 #   vLLM pins 2.14.0 but nothing BlockPool runs touches torch);
 # - the packages that the import chain of vllm.v1.core.block_pool really needs (found by importing
-#   it until nothing was missing), at the versions vLLM 0.33.0's metadata asks for where it names them.
+#   it until nothing was missing), at the versions vLLM 0.33.0's metadata asks for where it names them;
+#   einops for vllm.v1.core.sched.scheduler's chain, xxhash for our own kvcore, which the
+#   scheduler comparison imports beside vLLM.
 # Nothing else of vLLM (no GPU, no model, no server) is needed or used.
 #
 # Environment: VLLM_VENV (where, default /tmp/vllm-venv), VLLM_WHEEL (a local wheel; default the one
@@ -34,6 +39,8 @@ ready() {
 import vllm
 from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import FreeKVCacheBlockQueue, KVCacheBlock
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.simple_kv_offload.manager import SimpleCPUOffloadScheduler
 assert vllm.__version__ == '$VERSION', vllm.__version__
 " >/dev/null 2>&1
 }
@@ -77,7 +84,7 @@ fi
 # 3. The import chain of vllm.v1.core.block_pool, at vLLM's own version specifiers where it has one.
 NEEDED="packaging psutil pyzmq urllib3 regex numpy msgspec pydantic cbor2 transformers aiohttp requests
 openai pillow pybase64 cachetools cloudpickle uvloop py-cpuinfo prometheus_client xgrammar fastapi
-partial-json-parser llguidance oss-harmony"
+partial-json-parser llguidance oss-harmony einops xxhash"
 mapfile -t SPECS < <("$VENV/bin/python" - $NEEDED <<'EOF'
 import importlib.metadata as m
 import re
