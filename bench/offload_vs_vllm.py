@@ -1,0 +1,527 @@
+"""The CPU tier against vLLM 0.33.0's own SimpleCPUOffloadScheduler, on random traces.
+
+Each trace is a few requests over three shared prefixes, arriving one after another, in a GPU pool
+too small to keep them all: blocks are stored to the CPU, evicted from the GPU, found on the CPU
+and loaded back. Our engine runs the trace (kvcore's Scheduler, KVCacheManager and
+SimpleCPUOffloadConnector, a stand-in model, a worker that finishes every copy in its step). Its
+schedule (who was looked up, admitted, run, with how many tokens; the tokens sampled; who
+finished) is then replayed step by step against vLLM's own ``KVCacheManager`` and
+``SimpleCPUOffloadScheduler`` driven with a fake worker, as vLLM's tests drive it: the same calls
+the vLLM Scheduler makes (``get_computed_blocks``, ``get_num_new_matched_tokens``,
+``allocate_slots``, ``update_state_after_alloc``, ``build_connector_meta``,
+``request_finished_all_groups``, ``update_connector_output``). vLLM decides every block by itself;
+per step both sides must then agree on:
+
+- the lookups: GPU hit tokens and CPU hit tokens of each request looked up;
+- what is **stored**: the store job's GPU blocks and CPU blocks, in order;
+- what is **loaded**: the load job's CPU blocks and GPU blocks, in order;
+- the block tables of the requests scheduled, and both free queues (GPU and CPU) after the step.
+
+vLLM runs in a worker process started with the Python of a scratch environment that has the real
+vllm==0.33.0 package (``bash scripts/vllm_env.sh`` builds it; ``VLLM_VENV`` names it).
+
+    VLLM_VENV=/tmp/vllm-venv .venv/bin/python bench/offload_vs_vllm.py            # 200 traces
+    VLLM_VENV=/tmp/vllm-venv .venv/bin/python bench/offload_vs_vllm.py --traces 20 --json out.json
+
+Without ``VLLM_VENV`` it says how to make one and exits 0 (skipped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+from typing import Any
+
+REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+VLLM_VERSION = "0.33.0"
+ASPECTS = ("lookups", "store", "load", "tables", "gpu_free_queue", "cpu_free_queue")
+
+
+# -- the traces and our side -------------------------------------------------------------------
+def random_case(seed: int) -> dict[str, Any]:
+    """Requests over three shared prefixes, one arriving every few steps, in a small GPU pool."""
+    rng = random.Random(seed)
+    block_size = rng.choice([2, 4])
+    prefixes = [[rng.randrange(1000) for _ in range(24)] for _ in range(3)]
+    requests = []
+    step = 0
+    for i in range(rng.randint(5, 10)):
+        n = rng.randint(block_size + 1, 5 * block_size + 1)
+        tail = [rng.randrange(1000) for _ in range(rng.randint(0, 2))]
+        prompt = (prefixes[rng.randrange(3)][:n] + tail)[: 6 * block_size]
+        requests.append(
+            {"id": f"R{i}", "prompt": prompt, "max_tokens": rng.randint(1, 4), "arrival": step}
+        )
+        step += rng.randint(0, 5)
+    return {
+        "seed": seed,
+        "block_size": block_size,
+        "num_gpu_blocks": rng.randint(8, 12),
+        "num_cpu_blocks": rng.randint(3, 24),
+        "lazy_offload": rng.random() < 0.3,
+        "max_num_seqs": rng.choice([1, 2]),
+        "requests": requests,
+    }
+
+
+def our_run(case: dict[str, Any]) -> tuple[list[dict], list[dict]]:
+    """(the replay script, our observations), one entry per step."""
+    from record.engine import Engine, NoModelRunner
+    from record.scenario import CPUOffloadConfig, EngineSettings, RequestSpec, Scenario
+
+    sc = Scenario(
+        name=f"offload-{case['seed']}",
+        engine=EngineSettings(
+            block_size=case["block_size"],
+            num_gpu_blocks=case["num_gpu_blocks"],
+            max_num_seqs=case["max_num_seqs"],
+            hash_algo="sha256",
+            cpu_offload=CPUOffloadConfig(
+                num_cpu_blocks=case["num_cpu_blocks"], lazy_offload=case["lazy_offload"]
+            ),
+        ),
+        requests=tuple(
+            RequestSpec(
+                id=r["id"],
+                prompt_token_ids=tuple(r["prompt"]),
+                max_tokens=r["max_tokens"],
+                arrival_step=r["arrival"],
+                ignore_eos=True,
+            )
+            for r in case["requests"]
+        ),
+    )
+    eng = Engine(sc, runner=NoModelRunner(), debug=True)
+    outs = []
+    core_step = eng.engine_core.step
+
+    def step():
+        done = core_step()
+        outs.append(done.scheduler_output)
+        return done
+
+    eng.engine_core.step = step
+    manager = eng.kv_connector.scheduler_manager
+    script, seen = [], []
+    known: set[str] = set()
+    while eng.has_unfinished() and len(outs) < 500:
+        rec = eng.step()
+        out = outs[-1]
+        arrivals = [
+            {"id": rid, "prompt": list(r.prompt_token_ids), "max_tokens": r.max_tokens}
+            for rid, r in eng.requests.items()
+            if rid not in known
+        ]
+        known.update(eng.requests)
+        loads = {e.request_id for e in rec.events if e.kind == "cpu_load"}
+        actions, lookups = [], []
+        resumed = out.scheduled_cached_reqs.resumed_req_ids
+        for rid in out.scheduled_cached_reqs.req_ids:
+            if rid not in resumed:
+                actions.append(["run", rid, out.num_scheduled_tokens[rid]])
+        for e in rec.events:
+            if e.kind in ("cache_hit", "cache_miss"):
+                n = out.num_scheduled_tokens.get(e.request_id)
+                n = 0 if e.request_id in loads else n
+                actions.append(["admit", e.request_id, n])
+                local = e.num_tokens if e.kind == "cache_hit" else 0
+                ext = sum(
+                    c.num_tokens
+                    for c in rec.events
+                    if c.kind == "cpu_hit" and c.request_id == e.request_id
+                )
+                lookups.append([e.request_id, local, ext])
+            elif e.kind == "cpu_loaded":
+                actions.append(["resume", e.request_id, out.num_scheduled_tokens.get(e.request_id)])
+            elif (
+                e.kind in ("admitted", "resumed")
+                or (e.kind == "blocked" and e.reason == "no_free_blocks")
+            ) and not any(a[1] == e.request_id for a in actions):
+                # back from a load in an earlier step: no lookup, its tokens are computed
+                actions.append(
+                    ["continue", e.request_id, out.num_scheduled_tokens.get(e.request_id)]
+                )
+        md = out.kv_connector_metadata
+        script.append(
+            {
+                "arrivals": arrivals,
+                "actions": actions,
+                # FCFS victims, in the order the running loop took them
+                "preempted": [e.request_id for e in rec.events if e.kind == "preempted"],
+                "new_tokens": {k: list(v) for k, v in rec.new_tokens.items()},
+                "finished": [e.request_id for e in rec.events if e.kind == "finished"],
+            }
+        )
+        seen.append(
+            {
+                "lookups": lookups,
+                "store": [list(md.store_gpu_blocks), list(md.store_cpu_blocks)],
+                "load": [list(md.load_cpu_blocks), list(md.load_gpu_blocks)],
+                "tables": {
+                    rid: list(eng.kv_cache_manager.get_block_ids(rid)[0])
+                    for rid in out.num_scheduled_tokens
+                    if rid in eng.scheduler.requests
+                },
+                "gpu_free_queue": [
+                    b.block_id
+                    for b in eng.kv_cache_manager.block_pool.free_block_queue.get_all_free_blocks()
+                ],
+                "cpu_free_queue": [
+                    b.block_id
+                    for b in manager.cpu_block_pool.free_block_queue.get_all_free_blocks()
+                ],
+            }
+        )
+    assert not eng.has_unfinished(), f"trace {case['seed']} did not finish"
+    return script, seen
+
+
+# -- vLLM's side (runs under vLLM's interpreter) ------------------------------------------------
+def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
+    """The script replayed against vLLM's KVCacheManager and SimpleCPUOffloadScheduler."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        KVCacheTensor,
+    )
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request, RequestStatus
+    from vllm.v1.simple_kv_offload.manager import SimpleCPUOffloadScheduler
+    from vllm.v1.simple_kv_offload.metadata import SimpleCPUOffloadWorkerMetadata
+
+    bs, n_gpu = case["block_size"], case["num_gpu_blocks"]
+    init_none_hash(sha256)
+    hasher = get_request_block_hasher(bs, sha256)
+    spec = FullAttentionSpec(bs, num_kv_heads=1, head_size=8, dtype=torch.float32)
+    page = spec.page_size_bytes
+    config = KVCacheConfig(
+        num_blocks=n_gpu,
+        kv_cache_tensors=[
+            KVCacheTensor(size=page * n_gpu, layers=["l0"], layer_stride=0, block_stride=page)
+        ],
+        kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)],
+    )
+    max_model_len = 1 << 16
+    kvm = KVCacheManager(
+        config, max_model_len, bs, bs, max_in_flight_tokens=256, enable_kv_cache_events=True
+    )
+    vllm_config = SimpleNamespace(
+        kv_events_config=SimpleNamespace(enable_kv_cache_events=True),
+        parallel_config=SimpleNamespace(decode_context_parallel_size=1, world_size=1),
+        speculative_config=None,
+        model_config=SimpleNamespace(max_model_len=max_model_len),
+        max_in_flight_tokens=256,
+        num_prefill_lookahead_tokens=0,
+        scheduler_config=SimpleNamespace(max_num_batched_tokens=256),
+    )
+    mgr = SimpleCPUOffloadScheduler(
+        vllm_config,
+        config,
+        cpu_capacity_bytes=page * 1024,
+        scheduler_block_size=bs,
+        hash_block_size=bs,
+        lazy_offload=case["lazy_offload"],
+        num_cpu_blocks=case["num_cpu_blocks"],
+    )
+    mgr.bind_gpu_block_pool(kvm.block_pool)
+    reqs: dict[str, Any] = {}
+    finished_prev: set[str] = set()
+    seen = []
+    for step in script:
+        for a in step["arrivals"]:
+            reqs[a["id"]] = Request(
+                a["id"],
+                a["prompt"],
+                SamplingParams(max_tokens=a["max_tokens"], ignore_eos=True),
+                None,
+                block_hasher=hasher,
+            )
+        new_reqs, cached_ids, cached_blocks, sched, lookups = [], [], [], {}, []
+        victims, preempted, resumed = list(step["preempted"]), set(), set()
+
+        def preempt(victim):
+            v = reqs[victim]
+            kvm.free(v)
+            v.status = RequestStatus.PREEMPTED
+            v.num_computed_tokens = 0
+            v.num_preemptions += 1
+            preempted.add(victim)
+
+        for act, rid, n in step["actions"]:
+            r = reqs[rid]
+            if act == "run":
+                blocks = kvm.allocate_slots(r, n)
+                while blocks is None and victims:
+                    preempt(victims.pop(0))  # as our running loop did
+                    blocks = kvm.allocate_slots(r, n)
+                assert blocks is not None, f"vLLM could not grow {rid}'s table"
+                cached_ids.append(rid)
+                ids = blocks.get_block_ids()
+                cached_blocks.append(ids if any(ids) else None)
+                sched[rid] = n
+            elif act == "admit":
+                hits, local, _ = kvm.get_computed_blocks(r)
+                ext, load_async = mgr.get_num_new_matched_tokens(r, local)
+                lookups.append([rid, local, ext])
+                if load_async:
+                    blocks = kvm.allocate_slots(
+                        r,
+                        0,
+                        local,
+                        hits,
+                        num_external_computed_tokens=ext,
+                        delay_cache_blocks=True,
+                        full_sequence_must_fit=True,
+                    )
+                else:
+                    num_new = n or r.num_tokens - local
+                    blocks = kvm.allocate_slots(
+                        r, num_new, local, hits, full_sequence_must_fit=True
+                    )
+                if blocks is None:
+                    assert n is None, f"vLLM refused {rid} where ours admitted it"
+                    continue
+                assert n is not None, f"vLLM admitted {rid} where ours refused it"
+                mgr.update_state_after_alloc(r, kvm.get_blocks(rid), ext)
+                if load_async:
+                    r.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+                    r.num_computed_tokens = local + ext
+                else:
+                    if r.status == RequestStatus.PREEMPTED:  # resumed: its whole new table
+                        cached_ids.append(rid)
+                        cached_blocks.append(kvm.get_block_ids(rid))
+                        resumed.add(rid)
+                    else:
+                        new_reqs.append(
+                            SimpleNamespace(req_id=rid, block_ids=kvm.get_block_ids(rid))
+                        )
+                    r.status = RequestStatus.RUNNING
+                    r.num_computed_tokens = local
+                    sched[rid] = n
+            else:  # "resume" (the load just finished) or "continue" (it finished earlier)
+                if act == "resume":
+                    kvm.cache_blocks(r, r.num_computed_tokens)
+                    if r.num_computed_tokens == r.num_tokens:
+                        r.num_computed_tokens -= 1
+                    r.status = (
+                        RequestStatus.PREEMPTED if r.num_preemptions else RequestStatus.WAITING
+                    )
+                blocks = kvm.allocate_slots(
+                    r, n or r.num_tokens - r.num_computed_tokens, full_sequence_must_fit=True
+                )
+                if blocks is None:
+                    assert n is None, f"vLLM refused {rid} where ours admitted it"
+                    continue
+                assert n is not None, f"vLLM admitted {rid} where ours refused it"
+                if r.num_preemptions:
+                    cached_ids.append(rid)
+                    cached_blocks.append(kvm.get_block_ids(rid))
+                    resumed.add(rid)
+                else:
+                    new_reqs.append(SimpleNamespace(req_id=rid, block_ids=kvm.get_block_ids(rid)))
+                r.status = RequestStatus.RUNNING
+                sched[rid] = n
+        for victim in victims:  # requests that preempted themselves: never scheduled
+            preempt(victim)
+        out = SimpleNamespace(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=SimpleNamespace(
+                req_ids=cached_ids, new_block_ids=cached_blocks, resumed_req_ids=resumed
+            ),
+            num_scheduled_tokens=sched,
+            preempted_req_ids=preempted,
+            finished_req_ids=finished_prev,
+            kv_connector_block_state=None,
+        )
+        md = mgr.build_connector_meta(out)
+        for rid, n in sched.items():
+            reqs[rid].num_computed_tokens += n
+        # the fake worker: every copy of the step is done by its end
+        # a list, not a set: vLLM walks it as given, and ours walks the loads in planned order
+        recving = list(md.load_event_to_reqs.get(md.load_event, ())) if md.load_event >= 0 else None
+        worker_meta = (
+            SimpleCPUOffloadWorkerMetadata({md.store_event: 1}) if md.store_event >= 0 else None
+        )
+        for rid, toks in step["new_tokens"].items():
+            reqs[rid].append_output_token_ids(toks)
+        for rid in step["finished"]:
+            r = reqs[rid]
+            r.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            mgr.request_finished_all_groups(r, kvm.get_block_ids(rid))
+            kvm.free(r)
+        mgr.update_connector_output(
+            KVConnectorOutput(
+                finished_recving=recving or None, kv_connector_worker_meta=worker_meta
+            )
+        )
+        finished_prev = set(step["finished"])
+        seen.append(
+            {
+                "lookups": lookups,
+                "store": [list(md.store_gpu_blocks), list(md.store_cpu_blocks)],
+                "load": [list(md.load_cpu_blocks), list(md.load_gpu_blocks)],
+                "tables": {
+                    rid: list(kvm.get_block_ids(rid)[0])
+                    for rid in sched
+                    if rid not in step["finished"]
+                },
+                "gpu_free_queue": [
+                    b.block_id for b in kvm.block_pool.free_block_queue.get_all_free_blocks()
+                ],
+                "cpu_free_queue": [
+                    b.block_id for b in mgr.cpu_block_pool.free_block_queue.get_all_free_blocks()
+                ],
+            }
+        )
+        for rid in step["finished"]:
+            del reqs[rid]
+    return seen
+
+
+def worker_main() -> None:
+    """Under vLLM's interpreter: cases and scripts in on stdin, vLLM's observations out."""
+    import logging
+
+    logging.disable(logging.WARNING)
+    jobs = json.load(sys.stdin)
+    results = []
+    for job in jobs:
+        try:
+            results.append({"seen": vllm_replay(job["case"], job["script"])})
+        except AssertionError as e:
+            results.append({"error": str(e)})
+    json.dump(results, sys.stdout)
+
+
+# -- comparing -----------------------------------------------------------------------------------
+def compare(ours: list[dict], theirs: dict) -> dict[str, Any]:
+    """Per aspect, steps checked and steps that differ (with the first difference)."""
+    report: dict[str, Any] = {a: {"steps": 0, "differ": 0} for a in ASPECTS}
+    if "error" in theirs:
+        report["error"] = theirs["error"]
+        return report
+    for i, (a, b) in enumerate(zip(ours, theirs["seen"])):
+        for aspect in ASPECTS:
+            report[aspect]["steps"] += 1
+            if a[aspect] != b[aspect]:
+                report[aspect]["differ"] += 1
+                report.setdefault(
+                    "first", f"step {i + 1} {aspect}: ours {a[aspect]} vLLM {b[aspect]}"
+                )
+    if len(ours) != len(theirs["seen"]):
+        report["error"] = f"{len(ours)} steps here, {len(theirs['seen'])} in vLLM"
+    return report
+
+
+def run_vllm(venv: str, jobs: list[dict]) -> list[dict]:
+    proc = subprocess.run(
+        [os.path.join(venv, "bin", "python"), "-I", os.path.abspath(__file__), "--worker"],
+        input=json.dumps(jobs),
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"vLLM's side failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout)
+
+
+def differential(venv: str, seeds: list[int]) -> dict[str, Any]:
+    """Run the traces on both sides; totals per aspect, and what was exercised."""
+    jobs, ours = [], []
+    for seed in seeds:
+        case = random_case(seed)
+        script, seen = our_run(case)
+        jobs.append({"case": case, "script": script})
+        ours.append(seen)
+    theirs = run_vllm(venv, jobs)
+    totals: dict[str, Any] = {a: {"steps": 0, "differ": 0} for a in ASPECTS}
+    failures = []
+    exercised = dict.fromkeys(
+        (
+            "steps",
+            "lookups",
+            "stores",
+            "blocks_stored",
+            "loads",
+            "blocks_loaded",
+            "cpu_hit_tokens",
+            "preemptions",
+            "lazy_traces",
+        ),
+        0,
+    )
+    for seed, mine, job, other in zip(seeds, ours, jobs, theirs):
+        exercised["lazy_traces"] += job["case"]["lazy_offload"]
+        exercised["preemptions"] += sum(len(s["preempted"]) for s in job["script"])
+        rep = compare(mine, other)
+        for a in ASPECTS:
+            totals[a]["steps"] += rep[a]["steps"]
+            totals[a]["differ"] += rep[a]["differ"]
+        if "error" in rep or "first" in rep:
+            failures.append({"seed": seed, **{k: rep[k] for k in ("error", "first") if k in rep}})
+        for s in mine:
+            exercised["steps"] += 1
+            exercised["stores"] += bool(s["store"][0])
+            exercised["blocks_stored"] += len(s["store"][0])
+            exercised["loads"] += bool(s["load"][0])
+            exercised["blocks_loaded"] += len(s["load"][0])
+            exercised["lookups"] += len(s["lookups"])
+            exercised["cpu_hit_tokens"] += sum(x[2] for x in s["lookups"])
+    return {"traces": len(seeds), "aspects": totals, "exercised": exercised, "failures": failures}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--traces", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0, help="the first trace's seed")
+    ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker_main()
+        return 0
+    venv = os.environ.get("VLLM_VENV")
+    if not venv or not os.path.exists(os.path.join(venv, "bin", "python")):
+        print(
+            f"skipped: no vLLM {VLLM_VERSION} environment (VLLM_VENV={venv or 'unset'}).\n"
+            "make one with:  bash scripts/vllm_env.sh   then  VLLM_VENV=/tmp/vllm-venv ..."
+        )
+        return 0
+    res = differential(venv, list(range(args.seed, args.seed + args.traces)))
+    print(f"{res['traces']} random traces, ours vs vLLM {VLLM_VERSION}'s SimpleCPUOffloadScheduler")
+    for a, t in res["aspects"].items():
+        print(f"  {a:16s} {t['steps'] - t['differ']:6d} / {t['steps']:6d} steps equal")
+    ex = res["exercised"]
+    print(
+        f"  exercised: {ex['steps']} steps, {ex['lookups']} lookups, {ex['stores']} store jobs "
+        f"({ex['blocks_stored']} blocks), {ex['loads']} load jobs ({ex['blocks_loaded']} blocks), "
+        f"{ex['cpu_hit_tokens']} tokens hit on the CPU, {ex['preemptions']} preemptions; "
+        f"{ex['lazy_traces']} traces in lazy mode"
+    )
+    for f in res["failures"][:10]:
+        print(f"  differs: {f}")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(res, fh, indent=1)
+    return 1 if res["failures"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
