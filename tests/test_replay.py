@@ -308,7 +308,6 @@ def test_budget_refusals_name_the_limit():
         check_trace(trace, settings, replace(wide, max_num_gpu_blocks=100))
 
 
-@pytest.mark.skipif(not SHIPPED_TRACE.exists(), reason="the shipped trace is not here")
 def test_the_clis_budget_admits_the_whole_shipped_trace():
     trace = load_trace(SHIPPED_TRACE)
     assert len(trace) == 3993 and trace.max_input_length == 191_378

@@ -147,8 +147,8 @@ def _load_shipped(path: str) -> Trace:
     if path not in _SHIPPED_CACHE:
         if not Path(path).is_file():
             raise TraceError(
-                f"the shipped trace is not at {path} (this checkout has no ../shared/traces; "
-                f"set {SHIPPED_ENV} to a trace file, or upload one)"
+                f"the shipped trace is not at {path} "
+                f"(set {SHIPPED_ENV} to a trace file, or upload one)"
             )
         _SHIPPED_CACHE[path] = load_trace(path)
     return _SHIPPED_CACHE[path]

@@ -8,10 +8,5 @@ Scheduler / KVCacheManager / BlockPool with them, ``sweep`` asks "what if" over 
 
 from pathlib import Path
 
-# The real trace shipped with the project's shared test data (absent in a bare checkout).
-SHIPPED_TRACE = (
-    Path(__file__).resolve().parent.parent.parent
-    / "shared"
-    / "traces"
-    / "mooncake_synthetic_trace.jsonl"
-)
+# The real trace shipped with the project (Mooncake's, Apache-2.0: see traces/README.md).
+SHIPPED_TRACE = Path(__file__).resolve().parent / "traces" / "mooncake_synthetic_trace.jsonl"
