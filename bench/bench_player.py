@@ -499,8 +499,119 @@ async def bench_class(url: str, sessions: int, moves: int, playground: bool = Fa
     }
 
 
+POOL_CLICK = """async ([act, sel]) => {
+  const box = document.querySelector(sel);
+  const at = (a) => box.querySelector(`[data-act="${a}"]`);
+  const tl = box.querySelector('.pkv-timeline');
+  if (act === 'step' && at('step').disabled) at('home').click();
+  const jump = (v) => { tl.value = String(v); tl.dispatchEvent(new Event('input')); };
+  if (act === 'back' && at('back').disabled) jump(tl.max);
+  const t0 = performance.now();
+  if (act === 'timeline') {
+    jump(Math.floor(Math.random() * (Number(tl.max) + 1)));
+  } else {
+    at(act).click();
+  }
+  const drawn = Number(box.dataset.paintMs);
+  await new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)));
+  return [performance.now() - t0, drawn];
+}"""
+
+
+def lesson_export(lesson_id: str = "eviction") -> str:
+    """A lesson recorded on the tiny model, as the static export: the lessons' player, for a
+    baseline measured side by side with the large-pool player."""
+    from kvcore.model import load_model
+    from lessons import BY_ID
+    from player import run_payload, static_html
+    from record.engine import Engine
+    from runstore.runtime import lesson_scenario
+
+    model = load_model("tiny-random", "cpu")
+    sc = lesson_scenario(BY_ID[lesson_id], model.num_layers, model="tiny-random", device="cpu")
+    engine = Engine(sc, model=model)
+    initial = engine.snapshot()
+    records = engine.run()
+    return static_html(run_payload(initial, records))
+
+
+def bench_pool(trace_requests: int, num_gpu_blocks: int, block_size: int, clicks: int) -> None:
+    """The large-pool player (Real workloads page) on a replayed window of the shipped trace: the
+    recording's cost and size, then Step / Back / timeline jumps in a real browser, click ->
+    painted (two animation frames) and the player's own draw time (``data-paint-ms``). No server:
+    the window's self-contained HTML (player/pool_payload.py), opened from a file."""
+    import tempfile
+
+    from playwright.sync_api import sync_playwright
+
+    from player.pool_payload import pool_payload, pool_static_html
+    from ui.workloads_data import Settings, record_window, shipped_trace, workload_limits
+
+    limits = workload_limits()
+    trace = shipped_trace(0, trace_requests, limits)
+    s = Settings(block_size=block_size, num_gpu_blocks=num_gpu_blocks)
+    from workload.replay import Replay
+
+    r = Replay(trace, s.replay_settings(trace))
+    r.advance()
+    middle = max(1, r.step_count // 2)
+    t0 = time.perf_counter()
+    w = record_window(trace, s, middle, limits, before=100, after=100)
+    rec_s = time.perf_counter() - t0
+    payload = pool_payload(
+        w.frames, num_gpu_blocks=num_gpu_blocks, block_size=block_size, start=w.start
+    )
+    size = len(json.dumps(payload, separators=(",", ":")))
+    keys = sum(f.keyframe for f in w.frames)
+    print(
+        f"{trace_requests} requests of the shipped trace, block_size {block_size}, "
+        f"{num_gpu_blocks:,} blocks, {r.step_count:,} steps; window of {len(w.frames)} steps "
+        f"around step {middle} ({keys} keyframes) recorded in {rec_s:.1f} s (replay to it "
+        f"included); payload {size / 1024:.0f} KiB ({size / 1024 / len(w.frames):.1f} KiB a step)"
+    )
+    with tempfile.TemporaryDirectory() as d, sync_playwright() as pw:
+        pool_path, lesson_path = Path(d) / "moment.html", Path(d) / "lesson.html"
+        pool_path.write_text(pool_static_html(payload), encoding="utf-8")
+        lesson_path.write_text(lesson_export(), encoding="utf-8")
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        pages = {}
+        for name, path, sel in (("pool", pool_path, ".pkv-pool"), ("lesson", lesson_path, ".pkv")):
+            page = b.new_page(viewport={"width": 1500, "height": 1900})
+            page.on("pageerror", lambda e: print(f"| page error: {str(e)[:800]} |", flush=True))
+            page.goto(path.as_uri())
+            page.wait_for_selector(f"{sel}[data-step]", timeout=60_000)
+            pages[name] = (page, sel)
+        print(
+            "| recorded step, click -> painted (ms) | pool p50 | pool p90 | pool draw p50 | "
+            "lesson p50 | lesson p90 | n |\n|---|---:|---:|---:|---:|---:|---:|"
+        )
+        for act in ("step", "back", "timeline"):
+            got: dict = {"pool": [], "lesson": []}
+            for _ in range(clicks):  # interleaved: both players under the same load
+                for name, (page, sel) in pages.items():
+                    page.bring_to_front()
+                    got[name].append(page.evaluate(POOL_CLICK, [act, sel]))
+            pool, lesson = got["pool"], got["lesson"]
+            print(
+                f"| {act} | {pct([g[0] for g in pool], 0.5):.1f} | "
+                f"{pct([g[0] for g in pool], 0.9):.1f} | {pct([g[1] for g in pool], 0.5):.1f} | "
+                f"{pct([g[0] for g in lesson], 0.5):.1f} | "
+                f"{pct([g[0] for g in lesson], 0.9):.1f} | {clicks} |",
+                flush=True,
+            )
+        b.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument(
+        "--pool",
+        action="store_true",
+        help="only the large-pool player of the Real workloads page (no server)",
+    )
+    ap.add_argument("--pool-requests", type=int, default=60)
+    ap.add_argument("--pool-blocks", type=int, default=10_000)
+    ap.add_argument("--pool-block-size", type=int, default=16)
     ap.add_argument("--model", default="smollm2")
     ap.add_argument("--clicks", type=int, default=60)
     ap.add_argument("--sessions", type=int, default=30)
@@ -515,6 +626,11 @@ def main() -> None:
         "--payload", action="store_true", help="only the sizes of what is sent (no server)"
     )
     args = ap.parse_args()
+    if args.pool:
+        print(f"load average before: {os.getloadavg()}")
+        bench_pool(args.pool_requests, args.pool_blocks, args.pool_block_size, args.clicks)
+        print(f"load average after: {os.getloadavg()}")
+        return
     if args.payload:
         print(
             "| lesson | steps | whole snapshots (KiB) | player payload: head + deltas + events + "

@@ -15,7 +15,18 @@ per step both sides must then agree on:
 - the lookups: GPU hit tokens and CPU hit tokens of each request looked up;
 - what is **stored**: the store job's GPU blocks and CPU blocks, in order;
 - what is **loaded**: the load job's CPU blocks and GPU blocks, in order;
-- the block tables of the requests scheduled, and both free queues (GPU and CPU) after the step.
+- the block tables of the requests scheduled, and both free queues (GPU and CPU) after the step;
+- after a failed load (``invalid_block_ids``): the requests cut back with the tokens they keep,
+  and the blocks handed to ``evict_blocks``.
+
+Failed loads come two ways. Some traces list requests whose first CPU -> GPU copy fails
+(``engine.cpu_offload.fail_loads``: an asynchronous load, as every SimpleCPUOffload load is); some
+also have the worker report, at random steps, a computed block of a running request as invalid,
+as a connector that loads synchronously would. Each trace draws ``kv_load_failure_policy``
+("recompute" or "fail"). vLLM's side hands the same ids to vLLM's own
+``Scheduler._handle_invalid_blocks`` and ``_update_waiting_for_remote_kv`` (on a Scheduler object
+given just the state those methods read: the running requests in our order, the requests waiting
+for their loads, the KV cache manager), and applies what they decide.
 
 vLLM runs in a worker process started with the Python of a scratch environment that has the real
 vllm==0.33.0 package (``bash scripts/vllm_env.sh`` builds it; ``VLLM_VENV`` names it).
@@ -41,7 +52,16 @@ if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
 VLLM_VERSION = "0.33.0"
-ASPECTS = ("lookups", "store", "load", "tables", "gpu_free_queue", "cpu_free_queue")
+ASPECTS = (
+    "lookups",
+    "store",
+    "load",
+    "tables",
+    "gpu_free_queue",
+    "cpu_free_queue",
+    "rolled_back",
+    "evict_blocks",
+)
 
 
 # -- the traces and our side -------------------------------------------------------------------
@@ -60,7 +80,7 @@ def random_case(seed: int) -> dict[str, Any]:
             {"id": f"R{i}", "prompt": prompt, "max_tokens": rng.randint(1, 4), "arrival": step}
         )
         step += rng.randint(0, 5)
-    return {
+    case = {
         "seed": seed,
         "block_size": block_size,
         "num_gpu_blocks": rng.randint(8, 12),
@@ -69,6 +89,13 @@ def random_case(seed: int) -> dict[str, Any]:
         "max_num_seqs": rng.choice([1, 2]),
         "requests": requests,
     }
+    # drawn last, so the traces above stay what they were before failed loads were added
+    case["kv_load_failure_policy"] = rng.choice(["recompute", "fail"])
+    failing = rng.random() < 0.5
+    case["fail_loads"] = [r["id"] for r in requests if failing and rng.random() < 0.5]
+    case["sync_failure_rate"] = rng.choice([0.0, 0.0, 0.1])
+    case["failure_seed"] = rng.randrange(1 << 30)
+    return case
 
 
 def our_run(case: dict[str, Any]) -> tuple[list[dict], list[dict]]:
@@ -84,7 +111,10 @@ def our_run(case: dict[str, Any]) -> tuple[list[dict], list[dict]]:
             max_num_seqs=case["max_num_seqs"],
             hash_algo="sha256",
             cpu_offload=CPUOffloadConfig(
-                num_cpu_blocks=case["num_cpu_blocks"], lazy_offload=case["lazy_offload"]
+                num_cpu_blocks=case["num_cpu_blocks"],
+                lazy_offload=case["lazy_offload"],
+                kv_load_failure_policy=case.get("kv_load_failure_policy", "fail"),
+                fail_loads=tuple(case.get("fail_loads", ())),
             ),
         ),
         requests=tuple(
@@ -109,9 +139,68 @@ def our_run(case: dict[str, Any]) -> tuple[list[dict], list[dict]]:
 
     eng.engine_core.step = step
     manager = eng.kv_connector.scheduler_manager
+    # what the step's failed loads were, and what the scheduler did with them
+    worker = eng.engine_core.kv_connector.worker_handler
+    reported_ids: list[int] = []
+    evicted_ids: list[int] = []
+    order: dict[str, list[str]] = {}
+    report_errors = worker.get_block_ids_with_load_errors
+    kvm_evict = eng.kv_cache_manager.evict_blocks
+    update = eng.scheduler.update_from_output
+
+    def get_block_ids_with_load_errors():
+        ids = report_errors()
+        if rng.random() < case.get("sync_failure_rate", 0.0):
+            ids |= sync_failure()
+        reported_ids.extend(ids)
+        return ids
+
+    def sync_failure() -> set[int]:
+        """As a synchronously loading connector would report it: one block a running request
+        computed before this step. Not one whose table from there on holds a block this step
+        stores to the CPU: evicting a block a store still pins trips vLLM's own assertion in
+        ``_process_store_completion`` (a combination vLLM never meets, the CPU tier's loads
+        being asynchronous), and ours the same."""
+        bs = case["block_size"]
+        storing = set(worker._connector_metadata.store_gpu_blocks)
+        scheduled = order["out"].num_scheduled_tokens
+        choices = []
+        for r in eng.scheduler.running:
+            table = eng.kv_cache_manager.get_block_ids(r.request_id)[0]
+            n_blocks = (r.num_computed_tokens - scheduled.get(r.request_id, 0)) // bs
+            choices += [table[i] for i in range(n_blocks) if not storing & set(table[i:])]
+        return {rng.choice(choices)} if choices else set()
+
+    def evict_blocks(block_ids):
+        evicted_ids.extend(block_ids)
+        return kvm_evict(block_ids)
+
+    schedule = eng.scheduler.schedule
+
+    def schedule_and_keep():
+        order["out"] = schedule()
+        return order["out"]
+
+    def update_from_output(out, runner_output):
+        order["running"] = [r.request_id for r in eng.scheduler.running]
+        order["loading"] = [
+            r.request_id
+            for r in eng.scheduler.waiting.ordered()
+            if r.status.value == "waiting_for_remote_kvs"
+        ]
+        return update(out, runner_output)
+
+    worker.get_block_ids_with_load_errors = get_block_ids_with_load_errors
+    eng.kv_cache_manager.evict_blocks = evict_blocks
+    eng.scheduler.update_from_output = update_from_output
+    eng.scheduler.schedule = schedule_and_keep
+    rng = random.Random(case.get("failure_seed", 0))
     script, seen = [], []
     known: set[str] = set()
     while eng.has_unfinished() and len(outs) < 500:
+        reported_ids.clear()
+        evicted_ids.clear()
+        order.clear()
         rec = eng.step()
         out = outs[-1]
         arrivals = [
@@ -157,6 +246,9 @@ def our_run(case: dict[str, Any]) -> tuple[list[dict], list[dict]]:
                 "preempted": [e.request_id for e in rec.events if e.kind == "preempted"],
                 "new_tokens": {k: list(v) for k, v in rec.new_tokens.items()},
                 "finished": [e.request_id for e in rec.events if e.kind == "finished"],
+                "invalid_block_ids": sorted(reported_ids),
+                "running": order.get("running", []),
+                "loading": order.get("loading", []),
             }
         )
         seen.append(
@@ -177,6 +269,12 @@ def our_run(case: dict[str, Any]) -> tuple[list[dict], list[dict]]:
                     b.block_id
                     for b in manager.cpu_block_pool.free_block_queue.get_all_free_blocks()
                 ],
+                "rolled_back": sorted(
+                    [e.request_id, e.num_computed_tokens]
+                    for e in rec.events
+                    if e.kind == "kv_load_failed"
+                ),
+                "evict_blocks": sorted(evicted_ids),
             }
         )
     assert not eng.has_unfinished(), f"trace {case['seed']} did not finish"
@@ -193,6 +291,7 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_manager import KVCacheManager
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import (
         FullAttentionSpec,
         KVCacheConfig,
@@ -239,6 +338,26 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
         num_cpu_blocks=case["num_cpu_blocks"],
     )
     mgr.bind_gpu_block_pool(kvm.block_pool)
+    # vLLM's own Scheduler methods for failed loads, on an object holding only what they read
+    sch = object.__new__(Scheduler)
+    sch.kv_cache_config = config
+    sch.kv_cache_manager = kvm
+    sch.block_size = bs
+    sch.connector = mgr
+    sch.recompute_kv_load_failures = case.get("kv_load_failure_policy", "fail") == "recompute"
+    sch.failed_recving_kv_req_ids = set()
+    sch.finished_recving_kv_req_ids = set()
+    sch.needs_kv_cache_zeroing = False
+    sch.prefix_replay_tokens = 0
+    sch.prefix_replay_group_ids = []
+    evicted: list[int] = []
+    kvm_evict = kvm.evict_blocks
+
+    def evict_blocks(block_ids):
+        evicted.extend(block_ids)
+        kvm_evict(block_ids)
+
+    kvm.evict_blocks = evict_blocks
     reqs: dict[str, Any] = {}
     finished_prev: set[str] = set()
     seen = []
@@ -314,7 +433,15 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
                     r.num_computed_tokens = local
                     sched[rid] = n
             else:  # "resume" (the load just finished) or "continue" (it finished earlier)
-                if act == "resume":
+                if act == "resume" and rid in sch.failed_recving_kv_req_ids:
+                    sch.finished_recving_kv_req_ids.add(rid)
+                    sch._update_waiting_for_remote_kv(r)  # vLLM's: valid prefix or nothing
+                    r.status = (
+                        RequestStatus.PREEMPTED if r.num_preemptions else RequestStatus.WAITING
+                    )
+                    if r.num_computed_tokens == 0:
+                        continue  # its blocks went back: a fresh lookup follows ("admit")
+                elif act == "resume":
                     kvm.cache_blocks(r, r.num_computed_tokens)
                     if r.num_computed_tokens == r.num_tokens:
                         r.num_computed_tokens -= 1
@@ -357,7 +484,20 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
         worker_meta = (
             SimpleCPUOffloadWorkerMetadata({md.store_event: 1}) if md.store_event >= 0 else None
         )
+        evicted.clear()
+        rolled_back = []
+        failed: set[str] = set()
+        if step.get("invalid_block_ids"):
+            sch.running = [reqs[rid] for rid in step["running"]]
+            sch.kv_holding_waiting = [reqs[rid] for rid in step["loading"]]
+            waiting_before = set(sch.failed_recving_kv_req_ids)
+            failed = sch._handle_invalid_blocks(set(step["invalid_block_ids"]), sched)
+            # "recompute" returns the running ones and marks the loading ones; "fail" returns all
+            affected = failed | (sch.failed_recving_kv_req_ids - waiting_before)
+            rolled_back = sorted([rid, reqs[rid].num_computed_tokens] for rid in affected)
         for rid, toks in step["new_tokens"].items():
+            if rid in failed:
+                continue  # vLLM drops the output of a request whose KV failed to load
             reqs[rid].append_output_token_ids(toks)
         for rid in step["finished"]:
             r = reqs[rid]
@@ -386,6 +526,8 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
                 "cpu_free_queue": [
                     b.block_id for b in mgr.cpu_block_pool.free_block_queue.get_all_free_blocks()
                 ],
+                "rolled_back": rolled_back,
+                "evict_blocks": sorted(evicted),
             }
         )
         for rid in step["finished"]:
@@ -464,12 +606,20 @@ def differential(venv: str, seeds: list[int]) -> dict[str, Any]:
             "cpu_hit_tokens",
             "preemptions",
             "lazy_traces",
+            "failed_load_steps",
+            "requests_rolled_back",
+            "evict_blocks_calls",
+            "blocks_evicted_by_id",
+            "requests_failed",
         ),
         0,
     )
     for seed, mine, job, other in zip(seeds, ours, jobs, theirs):
         exercised["lazy_traces"] += job["case"]["lazy_offload"]
         exercised["preemptions"] += sum(len(s["preempted"]) for s in job["script"])
+        fail = job["case"].get("kv_load_failure_policy") == "fail"
+        for s in job["script"]:
+            exercised["failed_load_steps"] += bool(s.get("invalid_block_ids"))
         rep = compare(mine, other)
         for a in ASPECTS:
             totals[a]["steps"] += rep[a]["steps"]
@@ -484,6 +634,10 @@ def differential(venv: str, seeds: list[int]) -> dict[str, Any]:
             exercised["blocks_loaded"] += len(s["load"][0])
             exercised["lookups"] += len(s["lookups"])
             exercised["cpu_hit_tokens"] += sum(x[2] for x in s["lookups"])
+            exercised["requests_rolled_back"] += len(s["rolled_back"])
+            exercised["requests_failed"] += len(s["rolled_back"]) if fail else 0
+            exercised["evict_blocks_calls"] += bool(s["evict_blocks"])
+            exercised["blocks_evicted_by_id"] += len(s["evict_blocks"])
     return {"traces": len(seeds), "aspects": totals, "exercised": exercised, "failures": failures}
 
 
@@ -514,6 +668,12 @@ def main() -> int:
         f"({ex['blocks_stored']} blocks), {ex['loads']} load jobs ({ex['blocks_loaded']} blocks), "
         f"{ex['cpu_hit_tokens']} tokens hit on the CPU, {ex['preemptions']} preemptions; "
         f"{ex['lazy_traces']} traces in lazy mode"
+    )
+    print(
+        f"  failed loads: {ex['failed_load_steps']} steps with invalid_block_ids, "
+        f"{ex['requests_rolled_back']} requests cut back ({ex['requests_failed']} of them failed "
+        f"under kv_load_failure_policy fail), {ex['evict_blocks_calls']} evict_blocks calls "
+        f"({ex['blocks_evicted_by_id']} blocks)"
     )
     for f in res["failures"][:10]:
         print(f"  differs: {f}")

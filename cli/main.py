@@ -7,6 +7,10 @@
                              [--lang zh]
     python -m kvcore profile [--model M] [--device D] [--block-size N] [--gpu-memory-utilization F]
                              [--max-num-batched-tokens N] [--max-model-len N]
+    python -m kvcore replay TRACE.jsonl [--set KEY=VALUE ...] [--arrival sequential|timestamps]
+                             [--speedup X] [--json [PATH]] [--sweep KEY=V1,V2,...] [--csv [PATH]]
+    python -m kvcore compare TRACE.jsonl [--designs vllm,sglang,nano] [--set KEY=VALUE ...]
+                             [--page-size N] [--json [PATH]] [--sweep num_gpu_blocks=V1,V2,...]
 
 Exit codes: 0 ok, 2 bad scenario or arguments, 3 model or device unavailable.
 """
@@ -79,6 +83,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         scenario = load_scenario(args.scenario)
         if getattr(args, "set", None):
             scenario = with_engine_overrides(scenario, parse_engine_overrides(args.set))
+        if getattr(args, "cpu_offload_blocks", None) is not None or getattr(args, "lazy", False):
+            # the CPU tier (engine.cpu_offload), as vLLM's kv_connector_extra_config sets it
+            tier = dict(scenario_to_dict(scenario)["engine"].get("cpu_offload") or {})
+            if args.cpu_offload_blocks is not None:
+                tier["num_cpu_blocks"] = args.cpu_offload_blocks
+            if args.lazy:
+                tier["lazy_offload"] = True
+            scenario = with_engine_overrides(scenario, {"cpu_offload": tier})
     except ScenarioError as e:
         print(f"error: {args.scenario}: {e}", file=sys.stderr)
         return 2
@@ -223,6 +235,20 @@ def main(argv=None) -> int:
         help="override an engine setting (repeatable; VALUE read as JSON), e.g. --set "
         "watermark=0.1 --set prefix_cache_retention_interval=null --set hash_algo=sha256_cbor",
     )
+    r.add_argument(
+        "--cpu-offload-blocks",
+        type=int,
+        metavar="N",
+        help="a second tier: a CPU pool of N blocks beside the GPU pool (vLLM 0.33's "
+        "SimpleCPUOffloadConnector; engine.cpu_offload.num_cpu_blocks)",
+    )
+    r.add_argument(
+        "--lazy-offload",
+        dest="lazy",
+        action="store_true",
+        help="with the CPU tier: store only the blocks about to be evicted from the GPU "
+        "(engine.cpu_offload.lazy_offload)",
+    )
     r.add_argument("--model", choices=MODELS, help="override the scenario's model")
     r.add_argument("--device", choices=DEVICES, help="override the scenario's device")
     r.add_argument(
@@ -324,7 +350,21 @@ def main(argv=None) -> int:
     f.add_argument(
         "--max-model-len", type=int, help="for the maximum concurrency (default: the model's)"
     )
+    from cli.replay import add_parser as add_replay_parser
+
+    add_replay_parser(sub)
+    from cli.compare import add_parser as add_compare_parser
+
+    add_compare_parser(sub)
     args = p.parse_args(argv)
+    if args.cmd == "replay":
+        from cli.replay import cmd_replay
+
+        return cmd_replay(args)
+    if args.cmd == "compare":
+        from cli.compare import cmd_compare
+
+        return cmd_compare(args)
     if args.cmd == "explain":
         return cmd_explain(args)
     if args.cmd == "watch":

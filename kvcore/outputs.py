@@ -2,17 +2,42 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class KVConnectorOutput:
+    """What a KV connector's worker half reports after a step: the requests whose KV finished
+    going out (``finished_sending``) or coming in (``finished_recving``), and the connector's
+    own report (``kv_connector_worker_meta``). ``invalid_block_ids``: GPU blocks whose K/V
+    failed to load from the connector; the requests holding them are rolled back to recompute
+    them (or fail, by ``kv_load_failure_policy``: ``Scheduler._handle_invalid_blocks``)."""
+
+    finished_sending: Optional[set[str]] = None
+    finished_recving: Optional[set[str]] = None
+    kv_connector_worker_meta: Any = None
+    invalid_block_ids: set[int] = field(default_factory=set)
+
+    def is_empty(self) -> bool:
+        return (
+            not self.finished_sending
+            and not self.finished_recving
+            and not self.kv_connector_worker_meta
+            and not self.invalid_block_ids
+        )
 
 
 @dataclass(frozen=True)
 class ModelRunnerOutput:
     """Sampled tokens per request, in ``req_ids`` order; an empty list for a request still
-    in the middle of its prompt (nothing sampled)."""
+    in the middle of its prompt (nothing sampled). ``kv_connector_output``: the KV
+    connector's report of the step (None without a connector)."""
 
     req_ids: list[str]
     req_id_to_index: dict[str, int]
     sampled_token_ids: list[list[int]]
+    kv_connector_output: Optional[KVConnectorOutput] = None
 
     @classmethod
     def from_token_lists(

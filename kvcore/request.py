@@ -12,9 +12,13 @@ class RequestStatus(str, enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"
+    # a CPU-tier (connector) hit is being copied into its GPU blocks; it runs the step after
+    WAITING_FOR_REMOTE_KVS = "waiting_for_remote_kvs"
     FINISHED_STOPPED = "finished_stopped"
     FINISHED_LENGTH_CAPPED = "finished_length"
     FINISHED_ABORTED = "finished_aborted"
+    # a KV connector failed to load its K/V and kv_load_failure_policy is "fail"
+    FINISHED_ERROR = "finished_error"
 
     @property
     def finished(self) -> bool:
@@ -64,6 +68,8 @@ class Request:
         self.block_hashes: list[bytes] = []
         # Draft tokens proposed for the next step (speculative decoding); never in all_token_ids.
         self.spec_token_ids: list[int] = []
+        # Set when scheduled: this step ends before the request's last token (it samples nothing)
+        self.is_prefill_chunk = False
         self._hasher = block_hasher
         if block_hasher is not None:
             block_hasher.extend(self.block_hashes, self.all_token_ids, self.cache_salt)
@@ -91,9 +97,9 @@ class Request:
         return cache_salt_extra_keys(self.cache_salt, block_index)
 
     def append_output_token_ids(self, token_ids: Iterable[int]) -> None:
-        for t in token_ids:
-            self.output_token_ids.append(t)
-            self.all_token_ids.append(t)
+        token_ids = list(token_ids)
+        self.output_token_ids.extend(token_ids)  # as vLLM: two extends, then the new hashes
+        self.all_token_ids.extend(token_ids)
         if self._hasher is not None:
             self._hasher.extend(self.block_hashes, self.all_token_ids, self.cache_salt)
 

@@ -11,11 +11,17 @@ from lessons.l6_batching import LESSON as L6
 from lessons.l7_playground import LESSON as L7
 from lessons.l8_parallel_sampling import LESSON as L8
 from lessons.l9_spec_decode import LESSON as L9
+from lessons.l10_second_tier import LESSON as L10
+from lessons.l11_draft_model import LESSON as L11
+from lessons.t_designs import LESSON as T_DESIGNS
+from lessons.t_one_hash import LESSON as T_ONE_HASH
 
-LESSONS: tuple[Lesson, ...] = (L1, L2, L3, L4, L5, L6, L7, L8, L9)
-BY_ID: dict[str, Lesson] = {lesson.id: lesson for lesson in LESSONS + (HOME,)}
+LESSONS: tuple[Lesson, ...] = (L1, L2, L3, L4, L5, L6, L7, L8, L9, L10, L11)
+# Lessons on one topic each, listed under "Topics" in the sidebar (TOPICS).
+TOPIC_LESSONS: tuple[Lesson, ...] = (T_ONE_HASH, T_DESIGNS)
+BY_ID: dict[str, Lesson] = {lesson.id: lesson for lesson in LESSONS + TOPIC_LESSONS + (HOME,)}
 
-# The page file of each lesson (relative to app.py).
+# The page file of each lesson and topic (relative to app.py).
 PAGE_FILES: dict[str, str] = {
     "blocks": "pages/1_blocks.py",
     "prefix": "pages/2_prefix_caching.py",
@@ -26,7 +32,17 @@ PAGE_FILES: dict[str, str] = {
     "playground": "pages/7_playground.py",
     "parallel": "pages/10_parallel_sampling.py",
     "specdec": "pages/11_spec_decode.py",
+    "secondtier": "pages/16_second_tier.py",
+    "draftmodel": "pages/15_draft_model.py",
+    # topics (TOPICS): a lesson, then pages measured live on the model (ui/topic_pages.py)
+    "onehash": "pages/13_one_hash_two_blocks.py",
+    "blocksize": "pages/14_block_size.py",
+    "collisions": "pages/15_hash_collisions.py",
+    "hitttft": "pages/16_what_a_hit_buys.py",
+    "designs": "pages/18_designs.py",
 }
+# The "Topics" section of the sidebar, in order: the ids of TOPIC_LESSONS and of topic pages.
+TOPICS: tuple[str, ...] = ("onehash", "blocksize", "collisions", "hitttft", "designs")
 
 
 def page_url_path(page_file: str) -> str:
@@ -42,4 +58,13 @@ def url_path(lesson_id: str) -> str:
     return page_url_path(PAGE_FILES[lesson_id])
 
 
-__all__ = ["LESSONS", "BY_ID", "HOME", "PAGE_FILES", "page_url_path", "url_path"]
+__all__ = [
+    "LESSONS",
+    "TOPIC_LESSONS",
+    "BY_ID",
+    "HOME",
+    "PAGE_FILES",
+    "TOPICS",
+    "page_url_path",
+    "url_path",
+]

@@ -12,7 +12,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from record.events import Allocated, CacheHit, Event, Freed, Scheduled, Touched
+from record.events import Allocated, Cached, CacheHit, Event, Freed, Scheduled, Touched
 from record.snapshot import StepRecord
 
 Text = dict  # {"en": ..., "zh": ...}
@@ -74,7 +74,25 @@ class Lesson:
         eng = d.setdefault("engine", {})
         overrides = dict(overrides or {})
         layers = overrides.pop("layers", None)
+        # pseudo-setting: which drafter a speculative lesson uses ("ngram" / "draft_model")
+        spec_method = overrides.pop("spec_method", None)
+        # pseudo-setting: "<request id>:<kv_load_failure_policy>" makes that request's first
+        # load from the CPU tier fail ("none": every load succeeds)
+        failed_load = overrides.pop("failed_load", None)
         eng.update(overrides)
+        if (
+            isinstance(failed_load, str)
+            and ":" in failed_load
+            and isinstance(eng.get("cpu_offload"), dict)
+        ):
+            rid, policy = failed_load.rsplit(":", 1)
+            eng["cpu_offload"] = {
+                **eng["cpu_offload"],
+                "fail_loads": [rid],
+                "kv_load_failure_policy": policy,
+            }
+        if spec_method and isinstance(eng.get("speculative"), dict):
+            eng["speculative"] = {**eng["speculative"], "method": spec_method}
         if layers == "hybrid" and self.layer_pattern and num_layers and eng.get("sliding_window"):
             eng["layer_types"] = [
                 self.layer_pattern[i % len(self.layer_pattern)] for i in range(num_layers)
@@ -136,6 +154,19 @@ def _with_drafts(e: Scheduled, rec: StepRecord) -> bool:
     return e.phase == "decode" and e.num_tokens > 1
 
 
+def _lookahead_only(e: Allocated, rec: StepRecord) -> bool:
+    """Blocks allocated where no token scheduled this step lands: only for lookahead slots (the
+    draft model writes K/V there)."""
+    sched = [x for x in rec.events if isinstance(x, Scheduled) and x.request_id == e.request_id]
+    req = next((r for r in rec.snapshot.requests if r.request_id == e.request_id), None)
+    if not sched or req is None or not req.block_tables:
+        return False
+    end = sched[0].start + sched[0].num_tokens
+    table = req.block_tables[e.group or 0]
+    bs = rec.snapshot.block_size
+    return any(b in table and table.index(b) * bs >= end for b in e.block_ids)
+
+
 def _after_verify(e: Event, rec: StepRecord) -> bool:
     """Blocks cached after the same request's drafts were accepted in this step."""
     accepted = [
@@ -144,6 +175,21 @@ def _after_verify(e: Event, rec: StepRecord) -> bool:
         if x.kind == "draft_accepted" and x.request_id == e.request_id
     ]
     return bool(accepted) and rec.events.index(e) > accepted[0]
+
+
+def _dup_hash(e: Cached, rec: StepRecord) -> bool:
+    """Blocks cached under a hash that another block already held (BlockHashToBlockMap keeps
+    both)."""
+    hmap = rec.snapshot.hash_map
+    return any(
+        bid in ids and ids[0] != bid
+        for bid, h in zip(e.block_ids, e.block_hashes)
+        for ids in (hmap.get(f"{h}@{e.group or 0}", ()),)
+    )
+
+
+def _dup_decode(e: Cached, rec: StepRecord) -> bool:
+    return _dup_hash(e, rec) and _decode_alloc(e, rec)
 
 
 def _reason(value: str) -> Callable[[Event, StepRecord], bool]:
@@ -162,11 +208,17 @@ PREDICATES: dict[str, Callable[[Event, StepRecord], bool]] = {
     "still_used": _still_used,
     "decode_alloc": _decode_alloc,
     "with_drafts": _with_drafts,
+    "lookahead_only": _lookahead_only,
     "after_verify": _after_verify,
+    "dup_hash": _dup_hash,
+    "dup_decode": _dup_decode,
     "preempted_reason": _reason("preempted"),
     "window_reason": _reason("window"),
     "after_preempt": _reason("preempted_this_step"),
     "budget_reason": _reason("token_budget"),
+    "error_reason": _reason("error"),
+    "load_ok": lambda e, rec: not getattr(e, "load_failed", False),
+    "load_failed": lambda e, rec: bool(getattr(e, "load_failed", False)),
 }
 
 

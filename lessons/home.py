@@ -59,9 +59,9 @@ LESSON = Lesson(
         Moment(
             "freed",
             text={
-                "en": "{req} finished; its blocks return to "
-                "the free queue, the cached ones at the tail.",
-                "zh": "{req} 完成；它的块回到空闲队列，已缓存的放在队尾。",
+                "en": "{req} finished; its blocks return to the free queue: the cached "
+                "ones at the tail, one without a hash at the head.",
+                "zh": "{req} 完成；它的块回到空闲队列：已缓存的放在队尾，没有哈希的放在队头。",
             },
         ),
     ),

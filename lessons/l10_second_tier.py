@@ -142,6 +142,7 @@ LESSON = Lesson(
         Moment(
             "cpu_loaded",
             request="D",
+            where="load_ok",
             text={
                 "en": "The copies are done: the loaded blocks get their hashes in the GPU prefix "
                 "cache and D runs from token {num_computed_tokens} — the prefix came back from "
@@ -149,6 +150,60 @@ LESSON = Lesson(
                 "zh": "拷贝完成：加载的块在 GPU 前缀缓存中拿到哈希，"
                 "D 从第 {num_computed_tokens} 个 token 起运行——"
                 "前缀是从 CPU 取回的，而不是重新计算。",
+            },
+        ),
+        Moment(
+            "kv_load_failed",
+            request="D",
+            key=False,
+            text={
+                "en": "With the switch on, the copy into D's blocks **fails**: the worker reports "
+                "GPU blocks {blocks} as `invalid_block_ids`. `_handle_invalid_blocks` cuts D back "
+                "to token {num_computed_tokens}, the start of its first failed block "
+                "({num_lost_tokens} tokens lost). D was still waiting for its load, so those "
+                "blocks never entered the GPU prefix cache and there is nothing to evict: vLLM "
+                "calls `evict_blocks` only for blocks a running request loaded synchronously, "
+                "under the “fail” policy — and this connector always loads asynchronously. This "
+                "run's `kv_load_failure_policy` is “{policy}”: “recompute” computes the lost "
+                "tokens again, “fail” (vLLM's default) ends D with an error.",
+                "zh": "打开开关后，拷入 D 的块的操作**失败**：worker 把 GPU 块 {blocks} 报告为 "
+                "`invalid_block_ids`。`_handle_invalid_blocks` 把 D 退回到第 {num_computed_tokens} "
+                "个 token，即它第一个失败块的开头（丢失 {num_lost_tokens} 个 token）。"
+                "D 还在等待加载，这些块从未进入 GPU 前缀缓存，所以没有东西需要驱逐：vLLM 只在"
+                "“fail”策略下、对运行中的请求同步加载的块调用 `evict_blocks`——而这个连接器总是异步"
+                "加载。本次运行的 `kv_load_failure_policy` 是“{policy}”：“recompute”重新计算丢失的 "
+                "token，“fail”（vLLM 的默认值）让 D 以错误结束。",
+            },
+        ),
+        Moment(
+            "cpu_loaded",
+            request="D",
+            where="load_failed",
+            key=False,
+            text={
+                "en": "The failed load is reported done (a connector reports a load finished, "
+                "failed or not). Only the blocks before the first failed one would be cached, and "
+                "D kept none ({num_computed_tokens} valid tokens: its whole prefix came from the "
+                "CPU), so its blocks go back to the free queue and D starts over with a new "
+                "lookup. The CPU pool still holds the copies, so D is loaded again, and this copy "
+                "succeeds; its output still equals transformers' generate.",
+                "zh": "失败的加载被报告为完成（连接器无论成败都要报告加载完成）。"
+                "只有第一个失败块之前的块才会被缓存，而 D 一个也没有"
+                "（有效 token {num_computed_tokens} 个：它的整个前缀"
+                "都来自 CPU），所以它的块回到空闲队列，D 重新查找。CPU 池仍保存着副本，于是 D "
+                "再次加载，这次拷贝成功；它的输出仍与 transformers 的 generate 相同。",
+            },
+        ),
+        Moment(
+            "finished",
+            request="D",
+            where="error_reason",
+            key=False,
+            text={
+                "en": "Under “fail”, D ends with an error (`FINISHED_ERROR`) and frees its "
+                "blocks; a client would see the request fail rather than wait for a recompute.",
+                "zh": "在“fail”策略下，D 以错误结束（`FINISHED_ERROR`）并释放它的块；"
+                "客户端看到的是请求失败，而不是等待重新计算。",
             },
         ),
         Moment(
@@ -166,10 +221,14 @@ LESSON = Lesson(
         "en": "The table under the player splits each request's prompt by tier (GPU hit, CPU hit, "
         "computed) and shows its time to first token as measured here. Give the GPU pool more "
         "blocks with the switch above: A's blocks then survive on the GPU and D hits there. The "
+        "second switch makes D's copy from the CPU fail, as a connector reports a failed load "
+        "(`invalid_block_ids`), and shows what `kv_load_failure_policy` does with it. The "
         "playground sets the CPU pool's size and its lazy mode.",
         "zh": "播放器下方的表格把每个请求的提示词按层拆分（GPU 命中、CPU 命中、计算），并给出在"
         "这里测得的首 token 时间。用上面的开关给 GPU 块池更多块："
         "A 的块就会留在 GPU 上，D 在那里命中。"
+        "第二个开关让 D 从 CPU 的拷贝失败，就像连接器报告加载失败（`invalid_block_ids`）那样，"
+        "并展示 `kv_load_failure_policy` 如何处理它。"
         "CPU 池的大小和 lazy 模式可以在实验场里设置。",
     },
     questions=(
@@ -236,6 +295,16 @@ LESSON = Lesson(
             {"en": "GPU pool size (blocks)", "zh": "GPU 块池大小（块数）"},
             (8, 12, 24),
         ),
+        Toggle(
+            "failed_load",
+            {"en": "D's load from the CPU", "zh": "D 从 CPU 的加载"},
+            ("none", "D:recompute", "D:fail"),
+            (
+                {"en": "succeeds", "zh": "成功"},
+                {"en": "fails (recompute)", "zh": "失败（recompute）"},
+                {"en": "fails (fail)", "zh": "失败（fail）"},
+            ),
+        ),
     ),
     focus=("cache_hit", "evicted"),
     panels=("cpu_tier",),
@@ -274,6 +343,9 @@ def tier_rows(records: Sequence[StepRecord]) -> list[TierRow]:
                 cpu[e.request_id] = 0
             elif e.kind == "cpu_hit" and e.request_id not in first:
                 cpu[e.request_id] = e.num_tokens
+            elif e.kind == "kv_load_failed" and e.request_id not in first:
+                # only the tokens before the first failed block came from the CPU
+                cpu[e.request_id] = max(0, e.num_computed_tokens - gpu.get(e.request_id, 0))
             elif e.kind == "sampled":
                 for rid in e.tokens:
                     first.setdefault(rid, i)

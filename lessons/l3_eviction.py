@@ -51,11 +51,11 @@ LESSON = Lesson(
     },
     intro={
         "en": "Only {num_gpu_blocks} blocks (one of them the null block). There "
-        "is no separate eviction pass and no timestamp: a cached block that is free "
-        "simply waits in the free queue. It is evicted when `get_new_blocks` pops "
+        "is no separate eviction pass, and eviction reads no timestamp: a cached block that "
+        "is free simply waits in the free queue. It is evicted when `get_new_blocks` pops "
         "it from the **head** — its hash is dropped right then (lazy eviction).",
         "zh": "只有 {num_gpu_blocks} 个块（其中一个是空块）。没有单独的驱逐过程，"
-        "也没有时间戳：空闲的已缓存块只是排在空闲队列里。当 `get_new_blocks` "
+        "驱逐也不读任何时间戳：空闲的已缓存块只是排在空闲队列里。当 `get_new_blocks` "
         "从**队头**取出它时，它才被驱逐——哈希在那一刻被丢弃（惰性驱逐）。",
     },
     moments=(
@@ -87,10 +87,10 @@ LESSON = Lesson(
             "evicted",
             text={
                 "en": "An eviction is just `popleft` on the free queue plus "
-                "dropping one hash: no scan, no timestamp, no moving data. "
+                "dropping one hash: no scan, no timestamp read, no data moved. "
                 "What is evicted is decided by the queue order alone.",
                 "zh": "一次驱逐只是空闲队列的 `popleft` 加上丢弃一个哈希："
-                "没有扫描、没有时间戳、不搬移数据。驱逐谁完全由队列顺序决定。",
+                "没有扫描、不读时间戳、不搬移数据。驱逐谁完全由队列顺序决定。",
             },
         ),
         Moment(
@@ -140,10 +140,13 @@ LESSON = Lesson(
             ),
             answer=0,
             explain={
-                "en": "vLLM keeps no timestamps or counters; the queue "
-                "order (free order, reversed per request) is the LRU order.",
-                "zh": "vLLM 不记录时间戳或计数；队列顺序（释放顺序，"
-                "每个请求内逆序）就是 LRU 顺序。",
+                "en": "Eviction reads no timestamp or counter: the queue order (free order, "
+                "reversed per request) is the LRU order. vLLM's optional metrics collector "
+                "(`kv_cache_metrics`) samples block access times for statistics, but eviction "
+                "never reads them.",
+                "zh": "驱逐不读任何时间戳或计数：队列顺序（释放顺序，每个请求内逆序）就是 LRU "
+                "顺序。vLLM 可选的指标收集器（`kv_cache_metrics`）会抽样记录块的访问时间用于统计，"
+                "但驱逐从不读取它们。",
             },
         ),
         Question(

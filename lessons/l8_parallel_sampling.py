@@ -13,9 +13,10 @@ LESSON = Lesson(
     },
     summary={
         "en": "n = 3 samples of one prompt: three child requests, the prompt's full "
-        "blocks at ref_cnt 3, each child's own last block — and no block is ever copied.",
+        "blocks at ref_cnt 3, each child's own last block — and, on this attention-only "
+        "model, no block is ever copied.",
         "zh": "同一提示词采样 n = 3 次：三个子请求，提示词的满块 "
-        "ref_cnt 为 3，每个子请求有自己的最后一块——没有任何块被复制。",
+        "ref_cnt 为 3，每个子请求有自己的最后一块——在这个只有注意力层的模型上，没有任何块被复制。",
     },
     scenario={
         "name": "lesson-8-parallel-sampling",
@@ -163,18 +164,30 @@ LESSON = Lesson(
             },
             options=(
                 {
-                    "en": "Never: only full, cached blocks are "
-                    "shared, and they are never written again",
-                    "zh": "从不：只有已缓存的满块会被共享，而满块不会再被写入",
+                    "en": "For an attention-only model like this one, never: only full, "
+                    "cached blocks are shared, and they are never written again",
+                    "zh": "对这种只有注意力层的模型，从不："
+                    "只有已缓存的满块会被共享，而满块不会再被写入",
                 },
                 {"en": "When a child samples its first token", "zh": "子请求采样第一个 token 时"},
                 {"en": "When ref_cnt > 1 and the block is partial", "zh": "ref_cnt > 1 且块未满时"},
             ),
             answer=0,
             explain={
-                "en": "Copy-on-write was vLLM V0's. In v1 a partial "
-                "block has no hash, so it can never be shared.",
-                "zh": "写时复制是 vLLM V0 的做法。在 v1 中未满的块没有哈希，所以永远不会被共享。",
+                "en": "Copy-on-write of shared sequences was vLLM V0's. In v1 a partial block "
+                "has no hash, so a hit never lands in it. vLLM 0.33 copies a block only for a "
+                "sub-block (“partial hash”) hit, which ends inside a block: "
+                "`take_kv_cache_block_copies` in `v1/core/kv_cache_manager.py` hands the "
+                "worker `KVCacheBlockCopy` pairs. `partial_hash_hits_enabled` allows such hits "
+                "only when a hybrid model has Mamba groups in align mode, so for an "
+                "attention-only model no block is ever copied.",
+                "zh": "共享序列的写时复制是 vLLM V0 的做法。"
+                "在 v1 中未满的块没有哈希，命中不会落在它上面。"
+                "vLLM 0.33 只为块内（“partial hash”）命中复制块——这种命中结束在某个块的中间："
+                "`v1/core/kv_cache_manager.py` 的 `take_kv_cache_block_copies` 把 "
+                "`KVCacheBlockCopy`（源块、目标块）交给 worker。`partial_hash_hits_enabled` "
+                "只在混合模型含有 align 模式的 Mamba 组时才允许这种命中，所以只有注意力层的模型"
+                "从不复制任何块。",
             },
         ),
     ),

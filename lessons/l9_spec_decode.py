@@ -87,13 +87,15 @@ LESSON = Lesson(
                 "num_computed_tokens`). `allocate_slots` gives every one a KV slot from the "
                 "pool, like any token. (Its `num_lookahead_tokens` stays 0 for the n-gram "
                 "proposer: those reserve slots *past* the scheduled tokens, for drafters "
-                "such as EAGLE that write K/V there.) Caching stops at `min(computed + new, "
+                "such as EAGLE or a draft model that write K/V there — lesson 11.) Caching "
+                "stops at `min(computed + new, "
                 "request.num_tokens)`: a block holding drafts is not hashed.",
                 "zh": "A 从位置 {start} 起被调度了 **{num_tokens} 个 token**："
                 "最后一个采样出的 token 加上草稿（`num_tokens_with_spec − num_computed_tokens`）。"
                 "`allocate_slots` 像对待普通 token 一样，从块池里给每一个分配 KV 槽位。（对 "
                 "n-gram 提议器，`num_lookahead_tokens` 保持为 0：它预留的是已调度 token "
-                "*之后*的槽位，给 EAGLE 这类会在那里写 K/V 的起草器用。）缓存只到 `min(computed + "
+                "*之后*的槽位，给 EAGLE 或草稿模型这类会在那里写 K/V 的起草器用——见第 11 课。）"
+                "缓存只到 `min(computed + "
                 "new, request.num_tokens)` 为止：装着草稿的块不会被计算哈希。",
             },
         ),
@@ -207,4 +209,5 @@ LESSON = Lesson(
         ),
     ),
     focus=("draft_proposed", "draft_accepted", "draft_rejected"),
+    panels=("myths",),  # open here: the delay_cache_blocks myth is about drafts and the cache
 )

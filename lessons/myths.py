@@ -105,22 +105,26 @@ def hash_map_summary(snap: Snapshot) -> tuple[int, int, Optional[tuple[str, tupl
 class HashLosses:
     """The cached blocks that lost their hash over a run's records, by the BlockPool call that
     dropped it: (step, block) for each ``get_new_blocks`` pop from the queue head (lazy eviction)
-    and each ``evict_blocks`` by id, and the number of successful ``reset_prefix_cache`` calls."""
+    and each ``evict_blocks`` by id, and the number of successful ``reset_prefix_cache`` calls;
+    ``failed_loads``: (step, request) of each request a KV connector's failed load cut back."""
 
     popped: tuple[tuple[int, int], ...]
     by_id: tuple[tuple[int, int], ...]
     resets: int
+    failed_loads: tuple[tuple[int, str], ...] = ()
 
 
 def hash_losses(records: Sequence[StepRecord]) -> HashLosses:
-    popped, by_id, resets = [], [], 0
+    popped, by_id, resets, failed = [], [], 0, []
     for rec in records:
         for e in rec.events:
             if e.kind == "evicted" and e.block_ids:
                 (by_id if e.reason == "evict_blocks" else popped).append((rec.step, e.block_ids[0]))
             elif e.kind == "reset" and getattr(e, "ok", False):
                 resets += 1
-    return HashLosses(tuple(popped), tuple(by_id), resets)
+            elif e.kind == "kv_load_failed":
+                failed.append((rec.step, e.request_id))
+    return HashLosses(tuple(popped), tuple(by_id), resets, tuple(failed))
 
 
 def hit_lengths(snap: Snapshot) -> tuple[int, ...]:
@@ -367,6 +371,8 @@ def myth_sections(
             "一个哈希就代表整个前缀，所以查找只需把请求的满块逐个哈希、逐个查字典"
             "（全注意力组从左往右，遇到第一个未命中就停下；滑动窗口组从右往左找窗口所需的连续块）"
             "——没有树节点、没有边，也不需要分裂节点。"
+            "SGLang 的树与 vLLM 的块池并排运行同一批请求：见专题"
+            "[哈希链与基数树](/designs)。"
             if zh
             else "A radix tree is SGLang's RadixAttention. vLLM v1's BlockPool has one "
             "flat dict: block hash (with its KV cache group) → the blocks holding it. "
@@ -374,7 +380,8 @@ def myth_sections(
             "hashes the request's full blocks and probes the dict one block at a time (a "
             "full-attention group from the left, stopping at the first miss; a sliding-window "
             "group from the right, for the run of blocks its window needs) — no tree nodes, "
-            "no edges, no node splitting.",
+            "no edges, no node splitting. SGLang's tree, drawn next to vLLM's pool on the same "
+            "requests: the topic [Hash chains vs radix tree](/designs).",
             (
                 f"现在这张表有 {n_hash} 个哈希，指向 {n_blocks} 个块。{example}"
                 if zh
@@ -471,6 +478,26 @@ def seed_003_myths(
                 else " Lesson 3 (Eviction) shows one: choose “Run until: an eviction” in its "
                 "player."
             )
+        if h.failed_loads:
+            step, rid = h.failed_loads[0]
+            live += (
+                f"KV 连接器报告了 {len(h.failed_loads)} 次加载失败（第一次：第 {step} 步的 "
+                f"{rid}），被退回的请求由 `_handle_invalid_blocks` 处理。"
+                if zh
+                else f" A KV connector reported {len(h.failed_loads)} failed loads (the first: "
+                f"{rid} at step {step}), and `_handle_invalid_blocks` cut those requests back."
+            )
+        else:
+            live += (
+                "[第 10 课（第二层）](/second_tier)把“D 从 CPU 的加载”设为失败，"
+                "就能看到一次加载失败；"
+                "CPU 层总是异步加载，块在加载完成前从未缓存，所以那里 evict_blocks 不会被调用。"
+                if zh
+                else " [Lesson 10 (A second tier)](/second_tier) shows a failed load: set “D's "
+                "load from the CPU” to fail. The CPU tier always loads asynchronously and its "
+                "blocks are not cached before the load is done, so there evict_blocks is not "
+                "called."
+            )
     out.append(
         (
             "“evict_blocks(block_ids)：强制从前缀缓存中驱逐指定块，"
@@ -481,8 +508,10 @@ def seed_003_myths(
             "`KVCacheManager.evict_blocks` 调用 `BlockPool.evict_blocks`：只移除所列块的前缀缓存"
             "哈希（不论块正在使用还是空闲），不释放块，也不改变空闲队列的顺序。vLLM "
             "的调度器只在一处调用它：KV 连接器报告某些块的 K/V 加载失败时"
-            "（`_handle_invalid_blocks`，且未开启 `recompute_kv_load_failures`），"
-            "以免之后的请求命中坏数据。块池满了并不需要驱逐过程："
+            "（`_handle_invalid_blocks`，且 `kv_load_failure_policy` 为默认的 “fail”），"
+            "而且只针对运行中的请求同步加载、已进入前缀缓存的块（及其块表中其后的块），"
+            "以免之后的请求命中坏数据；异步加载的块在加载完成前从未缓存，无需驱逐。"
+            "块池满了并不需要驱逐过程："
             "`get_new_blocks` 从空闲队列队头取块，"
             "取到的已缓存块在那一刻失去哈希（惰性驱逐，见第 3 课）。"
             if zh
@@ -490,8 +519,11 @@ def seed_003_myths(
             "prefix-cache hash of exactly the blocks named (in use or free), frees nothing "
             "and leaves the free queue's order as it was. vLLM's scheduler calls it in one "
             "place: when a KV connector reports blocks whose K/V failed to load "
-            "(`_handle_invalid_blocks`, unless `recompute_kv_load_failures` is set), so no "
-            "later request hits bad data. A full pool needs no eviction pass: "
+            '(`_handle_invalid_blocks`, when `kv_load_failure_policy` is "fail", its '
+            "default), and only for blocks a running request loaded synchronously, which are "
+            "already cached (with the rest of that table after them), so no later request hits "
+            "bad data; an asynchronous load's blocks are not cached until it is done. "
+            "A full pool needs no eviction pass: "
             "`get_new_blocks` pops the free queue's head, and a cached block popped there "
             "loses its hash at that moment (lazy eviction, lesson 3).",
             live,

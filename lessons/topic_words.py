@@ -8,8 +8,9 @@ TITLES = {
     "blocksize": {"en": "Block size: 4, 16 or 64?", "zh": "块大小：4、16 还是 64？"},
     "collisions": {"en": "Hash collisions", "zh": "哈希碰撞"},
     "hitttft": {"en": "What a hit buys", "zh": "命中带来什么"},
+    "designs": {"en": "Hash chains vs radix tree", "zh": "哈希链与基数树"},
 }
-ICONS = {"onehash": "👯", "blocksize": "📏", "collisions": "🎲", "hitttft": "⏱️"}
+ICONS = {"onehash": "👯", "blocksize": "📏", "collisions": "🎲", "hitttft": "⏱️", "designs": "🌳"}
 
 BLOCK_SIZE = {
     "summary": {

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -273,6 +274,8 @@ class RunEncoder:
         )
         if new_prompts:
             d[T["new_prompts"]] = new_prompts
+        if rec.snapshot.cpu_pool is not None:  # the CPU tier's pool, whole (it is small)
+            d[T["cpu_pool"]] = asdict(rec.snapshot.cpu_pool)
         return d
 
 

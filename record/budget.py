@@ -67,6 +67,24 @@ ENV = {
 }
 
 
+# The scenario settings the budget bounds one by one: path in the scenario ("[]": any request) ->
+# the Limits field. A number is bounded by its value, a prompt by its characters, token ids and
+# the requests by how many (a request of n counts n). The playground's form and the tests read
+# it, so a limit added here reaches both.
+SETTING_LIMITS: dict[tuple[str, ...], str] = {
+    ("engine", "num_gpu_blocks"): "max_num_gpu_blocks",
+    ("engine", "block_size"): "max_block_size",
+    ("engine", "max_num_batched_tokens"): "max_num_batched_tokens",
+    ("engine", "cpu_offload", "num_cpu_blocks"): "max_num_gpu_blocks",  # a pool built the same way
+    ("requests",): "max_requests",
+    ("requests", "[]", "n"): "max_requests",
+    ("requests", "[]", "max_tokens"): "max_tokens",
+    ("requests", "[]", "arrival_step"): "max_run_steps",  # arrives before the last step
+    ("requests", "[]", "prompt"): "max_prompt_chars",
+    ("requests", "[]", "prompt_token_ids"): "max_prompt_tokens",
+}
+
+
 def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name)
     if raw is None or raw.strip() == "":
@@ -220,18 +238,26 @@ def check_scenario(
             'give a number here (`python -m kvcore profile` shows what "auto" would give)',
             ENV["max_num_gpu_blocks"],
         )
-    for field, name, value in (
-        ("max_num_gpu_blocks", "engine.num_gpu_blocks", s.num_gpu_blocks),
-        ("max_block_size", "engine.block_size", s.block_size),
-        ("max_num_batched_tokens", "engine.max_num_batched_tokens", s.max_num_batched_tokens),
-        (
-            "max_requests",
-            "requests (how many, each of n children counted)",
-            sum(getattr(r, "n", 1) for r in reqs),
-        ),
-    ):
-        if value > getattr(limits, field):
-            raise _refuse(name, value, getattr(limits, field), limits, field)
+    for path, field in SETTING_LIMITS.items():
+        value = scenario
+        for part in path if path[0] == "engine" else ():
+            value = getattr(value, part, None)
+        if isinstance(value, int) and value > getattr(limits, field):
+            raise _refuse(".".join(path), value, getattr(limits, field), limits, field)
+    cpu_offload = getattr(s, "cpu_offload", None)
+    if cpu_offload is not None and cpu_offload.num_cpu_blocks > limits.max_num_gpu_blocks:
+        # the CPU tier's pool is built like the GPU's: the same limit on its blocks
+        raise _refuse(
+            "engine.cpu_offload.num_cpu_blocks",
+            cpu_offload.num_cpu_blocks,
+            limits.max_num_gpu_blocks,
+            limits,
+            "max_num_gpu_blocks",
+        )
+    wanted = sum(getattr(r, "n", 1) for r in reqs)
+    if wanted > limits.max_requests:
+        what = "requests (how many, each of n children counted)"
+        raise _refuse(what, wanted, limits.max_requests, limits, "max_requests")
     for i, r in enumerate(reqs):
         if r.max_tokens > limits.max_tokens:
             raise _refuse(
@@ -266,11 +292,21 @@ def check_scenario(
             )
     if config is None:
         return
-    slots = s.num_gpu_blocks * s.block_size
-    pool = kv_pool_bytes(config, s.block_size, s.num_gpu_blocks, scenario.dtype)
+    # the CPU tier holds a KV tensor pool of its own, of the same layout
+    num_blocks = s.num_gpu_blocks + (cpu_offload.num_cpu_blocks if cpu_offload else 0)
+    slots = num_blocks * s.block_size
+    pool = kv_pool_bytes(config, s.block_size, num_blocks, scenario.dtype)
+    sp = getattr(s, "speculative", None)
+    if sp is not None and sp.method == "draft_model":
+        # the draft model's layers hold GPU pools of their own, shaped like the target's
+        n_layers = model_dims(config)[0]
+        draft = min(n_layers, sp.num_draft_layers or max(1, n_layers * 3 // 4))
+        gpu_pool = kv_pool_bytes(config, s.block_size, s.num_gpu_blocks, scenario.dtype)
+        pool += gpu_pool * draft // n_layers
     if pool > limits.max_run_bytes:
+        what = "(num_gpu_blocks + cpu_offload.num_cpu_blocks)" if cpu_offload else "num_gpu_blocks"
         raise BudgetError(
-            f"engine.num_gpu_blocks × block_size = {slots:,} token slots would "
+            f"engine.{what} × block_size = {slots:,} token slots would "
             f"need {fmt_bytes(pool)} of KV cache; {limits.where} "
             f"{fmt_bytes(limits.max_run_bytes)} per run ({ENV['max_run_bytes']})",
             ENV["max_run_bytes"],

@@ -27,6 +27,7 @@ from kvcore.kv_cache_interface import (
     SlidingWindowSpec,
 )
 from kvcore.request import Request
+from kvcore.spec_decode.draft_model import DraftModelProposer
 from kvcore.spec_decode.ngram_proposer import NgramProposer
 from kvcore.utils.hashing import get_hash_fn_by_name
 from kvcore.utils.math_utils import cdiv
@@ -91,7 +92,64 @@ def scheduler_config_for(s: EngineSettings, max_model_len: int) -> SchedulerConf
         long_prefill_token_threshold=s.long_prefill_token_threshold,
         max_cache_hit_length=s.max_cache_hit_length,
         num_spec_tokens=s.speculative.num_speculative_tokens if s.speculative else 0,
+        num_lookahead_tokens=num_lookahead_tokens(s.speculative),
     )
+
+
+def num_lookahead_tokens(speculative) -> int:
+    """vLLM's ``VllmConfig.num_lookahead_tokens``: a draft model writes K/V for up to
+    ``num_speculative_tokens`` positions past the scheduled ones; the n-gram proposer for none."""
+    if speculative is None or speculative.method != "draft_model":
+        return 0
+    return speculative.num_speculative_tokens
+
+
+def num_draft_layers(speculative, num_layers: int) -> int:
+    """The draft model's depth: the setting, or three quarters of the target's layers (at least
+    one: 22 of SmolLM2's 30, where early exit starts to guess right a third of the time; see
+    docs/speculative-decoding.md); ValueError when the model has fewer layers than asked for."""
+    asked = speculative.num_draft_layers
+    if asked is None:
+        return max(1, num_layers * 3 // 4)
+    if asked > num_layers:
+        raise ValueError(
+            f"engine.speculative.num_draft_layers={asked}: the model has only {num_layers} layers"
+        )
+    return asked
+
+
+def cpu_offload_connectors(s: EngineSettings, kv_cache_config, max_model_len: int):
+    """(scheduler half, worker half) of SimpleCPUOffloadConnector for ``engine.cpu_offload``,
+    or (None, None) when it is off; ValueError for settings it cannot serve."""
+    cfg = s.cpu_offload
+    if cfg is None:
+        return None, None
+    if not s.enable_prefix_caching:
+        raise ValueError(
+            "engine.cpu_offload finds blocks by their hashes: it needs enable_prefix_caching true"
+        )
+    if s.sliding_window is not None:
+        raise ValueError(
+            "engine.cpu_offload is modelled for full-attention layers only: "
+            "set engine.sliding_window to null"
+        )
+    from kvcore.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from kvcore.distributed.kv_transfer.kv_connector.v1.simple_cpu_offload_connector import (
+        SimpleCPUOffloadConnector,
+    )
+
+    def half(role):
+        return SimpleCPUOffloadConnector(
+            role,
+            kv_cache_config,
+            cfg.num_cpu_blocks,
+            lazy_offload=cfg.lazy_offload,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=s.max_num_batched_tokens,
+            enable_kv_cache_events=True,
+        )
+
+    return half(KVConnectorRole.SCHEDULER), half(KVConnectorRole.WORKER)
 
 
 def block_hasher_for(s: EngineSettings) -> BlockHasher:
@@ -213,23 +271,35 @@ class Engine:
         )
         self.kv_cache_config = self.kv_cache_manager.kv_cache_config
         self.recorder.attach(self.kv_cache_manager)
-        self.scheduler = Scheduler(
-            scheduler_config_for(s, self.max_model_len), self.kv_cache_manager
+        # A second tier (CPU offloading): the connector's two halves, scheduler and worker.
+        self.kv_connector, kv_connector_worker = cpu_offload_connectors(
+            s, self.kv_cache_config, self.max_model_len
         )
+        self.scheduler = Scheduler(
+            scheduler_config_for(s, self.max_model_len),
+            self.kv_cache_manager,
+            self.kv_connector,
+            kv_load_failure_policy=(
+                s.cpu_offload.kv_load_failure_policy if s.cpu_offload is not None else "fail"
+            ),
+        )
+        if self.kv_connector is not None:
+            self.recorder.attach_connector(self.kv_connector.scheduler_manager)
         # Speculative decoding: drafts from an n-gram proposer, verified greedily.
-        self.drafter: Optional[NgramProposer] = None
+        self.drafter: Optional[NgramProposer | DraftModelProposer] = None
         if s.speculative is not None:
             if s.seed is not None:
                 raise ValueError(
                     "engine.speculative verifies drafts greedily: it needs engine.seed null"
                 )
             sp = s.speculative
-            self.drafter = NgramProposer(
-                sp.prompt_lookup_min,
-                sp.prompt_lookup_max,
-                sp.num_speculative_tokens,
-                self.max_model_len,
-            )
+            if sp.method == "ngram":
+                self.drafter = NgramProposer(
+                    sp.prompt_lookup_min,
+                    sp.prompt_lookup_max,
+                    sp.num_speculative_tokens,
+                    self.max_model_len,
+                )
         if runner is None:
             from kvcore.worker.gpu_model_runner import GPUModelRunner
 
@@ -242,7 +312,13 @@ class Engine:
                 seed=s.seed,
             )
         self.runner = runner
+        if s.speculative is not None and s.speculative.method == "draft_model":
+            self.drafter = self._draft_model_proposer(s.speculative, runner, num_layers)
         self.engine_core = EngineCore(self.scheduler, runner, self.drafter, self.max_model_len)
+        if kv_connector_worker is not None:
+            kv_connector_worker.register_kv_caches(getattr(runner, "kv_caches", None))
+            kv_connector_worker.worker_handler.fail_load_req_ids = set(s.cpu_offload.fail_loads)
+            self.engine_core.kv_connector = kv_connector_worker
         # KV cache events (vLLM's wire format) are drained every step. They go out on ZeroMQ
         # only when the caller passes ``kv_events`` (the CLI passes --kv-events or the
         # scenario's engine.kv_events): a scenario file alone never opens a socket, so a
@@ -287,7 +363,10 @@ class Engine:
             ids = list(spec.prompt_token_ids)
             vocab = getattr(getattr(self.model, "config", None), "vocab_size", None)
             if vocab is not None and any(t >= vocab for t in ids):
-                raise ValueError(f"request {spec.id!r}: token ids must be < vocab size {vocab}")
+                raise ValueError(
+                    f"request {spec.id!r}: prompt_token_ids must be < the model's vocab size "
+                    f"{vocab}; got {max(ids)}"
+                )
             return ids
         if self.model is None:
             raise ValueError(f"request {spec.id!r}: a text prompt needs a model with a tokenizer")
@@ -356,14 +435,16 @@ class Engine:
         return ids
 
     def has_unfinished(self) -> bool:
-        return bool(self._pending) or self.scheduler.has_unfinished_requests()
+        return bool(self._pending) or self.scheduler.has_requests()
 
     # -- stepping -----------------------------------------------------------------------
     def step(self) -> snapshot.StepRecord:
         self.step_count += 1
         while self._pending and self._pending[0].arrival_step < self.step_count:
             self.add_request(self._pending.pop(0))
+        started = time.perf_counter()
         done = self.engine_core.step()
+        seconds = time.perf_counter() - started
         out = done.scheduler_output
         self._publish_kv_events()
         self.kv_cache_manager.make_prefix_cache_stats()
@@ -377,9 +458,23 @@ class Engine:
             new_tokens=done.new_tokens,
             model_inputs=done.model_inputs,
             kv_events=tuple(self.last_kv_event_batch.events) if self.last_kv_event_batch else (),
+            seconds=seconds,
         )
         self.history.append(rec)
         return rec
+
+    def _draft_model_proposer(self, sp, runner, num_layers: int) -> DraftModelProposer:
+        """The draft model: the runner's model cut after its first ``num_draft_layers`` layers,
+        with K/V pools of its own (the runner's block ids address them)."""
+        if self.model is None or not hasattr(runner, "kv_caches"):
+            raise ValueError(
+                'engine.speculative method "draft_model" runs the model\'s first layers: '
+                "this engine runs without a model"
+            )
+        from kvcore.worker.draft_model_runner import DraftModelRunner
+
+        draft = DraftModelRunner(runner, num_draft_layers(sp, num_layers))
+        return DraftModelProposer(draft, sp.num_speculative_tokens, self.max_model_len)
 
     @property
     def spec_decoding_stats(self):
@@ -440,7 +535,13 @@ class Engine:
 
     def check_invariants(self) -> None:
         check_invariants(
-            self.kv_cache_manager, self.hash_fn, self.scheduler.requests, self.hasher.none_hash
+            self.kv_cache_manager,
+            self.hash_fn,
+            self.scheduler.requests,
+            self.hasher.none_hash,
+            extra_refs=self.kv_connector.scheduler_manager.gpu_block_refs()
+            if self.kv_connector is not None
+            else None,
         )
 
     def reset_prefix_cache(self) -> bool:
@@ -455,6 +556,8 @@ class Engine:
     def _publish_kv_events(self) -> None:
         """As vLLM's update_from_output: one KVEventBatch per step that queued events."""
         taken = self.kv_cache_manager.take_events()
+        if self.kv_connector is not None:  # the CPU tier's events, medium "CPU"
+            taken += self.kv_connector.take_events()
         self.last_kv_event_batch = KVEventBatch(ts=time.time(), events=taken) if taken else None
         if self.last_kv_event_batch is not None and self.kv_event_publisher is not None:
             self.kv_event_publisher.publish(self.last_kv_event_batch)

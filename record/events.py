@@ -44,6 +44,12 @@ class EventKind(str, Enum):
     DRAFT_PROPOSED = "draft_proposed"
     DRAFT_ACCEPTED = "draft_accepted"
     DRAFT_REJECTED = "draft_rejected"
+    CPU_HIT = "cpu_hit"
+    CPU_LOAD = "cpu_load"
+    CPU_LOADED = "cpu_loaded"
+    CPU_STORED = "cpu_stored"
+    CPU_EVICTED = "cpu_evicted"
+    KV_LOAD_FAILED = "kv_load_failed"
 
     def __str__(self) -> str:
         return self.value
@@ -74,6 +80,12 @@ class EventKind(str, Enum):
     DRAFT_PROPOSED,
     DRAFT_ACCEPTED,
     DRAFT_REJECTED,
+    CPU_HIT,
+    CPU_LOAD,
+    CPU_LOADED,
+    CPU_STORED,
+    CPU_EVICTED,
+    KV_LOAD_FAILED,
 ) = tuple(EventKind)
 EVENT_KINDS: tuple[EventKind, ...] = tuple(EventKind)
 
@@ -195,7 +207,8 @@ class Preempted(Event):
 @dataclass(frozen=True, kw_only=True)
 class Finished(Event):
     """A request stopped and frees its blocks (vLLM: ``Scheduler.update_from_output`` for
-    "length" / "eos" / "stop", ``finish_requests`` for "aborted")."""
+    "length" / "eos" / "stop", ``finish_requests`` for "aborted" and for "error": its KV
+    failed to load under ``kv_load_failure_policy`` "fail")."""
 
     kind = EventKind.FINISHED
     request_id: str = dataclasses.field()
@@ -222,7 +235,8 @@ class CacheHit(Event):
 @dataclass(frozen=True, kw_only=True)
 class CacheMiss(Event):
     """A prefix-cache lookup found nothing: its ``num_full_blocks`` block hashes were asked
-    for and the first already missed (vLLM: ``KVCacheManager.get_computed_blocks``)."""
+    for and no hit came back (a full-attention group stops at its first missing block, a
+    sliding-window group searches from the right) (vLLM: ``KVCacheManager.get_computed_blocks``)."""
 
     kind = EventKind.CACHE_MISS
     request_id: str = dataclasses.field()
@@ -290,7 +304,8 @@ class Freed(Event):
     """``block_ids`` lost a user (ref_cnt − 1), in this order (vLLM: ``BlockPool.free_blocks``;
     a request frees its table in reverse). Those reaching 0 joined the free queue: without a
     hash at the head (reused first), with one at the tail; ``still_used`` kept other users.
-    ``reason``: "finished", "preempted", "aborted" or "window"."""
+    ``reason``: "finished", "preempted", "aborted", "window" or "load failed" (a failed load
+    left none of its blocks valid)."""
 
     kind = EventKind.FREED
     to_head: IntTuple = ()
@@ -324,14 +339,17 @@ class Sampled(Event):
 # -- speculative decoding (spec_decode.py; sched/scheduler.py) -------------------------------
 @dataclass(frozen=True, kw_only=True)
 class DraftProposed(Event):
-    """The n-gram proposer found the request's latest tokens earlier among its own ``num_tokens``
-    tokens and drafts the tokens that followed there; the next step schedules them after its
-    last token (vLLM: ``NgramProposer.propose``, kept by ``Scheduler.update_draft_token_ids``)."""
+    """Drafts for the request's next step, after its own ``num_tokens`` tokens; the next step
+    schedules them after its last token (kept by ``Scheduler.update_draft_token_ids``). With
+    ``num_lookahead_tokens`` 0 the n-gram proposer found its latest tokens earlier in its text
+    (vLLM: ``NgramProposer.propose``); with k > 0 a draft model proposed them, writing their K/V
+    into the lookahead slots the scheduler reserved (vLLM: ``DraftModelProposer.propose``)."""
 
     kind = EventKind.DRAFT_PROPOSED
     request_id: str = dataclasses.field()
     draft_token_ids: IntTuple
     num_tokens: int
+    num_lookahead_tokens: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -362,6 +380,89 @@ class DraftRejected(Event):
     positions: IntTuple = ()
 
 
+# -- the CPU tier (simple_kv_offload/manager.py; sched/scheduler.py) -------------------------
+@dataclass(frozen=True, kw_only=True)
+class CpuHit(Event):
+    """Past its GPU hit of ``num_local_tokens`` tokens, the request's next ``num_tokens`` tokens
+    were found in the CPU pool, in CPU blocks ``block_ids``, which are pinned until GPU blocks are
+    allocated for them (vLLM: ``SimpleCPUOffloadScheduler.get_num_new_matched_tokens``)."""
+
+    kind = EventKind.CPU_HIT
+    request_id: str = dataclasses.field()
+    num_tokens: int
+    num_local_tokens: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class CpuLoad(Event):
+    """GPU blocks ``block_ids``, just allocated for the request, are filled from CPU blocks
+    ``cpu_block_ids`` (same order) during this step; the request waits for them
+    (``WAITING_FOR_REMOTE_KVS``) and runs in a later step (vLLM:
+    ``SimpleCPUOffloadScheduler.update_state_after_alloc``)."""
+
+    kind = EventKind.CPU_LOAD
+    request_id: str = dataclasses.field()
+    cpu_block_ids: IntTuple
+    num_tokens: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class CpuLoaded(Event):
+    """The load finished: the loaded GPU blocks get their hashes in the GPU prefix cache and the
+    request goes back to the waiting queue with ``num_computed_tokens`` computed; ``block_ids``
+    is its block table (vLLM: ``Scheduler._update_waiting_for_remote_kv``). ``load_failed``:
+    some blocks did not load; only the valid prefix before them is cached (none: the blocks went
+    back) and the request computes the rest."""
+
+    kind = EventKind.CPU_LOADED
+    request_id: str = dataclasses.field()
+    num_computed_tokens: int
+    load_failed: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class CpuStored(Event):
+    """GPU blocks ``block_ids`` were copied to CPU blocks ``cpu_block_ids`` (same order), which
+    now carry ``block_hashes`` and join the CPU free queue's tail, cached. ``mode``: "eager"
+    (blocks computed by ``req_ids``) or "lazy" (blocks near the GPU free queue's head) (vLLM:
+    ``SimpleCPUOffloadScheduler._process_store_completion``)."""
+
+    kind = EventKind.CPU_STORED
+    cpu_block_ids: IntTuple
+    block_hashes: tuple[str, ...]
+    mode: str
+    req_ids: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class CpuEvicted(Event):
+    """CPU block ``block_ids[0]`` was taken from the CPU free queue's head for a new copy and lost
+    ``block_hash``: that prefix is gone from the CPU tier too (vLLM:
+    ``BlockPool._maybe_evict_cached_block`` on the CPU pool)."""
+
+    kind = EventKind.CPU_EVICTED
+    block_hash: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVLoadFailed(Event):
+    """The KV connector reported that blocks ``block_ids`` of this request did not load
+    (``KVConnectorOutput.invalid_block_ids``): the request is cut back to
+    ``num_computed_tokens``, the start of its first failed block, losing ``num_lost_tokens``.
+    ``asynchronous``: it was still waiting for the load (its blocks never entered the prefix
+    cache); otherwise it loaded while running and, under ``policy`` "fail", those blocks and the
+    rest of its table lose their hashes (``evict_blocks``). Under "recompute" it computes the lost
+    tokens again; under "fail" it ends with an error (vLLM:
+    ``Scheduler._update_requests_with_invalid_blocks``)."""
+
+    kind = EventKind.KV_LOAD_FAILED
+    request_id: str = dataclasses.field()
+    num_computed_tokens: int
+    num_lost_tokens: int
+    asynchronous: bool
+    policy: str
+
+
 EVENT_TYPES: dict[EventKind, type[Event]] = {
     cls.kind: cls
     for cls in (
@@ -385,6 +486,12 @@ EVENT_TYPES: dict[EventKind, type[Event]] = {
         DraftProposed,
         DraftAccepted,
         DraftRejected,
+        CpuHit,
+        CpuLoad,
+        CpuLoaded,
+        CpuStored,
+        CpuEvicted,
+        KVLoadFailed,
     )
 }
 

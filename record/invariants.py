@@ -15,11 +15,17 @@ def _fail(msg: str) -> None:
 
 
 def check_invariants(
-    kvm: KVCacheManager, hash_fn=None, requests=None, none_hash=None, hash_meta=None
+    kvm: KVCacheManager,
+    hash_fn=None,
+    requests=None,
+    none_hash=None,
+    hash_meta=None,
+    extra_refs=None,
 ) -> None:
     """Raise InvariantError if the pool, tables, queue or hash map disagree.
 
-    - ref_cnt of each non-null block = number of block-table slots holding it;
+    - ref_cnt of each non-null block = number of block-table slots holding it, plus its
+      ``extra_refs`` (block id -> count: a KV connector's pins while it copies the block);
     - the free queue holds exactly the non-null blocks with ref_cnt 0, once each,
       links consistent both ways, and num_free_blocks is its length;
     - every hash-map entry points at a block carrying that key;
@@ -39,6 +45,8 @@ def check_invariants(
             for blk in table:
                 if not blk.is_null:
                     holders[blk.block_id] += 1
+    for block_id, n in (extra_refs or {}).items():
+        holders[block_id] += n
     for blk in pool.blocks:
         if blk.is_null:
             continue

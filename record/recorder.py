@@ -66,6 +66,7 @@ class Recorder:
         # Whom the pool works for right now: (request id, group, the reason a free gives).
         self._context: tuple[Optional[str], Optional[int], str] = (None, None, "")
         self._next_free_reason = ""
+        self._load_failed: set[str] = set()  # their failed load left no valid block
         self._evicted: list[tuple[int, bytes]] = []  # evicted by the allocation in progress
         self.block_pool = None
         # Where a revived block stood in the free queue, without walking it (on_blocks_touched):
@@ -89,6 +90,27 @@ class Recorder:
                 functools.partial(self._for_request, m.kv_cache_group_id, "window"),
             )
         return self
+
+    def attach_connector(self, manager) -> "Recorder":
+        """Observe a KV connector's scheduler half (the CPU tier's manager): the GPU blocks it
+        pins and releases around its copies are reported as its own (no request, reason
+        "offload"); its decisions reach ``on_decision`` through the pool's observer."""
+        for name in (
+            "build_connector_meta",
+            "update_connector_output",
+            "update_state_after_alloc",
+            "request_finished_all_groups",
+        ):
+            self._wrap(manager, name, self._for_connector)
+        return self
+
+    def _for_connector(self, inner, *args, **kwargs):
+        saved = self._context
+        self._context = (None, 0, "offload")
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            self._context = saved
 
     def attach_block_pool(self, pool) -> "Recorder":
         """Observe a lone BlockPool (its events then name no request)."""
@@ -116,7 +138,11 @@ class Recorder:
     def _kvm_free(self, inner, request, *args, **kwargs):
         # The scheduler says why just before it frees: preempted, finished or aborted.
         saved = self._context
-        self._context = (request.request_id, None, self._next_free_reason or "finished")
+        why = self._next_free_reason
+        if not why and request.request_id in self._load_failed:
+            why = "load failed"
+        self._load_failed.discard(request.request_id)
+        self._context = (request.request_id, None, why or "finished")
         self._next_free_reason = ""
         try:
             return inner(request, *args, **kwargs)
@@ -128,7 +154,13 @@ class Recorder:
         if kind == EventKind.PREEMPTED:
             self._next_free_reason = "preempted"
         elif kind == EventKind.FINISHED:
-            self._next_free_reason = "aborted" if fields.get("reason") == "aborted" else "finished"
+            self._next_free_reason = (
+                "aborted" if fields.get("reason") in ("aborted", "error") else "finished"
+            )
+        elif kind == EventKind.KV_LOAD_FAILED and fields.get("asynchronous"):
+            # with no valid block left, its blocks go back when the load is reported done
+            if not fields.get("num_computed_tokens"):
+                self._load_failed.add(request_id)
         self.events.append(_BY_KIND[kind](request_id=request_id, **fields))
 
     # -- block-level hooks (BlockPool) -----------------------------------------------------

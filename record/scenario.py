@@ -51,33 +51,32 @@ class ScenarioError(ValueError):
         super().__init__("invalid scenario:\n" + "\n".join(f"  - {p}" for p in self.problems))
 
 
-def _fraction(v: Union[int, float]) -> float:
-    if not 0 <= v < 1:
-        raise ValueError("out of range")
-    return float(v)
-
-
-def _utilization(v: Union[int, float]) -> float:
-    if not 0 < v <= 1:
-        raise ValueError("out of range")
-    return float(v)
-
-
-Int = Annotated[StrictInt, Field(ge=1)]
-Count = Annotated[StrictInt, Field(ge=0)]
-OptInt = Optional[Annotated[StrictInt, Field(ge=1)]]
+# Every integer fits the engine's 64-bit tensors (positions, seeds): a larger one is refused here,
+# by name, rather than overflowing in a step.
+INT64_MAX = 2**63 - 1
+Int = Annotated[StrictInt, Field(ge=1, le=INT64_MAX)]
+# a number in a range, kept as a float; the bounds are data, so the forms and tests read them
+Fraction = Annotated[Union[StrictInt, StrictFloat], Field(ge=0, lt=1), AfterValidator(float)]
+Utilization = Annotated[Union[StrictInt, StrictFloat], Field(gt=0, le=1), AfterValidator(float)]
+Count = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
+OptInt = Optional[Int]
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    """vLLM's speculative_config, n-gram (prompt lookup) method only; verification is greedy.
-    Unset lookup lengths follow vLLM: both unset -> 5 and 5, one set -> the other equals it."""
+    """vLLM's speculative_config, verified greedily. ``method``: "ngram" (prompt lookup) or
+    "draft_model": the target's own first ``num_draft_layers`` layers with its final norm and LM
+    head (kvcore/spec_decode/draft_model.py; null = three quarters of the model's layers, at
+    least one), which writes K/V ahead, so the scheduler reserves ``num_speculative_tokens``
+    lookahead slots. Unset lookup lengths follow vLLM: both unset -> 5 and 5, one set -> the
+    other equals it."""
 
     __pydantic_config__ = _FORBID
-    method: Literal["ngram"] = "ngram"
+    method: Literal["ngram", "draft_model"] = "ngram"
     num_speculative_tokens: Int = 3
     prompt_lookup_min: OptInt = None
     prompt_lookup_max: OptInt = None
+    num_draft_layers: OptInt = None
 
     def __post_init__(self) -> None:
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
@@ -92,15 +91,32 @@ class SpeculativeConfig:
 
 
 @dataclass(frozen=True)
+class CPUOffloadConfig:
+    """vLLM's SimpleCPUOffloadConnector (``kv_connector_extra_config``): a CPU pool of
+    ``num_cpu_blocks`` blocks (its null block included) beside the GPU pool; ``lazy_offload``
+    stores only the blocks about to be evicted from the GPU instead of every computed block
+    (kvcore/simple_kv_offload/manager.py). ``kv_load_failure_policy`` is vLLM's
+    ``KVTransferConfig`` setting: when a load fails, "fail" (vLLM's default) ends the request
+    with an error, "recompute" computes the lost tokens again. ``fail_loads`` is ours, for
+    teaching: the CPU -> GPU copy that first brings in each named request's blocks fails, and the
+    worker reports those GPU blocks as ``invalid_block_ids`` (the other requests loading in that
+    step share the copy, and its failure)."""
+
+    __pydantic_config__ = _FORBID
+    num_cpu_blocks: Annotated[StrictInt, Field(ge=2, le=INT64_MAX)] = 16
+    lazy_offload: StrictBool = False
+    kv_load_failure_policy: Literal["recompute", "fail"] = "fail"
+    fail_loads: Annotated[tuple[StrictStr, ...], Field(max_length=1024)] = ()
+
+
+@dataclass(frozen=True)
 class EngineSettings:
     __pydantic_config__ = _FORBID
     block_size: Int = 16
     # counts the null block, as vLLM does; "auto": profile the model and derive it from
     # gpu_memory_utilization (kvcore/model/profile.py, kvcore/model/memory.py: KVCacheSizing)
-    num_gpu_blocks: Union[Annotated[StrictInt, Field(ge=2)], Literal["auto"]] = 64
-    gpu_memory_utilization: Annotated[
-        Union[StrictInt, StrictFloat], AfterValidator(_utilization)
-    ] = 0.9
+    num_gpu_blocks: Union[Annotated[StrictInt, Field(ge=2, le=INT64_MAX)], Literal["auto"]] = 64
+    gpu_memory_utilization: Utilization = 0.9
     enable_prefix_caching: StrictBool = True
     hash_algo: Literal[HASH_ALGOS] = "xxhash"
     # NONE_HASH seed: a string is the seed; null = vLLM's rule (PYTHONHASHSEED, else fixed
@@ -116,7 +132,7 @@ class EngineSettings:
     # None: hash every full block of a sliding-window group; 0: only the blocks a later
     # request can hit (vLLM's default); n > 0: those and a checkpoint every n tokens.
     prefix_cache_retention_interval: Optional[Count] = 0
-    watermark: Annotated[Union[StrictInt, StrictFloat], AfterValidator(_fraction)] = 0.0
+    watermark: Fraction = 0.0
     max_cache_hit_length: Optional[Count] = None
     seed: Optional[Count] = None
     max_model_len: OptInt = None
@@ -125,6 +141,8 @@ class EngineSettings:
     kv_events: Optional[KVEventsConfig] = None
     # Speculative decoding (kvcore/spec_decode/ngram_proposer.py); off when null.
     speculative: Optional[SpeculativeConfig] = None
+    # A second tier: CPU offloading (kvcore/simple_kv_offload/); off when null.
+    cpu_offload: Optional[CPUOffloadConfig] = None
 
 
 @dataclass(frozen=True)
@@ -136,7 +154,7 @@ class RequestSpec:
     chat: StrictBool = False
     max_tokens: Int = 16
     arrival_step: Count = 0
-    priority: StrictInt = 0
+    priority: Annotated[StrictInt, Field(ge=-INT64_MAX - 1, le=INT64_MAX)] = 0
     cache_salt: Optional[StrictStr] = None
     ignore_eos: StrictBool = False
     # parallel sampling (vLLM's SamplingParams.n): n child requests "0_<id>", "1_<id>", ...
@@ -188,6 +206,11 @@ _MUST: dict[str, str] = {
     "prompt_token_ids": "a non-empty list of token ids (integers >= 0)",
     "chat": "true or false",
     "max_tokens": "an integer >= 1",
+    "num_draft_layers": "null or an integer >= 1 (at most the model's layers)",
+    "method": 'one of "ngram", "draft_model"',
+    "num_speculative_tokens": "an integer >= 1",
+    "prompt_lookup_min": "null or an integer >= 1",
+    "prompt_lookup_max": "null or an integer >= 1",
     "arrival_step": "an integer >= 0",
     "priority": "an integer",
     "cache_salt": "a string or null",
@@ -209,12 +232,18 @@ _MUST: dict[str, str] = {
     "max_queue_size": "an integer >= 1",
     "topic": "a string",
     "use_int_block_hashes": "true or false",
+    "num_cpu_blocks": "an integer >= 2 (the CPU pool's null block included)",
+    "lazy_offload": "true or false",
+    "kv_load_failure_policy": '"recompute" or "fail"',
+    "fail_loads": "a list of request ids",
 }
 _SECTIONS = {
     (): Scenario,
     ("engine",): EngineSettings,
     ("requests", int): RequestSpec,
     ("engine", "kv_events"): KVEventsConfig,
+    ("engine", "speculative"): SpeculativeConfig,
+    ("engine", "cpu_offload"): CPUOffloadConfig,
 }
 
 
@@ -246,10 +275,17 @@ def _problem(err: dict, raw: Any) -> str:
         return f"{_path(loc)}: must be an object"
     if err["type"] == "missing" or err["type"] == "missing_argument":
         return f"{_path(loc)}: must be {_MUST.get(loc[-1], 'given')}; got None"
+    got, ctx = _value_at(raw, loc), err.get("ctx", {})
+    if isinstance(got, int) and INT64_MAX in (ctx.get("le"), -1 - ctx.get("ge", 0)):
+        side = "at most" if "le" in ctx else "at least"
+        bound = ctx.get("le", ctx.get("ge"))
+        return f"{_path(loc)}: must be {side} {bound:,} (a 64-bit integer); got {got!r}"
     # Cut the path at the field (an element of a list reports the whole list).
     for i in range(len(loc) - 1, -1, -1):
-        if isinstance(loc[i], str) and loc[i] in _MUST and _section(loc[:i]) is not None:
+        if isinstance(loc[i], str) and _section(loc[:i]) is not None:
             value = _value_at(raw, loc[: i + 1])
+            if loc[i] not in _MUST:  # a field without its sentence: pydantic's words, its path
+                return f"{_path(loc[: i + 1])}: {err['msg']}; got {value!r}"
             return f"{_path(loc[: i + 1])}: must be {_MUST[loc[i]]}; got {value!r}"
     return f"{_path(loc)}: {err['msg']}"
 
@@ -292,6 +328,21 @@ def _cross_checks(raw: dict) -> list[str]:
                     "(full attention hashes every full block); use 0 or null"
                 )
     reqs = raw.get("requests")
+    fail_loads = eng.get("cpu_offload") if isinstance(eng, dict) else None
+    fail_loads = fail_loads.get("fail_loads") if isinstance(fail_loads, dict) else None
+    if isinstance(fail_loads, list) and isinstance(reqs, list):
+        ids = set()
+        for r in reqs:
+            if isinstance(r, dict):
+                n = r.get("n")
+                many = isinstance(n, int) and not isinstance(n, bool) and 1 < n <= 1024
+                # an n > 1 request runs as its children "0_<id>", "1_<id>"...
+                ids.update([f"{k}_{r.get('id')}" for k in range(n)] if many else [r.get("id")])
+        for j, rid in enumerate(fail_loads):
+            if isinstance(rid, str) and rid not in ids:
+                problems.append(
+                    f"engine.cpu_offload.fail_loads[{j}]: no request runs with the id {rid!r}"
+                )
     if isinstance(reqs, list):
         seen = set()
         for i, r in enumerate(reqs):

@@ -35,6 +35,18 @@ class BlockView:
 
 
 @dataclass(frozen=True)
+class CPUPoolView:
+    """The CPU tier's own BlockPool after a step (SimpleCPUOffloadConnector): per block its
+    ref_cnt (pins while a copy or a found hit uses it) and its hash, and its own free queue."""
+
+    num_blocks: int
+    ref_cnts: tuple[int, ...]  # by block id; block 0 is the CPU pool's null block
+    block_hashes: tuple[Optional[str], ...]  # by block id: hex of the hash, None if not cached
+    free_queue: tuple[int, ...]  # head (reused next, its hash evicted) -> tail
+    lazy_offload: bool = False
+
+
+@dataclass(frozen=True)
 class RequestView:
     request_id: str
     status: str  # waiting | running | preempted | finished_stopped | finished_length ...
@@ -74,9 +86,14 @@ class Snapshot:
     prefix_cache: dict[str, int | float]
     # per KV cache group: {"kind": "full"|"sliding", "sliding_window": W|None}
     groups: tuple[dict[str, Any], ...]
+    # the CPU tier's pool (engine.cpu_offload); None without one, and then not written out
+    cpu_pool: Optional[CPUPoolView] = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if self.cpu_pool is None:
+            del d["cpu_pool"]
+        return d
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "Snapshot":
@@ -110,6 +127,7 @@ class Snapshot:
             num_free_blocks=d["num_free_blocks"],
             prefix_cache=dict(d["prefix_cache"]),
             groups=tuple(d["groups"]),
+            cpu_pool=_cpu_pool_from_dict(d.get("cpu_pool")),
         )
 
     def request(self, request_id: str) -> RequestView:
@@ -135,6 +153,9 @@ class StepRecord:
     # block tables, query_start_loc, seq_lens); None when no forward ran or no model runs, and in
     # older traces
     model_inputs: Optional[ModelInputs] = None
+    # how long the step took on this machine (wall seconds; 0.0 when unknown, as in trace files,
+    # which do not carry it: a timing is no part of what the run decided)
+    seconds: float = field(default=0.0, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         d = {
@@ -268,4 +289,35 @@ def take_snapshot(
             "recent_requests": kvm.caching_metrics.aggregated_requests,
         },
         groups=tuple(g.to_dict() for g in kvm.coordinator.groups),
+        cpu_pool=cpu_pool_view(getattr(scheduler, "connector", None)),
+    )
+
+
+def cpu_pool_view(connector) -> Optional[CPUPoolView]:
+    """The CPU tier's pool, frozen (None without a CPU-offloading connector)."""
+    manager = getattr(connector, "scheduler_manager", None)
+    if manager is None:
+        return None
+    pool = manager.cpu_block_pool
+    return CPUPoolView(
+        num_blocks=pool.num_gpu_blocks,
+        ref_cnts=tuple(0 if b.is_null else b.ref_cnt for b in pool.blocks),
+        block_hashes=tuple(
+            None if b.block_hash is None else get_block_hash(b.block_hash).hex()
+            for b in pool.blocks
+        ),
+        free_queue=tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks()),
+        lazy_offload=manager._lazy_mode,
+    )
+
+
+def _cpu_pool_from_dict(d: Optional[dict[str, Any]]) -> Optional[CPUPoolView]:
+    if d is None:
+        return None
+    return CPUPoolView(
+        num_blocks=d["num_blocks"],
+        ref_cnts=tuple(d["ref_cnts"]),
+        block_hashes=tuple(d["block_hashes"]),
+        free_queue=tuple(d["free_queue"]),
+        lazy_offload=d.get("lazy_offload", False),
     )

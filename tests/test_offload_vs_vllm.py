@@ -1,7 +1,9 @@
 """The CPU tier against vLLM 0.33.0's own SimpleCPUOffloadScheduler (bench/offload_vs_vllm.py): a
 few random traces replayed on vLLM's KVCacheManager and offloading manager with a fake worker, as
 vLLM's own tests drive it; per step both sides agree on the lookups (GPU and CPU hit tokens), the
-blocks stored and loaded, the block tables and both free queues. Needs the scratch environment with
+blocks stored and loaded, the block tables and both free queues, and after a failed load on the
+requests cut back and the blocks given to ``evict_blocks`` (vLLM's own
+``Scheduler._handle_invalid_blocks`` deciding on its side). Needs the scratch environment with
 the real vllm==0.33.0 (``bash scripts/vllm_env.sh``; ``VLLM_VENV``, default /tmp/vllm-venv); the
 figures over 200 traces are in docs/cpu-offload.md."""
 
@@ -23,7 +25,9 @@ VENV = os.environ.get("VLLM_VENV", "/tmp/vllm-venv")
     reason=f"no vLLM 0.33.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
 )
 def test_random_traces_store_find_and_load_the_blocks_vllm_does():
-    res = offload_vs_vllm.differential(VENV, [*range(6), 9, 11])  # 9 and 11: lazy mode
+    # 9 and 11: lazy mode; 0: synchronous failures evicted under "fail"; 4, 5: asynchronous ones
+    # failing their requests; 8, 19: asynchronous ones recomputed
+    res = offload_vs_vllm.differential(VENV, [*range(6), 8, 9, 11, 19])
     assert not res["failures"], res["failures"]
     for aspect, t in res["aspects"].items():
         assert t["steps"] > 100 and t["differ"] == 0, aspect
@@ -31,3 +35,5 @@ def test_random_traces_store_find_and_load_the_blocks_vllm_does():
     # the traces really store, find and load (else agreeing would prove little)
     assert ex["blocks_stored"] > 50 and ex["blocks_loaded"] > 5 and ex["cpu_hit_tokens"] > 0
     assert ex["lazy_traces"] > 0
+    assert ex["evict_blocks_calls"] > 0 and ex["requests_failed"] > 0
+    assert ex["requests_rolled_back"] - ex["requests_failed"] > 3  # recomputed

@@ -98,7 +98,7 @@ def test_form_ranges_come_from_the_schema_and_the_budget():
     assert form_range("sliding_window") == (0, FIELD_INT_MAX)  # 0 writes null
     assert form_range("max_cache_hit_length") == (-1, FIELD_INT_MAX)  # -1 writes null
     assert form_range("prefix_cache_retention_interval") == (-1, FIELD_INT_MAX)
-    assert form_range("seed") == (0, FIELD_INT_MAX)
+    assert form_range("seed") == (-1, FIELD_INT_MAX)  # -1 writes null (greedy); 0 is a seed
 
 
 def test_form_offers_no_pool_the_budget_refuses(monkeypatch, tiny):  # noqa: F811

@@ -379,6 +379,12 @@ def test_traces_written_before_events_were_typed_still_read():
         events.DRAFT_PROPOSED,
         events.DRAFT_ACCEPTED,
         events.DRAFT_REJECTED,
+        events.CPU_HIT,
+        events.CPU_LOAD,
+        events.CPU_LOADED,
+        events.CPU_STORED,
+        events.CPU_EVICTED,
+        events.KV_LOAD_FAILED,
     }
     for rec, d in zip(t.records, old):
         assert len(rec.events) == len(d["events"])

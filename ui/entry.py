@@ -15,14 +15,18 @@ from typing import Callable
 
 import streamlit as st
 
-from lessons import LESSONS, PAGE_FILES, page_url_path, url_path
+from lessons import LESSONS, PAGE_FILES, TOPICS, page_url_path, url_path
+from lessons.topic_words import ICONS as TOPIC_ICONS
+from lessons.topic_words import TITLES as TOPIC_TITLES
+from ui.casebook_page import PAGE_FILE as CASEBOOK_PAGE_FILE
 from ui.home_page import render_home
 from ui.live_page import PAGE_FILE as LIVE_PAGE_FILE
 from ui.modelstate import DEVICES, MODELS, default_device, default_model, get_model, model_summary
 from ui.state import init_globals_from_url
 from ui.trace_page import PAGE_FILE as TRACE_PAGE_FILE
 from ui.view import render_lesson
-from words.i18n import LANG_NAMES, LANGS, tr
+from ui.workloads_page import PAGE_FILE as WORKLOADS_PAGE_FILE
+from words.i18n import LANG_NAMES, LANGS, pick, tr
 
 _inside = threading.local()  # script runs are per-session threads
 
@@ -96,6 +100,15 @@ def main() -> None:
             )
             for lesson in LESSONS
         ]
+        topics = [
+            st.Page(
+                PAGE_FILES[t],
+                title=pick(TOPIC_TITLES[t], lang),
+                icon=TOPIC_ICONS[t],
+                url_path=url_path(t),
+            )
+            for t in TOPICS
+        ]
         tools = [
             st.Page(
                 TRACE_PAGE_FILE,
@@ -109,13 +122,28 @@ def main() -> None:
                 icon="📡",
                 url_path=page_url_path(LIVE_PAGE_FILE),
             ),
+            st.Page(
+                CASEBOOK_PAGE_FILE,
+                title=tr("nav_casebook", lang),
+                icon="📒",
+                url_path=page_url_path(CASEBOOK_PAGE_FILE),
+            ),
+            st.Page(
+                WORKLOADS_PAGE_FILE,
+                title=tr("workloads.title", lang),
+                icon="🏭",
+                url_path=page_url_path(WORKLOADS_PAGE_FILE),
+            ),
         ]
         st.navigation(
             {
                 tr("nav_home", lang): [home],
                 tr("nav_lessons", lang): pages,
+                tr("nav_topics", lang): topics,
                 tr("nav_tools", lang): tools,
-            }
+            },
+            # every page listed: collapsed, Streamlit shows ten and hides the rest behind a button
+            expanded=True,
         ).run()
     finally:
         _inside.depth -= 1

@@ -42,10 +42,42 @@ def fmt_fields(snap: Snapshot, run) -> dict:
         "max_num_batched_tokens": eng.max_num_batched_tokens,
         "max_num_seqs": eng.max_num_seqs,
         "step": snap.step,
+        **(spec_fields(run.records, snap.step) if eng.speculative is not None else {}),
+    }
+
+
+def spec_fields(records, step: int) -> dict:
+    """Speculative decoding measured up to ``step``: drafts verified, accepted and rejected, the
+    acceptance rate, and the tokens a request gains per target forward (1 without drafts)."""
+    accepted = rejected = gained = forwards = 0
+    for rec in records[:step]:
+        for e in rec.events:
+            if e.kind == "draft_accepted":
+                accepted += len(e.accepted_token_ids)
+            elif e.kind == "draft_rejected":
+                rejected += len(e.rejected_token_ids)
+        for toks in rec.new_tokens.values():
+            if toks:
+                gained += len(toks)
+                forwards += 1
+    verified = accepted + rejected
+    return {
+        "spec_verified": verified,
+        "spec_accepted": accepted,
+        "spec_rejected": rejected,
+        "acceptance_rate": f"{accepted / verified:.0%}" if verified else "—",
+        "tokens_per_forward": f"{gained / forwards:.2f}" if forwards else "—",
     }
 
 
 class _Safe(dict):
+    """A lesson text's fields. The text is Markdown (the player draws it with text.js md, a page
+    with st.markdown); a value filled in (a request id, a block list) is escaped so it shows as
+    written, never as formatting. Numbers stay numbers, for format specs."""
+
+    def __init__(self, fields: dict) -> None:
+        super().__init__({k: md_escape(v) if isinstance(v, str) else v for k, v in fields.items()})
+
     def __missing__(self, key):
         return "{" + key + "}"
 
@@ -120,16 +152,19 @@ def player_panels(panels: Sequence[str], run, lang: str) -> dict:
     player draws), the token budget line, and their words in ``lang`` (over the player's own).
     ``run`` is anything with the scenario; a trace without its header has no budget."""
     eng = run.scenario.engine if getattr(run, "scenario", None) is not None else None
+    words = {
+        "requests": tr("requests", lang),
+        "over_time": tr("metrics", lang),
+        "budget": tr("budget", lang),
+        "held": tr("held", lang),
+        "req_cols": list(tr("req_table_cols", lang)),
+    }
+    if eng is not None and eng.free_order == "legacy":  # the queue's caption states the run's rule
+        words["queue_caption"] = tr("queue_caption_legacy", lang)
     return {
         "panels": [p for p in PLAYER_PANELS if p in panels],
         "budget": eng.max_num_batched_tokens if eng is not None else None,
-        "words": {
-            "requests": tr("requests", lang),
-            "over_time": tr("metrics", lang),
-            "budget": tr("budget", lang),
-            "held": tr("held", lang),
-            "req_cols": list(tr("req_table_cols", lang)),
-        },
+        "words": words,
     }
 
 
@@ -189,7 +224,7 @@ def show_myths(run: Timeline, lang: str, key: str, expanded: bool = False) -> No
     if not box.open:
         return
     live = tr("myths_live", lang)
-    sections = myth_sections_at(run.run.key, run.cursor, run.snapshots, lang)
+    sections = myth_sections_at(run.run.key, run.cursor, run.snapshots, lang, run.shown_records)
     with box:
         st.markdown(
             "\n\n---\n\n".join(

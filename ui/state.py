@@ -29,7 +29,11 @@ from ui.modelstate import DEVICES, MODELS, ModelState
 from words.i18n import tr
 
 SETTING_DEFAULTS = dataclasses.asdict(EngineSettings())
-URL_SETTINGS = tuple(k for k in SETTING_DEFAULTS if k != "layer_types") + ("layers", "spec_method")
+URL_SETTINGS = tuple(k for k in SETTING_DEFAULTS if k != "layer_types") + (
+    "layers",
+    "spec_method",
+    "failed_load",
+)
 
 
 @dataclass(kw_only=True)

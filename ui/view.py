@@ -115,6 +115,10 @@ def lesson_stage(lesson, state, ms, lang: str, compact: bool) -> None:
     run = state.run
     step_cap_note(run, lang)
     if not compact:
+        if "cpu_tier" in lesson.panels or run.scenario.engine.cpu_offload is not None:
+            from ui.cpu_tier import show_cpu_tier
+
+            show_cpu_tier(run, lang, ms.device)
         P.show_myths(run, lang, lesson.id, expanded="myths" in lesson.panels)
         why_panel(run, lang, lesson.id, kw["decode"])
     write_url(state, lesson, lang, ms)

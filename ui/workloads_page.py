@@ -495,6 +495,9 @@ def show_sweep(state: WorkloadsState, lang: str) -> None:
         xaxis=dict(title="num_gpu_blocks", type="log"),
         yaxis=dict(title=tr("workloads.hit_rate", lang), range=[0, 1.02]),
     )
+    from ui.designs_page import add_design_curves  # SGLang's and nano-vllm's curves, asked for
+
+    add_design_curves(fig, state.trace, run.settings, [n for n, _ in state.sweep], lang)
     st.plotly_chart(fig, key=f"sweepchart:{KEY}", config={"displayModeBar": False})
     if state.sweep_errors:
         st.caption(tr("workloads.sweep_skipped", lang, points="; ".join(state.sweep_errors)))

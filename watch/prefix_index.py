@@ -169,18 +169,21 @@ def describe_batch(
     """One readable line per batch: what was stored, removed or cleared."""
     parts = []
     for ev in batch.events:
+        # a tier other than the GPU (a KV offloading connector's "CPU", "STORAGE") is named
+        medium = getattr(ev, "medium", None)
+        on = f" on {medium}" if medium not in (None, MEDIUM_GPU) else ""
         if isinstance(ev, BlockStored):
             hs = ", ".join(hash_text(h)[:8] for h in ev.block_hashes) or "none kept"
             text = ""
             if decode is not None and ev.token_ids:
                 text = f" {decode(ev.token_ids)!r}"
             parts.append(
-                f"stored {len(ev.block_hashes)} in group {ev.group_idx} ({hs}; "
+                f"stored {len(ev.block_hashes)}{on} in group {ev.group_idx} ({hs}; "
                 f"{len(ev.token_ids)} tokens){text}"
             )
         elif isinstance(ev, BlockRemoved):
             parts.append(
-                f"removed {', '.join(hash_text(h)[:8] for h in ev.block_hashes)} "
+                f"removed {', '.join(hash_text(h)[:8] for h in ev.block_hashes)}{on} "
                 f"from group {ev.group_idx}"
             )
         else:

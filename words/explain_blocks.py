@@ -132,7 +132,11 @@ def life_of_block(run: RecordedSteps, block_id: int) -> BlockLife:
             if b0.is_null or (block_id not in ev.block_ids and ev.kind != E.RESET):
                 continue
             rid, kw = ev.request_id, {}
-            if ev.kind in (E.ALLOCATED, E.TOUCHED):
+            if rid is None and ev.kind in (E.TOUCHED, E.FREED):
+                # the CPU tier pins a block while it copies it, and releases it after
+                ref += 1 if ev.kind == E.TOUCHED else -1
+                kw = dict(reason=getattr(ev, "reason", "offload") or "offload")
+            elif ev.kind in (E.ALLOCATED, E.TOUCHED):
                 ref += 1
                 owners.append(rid)
                 # its place in the table after the step; a request that finished in this step

@@ -306,6 +306,22 @@ def moment_sentence(m: BlockMoment, lang: str = "en") -> str:
             "从空闲队列队头取出，分配给 {r} 作为其第 {i} 个逻辑块；ref_cnt {ref}",
             **kw,
         )
+    if m.kind in ("touched", "freed") and m.request_id is None:
+        return head + (
+            _t(
+                lang,
+                "pinned by the CPU tier while it is copied; ref_cnt {ref}",
+                "拷贝期间被 CPU 层钉住；ref_cnt {ref}",
+                **kw,
+            )
+            if m.kind == "touched"
+            else _t(
+                lang,
+                "released by the CPU tier (its copy is done); ref_cnt {ref}",
+                "CPU 层释放了它（拷贝已完成）；ref_cnt {ref}",
+                **kw,
+            )
+        )
     if m.kind == "touched":
         rescued = (
             _t(

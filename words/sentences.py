@@ -49,6 +49,12 @@ ICONS: dict[EventKind, str] = {
     E.DRAFT_PROPOSED: "🔮",
     E.DRAFT_ACCEPTED: "👍",
     E.DRAFT_REJECTED: "👎",
+    E.CPU_HIT: "🧊",
+    E.CPU_LOAD: "⬆️",
+    E.CPU_LOADED: "📦",
+    E.CPU_STORED: "⬇️",
+    E.CPU_EVICTED: "🫗",
+    E.KV_LOAD_FAILED: "💥",
 }
 
 # The words behind the short reason codes events carry: (English, 中文).
@@ -83,6 +89,18 @@ REASONS: dict[str, tuple[str, str]] = {
         "它的提示词永远放不进这个块池，因此被中止",
     ),
     "aborted": ("aborted", "已中止"),
+    "error": (
+        "its KV failed to load and kv_load_failure_policy is fail",
+        "它的 KV 加载失败，且 kv_load_failure_policy 为 fail",
+    ),
+    "load failed": (
+        "its load failed before any block was valid",
+        "它的加载失败，没有一个块有效",
+    ),
+    "offload": (
+        "the CPU tier's copy of them is done",
+        "CPU 层对它们的拷贝已完成",
+    ),
     "fcfs": ("FCFS: the last request in running", "FCFS：running 队列中的最后一个"),
     "priority": ("priority: the largest (priority, arrival)", "优先级：(priority, arrival) 最大者"),
 }
@@ -178,6 +196,13 @@ def _cache_miss(e: E.CacheMiss, s: Style):
 def _touched(e: E.Touched, s: Style):
     en = f"touch {ids(e.block_ids)}{_grp(e, s)}: ref_cnt + 1"
     zh = f"touch {ids(e.block_ids)}{_grp(e, s)}：ref_cnt 加 1"
+    if e.request_id is None:  # the CPU tier pins the blocks it copies
+        en, zh = f"CPU tier: {en}", f"CPU 层：{zh}"
+        if not e.from_queue:
+            return (
+                en + ", a pin while it copies them; they cannot be reused until the copy is done.",
+                zh + "，拷贝期间钉住它们；拷贝完成前它们不会被复用。",
+            )
     if e.request_id:
         en, zh = f"{e.request_id}: {en}", f"{e.request_id}：{zh}"
     if not e.from_queue:
@@ -230,7 +255,7 @@ def _cached(e: E.Cached, s: Style):
 
 
 def _freed(e: E.Freed, s: Style):
-    who = e.request_id or "?"
+    who = e.request_id or ("CPU tier" if e.reason == "offload" else "?")
     en_parts, zh_parts = [], []
     if e.to_tail:
         en_parts.append(f"{ids(e.to_tail)} carry a hash and go to the tail (kept for reuse)")
@@ -299,6 +324,19 @@ def _tokens(ids: Sequence[int], s: Style) -> str:
 
 def _draft_proposed(e: E.DraftProposed, s: Style):
     d = len(e.draft_token_ids)
+    k = e.num_lookahead_tokens
+    if k:
+        return (
+            f"{e.request_id}: the draft model (the target's first layers) drafts "
+            f"{d} token{'s' if d != 1 else ''} ({_tokens(e.draft_token_ids, s)}), writing their "
+            f"K/V past its {e.num_tokens} tokens into the lookahead slots allocate_slots "
+            f"reserved (num_lookahead_tokens = {k}); next step they are scheduled after its last "
+            "token, to be verified.",
+            f"{e.request_id}：草稿模型（目标模型的前几层）起草了 {d} 个 token"
+            f"（{_tokens(e.draft_token_ids, s)}），并把它们的 K/V 写在它的 {e.num_tokens} 个 "
+            f"token 之后、allocate_slots 预留的前瞻槽位里（num_lookahead_tokens = {k}）；"
+            "下一步它们排在最后一个 token 之后调度，等待验证。",
+        )
     return (
         f"{e.request_id}: its latest tokens appeared earlier, so the n-gram proposer drafts the "
         f"{d} token{'s' if d != 1 else ''} that followed there ({_tokens(e.draft_token_ids, s)}); "
@@ -336,6 +374,110 @@ def _draft_rejected(e: E.DraftRejected, s: Style):
     )
 
 
+def _cpu_hit(e: E.CpuHit, s: Style):
+    return (
+        f"{e.request_id}: past its GPU hit of {e.num_local_tokens} tokens, the CPU pool holds the "
+        f"next {e.num_tokens} (CPU blocks {ids(e.block_ids)}); they are pinned there and will be "
+        "loaded instead of computed.",
+        f"{e.request_id}：在 GPU 命中的 {e.num_local_tokens} 个 token 之后，CPU 池还存有接下来的 "
+        f"{e.num_tokens} 个（CPU 块 {ids(e.block_ids)}）；它们被钉住，将被加载而不是重新计算。",
+    )
+
+
+def _cpu_load(e: E.CpuLoad, s: Style):
+    pairs = ", ".join(f"{c}→{g}" for c, g in zip(e.cpu_block_ids, e.block_ids))
+    return (
+        f"{e.request_id}: GPU blocks {ids(e.block_ids)} were just allocated for those "
+        f"{e.num_tokens} tokens and are filled from the CPU (CPU→GPU: {pairs}) during this step; "
+        "the request waits for them (WAITING_FOR_REMOTE_KVS) and computes nothing now.",
+        f"{e.request_id}：刚为这 {e.num_tokens} 个 token 分配了 GPU 块 {ids(e.block_ids)}，"
+        f"本步从 CPU 拷入（CPU→GPU：{pairs}）；请求在等待（WAITING_FOR_REMOTE_KVS），本步不计算。",
+    )
+
+
+def _cpu_loaded(e: E.CpuLoaded, s: Style):
+    if e.load_failed:
+        n = e.num_computed_tokens
+        return (
+            f"{e.request_id}: the failed load is reported done; "
+            + (
+                f"only its valid blocks enter the GPU prefix cache and it computes again from "
+                f"token {n} on."
+                if n
+                else "no block was valid, so its blocks go back and it starts over from token 0."
+            ),
+            f"{e.request_id}：失败的加载已报告完成；"
+            + (
+                f"只有有效的块进入 GPU 前缀缓存，它从第 {n} 个 token 起重新计算。"
+                if n
+                else "没有一个块有效，它的块被归还，从第 0 个 token 重新开始。"
+            ),
+        )
+    return (
+        f"{e.request_id}: the load is done; its loaded blocks enter the GPU prefix cache and it "
+        f"runs from token {e.num_computed_tokens} on, as if those tokens had been computed.",
+        f"{e.request_id}：加载完成；加载的块进入 GPU 前缀缓存，它从第 {e.num_computed_tokens} "
+        f"个 token 起继续，就像这些 token 已经算过一样。",
+    )
+
+
+def _kv_load_failed(e: E.KVLoadFailed, s: Style):
+    n = e.num_computed_tokens
+    if e.policy == "fail":
+        en_then = "under kv_load_failure_policy fail it ends with an error"
+        zh_then = "在 kv_load_failure_policy 为 fail 时，它以错误结束"
+        if not e.asynchronous:
+            en_then = (
+                "those blocks and the rest of its table lose their hashes (evict_blocks), and "
+                + en_then
+            )
+            zh_then = "这些块及其块表中其后的块失去哈希（evict_blocks），" + zh_then
+    elif e.asynchronous:
+        en_then = (
+            "when the load is reported done it keeps only the valid blocks and goes on from "
+            f"token {n}"
+        )
+        zh_then = f"加载报告完成后，它只保留有效的块，从第 {n} 个 token 起继续"
+    else:
+        en_then = (
+            f"its output of this step is dropped and it computes again from token {n}, "
+            "rewriting the blocks in place"
+        )
+        zh_then = f"本步输出被丢弃，它从第 {n} 个 token 起重新计算，原地重写这些块"
+    return (
+        f"{e.request_id}: blocks {ids(e.block_ids)} failed to load from the KV connector; it "
+        f"goes back to token {n} ({e.num_lost_tokens} tokens lost) and {en_then}.",
+        f"{e.request_id}：块 {ids(e.block_ids)} 从 KV 连接器加载失败；它退回到第 "
+        f"{n} 个 token（丢失 {e.num_lost_tokens} 个 token），{zh_then}。",
+    )
+
+
+def _cpu_stored(e: E.CpuStored, s: Style):
+    pairs = ", ".join(f"{g}→{c}" for g, c in zip(e.block_ids, e.cpu_block_ids))
+    if e.mode == "lazy":
+        why_en = "they are hashed and near the GPU free queue's head, so evicted soon"
+        why_zh = "它们带哈希且靠近 GPU 空闲队列的队头，很快会被驱逐"
+    else:
+        who = ", ".join(e.req_ids) or "?"
+        why_en = f"{who} computed them in an earlier step (eager mode stores every full block)"
+        why_zh = f"{who} 在之前的步骤中算完了它们（eager 模式存储每个满块）"
+    return (
+        f"stored GPU→CPU ({pairs}): {why_en}; the CPU blocks now carry their hashes and join the "
+        "CPU free queue's tail.",
+        f"已存储 GPU→CPU（{pairs}）：{why_zh}；这些 CPU 块现在带有它们的哈希，排到 CPU 空闲队列"
+        "的队尾。",
+    )
+
+
+def _cpu_evicted(e: E.CpuEvicted, s: Style):
+    return (
+        f"CPU block {ids(e.block_ids)} was taken from the CPU free queue's head for a new copy and "
+        f"lost hash #{short_hash(e.block_hash)}: that block is now in neither tier.",
+        f"CPU 块 {ids(e.block_ids)} 被从 CPU 空闲队列队头取出用于新的拷贝，丢失了哈希 "
+        f"#{short_hash(e.block_hash)}：该块现在两层都没有了。",
+    )
+
+
 SENTENCES: dict[EventKind, Render] = {
     E.ARRIVED: _arrived,
     E.SCHEDULED: _scheduled,
@@ -357,6 +499,12 @@ SENTENCES: dict[EventKind, Render] = {
     E.DRAFT_PROPOSED: _draft_proposed,
     E.DRAFT_ACCEPTED: _draft_accepted,
     E.DRAFT_REJECTED: _draft_rejected,
+    E.CPU_HIT: _cpu_hit,
+    E.CPU_LOAD: _cpu_load,
+    E.CPU_LOADED: _cpu_loaded,
+    E.CPU_STORED: _cpu_stored,
+    E.CPU_EVICTED: _cpu_evicted,
+    E.KV_LOAD_FAILED: _kv_load_failed,
 }
 
 

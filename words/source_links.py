@@ -33,7 +33,9 @@ VLLM_FILE_LINES: dict[str, int] = {
     "vllm/v1/core/kv_cache_utils.py": 1263,
     "vllm/v1/sample/sampler.py": 501,
     "vllm/v1/spec_decode/ngram_proposer.py": 295,
+    "vllm/v1/spec_decode/llm_base_proposer.py": 1862,
     "vllm/v1/sample/rejection_sampler.py": 1197,
+    "vllm/v1/simple_kv_offload/manager.py": 1481,
 }
 
 
@@ -98,6 +100,8 @@ _COORD = "vllm/v1/core/kv_cache_coordinator.py"
 _SINGLE = "vllm/v1/core/single_type_kv_cache_manager.py"
 _POOL = "vllm/v1/core/block_pool.py"
 _UTILS = "vllm/v1/core/kv_cache_utils.py"
+_OFFLOAD = "vllm/v1/simple_kv_offload/manager.py"
+_OURS_OFFLOAD = "kvcore.simple_kv_offload.manager:SimpleCPUOffloadScheduler."
 
 FUNCTIONS: dict[str, CodeLink] = {
     c.name: c
@@ -306,6 +310,14 @@ FUNCTIONS: dict[str, CodeLink] = {
             "kvcore.spec_decode.ngram_proposer:NgramProposer.propose",
         ),
         _link(
+            "propose_draft_model",
+            "vllm/v1/spec_decode/llm_base_proposer.py",
+            511,
+            773,
+            "SpecDecodeBaseProposer.propose",
+            "kvcore.spec_decode.draft_model:DraftModelProposer.propose",
+        ),
+        _link(
             "update_draft_token_ids",
             _SCHED,
             2862,
@@ -321,14 +333,71 @@ FUNCTIONS: dict[str, CodeLink] = {
             "rejection_sample",
             "kvcore.sample.rejection_sampler:rejection_sample",
         ),
+        # -- the CPU tier (SimpleCPUOffloadConnector) --
+        _link(
+            "_update_waiting_for_remote_kv",
+            _SCHED,
+            3467,
+            3517,
+            "Scheduler._update_waiting_for_remote_kv",
+            "kvcore.core.sched.scheduler:Scheduler._update_waiting_for_remote_kv",
+        ),
+        _link(
+            "_handle_invalid_blocks",
+            _SCHED,
+            3703,
+            3783,
+            "Scheduler._handle_invalid_blocks",
+            "kvcore.core.sched.scheduler:Scheduler._handle_invalid_blocks",
+        ),
+        _link(
+            "_update_requests_with_invalid_blocks",
+            _SCHED,
+            3584,
+            3686,
+            "Scheduler._update_requests_with_invalid_blocks",
+            "kvcore.core.sched.scheduler:Scheduler._update_requests_with_invalid_blocks",
+        ),
+        _link(
+            "_update_from_kv_xfer_finished",
+            _SCHED,
+            3556,
+            3582,
+            "Scheduler._update_from_kv_xfer_finished",
+            "kvcore.core.sched.scheduler:Scheduler._update_from_kv_xfer_finished",
+        ),
+        *(
+            _link(
+                name,
+                _OFFLOAD,
+                start,
+                end,
+                f"SimpleCPUOffloadScheduler.{name}",
+                _OURS_OFFLOAD + name,
+            )
+            for name, start, end in (
+                ("get_num_new_matched_tokens", 361, 423),
+                ("update_state_after_alloc", 427, 538),
+                ("build_connector_meta", 540, 602),
+                ("update_connector_output", 1040, 1064),
+                ("_process_store_completion", 1100, 1197),
+            )
+        ),
     )
 }
 
 _FREED_BY = {
     "finished": ("update_from_output", "_free_request", "free", "free_blocks"),
     "aborted": ("finish_requests", "_free_request", "free", "free_blocks"),
+    "load failed": ("schedule", "_update_waiting_for_remote_kv", "free", "free_blocks"),
     "preempted": ("schedule", "_preempt_request", "free", "free_blocks"),
     "window": ("schedule", "allocate_slots", "remove_skipped_blocks", "free_blocks"),
+    "offload": (
+        "update_from_output",
+        "_update_from_kv_xfer_finished",
+        "update_connector_output",
+        "free_blocks",
+    ),
 }
 
 
@@ -366,17 +435,35 @@ def event_calls(ev: E.Event, num_groups: int = 1) -> tuple[str, ...]:
     if k == E.PREEMPTED:
         return ("schedule", "_preempt_request")
     if k == E.FINISHED:
+        if ev.reason == "error":
+            return ("update_from_output", "finish_requests")
         return ("finish_requests",) if ev.reason == "aborted" else ("update_from_output",)
     if k == E.RESET:
         return ("reset_prefix_cache",)
     if k == E.SAMPLED:
         return ("sample",)
     if k == E.DRAFT_PROPOSED:
-        return ("propose",)
+        return ("propose_draft_model",) if ev.num_lookahead_tokens else ("propose",)
     if k == E.DRAFT_ACCEPTED:
         return ("rejection_sample",)
     if k == E.DRAFT_REJECTED:
         return ("update_from_output",)
+    if k == E.CPU_HIT:
+        return ("schedule", "get_num_new_matched_tokens")
+    if k == E.CPU_LOAD:
+        return ("schedule", "update_state_after_alloc")
+    if k == E.CPU_LOADED:
+        return ("schedule", "_update_waiting_for_remote_kv")
+    if k == E.CPU_STORED:
+        return _FREED_BY["offload"][:-1] + ("_process_store_completion",)
+    if k == E.CPU_EVICTED:
+        return ("schedule", "build_connector_meta", "get_new_blocks", "_maybe_evict_cached_block")
+    if k == E.KV_LOAD_FAILED:
+        return (
+            "update_from_output",
+            "_handle_invalid_blocks",
+            "_update_requests_with_invalid_blocks",
+        )
     raise ValueError(f"no code link for event kind {k!r}")
 
 

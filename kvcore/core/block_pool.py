@@ -173,9 +173,30 @@ class BlockPool:
         hashes = request.block_hashes
         assert len(hashes) >= num_full_blocks, "request hashes lag behind its tokens"
         events = self.enable_kv_cache_events
+        observer = self.observer
+        if not events and observer is None and block_mask is None:
+            # The common case (nothing recorded or published, every block kept) in one tight
+            # loop: the key is make_block_hash_with_group_id's, the map insert is insert's.
+            suffix = kv_cache_group_id.to_bytes(4, "big", signed=False)
+            cache = self.cached_block_hash_to_block
+            table = cache._cache
+            for i in range(num_cached_blocks, num_full_blocks):
+                blk = blocks[i]
+                if blk.is_null:
+                    continue
+                key = hashes[i] + suffix
+                if blk.block_hash is not None:
+                    assert blk.block_hash == key, "a hit block carries the wrong hash"
+                    continue
+                blk.block_hash = key
+                blk.block_hash_num_tokens = (i + 1) * block_size
+                if key in table:
+                    cache.insert(key, blk)
+                else:
+                    table[key] = blk
+            return
         new_hashes: list[bytes] = []
         new_extra_keys: list = []
-        observer = self.observer
         cached: Optional[list[KVCacheBlock]] = [] if observer is not None else None
         cache = self.cached_block_hash_to_block
         for i in range(num_cached_blocks, num_full_blocks):

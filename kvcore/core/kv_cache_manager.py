@@ -148,6 +148,8 @@ class KVCacheManager:
         num_new_computed_tokens: int = 0,
         new_computed_blocks: Optional[KVCacheBlocks] = None,
         num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
         full_sequence_must_fit: bool = False,
         has_scheduled_reqs: bool = True,
     ) -> Optional[KVCacheBlocks]:
@@ -161,12 +163,17 @@ class KVCacheManager:
         min(computed + new, num_tokens) tokens — before the forward pass fills them.
         A waiting request must also leave ``watermark_blocks`` free when another request
         is running. A None return leaves tables and ref counts as they were (apart from 2).
+
+        ``num_external_computed_tokens`` follow the local hit and come from a KV connector (the
+        CPU tier): they get blocks here like new tokens and count as computed; with
+        ``delay_cache_blocks`` (an asynchronous load) nothing is cached until the load is done.
+        Only with external tokens may ``num_new_tokens`` be 0.
         """
-        if num_new_tokens <= 0:
+        if num_new_tokens <= 0 and not num_external_computed_tokens:
             raise ValueError("num_new_tokens must be greater than 0")
         hits = (new_computed_blocks or self.empty_kv_cache_blocks).blocks
         num_local_computed = request.num_computed_tokens + num_new_computed_tokens
-        total_computed = min(num_local_computed, self.max_model_len)
+        total_computed = min(num_local_computed + num_external_computed_tokens, self.max_model_len)
         watermark_blocks = 0
         if has_scheduled_reqs and request.status in (
             RequestStatus.WAITING,
@@ -197,7 +204,7 @@ class KVCacheManager:
                 request.request_id, hits, num_local_computed
             )
         new_blocks = self.coordinator.allocate_new_blocks(request.request_id, num_tokens_need_slot)
-        if self.enable_caching:
+        if self.enable_caching and not delay_cache_blocks:
             self.coordinator.cache_blocks(
                 request, min(total_computed + num_new_tokens, request.num_tokens)
             )

@@ -13,13 +13,14 @@ one call, in the same order. Decisions go to the pool's observer, as everywhere 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from kvcore.core.sched.output import SchedulerOutput
 from kvcore.core.sched.scheduler import Scheduler
-from kvcore.outputs import ModelRunnerOutput
+from kvcore.outputs import KVConnectorOutput, ModelRunnerOutput
 from kvcore.sample.rejection_sampler import rejection_sample
+from kvcore.spec_decode.draft_model import DraftModelProposer
 from kvcore.spec_decode.metrics import SpecDecodingStats
 from kvcore.spec_decode.ngram_proposer import NgramProposer
 from kvcore.utils.math_utils import cdiv
@@ -47,7 +48,7 @@ class EngineCore:
         self,
         scheduler: Scheduler,
         model_runner,
-        drafter: Optional[NgramProposer] = None,
+        drafter: Optional[NgramProposer | DraftModelProposer] = None,
         max_model_len: int = 1 << 30,
     ) -> None:
         self.scheduler = scheduler
@@ -55,6 +56,9 @@ class EngineCore:
         self.drafter = drafter
         self.max_model_len = max_model_len
         self.spec_decoding_stats = SpecDecodingStats()
+        # The KV connector's worker half (the CPU tier's copies), set by whoever builds the
+        # engine with one; it runs around the forward as vLLM's model runner runs it.
+        self.kv_connector = None
 
     def add_request(self, request) -> None:
         self.scheduler.add_request(request)
@@ -68,6 +72,9 @@ class EngineCore:
         scheduler = self.scheduler
         out = scheduler.schedule()
         result = EngineCoreStep(out)
+        if self.kv_connector is not None and out.kv_connector_metadata is not None:
+            self.kv_connector.bind_connector_metadata(out.kv_connector_metadata)
+            self.kv_connector.start_load_kv()
         if out.num_scheduled_tokens:
             items = []
             computed_before = out.num_computed_tokens_before()
@@ -97,11 +104,19 @@ class EngineCore:
             result.model_inputs = getattr(self.model_runner, "last_inputs", None)
             if sampled:
                 self._observe("sampled", None, tokens=dict(sampled))
-            scheduler.update_from_output(
-                out, ModelRunnerOutput.from_token_lists(list(out.num_scheduled_tokens), new_tokens)
+            runner_output = ModelRunnerOutput.from_token_lists(
+                list(out.num_scheduled_tokens), new_tokens
             )
-            if self.drafter is not None:
+            if self.kv_connector is not None:
+                runner_output = replace(runner_output, kv_connector_output=self._kv_finish(out))
+            scheduler.update_from_output(out, runner_output)
+            if isinstance(self.drafter, DraftModelProposer):
+                self._propose_with_draft_model(out, computed_before, new_tokens)
+            elif self.drafter is not None:
                 self.propose_draft_token_ids(new_tokens)
+        elif self.kv_connector is not None and self._kv_jobs(out):
+            # Only copies this step (a load, or a store that pinned blocks): nothing is stuck.
+            scheduler.update_from_output(out, ModelRunnerOutput([], {}, [], self._kv_finish(out)))
         elif not scheduler.running and scheduler.waiting and not self._retry_after_drafts(out):
             # Nothing runs and the head of the queue was refused by an empty pool: it never fits.
             head = scheduler.waiting.peek_request()
@@ -114,6 +129,25 @@ class EngineCore:
                 usable_blocks=scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1,
             )
         return result
+
+    @staticmethod
+    def _kv_jobs(out: SchedulerOutput) -> bool:
+        md = out.kv_connector_metadata
+        return md is not None and (md.load_event >= 0 or md.store_event >= 0)
+
+    def _kv_finish(self, out: SchedulerOutput) -> KVConnectorOutput:
+        """After the forward: the step's stores, then what the worker finished."""
+        conn = self.kv_connector
+        conn.wait_for_save()
+        finished_sending, finished_recving = conn.get_finished(out.finished_req_ids)
+        kv_out = KVConnectorOutput(
+            finished_sending,
+            finished_recving,
+            conn.build_connector_worker_meta(),
+            invalid_block_ids=conn.get_block_ids_with_load_errors(),
+        )
+        conn.clear_connector_metadata()
+        return kv_out
 
     def _full_groups(self) -> int:
         return sum(
@@ -128,7 +162,9 @@ class EngineCore:
             return False
         head = self.scheduler.waiting.peek_request()
         kvm = self.scheduler.kv_cache_manager
-        need = cdiv(head.num_tokens + 1, kvm.block_size) * self._full_groups()
+        # admitted again it needs its tokens and the lookahead slots (a draft model's), or one more
+        lookahead = max(1, self.scheduler.config.num_lookahead_tokens)
+        need = cdiv(head.num_tokens + lookahead, kvm.block_size) * self._full_groups()
         return need <= kvm.block_pool.num_gpu_blocks - 1
 
     def _verify(
@@ -157,3 +193,39 @@ class EngineCore:
                 continue
             proposals[rid] = self.drafter.propose(req.all_token_ids)
         self.scheduler.update_draft_token_ids(proposals)
+
+    def _propose_with_draft_model(
+        self,
+        out: SchedulerOutput,
+        computed_before: dict[str, int],
+        new_tokens: dict[str, list[int]],
+    ) -> None:
+        """The draft model's passes after this step's forward (vLLM: the runner's
+        ``propose_draft_token_ids`` for a draft model): every request still running that ran
+        this step feeds the draft the tokens the target verified, plus its new token if it
+        sampled; rejected drafts are left out, their slots are written again later."""
+        scheduler = self.scheduler
+        kvm = scheduler.kv_cache_manager
+        first_pass = []
+        num_tokens = {}
+        for rid in out.num_scheduled_tokens:
+            req = scheduler.requests.get(rid)  # gone once finished
+            if req is None:
+                continue
+            sampled = bool(new_tokens.get(rid))
+            start = computed_before[rid]
+            end = req.num_tokens if sampled else req.num_computed_tokens
+            if end <= start:
+                continue
+            first_pass.append(
+                SeqBatchItem(
+                    request_id=rid,
+                    token_ids=req.all_token_ids[start:end],
+                    start_pos=start,
+                    block_tables=kvm.get_block_ids(rid),
+                    sample=sampled,
+                )
+            )
+            num_tokens[rid] = req.num_tokens
+        proposals = self.drafter.propose(first_pass, num_tokens)
+        scheduler.update_draft_token_ids(proposals)

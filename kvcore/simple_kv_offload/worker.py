@@ -36,6 +36,10 @@ class SimpleCPUOffloadWorker:
         self._completed_store_events: dict[int, int] = {}
         self.num_blocks_stored = 0  # blocks copied GPU -> CPU so far
         self.num_blocks_loaded = 0  # blocks copied CPU -> GPU so far
+        # Ours, for teaching (engine.cpu_offload.fail_loads): the first load job serving one of
+        # these requests fails; its GPU blocks stay as they were and are reported invalid.
+        self.fail_load_req_ids: set[str] = set()
+        self._invalid_block_ids: set[int] = set()
 
     def register_kv_caches(self, kv_caches: Optional[Sequence[torch.Tensor]]) -> None:
         """The model runner's per-layer KV tensors (``[num_blocks, ...]``): a zeroed CPU tensor
@@ -70,11 +74,22 @@ class SimpleCPUOffloadWorker:
                 dst_t.index_copy_(0, dst, src_t.index_select(0, src).to(dst_t.device))
 
     def start_load_kv(self) -> None:
-        """CPU -> GPU for this step's load job."""
+        """CPU -> GPU for this step's load job (not copied if the job is one made to fail)."""
         md = self._connector_metadata
         if md is not None and md.load_cpu_blocks:
+            served = md.load_event_to_reqs.get(md.load_event, ())
+            failing = self.fail_load_req_ids.intersection(served)
+            if failing:
+                self.fail_load_req_ids -= failing
+                self._invalid_block_ids.update(md.load_gpu_blocks)
+                return
             self._copy(md.load_cpu_blocks, md.load_gpu_blocks, is_store=False)
             self.num_blocks_loaded += len(md.load_cpu_blocks)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        """The GPU blocks of the failed load jobs since the last call."""
+        invalid, self._invalid_block_ids = self._invalid_block_ids, set()
+        return invalid
 
     def wait_for_save(self) -> None:
         """GPU -> CPU for this step's store job (after the forward: the blocks are written)."""

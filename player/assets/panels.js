@@ -2,7 +2,7 @@
 // text, block tables, hash chains, the PagedAttention address view, hover and the selection.
 // Methods of the Player (player.js), drawn from its snapshot at the cursor.
 
-import { el, fmt, oneLine } from "./text.js";
+import { el, fmt, mdEl, oneLine } from "./text.js";
 import { PlayerCharts } from "./charts.js";
 
 export class PlayerPanels extends PlayerCharts {
@@ -11,7 +11,8 @@ export class PlayerPanels extends PlayerCharts {
     const h = this.run.head;
     const texts = st ? st.narration.slice() : (h.intro ? [h.intro] : []);
     if (this.cursor === this.n && this.run.done && this.cursor > 0 && h.outro) texts.push("🏁 " + h.outro);
-    const items = texts.map((t) => el("div", null, "💡 " + t));
+    // a lesson's own words: its Markdown drawn as nodes (text.js md), never as HTML
+    const items = texts.map((t) => mdEl("div", null, "💡 " + t));
     if (!items.length && st) items.push(el("div", "pkv-sum", st.summary));
     box.replaceChildren(...items);
   }
@@ -62,6 +63,15 @@ export class PlayerPanels extends PlayerCharts {
       this.paintOwners(d, b);
       d.append(el("span", "pkv-id", b.is_null ? "∅" : b.block_id),
         el("span", "pkv-ref", b.is_null ? this.L.null_block : `${this.L.ref_short} ${b.ref_cnt}`));
+      // A held block's slots: filled = a computed token's K/V, hollow = allocated, no token yet
+      // (the next decode slot, or lookahead slots reserved for a draft model).
+      const held = b.token_ids.length, bs = this.run.head.block_size;
+      if (!b.is_null && b.owners.length && held < bs && bs <= 64) {
+        const strip = el("span", "pkv-slots");
+        for (let i = 0; i < bs; i++) strip.append(el("i", i < held ? null : "empty"));
+        d.dataset.empty = String(bs - held);
+        d.append(strip);
+      }
       return d;
     });
     this.q("grid").replaceChildren(...nodes);
@@ -93,6 +103,34 @@ export class PlayerPanels extends PlayerCharts {
     for (const id of snap.free_queue) items.push(this.chip(snap.blocks[id], prevQ && !prevQ.has(id) ? "pkv-enter-queue" : ""));
     items.push(el("span", "pkv-end", "→ " + this.L.tail));
     this.q("queue").replaceChildren(...items);
+  }
+
+  // The CPU tier (SimpleCPUOffloadConnector): its own pool and free queue, as the step left them.
+  // A run without one has no cpu_pool on its steps: the panel stays hidden.
+  drawCpuPool(st) {
+    const cpu = st ? st.cpu_pool : null;
+    const panel = this.q("cpu-panel");
+    if (!panel) return;
+    panel.hidden = !cpu;
+    if (!cpu) return;
+    const cls = (i) => (cpu.ref_cnts[i] > 0 ? " pkv-pinned" : "") + (cpu.block_hashes[i] ? " cached" : "");
+    const cells = [];
+    for (let i = 1; i < cpu.num_blocks; i++) {
+      const d = el("div", "pkv-block" + cls(i));
+      d.dataset.cpuBlock = String(i);
+      d.title = cpu.block_hashes[i] ? `#${cpu.block_hashes[i].slice(0, 12)}` : "";
+      d.append(el("span", "pkv-id", i), el("span", "pkv-ref", `${this.L.ref_short} ${cpu.ref_cnts[i]}`));
+      cells.push(d);
+    }
+    this.q("cpu-grid").replaceChildren(...cells);
+    const items = [el("span", "pkv-end", this.L.head + " →")];
+    for (const i of cpu.free_queue) {
+      const c = el("span", "pkv-chip" + cls(i), i);
+      c.dataset.cpuBlock = String(i);
+      items.push(c);
+    }
+    items.push(el("span", "pkv-end", "→ " + this.L.tail));
+    this.q("cpu-queue").replaceChildren(...items);
   }
 
   badge(rid) {
@@ -152,8 +190,12 @@ export class PlayerPanels extends PlayerCharts {
     if (!cached.length) { this.q("chains").replaceChildren(el("div", "pkv-muted", L.no_chains)); return; }
     const key = (h, g) => `${h}@${g}`;
     const present = new Set(cached.map((b) => key(b.block_hash, b.group)));
-    const kids = new Map();
+    const kids = new Map(), holders = new Map();
     for (const b of cached) {
+      // One hash held by several blocks (two requests computed the same content): one node.
+      const k = key(b.block_hash, b.group);
+      if (holders.has(k)) { holders.get(k).push(b); continue; }
+      holders.set(k, [b]);
       const p = b.parent_hash === null || b.parent_hash === undefined ? "ROOT"
         : (present.has(key(b.parent_hash, b.group)) ? key(b.parent_hash, b.group) : "ORPHAN");
       if (!kids.has(p)) kids.set(p, []);
@@ -163,7 +205,8 @@ export class PlayerPanels extends PlayerCharts {
       const li = el("li");
       const row = el("span", "pkv-node" + this.selState(b));
       row.dataset.block = String(b.block_id);
-      row.append(this.chip(b, ""), el("code", null, "#" + b.block_hash.slice(0, 8)),
+      row.append(...holders.get(key(b.block_hash, b.group)).map((x) => this.chip(x, "")),
+        el("code", null, "#" + b.block_hash.slice(0, 8)),
         el("span", "pkv-text", `«${oneLine(this.tokText(b.token_ids))}»`));
       li.append(row);
       const ch = depth < 64 ? kids.get(key(b.block_hash, b.group)) : null;
@@ -234,6 +277,8 @@ export class PlayerPanels extends PlayerCharts {
         + (b.block_hash && b.block_hash_num_tokens ? ` · block_hash_num_tokens: ${b.block_hash_num_tokens}` : ""),
       `${L.parent}: ${b.block_hash ? (b.parent_hash || "NONE_HASH") : "—"}`,
       `${L.tokens}: ${b.token_ids.length}${this.run.head.decoded ? "" : " " + L.decoded_ids}`,
+      ...(b.owners.length && !b.is_null && b.token_ids.length < this.run.head.block_size
+        ? [fmt(L.slots_line, { held: b.token_ids.length, empty: this.run.head.block_size - b.token_ids.length })] : []),
       `${L.text}: «${this.tokText(b.token_ids)}»`,
       `${L.qpos}: ${qpos < 0 ? L.not_free : `${qpos} (${L.head} = 0)`}`,
     ];

@@ -7,7 +7,7 @@
 // server's payload in decode.js; the static export (player/export.py) inlines all five files in
 // one module.
 
-import { addStrings, el, fmt, wordsFor } from "./text.js";
+import { addStrings, el, fmt, md, wordsFor } from "./text.js";
 import { applyDelta, decodeSnapshot, decodeStep, hasWire, setWire } from "./decode.js";
 import { PlayerPanels } from "./panels.js";
 
@@ -323,7 +323,11 @@ class Player extends PlayerPanels {
   // -- drawing -----------------------------------------------------------------------
   staticLabels() {
     const L = this.L;
-    for (const h of this.root.querySelectorAll("[data-label]")) h.textContent = L[h.dataset.label] || "";
+    for (const h of this.root.querySelectorAll("[data-label]")) {
+      // a caption is a sentence in the catalogue's small Markdown (text.js md); a title is plain
+      if (h.classList.contains("pkv-caption")) h.replaceChildren(...md(L[h.dataset.label] || ""));
+      else h.textContent = L[h.dataset.label] || "";
+    }
     for (const b of this.root.querySelectorAll("[data-act]")) {
       if (b.dataset.act !== "home" && L[b.dataset.act]) b.textContent = L[b.dataset.act];
     }
@@ -371,6 +375,7 @@ class Player extends PlayerPanels {
     this.drawGrid(snap, changed);
     this.drawEvents(st);
     this.drawQueue(snap);
+    this.drawCpuPool(st);
     this.drawOutputs(snap);
     this.drawTables(snap);
     this.drawChains(snap);

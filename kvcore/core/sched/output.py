@@ -10,6 +10,7 @@ the request will be after the forward pass.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,8 @@ class SchedulerOutput:
     num_common_prefix_blocks: list[int] = field(default_factory=list)
     # request id -> the draft tokens scheduled after its last token (speculative decoding)
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
+    # the KV connector's plan for the step (its KVConnectorMetadata); None without a connector
+    kv_connector_metadata: Any = None
 
     def num_computed_tokens_before(self) -> dict[str, int]:
         """Request id -> tokens already computed before this step, for every scheduled request."""

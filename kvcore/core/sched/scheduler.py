@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Union
+from dataclasses import replace
+from typing import Iterable, Optional, Union
 
 from kvcore.config.scheduler import ADMISSIONS, ADMIT_FULL_SEQUENCE, SchedulerConfig
 from kvcore.core.kv_cache_manager import KVCacheManager
 from kvcore.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from kvcore.core.sched.request_queue import PRIORITY, create_request_queue
+from kvcore.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+from kvcore.metrics.stats import PrefixCacheStats
 from kvcore.outputs import ModelRunnerOutput
 from kvcore.request import Request, RequestStatus
+
+KV_LOAD_RECOMPUTE, KV_LOAD_FAIL = "recompute", "fail"
+KV_LOAD_FAILURE_POLICIES = (KV_LOAD_RECOMPUTE, KV_LOAD_FAIL)
 
 
 class Scheduler:
@@ -21,11 +27,22 @@ class Scheduler:
     ``finished_req_ids`` holds only the requests finished since the last ``schedule``.
     """
 
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv_cache_manager: KVCacheManager,
+        connector: Optional[KVConnectorBase_V1] = None,
+        kv_load_failure_policy: str = "fail",
+    ) -> None:
         if config.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
         if config.max_num_batched_tokens < 1:
             raise ValueError("max_num_batched_tokens must be >= 1")
+        if kv_load_failure_policy not in KV_LOAD_FAILURE_POLICIES:
+            raise ValueError(
+                f"kv_load_failure_policy must be one of {KV_LOAD_FAILURE_POLICIES}; "
+                f"got {kv_load_failure_policy!r}"
+            )
         if config.admission not in ADMISSIONS:
             raise ValueError(f"admission must be one of {ADMISSIONS}; got {config.admission!r}")
         self.config = config
@@ -38,6 +55,21 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.finished_req_ids: set[str] = set()
         self.prev_step_scheduled_req_ids: set[str] = set()
+        # The KV connector's scheduler half (the CPU tier: SimpleCPUOffloadConnector), if any.
+        self.connector = connector
+        self.connector_prefix_cache_stats: Optional[PrefixCacheStats] = None
+        self.finished_recving_kv_req_ids: set[str] = set()
+        # Requests whose asynchronous load reported invalid blocks: rolled back, they resume
+        # from their valid prefix once the load is reported finished.
+        self.failed_recving_kv_req_ids: set[str] = set()
+        # vLLM's KVTransferConfig.kv_load_failure_policy (default "fail"): on a failed load,
+        # recompute the lost tokens, or end the request with an error.
+        self.recompute_kv_load_failures = (
+            connector is None or kv_load_failure_policy == KV_LOAD_RECOMPUTE
+        )
+        if connector is not None:
+            connector.bind_gpu_block_pool(kv_cache_manager.block_pool)
+            self.connector_prefix_cache_stats = PrefixCacheStats()
 
     @property
     def observer(self):
@@ -67,6 +99,13 @@ class Scheduler:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting) or bool(self.running)
+
+    def has_requests(self) -> bool:
+        """Work left: unfinished requests, or copies the connector still has to make (a finished
+        request's last blocks are stored in the step after it finished)."""
+        return self.has_unfinished_requests() or (
+            self.connector is not None and self.connector.has_pending_push_work()
+        )
 
     # -- scheduling ---------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
@@ -152,6 +191,7 @@ class Scheduler:
             if self.waiting and self.observer is not None:
                 self._emit("blocked", self.waiting.peek_request(), reason="preempted_this_step")
         else:
+            skipped: list[Request] = []  # waiting for their CPU-tier KV: looked at next step
             while self.waiting and token_budget > 0:
                 request = self.waiting.peek_request()
                 if len(self.running) >= cfg.max_num_seqs:
@@ -159,24 +199,53 @@ class Scheduler:
                         "blocked", request, reason="max_num_seqs", max_num_seqs=cfg.max_num_seqs
                     )
                     break
-                max_hit = request.num_tokens - 1
-                if cfg.max_cache_hit_length is not None:
-                    max_hit = min(max_hit, cfg.max_cache_hit_length)
-                hits, num_hit, request.shared_prefix_boundary = (
-                    self.kv_cache_manager.get_computed_blocks(request, max_hit)
-                )
-                num_new = request.num_tokens - num_hit
-                if 0 < long_prefill_token_threshold < num_new:
-                    num_new = long_prefill_token_threshold
-                if not cfg.enable_chunked_prefill and num_new > token_budget:
-                    self._emit("blocked", request, reason="token_budget", token_budget=token_budget)
-                    break
-                num_new = min(num_new, token_budget)
+                if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                    if request.request_id not in self.finished_recving_kv_req_ids:
+                        skipped.append(self.waiting.pop_request())
+                        continue
+                    self._update_waiting_for_remote_kv(request)
+                    resumed = request.num_preemptions > 0
+                    request.status = RequestStatus.PREEMPTED if resumed else RequestStatus.WAITING
+                num_external, load_kv_async = 0, False
+                if request.num_computed_tokens == 0:
+                    max_hit = request.num_tokens - 1
+                    if cfg.max_cache_hit_length is not None:
+                        max_hit = min(max_hit, cfg.max_cache_hit_length)
+                    hits, num_hit, request.shared_prefix_boundary = (
+                        self.kv_cache_manager.get_computed_blocks(request, max_hit)
+                    )
+                    if self.connector is not None:
+                        # The GPU hit is whole blocks, so the connector's hit continues it.
+                        num_external, load_kv_async = self.connector.get_num_new_matched_tokens(
+                            request, num_hit
+                        )
+                        if num_external is None:
+                            skipped.append(self.waiting.pop_request())
+                            continue
+                    num_computed = num_hit + num_external
+                else:
+                    # Back from an asynchronous load: its tokens are computed already.
+                    hits, num_hit, num_computed = None, 0, request.num_computed_tokens
+                if load_kv_async:
+                    num_new = 0  # this step only loads
+                else:
+                    num_new = request.num_tokens - num_computed
+                    if 0 < long_prefill_token_threshold < num_new:
+                        num_new = long_prefill_token_threshold
+                    if not cfg.enable_chunked_prefill and num_new > token_budget:
+                        self._emit(
+                            "blocked", request, reason="token_budget", token_budget=token_budget
+                        )
+                        break
+                    num_new = min(num_new, token_budget)
                 new_blocks = self.kv_cache_manager.allocate_slots(
                     request,
                     num_new,
                     num_hit,
                     hits,
+                    num_lookahead_tokens=cfg.num_lookahead_tokens,
+                    num_external_computed_tokens=num_external,
+                    delay_cache_blocks=load_kv_async,
                     full_sequence_must_fit=cfg.admission == ADMIT_FULL_SEQUENCE,
                     has_scheduled_reqs=bool(self.running),
                 )
@@ -189,7 +258,23 @@ class Scheduler:
                         num_tokens=request.num_tokens,
                     )
                     break
-                self.kv_cache_manager.record_prefix_cache_stats(request, num_hit)
+                if self.connector is not None:
+                    self.connector.update_state_after_alloc(
+                        request, self.kv_cache_manager.get_blocks(request.request_id), num_external
+                    )
+                    if hits is not None:  # vLLM's connector PrefixCacheStats
+                        self.connector_prefix_cache_stats.record(
+                            request.num_tokens - num_hit, num_external, request.num_preemptions > 0
+                        )
+                if hits is not None:
+                    self.kv_cache_manager.record_prefix_cache_stats(request, num_hit)
+                if load_kv_async:
+                    # Blocks are allocated; the KV arrives during this step and the request
+                    # runs from the end of the hit in a later one.
+                    request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+                    request.num_computed_tokens = num_computed
+                    skipped.append(self.waiting.pop_request())
+                    continue
                 self.waiting.pop_request()
                 self.running.append(request)
                 req_to_new_blocks[request.request_id] = self.kv_cache_manager.get_block_ids(
@@ -198,36 +283,39 @@ class Scheduler:
                 resumed = request.status == RequestStatus.PREEMPTED
                 (scheduled_resumed if resumed else scheduled_new).append(request)
                 num_scheduled_tokens[request.request_id] = num_new
-                num_computed_before[request.request_id] = num_hit
+                num_computed_before[request.request_id] = num_computed
                 token_budget -= num_new
                 request.status = RequestStatus.RUNNING
-                request.num_computed_tokens = num_hit
-                request.num_cached_tokens = num_hit
+                request.num_computed_tokens = num_computed
+                request.num_cached_tokens = num_computed
                 self._emit(
                     "resumed" if resumed else "admitted",
                     request,
-                    num_cached_tokens=num_hit,
+                    num_cached_tokens=num_computed,
                     num_preemptions=request.num_preemptions,
                 )
             if self.waiting and token_budget <= 0 and self.observer is not None:
                 self._emit(
                     "blocked", self.waiting.peek_request(), reason="token_budget", token_budget=0
                 )
+            for request in reversed(skipped):
+                self.waiting.prepend_request(request)
 
-        running_ids = {r.request_id for r in scheduled_running}
-        resumed_ids = {r.request_id for r in scheduled_resumed}
-        for rid, n in num_scheduled_tokens.items():
-            req = self.requests[rid]
-            before = num_computed_before[rid]
-            if rid in resumed_ids:
-                kind = "recompute"
-            elif before >= req.num_prompt_tokens:
-                kind = "decode"
-            elif before + n < req.num_tokens or rid in running_ids:
-                kind = "chunk"
-            else:
-                kind = "prefill"
-            self._emit("scheduled", req, num_tokens=n, phase=kind, start=before)
+        if self.observer is not None:  # the phases only serve the record: nothing to do else
+            running_ids = {r.request_id for r in scheduled_running}
+            resumed_ids = {r.request_id for r in scheduled_resumed}
+            for rid, n in num_scheduled_tokens.items():
+                req = self.requests[rid]
+                before = num_computed_before[rid]
+                if rid in resumed_ids:
+                    kind = "recompute"
+                elif before >= req.num_prompt_tokens:
+                    kind = "decode"
+                elif before + n < req.num_tokens or rid in running_ids:
+                    kind = "chunk"
+                else:
+                    kind = "prefill"
+                self._emit("scheduled", req, num_tokens=n, phase=kind, start=before)
         out = self._make_output(
             num_scheduled_tokens,
             num_computed_before,
@@ -238,10 +326,18 @@ class Scheduler:
             preempted,
             scheduled_spec_decode_tokens,
         )
+        if self.connector is not None:
+            # Before num_computed_tokens advances: the connector stores only blocks whose
+            # tokens were computed in earlier steps.
+            out = replace(out, kv_connector_metadata=self.connector.build_connector_meta(out))
         self.prev_step_scheduled_req_ids = set(num_scheduled_tokens)
         # vLLM advances num_computed_tokens when it schedules, before the model runs.
         for rid, n in num_scheduled_tokens.items():
-            self.requests[rid].num_computed_tokens += n
+            req = self.requests[rid]
+            req.num_computed_tokens += n
+            # vLLM's flag: a step that ends inside the known tokens samples nothing, so drafts
+            # proposed for it are dropped (update_draft_token_ids)
+            req.is_prefill_chunk = req.num_computed_tokens < req.num_tokens
         return out
 
     def _make_output(
@@ -322,10 +418,20 @@ class Scheduler:
         A request's last sampled token never gets a KV slot: it stops first.
         With drafts, ``generated`` is the accepted drafts plus one token; the rejected drafts
         are taken back from ``num_computed_tokens`` and tokens past a stop are dropped.
+        Blocks the KV connector failed to load roll their requests back first; those requests'
+        tokens of this step are dropped (``_handle_invalid_blocks``).
         """
         finished = []
         spec_tokens = scheduler_output.scheduled_spec_decode_tokens
+        kv_connector_output = model_runner_output.kv_connector_output
+        failed_kv_load_req_ids: set[str] = set()
+        if kv_connector_output is not None and kv_connector_output.invalid_block_ids:
+            failed_kv_load_req_ids = self._handle_invalid_blocks(
+                kv_connector_output.invalid_block_ids, scheduler_output.num_scheduled_tokens
+            )
         for rid in scheduler_output.num_scheduled_tokens:
+            if rid in failed_kv_load_req_ids:  # rolled back (or failing): its output is stale
+                continue
             req = self.requests[rid]
             index = model_runner_output.req_id_to_index.get(rid)
             generated = model_runner_output.sampled_token_ids[index] if index is not None else []
@@ -358,6 +464,13 @@ class Scheduler:
                 self._emit("finished", req, reason=reason, num_output_tokens=req.num_output_tokens)
                 self._free_request(req)
                 finished.append(rid)
+        if failed_kv_load_req_ids and not self.recompute_kv_load_failures:
+            errored = self.finish_requests(
+                sorted(failed_kv_load_req_ids), RequestStatus.FINISHED_ERROR
+            )
+            finished.extend(r.request_id for r in errored)
+        if kv_connector_output is not None:
+            self._update_from_kv_xfer_finished(kv_connector_output)
         return finished
 
     def _settle_drafts(self, req: Request, drafts: list[int], generated: list[int]) -> None:
@@ -386,6 +499,133 @@ class Scheduler:
                 positions=tuple(range(first, first + num_rejected)),
             )
 
+    def _update_from_kv_xfer_finished(self, kv_connector_output) -> None:
+        """The connector's report: its own bookkeeping first, then the requests whose KV has
+        arrived may run from the next step on."""
+        if self.connector is not None:
+            self.connector.update_connector_output(kv_connector_output)
+        for req_id in kv_connector_output.finished_recving or ():
+            req = self.requests.get(req_id)
+            if req is not None and req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                self.finished_recving_kv_req_ids.add(req_id)
+
+    def _update_waiting_for_remote_kv(self, request: Request) -> None:
+        """The loaded blocks are whole now: cache them in the GPU pool. A hit as long as the
+        request (never, as hits stop one token short) would still recompute the last token.
+        After a failed load ``num_computed_tokens`` is already cut to the valid prefix: only
+        that prefix is cached, and with none left the blocks go back (a retry may hit)."""
+        load_failed = request.request_id in self.failed_recving_kv_req_ids
+        if load_failed:
+            if request.num_computed_tokens:
+                self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
+            else:
+                self.kv_cache_manager.free(request)
+            self.failed_recving_kv_req_ids.remove(request.request_id)
+        else:
+            self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens)
+        if request.num_computed_tokens == request.num_tokens:
+            request.num_computed_tokens = request.num_tokens - 1
+        self.finished_recving_kv_req_ids.remove(request.request_id)
+        self._emit(
+            "cpu_loaded",
+            request,
+            num_computed_tokens=request.num_computed_tokens,
+            load_failed=load_failed,
+            block_ids=tuple(self.kv_cache_manager.get_block_ids(request.request_id)[0]),
+        )
+
+    def _update_requests_with_invalid_blocks(
+        self,
+        requests: Iterable[Request],
+        invalid_block_ids: set[int],
+        num_scheduled_tokens: dict[str, int],
+        evict_blocks: bool = True,
+    ) -> tuple[set[str], int, set[int]]:
+        """Cut each request that holds an invalid block among its computed blocks back to the
+        block before the first one. Returns (the affected requests, the tokens to recompute,
+        the blocks to evict: from each first invalid block to the end of that table, as the
+        later blocks' hashes chain on it; none when ``evict_blocks`` is False, for loads whose
+        blocks were never cached). A block two requests share is recomputed by the first only;
+        the second keeps it counted as computed and goes back to its tokens before this step.
+        """
+        affected_req_ids: set[str] = set()
+        total_affected_tokens = 0
+        blocks_to_evict: set[int] = set()
+        marked_invalid_block_ids: set[int] = set()
+        block_size = self.kv_cache_manager.block_size
+        for request in requests:
+            req_id = request.request_id
+            (req_block_ids,) = self.kv_cache_manager.get_block_ids(req_id)
+            # only blocks computed before this step can hold tokens from the connector
+            req_num_computed_tokens = request.num_computed_tokens - num_scheduled_tokens.get(
+                req_id, 0
+            )
+            num_computed_blocks = -(-req_num_computed_tokens // block_size)
+            is_affected = marked_invalid_block = False
+            for idx, block_id in enumerate(req_block_ids[:num_computed_blocks]):
+                if block_id not in invalid_block_ids:
+                    continue
+                is_affected = True
+                if block_id in marked_invalid_block_ids:
+                    continue  # an earlier request recomputes it
+                marked_invalid_block_ids.add(block_id)
+                if marked_invalid_block:
+                    continue  # already cut back at an earlier block
+                marked_invalid_block = True
+                request.num_computed_tokens = idx * block_size
+                total_affected_tokens += req_num_computed_tokens - request.num_computed_tokens
+                if evict_blocks:
+                    blocks_to_evict.update(req_block_ids[idx:])
+            if is_affected:
+                if not marked_invalid_block:
+                    total_affected_tokens += request.num_computed_tokens - req_num_computed_tokens
+                    request.num_computed_tokens = req_num_computed_tokens
+                affected_req_ids.add(req_id)
+                self._emit(
+                    "kv_load_failed",
+                    request,
+                    block_ids=tuple(b for b in req_block_ids if b in invalid_block_ids),
+                    num_computed_tokens=request.num_computed_tokens,
+                    num_lost_tokens=req_num_computed_tokens - request.num_computed_tokens,
+                    asynchronous=not evict_blocks,
+                    policy=KV_LOAD_RECOMPUTE if self.recompute_kv_load_failures else KV_LOAD_FAIL,
+                )
+        return affected_req_ids, total_affected_tokens, blocks_to_evict
+
+    def _handle_invalid_blocks(
+        self, invalid_block_ids: set[int], num_scheduled_tokens: dict[str, int]
+    ) -> set[str]:
+        """The worker could not load ``invalid_block_ids``. Requests still waiting for an
+        asynchronous load are cut back (their blocks are not cached yet: nothing to evict) and
+        resume from the valid prefix when the load is reported finished; running requests that
+        loaded synchronously are cut back too, and under the "fail" policy the invalid blocks
+        and every block after them in those tables leave the prefix cache (``evict_blocks``),
+        so no later request hits them. Returns the requests whose output this step is dropped
+        (and which fail, under "fail")."""
+        if self.kv_cache_manager.num_kv_cache_groups > 1:
+            # a block id names a block only within its group
+            raise RuntimeError(
+                "invalid_block_ids cannot be mapped back to requests with several KV cache groups"
+            )
+        async_load_reqs = [
+            r for r in self.waiting.ordered() if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+        ]
+        async_failed, _, _ = self._update_requests_with_invalid_blocks(
+            async_load_reqs, invalid_block_ids, num_scheduled_tokens, evict_blocks=False
+        )
+        sync_failed, _, sync_blocks_to_evict = self._update_requests_with_invalid_blocks(
+            self.running, invalid_block_ids, num_scheduled_tokens, evict_blocks=True
+        )
+        if not async_failed and not sync_failed:
+            return set()
+        # Under "recompute" the blocks stay cached: the request rewrites them in place.
+        if sync_blocks_to_evict and not self.recompute_kv_load_failures:
+            self.kv_cache_manager.evict_blocks(sync_blocks_to_evict)
+        if not self.recompute_kv_load_failures:
+            return async_failed | sync_failed
+        self.failed_recving_kv_req_ids |= async_failed
+        return sync_failed
+
     def update_draft_token_ids(self, draft_token_ids: dict[str, list[int]]) -> None:
         """Keep each request's drafts for the next step; a request still in its prompt, or
         finished, keeps none (vLLM: ``Scheduler.update_draft_token_ids``)."""
@@ -393,13 +633,17 @@ class Scheduler:
             req = self.requests.get(rid)
             if req is None or req.is_finished():
                 continue
-            if req.num_computed_tokens < req.num_tokens - 1:  # a prefill chunk: no drafts
+            if req.is_prefill_chunk:  # its last step sampled nothing: no drafts
                 req.spec_token_ids = []
                 continue
             req.spec_token_ids = list(drafts)
             if drafts:
                 self._emit(
-                    "draft_proposed", req, draft_token_ids=tuple(drafts), num_tokens=req.num_tokens
+                    "draft_proposed",
+                    req,
+                    draft_token_ids=tuple(drafts),
+                    num_tokens=req.num_tokens,
+                    num_lookahead_tokens=self.config.num_lookahead_tokens,
                 )
 
     def finish_requests(
@@ -424,7 +668,8 @@ class Scheduler:
             else:
                 self.waiting.remove_request(req)
             req.status = finished_status
-            self._emit("finished", req, reason="aborted")
+            reason = "error" if finished_status == RequestStatus.FINISHED_ERROR else "aborted"
+            self._emit("finished", req, reason=reason)
             self._free_request(req)
             done.append(req)
         return done
@@ -433,7 +678,14 @@ class Scheduler:
         self.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
 
     def _free_request(self, request: Request) -> None:
-        """A finished request gives back its blocks (none if it never ran) and leaves."""
+        """A finished request gives back its blocks (none if it never ran) and leaves. A
+        connector sees its block table first (the CPU tier pins blocks it still has to store)."""
+        if self.connector is not None:
+            self.finished_recving_kv_req_ids.discard(request.request_id)
+            self.failed_recving_kv_req_ids.discard(request.request_id)
+            self.connector.request_finished_all_groups(
+                request, self.kv_cache_manager.get_block_ids(request.request_id)
+            )
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]

@@ -78,6 +78,12 @@ class KVConnectorBase_V1(ABC):
     def build_connector_worker_meta(self) -> Optional[KVConnectorWorkerMetadata]:
         return None
 
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        """The GPU blocks whose K/V failed to load since the last call (empty: none). An
+        asynchronous load reports them no later than the step that reports the request
+        finished receiving (which it still does, failed or not)."""
+        return set()
+
     # -- scheduler side -------------------------------------------------------------------
     @abstractmethod
     def get_num_new_matched_tokens(
