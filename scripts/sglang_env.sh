@@ -44,54 +44,16 @@ if ready; then
 fi
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-pip_install() {
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 \
-        | { grep -vE "is ignored: it is neither|^sglang $VERSION requires|dependency resolver does not" || true; }
-}
-
-if [ "$("$VENV/bin/python" -c "import importlib.metadata as m; print(m.version('sglang'))" 2>/dev/null)" != "$VERSION" ]; then
-    WHEEL="${SGLANG_WHEEL:-}"
-    if [ -z "$WHEEL" ]; then
-        WHEEL="$(ls /tmp/designs/sglang-$VERSION-*.whl 2>/dev/null | head -n1 || true)"
-    fi
-    if [ -z "$WHEEL" ]; then
-        mkdir -p /tmp/designs
-        "$VENV/bin/python" -m pip download -q --no-deps -d /tmp/designs "sglang==$VERSION"
-        WHEEL="$(ls /tmp/designs/sglang-$VERSION-*.whl | head -n1)"
-    fi
-    echo "installing $WHEEL (--no-deps)"
-    pip_install --no-deps "$WHEEL"
-fi
+PKG=sglang WHEEL_DIR=/tmp/designs
+# shellcheck source=scripts/_scratch_env.sh
+source "$HERE/scripts/_scratch_env.sh"
+install_project "${SGLANG_WHEEL:-}"
 
 # The import chain of radix_cache, at SGLang's own version specifiers where it has one.
 NEEDED="torch torchvision triton numpy orjson psutil pybase64 requests packaging pillow starlette
 msgspec pydantic pyzmq tqdm ipython aiohttp transformers dill apache-tvm-ffi sentencepiece
 compressed-tensors gguf"
-mapfile -t SPECS < <("$VENV/bin/python" - $NEEDED <<'PY'
-import importlib.metadata as m
-import re
-import sys
-
-try:
-    from packaging.requirements import Requirement
-except ImportError:                                # not installed yet: pip's own copy
-    from pip._vendor.packaging.requirements import Requirement
-
-def norm(name):
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-wanted = {norm(n): n for n in sys.argv[1:]}
-pinned = {}
-for line in m.requires("sglang") or []:
-    req = Requirement(line)
-    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-        continue                                   # another platform, or an optional extra
-    if norm(req.name) in wanted:
-        pinned[norm(req.name)] = f"{req.name}{req.specifier}"
-for key, name in wanted.items():
-    print(pinned.get(key, name))
-PY
-)
+mapfile -t SPECS < <(pinned_specs $NEEDED)
 [ "${#SPECS[@]}" -gt 0 ] || { echo "could not read SGLang's requirements" >&2; exit 1; }
 echo "installing: ${SPECS[*]}"
 pip_install "${SPECS[@]}"

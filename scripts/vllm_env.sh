@@ -56,27 +56,12 @@ if ready; then
 fi
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-# pip, without the noise that is expected here: vLLM's own dependency list is left out on purpose
-# (--no-deps), so pip lists what "vllm requires"; and this machine's extra local indexes warn.
-pip_install() {
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 \
-        | { grep -vE "is ignored: it is neither|^vllm $VERSION requires|dependency resolver does not" || true; }
-}
+PKG=vllm WHEEL_DIR=/tmp/vllm033
+# shellcheck source=scripts/_scratch_env.sh
+source "$HERE/scripts/_scratch_env.sh"
 
 # 1. vLLM itself, without its dependencies.
-if [ "$("$VENV/bin/python" -c "import importlib.metadata as m; print(m.version('vllm'))" 2>/dev/null)" != "$VERSION" ]; then
-    WHEEL="${VLLM_WHEEL:-}"
-    if [ -z "$WHEEL" ]; then
-        WHEEL="$(ls /tmp/vllm033/vllm-$VERSION-*.whl 2>/dev/null | head -n1 || true)"
-    fi
-    if [ -z "$WHEEL" ]; then
-        mkdir -p /tmp/vllm033
-        "$VENV/bin/python" -m pip download -q --no-deps -d /tmp/vllm033 "vllm==$VERSION"
-        WHEEL="$(ls /tmp/vllm033/vllm-$VERSION-*.whl | head -n1)"
-    fi
-    echo "installing $WHEEL (--no-deps)"
-    pip_install --no-deps "$WHEEL"
-fi
+install_project "${VLLM_WHEEL:-}"
 
 # 2. torch: the local CPU build (another spec downloads GBs of CUDA wheels).
 "$VENV/bin/python" -c "import torch" 2>/dev/null || pip_install "torch==2.13.0"
@@ -85,31 +70,7 @@ fi
 NEEDED="packaging psutil pyzmq urllib3 regex numpy msgspec pydantic cbor2 transformers aiohttp requests
 openai pillow pybase64 cachetools cloudpickle uvloop py-cpuinfo prometheus_client xgrammar fastapi
 partial-json-parser llguidance oss-harmony einops xxhash"
-mapfile -t SPECS < <("$VENV/bin/python" - $NEEDED <<'EOF'
-import importlib.metadata as m
-import re
-import sys
-
-try:
-    from packaging.requirements import Requirement
-except ImportError:                                # not installed yet: pip's own copy
-    from pip._vendor.packaging.requirements import Requirement
-
-def norm(name):
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-wanted = {norm(n): n for n in sys.argv[1:]}
-pinned = {}
-for line in m.requires("vllm") or []:
-    req = Requirement(line)
-    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
-        continue                                   # another platform, or an optional extra
-    if norm(req.name) in wanted:
-        pinned[norm(req.name)] = f"{req.name}{req.specifier}"
-for key, name in wanted.items():
-    print(pinned.get(key, name))
-EOF
-)
+mapfile -t SPECS < <(pinned_specs $NEEDED)
 [ "${#SPECS[@]}" -gt 0 ] || { echo "could not read vLLM's requirements" >&2; exit 1; }
 echo "installing: ${SPECS[*]}"
 # oss-harmony (vLLM's name for the openai_harmony module) may be missing from an index; then the
