@@ -104,6 +104,29 @@ class EvictionDone(DesignEvent):
     num_tokens_evicted: int
 
 
+@dataclass(frozen=True, kw_only=True)
+class EvictableLeaf:
+    """A leaf the eviction could take: unlocked, no children; ``priority`` is the strategy's
+    (LRU: its last access time), smaller leaves first."""
+
+    node_id: int
+    num_tokens: int
+    priority: Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvictionAsked(DesignEvent):
+    """SGLang's scheduler (``evict_from_tree_cache``) needed ``num_tokens`` slots with only
+    ``available`` free, so it asked the tree to evict the difference; ``leaves`` are the
+    evictable leaves at that moment, in the order the strategy takes them."""
+
+    kind: ClassVar[str] = "eviction_asked"
+    design: ClassVar[str] = "sglang"
+    num_tokens: int
+    available: int
+    leaves: tuple[EvictableLeaf, ...]
+
+
 # --- nano-vllm's BlockManager --------------------------------------------------------------------
 
 

@@ -76,6 +76,7 @@ class DesignStep:
     nano: NanoView
     sglang_hits: dict[str, int]
     nano_hits: dict[str, int]
+    errors: tuple[str, ...] = ()  # what either design could not do, up to this step
 
 
 class _Held:
@@ -89,6 +90,10 @@ class SideBySide:
     """Both designs fed from one recorded run's snapshots; ``steps`` grows with ``advance``."""
 
     def __init__(self, num_gpu_blocks: int, block_size: int, page_size: int = 1):
+        if block_size < 2:  # nano-vllm's may_append asserts on a block that fills at once
+            raise ValueError(
+                f"nano-vllm's block manager needs block_size of at least 2, not {block_size}"
+            )
         self.block_size = block_size
         self.page_size = page_size
         self._events: list[ev.DesignEvent] = []
@@ -107,19 +112,42 @@ class SideBySide:
         self.nano_hits: dict[str, int] = {}
         self.steps: list[DesignStep] = []
         self.errors: list[str] = []
+        self.initial = DesignStep(0, (), self.tree_view(), self.nano_view(), {}, {})
+
+    def at(self, step: int) -> DesignStep:
+        """Both designs after ``step`` (0: before the first step, both empty)."""
+        return self.steps[step - 1] if step > 0 else self.initial
 
     # ----- SGLang -------------------------------------------------------------------------------
 
     def _sg_alloc(self, n: int, rid: str) -> list[int]:
         if n <= 0:
             return []
-        shortfall = -(-n // self.page_size) * self.page_size - self.allocator.available_size()
-        if shortfall > 0:
-            self.tree.evict(EvictParams(num_tokens=shortfall, request_id=rid))
+        need = -(-n // self.page_size) * self.page_size
+        available = self.allocator.available_size()
+        if need > available:
+            self._events.append(
+                ev.EvictionAsked(
+                    request_id=rid,
+                    num_tokens=need,
+                    available=available,
+                    leaves=self._evictable_leaves(),
+                )
+            )
+            self.tree.evict(EvictParams(num_tokens=need - available, request_id=rid))
         slots = self.allocator.alloc(n)
         if slots is None:
             raise MemoryError(f"SGLang: no room for request {rid}'s {n} tokens")
         return slots
+
+    def _evictable_leaves(self) -> tuple[ev.EvictableLeaf, ...]:
+        """The leaves ``evict`` would pop, in its order (the strategy's priority, then the node's
+        own order on a tie, as its heap has them)."""
+        rank = self.tree.eviction_strategy.get_priority
+        return tuple(
+            ev.EvictableLeaf(node_id=n.id, num_tokens=len(n.value), priority=rank(n))
+            for n in sorted(self.tree.evictable_leaves, key=lambda n: (rank(n), n))
+        )
 
     def _sg_admit(self, rid: str, prompt: list[int]) -> None:
         key = RadixKey(prompt[: max(len(prompt) - 1, 0)])
@@ -209,6 +237,7 @@ class SideBySide:
             nano=self.nano_view(),
             sglang_hits=dict(self.sglang_hits),
             nano_hits=dict(self.nano_hits),
+            errors=tuple(self.errors),
         )
         self.steps.append(step)
         return step

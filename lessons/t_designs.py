@@ -1,7 +1,7 @@
 """Topic: vLLM's hash-chained blocks next to SGLang's radix tree and nano-vllm's block table.
 
-The run is vLLM's (kvcore on the loaded model); the page (ui/designs_page.py) sends the same
-requests, step by step, through models of the other two designs (designs/).
+The run is vLLM's (kvcore on the loaded model); under the player, at its step, the same requests
+go through models of the other two designs (designs/; drawn by ui/designs_page.py).
 """
 
 from lessons.catalog import Lesson, Moment, Question
@@ -97,4 +97,5 @@ LESSON = Lesson(
         ),
     ),
     focus=("cache_hit", "evicted"),
+    panels=("designs",),  # SGLang's tree and nano-vllm's table under the player, at its step
 )

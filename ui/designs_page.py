@@ -1,5 +1,6 @@
-"""The topic "Hash chains vs radix tree": vLLM's recorded run in the lesson player, then the same
-requests at the same step through SGLang's radix tree and nano-vllm's block table (designs/).
+"""The topic "Hash chains vs radix tree": vLLM's recorded run in the lesson player and, under it
+at the player's step, the same requests through SGLang's radix tree and nano-vllm's block table
+(designs/). The Why? panel under them answers on all three designs (words/explain_designs.py).
 
 Token text from the model is shown only in dataframes and in Graphviz labels escaped for DOT
 (never as HTML or Markdown).
@@ -11,12 +12,11 @@ import pandas as pd
 import streamlit as st
 
 from designs import events as ev
-from designs.lesson import DesignStep, SideBySide, follow
-from lessons import BY_ID
+from designs.lesson import DesignStep, SideBySide
 from ui.panels import md_escape
-from ui.player_component import record_upto
-from ui.state import get_state
-from ui.view import current_lang, current_model, decoder, render_lesson
+from ui.view import render_lesson
+from words.explain import RecordedSteps
+from words.explain_designs import DesignRun
 from words.i18n import tr
 
 PAGE_FILE = "pages/18_designs.py"
@@ -24,40 +24,34 @@ LESSON_ID = "designs"
 
 
 def render_designs_page() -> None:
+    """The lesson; its stage (ui/view.py) draws ``show_designs`` under the player, at its step."""
     render_lesson(LESSON_ID)
-    ms = current_model()
-    if ms.model is None:
-        return
-    lang = current_lang()
-    state = get_state(BY_ID[LESSON_ID], ms)
-    run = state.run
-    if run is None or run.error:
-        return
+
+
+def show_designs(run, lang: str, decode, key: str = LESSON_ID) -> DesignRun | None:
+    """SGLang's tree, nano-vllm's table and their decisions at the player's step (``run.cursor``):
+    drawn in the lesson's fragment, so they follow the player as its other panels do. Returns the
+    designs' steps shown so far, for the Why? panel."""
+    if run.error or run.scenario is None:
+        return None
     st.divider()
     st.subheader(tr("designs.side_title", lang))
     st.markdown(tr("designs.side_intro", lang))
-    # The designs follow the whole run: a short lesson, recorded in seconds (waited for here,
-    # the player's cursor stays where it is).
-    record_upto(run, 1 << 20, seconds=30.0)
-    records = list(run.records)
-    if not run.run.done:
-        st.info(tr("designs.recording", lang))
-        st.button(tr("designs.refresh", lang), key="designs:refresh")
-    if not records:
-        return
     eng = run.scenario.engine
     page_size = st.radio(
         tr("designs.page_size", lang),
-        (1, eng.block_size),
+        tuple(dict.fromkeys((1, eng.block_size))),
         horizontal=True,
-        key="designs:page_size",
+        key=f"{key}:page_size",
     )
-    side = _side(run, records, eng.num_gpu_blocks, eng.block_size, page_size)
-    default = min(max(run.cursor, 1), len(records))
-    step = st.slider(tr("designs.step", lang), 1, len(records), default, key="designs:step")
-    snap = records[step - 1].snapshot
-    here = side.steps[step - 1]
-    decode = decoder(ms.model)
+    try:
+        side = _side(run, eng.num_gpu_blocks, eng.block_size, page_size)
+    except ValueError as e:  # settings from a scenario file the designs cannot take
+        st.warning(tr("designs.cannot_follow", lang, error=md_escape(str(e))))
+        return None
+    step = min(run.cursor, len(side.steps))
+    snap = run.initial if step == 0 else run.records[step - 1].snapshot
+    here = side.at(step)
     col_v, col_s, col_n = st.columns(3)
     with col_v:
         st.markdown(f"**{tr('designs.vllm', lang)}**")
@@ -81,28 +75,35 @@ def render_designs_page() -> None:
         st.caption(tr("designs.nano_sizes", lang, hashes=here.nano.num_hashes))
     st.markdown(f"**{tr('designs.this_step', lang, step=step)}**")
     lines = [event_sentence(e, lang) for e in here.events]
-    st.dataframe(pd.DataFrame({tr("designs.decision", lang): lines or ["—"]}), hide_index=True)
-    st.markdown(f"**{tr('designs.hits_title', lang)}**")
-    st.dataframe(pd.DataFrame(hit_rows(snap, here, lang)), hide_index=True)
+    st.dataframe(
+        pd.DataFrame({tr("designs.decision", lang): lines or ["—"]}),
+        hide_index=True,
+        key=f"{key}:decisions",
+    )
+    rows = hit_rows(snap, here, lang)
+    if rows:
+        st.markdown(f"**{tr('designs.hits_title', lang)}**")
+        st.dataframe(pd.DataFrame(rows), hide_index=True, key=f"{key}:hits")
     for note in differences(snap, here, side, step, eng.block_size, page_size, lang):
         st.info(note)  # request ids in it are Markdown-escaped (a scenario file names them)
-    admitted = [r.request_id for r in snap.requests if r.request_id in here.sglang_hits]
-    if admitted:
-        rid = st.selectbox(tr("designs.why_request", lang), admitted, key="designs:why")
-        lines = why_lines(side, rid, step, lang)
-        st.dataframe(pd.DataFrame({tr("designs.decision", lang): lines}), hide_index=True)
-    if side.errors:
-        st.warning("\n\n".join(md_escape(e) for e in side.errors))
+    if here.errors:
+        st.warning("\n\n".join(md_escape(e) for e in here.errors))
+    steps = RecordedSteps(run.initial, tuple(run.records[:step]), eng, decode)
+    return DesignRun(tuple(side.steps[:step]), steps, page_size)
 
 
-def _side(run, records, num_gpu_blocks: int, block_size: int, page_size: int) -> SideBySide:
-    """Both designs followed over the recorded steps, kept per run and page size."""
-    key = ("designs:side", id(run.run), len(records), page_size)
+def _side(run, num_gpu_blocks: int, block_size: int, page_size: int) -> SideBySide:
+    """Both designs followed over the steps recorded so far, kept per run and page size and
+    advanced as the run grows (a design's step depends only on the steps before it)."""
+    shape = (num_gpu_blocks, block_size, page_size)
     cache = st.session_state.get("designs:side")
-    if cache is None or cache[0] != key:
-        side = follow([r.snapshot for r in records], num_gpu_blocks, block_size, page_size)
-        cache = st.session_state["designs:side"] = (key, side)
-    return cache[1]
+    if cache is None or cache[0] is not run.run or cache[1] != shape:
+        side = SideBySide(num_gpu_blocks, block_size, page_size)
+        cache = st.session_state["designs:side"] = (run.run, shape, side)
+    side = cache[2]
+    for rec in run.records[len(side.steps) :]:
+        side.advance(rec.snapshot)
+    return side
 
 
 def _text(decode, ids) -> str:
@@ -116,7 +117,7 @@ def _vllm_table(snap, decode, lang: str) -> pd.DataFrame:
             "ref_cnt": b.ref_cnt,
             tr("designs.col_hash", lang): (b.block_hash or "")[:8],
             tr("designs.col_tokens", lang): _text(decode, b.token_ids),
-            tr("designs.col_queue", lang): "" if b.queue_pos is None else b.queue_pos,
+            tr("designs.col_queue", lang): b.queue_pos,
         }
         for b in snap.blocks
         if not b.is_null
@@ -131,7 +132,7 @@ def _nano_table(here: DesignStep, decode, lang: str) -> pd.DataFrame:
             "ref_count": b.ref_count,
             tr("designs.col_hash", lang): "" if b.hash == -1 else f"{b.hash:016x}"[:8],
             tr("designs.col_tokens", lang): _text(decode, b.token_ids),
-            tr("designs.col_queue", lang): "" if b.free_pos is None else b.free_pos,
+            tr("designs.col_queue", lang): b.free_pos,
         }
         for b in here.nano.blocks
     ]
@@ -279,15 +280,3 @@ def add_design_curves(fig, trace, settings, values, lang: str) -> None:
             name=NAMES[design],
             line=dict(dash="dot"),
         )
-
-
-def why_lines(side: SideBySide, rid: str, step: int, lang: str) -> list[str]:
-    """Why the request hit what it hit in SGLang and nano-vllm: its lookup decisions up to
-    ``step`` (the match, the splits it caused, each block's hit or miss and why)."""
-    kinds = (ev.PrefixMatched, ev.NodeSplit, ev.BlockHit, ev.BlockMiss, ev.LeafEvicted)
-    return [
-        f"{tr('designs.step', lang)} {s.step}: {event_sentence(e, lang)}"
-        for s in side.steps[:step]
-        for e in s.events
-        if e.request_id == rid and isinstance(e, kinds)
-    ] or ["—"]

@@ -119,8 +119,13 @@ def lesson_stage(lesson, state, ms, lang: str, compact: bool) -> None:
             from ui.cpu_tier import show_cpu_tier
 
             show_cpu_tier(run, lang, ms.device)
+        designs = None
+        if "designs" in lesson.panels:  # SGLang's and nano-vllm's views at the player's step
+            from ui.designs_page import show_designs
+
+            designs = show_designs(run, lang, kw["decode"], lesson.id)
         P.show_myths(run, lang, lesson.id, expanded="myths" in lesson.panels)
-        why_panel(run, lang, lesson.id, kw["decode"])
+        why_panel(run, lang, lesson.id, kw["decode"], designs=designs)
     write_url(state, lesson, lang, ms)
 
 

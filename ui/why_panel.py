@@ -1,5 +1,7 @@
 """The "Why?" panel below the player: a request's cache hit explained, a block's life as a
-timeline, two requests' chains aligned, and the code that ran in the current step.
+timeline, two requests' chains aligned, and the code that ran in the current step; beside the
+other designs (lesson "Hash chains vs radix tree"), the same questions on SGLang's tree and
+nano-vllm's table (words.explain_designs).
 
 Everything comes from words.explain* over the steps shown so far (the player's cursor), so
 the panel never tells what has not happened yet. Text from tokens and prompts goes through
@@ -16,6 +18,17 @@ from record.scenario import load_scenario
 from ui.panels import md_escape
 from words.explain import ExplainError, RecordedSteps, explain_hit
 from words.explain_blocks import compare_requests, life_of_block
+from words.explain_designs import (
+    DesignError,
+    DesignRun,
+    evicted_leaves,
+    explain_leaf,
+    explain_nano_hit,
+    explain_sglang_hit,
+    leaf_sentences,
+    nano_sentences,
+    sglang_hit_sentences,
+)
 from words.explain_text import comparison_sentences, hit_sentences, life_sentences, step_calls
 from words.i18n import tr
 from words.sentences import short_hash
@@ -42,10 +55,17 @@ def _lines(lines: list[str]) -> None:
         st.markdown(md_escape(line))
 
 
-def why_panel(run: Any, lang: str, key: str, decode: Optional[Callable] = None) -> None:
+def why_panel(
+    run: Any,
+    lang: str,
+    key: str,
+    decode: Optional[Callable] = None,
+    designs: Optional[DesignRun] = None,
+) -> None:
     """The panel; ``key`` keeps its widgets apart from another page's (a lesson id, "trace").
     Nothing is computed until the learner opens it (the toggle): the player reruns this part
-    of the page whenever its cursor moves."""
+    of the page whenever its cursor moves. ``designs``: SGLang's and nano-vllm's steps beside
+    the run (the lesson "Hash chains vs radix tree"), asked about in two more questions."""
     if not st.toggle(tr("why.title", lang), key=f"why_open:{key}"):
         return
     with st.container(border=True):
@@ -54,6 +74,8 @@ def why_panel(run: Any, lang: str, key: str, decode: Optional[Callable] = None) 
             st.caption(tr("why.not_yet", lang))
             return
         modes = ("request", "block", "two", "calls")
+        if designs is not None:
+            modes += ("sglang", "nano")
         mode = st.radio(
             tr("why.mode", lang),
             modes,
@@ -63,7 +85,9 @@ def why_panel(run: Any, lang: str, key: str, decode: Optional[Callable] = None) 
         )
         requests = list(steps.request_views())
         try:
-            if mode == "request":
+            if mode in ("sglang", "nano"):
+                _design_answer(designs, mode, requests, lang, key)
+            elif mode == "request":
                 rid = st.selectbox(tr("why.pick_request", lang), requests, key=f"why_req:{key}")
                 for x in explain_hit(steps, rid):
                     _lines(hit_sentences(x, lang)[:-1])
@@ -111,8 +135,39 @@ def why_panel(run: Any, lang: str, key: str, decode: Optional[Callable] = None) 
                 name = st.selectbox(tr("why.source_of", lang), names, key=f"why_src:{key}")
                 if name is not None:
                     _code(name, lang, key)
-        except ExplainError as e:
+        except (ExplainError, DesignError) as e:
             st.info(str(e))
+
+
+def _design_answer(designs: DesignRun, mode: str, requests: list, lang: str, key: str) -> None:
+    """SGLang: a request's match in the tree, or why a leaf was evicted; nano-vllm: a request's
+    blocks, hit or missed and why. Each with vLLM's answer for the same admission."""
+    if mode == "sglang":
+        leaves = evicted_leaves(designs)
+        ask = st.radio(
+            tr("why.mode", lang),
+            ("hit", "leaf") if leaves else ("hit",),
+            format_func=lambda a: tr(f"why.sg_{a}", lang),
+            horizontal=True,
+            key=f"why_sg:{key}",
+            label_visibility="collapsed",
+        )
+        if ask == "leaf":
+            step, node = st.selectbox(
+                tr("why.pick_leaf", lang),
+                leaves,
+                format_func=lambda sn: tr("why.leaf_label", lang, node=sn[1], step=sn[0]),
+                key=f"why_leaf:{key}",
+            )
+            _lines(leaf_sentences(explain_leaf(designs, node), lang))
+            return
+    rid = st.selectbox(tr("why.pick_request", lang), requests, key=f"why_req:{key}")
+    if mode == "sglang":
+        for x in explain_sglang_hit(designs, rid):
+            _lines(sglang_hit_sentences(x, designs, lang))
+    else:
+        for x in explain_nano_hit(designs, rid):
+            _lines(nano_sentences(x, lang))
 
 
 def _code(name: str, lang: str, key: str) -> None:
