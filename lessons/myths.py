@@ -489,11 +489,11 @@ def seed_003_myths(
             )
         else:
             live += (
-                "[第 10 课（第二层）](/second_tier)把“D 从 CPU 的加载”设为失败，"
+                "在第 10 课（第二层）里把“D 从 CPU 的加载”设为失败，"
                 "就能看到一次加载失败；"
                 "CPU 层总是异步加载，块在加载完成前从未缓存，所以那里 evict_blocks 不会被调用。"
                 if zh
-                else " [Lesson 10 (A second tier)](/second_tier) shows a failed load: set “D's "
+                else " Lesson 10 (A second tier) shows a failed load: set “D's "
                 "load from the CPU” to fail. The CPU tier always loads asynchronously and its "
                 "blocks are not cached before the load is done, so there evict_blocks is not "
                 "called."

@@ -100,7 +100,8 @@ def test_open_a_cli_trace_and_step_through_it(cli_trace, engine_records, tiny): 
     assert any("No trace loaded" in i.value for i in at.info) and not at.get("bidi_component")
     upload(at, cli_trace)
     n = len(engine_records[1])
-    assert any(f"Loaded trace “eviction.jsonl”: {n} steps." in s.value for s in at.success)
+    # the file name is the visitor's text, so it is Markdown-escaped (shown as eviction.jsonl)
+    assert any(f"Loaded trace “eviction\\.jsonl”: {n} steps." in s.value for s in at.success)
     b = Browser(at, "trace")
     assert b.done and len(b.steps) == n and b.head["first"] == 0, (
         "a trace is sent whole: nothing to compute"
