@@ -399,36 +399,21 @@ def show_figures(run: WorkloadRun, lang: str) -> None:
 def over_time_figure(rows: list[dict], lang: str) -> go.Figure:
     fig = go.Figure()
     steps = [x["step"] for x in rows]
-    fig.add_scatter(
-        x=steps,
-        y=[x["usage"] for x in rows],
-        name=tr("workloads.usage", lang),
-        mode="lines+markers",
-        marker={"size": 4},
+    series = (  # (row field, legend, y axis): fractions on the left, request counts on the right
+        ("usage", tr("workloads.usage", lang), "y"),
+        ("hit_rate", tr("workloads.hit_rate", lang), "y"),
+        ("running", tr("workloads.running", lang), "y2"),
+        ("waiting", tr("workloads.waiting", lang), "y2"),
     )
-    fig.add_scatter(
-        x=steps,
-        y=[x["hit_rate"] for x in rows],
-        name=tr("workloads.hit_rate", lang),
-        mode="lines+markers",
-        marker={"size": 4},
-    )
-    fig.add_scatter(
-        x=steps,
-        y=[x["running"] for x in rows],
-        name=tr("workloads.running", lang),
-        mode="lines+markers",
-        marker={"size": 4},
-        yaxis="y2",
-    )
-    fig.add_scatter(
-        x=steps,
-        y=[x["waiting"] for x in rows],
-        name=tr("workloads.waiting", lang),
-        mode="lines+markers",
-        marker={"size": 4},
-        yaxis="y2",
-    )
+    for key, name, axis in series:
+        fig.add_scatter(
+            x=steps,
+            y=[x[key] for x in rows],
+            name=name,
+            mode="lines+markers",
+            marker={"size": 4},
+            yaxis=axis,
+        )
     fig.update_layout(
         height=320,
         margin=dict(l=0, r=0, t=30, b=0),

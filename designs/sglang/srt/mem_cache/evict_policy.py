@@ -7,17 +7,18 @@ conversation lengths that this model does not keep, so it is left out.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from designs.sglang.srt.mem_cache.radix_cache import TreeNode
 
 
-class EvictionStrategy:
+class EvictionStrategy(ABC):
     """Orders evictable leaves: a smaller priority leaves the tree first."""
 
-    def get_priority(self, node: TreeNode):
-        raise NotImplementedError
+    @abstractmethod
+    def get_priority(self, node: TreeNode): ...
 
 
 class LRUStrategy(EvictionStrategy):
