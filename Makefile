@@ -9,7 +9,7 @@ setup:
 
 # 1) set up on first use, then open the app in the browser
 run: setup
-	$(PY) -m streamlit run app.py --server.port $(PORT) --browser.gatherUsageStats false
+	$(PY) -m streamlit run paged_kv_lab/streamlit_app.py --server.port $(PORT) --browser.gatherUsageStats false
 
 # 2) set up on first use, then run the whole suite (real-model tests included)
 test: setup

@@ -20,8 +20,8 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from kvcore.distributed import kv_events as ke  # noqa: E402
-from watch.prefix_index import PrefixCacheIndex  # noqa: E402
-from watch.watcher import KVEventWatcher  # noqa: E402
+from paged_kv_lab.watch.prefix_index import PrefixCacheIndex  # noqa: E402
+from paged_kv_lab.watch.watcher import KVEventWatcher  # noqa: E402
 
 
 def batches(n: int, blocks: int) -> list[ke.KVEventBatch]:

@@ -125,8 +125,8 @@ def vllm_replay(job: dict) -> dict:
     from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request
 
-    from workload.tokens import PLACEHOLDER_TOKEN, prompt_token_ids
-    from workload.trace import load_trace
+    from paged_kv_lab.workload.tokens import PLACEHOLDER_TOKEN, prompt_token_ids
+    from paged_kv_lab.workload.trace import load_trace
 
     trace = load_trace(job["trace"])
     if job.get("requests"):
@@ -286,7 +286,7 @@ def vllm_job(trace_path: str, settings, requests: int | None, max_model_len: int
 
 def count_block_ops(trace, settings) -> dict:
     """One untimed replay whose pool methods are wrapped to count the blocks they handle."""
-    from workload.replay import Replay
+    from paged_kv_lab.workload.replay import Replay
 
     run = Replay(trace, settings)
     pool = run.block_pool
@@ -321,7 +321,7 @@ def count_block_ops(trace, settings) -> dict:
 def timed_replay(trace, settings) -> tuple[float, object]:
     """(CPU seconds, result): process time, which a machine busy with other work disturbs far
     less than wall time (both sides of every comparison are measured the same way)."""
-    from workload.replay import replay
+    from paged_kv_lab.workload.replay import replay
 
     c0 = time.process_time()
     result = replay(trace, settings)
@@ -356,10 +356,10 @@ def main(argv=None) -> int:
         print(json.dumps([vllm_replay(j) for j in jobs]))  # one import of vLLM for them all
         return 0
 
-    from record.scenario import parse_engine_overrides
-    from workload import SHIPPED_TRACE
-    from workload.replay import replay_settings
-    from workload.trace import load_trace
+    from paged_kv_lab.record.scenario import parse_engine_overrides
+    from paged_kv_lab.workload import SHIPPED_TRACE
+    from paged_kv_lab.workload.replay import replay_settings
+    from paged_kv_lab.workload.trace import load_trace
 
     path = args.trace or str(SHIPPED_TRACE)
     full = load_trace(path)
@@ -446,7 +446,7 @@ def main(argv=None) -> int:
 
 def equality(path: str, trace, settings, venv: str) -> dict:
     """Both engines on ``trace``: per-request hit tokens, preemptions and the totals."""
-    from workload.replay import replay
+    from paged_kv_lab.workload.replay import replay
 
     ours = replay(trace, settings)
     v = run_vllm(vllm_job(path, settings, len(trace), settings.engine.max_model_len), venv)

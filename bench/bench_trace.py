@@ -14,11 +14,11 @@ import argparse
 import json
 import time
 
-from record import trace
-from record.engine import Engine, NoModelRunner
-from record.events import Event
-from record.scenario import EngineSettings, RequestSpec, Scenario, scenario_to_dict
-from words.sentences import sentence
+from paged_kv_lab.record import trace
+from paged_kv_lab.record.engine import Engine, NoModelRunner
+from paged_kv_lab.record.events import Event
+from paged_kv_lab.record.scenario import EngineSettings, RequestSpec, Scenario, scenario_to_dict
+from paged_kv_lab.text.sentences import sentence
 
 
 def make_trace(num_requests: int) -> str:

@@ -100,8 +100,8 @@ def random_case(seed: int) -> dict[str, Any]:
 
 def our_run(case: dict[str, Any]) -> tuple[list[dict], list[dict]]:
     """(the replay script, our observations), one entry per step."""
-    from record.engine import Engine, NoModelRunner
-    from record.scenario import CPUOffloadConfig, EngineSettings, RequestSpec, Scenario
+    from paged_kv_lab.record.engine import Engine, NoModelRunner
+    from paged_kv_lab.record.scenario import CPUOffloadConfig, EngineSettings, RequestSpec, Scenario
 
     sc = Scenario(
         name=f"offload-{case['seed']}",

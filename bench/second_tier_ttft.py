@@ -28,9 +28,9 @@ def main() -> int:
     import torch
 
     from kvcore.model import load_model
-    from lessons.l10_second_tier import tier_rows
-    from record.engine import Engine
-    from record.scenario import load_scenario
+    from paged_kv_lab.lesson.l10_second_tier import tier_rows
+    from paged_kv_lab.record.engine import Engine
+    from paged_kv_lab.record.scenario import load_scenario
 
     model = load_model(args.model, args.device)
     scenario = load_scenario(os.path.join(REPO, "examples", "second_tier.json"))

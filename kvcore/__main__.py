@@ -1,5 +1,5 @@
 import sys
 
-from cli.main import main
+from paged_kv_lab.cli.main import main
 
 sys.exit(main())

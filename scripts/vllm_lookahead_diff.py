@@ -40,13 +40,13 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 from kvcore.core.sched.scheduler import Scheduler as OurScheduler  # noqa: E402
 from kvcore.outputs import ModelRunnerOutput as OurOutput  # noqa: E402
 from kvcore.request import Request as OurRequest  # noqa: E402
-from record.engine import (  # noqa: E402
+from paged_kv_lab.record.engine import (  # noqa: E402
     block_hasher_for,
     kv_cache_groups,
     kv_cache_manager_for,
     scheduler_config_for,
 )
-from record.scenario import EngineSettings, SpeculativeConfig  # noqa: E402
+from paged_kv_lab.record.scenario import EngineSettings, SpeculativeConfig  # noqa: E402
 
 VOCAB = 1000
 PADDED = "padded"  # run_trace: stopped where vLLM pads for CUDA graphs

@@ -11,7 +11,7 @@ os.environ.setdefault("PAGED_KV_LAB_DEVICE", "cpu")
 
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-APP = os.path.join(os.path.dirname(__file__), "..", "app.py")
+APP = os.path.join(os.path.dirname(__file__), "..", "paged_kv_lab", "streamlit_app.py")
 TIMEOUT = 180
 
 
@@ -83,7 +83,7 @@ class Browser:
         return run.records, run.first
 
     def sync(self) -> "Browser":
-        from player import WIRE, delta, snapshot_dict
+        from paged_kv_lab.player import WIRE, delta, snapshot_dict
 
         d = player_data(self.at, self.key)
         if d["run"] != self.run_token and d["head"] is None:

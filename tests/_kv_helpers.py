@@ -18,10 +18,10 @@ from kvcore.kv_cache_interface import (
 )
 from kvcore.request import Request, RequestStatus
 from kvcore.utils.hashing import get_hash_fn_by_name
-from record import snapshot
-from record.engine import Engine, NoModelRunner
-from record.recorder import Recorder
-from record.scenario import EngineSettings, RequestSpec, Scenario
+from paged_kv_lab.record import snapshot
+from paged_kv_lab.record.engine import Engine, NoModelRunner
+from paged_kv_lab.record.recorder import Recorder
+from paged_kv_lab.record.scenario import EngineSettings, RequestSpec, Scenario
 
 # Group kinds, turned into vLLM-shaped KVCacheGroupSpecs once the block size is known.
 FULL = ("full",)

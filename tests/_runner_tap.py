@@ -18,8 +18,8 @@ from typing import Sequence
 
 import torch
 
-from record.engine import Engine
-from record.scenario import load_scenario
+from paged_kv_lab.record.engine import Engine
+from paged_kv_lab.record.scenario import load_scenario
 
 
 def req(rid: str, ids: Sequence[int], max_tokens: int, arrival: int = 0, **kw) -> dict:

@@ -22,8 +22,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from record.budget import SETTING_LIMITS, Limits
-from record.scenario import Scenario
+from paged_kv_lab.record.budget import SETTING_LIMITS, Limits
+from paged_kv_lab.record.scenario import Scenario
 
 ABSURD_INT = 2**70  # past any machine integer
 ABSURD_TEXT = "<b>ab</b>\n中文 &amp; " * 6_000  # ~ 100k characters of markup and newlines

@@ -1,4 +1,4 @@
-"""Event sentences: one table (words.sentences) for the CLI and the app, every kind in both
+"""Event sentences: one table (text.sentences) for the CLI and the app, every kind in both
 languages, reasons included; the events come from real engine runs."""
 
 import re
@@ -6,9 +6,16 @@ import re
 import pytest
 
 from _event_runs import every_kind_events, every_kind_runs
-from record import events
-from record.events import EVENT_TYPES, EventKind
-from words.sentences import ICONS, SENTENCES, Style, changed_blocks, sentence, step_sentences
+from paged_kv_lab.record import events
+from paged_kv_lab.record.events import EVENT_TYPES, EventKind
+from paged_kv_lab.text.sentences import (
+    ICONS,
+    SENTENCES,
+    Style,
+    changed_blocks,
+    sentence,
+    step_sentences,
+)
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
@@ -113,7 +120,7 @@ def test_group_shown_only_for_hybrid():
 def test_the_cli_log_uses_the_same_sentences():
     import io
 
-    from cli.main import _log_step
+    from paged_kv_lab.cli.main import _log_step
 
     rec = every_kind_runs()[1][1][2]
     out = io.StringIO()

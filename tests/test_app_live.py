@@ -9,11 +9,11 @@ import zmq
 from streamlit.testing.v1 import AppTest
 
 from _kv_pub import ScriptedPublisher, fixture, wait_for
-from ui import live_page
+from paged_kv_lab.app import live_page
 
 
 def _page():
-    from ui.live_page import render_live_page
+    from paged_kv_lab.app.live_page import render_live_page
 
     render_live_page()
 
@@ -118,7 +118,8 @@ def test_live_page_is_in_the_navigation_and_opens_from_the_app(monkeypatch):
     monkeypatch.setenv("PAGED_KV_LAB_MODEL", "tiny-random")
     monkeypatch.setenv("PAGED_KV_LAB_DEVICE", "cpu")
     at = AppTest.from_file(
-        str(Path(__file__).resolve().parents[1] / "app.py"), default_timeout=180
+        str(Path(__file__).resolve().parents[1] / "paged_kv_lab" / "streamlit_app.py"),
+        default_timeout=180,
     ).run()
     assert not at.exception, [e.value for e in at.exception]
     at.switch_page(live_page.PAGE_FILE).run()
@@ -128,7 +129,7 @@ def test_live_page_is_in_the_navigation_and_opens_from_the_app(monkeypatch):
 
 def test_tree_and_longest_prefixes_follow_the_hash_chains_and_never_pass_markup():
     from kvcore.distributed import kv_events as ke
-    from watch.prefix_index import PrefixCacheIndex
+    from paged_kv_lab.watch.prefix_index import PrefixCacheIndex
 
     expected, frames = fixture("shared_prefix")
     index = PrefixCacheIndex()
@@ -148,7 +149,7 @@ def test_tree_and_longest_prefixes_follow_the_hash_chains_and_never_pass_markup(
 
 
 def test_watch_hosts_are_loopback_unless_the_server_allows_more(monkeypatch):
-    from ui.live_page import check_endpoints
+    from paged_kv_lab.app.live_page import check_endpoints
 
     monkeypatch.delenv("PAGED_KV_LAB_WATCH_HOSTS", raising=False)
     assert check_endpoints("tcp://127.0.0.1:5557", "tcp://[::1]:5558", False, "en") is None

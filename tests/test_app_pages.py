@@ -19,15 +19,15 @@ from _app_helpers import (  # noqa: F401  (pytest fixtures)
     tiny,
     tiny_model_env,
 )
-from lessons import BY_ID, LESSONS, PAGE_FILES
-from player import snapshot_dict
-from words.i18n import tr
+from paged_kv_lab.lesson import BY_ID, LESSONS, PAGE_FILES
+from paged_kv_lab.player import snapshot_dict
+from paged_kv_lab.text.i18n import tr
 
 
 def engine_snapshot(lesson_id, step, model):
     """An independent engine (not the app's run store) stepped to ``step``."""
-    from record.engine import Engine
-    from runstore.runtime import lesson_scenario
+    from paged_kv_lab.record.engine import Engine
+    from paged_kv_lab.runs.timeline import lesson_scenario
 
     scenario = lesson_scenario(BY_ID[lesson_id], model.num_layers, model=model.name, device="cpu")
     engine = Engine(scenario, model=model)
@@ -302,11 +302,11 @@ def test_every_page_file_is_in_the_navigation_under_streamlits_name():
 
     from streamlit.source_util import page_icon_and_name
 
-    from lessons import page_url_path
-    from ui.casebook_page import PAGE_FILE as CASEBOOK_PAGE
-    from ui.live_page import PAGE_FILE as LIVE_PAGE
-    from ui.trace_page import PAGE_FILE
-    from ui.workloads_page import PAGE_FILE as WORKLOADS_PAGE
+    from paged_kv_lab.app.casebook_page import PAGE_FILE as CASEBOOK_PAGE
+    from paged_kv_lab.app.live_page import PAGE_FILE as LIVE_PAGE
+    from paged_kv_lab.app.trace_page import PAGE_FILE
+    from paged_kv_lab.app.workloads_page import PAGE_FILE as WORKLOADS_PAGE
+    from paged_kv_lab.lesson import page_url_path
 
     root = Path(APP).resolve().parent
     files = sorted((root / "pages").glob("*.py"))

@@ -14,10 +14,10 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from _app_helpers import APP, TIMEOUT, Browser, app, player_data, sidebar_set, tiny, tiny_model_env  # noqa: F401  (pytest fixtures)
-from player import snapshot_dict
-from record.scenario import load_scenario
-from ui.trace_page import PAGE_FILE, STATE_KEY
-from words.sentences import step_sentences
+from paged_kv_lab.app.trace_page import PAGE_FILE, STATE_KEY
+from paged_kv_lab.player import snapshot_dict
+from paged_kv_lab.record.scenario import load_scenario
+from paged_kv_lab.text.sentences import step_sentences
 
 ROOT = Path(__file__).resolve().parent.parent
 EVICTION = ROOT / "examples" / "eviction.json"
@@ -54,7 +54,7 @@ def cli_trace(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def engine_records(tiny):  # noqa: F811
     """The same scenario on an independent engine: (state before step 1, records)."""
-    from record.engine import Engine
+    from paged_kv_lab.record.engine import Engine
 
     engine = Engine(replace(load_scenario(EVICTION), model="tiny-random", device="cpu"), model=tiny)
     initial = engine.snapshot()
@@ -252,8 +252,8 @@ def test_example_trace_then_open_its_scenario_in_the_playground(engine_records):
 
 def test_why_panel_on_the_trace_viewer_explains_the_steps_shown(engine_records):
     """A trace is a recorded run: the Why? panel answers on it, up to the player's cursor."""
-    from words.explain import RecordedSteps, explain_hit
-    from words.explain_text import hit_sentences
+    from paged_kv_lab.why.explain import RecordedSteps, explain_hit
+    from paged_kv_lab.why.explain_text import hit_sentences
 
     at = trace_app()
     at.button(key="example:trace").click().run()

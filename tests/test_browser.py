@@ -56,7 +56,7 @@ def streamlit_server(model: str):
             "-m",
             "streamlit",
             "run",
-            "app.py",
+            "paged_kv_lab/streamlit_app.py",
             "--server.headless",
             "true",
             "--server.address",
@@ -184,9 +184,9 @@ def expected(snap) -> dict:
 def engine_snapshots(lesson_id):
     """An independent engine's snapshots of a lesson, on the server's model."""
     from kvcore.model import load_model
-    from lessons import BY_ID
-    from record.engine import Engine
-    from runstore.runtime import lesson_scenario
+    from paged_kv_lab.lesson import BY_ID
+    from paged_kv_lab.record.engine import Engine
+    from paged_kv_lab.runs.timeline import lesson_scenario
 
     model = load_model(model_for_browser(), "cpu")
     engine = Engine(
@@ -236,7 +236,7 @@ def test_keys_buttons_timeline_and_hover_agree_with_the_engine(server, browser):
     page.locator('[data-act="until"]').click()
     wait_step(page, hit)
     assert drawn(page) == expected(snaps[hit])
-    from words.sentences import sentence
+    from paged_kv_lab.text.sentences import sentence
 
     hit_event = next(e for e in records[hit - 1].events if e.kind == "cache_hit")
     assert page.locator(".pkv-events").get_by_text(sentence(hit_event, "en", None)[:30]).count()
@@ -318,7 +318,7 @@ def assert_literal(page):
 
 @pytest.mark.browser
 def test_hostile_prompt_is_text_in_the_app_and_in_its_export(server, browser, tmp_path):
-    from ui.state import _encode_base
+    from paged_kv_lab.app.state import _encode_base
 
     page = browser.new_page(viewport={"width": 1500, "height": 1900}, accept_downloads=True)
     dialogs = []
@@ -358,7 +358,7 @@ def test_step_at_the_frontier_shows_the_step_once_it_arrives(browser, tmp_path):
     """Step pressed where nothing is recorded yet asks the server for the step, and the player shows
     that step as soon as it streams in (it used to stay on the old step). No server: the player of
     an export that holds only the first steps, fed the rest the way the component feeds it."""
-    from player import run_payload, static_html
+    from paged_kv_lab.player import run_payload, static_html
 
     snaps, records = engine_snapshots("prefix")
     k = 3
@@ -409,9 +409,9 @@ def test_requests_table_and_over_time_chart_follow_the_cursor(server, browser):
     """The player's requests table at a step equals an independent engine's snapshot there, the
     over-time chart has one point per step up to the cursor, and a hostile request id is text."""
     from kvcore.model import load_model
-    from record.engine import Engine
-    from record.scenario import load_scenario
-    from ui.state import _encode_base
+    from paged_kv_lab.app.state import _encode_base
+    from paged_kv_lab.record.engine import Engine
+    from paged_kv_lab.record.scenario import load_scenario
 
     rid = "<img src=x onerror=alert(1)>"
     d = {
@@ -477,7 +477,7 @@ def test_a_recording_run_streams_in_by_the_players_own_asks(server, browser):
     half second; a hidden tab stops asking and starts again when shown; and a click on another page
     in the sidebar while the run records lands on that page (the page used to poll itself and then
     rerun the whole app when the run ended, which could pull the browser back to the old page)."""
-    from ui.state import _encode_base
+    from paged_kv_lab.app.state import _encode_base
 
     long = {
         "name": "streams",

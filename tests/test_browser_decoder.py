@@ -24,7 +24,7 @@ def plain(v):
 
 def by_name(snap) -> dict:
     """A Snapshot under the decoder's names: the fields wire.json lists, as JSON would hold them."""
-    from player import WIRE
+    from paged_kv_lab.player import WIRE
 
     out = {name: plain(getattr(snap, name)) for name in WIRE["snapshot"]}
     out["blocks"] = [{f: plain(getattr(b, f)) for f in WIRE["block"]} for b in snap.blocks]
@@ -34,7 +34,7 @@ def by_name(snap) -> dict:
 
 def to_wire(decoded: dict) -> dict:
     """The decoded snapshot back under the wire keys, in the wire's order."""
-    from player import WIRE
+    from paged_kv_lab.player import WIRE
 
     out = {key: decoded[name] for name, key in WIRE["snapshot"].items()}
     S = WIRE["snapshot"]
@@ -48,9 +48,9 @@ def to_wire(decoded: dict) -> dict:
 def recorded(lesson_id: str):
     """A lesson on the tiny model, and an independent engine's snapshots of the same scenario."""
     from kvcore.model import load_model
-    from lessons import BY_ID
-    from record.engine import Engine
-    from runstore.runtime import lesson_scenario
+    from paged_kv_lab.lesson import BY_ID
+    from paged_kv_lab.record.engine import Engine
+    from paged_kv_lab.runs.timeline import lesson_scenario
 
     model = load_model("tiny-random", "cpu")
     scenario = lesson_scenario(
@@ -64,7 +64,7 @@ def recorded(lesson_id: str):
 
 
 def open_export(browser, tmp_path, payload):  # noqa: F811
-    from player import static_html
+    from paged_kv_lab.player import static_html
 
     path = tmp_path / "run.html"
     path.write_text(static_html(payload), encoding="utf-8")
@@ -78,7 +78,7 @@ def open_export(browser, tmp_path, payload):  # noqa: F811
 
 
 def check_step(state, snap, rec) -> None:
-    from player import snapshot_dict
+    from paged_kv_lab.player import snapshot_dict
 
     got = state["snap"]
     assert got == by_name(snap), f"step {snap.step}: the decoded snapshot differs from the engine's"
@@ -97,14 +97,14 @@ def check_step(state, snap, rec) -> None:
 
 
 def lesson_ids():
-    from lessons import LESSONS
+    from paged_kv_lab.lesson import LESSONS
 
     return [lesson.id for lesson in LESSONS]
 
 
 @pytest.mark.parametrize("lesson_id", lesson_ids())
 def test_every_step_decodes_to_the_engines_snapshot(lesson_id, browser, tmp_path):  # noqa: F811
-    from player import run_payload
+    from paged_kv_lab.player import run_payload
 
     engine, initial, records, truth = recorded(lesson_id)
     payload = run_payload(initial, records, decode=engine.decode, lang="en")
@@ -124,7 +124,7 @@ def test_every_step_decodes_to_the_engines_snapshot(lesson_id, browser, tmp_path
 
 def test_a_run_without_the_state_before_step_1(browser, tmp_path):  # noqa: F811
     """A trace without its header: the head holds step 1's snapshot and record (step0)."""
-    from player import run_payload
+    from paged_kv_lab.player import run_payload
 
     engine, _, records, truth = recorded("prefix")
     payload = run_payload(None, records, decode=engine.decode, lang="zh")
@@ -142,7 +142,7 @@ def test_a_run_without_the_state_before_step_1(browser, tmp_path):  # noqa: F811
 def test_steps_streamed_in_pieces_decode_the_same(browser, tmp_path):  # noqa: F811
     """The first steps inlined, the rest fed later as the app feeds them (no head, from
     ``base``)."""
-    from player import run_payload
+    from paged_kv_lab.player import run_payload
 
     engine, initial, records, truth = recorded("eviction")
     whole = run_payload(initial, records, decode=engine.decode)

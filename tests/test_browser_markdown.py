@@ -151,7 +151,7 @@ MD_CASES = [
 def test_the_players_markdown_is_nodes_never_html(browser):  # noqa: F811
     """text.js md() on its own: what it draws, and that no input becomes an element it did not
     build (a tag, a script, a javascript: link)."""
-    text_js = (ROOT / "player" / "assets" / "text.js").read_text(encoding="utf-8")
+    text_js = (ROOT / "paged_kv_lab" / "player" / "assets" / "text.js").read_text(encoding="utf-8")
     page = browser.new_page()
     dialogs = []
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
@@ -176,9 +176,9 @@ def lesson_texts() -> dict[str, str]:
     import importlib
     import pkgutil
 
-    import lessons
-    from lessons.catalog import Lesson
-    from words.i18n import player_strings
+    import paged_kv_lab.lesson as lessons
+    from paged_kv_lab.lesson.catalog import Lesson
+    from paged_kv_lab.text.i18n import player_strings
 
     found = {}
     for mod in pkgutil.iter_modules(lessons.__path__):
@@ -206,7 +206,7 @@ def test_every_lesson_text_draws_without_a_mark(browser):  # noqa: F811
     the text it draws (a pair that does not close, a mark the renderer does not know)."""
     texts = lesson_texts()
     assert len(texts) > 100
-    text_js = (ROOT / "player" / "assets" / "text.js").read_text(encoding="utf-8")
+    text_js = (ROOT / "paged_kv_lab" / "player" / "assets" / "text.js").read_text(encoding="utf-8")
     page = browser.new_page()
     page.set_content("<!doctype html><body></body>")
     page.add_script_tag(

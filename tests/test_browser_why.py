@@ -1,6 +1,6 @@
 """A real browser (Debian's chromium) and the "Why?" panel under the step player: select a request
 and see why its cache hit stopped where it did; select a block and see its story; both languages.
-The sentences shown must equal words.explain on an independent engine run to the same step."""
+The sentences shown must equal why.explain on an independent engine run to the same step."""
 
 import re
 
@@ -14,10 +14,10 @@ pytestmark = pytest.mark.browser
 def recorded_until_hit():
     """The prefix lesson on the tiny model, stepped by an independent engine to B's first hit."""
     from kvcore.model import load_model
-    from lessons import BY_ID
-    from record.engine import Engine
-    from runstore.runtime import lesson_scenario
-    from words.explain import RecordedSteps
+    from paged_kv_lab.lesson import BY_ID
+    from paged_kv_lab.record.engine import Engine
+    from paged_kv_lab.runs.timeline import lesson_scenario
+    from paged_kv_lab.why.explain import RecordedSteps
 
     model = load_model("tiny-random", "cpu")
     scenario = lesson_scenario(BY_ID["prefix"], model.num_layers, model=model.name, device="cpu")
@@ -53,10 +53,10 @@ def shows(page, line: str) -> None:
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_select_a_request_and_a_block_and_the_page_says_why(server, browser, lang):  # noqa: F811
-    from words.explain import explain_hit
-    from words.explain_blocks import life_of_block
-    from words.explain_text import hit_sentences, life_sentences
-    from words.i18n import tr
+    from paged_kv_lab.text.i18n import tr
+    from paged_kv_lab.why.explain import explain_hit
+    from paged_kv_lab.why.explain_blocks import life_of_block
+    from paged_kv_lab.why.explain_text import hit_sentences, life_sentences
 
     steps, rid = recorded_until_hit()
     n = len(steps.records)

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from record.budget import (
+from paged_kv_lab.record.budget import (
     ENV,
     BudgetError,
     Limits,
@@ -17,7 +17,7 @@ from record.budget import (
     cli_limits,
     kv_pool_bytes,
 )
-from record.scenario import load_scenario
+from paged_kv_lab.record.scenario import load_scenario
 
 
 class SmolConfig:  # SmolLM2-135M's shape, without loading it
@@ -50,13 +50,16 @@ def test_budget_is_pure_python():
     """Importing the budget (and the scenario it checks) in a fresh interpreter loads no torch."""
     import subprocess
 
-    code = "import sys, record.budget, record.scenario; sys.exit('torch' in sys.modules)"
+    code = (
+        "import sys, paged_kv_lab.record.budget, paged_kv_lab.record.scenario; "
+        "sys.exit('torch' in sys.modules)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr or "record.budget imported torch"
+    assert r.returncode == 0, r.stderr or "paged_kv_lab.record.budget imported torch"
 
 
 def test_every_lesson_fits_the_default_limits():
-    from lessons import BY_ID
+    from paged_kv_lab.lesson import BY_ID
 
     for lesson in BY_ID.values():
         d = lesson.scenario_dict(30, {})
@@ -169,7 +172,7 @@ def test_a_zlib_bomb_link_is_refused_while_it_is_decompressed():
     import base64
     import zlib
 
-    from ui.state import _decode_base, _encode_base
+    from paged_kv_lab.app.state import _decode_base, _encode_base
 
     assert _decode_base(_encode_base({"name": "ok"})) == {"name": "ok"}
     bomb = base64.urlsafe_b64encode(zlib.compress(b"[" + b" " * 10_000_000 + b"]", 9)).decode()
@@ -183,7 +186,7 @@ def test_a_zlib_bomb_link_is_refused_while_it_is_decompressed():
 
 
 def test_files_are_capped_and_must_be_utf8():
-    from ui.state import parse_scenario_text
+    from paged_kv_lab.app.state import parse_scenario_text
 
     d, problems = parse_scenario_text(b'{"name": "' + b"x" * 2_000_000 + b'"}')
     assert d is None and "PAGED_KV_LAB_MAX_FILE_BYTES" in problems[0]

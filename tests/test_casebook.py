@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from lessons.casebook import CASES, CLAIMS, issue_url, numbers
-from lessons.catalog import moment_steps
-from runstore.runtime import lesson_run
-from ui.panels import narration
+from paged_kv_lab.app.panels import narration
+from paged_kv_lab.lesson.casebook import CASES, CLAIMS, issue_url, numbers
+from paged_kv_lab.lesson.catalog import moment_steps
+from paged_kv_lab.runs.timeline import lesson_run
 
 RUN_WAIT = 300.0
 

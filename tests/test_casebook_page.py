@@ -4,8 +4,8 @@ on the tiny model, and each case's switch changes the hit rate the page shows.""
 import pytest
 
 from _app_helpers import app, player_data, tiny_model_env  # noqa: F401  (fixtures)
-from lessons.casebook import CASES
-from words.i18n import pick, tr
+from paged_kv_lab.lesson.casebook import CASES
+from paged_kv_lab.text.i18n import pick, tr
 
 PAGE = "pages/12_casebook.py"
 
@@ -14,7 +14,7 @@ PAGE = "pages/12_casebook.py"
 def no_background_pause(monkeypatch):
     """The page waits for each case's two runs, which the store computes as background work,
     pacing it (one idle gap per step) for other sessions' clicks; here no one else clicks."""
-    from runstore.store import default_store
+    from paged_kv_lab.runs.store import default_store
 
     monkeypatch.setattr(default_store(), "background_pause", 0.0)
 

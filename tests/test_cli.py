@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from record.engine import Engine
-from record.scenario import load_scenario, scenario_to_dict
-from record.snapshot import Snapshot, StepRecord
-from record.trace import read_trace
-from words.sentences import sentence
+from paged_kv_lab.record.engine import Engine
+from paged_kv_lab.record.scenario import load_scenario, scenario_to_dict
+from paged_kv_lab.record.snapshot import Snapshot, StepRecord
+from paged_kv_lab.record.trace import read_trace
+from paged_kv_lab.text.sentences import sentence
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.json"))

@@ -10,8 +10,8 @@ SAY = "converting the SmolLM2 tokenizer once to /cache/x (about 10 s)"
 
 
 def test_run_prints_the_conversion_message_once(monkeypatch, capsys):
-    from cli.main import main
     from kvcore.model.gguf_cache import _say
+    from paged_kv_lab.cli.main import main
 
     real = kvmodel.load_model
 

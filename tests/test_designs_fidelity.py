@@ -23,18 +23,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from designs.nanovllm.engine.block_manager import BlockManager
-from designs.nanovllm.engine.sequence import Sequence
-from designs.sglang.srt.mem_cache.radix_cache import (
+from paged_kv_lab.designs.nanovllm.engine.block_manager import BlockManager
+from paged_kv_lab.designs.nanovllm.engine.sequence import Sequence
+from paged_kv_lab.designs.sglang.srt.mem_cache.radix_cache import (
     EvictParams,
     InsertParams,
     MatchPrefixParams,
     RadixCache,
     RadixKey,
 )
-from designs.sim import DesignRequest, NanoRun, SGLangRun
-from workload.tokens import prompt_token_ids
-from workload.trace import load_trace
+from paged_kv_lab.designs.sim import DesignRequest, NanoRun, SGLangRun
+from paged_kv_lab.workload.tokens import prompt_token_ids
+from paged_kv_lab.workload.trace import load_trace
 
 HERE = Path(__file__).parent
 SLICE = HERE / "fixtures" / "traces" / "mooncake_slice.jsonl"

@@ -8,12 +8,12 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from _app_helpers import APP, TIMEOUT, Browser, app, tiny, tiny_model_env  # noqa: F401
-from designs import events as ev
-from designs.lesson import follow
-from lessons import PAGE_FILES
-from ui.designs_page import event_sentence
-from words.explain import RecordedSteps
-from words.explain_designs import (
+from paged_kv_lab.app.designs_page import event_sentence
+from paged_kv_lab.designs import events as ev
+from paged_kv_lab.designs.lesson import follow
+from paged_kv_lab.lesson import PAGE_FILES
+from paged_kv_lab.why.explain import RecordedSteps
+from paged_kv_lab.why.explain_designs import (
     DesignRun,
     explain_leaf,
     explain_nano_hit,

@@ -3,7 +3,7 @@ other method and keeps it in the URL; the playground's settings form turns the d
 (with its k and depth), and its refusal names what was wrong."""
 
 from _app_helpers import app, tiny_model_env  # noqa: F401  (pytest fixture)
-from lessons import PAGE_FILES
+from paged_kv_lab.lesson import PAGE_FILES
 
 APPLY = "FormSubmitter:settings:playground-Apply settings"
 

@@ -1,4 +1,4 @@
-"""Answers to "why?" (words.explain, words.explain_blocks, words.explain_text): one run per
+"""Answers to "why?" (why.explain, why.explain_blocks, why.explain_text): one run per
 reason a hit stops where it does, the life of a block against every recorded snapshot (random
 runs), two requests side by side, and the ``explain`` subcommand."""
 
@@ -11,14 +11,14 @@ from hypothesis import strategies as st
 from _app_helpers import tiny_model_env  # noqa: F401  (the page test runs the app on the tiny model)
 from _event_runs import every_kind_runs
 from _kv_helpers import make_engine, spec, vllm_chain
-from cli.main import main
-from record import events as E
-from record import trace
-from record.scenario import Scenario, scenario_to_dict
-from words import explain as X
-from words.explain import CacheHistory, RecordedSteps, explain_hit
-from words.explain_blocks import compare_requests, life_of_block
-from words.explain_text import hit_sentences
+from paged_kv_lab.cli.main import main
+from paged_kv_lab.record import events as E
+from paged_kv_lab.record import trace
+from paged_kv_lab.record.scenario import Scenario, scenario_to_dict
+from paged_kv_lab.why import explain as X
+from paged_kv_lab.why.explain import CacheHistory, RecordedSteps, explain_hit
+from paged_kv_lab.why.explain_blocks import compare_requests, life_of_block
+from paged_kv_lab.why.explain_text import hit_sentences
 
 A = list(range(100, 108))  # two blocks of 4
 
@@ -400,7 +400,7 @@ def _why_page():
 
     sys.path.insert(0, str(Path("tests").resolve()))
     from _kv_helpers import make_engine, spec
-    from ui.why_panel import why_panel
+    from paged_kv_lab.app.why_panel import why_panel
 
     A = list(range(100, 108))
     eng = make_engine(

@@ -13,42 +13,47 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+LAB = "paged_kv_lab"
+# The lab's subpackages (paged_kv_lab/<name>), and kvcore beside the lab.
 OURS = (
     "kvcore",
     "record",
-    "words",
+    "text",
+    "why",
     "watch",
-    "runstore",
+    "runs",
     "player",
-    "lessons",
+    "lesson",
     "workload",
     "designs",
-    "ui",
+    "app",
     "cli",
 )
 # Which of our packages each one may import (besides itself), lowest layer first.
 MAY_IMPORT = {
     "kvcore": set(),
     "record": {"kvcore"},
-    "words": {"kvcore", "record"},
+    "text": {"kvcore", "record"},
+    "why": {"kvcore", "record", "text"},
     "watch": {"kvcore"},
-    "runstore": {"kvcore", "record"},
-    "player": {"kvcore", "record", "words"},
-    "lessons": {"kvcore", "record", "words"},
+    "runs": {"kvcore", "record"},
+    "player": {"kvcore", "record", "text", "why"},
+    "lesson": {"kvcore", "record", "text", "why"},
     "workload": {"kvcore", "record"},
     "designs": {"kvcore", "record", "workload"},
-    "ui": {
+    "app": {
         "kvcore",
         "record",
-        "words",
+        "text",
+        "why",
         "watch",
-        "runstore",
+        "runs",
         "player",
-        "lessons",
+        "lesson",
         "workload",
         "designs",
     },
-    "cli": {"kvcore", "record", "words", "watch", "runstore", "player", "workload", "designs"},
+    "cli": {"kvcore", "record", "text", "why", "watch", "runs", "player", "workload", "designs"},
 }
 # The one door from kvcore up: ``python -m kvcore`` runs the command line (cli/main.py).
 EXCEPTIONS = {("kvcore/__main__.py", "cli")}
@@ -75,15 +80,23 @@ def imports_of(path: Path) -> set[str]:
         if id(node) in type_only:
             continue
         if isinstance(node, ast.Import):
-            out |= {a.name.split(".")[0] for a in node.names}
+            out |= {_top(a.name) for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             assert node.level == 0, f"{path}: relative import (the house uses absolute ones)"
-            out.add(node.module.split(".")[0])
+            out.add(_top(node.module))
     return out
 
 
+def _top(module: str) -> str:
+    """The package an import names: kvcore, a lab subpackage (``paged_kv_lab.<name>``), or any
+    other top-level name."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == LAB and len(parts) > 1 else parts[0]
+
+
 def files(pkg: str) -> list[Path]:
-    return sorted((ROOT / pkg).rglob("*.py"))
+    base = ROOT / pkg if pkg in ("kvcore", "bench") else ROOT / LAB / pkg
+    return sorted(base.rglob("*.py"))
 
 
 @pytest.mark.parametrize("pkg", OURS)
@@ -113,7 +126,7 @@ def test_only_kvcores_model_and_worker_import_torch_and_none_imports_ui_librarie
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("pkg", ["runstore", "player", "record", "words", "watch", "lessons"])
+@pytest.mark.parametrize("pkg", ["runs", "player", "record", "text", "why", "watch", "lesson"])
 def test_only_the_ui_imports_streamlit(pkg):
     bad = [f"{f.relative_to(ROOT)}" for f in files(pkg) if imports_of(f) & {"streamlit", "plotly"}]
     assert not bad, bad
@@ -133,6 +146,7 @@ def test_the_rules_would_catch_a_wrong_import(tmp_path):
     """The checker itself: a kvcore-like file importing the recorder is reported."""
     f = tmp_path / "x.py"
     f.write_text(
-        "import os\nfrom record.recorder import Recorder\n\ndef f():\n    import streamlit\n"
+        "import os\nfrom paged_kv_lab.record.recorder import Recorder\n\n"
+        "def f():\n    import streamlit\n"
     )
     assert imports_of(f) == {"os", "record", "streamlit"}

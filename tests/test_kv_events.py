@@ -11,9 +11,9 @@ import msgspec
 import pytest
 
 from kvcore.distributed import kv_events as ke
-from record.engine import Engine
-from record.scenario import EngineSettings, RequestSpec, Scenario
-from watch.prefix_index import PrefixCacheIndex
+from paged_kv_lab.record.engine import Engine
+from paged_kv_lab.record.scenario import EngineSettings, RequestSpec, Scenario
+from paged_kv_lab.watch.prefix_index import PrefixCacheIndex
 
 # real vLLM 0.33.0 frames
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "vllm-kv-events"
@@ -114,7 +114,7 @@ def test_the_index_counts_duplicates_and_drops_a_hash_at_zero():
 
 
 def test_the_index_keeps_at_most_its_cap_of_hashes_and_counts_the_rest():
-    from watch.prefix_index import HashBudget
+    from paged_kv_lab.watch.prefix_index import HashBudget
 
     budget = HashBudget(3)
     index = PrefixCacheIndex(budget)

@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from lessons import BY_ID, HOME, LESSONS
-from lessons.catalog import moment_steps
-from runstore.runtime import lesson_run
-from ui.panels import narration
+from paged_kv_lab.app.panels import narration
+from paged_kv_lab.lesson import BY_ID, HOME, LESSONS
+from paged_kv_lab.lesson.catalog import moment_steps
+from paged_kv_lab.runs.timeline import lesson_run
 
 RUN_WAIT = 300.0  # run_to_end waits this long for the run store (SmolLM2 on a busy machine is slow)
 

@@ -10,11 +10,11 @@ from dataclasses import replace
 import pytest
 import torch
 
-from cli.main import main
 from kvcore.model.memory import GiB, MemoryProfile, bytes_per_block, num_gpu_blocks_from_profile
 from kvcore.model.profile import LiveTensorBytes, profile_model, weights_bytes
-from record.engine import Engine
-from record.scenario import EngineSettings, RequestSpec, Scenario, load_scenario
+from paged_kv_lab.cli.main import main
+from paged_kv_lab.record.engine import Engine
+from paged_kv_lab.record.scenario import EngineSettings, RequestSpec, Scenario, load_scenario
 
 PROFILE = MemoryProfile(
     device="cuda:0",

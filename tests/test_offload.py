@@ -14,8 +14,8 @@ from test_engine_equality import eos_of, reference_tokens
 from _kv_helpers import events_of, make_engine, spec, table
 from kvcore.distributed.kv_events import BlockRemoved, BlockStored
 from kvcore.request import RequestStatus
-from record.engine import Engine
-from record.scenario import CPUOffloadConfig, EngineSettings, RequestSpec, Scenario
+from paged_kv_lab.record.engine import Engine
+from paged_kv_lab.record.scenario import CPUOffloadConfig, EngineSettings, RequestSpec, Scenario
 
 CPU = CPUOffloadConfig(num_cpu_blocks=12)
 
@@ -269,9 +269,9 @@ def test_kvcore_watch_sees_the_cpu_tier_next_to_the_gpu(tmp_path):
 
     from _kv_pub import wait_for
     from kvcore.config.kv_events import KVEventsConfig
-    from record.engine import NoModelRunner
-    from watch.prefix_index import describe_batch
-    from watch.watcher import KVEventWatcher
+    from paged_kv_lab.record.engine import NoModelRunner
+    from paged_kv_lab.watch.prefix_index import describe_batch
+    from paged_kv_lab.watch.watcher import KVEventWatcher
 
     pub_ep, replay_ep = f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay"
     ctx = zmq.Context()
@@ -337,7 +337,7 @@ def test_the_command_line_sets_the_cpu_tier_and_refuses_a_bad_one(tmp_path, caps
         "fail_loads": [],
     }
     assert "stored GPU→CPU" in r.stdout
-    from cli.main import main
+    from paged_kv_lab.cli.main import main
 
     assert main(["run", str(root / "examples/eviction.json"), "--cpu-offload-blocks", "1"]) == 2
     err = capsys.readouterr().err
@@ -347,11 +347,11 @@ def test_the_command_line_sets_the_cpu_tier_and_refuses_a_bad_one(tmp_path, caps
 @pytest.mark.usefixtures("one_torch_thread")
 def test_the_lesson_splits_the_hits_by_tier_and_draws_the_cpu_pool(tiny_model):
     from kvcore.model import smollm2_available
-    from lessons import BY_ID
-    from lessons.l10_second_tier import tier_rows
-    from player import run_payload
-    from player.payload import WIRE
-    from runstore.runtime import lesson_run
+    from paged_kv_lab.lesson import BY_ID
+    from paged_kv_lab.lesson.l10_second_tier import tier_rows
+    from paged_kv_lab.player import run_payload
+    from paged_kv_lab.player.payload import WIRE
+    from paged_kv_lab.runs.timeline import lesson_run
 
     if not smollm2_available():
         pytest.skip("the lesson's token ids come from SmolLM2's tokenizer")
@@ -376,9 +376,9 @@ def test_the_lesson_splits_the_hits_by_tier_and_draws_the_cpu_pool(tiny_model):
 
 
 def test_the_life_of_a_block_names_the_cpu_tiers_pins():
-    from words.explain import RecordedSteps
-    from words.explain_blocks import life_of_block
-    from words.explain_text import life_sentences
+    from paged_kv_lab.why.explain import RecordedSteps
+    from paged_kv_lab.why.explain_blocks import life_of_block
+    from paged_kv_lab.why.explain_text import life_sentences
 
     eng = evict_then_return()
     initial = eng.snapshot()

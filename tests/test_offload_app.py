@@ -2,7 +2,7 @@
 hit split by tier under the player; a bad CPU pool is refused by name."""
 
 from _app_helpers import Browser, app  # noqa: F401  (sets the tiny model for the app)
-from lessons import PAGE_FILES
+from paged_kv_lab.lesson import PAGE_FILES
 
 APPLY = "FormSubmitter:settings:playground-Apply settings"
 

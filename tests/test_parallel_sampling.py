@@ -7,10 +7,10 @@ import pytest
 
 from _app_helpers import tiny_model_env  # noqa: F401  (the app test below runs the tiny model)
 from kvcore.engine.parallel_sampling import ParentRequest, fan_out, group_outputs, scenario_parents
-from record.budget import BudgetError, Limits, check_scenario
-from record.engine import Engine
-from record.scenario import RequestSpec, ScenarioError, load_scenario
-from record.trace import TraceError, outputs_line, read_trace, step_line
+from paged_kv_lab.record.budget import BudgetError, Limits, check_scenario
+from paged_kv_lab.record.engine import Engine
+from paged_kv_lab.record.scenario import RequestSpec, ScenarioError, load_scenario
+from paged_kv_lab.record.trace import TraceError, outputs_line, read_trace, step_line
 
 PROMPT = "What is a KV cache? Tell me more, please."  # not a whole number of 8-token blocks
 
@@ -159,7 +159,7 @@ def test_trace_keeps_children_and_their_parent(model):
 
 def test_playground_adds_a_request_with_n():
     from _app_helpers import Browser, app
-    from lessons import PAGE_FILES
+    from paged_kv_lab.lesson import PAGE_FILES
 
     at = app(PAGE_FILES["playground"])
     Browser(at, "playground").show(1)
@@ -181,7 +181,7 @@ def test_cli_trace_groups_children_in_the_trace_viewer(tmp_path):
     from pathlib import Path
 
     from _app_helpers import app, sidebar_set
-    from ui.trace_page import PAGE_FILE
+    from paged_kv_lab.app.trace_page import PAGE_FILE
 
     root = Path(__file__).resolve().parent.parent
     out = tmp_path / "ps.jsonl"

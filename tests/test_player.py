@@ -10,13 +10,21 @@ import re
 
 import pytest
 
-from lessons import BY_ID, LESSONS
-from player import WIRE, RunEncoder, delta, player_book, run_payload, snapshot_dict, static_html
-from player.export import json_for_script
-from record.engine import Engine
-from record.scenario import load_scenario
-from runstore.runtime import lesson_scenario
-from ui.panels import LessonNarrator
+from paged_kv_lab.app.panels import LessonNarrator
+from paged_kv_lab.lesson import BY_ID, LESSONS
+from paged_kv_lab.player import (
+    WIRE,
+    RunEncoder,
+    delta,
+    player_book,
+    run_payload,
+    snapshot_dict,
+    static_html,
+)
+from paged_kv_lab.player.export import json_for_script
+from paged_kv_lab.record.engine import Engine
+from paged_kv_lab.record.scenario import load_scenario
+from paged_kv_lab.runs.timeline import lesson_scenario
 
 HOSTILE = "<img src=x onerror=alert(1)> and <script>alert(2)</script> & \u2028"
 
@@ -169,7 +177,7 @@ def test_static_html_is_self_contained(tiny_model):
 def test_cli_writes_the_same_player(tmp_path, tiny_model):
     from pathlib import Path
 
-    from cli.main import main
+    from paged_kv_lab.cli.main import main
 
     out = tmp_path / "run.html"
     scenario = Path(__file__).resolve().parents[1] / "examples" / "shared_prefix.json"
@@ -210,7 +218,7 @@ def test_cli_writes_the_same_player(tmp_path, tiny_model):
 def test_the_wire_keys_name_the_snapshots_fields():
     """wire.json's names are record/snapshot.py's field names (the decoder's names in the browser),
     no two fields of a kind share a key, and a step's keys never clash with its snapshot's."""
-    from record.snapshot import BlockView, RequestView, Snapshot
+    from paged_kv_lab.record.snapshot import BlockView, RequestView, Snapshot
 
     for kind, view in (("block", BlockView), ("request", RequestView), ("snapshot", Snapshot)):
         names = {f.name for f in dataclasses.fields(view)}

@@ -1,7 +1,7 @@
 """The playground's settings form offers vLLM's settings and applies them to the run (AppTest)."""
 
 from _app_helpers import Browser, app  # noqa: F401  (sets the tiny model for the app)
-from lessons import PAGE_FILES
+from paged_kv_lab.lesson import PAGE_FILES
 
 
 def test_playground_applies_the_vllm_settings():

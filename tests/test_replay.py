@@ -8,11 +8,11 @@ import pytest
 
 from kvcore.core.kv_cache_utils import BlockHasher
 from kvcore.utils.hashing import sha256
-from record.budget import BudgetError, Limits, cli_limits
-from record.scenario import ScenarioError
-from workload import SHIPPED_TRACE
-from workload.budget import check_trace
-from workload.replay import (
+from paged_kv_lab.record.budget import BudgetError, Limits, cli_limits
+from paged_kv_lab.record.scenario import ScenarioError
+from paged_kv_lab.workload import SHIPPED_TRACE
+from paged_kv_lab.workload.budget import check_trace
+from paged_kv_lab.workload.replay import (
     Replay,
     ReplayError,
     max_hit_tokens,
@@ -20,8 +20,13 @@ from workload.replay import (
     replay_settings,
     upper_bound_hits,
 )
-from workload.tokens import PLACEHOLDER_TOKEN, block_token, check_block_size, prompt_token_ids
-from workload.trace import TraceError, TraceRequest, load_trace, parse_trace
+from paged_kv_lab.workload.tokens import (
+    PLACEHOLDER_TOKEN,
+    block_token,
+    check_block_size,
+    prompt_token_ids,
+)
+from paged_kv_lab.workload.trace import TraceError, TraceRequest, load_trace, parse_trace
 
 FIXTURES = Path(__file__).parent / "fixtures" / "traces"
 MOONCAKE = FIXTURES / "mooncake_slice.jsonl"

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import main
-from workload.bound import unbounded_answer
-from workload.replay import replay, replay_settings
-from workload.sweep import parse_sweep, sweep
-from workload.trace import load_trace
+from paged_kv_lab.cli.main import main
+from paged_kv_lab.workload.bound import unbounded_answer
+from paged_kv_lab.workload.replay import replay, replay_settings
+from paged_kv_lab.workload.sweep import parse_sweep, sweep
+from paged_kv_lab.workload.trace import load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 SLICE = Path(__file__).parent / "fixtures" / "traces" / "mooncake_slice.jsonl"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from record.recorder import Recorder
-from workload.replay import Replay, replay_settings
-from workload.trace import load_trace
+from paged_kv_lab.record.recorder import Recorder
+from paged_kv_lab.workload.replay import Replay, replay_settings
+from paged_kv_lab.workload.trace import load_trace
 
 SLICE = Path(__file__).parent / "fixtures" / "traces" / "mooncake_slice.jsonl"
 TIGHT = {"max_num_seqs": 8, "admission": "first_chunk", "max_num_batched_tokens": 2048}

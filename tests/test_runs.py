@@ -8,12 +8,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from record.budget import BudgetError, Limits
-from record.scenario import load_scenario
-from runstore.decoder import Decoder
-from runstore.recorded_run import RecordedRun, estimate_nbytes, run_key
-from runstore.runtime import LabRun, RunStopped, Timeline
-from runstore.store import RunStore
+from paged_kv_lab.record.budget import BudgetError, Limits
+from paged_kv_lab.record.scenario import load_scenario
+from paged_kv_lab.runs.decoder import Decoder
+from paged_kv_lab.runs.recorded_run import RecordedRun, estimate_nbytes, run_key
+from paged_kv_lab.runs.store import RunStore
+from paged_kv_lab.runs.timeline import LabRun, RunStopped, Timeline
 
 SCENARIO = {
     "engine": {"block_size": 4, "num_gpu_blocks": 12, "max_num_seqs": 3},
@@ -305,7 +305,7 @@ def test_hard_limit_stops_held_runs_with_a_reason():
         assert a.wait(400, 5) is False and a.done
         assert "PAGED_KV_LAB_RUN_STORE_HARD_BYTES" in a.error and ta
         kind, fields = a.error_key  # what a page says, in its own language
-        from words.i18n import tr
+        from paged_kv_lab.text.i18n import tr
 
         for lang in ("en", "zh"):
             said = tr("run_store_full", lang, **fields)
@@ -350,13 +350,13 @@ def test_decoder_is_bounded_and_shared_across_threads():
 
 # -- on the real engine (no model) ----------------------------------------------------------------
 def engine_factory(s):
-    from record.engine import Engine, NoModelRunner
+    from paged_kv_lab.record.engine import Engine, NoModelRunner
 
     return Engine(s, runner=NoModelRunner(), debug=True)
 
 
 def test_a_shared_run_equals_a_fresh_engine_step_by_step(store):
-    from record.engine import Engine, NoModelRunner
+    from paged_kv_lab.record.engine import Engine, NoModelRunner
 
     scenario = load_scenario(SCENARIO)
     one = Timeline(store.run(scenario, engine_factory, model_key="no-model"))
@@ -374,7 +374,7 @@ def test_a_shared_run_equals_a_fresh_engine_step_by_step(store):
 
 
 def test_lab_run_add_request_is_a_new_run_with_the_cursor_kept(store):
-    from record.scenario import RequestSpec
+    from paged_kv_lab.record.scenario import RequestSpec
 
     run = LabRun(load_scenario(SCENARIO), engine_factory, store)
     run.goto(3)
@@ -387,8 +387,8 @@ def test_lab_run_add_request_is_a_new_run_with_the_cursor_kept(store):
 
 
 def test_a_trace_file_is_a_finished_run(store):
-    from record.scenario import scenario_to_dict
-    from record.trace import Trace, read_trace
+    from paged_kv_lab.record.scenario import scenario_to_dict
+    from paged_kv_lab.record.trace import Trace, read_trace
 
     live = Timeline(store.run(load_scenario(SCENARIO), engine_factory, model_key="no-model"))
     live.run_to_end(timeout=10)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from record.scenario import (
+from paged_kv_lab.record.scenario import (
     EngineSettings,
     RequestSpec,
     Scenario,
@@ -308,7 +308,7 @@ def test_all_problems_are_reported_at_once_and_nothing_is_half_applied():
 
 
 def test_engine_overrides_from_key_value_pairs_are_validated_like_a_file():
-    from record.scenario import parse_engine_overrides, with_engine_overrides
+    from paged_kv_lab.record.scenario import parse_engine_overrides, with_engine_overrides
 
     s = load_scenario({"engine": {"sliding_window": 8, "block_size": 4}})
     o = with_engine_overrides(
@@ -338,7 +338,7 @@ def test_engine_overrides_from_key_value_pairs_are_validated_like_a_file():
 
 
 def test_cli_set_overrides_an_engine_setting(tmp_path, capsys):
-    from cli.main import main
+    from paged_kv_lab.cli.main import main
 
     f = tmp_path / "s.json"
     f.write_text(

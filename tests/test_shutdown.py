@@ -17,10 +17,10 @@ SCRIPT = textwrap.dedent("""
                                                                 "kv-events-watcher")
                                                   and t.is_alive()), flush=True))
     from kvcore.model import load_model
-    from lessons import BY_ID
-    from runstore.runtime import lesson_run
-    from runstore.store import RunStore
-    from watch.watcher import KVEventWatcher
+    from paged_kv_lab.lesson import BY_ID
+    from paged_kv_lab.runs.timeline import lesson_run
+    from paged_kv_lab.runs.store import RunStore
+    from paged_kv_lab.watch.watcher import KVEventWatcher
     store = RunStore()
     run = lesson_run(BY_ID["preemption"], load_model("tiny-random", "cpu"), store=store)
     run.run.want(10_000)

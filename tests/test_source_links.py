@@ -1,4 +1,4 @@
-"""The code behind each decision (words.source_links): every vLLM permalink points into a file of
+"""The code behind each decision (text.source_links): every vLLM permalink points into a file of
 the v0.33.0 tag within its recorded length, every kvcore link is a real function, every event
 kind has a chain, and a step's calls come out in call order."""
 
@@ -10,8 +10,8 @@ import re
 import pytest
 
 from _event_runs import every_kind_events, every_kind_runs
-from record import events as E
-from words.source_links import (
+from paged_kv_lab.record import events as E
+from paged_kv_lab.text.source_links import (
     FUNCTIONS,
     VLLM_FILE_LINES,
     VLLM_TAG,

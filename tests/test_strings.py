@@ -1,4 +1,4 @@
-"""The one catalogue of UI strings (words/strings.json): every entry in both languages with the
+"""The one catalogue of UI strings (text/catalogue/): every entry in both languages with the
 same fields, every key the Python code and the player's JavaScript use is there, every entry is
 used, and the player's templates are filled with the fields they name."""
 
@@ -9,11 +9,22 @@ from pathlib import Path
 
 import pytest
 
-from words.i18n import CATALOGUE, LANGS, PLAYER_PREFIX, catalogue, player_strings, tr
+from paged_kv_lab.text.i18n import (
+    LANGS,
+    PLAYER_PREFIX,
+    Text,
+    catalogue,
+    catalogue_files,
+    player_strings,
+    tr,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-PY_DIRS = ("ui", "lessons", "words", "player", "runstore", "cli", "record", "watch")
-ASSETS = ROOT / "player" / "assets"
+PY_DIRS = tuple(
+    f"paged_kv_lab/{d}"
+    for d in ("app", "lesson", "text", "why", "player", "runs", "cli", "record", "watch")
+)
+ASSETS = ROOT / "paged_kv_lab" / "player" / "assets"
 
 
 def fields(text: str) -> set[str]:
@@ -58,7 +69,11 @@ def player_names() -> tuple[set[str], set[str]]:
 
 
 def test_every_entry_has_both_languages_with_the_same_fields():
-    raw = json.loads(CATALOGUE.read_text(encoding="utf-8"))
+    raw = {}
+    for path in catalogue_files():
+        entries = json.loads(path.read_text(encoding="utf-8"))
+        assert not set(entries) & set(raw), f"{path.name}: keys also elsewhere"
+        raw |= entries
     for key, entry in raw.items():
         if "same_as" in entry:
             assert (
@@ -94,7 +109,7 @@ def test_every_key_the_python_code_uses_is_there():
     for prefix in prefixes:
         assert any(k.startswith(prefix) for k in keys), prefix
     # the keys built at run time, from what they are built of
-    from ui.modelstate import DEVICES, MODELS
+    from paged_kv_lab.app.modelstate import DEVICES, MODELS
 
     built = [f"model_{m}" for m in MODELS] + [f"device_{d}" for d in DEVICES]
     built += [f"why.{m}" for m in ("request", "block", "two", "calls")]
@@ -104,8 +119,8 @@ def test_every_key_the_python_code_uses_is_there():
 
 
 def test_every_word_the_player_reads_is_there_in_both_languages():
-    from record.events import EventKind
-    from ui.player_component import UNTIL_KINDS
+    from paged_kv_lab.app.player_component import UNTIL_KINDS
+    from paged_kv_lab.record.events import EventKind
 
     names, prefixes = player_names()
     assert prefixes == {"kind_"}
@@ -153,3 +168,19 @@ def test_tr_fills_fields_and_reads_lists(lang):
     assert player_strings(lang)["req_cols"] == list(tr("req_table_cols", lang))
     assert "{" in tr("live.intro", lang) and "{{" not in tr("live.intro", lang)
     assert tr("no such key", lang) == "no such key"
+
+
+def test_a_text_is_a_key_and_fields_rendered_in_any_language(tmp_path, monkeypatch):
+    """One Text type, one lookup; nested Text fields render in the same language; a language
+    added from a data folder alone (PAGED_KV_LAB_TEXT_DIRS) is offered and used."""
+    key = next(k for k, e in catalogue().items() if isinstance(e["en"], str) and "{" not in e["en"])
+    (tmp_path / "languages.json").write_text('{"xx": "Pseudo"}', encoding="utf-8")
+    (tmp_path / "all.json").write_text(
+        json.dumps({key: {"xx": "[[" + catalogue()[key]["en"] + "]]"}}), encoding="utf-8"
+    )
+    assert tr(Text(key), "zh") == catalogue()[key]["zh"]
+    monkeypatch.setenv("PAGED_KV_LAB_TEXT_DIRS", str(tmp_path))
+    from paged_kv_lab.text.i18n import languages
+
+    assert list(languages()) == ["en", "zh", "xx"]
+    assert tr(Text(key), "xx") == "[[" + catalogue()[key]["en"] + "]]"

@@ -17,9 +17,10 @@ import pytest
 from _app_helpers import APP, TIMEOUT, Browser, app, tiny_model_env  # noqa: F401
 from kvcore.core.block_pool import BlockHashToBlockMap
 from kvcore.core.kv_cache_utils import KVCacheBlock
-from lessons import BY_ID, PAGE_FILES, TOPICS
-from lessons.catalog import moment_steps
-from lessons.topics import (
+from paged_kv_lab.app.panels import narration
+from paged_kv_lab.lesson import BY_ID, PAGE_FILES, TOPICS
+from paged_kv_lab.lesson.catalog import moment_steps
+from paged_kv_lab.lesson.topics import (
     block_size_study,
     collision_probability,
     common_prefix,
@@ -27,8 +28,7 @@ from lessons.topics import (
     hashes_for_probability,
     ttft_study,
 )
-from runstore.runtime import lesson_run
-from ui.panels import narration
+from paged_kv_lab.runs.timeline import lesson_run
 
 
 @pytest.fixture(
@@ -192,7 +192,7 @@ def test_collisions_and_ttft_pages():
 
 
 def test_measure_again_is_rate_limited(monkeypatch):
-    from ui import topic_pages
+    from paged_kv_lab.app import topic_pages
 
     calls = []
 
@@ -220,7 +220,7 @@ def test_vllms_own_manager_makes_the_same_twins(tiny_model):
     venv = os.environ.get("VLLM_VENV")
     if not venv or not Path(venv, "bin", "python").exists():
         pytest.skip("VLLM_VENV is not set (bash scripts/vllm_env.sh builds one)")
-    from lessons.t_one_hash import LONG_PREFILL
+    from paged_kv_lab.lesson.t_one_hash import LONG_PREFILL
 
     lesson = BY_ID["onehash"]
     run = lesson_run(lesson, tiny_model)

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from _kv_helpers import events_of, make_engine, spec, vllm_chain
-from record import events, trace
-from record.recorder import Recorder
-from record.snapshot import Snapshot, StepRecord
+from paged_kv_lab.record import events, trace
+from paged_kv_lab.record.recorder import Recorder
+from paged_kv_lab.record.snapshot import Snapshot, StepRecord
 
 SHARED = list(range(10))
 
@@ -169,7 +169,7 @@ def test_snapshot_with_caching_off():
 def engine_trace(**kw):
     """A small run as a trace file written with the CLI's own line writers; (text, engine,
     initial)."""
-    from record.scenario import scenario_to_dict
+    from paged_kv_lab.record.scenario import scenario_to_dict
 
     eng = make_engine(
         [
@@ -187,7 +187,7 @@ def engine_trace(**kw):
 
 
 def test_trace_file_round_trip():
-    from record.scenario import scenario_to_dict
+    from paged_kv_lab.record.scenario import scenario_to_dict
 
     text, eng, initial = engine_trace()
     t = trace.read_trace(text)

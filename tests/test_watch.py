@@ -13,8 +13,8 @@ import zmq
 
 from _kv_pub import ScriptedPublisher, bind_free, fixture, wait_for
 from kvcore.distributed import kv_events as ke
-from watch.prefix_index import leading_hits
-from watch.watcher import KVEventWatcher
+from paged_kv_lab.watch.prefix_index import leading_hits
+from paged_kv_lab.watch.watcher import KVEventWatcher
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -179,7 +179,7 @@ def test_garbage_is_counted_and_skipped_and_the_stream_goes_on(publisher, ctx):
 
 def test_leading_hits_hashes_a_prompt_as_the_server_did():
     expected, frames = fixture("eviction")
-    from watch.prefix_index import PrefixCacheIndex
+    from paged_kv_lab.watch.prefix_index import PrefixCacheIndex
 
     index = PrefixCacheIndex()
     for _, _, payload in frames[:5]:  # up to before_eviction
@@ -305,9 +305,9 @@ def test_cli_watch_stops_after_duration_and_refuses_bad_endpoints(tmp_path):
 
 
 def test_a_scenario_with_engine_kv_events_publishes_every_step_that_had_events(ctx, tmp_path):
-    from record.engine import Engine, NoModelRunner
-    from record.scenario import load_scenario
-    from watch.prefix_index import PrefixCacheIndex
+    from paged_kv_lab.record.engine import Engine, NoModelRunner
+    from paged_kv_lab.record.scenario import load_scenario
+    from paged_kv_lab.watch.prefix_index import PrefixCacheIndex
 
     pub_ep, replay_ep = f"ipc://{tmp_path}/p", f"ipc://{tmp_path}/r"
     scenario = load_scenario(

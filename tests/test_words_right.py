@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from lessons.myths import cached_within_tokens, hash_losses, myth_sections
-from lessons.quiz import _miss_why
-from record.engine import Engine, NoModelRunner
-from record.scenario import load_scenario
-from ui.panels import _Safe
+from paged_kv_lab.app.panels import _Safe
+from paged_kv_lab.lesson.myths import cached_within_tokens, hash_losses, myth_sections
+from paged_kv_lab.lesson.quiz import _miss_why
+from paged_kv_lab.record.engine import Engine, NoModelRunner
+from paged_kv_lab.record.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_SOURCES = [
@@ -43,7 +43,8 @@ WRONG = (
 
 
 def shown_text_files() -> list[Path]:
-    dirs = [ROOT / "lessons", ROOT / "words", ROOT / "docs", ROOT / "player" / "assets"]
+    lab = ROOT / "paged_kv_lab"
+    dirs = [lab / "lesson", lab / "text", lab / "why", ROOT / "docs", lab / "player" / "assets"]
     files = [p for d in dirs for p in d.rglob("*") if p.suffix in {".py", ".json", ".md", ".js"}]
     return files + [ROOT / "README.md"]
 
@@ -117,8 +118,8 @@ def tiny(tiny_model, one_torch_thread):
 
 
 def finished(lesson_id, model):
-    from lessons import BY_ID
-    from runstore.runtime import lesson_run
+    from paged_kv_lab.lesson import BY_ID
+    from paged_kv_lab.runs.timeline import lesson_run
 
     run = lesson_run(BY_ID[lesson_id], model)
     run.run_to_end(timeout=300)
@@ -127,8 +128,8 @@ def finished(lesson_id, model):
 
 
 def test_the_eviction_myth_names_lesson_3s_eviction_moment(tiny):
-    from lessons import BY_ID
-    from lessons.catalog import moment_steps
+    from paged_kv_lab.lesson import BY_ID
+    from paged_kv_lab.lesson.catalog import moment_steps
 
     lesson = BY_ID["eviction"]
     run = finished("eviction", tiny)
@@ -197,8 +198,8 @@ def test_the_names_the_myths_cite_exist_in_vllm_0_33():
 def test_the_queue_caption_states_the_runs_free_order():
     from types import SimpleNamespace
 
-    from ui.panels import player_panels
-    from words.i18n import player_strings
+    from paged_kv_lab.app.panels import player_panels
+    from paged_kv_lab.text.i18n import player_strings
 
     for lang in ("en", "zh"):
         default = player_strings(lang)["queue_caption"]

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from player.pool_payload import encode_frames, pool_payload
-from record.pool_frames import FrameRecorder, state_at
-from record.recorder import Recorder
-from record.snapshot import take_snapshot
-from ui.workloads_data import Settings, record_window, run_workload, workload_limits
-from words.explain_replay import EVICTED, NEVER_COMPUTED, replay_hit_sentences
-from workload.replay import Replay
-from workload.trace import load_trace
+from paged_kv_lab.app.workloads_data import Settings, record_window, run_workload, workload_limits
+from paged_kv_lab.player.pool_payload import encode_frames, pool_payload
+from paged_kv_lab.record.pool_frames import FrameRecorder, state_at
+from paged_kv_lab.record.recorder import Recorder
+from paged_kv_lab.record.snapshot import take_snapshot
+from paged_kv_lab.why.explain_replay import EVICTED, NEVER_COMPUTED, replay_hit_sentences
+from paged_kv_lab.workload.replay import Replay
+from paged_kv_lab.workload.trace import load_trace
 
 SLICE = Path(__file__).parent / "fixtures" / "mooncake_shared_slice.jsonl"
 

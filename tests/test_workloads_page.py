@@ -10,17 +10,23 @@ from pathlib import Path
 import pytest
 
 from _app_helpers import app, sidebar_set, tiny_model_env  # noqa: F401  (pytest fixtures)
-from player.pool_payload import encode_frames
-from ui.workloads_data import (
+from paged_kv_lab.app.workloads_data import (
     LIMITS_ENV,
     Settings,
     record_window,
     run_workload,
     workload_limits,
 )
-from ui.workloads_page import KEY, PAGE_FILE, WorkloadsState, load_shipped, load_upload
-from words.explain_replay import replay_hit_sentences
-from workload.trace import load_trace
+from paged_kv_lab.app.workloads_page import (
+    KEY,
+    PAGE_FILE,
+    WorkloadsState,
+    load_shipped,
+    load_upload,
+)
+from paged_kv_lab.player.pool_payload import encode_frames
+from paged_kv_lab.why.explain_replay import replay_hit_sentences
+from paged_kv_lab.workload.trace import load_trace
 
 SLICE = Path(__file__).parent / "fixtures" / "mooncake_shared_slice.jsonl"
 

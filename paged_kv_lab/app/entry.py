@@ -1,0 +1,167 @@
+"""The app's entry: page config, sidebar (language, model, device, load state) and navigation.
+
+app.py calls ``main()``. Each file in pages/ calls ``lesson_page(id)`` (a tool page:
+``run_page(render)``): inside the entry's navigation it draws the page; run on its own it runs
+the entry first, whose navigation then runs the page. A page file can run on its own because
+Streamlit still treats pages/ as a multipage folder until the first ``st.navigation`` call of the
+process (so a deep link opened first on a fresh server lands there), and because
+AppTest.switch_page runs page files alone.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+import streamlit as st
+
+from paged_kv_lab.app.casebook_page import PAGE_FILE as CASEBOOK_PAGE_FILE
+from paged_kv_lab.app.home_page import render_home
+from paged_kv_lab.app.lesson_page import render_lesson
+from paged_kv_lab.app.live_page import PAGE_FILE as LIVE_PAGE_FILE
+from paged_kv_lab.app.modelstate import (
+    DEVICES,
+    MODELS,
+    default_device,
+    default_model,
+    get_model,
+    model_summary,
+)
+from paged_kv_lab.app.state import init_globals_from_url
+from paged_kv_lab.app.trace_page import PAGE_FILE as TRACE_PAGE_FILE
+from paged_kv_lab.app.workloads_page import PAGE_FILE as WORKLOADS_PAGE_FILE
+from paged_kv_lab.lesson import LESSONS, PAGE_FILES, TOPICS, page_url_path, url_path
+from paged_kv_lab.lesson.topic_words import ICONS as TOPIC_ICONS
+from paged_kv_lab.lesson.topic_words import TITLES as TOPIC_TITLES
+from paged_kv_lab.text.i18n import LANG_NAMES, LANGS, pick, tr
+
+_inside = threading.local()  # script runs are per-session threads
+
+
+def _copy_choice(widget_key: str, key: str) -> None:
+    st.session_state[key] = st.session_state[widget_key]
+
+
+def _choice(label: str, options, key: str, format_func) -> None:
+    """A sidebar selectbox whose value lives in the plain session key ``key``.
+
+    The widget has its own key and is handed the value before every run. Streamlit ties a
+    widget's value to the script that drew it: the first run of a deep-linked page file and
+    the entry's navigation are different scripts, and a widget keyed by the value itself came
+    back there at its first option (the sidebar fell back to smollm2 / auto)."""
+    widget_key = f"_sidebar_{key}"
+    st.session_state[widget_key] = st.session_state[key]
+    st.selectbox(
+        label,
+        options,
+        key=widget_key,
+        format_func=format_func,
+        on_change=_copy_choice,
+        args=(widget_key, key),
+    )
+
+
+def sidebar() -> str:
+    init_globals_from_url()
+    st.session_state.setdefault("lang", "en")
+    st.session_state.setdefault("model_name", default_model())
+    st.session_state.setdefault("device", default_device())
+    with st.sidebar:
+        _choice(tr("language"), LANGS, "lang", LANG_NAMES.get)
+        lang = st.session_state["lang"]
+        _choice(tr("model", lang), MODELS, "model_name", lambda m: tr(f"model_{m}", lang))
+        _choice(tr("device", lang), DEVICES, "device", lambda d: tr(f"device_{d}", lang))
+        name, device = st.session_state["model_name"], st.session_state["device"]
+        st.markdown(f"**{tr('model_state', lang)}**")
+        ms = get_model(
+            name, device, status_text=tr("model_loading", lang, model=name, device=device)
+        )
+        if ms.model is None:
+            st.error(tr("model_failed", lang, model=name, device=device, error=ms.error))
+            st.caption(tr("model_hint", lang))
+        else:
+            info = model_summary(ms.model)
+            st.success(tr("model_ready", lang, model=name, device=info["device"]))
+            st.caption(
+                tr("model_info", lang, **info)
+                + " · "
+                + tr("model_loaded", lang, model=name, device=info["device"], secs=ms.seconds)
+            )
+    st.session_state["_model_state"] = ms
+    st.session_state["_prefs"] = {"lang": lang, "model_name": name, "device": device}
+    return lang
+
+
+def main() -> None:
+    st.set_page_config(page_title="Paged KV Lab", page_icon="🧱", layout="wide")
+    _inside.depth = getattr(_inside, "depth", 0) + 1
+    try:
+        lang = sidebar()
+        home = st.Page(render_home, title=tr("nav_home", lang), icon="🏠", default=True)
+        pages = [
+            st.Page(
+                PAGE_FILES[lesson.id],
+                title=f"{lesson.number}. {lesson.title[lang]}",
+                icon=lesson.icon,
+                url_path=url_path(lesson.id),
+            )
+            for lesson in LESSONS
+        ]
+        topics = [
+            st.Page(
+                PAGE_FILES[t],
+                title=pick(TOPIC_TITLES[t], lang),
+                icon=TOPIC_ICONS[t],
+                url_path=url_path(t),
+            )
+            for t in TOPICS
+        ]
+        tools = [
+            st.Page(
+                TRACE_PAGE_FILE,
+                title=tr("nav_trace", lang),
+                icon="🔎",
+                url_path=page_url_path(TRACE_PAGE_FILE),
+            ),
+            st.Page(
+                LIVE_PAGE_FILE,
+                title=tr("live.title", lang),
+                icon="📡",
+                url_path=page_url_path(LIVE_PAGE_FILE),
+            ),
+            st.Page(
+                CASEBOOK_PAGE_FILE,
+                title=tr("nav_casebook", lang),
+                icon="📒",
+                url_path=page_url_path(CASEBOOK_PAGE_FILE),
+            ),
+            st.Page(
+                WORKLOADS_PAGE_FILE,
+                title=tr("workloads.title", lang),
+                icon="🏭",
+                url_path=page_url_path(WORKLOADS_PAGE_FILE),
+            ),
+        ]
+        st.navigation(
+            {
+                tr("nav_home", lang): [home],
+                tr("nav_lessons", lang): pages,
+                tr("nav_topics", lang): topics,
+                tr("nav_tools", lang): tools,
+            },
+            # every page listed: collapsed, Streamlit shows ten and hides the rest behind a button
+            expanded=True,
+        ).run()
+    finally:
+        _inside.depth -= 1
+
+
+def run_page(render: Callable[[], None]) -> None:
+    if getattr(_inside, "depth", 0) > 0:
+        render()
+    else:
+        main()
+
+
+def lesson_page(lesson_id: str) -> None:
+    run_page(lambda: render_lesson(lesson_id))

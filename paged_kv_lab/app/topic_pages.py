@@ -1,0 +1,251 @@
+"""The topic pages measured live on the loaded model: block size, hash collisions, what a hit buys.
+
+Each study (lessons/topics.py) runs real engines on the model every session shares, so it runs
+under the engine lock, once per model per server process, and every session reads the result;
+"Measure again" (time to first token) replaces it. Token text goes into dataframes (shown as
+text), never into Markdown or HTML.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+import streamlit as st
+
+from paged_kv_lab.app.lesson_page import current_lang, current_model
+from paged_kv_lab.app.memory import dims_from_config, formula, human_bytes
+from paged_kv_lab.lesson import BY_ID
+from paged_kv_lab.lesson.topic_words import BLOCK_SIZE, COLLISIONS, ICONS, TITLES, TTFT
+from paged_kv_lab.lesson.topics import (
+    HASH_BITS,
+    block_size_study,
+    collision_probability,
+    hash_study,
+    hashes_for_probability,
+    ttft_study,
+)
+from paged_kv_lab.text.i18n import pick, tr
+
+_RESULTS: dict[tuple, tuple[float, Any]] = {}  # key -> (when measured, result)
+_RESULTS_LOCK = threading.Lock()
+ODDS = 1e-9  # the "how many hashes for this chance" column
+# "Measure again" holds the engine lock for a few seconds on a CPU: one fresh measurement per
+# this many seconds for everyone, so clicks cannot keep the other sessions' runs waiting.
+AGAIN_AFTER_S = 30.0
+
+
+def measured(key: tuple, compute: Callable[[], Any], again: bool = False) -> Any:
+    """``compute()`` once per ``key`` per process, under the engine lock (it steps the model);
+    ``again`` measures anew if the last measurement is older than AGAIN_AFTER_S."""
+    with _RESULTS_LOCK:
+        old = _RESULTS.get(key)
+        if old is None or (again and time.monotonic() - old[0] >= AGAIN_AFTER_S):
+            from paged_kv_lab.runs.store import ENGINE_LOCK
+
+            with ENGINE_LOCK:
+                _RESULTS[key] = (time.monotonic(), compute())
+        return _RESULTS[key][1]
+
+
+def _model_key(model) -> tuple:
+    return (model.name, str(model.device), str(model.dtype))
+
+
+def _header(topic: str, summary: dict, lang: str):
+    st.title(f"{ICONS[topic]} {pick(TITLES[topic], lang)}")
+    st.caption(pick(summary, lang))
+    ms = current_model()
+    if ms.model is None:
+        st.error(tr("model_failed", lang, model=ms.name, device=ms.device, error=ms.error))
+        st.info(tr("model_hint", lang))
+    return ms.model
+
+
+def _md(text: dict, lang: str, **fields) -> None:
+    st.markdown(pick(text, lang).format(**fields))
+
+
+def _slash(values) -> str:
+    return " / ".join(str(v) for v in values)
+
+
+# -- block size -----------------------------------------------------------------------------
+def render_block_size() -> None:
+    lang = current_lang()
+    model = _header("blocksize", BLOCK_SIZE["summary"], lang)
+    if model is None:
+        return
+    with st.spinner(tr("topic.measuring", lang)):
+        rows = measured(("blocksize", *_model_key(model)), lambda: block_size_study(model))
+    shared = rows[0].shared_prefix
+    _md(BLOCK_SIZE["intro"], lang, model=model.name, shared=shared)
+    st.caption(pick(BLOCK_SIZE["table"], lang))
+    cols = tr("topic.bs_cols", lang)
+    table = []
+    for r in rows:
+        a, b = r.requests
+        table.append(
+            dict(
+                zip(
+                    cols,
+                    (
+                        r.block_size,
+                        f"{a.table_len} · {a.empty}",
+                        f"{b.table_len} · {b.empty}",
+                        f"{r.hit_tokens} ({r.hit_blocks})",
+                        human_bytes(r.bytes_per_block),
+                    ),
+                )
+            )
+        )
+    st.dataframe(table, hide_index=True, key="topic_bs_table")
+    a_empty = _slash(r.requests[0].empty for r in rows)
+    _md(BLOCK_SIZE["waste"], lang, a=a_empty)
+    _md(BLOCK_SIZE["table_len"], lang, lens=_slash(r.requests[0].table_len for r in rows))
+    _md(BLOCK_SIZE["hits"], lang, shared=shared, hits=_slash(r.hit_tokens for r in rows))
+    dims = dims_from_config(model.config)
+    dtype = str(model.dtype).removeprefix("torch.")
+    _md(
+        BLOCK_SIZE["bytes"],
+        lang,
+        layers=dims.layers,
+        kv_heads=dims.kv_heads,
+        head_dim=dims.head_dim,
+        dtype=dtype,
+    )
+    st.code("\n".join(formula(r.block_size, dims, dtype) for r in rows), language=None)
+    _md(
+        BLOCK_SIZE["per_layer"],
+        lang,
+        layers=dims.layers,
+        pages=_slash(human_bytes(r.bytes_per_layer) for r in rows),
+    )
+
+
+# -- hash collisions ------------------------------------------------------------------------
+def render_collisions() -> None:
+    lang = current_lang()
+    model = _header("collisions", COLLISIONS["summary"], lang)
+    _md(COLLISIONS["bet"], lang)
+    _md(COLLISIONS["nano"], lang)
+    _md(COLLISIONS["seed"], lang)
+    if model is None:
+        return
+    algo = st.radio(
+        tr("topic.hash_algo", lang),
+        ("sha256", "xxhash"),
+        horizontal=True,
+        key="topic_hash_algo",
+    )
+    scenario = BY_ID["prefix"].scenario_dict(model.num_layers)
+    with st.spinner(tr("topic.measuring", lang)):
+        study = measured(
+            ("collisions", algo, *_model_key(model)),
+            lambda: hash_study(model, scenario, algo),
+        )
+    _md(
+        COLLISIONS["live"],
+        lang,
+        model=model.name,
+        algo=algo,
+        blocks=len(study.blocks),
+        distinct=study.distinct,
+        bits=study.digest_bytes * 8,
+        seed=f"`{study.none_hash_seed}`",
+        none_hash=f"`{study.none_hash[:16]}…`",
+    )
+    if study.distinct < len(study.blocks):
+        st.caption(
+            pick(COLLISIONS["twins"], lang).format(
+                blocks=len(study.blocks), distinct=study.distinct
+            )
+        )
+    _md(COLLISIONS["odds"], lang, distinct=study.distinct)
+    cols = tr("topic.odds_cols", lang, odds=f"{ODDS:g}")
+    st.dataframe(
+        [
+            dict(
+                zip(
+                    cols,
+                    (
+                        name,
+                        bits,
+                        f"{collision_probability(study.distinct, bits):.3g}",
+                        f"{hashes_for_probability(ODDS, bits):.3g}",
+                    ),
+                )
+            )
+            for name, bits in HASH_BITS.items()
+        ],
+        hide_index=True,
+        key="topic_odds",
+    )
+    decode = model.decode
+    cols = tr("topic.hash_cols", lang)
+    st.dataframe(
+        [
+            dict(
+                zip(
+                    cols,
+                    (
+                        b.step,
+                        b.request_id,
+                        b.block_id,
+                        b.block_hash,
+                        b.num_tokens,
+                        _text(decode, b.token_ids),
+                    ),
+                )
+            )
+            for b in study.blocks
+        ],
+        hide_index=True,
+        key="topic_hashes",
+    )
+
+
+def _text(decode, ids) -> str:
+    try:
+        return decode(list(ids))
+    except Exception:  # a tokenizer that cannot read these ids: show the ids
+        return str(list(ids))
+
+
+# -- time to first token --------------------------------------------------------------------
+def render_ttft() -> None:
+    lang = current_lang()
+    model = _header("hitttft", TTFT["summary"], lang)
+    if model is None:
+        return
+    again = st.button(tr("topic.measure_again", lang), key="topic_ttft_again")
+    with st.spinner(tr("topic.measuring", lang)):
+        s = measured(("ttft", *_model_key(model)), lambda: ttft_study(model), again=again)
+    _md(
+        TTFT["intro"],
+        lang,
+        tokens=s.prompt_tokens,
+        model=s.model,
+        device=s.device,
+        block_size=s.block_size,
+        hit=s.hit_tokens,
+        computed=s.computed_with_hit,
+        rounds=len(s.rounds),
+    )
+    c1, c2, c3 = st.columns(3)
+    c1.metric(tr("topic.ttft_cold", lang), f"{s.cold_s * 1000:.1f} ms")
+    c2.metric(tr("topic.ttft_hit", lang), f"{s.hit_s * 1000:.1f} ms")
+    c3.metric(tr("topic.ttft_speedup", lang), f"{s.speedup:.1f}×")
+    cols = tr("topic.ttft_cols", lang)
+    st.dataframe(
+        [
+            dict(
+                zip(cols, (i + 1, f"{r.cold_s * 1000:.1f}", f"{r.hit_s * 1000:.1f}", r.hit_tokens))
+            )
+            for i, r in enumerate(s.rounds)
+        ],
+        hide_index=True,
+        key="topic_ttft_rounds",
+    )
+    st.caption(pick(TTFT["note"], lang))

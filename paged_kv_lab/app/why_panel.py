@@ -1,0 +1,221 @@
+"""The "Why?" panel below the player: a request's cache hit explained, a block's life as a
+timeline, two requests' chains aligned, and the code that ran in the current step; beside the
+other designs (lesson "Hash chains vs radix tree"), the same questions on SGLang's tree and
+nano-vllm's table (paged_kv_lab.why.explain_designs).
+
+Everything comes from why.explain* over the steps shown so far (the player's cursor), so
+the panel never tells what has not happened yet. Text from tokens and prompts goes through
+``md_escape`` or into dataframes (shown as text), never as HTML.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import streamlit as st
+
+from paged_kv_lab.app.panels import md_escape
+from paged_kv_lab.record.scenario import load_scenario
+from paged_kv_lab.text.i18n import tr
+from paged_kv_lab.text.sentences import short_hash
+from paged_kv_lab.why.explain import ExplainError, RecordedSteps, explain_hit
+from paged_kv_lab.why.explain_blocks import compare_requests, life_of_block
+from paged_kv_lab.why.explain_designs import (
+    DesignError,
+    DesignRun,
+    evicted_leaves,
+    explain_leaf,
+    explain_nano_hit,
+    explain_sglang_hit,
+    leaf_sentences,
+    nano_sentences,
+    sglang_hit_sentences,
+)
+from paged_kv_lab.why.explain_text import (
+    comparison_sentences,
+    hit_sentences,
+    life_sentences,
+    step_calls,
+)
+
+
+def recorded_steps(run: Any, decode: Optional[Callable] = None) -> RecordedSteps:
+    """The steps ``run`` (a Timeline or a RecordedRun) has shown so far, as why.explain reads
+    them."""
+    records = run.shown_records() if hasattr(run, "shown_records") else run.records
+    scenario = run.scenario
+    if (
+        scenario is None
+        and getattr(run, "trace", None) is not None
+        and run.trace.scenario is not None
+    ):
+        scenario = load_scenario(run.trace.scenario)
+    return RecordedSteps(
+        run.initial, tuple(records), scenario.engine if scenario is not None else None, decode
+    )
+
+
+def _lines(lines: list[str]) -> None:
+    for line in lines:
+        st.markdown(md_escape(line))
+
+
+def why_panel(
+    run: Any,
+    lang: str,
+    key: str,
+    decode: Optional[Callable] = None,
+    designs: Optional[DesignRun] = None,
+) -> None:
+    """The panel; ``key`` keeps its widgets apart from another page's (a lesson id, "trace").
+    Nothing is computed until the learner opens it (the toggle): the player reruns this part
+    of the page whenever its cursor moves. ``designs``: SGLang's and nano-vllm's steps beside
+    the run (the lesson "Hash chains vs radix tree"), asked about in two more questions."""
+    if not st.toggle(tr("why.title", lang), key=f"why_open:{key}"):
+        return
+    with st.container(border=True):
+        steps = recorded_steps(run, decode)
+        if not steps.records:
+            st.caption(tr("why.not_yet", lang))
+            return
+        modes = ("request", "block", "two", "calls")
+        if designs is not None:
+            modes += ("sglang", "nano")
+        mode = st.radio(
+            tr("why.mode", lang),
+            modes,
+            format_func=lambda m: tr(f"why.{m}", lang),
+            horizontal=True,
+            key=f"why_mode:{key}",
+        )
+        requests = list(steps.request_views())
+        try:
+            if mode in ("sglang", "nano"):
+                _design_answer(designs, mode, requests, lang, key)
+            elif mode == "request":
+                rid = st.selectbox(tr("why.pick_request", lang), requests, key=f"why_req:{key}")
+                for x in explain_hit(steps, rid):
+                    _lines(hit_sentences(x, lang)[:-1])
+                _code("get_computed_blocks", lang, key)
+            elif mode == "block":
+                n = len(steps.records[-1].snapshot.blocks)
+                bid = st.selectbox(
+                    tr("why.pick_block", lang), list(range(1, n)), key=f"why_block:{key}"
+                )
+                life = life_of_block(steps, bid)
+                _lines(life_sentences(life, lang))
+                if life.moments:
+                    st.dataframe(
+                        block_table(life, lang), hide_index=True, key=f"why_block_table:{key}"
+                    )
+            elif mode == "two":
+                c1, c2 = st.columns(2)
+                a = c1.selectbox(tr("why.pick_request", lang), requests, key=f"why_a:{key}")
+                b = c2.selectbox(
+                    tr("why.pick_other", lang),
+                    [r for r in requests if r != a] or requests,
+                    key=f"why_b:{key}",
+                )
+                c = compare_requests(steps, a, b)
+                _lines(comparison_sentences(c, lang))
+                st.dataframe(chain_table(c), hide_index=True, key=f"why_chain_table:{key}")
+            else:
+                step = len(steps.records)
+                rows = [
+                    {
+                        "": "  " * k.depth + k.link.name,
+                        "vLLM 0.33.0": k.link.vllm.url,
+                        "kvcore": k.link.ours.target,
+                    }
+                    for k in step_calls(steps, step)
+                ]
+                link = st.column_config.LinkColumn(display_text=r"v0\.33\.0/(.*)$")
+                st.dataframe(
+                    rows,
+                    hide_index=True,
+                    key=f"why_calls:{key}",
+                    column_config={"vLLM 0.33.0": link},
+                )
+                names = list(dict.fromkeys(k.link.name for k in step_calls(steps, step)))
+                name = st.selectbox(tr("why.source_of", lang), names, key=f"why_src:{key}")
+                if name is not None:
+                    _code(name, lang, key)
+        except (ExplainError, DesignError) as e:
+            st.info(str(e))
+
+
+def _design_answer(designs: DesignRun, mode: str, requests: list, lang: str, key: str) -> None:
+    """SGLang: a request's match in the tree, or why a leaf was evicted; nano-vllm: a request's
+    blocks, hit or missed and why. Each with vLLM's answer for the same admission."""
+    if mode == "sglang":
+        leaves = evicted_leaves(designs)
+        ask = st.radio(
+            tr("why.mode", lang),
+            ("hit", "leaf") if leaves else ("hit",),
+            format_func=lambda a: tr(f"why.sg_{a}", lang),
+            horizontal=True,
+            key=f"why_sg:{key}",
+            label_visibility="collapsed",
+        )
+        if ask == "leaf":
+            step, node = st.selectbox(
+                tr("why.pick_leaf", lang),
+                leaves,
+                format_func=lambda sn: tr("why.leaf_label", lang, node=sn[1], step=sn[0]),
+                key=f"why_leaf:{key}",
+            )
+            _lines(leaf_sentences(explain_leaf(designs, node), lang))
+            return
+    rid = st.selectbox(tr("why.pick_request", lang), requests, key=f"why_req:{key}")
+    if mode == "sglang":
+        for x in explain_sglang_hit(designs, rid):
+            _lines(sglang_hit_sentences(x, designs, lang))
+    else:
+        for x in explain_nano_hit(designs, rid):
+            _lines(nano_sentences(x, lang))
+
+
+def _code(name: str, lang: str, key: str) -> None:
+    from paged_kv_lab.text.source_links import FUNCTIONS
+
+    link = FUNCTIONS[name]
+    st.markdown(f"[{tr('why.vllm_code', lang, f=link.vllm.qualname)}]({link.vllm.url})")
+    with st.expander(tr("why.our_code", lang, f=link.ours.target)):
+        st.code(link.ours.source(), language="python")
+
+
+def block_table(life, lang: str) -> list[dict]:
+    """The block's timeline, one row per event (the same facts as its sentences)."""
+    return [
+        {
+            "step": m.step,
+            "event": m.kind,
+            "request": m.request_id or "",
+            "logical block": m.logical_index,
+            "ref_cnt": m.ref_cnt,
+            "hash": short_hash(m.block_hash),
+            "lost hash": short_hash(m.lost_hash),
+            "queue": m.joined or ("" if m.queue_pos is None else str(m.queue_pos)),
+            "reason": m.reason,
+            "prefix": m.prefix_text or "",
+        }
+        for m in life.moments
+    ]
+
+
+def chain_table(c) -> list[dict]:
+    """The two chains aligned block by block."""
+    return [
+        {
+            "block": r.index,
+            f"hash {c.a}": short_hash(r.hash_a),
+            f"hash {c.b}": short_hash(r.hash_b),
+            "same": r.same,
+            f"tokens {c.a}": str(list(r.tokens_a)),
+            f"tokens {c.b}": str(list(r.tokens_b)),
+            "shared": ", ".join(
+                f"#{s.block_id} steps {s.first_step}-{s.last_step}" for s in r.shared
+            ),
+        }
+        for r in c.rows
+    ]

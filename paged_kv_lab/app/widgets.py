@@ -1,0 +1,127 @@
+"""Python-side controls around the player: a lesson's setting switches and the scenario file
+(download, upload, paste). Stepping itself happens in the browser (ui/player_component.py)."""
+
+from __future__ import annotations
+
+import json
+
+import streamlit as st
+
+from paged_kv_lab.app.modelstate import ModelState
+from paged_kv_lab.app.panels import md_escape
+from paged_kv_lab.app.state import LessonState, parse_scenario_text, rebuild
+from paged_kv_lab.lesson.catalog import Lesson
+from paged_kv_lab.record.budget import BudgetError, app_limits, check_size
+from paged_kv_lab.record.scenario import scenario_to_dict
+from paged_kv_lab.text.i18n import pick, tr
+
+
+def on_toggle(
+    state: LessonState, lesson: Lesson, ms: ModelState, setting: str, key: str, lang: str
+) -> None:
+    value = st.session_state.get(key)
+    default = lesson.scenario.get("engine", {}).get(setting)
+    over = dict(state.overrides)
+    if value is None or value == default or (setting == "layers" and value == "uniform"):
+        over.pop(setting, None)
+    else:
+        over[setting] = value
+    err = rebuild(state, lesson, ms, overrides=over, keep_step=True)
+    if err:
+        state.error = err
+
+
+# -- layout pieces -----------------------------------------------------------------
+def toggles(state: LessonState, lesson: Lesson, ms: ModelState, lang: str) -> None:
+    if not lesson.toggles:
+        return
+    cols = st.columns(len(lesson.toggles) + 1)
+    for col, t in zip(cols, lesson.toggles):
+        key = f"tg:{lesson.id}:{t.setting}"
+        default = lesson.scenario.get("engine", {}).get(t.setting, t.options[0])
+        if t.setting == "layers":
+            default = "uniform"
+        st.session_state[key] = state.overrides.get(t.setting, default)
+        labels = {
+            o: pick(t.option_labels[i], lang) if i < len(t.option_labels) else str(o)
+            for i, o in enumerate(t.options)
+        }
+        col.segmented_control(
+            pick(t.label, lang),
+            t.options,
+            key=key,
+            format_func=lambda o, L=labels: L[o],
+            on_change=on_toggle,
+            args=(state, lesson, ms, t.setting, key, lang),
+            required=True,
+        )
+    cols[-1].caption(tr("settings_apply_note", lang))
+
+
+def apply_scenario_text(
+    state: LessonState, lesson: Lesson, ms: ModelState, text, lang: str
+) -> bool:
+    """Validate and load a scenario; on any problem the old state stays and the problems are
+    shown."""
+    d, problems = parse_scenario_text(text)
+    if d is None:
+        state.error = tr("bad_scenario", lang) + "\n" + "\n".join(f"- {p}" for p in problems)
+        return False
+    err = rebuild(state, lesson, ms, base=d, overrides={}, keep_step=False)
+    if err:
+        state.error = (
+            tr("bad_scenario", lang) + "\n" + "\n".join(f"- {p}" for p in err.splitlines())
+        )
+        return False
+    state.notice = tr("loaded_ok", lang, name=md_escape(str(d.get("name", "?"))))
+    return True
+
+
+def on_paste(state: LessonState, lesson: Lesson, ms: ModelState, key: str, lang: str) -> None:
+    apply_scenario_text(state, lesson, ms, st.session_state.get(key) or "", lang)
+
+
+def on_upload(state: LessonState, lesson: Lesson, ms: ModelState, key: str, lang: str) -> None:
+    up = st.session_state.get(key)
+    if up is None or up.file_id == state.upload_id:
+        return
+    state.upload_id = up.file_id
+    try:  # refuse a too-large file before reading it whole
+        check_size(up.size, f"the file {up.name!r}", app_limits())
+    except BudgetError as e:
+        state.error = tr("bad_scenario", lang) + "\n- " + str(e)
+        return
+    apply_scenario_text(state, lesson, ms, up.getvalue(), lang)
+
+
+def scenario_file(state: LessonState, lesson: Lesson, ms: ModelState, lang: str) -> None:
+    box = st.expander(tr("scenario", lang), key=f"scenario_open:{lesson.id}", on_change="rerun")
+    # drawn only when opened: a closed expander's widgets would still load and draw
+    if not box.open:
+        return
+    with box:
+        data = json.dumps(scenario_to_dict(state.run.scenario), indent=2, ensure_ascii=False)
+        st.download_button(
+            tr("download", lang),
+            data,
+            file_name=f"{state.run.scenario.name}.json",
+            mime="application/json",
+            key=f"dl:{lesson.id}",
+        )
+        up_key = f"up:{lesson.id}"
+        st.file_uploader(
+            tr("upload", lang),
+            type=["json"],
+            key=up_key,
+            on_change=on_upload,
+            args=(state, lesson, ms, up_key, lang),
+        )
+        key = f"paste:{lesson.id}"
+        st.text_area(tr("paste", lang), key=key, height=120)
+        st.button(
+            tr("load", lang),
+            key=f"paste_btn:{lesson.id}",
+            on_click=on_paste,
+            args=(state, lesson, ms, key, lang),
+        )
+        st.caption(tr("link_caption", lang))

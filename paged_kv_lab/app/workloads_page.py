@@ -1,0 +1,558 @@
+"""The "Real workloads" page: replay a production trace through the faithful cache, ask "what if"
+of the pool size, and step into any moment of it in the large-pool player.
+
+Input: the shipped Mooncake trace (a slice of it) or an uploaded one, bounded by the page's
+budget (ui/workloads_data.py: bytes, requests, tokens, blocks, steps; each refusal names its
+variable). Charts (plotly): hit rate against pool size (a sweep), and usage, hit rate, running
+and waiting over the replay's steps; a click on a point, or a request picked, opens the player
+there. The Why? panel tells why a request hit what it hit, from the replay's cache history.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from paged_kv_lab.app.lesson_page import current_lang
+from paged_kv_lab.app.panels import md_escape
+from paged_kv_lab.app.workloads_data import (
+    Settings,
+    Window,
+    WorkloadRun,
+    admission_step,
+    read_upload,
+    record_window,
+    run_workload,
+    series_rows,
+    shipped_trace,
+    shipped_trace_path,
+    sweep_values,
+    workload_limits,
+)
+from paged_kv_lab.player.pool_payload import pool_asset, pool_css, pool_module_js, pool_payload
+from paged_kv_lab.record.budget import BudgetError
+from paged_kv_lab.text.i18n import tr
+from paged_kv_lab.why.explain_replay import replay_hit_sentences
+from paged_kv_lab.workload.bound import unbounded_answer, why_not_exact
+from paged_kv_lab.workload.replay import ReplayError
+from paged_kv_lab.workload.sweep import sweep
+from paged_kv_lab.workload.trace import Trace, TraceError
+
+PAGE_FILE = "pages/17_real_workloads.py"
+KEY = "workloads"
+COMPONENT = "paged_kv_lab.pool_player"
+BLOCK_SIZES = (16, 32, 64, 128, 256, 512)
+
+
+@dataclass
+class WorkloadsState:
+    """The page's state in one session: the trace shown, its replay, the sweep, the window."""
+
+    trace: Optional[Trace] = None
+    trace_key: str = ""  # names the trace's content (for the shared caches)
+    run: Optional[WorkloadRun] = None
+    sweep: list[tuple[int, float]] = field(default_factory=list)
+    sweep_errors: list[str] = field(default_factory=list)
+    unbounded: Any = None  # workload.bound.UnboundedAnswer (sequential arrival only)
+    unbounded_why: str = ""
+    window: Optional[Window] = None
+    window_token: str = ""
+    goto_seq: int = 0
+    error: Optional[str] = None
+    upload_id: Any = None
+
+
+def get_workloads_state() -> WorkloadsState:
+    state = st.session_state.get(KEY)
+    if state is None:
+        state = st.session_state[KEY] = WorkloadsState()
+    return state
+
+
+# -- shared between sessions: a replay depends only on the trace and the settings ---------------
+_RUNS: "OrderedDict[tuple, WorkloadRun]" = OrderedDict()
+_RUNS_LOCK = threading.Lock()
+_COMPUTING: dict[tuple, threading.Lock] = {}
+MAX_SHARED_RUNS = 3
+
+
+def shared_run(trace_key: str, trace: Trace, settings: Settings, limits) -> WorkloadRun:
+    """The replay of ``trace`` with ``settings``, computed once for every session that asks
+    (a second asker waits for the first), the last MAX_SHARED_RUNS kept."""
+    key = (trace_key, settings)
+    with _RUNS_LOCK:
+        got = _RUNS.get(key)
+        if got is not None:
+            _RUNS.move_to_end(key)
+            return got
+        computing = _COMPUTING.setdefault(key, threading.Lock())
+    with computing:
+        with _RUNS_LOCK:
+            got = _RUNS.get(key)
+        if got is not None:
+            return got
+        try:
+            run = run_workload(trace, settings, limits)
+        finally:
+            with _RUNS_LOCK:
+                _COMPUTING.pop(key, None)
+        with _RUNS_LOCK:
+            _RUNS[key] = run
+            while len(_RUNS) > MAX_SHARED_RUNS:
+                _RUNS.popitem(last=False)
+        return run
+
+
+# -- actions (plain functions: the page's buttons and the tests call them) -------------------------
+def forget_sweep(state: WorkloadsState) -> None:
+    state.sweep, state.sweep_errors, state.unbounded, state.unbounded_why = [], [], None, ""
+
+
+def use_trace(state: WorkloadsState, trace: Trace, key: str) -> None:
+    state.trace, state.trace_key = trace, key
+    state.run, state.window = None, None
+    forget_sweep(state)
+
+
+def load_shipped(state: WorkloadsState, start: int, count: int, lang: str = "en") -> Optional[str]:
+    try:
+        trace = shipped_trace(start, count, workload_limits())
+    except (BudgetError, TraceError) as e:
+        state.error = tr("workloads.bad_trace", lang, error=str(e))
+        return state.error
+    use_trace(state, trace, f"shipped:{shipped_trace_path()}:{start}:{count}")
+    return None
+
+
+def load_upload(state: WorkloadsState, data: bytes, name: str, lang: str = "en") -> Optional[str]:
+    try:
+        trace = read_upload(data, name, workload_limits())
+    except (BudgetError, TraceError) as e:
+        state.error = tr("workloads.bad_trace", lang, error=str(e))
+        return state.error
+    use_trace(state, trace, "upload:" + hashlib.sha256(data).hexdigest())
+    return None
+
+
+def replay_now(state: WorkloadsState, settings: Settings, lang: str = "en") -> Optional[str]:
+    if state.trace is None:
+        return None
+    try:
+        state.run = shared_run(state.trace_key, state.trace, settings, workload_limits())
+    except (BudgetError, ReplayError, ValueError) as e:
+        state.error = tr("workloads.bad_replay", lang, error=str(e))
+        return state.error
+    state.window = None
+    forget_sweep(state)
+    return None
+
+
+def sweep_now(state: WorkloadsState, lang: str = "en") -> Optional[str]:
+    """The hit rate at pool sizes around the chosen one (workload.sweep: each a whole replay,
+    here in this process), and with sequential arrival the one-pass answer: what an unbounded
+    pool reaches and the smallest pool that does (paged_kv_lab.workload.bound)."""
+    run = state.run
+    if run is None:
+        return None
+    s = run.settings
+    base = s.replay_settings(state.trace)
+    points = sweep(
+        state.trace,
+        {
+            "block_size": s.block_size,
+            "max_num_seqs": s.max_num_seqs,
+            "max_num_batched_tokens": s.max_num_batched_tokens,
+        },
+        "num_gpu_blocks",
+        sweep_values(state.trace, s, workload_limits()),
+        workers=1,
+        arrival=s.arrival,
+        speedup=s.speedup,
+    )
+    # a pool too small for the longest request is no point (its error says why)
+    state.sweep = [(p.value, p.result.hit_rate) for p in points if p.result is not None]
+    state.sweep_errors = [f"{p.value:,}: {p.error}" for p in points if p.result is None]
+    state.unbounded = unbounded_answer(state.trace, base) if not why_not_exact(base) else None
+    state.unbounded_why = why_not_exact(base)
+    return None
+
+
+def open_moment(
+    state: WorkloadsState, step: int, lang: str = "en", request: Optional[str] = None
+) -> Optional[str]:
+    """Record the steps around ``step`` and open the player there (following ``request``)."""
+    run = state.run
+    if run is None:
+        return None
+    step = max(1, min(int(step), run.result.steps))
+    try:
+        state.window = record_window(state.trace, run.settings, step, workload_limits())
+    except (BudgetError, ReplayError, ValueError) as e:
+        state.error = tr("workloads.bad_replay", lang, error=str(e))
+        return state.error
+    state.goto_seq += 1
+    state.window_token = hashlib.sha256(
+        f"{state.trace_key}|{run.settings}|{step}|{state.goto_seq}".encode()
+    ).hexdigest()[:12]
+    st.session_state[f"{KEY}:follow"] = request
+    return None
+
+
+# -- the player --------------------------------------------------------------------------------
+def pool_component():
+    return st.components.v2.component(
+        COMPONENT, html=pool_asset("pool.html"), css=pool_css(), js=pool_module_js()
+    )
+
+
+def pool_player(state: WorkloadsState, lang: str) -> None:
+    """Mount the large-pool player on the recorded window. The frames go to the browser once:
+    it says which window it holds (``have``), and later reruns of the page send only where to
+    go; a browser that lost them (a reload) asks again."""
+    w = state.window
+    token = state.window_token + lang
+    got = st.session_state.get(f"pool:{KEY}")
+    have = (dict(got).get("have") if got is not None else None) or {}
+    follow = st.session_state.get(f"{KEY}:follow")
+    data: dict = {"run": token}
+    if have.get("run") != token:
+        data = pool_payload(
+            w.frames,
+            num_gpu_blocks=w.num_gpu_blocks,
+            block_size=w.block_size,
+            lang=lang,
+            start=w.start,
+            run=token,
+        )
+    data["goto"] = {"seq": state.goto_seq, "index": w.start, "request": follow}
+    pool_component()(
+        key=f"pool:{KEY}", data=data, default={"have": None}, on_have_change=_noop, height="content"
+    )
+
+
+def _noop() -> None:
+    pass
+
+
+# -- the page ----------------------------------------------------------------------------------
+def render_workloads_page() -> None:
+    lang = current_lang()
+    state = get_workloads_state()
+    limits = workload_limits()
+    st.title(f"🏭 {tr('workloads.title', lang)}")
+    st.caption(tr("workloads.summary", lang))
+    source = st.radio(
+        tr("workloads.source", lang),
+        ("shipped", "upload"),
+        format_func=lambda s: tr(f"workloads.source_{s}", lang),
+        horizontal=True,
+        key=f"source:{KEY}",
+    )
+    if source == "shipped":
+        c1, c2, c3 = st.columns([1, 1, 1], vertical_alignment="bottom")
+        start = c1.number_input(
+            tr("workloads.start", lang), 0, 10**6, 0, step=1, key=f"start:{KEY}"
+        )
+        count = c2.number_input(
+            tr("workloads.count", lang, limit=limits.max_requests),
+            1,
+            10**6,
+            min(100, limits.max_requests),
+            step=10,
+            key=f"count:{KEY}",
+        )
+        if c3.button(tr("workloads.load", lang), key=f"load:{KEY}", width="stretch"):
+            load_shipped(state, int(start), int(count), lang)
+        st.caption(tr("workloads.shipped_about", lang))
+    else:
+        up = st.file_uploader(
+            tr("workloads.upload", lang, limit=limits.max_trace_bytes // 1000),
+            type=["jsonl", "json"],
+            key=f"up:{KEY}",
+        )
+        if up is not None and up.file_id != state.upload_id:
+            state.upload_id = up.file_id
+            if up.size > limits.max_trace_bytes:  # refused before it is read whole
+                from paged_kv_lab.app.workloads_data import refuse
+
+                state.error = tr(
+                    "workloads.bad_trace",
+                    lang,
+                    error=str(
+                        refuse(
+                            f"the trace file {up.name!r}",
+                            up.size,
+                            limits.max_trace_bytes,
+                            "max_trace_bytes",
+                            "bytes",
+                        )
+                    ),
+                )
+            else:
+                load_upload(state, up.getvalue(), up.name, lang)
+    if state.error:
+        st.error(state.error)
+        state.error = None
+    trace = state.trace
+    if trace is None:
+        st.info(tr("workloads.none", lang))
+        return
+    st.markdown(
+        tr(
+            "workloads.trace_about",
+            lang,
+            name=md_escape(trace.name),
+            requests=f"{len(trace):,}",
+            fmt=trace.format,
+            block=trace.block_size,
+            prompt=f"{trace.prompt_tokens:,}",
+            output=f"{trace.output_tokens:,}",
+        )
+    )
+    settings = settings_form(trace, lang, limits)
+    if st.button(tr("workloads.replay", lang), type="primary", key=f"replay:{KEY}"):
+        with st.spinner(tr("workloads.replaying", lang)):
+            replay_now(state, settings, lang)
+        if state.error:
+            st.error(state.error)
+            state.error = None
+    run = state.run
+    if run is None:
+        return
+    if run.settings != settings:
+        st.caption(tr("workloads.settings_changed", lang))
+    show_figures(run, lang)
+    show_over_time(state, lang)
+    show_sweep(state, lang)
+    show_step_into(state, lang)
+    if state.window is not None:
+        pool_player(state, lang)
+    why_panel(state, lang)
+    show_requests(run, lang)
+
+
+def settings_form(trace: Trace, lang: str, limits) -> Settings:
+    sizes = [b for b in BLOCK_SIZES if trace.block_size % b == 0] or [trace.block_size]
+    c1, c2, c3, c4 = st.columns(4)
+    bs = c1.selectbox("block_size", sizes, key=f"bs:{KEY}")
+    blocks = c2.number_input(
+        "num_gpu_blocks",
+        2,
+        limits.max_num_gpu_blocks,
+        min(10_000, limits.max_num_gpu_blocks),
+        step=1000,
+        key=f"blocks:{KEY}",
+    )
+    seqs = c3.number_input("max_num_seqs", 1, 1024, 64, key=f"seqs:{KEY}")
+    batched = c4.number_input("max_num_batched_tokens", 16, 65536, 8192, step=512, key=f"mbt:{KEY}")
+    c1, c2 = st.columns(2)
+    arrival = c1.radio(
+        tr("workloads.arrival", lang),
+        ("timestamps", "sequential"),
+        format_func=lambda a: tr(f"workloads.arrival_{a}", lang),
+        horizontal=True,
+        key=f"arrival:{KEY}",
+    )
+    speedup = c2.number_input(
+        tr("workloads.speedup", lang),
+        0.01,
+        1000.0,
+        1.0,
+        key=f"speedup:{KEY}",
+        disabled=arrival != "timestamps",
+    )
+    return Settings(int(bs), int(blocks), int(seqs), int(batched), arrival, float(speedup))
+
+
+def show_figures(run: WorkloadRun, lang: str) -> None:
+    r = run.result
+    cells = (
+        (tr("workloads.m_requests", lang), f"{r.requests:,}"),
+        (tr("workloads.m_hit_rate", lang), f"{100 * r.hit_rate:.1f}%"),
+        (tr("workloads.m_upper", lang), f"{100 * r.upper_bound_hit_rate:.1f}%"),
+        (tr("workloads.m_evictions", lang), f"{r.evictions:,}"),
+        (tr("workloads.m_preemptions", lang), f"{r.preemptions:,}"),
+        (tr("workloads.m_steps", lang), f"{r.steps:,}"),
+    )
+    for col, (label, value) in zip(st.columns(len(cells)), cells):
+        col.metric(label, value)
+    st.caption(
+        tr(
+            "workloads.hits_line",
+            lang,
+            hits=r.hit_tokens,
+            queries=r.queries,
+            pre=r.preempted_requests,
+            pre_hits=r.preempted_hits,
+            pre_queries=r.preempted_queries,
+        )
+    )
+
+
+def over_time_figure(rows: list[dict], lang: str) -> go.Figure:
+    fig = go.Figure()
+    steps = [x["step"] for x in rows]
+    series = (  # (row field, legend, y axis): fractions on the left, request counts on the right
+        ("usage", tr("workloads.usage", lang), "y"),
+        ("hit_rate", tr("workloads.hit_rate", lang), "y"),
+        ("running", tr("workloads.running", lang), "y2"),
+        ("waiting", tr("workloads.waiting", lang), "y2"),
+    )
+    for key, name, axis in series:
+        fig.add_scatter(
+            x=steps,
+            y=[x[key] for x in rows],
+            name=name,
+            mode="lines+markers",
+            marker={"size": 4},
+            yaxis=axis,
+        )
+    fig.update_layout(
+        height=320,
+        margin=dict(l=0, r=0, t=30, b=0),
+        xaxis=dict(title=tr("workloads.step", lang)),
+        yaxis=dict(title=tr("workloads.fraction", lang), range=[0, 1.02]),
+        yaxis2=dict(
+            title=tr("workloads.requests_axis", lang),
+            overlaying="y",
+            side="right",
+            rangemode="tozero",
+        ),
+        legend=dict(orientation="h", y=1.12),
+        clickmode="event+select",
+    )
+    return fig
+
+
+def show_over_time(state: WorkloadsState, lang: str) -> None:
+    st.subheader(tr("workloads.over_time", lang))
+    st.caption(tr("workloads.over_time_help", lang))
+    event = st.plotly_chart(
+        over_time_figure(series_rows(state.run.result), lang),
+        key=f"over:{KEY}",
+        on_select="rerun",
+        selection_mode=("points",),
+        config={"displayModeBar": False},
+    )
+    points = (event or {}).get("selection", {}).get("points", []) if event else []
+    if points:
+        step = int(points[0].get("x", 0))
+        if st.session_state.get(f"{KEY}:clicked") != step:
+            st.session_state[f"{KEY}:clicked"] = step
+            st.session_state[f"at:{KEY}"] = step
+            open_moment(state, step, lang)
+
+
+def show_sweep(state: WorkloadsState, lang: str) -> None:
+    st.subheader(tr("workloads.sweep", lang))
+    run = state.run
+    vals = sweep_values(state.trace, run.settings, workload_limits())
+    if st.button(
+        tr("workloads.sweep_button", lang, values=", ".join(f"{v:,}" for v in vals)),
+        key=f"sweep:{KEY}",
+    ):
+        with st.spinner(tr("workloads.replaying", lang)):
+            sweep_now(state, lang)
+    if not state.sweep:
+        return
+    fig = go.Figure()
+    fig.add_scatter(
+        x=[n for n, _ in state.sweep],
+        y=[h for _, h in state.sweep],
+        mode="lines+markers",
+        name=tr("workloads.hit_rate", lang),
+    )
+    fig.add_hline(
+        y=run.result.upper_bound_hit_rate,
+        line_dash="dash",
+        annotation_text=tr("workloads.m_upper", lang),
+    )
+    fig.update_layout(
+        height=300,
+        margin=dict(l=0, r=0, t=10, b=0),
+        xaxis=dict(title="num_gpu_blocks", type="log"),
+        yaxis=dict(title=tr("workloads.hit_rate", lang), range=[0, 1.02]),
+    )
+    from paged_kv_lab.app.designs_page import (
+        add_design_curves,
+    )  # SGLang's and nano-vllm's curves, asked for
+
+    add_design_curves(fig, state.trace, run.settings, [n for n, _ in state.sweep], lang)
+    st.plotly_chart(fig, key=f"sweepchart:{KEY}", config={"displayModeBar": False})
+    if state.sweep_errors:
+        st.caption(tr("workloads.sweep_skipped", lang, points="; ".join(state.sweep_errors)))
+    u = state.unbounded
+    if u is not None and u.hit_rate is not None:
+        st.markdown(
+            tr(
+                "workloads.unbounded",
+                lang,
+                rate=f"{100 * u.hit_rate:.1f}",
+                blocks=f"{u.smallest_num_gpu_blocks:,}" if u.smallest_num_gpu_blocks else "?",
+                exact=tr("workloads.exact", lang) if u.exact else u.why,
+            )
+        )
+    elif state.unbounded_why:
+        st.caption(tr("workloads.unbounded_not", lang, why=state.unbounded_why))
+
+
+def show_step_into(state: WorkloadsState, lang: str) -> None:
+    st.subheader(tr("workloads.step_into", lang))
+    run = state.run
+    c1, c2, c3 = st.columns([1, 1, 1], vertical_alignment="bottom")
+    st.session_state.setdefault(f"at:{KEY}", max(1, run.result.steps // 2))
+    at = c1.number_input(
+        tr("workloads.at_step", lang, steps=run.result.steps),
+        1,
+        max(1, run.result.steps),
+        key=f"at:{KEY}",
+    )
+    if c1.button(tr("workloads.open_here", lang), key=f"open:{KEY}"):
+        open_moment(state, int(at), lang)
+    ids = [p.request_id for p in run.result.per_request if p.admitted_step >= 0]
+    rid = c2.selectbox(tr("workloads.pick_request", lang), ids, key=f"req:{KEY}")
+    if c2.button(tr("workloads.open_request", lang), key=f"openreq:{KEY}") and rid is not None:
+        step = admission_step(run, rid) or 1
+        open_moment(state, step, lang, request=rid)
+    if state.window is not None:
+        w = state.window
+        c3.caption(tr("workloads.window", lang, first=w.frames[0].step, last=w.frames[-1].step))
+
+
+def why_panel(state: WorkloadsState, lang: str) -> None:
+    """Why? on the replay: a request's hit against its shared blocks (words/explain_replay.py)."""
+    run = state.run
+    if not st.toggle(tr("why.title", lang), key=f"why_open:{KEY}"):
+        return
+    with st.container(border=True):
+        ids = [p.request_id for p in run.result.per_request if p.admitted_step >= 0]
+        default = st.session_state.get(f"req:{KEY}")
+        rid = st.selectbox(
+            tr("why.pick_request", lang),
+            ids,
+            index=ids.index(default) if default in ids else 0,
+            key=f"why_req:{KEY}",
+        )
+        if rid is None:
+            return
+        tr_req = state.trace.requests[int(rid)]
+        for x in run.explain(rid):
+            for line in replay_hit_sentences(x, lang, state.trace.block_size, tr_req.hash_ids):
+                st.markdown(md_escape(line))
+
+
+def show_requests(run: WorkloadRun, lang: str) -> None:
+    with st.expander(tr("workloads.per_request", lang)):
+        st.dataframe(
+            pd.DataFrame([p.__dict__ for p in run.result.per_request]),
+            hide_index=True,
+            width="stretch",
+            key=f"reqtable:{KEY}",
+        )

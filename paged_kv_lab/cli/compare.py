@@ -1,0 +1,143 @@
+"""``python -m kvcore compare``: one trace through vLLM's, SGLang's and nano-vllm's caches.
+
+    python -m kvcore compare TRACE [--designs vllm,sglang,nano] [--set KEY=VALUE ...]
+                                   [--page-size N] [--requests N] [--json [PATH]]
+                                   [--sweep num_gpu_blocks=V1,V2,...]
+
+Every design gets the same requests, arrival rule, settings and KV memory in tokens
+(num_gpu_blocks x block_size); see designs/compare.py. Exit codes: 0 ok, 2 bad trace, settings
+or arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from paged_kv_lab.record.budget import BudgetError, cli_limits
+from paged_kv_lab.record.scenario import ScenarioError, parse_engine_overrides
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "compare", help="one trace through vLLM's, SGLang's and nano-vllm's prefix caches"
+    )
+    p.add_argument("trace", help="the trace file (JSONL; Mooncake or Qwen-Bailian)")
+    p.add_argument(
+        "--designs",
+        default="vllm,sglang,nano",
+        help="which designs, comma-separated (default: vllm,sglang,nano)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        default=[],
+        help="an engine setting, as for replay (e.g. --set num_gpu_blocks=4000 "
+        "--set block_size=16); every design gets num_gpu_blocks x block_size tokens of KV",
+    )
+    p.add_argument(
+        "--page-size", type=int, help="SGLang's page size in tokens (default: block_size)"
+    )
+    p.add_argument(
+        "--arrival",
+        choices=("sequential", "timestamps"),
+        default="sequential",
+        help="sequential (default): each request starts when the last finished; timestamps "
+        "works for vllm only (the other schedulers are not modelled)",
+    )
+    p.add_argument("--requests", type=int, metavar="N", help="only the trace's first N requests")
+    p.add_argument("--json", nargs="?", const="-", metavar="PATH", help="write the figures as JSON")
+    p.add_argument(
+        "--sweep",
+        metavar="num_gpu_blocks=V1,V2,...",
+        help="run once per pool size: a hit-rate curve per design",
+    )
+
+
+def _table(res: dict) -> str:
+    lines = [
+        f"{res['trace']}: {res['requests']:,} requests, KV memory {res['kv_tokens']:,} tokens "
+        f"(block_size {res['block_size']}, SGLang page_size {res['page_size']}), "
+        f"arrival {res['arrival']}",
+        f"{'design':<14} {'hit rate':>9} {'hit tokens':>14} {'evictions':>10}",
+    ]
+    for r in res["designs"].values():
+        if "error" in r:
+            lines.append(f"{r['name']:<14} error: {r['error']}")
+        else:
+            lines.append(
+                f"{r['name']:<14} {r['hit_rate']:>9.1%} {r['hit_tokens']:>14,} "
+                f"{r['evictions']:>10,}"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from paged_kv_lab.designs.compare import CompareError, compare, parse_designs, sweep_compare
+    from paged_kv_lab.workload.budget import check_trace
+    from paged_kv_lab.workload.replay import ReplayError, replay_settings
+    from paged_kv_lab.workload.trace import TraceError, load_trace
+
+    try:
+        designs = parse_designs(args.designs)
+        trace = load_trace(args.trace)
+        if args.requests is not None:
+            if args.requests < 1:
+                raise ScenarioError([f"--requests: must be >= 1; got {args.requests}"])
+            trace = trace.slice(0, args.requests)
+        overrides = parse_engine_overrides(args.set)
+        settings = replay_settings(trace, overrides, arrival=args.arrival)
+        check_trace(trace, settings, cli_limits())
+        values = None
+        if args.sweep:
+            key, _, text = args.sweep.partition("=")
+            if key.strip() != "num_gpu_blocks" or not text:
+                raise CompareError("--sweep: give num_gpu_blocks=V1,V2,... (pool sizes)")
+            try:
+                values = [int(v) for v in text.split(",") if v.strip()]
+            except ValueError:
+                raise CompareError(f"--sweep: pool sizes must be whole numbers, not {text!r}")
+            for v in values:
+                check_trace(
+                    trace, replay_settings(trace, {**overrides, "num_gpu_blocks": v}), cli_limits()
+                )
+        if args.arrival != "sequential" and designs != ("vllm",):
+            raise CompareError(
+                "--arrival timestamps: SGLang's and nano-vllm's batch schedulers are not "
+                "modelled; use --arrival sequential (or --designs vllm)"
+            )
+        if values is None:
+            res = compare(trace, settings, designs, args.page_size)
+        else:
+            rows = sweep_compare(
+                trace,
+                lambda v: replay_settings(
+                    trace, {**overrides, "num_gpu_blocks": v}, arrival=args.arrival
+                ),
+                values,
+                designs,
+                args.page_size,
+            )
+    except (TraceError, ScenarioError, BudgetError, CompareError, ReplayError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = sys.stderr if args.json == "-" else sys.stdout
+    if values is None:
+        out.write(_table(res))
+        payload = res
+    else:
+        out.write("num_gpu_blocks  kv tokens  " + "  ".join(f"{d:>8}" for d in designs) + "\n")
+        for row in rows:
+            cells = "  ".join(f"{'—':>8}" if row[d] is None else f"{row[d]:>8.1%}" for d in designs)
+            out.write(f"{row['num_gpu_blocks']:>14,}  {row['kv_tokens']:>9,}  {cells}\n")
+        payload = {"trace": trace.name, "sweep": "num_gpu_blocks", "curves": rows}
+    if args.json:
+        text = json.dumps(payload) + "\n"
+        if args.json == "-":
+            sys.stdout.write(text)
+        else:
+            with open(args.json, "w", encoding="utf-8") as f:
+                f.write(text)
+    return 0

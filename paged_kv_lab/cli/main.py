@@ -1,0 +1,570 @@
+"""Command line: replay a scenario step by step.
+
+    python -m kvcore run SCENARIO.json [--trace OUT.jsonl] [--html OUT.html] [--until EVENT]
+                             [--model M] [--device D] [--set KEY=VALUE ...]
+    python -m kvcore explain (SCENARIO.json | --trace OUT.jsonl)
+                             (--request ID [--step N] [--vs ID] | --block N | --calls --step N)
+                             [--lang zh]
+    python -m kvcore profile [--model M] [--device D] [--block-size N] [--gpu-memory-utilization F]
+                             [--max-num-batched-tokens N] [--max-model-len N]
+    python -m kvcore replay TRACE.jsonl [--set KEY=VALUE ...] [--arrival sequential|timestamps]
+                             [--speedup X] [--json [PATH]] [--sweep KEY=V1,V2,...] [--csv [PATH]]
+    python -m kvcore compare TRACE.jsonl [--designs vllm,sglang,nano] [--set KEY=VALUE ...]
+                             [--page-size N] [--json [PATH]] [--sweep num_gpu_blocks=V1,V2,...]
+
+Exit codes: 0 ok, 2 bad scenario or arguments, 3 model or device unavailable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from dataclasses import replace
+from typing import TextIO
+
+from paged_kv_lab.record import events, snapshot, trace
+from paged_kv_lab.record.scenario import (
+    DEVICES,
+    DTYPES,
+    MODELS,
+    ScenarioError,
+    load_scenario,
+    parse_engine_overrides,
+    scenario_to_dict,
+    with_engine_overrides,
+)
+from paged_kv_lab.text.sentences import sentence
+
+
+def _loading():
+    """Around loading a model: kvcore/model prints its one-time messages ("converting the SmolLM2
+    tokenizer once...") itself, so they go to stderr, once; a progress callback that printed them
+    as well showed each twice."""
+    return contextlib.redirect_stdout(sys.stderr)
+
+
+def describe(ev: events.Event, lang: str = "en", decode=None, multi_group: bool = False) -> str:
+    """One log line per event: the app's sentence for it (text.sentences), reason included."""
+    return sentence(ev, lang, decode, multi_group)
+
+
+def _log_step(rec: snapshot.StepRecord, out: TextIO, lang: str = "en", decode=None) -> None:
+    snap = rec.snapshot
+    out.write(
+        f"== step {rec.step}: batch {rec.scheduled} | free {snap.num_free_blocks} "
+        f"| usage {snap.usage:.0%} | waiting {list(snap.waiting)} running {list(snap.running)}\n"
+    )
+    multi_group = len(snap.groups) > 1
+    for ev in rec.events:
+        out.write(f"   {describe(ev, lang, decode, multi_group)}\n")
+    out.write(f"   free queue head->tail: {list(snap.free_queue)}\n")
+
+
+def _write_html(path: str, scenario, initial, records, engine, lang: str, done: bool) -> None:
+    """The run as one self-contained HTML file: the app's step player with every step inlined."""
+    from paged_kv_lab.player import (
+        run_payload,
+        static_html,
+    )  # lazy: the player is not needed for a plain run
+
+    decode = engine.decode if engine.model is not None else None
+    payload = run_payload(
+        initial,
+        records,
+        done=done,
+        lang=lang,
+        decode=decode,
+        request_ids=[r.id for r in scenario.requests],
+    )
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(static_html(payload, title=f"Paged KV Lab · {scenario.name}"))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        scenario = load_scenario(args.scenario)
+        if getattr(args, "set", None):
+            scenario = with_engine_overrides(scenario, parse_engine_overrides(args.set))
+        if getattr(args, "cpu_offload_blocks", None) is not None or getattr(args, "lazy", False):
+            # the CPU tier (engine.cpu_offload), as vLLM's kv_connector_extra_config sets it
+            tier = dict(scenario_to_dict(scenario)["engine"].get("cpu_offload") or {})
+            if args.cpu_offload_blocks is not None:
+                tier["num_cpu_blocks"] = args.cpu_offload_blocks
+            if args.lazy:
+                tier["lazy_offload"] = True
+            scenario = with_engine_overrides(scenario, {"cpu_offload": tier})
+    except ScenarioError as e:
+        print(f"error: {args.scenario}: {e}", file=sys.stderr)
+        return 2
+    if args.model:
+        scenario = replace(scenario, model=args.model)
+    if args.device:
+        scenario = replace(scenario, device=args.device)
+    if args.until and args.until not in events.EVENT_KINDS:
+        print(
+            f"error: --until must be one of {', '.join(k.value for k in events.EVENT_KINDS)}",
+            file=sys.stderr,
+        )
+        return 2
+    import zmq
+
+    from kvcore.config.kv_events import KVEventsConfig
+    from kvcore.model import DeviceNotAvailable, ModelNotAvailable
+    from paged_kv_lab.record.engine import Engine
+
+    kv_events = scenario.engine.kv_events  # the file's engine.kv_events, unless --kv-events
+    try:
+        if getattr(args, "kv_events", None):
+            kv_events = KVEventsConfig(
+                enable_kv_cache_events=True,
+                endpoint=args.kv_events,
+                replay_endpoint=args.kv_events_replay,
+                topic=args.kv_events_topic,
+            )
+        from kvcore.model import load_model
+        from paged_kv_lab.record.budget import check_scenario, cli_limits
+
+        limits = cli_limits()
+        auto = scenario.engine.num_gpu_blocks == "auto"
+        # the shape of the run, before anything is loaded ("auto" is checked once derived)
+        check_scenario(
+            replace(scenario, engine=replace(scenario.engine, num_gpu_blocks=2))
+            if auto
+            else scenario,
+            limits,
+        )
+        with _loading():
+            model = load_model(scenario.model, scenario.device, scenario.dtype)
+        if auto:  # profile the model, derive the pool as vLLM does; the trace records the number
+            from paged_kv_lab.record.engine import size_kv_cache
+
+            sizing = size_kv_cache(model, scenario.engine)
+            print("\n".join(sizing.lines()))
+            scenario = replace(
+                scenario, engine=replace(scenario.engine, num_gpu_blocks=sizing.num_gpu_blocks)
+            )
+        check_scenario(
+            scenario, limits, model.config, lambda r: model.encode_prompt(r.prompt, r.chat)
+        )
+        engine = Engine(
+            scenario,
+            model=model,
+            debug=args.check,
+            kv_events=kv_events,
+        )
+    except (ModelNotAvailable, DeviceNotAvailable) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
+    except zmq.ZMQError as e:
+        print(f"error: --kv-events: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"error: {args.scenario}: {e}", file=sys.stderr)
+        return 2
+    trace_file = open(args.trace, "w", encoding="utf-8") if args.trace else None
+    initial, records = (engine.snapshot(), []) if getattr(args, "html", None) else (None, None)
+    try:
+        # the header: the scenario as run (after overrides) and the state before step 1
+        if trace_file:
+            trace_file.write(
+                trace.header_line(scenario_to_dict(scenario), engine.snapshot()) + "\n"
+            )
+        while engine.has_unfinished():
+            try:
+                rec = engine.step()
+            # a request that cannot be added (too long for the pool, bad ids)
+            except ValueError as e:
+                print(f"error: {args.scenario}: {e}", file=sys.stderr)
+                return 2
+            if not args.quiet:
+                _log_step(
+                    rec, sys.stdout, args.lang, engine.decode if engine.model is not None else None
+                )
+            if trace_file:
+                trace_file.write(trace.step_line(rec) + "\n")
+            if records is not None:
+                records.append(rec)
+            if args.until and any(e.kind == args.until for e in rec.events):
+                print(f"-- stopped at the first '{args.until}' event (step {rec.step})")
+                break
+        outputs = engine.outputs()
+        if trace_file:
+            trace_file.write(trace.outputs_line(outputs, engine.parents()) + "\n")
+        if records is not None:
+            _write_html(
+                args.html,
+                scenario,
+                initial,
+                records,
+                engine,
+                args.lang,
+                done=not engine.has_unfinished(),
+            )
+        print("== outputs")
+        for rid, o in outputs.items():
+            print(f"   {rid}: {o['text']!r} {o['token_ids']}")
+        for pid, kids in engine.parents().items():
+            print(f"   {pid} (n = {len(kids)}): {', '.join(kids)}")
+    finally:
+        if trace_file:
+            trace_file.close()
+        engine.close()  # sends the queued KV events first
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m kvcore", description="Paged KV Lab engine")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="replay a scenario step by step")
+    r.add_argument("scenario", help="scenario JSON file")
+    r.add_argument(
+        "--trace",
+        help="write a JSONL trace (header, one line per step, outputs) to this file; "
+        "the app's Trace viewer opens it",
+    )
+    r.add_argument(
+        "--html",
+        metavar="OUT.html",
+        help="write the run as one self-contained HTML file that steps "
+        "offline in a browser (the app's player)",
+    )
+    r.add_argument("--until", help="stop at the first event of this kind")
+    r.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        default=[],
+        help="override an engine setting (repeatable; VALUE read as JSON), e.g. --set "
+        "watermark=0.1 --set prefix_cache_retention_interval=null --set hash_algo=sha256_cbor",
+    )
+    r.add_argument(
+        "--cpu-offload-blocks",
+        type=int,
+        metavar="N",
+        help="a second tier: a CPU pool of N blocks beside the GPU pool (vLLM 0.33's "
+        "SimpleCPUOffloadConnector; engine.cpu_offload.num_cpu_blocks)",
+    )
+    r.add_argument(
+        "--lazy-offload",
+        dest="lazy",
+        action="store_true",
+        help="with the CPU tier: store only the blocks about to be evicted from the GPU "
+        "(engine.cpu_offload.lazy_offload)",
+    )
+    r.add_argument("--model", choices=MODELS, help="override the scenario's model")
+    r.add_argument("--device", choices=DEVICES, help="override the scenario's device")
+    r.add_argument(
+        "--check", action="store_true", help="check the block-manager invariants after every step"
+    )
+    r.add_argument("--quiet", action="store_true", help="print only the outputs")
+    r.add_argument(
+        "--lang", choices=("en", "zh"), default="en", help="language of the step log (default en)"
+    )
+    r.add_argument(
+        "--kv-events",
+        metavar="ENDPOINT",
+        help="publish KV cache events on ZeroMQ as vLLM does (e.g. tcp://*:5557)",
+    )
+    r.add_argument(
+        "--kv-events-replay", metavar="ENDPOINT", help="with --kv-events: the replay socket"
+    )
+    r.add_argument(
+        "--kv-events-topic", default="", help="with --kv-events: the topic (default empty)"
+    )
+    w = sub.add_parser("watch", help="watch a vLLM server's prefix cache through its KV events")
+    w.add_argument("endpoint", help="the server's KV-event endpoint, e.g. tcp://10.0.0.5:5557")
+    w.add_argument("--replay", help="the server's replay endpoint, e.g. tcp://10.0.0.5:5558")
+    w.add_argument("--topic", default="", help="subscribe to this topic (default: everything)")
+    w.add_argument(
+        "--bind",
+        action="store_true",
+        help="bind instead of connecting (when vLLM's "
+        "endpoint is a host address, its PUB connects)",
+    )
+    w.add_argument(
+        "--data-parallel-size",
+        type=int,
+        default=1,
+        help="watch this many ranks: rank r on port + r (replay port + r)",
+    )
+    w.add_argument("--model", choices=MODELS, help="decode token ids with this model's tokenizer")
+    w.add_argument("--duration", type=float, help="stop after this many seconds")
+    w.add_argument(
+        "--dump-state",
+        metavar="OUT.json",
+        help="write the rebuilt index here (atomically) when connected and after every batch",
+    )
+    x = sub.add_parser(
+        "explain", help="answer why: a request's cache hit, a block's life, two requests' chains"
+    )
+    x.add_argument(
+        "scenario", nargs="?", help="scenario JSON file (run here first); or give --trace"
+    )
+    x.add_argument(
+        "--trace", metavar="OUT.jsonl", help="explain this recorded run (a trace file) instead"
+    )
+    x.add_argument(
+        "--request", metavar="ID", help="why this request's prefix-cache hit stopped where it did"
+    )
+    x.add_argument(
+        "--step",
+        type=int,
+        help="with --request: its admission at or before this step; with --calls: the step",
+    )
+    x.add_argument(
+        "--vs", metavar="ID", help="with --request: the two requests' hash chains side by side"
+    )
+    x.add_argument("--block", type=int, metavar="N", help="the life of physical block N")
+    x.add_argument(
+        "--calls", action="store_true", help="with --step: the functions that ran, in call order"
+    )
+    x.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", default=[], help="override an engine setting"
+    )
+    x.add_argument(
+        "--model",
+        choices=MODELS,
+        help="override the scenario's model (with --trace: decode with it)",
+    )
+    x.add_argument("--device", choices=DEVICES, help="override the scenario's device")
+    x.add_argument(
+        "--lang", choices=("en", "zh"), default="en", help="language of the answer (default en)"
+    )
+    f = sub.add_parser(
+        "profile", help="profile the model's memory and derive num_gpu_blocks as vLLM does"
+    )
+    f.add_argument("--model", choices=MODELS, default="smollm2", help="the model (default smollm2)")
+    f.add_argument("--device", choices=DEVICES, default="auto", help="the device (default auto)")
+    f.add_argument("--dtype", choices=DTYPES, default="float32", help="the dtype (default float32)")
+    f.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
+    f.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="fraction of the device's memory this engine may use (default 0.9)",
+    )
+    f.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=256,
+        help="tokens of the profiling forward (default 256)",
+    )
+    f.add_argument(
+        "--max-model-len", type=int, help="for the maximum concurrency (default: the model's)"
+    )
+    from paged_kv_lab.cli.replay import add_parser as add_replay_parser
+
+    add_replay_parser(sub)
+    from paged_kv_lab.cli.compare import add_parser as add_compare_parser
+
+    add_compare_parser(sub)
+    args = p.parse_args(argv)
+    if args.cmd == "replay":
+        from paged_kv_lab.cli.replay import cmd_replay
+
+        return cmd_replay(args)
+    if args.cmd == "compare":
+        from paged_kv_lab.cli.compare import cmd_compare
+
+        return cmd_compare(args)
+    if args.cmd == "explain":
+        return cmd_explain(args)
+    if args.cmd == "watch":
+        return cmd_watch(args)
+    if args.cmd == "profile":
+        return cmd_profile(args)
+    return cmd_run(args)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Print the memory profile of the loaded model and the num_gpu_blocks it gives."""
+    from kvcore.model import DeviceNotAvailable, ModelNotAvailable, load_model
+    from kvcore.model.memory import num_gpu_blocks_from_profile
+    from kvcore.model.profile import profile_model
+
+    for name, value, lo in (
+        ("--block-size", args.block_size, 1),
+        ("--max-num-batched-tokens", args.max_num_batched_tokens, 1),
+        ("--max-model-len", args.max_model_len or 1, 1),
+    ):
+        if value < lo:
+            print(f"error: {name} must be >= {lo}; got {value}", file=sys.stderr)
+            return 2
+    if not 0 < args.gpu_memory_utilization <= 1:
+        print(
+            f"error: --gpu-memory-utilization must be in (0, 1]; got {args.gpu_memory_utilization}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        with _loading():
+            model = load_model(args.model, args.device, args.dtype)
+    except (ModelNotAvailable, DeviceNotAvailable) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
+    max_model_len = args.max_model_len or getattr(model.config, "max_position_embeddings", 8192)
+    try:
+        profile = profile_model(model, args.max_num_batched_tokens, args.block_size)
+        sizing = num_gpu_blocks_from_profile(
+            profile,
+            model.config,
+            args.block_size,
+            model.dtype,
+            args.gpu_memory_utilization,
+            max_model_len,
+        )
+    except ValueError as e:  # e.g. a VLLM_CPU_KVCACHE_SPACE that is not a number
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(sizing.lines()))
+    return 0
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    """Print a line per KV-event batch; keep --dump-state current; stop on SIGINT/SIGTERM or
+    --duration."""
+    import signal
+    import threading
+    import time
+
+    from paged_kv_lab.watch.watcher import KVEventWatcher, describe_batch, write_json_atomic
+
+    decode = None
+    if args.model:
+        from kvcore.model import DeviceNotAvailable, ModelNotAvailable, load_model
+
+        try:
+            with _loading():
+                model = load_model(args.model, "cpu", "float32")
+        except (ModelNotAvailable, DeviceNotAvailable) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 3
+        decode = model.decode
+
+    def dump() -> None:
+        if args.dump_state:
+            write_json_atomic(args.dump_state, watcher.snapshot().dump())
+
+    dirty = threading.Event()
+
+    def on_batch(rank, seq, batch, replayed) -> None:
+        print(describe_batch(rank, seq, batch, replayed, decode), flush=True)
+        dirty.set()  # the main loop writes the state (at most 5 times a second: it can be large)
+
+    try:
+        watcher = KVEventWatcher(
+            args.endpoint,
+            args.replay,
+            args.topic,
+            args.bind,
+            args.data_parallel_size,
+            on_batch=on_batch,
+        )
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    deadline = None if args.duration is None else time.monotonic() + args.duration
+    watcher.start()
+    while not watcher.connected.wait(0.05):
+        if not watcher.running or stop.is_set():
+            break
+    if watcher.connected.is_set():
+        dump()
+        print(
+            f"watching {', '.join(r.endpoint for r in watcher.ranks)}"
+            f"{' replay ' + args.replay if args.replay else ''}",
+            file=sys.stderr,
+            flush=True,
+        )
+    while (
+        not stop.is_set() and watcher.running and (deadline is None or time.monotonic() < deadline)
+    ):
+        stop.wait(0.2)
+        if dirty.is_set():
+            dirty.clear()
+            dump()
+    watcher.stop()
+    snap = watcher.snapshot()
+    dump()
+    st = snap.stats
+    print(
+        f"-- {st.batches} batches ({st.replayed_batches} replayed), "
+        f"{st.gaps} gaps, {st.lost_batches} lost, {st.restarts} restarts, "
+        f"{st.garbage_messages + st.oversized_messages} skipped",
+        file=sys.stderr,
+    )
+    if snap.error:
+        print(f"error: {snap.error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """Record the scenario's run (or read the trace), then print the answer (why.explain_text)."""
+    from kvcore.model import DeviceNotAvailable, ModelNotAvailable, load_model
+    from paged_kv_lab.why.explain import ExplainError, RecordedSteps
+    from paged_kv_lab.why.explain_text import answer
+
+    if (args.scenario is None) == (args.trace is None):
+        print("error: give a scenario file or --trace OUT.jsonl (one of them)", file=sys.stderr)
+        return 2
+    try:
+        if args.trace:
+            with open(args.trace, "rb") as fh:
+                tr = trace.read_trace(fh.read())
+            decode = None
+            if args.model:
+                with _loading():
+                    decode = load_model(args.model, "cpu", "float32").decode
+            run = RecordedSteps.from_trace(tr, decode)
+        else:
+            scenario = load_scenario(args.scenario)
+            if args.set:
+                scenario = with_engine_overrides(scenario, parse_engine_overrides(args.set))
+            scenario = replace(
+                scenario, model=args.model or scenario.model, device=args.device or scenario.device
+            )
+            from paged_kv_lab.record.budget import check_scenario, cli_limits
+            from paged_kv_lab.record.engine import Engine
+
+            auto = scenario.engine.num_gpu_blocks == "auto"
+            check_scenario(
+                replace(scenario, engine=replace(scenario.engine, num_gpu_blocks=2))
+                if auto
+                else scenario,
+                cli_limits(),
+            )
+            with _loading():
+                engine = Engine(scenario)
+            initial = engine.snapshot()
+            records = engine.run()
+            run = RecordedSteps(initial, tuple(records), engine.settings, engine.decode)
+        lines = answer(
+            run,
+            request=args.request,
+            step=args.step,
+            vs=args.vs,
+            block=args.block,
+            calls=args.calls,
+            lang=args.lang,
+        )
+    except (ModelNotAvailable, DeviceNotAvailable) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
+    except OSError as e:
+        print(f"error: {args.trace}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    # ScenarioError, TraceError, BudgetError are ValueErrors
+    except (ExplainError, ValueError) as e:
+        print(f"error: {args.trace or args.scenario}: {e}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

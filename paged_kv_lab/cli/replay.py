@@ -1,0 +1,413 @@
+"""``python -m kvcore replay``: a production trace through the engine, model-free.
+
+    python -m kvcore replay TRACE [--set KEY=VALUE ...] [--arrival sequential|timestamps]
+                                  [--speedup X] [--json [PATH]] [--sweep KEY=V1,V2,...]
+                                  [--csv [PATH]] [--unbounded]
+
+The figures go to stdout as a table (to stderr when the JSON goes to stdout); ``--json``
+writes ReplayResult.to_dict() (``-`` or no path: stdout). ``--sweep`` replays every value in
+parallel processes and prints one row per value; with ``num_gpu_blocks`` swept under
+sequential arrival it adds the one-pass answer (workload/bound.py). Exit codes: 0 ok, 2 bad
+trace, settings or arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+import time
+from typing import Optional, TextIO
+
+from paged_kv_lab.record.budget import BudgetError, cli_limits
+from paged_kv_lab.record.scenario import ScenarioError, parse_engine_overrides
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser(
+        "replay", help="replay a production trace (Mooncake, Qwen-Bailian) through the engine"
+    )
+    p.add_argument("trace", help="the trace file (JSONL)")
+    p.add_argument(
+        "--format",
+        choices=("auto", "mooncake", "qwen-bailian"),
+        default="auto",
+        help="the trace's format (default: read from its first line)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        default=[],
+        help="an engine setting (repeatable; VALUE read as JSON), e.g. --set num_gpu_blocks=4000 "
+        "--set block_size=512; defaults: block_size 16, a pool of 2^20 token slots, "
+        "max_num_seqs 256, max_num_batched_tokens 8192, max_model_len from the trace",
+    )
+    p.add_argument(
+        "--arrival",
+        choices=("sequential", "timestamps"),
+        default="sequential",
+        help="sequential: each request starts when the previous one finished (default); "
+        "timestamps: the trace's clock, a step lasting --step-ms + --token-ms per token",
+    )
+    p.add_argument(
+        "--speedup", type=float, default=1.0, help="timestamps: compress the trace's clock"
+    )
+    p.add_argument("--step-ms", type=float, default=10.0, help="timestamps: ms per step")
+    p.add_argument(
+        "--token-ms", type=float, default=0.05, help="timestamps: ms per scheduled token"
+    )
+    p.add_argument(
+        "--requests", type=int, metavar="N", help="replay only the trace's first N requests"
+    )
+    p.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="PATH",
+        help="write the result as JSON (no PATH or -: stdout)",
+    )
+    p.add_argument(
+        "--series-points",
+        type=int,
+        default=1000,
+        help="--json: at most this many points of the time series (default 1000)",
+    )
+    p.add_argument(
+        "--sweep",
+        metavar="KEY=V1,V2,...",
+        help="replay once per value of one setting, in parallel processes",
+    )
+    p.add_argument(
+        "--csv", nargs="?", const="-", metavar="PATH", help="--sweep: write the table as CSV"
+    )
+    p.add_argument("--workers", type=int, help="--sweep: processes (default: one per point)")
+    p.add_argument(
+        "--unbounded",
+        action="store_true",
+        help="also compute the one-pass answer (sequential arrival): the hit rate an "
+        "unbounded pool reaches and the smallest pool that reaches it",
+    )
+    p.add_argument(
+        "--no-fast-forward",
+        action="store_true",
+        help="step every decode step (slower; the figures are the same)",
+    )
+    bar = p.add_mutually_exclusive_group()
+    bar.add_argument("--progress", action="store_true", help="show a progress bar (on stderr)")
+    bar.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+
+
+class ProgressBar:
+    """A one-line bar on a stream, redrawn at most every 0.2 s; cleared when done."""
+
+    def __init__(self, label: str, stream: TextIO = sys.stderr, width: int = 30) -> None:
+        self.label, self.stream, self.width = label, stream, width
+        self.t0 = time.perf_counter()
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.perf_counter()
+        if done < total and now - self.last < 0.2:
+            return
+        self.last = now
+        filled = self.width * done // max(total, 1)
+        self.stream.write(
+            f"\r{self.label} [{'#' * filled}{'.' * (self.width - filled)}] "
+            f"{done:,}/{total:,}  {now - self.t0:.0f} s"
+        )
+        if done >= total:
+            self.stream.write("\r" + " " * (self.width + len(self.label) + 40) + "\r")
+        self.stream.flush()
+
+
+def _progress(args, label: str) -> Optional[ProgressBar]:
+    if args.no_progress:
+        return None
+    if args.progress or sys.stderr.isatty():
+        return ProgressBar(label)
+    return None
+
+
+def _pct(x: Optional[float]) -> str:
+    return "—" if x is None else f"{x:.1%}"
+
+
+def result_table(result, unbounded=None) -> str:
+    s = result.settings["engine"]
+    rows = [
+        ("trace", f"{result.trace} ({result.format}, {result.requests:,} requests)"),
+        (
+            "settings",
+            f"block_size {s['block_size']}, num_gpu_blocks {s['num_gpu_blocks']:,}, "
+            f"max_num_seqs {s['max_num_seqs']}, max_num_batched_tokens "
+            f"{s['max_num_batched_tokens']:,}, arrival {result.settings['arrival']}",
+        ),
+        ("prompt tokens", f"{result.prompt_tokens:,}"),
+        ("hit tokens", f"{result.hit_tokens:,}  (hit rate {_pct(result.hit_rate)})"),
+        (
+            "preempted",
+            f"{result.preempted_requests:,} resumed requests, {result.preempted_queries:,} "
+            f"tokens queried, {result.preempted_hits:,} hit (counted apart, as vLLM)",
+        ),
+        ("evictions", f"{result.evictions:,} blocks"),
+        ("preemptions", f"{result.preemptions:,}"),
+        (
+            "infinite cache",
+            f"{result.upper_bound_hit_tokens:,} hit tokens  "
+            f"(hit rate {_pct(result.upper_bound_hit_rate)}; the upper bound)",
+        ),
+        (
+            "steps",
+            f"{result.steps:,} ({result.fast_forwarded_steps:,} fast-forwarded), "
+            f"{result.simulated_s:,.1f} s simulated",
+        ),
+        (
+            "wall time",
+            f"{result.wall_s:.2f} s ({result.requests / max(result.wall_s, 1e-9):,.0f} requests/s)",
+        ),
+    ]
+    if unbounded is not None:
+        rows.append(("unbounded pool", _unbounded_line(unbounded)))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows) + "\n"
+
+
+def _unbounded_line(ans) -> str:
+    if ans.hit_tokens is None:
+        return f"not computed: {ans.why}"
+    line = (
+        f"hit rate {_pct(ans.hit_rate)}, reached from num_gpu_blocks = "
+        f"{ans.smallest_num_gpu_blocks:,} ({'exact' if ans.exact else 'enough'}; one pass)"
+    )
+    return line + (f"; {ans.why}" if ans.why else "")
+
+
+CSV_FIELDS = (
+    "key",
+    "value",
+    "requests",
+    "prompt_tokens",
+    "hit_tokens",
+    "hit_rate",
+    "evictions",
+    "preemptions",
+    "preempted_requests",
+    "steps",
+    "simulated_s",
+    "wall_s",
+    "error",
+)
+
+
+def sweep_rows(points) -> list[dict]:
+    rows = []
+    for p in points:
+        r = p.result
+        row = {"key": p.key, "value": p.value, "error": p.error or ""}
+        if r is not None:
+            row.update(
+                requests=r.requests,
+                prompt_tokens=r.prompt_tokens,
+                hit_tokens=r.hit_tokens,
+                hit_rate=round(r.hit_rate, 6),
+                evictions=r.evictions,
+                preemptions=r.preemptions,
+                preempted_requests=r.preempted_requests,
+                steps=r.steps,
+                simulated_s=round(r.simulated_s, 3),
+                wall_s=round(r.wall_s, 3),
+            )
+        rows.append(row)
+    return rows
+
+
+def sweep_table(rows: list[dict]) -> str:
+    head = ("value", "hit rate", "hit tokens", "evictions", "preemptions", "steps", "wall s")
+    body = []
+    for row in rows:
+        if row["error"]:
+            body.append((str(row["value"]), f"error: {row['error']}", "", "", "", "", ""))
+            continue
+        body.append(
+            (
+                str(row["value"]),
+                _pct(row["hit_rate"]),
+                f"{row['hit_tokens']:,}",
+                f"{row['evictions']:,}",
+                f"{row['preemptions']:,}",
+                f"{row['steps']:,}",
+                f"{row['wall_s']:.1f}",
+            )
+        )
+    ok = [head] + [r for r in body if not r[1].startswith("error:")]
+    widths = [max(len(r[i]) for r in ok) for i in range(7)]
+    widths[0] = max(widths[0], *(len(r[0]) for r in body))
+    lines = ["  ".join(h.rjust(w) for h, w in zip(head, widths))]
+    for r in body:
+        if r[1].startswith("error:"):
+            lines.append(f"{r[0].rjust(widths[0])}  {r[1]}")
+        else:
+            lines.append("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+    return "\n".join(lines) + "\n"
+
+
+def _write(path: str, text: str) -> None:
+    if path == "-":
+        sys.stdout.write(text)
+    else:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from paged_kv_lab.workload.bound import unbounded_answer
+    from paged_kv_lab.workload.budget import check_trace
+    from paged_kv_lab.workload.replay import ReplayError, replay_settings
+    from paged_kv_lab.workload.sweep import parse_sweep
+    from paged_kv_lab.workload.trace import TraceError, load_trace
+
+    limits = cli_limits()
+    try:
+        trace = load_trace(args.trace, args.format, max_requests=None)
+        if args.requests is not None:
+            if args.requests < 1:
+                raise ScenarioError([f"--requests: must be >= 1; got {args.requests}"])
+            trace = trace.slice(0, args.requests)
+        overrides = parse_engine_overrides(args.set)
+        arrival = dict(
+            arrival=args.arrival,
+            speedup=args.speedup,
+            step_ms=args.step_ms,
+            token_ms=args.token_ms,
+            fast_forward=not args.no_fast_forward,
+        )
+        settings = replay_settings(trace, overrides, **arrival)
+        check_trace(trace, settings, limits)
+        sweep_key = sweep_values = None
+        if args.sweep:
+            sweep_key, sweep_values = parse_sweep(args.sweep)
+        elif args.csv:
+            raise ScenarioError(["--csv writes a --sweep's table: give --sweep KEY=V1,V2,..."])
+    except (TraceError, ScenarioError, BudgetError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    table_out = sys.stderr if args.json == "-" or args.csv == "-" else sys.stdout
+    try:
+        if sweep_key is not None:
+            return _cmd_sweep(
+                args,
+                trace,
+                overrides,
+                arrival,
+                settings,
+                sweep_key,
+                sweep_values,
+                table_out,
+                limits,
+            )
+        from paged_kv_lab.workload.replay import Replay
+
+        run = Replay(trace, settings)
+        run.advance(progress=_progress(args, "replay"))
+        result = run.result()
+        ans = unbounded_answer(trace, settings) if args.unbounded else None
+    except ReplayError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    table_out.write(result_table(result, ans))
+    if args.json:
+        d = result.to_dict(args.series_points)
+        if ans is not None:
+            d["unbounded"] = ans.to_dict()
+        _write(args.json, json.dumps(d) + "\n")
+    return 0
+
+
+def _cmd_sweep(args, trace, overrides, arrival, settings, key, values, out, limits) -> int:
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from paged_kv_lab.workload.bound import unbounded_answer, why_not_exact
+    from paged_kv_lab.workload.budget import check_trace
+    from paged_kv_lab.workload.replay import replay_settings
+    from paged_kv_lab.workload.sweep import REPLAY_KEYS, sweep
+
+    # Every point must pass the budget before any runs.
+    for v in values:
+        if key in REPLAY_KEYS:
+            continue
+        try:
+            check_trace(trace, replay_settings(trace, {**overrides, key: v}, **arrival), limits)
+        except BudgetError as e:
+            print(f"error: --sweep {key}={v}: {e}", file=sys.stderr)
+            return 2
+        except ScenarioError:
+            pass  # reported in the point's row
+    want_bound = key == "num_gpu_blocks" or args.unbounded
+    ans = None
+    extra = None
+    if want_bound and not why_not_exact(settings):
+        extra = ProcessPoolExecutor(1, mp_context=get_context("spawn"))
+        future = extra.submit(unbounded_answer, trace, settings)
+    try:
+        points = sweep(
+            trace,
+            overrides,
+            key,
+            values,
+            workers=args.workers,
+            progress=_progress(args, f"sweep {key}"),
+            **arrival,
+        )
+        if extra is not None:
+            ans = future.result()
+    finally:
+        if extra is not None:
+            extra.shutdown()
+    if want_bound and ans is None:
+        from paged_kv_lab.workload.bound import UnboundedAnswer
+
+        ans = UnboundedAnswer(None, trace.prompt_tokens, None, False, why_not_exact(settings))
+    rows = sweep_rows(points)
+    out.write(f"sweep {key} over {trace.name} ({len(trace):,} requests, arrival {args.arrival})\n")
+    out.write(sweep_table(rows))
+    if ans is not None:
+        out.write(f"unbounded pool: {_unbounded_line(ans)}\n")
+    if args.csv:
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=CSV_FIELDS + ("note",), lineterminator="\n")
+        w.writeheader()
+        for row in rows:
+            w.writerow(row)
+        if ans is not None and ans.hit_tokens is not None:
+            w.writerow(
+                {
+                    "key": "num_gpu_blocks",
+                    "value": ans.smallest_num_gpu_blocks,
+                    "requests": len(trace),
+                    "prompt_tokens": trace.prompt_tokens,
+                    "hit_tokens": ans.hit_tokens,
+                    "hit_rate": round(ans.hit_rate, 6),
+                    "note": "one pass: the smallest pool reaching the unbounded hit rate"
+                    + (" (exact)" if ans.exact else " (enough; " + ans.why + ")"),
+                }
+            )
+        _write(args.csv, buf.getvalue())
+    if args.json:
+        d = {
+            "key": key,
+            "points": [
+                {
+                    "value": p.value,
+                    "error": p.error,
+                    "result": None if p.result is None else p.result.to_dict(args.series_points),
+                }
+                for p in points
+            ],
+            "unbounded": None if ans is None else ans.to_dict(),
+        }
+        _write(args.json, json.dumps(d) + "\n")
+    return 0 if all(p.error is None for p in points) else 1

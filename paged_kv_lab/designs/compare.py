@@ -1,0 +1,177 @@
+"""One trace through three cache designs with the same KV memory: ``python -m kvcore compare``.
+
+The inputs are the same for every design: the trace's requests and their tokens
+(paged_kv_lab.workload.tokens), the arrival rule, the engine settings, and the KV memory in tokens,
+``num_gpu_blocks * block_size``. vLLM is the replay itself (workload.replay, our kvcore);
+nano-vllm gets ``num_gpu_blocks`` blocks of ``block_size``; SGLang gets a pool of that many token
+slots in pages of ``page_size`` (default ``block_size``).
+
+SGLang and nano-vllm run one request at a time (paged_kv_lab.designs.sim), which is the replay's
+``sequential`` rule; under ``timestamps`` their batch schedulers would decide who runs beside
+whom, and those schedulers are not modelled here, so ``compare`` asks for sequential arrival.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+from paged_kv_lab.designs.sim import DesignError, DesignRequest, NanoRun, SGLangRun
+from paged_kv_lab.workload.replay import ReplaySettings, replay
+from paged_kv_lab.workload.tokens import prompt_token_ids
+from paged_kv_lab.workload.trace import Trace
+
+DESIGNS = ("vllm", "sglang", "nano")
+NAMES = {"vllm": "vLLM 0.33.0", "sglang": "SGLang 0.5.23", "nano": "nano-vllm"}
+
+
+class CompareError(ValueError):
+    """Inputs compare cannot run (the message says which and why)."""
+
+
+def parse_designs(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for n in names if n not in DESIGNS]
+    if bad or not names:
+        raise CompareError(
+            f"--designs: unknown {', '.join(bad) or '(none given)'}; "
+            f"choose from {','.join(DESIGNS)}"
+        )
+    return tuple(dict.fromkeys(names))
+
+
+@dataclass(frozen=True)
+class DesignResult:
+    """A design's figures, named as the replay's (``per_request`` in trace order)."""
+
+    design: str
+    requests: int
+    prompt_tokens: int
+    queries: int
+    hit_tokens: int
+    evictions: int
+    evicted_tokens: int
+    preemptions: int
+    steps: int
+    wall_s: float
+    per_request: tuple
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queries if self.queries else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["hit_rate"] = self.hit_rate
+        d["name"] = NAMES[self.design]
+        d["per_request"] = [asdict(r) if not isinstance(r, dict) else r for r in self.per_request]
+        return d
+
+
+def trace_requests(trace: Trace) -> list[DesignRequest]:
+    return [
+        DesignRequest(r.request_id, tuple(prompt_token_ids(r, trace.block_size)), r.output_length)
+        for r in trace.requests
+    ]
+
+
+def _finish(design: str, run, trace: Trace, t0: float, evictions: int, evicted_tokens: int):
+    per = []
+    arrival = {r.request_id: r.arrival_ms for r in trace.requests}
+    for r in run.results:
+        d = asdict(r)
+        d["arrival_ms"] = arrival[r.request_id]
+        per.append(d)
+    prompt = sum(r.prompt_tokens for r in run.results)
+    return DesignResult(
+        design=design,
+        requests=len(run.results),
+        prompt_tokens=prompt,
+        queries=prompt,
+        hit_tokens=sum(r.hit_tokens for r in run.results),
+        evictions=evictions,
+        evicted_tokens=evicted_tokens,
+        preemptions=0,
+        steps=run.steps,
+        wall_s=time.perf_counter() - t0,
+        per_request=tuple(per),
+    )
+
+
+def run_design(
+    design: str, trace: Trace, settings: ReplaySettings, page_size: int | None = None
+) -> DesignResult | dict:
+    """One design's run; vLLM's is the replay's own result dict (``to_dict``)."""
+    engine = settings.engine
+    if design == "vllm":
+        return replay(trace, settings).to_dict(series_points=200)
+    if settings.arrival != "sequential":
+        raise CompareError(
+            f"{NAMES[design]} runs one request at a time here (its batch scheduler is not "
+            "modelled): use --arrival sequential"
+        )
+    t0 = time.perf_counter()
+    requests = trace_requests(trace)
+    if design == "sglang":
+        ps = page_size or engine.block_size
+        run = SGLangRun(size=engine.num_gpu_blocks * engine.block_size, page_size=ps)
+        for req in requests:
+            run.run(req)
+        return _finish(design, run, trace, t0, run.evicted_tokens // ps, run.evicted_tokens)
+    run = NanoRun(engine.num_gpu_blocks, engine.block_size)
+    for req in requests:
+        run.run(req)
+    return _finish(design, run, trace, t0, run.evictions, run.evictions * engine.block_size)
+
+
+def compare(
+    trace: Trace,
+    settings: ReplaySettings,
+    designs=DESIGNS,
+    page_size: int | None = None,
+) -> dict:
+    """``{"designs": {name: figures}, "kv_tokens": ..., "settings": ...}``; a design that cannot
+    run the trace (too little memory for one request) reports ``{"error": why}``."""
+    if page_size is not None and page_size < 1:
+        raise CompareError(f"--page-size must be at least 1, not {page_size}")
+    engine = settings.engine
+    out = {}
+    for design in designs:
+        try:
+            r = run_design(design, trace, settings, page_size)
+            out[design] = r if isinstance(r, dict) else r.to_dict()
+        except DesignError as e:
+            out[design] = {"error": str(e), "name": NAMES[design]}
+        if design == "vllm" and "error" not in out[design]:
+            out[design]["name"] = NAMES["vllm"]
+    return {
+        "trace": trace.name,
+        "requests": len(trace),
+        "kv_tokens": engine.num_gpu_blocks * engine.block_size,
+        "block_size": engine.block_size,
+        "page_size": page_size or engine.block_size,
+        "arrival": settings.arrival,
+        "settings": settings.to_dict(),
+        "designs": out,
+    }
+
+
+def sweep_compare(
+    trace: Trace,
+    make_settings,
+    values,
+    designs=DESIGNS,
+    page_size: int | None = None,
+) -> list[dict]:
+    """compare() once per ``num_gpu_blocks`` value: the points of each design's hit-rate curve."""
+    rows = []
+    for v in values:
+        res = compare(trace, make_settings(v), designs, page_size)
+        rows.append(
+            {
+                "num_gpu_blocks": v,
+                "kv_tokens": res["kv_tokens"],
+                **{d: (None if "error" in r else r["hit_rate"]) for d, r in res["designs"].items()},
+            }
+        )
+    return rows

@@ -1,0 +1,5 @@
+"""Topic lesson 'one hash, two blocks' (the layout and controls are shared: ui/view.py)."""
+
+from paged_kv_lab.app.entry import lesson_page
+
+lesson_page("onehash")

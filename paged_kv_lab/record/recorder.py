@@ -1,0 +1,337 @@
+"""The Recorder: kvcore's decisions, as they are made, turned into typed events (record.events).
+
+kvcore keeps vLLM's method signatures, so its calls do not say whom the pool is working for.
+Instead the pool has one ``observer`` (as vLLM's pool has its metrics collector), set once by
+:meth:`Recorder.attach`. The observer hears three kinds of call:
+
+- block-level hooks from ``BlockPool``: ``on_blocks_allocated``, ``on_block_evicted``,
+  ``on_blocks_touched``, ``on_blocks_freed``, ``on_blocks_cached``, ``on_prefix_cache_reset``;
+- ``on_decision(kind, request_id, **fields)`` from the scheduler, the KV cache manager and the
+  engine, for decisions about a request (``kind`` is an ``EventKind`` value);
+- the request and KV cache group a pool call is made for: ``attach`` wraps, on the manager
+  instances only, the entry points that name a request (``allocate_new_computed_blocks``,
+  ``allocate_new_blocks``, ``free``, ``remove_skipped_blocks``, and ``KVCacheManager.free``)
+  so that the block-level events name them. Nothing in kvcore changes for it, and with no
+  recorder attached nothing is wrapped.
+
+The recorder also keeps what the pool itself does not need: what each block hash stands for
+(``hash_meta``: parent hash, tokens, extra keys), for the hash chains the player draws and the
+invariant checks.
+"""
+
+from __future__ import annotations
+
+import functools
+from bisect import bisect_left
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any, Optional, Sequence
+
+from kvcore.core.kv_cache_utils import KVCacheBlock, get_block_hash, get_group_id
+from paged_kv_lab.record.events import (
+    EVENT_TYPES,
+    Allocated,
+    Cached,
+    Event,
+    EventKind,
+    Evicted,
+    Freed,
+    PrefixCacheReset,
+    Touched,
+)
+
+_BY_KIND: dict[str, type[Event]] = {k.value: cls for k, cls in EVENT_TYPES.items()}
+_ID = attrgetter("block_id")
+
+
+@dataclass
+class HashMeta:
+    """What a block hash stands for: parent hash, the block's tokens, extra keys."""
+
+    parent: Optional[bytes]
+    token_ids: tuple[int, ...]
+    extra_keys: Optional[tuple] = None
+
+
+class Recorder:
+    """Collects the events of the current step, in the order the decisions were made.
+
+    Invariant: ``events`` holds exactly the decisions since the last ``drain``, each naming its
+    request and group as the call it came from did (None outside any request's call).
+    """
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.hash_meta: dict[bytes, HashMeta] = {}
+        # Whom the pool works for right now: (request id, group, the reason a free gives).
+        self._context: tuple[Optional[str], Optional[int], str] = (None, None, "")
+        self._next_free_reason = ""
+        self._load_failed: set[str] = set()  # their failed load left no valid block
+        self._evicted: list[tuple[int, bytes]] = []  # evicted by the allocation in progress
+        self.block_pool = None
+        # Where a revived block stood in the free queue, without walking it (on_blocks_touched):
+        # each block entering the queue gets a key, increasing towards the tail; keys between the
+        # head's and the tail's that are no longer in the queue were taken out of the middle.
+        self._qkey: dict[int, int] = {}
+        self._hi = -1  # the largest key given so far
+        self._holes: list[int] = []
+
+    # -- attaching ---------------------------------------------------------------------
+    def attach(self, kv_cache_manager) -> "Recorder":
+        """Observe a KVCacheManager (its pool, its managers) and the scheduler over it."""
+        self.attach_block_pool(kv_cache_manager.block_pool)
+        self._wrap(kv_cache_manager, "free", self._kvm_free)
+        for m in kv_cache_manager.coordinator.single_type_managers:
+            for name in ("allocate_new_computed_blocks", "allocate_new_blocks", "free"):
+                self._wrap(m, name, functools.partial(self._for_request, m.kv_cache_group_id, None))
+            self._wrap(
+                m,
+                "remove_skipped_blocks",
+                functools.partial(self._for_request, m.kv_cache_group_id, "window"),
+            )
+        return self
+
+    def attach_connector(self, manager) -> "Recorder":
+        """Observe a KV connector's scheduler half (the CPU tier's manager): the GPU blocks it
+        pins and releases around its copies are reported as its own (no request, reason
+        "offload"); its decisions reach ``on_decision`` through the pool's observer."""
+        for name in (
+            "build_connector_meta",
+            "update_connector_output",
+            "update_state_after_alloc",
+            "request_finished_all_groups",
+        ):
+            self._wrap(manager, name, self._for_connector)
+        return self
+
+    def _for_connector(self, inner, *args, **kwargs):
+        saved = self._context
+        self._context = (None, 0, "offload")
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            self._context = saved
+
+    def attach_block_pool(self, pool) -> "Recorder":
+        """Observe a lone BlockPool (its events then name no request)."""
+        pool.observer = self
+        self.block_pool = pool
+        free = pool.free_block_queue.get_all_free_blocks()
+        self._qkey = {b.block_id: k for k, b in enumerate(free)}
+        self._hi, self._holes = len(free) - 1, []
+        return self
+
+    @staticmethod
+    def _wrap(obj, name: str, around) -> None:
+        inner = getattr(obj, name)
+        setattr(obj, name, functools.wraps(inner)(functools.partial(around, inner)))
+
+    def _for_request(self, group: int, reason: Optional[str], inner, request_id, *args, **kwargs):
+        saved = self._context
+        free_reason = reason if reason is not None else (saved[2] if saved[0] == request_id else "")
+        self._context = (request_id, group, free_reason)
+        try:
+            return inner(request_id, *args, **kwargs)
+        finally:
+            self._context = saved
+
+    def _kvm_free(self, inner, request, *args, **kwargs):
+        # The scheduler says why just before it frees: preempted, finished or aborted.
+        saved = self._context
+        why = self._next_free_reason
+        if not why and request.request_id in self._load_failed:
+            why = "load failed"
+        self._load_failed.discard(request.request_id)
+        self._context = (request.request_id, None, why or "finished")
+        self._next_free_reason = ""
+        try:
+            return inner(request, *args, **kwargs)
+        finally:
+            self._context = saved
+
+    # -- decisions about a request --------------------------------------------------------
+    def on_decision(self, kind: str, request_id: Optional[str], **fields: Any) -> None:
+        if kind == EventKind.PREEMPTED:
+            self._next_free_reason = "preempted"
+        elif kind == EventKind.FINISHED:
+            self._next_free_reason = (
+                "aborted" if fields.get("reason") in ("aborted", "error") else "finished"
+            )
+        elif kind == EventKind.KV_LOAD_FAILED and fields.get("asynchronous"):
+            # with no valid block left, its blocks go back when the load is reported done
+            if not fields.get("num_computed_tokens"):
+                self._load_failed.add(request_id)
+        self.events.append(_BY_KIND[kind](request_id=request_id, **fields))
+
+    # -- block-level hooks (BlockPool) -----------------------------------------------------
+    def on_block_evicted(self, block: KVCacheBlock) -> None:
+        key = block.block_hash
+        if block.ref_cnt == 0 and block.prev_free_block is None:
+            # Popped from the queue head by get_new_blocks: reported with that allocation.
+            self._evicted.append((block.block_id, key))
+            return
+        self.events.append(
+            Evicted(
+                block_ids=(block.block_id,),
+                group=get_group_id(key),
+                block_hash=get_block_hash(key).hex(),
+                reason="evict_blocks",
+            )
+        )
+
+    def on_blocks_allocated(self, blocks: Sequence[KVCacheBlock]) -> None:
+        request_id, group, _ = self._context
+        evicted, self._evicted = self._evicted, []
+        hexes = {bid: get_block_hash(key).hex() for bid, key in evicted}
+        for bid, key in evicted:
+            self.events.append(
+                Evicted(
+                    request_id=request_id,
+                    block_ids=(bid,),
+                    group=get_group_id(key),
+                    block_hash=hexes[bid],
+                    reason="reused from queue head",
+                )
+            )
+        self.events.append(
+            Allocated(
+                request_id=request_id,
+                block_ids=tuple(map(_ID, blocks)),
+                group=group,
+                queue_positions=tuple(range(len(blocks))),
+                evicted_hashes=hexes,
+            )
+        )
+
+    def on_blocks_touched(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Called before the blocks leave the queue, so their positions can still be read.
+
+        A block's position is how many free blocks stand before it: every key from the head's up
+        to its own belongs to a block in the queue, except the keys of blocks taken out of the
+        middle (``_holes``, sorted). So no walk along the queue: a lookup and a bisect per block.
+        """
+        request_id, group, _ = self._context
+        from_queue = [b.block_id for b in blocks if b.ref_cnt == 0 and not b.is_null]
+        positions: tuple[int, ...] = ()
+        if from_queue:
+            qkey, holes = self._qkey, self._holes
+            head = self.block_pool.free_block_queue.fake_free_list_head.next_free_block
+            lo = qkey[head.block_id]
+            if holes and holes[0] < lo:
+                del holes[: bisect_left(holes, lo)]  # left behind by the head: forget them
+            keys = list(map(qkey.__getitem__, from_queue))
+            first, last = min(keys), max(keys)
+            run = last - first == len(keys) - 1  # distinct keys: a run of consecutive ones
+            at = bisect_left(holes, first)
+            if run and at == bisect_left(holes, last):
+                # The usual case (a request's blocks were freed together): no hole among them, so
+                # the same number of holes stands before each, and they go in as one run.
+                positions = tuple(map((lo + at).__rsub__, keys))
+                holes[at:at] = range(first, last + 1)
+            else:
+                positions = tuple(k - lo - bisect_left(holes, k) for k in keys)
+                holes.extend(keys)
+                holes.sort()
+        from_queue = tuple(from_queue)
+        self.events.append(
+            Touched(
+                request_id=request_id,
+                group=group,
+                from_queue=from_queue,
+                queue_positions=positions,
+                block_ids=from_queue if len(from_queue) == len(blocks) else tuple(map(_ID, blocks)),
+            )
+        )
+
+    def on_blocks_freed(
+        self,
+        blocks: Sequence[KVCacheBlock],
+        to_head: Sequence[KVCacheBlock],
+        to_tail: Sequence[KVCacheBlock],
+    ) -> None:
+        request_id, group, reason = self._context
+        head_ids = tuple(map(_ID, to_head)) if to_head else ()
+        tail_ids = tuple(map(_ID, to_tail)) if to_tail else ()
+        if head_ids or tail_ids:
+            self._key_new_queue_entries(head_ids, tail_ids)
+        # the common case: every block joined the queue
+        if len(head_ids) + len(tail_ids) == len(blocks):
+            ids = (
+                head_ids if not tail_ids else tail_ids if not head_ids else tuple(map(_ID, blocks))
+            )
+            still_used: tuple[int, ...] = ()
+        else:
+            ids = tuple(b.block_id for b in blocks if not b.is_null)
+            still_used = tuple(b.block_id for b in blocks if b.ref_cnt > 0 and not b.is_null)
+        self.events.append(
+            Freed(
+                request_id=request_id,
+                block_ids=ids,
+                group=group,
+                to_head=head_ids,
+                to_tail=tail_ids,
+                still_used=still_used,
+                reason=reason,
+            )
+        )
+
+    def _key_new_queue_entries(self, head_ids: tuple[int, ...], tail_ids: tuple[int, ...]) -> None:
+        """Keys for blocks that just joined the queue: the head's go just below the old head's key,
+        the tail's above every key given so far (so the keys of blocks taken from the middle stay
+        holes between them)."""
+        qkey, holes = self._qkey, self._holes
+        queue = self.block_pool.free_block_queue
+        if queue.num_free_blocks == len(head_ids) + len(tail_ids):  # it was empty: start afresh
+            holes.clear()
+            base = self._hi + 1
+            qkey.update(zip(head_ids + tail_ids, range(base, base + len(head_ids) + len(tail_ids))))
+            self._hi = base + len(head_ids) + len(tail_ids) - 1
+            return
+        if head_ids:
+            # the old head now stands right after the blocks put before it
+            old_head = qkey[self.block_pool.blocks[head_ids[-1]].next_free_block.block_id]
+            del holes[: bisect_left(holes, old_head)]  # below the old head: stale
+            qkey.update(zip(head_ids, range(old_head - len(head_ids), old_head)))
+        if tail_ids:
+            qkey.update(zip(tail_ids, range(self._hi + 1, self._hi + 1 + len(tail_ids))))
+            self._hi += len(tail_ids)
+
+    def on_blocks_cached(self, request, blocks: Sequence[KVCacheBlock], block_size: int) -> None:
+        hashes = request.block_hashes
+        raws = []
+        for blk in blocks:
+            raw = get_block_hash(blk.block_hash)
+            raws.append(raw)
+            if raw not in self.hash_meta:
+                i = blk.block_hash_num_tokens // block_size - 1
+                self.hash_meta[raw] = HashMeta(
+                    hashes[i - 1] if i else None,
+                    tuple(request.all_token_ids[i * block_size : (i + 1) * block_size]),
+                    request.extra_keys_for_block(i),
+                )
+        self.events.append(
+            Cached(
+                request_id=request.request_id,
+                block_ids=tuple(b.block_id for b in blocks),
+                group=get_group_id(blocks[0].block_hash),
+                block_hashes=tuple(r.hex() for r in raws),
+                num_tokens=len(blocks) * block_size,
+            )
+        )
+
+    def on_prefix_cache_reset(self, ok: bool, blocks_in_use: int) -> None:
+        if ok:
+            # hash_meta stays: what a hash stands for never changes, and a hash seen again later
+            # (the same tokens cached anew) finds its record.
+            self.events.append(PrefixCacheReset(ok=True))
+        else:
+            self.events.append(PrefixCacheReset(ok=False, blocks_in_use=blocks_in_use))
+
+    # -- reading -------------------------------------------------------------------------
+    def emit(self, event: Event) -> None:
+        """Record an event made outside kvcore (the engine driver's own decisions)."""
+        self.events.append(event)
+
+    def drain(self) -> list[Event]:
+        out, self.events = self.events, []
+        return out

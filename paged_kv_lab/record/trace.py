@@ -1,0 +1,340 @@
+"""Trace files (JSONL): the CLI's output and the trace viewer's input."""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from pydantic import TypeAdapter, ValidationError
+from typing_extensions import TypedDict  # pydantic reads typing's TypedDict only from Python 3.12
+
+from paged_kv_lab.record.snapshot import Snapshot, StepRecord
+
+# -- trace files (JSONL) ----------------------------------------------------------------
+# What ``python -m kvcore run SCENARIO --trace OUT.jsonl`` writes, one JSON object a line:
+#   header   {"scenario": <scenario file>, "snapshot": <Snapshot before step 1>}
+#            (first line; traces written before the header existed lack it)
+#   steps    StepRecord.to_dict() for steps 1, 2, 3... in order
+# outputs  {"outputs": {request id: {"token_ids": [...], "text": str, "finish_reason": str | None}}}
+#            (last line; a file cut short lacks it), with ``"parents": {parent id: [child ids]}``
+# when some request had n > 1 (its children, in index order: kvcore/engine/parallel_sampling.py)
+# The three *_line functions are the only writers of the format; read_trace the only reader.
+
+
+def header_line(scenario: dict[str, Any], initial: Snapshot) -> str:
+    return json.dumps({"scenario": scenario, "snapshot": initial.to_dict()})
+
+
+def step_line(rec: StepRecord) -> str:
+    return json.dumps(rec.to_dict())
+
+
+def outputs_line(
+    outputs: dict[str, dict[str, Any]], parents: dict[str, list[str]] | None = None
+) -> str:
+    return json.dumps({"outputs": outputs, **({"parents": parents} if parents else {})})
+
+
+@dataclass(frozen=True)
+class Trace:
+    """A trace file, read back.
+
+    ``scenario`` (the scenario file, already validated) and ``initial`` (the state before step 1)
+    come from the header: both present or both None. ``records[i].step == i + 1`` and each
+    record's snapshot is of its own step. There is a header or at least one record.
+    """
+
+    scenario: dict[str, Any] | None
+    initial: Snapshot | None
+    records: tuple[StepRecord, ...]
+    outputs: dict[str, dict[str, Any]] | None
+    parents: dict[str, list[str]] | None = None  # n > 1: parent id -> child ids (index order)
+
+    def to_jsonl(self) -> str:
+        lines = [header_line(self.scenario, self.initial)] if self.initial is not None else []
+        lines += [step_line(r) for r in self.records]
+        if self.outputs is not None:
+            lines.append(outputs_line(self.outputs, self.parents))
+        return "\n".join(lines) + "\n"
+
+
+class TraceError(ValueError):
+    """A file that is not a readable trace; ``problems`` name their line ("line 3: not JSON:
+    ...")."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("not a readable trace:\n" + "\n".join(f"  - {p}" for p in self.problems))
+
+
+MAX_PROBLEMS = 12
+_STEP_KEYS = ("step", "scheduled", "events", "snapshot")
+
+
+def read_trace(text: str | bytes) -> Trace:
+    """Parse a trace file; raise TraceError listing every problem found (at most MAX_PROBLEMS).
+
+    Blank lines are skipped. Nothing is half-read: either a complete Trace or TraceError.
+    """
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise TraceError([f"not UTF-8 text: {e}"]) from None
+    lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+    if not lines:
+        raise TraceError(["empty file"])
+    _refuse_scenario_file(text)
+    problems: list[str] = []
+    scenario = initial = outputs = parents = None
+    records: list[StepRecord] = []
+    outputs_at = None
+    for i, (n, line) in enumerate(lines):
+        if len(problems) > MAX_PROBLEMS:
+            break
+        where = f"line {n}"
+        try:
+            d = json.loads(line)
+        except json.JSONDecodeError as e:
+            problems.append(f"{where}: not JSON: {e.msg} (column {e.colno})")
+            continue
+        if not isinstance(d, dict):
+            problems.append(f"{where}: not a JSON object")
+            continue
+        if outputs_at is not None:
+            problems.append(f"{where}: nothing may follow the outputs line ({outputs_at})")
+            continue
+        if "step" in d:
+            missing = [k for k in _STEP_KEYS if k not in d]
+            if missing:
+                problems.append(f"{where}: step record missing {', '.join(map(repr, missing))}")
+                continue
+            rec = _validated(
+                _step_adapter(), _upgraded_step_line(line, d), f"{where}: step record", problems
+            )
+            if rec is None:
+                continue
+            expected = records[-1].step + 1 if records else 1
+            if rec.step != expected:
+                after = f"after step {records[-1].step}" if records else "first"
+                problems.append(f"{where}: step {rec.step} {after}: steps must be 1, 2, 3...")
+            elif rec.snapshot.step != rec.step:
+                problems.append(
+                    f"{where}: step {rec.step} holds a snapshot of step {rec.snapshot.step}"
+                )
+            else:
+                problems += [f"{where}: {p}" for p in _snapshot_problems(rec.snapshot)]
+            records.append(rec)
+        elif "outputs" in d and set(d) <= {"outputs", "parents"}:
+            outputs_at = where
+            outputs = _validated(
+                _outputs_adapter(),
+                json.dumps(d["outputs"]),
+                f'{where}: outputs must map request ids to {{"token_ids": [int...], '
+                f'"text": str, "finish_reason": str or null}}',
+                problems,
+            )
+            if "parents" in d:
+                parents = _validated(
+                    _parents_adapter(),
+                    json.dumps(d["parents"]),
+                    f"{where}: parents must map parent ids to lists of child ids",
+                    problems,
+                )
+                unknown = sorted(
+                    {c for kids in (parents or {}).values() for c in kids} - set(outputs or {})
+                )
+                if outputs is not None and unknown:
+                    problems.append(
+                        f"{where}: parents name children with no output: {', '.join(unknown[:5])}"
+                    )
+        elif "scenario" in d or "snapshot" in d:
+            if i != 0:
+                problems.append(f"{where}: a header (scenario + snapshot) must be the first line")
+                continue
+            missing = [k for k in ("scenario", "snapshot") if k not in d]
+            if missing:
+                problems.append(f"{where}: header missing {', '.join(map(repr, missing))}")
+                continue
+            scenario = _header_scenario(d["scenario"], f"{where}: header scenario", problems)
+            initial = _validated(
+                _snapshot_adapter(),
+                json.dumps(d["snapshot"]),
+                f"{where}: header snapshot",
+                problems,
+            )
+            if initial is not None:
+                if initial.step != 0:
+                    problems.append(
+                        f"{where}: header snapshot is of step {initial.step}; it must be 0"
+                    )
+                problems += [f"{where}: {p}" for p in _snapshot_problems(initial)]
+        else:
+            problems.append(
+                f"{where}: not a trace line (expected a header, a step record or the outputs; "
+                f"got keys {', '.join(sorted(map(str, d)))[:80]})"
+            )
+    if not problems and initial is None and not records:
+        problems.append("no header and no step records: nothing to show")
+    if problems:
+        if len(problems) > MAX_PROBLEMS:
+            problems = problems[:MAX_PROBLEMS] + ["… (more problems not shown)"]
+        raise TraceError(problems)
+    return Trace(scenario, initial, tuple(records), outputs, parents)
+
+
+def _refuse_scenario_file(text: str) -> None:
+    """A scenario file uploaded by mistake gets its own message, not a line-by-line complaint."""
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        return
+    if isinstance(whole, dict) and not {"step", "snapshot", "outputs"} & set(whole):
+        raise TraceError(
+            [
+                "this looks like a scenario file, not a trace: make a trace with "
+                "`python -m kvcore run SCENARIO.json --trace OUT.jsonl` (or open the scenario "
+                "in the Playground)"
+            ]
+        )
+
+
+def _header_scenario(d: Any, what: str, problems: list[str]) -> dict[str, Any] | None:
+    from paged_kv_lab.record.scenario import ScenarioError, load_scenario, scenario_to_dict
+
+    if not isinstance(d, dict):
+        problems.append(f"{what}: not a JSON object")
+        return None
+    try:
+        return scenario_to_dict(load_scenario(d))
+    except ScenarioError as e:
+        problems.extend(f"{what}: {p}" for p in e.problems)
+        return None
+
+
+# -- the schema: pydantic over the records' own frozen dataclasses ----------------------------
+class _Output(TypedDict):
+    token_ids: list[int]
+    text: str
+    finish_reason: Optional[str]
+
+
+@functools.cache
+def _step_adapter() -> TypeAdapter:
+    return TypeAdapter(StepRecord)
+
+
+@functools.cache
+def _snapshot_adapter() -> TypeAdapter:
+    return TypeAdapter(Snapshot)
+
+
+@functools.cache
+def _outputs_adapter() -> TypeAdapter:
+    return TypeAdapter(dict[str, _Output])
+
+
+@functools.cache
+def _parents_adapter() -> TypeAdapter:
+    return TypeAdapter(dict[str, list[str]])
+
+
+MAX_PROBLEMS_PER_PART = 4
+
+
+def _validated(adapter: TypeAdapter, text: str, what: str, problems: list[str]):
+    """The value ``text`` (JSON) holds, checked strictly against the adapter's type (no
+    coercion: "3" is not an int); or None, with each problem and its path added to ``problems``."""
+    try:
+        return adapter.validate_json(text, strict=True)
+    except ValidationError as err:
+        data = json.loads(text)
+        by_place: dict[tuple, list[str]] = {}  # a union's members fail at the same place: one line
+        for e in err.errors(include_url=False):
+            where, what_wrong = _describe(e, data)
+            key = (where, what_wrong) if e["type"] == "missing" else (where,)
+            by_place.setdefault(key, []).append(what_wrong)
+        said = [f"{key[0]}: {' or '.join(dict.fromkeys(msgs))}" for key, msgs in by_place.items()]
+        problems.extend(f"{what}: {p}" for p in said[:MAX_PROBLEMS_PER_PART])
+        if len(said) > MAX_PROBLEMS_PER_PART:
+            problems.append(f"{what}: … and {len(said) - MAX_PROBLEMS_PER_PART} more")
+        return None
+
+
+def _describe(e: dict, data: Any) -> tuple[str, str]:
+    """("snapshot.blocks[2].ref_cnt", 'Input should be a valid integer, got "x"') from one pydantic
+    error."""
+    parts: list[str] = []
+    cur = data
+    for part in e["loc"]:
+        if isinstance(cur, dict) and part not in cur and cur.get("kind") == part:
+            continue  # the tag pydantic adds for a tagged union member
+        if isinstance(part, str) and not isinstance(cur, dict):
+            continue  # a member of a plain union ("int", "float"): same place
+        parts.append(f"[{part}]" if isinstance(part, int) else f".{part}")
+        try:
+            cur = cur[part]
+        except (KeyError, IndexError, TypeError):
+            cur = None
+    if e["type"] == "missing" and parts:
+        return "".join(parts[:-1]).lstrip(".") or "value", f"missing key {parts[-1].lstrip('.')!r}"
+    return "".join(parts).lstrip(".") or "value", f"{e['msg']}, got {_short(e['input'])}"
+
+
+def _upgraded_step_line(line: str, d: dict[str, Any]) -> str:
+    """The step line, its events rewritten in today's shape if it was written before events
+    were typed ({"kind", "request_id", "block_ids", "group", "data": {...}})."""
+    evs = d.get("events")
+    if not isinstance(evs, list) or not any(isinstance(e, dict) and "data" in e for e in evs):
+        return line
+    return json.dumps({**d, "events": [_upgrade_event(e) for e in evs]})
+
+
+# Fields renamed when events became typed: kind -> {old data key: new field}.
+_RENAMED = {
+    "scheduled": {"kind": "phase"},
+    "evicted": {"hash": "block_hash"},
+    "cached": {"hashes": "block_hashes"},
+}
+
+
+def _upgrade_event(e: Any) -> Any:
+    if not isinstance(e, dict) or not isinstance(e.get("data"), dict):
+        return e
+    data = dict(e["data"])
+    kind = e.get("kind")
+    for old, new in _RENAMED.get(kind, {}).items():
+        if old in data:
+            data[new] = data.pop(old)
+    if kind == "preempted" and isinstance(data.get("reason"), str):
+        data["needed_by"] = data.pop("reason").removesuffix(" needed blocks")
+    base = {k: v for k, v in e.items() if k != "data"}
+    return {**data, **base}
+
+
+def _short(v: Any) -> str:
+    s = json.dumps(v) if isinstance(v, (dict, list, str, int, float, bool, type(None))) else repr(v)
+    return s if len(s) <= 40 else s[:39] + "…"
+
+
+def _snapshot_problems(s: Snapshot) -> list[str]:
+    """What the pictures rely on beyond types: block ids 0..n-1 and every id referring to one."""
+    n = s.num_gpu_blocks
+    out = []
+    if s.block_size < 1 or n < 1:
+        out.append(
+            f"snapshot: block_size and num_gpu_blocks must be >= 1 (got {s.block_size}, {n})"
+        )
+    if [b.block_id for b in s.blocks] != list(range(n)):
+        out.append(f"snapshot: blocks must be blocks 0..{n - 1} in order")
+    refs = (
+        list(s.free_queue)
+        + [b for ids in s.hash_map.values() for b in ids]
+        + [b for r in s.requests for t in r.block_tables for b in t]
+    )
+    bad = sorted({b for b in refs if not 0 <= b < n})
+    if bad:
+        out.append(f"snapshot: block ids {bad[:5]} outside the pool of {n} blocks")
+    return out

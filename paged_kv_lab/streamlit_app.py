@@ -1,0 +1,8 @@
+"""Paged KV Lab: step a real LLM through vLLM v1's paged KV-cache management, live.
+
+Run: python -m streamlit run paged_kv_lab/streamlit_app.py   (the entry itself: app/entry.py)
+"""
+
+from paged_kv_lab.app.entry import main
+
+main()

@@ -1,0 +1,109 @@
+"""What if: one trace replayed at several values of one setting, the points in parallel processes.
+
+Each point is an independent replay (same trace, the base settings with one value changed),
+so points run in separate processes (spawned: safe beside threads, e.g. under Streamlit) and
+come back in the order asked. A point whose settings are refused or whose replay cannot run
+comes back with its error instead of a result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from multiprocessing import get_context
+from typing import Any, Callable, Optional
+
+from paged_kv_lab.record.scenario import EngineSettings, ScenarioError
+from paged_kv_lab.workload.replay import ReplayError, ReplayResult, replay, replay_settings
+from paged_kv_lab.workload.trace import Trace
+
+# Besides any engine setting, these replay settings can be swept.
+REPLAY_KEYS = ("speedup", "step_ms", "token_ms")
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One value of the swept setting: its replay's figures, or why it did not run."""
+
+    key: str
+    value: Any
+    result: Optional[ReplayResult]
+    error: Optional[str] = None
+
+
+def parse_sweep(spec: str) -> tuple[str, list[Any]]:
+    """``KEY=V1,V2,...`` as (key, values); each value read as JSON (else text). ScenarioError
+    names what was wrong."""
+    key, sep, raw = spec.partition("=")
+    key = key.strip()
+    known = {f for f in EngineSettings.__dataclass_fields__} | set(REPLAY_KEYS)
+    if not sep or not key or not raw.strip():
+        raise ScenarioError(
+            [f"--sweep {spec!r}: write KEY=V1,V2,..., e.g. num_gpu_blocks=1000,2000"]
+        )
+    if key not in known:
+        raise ScenarioError(
+            [f"--sweep {spec!r}: unknown setting {key!r} (known: {', '.join(sorted(known))})"]
+        )
+    values = []
+    for part in raw.split(","):
+        part = part.strip()
+        if not part:
+            raise ScenarioError([f"--sweep {spec!r}: an empty value"])
+        try:
+            values.append(json.loads(part))
+        except json.JSONDecodeError:
+            values.append(part)
+    if len(values) != len({json.dumps(v) for v in values}):
+        raise ScenarioError([f"--sweep {spec!r}: a value is given twice"])
+    return key, values
+
+
+def _point(trace: Trace, overrides: dict, replay_args: dict, key: str, value: Any) -> SweepPoint:
+    try:
+        args = dict(replay_args)
+        if key in REPLAY_KEYS:
+            args[key] = value
+            settings = replay_settings(trace, overrides, **args)
+        else:
+            settings = replay_settings(trace, {**overrides, key: value}, **args)
+        return SweepPoint(key, value, replay(trace, settings))
+    except (ScenarioError, ReplayError, ValueError) as e:
+        return SweepPoint(key, value, None, str(e).replace("\n", " "))
+
+
+def sweep(
+    trace: Trace,
+    overrides: dict,
+    key: str,
+    values: list[Any],
+    workers: Optional[int] = None,
+    progress: Optional[Callable[[int, int], None]] = None,
+    **replay_args: Any,
+) -> list[SweepPoint]:
+    """Replay ``trace`` once per value of ``key`` (an engine setting or one of ``REPLAY_KEYS``),
+    on top of ``overrides``; ``replay_args`` are ``replay_settings``'s arrival arguments.
+    ``workers``: processes (default: one per point, at most the CPUs); 1 runs here, in order."""
+    if workers is None:
+        workers = min(len(values), os.cpu_count() or 1)
+    workers = max(1, min(workers, len(values)))
+    if workers == 1:
+        out = []
+        for i, v in enumerate(values):
+            out.append(_point(trace, overrides, replay_args, key, v))
+            if progress is not None:
+                progress(i + 1, len(values))
+        return out
+    points: list[Optional[SweepPoint]] = [None] * len(values)
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        futures = {
+            pool.submit(_point, trace, overrides, replay_args, key, v): i
+            for i, v in enumerate(values)
+        }
+        for n, fut in enumerate(as_completed(futures), 1):
+            points[futures[fut]] = fut.result()
+            if progress is not None:
+                progress(n, len(values))
+    return points  # type: ignore[return-value]

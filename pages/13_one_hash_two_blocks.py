@@ -1,5 +1,0 @@
-"""Topic lesson 'one hash, two blocks' (the layout and controls are shared: ui/view.py)."""
-
-from ui.entry import lesson_page
-
-lesson_page("onehash")

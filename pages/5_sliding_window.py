@@ -1,5 +1,0 @@
-"""Lesson page 'sliding' (the layout and controls are shared: ui/view.py)."""
-
-from ui.entry import lesson_page
-
-lesson_page("sliding")
