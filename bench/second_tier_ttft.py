@@ -1,6 +1,7 @@
-"""Time to first token by tier on lesson 10's scenario (examples/second_tier.json): each request's
-prompt split into GPU hit, CPU hit and computed tokens, and its TTFT (the wall time of the steps
-from the one it arrived in to the one that sampled its first token), over several runs.
+"""Time to first token by tier on lesson 10's scenario (paged_kv_lab/examples/second_tier.json):
+each request's prompt split into GPU hit, CPU hit and computed tokens, and its TTFT (the wall time
+of the steps from the one it arrived in to the one that sampled its first token), over several
+runs.
 
     .venv/bin/python bench/second_tier_ttft.py --runs 5                 # SmolLM2 on the CPU
     .venv/bin/python bench/second_tier_ttft.py --model tiny-random --runs 3
@@ -28,12 +29,12 @@ def main() -> int:
     import torch
 
     from kvcore.model import load_model
-    from paged_kv_lab.lesson.l10_second_tier import tier_rows
+    from paged_kv_lab.lesson.tiers import tier_rows
     from paged_kv_lab.record.engine import Engine
     from paged_kv_lab.record.scenario import load_scenario
 
     model = load_model(args.model, args.device)
-    scenario = load_scenario(os.path.join(REPO, "examples", "second_tier.json"))
+    scenario = load_scenario(os.path.join(REPO, "paged_kv_lab", "examples", "second_tier.json"))
     by_request: dict[str, list] = {}
     for _ in range(args.runs):
         for row in tier_rows(Engine(scenario, model=model).run()):

@@ -20,7 +20,7 @@ from paged_kv_lab.record.scenario import load_scenario
 from paged_kv_lab.text.sentences import step_sentences
 
 ROOT = Path(__file__).resolve().parent.parent
-EVICTION = ROOT / "examples" / "eviction.json"
+EVICTION = ROOT / "paged_kv_lab" / "examples" / "eviction.json"
 
 
 @pytest.fixture(scope="module")

@@ -171,29 +171,23 @@ def test_the_players_markdown_is_nodes_never_html(browser):  # noqa: F811
 
 
 def lesson_texts() -> dict[str, str]:
-    """Every text the player draws as Markdown: each lesson's intro, moments and outro (every
-    Lesson in the lessons package, in both languages) and the player's captions."""
-    import importlib
-    import pkgutil
+    """Every text the player draws as Markdown: each lesson's and casebook case's intro, moments
+    and outro (lesson/lessons/*.yaml, lesson/cases/*.yaml, in both languages) and the player's
+    captions."""
+    from paged_kv_lab.lesson import BY_ID
+    from paged_kv_lab.lesson.casebook import CASES
+    from paged_kv_lab.text.i18n import player_strings, tr
 
-    import paged_kv_lab.lesson as lessons
-    from paged_kv_lab.lesson.catalog import Lesson
-    from paged_kv_lab.text.i18n import player_strings
-
-    found = {}
-    for mod in pkgutil.iter_modules(lessons.__path__):
-        m = importlib.import_module(f"lessons.{mod.name}")
-        for value in vars(m).values():
-            for lesson in value if isinstance(value, (tuple, list)) else (value,):
-                if isinstance(lesson, Lesson):
-                    found[lesson.id] = lesson
+    played = list(BY_ID.values())
+    played += [lesson for c in CASES for lesson in (c.lesson, c.fixed_lesson()) if lesson]
     out = {}
-    for lesson in found.values():
+    for lesson in played:
         texts = [("intro", lesson.intro), ("outro", lesson.outro)]
         texts += [(f"moment {i}", m.text) for i, m in enumerate(lesson.moments)]
-        for name, text in texts:
-            for lang, t in (text or {}).items():
-                out[f"{lesson.id} {name} {lang}"] = t
+        for name, key in texts:
+            for lang in ("en", "zh"):
+                if key is not None:
+                    out[f"{lesson.id} {name} {lang}"] = tr(key, lang)
     for lang in ("en", "zh"):
         for name, t in player_strings(lang).items():
             if name.endswith("caption"):

@@ -1,16 +1,19 @@
-"""The casebook (lessons/casebook.py): every case's claim really happens in the engine, before and
-after its fix, on the tiny model (SmolLM2's tokenizer, so the same token ids and block decisions)
-and on SmolLM2 (slow); and the page renders every case and its switch changes the hit rate shown.
+"""The casebook (lesson/casebook.py, the cases in lesson/cases/*.yaml): every case's claim
+(tests/_casebook_claims.py) really happens in the engine, before and after its fix, on the tiny
+model (SmolLM2's tokenizer, so the same token ids and block decisions) and on SmolLM2 (slow); and
+the page renders every case and its switch changes the hit rate shown.
 """
 
 import re
 
 import pytest
+from _casebook_claims import CLAIMS
 
 from paged_kv_lab.app.panels import narration
-from paged_kv_lab.lesson.casebook import CASES, CLAIMS, issue_url, numbers
+from paged_kv_lab.lesson.casebook import CASES, issue_url, numbers
 from paged_kv_lab.lesson.catalog import moment_steps
 from paged_kv_lab.runs.timeline import lesson_run
+from paged_kv_lab.text.i18n import catalogue
 
 RUN_WAIT = 300.0
 
@@ -88,5 +91,6 @@ def test_cases_are_complete_data():
         assert case.fix is not None and case.fixed_lesson().id == case.lesson.id + "-fixed"
         texts = [case.title, case.asked, case.answer, case.fix.label, case.fix.explain]
         texts += [case.lesson.intro] + [m.text for m in case.lesson.moments + case.fix.moments]
-        for t in texts:
-            assert set(t) == {"en", "zh"} and all(t[k].strip() for k in t), (case.id, t)
+        for key in texts:  # catalogue keys, each written in both languages
+            entry = catalogue()[key]
+            assert all(entry.get(lang, "").strip() for lang in ("en", "zh")), (case.id, key)

@@ -5,7 +5,7 @@ import pytest
 
 from _app_helpers import app, player_data, tiny_model_env  # noqa: F401  (fixtures)
 from paged_kv_lab.lesson.casebook import CASES
-from paged_kv_lab.text.i18n import pick, tr
+from paged_kv_lab.text.i18n import tr
 
 PAGE = "pages/12_casebook.py"
 
@@ -26,13 +26,13 @@ def shown(at) -> dict[str, str]:
 def test_every_case_renders_and_its_switch_changes_the_hit_rate():
     at = app(PAGE)
     assert list(at.radio(key="casebook:case").options) == [
-        f"{c.icon} {pick(c.title, 'en')}" for c in CASES
+        f"{c.icon} {tr(c.title, 'en')}" for c in CASES
     ]
     for case in CASES:
         at.radio(key="casebook:case").set_value(case.id).run()
         assert not at.exception, [e.value for e in at.exception]
         text = "\n".join(m.value for m in at.markdown)
-        assert pick(case.asked, "en") in text and pick(case.answer, "en") in text
+        assert tr(case.asked, "en") in text and tr(case.answer, "en") in text
         assert f"({case.url})" in text, "the thread is linked"
         assert player_data(at, case.lesson.id)["run"], "the player is mounted for the case's run"
         assert [c.type for c in at.get("plotly_chart")] == ["plotly_chart"]
@@ -43,7 +43,7 @@ def test_every_case_renders_and_its_switch_changes_the_hit_rate():
         assert player_data(at, case.lesson.id + "-fixed")["run"], "the switch plays the fixed run"
         after = shown(at)[label]
         assert before != after, (case.id, before, after)
-        assert pick(case.fix.explain, "en") in "\n".join(c.value for c in at.caption)
+        assert tr(case.fix.explain, "en") in "\n".join(c.value for c in at.caption)
         at.toggle(key=f"casebook:fix:{case.id}").set_value(False).run()
         assert shown(at)[label] == before
 
@@ -56,4 +56,4 @@ def test_the_page_speaks_chinese():
     assert not at.exception, [e.value for e in at.exception]
     assert at.title[0].value.endswith(tr("casebook.title", "zh"))
     text = "\n".join(m.value for m in at.markdown)
-    assert pick(CASES[0].answer, "zh") in text
+    assert tr(CASES[0].answer, "zh") in text

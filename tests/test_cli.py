@@ -16,7 +16,7 @@ from paged_kv_lab.record.trace import read_trace
 from paged_kv_lab.text.sentences import sentence
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = sorted((ROOT / "examples").glob("*.json"))
+EXAMPLES = sorted((ROOT / "paged_kv_lab" / "examples").glob("*.json"))
 
 
 def run_cli(*args, timeout=600):
@@ -76,7 +76,7 @@ def test_until_stops_at_first_event(tmp_path):
     out = tmp_path / "until.jsonl"
     r = run_cli(
         "run",
-        ROOT / "examples" / "preemption.json",
+        ROOT / "paged_kv_lab" / "examples" / "preemption.json",
         "--model",
         "tiny-random",
         "--device",
@@ -145,12 +145,17 @@ def test_prompt_larger_than_pool_exits_2(tmp_path):
 def test_missing_file_and_bad_until(tmp_path):
     r = run_cli("run", tmp_path / "nope.json")
     assert r.returncode == 2 and "cannot read" in r.stderr
-    r = run_cli("run", ROOT / "examples" / "eviction.json", "--until", "explosion")
+    r = run_cli("run", ROOT / "paged_kv_lab" / "examples" / "eviction.json", "--until", "explosion")
     assert r.returncode == 2 and "--until must be one of" in r.stderr
 
 
 def test_unknown_device_is_a_clear_error(tmp_path):
     r = run_cli(
-        "run", ROOT / "examples" / "eviction.json", "--model", "tiny-random", "--device", "quantum"
+        "run",
+        ROOT / "paged_kv_lab" / "examples" / "eviction.json",
+        "--model",
+        "tiny-random",
+        "--device",
+        "quantum",
     )
     assert r.returncode == 2 and "invalid choice" in r.stderr

@@ -20,7 +20,7 @@ def test_run_prints_the_conversion_message_once(monkeypatch, capsys):
         return real("tiny-random", "cpu", "float32")
 
     monkeypatch.setattr(kvmodel, "load_model", fresh_machine)
-    scenario = ROOT / "examples" / "shared_prefix.json"
+    scenario = ROOT / "paged_kv_lab" / "examples" / "shared_prefix.json"
     rc = main(["run", str(scenario), "--model", "tiny-random", "--device", "cpu"])
     out, err = capsys.readouterr()
     assert rc == 0, err

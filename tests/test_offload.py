@@ -319,7 +319,7 @@ def test_the_command_line_sets_the_cpu_tier_and_refuses_a_bad_one(tmp_path, caps
 
     root = Path(__file__).resolve().parent.parent
     out = tmp_path / "trace.jsonl"
-    base = [sys.executable, "-m", "kvcore", "run", "examples/eviction.json"]
+    base = [sys.executable, "-m", "kvcore", "run", "paged_kv_lab/examples/eviction.json"]
     base += ["--model", "tiny-random", "--device", "cpu"]
     r = subprocess.run(
         [*base, "--cpu-offload-blocks", "16", "--lazy-offload", "--trace", str(out), "--check"],
@@ -339,7 +339,12 @@ def test_the_command_line_sets_the_cpu_tier_and_refuses_a_bad_one(tmp_path, caps
     assert "stored GPU→CPU" in r.stdout
     from paged_kv_lab.cli.main import main
 
-    assert main(["run", str(root / "examples/eviction.json"), "--cpu-offload-blocks", "1"]) == 2
+    assert (
+        main(
+            ["run", str(root / "paged_kv_lab/examples/eviction.json"), "--cpu-offload-blocks", "1"]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "engine.cpu_offload.num_cpu_blocks" in err and "Traceback" not in err
 
@@ -348,7 +353,7 @@ def test_the_command_line_sets_the_cpu_tier_and_refuses_a_bad_one(tmp_path, caps
 def test_the_lesson_splits_the_hits_by_tier_and_draws_the_cpu_pool(tiny_model):
     from kvcore.model import smollm2_available
     from paged_kv_lab.lesson import BY_ID
-    from paged_kv_lab.lesson.l10_second_tier import tier_rows
+    from paged_kv_lab.lesson.tiers import tier_rows
     from paged_kv_lab.player import run_payload
     from paged_kv_lab.player.payload import WIRE
     from paged_kv_lab.runs.timeline import lesson_run

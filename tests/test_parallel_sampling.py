@@ -191,7 +191,7 @@ def test_cli_trace_groups_children_in_the_trace_viewer(tmp_path):
             "-m",
             "kvcore",
             "run",
-            str(root / "examples" / "parallel_sampling.json"),
+            str(root / "paged_kv_lab" / "examples" / "parallel_sampling.json"),
             "--model",
             "tiny-random",
             "--device",

@@ -180,7 +180,9 @@ def test_cli_writes_the_same_player(tmp_path, tiny_model):
     from paged_kv_lab.cli.main import main
 
     out = tmp_path / "run.html"
-    scenario = Path(__file__).resolve().parents[1] / "examples" / "shared_prefix.json"
+    scenario = (
+        Path(__file__).resolve().parents[1] / "paged_kv_lab" / "examples" / "shared_prefix.json"
+    )
     assert (
         main(
             [

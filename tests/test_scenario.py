@@ -14,7 +14,9 @@ from paged_kv_lab.record.scenario import (
     scenario_to_dict,
 )
 
-EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.json"))
+EXAMPLES = sorted(
+    (Path(__file__).resolve().parent.parent / "paged_kv_lab" / "examples").glob("*.json")
+)
 
 
 def problems(source):

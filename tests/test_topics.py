@@ -220,14 +220,13 @@ def test_vllms_own_manager_makes_the_same_twins(tiny_model):
     venv = os.environ.get("VLLM_VENV")
     if not venv or not Path(venv, "bin", "python").exists():
         pytest.skip("VLLM_VENV is not set (bash scripts/vllm_env.sh builds one)")
-    from paged_kv_lab.lesson.t_one_hash import LONG_PREFILL
-
     lesson = BY_ID["onehash"]
+    chunk = lesson.scenario["engine"]["long_prefill_token_threshold"]
     run = lesson_run(lesson, tiny_model)
     run.run_to_end(timeout=300)
     prompt = list(run.records[0].snapshot.request("A").prompt_token_ids)
     bs = run.records[0].snapshot.block_size
-    arg = {"prompt": prompt, "block_size": bs, "chunk": LONG_PREFILL}
+    arg = {"prompt": prompt, "block_size": bs, "chunk": chunk}
     script = Path(__file__).with_name("_vllm_twins.py")
     out = subprocess.run(
         [str(Path(venv, "bin", "python")), "-I", str(script), json.dumps(arg)],
@@ -249,4 +248,4 @@ def test_vllms_own_manager_makes_the_same_twins(tiny_model):
     ]
     assert theirs["hits"]["B"] == [hit_b.num_tokens, list(hit_b.block_ids)]
     assert theirs["twins"] == ours and ours
-    assert len(prompt) > 3 * LONG_PREFILL, "the prompt spans several chunks"
+    assert len(prompt) > 3 * chunk, "the prompt spans several chunks"

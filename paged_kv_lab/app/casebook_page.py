@@ -19,7 +19,7 @@ from paged_kv_lab.app.state import LessonState, get_state, init_globals_from_url
 from paged_kv_lab.app.why_panel import why_panel
 from paged_kv_lab.lesson.casebook import CASES, CASES_BY_ID, Case, issue_url, numbers
 from paged_kv_lab.lesson.catalog import Lesson
-from paged_kv_lab.text.i18n import pick, tr
+from paged_kv_lab.text.i18n import tr
 
 PAGE_FILE = "pages/12_casebook.py"
 CASE_KEY = "casebook:case"
@@ -50,16 +50,16 @@ def _refs(refs) -> str:
 
 
 def show_case_text(case: Case, lang: str) -> None:
-    st.subheader(f"{case.icon} {case.number}. {pick(case.title, lang)}")
+    st.subheader(f"{case.icon} {case.number}. {tr(case.title, lang)}")
     links = tr("casebook.thread", lang, ref=f"[{case.issue}]({case.url})")
     if case.related:
         links += " · " + tr("casebook.related", lang, refs=_refs(case.related))
-    st.markdown(f"**{tr('casebook.asked', lang)}** {pick(case.asked, lang)}\n\n{links}")
+    st.markdown(f"**{tr('casebook.asked', lang)}** {tr(case.asked, lang)}\n\n{links}")
 
 
 def show_answer(case: Case, lang: str) -> None:
     with st.container(border=True):
-        st.markdown(f"**{tr('casebook.answer', lang)}** {pick(case.answer, lang)}")
+        st.markdown(f"**{tr('casebook.answer', lang)}** {tr(case.answer, lang)}")
 
 
 def case_stage(lesson: Lesson, state: LessonState, ms, lang: str) -> None:
@@ -163,7 +163,7 @@ def render_casebook() -> None:
         tr("casebook.pick", lang),
         ids,
         key=CASE_KEY,
-        format_func=lambda i: f"{CASES_BY_ID[i].icon} {pick(CASES_BY_ID[i].title, lang)}",
+        format_func=lambda i: f"{CASES_BY_ID[i].icon} {tr(CASES_BY_ID[i].title, lang)}",
     )
     case = CASES_BY_ID[case_id]
     show_case_text(case, lang)
@@ -176,12 +176,12 @@ def render_casebook() -> None:
     fixed = False
     if case.fix is not None:
         fixed = st.toggle(
-            pick(case.fix.label, lang),
+            tr(case.fix.label, lang),
             key=FIX_KEY.format(id=case.id),
-            help=pick(case.fix.explain, lang),
+            help=tr(case.fix.explain, lang),
         )
         if fixed:
-            st.caption(pick(case.fix.explain, lang))
+            st.caption(tr(case.fix.explain, lang))
     lesson = fixed_lesson if fixed and fixed_lesson is not None else case.lesson
     state = get_state(lesson, ms)
     if state.error:

@@ -10,7 +10,7 @@ from typing import Any
 import streamlit as st
 
 from paged_kv_lab.app.panels import md_escape
-from paged_kv_lab.lesson.l10_second_tier import TierRow, tier_rows
+from paged_kv_lab.lesson.tiers import TierRow, tier_rows
 from paged_kv_lab.text.i18n import tr
 
 COLUMNS = ("request", "case", "prompt", "gpu", "cpu", "computed", "steps", "ms")

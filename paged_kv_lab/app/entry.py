@@ -101,7 +101,7 @@ def main() -> None:
         pages = [
             st.Page(
                 PAGE_FILES[lesson.id],
-                title=f"{lesson.number}. {lesson.title[lang]}",
+                title=f"{lesson.number}. {tr(lesson.title, lang)}",
                 icon=lesson.icon,
                 url_path=url_path(lesson.id),
             )

@@ -6,7 +6,7 @@ import streamlit as st
 
 from paged_kv_lab.app.lesson_page import current_lang, render_lesson
 from paged_kv_lab.lesson import LESSONS, PAGE_FILES
-from paged_kv_lab.text.i18n import pick, tr
+from paged_kv_lab.text.i18n import tr
 
 # A backslash that ends a line joins it to the next (Python drops both): the text stays as
 # written, one source line per line of the page's markdown.
@@ -74,7 +74,7 @@ def render_home() -> None:
         with cols[i % 2].container(border=True):
             st.page_link(
                 PAGE_FILES[lesson.id],
-                label=f"{lesson.number}. {pick(lesson.title, lang)}",
+                label=f"{lesson.number}. {tr(lesson.title, lang)}",
                 icon=lesson.icon,
             )
-            st.caption(pick(lesson.summary, lang))
+            st.caption(tr(lesson.summary, lang))

@@ -17,7 +17,7 @@ from paged_kv_lab.app.state import get_state, init_globals_from_url, pref, write
 from paged_kv_lab.app.why_panel import why_panel
 from paged_kv_lab.app.widgets import scenario_file, toggles
 from paged_kv_lab.lesson import BY_ID
-from paged_kv_lab.text.i18n import pick, tr
+from paged_kv_lab.text.i18n import tr
 
 
 def current_lang() -> str:
@@ -52,15 +52,15 @@ def render_lesson(lesson_id: str, compact: bool = False) -> None:
     ms = current_model()
     if not compact:
         st.title(
-            f"{lesson.icon} {lesson.number}. {pick(lesson.title, lang)}"
+            f"{lesson.icon} {lesson.number}. {tr(lesson.title, lang)}"
             if lesson.number
-            else pick(lesson.title, lang)
+            else tr(lesson.title, lang)
         )
-        st.caption(pick(lesson.summary, lang))
+        st.caption(tr(lesson.summary, lang))
     if ms.model is None:
         st.error(tr("model_failed", lang, model=ms.name, device=ms.device, error=ms.error))
         st.info(tr("model_hint", lang))
-        st.markdown(pick(lesson.intro, lang).replace("{", "(").replace("}", ")"))
+        st.markdown(tr(lesson.intro, lang).replace("{", "(").replace("}", ")"))
         P.show_questions(lesson, lang)
         return
     state = get_state(lesson, ms)
@@ -141,7 +141,7 @@ def download_run(state, lesson, ms, lang: str) -> None:
         return export_html(
             state.run,
             lang,
-            f"Paged KV Lab · {pick(lesson.title, lang)}",
+            f"Paged KV Lab · {tr(lesson.title, lang)}",
             focus=lesson.focus,
             **lesson_player(state, lesson, ms, lang),
         )

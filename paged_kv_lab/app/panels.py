@@ -22,7 +22,7 @@ from paged_kv_lab.lesson.catalog import Lesson, moment_matches, narration_fields
 from paged_kv_lab.lesson.myths import myth_sections_at
 from paged_kv_lab.record.snapshot import Snapshot
 from paged_kv_lab.runs.timeline import Timeline
-from paged_kv_lab.text.i18n import pick, tr
+from paged_kv_lab.text.i18n import tr
 
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|>~<$])")
 
@@ -86,17 +86,17 @@ def _moment_texts(lesson: Lesson, moments, rec, base: dict, lang: str) -> list[s
     texts = []
     for m in moments:
         e = next(e for e in rec.events if moment_matches(m, e, rec))
-        texts.append(pick(m.text, lang).format_map(_Safe({**base, **narration_fields(e)})))
+        texts.append(tr(m.text, lang).format_map(_Safe({**base, **narration_fields(e)})))
     return texts
 
 
 def intro_text(lesson: Lesson, run: Timeline, lang: str) -> str:
-    return pick(lesson.intro, lang).format_map(_Safe(fmt_fields(run.initial, run)))
+    return tr(lesson.intro, lang).format_map(_Safe(fmt_fields(run.initial, run)))
 
 
 def outro_text(lesson: Lesson, run: Timeline, lang: str) -> str:
     return (
-        pick(lesson.outro, lang).format_map(_Safe(fmt_fields(run.initial, run)))
+        tr(lesson.outro, lang).format_map(_Safe(fmt_fields(run.initial, run)))
         if lesson.outro
         else ""
     )
@@ -133,13 +133,13 @@ def narration(lesson: Lesson, run: Timeline, lang: str) -> list[str]:
     base = fmt_fields(snap, run)
     texts = []
     if rec is None:
-        texts.append(pick(lesson.intro, lang).format_map(_Safe(base)))
+        texts.append(tr(lesson.intro, lang).format_map(_Safe(base)))
         return texts
     texts += _moment_texts(
         lesson, narration_for_step(lesson, run.shown_records(), rec.step), rec, base, lang
     )
     if run.finished and lesson.outro:
-        texts.append("🏁 " + pick(lesson.outro, lang).format_map(_Safe(base)))
+        texts.append("🏁 " + tr(lesson.outro, lang).format_map(_Safe(base)))
     return texts
 
 
@@ -244,12 +244,12 @@ def show_questions(lesson: Lesson, lang: str) -> None:
         return
     with box:
         for i, q in enumerate(lesson.questions):
-            opts = [pick(o, lang) for o in q.options]
-            choice = st.radio(pick(q.prompt, lang), opts, index=None, key=f"cq:{lesson.id}:{i}")
+            opts = [tr(o, lang) for o in q.options]
+            choice = st.radio(tr(q.prompt, lang), opts, index=None, key=f"cq:{lesson.id}:{i}")
             if choice is not None:
                 if opts.index(choice) == q.answer:
-                    st.success(tr("quiz_right", lang) + " " + pick(q.explain, lang))
+                    st.success(tr("quiz_right", lang) + " " + tr(q.explain, lang))
                 else:
                     st.error(
-                        tr("quiz_wrong", lang, answer=opts[q.answer]) + " " + pick(q.explain, lang)
+                        tr("quiz_wrong", lang, answer=opts[q.answer]) + " " + tr(q.explain, lang)
                     )

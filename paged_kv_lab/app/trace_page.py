@@ -35,7 +35,7 @@ PAGE_FILE = "pages/8_trace_viewer.py"
 KEY = "trace"  # widget keys end in ":trace", as a lesson's end in ":<lesson id>"
 STATE_KEY = "trace_viewer"  # the TraceState in st.session_state
 FOCUS = ("evicted", "preempted", "cache_hit")
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "eviction.json"
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "eviction.json"
 
 
 @dataclass

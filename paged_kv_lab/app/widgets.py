@@ -13,7 +13,7 @@ from paged_kv_lab.app.state import LessonState, parse_scenario_text, rebuild
 from paged_kv_lab.lesson.catalog import Lesson
 from paged_kv_lab.record.budget import BudgetError, app_limits, check_size
 from paged_kv_lab.record.scenario import scenario_to_dict
-from paged_kv_lab.text.i18n import pick, tr
+from paged_kv_lab.text.i18n import tr
 
 
 def on_toggle(
@@ -43,11 +43,11 @@ def toggles(state: LessonState, lesson: Lesson, ms: ModelState, lang: str) -> No
             default = "uniform"
         st.session_state[key] = state.overrides.get(t.setting, default)
         labels = {
-            o: pick(t.option_labels[i], lang) if i < len(t.option_labels) else str(o)
+            o: tr(t.option_labels[i], lang) if i < len(t.option_labels) else str(o)
             for i, o in enumerate(t.options)
         }
         col.segmented_control(
-            pick(t.label, lang),
+            tr(t.label, lang),
             t.options,
             key=key,
             format_func=lambda o, L=labels: L[o],

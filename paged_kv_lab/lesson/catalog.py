@@ -1,27 +1,81 @@
-"""Lessons as data: a scenario in the engine's format, narration and questions.
+"""Lessons as data: one YAML file per lesson (``lesson/lessons/<id>.yaml``), validated on load.
 
-Narration is tied to what really happens, not to step numbers: a ``Moment``
-names an event kind (and optionally a request and a predicate on the event) and
-its text is shown at the first step where such an event occurs. Tests check
-that every moment of every lesson does occur.
+A lesson is a scenario (a file under ``paged_kv_lab/examples/``, with named changes), narration
+and questions. Narration is tied to what really happens, not to step numbers: a ``Moment`` names
+an event kind (and optionally a request and a predicate on the event) and its text is shown at the
+first step where such an event occurs. Tests check that every key moment of every lesson occurs.
+
+Every sentence lives in the catalogue (``text/catalogue/lessons/<id>.json``) under a key the
+lesson's data implies (``lesson.<id>.intro``, ``lesson.<id>.moment.<n>``, ...; see ``_keys``);
+the YAML holds no prose. A required key that is missing, a key the lesson never uses, a wrong
+field or a wrong type is refused when the file is loaded, naming the file and the field.
+docs/lessons.md ("Adding a lesson") describes both formats.
 """
 
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal, Mapping, Optional, Sequence, Union
 
-from paged_kv_lab.record.events import Allocated, Cached, CacheHit, Event, Freed, Scheduled, Touched
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
+from typing_extensions import Annotated
+
+from paged_kv_lab.record.events import (
+    EVENT_KINDS,
+    Allocated,
+    Cached,
+    CacheHit,
+    Event,
+    Freed,
+    Scheduled,
+    Touched,
+)
+from paged_kv_lab.record.scenario import LAYER_TYPES, EngineSettings, ScenarioError, load_scenario
 from paged_kv_lab.record.snapshot import StepRecord
 
-Text = dict  # {"en": ..., "zh": ...}
+HERE = Path(__file__).resolve().parent
+LESSON_DIR = HERE / "lessons"
+EXAMPLES_DIR = HERE.parent / "examples"
+# the panels a lesson page can add under the player (app/lesson_page.py)
+PANELS = ("memory", "budget", "held", "myths", "cpu_tier", "designs")
+# engine settings a switch may set besides EngineSettings' fields (old names load_scenario reads)
+LEGACY_SETTINGS = ("sliding_retention",)
+# Switches that are no engine setting: the name a switch stores (in the URL, in overrides) ->
+# the field of its options that says what choosing the option changes in the scenario.
+OPTION_EFFECTS = {
+    "layers": "layer_pattern",
+    "spec_method": "spec_method",
+    "failed_load": "fail_load",
+}
 
 
+class LessonDataError(ValueError):
+    """A lesson or case file that cannot be loaded; each problem names the file and the field."""
+
+    def __init__(self, path: Path | str, problems: Sequence[str]) -> None:
+        self.path, self.problems = Path(path), list(problems)
+        super().__init__("\n".join(f"{path}: {p}" for p in self.problems))
+
+
+# -- what the app plays: frozen, texts as catalogue keys ----------------------------------
 @dataclass(frozen=True)
 class Moment:
     kind: str  # event kind
-    text: Text
+    text: str  # catalogue key
     request: str | None = None  # only events of this request
     where: str | None = None  # name of a predicate in PREDICATES
     key: bool = True  # the lesson claims to show this (tests assert it happens)
@@ -29,75 +83,423 @@ class Moment:
 
 @dataclass(frozen=True)
 class Question:
-    prompt: Text
-    options: tuple[Text, ...]
+    prompt: str  # catalogue keys
+    options: tuple[str, ...]
     answer: int
-    explain: Text
+    explain: str
+
+
+@dataclass(frozen=True)
+class FailLoad:
+    """The first load of ``request`` from the CPU tier fails, handled by ``policy``
+    (vLLM's ``kv_load_failure_policy``)."""
+
+    request: str
+    policy: str
+
+
+@dataclass(frozen=True)
+class Option:
+    """One choice of a switch: the value it stores and, for a switch that is no engine setting
+    (OPTION_EFFECTS), what choosing it changes in the scenario."""
+
+    value: Any
+    label: str | None = None  # catalogue key; None: the value is its own label
+    layer_pattern: tuple[str, ...] | None = None  # repeated over the model's layers
+    spec_method: str | None = None  # the drafter of engine.speculative
+    fail_load: FailLoad | None = None
+
+    def apply(self, eng: dict, num_layers: int | None) -> None:
+        """Change the engine dict ``eng`` as this option says (a no-op where the scenario has
+        nothing to change: no CPU tier, no speculative decoding, no sliding window)."""
+        if self.fail_load is not None and isinstance(eng.get("cpu_offload"), dict):
+            eng["cpu_offload"] = {
+                **eng["cpu_offload"],
+                "fail_loads": [self.fail_load.request],
+                "kv_load_failure_policy": self.fail_load.policy,
+            }
+        if self.spec_method and isinstance(eng.get("speculative"), dict):
+            eng["speculative"] = {**eng["speculative"], "method": self.spec_method}
+        if self.layer_pattern and num_layers and eng.get("sliding_window"):
+            pattern = self.layer_pattern
+            eng["layer_types"] = [pattern[i % len(pattern)] for i in range(num_layers)]
 
 
 @dataclass(frozen=True)
 class Toggle:
-    """An engine setting the lesson page offers as a switch."""
+    """A setting the lesson page offers as a switch: an engine setting, or one of
+    OPTION_EFFECTS whose options say what they change."""
 
     setting: str
-    label: Text
-    options: tuple[Any, ...]
-    option_labels: tuple[Text, ...] = ()
-    help: Text = field(default_factory=dict)
+    label: str  # catalogue key
+    choices: tuple[Option, ...]
+
+    @property
+    def options(self) -> tuple[Any, ...]:
+        return tuple(o.value for o in self.choices)
+
+    @property
+    def option_labels(self) -> tuple[str, ...]:
+        """The options' label keys; empty when the values are their own labels."""
+        return tuple(o.label for o in self.choices if o.label is not None)
+
+    def choice(self, value: Any) -> Optional[Option]:
+        return next(
+            (o for o in self.choices if o.value == value and type(o.value) is type(value)), None
+        )
 
 
 @dataclass(frozen=True)
 class Lesson:
+    """A lesson as the app plays it. Invariant: every text is a catalogue key that exists."""
+
     id: str
     number: int
     icon: str
-    title: Text
-    summary: Text
+    title: str
+    summary: str | None
     scenario: dict
-    intro: Text
+    intro: str
     moments: tuple[Moment, ...] = ()
-    outro: Text = field(default_factory=dict)
+    outro: str | None = None
     questions: tuple[Question, ...] = ()
     toggles: tuple[Toggle, ...] = ()
     focus: tuple[str, ...] = ("cache_hit",)  # event kinds offered first in "run until"
-    panels: tuple[str, ...] = ()  # extra panels: memory, budget, held, myths
-    # the "hybrid" layer mix, repeated over the model's layers
-    layer_pattern: tuple[str, ...] | None = None
+    panels: tuple[str, ...] = ()  # extra panels (PANELS)
 
     def scenario_dict(self, num_layers: int | None = None, overrides: dict | None = None) -> dict:
         """The scenario in the engine's format, with settings overridden.
 
-        The pseudo-setting ``layers`` ("uniform" / "hybrid") expands ``layer_pattern``
-        over the loaded model's layer count into ``engine.layer_types``.
-        """
+        ``overrides`` maps switch names to values: an engine setting is set as given; a switch
+        of OPTION_EFFECTS applies the effect of this lesson's option with that value (``layers``
+        repeats the option's layer pattern over ``num_layers``), and changes nothing where the
+        lesson offers no such switch or option."""
         d = copy.deepcopy(self.scenario)
         eng = d.setdefault("engine", {})
-        overrides = dict(overrides or {})
-        layers = overrides.pop("layers", None)
-        # pseudo-setting: which drafter a speculative lesson uses ("ngram" / "draft_model")
-        spec_method = overrides.pop("spec_method", None)
-        # pseudo-setting: "<request id>:<kv_load_failure_policy>" makes that request's first
-        # load from the CPU tier fail ("none": every load succeeds)
-        failed_load = overrides.pop("failed_load", None)
-        eng.update(overrides)
-        if (
-            isinstance(failed_load, str)
-            and ":" in failed_load
-            and isinstance(eng.get("cpu_offload"), dict)
-        ):
-            rid, policy = failed_load.rsplit(":", 1)
-            eng["cpu_offload"] = {
-                **eng["cpu_offload"],
-                "fail_loads": [rid],
-                "kv_load_failure_policy": policy,
-            }
-        if spec_method and isinstance(eng.get("speculative"), dict):
-            eng["speculative"] = {**eng["speculative"], "method": spec_method}
-        if layers == "hybrid" and self.layer_pattern and num_layers and eng.get("sliding_window"):
-            eng["layer_types"] = [
-                self.layer_pattern[i % len(self.layer_pattern)] for i in range(num_layers)
-            ]
+        values = dict(overrides or {})
+        chosen = [
+            t.choice(values[t.setting])
+            for t in self.toggles
+            if t.setting in OPTION_EFFECTS and t.setting in values
+        ]
+        for name in OPTION_EFFECTS:
+            values.pop(name, None)
+        eng.update(values)
+        for option in chosen:
+            if option is not None:
+                option.apply(eng, num_layers)
         return d
+
+
+# -- the file format: pydantic, extra fields refused ---------------------------------------
+class DataFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _one_of(values: Sequence[str], what: str) -> Callable[[Any], Any]:
+    def check(v: Any) -> Any:
+        if v not in values:
+            raise ValueError(f"unknown {what} {v!r}; one of: {', '.join(values)}")
+        return str(v)
+
+    return check
+
+
+Kind = Annotated[StrictStr, BeforeValidator(_one_of([k.value for k in EVENT_KINDS], "event kind"))]
+Scalar = Union[StrictBool, StrictInt, StrictStr, None]
+
+
+class MomentData(DataFile):
+    kind: Kind
+    request: Optional[StrictStr] = None
+    where: Optional[StrictStr] = None
+    key: StrictBool = True
+
+    @model_validator(mode="after")
+    def _known_predicate(self) -> "MomentData":
+        if self.where is not None and self.where not in PREDICATES:
+            raise ValueError(
+                f"where: unknown predicate {self.where!r}; one of: {', '.join(PREDICATES)}"
+            )
+        return self
+
+
+class QuestionData(DataFile):
+    options: Annotated[StrictInt, Field(ge=2)]  # how many options (texts: question.<n>.option.<m>)
+    answer: Annotated[StrictInt, Field(ge=0)]  # the right option's index, from 0
+
+    @model_validator(mode="after")
+    def _answer_is_an_option(self) -> "QuestionData":
+        if self.answer >= self.options:
+            raise ValueError(f"answer: {self.answer} is not one of the {self.options} options")
+        return self
+
+
+class FailLoadData(DataFile):
+    request: StrictStr
+    policy: Literal["recompute", "fail"]
+
+
+class OptionData(DataFile):
+    value: Scalar
+    layer_pattern: Optional[Annotated[list[Literal[LAYER_TYPES]], Field(min_length=1)]] = None
+    spec_method: Optional[Literal["ngram", "draft_model"]] = None
+    fail_load: Optional[FailLoadData] = None
+
+
+def _option(v: Any) -> Any:
+    return v if isinstance(v, dict) else {"value": v}
+
+
+class ToggleData(DataFile):
+    setting: StrictStr
+    options: Annotated[list[Annotated[OptionData, BeforeValidator(_option)]], Field(min_length=2)]
+
+    @model_validator(mode="after")
+    def _setting_and_effects(self) -> "ToggleData":
+        known = tuple(EngineSettings.__dataclass_fields__) + LEGACY_SETTINGS
+        if self.setting not in known and self.setting not in OPTION_EFFECTS:
+            raise ValueError(
+                f"setting: {self.setting!r} is neither an engine setting nor one of "
+                + ", ".join(OPTION_EFFECTS)
+            )
+        effect = OPTION_EFFECTS.get(self.setting)
+        for i, o in enumerate(self.options):
+            for name in OPTION_EFFECTS.values():
+                if name != effect and getattr(o, name) is not None:
+                    raise ValueError(f"options[{i}].{name}: not an effect of {self.setting!r}")
+        values = [o.value for o in self.options]
+        if len({json.dumps(v) for v in values}) != len(values):
+            raise ValueError(f"options: values repeat ({values})")
+        return self
+
+
+class ScenarioChanges(DataFile):
+    """Named changes to a scenario: settings merged into ``engine``; ``only_requests`` keeps
+    those requests (in the file's order); ``request_fields`` sets fields on every request;
+    ``requests`` replaces the whole list."""
+
+    name: Optional[StrictStr] = None
+    description: Optional[StrictStr] = None
+    engine: dict[str, Any] = Field(default_factory=dict)
+    only_requests: Optional[list[StrictStr]] = None
+    request_fields: dict[str, Any] = Field(default_factory=dict)
+    requests: Optional[list[dict[str, Any]]] = None
+
+    def apply(self, scenario: dict) -> dict:
+        d = copy.deepcopy(scenario)
+        for k in ("name", "description"):
+            if getattr(self, k) is not None:
+                d[k] = getattr(self, k)
+        d.setdefault("engine", {}).update(copy.deepcopy(self.engine))
+        if self.requests is not None:
+            d["requests"] = copy.deepcopy(self.requests)
+        if self.only_requests is not None:
+            missing = set(self.only_requests) - {r.get("id") for r in d.get("requests", [])}
+            if missing:
+                raise ValueError(f"only_requests: no request {sorted(missing)} in the scenario")
+            d["requests"] = [r for r in d["requests"] if r.get("id") in self.only_requests]
+        for r in d.get("requests", []):
+            r.update(copy.deepcopy(self.request_fields))
+        return d
+
+
+def file_ref(v: Any) -> Any:
+    return {"file": v} if isinstance(v, str) else v
+
+
+class ScenarioRef(ScenarioChanges):
+    """A scenario file under paged_kv_lab/examples/ (a path relative to it), with changes."""
+
+    file: StrictStr
+
+    def load(self) -> dict:
+        path = (EXAMPLES_DIR / self.file).resolve()
+        if EXAMPLES_DIR.resolve() not in path.parents or not path.is_file():
+            raise ValueError(f"file: no scenario file {self.file!r} in {EXAMPLES_DIR}")
+        return self.apply(json.loads(path.read_text(encoding="utf-8")))
+
+
+Focus = Annotated[list[Kind], Field(min_length=1)]
+Panel = Literal[PANELS]
+
+
+class LessonData(DataFile):
+    id: Annotated[StrictStr, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")]
+    number: Annotated[StrictInt, Field(ge=0)]  # 0: not a numbered lesson (home, topics)
+    icon: StrictStr
+    scenario: Annotated[ScenarioRef, BeforeValidator(file_ref)]
+    moments: list[MomentData] = Field(default_factory=list)
+    questions: list[QuestionData] = Field(default_factory=list)
+    toggles: list[ToggleData] = Field(default_factory=list)
+    focus: Focus = ["cache_hit"]
+    panels: list[Panel] = Field(default_factory=list)
+
+
+# -- loading -------------------------------------------------------------------------------
+def _where(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif not str(part).startswith("function-"):  # the tag pydantic adds for a validator
+            out += ("." if out else "") + str(part)
+    return out or "(top)"
+
+
+def read_data(path: Path, model: type[BaseModel]) -> Any:
+    """``path`` (YAML) parsed into ``model``; LessonDataError names the file and each field."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise LessonDataError(path, [f"not a readable YAML file ({e})"]) from None
+    try:
+        data = model.model_validate(raw)
+    except ValidationError as e:
+        raise LessonDataError(
+            path, [f"{_where(err['loc'])}: {err['msg']}" for err in e.errors()]
+        ) from None
+    if data.id != path.stem:
+        raise LessonDataError(path, [f"id: {data.id!r} must equal the file's name {path.stem!r}"])
+    return data
+
+
+class Texts:
+    """The catalogue keys a file's data implies, checked as they are made: a missing required
+    key and (at ``check``) a key under the file's prefix that nothing uses are problems."""
+
+    def __init__(self, prefix: str, catalogue: Mapping[str, Any]) -> None:
+        self.prefix, self.catalogue = prefix, catalogue
+        self.used: set[str] = set()
+        self.problems: list[str] = []
+
+    def key(self, name: str, field: str, required: bool = True) -> Optional[str]:
+        key = f"{self.prefix}.{name}"
+        if key in self.catalogue:
+            self.used.add(key)
+            return key
+        if required:
+            self.problems.append(f"{field}: catalogue key {key!r} is missing")
+        return None
+
+    def check(self, path: Path) -> None:
+        unused = sorted(
+            k for k in self.catalogue if k.startswith(self.prefix + ".") and k not in self.used
+        )
+        self.problems += [f"catalogue key {k!r} belongs to no field of this file" for k in unused]
+        if self.problems:
+            raise LessonDataError(path, self.problems)
+
+
+def build_moments(
+    data: Sequence[MomentData], texts: Texts, name: str = "moment", field: str = "moments"
+) -> tuple[Moment, ...]:
+    return tuple(
+        Moment(
+            m.kind,
+            texts.key(f"{name}.{i + 1}", f"{field}[{i}]") or "",
+            request=m.request,
+            where=m.where,
+            key=m.key,
+        )
+        for i, m in enumerate(data)
+    )
+
+
+def _toggle(t: ToggleData, i: int, texts: Texts) -> Toggle:
+    name = f"toggle.{t.setting}"
+    return Toggle(
+        t.setting,
+        texts.key(name, f"toggles[{i}]") or "",
+        tuple(
+            Option(
+                o.value,
+                texts.key(f"{name}.{j + 1}", f"toggles[{i}].options[{j}]", required=False),
+                tuple(o.layer_pattern) if o.layer_pattern else None,
+                o.spec_method,
+                FailLoad(o.fail_load.request, o.fail_load.policy) if o.fail_load else None,
+            )
+            for j, o in enumerate(t.options)
+        ),
+    )
+
+
+def _question(q: QuestionData, i: int, texts: Texts) -> Question:
+    name, field = f"question.{i + 1}", f"questions[{i}]"
+    return Question(
+        texts.key(f"{name}.prompt", field) or "",
+        tuple(
+            texts.key(f"{name}.option.{j + 1}", f"{field}.options[{j}]") or ""
+            for j in range(q.options)
+        ),
+        q.answer,
+        texts.key(f"{name}.explain", field) or "",
+    )
+
+
+def scenario_problems(d: dict, field: str) -> list[str]:
+    """What the engine's own loader refuses in the scenario ``d``, each under ``field``."""
+    try:
+        load_scenario(d)
+    except ScenarioError as e:
+        return [f"{field}: {p}" for p in e.problems]
+    return []
+
+
+def load_scenario_ref(ref: ScenarioRef, path: Path, field: str = "scenario") -> dict:
+    try:
+        d = ref.load()
+    except (OSError, ValueError) as e:
+        raise LessonDataError(path, [f"{field}.{e}"]) from None
+    problems = scenario_problems(d, field)
+    if problems:
+        raise LessonDataError(path, problems)
+    return d
+
+
+def load_lesson(path: Path, catalogue: Mapping[str, Any]) -> Lesson:
+    """One lesson file, its texts checked against ``catalogue`` (key -> {lang: text})."""
+    data: LessonData = read_data(path, LessonData)
+    scenario = load_scenario_ref(data.scenario, path)
+    texts = Texts(f"lesson.{data.id}", catalogue)
+    lesson = Lesson(
+        id=data.id,
+        number=data.number,
+        icon=data.icon,
+        title=texts.key("title", "title") or "",
+        summary=texts.key("summary", "summary", required=False),
+        scenario=scenario,
+        intro=texts.key("intro", "intro") or "",
+        moments=build_moments(data.moments, texts),
+        outro=texts.key("outro", "outro", required=False),
+        questions=tuple(_question(q, i, texts) for i, q in enumerate(data.questions)),
+        toggles=tuple(_toggle(t, i, texts) for i, t in enumerate(data.toggles)),
+        focus=tuple(data.focus),
+        panels=tuple(data.panels),
+    )
+    texts.check(path)
+    problems = [
+        p
+        for i, t in enumerate(lesson.toggles)
+        for j, value in enumerate(t.options)
+        for p in scenario_problems(
+            lesson.scenario_dict(None, {t.setting: value}), f"toggles[{i}].options[{j}]"
+        )
+    ]
+    if problems:
+        raise LessonDataError(path, problems)
+    return lesson
+
+
+def load_lessons(
+    folder: Path = LESSON_DIR, catalogue: Mapping[str, Any] | None = None
+) -> dict[str, Lesson]:
+    """Every ``*.yaml`` lesson in ``folder`` by id (the whole catalogue when none is given)."""
+    if catalogue is None:
+        from paged_kv_lab.text.i18n import catalogue as read_catalogue
+
+        catalogue = read_catalogue()
+    return {p.stem: load_lesson(p, catalogue) for p in sorted(folder.glob("*.yaml"))}
 
 
 # -- predicates on events: (event, record) -> bool -----------------------------------
