@@ -352,7 +352,8 @@ def read_data(path: Path, model: type[BaseModel]) -> Any:
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as e:
-        raise LessonDataError(path, [f"not a readable YAML file ({e})"]) from None
+        where = " ".join(str(e).split())  # PyYAML's message spans lines
+        raise LessonDataError(path, [f"not a readable YAML file ({where})"]) from None
     try:
         data = model.model_validate(raw)
     except ValidationError as e:
