@@ -72,16 +72,18 @@ def test_switches_that_are_no_engine_setting_change_only_what_their_option_says(
 
 def test_every_text_is_a_catalogue_key_in_both_languages():
     texts = catalogue()
+    keys = [(lesson.id, k) for lesson in played_lessons() for k in lesson.texts()]
+    keys += [(case.id, k) for case in CASES for k in case.texts()]
+    for owner, key in keys:
+        assert all(texts[key].get(lang, "").strip() for lang in ("en", "zh")), (owner, key)
     for lesson in played_lessons():
-        keys = [lesson.title, lesson.intro, *(m.text for m in lesson.moments)]
-        keys += [k for k in (lesson.summary, lesson.outro) if k]
-        for q in lesson.questions:
-            keys += [q.prompt, q.explain, *q.options]
         for t in lesson.toggles:
-            keys += [t.label, *t.option_labels]
             assert len(t.option_labels) in (0, len(t.options)), (lesson.id, t.setting)
-        for key in keys:
-            assert all(texts[key].get(lang, "").strip() for lang in ("en", "zh")), (lesson.id, key)
+    # every key of a lesson's or case's catalogue file is shown by it
+    shown = {k for _, k in keys}
+    for kind in ("lessons", "cases"):
+        for path in (CATALOGUE_DIR / kind).glob("*.json"):
+            assert set(json.loads(path.read_text(encoding="utf-8"))) <= shown, path
 
 
 def test_data_files_hold_no_prose_and_every_catalogue_file_has_its_data_file():
@@ -203,6 +205,8 @@ def test_a_missing_or_stray_catalogue_key_is_named(tmp_path):
     stray = {**good_texts(), "lesson.extra.moment.3": {"en": "x", "zh": "x"}}
     text = problems(path, stray)
     assert "'lesson.extra.moment.3' belongs to no field of this file" in text, text
+    text = problems(path, good_texts(**{"toggle.spec_method.2": True}))
+    assert "toggles[1].options[1]: catalogue key 'lesson.extra.toggle.spec_method.2'" in text, text
 
 
 def test_yaml_that_does_not_parse_is_named(tmp_path):

@@ -56,7 +56,8 @@ def render_lesson(lesson_id: str, compact: bool = False) -> None:
             if lesson.number
             else tr(lesson.title, lang)
         )
-        st.caption(tr(lesson.summary, lang))
+        if lesson.summary:
+            st.caption(tr(lesson.summary, lang))
     if ms.model is None:
         st.error(tr("model_failed", lang, model=ms.name, device=ms.device, error=ms.error))
         st.info(tr("model_hint", lang))

@@ -83,6 +83,13 @@ class Case:
     def url(self) -> str:
         return issue_url(self.issue)
 
+    def texts(self) -> tuple[str, ...]:
+        """Every catalogue key the case shows (its scenario's and its fix's included)."""
+        keys = [self.title, self.asked, self.answer, *self.lesson.texts()]
+        if self.fix is not None:
+            keys += [self.fix.label, self.fix.explain, *(m.text for m in self.fix.moments)]
+        return tuple(keys)
+
     def fixed_lesson(self) -> Optional[Lesson]:
         """The case's scenario with the fix applied, as a lesson of its own (its own id, so the
         page keeps the two runs apart)."""

@@ -27,6 +27,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    StrictFloat,
     StrictInt,
     StrictStr,
     ValidationError,
@@ -140,7 +141,8 @@ class Toggle:
 
     @property
     def option_labels(self) -> tuple[str, ...]:
-        """The options' label keys; empty when the values are their own labels."""
+        """The options' label keys, one per option; empty when the values are their own labels
+        (the loader allows all or none)."""
         return tuple(o.label for o in self.choices if o.label is not None)
 
     def choice(self, value: Any) -> Optional[Option]:
@@ -166,6 +168,15 @@ class Lesson:
     toggles: tuple[Toggle, ...] = ()
     focus: tuple[str, ...] = ("cache_hit",)  # event kinds offered first in "run until"
     panels: tuple[str, ...] = ()  # extra panels (PANELS)
+
+    def texts(self) -> tuple[str, ...]:
+        """Every catalogue key the lesson shows."""
+        keys = [self.title, self.summary, self.intro, self.outro, *(m.text for m in self.moments)]
+        for q in self.questions:
+            keys += [q.prompt, *q.options, q.explain]
+        for t in self.toggles:
+            keys += [t.label, *t.option_labels]
+        return tuple(k for k in keys if k)
 
     def scenario_dict(self, num_layers: int | None = None, overrides: dict | None = None) -> dict:
         """The scenario in the engine's format, with settings overridden.
@@ -206,7 +217,7 @@ def _one_of(values: Sequence[str], what: str) -> Callable[[Any], Any]:
 
 
 Kind = Annotated[StrictStr, BeforeValidator(_one_of([k.value for k in EVENT_KINDS], "event kind"))]
-Scalar = Union[StrictBool, StrictInt, StrictStr, None]
+Scalar = Union[StrictBool, StrictInt, StrictFloat, StrictStr, None]
 
 
 class MomentData(DataFile):
@@ -317,7 +328,11 @@ class ScenarioRef(ScenarioChanges):
         path = (EXAMPLES_DIR / self.file).resolve()
         if EXAMPLES_DIR.resolve() not in path.parents or not path.is_file():
             raise ValueError(f"file: no scenario file {self.file!r} in {EXAMPLES_DIR}")
-        return self.apply(json.loads(path.read_text(encoding="utf-8")))
+        try:
+            scenario = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise ValueError(f"file: {self.file!r} is not a JSON file ({e})") from None
+        return self.apply(scenario)
 
 
 Focus = Annotated[list[Kind], Field(min_length=1)]
@@ -408,14 +423,16 @@ def build_moments(
 
 
 def _toggle(t: ToggleData, i: int, texts: Texts) -> Toggle:
+    """The switch, its label key and, when the first option has one, every option's label key."""
     name = f"toggle.{t.setting}"
+    labelled = f"{texts.prefix}.{name}.1" in texts.catalogue
     return Toggle(
         t.setting,
         texts.key(name, f"toggles[{i}]") or "",
         tuple(
             Option(
                 o.value,
-                texts.key(f"{name}.{j + 1}", f"toggles[{i}].options[{j}]", required=False),
+                texts.key(f"{name}.{j + 1}", f"toggles[{i}].options[{j}]", required=labelled),
                 tuple(o.layer_pattern) if o.layer_pattern else None,
                 o.spec_method,
                 FailLoad(o.fail_load.request, o.fail_load.policy) if o.fail_load else None,
