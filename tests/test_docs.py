@@ -47,7 +47,6 @@ REPO_DIRS = (
     "watch",
     "runstore",
     "player",
-    "lessons",
     "ui",
     "cli",
     "pages",
