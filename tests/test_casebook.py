@@ -10,7 +10,7 @@ import pytest
 from _casebook_claims import CLAIMS
 
 from paged_kv_lab.app.panels import narration
-from paged_kv_lab.lesson.casebook import CASES, issue_url, numbers
+from paged_kv_lab.lesson.casebook import CASES, NUMBERS, issue_url, numbers
 from paged_kv_lab.lesson.catalog import moment_steps
 from paged_kv_lab.runs.timeline import lesson_run
 from paged_kv_lab.text.i18n import catalogue
@@ -67,6 +67,7 @@ def test_case_claim_and_moments(case, model):
     assert CLAIMS[case.id](before.records, after.records) == []
     # the figure's number changes with the switch
     key = case.figure
+    assert tuple(numbers(before.records[-1].snapshot)) == NUMBERS  # what `figure` may name
     assert numbers(before.records[-1].snapshot)[key] != numbers(after.records[-1].snapshot)[key]
 
 

@@ -103,6 +103,19 @@ class Case:
 
 
 # -- the numbers a case shows, from a run's last snapshot ----------------------------------
+# numbers()' keys: what a case's before/after figure may compare (``figure``)
+NUMBERS = (
+    "hits",
+    "queries",
+    "hit_rate",
+    "preempted_hits",
+    "preempted_queries",
+    "hit_rate_with_preempted",
+    "usage",
+    "cached_blocks",
+)
+
+
 def numbers(snap: Snapshot) -> dict[str, float]:
     """Hit counters as vLLM 0.33.0 keeps them (PrefixCacheStats since the last reset), and the
     rate as it was counted before vLLM #25787 (resumed requests' hits included)."""
@@ -121,18 +134,6 @@ def numbers(snap: Snapshot) -> dict[str, float]:
         "usage": snap.usage,
         "cached_blocks": sum(1 for b in snap.blocks if b.block_hash is not None),
     }
-
-
-NUMBERS = (
-    "hits",
-    "queries",
-    "hit_rate",
-    "preempted_hits",
-    "preempted_queries",
-    "hit_rate_with_preempted",
-    "usage",
-    "cached_blocks",
-)
 
 
 # -- the file format -------------------------------------------------------------------------
