@@ -21,7 +21,7 @@ from typing import Any
 import streamlit as st
 
 from paged_kv_lab.app.modelstate import DEVICES, MODELS, ModelState
-from paged_kv_lab.lesson.catalog import Lesson
+from paged_kv_lab.lesson.catalog import OPTION_EFFECTS, Lesson
 from paged_kv_lab.record.budget import BudgetError, app_limits, check_size, fmt_bytes
 from paged_kv_lab.record.scenario import (
     EngineSettings,
@@ -35,11 +35,7 @@ from paged_kv_lab.runs.timeline import Timeline
 from paged_kv_lab.text.i18n import tr
 
 SETTING_DEFAULTS = dataclasses.asdict(EngineSettings())
-URL_SETTINGS = tuple(k for k in SETTING_DEFAULTS if k != "layer_types") + (
-    "layers",
-    "spec_method",
-    "failed_load",
-)
+URL_SETTINGS = tuple(k for k in SETTING_DEFAULTS if k != "layer_types") + tuple(OPTION_EFFECTS)
 
 
 @dataclass(kw_only=True)
