@@ -112,7 +112,9 @@ def load_quiz(path: Path = QUIZ_FILE) -> Quiz:
             if kind not in kinds:
                 raise fail(path, f"questions[{i}].asked_on[{j}]", f"{kind!r} is no event kind")
             if kind in seen:
-                raise fail(path, f"questions[{i}].asked_on[{j}]", f"{kind!r} asks {seen[kind]!r}")
+                raise fail(
+                    path, f"questions[{i}].asked_on[{j}]", f"{kind!r} already raises {seen[kind]!r}"
+                )
             seen[kind] = q.id
     for j, kind in enumerate(quiz.order):
         if kind not in seen:
