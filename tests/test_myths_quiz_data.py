@@ -198,3 +198,41 @@ def test_the_python_of_the_myths_the_quiz_and_the_topics_holds_no_chinese():
     ]
     found = [f for f in files if CJK.search((ROOT / f).read_text(encoding="utf-8"))]
     assert not found, found
+
+
+def test_a_language_added_as_data_says_every_myth_and_question(tmp_path, monkeypatch):
+    """A pseudo-language from data alone (each English text wrapped in ⟦ ⟧): the myths and the
+    questions say nothing outside its texts but ids and numbers."""
+    import json
+
+    from paged_kv_lab.text.i18n import TEXT_DIRS_ENV
+
+    def wrap(text):
+        return [wrap(t) for t in text] if isinstance(text, (list, tuple)) else f"⟦{text}⟧"
+
+    (tmp_path / "languages.json").write_text(json.dumps({"xx": "Pseudo"}), encoding="utf-8")
+    pseudo = {k: {"xx": wrap(v["en"])} for k, v in catalogue().items() if "en" in v}
+    (tmp_path / "pseudo.json").write_text(json.dumps(pseudo), encoding="utf-8")
+    monkeypatch.setenv(TEXT_DIRS_ENV, str(tmp_path))
+    assert "xx" in languages()
+
+    def outside(text: str) -> str:
+        while "⟦" in text:
+            text = re.sub(r"⟦[^⟦⟧]*⟧", "", text)
+        return text
+
+    said = []
+    for name in ("evict", "preempt", "cpu_tier", "hybrid"):
+        run = new_run(name)
+        run.run_to_end()
+        snaps, records = run.snapshots(), run.records
+        for i in range(1, len(snaps) + 1):
+            for sec in M.myth_sections(snaps[:i], "xx", records[: i - 1]):
+                said += sec
+            if i < len(snaps):
+                p = Q.make_prediction(snaps[i - 1], records[i - 1], "xx")
+                if p is not None:
+                    said += [p.prompt, p.explain, *p.options]
+    left = {outside(s) for s in said} - {""}
+    words = [s for s in left if re.search(r"[A-Za-z]{2,}", s) or CJK.search(s)]
+    assert len(said) > 500 and not words, words[:5]
