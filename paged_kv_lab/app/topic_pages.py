@@ -232,8 +232,8 @@ def render_ttft() -> None:
         rounds=len(s.rounds),
     )
     c1, c2, c3 = st.columns(3)
-    c1.metric(tr("topic.ttft_cold", lang), f"{s.cold_s * 1000:.1f} ms")
-    c2.metric(tr("topic.ttft_hit", lang), f"{s.hit_s * 1000:.1f} ms")
+    c1.metric(tr("topic.ttft_cold", lang), tr("topic.ttft.ms", lang, ms=s.cold_s * 1000))
+    c2.metric(tr("topic.ttft_hit", lang), tr("topic.ttft.ms", lang, ms=s.hit_s * 1000))
     c3.metric(tr("topic.ttft_speedup", lang), f"{s.speedup:.1f}×")
     cols = tr("topic.ttft_cols", lang)
     st.dataframe(
