@@ -185,10 +185,6 @@ def miss_why(snap: Snapshot) -> Text:
     return Text("quiz.hit.explain.miss", {"why": why})
 
 
-def _miss_why(snap: Snapshot, lang: str) -> str:
-    return tr(miss_why(snap), lang)
-
-
 @question("evict")
 def _evict(snap: Snapshot, rec: StepRecord) -> Question | None:
     e = _first(rec, "evicted", lambda e: e.reason == "reused from queue head")
