@@ -108,9 +108,10 @@ class ProgressBar:
     """``progress(done, total)`` drawn by tqdm on a stream; the bar is removed once done reaches
     total (the table follows on a clean line)."""
 
-    def __init__(self, label: str, unit: str, stream: TextIO = sys.stderr) -> None:
+    def __init__(self, label: str, unit: str, stream: Optional[TextIO] = None) -> None:
         from tqdm import tqdm
 
+        # stream None: sys.stderr as it is when the bar is made
         self.bar = tqdm(desc=label, file=stream, unit=unit, leave=False, mininterval=0.2)
 
     def __call__(self, done: int, total: int) -> None:
