@@ -125,7 +125,7 @@ def test_the_wheel_carries_the_data_files(wheel_names):
         "paged_kv_lab/text/catalogue/**/*.json",
         "paged_kv_lab/pages/*.py",
         "paged_kv_lab/lesson/**/*.yaml",
-        "paged_kv_lab/examples/*.json",
+        "paged_kv_lab/examples/**/*.json",
     ):
         must += [p.relative_to(ROOT).as_posix() for p in ROOT.glob(pattern) if p.is_file()]
     assert any(m.startswith("paged_kv_lab/text/catalogue/") for m in must)
