@@ -353,44 +353,40 @@ def serving(cmd: list[str], cwd: Path, env: dict, timeout: float = 120):
         log.close()
 
 
-def test_the_wheel_installed_in_a_fresh_venv_replays_and_serves(wheel, tmp_path):
+class Installed:
     """The wheel, installed (not editable) into a new venv outside the repository whose other
     packages come from this environment's site-packages (a .pth line, added after the install so
-    that pip sees an empty venv): `python -m kvcore replay` on the shipped trace, the package's
-    data read from where it was installed, and `paged-kv-lab` serving the app."""
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    py = venv / "bin" / "python"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps"]
-        + ["--no-index", str(wheel)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    site = Path(
-        subprocess.run(
-            [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+    that pip sees an empty venv). Commands run in a folder of their own, on the tiny model."""
+
+    def __init__(self, wheel: Path, base: Path) -> None:
+        self.cwd = base / "elsewhere"
+        self.cwd.mkdir()
+        self.env = {
+            **{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
+            "PAGED_KV_LAB_MODEL": "tiny-random",
+            "PAGED_KV_LAB_DEVICE": "cpu",
+        }
+        self.venv = base / "venv"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(self.venv)], check=True)
+        self.python = self.venv / "bin" / "python"
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "--python", str(self.python), "install", "-q"]
+            + ["--no-deps", "--no-index", str(wheel)],
             capture_output=True,
             text=True,
-            check=True,
-        ).stdout.strip()
-    )
-    (site / "_project_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    run_dir = tmp_path / "elsewhere"
-    run_dir.mkdir()
-    env = {
-        **{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
-        "PAGED_KV_LAB_MODEL": "tiny-random",
-        "PAGED_KV_LAB_DEVICE": "cpu",
-    }
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        site = self.run("-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+        pth = Path(site.stdout.strip()) / "_project_env.pth"
+        pth.write_text(sysconfig.get_paths()["purelib"] + "\n")
 
-    def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        """``python ARGS`` in the venv; it must succeed."""
         out = subprocess.run(
-            [str(a) for a in args],
-            cwd=run_dir,
-            env=env,
+            [str(self.python), *map(str, args)],
+            cwd=self.cwd,
+            env=self.env,
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -398,8 +394,17 @@ def test_the_wheel_installed_in_a_fresh_venv_replays_and_serves(wheel, tmp_path)
         assert out.returncode == 0, out.stderr[-3000:]
         return out
 
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> Installed:
+    return Installed(wheel, tmp_path_factory.mktemp("installed"))
+
+
+def test_the_wheel_installed_in_a_fresh_venv_replays_and_serves(installed):
+    """From the installed wheel: the package's data read from where it was installed, `python -m
+    kvcore replay` on the shipped trace, and `paged-kv-lab` serving the app."""
+    venv, run = installed.venv, installed.run
     check = run(
-        py,
         "-c",
         "import json, kvcore, paged_kv_lab\n"
         "from paged_kv_lab.player.export import module_js\n"
@@ -414,14 +419,39 @@ def test_the_wheel_installed_in_a_fresh_venv_replays_and_serves(wheel, tmp_path)
     assert got["trace"] and got["js"] > 1000 and got["keys"] > 100
     assert {"en", "zh"} <= set(got["languages"])
 
-    replayed = run(py, "-m", "kvcore", "replay", "--requests", "40", *SMALL, "--json", "-")
+    replayed = run("-m", "kvcore", "replay", "--requests", "40", *SMALL, "--json", "-")
     assert json.loads(replayed.stdout)["requests"] == 40
     assert "hit rate" in replayed.stderr
 
     launcher = venv / "bin" / "paged-kv-lab"
     assert str(venv) in launcher.read_text().splitlines()[0]  # the venv's own interpreter
-    with serving([str(launcher), "--server.headless", "true"], run_dir, env) as (url, _):
+    app = [str(launcher), "--server.headless", "true"]
+    with serving(app, installed.cwd, installed.env) as (url, _):
         with urllib.request.urlopen(url + "/", timeout=10) as r:
             assert r.status == 200
-    log = (run_dir / "server.log").read_text()
+    log = (installed.cwd / "server.log").read_text()
     assert "Traceback" not in log, log[-2000:]
+
+
+@pytest.mark.slow  # ~40 s on 2 busy cores: the home page records its run on the tiny model
+def test_the_installed_app_shows_its_pages(installed):
+    """The installed app run by Streamlit's AppTest: the home page and a lesson page render with
+    no exception, from the files the wheel carries (pages, catalogue, lessons, scenarios)."""
+    out = installed.run(
+        "-c",
+        "import json, paged_kv_lab\n"
+        "from pathlib import Path\n"
+        "from streamlit.testing.v1 import AppTest\n"
+        "app = Path(paged_kv_lab.__file__).parent / 'streamlit_app.py'\n"
+        "at = AppTest.from_file(str(app), default_timeout=240).run()\n"
+        "home = [e.value for e in at.exception], len(at.markdown)\n"
+        "at.switch_page('pages/1_blocks.py').run()\n"
+        "lesson = [e.value for e in at.exception], len(at.markdown)\n"
+        "print(json.dumps({'app': str(app), 'home': home, 'lesson': lesson}))",
+        timeout=600,
+    )
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert Path(got["app"]).is_relative_to(installed.venv)
+    for page in ("home", "lesson"):
+        errors, shown = got[page]
+        assert errors == [] and shown > 0, (page, errors)
