@@ -299,10 +299,10 @@ def test_replay_defaults_to_the_shipped_trace_and_draws_a_tqdm_bar(capsys):
     out, err = capsys.readouterr()
     assert json.loads(out)["requests"] == 40
     # tqdm's bar (label, unit and rate), redrawn in place, then the table (on stderr with --json -)
-    assert "replay" in err and "request/s" in err and "\r" in err
+    assert "replay" in err and "/40 [" in err and "requests/s" in err and "\r" in err
     assert "hit rate" in err.rsplit("\r", 1)[-1]
     assert cli_main(["replay", "--requests", "40", *SMALL, "--json", "-"]) == 0
-    assert "request/s" not in capsys.readouterr().err  # not a terminal, no --progress: no bar
+    assert "/40 [" not in capsys.readouterr().err  # not a terminal, no --progress: no bar
 
 
 # --------------------------------------------------------------------------- installed

@@ -18,7 +18,7 @@ import csv
 import io
 import json
 import sys
-from typing import Optional, TextIO
+from typing import Optional
 
 from paged_kv_lab.record.budget import BudgetError, cli_limits
 from paged_kv_lab.record.scenario import ScenarioError, parse_engine_overrides
@@ -105,18 +105,21 @@ def add_parser(sub) -> None:
 
 
 class ProgressBar:
-    """``progress(done, total)`` drawn by tqdm on a stream; the bar is removed once done reaches
-    total (the table follows on a clean line)."""
+    """``progress(done, total)`` drawn by tqdm on stderr (as it is at the first report, when the
+    total is known); the bar is removed once done reaches total, so the table follows on a clean
+    line."""
 
-    def __init__(self, label: str, unit: str, stream: Optional[TextIO] = None) -> None:
-        from tqdm import tqdm
-
-        # stream None: sys.stderr as it is when the bar is made
-        self.bar = tqdm(desc=label, file=stream, unit=unit, leave=False, mininterval=0.2)
+    def __init__(self, label: str, unit: str) -> None:
+        self.label, self.unit = label, unit
+        self.bar = None
 
     def __call__(self, done: int, total: int) -> None:
-        if self.bar.total != total:
-            self.bar.total = total
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                desc=self.label, total=total, unit=self.unit, leave=False, mininterval=0.2
+            )
         self.bar.update(done - self.bar.n)
         if done >= total:
             self.bar.close()
@@ -311,7 +314,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         from paged_kv_lab.workload.replay import Replay
 
         run = Replay(trace, settings)
-        run.advance(progress=_progress(args, "replay", "request"))
+        run.advance(progress=_progress(args, "replay", " requests"))
         result = run.result()
         ans = unbounded_answer(trace, settings) if args.unbounded else None
     except ReplayError as e:
@@ -359,7 +362,7 @@ def _cmd_sweep(args, trace, overrides, arrival, settings, key, values, out, limi
             key,
             values,
             workers=args.workers,
-            progress=_progress(args, f"sweep {key}", "point"),
+            progress=_progress(args, f"sweep {key}", " points"),
             **arrival,
         )
         if extra is not None:
