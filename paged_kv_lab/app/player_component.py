@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import threading
 import uuid
 import weakref
@@ -37,6 +38,7 @@ from paged_kv_lab.runs.timeline import Timeline
 from paged_kv_lab.text.i18n import tr
 
 COMPONENT = "paged_kv_lab.player"
+_LOG = logging.getLogger(__name__)
 _PLAYERS: dict[int, Any] = {}  # id(component manager) -> the mounted component's callable
 
 
@@ -44,16 +46,39 @@ def player_component():
     """The player component. Under a running server, player/assets is declared as the component's
     asset_dir (once per server process), so the browser loads player.js / player.css by URL, cached,
     instead of receiving them inline in every rerun. Streamlit 1.67 finds asset_dir only in the
-    pyproject.toml of an installed package, which this repo's editable install does not expose; its
-    component manager takes the same manifest directly. Without a running server (bare mode) each
-    call gets a fresh manager, so the assets go inline there."""
-    from streamlit.components.v2.get_bidi_component_manager import get_bidi_component_manager
-    from streamlit.runtime import Runtime
+    pyproject.toml of an installed package, which neither this repo's editable install nor the wheel
+    exposes; its component manager takes the same manifest directly. Without a running server (bare
+    mode) each call gets a fresh manager, so the assets go inline there.
 
-    if not Runtime.exists():
-        return st.components.v2.component(
-            COMPONENT, html=asset("player.html"), css=asset("player.css"), js=module_js()
-        )
+    The manager is Streamlit's private API (pyproject.toml bounds streamlit for it). Where it has
+    moved or changed, the assets go inline as in bare mode: the player still shows, each rerun
+    only carries its assets again; the server's log says why, once."""
+    try:
+        from streamlit.runtime import Runtime
+
+        served = Runtime.exists()
+    except ImportError as e:
+        _private_api_moved(f"{type(e).__name__}: {e}")
+        served = False
+    if not served:
+        return _inline_component()
+    try:
+        return _served_component()
+    except _PRIVATE_API_MOVED as e:
+        _private_api_moved(f"{type(e).__name__}: {e}")
+        return _inline_component()
+
+
+def _inline_component():
+    return st.components.v2.component(
+        COMPONENT, html=asset("player.html"), css=asset("player.css"), js=module_js()
+    )
+
+
+def _served_component():
+    """The component whose assets the server serves from player/assets (private API)."""
+    from streamlit.components.v2.get_bidi_component_manager import get_bidi_component_manager
+
     manager = get_bidi_component_manager()
     component = _PLAYERS.get(id(manager))
     if component is None or manager.get_component_asset_root(COMPONENT) is None:
@@ -69,6 +94,19 @@ def player_component():
             COMPONENT, html=asset("player.html"), css="player.css", js="player.js"
         )
     return component
+
+
+# what a moved or reshaped private module, function or signature raises
+_PRIVATE_API_MOVED = (ImportError, AttributeError, TypeError)
+
+
+@functools.cache  # each distinct error is logged once per process
+def _private_api_moved(error: str) -> None:
+    _LOG.warning(
+        "Streamlit's component manager is not where this app expects it (%s); "
+        "the step player's assets are sent inline instead",
+        error,
+    )
 
 
 UNTIL_KINDS = ("cache_hit", "evicted", "preempted", "window_skipped", "allocated", "finished")

@@ -17,7 +17,7 @@ import streamlit as st
 from paged_kv_lab.app.lesson_page import current_lang, current_model
 from paged_kv_lab.app.memory import dims_from_config, formula, human_bytes
 from paged_kv_lab.lesson import BY_ID
-from paged_kv_lab.lesson.topic_words import BLOCK_SIZE, COLLISIONS, ICONS, TITLES, TTFT
+from paged_kv_lab.lesson.topic_words import ICONS, TITLES
 from paged_kv_lab.lesson.topics import (
     HASH_BITS,
     block_size_study,
@@ -26,7 +26,7 @@ from paged_kv_lab.lesson.topics import (
     hashes_for_probability,
     ttft_study,
 )
-from paged_kv_lab.text.i18n import pick, tr
+from paged_kv_lab.text.i18n import Text, tr
 
 _RESULTS: dict[tuple, tuple[float, Any]] = {}  # key -> (when measured, result)
 _RESULTS_LOCK = threading.Lock()
@@ -53,9 +53,9 @@ def _model_key(model) -> tuple:
     return (model.name, str(model.device), str(model.dtype))
 
 
-def _header(topic: str, summary: dict, lang: str):
-    st.title(f"{ICONS[topic]} {pick(TITLES[topic], lang)}")
-    st.caption(pick(summary, lang))
+def _header(topic: str, summary: Text, lang: str):
+    st.title(f"{ICONS[topic]} {tr(TITLES[topic], lang)}")
+    st.caption(tr(summary, lang))
     ms = current_model()
     if ms.model is None:
         st.error(tr("model_failed", lang, model=ms.name, device=ms.device, error=ms.error))
@@ -63,8 +63,8 @@ def _header(topic: str, summary: dict, lang: str):
     return ms.model
 
 
-def _md(text: dict, lang: str, **fields) -> None:
-    st.markdown(pick(text, lang).format(**fields))
+def _md(text: Text, lang: str, **fields) -> None:
+    st.markdown(tr(text, lang, **fields))
 
 
 def _slash(values) -> str:
@@ -74,14 +74,14 @@ def _slash(values) -> str:
 # -- block size -----------------------------------------------------------------------------
 def render_block_size() -> None:
     lang = current_lang()
-    model = _header("blocksize", BLOCK_SIZE["summary"], lang)
+    model = _header("blocksize", Text("topic.blocksize.summary"), lang)
     if model is None:
         return
     with st.spinner(tr("topic.measuring", lang)):
         rows = measured(("blocksize", *_model_key(model)), lambda: block_size_study(model))
     shared = rows[0].shared_prefix
-    _md(BLOCK_SIZE["intro"], lang, model=model.name, shared=shared)
-    st.caption(pick(BLOCK_SIZE["table"], lang))
+    _md(Text("topic.blocksize.intro"), lang, model=model.name, shared=shared)
+    st.caption(tr("topic.blocksize.table", lang))
     cols = tr("topic.bs_cols", lang)
     table = []
     for r in rows:
@@ -102,13 +102,13 @@ def render_block_size() -> None:
         )
     st.dataframe(table, hide_index=True, key="topic_bs_table")
     a_empty = _slash(r.requests[0].empty for r in rows)
-    _md(BLOCK_SIZE["waste"], lang, a=a_empty)
-    _md(BLOCK_SIZE["table_len"], lang, lens=_slash(r.requests[0].table_len for r in rows))
-    _md(BLOCK_SIZE["hits"], lang, shared=shared, hits=_slash(r.hit_tokens for r in rows))
+    _md(Text("topic.blocksize.waste"), lang, a=a_empty)
+    _md(Text("topic.blocksize.table_len"), lang, lens=_slash(r.requests[0].table_len for r in rows))
+    _md(Text("topic.blocksize.hits"), lang, shared=shared, hits=_slash(r.hit_tokens for r in rows))
     dims = dims_from_config(model.config)
     dtype = str(model.dtype).removeprefix("torch.")
     _md(
-        BLOCK_SIZE["bytes"],
+        Text("topic.blocksize.bytes"),
         lang,
         layers=dims.layers,
         kv_heads=dims.kv_heads,
@@ -117,7 +117,7 @@ def render_block_size() -> None:
     )
     st.code("\n".join(formula(r.block_size, dims, dtype) for r in rows), language=None)
     _md(
-        BLOCK_SIZE["per_layer"],
+        Text("topic.blocksize.per_layer"),
         lang,
         layers=dims.layers,
         pages=_slash(human_bytes(r.bytes_per_layer) for r in rows),
@@ -127,10 +127,10 @@ def render_block_size() -> None:
 # -- hash collisions ------------------------------------------------------------------------
 def render_collisions() -> None:
     lang = current_lang()
-    model = _header("collisions", COLLISIONS["summary"], lang)
-    _md(COLLISIONS["bet"], lang)
-    _md(COLLISIONS["nano"], lang)
-    _md(COLLISIONS["seed"], lang)
+    model = _header("collisions", Text("topic.collisions.summary"), lang)
+    _md(Text("topic.collisions.bet"), lang)
+    _md(Text("topic.collisions.nano"), lang)
+    _md(Text("topic.collisions.seed"), lang)
     if model is None:
         return
     algo = st.radio(
@@ -146,7 +146,7 @@ def render_collisions() -> None:
             lambda: hash_study(model, scenario, algo),
         )
     _md(
-        COLLISIONS["live"],
+        Text("topic.collisions.live"),
         lang,
         model=model.name,
         algo=algo,
@@ -158,11 +158,9 @@ def render_collisions() -> None:
     )
     if study.distinct < len(study.blocks):
         st.caption(
-            pick(COLLISIONS["twins"], lang).format(
-                blocks=len(study.blocks), distinct=study.distinct
-            )
+            tr("topic.collisions.twins", lang, blocks=len(study.blocks), distinct=study.distinct)
         )
-    _md(COLLISIONS["odds"], lang, distinct=study.distinct)
+    _md(Text("topic.collisions.odds"), lang, distinct=study.distinct)
     cols = tr("topic.odds_cols", lang, odds=f"{ODDS:g}")
     st.dataframe(
         [
@@ -216,14 +214,14 @@ def _text(decode, ids) -> str:
 # -- time to first token --------------------------------------------------------------------
 def render_ttft() -> None:
     lang = current_lang()
-    model = _header("hitttft", TTFT["summary"], lang)
+    model = _header("hitttft", Text("topic.ttft.summary"), lang)
     if model is None:
         return
     again = st.button(tr("topic.measure_again", lang), key="topic_ttft_again")
     with st.spinner(tr("topic.measuring", lang)):
         s = measured(("ttft", *_model_key(model)), lambda: ttft_study(model), again=again)
     _md(
-        TTFT["intro"],
+        Text("topic.ttft.intro"),
         lang,
         tokens=s.prompt_tokens,
         model=s.model,
@@ -234,8 +232,8 @@ def render_ttft() -> None:
         rounds=len(s.rounds),
     )
     c1, c2, c3 = st.columns(3)
-    c1.metric(tr("topic.ttft_cold", lang), f"{s.cold_s * 1000:.1f} ms")
-    c2.metric(tr("topic.ttft_hit", lang), f"{s.hit_s * 1000:.1f} ms")
+    c1.metric(tr("topic.ttft_cold", lang), tr("topic.ttft.ms", lang, ms=s.cold_s * 1000))
+    c2.metric(tr("topic.ttft_hit", lang), tr("topic.ttft.ms", lang, ms=s.hit_s * 1000))
     c3.metric(tr("topic.ttft_speedup", lang), f"{s.speedup:.1f}×")
     cols = tr("topic.ttft_cols", lang)
     st.dataframe(
@@ -248,4 +246,4 @@ def render_ttft() -> None:
         hide_index=True,
         key="topic_ttft_rounds",
     )
-    st.caption(pick(TTFT["note"], lang))
+    st.caption(tr("topic.ttft.note", lang))

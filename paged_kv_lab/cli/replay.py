@@ -18,8 +18,7 @@ import csv
 import io
 import json
 import sys
-import time
-from typing import Optional, TextIO
+from typing import Optional
 
 from paged_kv_lab.record.budget import BudgetError, cli_limits
 from paged_kv_lab.record.scenario import ScenarioError, parse_engine_overrides
@@ -29,7 +28,12 @@ def add_parser(sub) -> None:
     p = sub.add_parser(
         "replay", help="replay a production trace (Mooncake, Qwen-Bailian) through the engine"
     )
-    p.add_argument("trace", help="the trace file (JSONL)")
+    p.add_argument(
+        "trace",
+        nargs="?",
+        help="the trace file (JSONL; default: the shipped Mooncake trace, "
+        "paged_kv_lab/workload/traces/mooncake_synthetic_trace.jsonl)",
+    )
     p.add_argument(
         "--format",
         choices=("auto", "mooncake", "qwen-bailian"),
@@ -101,33 +105,31 @@ def add_parser(sub) -> None:
 
 
 class ProgressBar:
-    """A one-line bar on a stream, redrawn at most every 0.2 s; cleared when done."""
+    """``progress(done, total)`` drawn by tqdm on stderr (as it is at the first report, when the
+    total is known); the bar is removed once done reaches total, so the table follows on a clean
+    line."""
 
-    def __init__(self, label: str, stream: TextIO = sys.stderr, width: int = 30) -> None:
-        self.label, self.stream, self.width = label, stream, width
-        self.t0 = time.perf_counter()
-        self.last = 0.0
+    def __init__(self, label: str, unit: str) -> None:
+        self.label, self.unit = label, unit
+        self.bar = None
 
     def __call__(self, done: int, total: int) -> None:
-        now = time.perf_counter()
-        if done < total and now - self.last < 0.2:
-            return
-        self.last = now
-        filled = self.width * done // max(total, 1)
-        self.stream.write(
-            f"\r{self.label} [{'#' * filled}{'.' * (self.width - filled)}] "
-            f"{done:,}/{total:,}  {now - self.t0:.0f} s"
-        )
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                desc=self.label, total=total, unit=self.unit, leave=False, mininterval=0.2
+            )
+        self.bar.update(done - self.bar.n)
         if done >= total:
-            self.stream.write("\r" + " " * (self.width + len(self.label) + 40) + "\r")
-        self.stream.flush()
+            self.bar.close()
 
 
-def _progress(args, label: str) -> Optional[ProgressBar]:
+def _progress(args, label: str, unit: str) -> Optional[ProgressBar]:
     if args.no_progress:
         return None
     if args.progress or sys.stderr.isatty():
-        return ProgressBar(label)
+        return ProgressBar(label, unit)
     return None
 
 
@@ -263,6 +265,7 @@ def _write(path: str, text: str) -> None:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from paged_kv_lab.workload import SHIPPED_TRACE
     from paged_kv_lab.workload.bound import unbounded_answer
     from paged_kv_lab.workload.budget import check_trace
     from paged_kv_lab.workload.replay import ReplayError, replay_settings
@@ -271,7 +274,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     limits = cli_limits()
     try:
-        trace = load_trace(args.trace, args.format, max_requests=None)
+        trace = load_trace(args.trace or SHIPPED_TRACE, args.format, max_requests=None)
         if args.requests is not None:
             if args.requests < 1:
                 raise ScenarioError([f"--requests: must be >= 1; got {args.requests}"])
@@ -311,7 +314,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         from paged_kv_lab.workload.replay import Replay
 
         run = Replay(trace, settings)
-        run.advance(progress=_progress(args, "replay"))
+        run.advance(progress=_progress(args, "replay", " requests"))
         result = run.result()
         ans = unbounded_answer(trace, settings) if args.unbounded else None
     except ReplayError as e:
@@ -359,7 +362,7 @@ def _cmd_sweep(args, trace, overrides, arrival, settings, key, values, out, limi
             key,
             values,
             workers=args.workers,
-            progress=_progress(args, f"sweep {key}"),
+            progress=_progress(args, f"sweep {key}", " points"),
             **arrival,
         )
         if extra is not None:
