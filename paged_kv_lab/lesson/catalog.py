@@ -35,6 +35,7 @@ from pydantic import (
 )
 from typing_extensions import Annotated
 
+from paged_kv_lab.lesson.datafile import field_path
 from paged_kv_lab.record.events import (
     EVENT_KINDS,
     Allocated,
@@ -352,16 +353,6 @@ class LessonData(DataFile):
 
 
 # -- loading -------------------------------------------------------------------------------
-def _where(loc: tuple) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif not str(part).startswith("function-"):  # the tag pydantic adds for a validator
-            out += ("." if out else "") + str(part)
-    return out or "(top)"
-
-
 def read_data(path: Path, model: type[BaseModel]) -> Any:
     """``path`` (YAML) parsed into ``model``; LessonDataError names the file and each field."""
     try:
@@ -373,7 +364,7 @@ def read_data(path: Path, model: type[BaseModel]) -> Any:
         data = model.model_validate(raw)
     except ValidationError as e:
         raise LessonDataError(
-            path, [f"{_where(err['loc'])}: {err['msg']}" for err in e.errors()]
+            path, [f"{field_path(err['loc'])}: {err['msg']}" for err in e.errors()]
         ) from None
     if data.id != path.stem:
         raise LessonDataError(path, [f"id: {data.id!r} must equal the file's name {path.stem!r}"])
