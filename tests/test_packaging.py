@@ -36,14 +36,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("kvcore", "paged_kv_lab")
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
 SHIPPED_TRACE = "paged_kv_lab/workload/traces/mooncake_synthetic_trace.jsonl"
-# Declared but never imported by our code: what transformers itself needs on our path, and the
-# lesson data's YAML reader.
+# Declared but never imported by our code: what transformers itself needs on our path.
 NOT_IMPORTED = {
     "gguf": "transformers reads SmolLM2's GGUF file with it",
     "accelerate": "transformers refuses to load a GGUF file without it",
-    # the lessons as data (lesson/**/*.yaml): its reader lands with the lesson data; remove this
-    # entry once paged_kv_lab/lesson imports yaml
-    "pyyaml": "the lesson data's reader",
 }
 # Where a dependency's upper bound is required: private or byte-exact use.
 BOUNDED = ("torch", "streamlit", "cbor2", "xxhash", "transformers")
