@@ -96,7 +96,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 def test_a_broken_myths_file_names_the_file_and_the_field(tmp_path, text, said):
     with pytest.raises(ValueError) as e:
         M.load_myths(write(tmp_path, "myths.yaml", text))
-    assert str(e.value).startswith(said), str(e.value)
+    assert str(e.value).startswith(f"{tmp_path}/{said}"), str(e.value)
 
 
 GOOD_QUIZ = (Path(Q.__file__).with_name("quiz.yaml")).read_text(encoding="utf-8")
@@ -122,7 +122,7 @@ def test_a_broken_quiz_file_names_the_file_and_the_field(tmp_path, old, new, sai
     path = write(tmp_path, "quiz.yaml", GOOD_QUIZ.replace(old, new, 1))
     with pytest.raises(ValueError) as e:
         Q.load_quiz(path)
-    assert str(e.value).startswith("quiz.yaml: ") and said in str(e.value), str(e.value)
+    assert str(e.value).startswith(f"{tmp_path}/quiz.yaml: ") and said in str(e.value), str(e.value)
 
 
 def test_the_shipped_quiz_asks_each_question_it_computes():

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Optional, Sequence, Union
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -30,12 +29,11 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     StrictStr,
-    ValidationError,
     model_validator,
 )
 from typing_extensions import Annotated
 
-from paged_kv_lab.lesson.datafile import field_path
+from paged_kv_lab.lesson.datafile import DataFileError, load
 from paged_kv_lab.record.events import (
     EVENT_KINDS,
     Allocated,
@@ -65,12 +63,7 @@ OPTION_EFFECTS = {
 }
 
 
-class LessonDataError(ValueError):
-    """A lesson or case file that cannot be loaded; each problem names the file and the field."""
-
-    def __init__(self, path: Path | str, problems: Sequence[str]) -> None:
-        self.path, self.problems = Path(path), list(problems)
-        super().__init__("\n".join(f"{path}: {p}" for p in self.problems))
+LessonDataError = DataFileError  # a lesson or case file that cannot be loaded
 
 
 # -- what the app plays: frozen, texts as catalogue keys ----------------------------------
@@ -354,18 +347,8 @@ class LessonData(DataFile):
 
 # -- loading -------------------------------------------------------------------------------
 def read_data(path: Path, model: type[BaseModel]) -> Any:
-    """``path`` (YAML) parsed into ``model``; LessonDataError names the file and each field."""
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as e:
-        where = " ".join(str(e).split())  # PyYAML's message spans lines
-        raise LessonDataError(path, [f"not a readable YAML file ({where})"]) from None
-    try:
-        data = model.model_validate(raw)
-    except ValidationError as e:
-        raise LessonDataError(
-            path, [f"{field_path(err['loc'])}: {err['msg']}" for err in e.errors()]
-        ) from None
+    """``path`` (YAML) parsed into ``model``; its ``id`` must be the file's name."""
+    data = load(path, model)
     if data.id != path.stem:
         raise LessonDataError(path, [f"id: {data.id!r} must equal the file's name {path.stem!r}"])
     return data
