@@ -4,10 +4,11 @@ on the tiny model, and each case's switch changes the hit rate the page shows.""
 import pytest
 
 from _app_helpers import app, player_data, tiny_model_env  # noqa: F401  (fixtures)
+from paged_kv_lab.app.registry import page_file
 from paged_kv_lab.lesson.casebook import CASES
 from paged_kv_lab.text.i18n import pick, tr
 
-PAGE = "pages/12_casebook.py"
+PAGE = page_file("casebook")
 
 
 @pytest.fixture(autouse=True)

@@ -18,7 +18,8 @@ from _app_helpers import APP, TIMEOUT, Browser, app, tiny_model_env  # noqa: F40
 from kvcore.core.block_pool import BlockHashToBlockMap
 from kvcore.core.kv_cache_utils import KVCacheBlock
 from paged_kv_lab.app.panels import narration
-from paged_kv_lab.lesson import BY_ID, PAGE_FILES, TOPICS
+from paged_kv_lab.app.registry import page_file, sections
+from paged_kv_lab.lesson import BY_ID
 from paged_kv_lab.lesson.catalog import moment_steps
 from paged_kv_lab.lesson.topics import (
     block_size_study,
@@ -146,17 +147,16 @@ def test_a_hit_skips_prefill_and_is_timed(model, one_torch_thread):
 # -- the pages ----------------------------------------------------------------------------------
 def test_every_topic_page_renders():
     at = app()
-    for topic in TOPICS:
-        at.switch_page(PAGE_FILES[topic]).run()
+    (topics,) = (s for s in sections() if s.id == "topics")
+    for topic in (p.id for p in topics.pages):
+        at.switch_page(page_file(topic)).run()
         assert not at.exception, (topic, [e.value for e in at.exception])
         assert at.title, topic
-    assert (
-        BY_ID["onehash"].title["en"] in at.switch_page(PAGE_FILES["onehash"]).run().title[0].value
-    )
+    assert BY_ID["onehash"].title["en"] in at.switch_page(page_file("onehash")).run().title[0].value
 
 
 def test_one_hash_page_plays_the_lesson():
-    at = app(PAGE_FILES["onehash"])
+    at = app(page_file("onehash"))
     b = Browser(at, "onehash").until_recorded(1 << 30)
     assert b.done and b.head["intro"]
     narrated = [n for s in b.steps for n in s["nar"]]
@@ -164,7 +164,7 @@ def test_one_hash_page_plays_the_lesson():
 
 
 def test_block_size_page_in_both_languages():
-    at = app(PAGE_FILES["blocksize"])
+    at = app(page_file("blocksize"))
     text = " ".join(m.value for m in at.markdown)
     assert "bigger blocks fragment less" in text and "backwards" in text
     (table,) = at.dataframe  # the one table of the page
@@ -177,13 +177,13 @@ def test_block_size_page_in_both_languages():
 
 
 def test_collisions_and_ttft_pages():
-    at = app(PAGE_FILES["collisions"])
+    at = app(page_file("collisions"))
     text = " ".join(m.value for m in at.markdown)
     assert "nano-vllm" in text and "NONE_HASH" in text
     assert len(at.dataframe) == 2
     at.radio(key="topic_hash_algo").set_value("xxhash").run()
     assert not at.exception and "128 bits" in " ".join(m.value for m in at.markdown)
-    at.switch_page(PAGE_FILES["hitttft"]).run()
+    at.switch_page(page_file("hitttft")).run()
     assert not at.exception
     cold, hit, speed = (m.value for m in at.metric)
     assert cold.endswith(" ms") and hit.endswith(" ms") and speed.endswith("×")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from _app_helpers import app, sidebar_set, tiny_model_env  # noqa: F401  (pytest fixtures)
+from paged_kv_lab.app.registry import page_file
 from paged_kv_lab.app.workloads_data import (
     LIMITS_ENV,
     Settings,
@@ -19,7 +20,6 @@ from paged_kv_lab.app.workloads_data import (
 )
 from paged_kv_lab.app.workloads_page import (
     KEY,
-    PAGE_FILE,
     WorkloadsState,
     load_shipped,
     load_upload,
@@ -44,7 +44,7 @@ def slice_as_shipped():
 
 @pytest.fixture(scope="module")
 def page():
-    at = app(PAGE_FILE)
+    at = app(page_file("workloads"))
     assert at.info and not at.metric  # nothing replayed yet
     at.button(key=f"load:{KEY}").click().run()
     at.button(key=f"replay:{KEY}").click().run()

@@ -21,7 +21,6 @@ from paged_kv_lab.lesson.casebook import CASES, CASES_BY_ID, Case, issue_url, nu
 from paged_kv_lab.lesson.catalog import Lesson
 from paged_kv_lab.text.i18n import pick, tr
 
-PAGE_FILE = "pages/12_casebook.py"
 CASE_KEY = "casebook:case"
 FIX_KEY = "casebook:fix:{id}"
 FIGURE_WAIT = 20.0  # seconds a page run waits for a case's two runs to end before it polls

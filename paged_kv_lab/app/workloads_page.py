@@ -45,7 +45,6 @@ from paged_kv_lab.workload.replay import ReplayError
 from paged_kv_lab.workload.sweep import sweep
 from paged_kv_lab.workload.trace import Trace, TraceError
 
-PAGE_FILE = "pages/17_real_workloads.py"
 KEY = "workloads"
 COMPONENT = "paged_kv_lab.pool_player"
 BLOCK_SIZES = (16, 32, 64, 128, 256, 512)
