@@ -16,8 +16,9 @@ import streamlit as st
 
 from paged_kv_lab.app.lesson_page import current_lang, current_model
 from paged_kv_lab.app.memory import dims_from_config, formula, human_bytes
+from paged_kv_lab.app.registry import page
 from paged_kv_lab.lesson import BY_ID
-from paged_kv_lab.lesson.topic_words import BLOCK_SIZE, COLLISIONS, ICONS, TITLES, TTFT
+from paged_kv_lab.lesson.topic_words import BLOCK_SIZE, COLLISIONS, TTFT
 from paged_kv_lab.lesson.topics import (
     HASH_BITS,
     block_size_study,
@@ -54,7 +55,8 @@ def _model_key(model) -> tuple:
 
 
 def _header(topic: str, summary: dict, lang: str):
-    st.title(f"{ICONS[topic]} {pick(TITLES[topic], lang)}")
+    shown = page(topic)
+    st.title(f"{shown.icon} {tr(shown.title, lang)}")
     st.caption(pick(summary, lang))
     ms = current_model()
     if ms.model is None:
