@@ -20,12 +20,22 @@ def no_background_pause(monkeypatch):
     monkeypatch.setattr(default_store(), "background_pause", 0.0)
 
 
+def recorded(at):
+    """The page once its cases' runs have ended (the server's warm-up records them ahead; until
+    then the page plays what is recorded and says the figure is being computed)."""
+    from paged_kv_lab.app.casebook_page import case_lessons
+    from paged_kv_lab.app.warm_up import record_ahead
+
+    record_ahead([x for c in CASES for x in case_lessons(c)], at.session_state["_model_state"])
+    return at.run()
+
+
 def shown(at) -> dict[str, str]:
     return {m.label: m.value for m in at.metric}
 
 
 def test_every_case_renders_and_its_switch_changes_the_hit_rate():
-    at = app(PAGE)
+    at = recorded(app(PAGE))
     assert list(at.radio(key="casebook:case").options) == [
         f"{c.icon} {pick(c.title, 'en')}" for c in CASES
     ]

@@ -12,7 +12,7 @@ def metric(at, label):
 
 
 def test_profile_then_sliders_give_vllms_num_gpu_blocks(tiny):  # noqa: F811
-    H._PROFILES.clear()
+    H.PROFILES.clear()
     at = app(page_file("blocks"))
     button = next(b for b in at.button if b.key == "hmb_profile:blocks")
     button.click().run()

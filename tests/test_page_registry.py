@@ -108,7 +108,7 @@ def _load(tmp_path, monkeypatch, data: dict):
 
 
 def _page(pid: str, **kw) -> dict:
-    return {"id": pid, "slug": pid, "icon": "x", "ready": ".x", **kw}
+    return {"id": pid, "slug": pid, "icon": "x", "ready": [".x"], **kw}
 
 
 def test_the_registry_names_the_page_and_field_it_rejects(tmp_path, monkeypatch):

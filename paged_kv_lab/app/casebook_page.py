@@ -15,7 +15,12 @@ import streamlit as st
 
 from paged_kv_lab.app.lesson_page import current_lang, current_model, lesson_player
 from paged_kv_lab.app.player_component import page_fragment, player_panel, step_cap_note
-from paged_kv_lab.app.state import LessonState, get_state, init_globals_from_url, write_url
+from paged_kv_lab.app.state import (
+    LessonState,
+    get_state,
+    init_globals_from_url,
+    write_url,
+)
 from paged_kv_lab.app.why_panel import why_panel
 from paged_kv_lab.lesson.casebook import CASES, CASES_BY_ID, Case, issue_url, numbers
 from paged_kv_lab.lesson.catalog import Lesson
@@ -23,8 +28,7 @@ from paged_kv_lab.text.i18n import pick, tr
 
 CASE_KEY = "casebook:case"
 FIX_KEY = "casebook:fix:{id}"
-FIGURE_WAIT = 20.0  # seconds a page run waits for a case's two runs to end before it polls
-RESULTS_POLL = 2.0  # seconds between the results' reruns while a run is still being computed
+RESULTS_POLL = 1.0  # seconds between the results' reruns while a run is still being computed
 
 
 def _from_link() -> None:
@@ -77,13 +81,17 @@ def case_stage(lesson: Lesson, state: LessonState, ms, lang: str) -> None:
     write_url(state, lesson, lang, ms)
 
 
-def final_numbers(state: LessonState, wait: float) -> Optional[dict]:
-    """The numbers of the run's last step, once the run has ended (waiting ``wait`` s at most,
-    as background work: the store keeps clicks first)."""
+def case_lessons(case: Case) -> tuple[Lesson, ...]:
+    fixed = case.fixed_lesson()
+    return (case.lesson,) if fixed is None else (case.lesson, fixed)
+
+
+def final_numbers(state: LessonState) -> Optional[dict]:
+    """The numbers of the run's last step once the run has ended, else None (its steps are asked
+    for as background work: the store keeps clicks first). Never waits."""
     run = state.run.run
     if not run.done:
         run.want(1 << 30)
-        run.wait(1 << 30, wait, urgent=False)
     if not run.done or not run.records:
         return None
     return numbers(run.records[-1].snapshot)
@@ -138,7 +146,7 @@ def case_results(case: Case, states, fixed: bool, pending: bool, lang: str) -> N
     """The shown run's numbers and the before/after figure, once both runs have ended. While one
     is still being computed, this part polls (``pending``: a fragment run every ``RESULTS_POLL``
     s) and reruns the whole page when both have ended, which stops the polling."""
-    before, after = (final_numbers(s, 0.5) if s is not None else None for s in states)
+    before, after = (final_numbers(s) if s is not None else None for s in states)
     if before is None or (states[1] is not None and after is None):
         st.info(tr("casebook.computing", lang))
         return
@@ -192,7 +200,7 @@ def render_casebook() -> None:
     states = (get_state(case.lesson, ms), get_state(fixed_lesson, ms) if fixed_lesson else None)
     for s in states:
         if s is not None:
-            final_numbers(s, FIGURE_WAIT)
+            final_numbers(s)
     pending = not all(s.run.run.done for s in states if s is not None)
     results = st.fragment(run_every=RESULTS_POLL if pending else None)(case_results)
     results(case, states, fixed, pending, lang)

@@ -28,6 +28,7 @@ from paged_kv_lab.app.modelstate import (
 )
 from paged_kv_lab.app.registry import Page, nav_title, sections
 from paged_kv_lab.app.state import init_globals_from_url
+from paged_kv_lab.app.warm_up import start_warm_up
 from paged_kv_lab.text.i18n import LANG_NAMES, LANGS, tr
 
 _inside = threading.local()  # script runs are per-session threads
@@ -98,6 +99,7 @@ def main() -> None:
     _inside.depth = getattr(_inside, "depth", 0) + 1
     try:
         lang = sidebar()
+        start_warm_up(st.session_state["_model_state"])
         st.navigation(
             {
                 tr(section.title, lang): [st_page(p, lang) for p in section.pages]

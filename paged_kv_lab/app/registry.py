@@ -40,7 +40,7 @@ class Page:
     file: Optional[str]
     lesson: Optional[str]
     number: Optional[int]
-    ready: str
+    ready: tuple[str, ...]  # CSS selectors of the page's own content (the browser test's)
 
     @property
     def title(self) -> str:
@@ -71,9 +71,12 @@ def _section(raw: dict, place: int) -> tuple[Section, int]:
     pages, lesson_no = [], 0
     for i, p in enumerate(raw.get("pages", ())):
         where = f"section {raw.get('id')!r}, page {i} ({p.get('id', '?')!r})"
-        for name in ("id", "slug", "icon", "ready"):
+        for name in ("id", "slug", "icon"):
             if not isinstance(p.get(name), str):
                 raise _problem(where, f"{name!r} must be a string")
+        ready = p.get("ready")
+        if not (isinstance(ready, list) and ready and all(isinstance(r, str) for r in ready)):
+            raise _problem(where, "'ready' must be a list of CSS selectors")
         extra = set(p) - {"id", "slug", "icon", "ready", "lesson"}
         if extra:
             raise _problem(where, f"unknown field(s) {sorted(extra)}")
@@ -91,7 +94,7 @@ def _section(raw: dict, place: int) -> tuple[Section, int]:
                 file=file,
                 lesson=p.get("lesson"),
                 number=number,
-                ready=p["ready"],
+                ready=tuple(ready),
             )
         )
         place += 1

@@ -1,0 +1,59 @@
+"""Every page of the registry opens within OPEN_S seconds in a real browser (Debian's chromium), on
+a fresh server once the model is loaded: each page is a first visit, in a new tab (a new
+session), and is timed from the navigation until its own content shows (the registry's ``ready``
+selectors: the player's root with its steps, a page's table or figures), not by a timer in the
+app. The measured table is printed (pytest -s) and written to test-artifacts/pages-open.txt."""
+
+import time
+
+import pytest
+
+from paged_kv_lab.app.registry import pages
+from tests.test_browser import ROOT, browser, model_for_browser, streamlit_server  # noqa: F401
+
+pytestmark = pytest.mark.browser
+
+OPEN_S = 3.0
+LOAD_S = 300  # the model's load on the first visit (not timed)
+CONTENT_S = 60  # how long a page may take before the test stops waiting (then it fails)
+
+
+@pytest.fixture(scope="module")
+def fresh_server():
+    with streamlit_server(model_for_browser()) as (url, _):
+        yield url
+
+
+def open_page(browser, url: str, ready: tuple[str, ...]) -> float:  # noqa: F811
+    """Seconds from a new tab's navigation to ``url`` until every ``ready`` selector shows."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    tab = browser.new_page(viewport={"width": 1400, "height": 1800})
+    try:
+        t0 = time.monotonic()
+        tab.goto(url)
+        for sel in ready:
+            try:
+                tab.wait_for_selector(sel, state="visible", timeout=CONTENT_S * 1000)
+            except PlaywrightTimeout:
+                return float("inf")  # reported in the table with the others
+        return time.monotonic() - t0
+    finally:
+        tab.close()
+
+
+def test_every_page_opens_within_three_seconds(fresh_server, browser):  # noqa: F811
+    home = pages()[0]
+    # the first visit loads the model (untimed), then every page is a first visit of its own
+    tab = browser.new_page()
+    tab.goto(fresh_server)
+    for sel in home.ready:
+        tab.wait_for_selector(sel, timeout=LOAD_S * 1000)
+    tab.close()
+    took = {p.id: open_page(browser, f"{fresh_server}/{p.url_path}", p.ready) for p in pages()}
+    table = "\n".join(f"{pid:<12} {s:6.2f} s" for pid, s in took.items())
+    (ROOT / "test-artifacts").mkdir(exist_ok=True)
+    (ROOT / "test-artifacts" / "pages-open.txt").write_text(table + "\n", encoding="utf-8")
+    print(f"\nfirst visit until the page's content shows ({model_for_browser()}):\n{table}")
+    slow = {pid: round(s, 2) for pid, s in took.items() if s > OPEN_S}
+    assert not slow, f"pages that took over {OPEN_S} s to open: {slow}\n{table}"
