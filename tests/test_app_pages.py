@@ -348,3 +348,29 @@ def test_a_broken_browser_report_changes_nothing():
         at.run()
         assert not at.exception, [e.value for e in at.exception]
     assert at.session_state["lesson:blocks"].run.cursor == 2
+
+
+def test_the_warm_up_prepares_the_pages_and_the_sidebar_says_when(monkeypatch):
+    """Once the model is loaded, the server's warm-up (off elsewhere in these tests) records the
+    cases' runs, replays Real workloads' first slice and measures the topic studies in the
+    background; the sidebar says it is under way, then done."""
+    from paged_kv_lab.app import topic_pages, workloads_page
+    from paged_kv_lab.app.casebook_page import case_lessons
+    from paged_kv_lab.app.state import build_scenario, model_key, open_run
+    from paged_kv_lab.app.warm_up import WARM_UPS
+    from paged_kv_lab.lesson.casebook import CASES
+    from paged_kv_lab.workload.budget import page_trace_limits
+
+    monkeypatch.setenv("PAGED_KV_LAB_WARM_UP", "1")
+    at = app()
+    ms = at.session_state["_model_state"]
+    lines = {tr("page.warm_up.running", "en"), tr("page.warm_up.done", "en")}
+    assert lines & {c.value for c in at.sidebar.caption}, "the sidebar tells the warm-up's state"
+    WARM_UPS.wait(model_key(ms), 600)
+    at.run()
+    assert tr("page.warm_up.done", "en") in [c.value for c in at.sidebar.caption]
+    key, _, settings = workloads_page.first_slice(page_trace_limits())
+    assert workloads_page.RUNS.ready((key, settings))
+    assert all(topic_pages.STUDIES.ready(k) for k in topic_pages.topic_studies(ms.model))
+    for lesson in (x for c in CASES for x in case_lessons(c)):
+        assert open_run(build_scenario(lesson, lesson.scenario, {}, ms), ms).run.done, lesson.id

@@ -1,14 +1,18 @@
 """Every page of the registry opens within OPEN_S seconds in a real browser (Debian's chromium), on
-a fresh server once the model is loaded: each page is a first visit, in a new tab (a new
-session), and is timed from the navigation until its own content shows (the registry's ``ready``
-selectors: the player's root with its steps, a page's table or figures), not by a timer in the
-app. The measured table is printed (pytest -s) and written to test-artifacts/pages-open.txt."""
+a fresh server once it has started: the home page's first visit loads the model and the sidebar
+then says when the server's warm-up (app/warm_up.py: the runs, the replay and the studies the
+pages show) is done; both are waited for, untimed (the warm-up's length is reported). Then each
+page is a first visit, in a new tab (a new session), timed from the navigation until its own
+content shows (the registry's ``ready`` selectors: the player's root with its steps, a page's
+table or figures), not by a timer in the app. The measured table is printed (pytest -s) and
+written to test-artifacts/pages-open.txt."""
 
 import time
 
 import pytest
 
 from paged_kv_lab.app.registry import pages
+from paged_kv_lab.text.i18n import tr
 from tests.test_browser import ROOT, browser, model_for_browser, streamlit_server  # noqa: F401
 
 pytestmark = pytest.mark.browser
@@ -49,11 +53,16 @@ def test_every_page_opens_within_three_seconds(fresh_server, browser):  # noqa: 
     tab.goto(fresh_server)
     for sel in home.ready:
         tab.wait_for_selector(sel, timeout=LOAD_S * 1000)
+    t0 = time.monotonic()
+    done = tr("page.warm_up.done", "en")
+    tab.locator("[data-testid=stSidebar]").get_by_text(done).wait_for(timeout=LOAD_S * 1000)
+    warm_s = time.monotonic() - t0
     tab.close()
     took = {p.id: open_page(browser, f"{fresh_server}/{p.url_path}", p.ready) for p in pages()}
     table = "\n".join(f"{pid:<12} {s:6.2f} s" for pid, s in took.items())
+    table += f"\n(the warm-up ended {warm_s:.1f} s after the home page showed)"
     (ROOT / "test-artifacts").mkdir(exist_ok=True)
     (ROOT / "test-artifacts" / "pages-open.txt").write_text(table + "\n", encoding="utf-8")
     print(f"\nfirst visit until the page's content shows ({model_for_browser()}):\n{table}")
-    slow = {pid: round(s, 2) for pid, s in took.items() if s > OPEN_S}
+    slow = {pid: round(s, 2) for pid, s in took.items() if not s <= OPEN_S}
     assert not slow, f"pages that took over {OPEN_S} s to open: {slow}\n{table}"

@@ -28,7 +28,7 @@ from paged_kv_lab.app.modelstate import (
 )
 from paged_kv_lab.app.registry import Page, nav_title, sections
 from paged_kv_lab.app.state import init_globals_from_url
-from paged_kv_lab.app.warm_up import start_warm_up
+from paged_kv_lab.app.warm_up import start_warm_up, warm_up_line
 from paged_kv_lab.text.i18n import LANG_NAMES, LANGS, tr
 
 _inside = threading.local()  # script runs are per-session threads
@@ -83,6 +83,8 @@ def sidebar() -> str:
                 + " · "
                 + tr("model_loaded", lang, model=name, device=info["device"], secs=ms.seconds)
             )
+        start_warm_up(ms)
+        warm_up_line(ms, lang)
     st.session_state["_model_state"] = ms
     st.session_state["_prefs"] = {"lang": lang, "model_name": name, "device": device}
     return lang
@@ -99,7 +101,6 @@ def main() -> None:
     _inside.depth = getattr(_inside, "depth", 0) + 1
     try:
         lang = sidebar()
-        start_warm_up(st.session_state["_model_state"])
         st.navigation(
             {
                 tr(section.title, lang): [st_page(p, lang) for p in section.pages]
