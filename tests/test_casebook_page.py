@@ -46,7 +46,7 @@ def test_every_case_renders_and_its_switch_changes_the_hit_rate():
         assert pick(case.asked, "en") in text and pick(case.answer, "en") in text
         assert f"({case.url})" in text, "the thread is linked"
         assert player_data(at, case.lesson.id)["run"], "the player is mounted for the case's run"
-        assert [c.type for c in at.get("plotly_chart")] == ["plotly_chart"]
+        assert len(at.get("vega_lite_chart")) == 1, "the before/after figure"
         label = tr(f"casebook.metric.{case.figure}", "en")
         before = shown(at)[label]
         at.toggle(key=f"casebook:fix:{case.id}").set_value(True).run()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-import plotly.graph_objects as go
+import pandas as pd
 import streamlit as st
 
 from paged_kv_lab.app.lesson_page import current_lang, current_model, lesson_player
@@ -102,28 +102,29 @@ def _pct(x: float) -> str:
 
 
 def show_figure(case: Case, before: dict, after: Optional[dict], lang: str) -> None:
-    """Before / after: the case's number (and vLLM's own hit rate) at the end of each run."""
+    """Before / after: the case's number (and vLLM's own hit rate) at the end of each run, in %.
+    A Vega-Lite bar chart, not plotly: plotly's 4.7 MB script would hold the whole page back on
+    a first visit (measured: tests/test_browser_pages_open.py)."""
     keys = list(dict.fromkeys((case.figure, "hit_rate")))
-    labels = [tr("casebook.before", lang)] + ([tr("casebook.after", lang)] if after else [])
-    fig = go.Figure()
-    for key in keys:
-        values = [before[key]] + ([after[key]] if after else [])
-        fig.add_bar(
-            x=labels,
-            y=[100 * v for v in values],
-            name=tr(f"casebook.metric.{key}", lang),
-            text=[_pct(v) for v in values],
-            textposition="outside",
-        )
-    fig.update_layout(
-        height=280,
-        barmode="group",
-        yaxis=dict(range=[0, 105], ticksuffix="%"),
-        margin=dict(l=0, r=0, t=30, b=0),
-        title=dict(text=tr("casebook.figure", lang), font=dict(size=14)),
-        legend=dict(orientation="h"),
+    runs = [(tr("casebook.before", lang), before)] + (
+        [(tr("casebook.after", lang), after)] if after else []
     )
-    st.plotly_chart(fig, key=f"casebook:figure:{case.id}", config={"displayModeBar": False})
+    rows = [
+        {"run": label, "metric": tr(f"casebook.metric.{key}", lang), "%": round(100 * n[key], 1)}
+        for label, n in runs
+        for key in keys
+    ]
+    st.caption(tr("casebook.figure", lang))
+    st.bar_chart(
+        pd.DataFrame(rows),
+        x="run",
+        y="%",
+        color="metric",
+        stack=False,
+        sort=False,
+        height=280,
+        x_label="",
+    )
 
 
 def show_numbers(case: Case, shown: dict, lang: str) -> None:
