@@ -7,6 +7,7 @@ content shows (the registry's ``ready`` selectors: the player's root with its st
 table or figures), not by a timer in the app. The measured table is printed (pytest -s) and
 written to test-artifacts/pages-open.txt."""
 
+import os
 import time
 
 import pytest
@@ -17,7 +18,8 @@ from tests.test_browser import ROOT, browser, model_for_browser, streamlit_serve
 
 pytestmark = pytest.mark.browser
 
-OPEN_S = 3.0
+# the issue's bound; PAGED_KV_LAB_PAGE_OPEN_S sets another (e.g. on a machine known to be loaded)
+OPEN_S = float(os.environ.get("PAGED_KV_LAB_PAGE_OPEN_S", "3.0"))
 LOAD_S = 300  # the model's load on the first visit (not timed)
 CONTENT_S = 60  # how long a page may take before the test stops waiting (then it fails)
 
