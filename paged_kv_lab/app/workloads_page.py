@@ -66,7 +66,7 @@ class WorkloadsState:
     error: Optional[str] = None
     upload_id: Any = None
     opened: bool = False  # the first slice was offered (on the session's first visit)
-    first: Optional[tuple] = None  # (RUNS key, settings) of the first slice while it replays
+    first: Optional[Settings] = None  # the first slice's settings while it replays
 
 
 def get_workloads_state() -> WorkloadsState:
@@ -103,7 +103,7 @@ def prepare_first_slice() -> None:
         key, trace, settings = first_slice(limits)
     except (BudgetError, TraceError):
         return
-    RUNS.get((key, settings), lambda: run_workload(trace, settings, limits))
+    shared_run(key, trace, settings, limits)
 
 
 # -- actions (plain functions: the page's buttons and the tests call them) -------------------------
@@ -136,7 +136,7 @@ def open_first_slice(state: WorkloadsState, limits, lang: str = "en") -> None:
         state.error = tr("workloads.bad_trace", lang, error=str(e))
         return
     use_trace(state, trace, key)
-    state.first = ((key, settings), settings)
+    state.first = settings
 
 
 def load_upload(state: WorkloadsState, data: bytes, name: str, lang: str = "en") -> Optional[str]:
@@ -323,8 +323,9 @@ def render_workloads_page() -> None:
             st.error(state.error)
             state.error = None
     if state.run is None and state.first is not None:
-        key, settings0 = state.first
-        compute = lambda: run_workload(trace, settings0, limits)  # noqa: E731
+        first = state.first
+        compute = lambda: run_workload(trace, first, limits)  # noqa: E731
+        key = (state.trace_key, first)  # shared_run's
         state.run = ready_or_placeholder(RUNS, key, compute, tr("workloads.replaying", lang))
         if state.run is not None:
             state.first = None
