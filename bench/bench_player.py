@@ -548,11 +548,11 @@ def bench_pool(trace_requests: int, num_gpu_blocks: int, block_size: int, clicks
         Settings,
         record_window,
         shipped_trace,
-        workload_limits,
     )
     from paged_kv_lab.player.pool_payload import pool_payload, pool_static_html
+    from paged_kv_lab.workload.budget import page_trace_limits
 
-    limits = workload_limits()
+    limits = page_trace_limits()
     trace = shipped_trace(0, trace_requests, limits)
     s = Settings(block_size=block_size, num_gpu_blocks=num_gpu_blocks)
     from paged_kv_lab.workload.replay import Replay

@@ -17,8 +17,12 @@ TIMEOUT = 180
 
 @pytest.fixture(scope="module", autouse=True)
 def tiny_model_env():
-    old = {k: os.environ.get(k) for k in ("PAGED_KV_LAB_MODEL", "PAGED_KV_LAB_DEVICE")}
+    """The tiny model on the CPU, and no server warm-up (app/warm_up.py) in the test process: a
+    test that needs what it computes ahead asks for it (e.g. warm_up.record_ahead)."""
+    names = ("PAGED_KV_LAB_MODEL", "PAGED_KV_LAB_DEVICE", "PAGED_KV_LAB_WARM_UP")
+    old = {k: os.environ.get(k) for k in names}
     os.environ["PAGED_KV_LAB_MODEL"], os.environ["PAGED_KV_LAB_DEVICE"] = "tiny-random", "cpu"
+    os.environ["PAGED_KV_LAB_WARM_UP"] = "0"
     yield
     for k, v in old.items():
         if v is None:

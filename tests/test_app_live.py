@@ -10,6 +10,7 @@ from streamlit.testing.v1 import AppTest
 
 from _kv_pub import ScriptedPublisher, fixture, wait_for
 from paged_kv_lab.app import live_page
+from paged_kv_lab.app.registry import page_file
 
 
 def _page():
@@ -122,7 +123,7 @@ def test_live_page_is_in_the_navigation_and_opens_from_the_app(monkeypatch):
         default_timeout=180,
     ).run()
     assert not at.exception, [e.value for e in at.exception]
-    at.switch_page(live_page.PAGE_FILE).run()
+    at.switch_page(page_file("live")).run()
     assert not at.exception, [e.value for e in at.exception]
     assert any("Live vLLM" in t.value for t in at.title)
 

@@ -19,7 +19,8 @@ from _app_helpers import (  # noqa: F401  (pytest fixtures)
     tiny,
     tiny_model_env,
 )
-from paged_kv_lab.lesson import BY_ID, LESSONS, PAGE_FILES
+from paged_kv_lab.app.registry import nav_title, page_file, pages, sections
+from paged_kv_lab.lesson import BY_ID, LESSONS
 from paged_kv_lab.player import snapshot_dict
 from paged_kv_lab.text.i18n import tr
 
@@ -55,7 +56,7 @@ def test_home_page_runs_and_steps(tiny):  # noqa: F811
     assert b.head["intro"], "step 0 shows the lesson's introduction"
     b.show(1)
     assert_shows(b, "home", 1, tiny)
-    assert len(at.get("page_link")) == len(LESSONS)
+    assert len(at.get("page_link")) == len([p for p in pages() if p.section == "lessons"])
     assert any("tiny-random ready" in s.value for s in at.sidebar.success), (
         "the sidebar shows the load state"
     )
@@ -81,7 +82,7 @@ def test_sidebar_choices_survive_page_switches():
     sidebar's model, device and language must not fall back to their first options there."""
     at = app()
     at.sidebar.selectbox(key="_sidebar_lang").set_value("zh").run()
-    at.switch_page(PAGE_FILES["blocks"]).run()
+    at.switch_page(page_file("blocks")).run()
     for _ in range(3):
         assert not at.exception, [e.value for e in at.exception]
         ms = at.session_state["_model_state"]
@@ -90,14 +91,14 @@ def test_sidebar_choices_survive_page_switches():
             at.query_params["model"] == ["tiny-random"] or at.query_params["model"] == "tiny-random"
         )
         at.run()
-    at.switch_page(PAGE_FILES["prefix"]).run()
+    at.switch_page(page_file("prefix")).run()
     ms = at.session_state["_model_state"]
     assert (ms.name, ms.device, at.session_state["lang"]) == ("tiny-random", "cpu", "zh")
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda lesson: lesson.id)
 def test_every_lesson_page(lesson, tiny):  # noqa: F811
-    at = app(PAGE_FILES[lesson.id])
+    at = app(page_file(lesson.id))
     assert any(tr(lesson.title, "en") in t.value for t in at.title)
     b = Browser(at, lesson.id)
     assert b.head["lang"] == "en" and b.head["intro"], "step 0 shows the lesson's introduction"
@@ -123,7 +124,7 @@ def test_every_lesson_page(lesson, tiny):  # noqa: F811
 
 
 def test_run_until_hit_and_events(tiny):  # noqa: F811
-    at = app(PAGE_FILES["prefix"])
+    at = app(page_file("prefix"))
     b = Browser(at, "prefix").until_recorded(1 << 30)
     hit = next(i + 1 for i, st in enumerate(b.steps) if any(e[0] == "cache_hit" for e in st["ev"]))
     assert any("hit 3 cached blocks" in t for t in b.texts(hit))
@@ -134,7 +135,7 @@ def test_run_until_hit_and_events(tiny):  # noqa: F811
 
 
 def test_language_switch_changes_text():
-    at = app(PAGE_FILES["prefix"])
+    at = app(page_file("prefix"))
     b = Browser(at, "prefix").show(1)
     assert b.head["lang"] == "en" and any("arrived" in t for t in b.texts(1))
     sidebar_set(at, "lang", "zh")
@@ -147,7 +148,7 @@ def test_language_switch_changes_text():
 
 
 def test_bad_scenario_shows_error_and_keeps_state():
-    at = app(PAGE_FILES["prefix"])
+    at = app(page_file("prefix"))
     Browser(at, "prefix").show(2)
     state = at.session_state["lesson:prefix"]
     before = (state.run.scenario, state.run.cursor)
@@ -176,7 +177,7 @@ def test_bad_scenario_shows_error_and_keeps_state():
 
 
 def test_good_scenario_upload_replaces_the_run():
-    at = app(PAGE_FILES["playground"])
+    at = app(page_file("playground"))
     good = {
         "name": "mine",
         "engine": {"block_size": 2, "num_gpu_blocks": 10},
@@ -196,7 +197,7 @@ def test_good_scenario_upload_replaces_the_run():
     link = {k: (v[0] if isinstance(v, list) else v) for k, v in at.query_params.items()}
     again = AppTest.from_file(APP, default_timeout=TIMEOUT)
     again.query_params.update(link)
-    again.switch_page(PAGE_FILES["playground"]).run()
+    again.switch_page(page_file("playground")).run()
     other = again.session_state["lesson:playground"]
     assert other.run.scenario == state.run.scenario and other.run.cursor == 1, (
         "the link carries the scenario"
@@ -207,7 +208,7 @@ def test_url_reopens_the_same_view(tiny):  # noqa: F811
     link = {"lesson": "eviction", "step": "5", "lang": "zh", "num_gpu_blocks": "14"}
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     at.query_params.update(link)
-    at.switch_page(PAGE_FILES["eviction"]).run()  # a deep link: the first run is the lesson page
+    at.switch_page(page_file("eviction")).run()  # a deep link: the first run is the lesson page
     assert not at.exception
     state = at.session_state["lesson:eviction"]
     assert state.run.cursor == 5 and state.run.scenario.engine.num_gpu_blocks == 14
@@ -217,7 +218,7 @@ def test_url_reopens_the_same_view(tiny):  # noqa: F811
 
 
 def test_toggle_rebuilds_at_the_same_step():
-    at = app(PAGE_FILES["preemption"])
+    at = app(page_file("preemption"))
     Browser(at, "preemption").show(4)
     at.segmented_control(key="tg:preemption:policy").set_value("priority").run()
     assert not at.exception
@@ -227,7 +228,7 @@ def test_toggle_rebuilds_at_the_same_step():
 
 
 def test_quiz_asks_then_reveals():
-    at = app(PAGE_FILES["blocks"])
+    at = app(page_file("blocks"))
     at.toggle(key="quiz:blocks").set_value(True).run()
     b = Browser(at, "blocks")
     state = at.session_state["lesson:blocks"]
@@ -246,7 +247,7 @@ def test_quiz_asks_then_reveals():
 
 
 def test_playground_adds_a_request():
-    at = app(PAGE_FILES["playground"])
+    at = app(page_file("playground"))
     Browser(at, "playground").show(1)
     at.text_input(key="pg_req_id").set_value("Q")
     at.text_input(key="pg_req_text").set_value("Why is the sea blue?")
@@ -260,7 +261,7 @@ def test_playground_adds_a_request():
 
 
 def test_two_sessions_do_not_share_state():
-    a, b = app(PAGE_FILES["blocks"]), app(PAGE_FILES["blocks"])
+    a, b = app(page_file("blocks")), app(page_file("blocks"))
     Browser(a, "blocks").show(2)
     b.run()
     assert (
@@ -276,7 +277,7 @@ def test_unavailable_device_keeps_the_app_running():
 
     if torch.cuda.is_available():
         pytest.skip("CUDA is available here; the failure path needs a machine without it")
-    at = app(PAGE_FILES["blocks"])
+    at = app(page_file("blocks"))
     sidebar_set(at, "device", "cuda")
     assert not at.exception
     assert any("cuda" in e.value.lower() for e in at.error)
@@ -285,7 +286,7 @@ def test_unavailable_device_keeps_the_app_running():
 
 
 def test_playground_refuses_a_request_that_never_fits():
-    at = app(PAGE_FILES["playground"])
+    at = app(page_file("playground"))
     state = at.session_state["lesson:playground"]
     before = state.run.scenario
     at.text_input(key="pg_req_text").set_value("many words " * 200)
@@ -295,30 +296,46 @@ def test_playground_refuses_a_request_that_never_fits():
     assert state.run.scenario == before
 
 
-def test_every_page_file_is_in_the_navigation_under_streamlits_name():
-    """A page file's URL path must be the name Streamlit derives from it (lesson/lessons
-    url_path)."""
+def test_every_page_file_is_in_the_registry_under_streamlits_name():
+    """The pages/ folder holds exactly the registry's files, numbered in sidebar order with no
+    prefix twice; each file's URL path is the name Streamlit derives from it (a deep link opened
+    first on a fresh server is matched against the folder before st.navigation runs), and a
+    lesson's file carries the number the learner sees."""
     from pathlib import Path
 
     from streamlit.source_util import page_icon_and_name
 
-    from paged_kv_lab.app.casebook_page import PAGE_FILE as CASEBOOK_PAGE
-    from paged_kv_lab.app.live_page import PAGE_FILE as LIVE_PAGE
-    from paged_kv_lab.app.trace_page import PAGE_FILE
-    from paged_kv_lab.app.workloads_page import PAGE_FILE as WORKLOADS_PAGE
-    from paged_kv_lab.lesson import page_url_path
-
     root = Path(APP).resolve().parent
     files = sorted((root / "pages").glob("*.py"))
-    tools = {PAGE_FILE, LIVE_PAGE, CASEBOOK_PAGE, WORKLOADS_PAGE}
-    assert {f"pages/{f.name}" for f in files} == set(PAGE_FILES.values()) | tools
-    for f in files:
-        assert page_url_path(f"pages/{f.name}") == page_icon_and_name(f)[1]
+    listed = [p for p in pages() if p.file is not None]
+    assert [f"pages/{f.name}" for f in files] == [p.file for p in listed], "sidebar order"
+    prefixes = [f.name.split("_", 1)[0] for f in files]
+    assert len(set(prefixes)) == len(prefixes), f"a prefix used twice: {prefixes}"
+    for p in listed:
+        assert page_icon_and_name(root / p.file)[1] == p.url_path, p.file
+        if p.number is not None:
+            assert int(Path(p.file).name.split("_", 1)[0]) == p.number == BY_ID[p.lesson].number
+    assert [BY_ID[p.lesson].id for p in listed if p.number] == [lesson.id for lesson in LESSONS]
+    assert [s.id for s in sections()] == ["start", "lessons", "topics", "tools"]
+
+
+def test_the_home_cards_are_the_registrys_lessons_in_both_languages():
+    """The home page's cards: the registry's Lessons section, titled and numbered from the
+    catalogue in the sidebar's language (the sidebar itself: tests/test_browser_markdown.py)."""
+    at = app()
+    for lang in ("en", "zh"):
+        at.sidebar.selectbox(key="_sidebar_lang").set_value(lang).run()
+        assert not at.exception
+        cards = [p for p in pages() if p.section == "lessons"]
+        assert [link.label for link in at.get("page_link")] == [
+            nav_title(p, lang) for p in cards[0::2] + cards[1::2]
+        ], "two columns, filled alternately"
+        assert {c.value for c in at.caption} >= {tr(p.summary, lang) for p in cards}
 
 
 def test_a_broken_browser_report_changes_nothing():
     """The page reads the player's reports defensively: garbage from a client is ignored."""
-    at = app(PAGE_FILES["blocks"])
+    at = app(page_file("blocks"))
     b = Browser(at, "blocks").show(2)
     for junk in (
         {"cursor": {"run": b.run_token, "step": "x"}},
@@ -331,3 +348,29 @@ def test_a_broken_browser_report_changes_nothing():
         at.run()
         assert not at.exception, [e.value for e in at.exception]
     assert at.session_state["lesson:blocks"].run.cursor == 2
+
+
+def test_the_warm_up_prepares_the_pages_and_the_sidebar_says_when(monkeypatch):
+    """Once the model is loaded, the server's warm-up (off elsewhere in these tests) records the
+    cases' runs, replays Real workloads' first slice and measures the topic studies in the
+    background; the sidebar says it is under way, then done."""
+    from paged_kv_lab.app import topic_pages, workloads_page
+    from paged_kv_lab.app.casebook_page import case_lessons
+    from paged_kv_lab.app.state import build_scenario, model_key, open_run
+    from paged_kv_lab.app.warm_up import WARM_UPS
+    from paged_kv_lab.lesson.casebook import CASES
+    from paged_kv_lab.workload.budget import page_trace_limits
+
+    monkeypatch.setenv("PAGED_KV_LAB_WARM_UP", "1")
+    at = app()
+    ms = at.session_state["_model_state"]
+    lines = {tr("page.warm_up.running", "en"), tr("page.warm_up.done", "en")}
+    assert lines & {c.value for c in at.sidebar.caption}, "the sidebar tells the warm-up's state"
+    WARM_UPS.wait(model_key(ms), 600)
+    at.run()
+    assert tr("page.warm_up.done", "en") in [c.value for c in at.sidebar.caption]
+    key, _, settings = workloads_page.first_slice(page_trace_limits())
+    assert workloads_page.RUNS.ready((key, settings))
+    assert all(topic_pages.STUDIES.ready(k) for k in topic_pages.topic_studies(ms.model))
+    for lesson in (x for c in CASES for x in case_lessons(c)):
+        assert open_run(build_scenario(lesson, lesson.scenario, {}, ms), ms).run.done, lesson.id

@@ -14,11 +14,13 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from _app_helpers import APP, TIMEOUT, Browser, app, player_data, sidebar_set, tiny, tiny_model_env  # noqa: F401  (pytest fixtures)
-from paged_kv_lab.app.trace_page import PAGE_FILE, STATE_KEY
+from paged_kv_lab.app.registry import page_file
+from paged_kv_lab.app.trace_page import STATE_KEY
 from paged_kv_lab.player import snapshot_dict
 from paged_kv_lab.record.scenario import load_scenario
 from paged_kv_lab.text.sentences import step_sentences
 
+PAGE_FILE = page_file("trace")
 ROOT = Path(__file__).resolve().parent.parent
 EVICTION = ROOT / "paged_kv_lab" / "examples" / "eviction.json"
 

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from _app_helpers import tiny_model_env  # noqa: F401  (the page test runs the app on the tiny model)
 from _event_runs import every_kind_runs
 from _kv_helpers import make_engine, spec, vllm_chain
+from paged_kv_lab.app.registry import page_file
 from paged_kv_lab.cli.main import main
 from paged_kv_lab.record import events as E
 from paged_kv_lab.record import trace
@@ -450,7 +451,7 @@ def test_why_panel_shows_a_request_and_a_block_in_both_languages():
 def test_why_panel_on_a_lesson_page_follows_the_player():
     from _app_helpers import Browser, app
 
-    at = app("pages/2_prefix_caching.py")
+    at = app(page_file("prefix"))
     at.toggle(key="why_open:prefix").set_value(True).run()
     # at step 0 there is nothing to ask
     assert "why_req:prefix" not in [s.key for s in at.selectbox]

@@ -15,7 +15,12 @@ import zlib
 
 import pytest
 
+from paged_kv_lab.app.registry import lesson_page
 from tests.test_browser import browser, streamlit_server, wait_idle  # noqa: F401  (pytest fixtures)
+
+# the lesson pages the cases open, by their registry URL paths
+PLAYGROUND = lesson_page("playground").url_path
+EVICTION = lesson_page("eviction").url_path
 
 RSS_BOUND = 1_500 * 10**6  # the server with the tiny model loaded uses ~0.5 GB
 CASE_SECONDS = 60  # no case may take longer than this
@@ -65,7 +70,7 @@ def victim(server, browser):  # noqa: F811
     rerun of the page on the server) and returns the seconds until the page is idle again."""
     url, _ = server
     page = browser.new_page(viewport={"width": 1400, "height": 1600})
-    page.goto(url + "/eviction")
+    page.goto(f"{url}/{EVICTION}")
     page.get_by_text("Pool size (blocks)").first.wait_for(timeout=120_000)
     wait_idle(page)
 
@@ -144,7 +149,7 @@ def test_hostile_links_get_clear_messages(server, browser, victim):  # noqa: F81
         for case, (scenario, knob) in LINK_CASES.items():
             t1 = time.perf_counter()
             page.goto(
-                f"{url}/playground?lesson=playground&scn={pack(scenario)}",
+                f"{url}/{PLAYGROUND}?lesson=playground&scn={pack(scenario)}",
                 timeout=CASE_SECONDS * 1000,
             )
             page.get_by_text(knob).first.wait_for(timeout=CASE_SECONDS * 1000)
@@ -161,7 +166,7 @@ def test_a_far_step_shows_the_last_step_at_once(server, browser, victim):  # noq
     t0 = time.perf_counter()
     page = browser.new_page(viewport={"width": 1400, "height": 1600})
     try:
-        page.goto(f"{url}/eviction?lesson=eviction&step=1000000000")
+        page.goto(f"{url}/{EVICTION}?lesson=eviction&step=1000000000")
         page.get_by_text("Pool size (blocks)").first.wait_for(timeout=CASE_SECONDS * 1000)
         wait_idle(page)
         page.wait_for_function(
@@ -185,7 +190,7 @@ def test_hostile_uploads_get_clear_messages(server, browser, victim):  # noqa: F
     ):
         page = browser.new_page(viewport={"width": 1400, "height": 1600})
         try:
-            page.goto(f"{url}/playground", timeout=CASE_SECONDS * 1000)
+            page.goto(f"{url}/{PLAYGROUND}", timeout=CASE_SECONDS * 1000)
             page.get_by_text("Scenario file").first.wait_for(timeout=CASE_SECONDS * 1000)
             wait_idle(page)
             page.locator("[data-testid=stExpander] summary").filter(
@@ -229,7 +234,8 @@ def test_long_runs_elsewhere_keep_the_victim_within_twice_its_latency(server, br
             )
             page = browser.new_page(viewport={"width": 1400, "height": 1600})
             page.goto(
-                f"{url}/playground?lesson=playground&scn={pack(long)}", timeout=CASE_SECONDS * 1000
+                f"{url}/{PLAYGROUND}?lesson=playground&scn={pack(long)}",
+                timeout=CASE_SECONDS * 1000,
             )
             pages.append(page)
         for page in pages:

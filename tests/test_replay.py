@@ -313,6 +313,30 @@ def test_budget_refusals_name_the_limit():
         check_trace(trace, settings, replace(wide, max_num_gpu_blocks=100))
 
 
+def test_one_trace_budget_for_the_cli_and_the_page():
+    """workload/budget.py bounds a trace for both sides: the page's limits are set by the
+    PAGED_KV_LAB_REPLAY_* variables, the CLI's by the record budget's PAGED_KV_LAB_MAX_* ones, and
+    a refusal names the side's variable."""
+    from paged_kv_lab.workload.budget import cli_trace_limits, page_trace_limits
+
+    trace = load_trace(MOONCAKE)
+    settings = replay_settings(trace, {"block_size": 512, "num_gpu_blocks": 200})
+    page = page_trace_limits({"PAGED_KV_LAB_REPLAY_MAX_REQUESTS": "10"})
+    with pytest.raises(
+        BudgetError,
+        match=r"requests = 40; this page allows at most 10 \(PAGED_KV_LAB_REPLAY_MAX_REQUESTS\)",
+    ):
+        check_trace(trace, settings, page)
+    page = page_trace_limits({"PAGED_KV_LAB_REPLAY_MAX_TOKENS": "1000"})
+    with pytest.raises(BudgetError, match=r"prompt \+ output tokens = .*REPLAY_MAX_TOKENS"):
+        check_trace(trace, settings, page)
+    check_trace(trace, settings, page_trace_limits({}))
+    cli = cli_trace_limits(8 * 10**9)
+    check_trace(trace, settings, cli)
+    with pytest.raises(BudgetError, match=r"PAGED_KV_LAB_MAX_BLOCKS"):
+        check_trace(trace, settings, replace(cli, max_num_gpu_blocks=100))
+
+
 def test_the_clis_budget_admits_the_whole_shipped_trace():
     trace = load_trace(SHIPPED_TRACE)
     assert len(trace) == 3993 and trace.max_input_length == 191_378

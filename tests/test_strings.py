@@ -147,7 +147,11 @@ def test_every_fmt_call_fills_the_fields_its_template_names():
 
 
 def test_every_entry_is_used():
+    from paged_kv_lab.app.registry import pages, sections
+
     literal, prefixes = python_keys()
+    # the page registry's data names the pages' and sections' titles and summaries
+    literal |= {s.title for s in sections()} | {k for p in pages() for k in (p.title, p.summary)}
     names, js_prefixes = player_names()
     phases = {"prefill", "chunk", "decode", "recompute"}  # the budget chart's L[phase]
 

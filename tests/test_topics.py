@@ -18,7 +18,8 @@ from _app_helpers import APP, TIMEOUT, Browser, app, tiny_model_env  # noqa: F40
 from kvcore.core.block_pool import BlockHashToBlockMap
 from kvcore.core.kv_cache_utils import KVCacheBlock
 from paged_kv_lab.app.panels import narration
-from paged_kv_lab.lesson import BY_ID, PAGE_FILES, TOPICS
+from paged_kv_lab.app.registry import page_file, sections
+from paged_kv_lab.lesson import BY_ID
 from paged_kv_lab.lesson.catalog import moment_steps
 from paged_kv_lab.lesson.topics import (
     block_size_study,
@@ -147,24 +148,59 @@ def test_a_hit_skips_prefill_and_is_timed(model, one_torch_thread):
 # -- the pages ----------------------------------------------------------------------------------
 def test_every_topic_page_renders():
     at = app()
-    for topic in TOPICS:
-        at.switch_page(PAGE_FILES[topic]).run()
+    (topics,) = (s for s in sections() if s.id == "topics")
+    for topic in (p.id for p in topics.pages):
+        at.switch_page(page_file(topic)).run()
         assert not at.exception, (topic, [e.value for e in at.exception])
         assert at.title, topic
-    title = at.switch_page(PAGE_FILES["onehash"]).run().title[0].value
+    title = at.switch_page(page_file("onehash")).run().title[0].value
     assert tr(BY_ID["onehash"].title, "en") in title
 
 
 def test_one_hash_page_plays_the_lesson():
-    at = app(PAGE_FILES["onehash"])
+    at = app(page_file("onehash"))
     b = Browser(at, "onehash").until_recorded(1 << 30)
     assert b.done and b.head["intro"]
     narrated = [n for s in b.steps for n in s["nar"]]
     assert any("two blocks for one hash" in n for n in narrated)
 
 
+def measured(at):
+    """The page once its studies are measured (the server's warm-up does it ahead; until then the
+    page shows a note that fills in: test_a_topic_page_shows_a_note_until_measured)."""
+    from paged_kv_lab.app.topic_pages import prepare_studies
+
+    prepare_studies(at.session_state["_model_state"].model)
+    return at.run()
+
+
+def test_a_topic_page_shows_a_note_until_measured(monkeypatch):
+    """Opening a topic page never waits for its study: a note shows where it goes, the study runs
+    in the background, and the page fills in on a later run."""
+    import threading
+
+    from paged_kv_lab.app import topic_pages
+
+    gate = threading.Event()
+    studies = topic_pages.topic_studies
+
+    def slow(model):
+        return {k: (lambda c=c: gate.wait(60) and c()) for k, c in studies(model).items()}
+
+    monkeypatch.setattr(topic_pages, "topic_studies", slow)
+    monkeypatch.setattr(topic_pages, "STUDIES", topic_pages.Shared("test-topics"))
+    at = app(page_file("blocksize"))
+    assert not at.dataframe and tr("topic.measuring", "en") in [i.value for i in at.info]
+    gate.set()
+    key = ("blocksize", *topic_pages._model_key(at.session_state["_model_state"].model))
+    topic_pages.STUDIES.wait(key, 60)
+    at.run()
+    assert not at.exception and len(at.dataframe) == 1
+    assert tr("topic.measuring", "en") not in [i.value for i in at.info]
+
+
 def test_block_size_page_in_both_languages():
-    at = app(PAGE_FILES["blocksize"])
+    at = measured(app(page_file("blocksize")))
     text = " ".join(m.value for m in at.markdown)
     assert "bigger blocks fragment less" in text and "backwards" in text
     (table,) = at.dataframe  # the one table of the page
@@ -177,13 +213,13 @@ def test_block_size_page_in_both_languages():
 
 
 def test_collisions_and_ttft_pages():
-    at = app(PAGE_FILES["collisions"])
+    at = measured(app(page_file("collisions")))
     text = " ".join(m.value for m in at.markdown)
     assert "nano-vllm" in text and "NONE_HASH" in text
     assert len(at.dataframe) == 2
     at.radio(key="topic_hash_algo").set_value("xxhash").run()
     assert not at.exception and "128 bits" in " ".join(m.value for m in at.markdown)
-    at.switch_page(PAGE_FILES["hitttft"]).run()
+    at.switch_page(page_file("hitttft")).run()
     assert not at.exception
     cold, hit, speed = (m.value for m in at.metric)
     assert cold.endswith(" ms") and hit.endswith(" ms") and speed.endswith("×")
@@ -201,11 +237,12 @@ def test_measure_again_is_rate_limited(monkeypatch):
         return len(calls)
 
     key = ("test-rate-limit", id(calls))
-    assert topic_pages.measured(key, compute) == 1
-    assert topic_pages.measured(key, compute, again=True) == 1, "a click right after: no rerun"
-    monkeypatch.setattr(topic_pages, "AGAIN_AFTER_S", 0.0)
-    assert topic_pages.measured(key, compute, again=True) == 2
-    assert topic_pages.measured(key, compute) == 2
+    get = topic_pages.STUDIES.get
+    assert get(key, compute) == 1
+    again = topic_pages.AGAIN_AFTER_S
+    assert get(key, compute, again_after=again) == 1, "a click right after: no rerun"
+    assert get(key, compute, again_after=0.0) == 2
+    assert get(key, compute) == 2
 
 
 def test_vllms_own_manager_makes_the_same_twins(tiny_model):

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from paged_kv_lab.app.workloads_data import Settings, record_window, run_workload, workload_limits
+from paged_kv_lab.app.workloads_data import Settings, record_window, run_workload
 from paged_kv_lab.player.pool_payload import encode_frames, pool_payload
 from paged_kv_lab.record.pool_frames import FrameRecorder, state_at
 from paged_kv_lab.record.recorder import Recorder
 from paged_kv_lab.record.snapshot import take_snapshot
 from paged_kv_lab.why.explain_replay import EVICTED, NEVER_COMPUTED, replay_hit_sentences
+from paged_kv_lab.workload.budget import page_trace_limits
 from paged_kv_lab.workload.replay import Replay
 from paged_kv_lab.workload.trace import load_trace
 
@@ -67,7 +68,7 @@ def test_keyframes_plus_deltas_rebuild_every_step(trace):
 
 def test_the_payload_sends_block_tables_as_appends_and_hashes_only_when_changed(trace):
     s = Settings(block_size=16, num_gpu_blocks=10_000, arrival="timestamps")
-    w = record_window(trace, s, 300, workload_limits(), before=10, after=30)
+    w = record_window(trace, s, 300, page_trace_limits(), before=10, after=30)
     wire = encode_frames(w.frames)
     assert wire[0]["k"] == 1 and w.frames[w.start].step == 300
     later = [b for f in wire[1:] if not f["k"] for b in f["b"]]
@@ -79,7 +80,7 @@ def test_the_payload_sends_block_tables_as_appends_and_hashes_only_when_changed(
 
 
 def test_why_agrees_with_the_replay_and_names_the_eviction(trace):
-    run = run_workload(trace, Settings(16, 4000, arrival="timestamps"), workload_limits())
+    run = run_workload(trace, Settings(16, 4000, arrival="timestamps"), page_trace_limits())
     reasons = set()
     for p in run.result.per_request:
         xs = run.explain(p.request_id)

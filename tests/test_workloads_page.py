@@ -10,22 +10,21 @@ from pathlib import Path
 import pytest
 
 from _app_helpers import app, sidebar_set, tiny_model_env  # noqa: F401  (pytest fixtures)
+from paged_kv_lab.app.registry import page_file
 from paged_kv_lab.app.workloads_data import (
-    LIMITS_ENV,
     Settings,
     record_window,
     run_workload,
-    workload_limits,
 )
 from paged_kv_lab.app.workloads_page import (
     KEY,
-    PAGE_FILE,
     WorkloadsState,
     load_shipped,
     load_upload,
 )
 from paged_kv_lab.player.pool_payload import encode_frames
 from paged_kv_lab.why.explain_replay import replay_hit_sentences
+from paged_kv_lab.workload.budget import PAGE_ENV, page_trace_limits
 from paged_kv_lab.workload.trace import load_trace
 
 SLICE = Path(__file__).parent / "fixtures" / "mooncake_shared_slice.jsonl"
@@ -44,8 +43,9 @@ def slice_as_shipped():
 
 @pytest.fixture(scope="module")
 def page():
-    at = app(PAGE_FILE)
-    assert at.info and not at.metric  # nothing replayed yet
+    at = app(page_file("workloads"))
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.session_state[KEY].trace is not None, "the first slice is open at once"
     at.button(key=f"load:{KEY}").click().run()
     at.button(key=f"replay:{KEY}").click().run()
     assert not at.exception, [e.value for e in at.exception]
@@ -55,7 +55,24 @@ def page():
 @pytest.fixture(scope="module")
 def independent():
     trace = load_trace(SLICE)
-    return trace, run_workload(trace, Settings(), workload_limits())
+    return trace, run_workload(trace, Settings(), page_trace_limits())
+
+
+def test_the_page_opens_on_the_first_slice_replayed(independent):
+    """No click needed: the shipped trace's first slice, replayed with the form's defaults (the
+    server's warm-up replays it ahead; until then a note stands where the figures go)."""
+    from paged_kv_lab.app.workloads_page import RUNS, first_slice, prepare_first_slice
+
+    prepare_first_slice()
+    at = app(page_file("workloads"))
+    assert not at.exception, [e.value for e in at.exception]
+    key, trace, settings = first_slice(page_trace_limits())
+    assert RUNS.ready((key, settings)) and settings == Settings()
+    r = independent[1].result
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Requests"] == f"{r.requests:,}"
+    assert metrics["Prefix hit rate"] == f"{100 * r.hit_rate:.1f}%"
+    assert len(at.get("plotly_chart")) == 1
 
 
 def test_the_figures_are_the_replays(page, independent):
@@ -75,7 +92,7 @@ def test_a_moment_opens_the_player_with_the_recorded_frames(page, independent):
     els = [e for e in page.get("bidi_component") if e.proto.id.endswith(f"pool:{KEY}")]
     assert len(els) == 1
     data = json.loads(els[0].proto.json)
-    w = record_window(trace, Settings(), 300, workload_limits())
+    w = record_window(trace, Settings(), 300, page_trace_limits())
     assert data["frames"] == json.loads(json.dumps(encode_frames(w.frames)))
     assert data["frames"][data["head"]["start"]]["s"] == 300
     assert data["head"]["num_gpu_blocks"] == 10_000
@@ -113,18 +130,18 @@ def test_the_page_speaks_chinese(page):
 
 def test_refusals_name_the_limit_and_its_variable(monkeypatch):
     state = WorkloadsState()
-    monkeypatch.setenv(LIMITS_ENV["max_requests"], "5")
+    monkeypatch.setenv(PAGE_ENV["max_requests"], "5")
     err = load_shipped(state, 0, 28)
     assert "PAGED_KV_LAB_REPLAY_MAX_REQUESTS" in err and "at most 5" in err
     assert state.trace is None
     data = SLICE.read_bytes()
     err = load_upload(state, data, "slice.jsonl")  # 28 requests > 5
     assert "PAGED_KV_LAB_REPLAY_MAX_REQUESTS" in err and state.trace is None
-    monkeypatch.setenv(LIMITS_ENV["max_trace_bytes"], "1000")
+    monkeypatch.setenv(PAGE_ENV["max_trace_bytes"], "1000")
     err = load_upload(state, data, "slice.jsonl")
     assert "PAGED_KV_LAB_REPLAY_MAX_BYTES" in err and "slice.jsonl" in err
-    monkeypatch.delenv(LIMITS_ENV["max_trace_bytes"])
-    monkeypatch.delenv(LIMITS_ENV["max_requests"])
+    monkeypatch.delenv(PAGE_ENV["max_trace_bytes"])
+    monkeypatch.delenv(PAGE_ENV["max_requests"])
     err = load_upload(state, b'{"timestamp": 0, "input_length": 10}\n', "bad.jsonl")
     assert "line 1" in err and state.trace is None  # the reader names the line and field
     assert load_upload(state, data, "slice.jsonl") is None and len(state.trace) == 28

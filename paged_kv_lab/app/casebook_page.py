@@ -10,22 +10,25 @@ from __future__ import annotations
 
 from typing import Optional
 
-import plotly.graph_objects as go
+import pandas as pd
 import streamlit as st
 
 from paged_kv_lab.app.lesson_page import current_lang, current_model, lesson_player
 from paged_kv_lab.app.player_component import page_fragment, player_panel, step_cap_note
-from paged_kv_lab.app.state import LessonState, get_state, init_globals_from_url, write_url
+from paged_kv_lab.app.state import (
+    LessonState,
+    get_state,
+    init_globals_from_url,
+    write_url,
+)
 from paged_kv_lab.app.why_panel import why_panel
 from paged_kv_lab.lesson.casebook import CASES, CASES_BY_ID, Case, issue_url, numbers
 from paged_kv_lab.lesson.catalog import Lesson
 from paged_kv_lab.text.i18n import tr
 
-PAGE_FILE = "pages/12_casebook.py"
 CASE_KEY = "casebook:case"
 FIX_KEY = "casebook:fix:{id}"
-FIGURE_WAIT = 20.0  # seconds a page run waits for a case's two runs to end before it polls
-RESULTS_POLL = 2.0  # seconds between the results' reruns while a run is still being computed
+RESULTS_POLL = 1.0  # seconds between the results' reruns while a run is still being computed
 
 
 def _from_link() -> None:
@@ -78,13 +81,17 @@ def case_stage(lesson: Lesson, state: LessonState, ms, lang: str) -> None:
     write_url(state, lesson, lang, ms)
 
 
-def final_numbers(state: LessonState, wait: float) -> Optional[dict]:
-    """The numbers of the run's last step, once the run has ended (waiting ``wait`` s at most,
-    as background work: the store keeps clicks first)."""
+def case_lessons(case: Case) -> tuple[Lesson, ...]:
+    fixed = case.fixed_lesson()
+    return (case.lesson,) if fixed is None else (case.lesson, fixed)
+
+
+def final_numbers(state: LessonState) -> Optional[dict]:
+    """The numbers of the run's last step once the run has ended, else None (its steps are asked
+    for as background work: the store keeps clicks first). Never waits."""
     run = state.run.run
     if not run.done:
         run.want(1 << 30)
-        run.wait(1 << 30, wait, urgent=False)
     if not run.done or not run.records:
         return None
     return numbers(run.records[-1].snapshot)
@@ -95,28 +102,29 @@ def _pct(x: float) -> str:
 
 
 def show_figure(case: Case, before: dict, after: Optional[dict], lang: str) -> None:
-    """Before / after: the case's number (and vLLM's own hit rate) at the end of each run."""
+    """Before / after: the case's number (and vLLM's own hit rate) at the end of each run, in %.
+    A Vega-Lite bar chart, not plotly: plotly's 4.7 MB script would hold the whole page back on
+    a first visit (measured: tests/test_browser_pages_open.py)."""
     keys = list(dict.fromkeys((case.figure, "hit_rate")))
-    labels = [tr("casebook.before", lang)] + ([tr("casebook.after", lang)] if after else [])
-    fig = go.Figure()
-    for key in keys:
-        values = [before[key]] + ([after[key]] if after else [])
-        fig.add_bar(
-            x=labels,
-            y=[100 * v for v in values],
-            name=tr(f"casebook.metric.{key}", lang),
-            text=[_pct(v) for v in values],
-            textposition="outside",
-        )
-    fig.update_layout(
-        height=280,
-        barmode="group",
-        yaxis=dict(range=[0, 105], ticksuffix="%"),
-        margin=dict(l=0, r=0, t=30, b=0),
-        title=dict(text=tr("casebook.figure", lang), font=dict(size=14)),
-        legend=dict(orientation="h"),
+    runs = [(tr("casebook.before", lang), before)] + (
+        [(tr("casebook.after", lang), after)] if after else []
     )
-    st.plotly_chart(fig, key=f"casebook:figure:{case.id}", config={"displayModeBar": False})
+    rows = [
+        {"run": label, "metric": tr(f"casebook.metric.{key}", lang), "%": round(100 * n[key], 1)}
+        for label, n in runs
+        for key in keys
+    ]
+    st.caption(tr("casebook.figure", lang))
+    st.bar_chart(
+        pd.DataFrame(rows),
+        x="run",
+        y="%",
+        color="metric",
+        stack=False,
+        sort=False,
+        height=280,
+        x_label="",
+    )
 
 
 def show_numbers(case: Case, shown: dict, lang: str) -> None:
@@ -139,7 +147,7 @@ def case_results(case: Case, states, fixed: bool, pending: bool, lang: str) -> N
     """The shown run's numbers and the before/after figure, once both runs have ended. While one
     is still being computed, this part polls (``pending``: a fragment run every ``RESULTS_POLL``
     s) and reruns the whole page when both have ended, which stops the polling."""
-    before, after = (final_numbers(s, 0.5) if s is not None else None for s in states)
+    before, after = (final_numbers(s) if s is not None else None for s in states)
     if before is None or (states[1] is not None and after is None):
         st.info(tr("casebook.computing", lang))
         return
@@ -193,7 +201,7 @@ def render_casebook() -> None:
     states = (get_state(case.lesson, ms), get_state(fixed_lesson, ms) if fixed_lesson else None)
     for s in states:
         if s is not None:
-            final_numbers(s, FIGURE_WAIT)
+            final_numbers(s)
     pending = not all(s.run.run.done for s in states if s is not None)
     results = st.fragment(run_every=RESULTS_POLL if pending else None)(case_results)
     results(case, states, fixed, pending, lang)

@@ -19,7 +19,6 @@ from paged_kv_lab.text.i18n import tr
 from paged_kv_lab.why.explain import RecordedSteps
 from paged_kv_lab.why.explain_designs import DesignRun
 
-PAGE_FILE = "pages/18_designs.py"
 LESSON_ID = "designs"
 
 

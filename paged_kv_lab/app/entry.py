@@ -1,11 +1,12 @@
 """The app's entry: page config, sidebar (language, model, device, load state) and navigation.
 
-app.py calls ``main()``. Each file in pages/ calls ``lesson_page(id)`` (a tool page:
-``run_page(render)``): inside the entry's navigation it draws the page; run on its own it runs
-the entry first, whose navigation then runs the page. A page file can run on its own because
-Streamlit still treats pages/ as a multipage folder until the first ``st.navigation`` call of the
-process (so a deep link opened first on a fresh server lands there), and because
-AppTest.switch_page runs page files alone.
+streamlit_app.py calls ``main()``; the navigation is the page registry's (app/registry.py: its
+sections, titles and icons, in the sidebar's language). Each file in pages/ calls
+``lesson_page(id)`` (a tool page: ``run_page(render)``): inside the entry's navigation it draws
+the page; run on its own it runs the entry first, whose navigation then runs the page. A page
+file can run on its own because Streamlit still treats pages/ as a multipage folder until the
+first ``st.navigation`` call of the process (so a deep link opened first on a fresh server lands
+there), and because AppTest.switch_page runs page files alone.
 """
 
 from __future__ import annotations
@@ -15,10 +16,8 @@ from typing import Callable
 
 import streamlit as st
 
-from paged_kv_lab.app.casebook_page import PAGE_FILE as CASEBOOK_PAGE_FILE
 from paged_kv_lab.app.home_page import render_home
 from paged_kv_lab.app.lesson_page import render_lesson
-from paged_kv_lab.app.live_page import PAGE_FILE as LIVE_PAGE_FILE
 from paged_kv_lab.app.modelstate import (
     DEVICES,
     MODELS,
@@ -27,12 +26,9 @@ from paged_kv_lab.app.modelstate import (
     get_model,
     model_summary,
 )
+from paged_kv_lab.app.registry import Page, nav_title, sections
 from paged_kv_lab.app.state import init_globals_from_url
-from paged_kv_lab.app.trace_page import PAGE_FILE as TRACE_PAGE_FILE
-from paged_kv_lab.app.workloads_page import PAGE_FILE as WORKLOADS_PAGE_FILE
-from paged_kv_lab.lesson import LESSONS, PAGE_FILES, TOPICS, page_url_path, url_path
-from paged_kv_lab.lesson.topic_words import ICONS as TOPIC_ICONS
-from paged_kv_lab.lesson.topic_words import TITLES as TOPIC_TITLES
+from paged_kv_lab.app.warm_up import start_warm_up, warm_up_line
 from paged_kv_lab.text.i18n import LANG_NAMES, LANGS, tr
 
 _inside = threading.local()  # script runs are per-session threads
@@ -87,9 +83,17 @@ def sidebar() -> str:
                 + " · "
                 + tr("model_loaded", lang, model=name, device=info["device"], secs=ms.seconds)
             )
+        start_warm_up(ms)
+        warm_up_line(ms, lang)
     st.session_state["_model_state"] = ms
     st.session_state["_prefs"] = {"lang": lang, "model_name": name, "device": device}
     return lang
+
+
+def st_page(page: Page, lang: str) -> st.Page:
+    if page.file is None:  # the default page
+        return st.Page(render_home, title=tr(page.title, lang), icon=page.icon, default=True)
+    return st.Page(page.file, title=nav_title(page, lang), icon=page.icon, url_path=page.url_path)
 
 
 def main() -> None:
@@ -97,57 +101,10 @@ def main() -> None:
     _inside.depth = getattr(_inside, "depth", 0) + 1
     try:
         lang = sidebar()
-        home = st.Page(render_home, title=tr("nav_home", lang), icon="🏠", default=True)
-        pages = [
-            st.Page(
-                PAGE_FILES[lesson.id],
-                title=f"{lesson.number}. {tr(lesson.title, lang)}",
-                icon=lesson.icon,
-                url_path=url_path(lesson.id),
-            )
-            for lesson in LESSONS
-        ]
-        topics = [
-            st.Page(
-                PAGE_FILES[t],
-                title=tr(TOPIC_TITLES[t], lang),
-                icon=TOPIC_ICONS[t],
-                url_path=url_path(t),
-            )
-            for t in TOPICS
-        ]
-        tools = [
-            st.Page(
-                TRACE_PAGE_FILE,
-                title=tr("nav_trace", lang),
-                icon="🔎",
-                url_path=page_url_path(TRACE_PAGE_FILE),
-            ),
-            st.Page(
-                LIVE_PAGE_FILE,
-                title=tr("live.title", lang),
-                icon="📡",
-                url_path=page_url_path(LIVE_PAGE_FILE),
-            ),
-            st.Page(
-                CASEBOOK_PAGE_FILE,
-                title=tr("nav_casebook", lang),
-                icon="📒",
-                url_path=page_url_path(CASEBOOK_PAGE_FILE),
-            ),
-            st.Page(
-                WORKLOADS_PAGE_FILE,
-                title=tr("workloads.title", lang),
-                icon="🏭",
-                url_path=page_url_path(WORKLOADS_PAGE_FILE),
-            ),
-        ]
         st.navigation(
             {
-                tr("nav_home", lang): [home],
-                tr("nav_lessons", lang): pages,
-                tr("nav_topics", lang): topics,
-                tr("nav_tools", lang): tools,
+                tr(section.title, lang): [st_page(p, lang) for p in section.pages]
+                for section in sections()
             },
             # every page listed: collapsed, Streamlit shows ten and hides the rest behind a button
             expanded=True,

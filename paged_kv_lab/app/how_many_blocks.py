@@ -8,37 +8,40 @@ every session; the sliders only redo the arithmetic (kvcore.model.memory.KVCache
 
 from __future__ import annotations
 
-import threading
-
 import streamlit as st
 
 from kvcore.model.memory import KVCacheSizing, MemoryProfile, num_gpu_blocks_from_profile
 from paged_kv_lab.app.memory import DTYPES, human_bytes
+from paged_kv_lab.app.shared import Shared
 from paged_kv_lab.text.i18n import tr
 
 PROFILE_TOKENS = 256  # the forward profiled: the lessons' token budget, well inside the run budget
 BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 MAX_MODEL_LENS = (256, 512, 1024, 2048, 4096, 8192)
 
-_PROFILES: dict[tuple[str, str, str], MemoryProfile] = {}
-_PROFILES_LOCK = threading.Lock()
+PROFILES: Shared[MemoryProfile] = Shared("memory profiles")  # by model, device and dtype
+
+
+def _key(model) -> tuple[str, str, str]:
+    return (model.name, str(model.device), str(model.dtype))
 
 
 def model_profile(model) -> MemoryProfile:
-    """The loaded model's memory profile, measured on first use and then shared."""
-    key = (model.name, str(model.device), str(model.dtype))
-    with _PROFILES_LOCK:
-        if key not in _PROFILES:
-            from kvcore.model.profile import profile_model
-            from paged_kv_lab.runs.store import ENGINE_LOCK
+    """The loaded model's memory profile, measured on first use (under the engine lock: it runs
+    the model) and then shared."""
 
-            with ENGINE_LOCK:
-                _PROFILES[key] = profile_model(model, PROFILE_TOKENS)
-        return _PROFILES[key]
+    def measure() -> MemoryProfile:
+        from kvcore.model.profile import profile_model
+        from paged_kv_lab.runs.store import ENGINE_LOCK
+
+        with ENGINE_LOCK:
+            return profile_model(model, PROFILE_TOKENS)
+
+    return PROFILES.get(_key(model), measure)
 
 
 def profiled(model) -> MemoryProfile | None:
-    return _PROFILES.get((model.name, str(model.device), str(model.dtype)))
+    return PROFILES.peek(_key(model))
 
 
 def sizing(

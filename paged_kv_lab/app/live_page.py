@@ -25,7 +25,6 @@ from paged_kv_lab.text.i18n import tr
 from paged_kv_lab.watch.prefix_index import CacheEntry, leading_hits
 from paged_kv_lab.watch.watcher import KVEventWatcher
 
-PAGE_FILE = "pages/9_live_vllm.py"
 MAX_WATCHERS = 8  # background subscribers per server process
 WATCH_HOSTS_ENV = "PAGED_KV_LAB_WATCH_HOSTS"
 MAX_TREE_NODES = 1500

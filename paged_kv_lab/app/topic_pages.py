@@ -8,16 +8,15 @@ text), never into Markdown or HTML.
 
 from __future__ import annotations
 
-import threading
-import time
 from typing import Any, Callable
 
 import streamlit as st
 
 from paged_kv_lab.app.lesson_page import current_lang, current_model
 from paged_kv_lab.app.memory import dims_from_config, formula, human_bytes
+from paged_kv_lab.app.registry import page
+from paged_kv_lab.app.shared import Shared, ready_or_placeholder
 from paged_kv_lab.lesson import BY_ID
-from paged_kv_lab.lesson.topic_words import ICONS, TITLES
 from paged_kv_lab.lesson.topics import (
     HASH_BITS,
     block_size_study,
@@ -28,33 +27,63 @@ from paged_kv_lab.lesson.topics import (
 )
 from paged_kv_lab.text.i18n import Text, tr
 
-_RESULTS: dict[tuple, tuple[float, Any]] = {}  # key -> (when measured, result)
-_RESULTS_LOCK = threading.Lock()
+STUDIES: Shared[Any] = Shared("topics")  # study key -> its result, for every session
 ODDS = 1e-9  # the "how many hashes for this chance" column
 # "Measure again" holds the engine lock for a few seconds on a CPU: one fresh measurement per
 # this many seconds for everyone, so clicks cannot keep the other sessions' runs waiting.
 AGAIN_AFTER_S = 30.0
 
 
-def measured(key: tuple, compute: Callable[[], Any], again: bool = False) -> Any:
-    """``compute()`` once per ``key`` per process, under the engine lock (it steps the model);
-    ``again`` measures anew if the last measurement is older than AGAIN_AFTER_S."""
-    with _RESULTS_LOCK:
-        old = _RESULTS.get(key)
-        if old is None or (again and time.monotonic() - old[0] >= AGAIN_AFTER_S):
-            from paged_kv_lab.runs.store import ENGINE_LOCK
-
-            with ENGINE_LOCK:
-                _RESULTS[key] = (time.monotonic(), compute())
-        return _RESULTS[key][1]
-
-
 def _model_key(model) -> tuple:
     return (model.name, str(model.device), str(model.dtype))
 
 
+def _locked(compute: Callable[[], Any]) -> Callable[[], Any]:
+    """A study steps the model every session shares: it runs under the engine lock."""
+
+    def run() -> Any:
+        from paged_kv_lab.runs.store import ENGINE_LOCK
+
+        with ENGINE_LOCK:
+            return compute()
+
+    return run
+
+
+def topic_studies(model) -> dict[tuple, Callable[[], Any]]:
+    """Every study the topic pages show, by key (the page's choices included): what
+    ``prepare_studies`` measures ahead, and what the pages read."""
+    mk = _model_key(model)
+    scenario = BY_ID["prefix"].scenario_dict(model.num_layers)
+    return {
+        ("blocksize", *mk): lambda: block_size_study(model),
+        ("collisions", "sha256", *mk): lambda: hash_study(model, scenario, "sha256"),
+        ("collisions", "xxhash", *mk): lambda: hash_study(model, scenario, "xxhash"),
+        ("ttft", *mk): lambda: ttft_study(model),
+    }
+
+
+def prepare_studies(model) -> None:
+    """Measure every study now, one after another (the server's warm-up thread calls this)."""
+    for key, compute in topic_studies(model).items():
+        STUDIES.get(key, _locked(compute))
+
+
+def measured(model, key: tuple, lang: str, again: bool = False) -> Any:
+    """The study ``key`` (of topic_studies) on ``model``: ready, or None while it is measured in
+    the background behind a note that fills in; ``again`` measures anew now if the last
+    measurement is older than AGAIN_AFTER_S."""
+    key = (*key, *_model_key(model))
+    compute = _locked(topic_studies(model)[key])
+    if again:
+        with st.spinner(tr("topic.measuring", lang)):
+            return STUDIES.get(key, compute, again_after=AGAIN_AFTER_S)
+    return ready_or_placeholder(STUDIES, key, compute, tr("topic.measuring", lang))
+
+
 def _header(topic: str, summary: Text, lang: str):
-    st.title(f"{ICONS[topic]} {tr(TITLES[topic], lang)}")
+    shown = page(topic)
+    st.title(f"{shown.icon} {tr(shown.title, lang)}")
     st.caption(tr(summary, lang))
     ms = current_model()
     if ms.model is None:
@@ -77,8 +106,9 @@ def render_block_size() -> None:
     model = _header("blocksize", Text("topic.blocksize.summary"), lang)
     if model is None:
         return
-    with st.spinner(tr("topic.measuring", lang)):
-        rows = measured(("blocksize", *_model_key(model)), lambda: block_size_study(model))
+    rows = measured(model, ("blocksize",), lang)
+    if rows is None:
+        return
     shared = rows[0].shared_prefix
     _md(Text("topic.blocksize.intro"), lang, model=model.name, shared=shared)
     st.caption(tr("topic.blocksize.table", lang))
@@ -139,12 +169,9 @@ def render_collisions() -> None:
         horizontal=True,
         key="topic_hash_algo",
     )
-    scenario = BY_ID["prefix"].scenario_dict(model.num_layers)
-    with st.spinner(tr("topic.measuring", lang)):
-        study = measured(
-            ("collisions", algo, *_model_key(model)),
-            lambda: hash_study(model, scenario, algo),
-        )
+    study = measured(model, ("collisions", algo), lang)
+    if study is None:
+        return
     _md(
         Text("topic.collisions.live"),
         lang,
@@ -218,8 +245,9 @@ def render_ttft() -> None:
     if model is None:
         return
     again = st.button(tr("topic.measure_again", lang), key="topic_ttft_again")
-    with st.spinner(tr("topic.measuring", lang)):
-        s = measured(("ttft", *_model_key(model)), lambda: ttft_study(model), again=again)
+    s = measured(model, ("ttft",), lang, again=again)
+    if s is None:
+        return
     _md(
         Text("topic.ttft.intro"),
         lang,

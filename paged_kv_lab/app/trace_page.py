@@ -21,17 +21,17 @@ from paged_kv_lab.app import panels as P
 from paged_kv_lab.app.lesson_page import current_lang, current_model, decoder
 from paged_kv_lab.app.modelstate import ModelState
 from paged_kv_lab.app.player_component import export_html, player_panel
+from paged_kv_lab.app.registry import page_file
 from paged_kv_lab.app.state import PageState, get_state, init_globals_from_url, locked, open_run
 from paged_kv_lab.app.why_panel import why_panel
 from paged_kv_lab.app.widgets import apply_scenario_text
-from paged_kv_lab.lesson import BY_ID, PAGE_FILES
+from paged_kv_lab.lesson import BY_ID
 from paged_kv_lab.record.budget import BudgetError, app_limits, check_size
 from paged_kv_lab.record.scenario import load_scenario, scenario_to_dict
 from paged_kv_lab.record.trace import Trace, TraceError, read_trace
 from paged_kv_lab.runs.timeline import MAX_RUN_STEPS, TraceRun
 from paged_kv_lab.text.i18n import tr
 
-PAGE_FILE = "pages/8_trace_viewer.py"
 KEY = "trace"  # widget keys end in ":trace", as a lesson's end in ":<lesson id>"
 STATE_KEY = "trace_viewer"  # the TraceState in st.session_state
 FOCUS = ("evicted", "preempted", "cache_hit")
@@ -303,7 +303,7 @@ def show_scenario(trace: Trace, ms: ModelState, lang: str) -> None:
         ):
             err = open_in_playground(trace, ms, lang)
             if err is None:
-                st.switch_page(PAGE_FILES["playground"])  # stops this run
+                st.switch_page(page_file("playground"))  # stops this run
             else:
                 st.error(err)
 

@@ -1,6 +1,7 @@
 """What the "Real workloads" page shows, computed without Streamlit: a trace checked against the
-page's budget, replayed whole (the figures and the cache history "Why?" reads), a sweep of pool
-sizes, and a window of steps recorded for the large-pool player.
+page's budget (``page_trace_limits`` of paged_kv_lab/workload/budget.py, the module the CLI's
+checks live in too), replayed whole (the figures and the cache history "Why?" reads), a sweep of
+pool sizes, and a window of steps recorded for the large-pool player.
 
 The replay is workload/replay.py's (the real kvcore Scheduler / KVCacheManager / BlockPool,
 model-free). A window is recorded by replaying again, deterministically, to just before it with
@@ -13,145 +14,62 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Optional
 
-from paged_kv_lab.record.budget import BudgetError, fmt_bytes
+from paged_kv_lab.app.shared import Shared
 from paged_kv_lab.record.pool_frames import CacheLog, FrameRecorder, PoolFrame
 from paged_kv_lab.record.recorder import Recorder
 from paged_kv_lab.why.explain_replay import ReplayHit, explain_replay_hit
 from paged_kv_lab.workload import SHIPPED_TRACE
+from paged_kv_lab.workload.budget import TraceLimits, check, check_trace
 from paged_kv_lab.workload.replay import Replay, ReplaySettings, replay_settings
 from paged_kv_lab.workload.trace import Trace, TraceError, load_trace, parse_trace
 
-# The page's budget: what one visitor may make this server replay. Each limit has its variable.
-LIMITS_ENV = {
-    "max_trace_bytes": "PAGED_KV_LAB_REPLAY_MAX_BYTES",
-    "max_requests": "PAGED_KV_LAB_REPLAY_MAX_REQUESTS",
-    "max_tokens": "PAGED_KV_LAB_REPLAY_MAX_TOKENS",
-    "max_num_gpu_blocks": "PAGED_KV_LAB_REPLAY_MAX_BLOCKS",
-    "max_steps": "PAGED_KV_LAB_REPLAY_MAX_STEPS",
-    "max_window": "PAGED_KV_LAB_REPLAY_MAX_WINDOW",
-}
-LIMITS_DEFAULT = {
-    "max_trace_bytes": 4 * 10**6,
-    "max_requests": 400,
-    # prompt + output tokens of the whole trace (its cache history: ~26 MB a million at bs 16)
-    "max_tokens": 4 * 10**6,
-    "max_num_gpu_blocks": 40_000,
-    "max_steps": 200_000,  # engine steps of one replay
-    "max_window": 400,  # steps recorded for the player at once
-}
 SHIPPED_ENV = "PAGED_KV_LAB_REPLAY_TRACE"  # another file to offer as the shipped trace
-
-
-@dataclass(frozen=True)
-class WorkloadLimits:
-    max_trace_bytes: int
-    max_requests: int
-    max_tokens: int
-    max_num_gpu_blocks: int
-    max_steps: int
-    max_window: int
-
-
-def workload_limits(env: Optional[Mapping[str, str]] = None) -> WorkloadLimits:
-    """The page's limits: the defaults, each lowered or raised by its environment variable."""
-    env = os.environ if env is None else env
-    out = {}
-    for field, name in LIMITS_ENV.items():
-        raw = env.get(name, "").strip()
-        try:
-            out[field] = int(float(raw)) if raw else LIMITS_DEFAULT[field]
-        except ValueError:
-            raise BudgetError(f"{name}={raw!r} is not a number") from None
-        if out[field] < 1:
-            raise BudgetError(f"{name}={raw!r} must be at least 1")
-    return WorkloadLimits(**out)
-
-
-def refuse(what: str, value: int, allowed: int, field: str, unit: str = "") -> BudgetError:
-    name = LIMITS_ENV[field]
-    shown = (
-        (fmt_bytes(value), fmt_bytes(allowed))
-        if unit == "bytes"
-        else (f"{value:,}", f"{allowed:,}")
-    )
-    return BudgetError(
-        f"{what} is {shown[0]}; this page allows at most {shown[1]} ({name})", name, value, allowed
-    )
 
 
 def shipped_trace_path() -> Path:
     return Path(os.environ.get(SHIPPED_ENV) or SHIPPED_TRACE)
 
 
-def check_trace_budget(trace: Trace, limits: WorkloadLimits) -> None:
-    if len(trace) > limits.max_requests:
-        raise refuse(
-            "the trace's number of requests", len(trace), limits.max_requests, "max_requests"
-        )
-    tokens = trace.prompt_tokens + trace.output_tokens
-    if tokens > limits.max_tokens:
-        raise refuse("the trace's prompt + output tokens", tokens, limits.max_tokens, "max_tokens")
-
-
-def check_pool(num_gpu_blocks: int, limits: WorkloadLimits) -> None:
-    if num_gpu_blocks > limits.max_num_gpu_blocks:
-        raise refuse(
-            "num_gpu_blocks", num_gpu_blocks, limits.max_num_gpu_blocks, "max_num_gpu_blocks"
-        )
-
-
-def read_upload(data: bytes, name: str, limits: WorkloadLimits) -> Trace:
+def read_upload(data: bytes, name: str, limits: TraceLimits) -> Trace:
     """An uploaded trace: its bytes, then its requests and tokens, against the page's budget
     (BudgetError names the limit and its variable; TraceError the line and field)."""
-    if len(data) > limits.max_trace_bytes:
-        raise refuse(
-            f"the trace file {name!r}",
-            len(data),
-            limits.max_trace_bytes,
-            "max_trace_bytes",
-            "bytes",
-        )
+    check(f"the trace file {name!r}", len(data), limits, "max_trace_bytes")
     lines = [line for line in data.splitlines() if line.strip()]
-    if len(lines) > limits.max_requests:  # counted before any line is parsed
-        raise refuse(
-            f"the trace file {name!r}'s number of requests",
-            len(lines),
-            limits.max_requests,
-            "max_requests",
-        )
+    # counted before any line is parsed
+    check(f"the trace file {name!r}'s number of requests", len(lines), limits, "max_requests")
     trace = parse_trace(lines, name)
-    check_trace_budget(trace, limits)
+    check_trace(trace, None, limits)
     return trace
 
 
-def shipped_trace(start: int, count: int, limits: WorkloadLimits) -> Trace:
+def shipped_trace(start: int, count: int, limits: TraceLimits) -> Trace:
     """Requests ``start .. start + count`` of the shipped trace (read once per process)."""
-    if count > limits.max_requests:
-        raise refuse("requests asked for", count, limits.max_requests, "max_requests")
+    check("requests asked for", count, limits, "max_requests")
     whole = _load_shipped(str(shipped_trace_path()))
     if start >= len(whole):
         raise TraceError(
             f"the shipped trace has {len(whole):,} requests; start {start:,} is past its end"
         )
     trace = whole.slice(start, start + count)
-    check_trace_budget(trace, limits)
+    check_trace(trace, None, limits)
     return trace
 
 
-_SHIPPED_CACHE: dict[str, Trace] = {}
+SHIPPED: Shared[Trace] = Shared("shipped traces")  # by path, read once per process
 
 
 def _load_shipped(path: str) -> Trace:
-    if path not in _SHIPPED_CACHE:
+    def read() -> Trace:
         if not Path(path).is_file():
             raise TraceError(
                 f"the shipped trace is not at {path} "
                 f"(set {SHIPPED_ENV} to a trace file, or upload one)"
             )
-        _SHIPPED_CACHE[path] = load_trace(path)
-    return _SHIPPED_CACHE[path]
+        return load_trace(path)
+
+    return SHIPPED.get(path, read)
 
 
 # -- replaying -----------------------------------------------------------------------------------
@@ -194,21 +112,21 @@ class WorkloadRun:
         return explain_replay_hit(self.cache, request_id)
 
 
-def _budgeted(r: Replay, limits: WorkloadLimits) -> None:
-    if r.step_count > limits.max_steps:
-        raise refuse("the replay's engine steps", r.step_count, limits.max_steps, "max_steps")
+def _budgeted(r: Replay, limits: TraceLimits) -> None:
+    check("the replay's engine steps", r.step_count, limits, "max_steps")
 
 
 def run_workload(
     trace: Trace,
     settings: Settings,
-    limits: WorkloadLimits,
+    limits: TraceLimits,
     progress: Optional[Callable[[int, int], None]] = None,
 ) -> WorkloadRun:
     """Replay ``trace`` to the end with a CacheLog as the pool's observer (so one real step at a
     time); ``progress(finished, total)`` now and then. BudgetError past the page's step limit."""
-    check_pool(settings.num_gpu_blocks, limits)
-    r = Replay(trace, settings.replay_settings(trace))
+    replay = settings.replay_settings(trace)
+    check_trace(trace, replay, limits)
+    r = Replay(trace, replay)
     cache = CacheLog(r.scheduler)
     r.block_pool.observer = cache
     cache.step = 1
@@ -238,19 +156,17 @@ def record_window(
     trace: Trace,
     settings: Settings,
     at_step: int,
-    limits: WorkloadLimits,
+    limits: TraceLimits,
     before: int = 40,
     after: int = 80,
     keyframe_every: int = 64,
 ) -> Window:
     """Steps around ``at_step`` for the player: replay to ``at_step - before - 1`` with nothing
     attached, then record each step with the Recorder (events) and a FrameRecorder."""
-    check_pool(settings.num_gpu_blocks, limits)
-    if before + after + 1 > limits.max_window:
-        raise refuse(
-            "steps recorded for the player", before + after + 1, limits.max_window, "max_window"
-        )
-    r = Replay(trace, settings.replay_settings(trace))
+    replay = settings.replay_settings(trace)
+    check_trace(trace, replay, limits)
+    check("steps recorded for the player", before + after + 1, limits, "max_window")
+    r = Replay(trace, replay)
     first = max(1, at_step - before)
     if first > 1:
         r.advance(until_step=first - 1)
@@ -285,7 +201,7 @@ def smallest_pool(trace: Trace, block_size: int) -> int:
 
 
 def sweep_values(
-    trace: Trace, settings: Settings, limits: WorkloadLimits, points: int = 6
+    trace: Trace, settings: Settings, limits: TraceLimits, points: int = 6
 ) -> list[int]:
     """Pool sizes from where the longest request fits (or an eighth of the chosen size) to four
     times the chosen size, spaced evenly on a log scale, the chosen size among them, within the

@@ -2,7 +2,7 @@
 of the pool size, and step into any moment of it in the large-pool player.
 
 Input: the shipped Mooncake trace (a slice of it) or an uploaded one, bounded by the page's
-budget (ui/workloads_data.py: bytes, requests, tokens, blocks, steps; each refusal names its
+budget (workload/budget.py: bytes, requests, tokens, blocks, steps; each refusal names its
 variable). Charts (plotly): hit rate against pool size (a sweep), and usage, hit rate, running
 and waiting over the replay's steps; a click on a point, or a request picked, opens the player
 there. The Why? panel tells why a request hit what it hit, from the replay's cache history.
@@ -11,8 +11,6 @@ there. The Why? panel tells why a request hit what it hit, from the replay's cac
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -22,6 +20,7 @@ import streamlit as st
 
 from paged_kv_lab.app.lesson_page import current_lang
 from paged_kv_lab.app.panels import md_escape
+from paged_kv_lab.app.shared import Shared, ready_or_placeholder
 from paged_kv_lab.app.workloads_data import (
     Settings,
     Window,
@@ -34,18 +33,17 @@ from paged_kv_lab.app.workloads_data import (
     shipped_trace,
     shipped_trace_path,
     sweep_values,
-    workload_limits,
 )
 from paged_kv_lab.player.pool_payload import pool_asset, pool_css, pool_module_js, pool_payload
 from paged_kv_lab.record.budget import BudgetError
 from paged_kv_lab.text.i18n import tr
 from paged_kv_lab.why.explain_replay import replay_hit_sentences
 from paged_kv_lab.workload.bound import unbounded_answer, why_not_exact
+from paged_kv_lab.workload.budget import check, page_trace_limits
 from paged_kv_lab.workload.replay import ReplayError
 from paged_kv_lab.workload.sweep import sweep
 from paged_kv_lab.workload.trace import Trace, TraceError
 
-PAGE_FILE = "pages/17_real_workloads.py"
 KEY = "workloads"
 COMPONENT = "paged_kv_lab.pool_player"
 BLOCK_SIZES = (16, 32, 64, 128, 256, 512)
@@ -67,6 +65,8 @@ class WorkloadsState:
     goto_seq: int = 0
     error: Optional[str] = None
     upload_id: Any = None
+    opened: bool = False  # the first slice was offered (on the session's first visit)
+    first: Optional[Settings] = None  # the first slice's settings while it replays
 
 
 def get_workloads_state() -> WorkloadsState:
@@ -77,37 +77,33 @@ def get_workloads_state() -> WorkloadsState:
 
 
 # -- shared between sessions: a replay depends only on the trace and the settings ---------------
-_RUNS: "OrderedDict[tuple, WorkloadRun]" = OrderedDict()
-_RUNS_LOCK = threading.Lock()
-_COMPUTING: dict[tuple, threading.Lock] = {}
 MAX_SHARED_RUNS = 3
+RUNS: Shared[WorkloadRun] = Shared("workloads", keep=MAX_SHARED_RUNS)
+FIRST_COUNT = 100  # the shipped trace's first slice, replayed before anyone asks
 
 
 def shared_run(trace_key: str, trace: Trace, settings: Settings, limits) -> WorkloadRun:
     """The replay of ``trace`` with ``settings``, computed once for every session that asks
     (a second asker waits for the first), the last MAX_SHARED_RUNS kept."""
-    key = (trace_key, settings)
-    with _RUNS_LOCK:
-        got = _RUNS.get(key)
-        if got is not None:
-            _RUNS.move_to_end(key)
-            return got
-        computing = _COMPUTING.setdefault(key, threading.Lock())
-    with computing:
-        with _RUNS_LOCK:
-            got = _RUNS.get(key)
-        if got is not None:
-            return got
-        try:
-            run = run_workload(trace, settings, limits)
-        finally:
-            with _RUNS_LOCK:
-                _COMPUTING.pop(key, None)
-        with _RUNS_LOCK:
-            _RUNS[key] = run
-            while len(_RUNS) > MAX_SHARED_RUNS:
-                _RUNS.popitem(last=False)
-        return run
+    return RUNS.get((trace_key, settings), lambda: run_workload(trace, settings, limits))
+
+
+def first_slice(limits) -> tuple[str, Trace, Settings]:
+    """What the page opens on: the shipped trace's first requests with the form's defaults."""
+    count = min(FIRST_COUNT, limits.max_requests)
+    settings = Settings(num_gpu_blocks=min(Settings.num_gpu_blocks, limits.max_num_gpu_blocks))
+    return f"shipped:{shipped_trace_path()}:0:{count}", shipped_trace(0, count, limits), settings
+
+
+def prepare_first_slice() -> None:
+    """Replay the first slice now (the server's warm-up thread calls this); a trace over the
+    page's budget is left for the page to refuse."""
+    limits = page_trace_limits()
+    try:
+        key, trace, settings = first_slice(limits)
+    except (BudgetError, TraceError):
+        return
+    shared_run(key, trace, settings, limits)
 
 
 # -- actions (plain functions: the page's buttons and the tests call them) -------------------------
@@ -117,13 +113,13 @@ def forget_sweep(state: WorkloadsState) -> None:
 
 def use_trace(state: WorkloadsState, trace: Trace, key: str) -> None:
     state.trace, state.trace_key = trace, key
-    state.run, state.window = None, None
+    state.run, state.window, state.first = None, None, None
     forget_sweep(state)
 
 
 def load_shipped(state: WorkloadsState, start: int, count: int, lang: str = "en") -> Optional[str]:
     try:
-        trace = shipped_trace(start, count, workload_limits())
+        trace = shipped_trace(start, count, page_trace_limits())
     except (BudgetError, TraceError) as e:
         state.error = tr("workloads.bad_trace", lang, error=str(e))
         return state.error
@@ -131,9 +127,21 @@ def load_shipped(state: WorkloadsState, start: int, count: int, lang: str = "en"
     return None
 
 
+def open_first_slice(state: WorkloadsState, limits, lang: str = "en") -> None:
+    """Show the shipped trace's first slice, replayed with the form's defaults (computed ahead by
+    the server's warm-up; until it is ready the page says so where the figures go)."""
+    try:
+        key, trace, settings = first_slice(limits)
+    except (BudgetError, TraceError) as e:
+        state.error = tr("workloads.bad_trace", lang, error=str(e))
+        return
+    use_trace(state, trace, key)
+    state.first = settings
+
+
 def load_upload(state: WorkloadsState, data: bytes, name: str, lang: str = "en") -> Optional[str]:
     try:
-        trace = read_upload(data, name, workload_limits())
+        trace = read_upload(data, name, page_trace_limits())
     except (BudgetError, TraceError) as e:
         state.error = tr("workloads.bad_trace", lang, error=str(e))
         return state.error
@@ -145,7 +153,7 @@ def replay_now(state: WorkloadsState, settings: Settings, lang: str = "en") -> O
     if state.trace is None:
         return None
     try:
-        state.run = shared_run(state.trace_key, state.trace, settings, workload_limits())
+        state.run = shared_run(state.trace_key, state.trace, settings, page_trace_limits())
     except (BudgetError, ReplayError, ValueError) as e:
         state.error = tr("workloads.bad_replay", lang, error=str(e))
         return state.error
@@ -171,7 +179,7 @@ def sweep_now(state: WorkloadsState, lang: str = "en") -> Optional[str]:
             "max_num_batched_tokens": s.max_num_batched_tokens,
         },
         "num_gpu_blocks",
-        sweep_values(state.trace, s, workload_limits()),
+        sweep_values(state.trace, s, page_trace_limits()),
         workers=1,
         arrival=s.arrival,
         speedup=s.speedup,
@@ -193,7 +201,7 @@ def open_moment(
         return None
     step = max(1, min(int(step), run.result.steps))
     try:
-        state.window = record_window(state.trace, run.settings, step, workload_limits())
+        state.window = record_window(state.trace, run.settings, step, page_trace_limits())
     except (BudgetError, ReplayError, ValueError) as e:
         state.error = tr("workloads.bad_replay", lang, error=str(e))
         return state.error
@@ -245,7 +253,7 @@ def _noop() -> None:
 def render_workloads_page() -> None:
     lang = current_lang()
     state = get_workloads_state()
-    limits = workload_limits()
+    limits = page_trace_limits()
     st.title(f"🏭 {tr('workloads.title', lang)}")
     st.caption(tr("workloads.summary", lang))
     source = st.radio(
@@ -255,6 +263,9 @@ def render_workloads_page() -> None:
         horizontal=True,
         key=f"source:{KEY}",
     )
+    if source == "shipped" and state.trace is None and not state.opened:
+        state.opened = True  # once: a refused first slice is said, then the form is the page's
+        open_first_slice(state, limits, lang)
     if source == "shipped":
         c1, c2, c3 = st.columns([1, 1, 1], vertical_alignment="bottom")
         start = c1.number_input(
@@ -279,22 +290,10 @@ def render_workloads_page() -> None:
         )
         if up is not None and up.file_id != state.upload_id:
             state.upload_id = up.file_id
-            if up.size > limits.max_trace_bytes:  # refused before it is read whole
-                from paged_kv_lab.app.workloads_data import refuse
-
-                state.error = tr(
-                    "workloads.bad_trace",
-                    lang,
-                    error=str(
-                        refuse(
-                            f"the trace file {up.name!r}",
-                            up.size,
-                            limits.max_trace_bytes,
-                            "max_trace_bytes",
-                            "bytes",
-                        )
-                    ),
-                )
+            try:  # refused before it is read whole
+                check(f"the trace file {up.name!r}", up.size, limits, "max_trace_bytes")
+            except BudgetError as e:
+                state.error = tr("workloads.bad_trace", lang, error=str(e))
             else:
                 load_upload(state, up.getvalue(), up.name, lang)
     if state.error:
@@ -323,6 +322,13 @@ def render_workloads_page() -> None:
         if state.error:
             st.error(state.error)
             state.error = None
+    if state.run is None and state.first is not None:
+        first = state.first
+        compute = lambda: run_workload(trace, first, limits)  # noqa: E731
+        key = (state.trace_key, first)  # shared_run's
+        state.run = ready_or_placeholder(RUNS, key, compute, tr("workloads.replaying", lang))
+        if state.run is not None:
+            state.first = None
     run = state.run
     if run is None:
         return
@@ -453,7 +459,7 @@ def show_over_time(state: WorkloadsState, lang: str) -> None:
 def show_sweep(state: WorkloadsState, lang: str) -> None:
     st.subheader(tr("workloads.sweep", lang))
     run = state.run
-    vals = sweep_values(state.trace, run.settings, workload_limits())
+    vals = sweep_values(state.trace, run.settings, page_trace_limits())
     if st.button(
         tr("workloads.sweep_button", lang, values=", ".join(f"{v:,}" for v in vals)),
         key=f"sweep:{KEY}",

@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 
-from paged_kv_lab.record.budget import BudgetError, cli_limits
+from paged_kv_lab.record.budget import BudgetError
 from paged_kv_lab.record.scenario import ScenarioError, parse_engine_overrides
 
 
@@ -76,7 +76,7 @@ def _table(res: dict) -> str:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from paged_kv_lab.designs.compare import CompareError, compare, parse_designs, sweep_compare
-    from paged_kv_lab.workload.budget import check_trace
+    from paged_kv_lab.workload.budget import check_trace, cli_trace_limits
     from paged_kv_lab.workload.replay import ReplayError, replay_settings
     from paged_kv_lab.workload.trace import TraceError, load_trace
 
@@ -89,7 +89,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             trace = trace.slice(0, args.requests)
         overrides = parse_engine_overrides(args.set)
         settings = replay_settings(trace, overrides, arrival=args.arrival)
-        check_trace(trace, settings, cli_limits())
+        check_trace(trace, settings, cli_trace_limits())
         values = None
         if args.sweep:
             key, _, text = args.sweep.partition("=")
@@ -101,7 +101,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 raise CompareError(f"--sweep: pool sizes must be whole numbers, not {text!r}")
             for v in values:
                 check_trace(
-                    trace, replay_settings(trace, {**overrides, "num_gpu_blocks": v}), cli_limits()
+                    trace,
+                    replay_settings(trace, {**overrides, "num_gpu_blocks": v}),
+                    cli_trace_limits(),
                 )
         if args.arrival != "sequential" and designs != ("vllm",):
             raise CompareError(

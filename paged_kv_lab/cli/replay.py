@@ -20,7 +20,7 @@ import json
 import sys
 from typing import Optional
 
-from paged_kv_lab.record.budget import BudgetError, cli_limits
+from paged_kv_lab.record.budget import BudgetError
 from paged_kv_lab.record.scenario import ScenarioError, parse_engine_overrides
 
 
@@ -267,12 +267,12 @@ def _write(path: str, text: str) -> None:
 def cmd_replay(args: argparse.Namespace) -> int:
     from paged_kv_lab.workload import SHIPPED_TRACE
     from paged_kv_lab.workload.bound import unbounded_answer
-    from paged_kv_lab.workload.budget import check_trace
+    from paged_kv_lab.workload.budget import check_trace, cli_trace_limits
     from paged_kv_lab.workload.replay import ReplayError, replay_settings
     from paged_kv_lab.workload.sweep import parse_sweep
     from paged_kv_lab.workload.trace import TraceError, load_trace
 
-    limits = cli_limits()
+    limits = cli_trace_limits()
     try:
         trace = load_trace(args.trace or SHIPPED_TRACE, args.format, max_requests=None)
         if args.requests is not None:

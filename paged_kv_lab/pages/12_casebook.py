@@ -1,4 +1,4 @@
-"""Tool page 'casebook' (the page itself: ui/casebook_page.py)."""
+"""Tool page 'casebook' (the page itself: app/casebook_page.py)."""
 
 from paged_kv_lab.app.casebook_page import render_casebook
 from paged_kv_lab.app.entry import run_page

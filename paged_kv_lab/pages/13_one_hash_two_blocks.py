@@ -1,4 +1,4 @@
-"""Topic lesson 'one hash, two blocks' (the layout and controls are shared: ui/view.py)."""
+"""Topic lesson 'one hash, two blocks' (the layout and controls are shared: app/lesson_page.py)."""
 
 from paged_kv_lab.app.entry import lesson_page
 

@@ -1,4 +1,4 @@
-"""Topic page 'what a hit buys' (the page itself: ui/topic_pages.py)."""
+"""Topic page 'what a hit buys' (the page itself: app/topic_pages.py)."""
 
 from paged_kv_lab.app.entry import run_page
 from paged_kv_lab.app.topic_pages import render_ttft

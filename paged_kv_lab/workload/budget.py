@@ -1,45 +1,164 @@
-"""A trace checked against the resource budget (paged_kv_lab.record.budget) before it is replayed.
+"""A trace's budget: the one place that bounds replaying a trace, for the CLI and the app.
 
-A replay holds no KV tensors, so the limits that count are the ones on its size: requests,
-each prompt and answer, the pool's block count and block size, the step's token budget. A
-refusal names the quantity, the limit and the variable that sets it, as every refusal does.
+A replay holds no KV tensors, so the limits that count are the ones on its size: the file's bytes,
+its requests and tokens, each prompt and answer, the pool's block count and block size, the
+step's token budget, the engine steps of one replay and the steps recorded for the player at once.
+A refusal is a ``BudgetError`` that names the quantity, its value, the limit and the variable
+that sets it, as every refusal does.
+
+Two sides set the limits (``TraceLimits``):
+- the CLI's (``cli_trace_limits``): the record budget's generous CLI limits
+  (paged_kv_lab/record/budget.py ``cli_limits``, variables ``PAGED_KV_LAB_MAX_*``), which admit
+  the whole shipped trace; a trace's total tokens, its steps and a window are not bounded there;
+- the "Real workloads" page's (``page_trace_limits``): small ones, each set by its
+  ``PAGED_KV_LAB_REPLAY_*`` variable (``PAGE_ENV``).
 """
 
 from __future__ import annotations
 
-from paged_kv_lab.record.budget import ENV, BudgetError, Limits
+import os
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Union
+
+from paged_kv_lab.record.budget import ENV, BudgetError, Limits, _env_int, cli_limits, fmt_bytes
 from paged_kv_lab.workload.replay import ReplaySettings
 from paged_kv_lab.workload.trace import Trace
 
+UNBOUNDED = 10**18
 
-def _refuse(what: str, value: int, limits: Limits, field: str) -> BudgetError:
+
+@dataclass(frozen=True)
+class TraceLimits:
+    """Upper bounds for replaying one trace. ``env`` names the variable that sets each field (a
+    refusal names it; a field with none is bounded by what the side offers); ``where`` names the
+    side in a refusal."""
+
+    max_trace_bytes: int
+    max_requests: int
+    max_trace_tokens: int  # prompt + output tokens of the whole trace
+    max_prompt_tokens: int  # one request's input_length
+    max_output_tokens: int  # one request's output_length
+    max_num_gpu_blocks: int
+    max_block_size: int
+    max_num_batched_tokens: int
+    max_steps: int  # engine steps of one replay
+    max_window: int  # steps recorded for the player at once
+    where: str = "this server allows"
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+# -- the page's limits --------------------------------------------------------------------------
+PAGE_ENV = {
+    "max_trace_bytes": "PAGED_KV_LAB_REPLAY_MAX_BYTES",
+    "max_requests": "PAGED_KV_LAB_REPLAY_MAX_REQUESTS",
+    "max_trace_tokens": "PAGED_KV_LAB_REPLAY_MAX_TOKENS",
+    "max_num_gpu_blocks": "PAGED_KV_LAB_REPLAY_MAX_BLOCKS",
+    "max_steps": "PAGED_KV_LAB_REPLAY_MAX_STEPS",
+    "max_window": "PAGED_KV_LAB_REPLAY_MAX_WINDOW",
+}
+PAGE_DEFAULT = {
+    "max_trace_bytes": 4 * 10**6,
+    "max_requests": 400,
+    # prompt + output tokens of the whole trace (its cache history: ~26 MB a million at bs 16)
+    "max_trace_tokens": 4 * 10**6,
+    "max_num_gpu_blocks": 40_000,
+    "max_steps": 200_000,  # engine steps of one replay
+    "max_window": 400,  # steps recorded for the player at once
+}
+PAGE_BLOCK_SIZE = 512  # the page's largest block size choice
+PAGE_BATCHED_TOKENS = 65_536  # the page's largest max_num_batched_tokens
+
+
+def page_trace_limits(env: Optional[Mapping[str, str]] = None) -> TraceLimits:
+    """The "Real workloads" page's limits: PAGE_DEFAULT, each changed by its variable. One
+    request's prompt or answer is bounded by the trace's total (the same variable)."""
+    env = os.environ if env is None else env
+    got = {f: _env_int(env, name, PAGE_DEFAULT[f]) for f, name in PAGE_ENV.items()}
+    tokens = PAGE_ENV["max_trace_tokens"]
+    return TraceLimits(
+        **got,
+        max_prompt_tokens=got["max_trace_tokens"],
+        max_output_tokens=got["max_trace_tokens"],
+        max_block_size=PAGE_BLOCK_SIZE,
+        max_num_batched_tokens=PAGE_BATCHED_TOKENS,
+        where="this page allows",
+        env={**PAGE_ENV, "max_prompt_tokens": tokens, "max_output_tokens": tokens},
+    )
+
+
+# -- the CLI's limits ---------------------------------------------------------------------------
+def trace_limits(limits: Limits) -> TraceLimits:
+    """A run budget (paged_kv_lab/record/budget.py) as a trace's: its per-request, pool and file
+    limits with their variables; a trace's total tokens, steps and window left unbounded."""
+    return TraceLimits(
+        max_trace_bytes=limits.max_trace_bytes,
+        max_requests=limits.max_requests,
+        max_trace_tokens=UNBOUNDED,
+        max_prompt_tokens=limits.max_prompt_tokens,
+        max_output_tokens=limits.max_tokens,
+        max_num_gpu_blocks=limits.max_num_gpu_blocks,
+        max_block_size=limits.max_block_size,
+        max_num_batched_tokens=limits.max_num_batched_tokens,
+        max_steps=UNBOUNDED,
+        max_window=UNBOUNDED,
+        where=limits.where,
+        env={
+            "max_trace_bytes": ENV["max_trace_bytes"],
+            "max_requests": ENV["max_requests"],
+            "max_prompt_tokens": ENV["max_prompt_tokens"],
+            "max_output_tokens": ENV["max_tokens"],
+            "max_num_gpu_blocks": ENV["max_num_gpu_blocks"],
+            "max_block_size": ENV["max_block_size"],
+            "max_num_batched_tokens": ENV["max_num_batched_tokens"],
+        },
+    )
+
+
+def cli_trace_limits(available: Optional[int] = None) -> TraceLimits:
+    """The command line's limits: the record budget's CLI limits (``cli_limits``)."""
+    return trace_limits(cli_limits(available))
+
+
+# -- the checks ---------------------------------------------------------------------------------
+AnyLimits = Union[TraceLimits, Limits]
+
+
+def _limits(limits: AnyLimits) -> TraceLimits:
+    return limits if isinstance(limits, TraceLimits) else trace_limits(limits)
+
+
+def refuse(what: str, value: int, limits: AnyLimits, field: str) -> BudgetError:
+    """The refusal of ``value`` over ``limits.<field>``, naming the limit's variable."""
+    limits = _limits(limits)
     allowed = getattr(limits, field)
+    show = fmt_bytes if field == "max_trace_bytes" else "{:,}".format
+    name = limits.env.get(field, "")
+    var = f" ({name})" if name else ""
     return BudgetError(
-        f"{what} = {value:,}; {limits.where} at most {allowed:,} ({ENV[field]})",
-        ENV[field],
-        value,
-        allowed,
+        f"{what} = {show(value)}; {limits.where} at most {show(allowed)}{var}", name, value, allowed
     )
 
 
-def check_trace(trace: Trace, settings: ReplaySettings, limits: Limits) -> None:
-    """Raise BudgetError if replaying ``trace`` with ``settings`` exceeds ``limits``."""
-    s = settings.engine
-    checks = (
-        ("the trace's requests", len(trace), "max_requests"),
-        ("engine.num_gpu_blocks", s.num_gpu_blocks, "max_num_gpu_blocks"),
-        ("engine.block_size", s.block_size, "max_block_size"),
-        ("engine.max_num_batched_tokens", s.max_num_batched_tokens, "max_num_batched_tokens"),
-    )
-    for what, value, field in checks:
-        if value > getattr(limits, field):
-            raise _refuse(what, value, limits, field)
+def check(what: str, value: int, limits: AnyLimits, field: str) -> None:
+    """Raise the refusal if ``value`` is over ``limits.<field>``."""
+    if value > getattr(_limits(limits), field):
+        raise refuse(what, value, limits, field)
+
+
+def check_trace(trace: Trace, settings: Optional[ReplaySettings], limits: AnyLimits) -> None:
+    """Raise BudgetError if replaying ``trace`` (with ``settings``, if given) exceeds ``limits``:
+    its requests and tokens, the pool, the block size and the step's token budget, then each
+    request's prompt and answer."""
+    limits = _limits(limits)
+    check("the trace's requests", len(trace), limits, "max_requests")
+    tokens = trace.prompt_tokens + trace.output_tokens
+    check("the trace's prompt + output tokens", tokens, limits, "max_trace_tokens")
+    if settings is not None:
+        s = settings.engine
+        check("engine.num_gpu_blocks", s.num_gpu_blocks, limits, "max_num_gpu_blocks")
+        check("engine.block_size", s.block_size, limits, "max_block_size")
+        batched = s.max_num_batched_tokens
+        check("engine.max_num_batched_tokens", batched, limits, "max_num_batched_tokens")
     for r in trace.requests:
-        if r.input_length > limits.max_prompt_tokens:
-            raise _refuse(
-                f"request {r.index}'s input_length", r.input_length, limits, "max_prompt_tokens"
-            )
-        if r.output_length > limits.max_tokens:
-            raise _refuse(
-                f"request {r.index}'s output_length", r.output_length, limits, "max_tokens"
-            )
+        check(f"request {r.index}'s input_length", r.input_length, limits, "max_prompt_tokens")
+        check(f"request {r.index}'s output_length", r.output_length, limits, "max_output_tokens")

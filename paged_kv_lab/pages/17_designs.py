@@ -1,4 +1,4 @@
-"""Topic lesson 'hash chains vs radix tree' (the page: ui/designs_page.py)."""
+"""Topic lesson 'hash chains vs radix tree' (the page: app/designs_page.py)."""
 
 from paged_kv_lab.app.designs_page import render_designs_page
 from paged_kv_lab.app.entry import run_page

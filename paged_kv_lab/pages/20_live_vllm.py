@@ -1,4 +1,4 @@
-"""Tool page 'live vLLM' (the page itself: ui/live_page.py)."""
+"""Tool page 'live vLLM' (the page itself: app/live_page.py)."""
 
 from paged_kv_lab.app.entry import run_page
 from paged_kv_lab.app.live_page import render_live_page

@@ -1,4 +1,4 @@
-"""Tool page 'real workloads' (the page itself: ui/workloads_page.py)."""
+"""Tool page 'real workloads' (the page itself: app/workloads_page.py)."""
 
 from paged_kv_lab.app.entry import run_page
 from paged_kv_lab.app.workloads_page import render_workloads_page

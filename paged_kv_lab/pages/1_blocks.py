@@ -1,5 +1,0 @@
-"""Lesson page 'blocks' (the layout and controls are shared: ui/view.py)."""
-
-from paged_kv_lab.app.entry import lesson_page
-
-lesson_page("blocks")
