@@ -8,6 +8,7 @@ from typing import Optional, Sequence
 
 from kvcore.core.block_pool import FREE_ORDER_V033
 from kvcore.core.kv_cache_coordinator import get_kv_cache_coordinator
+from kvcore.core.kv_cache_observer import free_reason
 from kvcore.core.kv_cache_utils import KVCacheBlock
 from kvcore.distributed.kv_events import BlockStored, kv_cache_spec_metadata
 from kvcore.kv_cache_interface import KVCacheConfig
@@ -217,8 +218,17 @@ class KVCacheManager:
             self.coordinator.cache_blocks(request, min(num_computed_tokens, request.num_tokens))
 
     def free(self, request) -> None:
-        """Free every group's table in reverse order (group 0 first)."""
-        self.coordinator.free(request.request_id)
+        """Free every group's table in reverse order (group 0 first). The pool's observer
+        hears it in a scope for the request, with the reason its status gives (free_reason)."""
+        observer = self.block_pool.observer
+        if observer is None:
+            self.coordinator.free(request.request_id)
+            return
+        observer.on_request_begin(request.request_id, None, free_reason(request))
+        try:
+            self.coordinator.free(request.request_id)
+        finally:
+            observer.on_request_end()
 
     def evict_blocks(self, block_ids) -> None:
         self.block_pool.evict_blocks(block_ids)
