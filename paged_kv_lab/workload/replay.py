@@ -410,8 +410,10 @@ class Replay:
         return self._counters.evicted
 
     def attach(self, recorder) -> Any:
-        """Attach a ``record.recorder.Recorder`` (it then hears every decision; fast-forward is
-        off while the pool has an observer). Returns the recorder."""
+        """Attach a ``record.recorder.Recorder`` as the pool's observer (it then hears every
+        decision; fast-forward is off while the pool has an observer that does not allow it).
+        The eviction count, in the pool's metrics collector, is unaffected. Returns the
+        recorder."""
         recorder.attach(self.kv_cache_manager)
         return recorder
 
