@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 from kvcore.core.block_pool import FREE_ORDER_V033
 from kvcore.core.kv_cache_coordinator import get_kv_cache_coordinator
-from kvcore.core.kv_cache_observer import free_reason
+from kvcore.core.kv_cache_observer import call_for_request, free_reason
 from kvcore.core.kv_cache_utils import KVCacheBlock
 from kvcore.distributed.kv_events import BlockStored, kv_cache_spec_metadata
 from kvcore.kv_cache_interface import KVCacheConfig
@@ -221,14 +221,10 @@ class KVCacheManager:
         """Free every group's table in reverse order (group 0 first). The pool's observer
         hears it in a scope for the request, with the reason its status gives (free_reason)."""
         observer = self.block_pool.observer
-        if observer is None:
-            self.coordinator.free(request.request_id)
-            return
-        observer.on_request_begin(request.request_id, None, free_reason(request))
-        try:
-            self.coordinator.free(request.request_id)
-        finally:
-            observer.on_request_end()
+        reason = free_reason(request) if observer is not None else None
+        call_for_request(
+            observer, request.request_id, None, reason, self.coordinator.free, request.request_id
+        )
 
     def evict_blocks(self, block_ids) -> None:
         self.block_pool.evict_blocks(block_ids)

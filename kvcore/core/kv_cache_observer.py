@@ -25,13 +25,15 @@ kvcore's state: the same scenario gives the same blocks with or without an obser
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, TypeVar
 
 from kvcore.request import RequestStatus
 
 if TYPE_CHECKING:
     from kvcore.core.kv_cache_utils import KVCacheBlock
     from kvcore.request import Request
+
+_R = TypeVar("_R")
 
 # Why blocks are freed inside a request scope (``on_request_begin``'s ``reason``).
 FREE_FINISHED = "finished"  # the request finished (stopped, length cap)
@@ -118,3 +120,22 @@ class KVCacheObserver:
         """A decision about ``request_id``; ``kind`` names it ("admitted", "preempted",
         "cache_hit", ...) and ``fields`` are its details, by name. Only ``observer`` hears
         these, never ``metrics_collector``."""
+
+
+def call_for_request(
+    observer: Optional[KVCacheObserver],
+    request_id: Optional[str],
+    group: Optional[int],
+    reason: Optional[str],
+    pool_call: Callable[..., _R],
+    *args: Any,
+) -> _R:
+    """``pool_call(*args)`` inside a request scope on ``observer`` (see ``on_request_begin``);
+    with no observer, just the call. The scope is closed even if the call raises."""
+    if observer is None:
+        return pool_call(*args)
+    observer.on_request_begin(request_id, group, reason)
+    try:
+        return pool_call(*args)
+    finally:
+        observer.on_request_end()

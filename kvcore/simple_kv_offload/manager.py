@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterable, Optional, TypeVar
 
 from kvcore.core.block_pool import BlockPool
 from kvcore.core.kv_cache_coordinator import KVCacheCoordinator, get_kv_cache_coordinator
-from kvcore.core.kv_cache_observer import FREE_OFFLOAD, KVCacheObserver
+from kvcore.core.kv_cache_observer import FREE_OFFLOAD, KVCacheObserver, call_for_request
 from kvcore.core.kv_cache_utils import KVCacheBlock, get_block_hash, get_group_id
 from kvcore.distributed.kv_events import (
     MEDIUM_CPU,
@@ -142,13 +142,9 @@ def _offload_scope(method: Callable[..., _R]) -> Callable[..., _R]:
     def in_scope(self: "SimpleCPUOffloadScheduler", *args: Any, **kwargs: Any) -> _R:
         pool = self._gpu_block_pool
         observer = pool.observer if pool is not None else None
-        if observer is None:
-            return method(self, *args, **kwargs)
-        observer.on_request_begin(None, 0, FREE_OFFLOAD)
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            observer.on_request_end()
+        return call_for_request(
+            observer, None, 0, FREE_OFFLOAD, functools.partial(method, self, *args, **kwargs)
+        )
 
     return in_scope
 
