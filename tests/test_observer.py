@@ -236,3 +236,31 @@ def test_recording_replaces_no_method_of_what_it_observes():
             assert getattr(bound, "__func__", bound) is fn, (type(obj).__name__, name)
             checked += 1
     assert checked > 50
+
+
+def test_the_replays_eviction_count_is_a_metrics_collector_beside_any_observer():
+    """The replay counts evictions in the pool's metrics collector, patching no pool method, so
+    an observer set on the pool (as the workloads page sets its CacheLog) leaves the count whole:
+    it equals the evictions that observer heard."""
+    from pathlib import Path
+
+    from paged_kv_lab.workload.replay import EvictionCounter, Replay, replay_settings
+    from paged_kv_lab.workload.trace import load_trace
+
+    trace = load_trace(Path(__file__).parent / "fixtures" / "traces" / "mooncake_slice.jsonl")
+    run = Replay(trace, replay_settings(trace, {"block_size": 16, "num_gpu_blocks": 4500}))
+
+    class Evictions(KVCacheObserver):
+        allows_fast_forward = True
+        heard = 0
+
+        def on_block_evicted(self, block):
+            self.heard += 1
+
+    seen = Evictions()
+    run.block_pool.observer = seen
+    run.advance()
+    assert isinstance(run.block_pool.metrics_collector, EvictionCounter)
+    assert "_maybe_evict_cached_block" not in vars(run.block_pool)
+    assert run.evictions == seen.heard > 0
+    assert run.result().evictions == run.evictions
