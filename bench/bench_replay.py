@@ -12,8 +12,8 @@ What it reports, per block size:
   arrival, replay defaults, fast-forward on and off), in CPU seconds of the process (this
   2-core machine is shared: CPU time is far steadier than wall time under load; both sides of
   the vLLM comparison are measured the same way, and the load average is printed). Block
-  operations are counted in a separate, untimed run whose pool methods are wrapped: blocks
-  allocated (``get_new_blocks``), touched, freed, cached, evicted.
+  operations are counted in a separate, untimed run with a counting ``KVCacheObserver`` on the
+  pool: blocks allocated (``get_new_blocks``), touched, freed, newly cached, evicted.
 - **scaling**: the CPU time of the first quarter, half and whole trace, per request and per
   token (prompt + answer; the trace's later requests are longer, so per token is the fair unit).
 - **vs vLLM** (``--vllm``): vLLM 0.33.0's own ``Scheduler`` + ``KVCacheManager`` + ``BlockPool``,
@@ -285,35 +285,34 @@ def vllm_job(trace_path: str, settings, requests: int | None, max_model_len: int
 
 
 def count_block_ops(trace, settings) -> dict:
-    """One untimed replay whose pool methods are wrapped to count the blocks they handle."""
+    """One untimed replay whose pool has a counting observer: the blocks each pool call
+    handled (allocated, touched, freed, newly cached) and the evictions."""
+    from kvcore.core.kv_cache_observer import KVCacheObserver
     from paged_kv_lab.workload.replay import Replay
 
+    class BlockOps(KVCacheObserver):
+        allows_fast_forward = True  # skipped steps make no pool call
+
+        def __init__(self) -> None:
+            self.counts = {"allocated": 0, "touched": 0, "freed": 0, "cached": 0}
+
+        def on_blocks_allocated(self, blocks) -> None:
+            self.counts["allocated"] += len(blocks)
+
+        def on_blocks_touched(self, blocks) -> None:
+            self.counts["touched"] += len(blocks)
+
+        def on_blocks_freed(self, blocks, to_head, to_tail) -> None:
+            self.counts["freed"] += len(blocks)
+
+        def on_blocks_cached(self, request, blocks, block_size) -> None:
+            self.counts["cached"] += len(blocks)
+
     run = Replay(trace, settings)
-    pool = run.block_pool
-    counts = {"allocated": 0, "touched": 0, "freed": 0, "cached": 0}
-
-    def wrap(name, key, size):
-        inner = getattr(pool, name)
-
-        def counted(*args, **kwargs):
-            counts[key] += size(*args, **kwargs)
-            return inner(*args, **kwargs)
-
-        setattr(pool, name, counted)
-
-    wrap("get_new_blocks", "allocated", lambda n: n)
-    wrap("touch", "touched", lambda blocks: len(blocks))
-    inner_free = pool.free_blocks
-
-    def free_counted(ordered):  # an iterator (a reversed table): count it once it is a list
-        ordered = list(ordered)
-        counts["freed"] += len(ordered)
-        return inner_free(ordered)
-
-    pool.free_blocks = free_counted
-    wrap("cache_full_blocks", "cached", lambda req, blocks, c, f, *a, **k: max(f - c, 0))
+    ops = BlockOps()
+    run.block_pool.observer = ops
     run.advance()
-    counts["evicted"] = run.evictions
+    counts = dict(ops.counts, evicted=run.evictions)
     counts["total"] = sum(counts.values())
     return counts
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from kvcore.core.kv_cache_observer import KVCacheObserver
 from paged_kv_lab.record.recorder import Recorder
 from paged_kv_lab.workload.replay import Replay, replay_settings
 from paged_kv_lab.workload.trace import load_trace
@@ -25,7 +26,7 @@ CASES = {
 }
 
 
-class OpLog:
+class OpLog(KVCacheObserver):
     """Hears every block-level decision (which skipped steps cannot have) and every decision
     about a request except the per-step ones a decode stretch repeats: "scheduled" (one decode
     token each) and a waiting request's refusal ("blocked", and the lookup that preceded it)."""

@@ -3,8 +3,9 @@ v1/core/block_pool.py)."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
+from kvcore.core.kv_cache_observer import KVCacheObserver
 from kvcore.core.kv_cache_utils import (
     FreeKVCacheBlockQueue,
     KVCacheBlock,
@@ -97,9 +98,11 @@ class BlockPool:
     blocks whose ``block_hash`` is that key. Eviction is lazy: a free block
     keeps its hash (and can still be hit) until ``get_new_blocks`` pops it.
 
-    ``observer`` (None: nothing is recorded) is told each decision once it is made, as
-    vLLM's metrics collector is (``record.recorder.Recorder`` is the one we attach). Its
-    hooks see the blocks themselves; whom they are for is the observer's business.
+    ``observer`` and ``metrics_collector`` (None: nobody) are ``KVCacheObserver``s, told
+    each block decision once it is made (see kvcore/core/kv_cache_observer.py for what each
+    hook means): the observer hears every hook, and the managers and scheduler over this
+    pool reach it through ``observer`` too; the metrics collector (vLLM's name and place)
+    hears only allocation, touch, eviction and reset. Neither changes what the pool does.
     """
 
     def __init__(
@@ -112,6 +115,7 @@ class BlockPool:
         *,
         free_order: str = FREE_ORDER_V033,
         use_int_block_hashes: bool = True,
+        metrics_collector: Optional[KVCacheObserver] = None,
     ) -> None:
         if not isinstance(num_gpu_blocks, int) or num_gpu_blocks < 2:
             raise ValueError(
@@ -135,7 +139,9 @@ class BlockPool:
         self.kv_event_queue: list[KVCacheEvent] = []
         # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES: hashes go out as uint64 (True) or 32 bytes.
         self.use_int_block_hashes = use_int_block_hashes
-        self.observer: Any = None
+        self.metrics_collector = metrics_collector
+        # Ours: the recorder's door (None: nothing is recorded); see the class docstring.
+        self.observer: Optional[KVCacheObserver] = None
 
     # -- prefix cache -----------------------------------------------------------------
     def get_cached_block(
@@ -283,8 +289,11 @@ class BlockPool:
             for block in ret:
                 assert block.ref_cnt == 0
                 block.ref_cnt += 1
-        if self.observer is not None and ret:
-            self.observer.on_blocks_allocated(ret)
+        if ret:
+            if self.metrics_collector is not None:
+                self.metrics_collector.on_blocks_allocated(ret)
+            if self.observer is not None:
+                self.observer.on_blocks_allocated(ret)
         return ret
 
     def _maybe_evict_cached_block(self, block: KVCacheBlock) -> bool:
@@ -293,8 +302,11 @@ class BlockPool:
             return False
         if self.cached_block_hash_to_block.pop(key, block.block_id) is None:
             return False
+        # before the hash is gone
+        if self.metrics_collector is not None:
+            self.metrics_collector.on_block_evicted(block)
         if self.observer is not None:
-            self.observer.on_block_evicted(block)  # before the hash is gone
+            self.observer.on_block_evicted(block)
         block.reset_hash()
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(
@@ -308,8 +320,11 @@ class BlockPool:
 
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         """ref_cnt += 1; a block that was free (ref_cnt 0) leaves the free queue."""
-        if self.observer is not None and blocks:
-            self.observer.on_blocks_touched(blocks)  # before: where in the queue they were
+        if blocks:  # before: where in the queue they were
+            if self.metrics_collector is not None:
+                self.metrics_collector.on_blocks_touched(blocks)
+            if self.observer is not None:
+                self.observer.on_blocks_touched(blocks)
         remove = self.free_block_queue.remove
         for block in blocks:
             if block.ref_cnt == 0 and not block.is_null:
@@ -356,17 +371,20 @@ class BlockPool:
         use."""
         num_used = self.num_gpu_blocks - self.get_num_free_blocks()
         if num_used != 1:
-            if self.observer is not None:
-                self.observer.on_prefix_cache_reset(False, num_used - 1)
+            self._tell_reset(False, num_used - 1)
             return False
         self.cached_block_hash_to_block = BlockHashToBlockMap()
         for block in self.blocks:
             block.reset_hash()
-        if self.observer is not None:
-            self.observer.on_prefix_cache_reset(True, 0)
+        self._tell_reset(True, 0)
         if self.enable_kv_cache_events:
             self.kv_event_queue.append(AllBlocksCleared())
         return True
+
+    def _tell_reset(self, ok: bool, blocks_in_use: int) -> None:
+        for observer in (self.metrics_collector, self.observer):
+            if observer is not None:
+                observer.on_prefix_cache_reset(ok, blocks_in_use)
 
     def get_num_free_blocks(self) -> int:
         return self.free_block_queue.num_free_blocks

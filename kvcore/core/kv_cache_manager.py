@@ -8,6 +8,7 @@ from typing import Optional, Sequence
 
 from kvcore.core.block_pool import FREE_ORDER_V033
 from kvcore.core.kv_cache_coordinator import get_kv_cache_coordinator
+from kvcore.core.kv_cache_observer import call_for_request, free_reason
 from kvcore.core.kv_cache_utils import KVCacheBlock
 from kvcore.distributed.kv_events import BlockStored, kv_cache_spec_metadata
 from kvcore.kv_cache_interface import KVCacheConfig
@@ -217,8 +218,13 @@ class KVCacheManager:
             self.coordinator.cache_blocks(request, min(num_computed_tokens, request.num_tokens))
 
     def free(self, request) -> None:
-        """Free every group's table in reverse order (group 0 first)."""
-        self.coordinator.free(request.request_id)
+        """Free every group's table in reverse order (group 0 first). The pool's observer
+        hears it in a scope for the request, with the reason its status gives (free_reason)."""
+        observer = self.block_pool.observer
+        reason = free_reason(request) if observer is not None else None
+        call_for_request(
+            observer, request.request_id, None, reason, self.coordinator.free, request.request_id
+        )
 
     def evict_blocks(self, block_ids) -> None:
         self.block_pool.evict_blocks(block_ids)

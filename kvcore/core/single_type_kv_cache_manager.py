@@ -7,6 +7,7 @@ from collections import defaultdict
 from typing import Optional, Sequence
 
 from kvcore.core.block_pool import BlockPool
+from kvcore.core.kv_cache_observer import FREE_WINDOW, call_for_request
 from kvcore.core.kv_cache_utils import KVCacheBlock
 from kvcore.kv_cache_interface import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
 from kvcore.utils.math_utils import cdiv
@@ -19,6 +20,10 @@ class SingleTypeKVCacheManager(ABC):
     block i of request r (the null block where the tokens were skipped), and
     ``num_cached_block[r]`` counts the leading blocks already offered to the
     prefix cache. Only running requests appear here.
+
+    Every pool call made for a request (touching its hits, allocating, freeing) sits in a
+    request scope on the pool's observer (``KVCacheObserver.on_request_begin``), naming the
+    request and this group; blocks sliding out of a window are freed with reason "window".
     """
 
     def __init__(
@@ -90,7 +95,10 @@ class SingleTypeKVCacheManager(ABC):
         )
         hits = list(new_computed_blocks[num_skipped_blocks:])
         if self.enable_caching and hits:
-            self.block_pool.touch(hits)
+            pool = self.block_pool
+            call_for_request(
+                pool.observer, request_id, self.kv_cache_group_id, None, pool.touch, hits
+            )
         req_blocks.extend([self._null_block] * num_skipped_blocks)
         req_blocks.extend(hits)
         self.num_cached_block[request_id] = len(req_blocks)
@@ -100,7 +108,10 @@ class SingleTypeKVCacheManager(ABC):
         num_new = cdiv(num_tokens, self.block_size) - len(req_blocks)
         if num_new <= 0:
             return []
-        new_blocks = self.block_pool.get_new_blocks(num_new)
+        pool = self.block_pool
+        new_blocks = call_for_request(
+            pool.observer, request_id, self.kv_cache_group_id, None, pool.get_new_blocks, num_new
+        )
         req_blocks.extend(new_blocks)
         return new_blocks
 
@@ -145,7 +156,15 @@ class SingleTypeKVCacheManager(ABC):
         """Free in reverse order: a request's tail blocks reach the queue first, so shared
         prefix blocks (freed last) stay cached longest."""
         req_blocks = self.req_to_blocks.pop(request_id, [])
-        self.block_pool.free_blocks(reversed(req_blocks))
+        pool = self.block_pool
+        call_for_request(
+            pool.observer,
+            request_id,
+            self.kv_cache_group_id,
+            None,
+            pool.free_blocks,
+            reversed(req_blocks),
+        )
         self.num_cached_block.pop(request_id, None)
 
     def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
@@ -162,9 +181,9 @@ class SingleTypeKVCacheManager(ABC):
             slots.append(i)
             blocks[i] = self._null_block
         if removed:
-            observer = self.block_pool.observer
-            if observer is not None:
-                observer.on_decision(
+            pool = self.block_pool
+            if pool.observer is not None:
+                pool.observer.on_decision(
                     "window_skipped",
                     request_id,
                     block_ids=tuple(b.block_id for b in removed),
@@ -172,7 +191,14 @@ class SingleTypeKVCacheManager(ABC):
                     slots=tuple(slots),
                     num_computed_tokens=total_computed_tokens,
                 )
-            self.block_pool.free_blocks(removed)
+            call_for_request(
+                pool.observer,
+                request_id,
+                self.kv_cache_group_id,
+                FREE_WINDOW,
+                pool.free_blocks,
+                removed,
+            )
 
     @abstractmethod
     def find_longest_cache_hit(

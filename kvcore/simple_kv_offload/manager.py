@@ -28,12 +28,14 @@ only).
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field, replace
 from enum import Enum, auto
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, TypeVar
 
 from kvcore.core.block_pool import BlockPool
 from kvcore.core.kv_cache_coordinator import KVCacheCoordinator, get_kv_cache_coordinator
+from kvcore.core.kv_cache_observer import FREE_OFFLOAD, KVCacheObserver, call_for_request
 from kvcore.core.kv_cache_utils import KVCacheBlock, get_block_hash, get_group_id
 from kvcore.distributed.kv_events import (
     MEDIUM_CPU,
@@ -48,6 +50,8 @@ from kvcore.simple_kv_offload.metadata import (
     SimpleCPUOffloadWorkerMetadata,
 )
 from kvcore.utils.math_utils import cdiv
+
+_R = TypeVar("_R")
 
 
 @dataclass
@@ -111,9 +115,9 @@ def yield_req_data(scheduler_output) -> Iterable[tuple[str, Optional[tuple], boo
     )
 
 
-class _CPUPoolObserver:
-    """Tells the GPU pool's observer (the recorder, if any) when the CPU pool evicts a cached
-    block: the one CPU-pool decision nobody else reports."""
+class _CPUPoolEvictions(KVCacheObserver):
+    """The CPU pool's metrics collector: tells the GPU pool's observer (the recorder, if any)
+    when the CPU pool evicts a cached block, the one CPU-pool decision nobody else reports."""
 
     def __init__(self, manager: "SimpleCPUOffloadScheduler") -> None:
         self.manager = manager
@@ -128,15 +132,21 @@ class _CPUPoolObserver:
             block_hash=get_block_hash(key).hex(),
         )
 
-    def on_blocks_allocated(self, blocks) -> None: ...
 
-    def on_blocks_touched(self, blocks) -> None: ...
+def _offload_scope(method: Callable[..., _R]) -> Callable[..., _R]:
+    """Declares ``method`` a connector entry point: the GPU-pool calls it makes (pinning and
+    releasing blocks around copies) are the offload's own, so the GPU pool's observer hears
+    them in a scope for no request, group 0, reason "offload"."""
 
-    def on_blocks_freed(self, ordered_blocks, to_head, to_tail) -> None: ...
+    @functools.wraps(method)
+    def in_scope(self: "SimpleCPUOffloadScheduler", *args: Any, **kwargs: Any) -> _R:
+        pool = self._gpu_block_pool
+        observer = pool.observer if pool is not None else None
+        return call_for_request(
+            observer, None, 0, FREE_OFFLOAD, functools.partial(method, self, *args, **kwargs)
+        )
 
-    def on_blocks_cached(self, request, blocks, block_size) -> None: ...
-
-    def on_prefix_cache_reset(self, ok, blocks_in_use) -> None: ...
+    return in_scope
 
 
 class SimpleCPUOffloadScheduler:
@@ -179,7 +189,7 @@ class SimpleCPUOffloadScheduler:
         )
         self.cpu_block_pool: BlockPool = self.cpu_coordinator.block_pool
         self.cpu_block_pool.medium = MEDIUM_CPU  # its BlockRemoved events name the CPU
-        self.cpu_block_pool.observer = _CPUPoolObserver(self)
+        self.cpu_block_pool.metrics_collector = _CPUPoolEvictions(self)
         self.num_groups = len(self.cpu_kv_cache_config.kv_cache_groups)
         self._gpu_block_pool: Optional[BlockPool] = None
 
@@ -271,6 +281,7 @@ class SimpleCPUOffloadScheduler:
         return 0, False
 
     # -- load -----------------------------------------------------------------------------
+    @_offload_scope
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
         """The scheduler allocated GPU blocks for the request: plan the load of the CPU hit's
         blocks into the GPU blocks that follow the local hit (both sides pinned until done)."""
@@ -322,6 +333,7 @@ class SimpleCPUOffloadScheduler:
         )
 
     # -- the step's jobs ----------------------------------------------------------------------
+    @_offload_scope
     def build_connector_meta(self, scheduler_output) -> SimpleCPUOffloadMetadata:
         """This step's store job (newly confirmed blocks, plus the flushes of requests that
         finished) and load job (every planned load not yet sent)."""
@@ -501,6 +513,7 @@ class SimpleCPUOffloadScheduler:
         return _StoreAdmission.READY
 
     # -- the worker's report ------------------------------------------------------------------
+    @_offload_scope
     def update_connector_output(self, connector_output) -> None:
         """Finished loads release their pins; finished stores register their CPU blocks."""
         finished = connector_output.finished_recving or ()
@@ -627,6 +640,7 @@ class SimpleCPUOffloadScheduler:
                     self._cleanup_store_request(req_id)
         return False, None
 
+    @_offload_scope
     def request_finished_all_groups(
         self, request, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, Optional[dict]]:

@@ -1,7 +1,7 @@
 """The decisions the two other designs make, one frozen class per kind.
 
 SGLang's radix tree and nano-vllm's block manager tell their observer (a callable given at
-construction) each decision as they make it, like kvcore tells ``record.recorder``. Every event
+construction) each decision as they make it, as kvcore tells its ``KVCacheObserver``. Every event
 has ``kind`` (its tag) and ``request_id`` (None where the caller named no request); the other
 fields say why. ``to_dict`` gives the JSON form the side-by-side lesson records.
 """

@@ -283,8 +283,6 @@ class Engine:
                 s.cpu_offload.kv_load_failure_policy if s.cpu_offload is not None else "fail"
             ),
         )
-        if self.kv_connector is not None:
-            self.recorder.attach_connector(self.kv_connector.scheduler_manager)
         # Speculative decoding: drafts from an n-gram proposer, verified greedily.
         self.drafter: Optional[NgramProposer | DraftModelProposer] = None
         if s.speculative is not None:

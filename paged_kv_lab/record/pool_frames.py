@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from kvcore.core.kv_cache_observer import KVCacheObserver
 from kvcore.core.kv_cache_utils import get_block_hash
 from paged_kv_lab.record import events as E
 from paged_kv_lab.record.events import AnyEvent
@@ -297,7 +298,7 @@ class Admission:
     chain: tuple[bytes, ...]
 
 
-class CacheLog:
+class CacheLog(KVCacheObserver):
     """An observer for a whole replay (the pool's ``observer``): every cache change and every
     admission, nothing per step, so it costs little on a long trace. Set ``step`` before each
     step."""
@@ -334,15 +335,6 @@ class CacheLog:
         if ok:
             for h, log in self.changes.items():
                 log.append(CacheChange(self._next(), self.step, "reset", None, None))
-
-    def on_blocks_allocated(self, blocks) -> None:
-        pass
-
-    def on_blocks_touched(self, blocks) -> None:
-        pass
-
-    def on_blocks_freed(self, blocks, to_head=None, to_tail=None) -> None:
-        pass
 
     def on_decision(self, kind: str, request_id: Optional[str], **fields: Any) -> None:
         if kind in ("cache_hit", "cache_miss"):

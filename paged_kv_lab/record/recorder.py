@@ -1,18 +1,18 @@
 """The Recorder: kvcore's decisions, as they are made, turned into typed events (record.events).
 
 kvcore keeps vLLM's method signatures, so its calls do not say whom the pool is working for.
-Instead the pool has one ``observer`` (as vLLM's pool has its metrics collector), set once by
-:meth:`Recorder.attach`. The observer hears three kinds of call:
+Instead kvcore tells one declared observer (``kvcore.core.kv_cache_observer.KVCacheObserver``,
+as vLLM's pool tells its metrics collector), and the Recorder is one: set once as the pool's
+``observer`` by :meth:`Recorder.attach`, it hears
 
-- block-level hooks from ``BlockPool``: ``on_blocks_allocated``, ``on_block_evicted``,
-  ``on_blocks_touched``, ``on_blocks_freed``, ``on_blocks_cached``, ``on_prefix_cache_reset``;
-- ``on_decision(kind, request_id, **fields)`` from the scheduler, the KV cache manager and the
-  engine, for decisions about a request (``kind`` is an ``EventKind`` value);
-- the request and KV cache group a pool call is made for: ``attach`` wraps, on the manager
-  instances only, the entry points that name a request (``allocate_new_computed_blocks``,
-  ``allocate_new_blocks``, ``free``, ``remove_skipped_blocks``, and ``KVCacheManager.free``)
-  so that the block-level events name them. Nothing in kvcore changes for it, and with no
-  recorder attached nothing is wrapped.
+- the block hooks from ``BlockPool`` (allocated, evicted, touched, freed, cached, reset);
+- the request scopes the KV cache managers and the CPU tier open around the pool calls they
+  make for a request (``on_request_begin``/``on_request_end``), which name the request, the KV
+  cache group and, for frees, the reason, so the block-level events name them too;
+- ``on_decision(kind, request_id, **fields)`` from the scheduler, the KV cache manager, the
+  connector and the engine, for decisions about a request (``kind`` is an ``EventKind`` value).
+
+Nothing in kvcore is wrapped or patched; with no recorder attached kvcore calls nothing.
 
 The recorder also keeps what the pool itself does not need: what each block hash stands for
 (``hash_meta``: parent hash, tokens, extra keys), for the hash chains the player draws and the
@@ -21,19 +21,18 @@ invariant checks.
 
 from __future__ import annotations
 
-import functools
 from bisect import bisect_left
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Optional, Sequence
 
+from kvcore.core.kv_cache_observer import KVCacheObserver
 from kvcore.core.kv_cache_utils import KVCacheBlock, get_block_hash, get_group_id
 from paged_kv_lab.record.events import (
     EVENT_TYPES,
     Allocated,
     Cached,
     Event,
-    EventKind,
     Evicted,
     Freed,
     PrefixCacheReset,
@@ -53,20 +52,20 @@ class HashMeta:
     extra_keys: Optional[tuple] = None
 
 
-class Recorder:
+class Recorder(KVCacheObserver):
     """Collects the events of the current step, in the order the decisions were made.
 
     Invariant: ``events`` holds exactly the decisions since the last ``drain``, each naming its
-    request and group as the call it came from did (None outside any request's call).
+    request and group as the innermost open request scope did (None outside any scope).
     """
 
     def __init__(self) -> None:
         self.events: list[Event] = []
         self.hash_meta: dict[bytes, HashMeta] = {}
-        # Whom the pool works for right now: (request id, group, the reason a free gives).
+        # Whom the pool works for right now: (request id, group, the reason a free gives), and
+        # the enclosing scopes' (kvcore opens and closes them in nested order).
         self._context: tuple[Optional[str], Optional[int], str] = (None, None, "")
-        self._next_free_reason = ""
-        self._load_failed: set[str] = set()  # their failed load left no valid block
+        self._outer: list[tuple[Optional[str], Optional[int], str]] = []
         self._evicted: list[tuple[int, bytes]] = []  # evicted by the allocation in progress
         self.block_pool = None
         # Where a revived block stood in the free queue, without walking it (on_blocks_touched):
@@ -78,42 +77,12 @@ class Recorder:
 
     # -- attaching ---------------------------------------------------------------------
     def attach(self, kv_cache_manager) -> "Recorder":
-        """Observe a KVCacheManager (its pool, its managers) and the scheduler over it."""
-        self.attach_block_pool(kv_cache_manager.block_pool)
-        self._wrap(kv_cache_manager, "free", self._kvm_free)
-        for m in kv_cache_manager.coordinator.single_type_managers:
-            for name in ("allocate_new_computed_blocks", "allocate_new_blocks", "free"):
-                self._wrap(m, name, functools.partial(self._for_request, m.kv_cache_group_id, None))
-            self._wrap(
-                m,
-                "remove_skipped_blocks",
-                functools.partial(self._for_request, m.kv_cache_group_id, "window"),
-            )
-        return self
-
-    def attach_connector(self, manager) -> "Recorder":
-        """Observe a KV connector's scheduler half (the CPU tier's manager): the GPU blocks it
-        pins and releases around its copies are reported as its own (no request, reason
-        "offload"); its decisions reach ``on_decision`` through the pool's observer."""
-        for name in (
-            "build_connector_meta",
-            "update_connector_output",
-            "update_state_after_alloc",
-            "request_finished_all_groups",
-        ):
-            self._wrap(manager, name, self._for_connector)
-        return self
-
-    def _for_connector(self, inner, *args, **kwargs):
-        saved = self._context
-        self._context = (None, 0, "offload")
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            self._context = saved
+        """Observe a KVCacheManager: its pool, the managers over it, the scheduler over those
+        and any connector bound to the pool all tell the pool's observer."""
+        return self.attach_block_pool(kv_cache_manager.block_pool)
 
     def attach_block_pool(self, pool) -> "Recorder":
-        """Observe a lone BlockPool (its events then name no request)."""
+        """Observe a BlockPool (a lone one's events name no request)."""
         pool.observer = self
         self.block_pool = pool
         free = pool.free_block_queue.get_all_free_blocks()
@@ -121,46 +90,21 @@ class Recorder:
         self._hi, self._holes = len(free) - 1, []
         return self
 
-    @staticmethod
-    def _wrap(obj, name: str, around) -> None:
-        inner = getattr(obj, name)
-        setattr(obj, name, functools.wraps(inner)(functools.partial(around, inner)))
+    # -- whom the pool works for ----------------------------------------------------------
+    def on_request_begin(
+        self, request_id: Optional[str], group: Optional[int], reason: Optional[str] = None
+    ) -> None:
+        outer = self._context
+        if reason is None:
+            reason = outer[2] if outer[0] == request_id else ""
+        self._outer.append(outer)
+        self._context = (request_id, group, reason)
 
-    def _for_request(self, group: int, reason: Optional[str], inner, request_id, *args, **kwargs):
-        saved = self._context
-        free_reason = reason if reason is not None else (saved[2] if saved[0] == request_id else "")
-        self._context = (request_id, group, free_reason)
-        try:
-            return inner(request_id, *args, **kwargs)
-        finally:
-            self._context = saved
-
-    def _kvm_free(self, inner, request, *args, **kwargs):
-        # The scheduler says why just before it frees: preempted, finished or aborted.
-        saved = self._context
-        why = self._next_free_reason
-        if not why and request.request_id in self._load_failed:
-            why = "load failed"
-        self._load_failed.discard(request.request_id)
-        self._context = (request.request_id, None, why or "finished")
-        self._next_free_reason = ""
-        try:
-            return inner(request, *args, **kwargs)
-        finally:
-            self._context = saved
+    def on_request_end(self) -> None:
+        self._context = self._outer.pop()
 
     # -- decisions about a request --------------------------------------------------------
     def on_decision(self, kind: str, request_id: Optional[str], **fields: Any) -> None:
-        if kind == EventKind.PREEMPTED:
-            self._next_free_reason = "preempted"
-        elif kind == EventKind.FINISHED:
-            self._next_free_reason = (
-                "aborted" if fields.get("reason") in ("aborted", "error") else "finished"
-            )
-        elif kind == EventKind.KV_LOAD_FAILED and fields.get("asynchronous"):
-            # with no valid block left, its blocks go back when the load is reported done
-            if not fields.get("num_computed_tokens"):
-                self._load_failed.add(request_id)
         self.events.append(_BY_KIND[kind](request_id=request_id, **fields))
 
     # -- block-level hooks (BlockPool) -----------------------------------------------------

@@ -26,6 +26,7 @@ from array import array
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
+from kvcore.core.kv_cache_observer import KVCacheObserver
 from kvcore.utils.math_utils import cdiv
 from paged_kv_lab.workload.replay import SEQUENTIAL, Replay, ReplaySettings, upper_bound_hits
 from paged_kv_lab.workload.trace import Trace
@@ -100,7 +101,7 @@ class _Fenwick:
         return self.total - s
 
 
-class _StackObserver:
+class _StackObserver(KVCacheObserver):
     """The pool's observer during the pass: numbers blocks joining the queue's tail, and at each
     admission measures the pool the hit needs (see the module docstring)."""
 
@@ -151,15 +152,6 @@ class _StackObserver:
 
     def on_block_evicted(self, block) -> None:
         self.evicted += 1
-
-    def on_blocks_allocated(self, blocks) -> None:
-        pass
-
-    def on_decision(self, kind, request_id, **fields) -> None:
-        pass
-
-    def on_prefix_cache_reset(self, ok, num_used) -> None:
-        pass
 
 
 def unbounded_answer(

@@ -28,6 +28,7 @@ from array import array
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional
 
+from kvcore.core.kv_cache_observer import KVCacheObserver
 from kvcore.core.sched.scheduler import Scheduler
 from kvcore.outputs import ModelRunnerOutput
 from kvcore.request import Request
@@ -318,6 +319,17 @@ def _fast_forward_allowed(observer) -> bool:
     return observer is None or getattr(observer, "allows_fast_forward", False)
 
 
+class EvictionCounter(KVCacheObserver):
+    """A pool's metrics collector that counts evictions (vLLM's collector hears them at the
+    same place, ``BlockPool._maybe_evict_cached_block``)."""
+
+    def __init__(self) -> None:
+        self.evicted = 0
+
+    def on_block_evicted(self, block) -> None:
+        self.evicted += 1
+
+
 class Replay:
     """One trace through one kvcore engine, stepped on demand.
 
@@ -342,11 +354,10 @@ class Replay:
         self.hasher = block_hasher_for(s) if s.enable_prefix_caching else None
         self._all_full = all(g.kv_cache_spec.kind == "full" for g in self.groups)
         self._check_fits()
-        # Evictions: vLLM counts them in its metrics collector; we wrap the one pool method that
-        # drops a hash (only ever called for a block that has one), on this pool instance only.
-        self.evictions = 0
-        self._evict = self.block_pool._maybe_evict_cached_block
-        self.block_pool._maybe_evict_cached_block = self._counting_evict
+        # Evictions: counted where vLLM counts them, in the pool's metrics collector (the pool's
+        # observer stays free for a recorder or a log).
+        self._counters = EvictionCounter()
+        self.block_pool.metrics_collector = self._counters
         n = len(trace)
         self.step_count = 0
         self.fast_forwarded_steps = 0
@@ -393,15 +404,16 @@ class Replay:
                     f"raise num_gpu_blocks to at least {need + 1:,}"
                 )
 
-    def _counting_evict(self, block) -> bool:
-        evicted = self._evict(block)
-        if evicted:
-            self.evictions += 1
-        return evicted
+    @property
+    def evictions(self) -> int:
+        """Cached blocks evicted so far (their hash dropped to reuse the block)."""
+        return self._counters.evicted
 
     def attach(self, recorder) -> Any:
-        """Attach a ``record.recorder.Recorder`` (it then hears every decision; fast-forward is
-        off while the pool has an observer). Returns the recorder."""
+        """Attach a ``record.recorder.Recorder`` as the pool's observer (it then hears every
+        decision; fast-forward is off while the pool has an observer that does not allow it).
+        The eviction count, in the pool's metrics collector, is unaffected. Returns the
+        recorder."""
         recorder.attach(self.kv_cache_manager)
         return recorder
 

@@ -7,6 +7,7 @@ from typing import Iterable, Optional, Union
 
 from kvcore.config.scheduler import ADMISSIONS, ADMIT_FULL_SEQUENCE, SchedulerConfig
 from kvcore.core.kv_cache_manager import KVCacheManager
+from kvcore.core.kv_cache_observer import KVCacheObserver
 from kvcore.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from kvcore.core.sched.request_queue import PRIORITY, create_request_queue
 from kvcore.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
@@ -72,7 +73,7 @@ class Scheduler:
             self.connector_prefix_cache_stats = PrefixCacheStats()
 
     @property
-    def observer(self):
+    def observer(self) -> Optional[KVCacheObserver]:
         """Who is told each decision (the pool's observer; None: nobody records)."""
         return self.kv_cache_manager.block_pool.observer
 
