@@ -16,6 +16,7 @@ from paged_kv_lab.text.sentences import (
     sentence,
     step_sentences,
 )
+from paged_kv_lab.text.i18n import tr
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
@@ -28,7 +29,7 @@ def test_every_kind_has_a_class_a_renderer_in_both_languages_and_an_icon():
     assert set(SENTENCES) == set(EventKind) == set(EVENT_TYPES) == set(ICONS)
     for kind in EventKind:
         e = first(kind)
-        en, zh = SENTENCES[kind](e, Style())
+        en, zh = (tr(SENTENCES[kind](e, Style()), lang) for lang in ("en", "zh"))
         assert en and zh and en != zh, kind
         assert CJK.search(zh) and not CJK.search(en), (en, zh)
 
