@@ -8,6 +8,7 @@ import pytest
 from _event_runs import every_kind_events, every_kind_runs
 from paged_kv_lab.record import events
 from paged_kv_lab.record.events import EVENT_TYPES, EventKind
+from paged_kv_lab.text.i18n import tr
 from paged_kv_lab.text.sentences import (
     ICONS,
     SENTENCES,
@@ -16,7 +17,6 @@ from paged_kv_lab.text.sentences import (
     sentence,
     step_sentences,
 )
-from paged_kv_lab.text.i18n import tr
 
 CJK = re.compile(r"[\u4e00-\u9fff]")
 
