@@ -5,7 +5,7 @@ life of one physical block (``life_of_block``) and two requests' hash chains sid
 (``compare_requests``; both in ``why.explain_blocks``). Nothing here touches a live engine:
 the cache's history is replayed from the recorded events (Cached / Evicted / PrefixCacheReset),
 and a request's chain is the one the engine computed, kept in every snapshot's RequestView.
-``paged_kv_lab.why.explain_text`` turns the answers into sentences (EN / 中文).
+``paged_kv_lab.why.explain_text`` turns the answers into sentences (catalogue keys, any language).
 """
 
 from __future__ import annotations
