@@ -34,6 +34,7 @@ from paged_kv_lab.record.scenario import (
     scenario_to_dict,
     with_engine_overrides,
 )
+from paged_kv_lab.text.i18n import languages, tr
 from paged_kv_lab.text.sentences import sentence
 
 
@@ -259,7 +260,10 @@ def main(argv=None) -> int:
     )
     r.add_argument("--quiet", action="store_true", help="print only the outputs")
     r.add_argument(
-        "--lang", choices=("en", "zh"), default="en", help="language of the step log (default en)"
+        "--lang",
+        choices=tuple(languages()),
+        default="en",
+        help="language of the step log (default en)",
     )
     r.add_argument(
         "--kv-events",
@@ -329,7 +333,10 @@ def main(argv=None) -> int:
     )
     x.add_argument("--device", choices=DEVICES, help="override the scenario's device")
     x.add_argument(
-        "--lang", choices=("en", "zh"), default="en", help="language of the answer (default en)"
+        "--lang",
+        choices=tuple(languages()),
+        default="en",
+        help="language of the answer (default en)",
     )
     f = sub.add_parser(
         "profile", help="profile the model's memory and derive num_gpu_blocks as vLLM does"
@@ -515,12 +522,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
     try:
         if args.trace:
             with open(args.trace, "rb") as fh:
-                tr = trace.read_trace(fh.read())
+                recorded = trace.read_trace(fh.read())
             decode = None
             if args.model:
                 with _loading():
                     decode = load_model(args.model, "cpu", "float32").decode
-            run = RecordedSteps.from_trace(tr, decode)
+            run = RecordedSteps.from_trace(recorded, decode)
         else:
             scenario = load_scenario(args.scenario)
             if args.set:
@@ -560,7 +567,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return 2
     # ScenarioError, TraceError, BudgetError are ValueErrors
     except (ExplainError, ValueError) as e:
-        print(f"error: {args.trace or args.scenario}: {e}", file=sys.stderr)
+        why = tr(e.text, args.lang) if isinstance(e, ExplainError) else e
+        print(f"error: {args.trace or args.scenario}: {why}", file=sys.stderr)
         return 2
     print("\n".join(lines))
     return 0

@@ -37,7 +37,7 @@ EVICTED = "evicted"
 NEVER = "never"
 
 
-class DesignError(ValueError):
+class DesignError(X.ExplainError):
     """The question has no answer in the steps shown so far."""
 
 
@@ -162,7 +162,7 @@ def explain_sglang_hit(run: DesignRun, request_id: str) -> list[SGLangHit]:
         if e.kind == "prefix_matched" and e.request_id == request_id
     ]
     if not found:
-        raise DesignError(f"request {request_id!r} was not looked up in SGLang's tree yet")
+        raise DesignError("designs_why.error.not_matched", rid=request_id)
     out = []
     for pos, m in found:
         tokens = run.tokens(request_id)
@@ -271,7 +271,7 @@ def explain_leaf(run: DesignRun, node_id: int) -> LeafEviction:
         None,
     )
     if at is None:
-        raise DesignError(f"leaf #{node_id} was not evicted by this step")
+        raise DesignError("designs_why.error.not_evicted", node=node_id)
     pos, e = events[at]
     ask = next(
         (a for _, a in reversed(events[:at]) if a.kind == "eviction_asked"),
@@ -362,7 +362,7 @@ def explain_nano_hit(run: DesignRun, request_id: str) -> list[NanoHit]:
         if e.kind in ("block_hit", "block_miss") and e.request_id == request_id:
             allocs.setdefault(pos[0], []).append((pos, e))
     if not allocs:
-        raise DesignError(f"request {request_id!r} was not allocated in nano-vllm yet")
+        raise DesignError("designs_why.error.not_allocated", rid=request_id)
     tokens = run.tokens(request_id)
     prompt_len = len(run.views[request_id].prompt_token_ids)
     out = []

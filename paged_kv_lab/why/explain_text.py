@@ -233,7 +233,7 @@ def step_calls(run: X.RecordedSteps, step: int) -> list:
     from paged_kv_lab.text.source_links import call_order
 
     if not 1 <= step <= len(run.records):
-        raise X.ExplainError(f"step {step} is outside this run (1..{len(run.records)})")
+        raise X.ExplainError("why.error.no_step", step=step, last=len(run.records))
     return list(call_order(run.records[step - 1].events, len(run.groups())))
 
 
@@ -255,7 +255,7 @@ def answer(
     out: list[str] = []
     if calls:
         if step is None:
-            raise X.ExplainError("--calls needs --step N")
+            raise X.ExplainError("why.error.calls_need_step")
         out.append(tr("why.calls_title", lang, s=step))
         out += call_lines(step_calls(run, step), lang)
     if block is not None:
@@ -266,7 +266,5 @@ def answer(
         for x in X.explain_hit(run, request, step):
             out += hit_sentences(x, lang)
     if not out:
-        raise X.ExplainError(
-            "ask about something: --request ID [--step N] [--vs ID], --block N, or --calls --step N"
-        )
+        raise X.ExplainError("why.error.no_question")
     return out
