@@ -93,12 +93,13 @@ NAMES = {
     "auto",
     "tok",
     "ms",  # a unit
+    "kvcore",
 }
 
 
-def _scenario_identifiers() -> set[str]:
-    """The scenario format's field names and choices (``policy``, ``fcfs``, ``seed``): the app
-    shows them as the names of settings, the same in every language."""
+def identifiers() -> set[str]:
+    """Names the app shows as they are, alone as a label or a choice: the scenario format's
+    fields and choices (``policy``, ``fcfs``, ``seed``) and vLLM's functions (``schedule``)."""
     import dataclasses
     import typing
 
@@ -112,6 +113,9 @@ def _scenario_identifiers() -> set[str]:
         for a in typing.get_args(t):
             literals(a)
 
+    from paged_kv_lab.text.source_links import FUNCTIONS
+
+    out.update(FUNCTIONS)
     for cls in vars(scenario).values():
         if isinstance(cls, type) and dataclasses.is_dataclass(cls):
             out.update(f.name for f in dataclasses.fields(cls))
@@ -130,7 +134,7 @@ MARKED = re.compile(OPEN + "[^" + OPEN + CLOSE + "]*" + CLOSE)
 CHUNK = re.compile(r"[^\s()\[\]{}:;,!?*|<>=+…—–·→←/\\'’]+")
 
 
-def leftovers(text: str, names: frozenset[str] = frozenset()) -> list[str]:
+def leftovers(text: str) -> list[str]:
     """The English words and CJK characters of ``text`` outside the pseudo-language's markers,
     code spans, quotes and links; an identifier (a digit, ``_``, ``.`` or ``#`` in it, or mixed
     case), an acronym, a one-letter id or a name is not a word."""
@@ -143,7 +147,7 @@ def leftovers(text: str, names: frozenset[str] = frozenset()) -> list[str]:
     out = CJK.findall(text)
     for chunk in CHUNK.findall(text):
         word = chunk.strip(".'\"-%")
-        if len(word) < 2 or not word.isalpha() or not word.isascii() or word in NAMES | names:
+        if len(word) < 2 or not word.isalpha() or not word.isascii() or word in NAMES:
             continue
         if word.isupper() or (word[1:].lower() != word[1:]):  # an acronym or mixed case (vLLM)
             continue
@@ -297,18 +301,39 @@ def play(at, steps: int = 8) -> list[str]:
     return out
 
 
-def page_leftovers(at, played: Sequence[str] = ()) -> list[str]:
-    """Each text of the page (and of the steps ``played``) that still holds English or CJK
-    outside the markers, as a line."""
-    names = frozenset(_scenario_identifiers())
+WHY_MODES = ("request", "block", "two", "calls", "sglang", "nano")  # app/why_panel.py's
+
+
+def explore(at) -> list[tuple[str, str]]:
+    """Every text the page shows: as opened, its players played, then each question of each
+    "Why?" panel asked in turn (the panels are closed until the learner opens them)."""
+    texts = [("player step", p) for p in play(at)] + shown_texts(at)
+    for key in [str(t.key) for t in at.toggle if str(t.key).startswith("why_open:")]:
+        at.toggle(key=key).set_value(True).run()
+        assert not at.exception, [e.value for e in at.exception]
+        mode_key = "why_mode:" + key.split(":", 1)[1]
+        radios = [r for r in at.radio if r.key == mode_key]
+        asked = [m for m in WHY_MODES if radios and radios[0].format_func(m) in radios[0].options]
+        for mode in asked:
+            at.radio(key=mode_key).set_value(mode).run()
+            assert not at.exception, [e.value for e in at.exception]
+            texts += shown_texts(at)
+        assert not radios or asked, "every question of the panel is asked"
+    return texts
+
+
+def page_leftovers(texts: Sequence[tuple[str, str]]) -> list[str]:
+    """Each text that still holds English or CJK outside the markers, as a line."""
     langs = i18n.languages()
     # the language menu names each language in itself, under a label every reader can find
-    menu = set(langs.values()) | {i18n.tr("language", lang) for lang in langs}
-    return [
-        f"[{where}] {words}: {t[:160]!r}"
-        for where, t in shown_texts(at) + [("player step", p) for p in played]
-        if t not in menu and (words := leftovers(t, names))
-    ]
+    alone = identifiers() | set(langs.values()) | {i18n.tr("language", lang) for lang in langs}
+    return list(
+        dict.fromkeys(
+            f"[{where}] {words}: {t[:160]!r}"
+            for where, t in texts
+            if t.strip() not in alone and (words := leftovers(t))
+        )
+    )
 
 
 def test_every_page_in_a_pseudo_language_shows_no_english_or_chinese(pseudo_language, monkeypatch):
@@ -321,11 +346,10 @@ def test_every_page_in_a_pseudo_language_shows_no_english_or_chinese(pseudo_lang
         except AssertionError as e:  # a page that fails in xx: a text not taken from the catalogue
             bad[name] = [f"[exception] {str(e)[:300]}"]
             continue
-        played = play(at)
-        texts = shown_texts(at)
+        texts = explore(at)
         assert texts, f"{name}: no text read from the page"
         assert any(OPEN in t for _, t in texts), f"{name}: no catalogue text shown in xx"
-        if lines := page_leftovers(at, played):
+        if lines := page_leftovers(texts):
             bad[name] = lines
     assert not bad, "text not from the catalogue, page by page:\n" + "\n".join(
         f"{name}:\n" + "\n".join(f"  {line}" for line in lines) for name, lines in bad.items()
