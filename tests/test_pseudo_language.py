@@ -305,9 +305,13 @@ WHY_MODES = ("request", "block", "two", "calls", "sglang", "nano")  # app/why_pa
 
 
 def explore(at) -> list[tuple[str, str]]:
-    """Every text the page shows: as opened, its players played, then each question of each
-    "Why?" panel asked in turn (the panels are closed until the learner opens them)."""
-    texts = [("player step", p) for p in play(at)] + shown_texts(at)
+    """Every text the page shows: as opened, with its example loaded, its players played, then
+    each question of each "Why?" panel asked in turn (closed until the learner opens them)."""
+    texts = shown_texts(at)
+    for key in [str(b.key) for b in at.button if str(b.key).startswith("example:")]:
+        at.button(key=key).click().run()  # a page that opens empty shows its example
+        assert not at.exception, [e.value for e in at.exception]
+    texts += [("player step", p) for p in play(at)] + shown_texts(at)
     for key in [str(t.key) for t in at.toggle if str(t.key).startswith("why_open:")]:
         at.toggle(key=key).set_value(True).run()
         assert not at.exception, [e.value for e in at.exception]
@@ -322,8 +326,19 @@ def explore(at) -> list[tuple[str, str]]:
     return texts
 
 
+def scenario_words() -> set[str]:
+    """The words of the scenario files in examples/ (their descriptions, their prompts): data a
+    trace carries, shown as the file has them, like a scenario a user uploads."""
+    out: set[str] = set()
+    for path in (ROOT / "examples").glob("*.json"):
+        out.update(_strings(json.loads(path.read_text(encoding="utf-8"))))
+    return out
+
+
 def page_leftovers(texts: Sequence[tuple[str, str]]) -> list[str]:
-    """Each text that still holds English or CJK outside the markers, as a line."""
+    """Each text that still holds English or CJK outside the markers, as a line (a scenario
+    shown as JSON, ``st.json``, is data and is not read)."""
+    data = {w.replace("\\", "") for w in scenario_words()}
     langs = i18n.languages()
     # the language menu names each language in itself, under a label every reader can find
     alone = identifiers() | set(langs.values()) | {i18n.tr("language", lang) for lang in langs}
@@ -331,7 +346,10 @@ def page_leftovers(texts: Sequence[tuple[str, str]]) -> list[str]:
         dict.fromkeys(
             f"[{where}] {words}: {t[:160]!r}"
             for where, t in texts
-            if t.strip() not in alone and (words := leftovers(t))
+            if where != "json"
+            and t.strip() not in alone
+            and not any(t.replace("\\", "").startswith(d[:40]) for d in data if len(d) > 40)
+            and (words := leftovers(t))
         )
     )
 
