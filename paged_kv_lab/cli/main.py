@@ -79,7 +79,7 @@ def _write_html(path: str, scenario, initial, records, engine, lang: str, done: 
         request_ids=[r.id for r in scenario.requests],
     )
     with open(path, "w", encoding="utf-8") as f:
-        f.write(static_html(payload, title=f"Paged KV Lab · {scenario.name}"))
+        f.write(static_html(payload, title=tr("trace.export_title", lang, name=scenario.name)))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -215,151 +215,123 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kvcore", description="Paged KV Lab engine")
+    p = argparse.ArgumentParser(prog="python -m kvcore", description=tr("cli.description"))
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="replay a scenario step by step")
-    r.add_argument("scenario", help="scenario JSON file")
+    r = sub.add_parser("run", help=tr("cli.run.help"))
+    r.add_argument("scenario", help=tr("cli.run.scenario"))
     r.add_argument(
         "--trace",
-        help="write a JSONL trace (header, one line per step, outputs) to this file; "
-        "the app's Trace viewer opens it",
+        help=tr("cli.run.trace"),
     )
     r.add_argument(
         "--html",
         metavar="OUT.html",
-        help="write the run as one self-contained HTML file that steps "
-        "offline in a browser (the app's player)",
+        help=tr("cli.run.html"),
     )
-    r.add_argument("--until", help="stop at the first event of this kind")
+    r.add_argument("--until", help=tr("cli.run.until"))
     r.add_argument(
         "--set",
         action="append",
         metavar="KEY=VALUE",
         default=[],
-        help="override an engine setting (repeatable; VALUE read as JSON), e.g. --set "
-        "watermark=0.1 --set prefix_cache_retention_interval=null --set hash_algo=sha256_cbor",
+        help=tr("cli.run.set"),
     )
     r.add_argument(
         "--cpu-offload-blocks",
         type=int,
         metavar="N",
-        help="a second tier: a CPU pool of N blocks beside the GPU pool (vLLM 0.33's "
-        "SimpleCPUOffloadConnector; engine.cpu_offload.num_cpu_blocks)",
+        help=tr("cli.run.cpu_offload_blocks"),
     )
     r.add_argument(
         "--lazy-offload",
         dest="lazy",
         action="store_true",
-        help="with the CPU tier: store only the blocks about to be evicted from the GPU "
-        "(engine.cpu_offload.lazy_offload)",
+        help=tr("cli.run.<ast.Constant object at 0x7fd0358b7fd0>"),
     )
-    r.add_argument("--model", choices=MODELS, help="override the scenario's model")
-    r.add_argument("--device", choices=DEVICES, help="override the scenario's device")
-    r.add_argument(
-        "--check", action="store_true", help="check the block-manager invariants after every step"
-    )
-    r.add_argument("--quiet", action="store_true", help="print only the outputs")
+    r.add_argument("--model", choices=MODELS, help=tr("cli.run.model"))
+    r.add_argument("--device", choices=DEVICES, help=tr("cli.run.device"))
+    r.add_argument("--check", action="store_true", help=tr("cli.run.check"))
+    r.add_argument("--quiet", action="store_true", help=tr("cli.run.quiet"))
     r.add_argument(
         "--lang",
         choices=tuple(languages()),
         default="en",
-        help="language of the step log (default en)",
+        help=tr("cli.run.lang"),
     )
     r.add_argument(
         "--kv-events",
         metavar="ENDPOINT",
-        help="publish KV cache events on ZeroMQ as vLLM does (e.g. tcp://*:5557)",
+        help=tr("cli.run.kv_events"),
     )
-    r.add_argument(
-        "--kv-events-replay", metavar="ENDPOINT", help="with --kv-events: the replay socket"
-    )
-    r.add_argument(
-        "--kv-events-topic", default="", help="with --kv-events: the topic (default empty)"
-    )
-    w = sub.add_parser("watch", help="watch a vLLM server's prefix cache through its KV events")
-    w.add_argument("endpoint", help="the server's KV-event endpoint, e.g. tcp://10.0.0.5:5557")
-    w.add_argument("--replay", help="the server's replay endpoint, e.g. tcp://10.0.0.5:5558")
-    w.add_argument("--topic", default="", help="subscribe to this topic (default: everything)")
+    r.add_argument("--kv-events-replay", metavar="ENDPOINT", help=tr("cli.run.kv_events_replay"))
+    r.add_argument("--kv-events-topic", default="", help=tr("cli.run.kv_events_topic"))
+    w = sub.add_parser("watch", help=tr("cli.watch.help"))
+    w.add_argument("endpoint", help=tr("cli.watch.endpoint"))
+    w.add_argument("--replay", help=tr("cli.watch.replay"))
+    w.add_argument("--topic", default="", help=tr("cli.watch.topic"))
     w.add_argument(
         "--bind",
         action="store_true",
-        help="bind instead of connecting (when vLLM's "
-        "endpoint is a host address, its PUB connects)",
+        help=tr("cli.watch.bind"),
     )
     w.add_argument(
         "--data-parallel-size",
         type=int,
         default=1,
-        help="watch this many ranks: rank r on port + r (replay port + r)",
+        help=tr("cli.watch.data_parallel_size"),
     )
-    w.add_argument("--model", choices=MODELS, help="decode token ids with this model's tokenizer")
-    w.add_argument("--duration", type=float, help="stop after this many seconds")
+    w.add_argument("--model", choices=MODELS, help=tr("cli.watch.model"))
+    w.add_argument("--duration", type=float, help=tr("cli.watch.duration"))
     w.add_argument(
         "--dump-state",
         metavar="OUT.json",
-        help="write the rebuilt index here (atomically) when connected and after every batch",
+        help=tr("cli.watch.dump_state"),
     )
-    x = sub.add_parser(
-        "explain", help="answer why: a request's cache hit, a block's life, two requests' chains"
-    )
-    x.add_argument(
-        "scenario", nargs="?", help="scenario JSON file (run here first); or give --trace"
-    )
-    x.add_argument(
-        "--trace", metavar="OUT.jsonl", help="explain this recorded run (a trace file) instead"
-    )
-    x.add_argument(
-        "--request", metavar="ID", help="why this request's prefix-cache hit stopped where it did"
-    )
+    x = sub.add_parser("explain", help=tr("cli.explain.help"))
+    x.add_argument("scenario", nargs="?", help=tr("cli.explain.scenario"))
+    x.add_argument("--trace", metavar="OUT.jsonl", help=tr("cli.explain.trace"))
+    x.add_argument("--request", metavar="ID", help=tr("cli.explain.request"))
     x.add_argument(
         "--step",
         type=int,
-        help="with --request: its admission at or before this step; with --calls: the step",
+        help=tr("cli.explain.step"),
     )
+    x.add_argument("--vs", metavar="ID", help=tr("cli.explain.vs"))
+    x.add_argument("--block", type=int, metavar="N", help=tr("cli.explain.block"))
+    x.add_argument("--calls", action="store_true", help=tr("cli.explain.calls"))
     x.add_argument(
-        "--vs", metavar="ID", help="with --request: the two requests' hash chains side by side"
-    )
-    x.add_argument("--block", type=int, metavar="N", help="the life of physical block N")
-    x.add_argument(
-        "--calls", action="store_true", help="with --step: the functions that ran, in call order"
-    )
-    x.add_argument(
-        "--set", action="append", metavar="KEY=VALUE", default=[], help="override an engine setting"
+        "--set", action="append", metavar="KEY=VALUE", default=[], help=tr("cli.explain.set")
     )
     x.add_argument(
         "--model",
         choices=MODELS,
-        help="override the scenario's model (with --trace: decode with it)",
+        help=tr("cli.explain.model"),
     )
-    x.add_argument("--device", choices=DEVICES, help="override the scenario's device")
+    x.add_argument("--device", choices=DEVICES, help=tr("cli.explain.device"))
     x.add_argument(
         "--lang",
         choices=tuple(languages()),
         default="en",
-        help="language of the answer (default en)",
+        help=tr("cli.explain.lang"),
     )
-    f = sub.add_parser(
-        "profile", help="profile the model's memory and derive num_gpu_blocks as vLLM does"
-    )
-    f.add_argument("--model", choices=MODELS, default="smollm2", help="the model (default smollm2)")
-    f.add_argument("--device", choices=DEVICES, default="auto", help="the device (default auto)")
-    f.add_argument("--dtype", choices=DTYPES, default="float32", help="the dtype (default float32)")
-    f.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
+    f = sub.add_parser("profile", help=tr("cli.profile.help"))
+    f.add_argument("--model", choices=MODELS, default="smollm2", help=tr("cli.profile.model"))
+    f.add_argument("--device", choices=DEVICES, default="auto", help=tr("cli.profile.device"))
+    f.add_argument("--dtype", choices=DTYPES, default="float32", help=tr("cli.profile.dtype"))
+    f.add_argument("--block-size", type=int, default=16, help=tr("cli.profile.block_size"))
     f.add_argument(
         "--gpu-memory-utilization",
         type=float,
         default=0.9,
-        help="fraction of the device's memory this engine may use (default 0.9)",
+        help=tr("cli.profile.gpu_memory_utilization"),
     )
     f.add_argument(
         "--max-num-batched-tokens",
         type=int,
         default=256,
-        help="tokens of the profiling forward (default 256)",
+        help=tr("cli.profile.max_num_batched_tokens"),
     )
-    f.add_argument(
-        "--max-model-len", type=int, help="for the maximum concurrency (default: the model's)"
-    )
+    f.add_argument("--max-model-len", type=int, help=tr("cli.profile.max_model_len"))
     from paged_kv_lab.cli.replay import add_parser as add_replay_parser
 
     add_replay_parser(sub)
