@@ -48,12 +48,12 @@ def js_sources() -> str:
 
 
 def python_keys() -> tuple[set[str], set[str]]:
-    """Keys passed to tr() as a literal, and the literal starts of the keys built from an
-    f-string."""
+    """Keys passed to tr() or Text() as a literal, and the literal starts of the keys built
+    from an f-string."""
     src = python_sources()
-    literal = set(re.findall(r"""\btr\(\s*(["'])([^"'{}]+)\1(?!\s*\+)""", src))
-    prefixes = set(re.findall(r"""\btr\(\s*f(["'])([^"'{]*)\{""", src)) | set(
-        re.findall(r"""\btr\(\s*(["'])([^"']+)\1\s*\+""", src)
+    literal = set(re.findall(r"""\b(?:tr|Text)\(\s*(["'])([^"'{}]+)\1(?!\s*\+)""", src))
+    prefixes = set(re.findall(r"""\b(?:tr|Text)\(\s*f(["'])([^"'{]*)\{""", src)) | set(
+        re.findall(r"""\b(?:tr|Text)\(\s*(["'])([^"']+)\1\s*\+""", src)
     )
     return {k for _, k in literal}, {p for _, p in prefixes}
 

@@ -246,7 +246,7 @@ def main(argv=None) -> int:
         "--lazy-offload",
         dest="lazy",
         action="store_true",
-        help=tr("cli.run.<ast.Constant object at 0x7fd0358b7fd0>"),
+        help=tr("cli.run.lazy"),
     )
     r.add_argument("--model", choices=MODELS, help=tr("cli.run.model"))
     r.add_argument("--device", choices=DEVICES, help=tr("cli.run.device"))

@@ -59,21 +59,14 @@ ICONS: dict[EventKind, str] = {
     E.KV_LOAD_FAILED: "💥",
 }
 
-REASON_PREFIX = "event.reason."
-
-
-def reason_key(code: str) -> str:
-    """The catalogue key of a reason code (its words: ``event.reason.<code>``, spaces as _)."""
-    return REASON_PREFIX + str(code).replace(" ", "_")
-
 
 def reason_text(code: str | None) -> Text | str:
-    """The words behind a short reason code an event carries; an unknown code is shown as it
-    is."""
+    """The words behind a short reason code an event carries (``event.reason.<code>``, spaces
+    as _); an unknown code is shown as it is."""
     if code is None:
         return ""
-    key = reason_key(code)
-    return Text(key) if key in catalogue() else str(code)
+    text = Text(f"event.reason.{str(code).replace(' ', '_')}")
+    return text if text.key in catalogue() else str(code)
 
 
 def reason(key: str | None, lang: str) -> str:
@@ -93,9 +86,9 @@ def _grp(e: Event, s: Style) -> str:
     return f" (g{e.group})" if s.multi_group and e.group is not None else ""
 
 
-def _count(key: str, n: int) -> str:
-    """``key.one`` for a count of 1, ``key.other`` otherwise (the plural forms of the text)."""
-    return f"{key}.{'one' if n == 1 else 'other'}"
+def _plural(n: int) -> str:
+    """The plural form of a text for a count of ``n``: its ``.one`` or ``.other`` entry."""
+    return "one" if n == 1 else "other"
 
 
 def _clauses(parts: Sequence[Text]) -> Text:
@@ -132,8 +125,9 @@ def _admitted(e: E.Admitted, s: Style) -> Text:
 
 def _resumed(e: E.Resumed, s: Style) -> Text:
     c = e.num_cached_tokens
-    key = "event.resumed.kept" if c else "event.resumed.none_kept"
-    return Text(key, {"rid": e.request_id, "c": c})
+    if c:
+        return Text("event.resumed.kept", {"rid": e.request_id, "c": c})
+    return Text("event.resumed.none_kept", {"rid": e.request_id})
 
 
 def _blocked(e: E.Blocked, s: Style) -> Text:
@@ -188,7 +182,9 @@ def _evicted(e: E.Evicted, s: Style) -> Text:
         "why": reason_text(e.reason),
         "rid": e.request_id,
     }
-    return Text("event.evicted.for" if e.request_id else "event.evicted", fields)
+    if e.request_id:
+        return Text("event.evicted.for", fields)
+    return Text("event.evicted", fields)
 
 
 def _cached(e: E.Cached, s: Style) -> Text:
@@ -259,9 +255,8 @@ def _tokens(ids: Sequence[int], s: Style) -> str:
 def _draft_proposed(e: E.DraftProposed, s: Style) -> Text:
     d = len(e.draft_token_ids)
     k = e.num_lookahead_tokens
-    key = "event.draft_proposed.lookahead" if k else "event.draft_proposed.ngram"
     return Text(
-        _count(key, d),
+        f"event.draft_proposed.{'lookahead' if k else 'ngram'}.{_plural(d)}",
         {
             "rid": e.request_id,
             "d": d,
@@ -275,7 +270,7 @@ def _draft_proposed(e: E.DraftProposed, s: Style) -> Text:
 def _draft_accepted(e: E.DraftAccepted, s: Style) -> Text:
     a = len(e.accepted_token_ids)
     return Text(
-        _count("event.draft_accepted", e.num_draft_tokens),
+        f"event.draft_accepted.{_plural(e.num_draft_tokens)}",
         {
             "rid": e.request_id,
             "a": a,
@@ -290,7 +285,7 @@ def _draft_accepted(e: E.DraftAccepted, s: Style) -> Text:
 def _draft_rejected(e: E.DraftRejected, s: Style) -> Text:
     r = len(e.rejected_token_ids)
     return Text(
-        _count("event.draft_rejected", r),
+        f"event.draft_rejected.{_plural(r)}",
         {
             "rid": e.request_id,
             "target": _tokens([e.target_token_id], s),
@@ -323,12 +318,12 @@ def _cpu_load(e: E.CpuLoad, s: Style) -> Text:
 
 
 def _cpu_loaded(e: E.CpuLoaded, s: Style) -> Text:
-    n = e.num_computed_tokens
+    fields = {"rid": e.request_id, "n": e.num_computed_tokens}
     if not e.load_failed:
-        key = "event.cpu_loaded"
-    else:
-        key = "event.cpu_loaded.failed_partial" if n else "event.cpu_loaded.failed_none"
-    return Text(key, {"rid": e.request_id, "n": n})
+        return Text("event.cpu_loaded", fields)
+    if e.num_computed_tokens:
+        return Text("event.cpu_loaded.failed_partial", fields)
+    return Text("event.cpu_loaded.failed_none", fields)
 
 
 def _kv_load_failed(e: E.KVLoadFailed, s: Style) -> Text:

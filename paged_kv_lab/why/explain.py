@@ -26,9 +26,9 @@ class ExplainError(ValueError):
     """The question cannot be answered from this run (unknown request, block, step...).
     ``text`` says why in any language (a ``why.error.*`` entry); ``str()`` is its English."""
 
-    def __init__(self, key: str, **fields) -> None:
-        self.text = Text(key, fields)
-        super().__init__(tr(self.text, "en"))
+    def __init__(self, text: Text) -> None:
+        self.text = text
+        super().__init__(tr(text, "en"))
 
 
 @dataclass(frozen=True)
@@ -272,7 +272,9 @@ def explain_hit(
     last one at or before it. ExplainError if the request was never admitted there."""
     views = run.request_views()
     if request_id not in views:
-        raise ExplainError("why.error.no_request", rid=request_id, ids=request_list(views))
+        raise ExplainError(
+            Text("why.error.no_request", {"rid": request_id, "ids": request_list(views)})
+        )
     found = admissions(run, request_id)
     if step is not None:
         found = [a for a in found if a[0] <= step][-1:]
@@ -289,7 +291,9 @@ def explain_hit(
             if blocked
             else ""
         )
-        raise ExplainError("why.error.not_admitted", rid=request_id, where=where, why=why)
+        raise ExplainError(
+            Text("why.error.not_admitted", {"rid": request_id, "where": where, "why": why})
+        )
     history = CacheHistory(run)
     return [_explain_admission(run, history, views, request_id, s, i, ev) for s, i, ev in found]
 

@@ -14,6 +14,7 @@ from typing import Optional
 
 from paged_kv_lab.record import events as E
 from paged_kv_lab.record.snapshot import Snapshot
+from paged_kv_lab.text.i18n import Text
 from paged_kv_lab.why.explain import (
     SALT,
     TOKENS_DIFFER,
@@ -114,9 +115,9 @@ def life_of_block(run: RecordedSteps, block_id: int) -> BlockLife:
     snap0 = run.initial or (run.records[0].snapshot if run.records else None)
     if snap0 is None or not 0 <= block_id < len(snap0.blocks):
         n = len(snap0.blocks) if snap0 else 0
-        raise ExplainError("why.error.no_block", b=block_id, last=n - 1)
+        raise ExplainError(Text("why.error.no_block", {"b": block_id, "last": n - 1}))
     if run.initial is None:
-        raise ExplainError("why.error.no_header")
+        raise ExplainError(Text("why.error.no_header"))
     b0 = run.initial.blocks[block_id]
     ref, h, owners = b0.ref_cnt, b0.block_hash, list(b0.owners)
     moments: list[BlockMoment] = []
@@ -243,9 +244,11 @@ def compare_requests(run: RecordedSteps, a: str, b: str) -> Comparison:
     views = run.request_views()
     for rid in (a, b):
         if rid not in views:
-            raise ExplainError("why.error.no_request", rid=rid, ids=request_list(views))
+            raise ExplainError(
+                Text("why.error.no_request", {"rid": rid, "ids": request_list(views)})
+            )
     if not has_hashes((views[a], views[b])):
-        raise ExplainError("why.error.no_hashes")
+        raise ExplainError(Text("why.error.no_hashes"))
     bs, g = run.block_size(), run.primary_group()
     ta, tb = all_tokens(views[a]), all_tokens(views[b])
     sa, sb = salt_key(views[a].cache_salt), salt_key(views[b].cache_salt)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Optional, Sequence
 
-from paged_kv_lab.text.i18n import catalogue, tr
+from paged_kv_lab.text.i18n import Text, catalogue, tr
 from paged_kv_lab.why import explain as X
 from paged_kv_lab.why.explain_text import hit_sentences
 
@@ -162,7 +162,7 @@ def explain_sglang_hit(run: DesignRun, request_id: str) -> list[SGLangHit]:
         if e.kind == "prefix_matched" and e.request_id == request_id
     ]
     if not found:
-        raise DesignError("designs_why.error.not_matched", rid=request_id)
+        raise DesignError(Text("designs_why.error.not_matched", {"rid": request_id}))
     out = []
     for pos, m in found:
         tokens = run.tokens(request_id)
@@ -271,7 +271,7 @@ def explain_leaf(run: DesignRun, node_id: int) -> LeafEviction:
         None,
     )
     if at is None:
-        raise DesignError("designs_why.error.not_evicted", node=node_id)
+        raise DesignError(Text("designs_why.error.not_evicted", {"node": node_id}))
     pos, e = events[at]
     ask = next(
         (a for _, a in reversed(events[:at]) if a.kind == "eviction_asked"),
@@ -362,7 +362,7 @@ def explain_nano_hit(run: DesignRun, request_id: str) -> list[NanoHit]:
         if e.kind in ("block_hit", "block_miss") and e.request_id == request_id:
             allocs.setdefault(pos[0], []).append((pos, e))
     if not allocs:
-        raise DesignError("designs_why.error.not_allocated", rid=request_id)
+        raise DesignError(Text("designs_why.error.not_allocated", {"rid": request_id}))
     tokens = run.tokens(request_id)
     prompt_len = len(run.views[request_id].prompt_token_ids)
     out = []
@@ -564,10 +564,10 @@ def nano_sentences(x: NanoHit, lang: str = "en") -> list[str]:
                 tr("designs_why.nano.hit", lang, i=b.index, bid=b.block_id, rev=rev, src=src)
             )
             continue
-        key = f"designs_why.nano.miss.{b.reason}"  # one sentence per reason of a miss
+        miss = Text(f"designs_why.nano.miss.{b.reason}")  # one sentence per reason of a miss
         why = (
             tr(
-                key,
+                miss,
                 lang,
                 k=b.num_tokens,
                 bs=x.block_size,
@@ -577,7 +577,7 @@ def nano_sentences(x: NanoHit, lang: str = "en") -> list[str]:
                 y=b.reused_by or "—",
                 ys=b.reused_step,
             )
-            if key in catalogue()
+            if miss.key in catalogue()
             else b.reason
         )
         out.append(tr("designs_why.nano.miss", lang, i=b.index, why=why, bid=b.block_id))

@@ -157,7 +157,10 @@ def replay_hit_sentences(
         ls=x.lost_step,
         to=x.lost_to,
     )
-    out = [tr("why.replay.resumed" if x.resumed else "why.replay.admitted", lang, **kw)]
+    if x.resumed:
+        out = [tr("why.replay.resumed", lang, **kw)]
+    else:
+        out = [tr("why.replay.admitted", lang, **kw)]
     where = ""
     if x.stop is not None and trace_block_size and hash_ids:
         j = x.stop * x.block_size // trace_block_size

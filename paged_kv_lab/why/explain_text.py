@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from paged_kv_lab.text.i18n import tr
+from paged_kv_lab.text.i18n import Text, tr
 from paged_kv_lab.text.sentences import reason as reason_words
 from paged_kv_lab.text.sentences import short_hash
 from paged_kv_lab.text.source_links import FUNCTIONS, Call, CodeLink
@@ -233,7 +233,7 @@ def step_calls(run: X.RecordedSteps, step: int) -> list:
     from paged_kv_lab.text.source_links import call_order
 
     if not 1 <= step <= len(run.records):
-        raise X.ExplainError("why.error.no_step", step=step, last=len(run.records))
+        raise X.ExplainError(Text("why.error.no_step", {"step": step, "last": len(run.records)}))
     return list(call_order(run.records[step - 1].events, len(run.groups())))
 
 
@@ -255,7 +255,7 @@ def answer(
     out: list[str] = []
     if calls:
         if step is None:
-            raise X.ExplainError("why.error.calls_need_step")
+            raise X.ExplainError(Text("why.error.calls_need_step"))
         out.append(tr("why.calls_title", lang, s=step))
         out += call_lines(step_calls(run, step), lang)
     if block is not None:
@@ -266,5 +266,5 @@ def answer(
         for x in X.explain_hit(run, request, step):
             out += hit_sentences(x, lang)
     if not out:
-        raise X.ExplainError("why.error.no_question")
+        raise X.ExplainError(Text("why.error.no_question"))
     return out
