@@ -269,8 +269,18 @@ def open_in_xx(page: str):
         at.switch_page(page)
     at.session_state["lang"] = "xx"
     at.run()
-    assert not at.exception, [e.value for e in at.exception]
+    assert not at.exception, failures(at)
     return at
+
+
+def failures(at) -> list[str]:
+    """Each exception of the run with the last line of code it came from."""
+    out = []
+    for e in at.exception:
+        frames = [f for f in e.stack_trace if f.strip().startswith("File ")]
+        where = frames[-1].strip().splitlines()[0] if frames else ""
+        out.append(f"{e.value} ({where})")
+    return out
 
 
 def test_the_leftover_check_finds_english_and_chinese_and_spares_data():
@@ -310,17 +320,17 @@ def explore(at) -> list[tuple[str, str]]:
     texts = shown_texts(at)
     for key in [str(b.key) for b in at.button if str(b.key).startswith("example:")]:
         at.button(key=key).click().run()  # a page that opens empty shows its example
-        assert not at.exception, [e.value for e in at.exception]
+        assert not at.exception, failures(at)
     texts += [("player step", p) for p in play(at)] + shown_texts(at)
     for key in [str(t.key) for t in at.toggle if str(t.key).startswith("why_open:")]:
         at.toggle(key=key).set_value(True).run()
-        assert not at.exception, [e.value for e in at.exception]
+        assert not at.exception, failures(at)
         mode_key = "why_mode:" + key.split(":", 1)[1]
         radios = [r for r in at.radio if r.key == mode_key]
         asked = [m for m in WHY_MODES if radios and radios[0].format_func(m) in radios[0].options]
         for mode in asked:
             at.radio(key=mode_key).set_value(mode).run()
-            assert not at.exception, [e.value for e in at.exception]
+            assert not at.exception, failures(at)
             texts += shown_texts(at)
         assert not radios or asked, "every question of the panel is asked"
     return texts
@@ -362,7 +372,7 @@ def test_every_page_in_a_pseudo_language_shows_no_english_or_chinese(pseudo_lang
         try:
             at = open_in_xx(page)
         except AssertionError as e:  # a page that fails in xx: a text not taken from the catalogue
-            bad[name] = [f"[exception] {str(e)[:300]}"]
+            bad[name] = [f"[exception] {str(e).splitlines()[0][:300]}"]
             continue
         texts = explore(at)
         assert texts, f"{name}: no text read from the page"
