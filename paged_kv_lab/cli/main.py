@@ -52,14 +52,13 @@ def describe(ev: events.Event, lang: str = "en", decode=None, multi_group: bool 
 
 def _log_step(rec: snapshot.StepRecord, out: TextIO, lang: str = "en", decode=None) -> None:
     snap = rec.snapshot
-    out.write(
-        f"== step {rec.step}: batch {rec.scheduled} | free {snap.num_free_blocks} "
-        f"| usage {snap.usage:.0%} | waiting {list(snap.waiting)} running {list(snap.running)}\n"
-    )
+    head = dict(step=rec.step, batch=rec.scheduled, free=snap.num_free_blocks, usage=snap.usage)
+    head.update(waiting=list(snap.waiting), running=list(snap.running))
+    out.write(tr("cli.log.step", lang, **head) + "\n")
     multi_group = len(snap.groups) > 1
     for ev in rec.events:
         out.write(f"   {describe(ev, lang, decode, multi_group)}\n")
-    out.write(f"   free queue head->tail: {list(snap.free_queue)}\n")
+    out.write("   " + tr("cli.log.free_queue", lang, ids=list(snap.free_queue)) + "\n")
 
 
 def _write_html(path: str, scenario, initial, records, engine, lang: str, done: bool) -> None:
@@ -187,7 +186,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             if records is not None:
                 records.append(rec)
             if args.until and any(e.kind == args.until for e in rec.events):
-                print(f"-- stopped at the first '{args.until}' event (step {rec.step})")
+                print(tr("cli.log.stopped", args.lang, kind=args.until, step=rec.step))
                 break
         outputs = engine.outputs()
         if trace_file:
@@ -202,11 +201,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                 args.lang,
                 done=not engine.has_unfinished(),
             )
-        print("== outputs")
+        print(tr("cli.log.outputs", args.lang))
         for rid, o in outputs.items():
             print(f"   {rid}: {o['text']!r} {o['token_ids']}")
         for pid, kids in engine.parents().items():
-            print(f"   {pid} (n = {len(kids)}): {', '.join(kids)}")
+            print(
+                "   " + tr("cli.log.parent", args.lang, pid=pid, n=len(kids), kids=", ".join(kids))
+            )
     finally:
         if trace_file:
             trace_file.close()
