@@ -34,7 +34,7 @@ from paged_kv_lab.record.scenario import (
     scenario_to_dict,
     with_engine_overrides,
 )
-from paged_kv_lab.text.i18n import languages, tr
+from paged_kv_lab.text.i18n import Text, languages, tr
 from paged_kv_lab.text.sentences import sentence
 
 
@@ -43,6 +43,11 @@ def _loading():
     tokenizer once...") itself, so they go to stderr, once; a progress callback that printed them
     as well showed each twice."""
     return contextlib.redirect_stdout(sys.stderr)
+
+
+def _error(args: argparse.Namespace, message) -> str:
+    """A message for stderr, in the command's language (``message``: a Text or plain text)."""
+    return tr("cli.error", getattr(args, "lang", "en"), message=message)
 
 
 def describe(ev: events.Event, lang: str = "en", decode=None, multi_group: bool = False) -> str:
@@ -95,17 +100,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                 tier["lazy_offload"] = True
             scenario = with_engine_overrides(scenario, {"cpu_offload": tier})
     except ScenarioError as e:
-        print(f"error: {args.scenario}: {e}", file=sys.stderr)
+        print(_error(args, f"{args.scenario}: {e}"), file=sys.stderr)
         return 2
     if args.model:
         scenario = replace(scenario, model=args.model)
     if args.device:
         scenario = replace(scenario, device=args.device)
     if args.until and args.until not in events.EVENT_KINDS:
-        print(
-            f"error: --until must be one of {', '.join(k.value for k in events.EVENT_KINDS)}",
-            file=sys.stderr,
-        )
+        kinds = ", ".join(k.value for k in events.EVENT_KINDS)
+        print(_error(args, Text("cli.error.until", {"kinds": kinds})), file=sys.stderr)
         return 2
     import zmq
 
@@ -154,13 +157,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             kv_events=kv_events,
         )
     except (ModelNotAvailable, DeviceNotAvailable) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(_error(args, f"{e}"), file=sys.stderr)
         return 3
     except zmq.ZMQError as e:
-        print(f"error: --kv-events: {e}", file=sys.stderr)
+        print(_error(args, f"--kv-events: {e}"), file=sys.stderr)
         return 2
     except ValueError as e:
-        print(f"error: {args.scenario}: {e}", file=sys.stderr)
+        print(_error(args, f"{args.scenario}: {e}"), file=sys.stderr)
         return 2
     trace_file = open(args.trace, "w", encoding="utf-8") if args.trace else None
     initial, records = (engine.snapshot(), []) if getattr(args, "html", None) else (None, None)
@@ -175,7 +178,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 rec = engine.step()
             # a request that cannot be added (too long for the pool, bad ids)
             except ValueError as e:
-                print(f"error: {args.scenario}: {e}", file=sys.stderr)
+                print(_error(args, f"{args.scenario}: {e}"), file=sys.stderr)
                 return 2
             if not args.quiet:
                 _log_step(
@@ -369,19 +372,18 @@ def cmd_profile(args: argparse.Namespace) -> int:
         ("--max-model-len", args.max_model_len or 1, 1),
     ):
         if value < lo:
-            print(f"error: {name} must be >= {lo}; got {value}", file=sys.stderr)
+            too_small = Text("cli.error.too_small", {"name": name, "lo": lo, "value": value})
+            print(_error(args, too_small), file=sys.stderr)
             return 2
     if not 0 < args.gpu_memory_utilization <= 1:
-        print(
-            f"error: --gpu-memory-utilization must be in (0, 1]; got {args.gpu_memory_utilization}",
-            file=sys.stderr,
-        )
+        bad = Text("cli.error.gpu_memory_utilization", {"value": args.gpu_memory_utilization})
+        print(_error(args, bad), file=sys.stderr)
         return 2
     try:
         with _loading():
             model = load_model(args.model, args.device, args.dtype)
     except (ModelNotAvailable, DeviceNotAvailable) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(_error(args, f"{e}"), file=sys.stderr)
         return 3
     max_model_len = args.max_model_len or getattr(model.config, "max_position_embeddings", 8192)
     try:
@@ -395,7 +397,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             max_model_len,
         )
     except ValueError as e:  # e.g. a VLLM_CPU_KVCACHE_SPACE that is not a number
-        print(f"error: {e}", file=sys.stderr)
+        print(_error(args, f"{e}"), file=sys.stderr)
         return 2
     print("\n".join(sizing.lines()))
     return 0
@@ -418,7 +420,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             with _loading():
                 model = load_model(args.model, "cpu", "float32")
         except (ModelNotAvailable, DeviceNotAvailable) as e:
-            print(f"error: {e}", file=sys.stderr)
+            print(_error(args, f"{e}"), file=sys.stderr)
             return 3
         decode = model.decode
 
@@ -442,7 +444,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             on_batch=on_batch,
         )
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(_error(args, f"{e}"), file=sys.stderr)
         return 2
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -478,7 +480,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     if snap.error:
-        print(f"error: {snap.error}", file=sys.stderr)
+        print(_error(args, f"{snap.error}"), file=sys.stderr)
         return 1
     return 0
 
@@ -490,7 +492,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from paged_kv_lab.why.explain_text import answer
 
     if (args.scenario is None) == (args.trace is None):
-        print("error: give a scenario file or --trace OUT.jsonl (one of them)", file=sys.stderr)
+        print(_error(args, Text("cli.error.scenario_or_trace")), file=sys.stderr)
         return 2
     try:
         if args.trace:
@@ -533,15 +535,15 @@ def cmd_explain(args: argparse.Namespace) -> int:
             lang=args.lang,
         )
     except (ModelNotAvailable, DeviceNotAvailable) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(_error(args, f"{e}"), file=sys.stderr)
         return 3
     except OSError as e:
-        print(f"error: {args.trace}: {e.strerror or e}", file=sys.stderr)
+        print(_error(args, f"{args.trace}: {e.strerror or e}"), file=sys.stderr)
         return 2
     # ScenarioError, TraceError, BudgetError are ValueErrors
     except (ExplainError, ValueError) as e:
         why = tr(e.text, args.lang) if isinstance(e, ExplainError) else e
-        print(f"error: {args.trace or args.scenario}: {why}", file=sys.stderr)
+        print(_error(args, f"{args.trace or args.scenario}: {why}"), file=sys.stderr)
         return 2
     print("\n".join(lines))
     return 0
