@@ -72,7 +72,7 @@ def main() -> None:
     print(f"| read_trace (pydantic, strict) | {read:.2f} s ({mb / read:.0f} MB/s) |")
     print(f"| Event.to_dict | {to_d / len(evs) * 1e6:.1f} µs/event |")
     print(f"| Event.from_dict | {from_d / len(evs) * 1e6:.1f} µs/event |")
-    print(f"| sentence (EN + 中文) | {say / len(evs) / 2 * 1e6:.1f} µs/sentence |")
+    print(f"| sentence (EN + ZH) | {say / len(evs) / 2 * 1e6:.1f} µs/sentence |")
 
 
 if __name__ == "__main__":

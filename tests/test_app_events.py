@@ -8,6 +8,7 @@ import pytest
 from _event_runs import every_kind_events, every_kind_runs
 from paged_kv_lab.record import events
 from paged_kv_lab.record.events import EVENT_TYPES, EventKind
+from paged_kv_lab.text.i18n import tr
 from paged_kv_lab.text.sentences import (
     ICONS,
     SENTENCES,
@@ -28,7 +29,7 @@ def test_every_kind_has_a_class_a_renderer_in_both_languages_and_an_icon():
     assert set(SENTENCES) == set(EventKind) == set(EVENT_TYPES) == set(ICONS)
     for kind in EventKind:
         e = first(kind)
-        en, zh = SENTENCES[kind](e, Style())
+        en, zh = (tr(SENTENCES[kind](e, Style()), lang) for lang in ("en", "zh"))
         assert en and zh and en != zh, kind
         assert CJK.search(zh) and not CJK.search(en), (en, zh)
 

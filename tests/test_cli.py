@@ -89,8 +89,9 @@ def test_until_stops_at_first_event(tmp_path):
         "zh",
     )
     assert r.returncode == 0, r.stderr
-    assert "stopped at the first 'preempted' event" in r.stdout
     t = read_trace(out.read_text())
+    # the log's frame is in the log's language too
+    assert f"-- 停在第一个 'preempted' 事件处（第 {t.records[-1].step} 步）" in r.stdout
     # the step log is the app's own sentences (words.sentences), here in Chinese, reasons included
     pre = next(e for e in t.records[-1].events if e.kind == "preempted")
     assert f"   {sentence(pre, 'zh')}\n" in r.stdout and "被抢占（FCFS" in r.stdout

@@ -167,7 +167,7 @@ def _tree_dot(here: DesignStep, decode) -> str:
 
 
 def event_sentence(e: ev.DesignEvent, lang: str) -> str:
-    """One decision in words (EN / 中文), every field from the event."""
+    """One decision in words (any catalogue language), every field from the event."""
     fields = {k: v for k, v in e.to_dict().items() if k not in ("kind", "design")}
     if isinstance(e, ev.LockChanged):
         fields["what"] = tr("designs.lock", lang) if e.locked else tr("designs.unlock", lang)

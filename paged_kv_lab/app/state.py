@@ -32,7 +32,7 @@ from paged_kv_lab.record.scenario import (
 )
 from paged_kv_lab.runs.store import default_store
 from paged_kv_lab.runs.timeline import Timeline
-from paged_kv_lab.text.i18n import tr
+from paged_kv_lab.text.i18n import languages, tr
 
 SETTING_DEFAULTS = dataclasses.asdict(EngineSettings())
 URL_SETTINGS = tuple(k for k in SETTING_DEFAULTS if k != "layer_types") + tuple(OPTION_EFFECTS)
@@ -320,7 +320,7 @@ def init_globals_from_url() -> None:
     qp = st.query_params
     prefs = st.session_state.setdefault("_prefs", {})
     for param, key, allowed in (
-        ("lang", "lang", ("en", "zh")),
+        ("lang", "lang", tuple(languages())),
         ("model", "model_name", MODELS),
         ("device", "device", DEVICES),
     ):

@@ -30,7 +30,7 @@ from paged_kv_lab.record.budget import BudgetError, app_limits, check_size
 from paged_kv_lab.record.scenario import load_scenario, scenario_to_dict
 from paged_kv_lab.record.trace import Trace, TraceError, read_trace
 from paged_kv_lab.runs.timeline import MAX_RUN_STEPS, TraceRun
-from paged_kv_lab.text.i18n import tr
+from paged_kv_lab.text.i18n import Text, tr
 
 KEY = "trace"  # widget keys end in ":trace", as a lesson's end in ":<lesson id>"
 STATE_KEY = "trace_viewer"  # the TraceState in st.session_state
@@ -80,6 +80,14 @@ def load_trace_bytes(
     return None
 
 
+class ExampleTimeout(TimeoutError):
+    """The example's run did not finish within ``seconds`` (the server is busy)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.text = Text("trace.example_timeout", {"secs": seconds})
+        super().__init__(tr(self.text, "en"))
+
+
 def example_trace(ms: ModelState, path: Path = EXAMPLE, timeout: float = 120.0) -> str:
     """The scenario at ``path`` run to the end on the loaded model, as the CLI's --trace writes it.
     Its steps come from the shared run store (one engine step at a time, fairly with other
@@ -88,9 +96,7 @@ def example_trace(ms: ModelState, path: Path = EXAMPLE, timeout: float = 120.0) 
     cursor = open_run(scenario, ms)
     cursor.run_to_end(MAX_RUN_STEPS, timeout=timeout)
     if not cursor.run.done:
-        raise TimeoutError(
-            f"the example was not computed within {timeout:.0f} s (the server is busy)"
-        )
+        raise ExampleTimeout(timeout)
     outputs = cursor.outputs()
     parents = scenario_parents(scenario.requests, outputs or ())
     return Trace(
@@ -101,6 +107,9 @@ def example_trace(ms: ModelState, path: Path = EXAMPLE, timeout: float = 120.0) 
 def load_example(state: TraceState, ms: ModelState, lang: str = "en") -> str | None:
     try:
         text = locked(example_trace, ms)
+    except ExampleTimeout as e:
+        state.error = tr(e.text, lang)
+        return state.error
     except Exception as e:  # the engine failed: the page says why and keeps running
         state.error = tr("step_error", lang, error=f"{type(e).__name__}: {e}")
         return state.error
@@ -214,7 +223,7 @@ def download_trace_run(state: TraceState, lang: str, decode) -> None:
         return export_html(
             state.run,
             lang,
-            f"Paged KV Lab · {state.name or 'trace'}",
+            tr("trace.export_title", lang, name=state.name or tr("trace.unnamed", lang)),
             decode=decode,
             request_ids=request_ids(state.run),
             focus=FOCUS,

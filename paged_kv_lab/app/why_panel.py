@@ -118,7 +118,7 @@ def why_panel(
                 )
                 c = compare_requests(steps, a, b)
                 _lines(comparison_sentences(c, lang))
-                st.dataframe(chain_table(c), hide_index=True, key=f"why_chain_table:{key}")
+                st.dataframe(chain_table(c, lang), hide_index=True, key=f"why_chain_table:{key}")
             else:
                 step = len(steps.records)
                 rows = [
@@ -141,7 +141,7 @@ def why_panel(
                 if name is not None:
                     _code(name, lang, key)
         except (ExplainError, DesignError) as e:
-            st.info(str(e))
+            st.info(tr(e.text, lang))
 
 
 def _design_answer(designs: DesignRun, mode: str, requests: list, lang: str, key: str) -> None:
@@ -184,37 +184,53 @@ def _code(name: str, lang: str, key: str) -> None:
         st.code(link.ours.source(), language="python")
 
 
+BLOCK_COLUMNS = (
+    "step",
+    "event",
+    "request",
+    "logical_block",
+    "ref_cnt",
+    "hash",
+    "lost_hash",
+    "queue",
+    "reason",
+    "prefix",
+)
+
+
 def block_table(life, lang: str) -> list[dict]:
     """The block's timeline, one row per event (the same facts as its sentences)."""
+    col = {c: tr(f"why.col.{c}", lang) for c in BLOCK_COLUMNS}
     return [
         {
-            "step": m.step,
-            "event": m.kind,
-            "request": m.request_id or "",
-            "logical block": m.logical_index,
-            "ref_cnt": m.ref_cnt,
-            "hash": short_hash(m.block_hash),
-            "lost hash": short_hash(m.lost_hash),
-            "queue": m.joined or ("" if m.queue_pos is None else str(m.queue_pos)),
-            "reason": m.reason,
-            "prefix": m.prefix_text or "",
+            col["step"]: m.step,
+            col["event"]: m.kind,
+            col["request"]: m.request_id or "",
+            col["logical_block"]: m.logical_index,
+            col["ref_cnt"]: m.ref_cnt,
+            col["hash"]: short_hash(m.block_hash),
+            col["lost_hash"]: short_hash(m.lost_hash),
+            col["queue"]: m.joined or ("" if m.queue_pos is None else str(m.queue_pos)),
+            col["reason"]: m.reason,
+            col["prefix"]: m.prefix_text or "",
         }
         for m in life.moments
     ]
 
 
-def chain_table(c) -> list[dict]:
+def chain_table(c, lang: str) -> list[dict]:
     """The two chains aligned block by block."""
     return [
         {
-            "block": r.index,
-            f"hash {c.a}": short_hash(r.hash_a),
-            f"hash {c.b}": short_hash(r.hash_b),
-            "same": r.same,
-            f"tokens {c.a}": str(list(r.tokens_a)),
-            f"tokens {c.b}": str(list(r.tokens_b)),
-            "shared": ", ".join(
-                f"#{s.block_id} steps {s.first_step}-{s.last_step}" for s in r.shared
+            tr("why.col.block", lang): r.index,
+            tr("why.col.hash_of", lang, r=c.a): short_hash(r.hash_a),
+            tr("why.col.hash_of", lang, r=c.b): short_hash(r.hash_b),
+            tr("why.col.same", lang): r.same,
+            tr("why.col.tokens_of", lang, r=c.a): str(list(r.tokens_a)),
+            tr("why.col.tokens_of", lang, r=c.b): str(list(r.tokens_b)),
+            tr("why.col.shared", lang): ", ".join(
+                tr("why.col.shared_span", lang, b=s.block_id, f=s.first_step, l=s.last_step)
+                for s in r.shared
             ),
         }
         for r in c.rows

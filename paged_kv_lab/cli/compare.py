@@ -17,42 +17,37 @@ import sys
 
 from paged_kv_lab.record.budget import BudgetError
 from paged_kv_lab.record.scenario import ScenarioError, parse_engine_overrides
+from paged_kv_lab.text.i18n import tr
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "compare", help="one trace through vLLM's, SGLang's and nano-vllm's prefix caches"
-    )
-    p.add_argument("trace", help="the trace file (JSONL; Mooncake or Qwen-Bailian)")
+    p = sub.add_parser("compare", help=tr("cli.compare.help"))
+    p.add_argument("trace", help=tr("cli.compare.trace"))
     p.add_argument(
         "--designs",
         default="vllm,sglang,nano",
-        help="which designs, comma-separated (default: vllm,sglang,nano)",
+        help=tr("cli.compare.designs"),
     )
     p.add_argument(
         "--set",
         action="append",
         metavar="KEY=VALUE",
         default=[],
-        help="an engine setting, as for replay (e.g. --set num_gpu_blocks=4000 "
-        "--set block_size=16); every design gets num_gpu_blocks x block_size tokens of KV",
+        help=tr("cli.compare.set"),
     )
-    p.add_argument(
-        "--page-size", type=int, help="SGLang's page size in tokens (default: block_size)"
-    )
+    p.add_argument("--page-size", type=int, help=tr("cli.compare.page_size"))
     p.add_argument(
         "--arrival",
         choices=("sequential", "timestamps"),
         default="sequential",
-        help="sequential (default): each request starts when the last finished; timestamps "
-        "works for vllm only (the other schedulers are not modelled)",
+        help=tr("cli.compare.arrival"),
     )
-    p.add_argument("--requests", type=int, metavar="N", help="only the trace's first N requests")
-    p.add_argument("--json", nargs="?", const="-", metavar="PATH", help="write the figures as JSON")
+    p.add_argument("--requests", type=int, metavar="N", help=tr("cli.compare.requests"))
+    p.add_argument("--json", nargs="?", const="-", metavar="PATH", help=tr("cli.compare.json"))
     p.add_argument(
         "--sweep",
         metavar="num_gpu_blocks=V1,V2,...",
-        help="run once per pool size: a hit-rate curve per design",
+        help=tr("cli.compare.sweep"),
     )
 
 

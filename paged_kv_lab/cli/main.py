@@ -34,6 +34,7 @@ from paged_kv_lab.record.scenario import (
     scenario_to_dict,
     with_engine_overrides,
 )
+from paged_kv_lab.text.i18n import Text, languages, tr
 from paged_kv_lab.text.sentences import sentence
 
 
@@ -44,6 +45,11 @@ def _loading():
     return contextlib.redirect_stdout(sys.stderr)
 
 
+def _error(args: argparse.Namespace, message) -> str:
+    """A message for stderr, in the command's language (``message``: a Text or plain text)."""
+    return tr("cli.error", getattr(args, "lang", "en"), message=message)
+
+
 def describe(ev: events.Event, lang: str = "en", decode=None, multi_group: bool = False) -> str:
     """One log line per event: the app's sentence for it (text.sentences), reason included."""
     return sentence(ev, lang, decode, multi_group)
@@ -51,14 +57,13 @@ def describe(ev: events.Event, lang: str = "en", decode=None, multi_group: bool 
 
 def _log_step(rec: snapshot.StepRecord, out: TextIO, lang: str = "en", decode=None) -> None:
     snap = rec.snapshot
-    out.write(
-        f"== step {rec.step}: batch {rec.scheduled} | free {snap.num_free_blocks} "
-        f"| usage {snap.usage:.0%} | waiting {list(snap.waiting)} running {list(snap.running)}\n"
-    )
+    head = dict(step=rec.step, batch=rec.scheduled, free=snap.num_free_blocks, usage=snap.usage)
+    head.update(waiting=list(snap.waiting), running=list(snap.running))
+    out.write(tr("cli.log.step", lang, **head) + "\n")
     multi_group = len(snap.groups) > 1
     for ev in rec.events:
         out.write(f"   {describe(ev, lang, decode, multi_group)}\n")
-    out.write(f"   free queue head->tail: {list(snap.free_queue)}\n")
+    out.write("   " + tr("cli.log.free_queue", lang, ids=list(snap.free_queue)) + "\n")
 
 
 def _write_html(path: str, scenario, initial, records, engine, lang: str, done: bool) -> None:
@@ -78,7 +83,7 @@ def _write_html(path: str, scenario, initial, records, engine, lang: str, done: 
         request_ids=[r.id for r in scenario.requests],
     )
     with open(path, "w", encoding="utf-8") as f:
-        f.write(static_html(payload, title=f"Paged KV Lab · {scenario.name}"))
+        f.write(static_html(payload, title=tr("trace.export_title", lang, name=scenario.name)))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -95,17 +100,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                 tier["lazy_offload"] = True
             scenario = with_engine_overrides(scenario, {"cpu_offload": tier})
     except ScenarioError as e:
-        print(f"error: {args.scenario}: {e}", file=sys.stderr)
+        print(_error(args, f"{args.scenario}: {e}"), file=sys.stderr)
         return 2
     if args.model:
         scenario = replace(scenario, model=args.model)
     if args.device:
         scenario = replace(scenario, device=args.device)
     if args.until and args.until not in events.EVENT_KINDS:
-        print(
-            f"error: --until must be one of {', '.join(k.value for k in events.EVENT_KINDS)}",
-            file=sys.stderr,
-        )
+        kinds = ", ".join(k.value for k in events.EVENT_KINDS)
+        print(_error(args, Text("cli.error.until", {"kinds": kinds})), file=sys.stderr)
         return 2
     import zmq
 
@@ -154,13 +157,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             kv_events=kv_events,
         )
     except (ModelNotAvailable, DeviceNotAvailable) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(_error(args, f"{e}"), file=sys.stderr)
         return 3
     except zmq.ZMQError as e:
-        print(f"error: --kv-events: {e}", file=sys.stderr)
+        print(_error(args, f"--kv-events: {e}"), file=sys.stderr)
         return 2
     except ValueError as e:
-        print(f"error: {args.scenario}: {e}", file=sys.stderr)
+        print(_error(args, f"{args.scenario}: {e}"), file=sys.stderr)
         return 2
     trace_file = open(args.trace, "w", encoding="utf-8") if args.trace else None
     initial, records = (engine.snapshot(), []) if getattr(args, "html", None) else (None, None)
@@ -175,7 +178,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 rec = engine.step()
             # a request that cannot be added (too long for the pool, bad ids)
             except ValueError as e:
-                print(f"error: {args.scenario}: {e}", file=sys.stderr)
+                print(_error(args, f"{args.scenario}: {e}"), file=sys.stderr)
                 return 2
             if not args.quiet:
                 _log_step(
@@ -186,7 +189,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             if records is not None:
                 records.append(rec)
             if args.until and any(e.kind == args.until for e in rec.events):
-                print(f"-- stopped at the first '{args.until}' event (step {rec.step})")
+                print(tr("cli.log.stopped", args.lang, kind=args.until, step=rec.step))
                 break
         outputs = engine.outputs()
         if trace_file:
@@ -201,11 +204,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                 args.lang,
                 done=not engine.has_unfinished(),
             )
-        print("== outputs")
+        print(tr("cli.log.outputs", args.lang))
         for rid, o in outputs.items():
             print(f"   {rid}: {o['text']!r} {o['token_ids']}")
         for pid, kids in engine.parents().items():
-            print(f"   {pid} (n = {len(kids)}): {', '.join(kids)}")
+            print(
+                "   " + tr("cli.log.parent", args.lang, pid=pid, n=len(kids), kids=", ".join(kids))
+            )
     finally:
         if trace_file:
             trace_file.close()
@@ -214,145 +219,123 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kvcore", description="Paged KV Lab engine")
+    p = argparse.ArgumentParser(prog="python -m kvcore", description=tr("cli.description"))
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="replay a scenario step by step")
-    r.add_argument("scenario", help="scenario JSON file")
+    r = sub.add_parser("run", help=tr("cli.run.help"))
+    r.add_argument("scenario", help=tr("cli.run.scenario"))
     r.add_argument(
         "--trace",
-        help="write a JSONL trace (header, one line per step, outputs) to this file; "
-        "the app's Trace viewer opens it",
+        help=tr("cli.run.trace"),
     )
     r.add_argument(
         "--html",
         metavar="OUT.html",
-        help="write the run as one self-contained HTML file that steps "
-        "offline in a browser (the app's player)",
+        help=tr("cli.run.html"),
     )
-    r.add_argument("--until", help="stop at the first event of this kind")
+    r.add_argument("--until", help=tr("cli.run.until"))
     r.add_argument(
         "--set",
         action="append",
         metavar="KEY=VALUE",
         default=[],
-        help="override an engine setting (repeatable; VALUE read as JSON), e.g. --set "
-        "watermark=0.1 --set prefix_cache_retention_interval=null --set hash_algo=sha256_cbor",
+        help=tr("cli.run.set"),
     )
     r.add_argument(
         "--cpu-offload-blocks",
         type=int,
         metavar="N",
-        help="a second tier: a CPU pool of N blocks beside the GPU pool (vLLM 0.33's "
-        "SimpleCPUOffloadConnector; engine.cpu_offload.num_cpu_blocks)",
+        help=tr("cli.run.cpu_offload_blocks"),
     )
     r.add_argument(
         "--lazy-offload",
         dest="lazy",
         action="store_true",
-        help="with the CPU tier: store only the blocks about to be evicted from the GPU "
-        "(engine.cpu_offload.lazy_offload)",
+        help=tr("cli.run.lazy"),
     )
-    r.add_argument("--model", choices=MODELS, help="override the scenario's model")
-    r.add_argument("--device", choices=DEVICES, help="override the scenario's device")
+    r.add_argument("--model", choices=MODELS, help=tr("cli.run.model"))
+    r.add_argument("--device", choices=DEVICES, help=tr("cli.run.device"))
+    r.add_argument("--check", action="store_true", help=tr("cli.run.check"))
+    r.add_argument("--quiet", action="store_true", help=tr("cli.run.quiet"))
     r.add_argument(
-        "--check", action="store_true", help="check the block-manager invariants after every step"
-    )
-    r.add_argument("--quiet", action="store_true", help="print only the outputs")
-    r.add_argument(
-        "--lang", choices=("en", "zh"), default="en", help="language of the step log (default en)"
+        "--lang",
+        choices=tuple(languages()),
+        default="en",
+        help=tr("cli.run.lang"),
     )
     r.add_argument(
         "--kv-events",
         metavar="ENDPOINT",
-        help="publish KV cache events on ZeroMQ as vLLM does (e.g. tcp://*:5557)",
+        help=tr("cli.run.kv_events"),
     )
-    r.add_argument(
-        "--kv-events-replay", metavar="ENDPOINT", help="with --kv-events: the replay socket"
-    )
-    r.add_argument(
-        "--kv-events-topic", default="", help="with --kv-events: the topic (default empty)"
-    )
-    w = sub.add_parser("watch", help="watch a vLLM server's prefix cache through its KV events")
-    w.add_argument("endpoint", help="the server's KV-event endpoint, e.g. tcp://10.0.0.5:5557")
-    w.add_argument("--replay", help="the server's replay endpoint, e.g. tcp://10.0.0.5:5558")
-    w.add_argument("--topic", default="", help="subscribe to this topic (default: everything)")
+    r.add_argument("--kv-events-replay", metavar="ENDPOINT", help=tr("cli.run.kv_events_replay"))
+    r.add_argument("--kv-events-topic", default="", help=tr("cli.run.kv_events_topic"))
+    w = sub.add_parser("watch", help=tr("cli.watch.help"))
+    w.add_argument("endpoint", help=tr("cli.watch.endpoint"))
+    w.add_argument("--replay", help=tr("cli.watch.replay"))
+    w.add_argument("--topic", default="", help=tr("cli.watch.topic"))
     w.add_argument(
         "--bind",
         action="store_true",
-        help="bind instead of connecting (when vLLM's "
-        "endpoint is a host address, its PUB connects)",
+        help=tr("cli.watch.bind"),
     )
     w.add_argument(
         "--data-parallel-size",
         type=int,
         default=1,
-        help="watch this many ranks: rank r on port + r (replay port + r)",
+        help=tr("cli.watch.data_parallel_size"),
     )
-    w.add_argument("--model", choices=MODELS, help="decode token ids with this model's tokenizer")
-    w.add_argument("--duration", type=float, help="stop after this many seconds")
+    w.add_argument("--model", choices=MODELS, help=tr("cli.watch.model"))
+    w.add_argument("--duration", type=float, help=tr("cli.watch.duration"))
     w.add_argument(
         "--dump-state",
         metavar="OUT.json",
-        help="write the rebuilt index here (atomically) when connected and after every batch",
+        help=tr("cli.watch.dump_state"),
     )
-    x = sub.add_parser(
-        "explain", help="answer why: a request's cache hit, a block's life, two requests' chains"
-    )
-    x.add_argument(
-        "scenario", nargs="?", help="scenario JSON file (run here first); or give --trace"
-    )
-    x.add_argument(
-        "--trace", metavar="OUT.jsonl", help="explain this recorded run (a trace file) instead"
-    )
-    x.add_argument(
-        "--request", metavar="ID", help="why this request's prefix-cache hit stopped where it did"
-    )
+    x = sub.add_parser("explain", help=tr("cli.explain.help"))
+    x.add_argument("scenario", nargs="?", help=tr("cli.explain.scenario"))
+    x.add_argument("--trace", metavar="OUT.jsonl", help=tr("cli.explain.trace"))
+    x.add_argument("--request", metavar="ID", help=tr("cli.explain.request"))
     x.add_argument(
         "--step",
         type=int,
-        help="with --request: its admission at or before this step; with --calls: the step",
+        help=tr("cli.explain.step"),
     )
+    x.add_argument("--vs", metavar="ID", help=tr("cli.explain.vs"))
+    x.add_argument("--block", type=int, metavar="N", help=tr("cli.explain.block"))
+    x.add_argument("--calls", action="store_true", help=tr("cli.explain.calls"))
     x.add_argument(
-        "--vs", metavar="ID", help="with --request: the two requests' hash chains side by side"
-    )
-    x.add_argument("--block", type=int, metavar="N", help="the life of physical block N")
-    x.add_argument(
-        "--calls", action="store_true", help="with --step: the functions that ran, in call order"
-    )
-    x.add_argument(
-        "--set", action="append", metavar="KEY=VALUE", default=[], help="override an engine setting"
+        "--set", action="append", metavar="KEY=VALUE", default=[], help=tr("cli.explain.set")
     )
     x.add_argument(
         "--model",
         choices=MODELS,
-        help="override the scenario's model (with --trace: decode with it)",
+        help=tr("cli.explain.model"),
     )
-    x.add_argument("--device", choices=DEVICES, help="override the scenario's device")
+    x.add_argument("--device", choices=DEVICES, help=tr("cli.explain.device"))
     x.add_argument(
-        "--lang", choices=("en", "zh"), default="en", help="language of the answer (default en)"
+        "--lang",
+        choices=tuple(languages()),
+        default="en",
+        help=tr("cli.explain.lang"),
     )
-    f = sub.add_parser(
-        "profile", help="profile the model's memory and derive num_gpu_blocks as vLLM does"
-    )
-    f.add_argument("--model", choices=MODELS, default="smollm2", help="the model (default smollm2)")
-    f.add_argument("--device", choices=DEVICES, default="auto", help="the device (default auto)")
-    f.add_argument("--dtype", choices=DTYPES, default="float32", help="the dtype (default float32)")
-    f.add_argument("--block-size", type=int, default=16, help="tokens per block (default 16)")
+    f = sub.add_parser("profile", help=tr("cli.profile.help"))
+    f.add_argument("--model", choices=MODELS, default="smollm2", help=tr("cli.profile.model"))
+    f.add_argument("--device", choices=DEVICES, default="auto", help=tr("cli.profile.device"))
+    f.add_argument("--dtype", choices=DTYPES, default="float32", help=tr("cli.profile.dtype"))
+    f.add_argument("--block-size", type=int, default=16, help=tr("cli.profile.block_size"))
     f.add_argument(
         "--gpu-memory-utilization",
         type=float,
         default=0.9,
-        help="fraction of the device's memory this engine may use (default 0.9)",
+        help=tr("cli.profile.gpu_memory_utilization"),
     )
     f.add_argument(
         "--max-num-batched-tokens",
         type=int,
         default=256,
-        help="tokens of the profiling forward (default 256)",
+        help=tr("cli.profile.max_num_batched_tokens"),
     )
-    f.add_argument(
-        "--max-model-len", type=int, help="for the maximum concurrency (default: the model's)"
-    )
+    f.add_argument("--max-model-len", type=int, help=tr("cli.profile.max_model_len"))
     from paged_kv_lab.cli.replay import add_parser as add_replay_parser
 
     add_replay_parser(sub)
@@ -389,19 +372,18 @@ def cmd_profile(args: argparse.Namespace) -> int:
         ("--max-model-len", args.max_model_len or 1, 1),
     ):
         if value < lo:
-            print(f"error: {name} must be >= {lo}; got {value}", file=sys.stderr)
+            too_small = Text("cli.error.too_small", {"name": name, "lo": lo, "value": value})
+            print(_error(args, too_small), file=sys.stderr)
             return 2
     if not 0 < args.gpu_memory_utilization <= 1:
-        print(
-            f"error: --gpu-memory-utilization must be in (0, 1]; got {args.gpu_memory_utilization}",
-            file=sys.stderr,
-        )
+        bad = Text("cli.error.gpu_memory_utilization", {"value": args.gpu_memory_utilization})
+        print(_error(args, bad), file=sys.stderr)
         return 2
     try:
         with _loading():
             model = load_model(args.model, args.device, args.dtype)
     except (ModelNotAvailable, DeviceNotAvailable) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(_error(args, f"{e}"), file=sys.stderr)
         return 3
     max_model_len = args.max_model_len or getattr(model.config, "max_position_embeddings", 8192)
     try:
@@ -415,7 +397,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             max_model_len,
         )
     except ValueError as e:  # e.g. a VLLM_CPU_KVCACHE_SPACE that is not a number
-        print(f"error: {e}", file=sys.stderr)
+        print(_error(args, f"{e}"), file=sys.stderr)
         return 2
     print("\n".join(sizing.lines()))
     return 0
@@ -438,7 +420,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             with _loading():
                 model = load_model(args.model, "cpu", "float32")
         except (ModelNotAvailable, DeviceNotAvailable) as e:
-            print(f"error: {e}", file=sys.stderr)
+            print(_error(args, f"{e}"), file=sys.stderr)
             return 3
         decode = model.decode
 
@@ -462,7 +444,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
             on_batch=on_batch,
         )
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(_error(args, f"{e}"), file=sys.stderr)
         return 2
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -498,7 +480,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     if snap.error:
-        print(f"error: {snap.error}", file=sys.stderr)
+        print(_error(args, f"{snap.error}"), file=sys.stderr)
         return 1
     return 0
 
@@ -510,17 +492,17 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from paged_kv_lab.why.explain_text import answer
 
     if (args.scenario is None) == (args.trace is None):
-        print("error: give a scenario file or --trace OUT.jsonl (one of them)", file=sys.stderr)
+        print(_error(args, Text("cli.error.scenario_or_trace")), file=sys.stderr)
         return 2
     try:
         if args.trace:
             with open(args.trace, "rb") as fh:
-                tr = trace.read_trace(fh.read())
+                recorded = trace.read_trace(fh.read())
             decode = None
             if args.model:
                 with _loading():
                     decode = load_model(args.model, "cpu", "float32").decode
-            run = RecordedSteps.from_trace(tr, decode)
+            run = RecordedSteps.from_trace(recorded, decode)
         else:
             scenario = load_scenario(args.scenario)
             if args.set:
@@ -553,14 +535,15 @@ def cmd_explain(args: argparse.Namespace) -> int:
             lang=args.lang,
         )
     except (ModelNotAvailable, DeviceNotAvailable) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(_error(args, f"{e}"), file=sys.stderr)
         return 3
     except OSError as e:
-        print(f"error: {args.trace}: {e.strerror or e}", file=sys.stderr)
+        print(_error(args, f"{args.trace}: {e.strerror or e}"), file=sys.stderr)
         return 2
     # ScenarioError, TraceError, BudgetError are ValueErrors
     except (ExplainError, ValueError) as e:
-        print(f"error: {args.trace or args.scenario}: {e}", file=sys.stderr)
+        why = tr(e.text, args.lang) if isinstance(e, ExplainError) else e
+        print(_error(args, f"{args.trace or args.scenario}: {why}"), file=sys.stderr)
         return 2
     print("\n".join(lines))
     return 0

@@ -22,86 +22,68 @@ from typing import Optional
 
 from paged_kv_lab.record.budget import BudgetError
 from paged_kv_lab.record.scenario import ScenarioError, parse_engine_overrides
+from paged_kv_lab.text.i18n import tr
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser(
-        "replay", help="replay a production trace (Mooncake, Qwen-Bailian) through the engine"
-    )
-    p.add_argument(
-        "trace",
-        nargs="?",
-        help="the trace file (JSONL; default: the shipped Mooncake trace, "
-        "paged_kv_lab/workload/traces/mooncake_synthetic_trace.jsonl)",
-    )
+    p = sub.add_parser("replay", help=tr("cli.replay.help"))
+    p.add_argument("trace", nargs="?", help=tr("cli.replay.trace"))
     p.add_argument(
         "--format",
         choices=("auto", "mooncake", "qwen-bailian"),
         default="auto",
-        help="the trace's format (default: read from its first line)",
+        help=tr("cli.replay.format"),
     )
     p.add_argument(
         "--set",
         action="append",
         metavar="KEY=VALUE",
         default=[],
-        help="an engine setting (repeatable; VALUE read as JSON), e.g. --set num_gpu_blocks=4000 "
-        "--set block_size=512; defaults: block_size 16, a pool of 2^20 token slots, "
-        "max_num_seqs 256, max_num_batched_tokens 8192, max_model_len from the trace",
+        help=tr("cli.replay.set"),
     )
     p.add_argument(
         "--arrival",
         choices=("sequential", "timestamps"),
         default="sequential",
-        help="sequential: each request starts when the previous one finished (default); "
-        "timestamps: the trace's clock, a step lasting --step-ms + --token-ms per token",
+        help=tr("cli.replay.arrival"),
     )
-    p.add_argument(
-        "--speedup", type=float, default=1.0, help="timestamps: compress the trace's clock"
-    )
-    p.add_argument("--step-ms", type=float, default=10.0, help="timestamps: ms per step")
-    p.add_argument(
-        "--token-ms", type=float, default=0.05, help="timestamps: ms per scheduled token"
-    )
-    p.add_argument(
-        "--requests", type=int, metavar="N", help="replay only the trace's first N requests"
-    )
+    p.add_argument("--speedup", type=float, default=1.0, help=tr("cli.replay.speedup"))
+    p.add_argument("--step-ms", type=float, default=10.0, help=tr("cli.replay.step_ms"))
+    p.add_argument("--token-ms", type=float, default=0.05, help=tr("cli.replay.token_ms"))
+    p.add_argument("--requests", type=int, metavar="N", help=tr("cli.replay.requests"))
     p.add_argument(
         "--json",
         nargs="?",
         const="-",
         metavar="PATH",
-        help="write the result as JSON (no PATH or -: stdout)",
+        help=tr("cli.replay.json"),
     )
     p.add_argument(
         "--series-points",
         type=int,
         default=1000,
-        help="--json: at most this many points of the time series (default 1000)",
+        help=tr("cli.replay.series_points"),
     )
     p.add_argument(
         "--sweep",
         metavar="KEY=V1,V2,...",
-        help="replay once per value of one setting, in parallel processes",
+        help=tr("cli.replay.sweep"),
     )
-    p.add_argument(
-        "--csv", nargs="?", const="-", metavar="PATH", help="--sweep: write the table as CSV"
-    )
-    p.add_argument("--workers", type=int, help="--sweep: processes (default: one per point)")
+    p.add_argument("--csv", nargs="?", const="-", metavar="PATH", help=tr("cli.replay.csv"))
+    p.add_argument("--workers", type=int, help=tr("cli.replay.workers"))
     p.add_argument(
         "--unbounded",
         action="store_true",
-        help="also compute the one-pass answer (sequential arrival): the hit rate an "
-        "unbounded pool reaches and the smallest pool that reaches it",
+        help=tr("cli.replay.unbounded"),
     )
     p.add_argument(
         "--no-fast-forward",
         action="store_true",
-        help="step every decode step (slower; the figures are the same)",
+        help=tr("cli.replay.no_fast_forward"),
     )
     bar = p.add_mutually_exclusive_group()
-    bar.add_argument("--progress", action="store_true", help="show a progress bar (on stderr)")
-    bar.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    bar.add_argument("--progress", action="store_true", help=tr("cli.replay.progress"))
+    bar.add_argument("--no-progress", action="store_true", help=tr("cli.replay.no_progress"))
 
 
 class ProgressBar:

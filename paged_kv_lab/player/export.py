@@ -11,6 +11,7 @@ and the player's words: ``player_book``) is inlined in the module, as a JSON lit
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -65,10 +66,16 @@ def json_for_script(value: Any) -> str:
     return text
 
 
+def html_lang(code: str) -> str:
+    """The page's ``<html lang>``: a catalogue language's code is its BCP 47 tag (anything else,
+    never written into the page, is "en")."""
+    return code if re.fullmatch(r"[A-Za-z]{2,8}(-[A-Za-z0-9]{1,8})*", code or "") else "en"
+
+
 def static_html(payload: dict[str, Any], title: str = "Paged KV Lab run") -> str:
     safe_title = title.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     run_lang = (payload.get("head") or {}).get("lang") or "en"
-    lang = "zh-CN" if run_lang == "zh" else "en"
+    lang = html_lang(run_lang)
     js = module_js().replace("</script", "<\\/script")
     book = json_for_script(player_book(run_lang))
     return f"""<!doctype html>

@@ -161,12 +161,12 @@ def pool_static_html(
 ) -> str:
     """A recorded window as one self-contained HTML file (no server, no network): the pool
     player's html/css/js and the payload inlined, the payload read with JSON.parse only."""
-    from paged_kv_lab.player.export import json_for_script
+    from paged_kv_lab.player.export import html_lang, json_for_script
 
     safe_title = title.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     js = pool_module_js().replace("</script", "<\\/script")
     return f"""<!doctype html>
-<html lang="{"zh-CN" if payload["head"]["lang"] == "zh" else "en"}">
+<html lang="{html_lang(payload["head"]["lang"])}">
 <head>
 <meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'; \

@@ -5,7 +5,7 @@ life of one physical block (``life_of_block``) and two requests' hash chains sid
 (``compare_requests``; both in ``why.explain_blocks``). Nothing here touches a live engine:
 the cache's history is replayed from the recorded events (Cached / Evicted / PrefixCacheReset),
 and a request's chain is the one the engine computed, kept in every snapshot's RequestView.
-``paged_kv_lab.why.explain_text`` turns the answers into sentences (EN / 中文).
+``paged_kv_lab.why.explain_text`` turns the answers into sentences (catalogue keys, any language).
 """
 
 from __future__ import annotations
@@ -16,13 +16,19 @@ from typing import Callable, Optional, Sequence
 from paged_kv_lab.record import events as E
 from paged_kv_lab.record.scenario import EngineSettings, load_scenario
 from paged_kv_lab.record.snapshot import RequestView, Snapshot, StepRecord
+from paged_kv_lab.text.i18n import Text, tr
 
 Decode = Callable[[Sequence[int]], str]
 Pos = tuple[int, int]  # (step, index of the event in that step): a moment of the run
 
 
 class ExplainError(ValueError):
-    """The question cannot be answered from this run (unknown request, block, step...)."""
+    """The question cannot be answered from this run (unknown request, block, step...).
+    ``text`` says why in any language (a ``why.error.*`` entry); ``str()`` is its English."""
+
+    def __init__(self, text: Text) -> None:
+        self.text = text
+        super().__init__(tr(text, "en"))
 
 
 @dataclass(frozen=True)
@@ -254,6 +260,11 @@ def admissions(run: RecordedSteps, request_id: str) -> list[tuple[int, int, E.Ev
     ]
 
 
+def request_list(ids) -> Text | str:
+    """The request ids of a run, for a message (none: a word of the catalogue)."""
+    return ", ".join(ids) or Text("why.error.none")
+
+
 def explain_hit(
     run: RecordedSteps, request_id: str, step: Optional[int] = None
 ) -> list[HitExplanation]:
@@ -262,21 +273,27 @@ def explain_hit(
     views = run.request_views()
     if request_id not in views:
         raise ExplainError(
-            f"no request {request_id!r} in this run; requests: {', '.join(views) or 'none'}"
+            Text("why.error.no_request", {"rid": request_id, "ids": request_list(views)})
         )
     found = admissions(run, request_id)
     if step is not None:
         found = [a for a in found if a[0] <= step][-1:]
     if not found:
-        where = f" by step {step}" if step is not None else ""
+        where = Text("why.error.by_step", {"step": step}) if step is not None else ""
         blocked = [
             (rec.step, ev.reason)
             for rec in run.records[:step]
             for ev in rec.events
             if ev.kind == E.BLOCKED and ev.request_id == request_id
         ]
-        why = f" (last held back at step {blocked[-1][0]}: {blocked[-1][1]})" if blocked else ""
-        raise ExplainError(f"request {request_id!r} was not admitted{where}{why}")
+        why = (
+            Text("why.error.held_back", {"step": blocked[-1][0], "reason": blocked[-1][1]})
+            if blocked
+            else ""
+        )
+        raise ExplainError(
+            Text("why.error.not_admitted", {"rid": request_id, "where": where, "why": why})
+        )
     history = CacheHistory(run)
     return [_explain_admission(run, history, views, request_id, s, i, ev) for s, i, ev in found]
 

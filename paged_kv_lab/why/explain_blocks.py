@@ -14,6 +14,7 @@ from typing import Optional
 
 from paged_kv_lab.record import events as E
 from paged_kv_lab.record.snapshot import Snapshot
+from paged_kv_lab.text.i18n import Text
 from paged_kv_lab.why.explain import (
     SALT,
     TOKENS_DIFFER,
@@ -22,6 +23,7 @@ from paged_kv_lab.why.explain import (
     RecordedSteps,
     all_tokens,
     has_hashes,
+    request_list,
     salt_key,
 )
 
@@ -113,12 +115,9 @@ def life_of_block(run: RecordedSteps, block_id: int) -> BlockLife:
     snap0 = run.initial or (run.records[0].snapshot if run.records else None)
     if snap0 is None or not 0 <= block_id < len(snap0.blocks):
         n = len(snap0.blocks) if snap0 else 0
-        raise ExplainError(f"block {block_id} is outside the pool (0..{n - 1})")
+        raise ExplainError(Text("why.error.no_block", {"b": block_id, "last": n - 1}))
     if run.initial is None:
-        raise ExplainError(
-            "this trace has no header (the state before step 1), so a block's story "
-            "cannot be replayed from the start"
-        )
+        raise ExplainError(Text("why.error.no_header"))
     b0 = run.initial.blocks[block_id]
     ref, h, owners = b0.ref_cnt, b0.block_hash, list(b0.owners)
     moments: list[BlockMoment] = []
@@ -246,12 +245,10 @@ def compare_requests(run: RecordedSteps, a: str, b: str) -> Comparison:
     for rid in (a, b):
         if rid not in views:
             raise ExplainError(
-                f"no request {rid!r} in this run; requests: {', '.join(views) or 'none'}"
+                Text("why.error.no_request", {"rid": rid, "ids": request_list(views)})
             )
     if not has_hashes((views[a], views[b])):
-        raise ExplainError(
-            "this recording kept no block hashes (a trace recorded before snapshots kept them)"
-        )
+        raise ExplainError(Text("why.error.no_hashes"))
     bs, g = run.block_size(), run.primary_group()
     ta, tb = all_tokens(views[a]), all_tokens(views[b])
     sa, sb = salt_key(views[a].cache_salt), salt_key(views[b].cache_salt)

@@ -15,7 +15,8 @@ are answered from those events alone, up to the player's step:
 
 Each answer carries vLLM's own answer for the same admission (why.explain), so the three designs
 can be told apart on one request. The events are read by their ``kind`` (words never imports
-designs). Sentences in English and 中文; token text is the caller's decoder's, quoted as text.
+designs). Sentences from the catalogue (designs_why.json); token text is the caller's
+decoder's, quoted as text.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Optional, Sequence
 
+from paged_kv_lab.text.i18n import Text, catalogue, tr
 from paged_kv_lab.why import explain as X
 from paged_kv_lab.why.explain_text import hit_sentences
 
@@ -35,7 +37,7 @@ EVICTED = "evicted"
 NEVER = "never"
 
 
-class DesignError(ValueError):
+class DesignError(X.ExplainError):
     """The question has no answer in the steps shown so far."""
 
 
@@ -160,7 +162,7 @@ def explain_sglang_hit(run: DesignRun, request_id: str) -> list[SGLangHit]:
         if e.kind == "prefix_matched" and e.request_id == request_id
     ]
     if not found:
-        raise DesignError(f"request {request_id!r} was not looked up in SGLang's tree yet")
+        raise DesignError(Text("designs_why.error.not_matched", {"rid": request_id}))
     out = []
     for pos, m in found:
         tokens = run.tokens(request_id)
@@ -269,7 +271,7 @@ def explain_leaf(run: DesignRun, node_id: int) -> LeafEviction:
         None,
     )
     if at is None:
-        raise DesignError(f"leaf #{node_id} was not evicted by this step")
+        raise DesignError(Text("designs_why.error.not_evicted", {"node": node_id}))
     pos, e = events[at]
     ask = next(
         (a for _, a in reversed(events[:at]) if a.kind == "eviction_asked"),
@@ -360,7 +362,7 @@ def explain_nano_hit(run: DesignRun, request_id: str) -> list[NanoHit]:
         if e.kind in ("block_hit", "block_miss") and e.request_id == request_id:
             allocs.setdefault(pos[0], []).append((pos, e))
     if not allocs:
-        raise DesignError(f"request {request_id!r} was not allocated in nano-vllm yet")
+        raise DesignError(Text("designs_why.error.not_allocated", {"rid": request_id}))
     tokens = run.tokens(request_id)
     prompt_len = len(run.views[request_id].prompt_token_ids)
     out = []
@@ -410,10 +412,6 @@ def explain_nano_hit(run: DesignRun, request_id: str) -> list[NanoHit]:
 
 
 # -- sentences -------------------------------------------------------------------------------
-def _t(lang: str, en: str, zh: str, **kw) -> str:
-    return (zh if lang == "zh" else en).format(**kw)
-
-
 def _tok(run: DesignRun, token: Optional[int]) -> str:
     if token is None:
         return "—"
@@ -423,9 +421,9 @@ def _tok(run: DesignRun, token: Optional[int]) -> str:
 
 def _vllm_lines(x: Optional[X.HitExplanation], lang: str) -> list[str]:
     if x is None:
-        return [_t(lang, "vLLM did not admit it by this step.", "到这一步 vLLM 还没有接纳它。")]
+        return [tr("designs_why.vllm_not_yet", lang)]
     lines = hit_sentences(x, lang)[:-1]  # the code link is the panel's, under the answer
-    return [_t(lang, "vLLM, the same request: {s}", "vLLM，同一请求：{s}", s=lines[0]), *lines[1:]]
+    return [tr("designs_why.vllm_same", lang, s=lines[0]), *lines[1:]]
 
 
 def sglang_hit_sentences(x: SGLangHit, run: DesignRun, lang: str = "en") -> list[str]:
@@ -433,7 +431,7 @@ def sglang_hit_sentences(x: SGLangHit, run: DesignRun, lang: str = "en") -> list
         r=x.request_id,
         s=x.step,
         hit=x.prefix_len,
-        key=x.num_tokens,
+        keylen=x.num_tokens,
         n=x.prompt_len,
         ps=x.page_size,
         node=x.node_id,
@@ -443,62 +441,20 @@ def sglang_hit_sentences(x: SGLangHit, run: DesignRun, lang: str = "en") -> list
         theirs=_tok(run, x.theirs),
         q=x.other,
     )
-    out = [
-        _t(
-            lang,
-            "SGLang: {r}'s match_prefix at step {s} found {hit} of the {key} tokens of its key "
-            "(its {n} prompt tokens but the last, in whole pages of {ps}), visiting {v} node(s) "
-            "down to node #{node}.",
-            "SGLang：{r} 在第 {s} 步的 match_prefix 在其键的 {key} 个 token 中找到 {hit} 个"
-            "（{n} 个提示词 token 去掉最后一个，按每页 {ps} 个取整页），"
-            "走过 {v} 个节点到达节点 #{node}。",
-            **kw,
-        )
-    ]
+    out = [tr("designs_why.sglang.head", lang, **kw)]
     if x.reason == WHOLE_KEY:
-        out.append(
-            _t(
-                lang,
-                "The whole key matched: the tree can give no more, since the prompt's last token "
-                "is always computed so that it yields the next token's logits.",
-                "整个键都匹配了：树不能给出更多，因为提示词的最后一个 token 总要计算，"
-                "以得到下一个 token 的 logits。",
-            )
-        )
+        out.append(tr("designs_why.sglang.whole_key", lang))
     elif x.reason == DIVERGED:
-        out.append(
-            _t(
-                lang,
-                "The match stops at token {p}: {r} has {ours} there, the tree has {theirs} "
-                "(put there by {q}). A radix tree compares token by token, so it keeps every "
-                "token before the difference.",
-                "匹配停在第 {p} 个 token：{r} 在那里是 {ours}，树里是 {theirs}（由 {q} 放入）。"
-                "基数树逐 token 比较，所以差异之前的每个 token 都能命中。",
-                **kw,
-            )
-        )
+        out.append(tr("designs_why.sglang.diverged", lang, **kw))
         if x.page_size > 1 and (x.stop or 0) > x.prefix_len:
-            out.append(
-                _t(
-                    lang,
-                    "The difference lies inside a page of {ps}, so the match ends at the page "
-                    "before it ({hit} tokens).",
-                    "差异落在一个 {ps} 个 token 的页之内，"
-                    "所以匹配停在它之前的一页（{hit} 个 token）。",
-                    **kw,
-                )
-            )
+            out.append(tr("designs_why.sglang.inside_page", lang, **kw))
     elif x.reason == EVICTED:
         ev_ = x.evicted
         sp = ev_.span
         out.append(
-            _t(
+            tr(
+                "designs_why.sglang.evicted",
                 lang,
-                "The tree had held more of it: leaf #{leaf} (tokens {a}–{b} of {q}, inserted at "
-                "step {qs}) was evicted at step {es} to make room for {y}, so the match stops at "
-                "token {p}.",
-                "树里曾有更多：叶子 #{leaf}（{q} 的第 {a}–{b} 个 token，第 {qs} 步插入）"
-                "在第 {es} 步为了给 {y} 腾出空间被驱逐，所以匹配停在第 {p} 个 token。",
                 leaf=ev_.node_id,
                 a=sp.start,
                 b=sp.end - 1,
@@ -510,32 +466,14 @@ def sglang_hit_sentences(x: SGLangHit, run: DesignRun, lang: str = "en") -> list
             )
         )
     else:
-        out.append(
-            _t(
-                lang,
-                "The match stops at token {p} ({ours}): no earlier request put a longer run of "
-                "these tokens into the tree.",
-                "匹配停在第 {p} 个 token（{ours}）：之前没有请求把更长的这段 token 放进树里。",
-                **kw,
-            )
-        )
+        out.append(tr("designs_why.sglang.never", lang, **kw))
     if x.splits:
-        out.append(
-            _t(
-                lang,
-                "The match ended inside an edge, so SGLang split that node after {k} tokens "
-                "(_split_node): the tree keeps one edge per divergence.",
-                "匹配停在一条边的中间，所以 SGLang 在 {k} 个 token 处拆开了那个节点"
-                "（_split_node）：树在每个分叉处保留一条边。",
-                k=", ".join(map(str, x.splits)),
-            )
-        )
+        out.append(tr("designs_why.sglang.split", lang, k=", ".join(map(str, x.splits))))
     for s in x.sources:
         out.append(
-            _t(
+            tr(
+                "designs_why.sglang.source",
                 lang,
-                "Tokens {a}–{b} of the match were inserted by {q} when it finished at step {qs}.",
-                "匹配中的第 {a}–{b} 个 token 由 {q} 在第 {qs} 步结束时插入。",
                 a=s.start,
                 b=min(s.end, x.prefix_len) - 1,
                 q=s.request_id,
@@ -544,12 +482,9 @@ def sglang_hit_sentences(x: SGLangHit, run: DesignRun, lang: str = "en") -> list
         )
     if x.vllm is not None and x.vllm.hit_tokens != x.prefix_len:
         out.append(
-            _t(
+            tr(
+                "designs_why.sglang.vs_vllm",
                 lang,
-                "So the tree gives {r} {hit} tokens and vLLM {v}: vLLM hits whole blocks of {bs} "
-                "only, the tree whole pages of {ps}.",
-                "所以树给 {r} {hit} 个 token，vLLM 给 {v} 个：vLLM 只命中 {bs} 个 token 的整块，"
-                "树按 {ps} 个 token 的整页命中。",
                 v=x.vllm.hit_tokens,
                 bs=x.vllm.block_size,
                 **{k: kw[k] for k in ("r", "hit", "ps")},
@@ -570,85 +505,32 @@ def leaf_sentences(x: LeafEviction, lang: str = "en") -> list[str]:
         freed=x.freed,
         pr=x.priority,
     )
-    out = [
-        _t(
-            lang,
-            "SGLang evicted leaf #{leaf} ({k} tokens) at step {s}: {y} needed {need} slots and "
-            "only {free} were free, so the scheduler asked the tree to evict the shortfall of "
-            "{short} token(s) (evict_from_tree_cache → evict).",
-            "SGLang 在第 {s} 步驱逐了叶子 #{leaf}（{k} 个 token）：{y} 需要 {need} 个槽位，"
-            "只有 {free} 个空闲，于是调度器请树驱逐差额 {short} 个 token"
-            "（evict_from_tree_cache → evict）。",
-            **kw,
-        )
-    ]
+    out = [tr("designs_why.leaf.head", lang, **kw)]
     if x.leaves:
         order = ", ".join(
-            _t(
-                lang,
-                "#{n} ({k} tok, {p})",
-                "#{n}（{k} 个 token，{p}）",
-                n=leaf.node_id,
-                k=leaf.num_tokens,
-                p=leaf.priority,
-            )
+            tr("designs_why.leaf.item", lang, n=leaf.node_id, k=leaf.num_tokens, p=leaf.priority)
             for leaf in x.leaves
         )
-        out.append(
-            _t(
-                lang,
-                "The evictable leaves (no children, lock_ref 0), smallest priority first "
-                "(LRU: last access time): {order}. Locked nodes, on a running request's path, "
-                "are never among them.",
-                "可驱逐的叶子（没有子节点、lock_ref 为 0），按优先级从小到大"
-                "（LRU：最后访问时间）：{order}。加锁的节点在运行中请求的路径上，从不在其中。",
-                order=order,
-            )
-        )
+        out.append(tr("designs_why.leaf.order", lang, order=order))
     if x.rank == 0:
-        out.append(
-            _t(
-                lang,
-                "Leaf #{leaf} came first: the least recently used (priority {pr}).",
-                "叶子 #{leaf} 排在第一：最近最少使用（优先级 {pr}）。",
-                **kw,
-            )
-        )
+        out.append(tr("designs_why.leaf.first", lang, **kw))
     elif x.rank is not None:
         out.append(
-            _t(
+            tr(
+                "designs_why.leaf.rank",
                 lang,
-                "Leaf #{leaf} was number {r} in that order: the leaves before it did not free "
-                "enough.",
-                "叶子 #{leaf} 在这个顺序中排第 {r}：它前面的叶子释放得不够。",
                 r=x.rank + 1,
                 **{k: v for k, v in kw.items() if k != "r"},
             )
         )
     else:
-        out.append(
-            _t(
-                lang,
-                "Leaf #{leaf} became a leaf during this eviction, when its last child went, and "
-                "joined the heap.",
-                "叶子 #{leaf} 在这次驱逐中才成为叶子（它最后一个子节点被驱逐），随后进入堆。",
-                **kw,
-            )
-        )
-    out.append(
-        _t(
-            lang,
-            "Whole leaves go: the eviction freed {freed} token(s) for a shortfall of {short}.",
-            "整片叶子一起走：为了 {short} 个 token 的差额，驱逐释放了 {freed} 个。",
-            **kw,
-        )
-    )
+        out.append(tr("designs_why.leaf.became_leaf", lang, **kw))
+    out.append(tr("designs_why.leaf.whole", lang, **kw))
     if x.span is not None:
         out.append(
-            _t(
+            tr(
+                "designs_why.leaf.span",
                 lang,
-                "Its tokens ({a}–{b} of {q}) were inserted when {q} finished at step {qs}.",
-                "它的 token（{q} 的第 {a}–{b} 个）在 {q} 于第 {qs} 步结束时插入。",
                 a=x.span.start,
                 b=x.span.end - 1,
                 q=x.span.request_id,
@@ -658,43 +540,11 @@ def leaf_sentences(x: LeafEviction, lang: str = "en") -> list[str]:
     return out
 
 
-_NANO_REASON = {
-    "partial": (
-        "it holds only {k} of {bs} tokens, so it has no hash (never shared)",
-        "它只有 {bs} 个中的 {k} 个 token，没有哈希（从不共享）",
-    ),
-    "absent": (
-        "its chained hash is not in hash_to_block_id: no earlier request filled a block with "
-        "these tokens after this prefix",
-        "它的链式哈希不在 hash_to_block_id 中：之前没有请求在这个前缀之后用这些 token 填满过一块",
-    ),
-    "stale": (
-        "hash_to_block_id still names block {hb} ({q}'s, step {qs}), but block {hb} was taken "
-        "from the free deque for {y} at step {ys}, so its tokens are gone",
-        "hash_to_block_id 仍指向块 {hb}（{q} 的，第 {qs} 步），但块 {hb} 在第 {ys} 步"
-        "被 {y} 从空闲双端队列取走，它的 token 已不在",
-    ),
-    "collision": (
-        "the block its hash names holds other token ids (a hash collision, caught by the token "
-        "check)",
-        "哈希指向的块里是别的 token id（哈希碰撞，被 token 检查拦下）",
-    ),
-    "after_miss": (
-        "an earlier block missed, and after a miss nano-vllm counts every later block as a miss",
-        "前面的块已未命中；一旦未命中，nano-vllm 把之后每一块都算作未命中",
-    ),
-    "non_cache_token": ("it holds a token that never hits", "它含有一个永不命中的 token"),
-}
-
-
 def nano_sentences(x: NanoHit, lang: str = "en") -> list[str]:
     out = [
-        _t(
+        tr(
+            "designs_why.nano.head",
             lang,
-            "nano-vllm: {r}'s allocate at step {s} hit {hit} of its {n} prompt tokens, block by "
-            "block (blocks of {bs}; every full block counts, the prompt's last one included):",
-            "nano-vllm：{r} 在第 {s} 步的 allocate 命中其 {n} 个提示词 token 中的 {hit} 个，"
-            "逐块查找（每块 {bs} 个；每个满块都算，包括提示词的最后一块）：",
             r=x.request_id,
             s=x.step,
             hit=x.hit_tokens,
@@ -704,60 +554,38 @@ def nano_sentences(x: NanoHit, lang: str = "en") -> list[str]:
     ]
     for b in x.blocks:
         if b.hit:
+            rev = tr("designs_why.nano.revived", lang) if b.revived else ""
+            src = (
+                tr("designs_why.nano.holder", lang, q=b.holder, qs=b.holder_step)
+                if b.holder
+                else ""
+            )
             out.append(
-                _t(
-                    lang,
-                    "block {i}: hit block {bid}{rev}{src}.",
-                    "第 {i} 块：命中块 {bid}{rev}{src}。",
-                    i=b.index,
-                    bid=b.block_id,
-                    rev=_t(lang, ", back from the free deque", "，从空闲双端队列中取回")
-                    if b.revived
-                    else "",
-                    src=_t(
-                        lang,
-                        " ({q} filled it at step {qs})",
-                        "（{q} 在第 {qs} 步填满它）",
-                        q=b.holder,
-                        qs=b.holder_step,
-                    )
-                    if b.holder
-                    else "",
-                )
+                tr("designs_why.nano.hit", lang, i=b.index, bid=b.block_id, rev=rev, src=src)
             )
             continue
-        en, zh = _NANO_REASON.get(b.reason, ("{reason}", "{reason}"))
-        why = _t(
-            lang,
-            en,
-            zh,
-            k=b.num_tokens,
-            bs=x.block_size,
-            hb=b.holder_block,
-            q=b.holder or "—",
-            qs=b.holder_step,
-            y=b.reused_by or "—",
-            ys=b.reused_step,
-            reason=b.reason,
-        )
-        out.append(
-            _t(
+        miss = Text(f"designs_why.nano.miss.{b.reason}")  # one sentence per reason of a miss
+        why = (
+            tr(
+                miss,
                 lang,
-                "block {i}: miss, {why}; it took block {bid} from the free deque's left.",
-                "第 {i} 块：未命中，{why}；它从空闲双端队列左端取走块 {bid}。",
-                i=b.index,
-                why=why,
-                bid=b.block_id,
+                k=b.num_tokens,
+                bs=x.block_size,
+                hb=b.holder_block,
+                q=b.holder or "—",
+                qs=b.holder_step,
+                y=b.reused_by or "—",
+                ys=b.reused_step,
             )
+            if miss.key in catalogue()
+            else b.reason
         )
+        out.append(tr("designs_why.nano.miss", lang, i=b.index, why=why, bid=b.block_id))
     if x.vllm is not None and x.vllm.hit_tokens != x.hit_tokens:
         out.append(
-            _t(
+            tr(
+                "designs_why.nano.vs_vllm",
                 lang,
-                "So nano-vllm gives {r} {hit} tokens and vLLM {v}: vLLM always leaves the "
-                "prompt's last token to compute, nano-vllm hits every full block.",
-                "所以 nano-vllm 给 {r} {hit} 个 token，vLLM 给 {v} 个：vLLM 总会留下提示词最后一个 "
-                "token 来计算，nano-vllm 命中每一个满块。",
                 r=x.request_id,
                 hit=x.hit_tokens,
                 v=x.vllm.hit_tokens,

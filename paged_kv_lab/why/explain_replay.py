@@ -12,7 +12,8 @@ lookup (the request's chain of full-block hashes and the hit vLLM found). From t
   the last token to compute (``max_cache_hit_length = num_tokens - 1``), the last partial block
   is never cached.
 
-Sentences in English and 中文; request ids are trace indices, shown as text only.
+Sentences from the catalogue (why.json, why.replay.*); request ids are trace indices, shown as
+text only.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from paged_kv_lab.record.pool_frames import HASH_HEX, Admission, CacheChange, CacheLog
+from paged_kv_lab.text.i18n import tr
 
 NEVER_COMPUTED = "never_computed"
 EVICTED = "evicted"
@@ -129,10 +131,6 @@ def explain_replay_hit(cache: CacheLog, request_id: str) -> list[ReplayHit]:
     return [explain_admission(cache, a) for a in cache.admissions.get(request_id, ())]
 
 
-def _t(lang: str, en: str, zh: str, **kw) -> str:
-    return (zh if lang == "zh" else en).format(**kw)
-
-
 def replay_hit_sentences(
     x: ReplayHit,
     lang: str = "en",
@@ -159,112 +157,32 @@ def replay_hit_sentences(
         ls=x.lost_step,
         to=x.lost_to,
     )
-    out = [
-        _t(
-            lang,
-            ("Request {r} resumed" if x.resumed else "Request {r} was admitted")
-            + " at step {s}: a prefix-cache hit of {hit} of its {n} tokens, {k} of its {nb} "
-            "full blocks of {bs} tokens. {m} of those blocks had been computed by an earlier "
-            "request (shared); it hit {k}.",
-            ("请求 {r} 在第 {s} 步恢复" if x.resumed else "请求 {r} 在第 {s} 步被接纳")
-            + "：前缀缓存命中其 {n} 个 token 中的 {hit} 个，即 {nb} 个满块（每块 {bs} 个 token）"
-            "中的 {k} 个。其中 {m} 块此前由更早的请求算过（可共享）；它命中了 {k} 块。",
-            **kw,
-        )
-    ]
+    if x.resumed:
+        out = [tr("why.replay.resumed", lang, **kw)]
+    else:
+        out = [tr("why.replay.admitted", lang, **kw)]
     where = ""
     if x.stop is not None and trace_block_size and hash_ids:
         j = x.stop * x.block_size // trace_block_size
         if j < len(hash_ids):
-            where = _t(
-                lang,
-                " (trace block {j}, hash id {hid})",
-                "（轨迹块 {j}，hash id {hid}）",
-                j=j,
-                hid=hash_ids[j],
-            )
+            where = tr("why.replay.where", lang, j=j, hid=hash_ids[j])
     kw["where"] = where
-    stop = _t(
-        lang,
-        "The hit stops at block {i}{where}, hash {h}: ",
-        "命中停在第 {i} 块{where}，哈希 {h}：",
-        **kw,
-    )
+    stop = tr("why.replay.stop", lang, **kw)
     if x.reason == FULL_HIT:
-        out.append(
-            _t(
-                lang,
-                "every full block of its prompt was in the cache.",
-                "提示词的每个满块都在缓存中。",
-            )
-        )
+        out.append(tr("why.replay.full_hit", lang))
     elif x.reason == PARTIAL_BLOCK:
-        out.append(
-            _t(
-                lang,
-                "every full block hit; the last, partial block is never cached "
-                "(vLLM caches full blocks only), so its tokens are computed.",
-                "所有满块都命中；最后一个不满的块从不缓存（vLLM 只缓存满块），"
-                "其 token 需重新计算。",
-            )
-        )
+        out.append(tr("why.replay.partial_block", lang))
     elif x.reason == CAPPED_LAST_TOKEN:
-        out.append(
-            stop
-            + _t(
-                lang,
-                "it was cached, but a hit may not cover the prompt's last "
-                "token (vLLM computes at least one token to get logits).",
-                "该块在缓存中，但命中不能覆盖提示词的最后一个 token（vLLM 至少要计算一个 "
-                "token 以得到 logits）。",
-                **kw,
-            )
-        )
+        out.append(stop + tr("why.replay.capped_last_token", lang, **kw))
     elif x.reason == NEVER_COMPUTED:
-        out.append(
-            stop
-            + _t(
-                lang,
-                "no earlier request had computed this block after this "
-                "prefix: it was never in the cache.",
-                "此前没有请求在这个前缀之后算过这一块：它从未进入缓存。",
-                **kw,
-            )
-        )
+        out.append(stop + tr("why.replay.never_computed", lang, **kw))
     elif x.reason == EVICTED:
         lost = (
-            _t(
-                lang,
-                "evicted at step {ls}: its block was reused (request {to} filled it next).",
-                "在第 {ls} 步被驱逐：它的块被复用（随后由请求 {to} 填充）。",
-                **kw,
-            )
+            tr("why.replay.lost_to", lang, **kw)
             if x.lost_to is not None
-            else _t(
-                lang,
-                "evicted at step {ls}: its block was reused from the free queue's head.",
-                "在第 {ls} 步被驱逐：它的块从空闲队列头部被复用。",
-                **kw,
-            )
+            else tr("why.replay.lost_head", lang, **kw)
         )
-        out.append(
-            stop
-            + _t(
-                lang,
-                "request {cb} cached it in block {blk} at step {cs}, and it was ",
-                "请求 {cb} 在第 {cs} 步把它缓存在块 {blk} 中，之后",
-                **kw,
-            )
-            + lost
-        )
+        out.append(stop + tr("why.replay.evicted", lang, lost=lost, **kw))
     elif x.reason == RESET:
-        out.append(
-            stop
-            + _t(
-                lang,
-                "request {cb} cached it at step {cs}; the prefix cache was reset at step {ls}.",
-                "请求 {cb} 在第 {cs} 步缓存了它；前缀缓存在第 {ls} 步被重置。",
-                **kw,
-            )
-        )
+        out.append(stop + tr("why.replay.reset", lang, **kw))
     return out
