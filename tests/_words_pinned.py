@@ -141,7 +141,7 @@ def topic_texts(render) -> dict:
 
 
 TOPIC_KEYS = (
-    *(f"topic.title.{t}" for t in ("onehash", "blocksize", "collisions", "hitttft", "designs")),
+    *(f"page.{t}.title" for t in ("onehash", "blocksize", "collisions", "hitttft", "designs")),
     *(
         f"topic.blocksize.{n}"
         for n in ("summary", "intro", "table", "waste", "table_len", "hits", "bytes", "per_layer")

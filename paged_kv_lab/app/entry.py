@@ -29,7 +29,7 @@ from paged_kv_lab.app.modelstate import (
 from paged_kv_lab.app.registry import Page, nav_title, sections
 from paged_kv_lab.app.state import init_globals_from_url
 from paged_kv_lab.app.warm_up import start_warm_up, warm_up_line
-from paged_kv_lab.text.i18n import LANG_NAMES, LANGS, tr
+from paged_kv_lab.text.i18n import languages, tr
 
 _inside = threading.local()  # script runs are per-session threads
 
@@ -63,7 +63,8 @@ def sidebar() -> str:
     st.session_state.setdefault("model_name", default_model())
     st.session_state.setdefault("device", default_device())
     with st.sidebar:
-        _choice(tr("language"), LANGS, "lang", LANG_NAMES.get)
+        names = languages()  # read at run time: a language folder added later is offered too
+        _choice(tr("language"), list(names), "lang", names.get)
         lang = st.session_state["lang"]
         _choice(tr("model", lang), MODELS, "model_name", lambda m: tr(f"model_{m}", lang))
         _choice(tr("device", lang), DEVICES, "device", lambda d: tr(f"device_{d}", lang))
