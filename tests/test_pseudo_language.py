@@ -331,10 +331,10 @@ def explore(at) -> list[tuple[str, str]]:
 
 
 def scenario_words() -> set[str]:
-    """The words of the scenario files in examples/ (their descriptions, their prompts): data a
+    """The words of the scenario files in paged_kv_lab/examples/ (descriptions, prompts): data a
     trace carries, shown as the file has them, like a scenario a user uploads."""
     out: set[str] = set()
-    for path in (ROOT / "examples").glob("*.json"):
+    for path in (ROOT / "paged_kv_lab" / "examples").rglob("*.json"):
         out.update(_strings(json.loads(path.read_text(encoding="utf-8"))))
     return out
 
