@@ -182,7 +182,7 @@ def lesson_texts() -> dict[str, str]:
 
     found = {}
     for mod in pkgutil.iter_modules(lessons.__path__):
-        m = importlib.import_module(f"lessons.{mod.name}")
+        m = importlib.import_module(f"{lessons.__name__}.{mod.name}")
         for value in vars(m).values():
             for lesson in value if isinstance(value, (tuple, list)) else (value,):
                 if isinstance(lesson, Lesson):
