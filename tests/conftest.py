@@ -6,12 +6,15 @@
 - the tests of one browser module share a worker (its Streamlit server and chromium start once),
   and every test on the shared SmolLM2 server shares one worker too (one server, one model load);
 - each worker runs torch on one thread (two workers on two cores: more threads only spin);
-- SmolLM2's one-time GGUF conversion runs once, under a file lock, not once per worker.
+- SmolLM2's one-time GGUF conversion runs once, under a file lock, not once per worker;
+- a test marked ``alone`` (it compares timings) runs while no other worker runs a test.
 """
 
+import contextlib
 import fcntl
 import importlib.util
 import os
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -45,6 +48,34 @@ def pytest_configure(config):
         torch.set_num_threads(1)
         # the servers and CLI runs the tests start are in the same position
         os.environ["OMP_NUM_THREADS"] = "1"
+
+
+@contextlib.contextmanager
+def _flock(path: Path, how: int):
+    with open(path, "a") as fh:
+        fcntl.flock(fh, how)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under xdist, a test marked ``alone`` holds an exclusive lock that every other test shares:
+    it starts once the other workers' current tests end, and they start their next one after it.
+    Both pass a gate first, so a waiting ``alone`` test is not overtaken by the next shared one."""
+    run = getattr(item.config, "workerinput", {}).get("testrunuid")
+    if run is None or int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) < 2:
+        return (yield)
+    base = Path(tempfile.gettempdir()) / f"paged-kv-lab-tests-{run}"
+    alone = item.get_closest_marker("alone") is not None
+    with contextlib.ExitStack() as held:
+        with _flock(base.with_suffix(".gate"), fcntl.LOCK_EX):
+            held.enter_context(
+                _flock(base.with_suffix(".run"), fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+            )
+        return (yield)
 
 
 def xdist_group_of(item) -> str | None:
