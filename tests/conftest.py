@@ -36,13 +36,13 @@ UNGROUPED = (
 )
 
 
-def xdist_worker() -> str | None:
-    """This process's xdist worker id (``gw0``...), or None outside xdist."""
-    return os.environ.get("PYTEST_XDIST_WORKER")
+def xdist_workers() -> int:
+    """How many xdist workers share the machine with this process (1 outside xdist)."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 
 
 def pytest_configure(config):
-    if xdist_worker() is not None and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    if xdist_workers() > 1:
         import torch
 
         torch.set_num_threads(1)
@@ -66,7 +66,7 @@ def pytest_runtest_protocol(item, nextitem):
     it starts once the other workers' current tests end, and they start their next one after it.
     Both pass a gate first, so a waiting ``alone`` test is not overtaken by the next shared one."""
     run = getattr(item.config, "workerinput", {}).get("testrunuid")
-    if run is None or int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) < 2:
+    if run is None or xdist_workers() < 2:
         return (yield)
     base = Path(tempfile.gettempdir()) / f"paged-kv-lab-tests-{run}"
     alone = item.get_closest_marker("alone") is not None
@@ -124,6 +124,8 @@ def smollm2_converted_once(request):
     the tokenizer the tiny model borrows) before any test, holding a lock in the model cache
     folder: xdist workers wait for one conversion instead of each doing its own (the cache's
     atomic publish keeps concurrent conversions correct, but each costs 20-60 s of CPU)."""
+    if xdist_workers() < 2:
+        return  # one process converts on first use anyway
     from kvcore.model import cache_root, smollm2_available
 
     if not smollm2_available():
