@@ -14,7 +14,6 @@ import contextlib
 import fcntl
 import importlib.util
 import os
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -64,11 +63,13 @@ def _flock(path: Path, how: int):
 def pytest_runtest_protocol(item, nextitem):
     """Under xdist, a test marked ``alone`` holds an exclusive lock that every other test shares:
     it starts once the other workers' current tests end, and they start their next one after it.
-    Both pass a gate first, so a waiting ``alone`` test is not overtaken by the next shared one."""
-    run = getattr(item.config, "workerinput", {}).get("testrunuid")
-    if run is None or xdist_workers() < 2:
+    Both pass a gate first, so a waiting ``alone`` test is not overtaken by the next shared one.
+    The lock files live in the run's temporary folder (each worker's basetemp is inside it), which
+    pytest prunes with its old runs."""
+    basetemp = item.config.option.basetemp
+    if basetemp is None or xdist_workers() < 2:
         return (yield)
-    base = Path(tempfile.gettempdir()) / f"paged-kv-lab-tests-{run}"
+    base = Path(basetemp).parent / "alone"
     alone = item.get_closest_marker("alone") is not None
     with contextlib.ExitStack() as held:
         with _flock(base.with_suffix(".gate"), fcntl.LOCK_EX):
