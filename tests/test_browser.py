@@ -472,6 +472,7 @@ def test_requests_table_and_over_time_chart_follow_the_cursor(server, browser):
 
 
 @pytest.mark.browser
+@pytest.mark.alone  # an ask must be answered within the 1.2 s it waits
 def test_a_recording_run_streams_in_by_the_players_own_asks(server, browser):
     """While the server records a run, the player asks for new steps (a fragment rerun each) every
     half second; a hidden tab stops asking and starts again when shown; and a click on another page

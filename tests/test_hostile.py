@@ -25,7 +25,7 @@ EVICTION = lesson_page("eviction").url_path
 RSS_BOUND = 1_500 * 10**6  # the server with the tiny model loaded uses ~0.5 GB
 CASE_SECONDS = 60  # no case may take longer than this
 
-pytestmark = pytest.mark.browser
+pytestmark = [pytest.mark.browser, pytest.mark.alone]  # the victim's latency is timed
 
 
 def rss(pid: int) -> int:

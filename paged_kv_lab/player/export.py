@@ -35,9 +35,7 @@ MODULES = ("text.js", "decode.js", "charts.js", "panels.js", "player.js")
 def asset(name: str) -> str:
     if name not in ASSETS:
         raise ValueError(f"unknown player asset {name!r}")
-    return (
-        resources.files("paged_kv_lab.player").joinpath("assets", name).read_text(encoding="utf-8")
-    )
+    return resources.files(__package__).joinpath("assets", name).read_text(encoding="utf-8")
 
 
 @lru_cache(maxsize=None)

@@ -30,9 +30,7 @@ POOL_ASSETS = ("pool.html", "pool.css", "pool.js")
 def pool_asset(name: str) -> str:
     if name not in POOL_ASSETS:
         raise ValueError(f"unknown pool player asset {name!r}")
-    return (
-        resources.files("paged_kv_lab.player").joinpath("assets", name).read_text(encoding="utf-8")
-    )
+    return resources.files(__package__).joinpath("assets", name).read_text(encoding="utf-8")
 
 
 @lru_cache(maxsize=None)
