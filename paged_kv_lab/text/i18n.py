@@ -181,3 +181,10 @@ def __getattr__(name: str):
     if name == "LANG_NAMES":
         return languages()
     raise AttributeError(name)
+
+
+def said(error: BaseException, lang: str = "en") -> str:
+    """What ``error`` says in ``lang``: its ``text`` (a ``Text``: a refusal, an explain error)
+    rendered, or, for an error that carries no catalogue sentence, ``str(error)``."""
+    text = getattr(error, "text", None)
+    return tr(text, lang) if isinstance(text, Text) else str(error)
