@@ -227,8 +227,8 @@ def _decode_base(s: str) -> dict:
     raw = inflate.decompress(base64.urlsafe_b64decode(s + pad), limits.max_file_bytes + 1)
     if len(raw) > limits.max_file_bytes or inflate.unconsumed_tail:
         allowed, env = fmt_bytes(limits.max_file_bytes), ENV["max_file_bytes"]
-        where = Text(limits.where)
-        text = Text("refusal.link_inflated", {"allowed": allowed, "where": where, "env": env})
+        fields = {"allowed": allowed, "where": limits.where, "env": env}
+        text = Text("refusal.link_inflated", fields)
         raise BudgetError(text, env, len(raw), limits.max_file_bytes)
     return json.loads(raw.decode())
 

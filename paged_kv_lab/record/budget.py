@@ -54,7 +54,7 @@ class Limits:
     # an uploaded trace file (one snapshot per step makes them large)
     max_trace_bytes: int = 32 * 10**6
     max_link_chars: int = 16_000  # the packed ``scn`` of a link, before decompression
-    where: str = "refusal.where.server"  # the catalogue key naming the side that set the limit
+    where: Text = Text("refusal.where.server")  # how refusals name the side that set the limit
 
 
 ENV = {
@@ -146,7 +146,7 @@ def cli_limits(available: int | None = None, env: Mapping[str, str] | None = Non
         max_file_bytes=2 * 10**9,
         max_trace_bytes=2 * 10**9,
         max_link_chars=10**9,
-        where="refusal.where.machine",
+        where=Text("refusal.where.machine"),
     )
     return replace(
         generous,
@@ -194,21 +194,21 @@ def activation_bytes(
 
 
 # -- checks -----------------------------------------------------------------------------
-def count(n: int, unit: str = "") -> Says:
-    """``n`` with thousands separators, in ``unit`` (a ``refusal.unit.*`` key) if one is given."""
-    return Text(unit, {"n": f"{n:,}"}) if unit else f"{n:,}"
+def count(n: int, unit: Optional[Text] = None) -> Says:
+    """``n`` with thousands separators, in ``unit`` (a ``refusal.unit.*`` Text) if one is given."""
+    return Text(unit.key, {"n": f"{n:,}"}) if unit is not None else f"{n:,}"
 
 
-def over(what: Says, value: Says, allowed: Says, where: str, env: str) -> Text:
+def over(what: Says, value: Says, allowed: Says, where: Text, env: str) -> Text:
     """The refusal sentence "what = value; <where> at most allowed (env)" (no variable: none)."""
-    fields = {"what": what, "value": value, "allowed": allowed, "where": Text(where)}
+    fields = {"what": what, "value": value, "allowed": allowed, "where": where}
     if env:
         return Text("refusal.over", {**fields, "env": env})
     return Text("refusal.over_no_variable", fields)
 
 
 def _refuse(
-    what: Says, value: int, allowed: int, limits: Limits, field: str, unit: str = ""
+    what: Says, value: int, allowed: int, limits: Limits, field: str, unit: Optional[Text] = None
 ) -> BudgetError:
     text = over(what, count(value, unit), count(allowed, unit), limits.where, ENV[field])
     return BudgetError(text, ENV[field], value, allowed)
@@ -220,7 +220,7 @@ def check_size(nbytes: int, what: Says, limits: Limits, field: str = "max_file_b
     allowed = getattr(limits, field)
     if nbytes > allowed:
         fields = {"what": what, "size": fmt_bytes(nbytes), "allowed": fmt_bytes(allowed)}
-        text = Text("refusal.size", {**fields, "where": Text(limits.where), "env": ENV[field]})
+        text = Text("refusal.size", {**fields, "where": limits.where, "env": ENV[field]})
         raise BudgetError(text, ENV[field], nbytes, allowed)
 
 
@@ -274,7 +274,7 @@ def check_scenario(
             )
         if r.arrival_step >= limits.max_run_steps:
             fields = {"what": f"requests[{i}].arrival_step", "value": f"{r.arrival_step:,}"}
-            fields.update(allowed=f"{limits.max_run_steps:,}", where=Text(limits.where))
+            fields.update(allowed=f"{limits.max_run_steps:,}", where=limits.where)
             raise BudgetError(
                 Text("refusal.arrival_step", {**fields, "env": ENV["max_run_steps"]}),
                 ENV["max_run_steps"],
@@ -288,7 +288,7 @@ def check_scenario(
                 limits.max_prompt_chars,
                 limits,
                 "max_prompt_chars",
-                "refusal.unit.characters",
+                Text("refusal.unit.characters"),
             )
         if r.prompt_token_ids is not None and len(r.prompt_token_ids) > limits.max_prompt_tokens:
             raise _refuse(
@@ -297,7 +297,7 @@ def check_scenario(
                 limits.max_prompt_tokens,
                 limits,
                 "max_prompt_tokens",
-                "refusal.unit.tokens",
+                Text("refusal.unit.tokens"),
             )
     if config is None:
         return
@@ -315,7 +315,7 @@ def check_scenario(
     if pool > limits.max_run_bytes:
         what = "(num_gpu_blocks + cpu_offload.num_cpu_blocks)" if cpu_offload else "num_gpu_blocks"
         fields = {"blocks": f"engine.{what}", "slots": f"{slots:,}", "need": fmt_bytes(pool)}
-        fields.update(allowed=fmt_bytes(limits.max_run_bytes), where=Text(limits.where))
+        fields.update(allowed=fmt_bytes(limits.max_run_bytes), where=limits.where)
         raise BudgetError(
             Text("refusal.kv_pool", {**fields, "env": ENV["max_run_bytes"]}),
             ENV["max_run_bytes"],
@@ -336,7 +336,7 @@ def check_scenario(
                 limits.max_prompt_tokens,
                 limits,
                 "max_prompt_tokens",
-                "refusal.unit.tokens",
+                Text("refusal.unit.tokens"),
             )
         lengths.append(n)
     if not reqs:
@@ -349,7 +349,7 @@ def check_scenario(
     if act > limits.max_activation_bytes:
         fields = {"chunk": f"{chunk:,}", "batched": f"{s.max_num_batched_tokens:,}"}
         fields.update(seqs=seqs, context=f"{context:,}", need=fmt_bytes(act))
-        fields.update(allowed=fmt_bytes(limits.max_activation_bytes), where=Text(limits.where))
+        fields.update(allowed=fmt_bytes(limits.max_activation_bytes), where=limits.where)
         raise BudgetError(
             Text("refusal.activations", {**fields, "env": ENV["max_activation_bytes"]}),
             ENV["max_activation_bytes"],

@@ -41,8 +41,8 @@ UNBOUNDED = 10**18
 @dataclass(frozen=True)
 class TraceLimits:
     """Upper bounds for replaying one trace. ``env`` names the variable that sets each field (a
-    refusal names it; a field with none is bounded by what the side offers); ``where`` is the
-    catalogue key naming the side in a refusal."""
+    refusal names it; a field with none is bounded by what the side offers); ``where`` names the
+    side in a refusal."""
 
     max_trace_bytes: int
     max_requests: int
@@ -54,7 +54,7 @@ class TraceLimits:
     max_num_batched_tokens: int
     max_steps: int  # engine steps of one replay
     max_window: int  # steps recorded for the player at once
-    where: str = "refusal.where.server"
+    where: Text = Text("refusal.where.server")
     env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -92,7 +92,7 @@ def page_trace_limits(env: Optional[Mapping[str, str]] = None) -> TraceLimits:
         max_output_tokens=got["max_trace_tokens"],
         max_block_size=PAGE_BLOCK_SIZE,
         max_num_batched_tokens=PAGE_BATCHED_TOKENS,
-        where="refusal.where.page",
+        where=Text("refusal.where.page"),
         env={**PAGE_ENV, "max_prompt_tokens": tokens, "max_output_tokens": tokens},
     )
 
