@@ -266,3 +266,21 @@ def test_a_page_shows_the_refusal_in_the_readers_language():
     assert "not UTF-8" in parse_scenario_text(b"\xff", "en")[1][0]
     assert "UTF-8" in parse_scenario_text(b"\xff", "zh")[1][0]
     assert "第 1 行第 2 列" in parse_scenario_text("{x", "zh")[1][0]
+
+
+def test_the_sentence_around_validation_problems_is_the_readers():
+    """A scenario's or a trace file's problems stay in the validator's words (data about a
+    field); the sentence around them is a catalogue entry, ``str(e)`` its English."""
+    from paged_kv_lab.record.scenario import ScenarioError
+    from paged_kv_lab.record.trace import TraceError, read_trace
+    from paged_kv_lab.text.i18n import said
+
+    with pytest.raises(ScenarioError) as e:
+        scenario({"block_size": "big"})
+    problem = e.value.problems[0]
+    assert str(e.value) == said(e.value, "en") == f"invalid scenario:\n  - {problem}"
+    assert said(e.value, "zh") == f"场景无效：\n  - {problem}"
+    with pytest.raises(TraceError) as e:
+        read_trace(b"\xff")
+    assert str(e.value).startswith("not a readable trace:\n  - not UTF-8")
+    assert said(e.value, "zh").startswith("不是可读的轨迹文件：\n  - not UTF-8")

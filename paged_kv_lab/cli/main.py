@@ -100,7 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 tier["lazy_offload"] = True
             scenario = with_engine_overrides(scenario, {"cpu_offload": tier})
     except ScenarioError as e:
-        print(_error(args, f"{args.scenario}: {e}"), file=sys.stderr)
+        print(_error(args, f"{args.scenario}: {said(e, args.lang)}"), file=sys.stderr)
         return 2
     if args.model:
         scenario = replace(scenario, model=args.model)
