@@ -284,3 +284,14 @@ def test_the_sentence_around_validation_problems_is_the_readers():
         read_trace(b"\xff")
     assert str(e.value).startswith("not a readable trace:\n  - not UTF-8")
     assert said(e.value, "zh").startswith("不是可读的轨迹文件：\n  - not UTF-8")
+    from paged_kv_lab.workload.trace import TraceError as WorkloadTraceError
+    from paged_kv_lab.workload.trace import parse_trace
+
+    for lines, en, zh in (
+        ([b"\xff"], "t.jsonl line 1: not UTF-8 text", "t.jsonl 第 1 行：不是 UTF-8 文本"),
+        ([b"{x"], "t.jsonl line 1: not JSON (", "t.jsonl 第 1 行：不是 JSON（第 2 列："),
+        ([b" "], "t.jsonl: no requests", "t.jsonl：没有请求"),
+    ):
+        with pytest.raises(WorkloadTraceError) as e:
+            parse_trace(lines, "t.jsonl")
+        assert str(e.value).startswith(en) and said(e.value, "zh").startswith(zh)

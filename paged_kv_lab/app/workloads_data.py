@@ -53,9 +53,8 @@ def shipped_trace(start: int, count: int, limits: TraceLimits) -> Trace:
     check(Text("refusal.what.requests_asked"), count, limits, "max_requests")
     whole = _load_shipped(str(shipped_trace_path()))
     if start >= len(whole):
-        raise TraceError(
-            f"the shipped trace has {len(whole):,} requests; start {start:,} is past its end"
-        )
+        at = {"count": f"{len(whole):,}", "start": f"{start:,}"}
+        raise TraceError(Text("refusal.trace.start_past_end", at))
     trace = whole.slice(start, start + count)
     check_trace(trace, None, limits)
     return trace
