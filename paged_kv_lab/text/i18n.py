@@ -45,6 +45,9 @@ class Text:
     def __call__(self, lang: str = "en") -> str:
         return tr(self, lang)
 
+    def __hash__(self) -> int:  # hashable when its fields are (a frozen settings object holds one)
+        return hash((self.key, tuple(sorted(self.fields.items()))))
+
 
 def extra_dirs() -> tuple[Path, ...]:
     raw = os.environ.get(TEXT_DIRS_ENV, "")
