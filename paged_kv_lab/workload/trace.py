@@ -212,9 +212,8 @@ def parse_trace(
                 raise TraceError(f"{where}: must be a JSON object")
             fmt = detect_format(record)
         if max_requests is not None and len(out) >= max_requests:
-            raise TraceError(
-                f"{name}: more than {max_requests:,} requests (the limit here); cut the trace"
-            )
+            at = {"name": name, "max": f"{max_requests:,}"}
+            raise TraceError(Text("refusal.trace.too_many_requests", at))
         out.append(parse_record(record, len(out), fmt, where))
     if not out:
         raise TraceError(Text("refusal.trace.no_requests", {"name": name}))
