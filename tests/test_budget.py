@@ -194,3 +194,104 @@ def test_files_are_capped_and_must_be_utf8():
     assert d is None and "not UTF-8" in problems[0]
     d, problems = parse_scenario_text('{"name": "ünï"}'.encode())
     assert problems == [] and d["name"] == "ünï"
+
+
+# -- in the reader's language (text/catalogue/refusals.json) -----------------------------
+def _refusals() -> list[BudgetError]:
+    """One refusal of each kind the run budget and the trace budget give."""
+    from paged_kv_lab.workload.budget import check_trace, page_trace_limits
+    from paged_kv_lab.workload.trace import Trace, TraceRequest
+
+    out = [
+        refused(scenario({"num_gpu_blocks": 2000, "block_size": 256})),  # the KV pool
+        refused(scenario({"block_size": 512})),  # a structural setting
+        refused(scenario(requests=[{"id": "A", "prompt": "x" * 9000, "max_tokens": 4}])),
+        refused(scenario(requests=[{"id": "A", "prompt": "x", "max_tokens": 4, "n": 40}])),
+        refused(scenario(requests=[{"id": "A", "prompt": "x", "arrival_step": 500}])),
+        refused(scenario({"num_gpu_blocks": "auto"})),
+        refused(
+            scenario(
+                {"num_gpu_blocks": 300, "max_num_batched_tokens": 2048, "max_num_seqs": 4},
+                [{"id": f"r{i}", "prompt_token_ids": [1] * 1000} for i in range(4)],
+            )
+        ),
+    ]
+    for call in (
+        lambda: check_size(2 * 10**6, "x.json", L),
+        lambda: check_steps(401, L),
+        lambda: app_limits({"PAGED_KV_LAB_MAX_TOKENS": "lots"}),
+        lambda: app_limits({"PAGED_KV_LAB_MAX_TOKENS": "0"}),
+        lambda: check_trace(
+            Trace(
+                "t", "mooncake", 512, tuple(TraceRequest(i, 0.0, 10, 1, (i,)) for i in range(401))
+            ),
+            None,
+            page_trace_limits({}),
+        ),
+    ):
+        with pytest.raises(BudgetError) as e:
+            call()
+        out.append(e.value)
+    return out
+
+
+def test_a_refusal_renders_in_chinese_naming_the_same_limit_and_variable():
+    """``e.text`` is the sentence in any language; ``str(e)`` stays English. In 中文 the refusal
+    names the same variable and the same numbers (the limit and the value asked)."""
+    import re
+
+    from paged_kv_lab.text.i18n import Text, tr
+
+    for e in _refusals():
+        assert isinstance(e.text, Text) and e.text.key.startswith("refusal.")
+        en, zh = tr(e.text, "en"), tr(e.text, "zh")
+        assert str(e) == en and zh != en, en
+        assert re.search(r"[\u4e00-\u9fff]", zh), zh
+        assert e.limit and e.limit in en and e.limit in zh, (e.limit, zh)
+        assert sorted(re.findall(r"\d[\d,.]*", en)) == sorted(re.findall(r"\d[\d,.]*", zh)), (
+            en,
+            zh,
+        )
+    zh = tr(_refusals()[2].text, "zh")
+    assert "9,000 个字符" in zh and "8,000 个字符" in zh and "PAGED_KV_LAB_MAX_PROMPT_CHARS" in zh
+
+
+def test_a_page_shows_the_refusal_in_the_readers_language():
+    from paged_kv_lab.app.state import parse_scenario_text
+
+    big = b'{"name": "' + b"x" * 2_000_000 + b'"}'
+    en, zh = parse_scenario_text(big, "en")[1][0], parse_scenario_text(big, "zh")[1][0]
+    assert en.startswith("the scenario is 2.0 MB") and "PAGED_KV_LAB_MAX_FILE_BYTES" in en
+    assert zh.startswith("该场景：2.0 MB") and "PAGED_KV_LAB_MAX_FILE_BYTES" in zh
+    assert "not UTF-8" in parse_scenario_text(b"\xff", "en")[1][0]
+    assert "UTF-8" in parse_scenario_text(b"\xff", "zh")[1][0]
+    assert "第 1 行第 2 列" in parse_scenario_text("{x", "zh")[1][0]
+
+
+def test_the_sentence_around_validation_problems_is_the_readers():
+    """A scenario's or a trace file's problems stay in the validator's words (data about a
+    field); the sentence around them is a catalogue entry, ``str(e)`` its English."""
+    from paged_kv_lab.record.scenario import ScenarioError
+    from paged_kv_lab.record.trace import TraceError, read_trace
+    from paged_kv_lab.text.i18n import said
+
+    with pytest.raises(ScenarioError) as e:
+        scenario({"block_size": "big"})
+    problem = e.value.problems[0]
+    assert str(e.value) == said(e.value, "en") == f"invalid scenario:\n  - {problem}"
+    assert said(e.value, "zh") == f"场景无效：\n  - {problem}"
+    with pytest.raises(TraceError) as e:
+        read_trace(b"\xff")
+    assert str(e.value).startswith("not a readable trace:\n  - not UTF-8")
+    assert said(e.value, "zh").startswith("不是可读的轨迹文件：\n  - not UTF-8")
+    from paged_kv_lab.workload.trace import TraceError as WorkloadTraceError
+    from paged_kv_lab.workload.trace import parse_trace
+
+    for lines, en, zh in (
+        ([b"\xff"], "t.jsonl line 1: not UTF-8 text", "t.jsonl 第 1 行：不是 UTF-8 文本"),
+        ([b"{x"], "t.jsonl line 1: not JSON (", "t.jsonl 第 1 行：不是 JSON（第 2 列："),
+        ([b" "], "t.jsonl: no requests", "t.jsonl：没有请求"),
+    ):
+        with pytest.raises(WorkloadTraceError) as e:
+            parse_trace(lines, "t.jsonl")
+        assert str(e.value).startswith(en) and said(e.value, "zh").startswith(zh)

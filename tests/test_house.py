@@ -2,7 +2,9 @@
 
 - kvcore (the vLLM mirror) imports nothing of the lab around it; only its model and worker
   parts import torch/transformers, and no part of it imports streamlit or plotly;
-- each folder beside kvcore imports only the layers below it (the table ``MAY_IMPORT``);
+- each folder beside kvcore imports only the layers below it (the table ``MAY_IMPORT``), and
+  every one of them may import the catalogue lookup ``paged_kv_lab.text.i18n`` (``LEAF``: it
+  imports nothing of the lab, so a refusal in record/ or workload/ can carry a ``Text``);
 - the run store and the player import no Streamlit, the player no lesson code;
 - benchmarks import no test helpers.
 """
@@ -55,6 +57,9 @@ MAY_IMPORT = {
     },
     "cli": {"kvcore", "record", "text", "why", "watch", "runs", "player", "workload", "designs"},
 }
+# The catalogue lookup (Text, tr): a leaf every lab folder may import, kvcore not. It imports
+# nothing of the lab itself (tested below), so importing it never pulls a higher layer in.
+LEAF = "paged_kv_lab.text.i18n"
 # The one door from kvcore up: ``python -m kvcore`` runs the command line (cli/main.py).
 EXCEPTIONS = {("kvcore/__main__.py", "cli")}
 ML = {"torch", "transformers", "gguf", "accelerate"}
@@ -67,6 +72,11 @@ ML_FILES = {"kvcore/simple_kv_offload/worker.py"}
 def imports_of(path: Path) -> set[str]:
     """Top-level names of every absolute import in the file (function-level ones included; those
     under ``if TYPE_CHECKING:`` load nothing at run time and are left out)."""
+    return {_top(m) for m in modules_of(path)}
+
+
+def modules_of(path: Path) -> set[str]:
+    """Every module (or ``module.name`` of a from-import) the file imports at run time."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     type_only = {
         id(n)
@@ -80,11 +90,21 @@ def imports_of(path: Path) -> set[str]:
         if id(node) in type_only:
             continue
         if isinstance(node, ast.Import):
-            out |= {_top(a.name) for a in node.names}
+            out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             assert node.level == 0, f"{path}: relative import (the house uses absolute ones)"
-            out.add(_top(node.module))
+            out |= {f"{node.module}.{a.name}" for a in node.names}
     return out
+
+
+def layered_imports_of(path: Path, pkg: str) -> set[str]:
+    """The packages ``path`` (in ``pkg``) imports that the layering judges: the leaf ``LEAF`` is
+    left out for every lab folder, never for kvcore."""
+    return {
+        _top(m)
+        for m in modules_of(path)
+        if pkg == "kvcore" or not (m == LEAF or m.startswith(LEAF + "."))
+    }
 
 
 def _top(module: str) -> str:
@@ -104,7 +124,7 @@ def test_imports_run_one_way(pkg):
     bad = []
     for f in files(pkg):
         rel = f.relative_to(ROOT).as_posix()
-        for name in imports_of(f) & set(OURS) - {pkg} - MAY_IMPORT[pkg]:
+        for name in layered_imports_of(f, pkg) & set(OURS) - {pkg} - MAY_IMPORT[pkg]:
             if (rel, name) not in EXCEPTIONS:
                 bad.append(f"{rel} imports {name}")
     assert not bad, "imports against the layering:\n" + "\n".join(bad)
@@ -150,3 +170,25 @@ def test_the_rules_would_catch_a_wrong_import(tmp_path):
         "def f():\n    import streamlit\n"
     )
     assert imports_of(f) == {"os", "record", "streamlit"}
+
+
+def test_the_catalogue_lookup_is_a_leaf():
+    """``LEAF`` imports nothing of the lab (nor kvcore), so every layer may import it."""
+    leaf = ROOT / (LEAF.replace(".", "/") + ".py")
+    assert leaf.is_file()
+    ours = [m for m in modules_of(leaf) if m.split(".")[0] in (LAB, "kvcore")]
+    assert not ours, f"{LEAF} imports {ours}"
+
+
+def test_the_leaf_is_allowed_to_the_lab_but_not_to_kvcore(tmp_path):
+    """The checker: record/ may import ``Text`` from the leaf, not the rest of text/; kvcore may
+    import neither."""
+    f = tmp_path / "x.py"
+    f.write_text(
+        "from paged_kv_lab.text.i18n import Text\nfrom paged_kv_lab.text import i18n\n"
+        "from paged_kv_lab.text.sentences import sentence\n"
+    )
+    assert layered_imports_of(f, "record") == {"text"}  # sentences.py, not the leaf
+    f.write_text("from paged_kv_lab.text.i18n import Text\nfrom paged_kv_lab.text import i18n\n")
+    assert layered_imports_of(f, "record") == set()
+    assert layered_imports_of(f, "kvcore") == {"text"}

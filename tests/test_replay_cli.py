@@ -131,3 +131,14 @@ def test_one_pass_answer_says_when_it_does_not_apply():
     trace = load_trace(SLICE)
     ans = unbounded_answer(trace, replay_settings(trace, arrival="timestamps"))
     assert ans.hit_tokens is None and "timestamps" in ans.why and not ans.exact
+
+
+def test_a_refusal_is_said_in_the_chosen_language(monkeypatch, capsys):
+    """``--lang zh``: the budget's refusal in 中文, naming the same limit and variable."""
+    monkeypatch.setenv("PAGED_KV_LAB_MAX_REQUESTS", "3")
+    assert main(["replay", str(SLICE), *SMALL, "--lang", "zh"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: 轨迹的请求数 = ") and "最多 3（PAGED_KV_LAB_MAX_REQUESTS）" in err
+    assert main(["replay", str(SLICE), *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert "the trace's requests = " in err and "at most 3 (PAGED_KV_LAB_MAX_REQUESTS)" in err

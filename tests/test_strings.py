@@ -24,7 +24,18 @@ from paged_kv_lab.text.i18n import (
 ROOT = Path(__file__).resolve().parents[1]
 PY_DIRS = tuple(
     f"paged_kv_lab/{d}"
-    for d in ("app", "lesson", "text", "why", "player", "runs", "cli", "record", "watch")
+    for d in (
+        "app",
+        "lesson",
+        "text",
+        "why",
+        "player",
+        "runs",
+        "cli",
+        "record",
+        "watch",
+        "workload",
+    )
 )
 ASSETS = ROOT / "paged_kv_lab" / "player" / "assets"
 

@@ -22,7 +22,7 @@ import streamlit as st
 
 from paged_kv_lab.app.modelstate import DEVICES, MODELS, ModelState
 from paged_kv_lab.lesson.catalog import OPTION_EFFECTS, Lesson
-from paged_kv_lab.record.budget import BudgetError, app_limits, check_size, fmt_bytes
+from paged_kv_lab.record.budget import ENV, BudgetError, app_limits, check_size, fmt_bytes
 from paged_kv_lab.record.scenario import (
     EngineSettings,
     Scenario,
@@ -32,7 +32,7 @@ from paged_kv_lab.record.scenario import (
 )
 from paged_kv_lab.runs.store import default_store
 from paged_kv_lab.runs.timeline import Timeline
-from paged_kv_lab.text.i18n import languages, tr
+from paged_kv_lab.text.i18n import Text, languages, said, tr
 
 SETTING_DEFAULTS = dataclasses.asdict(EngineSettings())
 URL_SETTINGS = tuple(k for k in SETTING_DEFAULTS if k != "layer_types") + tuple(OPTION_EFFECTS)
@@ -147,14 +147,14 @@ def get_state(lesson: Lesson, ms: ModelState) -> LessonState:
     return state
 
 
-def refusal(e: Exception) -> str:
+def refusal(e: Exception, lang: str | None = None) -> str:
     """Why a scenario did not open, in the words of what refused it: the schema's problems (one a
-    line), the budget's message, or the engine's error with its type (e.g. a prompt that never
-    fits the pool)."""
+    line), the budget's sentence in ``lang`` (default: the sidebar's), or the engine's error with
+    its type (e.g. a prompt that never fits the pool)."""
     if isinstance(e, ScenarioError):
         return "\n".join(e.problems)
     if isinstance(e, BudgetError):
-        return str(e)
+        return said(e, pref("lang", "en") if lang is None else lang)
     return f"{type(e).__name__}: {e}"
 
 
@@ -185,27 +185,26 @@ def rebuild(
     return None
 
 
-def parse_scenario_text(text: str | bytes) -> tuple[dict | None, list[str]]:
-    """(scenario dict, []) or (None, problems). The dict is the validated file, normalised.
-    Text over the file-size limit is refused before it is parsed; bytes must be UTF-8."""
+def parse_scenario_text(text: str | bytes, lang: str = "en") -> tuple[dict | None, list[str]]:
+    """(scenario dict, []) or (None, problems in ``lang``). The dict is the validated file,
+    normalised. Text over the file-size limit is refused before it is parsed; bytes must be
+    UTF-8."""
+    size = len(text.encode() if isinstance(text, str) else text)
     try:
-        check_size(
-            len(text.encode() if isinstance(text, str) else text), "the scenario", app_limits()
-        )
+        check_size(size, Text("refusal.what.scenario"), app_limits())
     except BudgetError as e:
-        return None, [str(e)]
+        return None, [said(e, lang)]
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as e:
-            return None, [
-                f"file: not UTF-8 text (byte {e.start} is 0x{text[e.start]:02x}); "
-                "save the scenario as UTF-8 JSON"
-            ]
+            at = {"at": e.start, "byte": f"{text[e.start]:02x}"}
+            return None, [tr("refusal.scenario_not_utf8", lang, **at)]
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as e:
-        return None, [f"json: line {e.lineno} column {e.colno}: {e.msg}"]
+        where = {"line": e.lineno, "column": e.colno, "error": e.msg}
+        return None, [tr("refusal.json_syntax", lang, **where)]
     try:
         return scenario_to_dict(load_scenario(raw)), []
     except ScenarioError as e:
@@ -222,16 +221,15 @@ def _decode_base(s: str) -> dict:
     """The packed scenario of a link, capped before decoding (its length) and while it is
     decompressed (never more than the file limit is inflated)."""
     limits = app_limits()
-    check_size(len(s), "the packed scenario in the link (scn)", limits, "max_link_chars")
+    check_size(len(s), Text("refusal.what.link"), limits, "max_link_chars")
     pad = "=" * (-len(s) % 4)
     inflate = zlib.decompressobj()
     raw = inflate.decompress(base64.urlsafe_b64decode(s + pad), limits.max_file_bytes + 1)
     if len(raw) > limits.max_file_bytes or inflate.unconsumed_tail:
-        raise BudgetError(
-            "the scenario in the link decompresses to more than "
-            f"{fmt_bytes(limits.max_file_bytes)}; this server allows at most "
-            f"{fmt_bytes(limits.max_file_bytes)} (PAGED_KV_LAB_MAX_FILE_BYTES)"
-        )
+        allowed, env = fmt_bytes(limits.max_file_bytes), ENV["max_file_bytes"]
+        fields = {"allowed": allowed, "where": limits.where, "env": env}
+        text = Text("refusal.link_inflated", fields)
+        raise BudgetError(text, env, len(raw), limits.max_file_bytes)
     return json.loads(raw.decode())
 
 
@@ -262,11 +260,11 @@ def apply_url(state: LessonState, lesson: Lesson) -> int:
     problems: list[str] = []
     if "scn" in qp:
         try:
-            d, problems = parse_scenario_text(json.dumps(_decode_base(qp["scn"])))
+            d, problems = parse_scenario_text(json.dumps(_decode_base(qp["scn"])), lang)
             if d is not None:
                 state.base = d
         except BudgetError as e:
-            problems = [str(e)]
+            problems = [said(e, lang)]
         except Exception as e:  # not base64, not zlib, not UTF-8 JSON: a cut or edited link
             problems = [tr("url_unreadable", lang, error=f"{type(e).__name__}: {e}")]
     for k in URL_SETTINGS:

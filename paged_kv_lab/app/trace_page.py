@@ -30,7 +30,7 @@ from paged_kv_lab.record.budget import BudgetError, app_limits, check_size
 from paged_kv_lab.record.scenario import load_scenario, scenario_to_dict
 from paged_kv_lab.record.trace import Trace, TraceError, read_trace
 from paged_kv_lab.runs.timeline import MAX_RUN_STEPS, TraceRun
-from paged_kv_lab.text.i18n import Text, tr
+from paged_kv_lab.text.i18n import Text, said, tr
 
 KEY = "trace"  # widget keys end in ":trace", as a lesson's end in ":<lesson id>"
 STATE_KEY = "trace_viewer"  # the TraceState in st.session_state
@@ -61,7 +61,7 @@ def load_trace_bytes(
     try:
         check_size(
             len(data.encode() if isinstance(data, str) else data),
-            f"the trace file {name!r}",
+            Text("refusal.what.trace_file", {"name": repr(name)}),
             app_limits(),
             "max_trace_bytes",
         )
@@ -72,7 +72,7 @@ def load_trace_bytes(
         )
         return state.error
     except BudgetError as e:
-        state.error = tr("bad_trace", lang, name=name) + "\n- " + str(e)
+        state.error = tr("bad_trace", lang, name=name) + "\n- " + said(e, lang)
         return state.error
     state.run, state.name = run, name
     state.quiz, state.quiz_choice, state.playing = None, None, False
@@ -148,9 +148,10 @@ def on_upload(state: TraceState, key: str, lang: str) -> None:
         return
     state.upload_id = up.file_id
     try:  # refuse a too-large file before reading it whole
-        check_size(up.size, f"the trace file {up.name!r}", app_limits(), "max_trace_bytes")
+        what = Text("refusal.what.trace_file", {"name": repr(up.name)})
+        check_size(up.size, what, app_limits(), "max_trace_bytes")
     except BudgetError as e:
-        state.error = tr("bad_trace", lang, name=up.name) + "\n- " + str(e)
+        state.error = tr("bad_trace", lang, name=up.name) + "\n- " + said(e, lang)
         return
     load_trace_bytes(state, up.getvalue(), up.name, lang)
 

@@ -13,7 +13,7 @@ from paged_kv_lab.app.state import LessonState, parse_scenario_text, rebuild
 from paged_kv_lab.lesson.catalog import Lesson
 from paged_kv_lab.record.budget import BudgetError, app_limits, check_size
 from paged_kv_lab.record.scenario import scenario_to_dict
-from paged_kv_lab.text.i18n import tr
+from paged_kv_lab.text.i18n import Text, said, tr
 
 
 def on_toggle(
@@ -63,7 +63,7 @@ def apply_scenario_text(
 ) -> bool:
     """Validate and load a scenario; on any problem the old state stays and the problems are
     shown."""
-    d, problems = parse_scenario_text(text)
+    d, problems = parse_scenario_text(text, lang)
     if d is None:
         state.error = tr("bad_scenario", lang) + "\n" + "\n".join(f"- {p}" for p in problems)
         return False
@@ -87,9 +87,9 @@ def on_upload(state: LessonState, lesson: Lesson, ms: ModelState, key: str, lang
         return
     state.upload_id = up.file_id
     try:  # refuse a too-large file before reading it whole
-        check_size(up.size, f"the file {up.name!r}", app_limits())
+        check_size(up.size, Text("refusal.what.file", {"name": repr(up.name)}), app_limits())
     except BudgetError as e:
-        state.error = tr("bad_scenario", lang) + "\n- " + str(e)
+        state.error = tr("bad_scenario", lang) + "\n- " + said(e, lang)
         return
     apply_scenario_text(state, lesson, ms, up.getvalue(), lang)
 

@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 from paged_kv_lab.app.shared import Shared
 from paged_kv_lab.record.pool_frames import CacheLog, FrameRecorder, PoolFrame
 from paged_kv_lab.record.recorder import Recorder
+from paged_kv_lab.text.i18n import Text
 from paged_kv_lab.why.explain_replay import ReplayHit, explain_replay_hit
 from paged_kv_lab.workload import SHIPPED_TRACE
 from paged_kv_lab.workload.budget import TraceLimits, check, check_trace
@@ -35,10 +36,13 @@ def shipped_trace_path() -> Path:
 def read_upload(data: bytes, name: str, limits: TraceLimits) -> Trace:
     """An uploaded trace: its bytes, then its requests and tokens, against the page's budget
     (BudgetError names the limit and its variable; TraceError the line and field)."""
-    check(f"the trace file {name!r}", len(data), limits, "max_trace_bytes")
+    check(
+        Text("refusal.what.trace_file", {"name": repr(name)}), len(data), limits, "max_trace_bytes"
+    )
     lines = [line for line in data.splitlines() if line.strip()]
     # counted before any line is parsed
-    check(f"the trace file {name!r}'s number of requests", len(lines), limits, "max_requests")
+    what = Text("refusal.what.trace_file_requests", {"name": repr(name)})
+    check(what, len(lines), limits, "max_requests")
     trace = parse_trace(lines, name)
     check_trace(trace, None, limits)
     return trace
@@ -46,12 +50,11 @@ def read_upload(data: bytes, name: str, limits: TraceLimits) -> Trace:
 
 def shipped_trace(start: int, count: int, limits: TraceLimits) -> Trace:
     """Requests ``start .. start + count`` of the shipped trace (read once per process)."""
-    check("requests asked for", count, limits, "max_requests")
+    check(Text("refusal.what.requests_asked"), count, limits, "max_requests")
     whole = _load_shipped(str(shipped_trace_path()))
     if start >= len(whole):
-        raise TraceError(
-            f"the shipped trace has {len(whole):,} requests; start {start:,} is past its end"
-        )
+        at = {"count": f"{len(whole):,}", "start": f"{start:,}"}
+        raise TraceError(Text("refusal.trace.start_past_end", at))
     trace = whole.slice(start, start + count)
     check_trace(trace, None, limits)
     return trace
@@ -113,7 +116,7 @@ class WorkloadRun:
 
 
 def _budgeted(r: Replay, limits: TraceLimits) -> None:
-    check("the replay's engine steps", r.step_count, limits, "max_steps")
+    check(Text("refusal.what.replay_steps"), r.step_count, limits, "max_steps")
 
 
 def run_workload(
@@ -165,7 +168,7 @@ def record_window(
     attached, then record each step with the Recorder (events) and a FrameRecorder."""
     replay = settings.replay_settings(trace)
     check_trace(trace, replay, limits)
-    check("steps recorded for the player", before + after + 1, limits, "max_window")
+    check(Text("refusal.what.window"), before + after + 1, limits, "max_window")
     r = Replay(trace, replay)
     first = max(1, at_step - before)
     if first > 1:

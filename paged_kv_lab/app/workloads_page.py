@@ -36,7 +36,7 @@ from paged_kv_lab.app.workloads_data import (
 )
 from paged_kv_lab.player.pool_payload import pool_asset, pool_css, pool_module_js, pool_payload
 from paged_kv_lab.record.budget import BudgetError
-from paged_kv_lab.text.i18n import tr
+from paged_kv_lab.text.i18n import Text, said, tr
 from paged_kv_lab.why.explain_replay import replay_hit_sentences
 from paged_kv_lab.workload.bound import unbounded_answer, why_not_exact
 from paged_kv_lab.workload.budget import check, page_trace_limits
@@ -121,7 +121,7 @@ def load_shipped(state: WorkloadsState, start: int, count: int, lang: str = "en"
     try:
         trace = shipped_trace(start, count, page_trace_limits())
     except (BudgetError, TraceError) as e:
-        state.error = tr("workloads.bad_trace", lang, error=str(e))
+        state.error = tr("workloads.bad_trace", lang, error=said(e, lang))
         return state.error
     use_trace(state, trace, f"shipped:{shipped_trace_path()}:{start}:{count}")
     return None
@@ -133,7 +133,7 @@ def open_first_slice(state: WorkloadsState, limits, lang: str = "en") -> None:
     try:
         key, trace, settings = first_slice(limits)
     except (BudgetError, TraceError) as e:
-        state.error = tr("workloads.bad_trace", lang, error=str(e))
+        state.error = tr("workloads.bad_trace", lang, error=said(e, lang))
         return
     use_trace(state, trace, key)
     state.first = settings
@@ -143,7 +143,7 @@ def load_upload(state: WorkloadsState, data: bytes, name: str, lang: str = "en")
     try:
         trace = read_upload(data, name, page_trace_limits())
     except (BudgetError, TraceError) as e:
-        state.error = tr("workloads.bad_trace", lang, error=str(e))
+        state.error = tr("workloads.bad_trace", lang, error=said(e, lang))
         return state.error
     use_trace(state, trace, "upload:" + hashlib.sha256(data).hexdigest())
     return None
@@ -155,7 +155,7 @@ def replay_now(state: WorkloadsState, settings: Settings, lang: str = "en") -> O
     try:
         state.run = shared_run(state.trace_key, state.trace, settings, page_trace_limits())
     except (BudgetError, ReplayError, ValueError) as e:
-        state.error = tr("workloads.bad_replay", lang, error=str(e))
+        state.error = tr("workloads.bad_replay", lang, error=said(e, lang))
         return state.error
     state.window = None
     forget_sweep(state)
@@ -203,7 +203,7 @@ def open_moment(
     try:
         state.window = record_window(state.trace, run.settings, step, page_trace_limits())
     except (BudgetError, ReplayError, ValueError) as e:
-        state.error = tr("workloads.bad_replay", lang, error=str(e))
+        state.error = tr("workloads.bad_replay", lang, error=said(e, lang))
         return state.error
     state.goto_seq += 1
     state.window_token = hashlib.sha256(
@@ -291,9 +291,10 @@ def render_workloads_page() -> None:
         if up is not None and up.file_id != state.upload_id:
             state.upload_id = up.file_id
             try:  # refused before it is read whole
-                check(f"the trace file {up.name!r}", up.size, limits, "max_trace_bytes")
+                what = Text("refusal.what.trace_file", {"name": repr(up.name)})
+                check(what, up.size, limits, "max_trace_bytes")
             except BudgetError as e:
-                state.error = tr("workloads.bad_trace", lang, error=str(e))
+                state.error = tr("workloads.bad_trace", lang, error=said(e, lang))
             else:
                 load_upload(state, up.getvalue(), up.name, lang)
     if state.error:

@@ -17,12 +17,13 @@ import sys
 
 from paged_kv_lab.record.budget import BudgetError
 from paged_kv_lab.record.scenario import ScenarioError, parse_engine_overrides
-from paged_kv_lab.text.i18n import tr
+from paged_kv_lab.text.i18n import languages, said, tr
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("compare", help=tr("cli.compare.help"))
     p.add_argument("trace", help=tr("cli.compare.trace"))
+    p.add_argument("--lang", choices=tuple(languages()), default="en", help=tr("cli.compare.lang"))
     p.add_argument(
         "--designs",
         default="vllm,sglang,nano",
@@ -118,7 +119,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 args.page_size,
             )
     except (TraceError, ScenarioError, BudgetError, CompareError, ReplayError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {said(e, args.lang)}", file=sys.stderr)
         return 2
     out = sys.stderr if args.json == "-" else sys.stdout
     if values is None:

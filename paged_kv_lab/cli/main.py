@@ -34,7 +34,7 @@ from paged_kv_lab.record.scenario import (
     scenario_to_dict,
     with_engine_overrides,
 )
-from paged_kv_lab.text.i18n import Text, languages, tr
+from paged_kv_lab.text.i18n import Text, languages, said, tr
 from paged_kv_lab.text.sentences import sentence
 
 
@@ -100,7 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 tier["lazy_offload"] = True
             scenario = with_engine_overrides(scenario, {"cpu_offload": tier})
     except ScenarioError as e:
-        print(_error(args, f"{args.scenario}: {e}"), file=sys.stderr)
+        print(_error(args, f"{args.scenario}: {said(e, args.lang)}"), file=sys.stderr)
         return 2
     if args.model:
         scenario = replace(scenario, model=args.model)
@@ -163,7 +163,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(_error(args, f"--kv-events: {e}"), file=sys.stderr)
         return 2
     except ValueError as e:
-        print(_error(args, f"{args.scenario}: {e}"), file=sys.stderr)
+        print(_error(args, f"{args.scenario}: {said(e, args.lang)}"), file=sys.stderr)
         return 2
     trace_file = open(args.trace, "w", encoding="utf-8") if args.trace else None
     initial, records = (engine.snapshot(), []) if getattr(args, "html", None) else (None, None)
@@ -542,7 +542,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         return 2
     # ScenarioError, TraceError, BudgetError are ValueErrors
     except (ExplainError, ValueError) as e:
-        why = tr(e.text, args.lang) if isinstance(e, ExplainError) else e
+        why = said(e, args.lang)
         print(_error(args, f"{args.trace or args.scenario}: {why}"), file=sys.stderr)
         return 2
     print("\n".join(lines))

@@ -22,12 +22,13 @@ from typing import Optional
 
 from paged_kv_lab.record.budget import BudgetError
 from paged_kv_lab.record.scenario import ScenarioError, parse_engine_overrides
-from paged_kv_lab.text.i18n import tr
+from paged_kv_lab.text.i18n import languages, said, tr
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("replay", help=tr("cli.replay.help"))
     p.add_argument("trace", nargs="?", help=tr("cli.replay.trace"))
+    p.add_argument("--lang", choices=tuple(languages()), default="en", help=tr("cli.replay.lang"))
     p.add_argument(
         "--format",
         choices=("auto", "mooncake", "qwen-bailian"),
@@ -277,7 +278,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         elif args.csv:
             raise ScenarioError(["--csv writes a --sweep's table: give --sweep KEY=V1,V2,..."])
     except (TraceError, ScenarioError, BudgetError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {said(e, args.lang)}", file=sys.stderr)
         return 2
     table_out = sys.stderr if args.json == "-" or args.csv == "-" else sys.stdout
     try:
@@ -327,7 +328,7 @@ def _cmd_sweep(args, trace, overrides, arrival, settings, key, values, out, limi
         try:
             check_trace(trace, replay_settings(trace, {**overrides, key: v}, **arrival), limits)
         except BudgetError as e:
-            print(f"error: --sweep {key}={v}: {e}", file=sys.stderr)
+            print(f"error: --sweep {key}={v}: {said(e, args.lang)}", file=sys.stderr)
             return 2
         except ScenarioError:
             pass  # reported in the point's row

@@ -4,7 +4,9 @@ Every way a run is created (a lesson's settings, the playground form, a pasted o
 uploaded scenario, a packed link, a trace file, the CLI) asks ``check_scenario``
 (and ``check_size`` for raw bytes) first. A refusal is a ``BudgetError`` whose
 message names the quantity, its value, the limit and the knob that sets it, so a
-visitor knows what was too big and an operator knows how to allow it.
+visitor knows what was too big and an operator knows how to allow it. Its sentence is
+a catalogue entry (text/catalogue/refusals.json): ``e.text`` renders it in the reader's
+language, ``str(e)`` is the English one (logs, tracebacks).
 
 The app's limits (``app_limits``) are strict and come from environment variables;
 the CLI's (``cli_limits``) are generous but never above the memory this machine has
@@ -15,16 +17,21 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields, replace
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Union
 
 from kvcore.model.memory import bytes_per_block_dims, dtype_bytes, model_dims
+from paged_kv_lab.text.i18n import Text, tr
+
+Says = Union[str, Text]  # what a refusal names: a plain name (a setting's path) or a sentence
 
 
 class BudgetError(ValueError):
-    """A refused run: ``limit`` is the knob, ``value`` what was asked, ``allowed`` the limit."""
+    """A refused run: ``text`` the sentence (a catalogue ``Text``; ``str(e)`` is it in English),
+    ``limit`` the knob's variable, ``value`` what was asked, ``allowed`` the limit."""
 
-    def __init__(self, message: str, limit: str = "", value: int = 0, allowed: int = 0) -> None:
-        super().__init__(message)
+    def __init__(self, text: Text, limit: str = "", value: int = 0, allowed: int = 0) -> None:
+        super().__init__(tr(text, "en"))
+        self.text = text
         self.limit, self.value, self.allowed = limit, value, allowed
 
 
@@ -47,7 +54,7 @@ class Limits:
     # an uploaded trace file (one snapshot per step makes them large)
     max_trace_bytes: int = 32 * 10**6
     max_link_chars: int = 16_000  # the packed ``scn`` of a link, before decompression
-    where: str = "this server allows"  # how refusals name the side that set the limit
+    where: Text = Text("refusal.where.server")  # how refusals name the side that set the limit
 
 
 ENV = {
@@ -92,9 +99,9 @@ def _env_int(env: Mapping[str, str], name: str, default: int) -> int:
     try:
         v = int(float(raw))
     except ValueError:
-        raise BudgetError(f"{name}={raw!r} is not a number") from None
+        raise BudgetError(Text("refusal.env.not_a_number", {"env": name, "raw": repr(raw)}), name)
     if v < 1:
-        raise BudgetError(f"{name}={raw!r} must be at least 1")
+        raise BudgetError(Text("refusal.env.below_one", {"env": name, "raw": repr(raw)}), name)
     return v
 
 
@@ -139,7 +146,7 @@ def cli_limits(available: int | None = None, env: Mapping[str, str] | None = Non
         max_file_bytes=2 * 10**9,
         max_trace_bytes=2 * 10**9,
         max_link_chars=10**9,
-        where="this machine allows (half of its free memory)",
+        where=Text("refusal.where.machine"),
     )
     return replace(
         generous,
@@ -187,32 +194,37 @@ def activation_bytes(
 
 
 # -- checks -----------------------------------------------------------------------------
+def count(n: int, unit: Optional[Text] = None) -> Says:
+    """``n`` with thousands separators, in ``unit`` (a ``refusal.unit.*`` Text) if one is given."""
+    return Text(unit.key, {"n": f"{n:,}"}) if unit is not None else f"{n:,}"
+
+
+def over(what: Says, value: Says, allowed: Says, where: Text, env: str) -> Text:
+    """The refusal sentence "what = value; <where> at most allowed (env)" (no variable: none)."""
+    fields = {"what": what, "value": value, "allowed": allowed, "where": where}
+    if env:
+        return Text("refusal.over", {**fields, "env": env})
+    return Text("refusal.over_no_variable", fields)
+
+
 def _refuse(
-    what: str, value: int, allowed: int, limits: Limits, field: str, unit: str = ""
+    what: Says, value: int, allowed: int, limits: Limits, field: str, unit: Optional[Text] = None
 ) -> BudgetError:
-    return BudgetError(
-        f"{what} = {value:,}{unit}; {limits.where} at most {allowed:,}{unit} ({ENV[field]})",
-        ENV[field],
-        value,
-        allowed,
-    )
+    text = over(what, count(value, unit), count(allowed, unit), limits.where, ENV[field])
+    return BudgetError(text, ENV[field], value, allowed)
 
 
-def check_size(nbytes: int, what: str, limits: Limits, field: str = "max_file_bytes") -> None:
+def check_size(nbytes: int, what: Says, limits: Limits, field: str = "max_file_bytes") -> None:
     """Refuse ``nbytes`` of raw input (a file, a pasted text, a decompressed link) over the
     limit."""
     allowed = getattr(limits, field)
     if nbytes > allowed:
-        raise BudgetError(
-            f"{what} is {fmt_bytes(nbytes)}; {limits.where} at most {fmt_bytes(allowed)} "
-            f"({ENV[field]})",
-            ENV[field],
-            nbytes,
-            allowed,
-        )
+        fields = {"what": what, "size": fmt_bytes(nbytes), "allowed": fmt_bytes(allowed)}
+        text = Text("refusal.size", {**fields, "where": limits.where, "env": ENV[field]})
+        raise BudgetError(text, ENV[field], nbytes, allowed)
 
 
-def check_steps(steps: int, limits: Limits, what: str = "a trace file's steps") -> None:
+def check_steps(steps: int, limits: Limits, what: Says = Text("refusal.what.trace_steps")) -> None:
     if steps > limits.max_run_steps:
         raise _refuse(what, steps, limits.max_run_steps, limits, "max_run_steps")
 
@@ -233,11 +245,8 @@ def check_scenario(
     reqs = scenario.requests
     # sized from the machine's memory: a number is needed to check it
     if s.num_gpu_blocks == "auto":
-        raise BudgetError(
-            'engine.num_gpu_blocks "auto" sizes the pool from the whole device\'s memory; '
-            'give a number here (`python -m kvcore profile` shows what "auto" would give)',
-            ENV["max_num_gpu_blocks"],
-        )
+        env = ENV["max_num_gpu_blocks"]
+        raise BudgetError(Text("refusal.auto_blocks", {"env": env}), env)
     for path, field in SETTING_LIMITS.items():
         value = scenario
         for part in path if path[0] == "engine" else ():
@@ -256,7 +265,7 @@ def check_scenario(
         )
     wanted = sum(getattr(r, "n", 1) for r in reqs)
     if wanted > limits.max_requests:
-        what = "requests (how many, each of n children counted)"
+        what = Text("refusal.what.requests_counted")
         raise _refuse(what, wanted, limits.max_requests, limits, "max_requests")
     for i, r in enumerate(reqs):
         if r.max_tokens > limits.max_tokens:
@@ -264,31 +273,31 @@ def check_scenario(
                 f"requests[{i}].max_tokens", r.max_tokens, limits.max_tokens, limits, "max_tokens"
             )
         if r.arrival_step >= limits.max_run_steps:
+            fields = {"what": f"requests[{i}].arrival_step", "value": f"{r.arrival_step:,}"}
+            fields.update(allowed=f"{limits.max_run_steps:,}", where=limits.where)
             raise BudgetError(
-                f"requests[{i}].arrival_step = {r.arrival_step:,} is after the "
-                f"last step a run may compute; {limits.where} at most "
-                f"{limits.max_run_steps:,} steps per run ({ENV['max_run_steps']})",
+                Text("refusal.arrival_step", {**fields, "env": ENV["max_run_steps"]}),
                 ENV["max_run_steps"],
                 r.arrival_step,
                 limits.max_run_steps,
             )
         if r.prompt is not None and len(r.prompt) > limits.max_prompt_chars:
             raise _refuse(
-                f"requests[{i}].prompt length",
+                Text("refusal.what.length", {"path": f"requests[{i}].prompt"}),
                 len(r.prompt),
                 limits.max_prompt_chars,
                 limits,
                 "max_prompt_chars",
-                " characters",
+                Text("refusal.unit.characters"),
             )
         if r.prompt_token_ids is not None and len(r.prompt_token_ids) > limits.max_prompt_tokens:
             raise _refuse(
-                f"requests[{i}].prompt_token_ids length",
+                Text("refusal.what.length", {"path": f"requests[{i}].prompt_token_ids"}),
                 len(r.prompt_token_ids),
                 limits.max_prompt_tokens,
                 limits,
                 "max_prompt_tokens",
-                " tokens",
+                Text("refusal.unit.tokens"),
             )
     if config is None:
         return
@@ -305,10 +314,10 @@ def check_scenario(
         pool += gpu_pool * draft // n_layers
     if pool > limits.max_run_bytes:
         what = "(num_gpu_blocks + cpu_offload.num_cpu_blocks)" if cpu_offload else "num_gpu_blocks"
+        fields = {"blocks": f"engine.{what}", "slots": f"{slots:,}", "need": fmt_bytes(pool)}
+        fields.update(allowed=fmt_bytes(limits.max_run_bytes), where=limits.where)
         raise BudgetError(
-            f"engine.{what} × block_size = {slots:,} token slots would "
-            f"need {fmt_bytes(pool)} of KV cache; {limits.where} "
-            f"{fmt_bytes(limits.max_run_bytes)} per run ({ENV['max_run_bytes']})",
+            Text("refusal.kv_pool", {**fields, "env": ENV["max_run_bytes"]}),
             ENV["max_run_bytes"],
             pool,
             limits.max_run_bytes,
@@ -327,7 +336,7 @@ def check_scenario(
                 limits.max_prompt_tokens,
                 limits,
                 "max_prompt_tokens",
-                " tokens",
+                Text("refusal.unit.tokens"),
             )
         lengths.append(n)
     if not reqs:
@@ -338,11 +347,11 @@ def check_scenario(
     seqs = min(s.max_num_seqs, len(reqs))
     act = activation_bytes(config, chunk, seqs, context, scenario.dtype)
     if act > limits.max_activation_bytes:
+        fields = {"chunk": f"{chunk:,}", "batched": f"{s.max_num_batched_tokens:,}"}
+        fields.update(seqs=seqs, context=f"{context:,}", need=fmt_bytes(act))
+        fields.update(allowed=fmt_bytes(limits.max_activation_bytes), where=limits.where)
         raise BudgetError(
-            f"a step of up to {chunk:,} tokens (engine.max_num_batched_tokens = "
-            f"{s.max_num_batched_tokens:,}) over {seqs} sequences of up to {context:,} tokens "
-            f"would need about {fmt_bytes(act)} of activations; {limits.where} "
-            f"{fmt_bytes(limits.max_activation_bytes)} per step ({ENV['max_activation_bytes']})",
+            Text("refusal.activations", {**fields, "env": ENV["max_activation_bytes"]}),
             ENV["max_activation_bytes"],
             act,
             limits.max_activation_bytes,

@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from kvcore.config.kv_events import KVEventsConfig
+from paged_kv_lab.text.i18n import Text, tr
 
 MODELS = ("smollm2", "tiny-random")
 DEVICES = ("auto", "cpu", "cuda")
@@ -46,9 +47,15 @@ _FORBID = ConfigDict(extra="forbid")
 
 
 class ScenarioError(ValueError):
+    """A scenario that does not validate: ``problems`` one a line (``field: what is wrong``, in
+    pydantic's words: data about the field); ``text`` the sentence around them (``str(e)`` in
+    English)."""
+
     def __init__(self, problems: list[str]) -> None:
         self.problems = list(problems)
-        super().__init__("invalid scenario:\n" + "\n".join(f"  - {p}" for p in self.problems))
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        self.text = Text("refusal.invalid_scenario", {"problems": lines})
+        super().__init__(tr(self.text, "en"))
 
 
 # Every integer fits the engine's 64-bit tensors (positions, seeds): a larger one is refused here,

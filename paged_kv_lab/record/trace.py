@@ -11,6 +11,7 @@ from pydantic import TypeAdapter, ValidationError
 from typing_extensions import TypedDict  # pydantic reads typing's TypedDict only from Python 3.12
 
 from paged_kv_lab.record.snapshot import Snapshot, StepRecord
+from paged_kv_lab.text.i18n import Text, tr
 
 # -- trace files (JSONL) ----------------------------------------------------------------
 # What ``python -m kvcore run SCENARIO --trace OUT.jsonl`` writes, one JSON object a line:
@@ -66,7 +67,9 @@ class TraceError(ValueError):
 
     def __init__(self, problems: list[str]) -> None:
         self.problems = list(problems)
-        super().__init__("not a readable trace:\n" + "\n".join(f"  - {p}" for p in self.problems))
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        self.text = Text("refusal.unreadable_trace", {"problems": lines})
+        super().__init__(tr(self.text, "en"))
 
 
 MAX_PROBLEMS = 12

@@ -45,6 +45,9 @@ class Text:
     def __call__(self, lang: str = "en") -> str:
         return tr(self, lang)
 
+    def __hash__(self) -> int:  # hashable when its fields are (a frozen settings object holds one)
+        return hash((self.key, tuple(sorted(self.fields.items()))))
+
 
 def extra_dirs() -> tuple[Path, ...]:
     raw = os.environ.get(TEXT_DIRS_ENV, "")
@@ -181,3 +184,10 @@ def __getattr__(name: str):
     if name == "LANG_NAMES":
         return languages()
     raise AttributeError(name)
+
+
+def said(error: BaseException, lang: str = "en") -> str:
+    """What ``error`` says in ``lang``: its ``text`` (a ``Text``: a refusal, an explain error)
+    rendered, or, for an error that carries no catalogue sentence, ``str(error)``."""
+    text = getattr(error, "text", None)
+    return tr(text, lang) if isinstance(text, Text) else str(error)

@@ -4,7 +4,7 @@ A replay holds no KV tensors, so the limits that count are the ones on its size:
 its requests and tokens, each prompt and answer, the pool's block count and block size, the
 step's token budget, the engine steps of one replay and the steps recorded for the player at once.
 A refusal is a ``BudgetError`` that names the quantity, its value, the limit and the variable
-that sets it, as every refusal does.
+that sets it, as every refusal does (its sentence a catalogue ``Text``, ``e.text``).
 
 Two sides set the limits (``TraceLimits``):
 - the CLI's (``cli_trace_limits``): the record budget's generous CLI limits
@@ -20,7 +20,18 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Union
 
-from paged_kv_lab.record.budget import ENV, BudgetError, Limits, _env_int, cli_limits, fmt_bytes
+from paged_kv_lab.record.budget import (
+    ENV,
+    BudgetError,
+    Limits,
+    Says,
+    _env_int,
+    cli_limits,
+    count,
+    fmt_bytes,
+    over,
+)
+from paged_kv_lab.text.i18n import Text
 from paged_kv_lab.workload.replay import ReplaySettings
 from paged_kv_lab.workload.trace import Trace
 
@@ -43,7 +54,7 @@ class TraceLimits:
     max_num_batched_tokens: int
     max_steps: int  # engine steps of one replay
     max_window: int  # steps recorded for the player at once
-    where: str = "this server allows"
+    where: Text = Text("refusal.where.server")
     env: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -81,7 +92,7 @@ def page_trace_limits(env: Optional[Mapping[str, str]] = None) -> TraceLimits:
         max_output_tokens=got["max_trace_tokens"],
         max_block_size=PAGE_BLOCK_SIZE,
         max_num_batched_tokens=PAGE_BATCHED_TOKENS,
-        where="this page allows",
+        where=Text("refusal.where.page"),
         env={**PAGE_ENV, "max_prompt_tokens": tokens, "max_output_tokens": tokens},
     )
 
@@ -127,19 +138,17 @@ def _limits(limits: AnyLimits) -> TraceLimits:
     return limits if isinstance(limits, TraceLimits) else trace_limits(limits)
 
 
-def refuse(what: str, value: int, limits: AnyLimits, field: str) -> BudgetError:
+def refuse(what: Says, value: int, limits: AnyLimits, field: str) -> BudgetError:
     """The refusal of ``value`` over ``limits.<field>``, naming the limit's variable."""
     limits = _limits(limits)
     allowed = getattr(limits, field)
-    show = fmt_bytes if field == "max_trace_bytes" else "{:,}".format
+    show = fmt_bytes if field == "max_trace_bytes" else count
     name = limits.env.get(field, "")
-    var = f" ({name})" if name else ""
-    return BudgetError(
-        f"{what} = {show(value)}; {limits.where} at most {show(allowed)}{var}", name, value, allowed
-    )
+    text = over(what, show(value), show(allowed), limits.where, name)
+    return BudgetError(text, name, value, allowed)
 
 
-def check(what: str, value: int, limits: AnyLimits, field: str) -> None:
+def check(what: Says, value: int, limits: AnyLimits, field: str) -> None:
     """Raise the refusal if ``value`` is over ``limits.<field>``."""
     if value > getattr(_limits(limits), field):
         raise refuse(what, value, limits, field)
@@ -150,9 +159,9 @@ def check_trace(trace: Trace, settings: Optional[ReplaySettings], limits: AnyLim
     its requests and tokens, the pool, the block size and the step's token budget, then each
     request's prompt and answer."""
     limits = _limits(limits)
-    check("the trace's requests", len(trace), limits, "max_requests")
+    check(Text("refusal.what.trace_requests"), len(trace), limits, "max_requests")
     tokens = trace.prompt_tokens + trace.output_tokens
-    check("the trace's prompt + output tokens", tokens, limits, "max_trace_tokens")
+    check(Text("refusal.what.trace_tokens"), tokens, limits, "max_trace_tokens")
     if settings is not None:
         s = settings.engine
         check("engine.num_gpu_blocks", s.num_gpu_blocks, limits, "max_num_gpu_blocks")
@@ -160,5 +169,6 @@ def check_trace(trace: Trace, settings: Optional[ReplaySettings], limits: AnyLim
         batched = s.max_num_batched_tokens
         check("engine.max_num_batched_tokens", batched, limits, "max_num_batched_tokens")
     for r in trace.requests:
-        check(f"request {r.index}'s input_length", r.input_length, limits, "max_prompt_tokens")
-        check(f"request {r.index}'s output_length", r.output_length, limits, "max_output_tokens")
+        at = {"index": r.index}
+        check(Text("refusal.what.input_length", at), r.input_length, limits, "max_prompt_tokens")
+        check(Text("refusal.what.output_length", at), r.output_length, limits, "max_output_tokens")

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Union
 
+from paged_kv_lab.text.i18n import Text, tr
+
 MOONCAKE = "mooncake"
 QWEN_BAILIAN = "qwen-bailian"
 FORMATS = (MOONCAKE, QWEN_BAILIAN)
@@ -30,7 +32,13 @@ TRACE_BLOCK_SIZE = {MOONCAKE: 512, QWEN_BAILIAN: 16}
 
 
 class TraceError(ValueError):
-    """A trace that cannot be read: the message names the line and the field."""
+    """A trace that cannot be read: the message names the line and the field. A file-level
+    refusal (not readable, not UTF-8, not JSON, empty) is a catalogue sentence, ``text``;
+    a field's problem stays in the checker's words (data about the field, like pydantic's)."""
+
+    def __init__(self, message: Union[str, Text]) -> None:
+        self.text = message if isinstance(message, Text) else None
+        super().__init__(tr(message, "en") if isinstance(message, Text) else message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,25 +197,26 @@ def parse_trace(
             try:
                 line = line.decode("utf-8")
             except UnicodeDecodeError:
-                raise TraceError(f"{name} line {lineno}: not UTF-8 text") from None
+                at = {"name": name, "line": lineno}
+                raise TraceError(Text("refusal.trace.not_utf8", at)) from None
         if not line.strip():
             continue
         where = f"{name} line {lineno}"
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
-            raise TraceError(f"{where}: not JSON ({e.msg} at column {e.colno})") from None
+            at = {"name": name, "line": lineno, "column": e.colno, "error": e.msg}
+            raise TraceError(Text("refusal.trace.not_json", at)) from None
         if fmt == "auto":
             if not isinstance(record, dict):
                 raise TraceError(f"{where}: must be a JSON object")
             fmt = detect_format(record)
         if max_requests is not None and len(out) >= max_requests:
-            raise TraceError(
-                f"{name}: more than {max_requests:,} requests (the limit here); cut the trace"
-            )
+            at = {"name": name, "max": f"{max_requests:,}"}
+            raise TraceError(Text("refusal.trace.too_many_requests", at))
         out.append(parse_record(record, len(out), fmt, where))
     if not out:
-        raise TraceError(f"{name}: no requests (an empty file?)")
+        raise TraceError(Text("refusal.trace.no_requests", {"name": name}))
     if fmt == "auto":
         fmt = MOONCAKE
     return Trace(name, fmt, TRACE_BLOCK_SIZE[fmt], tuple(out))
@@ -222,4 +231,5 @@ def load_trace(
         with path.open("rb") as fh:
             return parse_trace(fh, path.name, fmt, max_requests)
     except OSError as e:
-        raise TraceError(f"cannot read {source}: {e.strerror or e}") from None
+        error = {"source": str(source), "error": e.strerror or str(e)}
+        raise TraceError(Text("refusal.trace.cannot_read", error)) from None
