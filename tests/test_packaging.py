@@ -208,6 +208,8 @@ def test_constraints_pin_every_dependency_inside_its_bounds():
         if name == "torch":  # scripts/setup.sh installs it, keeping a build the user chose
             assert name not in pins
             continue
+        if name == "paged-kv-lab":  # the test extra pulls in the project's own docs extra
+            continue
         assert name in pins, f"{name} has no version in constraints.txt"
         assert req.specifier.contains(pins[name], prereleases=True), (name, str(pins[name]))
     setup = (ROOT / "scripts" / "setup.sh").read_text(encoding="utf-8")
