@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Callable, Optional, Sequence
 
 from paged_kv_lab.lesson.casebook import numbers
+from paged_kv_lab.lesson.topics import common_prefix
 from paged_kv_lab.record.snapshot import Snapshot, StepRecord
 
 Records = Sequence[StepRecord]
@@ -30,20 +31,11 @@ def _hit_tokens(records: Records, request: str) -> int:
     return sum(e.num_tokens for _, e in _events(records, "cache_hit", request))
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def _claim_short_prefix(before: Records, after: Records) -> list[str]:
     out = []
     snap = _last(before)
     a, b = snap.request("A").prompt_token_ids, snap.request("B").prompt_token_ids
-    shared = _common_prefix(a, b)
+    shared = common_prefix(a, b)
     if not 0 < shared < snap.block_size:
         out.append(f"the shared prefix ({shared} tokens) should be shorter than one block")
     if numbers(snap)["hits"] != 0 or numbers(snap)["queries"] == 0:
