@@ -94,12 +94,14 @@ def test_the_figures_are_the_replays(page, independent):
     labels = {"usage": "KV usage", "hit_rate": "hit rate (so far)"}
     labels |= {"running": "running", "waiting": "waiting"}
     assert [k for k, _ in SERIES] == list(labels)
+    assert list(data.columns) == ["step", *labels.values()]
+    assert list(data["step"]) == [x["step"] for x in rows]
     for key, label in labels.items():
-        shown = data[data["series"] == label]
-        assert list(shown["step"]) == [x["step"] for x in rows], key
-        assert list(shown["value"]) == [x[key] for x in rows], key
+        assert list(data[label]) == [x[key] for x in rows], key
     # fractions on the left axis, request counts on the right; hover names step and value
     left, right = spec["layer"]
+    assert left["transform"][0]["fold"] == ["KV usage", "hit rate (so far)"]
+    assert right["transform"][0]["fold"] == ["running", "waiting"]
     assert left["encoding"]["y"]["scale"]["domain"] == [0, 1.02]
     assert right["encoding"]["y"]["axis"]["orient"] == "right"
     tips = [t["field"] for t in left["layer"][1]["encoding"]["tooltip"]]
