@@ -668,8 +668,11 @@ def why_panel(state: WorkloadsState, lang: str) -> None:
 
 
 def show_requests(run: WorkloadRun, lang: str) -> None:
-    with st.expander(tr("workloads.per_request", lang)):
-        st.dataframe(
+    # the table is sent when the expander is opened: a closed one would still make the browser
+    # load and draw a data grid before the page shows
+    box = st.expander(tr("workloads.per_request", lang), key=f"reqs_open:{KEY}", on_change="rerun")
+    if box.open:
+        box.dataframe(
             pd.DataFrame([p.__dict__ for p in run.result.per_request]),
             hide_index=True,
             width="stretch",
