@@ -176,6 +176,19 @@ def test_the_sweep_draws_hit_rate_against_pool_size(page):
     assert upper["upper"] == state.run.result.upper_bound_hit_rate
 
 
+def test_every_requests_row_is_sent_once_the_table_is_opened(page, independent):
+    """Closed, the expander sends no table (the browser would load and draw a data grid before
+    the page shows); opened, every request's row."""
+    assert not page.dataframe
+    page.session_state[f"reqs_open:{KEY}"] = True
+    page.run()
+    (table,) = page.dataframe
+    ids = [p.request_id for p in independent[1].result.per_request]
+    assert list(table.value["request_id"]) == ids
+    page.session_state[f"reqs_open:{KEY}"] = False
+    page.run()
+
+
 def test_the_page_speaks_chinese(page):
     sidebar_set(page, "lang", "zh")
     assert any("真实负载" in t.value for t in page.title)
