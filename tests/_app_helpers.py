@@ -56,9 +56,22 @@ def app(page: str | None = None) -> AppTest:
 
 
 def server_drawn(at) -> list[str]:
-    """Pictures drawn by the server on the page (plotly charts, dataframes): the per-step ones are
-    the browser player's, so a lesson's fragment has none (it reruns on every cursor report)."""
-    return [e.type for e in at.get("plotly_chart")] + [e.type for e in at.get("dataframe")]
+    """Pictures drawn by the server on the page (plotly and Vega-Lite charts, dataframes): the
+    per-step ones are the browser player's, so a lesson's fragment has none (it reruns on every
+    cursor report)."""
+    kinds = ("plotly_chart", "vega_lite_chart", "dataframe")
+    return [e.type for kind in kinds for e in at.get(kind)]
+
+
+def vega_charts(at) -> list[tuple]:
+    """The page's Vega-Lite charts as (spec, data): the spec as Streamlit sent it, the data
+    decoded from the Arrow table it sent with it."""
+    from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
+
+    return [
+        (json.loads(e.proto.spec), convert_arrow_bytes_to_pandas_df(e.proto.data.data))
+        for e in at.get("vega_lite_chart")
+    ]
 
 
 def player_data(at, key: str) -> dict:

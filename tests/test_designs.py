@@ -174,36 +174,50 @@ def test_compare_cli_names_bad_input(capsys):
 
 
 def _curves_script():
-    import plotly.graph_objects as go
     import streamlit as st
 
-    from paged_kv_lab.app.designs_page import add_design_curves
+    from paged_kv_lab.app.designs_page import design_curves
     from paged_kv_lab.app.workloads_data import Settings
+    from paged_kv_lab.app.workloads_page import sweep_chart
     from paged_kv_lab.workload.trace import load_trace
 
     trace = load_trace(st.session_state["trace_path"]).slice(0, 12)
-    fig = go.Figure()
     settings = Settings(block_size=16, arrival=st.session_state["arrival"])
-    add_design_curves(fig, trace, settings, [4000, 12000], "en")
-    st.session_state["names"] = [d.name for d in fig.data]
-    st.session_state["ys"] = [list(d.y) for d in fig.data]
+    vllm = [(4000, 0.5), (12000, 0.6)]
+    st.vega_lite_chart(
+        *sweep_chart(vllm, 0.7, design_curves(trace, settings, [4000, 12000], "en"), "en")
+    )
 
 
 def test_workloads_sweep_chart_gets_a_curve_per_design():
     from streamlit.testing.v1 import AppTest
 
+    from _app_helpers import vega_charts
+
+    def curves(at) -> dict[str, list[tuple[int, float]]]:
+        ((_, data),) = vega_charts(at)
+        return {
+            name: list(zip(rows["num_gpu_blocks"], rows["hit_rate"]))
+            for name, rows in data.groupby("design", sort=False)
+        }
+
     at = AppTest.from_function(_curves_script, default_timeout=60)
     at.session_state["trace_path"] = str(SHARED_SLICE)
     at.session_state["arrival"] = "sequential"
     at.run()
-    assert at.session_state["names"] == []  # drawn only when asked for
+    assert list(curves(at)) == ["hit rate (so far)"]  # the others drawn only when asked for
     at.toggle(key="designs:curves").set_value(True).run()
     assert not at.exception, [e.value for e in at.exception]
-    assert at.session_state["names"] == ["SGLang 0.5.23", "nano-vllm"]
-    assert all(len(ys) == 2 and all(0 <= y <= 1 for y in ys) for ys in at.session_state["ys"])
+    drawn = curves(at)
+    assert list(drawn) == ["hit rate (so far)", "SGLang 0.5.23", "nano-vllm"]
+    for name in ("SGLang 0.5.23", "nano-vllm"):
+        assert [n for n, _ in drawn[name]] == [4000, 12000], name
+        assert all(0 <= y <= 1 for _, y in drawn[name]), name
+    ((spec, _),) = vega_charts(at)
+    assert spec["layer"][0]["encoding"]["color"]["scale"]["domain"] == list(drawn)
     at.session_state["arrival"] = "timestamps"
     at.run()
-    assert at.session_state["names"] == []
+    assert list(curves(at)) == ["hit rate (so far)"]
     assert "sequential arrival" in at.caption[0].value
 
 

@@ -192,6 +192,32 @@ def _plotly_texts(spec: dict) -> list[str]:
     return out
 
 
+def _vega_texts(spec) -> list[str]:
+    """A Vega-Lite spec's words: titles (axes, legends, tooltips), a scale's named domain (the
+    legend's entries) and the text of inline data rows, at any depth of its layers."""
+    out: list[str] = []
+    if isinstance(spec, list):
+        for x in spec:
+            out += _vega_texts(x)
+    elif isinstance(spec, dict):
+        for k, v in spec.items():
+            if k == "title" and isinstance(v, str) and v.strip():
+                out.append(v)
+            elif k == "domain" and isinstance(v, list):
+                out += [x for x in v if isinstance(x, str)]
+            elif k == "values" and isinstance(v, list):
+                out += [
+                    x
+                    for row in v
+                    if isinstance(row, dict)
+                    for x in row.values()
+                    if isinstance(x, str)
+                ]
+            else:
+                out += _vega_texts(v)
+    return out
+
+
 TEXT_FIELDS = ("body", "label", "help", "placeholder", "caption")
 
 
@@ -215,6 +241,8 @@ def shown_texts(at) -> list[tuple[str, str]]:
                 out.extend(("player", s) for s in _player_texts(json.loads(proto.json)))
             if kind == "plotly_chart" and getattr(proto, "spec", ""):
                 out.extend(("chart", s) for s in _plotly_texts(json.loads(proto.spec)))
+            if kind == "vega_lite_chart" and getattr(proto, "spec", ""):
+                out.extend(("chart", s) for s in _vega_texts(json.loads(proto.spec)))
         if kind == "arrow_data_frame" or type(node).__name__ == "Dataframe":
             try:
                 out.extend(("dataframe header", str(c)) for c in node.value.columns)
@@ -285,6 +313,18 @@ def test_the_leftover_check_finds_english_and_chinese_and_spares_data():
     assert leftovers("Loaded in 3.0 s") == ["Loaded", "in"]
     assert leftovers("⟦x⟧ the request's block's hash") == ["the", "request", "block", "hash"]
     assert leftovers("⟦x⟧ 'a token' and \"another\"") == ["and"]
+    spec = {
+        "layer": [
+            {
+                "encoding": {
+                    "x": {"title": "engine step"},
+                    "color": {"scale": {"domain": ["⟦usage⟧", "waiting"]}},
+                }
+            },
+            {"data": {"values": [{"v": 1, "label": "bound"}]}},
+        ]
+    }
+    assert _vega_texts(spec) == ["engine step", "⟦usage⟧", "waiting", "bound"]
 
 
 def play(at, steps: int = 8) -> list[str]:

@@ -1,5 +1,5 @@
 """A real browser (Debian's chromium) on the "Real workloads" page: replay a slice of Mooncake's
-trace on a 10,000-block pool, click a point of the over-time chart, and the large-pool player
+trace on a 10,000-block pool, click a moment of the over-time chart, and the large-pool player
 opens at that step; hovering a cell of its canvas shows that block's owners, ref_cnt and hash,
 as an independent replay to the same step has them; zoomed to a range, the same; and a request
 picked opens the player where it was admitted, following it."""
@@ -85,14 +85,20 @@ def check_tip(text: str, b) -> None:
 def test_step_into_a_moment_and_hover_a_block_of_a_10000_block_pool(server, browser):  # noqa: F811
     page = browser.new_page(viewport={"width": 1400, "height": 2400})
     replayed(page, server)
-    points = page.locator(".js-plotly-plot .scatterlayer .trace .points path")
-    points.first.wait_for(timeout=30_000)
-    points.nth(30).click(force=True)  # a point of the KV usage line
-    wait_idle(page)
+    # the over-time chart (Vega-Lite): a click in its plot selects the nearest step
+    chart = page.locator("[data-testid=stVegaLiteChart]").first.locator("canvas, svg").first
+    chart.wait_for(timeout=30_000)
     pool = page.locator(".pkv-pool[data-step]")
+    assert pool.count() == 0, "no moment is open before the click"
+    box = chart.bounding_box()
+    page.mouse.click(box["x"] + box["width"] * 0.4, box["y"] + box["height"] * 0.6)
+    wait_idle(page)
     pool.wait_for(timeout=60_000)
     step = int(pool.get_attribute("data-step"))
     assert step > 1
+    # the click also set the "open at step" field to the moment, as the plotly click did
+    field = page.get_by_label("Step (1–", exact=False)
+    assert int(field.input_value()) == step
     blocks, _ = state_at_step(step)
     held = [b for b in blocks.values() if b.owners and b.block_hash]
     assert held, "the moment must hold cached blocks"

@@ -9,16 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from _app_helpers import app, sidebar_set, tiny_model_env  # noqa: F401  (pytest fixtures)
+from _app_helpers import app, sidebar_set, tiny_model_env, vega_charts  # noqa: F401  (fixtures)
 from paged_kv_lab.app.registry import page_file
 from paged_kv_lab.app.workloads_data import (
     Settings,
     record_window,
     run_workload,
+    series_rows,
 )
 from paged_kv_lab.app.workloads_page import (
     KEY,
+    MOMENT,
+    SERIES,
     WorkloadsState,
+    clicked_step,
     load_shipped,
     load_upload,
 )
@@ -72,7 +76,8 @@ def test_the_page_opens_on_the_first_slice_replayed(independent):
     metrics = {m.label: m.value for m in at.metric}
     assert metrics["Requests"] == f"{r.requests:,}"
     assert metrics["Prefix hit rate"] == f"{100 * r.hit_rate:.1f}%"
-    assert len(at.get("plotly_chart")) == 1
+    assert len(vega_charts(at)) == 1
+    assert not at.get("plotly_chart"), "no plotly figure: its script holds the page back"
 
 
 def test_the_figures_are_the_replays(page, independent):
@@ -82,7 +87,53 @@ def test_the_figures_are_the_replays(page, independent):
     assert metrics["Requests"] == f"{r.requests:,}"
     assert metrics["Prefix hit rate"] == f"{100 * r.hit_rate:.1f}%"
     assert metrics["Evictions"] == f"{r.evictions:,}" and r.hit_rate > 0.5
-    assert len(page.get("plotly_chart")) == 1  # usage / hit rate / running / waiting over steps
+    (spec, data), *_ = vega_charts(page)
+    assert len(vega_charts(page)) == 1 and not page.get("plotly_chart")
+    # usage / hit rate / running / waiting over steps: each series is the replay's, row by row
+    rows = series_rows(r)
+    labels = {"usage": "KV usage", "hit_rate": "hit rate (so far)"}
+    labels |= {"running": "running", "waiting": "waiting"}
+    assert [k for k, _ in SERIES] == list(labels)
+    assert list(data.columns) == ["step", *labels.values()]
+    assert list(data["step"]) == [x["step"] for x in rows]
+    for key, label in labels.items():
+        assert list(data[label]) == [x[key] for x in rows], key
+    # fractions on the left axis, request counts on the right; hover names step and value
+    left, right = spec["layer"]
+    assert left["transform"][0]["fold"] == ["KV usage", "hit rate (so far)"]
+    assert right["transform"][0]["fold"] == ["running", "waiting"]
+    assert left["encoding"]["y"]["scale"]["domain"] == [0, 1.02]
+    assert right["encoding"]["y"]["axis"]["orient"] == "right"
+    tips = [t["field"] for t in left["layer"][1]["encoding"]["tooltip"]]
+    assert tips == ["step", "series", "value"]
+    # a click selects the nearest step (the browser test clicks it for real)
+    (param,) = left["layer"][1]["params"]
+    assert param["name"] == MOMENT and param["select"]["fields"] == ["step"]
+    assert param["select"]["nearest"] and param["select"]["on"] == "click"
+
+
+def test_a_click_on_the_chart_opens_the_player_there(independent, monkeypatch):
+    """The click handler: Streamlit's selection state for the chart holds the step clicked; the
+    page sets the "at step" field to it and records the window around it, once per click."""
+    from paged_kv_lab.app import workloads_page as wp
+
+    assert clicked_step({"selection": {MOMENT: [{"step": 212}]}}) == 212
+    assert clicked_step({"selection": {MOMENT: []}}) is None and clicked_step(None) is None
+    trace, run = independent
+    state = WorkloadsState(trace=trace)
+    state.run = run
+    opened = []
+    monkeypatch.setattr(wp, "open_moment", lambda s, step, lang: opened.append(step))
+    monkeypatch.setattr(
+        wp.st, "vega_lite_chart", lambda *a, **kw: {"selection": {MOMENT: [{"step": 212}]}}
+    )
+    session = {}
+    monkeypatch.setattr(wp.st, "session_state", session)
+    monkeypatch.setattr(wp.st, "subheader", lambda *a, **kw: None)
+    monkeypatch.setattr(wp.st, "caption", lambda *a, **kw: None)
+    wp.show_over_time(state, "en")
+    wp.show_over_time(state, "en")  # the same selection on the next rerun opens nothing again
+    assert opened == [212] and session[f"at:{KEY}"] == 212
 
 
 def test_a_moment_opens_the_player_with_the_recorded_frames(page, independent):
@@ -114,11 +165,28 @@ def test_why_tells_a_requests_hit(page, independent):
 def test_the_sweep_draws_hit_rate_against_pool_size(page):
     page.button(key=f"sweep:{KEY}").click().run()
     assert not page.exception, [e.value for e in page.exception]
-    charts = page.get("plotly_chart")
-    assert len(charts) == 2
-    fig = json.loads(charts[1].proto.spec)
-    xs = fig["data"][0]["x"]
+    charts = vega_charts(page)
+    assert len(charts) == 2 and not page.get("plotly_chart")
+    spec, data = charts[1]
+    xs = list(data[data["design"] == "hit rate (so far)"]["num_gpu_blocks"])
     assert 10_000 in xs and len(xs) >= 3 and xs == sorted(xs)
+    assert spec["layer"][0]["encoding"]["x"]["scale"]["type"] == "log"
+    state = page.session_state[KEY]
+    upper = spec["layer"][1]["data"]["values"][0]
+    assert upper["upper"] == state.run.result.upper_bound_hit_rate
+
+
+def test_every_requests_row_is_sent_once_the_table_is_opened(page, independent):
+    """Closed, the expander sends no table (the browser would load and draw a data grid before
+    the page shows); opened, every request's row."""
+    assert not page.dataframe
+    page.session_state[f"reqs_open:{KEY}"] = True
+    page.run()
+    (table,) = page.dataframe
+    ids = [p.request_id for p in independent[1].result.per_request]
+    assert list(table.value["request_id"]) == ids
+    page.session_state[f"reqs_open:{KEY}"] = False
+    page.run()
 
 
 def test_the_page_speaks_chinese(page):

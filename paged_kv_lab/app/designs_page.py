@@ -243,14 +243,15 @@ def differences(
     return notes
 
 
-def add_design_curves(fig, trace, settings, values, lang: str) -> None:
-    """On the workloads page's sweep chart: SGLang's and nano-vllm's hit rate at the same pool
-    sizes (the same KV memory in tokens), when asked for; kept per trace, settings and sizes."""
+def design_curves(trace, settings, values, lang: str) -> list[tuple[str, list[tuple[int, float]]]]:
+    """For the workloads page's sweep chart: SGLang's and nano-vllm's hit rate at the same pool
+    sizes (the same KV memory in tokens) as (name, [(num_gpu_blocks, hit rate)]) per design, when
+    the toggle asks for them (else none); kept per trace, settings and sizes."""
     if not values or not st.toggle(tr("designs.curves", lang), key="designs:curves"):
-        return
+        return []
     if settings.arrival != "sequential":
         st.caption(tr("designs.curves_sequential", lang))
-        return
+        return []
     from paged_kv_lab.designs.compare import NAMES, sweep_compare
     from paged_kv_lab.workload.replay import replay_settings
 
@@ -270,12 +271,7 @@ def add_design_curves(fig, trace, settings, values, lang: str) -> None:
                 ("sglang", "nano"),
             )
         cache = st.session_state["designs:curves_data"] = (key, rows)
-    for design in ("sglang", "nano"):
-        pts = [(r["num_gpu_blocks"], r[design]) for r in cache[1] if r[design] is not None]
-        fig.add_scatter(
-            x=[n for n, _ in pts],
-            y=[h for _, h in pts],
-            mode="lines+markers",
-            name=NAMES[design],
-            line=dict(dash="dot"),
-        )
+    return [
+        (NAMES[d], [(r["num_gpu_blocks"], r[d]) for r in cache[1] if r[d] is not None])
+        for d in ("sglang", "nano")
+    ]

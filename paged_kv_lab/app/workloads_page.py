@@ -3,7 +3,7 @@ of the pool size, and step into any moment of it in the large-pool player.
 
 Input: the shipped Mooncake trace (a slice of it) or an uploaded one, bounded by the page's
 budget (workload/budget.py: bytes, requests, tokens, blocks, steps; each refusal names its
-variable). Charts (plotly): hit rate against pool size (a sweep), and usage, hit rate, running
+variable). Charts (Vega-Lite): hit rate against pool size (a sweep), and usage, hit rate, running
 and waiting over the replay's steps; a click on a point, or a request picked, opens the player
 there. The Why? panel tells why a request hit what it hit, from the replay's cache history.
 """
@@ -11,11 +11,11 @@ there. The Why? panel tells why a request hit what it hit, from the replay's cac
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 
 from paged_kv_lab.app.lesson_page import current_lang
@@ -403,58 +403,190 @@ def show_figures(run: WorkloadRun, lang: str) -> None:
     )
 
 
-def over_time_figure(rows: list[dict], lang: str) -> go.Figure:
-    fig = go.Figure()
-    steps = [x["step"] for x in rows]
-    series = (  # (row field, legend, y axis): fractions on the left, request counts on the right
-        ("usage", tr("workloads.usage", lang), "y"),
-        ("hit_rate", tr("workloads.hit_rate", lang), "y"),
-        ("running", tr("workloads.running", lang), "y2"),
-        ("waiting", tr("workloads.waiting", lang), "y2"),
-    )
-    for key, name, axis in series:
-        fig.add_scatter(
-            x=steps,
-            y=[x[key] for x in rows],
-            name=name,
-            mode="lines+markers",
-            marker={"size": 4},
-            yaxis=axis,
-        )
-    fig.update_layout(
-        height=320,
-        margin=dict(l=0, r=0, t=30, b=0),
-        xaxis=dict(title=tr("workloads.step", lang)),
-        yaxis=dict(title=tr("workloads.fraction", lang), range=[0, 1.02]),
-        yaxis2=dict(
-            title=tr("workloads.requests_axis", lang),
-            overlaying="y",
-            side="right",
-            rangemode="tozero",
-        ),
-        legend=dict(orientation="h", y=1.12),
-        clickmode="event+select",
-    )
-    return fig
+# The series over time, each with the axis it is drawn against: fractions on the left, request
+# counts on the right (the rows of series_rows hold them all).
+SERIES = (
+    ("usage", "fraction"),
+    ("hit_rate", "fraction"),
+    ("running", "requests"),
+    ("waiting", "requests"),
+)
+MOMENT = "moment"  # the over-time chart's point selection: a click picks the nearest step
+
+
+def over_time_chart(rows: list[dict], lang: str) -> tuple[pd.DataFrame, dict]:
+    """The replay's usage, hit rate, running and waiting over its steps as a Vega-Lite layered
+    chart (data, spec). The data is series_rows' table as it is, its columns named by the
+    series' labels; the chart folds each axis' columns into (series, value) rows. Hover shows
+    the step and the value, and the point selection ``MOMENT`` (a click on the plot) selects the
+    nearest step. Vega-Lite, not plotly: plotly's 4.7 MB script would hold the whole page back
+    on a first visit."""
+    labels = {key: tr(f"workloads.{key}", lang) for key, _ in SERIES}
+    data = pd.DataFrame(rows, columns=["step", *labels]).rename(columns=labels)
+    step = tr("workloads.step", lang)
+    color = {
+        "field": "series",
+        "type": "nominal",
+        "scale": {"domain": list(labels.values())},
+        "legend": {"orient": "top", "title": None},
+    }
+
+    def fold(axis: str) -> dict:
+        # a field name escapes Vega-Lite's path characters
+        names = [labels[key] for key, a in SERIES if a == axis]
+        return {
+            "fold": [re.sub(r"([.\[\]\\])", r"\\\1", n) for n in names],
+            "as": ["series", "value"],
+        }
+
+    def side(axis: str, title: str, y: dict, params: bool) -> dict:
+        enc = {
+            "x": {"field": "step", "type": "quantitative", "title": step},
+            "y": {"field": "value", "type": "quantitative", "title": title, **y},
+            "color": color,
+        }
+        tip = [
+            {"field": "step", "type": "quantitative", "title": step},
+            {"field": "series", "type": "nominal", "title": " "},
+            {"field": "value", "type": "quantitative", "title": title, "format": ",.3~f"},
+        ]
+        return {
+            "transform": [fold(axis)],
+            "encoding": enc,
+            "layer": [
+                {"mark": {"type": "line", "strokeWidth": 1.5}},
+                {
+                    "mark": {"type": "point", "filled": True, "size": 16, "tooltip": True},
+                    "encoding": {"tooltip": tip},
+                    **(
+                        {
+                            "params": [
+                                {
+                                    "name": MOMENT,
+                                    "select": {
+                                        "type": "point",
+                                        "fields": ["step"],
+                                        "nearest": True,
+                                        "on": "click",
+                                    },
+                                }
+                            ]
+                        }
+                        if params
+                        else {}
+                    ),
+                },
+            ],
+        }
+
+    spec = {
+        "height": 320,
+        "layer": [
+            side(
+                "fraction",
+                tr("workloads.fraction", lang),
+                {"scale": {"domain": [0, 1.02]}, "axis": {"orient": "left"}},
+                params=True,
+            ),
+            side(
+                "requests",
+                tr("workloads.requests_axis", lang),
+                {"scale": {"zero": True}, "axis": {"orient": "right"}},
+                params=False,
+            ),
+        ],
+        "resolve": {"scale": {"y": "independent"}},
+    }
+    return data, spec
+
+
+def clicked_step(event: Any) -> Optional[int]:
+    """The step a click on the over-time chart selected, if any (Streamlit's selection state:
+    ``{"selection": {MOMENT: [{"step": n}]}}``)."""
+    points = ((event or {}).get("selection") or {}).get(MOMENT) or []
+    return int(points[0]["step"]) if points and "step" in points[0] else None
 
 
 def show_over_time(state: WorkloadsState, lang: str) -> None:
     st.subheader(tr("workloads.over_time", lang))
     st.caption(tr("workloads.over_time_help", lang))
-    event = st.plotly_chart(
-        over_time_figure(series_rows(state.run.result), lang),
-        key=f"over:{KEY}",
-        on_select="rerun",
-        selection_mode=("points",),
-        config={"displayModeBar": False},
+    data, spec = over_time_chart(series_rows(state.run.result), lang)
+    event = st.vega_lite_chart(
+        data, spec, key=f"over:{KEY}", on_select="rerun", selection_mode=MOMENT
     )
-    points = (event or {}).get("selection", {}).get("points", []) if event else []
-    if points:
-        step = int(points[0].get("x", 0))
-        if st.session_state.get(f"{KEY}:clicked") != step:
-            st.session_state[f"{KEY}:clicked"] = step
-            st.session_state[f"at:{KEY}"] = step
-            open_moment(state, step, lang)
+    step = clicked_step(event)
+    if step is not None and st.session_state.get(f"{KEY}:clicked") != step:
+        st.session_state[f"{KEY}:clicked"] = step
+        st.session_state[f"at:{KEY}"] = step
+        open_moment(state, step, lang)
+
+
+def sweep_chart(
+    vllm: list[tuple[int, float]],
+    upper: float,
+    curves: list[tuple[str, list[tuple[int, float]]]],
+    lang: str,
+) -> tuple[pd.DataFrame, dict]:
+    """Hit rate against pool size (data, spec): vLLM's curve, a dotted curve per other design
+    (``curves``: name and points, designs_page.design_curves) and the trace's upper bound as a
+    dashed rule; the x axis is logarithmic, as the swept sizes are."""
+    vllm_name = tr("workloads.hit_rate", lang)
+    data = pd.DataFrame(
+        [
+            {"num_gpu_blocks": n, "hit_rate": h, "design": name, "vllm": name == vllm_name}
+            for name, pts in [(vllm_name, vllm), *curves]
+            for n, h in pts
+        ]
+    )
+    upper_name = tr("workloads.m_upper", lang)
+    hit = tr("workloads.hit_rate", lang)
+    x = {"field": "num_gpu_blocks", "type": "quantitative", "scale": {"type": "log"}}
+    spec = {
+        "height": 300,
+        "layer": [
+            {
+                "mark": {"type": "line", "point": True, "tooltip": True},
+                "encoding": {
+                    "x": {**x, "title": "num_gpu_blocks"},
+                    "y": {
+                        "field": "hit_rate",
+                        "type": "quantitative",
+                        "title": hit,
+                        "scale": {"domain": [0, 1.02]},
+                    },
+                    "color": {
+                        "field": "design",
+                        "type": "nominal",
+                        "scale": {"domain": [vllm_name] + [name for name, _ in curves]},
+                        "legend": {"orient": "top", "title": None},
+                    },
+                    "strokeDash": {
+                        "field": "vllm",
+                        "type": "nominal",
+                        "scale": {"domain": [True, False], "range": [[1, 0], [2, 2]]},
+                        "legend": None,
+                    },
+                },
+            },
+            {
+                "data": {"values": [{"upper": upper, "label": upper_name}]},
+                "layer": [
+                    {
+                        "mark": {"type": "rule", "strokeDash": [6, 4], "tooltip": True},
+                        "encoding": {"y": {"field": "upper", "type": "quantitative"}},
+                    },
+                    {
+                        "mark": {"type": "text", "align": "right", "dy": -6, "x": "width"},
+                        "encoding": {
+                            "y": {"field": "upper", "type": "quantitative"},
+                            "text": {"field": "label"},
+                        },
+                    },
+                ],
+            },
+        ],
+    }
+    return data, spec
 
 
 def show_sweep(state: WorkloadsState, lang: str) -> None:
@@ -469,30 +601,11 @@ def show_sweep(state: WorkloadsState, lang: str) -> None:
             sweep_now(state, lang)
     if not state.sweep:
         return
-    fig = go.Figure()
-    fig.add_scatter(
-        x=[n for n, _ in state.sweep],
-        y=[h for _, h in state.sweep],
-        mode="lines+markers",
-        name=tr("workloads.hit_rate", lang),
-    )
-    fig.add_hline(
-        y=run.result.upper_bound_hit_rate,
-        line_dash="dash",
-        annotation_text=tr("workloads.m_upper", lang),
-    )
-    fig.update_layout(
-        height=300,
-        margin=dict(l=0, r=0, t=10, b=0),
-        xaxis=dict(title="num_gpu_blocks", type="log"),
-        yaxis=dict(title=tr("workloads.hit_rate", lang), range=[0, 1.02]),
-    )
-    from paged_kv_lab.app.designs_page import (
-        add_design_curves,
-    )  # SGLang's and nano-vllm's curves, asked for
+    from paged_kv_lab.app.designs_page import design_curves  # SGLang's and nano-vllm's, asked for
 
-    add_design_curves(fig, state.trace, run.settings, [n for n, _ in state.sweep], lang)
-    st.plotly_chart(fig, key=f"sweepchart:{KEY}", config={"displayModeBar": False})
+    curves = design_curves(state.trace, run.settings, [n for n, _ in state.sweep], lang)
+    data, spec = sweep_chart(state.sweep, run.result.upper_bound_hit_rate, curves, lang)
+    st.vega_lite_chart(data, spec, key=f"sweepchart:{KEY}")
     if state.sweep_errors:
         st.caption(tr("workloads.sweep_skipped", lang, points="; ".join(state.sweep_errors)))
     u = state.unbounded
@@ -556,8 +669,11 @@ def why_panel(state: WorkloadsState, lang: str) -> None:
 
 
 def show_requests(run: WorkloadRun, lang: str) -> None:
-    with st.expander(tr("workloads.per_request", lang)):
-        st.dataframe(
+    # the table is sent when the expander is opened: a closed one would still make the browser
+    # load and draw a data grid before the page shows
+    box = st.expander(tr("workloads.per_request", lang), key=f"reqs_open:{KEY}", on_change="rerun")
+    if box.open:
+        box.dataframe(
             pd.DataFrame([p.__dict__ for p in run.result.per_request]),
             hide_index=True,
             width="stretch",
