@@ -43,11 +43,18 @@ def model_for_browser() -> str:
 
 
 @contextlib.contextmanager
-def streamlit_server(model: str):
-    """``streamlit run app.py`` on 127.0.0.1 and a free port, in its own process group; yields
-    (url, process) once /_stcore/health answers, and stops the whole group afterwards."""
+def streamlit_server(model: str, warm_up: bool = False):
+    """``streamlit run`` of the app on 127.0.0.1 and a free port, in its own process group;
+    yields (url, process) once /_stcore/health answers, and stops the whole group afterwards.
+    The server's warm-up (every lesson, case and study recorded ahead, app/warm_up.py) runs only
+    where a test measures it: elsewhere it would only take the two cores from the tests."""
     port = free_port()
-    env = {**os.environ, "PAGED_KV_LAB_MODEL": model, "PAGED_KV_LAB_DEVICE": "cpu"}
+    env = {
+        **os.environ,
+        "PAGED_KV_LAB_MODEL": model,
+        "PAGED_KV_LAB_DEVICE": "cpu",
+        "PAGED_KV_LAB_WARM_UP": "1" if warm_up else "0",
+    }
     # the server's log goes to a file: an undrained pipe fills up and then blocks the server
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen(

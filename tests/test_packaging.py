@@ -363,6 +363,8 @@ class Installed:
             **{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")},
             "PAGED_KV_LAB_MODEL": "tiny-random",
             "PAGED_KV_LAB_DEVICE": "cpu",
+            # no background warm-up: a script that ends while it steps the model is aborted
+            "PAGED_KV_LAB_WARM_UP": "0",
         }
         self.venv = base / "venv"
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(self.venv)], check=True)
@@ -443,7 +445,8 @@ def test_the_installed_app_shows_its_pages(installed):
         "app = Path(paged_kv_lab.__file__).parent / 'streamlit_app.py'\n"
         "at = AppTest.from_file(str(app), default_timeout=240).run()\n"
         "home = [e.value for e in at.exception], len(at.markdown)\n"
-        "at.switch_page('pages/1_blocks.py').run()\n"
+        "from paged_kv_lab.app.registry import page_file\n"
+        "at.switch_page(page_file('blocks')).run()\n"
         "lesson = [e.value for e in at.exception], len(at.markdown)\n"
         "print(json.dumps({'app': str(app), 'home': home, 'lesson': lesson}))",
         timeout=600,
