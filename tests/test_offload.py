@@ -314,19 +314,15 @@ def test_kvcore_watch_sees_the_cpu_tier_next_to_the_gpu(tmp_path):
 # -- the command line and the lesson ------------------------------------------------------------
 def test_the_command_line_sets_the_cpu_tier_and_refuses_a_bad_one(tmp_path, capsys):
     import json
-    import subprocess
-    import sys
+
+    from _cli import run_cli_here
 
     root = Path(__file__).resolve().parent.parent
     out = tmp_path / "trace.jsonl"
-    base = [sys.executable, "-m", "kvcore", "run", "paged_kv_lab/examples/eviction.json"]
-    base += ["--model", "tiny-random", "--device", "cpu"]
-    r = subprocess.run(
-        [*base, "--cpu-offload-blocks", "16", "--lazy-offload", "--trace", str(out), "--check"],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    base = ["run", "paged_kv_lab/examples/eviction.json", "--model", "tiny-random"]
+    base += ["--device", "cpu"]
+    r = run_cli_here(
+        *base, "--cpu-offload-blocks", "16", "--lazy-offload", "--trace", str(out), "--check"
     )
     assert r.returncode == 0, r.stderr
     header = json.loads(out.read_text().splitlines()[0])

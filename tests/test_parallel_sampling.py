@@ -173,34 +173,25 @@ def test_playground_adds_a_request_with_n():
 
 
 def test_cli_trace_groups_children_in_the_trace_viewer(tmp_path):
-    import subprocess
-    import sys
     from pathlib import Path
+
+    from _cli import run_cli_here
 
     from _app_helpers import app, sidebar_set
     from paged_kv_lab.app.registry import page_file
 
     root = Path(__file__).resolve().parent.parent
     out = tmp_path / "ps.jsonl"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kvcore",
-            "run",
-            str(root / "paged_kv_lab" / "examples" / "parallel_sampling.json"),
-            "--model",
-            "tiny-random",
-            "--device",
-            "cpu",
-            "--trace",
-            str(out),
-            "--quiet",
-        ],
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    r = run_cli_here(
+        "run",
+        root / "paged_kv_lab" / "examples" / "parallel_sampling.json",
+        "--model",
+        "tiny-random",
+        "--device",
+        "cpu",
+        "--trace",
+        out,
+        "--quiet",
     )
     assert r.returncode == 0, r.stderr
     assert "A (n = 3): 0_A, 1_A, 2_A" in r.stdout and "B (n = 2): 0_B, 1_B" in r.stdout
