@@ -222,7 +222,8 @@ def nano(request):
         pytest.skip(
             f"no nano-vllm {commit} source ({', '.join(missing)}): `bash "
             f"scripts/nanovllm_env.sh {commit}` puts it in /tmp/nanovllm-src/{commit} (from "
-            "GitHub, or from a local clone or mirror named by NANO_VLLM_GIT; NANO_VLLM_SRC moves it)"
+            "GitHub, or from a local clone or mirror named by NANO_VLLM_GIT; NANO_VLLM_SRC "
+            "moves it)"
         )
     # Load the three files by path under stub packages, so nanovllm/__init__ (torch, flash-attn)
     # never runs; restore sys.modules afterwards.
@@ -303,7 +304,9 @@ def nano_scripts(draw):
     num_blocks = draw(st.integers(2, 12))
     script = []
     for _ in range(draw(st.integers(1, 30))):
-        op = draw(st.sampled_from(["new", "new", "step", "step", "append", "append", "prefill", "free"]))
+        op = draw(
+            st.sampled_from(["new", "new", "step", "step", "append", "append", "prefill", "free"])
+        )
         i = draw(st.integers(0, 3))
         if op == "new":
             tokens = draw(st.lists(st.integers(1, 3), min_size=1, max_size=10))

@@ -32,6 +32,4 @@ def check_commit(commit: str) -> str:
     for short, full in COMMITS.items():
         if len(commit) >= 7 and full.startswith(commit.lower()):
             return short
-    raise ValueError(
-        f"nano-vllm commit {commit!r} is not modelled; choose {' or '.join(COMMITS)}"
-    )
+    raise ValueError(f"nano-vllm commit {commit!r} is not modelled; choose {' or '.join(COMMITS)}")
