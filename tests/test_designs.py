@@ -287,3 +287,16 @@ def test_the_lesson_shows_each_difference_it_names():
     assert any(isinstance(e, ev.LeafEvicted) for e in evicted)
     assert any(isinstance(e, ev.BlockMiss) and e.evicted_hash for e in evicted)
     assert not side.errors
+    # nano-vllm at 2f352ae: the same hits; D's last block is looked up and meets a stale entry
+    old = follow([r.snapshot for r in run.records], 9, 4, page_size=1, nano_commit="2f352ae")
+    assert old.nano_hits == side.nano_hits and not old.errors
+
+    def d_misses(s):
+        return [
+            e.reason
+            for st in s.steps
+            for e in st.events
+            if isinstance(e, ev.BlockMiss) and e.request_id == "D"
+        ]
+
+    assert (d_misses(side), d_misses(old)) == (["last"], ["stale"])
