@@ -157,3 +157,35 @@ def test_a_link_with_settings_the_designs_cannot_take_gets_a_message(tiny):  # n
     assert any("cannot follow this run" in w and "block_size of at least 2" in w for w in said), (
         said
     )
+
+
+def test_nano_sentences_tell_the_two_commits_apart():
+    """Without a run: bb823b3's deleted entry and never-looked-up last block (with what 2f352ae's
+    lookup would have met), and 2f352ae's wrong hit, in EN and 中文."""
+    from paged_kv_lab.why.explain_designs import NanoBlock, NanoHit
+
+    seen = dict(holder="A", holder_step=1)
+    dropped = NanoBlock(
+        0, False, 5, "absent", num_tokens=4, holder_block=1, reused_by="C", reused_step=9, **seen
+    )
+    last = NanoBlock(1, False, 6, "last", num_tokens=4, holder_block=2, **seen)
+    head = [
+        NanoHit("bb823b3", "D", 13, 12, 4, (dropped,)),
+        NanoHit("bb823b3", "D", 13, 8, 4, (NanoBlock(0, True, 1, num_tokens=4), last)),
+    ]
+    old = NanoHit(
+        "2f352ae", "E", 5, 4, 2, (NanoBlock(0, True, 3, wrong_prefix=True, num_tokens=2),)
+    )
+    en = ["\n".join(nano_sentences(x, "en")) for x in (*head, old)]
+    zh = ["\n".join(nano_sentences(x, "zh")) for x in (*head, old)]
+    assert en[0].startswith("nano-vllm bb823b3: D's allocate at step 13")
+    assert (
+        "when block 1 was taken from the free deque for C at step 9, _allocate_block deleted"
+        in en[0]
+    )
+    assert (
+        "never looks that block up" in en[1]
+        and "would have hit block 2 (A filled it at step 1)" in en[1]
+    )
+    assert en[2].startswith("nano-vllm 2f352ae") and "a wrong hit" in en[2]
+    assert "删除了它的条目" in zh[0] and "会命中块 2" in zh[1] and "错误的命中" in zh[2]
