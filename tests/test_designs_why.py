@@ -57,7 +57,7 @@ def test_the_designs_follow_the_players_step(page):
         b.show(step)
         assert b.at.session_state[f"lesson:{KEY}"].run.cursor == step
         shown = decisions(b.at)
-        want = [event_sentence(e, "en") for e in side.at(step).events] or ["—"]
+        want = [event_sentence(e, "en", side.nano_commit) for e in side.at(step).events] or ["—"]
         assert shown == want, step
         assert any(f"decided at step {step}" in m.value for m in b.at.markdown)
     b.show(13)  # D's admission: a leaf goes; nano-vllm (bb823b3) never looks up the last block

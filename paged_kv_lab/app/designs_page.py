@@ -81,8 +81,8 @@ def show_designs(run, lang: str, decode, key: str = LESSON_ID) -> DesignRun | No
         st.markdown(f"**{tr('designs.nano', lang, commit=side.nano_commit)}**")
         st.dataframe(_nano_table(here, decode, lang), hide_index=True)
         st.caption(tr("designs.nano_sizes", lang, hashes=here.nano.num_hashes))
-    st.markdown(f"**{tr('designs.this_step', lang, step=step)}**")
-    lines = [event_sentence(e, lang) for e in here.events]
+    st.markdown(f"**{tr('designs.this_step', lang, step=step, commit=side.nano_commit)}**")
+    lines = [event_sentence(e, lang, side.nano_commit) for e in here.events]
     st.dataframe(
         pd.DataFrame({tr("designs.decision", lang): lines or ["—"]}),
         hide_index=True,
@@ -178,9 +178,11 @@ def _tree_dot(here: DesignStep, decode) -> str:
     return "\n".join(lines)
 
 
-def event_sentence(e: ev.DesignEvent, lang: str) -> str:
-    """One decision in words (any catalogue language), every field from the event."""
+def event_sentence(e: ev.DesignEvent, lang: str, nano_commit: str) -> str:
+    """One decision in words (any catalogue language), every field from the event; nano-vllm's
+    name the commit that made them."""
     fields = {k: v for k, v in e.to_dict().items() if k not in ("kind", "design")}
+    fields["commit"] = nano_commit
     if isinstance(e, ev.LockChanged):
         fields["what"] = tr("designs.lock", lang) if e.locked else tr("designs.unlock", lang)
     if isinstance(e, ev.BlockMiss):
@@ -264,6 +266,7 @@ def differences(
             tr(
                 "designs.diff_eviction",
                 lang,
+                commit=side.nano_commit,
                 sg=", ".join(f"#{e.node_id} ({e.num_tokens})" for e in sg_evicted) or "—",
                 nano=", ".join(str(e.block_id) for e in nano_evicted) or "—",
             )
