@@ -16,6 +16,7 @@ from paged_kv_lab.cli.main import main
 from paged_kv_lab.designs import events as ev
 from paged_kv_lab.designs.lesson import follow
 from paged_kv_lab.designs.nanovllm.engine.block_manager import BlockManager
+from paged_kv_lab.designs.nanovllm.engine.scheduler import postprocess, schedule_prefill
 from paged_kv_lab.designs.nanovllm.engine.sequence import Sequence
 from paged_kv_lab.designs.sglang.srt.mem_cache.radix_cache import (
     EvictParams,
@@ -105,32 +106,71 @@ TestRadixMachine = RadixMachine.TestCase
 TestRadixMachine.settings = settings(max_examples=40, stateful_step_count=20, deadline=None)
 
 
-def test_block_manager_hits_full_blocks_only_and_checks_tokens():
-    bm = BlockManager(num_blocks=8, block_size=4)
-    a = Sequence([1, 2, 3, 4, 5, 6], 4, "a")
-    bm.allocate(a)
+def _admit(bm, tokens, rid=None):
+    """nano-vllm's scheduler on one prompt: allocate, compute it (postprocess), no decode."""
+    seq = Sequence(tokens, bm.block_size, rid)
+    assert schedule_prefill(bm, seq)
+    hit = seq.num_cached_tokens
+    postprocess(bm, seq)
+    return seq, hit
+
+
+def test_block_manager_at_2f352ae_hits_full_blocks_and_checks_tokens():
+    bm = BlockManager(num_blocks=8, block_size=4, commit="2f352ae")
+    a, _ = _admit(bm, [1, 2, 3, 4, 5, 6], "a")
     bm.deallocate(a)
-    b = Sequence([1, 2, 3, 4, 5, 6], 4, "b")
-    bm.allocate(b)
-    assert b.num_cached_tokens == 4  # the partial second block never hits
+    b, hit = _admit(bm, [1, 2, 3, 4, 5, 6], "b")
+    assert hit == 4  # the partial second block never hits
+    bm.deallocate(b)
+    assert _admit(bm, [1, 2, 3, 4], "b2")[1] == 4  # a full last block hits at 2f352ae
     # A forged table entry (a "collision"): the hash points at a block with other tokens.
     seen = []
     bm.observer = seen.append
-    c = Sequence([9, 9, 9, 9], 4, "c")
     h = BlockManager.compute_hash([9, 9, 9, 9])
-    bm.hash_to_block_id[h] = b.block_table[0]
-    bm.blocks[b.block_table[0]].hash = h
-    bm.allocate(c)
-    assert c.num_cached_tokens == 0
+    bm.hash_to_block_id[h] = b.block_table[0] if b.block_table else 0
+    bm.blocks[bm.hash_to_block_id[h]].hash = h
+    c, hit = _admit(bm, [9, 9, 9, 9], "c")
+    assert hit == 0
     assert isinstance(seen[0], ev.BlockMiss) and seen[0].reason == "collision"
     # A stale entry: the block that held [1, 2] was reused for other tokens since.
-    small = BlockManager(num_blocks=2, block_size=2, observer=seen.append)
+    small = BlockManager(num_blocks=2, block_size=2, observer=seen.append, commit="2f352ae")
     for tokens in ([1, 2], [5, 6, 7, 8]):
-        seq = Sequence(tokens, 2)
-        small.allocate(seq)
-        small.deallocate(seq)
-    small.allocate(Sequence([1, 2], 2))
+        small.deallocate(_admit(small, tokens)[0])
+    _admit(small, [1, 2])
     assert seen[-1].reason == "stale"
+
+
+def test_block_manager_at_2f352ae_hits_a_stale_entry_with_the_same_tokens():
+    """The bug bb823b3 fixed: a reused block that holds the same token ids after another prefix
+    passes 2f352ae's token check, so a stale entry gives a wrong hit; bb823b3 deleted it."""
+    for commit, want in (("2f352ae", True), ("bb823b3", False)):
+        seen = []
+        bm = BlockManager(num_blocks=3, block_size=2, observer=seen.append, commit=commit)
+        bm.deallocate(_admit(bm, [1, 2, 9])[0])  # block 0 holds [1, 2] after no prefix
+        bm.deallocate(_admit(bm, [3, 3, 5, 5, 1, 2])[0])  # takes 2, 1, 0: [1, 2] after [5, 5]
+        seq, hit = _admit(bm, [1, 2, 7])
+        hits = [e for e in seen if isinstance(e, ev.BlockHit)]
+        assert (hit == 2) == want, commit
+        assert bool(hits and hits[-1].wrong_prefix) == want, commit
+
+
+def test_block_manager_at_bb823b3_never_hits_the_last_block_and_forgets_reused_ones():
+    seen = []
+    bm = BlockManager(num_blocks=4, block_size=2, observer=seen.append)
+    assert bm.commit == "bb823b3"
+    bm.deallocate(_admit(bm, [1, 2, 3, 4])[0])
+    seq, hit = _admit(bm, [1, 2, 3, 4])
+    assert hit == 2  # the full last block is never looked up
+    assert [e.reason for e in seen if isinstance(e, ev.BlockMiss)][-1] == "last"
+    bm.deallocate(seq)
+    # every table entry names a block with that hash: reusing a block deletes its entry
+    bm.deallocate(_admit(bm, [7, 7, 8, 8, 9, 9, 5])[0])
+    assert all(bm.blocks[b].hash == h for h, b in bm.hash_to_block_id.items())
+    # a prompt admitted in the same step cannot hit blocks whose K/V is still being computed
+    bm = BlockManager(num_blocks=6, block_size=2)
+    a, b = Sequence([4, 4, 4, 4, 4], 2), Sequence([4, 4, 4, 4, 4], 2)
+    assert schedule_prefill(bm, a) and schedule_prefill(bm, b)
+    assert b.num_cached_tokens == 0
 
 
 def test_compare_cli_same_inputs_three_designs(tmp_path, capsys):
@@ -157,11 +197,13 @@ def test_compare_cli_same_inputs_three_designs(tmp_path, capsys):
         assert len(r["per_request"]) == 30, name
         assert r["hit_tokens"] == sum(p["hit_tokens"] for p in r["per_request"]), name
         assert 0 < r["hit_rate"] < 1, name
-    # Same prompts everywhere: nano-vllm hits every full block vLLM does, or one block more
-    # (vLLM never hits a prompt's last token).
+    # Same prompts everywhere, a pool that holds them all: nano-vllm bb823b3, like vLLM, hits
+    # every full block but the one with the prompt's last token
+    assert d["nano_commit"] == "bb823b3" and d["designs"]["nano"]["name"] == "nano-vllm bb823b3"
     for v, n in zip(d["designs"]["vllm"]["per_request"], d["designs"]["nano"]["per_request"]):
-        assert n["hit_tokens"] - v["hit_tokens"] in (0, 16)
-    assert "SGLang 0.5.23" in capsys.readouterr().out
+        assert n["hit_tokens"] == v["hit_tokens"]
+    out = capsys.readouterr().out
+    assert "SGLang 0.5.23" in out and "nano-vllm bb823b3" in out
 
 
 def test_compare_cli_names_bad_input(capsys):
@@ -171,6 +213,8 @@ def test_compare_cli_names_bad_input(capsys):
     assert "sequential" in capsys.readouterr().err
     assert main(["compare", str(SLICE), "--sweep", "block_size=16,32"]) == 2
     assert "num_gpu_blocks" in capsys.readouterr().err
+    assert main(["compare", str(SLICE), "--nanovllm-commit", "main"]) == 2
+    assert "bb823b3 or 2f352ae" in capsys.readouterr().err
 
 
 def _curves_script():
@@ -209,8 +253,8 @@ def test_workloads_sweep_chart_gets_a_curve_per_design():
     at.toggle(key="designs:curves").set_value(True).run()
     assert not at.exception, [e.value for e in at.exception]
     drawn = curves(at)
-    assert list(drawn) == ["hit rate (so far)", "SGLang 0.5.23", "nano-vllm"]
-    for name in ("SGLang 0.5.23", "nano-vllm"):
+    assert list(drawn) == ["hit rate (so far)", "SGLang 0.5.23", "nano-vllm bb823b3"]
+    for name in ("SGLang 0.5.23", "nano-vllm bb823b3"):
         assert [n for n, _ in drawn[name]] == [4000, 12000], name
         assert all(0 <= y <= 1 for _, y in drawn[name]), name
     ((spec, _),) = vega_charts(at)
@@ -243,3 +287,16 @@ def test_the_lesson_shows_each_difference_it_names():
     assert any(isinstance(e, ev.LeafEvicted) for e in evicted)
     assert any(isinstance(e, ev.BlockMiss) and e.evicted_hash for e in evicted)
     assert not side.errors
+    # nano-vllm at 2f352ae: the same hits; D's last block is looked up and meets a stale entry
+    old = follow([r.snapshot for r in run.records], 9, 4, page_size=1, nano_commit="2f352ae")
+    assert old.nano_hits == side.nano_hits and not old.errors
+
+    def d_misses(s):
+        return [
+            e.reason
+            for st in s.steps
+            for e in st.events
+            if isinstance(e, ev.BlockMiss) and e.request_id == "D"
+        ]
+
+    assert (d_misses(side), d_misses(old)) == (["last"], ["stale"])

@@ -29,7 +29,9 @@ def test_designs_side_by_side_on_smollm2(smollm2_server, browser):  # noqa: F811
     for _ in range(total - 13):  # back to step 13: D's admission, an eviction in every design
         page.keyboard.press("ArrowLeft")
     wait_step(page, 13)
-    page.wait_for_selector("text=What SGLang and nano-vllm decided at step 13", timeout=60_000)
+    page.wait_for_selector(
+        "text=What SGLang and nano-vllm bb823b3 decided at step 13", timeout=60_000
+    )
     wait_idle(page)
     page.wait_for_function("() => document.querySelectorAll('svg g.node').length >= 3")
     text = page.inner_text("body")

@@ -3,8 +3,9 @@
 SGLang 0.5.23's ``RadixCache`` runs in a worker process under the scratch environment that
 ``scripts/sglang_env.sh`` builds (``SGLANG_VENV``, default /tmp/sglang-venv), driven by
 tests/_designs_sglang.py; nano-vllm's ``BlockManager`` is loaded by path from the scratch copy
-``scripts/nanovllm_env.sh`` makes (``NANO_VLLM_SRC``, default /tmp/nanovllm-src). Each part skips,
-with the reason, when its environment is absent. The same op sequences go to both sides, random
+``scripts/nanovllm_env.sh`` makes, one per modelled commit (``NANO_VLLM_SRC/<commit>``, default
+/tmp/nanovllm-src; bb823b3 and 2f352ae). Each part skips, with the reason, when its environment
+(or that commit's source) is absent. The same op sequences go to both sides, random
 (hypothesis) and from a real trace's requests; match lengths, insert prefixes, lock deltas,
 evicted tokens (and which slots, in order) and the sizes after every op must be identical.
 """
@@ -23,7 +24,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from paged_kv_lab.designs.nanovllm import COMMITS, HEAD
 from paged_kv_lab.designs.nanovllm.engine.block_manager import BlockManager
+from paged_kv_lab.designs.nanovllm.engine.scheduler import (
+    postprocess,
+    schedule_decode,
+    schedule_prefill,
+)
 from paged_kv_lab.designs.nanovllm.engine.sequence import Sequence
 from paged_kv_lab.designs.sglang.srt.mem_cache.radix_cache import (
     EvictParams,
@@ -200,9 +207,11 @@ def test_radix_tree_same_as_sglang_on_trace_requests(sglang, size, page_size):
 # ----- nano-vllm's side -------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def nano():
-    src = Path(os.environ.get("NANO_VLLM_SRC", "/tmp/nanovllm-src"))
+@pytest.fixture(scope="module", params=tuple(COMMITS))
+def nano(request):
+    """(commit, its block_manager module, its sequence module), loaded from the scratch copy."""
+    commit = request.param
+    src = Path(os.environ.get("NANO_VLLM_SRC", "/tmp/nanovllm-src")) / commit
     files = {
         "nanovllm.sampling_params": src / "nanovllm" / "sampling_params.py",
         "nanovllm.engine.sequence": src / "nanovllm" / "engine" / "sequence.py",
@@ -211,8 +220,10 @@ def nano():
     missing = [str(p) for p in files.values() if not p.exists()]
     if missing:
         pytest.skip(
-            f"no nano-vllm source ({', '.join(missing)}): `bash scripts/nanovllm_env.sh` makes "
-            "/tmp/nanovllm-src (or set NANO_VLLM_SRC)"
+            f"no nano-vllm {commit} source ({', '.join(missing)}): `bash "
+            f"scripts/nanovllm_env.sh {commit}` puts it in /tmp/nanovllm-src/{commit} (from "
+            "GitHub, or from a local clone or mirror named by NANO_VLLM_GIT; NANO_VLLM_SRC "
+            "moves it)"
         )
     # Load the three files by path under stub packages, so nanovllm/__init__ (torch, flash-attn)
     # never runs; restore sys.modules afterwards.
@@ -226,7 +237,7 @@ def nano():
         sys.modules[name] = mod
         spec.loader.exec_module(mod)
         mods[name] = mod
-    yield mods["nanovllm.engine.block_manager"], mods["nanovllm.engine.sequence"]
+    yield commit, mods["nanovllm.engine.block_manager"], mods["nanovllm.engine.sequence"]
     for k in [k for k in sys.modules if k == "nanovllm" or k.startswith("nanovllm.")]:
         del sys.modules[k]
     sys.modules.update(saved)
@@ -241,27 +252,45 @@ def nano_state(bm) -> tuple:
     )
 
 
-def drive_nano(bm, make_seq, script) -> list:
-    """Run a script of (op, seq index, tokens) on a block manager; the trail of every answer."""
+def their_sequence(seq_module, tokens, block_size):
+    s = seq_module.Sequence(list(tokens))
+    s.block_size = block_size
+    return s
+
+
+def drive_nano(bm, make_seq, script, commit: str) -> list:
+    """Run a script of (op, seq index, arg) on a block manager through the scheduler's calls
+    (designs/nanovllm/engine/scheduler.py); the trail of every answer and state.
+
+    new: admit (arg: tokens, prefill chunk); prefill: the next chunk of a sequence whose prompt
+    is not all computed; step: the step ends (every sequence's postprocess); append: a sampled
+    token, then room for it (a sequence that gets none is preempted); free: it finished."""
     seqs, trail = {}, []
     for op, i, arg in script:
+        seq = seqs.get(i)
         if op == "new":
-            seqs[i] = make_seq(arg)
-            ok = bm.can_allocate(seqs[i])
-            if ok:
-                bm.allocate(seqs[i])
-            trail.append((ok, seqs[i].num_cached_tokens, list(seqs[i].block_table)))
-        elif op == "append" and seqs.get(i) is not None and seqs[i].block_table:
-            seqs[i].append_token(arg)
-            ok = bm.can_append(seqs[i])
-            trail.append((ok, list(seqs[i].block_table)))
-            if ok:
-                bm.may_append(seqs[i])
-            else:  # nano-vllm's scheduler preempts a sequence it cannot grow
-                bm.deallocate(seqs[i])
+            seq = seqs[i] = make_seq(arg[0])
+            ok = schedule_prefill(bm, seq, arg[1], commit)
+            trail.append((ok, seq.num_cached_tokens, list(seq.block_table)))
+            if not ok:
                 seqs[i] = None
-        elif op == "free" and seqs.get(i) is not None and seqs[i].block_table:
-            bm.deallocate(seqs[i])
+        elif op == "step":
+            for s in seqs.values():
+                if s is not None:
+                    postprocess(bm, s, commit)
+        elif seq is None or (commit == HEAD and seq.num_scheduled_tokens):
+            pass  # the sequence is gone, or its step has not ended yet
+        elif op == "prefill" and commit == HEAD and seq.num_cached_tokens < seq.num_tokens:
+            trail.append(schedule_prefill(bm, seq, arg, commit))
+        elif op == "append" and (commit != HEAD or seq.num_cached_tokens == seq.num_tokens):
+            seq.append_token(arg)
+            ok = schedule_decode(bm, seq, commit)
+            trail.append((ok, list(seq.block_table)))
+            if not ok:  # nano-vllm's scheduler preempts a sequence it cannot grow
+                bm.deallocate(seq)
+                seqs[i] = None
+        elif op == "free":
+            bm.deallocate(seq)
             seqs[i] = None
         trail.append(nano_state(bm))
     return trail
@@ -269,19 +298,21 @@ def drive_nano(bm, make_seq, script) -> list:
 
 @st.composite
 def nano_scripts(draw):
-    # nano-vllm asserts its hash bookkeeping in may_append, which block size 1 trips in its own
-    # code too (its config requires a multiple of 256); 2 and 4 keep the same paths short.
+    # At 2f352ae nano-vllm asserts its hash bookkeeping in may_append, which block size 1 trips
+    # in its own code too (its config requires a multiple of 256); 2 and 4 keep paths short.
     block_size = draw(st.sampled_from([2, 4]))
     num_blocks = draw(st.integers(2, 12))
     script = []
-    for _ in range(draw(st.integers(1, 25))):
-        op = draw(st.sampled_from(["new", "new", "append", "append", "free"]))
-        i = draw(st.integers(0, 3))
-        arg = (
-            draw(st.lists(st.integers(1, 3), min_size=1, max_size=10))
-            if op == "new"
-            else draw(st.integers(1, 3))
+    for _ in range(draw(st.integers(1, 30))):
+        op = draw(
+            st.sampled_from(["new", "new", "step", "step", "append", "append", "prefill", "free"])
         )
+        i = draw(st.integers(0, 3))
+        if op == "new":
+            tokens = draw(st.lists(st.integers(1, 3), min_size=1, max_size=10))
+            arg = (tokens, draw(st.sampled_from([None, None, 1, 3])))
+        else:
+            arg = draw(st.integers(1, 3))
         script.append((op, i, arg))
     return block_size, num_blocks, script
 
@@ -289,14 +320,8 @@ def nano_scripts(draw):
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(job=nano_scripts())
 def test_block_manager_same_as_nano_vllm_on_random_ops(nano, job):
-    their_bm, their_seq = nano
+    commit, their_bm, their_seq = nano
     block_size, num_blocks, script = job
-
-    def theirs_seq(tokens):
-        s = their_seq.Sequence(list(tokens))
-        s.block_size = block_size
-        return s
-
     # "new" on a slot whose sequence still holds blocks would leak them in both; skip those.
     live, clean = set(), []
     for op, i, arg in script:
@@ -305,14 +330,22 @@ def test_block_manager_same_as_nano_vllm_on_random_ops(nano, job):
         live.add(i) if op == "new" else live.discard(i) if op == "free" else None
         clean.append((op, i, arg))
     ours = drive_nano(
-        BlockManager(num_blocks, block_size), lambda t: Sequence(t, block_size), clean
+        BlockManager(num_blocks, block_size, commit=commit),
+        lambda t: Sequence(t, block_size),
+        clean,
+        commit,
     )
-    theirs = drive_nano(their_bm.BlockManager(num_blocks, block_size), theirs_seq, clean)
+    theirs = drive_nano(
+        their_bm.BlockManager(num_blocks, block_size),
+        lambda t: their_sequence(their_seq, t, block_size),
+        clean,
+        commit,
+    )
     assert ours == theirs
 
 
 def test_chained_hash_same_as_nano_vllm(nano):
-    their_bm, _ = nano
+    _, their_bm, _ = nano
     for tokens, prefix in [([1, 2, 3], -1), ([7] * 16, 12345), ([2**40, 0, 5], 2**63 + 7)]:
         assert BlockManager.compute_hash(tokens, prefix) == their_bm.BlockManager.compute_hash(
             tokens, prefix
@@ -320,19 +353,20 @@ def test_chained_hash_same_as_nano_vllm(nano):
 
 
 def test_block_manager_same_as_nano_vllm_on_trace_requests(nano):
-    their_bm, their_seq = nano
+    commit, their_bm, their_seq = nano
     for num_blocks, block_size in [(4300, 16), (280, 256)]:
-        run = NanoRun(num_blocks, block_size)
+        run = NanoRun(num_blocks, block_size, commit=commit)
         theirs = their_bm.BlockManager(num_blocks, block_size)
         for req in trace_requests(24):
             mine = run.run(req)
-            seq = their_seq.Sequence(list(req.prompt))
-            seq.block_size = block_size
-            theirs.allocate(seq)
+            seq = their_sequence(their_seq, req.prompt, block_size)
+            assert schedule_prefill(theirs, seq, commit=commit)
             assert mine.hit_tokens == seq.num_cached_tokens, req.request_id
             for _ in range(req.output_tokens - 1):
+                postprocess(theirs, seq, commit)
                 seq.append_token(0)
-                theirs.may_append(seq)
+                assert schedule_decode(theirs, seq, commit)
+            postprocess(theirs, seq, commit)
             theirs.deallocate(seq)
         assert list(run.block_manager.free_block_ids) == list(theirs.free_block_ids)
         assert run.block_manager.hash_to_block_id == theirs.hash_to_block_id

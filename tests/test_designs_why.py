@@ -57,12 +57,13 @@ def test_the_designs_follow_the_players_step(page):
         b.show(step)
         assert b.at.session_state[f"lesson:{KEY}"].run.cursor == step
         shown = decisions(b.at)
-        want = [event_sentence(e, "en") for e in side.at(step).events] or ["—"]
+        want = [event_sentence(e, "en", side.nano_commit) for e in side.at(step).events] or ["—"]
         assert shown == want, step
         assert any(f"decided at step {step}" in m.value for m in b.at.markdown)
-    b.show(13)  # D's admission: a leaf goes, and nano-vllm's stale block is named
+    b.show(13)  # D's admission: a leaf goes; nano-vllm (bb823b3) never looks up the last block
     assert any(isinstance(e, ev.LeafEvicted) for e in side.at(13).events)
-    assert any("stale" in e.reason for e in side.at(13).events if isinstance(e, ev.BlockMiss))
+    misses = [e.reason for e in side.at(13).events if isinstance(e, ev.BlockMiss)]
+    assert misses == ["last"]
     assert not [s for s in b.at.get("slider")], "no second step slider: the player steps the page"
 
 
@@ -95,7 +96,8 @@ def test_why_answers_on_each_design_from_its_events(page):
     order = ", ".join(f"#{x.node_id} ({x.num_tokens} tok, {x.priority})" for x in asked.leaves)
     assert order in text and asked.leaves[0].node_id == gone.node_id
 
-    # nano-vllm: D's third block is stale: the table names A's block, reused for C at step 9
+    # nano-vllm bb823b3: D's third block is its last, never looked up; at 2f352ae the lookup
+    # would have met a stale entry: A's block, reused for C at step 9
     at.radio(key=f"why_mode:{KEY}").set_value("nano").run()
     at.selectbox(key=f"why_req:{KEY}").set_value("D").run()
     miss = next(e for e in events if isinstance(e, ev.BlockMiss) and e.request_id == "D")
@@ -103,11 +105,21 @@ def test_why_answers_on_each_design_from_its_events(page):
         e for e in events if isinstance(e, ev.BlockMiss) and e.request_id == "C" and e.evicted_hash
     )
     text = answer(at)
-    assert (miss.index, miss.reason) == (2, "stale")
+    assert (miss.index, miss.reason) == (2, "last")
+    assert "nano-vllm bb823b3: D's allocate at step 13 hit 8 of its 12 prompt tokens" in text, text
+    assert "can_allocate at bb823b3 never looks that block up" in text, text
+    assert (
+        f"would have missed on a stale entry: block {reuse.block_id} (A's, step 1) was taken for "
+        "C at step 9"
+    ) in text, text
+    # ... and at 2f352ae it does: the table still names A's block
+    at.radio(key=f"{KEY}:nano_commit").set_value("2f352ae").run()
+    text = answer(at)
     assert (
         f"block {miss.index}: miss, hash_to_block_id still names block {reuse.block_id} (A's, "
         f"step 1), but block {reuse.block_id} was taken from the free deque for C at step 9"
     ) in text, text
+    at.radio(key=f"{KEY}:nano_commit").set_value("bb823b3").run()
 
     # never what has not happened yet: by step 8 no leaf was evicted, C and D had not arrived
     b.show(8)
@@ -121,15 +133,16 @@ def test_the_answers_in_chinese_carry_the_same_facts(page):
     b, records, side = page
     timeline = b.at.session_state[f"lesson:{KEY}"].run
     steps = RecordedSteps(timeline.initial, tuple(records), timeline.scenario.engine)
-    run = DesignRun(tuple(side.steps), steps, 1)
+    run = DesignRun(tuple(side.steps), steps, 1, side.nano_commit)
     x = explain_sglang_hit(run, "B")[0]
     zh = "\n".join(sglang_hit_sentences(x, run, "zh"))
     assert f"找到 {x.prefix_len} 个" in zh and f"停在第 {x.stop} 个 token" in zh
     leaf = explain_leaf(run, x.node_id - 1)  # leaf #1: A's tail, split off by B's match
     assert f"驱逐了叶子 #{leaf.node_id}" in "\n".join(leaf_sentences(leaf, "zh"))
     d = explain_nano_hit(run, "D")[0]
-    assert [b.hit for b in d.blocks] == [True, True, False] and d.blocks[2].reason == "stale"
-    assert "第 2 块：未命中" in "\n".join(nano_sentences(d, "zh"))
+    assert [b.hit for b in d.blocks] == [True, True, False] and d.blocks[2].reason == "last"
+    zh = "\n".join(nano_sentences(d, "zh"))
+    assert "第 2 块：未命中" in zh and "从不查找这一块" in zh and "过时条目" in zh
 
 
 def test_a_link_with_settings_the_designs_cannot_take_gets_a_message(tiny):  # noqa: F811
@@ -144,3 +157,35 @@ def test_a_link_with_settings_the_designs_cannot_take_gets_a_message(tiny):  # n
     assert any("cannot follow this run" in w and "block_size of at least 2" in w for w in said), (
         said
     )
+
+
+def test_nano_sentences_tell_the_two_commits_apart():
+    """Without a run: bb823b3's deleted entry and never-looked-up last block (with what 2f352ae's
+    lookup would have met), and 2f352ae's wrong hit, in EN and 中文."""
+    from paged_kv_lab.why.explain_designs import NanoBlock, NanoHit
+
+    seen = dict(holder="A", holder_step=1)
+    dropped = NanoBlock(
+        0, False, 5, "absent", num_tokens=4, holder_block=1, reused_by="C", reused_step=9, **seen
+    )
+    last = NanoBlock(1, False, 6, "last", num_tokens=4, holder_block=2, **seen)
+    head = [
+        NanoHit("bb823b3", "D", 13, 12, 4, (dropped,)),
+        NanoHit("bb823b3", "D", 13, 8, 4, (NanoBlock(0, True, 1, num_tokens=4), last)),
+    ]
+    old = NanoHit(
+        "2f352ae", "E", 5, 4, 2, (NanoBlock(0, True, 3, wrong_prefix=True, num_tokens=2),)
+    )
+    en = ["\n".join(nano_sentences(x, "en")) for x in (*head, old)]
+    zh = ["\n".join(nano_sentences(x, "zh")) for x in (*head, old)]
+    assert en[0].startswith("nano-vllm bb823b3: D's allocate at step 13")
+    assert (
+        "when block 1 was taken from the free deque for C at step 9, _allocate_block deleted"
+        in en[0]
+    )
+    assert (
+        "never looks that block up" in en[1]
+        and "would have hit block 2 (A filled it at step 1)" in en[1]
+    )
+    assert en[2].startswith("nano-vllm 2f352ae") and "a wrong hit" in en[2]
+    assert "删除了它的条目" in zh[0] and "会命中块 2" in zh[1] and "错误的命中" in zh[2]

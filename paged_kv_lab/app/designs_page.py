@@ -15,11 +15,13 @@ from paged_kv_lab.app.lesson_page import render_lesson
 from paged_kv_lab.app.panels import md_escape
 from paged_kv_lab.designs import events as ev
 from paged_kv_lab.designs.lesson import DesignStep, SideBySide
+from paged_kv_lab.designs.nanovllm import COMMITS
 from paged_kv_lab.text.i18n import tr
 from paged_kv_lab.why.explain import RecordedSteps
 from paged_kv_lab.why.explain_designs import DesignRun
 
 LESSON_ID = "designs"
+NANO_COMMITS = tuple(COMMITS)  # the first is nano-vllm's main today, the default
 
 
 def render_designs_page() -> None:
@@ -43,8 +45,15 @@ def show_designs(run, lang: str, decode, key: str = LESSON_ID) -> DesignRun | No
         horizontal=True,
         key=f"{key}:page_size",
     )
+    nano_commit = st.radio(
+        tr("designs.nano_commit", lang),
+        NANO_COMMITS,
+        format_func=lambda c: tr(f"designs.nano_commit.{c}", lang),
+        horizontal=True,
+        key=f"{key}:nano_commit",
+    )
     try:
-        side = _side(run, eng.num_gpu_blocks, eng.block_size, page_size)
+        side = _side(run, eng.num_gpu_blocks, eng.block_size, page_size, nano_commit)
     except ValueError as e:  # settings from a scenario file the designs cannot take
         st.warning(tr("designs.cannot_follow", lang, error=md_escape(str(e))))
         return None
@@ -69,11 +78,11 @@ def show_designs(run, lang: str, decode, key: str = LESSON_ID) -> DesignRun | No
             )
         )
     with col_n:
-        st.markdown(f"**{tr('designs.nano', lang)}**")
+        st.markdown(f"**{tr('designs.nano', lang, commit=side.nano_commit)}**")
         st.dataframe(_nano_table(here, decode, lang), hide_index=True)
         st.caption(tr("designs.nano_sizes", lang, hashes=here.nano.num_hashes))
-    st.markdown(f"**{tr('designs.this_step', lang, step=step)}**")
-    lines = [event_sentence(e, lang) for e in here.events]
+    st.markdown(f"**{tr('designs.this_step', lang, step=step, commit=side.nano_commit)}**")
+    lines = [event_sentence(e, lang, side.nano_commit) for e in here.events]
     st.dataframe(
         pd.DataFrame({tr("designs.decision", lang): lines or ["—"]}),
         hide_index=True,
@@ -88,16 +97,19 @@ def show_designs(run, lang: str, decode, key: str = LESSON_ID) -> DesignRun | No
     if here.errors:
         st.warning("\n\n".join(md_escape(e) for e in here.errors))
     steps = RecordedSteps(run.initial, tuple(run.records[:step]), eng, decode)
-    return DesignRun(tuple(side.steps[:step]), steps, page_size)
+    return DesignRun(tuple(side.steps[:step]), steps, page_size, side.nano_commit)
 
 
-def _side(run, num_gpu_blocks: int, block_size: int, page_size: int) -> SideBySide:
-    """Both designs followed over the steps recorded so far, kept per run and page size and
-    advanced as the run grows (a design's step depends only on the steps before it)."""
-    shape = (num_gpu_blocks, block_size, page_size)
+def _side(
+    run, num_gpu_blocks: int, block_size: int, page_size: int, nano_commit: str
+) -> SideBySide:
+    """Both designs followed over the steps recorded so far, kept per run, page size and
+    nano-vllm commit and advanced as the run grows (a design's step depends only on the steps
+    before it)."""
+    shape = (num_gpu_blocks, block_size, page_size, nano_commit)
     cache = st.session_state.get("designs:side")
     if cache is None or cache[0] is not run.run or cache[1] != shape:
-        side = SideBySide(num_gpu_blocks, block_size, page_size)
+        side = SideBySide(num_gpu_blocks, block_size, page_size, nano_commit)
         cache = st.session_state["designs:side"] = (run.run, shape, side)
     side = cache[2]
     for rec in run.records[len(side.steps) :]:
@@ -166,13 +178,17 @@ def _tree_dot(here: DesignStep, decode) -> str:
     return "\n".join(lines)
 
 
-def event_sentence(e: ev.DesignEvent, lang: str) -> str:
-    """One decision in words (any catalogue language), every field from the event."""
+def event_sentence(e: ev.DesignEvent, lang: str, nano_commit: str) -> str:
+    """One decision in words (any catalogue language), every field from the event; nano-vllm's
+    name the commit that made them."""
     fields = {k: v for k, v in e.to_dict().items() if k not in ("kind", "design")}
+    fields["commit"] = nano_commit
     if isinstance(e, ev.LockChanged):
         fields["what"] = tr("designs.lock", lang) if e.locked else tr("designs.unlock", lang)
     if isinstance(e, ev.BlockMiss):
         fields["reason"] = tr(f"designs.miss_{e.reason}", lang)
+    if isinstance(e, ev.BlockHit) and e.wrong_prefix:
+        return tr("designs.ev_block_hit_wrong", lang, **fields)
     return tr(f"designs.ev_{e.kind}", lang, **fields)
 
 
@@ -216,8 +232,24 @@ def differences(
                         bs=block_size,
                     )
                 )
-            if n is not None and n > v:
+            last = -(-r.num_prompt_tokens // block_size) - 1
+            last_hit = any(
+                isinstance(x, ev.BlockHit) and x.request_id == r.request_id and x.index == last
+                for x in here.events
+            )
+            if n is not None and last_hit:  # 2f352ae only: bb823b3 never looks the last one up
                 notes.append(tr("designs.diff_last_block", lang, req=esc[r.request_id], n=n, v=v))
+            elif n is not None and n != v:
+                notes.append(
+                    tr(
+                        "designs.diff_nano_hits",
+                        lang,
+                        req=esc[r.request_id],
+                        commit=side.nano_commit,
+                        n=n,
+                        v=v,
+                    )
+                )
             notes.append(
                 tr(
                     "designs.diff_lookup",
@@ -234,6 +266,7 @@ def differences(
             tr(
                 "designs.diff_eviction",
                 lang,
+                commit=side.nano_commit,
                 sg=", ".join(f"#{e.node_id} ({e.num_tokens})" for e in sg_evicted) or "—",
                 nano=", ".join(str(e.block_id) for e in nano_evicted) or "—",
             )

@@ -3,6 +3,7 @@
     python -m kvcore compare TRACE [--designs vllm,sglang,nano] [--set KEY=VALUE ...]
                                    [--page-size N] [--requests N] [--json [PATH]]
                                    [--sweep num_gpu_blocks=V1,V2,...]
+                                   [--nanovllm-commit bb823b3|2f352ae]
 
 Every design gets the same requests, arrival rule, settings and KV memory in tokens
 (num_gpu_blocks x block_size); see designs/compare.py. Exit codes: 0 ok, 2 bad trace, settings
@@ -38,6 +39,12 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--page-size", type=int, help=tr("cli.compare.page_size"))
     p.add_argument(
+        "--nanovllm-commit",
+        default="bb823b3",
+        metavar="COMMIT",
+        help=tr("cli.compare.nanovllm_commit"),
+    )
+    p.add_argument(
         "--arrival",
         choices=("sequential", "timestamps"),
         default="sequential",
@@ -57,27 +64,34 @@ def _table(res: dict) -> str:
         f"{res['trace']}: {res['requests']:,} requests, KV memory {res['kv_tokens']:,} tokens "
         f"(block_size {res['block_size']}, SGLang page_size {res['page_size']}), "
         f"arrival {res['arrival']}",
-        f"{'design':<14} {'hit rate':>9} {'hit tokens':>14} {'evictions':>10}",
+        f"{'design':<17} {'hit rate':>9} {'hit tokens':>14} {'evictions':>10}",
     ]
     for r in res["designs"].values():
         if "error" in r:
-            lines.append(f"{r['name']:<14} error: {r['error']}")
+            lines.append(f"{r['name']:<17} error: {r['error']}")
         else:
             lines.append(
-                f"{r['name']:<14} {r['hit_rate']:>9.1%} {r['hit_tokens']:>14,} "
+                f"{r['name']:<17} {r['hit_rate']:>9.1%} {r['hit_tokens']:>14,} "
                 f"{r['evictions']:>10,}"
             )
     return "\n".join(lines) + "\n"
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from paged_kv_lab.designs.compare import CompareError, compare, parse_designs, sweep_compare
+    from paged_kv_lab.designs.compare import (
+        CompareError,
+        compare,
+        parse_designs,
+        parse_nano_commit,
+        sweep_compare,
+    )
     from paged_kv_lab.workload.budget import check_trace, cli_trace_limits
     from paged_kv_lab.workload.replay import ReplayError, replay_settings
     from paged_kv_lab.workload.trace import TraceError, load_trace
 
     try:
         designs = parse_designs(args.designs)
+        nano_commit = parse_nano_commit(args.nanovllm_commit)
         trace = load_trace(args.trace)
         if args.requests is not None:
             if args.requests < 1:
@@ -107,7 +121,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 "modelled; use --arrival sequential (or --designs vllm)"
             )
         if values is None:
-            res = compare(trace, settings, designs, args.page_size)
+            res = compare(trace, settings, designs, args.page_size, nano_commit)
         else:
             rows = sweep_compare(
                 trace,
@@ -117,6 +131,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                 values,
                 designs,
                 args.page_size,
+                nano_commit,
             )
     except (TraceError, ScenarioError, BudgetError, CompareError, ReplayError, OSError) as e:
         print(f"error: {said(e, args.lang)}", file=sys.stderr)
@@ -126,11 +141,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
         out.write(_table(res))
         payload = res
     else:
-        out.write("num_gpu_blocks  kv tokens  " + "  ".join(f"{d:>8}" for d in designs) + "\n")
+        head = "num_gpu_blocks  kv tokens  " + "  ".join(f"{d:>8}" for d in designs)
+        out.write(
+            head + (f"   (nano: nano-vllm {nano_commit})" if "nano" in designs else "") + "\n"
+        )
         for row in rows:
             cells = "  ".join(f"{'—':>8}" if row[d] is None else f"{row[d]:>8.1%}" for d in designs)
             out.write(f"{row['num_gpu_blocks']:>14,}  {row['kv_tokens']:>9,}  {cells}\n")
-        payload = {"trace": trace.name, "sweep": "num_gpu_blocks", "curves": rows}
+        payload = {
+            "trace": trace.name,
+            "sweep": "num_gpu_blocks",
+            "nano_commit": nano_commit,
+            "curves": rows,
+        }
     if args.json:
         text = json.dumps(payload) + "\n"
         if args.json == "-":

@@ -6,6 +6,8 @@ The inputs are the same for every design: the trace's requests and their tokens
 nano-vllm gets ``num_gpu_blocks`` blocks of ``block_size``; SGLang gets a pool of that many token
 slots in pages of ``page_size`` (default ``block_size``).
 
+nano-vllm runs at commit ``nano_commit`` (bb823b3, its main today, unless it says 2f352ae).
+
 SGLang and nano-vllm run one request at a time (paged_kv_lab.designs.sim), which is the replay's
 ``sequential`` rule; under ``timestamps`` their batch schedulers would decide who runs beside
 whom, and those schedulers are not modelled here, so ``compare`` asks for sequential arrival.
@@ -16,13 +18,26 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
+from paged_kv_lab.designs.nanovllm import HEAD, check_commit
 from paged_kv_lab.designs.sim import DesignError, DesignRequest, NanoRun, SGLangRun
 from paged_kv_lab.workload.replay import ReplaySettings, replay
 from paged_kv_lab.workload.tokens import prompt_token_ids
 from paged_kv_lab.workload.trace import Trace
 
 DESIGNS = ("vllm", "sglang", "nano")
-NAMES = {"vllm": "vLLM 0.33.0", "sglang": "SGLang 0.5.23", "nano": "nano-vllm"}
+NAMES = {"vllm": "vLLM 0.33.0", "sglang": "SGLang 0.5.23", "nano": f"nano-vllm {HEAD}"}
+
+
+def design_name(design: str, nano_commit: str = HEAD) -> str:
+    """The design's name with the version modelled (nano-vllm's commit)."""
+    return f"nano-vllm {nano_commit}" if design == "nano" else NAMES[design]
+
+
+def parse_nano_commit(text: str) -> str:
+    try:
+        return check_commit(text)
+    except ValueError as e:
+        raise CompareError(f"--nanovllm-commit: {e}") from None
 
 
 class CompareError(ValueError):
@@ -60,10 +75,12 @@ class DesignResult:
     def hit_rate(self) -> float:
         return self.hit_tokens / self.queries if self.queries else 0.0
 
+    nano_commit: str = HEAD
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["hit_rate"] = self.hit_rate
-        d["name"] = NAMES[self.design]
+        d["name"] = design_name(self.design, self.nano_commit)
         d["per_request"] = [asdict(r) if not isinstance(r, dict) else r for r in self.per_request]
         return d
 
@@ -75,7 +92,9 @@ def trace_requests(trace: Trace) -> list[DesignRequest]:
     ]
 
 
-def _finish(design: str, run, trace: Trace, t0: float, evictions: int, evicted_tokens: int):
+def _finish(
+    design: str, run, trace: Trace, t0: float, evictions: int, evicted_tokens: int, **extra
+):
     per = []
     arrival = {r.request_id: r.arrival_ms for r in trace.requests}
     for r in run.results:
@@ -95,11 +114,16 @@ def _finish(design: str, run, trace: Trace, t0: float, evictions: int, evicted_t
         steps=run.steps,
         wall_s=time.perf_counter() - t0,
         per_request=tuple(per),
+        **extra,
     )
 
 
 def run_design(
-    design: str, trace: Trace, settings: ReplaySettings, page_size: int | None = None
+    design: str,
+    trace: Trace,
+    settings: ReplaySettings,
+    page_size: int | None = None,
+    nano_commit: str = HEAD,
 ) -> DesignResult | dict:
     """One design's run; vLLM's is the replay's own result dict (``to_dict``)."""
     engine = settings.engine
@@ -107,8 +131,8 @@ def run_design(
         return replay(trace, settings).to_dict(series_points=200)
     if settings.arrival != "sequential":
         raise CompareError(
-            f"{NAMES[design]} runs one request at a time here (its batch scheduler is not "
-            "modelled): use --arrival sequential"
+            f"{design_name(design, nano_commit)} runs one request at a time here (its batch "
+            "scheduler is not modelled): use --arrival sequential"
         )
     t0 = time.perf_counter()
     requests = trace_requests(trace)
@@ -118,10 +142,11 @@ def run_design(
         for req in requests:
             run.run(req)
         return _finish(design, run, trace, t0, run.evicted_tokens // ps, run.evicted_tokens)
-    run = NanoRun(engine.num_gpu_blocks, engine.block_size)
+    run = NanoRun(engine.num_gpu_blocks, engine.block_size, commit=nano_commit)
     for req in requests:
         run.run(req)
-    return _finish(design, run, trace, t0, run.evictions, run.evictions * engine.block_size)
+    evicted = run.evictions * engine.block_size
+    return _finish(design, run, trace, t0, run.evictions, evicted, nano_commit=run.commit)
 
 
 def compare(
@@ -129,6 +154,7 @@ def compare(
     settings: ReplaySettings,
     designs=DESIGNS,
     page_size: int | None = None,
+    nano_commit: str = HEAD,
 ) -> dict:
     """``{"designs": {name: figures}, "kv_tokens": ..., "settings": ...}``; a design that cannot
     run the trace (too little memory for one request) reports ``{"error": why}``."""
@@ -138,10 +164,10 @@ def compare(
     out = {}
     for design in designs:
         try:
-            r = run_design(design, trace, settings, page_size)
+            r = run_design(design, trace, settings, page_size, nano_commit)
             out[design] = r if isinstance(r, dict) else r.to_dict()
         except DesignError as e:
-            out[design] = {"error": str(e), "name": NAMES[design]}
+            out[design] = {"error": str(e), "name": design_name(design, nano_commit)}
         if design == "vllm" and "error" not in out[design]:
             out[design]["name"] = NAMES["vllm"]
     return {
@@ -150,6 +176,7 @@ def compare(
         "kv_tokens": engine.num_gpu_blocks * engine.block_size,
         "block_size": engine.block_size,
         "page_size": page_size or engine.block_size,
+        "nano_commit": nano_commit,
         "arrival": settings.arrival,
         "settings": settings.to_dict(),
         "designs": out,
@@ -162,11 +189,12 @@ def sweep_compare(
     values,
     designs=DESIGNS,
     page_size: int | None = None,
+    nano_commit: str = HEAD,
 ) -> list[dict]:
     """compare() once per ``num_gpu_blocks`` value: the points of each design's hit-rate curve."""
     rows = []
     for v in values:
-        res = compare(trace, make_settings(v), designs, page_size)
+        res = compare(trace, make_settings(v), designs, page_size, nano_commit)
         rows.append(
             {
                 "num_gpu_blocks": v,

@@ -133,13 +133,16 @@ class EvictionAsked(DesignEvent):
 @dataclass(frozen=True, kw_only=True)
 class BlockHit(DesignEvent):
     """``allocate``: block ``index`` of the sequence was found by its chained hash with the same
-    token ids, so block ``block_id`` is shared (``revived``: it came back from the free deque)."""
+    token ids, so block ``block_id`` is shared (``revived``: it came back from the free deque).
+    ``wrong_prefix`` (2f352ae only): the entry was stale and the reused block holds the same
+    token ids after another prefix, so the hit is wrong (its own hash differs)."""
 
     kind: ClassVar[str] = "block_hit"
     design: ClassVar[str] = "nano"
     index: int
     block_id: int
     revived: bool
+    wrong_prefix: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -5,11 +5,17 @@ which tokens they have and which finished. ``SideBySide.advance`` makes the same
 other two designs at the same step, with the same KV memory in tokens:
 
 - admitted: SGLang matches the prompt (at most ``len - 1`` tokens), locks the node and takes
-  slots for the rest, evicting exactly the shortfall; nano-vllm ``allocate``s the prompt;
+  slots for the rest, evicting exactly the shortfall; nano-vllm ``can_allocate``s and
+  ``allocate``s the prompt, every admission of the step before any of the step's frees (as its
+  scheduler batches prefills);
 - one more generated token: SGLang takes one slot for the token before it (the newest token
-  has no K/V yet); nano-vllm ``may_append``s, as its scheduler does before each decode step;
+  has no K/V yet); nano-vllm first ends the step that computed the token before it
+  (``postprocess``: at bb823b3 ``hash_blocks`` hashes the blocks it filled), then
+  ``may_append``s, as its scheduler does before each decode step;
 - finished (or preempted): SGLang inserts the tokens it holds K/V for, frees the duplicates and
-  the unaligned tail and unlocks; nano-vllm ``deallocate``s.
+  the unaligned tail and unlocks; nano-vllm ends the step, then ``deallocate``s.
+
+nano-vllm runs at ``nano_commit`` (bb823b3 unless it says 2f352ae).
 
 Every decision comes back as ``designs.events`` events, and after each step a frozen view of
 both structures for the page to draw.
@@ -20,7 +26,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paged_kv_lab.designs import events as ev
+from paged_kv_lab.designs.nanovllm import HEAD
 from paged_kv_lab.designs.nanovllm.engine.block_manager import BlockManager
+from paged_kv_lab.designs.nanovllm.engine.scheduler import (
+    postprocess,
+    schedule_decode,
+    schedule_prefill,
+)
 from paged_kv_lab.designs.nanovllm.engine.sequence import Sequence
 from paged_kv_lab.designs.sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
 from paged_kv_lab.designs.sglang.srt.mem_cache.radix_cache import (
@@ -89,8 +101,10 @@ class _Held:
 class SideBySide:
     """Both designs fed from one recorded run's snapshots; ``steps`` grows with ``advance``."""
 
-    def __init__(self, num_gpu_blocks: int, block_size: int, page_size: int = 1):
-        if block_size < 2:  # nano-vllm's may_append asserts on a block that fills at once
+    def __init__(
+        self, num_gpu_blocks: int, block_size: int, page_size: int = 1, nano_commit: str = HEAD
+    ):
+        if block_size < 2:  # nano-vllm's may_append: 2f352ae asserts, bb823b3 never grows
             raise ValueError(
                 f"nano-vllm's block manager needs block_size of at least 2, not {block_size}"
             )
@@ -104,7 +118,10 @@ class SideBySide:
             token_to_kv_pool_allocator=self.allocator,
             observer=self._events.append,
         )
-        self.block_manager = BlockManager(num_gpu_blocks, block_size, observer=self._events.append)
+        self.block_manager = BlockManager(
+            num_gpu_blocks, block_size, observer=self._events.append, commit=nano_commit
+        )
+        self.nano_commit = self.block_manager.commit
         self._held: dict[str, _Held] = {}
         self._seqs: dict[str, Sequence] = {}
         self._done: set[str] = set()
@@ -187,38 +204,40 @@ class SideBySide:
     def advance(self, snapshot) -> DesignStep:
         """Make the moves that ``snapshot`` (the state after a step of the vLLM run) shows."""
         self._events.clear()
+        admitted = set()
+        for r in snapshot.requests:  # nano-vllm's schedule: the step's prefill batch
+            rid = r.request_id
+            if rid in self._done or rid in self._seqs:
+                continue
+            if r.num_computed_tokens == 0 and r.status != "running":
+                continue
+            admitted.add(rid)
+            seq = Sequence(list(r.prompt_token_ids), self.block_size, seq_id=rid)
+            if schedule_prefill(self.block_manager, seq):
+                self.nano_hits[rid] = seq.num_cached_tokens
+                self._seqs[rid] = seq
+            else:
+                self.errors.append(f"nano-vllm: no free blocks for request {rid}")
+                self._seqs[rid] = None
         for r in snapshot.requests:
             rid = r.request_id
-            if rid in self._done:
+            if rid in self._done or rid not in self._seqs:
                 continue
             finished = r.status.startswith("finished") or r.status == "preempted"
-            started = rid in self._seqs
-            if not started and (r.num_computed_tokens > 0 or r.status == "running"):
-                prompt = list(r.prompt_token_ids)
+            if rid in admitted:
                 try:
-                    self._sg_admit(rid, prompt)
+                    self._sg_admit(rid, list(r.prompt_token_ids))
                 except MemoryError as e:
                     self.errors.append(str(e))
-                seq = Sequence(prompt, self.block_size, seq_id=rid)
-                if self.block_manager.can_allocate(seq):
-                    self.block_manager.allocate(seq)
-                    self.nano_hits[rid] = seq.num_cached_tokens
-                    self._seqs[rid] = seq
-                else:
-                    self.errors.append(f"nano-vllm: no free blocks for request {rid}")
-                    self._seqs[rid] = None
-                started = True
-            if not started:
-                continue
             tokens = list(r.prompt_token_ids) + list(r.output_token_ids)
             seq = self._seqs.get(rid)
             if seq is not None:
                 while len(seq) < len(tokens) and not (finished and len(seq) == len(tokens) - 1):
+                    postprocess(self.block_manager, seq)
                     seq.append_token(tokens[len(seq)])
-                    if not self.block_manager.can_append(seq):
+                    if not schedule_decode(self.block_manager, seq):
                         self.errors.append(f"nano-vllm: no free block to grow request {rid}")
                         break
-                    self.block_manager.may_append(seq)
             if rid in self._held:
                 try:
                     self._sg_grow(rid, len(tokens) - 1)
@@ -228,6 +247,7 @@ class SideBySide:
                 if rid in self._held:
                     self._sg_release(rid, tokens)
                 if seq is not None and seq.block_table:
+                    postprocess(self.block_manager, seq)
                     self.block_manager.deallocate(seq)
                 self._done.add(rid)
         step = DesignStep(
@@ -270,9 +290,11 @@ class SideBySide:
         return NanoView(blocks, len(bm.hash_to_block_id))
 
 
-def follow(snapshots, num_gpu_blocks: int, block_size: int, page_size: int = 1) -> SideBySide:
+def follow(
+    snapshots, num_gpu_blocks: int, block_size: int, page_size: int = 1, nano_commit: str = HEAD
+) -> SideBySide:
     """Both designs through a run's snapshots (the state after each step, oldest first)."""
-    side = SideBySide(num_gpu_blocks, block_size, page_size)
+    side = SideBySide(num_gpu_blocks, block_size, page_size, nano_commit)
     for snap in snapshots:
         side.advance(snap)
     return side

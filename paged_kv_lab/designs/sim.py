@@ -8,8 +8,10 @@ time (the replay's ``sequential`` arrival rule: the next request comes when the 
   exactly the shortfall (``evict_to_free_tokens``); at the end, insert the tokens whose K/V the
   request holds (prompt and all answers but the last), free the duplicates and the unaligned
   tail, unlock (``cache_finished_req``).
-- nano-vllm: ``allocate`` the prompt (every full block may hit, the last included), one
-  ``may_append`` per generated token after the first, ``deallocate`` at the end.
+- nano-vllm (at bb823b3 unless ``commit`` says 2f352ae): ``can_allocate`` and ``allocate`` the
+  prompt (bb823b3: every block but the last may hit; 2f352ae: every full block, the last
+  included), one ``may_append`` per generated token after the first, after each step the
+  ``postprocess`` that hashes what it computed (bb823b3), ``deallocate`` at the end.
 
 A runner records the ops it made on the tree (``op_log``) in the form tests/_designs_sglang.py
 replays into SGLang's own code, so the fidelity test can check the two trees take the same
@@ -22,7 +24,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from paged_kv_lab.designs import events as ev
+from paged_kv_lab.designs.nanovllm import HEAD
 from paged_kv_lab.designs.nanovllm.engine.block_manager import BlockManager
+from paged_kv_lab.designs.nanovllm.engine.scheduler import (
+    postprocess,
+    schedule_decode,
+    schedule_prefill,
+)
 from paged_kv_lab.designs.nanovllm.engine.sequence import Sequence
 from paged_kv_lab.designs.sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
 from paged_kv_lab.designs.sglang.srt.mem_cache.radix_cache import (
@@ -143,17 +151,21 @@ class SGLangRun:
 
 @dataclass
 class NanoRun:
-    """nano-vllm's block manager with ``num_blocks`` blocks; feed it with ``run(request)``."""
+    """nano-vllm's block manager (at ``commit``) with ``num_blocks`` blocks; feed it with
+    ``run(request)``."""
 
     num_blocks: int
     block_size: int
     observer: Callable[[ev.DesignEvent], None] | None = None
+    commit: str = HEAD
     evictions: int = 0
     steps: int = 0
     results: list[DesignRequestResult] = field(default_factory=list)
 
     def __post_init__(self):
-        self.block_manager = BlockManager(self.num_blocks, self.block_size, observer=self._see)
+        self.block_manager = BlockManager(
+            self.num_blocks, self.block_size, observer=self._see, commit=self.commit
+        )
 
     def _see(self, event: ev.DesignEvent) -> None:
         if isinstance(event, ev.BlockMiss) and event.evicted_hash:
@@ -165,19 +177,19 @@ class NanoRun:
         bm = self.block_manager
         seq = Sequence(req.prompt, self.block_size, seq_id=req.request_id)
         need = max(seq.num_blocks, -(-(len(seq) + max(req.output_tokens - 1, 0)) // bm.block_size))
-        if not bm.can_allocate(seq) or need > self.num_blocks:
+        if need > self.num_blocks or not schedule_prefill(bm, seq):
             raise DesignError(
                 f"request {req.request_id}: needs {need} KV blocks, the manager has "
                 f"{self.num_blocks}"
             )
-        bm.allocate(seq)
         hit = seq.num_cached_tokens
         admitted = self.steps + 1
         for _ in range(req.output_tokens - 1):
+            postprocess(bm, seq)
             seq.append_token(ANSWER_TOKEN)
-            if not bm.can_append(seq):
+            if not schedule_decode(bm, seq):
                 raise DesignError(f"request {req.request_id}: no free block to append to")
-            bm.may_append(seq)
+        postprocess(bm, seq)
         self.steps += max(req.output_tokens, 1)
         bm.deallocate(seq)
         result = DesignRequestResult(

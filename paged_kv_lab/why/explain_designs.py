@@ -44,11 +44,13 @@ class DesignError(X.ExplainError):
 @dataclass(frozen=True)
 class DesignRun:
     """The two designs' steps shown so far (``steps[i].step == i + 1``, each with its ``events``)
-    and the vLLM run they follow; ``page_size`` is SGLang's."""
+    and the vLLM run they follow; ``page_size`` is SGLang's, ``nano_commit`` the nano-vllm
+    commit that made the events (its short hash: bb823b3 or 2f352ae)."""
 
     steps: tuple[Any, ...]
     vllm: X.RecordedSteps
     page_size: int
+    nano_commit: str
 
     def events(self):
         for s in self.steps:
@@ -302,13 +304,15 @@ class NanoBlock:
     """Block ``index`` of the sequence at its allocation: ``hit`` block ``block_id`` or took it
     (a miss, ``reason``). ``holder``: the earlier request whose same tokens filled a block (its
     ``holder_index``-th, block ``holder_block``) at ``holder_step``; ``reused_by``/``reused_step``:
-    who took that block from the free deque since (the stale case)."""
+    who took that block from the free deque since (the stale case, and at bb823b3 the case of
+    an entry deleted when its block was taken)."""
 
     index: int
     hit: bool
     block_id: int
     reason: str = ""
     revived: bool = False
+    wrong_prefix: bool = False
     num_tokens: int = 0
     holder: Optional[str] = None
     holder_step: Optional[int] = None
@@ -319,6 +323,7 @@ class NanoBlock:
 
 @dataclass(frozen=True)
 class NanoHit:
+    commit: str
     request_id: str
     step: int
     prompt_len: int
@@ -399,13 +404,20 @@ def explain_nano_hit(run: DesignRun, request_id: str) -> list[NanoHit]:
                     block_id=e.block_id,
                     reason=getattr(e, "reason", ""),
                     revived=getattr(e, "revived", False),
+                    wrong_prefix=getattr(e, "wrong_prefix", False),
                     num_tokens=n,
                     **kw,
                 )
             )
         out.append(
             NanoHit(
-                request_id, step, prompt_len, bs, tuple(blocks), _vllm_hit(run, request_id, step)
+                run.nano_commit,
+                request_id,
+                step,
+                prompt_len,
+                bs,
+                tuple(blocks),
+                _vllm_hit(run, request_id, step),
             )
         )
     return out
@@ -545,11 +557,13 @@ def nano_sentences(x: NanoHit, lang: str = "en") -> list[str]:
         tr(
             "designs_why.nano.head",
             lang,
+            commit=x.commit,
             r=x.request_id,
             s=x.step,
             hit=x.hit_tokens,
             n=x.prompt_len,
             bs=x.block_size,
+            rule=Text(f"designs_why.nano.rule.{x.commit}"),
         )
     ]
     for b in x.blocks:
@@ -557,34 +571,44 @@ def nano_sentences(x: NanoHit, lang: str = "en") -> list[str]:
             rev = tr("designs_why.nano.revived", lang) if b.revived else ""
             src = (
                 tr("designs_why.nano.holder", lang, q=b.holder, qs=b.holder_step)
-                if b.holder
+                if b.holder and not b.wrong_prefix
                 else ""
             )
+            wrong = tr("designs_why.nano.hit.wrong", lang, bid=b.block_id) if b.wrong_prefix else ""
             out.append(
-                tr("designs_why.nano.hit", lang, i=b.index, bid=b.block_id, rev=rev, src=src)
+                tr(
+                    "designs_why.nano.hit",
+                    lang,
+                    i=b.index,
+                    bid=b.block_id,
+                    rev=rev,
+                    src=src,
+                    wrong=wrong,
+                )
             )
             continue
-        miss = Text(f"designs_why.nano.miss.{b.reason}")  # one sentence per reason of a miss
-        why = (
-            tr(
-                miss,
-                lang,
-                k=b.num_tokens,
-                bs=x.block_size,
-                hb=b.holder_block,
-                q=b.holder or "—",
-                qs=b.holder_step,
-                y=b.reused_by or "—",
-                ys=b.reused_step,
-            )
-            if miss.key in catalogue()
-            else b.reason
+        reason = b.reason
+        if reason == "absent" and b.reused_by:  # bb823b3 deleted the entry of the reused block
+            reason = "dropped"
+        miss = Text(f"designs_why.nano.miss.{reason}")  # one sentence per reason of a miss
+        fields = dict(
+            k=b.num_tokens,
+            bs=x.block_size,
+            hb=b.holder_block,
+            q=b.holder or "—",
+            qs=b.holder_step,
+            y=b.reused_by or "—",
+            ys=b.reused_step,
         )
+        why = tr(miss, lang, **fields) if miss.key in catalogue() else b.reason
+        if reason == "last" and b.holder and b.num_tokens == x.block_size:
+            then = "stale" if b.reused_by else "hit"  # what 2f352ae's lookup would have met
+            why += tr(f"designs_why.nano.at_old.{then}", lang, **fields)
         out.append(tr("designs_why.nano.miss", lang, i=b.index, why=why, bid=b.block_id))
     if x.vllm is not None and x.vllm.hit_tokens != x.hit_tokens:
         out.append(
             tr(
-                "designs_why.nano.vs_vllm",
+                f"designs_why.nano.vs_vllm.{x.commit}",
                 lang,
                 r=x.request_id,
                 hit=x.hit_tokens,

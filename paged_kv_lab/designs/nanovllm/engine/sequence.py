@@ -1,7 +1,9 @@
 """nano-vllm's ``Sequence`` (``nanovllm/engine/sequence.py``), the part the block manager reads.
 
 A sequence is its token ids (prompt, then generated tokens) and its block table; ``block(i)``
-is the i-th ``block_size`` slice of the tokens, the last one possibly partial.
+is the i-th ``block_size`` slice of the tokens, the last one possibly partial. At bb823b3
+``num_cached_tokens`` counts the tokens whose K/V is computed (hits, then each step's
+``num_scheduled_tokens``); at 2f352ae only the hits at allocation.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class Sequence:
         self.num_tokens = len(self.token_ids)
         self.num_prompt_tokens = self.num_tokens
         self.num_cached_tokens = 0
+        self.num_scheduled_tokens = 0
         self.block_table: list[int] = []
 
     def __len__(self) -> int:
