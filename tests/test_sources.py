@@ -25,7 +25,8 @@ from paged_kv_lab.lesson import BY_ID, LESSONS
 from paged_kv_lab.lesson.casebook import CASES
 from paged_kv_lab.lesson.myths import load_myths
 from paged_kv_lab.lesson.sources import ENGINES, Source, load_sourced_keys, topic_sources
-from paged_kv_lab.text.i18n import CATALOGUE_DIR
+from paged_kv_lab.text.i18n import CATALOGUE_DIR, tr
+from paged_kv_lab.text.source_links import FUNCTIONS
 
 # a sentence that says what an engine does: it names one, or quotes a name of its code
 NAMES_AN_ENGINE = re.compile(r"vLLM|SGLang|nano-vllm|`")
@@ -61,6 +62,24 @@ def test_lesson_10_cites_where_a_cpu_eviction_is_decided():
         "BlockPool.get_new_blocks",
         "SimpleCPUOffloadScheduler._process_store_completion",
     }
+
+
+# a vLLM name a lesson quotes: `snake_case`, or `request.snake_case`; the lab's own values apart
+QUOTED_NAME = re.compile(r"`(?:request\.)?([a-z][a-z0-9]*(?:_[a-z0-9]+)+)`")
+LAB_VALUES = {"token_budget"}  # an event's reason, as the lab records it
+
+
+def test_every_vllm_name_a_lesson_moment_quotes_is_cited():
+    """The event's own code is linked already (text.source_links: each event kind's call chain);
+    a name beyond it must be among the moment's sources."""
+    linked = {f.vllm.qualname.rsplit(".", 1)[-1] for f in FUNCTIONS.values()}
+    missing = []
+    for lesson in LESSONS:
+        for m in lesson.moments:
+            quoted = set(QUOTED_NAME.findall(tr(m.text, "en"))) - LAB_VALUES
+            cited = linked | {s.name.rsplit(".", 1)[-1] for s in m.sources}
+            missing += [(m.text, name) for name in sorted(quoted - cited)]
+    assert not missing, missing
 
 
 @pytest.mark.parametrize(
@@ -117,7 +136,7 @@ def source_text(root: Path, s: Source) -> Optional[str]:
 def defines(text: str, name: str) -> bool:
     """``name`` (a function, class or setting; ``Class.member`` for a member) is defined."""
     owner, _, member = name.rpartition(".")
-    member_def = rf"^\s*(?:async\s+)?(?:def|class)\s+{member}\b|^\s*{member}\s*[:=]"
+    member_def = rf"^\s*(?:async\s+)?(?:def|class)\s+{member}\b|^\s*(?:self\.)?{member}\s*[:=]"
     if not owner:
         return re.search(member_def, text, re.M) is not None
     m = re.search(rf"^class\s+{owner}\b.*$", text, re.M)
