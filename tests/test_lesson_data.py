@@ -223,7 +223,7 @@ def test_a_case_file_is_checked_the_same_way(tmp_path):
     with pytest.raises(LessonDataError) as info:
         load_cases(tmp_path, texts)
     assert f"{path}: scenario.only_requests: no request ['Z']" in str(info.value)
-    path.write_text(source.replace("issue: vllm-project/vllm#54607", "issue: vllm#54607"))
+    path.write_text(source.replace("issue: vllm-project/vllm#47430", "issue: vllm#47430"))
     with pytest.raises(LessonDataError) as info:
         load_cases(tmp_path, texts)
     assert f"{path}: issue: String should match pattern" in str(info.value)

@@ -125,6 +125,48 @@ def test_a_full_cpu_pool_evicts_its_own_lru_blocks():
     assert not events_of(recs, "cpu_hit", "C")  # A's prompt is gone from both tiers
 
 
+def test_a_cpu_eviction_says_whether_the_gpu_still_caches_the_prefix():
+    """Lesson 10 (issue #31): the CPU pool's get_new_blocks evicts only the CPU copy, and the GPU
+    original, freed by _process_store_completion with its hash, may still be cached. The moment
+    said is read from the step's GPU pool, and this run has both outcomes."""
+    from paged_kv_lab.lesson import BY_ID
+    from paged_kv_lab.lesson.catalog import gpu_copies, moment_matches, narration_fields
+    from paged_kv_lab.text.i18n import tr
+
+    eng = evict_then_return(cpu=CPUOffloadConfig(num_cpu_blocks=5))
+    recs = eng.run()
+    cached, gone = [m for m in BY_ID["secondtier"].moments if m.kind == "cpu_evicted"]
+    seen = set()
+    for rec in recs:
+        for e in events_of(rec, "cpu_evicted"):
+            gpu = gpu_copies(e, rec)
+            holders = [b.block_id for b in rec.snapshot.blocks if b.block_hash == e.block_hash]
+            assert sorted(gpu) == sorted(holders)
+            assert moment_matches(cached, e, rec) == bool(gpu) != moment_matches(gone, e, rec)
+            said = tr(cached.text if gpu else gone.text, "en").format_map(narration_fields(e, rec))
+            if gpu:
+                assert f"in block [{', '.join(map(str, gpu))}]" in said, said
+            else:
+                assert "in neither tier" in said, said
+            seen.add(bool(gpu))
+    assert seen == {True, False}
+
+
+def test_an_asynchronous_load_gets_no_lookahead_slots():
+    """vLLM's Scheduler.schedule sets effective_lookahead_tokens to 0 for an admission whose KV
+    loads asynchronously (no forward runs for it in that step): C's blocks cover its loaded
+    tokens only, although the scheduler reserves 3 lookahead slots elsewhere."""
+    import dataclasses
+
+    eng = evict_then_return()
+    eng.scheduler.config = dataclasses.replace(eng.scheduler.config, num_lookahead_tokens=3)
+    while not events_of(eng.step(), "cpu_load"):
+        pass
+    computed = eng.scheduler.requests["C"].num_computed_tokens
+    assert computed > 0 and computed % 4 == 0
+    assert len(table(eng, "C")) == computed // 4  # no block for the 3 lookahead slots
+
+
 def test_aborting_a_request_that_waits_for_its_load_frees_everything():
     eng = evict_then_return()
     while not events_of(eng.step(), "cpu_load"):

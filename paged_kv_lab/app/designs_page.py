@@ -259,6 +259,7 @@ def differences(
                     blocks=r.num_prompt_tokens // block_size,
                 )
             )
+            notes.append(tr("designs.diff_lookup_nanovllm", lang))
     sg_evicted = [e for e in here.events if isinstance(e, ev.LeafEvicted)]
     nano_evicted = [e for e in here.events if isinstance(e, ev.BlockMiss) and e.evicted_hash]
     if sg_evicted or nano_evicted:

@@ -86,7 +86,7 @@ def _moment_texts(lesson: Lesson, moments, rec, base: dict, lang: str) -> list[s
     texts = []
     for m in moments:
         e = next(e for e in rec.events if moment_matches(m, e, rec))
-        texts.append(tr(m.text, lang).format_map(_Safe({**base, **narration_fields(e)})))
+        texts.append(tr(m.text, lang).format_map(_Safe({**base, **narration_fields(e, rec)})))
     return texts
 
 

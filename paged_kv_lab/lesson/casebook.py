@@ -39,6 +39,7 @@ from paged_kv_lab.lesson.catalog import (
     read_data,
     scenario_problems,
 )
+from paged_kv_lab.lesson.sources import Source
 from paged_kv_lab.record.snapshot import Snapshot
 
 CASE_DIR = HERE / "cases"
@@ -78,6 +79,7 @@ class Case:
     fix: Optional[Fix] = None
     figure: str = "hit_rate"  # the number the before/after figure compares (NUMBERS)
     related: tuple[str, ...] = ()  # more threads asking the same ("owner/repo#n")
+    sources: tuple[Source, ...] = ()  # where vLLM 0.33.0 decides what the answer says
 
     @property
     def url(self) -> str:
@@ -150,6 +152,7 @@ class CaseData(DataFile):
     icon: StrictStr
     issue: Issue
     related: list[Issue] = Field(default_factory=list)
+    sources: list[Source] = Field(min_length=1)
     figure: Literal[NUMBERS] = "hit_rate"
     scenario: Annotated[ScenarioRef, BeforeValidator(file_ref)]
     moments: list[MomentData] = Field(default_factory=list)
@@ -197,6 +200,7 @@ def load_case(path: Path, catalogue: Mapping[str, Any]) -> Case:
         fix=fix,
         figure=data.figure,
         related=tuple(data.related),
+        sources=tuple(data.sources),
     )
     texts.check(path)
     if fix is not None:

@@ -34,6 +34,7 @@ from pydantic import (
 from typing_extensions import Annotated
 
 from paged_kv_lab.lesson.datafile import DataFileError, load
+from paged_kv_lab.lesson.sources import Source
 from paged_kv_lab.record.events import (
     EVENT_KINDS,
     Allocated,
@@ -74,6 +75,7 @@ class Moment:
     request: str | None = None  # only events of this request
     where: str | None = None  # name of a predicate in PREDICATES
     key: bool = True  # the lesson claims to show this (tests assert it happens)
+    sources: tuple[Source, ...] = ()  # where the engine decides what the text says
 
 
 @dataclass(frozen=True)
@@ -219,6 +221,7 @@ class MomentData(DataFile):
     request: Optional[StrictStr] = None
     where: Optional[StrictStr] = None
     key: StrictBool = True
+    sources: list[Source] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _known_predicate(self) -> "MomentData":
@@ -391,6 +394,7 @@ def build_moments(
             request=m.request,
             where=m.where,
             key=m.key,
+            sources=tuple(m.sources),
         )
         for i, m in enumerate(data)
     )
@@ -586,6 +590,14 @@ def _dup_decode(e: Cached, rec: StepRecord) -> bool:
     return _dup_hash(e, rec) and _decode_alloc(e, rec)
 
 
+def gpu_copies(e: Event, rec: StepRecord) -> tuple[int, ...]:
+    """The GPU blocks that still cache the hash a CPU eviction (``cpu_evicted``) dropped, at the
+    end of the step: the CPU pool's ``get_new_blocks`` evicts only its own copy, and vLLM's
+    ``SimpleCPUOffloadScheduler._process_store_completion`` frees the GPU original to its queue
+    with its hash, so the GPU pool may hold it until its own eviction takes it."""
+    return rec.snapshot.hash_map.get(f"{getattr(e, 'block_hash', '')}@{e.group or 0}", ())
+
+
 def _reason(value: str) -> Callable[[Event, StepRecord], bool]:
     return lambda e, rec: getattr(e, "reason", None) == value
 
@@ -613,6 +625,8 @@ PREDICATES: dict[str, Callable[[Event, StepRecord], bool]] = {
     "error_reason": _reason("error"),
     "load_ok": lambda e, rec: not getattr(e, "load_failed", False),
     "load_failed": lambda e, rec: bool(getattr(e, "load_failed", False)),
+    "gpu_copy_cached": lambda e, rec: bool(gpu_copies(e, rec)),
+    "gpu_copy_gone": lambda e, rec: not gpu_copies(e, rec),
 }
 
 
@@ -638,13 +652,17 @@ def narration_for_step(lesson: Lesson, records: Sequence[StepRecord], step: int)
     return [lesson.moments[i] for i, s in sorted(found.items()) if s == step]
 
 
-def narration_fields(e: Event) -> dict[str, Any]:
+def narration_fields(e: Event, rec: Optional[StepRecord] = None) -> dict[str, Any]:
     """The event's fields for a moment's text: ``{req}``, ``{blocks}`` and each field by name
-    (``{num_tokens}``, ``{slots}``, ``{policy}``...); lists as "[1, 2]", dicts left out."""
+    (``{num_tokens}``, ``{slots}``, ``{policy}``...); lists as "[1, 2]", dicts left out. With the
+    step's record, a CPU eviction also gets ``{gpu_blocks}``: the GPU blocks still caching its
+    hash at the end of the step (``gpu_copies``)."""
     out = {
         k: ("[" + ", ".join(map(str, v)) + "]" if isinstance(v, list) else v)
         for k, v in e.to_dict().items()
         if not isinstance(v, dict)
     }
     out.update(req=e.request_id or "", blocks="[" + ", ".join(map(str, e.block_ids)) + "]")
+    if rec is not None and e.kind == "cpu_evicted":
+        out["gpu_blocks"] = "[" + ", ".join(map(str, gpu_copies(e, rec))) + "]"
     return out

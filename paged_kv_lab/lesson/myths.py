@@ -17,6 +17,7 @@ from typing import Callable, Optional, Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from paged_kv_lab.lesson.datafile import fail, load
+from paged_kv_lab.lesson.sources import Source
 from paged_kv_lab.record.snapshot import Snapshot, StepRecord
 from paged_kv_lab.text.i18n import Text, catalogue, tr
 
@@ -171,14 +172,6 @@ def _ids(blocks) -> str:
 
 
 # -- the myths as data ----------------------------------------------------------------------
-class Source(BaseModel):
-    """Where vLLM 0.33.0 decides what the truth says: a file (vLLM's path) and a name in it."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    file: str = Field(pattern=r"^vllm/[\w/]+\.py$")
-    name: str = Field(pattern=r"^\w+$")
-
-
 class Myth(BaseModel):
     """One myth: ``id`` names its sentences (``myth.<id>.claim`` / ``.truth`` / ``.live…``) and its
     live check (``LIVE[id]``); ``seed`` is the seed article that makes the claim."""

@@ -437,8 +437,9 @@ class CpuStored(Event):
 @dataclass(frozen=True, kw_only=True)
 class CpuEvicted(Event):
     """CPU block ``block_ids[0]`` was taken from the CPU free queue's head for a new copy and lost
-    ``block_hash``: that prefix is gone from the CPU tier too (vLLM:
-    ``BlockPool._maybe_evict_cached_block`` on the CPU pool)."""
+    ``block_hash``: the CPU tier no longer holds that prefix (vLLM:
+    ``BlockPool._maybe_evict_cached_block`` on the CPU pool). The GPU pool is not touched: a GPU
+    block may still cache the same hash (``lesson.catalog.gpu_copies``)."""
 
     kind = EventKind.CPU_EVICTED
     block_hash: str

@@ -244,7 +244,9 @@ class Scheduler:
                     num_new,
                     num_hit,
                     hits,
-                    num_lookahead_tokens=cfg.num_lookahead_tokens,
+                    # vLLM's effective_lookahead_tokens: no forward runs for an asynchronous
+                    # load, so its lookahead slots come when it is scheduled to run.
+                    num_lookahead_tokens=0 if load_kv_async else cfg.num_lookahead_tokens,
                     num_external_computed_tokens=num_external,
                     delay_cache_blocks=load_kv_async,
                     full_sequence_must_fit=cfg.admission == ADMIT_FULL_SEQUENCE,
