@@ -1,22 +1,15 @@
-"""A real browser (Debian's chromium) walks every page of the app, as its sidebar lists them, and a
-lesson's static export step by step: no Markdown mark (``**`` or a backtick) may reach the visible
-text, in the page or inside the player (its shadow root, any frame). Text that comes from tokens
-(generated text, a block's tokens, the quoted tokens of an event) is the model's, not ours, and is
-left out. The player's Markdown renderer (text.js md) is also run on its own, on hostile input."""
+"""No Markdown mark (``**`` or a backtick) may reach the visible text, in a page or inside the
+player (its shadow root, any frame). Text that comes from tokens (generated text, a block's tokens,
+the quoted tokens of an event) is the model's, not ours, and is left out. Here: the player's
+Markdown renderer (text.js md) on its own, on hostile input and on every lesson text. The walk of
+every page and of a lesson's static export is test_browser_pages_open's (its server has every run
+recorded already by its warm-up, so the walk records none again)."""
 
 import re
 
 import pytest
 
-from paged_kv_lab.app.registry import pages
-from tests.test_browser import (  # noqa: F401  (pytest fixtures)
-    ROOT,
-    browser,
-    open_player,
-    server,
-    wait_idle,
-    wait_step,
-)
+from tests.test_browser import ROOT, browser, wait_idle  # noqa: F401  (pytest fixtures)
 
 pytestmark = pytest.mark.browser
 
@@ -75,59 +68,6 @@ def go(page, url: str) -> None:
     path = "/" + url.split("/", 3)[3].split("?")[0]
     page.locator(f'[data-testid=stSidebarNav] a[href="{url}"]').click()
     page.wait_for_function("(p) => location.pathname === p", arg=path.rstrip("/") or "/")
-
-
-def test_no_markdown_mark_shows_on_any_page_or_in_an_export(server, browser, tmp_path):  # noqa: F811
-    """Each page as it opens (a lesson's player at step 0: the intro), then lesson 1's export at
-    every step (its moments and outro); the other lessons' moments: test_every_lesson_text_..."""
-    page = browser.new_page(viewport={"width": 1400, "height": 1800}, accept_downloads=True)
-    page.goto(server)
-    page.wait_for_selector("[data-testid=stSidebarNav] a", timeout=90_000)
-    links = page.locator("[data-testid=stSidebarNav] a").evaluate_all("els => els.map(a => a.href)")
-    # the sidebar lists the page registry's pages, in its order
-    assert [link.rstrip("/") for link in links] == [
-        f"{server}/{p.url_path}".rstrip("/") for p in pages()
-    ]
-    shown = {}
-    for url in dict.fromkeys(links):
-        go(page, url)
-        settle(page)
-        if page.locator(".pkv").count():
-            page.wait_for_selector(".pkv[data-total]", timeout=60_000)
-        shown[url] = marks(page)
-        if url.rstrip("/").endswith("/eviction"):  # its myths are open: seed 003's three there too
-            text = page.evaluate(VISIBLE_TEXT)
-            for claim in ("evict_blocks(block_ids)", "delay_cache_blocks means", "ext_comp:"):
-                assert claim in text, f"the {claim} myth is on the eviction page"
-        if url.rstrip("/").endswith("/trace_viewer"):  # its player: the example trace
-            page.get_by_role("button", name="Load an example trace").click()
-            page.wait_for_selector(".pkv[data-total]", timeout=90_000)
-            settle(page)
-            shown[url] += marks(page)
-    bad = {u: m for u, m in shown.items() if m}
-    assert not bad, f"Markdown marks shown as text: {bad}"
-
-    # the export of lesson 1 (its intro and moments are the most marked up), every step of it
-    open_player(page, server + "/blocks")
-    with page.expect_download(timeout=60_000) as dl:
-        page.get_by_role("button", name="Download this run").click()
-    path = tmp_path / "lesson1.html"
-    dl.value.save_as(path)
-    page.close()
-    page = browser.new_context(offline=True).new_page()
-    open_player(page, path.as_uri())
-    n = int(page.locator(".pkv").get_attribute("data-total"))
-    narration = page.locator('[data-role="narration"]')
-    assert narration.locator("strong").count() >= 1, "the intro's bold is drawn as bold"
-    bad = {}
-    for k in range(n + 1):
-        wait_step(page, k)
-        found = marks(page)
-        if found:
-            bad[k] = found
-        page.keyboard.press("ArrowRight")
-    assert not bad, f"Markdown marks shown as text in the export, by step: {bad}"
-    page.context.close()
 
 
 MD_CASES = [

@@ -14,7 +14,15 @@ import pytest
 
 from paged_kv_lab.app.registry import pages
 from paged_kv_lab.text.i18n import tr
-from tests.test_browser import ROOT, browser, model_for_browser, streamlit_server  # noqa: F401
+from tests.test_browser import (  # noqa: F401  (pytest fixtures)
+    ROOT,
+    browser,
+    model_for_browser,
+    open_player,
+    streamlit_server,
+    wait_step,
+)
+from tests.test_browser_markdown import VISIBLE_TEXT, go, marks, settle
 
 pytestmark = pytest.mark.browser
 
@@ -88,3 +96,57 @@ def test_every_page_opens_within_three_seconds(fresh_server, warm):
     print(f"\nfirst visit until the page's content shows ({model_for_browser()}):\n{table}")
     slow = {pid: round(s, 2) for pid, s in took.items() if not s <= OPEN_S}
     assert not slow, f"pages that took over {OPEN_S} s to open: {slow}\n{table}"
+
+
+def test_no_markdown_mark_shows_on_any_page_or_in_an_export(fresh_server, warm, browser, tmp_path):  # noqa: F811
+    """Each page as it opens (a lesson's player at step 0: the intro), then lesson 1's export at
+    every step (its moments and outro); the other lessons' moments: test_every_lesson_text_..."""
+    server = fresh_server
+    page = browser.new_page(viewport={"width": 1400, "height": 1800}, accept_downloads=True)
+    page.goto(server)
+    page.wait_for_selector("[data-testid=stSidebarNav] a", timeout=90_000)
+    links = page.locator("[data-testid=stSidebarNav] a").evaluate_all("els => els.map(a => a.href)")
+    # the sidebar lists the page registry's pages, in its order
+    assert [link.rstrip("/") for link in links] == [
+        f"{server}/{p.url_path}".rstrip("/") for p in pages()
+    ]
+    shown = {}
+    for url in dict.fromkeys(links):
+        go(page, url)
+        settle(page)
+        if page.locator(".pkv").count():
+            page.wait_for_selector(".pkv[data-total]", timeout=60_000)
+        shown[url] = marks(page)
+        if url.rstrip("/").endswith("/eviction"):  # its myths are open: seed 003's three there too
+            text = page.evaluate(VISIBLE_TEXT)
+            for claim in ("evict_blocks(block_ids)", "delay_cache_blocks means", "ext_comp:"):
+                assert claim in text, f"the {claim} myth is on the eviction page"
+        if url.rstrip("/").endswith("/trace_viewer"):  # its player: the example trace
+            page.get_by_role("button", name="Load an example trace").click()
+            page.wait_for_selector(".pkv[data-total]", timeout=90_000)
+            settle(page)
+            shown[url] += marks(page)
+    bad = {u: m for u, m in shown.items() if m}
+    assert not bad, f"Markdown marks shown as text: {bad}"
+
+    # the export of lesson 1 (its intro and moments are the most marked up), every step of it
+    open_player(page, server + "/blocks")
+    with page.expect_download(timeout=60_000) as dl:
+        page.get_by_role("button", name="Download this run").click()
+    path = tmp_path / "lesson1.html"
+    dl.value.save_as(path)
+    page.close()
+    page = browser.new_context(offline=True).new_page()
+    open_player(page, path.as_uri())
+    n = int(page.locator(".pkv").get_attribute("data-total"))
+    narration = page.locator('[data-role="narration"]')
+    assert narration.locator("strong").count() >= 1, "the intro's bold is drawn as bold"
+    bad = {}
+    for k in range(n + 1):
+        wait_step(page, k)
+        found = marks(page)
+        if found:
+            bad[k] = found
+        page.keyboard.press("ArrowRight")
+    assert not bad, f"Markdown marks shown as text in the export, by step: {bad}"
+    page.context.close()
