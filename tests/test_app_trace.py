@@ -5,12 +5,11 @@ independent engine stepped to the same step, as for the lesson pages.
 """
 
 import json
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from _cli import run_cli_here
 from streamlit.testing.v1 import AppTest
 
 from _app_helpers import APP, TIMEOUT, Browser, app, player_data, sidebar_set, tiny, tiny_model_env  # noqa: F401  (pytest fixtures)
@@ -29,25 +28,8 @@ EVICTION = ROOT / "paged_kv_lab" / "examples" / "eviction.json"
 def cli_trace(tmp_path_factory) -> str:
     """examples/eviction.json replayed by the CLI on the tiny model, as a trace file."""
     out = tmp_path_factory.mktemp("trace") / "eviction.jsonl"
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kvcore",
-            "run",
-            str(EVICTION),
-            "--model",
-            "tiny-random",
-            "--device",
-            "cpu",
-            "--trace",
-            str(out),
-            "--quiet",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    r = run_cli_here(
+        "run", EVICTION, "--model", "tiny-random", "--device", "cpu", "--trace", out, "--quiet"
     )
     assert r.returncode == 0, r.stderr
     return out.read_text()
