@@ -1,9 +1,9 @@
 """KV cache coordinator: one single-type manager per KV cache group, one shared BlockPool
 (vLLM: v1/core/kv_cache_coordinator.py).
 
-A uniform model has one group; a model mixing full and sliding-window layers
-has two (group 0 = full attention, group 1 = sliding window). Every request
-has one block table per group, all drawn from the same free queue.
+A uniform model has one group; a model mixing full attention with sliding-window
+or linear-attention (Mamba) layers has one group per kind. Every request has one
+block table per group, all drawn from the same free queue.
 """
 
 from __future__ import annotations
@@ -79,6 +79,7 @@ class KVCacheCoordinator(ABC):
         new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
         total_computed_tokens: int,
         apply_admission_cap: bool = False,
+        num_tokens_main_model: Optional[int] = None,
     ) -> int:
         return sum(
             m.get_num_blocks_to_allocate(
@@ -87,6 +88,7 @@ class KVCacheCoordinator(ABC):
                 new_computed_blocks[i],
                 total_computed_tokens,
                 apply_admission_cap,
+                num_tokens_main_model,
             )
             for i, m in enumerate(self.single_type_managers)
         )
@@ -100,11 +102,16 @@ class KVCacheCoordinator(ABC):
             )
 
     def allocate_new_blocks(
-        self, request_id: str, num_tokens: int
+        self, request_id: str, num_tokens: int, num_tokens_main_model: Optional[int] = None
     ) -> tuple[list[KVCacheBlock], ...]:
         return tuple(
-            m.allocate_new_blocks(request_id, num_tokens) for m in self.single_type_managers
+            m.allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
+            for m in self.single_type_managers
         )
+
+    def new_step_starts(self) -> None:
+        for m in self.single_type_managers:
+            m.new_step_starts()
 
     def cache_blocks(self, request, num_computed_tokens: int) -> None:
         boundaries = replay_boundaries(request.num_prompt_tokens)

@@ -190,12 +190,15 @@ class KVCacheManager:
             if need + watermark_blocks > self.block_pool.get_num_free_blocks():
                 return None
 
-        num_tokens_need_slot = min(
-            total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len
-        )
+        num_tokens_main_model = total_computed + num_new_tokens
+        num_tokens_need_slot = min(num_tokens_main_model + num_lookahead_tokens, self.max_model_len)
         self.coordinator.remove_skipped_blocks(request.request_id, total_computed)
         need = self.coordinator.get_num_blocks_to_allocate(
-            request.request_id, num_tokens_need_slot, hits, num_local_computed
+            request.request_id,
+            num_tokens_need_slot,
+            hits,
+            num_local_computed,
+            num_tokens_main_model=num_tokens_main_model,
         )
         if need + watermark_blocks > self.block_pool.get_num_free_blocks():
             return None
@@ -204,7 +207,9 @@ class KVCacheManager:
             self.coordinator.allocate_new_computed_blocks(
                 request.request_id, hits, num_local_computed
             )
-        new_blocks = self.coordinator.allocate_new_blocks(request.request_id, num_tokens_need_slot)
+        new_blocks = self.coordinator.allocate_new_blocks(
+            request.request_id, num_tokens_need_slot, num_tokens_main_model
+        )
         if self.enable_caching and not delay_cache_blocks:
             self.coordinator.cache_blocks(
                 request, min(total_computed + num_new_tokens, request.num_tokens)
@@ -216,6 +221,10 @@ class KVCacheManager:
         tokens: a draft's slot may be overwritten, so it must not enter the prefix cache."""
         if self.enable_caching:
             self.coordinator.cache_blocks(request, min(num_computed_tokens, request.num_tokens))
+
+    def new_step_starts(self) -> None:
+        """The scheduler starts a step: a Mamba state cached last step may now be a hit."""
+        self.coordinator.new_step_starts()
 
     def free(self, request) -> None:
         """Free every group's table in reverse order (group 0 first). The pool's observer

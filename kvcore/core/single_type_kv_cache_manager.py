@@ -9,7 +9,12 @@ from typing import Optional, Sequence
 from kvcore.core.block_pool import BlockPool
 from kvcore.core.kv_cache_observer import FREE_WINDOW, call_for_request
 from kvcore.core.kv_cache_utils import KVCacheBlock
-from kvcore.kv_cache_interface import FullAttentionSpec, KVCacheSpec, SlidingWindowSpec
+from kvcore.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
 from kvcore.utils.math_utils import cdiv
 
 
@@ -60,8 +65,11 @@ class SingleTypeKVCacheManager(ABC):
         new_computed_blocks: Sequence[KVCacheBlock],
         total_computed_tokens: int,
         apply_admission_cap: bool = False,
+        num_tokens_main_model: Optional[int] = None,
     ) -> int:
-        """Blocks this call would take from the free queue, hits sitting in the queue included."""
+        """Blocks this call would take from the free queue, hits sitting in the queue included.
+        ``num_tokens_main_model`` is ``num_tokens`` less the lookahead (draft) slots; only a
+        Mamba group in align mode reads it."""
         num_required = cdiv(num_tokens, self.block_size)
         if apply_admission_cap and self.max_admission_blocks_per_request is not None:
             num_required = min(num_required, self.max_admission_blocks_per_request)
@@ -103,7 +111,9 @@ class SingleTypeKVCacheManager(ABC):
         req_blocks.extend(hits)
         self.num_cached_block[request_id] = len(req_blocks)
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, num_tokens_main_model: Optional[int] = None
+    ) -> list[KVCacheBlock]:
         req_blocks = self.req_to_blocks[request_id]
         num_new = cdiv(num_tokens, self.block_size) - len(req_blocks)
         if num_new <= 0:
@@ -199,6 +209,9 @@ class SingleTypeKVCacheManager(ABC):
                 pool.free_blocks,
                 removed,
             )
+
+    def new_step_starts(self) -> None:
+        """A scheduler step begins (only Mamba keeps per-step state)."""
 
     @abstractmethod
     def find_longest_cache_hit(
@@ -297,6 +310,212 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         return out
 
 
+class MambaManager(SingleTypeKVCacheManager):
+    """State blocks of a linear-attention group (vLLM 0.33's MambaManager, without partial hash
+    hits and prefill-checkpoint blocks).
+
+    Invariants. Mode "none": the table is one running state (plus ``num_speculative_blocks``)
+    sized like any table, and prefix caching is off. Mode "align": slot i stands for the
+    state after ``(i + 1) * block_size`` tokens; a request holds at most the state it resumes
+    from, the one it writes this step and its speculative blocks; every other slot is the null
+    block. The previous step's state (``last_state_block_idx``) is released once the next
+    step has read it; a slot left behind by ``remove_skipped_blocks`` is never visited again
+    (``_num_retired_blocks``). A state cached this step is not a hit until the next step
+    (its bytes are written by this step's forward pass).
+    """
+
+    def __init__(
+        self,
+        kv_cache_spec: MambaSpec,
+        block_pool: BlockPool,
+        enable_caching: bool,
+        kv_cache_group_id: int,
+        max_admission_blocks_per_request: Optional[int] = None,
+    ) -> None:
+        super().__init__(
+            kv_cache_spec,
+            block_pool,
+            enable_caching,
+            kv_cache_group_id,
+            max_admission_blocks_per_request,
+        )
+        self.mamba_cache_mode = kv_cache_spec.mamba_cache_mode
+        if enable_caching and self.mamba_cache_mode != "align":
+            raise ValueError("Mamba prefix caching requires mamba_cache_mode='align'")
+        self.num_speculative_blocks = kv_cache_spec.num_speculative_blocks
+        self.cached_blocks_this_step: set[bytes] = set()
+        self.last_state_block_idx: dict[str, int] = {}
+        self._num_retired_blocks: dict[str, int] = {}
+        self._allocated_block_reqs: set[str] = set()
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        # Only the state after the last computed token is needed.
+        return num_computed_tokens - 1
+
+    def find_longest_cache_hit(self, block_hashes, max_length, kv_cache_group_ids):
+        """Right to left: the last cached state up to ``max_length`` is the whole hit (earlier
+        states are not needed), padded in front with null blocks so its length counts tokens."""
+        null = self.block_pool.null_block
+        for i in range(max_length // self.block_size - 1, -1, -1):
+            cached = self.block_pool.get_cached_block(block_hashes[i], kv_cache_group_ids)
+            if cached:
+                return [[null] * i + [blk] for blk in cached]
+        return [[] for _ in kv_cache_group_ids]
+
+    def reachable_block_mask(
+        self, start_block, end_block, retention_interval, reachable_boundaries
+    ):
+        """A hit needs exactly the one state ending on its boundary. Interval None: every
+        state; 0: only the states where a later request can stop; n > 0: those plus one
+        every n tokens."""
+        if retention_interval is None:
+            return None
+        mask = [False] * (end_block - start_block)
+        if retention_interval:
+            per_segment = retention_interval // self.block_size
+            if per_segment <= 1:
+                return None
+            first = (start_block + per_segment) // per_segment * per_segment - 1
+            for i in range(first - start_block, len(mask), per_segment):
+                mask[i] = True
+        for boundary in reachable_boundaries:
+            block = boundary // self.block_size - 1
+            if start_block <= block < end_block:
+                mask[block - start_block] = True
+        return mask
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id,
+        num_tokens,
+        new_computed_blocks,
+        total_computed_tokens,
+        apply_admission_cap=False,
+        num_tokens_main_model=None,
+    ):
+        if new_computed_blocks and new_computed_blocks[-1].block_hash in (
+            self.cached_blocks_this_step
+        ):
+            # More than the pool holds: the request waits for the step that writes the state.
+            return self.block_pool.num_gpu_blocks + 1
+        if self.mamba_cache_mode != "align":
+            return super().get_num_blocks_to_allocate(
+                request_id,
+                num_tokens + self.block_size * self.num_speculative_blocks,
+                new_computed_blocks,
+                total_computed_tokens,
+                apply_admission_cap,
+            )
+        # Lookahead slots are left out: draft models have no Mamba layers, and they would
+        # break the alignment.
+        if num_tokens_main_model is not None:
+            num_tokens = num_tokens_main_model
+        num_required = cdiv(num_tokens, self.block_size) + self.num_speculative_blocks
+        num_new = num_required - len(new_computed_blocks) - len(self.req_to_blocks[request_id])
+        if num_new > 0:
+            cap = 1
+            if request_id not in self._allocated_block_reqs:
+                cap += self.num_speculative_blocks
+            num_new = min(num_new, cap)
+        evictable = sum(1 for b in new_computed_blocks if b.ref_cnt == 0 and not b.is_null)
+        # A negative num_new (blocks held past the need) lowers the sum, as in vLLM.
+        return num_new + evictable
+
+    def allocate_new_blocks(self, request_id, num_tokens, num_tokens_main_model=None):
+        """Align mode: returns the table's new tail (null slots, relocated speculative
+        blocks, fresh blocks), which is what the worker appends to its block table."""
+        k = self.num_speculative_blocks
+        if self.mamba_cache_mode != "align":
+            return super().allocate_new_blocks(request_id, num_tokens + self.block_size * k)
+        if num_tokens_main_model is not None:
+            num_tokens = num_tokens_main_model
+        req_blocks = self.req_to_blocks[request_id]
+        num_required = cdiv(num_tokens, self.block_size) + k
+        if num_required <= len(req_blocks):
+            self._allocated_block_reqs.add(request_id)
+            return []
+        prev_len = len(req_blocks)
+        allocated_before = request_id in self._allocated_block_reqs
+        if allocated_before:
+            # The running state sits just before the speculative blocks.
+            self.last_state_block_idx[request_id] = prev_len - 1 - k
+        elif prev_len > 0:
+            # A prefix hit: its last block is the state to resume from.
+            self.last_state_block_idx[request_id] = prev_len - 1
+        num_skipped = num_required - k - 1
+        if prev_len < num_skipped:
+            req_blocks.extend([self._null_block] * (num_skipped - prev_len))
+        if allocated_before:
+            for i in range(prev_len - k, prev_len):
+                if i >= num_skipped:
+                    break
+                # A speculative scratch block moves to the new tail; its slot becomes null.
+                req_blocks.append(req_blocks[i])
+                req_blocks[i] = self._null_block
+        num_new = max(num_required - len(req_blocks), 0)
+        assert num_new <= 1 + (0 if allocated_before else k)
+        pool = self.block_pool
+        new_blocks = call_for_request(
+            pool.observer, request_id, self.kv_cache_group_id, None, pool.get_new_blocks, num_new
+        )
+        returned = req_blocks[prev_len:]
+        req_blocks.extend(new_blocks)
+        self._allocated_block_reqs.add(request_id)
+        returned.extend(new_blocks)
+        return returned
+
+    def _free_state_blocks(self, request_id: str, blocks: list[KVCacheBlock]) -> None:
+        pool = self.block_pool
+        call_for_request(
+            pool.observer, request_id, self.kv_cache_group_id, FREE_WINDOW, pool.free_blocks, blocks
+        )
+
+    def remove_skipped_blocks(self, request_id: str, total_computed_tokens: int) -> None:
+        if self.mamba_cache_mode != "align":
+            super().remove_skipped_blocks(request_id, total_computed_tokens)
+            return
+        num_skipped_tokens = self.get_num_skipped_tokens(total_computed_tokens)
+        if num_skipped_tokens > 0:
+            blocks = self.req_to_blocks[request_id]
+            first = self._num_retired_blocks.get(request_id, 0)
+            last = min(num_skipped_tokens // self.block_size, len(blocks))
+            if first < last:
+                # Prefill leaves null gaps between states: skip them, do not stop at them.
+                freed = []
+                for i in range(last - 1, first - 1, -1):
+                    if not blocks[i].is_null:
+                        freed.append(blocks[i])
+                        blocks[i] = self._null_block
+                if freed:
+                    self._free_state_blocks(request_id, freed)
+                self._num_retired_blocks[request_id] = last
+        idx = self.last_state_block_idx.get(request_id)
+        if idx is not None and idx < cdiv(total_computed_tokens, self.block_size) - 1:
+            blocks = self.req_to_blocks[request_id]
+            if not blocks[idx].is_null:
+                self._free_state_blocks(request_id, [blocks[idx]])
+                blocks[idx] = self._null_block
+
+    def cache_blocks(self, request, num_tokens, retention_interval=0, replay_boundaries=()):
+        rid = request.request_id
+        before = self.num_cached_block.get(rid, 0)
+        super().cache_blocks(request, num_tokens, retention_interval, replay_boundaries)
+        after = self.num_cached_block.get(rid, 0)
+        blocks = self.req_to_blocks[rid]
+        for i in range(before, after):
+            if not blocks[i].is_null and blocks[i].block_hash is not None:
+                self.cached_blocks_this_step.add(blocks[i].block_hash)
+
+    def new_step_starts(self) -> None:
+        self.cached_blocks_this_step.clear()
+
+    def free(self, request_id: str) -> None:
+        self._allocated_block_reqs.discard(request_id)
+        self.last_state_block_idx.pop(request_id, None)
+        self._num_retired_blocks.pop(request_id, None)
+        super().free(request_id)
+
+
 def get_manager_for_kv_cache_spec(
     kv_cache_spec: KVCacheSpec,
     block_pool: BlockPool,
@@ -314,4 +533,6 @@ def get_manager_for_kv_cache_spec(
         return FullAttentionManager(
             kv_cache_spec, block_pool, enable_caching, kv_cache_group_id, cap
         )
+    if isinstance(kv_cache_spec, MambaSpec):
+        return MambaManager(kv_cache_spec, block_pool, enable_caching, kv_cache_group_id, cap)
     raise ValueError(f"no manager for KV cache spec {type(kv_cache_spec).__name__}")

@@ -1,0 +1,28 @@
+"""Hybrid (full attention + Mamba) KV cache groups against vLLM 0.33.0's own KVCacheManager
+(bench/hybrid_vs_vllm.py): random traces through one scheduler loop on both sides, every step
+compared (each group's block tables, the free queue, hits, blocks handed out, KV events). Needs
+the scratch environment with the real vllm==0.33.0 (``bash scripts/vllm_env.sh``; ``VLLM_VENV``,
+default /tmp/vllm-venv); the figure over 200 traces a config is in docs/fidelity.md."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+import hybrid_vs_vllm  # noqa: E402
+
+VENV = os.environ.get("VLLM_VENV", "/tmp/vllm-venv")
+
+
+@pytest.mark.skipif(
+    not (Path(VENV) / "bin" / "python").exists(),
+    reason=f"no vLLM 0.33.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
+)
+def test_hybrid_mamba_groups_step_as_vllms_do():
+    res = hybrid_vs_vllm.differential(VENV, range(25), list(hybrid_vs_vllm.CONFIGS))
+    assert res["identical"] == res["runs"] == 100, res["first_differences"]
+    # the traces really hit, preempt and evict (else agreeing would prove little)
+    assert res["prefix_hits"] > 50 and res["preemptions"] > 50 and res["evictions"] > 50

@@ -1,0 +1,190 @@
+"""Mamba (linear-attention) groups beside full attention: MambaSpec, MambaManager in "align" and
+"none" mode, the scheduler's chunk alignment. The same behaviour is compared step by step with
+vLLM 0.33.0's own classes in tests/test_hybrid_vs_vllm.py (skips without the vLLM venv)."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from _kv_helpers import admit, make_request, queue_ids
+from kvcore.core.kv_cache_manager import KVCacheManager
+from kvcore.core.sched.scheduler import mamba_block_aligned_split
+from kvcore.distributed.kv_events import BlockStored
+from kvcore.kv_cache_interface import KVCacheConfig, MambaSpec, full_attention, mamba
+
+BS = 4
+
+
+def manager(num_blocks=30, mode="align", retention=0, spec_blocks=0, caching=True):
+    groups = (full_attention(BS), mamba(BS, mode, num_speculative_blocks=spec_blocks))
+    config = KVCacheConfig(num_blocks, groups, retention)
+    return KVCacheManager(config, enable_caching=caching, enable_kv_cache_events=True)
+
+
+def step(kvm, req, n):
+    """One scheduled chunk of a running request, as the scheduler gives it."""
+    kvm.new_step_starts()
+    assert kvm.allocate_slots(req, n) is not None
+    req.num_computed_tokens += n
+
+
+def split(req, n, hit=0):
+    return mamba_block_aligned_split(req, n, hit, block_size=BS, max_prefill_tokens=64)
+
+
+def prefill(kvm, req, chunk=64):
+    """Admit and prefill the request in chunks cut as the scheduler cuts them in align mode.
+    -> (hit blocks, hit tokens)."""
+    kvm.new_step_starts()
+    hits, num_hit, req.shared_prefix_boundary = kvm.get_computed_blocks(req)
+    n = split(req, min(chunk, req.num_tokens - num_hit), num_hit)
+    assert kvm.allocate_slots(req, n, num_hit, hits) is not None
+    req.num_computed_tokens = num_hit + n
+    while req.num_computed_tokens < req.num_tokens:
+        step(kvm, req, split(req, min(chunk, req.num_tokens - req.num_computed_tokens)))
+    return hits, num_hit
+
+
+def test_spec_page_size_and_validation():
+    spec = MambaSpec(16, shapes=((4, 8), (2, 3)), dtypes=("float32", "bfloat16"))
+    assert spec.page_size_bytes == spec.real_page_size_bytes == 4 * 8 * 4 + 2 * 3 * 2
+    padded = MambaSpec(16, shapes=((4,),), dtypes=("float32",), page_size_padded=64)
+    assert padded.page_size_bytes == 64
+    with pytest.raises(ValueError, match="mamba_cache_mode"):
+        MambaSpec(16, mamba_cache_mode="all")
+    with pytest.raises(ValueError, match="one dtype per"):
+        MambaSpec(16, shapes=((1,),))
+    with pytest.raises(ValueError, match="requires mamba_cache_mode='align'"):
+        manager(mode="none", caching=True)
+
+
+def test_align_mode_keeps_one_state_per_boundary_and_frees_the_ones_behind():
+    kvm = manager(retention=None)
+    a = make_request("a", list(range(13)), BS)
+    prefill(kvm, a, chunk=4)
+    full, state = kvm.get_block_ids("a")
+    assert len(full) == 4
+    # slot i = the state after (i + 1) * 4 tokens; held: the state at 12 tokens (this step
+    # reads it) and the one being written; those at 4 and 8 went back to the free queue
+    assert state[:2] == [0, 0] and state[2] and state[3]
+    pool = kvm.block_pool
+    freed = [b for b in pool.blocks if b.block_hash is not None and b.ref_cnt == 0]
+    assert len(freed) == 2 and all(b.block_id in queue_ids(pool) for b in freed)
+    a.append_output_token_ids([7])
+    step(kvm, a, 1)  # the next step no longer needs the state at 12 tokens
+    assert kvm.get_block_ids("a")[1][:3] == [0, 0, 0]
+
+
+def test_resend_hits_the_last_state_both_groups_agree_on():
+    kvm = manager(retention=None)
+    prompt = list(range(13))
+    a = make_request("a", prompt, BS)
+    prefill(kvm, a)
+    b = make_request("b", prompt, BS)
+    hits, num_hit = prefill(kvm, b)
+    assert num_hit == 12
+    full_hit, state_hit = hits.get_block_ids()
+    assert full_hit == kvm.get_block_ids("a")[0][:3]
+    # the Mamba hit is one state, padded in front with the null block
+    assert state_hit[:2] == [0, 0] and state_hit[2] != 0
+
+
+def test_a_state_cached_this_step_is_no_hit_until_the_next_step():
+    kvm = manager(retention=None)
+    prompt = list(range(9))
+    a = make_request("a", prompt, BS)
+    kvm.new_step_starts()
+    assert kvm.allocate_slots(a, 8) is not None  # the prefill's first chunk: 8 tokens
+    a.num_computed_tokens = 8
+    b = make_request("b", prompt, BS)
+    hits, num_hit, _ = kvm.get_computed_blocks(b)
+    assert num_hit == 8
+    # the state's bytes are written by this step's forward pass: b must wait a step
+    assert kvm.allocate_slots(b, 1, num_hit, hits) is None
+    kvm.new_step_starts()
+    assert kvm.allocate_slots(b, 1, num_hit, hits) is not None
+
+
+def test_sparse_retention_keeps_only_the_states_a_later_request_can_reach():
+    kvm = manager(retention=0)
+    a = make_request("a", list(range(13)), BS)
+    prefill(kvm, a, chunk=4)
+    hashed = [b.block_hash_num_tokens for b in kvm.block_pool.blocks if b.block_hash]
+    # full attention hashes every full block (4, 8, 12); of the states only the one at 12
+    # tokens is kept, where a resend stops (its last token is recomputed)
+    assert sorted(hashed) == [4, 8, 12, 12]
+
+
+def test_events_carry_the_group_and_its_kind():
+    kvm = manager(retention=None)
+    prefill(kvm, make_request("a", list(range(9)), BS))
+    stored = [e for e in kvm.take_events() if isinstance(e, BlockStored)]
+    assert {(e.group_idx, e.kv_cache_spec_kind) for e in stored} == {
+        (0, "full_attention"),
+        (1, "mamba"),
+    }
+
+
+def test_none_mode_keeps_one_running_state_and_caches_nothing():
+    kvm = manager(mode="none", caching=False, spec_blocks=1)
+    a = make_request("a", list(range(10)), BS, caching=False)
+    admit(kvm, a)
+    full, state = kvm.get_block_ids("a")
+    assert len(full) == 3 and len(state) == 4  # sized like a table, + 1 speculative block
+    assert all(b.block_hash is None for b in kvm.block_pool.blocks)
+
+
+@pytest.mark.parametrize(
+    "computed,prompt,n,hit,junction,want",
+    [
+        (0, 13, 10, 0, 0, 8),  # a chunk inside the prefill ends on a boundary
+        (0, 13, 13, 0, 0, 12),  # ... and stops at the last boundary a resend can hit
+        (12, 13, 1, 0, 0, 1),  # the prompt's last chunk is exempt
+        (0, 13, 10, 0, 6, 4),  # a shared-prefix junction, floored to a boundary
+        (0, 13, 3, 0, 0, 3),  # a block wider than a chunk is crossed in sub-block chunks
+        (2, 13, 9, 0, 0, 2),  # a chunk starting mid-block stops at the next boundary
+        (0, 13, 6, 4, 0, 4),  # the hit counts as computed
+    ],
+)
+def test_chunks_are_cut_at_state_boundaries(computed, prompt, n, hit, junction, want):
+    r = make_request("r", list(range(prompt)), BS)
+    r.num_computed_tokens = computed
+    r.shared_prefix_boundary = junction
+    max_prefill = 2 if n == 3 else 64
+    got = mamba_block_aligned_split(r, n, hit, block_size=BS, max_prefill_tokens=max_prefill)
+    assert got == want
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2), st.integers(1, 9), st.integers(0, 3)), min_size=1, max_size=6
+    ),
+    st.integers(0, 1),
+)
+def test_align_tables_hold_few_states_and_the_pool_balances(reqs, spec_blocks):
+    kvm = manager(num_blocks=60, spec_blocks=spec_blocks, retention=None)
+    stems = [list(range(7)), list(range(100, 111)), list(range(5))]
+    running = []
+    for i, (stem, extra, chunk_extra) in enumerate(reqs):
+        r = make_request(f"r{i}", stems[stem] + list(range(200, 200 + extra)), BS)
+        kvm.new_step_starts()
+        hits, num_hit, r.shared_prefix_boundary = kvm.get_computed_blocks(r)
+        n = split(r, min(4 + chunk_extra, r.num_tokens - num_hit), num_hit)
+        if n and kvm.allocate_slots(r, n, num_hit, hits) is not None:
+            r.num_computed_tokens = num_hit + n
+            running.append(r)
+        for r in running:
+            left = r.num_tokens - r.num_computed_tokens
+            if left > 0:
+                step(kvm, r, split(r, left))
+    pool = kvm.block_pool
+    for r in running:
+        state = kvm.get_block_ids(r.request_id)[1]
+        # the state it resumes from, the one it writes, its speculative blocks
+        assert sum(1 for b in state if b) <= 2 + spec_blocks
+    held = {b.block_id for b in pool.blocks if b.ref_cnt > 0 and not b.is_null}
+    assert len(held) + len(queue_ids(pool)) == pool.num_gpu_blocks - 1
+    for r in running:
+        kvm.free(r)
+    assert len(queue_ids(pool)) == pool.num_gpu_blocks - 1
