@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import random
+import struct
 import subprocess
 import sys
 from collections import deque
@@ -43,6 +44,11 @@ CONFIGS = {
     "align-dense": dict(mode="align", retention=None, lookahead=0, spec_blocks=0, caching=True),
     "align-lookahead": dict(mode="align", retention=0, lookahead=2, spec_blocks=1, caching=True),
     "none": dict(mode="none", retention=0, lookahead=0, spec_blocks=0, caching=False),
+    # Requests with a LoRA adapter, multimodal items, prompt embeddings and a cache salt, each
+    # drawn from a small set, so some share a prefix's extra keys and some do not.
+    "extra-keys": dict(
+        mode="align", retention=0, lookahead=0, spec_blocks=0, caching=True, extras=True
+    ),
 }
 
 
@@ -58,7 +64,23 @@ def make_trace(seed: int) -> dict:
         if len(prompt) < 2:
             prompt.append(1)
         outputs = [rng.randrange(50) for _ in range(rng.randrange(1, 6))]
-        reqs.append({"id": f"r{i}", "prompt": prompt, "outputs": outputs, "arrive": i // 2})
+        extras = {
+            "lora": rng.choice([None, None, ["sql", 1, "/adapters/sql"], ["chat", 2, "/a/chat"]]),
+            "salt": rng.choice([None, None, "tenant-1"]),
+            "mm": [],
+            "embeds": rng.random() < 0.3,
+        }
+        if rng.random() < 0.5:
+            offset = rng.randrange(0, len(prompt))
+            for _ in range(rng.randrange(1, 3)):
+                if offset >= len(prompt):
+                    break
+                length = rng.randrange(1, 7)
+                extras["mm"].append([rng.choice(["img-a", "img-b"]), offset, length])
+                offset += length + rng.randrange(0, 4)
+        reqs.append(
+            {"id": f"r{i}", "prompt": prompt, "outputs": outputs, "arrive": i // 2, **extras}
+        )
     return {
         "block_size": bs,
         "num_blocks": rng.randrange(10, 40),
@@ -96,9 +118,26 @@ class KvcoreSide:
         )
         self.bs = bs
 
-    def make_request(self, rid, prompt, max_tokens):
+    def make_request(self, spec, extras):
+        from kvcore.lora.request import LoRARequest
+        from kvcore.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+
+        kw = {}
+        if extras:
+            kw["lora_request"] = LoRARequest(*spec["lora"]) if spec["lora"] else None
+            kw["cache_salt"] = spec["salt"]
+            kw["mm_features"] = [
+                MultiModalFeatureSpec(ident, PlaceholderRange(off, n))
+                for ident, off, n in spec["mm"]
+            ]
+            if spec["embeds"]:
+                kw["prompt_embeds"] = [struct.pack("<2f", *row) for row in _embeds(spec["prompt"])]
         return self._Request(
-            rid, list(prompt), max_tokens, block_hasher=self._Hasher(self.hash_fn, self.bs)
+            spec["id"],
+            list(spec["prompt"]),
+            len(spec["outputs"]),
+            block_hasher=self._Hasher(self.hash_fn, self.bs),
+            **kw,
         )
 
     def append(self, req, token):
@@ -168,13 +207,33 @@ class VllmSide:
         )
         self.split = lambda req, n, hit=0: Scheduler._mamba_block_aligned_split(fields, req, n, hit)
 
-    def make_request(self, rid, prompt, max_tokens):
+    def make_request(self, spec, extras):
+        import torch
+        from vllm.lora.request import LoRARequest
+        from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+
+        kw = {}
+        if extras:
+            kw["lora_request"] = LoRARequest(*spec["lora"]) if spec["lora"] else None
+            kw["cache_salt"] = spec["salt"]
+            kw["mm_features"] = [
+                MultiModalFeatureSpec(
+                    data=None,
+                    modality="image",
+                    identifier=ident,
+                    mm_position=PlaceholderRange(offset=off, length=n),
+                )
+                for ident, off, n in spec["mm"]
+            ] or None
+            if spec["embeds"]:
+                kw["prompt_embeds"] = torch.tensor(_embeds(spec["prompt"]), dtype=torch.float32)
         return self._Request(
-            rid,
-            list(prompt),
-            self._Params(max_tokens=max_tokens),
+            spec["id"],
+            list(spec["prompt"]),
+            self._Params(max_tokens=len(spec["outputs"])),
             None,
             block_hasher=self.hasher,
+            **kw,
         )
 
     def append(self, req, token):
@@ -184,11 +243,32 @@ class VllmSide:
         return [b.block_id for b in self.manager.block_pool.free_block_queue.get_all_free_blocks()]
 
 
+def _embeds(prompt) -> list:
+    """Two float32 numbers per prompt token, from the token: shared prefixes share embeddings."""
+    return [[float(t), t / 4.0] for t in prompt]
+
+
 # -- one scheduler loop for both -------------------------------------------------------------------
+def _plain(x):
+    if isinstance(x, bytes):
+        return x.hex()
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x
+
+
 def _event(ev) -> list:
     kind = type(ev).__name__
     hashes = [int(h) if isinstance(h, int) else h.hex() for h in getattr(ev, "block_hashes", [])]
-    return [kind, hashes, getattr(ev, "group_idx", None), getattr(ev, "kv_cache_spec_kind", None)]
+    return [
+        kind,
+        hashes,
+        getattr(ev, "group_idx", None),
+        getattr(ev, "kv_cache_spec_kind", None),
+        _plain(getattr(ev, "extra_keys", None)),
+        getattr(ev, "lora_id", None),
+        getattr(ev, "lora_name", None),
+    ]
 
 
 def drive(side, trace: dict, cfg: dict) -> list:
@@ -204,7 +284,7 @@ def drive(side, trace: dict, cfg: dict) -> list:
     for step in range(400):
         while pending and pending[0]["arrive"] <= step:
             spec = pending.popleft()
-            r = side.make_request(spec["id"], spec["prompt"], len(spec["outputs"]))
+            r = side.make_request(spec, cfg.get("extras", False))
             reqs[spec["id"]] = (r, spec["outputs"])
             waiting.append(r)
         if not (pending or waiting or running):
@@ -311,6 +391,9 @@ def compare(seed: int, name: str) -> dict:
         "hits": sum(1 for r in a for h in r["hits"].values() if h[0]),
         "preemptions": sum(len(r["preempted"]) for r in a),
         "evictions": sum(1 for r in a for e in r["events"] if e[0] == "BlockRemoved"),
+        "stored_with_extra_keys": sum(
+            1 for r in a for e in r["events"] if e[0] == "BlockStored" and e[4] and any(e[4])
+        ),
     }
 
 
@@ -333,6 +416,7 @@ def worker_main(seeds: range, configs: list[str]) -> int:
         "prefix_hits": sum(r.get("hits", 0) for r in results),
         "preemptions": sum(r.get("preemptions", 0) for r in results),
         "evictions": sum(r.get("evictions", 0) for r in results),
+        "stored_with_extra_keys": sum(r.get("stored_with_extra_keys", 0) for r in results),
         "configs": configs,
         "first_differences": bad[:3],
     }

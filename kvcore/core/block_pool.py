@@ -258,14 +258,15 @@ class BlockPool:
             None if keys is None else tuple(k[1:] if k[0] == "mm" else k[1] for k in keys)
             for keys in extra_keys
         ]
+        lora = getattr(request, "lora_request", None)
         return BlockStored(
             block_hashes=[self._external(h) for h in block_hashes],
             parent_block_hash=None if parent is None else self._external(parent),
             token_ids=list(request.all_token_ids[start:end]),
             block_size=block_size,
-            lora_id=None,
+            lora_id=lora.adapter_id if lora else None,
             medium=self.medium,
-            lora_name=None,
+            lora_name=lora.name if lora else None,
             extra_keys=untagged or None,
             group_idx=group_id,
         )

@@ -19,6 +19,7 @@ resolves it as vLLM does.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
@@ -200,6 +201,76 @@ def cache_salt_extra_keys(cache_salt: Optional[str], block_index: int) -> Option
     return None
 
 
+def _gen_mm_extra_hash_keys(
+    request, start_token_idx: int, end_token_idx: int, start_mm_idx: int
+) -> tuple[list, int]:
+    """("mm", identifier, offset from the block's start) for each multimodal item whose
+    placeholder range the block [start, end) touches; -> (keys, the item to look at next)."""
+    keys: list = []
+    features = request.mm_features
+    if not features:
+        return keys, start_mm_idx
+    last = features[-1].mm_position
+    if last.offset + last.length <= start_token_idx:
+        return keys, start_mm_idx
+    if start_mm_idx < 0:
+        start_mm_idx += len(features)
+    idx = start_mm_idx
+    while idx < len(features):
+        feature = features[idx]
+        offset, length = feature.mm_position.offset, feature.mm_position.length
+        if end_token_idx <= offset:
+            break  # the block has not reached this item
+        if start_token_idx >= offset + length:
+            idx += 1  # the block is past this item
+            continue
+        keys.append(("mm", feature.identifier, offset - start_token_idx))
+        if end_token_idx < offset + length:
+            break  # the item goes on into the next block
+        idx += 1  # the item ends here; the next one may start in this block too
+    return keys, idx
+
+
+def _gen_lora_extra_hash_keys(request) -> list:
+    lora = request.lora_request
+    if not lora:
+        return []
+    # The path too: re-pointing a name at another adapter must not reuse the old KV.
+    return [("lora", lora.lora_name, lora.lora_path)]
+
+
+def _gen_prompt_embeds_extra_hash_keys(request, start_token_idx: int, end_token_idx: int) -> list:
+    """sha256 of the block's embedding rows (their raw bytes, in order), cached per range."""
+    if request.prompt_embeds is None:
+        return []
+    block_range = (start_token_idx, end_token_idx)
+    cached = request._prompt_embeds_per_block_hashes.get(block_range)
+    if cached is None:
+        rows = request.prompt_embeds[start_token_idx:end_token_idx]
+        cached = hashlib.sha256(b"".join(bytes(r) for r in rows)).digest()
+        request._prompt_embeds_per_block_hashes[block_range] = cached
+    return [("prompt_embeds", cached)]
+
+
+def generate_block_hash_extra_keys(
+    request, start_token_idx: int, end_token_idx: int, start_mm_idx: int
+) -> tuple[Optional[tuple], int]:
+    """The extra keys of the block [start, end): LoRA (every block), multimodal items the
+    block touches, ``cache_salt`` (block 0 only), the block's prompt embeddings; None if
+    there are none. -> (keys, the multimodal item the next block starts looking at)."""
+    mm_keys, next_mm_idx = _gen_mm_extra_hash_keys(
+        request, start_token_idx, end_token_idx, start_mm_idx
+    )
+    salt = request.cache_salt
+    keys = (
+        _gen_lora_extra_hash_keys(request)
+        + mm_keys
+        + ([("cache_salt", salt)] if start_token_idx == 0 and salt else [])
+        + _gen_prompt_embeds_extra_hash_keys(request, start_token_idx, end_token_idx)
+    )
+    return (tuple(keys) if keys else None), next_mm_idx
+
+
 def make_block_hash_with_group_id(block_hash: bytes, group_id: int) -> bytes:
     return block_hash + group_id.to_bytes(4, "big", signed=False)
 
@@ -224,12 +295,18 @@ class BlockHasher:
         self.none_hash = none_hash(hash_fn, none_hash_seed)
 
     def extend(
-        self, block_hashes: list[bytes], token_ids: Sequence[int], cache_salt: Optional[str]
+        self,
+        block_hashes: list[bytes],
+        token_ids: Sequence[int],
+        cache_salt: Optional[str],
+        request=None,
     ) -> list[bytes]:
         """Append the hashes of newly completed full blocks; returns the new ones.
 
         The same chain as ``hash_block_tokens`` block by block, computed in one loop: a replay
-        hashes millions of blocks, and the per-block calls were most of its time."""
+        hashes millions of blocks, and the per-block calls were most of its time. A
+        ``request`` with a LoRA adapter, multimodal items or prompt embeddings takes the
+        general path (``generate_block_hash_extra_keys`` for each block)."""
         bs = self.block_size
         start = len(block_hashes) * bs
         end = len(token_ids) - bs
@@ -238,6 +315,14 @@ class BlockHasher:
         hash_fn = self.hash_fn
         parent = block_hashes[-1] if block_hashes else self.none_hash
         new = []
+        if request is not None and request.has_extra_hash_keys:
+            mm_idx = 0
+            for i in range(start, end + 1, bs):
+                keys, mm_idx = generate_block_hash_extra_keys(request, i, i + bs, mm_idx)
+                parent = hash_fn((parent, tuple(token_ids[i : i + bs]), keys))
+                new.append(parent)
+            block_hashes += new
+            return new
         if start == 0 and cache_salt:  # the salt goes into block 0's extra keys only
             parent = hash_fn((parent, tuple(token_ids[:bs]), cache_salt_extra_keys(cache_salt, 0)))
             new.append(parent)
