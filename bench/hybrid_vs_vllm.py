@@ -49,6 +49,14 @@ CONFIGS = {
     "extra-keys": dict(
         mode="align", retention=0, lookahead=0, spec_blocks=0, caching=True, extras=True
     ),
+    # prefix_match_unit = 2 under blocks of 4 or 8: hits inside a block, the prompt tail keyed
+    # inside its block, the tail block's copy-on-write.
+    "prefix-match-unit": dict(
+        mode="align", retention=0, lookahead=0, spec_blocks=0, caching=True, unit=2
+    ),
+    "prefix-match-unit-dense": dict(
+        mode="align", retention=None, lookahead=0, spec_blocks=0, caching=True, unit=2
+    ),
 }
 
 
@@ -56,7 +64,7 @@ def make_trace(seed: int) -> dict:
     """Prompts sharing prefixes (so there are hits), a small pool (so there is preemption and
     eviction), a few output tokens each."""
     rng = random.Random(seed)
-    bs = rng.choice([2, 4])
+    bs = rng.choice([2, 4, 8])
     stems = [[rng.randrange(50) for _ in range(rng.randrange(4, 24))] for _ in range(3)]
     reqs = []
     for i in range(rng.randrange(3, 9)):
@@ -105,18 +113,28 @@ class KvcoreSide:
         from kvcore.utils.hashing import get_hash_fn_by_name
 
         bs = trace["block_size"]
+        hbs = min(cfg.get("unit") or bs, bs)
         groups = (
             full_attention(bs),
             mamba(bs, cfg["mode"], num_speculative_blocks=cfg["spec_blocks"]),
         )
         config = KVCacheConfig(trace["num_blocks"], groups, cfg["retention"])
-        self.manager = KVCacheManager(config, 4096, cfg["caching"], enable_kv_cache_events=True)
+        self.manager = KVCacheManager(
+            config, 4096, cfg["caching"], enable_kv_cache_events=True, hash_block_size=hbs
+        )
         self.hash_fn = get_hash_fn_by_name("sha256")
         self._Request, self._Hasher, self.status = Request, BlockHasher, RequestStatus
+        partial = getattr(self.manager.coordinator, "enable_partial_hash_hits", False)
         self.split = lambda req, n, hit=0: mamba_block_aligned_split(
-            req, n, hit, block_size=bs, max_prefill_tokens=trace["budget"]
+            req,
+            n,
+            hit,
+            block_size=bs,
+            max_prefill_tokens=trace["budget"],
+            hash_block_size=hbs,
+            partial_cache_hit=partial,
         )
-        self.bs = bs
+        self.bs = hbs
 
     def make_request(self, spec, extras):
         from kvcore.lora.request import LoRARequest
@@ -167,6 +185,7 @@ class VllmSide:
 
         init_none_hash(sha256)
         bs = trace["block_size"]
+        hbs = min(cfg.get("unit") or bs, bs)
         full = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype=torch.float32)
         state = MambaSpec(
             block_size=bs,
@@ -185,18 +204,20 @@ class VllmSide:
             config,
             max_model_len=4096,
             scheduler_block_size=bs,
-            hash_block_size=bs,
+            hash_block_size=hbs,
             enable_caching=cfg["caching"],
             enable_kv_cache_events=True,
         )
-        self.hasher = get_request_block_hasher(bs, sha256)
+        self.hasher = get_request_block_hasher(hbs, sha256)
         self._Request, self._Params, self.status = Request, SamplingParams, RequestStatus
         # The scheduler's own chunk alignment, on a stand-in holding the fields it reads.
         fields = SimpleNamespace(
             cache_config=SimpleNamespace(block_size=bs),
             block_size=bs,
-            hash_block_size=bs,
-            mamba_partial_cache_hit=False,
+            hash_block_size=hbs,
+            mamba_partial_cache_hit=getattr(
+                self.manager.coordinator, "enable_partial_hash_hits", False
+            ),
             use_eagle_block_drop=False,
             num_hash_lookahead_tokens=0,
             mamba_has_prefill_checkpoint_blocks=False,
@@ -349,6 +370,9 @@ def drive(side, trace: dict, cfg: dict) -> list:
                     r.status = side.status.FINISHED_LENGTH_CAPPED
                     m.free(r)
                     running.remove(r)
+        copies, retained = m.take_kv_cache_block_copies()
+        m.block_pool.free_blocks(retained)  # the scheduler's, once the copies have run
+        rec["copies"] = [list(c) for c in copies]
         rec["tables"] = {
             r.request_id: [list(g) for g in m.get_block_ids(r.request_id)] for r in running
         }
@@ -391,6 +415,8 @@ def compare(seed: int, name: str) -> dict:
         "hits": sum(1 for r in a for h in r["hits"].values() if h[0]),
         "preemptions": sum(len(r["preempted"]) for r in a),
         "evictions": sum(1 for r in a for e in r["events"] if e[0] == "BlockRemoved"),
+        "block_copies": sum(len(r["copies"]) for r in a),
+        "partial_hits": sum(1 for r in a for h in r["hits"].values() if h[0] % trace["block_size"]),
         "stored_with_extra_keys": sum(
             1 for r in a for e in r["events"] if e[0] == "BlockStored" and e[4] and any(e[4])
         ),
@@ -416,6 +442,8 @@ def worker_main(seeds: range, configs: list[str]) -> int:
         "prefix_hits": sum(r.get("hits", 0) for r in results),
         "preemptions": sum(r.get("preemptions", 0) for r in results),
         "evictions": sum(r.get("evictions", 0) for r in results),
+        "block_copies": sum(r.get("block_copies", 0) for r in results),
+        "partial_hits": sum(r.get("partial_hits", 0) for r in results),
         "stored_with_extra_keys": sum(r.get("stored_with_extra_keys", 0) for r in results),
         "configs": configs,
         "first_differences": bad[:3],

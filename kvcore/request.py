@@ -112,11 +112,15 @@ class Request:
         return self.status.finished
 
     def extra_keys_for_block(self, block_index: int) -> Optional[tuple]:
-        """The extra keys block ``block_index``'s hash was made with."""
+        """The extra keys hash ``block_index`` (at the hasher's block size) was made with."""
         if not self.has_extra_hash_keys or self._hasher is None:
             return cache_salt_extra_keys(self.cache_salt, block_index)
         bs = self._hasher.block_size
-        return generate_block_hash_extra_keys(self, block_index * bs, (block_index + 1) * bs, 0)[0]
+        return self.extra_keys_for_range(block_index * bs, (block_index + 1) * bs)
+
+    def extra_keys_for_range(self, start: int, end: int) -> Optional[tuple]:
+        """The extra keys of tokens [start, end) (a cache block wider than a hash block)."""
+        return generate_block_hash_extra_keys(self, start, end, 0)[0]
 
     def append_output_token_ids(self, token_ids: Iterable[int]) -> None:
         token_ids = list(token_ids)

@@ -15,10 +15,14 @@ from kvcore.kv_cache_interface import KVCacheConfig, MambaSpec, full_attention, 
 BS = 4
 
 
-def manager(num_blocks=30, mode="align", retention=0, spec_blocks=0, caching=True):
-    groups = (full_attention(BS), mamba(BS, mode, num_speculative_blocks=spec_blocks))
+def manager(
+    num_blocks=30, mode="align", retention=0, spec_blocks=0, caching=True, bs=BS, unit=None
+):
+    groups = (full_attention(bs), mamba(bs, mode, num_speculative_blocks=spec_blocks))
     config = KVCacheConfig(num_blocks, groups, retention)
-    return KVCacheManager(config, enable_caching=caching, enable_kv_cache_events=True)
+    return KVCacheManager(
+        config, enable_caching=caching, enable_kv_cache_events=True, hash_block_size=unit
+    )
 
 
 def step(kvm, req, n):
@@ -28,8 +32,18 @@ def step(kvm, req, n):
     req.num_computed_tokens += n
 
 
-def split(req, n, hit=0):
-    return mamba_block_aligned_split(req, n, hit, block_size=BS, max_prefill_tokens=64)
+def split(req, n, hit=0, kvm=None):
+    if kvm is None:
+        return mamba_block_aligned_split(req, n, hit, block_size=BS, max_prefill_tokens=64)
+    return mamba_block_aligned_split(
+        req,
+        n,
+        hit,
+        block_size=kvm.block_size,
+        max_prefill_tokens=64,
+        hash_block_size=kvm.hash_block_size,
+        partial_cache_hit=kvm.coordinator.enable_partial_hash_hits,
+    )
 
 
 def prefill(kvm, req, chunk=64):
@@ -37,11 +51,11 @@ def prefill(kvm, req, chunk=64):
     -> (hit blocks, hit tokens)."""
     kvm.new_step_starts()
     hits, num_hit, req.shared_prefix_boundary = kvm.get_computed_blocks(req)
-    n = split(req, min(chunk, req.num_tokens - num_hit), num_hit)
+    n = split(req, min(chunk, req.num_tokens - num_hit), num_hit, kvm)
     assert kvm.allocate_slots(req, n, num_hit, hits) is not None
     req.num_computed_tokens = num_hit + n
     while req.num_computed_tokens < req.num_tokens:
-        step(kvm, req, split(req, min(chunk, req.num_tokens - req.num_computed_tokens)))
+        step(kvm, req, split(req, min(chunk, req.num_tokens - req.num_computed_tokens), 0, kvm))
     return hits, num_hit
 
 
@@ -188,3 +202,34 @@ def test_align_tables_hold_few_states_and_the_pool_balances(reqs, spec_blocks):
     for r in running:
         kvm.free(r)
     assert len(queue_ids(pool)) == pool.num_gpu_blocks - 1
+
+
+def test_prefix_match_unit_turns_a_miss_inside_a_block_into_a_hit_with_copy_on_write():
+    prompt = list(range(13))  # a resend stops at 12 tokens: inside the second 8-token block
+    plain = manager(bs=8)
+    prefill(plain, make_request("a", prompt, 8))
+    assert prefill(plain, make_request("b", prompt, 8))[1] == 8  # only whole blocks
+
+    kvm = manager(bs=8, unit=2)
+    a = make_request("a", prompt, 2)  # hashes every prefix_match_unit = 2 tokens
+    prefill(kvm, a)
+    kvm.take_kv_cache_block_copies()
+    b = make_request("b", prompt, 2)
+    hits, num_hit = prefill(kvm, b)
+    assert num_hit == 12
+    full_hit, state_hit = hits.get_block_ids()
+    a_full, _ = kvm.get_block_ids("a")
+    assert full_hit == a_full[:2] and state_hit[0] == 0
+    # b writes into the shared tail block from token 12 on: it gets private copies, one in
+    # each group, and the copies' source blocks stay cached for the next request
+    copies, retained = kvm.take_kv_cache_block_copies()
+    assert [src for src, _ in copies] == [full_hit[1], state_hit[1]]
+    b_full, b_state = kvm.get_block_ids("b")
+    assert b_full[1] == copies[0][1] and b_full[0] == full_hit[0]
+    kvm.block_pool.free_blocks(retained)
+
+
+def test_prefix_match_unit_needs_a_second_group():
+    config = KVCacheConfig(10, (full_attention(8),))
+    with pytest.raises(ValueError, match="single KV cache group"):
+        KVCacheManager(config, hash_block_size=2)

@@ -12,12 +12,13 @@ from abc import ABC, abstractmethod
 from typing import Optional, Sequence
 
 from kvcore.core.block_pool import FREE_ORDER_V033, BlockPool
-from kvcore.core.kv_cache_utils import KVCacheBlock
+from kvcore.core.kv_cache_utils import KVCacheBlock, partial_hash_hits_enabled
 from kvcore.core.single_type_kv_cache_manager import (
     SingleTypeKVCacheManager,
     get_manager_for_kv_cache_spec,
 )
 from kvcore.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+from kvcore.utils.math_utils import cdiv
 
 __all__ = [
     "KVCacheCoordinator",
@@ -47,16 +48,35 @@ class KVCacheCoordinator(ABC):
         enable_caching: bool,
         free_order: str = FREE_ORDER_V033,
         enable_kv_cache_events: bool = False,
+        hash_block_size: Optional[int] = None,
     ) -> None:
         self.kv_cache_config = kv_cache_config
         self.block_size = kv_cache_config.block_size
+        # Request.block_hashes are made every hash_block_size tokens (prefix_match_unit);
+        # the block size unless set finer.
+        self.hash_block_size = hash_block_size or self.block_size
+        if (
+            enable_caching
+            and len(kv_cache_config.kv_cache_groups) == 1
+            and self.hash_block_size != self.block_size
+        ):
+            raise ValueError(
+                f"Invalid prefix_match_unit={self.hash_block_size}; with a single KV cache "
+                f"group, prefix-cache hits land on the block size ({self.block_size}). "
+                f"Unset it or set it to {self.block_size}."
+            )
+        if self.block_size % self.hash_block_size:
+            raise ValueError(
+                f"prefix_match_unit ({self.hash_block_size}) must divide the block size "
+                f"({self.block_size})"
+            )
         self.enable_caching = enable_caching
         self.groups = tuple(kv_cache_config.kv_cache_groups)
         self.retention_interval = kv_cache_config.prefix_cache_retention_interval
         self.block_pool = BlockPool(
             kv_cache_config.num_blocks,
             enable_caching,
-            self.block_size,
+            self.hash_block_size,
             enable_kv_cache_events,
             free_order=free_order,
         )
@@ -113,11 +133,18 @@ class KVCacheCoordinator(ABC):
         for m in self.single_type_managers:
             m.new_step_starts()
 
+    def get_num_cacheable_tokens(self, num_computed_tokens: int) -> int:
+        return num_computed_tokens
+
     def cache_blocks(self, request, num_computed_tokens: int) -> None:
         boundaries = replay_boundaries(request.num_prompt_tokens)
+        num_tokens = self.get_num_cacheable_tokens(num_computed_tokens)
         for m in self.single_type_managers:
             if m.enable_caching:
-                m.cache_blocks(request, num_computed_tokens, self.retention_interval, boundaries)
+                m.cache_blocks(request, num_tokens, self.retention_interval, boundaries)
+
+    def take_pending_cow_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
+        return [pair for m in self.single_type_managers for pair in m.take_pending_cow_copies()]
 
     def free(self, request_id: str) -> None:
         for m in self.single_type_managers:
@@ -149,6 +176,7 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
         max_in_flight_tokens: int,
         free_order: str = FREE_ORDER_V033,
         enable_kv_cache_events: bool = False,
+        hash_block_size: Optional[int] = None,
     ) -> None:
         super().__init__(
             kv_cache_config,
@@ -157,6 +185,7 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
             False,
             free_order,
             enable_kv_cache_events,
+            hash_block_size,
         )
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
@@ -167,14 +196,34 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     """One KV cache group (all layers full attention, or all sliding window)."""
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
-        hit = self.single_type_managers[0].find_longest_cache_hit(
+        hits, hit_length = self.single_type_managers[0].find_longest_cache_hit(
             block_hashes, max_cache_hit_length, [0]
-        )[0]
-        return (hit,), len(hit) * self.block_size, 0
+        )
+        return (hits[0],), hit_length, 0
 
 
 class HybridKVCacheCoordinator(KVCacheCoordinator):
-    """Several KV cache groups of different attention types sharing one pool."""
+    """Several KV cache groups of different attention types sharing one pool.
+
+    ``enable_partial_hash_hits``: hits may end at any hash boundary inside a block (a Mamba
+    group in align mode, a ``prefix_match_unit`` finer than the block, no group that can only
+    look up whole blocks); else they end on block boundaries.
+    """
+
+    def __init__(self, kv_cache_config: KVCacheConfig, *args, **kwargs) -> None:
+        super().__init__(kv_cache_config, *args, **kwargs)
+        self.enable_partial_hash_hits = partial_hash_hits_enabled(
+            kv_cache_config.kv_cache_groups, self.hash_block_size
+        )
+        align = self.hash_block_size if self.enable_partial_hash_hits else self.block_size
+        for m in self.single_type_managers:
+            m.cache_hit_alignment_tokens = align
+
+    def get_num_cacheable_tokens(self, num_computed_tokens: int) -> int:
+        # Without hits inside a block no later request can use a sub-block boundary.
+        if self.enable_partial_hash_hits:
+            return num_computed_tokens
+        return num_computed_tokens // self.block_size * self.block_size
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
         """Fixed point over the groups: each one accepts the candidate length or shortens it.
@@ -187,6 +236,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         managers = self.single_type_managers
         order = sorted(range(len(managers)), key=lambda g: managers[g].kind != "full")
         hits: list[Optional[list[KVCacheBlock]]] = [None] * len(order)
+        lengths = [0] * len(order)
         hit_length = max_cache_hit_length
         longest_hit_length = 0
         simple = len(order) == 2 and managers[order[0]].kind == "full"
@@ -195,17 +245,17 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             for g in order:
                 m = managers[g]
                 if m.kind == "full" and hits[g] is not None:
-                    curr = (curr // self.block_size) * self.block_size
+                    curr = min(curr, lengths[g])
                     continue
-                hits[g] = m.find_longest_cache_hit(block_hashes, curr, [g])[0]
-                curr = len(hits[g]) * self.block_size
+                found, curr = m.find_longest_cache_hit(block_hashes, curr, [g])
+                hits[g], lengths[g] = found[0], curr
                 longest_hit_length = max(longest_hit_length, curr)
             if curr >= hit_length:
                 break
             hit_length = curr
             if simple:
                 break  # one full + one other group: the first round is already final
-        num_blocks = hit_length // self.block_size
+        num_blocks = cdiv(hit_length, self.block_size)
         for g in order:
             if managers[g].kind == "full" and hits[g] is not None:
                 del hits[g][num_blocks:]
@@ -223,10 +273,16 @@ def get_kv_cache_coordinator(
     enable_caching: bool,
     free_order: str = FREE_ORDER_V033,
     enable_kv_cache_events: bool = False,
+    hash_block_size: Optional[int] = None,
 ) -> KVCacheCoordinator:
     if not enable_caching:
         return KVCacheCoordinatorNoPrefixCache(
-            kv_cache_config, max_model_len, max_in_flight_tokens, free_order, enable_kv_cache_events
+            kv_cache_config,
+            max_model_len,
+            max_in_flight_tokens,
+            free_order,
+            enable_kv_cache_events,
+            hash_block_size,
         )
     cls = (
         UnitaryKVCacheCoordinator
@@ -240,4 +296,5 @@ def get_kv_cache_coordinator(
         True,
         free_order,
         enable_kv_cache_events,
+        hash_block_size,
     )

@@ -44,6 +44,7 @@ class KVCacheManager:
         free_order: str = FREE_ORDER_V033,
         enable_kv_cache_events: bool = False,
         max_recent_requests: int = 1000,
+        hash_block_size: Optional[int] = None,
     ) -> None:
         if not 0.0 <= watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1); got {watermark!r}")
@@ -62,7 +63,9 @@ class KVCacheManager:
             enable_caching,
             free_order,
             enable_kv_cache_events,
+            hash_block_size,
         )
+        self.hash_block_size = self.coordinator.hash_block_size
         self.block_pool = self.coordinator.block_pool
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         # Blocks kept free when admitting a waiting request, so running ones can grow.
@@ -221,6 +224,12 @@ class KVCacheManager:
         tokens: a draft's slot may be overwritten, so it must not enter the prefix cache."""
         if self.enable_caching:
             self.coordinator.cache_blocks(request, min(num_computed_tokens, request.num_tokens))
+
+    def take_kv_cache_block_copies(self) -> tuple[list[tuple[int, int]], list[KVCacheBlock]]:
+        """The block copies queued since the last call, as (source id, destination id) for
+        the worker, and the blocks they hold: the scheduler frees those once the copies ran."""
+        pairs = self.coordinator.take_pending_cow_copies()
+        return [(src.block_id, dst.block_id) for src, dst in pairs], [b for p in pairs for b in p]
 
     def new_step_starts(self) -> None:
         """The scheduler starts a step: a Mamba state cached last step may now be a hit."""

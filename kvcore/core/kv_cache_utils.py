@@ -271,6 +271,70 @@ def generate_block_hash_extra_keys(
     return (tuple(keys) if keys else None), next_mm_idx
 
 
+class BlockHashListWithBlockSize:
+    """A request's hashes (made every ``hash_block_size`` tokens) seen at a cache block size
+    that is a multiple of it: each hash chains over its whole prefix, so a block's hash is
+    the one at the block's last hash boundary. Invariant: read-only, computed on access."""
+
+    def __init__(self, block_hashes: list[bytes], hash_block_size: int, target_block_size: int):
+        assert target_block_size % hash_block_size == 0
+        self.block_hashes = block_hashes
+        self.scale_factor = target_block_size // hash_block_size
+
+    def __len__(self) -> int:
+        return len(self.block_hashes) // self.scale_factor
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            return [self[i] for i in range(*idx.indices(len(self)))]
+        if idx < 0:
+            idx += len(self)
+        return self.block_hashes[(idx + 1) * self.scale_factor - 1]
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+
+def resolve_block_hashes(
+    block_hashes,
+    hash_block_size: int,
+    block_size: int,
+    *,
+    supports_fine_grained_hash_lookup: bool = False,
+    alignment_tokens: Optional[int] = None,
+):
+    """The request's hashes viewed at ``block_size``; the raw (finer) list when the caller
+    looks hits up at ``alignment_tokens`` = ``hash_block_size`` inside a block."""
+    if block_size == hash_block_size or isinstance(block_hashes, BlockHashListWithBlockSize):
+        return block_hashes
+    if (
+        supports_fine_grained_hash_lookup
+        and alignment_tokens is not None
+        and alignment_tokens < block_size
+        and block_size % alignment_tokens == 0
+    ):
+        return block_hashes
+    return BlockHashListWithBlockSize(block_hashes, hash_block_size, block_size)
+
+
+def partial_hash_hits_enabled(kv_cache_groups, hash_block_size: int) -> bool:
+    """Hits inside a block (``prefix_match_unit`` finer than the block) need a Mamba group in
+    align mode with blocks wider than a hash block, and every other group able to look up
+    at hash granularity (full attention and Mamba can; a sliding window cannot)."""
+    if not any(
+        g.kv_cache_spec.kind == "mamba"
+        and g.kv_cache_spec.mamba_cache_mode == "align"
+        and g.kv_cache_spec.block_size > hash_block_size
+        for g in kv_cache_groups
+    ):
+        return False
+    return all(
+        g.kv_cache_spec.kind in ("full", "mamba") or g.kv_cache_spec.block_size == hash_block_size
+        for g in kv_cache_groups
+    )
+
+
 def make_block_hash_with_group_id(block_hash: bytes, group_id: int) -> bytes:
     return block_hash + group_id.to_bytes(4, "big", signed=False)
 

@@ -27,13 +27,17 @@ def mamba_block_aligned_split(
     *,
     block_size: int,
     max_prefill_tokens: int,
+    hash_block_size: Optional[int] = None,
+    partial_cache_hit: bool = False,
 ) -> int:
     """A prefill chunk cut so it ends where a Mamba state is kept (align mode; vLLM 0.33's
     ``Scheduler._mamba_block_aligned_split`` without partial hash hits, prefill-checkpoint
     blocks or EAGLE). The state is written where a chunk ends, so a chunk that does not finish
     the prefill ends on a block boundary; it also stops at the last boundary a later request
     can hit (``num_tokens - 1`` rounded down) and at a shared-prefix junction (floored to a
-    boundary). A block wider than ``max_prefill_tokens`` is crossed in sub-block chunks."""
+    boundary). A block wider than ``max_prefill_tokens`` is crossed in sub-block chunks. With
+    hits inside a block (``partial_cache_hit``) it also stops at the prompt's last
+    ``hash_block_size`` boundary, whose state the manager keys there."""
     start = request.num_computed_tokens + num_new_local_computed_tokens
     start += num_external_computed_tokens
     prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
@@ -45,10 +49,15 @@ def mamba_block_aligned_split(
         aligned_end = end // block_size * block_size
         if aligned_end > start or block_size <= max_prefill_tokens:
             end = aligned_end
+    tail_boundary = 0
+    if partial_cache_hit:
+        hbs = hash_block_size or block_size
+        tail_boundary = max((request.num_prompt_tokens - 1) // hbs * hbs, 0)
     junction = request.shared_prefix_boundary
     stops = (
         (start // block_size + 1) * block_size if start % block_size else 0,
         last_cache_position,
+        tail_boundary if last_cache_position < tail_boundary < request.num_prompt_tokens else 0,
         start + (junction - start) // block_size * block_size if start < junction < end else 0,
     )
     end = min((s for s in stops if start < s < end), default=end)
@@ -125,6 +134,10 @@ class Scheduler:
             num_new_local_computed_tokens,
             block_size=self.kv_cache_manager.block_size,
             max_prefill_tokens=max_prefill,
+            hash_block_size=self.kv_cache_manager.hash_block_size,
+            partial_cache_hit=getattr(
+                self.kv_cache_manager.coordinator, "enable_partial_hash_hits", False
+            ),
         )
 
     @property
@@ -390,6 +403,11 @@ class Scheduler:
             preempted,
             scheduled_spec_decode_tokens,
         )
+        copies, retained = self.kv_cache_manager.take_kv_cache_block_copies()
+        if copies:
+            # Synchronous steps: the copies run with this step, so their blocks go back now.
+            self.kv_cache_manager.block_pool.free_blocks(retained)
+            out = replace(out, kv_cache_block_copies=copies)
         if self.connector is not None:
             # Before num_computed_tokens advances: the connector stores only blocks whose
             # tokens were computed in earlier steps.
