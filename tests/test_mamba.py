@@ -233,3 +233,53 @@ def test_prefix_match_unit_needs_a_second_group():
     config = KVCacheConfig(10, (full_attention(8),))
     with pytest.raises(ValueError, match="single KV cache group"):
         KVCacheManager(config, hash_block_size=2)
+
+
+# -- scenario settings and the replay ------------------------------------------------------------
+QWEN35_LIKE = ["linear_attention"] * 3 + ["full_attention"]
+
+
+def test_three_linear_per_full_layer_makes_vllms_four_groups():
+    from paged_kv_lab.record.engine import kv_cache_groups
+    from paged_kv_lab.record.scenario import load_scenario
+
+    s = load_scenario({"engine": {"block_size": 4, "layer_types": QWEN35_LIKE * 2}}).engine
+    groups, layer_group = kv_cache_groups(s, 8)
+    assert [g.kind for g in groups] == ["mamba", "mamba", "mamba", "full"]
+    assert [g.layer_names for g in groups][0] == ("layers.0", "layers.4")
+    assert layer_group == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert groups[0].kv_cache_spec.mamba_cache_mode == "align"  # resolved: caching is on
+
+
+@pytest.mark.parametrize(
+    "engine,fragment",
+    [
+        ({"block_size": 8, "prefix_match_unit": 3, "layer_types": QWEN35_LIKE}, "must divide"),
+        ({"block_size": 8, "prefix_match_unit": 2}, "one kind of layer"),
+        ({"layer_types": QWEN35_LIKE, "enable_prefix_caching": False}, "not modelled yet"),
+    ],
+)
+def test_scenario_checks_the_hybrid_settings(engine, fragment):
+    from paged_kv_lab.record.scenario import ScenarioError, load_scenario
+
+    with pytest.raises(ScenarioError, match=fragment):
+        load_scenario({"engine": engine})
+
+
+def test_a_trace_replays_as_a_hybrid_model_would_cache_it():
+    from pathlib import Path
+
+    from paged_kv_lab.workload.replay import replay, replay_settings
+    from paged_kv_lab.workload.trace import load_trace
+
+    trace = load_trace(Path(__file__).parent / "fixtures" / "traces" / "mooncake_slice.jsonl")
+    rates = {}
+    for name, extra in (
+        ("full", {}),
+        ("hybrid", {"layer_types": QWEN35_LIKE}),
+        ("hybrid+unit", {"layer_types": QWEN35_LIKE, "prefix_match_unit": 64}),
+    ):
+        settings = replay_settings(trace, {"block_size": 512, "num_gpu_blocks": 4000, **extra})
+        rates[name] = replay(trace, settings).hit_tokens
+    # a state is kept only where a later request can stop: fewer hits than full attention
+    assert 0 < rates["hybrid"] < rates["full"] and rates["hybrid+unit"] > 0
