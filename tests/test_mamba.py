@@ -283,3 +283,17 @@ def test_a_trace_replays_as_a_hybrid_model_would_cache_it():
         rates[name] = replay(trace, settings).hit_tokens
     # a state is kept only where a later request can stop: fewer hits than full attention
     assert 0 < rates["hybrid"] < rates["full"] and rates["hybrid+unit"] > 0
+
+
+def test_the_attention_block_grows_until_its_page_holds_a_state():
+    from kvcore.core.kv_cache_utils import align_hybrid_block_size
+
+    # Qwen3-Next's shapes, bf16, one GPU: a gated delta-net layer's state is its convolution
+    # window (8192 channels x 3) plus its recurrent state (32 heads x 128 x 128)
+    state = MambaSpec(1, shapes=((8192, 3), (32, 128, 128)), dtypes=("bfloat16", "bfloat16"))
+    assert state.page_size_bytes == 1_097_728
+    attn_per_token = 2 * 2 * 256 * 2  # K and V, 2 KV heads of 256, 2 bytes
+    block_size, padded = align_hybrid_block_size(16, attn_per_token, state.page_size_bytes)
+    assert block_size == 544  # 34 x 16 tokens: the first page >= the state
+    assert padded == 544 * attn_per_token  # the state's page padded to the attention page
+    assert align_hybrid_block_size(1024, attn_per_token, state.page_size_bytes)[0] == 1024

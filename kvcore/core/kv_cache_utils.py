@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
 from kvcore.utils.hashing import NON_CRYPTO_HASH_ALGOS, HashFn
+from kvcore.utils.math_utils import cdiv
 
 DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
 NONE_HASH_SEED = DEFAULT_NONE_HASH_SEED
@@ -333,6 +334,30 @@ def partial_hash_hits_enabled(kv_cache_groups, hash_block_size: int) -> bool:
         g.kv_cache_spec.kind in ("full", "mamba") or g.kv_cache_spec.block_size == hash_block_size
         for g in kv_cache_groups
     )
+
+
+def align_hybrid_block_size(
+    block_size: int,
+    attn_page_size_1_token: int,
+    mamba_page_size: int,
+    kernel_block_alignment: int = 16,
+    backend_block_alignment: int = 16,
+) -> tuple[int, Optional[int]]:
+    """vLLM 0.33's ``Platform._align_hybrid_block_size``: both kinds of blocks live in one pool,
+    so an attention page (``block_size`` tokens x ``attn_page_size_1_token`` bytes, all layers
+    of one group) must hold a whole Mamba state. The attention block size is raised to the
+    smallest multiple of the kernel's block alignment whose page is at least the state, then
+    to the backends' common alignment; the state's page is padded up to the attention page.
+    -> (block_size, mamba_page_size_padded or None when the pages are already equal). In
+    align mode the Mamba block size is this block size too."""
+    if mamba_page_size <= 0:
+        return block_size, None
+    kernel = max(kernel_block_alignment, block_size)
+    attn_block_size = kernel * cdiv(mamba_page_size, kernel * attn_page_size_1_token)
+    attn_block_size = backend_block_alignment * cdiv(attn_block_size, backend_block_alignment)
+    block_size = max(block_size, attn_block_size)
+    attn_page_size = block_size * attn_page_size_1_token
+    return block_size, (None if attn_page_size == mamba_page_size else attn_page_size)
 
 
 def make_block_hash_with_group_id(block_hash: bytes, group_id: int) -> bytes:
