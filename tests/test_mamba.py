@@ -297,3 +297,20 @@ def test_the_attention_block_grows_until_its_page_holds_a_state():
     assert block_size == 544  # 34 x 16 tokens: the first page >= the state
     assert padded == 544 * attn_per_token  # the state's page padded to the attention page
     assert align_hybrid_block_size(1024, attn_per_token, state.page_size_bytes)[0] == 1024
+
+
+def test_a_recorded_run_steps_a_hybrid_layout_and_refuses_a_finer_unit():
+    from _kv_helpers import make_engine, spec
+
+    layers = tuple(QWEN35_LIKE)
+    reqs = [spec("a", range(13), max_tokens=3), spec("b", range(13), max_tokens=3, arrival_step=6)]
+    eng = make_engine(reqs, block_size=4, num_gpu_blocks=40, layer_types=layers)
+    hits = [
+        (e.request_id, e.num_tokens)
+        for _ in range(20)
+        for e in eng.step().events
+        if e.kind == "cache_hit"
+    ]
+    assert hits == [("b", 12)]  # the state at 12 tokens and the attention blocks before it
+    with pytest.raises(ValueError, match="replay a trace"):
+        make_engine([], block_size=8, layer_types=layers, prefix_match_unit=2)
