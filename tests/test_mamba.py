@@ -314,3 +314,16 @@ def test_a_recorded_run_steps_a_hybrid_layout_and_refuses_a_finer_unit():
     assert hits == [("b", 12)]  # the state at 12 tokens and the attention blocks before it
     with pytest.raises(ValueError, match="replay a trace"):
         make_engine([], block_size=8, layer_types=layers, prefix_match_unit=2)
+
+
+def test_block_sizes_resolve_as_vllm_resolves_them():
+    from kvcore.core.kv_cache_utils import resolve_kv_cache_block_sizes
+
+    hybrid, none_mode = (full_attention(8), mamba(8)), (full_attention(8), mamba(8, "none"))
+    assert resolve_kv_cache_block_sizes(hybrid, 2, True) == (8, 2)
+    assert resolve_kv_cache_block_sizes(hybrid, None, True) == (8, 8)
+    assert resolve_kv_cache_block_sizes(hybrid, 2, False) == (8, 8)  # nothing is hashed
+    assert resolve_kv_cache_block_sizes(none_mode, 2, True) == (8, 8)  # no state to hit
+    assert resolve_kv_cache_block_sizes((full_attention(8),), 2, False) == (8, 8)
+    with pytest.raises(ValueError, match="divisible"):
+        resolve_kv_cache_block_sizes(hybrid, 3, True)

@@ -12,7 +12,11 @@ from abc import ABC, abstractmethod
 from typing import Optional, Sequence
 
 from kvcore.core.block_pool import FREE_ORDER_V033, BlockPool
-from kvcore.core.kv_cache_utils import KVCacheBlock, partial_hash_hits_enabled
+from kvcore.core.kv_cache_utils import (
+    KVCacheBlock,
+    partial_hash_hits_enabled,
+    resolve_kv_cache_block_sizes,
+)
 from kvcore.core.single_type_kv_cache_manager import (
     SingleTypeKVCacheManager,
     get_manager_for_kv_cache_spec,
@@ -52,24 +56,10 @@ class KVCacheCoordinator(ABC):
     ) -> None:
         self.kv_cache_config = kv_cache_config
         self.block_size = kv_cache_config.block_size
-        # Request.block_hashes are made every hash_block_size tokens (prefix_match_unit);
-        # the block size unless set finer.
-        self.hash_block_size = hash_block_size or self.block_size
-        if (
-            enable_caching
-            and len(kv_cache_config.kv_cache_groups) == 1
-            and self.hash_block_size != self.block_size
-        ):
-            raise ValueError(
-                f"Invalid prefix_match_unit={self.hash_block_size}; with a single KV cache "
-                f"group, prefix-cache hits land on the block size ({self.block_size}). "
-                f"Unset it or set it to {self.block_size}."
-            )
-        if self.block_size % self.hash_block_size:
-            raise ValueError(
-                f"prefix_match_unit ({self.hash_block_size}) must divide the block size "
-                f"({self.block_size})"
-            )
+        # Request.block_hashes are made every hash_block_size tokens (prefix_match_unit).
+        _, self.hash_block_size = resolve_kv_cache_block_sizes(
+            kv_cache_config.kv_cache_groups, hash_block_size, enable_caching
+        )
         self.enable_caching = enable_caching
         self.groups = tuple(kv_cache_config.kv_cache_groups)
         self.retention_interval = kv_cache_config.prefix_cache_retention_interval
