@@ -63,6 +63,72 @@ class SlidingWindowSpec(KVCacheSpec):
         return cdiv(num_tokens, self.block_size) + 1
 
 
+# Bytes per element of the state dtypes a MambaSpec names (kvcore's manager side has no torch).
+DTYPE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "int8": 1}
+MAMBA_CACHE_MODES = ("align", "none")  # vLLM 0.33's CacheConfig.mamba_cache_mode
+
+
+@dataclass(frozen=True)
+class MambaSpec(KVCacheSpec):
+    """A linear-attention layer (Mamba, gated delta-net, short convolution): one fixed-size
+    state per request instead of one K/V slot per token.
+
+    A block holds one state (``shapes`` x ``dtypes``); ``block_size`` is how many tokens
+    that state stands for. ``mamba_cache_mode`` "none": a request keeps one running state
+    (plus ``num_speculative_blocks``) and nothing is prefix-cached; "align": the state
+    after every ``block_size`` tokens lands in that position's block, so a block boundary
+    can be a prefix hit (vLLM 0.33 requires "align" for prefix caching of Mamba groups).
+    """
+
+    shapes: tuple[tuple[int, ...], ...] = ()
+    dtypes: tuple[str, ...] = ()
+    page_size_padded: Optional[int] = None
+    mamba_cache_mode: str = "none"
+    num_speculative_blocks: int = 0
+    kind: ClassVar[str] = "mamba"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.mamba_cache_mode not in MAMBA_CACHE_MODES:
+            raise ValueError(
+                f"mamba_cache_mode must be one of {MAMBA_CACHE_MODES}; "
+                f"got {self.mamba_cache_mode!r}"
+            )
+        if len(self.shapes) != len(self.dtypes):
+            raise ValueError("MambaSpec needs one dtype per state shape")
+        unknown = [d for d in self.dtypes if d not in DTYPE_SIZES]
+        if unknown:
+            raise ValueError(f"unknown state dtype(s) {unknown}; known: {sorted(DTYPE_SIZES)}")
+        if not isinstance(self.num_speculative_blocks, int) or self.num_speculative_blocks < 0:
+            raise ValueError("num_speculative_blocks must be an integer >= 0")
+        if self.page_size_padded is not None and self.page_size_padded < self.real_page_size_bytes:
+            raise ValueError("page_size_padded is smaller than the state it pads")
+
+    @property
+    def real_page_size_bytes(self) -> int:
+        total = 0
+        for shape, dtype in zip(self.shapes, self.dtypes):
+            n = DTYPE_SIZES[dtype]
+            for dim in shape:
+                n *= dim
+            total += n
+        return total
+
+    @property
+    def page_size_bytes(self) -> int:
+        """One block's bytes: the state, or the padded page when the attention page is larger."""
+        if self.page_size_padded is not None:
+            return self.page_size_padded
+        return self.real_page_size_bytes
+
+    def to_dict(self) -> dict:
+        return {
+            "kind": self.kind,
+            "sliding_window": None,
+            "mamba_cache_mode": self.mamba_cache_mode,
+        }
+
+
 @dataclass(frozen=True)
 class KVCacheGroupSpec:
     """Layers sharing one block table; the manager treats them as one layer."""
@@ -87,7 +153,7 @@ class KVCacheConfig:
     """The whole cache: ``num_blocks`` blocks (the null block included) shared by the groups.
 
     ``prefix_cache_retention_interval`` says which full blocks of a sliding-window
-    group get a hash: None = every one, 0 = only those a later request can reach
+    or Mamba group get a hash: None = every one, 0 = only those a later request can reach
     (vLLM's default), n > 0 = those plus a checkpoint every n tokens.
     """
 
@@ -109,9 +175,9 @@ class KVCacheConfig:
                 f"prefix_cache_retention_interval must be null or a non-negative multiple "
                 f"of block_size ({self.block_size}); got {r!r}"
             )
-        if r > 0 and not any(g.kind == "sliding" for g in self.kv_cache_groups):
+        if r > 0 and not any(g.kind in ("sliding", "mamba") for g in self.kv_cache_groups):
             raise ValueError(
-                "prefix_cache_retention_interval > 0 needs a sliding-window group "
+                "prefix_cache_retention_interval > 0 needs a sliding-window or Mamba group "
                 "(full attention always hashes every full block); set it to 0 or null"
             )
 
@@ -128,3 +194,23 @@ def sliding_window(
     block_size: int, window: int, layer_names: tuple[str, ...] = ("sliding",)
 ) -> KVCacheGroupSpec:
     return KVCacheGroupSpec(layer_names, SlidingWindowSpec(block_size, window))
+
+
+def mamba(
+    block_size: int,
+    mamba_cache_mode: str = "align",
+    shapes: tuple[tuple[int, ...], ...] = ((1,),),
+    dtypes: tuple[str, ...] = ("float32",),
+    num_speculative_blocks: int = 0,
+    layer_names: tuple[str, ...] = ("mamba",),
+) -> KVCacheGroupSpec:
+    return KVCacheGroupSpec(
+        layer_names,
+        MambaSpec(
+            block_size,
+            shapes=shapes,
+            dtypes=dtypes,
+            mamba_cache_mode=mamba_cache_mode,
+            num_speculative_blocks=num_speculative_blocks,
+        ),
+    )

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import enum
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
-from kvcore.core.kv_cache_utils import BlockHasher, cache_salt_extra_keys
+from kvcore.core.kv_cache_utils import (
+    BlockHasher,
+    cache_salt_extra_keys,
+    generate_block_hash_extra_keys,
+)
+from kvcore.lora.request import LoRARequest
+from kvcore.multimodal.inputs import MultiModalFeatureSpec
 
 
 class RequestStatus(str, enum.Enum):
@@ -45,6 +51,9 @@ class Request:
         eos_token_ids: Iterable[int] = (),
         ignore_eos: bool = False,
         block_hasher: Optional[BlockHasher] = None,
+        lora_request: Optional[LoRARequest] = None,
+        mm_features: Sequence[MultiModalFeatureSpec] = (),
+        prompt_embeds: Optional[Sequence[bytes]] = None,
     ) -> None:
         if max_tokens < 1:
             raise ValueError(f"request {request_id!r}: max_tokens must be >= 1")
@@ -70,9 +79,18 @@ class Request:
         self.spec_token_ids: list[int] = []
         # Set when scheduled: this step ends before the request's last token (it samples nothing)
         self.is_prefill_chunk = False
+        # Extra keys of every block hash (generate_block_hash_extra_keys): the adapter, the
+        # multimodal items sorted by offset, one embedding row (raw bytes) per prompt token.
+        self.lora_request = lora_request
+        self.mm_features = sorted(mm_features, key=lambda f: f.mm_position.offset)
+        if prompt_embeds is not None and len(prompt_embeds) != len(self.prompt_token_ids):
+            raise ValueError(f"request {request_id!r}: one embedding row per prompt token")
+        self.prompt_embeds = prompt_embeds
+        self._prompt_embeds_per_block_hashes: dict[tuple[int, int], bytes] = {}
+        self.has_extra_hash_keys = bool(lora_request or self.mm_features or prompt_embeds)
         self._hasher = block_hasher
         if block_hasher is not None:
-            block_hasher.extend(self.block_hashes, self.all_token_ids, self.cache_salt)
+            block_hasher.extend(self.block_hashes, self.all_token_ids, self.cache_salt, self)
 
     @property
     def num_tokens(self) -> int:
@@ -94,14 +112,22 @@ class Request:
         return self.status.finished
 
     def extra_keys_for_block(self, block_index: int) -> Optional[tuple]:
-        return cache_salt_extra_keys(self.cache_salt, block_index)
+        """The extra keys hash ``block_index`` (at the hasher's block size) was made with."""
+        if not self.has_extra_hash_keys or self._hasher is None:
+            return cache_salt_extra_keys(self.cache_salt, block_index)
+        bs = self._hasher.block_size
+        return self.extra_keys_for_range(block_index * bs, (block_index + 1) * bs)
+
+    def extra_keys_for_range(self, start: int, end: int) -> Optional[tuple]:
+        """The extra keys of tokens [start, end) (a cache block wider than a hash block)."""
+        return generate_block_hash_extra_keys(self, start, end, 0)[0]
 
     def append_output_token_ids(self, token_ids: Iterable[int]) -> None:
         token_ids = list(token_ids)
         self.output_token_ids.extend(token_ids)  # as vLLM: two extends, then the new hashes
         self.all_token_ids.extend(token_ids)
         if self._hasher is not None:
-            self._hasher.extend(self.block_hashes, self.all_token_ids, self.cache_salt)
+            self._hasher.extend(self.block_hashes, self.all_token_ids, self.cache_salt, self)
 
     def __lt__(self, other: "Request") -> bool:
         return (self.priority, self.arrival_time, self.request_id) < (

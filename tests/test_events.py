@@ -138,7 +138,12 @@ def test_kvcore_keeps_vllms_signatures_and_a_recorder_attaches_without_changing_
         ],
         KVCacheManager.free: ["self", "request"],
         SingleTypeKVCacheManager.free: ["self", "request_id"],
-        SingleTypeKVCacheManager.allocate_new_blocks: ["self", "request_id", "num_tokens"],
+        SingleTypeKVCacheManager.allocate_new_blocks: [
+            "self",
+            "request_id",
+            "num_tokens",
+            "num_tokens_main_model",
+        ],
     }
     for fn, params in want.items():
         assert list(inspect.signature(fn).parameters) == params, fn.__qualname__

@@ -63,7 +63,7 @@ def test_find_longest_cache_hit_searches_from_the_right(cached, expect_len):
             pool.cached_block_hash_to_block.insert(
                 make_block_hash_with_group_id(hashes[i], 0), pool.blocks[10 + i]
             )
-    (hit,) = m.find_longest_cache_hit(hashes, len(cached) * BS, [0])
+    (hit,), _ = m.find_longest_cache_hit(hashes, len(cached) * BS, [0])
     assert len(hit) == expect_len
     # The last contiguous_blocks (or the run from block 0) are real; everything before is null.
     real = [i for i, b in enumerate(hit) if not b.is_null]
@@ -81,7 +81,7 @@ def test_hit_search_respects_max_length():
         pool.cached_block_hash_to_block.insert(
             make_block_hash_with_group_id(hashes[i], 0), pool.blocks[10 + i]
         )
-    (hit,) = m.find_longest_cache_hit(hashes, 7, [0])  # 7 tokens -> at most 3 blocks
+    (hit,), _ = m.find_longest_cache_hit(hashes, 7, [0])  # 7 tokens -> at most 3 blocks
     assert [b.block_id for b in hit] == [0, 11, 12]
 
 

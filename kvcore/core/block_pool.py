@@ -12,6 +12,7 @@ from kvcore.core.kv_cache_utils import (
     get_block_hash,
     get_group_id,
     make_block_hash_with_group_id,
+    resolve_block_hashes,
 )
 from kvcore.distributed.kv_events import (
     MEDIUM_GPU,
@@ -133,6 +134,9 @@ class BlockPool:
         self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block = BlockHashToBlockMap()
+        # A block's keys besides its primary one (``block.block_hash``): partial entries
+        # (``cache_partial_block``), so eviction and reset can drop every key of a block.
+        self.cached_block_hashes_by_block: dict[int, set[bytes]] = {}
         self.null_block = self.free_block_queue.popleft()
         self.null_block.is_null = True
         self.enable_kv_cache_events = enable_kv_cache_events
@@ -176,7 +180,7 @@ class BlockPool:
         """
         if num_cached_blocks >= num_full_blocks:
             return
-        hashes = request.block_hashes
+        hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
         assert len(hashes) >= num_full_blocks, "request hashes lag behind its tokens"
         events = self.enable_kv_cache_events
         observer = self.observer
@@ -191,9 +195,12 @@ class BlockPool:
                 if blk.is_null:
                     continue
                 key = hashes[i] + suffix
+                if blk.block_hash == key:
+                    continue  # cached already (a hit)
                 if blk.block_hash is not None:
-                    assert blk.block_hash == key, "a hit block carries the wrong hash"
-                    continue
+                    # Keyed at a boundary inside the block (a partial entry): it is full now.
+                    assert blk.block_hash_num_tokens < (i + 1) * block_size
+                    self._remove_cached_block_hashes(blk)
                 blk.block_hash = key
                 blk.block_hash_num_tokens = (i + 1) * block_size
                 if key in table:
@@ -203,6 +210,13 @@ class BlockPool:
             return
         new_hashes: list[bytes] = []
         new_extra_keys: list = []
+        if block_size == self.hash_block_size:
+            extra_keys_for_block = request.extra_keys_for_block
+        else:
+
+            def extra_keys_for_block(i: int):
+                return request.extra_keys_for_range(i * block_size, (i + 1) * block_size)
+
         cached: Optional[list[KVCacheBlock]] = [] if observer is not None else None
         cache = self.cached_block_hash_to_block
         for i in range(num_cached_blocks, num_full_blocks):
@@ -210,15 +224,16 @@ class BlockPool:
             if blk.is_null or (block_mask is not None and not block_mask[i - num_cached_blocks]):
                 continue
             key = make_block_hash_with_group_id(hashes[i], kv_cache_group_id)
+            if blk.block_hash == key:
+                continue  # cached already (a hit)
             if blk.block_hash is not None:
-                assert blk.block_hash == key, "a hit block carries the wrong hash"
-                continue
-            blk.block_hash = key
-            blk.block_hash_num_tokens = (i + 1) * block_size
-            cache.insert(key, blk)
+                # Keyed at a boundary inside the block (a partial entry): it is full now.
+                assert blk.block_hash_num_tokens < (i + 1) * block_size
+                self._emit_block_removed_events(self._remove_cached_block_hashes(blk))
+            self._insert_block_hash(key, blk, (i + 1) * block_size)
             if events:
                 new_hashes.append(hashes[i])
-                new_extra_keys.append(request.extra_keys_for_block(i))
+                new_extra_keys.append(extra_keys_for_block(i))
             if cached is not None:
                 cached.append(blk)
         if events:
@@ -258,14 +273,15 @@ class BlockPool:
             None if keys is None else tuple(k[1:] if k[0] == "mm" else k[1] for k in keys)
             for keys in extra_keys
         ]
+        lora = getattr(request, "lora_request", None)
         return BlockStored(
             block_hashes=[self._external(h) for h in block_hashes],
             parent_block_hash=None if parent is None else self._external(parent),
             token_ids=list(request.all_token_ids[start:end]),
             block_size=block_size,
-            lora_id=None,
+            lora_id=lora.adapter_id if lora else None,
             medium=self.medium,
-            lora_name=None,
+            lora_name=lora.name if lora else None,
             extra_keys=untagged or None,
             group_idx=group_id,
         )
@@ -300,23 +316,100 @@ class BlockPool:
         key = block.block_hash
         if key is None:
             return False
-        if self.cached_block_hash_to_block.pop(key, block.block_id) is None:
+        if not self.cached_block_hash_to_block.contain(key, block.block_id):
             return False
         # before the hash is gone
         if self.metrics_collector is not None:
             self.metrics_collector.on_block_evicted(block)
         if self.observer is not None:
             self.observer.on_block_evicted(block)
-        block.reset_hash()
-        if self.enable_kv_cache_events:
-            self.kv_event_queue.append(
-                BlockRemoved(
-                    block_hashes=[self._external(get_block_hash(key))],
-                    medium=self.medium,
-                    group_idx=get_group_id(key),
-                )
-            )
+        self._emit_block_removed_events(self._remove_cached_block_hashes(block))
         return True
+
+    # -- keys inside a block (prefix_match_unit finer than the block) -------------------
+    def _remove_cached_block_hashes(self, block: KVCacheBlock) -> list[bytes]:
+        """Drop every key of the block from the map; -> the keys that were there."""
+        keys = [block.block_hash] if block.block_hash is not None else []
+        keys.extend(self.cached_block_hashes_by_block.pop(block.block_id, ()))
+        removed = [k for k in keys if self.cached_block_hash_to_block.pop(k, block.block_id)]
+        block.reset_hash()
+        return removed
+
+    def _emit_block_removed_events(self, keys: list[bytes]) -> None:
+        if self.enable_kv_cache_events:
+            for key in keys:
+                self.kv_event_queue.append(
+                    BlockRemoved(
+                        block_hashes=[self._external(get_block_hash(key))],
+                        medium=self.medium,
+                        group_idx=get_group_id(key),
+                    )
+                )
+
+    def _insert_block_hash(self, key: bytes, block: KVCacheBlock, num_tokens: int) -> None:
+        """The first key of a block is its primary hash; later ones are partial entries."""
+        if block.block_hash == key or self.cached_block_hash_to_block.contain(key, block.block_id):
+            return
+        if block.block_hash is None:
+            block.block_hash = key
+            block.block_hash_num_tokens = num_tokens
+        else:
+            self.cached_block_hashes_by_block.setdefault(block.block_id, set()).add(key)
+        self.cached_block_hash_to_block.insert(key, block)
+
+    def cache_partial_block(
+        self,
+        request,
+        block: KVCacheBlock,
+        num_tokens: int,
+        kv_cache_group_id: int,
+        block_size: int,
+        replace_existing_hashes: bool = False,
+    ) -> Optional[bytes]:
+        """Make ``block`` reachable from the prefix boundary ``num_tokens`` inside it (a
+        multiple of ``hash_block_size``): the key is the request's chained hash there. A block
+        keyed at an earlier boundary is re-keyed; -> the key, None for the null block."""
+        if block.is_null:
+            return None
+        assert block_size % self.hash_block_size == 0
+        n = num_tokens // self.hash_block_size
+        key = make_block_hash_with_group_id(request.block_hashes[n - 1], kv_cache_group_id)
+        already = block.block_hash == key or self.cached_block_hash_to_block.contain(
+            key, block.block_id
+        )
+        if replace_existing_hashes:
+            self._emit_block_removed_events(self._remove_cached_block_hashes(block))
+            already = False
+        elif (
+            not already
+            and block.block_hash is not None
+            and block.block_hash_num_tokens < n * self.hash_block_size
+        ):
+            self._emit_block_removed_events(self._remove_cached_block_hashes(block))
+        self._insert_block_hash(key, block, n * self.hash_block_size)
+        if self.enable_kv_cache_events and not already:
+            start = (n - 1) * self.hash_block_size
+            parent = request.block_hashes[n - 2] if n > 1 else None
+            event = self._block_stored_event(
+                request,
+                [request.block_hashes[n - 1]],
+                [request.extra_keys_for_block(n - 1)],
+                parent,
+                start,
+                num_tokens,
+                num_tokens - start,
+                kv_cache_group_id,
+            )
+            self.kv_event_queue.append(event)
+        return key
+
+    def move_block_hashes(self, src_block: KVCacheBlock, dst_block: KVCacheBlock) -> None:
+        """Re-point ``src_block``'s keys to ``dst_block`` (its private copy): the request
+        owning ``src_block`` keeps writing into it. No events: the entries stay live."""
+        assert dst_block.block_hash is None
+        num_tokens = src_block.block_hash_num_tokens
+        for key in self._remove_cached_block_hashes(src_block):
+            self._insert_block_hash(key, dst_block, num_tokens)
 
     def touch(self, blocks: Sequence[KVCacheBlock]) -> None:
         """ref_cnt += 1; a block that was free (ref_cnt 0) leaves the free queue."""
@@ -374,6 +467,7 @@ class BlockPool:
             self._tell_reset(False, num_used - 1)
             return False
         self.cached_block_hash_to_block = BlockHashToBlockMap()
+        self.cached_block_hashes_by_block.clear()
         for block in self.blocks:
             block.reset_hash()
         self._tell_reset(True, 0)

@@ -1,9 +1,9 @@
 """KV cache coordinator: one single-type manager per KV cache group, one shared BlockPool
 (vLLM: v1/core/kv_cache_coordinator.py).
 
-A uniform model has one group; a model mixing full and sliding-window layers
-has two (group 0 = full attention, group 1 = sliding window). Every request
-has one block table per group, all drawn from the same free queue.
+A uniform model has one group; a model mixing full attention with sliding-window
+or linear-attention (Mamba) layers has one group per kind. Every request has one
+block table per group, all drawn from the same free queue.
 """
 
 from __future__ import annotations
@@ -12,12 +12,17 @@ from abc import ABC, abstractmethod
 from typing import Optional, Sequence
 
 from kvcore.core.block_pool import FREE_ORDER_V033, BlockPool
-from kvcore.core.kv_cache_utils import KVCacheBlock
+from kvcore.core.kv_cache_utils import (
+    KVCacheBlock,
+    partial_hash_hits_enabled,
+    resolve_kv_cache_block_sizes,
+)
 from kvcore.core.single_type_kv_cache_manager import (
     SingleTypeKVCacheManager,
     get_manager_for_kv_cache_spec,
 )
 from kvcore.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec
+from kvcore.utils.math_utils import cdiv
 
 __all__ = [
     "KVCacheCoordinator",
@@ -47,16 +52,21 @@ class KVCacheCoordinator(ABC):
         enable_caching: bool,
         free_order: str = FREE_ORDER_V033,
         enable_kv_cache_events: bool = False,
+        hash_block_size: Optional[int] = None,
     ) -> None:
         self.kv_cache_config = kv_cache_config
         self.block_size = kv_cache_config.block_size
+        # Request.block_hashes are made every hash_block_size tokens (prefix_match_unit).
+        _, self.hash_block_size = resolve_kv_cache_block_sizes(
+            kv_cache_config.kv_cache_groups, hash_block_size, enable_caching
+        )
         self.enable_caching = enable_caching
         self.groups = tuple(kv_cache_config.kv_cache_groups)
         self.retention_interval = kv_cache_config.prefix_cache_retention_interval
         self.block_pool = BlockPool(
             kv_cache_config.num_blocks,
             enable_caching,
-            self.block_size,
+            self.hash_block_size,
             enable_kv_cache_events,
             free_order=free_order,
         )
@@ -79,6 +89,7 @@ class KVCacheCoordinator(ABC):
         new_computed_blocks: Sequence[Sequence[KVCacheBlock]],
         total_computed_tokens: int,
         apply_admission_cap: bool = False,
+        num_tokens_main_model: Optional[int] = None,
     ) -> int:
         return sum(
             m.get_num_blocks_to_allocate(
@@ -87,6 +98,7 @@ class KVCacheCoordinator(ABC):
                 new_computed_blocks[i],
                 total_computed_tokens,
                 apply_admission_cap,
+                num_tokens_main_model,
             )
             for i, m in enumerate(self.single_type_managers)
         )
@@ -100,17 +112,29 @@ class KVCacheCoordinator(ABC):
             )
 
     def allocate_new_blocks(
-        self, request_id: str, num_tokens: int
+        self, request_id: str, num_tokens: int, num_tokens_main_model: Optional[int] = None
     ) -> tuple[list[KVCacheBlock], ...]:
         return tuple(
-            m.allocate_new_blocks(request_id, num_tokens) for m in self.single_type_managers
+            m.allocate_new_blocks(request_id, num_tokens, num_tokens_main_model)
+            for m in self.single_type_managers
         )
+
+    def new_step_starts(self) -> None:
+        for m in self.single_type_managers:
+            m.new_step_starts()
+
+    def get_num_cacheable_tokens(self, num_computed_tokens: int) -> int:
+        return num_computed_tokens
 
     def cache_blocks(self, request, num_computed_tokens: int) -> None:
         boundaries = replay_boundaries(request.num_prompt_tokens)
+        num_tokens = self.get_num_cacheable_tokens(num_computed_tokens)
         for m in self.single_type_managers:
             if m.enable_caching:
-                m.cache_blocks(request, num_computed_tokens, self.retention_interval, boundaries)
+                m.cache_blocks(request, num_tokens, self.retention_interval, boundaries)
+
+    def take_pending_cow_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
+        return [pair for m in self.single_type_managers for pair in m.take_pending_cow_copies()]
 
     def free(self, request_id: str) -> None:
         for m in self.single_type_managers:
@@ -142,6 +166,7 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
         max_in_flight_tokens: int,
         free_order: str = FREE_ORDER_V033,
         enable_kv_cache_events: bool = False,
+        hash_block_size: Optional[int] = None,
     ) -> None:
         super().__init__(
             kv_cache_config,
@@ -150,6 +175,7 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
             False,
             free_order,
             enable_kv_cache_events,
+            hash_block_size,
         )
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
@@ -160,14 +186,34 @@ class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     """One KV cache group (all layers full attention, or all sliding window)."""
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
-        hit = self.single_type_managers[0].find_longest_cache_hit(
+        hits, hit_length = self.single_type_managers[0].find_longest_cache_hit(
             block_hashes, max_cache_hit_length, [0]
-        )[0]
-        return (hit,), len(hit) * self.block_size, 0
+        )
+        return (hits[0],), hit_length, 0
 
 
 class HybridKVCacheCoordinator(KVCacheCoordinator):
-    """Several KV cache groups of different attention types sharing one pool."""
+    """Several KV cache groups of different attention types sharing one pool.
+
+    ``enable_partial_hash_hits``: hits may end at any hash boundary inside a block (a Mamba
+    group in align mode, a ``prefix_match_unit`` finer than the block, no group that can only
+    look up whole blocks); else they end on block boundaries.
+    """
+
+    def __init__(self, kv_cache_config: KVCacheConfig, *args, **kwargs) -> None:
+        super().__init__(kv_cache_config, *args, **kwargs)
+        self.enable_partial_hash_hits = partial_hash_hits_enabled(
+            kv_cache_config.kv_cache_groups, self.hash_block_size
+        )
+        align = self.hash_block_size if self.enable_partial_hash_hits else self.block_size
+        for m in self.single_type_managers:
+            m.cache_hit_alignment_tokens = align
+
+    def get_num_cacheable_tokens(self, num_computed_tokens: int) -> int:
+        # Without hits inside a block no later request can use a sub-block boundary.
+        if self.enable_partial_hash_hits:
+            return num_computed_tokens
+        return num_computed_tokens // self.block_size * self.block_size
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
         """Fixed point over the groups: each one accepts the candidate length or shortens it.
@@ -180,6 +226,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         managers = self.single_type_managers
         order = sorted(range(len(managers)), key=lambda g: managers[g].kind != "full")
         hits: list[Optional[list[KVCacheBlock]]] = [None] * len(order)
+        lengths = [0] * len(order)
         hit_length = max_cache_hit_length
         longest_hit_length = 0
         simple = len(order) == 2 and managers[order[0]].kind == "full"
@@ -188,17 +235,17 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             for g in order:
                 m = managers[g]
                 if m.kind == "full" and hits[g] is not None:
-                    curr = (curr // self.block_size) * self.block_size
+                    curr = min(curr, lengths[g])
                     continue
-                hits[g] = m.find_longest_cache_hit(block_hashes, curr, [g])[0]
-                curr = len(hits[g]) * self.block_size
+                found, curr = m.find_longest_cache_hit(block_hashes, curr, [g])
+                hits[g], lengths[g] = found[0], curr
                 longest_hit_length = max(longest_hit_length, curr)
             if curr >= hit_length:
                 break
             hit_length = curr
             if simple:
                 break  # one full + one other group: the first round is already final
-        num_blocks = hit_length // self.block_size
+        num_blocks = cdiv(hit_length, self.block_size)
         for g in order:
             if managers[g].kind == "full" and hits[g] is not None:
                 del hits[g][num_blocks:]
@@ -216,10 +263,16 @@ def get_kv_cache_coordinator(
     enable_caching: bool,
     free_order: str = FREE_ORDER_V033,
     enable_kv_cache_events: bool = False,
+    hash_block_size: Optional[int] = None,
 ) -> KVCacheCoordinator:
     if not enable_caching:
         return KVCacheCoordinatorNoPrefixCache(
-            kv_cache_config, max_model_len, max_in_flight_tokens, free_order, enable_kv_cache_events
+            kv_cache_config,
+            max_model_len,
+            max_in_flight_tokens,
+            free_order,
+            enable_kv_cache_events,
+            hash_block_size,
         )
     cls = (
         UnitaryKVCacheCoordinator
@@ -233,4 +286,5 @@ def get_kv_cache_coordinator(
         True,
         free_order,
         enable_kv_cache_events,
+        hash_block_size,
     )

@@ -44,6 +44,7 @@ class KVCacheManager:
         free_order: str = FREE_ORDER_V033,
         enable_kv_cache_events: bool = False,
         max_recent_requests: int = 1000,
+        hash_block_size: Optional[int] = None,
     ) -> None:
         if not 0.0 <= watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1); got {watermark!r}")
@@ -62,7 +63,9 @@ class KVCacheManager:
             enable_caching,
             free_order,
             enable_kv_cache_events,
+            hash_block_size,
         )
+        self.hash_block_size = self.coordinator.hash_block_size
         self.block_pool = self.coordinator.block_pool
         self.num_kv_cache_groups = len(kv_cache_config.kv_cache_groups)
         # Blocks kept free when admitting a waiting request, so running ones can grow.
@@ -190,12 +193,15 @@ class KVCacheManager:
             if need + watermark_blocks > self.block_pool.get_num_free_blocks():
                 return None
 
-        num_tokens_need_slot = min(
-            total_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len
-        )
+        num_tokens_main_model = total_computed + num_new_tokens
+        num_tokens_need_slot = min(num_tokens_main_model + num_lookahead_tokens, self.max_model_len)
         self.coordinator.remove_skipped_blocks(request.request_id, total_computed)
         need = self.coordinator.get_num_blocks_to_allocate(
-            request.request_id, num_tokens_need_slot, hits, num_local_computed
+            request.request_id,
+            num_tokens_need_slot,
+            hits,
+            num_local_computed,
+            num_tokens_main_model=num_tokens_main_model,
         )
         if need + watermark_blocks > self.block_pool.get_num_free_blocks():
             return None
@@ -204,7 +210,9 @@ class KVCacheManager:
             self.coordinator.allocate_new_computed_blocks(
                 request.request_id, hits, num_local_computed
             )
-        new_blocks = self.coordinator.allocate_new_blocks(request.request_id, num_tokens_need_slot)
+        new_blocks = self.coordinator.allocate_new_blocks(
+            request.request_id, num_tokens_need_slot, num_tokens_main_model
+        )
         if self.enable_caching and not delay_cache_blocks:
             self.coordinator.cache_blocks(
                 request, min(total_computed + num_new_tokens, request.num_tokens)
@@ -216,6 +224,16 @@ class KVCacheManager:
         tokens: a draft's slot may be overwritten, so it must not enter the prefix cache."""
         if self.enable_caching:
             self.coordinator.cache_blocks(request, min(num_computed_tokens, request.num_tokens))
+
+    def take_kv_cache_block_copies(self) -> tuple[list[tuple[int, int]], list[KVCacheBlock]]:
+        """The block copies queued since the last call, as (source id, destination id) for
+        the worker, and the blocks they hold: the scheduler frees those once the copies ran."""
+        pairs = self.coordinator.take_pending_cow_copies()
+        return [(src.block_id, dst.block_id) for src, dst in pairs], [b for p in pairs for b in p]
+
+    def new_step_starts(self) -> None:
+        """The scheduler starts a step: a Mamba state cached last step may now be a hit."""
+        self.coordinator.new_step_starts()
 
     def free(self, request) -> None:
         """Free every group's table in reverse order (group 0 first). The pool's observer

@@ -19,11 +19,13 @@ resolves it as vLLM does.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
 from kvcore.utils.hashing import NON_CRYPTO_HASH_ALGOS, HashFn
+from kvcore.utils.math_utils import cdiv
 
 DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
 NONE_HASH_SEED = DEFAULT_NONE_HASH_SEED
@@ -200,6 +202,194 @@ def cache_salt_extra_keys(cache_salt: Optional[str], block_index: int) -> Option
     return None
 
 
+def _gen_mm_extra_hash_keys(
+    request, start_token_idx: int, end_token_idx: int, start_mm_idx: int
+) -> tuple[list, int]:
+    """("mm", identifier, offset from the block's start) for each multimodal item whose
+    placeholder range the block [start, end) touches; -> (keys, the item to look at next)."""
+    keys: list = []
+    features = request.mm_features
+    if not features:
+        return keys, start_mm_idx
+    last = features[-1].mm_position
+    if last.offset + last.length <= start_token_idx:
+        return keys, start_mm_idx
+    if start_mm_idx < 0:
+        start_mm_idx += len(features)
+    idx = start_mm_idx
+    while idx < len(features):
+        feature = features[idx]
+        offset, length = feature.mm_position.offset, feature.mm_position.length
+        if end_token_idx <= offset:
+            break  # the block has not reached this item
+        if start_token_idx >= offset + length:
+            idx += 1  # the block is past this item
+            continue
+        keys.append(("mm", feature.identifier, offset - start_token_idx))
+        if end_token_idx < offset + length:
+            break  # the item goes on into the next block
+        idx += 1  # the item ends here; the next one may start in this block too
+    return keys, idx
+
+
+def _gen_lora_extra_hash_keys(request) -> list:
+    lora = request.lora_request
+    if not lora:
+        return []
+    # The path too: re-pointing a name at another adapter must not reuse the old KV.
+    return [("lora", lora.lora_name, lora.lora_path)]
+
+
+def _gen_prompt_embeds_extra_hash_keys(request, start_token_idx: int, end_token_idx: int) -> list:
+    """sha256 of the block's embedding rows (their raw bytes, in order), cached per range."""
+    if request.prompt_embeds is None:
+        return []
+    block_range = (start_token_idx, end_token_idx)
+    cached = request._prompt_embeds_per_block_hashes.get(block_range)
+    if cached is None:
+        rows = request.prompt_embeds[start_token_idx:end_token_idx]
+        cached = hashlib.sha256(b"".join(bytes(r) for r in rows)).digest()
+        request._prompt_embeds_per_block_hashes[block_range] = cached
+    return [("prompt_embeds", cached)]
+
+
+def generate_block_hash_extra_keys(
+    request, start_token_idx: int, end_token_idx: int, start_mm_idx: int
+) -> tuple[Optional[tuple], int]:
+    """The extra keys of the block [start, end): LoRA (every block), multimodal items the
+    block touches, ``cache_salt`` (block 0 only), the block's prompt embeddings; None if
+    there are none. -> (keys, the multimodal item the next block starts looking at)."""
+    mm_keys, next_mm_idx = _gen_mm_extra_hash_keys(
+        request, start_token_idx, end_token_idx, start_mm_idx
+    )
+    salt = request.cache_salt
+    keys = (
+        _gen_lora_extra_hash_keys(request)
+        + mm_keys
+        + ([("cache_salt", salt)] if start_token_idx == 0 and salt else [])
+        + _gen_prompt_embeds_extra_hash_keys(request, start_token_idx, end_token_idx)
+    )
+    return (tuple(keys) if keys else None), next_mm_idx
+
+
+class BlockHashListWithBlockSize:
+    """A request's hashes (made every ``hash_block_size`` tokens) seen at a cache block size
+    that is a multiple of it: each hash chains over its whole prefix, so a block's hash is
+    the one at the block's last hash boundary. Invariant: read-only, computed on access."""
+
+    def __init__(self, block_hashes: list[bytes], hash_block_size: int, target_block_size: int):
+        assert target_block_size % hash_block_size == 0
+        self.block_hashes = block_hashes
+        self.scale_factor = target_block_size // hash_block_size
+
+    def __len__(self) -> int:
+        return len(self.block_hashes) // self.scale_factor
+
+    def __getitem__(self, idx):
+        if isinstance(idx, slice):
+            return [self[i] for i in range(*idx.indices(len(self)))]
+        if idx < 0:
+            idx += len(self)
+        return self.block_hashes[(idx + 1) * self.scale_factor - 1]
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+
+def resolve_block_hashes(
+    block_hashes,
+    hash_block_size: int,
+    block_size: int,
+    *,
+    supports_fine_grained_hash_lookup: bool = False,
+    alignment_tokens: Optional[int] = None,
+):
+    """The request's hashes viewed at ``block_size``; the raw (finer) list when the caller
+    looks hits up at ``alignment_tokens`` = ``hash_block_size`` inside a block."""
+    if block_size == hash_block_size or isinstance(block_hashes, BlockHashListWithBlockSize):
+        return block_hashes
+    if (
+        supports_fine_grained_hash_lookup
+        and alignment_tokens is not None
+        and alignment_tokens < block_size
+        and block_size % alignment_tokens == 0
+    ):
+        return block_hashes
+    return BlockHashListWithBlockSize(block_hashes, hash_block_size, block_size)
+
+
+def resolve_kv_cache_block_sizes(
+    kv_cache_groups, prefix_match_unit: Optional[int], enable_prefix_caching: bool
+) -> tuple[int, int]:
+    """(scheduler_block_size, hash_block_size) as vLLM 0.33 resolves them. kvcore's groups
+    share one block size, which is the scheduler's. One group: hashes every block, and a
+    ``prefix_match_unit`` other than the block size is refused (prefix caching on). Several:
+    the block size without prefix caching or with a Mamba group outside align mode, else
+    ``prefix_match_unit`` if set (it must divide the block size), else the block size."""
+    bs = kv_cache_groups[0].kv_cache_spec.block_size
+    if len(kv_cache_groups) <= 1:
+        if prefix_match_unit not in (None, bs) and enable_prefix_caching:
+            raise ValueError(
+                f"Invalid prefix_match_unit={prefix_match_unit}; with a single KV cache group, "
+                f"prefix-cache hits land on the block size ({bs}). Unset it or set it to {bs}."
+            )
+        return bs, bs
+    if not enable_prefix_caching or any(
+        g.kv_cache_spec.kind == "mamba" and g.kv_cache_spec.mamba_cache_mode != "align"
+        for g in kv_cache_groups
+    ):
+        return bs, bs
+    unit = prefix_match_unit if prefix_match_unit is not None else bs
+    if bs % unit:
+        raise ValueError(
+            f"Invalid prefix_match_unit={unit}; KV cache group block sizes must be divisible "
+            f"by prefix_match_unit. Got block size {bs}."
+        )
+    return bs, unit
+
+
+def partial_hash_hits_enabled(kv_cache_groups, hash_block_size: int) -> bool:
+    """Hits inside a block (``prefix_match_unit`` finer than the block) need a Mamba group in
+    align mode with blocks wider than a hash block, and every other group able to look up
+    at hash granularity (full attention and Mamba can; a sliding window cannot)."""
+    if not any(
+        g.kv_cache_spec.kind == "mamba"
+        and g.kv_cache_spec.mamba_cache_mode == "align"
+        and g.kv_cache_spec.block_size > hash_block_size
+        for g in kv_cache_groups
+    ):
+        return False
+    return all(
+        g.kv_cache_spec.kind in ("full", "mamba") or g.kv_cache_spec.block_size == hash_block_size
+        for g in kv_cache_groups
+    )
+
+
+def align_hybrid_block_size(
+    block_size: int,
+    attn_page_size_1_token: int,
+    mamba_page_size: int,
+    kernel_block_alignment: int = 16,
+    backend_block_alignment: int = 16,
+) -> tuple[int, Optional[int]]:
+    """vLLM 0.33's ``Platform._align_hybrid_block_size``: both kinds of blocks live in one pool,
+    so an attention page (``block_size`` tokens x ``attn_page_size_1_token`` bytes, all layers
+    of one group) must hold a whole Mamba state. The attention block size is raised to the
+    smallest multiple of the kernel's block alignment whose page is at least the state, then
+    to the backends' common alignment; the state's page is padded up to the attention page.
+    -> (block_size, mamba_page_size_padded or None when the pages are already equal). In
+    align mode the Mamba block size is this block size too."""
+    if mamba_page_size <= 0:
+        return block_size, None
+    kernel = max(kernel_block_alignment, block_size)
+    attn_block_size = kernel * cdiv(mamba_page_size, kernel * attn_page_size_1_token)
+    attn_block_size = backend_block_alignment * cdiv(attn_block_size, backend_block_alignment)
+    block_size = max(block_size, attn_block_size)
+    attn_page_size = block_size * attn_page_size_1_token
+    return block_size, (None if attn_page_size == mamba_page_size else attn_page_size)
+
+
 def make_block_hash_with_group_id(block_hash: bytes, group_id: int) -> bytes:
     return block_hash + group_id.to_bytes(4, "big", signed=False)
 
@@ -224,12 +414,18 @@ class BlockHasher:
         self.none_hash = none_hash(hash_fn, none_hash_seed)
 
     def extend(
-        self, block_hashes: list[bytes], token_ids: Sequence[int], cache_salt: Optional[str]
+        self,
+        block_hashes: list[bytes],
+        token_ids: Sequence[int],
+        cache_salt: Optional[str],
+        request=None,
     ) -> list[bytes]:
         """Append the hashes of newly completed full blocks; returns the new ones.
 
         The same chain as ``hash_block_tokens`` block by block, computed in one loop: a replay
-        hashes millions of blocks, and the per-block calls were most of its time."""
+        hashes millions of blocks, and the per-block calls were most of its time. A
+        ``request`` with a LoRA adapter, multimodal items or prompt embeddings takes the
+        general path (``generate_block_hash_extra_keys`` for each block)."""
         bs = self.block_size
         start = len(block_hashes) * bs
         end = len(token_ids) - bs
@@ -238,6 +434,14 @@ class BlockHasher:
         hash_fn = self.hash_fn
         parent = block_hashes[-1] if block_hashes else self.none_hash
         new = []
+        if request is not None and request.has_extra_hash_keys:
+            mm_idx = 0
+            for i in range(start, end + 1, bs):
+                keys, mm_idx = generate_block_hash_extra_keys(request, i, i + bs, mm_idx)
+                parent = hash_fn((parent, tuple(token_ids[i : i + bs]), keys))
+                new.append(parent)
+            block_hashes += new
+            return new
         if start == 0 and cache_salt:  # the salt goes into block 0's extra keys only
             parent = hash_fn((parent, tuple(token_ids[:bs]), cache_salt_extra_keys(cache_salt, 0)))
             new.append(parent)

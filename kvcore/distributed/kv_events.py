@@ -119,6 +119,8 @@ def kv_cache_spec_metadata(group: Any) -> tuple[str, Optional[int]]:
         return "sliding_window", window
     if name == "FullAttentionSpec" or kind in ("full", "full_attention"):
         return "full_attention", None
+    if name == "MambaSpec" or kind == "mamba":
+        return "mamba", None
     return "unknown", window
 
 

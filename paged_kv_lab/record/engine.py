@@ -24,6 +24,7 @@ from kvcore.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
+    MambaSpec,
     SlidingWindowSpec,
 )
 from kvcore.request import Request
@@ -45,6 +46,7 @@ def kv_cache_groups(
 
     No window: one full-attention group. A window without layer_types: every layer
     slides, one sliding group. A mix: group 0 = full layers, group 1 = sliding layers.
+    With linear-attention layers, vLLM's rule (``linear_attention_groups``).
     """
     W = settings.sliding_window
     types = settings.layer_types
@@ -54,6 +56,8 @@ def kv_cache_groups(
         raise ValueError(
             f"engine.layer_types lists {len(types)} layers but the model has {num_layers}"
         )
+    if "linear_attention" in types:
+        return linear_attention_groups(settings, types)
     kinds = sorted(set(types), key=lambda t: t != "full_attention")
     bs = settings.block_size
     groups = [
@@ -64,6 +68,39 @@ def kv_cache_groups(
         for k in kinds
     ]
     return groups, [kinds.index(t) for t in types]
+
+
+def linear_attention_groups(
+    settings: EngineSettings, types: tuple[str, ...]
+) -> tuple[list[KVCacheGroupSpec], list[int]]:
+    """vLLM's grouping for a hybrid model (kv_cache_planning's uniform-page-size groups): one
+    bucket per layer kind in order of first appearance, split so every group has as many
+    layers as the smallest bucket (the largest, when no bucket is 1.5 times the smallest),
+    group i of a bucket taking its layers i, i + n, ... So 3 linear per 1 full gives three
+    state-block groups and one attention group. The linear layers' mamba_cache_mode is
+    resolved as vLLM does: "align" with prefix caching, else "none"."""
+    bs = settings.block_size
+    mode = "align" if settings.enable_prefix_caching else "none"
+    specs = {
+        "full_attention": FullAttentionSpec(bs),
+        "sliding_attention": SlidingWindowSpec(bs, settings.sliding_window or 1),
+        "linear_attention": MambaSpec(
+            bs, shapes=((1,),), dtypes=("float32",), mamba_cache_mode=mode
+        ),
+    }
+    buckets: dict[str, list[int]] = {}
+    for i, t in enumerate(types):
+        buckets.setdefault(t, []).append(i)
+    sizes = [len(v) for v in buckets.values()]
+    group_size = max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
+    groups, layer_group = [], [0] * len(types)
+    for kind, layers in buckets.items():
+        n = cdiv(len(layers), group_size)
+        for j in range(n):
+            for layer in layers[j::n]:
+                layer_group[layer] = len(groups)
+            groups.append(KVCacheGroupSpec(tuple(f"layers.{i}" for i in layers[j::n]), specs[kind]))
+    return groups, layer_group
 
 
 def kv_cache_manager_for(
@@ -78,6 +115,7 @@ def kv_cache_manager_for(
         s.watermark,
         s.free_order,
         enable_kv_cache_events=enable_kv_cache_events,
+        hash_block_size=s.prefix_match_unit,
     )
 
 
@@ -155,7 +193,8 @@ def cpu_offload_connectors(s: EngineSettings, kv_cache_config, max_model_len: in
 def block_hasher_for(s: EngineSettings) -> BlockHasher:
     """Hashes requests' full blocks with the settings' algorithm and NONE_HASH seed."""
     fn = get_hash_fn_by_name(s.hash_algo)
-    return BlockHasher(fn, s.block_size, resolve_none_hash_seed(s.hash_algo, s.hash_seed))
+    size = s.prefix_match_unit or s.block_size  # hashes every prefix_match_unit tokens
+    return BlockHasher(fn, size, resolve_none_hash_seed(s.hash_algo, s.hash_seed))
 
 
 def size_kv_cache(model, settings: EngineSettings):
@@ -246,11 +285,23 @@ class Engine:
             )
             cfg = self.model.config
             num_layers = cfg.num_hidden_layers
+            if s.layer_types is not None and "linear_attention" in s.layer_types:
+                raise ValueError(
+                    "engine.layer_types: the model has no linear-attention layers "
+                    "(a tiny hybrid model is not built yet); replay a trace instead"
+                )
             max_len = getattr(cfg, "max_position_embeddings", 8192)
         else:
             self.model = model
             num_layers = 1 if s.layer_types is None else len(s.layer_types)
             max_len = 1 << 20
+        if s.prefix_match_unit not in (None, s.block_size):
+            # The recording (its invariant checks, block views, explanations) reads one hash
+            # per block; hashes finer than the block are modelled in kvcore and the replay.
+            raise ValueError(
+                "engine.prefix_match_unit: a recorded run needs it null or equal to block_size; "
+                "replay a trace to try a finer one"
+            )
         self.groups, layer_group = kv_cache_groups(s, num_layers)
         self.max_model_len = s.max_model_len or max_len
         # how num_gpu_blocks "auto" was derived (kvcore.model.memory.KVCacheSizing)

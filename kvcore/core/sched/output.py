@@ -62,6 +62,9 @@ class SchedulerOutput:
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     # the KV connector's plan for the step (its KVConnectorMetadata); None without a connector
     kv_connector_metadata: Any = None
+    # (source, destination) block ids the worker copies before the forward pass: a partial
+    # prefix hit's tail block (copy-on-write); None when there is nothing to copy
+    kv_cache_block_copies: list[tuple[int, int]] | None = None
 
     def num_computed_tokens_before(self) -> dict[str, int]:
         """Request id -> tokens already computed before this step, for every scheduled request."""

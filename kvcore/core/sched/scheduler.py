@@ -19,6 +19,51 @@ KV_LOAD_RECOMPUTE, KV_LOAD_FAIL = "recompute", "fail"
 KV_LOAD_FAILURE_POLICIES = (KV_LOAD_RECOMPUTE, KV_LOAD_FAIL)
 
 
+def mamba_block_aligned_split(
+    request: Request,
+    num_new_tokens: int,
+    num_new_local_computed_tokens: int = 0,
+    num_external_computed_tokens: int = 0,
+    *,
+    block_size: int,
+    max_prefill_tokens: int,
+    hash_block_size: Optional[int] = None,
+    partial_cache_hit: bool = False,
+) -> int:
+    """A prefill chunk cut so it ends where a Mamba state is kept (align mode; vLLM 0.33's
+    ``Scheduler._mamba_block_aligned_split`` without partial hash hits, prefill-checkpoint
+    blocks or EAGLE). The state is written where a chunk ends, so a chunk that does not finish
+    the prefill ends on a block boundary; it also stops at the last boundary a later request
+    can hit (``num_tokens - 1`` rounded down) and at a shared-prefix junction (floored to a
+    boundary). A block wider than ``max_prefill_tokens`` is crossed in sub-block chunks. With
+    hits inside a block (``partial_cache_hit``) it also stops at the prompt's last
+    ``hash_block_size`` boundary, whose state the manager keys there."""
+    start = request.num_computed_tokens + num_new_local_computed_tokens
+    start += num_external_computed_tokens
+    prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+    if start >= prefill_end:
+        return num_new_tokens
+    last_cache_position = max((request.num_tokens - 1) // block_size * block_size, 0)
+    end = start + num_new_tokens
+    if end < prefill_end:
+        aligned_end = end // block_size * block_size
+        if aligned_end > start or block_size <= max_prefill_tokens:
+            end = aligned_end
+    tail_boundary = 0
+    if partial_cache_hit:
+        hbs = hash_block_size or block_size
+        tail_boundary = max((request.num_prompt_tokens - 1) // hbs * hbs, 0)
+    junction = request.shared_prefix_boundary
+    stops = (
+        (start // block_size + 1) * block_size if start % block_size else 0,
+        last_cache_position,
+        tail_boundary if last_cache_position < tail_boundary < request.num_prompt_tokens else 0,
+        start + (junction - start) // block_size * block_size if start < junction < end else 0,
+    )
+    end = min((s for s in stops if start < s < end), default=end)
+    return max(end - start, 0)
+
+
 class Scheduler:
     """Waiting and running queues over one KVCacheManager.
 
@@ -71,6 +116,29 @@ class Scheduler:
         if connector is not None:
             connector.bind_gpu_block_pool(kv_cache_manager.block_pool)
             self.connector_prefix_cache_stats = PrefixCacheStats()
+        self.need_mamba_block_aligned_split = any(
+            getattr(g.kv_cache_spec, "mamba_cache_mode", None) == "align"
+            for g in kv_cache_manager.kv_cache_config.kv_cache_groups
+        )
+
+    def _mamba_block_aligned_split(
+        self, request: Request, num_new_tokens: int, num_new_local_computed_tokens: int = 0
+    ) -> int:
+        cfg = self.config
+        max_prefill = cfg.max_num_batched_tokens
+        if cfg.long_prefill_token_threshold > 0:
+            max_prefill = min(max_prefill, cfg.long_prefill_token_threshold)
+        return mamba_block_aligned_split(
+            request,
+            num_new_tokens,
+            num_new_local_computed_tokens,
+            block_size=self.kv_cache_manager.block_size,
+            max_prefill_tokens=max_prefill,
+            hash_block_size=self.kv_cache_manager.hash_block_size,
+            partial_cache_hit=getattr(
+                self.kv_cache_manager.coordinator, "enable_partial_hash_hits", False
+            ),
+        )
 
     @property
     def observer(self) -> Optional[KVCacheObserver]:
@@ -127,6 +195,8 @@ class Scheduler:
             cfg.long_prefill_token_threshold if num_running + num_waiting > 1 else 0
         )
 
+        self.kv_cache_manager.new_step_starts()
+
         # 1) Running requests first, in running order.
         req_index = 0
         while req_index < len(self.running) and token_budget > 0:
@@ -137,6 +207,8 @@ class Scheduler:
             num_new = min(
                 num_new, token_budget, cfg.max_model_len - 1 - request.num_computed_tokens
             )
+            if self.need_mamba_block_aligned_split:
+                num_new = self._mamba_block_aligned_split(request, num_new)
             if num_new <= 0:
                 req_index += 1
                 continue
@@ -239,6 +311,10 @@ class Scheduler:
                         )
                         break
                     num_new = min(num_new, token_budget)
+                    if self.need_mamba_block_aligned_split:
+                        num_new = self._mamba_block_aligned_split(request, num_new, num_hit)
+                        if num_new == 0:
+                            break
                 new_blocks = self.kv_cache_manager.allocate_slots(
                     request,
                     num_new,
@@ -329,6 +405,11 @@ class Scheduler:
             preempted,
             scheduled_spec_decode_tokens,
         )
+        copies, retained = self.kv_cache_manager.take_kv_cache_block_copies()
+        if copies:
+            # Synchronous steps: the copies run with this step, so their blocks go back now.
+            self.kv_cache_manager.block_pool.free_blocks(retained)
+            out = replace(out, kv_cache_block_copies=copies)
         if self.connector is not None:
             # Before num_computed_tokens advances: the connector stores only blocks whose
             # tokens were computed in earlier steps.
