@@ -187,6 +187,7 @@ def _quiz_questions(items, steps: dict, lang: str) -> list[dict]:
                 {
                     "where": title,
                     "href": href,
+                    "link": tr("pack.quiz.open", lang),
                     "prompt": tr(q.prompt, lang),
                     "options": opts,
                     "answer": q.answer,
@@ -200,6 +201,7 @@ def _quiz_questions(items, steps: dict, lang: str) -> list[dict]:
                 {
                     "where": tr("pack.quiz.where", lang, title=title, step=step),
                     "href": f"{href}#step={step - 1}",
+                    "link": tr("pack.quiz.look", lang),
                     "prompt": p.prompt,
                     "options": list(p.options),
                     "answer": p.answer,
@@ -225,13 +227,7 @@ def _index(items: Sequence[PackItem], langs: Sequence[str], model: str) -> str:
                         i.case.icon if i.case is not None else page.icon,
                         _title(i, lang),
                         _summary(i, lang),
-                        tuple(
-                            (
-                                tr("pack.index.fixed", lang, fix=tr(i.case.fix.label, lang)),
-                                f"{s}.html",
-                            )
-                            for s, _ in i.runs()[1:]
-                        ),
+                        tuple((tr(i.case.fix.label, lang), f"{s}.html") for s, _ in i.runs()[1:]),
                     )
                     for i in mine
                 )
@@ -289,7 +285,6 @@ def build_pack(
                 "check": tr("quiz_answer", lang),
                 "pick": tr("pack.quiz.pick", lang),
                 "right": tr("quiz_right", lang),
-                "look": tr("pack.quiz.look", lang),
             },
             _quiz_questions(items, steps, lang),
         )

@@ -160,7 +160,7 @@ data.questions.forEach((q, i) => {
   const box = el("section", "pkv-q");
   box.dataset.question = String(i);
   const where = el("small", "pkv-where", q.where + " · ");
-  const look = el("a", null, data.words.look);
+  const look = el("a", null, q.link);
   look.href = q.href;
   where.append(look);
   box.append(where, el("p", null, q.prompt));
@@ -198,8 +198,8 @@ def quiz_html(
     questions: Sequence[Mapping[str, Any]],
 ) -> str:
     """The quiz page of one language. ``words``: ``check``, ``pick`` (nothing chosen yet),
-    ``right``, ``look`` (the link to the player at the question's step); each question: ``where``,
-    ``href`` (relative), ``prompt``, ``options``, ``answer`` (an index), ``wrong`` (the sentence
+    ``right``; each question: ``where``, ``href`` (its player, relative) and ``link`` (the link's
+    words), ``prompt``, ``options``, ``answer`` (an index), ``wrong`` (the sentence
     naming the right answer) and ``explain``. All of it is data for the script, shown as text."""
     data = json_for_script({"words": dict(words), "questions": [dict(q) for q in questions]})
     return f"""<!doctype html>
