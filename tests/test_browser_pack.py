@@ -29,7 +29,7 @@ def pack(tmp_path_factory, tiny_model):
     items = select_items(PACK)
     out = tmp_path_factory.mktemp("pack") / "class-pack"
     ms = ModelState("tiny-random", "cpu", tiny_model, None, 0.0)
-    write_pack(out, build_pack(items, ("en", "zh"), ms))
+    write_pack(out, build_pack(items, ("en", "zh"), ms, background=False))
     return out, items
 
 

@@ -11,6 +11,7 @@ the same code as the lesson page's "Download this run" (player_component.export_
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
@@ -114,12 +115,17 @@ def app_opener(ms) -> Opener:
     return lambda lesson: open_run(build_scenario(lesson, lesson.scenario, {}, ms), ms)
 
 
-def recorded(timeline, timeout: float = RUN_WAIT) -> None:
-    """Wait until the run under ``timeline`` is done, as background work of the store (clicks of
-    the app's sessions go first), or ``timeout`` s pass: the pack then holds what was recorded,
-    and its player says the run goes on."""
-    timeline.run.want(1 << 30)
-    timeline.run.wait(1 << 30, timeout, urgent=False)
+def recorded(timeline, background: bool = True, timeout: float = RUN_WAIT) -> None:
+    """Wait until the run under ``timeline`` is done, or ``timeout`` s pass (the pack then holds
+    what was recorded, and its player says the run goes on). ``background``: as the store's
+    background work, so the app's sessions' clicks go first; else each step is asked for as the
+    next one, which the store computes at once (the command line, where nobody else waits)."""
+    run, end = timeline.run, time.monotonic() + timeout
+    run.want(1 << 30)
+    if background:
+        run.wait(1 << 30, timeout, urgent=False)
+    while not run.done and time.monotonic() < end:
+        run.wait(len(run.records) + 1, end - time.monotonic(), urgent=True)
 
 
 @dataclass(frozen=True)
@@ -258,10 +264,12 @@ def build_pack(
     ms,
     opener: Optional[Opener] = None,
     progress: Optional[Progress] = None,
+    background: bool = True,
 ) -> dict[str, str]:
     """The pack's files (relative path -> text): every item's players in every language, the
     quiz per language and the index. ``ms`` is the loaded model (app/modelstate.ModelState);
-    ``opener`` opens a lesson's run (default: as the app does, from the shared store)."""
+    ``opener`` opens a lesson's run (default: as the app does, from the shared store);
+    ``background``: runs still to record wait behind the sessions' clicks (``recorded``)."""
     opener = opener or app_opener(ms)
     files: dict[str, str] = {}
     steps: dict[str, list] = {}
@@ -270,7 +278,7 @@ def build_pack(
             if progress is not None:
                 progress(n, len(items), stem)
             timeline = opener(lesson)
-            recorded(timeline)
+            recorded(timeline, background)
             if stem == item.id:
                 steps[item.id] = _step_questions(item, timeline)
             for lang in langs:

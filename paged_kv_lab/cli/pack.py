@@ -60,7 +60,8 @@ def cmd_pack(args: argparse.Namespace) -> int:
     def progress(n: int, total: int, stem: str) -> None:
         print(tr("cli.pack.progress", lang, n=n, total=total, id=stem), file=sys.stderr)
 
-    files = build_pack(items, langs, ms, progress=progress)
+    # nobody else waits for this process's store: its steps need not wait behind clicks
+    files = build_pack(items, langs, ms, progress=progress, background=False)
     try:
         size = write_pack(out, files)
     except PackRefused as e:  # the folder filled up while the runs were recorded
