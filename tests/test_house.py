@@ -61,7 +61,9 @@ MAY_IMPORT = {
 # nothing of the lab itself (tested below), so importing it never pulls a higher layer in.
 LEAF = "paged_kv_lab.text.i18n"
 # The one door from kvcore up: ``python -m kvcore`` runs the command line (cli/main.py).
-EXCEPTIONS = {("kvcore/__main__.py", "cli")}
+# And the class pack's command builds the pack with the app's own code (app/pack.py: the pages'
+# order, each lesson's narration and panels, the store's runs), not with a second copy of it.
+EXCEPTIONS = {("kvcore/__main__.py", "cli"), ("paged_kv_lab/cli/pack.py", "app")}
 ML = {"torch", "transformers", "gguf", "accelerate"}
 UI_LIBS = {"streamlit", "plotly", "pandas"}
 # Besides model/ and worker/: the CPU tier's worker half copies the KV tensors themselves (vLLM:

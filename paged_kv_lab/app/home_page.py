@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from paged_kv_lab.app.lesson_page import current_lang, render_lesson
+from paged_kv_lab.app.lesson_page import current_lang, current_model, render_lesson
 from paged_kv_lab.app.registry import LESSONS_SECTION, nav_title, sections
-from paged_kv_lab.text.i18n import tr
+from paged_kv_lab.text.i18n import languages, tr
+
+PACK_FOLDER = "paged-kv-lab-class-pack"
 
 
 def render_home() -> None:
@@ -24,3 +26,29 @@ def render_home() -> None:
         with cols[i % 2].container(border=True):
             st.page_link(page.file, label=nav_title(page, lang), icon=page.icon)
             st.caption(tr(page.summary, lang))
+    class_pack(lang)
+
+
+def class_pack(lang: str) -> None:
+    """The class pack (app/pack.py) as a zip: built when the button is pressed, from the runs the
+    server has recorded (the warm-up records them all), in every language."""
+    ms = current_model()
+    if ms.model is None:
+        return
+
+    def build() -> bytes:
+        from paged_kv_lab.app.pack import build_pack, pack_items
+        from paged_kv_lab.player.pack import zip_pack
+
+        return zip_pack(build_pack(pack_items(), tuple(languages()), ms), PACK_FOLDER)
+
+    st.download_button(
+        tr("pack.button", lang),
+        build,
+        file_name=f"{PACK_FOLDER}.zip",
+        mime="application/zip",
+        key="dl_pack",
+        on_click="ignore",
+        icon=":material/folder_zip:",
+        help=tr("pack.button_help", lang),
+    )

@@ -401,9 +401,11 @@ def export_html(
     outro: str = "",
     focus: Sequence[str] = (),
     meta: dict | None = None,
+    back: tuple[str, str] | None = None,
     **encoder_kw,
 ) -> str:
-    """The recorded run (all steps recorded so far) as one self-contained HTML file."""
+    """The recorded run (all steps recorded so far) as one self-contained HTML file (``back``: a
+    link above the player, as static_html takes it)."""
     records = list(run.records)
     done = recorded_done(run) and len(records) == len(run.records)
     payload = run_payload(
@@ -416,4 +418,4 @@ def export_html(
     )
     if done and step_cap(run) is not None:
         payload["stop"] = {"steps": step_cap(run)}
-    return static_html(payload, title=title)
+    return static_html(payload, title=title, back=back)

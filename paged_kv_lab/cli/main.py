@@ -11,6 +11,7 @@
                              [--speedup X] [--json [PATH]] [--sweep KEY=V1,V2,...] [--csv [PATH]]
     python -m kvcore compare TRACE.jsonl [--designs vllm,sglang,nano] [--set KEY=VALUE ...]
                              [--page-size N] [--json [PATH]] [--sweep num_gpu_blocks=V1,V2,...]
+    python -m kvcore pack --out DIR [--lessons all|ID,ID,...] [--lang en,zh] [--model M]
 
 Exit codes: 0 ok, 2 bad scenario or arguments, 3 model or device unavailable.
 """
@@ -342,7 +343,14 @@ def main(argv=None) -> int:
     from paged_kv_lab.cli.compare import add_parser as add_compare_parser
 
     add_compare_parser(sub)
+    from paged_kv_lab.cli.pack import add_parser as add_pack_parser
+
+    add_pack_parser(sub)
     args = p.parse_args(argv)
+    if args.cmd == "pack":
+        from paged_kv_lab.cli.pack import cmd_pack
+
+        return cmd_pack(args)
     if args.cmd == "replay":
         from paged_kv_lab.cli.replay import cmd_replay
 

@@ -10,11 +10,12 @@ and the player's words: ``player_book``) is inlined in the module, as a JSON lit
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from functools import lru_cache
 from importlib import resources
-from typing import Any
+from typing import Any, Optional
 
 from paged_kv_lab.player.payload import player_book
 
@@ -70,8 +71,24 @@ def html_lang(code: str) -> str:
     return code if re.fullmatch(r"[A-Za-z]{2,8}(-[A-Za-z0-9]{1,8})*", code or "") else "en"
 
 
-def static_html(payload: dict[str, Any], title: str = "Paged KV Lab run") -> str:
-    safe_title = title.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+def escape(text: str) -> str:
+    """Plain text for an HTML element's text or a quoted attribute."""
+    return html.escape(text, quote=True)
+
+
+def static_html(
+    payload: dict[str, Any],
+    title: str = "Paged KV Lab run",
+    back: Optional[tuple[str, str]] = None,
+) -> str:
+    """The page; ``back`` = (words, relative href) puts a link above the player (the class pack's
+    way back to its index). A page opened as ``...html#step=N`` shows step N first."""
+    safe_title = escape(title)
+    back_link = (
+        f'<p class="pkv-back"><a href="{escape(back[1])}">{escape(back[0])}</a></p>\n'
+        if back
+        else ""
+    )
     run_lang = (payload.get("head") or {}).get("lang") or "en"
     lang = html_lang(run_lang)
     js = module_js().replace("</script", "<\\/script")
@@ -90,12 +107,17 @@ body {{ font-family: system-ui, 'Noto Sans CJK SC', 'Microsoft YaHei', sans-seri
 </style>
 </head>
 <body>
-<div id="pkv-root">{asset("player.html")}</div>
+{back_link}<div id="pkv-root">{asset("player.html")}</div>
 <script type="application/json" id="pkv-run">{json_for_script(payload)}</script>
 <script type="module">
 {js}
+const pkvAt = /^#step=([0-9]{{1,7}})$/.exec(location.hash);
 mountPlayer({{
-  data: {{ ...JSON.parse(document.getElementById("pkv-run").textContent), ...{book} }},
+  data: {{
+    ...JSON.parse(document.getElementById("pkv-run").textContent),
+    ...{book},
+    ...(pkvAt ? {{ goto: {{ seq: 1, step: Number(pkvAt[1]) }} }} : {{}}),
+  }},
   parentElement: document.getElementById("pkv-root"),
   setStateValue: () => {{}},
   setTriggerValue: () => {{}},
