@@ -13,6 +13,7 @@ import os
 import pytest
 from test_browser import browser, wait_step  # noqa: F401  (the fixture)
 
+
 def _default_pack() -> str:
     """Every lesson in the app's order, one case (with its fix) and one topic."""
     from paged_kv_lab.app.registry import pages
