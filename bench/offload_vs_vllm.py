@@ -499,16 +499,28 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
             if rid in failed:
                 continue  # vLLM drops the output of a request whose KV failed to load
             reqs[rid].append_output_token_ids(toks)
+        delayed = []
         for rid in step["finished"]:
             r = reqs[rid]
             r.status = RequestStatus.FINISHED_LENGTH_CAPPED
-            mgr.request_finished_all_groups(r, kvm.get_block_ids(rid))
-            kvm.free(r)
+            # as vLLM's Scheduler._connector_finished: the blocks of the computed tokens
+            mgr.request_finished_all_groups(
+                r, kvm.get_block_ids_for_computed_tokens(rid, r.num_computed_tokens)
+            )
+            if rid in failed and rid in step["loading"]:
+                # Scheduler.finish_requests: a load still writing its blocks frees them when
+                # it reports the request finished receiving (_update_from_kv_xfer_finished)
+                delayed.append(r)
+            else:
+                kvm.free(r)
         mgr.update_connector_output(
             KVConnectorOutput(
                 finished_recving=recving or None, kv_connector_worker_meta=worker_meta
             )
         )
+        for r in delayed:
+            assert r.request_id in (recving or ()), r.request_id
+            kvm.free(r)
         finished_prev = set(step["finished"])
         seen.append(
             {

@@ -141,9 +141,9 @@ class EngineCore:
         conn.wait_for_save()
         finished_sending, finished_recving = conn.get_finished(out.finished_req_ids)
         kv_out = KVConnectorOutput(
-            finished_sending,
-            finished_recving,
-            conn.build_connector_worker_meta(),
+            finished_sending=finished_sending,
+            finished_recving=finished_recving,
+            kv_connector_worker_meta=conn.build_connector_worker_meta(),
             invalid_block_ids=conn.get_block_ids_with_load_errors(),
         )
         conn.clear_connector_metadata()

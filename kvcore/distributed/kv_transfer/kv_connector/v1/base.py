@@ -6,7 +6,8 @@ A connector has two halves built from the same class: the scheduler's
 (``KVConnectorRole.WORKER``) moves it. The only thing that passes from the first to the second is
 the step's ``KVConnectorMetadata``; what comes back is a ``KVConnectorOutput``
 (kvcore/outputs.py). Only the calls kvcore's scheduler and engine make are declared here, each
-with vLLM's name and arguments.
+with vLLM's name and arguments; the scheduler needs no more than these, so any object with
+vLLM's scheduler-side methods (a vLLM connector included) can stand in.
 """
 
 from __future__ import annotations
@@ -84,7 +85,19 @@ class KVConnectorBase_V1(ABC):
         finished receiving (which it still does, failed or not)."""
         return set()
 
+    def get_kv_connector_stats(self) -> Any:
+        """The connector's transfer statistics since the last call (None: it keeps none)."""
+        return None
+
     # -- scheduler side -------------------------------------------------------------------
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        """The scheduler's KVCacheManager, once it is built (binds its block pool too)."""
+        self._kv_cache_manager = kv_cache_manager
+        self.bind_gpu_block_pool(kv_cache_manager.block_pool)
+
+    def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
+        """The GPU block pool, for a connector that tracks GPU blocks (pins, prefix hits)."""
+
     @abstractmethod
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
@@ -100,18 +113,36 @@ class KVConnectorBase_V1(ABC):
     @abstractmethod
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata: ...
 
+    def on_new_request(self, request: Any) -> None:
+        """A request was added to the scheduler."""
+
     def update_connector_output(self, connector_output: Any) -> None:
         """The worker's report for the step (kvcore.outputs.KVConnectorOutput)."""
 
     def request_finished(
         self, request: Any, block_ids: list[int]
     ) -> tuple[bool, Optional[dict[str, Any]]]:
-        """(whether the scheduler must wait before freeing the blocks, transfer params)."""
+        """Called once, when the request finishes and before its blocks are freed: (whether
+        the connector frees them itself later, reporting the request in ``finished_sending`` or
+        ``finished_recving``; transfer params for the request's output)."""
         return False, None
 
     def take_events(self) -> Iterable[Any]:
         """KV cache events of the connector's own storage, since the last call."""
         return ()
+
+    def has_pending_block_frees(self) -> bool:
+        """Whether transfers in flight will give blocks back (instead of a preemption)."""
+        return False
+
+    def has_pending_push_work(self) -> bool:
+        """Whether the engine must keep stepping for the connector's sake after the last
+        request finished (copies still to make)."""
+        return False
+
+    def get_finished_count(self) -> Optional[int]:
+        """How many workers report each request's transfer finished (None: every worker)."""
+        return None
 
 
 class SupportsHMA(ABC):
