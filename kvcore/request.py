@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from kvcore.core.kv_cache_utils import BlockHasher, cache_salt_extra_keys
 
@@ -45,6 +45,7 @@ class Request:
         eos_token_ids: Iterable[int] = (),
         ignore_eos: bool = False,
         block_hasher: Optional[BlockHasher] = None,
+        kv_transfer_params: Optional[dict[str, Any]] = None,
     ) -> None:
         if max_tokens < 1:
             raise ValueError(f"request {request_id!r}: max_tokens must be >= 1")
@@ -71,6 +72,9 @@ class Request:
         # Set when scheduled: this step ends before the request's last token (it samples nothing)
         self.is_prefill_chunk = False
         self._hasher = block_hasher
+        # vLLM's SamplingParams.extra_args["kv_transfer_params"]: what a KV connector needs to
+        # move this request's K/V between engines (disaggregated prefill); None: nothing moves.
+        self.kv_transfer_params = kv_transfer_params
         if block_hasher is not None:
             block_hasher.extend(self.block_hashes, self.all_token_ids, self.cache_salt)
 

@@ -150,6 +150,9 @@ class EngineSettings:
     speculative: Optional[SpeculativeConfig] = None
     # A second tier: CPU offloading (kvcore/simple_kv_offload/); off when null.
     cpu_offload: Optional[CPUOffloadConfig] = None
+    # Disaggregated serving: "pd" runs a prefill replica and a decode replica joined by the
+    # NIXL connector's flow (paged_kv_lab/disagg/); null: one engine.
+    kv_transfer: Optional[Literal["pd"]] = None
 
 
 @dataclass(frozen=True)
@@ -243,6 +246,7 @@ _MUST: dict[str, str] = {
     "lazy_offload": "true or false",
     "kv_load_failure_policy": '"recompute" or "fail"',
     "fail_loads": "a list of request ids",
+    "kv_transfer": 'null or "pd"',
 }
 _SECTIONS = {
     (): Scenario,

@@ -635,8 +635,19 @@ class Scheduler:
             if request is not None and request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
                 affected.add(req_id)
                 if self.recompute_kv_load_failures:
-                    request.num_computed_tokens = 0
+                    lost, request.num_computed_tokens = request.num_computed_tokens, 0
                     self.failed_recving_kv_req_ids.add(req_id)
+                    # Under "fail" the request ends below, and _handle_invalid_blocks names the
+                    # blocks when the connector reports them: one event either way.
+                    self._emit(
+                        "kv_load_failed",
+                        request,
+                        block_ids=tuple(self.kv_cache_manager.get_block_ids(req_id)[0]),
+                        num_computed_tokens=0,
+                        num_lost_tokens=lost,
+                        asynchronous=True,
+                        policy=KV_LOAD_RECOMPUTE,
+                    )
         return set() if self.recompute_kv_load_failures else affected
 
     def _handle_invalid_blocks(

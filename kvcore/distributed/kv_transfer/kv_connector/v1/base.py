@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
 
@@ -36,6 +36,16 @@ class KVConnectorWorkerMetadata:
 
     def aggregate(self, other: "KVConnectorWorkerMetadata") -> "KVConnectorWorkerMetadata":
         raise NotImplementedError
+
+
+@dataclass
+class KVConnectorTransferResults:
+    """A worker's finished transfers since the last call; a failed receive is also in
+    ``finished_recving``, so the scheduler can let its request out of the wait."""
+
+    finished_sending: set[str] = field(default_factory=set)
+    finished_recving: set[str] = field(default_factory=set)
+    failed_recving: set[str] = field(default_factory=set)
 
 
 class KVConnectorBase_V1(ABC):
@@ -75,6 +85,14 @@ class KVConnectorBase_V1(ABC):
     ) -> tuple[Optional[set[str]], Optional[set[str]]]:
         """(finished_sending, finished_recving): the requests whose transfers are done."""
         return None, None
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """``get_finished``'s two sets with the failed receives (none unless a connector says)."""
+        finished_sending, finished_recving = self.get_finished(finished_req_ids)
+        return KVConnectorTransferResults(
+            finished_sending=set(finished_sending or ()),
+            finished_recving=set(finished_recving or ()),
+        )
 
     def build_connector_worker_meta(self) -> Optional[KVConnectorWorkerMetadata]:
         return None
