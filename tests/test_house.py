@@ -78,9 +78,13 @@ LEAF = "paged_kv_lab.text.i18n"
 EXCEPTIONS = {("kvcore/__main__.py", "cli")}
 ML = {"torch", "transformers", "gguf", "accelerate"}
 UI_LIBS = {"streamlit", "plotly", "pandas"}
-# Besides model/ and worker/: the CPU tier's worker half copies the KV tensors themselves (vLLM:
-# v1/simple_kv_offload/worker.py); its scheduler half stays torch-free.
-ML_FILES = {"kvcore/simple_kv_offload/worker.py"}
+# Besides model/ and worker/: the CPU tier's and the NIXL connector's worker halves copy the KV
+# tensors themselves (vLLM: v1/simple_kv_offload/worker.py, kv_connector/v1/nixl/pull_worker.py);
+# their scheduler halves stay torch-free.
+ML_FILES = {
+    "kvcore/simple_kv_offload/worker.py",
+    "kvcore/distributed/kv_transfer/kv_connector/v1/nixl/pull_worker.py",
+}
 
 
 def imports_of(path: Path) -> set[str]:

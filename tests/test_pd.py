@@ -1,5 +1,5 @@
 """Prefill here, decode there: two replicas sharing one model, joined by the NIXL connector's flow
-(kvcore/distributed/kv_transfer/kv_connector/v1/nixl_connector.py, paged_kv_lab/disagg/pd.py).
+(kvcore/distributed/kv_transfer/kv_connector/v1/nixl/, paged_kv_lab/disagg/pd.py).
 
 Greedy tokens equal transformers' generate with prefix hits on both replicas; the prefill
 replica keeps a request's blocks until the decode replica has pulled them; the decode replica
@@ -42,7 +42,7 @@ def zen(first: int, last: int) -> str:
 
 
 def scenario(loaded, requests, **engine) -> Scenario:
-    settings = dict(block_size=8, num_gpu_blocks=40, max_num_batched_tokens=256, **engine)
+    settings = {"block_size": 8, "num_gpu_blocks": 40, "max_num_batched_tokens": 256, **engine}
     return Scenario(
         model=loaded.name,
         device=loaded.device.type,
@@ -165,3 +165,23 @@ def test_a_plain_engine_refuses_kv_transfer_pd(tiny_model):
     sc = scenario(tiny_model, [], kv_transfer="pd")
     with pytest.raises(ValueError, match="two replicas"):
         Engine(sc, model=tiny_model)
+
+
+@pytest.mark.slow
+def test_smollm2_pd_pair_equals_generate_with_hits_on_both_replicas(smollm2):
+    reqs = [
+        RequestSpec(id="A", prompt=zen(0, 5), max_tokens=8),
+        RequestSpec(id="B", prompt=zen(0, 4) + " " + zen(12, 13), max_tokens=8, arrival_step=3),
+    ]
+    sc = scenario(smollm2, reqs, block_size=16)
+    pd = PDEngine(sc, model=smollm2)
+    steps = pd.run()
+    assert events_of(steps, PREFILL, "cache_hit", "B") and events_of(
+        steps, DECODE, "cache_hit", "B"
+    )
+    for spec in reqs:
+        ids = pd.prefill.encode(spec)
+        want = reference_tokens(smollm2.model, ids, spec.max_tokens, eos_of(smollm2))
+        assert pd.outputs()[spec.id]["token_ids"] == want, spec.id
+    parts = pd.ttft_parts("A")
+    assert parts is not None and parts.total >= parts.prefill_step > 0

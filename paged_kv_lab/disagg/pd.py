@@ -20,10 +20,8 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 from kvcore.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-from kvcore.distributed.kv_transfer.kv_connector.v1.nixl_connector import (
-    NixlAgentRegistry,
-    NixlConnector,
-)
+from kvcore.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlConnector
+from kvcore.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlAgentRegistry
 from paged_kv_lab.record.engine import Engine
 from paged_kv_lab.record.scenario import RequestSpec, Scenario
 from paged_kv_lab.record.snapshot import StepRecord
@@ -87,7 +85,9 @@ class PDEngine:
         kv_load_failure_policy: str = "fail",
         fail_loads: tuple[str, ...] = (),
         kv_lease_steps: int = 30,
+        pool_sizes: Optional[dict[str, int]] = None,
     ) -> None:
+        """``pool_sizes``: num_gpu_blocks per replica where it differs from the scenario's."""
         check_pd(scenario)
         self.scenario = scenario
         self.registry = NixlAgentRegistry()
@@ -108,8 +108,11 @@ class PDEngine:
             worker = NixlConnector(
                 KVConnectorRole.WORKER, name, scenario.engine.block_size, self.registry
             )
+            own = bare
+            if pool_sizes and name in pool_sizes:
+                own = replace(bare, engine=replace(bare.engine, num_gpu_blocks=pool_sizes[name]))
             self.engines[name] = Engine(
-                bare,
+                own,
                 model=model,
                 runner=runner_factory() if runner_factory is not None else None,
                 debug=debug,
@@ -124,7 +127,8 @@ class PDEngine:
         # per request: the ticks and step seconds of its journey (for TTFTParts)
         self._journey: dict[str, dict[str, float]] = {}
         for spec in self._pending:
-            self.engines[PREFILL]._checked_prompt(spec)
+            for e in self.engines.values():
+                e._checked_prompt(spec)
 
     @property
     def prefill(self) -> Engine:

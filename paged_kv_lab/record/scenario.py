@@ -461,6 +461,8 @@ def _plain(v: Any) -> Any:
 def scenario_to_dict(s: Scenario) -> dict:
     """The scenario in its file format (defaults of requests left out for readability)."""
     d = _plain(asdict(s))
+    if d["engine"].get("kv_transfer") is None:  # one engine: written as before the setting was
+        del d["engine"]["kv_transfer"]
     default_req = asdict(RequestSpec(id=""))
     d["requests"] = [
         {k: v for k, v in r.items() if k == "id" or v != _plain(default_req[k])}

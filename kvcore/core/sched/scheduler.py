@@ -211,9 +211,17 @@ class Scheduler:
             if self.waiting and self.observer is not None:
                 self._emit("blocked", self.waiting.peek_request(), reason="preempted_this_step")
         else:
-            skipped: list[Request] = []  # waiting for their CPU-tier KV: looked at next step
-            while self.waiting and token_budget > 0:
-                request = self.waiting.peek_request()
+            skipped: list[Request] = []  # waiting for their KV: looked at next step
+            # As vLLM's kv_holding_waiting queue: requests that hold blocks (their K/V is
+            # loading, or has landed) go before the others, so a request that cannot get
+            # blocks never keeps them from running and giving their blocks back.
+            holding = create_request_queue(self.policy)
+            for r in [r for r in self.waiting.ordered() if self._holds_kv_blocks(r)]:
+                self.waiting.remove_request(r)
+                holding.add_request(r)
+            while (holding or self.waiting) and token_budget > 0:
+                queue = holding if holding else self.waiting
+                request = queue.peek_request()
                 if len(self.running) >= cfg.max_num_seqs:
                     self._emit(
                         "blocked", request, reason="max_num_seqs", max_num_seqs=cfg.max_num_seqs
@@ -221,7 +229,7 @@ class Scheduler:
                     break
                 if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
                     if request.request_id not in self.finished_recving_kv_req_ids:
-                        skipped.append(self.waiting.pop_request())
+                        skipped.append(queue.pop_request())
                         continue
                     self._update_waiting_for_remote_kv(request)
                     resumed = request.num_preemptions > 0
@@ -240,7 +248,7 @@ class Scheduler:
                             request, num_hit
                         )
                         if num_external is None:
-                            skipped.append(self.waiting.pop_request())
+                            skipped.append(queue.pop_request())
                             continue
                     num_computed = num_hit + num_external
                 else:
@@ -293,9 +301,9 @@ class Scheduler:
                     # runs from the end of the hit in a later one.
                     request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
                     request.num_computed_tokens = num_computed
-                    skipped.append(self.waiting.pop_request())
+                    skipped.append(queue.pop_request())
                     continue
-                self.waiting.pop_request()
+                queue.pop_request()
                 self.running.append(request)
                 req_to_new_blocks[request.request_id] = self.kv_cache_manager.get_block_ids(
                     request.request_id
@@ -318,7 +326,9 @@ class Scheduler:
                 self._emit(
                     "blocked", self.waiting.peek_request(), reason="token_budget", token_budget=0
                 )
-            for request in reversed(skipped):
+            front = [r for r in skipped if self._holds_kv_blocks(r)] + holding.ordered()
+            front += [r for r in skipped if not self._holds_kv_blocks(r)]
+            for request in reversed(front):
                 self.waiting.prepend_request(request)
 
         if self.observer is not None:  # the phases only serve the record: nothing to do else
@@ -410,6 +420,15 @@ class Scheduler:
             if running
             else [0] * kvm.num_kv_cache_groups,
             scheduled_spec_decode_tokens=dict(scheduled_spec_decode_tokens or {}),
+        )
+
+    @staticmethod
+    def _holds_kv_blocks(request: Request) -> bool:
+        """A waiting request that holds blocks: its K/V is loading (or landed) from a
+        connector, or it kept computed tokens (vLLM: ``Scheduler._holds_kv_blocks``)."""
+        return (
+            request.num_computed_tokens > 0
+            or request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
         )
 
     def _preempt_request(self, request: Request, needed_by: str) -> None:
@@ -528,17 +547,19 @@ class Scheduler:
     def _update_from_kv_xfer_finished(self, kv_connector_output) -> None:
         """The connector's report: its own bookkeeping first, then the requests whose KV has
         arrived may run from the next step on; a request that finished while its KV moved
-        gives its blocks back now."""
+        gives its blocks back now. vLLM walks the two sets in their iteration order, which
+        varies with PYTHONHASHSEED; we walk them sorted, so a run frees its blocks in the same
+        order every time (one of the orders vLLM can take)."""
         if self.connector is not None:
             self.connector.update_connector_output(kv_connector_output)
-        for req_id in kv_connector_output.finished_recving or ():
+        for req_id in sorted(kv_connector_output.finished_recving or ()):
             req = self.requests[req_id]
             if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
                 self.finished_recving_kv_req_ids.add(req_id)
             else:
                 assert req.is_finished(), req
                 self._free_blocks(req)
-        for req_id in kv_connector_output.finished_sending or ():
+        for req_id in sorted(kv_connector_output.finished_sending or ()):
             self._free_blocks(self.requests[req_id])
 
     def _update_waiting_for_remote_kv(self, request: Request) -> None:
