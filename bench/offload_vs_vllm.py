@@ -358,6 +358,15 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
         kvm_evict(block_ids)
 
     kvm.evict_blocks = evict_blocks
+    affected: set[str] = set()
+    update_requests = sch._update_requests_with_invalid_blocks
+
+    def update_requests_with_invalid_blocks(*args, **kwargs):
+        res = update_requests(*args, **kwargs)
+        affected.update(res[0])
+        return res
+
+    sch._update_requests_with_invalid_blocks = update_requests_with_invalid_blocks
     reqs: dict[str, Any] = {}
     finished_prev: set[str] = set()
     seen = []
@@ -490,10 +499,11 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
         if step.get("invalid_block_ids"):
             sch.running = [reqs[rid] for rid in step["running"]]
             sch.kv_holding_waiting = [reqs[rid] for rid in step["loading"]]
-            waiting_before = set(sch.failed_recving_kv_req_ids)
+            affected.clear()
             failed = sch._handle_invalid_blocks(set(step["invalid_block_ids"]), sched)
-            # "recompute" returns the running ones and marks the loading ones; "fail" returns all
-            affected = failed | (sch.failed_recving_kv_req_ids - waiting_before)
+            # Every request vLLM cut back, loading or running: "recompute" returns only the
+            # running ones and marks the loading ones, which a loading request failed before
+            # already is (so the marks alone would miss it being cut back again).
             rolled_back = sorted([rid, reqs[rid].num_computed_tokens] for rid in affected)
         for rid, toks in step["new_tokens"].items():
             if rid in failed:
