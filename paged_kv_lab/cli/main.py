@@ -170,6 +170,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if scenario.engine.kv_transfer == "pd":  # a prefill replica and a decode replica
             from paged_kv_lab.disagg.pd import PDEngine
 
+            if kv_events is not None:
+                raise ValueError("KV events are not published for engine.kv_transfer pd")
+
             engine = PDEngine(scenario, model=model, debug=args.check)
         else:
             engine = Engine(
