@@ -358,6 +358,15 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
         kvm_evict(block_ids)
 
     kvm.evict_blocks = evict_blocks
+    affected: set[str] = set()
+    update_requests = sch._update_requests_with_invalid_blocks
+
+    def update_requests_with_invalid_blocks(*args, **kwargs):
+        res = update_requests(*args, **kwargs)
+        affected.update(res[0])
+        return res
+
+    sch._update_requests_with_invalid_blocks = update_requests_with_invalid_blocks
     reqs: dict[str, Any] = {}
     finished_prev: set[str] = set()
     seen = []
@@ -490,25 +499,38 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
         if step.get("invalid_block_ids"):
             sch.running = [reqs[rid] for rid in step["running"]]
             sch.kv_holding_waiting = [reqs[rid] for rid in step["loading"]]
-            waiting_before = set(sch.failed_recving_kv_req_ids)
+            affected.clear()
             failed = sch._handle_invalid_blocks(set(step["invalid_block_ids"]), sched)
-            # "recompute" returns the running ones and marks the loading ones; "fail" returns all
-            affected = failed | (sch.failed_recving_kv_req_ids - waiting_before)
+            # Every request vLLM cut back, loading or running: "recompute" returns only the
+            # running ones and marks the loading ones, which a loading request failed before
+            # already is (so the marks alone would miss it being cut back again).
             rolled_back = sorted([rid, reqs[rid].num_computed_tokens] for rid in affected)
         for rid, toks in step["new_tokens"].items():
             if rid in failed:
                 continue  # vLLM drops the output of a request whose KV failed to load
             reqs[rid].append_output_token_ids(toks)
+        delayed = []
         for rid in step["finished"]:
             r = reqs[rid]
             r.status = RequestStatus.FINISHED_LENGTH_CAPPED
-            mgr.request_finished_all_groups(r, kvm.get_block_ids(rid))
-            kvm.free(r)
+            # as vLLM's Scheduler._connector_finished: the blocks of the computed tokens
+            mgr.request_finished_all_groups(
+                r, kvm.get_block_ids_for_computed_tokens(rid, r.num_computed_tokens)
+            )
+            if rid in failed and rid in step["loading"]:
+                # Scheduler.finish_requests: a load still writing its blocks frees them when
+                # it reports the request finished receiving (_update_from_kv_xfer_finished)
+                delayed.append(r)
+            else:
+                kvm.free(r)
         mgr.update_connector_output(
             KVConnectorOutput(
                 finished_recving=recving or None, kv_connector_worker_meta=worker_meta
             )
         )
+        for r in delayed:
+            assert r.request_id in (recving or ()), r.request_id
+            kvm.free(r)
         finished_prev = set(step["finished"])
         seen.append(
             {

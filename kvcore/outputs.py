@@ -12,19 +12,27 @@ class KVConnectorOutput:
     going out (``finished_sending``) or coming in (``finished_recving``), and the connector's
     own report (``kv_connector_worker_meta``). ``invalid_block_ids``: GPU blocks whose K/V
     failed to load from the connector; the requests holding them are rolled back to recompute
-    them (or fail, by ``kv_load_failure_policy``: ``Scheduler._handle_invalid_blocks``)."""
+    them (or fail, by ``kv_load_failure_policy``: ``Scheduler._handle_invalid_blocks``);
+    ``failed_recving``: the same, named by request (``Scheduler._handle_failed_recving``)."""
 
     finished_sending: Optional[set[str]] = None
     finished_recving: Optional[set[str]] = None
+    kv_connector_stats: Any = None
+    kv_cache_events: Any = None
     kv_connector_worker_meta: Any = None
     invalid_block_ids: set[int] = field(default_factory=set)
+    failed_recving: set[str] = field(default_factory=set)
+    expected_finished_count: int = 0
 
     def is_empty(self) -> bool:
         return (
             not self.finished_sending
             and not self.finished_recving
-            and not self.kv_connector_worker_meta
+            and not self.kv_connector_stats
+            and not self.kv_cache_events
             and not self.invalid_block_ids
+            and not self.failed_recving
+            and not self.kv_connector_worker_meta
         )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from typing import Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from kvcore.core.kv_cache_utils import (
     BlockHasher,
@@ -54,6 +54,7 @@ class Request:
         lora_request: Optional[LoRARequest] = None,
         mm_features: Sequence[MultiModalFeatureSpec] = (),
         prompt_embeds: Optional[Sequence[bytes]] = None,
+        kv_transfer_params: Optional[dict[str, Any]] = None,
     ) -> None:
         if max_tokens < 1:
             raise ValueError(f"request {request_id!r}: max_tokens must be >= 1")
@@ -89,6 +90,9 @@ class Request:
         self._prompt_embeds_per_block_hashes: dict[tuple[int, int], bytes] = {}
         self.has_extra_hash_keys = bool(lora_request or self.mm_features or prompt_embeds)
         self._hasher = block_hasher
+        # vLLM's SamplingParams.extra_args["kv_transfer_params"]: what a KV connector needs to
+        # move this request's K/V between engines (disaggregated prefill); None: nothing moves.
+        self.kv_transfer_params = kv_transfer_params
         if block_hasher is not None:
             block_hasher.extend(self.block_hashes, self.all_token_ids, self.cache_salt, self)
 

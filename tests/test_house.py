@@ -28,6 +28,7 @@ OURS = (
     "lesson",
     "workload",
     "designs",
+    "disagg",
     "app",
     "cli",
 )
@@ -43,6 +44,7 @@ MAY_IMPORT = {
     "lesson": {"kvcore", "record", "text", "why"},
     "workload": {"kvcore", "record"},
     "designs": {"kvcore", "record", "workload"},
+    "disagg": {"kvcore", "record"},
     "app": {
         "kvcore",
         "record",
@@ -54,8 +56,20 @@ MAY_IMPORT = {
         "lesson",
         "workload",
         "designs",
+        "disagg",
     },
-    "cli": {"kvcore", "record", "text", "why", "watch", "runs", "player", "workload", "designs"},
+    "cli": {
+        "kvcore",
+        "record",
+        "text",
+        "why",
+        "watch",
+        "runs",
+        "player",
+        "workload",
+        "designs",
+        "disagg",
+    },
 }
 # The catalogue lookup (Text, tr): a leaf every lab folder may import, kvcore not. It imports
 # nothing of the lab itself (tested below), so importing it never pulls a higher layer in.
@@ -66,9 +80,13 @@ LEAF = "paged_kv_lab.text.i18n"
 EXCEPTIONS = {("kvcore/__main__.py", "cli"), ("paged_kv_lab/cli/pack.py", "app")}
 ML = {"torch", "transformers", "gguf", "accelerate"}
 UI_LIBS = {"streamlit", "plotly", "pandas"}
-# Besides model/ and worker/: the CPU tier's worker half copies the KV tensors themselves (vLLM:
-# v1/simple_kv_offload/worker.py); its scheduler half stays torch-free.
-ML_FILES = {"kvcore/simple_kv_offload/worker.py"}
+# Besides model/ and worker/: the CPU tier's and the NIXL connector's worker halves copy the KV
+# tensors themselves (vLLM: v1/simple_kv_offload/worker.py, kv_connector/v1/nixl/pull_worker.py);
+# their scheduler halves stay torch-free.
+ML_FILES = {
+    "kvcore/simple_kv_offload/worker.py",
+    "kvcore/distributed/kv_transfer/kv_connector/v1/nixl/pull_worker.py",
+}
 
 
 def imports_of(path: Path) -> set[str]:

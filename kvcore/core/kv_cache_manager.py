@@ -259,6 +259,18 @@ class KVCacheManager:
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         return self.get_blocks(request_id).get_block_ids()
 
+    def get_block_ids_for_computed_tokens(
+        self, request_id: str, num_computed_tokens: int
+    ) -> tuple[list[int], ...]:
+        """Each attention group's blocks that hold the first ``num_computed_tokens`` tokens
+        (slots allocated ahead of them left out); other groups' tables whole."""
+        clipped = []
+        for group, ids in zip(self.coordinator.groups, self.get_block_ids(request_id)):
+            if group.kind in ("full", "sliding"):
+                ids = ids[: -(-num_computed_tokens // group.kv_cache_spec.block_size)]
+            clipped.append(ids)
+        return tuple(clipped)
+
     def take_events(self) -> list:
         """The pool's KV events, BlockStored stamped with its group's spec kind and window."""
         taken = self.block_pool.take_events()

@@ -19,6 +19,7 @@ from typing import Any, Optional
 from kvcore.core.sched.output import SchedulerOutput
 from kvcore.core.sched.scheduler import Scheduler
 from kvcore.outputs import KVConnectorOutput, ModelRunnerOutput
+from kvcore.request import RequestStatus
 from kvcore.sample.rejection_sampler import rejection_sample
 from kvcore.spec_decode.draft_model import DraftModelProposer
 from kvcore.spec_decode.metrics import SpecDecodingStats
@@ -130,21 +131,32 @@ class EngineCore:
             )
         return result
 
-    @staticmethod
-    def _kv_jobs(out: SchedulerOutput) -> bool:
+    def _kv_jobs(self, out: SchedulerOutput) -> bool:
+        """Whether the connector's worker has something to do or report though no token runs:
+        copies ordered (the CPU tier's jobs), a request waiting for its K/V, or a finished
+        request whose blocks the connector still holds (a P/D prefill replica's, until the
+        decode replica has pulled them)."""
         md = out.kv_connector_metadata
-        return md is not None and (md.load_event >= 0 or md.store_event >= 0)
+        if md is None:
+            return False
+        if getattr(md, "load_event", -1) >= 0 or getattr(md, "store_event", -1) >= 0:
+            return True
+        scheduler = self.scheduler
+        return scheduler.has_finished_requests() or any(
+            r.status == RequestStatus.WAITING_FOR_REMOTE_KVS for r in scheduler.waiting.ordered()
+        )
 
     def _kv_finish(self, out: SchedulerOutput) -> KVConnectorOutput:
         """After the forward: the step's stores, then what the worker finished."""
         conn = self.kv_connector
         conn.wait_for_save()
-        finished_sending, finished_recving = conn.get_finished(out.finished_req_ids)
+        results = conn.get_transfer_results(out.finished_req_ids)
         kv_out = KVConnectorOutput(
-            finished_sending,
-            finished_recving,
-            conn.build_connector_worker_meta(),
+            finished_sending=results.finished_sending or None,
+            finished_recving=results.finished_recving or None,
+            kv_connector_worker_meta=conn.build_connector_worker_meta(),
             invalid_block_ids=conn.get_block_ids_with_load_errors(),
+            failed_recving=results.failed_recving,
         )
         conn.clear_connector_metadata()
         return kv_out

@@ -67,6 +67,23 @@ def _log_step(rec: snapshot.StepRecord, out: TextIO, lang: str = "en", decode=No
     out.write("   " + tr("cli.log.free_queue", lang, ids=list(snap.free_queue)) + "\n")
 
 
+def _replica_records(done) -> list[tuple[object, snapshot.StepRecord]]:
+    """A step's records: a plain engine's one (with None), or a P/D pair's, each with its
+    paged_kv_lab.disagg.pd.ReplicaStep."""
+    if isinstance(done, snapshot.StepRecord):
+        return [(None, done)]
+    return [(s, s.record) for s in done]
+
+
+def _log_replica(s, out: TextIO, lang: str, decode=None) -> None:
+    """A P/D pair's step: which replica it is, its log, and the K/V its connector pulled."""
+    out.write(tr("pd.cli.replica", lang, replica=Text(f"pd.replica.{s.replica}")) + "\n")
+    _log_step(s.record, out, lang, decode)
+    for rid, (remote, local) in s.pulls.items():
+        out.write("   " + tr("pd.cli.pull", lang, rid=rid, remote=list(remote), local=list(local)))
+        out.write("\n")
+
+
 def _write_html(path: str, scenario, initial, records, engine, lang: str, done: bool) -> None:
     """The run as one self-contained HTML file: the app's step player with every step inlined."""
     from paged_kv_lab.player import (
@@ -151,12 +168,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         check_scenario(
             scenario, limits, model.config, lambda r: model.encode_prompt(r.prompt, r.chat)
         )
-        engine = Engine(
-            scenario,
-            model=model,
-            debug=args.check,
-            kv_events=kv_events,
-        )
+        if scenario.engine.kv_transfer == "pd":  # a prefill replica and a decode replica
+            from paged_kv_lab.disagg.pd import PDEngine
+
+            if kv_events is not None:
+                raise ValueError("KV events are not published for engine.kv_transfer pd")
+
+            engine = PDEngine(scenario, model=model, debug=args.check)
+        else:
+            engine = Engine(
+                scenario,
+                model=model,
+                debug=args.check,
+                kv_events=kv_events,
+            )
     except (ModelNotAvailable, DeviceNotAvailable) as e:
         print(_error(args, f"{e}"), file=sys.stderr)
         return 3
@@ -174,24 +199,29 @@ def cmd_run(args: argparse.Namespace) -> int:
             trace_file.write(
                 trace.header_line(scenario_to_dict(scenario), engine.snapshot()) + "\n"
             )
-        while engine.has_unfinished():
+        stopped = False
+        while engine.has_unfinished() and not stopped:
             try:
-                rec = engine.step()
+                done = engine.step()
             # a request that cannot be added (too long for the pool, bad ids)
             except ValueError as e:
                 print(_error(args, f"{args.scenario}: {e}"), file=sys.stderr)
                 return 2
-            if not args.quiet:
-                _log_step(
-                    rec, sys.stdout, args.lang, engine.decode if engine.model is not None else None
-                )
-            if trace_file:
-                trace_file.write(trace.step_line(rec) + "\n")
-            if records is not None:
-                records.append(rec)
-            if args.until and any(e.kind == args.until for e in rec.events):
-                print(tr("cli.log.stopped", args.lang, kind=args.until, step=rec.step))
-                break
+            for replica, rec in _replica_records(done):
+                if not args.quiet:
+                    decode = engine.decode if engine.model is not None else None
+                    if replica is not None:
+                        _log_replica(replica, sys.stdout, args.lang, decode)
+                    else:
+                        _log_step(rec, sys.stdout, args.lang, decode)
+                if trace_file:
+                    trace_file.write(trace.step_line(rec) + "\n")
+                if records is not None:
+                    records.append(rec)
+                if args.until and any(e.kind == args.until for e in rec.events):
+                    print(tr("cli.log.stopped", args.lang, kind=args.until, step=rec.step))
+                    stopped = True
+                    break
         outputs = engine.outputs()
         if trace_file:
             trace_file.write(trace.outputs_line(outputs, engine.parents()) + "\n")

@@ -312,6 +312,8 @@ def check_scenario(
         draft = min(n_layers, sp.num_draft_layers or max(1, n_layers * 3 // 4))
         gpu_pool = kv_pool_bytes(config, s.block_size, s.num_gpu_blocks, scenario.dtype)
         pool += gpu_pool * draft // n_layers
+    if getattr(s, "kv_transfer", None) == "pd":
+        pool *= 2  # a prefill replica and a decode replica, a pool each
     if pool > limits.max_run_bytes:
         what = "(num_gpu_blocks + cpu_offload.num_cpu_blocks)" if cpu_offload else "num_gpu_blocks"
         fields = {"blocks": f"engine.{what}", "slots": f"{slots:,}", "need": fmt_bytes(pool)}

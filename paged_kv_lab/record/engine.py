@@ -269,8 +269,17 @@ class Engine:
         debug: bool = False,
         progress: Optional[Callable[[str], None]] = None,
         kv_events: Optional[KVEventsConfig] = None,
+        kv_connectors: Optional[tuple] = None,
     ) -> None:
+        """``kv_connectors``: (scheduler half, worker half, kv_load_failure_policy) of a KV
+        connector built by the caller (paged_kv_lab/disagg/: the NIXL pair); by default the
+        settings' CPU tier, if any."""
         s = scenario.engine
+        if s.kv_transfer is not None and kv_connectors is None:
+            raise ValueError(
+                f"engine.kv_transfer {s.kv_transfer!r} runs two replicas: "
+                "paged_kv_lab.disagg.pd.PDEngine builds them"
+            )
         self.scenario = scenario
         self.settings = s
         self.debug = debug
@@ -326,13 +335,14 @@ class Engine:
         self.kv_connector, kv_connector_worker = cpu_offload_connectors(
             s, self.kv_cache_config, self.max_model_len
         )
+        policy = s.cpu_offload.kv_load_failure_policy if s.cpu_offload is not None else "fail"
+        if kv_connectors is not None:
+            self.kv_connector, kv_connector_worker, policy = kv_connectors
         self.scheduler = Scheduler(
             scheduler_config_for(s, self.max_model_len),
             self.kv_cache_manager,
             self.kv_connector,
-            kv_load_failure_policy=(
-                s.cpu_offload.kv_load_failure_policy if s.cpu_offload is not None else "fail"
-            ),
+            kv_load_failure_policy=policy,
         )
         # Speculative decoding: drafts from an n-gram proposer, verified greedily.
         self.drafter: Optional[NgramProposer | DraftModelProposer] = None
@@ -366,7 +376,8 @@ class Engine:
         self.engine_core = EngineCore(self.scheduler, runner, self.drafter, self.max_model_len)
         if kv_connector_worker is not None:
             kv_connector_worker.register_kv_caches(getattr(runner, "kv_caches", None))
-            kv_connector_worker.worker_handler.fail_load_req_ids = set(s.cpu_offload.fail_loads)
+            if s.cpu_offload is not None and kv_connectors is None:
+                kv_connector_worker.worker_handler.fail_load_req_ids = set(s.cpu_offload.fail_loads)
             self.engine_core.kv_connector = kv_connector_worker
         # KV cache events (vLLM's wire format) are drained every step. They go out on ZeroMQ
         # only when the caller passes ``kv_events`` (the CLI passes --kv-events or the
@@ -421,9 +432,11 @@ class Engine:
             raise ValueError(f"request {spec.id!r}: a text prompt needs a model with a tokenizer")
         return self.model.encode_prompt(spec.prompt, spec.chat)
 
-    def add_request(self, spec: RequestSpec) -> None:
+    def add_request(self, spec: RequestSpec, kv_transfer_params: Optional[dict] = None) -> None:
         """Queue a request now (its arrival_step is ignored). Raises ValueError, changing
-        nothing, if it is malformed or can never fit in the pool."""
+        nothing, if it is malformed or can never fit in the pool. ``kv_transfer_params``: what a
+        KV connector needs to move its K/V (vLLM's, e.g. from a P/D proxy); each child of an
+        n > 1 request gets its own copy."""
         parent, children = fan_out(spec)  # n > 1: children "0_<id>"... (vLLM's ParentRequest)
         for child in children:
             if child.id in self.scheduler.requests or child.id in self.parent_requests:
@@ -451,6 +464,7 @@ class Engine:
                 eos_token_ids=self._eos_ids(),
                 ignore_eos=child.ignore_eos,
                 block_hasher=self.hasher if s.enable_prefix_caching else None,
+                kv_transfer_params=dict(kv_transfer_params) if kv_transfer_params else None,
             )
             if child.seed is not None and hasattr(self.runner, "add_request_seed"):
                 self.runner.add_request_seed(child.id, child.seed)
@@ -589,7 +603,7 @@ class Engine:
             self.scheduler.requests,
             self.hasher.none_hash,
             extra_refs=self.kv_connector.scheduler_manager.gpu_block_refs()
-            if self.kv_connector is not None
+            if getattr(self.kv_connector, "scheduler_manager", None) is not None
             else None,
         )
 

@@ -159,6 +159,9 @@ class EngineSettings:
     speculative: Optional[SpeculativeConfig] = None
     # A second tier: CPU offloading (kvcore/simple_kv_offload/); off when null.
     cpu_offload: Optional[CPUOffloadConfig] = None
+    # Disaggregated serving: "pd" runs a prefill replica and a decode replica joined by the
+    # NIXL connector's flow (paged_kv_lab/disagg/); null: one engine.
+    kv_transfer: Optional[Literal["pd"]] = None
 
 
 @dataclass(frozen=True)
@@ -254,6 +257,7 @@ _MUST: dict[str, str] = {
     "lazy_offload": "true or false",
     "kv_load_failure_policy": '"recompute" or "fail"',
     "fail_loads": "a list of request ids",
+    "kv_transfer": 'null or "pd"',
 }
 _SECTIONS = {
     (): Scenario,
@@ -484,7 +488,8 @@ def _plain(v: Any) -> Any:
 
 # Engine settings added after the lessons' runs were recorded: left out of the file format at
 # their defaults, so a recorded run (whose header holds the scenario) stays byte for byte.
-_LATER_ENGINE_DEFAULTS = {"mamba_cache_mode": "none", "prefix_match_unit": None}
+# settings added after the recorded runs were made: left out of a file at their defaults
+_LATER_ENGINE_DEFAULTS = {"mamba_cache_mode": "none", "prefix_match_unit": None, "kv_transfer": None}
 
 
 def scenario_to_dict(s: Scenario) -> dict:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Iterable, Optional, Union
+from typing import Any, Iterable, Optional, Union
 
 from kvcore.config.scheduler import ADMISSIONS, ADMIT_FULL_SEQUENCE, SchedulerConfig
 from kvcore.core.kv_cache_manager import KVCacheManager
@@ -101,7 +101,8 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.finished_req_ids: set[str] = set()
         self.prev_step_scheduled_req_ids: set[str] = set()
-        # The KV connector's scheduler half (the CPU tier: SimpleCPUOffloadConnector), if any.
+        # The KV connector's scheduler half, if any: any object with vLLM's KVConnectorBase_V1
+        # scheduler-side methods (the CPU tier: SimpleCPUOffloadConnector).
         self.connector = connector
         self.connector_prefix_cache_stats: Optional[PrefixCacheStats] = None
         self.finished_recving_kv_req_ids: set[str] = set()
@@ -114,7 +115,7 @@ class Scheduler:
             connector is None or kv_load_failure_policy == KV_LOAD_RECOMPUTE
         )
         if connector is not None:
-            connector.bind_gpu_block_pool(kv_cache_manager.block_pool)
+            connector.bind_kv_cache_manager(kv_cache_manager)
             self.connector_prefix_cache_stats = PrefixCacheStats()
         self.need_mamba_block_aligned_split = any(
             getattr(g.kv_cache_spec, "mamba_cache_mode", None) == "align"
@@ -156,6 +157,8 @@ class Scheduler:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         self.requests[request.request_id] = request
         self.waiting.add_request(request)
+        if self.connector is not None:
+            self.connector.on_new_request(request)
         self._emit(
             "arrived",
             request,
@@ -169,11 +172,27 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting) or bool(self.running)
 
+    def has_finished_requests(self) -> bool:
+        """Finished requests not yet reported to the worker, or whose blocks the connector
+        still holds (they stay in ``requests`` until it reports them done)."""
+        if self.finished_req_ids:
+            return True
+        if self.connector is None:
+            return False
+        num_running, num_waiting = self.get_request_counts()
+        return len(self.requests) > num_running + num_waiting
+
     def has_requests(self) -> bool:
-        """Work left: unfinished requests, or copies the connector still has to make (a finished
-        request's last blocks are stored in the step after it finished)."""
-        return self.has_unfinished_requests() or (
-            self.connector is not None and self.connector.has_pending_push_work()
+        """Work left: unfinished requests, finished ones whose blocks the connector still holds,
+        or copies the connector still has to make (a finished request's last blocks are stored
+        in the step after it finished). Unlike vLLM, finished ids not yet reported to the worker
+        are no work: vLLM's step that only reports them runs no request, and the lab's runs
+        end with their last request."""
+        num_running, num_waiting = self.get_request_counts()
+        return (
+            self.has_unfinished_requests()
+            or (self.connector is not None and len(self.requests) > num_running + num_waiting)
+            or (self.connector is not None and self.connector.has_pending_push_work())
         )
 
     # -- scheduling ---------------------------------------------------------------------
@@ -264,9 +283,17 @@ class Scheduler:
             if self.waiting and self.observer is not None:
                 self._emit("blocked", self.waiting.peek_request(), reason="preempted_this_step")
         else:
-            skipped: list[Request] = []  # waiting for their CPU-tier KV: looked at next step
-            while self.waiting and token_budget > 0:
-                request = self.waiting.peek_request()
+            skipped: list[Request] = []  # waiting for their KV: looked at next step
+            # As vLLM's kv_holding_waiting queue: requests that hold blocks (their K/V is
+            # loading, or has landed) go before the others, so a request that cannot get
+            # blocks never keeps them from running and giving their blocks back.
+            holding = create_request_queue(self.policy)
+            for r in [r for r in self.waiting.ordered() if self._holds_kv_blocks(r)]:
+                self.waiting.remove_request(r)
+                holding.add_request(r)
+            while (holding or self.waiting) and token_budget > 0:
+                queue = holding if holding else self.waiting
+                request = queue.peek_request()
                 if len(self.running) >= cfg.max_num_seqs:
                     self._emit(
                         "blocked", request, reason="max_num_seqs", max_num_seqs=cfg.max_num_seqs
@@ -274,7 +301,7 @@ class Scheduler:
                     break
                 if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
                     if request.request_id not in self.finished_recving_kv_req_ids:
-                        skipped.append(self.waiting.pop_request())
+                        skipped.append(queue.pop_request())
                         continue
                     self._update_waiting_for_remote_kv(request)
                     resumed = request.num_preemptions > 0
@@ -293,7 +320,7 @@ class Scheduler:
                             request, num_hit
                         )
                         if num_external is None:
-                            skipped.append(self.waiting.pop_request())
+                            skipped.append(queue.pop_request())
                             continue
                     num_computed = num_hit + num_external
                 else:
@@ -352,9 +379,9 @@ class Scheduler:
                     # runs from the end of the hit in a later one.
                     request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
                     request.num_computed_tokens = num_computed
-                    skipped.append(self.waiting.pop_request())
+                    skipped.append(queue.pop_request())
                     continue
-                self.waiting.pop_request()
+                queue.pop_request()
                 self.running.append(request)
                 req_to_new_blocks[request.request_id] = self.kv_cache_manager.get_block_ids(
                     request.request_id
@@ -377,7 +404,9 @@ class Scheduler:
                 self._emit(
                     "blocked", self.waiting.peek_request(), reason="token_budget", token_budget=0
                 )
-            for request in reversed(skipped):
+            front = [r for r in skipped if self._holds_kv_blocks(r)] + holding.ordered()
+            front += [r for r in skipped if not self._holds_kv_blocks(r)]
+            for request in reversed(front):
                 self.waiting.prepend_request(request)
 
         if self.observer is not None:  # the phases only serve the record: nothing to do else
@@ -476,6 +505,15 @@ class Scheduler:
             scheduled_spec_decode_tokens=dict(scheduled_spec_decode_tokens or {}),
         )
 
+    @staticmethod
+    def _holds_kv_blocks(request: Request) -> bool:
+        """A waiting request that holds blocks: its K/V is loading (or landed) from a
+        connector, or it kept computed tokens (vLLM: ``Scheduler._holds_kv_blocks``)."""
+        return (
+            request.num_computed_tokens > 0
+            or request.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+        )
+
     def _preempt_request(self, request: Request, needed_by: str) -> None:
         self._emit(
             "preempted",
@@ -509,17 +547,23 @@ class Scheduler:
         spec_tokens = scheduler_output.scheduled_spec_decode_tokens
         kv_connector_output = model_runner_output.kv_connector_output
         failed_kv_load_req_ids: set[str] = set()
+        if kv_connector_output is not None and kv_connector_output.failed_recving:
+            failed_kv_load_req_ids |= self._handle_failed_recving(
+                kv_connector_output.failed_recving
+            )
         if kv_connector_output is not None and kv_connector_output.invalid_block_ids:
-            failed_kv_load_req_ids = self._handle_invalid_blocks(
+            failed_kv_load_req_ids |= self._handle_invalid_blocks(
                 kv_connector_output.invalid_block_ids, scheduler_output.num_scheduled_tokens
             )
         for rid in scheduler_output.num_scheduled_tokens:
             if rid in failed_kv_load_req_ids:  # rolled back (or failing): its output is stale
                 continue
-            req = self.requests[rid]
+            req = self.requests.get(rid)
+            if req is None or req.is_finished():  # finished while the step ran
+                continue
             index = model_runner_output.req_id_to_index.get(rid)
             generated = model_runner_output.sampled_token_ids[index] if index is not None else []
-            if not generated or req.is_finished():
+            if not generated:
                 continue
             drafts = spec_tokens.get(rid)
             if drafts:
@@ -585,13 +629,21 @@ class Scheduler:
 
     def _update_from_kv_xfer_finished(self, kv_connector_output) -> None:
         """The connector's report: its own bookkeeping first, then the requests whose KV has
-        arrived may run from the next step on."""
+        arrived may run from the next step on; a request that finished while its KV moved
+        gives its blocks back now. vLLM walks the two sets in their iteration order, which
+        varies with PYTHONHASHSEED; we walk them sorted, so a run frees its blocks in the same
+        order every time (one of the orders vLLM can take)."""
         if self.connector is not None:
             self.connector.update_connector_output(kv_connector_output)
-        for req_id in kv_connector_output.finished_recving or ():
-            req = self.requests.get(req_id)
-            if req is not None and req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+        for req_id in sorted(kv_connector_output.finished_recving or ()):
+            req = self.requests[req_id]
+            if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
                 self.finished_recving_kv_req_ids.add(req_id)
+            else:
+                assert req.is_finished(), req
+                self._free_blocks(req)
+        for req_id in sorted(kv_connector_output.finished_sending or ()):
+            self._free_blocks(self.requests[req_id])
 
     def _update_waiting_for_remote_kv(self, request: Request) -> None:
         """The loaded blocks are whole now: cache them in the GPU pool. A hit as long as the
@@ -676,6 +728,32 @@ class Scheduler:
                 )
         return affected_req_ids, total_affected_tokens, blocks_to_evict
 
+    def _handle_failed_recving(self, failed_req_ids: set[str]) -> set[str]:
+        """Loads the connector reports failed by request (its block ids may not name blocks
+        uniquely): under "recompute" each such request still waiting for its KV starts again
+        from no computed tokens once the load is reported finished; under "fail" they fail.
+        Returns the requests that fail."""
+        affected: set[str] = set()
+        for req_id in failed_req_ids:
+            request = self.requests.get(req_id)
+            if request is not None and request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                affected.add(req_id)
+                if self.recompute_kv_load_failures:
+                    lost, request.num_computed_tokens = request.num_computed_tokens, 0
+                    self.failed_recving_kv_req_ids.add(req_id)
+                    # Under "fail" the request ends below, and _handle_invalid_blocks names the
+                    # blocks when the connector reports them: one event either way.
+                    self._emit(
+                        "kv_load_failed",
+                        request,
+                        block_ids=tuple(self.kv_cache_manager.get_block_ids(req_id)[0]),
+                        num_computed_tokens=0,
+                        num_lost_tokens=lost,
+                        asynchronous=True,
+                        policy=KV_LOAD_RECOMPUTE,
+                    )
+        return set() if self.recompute_kv_load_failures else affected
+
     def _handle_invalid_blocks(
         self, invalid_block_ids: set[int], num_scheduled_tokens: dict[str, int]
     ) -> set[str]:
@@ -751,25 +829,56 @@ class Scheduler:
                 self.running.remove(req)
             else:
                 self.waiting.remove_request(req)
+            delay_free_blocks = False
+            if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
+                # Its load is still running (it will report the request finished receiving):
+                # the blocks it writes go back then.
+                delay_free_blocks = rid not in self.finished_recving_kv_req_ids
+                self.finished_recving_kv_req_ids.discard(rid)
+                self.failed_recving_kv_req_ids.discard(rid)
             req.status = finished_status
             reason = "error" if finished_status == RequestStatus.FINISHED_ERROR else "aborted"
             self._emit("finished", req, reason=reason)
-            self._free_request(req)
+            self._free_request(req, delay_free_blocks=delay_free_blocks)
             done.append(req)
         return done
 
     def abort_request(self, request_id: str) -> None:
         self.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
 
-    def _free_request(self, request: Request) -> None:
-        """A finished request gives back its blocks (none if it never ran) and leaves. A
-        connector sees its block table first (the CPU tier pins blocks it still has to store)."""
-        if self.connector is not None:
-            self.finished_recving_kv_req_ids.discard(request.request_id)
-            self.failed_recving_kv_req_ids.discard(request.request_id)
-            self.connector.request_finished_all_groups(
-                request, self.kv_cache_manager.get_block_ids(request.request_id)
-            )
-        self.kv_cache_manager.free(request)
+    def _free_request(
+        self, request: Request, delay_free_blocks: bool = False
+    ) -> Optional[dict[str, Any]]:
+        """A finished request gives back its blocks (none if it never ran) and leaves, unless
+        its blocks must wait: for a load still writing them, or for a connector that takes
+        over freeing them (it reports the request in ``finished_sending`` or
+        ``finished_recving``: ``_update_from_kv_xfer_finished``). A connector sees the block
+        table first (the CPU tier pins blocks it still has to store). Returns the connector's
+        transfer params for the request's output."""
+        assert request.is_finished()
+        connector_delay_free_blocks, kv_xfer_params = self._connector_finished(request)
         self.finished_req_ids.add(request.request_id)
+        if not (delay_free_blocks or connector_delay_free_blocks):
+            self._free_blocks(request)
+        return kv_xfer_params
+
+    def _free_blocks(self, request: Request) -> None:
+        assert request.is_finished()
+        self.kv_cache_manager.free(request)
         del self.requests[request.request_id]
+
+    def _connector_finished(self, request: Request) -> tuple[bool, Optional[dict[str, Any]]]:
+        """Tell the connector, if any, that ``request`` finished, with the blocks of its computed
+        tokens: every group's (``request_finished_all_groups``) when it supports several,
+        else the one group's (``request_finished``). Returns (whether it frees the blocks
+        itself, its transfer params)."""
+        if self.connector is None:
+            return False, None
+        block_ids = self.kv_cache_manager.get_block_ids_for_computed_tokens(
+            request.request_id, request.num_computed_tokens
+        )
+        finished_all_groups = getattr(self.connector, "request_finished_all_groups", None)
+        if finished_all_groups is None:  # vLLM's connectors without SupportsHMA
+            assert self.kv_cache_manager.num_kv_cache_groups == 1
+            return self.connector.request_finished(request, block_ids[0])
+        return finished_all_groups(request, block_ids)

@@ -6,14 +6,15 @@ A connector has two halves built from the same class: the scheduler's
 (``KVConnectorRole.WORKER``) moves it. The only thing that passes from the first to the second is
 the step's ``KVConnectorMetadata``; what comes back is a ``KVConnectorOutput``
 (kvcore/outputs.py). Only the calls kvcore's scheduler and engine make are declared here, each
-with vLLM's name and arguments.
+with vLLM's name and arguments; the scheduler needs no more than these, so any object with
+vLLM's scheduler-side methods (a vLLM connector included) can stand in.
 """
 
 from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional
 
 
@@ -35,6 +36,16 @@ class KVConnectorWorkerMetadata:
 
     def aggregate(self, other: "KVConnectorWorkerMetadata") -> "KVConnectorWorkerMetadata":
         raise NotImplementedError
+
+
+@dataclass
+class KVConnectorTransferResults:
+    """A worker's finished transfers since the last call; a failed receive is also in
+    ``finished_recving``, so the scheduler can let its request out of the wait."""
+
+    finished_sending: set[str] = field(default_factory=set)
+    finished_recving: set[str] = field(default_factory=set)
+    failed_recving: set[str] = field(default_factory=set)
 
 
 class KVConnectorBase_V1(ABC):
@@ -75,6 +86,14 @@ class KVConnectorBase_V1(ABC):
         """(finished_sending, finished_recving): the requests whose transfers are done."""
         return None, None
 
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """``get_finished``'s two sets with the failed receives (none unless a connector says)."""
+        finished_sending, finished_recving = self.get_finished(finished_req_ids)
+        return KVConnectorTransferResults(
+            finished_sending=set(finished_sending or ()),
+            finished_recving=set(finished_recving or ()),
+        )
+
     def build_connector_worker_meta(self) -> Optional[KVConnectorWorkerMetadata]:
         return None
 
@@ -84,7 +103,19 @@ class KVConnectorBase_V1(ABC):
         finished receiving (which it still does, failed or not)."""
         return set()
 
+    def get_kv_connector_stats(self) -> Any:
+        """The connector's transfer statistics since the last call (None: it keeps none)."""
+        return None
+
     # -- scheduler side -------------------------------------------------------------------
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        """The scheduler's KVCacheManager, once it is built (binds its block pool too)."""
+        self._kv_cache_manager = kv_cache_manager
+        self.bind_gpu_block_pool(kv_cache_manager.block_pool)
+
+    def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
+        """The GPU block pool, for a connector that tracks GPU blocks (pins, prefix hits)."""
+
     @abstractmethod
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
@@ -100,18 +131,36 @@ class KVConnectorBase_V1(ABC):
     @abstractmethod
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata: ...
 
+    def on_new_request(self, request: Any) -> None:
+        """A request was added to the scheduler."""
+
     def update_connector_output(self, connector_output: Any) -> None:
         """The worker's report for the step (kvcore.outputs.KVConnectorOutput)."""
 
     def request_finished(
         self, request: Any, block_ids: list[int]
     ) -> tuple[bool, Optional[dict[str, Any]]]:
-        """(whether the scheduler must wait before freeing the blocks, transfer params)."""
+        """Called once, when the request finishes and before its blocks are freed: (whether
+        the connector frees them itself later, reporting the request in ``finished_sending`` or
+        ``finished_recving``; transfer params for the request's output)."""
         return False, None
 
     def take_events(self) -> Iterable[Any]:
         """KV cache events of the connector's own storage, since the last call."""
         return ()
+
+    def has_pending_block_frees(self) -> bool:
+        """Whether transfers in flight will give blocks back (instead of a preemption)."""
+        return False
+
+    def has_pending_push_work(self) -> bool:
+        """Whether the engine must keep stepping for the connector's sake after the last
+        request finished (copies still to make)."""
+        return False
+
+    def get_finished_count(self) -> Optional[int]:
+        """How many workers report each request's transfer finished (None: every worker)."""
+        return None
 
 
 class SupportsHMA(ABC):

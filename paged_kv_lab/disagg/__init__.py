@@ -1,0 +1,1 @@
+"""Disaggregated serving: a prefill replica and a decode replica of the engine (pd.py)."""

@@ -1,0 +1,250 @@
+"""Prefill here, decode there: two engines and the proxy between them (vLLM's disaggregated
+prefill with the NIXL connector, as its toy P/D proxy drives it).
+
+Both replicas are :class:`paged_kv_lab.record.engine.Engine`\\ s built from the same scenario and
+sharing one loaded model (one copy of the weights, a KV pool each). A request goes first to the
+prefill replica with ``max_tokens = 1`` and ``kv_transfer_params = {"do_remote_decode": True}``;
+when it finishes there, the params it returns (its blocks' ids, its engine id) go with the
+original request to the decode replica, which pulls the K/V and generates. The decode replica's
+outputs are the run's outputs.
+
+One tick steps the prefill replica, hands its finished requests on, then steps the decode
+replica; the records of both, in that order, are numbered 1, 2, 3... as one run's steps, so a
+trace file holds them in the plain format.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable, Optional
+
+from kvcore.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from kvcore.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlConnector
+from kvcore.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlAgentRegistry
+from paged_kv_lab.record.engine import Engine
+from paged_kv_lab.record.scenario import RequestSpec, Scenario
+from paged_kv_lab.record.snapshot import StepRecord
+
+PREFILL, DECODE = "prefill", "decode"
+REPLICAS = (PREFILL, DECODE)
+
+
+@dataclass(frozen=True)
+class ReplicaStep:
+    """One replica's step within a tick: which replica, its record (numbered in the run), and
+    the pulls its connector made in it: request -> (prefill block ids, decode block ids), the
+    i-th of one copied into the i-th of the other (none on the prefill replica)."""
+
+    replica: str
+    record: StepRecord
+    pulls: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
+
+
+@dataclass
+class TTFTParts:
+    """A request's time to first token, measured, in its parts (seconds): queued before the
+    prefill replica's step that computed it, that step, the decode replica's step that pulled
+    the K/V, the decode step that sampled the first token; the steps between them are the
+    ``waiting`` part."""
+
+    prefill_step: float = 0.0
+    transfer_step: float = 0.0
+    first_decode_step: float = 0.0
+    total: float = 0.0
+
+
+def check_pd(scenario: Scenario) -> None:
+    """ValueError for the settings the P/D pair does not model."""
+    s = scenario.engine
+    if s.cpu_offload is not None:
+        raise ValueError("engine.kv_transfer pd is modelled without engine.cpu_offload")
+    if s.speculative is not None:
+        raise ValueError("engine.kv_transfer pd is modelled without engine.speculative")
+    if s.sliding_window is not None or s.layer_types is not None:
+        raise ValueError("engine.kv_transfer pd is modelled for full-attention layers only")
+    for r in scenario.requests:
+        if r.n > 1:
+            raise ValueError(f"request {r.id!r}: engine.kv_transfer pd is modelled for n = 1")
+
+
+class PDEngine:
+    """A prefill replica, a decode replica and the proxy between them.
+
+    Invariants: a request reaches the decode replica only once the prefill replica finished
+    it; the prefill replica's blocks of a request stay allocated until the decode replica's
+    pull said it is done (or the lease ran out); same scenario -> same steps, every run.
+    """
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        model=None,
+        runner_factory: Optional[Callable[[], object]] = None,
+        debug: bool = False,
+        kv_load_failure_policy: str = "fail",
+        fail_loads: tuple[str, ...] = (),
+        kv_lease_steps: int = 30,
+        pool_sizes: Optional[dict[str, int]] = None,
+    ) -> None:
+        """``pool_sizes``: num_gpu_blocks per replica where it differs from the scenario's."""
+        check_pd(scenario)
+        self.scenario = scenario
+        self.registry = NixlAgentRegistry()
+        bare = replace(scenario, requests=())
+        if model is None and runner_factory is None:
+            from kvcore.model import load_model
+
+            model = load_model(scenario.model, scenario.device, scenario.dtype)
+        self.model = model
+        self.engines: dict[str, Engine] = {}
+        for name in REPLICAS:
+            sched = NixlConnector(
+                KVConnectorRole.SCHEDULER,
+                name,
+                scenario.engine.block_size,
+                kv_lease_steps=kv_lease_steps,
+            )
+            worker = NixlConnector(
+                KVConnectorRole.WORKER, name, scenario.engine.block_size, self.registry
+            )
+            own = bare
+            if pool_sizes and name in pool_sizes:
+                own = replace(bare, engine=replace(bare.engine, num_gpu_blocks=pool_sizes[name]))
+            self.engines[name] = Engine(
+                own,
+                model=model,
+                runner=runner_factory() if runner_factory is not None else None,
+                debug=debug,
+                kv_connectors=(sched, worker, kv_load_failure_policy),
+            )
+        self.decode_worker.fail_load_req_ids = set(fail_loads)
+        self.step_count = 0
+        self.tick = 0
+        self._pending: list[RequestSpec] = sorted(scenario.requests, key=lambda r: r.arrival_step)
+        self.specs: dict[str, RequestSpec] = {}  # every request sent, in arrival order
+        self.history: list[ReplicaStep] = []
+        # per request: the ticks and step seconds of its journey (for TTFTParts)
+        self._journey: dict[str, dict[str, float]] = {}
+        for spec in self._pending:
+            for e in self.engines.values():
+                e._checked_prompt(spec)
+
+    @property
+    def prefill(self) -> Engine:
+        return self.engines[PREFILL]
+
+    @property
+    def decode_engine(self) -> Engine:
+        return self.engines[DECODE]
+
+    @property
+    def decode_worker(self):
+        return self.decode_engine.engine_core.kv_connector.connector_worker
+
+    @property
+    def prefill_connector(self):
+        return self.prefill.kv_connector.connector_scheduler
+
+    # -- requests -------------------------------------------------------------------------
+    def add_request(self, spec: RequestSpec) -> None:
+        """The proxy's first leg: the prompt to the prefill replica, for one token."""
+        if spec.n > 1:
+            raise ValueError(f"request {spec.id!r}: engine.kv_transfer pd is modelled for n = 1")
+        if spec.id in self.specs:
+            raise ValueError(f"a request with id {spec.id!r} already exists")
+        self.prefill.add_request(
+            replace(spec, max_tokens=1, arrival_step=0), {"do_remote_decode": True}
+        )
+        self.specs[spec.id] = spec
+        self._journey[spec.id] = {"arrived": time.perf_counter()}
+
+    def has_unfinished(self) -> bool:
+        return bool(self._pending) or any(e.has_unfinished() for e in self.engines.values())
+
+    # -- stepping -------------------------------------------------------------------------
+    def step(self) -> list[ReplicaStep]:
+        """One tick: the prefill replica's step, the hand-over, the decode replica's step.
+        Returns the records of the replicas that had work, numbered on from the last."""
+        self.tick += 1
+        while self._pending and self._pending[0].arrival_step < self.tick:
+            self.add_request(self._pending.pop(0))
+        out = []
+        if self.prefill.has_unfinished():
+            rec = self.prefill.step()
+            if rec.scheduled or rec.events:
+                out.append(self._numbered(PREFILL, rec))
+            params = self.prefill_connector.kv_transfer_params_out
+            for rid in list(params):
+                self._journey[rid]["prefill_step"] = rec.seconds
+                self.decode_engine.add_request(
+                    replace(self.specs[rid], arrival_step=0), params.pop(rid)
+                )
+        if self.decode_engine.has_unfinished():
+            pulls = self.decode_worker.pulls
+            rec = self.decode_engine.step()
+            if rec.scheduled or rec.events:
+                out.append(self._numbered(DECODE, rec, dict(pulls)))
+            pulls.clear()
+            self._time_decode(rec)
+        self.history += out
+        return out
+
+    def _numbered(self, replica: str, rec: StepRecord, pulls=None) -> ReplicaStep:
+        self.step_count += 1
+        n = self.step_count
+        rec = replace(rec, step=n, snapshot=replace(rec.snapshot, step=n))
+        return ReplicaStep(replica, rec, pulls or {})
+
+    def _time_decode(self, rec: StepRecord) -> None:
+        for ev in rec.events:
+            j = self._journey.get(ev.request_id or "")
+            if j is None:
+                continue
+            if ev.kind == "arrived":
+                j.setdefault("transfer_step", rec.seconds)
+        for rid in rec.new_tokens:
+            j = self._journey.get(rid)
+            if j is not None and "first_decode_step" not in j:
+                j["first_decode_step"] = rec.seconds
+                j["first_token"] = time.perf_counter()
+
+    def ttft_parts(self, request_id: str) -> Optional[TTFTParts]:
+        """The measured parts of ``request_id``'s time to first token (None before it)."""
+        j = self._journey.get(request_id, {})
+        if "first_token" not in j:
+            return None
+        return TTFTParts(
+            j.get("prefill_step", 0.0),
+            j.get("transfer_step", 0.0),
+            j["first_decode_step"],
+            j["first_token"] - j["arrived"],
+        )
+
+    def run(self, max_ticks: int = 100_000) -> list[ReplicaStep]:
+        steps = []
+        while self.has_unfinished() and self.tick < max_ticks:
+            steps += self.step()
+        return steps
+
+    # -- reading --------------------------------------------------------------------------
+    def snapshot(self):
+        """The decode replica's pool (the trace header's state before step 1)."""
+        return self.decode_engine.snapshot()
+
+    def decode(self, token_ids) -> str:
+        return self.decode_engine.decode(token_ids)
+
+    def outputs(self) -> dict[str, dict]:
+        """The decode replica's outputs, in the order the requests were sent (a request still
+        at the prefill replica has none yet)."""
+        got = self.decode_engine.outputs()
+        empty = {"token_ids": [], "text": "", "finish_reason": None}
+        return {rid: got.get(rid, empty) for rid in self.specs}
+
+    def parents(self) -> dict[str, list[str]]:
+        return {}
+
+    def close(self) -> None:
+        for e in self.engines.values():
+            e.close()
