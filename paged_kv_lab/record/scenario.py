@@ -488,8 +488,11 @@ def _plain(v: Any) -> Any:
 
 # Engine settings added after the lessons' runs were recorded: left out of the file format at
 # their defaults, so a recorded run (whose header holds the scenario) stays byte for byte.
-# settings added after the recorded runs were made: left out of a file at their defaults
-_LATER_ENGINE_DEFAULTS = {"mamba_cache_mode": "none", "prefix_match_unit": None, "kv_transfer": None}
+_LATER_ENGINE_DEFAULTS = {
+    "mamba_cache_mode": "none",
+    "prefix_match_unit": None,
+    "kv_transfer": None,
+}
 
 
 def scenario_to_dict(s: Scenario) -> dict:
