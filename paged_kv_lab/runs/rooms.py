@@ -234,14 +234,28 @@ class RoomHub:
         self._tell_teacher(room)
         return True
 
+    def end(self, code: str, secret: str) -> bool:
+        """The teacher ends the class now (False for a wrong secret)."""
+        room = self.teacher_room(code, secret)
+        if room is None:
+            return False
+        del self.rooms[room.code]
+        self._close(room)
+        return True
+
+    def _close(self, room: Room) -> None:
+        for m in room.students:
+            self._send(m, {"op": "closed", "text": tr("rooms.closed", m.lang)})
+        if room.teacher is not None:
+            self._send(room.teacher, {"op": "closed", "text": tr("rooms.ended", room.teacher.lang)})
+
     def sweep(self) -> None:
         """Close every room whose teacher left more than ``grace_s`` ago."""
         now = self.clock()
         for code, room in list(self.rooms.items()):
             if room.teacher is None and now - (room.left_at or now) > self.limits.grace_s:
                 del self.rooms[code]
-                for m in room.students:
-                    self._send(m, {"op": "closed", "text": tr("rooms.closed", m.lang)})
+                self._close(room)
 
     # -- the protocol --------------------------------------------------------------------
     async def handler(self, ws) -> None:
@@ -270,14 +284,14 @@ class RoomHub:
             if room is not None and member is not None:
                 self._leave(room, member)
 
-    def _error(self, ws, lang: str, key: str, env: str = "", **fields) -> None:
-        text = tr(key, lang, **fields)
-        self._send_ws(ws, {"op": "error", "key": key, "text": text, "env": env})
+    def _error(self, ws, lang: str, text: Text, env: str = "", **fields) -> None:
+        said = tr(text, lang, **fields)
+        self._send_ws(ws, {"op": "error", "key": text.key, "text": said, "env": env})
 
     def _parse(self, ws, raw: Any, member: Optional[Member]) -> Optional[dict]:
         lang = member.lang if member else "en"
         if not isinstance(raw, str):
-            self._error(ws, lang, "rooms.error.binary")
+            self._error(ws, lang, Text("rooms.error.binary"))
             return None
         if len(raw.encode()) > self.limits.max_frame_bytes:
             env = ROOM_ENV["max_frame_bytes"]
@@ -295,26 +309,26 @@ class RoomHub:
         try:
             msg = json.loads(raw)
         except ValueError:
-            self._error(ws, lang, "rooms.error.not_json")
+            self._error(ws, lang, Text("rooms.error.not_json"))
             return None
         if not isinstance(msg, dict) or not isinstance(msg.get("op"), str):
-            self._error(ws, lang, "rooms.error.no_op")
+            self._error(ws, lang, Text("rooms.error.no_op"))
             return None
         return msg
 
     def _hello(self, ws, msg: dict) -> tuple[Optional[Room], Optional[Member]]:
         lang = msg.get("lang") if msg.get("lang") in languages() else "en"
         if msg["op"] != "hello":
-            self._error(ws, lang, "rooms.error.hello_first")
+            self._error(ws, lang, Text("rooms.error.hello_first"))
             return None, None
         room = self.lookup(msg.get("room"))
         if room is None:
-            self._error(ws, lang, "rooms.error.no_room")
+            self._error(ws, lang, Text("rooms.error.no_room"))
             return None, None
         role = msg.get("role")
         if role == "teacher":
             if not self._is_secret(room, msg.get("secret")):
-                self._error(ws, lang, "rooms.error.secret")
+                self._error(ws, lang, Text("rooms.error.secret"))
                 return None, None
             old = room.teacher
             member = Member(ws, "teacher", lang, step=room.step)
@@ -340,7 +354,7 @@ class RoomHub:
             member = Member(ws, "student", lang, clean_name(msg.get("name")), step=room.step)
             room.students.append(member)
         else:
-            self._error(ws, lang, "rooms.error.role")
+            self._error(ws, lang, Text("rooms.error.role"))
             return None, None
         welcome = {"op": "welcome", "role": member.role, "room": room.code, "step": room.step}
         if room.poll is not None:
@@ -359,30 +373,30 @@ class RoomHub:
         elif op == "step" and m.role == "teacher":
             step = _int(msg.get("step"))
             if step is None:
-                self._error(m.ws, m.lang, "rooms.error.field", field="step")
+                self._error(m.ws, m.lang, Text("rooms.error.field"), field="step")
                 return
             self._teacher_step(room, step)
         elif op in ("step", "ask") and m.role != "teacher":
-            self._error(m.ws, m.lang, "rooms.error.not_teacher")
+            self._error(m.ws, m.lang, Text("rooms.error.not_teacher"))
         elif op == "where" and m.role == "student":
             step = _int(msg.get("step"))
             follow = msg.get("follow")
             if step is None or not isinstance(follow, bool):
-                self._error(m.ws, m.lang, "rooms.error.field", field="step/follow")
+                self._error(m.ws, m.lang, Text("rooms.error.field"), field="step/follow")
                 return
             m.step, m.following = step, follow
             self._tell_teacher(room)
         elif op == "answer" and m.role == "student":
             choice = _int(msg.get("choice"))
             if room.poll is None or room.revealed:
-                self._error(m.ws, m.lang, "rooms.error.no_poll")
+                self._error(m.ws, m.lang, Text("rooms.error.no_poll"))
             elif choice is None or choice >= room.poll.size:
-                self._error(m.ws, m.lang, "rooms.error.field", field="choice")
+                self._error(m.ws, m.lang, Text("rooms.error.field"), field="choice")
             else:
                 m.answer = choice
                 self._tell_teacher(room)
         else:
-            self._error(m.ws, m.lang, "rooms.error.op")
+            self._error(m.ws, m.lang, Text("rooms.error.op"))
 
     def _teacher_step(self, room: Room, step: int) -> None:
         """Every student's player hears the step at once; reaching the polled step reveals it
