@@ -21,7 +21,7 @@ from urllib.parse import quote, urlsplit
 
 import streamlit as st
 
-from paged_kv_lab.lesson.quiz import ASK, Question
+from paged_kv_lab.lesson.quiz import Question, class_questions
 from paged_kv_lab.record.budget import BudgetError
 from paged_kv_lab.record.snapshot import Snapshot, StepRecord
 from paged_kv_lab.runs.recorded_run import RecordedRun
@@ -67,7 +67,7 @@ def polls_at(snap: Snapshot, rec: StepRecord, step: int) -> dict[str, Poll]:
     """Every question the class can be asked about step ``step`` (recorded as ``rec``; ``snap``
     the state before it), by question id (lesson/quiz.py): the answer is what the engine did."""
     out = {}
-    for qid, ask in ASK.items():
+    for qid, ask in class_questions().items():
         q = ask(snap, rec)
         if q is not None:
             out[qid] = _poll(qid, q, step)

@@ -34,7 +34,7 @@ from pydantic import (
 from typing_extensions import Annotated
 
 from paged_kv_lab.lesson.datafile import DataFileError, load
-from paged_kv_lab.lesson.quiz import ASK
+from paged_kv_lab.lesson.quiz import class_questions
 from paged_kv_lab.record.events import (
     EVENT_KINDS,
     Allocated,
@@ -253,7 +253,7 @@ class QuestionData(DataFile):
 
 
 def _quiz_id(v: Any) -> Any:
-    return _one_of(list(ASK), "question")(v)
+    return _one_of(list(class_questions()), "question")(v)
 
 
 class ClassQuestionData(DataFile):

@@ -180,7 +180,8 @@ class RoomHub:
     Frames are JSON objects with an ``op``. A member's first frame is ``hello``
     (``{"op": "hello", "room", "role": "student"|"teacher", "secret"?, "name"?, "lang"?}``); then a
     teacher sends ``step`` (``{"op": "step", "step"}``), a student ``where``
-    (``{"op": "where", "step", "follow"}``) and ``answer`` (``{"op": "answer", "choice"}``). The
+    (``{"op": "where", "step", "follow"}``), ``answer`` (``{"op": "answer", "choice"}``) and
+    ``name`` (``{"op": "name", "name"}``). The
     server sends ``welcome``, ``step``, ``poll``, ``reveal``, ``class`` (to the teacher: how many
     follow and wander, the tally), ``error`` (``key``, ``text``, ``env``) and ``closed``."""
 
@@ -385,6 +386,12 @@ class RoomHub:
                 self._error(m.ws, m.lang, Text("rooms.error.field"), field="step/follow")
                 return
             m.step, m.following = step, follow
+            self._tell_teacher(room)
+        elif op == "name" and m.role == "student":
+            if not isinstance(msg.get("name"), str):
+                self._error(m.ws, m.lang, Text("rooms.error.field"), field="name")
+                return
+            m.name = clean_name(msg["name"])
             self._tell_teacher(room)
         elif op == "answer" and m.role == "student":
             choice = _int(msg.get("choice"))

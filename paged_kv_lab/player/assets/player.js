@@ -126,7 +126,7 @@ class Player extends PlayerPanels {
   // In a room (data.room, from the page's "Teach this" or "Join a class"): one link per room and
   // role; a render without a room leaves it.
   joinRoom(cfg) {
-    if (this.link && this.link.same(cfg)) return;
+    if (this.link && this.link.same(cfg)) { this.link.rename(cfg.name); return; }
     if (this.link) { this.link.close(); this.link = null; this.q("room").hidden = true; delete this.box.dataset.room; }
     if (cfg && typeof WebSocket !== "undefined") { this.link = new RoomLink(this, cfg); this.link.draw(); }
   }

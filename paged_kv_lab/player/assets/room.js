@@ -36,6 +36,13 @@ export class RoomLink {
     return cfg && cfg.code === this.cfg.code && cfg.role === this.cfg.role && cfg.port === this.cfg.port;
   }
 
+  // The student typed (another) name: the teacher's list shows it.
+  rename(name) {
+    if (this.role !== "student" || (name || "") === (this.cfg.name || "")) return;
+    this.cfg = { ...this.cfg, name: name || "" };
+    this.send({ op: "name", name: this.cfg.name });
+  }
+
   connect() {
     if (this.ended) return;
     const proto = location.protocol === "https:" ? "wss" : "ws";
