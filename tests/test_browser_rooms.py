@@ -35,8 +35,9 @@ def test_a_teacher_and_two_students(server, browser):  # noqa: F811
     assert re.search(r"/join_a_class\?room=[A-Z2-9]{6}$", link), link
     secret = re.search(r"teach=[A-Z2-9]{6}\.([\w-]+)", teacher.url).group(1)  # the teacher's URL
     students = [browser.new_context().new_page() for _ in range(2)]
+    for page in students:  # both load at once
+        page.goto(link, wait_until="commit")
     for i, page in enumerate(students):
-        page.goto(link)
         wait_for(page, '.pkv[data-room="following"]', 60_000)
         assert secret not in page.content() + page.url  # ... and never a student's page
         page.get_by_label(re.compile("Your name")).fill(f"<b>student {i}</b>")

@@ -258,3 +258,43 @@ def test_a_room_closes_after_its_teacher_left_and_the_grace_period():
         await s.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    "entry, field, message",
+    [
+        ("{step: 5, ask: guess}", "class_questions[0].ask", "unknown question 'guess'"),
+        ("{step: -1, ask: evict}", "class_questions[0].step", "greater than or equal to 0"),
+        ("{step: 5}", "class_questions[0].ask", "Field required"),
+    ],
+)
+def test_a_lessons_class_questions_are_checked_on_load(tmp_path, entry, field, message):
+    from test_lesson_data import GOOD, good_texts, problems, write
+
+    path = write(tmp_path, GOOD + f"class_questions:\n  - {entry}\n")
+    text = problems(path, good_texts())
+    assert f": {field}" in text and message in text, text
+
+
+def test_the_prepared_question_is_asked_from_the_recorded_step(tiny_model):
+    """The eviction lesson's class question (step 5: which block is evicted next?) has its
+    answer in the recorded step 6; a student may click that block in the grid."""
+    from paged_kv_lab.app.classroom import polls_at, qr_png
+    from paged_kv_lab.lesson import BY_ID
+    from paged_kv_lab.record.engine import Engine
+    from paged_kv_lab.runs.timeline import lesson_scenario
+
+    lesson = BY_ID["eviction"]
+    (prepared,) = lesson.class_questions
+    scn = lesson_scenario(lesson, tiny_model.num_layers, model=tiny_model.name, device="cpu")
+    engine = Engine(scn, model=tiny_model)
+    s = prepared.step
+    initial, records = engine.snapshot(), engine.run(max_steps=s + 1)
+    polls = polls_at(records[s - 1].snapshot if s else initial, records[s], s + 1)
+    poll = polls[prepared.ask]
+    evicted = next(e for e in records[s].events if e.kind == "evicted")
+    assert poll.blocks[poll.answer] == evicted.block_ids[0]
+    assert poll.render("zh", True)["prompt"] != poll.render("en", True)["prompt"]
+    assert "hit_blocks" in polls_at(initial, records[0], 1)
+    png = qr_png("http://192.168.1.23:8501/join_a_class?room=ABC234")
+    assert png is None or png.startswith(b"\x89PNG")
