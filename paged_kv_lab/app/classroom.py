@@ -16,7 +16,7 @@ import io
 import logging
 import socket
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 from urllib.parse import quote, urlsplit
 
 import streamlit as st
@@ -44,6 +44,19 @@ class RoomRun:
     lang: str
     player_kw: dict = field(default_factory=dict)
     questions: tuple = ()  # a lesson's prepared questions (lesson.catalog.PreparedQuestion)
+
+
+@dataclass(frozen=True)
+class PoolRoomRun:
+    """A room bound to a replayed moment of Real workloads: the large-pool player's window
+    (``payload``: every frame, pool_payload; ``token``: the window's name). A room step is a
+    frame's index in the window; no questions (the window keeps frames, not step records)."""
+
+    payload: dict
+    token: str
+    key: str
+    lang: str
+    run: None = None
 
 
 def _server():
@@ -100,10 +113,15 @@ def teach_param() -> dict[str, str]:
     return {"teach": f"{t['code']}.{t['secret']}"} if t else {}
 
 
-def room_cfg(t: Optional[dict], run: RecordedRun, lang: str) -> Optional[dict]:
+def _bound_to(room, run: Any) -> bool:
+    b = room.binding
+    return b.token == run if isinstance(b, PoolRoomRun) else b.run is run
+
+
+def room_cfg(t: Optional[dict], run: Any, lang: str) -> Optional[dict]:
     """The player's room settings for the teacher (None while the player shows another run than
-    the room's: the class keeps the room's run)."""
-    if t is None or t["room"].binding.run is not run:
+    the room's, a RecordedRun or a pool window's token: the class keeps the room's run)."""
+    if t is None or not _bound_to(t["room"], run):
         return None
     return {
         "port": _server().port,
@@ -114,7 +132,7 @@ def room_cfg(t: Optional[dict], run: RecordedRun, lang: str) -> Optional[dict]:
     }
 
 
-def _start(binding: RoomRun, step: int, lang: str) -> None:
+def _start(binding: RoomRun | PoolRoomRun, step: int, lang: str) -> None:
     server = _server()
     try:
         room = server.call(server.hub.create, binding, step)
@@ -197,34 +215,60 @@ def teach_panel(
                 type="primary",
             )
             return
-        room = t["room"]
-        if room.binding.run is not run.run:
+        if not _bound_to(t["room"], run.run):
             st.warning(tr("rooms.other_run", lang))
-        link = join_url(t["code"])
-        c1, c2 = st.columns([3, 1])
-        with c1:
-            st.markdown(tr("rooms.link", lang))
-            st.code(link, language=None)
-            st.markdown(tr("rooms.code", lang, code=f"`{t['code']}`"))
-            host = urlsplit(link).hostname or ""
-            if host in ("localhost", "127.0.0.1", "::1", ""):
-                lan = lan_address()
-                st.caption(tr("rooms.localhost", lang, address=lan or "?"))
-            st.caption(tr("rooms.secret_note", lang))
-        with c2:
-            png = qr_png(link)
-            if png is not None:
-                st.image(png, caption=tr("rooms.qr", lang))
-            else:
-                st.caption(tr("rooms.no_qr", lang))
+        room_info(t, lang)
         ask_controls(state, key, lang, t)
         st.button(tr("rooms.end", lang), key=f"room_end:{key}", on_click=_end, args=(t,))
+
+
+def teach_pool_panel(key: str, lang: str, t: Optional[dict], token: str, payload) -> None:
+    """ "Teach this" under the large-pool player (Real workloads): a class follows its frames.
+    ``payload()`` is the window's whole pool payload, built when a room is made."""
+    with st.expander(f"🎓 {tr('rooms.teach', lang)}", expanded=t is not None):
+        err = st.session_state.pop("_room_error", None)
+        if err:
+            st.error(err)
+        if t is None:
+            st.caption(tr("rooms.teach_help_pool", lang))
+            st.button(
+                tr("rooms.start", lang),
+                key=f"room_start:{key}",
+                on_click=lambda: _start(PoolRoomRun(payload(), token, key, lang), 0, lang),
+                type="primary",
+            )
+            return
+        if not _bound_to(t["room"], token):
+            st.warning(tr("rooms.other_run", lang))
+        room_info(t, lang)
+        st.button(tr("rooms.end", lang), key=f"room_end:{key}", on_click=_end, args=(t,))
+
+
+def room_info(t: dict, lang: str) -> None:
+    """The student link, its QR code, the short code, and the warnings a teacher needs."""
+    link = join_url(t["code"])
+    c1, c2 = st.columns([3, 1])
+    with c1:
+        st.markdown(tr("rooms.link", lang))
+        st.code(link, language=None)
+        st.markdown(tr("rooms.code", lang, code=f"`{t['code']}`"))
+        host = urlsplit(link).hostname or ""
+        if host in ("localhost", "127.0.0.1", "::1", ""):
+            lan = lan_address()
+            st.caption(tr("rooms.localhost", lang, address=lan or "?"))
+        st.caption(tr("rooms.secret_note", lang))
+    with c2:
+        png = qr_png(link)
+        if png is not None:
+            st.image(png, caption=tr("rooms.qr", lang))
+        else:
+            st.caption(tr("rooms.no_qr", lang))
 
 
 def ask_controls(state, key: str, lang: str, t: dict) -> None:
     """Pick a question about the step after the teacher's (the room's step) and ask it."""
     run, room = state.run, t["room"]
-    if room.binding.run is not run.run:
+    if not _bound_to(room, run.run):
         return
     step = room.step  # the teacher's player's step, as the room heard it (not debounced)
     from paged_kv_lab.app.player_component import record_upto
@@ -282,13 +326,19 @@ def render_join_page() -> None:
         return
     if st.query_params.get("room") != code:
         st.query_params["room"] = code
-    b: RoomRun = room.binding
+    cfg = {"port": server.port, "code": code, "role": "student", "name": name, "lang": lang}
+    b = room.binding
+    if isinstance(b, PoolRoomRun):
+        from paged_kv_lab.app.workloads_page import pool_component
+
+        pool_component()(key=f"pool:room-{code}", data={**b.payload, "room": cfg}, height="content")
+        st.caption(tr("rooms.student_keys", lang))
+        return
     tl = st.session_state.get(f"room_tl:{code}")
     if tl is None or tl.run is not b.run:
         tl = st.session_state[f"room_tl:{code}"] = Timeline(b.run)
     state = st.session_state.setdefault(f"room_state:{code}", PageState())
     state.run = tl
-    cfg = {"port": server.port, "code": code, "role": "student", "name": name, "lang": lang}
 
     def stage() -> None:
         player_panel(state, f"room-{code}", b.lang, room=cfg, teach=False, **b.player_kw)

@@ -10,7 +10,7 @@
 import { addStrings, el, fmt, md, wordsFor } from "./text.js";
 import { applyDelta, decodeSnapshot, decodeStep, hasWire, setWire } from "./decode.js";
 import { PlayerPanels } from "./panels.js";
-import { RoomLink } from "./room.js";
+import { joinRoom } from "./room.js";
 
 const SPEEDS = [0.5, 1, 2, 4];
 const PLAY_MS = 800;
@@ -120,15 +120,7 @@ class Player extends PlayerPanels {
       this.draw();
     }
     this.poll();
-    this.joinRoom(data.room);
-  }
-
-  // In a room (data.room, from the page's "Teach this" or "Join a class"): one link per room and
-  // role; a render without a room leaves it.
-  joinRoom(cfg) {
-    if (this.link && this.link.same(cfg)) { this.link.rename(cfg.name); return; }
-    if (this.link) { this.link.close(); this.link = null; this.q("room").hidden = true; delete this.box.dataset.room; }
-    if (cfg && typeof WebSocket !== "undefined") { this.link = new RoomLink(this, cfg); this.link.draw(); }
+    joinRoom(this, data.room);
   }
 
   // The browser asks for new steps while the run is still being recorded: each ask reruns only the

@@ -11,6 +11,17 @@ import { el, fmt } from "./text.js";
 const RETRY_MS = 2000;     // a dropped connection is tried again this often
 const WATCH_MS = 2000;     // how often a link checks that its player is still on the page
 
+// The player's room for this render (data.room, from the page's "Teach this" or "Join a class"):
+// one link per room and role; a render without a room leaves it.
+export function joinRoom(player, cfg) {
+  if (player.link && player.link.same(cfg)) { player.link.rename(cfg.name); return; }
+  if (player.link) {
+    player.link.close(); player.link = null;
+    player.q("room").hidden = true; delete player.box.dataset.room;
+  }
+  if (cfg && typeof WebSocket !== "undefined") { player.link = new RoomLink(player, cfg); player.link.draw(); }
+}
+
 export class RoomLink {
   // cfg: {port, code, role: "teacher"|"student", secret?, name?, lang}
   constructor(player, cfg) {
@@ -117,7 +128,7 @@ export class RoomLink {
   follow(step) {
     const p = this.p, k = step - p.first;
     p.stopPlay(); p.seek = null; p.notice(null);
-    if (k <= p.n) { if (k !== p.cursor) p.show(k, Math.abs(k - p.cursor) === 1); }
+    if (k <= p.n || !p.report) { if (k !== p.cursor) p.show(k, Math.abs(k - p.cursor) === 1); }
     else { p.pendingGoto = k; p.report("want", { run: p.runKey, step: step }, true); }
   }
 
