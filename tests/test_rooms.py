@@ -27,7 +27,9 @@ from paged_kv_lab.runs.rooms import (
 
 @pytest.fixture
 def server():
-    return RoomServer("127.0.0.1", 0, RoomLimits(max_rooms=3, max_students=40, grace_s=60))
+    s = RoomServer("127.0.0.1", 0, RoomLimits(max_rooms=3, max_students=40, grace_s=60))
+    yield s
+    s.stop()
 
 
 def _url(server: RoomServer) -> str:
@@ -210,7 +212,9 @@ async def _recv_error_of(ws, frame):
 
 
 def test_limits_name_their_variables():
-    server = RoomServer("127.0.0.1", 0, RoomLimits(max_rooms=1, max_students=2, grace_s=60))
+    server = RoomServer(
+        "127.0.0.1", 0, RoomLimits(max_rooms=1, max_students=2, grace_s=60, max_frames_per_s=5)
+    )
     room = _room(server)
     with pytest.raises(BudgetError) as e:
         _room(server)
@@ -225,10 +229,15 @@ def test_limits_name_their_variables():
         await asyncio.sleep(0.05)
         late = await _join(server, room.code)  # a seat freed is a seat again
         await _recv(late, "welcome")
+        for i in range(12):  # a flood: past 5 a second, dropped (said once)
+            await late.send(json.dumps({"op": "ping", "t": i + 1}))
+        err = await _recv(late, "error")
+        assert "PAGED_KV_LAB_MAX_ROOM_FRAMES_PER_S" in err["text"], err
         for c in (*s, late):
             await c.close()
 
     asyncio.run(main())
+    server.stop()
     env = {ROOM_ENV["max_rooms"]: "7", ROOM_ENV["grace_s"]: "30"}
     assert room_limits(env).max_rooms == 7 and room_limits(env).grace_s == 30
     with pytest.raises(BudgetError):
@@ -258,6 +267,7 @@ def test_a_room_closes_after_its_teacher_left_and_the_grace_period():
         await s.close()
 
     asyncio.run(main())
+    server.stop()
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ threads go through ``RoomServer.call``):
   a question or sees the tally; the secret is never sent to a student;
 - a room is open while its teacher is connected or left less than ``grace_s`` ago (a room whose
   teacher never connected counts from its creation); a closed room's students are told so;
-- at most ``max_rooms`` rooms per server and ``max_students`` students per room; a refusal names
-  its environment variable;
+- at most ``max_rooms`` rooms per server, ``max_students`` students per room and
+  ``max_frames_per_s`` frames a second from a student; a refusal names its environment variable;
 - a frame that is not a well-formed request is answered with a message and changes nothing; a
   member's name is plain text (control characters dropped, at most ``NAME_CHARS``), never markup.
 """
@@ -50,6 +50,7 @@ class RoomLimits:
     max_students: int = 80  # per room
     grace_s: int = 600  # a room stays open this long after its teacher left
     max_frame_bytes: int = 2048  # one frame from a member
+    max_frames_per_s: int = 30  # frames one student may send per second (more are dropped)
 
 
 ROOM_ENV = {
@@ -57,6 +58,7 @@ ROOM_ENV = {
     "max_students": "PAGED_KV_LAB_MAX_ROOM_STUDENTS",
     "grace_s": "PAGED_KV_LAB_ROOM_GRACE_S",
     "max_frame_bytes": "PAGED_KV_LAB_MAX_ROOM_FRAME_BYTES",
+    "max_frames_per_s": "PAGED_KV_LAB_MAX_ROOM_FRAMES_PER_S",
 }
 PORT_ENV = "PAGED_KV_LAB_ROOMS_PORT"  # the room server's port (unset: any free port)
 
@@ -128,6 +130,8 @@ class Member:
     step: int = 0
     answer: Optional[int] = None
     bad: int = 0
+    second: int = -1  # the clock's second ``frames`` counts in
+    frames: int = 0
 
 
 @dataclass(eq=False)
@@ -278,12 +282,36 @@ class RoomHub:
                     if member is None:
                         return
                     continue
+                if member.role == "student" and self._too_fast(member):
+                    continue
                 self._dispatch(room, member, msg)
         except Exception:  # a broken connection ends only itself
             pass
         finally:
             if room is not None and member is not None:
                 self._leave(room, member)
+
+    def _too_fast(self, m: Member) -> bool:
+        """Past ``max_frames_per_s`` frames this second: dropped (the first one dropped is
+        answered, naming the variable). Students only: a teacher holding → down moves the room
+        at the key's repeat rate."""
+        now = int(self.clock())
+        if now != m.second:
+            m.second, m.frames = now, 0
+        m.frames += 1
+        limit = self.limits.max_frames_per_s
+        if m.frames == limit + 1:
+            refusal = _refusal("rate", m.frames, limit, "max_frames_per_s")
+            self._send_ws(
+                m.ws,
+                {
+                    "op": "error",
+                    "key": "rooms.what.rate",
+                    "text": tr(refusal.text, m.lang),
+                    "env": refusal.limit,
+                },
+            )
+        return m.frames > limit
 
     def _error(self, ws, lang: str, text: Text, env: str = "", **fields) -> None:
         said = tr(text, lang, **fields)
@@ -507,6 +535,7 @@ class RoomServer:
         from websockets.asyncio.server import serve
 
         limits = self.hub.limits
+        self._stop = asyncio.Event()
         # frames up to 4x the limit are read and refused with a message; larger ones close the link
         async with serve(
             self.hub.handler, host or None, port, max_size=4 * limits.max_frame_bytes
@@ -514,9 +543,16 @@ class RoomServer:
             self.server = server
             self.port = next(iter(server.sockets)).getsockname()[1]
             self._ready.set()
-            while True:
-                await asyncio.sleep(min(5, limits.grace_s))
-                self.hub.sweep()
+            while not self._stop.is_set():
+                try:
+                    await asyncio.wait_for(self._stop.wait(), min(5, limits.grace_s))
+                except asyncio.TimeoutError:
+                    self.hub.sweep()
+
+    def stop(self) -> None:
+        """Close the server and its connections, and end its thread."""
+        self.loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
 
     def call(self, fn: Callable[..., Any], *args, timeout: float = 5.0) -> Any:
         """``fn(*args)`` run on the server's loop (where the rooms live), its result here."""
