@@ -140,6 +140,7 @@ def _start(binding: RoomRun | PoolRoomRun, step: int, lang: str) -> None:
         st.session_state["_room_error"] = tr(e.text, lang)
         return
     st.session_state[TEACHING] = {"code": room.code, "secret": room.secret, "key": binding.key}
+    st.query_params.update(teach_param())  # a reload of this page teaches on
 
 
 def _end(t: dict) -> None:
