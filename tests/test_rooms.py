@@ -156,6 +156,11 @@ def test_only_the_teachers_secret_moves_the_room(server):
         await s.send(json.dumps({"op": "step", "step": 9}))
         assert (await _recv(s, "error"))["key"] == "rooms.error.not_teacher"
         assert server.call(lambda: server.hub.rooms[room.code].step) == 0
+        assert not server.call(server.hub.end, room.code, room.secret + "x")
+        assert not server.call(server.hub.ask, room.code, None, None)
+        assert server.call(server.hub.end, room.code, room.secret)  # the teacher ends it
+        assert (await _recv(s, "closed"))["text"]
+        assert server.call(server.hub.lookup, room.code) is None
         await s.close()
 
     asyncio.run(main())

@@ -9,7 +9,7 @@ process (``room_server``), on its own port, beside Streamlit's.
 Invariants kept by ``RoomHub`` (all its state is touched only on its event loop's thread; other
 threads go through ``RoomServer.call``):
 - only a connection that said the room's secret (compared in constant time) moves the room, asks
-  a question or sees the tally; the secret is never sent to a student;
+  a question or sees the tally before the reveal; the secret is never sent to a student;
 - a room is open while its teacher is connected or left less than ``grace_s`` ago (a room whose
   teacher never connected counts from its creation); a closed room's students are told so;
 - at most ``max_rooms`` rooms per server, ``max_students`` students per room and
@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import os
 import secrets
 import threading
@@ -39,6 +40,7 @@ CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I: read aloud an
 CODE_CHARS = 6
 NAME_CHARS = 40
 BAD_FRAMES = 50  # a connection that sends this many bad frames is closed
+_LOG = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -249,10 +251,13 @@ class RoomHub:
         return True
 
     def _close(self, room: Room) -> None:
+        """Tell a closed room's members, then hang up on them."""
         for m in room.students:
             self._send(m, {"op": "closed", "text": tr("rooms.closed", m.lang)})
         if room.teacher is not None:
             self._send(room.teacher, {"op": "closed", "text": tr("rooms.ended", room.teacher.lang)})
+        for m in [*room.students, *([room.teacher] if room.teacher else [])]:
+            asyncio.ensure_future(m.ws.close())
 
     def sweep(self) -> None:
         """Close every room whose teacher left more than ``grace_s`` ago."""
@@ -285,8 +290,8 @@ class RoomHub:
                 if member.role == "student" and self._too_fast(member):
                     continue
                 self._dispatch(room, member, msg)
-        except Exception:  # a broken connection ends only itself
-            pass
+        except Exception:  # a broken connection (or a bug a frame found) ends only itself
+            _LOG.warning("a room connection ended on an error", exc_info=True)
         finally:
             if room is not None and member is not None:
                 self._leave(room, member)
