@@ -150,6 +150,30 @@ def _end(t: dict) -> None:
     st.query_params.pop("teach", None)
 
 
+def polls_after(run, step: int) -> dict[str, Poll]:
+    """The questions about step ``step + 1`` of ``run`` (a Timeline), once it is recorded (waits
+    a second at most); none where it is not."""
+    from paged_kv_lab.app.player_component import record_upto
+
+    record_upto(run, step + 1)
+    if step < run.first or step >= len(run.records):
+        return {}
+    snap = run.initial if step == 0 else run.records[step - 1].snapshot
+    return polls_at(snap, run.records[step], step + 1)
+
+
+def _ask_now(t: dict, run, qid: str, lang: str) -> None:
+    """Ask question ``qid`` about the step after the one the teacher's player shows now (it may
+    have moved since the panel was drawn: the question is computed again for where it is)."""
+    server = _server()
+    step = server.call(lambda: t["room"].step)
+    poll = polls_after(run, step).get(qid)
+    if poll is None:
+        st.session_state["_room_error"] = tr("rooms.no_question", lang, step=step + 1)
+        return
+    _ask(t, poll)
+
+
 def _ask(t: dict, poll: Optional[Poll]) -> None:
     server = _server()
     server.call(server.hub.ask, t["code"], t["secret"], poll)
@@ -272,14 +296,7 @@ def ask_controls(state, key: str, lang: str, t: dict) -> None:
     if not _bound_to(room, run.run):
         return
     step = room.step  # the teacher's player's step, as the room heard it (not debounced)
-    from paged_kv_lab.app.player_component import record_upto
-
-    record_upto(run, step + 1)
-    if step < run.first or step >= len(run.records):
-        st.caption(tr("rooms.no_question", lang, step=step + 1))
-        return
-    snap = run.initial if step == 0 else run.records[step - 1].snapshot
-    polls = polls_at(snap, run.records[step], step + 1)
+    polls = polls_after(run, step)
     prepared = [q.ask for q in room.binding.questions if q.step == step and q.ask in polls]
     order = list(dict.fromkeys([*prepared, *polls]))
     if not order:
@@ -293,7 +310,9 @@ def ask_controls(state, key: str, lang: str, t: dict) -> None:
         format_func=lambda q: ("★ " if q in prepared else "") + labels[q],
         key=f"room_q:{key}:{step}",
     )
-    c2.button(tr("rooms.ask", lang), key=f"room_ask:{key}", on_click=_ask, args=(t, polls[pick]))
+    c2.button(
+        tr("rooms.ask", lang), key=f"room_ask:{key}", on_click=_ask_now, args=(t, run, pick, lang)
+    )
     c3.button(tr("rooms.withdraw", lang), key=f"room_unask:{key}", on_click=_ask, args=(t, None))
 
 
