@@ -116,6 +116,7 @@ def lesson_stage(lesson, state, ms, lang: str, compact: bool) -> None:
         lang,
         focus=lesson.focus,
         url_step=True,
+        class_questions=lesson.class_questions,
         **{k: kw[k] for k in ("decode", "narrate", "intro", "outro", "request_ids", "meta")},
     )
     run = state.run

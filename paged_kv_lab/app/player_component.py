@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 import streamlit as st
 
 import paged_kv_lab.player as player_pkg
+from paged_kv_lab.app import classroom
 from paged_kv_lab.app.state import PageState
 from paged_kv_lab.lesson.quiz import make_prediction
 from paged_kv_lab.player import RunEncoder, player_book, run_payload, static_html
@@ -232,11 +233,20 @@ def player_panel(
     request_ids: Sequence[str] = (),
     url_step: bool = False,
     meta: dict | None = None,
+    room: dict | None = None,
+    teach: bool = True,
+    class_questions: Sequence = (),
 ) -> None:
     """Mount the player for ``state.run`` and keep ``state.run.cursor`` where the browser is.
     ``url_step``: the browser keeps the link's ``step`` parameter at the player's step; ``meta``:
-    more for the head (the panels under the player and their words, ui/panels.py)."""
+    more for the head (the panels under the player and their words, ui/panels.py). ``teach``: a
+    "Teach this" panel under the player (app/classroom.py), whose room the player then leads;
+    ``room``: the room a student's player follows (the "Join a class" page);
+    ``class_questions``: a lesson's questions prepared for a class."""
     run = state.run
+    teaching = classroom.teaching(key) if teach else None
+    if teach:
+        room = classroom.room_cfg(teaching, run.run, lang)
     ps = session(key)
     if ps.run is not run or ps.lang != lang or ps.decoded != (decode is not None):
         ps.run, ps.lang, ps.token, ps.decoded = run, lang, uuid.uuid4().hex[:12], decode is not None
@@ -300,6 +310,7 @@ def player_panel(
         "hold_at": hold_at,
         "goto": ps.goto,
         "url_step": url_step,
+        "room": room,
     }
     if data["done"] and step_cap(run) is not None:  # only a capped run: the rest stay identical
         data["stop"] = {"steps": step_cap(run)}
@@ -317,6 +328,17 @@ def player_panel(
     )
     ps.goto = None
     quiz_box(state, key, lang)
+    if teach:
+        player_kw = {
+            "decode": decode,
+            "narrate": narrate,
+            "intro": intro,
+            "outro": outro,
+            "focus": focus,
+            "request_ids": request_ids,
+            "meta": meta,
+        }
+        classroom.teach_panel(state, key, lang, teaching, player_kw, class_questions)
 
 
 def _noop() -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import streamlit as st
 
+from paged_kv_lab.app.classroom import teach_param
 from paged_kv_lab.app.modelstate import DEVICES, MODELS, ModelState
 from paged_kv_lab.lesson.catalog import OPTION_EFFECTS, Lesson
 from paged_kv_lab.record.budget import ENV, BudgetError, app_limits, check_size, fmt_bytes
@@ -306,6 +307,7 @@ def write_url(state: LessonState, lesson: Lesson, lang: str, ms: ModelState) -> 
         most = app_limits().max_link_chars
         chars = len(_encode_base(state.base))
         st.caption(tr("url_too_long", lang, chars=f"{chars:,}", most=f"{most:,}"))
+    params.update(teach_param())  # the teacher's own URL only: never in a link shared from here
     if dict(st.query_params) != params:
         st.query_params.from_dict(params)
 

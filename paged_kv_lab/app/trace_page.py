@@ -18,6 +18,7 @@ import streamlit as st
 
 from kvcore.engine.parallel_sampling import scenario_parents
 from paged_kv_lab.app import panels as P
+from paged_kv_lab.app.classroom import teach_param
 from paged_kv_lab.app.lesson_page import current_lang, current_model, decoder
 from paged_kv_lab.app.modelstate import ModelState
 from paged_kv_lab.app.player_component import export_html, player_panel
@@ -325,6 +326,6 @@ def short(text: str, most: int = 200) -> str:
 def write_url(lang: str, ms: ModelState) -> None:
     """A trace cannot live in the URL: keep only the sidebar's choices (drop a lesson's step,
     settings)."""
-    params = {"lang": lang, "model": ms.name, "device": ms.device}
+    params = {"lang": lang, "model": ms.name, "device": ms.device, **teach_param()}
     if dict(st.query_params) != params:
         st.query_params.from_dict(params)

@@ -18,6 +18,7 @@ from typing import Any, Optional
 import pandas as pd
 import streamlit as st
 
+from paged_kv_lab.app import classroom
 from paged_kv_lab.app.lesson_page import current_lang
 from paged_kv_lab.app.panels import md_escape
 from paged_kv_lab.app.shared import Shared, ready_or_placeholder
@@ -240,9 +241,23 @@ def pool_player(state: WorkloadsState, lang: str) -> None:
             run=token,
         )
     data["goto"] = {"seq": state.goto_seq, "index": w.start, "request": follow}
+    teaching = classroom.teaching(KEY)
+    data["room"] = classroom.room_cfg(teaching, state.window_token, lang)
     pool_component()(
         key=f"pool:{KEY}", data=data, default={"have": None}, on_have_change=_noop, height="content"
     )
+
+    def whole() -> dict:
+        return pool_payload(
+            w.frames,
+            num_gpu_blocks=w.num_gpu_blocks,
+            block_size=w.block_size,
+            lang=lang,
+            start=w.start,
+            run=token,
+        )
+
+    classroom.teach_pool_panel(KEY, lang, teaching, state.window_token, whole)
 
 
 def _noop() -> None:

@@ -34,6 +34,7 @@ from pydantic import (
 from typing_extensions import Annotated
 
 from paged_kv_lab.lesson.datafile import DataFileError, load
+from paged_kv_lab.lesson.quiz import class_questions
 from paged_kv_lab.lesson.sources import Source
 from paged_kv_lab.record.events import (
     EVENT_KINDS,
@@ -148,6 +149,16 @@ class Toggle:
 
 
 @dataclass(frozen=True)
+class ClassQuestion:
+    """A question prepared for a class (app/classroom.py): while the teacher shows step ``step``,
+    the teacher's panel offers question ``ask`` (an id of lesson/quiz.py) about step ``step + 1``
+    first. Its options and answer are computed from the recorded run, like the quiz's."""
+
+    step: int
+    ask: str
+
+
+@dataclass(frozen=True)
 class Lesson:
     """A lesson as the app plays it. Invariant: every text is a catalogue key that exists."""
 
@@ -164,6 +175,7 @@ class Lesson:
     toggles: tuple[Toggle, ...] = ()
     focus: tuple[str, ...] = ("cache_hit",)  # event kinds offered first in "run until"
     panels: tuple[str, ...] = ()  # extra panels (PANELS)
+    class_questions: tuple[ClassQuestion, ...] = ()
 
     def texts(self) -> tuple[str, ...]:
         """Every catalogue key the lesson shows."""
@@ -241,6 +253,15 @@ class QuestionData(DataFile):
         if self.answer >= self.options:
             raise ValueError(f"answer: {self.answer} is not one of the {self.options} options")
         return self
+
+
+def _quiz_id(v: Any) -> Any:
+    return _one_of(list(class_questions()), "question")(v)
+
+
+class ClassQuestionData(DataFile):
+    step: Annotated[StrictInt, Field(ge=0)]  # asked while the player shows this step
+    ask: Annotated[StrictStr, BeforeValidator(_quiz_id)]  # a question of lesson/quiz.py
 
 
 class FailLoadData(DataFile):
@@ -346,6 +367,7 @@ class LessonData(DataFile):
     toggles: list[ToggleData] = Field(default_factory=list)
     focus: Focus = ["cache_hit"]
     panels: list[Panel] = Field(default_factory=list)
+    class_questions: list[ClassQuestionData] = Field(default_factory=list)
 
 
 # -- loading -------------------------------------------------------------------------------
@@ -472,6 +494,7 @@ def load_lesson(path: Path, catalogue: Mapping[str, Any]) -> Lesson:
         toggles=tuple(_toggle(t, i, texts) for i, t in enumerate(data.toggles)),
         focus=tuple(data.focus),
         panels=tuple(data.panels),
+        class_questions=tuple(ClassQuestion(q.step, q.ask) for q in data.class_questions),
     )
     texts.check(path)
     problems = [

@@ -266,6 +266,36 @@ def _free(snap: Snapshot, rec: StepRecord) -> Question | None:
     )
 
 
+# Questions only a teacher asks a class (app/classroom.py), never the quiz mode's hold: by id.
+CLASS_ASK: dict[str, Ask] = {}
+
+
+def _hit_blocks(snap: Snapshot, rec: StepRecord) -> Question | None:
+    """How many blocks the first request looked up in the next step finds in the prefix cache."""
+    e = _first(rec, "cache_hit") or _first(rec, "cache_miss")
+    if e is None or e.request_id is None:
+        return None
+    n = e.num_blocks if e.kind == "cache_hit" else 0
+    opts = sorted({0, n, n + 1, max(0, n - 1), n + 2})[:4]
+    if n not in opts:
+        opts = opts[:3] + [n]
+    explain = (
+        Text("quiz.hit.explain.hit", {"blocks": n, "tokens": e.num_tokens})
+        if e.kind == "cache_hit"
+        else miss_why(snap)
+    )
+    prompt = Text("quiz.hit_blocks.prompt", {"req": e.request_id})
+    return Question("hit_blocks", prompt, tuple(str(o) for o in opts), opts.index(n), explain)
+
+
+CLASS_ASK["hit_blocks"] = _hit_blocks
+
+
+def class_questions() -> dict[str, Ask]:
+    """Every question a teacher can ask a class, by id: the quiz's and ``CLASS_ASK``."""
+    return {**ASK, **CLASS_ASK}
+
+
 def next_question(snap: Snapshot, rec: StepRecord, prefer: tuple[str, ...] = ()) -> Question | None:
     """The most instructive question about ``rec``, in no language yet: the first of the event
     kinds ``prefer`` names, then ``quiz.yaml``'s order, that gives one; else the fallback. None

@@ -27,9 +27,10 @@ ASSETS = (
     "charts.js",
     "text.js",
     "decode.js",
+    "room.js",
 )
 # each after the modules it imports
-MODULES = ("text.js", "decode.js", "charts.js", "panels.js", "player.js")
+MODULES = ("text.js", "decode.js", "charts.js", "panels.js", "room.js", "player.js")
 
 
 @lru_cache(maxsize=None)

@@ -35,8 +35,8 @@ def pool_asset(name: str) -> str:
 
 @lru_cache(maxsize=None)
 def pool_module_js() -> str:
-    """text.js and pool.js as one module (pool.js's import of text.js dropped)."""
-    parts = [asset("text.js"), pool_asset("pool.js")]
+    """text.js, room.js and pool.js as one module (their imports of each other dropped)."""
+    parts = [asset("text.js"), asset("room.js"), pool_asset("pool.js")]
     return "\n".join(
         "\n".join(line for line in p.split("\n") if not line.startswith("import ")) for p in parts
     )

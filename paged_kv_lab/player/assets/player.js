@@ -10,6 +10,7 @@
 import { addStrings, el, fmt, md, wordsFor } from "./text.js";
 import { applyDelta, decodeSnapshot, decodeStep, hasWire, setWire } from "./decode.js";
 import { PlayerPanels } from "./panels.js";
+import { joinRoom } from "./room.js";
 
 const SPEEDS = [0.5, 1, 2, 4];
 const PLAY_MS = 800;
@@ -48,6 +49,7 @@ class Player extends PlayerPanels {
     this.polls = 0;
     this.addrReq = null; this.addrPos = null; this.addrGroup = 0;
     this.uid = ++PLAYER_UIDS;   // names this player's SVG patterns apart from another player's
+    this.link = null;           // the RoomLink while this player is in a room (room.js)
     this.bind();
   }
 
@@ -118,6 +120,7 @@ class Player extends PlayerPanels {
       this.draw();
     }
     this.poll();
+    joinRoom(this, data.room);
   }
 
   // The browser asks for new steps while the run is still being recorded: each ask reruns only the
@@ -190,6 +193,7 @@ class Player extends PlayerPanels {
     this.cursor = k;
     this.draw();
     this.report("cursor", { run: this.runKey, step: k + this.first }, false);
+    if (this.link) this.link.moved(k + this.first);
   }
 
   step() {
@@ -282,11 +286,12 @@ class Player extends PlayerPanels {
       if (!t) return;
       if (t.dataset.act) { this.act(t.dataset.act); return; }
       const block = t.dataset.block, req = t.dataset.req;
+      if (block !== undefined && this.link) this.link.clickBlock(Number(block));
       if (block !== undefined && t.dataset.follow !== "0") this.select({ type: "block", id: Number(block) });
       else if (req !== undefined) this.select({ type: "req", id: req });
     });
     const tl = this.q("timeline");
-    tl.addEventListener("input", () => { this.stopPlay(); this.notice(null); this.show(Math.min(Number(tl.value), this.maxStep()), false); });
+    tl.addEventListener("input", () => { if (this.link) this.link.userMove(); this.stopPlay(); this.notice(null); this.show(Math.min(Number(tl.value), this.maxStep()), false); });
     const over = this.q("metrics-panel");
     over.addEventListener("toggle", () => { if (this.run && over.open) this.drawOverTime(); });
     this.root.addEventListener("mouseover", (e) => this.hover(e));
@@ -295,6 +300,7 @@ class Player extends PlayerPanels {
 
   act(what) {
     if (!this.run) return;
+    if (this.link) this.link.userMove();
     if (what === "step") { this.stopPlay(); this.step(); }
     else if (what === "back") { this.stopPlay(); this.notice(null); this.show(this.cursor - 1); }
     else if (what === "home") { this.stopPlay(); this.notice(null); this.show(0, false); }
@@ -310,6 +316,7 @@ class Player extends PlayerPanels {
     if (e.altKey || e.ctrlKey || e.metaKey) return;
     if (t && (t.isContentEditable || ["INPUT", "TEXTAREA", "SELECT"].includes(t.tagName))) return;
     const acts = { ArrowRight: "step", ArrowLeft: "back", Home: "home", End: "last" };
+    if ((e.key === "f" || e.key === "F") && this.link) { e.preventDefault(); this.link.snapBack(); return; }
     if (acts[e.key]) { e.preventDefault(); this.act(acts[e.key]); }
   }
 

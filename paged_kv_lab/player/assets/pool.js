@@ -7,6 +7,7 @@
 // textContent, never as HTML.
 
 import { addStrings, el, fmt, wordsFor } from "./text.js";
+import { joinRoom } from "./room.js";
 
 // One colour per request (as player/payload.py's PALETTE), chosen by a hash of its id, so a
 // request keeps its colour whichever step the player opened at.
@@ -96,6 +97,8 @@ class PoolPlayer {
     this.playing = false; this.timer = null;
     this.gotoSeq = null;
     this.layout = null;
+    this.first = 0;             // a room's step is the frame's index in the window
+    this.link = null;           // the RoomLink while this player is in a room (room.js)
     this.bind();
   }
 
@@ -134,6 +137,7 @@ class PoolPlayer {
       if (data.goto.request) this.sel = { type: "req", id: data.goto.request };
     }
     this.draw();
+    joinRoom(this, data.room);
   }
 
   // The state at frame i: one delta from the frame before, else the keyframe at or before i.
@@ -157,7 +161,7 @@ class PoolPlayer {
       else if (t.dataset.req !== undefined) this.select({ type: "req", id: t.dataset.req });
     });
     const tl = this.q("timeline");
-    tl.addEventListener("input", () => { this.stopPlay(); this.show(Number(tl.value)); });
+    tl.addEventListener("input", () => { if (this.link) this.link.userMove(); this.stopPlay(); this.show(Number(tl.value)); });
     const cv = this.q("strip");
     cv.addEventListener("mousemove", (e) => this.hover(e));
     cv.addEventListener("mouseleave", () => { this.q("tip").hidden = true; });
@@ -176,6 +180,7 @@ class PoolPlayer {
 
   act(what) {
     if (!this.run) return;
+    if (this.link && ["step", "back", "home", "last", "play"].includes(what)) this.link.userMove();
     if (what === "step") { this.stopPlay(); this.show(this.cursor + 1); }
     else if (what === "back") { this.stopPlay(); this.show(this.cursor - 1); }
     else if (what === "home") { this.stopPlay(); this.show(0); }
@@ -217,6 +222,7 @@ class PoolPlayer {
     if (e.altKey || e.ctrlKey || e.metaKey) return;
     if (t && (t.isContentEditable || ["INPUT", "TEXTAREA", "SELECT"].includes(t.tagName))) return;
     const acts = { ArrowRight: "step", ArrowLeft: "back", Home: "home", End: "last" };
+    if ((e.key === "f" || e.key === "F") && this.link) { e.preventDefault(); this.link.snapBack(); return; }
     if (acts[e.key]) { e.preventDefault(); this.act(acts[e.key]); }
   }
 
@@ -231,6 +237,7 @@ class PoolPlayer {
     this.cursor = Math.max(0, Math.min(i, this.n - 1));
     this.notice(null);
     this.draw();
+    if (this.link) this.link.moved(this.cursor);
   }
 
   togglePlay() {
