@@ -11,6 +11,9 @@
                              [--speedup X] [--json [PATH]] [--sweep KEY=V1,V2,...] [--csv [PATH]]
     python -m kvcore compare TRACE.jsonl [--designs vllm,sglang,nano] [--set KEY=VALUE ...]
                              [--page-size N] [--json [PATH]] [--sweep num_gpu_blocks=V1,V2,...]
+    python -m kvcore fleet TRACE.jsonl [--replicas N] [--router POLICY] [--set KEY=VALUE ...]
+                             [--arrival sequential|timestamps] [--json [PATH]]
+                             [--sweep router=P1,P2,... | replicas=N1,N2,...]
 
 Exit codes: 0 ok, 2 bad scenario or arguments, 3 model or device unavailable.
 """
@@ -342,6 +345,9 @@ def main(argv=None) -> int:
     from paged_kv_lab.cli.compare import add_parser as add_compare_parser
 
     add_compare_parser(sub)
+    from paged_kv_lab.cli.fleet import add_parser as add_fleet_parser
+
+    add_fleet_parser(sub)
     args = p.parse_args(argv)
     if args.cmd == "replay":
         from paged_kv_lab.cli.replay import cmd_replay
@@ -351,6 +357,10 @@ def main(argv=None) -> int:
         from paged_kv_lab.cli.compare import cmd_compare
 
         return cmd_compare(args)
+    if args.cmd == "fleet":
+        from paged_kv_lab.cli.fleet import cmd_fleet
+
+        return cmd_fleet(args)
     if args.cmd == "explain":
         return cmd_explain(args)
     if args.cmd == "watch":
