@@ -20,8 +20,8 @@ from paged_kv_lab.workload.trace import load_trace
 SLICE = Path(__file__).parent / "fixtures" / "traces" / "mooncake_slice.jsonl"
 CASES = {
     "prefix, block 512, evicting": ({"block_size": 512, "num_gpu_blocks": 140}, "prefix"),
-    "dynamo, block 16": ({"block_size": 16, "num_gpu_blocks": 3000}, "dynamo"),
-    "round robin, block 16": ({"block_size": 16, "num_gpu_blocks": 3000}, "round_robin"),
+    "dynamo, block 16": ({"block_size": 16, "num_gpu_blocks": 4200}, "dynamo"),
+    "round robin, block 16": ({"block_size": 16, "num_gpu_blocks": 4200}, "round_robin"),
 }
 
 pytestmark = pytest.mark.slow
