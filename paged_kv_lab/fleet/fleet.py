@@ -25,6 +25,7 @@ block's id stands in (requests that open with the same block are taken as one se
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -285,7 +286,11 @@ class Fleet:
         first = self.replicas[0]
         self._arrival_ns = list(first._arrival_ns)
         self._sessions = session_keys(trace)
+        # The router's own bookkeeping (Dynamo's): per replica, the prompt tokens still to prefill
+        # of each request routed there, and the blocks of its requests in flight.
         self._prefill: list[dict[str, int]] = [{} for _ in range(num_replicas)]
+        self._active: list[dict[str, tuple[str, ...]]] = [{} for _ in range(num_replicas)]
+        self._active_count: list[Counter] = [Counter() for _ in range(num_replicas)]
         self.decisions: list[Decision] = []
         self.next = 0
         self._wall = 0.0
@@ -307,18 +312,41 @@ class Fleet:
             self.settings.engine.block_size,
         )
 
+    def _settle(self, r: Replica) -> None:
+        """Drop from the router's own bookkeeping what the replica has answered: the prompt load
+        of requests that sampled their first token, the blocks of requests that finished (as
+        Dynamo's router hears them on the response path)."""
+        inbox = {q.request_id for q in r.inbox}
+        reqs = r.scheduler.requests
+        pending = self._prefill[r.index]
+        for rid in list(pending):
+            req = reqs.get(rid)
+            if rid in inbox or (req is not None and not req.num_output_tokens):
+                continue
+            del pending[rid]
+        active, count = self._active[r.index], self._active_count[r.index]
+        for rid in list(active):
+            if rid in inbox or rid in reqs:
+                continue
+            for key in active.pop(rid):
+                count[key] -= 1
+                if not count[key]:
+                    del count[key]
+
+    @staticmethod
+    def _block_keys(fr: FleetRequest) -> tuple[str, ...]:
+        """The request's blocks as Dynamo's active-block tracking names them (its full blocks'
+        hashes, shared with other requests; a partial last block its own)."""
+        tail = (f"{fr.request_id}:tail",) if fr.num_prompt_tokens % fr.block_size else ()
+        return fr.block_hashes + tail
+
     def _views(self, fr: FleetRequest) -> list[ReplicaView]:
         views = []
+        keys = self._block_keys(fr)
         for r in self.replicas:
+            self._settle(r)
             running, waiting = r.scheduler.get_request_counts()
-            pending = self._prefill[r.index]
-            for rid in list(pending):
-                req = r.scheduler.requests.get(rid)
-                if req is not None and not req.num_output_tokens:
-                    continue
-                if req is None and any(q.request_id == rid for q in r.inbox):
-                    continue
-                del pending[rid]
+            count = self._active_count[r.index]
             views.append(
                 ReplicaView(
                     r.index,
@@ -327,8 +355,10 @@ class Fleet:
                     waiting + len(r.inbox),
                     r.used_blocks(),
                     r.block_pool.num_gpu_blocks - 1,
-                    sum(pending.values()),
+                    sum(self._prefill[r.index].values()),
                     len(self.index.blocks(r.index)),
+                    len(count),
+                    sum(1 for k in keys if k not in count),
                 )
             )
         return views
@@ -362,6 +392,9 @@ class Fleet:
             j = decision.replica
             credit = views[j].overlap_blocks * fr.block_size
             self._prefill[j][req.request_id] = max(fr.num_prompt_tokens - credit, 0)
+            keys = self._block_keys(fr)
+            self._active[j][req.request_id] = keys
+            self._active_count[j].update(keys)
             self.replicas[j].route(req, arrival)
             self.decisions.append(decision)
             self.next = i + 1

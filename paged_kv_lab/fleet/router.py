@@ -62,7 +62,10 @@ class ReplicaView:
     routed there but not yet added count as waiting); ``used_blocks`` / ``usable_blocks``: its
     pool; ``prefill_tokens``: prompt tokens routed there whose first token is still to come,
     less the overlap the router credited when it routed them (Dynamo's prompt-side load);
-    ``cached_blocks``: the blocks the router's index holds for it."""
+    ``cached_blocks``: the blocks the router's index holds for it; ``active_blocks``: the distinct
+    blocks of the requests routed there and not finished, and ``incoming_active_blocks`` those of
+    this request's blocks not among them (Dynamo's active-block tracking with KV reuse
+    assumed)."""
 
     index: int
     overlap_blocks: int
@@ -72,6 +75,8 @@ class ReplicaView:
     usable_blocks: int
     prefill_tokens: int
     cached_blocks: int = 0
+    active_blocks: int = 0
+    incoming_active_blocks: int = 0
 
     @property
     def requests(self) -> int:
@@ -256,10 +261,11 @@ class DynamoKv(Router):
 
     lowest cost wins (router_temperature 0; equal costs: a seeded random pick among them, as the
     router picks among equal workers). The cost itself lives in Dynamo's compiled Rust; this
-    follows its documentation and the Python stub's defaults. Where Dynamo's router keeps its own
-    count of active blocks, the replica's pool is read (blocks in use); incoming blocks are the
-    prompt's blocks without a reuse credit (``router_assume_kv_reuse`` de-duplicates them against
-    the worker's active blocks in Dynamo)."""
+    follows its documentation and the Python stub's defaults. The loads are the router's own
+    bookkeeping, as Dynamo's: active prefill = prompt tokens routed and not yet answered with a
+    first token, less the overlap credited at routing; active decode blocks = distinct blocks of
+    the requests in flight (``router_assume_kv_reuse``: shared full blocks count once, a partial
+    last block is the request's own; output blocks are not tracked, the default)."""
 
     name = "dynamo"
 
@@ -277,7 +283,11 @@ class DynamoKv(Router):
         for v in views:
             raw = v.prefill_tokens / bs + incoming
             adjusted = max(raw - s["overlap_score_credit"] * v.overlap_blocks, 0.0)
-            decode = v.used_blocks + incoming + s["decode_active_request_weight"] * v.requests
+            decode = (
+                v.active_blocks
+                + v.incoming_active_blocks
+                + s["decode_active_request_weight"] * v.requests
+            )
             out.append(s["prefill_load_scale"] * adjusted + decode)
         return out
 
