@@ -106,13 +106,18 @@ def _views(*rows):
 def test_dynamo_cost_trades_overlap_against_load():
     router = DynamoKv(router_settings())
     req = FleetRequest("r", 160, "s", tuple("abcdefghij"), 16)  # 10 blocks
-    # replica 0: 8 blocks cached but 30 blocks in use; replica 1: nothing cached, idle.
-    views = _views((8, 2, 0, 30, 100, 0), (0, 0, 0, 0, 100, 0))
-    costs = router.costs(req, views)
-    assert costs == [(10 - 8) + 30 + 10, 10 + 0 + 10]
-    assert router.choose(req, views).replica == 1
-    views = _views((8, 0, 0, 5, 100, 0), (0, 0, 0, 0, 100, 0))
-    assert router.choose(req, views).replica == 0  # 2 + 5 + 10 < 20
+    # fields: overlap, running, waiting, used, usable, prefill tokens, cached, active, incoming
+    # replica 0: 8 blocks cached, 32 prompt tokens still to prefill, 30 distinct active blocks of
+    # which 8 are this prompt's; replica 1: nothing cached, idle.
+    busy = (8, 2, 0, 30, 100, 32, 8, 30, 2)
+    idle = (0, 0, 0, 0, 100, 0, 0, 0, 10)
+    costs = router.costs(req, _views(busy, idle))
+    assert costs == [(32 / 16 + 10 - 8) + 30 + 2, 10 + 0 + 10]
+    assert router.choose(req, _views(busy, idle)).replica == 1
+    light = (8, 0, 0, 5, 100, 0, 8, 5, 2)
+    assert router.choose(req, _views(light, idle)).replica == 0  # 2 + 7 < 20
+    d = router.choose(req, _views(light, idle)).to_dict()
+    assert d["cost"] == [9.0, 20.0] and d["overlap_blocks"] == [8, 0]
 
 
 def test_approx_follows_sglang_thresholds():
