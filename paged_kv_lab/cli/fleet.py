@@ -236,3 +236,73 @@ def run_points(
         for fut in as_completed(futures):
             out[futures[fut]] = fut.result()
     return out
+
+
+def add_serve_parser(sub) -> None:
+    from paged_kv_lab.fleet.router import POLICIES
+    from paged_kv_lab.watch.demo import DEFAULT_PACE_MS
+
+    p = sub.add_parser("serve-events", help=tr("cli.serve.help"))
+    p.add_argument("trace", nargs="?", help=tr("cli.replay.trace"))
+    p.add_argument("--lang", choices=tuple(languages()), default="en", help=tr("cli.replay.lang"))
+    p.add_argument("--requests", type=int, default=60, metavar="N", help=tr("cli.serve.requests"))
+    p.add_argument("--replicas", type=int, default=1, help=tr("cli.serve.replicas"))
+    p.add_argument("--router", choices=POLICIES, default="prefix", help=tr("cli.fleet.router"))
+    p.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", default=[], help=tr("cli.fleet.set")
+    )
+    p.add_argument("--endpoint", default="tcp://127.0.0.1:5557", help=tr("cli.serve.endpoint"))
+    p.add_argument("--replay-endpoint", default="tcp://127.0.0.1:5657", help=tr("cli.serve.replay"))
+    p.add_argument("--topic", default="", help=tr("cli.run.kv_events_topic"))
+    p.add_argument("--pace-ms", type=float, default=DEFAULT_PACE_MS, help=tr("cli.serve.pace"))
+    p.add_argument("--linger-s", type=float, default=600.0, help=tr("cli.serve.linger"))
+
+
+def cmd_serve_events(args: argparse.Namespace) -> int:
+    from paged_kv_lab.fleet.fleet import Fleet
+    from paged_kv_lab.fleet.router import RouterError
+    from paged_kv_lab.watch.demo import DemoSource
+    from paged_kv_lab.workload import SHIPPED_TRACE
+    from paged_kv_lab.workload.budget import check_trace, cli_trace_limits
+    from paged_kv_lab.workload.replay import ReplayError, replay_settings
+    from paged_kv_lab.workload.trace import TraceError, load_trace
+
+    try:
+        trace = load_trace(args.trace or SHIPPED_TRACE)
+        if args.requests < 1:
+            raise ScenarioError([f"--requests: must be >= 1; got {args.requests}"])
+        trace = trace.slice(0, args.requests)
+        overrides = {"block_size": 512, "num_gpu_blocks": 300, **parse_engine_overrides(args.set)}
+        engine, router = split_overrides(overrides)
+        settings = replay_settings(trace, engine, arrival="timestamps")
+        check_trace(trace, settings, cli_trace_limits())
+        fleet = Fleet(trace, settings, args.replicas, args.router, router)
+        source = DemoSource(
+            fleet,
+            args.endpoint,
+            args.replay_endpoint or None,
+            args.topic,
+            args.pace_ms,
+            args.linger_s,
+        )
+    except (TraceError, ScenarioError, BudgetError, RouterError, ReplayError, OSError) as e:
+        print(f"error: {said(e, args.lang)}", file=sys.stderr)
+        return 2
+    except Exception as e:  # a ZeroMQ refusal (address in use, bad endpoint)
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    watch = f"python -m kvcore watch {args.endpoint} --bind --data-parallel-size {args.replicas}"
+    if args.replay_endpoint:
+        watch += f" --replay {args.replay_endpoint}"
+    if args.topic:
+        watch += f" --topic {args.topic}"
+    print(tr("cli.serve.started", args.lang, endpoints=", ".join(source.endpoints), watch=watch))
+    sys.stdout.flush()
+    try:
+        source.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        source.stop()
+    print(tr("cli.serve.done", args.lang, batches=source.sent))
+    return 0

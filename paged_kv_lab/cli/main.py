@@ -14,6 +14,8 @@
     python -m kvcore fleet TRACE.jsonl [--replicas N] [--router POLICY] [--set KEY=VALUE ...]
                              [--arrival sequential|timestamps] [--json [PATH]]
                              [--sweep router=P1,P2,... | replicas=N1,N2,...]
+    python -m kvcore serve-events [TRACE.jsonl] [--replicas N] [--endpoint tcp://127.0.0.1:5557]
+                             [--replay-endpoint ENDPOINT] [--pace-ms MS]
 
 Exit codes: 0 ok, 2 bad scenario or arguments, 3 model or device unavailable.
 """
@@ -346,8 +348,10 @@ def main(argv=None) -> int:
 
     add_compare_parser(sub)
     from paged_kv_lab.cli.fleet import add_parser as add_fleet_parser
+    from paged_kv_lab.cli.fleet import add_serve_parser
 
     add_fleet_parser(sub)
+    add_serve_parser(sub)
     args = p.parse_args(argv)
     if args.cmd == "replay":
         from paged_kv_lab.cli.replay import cmd_replay
@@ -361,6 +365,10 @@ def main(argv=None) -> int:
         from paged_kv_lab.cli.fleet import cmd_fleet
 
         return cmd_fleet(args)
+    if args.cmd == "serve-events":
+        from paged_kv_lab.cli.fleet import cmd_serve_events
+
+        return cmd_serve_events(args)
     if args.cmd == "explain":
         return cmd_explain(args)
     if args.cmd == "watch":

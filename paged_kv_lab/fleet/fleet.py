@@ -280,9 +280,8 @@ class Fleet:
                 "only when every replica is idle, when the index is always current)"
             )
         self.index = GlobalIndex(num_replicas, round(lag * 1e6 / settings.speedup))
-        self.replicas = [
-            Replica(i, trace, settings, self.index.publish) for i in range(num_replicas)
-        ]
+        self._listeners: list[Callable[[int, int, bytes], None]] = []
+        self.replicas = [Replica(i, trace, settings, self._publish) for i in range(num_replicas)]
         first = self.replicas[0]
         self._arrival_ns = list(first._arrival_ns)
         self._sessions = session_keys(trace)
@@ -294,6 +293,16 @@ class Fleet:
         self.decisions: list[Decision] = []
         self.next = 0
         self._wall = 0.0
+
+    def _publish(self, replica: int, clock_ns: int, payload: bytes) -> None:
+        self.index.publish(replica, clock_ns, payload)
+        for fn in self._listeners:
+            fn(replica, clock_ns, payload)
+
+    def add_listener(self, fn: Callable[[int, int, bytes], None]) -> None:
+        """``fn(replica, clock_ns, payload)`` for every KV event batch a replica publishes (the
+        demo source puts them on ZeroMQ)."""
+        self._listeners.append(fn)
 
     @property
     def routed_all(self) -> bool:
