@@ -248,6 +248,10 @@ def render_live_page() -> None:
                 st.error(problem)
             else:
                 st.session_state["live:key"] = key
+    from paged_kv_lab.app.fleet_live import demo_button, fleet_form
+
+    demo_button(lang)
+    fleet_form(lang)
     key = st.session_state.get("live:key")
     if key is not None and st.button(tr("live.disconnect", lang), key="live:disconnect"):
         disconnect(key)
@@ -346,6 +350,9 @@ def _live_view(key: tuple, lang: str) -> None:
     )
     with st.expander(tr("live.log", lang)):
         st.code("\n".join(snap.log[-60:]) or "-", language=None)
+    from paged_kv_lab.app.fleet_live import render_fleet_index
+
+    render_fleet_index(key, lang)
 
 
 def _hit_form(watcher: Optional[KVEventWatcher], lang: str) -> None:

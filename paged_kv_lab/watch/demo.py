@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 from collections import deque
+from itertools import islice
 from typing import Optional
 
 from kvcore.distributed.kv_events import ZmqEventPublisher
@@ -145,10 +146,11 @@ def demo_fleet(
     from paged_kv_lab.fleet.fleet import Fleet
     from paged_kv_lab.workload import SHIPPED_TRACE
     from paged_kv_lab.workload.replay import replay_settings
-    from paged_kv_lab.workload.trace import load_trace
+    from paged_kv_lab.workload.trace import parse_trace
 
     if trace is None:
-        trace = load_trace(SHIPPED_TRACE).slice(0, requests)
+        with open(SHIPPED_TRACE, "rb") as f:  # only the lines it replays
+            trace = parse_trace(islice(f, requests), "mooncake_synthetic_trace.jsonl")
     settings = replay_settings(
         trace, engine or {"block_size": 512, "num_gpu_blocks": 300}, arrival="timestamps"
     )
