@@ -25,7 +25,6 @@ block's id stands in (requests that open with the same block are taken as one se
 from __future__ import annotations
 
 import time
-from collections import Counter
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -36,14 +35,8 @@ from kvcore.distributed.kv_events import (
     maybe_convert_block_hash,
 )
 from kvcore.request import Request
-from paged_kv_lab.fleet.index import GlobalIndex
-from paged_kv_lab.fleet.router import (
-    Decision,
-    FleetRequest,
-    ReplicaView,
-    RouterError,
-    make_router,
-)
+from paged_kv_lab.fleet.router import Decision, FleetRequest, ReplicaView, RouterError
+from paged_kv_lab.fleet.routing import Routing
 from paged_kv_lab.workload.replay import SEQUENTIAL, Replay, ReplayError, ReplaySettings
 from paged_kv_lab.workload.trace import Trace
 
@@ -272,24 +265,21 @@ class Fleet:
         self.trace = trace
         self.settings = settings
         self.policy = policy
-        self.router = make_router(policy, router_overrides)
+        self.routing = Routing(num_replicas, policy, router_overrides)
+        self.router = self.routing.router
         lag = self.router.settings["kv_event_lag_ms"]
         if lag and settings.arrival == SEQUENTIAL:
             raise RouterError(
                 "kv_event_lag_ms: a lag needs --arrival timestamps (sequential arrival routes "
                 "only when every replica is idle, when the index is always current)"
             )
-        self.index = GlobalIndex(num_replicas, round(lag * 1e6 / settings.speedup))
+        self.index = self.routing.index
+        self.index.lag_ns = round(lag * 1e6 / settings.speedup)
         self._listeners: list[Callable[[int, int, bytes], None]] = []
         self.replicas = [Replica(i, trace, settings, self._publish) for i in range(num_replicas)]
         first = self.replicas[0]
         self._arrival_ns = list(first._arrival_ns)
         self._sessions = session_keys(trace)
-        # The router's own bookkeeping (Dynamo's): per replica, the prompt tokens still to prefill
-        # of each request routed there, and the blocks of its requests in flight.
-        self._prefill: list[dict[str, int]] = [{} for _ in range(num_replicas)]
-        self._active: list[dict[str, tuple[str, ...]]] = [{} for _ in range(num_replicas)]
-        self._active_count: list[Counter] = [Counter() for _ in range(num_replicas)]
         self.decisions: list[Decision] = []
         self.next = 0
         self._wall = 0.0
@@ -321,64 +311,14 @@ class Fleet:
             self.settings.engine.block_size,
         )
 
-    def _settle(self, r: Replica) -> None:
-        """Drop from the router's own bookkeeping what the replica has answered: the prompt load
-        of requests that sampled their first token, the blocks of requests that finished (as
-        Dynamo's router hears them on the response path)."""
-        inbox = {q.request_id for q in r.inbox}
-        reqs = r.scheduler.requests
-        pending = self._prefill[r.index]
-        for rid in list(pending):
-            req = reqs.get(rid)
-            if rid in inbox or (req is not None and not req.num_output_tokens):
-                continue
-            del pending[rid]
-        active, count = self._active[r.index], self._active_count[r.index]
-        for rid in list(active):
-            if rid in inbox or rid in reqs:
-                continue
-            for key in active.pop(rid):
-                count[key] -= 1
-                if not count[key]:
-                    del count[key]
-
-    @staticmethod
-    def _block_keys(fr: FleetRequest) -> tuple[str, ...]:
-        """The request's blocks as Dynamo's active-block tracking names them (its full blocks'
-        hashes, shared with other requests; a partial last block its own)."""
-        tail = (f"{fr.request_id}:tail",) if fr.num_prompt_tokens % fr.block_size else ()
-        return fr.block_hashes + tail
-
-    def _views(self, fr: FleetRequest) -> list[ReplicaView]:
-        views = []
-        keys = self._block_keys(fr)
-        for r in self.replicas:
-            self._settle(r)
-            running, waiting = r.scheduler.get_request_counts()
-            count = self._active_count[r.index]
-            views.append(
-                ReplicaView(
-                    r.index,
-                    self.index.overlap(r.index, fr.block_hashes),
-                    running,
-                    waiting + len(r.inbox),
-                    r.used_blocks(),
-                    r.block_pool.num_gpu_blocks - 1,
-                    sum(self._prefill[r.index].values()),
-                    len(self.index.blocks(r.index)),
-                    len(count),
-                    sum(1 for k in keys if k not in count),
-                )
-            )
-        return views
-
     def view(self) -> list[ReplicaView]:
         """The replicas as a router would see them now, for the next request (none left: an
         empty prompt)."""
         if self.routed_all:
-            return self._views(FleetRequest("", 0, "", (), self.settings.engine.block_size))
+            empty = FleetRequest("", 0, "", (), self.settings.engine.block_size)
+            return self.routing.views(self.replicas, empty)
         req = self.replicas[0]._make_request(self.trace.requests[self.next])
-        return self._views(self._fleet_request(req))
+        return self.routing.views(self.replicas, self._fleet_request(req))
 
     def step(self) -> Decision:
         """Route the next request (running the replicas up to its arrival first); returns the
@@ -396,14 +336,8 @@ class Fleet:
             self.index.deliver(None if sequential else arrival)
             req = self.replicas[0]._make_request(self.trace.requests[i])
             fr = self._fleet_request(req)
-            views = self._views(fr)
-            decision = self.router.choose(fr, views)
+            decision = self.routing.decide(self.replicas, fr)
             j = decision.replica
-            credit = views[j].overlap_blocks * fr.block_size
-            self._prefill[j][req.request_id] = max(fr.num_prompt_tokens - credit, 0)
-            keys = self._block_keys(fr)
-            self._active[j][req.request_id] = keys
-            self._active_count[j].update(keys)
             self.replicas[j].route(req, arrival)
             self.decisions.append(decision)
             self.next = i + 1
