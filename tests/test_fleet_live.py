@@ -1,11 +1,11 @@
-"""The demo source (watch/demo.py): a fleet's KV events on ZeroMQ in vLLM's wire format, read
+"""The demo source (fleet/demo.py): a fleet's KV events on ZeroMQ in vLLM's wire format, read
 back by the watcher into exactly the router's own index; ``python -m kvcore serve-events``."""
 
 import time
 from pathlib import Path
 
 from paged_kv_lab.cli.main import main
-from paged_kv_lab.watch.demo import DemoSource, demo_fleet, free_port_run, wait_until
+from paged_kv_lab.fleet.demo import DemoSource, demo_fleet, free_port_run, wait_until
 from paged_kv_lab.watch.watcher import KVEventWatcher
 from paged_kv_lab.workload.trace import load_trace
 

@@ -28,6 +28,7 @@ OURS = (
     "lesson",
     "workload",
     "designs",
+    "fleet",
     "app",
     "cli",
 )
@@ -43,6 +44,7 @@ MAY_IMPORT = {
     "lesson": {"kvcore", "record", "text", "why"},
     "workload": {"kvcore", "record"},
     "designs": {"kvcore", "record", "workload"},
+    "fleet": {"kvcore", "record", "watch", "workload"},
     "app": {
         "kvcore",
         "record",
@@ -54,8 +56,20 @@ MAY_IMPORT = {
         "lesson",
         "workload",
         "designs",
+        "fleet",
     },
-    "cli": {"kvcore", "record", "text", "why", "watch", "runs", "player", "workload", "designs"},
+    "cli": {
+        "kvcore",
+        "record",
+        "text",
+        "why",
+        "watch",
+        "runs",
+        "player",
+        "workload",
+        "designs",
+        "fleet",
+    },
 }
 # The catalogue lookup (Text, tr): a leaf every lab folder may import, kvcore not. It imports
 # nothing of the lab itself (tested below), so importing it never pulls a higher layer in.

@@ -1,7 +1,7 @@
 """The Live vLLM page's fleet parts: the demo server, more endpoints watched as one fleet, and the
 router's global index drawn from what every replica's KV events say.
 
-The demo server is one ``DemoSource`` (watch/demo.py) per Streamlit process, shared by every
+The demo server is one ``DemoSource`` (fleet/demo.py) per Streamlit process, shared by every
 session: a fleet of our engine replaying the shipped trace model-free, each replica publishing as
 a data-parallel rank of one vLLM server would (PUB connecting to loopback ports the page's
 watcher binds, replay ROUTERs on loopback). A replica of the fleet, in the pictures, is one rank
@@ -31,7 +31,7 @@ _demo = {"source": None, "key": None}
 def start_demo(lang: str) -> tuple[Optional[tuple], Optional[str]]:
     """The demo server's watcher key, the demo started if none runs; (None, why) if refused."""
     from paged_kv_lab.app.live_page import connect, get_watcher, watcher_key
-    from paged_kv_lab.watch.demo import DemoSource, demo_fleet, free_port_run
+    from paged_kv_lab.fleet.demo import DemoSource, demo_fleet, free_port_run
 
     with _lock:
         src, key = _demo["source"], _demo["key"]

@@ -239,8 +239,8 @@ def run_points(
 
 
 def add_serve_parser(sub) -> None:
+    from paged_kv_lab.fleet.demo import DEFAULT_PACE_MS
     from paged_kv_lab.fleet.router import POLICIES
-    from paged_kv_lab.watch.demo import DEFAULT_PACE_MS
 
     p = sub.add_parser("serve-events", help=tr("cli.serve.help"))
     p.add_argument("trace", nargs="?", help=tr("cli.replay.trace"))
@@ -259,9 +259,9 @@ def add_serve_parser(sub) -> None:
 
 
 def cmd_serve_events(args: argparse.Namespace) -> int:
+    from paged_kv_lab.fleet.demo import DemoSource
     from paged_kv_lab.fleet.fleet import Fleet
     from paged_kv_lab.fleet.router import RouterError
-    from paged_kv_lab.watch.demo import DemoSource
     from paged_kv_lab.workload import SHIPPED_TRACE
     from paged_kv_lab.workload.budget import check_trace, cli_trace_limits
     from paged_kv_lab.workload.replay import ReplayError, replay_settings

@@ -1,0 +1,50 @@
+"""AppTest: the fleet lesson on the tiny model (three engines, one model, a router reading their
+KV events), and the model fleet's own promises."""
+
+import json
+
+from streamlit.testing.v1 import AppTest
+
+from paged_kv_lab.app.fleet_page import LESSON_FILE
+
+
+def _page():
+    from paged_kv_lab.app.fleet_page import render_fleet_page
+
+    render_fleet_page()
+
+
+def test_the_model_fleet_routes_on_events_and_prefix_beats_round_robin():
+    from kvcore.model import load_model
+    from paged_kv_lab.fleet.model_fleet import ModelFleet
+    from paged_kv_lab.record.scenario import load_scenario
+
+    d = json.loads(LESSON_FILE.read_text(encoding="utf-8"))
+    model = load_model("tiny-random", "cpu")
+    scenario = load_scenario({**d["scenario"], "model": "tiny-random", "device": "cpu"})
+    rr = ModelFleet(scenario, 3, "round_robin", model, d["sessions"])
+    pre = ModelFleet(scenario, 3, "prefix", model, d["sessions"])
+    rr.run()
+    pre.run()
+    assert all(r.engine.model is model for r in pre.replicas)  # one copy of the weights
+    assert [m.decision.replica for m in rr.moments] == [i % 3 for i in range(len(rr.moments))]
+    assert pre.hit_rate() > rr.hit_rate() > 0
+    for m in pre.moments[1:]:
+        # the prefix router's pick holds the longest run of the prompt's blocks in its index
+        assert m.decision.overlap_blocks[m.decision.replica] == max(m.decision.overlap_blocks)
+    last = pre.moments[-1]
+    cached = {b.block_hash for snap in last.snapshots for b in snap.blocks if b.block_hash}
+    assert len(last.holders) == len(cached)  # the index knows exactly the cached blocks
+
+
+def test_fleet_page_steps_and_says_why():
+    at = AppTest.from_function(_page, default_timeout=240)
+    at.session_state["model_name"] = "tiny-random"
+    at.session_state["device"] = "cpu"
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("Why replica" in m.value for m in at.markdown)
+    at.slider(key="fleet:k").set_value(4).run()
+    assert not at.exception
+    assert any("went to replica" in h.value for h in at.subheader)
+    assert len(at.dataframe) >= 3
