@@ -14,14 +14,17 @@ def _page():
     render_fleet_page()
 
 
-def test_the_model_fleet_routes_on_events_and_prefix_beats_round_robin():
-    from kvcore.model import load_model
+def test_the_model_fleet_routes_on_events_and_prefix_beats_round_robin(tiny_model):
     from paged_kv_lab.fleet.model_fleet import ModelFleet
     from paged_kv_lab.record.scenario import load_scenario
 
     d = json.loads(LESSON_FILE.read_text(encoding="utf-8"))
-    model = load_model("tiny-random", "cpu")
-    scenario = load_scenario({**d["scenario"], "model": "tiny-random", "device": "cpu"})
+    model = tiny_model
+    # the first five requests (both conversations' second turns hit), one token each: cheap
+    reqs = [{**r, "max_tokens": 1} for r in d["scenario"]["requests"][:5]]
+    scenario = load_scenario(
+        {**d["scenario"], "requests": reqs, "model": "tiny-random", "device": "cpu"}
+    )
     rr = ModelFleet(scenario, 3, "round_robin", model, d["sessions"])
     pre = ModelFleet(scenario, 3, "prefix", model, d["sessions"])
     rr.run()
