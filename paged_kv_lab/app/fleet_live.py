@@ -62,6 +62,11 @@ def demo_source():
     return _demo["source"]
 
 
+def is_demo(key: Optional[tuple]) -> bool:
+    """Whether ``key`` is the demo server's watcher."""
+    return key is not None and key == _demo["key"]
+
+
 def demo_button(lang: str) -> None:
     """The "demo server" button: starts (or joins) the demo and watches it in this session."""
     c1, c2 = st.columns([1, 3])
@@ -171,7 +176,7 @@ def render_fleet_index(main_key: Optional[tuple], lang: str) -> None:
         )
     )
     src = demo_source()
-    if src is not None and main_key == _demo["key"]:
+    if src is not None and is_demo(main_key):
         if src.error:
             st.error(src.error)
         st.caption(

@@ -310,7 +310,10 @@ def _live_view(key: tuple, lang: str) -> None:
         ),
     )
     entries = watcher.entries(rank, medium, group)
-    decode = _decoder(st.session_state.get("_model_state"))
+    from paged_kv_lab.app.fleet_live import is_demo
+
+    # the demo's tokens are a trace's stand-ins (workload/tokens.py): no text to decode
+    decode = None if is_demo(key) else _decoder(st.session_state.get("_model_state"))
     st.subheader(tr("live.tree", lang))
     if entries:
         st.plotly_chart(
