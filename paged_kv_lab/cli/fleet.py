@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
-from typing import Any, Optional
+from typing import Any
 
 from paged_kv_lab.cli.replay import _progress, _write
 from paged_kv_lab.record.budget import BudgetError
@@ -58,6 +55,7 @@ def add_parser(sub) -> None:
     p.add_argument("--json", nargs="?", const="-", metavar="PATH", help=tr("cli.fleet.json"))
     p.add_argument("--sweep", metavar="KEY=V1,V2,...", help=tr("cli.fleet.sweep"))
     p.add_argument("--workers", type=int, help=tr("cli.replay.workers"))
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS", help=tr("cli.sweep.ray"))
     bar = p.add_mutually_exclusive_group()
     bar.add_argument("--progress", action="store_true", help=tr("cli.replay.progress"))
     bar.add_argument("--no-progress", action="store_true", help=tr("cli.replay.no_progress"))
@@ -209,33 +207,25 @@ def cmd_fleet(args: argparse.Namespace) -> int:
             _write(args.json, json.dumps(d) + "\n")
         return 0
     jobs = [(args.replicas, v) if key == "router" else (v, args.router) for v in values]
-    results = run_points(trace, engine, router, replay_args, jobs, args.workers)
+    from paged_kv_lab.workload.sweep import run_points
+
+    try:
+        results = run_points(
+            run_point,
+            [(trace, engine, router, replay_args, n, p) for n, p in jobs],
+            args.workers,
+            _progress(args, f"sweep {key}", " points"),
+            args.ray,
+        )
+    except ScenarioError as e:
+        print(f"error: {said(e, args.lang)}", file=sys.stderr)
+        return 2
     points = [{"value": v, "result": res, "error": err} for v, (res, err) in zip(values, results)]
     out.write(f"sweep {key} over {trace.name} ({len(trace):,} requests, arrival {args.arrival})\n")
     out.write(sweep_table(key, points))
     if args.json:
         _write(args.json, json.dumps({"key": key, "points": points}) + "\n")
     return 0 if all(p["error"] is None for p in points) else 1
-
-
-def run_points(
-    trace, engine, router, replay_args, jobs: list[tuple[int, str]], workers: Optional[int]
-) -> list[tuple[Optional[dict], Optional[str]]]:
-    """Each (replicas, policy) job in its own process (spawned), results in job order."""
-    if workers is None:
-        workers = min(len(jobs), os.cpu_count() or 1)
-    workers = max(1, min(workers, len(jobs)))
-    if workers == 1:
-        return [run_point(trace, engine, router, replay_args, n, p) for n, p in jobs]
-    out: list = [None] * len(jobs)
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        futures = {
-            pool.submit(run_point, trace, engine, router, replay_args, n, p): i
-            for i, (n, p) in enumerate(jobs)
-        }
-        for fut in as_completed(futures):
-            out[futures[fut]] = fut.result()
-    return out
 
 
 def add_serve_parser(sub) -> None:
