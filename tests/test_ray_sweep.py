@@ -1,5 +1,5 @@
-"""Sweeps as Ray tasks (``--ray``) give the same results as local sweeps: a replay sweep and a
-fleet sweep on the test slice, on a local Ray with 2 CPUs.
+"""Sweeps as Ray tasks (``--ray``) give the same results as local sweeps: a replay sweep, a fleet
+sweep and a designs comparison sweep on the test slice, on a local Ray with 2 CPUs.
 
 Ray is an optional extra (``pip install 'paged-kv-lab[ray]'``). The check runs here when ray
 imports; otherwise in a scratch environment that has it (``RAY_VENV``, default /tmp/ray-venv,
@@ -42,15 +42,26 @@ def fleet_points(**kw):
             for p in ("round_robin", "prefix", "dynamo")]
     return [(strip(d), e) for d, e in run_points(run_point, jobs, **kw)]
 
-local = (replay_points(workers=1), fleet_points(workers=1))
+def compare_points(**kw):
+    from paged_kv_lab.cli.compare import sweep_point
+    from paged_kv_lab.designs.compare import DESIGNS
+
+    jobs = [(trace, small, "sequential", v, DESIGNS, None) for v in (140, 200)]
+    return run_points(sweep_point, jobs, **kw)
+
+local = (replay_points(workers=1), fleet_points(workers=1), compare_points(workers=1))
 import ray
 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-on_ray = (replay_points(ray_address="local"), fleet_points(ray_address="local"))
+on_ray = (
+    replay_points(ray_address="local"),
+    fleet_points(ray_address="local"),
+    compare_points(ray_address="local"),
+)
 ray.shutdown()
 assert local == on_ray, "ray and local sweeps differ"
 assert all(e is None for _, e, _ in local[0]) and all(e is None for _, e in local[1])
 assert local[1][1][0]["hit_tokens"] > local[1][0][0]["hit_tokens"]  # prefix beats round robin
-print("SAME", len(local[0]), len(local[1]))
+print("SAME", len(local[0]), len(local[1]), len(local[2]))
 """
 
 
@@ -84,4 +95,4 @@ def test_ray_sweeps_equal_local_sweeps():
         [*cmd, "-c", CHECK], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "SAME 2 3" in proc.stdout
+    assert "SAME 2 3 2" in proc.stdout
