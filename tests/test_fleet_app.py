@@ -51,3 +51,26 @@ def test_fleet_page_steps_and_says_why():
     assert not at.exception
     assert any("went to replica" in h.value for h in at.subheader)
     assert len(at.dataframe) >= 3
+
+
+def test_real_workloads_fleet_mode_draws_per_replica_figures():
+    def page():
+        from pathlib import Path
+
+        from paged_kv_lab.app.fleet_workloads import render_fleet_mode
+        from paged_kv_lab.app.workloads_data import Settings
+        from paged_kv_lab.workload.trace import load_trace
+
+        root = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
+        path = Path("tests/fixtures/traces/mooncake_slice.jsonl")
+        trace = load_trace(path if path.exists() else root / path).slice(0, 12)
+        render_fleet_mode(trace, "slice12", Settings(block_size=512, num_gpu_blocks=140), "en")
+
+    at = AppTest.from_function(page, default_timeout=120)
+    at.session_state["fleet:wl_open"] = True
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    at.button[0].click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert len(at.dataframe) == 1 and len(at.dataframe[0].value) == 4
+    assert any("hit rate" in m.value for m in at.markdown)
