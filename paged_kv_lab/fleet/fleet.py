@@ -96,6 +96,10 @@ class Replica(Replay):
             self._publish(self.index, self._clock_ns, encode_batch(batch))
         return info
 
+    def _fast_forward_steps(self, limit: int) -> int:
+        # A request routed here waits in the inbox for the next step: no stretch skips it.
+        return 0 if self.inbox else super()._fast_forward_steps(limit)
+
     def run_until(self, clock_ns: Optional[int] = None) -> None:
         """Step (fast-forwarding where exact) while busy and, if given, before ``clock_ns``."""
         t0 = time.perf_counter()
@@ -310,6 +314,13 @@ class Fleet:
             tuple(hash_text(maybe_convert_block_hash(h)) for h in req.block_hashes),
             self.settings.engine.block_size,
         )
+
+    def sub_trace(self, replica: int) -> Trace:
+        """The requests routed to ``replica`` as a trace of their own. Its run is exactly the
+        replay of that sub-trace, under either arrival rule (arrivals keep their spacing; a
+        replica idle until its first request starts there): the large-pool player can step
+        into any replica."""
+        return self.trace.subset(self.replicas[replica].routed, f"{self.trace.name} #{replica}")
 
     def view(self) -> list[ReplicaView]:
         """The replicas as a router would see them now, for the next request (none left: an
