@@ -74,3 +74,4 @@ def test_real_workloads_fleet_mode_draws_per_replica_figures():
     assert not at.exception, [e.value for e in at.exception]
     assert len(at.dataframe) == 1 and len(at.dataframe[0].value) == 4
     assert any("hit rate" in m.value for m in at.markdown)
+    assert len(at.button) == 2  # and one to open a replica's requests as the trace

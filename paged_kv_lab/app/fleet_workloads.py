@@ -23,7 +23,8 @@ def fleet_result(trace_key: str, _trace, settings, replicas: int, policy: str):
     fleet = Fleet(_trace, settings.replay_settings(_trace), replicas, policy)
     result = fleet.run()
     series = [r.result().series.sample(CHART_POINTS) for r in fleet.replicas]
-    return result, series
+    subs = [fleet.sub_trace(i) for i in range(replicas)]
+    return result, series, subs
 
 
 def render_fleet_mode(trace, trace_key: str, settings, lang: str) -> None:
@@ -52,7 +53,7 @@ def render_fleet_mode(trace, trace_key: str, settings, lang: str) -> None:
             return
         _, chosen, n, pol = choice
         with st.spinner(tr("fleet.workloads.running", lang)):
-            result, series = fleet_result(trace_key, trace, chosen, n, pol)
+            result, series, subs = fleet_result(trace_key, trace, chosen, n, pol)
         st.markdown(
             tr(
                 "fleet.workloads.totals",
@@ -92,3 +93,23 @@ def render_fleet_mode(trace, trace_key: str, settings, lang: str) -> None:
             data = pd.concat(frames) if frames else pd.DataFrame()
             st.markdown(f"**{tr(f'fleet.workloads.chart_{name}', lang)}**")
             st.line_chart(data, x="t", y="v", color="replica", height=220)
+        step_into_replica(subs, trace_key, (n, pol), lang)
+
+
+def step_into_replica(subs, trace_key: str, fleet_key: tuple, lang: str) -> None:
+    """Make one replica's requests the page's trace: its replay is exactly that replica's run
+    (fleet/fleet.py, Fleet.sub_trace), so the page's over-time chart, step-into and large-pool
+    player show that replica's pool."""
+    from paged_kv_lab.app.workloads_page import get_workloads_state, use_trace
+
+    c1, c2 = st.columns([1, 2], vertical_alignment="bottom")
+    i = c1.selectbox(
+        tr("fleet.workloads.pick_replica", lang),
+        [j for j, sub in enumerate(subs) if len(sub)],
+        format_func=lambda j: tr("fleet.live.replica", lang, i=j),
+        key="fleet:wl_replica",
+    )
+    if i is not None and c2.button(tr("fleet.workloads.step_into", lang), key="fleet:wl_into"):
+        use_trace(get_workloads_state(), subs[i], f"{trace_key}#fleet{fleet_key}#{i}")
+        st.rerun()
+    st.caption(tr("fleet.workloads.step_into_help", lang))
