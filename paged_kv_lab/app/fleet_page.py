@@ -21,6 +21,7 @@ from paged_kv_lab.text.i18n import tr
 
 LESSON_FILE = Path(__file__).resolve().parent.parent / "examples" / "fleet" / "lesson.json"
 MAX_INDEX_ROWS = 12
+DEFAULT_POLICY = "prefix"
 
 
 def lesson_data() -> dict:
@@ -40,6 +41,12 @@ def fleet_run(model_name: str, device: str, policy: str, _model):
         fleet = ModelFleet(scenario, d["replicas"], policy, _model, d["sessions"])
         fleet.run()
     return fleet
+
+
+def prepare_fleet_lesson(ms) -> None:
+    """The warm-up's part (app/warm_up.py): the policy a first visit shows, run ahead."""
+    if ms.model is not None:
+        fleet_run(ms.name, ms.device, DEFAULT_POLICY, ms.model)
 
 
 def pool_figure(snap, lang: str) -> go.Figure:
@@ -125,7 +132,7 @@ def render_fleet_page() -> None:
     policy = st.radio(
         tr("fleet.lesson.policy", lang),
         policies,
-        index=policies.index("prefix"),
+        index=policies.index(DEFAULT_POLICY),
         horizontal=True,
         key="fleet:policy",
         format_func=lambda p: tr(f"fleet.router.{p}", lang),
