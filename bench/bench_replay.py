@@ -126,11 +126,18 @@ def vllm_replay(job: dict) -> dict:
     from vllm.v1.request import Request
 
     from paged_kv_lab.workload.tokens import PLACEHOLDER_TOKEN, prompt_token_ids
-    from paged_kv_lab.workload.trace import load_trace
+    from paged_kv_lab.workload.trace import Trace, load_trace
 
     trace = load_trace(job["trace"])
     if job.get("requests"):
         trace = trace.slice(0, job["requests"])
+    if job.get("indices") is not None:  # a sub-trace (a fleet replica's requests), trace order
+        trace = Trace(
+            trace.name,
+            trace.format,
+            trace.block_size,
+            tuple(trace.requests[i] for i in job["indices"]),
+        )
     s = job["settings"]
     max_model_len = job["max_model_len"]
     sched = _vllm_scheduler(s, max_model_len)

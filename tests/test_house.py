@@ -29,6 +29,7 @@ OURS = (
     "workload",
     "designs",
     "disagg",
+    "fleet",
     "app",
     "cli",
 )
@@ -45,6 +46,7 @@ MAY_IMPORT = {
     "workload": {"kvcore", "record"},
     "designs": {"kvcore", "record", "workload"},
     "disagg": {"kvcore", "record"},
+    "fleet": {"kvcore", "record", "watch", "workload"},
     "app": {
         "kvcore",
         "record",
@@ -57,6 +59,7 @@ MAY_IMPORT = {
         "workload",
         "designs",
         "disagg",
+        "fleet",
     },
     "cli": {
         "kvcore",
@@ -69,6 +72,7 @@ MAY_IMPORT = {
         "workload",
         "designs",
         "disagg",
+        "fleet",
     },
 }
 # The catalogue lookup (Text, tr): a leaf every lab folder may import, kvcore not. It imports

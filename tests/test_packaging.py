@@ -41,6 +41,8 @@ NOT_IMPORTED = {
     "gguf": "transformers reads SmolLM2's GGUF file with it",
     "accelerate": "transformers refuses to load a GGUF file without it",
 }
+# Imported only behind an optional extra (declared there, not installed by default).
+OPTIONAL_IMPORTS = {"ray": "the `ray` extra: sweeps as Ray tasks (workload/sweep.py)"}
 # Where a dependency's upper bound is required: private or byte-exact use.
 BOUNDED = ("torch", "streamlit", "cbor2", "xxhash", "transformers")
 
@@ -188,6 +190,9 @@ def test_every_import_is_declared_and_every_dependency_used():
     owners = md.packages_distributions()
     imported = set()
     for module, files in sorted(third_party_imports().items()):
+        if module in OPTIONAL_IMPORTS:
+            assert module in PYPROJECT["project"]["optional-dependencies"], module
+            continue
         dists = {canonical(d) for d in owners.get(module, [])}
         assert dists, f"{module} (imported by {sorted(files)[:3]}) is not installed"
         assert dists & declared, f"{module} is imported ({sorted(files)[:3]}) but not declared"

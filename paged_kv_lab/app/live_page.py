@@ -248,6 +248,10 @@ def render_live_page() -> None:
                 st.error(problem)
             else:
                 st.session_state["live:key"] = key
+    from paged_kv_lab.app.fleet_live import demo_button, fleet_form
+
+    demo_button(lang)
+    fleet_form(lang)
     key = st.session_state.get("live:key")
     if key is not None and st.button(tr("live.disconnect", lang), key="live:disconnect"):
         disconnect(key)
@@ -306,7 +310,10 @@ def _live_view(key: tuple, lang: str) -> None:
         ),
     )
     entries = watcher.entries(rank, medium, group)
-    decode = _decoder(st.session_state.get("_model_state"))
+    from paged_kv_lab.app.fleet_live import is_demo
+
+    # the demo's tokens are a trace's stand-ins (workload/tokens.py): no text to decode
+    decode = None if is_demo(key) else _decoder(st.session_state.get("_model_state"))
     st.subheader(tr("live.tree", lang))
     if entries:
         st.plotly_chart(
@@ -346,6 +353,9 @@ def _live_view(key: tuple, lang: str) -> None:
     )
     with st.expander(tr("live.log", lang)):
         st.code("\n".join(snap.log[-60:]) or "-", language=None)
+    from paged_kv_lab.app.fleet_live import render_fleet_index
+
+    render_fleet_index(key, lang)
 
 
 def _hit_form(watcher: Optional[KVEventWatcher], lang: str) -> None:

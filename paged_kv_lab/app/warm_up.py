@@ -25,6 +25,7 @@ RUN_WAIT_S = 600.0  # how long the warm-up holds a run it opened for the run to 
 PAGE_MODULES = (
     "paged_kv_lab.app.casebook_page",
     "paged_kv_lab.app.designs_page",
+    "paged_kv_lab.app.fleet_page",
     "paged_kv_lab.app.live_page",
     "paged_kv_lab.app.topic_pages",
     "paged_kv_lab.app.trace_page",
@@ -77,6 +78,7 @@ def warm_up(ms) -> None:
     for name in PAGE_MODULES:
         importlib.import_module(name)
     from paged_kv_lab.app.casebook_page import case_lessons
+    from paged_kv_lab.app.fleet_page import prepare_fleet_lesson
     from paged_kv_lab.app.topic_pages import prepare_studies
     from paged_kv_lab.app.workloads_page import prepare_first_slice
     from paged_kv_lab.lesson import BY_ID
@@ -86,6 +88,7 @@ def warm_up(ms) -> None:
     held = open_ahead(cases + list(BY_ID.values()), ms)
     prepare_first_slice()
     prepare_studies(ms.model)
+    prepare_fleet_lesson(ms)
     for timeline in held:
         timeline.run.wait(1 << 30, RUN_WAIT_S, urgent=False)
 

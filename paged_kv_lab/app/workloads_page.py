@@ -358,6 +358,9 @@ def render_workloads_page() -> None:
         pool_player(state, lang)
     why_panel(state, lang)
     show_requests(run, lang)
+    from paged_kv_lab.app.fleet_workloads import render_fleet_mode
+
+    render_fleet_mode(trace, state.trace_key, run.settings, lang)
 
 
 def settings_form(trace: Trace, lang: str, limits) -> Settings:

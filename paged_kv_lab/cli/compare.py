@@ -57,6 +57,18 @@ def add_parser(sub) -> None:
         metavar="num_gpu_blocks=V1,V2,...",
         help=tr("cli.compare.sweep"),
     )
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS", help=tr("cli.sweep.ray"))
+
+
+def sweep_point(
+    trace, overrides: dict, arrival: str, value: int, designs, page_size, nano_commit: str
+) -> dict:
+    """One pool size of ``--sweep`` (a Ray task with ``--ray``): its row of the curves."""
+    from paged_kv_lab.designs.compare import compare, sweep_row
+    from paged_kv_lab.workload.replay import replay_settings
+
+    settings = replay_settings(trace, {**overrides, "num_gpu_blocks": value}, arrival=arrival)
+    return sweep_row(value, compare(trace, settings, designs, page_size, nano_commit))
 
 
 def _table(res: dict) -> str:
@@ -78,13 +90,7 @@ def _table(res: dict) -> str:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from paged_kv_lab.designs.compare import (
-        CompareError,
-        compare,
-        parse_designs,
-        parse_nano_commit,
-        sweep_compare,
-    )
+    from paged_kv_lab.designs.compare import CompareError, compare, parse_designs, parse_nano_commit
     from paged_kv_lab.workload.budget import check_trace, cli_trace_limits
     from paged_kv_lab.workload.replay import ReplayError, replay_settings
     from paged_kv_lab.workload.trace import TraceError, load_trace
@@ -123,16 +129,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if values is None:
             res = compare(trace, settings, designs, args.page_size, nano_commit)
         else:
-            rows = sweep_compare(
-                trace,
-                lambda v: replay_settings(
-                    trace, {**overrides, "num_gpu_blocks": v}, arrival=args.arrival
-                ),
-                values,
-                designs,
-                args.page_size,
-                nano_commit,
-            )
+            from paged_kv_lab.workload.sweep import run_points
+
+            jobs = [
+                (trace, overrides, args.arrival, v, designs, args.page_size, nano_commit)
+                for v in values
+            ]
+            # in order, here, unless --ray: one task per pool size
+            rows = run_points(sweep_point, jobs, 1, None, args.ray)
     except (TraceError, ScenarioError, BudgetError, CompareError, ReplayError, OSError) as e:
         print(f"error: {said(e, args.lang)}", file=sys.stderr)
         return 2

@@ -12,6 +12,11 @@
     python -m kvcore compare TRACE.jsonl [--designs vllm,sglang,nano] [--set KEY=VALUE ...]
                              [--page-size N] [--json [PATH]] [--sweep num_gpu_blocks=V1,V2,...]
     python -m kvcore pack --out DIR [--lessons all|ID,ID,...] [--lang en,zh] [--model M]
+    python -m kvcore fleet TRACE.jsonl [--replicas N] [--router POLICY] [--set KEY=VALUE ...]
+                             [--arrival sequential|timestamps] [--json [PATH]]
+                             [--sweep router=P1,P2,... | replicas=N1,N2,...]
+    python -m kvcore serve-events [TRACE.jsonl] [--replicas N] [--endpoint tcp://127.0.0.1:5557]
+                             [--replay-endpoint ENDPOINT] [--pace-ms MS]
 
 Exit codes: 0 ok, 2 bad scenario or arguments, 3 model or device unavailable.
 """
@@ -376,6 +381,11 @@ def main(argv=None) -> int:
     from paged_kv_lab.cli.pack import add_parser as add_pack_parser
 
     add_pack_parser(sub)
+    from paged_kv_lab.cli.fleet import add_parser as add_fleet_parser
+    from paged_kv_lab.cli.fleet import add_serve_parser
+
+    add_fleet_parser(sub)
+    add_serve_parser(sub)
     args = p.parse_args(argv)
     if args.cmd == "pack":
         from paged_kv_lab.cli.pack import cmd_pack
@@ -389,6 +399,14 @@ def main(argv=None) -> int:
         from paged_kv_lab.cli.compare import cmd_compare
 
         return cmd_compare(args)
+    if args.cmd == "fleet":
+        from paged_kv_lab.cli.fleet import cmd_fleet
+
+        return cmd_fleet(args)
+    if args.cmd == "serve-events":
+        from paged_kv_lab.cli.fleet import cmd_serve_events
+
+        return cmd_serve_events(args)
     if args.cmd == "explain":
         return cmd_explain(args)
     if args.cmd == "watch":

@@ -72,6 +72,7 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--csv", nargs="?", const="-", metavar="PATH", help=tr("cli.replay.csv"))
     p.add_argument("--workers", type=int, help=tr("cli.replay.workers"))
+    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS", help=tr("cli.sweep.ray"))
     p.add_argument(
         "--unbounded",
         action="store_true",
@@ -346,6 +347,7 @@ def _cmd_sweep(args, trace, overrides, arrival, settings, key, values, out, limi
             values,
             workers=args.workers,
             progress=_progress(args, f"sweep {key}", " points"),
+            ray_address=args.ray,
             **arrival,
         )
         if extra is not None:

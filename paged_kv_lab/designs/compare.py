@@ -192,14 +192,16 @@ def sweep_compare(
     nano_commit: str = HEAD,
 ) -> list[dict]:
     """compare() once per ``num_gpu_blocks`` value: the points of each design's hit-rate curve."""
-    rows = []
-    for v in values:
-        res = compare(trace, make_settings(v), designs, page_size, nano_commit)
-        rows.append(
-            {
-                "num_gpu_blocks": v,
-                "kv_tokens": res["kv_tokens"],
-                **{d: (None if "error" in r else r["hit_rate"]) for d, r in res["designs"].items()},
-            }
-        )
-    return rows
+    return [
+        sweep_row(v, compare(trace, make_settings(v), designs, page_size, nano_commit))
+        for v in values
+    ]
+
+
+def sweep_row(value: int, res: dict) -> dict:
+    """One point of the curves: each design's hit rate at ``num_gpu_blocks`` = value."""
+    return {
+        "num_gpu_blocks": value,
+        "kv_tokens": res["kv_tokens"],
+        **{d: (None if "error" in r else r["hit_rate"]) for d, r in res["designs"].items()},
+    }

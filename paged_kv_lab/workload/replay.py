@@ -338,6 +338,10 @@ class Replay:
     kept per request are fixed once the request was first admitted / finished.
     """
 
+    # A replica of a fleet (paged_kv_lab/fleet) turns this on: its router reads the pool's KV
+    # events; a plain replay has no reader for them.
+    enable_kv_cache_events = False
+
     def __init__(self, trace: Trace, settings: ReplaySettings) -> None:
         s = settings.engine
         check_block_size(s.block_size, trace.block_size)
@@ -346,7 +350,9 @@ class Replay:
         num_layers = 1 if s.layer_types is None else len(s.layer_types)
         self.groups, _ = kv_cache_groups(s, num_layers)
         self.max_model_len = s.max_model_len or trace.max_model_len
-        self.kv_cache_manager = kv_cache_manager_for(s, self.groups, self.max_model_len, False)
+        self.kv_cache_manager = kv_cache_manager_for(
+            s, self.groups, self.max_model_len, self.enable_kv_cache_events
+        )
         self.block_pool = self.kv_cache_manager.block_pool
         self.scheduler = Scheduler(
             scheduler_config_for(s, self.max_model_len), self.kv_cache_manager

@@ -108,6 +108,14 @@ class Trace:
             tuple(_reindexed(r, i) for i, r in enumerate(reqs)),
         )
 
+    def subset(self, indices, name: str) -> "Trace":
+        """The requests ``indices`` (kept in trace order) as a trace of their own, re-indexed
+        from 0 (a fleet replica's requests, paged_kv_lab/fleet)."""
+        reqs = [self.requests[i] for i in sorted(indices)]
+        return Trace(
+            name, self.format, self.block_size, tuple(_reindexed(r, i) for i, r in enumerate(reqs))
+        )
+
 
 def _reindexed(r: TraceRequest, i: int) -> TraceRequest:
     return TraceRequest(

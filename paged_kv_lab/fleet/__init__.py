@@ -1,0 +1,1 @@
+"""Replicas of the engine behind a router: round robin ... KV-aware, fed by KV events."""
