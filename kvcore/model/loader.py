@@ -288,6 +288,8 @@ def save_model(name: str, folder: str, *, progress: Progress = None) -> None:
         raise ValueError(f"only the tiny models are built here; {name!r} is not one of them")
     loaded = load_model(name, "cpu", "float32", progress=progress)
     with _quiet_transformers():
-        loaded.model.save_pretrained(folder)
+        # the loader may lay weights out input-major (cpu_packing); the file wants them plain
+        state = {k: v.contiguous() for k, v in loaded.model.state_dict().items()}
+        loaded.model.save_pretrained(folder, state_dict=state)
         if not isinstance(loaded.tokenizer, ByteTokenizer):
             loaded.tokenizer.save_pretrained(folder)

@@ -1,0 +1,87 @@
+"""tiny-hybrid (Qwen3.5's 3 gated delta-net layers + 1 full-attention layer) through the paged
+engine equals transformers' own greedy generate on the same checkpoint: alone, batched, with a
+prefix hit resumed from a state block, across chunked prefill, after preemption. Also: the
+checkpoint ``python -m kvcore model save`` writes loads in transformers with the same weights,
+and the worker's block copy moves a block's states and K/V together."""
+
+import pytest
+import torch
+from test_engine_equality import P, check_equal, greedy_no_eos, req, run_engine
+
+from kvcore.model import load_model
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def hybrid():
+    return load_model("tiny-hybrid", device="cpu")
+
+
+def test_groups_are_three_state_groups_and_one_attention_group(hybrid):
+    eng, _ = run_engine(hybrid, [req("A", P[:13], 10)], block_size=4, num_gpu_blocks=40)
+    kinds = [g.kv_cache_spec.kind for g in eng.groups]
+    assert kinds.count("mamba") == 3 and len(kinds) == 4
+    assert eng.runner.state_groups == frozenset(g for g, k in enumerate(kinds) if k == "mamba")
+    check_equal(hybrid, eng, [req("A", P[:13], 10)])
+
+
+def test_batched_and_prefix_hit_resumes_from_a_state_block(hybrid):
+    reqs = [
+        req("A", P[:21], 6),
+        req("B", P[:16] + [3, 1, 4, 1, 5], 6, arrival_step=2),
+        req("C", P[:18] + [2, 7, 1, 8], 6, arrival_step=2),
+        req("D", P[5:12], 6),
+    ]
+    eng, _ = run_engine(hybrid, reqs, block_size=4, num_gpu_blocks=60)
+    hits = {
+        e.request_id: e.num_tokens for r in eng.history for e in r.events if e.kind == "cache_hit"
+    }
+    assert hits and all(n % 4 == 0 for n in hits.values())
+    check_equal(hybrid, eng, reqs)
+
+
+def test_chunked_prefill(hybrid):
+    reqs = [req("A", P[:21], 8), req("B", P[:7], 8)]
+    eng, kinds = run_engine(hybrid, reqs, block_size=4, num_gpu_blocks=60, max_num_batched_tokens=8)
+    assert any(e.kind == "scheduled" and e.phase == "chunk" for r in eng.history for e in r.events)
+    check_equal(hybrid, eng, reqs)
+
+
+def test_preemption_and_resume(hybrid):
+    reqs = [
+        req("A", P[:9], 14, ignore_eos=True),
+        req("B", P[3:12], 14, ignore_eos=True),
+        req("C", P[6:15], 14, ignore_eos=True),
+    ]
+    eng, kinds = run_engine(hybrid, reqs, block_size=4, num_gpu_blocks=13)
+    assert "preempted" in kinds and "resumed" in kinds
+    outs = eng.outputs()
+    for spec in reqs:
+        want = greedy_no_eos(hybrid.model, spec.prompt_token_ids, spec.max_tokens)
+        assert outs[spec.id]["token_ids"] == want
+
+
+def test_saved_checkpoint_loads_in_transformers_with_the_same_weights(hybrid, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from kvcore.model.loader import save_model
+
+    save_model("tiny-hybrid", str(tmp_path))
+    ref = AutoModelForCausalLM.from_pretrained(str(tmp_path))
+    assert type(ref).__name__ == "Qwen3_5ForCausalLM"
+    ours, theirs = hybrid.model.state_dict(), ref.state_dict()
+    assert set(ours) == set(theirs)
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_block_copy_moves_states_and_kv(hybrid):
+    eng, _ = run_engine(hybrid, [req("A", P[:9], 2)], block_size=4, num_gpu_blocks=20)
+    runner = eng.runner
+    layer = next(iter(runner.state_pools.recurrent))
+    src = max(range(20), key=lambda b: float(runner.state_pools.recurrent[layer][b].abs().sum()))
+    dst = 19
+    runner.copy_blocks([(src, dst)])
+    for pools in (runner.state_pools.conv, runner.state_pools.recurrent):
+        assert all(torch.equal(t[dst], t[src]) for t in pools.values())
+    assert all(torch.equal(t[dst], t[src]) for t in runner.kv_caches)
