@@ -43,6 +43,8 @@ class MambaStatePools:
 
     @staticmethod
     def allocate(config, layers: Sequence[int], num_blocks: int, dtype, device) -> MambaStatePools:
+        if not layers:
+            return MambaStatePools(conv={}, recurrent={})
         key_dim = config.linear_key_head_dim * config.linear_num_key_heads
         conv_dim = 2 * key_dim + config.linear_value_head_dim * config.linear_num_value_heads
         conv_shape = (num_blocks, conv_dim, config.linear_conv_kernel_dim)
