@@ -85,3 +85,44 @@ def test_block_copy_moves_states_and_kv(hybrid):
     for pools in (runner.state_pools.conv, runner.state_pools.recurrent):
         assert all(torch.equal(t[dst], t[src]) for t in pools.values())
     assert all(torch.equal(t[dst], t[src]) for t in runner.kv_caches)
+
+
+def test_partial_hits_inside_a_block_with_copy_on_write(hybrid):
+    """prefix_match_unit 2 with 8-token blocks, on kvcore's own Scheduler + EngineCore (the
+    recorded Engine reads one hash per block): B and C hit 12 tokens of A's 13, inside A's
+    second block; the scheduler hands the worker tail-block copies, and the output still
+    equals transformers (without the copies it does not: checked by hand)."""
+    from test_engine_equality import reference_tokens
+
+    from kvcore.core.sched.scheduler import Scheduler
+    from kvcore.engine.core import EngineCore
+    from kvcore.request import Request
+    from kvcore.worker.gpu_model_runner import GPUModelRunner
+    from paged_kv_lab.record.engine import (
+        block_hasher_for,
+        kv_cache_groups,
+        kv_cache_manager_for,
+        scheduler_config_for,
+    )
+    from paged_kv_lab.record.scenario import EngineSettings
+
+    types = tuple(hybrid.config.layer_types)
+    s = EngineSettings(block_size=8, num_gpu_blocks=40, prefix_match_unit=2, layer_types=types)
+    groups, layer_group = kv_cache_groups(s, len(types))
+    kvm = kv_cache_manager_for(s, groups, 8192, enable_kv_cache_events=False)
+    sched = Scheduler(scheduler_config_for(s, 8192), kvm)
+    runner = GPUModelRunner(hybrid, 40, 8, layer_group, [g.sliding_window for g in groups])
+    core = EngineCore(sched, runner)
+    hasher = block_hasher_for(s)
+    plan = {0: [("A", P[:13])], 3: [("B", P[:13] + [5, 6, 7]), ("C", P[:12] + [99, 98])]}
+    reqs, copies, step = {}, [], 0
+    while step <= max(plan) or sched.has_requests():
+        for rid, ids in plan.get(step, []):
+            reqs[rid] = Request(rid, list(ids), 6, eos_token_ids=(2,), block_hasher=hasher)
+            sched.add_request(reqs[rid])
+        copies += core.step().scheduler_output.kv_cache_block_copies or []
+        step += 1
+    assert copies
+    assert kvm.prefix_cache_stats.hits == 24  # 12 tokens each for B and C
+    for r in reqs.values():
+        assert r.output_token_ids == reference_tokens(hybrid.model, r.prompt_token_ids, 6, {2})
