@@ -126,3 +126,24 @@ def test_partial_hits_inside_a_block_with_copy_on_write(hybrid):
     assert kvm.prefix_cache_stats.hits == 24  # 12 tokens each for B and C
     for r in reqs.values():
         assert r.output_token_ids == reference_tokens(hybrid.model, r.prompt_token_ids, 6, {2})
+
+
+def test_speculative_decoding_and_offload_are_refused(hybrid):
+    from paged_kv_lab.record.scenario import CPUOffloadConfig, SpeculativeConfig
+
+    with pytest.raises(ValueError, match="linear-attention"):
+        run_engine(
+            hybrid,
+            [req("A", P[:9], 4)],
+            block_size=4,
+            num_gpu_blocks=20,
+            cpu_offload=CPUOffloadConfig(num_cpu_blocks=8),
+        )
+    with pytest.raises(ValueError, match="linear-attention"):
+        run_engine(
+            hybrid,
+            [req("A", P[:9], 4)],
+            block_size=4,
+            num_gpu_blocks=20,
+            speculative=SpeculativeConfig(),
+        )

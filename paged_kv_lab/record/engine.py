@@ -291,6 +291,12 @@ class Engine:
             model_types = tuple(getattr(cfg, "layer_types", None) or ())
             if "linear_attention" in model_types:
                 # a hybrid model (tiny-hybrid): its own layer kinds decide the groups
+                if s.speculative is not None or s.cpu_offload is not None:
+                    # the worker keeps no rejected-draft states and offloads no state blocks
+                    raise ValueError(
+                        "engine.speculative / engine.cpu_offload: not modelled for a model "
+                        "with linear-attention layers"
+                    )
                 if s.layer_types is None:
                     s = self.settings = replace(s, layer_types=model_types)
                 elif tuple(s.layer_types) != model_types:
