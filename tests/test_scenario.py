@@ -272,7 +272,7 @@ def test_request_paths_count_from_zero_and_duplicates_are_named():
     "source, expect",
     [
         ({"requests": {}}, "requests: must be a list"),
-        ({"model": "gpt2"}, "model: must be one of smollm2, tiny-random; got 'gpt2'"),
+        ({"model": "gpt2"}, "model: must be one of smollm2, tiny-random, tiny-hybrid; got 'gpt2'"),
         ({"device": "tpu"}, "device: must be one of auto, cpu, cuda; got 'tpu'"),
         ({"dtype": "int8"}, "dtype: must be one of float32, bfloat16, float16; got 'int8'"),
         ({"name": 3}, "name: must be a string"),

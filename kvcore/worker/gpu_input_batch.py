@@ -150,8 +150,13 @@ def prepare_inputs(
     block_size: int,
     group_sliding_window: Sequence[int | None],
     num_blocks: int,
+    state_groups: frozenset[int] = frozenset(),
 ) -> ModelInputs:
-    """The step's :class:`ModelInputs`; ValueError naming the request if a table cannot serve it."""
+    """The step's :class:`ModelInputs`; ValueError naming the request if a table cannot serve it.
+
+    ``state_groups``: the Mamba (state-block) groups, whose tables are null between the states
+    align mode keeps; :func:`kvcore.worker.mamba_utils.state_step_metadata` checks the two
+    blocks a step uses there."""
     if len({it.request_id for it in items}) != len(items):
         raise ValueError("a request appears twice in one step")
     input_ids: list[int] = []
@@ -177,15 +182,16 @@ def prepare_inputs(
         last = (pos[-1]) // block_size
         for g, window in enumerate(group_sliding_window):
             table = it.block_tables[g]
-            _check_table(
-                it,
-                g,
-                table,
-                first_visible_block(it.start_pos, block_size, window),
-                last,
-                num_blocks,
-                window,
-            )
+            if g not in state_groups:
+                _check_table(
+                    it,
+                    g,
+                    table,
+                    first_visible_block(it.start_pos, block_size, window),
+                    last,
+                    num_blocks,
+                    window,
+                )
             tables[g].append(tuple(int(b) for b in table))
             slots[g].extend(table[p // block_size] * block_size + p % block_size for p in pos)
         input_ids.extend(int(t) for t in it.token_ids)

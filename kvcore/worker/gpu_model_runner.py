@@ -25,6 +25,7 @@ from kvcore.model.cpu_packing import pack_for_cpu
 from kvcore.model.loader import LoadedModel
 from kvcore.model.reference import shared_clone
 from kvcore.worker.gpu_input_batch import ModelInputs, SeqBatchItem, prepare_inputs
+from kvcore.worker.mamba_utils import MambaStatePools, PagedLinearAttention, state_step_metadata
 from kvcore.worker.paged_attention import ATTN_NAME, PagedStep, build_paged_step, pool_views_of
 
 __all__ = ["GPUModelRunner", "SeqBatchItem", "ModelInputs", "attention_metadata"]
@@ -69,6 +70,11 @@ class GPUModelRunner:
     itself is left untouched (it keeps its sdpa attention and plain ``nn.Linear`` layers
     for ``generate``).  On the CPU the clone's linear layers are pre-packed
     (:func:`kvcore.model.cpu_packing.pack_for_cpu`).
+
+    A hybrid model (``config.layer_types`` with ``linear_attention``, e.g. tiny-hybrid): the
+    groups of its linear layers are state-block groups; each such layer of the clone is wrapped
+    in :class:`kvcore.worker.mamba_utils.PagedLinearAttention` and keeps its states in
+    ``state_pools`` (block ids shared with the attention layers' KV pools, as vLLM's one pool).
     """
 
     def __init__(
@@ -123,6 +129,19 @@ class GPUModelRunner:
         self.model.set_attn_implementation(ATTN_NAME)
         self.model.eval()
         self.num_packed_layers = pack_for_cpu(self.model)  # only in the runner's clone
+        types = list(getattr(cfg, "layer_types", None) or ["full_attention"] * n_layers)
+        linear = [i for i, t in enumerate(types) if t == "linear_attention"]
+        self.state_groups = frozenset(layer_group[i] for i in linear)
+        if any(layer_group[i] in self.state_groups for i, t in enumerate(types) if i not in linear):
+            raise ValueError(
+                f"layer_group {layer_group} puts an attention layer in a linear layers' group"
+            )
+        self.state_pools = MambaStatePools.allocate(
+            cfg, linear, self.num_blocks, self.dtype, self.device
+        )
+        for i in linear:
+            layer = self.model.model.layers[i]
+            layer.linear_attn = PagedLinearAttention(layer.linear_attn, self.state_pools)
 
         # vLLM's layout: [num_blocks, 2 (K, V), num_kv_heads, block_size, head_dim] per layer
         shape = (self.num_blocks, 2, self.num_kv_heads, self.block_size, self.head_dim)
@@ -154,6 +173,16 @@ class GPUModelRunner:
     def kv_cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.kv_caches)
 
+    @torch.inference_mode()
+    def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
+        """Perform ``SchedulerOutput.kv_cache_block_copies`` before the step's forward: each
+        (src, dst) copies block src into block dst in every layer's pool (a partially hit
+        tail block's copy-on-write, the one place vLLM 0.33 copies a block)."""
+        for t in self.kv_caches:
+            for src, dst in copies:
+                t[dst].copy_(t[src])
+        self.state_pools.copy_blocks(copies)
+
     def read_block(self, layer: int, block_id: int) -> torch.Tensor:
         """A copy of one block of one layer: [2 (K,V), num_kv_heads, block_size, head_dim]."""
         return self.kv_caches[layer][block_id].detach().clone()
@@ -162,7 +191,9 @@ class GPUModelRunner:
         self, items: Sequence[SeqBatchItem]
     ) -> tuple[tuple[str, ...], torch.Tensor | None]:
         """Steps 1-3: the sampled requests' ids and their logits ([num_sampled, vocab])."""
-        inputs = prepare_inputs(items, self.block_size, self.group_sliding_window, self.num_blocks)
+        inputs = prepare_inputs(
+            items, self.block_size, self.group_sliding_window, self.num_blocks, self.state_groups
+        )
         self.last_inputs = inputs
         metadata = attention_metadata(inputs)
         self.last_step = step = build_paged_step(
@@ -176,7 +207,12 @@ class GPUModelRunner:
             self.device,
             self.dtype,
             self._pool_views,
+            self.state_groups,
         )
+        for g in self.state_groups:
+            step.state_metadata[g] = state_step_metadata(
+                inputs.query_start_loc, inputs.seq_lens, inputs.block_table[g], self.block_size
+            )
         dev = self.device
         out = self.model(
             input_ids=torch.tensor([inputs.input_ids], dtype=torch.long).to(dev),

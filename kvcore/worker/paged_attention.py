@@ -37,8 +37,8 @@ all layers of that group.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -71,12 +71,14 @@ class PagedStep:
     pool_rows: Sequence[torch.Tensor]  # per layer, the pool viewed as [num_blocks*2*Hkv*bs, D]
     pool_blocks: Sequence[torch.Tensor]  # per layer, the pool viewed as [num_blocks*2*Hkv, bs, D]
     layer_group: Sequence[int]  # per layer, its KV cache group
-    groups: list[GroupStep]
+    groups: list[GroupStep | None]  # None for a Mamba (state-block) group
     num_seqs: int  # S
     max_query_len: int  # Qm
     num_tokens: int  # T
     q_index: torch.Tensor | None  # [S*Qm] packed token of each padded query; None = decode-only
     out_index: torch.Tensor | None  # [T] padded query row of each packed token
+    # per Mamba group: kvcore.worker.mamba_utils.StateStepMetadata
+    state_metadata: dict[int, Any] = field(default_factory=dict)
 
 
 def pool_views_of(
@@ -99,6 +101,7 @@ def build_paged_step(
     device: torch.device,
     dtype: torch.dtype = torch.float32,
     pool_views: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
+    state_groups: frozenset[int] = frozenset(),
 ) -> PagedStep:
     """Index tensors and masks for one packed forward (computed once, used by every layer)."""
     m0 = metadata[0]
@@ -124,11 +127,14 @@ def build_paged_step(
         out_index = seq_of_tok * Qm + tok_in_seq
 
     last_blk = (m0.seq_lens - 1) // bs
-    groups: list[GroupStep] = []
+    groups: list[GroupStep | None] = []
     kv_sel = torch.arange(2)[None, :, None, None]
     head_sel = torch.arange(Hkv)[None, None, :, None]
     heads = torch.arange(Hkv)[:, None]
-    for md, W in zip(metadata, group_sliding_window):
+    for g, (md, W) in enumerate(zip(metadata, group_sliding_window)):
+        if g in state_groups:
+            groups.append(None)
+            continue
         first_blk = (
             torch.zeros(S, dtype=torch.long) if W is None else (starts - W + 1).clamp(min=0) // bs
         )

@@ -372,6 +372,11 @@ def main(argv=None) -> int:
         help=tr("cli.profile.max_num_batched_tokens"),
     )
     f.add_argument("--max-model-len", type=int, help=tr("cli.profile.max_model_len"))
+    mdl = sub.add_parser("model", help=tr("cli.model.help"))
+    mdl_sub = mdl.add_subparsers(dest="model_cmd", required=True)
+    save = mdl_sub.add_parser("save", help=tr("cli.model.save.help"))
+    save.add_argument("name", choices=("tiny-random", "tiny-hybrid"), help=tr("cli.model.name"))
+    save.add_argument("folder", help=tr("cli.model.folder"))
     from paged_kv_lab.cli.replay import add_parser as add_replay_parser
 
     add_replay_parser(sub)
@@ -413,6 +418,11 @@ def main(argv=None) -> int:
         return cmd_watch(args)
     if args.cmd == "profile":
         return cmd_profile(args)
+    if args.cmd == "model":
+        from kvcore.model.loader import save_model
+
+        save_model(args.name, args.folder)
+        return 0
     return cmd_run(args)
 
 

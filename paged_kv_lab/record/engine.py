@@ -234,6 +234,9 @@ class NoModelRunner:
     def add_request_seed(self, request_id: str, seed: int) -> None:
         self.request_seeds[request_id] = seed
 
+    def copy_blocks(self, copies) -> None:
+        """No pools here: nothing to copy."""
+
     def execute(self, items) -> dict[str, int]:
         out = {}
         for it in items:
@@ -294,10 +297,25 @@ class Engine:
             )
             cfg = self.model.config
             num_layers = cfg.num_hidden_layers
-            if s.layer_types is not None and "linear_attention" in s.layer_types:
+            model_types = tuple(getattr(cfg, "layer_types", None) or ())
+            if "linear_attention" in model_types:
+                # a hybrid model (tiny-hybrid): its own layer kinds decide the groups
+                if s.speculative is not None or s.cpu_offload is not None:
+                    # the worker keeps no rejected-draft states and offloads no state blocks
+                    raise ValueError(
+                        "engine.speculative / engine.cpu_offload: not modelled for a model "
+                        "with linear-attention layers"
+                    )
+                if s.layer_types is None:
+                    s = self.settings = replace(s, layer_types=model_types)
+                elif tuple(s.layer_types) != model_types:
+                    raise ValueError(
+                        f"engine.layer_types: the model's layers are {list(model_types)}"
+                    )
+            elif s.layer_types is not None and "linear_attention" in s.layer_types:
                 raise ValueError(
                     "engine.layer_types: the model has no linear-attention layers "
-                    "(a tiny hybrid model is not built yet); replay a trace instead"
+                    "(tiny-hybrid has); replay a trace instead"
                 )
             max_len = getattr(cfg, "max_position_embeddings", 8192)
         else:

@@ -33,7 +33,7 @@ from pydantic import (
 from kvcore.config.kv_events import KVEventsConfig
 from paged_kv_lab.text.i18n import Text, tr
 
-MODELS = ("smollm2", "tiny-random")
+MODELS = ("smollm2", "tiny-random", "tiny-hybrid")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("float32", "bfloat16", "float16")
 # "linear_attention": a Mamba-style state layer (Qwen3-Next / Qwen3.5's gated delta-net): its
