@@ -14,7 +14,7 @@ run: setup
 # 2) set up on first use, then run the whole suite (real-model and browser tests included) on
 # TEST_WORKERS pytest-xdist workers (4 on 2 cores: browser tests spend much of their time waiting), then build the docs site with --strict into a temp folder
 TEST_WORKERS ?= 4
-PYTEST_XDIST := -n $(TEST_WORKERS) --dist loadgroup
+PYTEST_XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

@@ -88,6 +88,35 @@ def xdist_group_of(item) -> str | None:
     return None
 
 
+def heavy_first(items: list) -> list:
+    """The collection in the order xdist should hand it out (the Makefile passes
+    ``--no-loadscope-reorder``, so xdist keeps this order): the groups that hold a worker longest
+    first (the SmolLM2 server's, then each browser module's), each followed by a share of the
+    real-model tests, then the rest. A long group handed out last would run alone at the end while
+    the other workers idle; and a browser test spends much of its time waiting on the page, so a
+    model test beside it keeps the two cores busy."""
+    groups: dict[str, int] = {}
+    for item in items:
+        group = xdist_group_of(item)
+        if group is not None and group not in groups:
+            groups[group] = len(groups)
+    if SMOLLM2_SERVER_GROUP in groups:
+        groups[SMOLLM2_SERVER_GROUP] = -1
+    order = {g: k for k, g in enumerate(sorted(groups, key=groups.get))}
+    slow = [it for it in items if xdist_group_of(it) is None and it.get_closest_marker("slow")]
+    share = {id(it): k % max(1, len(order)) for k, it in enumerate(slow)}
+
+    def key(item) -> tuple:
+        group = xdist_group_of(item)
+        if group is not None:
+            return (0, 2 * order[group])
+        if id(item) in share:
+            return (0, 2 * share[id(item)] + 1)
+        return (1, 0)
+
+    return sorted(items, key=key)  # stable: a module's tests keep their order
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
     """Marks every test with its timeout and xdist group before the other plugins' hooks (xdist's
@@ -105,6 +134,8 @@ def pytest_collection_modifyitems(config, items):
         group = xdist_group_of(item)
         if group is not None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group))
+    if xdist_workers() > 1:
+        items[:] = heavy_first(items)
     result = yield
     if getattr(config.option, "loadgroup", False):
         for item in items:
