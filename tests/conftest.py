@@ -225,3 +225,17 @@ def smollm2_server():
 
     with streamlit_server("smollm2") as (url, _):
         yield url
+
+
+@pytest.fixture(autouse=True)
+def main_module_restored():
+    """Each test ends with the ``__main__`` module it began with. Streamlit's script runner runs a
+    page as ``__main__`` and an AppTest of a function can leave that module in place; a later
+    process pool started with "spawn" (the replay's sweep) then re-runs that page script in its
+    children, which die (BrokenProcessPool)."""
+    import sys
+
+    main = sys.modules.get("__main__")
+    yield
+    if main is not None and sys.modules.get("__main__") is not main:
+        sys.modules["__main__"] = main
