@@ -531,14 +531,18 @@ class Scheduler:
         gives its blocks back now."""
         if self.connector is not None:
             self.connector.update_connector_output(kv_connector_output)
-        for req_id in kv_connector_output.finished_recving or ():
+        # vLLM walks the set in its hash order; here in arrival order, so a run is the same in
+        # every process (it only matters to the free queue's order when two blocks go back)
+        finished_recving = kv_connector_output.finished_recving or ()
+        for req_id in [r for r in self.requests if r in finished_recving]:
             req = self.requests[req_id]
             if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
                 self.finished_recving_kv_req_ids.add(req_id)
             else:
                 assert req.is_finished(), req
                 self._free_blocks(req)
-        for req_id in kv_connector_output.finished_sending or ():
+        finished_sending = kv_connector_output.finished_sending or ()
+        for req_id in [r for r in self.requests if r in finished_sending]:
             self._free_blocks(self.requests[req_id])
 
     def _update_waiting_for_remote_kv(self, request: Request) -> None:
