@@ -45,6 +45,7 @@ class Request:
         eos_token_ids: Iterable[int] = (),
         ignore_eos: bool = False,
         block_hasher: Optional[BlockHasher] = None,
+        stop_token_ids: Iterable[int] = (),
     ) -> None:
         if max_tokens < 1:
             raise ValueError(f"request {request_id!r}: max_tokens must be >= 1")
@@ -58,6 +59,10 @@ class Request:
         self.cache_salt = cache_salt or None
         self.eos_token_ids = frozenset(eos_token_ids)
         self.ignore_eos = ignore_eos
+        # vLLM's SamplingParams.stop_token_ids: a request stops on one of them, EOS or not, and
+        # records it as its stop_reason (None: it stopped otherwise, or runs)
+        self.stop_token_ids = frozenset(stop_token_ids)
+        self.stop_reason: Optional[int] = None
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1
