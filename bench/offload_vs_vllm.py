@@ -368,6 +368,7 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
 
     sch._update_requests_with_invalid_blocks = update_requests_with_invalid_blocks
     reqs: dict[str, Any] = {}
+    load_reported: set[str] = set()  # loads reported finished (vLLM: finished_recving_kv_req_ids)
     finished_prev: set[str] = set()
     seen = []
     for step in script:
@@ -427,6 +428,7 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
                 assert n is not None, f"vLLM admitted {rid} where ours refused it"
                 mgr.update_state_after_alloc(r, kvm.get_blocks(rid), ext)
                 if load_async:
+                    load_reported.discard(rid)
                     r.status = RequestStatus.WAITING_FOR_REMOTE_KVS
                     r.num_computed_tokens = local + ext
                 else:
@@ -517,7 +519,7 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
             mgr.request_finished_all_groups(
                 r, kvm.get_block_ids_for_computed_tokens(rid, r.num_computed_tokens)
             )
-            if rid in failed and rid in step["loading"]:
+            if rid in failed and rid in step["loading"] and rid not in load_reported:
                 # Scheduler.finish_requests: a load still writing its blocks frees them when
                 # it reports the request finished receiving (_update_from_kv_xfer_finished)
                 delayed.append(r)
@@ -528,7 +530,9 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
                 finished_recving=recving or None, kv_connector_worker_meta=worker_meta
             )
         )
-        for r in delayed:
+        load_reported.update(recving or ())
+        arrival = list(reqs)  # ours walks the finished loads in arrival order (vLLM: set order)
+        for r in sorted(delayed, key=lambda r: arrival.index(r.request_id)):
             assert r.request_id in (recving or ()), r.request_id
             kvm.free(r)
         finished_prev = set(step["finished"])

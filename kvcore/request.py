@@ -55,6 +55,7 @@ class Request:
         mm_features: Sequence[MultiModalFeatureSpec] = (),
         prompt_embeds: Optional[Sequence[bytes]] = None,
         kv_transfer_params: Optional[dict[str, Any]] = None,
+        stop_token_ids: Iterable[int] = (),
     ) -> None:
         if max_tokens < 1:
             raise ValueError(f"request {request_id!r}: max_tokens must be >= 1")
@@ -68,6 +69,10 @@ class Request:
         self.cache_salt = cache_salt or None
         self.eos_token_ids = frozenset(eos_token_ids)
         self.ignore_eos = ignore_eos
+        # vLLM's SamplingParams.stop_token_ids: a request stops on one of them, EOS or not, and
+        # records it as its stop_reason (None: it stopped otherwise, or runs)
+        self.stop_token_ids = frozenset(stop_token_ids)
+        self.stop_reason: Optional[int] = None
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1

@@ -571,14 +571,17 @@ class Scheduler:
             status = None
             for num_new, token in enumerate(generated, 1):
                 req.append_output_token_ids([token])
-                # vLLM checks the length cap before EOS.
-                if (
+                # vLLM 0.33's check_stop: EOS, then stop tokens, then the length cap.
+                if not req.ignore_eos and token in req.eos_token_ids:
+                    status, reason = RequestStatus.FINISHED_STOPPED, "eos"
+                elif token in req.stop_token_ids:
+                    status, reason = RequestStatus.FINISHED_STOPPED, "stop"
+                    req.stop_reason = token
+                elif (
                     req.num_output_tokens >= req.max_tokens
                     or req.num_tokens >= self.config.max_model_len
                 ):
                     status, reason = RequestStatus.FINISHED_LENGTH_CAPPED, "length"
-                elif not req.ignore_eos and token in req.eos_token_ids:
-                    status, reason = RequestStatus.FINISHED_STOPPED, "eos"
                 if status is not None:
                     req.num_computed_tokens -= len(generated) - num_new
                     break

@@ -1,0 +1,231 @@
+"""vLLM 0.33.0's own tests/v1/core run against kvcore: the yardstick (issue 36).
+
+Takes vLLM's unit tests from its source distribution, unchanged, into a scratch directory, and runs
+them twice under the Python of the vLLM scratch environment (``bash scripts/vllm_env.sh``):
+
+1. the baseline, vLLM alone: which tests run on this machine at all (CPU only, offline);
+2. with kvcore swapped in (scripts/vllm_core_tests/conftest.py, the adapter: kvcore's BlockPool,
+   BlockHashToBlockMap, FreeKVCacheBlockQueue and KVCacheBlock stand in for vLLM's everywhere, so
+   vLLM's managers and Scheduler run on kvcore's block layer).
+
+Each test that passed in the baseline then lands in one row of the table:
+
+- passed, kvcore's code ran in it;
+- passed, no kvcore code ran (vLLM's own code passing its own test: not counted);
+- not modelled: it failed on a feature kvcore does not model, named either by the adapter
+  (``Unmodelled``) or by the reviewed mapping in scripts/vllm_core_tests/unmodelled.yaml (a
+  method or attribute of kvcore's classes that vLLM's code calls and kvcore does not have, each
+  mapped to its feature by hand after reading vLLM's code);
+- behaviour differs: every other failure (must be zero; each one is a bug to fix or a mapping
+  entry to review and add).
+
+    .venv/bin/python scripts/vllm_core_tests.py                # the three files of issue 36
+    .venv/bin/python scripts/vllm_core_tests.py --json out.json --files test_prefix_caching.py
+
+The sdist (vllm-0.33.0.tar.gz, sha256-checked against PyPI's index) and pytest for the vLLM
+environment are cached under VLLM_SDIST_CACHE (default /tmp/vllm-sdist-cache). Without the vLLM
+environment (VLLM_VENV, default /tmp/vllm-venv) it says how to make one and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import urllib.request
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent / "vllm_core_tests"
+VERSION = "0.33.0"
+SDIST = f"vllm-{VERSION}.tar.gz"
+FILES = ("test_kv_cache_utils.py", "test_prefix_caching.py", "test_scheduler.py")
+CATEGORIES = ("passed_kvcore", "passed_vllm_only", "not_modelled", "behaviour_differs")
+
+
+def fetch_sdist(cache: Path, venv_python: str) -> Path:
+    """The sdist, from the cache or PyPI. ``pip download --no-binary :all:`` would build the
+    package's metadata (cmake, CUDA), so the file is taken from PyPI's simple index (PEP 691) as
+    pip would, and its sha256 checked against the index's."""
+    path = cache / SDIST
+    if path.exists():
+        return path
+    cache.mkdir(parents=True, exist_ok=True)
+    req = urllib.request.Request(
+        "https://pypi.org/simple/vllm/",
+        headers={"Accept": "application/vnd.pypi.simple.v1+json"},
+    )
+    with urllib.request.urlopen(req, timeout=60) as fh:
+        index = json.load(fh)
+    (entry,) = [f for f in index["files"] if f["filename"] == SDIST]
+    tmp = path.with_suffix(".part")
+    with urllib.request.urlopen(entry["url"], timeout=600) as fh, open(tmp, "wb") as out:
+        shutil.copyfileobj(fh, out)
+    digest = hashlib.sha256(tmp.read_bytes()).hexdigest()
+    if digest != entry["hashes"]["sha256"]:
+        tmp.unlink()
+        raise RuntimeError(f"{SDIST}: sha256 {digest} is not PyPI's {entry['hashes']['sha256']}")
+    tmp.rename(path)
+    return path
+
+
+def ensure_pytest(cache: Path, venv_python: str) -> Path:
+    """pytest for the vLLM environment, in a folder of its own (the environment stays as
+    scripts/vllm_env.sh built it)."""
+    target = cache / "pytest"
+    if not (target / "pytest").exists():
+        subprocess.run(
+            [venv_python, "-m", "pip", "install", "-q", "--target", str(target), "pytest"],
+            check=True,
+        )
+    return target
+
+
+def prepare(sdist: Path, scratch: Path, venv_python: str) -> None:
+    """vLLM's tests/, unchanged, under a root conftest that is the adapter. The sdist's own
+    tests/conftest.py is left out: it sets up model downloads and GPUs, none of which these
+    tests use. vLLM runs as its CPU platform (VLLM_TARGET_DEVICE=cpu), offline, with stand-in
+    configs for the models the tests name (standin_models.py)."""
+    if scratch.exists():
+        shutil.rmtree(scratch)
+    scratch.mkdir(parents=True)
+    prefix = f"vllm-{VERSION}/tests/"
+    with tarfile.open(sdist) as tar:
+        members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
+        for m in members:
+            m.name = m.name[len(f"vllm-{VERSION}/") :]
+        tar.extractall(scratch, members=members, filter="data")
+    (scratch / "tests" / "conftest.py").unlink()
+    shutil.copy(HERE / "conftest.py", scratch / "conftest.py")
+    subprocess.run([venv_python, str(HERE / "standin_models.py"), str(scratch / "hf")], check=True)
+
+
+def run_pytest(venv_python, scratch, pytest_dir, files, swap: bool, timeout: int) -> dict:
+    """One pytest run; returns {nodeid: outcome} and the adapter's per-test notes."""
+    tag = "kvcore" if swap else "baseline"
+    xml, touched = scratch / f"{tag}.xml", scratch / f"{tag}.json"
+    env = dict(
+        os.environ,
+        KVCORE_REPO=str(REPO),
+        YARDSTICK_SWAP="1" if swap else "0",
+        YARDSTICK_TOUCHED=str(touched),
+        HF_HOME=str(scratch / "hf"),
+        HF_HUB_OFFLINE="1",
+        VLLM_TARGET_DEVICE="cpu",
+        TRANSFORMERS_OFFLINE="1",
+        PYTHONPATH=str(pytest_dir),
+        PYTHONHASHSEED="0",
+    )
+    cmd = [venv_python, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}"]
+    cmd += [f"tests/v1/core/{f}" for f in files]
+    subprocess.run(
+        cmd, cwd=scratch, env=env, timeout=timeout, check=False, stdout=subprocess.DEVNULL
+    )
+    return read_results(scratch, tag)
+
+
+def read_results(scratch: Path, tag: str) -> dict:
+    xml, touched = scratch / f"{tag}.xml", scratch / f"{tag}.json"
+    outcomes = {}
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        path = case.get("classname", "").replace(".", "/")
+        nodeid = f"{path}.py::{case.get('name')}"
+        if case.find("skipped") is not None:
+            outcomes[nodeid] = "skipped"
+        elif case.find("failure") is not None or case.find("error") is not None:
+            outcomes[nodeid] = "failed"
+        else:
+            outcomes[nodeid] = "passed"
+    notes = json.loads(touched.read_text()) if touched.exists() else {"touched": {}, "errors": {}}
+    return {"outcomes": outcomes, **notes}
+
+
+def classify(baseline: dict, kvcore: dict, mapping: dict) -> dict:
+    """The table: one category per test that passes on vLLM alone (see the module docstring)."""
+    rows, features = {}, Counter()
+    attributes = mapping.get("missing_attributes", {})
+    tests = mapping.get("tests", {})
+    for nodeid, base in sorted(baseline["outcomes"].items()):
+        if base != "passed":
+            continue
+        ours = kvcore["outcomes"].get(nodeid, "failed")
+        touched = kvcore["touched"].get(nodeid, False)
+        err = kvcore["errors"].get(nodeid, {})
+        if ours == "passed":
+            rows[nodeid] = ("passed_kvcore" if touched else "passed_vllm_only", None)
+            continue
+        feature = err.get("feature") or attributes.get(err.get("missing_attribute") or "")
+        feature = feature or tests.get(nodeid.split("[")[0])
+        if feature:
+            rows[nodeid] = ("not_modelled", feature)
+            features[feature] += 1
+        else:
+            rows[nodeid] = ("behaviour_differs", err)
+    counts = Counter(cat for cat, _ in rows.values())
+    return {
+        "runs_here": len(rows),
+        "counts": {c: counts.get(c, 0) for c in CATEGORIES},
+        "features": dict(features.most_common()),
+        "differs": {k: v[1] for k, v in rows.items() if v[0] == "behaviour_differs"},
+        "rows": {k: v[0] for k, v in rows.items()},
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--files", nargs="*", default=list(FILES), help="files of tests/v1/core")
+    ap.add_argument("--json", help="also write the table (and every test's row) here")
+    ap.add_argument("--timeout", type=int, default=3600, help="seconds per pytest run")
+    ap.add_argument(
+        "--reuse-baseline", action="store_true", help="keep the last run's vLLM-alone results"
+    )
+    args = ap.parse_args()
+    venv = os.environ.get("VLLM_VENV", "/tmp/vllm-venv")
+    venv_python = os.path.join(venv, "bin", "python")
+    if not os.path.exists(venv_python):
+        print(f"skipped: no vLLM {VERSION} environment at {venv} (bash scripts/vllm_env.sh)")
+        return 0
+    cache = Path(os.environ.get("VLLM_SDIST_CACHE", "/tmp/vllm-sdist-cache"))
+    sdist = fetch_sdist(cache, venv_python)
+    pytest_dir = ensure_pytest(cache, venv_python)
+    scratch = cache / "run"
+    kept = {}
+    if args.reuse_baseline:
+        kept = {n: (scratch / n).read_bytes() for n in ("baseline.xml", "baseline.json")}
+    prepare(sdist, scratch, venv_python)
+    mapping = yaml.safe_load((HERE / "unmodelled.yaml").read_text()) or {}
+    if kept:
+        for n, data in kept.items():
+            (scratch / n).write_bytes(data)
+        baseline = read_results(scratch, "baseline")
+    else:
+        baseline = run_pytest(venv_python, scratch, pytest_dir, args.files, False, args.timeout)
+    kvcore = run_pytest(venv_python, scratch, pytest_dir, args.files, True, args.timeout)
+    table = classify(baseline, kvcore, mapping)
+    c = table["counts"]
+    print(f"vLLM {VERSION} tests/v1/core ({', '.join(args.files)}) against kvcore")
+    print(f"  {len(baseline['outcomes'])} tests collected, {table['runs_here']} pass on vLLM here")
+    print(f"  passed, kvcore's code ran        {c['passed_kvcore']:5d}")
+    print(f"  passed, vLLM's code only         {c['passed_vllm_only']:5d}  (not counted)")
+    print(f"  failed: feature not modelled     {c['not_modelled']:5d}")
+    for feature, n in table["features"].items():
+        print(f"      {n:4d}  {feature}")
+    print(f"  failed: behaviour differs        {c['behaviour_differs']:5d}")
+    for nodeid, err in list(table["differs"].items())[:40]:
+        print(f"      {nodeid}: {err.get('type')}: {err.get('message', '')[:120]}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    return 1 if c["behaviour_differs"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

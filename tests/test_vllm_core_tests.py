@@ -1,0 +1,50 @@
+"""vLLM 0.33.0's own tests/v1/core against kvcore (scripts/vllm_core_tests.py, issue 36): no more
+tests may fail because kvcore behaves differently than the documented number (the goal is 0; 18
+are open), and at least the documented number must pass with kvcore's code running in them
+(docs/fidelity.md, "vLLM's own tests as the yardstick").
+
+Slow (two pytest runs of about 600 tests under vLLM's interpreter) and skipped, with the reason,
+without the vLLM scratch environment (``bash scripts/vllm_env.sh``; VLLM_VENV, default
+/tmp/vllm-venv) or without vLLM's sdist in VLLM_SDIST_CACHE (default /tmp/vllm-sdist-cache; the
+script downloads it there on its first run)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+VENV = os.environ.get("VLLM_VENV", "/tmp/vllm-venv")
+CACHE = Path(os.environ.get("VLLM_SDIST_CACHE", "/tmp/vllm-sdist-cache"))
+# docs/fidelity.md: passed with kvcore's code running, on the three files of issue 36, and the
+# behaviour differences not yet closed (a ratchet: it may only go down, to the goal of 0)
+DOCUMENTED_PASSED = 282
+DOCUMENTED_DIFFERS = 18
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.skipif(
+    not (Path(VENV) / "bin" / "python").exists(),
+    reason=f"no vLLM 0.33.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
+)
+@pytest.mark.skipif(
+    not (CACHE / "vllm-0.33.0.tar.gz").exists(),
+    reason=f"no vLLM 0.33.0 sdist in {CACHE} (scripts/vllm_core_tests.py downloads it)",
+)
+def test_vllm_core_tests_find_no_behaviour_difference(tmp_path):
+    out = tmp_path / "table.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "vllm_core_tests.py"), "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        check=False,
+    )
+    assert out.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = json.loads(out.read_text())
+    assert table["counts"]["behaviour_differs"] <= DOCUMENTED_DIFFERS, table["differs"]
+    assert table["counts"]["passed_kvcore"] >= DOCUMENTED_PASSED
