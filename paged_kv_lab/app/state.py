@@ -156,7 +156,7 @@ def refusal(e: Exception, lang: str | None = None) -> str:
         return "\n".join(e.lines(lang))
     if isinstance(e, BudgetError):
         return said(e, lang)
-    return f"{type(e).__name__}: {e}"
+    return f"{type(e).__name__}: {said(e, lang)}"
 
 
 def rebuild(

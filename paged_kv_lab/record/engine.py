@@ -37,6 +37,7 @@ from paged_kv_lab.record.invariants import check_invariants
 from paged_kv_lab.record.recorder import Recorder
 from paged_kv_lab.record.scenario import EngineSettings, RequestSpec, Scenario
 from paged_kv_lab.record.snapshot import take_snapshot
+from paged_kv_lab.text.i18n import Text, tr
 
 
 def kv_cache_groups(
@@ -220,6 +221,15 @@ def size_kv_cache(model, settings: EngineSettings):
             f"{settings.gpu_memory_utilization}:\n" + "\n".join(sizing.lines())
         )
     return sizing
+
+
+class RequestRefused(ValueError):
+    """A request the engine cannot take (its prompt never fits, needs a model, ...): ``text`` the
+    catalogue sentence (the request id and the numbers its data), ``str(e)`` its English."""
+
+    def __init__(self, key: str, **fields) -> None:
+        self.text = Text(f"problem.request.{key}", fields)
+        super().__init__(tr(self.text, "en"))
 
 
 class NoModelRunner:
@@ -412,13 +422,10 @@ class Engine:
             ids = list(spec.prompt_token_ids)
             vocab = getattr(getattr(self.model, "config", None), "vocab_size", None)
             if vocab is not None and any(t >= vocab for t in ids):
-                raise ValueError(
-                    f"request {spec.id!r}: prompt_token_ids must be < the model's vocab size "
-                    f"{vocab}; got {max(ids)}"
-                )
+                raise RequestRefused("vocab", id=repr(spec.id), vocab=vocab, got=max(ids))
             return ids
         if self.model is None:
-            raise ValueError(f"request {spec.id!r}: a text prompt needs a model with a tokenizer")
+            raise RequestRefused("needs_model", id=repr(spec.id))
         return self.model.encode_prompt(spec.prompt, spec.chat)
 
     def add_request(self, spec: RequestSpec) -> None:
@@ -427,14 +434,11 @@ class Engine:
         parent, children = fan_out(spec)  # n > 1: children "0_<id>"... (vLLM's ParentRequest)
         for child in children:
             if child.id in self.scheduler.requests or child.id in self.parent_requests:
-                raise ValueError(f"a request with id {child.id!r} already exists")
+                raise RequestRefused("exists", id=repr(child.id))
         if parent is not None and spec.id in self.scheduler.requests:
-            raise ValueError(f"a request with id {spec.id!r} already exists")
+            raise RequestRefused("exists", id=repr(spec.id))
         if self.drafter is not None and (spec.seed is not None or spec.n > 1):
-            raise ValueError(
-                f"request {spec.id!r}: engine.speculative verifies drafts greedily; "
-                f"seeded sampling and n > 1 are not supported with it"
-            )
+            raise RequestRefused("speculative_sampling", id=repr(spec.id))
         ids = self._checked_prompt(spec)
         s = self.settings
         if parent is not None:
@@ -463,24 +467,18 @@ class Engine:
         ids = self.encode(spec)
         if not ids:
             # An input check: kvcore's Request, as vLLM's, takes an empty prompt.
-            raise ValueError(
-                f"request {spec.id!r}: the prompt is empty (it must have at least one token)"
-            )
+            raise RequestRefused("empty", id=repr(spec.id))
         s = self.settings
         full_groups = sum(1 for g in self.groups if g.kind == "full")
         usable = s.num_gpu_blocks - 1
         need = cdiv(len(ids), s.block_size) * full_groups
         if need > usable:
-            raise ValueError(
-                f"request {spec.id!r}: its prompt of {len(ids)} tokens needs {need} blocks of "
-                f"{s.block_size} tokens but the pool has only {usable} usable blocks "
-                f"(num_gpu_blocks={s.num_gpu_blocks}, block 0 is the null block)"
-            )
+            at = {"tokens": len(ids), "need": need, "block_size": s.block_size}
+            at |= {"usable": usable, "blocks": s.num_gpu_blocks}
+            raise RequestRefused("never_fits", id=repr(spec.id), **at)
         if len(ids) >= self.max_model_len:
-            raise ValueError(
-                f"request {spec.id!r}: prompt of {len(ids)} tokens reaches max_model_len "
-                f"{self.max_model_len}"
-            )
+            at = {"tokens": len(ids), "max_model_len": self.max_model_len}
+            raise RequestRefused("max_model_len", id=repr(spec.id), **at)
         return ids
 
     def has_unfinished(self) -> bool:
