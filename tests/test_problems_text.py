@@ -64,6 +64,14 @@ def test_problems_are_english_in_str_and_chinese_in_zh():
     assert said(w, "zh") == "t.jsonl 第 1 行：hash_ids 只能包含 >= 0 的整数；实际为 -1"
 
 
+def test_the_engines_refusals_are_catalogue_sentences():
+    from paged_kv_lab.record.engine import EngineRefused
+
+    e = EngineRefused("request.max_model_len", id="'A'", tokens=9, max_model_len=8)
+    assert str(e) == "request 'A': prompt of 9 tokens reaches max_model_len 8"
+    assert said(e, "zh") == "请求 'A'：9 个 token 的提示词达到了 max_model_len 8"
+
+
 def test_a_language_from_data_reaches_every_problem(pseudo_language):  # noqa: F811
     lines = []
     for e in refusals():

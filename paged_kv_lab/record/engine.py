@@ -40,6 +40,16 @@ from paged_kv_lab.record.snapshot import take_snapshot
 from paged_kv_lab.text.i18n import Text, tr
 
 
+class EngineRefused(ValueError):
+    """Settings or a request the engine cannot take (a prompt that never fits, a pool with no
+    room, ...): ``text`` the catalogue sentence ("problem.<key>", the ids and numbers its data),
+    ``str(e)`` its English."""
+
+    def __init__(self, key: str, **fields) -> None:
+        self.text = Text(f"problem.{key}", fields)
+        super().__init__(tr(self.text, "en"))
+
+
 def kv_cache_groups(
     settings: EngineSettings, num_layers: int
 ) -> tuple[list[KVCacheGroupSpec], list[int]]:
@@ -54,9 +64,7 @@ def kv_cache_groups(
     if types is None:
         types = ("sliding_attention" if W else "full_attention",) * num_layers
     if len(types) != num_layers:
-        raise ValueError(
-            f"engine.layer_types lists {len(types)} layers but the model has {num_layers}"
-        )
+        raise EngineRefused("engine.layer_count", listed=len(types), layers=num_layers)
     if "linear_attention" in types:
         return linear_attention_groups(settings, types)
     kinds = sorted(set(types), key=lambda t: t != "full_attention")
@@ -151,9 +159,7 @@ def num_draft_layers(speculative, num_layers: int) -> int:
     if asked is None:
         return max(1, num_layers * 3 // 4)
     if asked > num_layers:
-        raise ValueError(
-            f"engine.speculative.num_draft_layers={asked}: the model has only {num_layers} layers"
-        )
+        raise EngineRefused("engine.draft_layers", asked=asked, layers=num_layers)
     return asked
 
 
@@ -164,14 +170,9 @@ def cpu_offload_connectors(s: EngineSettings, kv_cache_config, max_model_len: in
     if cfg is None:
         return None, None
     if not s.enable_prefix_caching:
-        raise ValueError(
-            "engine.cpu_offload finds blocks by their hashes: it needs enable_prefix_caching true"
-        )
+        raise EngineRefused("engine.offload_needs_caching")
     if s.sliding_window is not None:
-        raise ValueError(
-            "engine.cpu_offload is modelled for full-attention layers only: "
-            "set engine.sliding_window to null"
-        )
+        raise EngineRefused("engine.offload_full_only")
     from kvcore.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from kvcore.distributed.kv_transfer.kv_connector.v1.simple_cpu_offload_connector import (
         SimpleCPUOffloadConnector,
@@ -221,15 +222,6 @@ def size_kv_cache(model, settings: EngineSettings):
             f"{settings.gpu_memory_utilization}:\n" + "\n".join(sizing.lines())
         )
     return sizing
-
-
-class RequestRefused(ValueError):
-    """A request the engine cannot take (its prompt never fits, needs a model, ...): ``text`` the
-    catalogue sentence (the request id and the numbers its data), ``str(e)`` its English."""
-
-    def __init__(self, key: str, **fields) -> None:
-        self.text = Text(f"problem.request.{key}", fields)
-        super().__init__(tr(self.text, "en"))
 
 
 class NoModelRunner:
@@ -296,10 +288,7 @@ class Engine:
             cfg = self.model.config
             num_layers = cfg.num_hidden_layers
             if s.layer_types is not None and "linear_attention" in s.layer_types:
-                raise ValueError(
-                    "engine.layer_types: the model has no linear-attention layers "
-                    "(a tiny hybrid model is not built yet); replay a trace instead"
-                )
+                raise EngineRefused("engine.no_linear_model")
             max_len = getattr(cfg, "max_position_embeddings", 8192)
         else:
             self.model = model
@@ -308,19 +297,14 @@ class Engine:
         if s.prefix_match_unit not in (None, s.block_size):
             # The recording (its invariant checks, block views, explanations) reads one hash
             # per block; hashes finer than the block are modelled in kvcore and the replay.
-            raise ValueError(
-                "engine.prefix_match_unit: a recorded run needs it null or equal to block_size; "
-                "replay a trace to try a finer one"
-            )
+            raise EngineRefused("engine.unit_in_a_run")
         self.groups, layer_group = kv_cache_groups(s, num_layers)
         self.max_model_len = s.max_model_len or max_len
         # how num_gpu_blocks "auto" was derived (kvcore.model.memory.KVCacheSizing)
         self.kv_cache_sizing = None
         if s.num_gpu_blocks == "auto":
             if self.model is None:
-                raise ValueError(
-                    'engine.num_gpu_blocks "auto" profiles the model; this engine runs without one'
-                )
+                raise EngineRefused("engine.auto_needs_model")
             self.kv_cache_sizing = size_kv_cache(self.model, s)
             s = self.settings = replace(s, num_gpu_blocks=self.kv_cache_sizing.num_gpu_blocks)
         self.recorder = Recorder()
@@ -422,10 +406,10 @@ class Engine:
             ids = list(spec.prompt_token_ids)
             vocab = getattr(getattr(self.model, "config", None), "vocab_size", None)
             if vocab is not None and any(t >= vocab for t in ids):
-                raise RequestRefused("vocab", id=repr(spec.id), vocab=vocab, got=max(ids))
+                raise EngineRefused("request.vocab", id=repr(spec.id), vocab=vocab, got=max(ids))
             return ids
         if self.model is None:
-            raise RequestRefused("needs_model", id=repr(spec.id))
+            raise EngineRefused("request.needs_model", id=repr(spec.id))
         return self.model.encode_prompt(spec.prompt, spec.chat)
 
     def add_request(self, spec: RequestSpec) -> None:
@@ -434,11 +418,11 @@ class Engine:
         parent, children = fan_out(spec)  # n > 1: children "0_<id>"... (vLLM's ParentRequest)
         for child in children:
             if child.id in self.scheduler.requests or child.id in self.parent_requests:
-                raise RequestRefused("exists", id=repr(child.id))
+                raise EngineRefused("request.exists", id=repr(child.id))
         if parent is not None and spec.id in self.scheduler.requests:
-            raise RequestRefused("exists", id=repr(spec.id))
+            raise EngineRefused("request.exists", id=repr(spec.id))
         if self.drafter is not None and (spec.seed is not None or spec.n > 1):
-            raise RequestRefused("speculative_sampling", id=repr(spec.id))
+            raise EngineRefused("request.speculative_sampling", id=repr(spec.id))
         ids = self._checked_prompt(spec)
         s = self.settings
         if parent is not None:
@@ -467,7 +451,7 @@ class Engine:
         ids = self.encode(spec)
         if not ids:
             # An input check: kvcore's Request, as vLLM's, takes an empty prompt.
-            raise RequestRefused("empty", id=repr(spec.id))
+            raise EngineRefused("request.empty", id=repr(spec.id))
         s = self.settings
         full_groups = sum(1 for g in self.groups if g.kind == "full")
         usable = s.num_gpu_blocks - 1
@@ -475,10 +459,10 @@ class Engine:
         if need > usable:
             at = {"tokens": len(ids), "need": need, "block_size": s.block_size}
             at |= {"usable": usable, "blocks": s.num_gpu_blocks}
-            raise RequestRefused("never_fits", id=repr(spec.id), **at)
+            raise EngineRefused("request.never_fits", id=repr(spec.id), **at)
         if len(ids) >= self.max_model_len:
             at = {"tokens": len(ids), "max_model_len": self.max_model_len}
-            raise RequestRefused("max_model_len", id=repr(spec.id), **at)
+            raise EngineRefused("request.max_model_len", id=repr(spec.id), **at)
         return ids
 
     def has_unfinished(self) -> bool:
