@@ -269,8 +269,8 @@ def test_a_page_shows_the_refusal_in_the_readers_language():
 
 
 def test_the_sentence_around_validation_problems_is_the_readers():
-    """A scenario's or a trace file's problems stay in the validator's words (data about a
-    field); the sentence around them is a catalogue entry, ``str(e)`` its English."""
+    """A scenario's or a trace file's problems and the sentence around them are catalogue
+    entries (the field's path and value their data), ``str(e)`` their English."""
     from paged_kv_lab.record.scenario import ScenarioError
     from paged_kv_lab.record.trace import TraceError, read_trace
     from paged_kv_lab.text.i18n import said
@@ -279,11 +279,12 @@ def test_the_sentence_around_validation_problems_is_the_readers():
         scenario({"block_size": "big"})
     problem = e.value.problems[0]
     assert str(e.value) == said(e.value, "en") == f"invalid scenario:\n  - {problem}"
-    assert said(e.value, "zh") == f"场景无效：\n  - {problem}"
+    assert said(e.value, "zh") == f"场景无效：\n  - {e.value.lines('zh')[0]}"
+    assert e.value.lines("zh")[0] == "engine.block_size：应为 >= 1 的整数；实际为 'big'"
     with pytest.raises(TraceError) as e:
         read_trace(b"\xff")
     assert str(e.value).startswith("not a readable trace:\n  - not UTF-8")
-    assert said(e.value, "zh").startswith("不是可读的轨迹文件：\n  - not UTF-8")
+    assert said(e.value, "zh").startswith("不是可读的轨迹文件：\n  - 不是 UTF-8 文本")
     from paged_kv_lab.workload.trace import TraceError as WorkloadTraceError
     from paged_kv_lab.workload.trace import parse_trace
 

@@ -16,7 +16,7 @@ from paged_kv_lab.app.panels import md_escape
 from paged_kv_lab.designs import events as ev
 from paged_kv_lab.designs.lesson import DesignStep, SideBySide
 from paged_kv_lab.designs.nanovllm import COMMITS
-from paged_kv_lab.text.i18n import tr
+from paged_kv_lab.text.i18n import said, tr
 from paged_kv_lab.why.explain import RecordedSteps
 from paged_kv_lab.why.explain_designs import DesignRun
 
@@ -55,7 +55,7 @@ def show_designs(run, lang: str, decode, key: str = LESSON_ID) -> DesignRun | No
     try:
         side = _side(run, eng.num_gpu_blocks, eng.block_size, page_size, nano_commit)
     except ValueError as e:  # settings from a scenario file the designs cannot take
-        st.warning(tr("designs.cannot_follow", lang, error=md_escape(str(e))))
+        st.warning(tr("designs.cannot_follow", lang, error=md_escape(said(e, lang))))
         return None
     step = min(run.cursor, len(side.steps))
     snap = run.initial if step == 0 else run.records[step - 1].snapshot

@@ -149,14 +149,15 @@ def get_state(lesson: Lesson, ms: ModelState) -> LessonState:
 
 
 def refusal(e: Exception, lang: str | None = None) -> str:
-    """Why a scenario did not open, in the words of what refused it: the schema's problems (one a
-    line), the budget's sentence in ``lang`` (default: the sidebar's), or the engine's error with
-    its type (e.g. a prompt that never fits the pool)."""
+    """Why a scenario did not open, in ``lang`` (default: the sidebar's): the schema's problems
+    (one a line), the budget's sentence, or the engine's error with its type (e.g. a prompt that
+    never fits the pool)."""
+    lang = pref("lang", "en") if lang is None else lang
     if isinstance(e, ScenarioError):
-        return "\n".join(e.problems)
+        return "\n".join(e.lines(lang))
     if isinstance(e, BudgetError):
-        return said(e, pref("lang", "en") if lang is None else lang)
-    return f"{type(e).__name__}: {e}"
+        return said(e, lang)
+    return f"{type(e).__name__}: {said(e, lang)}"
 
 
 def rebuild(
@@ -209,7 +210,7 @@ def parse_scenario_text(text: str | bytes, lang: str = "en") -> tuple[dict | Non
     try:
         return scenario_to_dict(load_scenario(raw)), []
     except ScenarioError as e:
-        return None, list(e.problems)
+        return None, e.lines(lang)
 
 
 # -- URL ---------------------------------------------------------------------------

@@ -69,7 +69,7 @@ def load_trace_bytes(
         run = TraceRun(read_trace(data))
     except TraceError as e:
         state.error = (
-            tr("bad_trace", lang, name=name) + "\n" + "\n".join(f"- {p}" for p in e.problems)
+            tr("bad_trace", lang, name=name) + "\n" + "\n".join(f"- {p}" for p in e.lines(lang))
         )
         return state.error
     except BudgetError as e:

@@ -67,8 +67,7 @@ def _load_shipped(path: str) -> Trace:
     def read() -> Trace:
         if not Path(path).is_file():
             raise TraceError(
-                f"the shipped trace is not at {path} "
-                f"(set {SHIPPED_ENV} to a trace file, or upload one)"
+                Text("problem.trace.shipped_missing", {"path": path, "env": SHIPPED_ENV})
             )
         return load_trace(path)
 

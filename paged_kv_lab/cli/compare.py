@@ -18,7 +18,7 @@ import sys
 
 from paged_kv_lab.record.budget import BudgetError
 from paged_kv_lab.record.scenario import ScenarioError, parse_engine_overrides
-from paged_kv_lab.text.i18n import languages, said, tr
+from paged_kv_lab.text.i18n import Text, languages, said, tr
 
 
 def add_parser(sub) -> None:
@@ -101,7 +101,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         trace = load_trace(args.trace)
         if args.requests is not None:
             if args.requests < 1:
-                raise ScenarioError([f"--requests: must be >= 1; got {args.requests}"])
+                raise ScenarioError([Text("problem.cli.requests", {"got": args.requests})])
             trace = trace.slice(0, args.requests)
         overrides = parse_engine_overrides(args.set)
         settings = replay_settings(trace, overrides, arrival=args.arrival)

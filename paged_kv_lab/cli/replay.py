@@ -22,7 +22,7 @@ from typing import Optional
 
 from paged_kv_lab.record.budget import BudgetError
 from paged_kv_lab.record.scenario import ScenarioError, parse_engine_overrides
-from paged_kv_lab.text.i18n import languages, said, tr
+from paged_kv_lab.text.i18n import Text, languages, said, tr
 
 
 def add_parser(sub) -> None:
@@ -261,7 +261,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         trace = load_trace(args.trace or SHIPPED_TRACE, args.format, max_requests=None)
         if args.requests is not None:
             if args.requests < 1:
-                raise ScenarioError([f"--requests: must be >= 1; got {args.requests}"])
+                raise ScenarioError([Text("problem.cli.requests", {"got": args.requests})])
             trace = trace.slice(0, args.requests)
         overrides = parse_engine_overrides(args.set)
         arrival = dict(
@@ -277,7 +277,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if args.sweep:
             sweep_key, sweep_values = parse_sweep(args.sweep)
         elif args.csv:
-            raise ScenarioError(["--csv writes a --sweep's table: give --sweep KEY=V1,V2,..."])
+            raise ScenarioError([Text("problem.cli.csv_needs_sweep")])
     except (TraceError, ScenarioError, BudgetError, OSError) as e:
         print(f"error: {said(e, args.lang)}", file=sys.stderr)
         return 2

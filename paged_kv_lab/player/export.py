@@ -18,6 +18,7 @@ from importlib import resources
 from typing import Any, Optional
 
 from paged_kv_lab.player.payload import player_book
+from paged_kv_lab.text.i18n import tr
 
 ASSETS = (
     "player.html",
@@ -79,18 +80,19 @@ def escape(text: str) -> str:
 
 def static_html(
     payload: dict[str, Any],
-    title: str = "Paged KV Lab run",
+    title: Optional[str] = None,
     back: Optional[tuple[str, str]] = None,
 ) -> str:
     """The page; ``back`` = (words, relative href) puts a link above the player (the class pack's
-    way back to its index). A page opened as ``...html#step=N`` shows step N first."""
-    safe_title = escape(title)
+    way back to its index). A page opened as ``...html#step=N`` shows step N first. No
+    ``title``: the catalogue's, in the run's language."""
+    run_lang = (payload.get("head") or {}).get("lang") or "en"
+    safe_title = escape(title if title is not None else tr("export.default_title", run_lang))
     back_link = (
         f'<p class="pkv-back"><a href="{escape(back[1])}">{escape(back[0])}</a></p>\n'
         if back
         else ""
     )
-    run_lang = (payload.get("head") or {}).get("lang") or "en"
     lang = html_lang(run_lang)
     js = module_js().replace("</script", "<\\/script")
     book = json_for_script(player_book(run_lang))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from importlib import resources
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from paged_kv_lab.player.export import asset
 from paged_kv_lab.record.pool_frames import PoolFrame
@@ -154,13 +154,13 @@ def pool_payload(
     }
 
 
-def pool_static_html(
-    payload: dict[str, Any], title: str = "Paged KV Lab: a replayed moment"
-) -> str:
+def pool_static_html(payload: dict[str, Any], title: Optional[str] = None) -> str:
     """A recorded window as one self-contained HTML file (no server, no network): the pool
     player's html/css/js and the payload inlined, the payload read with JSON.parse only."""
     from paged_kv_lab.player.export import html_lang, json_for_script
 
+    if title is None:
+        title = tr("export.pool_default_title", payload["head"]["lang"])
     safe_title = title.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     js = pool_module_js().replace("</script", "<\\/script")
     return f"""<!doctype html>

@@ -159,7 +159,7 @@ def fmt_bytes(n: float) -> str:
     for unit, size in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
         if n >= size:
             return f"{n / size:.1f} {unit}"
-    return f"{int(n)} bytes"
+    return f"{int(n)} B"
 
 
 def kv_pool_bytes(config: Any, block_size: int, num_gpu_blocks: int, dtype: Any = "float32") -> int:

@@ -37,6 +37,17 @@ from paged_kv_lab.record.invariants import check_invariants
 from paged_kv_lab.record.recorder import Recorder
 from paged_kv_lab.record.scenario import EngineSettings, RequestSpec, Scenario
 from paged_kv_lab.record.snapshot import take_snapshot
+from paged_kv_lab.text.i18n import Text, tr
+
+
+class EngineRefused(ValueError):
+    """Settings or a request the engine cannot take (a prompt that never fits, a pool with no
+    room, ...): ``text`` the catalogue sentence ("problem.<key>", the ids and numbers its data),
+    ``str(e)`` its English."""
+
+    def __init__(self, key: str, **fields) -> None:
+        self.text = Text(f"problem.{key}", fields)
+        super().__init__(tr(self.text, "en"))
 
 
 def kv_cache_groups(
@@ -53,9 +64,7 @@ def kv_cache_groups(
     if types is None:
         types = ("sliding_attention" if W else "full_attention",) * num_layers
     if len(types) != num_layers:
-        raise ValueError(
-            f"engine.layer_types lists {len(types)} layers but the model has {num_layers}"
-        )
+        raise EngineRefused("engine.layer_count", listed=len(types), layers=num_layers)
     if "linear_attention" in types:
         return linear_attention_groups(settings, types)
     kinds = sorted(set(types), key=lambda t: t != "full_attention")
@@ -150,9 +159,7 @@ def num_draft_layers(speculative, num_layers: int) -> int:
     if asked is None:
         return max(1, num_layers * 3 // 4)
     if asked > num_layers:
-        raise ValueError(
-            f"engine.speculative.num_draft_layers={asked}: the model has only {num_layers} layers"
-        )
+        raise EngineRefused("engine.draft_layers", asked=asked, layers=num_layers)
     return asked
 
 
@@ -163,14 +170,9 @@ def cpu_offload_connectors(s: EngineSettings, kv_cache_config, max_model_len: in
     if cfg is None:
         return None, None
     if not s.enable_prefix_caching:
-        raise ValueError(
-            "engine.cpu_offload finds blocks by their hashes: it needs enable_prefix_caching true"
-        )
+        raise EngineRefused("engine.offload_needs_caching")
     if s.sliding_window is not None:
-        raise ValueError(
-            "engine.cpu_offload is modelled for full-attention layers only: "
-            "set engine.sliding_window to null"
-        )
+        raise EngineRefused("engine.offload_full_only")
     from kvcore.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from kvcore.distributed.kv_transfer.kv_connector.v1.simple_cpu_offload_connector import (
         SimpleCPUOffloadConnector,
@@ -302,21 +304,13 @@ class Engine:
                 # a hybrid model (tiny-hybrid): its own layer kinds decide the groups
                 if s.speculative is not None or s.cpu_offload is not None:
                     # the worker keeps no rejected-draft states and offloads no state blocks
-                    raise ValueError(
-                        "engine.speculative / engine.cpu_offload: not modelled for a model "
-                        "with linear-attention layers"
-                    )
+                    raise EngineRefused("engine.linear_unsupported")
                 if s.layer_types is None:
                     s = self.settings = replace(s, layer_types=model_types)
                 elif tuple(s.layer_types) != model_types:
-                    raise ValueError(
-                        f"engine.layer_types: the model's layers are {list(model_types)}"
-                    )
+                    raise EngineRefused("engine.layer_types_not_models", layers=list(model_types))
             elif s.layer_types is not None and "linear_attention" in s.layer_types:
-                raise ValueError(
-                    "engine.layer_types: the model has no linear-attention layers "
-                    "(tiny-hybrid has); replay a trace instead"
-                )
+                raise EngineRefused("engine.no_linear_model")
             max_len = getattr(cfg, "max_position_embeddings", 8192)
         else:
             self.model = model
@@ -325,19 +319,14 @@ class Engine:
         if s.prefix_match_unit not in (None, s.block_size):
             # The recording (its invariant checks, block views, explanations) reads one hash
             # per block; hashes finer than the block are modelled in kvcore and the replay.
-            raise ValueError(
-                "engine.prefix_match_unit: a recorded run needs it null or equal to block_size; "
-                "replay a trace to try a finer one"
-            )
+            raise EngineRefused("engine.unit_in_a_run")
         self.groups, layer_group = kv_cache_groups(s, num_layers)
         self.max_model_len = s.max_model_len or max_len
         # how num_gpu_blocks "auto" was derived (kvcore.model.memory.KVCacheSizing)
         self.kv_cache_sizing = None
         if s.num_gpu_blocks == "auto":
             if self.model is None:
-                raise ValueError(
-                    'engine.num_gpu_blocks "auto" profiles the model; this engine runs without one'
-                )
+                raise EngineRefused("engine.auto_needs_model")
             self.kv_cache_sizing = size_kv_cache(self.model, s)
             s = self.settings = replace(s, num_gpu_blocks=self.kv_cache_sizing.num_gpu_blocks)
         self.recorder = Recorder()
@@ -441,13 +430,10 @@ class Engine:
             ids = list(spec.prompt_token_ids)
             vocab = getattr(getattr(self.model, "config", None), "vocab_size", None)
             if vocab is not None and any(t >= vocab for t in ids):
-                raise ValueError(
-                    f"request {spec.id!r}: prompt_token_ids must be < the model's vocab size "
-                    f"{vocab}; got {max(ids)}"
-                )
+                raise EngineRefused("request.vocab", id=repr(spec.id), vocab=vocab, got=max(ids))
             return ids
         if self.model is None:
-            raise ValueError(f"request {spec.id!r}: a text prompt needs a model with a tokenizer")
+            raise EngineRefused("request.needs_model", id=repr(spec.id))
         return self.model.encode_prompt(spec.prompt, spec.chat)
 
     def add_request(self, spec: RequestSpec, kv_transfer_params: Optional[dict] = None) -> None:
@@ -458,14 +444,11 @@ class Engine:
         parent, children = fan_out(spec)  # n > 1: children "0_<id>"... (vLLM's ParentRequest)
         for child in children:
             if child.id in self.scheduler.requests or child.id in self.parent_requests:
-                raise ValueError(f"a request with id {child.id!r} already exists")
+                raise EngineRefused("request.exists", id=repr(child.id))
         if parent is not None and spec.id in self.scheduler.requests:
-            raise ValueError(f"a request with id {spec.id!r} already exists")
+            raise EngineRefused("request.exists", id=repr(spec.id))
         if self.drafter is not None and (spec.seed is not None or spec.n > 1):
-            raise ValueError(
-                f"request {spec.id!r}: engine.speculative verifies drafts greedily; "
-                f"seeded sampling and n > 1 are not supported with it"
-            )
+            raise EngineRefused("request.speculative_sampling", id=repr(spec.id))
         ids = self._checked_prompt(spec)
         s = self.settings
         if parent is not None:
@@ -495,24 +478,18 @@ class Engine:
         ids = self.encode(spec)
         if not ids:
             # An input check: kvcore's Request, as vLLM's, takes an empty prompt.
-            raise ValueError(
-                f"request {spec.id!r}: the prompt is empty (it must have at least one token)"
-            )
+            raise EngineRefused("request.empty", id=repr(spec.id))
         s = self.settings
         full_groups = sum(1 for g in self.groups if g.kind == "full")
         usable = s.num_gpu_blocks - 1
         need = cdiv(len(ids), s.block_size) * full_groups
         if need > usable:
-            raise ValueError(
-                f"request {spec.id!r}: its prompt of {len(ids)} tokens needs {need} blocks of "
-                f"{s.block_size} tokens but the pool has only {usable} usable blocks "
-                f"(num_gpu_blocks={s.num_gpu_blocks}, block 0 is the null block)"
-            )
+            at = {"tokens": len(ids), "need": need, "block_size": s.block_size}
+            at |= {"usable": usable, "blocks": s.num_gpu_blocks}
+            raise EngineRefused("request.never_fits", id=repr(spec.id), **at)
         if len(ids) >= self.max_model_len:
-            raise ValueError(
-                f"request {spec.id!r}: prompt of {len(ids)} tokens reaches max_model_len "
-                f"{self.max_model_len}"
-            )
+            at = {"tokens": len(ids), "max_model_len": self.max_model_len}
+            raise EngineRefused("request.max_model_len", id=repr(spec.id), **at)
         return ids
 
     def has_unfinished(self) -> bool:

@@ -31,7 +31,7 @@ from pydantic import (
 )
 
 from kvcore.config.kv_events import KVEventsConfig
-from paged_kv_lab.text.i18n import Text, tr
+from paged_kv_lab.text.i18n import ProblemsError, Text, tr
 
 MODELS = ("smollm2", "tiny-random", "tiny-hybrid")
 DEVICES = ("auto", "cpu", "cuda")
@@ -49,16 +49,12 @@ LEGACY_RETENTION = {"sparse": 0, "dense": None}
 _FORBID = ConfigDict(extra="forbid")
 
 
-class ScenarioError(ValueError):
-    """A scenario that does not validate: ``problems`` one a line (``field: what is wrong``, in
-    pydantic's words: data about the field); ``text`` the sentence around them (``str(e)`` in
-    English)."""
+class ScenarioError(ProblemsError):
+    """A scenario that does not validate: ``texts`` one problem each (``field: what is wrong``,
+    a catalogue sentence with the field's path and value as data), ``problems`` their English,
+    ``lines(lang)`` in a language; ``str(e)`` the whole refusal in English."""
 
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = list(problems)
-        lines = "\n".join(f"  - {p}" for p in self.problems)
-        self.text = Text("refusal.invalid_scenario", {"problems": lines})
-        super().__init__(tr(self.text, "en"))
+    AROUND = "refusal.invalid_scenario"
 
 
 # Every integer fits the engine's 64-bit tensors (positions, seeds): a larger one is refused here,
@@ -95,7 +91,7 @@ class SpeculativeConfig:
         lo = hi if lo is None else lo
         hi = lo if hi is None else hi
         if lo > hi:
-            raise ValueError(f"prompt_lookup_min={lo} must be <= prompt_lookup_max={hi}")
+            raise ValueError(Text("problem.lookup_order", {"lo": lo, "hi": hi}))
         object.__setattr__(self, "prompt_lookup_min", lo)
         object.__setattr__(self, "prompt_lookup_max", hi)
 
@@ -198,66 +194,80 @@ class Scenario:
 
 _SCENARIO = TypeAdapter(Scenario)
 
+
 # What a field must be, said once per field: the message for any error at that path.
-_MUST: dict[str, str] = {
-    "block_size": "an integer >= 1",
-    "num_gpu_blocks": "an integer >= 2 (block 0 is the null block, "
-    'so at least one usable block needs 2) or "auto"',
-    "gpu_memory_utilization": "a number in (0, 1]",
-    "max_num_seqs": "an integer >= 1",
-    "max_num_batched_tokens": "an integer >= 1",
-    "long_prefill_token_threshold": "an integer >= 0",
-    "enable_prefix_caching": "true or false",
-    "hash_algo": "one of " + ", ".join(HASH_ALGOS),
-    "hash_seed": "a string or null",
-    "policy": "one of " + ", ".join(POLICIES),
-    "free_order": "one of " + ", ".join(FREE_ORDERS),
-    "admission": "one of " + ", ".join(ADMISSIONS),
-    "sliding_window": "null or a positive integer",
-    "max_model_len": "null or a positive integer",
-    "seed": "null or an integer >= 0",
-    "prefix_cache_retention_interval": "null or an integer >= 0",
-    "max_cache_hit_length": "null or an integer >= 0",
-    "watermark": "a number in [0, 1)",
-    "layer_types": "a non-empty list of " + " / ".join(LAYER_TYPES),
-    "mamba_cache_mode": "one of " + ", ".join(MAMBA_CACHE_MODES),
-    "prefix_match_unit": "null or a positive integer",
-    "id": "a non-empty string",
-    "prompt": "a non-empty string",
-    "prompt_token_ids": "a non-empty list of token ids (integers >= 0)",
-    "chat": "true or false",
-    "max_tokens": "an integer >= 1",
-    "num_draft_layers": "null or an integer >= 1 (at most the model's layers)",
-    "method": 'one of "ngram", "draft_model"',
-    "num_speculative_tokens": "an integer >= 1",
-    "prompt_lookup_min": "null or an integer >= 1",
-    "prompt_lookup_max": "null or an integer >= 1",
-    "arrival_step": "an integer >= 0",
-    "priority": "an integer",
-    "cache_salt": "a string or null",
-    "ignore_eos": "true or false",
-    "n": "an integer >= 1",
-    "model": "one of " + ", ".join(MODELS),
-    "device": "one of " + ", ".join(DEVICES),
-    "dtype": "one of " + ", ".join(DTYPES),
-    "name": "a string",
-    "description": "a string",
-    "engine": "an object",
-    "requests": "a list",
-    "enable_kv_cache_events": "true or false",
-    "publisher": '"zmq" or "null"',
-    "endpoint": "a tcp://, ipc:// or inproc:// endpoint",
-    "replay_endpoint": "null or a tcp://, ipc:// or inproc:// endpoint",
-    "buffer_steps": "an integer >= 1",
-    "hwm": "an integer >= 1",
-    "max_queue_size": "an integer >= 1",
-    "topic": "a string",
-    "use_int_block_hashes": "true or false",
-    "num_cpu_blocks": "an integer >= 2 (the CPU pool's null block included)",
-    "lazy_offload": "true or false",
-    "kv_load_failure_policy": '"recompute" or "fail"',
-    "fail_loads": "a list of request ids",
-    "kv_transfer": 'null or "pd"',
+def _must(key: str, **fields: Any) -> Text:
+    return Text(f"must.{key}", fields)
+
+
+_BOOL, _STR_OR_NULL, _POSITIVE = _must("bool"), _must("string_or_null"), _must("null_or_positive")
+_INT_GE1, _INT_GE0 = _must("int_ge", n=1), _must("int_ge", n=0)
+_NULL_GE0, _NULL_GE1 = _must("null_or_int_ge", n=0), _must("null_or_int_ge", n=1)
+_ENDPOINT = "tcp://, ipc:// or inproc://"
+
+
+def _one_of(choices: tuple[str, ...]) -> Text:
+    return _must("one_of", choices=", ".join(choices))
+
+
+_MUST: dict[str, Text] = {
+    "block_size": _INT_GE1,
+    "num_gpu_blocks": _must("num_gpu_blocks"),
+    "gpu_memory_utilization": _must("number_in", range="(0, 1]"),
+    "max_num_seqs": _INT_GE1,
+    "max_num_batched_tokens": _INT_GE1,
+    "long_prefill_token_threshold": _INT_GE0,
+    "enable_prefix_caching": _BOOL,
+    "hash_algo": _one_of(HASH_ALGOS),
+    "hash_seed": _STR_OR_NULL,
+    "policy": _one_of(POLICIES),
+    "free_order": _one_of(FREE_ORDERS),
+    "admission": _one_of(ADMISSIONS),
+    "sliding_window": _POSITIVE,
+    "max_model_len": _POSITIVE,
+    "seed": _NULL_GE0,
+    "prefix_cache_retention_interval": _NULL_GE0,
+    "max_cache_hit_length": _NULL_GE0,
+    "watermark": _must("number_in", range="[0, 1)"),
+    "layer_types": _must("non_empty_list_of", choices=" / ".join(LAYER_TYPES)),
+    "mamba_cache_mode": _one_of(MAMBA_CACHE_MODES),
+    "prefix_match_unit": _POSITIVE,
+    "id": _must("non_empty_string"),
+    "prompt": _must("non_empty_string"),
+    "prompt_token_ids": _must("token_ids"),
+    "chat": _BOOL,
+    "max_tokens": _INT_GE1,
+    "num_draft_layers": _must("num_draft_layers"),
+    "method": _one_of(('"ngram"', '"draft_model"')),
+    "num_speculative_tokens": _INT_GE1,
+    "prompt_lookup_min": _NULL_GE1,
+    "prompt_lookup_max": _NULL_GE1,
+    "arrival_step": _INT_GE0,
+    "priority": _must("integer"),
+    "cache_salt": _STR_OR_NULL,
+    "ignore_eos": _BOOL,
+    "n": _INT_GE1,
+    "model": _one_of(MODELS),
+    "device": _one_of(DEVICES),
+    "dtype": _one_of(DTYPES),
+    "name": _must("string"),
+    "description": _must("string"),
+    "engine": _must("object"),
+    "requests": _must("list"),
+    "enable_kv_cache_events": _BOOL,
+    "publisher": _must("either", a='"zmq"', b='"null"'),
+    "endpoint": _must("endpoint", schemes=_ENDPOINT),
+    "replay_endpoint": _must("null_or_endpoint", schemes=_ENDPOINT),
+    "buffer_steps": _INT_GE1,
+    "hwm": _INT_GE1,
+    "max_queue_size": _INT_GE1,
+    "topic": _must("string"),
+    "use_int_block_hashes": _BOOL,
+    "num_cpu_blocks": _must("num_cpu_blocks"),
+    "lazy_offload": _BOOL,
+    "kv_load_failure_policy": _must("either", a='"recompute"', b='"fail"'),
+    "fail_loads": _must("request_ids"),
+    "kv_transfer": _must("either", a="null", b='"pd"'),
 }
 _SECTIONS = {
     (): Scenario,
@@ -281,35 +291,91 @@ def _section(loc: tuple):
     return _SECTIONS.get(shape)
 
 
-def _problem(err: dict, raw: Any) -> str:
+# pydantic's error types a scenario or a trace file can meet, with the ctx fields their sentence
+# names (catalogue keys "pydantic.<type>", whose English is pydantic's own message)
+_PYDANTIC_TYPES: dict[str, tuple[str, ...]] = {
+    "int_type": (),
+    "int_parsing": (),
+    "int_from_float": (),
+    "bool_type": (),
+    "string_type": (),
+    "float_type": (),
+    "finite_number": (),
+    "list_type": (),
+    "tuple_type": (),
+    "dict_type": (),
+    "none_required": (),
+    "greater_than_equal": ("ge",),
+    "greater_than": ("gt",),
+    "less_than_equal": ("le",),
+    "less_than": ("lt",),
+    "literal_error": ("expected",),
+    "too_short": ("field_type", "min_length", "actual_length"),
+    "too_long": ("field_type", "max_length", "actual_length"),
+    "dataclass_type": ("class_name",),
+    "union_tag_invalid": ("tag", "discriminator", "expected_tags"),
+    "union_tag_not_found": ("discriminator",),
+}
+
+
+def pydantic_said(err: dict) -> Text:
+    """What a pydantic error says, as a catalogue sentence (its ctx fields as data): the entry
+    for its type whose English is pydantic's message (a count of 1 and JSON input have their own
+    wording in pydantic: ".one", ".json")."""
+    ctx = {k: str(err.get("ctx", {}).get(k)) for k in _PYDANTIC_TYPES.get(err["type"], ())}
+    for variant in ("", ".one", ".json"):
+        said = Text(f"pydantic.{err['type']}{variant}", ctx)
+        if err["type"] in _PYDANTIC_TYPES and tr(said, "en") == err["msg"]:
+            return said
+    # last resort, an error type (or a wording) not in the catalogue: pydantic's own English
+    return Text("pydantic.said", {"said": err["msg"]})
+
+
+def _problem(err: dict, raw: Any) -> Text:
     loc = tuple(
         p for p in err["loc"] if not (isinstance(p, str) and p.startswith(("function-", "tagged-")))
     )
+    path = _path(loc)
     if err["type"] == "unexpected_keyword_argument" or err["type"] == "extra_forbidden":
         cls = _section(loc[:-1])
         known = ", ".join(sorted(f.name for f in fields(cls))) if cls else ""
         what = "setting" if cls is EngineSettings else "field"
-        return f"{_path(loc)}: unknown {what} (known: {known})"
-    # KVEventsConfig's own check
+        return Text(f"problem.unknown_{what}", {"path": path, "known": known})
+    ctx = err.get("ctx", {})
+    error = ctx.get("error")
+    if err["type"] == "value_error" and error is not None and isinstance(error.args[0], Text):
+        return Text("problem.at", {"path": path, "problem": error.args[0]})
+    # KVEventsConfig's own check (kvcore: its words are English): said again by the field it names
     if err["type"] == "value_error" and loc[:2] == ("engine", "kv_events"):
-        return f"engine.{err['ctx']['error']}"
+        name = str(error).partition(":")[0].rpartition(".")[2]
+        at = ("engine", "kv_events", name)
+        if name in _MUST:
+            got = repr(_value_at(raw, at))
+            return Text("problem.must", {"path": _path(at), "must": _MUST[name], "got": got})
+        # last resort: kvcore's English sentence for a field we have no sentence for
+        return Text("problem.said", {"path": "engine", "said": str(error)})
     if err["type"] in ("dataclass_type", "dataclass_args_type", "model_type", "dict_type"):
-        return f"{_path(loc)}: must be an object"
+        return Text("problem.object", {"path": path})
     if err["type"] == "missing" or err["type"] == "missing_argument":
-        return f"{_path(loc)}: must be {_MUST.get(loc[-1], 'given')}; got None"
-    got, ctx = _value_at(raw, loc), err.get("ctx", {})
+        must = _MUST.get(loc[-1], _must("given"))
+        return Text("problem.must", {"path": path, "must": must, "got": "None"})
+    got = _value_at(raw, loc)
     if isinstance(got, int) and INT64_MAX in (ctx.get("le"), -1 - ctx.get("ge", 0)):
-        side = "at most" if "le" in ctx else "at least"
-        bound = ctx.get("le", ctx.get("ge"))
-        return f"{_path(loc)}: must be {side} {bound:,} (a 64-bit integer); got {got!r}"
+        side = "most" if "le" in ctx else "least"
+        bound = f"{ctx.get('le', ctx.get('ge')):,}"
+        return Text(f"problem.int64_at_{side}", {"path": path, "bound": bound, "got": repr(got)})
     # Cut the path at the field (an element of a list reports the whole list).
     for i in range(len(loc) - 1, -1, -1):
         if isinstance(loc[i], str) and _section(loc[:i]) is not None:
-            value = _value_at(raw, loc[: i + 1])
-            if loc[i] not in _MUST:  # a field without its sentence: pydantic's words, its path
-                return f"{_path(loc[: i + 1])}: {err['msg']}; got {value!r}"
-            return f"{_path(loc[: i + 1])}: must be {_MUST[loc[i]]}; got {value!r}"
-    return f"{_path(loc)}: {err['msg']}"
+            field_path, value = _path(loc[: i + 1]), repr(_value_at(raw, loc[: i + 1]))
+            if loc[i] in _MUST:
+                return Text(
+                    "problem.must", {"path": field_path, "must": _MUST[loc[i]], "got": value}
+                )
+            # a field without its own sentence: pydantic's, by its error type
+            at = {"path": field_path, "said": pydantic_said(err), "got": value}
+            return Text("problem.pydantic", at)
+    return Text("problem.at", {"path": path, "problem": pydantic_said(err)})
 
 
 def _value_at(raw: Any, loc: tuple) -> Any:
@@ -321,33 +387,23 @@ def _value_at(raw: Any, loc: tuple) -> Any:
     return raw
 
 
-def _cross_checks(raw: dict) -> list[str]:
+def _cross_checks(raw: dict) -> list[Text]:
     """Rules between fields, checked on the raw file so they are reported with the rest."""
     problems = []
     eng = raw.get("engine")
     if isinstance(eng, dict):
         lt = eng.get("layer_types")
         if isinstance(lt, list) and "sliding_attention" in lt and eng.get("sliding_window") is None:
-            problems.append(
-                "engine.layer_types: sliding_attention layers need engine.sliding_window"
-            )
+            problems.append(Text("problem.sliding_needs_window"))
         linear = isinstance(lt, list) and "linear_attention" in lt
         unit, bs0 = eng.get("prefix_match_unit"), eng.get("block_size", 16)
         if isinstance(unit, int) and isinstance(bs0, int) and unit > 0 and bs0 > 0:
             if bs0 % unit:
-                problems.append(
-                    f"engine.prefix_match_unit: must divide block_size ({bs0}); got {unit}"
-                )
+                problems.append(Text("problem.unit_divides", {"block_size": bs0, "got": unit}))
             elif unit != bs0 and not linear:
-                problems.append(
-                    "engine.prefix_match_unit: with one kind of layer, hits land on the block "
-                    f"size ({bs0}); unset it, or add linear_attention layers (layer_types)"
-                )
+                problems.append(Text("problem.unit_one_kind", {"block_size": bs0}))
         if linear and eng.get("enable_prefix_caching") is False:
-            problems.append(
-                "engine.layer_types: linear_attention layers without prefix caching "
-                '(mamba_cache_mode "none", one state block a request) are not modelled yet'
-            )
+            problems.append(Text("problem.linear_needs_caching"))
         r, bs = eng.get("prefix_cache_retention_interval"), eng.get("block_size", 16)
         if (
             isinstance(r, int)
@@ -357,15 +413,9 @@ def _cross_checks(raw: dict) -> list[str]:
             and r > 0
         ):
             if r % bs:
-                problems.append(
-                    f"engine.prefix_cache_retention_interval: must be a multiple of "
-                    f"block_size ({bs}); got {r}"
-                )
+                problems.append(Text("problem.retention_multiple", {"block_size": bs, "got": r}))
             elif eng.get("sliding_window") is None and not linear:
-                problems.append(
-                    "engine.prefix_cache_retention_interval: > 0 needs a sliding window "
-                    "(full attention hashes every full block); use 0 or null"
-                )
+                problems.append(Text("problem.retention_needs_window"))
     reqs = raw.get("requests")
     fail_loads = eng.get("cpu_offload") if isinstance(eng, dict) else None
     fail_loads = fail_loads.get("fail_loads") if isinstance(fail_loads, dict) else None
@@ -379,20 +429,21 @@ def _cross_checks(raw: dict) -> list[str]:
                 ids.update([f"{k}_{r.get('id')}" for k in range(n)] if many else [r.get("id")])
         for j, rid in enumerate(fail_loads):
             if isinstance(rid, str) and rid not in ids:
-                problems.append(
-                    f"engine.cpu_offload.fail_loads[{j}]: no request runs with the id {rid!r}"
-                )
+                at = {"path": f"engine.cpu_offload.fail_loads[{j}]", "id": repr(rid)}
+                problems.append(Text("problem.fail_loads_unknown", at))
     if isinstance(reqs, list):
         seen = set()
         for i, r in enumerate(reqs):
             if not isinstance(r, dict):
                 continue
             if (r.get("prompt") is None) == (r.get("prompt_token_ids") is None):
-                problems.append(f"requests[{i}]: give exactly one of prompt or prompt_token_ids")
+                problems.append(Text("problem.one_prompt", {"path": f"requests[{i}]"}))
             rid = r.get("id")
             if isinstance(rid, str) and rid:
                 if rid in seen:
-                    problems.append(f"requests[{i}].id: duplicate id {rid!r}")
+                    problems.append(
+                        Text("problem.duplicate_id", {"path": f"requests[{i}].id", "id": repr(rid)})
+                    )
                 seen.add(rid)
         # an n > 1 request runs as children "0_<id>", "1_<id>"...: no id may be used twice
         n_of = {
@@ -404,15 +455,14 @@ def _cross_checks(raw: dict) -> list[str]:
             if isinstance(n, int) and not isinstance(n, bool) and 1 < n <= 1024:
                 clash = sorted(f"{k}_{pid}" for k in range(n) if f"{k}_{pid}" in n_of)
                 if clash:
-                    problems.append(
-                        f"requests: {pid!r} has n = {n}, so it runs as {clash[0]!r}...; "
-                        f"that id is already another request's"
-                    )
+                    at = {"id": repr(pid), "n": n, "child": repr(clash[0])}
+                    problems.append(Text("problem.child_id_taken", at))
     return problems
 
 
-def _problem_order(problem: str) -> tuple:
+def _problem_order(problem: Text) -> tuple:
     """File order: top-level fields, then engine, then requests by index."""
+    problem = tr(problem, "en")
     m = re.match(r"requests\[(\d+)\]", problem)
     if m:
         return (2, int(m.group(1)))
@@ -427,19 +477,9 @@ def _upgrade(raw: dict) -> dict:
     eng = dict(eng)
     old = eng.pop("sliding_retention")
     if old not in LEGACY_RETENTION:
-        raise ScenarioError(
-            [
-                f"engine.sliding_retention: must be one of sparse, dense (old name of "
-                f"prefix_cache_retention_interval); got {old!r}"
-            ]
-        )
+        raise ScenarioError([Text("problem.sliding_retention_value", {"got": repr(old)})])
     if "prefix_cache_retention_interval" in eng:
-        raise ScenarioError(
-            [
-                "engine.sliding_retention: give prefix_cache_retention_interval only "
-                "(sliding_retention is its old name: sparse = 0, dense = null)"
-            ]
-        )
+        raise ScenarioError([Text("problem.sliding_retention_both")])
     eng["prefix_cache_retention_interval"] = LEGACY_RETENTION[old]
     return {**raw, "engine": eng}
 
@@ -452,17 +492,19 @@ def load_scenario(source: Union[dict, str, Path]) -> Scenario:
         try:
             text = Path(source).read_text(encoding="utf-8")
         except OSError as e:
-            raise ScenarioError([f"file: cannot read {source}: {e.strerror or e}"]) from None
+            at = {"source": str(source), "error": e.strerror or str(e)}
+            raise ScenarioError([Text("problem.cannot_read", at)]) from None
         source = text
     if isinstance(source, (str, bytes)):
         try:
             source = json.loads(source)
         except json.JSONDecodeError as e:
-            raise ScenarioError([f"json: line {e.lineno} column {e.colno}: {e.msg}"]) from None
+            at = {"line": e.lineno, "column": e.colno, "error": e.msg}
+            raise ScenarioError([Text("problem.json", at)]) from None
     if not isinstance(source, dict):
-        raise ScenarioError(["(top level): must be a JSON object"])
+        raise ScenarioError([Text("problem.top_not_object")])
     source = _upgrade(source)
-    problems: list[str] = []
+    problems: list[Text] = []
     scenario = None
     try:
         scenario = _SCENARIO.validate_python(source)
@@ -516,7 +558,7 @@ def parse_engine_overrides(pairs: list[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise ScenarioError([f"--set {pair!r}: write KEY=VALUE, e.g. watermark=0.1"])
+            raise ScenarioError([Text("problem.set_pair", {"pair": repr(pair)})])
         key = key.strip()
         if isinstance(getattr(EngineSettings, key, None), str) and value != "null":
             out[key] = value  # a text setting stays text: hash_seed=0 is the seed "0"

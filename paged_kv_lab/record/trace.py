@@ -11,7 +11,7 @@ from pydantic import TypeAdapter, ValidationError
 from typing_extensions import TypedDict  # pydantic reads typing's TypedDict only from Python 3.12
 
 from paged_kv_lab.record.snapshot import Snapshot, StepRecord
-from paged_kv_lab.text.i18n import Text, tr
+from paged_kv_lab.text.i18n import ProblemsError, Text
 
 # -- trace files (JSONL) ----------------------------------------------------------------
 # What ``python -m kvcore run SCENARIO --trace OUT.jsonl`` writes, one JSON object a line:
@@ -61,15 +61,20 @@ class Trace:
         return "\n".join(lines) + "\n"
 
 
-class TraceError(ValueError):
-    """A file that is not a readable trace; ``problems`` name their line ("line 3: not JSON:
-    ...")."""
+class TraceError(ProblemsError):
+    """A file that is not a readable trace: ``texts`` catalogue sentences naming their line
+    ("line 3: not JSON: ..."), ``problems`` their English, ``lines(lang)`` in a language."""
 
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = list(problems)
-        lines = "\n".join(f"  - {p}" for p in self.problems)
-        self.text = Text("refusal.unreadable_trace", {"problems": lines})
-        super().__init__(tr(self.text, "en"))
+    AROUND = "refusal.unreadable_trace"
+
+
+def _in(where: Text, problem: Text) -> Text:
+    """``where: <the problem>``: a problem at a line or a part of one."""
+    return Text("problem.at", {"path": where, "problem": problem})
+
+
+def _at(where: Text, key: str, **fields: Any) -> Text:
+    return _in(where, Text(f"problem.record.{key}", fields))
 
 
 MAX_PROBLEMS = 12
@@ -85,105 +90,98 @@ def read_trace(text: str | bytes) -> Trace:
         try:
             text = text.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise TraceError([f"not UTF-8 text: {e}"]) from None
+            raise TraceError([Text("problem.record.not_utf8", {"error": str(e)})]) from None
     lines = [(n, line) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
     if not lines:
-        raise TraceError(["empty file"])
+        raise TraceError([Text("problem.record.empty")])
     _refuse_scenario_file(text)
-    problems: list[str] = []
+    problems: list[Text] = []
     scenario = initial = outputs = parents = None
     records: list[StepRecord] = []
     outputs_at = None
     for i, (n, line) in enumerate(lines):
         if len(problems) > MAX_PROBLEMS:
             break
-        where = f"line {n}"
+        where = Text("problem.record.line", {"line": n})
         try:
             d = json.loads(line)
         except json.JSONDecodeError as e:
-            problems.append(f"{where}: not JSON: {e.msg} (column {e.colno})")
+            problems.append(_at(where, "not_json", error=e.msg, column=e.colno))
             continue
         if not isinstance(d, dict):
-            problems.append(f"{where}: not a JSON object")
+            problems.append(_at(where, "not_object"))
             continue
         if outputs_at is not None:
-            problems.append(f"{where}: nothing may follow the outputs line ({outputs_at})")
+            problems.append(_at(where, "after_outputs", outputs=outputs_at))
             continue
         if "step" in d:
             missing = [k for k in _STEP_KEYS if k not in d]
             if missing:
-                problems.append(f"{where}: step record missing {', '.join(map(repr, missing))}")
+                problems.append(_at(where, "step_missing", keys=", ".join(map(repr, missing))))
                 continue
             rec = _validated(
-                _step_adapter(), _upgraded_step_line(line, d), f"{where}: step record", problems
+                _step_adapter(), _upgraded_step_line(line, d), _at(where, "step"), problems
             )
             if rec is None:
                 continue
             expected = records[-1].step + 1 if records else 1
             if rec.step != expected:
-                after = f"after step {records[-1].step}" if records else "first"
-                problems.append(f"{where}: step {rec.step} {after}: steps must be 1, 2, 3...")
+                if records:
+                    problems.append(_at(where, "step_after", step=rec.step, last=records[-1].step))
+                else:
+                    problems.append(_at(where, "step_first", step=rec.step))
             elif rec.snapshot.step != rec.step:
-                problems.append(
-                    f"{where}: step {rec.step} holds a snapshot of step {rec.snapshot.step}"
-                )
+                at = {"step": rec.step, "other": rec.snapshot.step}
+                problems.append(_at(where, "snapshot_of", **at))
             else:
-                problems += [f"{where}: {p}" for p in _snapshot_problems(rec.snapshot)]
+                problems += [_in(where, p) for p in _snapshot_problems(rec.snapshot)]
             records.append(rec)
         elif "outputs" in d and set(d) <= {"outputs", "parents"}:
             outputs_at = where
             outputs = _validated(
                 _outputs_adapter(),
                 json.dumps(d["outputs"]),
-                f'{where}: outputs must map request ids to {{"token_ids": [int...], '
-                f'"text": str, "finish_reason": str or null}}',
+                _at(where, "outputs_shape"),
                 problems,
             )
             if "parents" in d:
                 parents = _validated(
                     _parents_adapter(),
                     json.dumps(d["parents"]),
-                    f"{where}: parents must map parent ids to lists of child ids",
+                    _at(where, "parents_shape"),
                     problems,
                 )
                 unknown = sorted(
                     {c for kids in (parents or {}).values() for c in kids} - set(outputs or {})
                 )
                 if outputs is not None and unknown:
-                    problems.append(
-                        f"{where}: parents name children with no output: {', '.join(unknown[:5])}"
-                    )
+                    problems.append(_at(where, "orphans", ids=", ".join(unknown[:5])))
         elif "scenario" in d or "snapshot" in d:
             if i != 0:
-                problems.append(f"{where}: a header (scenario + snapshot) must be the first line")
+                problems.append(_at(where, "header_not_first"))
                 continue
             missing = [k for k in ("scenario", "snapshot") if k not in d]
             if missing:
-                problems.append(f"{where}: header missing {', '.join(map(repr, missing))}")
+                problems.append(_at(where, "header_missing", keys=", ".join(map(repr, missing))))
                 continue
-            scenario = _header_scenario(d["scenario"], f"{where}: header scenario", problems)
+            scenario = _header_scenario(d["scenario"], _at(where, "header_scenario"), problems)
             initial = _validated(
                 _snapshot_adapter(),
                 json.dumps(d["snapshot"]),
-                f"{where}: header snapshot",
+                _at(where, "header_snapshot"),
                 problems,
             )
             if initial is not None:
                 if initial.step != 0:
-                    problems.append(
-                        f"{where}: header snapshot is of step {initial.step}; it must be 0"
-                    )
-                problems += [f"{where}: {p}" for p in _snapshot_problems(initial)]
+                    problems.append(_at(where, "header_step", step=initial.step))
+                problems += [_in(where, p) for p in _snapshot_problems(initial)]
         else:
-            problems.append(
-                f"{where}: not a trace line (expected a header, a step record or the outputs; "
-                f"got keys {', '.join(sorted(map(str, d)))[:80]})"
-            )
+            problems.append(_at(where, "not_a_line", keys=", ".join(sorted(map(str, d)))[:80]))
     if not problems and initial is None and not records:
-        problems.append("no header and no step records: nothing to show")
+        problems.append(Text("problem.record.nothing"))
     if problems:
         if len(problems) > MAX_PROBLEMS:
-            problems = problems[:MAX_PROBLEMS] + ["… (more problems not shown)"]
+            problems = problems[:MAX_PROBLEMS] + [Text("problem.record.more")]
         raise TraceError(problems)
     return Trace(scenario, initial, tuple(records), outputs, parents)
 
@@ -195,25 +193,19 @@ def _refuse_scenario_file(text: str) -> None:
     except json.JSONDecodeError:
         return
     if isinstance(whole, dict) and not {"step", "snapshot", "outputs"} & set(whole):
-        raise TraceError(
-            [
-                "this looks like a scenario file, not a trace: make a trace with "
-                "`python -m kvcore run SCENARIO.json --trace OUT.jsonl` (or open the scenario "
-                "in the Playground)"
-            ]
-        )
+        raise TraceError([Text("problem.record.scenario_file")])
 
 
-def _header_scenario(d: Any, what: str, problems: list[str]) -> dict[str, Any] | None:
+def _header_scenario(d: Any, what: Text, problems: list[Text]) -> dict[str, Any] | None:
     from paged_kv_lab.record.scenario import ScenarioError, load_scenario, scenario_to_dict
 
     if not isinstance(d, dict):
-        problems.append(f"{what}: not a JSON object")
+        problems.append(_at(what, "not_object"))
         return None
     try:
         return scenario_to_dict(load_scenario(d))
     except ScenarioError as e:
-        problems.extend(f"{what}: {p}" for p in e.problems)
+        problems.extend(_in(what, p) for p in e.texts)
         return None
 
 
@@ -247,28 +239,41 @@ def _parents_adapter() -> TypeAdapter:
 MAX_PROBLEMS_PER_PART = 4
 
 
-def _validated(adapter: TypeAdapter, text: str, what: str, problems: list[str]):
+def _validated(adapter: TypeAdapter, text: str, what: Text, problems: list[Text]):
     """The value ``text`` (JSON) holds, checked strictly against the adapter's type (no
     coercion: "3" is not an int); or None, with each problem and its path added to ``problems``."""
+    from paged_kv_lab.record.scenario import pydantic_said
+
     try:
         return adapter.validate_json(text, strict=True)
     except ValidationError as err:
         data = json.loads(text)
-        by_place: dict[tuple, list[str]] = {}  # a union's members fail at the same place: one line
+        by_place: dict[tuple, list[Text]] = {}  # a union's members fail at the same place: one line
         for e in err.errors(include_url=False):
-            where, what_wrong = _describe(e, data)
-            key = (where, what_wrong) if e["type"] == "missing" else (where,)
-            by_place.setdefault(key, []).append(what_wrong)
-        said = [f"{key[0]}: {' or '.join(dict.fromkeys(msgs))}" for key, msgs in by_place.items()]
-        problems.extend(f"{what}: {p}" for p in said[:MAX_PROBLEMS_PER_PART])
+            where, got = _describe(e, data)
+            if e["type"] == "missing":
+                by_place[(where, got, "missing")] = []
+            else:
+                at = {"said": pydantic_said(e), "got": got}
+                by_place.setdefault((where, got), []).append(Text("problem.record.said_got", at))
+        said = []
+        for (where, got, *missing), saids in by_place.items():
+            if missing:
+                said.append(Text("problem.record.missing", {"path": where, "key": got}))
+                continue
+            one = saids[0]
+            for other in list(dict.fromkeys(saids))[1:]:
+                one = Text("pydantic.either", {"a": one, "b": other})
+            said.append(Text("problem.at", {"path": where, "problem": one}))
+        problems.extend(_in(what, p) for p in said[:MAX_PROBLEMS_PER_PART])
         if len(said) > MAX_PROBLEMS_PER_PART:
-            problems.append(f"{what}: … and {len(said) - MAX_PROBLEMS_PER_PART} more")
+            problems.append(_at(what, "and_more", n=len(said) - MAX_PROBLEMS_PER_PART))
         return None
 
 
 def _describe(e: dict, data: Any) -> tuple[str, str]:
-    """("snapshot.blocks[2].ref_cnt", 'Input should be a valid integer, got "x"') from one pydantic
-    error."""
+    """("snapshot.blocks[2].ref_cnt", '"x"') from one pydantic error: the place and the value
+    found there (for a missing key, the place holding it and the key's name)."""
     parts: list[str] = []
     cur = data
     for part in e["loc"]:
@@ -282,8 +287,8 @@ def _describe(e: dict, data: Any) -> tuple[str, str]:
         except (KeyError, IndexError, TypeError):
             cur = None
     if e["type"] == "missing" and parts:
-        return "".join(parts[:-1]).lstrip(".") or "value", f"missing key {parts[-1].lstrip('.')!r}"
-    return "".join(parts).lstrip(".") or "value", f"{e['msg']}, got {_short(e['input'])}"
+        return "".join(parts[:-1]).lstrip(".") or "value", repr(parts[-1].lstrip("."))
+    return "".join(parts).lstrip(".") or "value", _short(e["input"])
 
 
 def _upgraded_step_line(line: str, d: dict[str, Any]) -> str:
@@ -322,16 +327,14 @@ def _short(v: Any) -> str:
     return s if len(s) <= 40 else s[:39] + "…"
 
 
-def _snapshot_problems(s: Snapshot) -> list[str]:
+def _snapshot_problems(s: Snapshot) -> list[Text]:
     """What the pictures rely on beyond types: block ids 0..n-1 and every id referring to one."""
     n = s.num_gpu_blocks
     out = []
     if s.block_size < 1 or n < 1:
-        out.append(
-            f"snapshot: block_size and num_gpu_blocks must be >= 1 (got {s.block_size}, {n})"
-        )
+        out.append(Text("problem.record.snapshot_sizes", {"block_size": s.block_size, "n": n}))
     if [b.block_id for b in s.blocks] != list(range(n)):
-        out.append(f"snapshot: blocks must be blocks 0..{n - 1} in order")
+        out.append(Text("problem.record.snapshot_order", {"last": n - 1}))
     refs = (
         list(s.free_queue)
         + [b for ids in s.hash_map.values() for b in ids]
@@ -339,5 +342,5 @@ def _snapshot_problems(s: Snapshot) -> list[str]:
     )
     bad = sorted({b for b in refs if not 0 <= b < n})
     if bad:
-        out.append(f"snapshot: block ids {bad[:5]} outside the pool of {n} blocks")
+        out.append(Text("problem.record.snapshot_outside", {"ids": str(bad[:5]), "n": n}))
     return out

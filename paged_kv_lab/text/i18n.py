@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping, Union
+from typing import Any, Mapping, Sequence, Union
 
 HERE = Path(__file__).resolve().parent
 CATALOGUE_DIR = HERE / "catalogue"
@@ -127,7 +127,14 @@ def _unescape(text: str) -> str:
 def _fill(text: str, lang: str, fields: Mapping[str, Any]) -> str:
     if not fields:
         return _unescape(text)
-    return text.format(**{k: tr(v, lang) if isinstance(v, Text) else v for k, v in fields.items()})
+    return text.format(**{k: _field(v, lang) for k, v in fields.items()})
+
+
+def _field(value: Any, lang: str) -> Any:
+    # a tuple of Text is a list of sentences (a refusal's problems): one a line
+    if isinstance(value, tuple) and value and all(isinstance(v, Text) for v in value):
+        return "\n".join(tr(v, lang) for v in value)
+    return tr(value, lang) if isinstance(value, Text) else value
 
 
 def tr(key: str | Text, lang: str = "en", **fields) -> Entry:
@@ -184,6 +191,29 @@ def __getattr__(name: str):
     if name == "LANG_NAMES":
         return languages()
     raise AttributeError(name)
+
+
+class ProblemsError(ValueError):
+    """A refusal that lists problems, one a line. ``texts``: each problem a catalogue sentence
+    whose fields hold the data (a field's path, the offending value: never translated);
+    ``problems``: their English (what the CLI, logs and tests read); ``text``: the sentence
+    around them (the subclass's ``AROUND`` key), so ``str(e)`` is the English whole."""
+
+    AROUND: str  # the catalogue key of the sentence around the problems
+
+    def __init__(self, problems: Sequence[Text]) -> None:
+        self.texts = tuple(problems)
+        bullets = tuple(Text("problem.bullet", {"line": t}) for t in self.texts)
+        self.text = Text(self.AROUND, {"problems": bullets})
+        super().__init__(tr(self.text, "en"))
+
+    @property
+    def problems(self) -> list[str]:
+        return [tr(t, "en") for t in self.texts]
+
+    def lines(self, lang: str = "en") -> list[str]:
+        """The problems in ``lang``, one a line."""
+        return [tr(t, lang) for t in self.texts]
 
 
 def said(error: BaseException, lang: str = "en") -> str:

@@ -40,6 +40,7 @@ from paged_kv_lab.record.engine import (
     scheduler_config_for,
 )
 from paged_kv_lab.record.scenario import EngineSettings, ScenarioError, load_scenario
+from paged_kv_lab.text.i18n import Text
 from paged_kv_lab.workload.tokens import PLACEHOLDER_TOKEN, check_block_size, prompt_token_ids
 from paged_kv_lab.workload.trace import Trace, TraceRequest
 
@@ -51,9 +52,9 @@ DEFAULT_POOL_TOKENS = 1 << 20
 REPLAY_ENGINE_DEFAULTS = {"block_size": 16, "max_num_seqs": 256, "max_num_batched_tokens": 8192}
 # Engine settings a model-free replay cannot honour.
 _UNSUPPORTED = {
-    "speculative": "speculative decoding needs a model to verify drafts",
-    "kv_events": "a replay publishes no KV events",
-    "cpu_offload": "the CPU offload tier is not modelled in a replay",
+    "speculative": Text("problem.replay.no_speculative"),
+    "kv_events": Text("problem.replay.no_kv_events"),
+    "cpu_offload": Text("problem.replay.no_cpu_offload"),
 }
 
 
@@ -93,7 +94,7 @@ def replay_settings(
     overrides = dict(overrides or {})
     for key, why in _UNSUPPORTED.items():
         if overrides.get(key) is not None:
-            raise ScenarioError([f"engine.{key}: not in a replay ({why})"])
+            raise ScenarioError([Text("problem.replay.unsupported", {"key": key, "why": why})])
     engine = {**REPLAY_ENGINE_DEFAULTS, "max_model_len": trace.max_model_len, **overrides}
     if "num_gpu_blocks" not in overrides:
         bs = engine["block_size"]
@@ -101,20 +102,17 @@ def replay_settings(
             engine["num_gpu_blocks"] = DEFAULT_POOL_TOKENS // bs + 1
     settings = load_scenario({"name": trace.name, "engine": engine}).engine
     if settings.num_gpu_blocks == "auto":
-        raise ScenarioError(
-            ['engine.num_gpu_blocks: "auto" profiles a model; a replay has none: give a number']
-        )
+        raise ScenarioError([Text("problem.replay.auto_blocks")])
     if arrival not in ARRIVALS:
-        raise ScenarioError([f"arrival: must be one of {', '.join(ARRIVALS)}; got {arrival!r}"])
+        at = {"choices": ", ".join(ARRIVALS), "got": repr(arrival)}
+        raise ScenarioError([Text("problem.replay.arrival", at)])
     for name, v, low in (("speedup", speedup, 0.0), ("step_ms", step_ms, 0.0)):
         if not isinstance(v, (int, float)) or not v > low:
-            raise ScenarioError([f"{name}: must be a number > {low:g}; got {v!r}"])
+            at = {"name": name, "low": f"{low:g}", "got": repr(v)}
+            raise ScenarioError([Text("problem.replay.above", at)])
     if not isinstance(token_ms, (int, float)) or token_ms < 0:
-        raise ScenarioError([f"token_ms: must be a number >= 0; got {token_ms!r}"])
-    try:
-        check_block_size(settings.block_size, trace.block_size)
-    except ValueError as e:
-        raise ScenarioError([f"engine.block_size: {e}"]) from None
+        raise ScenarioError([Text("problem.replay.token_ms", {"got": repr(token_ms)})])
+    check_block_size(settings.block_size, trace.block_size)
     return ReplaySettings(
         settings, arrival, float(speedup), float(step_ms), float(token_ms), fast_forward
     )

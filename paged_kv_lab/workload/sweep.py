@@ -18,6 +18,7 @@ from multiprocessing import get_context
 from typing import Any, Callable, Optional
 
 from paged_kv_lab.record.scenario import EngineSettings, ScenarioError
+from paged_kv_lab.text.i18n import Text
 from paged_kv_lab.workload.replay import ReplayError, ReplayResult, replay, replay_settings
 from paged_kv_lab.workload.trace import Trace
 
@@ -42,24 +43,21 @@ def parse_sweep(spec: str) -> tuple[str, list[Any]]:
     key = key.strip()
     known = {f for f in EngineSettings.__dataclass_fields__} | set(REPLAY_KEYS)
     if not sep or not key or not raw.strip():
-        raise ScenarioError(
-            [f"--sweep {spec!r}: write KEY=V1,V2,..., e.g. num_gpu_blocks=1000,2000"]
-        )
+        raise ScenarioError([Text("problem.sweep.form", {"spec": repr(spec)})])
     if key not in known:
-        raise ScenarioError(
-            [f"--sweep {spec!r}: unknown setting {key!r} (known: {', '.join(sorted(known))})"]
-        )
+        at = {"spec": repr(spec), "key": repr(key), "known": ", ".join(sorted(known))}
+        raise ScenarioError([Text("problem.sweep.unknown", at)])
     values = []
     for part in raw.split(","):
         part = part.strip()
         if not part:
-            raise ScenarioError([f"--sweep {spec!r}: an empty value"])
+            raise ScenarioError([Text("problem.sweep.empty", {"spec": repr(spec)})])
         try:
             values.append(json.loads(part))
         except json.JSONDecodeError:
             values.append(part)
     if len(values) != len({json.dumps(v) for v in values}):
-        raise ScenarioError([f"--sweep {spec!r}: a value is given twice"])
+        raise ScenarioError([Text("problem.sweep.twice", {"spec": repr(spec)})])
     return key, values
 
 

@@ -19,6 +19,7 @@ block that holds generated tokens (the trace says nothing about answers being re
 
 from __future__ import annotations
 
+from paged_kv_lab.text.i18n import Text
 from paged_kv_lab.workload.trace import TraceRequest
 
 PLACEHOLDER_TOKEN = 0
@@ -41,11 +42,15 @@ def prompt_token_ids(request: TraceRequest, trace_block_size: int) -> list[int]:
 
 
 def check_block_size(block_size: int, trace_block_size: int) -> None:
-    """ValueError unless ``block_size`` divides the trace's block (else a cache block would
-    straddle two trace blocks and share what the trace does not say is shared)."""
+    """ScenarioError (a ValueError) unless ``block_size`` divides the trace's block (else a cache
+    block would straddle two trace blocks and share what the trace does not say is shared)."""
+    from paged_kv_lab.record.scenario import ScenarioError
+
     if block_size < 1 or trace_block_size % block_size:
         divisors = [d for d in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512) if trace_block_size % d == 0]
-        raise ValueError(
-            f"block_size {block_size} does not divide the trace's block of {trace_block_size} "
-            f"tokens; use one of {', '.join(map(str, divisors))}"
-        )
+        at = {
+            "got": block_size,
+            "trace": trace_block_size,
+            "divisors": ", ".join(map(str, divisors)),
+        }
+        raise ScenarioError([Text("problem.replay.block_size", at)])

@@ -32,13 +32,12 @@ TRACE_BLOCK_SIZE = {MOONCAKE: 512, QWEN_BAILIAN: 16}
 
 
 class TraceError(ValueError):
-    """A trace that cannot be read: the message names the line and the field. A file-level
-    refusal (not readable, not UTF-8, not JSON, empty) is a catalogue sentence, ``text``;
-    a field's problem stays in the checker's words (data about the field, like pydantic's)."""
+    """A trace that cannot be read: ``text``, a catalogue sentence naming the line and the field
+    (the line, the field and the offending value are its data); ``str(e)`` its English."""
 
-    def __init__(self, message: Union[str, Text]) -> None:
-        self.text = message if isinstance(message, Text) else None
-        super().__init__(tr(message, "en") if isinstance(message, Text) else message)
+    def __init__(self, message: Text) -> None:
+        self.text = message
+        super().__init__(tr(message, "en"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,45 +135,46 @@ def detect_format(record: dict) -> str:
     return QWEN_BAILIAN if "chat_id" in record or "parent_chat_id" in record else MOONCAKE
 
 
-def _int(record: dict, key: str, where: str, minimum: int = 0) -> int:
+def _int(record: dict, key: str, where: Text, minimum: int = 0) -> int:
     if key not in record:
-        raise TraceError(f"{where}: missing field {key!r}")
+        raise TraceError(Text("problem.trace.missing", {"where": where, "key": repr(key)}))
     v = record[key]
     if isinstance(v, bool) or not isinstance(v, int):
-        raise TraceError(f"{where}: {key} must be an integer; got {v!r}")
+        at = {"where": where, "key": key, "got": repr(v)}
+        raise TraceError(Text("problem.trace.not_integer", at))
     if v < minimum:
-        raise TraceError(f"{where}: {key} must be >= {minimum}; got {v}")
+        at = {"where": where, "key": key, "min": minimum, "got": v}
+        raise TraceError(Text("problem.trace.below", at))
     return v
 
 
-def _number(record: dict, key: str, where: str) -> float:
+def _number(record: dict, key: str, where: Text) -> float:
     if key not in record:
-        raise TraceError(f"{where}: missing field {key!r}")
+        raise TraceError(Text("problem.trace.missing", {"where": where, "key": repr(key)}))
     v = record[key]
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise TraceError(f"{where}: {key} must be a number >= 0; got {v!r}")
+        at = {"where": where, "key": key, "got": repr(v)}
+        raise TraceError(Text("problem.trace.not_number", at))
     return float(v)
 
 
-def parse_record(record: object, index: int, fmt: str, where: str) -> TraceRequest:
+def parse_record(record: object, index: int, fmt: str, where: Text) -> TraceRequest:
     """One line's object as a TraceRequest; TraceError names ``where`` and the field."""
     if not isinstance(record, dict):
-        raise TraceError(f"{where}: must be a JSON object")
+        raise TraceError(Text("problem.trace.not_object", {"where": where}))
     block = TRACE_BLOCK_SIZE[fmt]
     input_length = _int(record, "input_length", where, 1)
     output_length = _int(record, "output_length", where, 1)
     raw_ids = record.get("hash_ids")
     if not isinstance(raw_ids, list) or not raw_ids:
-        raise TraceError(f"{where}: hash_ids must be a non-empty list of integers >= 0")
+        raise TraceError(Text("problem.trace.hash_ids", {"where": where}))
     for h in raw_ids:
         if isinstance(h, bool) or not isinstance(h, int) or h < 0:
-            raise TraceError(f"{where}: hash_ids must hold integers >= 0; got {h!r}")
+            raise TraceError(Text("problem.trace.hash_id", {"where": where, "got": repr(h)}))
     need = -(-input_length // block)
     if len(raw_ids) != need:
-        raise TraceError(
-            f"{where}: input_length {input_length} needs {need} hash ids of {block} tokens "
-            f"({fmt} format); the line has {len(raw_ids)}"
-        )
+        at = {"where": where, "length": input_length, "need": need, "block": block}
+        raise TraceError(Text("problem.trace.hash_count", {**at, "fmt": fmt, "has": len(raw_ids)}))
     ts = _number(record, "timestamp", where)
     if fmt == MOONCAKE:
         return TraceRequest(index, ts, input_length, output_length, tuple(raw_ids))
@@ -183,7 +183,7 @@ def parse_record(record: object, index: int, fmt: str, where: str) -> TraceReque
     turn = _int(record, "turn", where, 0) if "turn" in record else None
     kind = record.get("type")
     if kind is not None and not isinstance(kind, str):
-        raise TraceError(f"{where}: type must be a string; got {kind!r}")
+        raise TraceError(Text("problem.trace.type", {"where": where, "got": repr(kind)}))
     return TraceRequest(
         index, ts * 1000.0, input_length, output_length, tuple(raw_ids), chat_id, parent, turn, kind
     )
@@ -198,7 +198,8 @@ def parse_trace(
     """Read JSONL lines (blank lines skipped). ``fmt`` "auto" reads the first line's fields.
     Refuses, naming the line, anything malformed; ``max_requests`` stops a huge file early."""
     if fmt not in ("auto",) + FORMATS:
-        raise TraceError(f"format must be one of auto, {', '.join(FORMATS)}; got {fmt!r}")
+        at = {"formats": ", ".join(("auto",) + FORMATS), "got": repr(fmt)}
+        raise TraceError(Text("problem.trace.format", at))
     out: list[TraceRequest] = []
     for lineno, line in enumerate(lines, 1):
         if isinstance(line, bytes):
@@ -209,7 +210,7 @@ def parse_trace(
                 raise TraceError(Text("refusal.trace.not_utf8", at)) from None
         if not line.strip():
             continue
-        where = f"{name} line {lineno}"
+        where = Text("problem.trace.where", {"name": name, "line": lineno})
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
@@ -217,7 +218,7 @@ def parse_trace(
             raise TraceError(Text("refusal.trace.not_json", at)) from None
         if fmt == "auto":
             if not isinstance(record, dict):
-                raise TraceError(f"{where}: must be a JSON object")
+                raise TraceError(Text("problem.trace.not_object", {"where": where}))
             fmt = detect_format(record)
         if max_requests is not None and len(out) >= max_requests:
             at = {"name": name, "max": f"{max_requests:,}"}
