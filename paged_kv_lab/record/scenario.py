@@ -54,7 +54,7 @@ class ScenarioError(ProblemsError):
     a catalogue sentence with the field's path and value as data), ``problems`` their English,
     ``lines(lang)`` in a language; ``str(e)`` the whole refusal in English."""
 
-    AROUND = "refusal.invalid_scenario"
+    AROUND = Text("refusal.invalid_scenario")
 
 
 # Every integer fits the engine's 64-bit tensors (positions, seeds): a larger one is refused here,

@@ -65,7 +65,7 @@ class TraceError(ProblemsError):
     """A file that is not a readable trace: ``texts`` catalogue sentences naming their line
     ("line 3: not JSON: ..."), ``problems`` their English, ``lines(lang)`` in a language."""
 
-    AROUND = "refusal.unreadable_trace"
+    AROUND = Text("refusal.unreadable_trace")
 
 
 def _in(where: Text, problem: Text) -> Text:

@@ -197,14 +197,14 @@ class ProblemsError(ValueError):
     """A refusal that lists problems, one a line. ``texts``: each problem a catalogue sentence
     whose fields hold the data (a field's path, the offending value: never translated);
     ``problems``: their English (what the CLI, logs and tests read); ``text``: the sentence
-    around them (the subclass's ``AROUND`` key), so ``str(e)`` is the English whole."""
+    around them (the subclass's ``AROUND``), so ``str(e)`` is the English whole."""
 
-    AROUND: str  # the catalogue key of the sentence around the problems
+    AROUND: Text  # the sentence around the problems (its ``problems`` field filled here)
 
     def __init__(self, problems: Sequence[Text]) -> None:
         self.texts = tuple(problems)
         bullets = tuple(Text("problem.bullet", {"line": t}) for t in self.texts)
-        self.text = Text(self.AROUND, {"problems": bullets})
+        self.text = Text(self.AROUND.key, {"problems": bullets})
         super().__init__(tr(self.text, "en"))
 
     @property
