@@ -22,7 +22,7 @@ from paged_kv_lab.player import (
     static_html,
 )
 from paged_kv_lab.player.export import json_for_script
-from paged_kv_lab.record.engine import Engine
+from paged_kv_lab.record.engine import Engine, engine_for
 from paged_kv_lab.record.scenario import load_scenario
 from paged_kv_lab.runs.timeline import lesson_scenario
 
@@ -30,7 +30,7 @@ HOSTILE = "<img src=x onerror=alert(1)> and <script>alert(2)</script> & \u2028"
 
 
 def recorded(scenario, model):
-    engine = Engine(scenario, model=model)
+    engine = engine_for(scenario, model=model)
     initial = engine.snapshot()
     return initial, engine.run(max_steps=400), engine
 
@@ -61,7 +61,7 @@ def test_every_step_equals_an_independent_engine(lesson, tiny_model):
         lang="en",
         narrate=LessonNarrator(lesson, engine_run(scenario, records), "en"),
     )
-    other = Engine(scenario, model=tiny_model)  # a second engine, stepped on its own
+    other = engine_for(scenario, model=tiny_model)  # a second engine, stepped on its own
     truth = [other.snapshot()] + [other.step().snapshot for _ in records]
     assert len(truth) == len(records) + 1
     assert_encodes(payload, truth)

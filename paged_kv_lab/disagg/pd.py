@@ -248,3 +248,64 @@ class PDEngine:
     def close(self) -> None:
         for e in self.engines.values():
             e.close()
+
+
+class PDRun:
+    """A P/D pair as the run store steps an engine: one StepRecord per ``step()`` call, the two
+    replicas' records in the order the pair made them (a tick with two records gives two calls).
+
+    Invariants: the records come out numbered 1, 2, 3... with none skipped or repeated;
+    ``replicas[n]`` names the replica of step n and ``pulls[n]`` the pulls it made (prefill ids,
+    decode ids); ``has_unfinished()`` is false only when the pair is done and nothing is queued.
+    """
+
+    def __init__(self, pair: PDEngine, max_idle_ticks: int = 1_000) -> None:
+        self.pair = pair
+        self.model = pair.model
+        self.max_idle_ticks = max_idle_ticks
+        self.replicas: dict[int, str] = {}
+        self.pulls: dict[int, dict[str, tuple[tuple[int, ...], tuple[int, ...]]]] = {}
+        self._queue: list[ReplicaStep] = []
+
+    def has_unfinished(self) -> bool:
+        return bool(self._queue) or self.pair.has_unfinished()
+
+    def step(self) -> StepRecord:
+        """The next record; ticks the pair until one of its replicas had work."""
+        idle = 0
+        while not self._queue:
+            if not self.pair.has_unfinished() or idle >= self.max_idle_ticks:
+                raise RuntimeError("the P/D pair has no step left to make")
+            self._queue += self.pair.step()
+            idle += 1
+        got = self._queue.pop(0)
+        self.replicas[got.record.step] = got.replica
+        if got.pulls:
+            self.pulls[got.record.step] = got.pulls
+        return got.record
+
+    def run(self, max_steps: int = 100_000) -> list[StepRecord]:
+        """Step until both replicas are done (as Engine.run without ``until``)."""
+        records = []
+        while self.has_unfinished() and len(records) < max_steps:
+            records.append(self.step())
+        return records
+
+    def snapshot(self):
+        return self.pair.snapshot()
+
+    def decode(self, token_ids) -> str:
+        return self.pair.decode(token_ids)
+
+    def outputs(self) -> dict[str, dict]:
+        return self.pair.outputs()
+
+    def parents(self) -> dict[str, list[str]]:
+        return {}
+
+    def bytes_per_block(self) -> int:
+        """Both pools' bytes per block id (each replica holds one block of each id)."""
+        return sum(e.bytes_per_block() for e in self.pair.engines.values())
+
+    def close(self) -> None:
+        self.pair.close()
