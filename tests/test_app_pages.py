@@ -27,7 +27,7 @@ from paged_kv_lab.text.i18n import tr
 
 def engine_snapshot(lesson_id, step, model):
     """An independent engine (not the app's run store) stepped to ``step``."""
-    from paged_kv_lab.record.engine import engine_for
+    from paged_kv_lab.disagg.pd import engine_for
     from paged_kv_lab.runs.timeline import lesson_scenario
 
     scenario = lesson_scenario(BY_ID[lesson_id], model.num_layers, model=model.name, device="cpu")

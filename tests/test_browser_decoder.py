@@ -48,8 +48,8 @@ def to_wire(decoded: dict) -> dict:
 def recorded(lesson_id: str):
     """A lesson on the tiny model, and an independent engine's snapshots of the same scenario."""
     from kvcore.model import load_model
+    from paged_kv_lab.disagg.pd import engine_for
     from paged_kv_lab.lesson import BY_ID
-    from paged_kv_lab.record.engine import engine_for
     from paged_kv_lab.runs.timeline import lesson_scenario
 
     model = load_model("tiny-random", "cpu")

@@ -23,12 +23,12 @@ OURS = (
     "text",
     "why",
     "watch",
+    "disagg",
     "runs",
     "player",
     "lesson",
     "workload",
     "designs",
-    "disagg",
     "app",
     "cli",
 )
@@ -39,7 +39,8 @@ MAY_IMPORT = {
     "text": {"kvcore", "record"},
     "why": {"kvcore", "record", "text"},
     "watch": {"kvcore"},
-    "runs": {"kvcore", "record"},
+    # a run's steps come from an Engine or a P/D pair (disagg/pd.py: engine_for)
+    "runs": {"kvcore", "record", "disagg"},
     "player": {"kvcore", "record", "text", "why"},
     "lesson": {"kvcore", "record", "text", "why"},
     "workload": {"kvcore", "record"},

@@ -11,6 +11,7 @@ import re
 import pytest
 
 from paged_kv_lab.app.panels import LessonNarrator
+from paged_kv_lab.disagg.pd import engine_for
 from paged_kv_lab.lesson import BY_ID, LESSONS
 from paged_kv_lab.player import (
     WIRE,
@@ -22,7 +23,7 @@ from paged_kv_lab.player import (
     static_html,
 )
 from paged_kv_lab.player.export import json_for_script
-from paged_kv_lab.record.engine import Engine, engine_for
+from paged_kv_lab.record.engine import Engine
 from paged_kv_lab.record.scenario import load_scenario
 from paged_kv_lab.runs.timeline import lesson_scenario
 

@@ -73,7 +73,7 @@ def build_scenario(lesson: Lesson, base: dict, overrides: dict, ms: ModelState) 
 
 def make_factory(ms: ModelState):
     def factory(scenario: Scenario):
-        from paged_kv_lab.record.engine import engine_for
+        from paged_kv_lab.disagg.pd import engine_for
 
         return engine_for(scenario, model=ms.model)
 

@@ -309,3 +309,58 @@ class PDRun:
 
     def close(self) -> None:
         self.pair.close()
+
+
+@dataclass(frozen=True)
+class TTFTSplit:
+    """A request's time to first token on a P/D pair, read from the recorded steps (their
+    measured ``seconds``): the prefill replica's step that computed the prompt, the decode
+    replica's step that pulled the K/V, the steps in between and after it until the step that
+    sampled the first decode token (``waiting``), that step, and their sum."""
+
+    request_id: str
+    prefill_ms: float
+    transfer_ms: float
+    waiting_ms: float
+    first_decode_ms: float
+
+    @property
+    def total_ms(self) -> float:
+        return self.prefill_ms + self.transfer_ms + self.waiting_ms + self.first_decode_ms
+
+
+def ttft_split(records: list[StepRecord]) -> list[TTFTSplit]:
+    """The split of each request whose first decode token is among ``records`` (a P/D run's,
+    numbered 1, 2, 3...). A request's prefill step is the one it finished in while still holding
+    its blocks (the prefill replica kept them for the pull); its transfer step the one that left
+    it waiting for remote K/V."""
+    ms = [1000 * r.seconds for r in records]
+    kept: dict[str, int] = {}
+    pulled: dict[str, int] = {}
+    out = []
+    for i, rec in enumerate(records):
+        held = {r.request_id: r for r in rec.snapshot.requests}
+        for e in rec.events:
+            r = held.get(e.request_id or "")
+            if r is None:
+                continue
+            if e.kind == "finished" and any(r.block_tables) and e.request_id not in kept:
+                kept[e.request_id] = i
+            if r.status == "waiting_for_remote_kvs" and e.request_id not in pulled:
+                pulled[e.request_id] = i
+        for rid in rec.new_tokens:
+            p, t = kept.get(rid), pulled.pop(rid, None)
+            if p is None or t is None or t >= i:
+                if t is not None:
+                    pulled[rid] = t
+                continue
+            out.append(TTFTSplit(rid, ms[p], ms[t], sum(ms[t + 1 : i]), ms[i]))
+    return out
+
+
+def engine_for(scenario: Scenario, model=None):
+    """What steps ``scenario`` one StepRecord at a time: an Engine, or, for ``engine.kv_transfer
+    = "pd"``, a prefill and a decode replica on the one model (PDRun)."""
+    if scenario.engine.kv_transfer == "pd":
+        return PDRun(PDEngine(scenario, model=model))
+    return Engine(scenario, model=model)

@@ -52,7 +52,7 @@ HERE = Path(__file__).resolve().parent
 LESSON_DIR = HERE / "lessons"
 EXAMPLES_DIR = HERE.parent / "examples"
 # the panels a lesson page can add under the player (app/lesson_page.py)
-PANELS = ("memory", "budget", "held", "myths", "cpu_tier", "designs")
+PANELS = ("memory", "budget", "held", "myths", "cpu_tier", "designs", "pd")
 # engine settings a switch may set besides EngineSettings' fields (old names load_scenario reads)
 LEGACY_SETTINGS = ("sliding_retention",)
 # Switches that are no engine setting: the name a switch stores (in the URL, in overrides) ->

@@ -635,14 +635,3 @@ class Engine:
         from kvcore.model.memory import bytes_per_block
 
         return bytes_per_block(self.model.config, self.settings.block_size, self.model.dtype)
-
-
-def engine_for(scenario: Scenario, model=None):
-    """What steps ``scenario`` one StepRecord at a time: an Engine, or, for ``engine.kv_transfer
-    = "pd"``, a prefill and a decode replica on the one model (paged_kv_lab/disagg/pd.py:
-    PDRun)."""
-    if scenario.engine.kv_transfer == "pd":
-        from paged_kv_lab.disagg.pd import PDEngine, PDRun
-
-        return PDRun(PDEngine(scenario, model=model))
-    return Engine(scenario, model=model)
