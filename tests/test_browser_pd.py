@@ -4,6 +4,8 @@ replica keeping A's blocks, the transfer step (the decode replica's blocks, A wa
 K/V), the prefill replica's delayed free and the delayed caching when the load lands, each at
 the step where the run makes it."""
 
+import re
+
 import pytest
 from test_browser import browser, open_player  # noqa: F401
 
@@ -12,8 +14,14 @@ from paged_kv_lab.text.i18n import tr
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-# the first words of each moment's sentence (its fields come after them)
-MOMENTS = {i: tr(BY_ID["pd"].moments[i].text, "en").split("{")[0][:40] for i in range(4)}
+
+def words(i: int) -> str:
+    """The longest stretch of moment i's sentence without a field, as the player shows it."""
+    text = tr(BY_ID["pd"].moments[i].text, "en").replace("**", "").replace("`", "")
+    return max(re.split(r"\{\w+\}", text), key=len).strip()
+
+
+MOMENTS = {i: words(i) for i in range(4)}
 
 
 def test_the_transfer_the_wait_and_the_delayed_caching_are_narrated(smollm2_server, browser):  # noqa: F811
@@ -26,7 +34,7 @@ def test_the_transfer_the_wait_and_the_delayed_caching_are_narrated(smollm2_serv
         page.wait_for_selector(f'.pkv[data-step="{step}"]', timeout=180_000)
         said = page.locator('[data-role="narration"]').inner_text()
         for i, start in MOMENTS.items():
-            if i not in seen and start.replace("**", "").replace("`", "") in said:
+            if i not in seen and start in said:
                 seen[i] = step
         if step == 2:  # the transfer step: A waits for the K/V the decode replica pulls
             assert "waiting_for_remote_kvs" in page.locator('[data-role="outputs"]').inner_text()
