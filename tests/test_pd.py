@@ -155,6 +155,9 @@ def test_cli_runs_a_scenario_as_a_pd_pair(tmp_path, capsys, tiny_model):
     assert cli_main(args) == 0
     out = capsys.readouterr().out
     assert "[prefill replica]" in out and "[decode replica]" in out and "pulled" in out
+    # the prefill replica's finished request keeps its blocks for the pull; the decode one frees
+    assert "keeps its blocks allocated until the decode replica has read them" in out
+    assert "and frees its blocks" in out
     assert out[out.index("== outputs") :] == plain[plain.index("== outputs") :]
     t = read_trace(trace.read_text())
     assert t.scenario["engine"]["kv_transfer"] == "pd"

@@ -392,10 +392,14 @@ SENTENCES: dict[EventKind, Render] = {
 
 
 def sentence(
-    e: Event, lang: str = "en", decode: Decode | None = None, multi_group: bool = False
+    e: Event,
+    lang: str = "en",
+    decode: Decode | None = None,
+    multi_group: bool = False,
+    kept: frozenset[str] = frozenset(),
 ) -> str:
-    """One event as one sentence in ``lang``."""
-    return tr(SENTENCES[e.kind](e, Style(decode, multi_group)), lang)
+    """One event as one sentence in ``lang`` (``kept``: Style)."""
+    return tr(SENTENCES[e.kind](e, Style(decode, multi_group, kept)), lang)
 
 
 def step_sentences(
@@ -406,8 +410,10 @@ def step_sentences(
     kept: frozenset[str] = frozenset(),
 ) -> list[tuple[str, str]]:
     """(kind, icon + sentence) for each event, in the order they happened (``kept``: Style)."""
-    style = Style(decode, multi_group, kept)
-    return [(e.kind.value, f"{ICONS[e.kind]} {tr(SENTENCES[e.kind](e, style), lang)}") for e in evs]
+    return [
+        (e.kind.value, f"{ICONS[e.kind]} {sentence(e, lang, decode, multi_group, kept)}")
+        for e in evs
+    ]
 
 
 def kept_blocks(snapshot) -> frozenset[str]:
