@@ -27,13 +27,14 @@ from paged_kv_lab.text.i18n import tr
 
 def engine_snapshot(lesson_id, step, model):
     """An independent engine (not the app's run store) stepped to ``step``."""
-    from paged_kv_lab.record.engine import Engine
+    from paged_kv_lab.disagg.pd import engine_for
     from paged_kv_lab.runs.timeline import lesson_scenario
 
     scenario = lesson_scenario(BY_ID[lesson_id], model.num_layers, model=model.name, device="cpu")
-    engine = Engine(scenario, model=model)
-    for _ in range(step):
-        engine.step()
+    engine = engine_for(scenario, model=model)
+    records = [engine.step() for _ in range(step)]
+    if records and scenario.engine.kv_transfer == "pd":  # a step is one replica's: its pool
+        return records[-1].snapshot
     return engine.snapshot()
 
 

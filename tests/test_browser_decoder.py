@@ -48,17 +48,17 @@ def to_wire(decoded: dict) -> dict:
 def recorded(lesson_id: str):
     """A lesson on the tiny model, and an independent engine's snapshots of the same scenario."""
     from kvcore.model import load_model
+    from paged_kv_lab.disagg.pd import engine_for
     from paged_kv_lab.lesson import BY_ID
-    from paged_kv_lab.record.engine import Engine
     from paged_kv_lab.runs.timeline import lesson_scenario
 
     model = load_model("tiny-random", "cpu")
     scenario = lesson_scenario(
         BY_ID[lesson_id], model.num_layers, model="tiny-random", device="cpu"
     )
-    engine = Engine(scenario, model=model)
+    engine = engine_for(scenario, model=model)
     initial, records = engine.snapshot(), engine.run(max_steps=400)
-    other = Engine(scenario, model=model)
+    other = engine_for(scenario, model=model)
     truth = [other.snapshot()] + [other.step().snapshot for _ in records]
     return engine, initial, records, truth
 

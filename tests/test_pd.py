@@ -155,6 +155,9 @@ def test_cli_runs_a_scenario_as_a_pd_pair(tmp_path, capsys, tiny_model):
     assert cli_main(args) == 0
     out = capsys.readouterr().out
     assert "[prefill replica]" in out and "[decode replica]" in out and "pulled" in out
+    # the prefill replica's finished request keeps its blocks for the pull; the decode one frees
+    assert "keeps its blocks allocated until the decode replica has read them" in out
+    assert "and frees its blocks" in out
     assert out[out.index("== outputs") :] == plain[plain.index("== outputs") :]
     t = read_trace(trace.read_text())
     assert t.scenario["engine"]["kv_transfer"] == "pd"
@@ -185,3 +188,27 @@ def test_smollm2_pd_pair_equals_generate_with_hits_on_both_replicas(smollm2):
         assert pd.outputs()[spec.id]["token_ids"] == want, spec.id
     parts = pd.ttft_parts("A")
     assert parts is not None and parts.total >= parts.prefill_step > 0
+
+
+def test_ttft_split_reads_the_parts_from_the_records(journey):
+    """Each part is the measured seconds of the step the journey says: the prefill replica's
+    step that finished the request, the decode replica's step that pulled it, the first decode
+    token's step."""
+    from paged_kv_lab.disagg.pd import ttft_split
+
+    _, _, steps = journey
+    split = {s.request_id: s for s in ttft_split([s.record for s in steps])}
+    assert set(split) == {"A", "B", "C"}
+    for rid, s in split.items():
+        ((p, _),) = events_of(steps, PREFILL, "finished", rid)
+        t = next(
+            st.record.step
+            for st in steps
+            if st.replica == DECODE and rid in st.pulls  # the pull is ordered in that step
+        )
+        first = next(
+            st.record.step for st in steps if st.replica == DECODE and rid in st.record.new_tokens
+        )
+        ms = {st.record.step: 1000 * st.record.seconds for st in steps}
+        assert (s.prefill_ms, s.transfer_ms, s.first_decode_ms) == (ms[p], ms[t], ms[first])
+        assert s.waiting_ms == pytest.approx(sum(ms[i] for i in range(t + 1, first)))

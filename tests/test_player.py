@@ -11,6 +11,7 @@ import re
 import pytest
 
 from paged_kv_lab.app.panels import LessonNarrator
+from paged_kv_lab.disagg.pd import engine_for
 from paged_kv_lab.lesson import BY_ID, LESSONS
 from paged_kv_lab.player import (
     WIRE,
@@ -30,7 +31,7 @@ HOSTILE = "<img src=x onerror=alert(1)> and <script>alert(2)</script> & \u2028"
 
 
 def recorded(scenario, model):
-    engine = Engine(scenario, model=model)
+    engine = engine_for(scenario, model=model)
     initial = engine.snapshot()
     return initial, engine.run(max_steps=400), engine
 
@@ -61,7 +62,7 @@ def test_every_step_equals_an_independent_engine(lesson, tiny_model):
         lang="en",
         narrate=LessonNarrator(lesson, engine_run(scenario, records), "en"),
     )
-    other = Engine(scenario, model=tiny_model)  # a second engine, stepped on its own
+    other = engine_for(scenario, model=tiny_model)  # a second engine, stepped on its own
     truth = [other.snapshot()] + [other.step().snapshot for _ in records]
     assert len(truth) == len(records) + 1
     assert_encodes(payload, truth)

@@ -126,6 +126,10 @@ def lesson_stage(lesson, state, ms, lang: str, compact: bool) -> None:
             from paged_kv_lab.app.cpu_tier import show_cpu_tier
 
             show_cpu_tier(run, lang, ms.device)
+        if "pd" in lesson.panels:
+            from paged_kv_lab.app.pd_panel import show_ttft_split
+
+            show_ttft_split(run, lang, ms.device)
         designs = None
         if "designs" in lesson.panels:  # SGLang's and nano-vllm's views at the player's step
             from paged_kv_lab.app.designs_page import show_designs

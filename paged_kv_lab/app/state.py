@@ -74,9 +74,9 @@ def build_scenario(lesson: Lesson, base: dict, overrides: dict, ms: ModelState) 
 
 def make_factory(ms: ModelState):
     def factory(scenario: Scenario):
-        from paged_kv_lab.record.engine import Engine
+        from paged_kv_lab.disagg.pd import engine_for
 
-        return Engine(scenario, model=ms.model)
+        return engine_for(scenario, model=ms.model)
 
     return factory
 

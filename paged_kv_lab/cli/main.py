@@ -41,7 +41,7 @@ from paged_kv_lab.record.scenario import (
     with_engine_overrides,
 )
 from paged_kv_lab.text.i18n import Text, languages, said, tr
-from paged_kv_lab.text.sentences import sentence
+from paged_kv_lab.text.sentences import kept_blocks, sentence
 
 
 def _loading():
@@ -56,9 +56,15 @@ def _error(args: argparse.Namespace, message) -> str:
     return tr("cli.error", getattr(args, "lang", "en"), message=message)
 
 
-def describe(ev: events.Event, lang: str = "en", decode=None, multi_group: bool = False) -> str:
+def describe(
+    ev: events.Event,
+    lang: str = "en",
+    decode=None,
+    multi_group: bool = False,
+    kept: frozenset[str] = frozenset(),
+) -> str:
     """One log line per event: the app's sentence for it (text.sentences), reason included."""
-    return sentence(ev, lang, decode, multi_group)
+    return sentence(ev, lang, decode, multi_group, kept)
 
 
 def _log_step(rec: snapshot.StepRecord, out: TextIO, lang: str = "en", decode=None) -> None:
@@ -67,8 +73,9 @@ def _log_step(rec: snapshot.StepRecord, out: TextIO, lang: str = "en", decode=No
     head.update(waiting=list(snap.waiting), running=list(snap.running))
     out.write(tr("cli.log.step", lang, **head) + "\n")
     multi_group = len(snap.groups) > 1
+    kept = kept_blocks(snap)
     for ev in rec.events:
-        out.write(f"   {describe(ev, lang, decode, multi_group)}\n")
+        out.write(f"   {describe(ev, lang, decode, multi_group, kept)}\n")
     out.write("   " + tr("cli.log.free_queue", lang, ids=list(snap.free_queue)) + "\n")
 
 

@@ -248,3 +248,119 @@ class PDEngine:
     def close(self) -> None:
         for e in self.engines.values():
             e.close()
+
+
+class PDRun:
+    """A P/D pair as the run store steps an engine: one StepRecord per ``step()`` call, the two
+    replicas' records in the order the pair made them (a tick with two records gives two calls).
+
+    Invariants: the records come out numbered 1, 2, 3... with none skipped or repeated;
+    ``replicas[n]`` names the replica of step n and ``pulls[n]`` the pulls it made (prefill ids,
+    decode ids); ``has_unfinished()`` is false only when the pair is done and nothing is queued.
+    """
+
+    def __init__(self, pair: PDEngine, max_idle_ticks: int = 1_000) -> None:
+        self.pair = pair
+        self.model = pair.model
+        self.max_idle_ticks = max_idle_ticks
+        self.replicas: dict[int, str] = {}
+        self.pulls: dict[int, dict[str, tuple[tuple[int, ...], tuple[int, ...]]]] = {}
+        self._queue: list[ReplicaStep] = []
+
+    def has_unfinished(self) -> bool:
+        return bool(self._queue) or self.pair.has_unfinished()
+
+    def step(self) -> StepRecord:
+        """The next record; ticks the pair until one of its replicas had work."""
+        idle = 0
+        while not self._queue:
+            if not self.pair.has_unfinished() or idle >= self.max_idle_ticks:
+                raise RuntimeError("the P/D pair has no step left to make")
+            self._queue += self.pair.step()
+            idle += 1
+        got = self._queue.pop(0)
+        self.replicas[got.record.step] = got.replica
+        if got.pulls:
+            self.pulls[got.record.step] = got.pulls
+        return got.record
+
+    def run(self, max_steps: int = 100_000) -> list[StepRecord]:
+        """Step until both replicas are done (as Engine.run without ``until``)."""
+        records = []
+        while self.has_unfinished() and len(records) < max_steps:
+            records.append(self.step())
+        return records
+
+    def snapshot(self):
+        return self.pair.snapshot()
+
+    def decode(self, token_ids) -> str:
+        return self.pair.decode(token_ids)
+
+    def outputs(self) -> dict[str, dict]:
+        return self.pair.outputs()
+
+    def parents(self) -> dict[str, list[str]]:
+        return {}
+
+    def bytes_per_block(self) -> int:
+        """Both pools' bytes per block id (each replica holds one block of each id)."""
+        return sum(e.bytes_per_block() for e in self.pair.engines.values())
+
+    def close(self) -> None:
+        self.pair.close()
+
+
+@dataclass(frozen=True)
+class TTFTSplit:
+    """A request's time to first token on a P/D pair, read from the recorded steps (their
+    measured ``seconds``): the prefill replica's step that computed the prompt, the decode
+    replica's step that pulled the K/V, the steps in between and after it until the step that
+    sampled the first decode token (``waiting``), that step, and their sum."""
+
+    request_id: str
+    prefill_ms: float
+    transfer_ms: float
+    waiting_ms: float
+    first_decode_ms: float
+
+    @property
+    def total_ms(self) -> float:
+        return self.prefill_ms + self.transfer_ms + self.waiting_ms + self.first_decode_ms
+
+
+def ttft_split(records: list[StepRecord]) -> list[TTFTSplit]:
+    """The split of each request whose first decode token is among ``records`` (a P/D run's,
+    numbered 1, 2, 3...). A request's prefill step is the one it finished in while still holding
+    its blocks (the prefill replica kept them for the pull); its transfer step the one that left
+    it waiting for remote K/V."""
+    ms = [1000 * r.seconds for r in records]
+    kept: dict[str, int] = {}
+    pulled: dict[str, int] = {}
+    out = []
+    for i, rec in enumerate(records):
+        held = {r.request_id: r for r in rec.snapshot.requests}
+        for e in rec.events:
+            r = held.get(e.request_id or "")
+            if r is None:
+                continue
+            if e.kind == "finished" and any(r.block_tables) and e.request_id not in kept:
+                kept[e.request_id] = i
+            if r.status == "waiting_for_remote_kvs" and e.request_id not in pulled:
+                pulled[e.request_id] = i
+        for rid in rec.new_tokens:
+            p, t = kept.get(rid), pulled.pop(rid, None)
+            if p is None or t is None or t >= i:
+                if t is not None:
+                    pulled[rid] = t
+                continue
+            out.append(TTFTSplit(rid, ms[p], ms[t], sum(ms[t + 1 : i]), ms[i]))
+    return out
+
+
+def engine_for(scenario: Scenario, model=None):
+    """What steps ``scenario`` one StepRecord at a time: an Engine, or, for ``engine.kv_transfer
+    = "pd"``, a prefill and a decode replica on the one model (PDRun)."""
+    if scenario.engine.kv_transfer == "pd":
+        return PDRun(PDEngine(scenario, model=model))
+    return Engine(scenario, model=model)

@@ -53,7 +53,7 @@ HERE = Path(__file__).resolve().parent
 LESSON_DIR = HERE / "lessons"
 EXAMPLES_DIR = HERE.parent / "examples"
 # the panels a lesson page can add under the player (app/lesson_page.py)
-PANELS = ("memory", "budget", "held", "myths", "cpu_tier", "designs")
+PANELS = ("memory", "budget", "held", "myths", "cpu_tier", "designs", "pd")
 # engine settings a switch may set besides EngineSettings' fields (old names load_scenario reads)
 LEGACY_SETTINGS = ("sliding_retention",)
 # Switches that are no engine setting: the name a switch stores (in the URL, in overrides) ->
@@ -621,6 +621,37 @@ def gpu_copies(e: Event, rec: StepRecord) -> tuple[int, ...]:
     return rec.snapshot.hash_map.get(f"{getattr(e, 'block_hash', '')}@{e.group or 0}", ())
 
 
+def _request_view(e: Event, rec: StepRecord):
+    return next((r for r in rec.snapshot.requests if r.request_id == e.request_id), None)
+
+
+def _remote_kvs(e: Event, rec: StepRecord) -> bool:
+    """The event's request waits for remote K/V at the end of the step (a P/D decode replica
+    ordered the pull into the blocks it allocated)."""
+    r = _request_view(e, rec)
+    return r is not None and r.status == "waiting_for_remote_kvs"
+
+
+def _kept_for_transfer(e: Event, rec: StepRecord) -> bool:
+    """A request finished but still holds its blocks at the end of the step: its connector's
+    ``request_finished`` delayed the free (a P/D prefill replica, until the pull is read)."""
+    r = _request_view(e, rec)
+    return r is not None and any(r.block_tables)
+
+
+def _held_until_read(e: Freed, rec: StepRecord) -> bool:
+    """Blocks of a request that had already finished freed in a step that did not schedule it:
+    the delayed free once the transfer was read (or its lease ran out)."""
+    r = _request_view(e, rec)
+    return r is not None and r.status.startswith("finished") and e.request_id not in rec.scheduled
+
+
+def _after_load(e: Cached, rec: StepRecord) -> bool:
+    """Blocks cached in the step where the request's asynchronous load landed (delayed caching:
+    ``allocate_slots(..., delay_cache_blocks=True)`` left them uncached until then)."""
+    return any(x.kind == "cpu_loaded" and x.request_id == e.request_id for x in rec.events)
+
+
 def _reason(value: str) -> Callable[[Event, StepRecord], bool]:
     return lambda e, rec: getattr(e, "reason", None) == value
 
@@ -650,6 +681,10 @@ PREDICATES: dict[str, Callable[[Event, StepRecord], bool]] = {
     "load_failed": lambda e, rec: bool(getattr(e, "load_failed", False)),
     "gpu_copy_cached": lambda e, rec: bool(gpu_copies(e, rec)),
     "gpu_copy_gone": lambda e, rec: not gpu_copies(e, rec),
+    "remote_kvs": _remote_kvs,
+    "kept_for_transfer": _kept_for_transfer,
+    "held_until_read": _held_until_read,
+    "after_load": _after_load,
 }
 
 

@@ -165,6 +165,26 @@ def cached_within_tokens(snap: Snapshot) -> list[tuple[str, int, int]]:
     return out
 
 
+def delayed_for_transfer(snaps: Sequence[Snapshot]) -> Optional[tuple[int, str, list[int], int]]:
+    """The first request seen waiting for remote K/V with blocks that have no hash: (step, request,
+    those blocks, the step where the first of them got one; 0: not yet)."""
+    for i, sn in enumerate(snaps):
+        by_id = {b.block_id: b for b in sn.blocks}
+        for r in sn.requests:
+            if r.status != "waiting_for_remote_kvs" or not r.block_tables:
+                continue
+            bare = [b for b in r.block_tables[0] if by_id[b].block_hash is None]
+            if bare:
+                later = (
+                    s.step
+                    for s in snaps[i + 1 :]
+                    for b in s.blocks
+                    if b.block_id in bare and r.request_id in b.owners and b.block_hash
+                )
+                return sn.step, r.request_id, bare, next(later, 0)
+    return None
+
+
 def _ids(blocks) -> str:
     """Block ids as "3, 5" (no brackets: the page shows the live text inside a markdown
     directive)."""
@@ -384,9 +404,14 @@ def _delay_cache_blocks(snaps, records) -> tuple[Text, ...]:
         return (Text("myth.delay_cache_blocks.live.over", {"checks": len(rows), "where": where}),)
     now = ", ".join(f"{rid} {h} ≤ {f}" for st, rid, h, f in rows if st == snap.step and h <= f)
     now_text = Text("myth.delay_cache_blocks.live.now", {"rows": now}) if now else ""
-    return (
-        Text("myth.delay_cache_blocks.live.never_over", {"checks": len(rows), "now": now_text}),
-    )
+    out = (Text("myth.delay_cache_blocks.live.never_over", {"checks": len(rows), "now": now_text}),)
+    pd = delayed_for_transfer(snaps)
+    if pd is not None:  # a P/D decode replica's pull: what delay_cache_blocks is for
+        step, rid, bare, cached = pd
+        fields = {"step": step, "req": rid, "blocks": _ids(bare), "cached": cached}
+        key = "myth.delay_cache_blocks.live.pd" + ("" if cached else ".waiting")
+        out += (Text(key, fields),)
+    return out
 
 
 @live_check("ext_comp")

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from paged_kv_lab.record.snapshot import BlockView, RequestView, Snapshot, StepRecord
 from paged_kv_lab.text.i18n import player_strings, tr
-from paged_kv_lab.text.sentences import changed_blocks, reason, step_sentences
+from paged_kv_lab.text.sentences import changed_blocks, kept_blocks, reason, step_sentences
 
 # The wire keys, per kind: the name the code uses -> the key on the wire (assets/wire.json).
 WIRE: dict[str, Any] = {
@@ -235,7 +235,9 @@ class RunEncoder:
             return self.steps
 
     def _step(self, rec: StepRecord, prev: dict[str, Any], cur: dict[str, Any]) -> dict[str, Any]:
-        sentences = step_sentences(rec.events, self.lang, self.decode, self._multi)
+        sentences = step_sentences(
+            rec.events, self.lang, self.decode, self._multi, kept_blocks(rec.snapshot)
+        )
         events = [
             [
                 {

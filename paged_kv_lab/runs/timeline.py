@@ -251,10 +251,14 @@ def lesson_run(
     lesson, loaded_model, overrides: dict | None = None, store: Optional[RunStore] = None
 ) -> Timeline:
     """A cursor over a lesson's shared run on an already loaded model (tests, benchmarks)."""
-    from paged_kv_lab.record.engine import Engine
+    from paged_kv_lab.disagg.pd import engine_for
 
     scenario = lesson_scenario(lesson, loaded_model.num_layers, overrides, loaded_model.name)
     key = (loaded_model.name, str(loaded_model.device), str(loaded_model.dtype))
     return LabRun(
-        scenario, lambda s: Engine(s, model=loaded_model), store, model=loaded_model, model_key=key
+        scenario,
+        lambda s: engine_for(s, model=loaded_model),
+        store,
+        model=loaded_model,
+        model_key=key,
     )

@@ -22,10 +22,13 @@ Decode = Callable[[Sequence[int]], str]
 @dataclass(frozen=True)
 class Style:
     """How sentences are written: ``decode`` turns token ids into text (None: show the ids);
-    ``multi_group`` names the KV cache group of pool events (only hybrid models have several)."""
+    ``multi_group`` names the KV cache group of pool events (only hybrid models have several);
+    ``kept``: requests that finished but still hold their blocks at the end of the step (a P/D
+    prefill replica's connector delayed the free until the transfer is read)."""
 
     decode: Decode | None = None
     multi_group: bool = False
+    kept: frozenset[str] = frozenset()
 
 
 Render = Callable[[Event, Style], Text]
@@ -233,7 +236,8 @@ def _preempted(e: E.Preempted, s: Style) -> Text:
 
 
 def _finished(e: E.Finished, s: Style) -> Text:
-    return Text("event.finished", {"rid": e.request_id, "why": reason_text(e.reason)})
+    key = "event.finished.kept" if e.request_id in s.kept else "event.finished"
+    return Text(key, {"rid": e.request_id, "why": reason_text(e.reason)})
 
 
 def _reset(e: E.PrefixCacheReset, s: Style) -> Text:
@@ -388,19 +392,37 @@ SENTENCES: dict[EventKind, Render] = {
 
 
 def sentence(
-    e: Event, lang: str = "en", decode: Decode | None = None, multi_group: bool = False
+    e: Event,
+    lang: str = "en",
+    decode: Decode | None = None,
+    multi_group: bool = False,
+    kept: frozenset[str] = frozenset(),
 ) -> str:
-    """One event as one sentence in ``lang``."""
-    return tr(SENTENCES[e.kind](e, Style(decode, multi_group)), lang)
+    """One event as one sentence in ``lang`` (``kept``: Style)."""
+    return tr(SENTENCES[e.kind](e, Style(decode, multi_group, kept)), lang)
 
 
 def step_sentences(
-    evs: Sequence[Event], lang: str = "en", decode: Decode | None = None, multi_group: bool = False
+    evs: Sequence[Event],
+    lang: str = "en",
+    decode: Decode | None = None,
+    multi_group: bool = False,
+    kept: frozenset[str] = frozenset(),
 ) -> list[tuple[str, str]]:
-    """(kind, icon + sentence) for each event, in the order they happened."""
+    """(kind, icon + sentence) for each event, in the order they happened (``kept``: Style)."""
     return [
-        (e.kind.value, f"{ICONS[e.kind]} {sentence(e, lang, decode, multi_group)}") for e in evs
+        (e.kind.value, f"{ICONS[e.kind]} {sentence(e, lang, decode, multi_group, kept)}")
+        for e in evs
     ]
+
+
+def kept_blocks(snapshot) -> frozenset[str]:
+    """The finished requests that still hold blocks in ``snapshot`` (Style.kept)."""
+    return frozenset(
+        r.request_id
+        for r in snapshot.requests
+        if r.status.startswith("finished") and any(r.block_tables)
+    )
 
 
 _BLOCK_KINDS = frozenset({E.ALLOCATED, E.TOUCHED, E.FREED, E.CACHED, E.EVICTED, E.WINDOW_SKIPPED})
