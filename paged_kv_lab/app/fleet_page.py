@@ -1,6 +1,6 @@
 """The fleet lesson: the same requests (two conversations and a third guest, one shared system
 prompt) routed over three engines sharing the loaded model, under each policy of
-``examples/fleet/lesson.json``. Step through the decisions: the replicas' pools side by side, the
+``fleet/lesson.json``. Step through the decisions: the replicas' pools side by side, the
 router's index (built only from the engines' KV events), "why replica N?" with the policy's own
 numbers, and each policy's hit rate at the end.
 
@@ -19,7 +19,7 @@ import streamlit as st
 
 from paged_kv_lab.text.i18n import tr
 
-LESSON_FILE = Path(__file__).resolve().parent.parent / "examples" / "fleet" / "lesson.json"
+LESSON_FILE = Path(__file__).resolve().parent.parent / "fleet" / "lesson.json"
 MAX_INDEX_ROWS = 12
 DEFAULT_POLICY = "prefix"
 
