@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 
+from paged_kv_lab.designs.nanovllm import HEAD
 from paged_kv_lab.record.budget import BudgetError
 from paged_kv_lab.record.scenario import ScenarioError, parse_engine_overrides
 from paged_kv_lab.text.i18n import Text, languages, said, tr
@@ -61,7 +62,7 @@ def add_parser(sub) -> None:
 
 
 def sweep_point(
-    trace, overrides: dict, arrival: str, value: int, designs, page_size, nano_commit: str
+    trace, overrides: dict, arrival: str, value: int, designs, page_size, nano_commit: str = HEAD
 ) -> dict:
     """One pool size of ``--sweep`` (a Ray task with ``--ray``): its row of the curves."""
     from paged_kv_lab.designs.compare import compare, sweep_row

@@ -236,8 +236,10 @@ def _preempted(e: E.Preempted, s: Style) -> Text:
 
 
 def _finished(e: E.Finished, s: Style) -> Text:
-    key = "event.finished.kept" if e.request_id in s.kept else "event.finished"
-    return Text(key, {"rid": e.request_id, "why": reason_text(e.reason)})
+    fields = {"rid": e.request_id, "why": reason_text(e.reason)}
+    if e.request_id in s.kept:  # a P/D prefill replica keeps its blocks until they are read
+        return Text("event.finished.kept", fields)
+    return Text("event.finished", fields)
 
 
 def _reset(e: E.PrefixCacheReset, s: Style) -> Text:
