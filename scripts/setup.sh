@@ -12,18 +12,6 @@ if [ ! -x "$PY" ]; then
   python3 -m venv "$VENV"
 fi
 
-# torch: keep an installed build that satisfies pyproject.toml's range (e.g. a CUDA build the
-# user installed on purpose); otherwise install the pinned CPU-friendly version.
-if ! "$PY" - <<'PYEOF' 2>/dev/null
-import torch, sys
-major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-sys.exit(0 if (2, 6) <= (major, minor) < (2, 14) else 1)
-PYEOF
-then
-  echo "== installing torch==2.13.0"
-  "$PY" -m pip install -q torch==2.13.0
-fi
-
 # uv installs the same pinned set as pip in a fraction of the time (on this project's 2-core build
 # machine 4 s of CPU against pip's 60 s). It is told what pip is told: pip's own configuration
 # (extra indexes, find-links, constraint files) is read and passed on, and every version is pinned
@@ -41,6 +29,30 @@ uv_install() {
   for u in $v; do [ ! -f "$u" ] || args+=(-c "$u"); done
   "$VENV/bin/uv" pip install -q "${args[@]}" "$@"
 }
+
+# torch: keep an installed build that satisfies pyproject.toml's range (e.g. a CUDA build the
+# user installed on purpose); otherwise install the pinned CPU-friendly version. A wheel of it in
+# pip's find-links (this project's build machines keep the CPU build there) goes in through uv, on
+# its own (no index: no other build of the same version can be taken; its dependencies come with
+# the project's below); otherwise pip fetches it as before.
+if ! "$PY" - <<'PYEOF' 2>/dev/null
+import torch, sys
+major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+sys.exit(0 if (2, 6) <= (major, minor) < (2, 14) else 1)
+PYEOF
+then
+  echo "== installing torch==2.13.0"
+  links="${PIP_FIND_LINKS:-$("$PY" -m pip config get global.find-links 2>/dev/null || true)}"
+  local_wheel=""
+  for u in $links; do
+    if [ -d "$u" ] && ls "$u"/torch-2.13.0*.whl >/dev/null 2>&1; then local_wheel="$u"; fi
+  done
+  if [ -z "$local_wheel" ] || ! { "$PY" -m pip install -q "uv>=0.9,<1" >/dev/null 2>&1 \
+      && "$VENV/bin/uv" pip install -q --python "$PY" --no-index --no-deps \
+        --find-links "$local_wheel" torch==2.13.0; }; then
+    "$PY" -m pip install -q torch==2.13.0
+  fi
+fi
 
 # Every other package at the version in constraints.txt (what the suite last passed with), so a
 # new upstream release never lands untested; scripts/freeze_constraints.py refreshes the file.
