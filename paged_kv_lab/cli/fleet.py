@@ -17,7 +17,13 @@ import json
 import sys
 from typing import Any
 
-from paged_kv_lab.cli.replay import _progress, _write
+from paged_kv_lab.cli.replay import (
+    _progress,
+    _write,
+    add_clock_arguments,
+    add_progress_arguments,
+    add_trace_arguments,
+)
 from paged_kv_lab.record.budget import BudgetError
 from paged_kv_lab.record.scenario import ScenarioError, parse_engine_overrides
 from paged_kv_lab.text.i18n import languages, said, tr
@@ -29,14 +35,7 @@ def add_parser(sub) -> None:
     from paged_kv_lab.fleet.router import POLICIES
 
     p = sub.add_parser("fleet", help=tr("cli.fleet.help"))
-    p.add_argument("trace", nargs="?", help=tr("cli.replay.trace"))
-    p.add_argument("--lang", choices=tuple(languages()), default="en", help=tr("cli.replay.lang"))
-    p.add_argument(
-        "--format",
-        choices=("auto", "mooncake", "qwen-bailian"),
-        default="auto",
-        help=tr("cli.replay.format"),
-    )
+    add_trace_arguments(p)
     p.add_argument("--replicas", type=int, default=4, help=tr("cli.fleet.replicas"))
     p.add_argument("--router", choices=POLICIES, default="prefix", help=tr("cli.fleet.router"))
     p.add_argument(
@@ -48,17 +47,12 @@ def add_parser(sub) -> None:
         default="sequential",
         help=tr("cli.fleet.arrival"),
     )
-    p.add_argument("--speedup", type=float, default=1.0, help=tr("cli.replay.speedup"))
-    p.add_argument("--step-ms", type=float, default=10.0, help=tr("cli.replay.step_ms"))
-    p.add_argument("--token-ms", type=float, default=0.05, help=tr("cli.replay.token_ms"))
-    p.add_argument("--requests", type=int, metavar="N", help=tr("cli.replay.requests"))
+    add_clock_arguments(p)
     p.add_argument("--json", nargs="?", const="-", metavar="PATH", help=tr("cli.fleet.json"))
     p.add_argument("--sweep", metavar="KEY=V1,V2,...", help=tr("cli.fleet.sweep"))
     p.add_argument("--workers", type=int, help=tr("cli.replay.workers"))
     p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS", help=tr("cli.sweep.ray"))
-    bar = p.add_mutually_exclusive_group()
-    bar.add_argument("--progress", action="store_true", help=tr("cli.replay.progress"))
-    bar.add_argument("--no-progress", action="store_true", help=tr("cli.replay.no_progress"))
+    add_progress_arguments(p)
 
 
 def split_overrides(overrides: dict) -> tuple[dict, dict]:

@@ -25,8 +25,8 @@ from paged_kv_lab.record.scenario import ScenarioError, parse_engine_overrides
 from paged_kv_lab.text.i18n import Text, languages, said, tr
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("replay", help=tr("cli.replay.help"))
+def add_trace_arguments(p) -> None:
+    """The trace file, the log's language and the trace's format (replay and fleet alike)."""
     p.add_argument("trace", nargs="?", help=tr("cli.replay.trace"))
     p.add_argument("--lang", choices=tuple(languages()), default="en", help=tr("cli.replay.lang"))
     p.add_argument(
@@ -35,6 +35,26 @@ def add_parser(sub) -> None:
         default="auto",
         help=tr("cli.replay.format"),
     )
+
+
+def add_clock_arguments(p) -> None:
+    """The replay's clock (timestamps arrival) and how many of the trace's requests to take."""
+    p.add_argument("--speedup", type=float, default=1.0, help=tr("cli.replay.speedup"))
+    p.add_argument("--step-ms", type=float, default=10.0, help=tr("cli.replay.step_ms"))
+    p.add_argument("--token-ms", type=float, default=0.05, help=tr("cli.replay.token_ms"))
+    p.add_argument("--requests", type=int, metavar="N", help=tr("cli.replay.requests"))
+
+
+def add_progress_arguments(p) -> None:
+    """--progress / --no-progress (default: a bar when stderr is a terminal)."""
+    bar = p.add_mutually_exclusive_group()
+    bar.add_argument("--progress", action="store_true", help=tr("cli.replay.progress"))
+    bar.add_argument("--no-progress", action="store_true", help=tr("cli.replay.no_progress"))
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("replay", help=tr("cli.replay.help"))
+    add_trace_arguments(p)
     p.add_argument(
         "--set",
         action="append",
@@ -48,10 +68,7 @@ def add_parser(sub) -> None:
         default="sequential",
         help=tr("cli.replay.arrival"),
     )
-    p.add_argument("--speedup", type=float, default=1.0, help=tr("cli.replay.speedup"))
-    p.add_argument("--step-ms", type=float, default=10.0, help=tr("cli.replay.step_ms"))
-    p.add_argument("--token-ms", type=float, default=0.05, help=tr("cli.replay.token_ms"))
-    p.add_argument("--requests", type=int, metavar="N", help=tr("cli.replay.requests"))
+    add_clock_arguments(p)
     p.add_argument(
         "--json",
         nargs="?",
@@ -83,9 +100,7 @@ def add_parser(sub) -> None:
         action="store_true",
         help=tr("cli.replay.no_fast_forward"),
     )
-    bar = p.add_mutually_exclusive_group()
-    bar.add_argument("--progress", action="store_true", help=tr("cli.replay.progress"))
-    bar.add_argument("--no-progress", action="store_true", help=tr("cli.replay.no_progress"))
+    add_progress_arguments(p)
 
 
 class ProgressBar:
