@@ -81,6 +81,9 @@ def pytest_runtest_protocol(item, nextitem):
 
 def xdist_group_of(item) -> str | None:
     """The worker group ``item`` must share, or None (any worker)."""
+    named = item.get_closest_marker("xdist_group")
+    if named is not None:  # a module's own (its tests share one costly module fixture)
+        return named.args[0] if named.args else named.kwargs.get("name")
     if "smollm2_server" in getattr(item, "fixturenames", ()):
         return SMOLLM2_SERVER_GROUP
     if item.get_closest_marker("browser") is not None:

@@ -24,7 +24,8 @@ CASES = {
     "round robin, block 16": ({"block_size": 16, "num_gpu_blocks": 4200}, "round_robin"),
 }
 
-pytestmark = pytest.mark.slow
+# one worker runs every case, so the module fixture (one vLLM process) runs once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vllm-fleet")]
 
 
 @pytest.fixture(scope="module")

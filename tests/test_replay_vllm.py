@@ -35,7 +35,8 @@ CASES = {
     ),
 }
 
-pytestmark = pytest.mark.slow
+# one worker runs every case, so the module fixture (one vLLM process) runs once
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vllm-replay")]
 
 
 @pytest.fixture(scope="module")
