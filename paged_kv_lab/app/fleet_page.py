@@ -14,9 +14,9 @@ import json
 from pathlib import Path
 
 import pandas as pd
-import plotly.graph_objects as go
 import streamlit as st
 
+from kvcore.distributed.kv_events import hash_text, maybe_convert_block_hash
 from paged_kv_lab.text.i18n import tr
 
 LESSON_FILE = Path(__file__).resolve().parent.parent / "fleet" / "lesson.json"
@@ -49,49 +49,50 @@ def prepare_fleet_lesson(ms) -> None:
         fleet_run(ms.name, ms.device, DEFAULT_POLICY, ms.model)
 
 
-def pool_figure(snap, lang: str) -> go.Figure:
-    """One replica's pool: a block per cell (in use, cached and free, free), hover for its hash."""
-    cols = 8
+POOL_COLS = 12  # a replica's pool is a full-width grid, one below the other
+# a block's state on its cell: in use by a request, free but still cached, free and empty
+POOL_COLORS = {"used": "#3182bd", "cached": "#9ecae1", "free": "#eeeeee"}
+POOL_TEXT = {"used": "#ffffff", "cached": "#000000", "free": "#666666"}
+
+
+def wire(block_hash: str) -> str:
+    """A block's hash as the router's index holds it: the KV event's form (its last 8 bytes)."""
+    return hash_text(maybe_convert_block_hash(bytes.fromhex(block_hash)))
+
+
+def pool_table(snap):
+    """One replica's pool as a grid of POOL_COLS cells, one block each ("id · the first hex digits
+    of its hash as the index holds it" when cached), coloured by state. A styled table, not a
+    chart: the page's tables load the one grid the browser needs anyway, where a chart library
+    kept every element of the page from showing until it had loaded."""
     blocks = [b for b in snap.blocks if not b.is_null]
-    rows = -(-len(blocks) // cols)
-    z, text = [], []
-    for r in range(rows):
-        zr, tr_ = [], []
-        for c in range(cols):
-            i = r * cols + c
-            if i >= len(blocks):
-                zr.append(None)
-                tr_.append("")
-                continue
-            b = blocks[i]
-            state = 2 if b.ref_cnt > 0 else (1 if b.block_hash else 0)
-            zr.append(state)
-            tr_.append(
-                f"#{b.block_id} · ref {b.ref_cnt}"
-                + (f" · {b.block_hash[:8]}" if b.block_hash else "")
-            )
-        z.append(zr)
-        text.append(tr_)
-    fig = go.Figure(
-        go.Heatmap(
-            z=z,
-            text=text,
-            hoverinfo="text",
-            zmin=0,
-            zmax=2,
-            showscale=False,
-            xgap=2,
-            ygap=2,
-            colorscale=[[0, "#eeeeee"], [0.5, "#9ecae1"], [1, "#3182bd"]],
+    cells, states = [], []
+    for i in range(0, len(blocks), POOL_COLS):
+        row = blocks[i : i + POOL_COLS]
+        cells.append(
+            [
+                f"{b.block_id} · {wire(b.block_hash)[:6]}" if b.block_hash else str(b.block_id)
+                for b in row
+            ]
+            + [""] * (POOL_COLS - len(row))
         )
-    )
-    fig.update_layout(
-        height=40 + 22 * rows,
-        margin=dict(l=0, r=0, t=0, b=0),
-        xaxis=dict(visible=False),
-        yaxis=dict(visible=False, autorange="reversed"),
-    )
-    return fig
+        states.append(
+            [("used" if b.ref_cnt > 0 else "cached" if b.block_hash else "free") for b in row]
+            + [""] * (POOL_COLS - len(row))
+        )
+    grid = pd.DataFrame(cells, columns=[str(c) for c in range(POOL_COLS)])
+    state = pd.DataFrame(states, columns=grid.columns)
+
+    def paint(_):
+        return state.map(
+            lambda k: (
+                f"background-color: {POOL_COLORS[k]}; color: {POOL_TEXT[k]}"
+                if k in POOL_COLORS
+                else ""
+            )
+        )
+
+    return grid.style.apply(paint, axis=None)
 
 
 def why_sentence(m, replicas: int, lang: str) -> str:
@@ -172,21 +173,20 @@ def render_fleet_page() -> None:
         tr("fleet.lesson.hit", lang, hit=m.hit_tokens, prompt=m.prompt_tokens, replica=dec.replica)
     )
     st.subheader(tr("fleet.lesson.pools", lang))
-    cols = st.columns(n)
-    for i, (col, snap) in enumerate(zip(cols, m.snapshots)):
-        with col:
-            st.markdown(
-                tr(
-                    "fleet.lesson.pool",
-                    lang,
-                    replica=i,
-                    cached=sum(1 for b in snap.blocks if b.block_hash),
-                    requests=sum(1 for x in moments[:k] if x.decision.replica == i),
-                )
+    # one grid per replica, one below the other: side by side, a pool's cells were too narrow for
+    # a block's id and hash
+    blank = {str(c): st.column_config.TextColumn(" ") for c in range(POOL_COLS)}
+    for i, snap in enumerate(m.snapshots):
+        st.markdown(
+            tr(
+                "fleet.lesson.pool",
+                lang,
+                replica=i,
+                cached=sum(1 for b in snap.blocks if b.block_hash),
+                requests=sum(1 for x in moments[:k] if x.decision.replica == i),
             )
-            st.plotly_chart(
-                pool_figure(snap, lang), key=f"fleet:pool{i}", config={"displayModeBar": False}
-            )
+        )
+        st.dataframe(pool_table(snap), hide_index=True, column_config=blank, key=f"fleet:pool{i}")
     st.caption(tr("fleet.lesson.pool_legend", lang))
     st.subheader(tr("fleet.lesson.index", lang))
     holders = m.holders
