@@ -8,6 +8,8 @@ them twice under the Python of the vLLM scratch environment (``bash scripts/vllm
    BlockHashToBlockMap, FreeKVCacheBlockQueue and KVCacheBlock stand in for vLLM's everywhere, so
    vLLM's managers and Scheduler run on kvcore's block layer).
 
+The baseline's outcomes depend only on vLLM and this machine, so they are cached beside the sdist,
+keyed by what they depend on (``baseline_key``); ``--fresh-baseline`` runs vLLM alone again.
 Each test that passed in the baseline then lands in one row of the table:
 
 - passed, kvcore's code ran in it;
@@ -183,13 +185,29 @@ def classify(baseline: dict, kvcore: dict, mapping: dict) -> dict:
     }
 
 
+def baseline_key(sdist: Path, venv: str, files) -> str:
+    """What vLLM alone's outcomes depend on: vLLM's tests (the sdist), the interpreter and packages
+    that run them (the environment's pyvenv.cfg and its site-packages folder, which every install
+    touches), the adapter and stand-ins as copied, and the files run. Its outcomes are cached
+    under this key beside the sdist, so a second run takes only kvcore's pass."""
+    h = hashlib.sha256(hashlib.sha256(sdist.read_bytes()).digest())
+    for path in (HERE / "conftest.py", HERE / "standin_models.py", Path(venv) / "pyvenv.cfg"):
+        h.update(path.read_bytes())
+    for site in sorted(Path(venv).glob("lib/python*/site-packages")):
+        h.update(f"{site.resolve()}:{site.stat().st_mtime_ns}".encode())
+    h.update(json.dumps(list(files)).encode())
+    return h.hexdigest()[:16]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--files", nargs="*", default=list(FILES), help="files of tests/v1/core")
     ap.add_argument("--json", help="also write the table (and every test's row) here")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per pytest run")
     ap.add_argument(
-        "--reuse-baseline", action="store_true", help="keep the last run's vLLM-alone results"
+        "--fresh-baseline",
+        action="store_true",
+        help="run vLLM alone again even where a baseline for these inputs is cached",
     )
     args = ap.parse_args()
     venv = os.environ.get("VLLM_VENV", "/tmp/vllm-venv")
@@ -201,17 +219,22 @@ def main() -> int:
     sdist = fetch_sdist(cache, venv_python)
     pytest_dir = ensure_pytest(cache, venv_python)
     scratch = cache / "run"
-    kept = {}
-    if args.reuse_baseline:
-        kept = {n: (scratch / n).read_bytes() for n in ("baseline.xml", "baseline.json")}
     prepare(sdist, scratch, venv_python)
     mapping = yaml.safe_load((HERE / "unmodelled.yaml").read_text()) or {}
-    if kept:
-        for n, data in kept.items():
-            (scratch / n).write_bytes(data)
+    kept = cache / f"baseline-{baseline_key(sdist, venv, args.files)}"
+    if kept.is_dir() and not args.fresh_baseline:
+        for name in ("baseline.xml", "baseline.json"):
+            shutil.copy(kept / name, scratch / name)
         baseline = read_results(scratch, "baseline")
     else:
         baseline = run_pytest(venv_python, scratch, pytest_dir, args.files, False, args.timeout)
+        part = kept.with_suffix(".part")
+        shutil.rmtree(part, ignore_errors=True)
+        part.mkdir()
+        for name in ("baseline.xml", "baseline.json"):
+            shutil.copy(scratch / name, part / name)
+        shutil.rmtree(kept, ignore_errors=True)
+        part.rename(kept)
     kvcore = run_pytest(venv_python, scratch, pytest_dir, args.files, True, args.timeout)
     table = classify(baseline, kvcore, mapping)
     c = table["counts"]

@@ -59,24 +59,38 @@ def _flock(path: Path, how: int):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+_alone_held: list = []  # the exclusive lock's context, kept across consecutive alone tests
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Under xdist, a test marked ``alone`` holds an exclusive lock that every other test shares:
     it starts once the other workers' current tests end, and they start their next one after it.
     Both pass a gate first, so a waiting ``alone`` test is not overtaken by the next shared one.
-    The lock files live in the run's temporary folder (each worker's basetemp is inside it), which
-    pytest prunes with its old runs."""
+    An alone test followed by another on the same worker keeps the lock for it: the other
+    workers drain once for the run of them, not once each. The lock files live in the run's
+    temporary folder (each worker's basetemp is inside it), which pytest prunes with its old
+    runs."""
     basetemp = item.config.option.basetemp
     if basetemp is None or xdist_workers() < 2:
         return (yield)
     base = Path(basetemp).parent / "alone"
     alone = item.get_closest_marker("alone") is not None
-    with contextlib.ExitStack() as held:
+    if alone and _alone_held:
+        held = None  # the lock the alone test before this one kept for it
+    else:
         with _flock(base.with_suffix(".gate"), fcntl.LOCK_EX):
-            held.enter_context(
-                _flock(base.with_suffix(".run"), fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-            )
+            held = _flock(base.with_suffix(".run"), fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+            held.__enter__()
+        if alone:
+            _alone_held.append(held)
+    try:
         return (yield)
+    finally:
+        if not alone:
+            held.__exit__(None, None, None)
+        elif nextitem is None or nextitem.get_closest_marker("alone") is None:
+            _alone_held.pop().__exit__(None, None, None)
 
 
 def xdist_group_of(item) -> str | None:
@@ -88,23 +102,29 @@ def xdist_group_of(item) -> str | None:
         return SMOLLM2_SERVER_GROUP
     if item.get_closest_marker("browser") is not None:
         return item.module.__name__  # the module's own server and chromium
+    if item.get_closest_marker("early") is not None:
+        return item.nodeid  # a group of its own, so heavy_first hands it out first
     return None
 
 
 def heavy_first(items: list) -> list:
     """The collection in the order xdist should hand it out (the Makefile passes
     ``--no-loadscope-reorder``, so xdist keeps this order): the groups that hold a worker longest
-    first (the SmolLM2 server's, then each browser module's), each followed by a share of the
-    real-model tests, then the rest. A long group handed out last would run alone at the end while
+    first (a test marked ``early``, each a group of its own; the SmolLM2 server's; then each
+    browser module's), each followed by a share of the real-model tests, then the rest. A long
+    group handed out last would run alone at the end while
     the other workers idle; and a browser test spends much of its time waiting on the page, so a
     model test beside it keeps the two cores busy."""
     groups: dict[str, int] = {}
-    for item in items:
+    early = [it for it in items if it.get_closest_marker("early") is not None]
+    for item in early + items:
         group = xdist_group_of(item)
         if group is not None and group not in groups:
             groups[group] = len(groups)
     if SMOLLM2_SERVER_GROUP in groups:
         groups[SMOLLM2_SERVER_GROUP] = -1
+    for k, item in enumerate(early):
+        groups[xdist_group_of(item)] = -2 - k
     order = {g: k for k, g in enumerate(sorted(groups, key=groups.get))}
     slow = [it for it in items if xdist_group_of(it) is None and it.get_closest_marker("slow")]
     share = {id(it): k % max(1, len(order)) for k, it in enumerate(slow)}

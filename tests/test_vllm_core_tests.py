@@ -3,7 +3,8 @@ tests may fail because kvcore behaves differently than the documented number (th
 are open), and at least the documented number must pass with kvcore's code running in them
 (docs/fidelity.md, "vLLM's own tests as the yardstick").
 
-Slow (two pytest runs of about 600 tests under vLLM's interpreter) and skipped, with the reason,
+Slow (a pytest run of about 600 tests under vLLM's interpreter, two where vLLM alone's outcomes
+are not yet cached) and skipped, with the reason,
 without the vLLM scratch environment (``bash scripts/vllm_env.sh``; VLLM_VENV, default
 /tmp/vllm-venv) or without vLLM's sdist in VLLM_SDIST_CACHE (default /tmp/vllm-sdist-cache; the
 script downloads it there on its first run)."""
@@ -24,7 +25,8 @@ CACHE = Path(os.environ.get("VLLM_SDIST_CACHE", "/tmp/vllm-sdist-cache"))
 DOCUMENTED_PASSED = 309
 DOCUMENTED_DIFFERS = 17
 
-pytestmark = pytest.mark.slow
+# early: the longest single test of the suite, handed out first (tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.early]
 
 
 @pytest.mark.skipif(

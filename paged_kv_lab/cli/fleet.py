@@ -26,7 +26,7 @@ from paged_kv_lab.cli.replay import (
 )
 from paged_kv_lab.record.budget import BudgetError
 from paged_kv_lab.record.scenario import ScenarioError, parse_engine_overrides
-from paged_kv_lab.text.i18n import languages, said, tr
+from paged_kv_lab.text.i18n import Text, languages, said, tr
 
 SWEEP_KEYS = ("router", "replicas")
 
@@ -70,17 +70,17 @@ def parse_fleet_sweep(spec: str) -> tuple[str, list[Any]]:
     key, sep, raw = spec.partition("=")
     key = key.strip()
     if not sep or key not in SWEEP_KEYS or not raw.strip():
-        raise ScenarioError(
-            [f"--sweep {spec!r}: write router=round_robin,prefix,dynamo or replicas=1,2,4,8"]
-        )
+        raise ScenarioError([Text("problem.fleet_sweep.form", {"spec": repr(spec)})])
     parts = [v.strip() for v in raw.split(",")]
     if any(not v for v in parts) or len(set(parts)) != len(parts):
-        raise ScenarioError([f"--sweep {spec!r}: an empty or repeated value"])
+        raise ScenarioError([Text("problem.fleet_sweep.values", {"spec": repr(spec)})])
     if key == "replicas":
         try:
             return key, [int(v) for v in parts]
         except ValueError:
-            raise ScenarioError([f"--sweep {spec!r}: replicas are whole numbers"]) from None
+            raise ScenarioError(
+                [Text("problem.fleet_sweep.replicas", {"spec": repr(spec)})]
+            ) from None
     return key, parts
 
 
@@ -172,7 +172,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
         trace = load_trace(args.trace or SHIPPED_TRACE, args.format)
         if args.requests is not None:
             if args.requests < 1:
-                raise ScenarioError([f"--requests: must be >= 1; got {args.requests}"])
+                raise ScenarioError([Text("problem.cli.requests", {"got": args.requests})])
             trace = trace.slice(0, args.requests)
         engine, router = split_overrides(parse_engine_overrides(args.set))
         router_settings(router)
@@ -254,7 +254,7 @@ def cmd_serve_events(args: argparse.Namespace) -> int:
     try:
         trace = load_trace(args.trace or SHIPPED_TRACE)
         if args.requests < 1:
-            raise ScenarioError([f"--requests: must be >= 1; got {args.requests}"])
+            raise ScenarioError([Text("problem.cli.requests", {"got": args.requests})])
         trace = trace.slice(0, args.requests)
         overrides = {"block_size": 512, "num_gpu_blocks": 300, **parse_engine_overrides(args.set)}
         engine, router = split_overrides(overrides)
