@@ -14,6 +14,10 @@ from paged_kv_lab.lesson import BY_ID, HOME, LESSONS
 from paged_kv_lab.lesson.catalog import moment_steps
 from paged_kv_lab.runs.timeline import lesson_run
 
+# one worker runs the module: a lesson's run is recorded once per model and process (the run
+# store), and most lessons are checked twice here (every key moment, then the lesson's own test)
+pytestmark = pytest.mark.xdist_group("lesson-scenarios")
+
 RUN_WAIT = 300.0  # run_to_end waits this long for the run store (SmolLM2 on a busy machine is slow)
 
 
