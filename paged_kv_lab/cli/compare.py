@@ -111,11 +111,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if args.sweep:
             key, _, text = args.sweep.partition("=")
             if key.strip() != "num_gpu_blocks" or not text:
-                raise CompareError("--sweep: give num_gpu_blocks=V1,V2,... (pool sizes)")
+                raise CompareError("sweep_form")
             try:
                 values = [int(v) for v in text.split(",") if v.strip()]
             except ValueError:
-                raise CompareError(f"--sweep: pool sizes must be whole numbers, not {text!r}")
+                raise CompareError("sweep_whole", got=repr(text)) from None
             for v in values:
                 check_trace(
                     trace,
@@ -123,10 +123,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
                     cli_trace_limits(),
                 )
         if args.arrival != "sequential" and designs != ("vllm",):
-            raise CompareError(
-                "--arrival timestamps: SGLang's and nano-vllm's batch schedulers are not "
-                "modelled; use --arrival sequential (or --designs vllm)"
-            )
+            raise CompareError("timestamps")
         if values is None:
             res = compare(trace, settings, designs, args.page_size, nano_commit)
         else:

@@ -182,9 +182,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         if scenario.engine.kv_transfer == "pd":  # a prefill replica and a decode replica
             from paged_kv_lab.disagg.pd import PDEngine
+            from paged_kv_lab.record.engine import EngineRefused
 
             if kv_events is not None:
-                raise ValueError("KV events are not published for engine.kv_transfer pd")
+                raise EngineRefused("engine.pd_no_kv_events")
 
             engine = PDEngine(scenario, model=model, debug=args.check)
         else:

@@ -18,8 +18,9 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass
 
-from paged_kv_lab.designs.nanovllm import HEAD, check_commit
+from paged_kv_lab.designs.nanovllm import COMMITS, HEAD, check_commit
 from paged_kv_lab.designs.sim import DesignError, DesignRequest, NanoRun, SGLangRun
+from paged_kv_lab.text.i18n import Text, tr
 from paged_kv_lab.workload.replay import ReplaySettings, replay
 from paged_kv_lab.workload.tokens import prompt_token_ids
 from paged_kv_lab.workload.trace import Trace
@@ -36,22 +37,26 @@ def design_name(design: str, nano_commit: str = HEAD) -> str:
 def parse_nano_commit(text: str) -> str:
     try:
         return check_commit(text)
-    except ValueError as e:
-        raise CompareError(f"--nanovllm-commit: {e}") from None
+    except ValueError:
+        raise CompareError("nano_commit", commit=repr(text), known=" / ".join(COMMITS)) from None
 
 
 class CompareError(ValueError):
-    """Inputs compare cannot run (the message says which and why)."""
+    """Inputs compare cannot run: ``text`` the catalogue sentence ("problem.compare.<key>", the
+    names and values its data), ``str(e)`` its English."""
+
+    def __init__(self, key: str, **fields) -> None:
+        self.text = Text(f"problem.compare.{key}", fields)
+        super().__init__(tr(self.text, "en"))
 
 
 def parse_designs(text: str) -> tuple[str, ...]:
     names = tuple(n.strip() for n in text.split(",") if n.strip())
     bad = [n for n in names if n not in DESIGNS]
     if bad or not names:
-        raise CompareError(
-            f"--designs: unknown {', '.join(bad) or '(none given)'}; "
-            f"choose from {','.join(DESIGNS)}"
-        )
+        if not names:
+            raise CompareError("designs_none", known=",".join(DESIGNS))
+        raise CompareError("designs_unknown", bad=", ".join(bad), known=",".join(DESIGNS))
     return tuple(dict.fromkeys(names))
 
 
@@ -130,10 +135,7 @@ def run_design(
     if design == "vllm":
         return replay(trace, settings).to_dict(series_points=200)
     if settings.arrival != "sequential":
-        raise CompareError(
-            f"{design_name(design, nano_commit)} runs one request at a time here (its batch "
-            "scheduler is not modelled): use --arrival sequential"
-        )
+        raise CompareError("one_at_a_time", design=design_name(design, nano_commit))
     t0 = time.perf_counter()
     requests = trace_requests(trace)
     if design == "sglang":
@@ -159,7 +161,7 @@ def compare(
     """``{"designs": {name: figures}, "kv_tokens": ..., "settings": ...}``; a design that cannot
     run the trace (too little memory for one request) reports ``{"error": why}``."""
     if page_size is not None and page_size < 1:
-        raise CompareError(f"--page-size must be at least 1, not {page_size}")
+        raise CompareError("page_size", got=page_size)
     engine = settings.engine
     out = {}
     for design in designs:

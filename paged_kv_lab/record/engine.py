@@ -217,9 +217,10 @@ def size_kv_cache(model, settings: EngineSettings):
         max_model_len,
     )
     if sizing.num_gpu_blocks < 2:
-        raise ValueError(
-            f'engine.num_gpu_blocks "auto": no room for a KV cache at gpu_memory_utilization '
-            f"{settings.gpu_memory_utilization}:\n" + "\n".join(sizing.lines())
+        raise EngineRefused(
+            "engine.auto_no_room",
+            utilization=settings.gpu_memory_utilization,
+            derivation="\n".join(sizing.lines()),
         )
     return sizing
 
