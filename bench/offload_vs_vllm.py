@@ -157,18 +157,29 @@ def our_run(case: dict[str, Any]) -> tuple[list[dict], list[dict]]:
 
     def sync_failure() -> set[int]:
         """As a synchronously loading connector would report it: one block a running request
-        computed before this step. Not one whose table from there on holds a block this step
-        stores to the CPU: evicting a block a store still pins trips vLLM's own assertion in
-        ``_process_store_completion`` (a combination vLLM never meets, the CPU tier's loads
-        being asynchronous), and ours the same."""
+        computed before this step. Not one whose table from there on holds a block a store
+        still pins (one this step issues, or one issued earlier whose copy has not completed):
+        evicting such a block trips vLLM's own assertion in ``_process_store_completion`` (a
+        combination vLLM never meets, the CPU tier's loads being asynchronous), and ours the
+        same."""
         bs = case["block_size"]
         storing = set(worker._connector_metadata.store_gpu_blocks)
+        for transfer in manager._store_event_to_blocks.values():
+            storing.update(transfer.gpu_block_ids)
         scheduled = order["out"].num_scheduled_tokens
-        choices = []
+        computed = {}  # each running request's blocks computed before this step
         for r in eng.scheduler.running:
             table = eng.kv_cache_manager.get_block_ids(r.request_id)[0]
-            n_blocks = (r.num_computed_tokens - scheduled.get(r.request_id, 0)) // bs
-            choices += [table[i] for i in range(n_blocks) if not storing & set(table[i:])]
+            n = r.num_computed_tokens - scheduled.get(r.request_id, 0)
+            computed[r.request_id] = (table, n // bs, -(-n // bs))  # full blocks, any tokens
+        choices = []
+        for table, n_full, _ in computed.values():
+            for b in table[:n_full]:
+                # the scheduler evicts from the block on in every table holding it among the
+                # blocks with computed tokens (a shared prefix: other tables' tails count too)
+                tails = [t[t.index(b) :] for t, _, n in computed.values() if b in t[:n]]
+                if b not in choices and not any(storing & set(tail) for tail in tails):
+                    choices.append(b)
         return {rng.choice(choices)} if choices else set()
 
     def evict_blocks(block_ids):
