@@ -206,6 +206,12 @@ def hash_text(h: ExternalBlockHash) -> str:
     return bytes(h).hex()
 
 
+def external_hash_text(block_hash: bytes, use_int_block_hashes: bool = True) -> str:
+    """A block hash as its KV event carries it, as text: what an index built from the events
+    keys its entries by."""
+    return hash_text(maybe_convert_block_hash(block_hash, use_int_block_hashes))
+
+
 def event_to_dict(ev: KVCacheEventType) -> dict:
     """Every field by name in struct order (defaults as None), hashes as hex text, tuples as
     lists."""

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from kvcore.distributed.kv_events import hash_text, maybe_convert_block_hash
+from kvcore.distributed.kv_events import external_hash_text
 from paged_kv_lab.text.i18n import tr
 
 LESSON_FILE = Path(__file__).resolve().parent.parent / "fleet" / "lesson.json"
@@ -57,7 +57,7 @@ POOL_TEXT = {"used": "#ffffff", "cached": "#000000", "free": "#666666"}
 
 def wire(block_hash: str) -> str:
     """A block's hash as the router's index holds it: the KV event's form (its last 8 bytes)."""
-    return hash_text(maybe_convert_block_hash(bytes.fromhex(block_hash)))
+    return external_hash_text(bytes.fromhex(block_hash))
 
 
 def pool_table(snap):

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 from paged_kv_lab.designs.nanovllm import COMMITS, HEAD, check_commit
 from paged_kv_lab.designs.sim import DesignError, DesignRequest, NanoRun, SGLangRun
-from paged_kv_lab.text.i18n import Text, tr
+from paged_kv_lab.text.i18n import Refusal
 from paged_kv_lab.workload.replay import ReplaySettings, replay
 from paged_kv_lab.workload.tokens import prompt_token_ids
 from paged_kv_lab.workload.trace import Trace
@@ -41,13 +41,10 @@ def parse_nano_commit(text: str) -> str:
         raise CompareError("nano_commit", commit=repr(text), known=" / ".join(COMMITS)) from None
 
 
-class CompareError(ValueError):
-    """Inputs compare cannot run: ``text`` the catalogue sentence ("problem.compare.<key>", the
-    names and values its data), ``str(e)`` its English."""
+class CompareError(Refusal):
+    """Inputs compare cannot run: the catalogue sentence "problem.compare.<key>"."""
 
-    def __init__(self, key: str, **fields) -> None:
-        self.text = Text(f"problem.compare.{key}", fields)
-        super().__init__(tr(self.text, "en"))
+    PREFIX = "problem.compare."
 
 
 def parse_designs(text: str) -> tuple[str, ...]:

@@ -15,8 +15,7 @@ from typing import Optional
 from kvcore.distributed.kv_events import (
     KVEventBatch,
     encode_batch,
-    hash_text,
-    maybe_convert_block_hash,
+    external_hash_text,
 )
 from kvcore.request import Request
 from paged_kv_lab.fleet.router import Decision, FleetRequest
@@ -98,7 +97,7 @@ class ModelFleet:
             spec.id,
             len(ids),
             self.sessions.get(spec.id, spec.id),
-            tuple(hash_text(maybe_convert_block_hash(h)) for h in probe.block_hashes),
+            tuple(external_hash_text(h) for h in probe.block_hashes),
             e.settings.block_size,
         )
 

@@ -37,17 +37,12 @@ from paged_kv_lab.record.invariants import check_invariants
 from paged_kv_lab.record.recorder import Recorder
 from paged_kv_lab.record.scenario import EngineSettings, RequestSpec, Scenario
 from paged_kv_lab.record.snapshot import take_snapshot
-from paged_kv_lab.text.i18n import Text, tr
+from paged_kv_lab.text.i18n import Refusal
 
 
-class EngineRefused(ValueError):
+class EngineRefused(Refusal):
     """Settings or a request the engine cannot take (a prompt that never fits, a pool with no
-    room, ...): ``text`` the catalogue sentence ("problem.<key>", the ids and numbers its data),
-    ``str(e)`` its English."""
-
-    def __init__(self, key: str, **fields) -> None:
-        self.text = Text(f"problem.{key}", fields)
-        super().__init__(tr(self.text, "en"))
+    room, ...): the catalogue sentence "problem.<key>"."""
 
 
 def kv_cache_groups(

@@ -193,6 +193,17 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
+class Refusal(ValueError):
+    """A refusal that is one catalogue sentence: ``text`` the sentence ("<PREFIX><key>", the ids
+    and numbers its data), ``str(e)`` its English. Subclasses name their PREFIX."""
+
+    PREFIX = "problem."
+
+    def __init__(self, key: str, **fields) -> None:
+        self.text = Text(f"{self.PREFIX}{key}", fields)
+        super().__init__(tr(self.text, "en"))
+
+
 class ProblemsError(ValueError):
     """A refusal that lists problems, one a line. ``texts``: each problem a catalogue sentence
     whose fields hold the data (a field's path, the offending value: never translated);

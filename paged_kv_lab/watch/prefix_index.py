@@ -18,8 +18,8 @@ from kvcore.distributed.kv_events import (
     BlockRemoved,
     BlockStored,
     KVEventBatch,
+    external_hash_text,
     hash_text,
-    maybe_convert_block_hash,
 )
 
 MAX_HASHES = 200_000  # entries kept per watcher (all ranks, media and groups)
@@ -225,7 +225,7 @@ def leading_hits(
             none,
         )
         parent = h
-        texts.append(hash_text(maybe_convert_block_hash(h, use_int_block_hashes)))
+        texts.append(external_hash_text(h, use_int_block_hashes))
         if hits == i and texts[-1] in held:
             hits += 1
     return hits, texts
