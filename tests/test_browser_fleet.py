@@ -4,6 +4,7 @@ lesson routed over three engines on the same model gives in this process, and ea
 block's cell carries its hash as the router's index holds it."""
 
 import json
+import time
 
 import pytest
 from test_browser import browser, wait_idle  # noqa: F401  (pytest fixtures)
@@ -78,6 +79,10 @@ def test_the_fleet_lesson_routes_and_draws_what_smollm2_gives(smollm2_server, br
         timeout=60_000,
     )
     wait_idle(page)
+    # the heading can arrive before the rerun's tables do: read until they settle (bounded)
+    deadline = time.monotonic() + 30
+    while shown(page) != expected[-1] and time.monotonic() < deadline:
+        page.wait_for_timeout(500)
     heading, pools = shown(page)
     assert (heading, pools) == expected[-1]
     assert sum(map(len, pools)) > 0, "the lesson's requests leave cached blocks"
