@@ -89,8 +89,8 @@ class Question:
 
 @dataclass(frozen=True)
 class FailLoad:
-    """The first load of ``request`` from the CPU tier fails, handled by ``policy``
-    (vLLM's ``kv_load_failure_policy``)."""
+    """The first load of ``request`` fails (from the CPU tier, or a P/D decode replica's pull),
+    handled by ``policy`` (vLLM's ``kv_load_failure_policy``)."""
 
     request: str
     policy: str
@@ -109,13 +109,16 @@ class Option:
 
     def apply(self, eng: dict, num_layers: int | None) -> None:
         """Change the engine dict ``eng`` as this option says (a no-op where the scenario has
-        nothing to change: no CPU tier, no speculative decoding, no sliding window)."""
-        if self.fail_load is not None and isinstance(eng.get("cpu_offload"), dict):
-            eng["cpu_offload"] = {
-                **eng["cpu_offload"],
+        nothing to change: no CPU tier or P/D pair, no speculative decoding, no sliding window)."""
+        if self.fail_load is not None:
+            failing = {
                 "fail_loads": [self.fail_load.request],
                 "kv_load_failure_policy": self.fail_load.policy,
             }
+            if isinstance(eng.get("cpu_offload"), dict):
+                eng["cpu_offload"] = {**eng["cpu_offload"], **failing}
+            elif eng.get("kv_transfer") == "pd":
+                eng["kv_transfer_config"] = {**(eng.get("kv_transfer_config") or {}), **failing}
         if self.spec_method and isinstance(eng.get("speculative"), dict):
             eng["speculative"] = {**eng["speculative"], "method": self.spec_method}
         if self.layer_pattern and num_layers and eng.get("sliding_window"):
@@ -710,17 +713,31 @@ def narration_for_step(lesson: Lesson, records: Sequence[StepRecord], step: int)
     return [lesson.moments[i] for i, s in sorted(found.items()) if s == step]
 
 
+def _ids(ids) -> str:
+    return "[" + ", ".join(map(str, ids)) + "]"
+
+
 def narration_fields(e: Event, rec: Optional[StepRecord] = None) -> dict[str, Any]:
     """The event's fields for a moment's text: ``{req}``, ``{blocks}`` and each field by name
     (``{num_tokens}``, ``{slots}``, ``{policy}``...); lists as "[1, 2]", dicts left out. With the
-    step's record, a CPU eviction also gets ``{gpu_blocks}``: the GPU blocks still caching its
-    hash at the end of the step (``gpu_copies``)."""
+    step's record: ``{table}``, the request's block ids at the end of the step; a CPU eviction's
+    ``{gpu_blocks}``, the GPU blocks still caching its hash at the end of the step
+    (``gpu_copies``); a P/D pull's ``{pulled_from}`` and ``{pulled_into}``, the prefill and the
+    decode block ids the step's connector copied for the request (StepRecord.pulls)."""
     out = {
-        k: ("[" + ", ".join(map(str, v)) + "]" if isinstance(v, list) else v)
+        k: (_ids(v) if isinstance(v, list) else v)
         for k, v in e.to_dict().items()
         if not isinstance(v, dict)
     }
-    out.update(req=e.request_id or "", blocks="[" + ", ".join(map(str, e.block_ids)) + "]")
-    if rec is not None and e.kind == "cpu_evicted":
-        out["gpu_blocks"] = "[" + ", ".join(map(str, gpu_copies(e, rec))) + "]"
+    out.update(req=e.request_id or "", blocks=_ids(e.block_ids))
+    if rec is None:
+        return out
+    view = _request_view(e, rec)
+    if view is not None:
+        out["table"] = _ids(b for t in view.block_tables for b in t)
+    if e.kind == "cpu_evicted":
+        out["gpu_blocks"] = _ids(gpu_copies(e, rec))
+    if e.request_id in rec.pulls:
+        remote, local = rec.pulls[e.request_id]
+        out.update(pulled_from=_ids(remote), pulled_into=_ids(local))
     return out
