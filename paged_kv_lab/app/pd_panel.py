@@ -1,6 +1,7 @@
-"""Under the player, for a lesson on a P/D pair: each request's time to first token split into
-its parts (disagg/pd.py: ttft_split), up to the player's cursor. Text only, read from the
-recorded steps."""
+"""Under the player, for a lesson on a P/D pair: both replicas' pools side by side at the
+player's step (disagg/pd.py: pair_at), the step's pulls marked on both sides, and each request's
+time to first token split into its parts (disagg/pd.py: ttft_split), up to the player's cursor.
+Read from the recorded steps; request ids go through md_escape or into the tables as text."""
 
 from __future__ import annotations
 
@@ -8,11 +9,83 @@ from typing import Any
 
 import streamlit as st
 
+from paged_kv_lab.app.block_grid import blank_headers, block_grid
 from paged_kv_lab.app.panels import md_escape
-from paged_kv_lab.disagg.pd import ttft_split
-from paged_kv_lab.text.i18n import tr
+from paged_kv_lab.disagg.pd import REPLICAS, pair_at, ttft_split
+from paged_kv_lab.text.i18n import Text, tr
 
 COLUMNS = ("request", "prefill", "transfer", "waiting", "first_decode", "total")
+POOL_COLS = 6  # two pools side by side: a block's cell holds its id and a mark
+# a block's part (disagg/pd.py: BLOCK_PARTS) on its cell: background, text, and the mark after
+# its id (the pull's marks are followed by the other side's block id)
+PART_COLORS = {
+    "pull_from": "#d62728",
+    "pull_into": "#d62728",
+    "failed": "#7f0000",
+    "kept": "#ff7f0e",
+    "delayed": "#9467bd",
+    "used": "#3182bd",
+    "cached": "#9ecae1",
+    "free": "#eeeeee",
+}
+PART_TEXT = {
+    k: "#000000" if k in ("cached",) else "#666666" if k == "free" else "#ffffff"
+    for k in PART_COLORS
+}
+PART_MARKS = {"pull_from": "→", "pull_into": "←", "failed": "✗", "kept": "⏸", "delayed": "∅"}
+
+
+def cell_text(b) -> str:
+    """A block's cell: its id, then its part's mark and, in the step's pull, the paired id."""
+    mark = PART_MARKS.get(b.part)
+    if mark is None:
+        return str(b.block_id)
+    return f"{b.block_id} {mark}" + ("" if b.paired is None else f" {b.paired}")
+
+
+def show_pools(run: Any, lang: str) -> None:
+    """The two pools at the player's step, labelled with their replica and the step they show."""
+    shown = run.shown_records()
+    step = shown[-1].step if shown else 0
+    view = pair_at(run.initial, shown, step)
+    st.markdown(f"**{tr('pd.pools.title', lang, step=step)}**")
+    if view.replica is None:
+        st.caption(tr("pd.pools.start", lang))
+    else:
+        st.caption(
+            tr("pd.pools.stepped", lang, step=step, replica=Text(f"pd.replica.{view.replica}"))
+        )
+    for rid, (remote, local) in view.pulls.items():
+        st.markdown(
+            tr(
+                "pd.pools.pull",
+                lang,
+                step=step,
+                req=md_escape(rid),
+                remote=list(remote),
+                local=list(local),
+            )
+        )
+    for rid, ids in view.failed.items():
+        st.markdown(tr("pd.pools.failed", lang, step=step, req=md_escape(rid), blocks=list(ids)))
+    for name, col in zip(REPLICAS, st.columns(2)):
+        with col, st.container(key=f"pd-pool-{name}"):
+            label = "pd.pools.pool_now" if view.replica == name else "pd.pools.pool"
+            st.markdown(tr(label, lang, replica=Text(f"pd.replica.{name}"), step=view.as_of[name]))
+            cells = view.blocks[name]
+            st.dataframe(
+                block_grid(
+                    [cell_text(b) for b in cells],
+                    [b.part for b in cells],
+                    POOL_COLS,
+                    PART_COLORS,
+                    PART_TEXT,
+                ),
+                hide_index=True,
+                column_config=blank_headers(POOL_COLS),
+                key=f"pd:pool:{name}",
+            )
+    st.caption(tr("pd.pools.legend", lang))
 
 
 def show_ttft_split(run: Any, lang: str, device: str = "") -> None:

@@ -311,6 +311,95 @@ def ttft_split(records: list[StepRecord]) -> list[TTFTSplit]:
     return out
 
 
+# A block's part in a P/D pair at a step, as the pools side by side mark it (the first that
+# holds, in this order): the current step's pull read it (prefill) or filled it (decode); the pull
+# into it failed; kept for a transfer by a finished request (prefill); allocated for a pull and
+# not cached until the load lands (decode); in use; free but cached; free.
+BLOCK_PARTS = ("pull_from", "pull_into", "failed", "kept", "delayed", "used", "cached", "free")
+
+
+@dataclass(frozen=True)
+class PairBlock:
+    """One block of one replica's pool at a step of a P/D run: its ``part`` (BLOCK_PARTS), the
+    requests whose tables hold it, and, in the step's pull, the other side's block id."""
+
+    block_id: int
+    part: str
+    owners: tuple[str, ...]
+    paired: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class PairView:
+    """Both pools of a P/D pair at step ``step`` of its run. ``as_of[r]`` is the step whose
+    snapshot ``blocks[r]`` shows (replica r's latest step up to ``step``; 0: the state before
+    step 1); ``replica`` made ``step`` (None at step 0); ``pulls`` are that step's pulls.
+
+    Invariants: a block is ``pull_from`` on the prefill side exactly when its id is among a pull's
+    prefill ids, and the block it pairs with is ``pull_into`` on the decode side, and the other
+    way round; ``kept`` only on the prefill side, ``delayed`` and ``failed`` only on the decode
+    side."""
+
+    step: int
+    replica: Optional[str]
+    as_of: dict[str, int]
+    blocks: dict[str, tuple[PairBlock, ...]]
+    pulls: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]
+    failed: dict[str, tuple[int, ...]]  # request -> decode blocks whose pull failed this step
+
+
+def pair_at(initial, records: list[StepRecord], step: int) -> PairView:
+    """Both pools at ``step`` of a P/D run, from its records (numbered 1, 2, 3...) and the state
+    before step 1 (``initial``: both replicas' pools start as it is, empty)."""
+    shown = [r for r in records if r.step <= step]
+    latest: dict[str, tuple[int, object]] = {name: (0, initial) for name in REPLICAS}
+    for r in shown:
+        if r.replica in latest:
+            latest[r.replica] = (r.step, r.snapshot)
+    now = shown[-1] if shown and shown[-1].step == step else None
+    pulls = dict(now.pulls) if now is not None else {}
+    failed = {
+        e.request_id: tuple(e.block_ids)
+        for e in (now.events if now is not None and now.replica == DECODE else ())
+        if e.kind == "kv_load_failed"
+    }
+    pairs = {
+        PREFILL: {p: d for rp, rd in pulls.values() for p, d in zip(rp, rd)},
+        DECODE: {d: p for rp, rd in pulls.values() for p, d in zip(rp, rd)},
+    }
+    failed_ids = {b for ids in failed.values() for b in ids}
+    blocks = {}
+    for name, (_, snap) in latest.items():
+        status = {v.request_id: v.status for v in snap.requests}
+        cells = []
+        for b in snap.blocks:
+            if b.is_null:
+                continue
+            states = {status.get(o, "") for o in b.owners}
+            if b.block_id in pairs[name]:
+                part = "pull_from" if name == PREFILL else "pull_into"
+            elif name == DECODE and b.block_id in failed_ids:
+                part = "failed"
+            elif name == PREFILL and any(x.startswith("finished") for x in states):
+                part = "kept"
+            elif name == DECODE and b.block_hash is None and "waiting_for_remote_kvs" in states:
+                part = "delayed"
+            elif b.ref_cnt > 0:
+                part = "used"
+            else:
+                part = "cached" if b.block_hash else "free"
+            cells.append(PairBlock(b.block_id, part, b.owners, pairs[name].get(b.block_id)))
+        blocks[name] = tuple(cells)
+    return PairView(
+        step,
+        now.replica if now is not None else None,
+        {name: s for name, (s, _) in latest.items()},
+        blocks,
+        pulls,
+        failed,
+    )
+
+
 def engine_for(scenario: Scenario, model=None):
     """What steps ``scenario`` one StepRecord at a time: an Engine, or, for ``engine.kv_transfer
     = "pd"``, a prefill and a decode replica on the one model (PDRun)."""

@@ -629,10 +629,11 @@ def _request_view(e: Event, rec: StepRecord):
 
 
 def _remote_kvs(e: Event, rec: StepRecord) -> bool:
-    """The event's request waits for remote K/V at the end of the step (a P/D decode replica
-    ordered the pull into the blocks it allocated)."""
+    """The event's request waits for remote K/V at the end of the step and the step's connector
+    pulled it (a P/D decode replica copied the prefill blocks into the blocks it allocated:
+    StepRecord.pulls)."""
     r = _request_view(e, rec)
-    return r is not None and r.status == "waiting_for_remote_kvs"
+    return r is not None and r.status == "waiting_for_remote_kvs" and e.request_id in rec.pulls
 
 
 def _kept_for_transfer(e: Event, rec: StepRecord) -> bool:
@@ -643,16 +644,25 @@ def _kept_for_transfer(e: Event, rec: StepRecord) -> bool:
 
 
 def _held_until_read(e: Freed, rec: StepRecord) -> bool:
-    """Blocks of a request that had already finished freed in a step that did not schedule it:
-    the delayed free once the transfer was read (or its lease ran out)."""
+    """Blocks of a request that had finished in an earlier step freed in a step that did not
+    schedule it: the delayed free once the transfer was read (or its lease ran out)."""
     r = _request_view(e, rec)
-    return r is not None and r.status.startswith("finished") and e.request_id not in rec.scheduled
+    finished_now = any(x.kind == "finished" and x.request_id == e.request_id for x in rec.events)
+    return (
+        r is not None
+        and r.status.startswith("finished")
+        and e.request_id not in rec.scheduled
+        and not finished_now
+    )
 
 
 def _after_load(e: Cached, rec: StepRecord) -> bool:
-    """Blocks cached in the step where the request's asynchronous load landed (delayed caching:
+    """Blocks cached in the step where the request's asynchronous load landed whole (delayed caching:
     ``allocate_slots(..., delay_cache_blocks=True)`` left them uncached until then)."""
-    return any(x.kind == "cpu_loaded" and x.request_id == e.request_id for x in rec.events)
+    return any(
+        x.kind == "cpu_loaded" and x.request_id == e.request_id and not x.load_failed
+        for x in rec.events
+    )
 
 
 def _reason(value: str) -> Callable[[Event, StepRecord], bool]:
@@ -686,6 +696,8 @@ PREDICATES: dict[str, Callable[[Event, StepRecord], bool]] = {
     "gpu_copy_gone": lambda e, rec: not gpu_copies(e, rec),
     "remote_kvs": _remote_kvs,
     "kept_for_transfer": _kept_for_transfer,
+    # finished without error and freed at once: nothing kept for a reader
+    "freed_at_finish": lambda e, rec: not _kept_for_transfer(e, rec) and e.reason != "error",
     "held_until_read": _held_until_read,
     "after_load": _after_load,
 }
