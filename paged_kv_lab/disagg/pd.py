@@ -370,6 +370,9 @@ def pair_at(initial, records: list[StepRecord], step: int) -> PairView:
     failed_ids = {b for ids in failed.values() for b in ids}
     blocks = {}
     for name, (_, snap) in latest.items():
+        if snap is None:  # a trace without its header, before this replica's first step
+            blocks[name] = ()
+            continue
         status = {v.request_id: v.status for v in snap.requests}
         cells = []
         for b in snap.blocks:

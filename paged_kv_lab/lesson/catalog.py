@@ -657,8 +657,9 @@ def _held_until_read(e: Freed, rec: StepRecord) -> bool:
 
 
 def _after_load(e: Cached, rec: StepRecord) -> bool:
-    """Blocks cached in the step where the request's asynchronous load landed whole (delayed caching:
-    ``allocate_slots(..., delay_cache_blocks=True)`` left them uncached until then)."""
+    """Blocks cached in the step where the request's asynchronous load landed, and did not fail
+    (delayed caching: ``allocate_slots(..., delay_cache_blocks=True)`` left them uncached until
+    then)."""
     return any(
         x.kind == "cpu_loaded" and x.request_id == e.request_id and not x.load_failed
         for x in rec.events
