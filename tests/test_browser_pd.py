@@ -49,9 +49,7 @@ def pools(page) -> dict[str, list[str]]:
     return {
         name: [
             t
-            for t in page.locator(
-                f".st-key-pd-pool-{name} [data-testid=stDataFrame] td"
-            ).all_inner_texts()
+            for t in page.locator(f".st-key-pd-pool-{name} table td").all_inner_texts()
             if t.strip()
         ]
         for name in ("prefill", "decode")

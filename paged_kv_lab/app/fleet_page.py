@@ -17,7 +17,6 @@ import pandas as pd
 import streamlit as st
 
 from kvcore.distributed.kv_events import external_hash_text
-from paged_kv_lab.app.block_grid import blank_headers, block_grid
 from paged_kv_lab.text.i18n import tr
 
 LESSON_FILE = Path(__file__).resolve().parent.parent / "fleet" / "lesson.json"
@@ -63,18 +62,37 @@ def wire(block_hash: str) -> str:
 
 def pool_table(snap):
     """One replica's pool as a grid of POOL_COLS cells, one block each ("id · the first hex digits
-    of its hash as the index holds it" when cached), coloured by state."""
+    of its hash as the index holds it" when cached), coloured by state. A styled table, not a
+    chart: the page's tables load the one grid the browser needs anyway, where a chart library
+    kept every element of the page from showing until it had loaded."""
     blocks = [b for b in snap.blocks if not b.is_null]
-    return block_grid(
-        [
-            f"{b.block_id} · {wire(b.block_hash)[:6]}" if b.block_hash else str(b.block_id)
-            for b in blocks
-        ],
-        ["used" if b.ref_cnt > 0 else "cached" if b.block_hash else "free" for b in blocks],
-        POOL_COLS,
-        POOL_COLORS,
-        POOL_TEXT,
-    )
+    cells, states = [], []
+    for i in range(0, len(blocks), POOL_COLS):
+        row = blocks[i : i + POOL_COLS]
+        cells.append(
+            [
+                f"{b.block_id} · {wire(b.block_hash)[:6]}" if b.block_hash else str(b.block_id)
+                for b in row
+            ]
+            + [""] * (POOL_COLS - len(row))
+        )
+        states.append(
+            [("used" if b.ref_cnt > 0 else "cached" if b.block_hash else "free") for b in row]
+            + [""] * (POOL_COLS - len(row))
+        )
+    grid = pd.DataFrame(cells, columns=[str(c) for c in range(POOL_COLS)])
+    state = pd.DataFrame(states, columns=grid.columns)
+
+    def paint(_):
+        return state.map(
+            lambda k: (
+                f"background-color: {POOL_COLORS[k]}; color: {POOL_TEXT[k]}"
+                if k in POOL_COLORS
+                else ""
+            )
+        )
+
+    return grid.style.apply(paint, axis=None)
 
 
 def why_sentence(m, replicas: int, lang: str) -> str:
@@ -157,7 +175,7 @@ def render_fleet_page() -> None:
     st.subheader(tr("fleet.lesson.pools", lang))
     # one grid per replica, one below the other: side by side, a pool's cells were too narrow for
     # a block's id and hash
-    blank = blank_headers(POOL_COLS)
+    blank = {str(c): st.column_config.TextColumn(" ") for c in range(POOL_COLS)}
     for i, snap in enumerate(m.snapshots):
         st.markdown(
             tr(
