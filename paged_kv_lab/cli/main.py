@@ -80,19 +80,11 @@ def _log_step(rec: snapshot.StepRecord, out: TextIO, lang: str = "en", decode=No
     out.write("   " + tr("cli.log.free_queue", lang, ids=list(snap.free_queue)) + "\n")
 
 
-def _replica_records(done) -> list[tuple[object, snapshot.StepRecord]]:
-    """A step's records: a plain engine's one (with None), or a P/D pair's, each with its
-    paged_kv_lab.disagg.pd.ReplicaStep."""
-    if isinstance(done, snapshot.StepRecord):
-        return [(None, done)]
-    return [(s, s.record) for s in done]
-
-
-def _log_replica(s, out: TextIO, lang: str, decode=None) -> None:
+def _log_replica(rec: snapshot.StepRecord, out: TextIO, lang: str, decode=None) -> None:
     """A P/D pair's step: which replica it is, its log, and the K/V its connector pulled."""
-    out.write(tr("pd.cli.replica", lang, replica=Text(f"pd.replica.{s.replica}")) + "\n")
-    _log_step(s.record, out, lang, decode)
-    for rid, (remote, local) in s.pulls.items():
+    out.write(tr("pd.cli.replica", lang, replica=Text(f"pd.replica.{rec.replica}")) + "\n")
+    _log_step(rec, out, lang, decode)
+    for rid, (remote, local) in rec.pulls.items():
         out.write("   " + tr("pd.cli.pull", lang, rid=rid, remote=list(remote), local=list(local)))
         out.write("\n")
 
@@ -231,11 +223,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             except ValueError as e:
                 print(_error(args, f"{args.scenario}: {e}"), file=sys.stderr)
                 return 2
-            for replica, rec in _replica_records(done):
+            # a plain engine's step, or a P/D pair's records of one tick (each names its replica)
+            for rec in [done] if isinstance(done, snapshot.StepRecord) else done:
                 if not args.quiet:
                     decode = engine.decode if engine.model is not None else None
-                    if replica is not None:
-                        _log_replica(replica, sys.stdout, args.lang, decode)
+                    if rec.replica is not None:
+                        _log_replica(rec, sys.stdout, args.lang, decode)
                     else:
                         _log_step(rec, sys.stdout, args.lang, decode)
                 if trace_file:
