@@ -6,7 +6,10 @@ scratch environment. With YARDSTICK_SWAP=1 it rebinds, in vLLM's modules and in 
 imported them by name, the pieces kvcore re-implements with vLLM's names and signatures:
 
 - ``vllm.v1.core.kv_cache_utils``: ``KVCacheBlock``, ``FreeKVCacheBlockQueue``;
-- ``vllm.v1.core.block_pool``: ``BlockHashToBlockMap``, ``BlockPool``.
+- ``vllm.v1.core.block_pool``: ``BlockHashToBlockMap``, ``BlockPool``;
+
+and in kvcore's modules, kvcore's KV event structs (vLLM's fields, vLLM's wire bytes) by vLLM's
+classes, which vLLM's code and tests check events against.
 
 vLLM's KVCacheManager, coordinators, single-type managers and Scheduler then run on kvcore's pool,
 blocks and free queue, so every test that allocates, caches, touches, frees or evicts a block runs
@@ -121,6 +124,22 @@ def _swap() -> None:
 
     ku.KVCacheBlock.__init__ = init_block
     ku.KVCacheBlock._block_hash_num_tokens = property(lambda self: self.block_hash_num_tokens)
+
+    # kvcore's KV events are its own structs with vLLM's fields and wire bytes; vLLM's code and
+    # tests test them by class (isinstance), so kvcore's modules build vLLM's structs here.
+    import vllm.distributed.kv_events as ve
+
+    import kvcore.distributed.kv_events as ke
+
+    event_types = {
+        getattr(ke, name): getattr(ve, name)
+        for name in ("KVCacheEvent", "BlockStored", "BlockRemoved", "AllBlocksCleared")
+    }
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("kvcore.") and mod is not None and mod is not ke:
+            for attr, value in list(vars(mod).items()):
+                if isinstance(value, type) and value in event_types:
+                    setattr(mod, attr, event_types[value])
 
     swaps = {
         vu.KVCacheBlock: ku.KVCacheBlock,
