@@ -162,24 +162,40 @@ def _swap() -> None:
 
 if SWAP:
     _swap()
+if os.environ.get("YARDSTICK_SCHEDULER") == "1":
+    # the second mode: kvcore's own Scheduler under vLLM's scheduler tests (kvcore_scheduler.py)
+    sys.path.insert(0, os.path.join(REPO, "scripts", "vllm_core_tests"))
+    import kvcore_scheduler
 
+    _patch_test_module = kvcore_scheduler.install(Unmodelled)
+
+    def pytest_collection_modifyitems(session, config, items):
+        for module in {getattr(item, "module", None) for item in items} - {None}:
+            _patch_test_module(module)
+
+
+SCHEDULER_FILE = os.path.join(os.path.realpath(REPO), "kvcore", "core", "sched", "scheduler.py")
 _touched: dict[str, bool] = {}
-_current = {"hit": False}
+_scheduler_ran: dict[str, bool] = {}
+_current = {"hit": False, "scheduler": False}
 
 
 def _profile(frame, event, arg):
     if event == "call" and frame.f_code.co_filename.startswith(KVCORE_DIR):
         _current["hit"] = True
+        if frame.f_code.co_filename == SCHEDULER_FILE:
+            _current["scheduler"] = True
 
 
 def pytest_runtest_setup(item):
-    _current["hit"] = False
+    _current["hit"] = _current["scheduler"] = False
     sys.setprofile(_profile)
 
 
 def pytest_runtest_teardown(item):
     sys.setprofile(None)
     _touched[item.nodeid] = _current["hit"]
+    _scheduler_ran[item.nodeid] = _current["scheduler"]
 
 
 def pytest_runtest_makereport(item, call):
@@ -206,4 +222,4 @@ def pytest_sessionfinish(session, exitstatus):
     path = os.environ.get("YARDSTICK_TOUCHED")
     if path:
         with open(path, "w") as fh:
-            json.dump({"touched": _touched, "errors": _errors}, fh)
+            json.dump({"touched": _touched, "scheduler": _scheduler_ran, "errors": _errors}, fh)
