@@ -319,7 +319,7 @@ def ttft_study(model, rounds: int = 3, block_size: int = 16) -> TTFTStudy:
 
 # -- what else is in a block's hash ---------------------------------------------------------
 HASH_KEYS_BLOCK_SIZE = 16
-# A question about a picture, as a chat: about seven blocks of 16 with SmolLM2's template.
+# A question about a picture, as a chat: five full blocks of 16 with SmolLM2's template.
 HASH_KEYS_PROMPT = (
     "Here is a photo from my trip. Look at it closely and tell me what season it was taken "
     "in, which country it might show, and what the weather was like that day. Then suggest a "
@@ -405,7 +405,9 @@ def _embeds(token_ids: Sequence[int], changed_row: Optional[int]) -> list[bytes]
     return rows
 
 
-def _variant_request(variant: str, rid: str, study_ids, image_offset: int, embeds_row: int):
+def hash_keys_request(variant: str, rid: str, study_ids, image_offset: int, embeds_row: int):
+    """A kvcore Request of ``variant`` (HASH_VARIANTS) on the token ids ``study_ids``, hashed at
+    HASH_KEYS_BLOCK_SIZE with sha256 (vLLM's default ``prefix_caching_hash_algo``)."""
     from kvcore.core.kv_cache_utils import BlockHasher
     from kvcore.lora.request import LoRARequest
     from kvcore.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
@@ -455,7 +457,7 @@ def hash_keys_study(token_ids: Sequence[int], image_offset: int) -> HashKeysStud
     num_blocks = len(ids) // bs
 
     def make(variant: str, rid: str):
-        return _variant_request(variant, rid, ids, image_offset, embeds_row)
+        return hash_keys_request(variant, rid, ids, image_offset, embeds_row)
 
     out = []
     for v in HASH_VARIANTS:
@@ -497,6 +499,7 @@ __all__ = [
     "collision_probability",
     "common_prefix",
     "hash_keys_prompt",
+    "hash_keys_request",
     "hash_keys_study",
     "hash_study",
     "hashes_for_probability",
