@@ -15,6 +15,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from test_pseudo_language import (  # noqa: F401  (the pseudo-language fixtures)
+    APP,
+    TIMEOUT,
+    explore,
+    monkeypatch_module,
+    page_leftovers,
+    pseudo_language,
+)
 
 from _app_helpers import app, tiny_model_env  # noqa: F401
 from _kv_helpers import make_engine, spec
@@ -277,3 +285,20 @@ def test_the_page_in_chinese_and_its_questions():
     first = at.radio(key="cq:hashkeys:0")
     first.set_value(tr(questions[0].options[questions[0].answer], "zh")).run()
     assert at.success and not at.error
+
+
+def test_the_page_in_a_pseudo_language_says_only_catalogue_sentences(pseudo_language):  # noqa: F811
+    """The pseudo-language walk (test_pseudo_language.py) meets this page before its prompt is
+    tokenized, behind the note; here the page is read with its tables, sentences and questions."""
+    from streamlit.testing.v1 import AppTest
+
+    at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
+    prepared(at)
+    at.switch_page(page_file("hashkeys"))
+    at.session_state["lang"] = "xx"
+    at.session_state["questions_open:hashkeys"] = True
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert len(at.dataframe) == 3 and len(at.radio) == len(TOPIC_QUESTIONS["hashkeys"])
+    texts = explore(at)
+    assert not page_leftovers(texts), page_leftovers(texts)
