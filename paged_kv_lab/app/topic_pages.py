@@ -309,6 +309,22 @@ def _keys_text(keys) -> str:
     return "—" if keys is None else ", ".join(repr(_short_key(k)) for k in keys)
 
 
+def _variant_grid(study, names, columns, cell, kind, colors, key: str) -> None:
+    """One row per variant (its name, then one cell per block): ``cell(variant, i, block)`` is
+    the text, ``kind(variant, i, block)`` the cell's colour key in ``colors``."""
+    rows = [(v, list(enumerate(v.blocks))) for v in study.variants]
+    st.dataframe(
+        painted_grid(
+            [[name, *(cell(v, i, b) for i, b in blocks)] for name, (v, blocks) in zip(names, rows)],
+            [["", *(kind(v, i, b) for i, b in blocks)] for v, blocks in rows],
+            colors,
+            columns,
+        ),
+        hide_index=True,
+        key=key,
+    )
+
+
 def _blocks_label(n: int, total: int, lang: str) -> str:
     return tr("topic.hashkeys.hit_cell", lang, n=n, total=total)
 
@@ -345,40 +361,26 @@ def render_hash_keys() -> None:
     cols = [tr("topic.hashkeys.variant_col", lang), *block_cols]
     plain = s.by_id("plain")
     st.caption(tr("topic.hashkeys.hashes", lang))
-    st.dataframe(
-        painted_grid(
-            [[names[v.variant], *(b.block_hash[:8] for b in v.blocks)] for v in s.variants],
-            [
-                ["", *("same" if b == p else "other" for b, p in zip(v.blocks, plain.blocks))]
-                for v in s.variants
-            ],
-            HASH_COLORS,
-            cols,
-        ),
-        hide_index=True,
-        key="topic_hashkeys_hashes",
+    _variant_grid(
+        s,
+        [names[v.variant] for v in s.variants],
+        cols,
+        lambda v, i, b: b.block_hash[:8],
+        lambda v, i, b: "same" if b == plain.blocks[i] else "other",
+        HASH_COLORS,
+        "topic_hashkeys_hashes",
     )
     st.caption(tr("topic.hashkeys.keys", lang))
-    st.dataframe(
-        painted_grid(
-            [[names[v.variant], *(_keys_text(b.extra_keys) for b in v.blocks)] for v in s.variants],
-            [
-                [
-                    "",
-                    *(
-                        ("mm" if v.variant == "image" and i in s.touched else "keys")
-                        if b.extra_keys
-                        else ""
-                        for i, b in enumerate(v.blocks)
-                    ),
-                ]
-                for v in s.variants
-            ],
-            KEY_COLORS,
-            cols,
+    _variant_grid(
+        s,
+        [names[v.variant] for v in s.variants],
+        cols,
+        lambda v, i, b: _keys_text(b.extra_keys),
+        lambda v, i, b: (
+            ("mm" if v.variant == "image" and i in s.touched else "keys") if b.extra_keys else ""
         ),
-        hide_index=True,
-        key="topic_hashkeys_keys",
+        KEY_COLORS,
+        "topic_hashkeys_keys",
     )
     st.caption(tr("topic.hashkeys.hits", lang))
     hit_cols = tr("topic.hashkeys.hit_cols", lang)
