@@ -366,7 +366,7 @@ def render_hash_keys() -> None:
         [names[v.variant] for v in s.variants],
         cols,
         lambda v, i, b: b.block_hash[:8],
-        lambda v, i, b: "same" if b == plain.blocks[i] else "other",
+        lambda v, i, b: "same" if b.block_hash == plain.blocks[i].block_hash else "other",
         HASH_COLORS,
         "topic_hashkeys_hashes",
     )
