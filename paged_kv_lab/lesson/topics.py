@@ -28,7 +28,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from kvcore.core.kv_cache_manager import KVCacheManager
+from kvcore.core.kv_cache_utils import BlockHasher
+from kvcore.kv_cache_interface import KVCacheConfig, full_attention
+from kvcore.lora.request import LoRARequest
 from kvcore.model.memory import bytes_per_block, model_dims
+from kvcore.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+from kvcore.request import Request
+from kvcore.utils.hashing import get_hash_fn_by_name
 from kvcore.utils.math_utils import cdiv
 from paged_kv_lab.record.engine import Engine
 from paged_kv_lab.record.scenario import load_scenario
@@ -332,7 +339,7 @@ IMAGE_LENGTH = 24
 IMAGE_ID = hashlib.sha256(b"paged-kv-lab: a photo").hexdigest()
 LORAS = {"lora_sql": ("sql", 1, "/adapters/sql"), "lora_chat": ("chat", 2, "/adapters/chat")}
 SALT = "tenant-1"
-# The variants in the order shown; "embeds_b" differs from "embeds_a" in one row (EMBEDS_ROW).
+# The variants in the order shown; "embeds_b" differs from "embeds_a" in one row (the middle one).
 HASH_VARIANTS = ("plain", "lora_sql", "lora_chat", "image", "embeds_a", "embeds_b", "salt")
 # A variant -> the one its third hit column compares it with.
 HASH_NEIGHBOUR = {"lora_chat": "lora_sql", "embeds_b": "embeds_a"}
@@ -408,12 +415,6 @@ def _embeds(token_ids: Sequence[int], changed_row: Optional[int]) -> list[bytes]
 def hash_keys_request(variant: str, rid: str, study_ids, image_offset: int, embeds_row: int):
     """A kvcore Request of ``variant`` (HASH_VARIANTS) on the token ids ``study_ids``, hashed at
     HASH_KEYS_BLOCK_SIZE with sha256 (vLLM's default ``prefix_caching_hash_algo``)."""
-    from kvcore.core.kv_cache_utils import BlockHasher
-    from kvcore.lora.request import LoRARequest
-    from kvcore.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
-    from kvcore.request import Request
-    from kvcore.utils.hashing import get_hash_fn_by_name
-
     kw: dict[str, Any] = {}
     if variant in LORAS:
         kw["lora_request"] = LoRARequest(*LORAS[variant])
@@ -432,9 +433,6 @@ def hash_keys_request(variant: str, rid: str, study_ids, image_offset: int, embe
 def _hits_after(first: Sequence[Any], second: Any, num_blocks: int) -> int:
     """Full blocks ``second`` hits once each request of ``first`` was admitted, ran its prompt
     (so its full blocks are cached) and freed its blocks, on one fresh KVCacheManager."""
-    from kvcore.core.kv_cache_manager import KVCacheManager
-    from kvcore.kv_cache_interface import KVCacheConfig, full_attention
-
     kvm = KVCacheManager(
         KVCacheConfig(
             2 * (num_blocks + 2) * (len(first) + 1), (full_attention(HASH_KEYS_BLOCK_SIZE),)
