@@ -524,6 +524,29 @@ def load_lessons(
     return {p.stem: load_lesson(p, catalogue) for p in sorted(folder.glob("*.yaml"))}
 
 
+TOPIC_QUESTIONS_FILE = Path(__file__).with_name("topic_questions.yaml")
+
+
+def load_topic_questions(
+    path: Path = TOPIC_QUESTIONS_FILE, catalogue: Mapping[str, Any] | None = None
+) -> dict[str, tuple[Question, ...]]:
+    """Topic page id -> its questions (``topic_questions.yaml``), their texts checked against
+    ``catalogue`` as a lesson's are (the whole catalogue when none is given)."""
+    if catalogue is None:
+        from paged_kv_lab.text.i18n import catalogue as read_catalogue
+
+        catalogue = read_catalogue()
+    data = load(
+        path, dict[Annotated[StrictStr, Field(pattern=r"^[a-z][a-z0-9_]*$")], list[QuestionData]]
+    )
+    out = {}
+    for page_id, questions in data.items():
+        texts = Texts(f"topic.{page_id}.quiz", catalogue)
+        out[page_id] = tuple(_question(q, i, texts) for i, q in enumerate(questions))
+        texts.check(path)
+    return out
+
+
 # -- predicates on events: (event, record) -> bool -----------------------------------
 # Each reads the fields of the one kind its moments name (record.events).
 def _rescue(e: Touched, rec: StepRecord) -> bool:
