@@ -28,8 +28,9 @@ from paged_kv_lab.text.i18n import tr
 def engine_snapshot(lesson_id, step, model):
     """An independent engine (not the app's run store) stepped to ``step``."""
     from paged_kv_lab.disagg.pd import engine_for
-    from paged_kv_lab.runs.timeline import lesson_scenario
+    from paged_kv_lab.runs.timeline import lesson_scenario, played_model
 
+    model = played_model(BY_ID[lesson_id], model)
     scenario = lesson_scenario(BY_ID[lesson_id], model.num_layers, model=model.name, device="cpu")
     engine = engine_for(scenario, model=model)
     records = [engine.step() for _ in range(step)]

@@ -50,6 +50,11 @@ def render_lesson(lesson_id: str, compact: bool = False) -> None:
     init_globals_from_url()
     lang = current_lang()
     ms = current_model()
+    if lesson.model is not None and lesson.model != ms.name:  # the lesson's own model
+        from paged_kv_lab.app.modelstate import get_model
+
+        loading = tr("model_loading", lang, model=lesson.model, device=ms.device)
+        ms = get_model(lesson.model, ms.device, loading)
     if not compact:
         st.title(
             f"{lesson.icon} {lesson.number}. {tr(lesson.title, lang)}"
@@ -81,6 +86,8 @@ def render_lesson(lesson_id: str, compact: bool = False) -> None:
     if not compact:
         if "memory" in lesson.panels and ms.model is not None:  # not per step: outside the fragment
             P.show_memory(state.run, lang, ms.model, lesson.id)
+        if "hybrid" in lesson.panels and ms.model is not None:
+            P.show_hybrid_pages(state.run, lang, ms.model)
         if lesson.id == "playground":
             from paged_kv_lab.app.playground import request_form, settings_form
 

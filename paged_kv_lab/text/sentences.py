@@ -141,10 +141,11 @@ def _blocked(e: E.Blocked, s: Style) -> Text:
 
 def _cache_hit(e: E.CacheHit, s: Style) -> Text:
     blocks = " + ".join(ids(g) for g in e.block_ids_per_group if g) or ids(e.block_ids)
-    return Text(
-        "event.cache_hit",
-        {"rid": e.request_id, "k": e.num_blocks, "n": e.num_tokens, "blocks": blocks},
-    )
+    fields = {"rid": e.request_id, "k": e.num_blocks, "n": e.num_tokens, "blocks": blocks}
+    if any(len(g) > e.num_blocks for g in e.block_ids_per_group):
+        # a group's hit reaches into the block after the full ones: it ends inside a block
+        return Text("event.cache_hit.inside", fields)
+    return Text("event.cache_hit", fields)
 
 
 def _cache_miss(e: E.CacheMiss, s: Style) -> Text:
