@@ -227,7 +227,7 @@ def show_hybrid_pages(run: Timeline, lang: str, model) -> None:
         for r in rows:
             z = r.sizes
             cells = (
-                md_escape(r.name),
+                f"`{r.name}`",  # a name, shown as it is
                 f"{z.attn_bytes_per_token:,}",
                 f"{z.conv_state_bytes:,} + {z.recurrent_state_bytes:,} = {z.state_bytes:,}",
                 f"{z.block_size:,}",
