@@ -37,6 +37,17 @@ def current_model() -> ModelState:
     return ms
 
 
+def played_model_state(lesson, ms: ModelState, lang: str) -> ModelState:
+    """The model a lesson (or a case) plays on: its own (``Lesson.model``, on the sidebar's
+    device), loaded once per process, or the sidebar's ``ms``."""
+    if lesson.model is None or lesson.model == ms.name:
+        return ms
+    from paged_kv_lab.app.modelstate import get_model
+
+    loading = tr("model_loading", lang, model=lesson.model, device=ms.device)
+    return get_model(lesson.model, ms.device, loading)
+
+
 def decoder(model):
     """The model's shared decoder: a bounded, thread-safe cache of token ids -> text
     (runstore/store.py)."""
@@ -49,12 +60,7 @@ def render_lesson(lesson_id: str, compact: bool = False) -> None:
     lesson = BY_ID[lesson_id]
     init_globals_from_url()
     lang = current_lang()
-    ms = current_model()
-    if lesson.model is not None and lesson.model != ms.name:  # the lesson's own model
-        from paged_kv_lab.app.modelstate import get_model
-
-        loading = tr("model_loading", lang, model=lesson.model, device=ms.device)
-        ms = get_model(lesson.model, ms.device, loading)
+    ms = played_model_state(lesson, current_model(), lang)
     if not compact:
         st.title(
             f"{lesson.icon} {lesson.number}. {tr(lesson.title, lang)}"
