@@ -88,3 +88,31 @@ def test_without_prefix_match_unit_the_short_prefix_misses():
     run = finished({"prefix_match_unit": None})
     assert not events(run, "cache_hit", "B") and events(run, "cache_miss", "B")
     assert not any(e.kind in ("cached_partial", "copied") for r in run.records for e in r.events)
+
+
+def test_why_explains_the_hit_inside_a_block_and_every_block_life_agrees():
+    """Why? on the lesson's run: B's hit ends inside a block that A keyed there, with B's copies
+    and the two vLLM functions cited; C's miss is told apart; the life of every block, replayed
+    from the events (copies, partial entries, re-keying included), agrees with every snapshot."""
+    from paged_kv_lab.why import explain as X
+    from paged_kv_lab.why.explain_blocks import life_of_block
+    from paged_kv_lab.why.explain_text import hit_sentences
+
+    run = finished()
+    steps = X.RecordedSteps(run.initial, tuple(run.records), run.scenario.engine)
+    (b,) = X.explain_hit(steps, "B")
+    copies = [e for s, e in events(run, "copied", "B") if e.reason == "partial_hit"]
+    assert b.reason == X.PARTIAL_HIT and b.other_request == "A"
+    assert b.copy_blocks == tuple(e.block_ids[0] for e in copies if e.group == b.group)
+    said = "\n".join(hit_sentences(b))
+    assert "cache_partial_block" in said and "take_kv_cache_block_copies" in said
+    (c,) = X.explain_hit(steps, "C")
+    assert c.hit_tokens == 0 and c.reason != X.PARTIAL_HIT
+    for block in range(len(run.initial.blocks)):
+        life = life_of_block(steps, block)
+        for state in life.states[1:]:
+            view = run.records[state.step - 1].snapshot.blocks[block]
+            assert (state.ref_cnt, state.block_hash) == (view.ref_cnt, view.block_hash), (
+                block,
+                state,
+            )
