@@ -38,14 +38,13 @@ def current_model() -> ModelState:
 
 
 def played_model_state(lesson, ms: ModelState, lang: str) -> ModelState:
-    """The model a lesson (or a case) plays on: its own (``Lesson.model``, on the sidebar's
-    device), loaded once per process, or the sidebar's ``ms``."""
+    """The model a lesson (or a case) plays on (modelstate.played_model_state), said while it
+    loads."""
+    from paged_kv_lab.app.modelstate import played_model_state as played
+
     if lesson.model is None or lesson.model == ms.name:
         return ms
-    from paged_kv_lab.app.modelstate import get_model
-
-    loading = tr("model_loading", lang, model=lesson.model, device=ms.device)
-    return get_model(lesson.model, ms.device, loading)
+    return played(lesson, ms, tr("model_loading", lang, model=lesson.model, device=ms.device))
 
 
 def decoder(model):
