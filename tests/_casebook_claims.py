@@ -32,17 +32,26 @@ def _hit_tokens(records: Records, request: str) -> int:
 
 
 def _claim_short_prefix(before: Records, after: Records) -> list[str]:
+    """On a hybrid model at the block size vLLM raises it to: B continues A's prompt, which is
+    shorter than a block, and misses; with prefix_match_unit, B hits inside the block (the block
+    as large as before) and writes into a copy; C, sharing only the system prompt, misses both
+    times."""
     out = []
     snap = _last(before)
     a, b = snap.request("A").prompt_token_ids, snap.request("B").prompt_token_ids
     shared = common_prefix(a, b)
-    if not 0 < shared < snap.block_size:
-        out.append(f"the shared prefix ({shared} tokens) should be shorter than one block")
+    if not (shared == len(a) < snap.block_size and any(g["kind"] == "mamba" for g in snap.groups)):
+        out.append("B should continue all of A's prompt, shorter than a hybrid model's block")
     if numbers(snap)["hits"] != 0 or numbers(snap)["queries"] == 0:
         out.append("before the fix: tokens were queried and none hit")
     fixed = _last(after)
-    if not fixed.block_size <= shared or numbers(fixed)["hits"] <= 0:
-        out.append("after the fix: the smaller block fits in the shared prefix and hits")
+    hit = _hit_tokens(after, "B")
+    if fixed.block_size != snap.block_size or not 0 < hit < fixed.block_size:
+        out.append("after the fix: B hits inside a block of the same size")
+    if not any(e.reason == "partial_hit" for _, e in _events(after, "copied", "B")):
+        out.append("after the fix: B writes into a private copy of the block its hit ends in")
+    if _hit_tokens(after, "C") or _hit_tokens(before, "C"):
+        out.append("C shares only the system prompt: no state is stored there, it misses")
     return out
 
 

@@ -87,6 +87,22 @@ def every_kind_runs() -> tuple[tuple[str, tuple], ...]:
         ),
     )
     runs.append(("kv_load_failed", tuple(eng.run())))
+    # A hybrid layout (3 state groups, 1 attention group) with prefix_match_unit 2 inside 8-token
+    # blocks: A's prompt ends inside its second block, which is cached there; A keeps writing it,
+    # so the cached states move to copies; B and C hit 12 tokens, inside that block, and get
+    # private copies (copy-on-write); a full block outgrows its partial entry.
+    eng = make_engine(
+        [
+            spec("A", range(100, 113), max_tokens=4),
+            spec("B", [*range(100, 113), 5, 6, 7], max_tokens=4, arrival_step=3),
+            spec("C", [*range(100, 112), 99, 98], max_tokens=4, arrival_step=3),
+        ],
+        block_size=8,
+        num_gpu_blocks=40,
+        prefix_match_unit=2,
+        layer_types=("linear_attention",) * 3 + ("full_attention",),
+    )
+    runs.append(("partial_hits", tuple(eng.run())))
     return tuple(runs)
 
 

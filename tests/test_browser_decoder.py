@@ -50,12 +50,11 @@ def recorded(lesson_id: str):
     from kvcore.model import load_model
     from paged_kv_lab.disagg.pd import engine_for
     from paged_kv_lab.lesson import BY_ID
-    from paged_kv_lab.runs.timeline import lesson_scenario
+    from paged_kv_lab.runs.timeline import lesson_scenario, played_model
 
-    model = load_model("tiny-random", "cpu")
-    scenario = lesson_scenario(
-        BY_ID[lesson_id], model.num_layers, model="tiny-random", device="cpu"
-    )
+    # a lesson with a model of its own (hybrid models) plays on it
+    model = played_model(BY_ID[lesson_id], load_model("tiny-random", "cpu"))
+    scenario = lesson_scenario(BY_ID[lesson_id], model.num_layers, model=model.name, device="cpu")
     engine = engine_for(scenario, model=model)
     initial, records = engine.snapshot(), engine.run(max_steps=400)
     other = engine_for(scenario, model=model)

@@ -219,7 +219,7 @@ def test_a_case_file_is_checked_the_same_way(tmp_path):
     texts = {k: v for k, v in catalogue().items()}
     path = write(tmp_path, source, "short-prefix")
     assert [c.id for c in load_cases(tmp_path, texts)] == ["short-prefix"]
-    path.write_text(source.replace("only_requests: [A, B]", "only_requests: [A, Z]"))
+    path.write_text(source.replace("only_requests: [A, B, C]", "only_requests: [A, Z]"))
     with pytest.raises(LessonDataError) as info:
         load_cases(tmp_path, texts)
     assert f"{path}: scenario.only_requests: no request ['Z']" in str(info.value)

@@ -299,7 +299,7 @@ def test_the_attention_block_grows_until_its_page_holds_a_state():
     assert align_hybrid_block_size(1024, attn_per_token, state.page_size_bytes)[0] == 1024
 
 
-def test_a_recorded_run_steps_a_hybrid_layout_and_refuses_a_finer_unit():
+def test_a_recorded_run_steps_a_hybrid_layout_with_hashes_finer_than_the_block():
     from _kv_helpers import make_engine, spec
 
     layers = tuple(QWEN35_LIKE)
@@ -312,8 +312,16 @@ def test_a_recorded_run_steps_a_hybrid_layout_and_refuses_a_finer_unit():
         if e.kind == "cache_hit"
     ]
     assert hits == [("b", 12)]  # the state at 12 tokens and the attention blocks before it
-    with pytest.raises(ValueError, match="replay a trace"):
-        make_engine([], block_size=8, layer_types=layers, prefix_match_unit=2)
+    # 8-token blocks hashed every 2 tokens: b hits 12 tokens, inside a's second block, and
+    # copies that block in every group (copy-on-write); the invariants hold at every step
+    eng = make_engine(
+        reqs, block_size=8, num_gpu_blocks=40, layer_types=layers, prefix_match_unit=2
+    )
+    eng.debug = True
+    evs = [e for r in eng.run() for e in r.events if e.request_id == "b"]
+    assert [(e.kind, e.num_tokens) for e in evs if e.kind == "cache_hit"] == [("cache_hit", 12)]
+    copies = [e for e in evs if e.kind == "copied" and e.reason == "partial_hit"]
+    assert len(copies) == len(eng.groups)
 
 
 def test_block_sizes_resolve_as_vllm_resolves_them():

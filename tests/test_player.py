@@ -25,7 +25,7 @@ from paged_kv_lab.player import (
 from paged_kv_lab.player.export import json_for_script
 from paged_kv_lab.record.engine import Engine
 from paged_kv_lab.record.scenario import load_scenario
-from paged_kv_lab.runs.timeline import lesson_scenario
+from paged_kv_lab.runs.timeline import lesson_scenario, played_model
 
 HOSTILE = "<img src=x onerror=alert(1)> and <script>alert(2)</script> & \u2028"
 
@@ -53,7 +53,8 @@ def assert_encodes(payload, truth):
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda lesson: lesson.id)
 def test_every_step_equals_an_independent_engine(lesson, tiny_model):
-    scenario = lesson_scenario(lesson, tiny_model.num_layers, model="tiny-random", device="cpu")
+    tiny_model = played_model(lesson, tiny_model)  # a hybrid lesson plays on its own model
+    scenario = lesson_scenario(lesson, tiny_model.num_layers, model=tiny_model.name, device="cpu")
     initial, records, engine = recorded(scenario, tiny_model)
     payload = run_payload(
         initial,

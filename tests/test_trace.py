@@ -385,6 +385,8 @@ def test_traces_written_before_events_were_typed_still_read():
         events.CPU_STORED,
         events.CPU_EVICTED,
         events.KV_LOAD_FAILED,
+        events.CACHED_PARTIAL,
+        events.COPIED,
     }
     for rec, d in zip(t.records, old):
         assert len(rec.events) == len(d["events"])

@@ -223,7 +223,7 @@ class BlockPool:
             if blk.block_hash is not None:
                 # Keyed at a boundary inside the block (a partial entry): it is full now.
                 assert blk.block_hash_num_tokens < (i + 1) * block_size
-                self._emit_block_removed_events(self._remove_cached_block_hashes(blk))
+                self._rekey(blk)
             self._insert_block_hash(key, blk, (i + 1) * block_size)
             if events:
                 new_hashes.append(hashes[i])
@@ -375,6 +375,13 @@ class BlockPool:
                     )
                 )
 
+    def _rekey(self, block: KVCacheBlock) -> None:
+        """Drop the block's keys before it is keyed anew, telling the events and the observer."""
+        removed = self._remove_cached_block_hashes(block)
+        self._emit_block_removed_events(removed)
+        if removed and self.observer is not None:
+            self.observer.on_block_rekeyed(block, removed)
+
     def _insert_block_hash(self, key: bytes, block: KVCacheBlock, num_tokens: int) -> None:
         """The first key of a block is its primary hash; later ones are partial entries."""
         if block.block_hash == key or self.cached_block_hash_to_block.contain(key, block.block_id):
@@ -407,15 +414,19 @@ class BlockPool:
             key, block.block_id
         )
         if replace_existing_hashes:
-            self._emit_block_removed_events(self._remove_cached_block_hashes(block))
+            self._rekey(block)
             already = False
         elif (
             not already
             and block.block_hash is not None
             and block.block_hash_num_tokens < n * self.hash_block_size
         ):
-            self._emit_block_removed_events(self._remove_cached_block_hashes(block))
+            self._rekey(block)
         self._insert_block_hash(key, block, n * self.hash_block_size)
+        if not already and self.observer is not None:
+            self.observer.on_block_cached_partial(
+                request, block, key, n * self.hash_block_size, block_size
+            )
         if self.enable_kv_cache_events and not already:
             start = (n - 1) * self.hash_block_size
             parent = request.block_hashes[n - 2] if n > 1 else None

@@ -42,6 +42,7 @@ FREE_PREEMPTED = "preempted"  # a running request gives its blocks back to make 
 FREE_LOAD_FAILED = "load failed"  # its CPU-tier load failed and left no valid block
 FREE_WINDOW = "window"  # blocks slid out of a sliding-window group's window
 FREE_OFFLOAD = "offload"  # the CPU tier unpins GPU blocks it held for a copy
+FREE_COPIED = "copied"  # the step's tail-block copies ran: their holds on both blocks go
 
 
 def free_reason(request: "Request") -> str:
@@ -110,6 +111,24 @@ class KVCacheObserver:
     ) -> None:
         """``cache_full_blocks`` gave ``blocks`` (of ``request``, in table order) their hashes
         and put them in the prefix cache; blocks already cached or left out are not listed."""
+
+    def on_block_cached_partial(
+        self,
+        request: "Request",
+        block: "KVCacheBlock",
+        key: bytes,
+        num_tokens: int,
+        block_size: int,
+    ) -> None:
+        """``cache_partial_block`` put ``block`` (of ``block_size`` tokens) in the prefix cache
+        under ``key``, ``request``'s hash at the prefix boundary ``num_tokens`` inside it with
+        the group id (a partial entry; ``prefix_match_unit`` finer than the block). Not called
+        when the block had that key already."""
+
+    def on_block_rekeyed(self, block: "KVCacheBlock", keys: Sequence[bytes]) -> None:
+        """``keys`` (with group ids) left the prefix cache because ``block`` is keyed anew at a
+        later boundary (a partial entry it outgrew); called after they left, before the new key
+        is put in."""
 
     def on_prefix_cache_reset(self, ok: bool, blocks_in_use: int) -> None:
         """``reset_prefix_cache`` forgot every hash (``ok``), or refused because

@@ -21,6 +21,12 @@ from kvcore.kv_cache_interface import (
 )
 from kvcore.utils.math_utils import cdiv
 
+# Why a block is copied (the observer's "copied" decision): a request's hit ends inside a
+# cached block it will write into, so its table gets a private copy; or a running request's
+# state was just cached inside the block it keeps writing, so the cache entry moves to a copy.
+COPY_PARTIAL_HIT = "partial_hit"
+COPY_KEEP_CACHED = "keep_cached"
+
 
 class SingleTypeKVCacheManager(ABC):
     supports_fine_grained_hash_lookup: ClassVar[bool] = False
@@ -171,6 +177,23 @@ class SingleTypeKVCacheManager(ABC):
         req_blocks[block_idx] = cow_block
         self._pending_cow_copies.append((source, cow_block))
         cow_block.ref_cnt += 1
+        self._tell_copy(request_id, source, cow_block, COPY_PARTIAL_HIT)
+
+    def _tell_copy(
+        self, request_id: str, source: KVCacheBlock, cow_block: KVCacheBlock, reason: str
+    ) -> None:
+        """The observer hears each queued copy when it is decided (ours: vLLM decides it here
+        and hands it out in ``take_kv_cache_block_copies``)."""
+        observer = self.block_pool.observer
+        if observer is not None:
+            observer.on_decision(
+                "copied",
+                request_id,
+                block_ids=(cow_block.block_id,),
+                group=self.kv_cache_group_id,
+                source_block_id=source.block_id,
+                reason=reason,
+            )
 
     def take_pending_cow_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
         """(source, copy) pairs queued since the last call."""
@@ -604,6 +627,7 @@ class MambaManager(SingleTypeKVCacheManager):
                 self.block_pool.move_block_hashes(source, cow_block)
                 self._pending_cow_copies.append((source, cow_block))
                 source.ref_cnt += 1
+                self._tell_copy(request_id, source, cow_block, COPY_KEEP_CACHED)
                 if cow_block.block_hash is not None:
                     self.cached_blocks_this_step.add(cow_block.block_hash)
             else:

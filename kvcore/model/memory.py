@@ -299,3 +299,67 @@ def num_gpu_blocks_from_profile(
         int(max_model_len),
         cpu_kvcache_space_gib(environ),
     )
+
+
+@dataclass(frozen=True)
+class HybridPageSizes:
+    """How vLLM 0.33 sizes the one pool a hybrid (gated delta-net + full attention) model shares
+    (``Platform._align_hybrid_block_size``), for one layer of each kind: an attention page is
+    ``block_size`` tokens of one layer's K and V, a state page one linear layer's conv and
+    recurrent states (``MambaStateShapeCalculator.gated_delta_net_state_shape``: conv
+    ``[conv_dim, conv_kernel - 1]``, recurrent ``[num_v_heads, head_v_dim, head_k_dim]``).
+    Invariant: ``block_size * attn_bytes_per_token == page_bytes >= state_bytes``."""
+
+    attn_bytes_per_token: int
+    conv_state_bytes: int
+    recurrent_state_bytes: int
+    block_size: int  # the attention block size vLLM raises the setting to
+    page_bytes: int  # one page of either kind; a state page is padded up to it
+
+    @property
+    def state_bytes(self) -> int:
+        return self.conv_state_bytes + self.recurrent_state_bytes
+
+    @property
+    def padding_bytes(self) -> int:
+        return self.page_bytes - self.state_bytes
+
+
+def hybrid_page_sizes(
+    config: Any,
+    dtype: Any,
+    ssm_dtype: Any = None,
+    block_size: int = 16,
+    kernel_block_alignment: int = 16,
+) -> HybridPageSizes:
+    """The page arithmetic of a Qwen3.5 / Qwen3-Next style config (``linear_*`` fields) at one
+    GPU (no tensor parallelism): K/V and conv states in ``dtype``, recurrent states in
+    ``ssm_dtype`` (vLLM's ``mamba_ssm_cache_dtype``; default ``dtype``). The block size starts
+    at ``block_size`` and is raised as ``align_hybrid_block_size`` raises it."""
+    from kvcore.core.kv_cache_utils import align_hybrid_block_size
+
+    kv_heads, head_dim = model_dims(config)[1:]
+    attn = 2 * kv_heads * head_dim * dtype_bytes(dtype)
+    key_dim = config.linear_key_head_dim * config.linear_num_key_heads
+    conv_dim = 2 * key_dim + config.linear_value_head_dim * config.linear_num_value_heads
+    conv = conv_dim * (config.linear_conv_kernel_dim - 1) * dtype_bytes(dtype)
+    recurrent = (
+        config.linear_num_value_heads
+        * config.linear_value_head_dim
+        * config.linear_key_head_dim
+        * dtype_bytes(dtype if ssm_dtype is None else ssm_dtype)
+    )
+    bs, _ = align_hybrid_block_size(
+        block_size, attn, conv + recurrent, kernel_block_alignment, kernel_block_alignment
+    )
+    return HybridPageSizes(attn, conv, recurrent, bs, bs * attn)
+
+
+def num_linear_layers(config: Any) -> int:
+    """How many of a hybrid config's layers are linear attention: from ``layer_types``, else
+    every layer but each ``full_attention_interval``-th (Qwen3-Next's and Qwen3.5's rule)."""
+    types = getattr(config, "layer_types", None)
+    if types:
+        return sum(1 for t in types if t == "linear_attention")
+    n = int(config.num_hidden_layers)
+    return n - n // int(config.full_attention_interval)

@@ -13,7 +13,12 @@ from typing import Optional
 import pandas as pd
 import streamlit as st
 
-from paged_kv_lab.app.lesson_page import current_lang, current_model, lesson_player
+from paged_kv_lab.app.lesson_page import (
+    current_lang,
+    current_model,
+    lesson_player,
+    played_model_state,
+)
 from paged_kv_lab.app.player_component import page_fragment, player_panel, step_cap_note
 from paged_kv_lab.app.state import (
     LessonState,
@@ -174,6 +179,7 @@ def render_casebook() -> None:
         format_func=lambda i: f"{CASES_BY_ID[i].icon} {tr(CASES_BY_ID[i].title, lang)}",
     )
     case = CASES_BY_ID[case_id]
+    ms = played_model_state(case.lesson, ms, lang)  # a case on a hybrid model plays on its own
     show_case_text(case, lang)
     if ms.model is None:
         st.error(tr("model_failed", lang, model=ms.name, device=ms.device, error=ms.error))

@@ -37,6 +37,16 @@ def current_model() -> ModelState:
     return ms
 
 
+def played_model_state(lesson, ms: ModelState, lang: str) -> ModelState:
+    """The model a lesson (or a case) plays on (modelstate.played_model_state), said while it
+    loads."""
+    from paged_kv_lab.app.modelstate import played_model_state as played
+
+    if lesson.model is None or lesson.model == ms.name:
+        return ms
+    return played(lesson, ms, tr("model_loading", lang, model=lesson.model, device=ms.device))
+
+
 def decoder(model):
     """The model's shared decoder: a bounded, thread-safe cache of token ids -> text
     (runstore/store.py)."""
@@ -49,7 +59,7 @@ def render_lesson(lesson_id: str, compact: bool = False) -> None:
     lesson = BY_ID[lesson_id]
     init_globals_from_url()
     lang = current_lang()
-    ms = current_model()
+    ms = played_model_state(lesson, current_model(), lang)
     if not compact:
         st.title(
             f"{lesson.icon} {lesson.number}. {tr(lesson.title, lang)}"
@@ -81,6 +91,8 @@ def render_lesson(lesson_id: str, compact: bool = False) -> None:
     if not compact:
         if "memory" in lesson.panels and ms.model is not None:  # not per step: outside the fragment
             P.show_memory(state.run, lang, ms.model, lesson.id)
+        if "hybrid" in lesson.panels and ms.model is not None:
+            P.show_hybrid_pages(state.run, lang, ms.model)
         if lesson.id == "playground":
             from paged_kv_lab.app.playground import request_form, settings_form
 

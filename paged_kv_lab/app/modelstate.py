@@ -79,3 +79,11 @@ def model_summary(model) -> dict:
         "dtype": str(getattr(model, "dtype", "float32")).replace("torch.", ""),
         "device": str(getattr(model, "device", "cpu")),
     }
+
+
+def played_model_state(lesson, ms: ModelState, status_text: str | None = None) -> ModelState:
+    """The model a lesson (or a case) plays on: its own (``Lesson.model``, on the device of the
+    sidebar's ``ms``), loaded once per process, or ``ms`` itself."""
+    if lesson.model is None or lesson.model == ms.name:
+        return ms
+    return get_model(lesson.model, ms.device, status_text)

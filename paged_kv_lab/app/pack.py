@@ -110,9 +110,14 @@ Progress = Callable[[int, int, str], None]  # (item number, items, the player's 
 def app_opener(ms) -> Opener:
     """Open a lesson's run as its page does (app/state.py), on the loaded model ``ms``: the same
     scenario and model key, so the store's recorded run is the one the app's sessions play."""
+    from paged_kv_lab.app.modelstate import played_model_state
     from paged_kv_lab.app.state import build_scenario, open_run
 
-    return lambda lesson: open_run(build_scenario(lesson, lesson.scenario, {}, ms), ms)
+    def opener(lesson):
+        lms = played_model_state(lesson, ms)  # a lesson's own model (hybrid), as its page has it
+        return open_run(build_scenario(lesson, lesson.scenario, {}, lms), lms)
+
+    return opener
 
 
 def recorded(timeline, background: bool = True, timeout: float = RUN_WAIT) -> None:

@@ -47,6 +47,7 @@ def fmt_fields(snap: Snapshot, run) -> dict:
         "sliding_window": eng.sliding_window,
         "max_num_batched_tokens": eng.max_num_batched_tokens,
         "max_num_seqs": eng.max_num_seqs,
+        "prefix_match_unit": eng.prefix_match_unit or snap.block_size,
         "step": snap.step,
         **(spec_fields(run.records, snap.step) if eng.speculative is not None else {}),
     }
@@ -223,6 +224,41 @@ def show_memory(run: Timeline, lang: str, model, key: str) -> None:
             )
         )
         show_how_many_blocks(model, lang, key)
+
+
+def show_hybrid_pages(run: Timeline, lang: str, model) -> None:
+    """The page arithmetic of the loaded hybrid model and of real ones (lesson/hybrid_pages.py):
+    why the block grows to hundreds of tokens, and what a cached state costs."""
+    from paged_kv_lab.lesson.hybrid_pages import hybrid_rows
+
+    rows = hybrid_rows(model.name, model.config, model.dtype)
+    with st.expander(tr("hybrid_pages", lang), expanded=True):
+        cols = tr("hybrid_pages.cols", lang)
+        lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for r in rows:
+            z = r.sizes
+            cells = (
+                f"`{r.name}`",  # a name, shown as it is
+                f"{z.attn_bytes_per_token:,}",
+                f"{z.conv_state_bytes:,} + {z.recurrent_state_bytes:,} = {z.state_bytes:,}",
+                f"{z.block_size:,}",
+                f"{z.page_bytes:,} ({human_bytes(z.page_bytes)})",
+                f"{z.padding_bytes:,}",
+                f"{r.linear_layers} × {human_bytes(z.page_bytes)} = "
+                f"{human_bytes(r.cached_state_bytes)}",
+            )
+            lines.append("| " + " | ".join(cells) + " |")
+        st.markdown("\n".join(lines))
+        here = rows[0].sizes
+        st.caption(
+            tr(
+                "hybrid_pages.note",
+                lang,
+                model=rows[0].name,
+                block_size=here.block_size,
+                played=run.scenario.engine.block_size,
+            )
+        )
 
 
 def show_myths(run: Timeline, lang: str, key: str, expanded: bool = False) -> None:

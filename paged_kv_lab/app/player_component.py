@@ -111,6 +111,8 @@ def _private_api_moved(error: str) -> None:
 
 
 UNTIL_KINDS = ("cache_hit", "evicted", "preempted", "window_skipped", "allocated", "finished")
+# offered in "run until" only where a lesson focuses on them (hashes finer than the block)
+FOCUS_ONLY_KINDS = ("copied", "cached_partial")
 _seq = itertools.count(1)
 
 
@@ -410,7 +412,11 @@ def player_meta(intro: str = "", outro: str = "", focus: Sequence[str] = ()) -> 
     return {
         "intro": intro,
         "outro": outro,
-        "until_kinds": list(dict.fromkeys([*(k for k in focus if k in UNTIL_KINDS), *UNTIL_KINDS])),
+        "until_kinds": list(
+            dict.fromkeys(
+                [*(k for k in focus if k in UNTIL_KINDS + FOCUS_ONLY_KINDS), *UNTIL_KINDS]
+            )
+        ),
     }
 
 

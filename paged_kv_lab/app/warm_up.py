@@ -51,12 +51,14 @@ def open_ahead(lessons, ms) -> list:
     """Open each lesson's run as a first visit would (its scenario, no overrides) and ask the
     store for every step as background work; the cursors returned hold the runs (the store stops
     computing a run nobody holds). A scenario the store refuses is skipped: its page says why."""
+    from paged_kv_lab.app.modelstate import played_model_state
     from paged_kv_lab.app.state import build_scenario, open_run
 
     held = []
     for lesson in lessons:
+        lms = played_model_state(lesson, ms)  # a lesson's own model (hybrid), as its page has it
         try:
-            timeline = open_run(build_scenario(lesson, lesson.scenario, {}, ms), ms)
+            timeline = open_run(build_scenario(lesson, lesson.scenario, {}, lms), lms)
         except Exception:  # over the budget or refused by the engine: the page tells
             continue
         timeline.run.want(1 << 30)

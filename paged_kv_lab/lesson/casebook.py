@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional
 
-from pydantic import BeforeValidator, Field, StrictInt, StrictStr
+from pydantic import BeforeValidator, Field, StrictBool, StrictInt, StrictStr
 from typing_extensions import Annotated
 
 from paged_kv_lab.lesson.catalog import (
@@ -159,6 +159,7 @@ class CaseData(DataFile):
     focus: Focus = ["cache_hit"]
     panels: list[Panel] = Field(default_factory=list)
     fix: Optional[FixData] = None
+    own_model: StrictBool = False  # plays on its scenario's model, not the sidebar's
 
 
 def load_case(path: Path, catalogue: Mapping[str, Any]) -> Case:
@@ -178,6 +179,7 @@ def load_case(path: Path, catalogue: Mapping[str, Any]) -> Case:
         moments=build_moments(data.moments, texts),
         focus=tuple(data.focus),
         panels=tuple(data.panels),
+        model=scenario.get("model") if data.own_model else None,
     )
     fix = None
     if data.fix is not None:

@@ -53,7 +53,7 @@ HERE = Path(__file__).resolve().parent
 LESSON_DIR = HERE / "lessons"
 EXAMPLES_DIR = HERE.parent / "examples"
 # the panels a lesson page can add under the player (app/lesson_page.py)
-PANELS = ("memory", "budget", "held", "myths", "cpu_tier", "designs", "pd")
+PANELS = ("memory", "budget", "held", "myths", "cpu_tier", "designs", "pd", "hybrid")
 # engine settings a switch may set besides EngineSettings' fields (old names load_scenario reads)
 LEGACY_SETTINGS = ("sliding_retention",)
 # Switches that are no engine setting: the name a switch stores (in the URL, in overrides) ->
@@ -179,6 +179,9 @@ class Lesson:
     focus: tuple[str, ...] = ("cache_hit",)  # event kinds offered first in "run until"
     panels: tuple[str, ...] = ()  # extra panels (PANELS)
     class_questions: tuple[ClassQuestion, ...] = ()
+    # the model the lesson always plays on (its scenario's), whatever the sidebar loaded; None:
+    # the sidebar's (a hybrid lesson needs a hybrid model)
+    model: str | None = None
 
     def texts(self) -> tuple[str, ...]:
         """Every catalogue key the lesson shows."""
@@ -371,6 +374,7 @@ class LessonData(DataFile):
     focus: Focus = ["cache_hit"]
     panels: list[Panel] = Field(default_factory=list)
     class_questions: list[ClassQuestionData] = Field(default_factory=list)
+    own_model: StrictBool = False  # plays on its scenario's model, not the sidebar's
 
 
 # -- loading -------------------------------------------------------------------------------
@@ -498,7 +502,10 @@ def load_lesson(path: Path, catalogue: Mapping[str, Any]) -> Lesson:
         focus=tuple(data.focus),
         panels=tuple(data.panels),
         class_questions=tuple(ClassQuestion(q.step, q.ask) for q in data.class_questions),
+        model=scenario.get("model") if data.own_model else None,
     )
+    if data.own_model and not lesson.model:
+        raise LessonDataError(path, ["own_model: the scenario names no model"])
     texts.check(path)
     problems = [
         p
@@ -724,6 +731,8 @@ PREDICATES: dict[str, Callable[[Event, StepRecord], bool]] = {
     "freed_at_finish": lambda e, rec: not _kept_for_transfer(e, rec) and e.reason != "error",
     "held_until_read": _held_until_read,
     "after_load": _after_load,
+    "partial_hit": _reason("partial_hit"),
+    "keep_cached": _reason("keep_cached"),
 }
 
 

@@ -312,10 +312,6 @@ class Engine:
             self.model = model
             num_layers = 1 if s.layer_types is None else len(s.layer_types)
             max_len = 1 << 20
-        if s.prefix_match_unit not in (None, s.block_size):
-            # The recording (its invariant checks, block views, explanations) reads one hash
-            # per block; hashes finer than the block are modelled in kvcore and the replay.
-            raise EngineRefused("engine.unit_in_a_run")
         self.groups, layer_group = kv_cache_groups(s, num_layers)
         self.max_model_len = s.max_model_len or max_len
         # how num_gpu_blocks "auto" was derived (kvcore.model.memory.KVCacheSizing)

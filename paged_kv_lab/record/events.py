@@ -50,6 +50,8 @@ class EventKind(str, Enum):
     CPU_STORED = "cpu_stored"
     CPU_EVICTED = "cpu_evicted"
     KV_LOAD_FAILED = "kv_load_failed"
+    CACHED_PARTIAL = "cached_partial"
+    COPIED = "copied"
 
     def __str__(self) -> str:
         return self.value
@@ -86,6 +88,8 @@ class EventKind(str, Enum):
     CPU_STORED,
     CPU_EVICTED,
     KV_LOAD_FAILED,
+    CACHED_PARTIAL,
+    COPIED,
 ) = tuple(EventKind)
 EVENT_KINDS: tuple[EventKind, ...] = tuple(EventKind)
 
@@ -300,6 +304,36 @@ class Cached(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class CachedPartial(Event):
+    """Block ``block_ids[0]``, not full, entered the prefix cache under the request's hash at
+    the prefix boundary ``num_tokens`` inside it, ``block_hash`` (a partial entry: the prompt's
+    last ``prefix_match_unit`` boundary, where a resent prompt's hit would stop) (vLLM:
+    ``BlockPool.cache_partial_block``, from ``_cache_partial_tail_block``). A later request can
+    then hit up to ``num_tokens`` and get a private copy of the block (``Copied``)."""
+
+    kind = EventKind.CACHED_PARTIAL
+    block_hash: str
+    num_tokens: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Copied(Event):
+    """Block ``block_ids[0]`` is filled with a copy of block ``source_block_id`` (its K/V or its
+    state) by the worker before this step's forward: copy-on-write of a block a hit ends inside
+    (vLLM: ``KVCacheManager.take_kv_cache_block_copies``,
+    ``SchedulerOutput.kv_cache_block_copies``).
+    ``reason``: "partial_hit" (the request's hit ends inside a cached block that it will write
+    into, so its table holds the copy) or "keep_cached" (the request keeps writing its own block,
+    whose state was cached inside it: the cache entries ``block_hashes`` move to the copy)."""
+
+    kind = EventKind.COPIED
+    request_id: str = dataclasses.field()
+    source_block_id: int
+    reason: str
+    block_hashes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
 class Freed(Event):
     """``block_ids`` lost a user (ref_cnt − 1), in this order (vLLM: ``BlockPool.free_blocks``;
     a request frees its table in reverse). Those reaching 0 joined the free queue: without a
@@ -493,8 +527,24 @@ EVENT_TYPES: dict[EventKind, type[Event]] = {
         CpuStored,
         CpuEvicted,
         KVLoadFailed,
+        CachedPartial,
+        Copied,
     )
 }
+
+
+# the events that change a block's ref_cnt, hash or place in the free queue
+BLOCK_KINDS = frozenset(
+    {ALLOCATED, TOUCHED, FREED, CACHED, EVICTED, WINDOW_SKIPPED, CACHED_PARTIAL, COPIED}
+)
+
+
+def changed_block_ids(evs) -> set[int]:
+    """The blocks whose state the events changed (a copy's source too: its extra reference, and
+    the cache entries it may hand over)."""
+    out = {b for e in evs if e.kind in BLOCK_KINDS for b in e.block_ids}
+    out.update(e.source_block_id for e in evs if e.kind == COPIED)
+    return out
 
 
 def _kind_tag(v: Any) -> str | None:

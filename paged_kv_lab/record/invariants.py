@@ -31,8 +31,10 @@ def check_invariants(
     - every hash-map entry points at a block carrying that key;
     - a cached block's hash equals the chained hash of its parent and tokens (``hash_meta``, the
       recorder's record of what each hash stands for, given);
-    - a hashed block in a request's table at index i carries that request's i-th
-      block hash (with the table's group id);
+    - a hashed block in a request's table at index i carries that request's hash at the key's
+      prefix boundary, which lies in block i (its end; with hashes finer than the block, maybe
+      inside it), with the table's group id; a block's further keys (partial entries) are
+      listed in the map and checked against what they stand for too;
     - the null block is in no queue and in no hash map entry.
     """
     pool = kvm.block_pool
@@ -85,12 +87,13 @@ def check_invariants(
             _fail(f"block {blk.block_id} is outside the queue but keeps queue links")
 
     registered = set()
+    more_keys = pool.cached_block_hashes_by_block
     for key, ids in pool.cached_block_hash_to_block.block_ids():
         if not ids:
             _fail("hash map holds an empty entry")
         for bid in ids:
             blk = pool.blocks[bid]
-            if blk.block_hash != key:
+            if blk.block_hash != key and key not in more_keys.get(bid, ()):
                 _fail(
                     f"hash map entry {key.hex()[:12]} points at block {bid}, which carries "
                     f"{blk.block_hash.hex()[:12] if blk.block_hash else None}"
@@ -102,25 +105,34 @@ def check_invariants(
         if blk.block_hash is not None and blk.block_id not in registered:
             _fail(f"block {blk.block_id} carries a hash that the map does not list")
         if blk.block_hash is not None and hash_fn is not None and hash_meta is not None:
-            raw = get_block_hash(blk.block_hash)
-            meta = hash_meta.get(raw)
-            if meta is None:
-                _fail(f"block {blk.block_id}: no record of what its hash stands for")
-            if (
-                hash_block_tokens(hash_fn, meta.parent, meta.token_ids, meta.extra_keys, none_hash)
-                != raw
-            ):
-                _fail(f"block {blk.block_id}: hash does not match its parent and tokens")
+            for key in (blk.block_hash, *more_keys.get(blk.block_id, ())):
+                raw = get_block_hash(key)
+                meta = hash_meta.get(raw)
+                if meta is None:
+                    _fail(f"block {blk.block_id}: no record of what its hash stands for")
+                if (
+                    hash_block_tokens(
+                        hash_fn, meta.parent, meta.token_ids, meta.extra_keys, none_hash
+                    )
+                    != raw
+                ):
+                    _fail(f"block {blk.block_id}: hash does not match its parent and tokens")
     if requests is not None:
+        # A key covers the prefix up to its boundary: the block's end, or (hashes finer than the
+        # block) a boundary inside the block (a partial entry); the request's hash there.
+        unit, bs = pool.hash_block_size, kvm.block_size
         for gid, m in enumerate(kvm.coordinator.single_type_managers):
             for rid, table in m.req_to_blocks.items():
                 req = requests[rid]
                 for i, blk in enumerate(table):
                     if blk.block_hash is None:
                         continue
+                    end = blk.block_hash_num_tokens
+                    j = end // unit - 1
                     if (
-                        i >= len(req.block_hashes)
-                        or get_block_hash(blk.block_hash) != req.block_hashes[i]
+                        not i * bs < end <= (i + 1) * bs
+                        or j >= len(req.block_hashes)
+                        or get_block_hash(blk.block_hash) != req.block_hashes[j]
                     ):
                         _fail(
                             f"request {rid} slot {i}: block {blk.block_id} "

@@ -24,8 +24,6 @@ from paged_kv_lab.record import events as E
 from paged_kv_lab.record.events import AnyEvent
 
 HASH_HEX = 16  # hex digits of a block hash the large view keeps (the first 64 bits)
-# the events that change a block's ref_cnt, hash or place in the queue
-_BLOCK_KINDS = frozenset({E.ALLOCATED, E.TOUCHED, E.FREED, E.CACHED, E.EVICTED, E.WINDOW_SKIPPED})
 QUEUE_WINDOW = 16  # blocks shown at each end of the free queue
 
 
@@ -203,7 +201,7 @@ class FrameRecorder:
             if not self.blocks:
                 ids |= {0}
         else:
-            ids = {b for e in events if e.kind in _BLOCK_KINDS for b in e.block_ids}
+            ids = E.changed_block_ids(events)
             ids |= {
                 b
                 for b in owners.keys() | self._owners.keys()

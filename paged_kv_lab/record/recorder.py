@@ -32,6 +32,7 @@ from paged_kv_lab.record.events import (
     EVENT_TYPES,
     Allocated,
     Cached,
+    CachedPartial,
     Event,
     Evicted,
     Freed,
@@ -45,11 +46,16 @@ _ID = attrgetter("block_id")
 
 @dataclass
 class HashMeta:
-    """What a block hash stands for: parent hash, the block's tokens, extra keys."""
+    """What a block hash stands for: parent hash, the tokens it hashes, extra keys. With hashes
+    finer than the block (``prefix_match_unit``) those are one hash unit's, and ``block_parent``
+    / ``block_tokens`` say what the player draws: the key of the block before and the block's
+    tokens up to the key's boundary (None when every hash covers one whole block)."""
 
     parent: Optional[bytes]
     token_ids: tuple[int, ...]
     extra_keys: Optional[tuple] = None
+    block_parent: Optional[bytes] = None
+    block_tokens: Optional[tuple[int, ...]] = None
 
 
 class Recorder(KVCacheObserver):
@@ -105,35 +111,64 @@ class Recorder(KVCacheObserver):
 
     # -- decisions about a request --------------------------------------------------------
     def on_decision(self, kind: str, request_id: Optional[str], **fields: Any) -> None:
+        if kind == "copied" and self.block_pool is not None:
+            # the cache entries a copy took over (none when the request's own table gets it)
+            dst = self.block_pool.blocks[fields["block_ids"][0]]
+            fields["block_hashes"] = tuple(k.hex() for k in self._keys_of(dst))
         self.events.append(_BY_KIND[kind](request_id=request_id, **fields))
+
+    def _keys_of(self, block: KVCacheBlock) -> list[bytes]:
+        """The raw hashes of every key the block carries, its primary one first."""
+        if block.block_hash is None:
+            return []
+        more = self.block_pool.cached_block_hashes_by_block.get(block.block_id, ())
+        return [get_block_hash(k) for k in (block.block_hash, *sorted(more))]
 
     # -- block-level hooks (BlockPool) -----------------------------------------------------
     def on_block_evicted(self, block: KVCacheBlock) -> None:
         key = block.block_hash
+        more = self.block_pool.cached_block_hashes_by_block.get(block.block_id, ())
         if block.ref_cnt == 0 and block.prev_free_block is None:
             # Popped from the queue head by get_new_blocks: reported with that allocation.
             self._evicted.append((block.block_id, key))
+            self._evicted.extend((block.block_id, k) for k in sorted(more))
             return
-        self.events.append(
-            Evicted(
-                block_ids=(block.block_id,),
-                group=get_group_id(key),
-                block_hash=get_block_hash(key).hex(),
-                reason="evict_blocks",
+        for k in (key, *sorted(more)):
+            self.events.append(
+                Evicted(
+                    block_ids=(block.block_id,),
+                    group=get_group_id(k),
+                    block_hash=get_block_hash(k).hex(),
+                    reason="evict_blocks",
+                )
             )
-        )
+
+    def on_block_rekeyed(self, block: KVCacheBlock, keys: Sequence[bytes]) -> None:
+        request_id = self._context[0]
+        for k in keys:
+            self.events.append(
+                Evicted(
+                    request_id=request_id,
+                    block_ids=(block.block_id,),
+                    group=get_group_id(k),
+                    block_hash=get_block_hash(k).hex(),
+                    reason="rekeyed",
+                )
+            )
 
     def on_blocks_allocated(self, blocks: Sequence[KVCacheBlock]) -> None:
         request_id, group, _ = self._context
         evicted, self._evicted = self._evicted, []
-        hexes = {bid: get_block_hash(key).hex() for bid, key in evicted}
+        hexes: dict[int, str] = {}
+        for bid, key in evicted:  # a block's primary key first (partial entries after it)
+            hexes.setdefault(bid, get_block_hash(key).hex())
         for bid, key in evicted:
             self.events.append(
                 Evicted(
                     request_id=request_id,
                     block_ids=(bid,),
                     group=get_group_id(key),
-                    block_hash=hexes[bid],
+                    block_hash=get_block_hash(key).hex(),
                     reason="reused from queue head",
                 )
             )
@@ -240,19 +275,45 @@ class Recorder(KVCacheObserver):
             qkey.update(zip(tail_ids, range(self._hi + 1, self._hi + 1 + len(tail_ids))))
             self._hi += len(tail_ids)
 
-    def on_blocks_cached(self, request, blocks: Sequence[KVCacheBlock], block_size: int) -> None:
+    def _remember(self, request, raw: bytes, num_tokens: int, block_size: int) -> None:
+        """What ``raw``, the request's hash at the prefix boundary ``num_tokens``, stands for."""
+        if raw in self.hash_meta:
+            return
         hashes = request.block_hashes
+        unit = self.block_pool.hash_block_size if self.block_pool is not None else block_size
+        j = num_tokens // unit - 1
+        meta = HashMeta(
+            hashes[j - 1] if j else None,
+            tuple(request.all_token_ids[j * unit : (j + 1) * unit]),
+            request.extra_keys_for_block(j),
+        )
+        if unit != block_size:
+            start = (num_tokens - 1) // block_size * block_size
+            meta.block_parent = hashes[start // unit - 1] if start else None
+            meta.block_tokens = tuple(request.all_token_ids[start:num_tokens])
+        self.hash_meta[raw] = meta
+
+    def on_block_cached_partial(
+        self, request, block: KVCacheBlock, key: bytes, num_tokens: int, block_size: int
+    ) -> None:
+        raw = get_block_hash(key)
+        self._remember(request, raw, num_tokens, block_size)
+        self.events.append(
+            CachedPartial(
+                request_id=request.request_id,
+                block_ids=(block.block_id,),
+                group=get_group_id(key),
+                block_hash=raw.hex(),
+                num_tokens=num_tokens,
+            )
+        )
+
+    def on_blocks_cached(self, request, blocks: Sequence[KVCacheBlock], block_size: int) -> None:
         raws = []
         for blk in blocks:
             raw = get_block_hash(blk.block_hash)
             raws.append(raw)
-            if raw not in self.hash_meta:
-                i = blk.block_hash_num_tokens // block_size - 1
-                self.hash_meta[raw] = HashMeta(
-                    hashes[i - 1] if i else None,
-                    tuple(request.all_token_ids[i * block_size : (i + 1) * block_size]),
-                    request.extra_keys_for_block(i),
-                )
+            self._remember(request, raw, blk.block_hash_num_tokens, block_size)
         self.events.append(
             Cached(
                 request_id=request.request_id,

@@ -239,8 +239,11 @@ def take_snapshot(
             h = raw.hex()
             meta = hash_meta.get(raw) if hash_meta is not None else None
             if meta is not None:
-                parent = meta.parent.hex() if meta.parent else None
-                toks = meta.token_ids
+                # hashes finer than the block: draw the block's own chain link and tokens
+                whole = meta.block_tokens is None
+                up = meta.parent if whole else meta.block_parent
+                parent = up.hex() if up else None
+                toks = meta.token_ids if whole else meta.block_tokens
         blocks.append(
             BlockView(
                 block_id=blk.block_id,

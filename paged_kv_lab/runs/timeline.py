@@ -11,6 +11,7 @@ setting, an added request, an upload) is a different run from the store.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Optional
 
 from paged_kv_lab.record.snapshot import Snapshot, StepRecord
@@ -247,11 +248,31 @@ def lesson_scenario(
     return load_scenario(d)
 
 
+@functools.lru_cache(maxsize=4)
+def lesson_model(name: str, device: str):
+    """A lesson's own model, loaded once per process and device."""
+    from kvcore.model import load_model
+
+    return load_model(name, device)
+
+
+def played_model(lesson, loaded_model):
+    """The model a lesson plays on: its own (``Lesson.model``, on the loaded model's device), or
+    the loaded one."""
+    if lesson.model is None or loaded_model.name == lesson.model:
+        return loaded_model
+    return lesson_model(lesson.model, str(loaded_model.device))
+
+
 def lesson_run(
     lesson, loaded_model, overrides: dict | None = None, store: Optional[RunStore] = None
 ) -> Timeline:
-    """A cursor over a lesson's shared run on an already loaded model (tests, benchmarks)."""
+    """A cursor over a lesson's shared run on an already loaded model (tests, benchmarks); a
+    lesson with a model of its own (``Lesson.model``) runs on that one, loaded on the same
+    device."""
     from paged_kv_lab.disagg.pd import engine_for
+
+    loaded_model = played_model(lesson, loaded_model)
 
     scenario = lesson_scenario(lesson, loaded_model.num_layers, overrides, loaded_model.name)
     key = (loaded_model.name, str(loaded_model.device), str(loaded_model.dtype))

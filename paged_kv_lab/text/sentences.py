@@ -60,6 +60,8 @@ ICONS: dict[EventKind, str] = {
     E.CPU_STORED: "⬇️",
     E.CPU_EVICTED: "🫗",
     E.KV_LOAD_FAILED: "💥",
+    E.CACHED_PARTIAL: "🔐",
+    E.COPIED: "📑",
 }
 
 
@@ -139,10 +141,11 @@ def _blocked(e: E.Blocked, s: Style) -> Text:
 
 def _cache_hit(e: E.CacheHit, s: Style) -> Text:
     blocks = " + ".join(ids(g) for g in e.block_ids_per_group if g) or ids(e.block_ids)
-    return Text(
-        "event.cache_hit",
-        {"rid": e.request_id, "k": e.num_blocks, "n": e.num_tokens, "blocks": blocks},
-    )
+    fields = {"rid": e.request_id, "k": e.num_blocks, "n": e.num_tokens, "blocks": blocks}
+    if any(len(g) > e.num_blocks for g in e.block_ids_per_group):
+        # a group's hit reaches into the block after the full ones: it ends inside a block
+        return Text("event.cache_hit.inside", fields)
+    return Text("event.cache_hit", fields)
 
 
 def _cache_miss(e: E.CacheMiss, s: Style) -> Text:
@@ -185,6 +188,8 @@ def _evicted(e: E.Evicted, s: Style) -> Text:
         "why": reason_text(e.reason),
         "rid": e.request_id,
     }
+    if e.reason == "rekeyed":  # a partial entry the block outgrew
+        return Text("event.evicted.rekeyed", {**fields, "grp": _grp(e, s)})
     if e.request_id:
         return Text("event.evicted.for", fields)
     return Text("event.evicted", fields)
@@ -198,11 +203,38 @@ def _cached(e: E.Cached, s: Style) -> Text:
     )
 
 
+def _cached_partial(e: E.CachedPartial, s: Style) -> Text:
+    return Text(
+        "event.cached_partial",
+        {
+            "rid": e.request_id or "?",
+            "ids": ids(e.block_ids),
+            "grp": _grp(e, s),
+            "h": short_hash(e.block_hash),
+            "n": e.num_tokens,
+        },
+    )
+
+
+def _copied(e: E.Copied, s: Style) -> Text:
+    fields = {
+        "rid": e.request_id,
+        "ids": ids(e.block_ids),
+        "src": e.source_block_id,
+        "grp": _grp(e, s),
+        "hashes": ", ".join(f"#{short_hash(h)}" for h in e.block_hashes),
+    }
+    if e.reason == "keep_cached":
+        return Text("event.copied.keep_cached", fields)
+    return Text("event.copied.partial_hit", fields)
+
+
 def _freed(e: E.Freed, s: Style) -> Text:
     if e.request_id:
         who: Text | str = e.request_id
     else:
-        who = Text("event.freed.cpu_tier") if e.reason == "offload" else "?"
+        holder = {"offload": "event.freed.cpu_tier", "copied": "event.freed.copies"}
+        who = Text(holder[e.reason]) if e.reason in holder else "?"
     parts = []
     if e.to_tail:
         parts.append(Text("event.freed.to_tail", {"ids": ids(e.to_tail)}))
@@ -390,6 +422,8 @@ SENTENCES: dict[EventKind, Render] = {
     E.CPU_STORED: _cpu_stored,
     E.CPU_EVICTED: _cpu_evicted,
     E.KV_LOAD_FAILED: _kv_load_failed,
+    E.CACHED_PARTIAL: _cached_partial,
+    E.COPIED: _copied,
 }
 
 
@@ -427,9 +461,6 @@ def kept_blocks(snapshot) -> frozenset[str]:
     )
 
 
-_BLOCK_KINDS = frozenset({E.ALLOCATED, E.TOUCHED, E.FREED, E.CACHED, E.EVICTED, E.WINDOW_SKIPPED})
-
-
 def changed_blocks(evs: Sequence[Event]) -> set[int]:
     """Blocks whose state an event of the step changed (for the grid's 'changed' outline)."""
-    return {b for e in evs if e.kind in _BLOCK_KINDS for b in e.block_ids}
+    return E.changed_block_ids(evs)

@@ -287,6 +287,46 @@ FUNCTIONS: dict[str, CodeLink] = {
             "kvcore.core.block_pool:BlockPool.reset_prefix_cache",
         ),
         _link(
+            "cache_partial_block",
+            _POOL,
+            486,
+            603,
+            "BlockPool.cache_partial_block",
+            "kvcore.core.block_pool:BlockPool.cache_partial_block",
+        ),
+        _link(
+            "_cache_partial_tail_block",
+            _SINGLE,
+            859,
+            897,
+            "FullAttentionManager._cache_partial_tail_block",
+            "kvcore.core.single_type_kv_cache_manager:FullAttentionManager._cache_partial_tail_block",
+        ),
+        _link(
+            "_apply_cow",
+            _SINGLE,
+            455,
+            475,
+            "SingleTypeKVCacheManager._apply_cow",
+            "kvcore.core.single_type_kv_cache_manager:SingleTypeKVCacheManager._apply_cow",
+        ),
+        _link(
+            "mamba_allocate_new_blocks",
+            _SINGLE,
+            1797,
+            1923,
+            "MambaManager.allocate_new_blocks",
+            "kvcore.core.single_type_kv_cache_manager:MambaManager.allocate_new_blocks",
+        ),
+        _link(
+            "take_kv_cache_block_copies",
+            _KVM,
+            863,
+            878,
+            "KVCacheManager.take_kv_cache_block_copies",
+            "kvcore.core.kv_cache_manager:KVCacheManager.take_kv_cache_block_copies",
+        ),
+        _link(
             "hash_block_tokens",
             _UTILS,
             707,
@@ -403,6 +443,7 @@ _FREED_BY = {
     "load failed": ("schedule", "_update_waiting_for_remote_kv", "free", "free_blocks"),
     "preempted": ("schedule", "_preempt_request", "free", "free_blocks"),
     "window": ("schedule", "allocate_slots", "remove_skipped_blocks", "free_blocks"),
+    "copied": ("schedule", "take_kv_cache_block_copies", "free_blocks"),
     "offload": (
         "update_from_output",
         "_update_from_kv_xfer_finished",
@@ -428,6 +469,8 @@ def event_calls(ev: E.Event, num_groups: int = 1) -> tuple[str, ...]:
     if k == E.ALLOCATED:
         return ("schedule", "allocate_slots", "allocate_new_blocks", "get_new_blocks")
     if k == E.EVICTED:
+        if ev.reason == "rekeyed":
+            return ("schedule", "allocate_slots", "cache_blocks", "cache_full_blocks")
         if ev.reason == "evict_blocks":
             return ("evict_blocks", "_maybe_evict_cached_block")
         return (
@@ -439,6 +482,18 @@ def event_calls(ev: E.Event, num_groups: int = 1) -> tuple[str, ...]:
         )
     if k == E.CACHED:
         return ("schedule", "allocate_slots", "cache_blocks", "cache_full_blocks")
+    if k == E.CACHED_PARTIAL:
+        return (
+            "schedule",
+            "allocate_slots",
+            "cache_blocks",
+            "_cache_partial_tail_block",
+            "cache_partial_block",
+        )
+    if k == E.COPIED:
+        if ev.reason == "keep_cached":
+            return ("schedule", "allocate_slots", "mamba_allocate_new_blocks")
+        return ("schedule", "allocate_slots", "allocate_new_blocks", "_apply_cow")
     if k == E.FREED:
         return _FREED_BY.get(ev.reason, ("free", "free_blocks"))
     if k == E.WINDOW_SKIPPED:

@@ -68,6 +68,11 @@ class RecordedSteps:
             return snap.block_size
         return self.settings.block_size if self.settings else 16
 
+    def hash_unit(self) -> int:
+        """Tokens per hash (``prefix_match_unit``; the block size unless finer)."""
+        unit = self.settings.prefix_match_unit if self.settings else None
+        return unit or self.block_size()
+
     def request_views(self) -> dict[str, RequestView]:
         """Each request's last recorded view (its tokens only grow, so the last holds them all)."""
         out: dict[str, RequestView] = {}
@@ -97,8 +102,8 @@ def salt_key(s: Optional[str]) -> Optional[str]:
 @dataclass(frozen=True)
 class CacheEntry:
     """One change of the prefix cache for one key ("hash@group"): a block got the key
-    ("cached"), lost it ("evicted", by ``request_id`` when reused for it) or every key went
-    ("reset")."""
+    ("cached"), lost it ("evicted", by ``request_id`` when reused for it; "moved" to a copy of
+    the block) or every key went ("reset")."""
 
     pos: Pos
     action: str
@@ -128,6 +133,19 @@ class CacheHistory:
                             f"{h}@{ev.group or 0}",
                             CacheEntry(pos, "cached", b, ev.request_id),
                         )
+                elif ev.kind == E.CACHED_PARTIAL:
+                    key = f"{ev.block_hash}@{ev.group or 0}"
+                    self._add(live, key, CacheEntry(pos, "cached", ev.block_ids[0], ev.request_id))
+                elif ev.kind == E.COPIED and ev.block_hashes:  # the entries move to the copy
+                    for h in ev.block_hashes:
+                        key = f"{h}@{ev.group or 0}"
+                        live.get(key, set()).discard(ev.source_block_id)
+                        self.entries.setdefault(key, []).append(
+                            CacheEntry(pos, "moved", ev.source_block_id, ev.request_id)
+                        )
+                        self._add(
+                            live, key, CacheEntry(pos, "cached", ev.block_ids[0], ev.request_id)
+                        )
                 elif ev.kind == E.EVICTED:
                     key = f"{ev.block_hash}@{ev.group or 0}"
                     live.get(key, set()).discard(ev.block_ids[0])
@@ -152,7 +170,7 @@ class CacheHistory:
         for e in self.before(key, pos):
             if e.action == "cached":
                 held.add(e.block_id)
-            elif e.action == "evicted":
+            elif e.action in ("evicted", "moved"):
                 held.discard(e.block_id)
             else:
                 held.clear()
@@ -164,10 +182,15 @@ class CacheHistory:
         return got[-1] if got else None
 
 
-def chain_of(rv: RequestView, num_tokens: int, block_size: int) -> list[str]:
+def chain_of(
+    rv: RequestView, num_tokens: int, block_size: int, unit: Optional[int] = None
+) -> list[str]:
     """The hashes (hex) of the full blocks among the request's first ``num_tokens`` tokens, as the
-    engine computed them (the snapshot keeps them; a chain's first blocks depend only on them)."""
-    return list(rv.block_hashes[: num_tokens // block_size])
+    engine computed them (the snapshot keeps them; a chain's first blocks depend only on them).
+    With hashes every ``unit`` tokens (finer than the block) a block's key is the hash at its
+    last unit boundary."""
+    scale = block_size // (unit or block_size)
+    return list(rv.block_hashes[scale - 1 : num_tokens // block_size * scale : scale])
 
 
 def has_hashes(views) -> bool:
@@ -191,6 +214,8 @@ MAX_CACHE_HIT_LENGTH = "max_cache_hit_length"
 SLIDING_WINDOW = "sliding_window"
 GROUPS_DISAGREE = "groups_disagree"
 CANNOT_REHASH = "cannot_rehash"
+PARTIAL_HIT = "partial_hit"  # prefix_match_unit: the hit ends inside a block
+NO_PARTIAL_ENTRY = "no_partial_entry"  # prefix_match_unit: no entry inside the next block
 MISS_REASONS = (NEVER_COMPUTED, EVICTED, RESET, SALT, TOKENS_DIFFER)
 RULE_REASONS = (
     CACHING_OFF,
@@ -201,6 +226,8 @@ RULE_REASONS = (
     SLIDING_WINDOW,
     GROUPS_DISAGREE,
     CANNOT_REHASH,
+    PARTIAL_HIT,
+    NO_PARTIAL_ENTRY,
 )
 
 
@@ -240,6 +267,8 @@ class HitExplanation:
     ids_here: tuple[int, ...] = ()
     ids_other: tuple[int, ...] = ()
     kept_blocks: tuple[int, ...] = ()  # sliding window: chain indices the window group still held
+    unit: Optional[int] = None  # prefix_match_unit, where finer than the block
+    copy_blocks: tuple[int, ...] = ()  # a partial hit: the private copies the request got
 
     @property
     def hit_blocks(self) -> int:
@@ -312,7 +341,7 @@ def _explain_admission(
     rv_before = next((r for r in before.requests if r.request_id == rid), None) if before else None
     rv = rv_before or views[rid]
     tokens = all_tokens(rv) if rv_before is not None else tuple(rv.prompt_token_ids)
-    n, bs = len(tokens), run.block_size()
+    n, bs, unit = len(tokens), run.block_size(), run.hash_unit()
     hit = ev.num_cached_tokens
     base = dict(
         request_id=rid,
@@ -322,17 +351,20 @@ def _explain_admission(
         hit_tokens=hit,
         block_size=bs,
         salt=salt_key(views[rid].cache_salt),
+        unit=unit if unit < bs else None,
     )
     s = run.settings
     if s is not None and not s.enable_prefix_caching:
         return HitExplanation(reason=CACHING_OFF, **base)
-    if n < bs:
+    if n < bs and unit == bs:
         return HitExplanation(reason=SHORTER_THAN_BLOCK, **base)
     if not has_hashes(views.values()):
         return HitExplanation(reason=CANNOT_REHASH, **base)
     groups = run.groups()
     g = run.primary_group()
-    chain = chain_of(views[rid], n, bs)
+    chain = chain_of(views[rid], n, bs, unit)
+    if hit % bs:
+        return _partial_hit(rec, history, views[rid], idx, pos, dict(base, group=g))
     present = [history.present(f"{h}@{g}", pos) for h in chain]
     k = hit // bs
     cap = n - 1
@@ -353,7 +385,8 @@ def _explain_admission(
             return HitExplanation(reason=MAX_CACHE_HIT_LENGTH, **base)
         return HitExplanation(reason=CAPPED_LAST_TOKEN, block_index=k, **base)
     if k >= len(chain):
-        return HitExplanation(reason=PARTIAL_BLOCK, block_index=len(chain), **base)
+        rule = NO_PARTIAL_ENTRY if unit < bs else PARTIAL_BLOCK
+        return HitExplanation(reason=rule, block_index=len(chain), **base)
     kept = tuple(
         i
         for i, h in enumerate(chain)
@@ -364,6 +397,29 @@ def _explain_admission(
         reason=GROUPS_DISAGREE if len(groups) > 1 else SLIDING_WINDOW,
         block_index=k,
         kept_blocks=kept,
+        **base,
+    )
+
+
+def _partial_hit(rec, history: CacheHistory, rv, idx: int, pos: Pos, base) -> HitExplanation:
+    """The hit ends at a hash boundary inside a block: who keyed the block there, and the
+    private copy the request got because it writes into that block."""
+    hit, g = base["hit_tokens"], base["group"]
+    h = rv.block_hashes[hit // base["unit"] - 1]
+    got = history.ever_cached(f"{h}@{g}", pos)
+    copies = tuple(
+        e.block_ids[0]
+        for e in rec.events[pos[1] : idx]
+        if e.kind == E.COPIED and e.request_id == rv.request_id and (e.group or 0) == g
+    )
+    return HitExplanation(
+        reason=PARTIAL_HIT,
+        block_index=hit // base["block_size"],
+        block_hash=h,
+        other_request=got.request_id if got else None,
+        cached_step=got.pos[0] if got else None,
+        cached_block=got.block_id if got else None,
+        copy_blocks=copies,
         **base,
     )
 

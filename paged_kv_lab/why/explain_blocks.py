@@ -22,6 +22,7 @@ from paged_kv_lab.why.explain import (
     ExplainError,
     RecordedSteps,
     all_tokens,
+    chain_of,
     has_hashes,
     request_list,
     salt_key,
@@ -50,6 +51,10 @@ class BlockMoment:
     reason: str = ""
     prefix_text: Optional[str] = None
     token_ids: tuple[int, ...] = ()
+    num_tokens: Optional[int] = None  # cached_partial: the boundary it is keyed at
+    entry_hash: Optional[str] = None  # cached_partial: the entry's hash (maybe not its first)
+    source_block_id: Optional[int] = None  # copied: the block it copies
+    copy_block_id: Optional[int] = None  # copy_source: the block that copies it
 
 
 @dataclass(frozen=True)
@@ -128,12 +133,35 @@ def life_of_block(run: RecordedSteps, block_id: int) -> BlockLife:
     for rec in run.records:
         snap = rec.snapshot
         for ev in rec.events:
-            if b0.is_null or (block_id not in ev.block_ids and ev.kind != E.RESET):
+            source = ev.kind == E.COPIED and ev.source_block_id == block_id
+            if b0.is_null or (block_id not in ev.block_ids and ev.kind != E.RESET and not source):
                 continue
             rid, kw = ev.request_id, {}
-            if rid is None and ev.kind in (E.TOUCHED, E.FREED):
-                # the CPU tier pins a block while it copies it, and releases it after
-                ref += 1 if ev.kind == E.TOUCHED else -1
+            kind = ev.kind.value
+            if source:
+                # the copy holds the block until the worker ran it: a reference of its own, or
+                # (a hit) the one the request's table gave up to the copy
+                kind, kw = "copy_source", dict(reason=ev.reason, copy_block_id=ev.block_ids[0])
+                if ev.reason == "keep_cached":
+                    ref += 1
+                    h = None  # its entries move to the copy
+                elif rid in owners:
+                    owners.remove(rid)
+            elif ev.kind == E.COPIED:
+                kw = dict(reason=ev.reason, source_block_id=ev.source_block_id)
+                if ev.reason == "keep_cached":
+                    h = ev.block_hashes[0] if ev.block_hashes else h
+                    if rid in owners:
+                        owners.remove(rid)  # allocated for the copy, not for the request's table
+                else:
+                    ref += 1
+            elif ev.kind == E.CACHED_PARTIAL:
+                h = h or ev.block_hash
+                kw = dict(num_tokens=ev.num_tokens, entry_hash=ev.block_hash)
+            elif rid is None and ev.kind in (E.TOUCHED, E.FREED):
+                # the CPU tier pins a block while it copies it, and releases it after (a block
+                # several of the step's tail-block copies held is released once per copy)
+                ref += 1 if ev.kind == E.TOUCHED else -ev.block_ids.count(block_id)
                 kw = dict(reason=getattr(ev, "reason", "offload") or "offload")
             elif ev.kind in (E.ALLOCATED, E.TOUCHED):
                 ref += 1
@@ -176,7 +204,7 @@ def life_of_block(run: RecordedSteps, block_id: int) -> BlockLife:
             moments.append(
                 BlockMoment(
                     step=rec.step,
-                    kind=ev.kind.value,
+                    kind=kind,
                     request_id=rid,
                     ref_cnt=ref,
                     block_hash=h,
@@ -252,7 +280,9 @@ def compare_requests(run: RecordedSteps, a: str, b: str) -> Comparison:
     bs, g = run.block_size(), run.primary_group()
     ta, tb = all_tokens(views[a]), all_tokens(views[b])
     sa, sb = salt_key(views[a].cache_salt), salt_key(views[b].cache_salt)
-    ca, cb = list(views[a].block_hashes), list(views[b].block_hashes)
+    unit = run.hash_unit()
+    ca = chain_of(views[a], len(ta), bs, unit)
+    cb = chain_of(views[b], len(tb), bs, unit)
     spans: dict[int, list[int]] = {}
     index: dict[int, Optional[int]] = {}
     held: dict[tuple[str, int], list[int]] = {}  # (request, logical index) -> physical blocks

@@ -53,6 +53,8 @@ def hit_sentences(x: X.HitExplanation, lang: str = "en") -> list[str]:
         y=x.evicted_for,
         p=x.token_position,
         cap=x.cap,
+        u=x.unit,
+        c=", ".join(str(b) for b in x.copy_blocks) or "-",
     )
     if x.resumed:
         out = [tr("why.hit.resumed", lang, **kw)]
@@ -93,6 +95,9 @@ def hit_sentences(x: X.HitExplanation, lang: str = "en") -> list[str]:
         )
         out.append(stop + line if r == X.NEVER_COMPUTED else line)
     out.append(code_line(FUNCTIONS["get_computed_blocks"], lang))
+    if r == X.PARTIAL_HIT:  # who keyed the block inside, and who hands out the copy
+        out.append(code_line(FUNCTIONS["cache_partial_block"], lang))
+        out.append(code_line(FUNCTIONS["take_kv_cache_block_copies"], lang))
     return out
 
 
@@ -111,6 +116,8 @@ def moment_sentence(m: BlockMoment, lang: str = "en") -> str:
     head = tr("why.life.step", lang, **kw)
     if m.kind == "allocated":
         return head + tr("why.life.allocated", lang, **kw)
+    if m.kind == "freed" and m.reason == "copied":
+        return head + tr("why.life.copy_released", lang, **kw)
     if m.kind in ("touched", "freed") and m.request_id is None:
         return head + (
             tr("why.life.cpu_pinned", lang, **kw)
@@ -126,6 +133,8 @@ def moment_sentence(m: BlockMoment, lang: str = "en") -> str:
     if m.kind == "evicted":
         if m.reason == "evict_blocks":
             return head + tr("why.life.evict_blocks", lang, **kw)
+        if m.reason == "rekeyed":
+            return head + tr("why.life.rekeyed", lang, **kw)
         return head + tr("why.life.evicted", lang, **kw)
     if m.kind == "reset":
         return head + tr("why.life.reset", lang, **kw)
@@ -137,6 +146,13 @@ def moment_sentence(m: BlockMoment, lang: str = "en") -> str:
         return head + tr("why.life.freed", lang, why=reason_words(m.reason, lang), **kw) + where
     if m.kind == "window_skipped":
         return head + tr("why.life.window_skipped", lang, **kw)
+    if m.kind == "cached_partial":
+        kw["h"] = short_hash(m.entry_hash)
+        return head + tr("why.life.cached_partial", lang, n=m.num_tokens, **kw)
+    if m.kind == "copied":
+        return head + tr(f"why.life.copied.{m.reason}", lang, src=m.source_block_id, **kw)
+    if m.kind == "copy_source":
+        return head + tr(f"why.life.copy_source.{m.reason}", lang, dst=m.copy_block_id, **kw)
     return head + m.kind
 
 

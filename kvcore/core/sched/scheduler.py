@@ -7,7 +7,7 @@ from typing import Any, Iterable, Optional, Union
 
 from kvcore.config.scheduler import ADMISSIONS, ADMIT_FULL_SEQUENCE, SchedulerConfig
 from kvcore.core.kv_cache_manager import KVCacheManager
-from kvcore.core.kv_cache_observer import KVCacheObserver
+from kvcore.core.kv_cache_observer import FREE_COPIED, KVCacheObserver, call_for_request
 from kvcore.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from kvcore.core.sched.request_queue import PRIORITY, create_request_queue
 from kvcore.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
@@ -437,7 +437,8 @@ class Scheduler:
         copies, retained = self.kv_cache_manager.take_kv_cache_block_copies()
         if copies:
             # Synchronous steps: the copies run with this step, so their blocks go back now.
-            self.kv_cache_manager.block_pool.free_blocks(retained)
+            pool = self.kv_cache_manager.block_pool
+            call_for_request(pool.observer, None, None, FREE_COPIED, pool.free_blocks, retained)
             out = replace(out, kv_cache_block_copies=copies)
         if self.connector is not None:
             # Before num_computed_tokens advances: the connector stores only blocks whose
