@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from kvcore.config.kv_events import KVEventsConfig
+from kvcore.config.lora import MAX_LORA_RANKS
 from paged_kv_lab.text.i18n import ProblemsError, Text, tr
 
 MODELS = ("smollm2", "tiny-random", "tiny-hybrid")
@@ -116,6 +117,18 @@ class CPUOffloadConfig:
 
 
 @dataclass(frozen=True)
+class LoRAModulePath:
+    """One adapter the engine serves (vLLM's ``--lora-modules`` entry ``{"name", "path"}``):
+    ``path`` is a peft adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``),
+    read when a request first names the adapter. Its ``lora_int_id`` is its place in
+    ``engine.lora_modules`` plus one, as vLLM numbers the adapters it is started with."""
+
+    __pydantic_config__ = _FORBID
+    name: Annotated[StrictStr, Field(min_length=1)]
+    path: Annotated[StrictStr, Field(min_length=1)]
+
+
+@dataclass(frozen=True)
 class EngineSettings:
     __pydantic_config__ = _FORBID
     block_size: Int = 16
@@ -158,6 +171,12 @@ class EngineSettings:
     # Disaggregated serving: "pd" runs a prefill replica and a decode replica joined by the
     # NIXL connector's flow (paged_kv_lab/disagg/); null: one engine.
     kv_transfer: Optional[Literal["pd"]] = None
+    # LoRA (vLLM's names): serve the adapters of lora_modules; at most max_loras of them run in one
+    # step, each of rank <= max_lora_rank (kvcore/lora/, kvcore/worker/lora_model_runner_mixin.py)
+    enable_lora: StrictBool = False
+    max_loras: Int = 1
+    max_lora_rank: Literal[MAX_LORA_RANKS] = 16
+    lora_modules: tuple[LoRAModulePath, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -178,6 +197,9 @@ class RequestSpec:
     # vLLM's SamplingParams.seed: sample at temperature 1 from this request's own generator
     # (child i of an n > 1 request: seed + i); None: greedy, or the engine's seed if it has one
     seed: Optional[Count] = None
+    # the adapter this request runs with: a name in engine.lora_modules (vLLM's LoRARequest);
+    # None: the base model
+    lora_name: Optional[Annotated[StrictStr, Field(min_length=1)]] = None
 
 
 @dataclass(frozen=True)
@@ -268,6 +290,12 @@ _MUST: dict[str, Text] = {
     "kv_load_failure_policy": _must("either", a='"recompute"', b='"fail"'),
     "fail_loads": _must("request_ids"),
     "kv_transfer": _must("either", a="null", b='"pd"'),
+    "enable_lora": _BOOL,
+    "max_loras": _INT_GE1,
+    "max_lora_rank": _one_of(tuple(str(r) for r in MAX_LORA_RANKS)),
+    "lora_modules": _must("lora_modules"),
+    "path": _must("non_empty_string"),
+    "lora_name": _must("null_or_non_empty_string"),
 }
 _SECTIONS = {
     (): Scenario,
@@ -276,6 +304,7 @@ _SECTIONS = {
     ("engine", "kv_events"): KVEventsConfig,
     ("engine", "speculative"): SpeculativeConfig,
     ("engine", "cpu_offload"): CPUOffloadConfig,
+    ("engine", "lora_modules", int): LoRAModulePath,
 }
 
 
@@ -417,6 +446,7 @@ def _cross_checks(raw: dict) -> list[Text]:
             elif eng.get("sliding_window") is None and not linear:
                 problems.append(Text("problem.retention_needs_window"))
     reqs = raw.get("requests")
+    problems += _lora_checks(eng if isinstance(eng, dict) else {}, reqs)
     fail_loads = eng.get("cpu_offload") if isinstance(eng, dict) else None
     fail_loads = fail_loads.get("fail_loads") if isinstance(fail_loads, dict) else None
     if isinstance(fail_loads, list) and isinstance(reqs, list):
@@ -457,6 +487,28 @@ def _cross_checks(raw: dict) -> list[Text]:
                 if clash:
                     at = {"id": repr(pid), "n": n, "child": repr(clash[0])}
                     problems.append(Text("problem.child_id_taken", at))
+    return problems
+
+
+def _lora_checks(eng: dict, reqs: Any) -> list[Text]:
+    """LoRA's rules between fields: adapters need ``enable_lora`` (vLLM refuses
+    ``--lora-modules`` without it), names are unique, and a request names a served adapter."""
+    problems = []
+    modules = eng.get("lora_modules")
+    modules = modules if isinstance(modules, list) else []
+    names = [m.get("name") for m in modules if isinstance(m, dict)]
+    for j, name in enumerate(names):
+        if isinstance(name, str) and name in names[:j]:
+            at = {"path": f"engine.lora_modules[{j}].name", "name": repr(name)}
+            problems.append(Text("problem.lora_name_twice", at))
+    if modules and eng.get("enable_lora") is not True:
+        problems.append(Text("problem.lora_modules_need_enable"))
+    for i, r in enumerate(reqs if isinstance(reqs, list) else []):
+        name = r.get("lora_name") if isinstance(r, dict) else None
+        if isinstance(name, str) and name and name not in names:
+            at = {"path": f"requests[{i}].lora_name", "name": repr(name)}
+            at["known"] = ", ".join(repr(n) for n in names if isinstance(n, str)) or "-"
+            problems.append(Text("problem.lora_name_unknown", at))
     return problems
 
 
@@ -534,6 +586,10 @@ _LATER_ENGINE_DEFAULTS = {
     "mamba_cache_mode": "none",
     "prefix_match_unit": None,
     "kv_transfer": None,
+    "enable_lora": False,
+    "max_loras": 1,
+    "max_lora_rank": 16,
+    "lora_modules": [],
 }
 
 
