@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_engine_equality import P, eos_of, greedy_no_eos, reference_tokens, req
 
 from kvcore.config.lora import LoRAConfig
 from kvcore.lora.peft_helper import PEFTHelper
@@ -26,7 +27,6 @@ from paged_kv_lab.record.scenario import (
     load_scenario,
     scenario_to_dict,
 )
-from test_engine_equality import P, eos_of, greedy_no_eos, reference_tokens, req
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -232,6 +232,13 @@ def test_the_scenario_fields_round_trip_and_are_checked(tiny_adapters):
     assert "engine.enable_lora" in said
     assert "engine.lora_modules[1].name" in said
     assert "requests[0].lora_name" in said and "'c'" in said
+    bad["engine"]["lora_modules"][1]["name"] = ""
+    bad["engine"]["max_lora_rank"] = True  # not a rank, although True == 1
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(bad)
+    said = str(e.value)
+    assert "engine.lora_modules[1].name: must be a non-empty string" in said
+    assert "engine.max_lora_rank: must be one of 1, 8," in said
 
 
 def test_an_adapter_the_settings_cannot_serve_is_refused_before_any_step(

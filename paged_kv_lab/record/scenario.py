@@ -116,6 +116,17 @@ class CPUOffloadConfig:
     fail_loads: Annotated[tuple[StrictStr, ...], Field(max_length=1024)] = ()
 
 
+def _lora_rank(rank: int) -> int:
+    if rank not in MAX_LORA_RANKS:
+        choices = ", ".join(str(r) for r in MAX_LORA_RANKS)
+        raise ValueError(Text("problem.lora_rank", {"choices": choices, "got": rank}))
+    return rank
+
+
+# one of vLLM's ranks, as an integer (a Literal would take true for 1 and 8.0 for 8)
+LoRARank = Annotated[StrictInt, AfterValidator(_lora_rank)]
+
+
 @dataclass(frozen=True)
 class LoRAModulePath:
     """One adapter the engine serves (vLLM's ``--lora-modules`` entry ``{"name", "path"}``):
@@ -175,7 +186,7 @@ class EngineSettings:
     # step, each of rank <= max_lora_rank (kvcore/lora/, kvcore/worker/lora_model_runner_mixin.py)
     enable_lora: StrictBool = False
     max_loras: Int = 1
-    max_lora_rank: Literal[MAX_LORA_RANKS] = 16
+    max_lora_rank: LoRARank = 16
     lora_modules: tuple[LoRAModulePath, ...] = ()
 
 
@@ -308,6 +319,15 @@ _SECTIONS = {
 }
 
 
+# a field whose name another section uses for something else: its own sentence there
+_MUST_IN = {(LoRAModulePath, "name"): _must("non_empty_string")}
+
+
+def _must_at(section: tuple, name: Any) -> Optional[Text]:
+    """What the field ``name`` of the section at ``section`` must be (None: no sentence)."""
+    return _MUST_IN.get((_section(section), name), _MUST.get(name))
+
+
 def _path(loc: tuple) -> str:
     out = ""
     for part in loc:
@@ -386,7 +406,7 @@ def _problem(err: dict, raw: Any) -> Text:
     if err["type"] in ("dataclass_type", "dataclass_args_type", "model_type", "dict_type"):
         return Text("problem.object", {"path": path})
     if err["type"] == "missing" or err["type"] == "missing_argument":
-        must = _MUST.get(loc[-1], _must("given"))
+        must = _must_at(loc[:-1], loc[-1]) or _must("given")
         return Text("problem.must", {"path": path, "must": must, "got": "None"})
     got = _value_at(raw, loc)
     if isinstance(got, int) and INT64_MAX in (ctx.get("le"), -1 - ctx.get("ge", 0)):
@@ -397,10 +417,9 @@ def _problem(err: dict, raw: Any) -> Text:
     for i in range(len(loc) - 1, -1, -1):
         if isinstance(loc[i], str) and _section(loc[:i]) is not None:
             field_path, value = _path(loc[: i + 1]), repr(_value_at(raw, loc[: i + 1]))
-            if loc[i] in _MUST:
-                return Text(
-                    "problem.must", {"path": field_path, "must": _MUST[loc[i]], "got": value}
-                )
+            must = _must_at(loc[:i], loc[i])
+            if must is not None:
+                return Text("problem.must", {"path": field_path, "must": must, "got": value})
             # a field without its own sentence: pydantic's, by its error type
             at = {"path": field_path, "said": pydantic_said(err), "got": value}
             return Text("problem.pydantic", at)
