@@ -62,11 +62,9 @@ def tiny_adapters(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tiny_peft(tiny_adapters):
-    from kvcore.model import load_model
-
-    loaded = load_model("tiny-random", device="cpu")
-    return {name: peft_reference(loaded, path) for name, path in tiny_adapters.items()}
+def tiny_peft(tiny_model, tiny_adapters):
+    """transformers + peft on the test device, per adapter (the engine's model's weights)."""
+    return {name: peft_reference(tiny_model, path) for name, path in tiny_adapters.items()}
 
 
 def lora_engine(loaded, adapters, requests, **engine):
