@@ -280,6 +280,45 @@ def test_the_app_reads_no_adapter_folder_a_scenario_names(tiny_adapters):
     assert "engine.lora_modules" in str(e.value) and not built
 
 
+def test_the_command_line_runs_adapters_and_set_replaces_them(
+    tiny_model, tiny_adapters, tiny_peft, tmp_path
+):
+    """``python -m kvcore run`` (through ``main``): the file's adapter "a" is pointed at b's
+    folder by ``--set``, and request A then writes what peft with b writes."""
+    from _cli import run_cli_here
+
+    from paged_kv_lab.record.trace import read_trace
+
+    file = tmp_path / "lora.json"
+    file.write_text(
+        json.dumps(
+            {
+                "model": "tiny-random",
+                "device": "cpu",
+                "engine": {
+                    "block_size": 4,
+                    "num_gpu_blocks": 32,
+                    "enable_lora": True,
+                    "lora_modules": [{"name": "a", "path": str(tiny_adapters["a"])}],
+                },
+                "requests": [
+                    {"id": "A", "prompt_token_ids": P[:9], "max_tokens": 6, "lora_name": "a"},
+                    {"id": "base", "prompt_token_ids": P[:9], "max_tokens": 6},
+                ],
+            }
+        )
+    )
+    swapped = json.dumps([{"name": "a", "path": str(tiny_adapters["b"])}])
+    trace = tmp_path / "t.jsonl"
+    r = run_cli_here("run", file, "--set", f"lora_modules={swapped}", "--trace", trace, "--check")
+    assert r.returncode == 0, r.stderr
+    t = read_trace(trace.read_text())
+    assert t.scenario["engine"]["lora_modules"] == json.loads(swapped)
+    eos = eos_of(tiny_model)
+    assert t.outputs["A"]["token_ids"] == reference_tokens(tiny_peft["b"], P[:9], 6, eos)
+    assert t.outputs["base"]["token_ids"] == reference_tokens(tiny_model.model, P[:9], 6, eos)
+
+
 @pytest.mark.slow
 def test_smollm2_adapter_and_base_requests_batched(smollm2, tmp_path):
     make = make_lora()

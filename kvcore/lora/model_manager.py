@@ -32,13 +32,11 @@ class LRUCacheLoRAModelManager:
         supported_lora_modules: Sequence[str],
         lora_config: LoRAConfig,
         device: torch.device,
-        dtype: torch.dtype,
     ) -> None:
         self.model = model
         self.supported_lora_modules = tuple(supported_lora_modules)
         self.lora_config = lora_config
         self.device = device
-        self.dtype = dtype
         self.lora_slots = lora_config.max_loras
         self.capacity = lora_config.max_cpu_loras
         self.lora_index_to_id: dict[int, int] = {}

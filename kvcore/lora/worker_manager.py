@@ -39,7 +39,7 @@ class LRUCacheWorkerLoRAManager:
     def create_lora_manager(self, model: torch.nn.Module) -> torch.nn.Module:
         """Wrap ``model``'s target modules (in place) and return it."""
         self._adapter_manager = LRUCacheLoRAModelManager(
-            model, SUPPORTED_LORA_MODULES, self.lora_config, self.device, self.dtype
+            model, SUPPORTED_LORA_MODULES, self.lora_config, self.device
         )
         return model
 

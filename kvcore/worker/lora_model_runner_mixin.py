@@ -32,7 +32,11 @@ class LoRAModelRunnerMixin:
 
     def set_active_loras(self, items: Sequence[SeqBatchItem]) -> None:
         """Before a forward over ``items`` (packed in this order): each token's adapter id."""
-        requests = {it.lora_request for it in items if it.lora_request is not None}
+        # by id: the slots an adapter lands in are the same on every run
+        requests = sorted(
+            {it.lora_request for it in items if it.lora_request is not None},
+            key=lambda r: r.lora_int_id,
+        )
         if self.lora_manager is None:
             if requests:
                 names = sorted(r.lora_name for r in requests)
