@@ -577,14 +577,19 @@ def load_scenario(source: Union[dict, str, Path]) -> Scenario:
     source = _upgrade(source)
     problems: list[Text] = []
     scenario = None
+    seen: set[str] = set()  # each problem once (by its repr: a long list of bad items is fast)
+
+    def new(p: Text) -> bool:
+        key = repr(p)
+        fresh = key not in seen
+        seen.add(key)
+        return fresh
+
     try:
         scenario = _SCENARIO.validate_python(source)
     except ValidationError as e:
-        for err in e.errors():
-            p = _problem(err, source)
-            if p not in problems:
-                problems.append(p)
-    problems += [p for p in _cross_checks(source) if p not in problems]
+        problems += [p for p in (_problem(err, source) for err in e.errors()) if new(p)]
+    problems += [p for p in _cross_checks(source) if new(p)]
     problems.sort(key=_problem_order)
     if problems:
         raise ScenarioError(problems)
