@@ -22,7 +22,7 @@ from paged_kv_lab.lesson.catalog import Lesson, moment_matches, narration_fields
 from paged_kv_lab.lesson.myths import myth_sections_at
 from paged_kv_lab.record.snapshot import Snapshot
 from paged_kv_lab.runs.timeline import Timeline
-from paged_kv_lab.text.i18n import tr
+from paged_kv_lab.text.i18n import Text, tr
 
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|>~<$])")
 
@@ -83,7 +83,12 @@ class _Safe(dict):
 
 
 def _moment_texts(lesson: Lesson, moments, rec, base: dict, lang: str) -> list[str]:
+    """The step's narration: which replica made it (a P/D pair's run), then its moments."""
     texts = []
+    if rec.replica is not None:
+        texts.append(
+            tr("pd.step.by", lang, step=rec.step, replica=Text(f"pd.replica.{rec.replica}"))
+        )
     for m in moments:
         e = next(e for e in rec.events if moment_matches(m, e, rec))
         texts.append(tr(m.text, lang).format_map(_Safe({**base, **narration_fields(e, rec)})))
