@@ -20,6 +20,10 @@ model is encoder-decoder or uses M-RoPE), so a stand-in gives them. ``num_lookah
 ``num_spec_tokens`` are then set on it as ``VllmConfig`` derives them for a draft model (both
 ``num_speculative_tokens``). Prefix caching on; both hash blocks with sha256 over CBOR.
 
+``--lora``: requests carry LoRA adapters too (three adapters, some requests none) and both
+schedulers serve LoRA with ``max_loras`` 1 or 2 (vLLM's ``LoRAConfig``): a waiting request whose
+adapter would be one too many is skipped, on both sides, and the adapter is in its blocks' hashes.
+
 One vLLM 0.33 behaviour is out of scope and cuts a trace short where it shows: when others run,
 vLLM pads the admission of a request with one token left to compute up to 1 + k rows (uniform
 batches for CUDA graphs; we have none). The trace is compared up to that step and counted apart.
@@ -38,19 +42,22 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 
 from kvcore.core.sched.scheduler import Scheduler as OurScheduler  # noqa: E402
+from kvcore.lora.request import LoRARequest as OurLoRARequest  # noqa: E402
 from kvcore.outputs import ModelRunnerOutput as OurOutput  # noqa: E402
 from kvcore.request import Request as OurRequest  # noqa: E402
 from paged_kv_lab.record.engine import (  # noqa: E402
     block_hasher_for,
     kv_cache_groups,
     kv_cache_manager_for,
+    lora_config_for,
     scheduler_config_for,
 )
 from paged_kv_lab.record.scenario import EngineSettings, SpeculativeConfig  # noqa: E402
 
 VOCAB = 1000
 PADDED = "padded"  # run_trace: stopped where vLLM pads for CUDA graphs
-STATS = {"steps": 0, "preemptions": 0, "blocks_only_for_lookahead": 0}
+STATS = {"steps": 0, "preemptions": 0, "blocks_only_for_lookahead": 0, "lora_skips": 0}
+LORA = False  # main's --lora: requests with adapters, schedulers with max_loras
 
 
 def token_at(rid: str, pos: int) -> int:
@@ -73,7 +80,7 @@ def make_trace(rng: random.Random) -> dict:
             )
         )
     max_num_seqs = rng.randint(1, 4)
-    return dict(
+    t = dict(
         block_size=bs,
         k=k,
         num_blocks=num_blocks,
@@ -84,6 +91,18 @@ def make_trace(rng: random.Random) -> dict:
         requests=reqs,
         draft_seed=rng.randrange(1 << 30),
     )
+    # LoRA from a stream of its own: the traces without --lora stay as they were
+    lora = random.Random(t["draft_seed"] + 1)
+    t["max_loras"] = lora.randint(1, 2) if LORA else None
+    for r in reqs:
+        r["lora"] = lora.choice([None, 1, 2, 3]) if LORA else None
+    return t
+
+
+def lora_of(spec: dict, cls):
+    """The request's adapter as ``cls`` (vLLM's or our LoRARequest); None without one."""
+    n = spec["lora"]
+    return None if n is None else cls(f"adapter{n}", n, f"/adapters/{n}")
 
 
 # -- vLLM's side --------------------------------------------------------------------------------
@@ -104,6 +123,10 @@ def vllm_scheduler(t: dict):
     cc = CacheConfig(block_size=t["block_size"], enable_prefix_caching=True)
     cc.num_gpu_blocks = t["num_blocks"]
     cfg = VllmConfig(scheduler_config=sc, cache_config=cc, device_config=DeviceConfig("cpu"))
+    if t["max_loras"] is not None:
+        from vllm.config.lora import LoRAConfig
+
+        cfg.lora_config = LoRAConfig(max_loras=t["max_loras"], max_lora_rank=8)
     cfg.model_config = types.SimpleNamespace(  # the few model fields the scheduler reads
         max_model_len=t["max_model_len"],
         is_encoder_decoder=False,
@@ -143,11 +166,15 @@ def vllm_scheduler(t: dict):
 
 
 def vllm_request(spec: dict, hasher):
+    from vllm.lora.request import LoRARequest
     from vllm.sampling_params import SamplingParams
     from vllm.v1.request import Request
 
     sp = SamplingParams(max_tokens=spec["max_tokens"], ignore_eos=True, temperature=0.0)
-    return Request(spec["id"], list(spec["prompt"]), sp, None, block_hasher=hasher)
+    lora = lora_of(spec, LoRARequest)
+    return Request(
+        spec["id"], list(spec["prompt"]), sp, None, lora_request=lora, block_hasher=hasher
+    )
 
 
 # -- ours: the builders the Engine itself uses --------------------------------------------------
@@ -160,10 +187,14 @@ def our_scheduler(t: dict) -> OurScheduler:
         max_model_len=t["max_model_len"],
         hash_algo="sha256_cbor",
         speculative=SpeculativeConfig(method="draft_model", num_speculative_tokens=t["k"]),
+        enable_lora=t["max_loras"] is not None,
+        max_loras=t["max_loras"] or 1,
     )
     groups, _ = kv_cache_groups(s, 1)
     kvm = kv_cache_manager_for(s, groups, t["max_model_len"], enable_kv_cache_events=False)
-    sched = OurScheduler(scheduler_config_for(s, t["max_model_len"]), kvm)
+    sched = OurScheduler(
+        scheduler_config_for(s, t["max_model_len"]), kvm, lora_config=lora_config_for(s)
+    )
     sched._hasher = block_hasher_for(s)
     return sched
 
@@ -175,6 +206,7 @@ def our_request(spec: dict, sched: OurScheduler) -> OurRequest:
         spec["max_tokens"],
         ignore_eos=True,
         block_hasher=sched._hasher,
+        lora_request=lora_of(spec, OurLoRARequest),
     )
 
 
@@ -275,6 +307,15 @@ def run_trace(t: dict, max_steps: int = 400) -> str | None:
         if vfree != ofree:
             return f"{where}: free blocks {vfree} vs ours {ofree}"
         STATS["steps"] += 1
+        if t["max_loras"] is not None:  # waiting with an adapter, not admitted, others admitted
+            waiting = [r for r in t["requests"] if r["id"] in v_tokens and r["id"] not in v_running]
+            STATS["lora_skips"] += sum(
+                1
+                for r in waiting
+                if r["lora"] is not None
+                and r["id"] not in vsched
+                and any(x not in v_running for x in vsched)
+            )
         STATS["preemptions"] += len(oo.preempted_req_ids)
         bs = t["block_size"]
         for rid in oo.num_scheduled_tokens:
@@ -325,7 +366,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--traces", type=int, default=40)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--lora", action="store_true", help="requests with LoRA adapters")
     args = ap.parse_args()
+    global LORA
+    LORA = args.lora
     rng = random.Random(args.seed)
     cut = 0
     for i in range(args.traces):
@@ -345,6 +389,12 @@ def main() -> int:
         "block held only for lookahead), each as "
         f"vLLM 0.33.0's Scheduler with num_lookahead_tokens = k ({cut} traces compared up to a "
         "step where vLLM pads a request for CUDA graphs)"
+        + (
+            f"; with LoRA adapters and max_loras 1-2 ({STATS['lora_skips']} times a waiting "
+            "request with an adapter stayed out while another was admitted)"
+            if LORA
+            else ""
+        )
     )
     return 0
 

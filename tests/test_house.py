@@ -88,10 +88,17 @@ ML = {"torch", "transformers", "gguf", "accelerate"}
 UI_LIBS = {"streamlit", "plotly", "pandas"}
 # Besides model/ and worker/: the CPU tier's and the NIXL connector's worker halves copy the KV
 # tensors themselves (vLLM: v1/simple_kv_offload/worker.py, kv_connector/v1/nixl/pull_worker.py);
-# their scheduler halves stay torch-free.
+# their scheduler halves stay torch-free. LoRA's worker side holds and multiplies adapter weights
+# (vLLM: lora/); its request and peft_helper (what the scheduler and the checks read) stay free.
 ML_FILES = {
     "kvcore/simple_kv_offload/worker.py",
     "kvcore/distributed/kv_transfer/kv_connector/v1/nixl/pull_worker.py",
+    "kvcore/lora/lora_weights.py",
+    "kvcore/lora/lora_model.py",
+    "kvcore/lora/model_manager.py",
+    "kvcore/lora/worker_manager.py",
+    "kvcore/lora/layers/base_linear.py",
+    "kvcore/lora/punica_wrapper/punica_base.py",
 }
 
 

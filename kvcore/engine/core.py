@@ -96,6 +96,7 @@ class EngineCore:
                         block_tables=kvm.get_block_ids(rid),
                         sample=before + n >= req.num_tokens,
                         num_draft_tokens=len(d),
+                        lora_request=req.lora_request,
                     )
                 )
             if self.drafter is None:
@@ -239,6 +240,7 @@ class EngineCore:
                     start_pos=start,
                     block_tables=kvm.get_block_ids(rid),
                     sample=sampled,
+                    lora_request=req.lora_request,
                 )
             )
             num_tokens[rid] = req.num_tokens

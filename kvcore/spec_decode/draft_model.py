@@ -104,6 +104,7 @@ class DraftModelProposer:
                     start_pos=it.start_pos + len(it.token_ids),
                     block_tables=it.block_tables,
                     sample=True,
+                    lora_request=it.lora_request,
                 )
                 for it in current
                 if len(out[it.request_id]) < room[it.request_id]

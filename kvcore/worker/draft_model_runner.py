@@ -64,6 +64,7 @@ class DraftModelRunner:
         t = self.target
         inputs = prepare_inputs(items, t.block_size, t.group_sliding_window, t.num_blocks)
         self.last_inputs = inputs
+        t.set_active_loras(items)  # the draft runs the target's (wrapped) layers
         step = build_paged_step(
             attention_metadata(inputs),
             t.group_sliding_window,

@@ -14,7 +14,9 @@ A token at position ``p`` of a request is written to slot
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
+
+from kvcore.lora.request import LoRARequest
 
 NULL_BLOCK = 0
 
@@ -28,6 +30,7 @@ class SeqBatchItem:
     block_tables: tuple[list[int], ...]
     sample: bool  # this step completes the known tokens: sample the next one
     num_draft_tokens: int = 0  # the last ones of token_ids are drafts: logits after each
+    lora_request: Optional[LoRARequest] = None  # the request's adapter; None: the base model
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,12 @@ from typing import Sequence
 import torch
 
 from kvcore.attention.backend import CommonAttentionMetadata
+from kvcore.config.lora import LoRAConfig
 from kvcore.model.cpu_packing import pack_for_cpu
 from kvcore.model.loader import LoadedModel
 from kvcore.model.reference import shared_clone
 from kvcore.worker.gpu_input_batch import ModelInputs, SeqBatchItem, prepare_inputs
+from kvcore.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
 from kvcore.worker.mamba_utils import MambaStatePools, PagedLinearAttention, state_step_metadata
 from kvcore.worker.paged_attention import ATTN_NAME, PagedStep, build_paged_step, pool_views_of
 
@@ -57,7 +59,7 @@ def attention_metadata(inputs: ModelInputs) -> list[CommonAttentionMetadata]:
     return out
 
 
-class GPUModelRunner:
+class GPUModelRunner(LoRAModelRunnerMixin):
     """Owns the paged KV pools (one tensor per decoder layer) and runs steps.
 
     layer_group[i]: the KV cache group decoder layer i reads/writes through.
@@ -75,6 +77,10 @@ class GPUModelRunner:
     groups of its linear layers are state-block groups; each such layer of the clone is wrapped
     in :class:`kvcore.worker.mamba_utils.PagedLinearAttention` and keeps its states in
     ``state_pools`` (block ids shared with the attention layers' KV pools, as vLLM's one pool).
+
+    ``lora_config``: serve LoRA adapters (vLLM's ``enable_lora``): the clone's target modules are
+    wrapped (:mod:`kvcore.worker.lora_model_runner_mixin`) and each item's ``lora_request``
+    applies to its own tokens only; None: no LoRA, and an item with a ``lora_request`` is refused.
     """
 
     def __init__(
@@ -85,6 +91,7 @@ class GPUModelRunner:
         layer_group: Sequence[int] | None = None,
         group_sliding_window: Sequence[int | None] | None = None,
         seed: int | None = None,
+        lora_config: LoRAConfig | None = None,
     ) -> None:
         cfg = loaded.config
         n_layers = int(cfg.num_hidden_layers)
@@ -129,6 +136,8 @@ class GPUModelRunner:
         self.model.set_attn_implementation(ATTN_NAME)
         self.model.eval()
         self.num_packed_layers = pack_for_cpu(self.model)  # only in the runner's clone
+        if lora_config is not None:  # wraps the (packed) target modules of the clone
+            self.model = self.load_lora_model(self.model, lora_config, self.device, self.dtype)
         types = list(getattr(cfg, "layer_types", None) or ["full_attention"] * n_layers)
         linear = [i for i, t in enumerate(types) if t == "linear_attention"]
         self.state_groups = frozenset(layer_group[i] for i in linear)
@@ -195,6 +204,7 @@ class GPUModelRunner:
             items, self.block_size, self.group_sliding_window, self.num_blocks, self.state_groups
         )
         self.last_inputs = inputs
+        self.set_active_loras(items)
         metadata = attention_metadata(inputs)
         self.last_step = step = build_paged_step(
             metadata,

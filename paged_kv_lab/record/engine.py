@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Callable, Optional
 
 from kvcore.config.kv_events import KVEventsConfig
+from kvcore.config.lora import LoRAConfig
 from kvcore.config.scheduler import SchedulerConfig
 from kvcore.core.kv_cache_manager import KVCacheManager
 from kvcore.core.kv_cache_utils import BlockHasher, resolve_none_hash_seed
@@ -27,6 +28,7 @@ from kvcore.kv_cache_interface import (
     MambaSpec,
     SlidingWindowSpec,
 )
+from kvcore.lora.request import LoRARequest
 from kvcore.request import Request
 from kvcore.spec_decode.draft_model import DraftModelProposer
 from kvcore.spec_decode.ngram_proposer import NgramProposer
@@ -187,6 +189,19 @@ def cpu_offload_connectors(s: EngineSettings, kv_cache_config, max_model_len: in
     return half(KVConnectorRole.SCHEDULER), half(KVConnectorRole.WORKER)
 
 
+def lora_config_for(s: EngineSettings) -> Optional[LoRAConfig]:
+    """vLLM's LoRAConfig for ``engine.enable_lora``; None when LoRA is off."""
+    if not s.enable_lora:
+        return None
+    return LoRAConfig(max_lora_rank=s.max_lora_rank, max_loras=s.max_loras)
+
+
+def lora_requests_for(s: EngineSettings) -> dict[str, LoRARequest]:
+    """Each adapter of ``engine.lora_modules`` by name, numbered from 1 in their order (as vLLM
+    numbers the adapters it starts with)."""
+    return {m.name: LoRARequest(m.name, i + 1, m.path) for i, m in enumerate(s.lora_modules)}
+
+
 def block_hasher_for(s: EngineSettings) -> BlockHasher:
     """Hashes requests' full blocks with the settings' algorithm and NONE_HASH seed."""
     fn = get_hash_fn_by_name(s.hash_algo)
@@ -337,11 +352,14 @@ class Engine:
         policy = s.cpu_offload.kv_load_failure_policy if s.cpu_offload is not None else "fail"
         if kv_connectors is not None:
             self.kv_connector, kv_connector_worker, policy = kv_connectors
+        self.lora_config = lora_config_for(s)
+        self.lora_requests = lora_requests_for(s)
         self.scheduler = Scheduler(
             scheduler_config_for(s, self.max_model_len),
             self.kv_cache_manager,
             self.kv_connector,
             kv_load_failure_policy=policy,
+            lora_config=self.lora_config,
         )
         # Speculative decoding: drafts from an n-gram proposer, verified greedily.
         self.drafter: Optional[NgramProposer | DraftModelProposer] = None
@@ -368,8 +386,18 @@ class Engine:
                 layer_group,
                 [g.sliding_window for g in self.groups],
                 seed=s.seed,
+                lora_config=self.lora_config,
             )
         self.runner = runner
+        if hasattr(runner, "add_lora"):
+            # the adapters are read now, as vLLM loads the ones it starts with: a folder that
+            # cannot be served is refused before any step
+            for lora in self.lora_requests.values():
+                try:
+                    runner.add_lora(lora)
+                except ValueError as e:
+                    at = {"name": repr(lora.lora_name), "path": lora.lora_path, "error": str(e)}
+                    raise EngineRefused("engine.lora_refused", **at) from None
         if s.speculative is not None and s.speculative.method == "draft_model":
             self.drafter = self._draft_model_proposer(s.speculative, runner, num_layers)
         self.engine_core = EngineCore(self.scheduler, runner, self.drafter, self.max_model_len)
@@ -454,6 +482,7 @@ class Engine:
                 arrival_time=self._arrivals,
                 priority=child.priority,
                 cache_salt=child.cache_salt,
+                lora_request=self.lora_requests.get(child.lora_name) if child.lora_name else None,
                 eos_token_ids=self._eos_ids(),
                 ignore_eos=child.ignore_eos,
                 block_hasher=self.hasher if s.enable_prefix_caching else None,

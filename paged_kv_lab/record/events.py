@@ -180,7 +180,9 @@ class Blocked(Event):
     breaking out of the waiting loop). ``reason`` is one of: "max_num_seqs" (that many
     already run), "token_budget" (this step's budget is spent), "no_free_blocks"
     (``allocate_slots`` refused), "preempted_this_step" (no admissions in a step that
-    preempted), "never_fits" (the engine aborts a prompt an empty pool cannot hold).
+    preempted), "never_fits" (the engine aborts a prompt an empty pool cannot hold),
+    "max_loras" (``max_loras`` adapters run already and this request needs another: vLLM skips
+    it and looks at the next waiting request).
     The other fields are the numbers behind the reason that applies."""
 
     kind = EventKind.BLOCKED

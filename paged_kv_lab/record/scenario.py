@@ -31,6 +31,7 @@ from pydantic import (
 )
 
 from kvcore.config.kv_events import KVEventsConfig
+from kvcore.config.lora import MAX_LORA_RANKS
 from paged_kv_lab.text.i18n import ProblemsError, Text, tr
 
 MODELS = ("smollm2", "tiny-random", "tiny-hybrid")
@@ -115,6 +116,29 @@ class CPUOffloadConfig:
     fail_loads: Annotated[tuple[StrictStr, ...], Field(max_length=1024)] = ()
 
 
+def _lora_rank(rank: int) -> int:
+    if rank not in MAX_LORA_RANKS:
+        choices = ", ".join(str(r) for r in MAX_LORA_RANKS)
+        raise ValueError(Text("problem.lora_rank", {"choices": choices, "got": rank}))
+    return rank
+
+
+# one of vLLM's ranks, as an integer (a Literal would take true for 1 and 8.0 for 8)
+LoRARank = Annotated[StrictInt, AfterValidator(_lora_rank)]
+
+
+@dataclass(frozen=True)
+class LoRAModulePath:
+    """One adapter the engine serves (vLLM's ``--lora-modules`` entry ``{"name", "path"}``):
+    ``path`` is a peft adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``),
+    read when a request first names the adapter. Its ``lora_int_id`` is its place in
+    ``engine.lora_modules`` plus one, as vLLM numbers the adapters it is started with."""
+
+    __pydantic_config__ = _FORBID
+    name: Annotated[StrictStr, Field(min_length=1)]
+    path: Annotated[StrictStr, Field(min_length=1)]
+
+
 @dataclass(frozen=True)
 class KVTransferConfig:
     """What a P/D pair (``kv_transfer: "pd"``) does with a failed pull.
@@ -174,6 +198,12 @@ class EngineSettings:
     kv_transfer: Optional[Literal["pd"]] = None
     # the pair's vLLM KVTransferConfig settings (a failed pull's policy); null: vLLM's defaults
     kv_transfer_config: Optional[KVTransferConfig] = None
+    # LoRA (vLLM's names): serve the adapters of lora_modules; at most max_loras of them run in one
+    # step, each of rank <= max_lora_rank (kvcore/lora/, kvcore/worker/lora_model_runner_mixin.py)
+    enable_lora: StrictBool = False
+    max_loras: Int = 1
+    max_lora_rank: LoRARank = 16
+    lora_modules: tuple[LoRAModulePath, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -194,6 +224,9 @@ class RequestSpec:
     # vLLM's SamplingParams.seed: sample at temperature 1 from this request's own generator
     # (child i of an n > 1 request: seed + i); None: greedy, or the engine's seed if it has one
     seed: Optional[Count] = None
+    # the adapter this request runs with: a name in engine.lora_modules (vLLM's LoRARequest);
+    # None: the base model
+    lora_name: Optional[Annotated[StrictStr, Field(min_length=1)]] = None
 
 
 @dataclass(frozen=True)
@@ -285,6 +318,12 @@ _MUST: dict[str, Text] = {
     "fail_loads": _must("request_ids"),
     "kv_transfer": _must("either", a="null", b='"pd"'),
     "kv_transfer_config": _must("object"),
+    "enable_lora": _BOOL,
+    "max_loras": _INT_GE1,
+    "max_lora_rank": _one_of(tuple(str(r) for r in MAX_LORA_RANKS)),
+    "lora_modules": _must("lora_modules"),
+    "path": _must("non_empty_string"),
+    "lora_name": _must("null_or_non_empty_string"),
 }
 _SECTIONS = {
     (): Scenario,
@@ -294,7 +333,17 @@ _SECTIONS = {
     ("engine", "speculative"): SpeculativeConfig,
     ("engine", "cpu_offload"): CPUOffloadConfig,
     ("engine", "kv_transfer_config"): KVTransferConfig,
+    ("engine", "lora_modules", int): LoRAModulePath,
 }
+
+
+# a field whose name another section uses for something else: its own sentence there
+_MUST_IN = {(LoRAModulePath, "name"): _must("non_empty_string")}
+
+
+def _must_at(section: tuple, name: Any) -> Optional[Text]:
+    """What the field ``name`` of the section at ``section`` must be (None: no sentence)."""
+    return _MUST_IN.get((_section(section), name), _MUST.get(name))
 
 
 def _path(loc: tuple) -> str:
@@ -375,7 +424,7 @@ def _problem(err: dict, raw: Any) -> Text:
     if err["type"] in ("dataclass_type", "dataclass_args_type", "model_type", "dict_type"):
         return Text("problem.object", {"path": path})
     if err["type"] == "missing" or err["type"] == "missing_argument":
-        must = _MUST.get(loc[-1], _must("given"))
+        must = _must_at(loc[:-1], loc[-1]) or _must("given")
         return Text("problem.must", {"path": path, "must": must, "got": "None"})
     got = _value_at(raw, loc)
     if isinstance(got, int) and INT64_MAX in (ctx.get("le"), -1 - ctx.get("ge", 0)):
@@ -386,10 +435,9 @@ def _problem(err: dict, raw: Any) -> Text:
     for i in range(len(loc) - 1, -1, -1):
         if isinstance(loc[i], str) and _section(loc[:i]) is not None:
             field_path, value = _path(loc[: i + 1]), repr(_value_at(raw, loc[: i + 1]))
-            if loc[i] in _MUST:
-                return Text(
-                    "problem.must", {"path": field_path, "must": _MUST[loc[i]], "got": value}
-                )
+            must = _must_at(loc[:i], loc[i])
+            if must is not None:
+                return Text("problem.must", {"path": field_path, "must": must, "got": value})
             # a field without its own sentence: pydantic's, by its error type
             at = {"path": field_path, "said": pydantic_said(err), "got": value}
             return Text("problem.pydantic", at)
@@ -456,6 +504,7 @@ def _cross_checks(raw: dict) -> list[Text]:
             elif eng.get("sliding_window") is None and not linear:
                 problems.append(Text("problem.retention_needs_window"))
     reqs = raw.get("requests")
+    problems += _lora_checks(eng if isinstance(eng, dict) else {}, reqs)
     for section in ("cpu_offload", "kv_transfer_config"):
         fail_loads = eng.get(section) if isinstance(eng, dict) else None
         fail_loads = fail_loads.get("fail_loads") if isinstance(fail_loads, dict) else None
@@ -486,6 +535,28 @@ def _cross_checks(raw: dict) -> list[Text]:
                 if clash:
                     at = {"id": repr(pid), "n": n, "child": repr(clash[0])}
                     problems.append(Text("problem.child_id_taken", at))
+    return problems
+
+
+def _lora_checks(eng: dict, reqs: Any) -> list[Text]:
+    """LoRA's rules between fields: adapters need ``enable_lora`` (vLLM refuses
+    ``--lora-modules`` without it), names are unique, and a request names a served adapter."""
+    problems = []
+    modules = eng.get("lora_modules")
+    modules = modules if isinstance(modules, list) else []
+    names = [m.get("name") for m in modules if isinstance(m, dict)]
+    for j, name in enumerate(names):
+        if isinstance(name, str) and name in names[:j]:
+            at = {"path": f"engine.lora_modules[{j}].name", "name": repr(name)}
+            problems.append(Text("problem.lora_name_twice", at))
+    if modules and eng.get("enable_lora") is not True:
+        problems.append(Text("problem.lora_modules_need_enable"))
+    for i, r in enumerate(reqs if isinstance(reqs, list) else []):
+        name = r.get("lora_name") if isinstance(r, dict) else None
+        if isinstance(name, str) and name and name not in names:
+            at = {"path": f"requests[{i}].lora_name", "name": repr(name)}
+            at["known"] = ", ".join(repr(n) for n in names if isinstance(n, str)) or "-"
+            problems.append(Text("problem.lora_name_unknown", at))
     return problems
 
 
@@ -535,14 +606,19 @@ def load_scenario(source: Union[dict, str, Path]) -> Scenario:
     source = _upgrade(source)
     problems: list[Text] = []
     scenario = None
+    seen: set[str] = set()  # each problem once (by its repr: a long list of bad items is fast)
+
+    def new(p: Text) -> bool:
+        key = repr(p)
+        fresh = key not in seen
+        seen.add(key)
+        return fresh
+
     try:
         scenario = _SCENARIO.validate_python(source)
     except ValidationError as e:
-        for err in e.errors():
-            p = _problem(err, source)
-            if p not in problems:
-                problems.append(p)
-    problems += [p for p in _cross_checks(source) if p not in problems]
+        problems += [p for p in (_problem(err, source) for err in e.errors()) if new(p)]
+    problems += [p for p in _cross_checks(source) if new(p)]
     problems.sort(key=_problem_order)
     if problems:
         raise ScenarioError(problems)
@@ -564,6 +640,10 @@ _LATER_ENGINE_DEFAULTS = {
     "prefix_match_unit": None,
     "kv_transfer": None,
     "kv_transfer_config": None,
+    "enable_lora": False,
+    "max_loras": 1,
+    "max_lora_rank": 16,
+    "lora_modules": [],
 }
 
 

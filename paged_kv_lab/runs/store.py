@@ -21,10 +21,11 @@ import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Optional
 
-from paged_kv_lab.record.budget import Limits, app_limits, check_scenario, check_steps
+from paged_kv_lab.record.budget import BudgetError, Limits, app_limits, check_scenario, check_steps
 from paged_kv_lab.record.scenario import Scenario, load_scenario
 from paged_kv_lab.runs.decoder import decoder_for
 from paged_kv_lab.runs.recorded_run import RecordedRun, estimate_nbytes, run_key
+from paged_kv_lab.text.i18n import Text
 
 # one forward at a time per process: the weights are shared, the box has 2 cores
 ENGINE_LOCK = threading.Lock()
@@ -129,6 +130,9 @@ class RunStore:
             encode = (
                 (lambda r: model.encode_prompt(r.prompt, r.chat)) if config is not None else None
             )
+            if scenario.engine.lora_modules:
+                # a visitor's file names no folder of this server for the engine to read
+                raise BudgetError(Text("refusal.lora_modules"))
             check_scenario(scenario, limits, config, encode)
             engine = factory(scenario)
             initial = engine.snapshot()

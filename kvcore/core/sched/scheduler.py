@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Iterable, Optional, Union
 
+from kvcore.config.lora import LoRAConfig
 from kvcore.config.scheduler import ADMISSIONS, ADMIT_FULL_SEQUENCE, SchedulerConfig
 from kvcore.core.kv_cache_manager import KVCacheManager
 from kvcore.core.kv_cache_observer import FREE_COPIED, KVCacheObserver, call_for_request
@@ -79,6 +80,7 @@ class Scheduler:
         kv_cache_manager: KVCacheManager,
         connector: Optional[KVConnectorBase_V1] = None,
         kv_load_failure_policy: str = "fail",
+        lora_config: Optional[LoRAConfig] = None,
     ) -> None:
         if config.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
@@ -93,6 +95,8 @@ class Scheduler:
             raise ValueError(f"admission must be one of {ADMISSIONS}; got {config.admission!r}")
         self.config = config
         self.kv_cache_manager = kv_cache_manager
+        # LoRA served (vLLM's lora_config): at most max_loras adapters among the running requests
+        self.lora_config = lora_config
         self.policy = config.policy
         self.waiting = create_request_queue(config.policy)
         self.running: list[Request] = []
@@ -284,6 +288,13 @@ class Scheduler:
                 self._emit("blocked", self.waiting.peek_request(), reason="preempted_this_step")
         else:
             skipped: list[Request] = []  # waiting for their KV: looked at next step
+            # the adapters of every running request (scheduled this step or not): a waiting
+            # request with another adapter is skipped once max_loras of them are running
+            scheduled_loras = {
+                r.lora_request.lora_int_id
+                for r in self.running
+                if self.lora_config is not None and r.lora_request is not None
+            }
             # As vLLM's kv_holding_waiting queue: requests that hold blocks (their K/V is
             # loading, or has landed) go before the others, so a request that cannot get
             # blocks never keeps them from running and giving their blocks back.
@@ -306,6 +317,15 @@ class Scheduler:
                     self._update_waiting_for_remote_kv(request)
                     resumed = request.num_preemptions > 0
                     request.status = RequestStatus.PREEMPTED if resumed else RequestStatus.WAITING
+                if (
+                    self.lora_config is not None
+                    and request.lora_request is not None
+                    and len(scheduled_loras) == self.lora_config.max_loras
+                    and request.lora_request.lora_int_id not in scheduled_loras
+                ):
+                    self._emit("blocked", request, reason="max_loras")
+                    skipped.append(queue.pop_request())
+                    continue
                 num_external, load_kv_async = 0, False
                 if request.num_computed_tokens == 0:
                     max_hit = request.num_tokens - 1
@@ -383,6 +403,8 @@ class Scheduler:
                     continue
                 queue.pop_request()
                 self.running.append(request)
+                if self.lora_config is not None and request.lora_request is not None:
+                    scheduled_loras.add(request.lora_request.lora_int_id)
                 req_to_new_blocks[request.request_id] = self.kv_cache_manager.get_block_ids(
                     request.request_id
                 )
