@@ -2,6 +2,7 @@
 back by the watcher into exactly the router's own index; ``python -m kvcore serve-events``."""
 
 import json
+import random
 import time
 from pathlib import Path
 
@@ -15,9 +16,15 @@ from paged_kv_lab.workload.trace import load_trace
 SLICE = Path(__file__).parent / "fixtures" / "traces" / "mooncake_slice.jsonl"
 
 
+def ports(n: int) -> int:
+    """The first of n free ports, searched from a random start: xdist workers running these
+    tests at once would otherwise find the same run and race to bind it."""
+    return free_port_run(n, start=random.randrange(20000, 50000))
+
+
 def test_a_watcher_rebuilds_each_replicas_index_from_the_demo_stream():
     fleet = demo_fleet(load_trace(SLICE).slice(0, 12), replicas=3)
-    port = free_port_run(6)
+    port = ports(6)
     endpoint, replay = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + 3}"
     watcher = KVEventWatcher(endpoint, replay, "", True, 3).start()
     source = None
@@ -38,7 +45,7 @@ def test_a_watcher_rebuilds_each_replicas_index_from_the_demo_stream():
 
 
 def test_serve_events_cli_publishes_and_ends(capsys):
-    port = free_port_run(2)
+    port = ports(2)
     args = ["serve-events", str(SLICE), "--requests", "3", "--pace-ms", "0", "--linger-s", "0"]
     args += ["--endpoint", f"tcp://127.0.0.1:{port}"]
     args += ["--replay-endpoint", f"tcp://127.0.0.1:{port + 1}"]
@@ -91,7 +98,7 @@ def test_serve_events_publishes_a_scenario_run_on_its_model(tmp_path, tiny_model
         fleet.run()
         expected = [_cached_hashes(r.engine) for r in fleet.replicas]
     assert all(expected) and len(set().union(*expected)) > 1
-    port = free_port_run(2 * replicas)
+    port = ports(2 * replicas)
     endpoint, replay = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + replicas}"
     watcher = KVEventWatcher(endpoint, replay, "", True, replicas).start()
     try:
