@@ -155,6 +155,7 @@ class KVCacheManager:
         num_external_computed_tokens: int = 0,
         delay_cache_blocks: bool = False,
         full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
         has_scheduled_reqs: bool = True,
     ) -> Optional[KVCacheBlocks]:
         """Give the request slots for ``num_new_tokens`` more tokens; None if they do not fit.
@@ -166,7 +167,10 @@ class KVCacheManager:
         free queue; (4) touch the hits; (5) allocate; (6) cache the full blocks for
         min(computed + new, num_tokens) tokens — before the forward pass fills them.
         A waiting request must also leave ``watermark_blocks`` free when another request
-        is running. A None return leaves tables and ref counts as they were (apart from 2).
+        is running; the capacity check (3) also leaves ``reserved_blocks`` free (the
+        scheduler's gate on an asynchronous load: the blocks in-flight prefills still
+        need; the full-sequence check (1) does not count them). A None return leaves tables
+        and ref counts as they were (apart from 2).
 
         ``num_external_computed_tokens`` follow the local hit and come from a KV connector (the
         CPU tier): they get blocks here like new tokens and count as computed; with
@@ -203,7 +207,7 @@ class KVCacheManager:
             num_local_computed,
             num_tokens_main_model=num_tokens_main_model,
         )
-        if need + watermark_blocks > self.block_pool.get_num_free_blocks():
+        if need + watermark_blocks > self.block_pool.get_num_free_blocks() - reserved_blocks:
             return None
 
         if hits is not self.empty_kv_cache_blocks.blocks:

@@ -175,7 +175,9 @@ class Blocked(Event):
     """The head of the waiting queue was not admitted this step (vLLM: ``Scheduler.schedule``
     breaking out of the waiting loop). ``reason`` is one of: "max_num_seqs" (that many
     already run), "token_budget" (this step's budget is spent), "no_free_blocks"
-    (``allocate_slots`` refused), "preempted_this_step" (no admissions in a step that
+    (``allocate_slots`` refused), "reserved_blocks" (an asynchronous load refused: the
+    ``num_reserved_blocks`` that in-flight prefills still need stay free, vLLM's
+    ``_inflight_prefill_reserved_blocks``), "preempted_this_step" (no admissions in a step that
     preempted), "never_fits" (the engine aborts a prompt an empty pool cannot hold).
     The other fields are the numbers behind the reason that applies."""
 
@@ -187,6 +189,7 @@ class Blocked(Event):
     num_free_blocks: int | None = None
     num_tokens: int | None = None
     usable_blocks: int | None = None
+    num_reserved_blocks: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
