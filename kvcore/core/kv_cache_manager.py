@@ -82,9 +82,15 @@ class KVCacheManager:
         return self.block_pool.get_usage()
 
     # -- statistics -------------------------------------------------------------------
+    def prefix_cache_lookup_enabled(self, request) -> bool:
+        """Whether the prefix cache may be read for ``request``: caching is on and the request
+        does not skip reading it (``skip_reading_prefix_cache``: prompt_logprobs)."""
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
     def record_prefix_cache_stats(self, request, num_hits: int) -> None:
-        """Count one admission's lookup (the scheduler calls this once the request is admitted)."""
-        if not self.enable_caching:
+        """Count one admission's lookup (the scheduler calls this once the request is admitted);
+        a request that skipped the lookup is not counted."""
+        if not self.prefix_cache_lookup_enabled(request):
             return
         self.prefix_cache_stats.record(request.num_tokens, num_hits, request.num_preemptions > 0)
 
@@ -113,8 +119,18 @@ class KVCacheManager:
         ``shared_prefix_boundary`` is the longest single group's hit when it reaches past
         the hit all groups agree on (hybrid models), else 0: the sliding-window group then
         keeps the blocks ending there, so the next request sharing the prefix hits it all.
+        A request with ``skip_reading_prefix_cache`` looks nothing up and hits nothing (its
+        blocks are still cached once computed: ``allocate_slots`` caches them).
         """
-        if not self.enable_caching:
+        if not self.prefix_cache_lookup_enabled(request):
+            observer = self.block_pool.observer
+            if self.enable_caching and observer is not None:
+                observer.on_decision(
+                    "cache_miss",
+                    request.request_id,
+                    num_tokens=request.num_tokens,
+                    skip_reading_prefix_cache=True,
+                )
             return self.empty_kv_cache_blocks, 0, 0
         if max_cache_hit_length is None:
             max_cache_hit_length = request.num_tokens - 1

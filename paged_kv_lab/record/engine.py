@@ -462,6 +462,7 @@ class Engine:
                 ignore_eos=child.ignore_eos,
                 block_hasher=self.hasher if s.enable_prefix_caching else None,
                 kv_transfer_params=dict(kv_transfer_params) if kv_transfer_params else None,
+                prompt_logprobs=child.prompt_logprobs,
             )
             if child.seed is not None and hasattr(self.runner, "add_request_seed"):
                 self.runner.add_request_seed(child.id, child.seed)

@@ -239,12 +239,15 @@ class CacheHit(Event):
 class CacheMiss(Event):
     """A prefix-cache lookup found nothing: its ``num_full_blocks`` block hashes were asked
     for and no hit came back (a full-attention group stops at its first missing block, a
-    sliding-window group searches from the right) (vLLM: ``KVCacheManager.get_computed_blocks``)."""
+    sliding-window group searches from the right) (vLLM: ``KVCacheManager.get_computed_blocks``).
+    With ``skip_reading_prefix_cache`` (a request asking for prompt_logprobs) nothing was asked
+    for (``prefix_cache_lookup_enabled`` is false) and ``num_full_blocks`` is 0."""
 
     kind = EventKind.CACHE_MISS
     request_id: str = dataclasses.field()
     num_tokens: int
     num_full_blocks: int = 0
+    skip_reading_prefix_cache: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

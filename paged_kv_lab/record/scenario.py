@@ -178,6 +178,9 @@ class RequestSpec:
     # vLLM's SamplingParams.seed: sample at temperature 1 from this request's own generator
     # (child i of an n > 1 request: seed + i); None: greedy, or the engine's seed if it has one
     seed: Optional[Count] = None
+    # vLLM's SamplingParams.prompt_logprobs (-1: the whole vocabulary): set, the request skips
+    # reading the prefix cache (skip_reading_prefix_cache); the logprobs are not computed
+    prompt_logprobs: Optional[Annotated[StrictInt, Field(ge=-1, le=INT64_MAX)]] = None
 
 
 @dataclass(frozen=True)
@@ -247,6 +250,7 @@ _MUST: dict[str, Text] = {
     "cache_salt": _STR_OR_NULL,
     "ignore_eos": _BOOL,
     "n": _INT_GE1,
+    "prompt_logprobs": _must("null_or_int_ge", n=-1),
     "model": _one_of(MODELS),
     "device": _one_of(DEVICES),
     "dtype": _one_of(DTYPES),

@@ -92,6 +92,8 @@ def hit_sentences(x: X.HitExplanation, lang: str = "en") -> list[str]:
             **kw,
         )
         out.append(stop + line if r == X.NEVER_COMPUTED else line)
+    if r == X.SKIP_READING_PREFIX_CACHE:
+        out.append(code_line(FUNCTIONS["prefix_cache_lookup_enabled"], lang))
     out.append(code_line(FUNCTIONS["get_computed_blocks"], lang))
     return out
 

@@ -338,6 +338,8 @@ class Scheduler:
                         num_external, load_kv_async = self.connector.get_num_new_matched_tokens(
                             request, num_hit
                         )
+                        if request.skip_reading_prefix_cache:  # nor a connector's hit
+                            num_external, load_kv_async = 0, False
                         if num_external is None:
                             skipped.append(queue.pop_request())
                             continue
