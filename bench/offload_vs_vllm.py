@@ -19,6 +19,10 @@ per step both sides must then agree on:
 - after a failed load (``invalid_block_ids``): the requests cut back with the tokens they keep,
   and the blocks handed to ``evict_blocks``.
 
+An asynchronous load's ``allocate_slots`` gets ``reserved_blocks`` on vLLM's side from vLLM's own
+``Scheduler._inflight_prefill_reserved_blocks``, over the requests the replay keeps in
+``_inflight_prefills`` as vLLM's Scheduler does (admitted and not done prefilling, or loading).
+
 Failed loads come two ways. Some traces list requests whose first CPU -> GPU copy fails
 (``engine.cpu_offload.fail_loads``: an asynchronous load, as every SimpleCPUOffload load is); some
 also have the worker report, at random steps, a computed block of a running request as invalid,
