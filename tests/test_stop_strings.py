@@ -151,3 +151,13 @@ def test_drafts_accepted_past_the_stop_string_are_dropped_from_the_output(tiny_m
     # the step that completed it brought more tokens: the scheduler has them, the output not
     assert eng.requests["a"].num_output_tokens > 7
     assert max(len(t) for r in recs for t in r.new_tokens.values()) > 1
+
+
+def test_a_trace_keeps_the_stop_reason(tiny_model, free_run):
+    from paged_kv_lab.record.trace import Trace, read_trace
+
+    stop = tiny_model.decode(free_run[0][:3])[1:]
+    eng, recs = run(tiny_model, [stop])
+    written = Trace(None, None, tuple(recs), eng.outputs())
+    back = read_trace(written.to_jsonl())
+    assert back.outputs == eng.outputs() and back.outputs["a"]["stop_reason"] == stop
