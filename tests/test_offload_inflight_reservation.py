@@ -73,3 +73,34 @@ def test_the_refusal_names_the_reserved_blocks():
     assert [e.reason for e in blocked] == ["reserved_blocks"]
     # R2 holds 2 of the 4 blocks its 7 tokens need; 5 are free, R3 asks for 4 of them
     assert blocked[0].num_reserved_blocks == 2 and blocked[0].num_free_blocks == 5
+
+
+def test_a_retried_load_reserves_its_own_blocks_as_in_vllm():
+    """vLLM 0.33 keeps a request whose asynchronous load failed in ``_inflight_prefills``
+    (``_update_waiting_for_remote_kv`` frees its blocks under "recompute" but leaves the set
+    alone), so when it is looked up again and loads again, the blocks it reserves include its
+    own whole sequence. C (18 tokens: 5 blocks) loses its whole hit in a 7-block pool; its retry
+    needs its 4 load blocks with 5 more kept free, never there: vLLM would leave it waiting, the
+    lab's idle engine aborts it as never fitting."""
+    from _kv_helpers import events_of, make_engine, spec
+    from paged_kv_lab.record.scenario import CPUOffloadConfig
+
+    p = [17, 254, 1033, 88, 4012, 7, 391, 2290, 56, 1777, 640, 12, 9001, 345, 78, 2048, 31, 4444]
+    eng = make_engine(
+        [
+            spec("A", p[:17], max_tokens=4),
+            spec("B", p[::-1][:17], max_tokens=4, arrival_step=6),
+            spec("C", p[:16] + [5, 6], max_tokens=4, arrival_step=12),
+        ],
+        block_size=4,
+        num_gpu_blocks=7,
+        cpu_offload=CPUOffloadConfig(
+            num_cpu_blocks=12, fail_loads=("C",), kv_load_failure_policy="recompute"
+        ),
+    )
+    recs = eng.run()
+    (failed,) = events_of(recs, "kv_load_failed", "C")
+    assert failed.num_computed_tokens == 0  # nothing kept: C is looked up again
+    retry = [e for e in events_of(recs, "blocked", "C") if e.reason == "reserved_blocks"]
+    assert retry and retry[0].num_reserved_blocks == 5  # C's own 18 tokens, no one else's
+    assert [e.reason for e in events_of(recs, "finished", "C")] == ["aborted"]
