@@ -13,6 +13,13 @@ from kvcore.core.kv_cache_utils import (
 from kvcore.lora.request import LoRARequest
 from kvcore.multimodal.inputs import MultiModalFeatureSpec
 
+# vLLM's SamplingParams.extra_args["kv_cache_report_mode"]: "incremental" (the default) publishes
+# a BlockStored only when a block enters the prefix cache; "full" also publishes the blocks a
+# request hits, so an external router learns this request holds them too (as vLLM, any other
+# value reads as "incremental").
+KV_CACHE_REPORT_INCREMENTAL = "incremental"
+KV_CACHE_REPORT_FULL = "full"
+
 
 class RequestStatus(str, enum.Enum):
     WAITING = "waiting"
@@ -58,6 +65,8 @@ class Request:
         stop_token_ids: Iterable[int] = (),
         prompt_logprobs: Optional[int] = None,
         skip_reading_prefix_cache: Optional[bool] = None,
+        session_id: Optional[str] = None,
+        kv_cache_report_mode: str = KV_CACHE_REPORT_INCREMENTAL,
     ) -> None:
         if max_tokens < 1:
             raise ValueError(f"request {request_id!r}: max_tokens must be >= 1")
@@ -110,6 +119,9 @@ class Request:
         # vLLM's SamplingParams.extra_args["kv_transfer_params"]: what a KV connector needs to
         # move this request's K/V between engines (disaggregated prefill); None: nothing moves.
         self.kv_transfer_params = kv_transfer_params
+        # The session that sent it: published on its BlockStored events, no part of any hash.
+        self.session_id = session_id
+        self.kv_cache_report_mode = kv_cache_report_mode
         if block_hasher is not None:
             block_hasher.extend(self.block_hashes, self.all_token_ids, self.cache_salt, self)
 

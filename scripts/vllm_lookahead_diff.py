@@ -72,12 +72,14 @@ def make_trace(rng: random.Random) -> dict:
                 id=f"r{i}", prompt=prompt, max_tokens=rng.randint(1, 24), arrival=rng.randint(0, 6)
             )
         )
+    max_num_seqs = rng.randint(1, 4)
     return dict(
         block_size=bs,
         k=k,
         num_blocks=num_blocks,
-        max_num_seqs=rng.randint(1, 4),
-        max_num_batched_tokens=rng.randint(k + 2, 64),
+        max_num_seqs=max_num_seqs,
+        # vLLM's SchedulerConfig refuses a token budget below max_num_seqs
+        max_num_batched_tokens=rng.randint(max(k + 2, max_num_seqs), 64),
         max_model_len=512,
         requests=reqs,
         draft_seed=rng.randrange(1 << 30),

@@ -2,13 +2,24 @@
 
 import pytest
 
-from _kv_helpers import ext, ids, make_manager, make_request, queue_ids, removed, stored, vllm_chain
+from _kv_helpers import (
+    admit,
+    ext,
+    ids,
+    make_manager,
+    make_request,
+    queue_ids,
+    removed,
+    stored,
+    vllm_chain,
+)
 from kvcore.core.block_pool import (
     AllBlocksCleared,
     BlockHashToBlockMap,
     BlockPool,
 )
 from kvcore.core.kv_cache_utils import KVCacheBlock, get_block_hash, make_block_hash_with_group_id
+from kvcore.request import Request
 from kvcore.utils.math_utils import cdiv
 from paged_kv_lab.record import events
 from paged_kv_lab.record.recorder import Recorder
@@ -330,6 +341,51 @@ def test_block_stored_events_carry_parent_hash_token_ids_and_block_size():
     p.cache_full_blocks(req, blocks, 2, 3, 2, 0)
     assert p.take_events() == [stored([req.block_hashes[2]], h[1], [5, 6], 2)]
     assert p.take_events() == []  # drained
+
+
+def test_block_stored_events_name_the_requests_session_and_it_hashes_nothing():
+    p = pool(8)
+    req = make_request("r", [1, 2, 3, 4], 2)
+    req.session_id = "agent-1"
+    p.cache_full_blocks(req, p.get_new_blocks(2), 0, 2, 2, 0)
+    (ev,) = p.take_events()
+    assert ev.session_id == "agent-1"
+    assert req.block_hashes == make_request("s", [1, 2, 3, 4], 2).block_hashes
+
+
+def test_emit_cached_block_events_reports_a_hit_prefix_and_changes_no_block():
+    p = pool(8)
+    req, blocks = cached_blocks(p, [1, 2, 3, 4, 5, 6])
+    p.take_events()
+    hashes = [b.block_hash for b in p.blocks]
+    order = queue_ids(p)
+    hit = make_request("hit", [1, 2, 3, 4, 5, 6, 7], 2)
+    p.emit_cached_block_events(hit, 2, 2, 1)
+    h = hit.block_hashes
+    assert p.take_events() == [stored([h[0], h[1]], None, [1, 2, 3, 4], 2, group=1)]
+    assert [b.block_hash for b in p.blocks] == hashes and queue_ids(p) == order
+    p.emit_cached_block_events(hit, 0, 2, 0)  # no hit: no event
+    assert p.take_events() == []
+
+
+def test_emit_cached_block_events_is_silent_without_kv_events():
+    p = BlockPool(6, True, 2, enable_kv_cache_events=False)
+    p.emit_cached_block_events(make_request("r", [1, 2, 3, 4, 5], 2), 2, 2, 0)
+    assert p.kv_event_queue == []
+
+
+@pytest.mark.parametrize("mode, reported", [("full", True), ("incremental", False)])
+def test_a_full_report_mode_request_publishes_its_hit_blocks_on_lookup(mode, reported):
+    kvm = make_manager(8, 2)
+    first = make_request("a", [1, 2, 3, 4, 5], 2)
+    admit(kvm, first)
+    kvm.take_events()
+    again = Request("b", [1, 2, 3, 4, 5], 4, block_hasher=first._hasher, kv_cache_report_mode=mode)
+    hits, num_hit, _ = kvm.get_computed_blocks(again)
+    assert num_hit == 4
+    h = again.block_hashes
+    expected = [stored([h[0], h[1]], None, [1, 2, 3, 4], 2, kind="full_attention")]
+    assert kvm.take_events() == (expected if reported else [])
 
 
 def test_no_kv_events_when_disabled():

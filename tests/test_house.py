@@ -38,7 +38,8 @@ MAY_IMPORT = {
     "kvcore": set(),
     "record": {"kvcore"},
     "text": {"kvcore", "record"},
-    "why": {"kvcore", "record", "text"},
+    # a P/D run's "why?" reads both pools as the lesson draws them (disagg/pd.py: pair_at)
+    "why": {"kvcore", "record", "text", "disagg"},
     "watch": {"kvcore"},
     # a run's steps come from an Engine or a P/D pair (disagg/pd.py: engine_for)
     "runs": {"kvcore", "record", "disagg"},

@@ -25,6 +25,7 @@ MYTH_IDS = [
     "evict_blocks",
     "delay_cache_blocks",
     "ext_comp",
+    "token_ids_only",
 ]
 
 

@@ -499,3 +499,40 @@ def test_request_takes_an_empty_prompt_as_vllm_and_the_engine_refuses_it_by_name
     eng = make_engine([], block_size=4, num_gpu_blocks=8)
     with pytest.raises(ValueError, match="'e': the prompt is empty"):
         eng.add_request(spec("e", []))
+
+
+def test_a_new_requests_data_carries_its_multimodal_items_as_vllms():
+    """vLLM's NewRequestData has mm_features: a KV connector's build_connector_meta keys stored
+    K/V by their identifiers (vLLM's ExampleConnector reads new_req.mm_features)."""
+    from _kv_helpers import make_manager
+    from kvcore.config.scheduler import SchedulerConfig
+    from kvcore.core.kv_cache_utils import BlockHasher
+    from kvcore.core.sched.scheduler import Scheduler
+    from kvcore.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+    from kvcore.request import Request
+    from kvcore.utils.hashing import get_hash_fn_by_name
+
+    sched = Scheduler(SchedulerConfig(), make_manager(16, 4))
+    hasher = BlockHasher(get_hash_fn_by_name("sha256"), 4)
+    items = [MultiModalFeatureSpec("cat", PlaceholderRange(2, 3))]
+    sched.add_request(Request("img", list(range(8)), 2, block_hasher=hasher, mm_features=items))
+    sched.add_request(Request("text", list(range(20, 28)), 2, block_hasher=hasher))
+    out = sched.schedule()
+    assert [(d.req_id, d.mm_features) for d in out.scheduled_new_reqs] == [
+        ("img", items),
+        ("text", []),
+    ]
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_a_waiting_queue_iterates_in_scheduling_order_as_vllms(policy):
+    """vLLM's request queues are iterable (its tests and connectors read them that way)."""
+    from kvcore.core.sched.request_queue import create_request_queue
+    from kvcore.request import Request
+
+    queue = create_request_queue(policy)
+    for rid, priority in (("a", 2), ("b", 0), ("c", 1)):
+        queue.add_request(Request(rid, [1], 1, arrival_time=0, priority=priority))
+    order = [r.request_id for r in queue]
+    assert order == [r.request_id for r in queue.ordered()]
+    assert order == (["a", "b", "c"] if policy == "fcfs" else ["b", "c", "a"])

@@ -210,13 +210,7 @@ class BlockPool:
             return
         new_hashes: list[bytes] = []
         new_extra_keys: list = []
-        if block_size == self.hash_block_size:
-            extra_keys_for_block = request.extra_keys_for_block
-        else:
-
-            def extra_keys_for_block(i: int):
-                return request.extra_keys_for_range(i * block_size, (i + 1) * block_size)
-
+        extra_keys_for_block = self._extra_keys_for_block(request, block_size)
         cached: Optional[list[KVCacheBlock]] = [] if observer is not None else None
         cache = self.cached_block_hash_to_block
         for i in range(num_cached_blocks, num_full_blocks):
@@ -254,6 +248,40 @@ class BlockPool:
         if cached:
             observer.on_blocks_cached(request, cached, block_size)
 
+    def _extra_keys_for_block(self, request, block_size: int):
+        """The extra keys of the request's i-th block of ``block_size`` tokens, as a function
+        of i (a cache block may be wider than a hash block)."""
+        if block_size == self.hash_block_size:
+            return request.extra_keys_for_block
+
+        def extra_keys_for_block(i: int):
+            return request.extra_keys_for_range(i * block_size, (i + 1) * block_size)
+
+        return extra_keys_for_block
+
+    def emit_cached_block_events(
+        self, request, num_cached_blocks: int, block_size: int, kv_cache_group_id: int
+    ) -> None:
+        """One BlockStored for the request's first ``num_cached_blocks`` blocks, hit in the
+        prefix cache (the request's ``kv_cache_report_mode`` "full"): the blocks are cached
+        already and stay as they are; only consumers learn that this request holds them."""
+        if not self.enable_kv_cache_events or num_cached_blocks == 0:
+            return
+        hashes = resolve_block_hashes(request.block_hashes, self.hash_block_size, block_size)
+        extra_keys_for_block = self._extra_keys_for_block(request, block_size)
+        self.kv_event_queue.append(
+            self._block_stored_event(
+                request,
+                hashes[:num_cached_blocks],
+                [extra_keys_for_block(i) for i in range(num_cached_blocks)],
+                None,  # a hit is a prefix: it starts at block 0
+                0,
+                num_cached_blocks * block_size,
+                block_size,
+                kv_cache_group_id,
+            )
+        )
+
     def _external(self, block_hash: bytes):
         return maybe_convert_block_hash(block_hash, self.use_int_block_hashes)
 
@@ -284,6 +312,7 @@ class BlockPool:
             lora_name=lora.name if lora else None,
             extra_keys=untagged or None,
             group_idx=group_id,
+            session_id=getattr(request, "session_id", None),
         )
 
     # -- allocation -------------------------------------------------------------------

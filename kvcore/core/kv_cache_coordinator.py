@@ -136,6 +136,17 @@ class KVCacheCoordinator(ABC):
     def take_pending_cow_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
         return [pair for m in self.single_type_managers for pair in m.take_pending_cow_copies()]
 
+    def emit_cached_block_events(
+        self, request, computed_blocks: Sequence[Sequence[KVCacheBlock]]
+    ) -> None:
+        """A BlockStored per group for the request's prefix-cache hit (null blocks included
+        in the count, as the hit's block table has them)."""
+        for gid, blocks in enumerate(computed_blocks):
+            if blocks:
+                self.single_type_managers[gid].block_pool.emit_cached_block_events(
+                    request, len(blocks), self.groups[gid].kv_cache_spec.block_size, gid
+                )
+
     def free(self, request_id: str) -> None:
         for m in self.single_type_managers:
             m.free(request_id)

@@ -13,7 +13,11 @@ from kvcore.core.kv_cache_utils import KVCacheBlock
 from kvcore.distributed.kv_events import BlockStored, kv_cache_spec_metadata
 from kvcore.kv_cache_interface import KVCacheConfig
 from kvcore.metrics.stats import CachingMetrics, PrefixCacheStats
-from kvcore.request import RequestStatus
+from kvcore.request import (
+    KV_CACHE_REPORT_FULL,
+    KV_CACHE_REPORT_INCREMENTAL,
+    RequestStatus,
+)
 
 
 @dataclass
@@ -51,6 +55,7 @@ class KVCacheManager:
         self.kv_cache_config = kv_cache_config
         self.block_size = kv_cache_config.block_size
         self.enable_caching = enable_caching
+        self.enable_kv_cache_events = enable_kv_cache_events
         self.max_model_len = max_model_len
         # One step holds at most max_num_batched_tokens new tokens per request.
         max_in_flight_tokens = (
@@ -137,6 +142,13 @@ class KVCacheManager:
         blocks, num_tokens, num_uncached = self.coordinator.find_longest_cache_hit(
             request.block_hashes, max_cache_hit_length
         )
+        if (
+            num_tokens
+            and self.enable_kv_cache_events
+            and getattr(request, "kv_cache_report_mode", KV_CACHE_REPORT_INCREMENTAL)
+            == KV_CACHE_REPORT_FULL
+        ):
+            self.coordinator.emit_cached_block_events(request, blocks)
         shared_prefix_boundary = num_tokens + num_uncached if num_uncached else 0
         observer = self.block_pool.observer
         if observer is not None:

@@ -17,6 +17,7 @@ import pandas as pd
 import streamlit as st
 
 from kvcore.distributed.kv_events import external_hash_text
+from paged_kv_lab.app.panels import painted_grid
 from paged_kv_lab.text.i18n import tr
 
 LESSON_FILE = Path(__file__).resolve().parent.parent / "fleet" / "lesson.json"
@@ -62,9 +63,7 @@ def wire(block_hash: str) -> str:
 
 def pool_table(snap):
     """One replica's pool as a grid of POOL_COLS cells, one block each ("id · the first hex digits
-    of its hash as the index holds it" when cached), coloured by state. A styled table, not a
-    chart: the page's tables load the one grid the browser needs anyway, where a chart library
-    kept every element of the page from showing until it had loaded."""
+    of its hash as the index holds it" when cached), coloured by state (panels.painted_grid)."""
     blocks = [b for b in snap.blocks if not b.is_null]
     cells, states = [], []
     for i in range(0, len(blocks), POOL_COLS):
@@ -80,19 +79,8 @@ def pool_table(snap):
             [("used" if b.ref_cnt > 0 else "cached" if b.block_hash else "free") for b in row]
             + [""] * (POOL_COLS - len(row))
         )
-    grid = pd.DataFrame(cells, columns=[str(c) for c in range(POOL_COLS)])
-    state = pd.DataFrame(states, columns=grid.columns)
-
-    def paint(_):
-        return state.map(
-            lambda k: (
-                f"background-color: {POOL_COLORS[k]}; color: {POOL_TEXT[k]}"
-                if k in POOL_COLORS
-                else ""
-            )
-        )
-
-    return grid.style.apply(paint, axis=None)
+    colors = {k: (POOL_COLORS[k], POOL_TEXT[k]) for k in POOL_COLORS}
+    return painted_grid(cells, states, colors, [str(c) for c in range(POOL_COLS)])
 
 
 def why_sentence(m, replicas: int, lang: str) -> str:

@@ -127,8 +127,9 @@ def lesson_stage(lesson, state, ms, lang: str, compact: bool) -> None:
 
             show_cpu_tier(run, lang, ms.device)
         if "pd" in lesson.panels:
-            from paged_kv_lab.app.pd_panel import show_ttft_split
+            from paged_kv_lab.app.pd_panel import show_pools, show_ttft_split
 
+            show_pools(run, lang)
             show_ttft_split(run, lang, ms.device)
         designs = None
         if "designs" in lesson.panels:  # SGLang's and nano-vllm's views at the player's step

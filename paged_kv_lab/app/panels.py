@@ -18,11 +18,17 @@ from paged_kv_lab.app.memory import (
     formula,
     human_bytes,
 )
-from paged_kv_lab.lesson.catalog import Lesson, moment_matches, narration_fields, narration_for_step
+from paged_kv_lab.lesson.catalog import (
+    Lesson,
+    Question,
+    moment_matches,
+    narration_fields,
+    narration_for_step,
+)
 from paged_kv_lab.lesson.myths import myth_sections_at
 from paged_kv_lab.record.snapshot import Snapshot
 from paged_kv_lab.runs.timeline import Timeline
-from paged_kv_lab.text.i18n import tr
+from paged_kv_lab.text.i18n import Text, tr
 
 _MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|>~<$])")
 
@@ -83,7 +89,12 @@ class _Safe(dict):
 
 
 def _moment_texts(lesson: Lesson, moments, rec, base: dict, lang: str) -> list[str]:
+    """The step's narration: which replica made it (a P/D pair's run), then its moments."""
     texts = []
+    if rec.replica is not None:
+        texts.append(
+            tr("pd.step.by", lang, step=rec.step, replica=Text(f"pd.replica.{rec.replica}"))
+        )
     for m in moments:
         e = next(e for e in rec.events if moment_matches(m, e, rec))
         texts.append(tr(m.text, lang).format_map(_Safe({**base, **narration_fields(e, rec)})))
@@ -235,17 +246,21 @@ def show_myths(run: Timeline, lang: str, key: str, expanded: bool = False) -> No
 
 
 def show_questions(lesson: Lesson, lang: str) -> None:
-    if not lesson.questions:
+    questions_box(lesson.id, lesson.questions, lang)
+
+
+def questions_box(owner: str, questions: Sequence[Question], lang: str) -> None:
+    """'Check yourself': ``questions`` of a lesson or a topic page (``owner``: its id), each a radio
+    that says right or wrong with the explanation once an option is chosen."""
+    if not questions:
         return
-    box = st.expander(
-        tr("check_yourself", lang), key=f"questions_open:{lesson.id}", on_change="rerun"
-    )
+    box = st.expander(tr("check_yourself", lang), key=f"questions_open:{owner}", on_change="rerun")
     if not box.open:  # drawn only when opened (its radios would load and draw on every page load)
         return
     with box:
-        for i, q in enumerate(lesson.questions):
+        for i, q in enumerate(questions):
             opts = [tr(o, lang) for o in q.options]
-            choice = st.radio(tr(q.prompt, lang), opts, index=None, key=f"cq:{lesson.id}:{i}")
+            choice = st.radio(tr(q.prompt, lang), opts, index=None, key=f"cq:{owner}:{i}")
             if choice is not None:
                 if opts.index(choice) == q.answer:
                     st.success(tr("quiz_right", lang) + " " + tr(q.explain, lang))
@@ -253,3 +268,28 @@ def show_questions(lesson: Lesson, lang: str) -> None:
                     st.error(
                         tr("quiz_wrong", lang, answer=opts[q.answer]) + " " + tr(q.explain, lang)
                     )
+
+
+def painted_grid(
+    cells: Sequence[Sequence[str]],
+    kinds: Sequence[Sequence[str]],
+    colors: dict[str, tuple[str, str]],
+    columns: Sequence[str],
+):
+    """A table for ``st.dataframe`` whose cells are coloured by kind: ``kinds`` has the shape of
+    ``cells``; a kind in ``colors`` gives (background, text colour), any other kind no colour. A
+    styled table, not a chart: a chart library kept every element of a page from showing until it
+    had loaded, and the browser loads the grid anyway."""
+    import pandas as pd
+
+    grid = pd.DataFrame([list(r) for r in cells], columns=list(columns))
+    kind = pd.DataFrame([list(r) for r in kinds], columns=grid.columns)
+
+    def paint(_):
+        return kind.map(
+            lambda k: (
+                f"background-color: {colors[k][0]}; color: {colors[k][1]}" if k in colors else ""
+            )
+        )
+
+    return grid.style.apply(paint, axis=None)

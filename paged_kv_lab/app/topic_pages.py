@@ -1,4 +1,6 @@
-"""The topic pages measured live on the loaded model: block size, hash collisions, what a hit buys.
+"""The topic pages measured live on the loaded model: block size, hash collisions, what a hit buys,
+what else is in a block's hash (its study is model-free but for the tokenizer, so only the prompt's
+token ids are computed ahead; the variants are hashed and looked up on each run of the page).
 
 Each study (lessons/topics.py) runs real engines on the model every session shares, so it runs
 under the engine lock, once per model per server process, and every session reads the result;
@@ -14,15 +16,23 @@ import streamlit as st
 
 from paged_kv_lab.app.lesson_page import current_lang, current_model
 from paged_kv_lab.app.memory import dims_from_config, formula, human_bytes
+from paged_kv_lab.app.panels import painted_grid, questions_box
 from paged_kv_lab.app.registry import page
 from paged_kv_lab.app.shared import Shared, ready_or_placeholder
-from paged_kv_lab.lesson import BY_ID
+from paged_kv_lab.lesson import BY_ID, TOPIC_QUESTIONS
 from paged_kv_lab.lesson.topics import (
     HASH_BITS,
+    HASH_KEYS_BLOCK_SIZE,
+    HASH_VARIANTS,
+    IMAGE_LENGTH,
+    SALT,
     block_size_study,
     collision_probability,
+    hash_keys_prompt,
+    hash_keys_study,
     hash_study,
     hashes_for_probability,
+    max_image_offset,
     ttft_study,
 )
 from paged_kv_lab.text.i18n import Text, tr
@@ -60,7 +70,16 @@ def topic_studies(model) -> dict[tuple, Callable[[], Any]]:
         ("collisions", "sha256", *mk): lambda: hash_study(model, scenario, "sha256"),
         ("collisions", "xxhash", *mk): lambda: hash_study(model, scenario, "xxhash"),
         ("ttft", *mk): lambda: ttft_study(model),
+        ("hashkeys", *mk): lambda: _hash_keys_ahead(model),
     }
+
+
+def _hash_keys_ahead(model) -> tuple[int, ...]:
+    """The hash-keys page's prompt, tokenized; and pandas' Styler made ready, which its grids use:
+    its first use in a process imports and compiles its templates (half a second on a busy
+    machine), which the page's first visitor would otherwise wait for."""
+    painted_grid([["0"]], [["x"]], {"x": ("#ffffff", "#000000")}, ["0"]).to_html()
+    return hash_keys_prompt(model)
 
 
 def prepare_studies(model) -> None:
@@ -275,3 +294,163 @@ def render_ttft() -> None:
         key="topic_ttft_rounds",
     )
     st.caption(tr("topic.ttft.note", lang))
+
+
+# -- what else is in a block's hash ---------------------------------------------------------
+# a hash cell's colour: the same hash as the plain prompt's block, or another one
+HASH_COLORS = {"same": ("#d9f2d9", "#14421a"), "other": ("#fde2c8", "#5a2a00")}
+# an extra-keys cell's colour: the image's placeholders touch the block, or other keys
+KEY_COLORS = {"mm": ("#dbe8fb", "#0b2e5c"), "keys": ("#f0f0f0", "#222222")}
+
+
+def _short_key(key: tuple) -> tuple:
+    """One extra key as vLLM builds it, with the digests cut to their first hex digits."""
+    tag = key[0]
+    if tag == "mm":
+        return (tag, f"{key[1][:8]}…", key[2])
+    if tag == "prompt_embeds":
+        return (tag, f"{key[1].hex()[:8]}…")
+    return key
+
+
+def _keys_text(keys) -> str:
+    return "—" if keys is None else ", ".join(repr(_short_key(k)) for k in keys)
+
+
+def _variant_grid(study, names, columns, cell, kind, colors, key: str) -> None:
+    """One row per variant (its name, then one cell per block): ``cell(variant, i, block)`` is
+    the text, ``kind(variant, i, block)`` the cell's colour key in ``colors``."""
+    rows = [(v, list(enumerate(v.blocks))) for v in study.variants]
+    st.dataframe(
+        painted_grid(
+            [[name, *(cell(v, i, b) for i, b in blocks)] for name, (v, blocks) in zip(names, rows)],
+            [["", *(kind(v, i, b) for i, b in blocks)] for v, blocks in rows],
+            colors,
+            columns,
+        ),
+        hide_index=True,
+        key=key,
+    )
+
+
+def _blocks_label(n: int, total: int, lang: str) -> str:
+    return tr("topic.hashkeys.hit_cell", lang, n=n, total=total)
+
+
+def render_hash_keys() -> None:
+    lang = current_lang()
+    model = _header("hashkeys", Text("topic.hashkeys.summary"), lang)
+    _md(Text("topic.hashkeys.intro"), lang)
+    if model is None:
+        return
+    ids = measured(model, ("hashkeys",), lang)
+    if ids is None:
+        return
+    bs = HASH_KEYS_BLOCK_SIZE
+    offset = st.slider(
+        tr("topic.hashkeys.offset", lang, length=IMAGE_LENGTH),
+        0,
+        max_image_offset(len(ids)),
+        min(2 * bs + bs // 2, max_image_offset(len(ids))),
+        key="topic_image_offset",
+    )
+    s = hash_keys_study(ids, offset)
+    n = s.num_blocks
+    _md(
+        Text("topic.hashkeys.prompt"),
+        lang,
+        model=model.name,
+        tokens=len(ids),
+        block_size=bs,
+        blocks=n,
+    )
+    names = {v: tr(f"topic.hashkeys.variant.{v}", lang) for v in HASH_VARIANTS}
+    block_cols = [tr("topic.hashkeys.block_col", lang, i=i) for i in range(n)]
+    cols = [tr("topic.hashkeys.variant_col", lang), *block_cols]
+    plain = s.by_id("plain")
+    st.caption(tr("topic.hashkeys.hashes", lang))
+    _variant_grid(
+        s,
+        [names[v.variant] for v in s.variants],
+        cols,
+        lambda v, i, b: b.block_hash[:8],
+        lambda v, i, b: "same" if b.block_hash == plain.blocks[i].block_hash else "other",
+        HASH_COLORS,
+        "topic_hashkeys_hashes",
+    )
+    st.caption(tr("topic.hashkeys.keys", lang))
+    _variant_grid(
+        s,
+        [names[v.variant] for v in s.variants],
+        cols,
+        lambda v, i, b: _keys_text(b.extra_keys),
+        lambda v, i, b: (
+            ("mm" if v.variant == "image" and i in s.touched else "keys") if b.extra_keys else ""
+        ),
+        KEY_COLORS,
+        "topic_hashkeys_keys",
+    )
+    st.caption(tr("topic.hashkeys.hits", lang))
+    hit_cols = tr("topic.hashkeys.hit_cols", lang)
+    st.dataframe(
+        [
+            dict(
+                zip(
+                    hit_cols,
+                    (
+                        names[v.variant],
+                        _blocks_label(v.hit_after_plain, n, lang),
+                        _blocks_label(v.hit_after_itself, n, lang),
+                        "—"
+                        if v.neighbour is None
+                        else f"{names[v.neighbour]}: "
+                        + _blocks_label(v.hit_after_neighbour or 0, n, lang),
+                    ),
+                )
+            )
+            for v in s.variants
+        ],
+        hide_index=True,
+        key="topic_hashkeys_hits",
+    )
+    image, lora, other_lora = s.by_id("image"), s.by_id("lora_sql"), s.by_id("lora_chat")
+    touched = s.touched
+    offsets = {
+        i: k[2] for i, b in enumerate(image.blocks) for k in (b.extra_keys or ()) if k[0] == "mm"
+    }
+    _md(
+        Text("topic.hashkeys.lora"),
+        lang,
+        plain=lora.hit_after_plain,
+        itself=lora.hit_after_itself,
+        other=other_lora.hit_after_neighbour,
+        blocks=n,
+    )
+    _md(
+        Text("topic.hashkeys.image"),
+        lang,
+        offset=s.image_offset,
+        end=s.image_offset + s.image_length - 1,
+        length=s.image_length,
+        touched=_slash(touched) if touched else "—",
+        offsets=_slash(f"{offsets[i]:+d}" for i in touched) if touched else "—",
+        first=touched[0] if touched else n,
+        plain=image.hit_after_plain,
+        itself=image.hit_after_itself,
+        blocks=n,
+    )
+    embeds_a, embeds_b = s.by_id("embeds_a"), s.by_id("embeds_b")
+    _md(
+        Text("topic.hashkeys.embeds"),
+        lang,
+        row=s.embeds_row,
+        block=s.embeds_row // bs,
+        plain=embeds_a.hit_after_plain,
+        itself=embeds_a.hit_after_itself,
+        neighbour=embeds_b.hit_after_neighbour,
+        blocks=n,
+    )
+    salt = s.by_id("salt")
+    _md(Text("topic.hashkeys.salt"), lang, plain=salt.hit_after_plain, blocks=n, salt=f"`{SALT}`")
+    _md(Text("topic.hashkeys.honest"), lang)
+    questions_box("hashkeys", TOPIC_QUESTIONS["hashkeys"], lang)

@@ -79,6 +79,8 @@ def why_panel(
             st.caption(tr("why.not_yet", lang))
             return
         modes = ("request", "block", "two", "calls")
+        if any(r.replica for r in steps.records):  # a P/D pair: either replica's blocks
+            modes = ("pd", *modes)
         if designs is not None:
             modes += ("sglang", "nano")
         mode = st.radio(
@@ -90,7 +92,9 @@ def why_panel(
         )
         requests = list(steps.request_views())
         try:
-            if mode in ("sglang", "nano"):
+            if mode == "pd":
+                _pd_answer(steps, requests, lang, key)
+            elif mode in ("sglang", "nano"):
                 _design_answer(designs, mode, requests, lang, key)
             elif mode == "request":
                 rid = st.selectbox(tr("why.pick_request", lang), requests, key=f"why_req:{key}")
@@ -173,6 +177,39 @@ def _design_answer(designs: DesignRun, mode: str, requests: list, lang: str, key
     else:
         for x in explain_nano_hit(designs, rid):
             _lines(nano_sentences(x, lang))
+
+
+def _pd_answer(steps: RecordedSteps, requests: list, lang: str, key: str) -> None:
+    """A P/D pair: a block or a request of either replica, with the vLLM code behind the answer."""
+    from paged_kv_lab.disagg.pd import REPLICAS
+    from paged_kv_lab.why.explain_pd import explain_pd_block, explain_pd_request
+
+    c1, c2 = st.columns(2)
+    replica = c1.radio(
+        tr("why.pd.pick_replica", lang),
+        REPLICAS,
+        format_func=lambda r: tr(f"pd.replica.{r}", lang),
+        horizontal=True,
+        key=f"why_pd_replica:{key}",
+    )
+    ask = c2.radio(
+        tr("why.mode", lang),
+        ("block", "request"),
+        format_func=lambda a: tr(f"why.pd.ask_{a}", lang),
+        horizontal=True,
+        key=f"why_pd_ask:{key}",
+        label_visibility="collapsed",
+    )
+    if ask == "block":
+        n = len(steps.records[-1].snapshot.blocks)
+        bid = st.selectbox(tr("why.pick_block", lang), list(range(1, n)), key=f"why_pd_block:{key}")
+        answer = explain_pd_block(steps, replica, bid)
+    else:
+        rid = st.selectbox(tr("why.pick_request", lang), requests, key=f"why_pd_req:{key}")
+        answer = explain_pd_request(steps, replica, rid)
+    _lines([tr(text, lang) for text in answer.texts])
+    for name in answer.sources:
+        _code(name, lang, key)
 
 
 def _code(name: str, lang: str, key: str) -> None:

@@ -227,7 +227,7 @@ def add_serve_parser(sub) -> None:
     from paged_kv_lab.fleet.router import POLICIES
 
     p = sub.add_parser("serve-events", help=tr("cli.serve.help"))
-    p.add_argument("trace", nargs="?", help=tr("cli.replay.trace"))
+    p.add_argument("trace", nargs="?", metavar="SCENARIO|TRACE", help=tr("cli.serve.source"))
     p.add_argument("--lang", choices=tuple(languages()), default="en", help=tr("cli.replay.lang"))
     p.add_argument("--requests", type=int, default=60, metavar="N", help=tr("cli.serve.requests"))
     p.add_argument("--replicas", type=int, default=1, help=tr("cli.serve.replicas"))
@@ -240,9 +240,12 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--topic", default="", help=tr("cli.run.kv_events_topic"))
     p.add_argument("--pace-ms", type=float, default=DEFAULT_PACE_MS, help=tr("cli.serve.pace"))
     p.add_argument("--linger-s", type=float, default=600.0, help=tr("cli.serve.linger"))
+    p.add_argument("--check", action="store_true", help=tr("cli.run.check"))
 
 
 def cmd_serve_events(args: argparse.Namespace) -> int:
+    if args.trace and args.trace.endswith(".json"):  # a scenario: the real model in the loop
+        return serve_scenario(args)
     from paged_kv_lab.fleet.demo import DemoSource
     from paged_kv_lab.fleet.fleet import Fleet
     from paged_kv_lab.fleet.router import RouterError
@@ -275,6 +278,61 @@ def cmd_serve_events(args: argparse.Namespace) -> int:
     except Exception as e:  # a ZeroMQ refusal (address in use, bad endpoint)
         print(f"error: {e}", file=sys.stderr)
         return 2
+    return publish(source, args)
+
+
+def serve_scenario(args: argparse.Namespace) -> int:
+    """``serve-events SCENARIO.json``: the scenario on its model, as ``kvcore run`` steps it (one
+    replica), or routed request by request over ``--replicas`` engines sharing the weights
+    (fleet/model_fleet.py); each replica's KV events published as by a trace."""
+    from kvcore.config.kv_events import KVEventsConfig
+    from paged_kv_lab.cli.main import open_engine
+    from paged_kv_lab.fleet.demo import DemoSource, EngineFeed
+    from paged_kv_lab.fleet.model_fleet import ModelFleet
+    from paged_kv_lab.fleet.router import RouterError
+    from paged_kv_lab.record.scenario import load_scenario, with_engine_overrides
+
+    args.scenario = args.trace
+    try:
+        from paged_kv_lab.fleet.fleet import MAX_REPLICAS
+
+        if not 1 <= args.replicas <= MAX_REPLICAS:
+            raise ScenarioError(
+                [Text("problem.serve.replicas", {"got": args.replicas, "max": MAX_REPLICAS})]
+            )
+        engine_set, router_set = split_overrides(parse_engine_overrides(args.set))
+        scenario = load_scenario(args.trace)
+        if engine_set:
+            scenario = with_engine_overrides(scenario, engine_set)
+    except ScenarioError as e:
+        print(f"error: {args.trace}: {said(e, args.lang)}", file=sys.stderr)
+        return 2
+    # published by DemoSource's sockets, not the engine's: the engine only drains its batches
+    wire = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+    opened = open_engine(args, scenario, wire)
+    if isinstance(opened, int):
+        return opened
+    scenario, engine = opened
+    try:
+        if args.replicas == 1:
+            feed = EngineFeed(engine)
+        else:
+            engine.close()
+            feed = ModelFleet(scenario, args.replicas, args.router, engine.model, None, router_set)
+        replay = args.replay_endpoint or None
+        source = DemoSource(feed, args.endpoint, replay, args.topic, args.pace_ms, args.linger_s)
+    except (RouterError, ValueError) as e:
+        print(f"error: {args.trace}: {said(e, args.lang)}", file=sys.stderr)
+        return 2
+    except Exception as e:  # a ZeroMQ refusal (address in use, bad endpoint)
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return publish(source, args)
+
+
+def publish(source, args: argparse.Namespace) -> int:
+    """Run ``source`` here until it is done and its linger is over (or Ctrl-C), after printing
+    the command that watches it."""
     watch = f"python -m kvcore watch {args.endpoint} --bind --data-parallel-size {args.replicas}"
     if args.replay_endpoint:
         watch += f" --replay {args.replay_endpoint}"

@@ -15,8 +15,9 @@
     python -m kvcore fleet TRACE.jsonl [--replicas N] [--router POLICY] [--set KEY=VALUE ...]
                              [--arrival sequential|timestamps] [--json [PATH]]
                              [--sweep router=P1,P2,... | replicas=N1,N2,...]
-    python -m kvcore serve-events [TRACE.jsonl] [--replicas N] [--endpoint tcp://127.0.0.1:5557]
-                             [--replay-endpoint ENDPOINT] [--pace-ms MS]
+    python -m kvcore serve-events [SCENARIO.json | TRACE.jsonl] [--replicas N] [--router POLICY]
+                             [--endpoint tcp://127.0.0.1:5557] [--replay-endpoint ENDPOINT]
+                             [--pace-ms MS]
 
 Exit codes: 0 ok, 2 bad scenario or arguments, 3 model or device unavailable.
 """
@@ -79,19 +80,11 @@ def _log_step(rec: snapshot.StepRecord, out: TextIO, lang: str = "en", decode=No
     out.write("   " + tr("cli.log.free_queue", lang, ids=list(snap.free_queue)) + "\n")
 
 
-def _replica_records(done) -> list[tuple[object, snapshot.StepRecord]]:
-    """A step's records: a plain engine's one (with None), or a P/D pair's, each with its
-    paged_kv_lab.disagg.pd.ReplicaStep."""
-    if isinstance(done, snapshot.StepRecord):
-        return [(None, done)]
-    return [(s, s.record) for s in done]
-
-
-def _log_replica(s, out: TextIO, lang: str, decode=None) -> None:
+def _log_replica(rec: snapshot.StepRecord, out: TextIO, lang: str, decode=None) -> None:
     """A P/D pair's step: which replica it is, its log, and the K/V its connector pulled."""
-    out.write(tr("pd.cli.replica", lang, replica=Text(f"pd.replica.{s.replica}")) + "\n")
-    _log_step(s.record, out, lang, decode)
-    for rid, (remote, local) in s.pulls.items():
+    out.write(tr("pd.cli.replica", lang, replica=Text(f"pd.replica.{rec.replica}")) + "\n")
+    _log_step(rec, out, lang, decode)
+    for rid, (remote, local) in rec.pulls.items():
         out.write("   " + tr("pd.cli.pull", lang, rid=rid, remote=list(remote), local=list(local)))
         out.write("\n")
 
@@ -116,45 +109,17 @@ def _write_html(path: str, scenario, initial, records, engine, lang: str, done: 
         f.write(static_html(payload, title=tr("trace.export_title", lang, name=scenario.name)))
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    try:
-        scenario = load_scenario(args.scenario)
-        if getattr(args, "set", None):
-            scenario = with_engine_overrides(scenario, parse_engine_overrides(args.set))
-        if getattr(args, "cpu_offload_blocks", None) is not None or getattr(args, "lazy", False):
-            # the CPU tier (engine.cpu_offload), as vLLM's kv_connector_extra_config sets it
-            tier = dict(scenario_to_dict(scenario)["engine"].get("cpu_offload") or {})
-            if args.cpu_offload_blocks is not None:
-                tier["num_cpu_blocks"] = args.cpu_offload_blocks
-            if args.lazy:
-                tier["lazy_offload"] = True
-            scenario = with_engine_overrides(scenario, {"cpu_offload": tier})
-    except ScenarioError as e:
-        print(_error(args, f"{args.scenario}: {said(e, args.lang)}"), file=sys.stderr)
-        return 2
-    if args.model:
-        scenario = replace(scenario, model=args.model)
-    if args.device:
-        scenario = replace(scenario, device=args.device)
-    if args.until and args.until not in events.EVENT_KINDS:
-        kinds = ", ".join(k.value for k in events.EVENT_KINDS)
-        print(_error(args, Text("cli.error.until", {"kinds": kinds})), file=sys.stderr)
-        return 2
+def open_engine(args: argparse.Namespace, scenario, kv_events):
+    """The model loaded and the engine built for ``scenario`` (a P/D pair for ``kv_transfer:
+    "pd"``), after the budget checks (``num_gpu_blocks: "auto"`` derived as vLLM does, its
+    sizing printed): ``(scenario as run, engine)``, or the exit code once the reason is
+    printed. ``kv_events``: the engine's KV-event settings (None: none published)."""
     import zmq
 
-    from kvcore.config.kv_events import KVEventsConfig
     from kvcore.model import DeviceNotAvailable, ModelNotAvailable
     from paged_kv_lab.record.engine import Engine
 
-    kv_events = scenario.engine.kv_events  # the file's engine.kv_events, unless --kv-events
     try:
-        if getattr(args, "kv_events", None):
-            kv_events = KVEventsConfig(
-                enable_kv_cache_events=True,
-                endpoint=args.kv_events,
-                replay_endpoint=args.kv_events_replay,
-                topic=args.kv_events_topic,
-            )
         from kvcore.model import load_model
         from paged_kv_lab.record.budget import check_scenario, cli_limits
 
@@ -187,14 +152,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             if kv_events is not None:
                 raise EngineRefused("engine.pd_no_kv_events")
 
-            engine = PDEngine(scenario, model=model, debug=args.check)
-        else:
-            engine = Engine(
-                scenario,
-                model=model,
-                debug=args.check,
-                kv_events=kv_events,
-            )
+            return scenario, PDEngine(scenario, model=model, debug=args.check)
+        return scenario, Engine(scenario, model=model, debug=args.check, kv_events=kv_events)
     except (ModelNotAvailable, DeviceNotAvailable) as e:
         print(_error(args, f"{e}"), file=sys.stderr)
         return 3
@@ -204,6 +163,50 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(_error(args, f"{args.scenario}: {said(e, args.lang)}"), file=sys.stderr)
         return 2
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        scenario = load_scenario(args.scenario)
+        if getattr(args, "set", None):
+            scenario = with_engine_overrides(scenario, parse_engine_overrides(args.set))
+        if getattr(args, "cpu_offload_blocks", None) is not None or getattr(args, "lazy", False):
+            # the CPU tier (engine.cpu_offload), as vLLM's kv_connector_extra_config sets it
+            tier = dict(scenario_to_dict(scenario)["engine"].get("cpu_offload") or {})
+            if args.cpu_offload_blocks is not None:
+                tier["num_cpu_blocks"] = args.cpu_offload_blocks
+            if args.lazy:
+                tier["lazy_offload"] = True
+            scenario = with_engine_overrides(scenario, {"cpu_offload": tier})
+    except ScenarioError as e:
+        print(_error(args, f"{args.scenario}: {said(e, args.lang)}"), file=sys.stderr)
+        return 2
+    if args.model:
+        scenario = replace(scenario, model=args.model)
+    if args.device:
+        scenario = replace(scenario, device=args.device)
+    if args.until and args.until not in events.EVENT_KINDS:
+        kinds = ", ".join(k.value for k in events.EVENT_KINDS)
+        print(_error(args, Text("cli.error.until", {"kinds": kinds})), file=sys.stderr)
+        return 2
+    from kvcore.config.kv_events import KVEventsConfig
+
+    kv_events = scenario.engine.kv_events  # the file's engine.kv_events, unless --kv-events
+    try:
+        if getattr(args, "kv_events", None):
+            kv_events = KVEventsConfig(
+                enable_kv_cache_events=True,
+                endpoint=args.kv_events,
+                replay_endpoint=args.kv_events_replay,
+                topic=args.kv_events_topic,
+            )
+    except ValueError as e:
+        print(_error(args, f"{args.scenario}: {said(e, args.lang)}"), file=sys.stderr)
+        return 2
+    opened = open_engine(args, scenario, kv_events)
+    if isinstance(opened, int):
+        return opened
+    scenario, engine = opened
     trace_file = open(args.trace, "w", encoding="utf-8") if args.trace else None
     initial, records = (engine.snapshot(), []) if getattr(args, "html", None) else (None, None)
     try:
@@ -220,11 +223,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             except ValueError as e:
                 print(_error(args, f"{args.scenario}: {e}"), file=sys.stderr)
                 return 2
-            for replica, rec in _replica_records(done):
+            # a plain engine's step, or a P/D pair's records of one tick (each names its replica)
+            for rec in [done] if isinstance(done, snapshot.StepRecord) else done:
                 if not args.quiet:
                     decode = engine.decode if engine.model is not None else None
-                    if replica is not None:
-                        _log_replica(replica, sys.stdout, args.lang, decode)
+                    if rec.replica is not None:
+                        _log_replica(rec, sys.stdout, args.lang, decode)
                     else:
                         _log_step(rec, sys.stdout, args.lang, decode)
                 if trace_file:

@@ -15,43 +15,18 @@ trace file holds them in the plain format.
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from kvcore.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from kvcore.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlConnector
 from kvcore.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlAgentRegistry
 from paged_kv_lab.record.engine import Engine
-from paged_kv_lab.record.scenario import RequestSpec, Scenario
+from paged_kv_lab.record.scenario import KVTransferConfig, RequestSpec, Scenario
 from paged_kv_lab.record.snapshot import StepRecord
 
 PREFILL, DECODE = "prefill", "decode"
 REPLICAS = (PREFILL, DECODE)
-
-
-@dataclass(frozen=True)
-class ReplicaStep:
-    """One replica's step within a tick: which replica, its record (numbered in the run), and
-    the pulls its connector made in it: request -> (prefill block ids, decode block ids), the
-    i-th of one copied into the i-th of the other (none on the prefill replica)."""
-
-    replica: str
-    record: StepRecord
-    pulls: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
-
-
-@dataclass
-class TTFTParts:
-    """A request's time to first token, measured, in its parts (seconds): queued before the
-    prefill replica's step that computed it, that step, the decode replica's step that pulled
-    the K/V, the decode step that sampled the first token; the steps between them are the
-    ``waiting`` part."""
-
-    prefill_step: float = 0.0
-    transfer_step: float = 0.0
-    first_decode_step: float = 0.0
-    total: float = 0.0
 
 
 def check_pd(scenario: Scenario) -> None:
@@ -82,13 +57,20 @@ class PDEngine:
         model=None,
         runner_factory: Optional[Callable[[], object]] = None,
         debug: bool = False,
-        kv_load_failure_policy: str = "fail",
-        fail_loads: tuple[str, ...] = (),
+        kv_load_failure_policy: Optional[str] = None,
+        fail_loads: Optional[tuple[str, ...]] = None,
         kv_lease_steps: int = 30,
         pool_sizes: Optional[dict[str, int]] = None,
     ) -> None:
-        """``pool_sizes``: num_gpu_blocks per replica where it differs from the scenario's."""
+        """``pool_sizes``: num_gpu_blocks per replica where it differs from the scenario's;
+        ``kv_load_failure_policy`` and ``fail_loads``: the scenario's
+        ``engine.kv_transfer_config`` where not given."""
         check_pd(scenario)
+        conf = scenario.engine.kv_transfer_config or KVTransferConfig()
+        if kv_load_failure_policy is None:
+            kv_load_failure_policy = conf.kv_load_failure_policy
+        if fail_loads is None:
+            fail_loads = conf.fail_loads
         self.scenario = scenario
         self.registry = NixlAgentRegistry()
         bare = replace(scenario, requests=())
@@ -123,9 +105,7 @@ class PDEngine:
         self.tick = 0
         self._pending: list[RequestSpec] = sorted(scenario.requests, key=lambda r: r.arrival_step)
         self.specs: dict[str, RequestSpec] = {}  # every request sent, in arrival order
-        self.history: list[ReplicaStep] = []
-        # per request: the ticks and step seconds of its journey (for TTFTParts)
-        self._journey: dict[str, dict[str, float]] = {}
+        self.history: list[StepRecord] = []
         for spec in self._pending:
             for e in self.engines.values():
                 e._checked_prompt(spec)
@@ -157,15 +137,15 @@ class PDEngine:
             replace(spec, max_tokens=1, arrival_step=0), {"do_remote_decode": True}
         )
         self.specs[spec.id] = spec
-        self._journey[spec.id] = {"arrived": time.perf_counter()}
 
     def has_unfinished(self) -> bool:
         return bool(self._pending) or any(e.has_unfinished() for e in self.engines.values())
 
     # -- stepping -------------------------------------------------------------------------
-    def step(self) -> list[ReplicaStep]:
+    def step(self) -> list[StepRecord]:
         """One tick: the prefill replica's step, the hand-over, the decode replica's step.
-        Returns the records of the replicas that had work, numbered on from the last."""
+        Returns the records of the replicas that had work, numbered on from the last, each
+        naming its replica and the pulls its connector made (StepRecord.replica, .pulls)."""
         self.tick += 1
         while self._pending and self._pending[0].arrival_step < self.tick:
             self.add_request(self._pending.pop(0))
@@ -176,7 +156,6 @@ class PDEngine:
                 out.append(self._numbered(PREFILL, rec))
             params = self.prefill_connector.kv_transfer_params_out
             for rid in list(params):
-                self._journey[rid]["prefill_step"] = rec.seconds
                 self.decode_engine.add_request(
                     replace(self.specs[rid], arrival_step=0), params.pop(rid)
                 )
@@ -186,42 +165,21 @@ class PDEngine:
             if rec.scheduled or rec.events:
                 out.append(self._numbered(DECODE, rec, dict(pulls)))
             pulls.clear()
-            self._time_decode(rec)
         self.history += out
         return out
 
-    def _numbered(self, replica: str, rec: StepRecord, pulls=None) -> ReplicaStep:
+    def _numbered(self, replica: str, rec: StepRecord, pulls=None) -> StepRecord:
         self.step_count += 1
         n = self.step_count
-        rec = replace(rec, step=n, snapshot=replace(rec.snapshot, step=n))
-        return ReplicaStep(replica, rec, pulls or {})
-
-    def _time_decode(self, rec: StepRecord) -> None:
-        for ev in rec.events:
-            j = self._journey.get(ev.request_id or "")
-            if j is None:
-                continue
-            if ev.kind == "arrived":
-                j.setdefault("transfer_step", rec.seconds)
-        for rid in rec.new_tokens:
-            j = self._journey.get(rid)
-            if j is not None and "first_decode_step" not in j:
-                j["first_decode_step"] = rec.seconds
-                j["first_token"] = time.perf_counter()
-
-    def ttft_parts(self, request_id: str) -> Optional[TTFTParts]:
-        """The measured parts of ``request_id``'s time to first token (None before it)."""
-        j = self._journey.get(request_id, {})
-        if "first_token" not in j:
-            return None
-        return TTFTParts(
-            j.get("prefill_step", 0.0),
-            j.get("transfer_step", 0.0),
-            j["first_decode_step"],
-            j["first_token"] - j["arrived"],
+        return replace(
+            rec,
+            step=n,
+            snapshot=replace(rec.snapshot, step=n),
+            replica=replica,
+            pulls=dict(pulls or {}),
         )
 
-    def run(self, max_ticks: int = 100_000) -> list[ReplicaStep]:
+    def run(self, max_ticks: int = 100_000) -> list[StepRecord]:
         steps = []
         while self.has_unfinished() and self.tick < max_ticks:
             steps += self.step()
@@ -254,18 +212,16 @@ class PDRun:
     """A P/D pair as the run store steps an engine: one StepRecord per ``step()`` call, the two
     replicas' records in the order the pair made them (a tick with two records gives two calls).
 
-    Invariants: the records come out numbered 1, 2, 3... with none skipped or repeated;
-    ``replicas[n]`` names the replica of step n and ``pulls[n]`` the pulls it made (prefill ids,
-    decode ids); ``has_unfinished()`` is false only when the pair is done and nothing is queued.
+    Invariants: the records come out numbered 1, 2, 3... with none skipped or repeated, each
+    naming its replica (``StepRecord.replica``) and the pulls it made (``StepRecord.pulls``);
+    ``has_unfinished()`` is false only when the pair is done and nothing is queued.
     """
 
     def __init__(self, pair: PDEngine, max_idle_ticks: int = 1_000) -> None:
         self.pair = pair
         self.model = pair.model
         self.max_idle_ticks = max_idle_ticks
-        self.replicas: dict[int, str] = {}
-        self.pulls: dict[int, dict[str, tuple[tuple[int, ...], tuple[int, ...]]]] = {}
-        self._queue: list[ReplicaStep] = []
+        self._queue: list[StepRecord] = []
 
     def has_unfinished(self) -> bool:
         return bool(self._queue) or self.pair.has_unfinished()
@@ -278,11 +234,7 @@ class PDRun:
                 raise RuntimeError("the P/D pair has no step left to make")
             self._queue += self.pair.step()
             idle += 1
-        got = self._queue.pop(0)
-        self.replicas[got.record.step] = got.replica
-        if got.pulls:
-            self.pulls[got.record.step] = got.pulls
-        return got.record
+        return self._queue.pop(0)
 
     def run(self, max_steps: int = 100_000) -> list[StepRecord]:
         """Step until both replicas are done (as Engine.run without ``until``)."""
@@ -331,9 +283,10 @@ class TTFTSplit:
 
 def ttft_split(records: list[StepRecord]) -> list[TTFTSplit]:
     """The split of each request whose first decode token is among ``records`` (a P/D run's,
-    numbered 1, 2, 3...). A request's prefill step is the one it finished in while still holding
-    its blocks (the prefill replica kept them for the pull); its transfer step the one that left
-    it waiting for remote K/V."""
+    numbered 1, 2, 3...): the one computation of it, for the page, the CLI and the tests. A
+    request's prefill step is the one it finished in while still holding its blocks (the prefill
+    replica kept them for the pull); its transfer step the one that left it waiting for remote
+    K/V."""
     ms = [1000 * r.seconds for r in records]
     kept: dict[str, int] = {}
     pulled: dict[str, int] = {}
@@ -356,6 +309,98 @@ def ttft_split(records: list[StepRecord]) -> list[TTFTSplit]:
                 continue
             out.append(TTFTSplit(rid, ms[p], ms[t], sum(ms[t + 1 : i]), ms[i]))
     return out
+
+
+# A block's part in a P/D pair at a step, as the pools side by side mark it (the first that
+# holds, in this order): the current step's pull read it (prefill) or filled it (decode); the pull
+# into it failed; kept for a transfer by a finished request (prefill); allocated for a pull and
+# not cached until the load lands (decode); in use; free but cached; free.
+BLOCK_PARTS = ("pull_from", "pull_into", "failed", "kept", "delayed", "used", "cached", "free")
+
+
+@dataclass(frozen=True)
+class PairBlock:
+    """One block of one replica's pool at a step of a P/D run: its ``part`` (BLOCK_PARTS), the
+    requests whose tables hold it, and, in the step's pull, the other side's block id."""
+
+    block_id: int
+    part: str
+    owners: tuple[str, ...]
+    paired: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class PairView:
+    """Both pools of a P/D pair at step ``step`` of its run. ``as_of[r]`` is the step whose
+    snapshot ``blocks[r]`` shows (replica r's latest step up to ``step``; 0: the state before
+    step 1); ``replica`` made ``step`` (None at step 0); ``pulls`` are that step's pulls.
+
+    Invariants: a block is ``pull_from`` on the prefill side exactly when its id is among a pull's
+    prefill ids, and the block it pairs with is ``pull_into`` on the decode side, and the other
+    way round; ``kept`` only on the prefill side, ``delayed`` and ``failed`` only on the decode
+    side."""
+
+    step: int
+    replica: Optional[str]
+    as_of: dict[str, int]
+    blocks: dict[str, tuple[PairBlock, ...]]
+    pulls: dict[str, tuple[tuple[int, ...], tuple[int, ...]]]
+    failed: dict[str, tuple[int, ...]]  # request -> decode blocks whose pull failed this step
+
+
+def pair_at(initial, records: list[StepRecord], step: int) -> PairView:
+    """Both pools at ``step`` of a P/D run, from its records (numbered 1, 2, 3...) and the state
+    before step 1 (``initial``: both replicas' pools start as it is, empty)."""
+    shown = [r for r in records if r.step <= step]
+    latest: dict[str, tuple[int, object]] = {name: (0, initial) for name in REPLICAS}
+    for r in shown:
+        if r.replica in latest:
+            latest[r.replica] = (r.step, r.snapshot)
+    now = shown[-1] if shown and shown[-1].step == step else None
+    pulls = dict(now.pulls) if now is not None else {}
+    failed = {
+        e.request_id: tuple(e.block_ids)
+        for e in (now.events if now is not None and now.replica == DECODE else ())
+        if e.kind == "kv_load_failed"
+    }
+    pairs = {
+        PREFILL: {p: d for rp, rd in pulls.values() for p, d in zip(rp, rd)},
+        DECODE: {d: p for rp, rd in pulls.values() for p, d in zip(rp, rd)},
+    }
+    failed_ids = {b for ids in failed.values() for b in ids}
+    blocks = {}
+    for name, (_, snap) in latest.items():
+        if snap is None:  # a trace without its header, before this replica's first step
+            blocks[name] = ()
+            continue
+        status = {v.request_id: v.status for v in snap.requests}
+        cells = []
+        for b in snap.blocks:
+            if b.is_null:
+                continue
+            states = {status.get(o, "") for o in b.owners}
+            if b.block_id in pairs[name]:
+                part = "pull_from" if name == PREFILL else "pull_into"
+            elif name == DECODE and b.block_id in failed_ids:
+                part = "failed"
+            elif name == PREFILL and any(x.startswith("finished") for x in states):
+                part = "kept"
+            elif name == DECODE and b.block_hash is None and "waiting_for_remote_kvs" in states:
+                part = "delayed"
+            elif b.ref_cnt > 0:
+                part = "used"
+            else:
+                part = "cached" if b.block_hash else "free"
+            cells.append(PairBlock(b.block_id, part, b.owners, pairs[name].get(b.block_id)))
+        blocks[name] = tuple(cells)
+    return PairView(
+        step,
+        now.replica if now is not None else None,
+        {name: s for name, (s, _) in latest.items()},
+        blocks,
+        pulls,
+        failed,
+    )
 
 
 def engine_for(scenario: Scenario, model=None):

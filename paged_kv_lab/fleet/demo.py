@@ -1,8 +1,9 @@
 """A demo source of KV events: our engine publishing as vLLM does, so the Live vLLM page has
 something real to watch without a vLLM server.
 
-``DemoSource`` replays a trace model-free through a fleet (paged_kv_lab/fleet; one replica is a
-single server) and puts each replica's KV event batches on ZeroMQ with kvcore's
+``DemoSource`` steps a fleet (paged_kv_lab/fleet: a trace replayed model-free, one replica being
+a single server; or a scenario on the real model, :class:`EngineFeed` for one engine,
+``ModelFleet`` for several) and puts each replica's KV event batches on ZeroMQ with kvcore's
 ``ZmqEventPublisher``, vLLM's wire format byte for byte: replica r is data-parallel rank r (its
 PUB on port + r, its replay ROUTER on replay port + r). A host endpoint such as
 ``tcp://127.0.0.1:5557`` makes the PUB connect, as vLLM's does, so the watcher binds it
@@ -19,7 +20,7 @@ from collections import deque
 from itertools import islice
 from typing import Optional
 
-from kvcore.distributed.kv_events import ZmqEventPublisher
+from kvcore.distributed.kv_events import ZmqEventPublisher, encode_batch
 
 DEFAULT_PACE_MS = 150.0
 
@@ -131,6 +132,39 @@ class DemoSource:
         for p in self.publishers:
             p.shutdown()
         self.publishers = []
+
+
+class EngineFeed:
+    """One engine stepping its scenario (arrivals, batching, preemption as in ``kvcore run``),
+    read by :class:`DemoSource` as a fleet of one replica, data-parallel rank 0.
+
+    Invariant: each step that queued KV events gives the listeners one payload, the step's
+    ``KVEventBatch`` exactly as the engine would publish it (its settings' ``kv_events`` decide
+    the hash form), in step order."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.replicas = [engine]
+        self._listeners: list = []
+
+    def add_listener(self, fn) -> None:
+        """``fn(replica, step, payload)`` for every batch."""
+        self._listeners.append(fn)
+
+    @property
+    def routed_all(self) -> bool:
+        return not self.engine.has_unfinished()
+
+    def step(self) -> None:
+        rec = self.engine.step()
+        batch = self.engine.last_kv_event_batch
+        if batch is not None:
+            payload = encode_batch(batch)
+            for fn in self._listeners:
+                fn(0, rec.step, payload)
+
+    def finish(self) -> None:
+        """Nothing waits outside the engine: the last step finished everything."""
 
 
 def demo_fleet(

@@ -84,10 +84,23 @@ class ModelFleet:
         self.routing = Routing(num_replicas, policy, router_overrides)
         self.moments: list[FleetMoment] = []
         self.next = 0
+        self._listeners: list = []
 
     @property
     def done(self) -> bool:
         return self.next >= len(self.specs)
+
+    # as a demo source reads a fleet (fleet/demo.py): every batch, routing done, nothing left
+    def add_listener(self, fn) -> None:
+        """``fn(replica, step, payload)`` for every KV event batch a replica publishes."""
+        self._listeners.append(fn)
+
+    @property
+    def routed_all(self) -> bool:
+        return self.done
+
+    def finish(self) -> None:
+        """Each request ran to its end when it was routed: nothing is left to run."""
 
     def _fleet_request(self, spec) -> FleetRequest:
         e = self.replicas[0].engine
@@ -114,7 +127,10 @@ class ModelFleet:
             rec = engine.step()
             if rec.kv_events:
                 batch = KVEventBatch(ts=float(rec.step), events=list(rec.kv_events))
-                self.routing.index.publish(rep.index, rec.step, encode_batch(batch))
+                payload = encode_batch(batch)
+                self.routing.index.publish(rep.index, rec.step, payload)
+                for fn in self._listeners:
+                    fn(rep.index, rec.step, payload)
         self.routing.index.deliver(None)
         req = engine.requests[spec.id]
         moment = FleetMoment(

@@ -1,6 +1,6 @@
 """The lessons, in order: data files (lesson/lessons/*.yaml) read by lesson.catalog."""
 
-from paged_kv_lab.lesson.catalog import Lesson, load_lessons
+from paged_kv_lab.lesson.catalog import Lesson, Question, load_lessons, load_topic_questions
 
 # Every lesson file (lesson/lessons/*.yaml), loaded and checked once, by id.
 _LOADED: dict[str, Lesson] = load_lessons()
@@ -11,10 +11,13 @@ LESSONS: tuple[Lesson, ...] = tuple(
 TOPIC_LESSONS: tuple[Lesson, ...] = (_LOADED["onehash"], _LOADED["designs"])
 HOME: Lesson = _LOADED["home"]
 BY_ID: dict[str, Lesson] = {lesson.id: lesson for lesson in LESSONS + TOPIC_LESSONS + (HOME,)}
+# 'Check yourself' of the topic pages that are not lessons (lesson/topic_questions.yaml), by id.
+TOPIC_QUESTIONS: dict[str, tuple[Question, ...]] = load_topic_questions()
 
 __all__ = [
     "LESSONS",
     "TOPIC_LESSONS",
     "BY_ID",
     "HOME",
+    "TOPIC_QUESTIONS",
 ]

@@ -89,8 +89,8 @@ class Question:
 
 @dataclass(frozen=True)
 class FailLoad:
-    """The first load of ``request`` from the CPU tier fails, handled by ``policy``
-    (vLLM's ``kv_load_failure_policy``)."""
+    """The first load of ``request`` fails (from the CPU tier, or a P/D decode replica's pull),
+    handled by ``policy`` (vLLM's ``kv_load_failure_policy``)."""
 
     request: str
     policy: str
@@ -109,13 +109,16 @@ class Option:
 
     def apply(self, eng: dict, num_layers: int | None) -> None:
         """Change the engine dict ``eng`` as this option says (a no-op where the scenario has
-        nothing to change: no CPU tier, no speculative decoding, no sliding window)."""
-        if self.fail_load is not None and isinstance(eng.get("cpu_offload"), dict):
-            eng["cpu_offload"] = {
-                **eng["cpu_offload"],
+        nothing to change: no CPU tier or P/D pair, no speculative decoding, no sliding window)."""
+        if self.fail_load is not None:
+            failing = {
                 "fail_loads": [self.fail_load.request],
                 "kv_load_failure_policy": self.fail_load.policy,
             }
+            if isinstance(eng.get("cpu_offload"), dict):
+                eng["cpu_offload"] = {**eng["cpu_offload"], **failing}
+            elif eng.get("kv_transfer") == "pd":
+                eng["kv_transfer_config"] = {**(eng.get("kv_transfer_config") or {}), **failing}
         if self.spec_method and isinstance(eng.get("speculative"), dict):
             eng["speculative"] = {**eng["speculative"], "method": self.spec_method}
         if self.layer_pattern and num_layers and eng.get("sliding_window"):
@@ -521,6 +524,29 @@ def load_lessons(
     return {p.stem: load_lesson(p, catalogue) for p in sorted(folder.glob("*.yaml"))}
 
 
+TOPIC_QUESTIONS_FILE = Path(__file__).with_name("topic_questions.yaml")
+
+
+def load_topic_questions(
+    path: Path = TOPIC_QUESTIONS_FILE, catalogue: Mapping[str, Any] | None = None
+) -> dict[str, tuple[Question, ...]]:
+    """Topic page id -> its questions (``topic_questions.yaml``), their texts checked against
+    ``catalogue`` as a lesson's are (the whole catalogue when none is given)."""
+    if catalogue is None:
+        from paged_kv_lab.text.i18n import catalogue as read_catalogue
+
+        catalogue = read_catalogue()
+    data = load(
+        path, dict[Annotated[StrictStr, Field(pattern=r"^[a-z][a-z0-9_]*$")], list[QuestionData]]
+    )
+    out = {}
+    for page_id, questions in data.items():
+        texts = Texts(f"topic.{page_id}.quiz", catalogue)
+        out[page_id] = tuple(_question(q, i, texts) for i, q in enumerate(questions))
+        texts.check(path)
+    return out
+
+
 # -- predicates on events: (event, record) -> bool -----------------------------------
 # Each reads the fields of the one kind its moments name (record.events).
 def _rescue(e: Touched, rec: StepRecord) -> bool:
@@ -626,10 +652,11 @@ def _request_view(e: Event, rec: StepRecord):
 
 
 def _remote_kvs(e: Event, rec: StepRecord) -> bool:
-    """The event's request waits for remote K/V at the end of the step (a P/D decode replica
-    ordered the pull into the blocks it allocated)."""
+    """The event's request waits for remote K/V at the end of the step and the step's connector
+    pulled it (a P/D decode replica copied the prefill blocks into the blocks it allocated:
+    StepRecord.pulls)."""
     r = _request_view(e, rec)
-    return r is not None and r.status == "waiting_for_remote_kvs"
+    return r is not None and r.status == "waiting_for_remote_kvs" and e.request_id in rec.pulls
 
 
 def _kept_for_transfer(e: Event, rec: StepRecord) -> bool:
@@ -640,16 +667,26 @@ def _kept_for_transfer(e: Event, rec: StepRecord) -> bool:
 
 
 def _held_until_read(e: Freed, rec: StepRecord) -> bool:
-    """Blocks of a request that had already finished freed in a step that did not schedule it:
-    the delayed free once the transfer was read (or its lease ran out)."""
+    """Blocks of a request that had finished in an earlier step freed in a step that did not
+    schedule it: the delayed free once the transfer was read (or its lease ran out)."""
     r = _request_view(e, rec)
-    return r is not None and r.status.startswith("finished") and e.request_id not in rec.scheduled
+    finished_now = any(x.kind == "finished" and x.request_id == e.request_id for x in rec.events)
+    return (
+        r is not None
+        and r.status.startswith("finished")
+        and e.request_id not in rec.scheduled
+        and not finished_now
+    )
 
 
 def _after_load(e: Cached, rec: StepRecord) -> bool:
-    """Blocks cached in the step where the request's asynchronous load landed (delayed caching:
-    ``allocate_slots(..., delay_cache_blocks=True)`` left them uncached until then)."""
-    return any(x.kind == "cpu_loaded" and x.request_id == e.request_id for x in rec.events)
+    """Blocks cached in the step where the request's asynchronous load landed, and did not fail
+    (delayed caching: ``allocate_slots(..., delay_cache_blocks=True)`` left them uncached until
+    then)."""
+    return any(
+        x.kind == "cpu_loaded" and x.request_id == e.request_id and not x.load_failed
+        for x in rec.events
+    )
 
 
 def _reason(value: str) -> Callable[[Event, StepRecord], bool]:
@@ -683,6 +720,8 @@ PREDICATES: dict[str, Callable[[Event, StepRecord], bool]] = {
     "gpu_copy_gone": lambda e, rec: not gpu_copies(e, rec),
     "remote_kvs": _remote_kvs,
     "kept_for_transfer": _kept_for_transfer,
+    # finished without error and freed at once: nothing kept for a reader
+    "freed_at_finish": lambda e, rec: not _kept_for_transfer(e, rec) and e.reason != "error",
     "held_until_read": _held_until_read,
     "after_load": _after_load,
 }
@@ -710,17 +749,31 @@ def narration_for_step(lesson: Lesson, records: Sequence[StepRecord], step: int)
     return [lesson.moments[i] for i, s in sorted(found.items()) if s == step]
 
 
+def _ids(ids) -> str:
+    return "[" + ", ".join(map(str, ids)) + "]"
+
+
 def narration_fields(e: Event, rec: Optional[StepRecord] = None) -> dict[str, Any]:
     """The event's fields for a moment's text: ``{req}``, ``{blocks}`` and each field by name
     (``{num_tokens}``, ``{slots}``, ``{policy}``...); lists as "[1, 2]", dicts left out. With the
-    step's record, a CPU eviction also gets ``{gpu_blocks}``: the GPU blocks still caching its
-    hash at the end of the step (``gpu_copies``)."""
+    step's record: ``{table}``, the request's block ids at the end of the step; a CPU eviction's
+    ``{gpu_blocks}``, the GPU blocks still caching its hash at the end of the step
+    (``gpu_copies``); a P/D pull's ``{pulled_from}`` and ``{pulled_into}``, the prefill and the
+    decode block ids the step's connector copied for the request (StepRecord.pulls)."""
     out = {
-        k: ("[" + ", ".join(map(str, v)) + "]" if isinstance(v, list) else v)
+        k: (_ids(v) if isinstance(v, list) else v)
         for k, v in e.to_dict().items()
         if not isinstance(v, dict)
     }
-    out.update(req=e.request_id or "", blocks="[" + ", ".join(map(str, e.block_ids)) + "]")
-    if rec is not None and e.kind == "cpu_evicted":
-        out["gpu_blocks"] = "[" + ", ".join(map(str, gpu_copies(e, rec))) + "]"
+    out.update(req=e.request_id or "", blocks=_ids(e.block_ids))
+    if rec is None:
+        return out
+    view = _request_view(e, rec)
+    if view is not None:
+        out["table"] = _ids(b for t in view.block_tables for b in t)
+    if e.kind == "cpu_evicted":
+        out["gpu_blocks"] = _ids(gpu_copies(e, rec))
+    if e.request_id in rec.pulls:
+        remote, local = rec.pulls[e.request_id]
+        out.update(pulled_from=_ids(remote), pulled_into=_ids(local))
     return out

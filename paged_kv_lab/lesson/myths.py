@@ -421,6 +421,40 @@ def _ext_comp(snaps, records) -> tuple[Text, ...]:
     return (Text("myth.ext_comp.live", fields),)
 
 
+def first_block_twins(snap: Snapshot):
+    """Two requests of the snapshot whose first full blocks hold the same token ids: a pair whose
+    block 0 hashes differ if there is one, else a pair whose hashes agree, else None."""
+    bs = snap.block_size
+    by_tokens: dict[tuple[int, ...], list] = {}
+    for r in snap.requests:
+        if r.block_hashes:
+            first = (r.prompt_token_ids + r.output_token_ids)[:bs]
+            by_tokens.setdefault(tuple(first), []).append(r)
+    same = None
+    for group in by_tokens.values():
+        for i, a in enumerate(group):
+            for b in group[i + 1 :]:
+                if a.block_hashes[0] != b.block_hashes[0]:
+                    return a, b
+                same = same or (a, b)
+    return same
+
+
+@live_check("token_ids_only")
+def _token_ids_only(snaps, records) -> tuple[Text, ...]:
+    twins = first_block_twins(snaps[-1])
+    if twins is None:
+        return (Text("myth.token_ids_only.live.none"),)
+    a, b = twins
+    fields = {"a": a.request_id, "b": b.request_id, "ha": a.block_hashes[0][:12]}
+    if a.block_hashes[0] == b.block_hashes[0]:
+        return (Text("myth.token_ids_only.live.same", fields),)
+    salts = {"sa": a.cache_salt or "—", "sb": b.cache_salt or "—"}
+    return (
+        Text("myth.token_ids_only.live.differ", {**fields, **salts, "hb": b.block_hashes[0][:12]}),
+    )
+
+
 def myth_texts(
     snaps: Sequence[Snapshot], records: Optional[Sequence[StepRecord]] = None
 ) -> list[tuple[Text, Text, tuple[Text, ...]]]:

@@ -10,18 +10,32 @@ Three studies, each a real engine run (``record.engine.Engine``) on the model th
 - ``ttft_study``: time to first token of one prompt without a prefix hit and with one, measured
   step by step, rounds interleaved, the best of each kept.
 
+And one model-free study, ``hash_keys_study``: one prompt (the model's tokenizer) sent as seven
+variants that differ only in what vLLM hashes beside the token ids (a LoRA adapter, an image's
+placeholder range, prompt embeddings, a cache salt), each variant's block hashes and extra keys,
+and the prefix hits kvcore's own KVCacheManager gives a second request of each variant.
+
 The caller runs them one at a time on a model shared by every session (the UI holds the engine
 lock), so nothing here locks.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+import struct
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
+from kvcore.core.kv_cache_manager import KVCacheManager
+from kvcore.core.kv_cache_utils import BlockHasher
+from kvcore.kv_cache_interface import KVCacheConfig, full_attention
+from kvcore.lora.request import LoRARequest
 from kvcore.model.memory import bytes_per_block, model_dims
+from kvcore.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+from kvcore.request import Request
+from kvcore.utils.hashing import get_hash_fn_by_name
 from kvcore.utils.math_utils import cdiv
 from paged_kv_lab.record.engine import Engine
 from paged_kv_lab.record.scenario import load_scenario
@@ -310,8 +324,171 @@ def ttft_study(model, rounds: int = 3, block_size: int = 16) -> TTFTStudy:
     return TTFTStudy(n, block_size, tuple(out), str(model.device), model.name)
 
 
+# -- what else is in a block's hash ---------------------------------------------------------
+HASH_KEYS_BLOCK_SIZE = 16
+# A question about a picture, as a chat: five full blocks of 16 with SmolLM2's template.
+HASH_KEYS_PROMPT = (
+    "Here is a photo from my trip. Look at it closely and tell me what season it was taken "
+    "in, which country it might show, and what the weather was like that day. Then suggest a "
+    "title for it in five words or fewer, and explain your choice in one sentence."
+)
+# The image's placeholder tokens: 24 spans two or three blocks of 16, wherever it starts.
+IMAGE_LENGTH = 24
+# Stand-ins for what vLLM computes from real content: an image's identifier is the hash of its
+# pixels (the multimodal processor's), and a prompt-embedding row is the model's input vector.
+IMAGE_ID = hashlib.sha256(b"paged-kv-lab: a photo").hexdigest()
+LORAS = {"lora_sql": ("sql", 1, "/adapters/sql"), "lora_chat": ("chat", 2, "/adapters/chat")}
+SALT = "tenant-1"
+# The variants in the order shown; "embeds_b" differs from "embeds_a" in one row (the middle one).
+HASH_VARIANTS = ("plain", "lora_sql", "lora_chat", "image", "embeds_a", "embeds_b", "salt")
+# A variant -> the one its third hit column compares it with.
+HASH_NEIGHBOUR = {"lora_chat": "lora_sql", "embeds_b": "embeds_a"}
+
+
+@dataclass(frozen=True)
+class KeyedBlock:
+    """One full block of a variant: its chained hash (hex) and the extra keys it was made with,
+    exactly as ``generate_block_hash_extra_keys`` returns them (None: no extra keys)."""
+
+    block_hash: str
+    extra_keys: Optional[tuple]
+
+
+@dataclass(frozen=True)
+class HashVariant:
+    """One variant of the prompt. ``hit_after_*``: the full blocks a second request of this
+    variant hits (kvcore's KVCacheManager.get_computed_blocks) when the plain prompt's request,
+    one request of this variant, or one of ``neighbour`` ran and freed its blocks before it."""
+
+    variant: str
+    blocks: tuple[KeyedBlock, ...]
+    hit_after_plain: int
+    hit_after_itself: int
+    neighbour: Optional[str] = None
+    hit_after_neighbour: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class HashKeysStudy:
+    """The prompt's variants; the image's placeholder range is [image_offset, image_offset +
+    image_length), and the rows of ``embeds_b`` differ from ``embeds_a`` at ``embeds_row``.
+    Invariant: every variant has the same token ids and so the same number of full blocks."""
+
+    token_ids: tuple[int, ...]
+    block_size: int
+    image_offset: int
+    image_length: int
+    embeds_row: int
+    variants: tuple[HashVariant, ...]
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.token_ids) // self.block_size
+
+    @property
+    def touched(self) -> tuple[int, ...]:
+        """The full blocks the image's placeholder range touches."""
+        bs, end = self.block_size, self.image_offset + self.image_length
+        return tuple(
+            i for i in range(self.num_blocks) if i * bs < end and self.image_offset < (i + 1) * bs
+        )
+
+    def by_id(self, variant: str) -> HashVariant:
+        return next(v for v in self.variants if v.variant == variant)
+
+
+def max_image_offset(num_tokens: int, image_length: int = IMAGE_LENGTH) -> int:
+    """The last offset at which the image's placeholders still end inside the prompt."""
+    return max(0, num_tokens - image_length)
+
+
+def _embeds(token_ids: Sequence[int], changed_row: Optional[int]) -> list[bytes]:
+    """One made-up embedding row per token (two float32s: its id and its position); row
+    ``changed_row`` negated, as if one token's vector came from elsewhere."""
+    rows = []
+    for i, t in enumerate(token_ids):
+        sign = -1.0 if i == changed_row else 1.0
+        rows.append(struct.pack("<2f", sign * t, float(i)))
+    return rows
+
+
+def hash_keys_request(variant: str, rid: str, study_ids, image_offset: int, embeds_row: int):
+    """A kvcore Request of ``variant`` (HASH_VARIANTS) on the token ids ``study_ids``, hashed at
+    HASH_KEYS_BLOCK_SIZE with sha256 (vLLM's default ``prefix_caching_hash_algo``)."""
+    kw: dict[str, Any] = {}
+    if variant in LORAS:
+        kw["lora_request"] = LoRARequest(*LORAS[variant])
+    elif variant == "image":
+        kw["mm_features"] = [
+            MultiModalFeatureSpec(IMAGE_ID, PlaceholderRange(image_offset, IMAGE_LENGTH))
+        ]
+    elif variant in ("embeds_a", "embeds_b"):
+        kw["prompt_embeds"] = _embeds(study_ids, embeds_row if variant == "embeds_b" else None)
+    elif variant == "salt":
+        kw["cache_salt"] = SALT
+    hasher = BlockHasher(get_hash_fn_by_name("sha256"), HASH_KEYS_BLOCK_SIZE)
+    return Request(rid, list(study_ids), 1, block_hasher=hasher, **kw)
+
+
+def _hits_after(first: Sequence[Any], second: Any, num_blocks: int) -> int:
+    """Full blocks ``second`` hits once each request of ``first`` was admitted, ran its prompt
+    (so its full blocks are cached) and freed its blocks, on one fresh KVCacheManager."""
+    kvm = KVCacheManager(
+        KVCacheConfig(
+            2 * (num_blocks + 2) * (len(first) + 1), (full_attention(HASH_KEYS_BLOCK_SIZE),)
+        )
+    )
+    for req in first:
+        hits, num_hit, _ = kvm.get_computed_blocks(req)
+        kvm.allocate_slots(req, req.num_tokens - num_hit, num_hit, hits)
+        kvm.free(req)
+    _, num_hit, _ = kvm.get_computed_blocks(second)
+    return num_hit // HASH_KEYS_BLOCK_SIZE
+
+
+def hash_keys_study(token_ids: Sequence[int], image_offset: int) -> HashKeysStudy:
+    """Every variant of ``token_ids`` with the image's placeholders from ``image_offset``."""
+    ids = tuple(token_ids)
+    image_offset = min(max(0, image_offset), max_image_offset(len(ids)))
+    embeds_row = len(ids) // 2
+    bs = HASH_KEYS_BLOCK_SIZE
+    num_blocks = len(ids) // bs
+
+    def make(variant: str, rid: str):
+        return hash_keys_request(variant, rid, ids, image_offset, embeds_row)
+
+    out = []
+    for v in HASH_VARIANTS:
+        req = make(v, f"{v}-1")
+        blocks = tuple(
+            KeyedBlock(h.hex(), req.extra_keys_for_block(i)) for i, h in enumerate(req.block_hashes)
+        )
+        neighbour = HASH_NEIGHBOUR.get(v)
+        out.append(
+            HashVariant(
+                v,
+                blocks,
+                _hits_after([make("plain", "plain")], make(v, f"{v}-2"), num_blocks),
+                _hits_after([make(v, f"{v}-1")], make(v, f"{v}-2"), num_blocks),
+                neighbour,
+                None
+                if neighbour is None
+                else _hits_after([make(neighbour, neighbour)], make(v, f"{v}-2"), num_blocks),
+            )
+        )
+    return HashKeysStudy(ids, bs, image_offset, IMAGE_LENGTH, embeds_row, tuple(out))
+
+
+def hash_keys_prompt(model) -> tuple[int, ...]:
+    """The topic's prompt as the model's tokenizer gives it (a chat)."""
+    return tuple(model.encode_prompt(HASH_KEYS_PROMPT, True))
+
+
 __all__ = [
     "BLOCK_SIZES",
+    "HASH_KEYS_BLOCK_SIZE",
+    "HASH_VARIANTS",
+    "HashKeysStudy",
     "HASH_BITS",
     "BlockSizeRow",
     "HashStudy",
@@ -319,7 +496,11 @@ __all__ = [
     "block_size_study",
     "collision_probability",
     "common_prefix",
+    "hash_keys_prompt",
+    "hash_keys_request",
+    "hash_keys_study",
     "hash_study",
     "hashes_for_probability",
+    "max_image_offset",
     "ttft_study",
 ]

@@ -116,6 +116,20 @@ class CPUOffloadConfig:
 
 
 @dataclass(frozen=True)
+class KVTransferConfig:
+    """What a P/D pair (``kv_transfer: "pd"``) does with a failed pull.
+    ``kv_load_failure_policy`` is vLLM's ``KVTransferConfig`` field: "fail" (vLLM's default)
+    ends the request with an error on the decode replica, "recompute" computes its prompt there.
+    ``fail_loads`` is ours, for teaching (vLLM has no such knob): the decode replica's pull of
+    each named request fails, and its worker reports the request in ``failed_recving`` with its
+    blocks as ``invalid_block_ids``."""
+
+    __pydantic_config__ = _FORBID
+    kv_load_failure_policy: Literal["recompute", "fail"] = "fail"
+    fail_loads: Annotated[tuple[StrictStr, ...], Field(max_length=1024)] = ()
+
+
+@dataclass(frozen=True)
 class EngineSettings:
     __pydantic_config__ = _FORBID
     block_size: Int = 16
@@ -158,6 +172,8 @@ class EngineSettings:
     # Disaggregated serving: "pd" runs a prefill replica and a decode replica joined by the
     # NIXL connector's flow (paged_kv_lab/disagg/); null: one engine.
     kv_transfer: Optional[Literal["pd"]] = None
+    # the pair's vLLM KVTransferConfig settings (a failed pull's policy); null: vLLM's defaults
+    kv_transfer_config: Optional[KVTransferConfig] = None
 
 
 @dataclass(frozen=True)
@@ -278,6 +294,7 @@ _MUST: dict[str, Text] = {
     "kv_load_failure_policy": _must("either", a='"recompute"', b='"fail"'),
     "fail_loads": _must("request_ids"),
     "kv_transfer": _must("either", a="null", b='"pd"'),
+    "kv_transfer_config": _must("object"),
 }
 _SECTIONS = {
     (): Scenario,
@@ -286,6 +303,7 @@ _SECTIONS = {
     ("engine", "kv_events"): KVEventsConfig,
     ("engine", "speculative"): SpeculativeConfig,
     ("engine", "cpu_offload"): CPUOffloadConfig,
+    ("engine", "kv_transfer_config"): KVTransferConfig,
 }
 
 
@@ -397,6 +415,27 @@ def _value_at(raw: Any, loc: tuple) -> Any:
     return raw
 
 
+def _unknown_fail_loads(section: str, fail_loads: Any, reqs: Any) -> list[Text]:
+    """A problem for each id in ``engine.<section>.fail_loads`` that no request runs with."""
+    if not isinstance(fail_loads, list) or not isinstance(reqs, list):
+        return []
+    ids = set()
+    for r in reqs:
+        if isinstance(r, dict):
+            n = r.get("n")
+            many = isinstance(n, int) and not isinstance(n, bool) and 1 < n <= 1024
+            # an n > 1 request runs as its children "0_<id>", "1_<id>"...
+            ids.update([f"{k}_{r.get('id')}" for k in range(n)] if many else [r.get("id")])
+    return [
+        Text(
+            "problem.fail_loads_unknown",
+            {"path": f"engine.{section}.fail_loads[{j}]", "id": repr(rid)},
+        )
+        for j, rid in enumerate(fail_loads)
+        if isinstance(rid, str) and rid not in ids
+    ]
+
+
 def _cross_checks(raw: dict) -> list[Text]:
     """Rules between fields, checked on the raw file so they are reported with the rest."""
     problems = []
@@ -427,20 +466,10 @@ def _cross_checks(raw: dict) -> list[Text]:
             elif eng.get("sliding_window") is None and not linear:
                 problems.append(Text("problem.retention_needs_window"))
     reqs = raw.get("requests")
-    fail_loads = eng.get("cpu_offload") if isinstance(eng, dict) else None
-    fail_loads = fail_loads.get("fail_loads") if isinstance(fail_loads, dict) else None
-    if isinstance(fail_loads, list) and isinstance(reqs, list):
-        ids = set()
-        for r in reqs:
-            if isinstance(r, dict):
-                n = r.get("n")
-                many = isinstance(n, int) and not isinstance(n, bool) and 1 < n <= 1024
-                # an n > 1 request runs as its children "0_<id>", "1_<id>"...
-                ids.update([f"{k}_{r.get('id')}" for k in range(n)] if many else [r.get("id")])
-        for j, rid in enumerate(fail_loads):
-            if isinstance(rid, str) and rid not in ids:
-                at = {"path": f"engine.cpu_offload.fail_loads[{j}]", "id": repr(rid)}
-                problems.append(Text("problem.fail_loads_unknown", at))
+    for section in ("cpu_offload", "kv_transfer_config"):
+        fail_loads = eng.get(section) if isinstance(eng, dict) else None
+        fail_loads = fail_loads.get("fail_loads") if isinstance(fail_loads, dict) else None
+        problems += _unknown_fail_loads(section, fail_loads, reqs)
     if isinstance(reqs, list):
         seen = set()
         for i, r in enumerate(reqs):
@@ -544,6 +573,7 @@ _LATER_ENGINE_DEFAULTS = {
     "mamba_cache_mode": "none",
     "prefix_match_unit": None,
     "kv_transfer": None,
+    "kv_transfer_config": None,
 }
 
 

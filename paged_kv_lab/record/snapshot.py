@@ -9,7 +9,7 @@ scheduler and block pool into one (O(blocks + requests)).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
 
 from kvcore.core.kv_cache_utils import get_block_hash, get_group_id
 from kvcore.worker.gpu_input_batch import ModelInputs
@@ -156,6 +156,13 @@ class StepRecord:
     # how long the step took on this machine (wall seconds; 0.0 when unknown, as in trace files,
     # which do not carry it: a timing is no part of what the run decided)
     seconds: float = field(default=0.0, compare=False, repr=False)
+    # In a P/D pair's run (paged_kv_lab/disagg/pd.py) the replica that made this step, whose pool
+    # the snapshot is; None for one engine. Written out only when set, so a plain run's file is
+    # unchanged.
+    replica: Optional[Literal["prefill", "decode"]] = None
+    # the K/V the replica's connector pulled in this step: request -> (prefill block ids, decode
+    # block ids), the i-th of one copied into the i-th of the other; written out only when some
+    pulls: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = {
@@ -167,6 +174,10 @@ class StepRecord:
         }
         if self.model_inputs is not None:
             d["model_inputs"] = self.model_inputs.to_dict()
+        if self.replica is not None:
+            d["replica"] = self.replica
+        if self.pulls:
+            d["pulls"] = {k: [list(p), list(q)] for k, (p, q) in self.pulls.items()}
         return d
 
     @staticmethod
@@ -180,6 +191,8 @@ class StepRecord:
             model_inputs=(
                 None if d.get("model_inputs") is None else ModelInputs.from_dict(d["model_inputs"])
             ),
+            replica=d.get("replica"),
+            pulls={k: (tuple(p), tuple(q)) for k, (p, q) in d.get("pulls", {}).items()},
         )
 
 

@@ -36,6 +36,7 @@ VLLM_FILE_LINES: dict[str, int] = {
     "vllm/v1/spec_decode/llm_base_proposer.py": 1862,
     "vllm/v1/sample/rejection_sampler.py": 1197,
     "vllm/v1/simple_kv_offload/manager.py": 1481,
+    "vllm/distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py": 293,
 }
 
 
@@ -373,6 +374,16 @@ FUNCTIONS: dict[str, CodeLink] = {
             3582,
             "Scheduler._update_from_kv_xfer_finished",
             "kvcore.core.sched.scheduler:Scheduler._update_from_kv_xfer_finished",
+        ),
+        # -- a P/D pair's prefill side (NIXL pull mode) --
+        _link(
+            "request_finished",
+            "vllm/distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py",
+            191,
+            293,
+            "NixlPullConnectorScheduler.request_finished",
+            "kvcore.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler:"
+            "NixlPullConnectorScheduler.request_finished",
         ),
         *(
             _link(

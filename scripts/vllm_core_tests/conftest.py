@@ -6,7 +6,10 @@ scratch environment. With YARDSTICK_SWAP=1 it rebinds, in vLLM's modules and in 
 imported them by name, the pieces kvcore re-implements with vLLM's names and signatures:
 
 - ``vllm.v1.core.kv_cache_utils``: ``KVCacheBlock``, ``FreeKVCacheBlockQueue``;
-- ``vllm.v1.core.block_pool``: ``BlockHashToBlockMap``, ``BlockPool``.
+- ``vllm.v1.core.block_pool``: ``BlockHashToBlockMap``, ``BlockPool``;
+
+and in kvcore's modules, kvcore's KV event structs (vLLM's fields, vLLM's wire bytes) by vLLM's
+classes, which vLLM's code and tests check events against.
 
 vLLM's KVCacheManager, coordinators, single-type managers and Scheduler then run on kvcore's pool,
 blocks and free queue, so every test that allocates, caches, touches, frees or evicts a block runs
@@ -122,6 +125,22 @@ def _swap() -> None:
     ku.KVCacheBlock.__init__ = init_block
     ku.KVCacheBlock._block_hash_num_tokens = property(lambda self: self.block_hash_num_tokens)
 
+    # kvcore's KV events are its own structs with vLLM's fields and wire bytes; vLLM's code and
+    # tests test them by class (isinstance), so kvcore's modules build vLLM's structs here.
+    import vllm.distributed.kv_events as ve
+
+    import kvcore.distributed.kv_events as ke
+
+    event_types = {
+        getattr(ke, name): getattr(ve, name)
+        for name in ("KVCacheEvent", "BlockStored", "BlockRemoved", "AllBlocksCleared")
+    }
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("kvcore.") and mod is not None and mod is not ke:
+            for attr, value in list(vars(mod).items()):
+                if isinstance(value, type) and value in event_types:
+                    setattr(mod, attr, event_types[value])
+
     swaps = {
         vu.KVCacheBlock: ku.KVCacheBlock,
         vu.FreeKVCacheBlockQueue: ku.FreeKVCacheBlockQueue,
@@ -143,24 +162,40 @@ def _swap() -> None:
 
 if SWAP:
     _swap()
+if os.environ.get("YARDSTICK_SCHEDULER") == "1":
+    # the second mode: kvcore's own Scheduler under vLLM's scheduler tests (kvcore_scheduler.py)
+    sys.path.insert(0, os.path.join(REPO, "scripts", "vllm_core_tests"))
+    import kvcore_scheduler
 
+    _patch_test_module = kvcore_scheduler.install(Unmodelled)
+
+    def pytest_collection_modifyitems(session, config, items):
+        for module in {getattr(item, "module", None) for item in items} - {None}:
+            _patch_test_module(module)
+
+
+SCHEDULER_FILE = os.path.join(os.path.realpath(REPO), "kvcore", "core", "sched", "scheduler.py")
 _touched: dict[str, bool] = {}
-_current = {"hit": False}
+_scheduler_ran: dict[str, bool] = {}
+_current = {"hit": False, "scheduler": False}
 
 
 def _profile(frame, event, arg):
     if event == "call" and frame.f_code.co_filename.startswith(KVCORE_DIR):
         _current["hit"] = True
+        if frame.f_code.co_filename == SCHEDULER_FILE:
+            _current["scheduler"] = True
 
 
 def pytest_runtest_setup(item):
-    _current["hit"] = False
+    _current["hit"] = _current["scheduler"] = False
     sys.setprofile(_profile)
 
 
 def pytest_runtest_teardown(item):
     sys.setprofile(None)
     _touched[item.nodeid] = _current["hit"]
+    _scheduler_ran[item.nodeid] = _current["scheduler"]
 
 
 def pytest_runtest_makereport(item, call):
@@ -187,4 +222,4 @@ def pytest_sessionfinish(session, exitstatus):
     path = os.environ.get("YARDSTICK_TOUCHED")
     if path:
         with open(path, "w") as fh:
-            json.dump({"touched": _touched, "errors": _errors}, fh)
+            json.dump({"touched": _touched, "scheduler": _scheduler_ran, "errors": _errors}, fh)

@@ -21,6 +21,9 @@ class NewRequestData:
     prompt_token_ids: list[int]
     block_ids: tuple[list[int], ...]
     num_computed_tokens: int
+    # the request's multimodal items (vLLM's field: a KV connector keys stored K/V by their
+    # identifiers, e.g. vLLM's ExampleConnector)
+    mm_features: list[Any] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,9 @@ class FCFSRequestQueue:
     def ordered(self) -> list[Request]:
         return list(self._q)
 
+    def __iter__(self):
+        return iter(self.ordered())
+
     def __len__(self) -> int:
         return len(self._q)
 
@@ -65,6 +68,10 @@ class PriorityRequestQueue:
 
     def ordered(self) -> list[Request]:
         return sorted(self._heap)
+
+    def __iter__(self):
+        """In scheduling order (as vLLM's)."""
+        return iter(self.ordered())
 
     def __len__(self) -> int:
         return len(self._heap)

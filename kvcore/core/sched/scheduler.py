@@ -510,6 +510,7 @@ class Scheduler:
                 list(r.prompt_token_ids),
                 req_to_new_blocks[r.request_id],
                 num_computed_before[r.request_id],
+                list(r.mm_features),
             )
             for r in scheduled_new
         ]
