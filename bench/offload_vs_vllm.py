@@ -19,6 +19,10 @@ per step both sides must then agree on:
 - after a failed load (``invalid_block_ids``): the requests cut back with the tokens they keep,
   and the blocks handed to ``evict_blocks``.
 
+An asynchronous load's ``allocate_slots`` gets ``reserved_blocks`` on vLLM's side from vLLM's own
+``Scheduler._inflight_prefill_reserved_blocks``, over the requests the replay keeps in
+``_inflight_prefills`` as vLLM's Scheduler does (admitted and not done prefilling, or loading).
+
 Failed loads come two ways. Some traces list requests whose first CPU -> GPU copy fails
 (``engine.cpu_offload.fail_loads``: an asynchronous load, as every SimpleCPUOffload load is); some
 also have the worker report, at random steps, a computed block of a running request as invalid,
@@ -98,12 +102,12 @@ def random_case(seed: int) -> dict[str, Any]:
     return case
 
 
-def our_run(case: dict[str, Any]) -> tuple[list[dict], list[dict]]:
-    """(the replay script, our observations), one entry per step."""
-    from paged_kv_lab.record.engine import Engine, NoModelRunner
+def scenario(case: dict[str, Any]):
+    """The trace as a Scenario (the failed loads it lists included; not the synchronous ones
+    that ``our_run``'s worker reports at random)."""
     from paged_kv_lab.record.scenario import CPUOffloadConfig, EngineSettings, RequestSpec, Scenario
 
-    sc = Scenario(
+    return Scenario(
         name=f"offload-{case['seed']}",
         engine=EngineSettings(
             block_size=case["block_size"],
@@ -128,7 +132,13 @@ def our_run(case: dict[str, Any]) -> tuple[list[dict], list[dict]]:
             for r in case["requests"]
         ),
     )
-    eng = Engine(sc, runner=NoModelRunner(), debug=True)
+
+
+def our_run(case: dict[str, Any]) -> tuple[list[dict], list[dict]]:
+    """(the replay script, our observations), one entry per step."""
+    from paged_kv_lab.record.engine import Engine, NoModelRunner
+
+    eng = Engine(scenario(case), runner=NoModelRunner(), debug=True)
     outs = []
     core_step = eng.engine_core.step
 
@@ -361,6 +371,12 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
     sch.needs_kv_cache_zeroing = False
     sch.prefix_replay_tokens = 0
     sch.prefix_replay_group_ids = []
+    # what vLLM's _inflight_prefill_reserved_blocks reads: the gate on an asynchronous load
+    sch.max_model_len = max_model_len
+    sch.num_spec_tokens = 0
+    sch.num_lookahead_tokens = 0
+    sch._spec_decode_step_blocks = 0
+    sch._inflight_prefills = set()
     evicted: list[int] = []
     kvm_evict = kvm.evict_blocks
 
@@ -400,7 +416,13 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
             v.status = RequestStatus.PREEMPTED
             v.num_computed_tokens = 0
             v.num_preemptions += 1
+            sch._inflight_prefills.discard(v)
             preempted.add(victim)
+
+        def admitted(r, num_computed, n):
+            # as vLLM's waiting loop: a request whose prefill this step does not finish
+            if num_computed + n < r.num_tokens:
+                sch._inflight_prefills.add(r)
 
         for act, rid, n in step["actions"]:
             r = reqs[rid]
@@ -427,6 +449,8 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
                         num_external_computed_tokens=ext,
                         delay_cache_blocks=True,
                         full_sequence_must_fit=True,
+                        reserved_blocks=sch._inflight_prefill_reserved_blocks()
+                        + sch._spec_decode_step_blocks,
                     )
                 else:
                     num_new = n or r.num_tokens - local
@@ -442,7 +466,9 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
                     load_reported.discard(rid)
                     r.status = RequestStatus.WAITING_FOR_REMOTE_KVS
                     r.num_computed_tokens = local + ext
+                    sch._inflight_prefills.add(r)
                 else:
+                    admitted(r, local, n)
                     if r.status == RequestStatus.PREEMPTED:  # resumed: its whole new table
                         cached_ids.append(rid)
                         cached_blocks.append(kvm.get_block_ids(rid))
@@ -483,6 +509,7 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
                     resumed.add(rid)
                 else:
                     new_reqs.append(SimpleNamespace(req_id=rid, block_ids=kvm.get_block_ids(rid)))
+                admitted(r, r.num_computed_tokens, n)
                 r.status = RequestStatus.RUNNING
                 sched[rid] = n
         for victim in victims:  # requests that preempted themselves: never scheduled
@@ -500,6 +527,8 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
         md = mgr.build_connector_meta(out)
         for rid, n in sched.items():
             reqs[rid].num_computed_tokens += n
+            if reqs[rid].num_computed_tokens >= reqs[rid].num_tokens:  # _update_after_schedule
+                sch._inflight_prefills.discard(reqs[rid])
         # the fake worker: every copy of the step is done by its end
         # a list, not a set: vLLM walks it as given, and ours walks the loads in planned order
         recving = list(md.load_event_to_reqs.get(md.load_event, ())) if md.load_event >= 0 else None
@@ -526,6 +555,7 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
         for rid in step["finished"]:
             r = reqs[rid]
             r.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            sch._inflight_prefills.discard(r)  # Scheduler._free_request
             # as vLLM's Scheduler._connector_finished: the blocks of the computed tokens
             mgr.request_finished_all_groups(
                 r, kvm.get_block_ids_for_computed_tokens(rid, r.num_computed_tokens)

@@ -63,6 +63,8 @@ class Request:
         prompt_embeds: Optional[Sequence[bytes]] = None,
         kv_transfer_params: Optional[dict[str, Any]] = None,
         stop_token_ids: Iterable[int] = (),
+        prompt_logprobs: Optional[int] = None,
+        skip_reading_prefix_cache: Optional[bool] = None,
         session_id: Optional[str] = None,
         kv_cache_report_mode: str = KV_CACHE_REPORT_INCREMENTAL,
     ) -> None:
@@ -82,6 +84,16 @@ class Request:
         # records it as its stop_reason (None: it stopped otherwise, or runs)
         self.stop_token_ids = frozenset(stop_token_ids)
         self.stop_reason: Optional[int] = None
+        # vLLM's SamplingParams.prompt_logprobs: the top logprobs of every prompt token (-1: the
+        # whole vocabulary). Only its effect on the cache is modelled: the model runner returns
+        # no logprobs.
+        self.prompt_logprobs = prompt_logprobs
+        if skip_reading_prefix_cache is None:  # as SamplingParams.__post_init__ sets it
+            # a prompt token read from the cache gets no logits, hence no prompt logprobs
+            skip_reading_prefix_cache = prompt_logprobs is not None
+        # vLLM's Request.skip_reading_prefix_cache: no prefix-cache (or connector) hit is read
+        # for it; its blocks are still cached for the requests after it.
+        self.skip_reading_prefix_cache = skip_reading_prefix_cache
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1

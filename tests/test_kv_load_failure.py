@@ -243,7 +243,10 @@ def loaded(request, tiny_model):
 @pytest.mark.usefixtures("one_torch_thread")
 def test_outputs_equal_transformers_after_a_failed_load_is_recomputed(loaded):
     """C's copy from the CPU fails: its GPU blocks keep whatever K/V they held before, so only
-    recomputing them (not reading them) can give transformers' tokens."""
+    recomputing them (not reading them) can give transformers' tokens. Eight GPU blocks, so C
+    keeps a valid prefix (its GPU hit): with seven it keeps none, looks itself up again and, as
+    in vLLM 0.33, its retried load must leave its own whole sequence free too, which seven blocks
+    cannot (tests/test_offload_inflight_reservation.py)."""
     from test_offload import P
 
     reqs = [
@@ -257,7 +260,7 @@ def test_outputs_equal_transformers_after_a_failed_load_is_recomputed(loaded):
     sc = Scenario(
         model=loaded.name,
         device=loaded.device.type,
-        engine=EngineSettings(block_size=4, num_gpu_blocks=7, cpu_offload=tier),
+        engine=EngineSettings(block_size=4, num_gpu_blocks=8, cpu_offload=tier),
         requests=tuple(reqs),
     )
     eng = Engine(sc, model=loaded, debug=True)

@@ -37,3 +37,17 @@ def test_random_traces_store_find_and_load_the_blocks_vllm_does():
     assert ex["lazy_traces"] > 0
     assert ex["evict_blocks_calls"] > 0 and ex["requests_failed"] > 0
     assert ex["requests_rolled_back"] - ex["requests_failed"] > 3  # recomputed
+
+
+@pytest.mark.skipif(
+    not (Path(VENV) / "bin" / "python").exists(),
+    reason=f"no vLLM 0.33.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
+)
+def test_an_asynchronous_load_is_held_back_where_vllm_holds_it_back():
+    # the two traces that once never finished here (tests/test_offload_inflight_reservation.py):
+    # vLLM's side computes its own reserved_blocks and refuses or admits each load by itself
+    res = offload_vs_vllm.differential(VENV, [468023023, 536961063])
+    assert not res["failures"], res["failures"]
+    for aspect, t in res["aspects"].items():
+        assert t["steps"] >= 30 and t["differ"] == 0, aspect
+    assert res["exercised"]["blocks_loaded"] > 0

@@ -87,9 +87,15 @@ class KVCacheManager:
         return self.block_pool.get_usage()
 
     # -- statistics -------------------------------------------------------------------
+    def prefix_cache_lookup_enabled(self, request) -> bool:
+        """Whether the prefix cache may be read for ``request``: caching is on and the request
+        does not skip reading it (``skip_reading_prefix_cache``: prompt_logprobs)."""
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
     def record_prefix_cache_stats(self, request, num_hits: int) -> None:
-        """Count one admission's lookup (the scheduler calls this once the request is admitted)."""
-        if not self.enable_caching:
+        """Count one admission's lookup (the scheduler calls this once the request is admitted);
+        a request that skipped the lookup is not counted."""
+        if not self.prefix_cache_lookup_enabled(request):
             return
         self.prefix_cache_stats.record(request.num_tokens, num_hits, request.num_preemptions > 0)
 
@@ -118,8 +124,18 @@ class KVCacheManager:
         ``shared_prefix_boundary`` is the longest single group's hit when it reaches past
         the hit all groups agree on (hybrid models), else 0: the sliding-window group then
         keeps the blocks ending there, so the next request sharing the prefix hits it all.
+        A request with ``skip_reading_prefix_cache`` looks nothing up and hits nothing (its
+        blocks are still cached once computed: ``allocate_slots`` caches them).
         """
-        if not self.enable_caching:
+        if not self.prefix_cache_lookup_enabled(request):
+            observer = self.block_pool.observer
+            if self.enable_caching and observer is not None:
+                observer.on_decision(
+                    "cache_miss",
+                    request.request_id,
+                    num_tokens=request.num_tokens,
+                    skip_reading_prefix_cache=True,
+                )
             return self.empty_kv_cache_blocks, 0, 0
         if max_cache_hit_length is None:
             max_cache_hit_length = request.num_tokens - 1
@@ -167,6 +183,7 @@ class KVCacheManager:
         num_external_computed_tokens: int = 0,
         delay_cache_blocks: bool = False,
         full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
         has_scheduled_reqs: bool = True,
     ) -> Optional[KVCacheBlocks]:
         """Give the request slots for ``num_new_tokens`` more tokens; None if they do not fit.
@@ -178,7 +195,10 @@ class KVCacheManager:
         free queue; (4) touch the hits; (5) allocate; (6) cache the full blocks for
         min(computed + new, num_tokens) tokens — before the forward pass fills them.
         A waiting request must also leave ``watermark_blocks`` free when another request
-        is running. A None return leaves tables and ref counts as they were (apart from 2).
+        is running; the capacity check (3) also leaves ``reserved_blocks`` free (the
+        scheduler's gate on an asynchronous load: the blocks in-flight prefills still
+        need; the full-sequence check (1) does not count them). A None return leaves tables
+        and ref counts as they were (apart from 2).
 
         ``num_external_computed_tokens`` follow the local hit and come from a KV connector (the
         CPU tier): they get blocks here like new tokens and count as computed; with
@@ -215,7 +235,7 @@ class KVCacheManager:
             num_local_computed,
             num_tokens_main_model=num_tokens_main_model,
         )
-        if need + watermark_blocks > self.block_pool.get_num_free_blocks():
+        if need + watermark_blocks > self.block_pool.get_num_free_blocks() - reserved_blocks:
             return None
 
         if hits is not self.empty_kv_cache_blocks.blocks:

@@ -251,6 +251,8 @@ class SimpleCPUOffloadScheduler:
         """
         if stale := self._pending_cpu_hits.pop(request.request_id, None):
             self._free_pending_cpu_hit(stale)
+        if request.skip_reading_prefix_cache:
+            return 0, False
         if num_computed_tokens % self.block_size != 0:
             return 0, False  # copies are whole blocks
         remaining_hashes = request.block_hashes[num_computed_tokens // self.block_size :]

@@ -20,6 +20,7 @@ from kvcore.core.kv_cache_utils import BlockHasher, resolve_none_hash_seed
 from kvcore.core.sched.scheduler import Scheduler
 from kvcore.distributed.kv_events import KVEventBatch, ZmqEventPublisher
 from kvcore.engine.core import EngineCore
+from kvcore.engine.detokenizer import IncrementalDetokenizer
 from kvcore.engine.parallel_sampling import ParentRequest, fan_out, group_outputs, parent_groups
 from kvcore.kv_cache_interface import (
     FullAttentionSpec,
@@ -29,7 +30,7 @@ from kvcore.kv_cache_interface import (
     SlidingWindowSpec,
 )
 from kvcore.lora.request import LoRARequest
-from kvcore.request import Request
+from kvcore.request import Request, RequestStatus
 from kvcore.spec_decode.draft_model import DraftModelProposer
 from kvcore.spec_decode.ngram_proposer import NgramProposer
 from kvcore.utils.hashing import get_hash_fn_by_name
@@ -424,6 +425,8 @@ class Engine:
         # Every request added, finished ones included, in arrival order: the recording shows
         # and outputs them; the scheduler, as vLLM's, forgets a request once it finishes.
         self.requests: dict[str, Request] = {}
+        # vLLM's output processor state of the requests with stop strings, by id
+        self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         # Refuse a scenario whose prompt can never fit now, not in the middle of a run.
         for spec in self._pending:
             self._checked_prompt(spec)
@@ -487,16 +490,24 @@ class Engine:
                 ignore_eos=child.ignore_eos,
                 block_hasher=self.hasher if s.enable_prefix_caching else None,
                 kv_transfer_params=dict(kv_transfer_params) if kv_transfer_params else None,
+                prompt_logprobs=child.prompt_logprobs,
             )
             if child.seed is not None and hasattr(self.runner, "add_request_seed"):
                 self.runner.add_request_seed(child.id, child.seed)
             self.scheduler.add_request(req)
             self.requests.pop(child.id, None)  # an id used again: the new request is shown
             self.requests[child.id] = req
+            self.detokenizers.pop(child.id, None)
+            if child.stop:
+                self.detokenizers[child.id] = IncrementalDetokenizer(
+                    self._decode_output, child.stop, child.include_stop_str_in_output
+                )
 
     def _checked_prompt(self, spec: RequestSpec) -> list[int]:
         """The prompt's token ids; ValueError if the prompt alone can never fit."""
         ids = self.encode(spec)
+        if spec.stop and self.model is None:
+            raise EngineRefused("request.stop_needs_model", id=repr(spec.id))
         if not ids:
             # An input check: kvcore's Request, as vLLM's, takes an empty prompt.
             raise EngineRefused("request.empty", id=repr(spec.id))
@@ -523,6 +534,7 @@ class Engine:
             self.add_request(self._pending.pop(0))
         started = time.perf_counter()
         done = self.engine_core.step()
+        self._check_stop_strings(done.new_tokens)
         seconds = time.perf_counter() - started
         out = done.scheduler_output
         self._publish_kv_events()
@@ -541,6 +553,25 @@ class Engine:
         )
         self.history.append(rec)
         return rec
+
+    def _check_stop_strings(self, new_tokens: dict[str, list[int]]) -> None:
+        """vLLM's output processor after a step: each new token of a request with stop strings
+        is detokenized and the new text searched; a request that matched and is still running
+        is then finished by the engine core (``EngineCore.abort_requests``: the scheduler
+        frees it as FINISHED_ABORTED; its output says it stopped, with the string)."""
+        to_abort = []
+        for rid in new_tokens:
+            detokenizer = self.detokenizers.get(rid)
+            if detokenizer is None or detokenizer.stop_reason is not None:
+                continue
+            req = self.requests[rid]
+            # the tokens the scheduler appended (not those sampled past a finish)
+            tokens = req.output_token_ids[len(detokenizer.token_ids) :]
+            stop_terminated = req.status == RequestStatus.FINISHED_STOPPED
+            if detokenizer.update(tokens, stop_terminated) is not None and not req.is_finished():
+                to_abort.append(rid)
+        if to_abort:
+            self.scheduler.finish_requests(to_abort, RequestStatus.FINISHED_ABORTED)
 
     def _draft_model_proposer(self, sp, runner, num_layers: int) -> DraftModelProposer:
         """The draft model: the runner's model cut after its first ``num_draft_layers`` layers,
@@ -584,6 +615,10 @@ class Engine:
             return ""
         return self.model.decode(list(token_ids))
 
+    def _decode_output(self, token_ids) -> str:
+        """Output text as vLLM's detokenizer makes it (skip_special_tokens, its default)."""
+        return self.model.decode(list(token_ids), skip_special_tokens=True)
+
     def snapshot(self) -> snapshot.Snapshot:
         return take_snapshot(
             self.scheduler,
@@ -601,6 +636,13 @@ class Engine:
                 "text": self.decode(req.output_token_ids),
                 "finish_reason": req.status.value if req.is_finished() else None,
             }
+            detokenizer = self.detokenizers.get(rid)
+            if detokenizer is not None:  # vLLM's text: special tokens skipped, cut at a stop
+                out[rid]["token_ids"] = list(detokenizer.token_ids)
+                out[rid]["text"] = detokenizer.output_text
+                if detokenizer.stop_reason is not None:
+                    out[rid]["finish_reason"] = RequestStatus.FINISHED_STOPPED.value
+                    out[rid]["stop_reason"] = detokenizer.stop_reason
         return out
 
     def grouped_outputs(self) -> dict[str, dict]:

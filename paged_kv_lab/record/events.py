@@ -179,7 +179,9 @@ class Blocked(Event):
     """The head of the waiting queue was not admitted this step (vLLM: ``Scheduler.schedule``
     breaking out of the waiting loop). ``reason`` is one of: "max_num_seqs" (that many
     already run), "token_budget" (this step's budget is spent), "no_free_blocks"
-    (``allocate_slots`` refused), "preempted_this_step" (no admissions in a step that
+    (``allocate_slots`` refused), "reserved_blocks" (an asynchronous load refused: the
+    ``num_reserved_blocks`` that in-flight prefills still need stay free, vLLM's
+    ``_inflight_prefill_reserved_blocks``), "preempted_this_step" (no admissions in a step that
     preempted), "never_fits" (the engine aborts a prompt an empty pool cannot hold),
     "max_loras" (``max_loras`` adapters run already and this request needs another: vLLM skips
     it and looks at the next waiting request).
@@ -193,6 +195,7 @@ class Blocked(Event):
     num_free_blocks: int | None = None
     num_tokens: int | None = None
     usable_blocks: int | None = None
+    num_reserved_blocks: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,12 +245,15 @@ class CacheHit(Event):
 class CacheMiss(Event):
     """A prefix-cache lookup found nothing: its ``num_full_blocks`` block hashes were asked
     for and no hit came back (a full-attention group stops at its first missing block, a
-    sliding-window group searches from the right) (vLLM: ``KVCacheManager.get_computed_blocks``)."""
+    sliding-window group searches from the right) (vLLM: ``KVCacheManager.get_computed_blocks``).
+    With ``skip_reading_prefix_cache`` (a request asking for prompt_logprobs) nothing was asked
+    for (``prefix_cache_lookup_enabled`` is false) and ``num_full_blocks`` is 0."""
 
     kind = EventKind.CACHE_MISS
     request_id: str = dataclasses.field()
     num_tokens: int
     num_full_blocks: int = 0
+    skip_reading_prefix_cache: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -227,6 +227,13 @@ class RequestSpec:
     # the adapter this request runs with: a name in engine.lora_modules (vLLM's LoRARequest);
     # None: the base model
     lora_name: Optional[Annotated[StrictStr, Field(min_length=1)]] = None
+    # vLLM's SamplingParams.prompt_logprobs (-1: the whole vocabulary): set, the request skips
+    # reading the prefix cache (skip_reading_prefix_cache); the logprobs are not computed
+    prompt_logprobs: Optional[Annotated[StrictInt, Field(ge=-1, le=INT64_MAX)]] = None
+    # vLLM's SamplingParams.stop: the request finishes once its output text holds one of these
+    # (kvcore/engine/detokenizer.py), the text cut before it unless include_stop_str_in_output
+    stop: tuple[Annotated[StrictStr, Field(min_length=1)], ...] = ()
+    include_stop_str_in_output: StrictBool = False
 
 
 @dataclass(frozen=True)
@@ -296,6 +303,9 @@ _MUST: dict[str, Text] = {
     "cache_salt": _STR_OR_NULL,
     "ignore_eos": _BOOL,
     "n": _INT_GE1,
+    "prompt_logprobs": _must("null_or_int_ge", n=-1),
+    "stop": _must("stop_strings"),
+    "include_stop_str_in_output": _BOOL,
     "model": _one_of(MODELS),
     "device": _one_of(DEVICES),
     "dtype": _one_of(DTYPES),

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from pydantic import TypeAdapter, ValidationError
-from typing_extensions import TypedDict  # pydantic reads typing's TypedDict only from Python 3.12
+from typing_extensions import NotRequired, TypedDict  # pydantic: typing's only from 3.12
 
 from paged_kv_lab.record.snapshot import Snapshot, StepRecord
 from paged_kv_lab.text.i18n import ProblemsError, Text
@@ -18,7 +18,8 @@ from paged_kv_lab.text.i18n import ProblemsError, Text
 #   header   {"scenario": <scenario file>, "snapshot": <Snapshot before step 1>}
 #            (first line; traces written before the header existed lack it)
 #   steps    StepRecord.to_dict() for steps 1, 2, 3... in order
-# outputs  {"outputs": {request id: {"token_ids": [...], "text": str, "finish_reason": str | None}}}
+# outputs  {"outputs": {request id: {"token_ids": [...], "text": str, "finish_reason": str | None,
+#                                      "stop_reason": str (only when a stop string ended it)}}}
 #            (last line; a file cut short lacks it), with ``"parents": {parent id: [child ids]}``
 # when some request had n > 1 (its children, in index order: kvcore/engine/parallel_sampling.py)
 # The three *_line functions are the only writers of the format; read_trace the only reader.
@@ -214,6 +215,7 @@ class _Output(TypedDict):
     token_ids: list[int]
     text: str
     finish_reason: Optional[str]
+    stop_reason: NotRequired[str]  # the stop string that ended it (requests[].stop)
 
 
 @functools.cache

@@ -149,7 +149,8 @@ def _cache_hit(e: E.CacheHit, s: Style) -> Text:
 
 
 def _cache_miss(e: E.CacheMiss, s: Style) -> Text:
-    return Text("event.cache_miss", {"rid": e.request_id, "n": e.num_tokens})
+    key = "event.cache_miss.skipped" if e.skip_reading_prefix_cache else "event.cache_miss"
+    return Text(key, {"rid": e.request_id, "n": e.num_tokens})
 
 
 def _touched(e: E.Touched, s: Style) -> Text:

@@ -164,6 +164,14 @@ FUNCTIONS: dict[str, CodeLink] = {
             "kvcore.core.kv_cache_manager:KVCacheManager.get_computed_blocks",
         ),
         _link(
+            "prefix_cache_lookup_enabled",
+            _KVM,
+            251,
+            253,
+            "KVCacheManager.prefix_cache_lookup_enabled",
+            "kvcore.core.kv_cache_manager:KVCacheManager.prefix_cache_lookup_enabled",
+        ),
+        _link(
             "allocate_slots",
             _KVM,
             380,

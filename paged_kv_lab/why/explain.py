@@ -207,6 +207,7 @@ SALT = "salt"
 TOKENS_DIFFER = "tokens_differ"
 # A rule, not a miss.
 CACHING_OFF = "caching_off"
+SKIP_READING_PREFIX_CACHE = "skip_reading_prefix_cache"
 SHORTER_THAN_BLOCK = "shorter_than_block"
 PARTIAL_BLOCK = "partial_block"
 CAPPED_LAST_TOKEN = "capped_last_token"
@@ -219,6 +220,7 @@ NO_PARTIAL_ENTRY = "no_partial_entry"  # prefix_match_unit: no entry inside the 
 MISS_REASONS = (NEVER_COMPUTED, EVICTED, RESET, SALT, TOKENS_DIFFER)
 RULE_REASONS = (
     CACHING_OFF,
+    SKIP_READING_PREFIX_CACHE,
     SHORTER_THAN_BLOCK,
     PARTIAL_BLOCK,
     CAPPED_LAST_TOKEN,
@@ -356,6 +358,9 @@ def _explain_admission(
     s = run.settings
     if s is not None and not s.enable_prefix_caching:
         return HitExplanation(reason=CACHING_OFF, **base)
+    lookup = rec.events[lookups[-1]] if lookups else None
+    if lookup is not None and lookup.kind == E.CACHE_MISS and lookup.skip_reading_prefix_cache:
+        return HitExplanation(reason=SKIP_READING_PREFIX_CACHE, **base)
     if n < bs and unit == bs:
         return HitExplanation(reason=SHORTER_THAN_BLOCK, **base)
     if not has_hashes(views.values()):

@@ -94,6 +94,8 @@ def hit_sentences(x: X.HitExplanation, lang: str = "en") -> list[str]:
             **kw,
         )
         out.append(stop + line if r == X.NEVER_COMPUTED else line)
+    if r == X.SKIP_READING_PREFIX_CACHE:
+        out.append(code_line(FUNCTIONS["prefix_cache_lookup_enabled"], lang))
     out.append(code_line(FUNCTIONS["get_computed_blocks"], lang))
     if r == X.PARTIAL_HIT:  # who keyed the block inside, and who hands out the copy
         out.append(code_line(FUNCTIONS["cache_partial_block"], lang))

@@ -267,13 +267,11 @@ def install(Unmodelled):  # noqa: N803  (the conftest's exception class)
                 (request.lora_request is not None, "LoRA scheduling limits (max_loras)"),
                 (request.structured_output_request is not None, "structured outputs"),
                 (params is not None and params.min_tokens > 0, "min_tokens"),
-                (params is not None and params.prompt_logprobs is not None, "prompt logprobs"),
                 (
                     params is not None and params.repetition_detection is not None,
                     "repetition detection",
                 ),
                 (request.resumable, "streaming (resumable) requests"),
-                (request.skip_reading_prefix_cache, "per-request prefix-cache skipping"),
             ]
             for flagged, feature in unmodelled:
                 if flagged:

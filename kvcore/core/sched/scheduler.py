@@ -12,9 +12,11 @@ from kvcore.core.kv_cache_observer import FREE_COPIED, KVCacheObserver, call_for
 from kvcore.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from kvcore.core.sched.request_queue import PRIORITY, create_request_queue
 from kvcore.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+from kvcore.kv_cache_interface import MambaSpec
 from kvcore.metrics.stats import PrefixCacheStats
 from kvcore.outputs import ModelRunnerOutput
 from kvcore.request import Request, RequestStatus
+from kvcore.utils.math_utils import cdiv
 
 KV_LOAD_RECOMPUTE, KV_LOAD_FAIL = "recompute", "fail"
 KV_LOAD_FAILURE_POLICIES = (KV_LOAD_RECOMPUTE, KV_LOAD_FAIL)
@@ -121,6 +123,23 @@ class Scheduler:
         if connector is not None:
             connector.bind_kv_cache_manager(kv_cache_manager)
             self.connector_prefix_cache_stats = PrefixCacheStats()
+        # vLLM's in-flight prefills: requests admitted that have not yet computed their whole
+        # prompt (a chunked prefill, an asynchronous load in progress). The blocks they still
+        # need are kept free from the next asynchronous load, which holds its blocks without
+        # running and cannot be preempted: two loads each holding part of what the other
+        # needs would wait on each other for ever.
+        self._inflight_prefills: set[Request] = set()
+        num_spec_decode_tokens = (
+            1 + config.num_spec_tokens + config.num_lookahead_tokens
+            if config.num_spec_tokens
+            else 0
+        )
+        # Mamba groups count their speculative state blocks themselves.
+        self._spec_decode_step_blocks = sum(
+            cdiv(num_spec_decode_tokens, m.block_size)
+            for m in kv_cache_manager.coordinator.single_type_managers
+            if not isinstance(m.kv_cache_spec, MambaSpec)
+        )
         self.need_mamba_block_aligned_split = any(
             getattr(g.kv_cache_spec, "mamba_cache_mode", None) == "align"
             for g in kv_cache_manager.kv_cache_config.kv_cache_groups
@@ -339,6 +358,8 @@ class Scheduler:
                         num_external, load_kv_async = self.connector.get_num_new_matched_tokens(
                             request, num_hit
                         )
+                        if request.skip_reading_prefix_cache:  # nor a connector's hit
+                            num_external, load_kv_async = 0, False
                         if num_external is None:
                             skipped.append(queue.pop_request())
                             continue
@@ -362,6 +383,13 @@ class Scheduler:
                         num_new = self._mamba_block_aligned_split(request, num_new, num_hit)
                         if num_new == 0:
                             break
+                # vLLM: an asynchronous load is admitted only if the in-flight prefills' blocks
+                # (and its own next step's draft blocks) stay free after it.
+                reserved_blocks = (
+                    self._inflight_prefill_reserved_blocks() + self._spec_decode_step_blocks
+                    if load_kv_async
+                    else 0
+                )
                 new_blocks = self.kv_cache_manager.allocate_slots(
                     request,
                     num_new,
@@ -373,15 +401,17 @@ class Scheduler:
                     num_external_computed_tokens=num_external,
                     delay_cache_blocks=load_kv_async,
                     full_sequence_must_fit=cfg.admission == ADMIT_FULL_SEQUENCE,
+                    reserved_blocks=reserved_blocks,
                     has_scheduled_reqs=bool(self.running),
                 )
                 if new_blocks is None:
                     self._emit(
                         "blocked",
                         request,
-                        reason="no_free_blocks",
+                        reason="reserved_blocks" if reserved_blocks else "no_free_blocks",
                         num_free_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks(),
                         num_tokens=request.num_tokens,
+                        num_reserved_blocks=reserved_blocks or None,
                     )
                     break
                 if self.connector is not None:
@@ -399,6 +429,7 @@ class Scheduler:
                     # runs from the end of the hit in a later one.
                     request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
                     request.num_computed_tokens = num_computed
+                    self._inflight_prefills.add(request)
                     skipped.append(queue.pop_request())
                     continue
                 queue.pop_request()
@@ -416,6 +447,8 @@ class Scheduler:
                 request.status = RequestStatus.RUNNING
                 request.num_computed_tokens = num_computed
                 request.num_cached_tokens = num_computed
+                if num_computed + num_new < request.num_tokens:
+                    self._inflight_prefills.add(request)
                 self._emit(
                     "resumed" if resumed else "admitted",
                     request,
@@ -474,6 +507,8 @@ class Scheduler:
             # vLLM's flag: a step that ends inside the known tokens samples nothing, so drafts
             # proposed for it are dropped (update_draft_token_ids)
             req.is_prefill_chunk = req.num_computed_tokens < req.num_tokens
+            if not req.is_prefill_chunk:
+                self._inflight_prefills.discard(req)
         return out
 
     def _make_output(
@@ -529,6 +564,29 @@ class Scheduler:
             scheduled_spec_decode_tokens=dict(scheduled_spec_decode_tokens or {}),
         )
 
+    def _request_remaining_blocks(self, request: Request) -> int:
+        """Blocks ``request`` still needs to hold its whole sequence (and, with drafts, one
+        step's draft slots) beyond those it holds."""
+        cfg = self.config
+        full_num_tokens = min(request.num_tokens, cfg.max_model_len)
+        num_tokens = full_num_tokens
+        if cfg.num_spec_tokens:
+            num_tokens += 1 + cfg.num_spec_tokens + cfg.num_lookahead_tokens
+        kvm = self.kv_cache_manager
+        return kvm.coordinator.get_num_blocks_to_allocate(
+            request.request_id,
+            num_tokens,
+            kvm.empty_kv_cache_blocks.blocks,
+            request.num_computed_tokens,
+            apply_admission_cap=True,
+            num_tokens_main_model=full_num_tokens,
+        )
+
+    def _inflight_prefill_reserved_blocks(self) -> int:
+        """The blocks the in-flight prefills still need: what an asynchronous load must leave
+        free."""
+        return sum(self._request_remaining_blocks(r) for r in self._inflight_prefills)
+
     @staticmethod
     def _holds_kv_blocks(request: Request) -> bool:
         """A waiting request that holds blocks: its K/V is loading (or landed) from a
@@ -548,6 +606,7 @@ class Scheduler:
             num_computed_tokens=request.num_computed_tokens,
         )
         self.kv_cache_manager.free(request)
+        self._inflight_prefills.discard(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.spec_token_ids = []
@@ -883,6 +942,7 @@ class Scheduler:
         table first (the CPU tier pins blocks it still has to store). Returns the connector's
         transfer params for the request's output."""
         assert request.is_finished()
+        self._inflight_prefills.discard(request)
         connector_delay_free_blocks, kv_xfer_params = self._connector_finished(request)
         self.finished_req_ids.add(request.request_id)
         if not (delay_free_blocks or connector_delay_free_blocks):
