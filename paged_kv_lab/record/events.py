@@ -94,6 +94,9 @@ class EventKind(str, Enum):
 EVENT_KINDS: tuple[EventKind, ...] = tuple(EventKind)
 
 IntTuple = tuple[int, ...]
+# a field's metadata key: such a field, added after files were recorded, is written only when it
+# differs from its default, so those files stay byte-identical
+WRITTEN_WHEN_SET = "written_when_set"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -109,7 +112,10 @@ class Event:
         """JSON-ready: {"kind": ..., every field by name}; tuples become lists, dict keys text."""
         out: dict[str, Any] = {"kind": self.kind.value}
         for f in dataclasses.fields(self):
-            out[f.name] = _plain(getattr(self, f.name))
+            v = getattr(self, f.name)
+            if f.metadata.get(WRITTEN_WHEN_SET) and v == f.default:
+                continue  # a field added later: files recorded before it stay byte-identical
+            out[f.name] = _plain(v)
         return out
 
     @staticmethod
@@ -195,7 +201,9 @@ class Blocked(Event):
     num_free_blocks: int | None = None
     num_tokens: int | None = None
     usable_blocks: int | None = None
-    num_reserved_blocks: int | None = None
+    num_reserved_blocks: int | None = dataclasses.field(
+        default=None, metadata={WRITTEN_WHEN_SET: True}
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -253,7 +261,9 @@ class CacheMiss(Event):
     request_id: str = dataclasses.field()
     num_tokens: int
     num_full_blocks: int = 0
-    skip_reading_prefix_cache: bool = False
+    skip_reading_prefix_cache: bool = dataclasses.field(
+        default=False, metadata={WRITTEN_WHEN_SET: True}
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
