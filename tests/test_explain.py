@@ -462,3 +462,27 @@ def test_why_panel_on_a_lesson_page_follows_the_player():
     sb.set_value("D").run()
     text = " ".join(m.value for m in at.markdown).replace("\\", "")
     assert "D was admitted at step" in text and "cache_salt 'user-2'" in text
+
+
+@pytest.mark.parametrize("lesson_id", ["pd", "hybrid", "prefix", "secondtier", "specdec"])
+def test_every_admission_of_a_lessons_run_is_explained(lesson_id, tiny_model):
+    """Why? for every request of the lesson's run, in both languages: an answer for each admission
+    (or the catalogue's refusal), never a crash. The P/D decode replica's admission counts the
+    pulled tokens in its hit, which ends inside a block on a run whose hashes are per block."""
+    from paged_kv_lab.lesson import BY_ID
+    from paged_kv_lab.runs.timeline import lesson_run
+
+    run = lesson_run(BY_ID[lesson_id], tiny_model)
+    run.run_to_end(timeout=300)
+    steps = RecordedSteps(run.initial, tuple(run.records), run.scenario.engine)
+    answered = 0
+    for rid in steps.request_views():
+        try:
+            found = explain_hit(steps, rid)
+        except X.ExplainError:
+            continue
+        for x in found:
+            for lang in ("en", "zh"):
+                assert hit_sentences(x, lang)
+        answered += len(found)
+    assert answered

@@ -368,7 +368,7 @@ def _explain_admission(
     groups = run.groups()
     g = run.primary_group()
     chain = chain_of(views[rid], n, bs, unit)
-    if hit % bs:
+    if hit % bs and unit < bs:  # a hit inside a block needs hashes finer than the block
         return _partial_hit(rec, history, views[rid], idx, pos, dict(base, group=g))
     present = [history.present(f"{h}@{g}", pos) for h in chain]
     k = hit // bs
