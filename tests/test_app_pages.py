@@ -176,6 +176,10 @@ def test_bad_scenario_shows_error_and_keeps_state():
     ).run()
     assert "requests[0].max_tokens" in " ".join(e.value for e in at.error)
     assert (state.run.scenario, state.run.cursor) == before
+    # the refusal stays beside the uploader while the file is in it: a rerun (another widget, or
+    # one that interrupted the run that first showed it) does not lose it
+    at.run()
+    assert "requests[0].max_tokens" in " ".join(e.value for e in at.error)
 
 
 def test_good_scenario_upload_replaces_the_run():

@@ -50,6 +50,10 @@ class PageState:
     quiz: Any = None  # a pending quiz.Prediction
     quiz_choice: int | None = None
     upload_id: str | None = None  # the last uploaded file handled (a rerun must not load it again)
+    # why the uploaded file ``upload_id`` was refused: shown beside the uploader while that file is
+    # in it (not once, as ``error``: a run that a newer rerun interrupts would lose a one-shot
+    # message, and the file is not handled a second time)
+    upload_problem: str | None = None
     run_error_seen: str | None = None  # the run's stop reason, once shown
 
 

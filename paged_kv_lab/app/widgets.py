@@ -85,13 +85,14 @@ def on_upload(state: LessonState, lesson: Lesson, ms: ModelState, key: str, lang
     up = st.session_state.get(key)
     if up is None or up.file_id == state.upload_id:
         return
-    state.upload_id = up.file_id
+    state.upload_id, state.upload_problem = up.file_id, None
     try:  # refuse a too-large file before reading it whole
         check_size(up.size, Text("refusal.what.file", {"name": repr(up.name)}), app_limits())
     except BudgetError as e:
-        state.error = tr("bad_scenario", lang) + "\n- " + said(e, lang)
+        state.upload_problem = tr("bad_scenario", lang) + "\n- " + said(e, lang)
         return
-    apply_scenario_text(state, lesson, ms, up.getvalue(), lang)
+    if not apply_scenario_text(state, lesson, ms, up.getvalue(), lang):
+        state.upload_problem, state.error = state.error, None
 
 
 def scenario_file(state: LessonState, lesson: Lesson, ms: ModelState, lang: str) -> None:
@@ -116,6 +117,9 @@ def scenario_file(state: LessonState, lesson: Lesson, ms: ModelState, lang: str)
             on_change=on_upload,
             args=(state, lesson, ms, up_key, lang),
         )
+        up = st.session_state.get(up_key)
+        if state.upload_problem and up is not None and up.file_id == state.upload_id:
+            st.error(state.upload_problem)
         key = f"paste:{lesson.id}"
         st.text_area(tr("paste", lang), key=key, height=120)
         st.button(
