@@ -7,15 +7,8 @@ Scheduler (scheduled tokens, preempted requests, every block table, free blocks)
 the reason, where that environment is absent. Importing vLLM takes a while: the slow set.
 """
 
-import os
-import subprocess
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parent.parent
-VENV = Path(os.environ.get("VLLM_VENV", "/tmp/vllm-venv"))
-PYTHON = VENV / "bin" / "python"
+from _lookahead_driver import drive
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vllm-lora")]
 
@@ -39,16 +32,7 @@ BOTH = (
 @pytest.fixture(scope="module")
 def driven():
     """(exit status, the comparison's output, the switched-off run's output)."""
-    if not PYTHON.exists():
-        pytest.skip(f"no vLLM environment at {VENV} (build it: bash scripts/vllm_env.sh)")
-    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
-    if subprocess.run([str(PYTHON), "-c", probe], timeout=60).returncode != 0:
-        pytest.skip(f"no vLLM package in {VENV} (build it: bash scripts/vllm_env.sh)")
-    done = subprocess.run(
-        [str(PYTHON), "-c", BOTH], capture_output=True, text=True, timeout=600, cwd=ROOT
-    )
-    same, _, off = done.stdout.partition("=== switched off")
-    return done.returncode, same.strip(), off.strip() + "\n" + done.stderr[-2000:]
+    return drive(BOTH)
 
 
 def test_same_admissions_as_vllms_scheduler_with_lora_adapters(driven):

@@ -25,7 +25,7 @@ from paged_kv_lab.app.player_component import export_html, player_panel
 from paged_kv_lab.app.registry import page_file
 from paged_kv_lab.app.state import PageState, get_state, init_globals_from_url, locked, open_run
 from paged_kv_lab.app.why_panel import why_panel
-from paged_kv_lab.app.widgets import apply_scenario_text
+from paged_kv_lab.app.widgets import apply_scenario_text, keep_upload_problem, show_upload_problem
 from paged_kv_lab.lesson import BY_ID
 from paged_kv_lab.record.budget import BudgetError, app_limits, check_size
 from paged_kv_lab.record.scenario import load_scenario, scenario_to_dict
@@ -147,14 +147,15 @@ def on_upload(state: TraceState, key: str, lang: str) -> None:
     up = st.session_state.get(key)
     if up is None or up.file_id == state.upload_id:
         return
-    state.upload_id = up.file_id
+    state.upload_id, state.upload_problem = up.file_id, None
     try:  # refuse a too-large file before reading it whole
         what = Text("refusal.what.trace_file", {"name": repr(up.name)})
         check_size(up.size, what, app_limits(), "max_trace_bytes")
     except BudgetError as e:
-        state.error = tr("bad_trace", lang, name=up.name) + "\n- " + said(e, lang)
+        state.upload_problem = tr("bad_trace", lang, name=up.name) + "\n- " + said(e, lang)
         return
     load_trace_bytes(state, up.getvalue(), up.name, lang)
+    keep_upload_problem(state)
 
 
 # -- the page --------------------------------------------------------------------------
@@ -174,6 +175,8 @@ def render_trace_page() -> None:
         on_change=on_upload,
         args=(state, up_key, lang),
     )
+    with c1:
+        show_upload_problem(state, up_key)
     c2.button(
         tr("trace_example", lang),
         key=f"example:{KEY}",

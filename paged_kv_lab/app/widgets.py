@@ -81,6 +81,20 @@ def on_paste(state: LessonState, lesson: Lesson, ms: ModelState, key: str, lang:
     apply_scenario_text(state, lesson, ms, st.session_state.get(key) or "", lang)
 
 
+def keep_upload_problem(state) -> None:
+    """The refusal a file handler left in ``state.error``, kept for the uploaded file instead
+    (shown by show_upload_problem while that file is in the uploader)."""
+    if state.error:
+        state.upload_problem, state.error = state.error, None
+
+
+def show_upload_problem(state, up_key: str) -> None:
+    """Why the file now in uploader ``up_key`` was refused, if it was."""
+    up = st.session_state.get(up_key)
+    if state.upload_problem and up is not None and up.file_id == state.upload_id:
+        st.error(state.upload_problem)
+
+
 def on_upload(state: LessonState, lesson: Lesson, ms: ModelState, key: str, lang: str) -> None:
     up = st.session_state.get(key)
     if up is None or up.file_id == state.upload_id:
@@ -91,8 +105,8 @@ def on_upload(state: LessonState, lesson: Lesson, ms: ModelState, key: str, lang
     except BudgetError as e:
         state.upload_problem = tr("bad_scenario", lang) + "\n- " + said(e, lang)
         return
-    if not apply_scenario_text(state, lesson, ms, up.getvalue(), lang):
-        state.upload_problem, state.error = state.error, None
+    apply_scenario_text(state, lesson, ms, up.getvalue(), lang)
+    keep_upload_problem(state)
 
 
 def scenario_file(state: LessonState, lesson: Lesson, ms: ModelState, lang: str) -> None:
@@ -117,9 +131,7 @@ def scenario_file(state: LessonState, lesson: Lesson, ms: ModelState, lang: str)
             on_change=on_upload,
             args=(state, lesson, ms, up_key, lang),
         )
-        up = st.session_state.get(up_key)
-        if state.upload_problem and up is not None and up.file_id == state.upload_id:
-            st.error(state.upload_problem)
+        show_upload_problem(state, up_key)
         key = f"paste:{lesson.id}"
         st.text_area(tr("paste", lang), key=key, height=120)
         st.button(

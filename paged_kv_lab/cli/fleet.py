@@ -246,7 +246,6 @@ def add_serve_parser(sub) -> None:
 def cmd_serve_events(args: argparse.Namespace) -> int:
     if args.trace and args.trace.endswith(".json"):  # a scenario: the real model in the loop
         return serve_scenario(args)
-    from paged_kv_lab.fleet.demo import DemoSource
     from paged_kv_lab.fleet.fleet import Fleet
     from paged_kv_lab.fleet.router import RouterError
     from paged_kv_lab.workload import SHIPPED_TRACE
@@ -264,21 +263,10 @@ def cmd_serve_events(args: argparse.Namespace) -> int:
         settings = replay_settings(trace, engine, arrival="timestamps")
         check_trace(trace, settings, cli_trace_limits())
         fleet = Fleet(trace, settings, args.replicas, args.router, router)
-        source = DemoSource(
-            fleet,
-            args.endpoint,
-            args.replay_endpoint or None,
-            args.topic,
-            args.pace_ms,
-            args.linger_s,
-        )
     except (TraceError, ScenarioError, BudgetError, RouterError, ReplayError, OSError) as e:
         print(f"error: {said(e, args.lang)}", file=sys.stderr)
         return 2
-    except Exception as e:  # a ZeroMQ refusal (address in use, bad endpoint)
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return publish(source, args)
+    return publish(fleet, args)
 
 
 def serve_scenario(args: argparse.Namespace) -> int:
@@ -287,7 +275,7 @@ def serve_scenario(args: argparse.Namespace) -> int:
     (fleet/model_fleet.py); each replica's KV events published as by a trace."""
     from kvcore.config.kv_events import KVEventsConfig
     from paged_kv_lab.cli.main import open_engine
-    from paged_kv_lab.fleet.demo import DemoSource, EngineFeed
+    from paged_kv_lab.fleet.demo import EngineFeed
     from paged_kv_lab.fleet.model_fleet import ModelFleet
     from paged_kv_lab.fleet.router import RouterError
     from paged_kv_lab.record.scenario import load_scenario, with_engine_overrides
@@ -319,20 +307,23 @@ def serve_scenario(args: argparse.Namespace) -> int:
         else:
             engine.close()
             feed = ModelFleet(scenario, args.replicas, args.router, engine.model, None, router_set)
-        replay = args.replay_endpoint or None
-        source = DemoSource(feed, args.endpoint, replay, args.topic, args.pace_ms, args.linger_s)
     except (RouterError, ValueError) as e:
         print(f"error: {args.trace}: {said(e, args.lang)}", file=sys.stderr)
         return 2
+    return publish(feed, args)
+
+
+def publish(fleet, args: argparse.Namespace) -> int:
+    """Publish ``fleet``'s KV events (fleet/demo.py's DemoSource) here until it is done and its
+    linger is over (or Ctrl-C), after printing the command that watches it."""
+    from paged_kv_lab.fleet.demo import DemoSource
+
+    try:
+        replay = args.replay_endpoint or None
+        source = DemoSource(fleet, args.endpoint, replay, args.topic, args.pace_ms, args.linger_s)
     except Exception as e:  # a ZeroMQ refusal (address in use, bad endpoint)
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return publish(source, args)
-
-
-def publish(source, args: argparse.Namespace) -> int:
-    """Run ``source`` here until it is done and its linger is over (or Ctrl-C), after printing
-    the command that watches it."""
     watch = f"python -m kvcore watch {args.endpoint} --bind --data-parallel-size {args.replicas}"
     if args.replay_endpoint:
         watch += f" --replay {args.replay_endpoint}"
