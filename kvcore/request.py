@@ -50,7 +50,7 @@ class Request:
     def __init__(
         self,
         request_id: str,
-        prompt_token_ids: list[int],
+        prompt_token_ids: Optional[list[int]],
         max_tokens: int,
         arrival_time: int = 0,
         priority: int = 0,
@@ -70,6 +70,13 @@ class Request:
     ) -> None:
         if max_tokens < 1:
             raise ValueError(f"request {request_id!r}: max_tokens must be >= 1")
+        if prompt_token_ids is None:
+            if prompt_embeds is None:
+                raise ValueError(f"request {request_id!r}: neither token ids nor embeddings")
+            # vLLM keeps prompt_token_ids None for an embeddings-only prompt and gives it one
+            # token id 0 per row; the zeros stand in for the ids here too (they are what its
+            # block hashes hash, beside each block's embedding bytes).
+            prompt_token_ids = [0] * len(prompt_embeds)
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
         self.output_token_ids: list[int] = []

@@ -31,6 +31,10 @@ class SeqBatchItem:
     sample: bool  # this step completes the known tokens: sample the next one
     num_draft_tokens: int = 0  # the last ones of token_ids are drafts: logits after each
     lora_request: Optional[LoRARequest] = None  # the request's adapter; None: the base model
+    # one entry per token of token_ids: the raw bytes of the embedding row fed in its place (a
+    # prompt_embeds row, or a multimodal item's row at its placeholder), or None: the token's own
+    # embedding. None for the whole item: every token is embedded from its id.
+    embeds: Optional[tuple[Optional[bytes], ...]] = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,26 @@ class ModelInputs:
             block_table=tuple(tuple(tuple(row) for row in g) for g in d["block_table"]),
             slot_mapping=tuple(tuple(g) for g in d["slot_mapping"]),
         )
+
+
+def embedding_rows(request, start: int, end: int) -> Optional[tuple[Optional[bytes], ...]]:
+    """The rows fed in place of token embeddings at positions [start, end) of ``request`` (vLLM's
+    runner: ``inputs_embeds`` from ``prompt_embeds`` where ``is_token_ids`` is False, and the
+    multimodal embeddings scattered where ``is_mm_embed`` is True); None when every position
+    there is embedded from its token id. A multimodal item's rows are its ``data``, one per
+    placeholder position."""
+    embeds = request.prompt_embeds
+    if embeds is None and not request.mm_features:
+        return None
+    rows: list[Optional[bytes]] = [None] * (end - start)
+    if embeds is not None:
+        for p in range(start, min(end, len(embeds))):
+            rows[p - start] = embeds[p]
+    for feature in request.mm_features:
+        offset, length = feature.mm_position.offset, feature.mm_position.length
+        for p in range(max(start, offset), min(end, offset + length)):
+            rows[p - start] = feature.data[p - offset]
+    return tuple(rows) if any(r is not None for r in rows) else None
 
 
 def _check_table(
@@ -197,6 +221,10 @@ def prepare_inputs(
                 )
             tables[g].append(tuple(int(b) for b in table))
             slots[g].extend(table[p // block_size] * block_size + p % block_size for p in pos)
+        if it.embeds is not None and len(it.embeds) != n:
+            raise ValueError(
+                f"request {it.request_id!r}: {len(it.embeds)} embedding entries for {n} tokens"
+            )
         input_ids.extend(int(t) for t in it.token_ids)
         positions.extend(pos)
         query_start_loc.append(query_start_loc[-1] + n)

@@ -224,8 +224,14 @@ class GPUModelRunner(LoRAModelRunnerMixin):
                 inputs.query_start_loc, inputs.seq_lens, inputs.block_table[g], self.block_size
             )
         dev = self.device
+        input_ids = torch.tensor([inputs.input_ids], dtype=torch.long).to(dev)
+        rows = [r for it in items for r in (it.embeds or (None,) * len(it.token_ids))]
+        if any(r is not None for r in rows):
+            fed = {"inputs_embeds": self._inputs_embeds(input_ids, rows)}
+        else:
+            fed = {"input_ids": input_ids}
         out = self.model(
-            input_ids=torch.tensor([inputs.input_ids], dtype=torch.long).to(dev),
+            **fed,
             position_ids=torch.tensor([inputs.positions], dtype=torch.long).to(dev),
             logits_to_keep=torch.tensor(inputs.logits_indices, dtype=torch.long).to(dev),
             use_cache=False,
@@ -233,6 +239,21 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         )
         # a prefill chunk that samples nothing still ran: its K/V is in the pool now
         return inputs.sample_req_ids, (out.logits[0] if inputs.sample_req_ids else None)
+
+    def _inputs_embeds(self, input_ids: torch.Tensor, rows: list) -> torch.Tensor:
+        """The step's ``inputs_embeds`` ([1, num_tokens, hidden]): each token's own embedding,
+        replaced by its given row where it has one (vLLM's runner with prompt embeddings or
+        multimodal items: the embedding of the ids, then the rows written over their positions).
+        A row is raw bytes in the model's dtype; ValueError when one is not ``hidden`` wide."""
+        embeds = self.model.get_input_embeddings()(input_ids)
+        at = [i for i, r in enumerate(rows) if r is not None]
+        data = b"".join(rows[i] for i in at)
+        width = embeds.shape[-1] * embeds.element_size()
+        if any(len(rows[i]) != width for i in at):
+            raise ValueError(f"an embedding row is not {width} bytes (hidden size x dtype)")
+        given = torch.frombuffer(bytearray(data), dtype=self.dtype).view(len(at), -1)
+        embeds[0, at] = given.to(embeds.device)
+        return embeds
 
     @torch.inference_mode()
     def execute_logits(self, items: Sequence[SeqBatchItem]) -> dict[str, torch.Tensor]:

@@ -121,7 +121,7 @@ def open_engine(args: argparse.Namespace, scenario, kv_events):
 
     try:
         from kvcore.model import load_model
-        from paged_kv_lab.record.budget import check_scenario, cli_limits
+        from paged_kv_lab.record.budget import check_scenario, cli_limits, prompt_encoder
 
         limits = cli_limits()
         auto = scenario.engine.num_gpu_blocks == "auto"
@@ -142,9 +142,7 @@ def open_engine(args: argparse.Namespace, scenario, kv_events):
             scenario = replace(
                 scenario, engine=replace(scenario.engine, num_gpu_blocks=sizing.num_gpu_blocks)
             )
-        check_scenario(
-            scenario, limits, model.config, lambda r: model.encode_prompt(r.prompt, r.chat)
-        )
+        check_scenario(scenario, limits, model.config, prompt_encoder(model))
         if scenario.engine.kv_transfer == "pd":  # a prefill replica and a decode replica
             from paged_kv_lab.disagg.pd import PDEngine
             from paged_kv_lab.record.engine import EngineRefused

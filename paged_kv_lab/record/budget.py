@@ -20,6 +20,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Mapping, Optional, Union
 
 from kvcore.model.memory import bytes_per_block_dims, dtype_bytes, model_dims
+from paged_kv_lab.record.scenario import prompt_text
 from paged_kv_lab.text.i18n import Text, tr
 
 Says = Union[str, Text]  # what a refusal names: a plain name (a setting's path) or a sentence
@@ -281,15 +282,16 @@ def check_scenario(
                 r.arrival_step,
                 limits.max_run_steps,
             )
-        if r.prompt is not None and len(r.prompt) > limits.max_prompt_chars:
-            raise _refuse(
-                Text("refusal.what.length", {"path": f"requests[{i}].prompt"}),
-                len(r.prompt),
-                limits.max_prompt_chars,
-                limits,
-                "max_prompt_chars",
-                Text("refusal.unit.characters"),
-            )
+        for path, text in _texts(i, r):
+            if len(text) > limits.max_prompt_chars:
+                raise _refuse(
+                    Text("refusal.what.length", {"path": path}),
+                    len(text),
+                    limits.max_prompt_chars,
+                    limits,
+                    "max_prompt_chars",
+                    Text("refusal.unit.characters"),
+                )
         if r.prompt_token_ids is not None and len(r.prompt_token_ids) > limits.max_prompt_tokens:
             raise _refuse(
                 Text("refusal.what.length", {"path": f"requests[{i}].prompt_token_ids"}),
@@ -329,7 +331,7 @@ def check_scenario(
         n = (
             len(r.prompt_token_ids)
             if r.prompt_token_ids is not None
-            else (len(encode(r)) if encode is not None else len(r.prompt))
+            else (len(encode(r)) if encode is not None else len(prompt_text(r)))
         )
         if n > limits.max_prompt_tokens:
             raise _refuse(
@@ -358,6 +360,29 @@ def check_scenario(
             act,
             limits.max_activation_bytes,
         )
+
+
+def prompt_encoder(model: Any) -> Optional[Callable[[Any], list[int]]]:
+    """``encode`` for :func:`check_scenario`: a request's prompt tokens as the model makes them
+    (its prompt, or the text its prompt embeddings embed); None without a model."""
+    if getattr(model, "config", None) is None:
+        return None
+
+    def encode(r: Any) -> list[int]:
+        return model.encode_prompt(prompt_text(r), r.chat)
+
+    return encode
+
+
+def _texts(i: int, r: Any) -> list[tuple[str, str]]:
+    """(path, text) of each text request ``i`` is tokenized from: its prompt, its prompt
+    embeddings' text, its multimodal items' texts."""
+    out = [(f"requests[{i}].prompt", r.prompt)]
+    embeds = getattr(r, "prompt_embeds", None)
+    out.append((f"requests[{i}].prompt_embeds.text", embeds.text if embeds else None))
+    for j, item in enumerate(getattr(r, "mm_features", ())):
+        out.append((f"requests[{i}].mm_features[{j}].embeds.text", item.embeds.text))
+    return [(path, text) for path, text in out if text is not None]
 
 
 def limits_table() -> list[tuple[str, str, int]]:

@@ -7,6 +7,7 @@ after every ``EngineCore.step`` takes a Snapshot and publishes the KV events.
 
 from __future__ import annotations
 
+import hashlib
 import time
 import zlib
 from dataclasses import replace
@@ -30,6 +31,7 @@ from kvcore.kv_cache_interface import (
     SlidingWindowSpec,
 )
 from kvcore.lora.request import LoRARequest
+from kvcore.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 from kvcore.request import Request, RequestStatus
 from kvcore.spec_decode.draft_model import DraftModelProposer
 from kvcore.spec_decode.ngram_proposer import NgramProposer
@@ -38,7 +40,13 @@ from kvcore.utils.math_utils import cdiv
 from paged_kv_lab.record import snapshot
 from paged_kv_lab.record.invariants import check_invariants
 from paged_kv_lab.record.recorder import Recorder
-from paged_kv_lab.record.scenario import EngineSettings, RequestSpec, Scenario
+from paged_kv_lab.record.scenario import (
+    EmbedsSource,
+    EngineSettings,
+    RequestSpec,
+    Scenario,
+    prompt_text,
+)
 from paged_kv_lab.record.snapshot import take_snapshot
 from paged_kv_lab.text.i18n import Refusal
 
@@ -429,7 +437,7 @@ class Engine:
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
         # Refuse a scenario whose prompt can never fit now, not in the middle of a run.
         for spec in self._pending:
-            self._checked_prompt(spec)
+            self.embedding_inputs(spec, self._checked_prompt(spec))
         if self.debug:
             self.check_invariants()
         cfg = self.kv_events_config
@@ -456,8 +464,47 @@ class Engine:
                 raise EngineRefused("request.vocab", id=repr(spec.id), vocab=vocab, got=max(ids))
             return ids
         if self.model is None:
-            raise EngineRefused("request.needs_model", id=repr(spec.id))
-        return self.model.encode_prompt(spec.prompt, spec.chat)
+            what = "embeds_" if spec.prompt_embeds is not None else ""
+            raise EngineRefused(f"request.{what}needs_model", id=repr(spec.id))
+        return self.model.encode_prompt(prompt_text(spec), spec.chat)
+
+    def embedding_inputs(
+        self, spec: RequestSpec, ids: list[int]
+    ) -> tuple[Optional[list[bytes]], list[MultiModalFeatureSpec]]:
+        """The request's ``prompt_embeds`` rows (None: a token prompt) and its multimodal items,
+        each with its rows as ``data`` (None without a model: its identifier alone goes into the
+        hashes) and its identifier (given, or the sha256 of its rows); ``ids``: the prompt's
+        tokens (for an embeddings prompt, its text's). EngineRefused for an item that does not
+        fit the prompt or whose rows do not fill its range."""
+        embeds = None
+        if spec.prompt_embeds is not None:
+            embeds = self._rows(spec.prompt_embeds, ids, len(ids))
+        features = []
+        for j, item in enumerate(spec.mm_features):
+            at = {"id": repr(spec.id), "item": j}
+            end = item.offset + item.length
+            if end > len(ids):
+                raise EngineRefused("request.mm_outside", **at, end=end, tokens=len(ids))
+            rows = None
+            if self.model is not None:
+                text = item.embeds.text
+                src = self.model.encode_prompt(text, chat=False) if text is not None else None
+                if src is not None and len(src) != item.length:
+                    raise EngineRefused("request.mm_rows", **at, rows=len(src), length=item.length)
+                rows = tuple(self._rows(item.embeds, src, item.length))
+            elif item.identifier is None:
+                raise EngineRefused("request.mm_needs_identifier", id=repr(spec.id))
+            identifier = item.identifier or hashlib.sha256(b"".join(rows)).hexdigest()
+            position = PlaceholderRange(item.offset, item.length)
+            features.append(MultiModalFeatureSpec(identifier, position, item.modality, rows))
+        return embeds, features
+
+    def _rows(self, source: EmbedsSource, ids: Optional[list[int]], n: int) -> list[bytes]:
+        from kvcore.model.prompt_embeds import embedding_rows
+
+        noise = source.noise
+        seed, scale = (noise.seed, noise.scale) if noise is not None else (None, 0.0)
+        return embedding_rows(self.model, ids, n, seed, scale)
 
     def add_request(self, spec: RequestSpec, kv_transfer_params: Optional[dict] = None) -> None:
         """Queue a request now (its arrival_step is ignored). Raises ValueError, changing
@@ -473,6 +520,7 @@ class Engine:
         if self.drafter is not None and (spec.seed is not None or spec.n > 1):
             raise EngineRefused("request.speculative_sampling", id=repr(spec.id))
         ids = self._checked_prompt(spec)
+        embeds, features = self.embedding_inputs(spec, ids)
         s = self.settings
         if parent is not None:
             self.parent_requests[parent.request_id] = parent
@@ -480,7 +528,7 @@ class Engine:
         for child in children:
             req = Request(
                 child.id,
-                ids,
+                None if embeds is not None else ids,  # an embeddings prompt: ids 0, as vLLM's
                 child.max_tokens,
                 arrival_time=self._arrivals,
                 priority=child.priority,
@@ -491,6 +539,8 @@ class Engine:
                 block_hasher=self.hasher if s.enable_prefix_caching else None,
                 kv_transfer_params=dict(kv_transfer_params) if kv_transfer_params else None,
                 prompt_logprobs=child.prompt_logprobs,
+                mm_features=features,
+                prompt_embeds=embeds,
             )
             if child.seed is not None and hasattr(self.runner, "add_request_seed"):
                 self.runner.add_request_seed(child.id, child.seed)
@@ -505,6 +555,12 @@ class Engine:
 
     def _checked_prompt(self, spec: RequestSpec) -> list[int]:
         """The prompt's token ids; ValueError if the prompt alone can never fit."""
+        if spec.prompt_embeds is not None and not self.settings.enable_prompt_embeds:
+            path = f"{spec.id}.prompt_embeds"
+            raise EngineRefused("prompt_embeds_need_enable", path=path)
+        rows = spec.prompt_embeds is not None or spec.mm_features
+        if rows and isinstance(self.drafter, DraftModelProposer):
+            raise EngineRefused("engine.embeds_draft_model")
         ids = self.encode(spec)
         if spec.stop and self.model is None:
             raise EngineRefused("request.stop_needs_model", id=repr(spec.id))

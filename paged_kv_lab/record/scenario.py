@@ -139,6 +139,51 @@ class LoRAModulePath:
     path: Annotated[StrictStr, Field(min_length=1)]
 
 
+# Bounds on what a scenario may ask for embedding rows (kvcore/model/prompt_embeds.py): a noise
+# scale (an embedding's own entries are far smaller) and the multimodal items of one request.
+MAX_NOISE_SCALE = 100
+MAX_MM_ITEMS = 64
+
+
+@dataclass(frozen=True)
+class EmbedsNoise:
+    """Gaussian noise added to embedding rows: ``scale`` times standard normal draws from a CPU
+    generator seeded with ``seed`` (same seed -> same rows on any machine)."""
+
+    __pydantic_config__ = _FORBID
+    seed: Count = 0
+    scale: Annotated[
+        Union[StrictInt, StrictFloat], Field(ge=0, le=MAX_NOISE_SCALE), AfterValidator(float)
+    ] = 0.02
+
+
+@dataclass(frozen=True)
+class EmbedsSource:
+    """Where embedding rows come from (kvcore/model/prompt_embeds.py): the model's own input
+    embeddings of ``text``'s tokens (tokenized as the request's prompt would be, ``chat``
+    included), or zeros without a text; plus ``noise`` when it is set."""
+
+    __pydantic_config__ = _FORBID
+    text: Optional[Annotated[StrictStr, Field(min_length=1)]] = None
+    noise: Optional[EmbedsNoise] = None
+
+
+@dataclass(frozen=True)
+class MultiModalItem:
+    """One multimodal item of a token prompt (vLLM's ``MultiModalFeatureSpec``): its placeholder
+    range ``offset``/``length`` (``PlaceholderRange``), ``modality``, and ``identifier``, the hash
+    every block the range touches carries (null: the sha256 of its rows, hex). The lab runs no
+    encoder: ``embeds`` gives the rows standing for the encoder's output, one per placeholder
+    position (a text must have ``length`` tokens), merged into the prompt's embeddings there."""
+
+    __pydantic_config__ = _FORBID
+    offset: Count
+    length: Int
+    embeds: EmbedsSource = field(default_factory=EmbedsSource)
+    modality: Annotated[StrictStr, Field(min_length=1, max_length=64)] = "image"
+    identifier: Optional[Annotated[StrictStr, Field(min_length=1, max_length=256)]] = None
+
+
 @dataclass(frozen=True)
 class KVTransferConfig:
     """What a P/D pair (``kv_transfer: "pd"``) does with a failed pull.
@@ -204,6 +249,8 @@ class EngineSettings:
     max_loras: Int = 1
     max_lora_rank: LoRARank = 16
     lora_modules: tuple[LoRAModulePath, ...] = ()
+    # vLLM's ModelConfig.enable_prompt_embeds: requests may give their prompt as embedding rows
+    enable_prompt_embeds: StrictBool = False
 
 
 @dataclass(frozen=True)
@@ -234,6 +281,20 @@ class RequestSpec:
     # (kvcore/engine/detokenizer.py), the text cut before it unless include_stop_str_in_output
     stop: tuple[Annotated[StrictStr, Field(min_length=1)], ...] = ()
     include_stop_str_in_output: StrictBool = False
+    # vLLM's embeddings prompt (needs engine.enable_prompt_embeds): the model is fed these rows
+    # instead of token embeddings; its token ids are zeros, as vLLM's, and its blocks' hashes
+    # carry each block's embedding bytes
+    prompt_embeds: Optional[EmbedsSource] = None
+    # vLLM's mm_features: multimodal items at placeholder ranges of the (token) prompt
+    mm_features: Annotated[tuple[MultiModalItem, ...], Field(max_length=MAX_MM_ITEMS)] = ()
+
+
+def prompt_text(spec: RequestSpec) -> Optional[str]:
+    """The text a request's prompt is tokenized from: ``prompt``, or the text its
+    ``prompt_embeds`` rows embed (None: neither, the prompt is token ids or plain rows)."""
+    if spec.prompt is not None:
+        return spec.prompt
+    return spec.prompt_embeds.text if spec.prompt_embeds is not None else None
 
 
 @dataclass(frozen=True)
@@ -334,6 +395,17 @@ _MUST: dict[str, Text] = {
     "lora_modules": _must("lora_modules"),
     "path": _must("non_empty_string"),
     "lora_name": _must("null_or_non_empty_string"),
+    "enable_prompt_embeds": _BOOL,
+    "prompt_embeds": _must("null_or_object"),
+    "mm_features": _must("mm_features", most=MAX_MM_ITEMS),
+    "text": _must("null_or_non_empty_string"),
+    "noise": _must("null_or_object"),
+    "scale": _must("number_in", range=f"[0, {MAX_NOISE_SCALE}]"),
+    "offset": _INT_GE0,
+    "length": _INT_GE1,
+    "embeds": _must("object"),
+    "modality": _must("short_string", most=64),
+    "identifier": _must("null_or_short_string", most=256),
 }
 _SECTIONS = {
     (): Scenario,
@@ -344,11 +416,19 @@ _SECTIONS = {
     ("engine", "cpu_offload"): CPUOffloadConfig,
     ("engine", "kv_transfer_config"): KVTransferConfig,
     ("engine", "lora_modules", int): LoRAModulePath,
+    ("requests", int, "prompt_embeds"): EmbedsSource,
+    ("requests", int, "prompt_embeds", "noise"): EmbedsNoise,
+    ("requests", int, "mm_features", int): MultiModalItem,
+    ("requests", int, "mm_features", int, "embeds"): EmbedsSource,
+    ("requests", int, "mm_features", int, "embeds", "noise"): EmbedsNoise,
 }
 
 
 # a field whose name another section uses for something else: its own sentence there
-_MUST_IN = {(LoRAModulePath, "name"): _must("non_empty_string")}
+_MUST_IN = {
+    (LoRAModulePath, "name"): _must("non_empty_string"),
+    (EmbedsNoise, "seed"): _INT_GE0,
+}
 
 
 def _must_at(section: tuple, name: Any) -> Optional[Text]:
@@ -515,6 +595,7 @@ def _cross_checks(raw: dict) -> list[Text]:
                 problems.append(Text("problem.retention_needs_window"))
     reqs = raw.get("requests")
     problems += _lora_checks(eng if isinstance(eng, dict) else {}, reqs)
+    problems += _embeds_checks(eng if isinstance(eng, dict) else {}, reqs)
     for section in ("cpu_offload", "kv_transfer_config"):
         fail_loads = eng.get(section) if isinstance(eng, dict) else None
         fail_loads = fail_loads.get("fail_loads") if isinstance(fail_loads, dict) else None
@@ -524,7 +605,8 @@ def _cross_checks(raw: dict) -> list[Text]:
         for i, r in enumerate(reqs):
             if not isinstance(r, dict):
                 continue
-            if (r.get("prompt") is None) == (r.get("prompt_token_ids") is None):
+            given = [r.get(k) is not None for k in ("prompt", "prompt_token_ids", "prompt_embeds")]
+            if sum(given) != 1:
                 problems.append(Text("problem.one_prompt", {"path": f"requests[{i}]"}))
             rid = r.get("id")
             if isinstance(rid, str) and rid:
@@ -567,6 +649,45 @@ def _lora_checks(eng: dict, reqs: Any) -> list[Text]:
             at = {"path": f"requests[{i}].lora_name", "name": repr(name)}
             at["known"] = ", ".join(repr(n) for n in names if isinstance(n, str)) or "-"
             problems.append(Text("problem.lora_name_unknown", at))
+    return problems
+
+
+def _embeds_checks(eng: dict, reqs: Any) -> list[Text]:
+    """Rules of embedding prompts and multimodal items: ``prompt_embeds`` needs
+    ``engine.enable_prompt_embeds`` (vLLM refuses it otherwise) and a text to count its rows;
+    multimodal items sit in a token prompt, inside it, and their ranges do not overlap."""
+    problems = []
+    for i, r in enumerate(reqs if isinstance(reqs, list) else []):
+        if not isinstance(r, dict):
+            continue
+        embeds = r.get("prompt_embeds")
+        if embeds is not None:
+            at = {"path": f"requests[{i}].prompt_embeds"}
+            if eng.get("enable_prompt_embeds") is not True:
+                problems.append(Text("problem.prompt_embeds_need_enable", at))
+            if isinstance(embeds, dict) and embeds.get("text") is None:
+                problems.append(Text("problem.prompt_embeds_need_text", at))
+        items = r.get("mm_features")
+        if not isinstance(items, list):
+            continue
+        if items and embeds is not None:
+            problems.append(Text("problem.mm_needs_tokens", {"path": f"requests[{i}].mm_features"}))
+        ids = r.get("prompt_token_ids")
+        ranges = []
+        for j, item in enumerate(items):
+            offset = item.get("offset") if isinstance(item, dict) else None
+            length = item.get("length") if isinstance(item, dict) else None
+            if not all(type(v) is int and v >= 0 for v in (offset, length)):
+                continue  # the schema reports it
+            ranges.append((offset, offset + length, j))
+            if isinstance(ids, list) and offset + length > len(ids):
+                at = {"path": f"requests[{i}].mm_features[{j}]", "end": offset + length}
+                problems.append(Text("problem.mm_outside", {**at, "tokens": len(ids)}))
+        ranges.sort()
+        for (_, end, j), (start, _, k) in zip(ranges, ranges[1:]):
+            if start < end:
+                at = {"path": f"requests[{i}].mm_features[{k}]", "other": f"mm_features[{j}]"}
+                problems.append(Text("problem.mm_overlap", at))
     return problems
 
 
@@ -654,6 +775,7 @@ _LATER_ENGINE_DEFAULTS = {
     "max_loras": 1,
     "max_lora_rank": 16,
     "lora_modules": [],
+    "enable_prompt_embeds": False,
 }
 
 

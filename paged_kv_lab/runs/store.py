@@ -21,7 +21,14 @@ import weakref
 from collections import OrderedDict
 from typing import Any, Callable, Optional
 
-from paged_kv_lab.record.budget import BudgetError, Limits, app_limits, check_scenario, check_steps
+from paged_kv_lab.record.budget import (
+    BudgetError,
+    Limits,
+    app_limits,
+    check_scenario,
+    check_steps,
+    prompt_encoder,
+)
 from paged_kv_lab.record.scenario import Scenario, load_scenario
 from paged_kv_lab.runs.decoder import decoder_for
 from paged_kv_lab.runs.recorded_run import RecordedRun, estimate_nbytes, run_key
@@ -127,13 +134,10 @@ class RunStore:
         limits = limits or self.limits
         config = getattr(model, "config", None)
         with self.lock:
-            encode = (
-                (lambda r: model.encode_prompt(r.prompt, r.chat)) if config is not None else None
-            )
             if scenario.engine.lora_modules:
                 # a visitor's file names no folder of this server for the engine to read
                 raise BudgetError(Text("refusal.lora_modules"))
-            check_scenario(scenario, limits, config, encode)
+            check_scenario(scenario, limits, config, prompt_encoder(model))
             engine = factory(scenario)
             initial = engine.snapshot()
             self._drain(engine)
