@@ -122,7 +122,7 @@ def embedding_rows(request, start: int, end: int) -> Optional[tuple[Optional[byt
     runner: ``inputs_embeds`` from ``prompt_embeds`` where ``is_token_ids`` is False, and the
     multimodal embeddings scattered where ``is_mm_embed`` is True); None when every position
     there is embedded from its token id. A multimodal item's rows are its ``data``, one per
-    placeholder position."""
+    placeholder position (None: the item has no rows, only its identifier)."""
     embeds = request.prompt_embeds
     if embeds is None and not request.mm_features:
         return None
@@ -131,6 +131,8 @@ def embedding_rows(request, start: int, end: int) -> Optional[tuple[Optional[byt
         for p in range(start, min(end, len(embeds))):
             rows[p - start] = embeds[p]
     for feature in request.mm_features:
+        if feature.data is None:
+            continue  # an item with no rows (a model-free run): its identifier is all it has
         offset, length = feature.mm_position.offset, feature.mm_position.length
         for p in range(max(start, offset), min(end, offset + length)):
             rows[p - start] = feature.data[p - offset]
