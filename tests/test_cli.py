@@ -103,7 +103,7 @@ def test_until_stops_at_first_event(tmp_path):
         ('{"requests": [{"id": "a", "prompt": "x", "max_tokens": 0}]}', "requests[0].max_tokens"),
         (
             '{"requests": [{"id": "a"}]}',
-            "requests[0]: give exactly one of prompt or prompt_token_ids",
+            "requests[0]: give exactly one of prompt, prompt_token_ids or prompt_embeds",
         ),
         ('{"requests": [{"id": "a", "prompt": "x"}, {"id": "a", "prompt": "y"}]}', "duplicate id"),
         ("[1, 2]", "must be a JSON object"),

@@ -204,10 +204,10 @@ def test_engine_must_be_an_object():
     [
         ({"prompt": "x"}, "requests[0].id: must be a non-empty string; got None"),
         ({"id": "", "prompt": "x"}, "requests[0].id: must be a non-empty string; got ''"),
-        ({"id": "a"}, "requests[0]: give exactly one of prompt or prompt_token_ids"),
+        ({"id": "a"}, "requests[0]: give exactly one of prompt, prompt_token_ids or prompt_embeds"),
         (
             {"id": "a", "prompt": "x", "prompt_token_ids": [1]},
-            "requests[0]: give exactly one of prompt or prompt_token_ids",
+            "requests[0]: give exactly one of prompt, prompt_token_ids or prompt_embeds",
         ),
         ({"id": "a", "prompt": ""}, "requests[0].prompt: must be a non-empty string"),
         (
