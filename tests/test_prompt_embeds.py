@@ -8,13 +8,16 @@ vLLM's rule makes (written out here); prefix hits follow those hashes; bad scena
 with the catalogue's sentences."""
 
 import hashlib
+from pathlib import Path
 
 import pytest
 import torch
 from test_engine_equality import P, eos_of, req
 from test_engine_equality import check_equal as check_token_requests
 
+from _app_helpers import app, tiny_model_env  # noqa: F401  (the app on the tiny model)
 from _kv_helpers import VLLM_NONE_HASH_SHA256, vllm_sha256
+from paged_kv_lab.app.registry import page_file
 from kvcore.model.prompt_embeds import embedding_rows, rows_tensor
 from paged_kv_lab.record.budget import BudgetError, Limits, check_scenario
 from paged_kv_lab.record.engine import Engine, EngineRefused, NoModelRunner
@@ -347,3 +350,26 @@ def test_the_engine_refuses_what_it_cannot_feed(tiny_model):
     )
     outside = RequestSpec(id="M", prompt="short", mm_features=(MultiModalItem(0, 40),))
     assert "past the prompt's" in refused([outside])
+
+
+# -- the app ---------------------------------------------------------------------------------------
+EXAMPLE = (
+    Path(__file__).resolve().parent.parent / "paged_kv_lab" / "examples" / "prompt_embeds.json"
+)
+
+
+def test_the_example_uploaded_to_the_app_runs_with_its_hits():
+    at = app(page_file("playground"))
+    at.session_state["scenario_open:playground"] = True
+    at.run()
+    at.file_uploader(key="up:playground").upload(
+        "prompt_embeds.json", EXAMPLE.read_bytes(), "application/json"
+    ).run()
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    run = at.session_state["lesson:playground"].run
+    assert run.scenario.name == "prompt-embeds-and-an-image"
+    run.run_to_end()
+    got = {
+        e.request_id: e.num_tokens for r in run.records for e in r.events if e.kind == "cache_hit"
+    }
+    assert got["image-b"] == 8 and "embeds" not in got
