@@ -17,8 +17,8 @@ from test_engine_equality import check_equal as check_token_requests
 
 from _app_helpers import app, tiny_model_env  # noqa: F401  (the app on the tiny model)
 from _kv_helpers import VLLM_NONE_HASH_SHA256, vllm_sha256
-from paged_kv_lab.app.registry import page_file
 from kvcore.model.prompt_embeds import embedding_rows, rows_tensor
+from paged_kv_lab.app.registry import page_file
 from paged_kv_lab.record.budget import BudgetError, Limits, check_scenario
 from paged_kv_lab.record.engine import Engine, EngineRefused, NoModelRunner
 from paged_kv_lab.record.scenario import (
