@@ -1,7 +1,12 @@
 """vLLM 0.33.0's side of tests/test_hash_keys.py, run by the vLLM scratch environment's Python:
 reads the variants (JSON on stdin), builds each as vLLM's own Request with vLLM's own block hasher,
 and runs the same admissions on vLLM's own KVCacheManager. Writes, as JSON: each variant's block
-hashes (hex) and extra keys, and the blocks each (first, second) pair's second request hits."""
+hashes (hex) and extra keys, and the blocks each (first, second) pair's second request hits.
+
+Given ``requests`` instead (a scenario's requests as the engine builds them: token ids, or
+embedding rows as raw float32 bytes in hex, multimodal items, salt), admits them one after the
+other on one KVCacheManager, each freed before the next, and writes each one's block hashes and
+the tokens it hit."""
 
 import json
 import sys
@@ -29,10 +34,60 @@ def plain(x):
     return x
 
 
+def manager(bs: int, num_blocks: int) -> KVCacheManager:
+    full = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype=torch.float32)
+    config = KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["full"], full)],
+    )
+    return KVCacheManager(
+        config, max_model_len=4096, scheduler_block_size=bs, hash_block_size=bs, enable_caching=True
+    )
+
+
+def features(items) -> list[MultiModalFeatureSpec]:
+    return [
+        MultiModalFeatureSpec(
+            data=None,
+            modality="image",
+            identifier=ident,
+            mm_position=PlaceholderRange(offset=off, length=n),
+        )
+        for ident, off, n in items
+    ]
+
+
+def admissions(spec: dict) -> dict:
+    bs = spec["block_size"]
+    hasher = get_request_block_hasher(bs, sha256)
+    kvm = manager(bs, 4096)
+    out = {"hashes": [], "hits": []}
+    for r in spec["requests"]:
+        kw = {"cache_salt": r["salt"], "mm_features": features(r["mm"])}
+        if r["embeds"] is not None:
+            raw = bytearray(bytes.fromhex("".join(r["embeds"])))
+            kw["prompt_embeds"] = torch.frombuffer(raw, dtype=torch.float32).view(
+                len(r["embeds"]), -1
+            )
+        req = Request(
+            r["id"], r["token_ids"], SamplingParams(max_tokens=1), None, block_hasher=hasher, **kw
+        )
+        blocks, n, _ = kvm.get_computed_blocks(req)
+        kvm.allocate_slots(req, req.num_tokens - n, n, blocks)
+        kvm.free(req)
+        out["hashes"].append([bytes(h).hex() for h in req.block_hashes])
+        out["hits"].append(n)
+    return out
+
+
 def main() -> None:
     spec = json.load(sys.stdin)
-    bs, tokens = spec["block_size"], spec["token_ids"]
     init_none_hash(sha256)
+    if "requests" in spec:
+        json.dump(admissions(spec), sys.stdout)
+        return
+    bs, tokens = spec["block_size"], spec["token_ids"]
     hasher = get_request_block_hasher(bs, sha256)
 
     def request(variant: str, rid: str) -> Request:
@@ -41,15 +96,7 @@ def main() -> None:
         if v["lora"]:
             kw["lora_request"] = LoRARequest(*v["lora"])
         if v["mm"]:
-            kw["mm_features"] = [
-                MultiModalFeatureSpec(
-                    data=None,
-                    modality="image",
-                    identifier=ident,
-                    mm_position=PlaceholderRange(offset=off, length=n),
-                )
-                for ident, off, n in v["mm"]
-            ]
+            kw["mm_features"] = features(v["mm"])
         if v["embeds"]:
             kw["prompt_embeds"] = torch.tensor(v["embeds"], dtype=torch.float32)
         return Request(
@@ -57,19 +104,7 @@ def main() -> None:
         )
 
     def hits(first: str, second: str) -> int:
-        full = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype=torch.float32)
-        config = KVCacheConfig(
-            num_blocks=4 * (len(tokens) // bs + 2),
-            kv_cache_tensors=[],
-            kv_cache_groups=[KVCacheGroupSpec(["full"], full)],
-        )
-        kvm = KVCacheManager(
-            config,
-            max_model_len=4096,
-            scheduler_block_size=bs,
-            hash_block_size=bs,
-            enable_caching=True,
-        )
+        kvm = manager(bs, 4 * (len(tokens) // bs + 2))
         a = request(first, "first")
         blocks, n, _ = kvm.get_computed_blocks(a)
         kvm.allocate_slots(a, a.num_tokens - n, n, blocks)

@@ -12,9 +12,11 @@ import json
 import os
 import struct
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from test_prompt_embeds import EXAMPLE
 from test_pseudo_language import (  # noqa: F401  (the pseudo-language fixtures)
     APP,
     TIMEOUT,
@@ -26,6 +28,8 @@ from test_pseudo_language import (  # noqa: F401  (the pseudo-language fixtures)
 
 from _app_helpers import app, tiny_model_env  # noqa: F401
 from _kv_helpers import make_engine, spec
+from kvcore.core.kv_cache_manager import KVCacheManager
+from kvcore.kv_cache_interface import KVCacheConfig, full_attention
 from paged_kv_lab.app.registry import page_file
 from paged_kv_lab.lesson import TOPIC_QUESTIONS
 from paged_kv_lab.lesson import myths as M
@@ -43,6 +47,8 @@ from paged_kv_lab.lesson.topics import (
     hash_keys_study,
     max_image_offset,
 )
+from paged_kv_lab.record.engine import Engine
+from paged_kv_lab.record.scenario import load_scenario
 from paged_kv_lab.text.i18n import tr
 
 TOKENS = tuple(range(1000, 1087))  # 87 tokens: 5 full blocks of 16 and 7 tokens over
@@ -206,6 +212,64 @@ def test_vllms_own_code_gives_the_same_hashes_keys_and_hits(offset):
         assert v.hit_after_itself == theirs["hits"][f"{v.variant}>{v.variant}"], v.variant
         if v.neighbour:
             assert v.hit_after_neighbour == theirs["hits"][f"{v.neighbour}>{v.variant}"]
+
+
+def admissions(requests, block_size: int) -> list[int]:
+    """The tokens each request hits when they are admitted one after the other on one fresh
+    kvcore KVCacheManager, each freed (its full blocks cached) before the next."""
+    kvm = KVCacheManager(KVCacheConfig(4096, (full_attention(block_size),)))
+    out = []
+    for req in requests:
+        blocks, n, _ = kvm.get_computed_blocks(req)
+        kvm.allocate_slots(req, req.num_tokens - n, n, blocks)
+        kvm.free(req)
+        out.append(n)
+    return out
+
+
+@pytest.mark.skipif(
+    not (Path(VENV) / "bin" / "python").exists(),
+    reason=f"no vLLM 0.33.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
+)
+def test_the_example_scenarios_requests_hash_and_hit_as_vllms(tiny_model):
+    """paged_kv_lab/examples/prompt_embeds.json's requests as the engine builds them (the tiny
+    model's rows, sha256): vLLM's Request (an embeddings prompt without token ids, the items'
+    identifiers), block hasher and KVCacheManager give the same hashes and the same hits."""
+    scenario = load_scenario(EXAMPLE)
+    engine = replace(scenario.engine, hash_algo="sha256", hash_seed="vllm-none-hash")
+    scenario = replace(scenario, model="tiny-random", device="cpu", engine=engine)
+    eng = Engine(scenario, model=tiny_model)
+    for request in scenario.requests:
+        eng.add_request(request)
+    requests = list(eng.requests.values())
+    sent = [
+        {
+            "id": r.request_id,
+            "token_ids": None if r.prompt_embeds is not None else r.prompt_token_ids,
+            "embeds": [row.hex() for row in r.prompt_embeds] if r.prompt_embeds else None,
+            "mm": [
+                [f.identifier, f.mm_position.offset, f.mm_position.length] for f in r.mm_features
+            ],
+            "salt": r.cache_salt,
+        }
+        for r in requests
+    ]
+    done = subprocess.run(
+        [str(Path(VENV) / "bin" / "python"), str(Path(__file__).with_name("_hash_keys_vllm.py"))],
+        input=json.dumps({"block_size": engine.block_size, "requests": sent}),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = json.loads(done.stdout)
+    assert [[h.hex() for h in r.block_hashes] for r in requests] == theirs["hashes"]
+    ours = admissions(requests, engine.block_size)
+    assert ours == theirs["hits"]
+    hit = dict(zip((r.request_id for r in requests), ours))
+    assert hit["embeds"] == 0 and hit["noisy"] == 0 and hit["image-b"] == 8
+    assert hit["noisy-again"] == (requests[3].num_tokens - 1) // 4 * 4
 
 
 # -- the myth, live -------------------------------------------------------------------------------

@@ -35,6 +35,10 @@ from paged_kv_lab.record.scenario import (
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
+EXAMPLE = (
+    Path(__file__).resolve().parent.parent / "paged_kv_lab" / "examples" / "prompt_embeds.json"
+)
+
 TEXT = "The quick brown fox jumps over the lazy dog, then naps in the warm afternoon sun"
 NOISE = EmbedsNoise(seed=3, scale=0.02)
 BS = 4
@@ -353,9 +357,6 @@ def test_the_engine_refuses_what_it_cannot_feed(tiny_model):
 
 
 # -- the app ---------------------------------------------------------------------------------------
-EXAMPLE = (
-    Path(__file__).resolve().parent.parent / "paged_kv_lab" / "examples" / "prompt_embeds.json"
-)
 
 
 def test_the_example_uploaded_to_the_app_runs_with_its_hits():
