@@ -8,6 +8,8 @@ vLLM's rule makes (written out here); prefix hits follow those hashes; bad scena
 with the catalogue's sentences."""
 
 import hashlib
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,10 @@ from paged_kv_lab.record.scenario import (
     load_scenario,
     scenario_to_dict,
 )
+from paged_kv_lab.record.snapshot import Snapshot
+from paged_kv_lab.why.explain import EXTRA_KEYS, RecordedSteps, explain_hit
+from paged_kv_lab.why.explain_blocks import compare_requests
+from paged_kv_lab.why.explain_text import comparison_sentences, hit_sentences
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -374,3 +380,35 @@ def test_the_example_uploaded_to_the_app_runs_with_its_hits():
         e.request_id: e.num_tokens for r in run.records for e in r.events if e.kind == "cache_hit"
     }
     assert got["image-b"] == 8 and "embeds" not in got
+
+
+# -- why? --------------------------------------------------------------------------------------
+def test_why_names_the_extra_keys_that_part_two_chains_of_the_same_tokens(tiny_model):
+    """The example (tiny model), recorded: image-b's miss and the two images' chains are told by
+    the extra keys of the block where they part (the items' identifiers); two embeddings prompts
+    of equal length (ids 0 both) by their blocks' row digests; the trace keeps those keys."""
+    scenario = replace(load_scenario(EXAMPLE), model="tiny-random", device="cpu")
+    eng = Engine(scenario, model=tiny_model)
+    initial = eng.snapshot()
+    steps = RecordedSteps(initial, tuple(eng.run()), eng.settings)
+    views = steps.request_views()
+    (x,) = explain_hit(steps, "image-b")
+    ident = {r: eng.requests[r].mm_features[0].identifier for r in ("image-a", "image-b")}
+    assert (x.reason, x.block_index, x.other_request) == (EXTRA_KEYS, 2, "image-a")
+    assert (x.extra_keys, x.other_extra_keys) == (
+        f"mm({ident['image-b']!r}, 3)",
+        f"mm({ident['image-a']!r}, 3)",
+    )
+    said = hit_sentences(x)[1]
+    assert ident["image-a"] in said and "block 2 was hashed with other extra keys" in said
+    c = compare_requests(steps, "image-a", "image-b")
+    assert (c.reason, c.diverge_index) == (EXTRA_KEYS, 2)
+    assert ident["image-b"] in comparison_sentences(c, "zh")[1]
+    (x,) = explain_hit(steps, "noisy")
+    assert (x.reason, x.block_index, x.other_request) == (EXTRA_KEYS, 0, "embeds")
+    digest = hashlib.sha256(b"".join(eng.requests["noisy"].prompt_embeds[:4])).hexdigest()
+    assert x.extra_keys == f"prompt_embeds({digest})"
+    assert views["tokens"].block_extra_keys == ()  # a token prompt's hashes carry no extra key
+    again = Snapshot.from_dict(json.loads(json.dumps(steps.records[-1].snapshot.to_dict())))
+    assert again == steps.records[-1].snapshot
+    assert "block_extra_keys" not in steps.records[-1].snapshot.to_dict()["requests"][0]

@@ -65,6 +65,19 @@ class RequestView:
     # The engine's chained hash (hex) of every full block of prompt + output so far; empty with
     # prefix caching off (and in traces recorded before snapshots kept them).
     block_hashes: tuple[str, ...] = ()
+    # The extra keys of each of those hashes (keys_text), for a request whose hashes carry more
+    # than a salt (a LoRA adapter, multimodal items, prompt embeddings); empty otherwise, and then
+    # not written out.
+    block_extra_keys: tuple[str, ...] = ()
+
+
+def keys_text(keys: Optional[tuple]) -> str:
+    """One hash's extra keys as data to show and compare ("" for none): each key as
+    ``kind(value, ...)``, bytes (a prompt-embeddings digest) in hex."""
+    return "; ".join(
+        f"{key[0]}({', '.join(v.hex() if isinstance(v, bytes) else repr(v) for v in key[1:])})"
+        for key in keys or ()
+    )
 
 
 @dataclass(frozen=True)
@@ -93,6 +106,9 @@ class Snapshot:
         d = asdict(self)
         if self.cpu_pool is None:
             del d["cpu_pool"]
+        for r in d["requests"]:
+            if not r["block_extra_keys"]:
+                del r["block_extra_keys"]
         return d
 
     @staticmethod
@@ -109,6 +125,7 @@ class Snapshot:
                     "output_token_ids": tuple(r["output_token_ids"]),
                     "prompt_token_ids": tuple(r["prompt_token_ids"]),
                     "block_hashes": tuple(r.get("block_hashes", ())),
+                    "block_extra_keys": tuple(r.get("block_extra_keys", ())),
                 }
             )
             for r in d["requests"]
@@ -284,6 +301,11 @@ def take_snapshot(
                 text=decode(req.output_token_ids) if decode and req.output_token_ids else "",
                 cache_salt=req.cache_salt,
                 block_hashes=tuple(h.hex() for h in req.block_hashes),
+                block_extra_keys=tuple(
+                    keys_text(req.extra_keys_for_block(j)) for j in range(len(req.block_hashes))
+                )
+                if req.has_extra_hash_keys
+                else (),
             )
         )
 

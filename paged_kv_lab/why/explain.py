@@ -193,6 +193,14 @@ def chain_of(
     return list(rv.block_hashes[scale - 1 : num_tokens // block_size * scale : scale])
 
 
+def block_keys(rv: RequestView, index: int, block_size: int, unit: Optional[int] = None) -> str:
+    """The extra keys (snapshot.keys_text) of the hash keying the request's block ``index``:
+    "" when it has none beyond a salt, or the recording kept none."""
+    scale = block_size // (unit or block_size)
+    j = (index + 1) * scale - 1
+    return rv.block_extra_keys[j] if j < len(rv.block_extra_keys) else ""
+
+
 def has_hashes(views) -> bool:
     """False for a recording whose snapshots kept no block hashes (a trace from before they did)."""
     return any(rv.block_hashes for rv in views)
@@ -204,6 +212,7 @@ NEVER_COMPUTED = "never_computed"
 EVICTED = "evicted"
 RESET = "reset"
 SALT = "salt"
+EXTRA_KEYS = "extra_keys"  # same tokens and salt; a LoRA adapter, an image or embeddings differ
 TOKENS_DIFFER = "tokens_differ"
 # A rule, not a miss.
 CACHING_OFF = "caching_off"
@@ -217,7 +226,7 @@ GROUPS_DISAGREE = "groups_disagree"
 CANNOT_REHASH = "cannot_rehash"
 PARTIAL_HIT = "partial_hit"  # prefix_match_unit: the hit ends inside a block
 NO_PARTIAL_ENTRY = "no_partial_entry"  # prefix_match_unit: no entry inside the next block
-MISS_REASONS = (NEVER_COMPUTED, EVICTED, RESET, SALT, TOKENS_DIFFER)
+MISS_REASONS = (NEVER_COMPUTED, EVICTED, RESET, SALT, EXTRA_KEYS, TOKENS_DIFFER)
 RULE_REASONS = (
     CACHING_OFF,
     SKIP_READING_PREFIX_CACHE,
@@ -261,6 +270,9 @@ class HitExplanation:
     evicted_for: Optional[str] = None
     salt: Optional[str] = None
     other_salt: Optional[str] = None
+    # extra_keys: the missed block's extra keys here and in other_request's chain (keys_text)
+    extra_keys: Optional[str] = None
+    other_extra_keys: Optional[str] = None
     cap: Optional[int] = None
     text_before: Optional[str] = None  # decoded text before token_position (both share it)
     text_here: Optional[str] = None  # this request's text from token_position on
@@ -472,6 +484,17 @@ def _miss(
             )
         if q_salt != base["salt"]:
             continue
+        mine, theirs = (block_keys(v, m, bs, base["unit"]) for v in (views[rid], qv))
+        if q_tokens[:end] == tuple(tokens[:end]) and mine != theirs:
+            return HitExplanation(
+                reason=EXTRA_KEYS,
+                other_request=qid,
+                extra_keys=mine,
+                other_extra_keys=theirs,
+                cached_step=q_got.pos[0] or None,
+                cached_block=q_got.block_id,
+                **at,
+            )
         lcp = next(
             (i for i, (a, b) in enumerate(zip(tokens, q_tokens)) if a != b),
             min(len(tokens), len(q_tokens)),

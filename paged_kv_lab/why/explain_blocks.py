@@ -16,12 +16,14 @@ from paged_kv_lab.record import events as E
 from paged_kv_lab.record.snapshot import Snapshot
 from paged_kv_lab.text.i18n import Text
 from paged_kv_lab.why.explain import (
+    EXTRA_KEYS,
     SALT,
     TOKENS_DIFFER,
     CacheHistory,
     ExplainError,
     RecordedSteps,
     all_tokens,
+    block_keys,
     chain_of,
     has_hashes,
     request_list,
@@ -252,7 +254,8 @@ class ChainRow:
 @dataclass(frozen=True)
 class Comparison:
     """Two requests' chains aligned; ``diverge_index`` is the first row whose hashes differ
-    (None when one chain is a prefix of the other), for ``reason`` salt / tokens_differ."""
+    (None when one chain is a prefix of the other), for ``reason`` salt / extra_keys /
+    tokens_differ."""
 
     a: str
     b: str
@@ -266,6 +269,8 @@ class Comparison:
     text_before: Optional[str] = None
     text_a: Optional[str] = None
     text_b: Optional[str] = None
+    keys_a: Optional[str] = None  # extra_keys: the diverging block's extra keys in each chain
+    keys_b: Optional[str] = None
 
 
 def compare_requests(run: RecordedSteps, a: str, b: str) -> Comparison:
@@ -339,6 +344,10 @@ def compare_requests(run: RecordedSteps, a: str, b: str) -> Comparison:
         lcp = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
         if sa != sb and lcp >= (div + 1) * bs:
             reason = SALT
+        elif lcp >= (div + 1) * bs:  # same tokens and salt: the extra keys differ
+            reason = EXTRA_KEYS
+            texts = dict(keys_a=block_keys(views[a], div, bs, unit))
+            texts["keys_b"] = block_keys(views[b], div, bs, unit)
         else:
             reason, p = TOKENS_DIFFER, lcp
             lo, hi = max(0, p - 8), p + 8

@@ -27,6 +27,10 @@ def _salt_words(s: Optional[str], lang: str) -> str:
     return f"cache_salt {s!r}" if s else tr("why.salt.none", lang)
 
 
+def _keys_words(keys: Optional[str], lang: str) -> str:
+    return keys if keys else tr("why.keys.none", lang)
+
+
 def code_line(link: CodeLink, lang: str = "en") -> str:
     return tr("why.code_line", lang, q=link.vllm.qualname, u=link.vllm.url, o=link.ours.target)
 
@@ -78,6 +82,9 @@ def hit_sentences(x: X.HitExplanation, lang: str = "en") -> list[str]:
     elif r == X.SALT:
         o, m = _salt_words(x.other_salt, lang), _salt_words(x.salt, lang)
         out.append(stop + tr("why.hit.salt", lang, o=o, m=m, **kw))
+    elif r == X.EXTRA_KEYS:
+        o, m = _keys_words(x.other_extra_keys, lang), _keys_words(x.extra_keys, lang)
+        out.append(stop + tr("why.hit.extra_keys", lang, o=o, m=m, **kw))
     elif r == X.TOKENS_DIFFER:
         out.append(stop + tr("why.hit.tokens_differ", lang, **kw))
         here = _quote(x.text_here, x.ids_here)
@@ -185,6 +192,9 @@ def comparison_sentences(c: Comparison, lang: str = "en") -> list[str]:
                 y=_salt_words(c.salt_b, lang),
             )
         )
+    elif c.reason == X.EXTRA_KEYS:
+        x, y = _keys_words(c.keys_a, lang), _keys_words(c.keys_b, lang)
+        out.append(tr("why.compare.extra_keys", lang, d=c.diverge_index, x=x, y=y))
     elif c.reason == X.TOKENS_DIFFER:
         out.append(tr("why.compare.tokens_differ", lang, d=c.diverge_index, p=c.token_position))
         if c.text_a is not None or c.text_b is not None:
