@@ -187,6 +187,21 @@ def plain_keys(keys):
     return [[k.hex() if isinstance(k, bytes) else k for k in key] for key in keys]
 
 
+def vllm_says(spec: dict) -> dict:
+    """What tests/_hash_keys_vllm.py answers for ``spec``, run by the vLLM environment's Python
+    (NONE_HASH by vLLM's rule for sha256: no PYTHONHASHSEED)."""
+    done = subprocess.run(
+        [str(Path(VENV) / "bin" / "python"), str(Path(__file__).with_name("_hash_keys_vllm.py"))],
+        input=json.dumps(spec),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
 @pytest.mark.skipif(
     not (Path(VENV) / "bin" / "python").exists(),
     reason=f"no vLLM 0.33.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
@@ -194,17 +209,7 @@ def plain_keys(keys):
 @pytest.mark.parametrize("offset", [20, 21, 40])
 def test_vllms_own_code_gives_the_same_hashes_keys_and_hits(offset):
     s = hash_keys_study(TOKENS, offset)
-    script = Path(__file__).with_name("_hash_keys_vllm.py")
-    done = subprocess.run(
-        [str(Path(VENV) / "bin" / "python"), str(script)],
-        input=json.dumps(vllm_spec(TOKENS, s.image_offset, s.embeds_row)),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    theirs = json.loads(done.stdout)
+    theirs = vllm_says(vllm_spec(TOKENS, s.image_offset, s.embeds_row))
     for v in s.variants:
         assert hashes(s, v.variant) == theirs["hashes"][v.variant], v.variant
         assert [plain_keys(b.extra_keys) for b in v.blocks] == theirs["keys"][v.variant]
@@ -254,16 +259,7 @@ def test_the_example_scenarios_requests_hash_and_hit_as_vllms(tiny_model):
         }
         for r in requests
     ]
-    done = subprocess.run(
-        [str(Path(VENV) / "bin" / "python"), str(Path(__file__).with_name("_hash_keys_vllm.py"))],
-        input=json.dumps({"block_size": engine.block_size, "requests": sent}),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    theirs = json.loads(done.stdout)
+    theirs = vllm_says({"block_size": engine.block_size, "requests": sent})
     assert [[h.hex() for h in r.block_hashes] for r in requests] == theirs["hashes"]
     ours = admissions(requests, engine.block_size)
     assert ours == theirs["hits"]

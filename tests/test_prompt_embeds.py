@@ -234,25 +234,15 @@ def test_without_a_model_an_identifier_is_a_hash_key_alone():
     """A model-free run carries an item's identifier into the hashes (as it carries an adapter's
     name): same identifier, full hit; another, a hit up to the range."""
 
-    def item(ident):
-        return MultiModalItem(5, 4, identifier=ident)
-
     reqs = [
-        RequestSpec(id="A", prompt_token_ids=tuple(P[:17]), max_tokens=2, mm_features=(item("x"),)),
         RequestSpec(
-            id="B",
+            id=rid,
             prompt_token_ids=tuple(P[:17]),
             max_tokens=2,
-            arrival_step=3,
-            mm_features=(item("y"),),
-        ),
-        RequestSpec(
-            id="C",
-            prompt_token_ids=tuple(P[:17]),
-            max_tokens=2,
-            arrival_step=6,
-            mm_features=(item("x"),),
-        ),
+            arrival_step=3 * i,
+            mm_features=(MultiModalItem(5, 4, identifier=ident),),
+        )
+        for i, (rid, ident) in enumerate((("A", "x"), ("B", "y"), ("C", "x")))
     ]
     eng = run(None, reqs, runner=NoModelRunner())
     assert hits(eng) == {"B": 4, "C": 16}
