@@ -25,7 +25,7 @@ from kvcore.spec_decode.draft_model import DraftModelProposer
 from kvcore.spec_decode.metrics import SpecDecodingStats
 from kvcore.spec_decode.ngram_proposer import NgramProposer
 from kvcore.utils.math_utils import cdiv
-from kvcore.worker.gpu_input_batch import SeqBatchItem, embedding_rows
+from kvcore.worker.gpu_input_batch import SeqBatchItem, rows_fed
 
 
 @dataclass
@@ -97,7 +97,7 @@ class EngineCore:
                         sample=before + n >= req.num_tokens,
                         num_draft_tokens=len(d),
                         lora_request=req.lora_request,
-                        embeds=embedding_rows(req, before, before + n),
+                        embeds=rows_fed(req, before, before + n),
                     )
                 )
             if self.drafter is None:

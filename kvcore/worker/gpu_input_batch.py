@@ -117,7 +117,7 @@ class ModelInputs:
         )
 
 
-def embedding_rows(request, start: int, end: int) -> Optional[tuple[Optional[bytes], ...]]:
+def rows_fed(request, start: int, end: int) -> Optional[tuple[Optional[bytes], ...]]:
     """The rows fed in place of token embeddings at positions [start, end) of ``request`` (vLLM's
     runner: ``inputs_embeds`` from ``prompt_embeds`` where ``is_token_ids`` is False, and the
     multimodal embeddings scattered where ``is_mm_embed`` is True); None when every position
