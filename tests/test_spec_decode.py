@@ -319,6 +319,11 @@ CASES = {
         [req("A", REP * 2, n=24), req("B", REP[::-1] * 2, n=24)],
         dict(block_size=4, num_gpu_blocks=11),
     ),
+    # B hits all but the last of its 21 tokens beside A's speculative decode: padded to 1 + k
+    "padded_admission": (
+        [req("A", REP * 3, n=12), req("B", REP * 3, n=12, arrival_step=2)],
+        dict(block_size=4),
+    ),
 }
 
 
@@ -338,6 +343,19 @@ def test_greedy_output_is_identical_with_and_without_drafts_and_to_generate(load
         assert events.CACHE_HIT in kinds
     if case == "preemption":
         assert events.PREEMPTED in kinds
+    if case == "padded_admission":
+        (padded,) = [
+            (r, e)
+            for r in recs
+            for e in events_of(r, events.SCHEDULED, "B")
+            if e.num_placeholder_tokens
+        ]
+        rec, e = padded
+        assert (e.num_tokens, e.num_placeholder_tokens) == (1 + 4, 4)
+        # the placeholders get KV slots but never reach the model as token ids
+        assert min(rec.model_inputs.input_ids) >= 0
+        (rejected,) = events_of(rec, events.DRAFT_REJECTED, "B")
+        assert rejected.rejected_token_ids == (-1,) * 4
 
 
 def test_drafts_are_verified_in_one_packed_forward(tiny_model, one_torch_thread):

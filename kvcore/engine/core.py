@@ -24,6 +24,7 @@ from kvcore.sample.rejection_sampler import rejection_sample
 from kvcore.spec_decode.draft_model import DraftModelProposer
 from kvcore.spec_decode.metrics import SpecDecodingStats
 from kvcore.spec_decode.ngram_proposer import NgramProposer
+from kvcore.structured_output.utils import strip_speculative_padding
 from kvcore.utils.math_utils import cdiv
 from kvcore.worker.gpu_input_batch import SeqBatchItem
 
@@ -87,7 +88,12 @@ class EngineCore:
             for rid, n in out.num_scheduled_tokens.items():
                 req = scheduler.requests[rid]
                 before = computed_before[rid]
-                d = drafts.get(rid, [])
+                d = strip_speculative_padding(drafts.get(rid, []))
+                # A padded admission's placeholder rows are left out of the forward: vLLM pads
+                # them only so its CUDA graphs see uniform batches (kvcore has none), a
+                # placeholder has no token to embed, and the step's rollback discards whatever
+                # they would write. Their K/V slots are allocated all the same, as in vLLM.
+                n -= len(drafts.get(rid, [])) - len(d)
                 items.append(
                     SeqBatchItem(
                         request_id=rid,
@@ -192,8 +198,9 @@ class EngineCore:
         gained = {}
         for rid, target in targets.items():
             d = drafts.get(rid, [])
-            gained[rid] = rejection_sample(d, target)
+            gained[rid] = rejection_sample(strip_speculative_padding(d), target)
             if d:
+                # as vLLM's update_from_output: a placeholder counts as a draft, rejected
                 self.spec_decoding_stats = self.spec_decoding_stats.observe(
                     len(d), len(gained[rid]) - 1
                 )
