@@ -130,12 +130,15 @@ class EngineCore:
             scheduler.update_from_output(out, ModelRunnerOutput([], {}, [], self._kv_finish(out)))
         elif not scheduler.running and scheduler.waiting and not self._retry_after_drafts(out):
             # Nothing runs and the head of the queue was refused by an empty pool: it never fits.
+            # If its tokens alone fit, what never fits is the 1 + num_spec_tokens rows vLLM pads
+            # its one-token admission to (vLLM would keep it waiting, every step refused).
             head = scheduler.waiting.peek_request()
+            padded = self._fits_without_drafts(head)
             scheduler.abort_request(head.request_id)
             self._observe(
                 "blocked",
                 head.request_id,
-                reason="never_fits",
+                reason="never_fits_padded" if padded else "never_fits",
                 num_tokens=head.num_tokens,
                 usable_blocks=scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1,
             )
@@ -180,9 +183,15 @@ class EngineCore:
         """A lone request whose drafts needed more slots than the pool has preempted itself;
         without drafts its real tokens still fit, so it goes back through the queue (as in
         vLLM) instead of being aborted as one that never fits."""
-        if self.drafter is None or not out.preempted_req_ids:
+        if not out.preempted_req_ids:
             return False
-        head = self.scheduler.waiting.peek_request()
+        return self._fits_without_drafts(self.scheduler.waiting.peek_request())
+
+    def _fits_without_drafts(self, head) -> bool:
+        """With drafts on, whether ``head``'s tokens (and one step's lookahead slots, or one
+        more slot) fit in the empty pool."""
+        if self.drafter is None:
+            return False
         kvm = self.scheduler.kv_cache_manager
         # admitted again it needs its tokens and the lookahead slots (a draft model's), or one more
         lookahead = max(1, self.scheduler.config.num_lookahead_tokens)

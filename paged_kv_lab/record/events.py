@@ -192,6 +192,8 @@ class Blocked(Event):
     ``num_reserved_blocks`` that in-flight prefills still need stay free, vLLM's
     ``_inflight_prefill_reserved_blocks``), "preempted_this_step" (no admissions in a step that
     preempted), "never_fits" (the engine aborts a prompt an empty pool cannot hold),
+    "never_fits_padded" (the engine aborts a request whose tokens fit but whose padded
+    1 + num_spec_tokens rows an empty pool, or the token budget, cannot hold),
     "max_loras" (``max_loras`` adapters run already and this request needs another: vLLM skips
     it and looks at the next waiting request), "spec_decode_padding" (its one token would be
     padded to 1 + num_spec_tokens rows and ``token_budget`` is less: vLLM waits rather than
