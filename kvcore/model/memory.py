@@ -88,7 +88,10 @@ def model_dims(config: Any) -> tuple[int, int, int]:
 
 
 def bytes_per_block(config: Any, block_size: int, dtype: Any = "float32") -> int:
-    """Bytes of one KV block (``block_size`` tokens, all layers, K and V)."""
+    """Bytes of one KV block (``block_size`` tokens, all layers, K and V); for a hybrid config,
+    one block of its shared pool (:func:`hybrid_bytes_per_block`)."""
+    if is_hybrid_config(config):
+        return hybrid_bytes_per_block(config, block_size, dtype)
     n_layers, n_kv, head_dim = model_dims(config)
     return bytes_per_block_dims(block_size, n_layers, n_kv, head_dim, dtype)
 
@@ -179,6 +182,9 @@ class KVCacheSizing:
     bytes_per_block: int
     max_model_len: int
     cpu_kvcache_space_gib: int | None = None  # VLLM_CPU_KVCACHE_SPACE as read, or None
+    # vLLM's CacheConfig.kv_cache_memory_bytes: the KV cache's size as stated; when set it is the
+    # available memory and gpu_memory_utilization is not used
+    kv_cache_memory_bytes: int | None = None
 
     @property
     def requested_memory(self) -> int:
@@ -186,6 +192,8 @@ class KVCacheSizing:
 
     @property
     def available_kv_cache_memory(self) -> int:
+        if self.kv_cache_memory_bytes is not None:
+            return self.kv_cache_memory_bytes
         return self.requested_memory - self.profile.non_kv_cache_memory
 
     @property
@@ -232,7 +240,12 @@ class KVCacheSizing:
             f"  - weights                  {gib(p.weights_memory)}",
             f"  - peak activations         {gib(p.peak_activation_memory)}",
             f"  - other (non-torch / rest) {gib(p.other_memory)}",
-            f"  = available for KV cache   {gib(self.available_kv_cache_memory)}",
+            f"  = available for KV cache   {gib(self.available_kv_cache_memory)}"
+            + (
+                " (kv_cache_memory_bytes as stated; gpu_memory_utilization unused)"
+                if self.kv_cache_memory_bytes is not None
+                else ""
+            ),
             f"  / bytes per block          {self.bytes_per_block:,} (block_size {self.block_size})",
             f"  = num_gpu_blocks           {self.num_gpu_blocks:,} "
             "(block 0, the null block, included)",
@@ -285,6 +298,7 @@ def num_gpu_blocks_from_profile(
     gpu_memory_utilization: float,
     max_model_len: int,
     environ: Any = None,
+    kv_cache_memory_bytes: int | None = None,
 ) -> KVCacheSizing:
     """The :class:`KVCacheSizing` of ``profile`` for these settings (pure arithmetic)."""
     if not 0 < gpu_memory_utilization <= 1:
@@ -298,6 +312,7 @@ def num_gpu_blocks_from_profile(
         bytes_per_block(config, block_size, dtype),
         int(max_model_len),
         cpu_kvcache_space_gib(environ),
+        kv_cache_memory_bytes,
     )
 
 
@@ -325,19 +340,30 @@ class HybridPageSizes:
         return self.page_bytes - self.state_bytes
 
 
+# vLLM 0.33's CacheConfig.DEFAULT_BLOCK_SIZE: where the CUDA platform starts before a hybrid
+# model's alignment (its attention backends prefer it); vLLM's CPU platform starts at 128
+DEFAULT_BLOCK_SIZE = 16
+
+
 def hybrid_page_sizes(
     config: Any,
     dtype: Any,
     ssm_dtype: Any = None,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     kernel_block_alignment: int = 16,
+    prefill_checkpoint_alignment: int | None = None,
 ) -> HybridPageSizes:
     """The page arithmetic of a Qwen3.5 / Qwen3-Next style config (``linear_*`` fields) at one
     GPU (no tensor parallelism): K/V and conv states in ``dtype``, recurrent states in
-    ``ssm_dtype`` (vLLM's ``mamba_ssm_cache_dtype``; default ``dtype``). The block size starts
-    at ``block_size`` and is raised as ``align_hybrid_block_size`` raises it."""
+    ``ssm_dtype`` (vLLM's ``mamba_ssm_cache_dtype``; default: the config's ``mamba_ssm_dtype``
+    as vLLM's Qwen3.5 config reads it, else ``dtype``). The block size starts at ``block_size``
+    and is raised as ``align_hybrid_block_size`` raises it (``prefill_checkpoint_alignment``:
+    see there). With the defaults this is the block size vLLM 0.33 resolves on a GPU when
+    ``block_size`` is left out and the gated delta-net prefill exports no checkpoints."""
     from kvcore.core.kv_cache_utils import align_hybrid_block_size
 
+    if ssm_dtype is None:
+        ssm_dtype = getattr(config, "mamba_ssm_dtype", None)
     kv_heads, head_dim = model_dims(config)[1:]
     attn = 2 * kv_heads * head_dim * dtype_bytes(dtype)
     key_dim = config.linear_key_head_dim * config.linear_num_key_heads
@@ -350,9 +376,40 @@ def hybrid_page_sizes(
         * dtype_bytes(dtype if ssm_dtype is None else ssm_dtype)
     )
     bs, _ = align_hybrid_block_size(
-        block_size, attn, conv + recurrent, kernel_block_alignment, kernel_block_alignment
+        block_size,
+        attn,
+        conv + recurrent,
+        kernel_block_alignment,
+        kernel_block_alignment,
+        prefill_checkpoint_alignment,
     )
     return HybridPageSizes(attn, conv, recurrent, bs, bs * attn)
+
+
+def is_hybrid_config(config: Any) -> bool:
+    """Whether a config has gated delta-net (linear-attention) layers, Qwen3-Next / Qwen3.5
+    style (``linear_*`` fields and at least one linear layer)."""
+    if getattr(config, "linear_conv_kernel_dim", None) is None:
+        return False
+    return num_linear_layers(config) > 0
+
+
+def hybrid_bytes_per_block(
+    config: Any, block_size: int, dtype: Any = "float32", ssm_dtype: Any = None
+) -> int:
+    """Bytes of one block of a hybrid model's shared pool, the size vLLM 0.33 divides the KV
+    budget by (``kv_cache_planning.get_kv_cache_config_from_groups``): each KV cache group holds
+    ``uniform_page_group_size`` layers, every layer's page has one size (an attention page of
+    ``block_size`` tokens; a state page padded up to it), and a block is one group's pages.
+    A ``block_size`` below the one vLLM would raise it to (kvcore keeps a stated size) makes
+    the page the state's own size instead."""
+    from kvcore.core.kv_cache_utils import uniform_page_group_size
+
+    sizes = hybrid_page_sizes(config, dtype, ssm_dtype)
+    page = max(int(block_size) * sizes.attn_bytes_per_token, sizes.state_bytes)
+    linear = num_linear_layers(config)
+    full = int(config.num_hidden_layers) - linear
+    return uniform_page_group_size([n for n in (linear, full) if n]) * page
 
 
 def num_linear_layers(config: Any) -> int:
