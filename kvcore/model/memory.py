@@ -88,10 +88,7 @@ def model_dims(config: Any) -> tuple[int, int, int]:
 
 
 def bytes_per_block(config: Any, block_size: int, dtype: Any = "float32") -> int:
-    """Bytes of one KV block (``block_size`` tokens, all layers, K and V); for a hybrid config,
-    one block of its shared pool (:func:`hybrid_bytes_per_block`)."""
-    if is_hybrid_config(config):
-        return hybrid_bytes_per_block(config, block_size, dtype)
+    """Bytes of one KV block (``block_size`` tokens, all layers, K and V)."""
     n_layers, n_kv, head_dim = model_dims(config)
     return bytes_per_block_dims(block_size, n_layers, n_kv, head_dim, dtype)
 
@@ -165,8 +162,10 @@ class KVCacheSizing:
 
         requested_memory          = ceil(total_memory * gpu_memory_utilization)
         available_kv_cache_memory = requested_memory - weights - peak activations - other
+                                    (kv_cache_memory_bytes instead, when stated)
         num_gpu_blocks            = available_kv_cache_memory // bytes_per_block
-                                    (null block included)
+                                    (null block included; a hybrid model's block: one KV
+                                    cache group's pages, hybrid_bytes_per_block)
         max_concurrency           = num_gpu_blocks / ceil(max_model_len / block_size)
 
     (``gpu_worker.determine_available_memory`` and ``kv_cache_utils``;
@@ -309,7 +308,10 @@ def num_gpu_blocks_from_profile(
         profile,
         float(gpu_memory_utilization),
         int(block_size),
-        bytes_per_block(config, block_size, dtype),
+        # a hybrid model's pool: one block is a KV cache group's pages, as vLLM divides it
+        hybrid_bytes_per_block(config, block_size, dtype)
+        if is_hybrid_config(config)
+        else bytes_per_block(config, block_size, dtype),
         int(max_model_len),
         cpu_kvcache_space_gib(environ),
         kv_cache_memory_bytes,

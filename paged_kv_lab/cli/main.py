@@ -376,7 +376,7 @@ def main(argv=None) -> int:
     f.add_argument("--model", choices=MODELS, default="smollm2", help=tr("cli.profile.model"))
     f.add_argument("--device", choices=DEVICES, default="auto", help=tr("cli.profile.device"))
     f.add_argument("--dtype", choices=DTYPES, default="float32", help=tr("cli.profile.dtype"))
-    f.add_argument("--block-size", type=int, default=16, help=tr("cli.profile.block_size"))
+    f.add_argument("--block-size", type=int, default=None, help=tr("cli.profile.block_size"))
     f.add_argument(
         "--gpu-memory-utilization",
         type=float,
@@ -447,9 +447,13 @@ def main(argv=None) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     """Print the memory profile of the loaded model and the num_gpu_blocks it gives."""
     from kvcore.model import DeviceNotAvailable, ModelNotAvailable, load_model
-    from kvcore.model.memory import num_gpu_blocks_from_profile
+    from kvcore.model.memory import DEFAULT_BLOCK_SIZE, num_gpu_blocks_from_profile
     from kvcore.model.profile import profile_model
+    from paged_kv_lab.record.scenario import model_page_sizes
 
+    if args.block_size is None:  # a hybrid model's as vLLM resolves it, as a scenario's
+        sizes = model_page_sizes(args.model, args.dtype)
+        args.block_size = DEFAULT_BLOCK_SIZE if sizes is None else sizes.block_size
     for name, value, lo in (
         ("--block-size", args.block_size, 1),
         ("--max-num-batched-tokens", args.max_num_batched_tokens, 1),

@@ -684,6 +684,8 @@ def load_scenario(source: Union[dict, str, Path], top: Optional[dict[str, Any]] 
             raise ScenarioError([Text("problem.json", at)]) from None
     if not isinstance(source, dict):
         raise ScenarioError([Text("problem.top_not_object")])
+    if top:  # the file is refused for its own fields, whatever replaces them
+        load_scenario(source)
     source = resolve_from_model(_upgrade({**source, **(top or {})}))
     problems: list[Text] = []
     scenario = None
