@@ -4,7 +4,8 @@ block size or null, the KV budget in bytes), vLLM's own ``Platform._align_hybrid
 resolves the block size on a GPU with the FlashAttention backend, vLLM's own specs are built for
 every layer, and vLLM's own ``get_kv_cache_groups`` and ``get_kv_cache_config_from_groups`` turn
 the budget into ``num_blocks``. Writes, as JSON, one ``{block_size, mamba_page_size_padded,
-page_size_bytes, num_blocks}`` per case.
+page_size_bytes, num_blocks, max_concurrency}`` per case (the last from vLLM's
+``get_max_concurrency_for_kv_cache_config``).
 
 What is not vLLM's here is only what a loaded model would supply: the config (a namespace with
 the shape's fields), the list of attention backends (FlashAttention), the Mamba layers' prefill
@@ -28,7 +29,7 @@ from vllm.model_executor.layers.mamba.mamba_utils import (
 from vllm.model_executor.models import ModelRegistry
 from vllm.platforms.interface import Platform
 from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend
-from vllm.v1.core import kv_cache_planning
+from vllm.v1.core import kv_cache_planning, kv_cache_utils
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
@@ -92,7 +93,9 @@ def resolve(case: dict) -> dict:
     config = NS(
         cache_config=cache,
         model_config=model,
-        parallel_config=NS(tensor_parallel_size=1),
+        parallel_config=NS(
+            tensor_parallel_size=1, decode_context_parallel_size=1, prefill_context_parallel_size=1
+        ),
         speculative_config=None,
         scheduler_config=NS(disable_hybrid_kv_cache_manager=False),
         attention_config=NS(hisparse_config=None),
@@ -129,6 +132,7 @@ def resolve(case: dict) -> dict:
         "mamba_page_size_padded": cache.mamba_page_size_padded,
         "page_size_bytes": groups[0].kv_cache_spec.page_size_bytes,
         "num_blocks": kv.num_blocks,
+        "max_concurrency": kv_cache_utils.get_max_concurrency_for_kv_cache_config(config, kv),
     }
 
 

@@ -16,7 +16,13 @@ import pytest
 from _cli import run_cli_here
 
 from kvcore.core.kv_cache_utils import uniform_page_group_size
-from kvcore.model.memory import hybrid_bytes_per_block, hybrid_page_sizes
+from kvcore.model.memory import (
+    MemoryProfile,
+    hybrid_bytes_per_block,
+    hybrid_group_counts,
+    hybrid_page_sizes,
+    num_gpu_blocks_from_profile,
+)
 from kvcore.model.shapes import TINY_HYBRID, hybrid_shape
 from paged_kv_lab.lesson.datafile import load
 from paged_kv_lab.lesson.hybrid_pages import MODELS_FILE, HybridModelData
@@ -31,6 +37,8 @@ from paged_kv_lab.text.i18n import tr
 VENV = os.environ.get("VLLM_VENV", "/tmp/vllm-venv")
 TINY = hybrid_shape("tiny-hybrid")
 LINEAR, FULL = "linear_attention", "full_attention"
+# a profile for the arithmetic alone: with kv_cache_memory_bytes stated, only the budget counts
+PROFILE = MemoryProfile("cuda:0", "shape", "bfloat16", 256, 80 << 30, 0, 0, 0)
 
 
 def real(name: str):
@@ -40,7 +48,9 @@ def real(name: str):
     c = m.config
     every = c["full_attention_interval"]
     kinds = [FULL if (i + 1) % every == 0 else LINEAR for i in range(c["num_hidden_layers"])]
-    return SimpleNamespace(**c, layer_types=kinds), m.dtype, m.ssm_dtype
+    # the recurrent states' dtype where the config names it (Qwen3.5's mamba_ssm_dtype)
+    ssm = {} if m.ssm_dtype is None else {"mamba_ssm_dtype": m.ssm_dtype}
+    return SimpleNamespace(**c, **ssm, layer_types=kinds), m.dtype, m.ssm_dtype
 
 
 def test_tiny_hybrid_by_hand():
@@ -230,7 +240,15 @@ def test_vllms_own_functions_resolve_the_same_block_size_and_pool():
         assert z.block_size == vllm["block_size"], at
         assert z.page_bytes == vllm["page_size_bytes"], at
         assert (z.page_bytes if z.padding_bytes else None) == vllm["mamba_page_size_padded"], at
-        per_block = hybrid_bytes_per_block(cfg, z.block_size, dtype, ssm)
-        assert budget // per_block == vllm["num_blocks"], at
+        # the pool and the concurrency as `num_gpu_blocks: "auto"` derives them
+        sizing = num_gpu_blocks_from_profile(
+            PROFILE, cfg, z.block_size, dtype, 0.9, 8192, kv_cache_memory_bytes=budget
+        )
+        assert sizing.num_gpu_blocks == budget // sizing.bytes_per_block == vllm["num_blocks"], at
+        attention, states = hybrid_group_counts(cfg, mode)
+        blocks = attention * -(-8192 // z.block_size) + states
+        assert vllm["max_concurrency"] == pytest.approx(vllm["num_blocks"] / blocks), at
+        if mode == "align" and alignment is None:  # the engine's: align, no checkpoint blocks
+            assert sizing.max_concurrency == pytest.approx(vllm["max_concurrency"]), at
         raised += stated is not None and z.block_size != stated
     assert raised > 0, "some stated sizes are raised (else the stated path proves little)"

@@ -184,6 +184,10 @@ class KVCacheSizing:
     # vLLM's CacheConfig.kv_cache_memory_bytes: the KV cache's size as stated; when set it is the
     # available memory and gpu_memory_utilization is not used
     kv_cache_memory_bytes: int | None = None
+    # a hybrid model (hybrid_blocks_per_request): its attention groups, and the state blocks its
+    # Mamba groups hold for a request; attention-only: one group, no state blocks
+    num_attention_groups: int = 1
+    num_state_blocks_per_request: int = 0
 
     @property
     def requested_memory(self) -> int:
@@ -201,7 +205,10 @@ class KVCacheSizing:
 
     @property
     def blocks_per_request(self) -> int:
-        return cdiv(self.max_model_len, self.block_size)
+        """Blocks one request of ``max_model_len`` tokens takes from the pool, summed over the
+        KV cache groups (vLLM's ``get_max_concurrency_for_kv_cache_config``)."""
+        attention = self.num_attention_groups * cdiv(self.max_model_len, self.block_size)
+        return attention + self.num_state_blocks_per_request
 
     @property
     def max_concurrency(self) -> float:
@@ -249,8 +256,13 @@ class KVCacheSizing:
             f"  = num_gpu_blocks           {self.num_gpu_blocks:,} "
             "(block 0, the null block, included)",
             f"  max concurrency            {self.num_gpu_blocks:,} / "
-            f"ceil({self.max_model_len} / {self.block_size}) = "
-            f"{self.max_concurrency:.2f} requests of max_model_len {self.max_model_len}",
+            + (
+                f"({self.num_attention_groups} x ceil({self.max_model_len} / {self.block_size})"
+                f" + {self.num_state_blocks_per_request} state blocks)"
+                if self.num_state_blocks_per_request
+                else f"ceil({self.max_model_len} / {self.block_size})"
+            )
+            + f" = {self.max_concurrency:.2f} requests of max_model_len {self.max_model_len}",
         ]
         if p.device.startswith("cpu"):
             out.append(
@@ -304,17 +316,19 @@ def num_gpu_blocks_from_profile(
         raise ValueError(f"gpu_memory_utilization must be in (0, 1]; got {gpu_memory_utilization}")
     if max_model_len < 1:
         raise ValueError(f"max_model_len must be >= 1; got {max_model_len}")
+    hybrid = is_hybrid_config(config)
     return KVCacheSizing(
         profile,
         float(gpu_memory_utilization),
         int(block_size),
         # a hybrid model's pool: one block is a KV cache group's pages, as vLLM divides it
         hybrid_bytes_per_block(config, block_size, dtype)
-        if is_hybrid_config(config)
+        if hybrid
         else bytes_per_block(config, block_size, dtype),
         int(max_model_len),
         cpu_kvcache_space_gib(environ),
         kv_cache_memory_bytes,
+        *(hybrid_group_counts(config) if hybrid else (1, 0)),
     )
 
 
@@ -405,13 +419,30 @@ def hybrid_bytes_per_block(
     ``block_size`` tokens; a state page padded up to it), and a block is one group's pages.
     A ``block_size`` below the one vLLM would raise it to (kvcore keeps a stated size) makes
     the page the state's own size instead."""
-    from kvcore.core.kv_cache_utils import uniform_page_group_size
-
     sizes = hybrid_page_sizes(config, dtype, ssm_dtype)
     page = max(int(block_size) * sizes.attn_bytes_per_token, sizes.state_bytes)
+    return _hybrid_layers(config)[2] * page
+
+
+def _hybrid_layers(config: Any) -> tuple[int, int, int]:
+    """(full-attention layers, linear layers, layers per KV cache group) of a hybrid config."""
+    from kvcore.core.kv_cache_utils import uniform_page_group_size
+
     linear = num_linear_layers(config)
     full = int(config.num_hidden_layers) - linear
-    return uniform_page_group_size([n for n in (linear, full) if n]) * page
+    return full, linear, uniform_page_group_size([n for n in (linear, full) if n])
+
+
+# the state blocks a Mamba group holds for a request (MambaSpec.max_memory_usage_bytes, with no
+# speculative or prefill-checkpoint blocks): the running state and, in align mode, the last one
+STATE_BLOCKS = {"align": 2, "none": 1}
+
+
+def hybrid_group_counts(config: Any, mamba_cache_mode: str = "align") -> tuple[int, int]:
+    """(attention groups, state blocks per request) of a hybrid config's KV cache groups (its
+    Mamba groups in align mode by default, as a scenario with linear layers runs them)."""
+    full, linear, size = _hybrid_layers(config)
+    return cdiv(full, size), cdiv(linear, size) * STATE_BLOCKS[mamba_cache_mode]
 
 
 def num_linear_layers(config: Any) -> int:
