@@ -166,7 +166,9 @@ class KVCacheSizing:
         num_gpu_blocks            = available_kv_cache_memory // bytes_per_block
                                     (null block included; a hybrid model's block: one KV
                                     cache group's pages, hybrid_bytes_per_block)
-        max_concurrency           = num_gpu_blocks / ceil(max_model_len / block_size)
+        max_concurrency           = num_gpu_blocks / blocks_per_request
+                                    (ceil(max_model_len / block_size) in each attention
+                                    group, plus a hybrid model's state blocks)
 
     (``gpu_worker.determine_available_memory`` and ``kv_cache_utils``;
     ``max_concurrency`` equals ``num_gpu_blocks * block_size / max_model_len`` when block_size
@@ -184,7 +186,7 @@ class KVCacheSizing:
     # vLLM's CacheConfig.kv_cache_memory_bytes: the KV cache's size as stated; when set it is the
     # available memory and gpu_memory_utilization is not used
     kv_cache_memory_bytes: int | None = None
-    # a hybrid model (hybrid_blocks_per_request): its attention groups, and the state blocks its
+    # a hybrid model (hybrid_group_counts): its attention groups, and the state blocks its
     # Mamba groups hold for a request; attention-only: one group, no state blocks
     num_attention_groups: int = 1
     num_state_blocks_per_request: int = 0

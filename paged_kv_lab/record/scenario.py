@@ -648,8 +648,8 @@ def resolve_from_model(raw: dict) -> dict:
     """The raw scenario with the settings it leaves out resolved as vLLM 0.33 resolves them:
     a hybrid model's ``block_size`` (:func:`model_page_sizes`), and ``num_gpu_blocks`` "auto"
     when ``kv_cache_memory_bytes`` states the KV budget (the engine divides it by one block of
-    the pool: ``kvcore.model.memory.bytes_per_block``). Anything not resolvable is left for
-    validation to report."""
+    the pool, as ``kvcore.model.memory.num_gpu_blocks_from_profile`` does). Anything not
+    resolvable is left for validation to report."""
     eng = raw.get("engine", {})
     if not isinstance(eng, dict):
         return raw
