@@ -114,6 +114,9 @@ def test_a_hybrid_scenario_without_block_size_runs_at_vllms_size():
     assert finer.engine.prefix_match_unit == 4
     with pytest.raises(ScenarioError, match="hits land on the block size"):
         load_scenario({"model": "tiny-random", "engine": {"prefix_match_unit": 4}})
+    # vLLM refuses a prefix_match_unit that does not divide the resolved block size
+    with pytest.raises(ScenarioError, match=r"must divide block_size \(32\); got 12"):
+        load_scenario({"model": "tiny-hybrid", "engine": {"prefix_match_unit": 12}})
 
 
 def test_a_stated_kv_budget_makes_num_gpu_blocks_auto():
