@@ -13,7 +13,9 @@ from kvcore.model.memory import hybrid_page_sizes
 from paged_kv_lab.app.registry import page_file
 from paged_kv_lab.lesson import BY_ID
 from paged_kv_lab.lesson.hybrid_pages import real_models
+from paged_kv_lab.record.scenario import block_size_note
 from paged_kv_lab.runs.timeline import lesson_model, lesson_run
+from paged_kv_lab.text.i18n import tr
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 LESSON = BY_ID["hybrid"]
@@ -65,6 +67,9 @@ def test_the_page_plays_on_tiny_hybrid_and_draws_the_page_table(tiny, hybrid):  
     tables = "\n".join(m.value for m in at.markdown)
     for r in (here, *(r.sizes for r in real_models())):
         assert f"| {r.block_size:,} |" in tables and f"{r.page_bytes:,}" in tables
+    # the block size's note, with vLLM's source beside it
+    note = tr(block_size_note(state.run.scenario), "en")
+    assert note in [c.value for c in at.caption] and "_align_hybrid_block_size" in note
     kinds = [g["kind"] for g in Browser(at, "hybrid").head["groups"]]
     assert kinds == ["mamba"] * 3 + ["full"], "the player draws state groups and attention"
 

@@ -209,23 +209,28 @@ def test_preempted_request_drops_its_drafts_and_still_matches():
     assert eng.outputs() == base.outputs()
 
 
-def test_a_lone_request_whose_drafts_overflow_the_pool_is_retried_not_aborted():
+@pytest.mark.parametrize("prompt_len, padded", [(7, False), (10, True)])
+def test_a_lone_request_whose_drafts_overflow_the_pool_is_retried_unless_padded(prompt_len, padded):
     sp = SpeculativeConfig(num_speculative_tokens=5, prompt_lookup_min=1, prompt_lookup_max=2)
     eng = make_engine(
-        [spec("R", [0, 1, 2, 3, 4] * 2, max_tokens=6)],
+        [spec("R", ([0, 1, 2, 3, 4] * 2)[:prompt_len], max_tokens=6)],
         runner=NoModelRunner(vocab_size=5),
-        # 16 real tokens fit in 4 blocks
+        # its real tokens (at most 16) fit in 4 blocks
         block_size=4,
         num_gpu_blocks=5,
         speculative=sp,
     )
     recs = eng.run()
     assert events_of(recs, events.PREEMPTED, "R")  # 1 + 5 drafts did not fit
-    assert not [e for e in events_of(recs, events.BLOCKED) if e.reason == "never_fits"]
-    assert (
-        eng.outputs()["R"]["finish_reason"] == "finished_length"
-        and len(eng.outputs()["R"]["token_ids"]) == 6
-    )
+    never = [e.reason for e in events_of(recs, events.BLOCKED) if e.reason.startswith("never")]
+    out = eng.outputs()["R"]
+    if not padded:  # back through the queue, its hit leaves more than one token: it runs on
+        assert not never
+        assert out["finish_reason"] == "finished_length" and len(out["token_ids"]) == 6
+    else:
+        # its hit leaves one token, which vLLM pads to 1 + 5 rows: those never fit, and vLLM
+        # would keep it waiting for ever; the engine aborts it and says why
+        assert never == ["never_fits_padded"] and out["finish_reason"] == "finished_aborted"
 
 
 @settings(max_examples=30, deadline=None)
@@ -316,8 +321,14 @@ CASES = {
         dict(block_size=4),
     ),
     "preemption": (
+        # (with 11 blocks B ends alone and waits for ever, padded as in vLLM: aborted)
         [req("A", REP * 2, n=24), req("B", REP[::-1] * 2, n=24)],
-        dict(block_size=4, num_gpu_blocks=11),
+        dict(block_size=4, num_gpu_blocks=12),
+    ),
+    # B hits all but the last of its 21 tokens beside A's speculative decode: padded to 1 + k
+    "padded_admission": (
+        [req("A", REP * 3, n=12), req("B", REP * 3, n=12, arrival_step=2)],
+        dict(block_size=4),
     ),
 }
 
@@ -338,6 +349,19 @@ def test_greedy_output_is_identical_with_and_without_drafts_and_to_generate(load
         assert events.CACHE_HIT in kinds
     if case == "preemption":
         assert events.PREEMPTED in kinds
+    if case == "padded_admission":
+        (padded,) = [
+            (r, e)
+            for r in recs
+            for e in events_of(r, events.SCHEDULED, "B")
+            if e.num_placeholder_tokens
+        ]
+        rec, e = padded
+        assert (e.num_tokens, e.num_placeholder_tokens) == (1 + 4, 4)
+        # the placeholders get KV slots but never reach the model as token ids
+        assert min(rec.model_inputs.input_ids) >= 0
+        (rejected,) = events_of(rec, events.DRAFT_REJECTED, "B")
+        assert rejected.rejected_token_ids == (-1,) * 4
 
 
 def test_drafts_are_verified_in_one_packed_forward(tiny_model, one_torch_thread):

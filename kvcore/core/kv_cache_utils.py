@@ -20,6 +20,7 @@ resolves it as vLLM does.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
@@ -372,6 +373,7 @@ def align_hybrid_block_size(
     mamba_page_size: int,
     kernel_block_alignment: int = 16,
     backend_block_alignment: int = 16,
+    prefill_checkpoint_alignment: Optional[int] = None,
 ) -> tuple[int, Optional[int]]:
     """vLLM 0.33's ``Platform._align_hybrid_block_size``: both kinds of blocks live in one pool,
     so an attention page (``block_size`` tokens x ``attn_page_size_1_token`` bytes, all layers
@@ -379,15 +381,31 @@ def align_hybrid_block_size(
     smallest multiple of the kernel's block alignment whose page is at least the state, then
     to the backends' common alignment; the state's page is padded up to the attention page.
     -> (block_size, mamba_page_size_padded or None when the pages are already equal). In
-    align mode the Mamba block size is this block size too."""
+    align mode the Mamba block size is this block size too.
+
+    ``prefill_checkpoint_alignment``: in align mode, the Mamba layers' prefill checkpoint
+    alignment (vLLM's ``get_mamba_prefill_checkpoint_alignment``: 64 with FlashInfer's gated
+    delta-net prefill, None for a backend that exports no checkpoints); the kernel alignment
+    becomes its least common multiple with it. Pass None outside align mode. A block size
+    already large enough is kept: the result is never below ``block_size``."""
     if mamba_page_size <= 0:
         return block_size, None
     kernel = max(kernel_block_alignment, block_size)
+    kernel = math.lcm(kernel, prefill_checkpoint_alignment or 1)
     attn_block_size = kernel * cdiv(mamba_page_size, kernel * attn_page_size_1_token)
     attn_block_size = backend_block_alignment * cdiv(attn_block_size, backend_block_alignment)
     block_size = max(block_size, attn_block_size)
     attn_page_size = block_size * attn_page_size_1_token
     return block_size, (None if attn_page_size == mamba_page_size else attn_page_size)
+
+
+def uniform_page_group_size(bucket_sizes: Sequence[int]) -> int:
+    """How many layers each KV cache group of a hybrid model holds (vLLM 0.33's
+    ``kv_cache_planning._get_kv_cache_groups_uniform_page_size``), given the number of layers
+    of each kind: the smallest kind's count, or the largest's when no kind has 1.5 times as
+    many layers as the smallest. One block of the shared pool is this many pages."""
+    smallest, largest = min(bucket_sizes), max(bucket_sizes)
+    return largest if largest < smallest * 1.5 else smallest
 
 
 def make_block_hash_with_group_id(block_hash: bytes, group_id: int) -> bytes:

@@ -24,6 +24,7 @@ from kvcore.sample.rejection_sampler import rejection_sample
 from kvcore.spec_decode.draft_model import DraftModelProposer
 from kvcore.spec_decode.metrics import SpecDecodingStats
 from kvcore.spec_decode.ngram_proposer import NgramProposer
+from kvcore.structured_output.utils import strip_speculative_padding
 from kvcore.utils.math_utils import cdiv
 from kvcore.worker.gpu_input_batch import SeqBatchItem, rows_fed
 
@@ -87,7 +88,12 @@ class EngineCore:
             for rid, n in out.num_scheduled_tokens.items():
                 req = scheduler.requests[rid]
                 before = computed_before[rid]
-                d = drafts.get(rid, [])
+                d = strip_speculative_padding(drafts.get(rid, []))
+                # A padded admission's placeholder rows are left out of the forward: vLLM pads
+                # them only so its CUDA graphs see uniform batches (kvcore has none), a
+                # placeholder has no token to embed, and the step's rollback discards whatever
+                # they would write. Their K/V slots are allocated all the same, as in vLLM.
+                n -= len(drafts.get(rid, [])) - len(d)
                 items.append(
                     SeqBatchItem(
                         request_id=rid,
@@ -125,12 +131,15 @@ class EngineCore:
             scheduler.update_from_output(out, ModelRunnerOutput([], {}, [], self._kv_finish(out)))
         elif not scheduler.running and scheduler.waiting and not self._retry_after_drafts(out):
             # Nothing runs and the head of the queue was refused by an empty pool: it never fits.
+            # If its tokens alone fit, what never fits is the 1 + num_spec_tokens rows vLLM pads
+            # its one-token admission to (vLLM would keep it waiting, every step refused).
             head = scheduler.waiting.peek_request()
+            padded = self._fits_without_drafts(head)
             scheduler.abort_request(head.request_id)
             self._observe(
                 "blocked",
                 head.request_id,
-                reason="never_fits",
+                reason="never_fits_padded" if padded else "never_fits",
                 num_tokens=head.num_tokens,
                 usable_blocks=scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1,
             )
@@ -175,9 +184,15 @@ class EngineCore:
         """A lone request whose drafts needed more slots than the pool has preempted itself;
         without drafts its real tokens still fit, so it goes back through the queue (as in
         vLLM) instead of being aborted as one that never fits."""
-        if self.drafter is None or not out.preempted_req_ids:
+        if not out.preempted_req_ids:
             return False
-        head = self.scheduler.waiting.peek_request()
+        return self._fits_without_drafts(self.scheduler.waiting.peek_request())
+
+    def _fits_without_drafts(self, head) -> bool:
+        """With drafts on, whether ``head``'s tokens (and one step's lookahead slots, or one
+        more slot) fit in the empty pool."""
+        if self.drafter is None:
+            return False
         kvm = self.scheduler.kv_cache_manager
         # admitted again it needs its tokens and the lookahead slots (a draft model's), or one more
         lookahead = max(1, self.scheduler.config.num_lookahead_tokens)
@@ -193,8 +208,9 @@ class EngineCore:
         gained = {}
         for rid, target in targets.items():
             d = drafts.get(rid, [])
-            gained[rid] = rejection_sample(d, target)
+            gained[rid] = rejection_sample(strip_speculative_padding(d), target)
             if d:
+                # as vLLM's update_from_output: a placeholder counts as a draft, rejected
                 self.spec_decoding_stats = self.spec_decoding_stats.observe(
                     len(d), len(gained[rid]) - 1
                 )

@@ -194,25 +194,15 @@ def tiny_random_config(vocab_size: int = 49152, num_layers: int = 4):
 
 
 def tiny_hybrid_config(vocab_size: int = 49152):
-    """The tiny hybrid: Qwen3.5's layout (3 gated delta-net layers, then 1 full-attention
-    layer), SmolLM2's attention shape (4 q heads / 2 kv heads of 16), 2 key / 4 value heads of
-    16 in the linear layers, a 4-wide causal convolution."""
+    """The tiny hybrid: its shape is :data:`kvcore.model.shapes.TINY_HYBRID` (Qwen3.5's layout,
+    3 gated delta-net layers then 1 full-attention layer)."""
     from transformers import Qwen3_5TextConfig
+
+    from kvcore.model.shapes import TINY_HYBRID
 
     return Qwen3_5TextConfig(
         vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        layer_types=["linear_attention"] * 3 + ["full_attention"],
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        linear_conv_kernel_dim=4,
+        **{**TINY_HYBRID, "layer_types": list(TINY_HYBRID["layer_types"])},
         max_position_embeddings=8192,
         tie_word_embeddings=True,
         # as tiny-random: well separated logits (robust greedy ties)

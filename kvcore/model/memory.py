@@ -162,9 +162,13 @@ class KVCacheSizing:
 
         requested_memory          = ceil(total_memory * gpu_memory_utilization)
         available_kv_cache_memory = requested_memory - weights - peak activations - other
+                                    (kv_cache_memory_bytes instead, when stated)
         num_gpu_blocks            = available_kv_cache_memory // bytes_per_block
-                                    (null block included)
-        max_concurrency           = num_gpu_blocks / ceil(max_model_len / block_size)
+                                    (null block included; a hybrid model's block: one KV
+                                    cache group's pages, hybrid_bytes_per_block)
+        max_concurrency           = num_gpu_blocks / blocks_per_request
+                                    (ceil(max_model_len / block_size) in each attention
+                                    group, plus a hybrid model's state blocks)
 
     (``gpu_worker.determine_available_memory`` and ``kv_cache_utils``;
     ``max_concurrency`` equals ``num_gpu_blocks * block_size / max_model_len`` when block_size
@@ -179,6 +183,13 @@ class KVCacheSizing:
     bytes_per_block: int
     max_model_len: int
     cpu_kvcache_space_gib: int | None = None  # VLLM_CPU_KVCACHE_SPACE as read, or None
+    # vLLM's CacheConfig.kv_cache_memory_bytes: the KV cache's size as stated; when set it is the
+    # available memory and gpu_memory_utilization is not used
+    kv_cache_memory_bytes: int | None = None
+    # a hybrid model (hybrid_group_counts): its attention groups, and the state blocks its
+    # Mamba groups hold for a request; attention-only: one group, no state blocks
+    num_attention_groups: int = 1
+    num_state_blocks_per_request: int = 0
 
     @property
     def requested_memory(self) -> int:
@@ -186,6 +197,8 @@ class KVCacheSizing:
 
     @property
     def available_kv_cache_memory(self) -> int:
+        if self.kv_cache_memory_bytes is not None:
+            return self.kv_cache_memory_bytes
         return self.requested_memory - self.profile.non_kv_cache_memory
 
     @property
@@ -194,7 +207,10 @@ class KVCacheSizing:
 
     @property
     def blocks_per_request(self) -> int:
-        return cdiv(self.max_model_len, self.block_size)
+        """Blocks one request of ``max_model_len`` tokens takes from the pool, summed over the
+        KV cache groups (vLLM's ``get_max_concurrency_for_kv_cache_config``)."""
+        attention = self.num_attention_groups * cdiv(self.max_model_len, self.block_size)
+        return attention + self.num_state_blocks_per_request
 
     @property
     def max_concurrency(self) -> float:
@@ -232,13 +248,23 @@ class KVCacheSizing:
             f"  - weights                  {gib(p.weights_memory)}",
             f"  - peak activations         {gib(p.peak_activation_memory)}",
             f"  - other (non-torch / rest) {gib(p.other_memory)}",
-            f"  = available for KV cache   {gib(self.available_kv_cache_memory)}",
+            f"  = available for KV cache   {gib(self.available_kv_cache_memory)}"
+            + (
+                " (kv_cache_memory_bytes as stated; gpu_memory_utilization unused)"
+                if self.kv_cache_memory_bytes is not None
+                else ""
+            ),
             f"  / bytes per block          {self.bytes_per_block:,} (block_size {self.block_size})",
             f"  = num_gpu_blocks           {self.num_gpu_blocks:,} "
             "(block 0, the null block, included)",
             f"  max concurrency            {self.num_gpu_blocks:,} / "
-            f"ceil({self.max_model_len} / {self.block_size}) = "
-            f"{self.max_concurrency:.2f} requests of max_model_len {self.max_model_len}",
+            + (
+                f"({self.num_attention_groups} x ceil({self.max_model_len} / {self.block_size})"
+                f" + {self.num_state_blocks_per_request} state blocks)"
+                if self.num_state_blocks_per_request
+                else f"ceil({self.max_model_len} / {self.block_size})"
+            )
+            + f" = {self.max_concurrency:.2f} requests of max_model_len {self.max_model_len}",
         ]
         if p.device.startswith("cpu"):
             out.append(
@@ -285,19 +311,26 @@ def num_gpu_blocks_from_profile(
     gpu_memory_utilization: float,
     max_model_len: int,
     environ: Any = None,
+    kv_cache_memory_bytes: int | None = None,
 ) -> KVCacheSizing:
     """The :class:`KVCacheSizing` of ``profile`` for these settings (pure arithmetic)."""
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1]; got {gpu_memory_utilization}")
     if max_model_len < 1:
         raise ValueError(f"max_model_len must be >= 1; got {max_model_len}")
+    hybrid = is_hybrid_config(config)
     return KVCacheSizing(
         profile,
         float(gpu_memory_utilization),
         int(block_size),
-        bytes_per_block(config, block_size, dtype),
+        # a hybrid model's pool: one block is a KV cache group's pages, as vLLM divides it
+        hybrid_bytes_per_block(config, block_size, dtype)
+        if hybrid
+        else bytes_per_block(config, block_size, dtype),
         int(max_model_len),
         cpu_kvcache_space_gib(environ),
+        kv_cache_memory_bytes,
+        *(hybrid_group_counts(config) if hybrid else (1, 0)),
     )
 
 
@@ -325,19 +358,30 @@ class HybridPageSizes:
         return self.page_bytes - self.state_bytes
 
 
+# vLLM 0.33's CacheConfig.DEFAULT_BLOCK_SIZE: where the CUDA platform starts before a hybrid
+# model's alignment (its attention backends prefer it); vLLM's CPU platform starts at 128
+DEFAULT_BLOCK_SIZE = 16
+
+
 def hybrid_page_sizes(
     config: Any,
     dtype: Any,
     ssm_dtype: Any = None,
-    block_size: int = 16,
+    block_size: int = DEFAULT_BLOCK_SIZE,
     kernel_block_alignment: int = 16,
+    prefill_checkpoint_alignment: int | None = None,
 ) -> HybridPageSizes:
     """The page arithmetic of a Qwen3.5 / Qwen3-Next style config (``linear_*`` fields) at one
     GPU (no tensor parallelism): K/V and conv states in ``dtype``, recurrent states in
-    ``ssm_dtype`` (vLLM's ``mamba_ssm_cache_dtype``; default ``dtype``). The block size starts
-    at ``block_size`` and is raised as ``align_hybrid_block_size`` raises it."""
+    ``ssm_dtype`` (vLLM's ``mamba_ssm_cache_dtype``; default: the config's ``mamba_ssm_dtype``
+    as vLLM's Qwen3.5 config reads it, else ``dtype``). The block size starts at ``block_size``
+    and is raised as ``align_hybrid_block_size`` raises it (``prefill_checkpoint_alignment``:
+    see there). With the defaults this is the block size vLLM 0.33 resolves on a GPU when
+    ``block_size`` is left out and the gated delta-net prefill exports no checkpoints."""
     from kvcore.core.kv_cache_utils import align_hybrid_block_size
 
+    if ssm_dtype is None:
+        ssm_dtype = getattr(config, "mamba_ssm_dtype", None)
     kv_heads, head_dim = model_dims(config)[1:]
     attn = 2 * kv_heads * head_dim * dtype_bytes(dtype)
     key_dim = config.linear_key_head_dim * config.linear_num_key_heads
@@ -350,9 +394,57 @@ def hybrid_page_sizes(
         * dtype_bytes(dtype if ssm_dtype is None else ssm_dtype)
     )
     bs, _ = align_hybrid_block_size(
-        block_size, attn, conv + recurrent, kernel_block_alignment, kernel_block_alignment
+        block_size,
+        attn,
+        conv + recurrent,
+        kernel_block_alignment,
+        kernel_block_alignment,
+        prefill_checkpoint_alignment,
     )
     return HybridPageSizes(attn, conv, recurrent, bs, bs * attn)
+
+
+def is_hybrid_config(config: Any) -> bool:
+    """Whether a config has gated delta-net (linear-attention) layers, Qwen3-Next / Qwen3.5
+    style (``linear_*`` fields and at least one linear layer)."""
+    if getattr(config, "linear_conv_kernel_dim", None) is None:
+        return False
+    return num_linear_layers(config) > 0
+
+
+def hybrid_bytes_per_block(
+    config: Any, block_size: int, dtype: Any = "float32", ssm_dtype: Any = None
+) -> int:
+    """Bytes of one block of a hybrid model's shared pool, the size vLLM 0.33 divides the KV
+    budget by (``kv_cache_planning.get_kv_cache_config_from_groups``): each KV cache group holds
+    ``uniform_page_group_size`` layers, every layer's page has one size (an attention page of
+    ``block_size`` tokens; a state page padded up to it), and a block is one group's pages.
+    A ``block_size`` below the one vLLM would raise it to (kvcore keeps a stated size) makes
+    the page the state's own size instead."""
+    sizes = hybrid_page_sizes(config, dtype, ssm_dtype)
+    page = max(int(block_size) * sizes.attn_bytes_per_token, sizes.state_bytes)
+    return _hybrid_layers(config)[2] * page
+
+
+def _hybrid_layers(config: Any) -> tuple[int, int, int]:
+    """(full-attention layers, linear layers, layers per KV cache group) of a hybrid config."""
+    from kvcore.core.kv_cache_utils import uniform_page_group_size
+
+    linear = num_linear_layers(config)
+    full = int(config.num_hidden_layers) - linear
+    return full, linear, uniform_page_group_size([n for n in (linear, full) if n])
+
+
+# the state blocks a Mamba group holds for a request (MambaSpec.max_memory_usage_bytes, with no
+# speculative or prefill-checkpoint blocks): the running state and, in align mode, the last one
+STATE_BLOCKS = {"align": 2, "none": 1}
+
+
+def hybrid_group_counts(config: Any, mamba_cache_mode: str = "align") -> tuple[int, int]:
+    """(attention groups, state blocks per request) of a hybrid config's KV cache groups (its
+    Mamba groups in align mode by default, as a scenario with linear layers runs them)."""
+    full, linear, size = _hybrid_layers(config)
+    return cdiv(full, size), cdiv(linear, size) * STATE_BLOCKS[mamba_cache_mode]
 
 
 def num_linear_layers(config: Any) -> int:

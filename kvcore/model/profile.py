@@ -98,11 +98,20 @@ def weights_bytes(model: torch.nn.Module) -> int:
     return sum(seen.values())
 
 
-def _dummy_items(num_tokens: int, block_size: int):
+def _dummy_items(num_tokens: int, block_size: int, num_groups: int = 1):
     from kvcore.worker.gpu_input_batch import SeqBatchItem
 
     table = list(range(1, 1 + cdiv(num_tokens, block_size)))
-    return [SeqBatchItem("profile", [0] * num_tokens, 0, (table,), True)]
+    return [SeqBatchItem("profile", [0] * num_tokens, 0, (table,) * num_groups, True)]
+
+
+def _profile_groups(config) -> list[int] | None:
+    """The runner's ``layer_group`` for a profile: a hybrid model's linear layers in a state
+    group of their own (group 1), its attention layers in group 0; None: one group."""
+    types = list(getattr(config, "layer_types", None) or ())
+    if "linear_attention" not in types:
+        return None
+    return [int(t == "linear_attention") for t in types]
 
 
 @torch.inference_mode()
@@ -119,8 +128,16 @@ def profile_model(
     t0 = time.perf_counter()
     dev = loaded.device
     weights = weights_bytes(loaded.model)
-    runner = GPUModelRunner(loaded, num_blocks=1 + cdiv(n, block_size), block_size=block_size)
-    items = _dummy_items(n, block_size)
+    layer_group = _profile_groups(loaded.config)
+    groups = 1 if layer_group is None else 2
+    runner = GPUModelRunner(
+        loaded,
+        num_blocks=1 + cdiv(n, block_size),
+        block_size=block_size,
+        layer_group=layer_group,
+        group_sliding_window=[None] * groups,
+    )
+    items = _dummy_items(n, block_size, groups)
     proc = psutil.Process()
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)

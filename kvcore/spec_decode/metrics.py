@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class SpecDecodingStats:
-    """Counts over a run, as vLLM's spec-decoding metrics keep them: drafts proposed and
-    accepted, and the verification steps they came in."""
+    """Counts over a run, as vLLM's spec-decoding metrics keep them: drafts scheduled and
+    accepted, and the verification steps they came in. As in vLLM, a padded admission's
+    placeholder drafts count as drafts (all rejected)."""
 
     num_drafts: int = 0  # verification steps that carried at least one draft
     num_draft_tokens: int = 0

@@ -17,6 +17,7 @@ from paged_kv_lab.app.state import get_state, init_globals_from_url, pref, write
 from paged_kv_lab.app.why_panel import why_panel
 from paged_kv_lab.app.widgets import scenario_file, toggles
 from paged_kv_lab.lesson import BY_ID
+from paged_kv_lab.record.scenario import block_size_note
 from paged_kv_lab.text.i18n import tr
 
 
@@ -83,6 +84,9 @@ def render_lesson(lesson_id: str, compact: bool = False) -> None:
         state.notice = None
     if not compact:
         toggles(state, lesson, ms, lang)
+        note = block_size_note(state.run.scenario)
+        if note is not None:  # a hybrid model: its block size as vLLM resolves it
+            st.caption(tr(note, lang))
     c1, c2 = st.columns([1, 5], vertical_alignment="center")
     c1.toggle("🎓", key=f"quiz:{lesson.id}", help=tr("quiz_mode", lang))
     with c2:

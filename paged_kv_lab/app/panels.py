@@ -9,6 +9,7 @@ from typing import Sequence
 
 import streamlit as st
 
+from kvcore.structured_output.utils import strip_speculative_padding
 from paged_kv_lab.app.how_many_blocks import show_how_many_blocks
 from paged_kv_lab.app.memory import (
     DTYPES,
@@ -61,8 +62,8 @@ def spec_fields(records, step: int) -> dict:
         for e in rec.events:
             if e.kind == "draft_accepted":
                 accepted += len(e.accepted_token_ids)
-            elif e.kind == "draft_rejected":
-                rejected += len(e.rejected_token_ids)
+            elif e.kind == "draft_rejected":  # a padded admission's placeholders are no drafts
+                rejected += len(strip_speculative_padding(list(e.rejected_token_ids)))
         for toks in rec.new_tokens.values():
             if toks:
                 gained += len(toks)

@@ -8,7 +8,6 @@ a file that does not read leaves the trace shown before untouched.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,7 +92,7 @@ def example_trace(ms: ModelState, path: Path = EXAMPLE, timeout: float = 120.0) 
     """The scenario at ``path`` run to the end on the loaded model, as the CLI's --trace writes it.
     Its steps come from the shared run store (one engine step at a time, fairly with other
     sessions)."""
-    scenario = dataclasses.replace(load_scenario(path), model=ms.name, device=ms.device)
+    scenario = load_scenario(path, {"model": ms.name, "device": ms.device})
     cursor = open_run(scenario, ms)
     cursor.run_to_end(MAX_RUN_STEPS, timeout=timeout)
     if not cursor.run.done:

@@ -36,6 +36,7 @@ from paged_kv_lab.record.scenario import (
     DTYPES,
     MODELS,
     ScenarioError,
+    block_size_note,
     load_scenario,
     parse_engine_overrides,
     scenario_to_dict,
@@ -163,9 +164,15 @@ def open_engine(args: argparse.Namespace, scenario, kv_events):
         return 2
 
 
+def _model_device(args: argparse.Namespace) -> dict:
+    """``--model`` / ``--device`` as the top-level fields they replace; they replace the file's
+    before anything is resolved from the model (a hybrid model's block size)."""
+    return {k: v for k, v in (("model", args.model), ("device", args.device)) if v}
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     try:
-        scenario = load_scenario(args.scenario)
+        scenario = load_scenario(args.scenario, _model_device(args))
         if getattr(args, "set", None):
             scenario = with_engine_overrides(scenario, parse_engine_overrides(args.set))
         if getattr(args, "cpu_offload_blocks", None) is not None or getattr(args, "lazy", False):
@@ -179,10 +186,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ScenarioError as e:
         print(_error(args, f"{args.scenario}: {said(e, args.lang)}"), file=sys.stderr)
         return 2
-    if args.model:
-        scenario = replace(scenario, model=args.model)
-    if args.device:
-        scenario = replace(scenario, device=args.device)
     if args.until and args.until not in events.EVENT_KINDS:
         kinds = ", ".join(k.value for k in events.EVENT_KINDS)
         print(_error(args, Text("cli.error.until", {"kinds": kinds})), file=sys.stderr)
@@ -201,6 +204,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(_error(args, f"{args.scenario}: {said(e, args.lang)}"), file=sys.stderr)
         return 2
+    note = block_size_note(scenario)
+    if note is not None:  # a hybrid model: the block size as vLLM resolves it
+        print(tr(note, args.lang))
     opened = open_engine(args, scenario, kv_events)
     if isinstance(opened, int):
         return opened
@@ -368,7 +374,7 @@ def main(argv=None) -> int:
     f.add_argument("--model", choices=MODELS, default="smollm2", help=tr("cli.profile.model"))
     f.add_argument("--device", choices=DEVICES, default="auto", help=tr("cli.profile.device"))
     f.add_argument("--dtype", choices=DTYPES, default="float32", help=tr("cli.profile.dtype"))
-    f.add_argument("--block-size", type=int, default=16, help=tr("cli.profile.block_size"))
+    f.add_argument("--block-size", type=int, default=None, help=tr("cli.profile.block_size"))
     f.add_argument(
         "--gpu-memory-utilization",
         type=float,
@@ -439,9 +445,13 @@ def main(argv=None) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     """Print the memory profile of the loaded model and the num_gpu_blocks it gives."""
     from kvcore.model import DeviceNotAvailable, ModelNotAvailable, load_model
-    from kvcore.model.memory import num_gpu_blocks_from_profile
+    from kvcore.model.memory import DEFAULT_BLOCK_SIZE, num_gpu_blocks_from_profile
     from kvcore.model.profile import profile_model
+    from paged_kv_lab.record.scenario import model_page_sizes
 
+    if args.block_size is None:  # a hybrid model's as vLLM resolves it, as a scenario's
+        sizes = model_page_sizes(args.model, args.dtype)
+        args.block_size = DEFAULT_BLOCK_SIZE if sizes is None else sizes.block_size
     for name, value, lo in (
         ("--block-size", args.block_size, 1),
         ("--max-num-batched-tokens", args.max_num_batched_tokens, 1),
@@ -580,12 +590,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
                     decode = load_model(args.model, "cpu", "float32").decode
             run = RecordedSteps.from_trace(recorded, decode)
         else:
-            scenario = load_scenario(args.scenario)
+            scenario = load_scenario(args.scenario, _model_device(args))
             if args.set:
                 scenario = with_engine_overrides(scenario, parse_engine_overrides(args.set))
-            scenario = replace(
-                scenario, model=args.model or scenario.model, device=args.device or scenario.device
-            )
             from paged_kv_lab.record.budget import check_scenario, cli_limits
             from paged_kv_lab.record.engine import Engine
 

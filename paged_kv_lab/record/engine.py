@@ -17,7 +17,11 @@ from kvcore.config.kv_events import KVEventsConfig
 from kvcore.config.lora import LoRAConfig
 from kvcore.config.scheduler import SchedulerConfig
 from kvcore.core.kv_cache_manager import KVCacheManager
-from kvcore.core.kv_cache_utils import BlockHasher, resolve_none_hash_seed
+from kvcore.core.kv_cache_utils import (
+    BlockHasher,
+    resolve_none_hash_seed,
+    uniform_page_group_size,
+)
 from kvcore.core.sched.scheduler import Scheduler
 from kvcore.distributed.kv_events import KVEventBatch, ZmqEventPublisher
 from kvcore.engine.core import EngineCore
@@ -106,8 +110,7 @@ def linear_attention_groups(
     buckets: dict[str, list[int]] = {}
     for i, t in enumerate(types):
         buckets.setdefault(t, []).append(i)
-    sizes = [len(v) for v in buckets.values()]
-    group_size = max(sizes) if max(sizes) < min(sizes) * 1.5 else min(sizes)
+    group_size = uniform_page_group_size([len(v) for v in buckets.values()])
     groups, layer_group = [], [0] * len(types)
     for kind, layers in buckets.items():
         n = cdiv(len(layers), group_size)
@@ -234,6 +237,7 @@ def size_kv_cache(model, settings: EngineSettings):
         model.dtype,
         settings.gpu_memory_utilization,
         max_model_len,
+        kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
     )
     if sizing.num_gpu_blocks < 2:
         raise EngineRefused(

@@ -149,13 +149,16 @@ class Scheduled(Event):
     """A request got ``num_tokens`` tokens in this step's batch, from position ``start``
     (vLLM: ``Scheduler.schedule``, ``num_scheduled_tokens``). ``phase`` says what they are:
     "prefill" (the rest of the prompt at once), "chunk" (part of it: chunked prefill),
-    "decode" (the next token) or "recompute" (a preempted request starting over)."""
+    "decode" (the next token) or "recompute" (a preempted request starting over).
+    ``num_placeholder_tokens`` of them are no tokens: the rows vLLM pads a one-token admission
+    with, to the 1 + num_spec_tokens of a speculative decode (placeholder drafts, -1)."""
 
     kind = EventKind.SCHEDULED
     request_id: str = dataclasses.field()
     num_tokens: int
     phase: str
     start: int = 0
+    num_placeholder_tokens: int = dataclasses.field(default=0, metadata={WRITTEN_WHEN_SET: True})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -189,8 +192,12 @@ class Blocked(Event):
     ``num_reserved_blocks`` that in-flight prefills still need stay free, vLLM's
     ``_inflight_prefill_reserved_blocks``), "preempted_this_step" (no admissions in a step that
     preempted), "never_fits" (the engine aborts a prompt an empty pool cannot hold),
+    "never_fits_padded" (the engine aborts a request whose tokens fit but whose padded
+    1 + num_spec_tokens rows an empty pool, or the token budget, cannot hold),
     "max_loras" (``max_loras`` adapters run already and this request needs another: vLLM skips
-    it and looks at the next waiting request).
+    it and looks at the next waiting request), "spec_decode_padding" (its one token would be
+    padded to 1 + num_spec_tokens rows and ``token_budget`` is less: vLLM waits rather than
+    schedule it unpadded).
     The other fields are the numbers behind the reason that applies."""
 
     kind = EventKind.BLOCKED
@@ -422,7 +429,8 @@ class DraftRejected(Event):
     """The target model chose ``target_token_id`` where the drafts said ``rejected_token_ids[0]``:
     those drafts are dropped, and ``num_computed_tokens`` moves back over them, so their slots
     will be overwritten (vLLM: ``Scheduler.update_from_output``, ``num_computed_tokens -=
-    num_rejected``). ``positions`` are where their K/V was written; those slots are reused."""
+    num_rejected``). ``positions`` are where their K/V was written; those slots are reused.
+    Placeholder drafts (-1, a padded admission's) were never proposed and are always rejected."""
 
     kind = EventKind.DRAFT_REJECTED
     request_id: str = dataclasses.field()

@@ -32,6 +32,8 @@ from pydantic import (
 
 from kvcore.config.kv_events import KVEventsConfig
 from kvcore.config.lora import MAX_LORA_RANKS
+from kvcore.model.memory import HybridPageSizes, hybrid_page_sizes
+from kvcore.model.shapes import hybrid_shape
 from paged_kv_lab.text.i18n import ProblemsError, Text, tr
 
 MODELS = ("smollm2", "tiny-random", "tiny-hybrid")
@@ -201,11 +203,17 @@ class KVTransferConfig:
 @dataclass(frozen=True)
 class EngineSettings:
     __pydantic_config__ = _FORBID
+    # left out: 16, or for a hybrid model the size vLLM resolves for it (resolve_from_model)
     block_size: Int = 16
     # counts the null block, as vLLM does; "auto": profile the model and derive it from
-    # gpu_memory_utilization (kvcore/model/profile.py, kvcore/model/memory.py: KVCacheSizing)
+    # gpu_memory_utilization, or from kv_cache_memory_bytes when that is set (kvcore/model/
+    # profile.py, kvcore/model/memory.py: KVCacheSizing); left out: 64, or "auto" when
+    # kv_cache_memory_bytes is set
     num_gpu_blocks: Union[Annotated[StrictInt, Field(ge=2, le=INT64_MAX)], Literal["auto"]] = 64
     gpu_memory_utilization: Utilization = 0.9
+    # vLLM's CacheConfig.kv_cache_memory_bytes: the KV budget stated in bytes (then
+    # gpu_memory_utilization is not used); null: derived from gpu_memory_utilization
+    kv_cache_memory_bytes: OptInt = None
     enable_prefix_caching: StrictBool = True
     hash_algo: Literal[HASH_ALGOS] = "xxhash"
     # NONE_HASH seed: a string is the seed; null = vLLM's rule (PYTHONHASHSEED, else fixed
@@ -331,6 +339,7 @@ _MUST: dict[str, Text] = {
     "block_size": _INT_GE1,
     "num_gpu_blocks": _must("num_gpu_blocks"),
     "gpu_memory_utilization": _must("number_in", range="(0, 1]"),
+    "kv_cache_memory_bytes": _POSITIVE,
     "max_num_seqs": _INT_GE1,
     "max_num_batched_tokens": _INT_GE1,
     "long_prefill_token_threshold": _INT_GE0,
@@ -570,6 +579,9 @@ def _cross_checks(raw: dict) -> list[Text]:
     eng = raw.get("engine")
     if isinstance(eng, dict):
         lt = eng.get("layer_types")
+        shape = hybrid_shape(raw.get("model")) if isinstance(raw.get("model"), str) else None
+        if lt is None and shape is not None:  # a hybrid model's own layers, as the engine takes
+            lt = list(shape.layer_types)
         if isinstance(lt, list) and "sliding_attention" in lt and eng.get("sliding_window") is None:
             problems.append(Text("problem.sliding_needs_window"))
         linear = isinstance(lt, list) and "linear_attention" in lt
@@ -715,8 +727,67 @@ def _upgrade(raw: dict) -> dict:
     return {**raw, "engine": eng}
 
 
-def load_scenario(source: Union[dict, str, Path]) -> Scenario:
-    """Parse and validate a scenario from a dict, a JSON string, or a path to a JSON file."""
+def model_page_sizes(model: Any, dtype: Any) -> Optional[HybridPageSizes]:
+    """The page arithmetic vLLM 0.33 does for a hybrid ``model`` in ``dtype`` when its block size
+    is left out (``HybridPageSizes.block_size``: the attention block raised until its page holds
+    a gated delta-net state; ``Platform._align_hybrid_block_size`` on a GPU, the gated delta-net
+    prefill exporting no checkpoints, as kvcore's does not); None for a model without
+    linear-attention layers or a name or dtype that is not one."""
+    shape = hybrid_shape(model) if isinstance(model, str) else None
+    if shape is None or dtype not in DTYPES:
+        return None
+    return hybrid_page_sizes(shape, dtype)
+
+
+def block_size_note(s: Scenario) -> Optional[Text]:
+    """What vLLM 0.33 does with this scenario's block size on its hybrid model, as a catalogue
+    sentence with vLLM's source beside it: the size resolved from the model (the one a scenario
+    that leaves ``block_size`` out runs at), a stated size vLLM keeps, or one it would raise
+    (kvcore keeps a stated size); None for a model without linear-attention layers."""
+    resolved = model_page_sizes(s.model, s.dtype)
+    if resolved is None:
+        return None
+    bs = s.engine.block_size
+    at = hybrid_page_sizes(hybrid_shape(s.model), s.dtype, block_size=bs)
+    fields = {
+        "block_size": bs,
+        "model": s.model,
+        "dtype": s.dtype,
+        "attn": resolved.attn_bytes_per_token,
+        "state": resolved.state_bytes,
+        "resolved": resolved.block_size,
+        "page": resolved.page_bytes,
+        "vllm": at.block_size,
+        "source": "vllm/platforms/interface.py: Platform._align_hybrid_block_size",
+    }
+    if bs == resolved.block_size:
+        return Text("block_size.resolved", fields)
+    return Text("block_size.kept" if at.block_size == bs else "block_size.raised", fields)
+
+
+def resolve_from_model(raw: dict) -> dict:
+    """The raw scenario with the settings it leaves out resolved as vLLM 0.33 resolves them:
+    a hybrid model's ``block_size`` (:func:`model_page_sizes`), and ``num_gpu_blocks`` "auto"
+    when ``kv_cache_memory_bytes`` states the KV budget (the engine divides it by one block of
+    the pool, as ``kvcore.model.memory.num_gpu_blocks_from_profile`` does). Anything not
+    resolvable is left for validation to report."""
+    eng = raw.get("engine", {})
+    if not isinstance(eng, dict):
+        return raw
+    eng = dict(eng)
+    if "block_size" not in eng:
+        sizes = model_page_sizes(raw.get("model", "smollm2"), raw.get("dtype", "float32"))
+        if sizes is not None:
+            eng["block_size"] = sizes.block_size
+    if "num_gpu_blocks" not in eng and eng.get("kv_cache_memory_bytes") is not None:
+        eng["num_gpu_blocks"] = "auto"
+    return {**raw, "engine": eng}
+
+
+def load_scenario(source: Union[dict, str, Path], top: Optional[dict[str, Any]] = None) -> Scenario:
+    """Parse and validate a scenario from a dict, a JSON string, or a path to a JSON file.
+    ``top``: top-level fields replacing the file's before anything is resolved from the model
+    (the CLI's ``--model`` / ``--device``)."""
     if isinstance(source, Path) or (
         isinstance(source, str) and not source.lstrip().startswith(("{", "["))
     ):
@@ -734,7 +805,9 @@ def load_scenario(source: Union[dict, str, Path]) -> Scenario:
             raise ScenarioError([Text("problem.json", at)]) from None
     if not isinstance(source, dict):
         raise ScenarioError([Text("problem.top_not_object")])
-    source = _upgrade(source)
+    if top:  # the file is refused for its own fields, whatever replaces them
+        load_scenario(source)
+    source = resolve_from_model(_upgrade({**source, **(top or {})}))
     problems: list[Text] = []
     scenario = None
     seen: set[str] = set()  # each problem once (by its repr: a long list of bad items is fast)
@@ -767,6 +840,7 @@ def _plain(v: Any) -> Any:
 # Engine settings added after the lessons' runs were recorded: left out of the file format at
 # their defaults, so a recorded run (whose header holds the scenario) stays byte for byte.
 _LATER_ENGINE_DEFAULTS = {
+    "kv_cache_memory_bytes": None,
     "mamba_cache_mode": "none",
     "prefix_match_unit": None,
     "kv_transfer": None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
+from kvcore.structured_output.utils import strip_speculative_padding
 from paged_kv_lab.record import events as E
 from paged_kv_lab.record.events import Event, EventKind
 from paged_kv_lab.text.i18n import Text, catalogue, tr
@@ -114,10 +115,11 @@ def _arrived(e: E.Arrived, s: Style) -> Text:
 
 def _scheduled(e: E.Scheduled, s: Style) -> Text:
     return Text(
-        "event.scheduled",
+        "event.scheduled.padded" if e.num_placeholder_tokens else "event.scheduled",
         {
             "rid": e.request_id,
             "n": e.num_tokens,
+            "p": e.num_placeholder_tokens,
             "start": e.start,
             "phase": reason_text(e.phase),
         },
@@ -323,17 +325,14 @@ def _draft_accepted(e: E.DraftAccepted, s: Style) -> Text:
 
 def _draft_rejected(e: E.DraftRejected, s: Style) -> Text:
     r = len(e.rejected_token_ids)
-    return Text(
-        f"event.draft_rejected.{_plural(r)}",
-        {
-            "rid": e.request_id,
-            "target": _tokens([e.target_token_id], s),
-            "draft": _tokens(e.rejected_token_ids[:1], s),
-            "r": r,
-            "n": e.num_computed_tokens,
-            "pos": _tokens(e.positions, Style()),
-        },
-    )
+    fields = {"rid": e.request_id, "r": r, "n": e.num_computed_tokens}
+    fields["pos"] = _tokens(e.positions, Style())
+    if not strip_speculative_padding(list(e.rejected_token_ids)):
+        # a padded admission's placeholders: no token to show, nothing the model turned down
+        return Text(f"event.draft_rejected.padding.{_plural(r)}", fields)
+    fields["target"] = _tokens([e.target_token_id], s)
+    fields["draft"] = _tokens(e.rejected_token_ids[:1], s)
+    return Text(f"event.draft_rejected.{_plural(r)}", fields)
 
 
 def _cpu_hit(e: E.CpuHit, s: Style) -> Text:

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import time
 from array import array
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Optional
 
 from kvcore.core.kv_cache_observer import KVCacheObserver
 from kvcore.core.sched.scheduler import Scheduler
+from kvcore.model.memory import hybrid_bytes_per_block
+from kvcore.model.shapes import hybrid_shape
 from kvcore.outputs import ModelRunnerOutput
 from kvcore.request import Request
 from kvcore.utils.math_utils import cdiv
@@ -39,7 +41,12 @@ from paged_kv_lab.record.engine import (
     kv_cache_manager_for,
     scheduler_config_for,
 )
-from paged_kv_lab.record.scenario import EngineSettings, ScenarioError, load_scenario
+from paged_kv_lab.record.scenario import (
+    EngineSettings,
+    ScenarioError,
+    load_scenario,
+    resolve_from_model,
+)
 from paged_kv_lab.text.i18n import Text
 from paged_kv_lab.workload.tokens import PLACEHOLDER_TOKEN, check_block_size, prompt_token_ids
 from paged_kv_lab.workload.trace import Trace, TraceRequest
@@ -95,14 +102,33 @@ def replay_settings(
     for key, why in _UNSUPPORTED.items():
         if overrides.get(key) is not None:
             raise ScenarioError([Text("problem.replay.unsupported", {"key": key, "why": why})])
+    # model / dtype (a scenario's top-level fields): a hybrid model's layers, and the block size
+    # and pool resolved from its shape as a scenario's are
+    top = {k: overrides.pop(k) for k in ("model", "dtype") if k in overrides}
     engine = {**REPLAY_ENGINE_DEFAULTS, "max_model_len": trace.max_model_len, **overrides}
-    if "num_gpu_blocks" not in overrides:
-        bs = engine["block_size"]
+    shape = hybrid_shape(top["model"]) if isinstance(top.get("model"), str) else None
+    if shape is not None:
+        engine.setdefault("layer_types", list(shape.layer_types))
+        if "block_size" not in overrides:
+            del engine["block_size"]
+    raw = resolve_from_model({"name": trace.name, **top, "engine": engine})
+    engine = raw["engine"]
+    if "num_gpu_blocks" not in engine:
+        bs = engine.get("block_size")
         if isinstance(bs, int) and not isinstance(bs, bool) and bs >= 1:
             engine["num_gpu_blocks"] = DEFAULT_POOL_TOKENS // bs + 1
-    settings = load_scenario({"name": trace.name, "engine": engine}).engine
+    scenario = load_scenario(raw)
+    settings = scenario.engine
     if settings.num_gpu_blocks == "auto":
-        raise ScenarioError([Text("problem.replay.auto_blocks")])
+        if shape is None or settings.kv_cache_memory_bytes is None:
+            raise ScenarioError([Text("problem.replay.auto_blocks")])
+        # the stated KV budget over one block of the hybrid pool, as vLLM divides it
+        per_block = hybrid_bytes_per_block(shape, settings.block_size, scenario.dtype)
+        blocks = settings.kv_cache_memory_bytes // per_block
+        if blocks < 2:
+            at = {"bytes": settings.kv_cache_memory_bytes, "per_block": per_block}
+            raise ScenarioError([Text("problem.replay.budget_too_small", at)])
+        settings = replace(settings, num_gpu_blocks=blocks)
     if arrival not in ARRIVALS:
         at = {"choices": ", ".join(ARRIVALS), "got": repr(arrival)}
         raise ScenarioError([Text("problem.replay.arrival", at)])

@@ -16,6 +16,7 @@ from kvcore.kv_cache_interface import MambaSpec
 from kvcore.metrics.stats import PrefixCacheStats
 from kvcore.outputs import ModelRunnerOutput
 from kvcore.request import Request, RequestStatus
+from kvcore.structured_output.utils import PADDING_SPEC_TOKEN_ID, strip_speculative_padding
 from kvcore.utils.math_utils import cdiv
 
 KV_LOAD_RECOMPUTE, KV_LOAD_FAIL = "recompute", "fail"
@@ -144,6 +145,11 @@ class Scheduler:
             getattr(g.kv_cache_spec, "mamba_cache_mode", None) == "align"
             for g in kv_cache_manager.kv_cache_config.kv_cache_groups
         )
+        # vLLM's num_sampled_tokens_per_step: the tokens a step appends after its last scheduled
+        # one (0 only for pooling and diffusion models, which kvcore does not run). A request
+        # keeps that many positions free below max_model_len, and a one-token admission is
+        # padded to 1 + num_spec_tokens rows only while it is not 0.
+        self.num_sampled_tokens_per_step = 1
 
     def _mamba_block_aligned_split(
         self, request: Request, num_new_tokens: int, num_new_local_computed_tokens: int = 0
@@ -240,6 +246,9 @@ class Scheduler:
         self.kv_cache_manager.new_step_starts()
 
         # 1) Running requests first, in running order.
+        # vLLM's prefill_scheduled: a running request scheduled this step was still in its
+        # prompt (a batch with a prefill chunk is mixed anyway: no padding for uniform shapes)
+        prefill_scheduled = False
         req_index = 0
         while req_index < len(self.running) and token_budget > 0:
             request = self.running[req_index]
@@ -247,7 +256,9 @@ class Scheduler:
             if 0 < long_prefill_token_threshold < num_new:
                 num_new = long_prefill_token_threshold
             num_new = min(
-                num_new, token_budget, cfg.max_model_len - 1 - request.num_computed_tokens
+                num_new,
+                token_budget,
+                cfg.max_model_len - request.num_computed_tokens - self.num_sampled_tokens_per_step,
             )
             if self.need_mamba_block_aligned_split:
                 num_new = self._mamba_block_aligned_split(request, num_new)
@@ -287,6 +298,7 @@ class Scheduler:
                     continue
                 break
             scheduled_running.append(request)
+            prefill_scheduled |= request.is_prefill_chunk
             req_to_new_blocks[request.request_id] = new_blocks.get_block_ids()
             num_scheduled_tokens[request.request_id] = num_new
             num_computed_before[request.request_id] = request.num_computed_tokens
@@ -367,10 +379,37 @@ class Scheduler:
                 else:
                     # Back from an asynchronous load: its tokens are computed already.
                     hits, num_hit, num_computed = None, 0, request.num_computed_tokens
+                pad_spec_decode = False
                 if load_kv_async:
                     num_new = 0  # this step only loads
                 else:
                     num_new = request.num_tokens - num_computed
+                    if (
+                        cfg.num_spec_tokens > 0
+                        and self.num_sampled_tokens_per_step > 0
+                        and num_new == 1
+                        and not prefill_scheduled
+                        and (scheduled_running or num_computed > 0)
+                    ):
+                        # vLLM pads a one-token admission to the 1 + num_spec_tokens rows of a
+                        # speculative decode (uniform batches for its CUDA graphs), with
+                        # placeholder drafts that are all rejected after the step.
+                        num_padded = 1 + cfg.num_spec_tokens
+                        if (
+                            num_computed + num_padded + self.num_sampled_tokens_per_step
+                            <= cfg.max_model_len
+                        ):
+                            if num_padded > token_budget:
+                                # vLLM rather schedules it next step than unpadded now
+                                self._emit(
+                                    "blocked",
+                                    request,
+                                    reason="spec_decode_padding",
+                                    token_budget=token_budget,
+                                )
+                                break
+                            num_new = num_padded
+                            pad_spec_decode = True
                     if 0 < long_prefill_token_threshold < num_new:
                         num_new = long_prefill_token_threshold
                     if not cfg.enable_chunked_prefill and num_new > token_budget:
@@ -383,6 +422,10 @@ class Scheduler:
                         num_new = self._mamba_block_aligned_split(request, num_new, num_hit)
                         if num_new == 0:
                             break
+                        if pad_spec_decode and num_new != 1 + cfg.num_spec_tokens:
+                            # A split that clips the padded rows drops the padding: a padded
+                            # request has all 1 + num_spec_tokens rows or none.
+                            num_new, pad_spec_decode = 1, False
                 # vLLM: an asynchronous load is admitted only if the in-flight prefills' blocks
                 # (and its own next step's draft blocks) stay free after it.
                 reserved_blocks = (
@@ -447,6 +490,10 @@ class Scheduler:
                 request.status = RequestStatus.RUNNING
                 request.num_computed_tokens = num_computed
                 request.num_cached_tokens = num_computed
+                if pad_spec_decode:
+                    scheduled_spec_decode_tokens[request.request_id] = [
+                        PADDING_SPEC_TOKEN_ID
+                    ] * cfg.num_spec_tokens
                 if num_computed + num_new < request.num_tokens:
                     self._inflight_prefills.add(request)
                 self._emit(
@@ -478,7 +525,15 @@ class Scheduler:
                     kind = "chunk"
                 else:
                     kind = "prefill"
-                self._emit("scheduled", req, num_tokens=n, phase=kind, start=before)
+                drafts = scheduled_spec_decode_tokens.get(rid, [])
+                self._emit(
+                    "scheduled",
+                    req,
+                    num_tokens=n,
+                    phase=kind,
+                    start=before,
+                    num_placeholder_tokens=len(drafts) - len(strip_speculative_padding(drafts)),
+                )
         out = self._make_output(
             num_scheduled_tokens,
             num_computed_before,
