@@ -84,9 +84,15 @@ def admissions(spec: dict) -> dict:
 def main() -> None:
     spec = json.load(sys.stdin)
     init_none_hash(sha256)
-    if "requests" in spec:
-        json.dump(admissions(spec), sys.stdout)
+    if isinstance(spec, list):  # several specs, one answer each (one interpreter for them all)
+        json.dump([answer(s) for s in spec], sys.stdout)
         return
+    json.dump(answer(spec), sys.stdout)
+
+
+def answer(spec: dict):
+    if "requests" in spec:
+        return admissions(spec)
     bs, tokens = spec["block_size"], spec["token_ids"]
     hasher = get_request_block_hasher(bs, sha256)
 
@@ -122,7 +128,7 @@ def main() -> None:
         ]
     for first, second in spec["pairs"]:
         out["hits"][f"{first}>{second}"] = hits(first, second)
-    json.dump(out, sys.stdout)
+    return out
 
 
 if __name__ == "__main__":

@@ -187,9 +187,10 @@ def plain_keys(keys):
     return [[k.hex() if isinstance(k, bytes) else k for k in key] for key in keys]
 
 
-def vllm_says(spec: dict) -> dict:
-    """What tests/_hash_keys_vllm.py answers for ``spec``, run by the vLLM environment's Python
-    (NONE_HASH by vLLM's rule for sha256: no PYTHONHASHSEED)."""
+def vllm_says(spec):
+    """What tests/_hash_keys_vllm.py answers for ``spec`` (for a list of specs, a list of
+    answers), run by the vLLM environment's Python (NONE_HASH by vLLM's rule for sha256: no
+    PYTHONHASHSEED)."""
     done = subprocess.run(
         [str(Path(VENV) / "bin" / "python"), str(Path(__file__).with_name("_hash_keys_vllm.py"))],
         input=json.dumps(spec),
@@ -202,14 +203,28 @@ def vllm_says(spec: dict) -> dict:
     return json.loads(done.stdout)
 
 
+OFFSETS_VS_VLLM = (20, 21, 40)
+
+
+@pytest.fixture(scope="module")
+def vllm_studies():
+    """vLLM's answers for the study at each of OFFSETS_VS_VLLM, from one vLLM interpreter."""
+    specs = []
+    for offset in OFFSETS_VS_VLLM:
+        s = hash_keys_study(TOKENS, offset)
+        specs.append(vllm_spec(TOKENS, s.image_offset, s.embeds_row))
+    return dict(zip(OFFSETS_VS_VLLM, vllm_says(specs)))
+
+
 @pytest.mark.skipif(
     not (Path(VENV) / "bin" / "python").exists(),
     reason=f"no vLLM 0.33.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
 )
-@pytest.mark.parametrize("offset", [20, 21, 40])
-def test_vllms_own_code_gives_the_same_hashes_keys_and_hits(offset):
+@pytest.mark.xdist_group("vllm-hash-keys")  # one worker: the module fixture's one interpreter
+@pytest.mark.parametrize("offset", OFFSETS_VS_VLLM)
+def test_vllms_own_code_gives_the_same_hashes_keys_and_hits(offset, vllm_studies):
     s = hash_keys_study(TOKENS, offset)
-    theirs = vllm_says(vllm_spec(TOKENS, s.image_offset, s.embeds_row))
+    theirs = vllm_studies[offset]
     for v in s.variants:
         assert hashes(s, v.variant) == theirs["hashes"][v.variant], v.variant
         assert [plain_keys(b.extra_keys) for b in v.blocks] == theirs["keys"][v.variant]
