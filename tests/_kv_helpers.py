@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import pickle
-from typing import Optional, Sequence
+import subprocess
+from pathlib import Path
+from typing import Any, Optional, Sequence
 
 from kvcore.core.block_pool import BlockPool, BlockRemoved, BlockStored
 from kvcore.core.kv_cache_manager import KVCacheManager
@@ -22,6 +26,27 @@ from paged_kv_lab.record import snapshot
 from paged_kv_lab.record.engine import Engine, NoModelRunner
 from paged_kv_lab.record.recorder import Recorder
 from paged_kv_lab.record.scenario import EngineSettings, RequestSpec, Scenario
+
+# the vLLM 0.33.0 scratch environment (bash scripts/vllm_env.sh): differential tests skip without it
+VLLM_VENV = os.environ.get("VLLM_VENV", "/tmp/vllm-venv")
+
+
+def ask_vllm(script: str, spec: Any, *, hash_seed: bool = True) -> Any:
+    """The JSON that tests/``script`` writes for ``spec`` (JSON on its stdin), run by the vLLM
+    environment's Python. ``hash_seed=False`` leaves PYTHONHASHSEED out of its environment
+    (vLLM's rule for NONE_HASH then applies)."""
+    env = {k: v for k, v in os.environ.items() if hash_seed or k != "PYTHONHASHSEED"}
+    done = subprocess.run(
+        [str(Path(VLLM_VENV) / "bin" / "python"), str(Path(__file__).with_name(script))],
+        input=json.dumps(spec),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
 
 # Group kinds, turned into vLLM-shaped KVCacheGroupSpecs once the block size is known.
 FULL = ("full",)

@@ -8,10 +8,7 @@ shares), and against vLLM 0.33.0's own Request, block hasher and KVCacheManager 
 the vLLM scratch environment, ``VLLM_VENV``). The myth it answers is checked live on a run."""
 
 import hashlib
-import json
-import os
 import struct
-import subprocess
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,7 +24,8 @@ from test_pseudo_language import (  # noqa: F401  (the pseudo-language fixtures)
 )
 
 from _app_helpers import app, tiny_model_env  # noqa: F401
-from _kv_helpers import make_engine, spec
+from _kv_helpers import VLLM_VENV as VENV
+from _kv_helpers import ask_vllm, make_engine, spec
 from kvcore.core.kv_cache_manager import KVCacheManager
 from kvcore.kv_cache_interface import KVCacheConfig, full_attention
 from paged_kv_lab.app.registry import page_file
@@ -52,7 +50,6 @@ from paged_kv_lab.record.scenario import load_scenario
 from paged_kv_lab.text.i18n import tr
 
 TOKENS = tuple(range(1000, 1087))  # 87 tokens: 5 full blocks of 16 and 7 tokens over
-VENV = os.environ.get("VLLM_VENV", "/tmp/vllm-venv")
 
 
 def first_difference(a, b) -> int:
@@ -189,18 +186,8 @@ def plain_keys(keys):
 
 def vllm_says(spec):
     """What tests/_hash_keys_vllm.py answers for ``spec`` (for a list of specs, a list of
-    answers), run by the vLLM environment's Python (NONE_HASH by vLLM's rule for sha256: no
-    PYTHONHASHSEED)."""
-    done = subprocess.run(
-        [str(Path(VENV) / "bin" / "python"), str(Path(__file__).with_name("_hash_keys_vllm.py"))],
-        input=json.dumps(spec),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"},
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+    answers; NONE_HASH by vLLM's rule for sha256: no PYTHONHASHSEED)."""
+    return ask_vllm("_hash_keys_vllm.py", spec, hash_seed=False)
 
 
 OFFSETS_VS_VLLM = (20, 21, 40)

@@ -7,14 +7,14 @@ shapes; the same numbers from vLLM's own functions (the scratch environment, ``V
 scenario, ``run`` and ``replay`` ends; attention-only scenarios unchanged."""
 
 import json
-import os
-import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from _cli import run_cli_here
 
+from _kv_helpers import VLLM_VENV as VENV
+from _kv_helpers import ask_vllm
 from kvcore.core.kv_cache_utils import uniform_page_group_size
 from kvcore.model.memory import (
     MemoryProfile,
@@ -34,7 +34,6 @@ from paged_kv_lab.record.scenario import (
 )
 from paged_kv_lab.text.i18n import tr
 
-VENV = os.environ.get("VLLM_VENV", "/tmp/vllm-venv")
 TINY = hybrid_shape("tiny-hybrid")
 LINEAR, FULL = "linear_attention", "full_attention"
 # a profile for the arithmetic alone: with kv_cache_memory_bytes stated, only the budget counts
@@ -225,15 +224,7 @@ def test_vllms_own_functions_resolve_the_same_block_size_and_pool():
         }
         for cfg, dtype, ssm, budget, stated, mode, alignment in cases
     ]
-    done = subprocess.run(
-        [str(Path(VENV) / "bin" / "python"), str(Path(__file__).with_name("_block_size_vllm.py"))],
-        input=json.dumps(spec),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    theirs = json.loads(done.stdout)
+    theirs = ask_vllm("_block_size_vllm.py", spec)
     raised = 0
     for (cfg, dtype, ssm, budget, stated, mode, alignment), vllm in zip(cases, theirs):
         z = hybrid_page_sizes(
