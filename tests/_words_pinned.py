@@ -16,6 +16,10 @@ from paged_kv_lab.record.engine import Engine, NoModelRunner
 from paged_kv_lab.record.scenario import load_scenario
 from paged_kv_lab.runs.timeline import LabRun
 
+# Run to end, in a test: until the run has ended (the app's few seconds are a visitor's wait; on a
+# loaded machine the background recording can take longer)
+FULL_RUN_S = 120
+
 FIXTURE = Path(__file__).parent / "fixtures" / "words_pinned.json"
 LANGS = ("en", "zh")
 PREFER = ((), ("preempted",), ("evicted",), ("cache_hit",), ("allocated",), ("touched",))
@@ -99,7 +103,7 @@ def myths_and_quiz(name: str) -> dict:
     from paged_kv_lab.lesson.quiz import make_prediction
 
     run = new_run(name)
-    run.run_to_end()
+    run.run_to_end(timeout=FULL_RUN_S)
     snaps, records = run.snapshots(), run.records
     out = {}
     for lang in LANGS:

@@ -1,6 +1,8 @@
 """LabRun (a cursor over a recorded run), quiz predictions and the myths, on the engine without a
 model."""
 
+from _words_pinned import FULL_RUN_S
+
 from paged_kv_lab.lesson.myths import free_runs, internal_waste, lru_contrast, myth_sections, myths
 from paged_kv_lab.lesson.quiz import make_prediction
 from paged_kv_lab.record.engine import Engine, NoModelRunner
@@ -46,10 +48,10 @@ def test_step_back_goto_give_the_same_records():
     assert run.cursor == 7 and run.snapshot.step == 7
     run.goto(1)
     assert run.snapshot is r1.snapshot and len(run.records) >= 7
-    run.run_to_end()
+    run.run_to_end(timeout=FULL_RUN_S)
     assert run.finished and not run.can_forward()
     again = new_run()
-    again.run_to_end()
+    again.run_to_end(timeout=FULL_RUN_S)
     assert [r.to_dict() for r in again.records] == [r.to_dict() for r in run.records]
 
 
@@ -210,7 +212,7 @@ def lab_trace(run: LabRun, header: bool = True, outputs: bool = True):
     from paged_kv_lab.record.scenario import scenario_to_dict
     from paged_kv_lab.record.trace import Trace, read_trace
 
-    run.run_to_end()
+    run.run_to_end(timeout=FULL_RUN_S)
     t = Trace(
         scenario_to_dict(run.scenario) if header else None,
         run.initial if header else None,

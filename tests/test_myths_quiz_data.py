@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from _words_pinned import new_run
+from _words_pinned import FULL_RUN_S, new_run
 
 from paged_kv_lab.lesson import myths as M
 from paged_kv_lab.lesson import quiz as Q
@@ -140,7 +140,7 @@ def test_a_hit_that_ends_inside_a_block_is_counted():
     """No run without a model ends a hit inside a block (vLLM only does with Mamba groups in
     align mode): the sentence for it, on a snapshot where one request's hit is 6 tokens."""
     run = new_run("evict")
-    run.run_to_end()
+    run.run_to_end(timeout=FULL_RUN_S)
     snaps = run.snapshots()
     last = snaps[-1]
     reqs = tuple(
@@ -176,7 +176,7 @@ def test_more_hashed_blocks_than_tokens_fill_would_be_named():
 
 def test_every_language_renders_every_myth_and_question():
     run = new_run("cpu_tier")
-    run.run_to_end()
+    run.run_to_end(timeout=FULL_RUN_S)
     snaps, records = run.snapshots(), run.records
     for lang in languages():
         secs = M.myth_sections(snaps, lang, records)
@@ -224,7 +224,7 @@ def test_a_language_added_as_data_says_every_myth_and_question(tmp_path, monkeyp
     said = []
     for name in ("evict", "preempt", "cpu_tier", "hybrid"):
         run = new_run(name)
-        run.run_to_end()
+        run.run_to_end(timeout=FULL_RUN_S)
         snaps, records = run.snapshots(), run.records
         for i in range(1, len(snaps) + 1):
             for sec in M.myth_sections(snaps[:i], "xx", records[: i - 1]):

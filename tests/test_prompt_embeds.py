@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _words_pinned import FULL_RUN_S
 from test_engine_equality import P, eos_of, req
 from test_engine_equality import check_equal as check_token_requests
 
@@ -365,8 +366,8 @@ def test_the_example_uploaded_to_the_app_runs_with_its_hits():
     assert not at.exception and not at.error, [e.value for e in at.error]
     run = at.session_state["lesson:playground"].run
     assert run.scenario.name == "prompt-embeds-and-an-image"
-    run.run_to_end(timeout=120)  # the store records in the background: a loaded machine is slow
-    assert run.finished, f"the run did not end within 120 s: {len(run.records)} steps recorded"
+    run.run_to_end(timeout=FULL_RUN_S)
+    assert run.finished, f"the run did not end: {len(run.records)} steps recorded"
     got = {
         e.request_id: e.num_tokens for r in run.records for e in r.events if e.kind == "cache_hit"
     }

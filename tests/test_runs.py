@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 import pytest
+from _words_pinned import FULL_RUN_S
 
 from paged_kv_lab.record.budget import BudgetError, Limits
 from paged_kv_lab.record.scenario import load_scenario
@@ -320,7 +321,7 @@ def test_step_cap_ends_the_run_with_its_knob():
     try:
         run = capped.run(sc(), lambda s: FakeEngine(n=100), model_key="k")
         t = Timeline(run)
-        t.run_to_end()
+        t.run_to_end(timeout=FULL_RUN_S)
         assert run.done and len(run.records) == 7 and t.cursor == 7
         assert "PAGED_KV_LAB_MAX_RUN_STEPS" in run.error and run.outputs() is not None
     finally:
