@@ -257,6 +257,18 @@ def test_a_lone_request_whose_drafts_overflow_the_pool_is_retried_unless_padded(
     max_tokens=2,
     caching=True,
 )
+# ... and one whose padded rows exceed the step's token budget (the same)
+@example(
+    block_size=2,
+    k=4,
+    min_n=2,
+    extra_n=0,
+    spare_blocks=4,
+    budget=4,
+    num_requests=2,
+    max_tokens=5,
+    caching=True,
+)
 def test_any_setting_keeps_the_invariants_and_the_output(
     block_size, k, min_n, extra_n, spare_blocks, budget, num_requests, max_tokens, caching
 ):
@@ -265,7 +277,8 @@ def test_any_setting_keeps_the_invariants_and_the_output(
     with the same tokens — even when only the drafts overflow the pool. One exception, as vLLM:
     a request left with one token to compute is padded to 1 + k rows, and where those rows can
     never fit the pool (vLLM would keep it waiting: its start-up check refuses a pool this small)
-    the engine aborts it as ``never_fits_padded``; its tokens until then are the same."""
+    or a step's token budget (vLLM would keep it waiting too), the engine aborts it as
+    ``never_fits_padded`` / ``never_fits_padded_budget``; its tokens until then are the same."""
     prompts = [[0, 1, 2, 3, 4] * 2, [4, 3, 2, 1, 0, 4, 3], [2, 2, 2, 2, 2, 2, 2, 2, 2]][
         :num_requests
     ]
@@ -296,11 +309,16 @@ def test_any_setting_keeps_the_invariants_and_the_output(
         return eng.outputs(), [e for r in recs for e in events_of(r, events.BLOCKED)]
 
     (with_drafts, blocked), (plain, _) = go(sp), go(None)
-    padded = {e.request_id: e for e in blocked if e.reason == "never_fits_padded"}
+    padded = {e.request_id: e for e in blocked if e.reason.startswith("never_fits_padded")}
     for rid, e in padded.items():
-        # its tokens fit the empty pool, its padded rows (one token computed anew + k) do not
+        # its tokens fit the empty pool; its padded rows (one token computed anew + k) do not,
+        # or they are more than a step's token budget
         assert cdiv(e.num_tokens, block_size) <= e.usable_blocks
-        assert cdiv(e.num_tokens + k, block_size) > e.usable_blocks
+        if e.reason == "never_fits_padded_budget":
+            assert 1 + k > budget
+        else:
+            assert e.reason == "never_fits_padded"
+            assert cdiv(e.num_tokens + k, block_size) > e.usable_blocks
         got, want = with_drafts[rid]["token_ids"], plain[rid]["token_ids"]
         assert with_drafts[rid]["finish_reason"] == "finished_aborted"
         assert got == want[: len(got)]

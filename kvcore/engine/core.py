@@ -133,15 +133,25 @@ class EngineCore:
             # Nothing runs and the head of the queue was refused by an empty pool: it never fits.
             # If its tokens alone fit, what never fits is the 1 + num_spec_tokens rows vLLM pads
             # its one-token admission to (vLLM would keep it waiting, every step refused).
+            # (Or the padded rows exceed max_num_batched_tokens: vLLM's budget break, every step.)
             head = scheduler.waiting.peek_request()
-            padded = self._fits_without_drafts(head)
+            reason, budget = "never_fits", {}
+            if self._fits_without_drafts(head):
+                cfg = scheduler.config
+                reason = "never_fits_padded"
+                if 1 + cfg.num_spec_tokens > cfg.max_num_batched_tokens:
+                    reason, budget = (
+                        "never_fits_padded_budget",
+                        {"token_budget": cfg.max_num_batched_tokens},
+                    )
             scheduler.abort_request(head.request_id)
             self._observe(
                 "blocked",
                 head.request_id,
-                reason="never_fits_padded" if padded else "never_fits",
+                reason=reason,
                 num_tokens=head.num_tokens,
                 usable_blocks=scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1,
+                **budget,
             )
         return result
 

@@ -193,7 +193,8 @@ class Blocked(Event):
     ``_inflight_prefill_reserved_blocks``), "preempted_this_step" (no admissions in a step that
     preempted), "never_fits" (the engine aborts a prompt an empty pool cannot hold),
     "never_fits_padded" (the engine aborts a request whose tokens fit but whose padded
-    1 + num_spec_tokens rows an empty pool, or the token budget, cannot hold),
+    1 + num_spec_tokens rows an empty pool cannot hold), "never_fits_padded_budget" (the same
+    for padded rows over ``max_num_batched_tokens``, ``token_budget`` here),
     "max_loras" (``max_loras`` adapters run already and this request needs another: vLLM skips
     it and looks at the next waiting request), "spec_decode_padding" (its one token would be
     padded to 1 + num_spec_tokens rows and ``token_budget`` is less: vLLM waits rather than
