@@ -12,6 +12,7 @@ import pytest
 
 from paged_kv_lab.cli.main import main as cli_main
 from paged_kv_lab.record.trace import read_trace
+from tests.test_engine_equality import reference_tokens
 from tests.test_pd import zen
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -29,21 +30,6 @@ def reference(tmp_path_factory):
     return tok, model
 
 
-def greedy(model, prompt_ids, max_tokens, eos):
-    import torch
-
-    with torch.inference_mode():
-        out = model.generate(
-            torch.tensor([prompt_ids]),
-            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-            max_new_tokens=max_tokens,
-            do_sample=False,
-            eos_token_id=eos,
-            pad_token_id=0,
-        )
-    return out[0, len(prompt_ids) :].tolist()
-
-
 def run(tmp_path, scenario, *extra):
     f, trace = tmp_path / "s.json", tmp_path / "t.jsonl"
     f.write_text(json.dumps(scenario))
@@ -59,8 +45,8 @@ def check_outputs(t, reference):
     tok, model = reference
     for spec in t.scenario["requests"]:
         ids = tok.encode(spec["prompt"], add_special_tokens=False)
-        eos = None if spec.get("ignore_eos") else tok.eos_token_id
-        want = greedy(model, ids, spec["max_tokens"], eos)
+        eos = () if spec.get("ignore_eos") else (tok.eos_token_id,)
+        want = reference_tokens(model, ids, spec["max_tokens"], eos)
         assert t.outputs[spec["id"]]["token_ids"] == want, spec["id"]
 
 

@@ -439,9 +439,9 @@ class Engine:
         self.requests: dict[str, Request] = {}
         # vLLM's output processor state of the requests with stop strings, by id
         self.detokenizers: dict[str, IncrementalDetokenizer] = {}
-        # Refuse a scenario whose prompt can never fit now, not in the middle of a run.
-        for spec in self._pending:
-            self.embedding_inputs(spec, self._checked_prompt(spec))
+        # Refuse a scenario whose prompt can never fit now, not in the middle of a run; what
+        # the checks computed (token ids, embedding rows) is kept for the request's arrival.
+        self._prompt_inputs_of = {id(spec): self._prompt_inputs(spec) for spec in self._pending}
         if self.debug:
             self.check_invariants()
         cfg = self.kv_events_config
@@ -523,8 +523,8 @@ class Engine:
             raise EngineRefused("request.exists", id=repr(spec.id))
         if self.drafter is not None and (spec.seed is not None or spec.n > 1):
             raise EngineRefused("request.speculative_sampling", id=repr(spec.id))
-        ids = self._checked_prompt(spec)
-        embeds, features = self.embedding_inputs(spec, ids)
+        prepared = self._prompt_inputs_of.pop(id(spec), None)  # a scenario's own request
+        ids, embeds, features = prepared or self._prompt_inputs(spec)
         s = self.settings
         if parent is not None:
             self.parent_requests[parent.request_id] = parent
@@ -556,6 +556,11 @@ class Engine:
                 self.detokenizers[child.id] = IncrementalDetokenizer(
                     self._decode_output, child.stop, child.include_stop_str_in_output
                 )
+
+    def _prompt_inputs(self, spec: RequestSpec) -> tuple:
+        """(token ids, embedding rows, multimodal items) of ``spec``, checked."""
+        ids = self._checked_prompt(spec)
+        return (ids, *self.embedding_inputs(spec, ids))
 
     def _checked_prompt(self, spec: RequestSpec) -> list[int]:
         """The prompt's token ids; ValueError if the prompt alone can never fit."""
