@@ -154,8 +154,8 @@ def engine_backend(loaded, block_size: int = 16, num_blocks: int = 256):
     block manager (prefix caching on), the recorder, a Snapshot and detokenised text every
     step -- what the app and the CLI run.  ``run.step_seconds``: the median decode step of
     the last call (steps where every scheduled request feeds one token)."""
-    from paged_kv_lab.record.engine import Engine
-    from paged_kv_lab.record.scenario import RequestSpec, Scenario
+    from paged_kv_lab.run.engine import Engine
+    from paged_kv_lab.run.scenario import RequestSpec, Scenario
 
     def run(prompts, n):
         scenario = Scenario(

@@ -96,7 +96,7 @@ def run_dynamo(job: dict, venv: str) -> dict:
 
 def vllm_equality(trace_path: str, trace, settings, routers, replicas) -> dict:
     from bench.bench_replay import run_vllm, vllm_job, vllm_venv
-    from paged_kv_lab.fleet.fleet import Fleet
+    from paged_kv_lab.fleet.trace_fleet import Fleet
 
     venv = vllm_venv()
     if venv is None:
@@ -157,10 +157,10 @@ def main(argv=None) -> int:
         return 0
     import tempfile
 
-    from paged_kv_lab.fleet.fleet import fleet_replay
-    from paged_kv_lab.workload import SHIPPED_TRACE
-    from paged_kv_lab.workload.replay import replay_settings
-    from paged_kv_lab.workload.trace import load_trace
+    from paged_kv_lab.fleet.trace_fleet import fleet_replay
+    from paged_kv_lab.workloads import SHIPPED_TRACE
+    from paged_kv_lab.workloads.replay import replay_settings
+    from paged_kv_lab.workloads.trace_formats import load_trace
 
     path = args.trace or str(SHIPPED_TRACE)
     with open(path, encoding="utf-8") as f:

@@ -39,9 +39,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from bench.timing import timed_without_gc  # noqa: E402
 from kvcore.core.block_pool import BlockPool  # noqa: E402
 from kvcore.utils.math_utils import cdiv
-from paged_kv_lab.record.engine import Engine, NoModelRunner  # noqa: E402
-from paged_kv_lab.record.recorder import Recorder  # noqa: E402
-from paged_kv_lab.record.scenario import EngineSettings, RequestSpec, Scenario  # noqa: E402
+from paged_kv_lab.recording.recorder import Recorder  # noqa: E402
+from paged_kv_lab.run.engine import Engine, NoModelRunner  # noqa: E402
+from paged_kv_lab.run.scenario import EngineSettings, RequestSpec, Scenario  # noqa: E402
 
 BLOCK_SIZE = 16
 CHUNK = 32  # blocks per call, like a request's table growing by a prompt's worth

@@ -205,7 +205,7 @@ def bench_browser(url: str, server_pid: int, clicks: int) -> dict:
         )
         out["first picture"] = first_pictures(b, page, url)
         # Step at the frontier: a playground run no one has recorded (a unique prompt)
-        from paged_kv_lab.app.state import _encode_base
+        from paged_kv_lab.ui.state import _encode_base
 
         scn = {
             "name": "frontier",
@@ -316,10 +316,10 @@ def first_pictures(browser, page, url: str) -> dict:
 def payload_sizes(model_name: str) -> list[tuple]:
     """Per lesson: KiB of whole snapshots per step vs the deltas the player is sent (JSON)."""
     from kvcore.model import load_model
-    from paged_kv_lab.lesson import LESSONS
+    from paged_kv_lab.content import LESSONS
     from paged_kv_lab.player import RunEncoder, snapshot_dict
-    from paged_kv_lab.record.engine import Engine
-    from paged_kv_lab.runs.timeline import lesson_scenario
+    from paged_kv_lab.run.engine import Engine
+    from paged_kv_lab.store.timeline import lesson_scenario
 
     model = load_model(model_name, "cpu")
     rows = []
@@ -446,7 +446,7 @@ async def one_session(
 def playground_query(i: int) -> str:
     """A playground link of its own for session ``i``: two requests, a prompt no other session "
     "has."""
-    from paged_kv_lab.app.state import _encode_base
+    from paged_kv_lab.ui.state import _encode_base
 
     scn = {
         "name": f"class-{i}",
@@ -522,10 +522,10 @@ def lesson_export(lesson_id: str = "eviction") -> str:
     """A lesson recorded on the tiny model, as the static export: the lessons' player, for a
     baseline measured side by side with the large-pool player."""
     from kvcore.model import load_model
-    from paged_kv_lab.lesson import BY_ID
+    from paged_kv_lab.content import BY_ID
     from paged_kv_lab.player import run_payload, static_html
-    from paged_kv_lab.record.engine import Engine
-    from paged_kv_lab.runs.timeline import lesson_scenario
+    from paged_kv_lab.run.engine import Engine
+    from paged_kv_lab.store.timeline import lesson_scenario
 
     model = load_model("tiny-random", "cpu")
     sc = lesson_scenario(BY_ID[lesson_id], model.num_layers, model="tiny-random", device="cpu")
@@ -544,18 +544,18 @@ def bench_pool(trace_requests: int, num_gpu_blocks: int, block_size: int, clicks
 
     from playwright.sync_api import sync_playwright
 
-    from paged_kv_lab.app.workloads_data import (
+    from paged_kv_lab.player.pool_payload import pool_payload, pool_static_html
+    from paged_kv_lab.workloads.page_data import (
         Settings,
         record_window,
         shipped_trace,
     )
-    from paged_kv_lab.player.pool_payload import pool_payload, pool_static_html
-    from paged_kv_lab.workload.budget import page_trace_limits
+    from paged_kv_lab.workloads.trace_limits import page_trace_limits
 
     limits = page_trace_limits()
     trace = shipped_trace(0, trace_requests, limits)
     s = Settings(block_size=block_size, num_gpu_blocks=num_gpu_blocks)
-    from paged_kv_lab.workload.replay import Replay
+    from paged_kv_lab.workloads.replay import Replay
 
     r = Replay(trace, s.replay_settings(trace))
     r.advance()

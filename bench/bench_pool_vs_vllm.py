@@ -105,7 +105,7 @@ def make_our_pool(num_blocks: int, recording: bool):
     """
     BlockPool = _our_block_pool()
     if _old_api(BlockPool):
-        from paged_kv_lab.record import events
+        from paged_kv_lab.recording import events
 
         rec = events.Recorder() if recording else None
         return BlockPool(
@@ -114,7 +114,7 @@ def make_our_pool(num_blocks: int, recording: bool):
     pool = BlockPool(num_blocks, True, BLOCK_SIZE, enable_kv_cache_events=True)
     rec = None
     if recording:
-        from paged_kv_lab.record.recorder import Recorder
+        from paged_kv_lab.recording.recorder import Recorder
 
         rec = Recorder()
         rec.attach_block_pool(pool)

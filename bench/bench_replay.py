@@ -125,8 +125,8 @@ def vllm_replay(job: dict) -> dict:
     from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request
 
-    from paged_kv_lab.workload.tokens import PLACEHOLDER_TOKEN, prompt_token_ids
-    from paged_kv_lab.workload.trace import Trace, load_trace
+    from paged_kv_lab.workloads.tokens import PLACEHOLDER_TOKEN, prompt_token_ids
+    from paged_kv_lab.workloads.trace_formats import Trace, load_trace
 
     trace = load_trace(job["trace"])
     if job.get("requests"):
@@ -295,7 +295,7 @@ def count_block_ops(trace, settings) -> dict:
     """One untimed replay whose pool has a counting observer: the blocks each pool call
     handled (allocated, touched, freed, newly cached) and the evictions."""
     from kvcore.core.kv_cache_observer import KVCacheObserver
-    from paged_kv_lab.workload.replay import Replay
+    from paged_kv_lab.workloads.replay import Replay
 
     class BlockOps(KVCacheObserver):
         allows_fast_forward = True  # skipped steps make no pool call
@@ -327,7 +327,7 @@ def count_block_ops(trace, settings) -> dict:
 def timed_replay(trace, settings) -> tuple[float, object]:
     """(CPU seconds, result): process time, which a machine busy with other work disturbs far
     less than wall time (both sides of every comparison are measured the same way)."""
-    from paged_kv_lab.workload.replay import replay
+    from paged_kv_lab.workloads.replay import replay
 
     c0 = time.process_time()
     result = replay(trace, settings)
@@ -362,10 +362,10 @@ def main(argv=None) -> int:
         print(json.dumps([vllm_replay(j) for j in jobs]))  # one import of vLLM for them all
         return 0
 
-    from paged_kv_lab.record.scenario import parse_engine_overrides
-    from paged_kv_lab.workload import SHIPPED_TRACE
-    from paged_kv_lab.workload.replay import replay_settings
-    from paged_kv_lab.workload.trace import load_trace
+    from paged_kv_lab.run.scenario import parse_engine_overrides
+    from paged_kv_lab.workloads import SHIPPED_TRACE
+    from paged_kv_lab.workloads.replay import replay_settings
+    from paged_kv_lab.workloads.trace_formats import load_trace
 
     path = args.trace or str(SHIPPED_TRACE)
     full = load_trace(path)
@@ -452,7 +452,7 @@ def main(argv=None) -> int:
 
 def equality(path: str, trace, settings, venv: str) -> dict:
     """Both engines on ``trace``: per-request hit tokens, preemptions and the totals."""
-    from paged_kv_lab.workload.replay import replay
+    from paged_kv_lab.workloads.replay import replay
 
     ours = replay(trace, settings)
     v = run_vllm(vllm_job(path, settings, len(trace), settings.engine.max_model_len), venv)

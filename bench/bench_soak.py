@@ -21,12 +21,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from paged_kv_lab.lesson import BY_ID  # noqa: E402
-from paged_kv_lab.record.budget import Limits  # noqa: E402
-from paged_kv_lab.record.engine import Engine  # noqa: E402
-from paged_kv_lab.record.scenario import load_scenario  # noqa: E402
-from paged_kv_lab.runs.store import RunStore  # noqa: E402
-from paged_kv_lab.runs.timeline import Timeline, lesson_scenario  # noqa: E402
+from paged_kv_lab.content import BY_ID  # noqa: E402
+from paged_kv_lab.run.budget import Limits  # noqa: E402
+from paged_kv_lab.run.engine import Engine  # noqa: E402
+from paged_kv_lab.run.scenario import load_scenario  # noqa: E402
+from paged_kv_lab.store.run_store import RunStore  # noqa: E402
+from paged_kv_lab.store.timeline import Timeline, lesson_scenario  # noqa: E402
 
 WORDS = "paged attention keeps keys and values in blocks that requests share by hash".split()
 

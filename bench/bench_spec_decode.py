@@ -31,8 +31,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 from kvcore.model import load_model, smollm2_available  # noqa: E402
-from paged_kv_lab.record.engine import Engine  # noqa: E402
-from paged_kv_lab.record.scenario import EngineSettings, RequestSpec, Scenario, SpeculativeConfig  # noqa: E402
+from paged_kv_lab.run.engine import Engine  # noqa: E402
+from paged_kv_lab.run.scenario import EngineSettings, RequestSpec, Scenario, SpeculativeConfig  # noqa: E402
 
 PROMPTS = {
     "copy list": "Copy this list exactly, twice:\napple, banana, cherry, date, elderberry, fig, "

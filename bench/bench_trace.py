@@ -14,11 +14,11 @@ import argparse
 import json
 import time
 
-from paged_kv_lab.record import trace
-from paged_kv_lab.record.engine import Engine, NoModelRunner
-from paged_kv_lab.record.events import Event
-from paged_kv_lab.record.scenario import EngineSettings, RequestSpec, Scenario, scenario_to_dict
-from paged_kv_lab.text.sentences import sentence
+from paged_kv_lab.recording.events import Event
+from paged_kv_lab.run import trace_file as trace
+from paged_kv_lab.run.engine import Engine, NoModelRunner
+from paged_kv_lab.run.scenario import EngineSettings, RequestSpec, Scenario, scenario_to_dict
+from paged_kv_lab.why.sentences import sentence
 
 
 def make_trace(num_requests: int) -> str:

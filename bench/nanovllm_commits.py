@@ -4,7 +4,8 @@
     .venv/bin/python bench/nanovllm_commits.py TRACE.jsonl --num-gpu-blocks 2000 --block-size 512
 
 Each commit's model (paged_kv_lab/designs/nanovllm/) runs the trace's requests one after
-another (as ``python -m kvcore compare`` does) and reports, from its events: hit tokens, prompts
+another (as ``python -m paged_kv_lab compare`` does) and reports, from its events: hit tokens,
+prompts
 found cached whole (a full last block hit: 2f352ae only), wrong hits (a stale entry whose block
 holds the same tokens after another prefix: 2f352ae only), stale misses (2f352ae; bb823b3 has
 deleted those entries), and whether every request got the same hit tokens at both commits.
@@ -16,16 +17,16 @@ import argparse
 import time
 from pathlib import Path
 
-from paged_kv_lab.designs import events as ev
-from paged_kv_lab.designs.compare import trace_requests
+from paged_kv_lab.designs import design_events as ev
 from paged_kv_lab.designs.nanovllm import COMMITS
 from paged_kv_lab.designs.sim import NanoRun
-from paged_kv_lab.workload.trace import load_trace
+from paged_kv_lab.designs.three_designs import trace_requests
+from paged_kv_lab.workloads.trace_formats import load_trace
 
 HERE = Path(__file__).resolve().parent.parent
 RUNS = [
     (HERE / "tests/fixtures/traces/mooncake_slice.jsonl", 5000, 16),
-    (HERE / "paged_kv_lab/workload/traces/mooncake_synthetic_trace.jsonl", 2000, 512),
+    (HERE / "paged_kv_lab/workloads/traces/mooncake_synthetic_trace.jsonl", 2000, 512),
 ]
 
 

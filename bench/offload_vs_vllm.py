@@ -105,7 +105,7 @@ def random_case(seed: int) -> dict[str, Any]:
 def scenario(case: dict[str, Any]):
     """The trace as a Scenario (the failed loads it lists included; not the synchronous ones
     that ``our_run``'s worker reports at random)."""
-    from paged_kv_lab.record.scenario import CPUOffloadConfig, EngineSettings, RequestSpec, Scenario
+    from paged_kv_lab.run.scenario import CPUOffloadConfig, EngineSettings, RequestSpec, Scenario
 
     return Scenario(
         name=f"offload-{case['seed']}",
@@ -136,7 +136,7 @@ def scenario(case: dict[str, Any]):
 
 def our_run(case: dict[str, Any]) -> tuple[list[dict], list[dict]]:
     """(the replay script, our observations), one entry per step."""
-    from paged_kv_lab.record.engine import Engine, NoModelRunner
+    from paged_kv_lab.run.engine import Engine, NoModelRunner
 
     eng = Engine(scenario(case), runner=NoModelRunner(), debug=True)
     outs = []

@@ -82,7 +82,7 @@ def random_case(seed: int) -> dict[str, Any]:
 
 
 def _settings(case: dict, num_gpu_blocks: int):
-    from paged_kv_lab.record.scenario import EngineSettings
+    from paged_kv_lab.run.scenario import EngineSettings
 
     return EngineSettings(
         block_size=case["block_size"],
@@ -95,8 +95,8 @@ def _settings(case: dict, num_gpu_blocks: int):
 def our_run(case: dict[str, Any]) -> tuple[list[dict], list[dict]]:
     """(the replay script, our observations), one entry per step of either replica."""
     from paged_kv_lab.disagg.pd import DECODE, PREFILL, PDEngine
-    from paged_kv_lab.record.engine import NoModelRunner
-    from paged_kv_lab.record.scenario import RequestSpec, Scenario
+    from paged_kv_lab.run.engine import NoModelRunner
+    from paged_kv_lab.run.scenario import RequestSpec, Scenario
 
     sc = Scenario(
         name=f"pd-{case['seed']}",

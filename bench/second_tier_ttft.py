@@ -1,4 +1,5 @@
-"""Time to first token by tier on lesson 10's scenario (paged_kv_lab/examples/second_tier.json):
+"""Time to first token by tier on lesson 10's scenario
+(paged_kv_lab/content/examples/second_tier.json):
 each request's prompt split into GPU hit, CPU hit and computed tokens, and its TTFT (the wall time
 of the steps from the one it arrived in to the one that sampled its first token), over several
 runs.
@@ -29,9 +30,9 @@ def main() -> int:
     import torch
 
     from kvcore.model import load_model
-    from paged_kv_lab.lesson.tiers import tier_rows
-    from paged_kv_lab.record.engine import Engine
-    from paged_kv_lab.record.scenario import load_scenario
+    from paged_kv_lab.content.tiers import tier_rows
+    from paged_kv_lab.run.engine import Engine
+    from paged_kv_lab.run.scenario import load_scenario
 
     model = load_model(args.model, args.device)
     scenario = load_scenario(os.path.join(REPO, "paged_kv_lab", "examples", "second_tier.json"))

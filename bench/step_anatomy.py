@@ -22,13 +22,13 @@ from kvcore.core.sched.scheduler import Scheduler
 from kvcore.engine.core import EngineCore, EngineCoreStep
 from kvcore.request import Request
 from kvcore.worker.gpu_model_runner import GPUModelRunner
-from paged_kv_lab.record.engine import (
+from paged_kv_lab.run.engine import (
     block_hasher_for,
     kv_cache_groups,
     kv_cache_manager_for,
     scheduler_config_for,
 )
-from paged_kv_lab.record.scenario import EngineSettings
+from paged_kv_lab.run.scenario import EngineSettings
 
 
 def bench_settings(

@@ -3,6 +3,6 @@
 Run: python -m streamlit run paged_kv_lab/streamlit_app.py   (the entry itself: app/entry.py)
 """
 
-from paged_kv_lab.app.entry import main
+from paged_kv_lab.ui.entry import main
 
 main()

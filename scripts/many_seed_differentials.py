@@ -115,8 +115,8 @@ def random_trace(seed: int, path: str) -> None:
 
 def run_replay(venv: str, seeds: list[int], chunk: int) -> dict:
     from bench.bench_replay import run_vllm, vllm_job
-    from paged_kv_lab.workload.replay import replay, replay_settings
-    from paged_kv_lab.workload.trace import load_trace
+    from paged_kv_lab.workloads.replay import replay, replay_settings
+    from paged_kv_lab.workloads.trace_formats import load_trace
 
     overrides = {"block_size": 16, "num_gpu_blocks": 900, "max_num_seqs": 8}
     failures = []

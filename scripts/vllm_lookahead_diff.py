@@ -45,14 +45,14 @@ from kvcore.core.sched.scheduler import Scheduler as OurScheduler  # noqa: E402
 from kvcore.lora.request import LoRARequest as OurLoRARequest  # noqa: E402
 from kvcore.outputs import ModelRunnerOutput as OurOutput  # noqa: E402
 from kvcore.request import Request as OurRequest  # noqa: E402
-from paged_kv_lab.record.engine import (  # noqa: E402
+from paged_kv_lab.run.engine import (  # noqa: E402
     block_hasher_for,
     kv_cache_groups,
     kv_cache_manager_for,
     lora_config_for,
     scheduler_config_for,
 )
-from paged_kv_lab.record.scenario import EngineSettings, SpeculativeConfig  # noqa: E402
+from paged_kv_lab.run.scenario import EngineSettings, SpeculativeConfig  # noqa: E402
 
 VOCAB = 1000
 STATS = {

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
-from paged_kv_lab.lesson.casebook import numbers
-from paged_kv_lab.lesson.topics import common_prefix
-from paged_kv_lab.record.snapshot import Snapshot, StepRecord
+from paged_kv_lab.content.casebook import numbers
+from paged_kv_lab.content.topics import common_prefix
+from paged_kv_lab.recording.snapshot import Snapshot, StepRecord
 
 Records = Sequence[StepRecord]
 

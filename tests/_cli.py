@@ -1,4 +1,4 @@
-"""``python -m kvcore`` for tests, in this process or in a new one.
+"""``python -m paged_kv_lab`` for tests, in this process or in a new one.
 
 In this process the command skips the interpreter's start and torch's import (about 5 s of CPU a
 run on this machine against 2 s for the run itself); one test per command family keeps a real
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def run_cli(*args, timeout=600) -> subprocess.CompletedProcess:
     """The command in a new process, as a user runs it."""
     return subprocess.run(
-        [sys.executable, "-m", "kvcore", *map(str, args)],
+        [sys.executable, "-m", "paged_kv_lab", *map(str, args)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -37,5 +37,5 @@ def run_cli_here(*args) -> subprocess.CompletedProcess:
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     return subprocess.CompletedProcess(
-        ["python", "-m", "kvcore", *argv], code, out.getvalue(), err.getvalue()
+        ["python", "-m", "paged_kv_lab", *argv], code, out.getvalue(), err.getvalue()
     )

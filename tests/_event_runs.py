@@ -6,8 +6,8 @@ from __future__ import annotations
 import functools
 
 from _kv_helpers import make_engine, spec, table
-from paged_kv_lab.record.engine import NoModelRunner
-from paged_kv_lab.record.scenario import CPUOffloadConfig, SpeculativeConfig
+from paged_kv_lab.run.engine import NoModelRunner
+from paged_kv_lab.run.scenario import CPUOffloadConfig, SpeculativeConfig
 
 
 @functools.cache

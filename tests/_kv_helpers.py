@@ -22,10 +22,10 @@ from kvcore.kv_cache_interface import (
 )
 from kvcore.request import Request, RequestStatus
 from kvcore.utils.hashing import get_hash_fn_by_name
-from paged_kv_lab.record import snapshot
-from paged_kv_lab.record.engine import Engine, NoModelRunner
-from paged_kv_lab.record.recorder import Recorder
-from paged_kv_lab.record.scenario import EngineSettings, RequestSpec, Scenario
+from paged_kv_lab.recording import snapshot
+from paged_kv_lab.recording.recorder import Recorder
+from paged_kv_lab.run.engine import Engine, NoModelRunner
+from paged_kv_lab.run.scenario import EngineSettings, RequestSpec, Scenario
 
 # the vLLM 0.33.0 scratch environment (bash scripts/vllm_env.sh): differential tests skip without it
 VLLM_VENV = os.environ.get("VLLM_VENV", "/tmp/vllm-venv")

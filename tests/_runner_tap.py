@@ -18,8 +18,8 @@ from typing import Sequence
 
 import torch
 
-from paged_kv_lab.record.engine import Engine
-from paged_kv_lab.record.scenario import load_scenario
+from paged_kv_lab.run.engine import Engine
+from paged_kv_lab.run.scenario import load_scenario
 
 
 def req(rid: str, ids: Sequence[int], max_tokens: int, arrival: int = 0, **kw) -> dict:
@@ -34,7 +34,7 @@ def req(rid: str, ids: Sequence[int], max_tokens: int, arrival: int = 0, **kw) -
 
 
 def scenario(lm, requests: Sequence[dict], **engine):
-    """A scenario as a file would hold it (record/scenario.py validates it), on ``lm``."""
+    """A scenario as a file would hold it (run/scenario.py validates it), on ``lm``."""
     return load_scenario(
         {
             "name": "model-test",

@@ -1,8 +1,8 @@
 """Every setting of the scenario schema at its limits, generated from the schema itself.
 
-The walk reads record/scenario.py's dataclasses (their ``Annotated`` bounds: ``ge``, ``gt``,
+The walk reads run/scenario.py's dataclasses (their ``Annotated`` bounds: ``ge``, ``gt``,
 ``le``, ``lt``, ``min_length``, Literal choices, Optional) and the budget's per-setting limits
-(record/budget.py: ``SETTING_LIMITS``), so a field added to the schema gets its cases without a
+(run/budget.py: ``SETTING_LIMITS``), so a field added to the schema gets its cases without a
 word here. Each case is one value at one path of a valid base scenario (the playground's): the
 schema's minimum and maximum and one past each, the budget's limit and one past it, null where
 null is allowed, each choice of a Literal, a wrong type, and for a bound the schema leaves open
@@ -22,8 +22,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from paged_kv_lab.record.budget import SETTING_LIMITS, Limits
-from paged_kv_lab.record.scenario import Scenario
+from paged_kv_lab.run.budget import SETTING_LIMITS, Limits
+from paged_kv_lab.run.scenario import Scenario
 
 ABSURD_INT = 2**70  # past any machine integer
 ABSURD_TEXT = "<b>ab</b>\n中文 &amp; " * 6_000  # ~ 100k characters of markup and newlines
@@ -39,7 +39,7 @@ class Case:
     value: Any
     what: str  # "min", "below min", "max", "above max", "budget", "over budget", "null", ...
     expect: str  # "valid" or "refused" by the schema alone; "either": a class's own code decides
-    limit: str | None = None  # budget / over budget: the Limits field (record/budget.py)
+    limit: str | None = None  # budget / over budget: the Limits field (run/budget.py)
 
     @property
     def where(self) -> str:

@@ -12,9 +12,9 @@ import json
 import re
 from pathlib import Path
 
-from paged_kv_lab.record.engine import Engine, NoModelRunner
-from paged_kv_lab.record.scenario import load_scenario
-from paged_kv_lab.runs.timeline import LabRun
+from paged_kv_lab.run.engine import Engine, NoModelRunner
+from paged_kv_lab.run.scenario import load_scenario
+from paged_kv_lab.store.timeline import LabRun
 
 # Run to end, in a test: until the run has ended (the app's few seconds are a visitor's wait; on a
 # loaded machine the background recording can take longer)
@@ -99,8 +99,8 @@ def myths_and_quiz(name: str) -> dict:
     """Every myth section and every quiz question of run ``name``, at every step, in each
     language: the distinct texts in order of first appearance, and a digest of all of them in
     order (so a text said at another step than before fails too)."""
-    from paged_kv_lab.lesson.myths import myth_sections
-    from paged_kv_lab.lesson.quiz import make_prediction
+    from paged_kv_lab.content.myths import myth_sections
+    from paged_kv_lab.content.quiz import make_prediction
 
     run = new_run(name)
     run.run_to_end(timeout=FULL_RUN_S)

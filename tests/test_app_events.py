@@ -6,10 +6,10 @@ import re
 import pytest
 
 from _event_runs import every_kind_events, every_kind_runs
-from paged_kv_lab.record import events
-from paged_kv_lab.record.events import EVENT_TYPES, EventKind
+from paged_kv_lab.recording import events
+from paged_kv_lab.recording.events import EVENT_TYPES, EventKind
 from paged_kv_lab.text.i18n import tr
-from paged_kv_lab.text.sentences import (
+from paged_kv_lab.why.sentences import (
     ICONS,
     SENTENCES,
     Style,

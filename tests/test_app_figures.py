@@ -5,12 +5,12 @@ is tests/test_browser_decoder.py, the drawing itself tests/test_browser.py."""
 
 import pytest
 
-from paged_kv_lab.app.panels import player_panels
-from paged_kv_lab.lesson import BY_ID
+from paged_kv_lab.content import BY_ID
 from paged_kv_lab.player import WIRE, delta, run_payload, snapshot_dict
-from paged_kv_lab.record.engine import Engine
-from paged_kv_lab.runs.timeline import lesson_scenario
+from paged_kv_lab.run.engine import Engine
+from paged_kv_lab.store.timeline import lesson_scenario
 from paged_kv_lab.text.i18n import tr
+from paged_kv_lab.ui.panels import player_panels
 
 
 class _Run:  # what player_panels reads: the scenario

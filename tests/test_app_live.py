@@ -9,12 +9,12 @@ import zmq
 from streamlit.testing.v1 import AppTest
 
 from _kv_pub import ScriptedPublisher, fixture, wait_for
-from paged_kv_lab.app import live_page
-from paged_kv_lab.app.registry import page_file
+from paged_kv_lab.content.registry import page_file
+from paged_kv_lab.ui import live_page
 
 
 def _page():
-    from paged_kv_lab.app.live_page import render_live_page
+    from paged_kv_lab.ui.live_page import render_live_page
 
     render_live_page()
 
@@ -150,7 +150,7 @@ def test_tree_and_longest_prefixes_follow_the_hash_chains_and_never_pass_markup(
 
 
 def test_watch_hosts_are_loopback_unless_the_server_allows_more(monkeypatch):
-    from paged_kv_lab.app.live_page import check_endpoints
+    from paged_kv_lab.ui.live_page import check_endpoints
 
     monkeypatch.delenv("PAGED_KV_LAB_WATCH_HOSTS", raising=False)
     assert check_endpoints("tcp://127.0.0.1:5557", "tcp://[::1]:5558", False, "en") is None

@@ -19,8 +19,8 @@ from _app_helpers import (  # noqa: F401  (pytest fixtures)
     tiny,
     tiny_model_env,
 )
-from paged_kv_lab.app.registry import nav_title, page_file, pages, sections
-from paged_kv_lab.lesson import BY_ID, LESSONS
+from paged_kv_lab.content import BY_ID, LESSONS
+from paged_kv_lab.content.registry import nav_title, page_file, pages, sections
 from paged_kv_lab.player import snapshot_dict
 from paged_kv_lab.text.i18n import tr
 
@@ -28,7 +28,7 @@ from paged_kv_lab.text.i18n import tr
 def engine_snapshot(lesson_id, step, model):
     """An independent engine (not the app's run store) stepped to ``step``."""
     from paged_kv_lab.disagg.pd import engine_for
-    from paged_kv_lab.runs.timeline import lesson_scenario, played_model
+    from paged_kv_lab.store.timeline import lesson_scenario, played_model
 
     model = played_model(BY_ID[lesson_id], model)
     scenario = lesson_scenario(BY_ID[lesson_id], model.num_layers, model=model.name, device="cpu")
@@ -360,13 +360,13 @@ def test_the_warm_up_prepares_the_pages_and_the_sidebar_says_when(monkeypatch):
     """Once the model is loaded, the server's warm-up (off elsewhere in these tests) records the
     cases' runs, replays Real workloads' first slice and measures the topic studies in the
     background; the sidebar says it is under way, then done."""
-    from paged_kv_lab.app import topic_pages, workloads_page
-    from paged_kv_lab.app.casebook_page import case_lessons
-    from paged_kv_lab.app.modelstate import played_model_state
-    from paged_kv_lab.app.state import build_scenario, model_key, open_run
-    from paged_kv_lab.app.warm_up import WARM_UPS
-    from paged_kv_lab.lesson.casebook import CASES
-    from paged_kv_lab.workload.budget import page_trace_limits
+    from paged_kv_lab.content.casebook import CASES
+    from paged_kv_lab.ui import topic_pages, workloads_page
+    from paged_kv_lab.ui.casebook_page import case_lessons
+    from paged_kv_lab.ui.modelstate import played_model_state
+    from paged_kv_lab.ui.state import build_scenario, model_key, open_run
+    from paged_kv_lab.ui.warm_up import WARM_UPS
+    from paged_kv_lab.workloads.trace_limits import page_trace_limits
 
     monkeypatch.setenv("PAGED_KV_LAB_WARM_UP", "1")
     at = app()

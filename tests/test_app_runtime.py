@@ -3,11 +3,11 @@ model."""
 
 from _words_pinned import FULL_RUN_S
 
-from paged_kv_lab.lesson.myths import free_runs, internal_waste, lru_contrast, myth_sections, myths
-from paged_kv_lab.lesson.quiz import make_prediction
-from paged_kv_lab.record.engine import Engine, NoModelRunner
-from paged_kv_lab.record.scenario import RequestSpec, load_scenario
-from paged_kv_lab.runs.timeline import LabRun
+from paged_kv_lab.content.myths import free_runs, internal_waste, lru_contrast, myth_sections, myths
+from paged_kv_lab.content.quiz import make_prediction
+from paged_kv_lab.run.engine import Engine, NoModelRunner
+from paged_kv_lab.run.scenario import RequestSpec, load_scenario
+from paged_kv_lab.store.timeline import LabRun
 
 SCENARIO = {
     "engine": {"block_size": 4, "num_gpu_blocks": 12, "max_num_seqs": 3},
@@ -151,7 +151,7 @@ def test_myths_on_the_live_pool():
 
 
 def test_myths_are_computed_once_per_run_step_and_language():
-    from paged_kv_lab.lesson.myths import myth_sections_at
+    from paged_kv_lab.content.myths import myth_sections_at
 
     run = new_run()
     run.goto(12)
@@ -174,7 +174,7 @@ def test_myths_are_computed_once_per_run_step_and_language():
 def test_a_failing_step_stops_the_run_with_its_reason():
     import pytest
 
-    from paged_kv_lab.runs.timeline import RunStopped
+    from paged_kv_lab.store.timeline import RunStopped
 
     calls = {"n": 0}
 
@@ -198,7 +198,7 @@ def test_a_failing_step_stops_the_run_with_its_reason():
 def test_check_requests_refuses_what_never_fits():
     import pytest
 
-    from paged_kv_lab.runs.timeline import check_requests
+    from paged_kv_lab.store.timeline import check_requests
 
     d = {
         "engine": {"block_size": 2, "num_gpu_blocks": 4},
@@ -209,8 +209,8 @@ def test_check_requests_refuses_what_never_fits():
 
 
 def lab_trace(run: LabRun, header: bool = True, outputs: bool = True):
-    from paged_kv_lab.record.scenario import scenario_to_dict
-    from paged_kv_lab.record.trace import Trace, read_trace
+    from paged_kv_lab.run.scenario import scenario_to_dict
+    from paged_kv_lab.run.trace_file import Trace, read_trace
 
     run.run_to_end(timeout=FULL_RUN_S)
     t = Trace(
@@ -223,7 +223,7 @@ def lab_trace(run: LabRun, header: bool = True, outputs: bool = True):
 
 
 def test_trace_run_moves_like_a_lab_run_over_fixed_records():
-    from paged_kv_lab.runs.timeline import TraceRun
+    from paged_kv_lab.store.timeline import TraceRun
 
     live = new_run()
     tr = TraceRun(lab_trace(live))
@@ -253,7 +253,7 @@ def test_trace_run_moves_like_a_lab_run_over_fixed_records():
 
 
 def test_trace_run_without_header_starts_at_step_one():
-    from paged_kv_lab.runs.timeline import TraceRun
+    from paged_kv_lab.store.timeline import TraceRun
 
     live = new_run()
     tr = TraceRun(lab_trace(live, header=False, outputs=False))

@@ -1,4 +1,5 @@
-"""AppTest: the trace viewer opens what `python -m kvcore run --trace` wrote and steps through it.
+"""AppTest: the trace viewer opens what `python -m paged_kv_lab run --trace` wrote and steps
+through it.
 
 The trace is written by the real CLI (tiny model); what the page shows is compared with an
 independent engine stepped to the same step, as for the lesson pages.
@@ -13,15 +14,15 @@ from _cli import run_cli_here
 from streamlit.testing.v1 import AppTest
 
 from _app_helpers import APP, TIMEOUT, Browser, app, player_data, sidebar_set, tiny, tiny_model_env  # noqa: F401  (pytest fixtures)
-from paged_kv_lab.app.registry import page_file
-from paged_kv_lab.app.trace_page import STATE_KEY
+from paged_kv_lab.content.registry import page_file
 from paged_kv_lab.player import snapshot_dict
-from paged_kv_lab.record.scenario import load_scenario
-from paged_kv_lab.text.sentences import step_sentences
+from paged_kv_lab.run.scenario import load_scenario
+from paged_kv_lab.ui.trace_page import STATE_KEY
+from paged_kv_lab.why.sentences import step_sentences
 
 PAGE_FILE = page_file("trace")
 ROOT = Path(__file__).resolve().parent.parent
-EVICTION = ROOT / "paged_kv_lab" / "examples" / "eviction.json"
+EVICTION = ROOT / "paged_kv_lab" / "content" / "examples" / "eviction.json"
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,7 @@ def cli_trace(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def engine_records(tiny):  # noqa: F811
     """The same scenario on an independent engine: (state before step 1, records)."""
-    from paged_kv_lab.record.engine import Engine
+    from paged_kv_lab.run.engine import Engine
 
     engine = Engine(replace(load_scenario(EVICTION), model="tiny-random", device="cpu"), model=tiny)
     initial = engine.snapshot()

@@ -21,8 +21,8 @@ from kvcore.core.block_pool import (
 from kvcore.core.kv_cache_utils import KVCacheBlock, get_block_hash, make_block_hash_with_group_id
 from kvcore.request import Request
 from kvcore.utils.math_utils import cdiv
-from paged_kv_lab.record import events
-from paged_kv_lab.record.recorder import Recorder
+from paged_kv_lab.recording import events
+from paged_kv_lab.recording.recorder import Recorder
 
 
 def pool(n=8, caching=True, free_order="v0.33", recorder=None, block_size=2):

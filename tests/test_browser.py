@@ -191,9 +191,9 @@ def expected(snap) -> dict:
 def engine_snapshots(lesson_id):
     """An independent engine's snapshots of a lesson, on the server's model."""
     from kvcore.model import load_model
-    from paged_kv_lab.lesson import BY_ID
-    from paged_kv_lab.record.engine import Engine
-    from paged_kv_lab.runs.timeline import lesson_scenario
+    from paged_kv_lab.content import BY_ID
+    from paged_kv_lab.run.engine import Engine
+    from paged_kv_lab.store.timeline import lesson_scenario
 
     model = load_model(model_for_browser(), "cpu")
     engine = Engine(
@@ -243,7 +243,7 @@ def test_keys_buttons_timeline_and_hover_agree_with_the_engine(server, browser):
     page.locator('[data-act="until"]').click()
     wait_step(page, hit)
     assert drawn(page) == expected(snaps[hit])
-    from paged_kv_lab.text.sentences import sentence
+    from paged_kv_lab.why.sentences import sentence
 
     hit_event = next(e for e in records[hit - 1].events if e.kind == "cache_hit")
     assert page.locator(".pkv-events").get_by_text(sentence(hit_event, "en", None)[:30]).count()
@@ -325,7 +325,7 @@ def assert_literal(page):
 
 @pytest.mark.browser
 def test_hostile_prompt_is_text_in_the_app_and_in_its_export(server, browser, tmp_path):
-    from paged_kv_lab.app.state import _encode_base
+    from paged_kv_lab.ui.state import _encode_base
 
     page = browser.new_page(viewport={"width": 1500, "height": 1900}, accept_downloads=True)
     dialogs = []
@@ -416,9 +416,9 @@ def test_requests_table_and_over_time_chart_follow_the_cursor(server, browser):
     """The player's requests table at a step equals an independent engine's snapshot there, the
     over-time chart has one point per step up to the cursor, and a hostile request id is text."""
     from kvcore.model import load_model
-    from paged_kv_lab.app.state import _encode_base
-    from paged_kv_lab.record.engine import Engine
-    from paged_kv_lab.record.scenario import load_scenario
+    from paged_kv_lab.run.engine import Engine
+    from paged_kv_lab.run.scenario import load_scenario
+    from paged_kv_lab.ui.state import _encode_base
 
     rid = "<img src=x onerror=alert(1)>"
     d = {
@@ -485,7 +485,7 @@ def test_a_recording_run_streams_in_by_the_players_own_asks(server, browser):
     half second; a hidden tab stops asking and starts again when shown; and a click on another page
     in the sidebar while the run records lands on that page (the page used to poll itself and then
     rerun the whole app when the run ended, which could pull the browser back to the old page)."""
-    from paged_kv_lab.app.state import _encode_base
+    from paged_kv_lab.ui.state import _encode_base
 
     long = {
         "name": "streams",

@@ -1,7 +1,7 @@
 """The player's decoder (player/assets/decode.js, the only one) in a real browser: a recorded run,
 exported as one HTML file, opened offline in chromium and stepped through to its end. At every
 step the snapshot the player rebuilt from the payload's head and deltas equals the snapshot an
-independent engine took there: field by field under record/snapshot.py's names, and as
+independent engine took there: field by field under recording/snapshot.py's names, and as
 ``snapshot_dict`` once put back under the wire keys (player/assets/wire.json). What ran in the
 step (events, scheduled tokens, phases, changed blocks) is the engine's record."""
 
@@ -48,9 +48,9 @@ def to_wire(decoded: dict) -> dict:
 def recorded(lesson_id: str):
     """A lesson on the tiny model, and an independent engine's snapshots of the same scenario."""
     from kvcore.model import load_model
+    from paged_kv_lab.content import BY_ID
     from paged_kv_lab.disagg.pd import engine_for
-    from paged_kv_lab.lesson import BY_ID
-    from paged_kv_lab.runs.timeline import lesson_scenario, played_model
+    from paged_kv_lab.store.timeline import lesson_scenario, played_model
 
     # a lesson with a model of its own (hybrid models) plays on it
     model = played_model(BY_ID[lesson_id], load_model("tiny-random", "cpu"))
@@ -96,7 +96,7 @@ def check_step(state, snap, rec) -> None:
 
 
 def lesson_ids():
-    from paged_kv_lab.lesson import LESSONS
+    from paged_kv_lab.content import LESSONS
 
     return [lesson.id for lesson in LESSONS]
 

@@ -19,9 +19,9 @@ POOL_TABLES = (1, 2, 3)  # the page's tables: the decision, one per replica's po
 @pytest.fixture(scope="module")
 def expected(smollm2):
     """The lesson's fleet under the page's default policy, run here on the same weights."""
-    from paged_kv_lab.app.fleet_page import DEFAULT_POLICY, LESSON_FILE, wire
     from paged_kv_lab.fleet.model_fleet import ModelFleet
-    from paged_kv_lab.record.scenario import load_scenario
+    from paged_kv_lab.run.scenario import load_scenario
+    from paged_kv_lab.ui.fleet_page import DEFAULT_POLICY, LESSON_FILE, wire
 
     d = json.loads(LESSON_FILE.read_text(encoding="utf-8"))
     scenario = load_scenario({**d["scenario"], "model": "smollm2", "device": "cpu"})

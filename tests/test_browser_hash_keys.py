@@ -6,7 +6,7 @@ for the new offset (computed here on the same prompt)."""
 import pytest
 from test_browser import browser, server, wait_idle  # noqa: F401  (pytest fixtures)
 
-from paged_kv_lab.lesson.topics import HASH_KEYS_PROMPT, HASH_VARIANTS, hash_keys_study
+from paged_kv_lab.content.topics import HASH_KEYS_PROMPT, HASH_VARIANTS, hash_keys_study
 from paged_kv_lab.text.i18n import tr
 
 pytestmark = pytest.mark.browser

@@ -7,9 +7,9 @@ events' sentences beside them; the block tables are drawn for four groups."""
 import pytest
 from test_browser import browser, open_player, server  # noqa: F401
 
-from paged_kv_lab.lesson import BY_ID
-from paged_kv_lab.lesson.catalog import moment_steps
-from paged_kv_lab.runs.timeline import lesson_model, lesson_run
+from paged_kv_lab.content import BY_ID
+from paged_kv_lab.content.catalog import moment_steps
+from paged_kv_lab.store.timeline import lesson_model, lesson_run
 from paged_kv_lab.text.i18n import tr
 
 pytestmark = pytest.mark.browser

@@ -17,10 +17,10 @@ def tiny():
 
 def capped_run(tiny, steps: int):
     """The prefix lesson's run on a store that computes at most ``steps`` steps."""
-    from paged_kv_lab.lesson import BY_ID
-    from paged_kv_lab.record.budget import Limits
-    from paged_kv_lab.runs.store import RunStore
-    from paged_kv_lab.runs.timeline import lesson_run
+    from paged_kv_lab.content import BY_ID
+    from paged_kv_lab.run.budget import Limits
+    from paged_kv_lab.store.run_store import RunStore
+    from paged_kv_lab.store.timeline import lesson_run
 
     store = RunStore(max_steps=steps, limits=Limits())
     run = lesson_run(BY_ID["prefix"], tiny, store=store)
@@ -69,7 +69,7 @@ def test_generated_text_with_a_newline_stays_in_its_row(browser, tmp_path, tiny)
 
 @pytest.mark.parametrize("lang,words", [("en", "at most 3 steps"), ("zh", "最多计算 3 步")])
 def test_a_run_stopped_by_the_step_cap_says_so(browser, tmp_path, tiny, lang, words):  # noqa: F811
-    from paged_kv_lab.app.player_component import export_html
+    from paged_kv_lab.ui.player_component import export_html
 
     run, store = capped_run(tiny, 3)
     try:
@@ -99,7 +99,7 @@ LINKED = [
 def linked_scenario(setting: str, value) -> dict:
     import copy
 
-    from paged_kv_lab.lesson import BY_ID
+    from paged_kv_lab.content import BY_ID
 
     d = copy.deepcopy(BY_ID["playground"].scenario)
     d["name"] = f"linked-{setting}"
@@ -133,7 +133,7 @@ def test_a_linked_scenario_opens(browser, fresh_server, setting, value, refusal)
 
     from test_browser import open_player, wait_idle
 
-    from paged_kv_lab.app.state import _encode_base
+    from paged_kv_lab.ui.state import _encode_base
 
     link = "/playground?lesson=playground&scn=" + _encode_base(linked_scenario(setting, value))
     page = browser.new_page(viewport={"width": 1400, "height": 1800})

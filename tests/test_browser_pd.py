@@ -13,7 +13,7 @@ import time
 import pytest
 from test_browser import browser, open_player, wait_idle  # noqa: F401
 
-from paged_kv_lab.lesson import BY_ID
+from paged_kv_lab.content import BY_ID
 from paged_kv_lab.text.i18n import Text, tr
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -31,7 +31,7 @@ MOMENTS = {i: words(i) for i in range(4)}
 def lesson_run(model, option: str):
     """The lesson's run under ``option`` of its failure switch, here, on the same weights."""
     from paged_kv_lab.disagg.pd import engine_for
-    from paged_kv_lab.record.scenario import load_scenario
+    from paged_kv_lab.run.scenario import load_scenario
 
     d = BY_ID["pd"].scenario_dict(None, {"failed_load": option})
     run = engine_for(load_scenario({**d, "model": "smollm2", "device": "cpu"}), model=model)
@@ -68,8 +68,8 @@ def settled_pools(page, want: dict) -> dict[str, list[str]]:
 
 
 def wanted_pools(initial, records, step) -> dict[str, list[str]]:
-    from paged_kv_lab.app.pd_panel import cell_text
     from paged_kv_lab.disagg.pd import pair_at
+    from paged_kv_lab.ui.pd_panel import cell_text
 
     view = pair_at(initial, records, step)
     return {name: [cell_text(b) for b in cells] for name, cells in view.blocks.items()}

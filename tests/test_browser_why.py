@@ -14,9 +14,9 @@ pytestmark = pytest.mark.browser
 def recorded_until_hit():
     """The prefix lesson on the tiny model, stepped by an independent engine to B's first hit."""
     from kvcore.model import load_model
-    from paged_kv_lab.lesson import BY_ID
-    from paged_kv_lab.record.engine import Engine
-    from paged_kv_lab.runs.timeline import lesson_scenario
+    from paged_kv_lab.content import BY_ID
+    from paged_kv_lab.run.engine import Engine
+    from paged_kv_lab.store.timeline import lesson_scenario
     from paged_kv_lab.why.explain import RecordedSteps
 
     model = load_model("tiny-random", "cpu")

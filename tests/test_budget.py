@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from paged_kv_lab.record.budget import (
+from paged_kv_lab.run.budget import (
     ENV,
     BudgetError,
     Limits,
@@ -17,7 +17,7 @@ from paged_kv_lab.record.budget import (
     cli_limits,
     kv_pool_bytes,
 )
-from paged_kv_lab.record.scenario import load_scenario
+from paged_kv_lab.run.scenario import load_scenario
 
 
 class SmolConfig:  # SmolLM2-135M's shape, without loading it
@@ -51,15 +51,15 @@ def test_budget_is_pure_python():
     import subprocess
 
     code = (
-        "import sys, paged_kv_lab.record.budget, paged_kv_lab.record.scenario; "
+        "import sys, paged_kv_lab.run.budget, paged_kv_lab.run.scenario; "
         "sys.exit('torch' in sys.modules)"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr or "paged_kv_lab.record.budget imported torch"
+    assert r.returncode == 0, r.stderr or "paged_kv_lab.run.budget imported torch"
 
 
 def test_every_lesson_fits_the_default_limits():
-    from paged_kv_lab.lesson import BY_ID
+    from paged_kv_lab.content import BY_ID
 
     for lesson in BY_ID.values():
         d = lesson.scenario_dict(30, {})
@@ -172,7 +172,7 @@ def test_a_zlib_bomb_link_is_refused_while_it_is_decompressed():
     import base64
     import zlib
 
-    from paged_kv_lab.app.state import _decode_base, _encode_base
+    from paged_kv_lab.ui.state import _decode_base, _encode_base
 
     assert _decode_base(_encode_base({"name": "ok"})) == {"name": "ok"}
     bomb = base64.urlsafe_b64encode(zlib.compress(b"[" + b" " * 10_000_000 + b"]", 9)).decode()
@@ -186,7 +186,7 @@ def test_a_zlib_bomb_link_is_refused_while_it_is_decompressed():
 
 
 def test_files_are_capped_and_must_be_utf8():
-    from paged_kv_lab.app.state import parse_scenario_text
+    from paged_kv_lab.ui.state import parse_scenario_text
 
     d, problems = parse_scenario_text(b'{"name": "' + b"x" * 2_000_000 + b'"}')
     assert d is None and "PAGED_KV_LAB_MAX_FILE_BYTES" in problems[0]
@@ -199,8 +199,8 @@ def test_files_are_capped_and_must_be_utf8():
 # -- in the reader's language (text/catalogue/refusals.json) -----------------------------
 def _refusals() -> list[BudgetError]:
     """One refusal of each kind the run budget and the trace budget give."""
-    from paged_kv_lab.workload.budget import check_trace, page_trace_limits
-    from paged_kv_lab.workload.trace import Trace, TraceRequest
+    from paged_kv_lab.workloads.trace_formats import Trace, TraceRequest
+    from paged_kv_lab.workloads.trace_limits import check_trace, page_trace_limits
 
     out = [
         refused(scenario({"num_gpu_blocks": 2000, "block_size": 256})),  # the KV pool
@@ -257,7 +257,7 @@ def test_a_refusal_renders_in_chinese_naming_the_same_limit_and_variable():
 
 
 def test_a_page_shows_the_refusal_in_the_readers_language():
-    from paged_kv_lab.app.state import parse_scenario_text
+    from paged_kv_lab.ui.state import parse_scenario_text
 
     big = b'{"name": "' + b"x" * 2_000_000 + b'"}'
     en, zh = parse_scenario_text(big, "en")[1][0], parse_scenario_text(big, "zh")[1][0]
@@ -271,8 +271,8 @@ def test_a_page_shows_the_refusal_in_the_readers_language():
 def test_the_sentence_around_validation_problems_is_the_readers():
     """A scenario's or a trace file's problems and the sentence around them are catalogue
     entries (the field's path and value their data), ``str(e)`` their English."""
-    from paged_kv_lab.record.scenario import ScenarioError
-    from paged_kv_lab.record.trace import TraceError, read_trace
+    from paged_kv_lab.run.scenario import ScenarioError
+    from paged_kv_lab.run.trace_file import TraceError, read_trace
     from paged_kv_lab.text.i18n import said
 
     with pytest.raises(ScenarioError) as e:
@@ -285,8 +285,8 @@ def test_the_sentence_around_validation_problems_is_the_readers():
         read_trace(b"\xff")
     assert str(e.value).startswith("not a readable trace:\n  - not UTF-8")
     assert said(e.value, "zh").startswith("不是可读的轨迹文件：\n  - 不是 UTF-8 文本")
-    from paged_kv_lab.workload.trace import TraceError as WorkloadTraceError
-    from paged_kv_lab.workload.trace import parse_trace
+    from paged_kv_lab.workloads.trace_formats import TraceError as WorkloadTraceError
+    from paged_kv_lab.workloads.trace_formats import parse_trace
 
     for lines, en, zh in (
         ([b"\xff"], "t.jsonl line 1: not UTF-8 text", "t.jsonl 第 1 行：不是 UTF-8 文本"),

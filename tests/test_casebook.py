@@ -9,11 +9,11 @@ import re
 import pytest
 from _casebook_claims import CLAIMS
 
-from paged_kv_lab.app.panels import narration
-from paged_kv_lab.lesson.casebook import CASES, NUMBERS, issue_url, numbers
-from paged_kv_lab.lesson.catalog import moment_steps
-from paged_kv_lab.runs.timeline import lesson_run
+from paged_kv_lab.content.casebook import CASES, NUMBERS, issue_url, numbers
+from paged_kv_lab.content.catalog import moment_steps
+from paged_kv_lab.store.timeline import lesson_run
 from paged_kv_lab.text.i18n import catalogue
+from paged_kv_lab.ui.panels import narration
 
 RUN_WAIT = 300.0
 

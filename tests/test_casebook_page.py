@@ -4,8 +4,8 @@ on the tiny model, and each case's switch changes the hit rate the page shows.""
 import pytest
 
 from _app_helpers import app, player_data, tiny_model_env  # noqa: F401  (fixtures)
-from paged_kv_lab.app.registry import page_file
-from paged_kv_lab.lesson.casebook import CASES
+from paged_kv_lab.content.casebook import CASES
+from paged_kv_lab.content.registry import page_file
 from paged_kv_lab.text.i18n import tr
 
 PAGE = page_file("casebook")
@@ -15,7 +15,7 @@ PAGE = page_file("casebook")
 def no_background_pause(monkeypatch):
     """The page waits for each case's two runs, which the store computes as background work,
     pacing it (one idle gap per step) for other sessions' clicks; here no one else clicks."""
-    from paged_kv_lab.runs.store import default_store
+    from paged_kv_lab.store.run_store import default_store
 
     monkeypatch.setattr(default_store(), "background_pause", 0.0)
 
@@ -23,8 +23,8 @@ def no_background_pause(monkeypatch):
 def recorded(at):
     """The page once its cases' runs have ended (the server's warm-up records them ahead; until
     then the page plays what is recorded and says the figure is being computed)."""
-    from paged_kv_lab.app.casebook_page import case_lessons
-    from paged_kv_lab.app.warm_up import record_ahead
+    from paged_kv_lab.ui.casebook_page import case_lessons
+    from paged_kv_lab.ui.warm_up import record_ahead
 
     record_ahead([x for c in CASES for x in case_lessons(c)], at.session_state["_model_state"])
     return at.run()

@@ -10,10 +10,10 @@ import pytest
 
 from _event_runs import every_kind_runs
 from _kv_helpers import make_engine, spec
-from paged_kv_lab.text.sentences import sentence
 from paged_kv_lab.why.explain import RecordedSteps, admissions, explain_hit
 from paged_kv_lab.why.explain_blocks import compare_requests, life_of_block
 from paged_kv_lab.why.explain_text import comparison_sentences, hit_sentences, life_sentences
+from paged_kv_lab.why.sentences import sentence
 
 GOLDEN = Path(__file__).parent / "fixtures" / "sentences_before_catalogue.json"
 P = list(range(100, 108))  # two blocks of 4

@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 from _cli import run_cli, run_cli_here
 
-from paged_kv_lab.record.engine import Engine
-from paged_kv_lab.record.scenario import load_scenario, scenario_to_dict
-from paged_kv_lab.record.snapshot import Snapshot, StepRecord
-from paged_kv_lab.record.trace import read_trace
-from paged_kv_lab.text.sentences import sentence
+from paged_kv_lab.recording.snapshot import Snapshot, StepRecord
+from paged_kv_lab.run.engine import Engine
+from paged_kv_lab.run.scenario import load_scenario, scenario_to_dict
+from paged_kv_lab.run.trace_file import read_trace
+from paged_kv_lab.why.sentences import sentence
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = sorted((ROOT / "paged_kv_lab" / "examples").glob("*.json"))
+EXAMPLES = sorted((ROOT / "paged_kv_lab" / "content" / "examples").glob("*.json"))
 
 
 def test_there_are_examples():
@@ -67,7 +67,7 @@ def test_until_stops_at_first_event(tmp_path):
     out = tmp_path / "until.jsonl"
     r = run_cli_here(
         "run",
-        ROOT / "paged_kv_lab" / "examples" / "preemption.json",
+        ROOT / "paged_kv_lab" / "content" / "examples" / "preemption.json",
         "--model",
         "tiny-random",
         "--device",
@@ -137,14 +137,19 @@ def test_prompt_larger_than_pool_exits_2(tmp_path):
 def test_missing_file_and_bad_until(tmp_path):
     r = run_cli("run", tmp_path / "nope.json")
     assert r.returncode == 2 and "cannot read" in r.stderr
-    r = run_cli("run", ROOT / "paged_kv_lab" / "examples" / "eviction.json", "--until", "explosion")
+    r = run_cli(
+        "run",
+        ROOT / "paged_kv_lab" / "content" / "examples" / "eviction.json",
+        "--until",
+        "explosion",
+    )
     assert r.returncode == 2 and "--until must be one of" in r.stderr
 
 
 def test_unknown_device_is_a_clear_error(tmp_path):
     r = run_cli(
         "run",
-        ROOT / "paged_kv_lab" / "examples" / "eviction.json",
+        ROOT / "paged_kv_lab" / "content" / "examples" / "eviction.json",
         "--model",
         "tiny-random",
         "--device",

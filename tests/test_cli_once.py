@@ -1,4 +1,5 @@
-"""`python -m kvcore run` says a one-time conversion once (it said it twice: kvcore/model prints
+"""`python -m paged_kv_lab run` says a one-time conversion once (it said it twice: kvcore/model
+prints
 it, and the CLI's progress callback printed it again) and keeps it off the trace on stdout."""
 
 from pathlib import Path
@@ -20,7 +21,7 @@ def test_run_prints_the_conversion_message_once(monkeypatch, capsys):
         return real("tiny-random", "cpu", "float32")
 
     monkeypatch.setattr(kvmodel, "load_model", fresh_machine)
-    scenario = ROOT / "paged_kv_lab" / "examples" / "shared_prefix.json"
+    scenario = ROOT / "paged_kv_lab" / "content" / "examples" / "shared_prefix.json"
     rc = main(["run", str(scenario), "--model", "tiny-random", "--device", "cpu"])
     out, err = capsys.readouterr()
     assert rc == 0, err

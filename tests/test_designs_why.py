@@ -8,10 +8,10 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from _app_helpers import APP, TIMEOUT, Browser, app, tiny, tiny_model_env  # noqa: F401
-from paged_kv_lab.app.designs_page import event_sentence
-from paged_kv_lab.app.registry import page_file
-from paged_kv_lab.designs import events as ev
-from paged_kv_lab.designs.lesson import follow
+from paged_kv_lab.content.registry import page_file
+from paged_kv_lab.designs import design_events as ev
+from paged_kv_lab.designs.side_by_side import follow
+from paged_kv_lab.ui.designs_page import event_sentence
 from paged_kv_lab.why.explain import RecordedSteps
 from paged_kv_lab.why.explain_designs import (
     DesignRun,

@@ -239,7 +239,7 @@ def test_links_between_readme_and_docs_resolve():
 
 
 def test_paths_named_in_the_docs_exist():
-    """A repository path written in code (`record/trace.py`, `ui/view.py: name`) must exist,
+    """A repository path written in code (`run/trace_file.py`, `ui/view.py: name`) must exist,
     and a name after it must be defined in that file."""
     dirs = "|".join(re.escape(d) for d in REPO_DIRS)
     pattern = re.compile(rf"(?<![\w./~-])((?:{dirs})/[\w./-]*)(?::\s+(\w+))?")

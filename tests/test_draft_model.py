@@ -20,9 +20,9 @@ from kvcore.model.reference import shared_clone
 from kvcore.spec_decode.draft_model import DraftModelProposer
 from kvcore.utils.math_utils import cdiv
 from kvcore.worker.gpu_input_batch import SeqBatchItem
-from paged_kv_lab.record import events
-from paged_kv_lab.record.engine import Engine, NoModelRunner, num_lookahead_tokens
-from paged_kv_lab.record.scenario import (
+from paged_kv_lab.recording import events
+from paged_kv_lab.run.engine import Engine, NoModelRunner, num_lookahead_tokens
+from paged_kv_lab.run.scenario import (
     EngineSettings,
     RequestSpec,
     Scenario,
@@ -247,7 +247,7 @@ def test_output_is_the_same_with_ngram_draft_model_and_none(tiny_model, one_torc
 def test_the_budget_counts_the_draft_pools(tiny_model):
     from dataclasses import replace
 
-    from paged_kv_lab.record.budget import BudgetError, app_limits, check_scenario, kv_pool_bytes
+    from paged_kv_lab.run.budget import BudgetError, app_limits, check_scenario, kv_pool_bytes
 
     cfg = tiny_model.config
     eng = EngineSettings(block_size=4, num_gpu_blocks=64, speculative=DRAFT)

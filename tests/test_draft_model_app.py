@@ -3,7 +3,7 @@ other method and keeps it in the URL; the playground's settings form turns the d
 (with its k and depth), and its refusal names what was wrong."""
 
 from _app_helpers import app, tiny_model_env  # noqa: F401  (pytest fixture)
-from paged_kv_lab.app.registry import page_file
+from paged_kv_lab.content.registry import page_file
 
 APPLY = "FormSubmitter:settings:playground-Apply settings"
 

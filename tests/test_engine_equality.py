@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from kvcore.model import reference_model
-from paged_kv_lab.record.engine import Engine
-from paged_kv_lab.record.scenario import EngineSettings, RequestSpec, Scenario
+from paged_kv_lab.run.engine import Engine
+from paged_kv_lab.run.scenario import EngineSettings, RequestSpec, Scenario
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

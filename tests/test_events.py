@@ -9,8 +9,8 @@ import pytest
 
 from _event_runs import every_kind_events, every_kind_runs
 from _kv_helpers import make_engine, spec
-from paged_kv_lab.record import events
-from paged_kv_lab.record.events import EVENT_KINDS, EVENT_TYPES, Event, EventKind
+from paged_kv_lab.recording import events
+from paged_kv_lab.recording.events import EVENT_KINDS, EVENT_TYPES, Event, EventKind
 
 
 def test_every_kind_has_its_own_frozen_class_that_names_the_vllm_function():
@@ -121,7 +121,7 @@ def test_kvcore_keeps_vllms_signatures_and_a_recorder_attaches_without_changing_
     from kvcore.core.block_pool import BlockPool
     from kvcore.core.kv_cache_manager import KVCacheManager
     from kvcore.core.single_type_kv_cache_manager import SingleTypeKVCacheManager
-    from paged_kv_lab.record.recorder import Recorder
+    from paged_kv_lab.recording.recorder import Recorder
 
     want = {
         BlockPool.get_new_blocks: ["self", "num_blocks"],

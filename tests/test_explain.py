@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from _app_helpers import tiny_model_env  # noqa: F401  (the page test runs the app on the tiny model)
 from _event_runs import every_kind_runs
 from _kv_helpers import make_engine, spec, vllm_chain
-from paged_kv_lab.app.registry import page_file
 from paged_kv_lab.cli.main import main
-from paged_kv_lab.record import events as E
-from paged_kv_lab.record import trace
-from paged_kv_lab.record.scenario import Scenario, scenario_to_dict
+from paged_kv_lab.content.registry import page_file
+from paged_kv_lab.recording import events as E
+from paged_kv_lab.run import trace_file as trace
+from paged_kv_lab.run.scenario import Scenario, scenario_to_dict
 from paged_kv_lab.why import explain as X
 from paged_kv_lab.why.explain import CacheHistory, RecordedSteps, explain_hit
 from paged_kv_lab.why.explain_blocks import compare_requests, life_of_block
@@ -401,7 +401,7 @@ def _why_page():
 
     sys.path.insert(0, str(Path("tests").resolve()))
     from _kv_helpers import make_engine, spec
-    from paged_kv_lab.app.why_panel import why_panel
+    from paged_kv_lab.ui.why_panel import why_panel
 
     A = list(range(100, 108))
     eng = make_engine(
@@ -469,8 +469,8 @@ def test_every_admission_of_a_lessons_run_is_explained(lesson_id, tiny_model):
     """Why? for every request of the lesson's run, in both languages: an answer for each admission
     (or the catalogue's refusal), never a crash. The P/D decode replica's admission counts the
     pulled tokens in its hit, which ends inside a block on a run whose hashes are per block."""
-    from paged_kv_lab.lesson import BY_ID
-    from paged_kv_lab.runs.timeline import lesson_run
+    from paged_kv_lab.content import BY_ID
+    from paged_kv_lab.store.timeline import lesson_run
 
     run = lesson_run(BY_ID[lesson_id], tiny_model)
     run.run_to_end(timeout=300)

@@ -1,6 +1,7 @@
 """A fleet of replicas behind a router (paged_kv_lab/fleet): the replicas are the replay's engine,
 the router's index is what the KV events say, each policy routes as its source describes, and
-``python -m kvcore fleet`` keeps its JSON contract. Model-free, on the 40-request test slice."""
+``python -m paged_kv_lab fleet`` keeps its JSON contract. Model-free, on the 40-request test
+slice."""
 
 import json
 from pathlib import Path
@@ -8,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from paged_kv_lab.cli.main import main
-from paged_kv_lab.fleet.fleet import Fleet, fleet_replay
 from paged_kv_lab.fleet.router import (
     POLICIES,
     ApproxTree,
@@ -19,8 +19,9 @@ from paged_kv_lab.fleet.router import (
     Session,
     router_settings,
 )
-from paged_kv_lab.workload.replay import replay, replay_settings
-from paged_kv_lab.workload.trace import load_trace
+from paged_kv_lab.fleet.trace_fleet import Fleet, fleet_replay
+from paged_kv_lab.workloads.replay import replay, replay_settings
+from paged_kv_lab.workloads.trace_formats import load_trace
 
 SLICE = Path(__file__).parent / "fixtures" / "traces" / "mooncake_slice.jsonl"
 BAILIAN = Path(__file__).parent / "fixtures" / "traces" / "bailian_synthetic.jsonl"

@@ -5,18 +5,18 @@ import json
 
 from streamlit.testing.v1 import AppTest
 
-from paged_kv_lab.app.fleet_page import LESSON_FILE
+from paged_kv_lab.ui.fleet_page import LESSON_FILE
 
 
 def _page():
-    from paged_kv_lab.app.fleet_page import render_fleet_page
+    from paged_kv_lab.ui.fleet_page import render_fleet_page
 
     render_fleet_page()
 
 
 def test_the_model_fleet_routes_on_events_and_prefix_beats_round_robin(tiny_model):
     from paged_kv_lab.fleet.model_fleet import ModelFleet
-    from paged_kv_lab.record.scenario import load_scenario
+    from paged_kv_lab.run.scenario import load_scenario
 
     d = json.loads(LESSON_FILE.read_text(encoding="utf-8"))
     model = tiny_model
@@ -57,9 +57,9 @@ def test_real_workloads_fleet_mode_draws_per_replica_figures():
     def page():
         from pathlib import Path
 
-        from paged_kv_lab.app.fleet_workloads import render_fleet_mode
-        from paged_kv_lab.app.workloads_data import Settings
-        from paged_kv_lab.workload.trace import load_trace
+        from paged_kv_lab.ui.fleet_workloads import render_fleet_mode
+        from paged_kv_lab.workloads.page_data import Settings
+        from paged_kv_lab.workloads.trace_formats import load_trace
 
         root = Path(__file__).resolve().parent if "__file__" in globals() else Path.cwd()
         path = Path("tests/fixtures/traces/mooncake_slice.jsonl")

@@ -1,5 +1,6 @@
-"""The demo source (fleet/demo.py): a fleet's KV events on ZeroMQ in vLLM's wire format, read
-back by the watcher into exactly the router's own index; ``python -m kvcore serve-events``."""
+"""The demo source (fleet/demo_publisher.py): a fleet's KV events on ZeroMQ in vLLM's wire format,
+read
+back by the watcher into exactly the router's own index; ``python -m paged_kv_lab serve-events``."""
 
 import json
 import random
@@ -9,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from paged_kv_lab.cli.main import main
-from paged_kv_lab.fleet.demo import DemoSource, demo_fleet, free_port_run, wait_until
+from paged_kv_lab.fleet.demo_publisher import DemoSource, demo_fleet, free_port_run, wait_until
 from paged_kv_lab.watch.watcher import KVEventWatcher
-from paged_kv_lab.workload.trace import load_trace
+from paged_kv_lab.workloads.trace_formats import load_trace
 
 SLICE = Path(__file__).parent / "fixtures" / "traces" / "mooncake_slice.jsonl"
 
@@ -54,7 +55,7 @@ def test_serve_events_cli_publishes_and_ends(capsys):
     assert "--bind" in out and "batches published" in out
 
 
-EXAMPLES = Path(__file__).parent.parent / "paged_kv_lab" / "examples"
+EXAMPLES = Path(__file__).parent.parent / "paged_kv_lab" / "content" / "examples"
 
 
 def _tiny_scenario(tmp_path) -> Path:
@@ -84,8 +85,8 @@ def test_serve_events_publishes_a_scenario_run_on_its_model(tmp_path, tiny_model
     exactly the blocks the scenario's own run leaves cached (per replica with --replicas)."""
     from kvcore.config.kv_events import KVEventsConfig
     from paged_kv_lab.fleet.model_fleet import ModelFleet
-    from paged_kv_lab.record.engine import Engine
-    from paged_kv_lab.record.scenario import load_scenario
+    from paged_kv_lab.run.engine import Engine
+    from paged_kv_lab.run.scenario import load_scenario
 
     path = _tiny_scenario(tmp_path)
     scenario = load_scenario(str(path))

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from bench.bench_replay import run_vllm, vllm_job, vllm_venv
-from paged_kv_lab.fleet.fleet import Fleet
-from paged_kv_lab.workload.replay import replay_settings
-from paged_kv_lab.workload.trace import load_trace
+from paged_kv_lab.fleet.trace_fleet import Fleet
+from paged_kv_lab.workloads.replay import replay_settings
+from paged_kv_lab.workloads.trace_formats import load_trace
 
 SLICE = Path(__file__).parent / "fixtures" / "traces" / "mooncake_slice.jsonl"
 CASES = {

@@ -28,13 +28,13 @@ from _kv_helpers import VLLM_VENV as VENV
 from _kv_helpers import ask_vllm, make_engine, spec
 from kvcore.core.kv_cache_manager import KVCacheManager
 from kvcore.kv_cache_interface import KVCacheConfig, full_attention
-from paged_kv_lab.app.registry import page_file
-from paged_kv_lab.lesson import TOPIC_QUESTIONS
-from paged_kv_lab.lesson import myths as M
-from paged_kv_lab.lesson.topics import (
+from paged_kv_lab.content import TOPIC_QUESTIONS
+from paged_kv_lab.content import myths as M
+from paged_kv_lab.content.registry import page_file
+from paged_kv_lab.content.topics import (
     HASH_KEYS_BLOCK_SIZE as BS,
 )
-from paged_kv_lab.lesson.topics import (
+from paged_kv_lab.content.topics import (
     HASH_KEYS_PROMPT,
     HASH_VARIANTS,
     IMAGE_ID,
@@ -45,8 +45,8 @@ from paged_kv_lab.lesson.topics import (
     hash_keys_study,
     max_image_offset,
 )
-from paged_kv_lab.record.engine import Engine
-from paged_kv_lab.record.scenario import load_scenario
+from paged_kv_lab.run.engine import Engine
+from paged_kv_lab.run.scenario import load_scenario
 from paged_kv_lab.text.i18n import tr
 
 TOKENS = tuple(range(1000, 1087))  # 87 tokens: 5 full blocks of 16 and 7 tokens over
@@ -239,7 +239,8 @@ def admissions(requests, block_size: int) -> list[int]:
     reason=f"no vLLM 0.33.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
 )
 def test_the_example_scenarios_requests_hash_and_hit_as_vllms(tiny_model):
-    """paged_kv_lab/examples/prompt_embeds.json's requests as the engine builds them (the tiny
+    """paged_kv_lab/content/examples/prompt_embeds.json's requests as the engine builds them (the
+    tiny
     model's rows, sha256): vLLM's Request (an embeddings prompt without token ids, the items'
     identifiers), block hasher and KVCacheManager give the same hashes and the same hits."""
     scenario = load_scenario(EXAMPLE)
@@ -301,7 +302,7 @@ def shown(at) -> dict:
 
 
 def prepared(at):
-    from paged_kv_lab.app.topic_pages import prepare_studies
+    from paged_kv_lab.ui.topic_pages import prepare_studies
 
     prepare_studies(at.session_state["_model_state"].model)
     return at.run()
@@ -310,7 +311,7 @@ def prepared(at):
 def test_the_page_shows_the_study_and_follows_the_slider():
     at = prepared(app(page_file("hashkeys")))
     assert not at.exception, [e.value for e in at.exception]
-    from paged_kv_lab.app.topic_pages import STUDIES, _model_key
+    from paged_kv_lab.ui.topic_pages import STUDIES, _model_key
 
     model = at.session_state["_model_state"].model
     ids = STUDIES.peek(("hashkeys", *_model_key(model)))

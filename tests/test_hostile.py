@@ -15,7 +15,7 @@ import zlib
 
 import pytest
 
-from paged_kv_lab.app.registry import lesson_page
+from paged_kv_lab.content.registry import lesson_page
 from tests.test_browser import browser, streamlit_server, wait_idle  # noqa: F401  (pytest fixtures)
 
 # the lesson pages the cases open, by their registry URL paths

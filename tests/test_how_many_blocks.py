@@ -3,8 +3,8 @@ under AppTest on the tiny model; the figures equal KVCacheSizing computed indepe
 
 from _app_helpers import app, tiny, tiny_model_env  # noqa: F401  (pytest fixtures)
 from kvcore.model.memory import num_gpu_blocks_from_profile
-from paged_kv_lab.app import how_many_blocks as H
-from paged_kv_lab.app.registry import page_file
+from paged_kv_lab.content.registry import page_file
+from paged_kv_lab.ui import how_many_blocks as H
 
 
 def metric(at, label):

@@ -13,10 +13,10 @@ from _kv_helpers import (
     spec,
 )
 from kvcore.core.kv_cache_utils import get_block_hash, get_group_id, make_block_hash_with_group_id
-from paged_kv_lab.record import events
-from paged_kv_lab.record.engine import kv_cache_groups
-from paged_kv_lab.record.recorder import Recorder
-from paged_kv_lab.record.scenario import EngineSettings
+from paged_kv_lab.recording import events
+from paged_kv_lab.recording.recorder import Recorder
+from paged_kv_lab.run.engine import kv_cache_groups
+from paged_kv_lab.run.scenario import EngineSettings
 
 W, BS = 4, 2
 PROMPT = list(range(11))  # 5 full blocks + 1 partial per group

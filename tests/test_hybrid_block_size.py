@@ -24,9 +24,9 @@ from kvcore.model.memory import (
     num_gpu_blocks_from_profile,
 )
 from kvcore.model.shapes import TINY_HYBRID, hybrid_shape
-from paged_kv_lab.lesson.datafile import load
-from paged_kv_lab.lesson.hybrid_pages import MODELS_FILE, HybridModelData
-from paged_kv_lab.record.scenario import (
+from paged_kv_lab.content.datafile import load
+from paged_kv_lab.content.hybrid_pages import MODELS_FILE, HybridModelData
+from paged_kv_lab.run.scenario import (
     ScenarioError,
     block_size_note,
     load_scenario,
@@ -146,7 +146,7 @@ def test_the_note_says_resolved_kept_or_raised(lang):
 
 @pytest.fixture(scope="module")
 def hybrid():
-    from paged_kv_lab.runs.timeline import lesson_model
+    from paged_kv_lab.store.timeline import lesson_model
 
     # the model the hybrid lesson's tests share (loaded once a session), not a fresh copy
     return lesson_model("tiny-hybrid", "cpu")
@@ -177,9 +177,9 @@ def test_run_prints_the_resolved_block_size_and_records_the_pool(tmp_path, monke
 
 
 def test_replay_resolves_from_a_named_hybrid_model():
-    from paged_kv_lab.workload import SHIPPED_TRACE
-    from paged_kv_lab.workload.replay import replay_settings
-    from paged_kv_lab.workload.trace import load_trace
+    from paged_kv_lab.workloads import SHIPPED_TRACE
+    from paged_kv_lab.workloads.replay import replay_settings
+    from paged_kv_lab.workloads.trace_formats import load_trace
 
     trace = load_trace(SHIPPED_TRACE).slice(0, 5)
     s = replay_settings(trace, {"model": "tiny-hybrid"}).engine

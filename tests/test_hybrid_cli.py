@@ -1,9 +1,10 @@
-"""``python -m kvcore run`` on tiny-hybrid equals transformers' greedy output (issue 33's first
+"""``python -m paged_kv_lab run`` on tiny-hybrid equals transformers' greedy output (issue 33's
+first
 done-when): scenario files on prompts nobody here wrote (the Zen of Python, Tim Peters), run by
 the command line exactly as a user runs them, the block size left out (vLLM's resolution: 32),
 with full prefix hits, hits that end inside a block (``prefix_match_unit`` 8: the tail block is
 copied) and preemption. The reference is independent of kvcore's loader: the checkpoint
-``python -m kvcore model save tiny-hybrid DIR`` writes, read back by transformers'
+``python -m paged_kv_lab model save tiny-hybrid DIR`` writes, read back by transformers'
 ``AutoTokenizer`` and ``AutoModelForCausalLM``."""
 
 import json
@@ -11,7 +12,7 @@ import json
 import pytest
 
 from paged_kv_lab.cli.main import main as cli_main
-from paged_kv_lab.record.trace import read_trace
+from paged_kv_lab.run.trace_file import read_trace
 from tests.test_engine_equality import reference_tokens
 from tests.test_pd import zen
 

@@ -10,11 +10,11 @@ from test_engine_equality import greedy_no_eos
 
 from _app_helpers import Browser, app, tiny  # noqa: F401
 from kvcore.model.memory import hybrid_page_sizes
-from paged_kv_lab.app.registry import page_file
-from paged_kv_lab.lesson import BY_ID
-from paged_kv_lab.lesson.hybrid_pages import real_models
-from paged_kv_lab.record.scenario import block_size_note
-from paged_kv_lab.runs.timeline import lesson_model, lesson_run
+from paged_kv_lab.content import BY_ID
+from paged_kv_lab.content.hybrid_pages import real_models
+from paged_kv_lab.content.registry import page_file
+from paged_kv_lab.run.scenario import block_size_note
+from paged_kv_lab.store.timeline import lesson_model, lesson_run
 from paged_kv_lab.text.i18n import tr
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

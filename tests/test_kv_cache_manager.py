@@ -17,8 +17,8 @@ from kvcore.core.block_pool import AllBlocksCleared, BlockStored
 from kvcore.core.kv_cache_utils import make_block_hash_with_group_id
 from kvcore.metrics.stats import CachingMetrics, PrefixCacheStats
 from kvcore.request import RequestStatus
-from paged_kv_lab.record import events
-from paged_kv_lab.record.recorder import Recorder
+from paged_kv_lab.recording import events
+from paged_kv_lab.recording.recorder import Recorder
 
 COMMON = list(range(12))  # three full blocks of 4
 

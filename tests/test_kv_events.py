@@ -11,8 +11,8 @@ import msgspec
 import pytest
 
 from kvcore.distributed import kv_events as ke
-from paged_kv_lab.record.engine import Engine
-from paged_kv_lab.record.scenario import EngineSettings, RequestSpec, Scenario
+from paged_kv_lab.run.engine import Engine
+from paged_kv_lab.run.scenario import EngineSettings, RequestSpec, Scenario
 from paged_kv_lab.watch.prefix_index import PrefixCacheIndex
 
 # real vLLM 0.33.0 frames

@@ -20,9 +20,9 @@ from kvcore.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from kvcore.outputs import KVConnectorOutput, ModelRunnerOutput
 from kvcore.request import RequestStatus
-from paged_kv_lab.record.engine import Engine
-from paged_kv_lab.record.recorder import Recorder
-from paged_kv_lab.record.scenario import (
+from paged_kv_lab.recording.recorder import Recorder
+from paged_kv_lab.run.engine import Engine
+from paged_kv_lab.run.scenario import (
     CPUOffloadConfig,
     EngineSettings,
     RequestSpec,

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from paged_kv_lab.lesson import BY_ID, HOME, LESSONS, TOPIC_LESSONS
-from paged_kv_lab.lesson.casebook import CASE_DIR, CASES, load_cases
-from paged_kv_lab.lesson.catalog import (
+from paged_kv_lab.content import BY_ID, HOME, LESSONS, TOPIC_LESSONS
+from paged_kv_lab.content.casebook import CASE_DIR, CASES, load_cases
+from paged_kv_lab.content.catalog import (
     EXAMPLES_DIR,
     LESSON_DIR,
     LessonDataError,
     load_lesson,
     load_lessons,
 )
-from paged_kv_lab.record.scenario import load_scenario
+from paged_kv_lab.run.scenario import load_scenario
 from paged_kv_lab.text.i18n import CATALOGUE_DIR, catalogue
 
 # every lesson's and case's scenario_dict for every combination of its switches' options, as the

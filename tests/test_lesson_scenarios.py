@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from paged_kv_lab.app.panels import narration
-from paged_kv_lab.lesson import BY_ID, HOME, LESSONS
-from paged_kv_lab.lesson.catalog import moment_steps
-from paged_kv_lab.runs.timeline import lesson_run
+from paged_kv_lab.content import BY_ID, HOME, LESSONS
+from paged_kv_lab.content.catalog import moment_steps
+from paged_kv_lab.store.timeline import lesson_run
+from paged_kv_lab.ui.panels import narration
 
 # one worker runs the module: a lesson's run is recorded once per model and process (the run
 # store), and most lessons are checked twice here (every key moment, then the lesson's own test)

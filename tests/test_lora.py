@@ -18,8 +18,8 @@ from test_engine_equality import P, eos_of, greedy_no_eos, reference_tokens, req
 from kvcore.config.lora import LoRAConfig
 from kvcore.lora.peft_helper import PEFTHelper
 from kvcore.model.reference import shared_clone
-from paged_kv_lab.record.engine import Engine, EngineRefused
-from paged_kv_lab.record.scenario import (
+from paged_kv_lab.run.engine import Engine, EngineRefused
+from paged_kv_lab.run.scenario import (
     EngineSettings,
     LoRAModulePath,
     Scenario,
@@ -266,8 +266,8 @@ def test_peft_features_vllm_refuses_are_refused():
 
 
 def test_the_app_reads_no_adapter_folder_a_scenario_names(tiny_adapters):
-    from paged_kv_lab.record.budget import BudgetError
-    from paged_kv_lab.runs.store import RunStore
+    from paged_kv_lab.run.budget import BudgetError
+    from paged_kv_lab.store.run_store import RunStore
 
     sc = load_scenario(
         {
@@ -287,11 +287,11 @@ def test_the_app_reads_no_adapter_folder_a_scenario_names(tiny_adapters):
 def test_the_command_line_runs_adapters_and_set_replaces_them(
     tiny_model, tiny_adapters, tiny_peft, tmp_path
 ):
-    """``python -m kvcore run`` (through ``main``): the file's adapter "a" is pointed at b's
+    """``python -m paged_kv_lab run`` (through ``main``): the file's adapter "a" is pointed at b's
     folder by ``--set``, and request A then writes what peft with b writes."""
     from _cli import run_cli_here
 
-    from paged_kv_lab.record.trace import read_trace
+    from paged_kv_lab.run.trace_file import read_trace
 
     file = tmp_path / "lora.json"
     file.write_text(

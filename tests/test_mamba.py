@@ -240,8 +240,8 @@ QWEN35_LIKE = ["linear_attention"] * 3 + ["full_attention"]
 
 
 def test_three_linear_per_full_layer_makes_vllms_four_groups():
-    from paged_kv_lab.record.engine import kv_cache_groups
-    from paged_kv_lab.record.scenario import load_scenario
+    from paged_kv_lab.run.engine import kv_cache_groups
+    from paged_kv_lab.run.scenario import load_scenario
 
     s = load_scenario({"engine": {"block_size": 4, "layer_types": QWEN35_LIKE * 2}}).engine
     groups, layer_group = kv_cache_groups(s, 8)
@@ -260,7 +260,7 @@ def test_three_linear_per_full_layer_makes_vllms_four_groups():
     ],
 )
 def test_scenario_checks_the_hybrid_settings(engine, fragment):
-    from paged_kv_lab.record.scenario import ScenarioError, load_scenario
+    from paged_kv_lab.run.scenario import ScenarioError, load_scenario
 
     with pytest.raises(ScenarioError, match=fragment):
         load_scenario({"engine": engine})
@@ -269,8 +269,8 @@ def test_scenario_checks_the_hybrid_settings(engine, fragment):
 def test_a_trace_replays_as_a_hybrid_model_would_cache_it():
     from pathlib import Path
 
-    from paged_kv_lab.workload.replay import replay, replay_settings
-    from paged_kv_lab.workload.trace import load_trace
+    from paged_kv_lab.workloads.replay import replay, replay_settings
+    from paged_kv_lab.workloads.trace_formats import load_trace
 
     trace = load_trace(Path(__file__).parent / "fixtures" / "traces" / "mooncake_slice.jsonl")
     rates = {}

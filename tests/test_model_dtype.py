@@ -17,8 +17,8 @@ from kvcore.model import load_model
 from kvcore.model.reference import Agreement, agreement_with_generate
 from kvcore.utils.math_utils import cdiv
 from kvcore.worker.gpu_model_runner import GPUModelRunner
-from paged_kv_lab.record.engine import Engine
-from paged_kv_lab.record.scenario import EngineSettings, RequestSpec, Scenario
+from paged_kv_lab.run.engine import Engine
+from paged_kv_lab.run.scenario import EngineSettings, RequestSpec, Scenario
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

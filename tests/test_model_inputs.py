@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from kvcore.worker.gpu_input_batch import ModelInputs, SeqBatchItem, prepare_inputs
-from paged_kv_lab.record import trace
-from paged_kv_lab.record.engine import Engine
-from paged_kv_lab.record.scenario import EngineSettings, RequestSpec, Scenario
+from paged_kv_lab.run import trace_file as trace
+from paged_kv_lab.run.engine import Engine
+from paged_kv_lab.run.scenario import EngineSettings, RequestSpec, Scenario
 
 
 def test_prepare_inputs_lays_out_two_requests_and_two_groups():

@@ -13,8 +13,8 @@ import torch
 from kvcore.model.memory import GiB, MemoryProfile, bytes_per_block, num_gpu_blocks_from_profile
 from kvcore.model.profile import LiveTensorBytes, profile_model, weights_bytes
 from paged_kv_lab.cli.main import main
-from paged_kv_lab.record.engine import Engine
-from paged_kv_lab.record.scenario import EngineSettings, RequestSpec, Scenario, load_scenario
+from paged_kv_lab.run.engine import Engine
+from paged_kv_lab.run.scenario import EngineSettings, RequestSpec, Scenario, load_scenario
 
 PROFILE = MemoryProfile(
     device="cuda:0",

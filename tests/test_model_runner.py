@@ -140,7 +140,7 @@ def test_prefill_mixed_with_decodes(tiny_model):
 def test_chunked_prefill(tiny_model, chunk):
     lm = tiny_model
     prompts = dict(zip("ab", make_prompts(lm.config.vocab_size, [23, 10], seed=3)))
-    # b decodes all along: a request alone would get the whole token budget (record/engine.py)
+    # b decodes all along: a request alone would get the whole token budget (run/engine.py)
     run = TappedRun(
         lm,
         [req("a", prompts["a"], 8), req("b", prompts["b"], 30)],

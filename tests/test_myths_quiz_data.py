@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from _words_pinned import FULL_RUN_S, new_run
 
-from paged_kv_lab.lesson import myths as M
-from paged_kv_lab.lesson import quiz as Q
+from paged_kv_lab.content import myths as M
+from paged_kv_lab.content import quiz as Q
 from paged_kv_lab.text.i18n import catalogue, languages, tr
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -191,10 +191,10 @@ CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
 
 def test_the_python_of_the_myths_the_quiz_and_the_topics_holds_no_chinese():
     files = [
-        "paged_kv_lab/lesson/myths.py",
-        "paged_kv_lab/lesson/quiz.py",
-        "paged_kv_lab/lesson/topics.py",
-        "paged_kv_lab/app/topic_pages.py",
+        "paged_kv_lab/content/myths.py",
+        "paged_kv_lab/content/quiz.py",
+        "paged_kv_lab/content/topics.py",
+        "paged_kv_lab/ui/topic_pages.py",
     ]
     found = [f for f in files if CJK.search((ROOT / f).read_text(encoding="utf-8"))]
     assert not found, found

@@ -17,7 +17,7 @@ from kvcore.core.kv_cache_observer import (
     free_reason,
 )
 from kvcore.request import RequestStatus
-from paged_kv_lab.record.scenario import CPUOffloadConfig
+from paged_kv_lab.run.scenario import CPUOffloadConfig
 
 
 class CallLog(KVCacheObserver):
@@ -244,8 +244,8 @@ def test_the_replays_eviction_count_is_a_metrics_collector_beside_any_observer()
     it equals the evictions that observer heard."""
     from pathlib import Path
 
-    from paged_kv_lab.workload.replay import EvictionCounter, Replay, replay_settings
-    from paged_kv_lab.workload.trace import load_trace
+    from paged_kv_lab.workloads.replay import EvictionCounter, Replay, replay_settings
+    from paged_kv_lab.workloads.trace_formats import load_trace
 
     trace = load_trace(Path(__file__).parent / "fixtures" / "traces" / "mooncake_slice.jsonl")
     run = Replay(trace, replay_settings(trace, {"block_size": 16, "num_gpu_blocks": 4500}))

@@ -14,8 +14,8 @@ from test_engine_equality import eos_of, reference_tokens
 from _kv_helpers import events_of, make_engine, spec, table
 from kvcore.distributed.kv_events import BlockRemoved, BlockStored
 from kvcore.request import RequestStatus
-from paged_kv_lab.record.engine import Engine
-from paged_kv_lab.record.scenario import CPUOffloadConfig, EngineSettings, RequestSpec, Scenario
+from paged_kv_lab.run.engine import Engine
+from paged_kv_lab.run.scenario import CPUOffloadConfig, EngineSettings, RequestSpec, Scenario
 
 CPU = CPUOffloadConfig(num_cpu_blocks=12)
 
@@ -129,8 +129,8 @@ def test_a_cpu_eviction_says_whether_the_gpu_still_caches_the_prefix():
     """Lesson 10 (issue #31): the CPU pool's get_new_blocks evicts only the CPU copy, and the GPU
     original, freed by _process_store_completion with its hash, may still be cached. The moment
     said is read from the step's GPU pool, and this run has both outcomes."""
-    from paged_kv_lab.lesson import BY_ID
-    from paged_kv_lab.lesson.catalog import gpu_copies, moment_matches, narration_fields
+    from paged_kv_lab.content import BY_ID
+    from paged_kv_lab.content.catalog import gpu_copies, moment_matches, narration_fields
     from paged_kv_lab.text.i18n import tr
 
     eng = evict_then_return(cpu=CPUOffloadConfig(num_cpu_blocks=5))
@@ -311,7 +311,7 @@ def test_kvcore_watch_sees_the_cpu_tier_next_to_the_gpu(tmp_path):
 
     from _kv_pub import wait_for
     from kvcore.config.kv_events import KVEventsConfig
-    from paged_kv_lab.record.engine import NoModelRunner
+    from paged_kv_lab.run.engine import NoModelRunner
     from paged_kv_lab.watch.prefix_index import describe_batch
     from paged_kv_lab.watch.watcher import KVEventWatcher
 
@@ -361,7 +361,7 @@ def test_the_command_line_sets_the_cpu_tier_and_refuses_a_bad_one(tmp_path, caps
 
     root = Path(__file__).resolve().parent.parent
     out = tmp_path / "trace.jsonl"
-    base = ["run", "paged_kv_lab/examples/eviction.json", "--model", "tiny-random"]
+    base = ["run", "paged_kv_lab/content/examples/eviction.json", "--model", "tiny-random"]
     base += ["--device", "cpu"]
     r = run_cli_here(
         *base, "--cpu-offload-blocks", "16", "--lazy-offload", "--trace", str(out), "--check"
@@ -379,7 +379,12 @@ def test_the_command_line_sets_the_cpu_tier_and_refuses_a_bad_one(tmp_path, caps
 
     assert (
         main(
-            ["run", str(root / "paged_kv_lab/examples/eviction.json"), "--cpu-offload-blocks", "1"]
+            [
+                "run",
+                str(root / "paged_kv_lab/content/examples/eviction.json"),
+                "--cpu-offload-blocks",
+                "1",
+            ]
         )
         == 2
     )
@@ -390,11 +395,11 @@ def test_the_command_line_sets_the_cpu_tier_and_refuses_a_bad_one(tmp_path, caps
 @pytest.mark.usefixtures("one_torch_thread")
 def test_the_lesson_splits_the_hits_by_tier_and_draws_the_cpu_pool(tiny_model):
     from kvcore.model import smollm2_available
-    from paged_kv_lab.lesson import BY_ID
-    from paged_kv_lab.lesson.tiers import tier_rows
+    from paged_kv_lab.content import BY_ID
+    from paged_kv_lab.content.tiers import tier_rows
     from paged_kv_lab.player import run_payload
     from paged_kv_lab.player.payload import WIRE
-    from paged_kv_lab.runs.timeline import lesson_run
+    from paged_kv_lab.store.timeline import lesson_run
 
     if not smollm2_available():
         pytest.skip("the lesson's token ids come from SmolLM2's tokenizer")

@@ -2,7 +2,7 @@
 hit split by tier under the player; a bad CPU pool is refused by name."""
 
 from _app_helpers import Browser, app  # noqa: F401  (sets the tiny model for the app)
-from paged_kv_lab.app.registry import page_file
+from paged_kv_lab.content.registry import page_file
 
 APPLY = "FormSubmitter:settings:playground-Apply settings"
 

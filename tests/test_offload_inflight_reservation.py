@@ -59,8 +59,8 @@ def test_an_asynchronous_load_leaves_free_the_blocks_a_load_in_flight_still_need
 
 
 def test_the_refusal_names_the_reserved_blocks():
-    from paged_kv_lab.record import events
-    from paged_kv_lab.record.engine import Engine, NoModelRunner
+    from paged_kv_lab.recording import events
+    from paged_kv_lab.run.engine import Engine, NoModelRunner
 
     # up to step 9 the trace reports no synchronous failure: the scenario alone replays it
     eng = Engine(
@@ -83,7 +83,7 @@ def test_a_retried_load_reserves_its_own_blocks_as_in_vllm():
     needs its 4 load blocks with 5 more kept free, never there: vLLM would leave it waiting, the
     lab's idle engine aborts it as never fitting."""
     from _kv_helpers import events_of, make_engine, spec
-    from paged_kv_lab.record.scenario import CPUOffloadConfig
+    from paged_kv_lab.run.scenario import CPUOffloadConfig
 
     p = [17, 254, 1033, 88, 4012, 7, 391, 2290, 56, 1777, 640, 12, 9001, 345, 78, 2048, 31, 4444]
     eng = make_engine(

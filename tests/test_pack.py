@@ -9,11 +9,7 @@ import zipfile
 
 import pytest
 
-from paged_kv_lab.app.pack import pack_items, select_items, select_langs
-from paged_kv_lab.app.registry import pages
-from paged_kv_lab.cli.main import main
-from paged_kv_lab.lesson.casebook import CASES
-from paged_kv_lab.player.pack import (
+from paged_kv_lab.classroom.pack_site import (
     IndexEntry,
     IndexPage,
     IndexSection,
@@ -23,6 +19,10 @@ from paged_kv_lab.player.pack import (
     quiz_html,
     zip_pack,
 )
+from paged_kv_lab.cli.main import main
+from paged_kv_lab.content.casebook import CASES
+from paged_kv_lab.content.registry import pages
+from paged_kv_lab.ui.class_pack import pack_items, select_items, select_langs
 
 
 @pytest.fixture

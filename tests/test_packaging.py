@@ -35,14 +35,14 @@ from paged_kv_lab.cli.main import main as cli_main
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("kvcore", "paged_kv_lab")
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
-SHIPPED_TRACE = "paged_kv_lab/workload/traces/mooncake_synthetic_trace.jsonl"
+SHIPPED_TRACE = "paged_kv_lab/workloads/traces/mooncake_synthetic_trace.jsonl"
 # Declared but never imported by our code: what transformers itself needs on our path.
 NOT_IMPORTED = {
     "gguf": "transformers reads SmolLM2's GGUF file with it",
     "accelerate": "transformers refuses to load a GGUF file without it",
 }
 # Imported only behind an optional extra (declared there, not installed by default).
-OPTIONAL_IMPORTS = {"ray": "the `ray` extra: sweeps as Ray tasks (workload/sweep.py)"}
+OPTIONAL_IMPORTS = {"ray": "the `ray` extra: sweeps as Ray tasks (workloads/sweep.py)"}
 # Where a dependency's upper bound is required: private or byte-exact use.
 BOUNDED = ("torch", "streamlit", "cbor2", "xxhash", "transformers")
 
@@ -112,7 +112,7 @@ def test_the_wheel_installs_only_kvcore_and_paged_kv_lab(wheel, wheel_names):
 def test_the_wheel_carries_the_data_files(wheel_names):
     must = [
         SHIPPED_TRACE,
-        "paged_kv_lab/workload/traces/README.md",  # the trace's attribution
+        "paged_kv_lab/workloads/traces/README.md",  # the trace's attribution
         "paged_kv_lab/.streamlit/config.toml",
         "paged_kv_lab/streamlit_app.py",
         "paged_kv_lab/text/languages.json",
@@ -122,8 +122,8 @@ def test_the_wheel_carries_the_data_files(wheel_names):
         "paged_kv_lab/text/*.json",
         "paged_kv_lab/text/catalogue/**/*.json",
         "paged_kv_lab/pages/*.py",
-        "paged_kv_lab/lesson/**/*.yaml",
-        "paged_kv_lab/examples/**/*.json",
+        "paged_kv_lab/content/**/*.yaml",
+        "paged_kv_lab/content/examples/**/*.json",
     ):
         must += [p.relative_to(ROOT).as_posix() for p in ROOT.glob(pattern) if p.is_file()]
     assert any(m.startswith("paged_kv_lab/text/catalogue/") for m in must)
@@ -150,7 +150,7 @@ def test_the_wheel_metadata_license_scripts_and_pins(wheel, wheel_names):
     meta = dist_info(wheel, "METADATA")
     assert "License-Expression: Apache-2.0" in meta
     licenses = {n.split(".dist-info/licenses/")[1] for n in wheel_names if "/licenses/" in n}
-    assert {"LICENSE", "NOTICE", "paged_kv_lab/workload/traces/README.md"} <= licenses
+    assert {"LICENSE", "NOTICE", "paged_kv_lab/workloads/traces/README.md"} <= licenses
     assert "Apache License" in (ROOT / "LICENSE").read_text(encoding="utf-8")[:200]
     scripts = dist_info(wheel, "entry_points.txt")
     assert re.search(r"^paged-kv-lab = paged_kv_lab\.cli\.launch:main$", scripts, re.M)
@@ -269,8 +269,8 @@ def test_the_player_goes_inline_when_streamlits_component_manager_moves(monkeypa
     import streamlit as st
     from streamlit.runtime import Runtime
 
-    from paged_kv_lab.app import player_component as pc
     from paged_kv_lab.player.export import asset, module_js
+    from paged_kv_lab.ui import player_component as pc
 
     manager_module = "streamlit.components.v2.get_bidi_component_manager"
     if how == "module moved":
@@ -414,7 +414,7 @@ def test_the_wheel_installed_in_a_fresh_venv_replays_and_serves(installed):
         "import json, kvcore, paged_kv_lab\n"
         "from paged_kv_lab.player.export import module_js\n"
         "from paged_kv_lab.text.i18n import catalogue, languages\n"
-        "from paged_kv_lab.workload import SHIPPED_TRACE\n"
+        "from paged_kv_lab.workloads import SHIPPED_TRACE\n"
         "print(json.dumps({'files': [kvcore.__file__, paged_kv_lab.__file__, str(SHIPPED_TRACE)],"
         " 'trace': SHIPPED_TRACE.is_file(), 'js': len(module_js()),"
         " 'keys': len(catalogue()), 'languages': sorted(languages())}))",
@@ -424,7 +424,7 @@ def test_the_wheel_installed_in_a_fresh_venv_replays_and_serves(installed):
     assert got["trace"] and got["js"] > 1000 and got["keys"] > 100
     assert {"en", "zh"} <= set(got["languages"])
 
-    replayed = run("-m", "kvcore", "replay", "--requests", "40", *SMALL, "--json", "-")
+    replayed = run("-m", "paged_kv_lab", "replay", "--requests", "40", *SMALL, "--json", "-")
     assert json.loads(replayed.stdout)["requests"] == 40
     assert "hit rate" in replayed.stderr
 
@@ -450,7 +450,7 @@ def test_the_installed_app_shows_its_pages(installed):
         "app = Path(paged_kv_lab.__file__).parent / 'streamlit_app.py'\n"
         "at = AppTest.from_file(str(app), default_timeout=240).run()\n"
         "home = [e.value for e in at.exception], len(at.markdown)\n"
-        "from paged_kv_lab.app.registry import page_file\n"
+        "from paged_kv_lab.content.registry import page_file\n"
         "at.switch_page(page_file('blocks')).run()\n"
         "lesson = [e.value for e in at.exception], len(at.markdown)\n"
         "print(json.dumps({'app': str(app), 'home': home, 'lesson': lesson}))",

@@ -1,4 +1,4 @@
-"""The page registry (paged_kv_lab/app/pages.json) is the one list of pages: it loads with its
+"""The page registry (paged_kv_lab/content/pages.json) is the one list of pages: it loads with its
 invariants, every page has its title and summary in every language, and README.md's page table
 and docs/lessons.md's page list are generated from it. After changing the registry, regenerate:
 
@@ -16,20 +16,20 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from paged_kv_lab.app import registry  # noqa: E402
-from paged_kv_lab.app.registry import nav_title, pages, sections  # noqa: E402
+from paged_kv_lab.content.registry import nav_title, pages, sections  # noqa: E402
 from paged_kv_lab.text.i18n import catalogue, languages, tr  # noqa: E402
+from paged_kv_lab.content import registry  # noqa: E402
 
 README = ROOT / "README.md"
 LESSONS_DOC = ROOT / "docs" / "lessons.md"
 WRITE = "regenerate with: .venv/bin/python tests/test_page_registry.py --write"
 MARKS = {
     README: (
-        "<!-- pages-table:start (generated from paged_kv_lab/app/pages.json) -->",
+        "<!-- pages-table:start (generated from paged_kv_lab/content/pages.json) -->",
         "<!-- pages-table:end -->",
     ),
     LESSONS_DOC: (
-        "<!-- pages-list:start (generated from paged_kv_lab/app/pages.json) -->",
+        "<!-- pages-list:start (generated from paged_kv_lab/content/pages.json) -->",
         "<!-- pages-list:end -->",
     ),
 }

@@ -7,10 +7,10 @@ import pytest
 
 from _app_helpers import tiny_model_env  # noqa: F401  (the app test below runs the tiny model)
 from kvcore.engine.parallel_sampling import ParentRequest, fan_out, group_outputs, scenario_parents
-from paged_kv_lab.record.budget import BudgetError, Limits, check_scenario
-from paged_kv_lab.record.engine import Engine
-from paged_kv_lab.record.scenario import RequestSpec, ScenarioError, load_scenario
-from paged_kv_lab.record.trace import TraceError, outputs_line, read_trace, step_line
+from paged_kv_lab.run.budget import BudgetError, Limits, check_scenario
+from paged_kv_lab.run.engine import Engine
+from paged_kv_lab.run.scenario import RequestSpec, ScenarioError, load_scenario
+from paged_kv_lab.run.trace_file import TraceError, outputs_line, read_trace, step_line
 
 PROMPT = "What is a KV cache? Tell me more, please."  # not a whole number of 8-token blocks
 
@@ -156,7 +156,7 @@ def test_trace_keeps_children_and_their_parent(model):
 
 def test_playground_adds_a_request_with_n():
     from _app_helpers import Browser, app
-    from paged_kv_lab.app.registry import page_file
+    from paged_kv_lab.content.registry import page_file
 
     at = app(page_file("playground"))
     Browser(at, "playground").show(1)
@@ -178,13 +178,13 @@ def test_cli_trace_groups_children_in_the_trace_viewer(tmp_path):
     from _cli import run_cli_here
 
     from _app_helpers import app, sidebar_set
-    from paged_kv_lab.app.registry import page_file
+    from paged_kv_lab.content.registry import page_file
 
     root = Path(__file__).resolve().parent.parent
     out = tmp_path / "ps.jsonl"
     r = run_cli_here(
         "run",
-        root / "paged_kv_lab" / "examples" / "parallel_sampling.json",
+        root / "paged_kv_lab" / "content" / "examples" / "parallel_sampling.json",
         "--model",
         "tiny-random",
         "--device",

@@ -18,9 +18,9 @@ import pytest
 
 from paged_kv_lab.cli.main import main as cli_main
 from paged_kv_lab.disagg.pd import DECODE, PREFILL, PDEngine, ttft_split
-from paged_kv_lab.record.engine import Engine
-from paged_kv_lab.record.scenario import EngineSettings, RequestSpec, Scenario
-from paged_kv_lab.record.trace import read_trace
+from paged_kv_lab.run.engine import Engine
+from paged_kv_lab.run.scenario import EngineSettings, RequestSpec, Scenario
+from paged_kv_lab.run.trace_file import read_trace
 from tests.test_engine_equality import eos_of, reference_tokens
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -220,9 +220,9 @@ def lesson_runs(tiny_model):
     records, the run as the narrator reads it)."""
     from types import SimpleNamespace
 
+    from paged_kv_lab.content import BY_ID
     from paged_kv_lab.disagg.pd import engine_for
-    from paged_kv_lab.lesson import BY_ID
-    from paged_kv_lab.record.scenario import load_scenario
+    from paged_kv_lab.run.scenario import load_scenario
 
     out = {}
     for option in ("none", "A:recompute", "A:fail"):
@@ -236,8 +236,8 @@ def lesson_runs(tiny_model):
 
 
 def test_records_name_their_replica_and_pulls_and_the_trace_keeps_them(lesson_runs, tiny_model):
-    from paged_kv_lab.record.scenario import scenario_to_dict
-    from paged_kv_lab.record.trace import Trace
+    from paged_kv_lab.run.scenario import scenario_to_dict
+    from paged_kv_lab.run.trace_file import Trace
 
     initial, records, run = lesson_runs["none"]
     assert [r.step for r in records] == list(range(1, len(records) + 1))
@@ -308,9 +308,9 @@ def test_both_pools_side_by_side_at_every_step(lesson_runs):
 
 
 def test_the_narration_names_the_replica_and_both_sides_of_the_pull(lesson_runs):
-    from paged_kv_lab.app.panels import LessonNarrator
-    from paged_kv_lab.lesson import BY_ID
+    from paged_kv_lab.content import BY_ID
     from paged_kv_lab.text.i18n import Text, tr
+    from paged_kv_lab.ui.panels import LessonNarrator
 
     _, records, run = lesson_runs["none"]
     for lang in ("en", "zh"):
@@ -331,9 +331,9 @@ def test_the_narration_names_the_replica_and_both_sides_of_the_pull(lesson_runs)
 
 @pytest.mark.parametrize("policy", ["recompute", "fail"])
 def test_the_failure_switch_fails_A_pull_under_its_policy(lesson_runs, policy):
-    from paged_kv_lab.app.panels import LessonNarrator
+    from paged_kv_lab.content import BY_ID
     from paged_kv_lab.disagg.pd import pair_at
-    from paged_kv_lab.lesson import BY_ID
+    from paged_kv_lab.ui.panels import LessonNarrator
 
     initial, records, run = lesson_runs[f"A:{policy}"]
     assert run.scenario.engine.kv_transfer_config.kv_load_failure_policy == policy
@@ -368,9 +368,9 @@ def test_the_failure_switch_fails_A_pull_under_its_policy(lesson_runs, policy):
 
 def test_why_answers_for_blocks_and_requests_of_either_replica(lesson_runs):
     from paged_kv_lab.text.i18n import tr
-    from paged_kv_lab.text.source_links import FUNCTIONS
     from paged_kv_lab.why.explain import RecordedSteps
     from paged_kv_lab.why.explain_pd import explain_pd_block, explain_pd_request
+    from paged_kv_lab.why.source_links import FUNCTIONS
 
     initial, records, run = lesson_runs["none"]
     (pull,) = [r for r in records if "A" in r.pulls]

@@ -10,9 +10,8 @@ import re
 
 import pytest
 
-from paged_kv_lab.app.panels import LessonNarrator
+from paged_kv_lab.content import BY_ID, LESSONS
 from paged_kv_lab.disagg.pd import engine_for
-from paged_kv_lab.lesson import BY_ID, LESSONS
 from paged_kv_lab.player import (
     WIRE,
     RunEncoder,
@@ -23,9 +22,10 @@ from paged_kv_lab.player import (
     static_html,
 )
 from paged_kv_lab.player.export import json_for_script
-from paged_kv_lab.record.engine import Engine
-from paged_kv_lab.record.scenario import load_scenario
-from paged_kv_lab.runs.timeline import lesson_scenario, played_model
+from paged_kv_lab.run.engine import Engine
+from paged_kv_lab.run.scenario import load_scenario
+from paged_kv_lab.store.timeline import lesson_scenario, played_model
+from paged_kv_lab.ui.panels import LessonNarrator
 
 HOSTILE = "<img src=x onerror=alert(1)> and <script>alert(2)</script> & \u2028"
 
@@ -183,7 +183,11 @@ def test_cli_writes_the_same_player(tmp_path, tiny_model):
 
     out = tmp_path / "run.html"
     scenario = (
-        Path(__file__).resolve().parents[1] / "paged_kv_lab" / "examples" / "shared_prefix.json"
+        Path(__file__).resolve().parents[1]
+        / "paged_kv_lab"
+        / "content"
+        / "examples"
+        / "shared_prefix.json"
     )
     assert (
         main(
@@ -220,9 +224,10 @@ def test_cli_writes_the_same_player(tmp_path, tiny_model):
 
 
 def test_the_wire_keys_name_the_snapshots_fields():
-    """wire.json's names are record/snapshot.py's field names (the decoder's names in the browser),
+    """wire.json's names are recording/snapshot.py's field names (the decoder's names in the
+    browser),
     no two fields of a kind share a key, and a step's keys never clash with its snapshot's."""
-    from paged_kv_lab.record.snapshot import BlockView, RequestView, Snapshot
+    from paged_kv_lab.recording.snapshot import BlockView, RequestView, Snapshot
 
     for kind, view in (("block", BlockView), ("request", RequestView), ("snapshot", Snapshot)):
         names = {f.name for f in dataclasses.fields(view)}

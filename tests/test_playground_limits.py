@@ -8,11 +8,11 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from _app_helpers import APP, TIMEOUT, app, tiny  # noqa: F401  (sets the tiny model for the app)
-from paged_kv_lab.app.playground import FIELD_INT_MAX, form_range
-from paged_kv_lab.app.registry import page_file
-from paged_kv_lab.app.state import _encode_base
-from paged_kv_lab.lesson import BY_ID
-from paged_kv_lab.record.budget import app_limits
+from paged_kv_lab.content import BY_ID
+from paged_kv_lab.content.registry import page_file
+from paged_kv_lab.run.budget import app_limits
+from paged_kv_lab.ui.playground import FIELD_INT_MAX, form_range
+from paged_kv_lab.ui.state import _encode_base
 
 APPLY = "FormSubmitter:settings:playground-Apply settings"
 # each was accepted by the schema and raised StreamlitValueAboveMaxError in settings_form
@@ -105,7 +105,7 @@ def test_form_ranges_come_from_the_schema_and_the_budget():
 def test_form_offers_no_pool_the_budget_refuses(monkeypatch, tiny):  # noqa: F811
     """num_gpu_blocks × block_size is what the KV budget limits: each field's maximum follows the
     other's value, and the note next to them names the budget and its variable."""
-    from paged_kv_lab.record.budget import kv_pool_bytes
+    from paged_kv_lab.run.budget import kv_pool_bytes
 
     per_block = kv_pool_bytes(tiny.config, 8, 1)  # the playground's block_size
     monkeypatch.setenv("PAGED_KV_LAB_MAX_RUN_BYTES", str(per_block * 40))
@@ -126,9 +126,9 @@ def test_form_offers_no_pool_the_budget_refuses(monkeypatch, tiny):  # noqa: F81
 def test_the_step_cap_announces_itself_on_the_page_and_to_the_player(monkeypatch):
     """A run the server stops at its step cap with requests unfinished says so under the player
     and in it (the player gets the cap with the run's end), in EN and 中文."""
-    import paged_kv_lab.runs.store as store_mod
+    import paged_kv_lab.store.run_store as store_mod
     from _app_helpers import Browser, player_data, sidebar_set
-    from paged_kv_lab.runs.store import RunStore
+    from paged_kv_lab.store.run_store import RunStore
 
     store = RunStore(max_steps=3, limits=app_limits())
     monkeypatch.setattr(store_mod, "_STORE", store)

@@ -1,7 +1,7 @@
 """The playground's settings form offers vLLM's settings and applies them to the run (AppTest)."""
 
 from _app_helpers import Browser, app  # noqa: F401  (sets the tiny model for the app)
-from paged_kv_lab.app.registry import page_file
+from paged_kv_lab.content.registry import page_file
 
 
 def test_playground_applies_the_vllm_settings():

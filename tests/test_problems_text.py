@@ -11,17 +11,17 @@ from __future__ import annotations
 import pytest
 from pydantic_core import PydanticKnownError
 
-from paged_kv_lab.record.scenario import (
+from paged_kv_lab.run.scenario import (
     _PYDANTIC_TYPES,
     ScenarioError,
     load_scenario,
     pydantic_said,
 )
-from paged_kv_lab.record.trace import TraceError, read_trace
+from paged_kv_lab.run.trace_file import TraceError, read_trace
 from paged_kv_lab.text import i18n
 from paged_kv_lab.text.i18n import said, tr
-from paged_kv_lab.workload.trace import TraceError as WorkloadTraceError
-from paged_kv_lab.workload.trace import parse_trace
+from paged_kv_lab.workloads.trace_formats import TraceError as WorkloadTraceError
+from paged_kv_lab.workloads.trace_formats import parse_trace
 from tests.test_pseudo_language import (  # noqa: F401  (pytest fixtures)
     CJK,
     leftovers,
@@ -65,7 +65,7 @@ def test_problems_are_english_in_str_and_chinese_in_zh():
 
 
 def test_the_engines_refusals_are_catalogue_sentences():
-    from paged_kv_lab.record.engine import EngineRefused
+    from paged_kv_lab.run.engine import EngineRefused
 
     e = EngineRefused("request.max_model_len", id="'A'", tokens=9, max_model_len=8)
     assert str(e) == "request 'A': prompt of 9 tokens reaches max_model_len 8"

@@ -21,10 +21,11 @@ from test_engine_equality import check_equal as check_token_requests
 from _app_helpers import app, tiny_model_env  # noqa: F401  (the app on the tiny model)
 from _kv_helpers import VLLM_NONE_HASH_SHA256, vllm_sha256
 from kvcore.model.prompt_embeds import embedding_rows, rows_tensor
-from paged_kv_lab.app.registry import page_file
-from paged_kv_lab.record.budget import BudgetError, Limits, check_scenario
-from paged_kv_lab.record.engine import Engine, EngineRefused, NoModelRunner
-from paged_kv_lab.record.scenario import (
+from paged_kv_lab.content.registry import page_file
+from paged_kv_lab.recording.snapshot import Snapshot
+from paged_kv_lab.run.budget import BudgetError, Limits, check_scenario
+from paged_kv_lab.run.engine import Engine, EngineRefused, NoModelRunner
+from paged_kv_lab.run.scenario import (
     EmbedsNoise,
     EmbedsSource,
     EngineSettings,
@@ -35,7 +36,6 @@ from paged_kv_lab.record.scenario import (
     load_scenario,
     scenario_to_dict,
 )
-from paged_kv_lab.record.snapshot import Snapshot
 from paged_kv_lab.why.explain import EXTRA_KEYS, RecordedSteps, explain_hit
 from paged_kv_lab.why.explain_blocks import compare_requests
 from paged_kv_lab.why.explain_text import comparison_sentences, hit_sentences
@@ -43,7 +43,11 @@ from paged_kv_lab.why.explain_text import comparison_sentences, hit_sentences
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 EXAMPLE = (
-    Path(__file__).resolve().parent.parent / "paged_kv_lab" / "examples" / "prompt_embeds.json"
+    Path(__file__).resolve().parent.parent
+    / "paged_kv_lab"
+    / "content"
+    / "examples"
+    / "prompt_embeds.json"
 )
 
 TEXT = "The quick brown fox jumps over the lazy dog, then naps in the warm afternoon sun"

@@ -8,10 +8,10 @@ still caches its full blocks, so a request after it hits them (vLLM's own
 
 from _kv_helpers import events_of, make_engine, make_manager, make_request, spec
 from kvcore.request import Request
-from paged_kv_lab.record.scenario import CPUOffloadConfig, RequestSpec
-from paged_kv_lab.text.sentences import sentence
+from paged_kv_lab.run.scenario import CPUOffloadConfig, RequestSpec
 from paged_kv_lab.why import explain as X
 from paged_kv_lab.why.explain_text import hit_sentences
+from paged_kv_lab.why.sentences import sentence
 
 COMMON = list(range(12))  # three full blocks of 4
 
@@ -114,7 +114,7 @@ def test_the_cpu_tier_is_not_read_either():
 def test_the_scenario_field_is_checked():
     import pytest
 
-    from paged_kv_lab.record.scenario import ScenarioError, load_scenario
+    from paged_kv_lab.run.scenario import ScenarioError, load_scenario
 
     base = {"requests": [{"id": "a", "prompt_token_ids": [1, 2]}]}
     for ok in (None, -1, 0, 20):

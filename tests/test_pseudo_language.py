@@ -103,7 +103,7 @@ def identifiers() -> set[str]:
     import dataclasses
     import typing
 
-    from paged_kv_lab.record import scenario
+    from paged_kv_lab.run import scenario
 
     out: set[str] = set()
 
@@ -113,7 +113,7 @@ def identifiers() -> set[str]:
         for a in typing.get_args(t):
             literals(a)
 
-    from paged_kv_lab.text.source_links import FUNCTIONS
+    from paged_kv_lab.why.source_links import FUNCTIONS
 
     out.update(FUNCTIONS)
     for cls in vars(scenario).values():
@@ -371,10 +371,11 @@ def explore(at) -> list[tuple[str, str]]:
 
 
 def scenario_words() -> set[str]:
-    """The words of the scenario files in paged_kv_lab/examples/ (descriptions, prompts): data a
+    """The words of the scenario files in paged_kv_lab/content/examples/ (descriptions, prompts):
+    data a
     trace carries, shown as the file has them, like a scenario a user uploads."""
     out: set[str] = set()
-    for path in (ROOT / "paged_kv_lab" / "examples").rglob("*.json"):
+    for path in (ROOT / "paged_kv_lab" / "content" / "examples").rglob("*.json"):
         out.update(_strings(json.loads(path.read_text(encoding="utf-8"))))
     return out
 

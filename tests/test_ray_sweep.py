@@ -20,9 +20,9 @@ SLICE = ROOT / "tests" / "fixtures" / "traces" / "mooncake_slice.jsonl"
 
 CHECK = f"""
 import json, sys
-from paged_kv_lab.cli.fleet import run_point
-from paged_kv_lab.workload.sweep import run_points, sweep
-from paged_kv_lab.workload.trace import load_trace
+from paged_kv_lab.cli.fleet_command import run_point
+from paged_kv_lab.workloads.sweep import run_points, sweep
+from paged_kv_lab.workloads.trace_formats import load_trace
 
 trace = load_trace({str(SLICE)!r}).slice(0, 16)
 small = {{"block_size": 512}}
@@ -43,8 +43,8 @@ def fleet_points(**kw):
     return [(strip(d), e) for d, e in run_points(run_point, jobs, **kw)]
 
 def compare_points(**kw):
-    from paged_kv_lab.cli.compare import sweep_point
-    from paged_kv_lab.designs.compare import DESIGNS
+    from paged_kv_lab.cli.compare_command import sweep_point
+    from paged_kv_lab.designs.three_designs import DESIGNS
 
     jobs = [(trace, small, "sequential", v, DESIGNS, None) for v in (140, 200)]
     return run_points(sweep_point, jobs, **kw)

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 from kvcore.model import load_model, smollm2_available
-from paged_kv_lab.lesson import HOME, LESSONS
+from paged_kv_lab.content import HOME, LESSONS
 from paged_kv_lab.player import run_payload
-from paged_kv_lab.record.scenario import scenario_to_dict
-from paged_kv_lab.record.trace import header_line, outputs_line, step_line
-from paged_kv_lab.runs.timeline import lesson_run
+from paged_kv_lab.run.scenario import scenario_to_dict
+from paged_kv_lab.run.trace_file import header_line, outputs_line, step_line
+from paged_kv_lab.store.timeline import lesson_run
 
 FIXTURE = Path(__file__).parent / "fixtures" / "lesson_runs.json"
 

@@ -6,8 +6,8 @@ from hypothesis import strategies as st
 
 from _kv_helpers import make_request
 from kvcore.core.block_pool import BlockPool
-from paged_kv_lab.record import events
-from paged_kv_lab.record.recorder import Recorder
+from paged_kv_lab.recording import events
+from paged_kv_lab.recording.recorder import Recorder
 
 BS = 2
 

@@ -8,11 +8,10 @@ import pytest
 
 from kvcore.core.kv_cache_utils import BlockHasher
 from kvcore.utils.hashing import sha256
-from paged_kv_lab.record.budget import BudgetError, Limits, cli_limits
-from paged_kv_lab.record.scenario import ScenarioError
-from paged_kv_lab.workload import SHIPPED_TRACE
-from paged_kv_lab.workload.budget import check_trace
-from paged_kv_lab.workload.replay import (
+from paged_kv_lab.run.budget import BudgetError, Limits, cli_limits
+from paged_kv_lab.run.scenario import ScenarioError
+from paged_kv_lab.workloads import SHIPPED_TRACE
+from paged_kv_lab.workloads.replay import (
     Replay,
     ReplayError,
     max_hit_tokens,
@@ -20,13 +19,14 @@ from paged_kv_lab.workload.replay import (
     replay_settings,
     upper_bound_hits,
 )
-from paged_kv_lab.workload.tokens import (
+from paged_kv_lab.workloads.tokens import (
     PLACEHOLDER_TOKEN,
     block_token,
     check_block_size,
     prompt_token_ids,
 )
-from paged_kv_lab.workload.trace import TraceError, TraceRequest, load_trace, parse_trace
+from paged_kv_lab.workloads.trace_formats import TraceError, TraceRequest, load_trace, parse_trace
+from paged_kv_lab.workloads.trace_limits import check_trace
 
 FIXTURES = Path(__file__).parent / "fixtures" / "traces"
 MOONCAKE = FIXTURES / "mooncake_slice.jsonl"
@@ -314,10 +314,10 @@ def test_budget_refusals_name_the_limit():
 
 
 def test_one_trace_budget_for_the_cli_and_the_page():
-    """workload/budget.py bounds a trace for both sides: the page's limits are set by the
+    """workloads/trace_limits.py bounds a trace for both sides: the page's limits are set by the
     PAGED_KV_LAB_REPLAY_* variables, the CLI's by the record budget's PAGED_KV_LAB_MAX_* ones, and
     a refusal names the side's variable."""
-    from paged_kv_lab.workload.budget import cli_trace_limits, page_trace_limits
+    from paged_kv_lab.workloads.trace_limits import cli_trace_limits, page_trace_limits
 
     trace = load_trace(MOONCAKE)
     settings = replay_settings(trace, {"block_size": 512, "num_gpu_blocks": 200})

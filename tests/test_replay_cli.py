@@ -1,4 +1,5 @@
-"""``python -m kvcore replay``: the contract scripts rely on, the sweep, the one-pass answer."""
+"""``python -m paged_kv_lab replay``: the contract scripts rely on, the sweep, the one-pass
+answer."""
 
 import csv
 import io
@@ -10,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from paged_kv_lab.cli.main import main
-from paged_kv_lab.workload.bound import unbounded_answer
-from paged_kv_lab.workload.replay import replay, replay_settings
-from paged_kv_lab.workload.sweep import parse_sweep, sweep
-from paged_kv_lab.workload.trace import load_trace
+from paged_kv_lab.workloads.bound import unbounded_answer
+from paged_kv_lab.workloads.replay import replay, replay_settings
+from paged_kv_lab.workloads.sweep import parse_sweep, sweep
+from paged_kv_lab.workloads.trace_formats import load_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 SLICE = Path(__file__).parent / "fixtures" / "traces" / "mooncake_slice.jsonl"
@@ -23,7 +24,7 @@ SMALL = ["--set", "block_size=512", "--set", "num_gpu_blocks=140"]
 def test_json_contract_in_a_real_process(tmp_path):
     out = tmp_path / "r.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "kvcore", "replay", str(SLICE), *SMALL, "--json", str(out)],
+        [sys.executable, "-m", "paged_kv_lab", "replay", str(SLICE), *SMALL, "--json", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from kvcore.core.kv_cache_observer import KVCacheObserver
-from paged_kv_lab.record.recorder import Recorder
-from paged_kv_lab.workload.replay import Replay, replay_settings
-from paged_kv_lab.workload.trace import load_trace
+from paged_kv_lab.recording.recorder import Recorder
+from paged_kv_lab.workloads.replay import Replay, replay_settings
+from paged_kv_lab.workloads.trace_formats import load_trace
 
 SLICE = Path(__file__).parent / "fixtures" / "traces" / "mooncake_slice.jsonl"
 TIGHT = {"max_num_seqs": 8, "admission": "first_chunk", "max_num_batched_tokens": 2048}

@@ -1,4 +1,4 @@
-"""Rooms at the protocol level (paged_kv_lab/runs/rooms.py): a class follows its teacher within
+"""Rooms at the protocol level (paged_kv_lab/classroom/rooms.py): a class follows its teacher within
 300 ms, polls tally and reveal, and every limit, the teacher's secret and bad frames hold against
 hostile members. One room server per test on 127.0.0.1, real WebSocket clients."""
 
@@ -12,8 +12,7 @@ import time
 import pytest
 from websockets.asyncio.client import connect
 
-from paged_kv_lab.record.budget import BudgetError
-from paged_kv_lab.runs.rooms import (
+from paged_kv_lab.classroom.rooms import (
     ROOM_ENV,
     Poll,
     PollText,
@@ -23,6 +22,7 @@ from paged_kv_lab.runs.rooms import (
     clean_name,
     room_limits,
 )
+from paged_kv_lab.run.budget import BudgetError
 
 
 @pytest.fixture
@@ -294,10 +294,10 @@ def test_a_lessons_class_questions_are_checked_on_load(tmp_path, entry, field, m
 def test_the_prepared_question_is_asked_from_the_recorded_step(tiny_model):
     """The eviction lesson's class question (step 5: which block is evicted next?) has its
     answer in the recorded step 6; a student may click that block in the grid."""
-    from paged_kv_lab.app.classroom import polls_at, qr_png
-    from paged_kv_lab.lesson import BY_ID
-    from paged_kv_lab.record.engine import Engine
-    from paged_kv_lab.runs.timeline import lesson_scenario
+    from paged_kv_lab.content import BY_ID
+    from paged_kv_lab.run.engine import Engine
+    from paged_kv_lab.store.timeline import lesson_scenario
+    from paged_kv_lab.ui.class_panel import polls_at, qr_png
 
     lesson = BY_ID["eviction"]
     (prepared,) = lesson.class_questions

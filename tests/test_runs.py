@@ -9,12 +9,12 @@ from dataclasses import dataclass
 import pytest
 from _words_pinned import FULL_RUN_S
 
-from paged_kv_lab.record.budget import BudgetError, Limits
-from paged_kv_lab.record.scenario import load_scenario
-from paged_kv_lab.runs.decoder import Decoder
-from paged_kv_lab.runs.recorded_run import RecordedRun, estimate_nbytes, run_key
-from paged_kv_lab.runs.store import RunStore
-from paged_kv_lab.runs.timeline import LabRun, RunStopped, Timeline
+from paged_kv_lab.run.budget import BudgetError, Limits
+from paged_kv_lab.run.scenario import load_scenario
+from paged_kv_lab.store.recorded_run import RecordedRun, estimate_nbytes, run_key
+from paged_kv_lab.store.run_store import RunStore
+from paged_kv_lab.store.timeline import LabRun, RunStopped, Timeline
+from paged_kv_lab.store.token_text import Decoder
 
 SCENARIO = {
     "engine": {"block_size": 4, "num_gpu_blocks": 12, "max_num_seqs": 3},
@@ -351,13 +351,13 @@ def test_decoder_is_bounded_and_shared_across_threads():
 
 # -- on the real engine (no model) ----------------------------------------------------------------
 def engine_factory(s):
-    from paged_kv_lab.record.engine import Engine, NoModelRunner
+    from paged_kv_lab.run.engine import Engine, NoModelRunner
 
     return Engine(s, runner=NoModelRunner(), debug=True)
 
 
 def test_a_shared_run_equals_a_fresh_engine_step_by_step(store):
-    from paged_kv_lab.record.engine import Engine, NoModelRunner
+    from paged_kv_lab.run.engine import Engine, NoModelRunner
 
     scenario = load_scenario(SCENARIO)
     one = Timeline(store.run(scenario, engine_factory, model_key="no-model"))
@@ -375,7 +375,7 @@ def test_a_shared_run_equals_a_fresh_engine_step_by_step(store):
 
 
 def test_lab_run_add_request_is_a_new_run_with_the_cursor_kept(store):
-    from paged_kv_lab.record.scenario import RequestSpec
+    from paged_kv_lab.run.scenario import RequestSpec
 
     run = LabRun(load_scenario(SCENARIO), engine_factory, store)
     run.goto(3)
@@ -388,8 +388,8 @@ def test_lab_run_add_request_is_a_new_run_with_the_cursor_kept(store):
 
 
 def test_a_trace_file_is_a_finished_run(store):
-    from paged_kv_lab.record.scenario import scenario_to_dict
-    from paged_kv_lab.record.trace import Trace, read_trace
+    from paged_kv_lab.run.scenario import scenario_to_dict
+    from paged_kv_lab.run.trace_file import Trace, read_trace
 
     live = Timeline(store.run(load_scenario(SCENARIO), engine_factory, model_key="no-model"))
     live.run_to_end(timeout=10)

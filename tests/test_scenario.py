@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from paged_kv_lab.record.scenario import (
+from paged_kv_lab.run.scenario import (
     EngineSettings,
     RequestSpec,
     Scenario,
@@ -15,7 +15,9 @@ from paged_kv_lab.record.scenario import (
 )
 
 EXAMPLES = sorted(
-    (Path(__file__).resolve().parent.parent / "paged_kv_lab" / "examples").glob("*.json")
+    (Path(__file__).resolve().parent.parent / "paged_kv_lab" / "content" / "examples").glob(
+        "*.json"
+    )
 )
 
 
@@ -310,7 +312,7 @@ def test_all_problems_are_reported_at_once_and_nothing_is_half_applied():
 
 
 def test_engine_overrides_from_key_value_pairs_are_validated_like_a_file():
-    from paged_kv_lab.record.scenario import parse_engine_overrides, with_engine_overrides
+    from paged_kv_lab.run.scenario import parse_engine_overrides, with_engine_overrides
 
     s = load_scenario({"engine": {"sliding_window": 8, "block_size": 4}})
     o = with_engine_overrides(

@@ -18,13 +18,13 @@ import pytest
 from _scenario_cases import Case, cases, extremes
 
 from _app_helpers import APP, TIMEOUT, app, tiny, tiny_model_env  # noqa: F401  (fixtures)
-from paged_kv_lab.app.playground import form_values
-from paged_kv_lab.app.registry import page_file
-from paged_kv_lab.app.state import SETTING_DEFAULTS, _encode_base
-from paged_kv_lab.app.trace_page import STATE_KEY as TRACE_STATE
-from paged_kv_lab.lesson import BY_ID
-from paged_kv_lab.record.budget import ENV, Limits, app_limits
-from paged_kv_lab.record.scenario import EngineSettings, RequestSpec, Scenario
+from paged_kv_lab.content import BY_ID
+from paged_kv_lab.content.registry import page_file
+from paged_kv_lab.run.budget import ENV, Limits, app_limits
+from paged_kv_lab.run.scenario import EngineSettings, RequestSpec, Scenario
+from paged_kv_lab.ui.playground import form_values
+from paged_kv_lab.ui.state import SETTING_DEFAULTS, _encode_base
+from paged_kv_lab.ui.trace_page import STATE_KEY as TRACE_STATE
 
 BASE = BY_ID["playground"].scenario
 CASES = cases(BASE, Limits())
@@ -46,9 +46,9 @@ def small_store():
     """Runs opened here compute two steps at most: the cases are about opening a run (the step cap
     is tests/test_playground_limits.py's), and a hundred runs computed to their ends would only
     take the machine from the other tests."""
-    import paged_kv_lab.runs.store as store_mod
-    from paged_kv_lab.record.budget import app_limits
-    from paged_kv_lab.runs.store import RunStore
+    import paged_kv_lab.store.run_store as store_mod
+    from paged_kv_lab.run.budget import app_limits
+    from paged_kv_lab.store.run_store import RunStore
 
     old, store_mod._STORE = store_mod._STORE, RunStore(max_steps=2, limits=app_limits())
     yield
@@ -211,9 +211,9 @@ def test_every_setting_at_its_limits_linked():
 @pytest.fixture(scope="module")
 def trace_lines(tiny):  # noqa: F811
     """A real trace of the playground's scenario on the tiny model: (header, the other lines)."""
-    from paged_kv_lab.record.engine import Engine
-    from paged_kv_lab.record.scenario import load_scenario, scenario_to_dict
-    from paged_kv_lab.record.trace import Trace
+    from paged_kv_lab.run.engine import Engine
+    from paged_kv_lab.run.scenario import load_scenario, scenario_to_dict
+    from paged_kv_lab.run.trace_file import Trace
 
     scenario = load_scenario({**BASE, "model": "tiny-random", "device": "cpu"})
     engine = Engine(scenario, model=tiny)
@@ -290,10 +290,10 @@ def test_a_linked_window_past_the_form_steps_and_reruns(monkeypatch):
     rerun (the page and the player's own fragment) draws one player and no exception."""
     from streamlit.testing.v1 import AppTest
 
-    import paged_kv_lab.runs.store as store_mod
+    import paged_kv_lab.store.run_store as store_mod
     from _app_helpers import Browser, player_data
-    from paged_kv_lab.record.budget import app_limits
-    from paged_kv_lab.runs.store import RunStore
+    from paged_kv_lab.run.budget import app_limits
+    from paged_kv_lab.store.run_store import RunStore
 
     store = RunStore(max_steps=6, limits=app_limits())  # past the steps shown: Step computes
     monkeypatch.setattr(store_mod, "_STORE", store)
@@ -319,11 +319,11 @@ def test_a_linked_window_past_the_form_steps_and_reruns(monkeypatch):
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_each_cap_is_said_next_to_what_it_caps(lang):
     """Before anything is applied, the playground's forms name each per-setting limit of the budget
-    and its variable (from record/budget.py: SETTING_LIMITS), and the request count and the tokens
+    and its variable (from run/budget.py: SETTING_LIMITS), and the request count and the tokens
     a request may generate, in the page's language."""
     from _app_helpers import sidebar_set
-    from paged_kv_lab.app.playground import BUDGET_MAX
     from paged_kv_lab.text.i18n import tr
+    from paged_kv_lab.ui.playground import BUDGET_MAX
 
     at = app(page_file("playground"))
     if lang != "en":

@@ -6,8 +6,8 @@ import pytest
 from _kv_helpers import events_of, make_engine, spec, table
 from kvcore.request import RequestStatus
 from kvcore.utils.math_utils import cdiv
-from paged_kv_lab.record import events
-from paged_kv_lab.record.engine import NoModelRunner
+from paged_kv_lab.recording import events
+from paged_kv_lab.run.engine import NoModelRunner
 
 
 def steps_until(eng, pred, limit=100):

@@ -1,4 +1,4 @@
-"""app/shared.py: a value computed once per key for every session, in the asking thread or in the
+"""store/shared.py: a value computed once per key for every session, in the asking thread or in the
 background, with its error kept, the oldest values pushed out past ``keep``, and a stale value
 replaced on demand."""
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from paged_kv_lab.app.shared import Shared
+from paged_kv_lab.store.shared import Shared
 
 
 def counter():

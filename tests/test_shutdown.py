@@ -17,9 +17,9 @@ SCRIPT = textwrap.dedent("""
                                                                 "kv-events-watcher")
                                                   and t.is_alive()), flush=True))
     from kvcore.model import load_model
-    from paged_kv_lab.lesson import BY_ID
-    from paged_kv_lab.runs.timeline import lesson_run
-    from paged_kv_lab.runs.store import RunStore
+    from paged_kv_lab.content import BY_ID
+    from paged_kv_lab.store.timeline import lesson_run
+    from paged_kv_lab.store.run_store import RunStore
     from paged_kv_lab.watch.watcher import KVEventWatcher
     store = RunStore()
     run = lesson_run(BY_ID["preemption"], load_model("tiny-random", "cpu"), store=store)

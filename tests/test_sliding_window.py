@@ -13,8 +13,8 @@ from _kv_helpers import (
 )
 from kvcore.core.kv_cache_utils import make_block_hash_with_group_id
 from kvcore.core.single_type_kv_cache_manager import SlidingWindowManager
-from paged_kv_lab.record import events
-from paged_kv_lab.record.recorder import Recorder
+from paged_kv_lab.recording import events
+from paged_kv_lab.recording.recorder import Recorder
 
 W, BS = 4, 2  # a token sees itself and 3 before it: cdiv(3, 2) = 2 contiguous blocks cover it
 

@@ -13,10 +13,10 @@ import pytest
         "kvcore",
         "kvcore.core.block_pool",
         "kvcore.core.sched.scheduler",
-        "paged_kv_lab.record.engine",
+        "paged_kv_lab.run.engine",
         "paged_kv_lab.cli.main",
         "kvcore.model",
-        "paged_kv_lab.app.entry",
+        "paged_kv_lab.ui.entry",
     ],
 )
 def test_imports(name):
@@ -29,7 +29,7 @@ def test_kvcore_core_is_pure_python():
     import sys
 
     code = (
-        "import sys; import paged_kv_lab.record.engine, paged_kv_lab.record.snapshot; "
+        "import sys; import paged_kv_lab.run.engine, paged_kv_lab.recording.snapshot; "
         "import paged_kv_lab.cli.main; "
         "bad = [m for m in ('torch', 'transformers', 'streamlit', 'plotly') if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"

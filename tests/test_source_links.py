@@ -10,8 +10,8 @@ import re
 import pytest
 
 from _event_runs import every_kind_events, every_kind_runs
-from paged_kv_lab.record import events as E
-from paged_kv_lab.text.source_links import (
+from paged_kv_lab.recording import events as E
+from paged_kv_lab.why.source_links import (
     FUNCTIONS,
     VLLM_FILE_LINES,
     VLLM_TAG,

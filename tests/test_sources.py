@@ -21,12 +21,12 @@ from typing import Optional
 
 import pytest
 
-from paged_kv_lab.lesson import BY_ID, LESSONS
-from paged_kv_lab.lesson.casebook import CASES
-from paged_kv_lab.lesson.myths import load_myths
-from paged_kv_lab.lesson.sources import ENGINES, Source, load_sourced_keys, topic_sources
+from paged_kv_lab.content import BY_ID, LESSONS
+from paged_kv_lab.content.casebook import CASES
+from paged_kv_lab.content.myths import load_myths
+from paged_kv_lab.content.sources import ENGINES, Source, load_sourced_keys, topic_sources
 from paged_kv_lab.text.i18n import CATALOGUE_DIR, tr
-from paged_kv_lab.text.source_links import FUNCTIONS
+from paged_kv_lab.why.source_links import FUNCTIONS
 
 # a sentence that says what an engine does: it names one, or quotes a name of its code
 NAMES_AN_ENGINE = re.compile(r"vLLM|SGLang|nano-vllm|`")

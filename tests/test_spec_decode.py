@@ -13,9 +13,9 @@ from kvcore.sample.rejection_sampler import rejection_sample
 from kvcore.spec_decode.metrics import SpecDecodingStats
 from kvcore.spec_decode.ngram_proposer import NgramProposer
 from kvcore.utils.math_utils import cdiv
-from paged_kv_lab.record import events
-from paged_kv_lab.record.engine import Engine, NoModelRunner
-from paged_kv_lab.record.scenario import (
+from paged_kv_lab.recording import events
+from paged_kv_lab.run.engine import Engine, NoModelRunner
+from paged_kv_lab.run.scenario import (
     EngineSettings,
     RequestSpec,
     Scenario,

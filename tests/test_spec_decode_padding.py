@@ -9,16 +9,16 @@ from kvcore.core.sched.scheduler import Scheduler
 from kvcore.outputs import ModelRunnerOutput
 from kvcore.request import Request
 from kvcore.structured_output.utils import strip_speculative_padding
-from paged_kv_lab.record import events
-from paged_kv_lab.record.engine import (
+from paged_kv_lab.recording import events
+from paged_kv_lab.recording.recorder import Recorder
+from paged_kv_lab.run.engine import (
     block_hasher_for,
     kv_cache_groups,
     kv_cache_manager_for,
     scheduler_config_for,
 )
-from paged_kv_lab.record.recorder import Recorder
-from paged_kv_lab.record.scenario import EngineSettings, SpeculativeConfig
-from paged_kv_lab.text.sentences import SENTENCES, Style, sentence
+from paged_kv_lab.run.scenario import EngineSettings, SpeculativeConfig
+from paged_kv_lab.why.sentences import SENTENCES, Style, sentence
 
 K = 4  # drafts per step
 BS = 4  # block size: the padded rows of a 9-token prompt hit at 8 reach into a 4th block

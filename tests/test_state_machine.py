@@ -19,8 +19,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from _kv_helpers import make_engine, make_manager, make_request, spec
 from kvcore.request import RequestStatus
-from paged_kv_lab.record.invariants import InvariantError, check_invariants
-from paged_kv_lab.record.recorder import Recorder
+from paged_kv_lab.recording.invariants import InvariantError, check_invariants
+from paged_kv_lab.recording.recorder import Recorder
 
 _rng = random.Random(1234)
 PREFIXES = [

@@ -10,8 +10,8 @@ import pytest
 from _kv_helpers import events_of, make_engine, spec
 from kvcore.engine.detokenizer import IncrementalDetokenizer, check_stop_strings
 from kvcore.request import RequestStatus
-from paged_kv_lab.record.engine import Engine, EngineRefused
-from paged_kv_lab.record.scenario import EngineSettings, RequestSpec, Scenario, SpeculativeConfig
+from paged_kv_lab.run.engine import Engine, EngineRefused
+from paged_kv_lab.run.scenario import EngineSettings, RequestSpec, Scenario, SpeculativeConfig
 
 
 @pytest.mark.parametrize(
@@ -133,7 +133,7 @@ def test_stop_strings_need_a_tokenizer():
 
 
 def test_the_scenario_refuses_an_empty_stop_string():
-    from paged_kv_lab.record.scenario import ScenarioError, load_scenario
+    from paged_kv_lab.run.scenario import ScenarioError, load_scenario
 
     req = {"id": "a", "prompt": "hi", "stop": ["x", ""]}
     with pytest.raises(ScenarioError, match="stop"):
@@ -154,7 +154,7 @@ def test_drafts_accepted_past_the_stop_string_are_dropped_from_the_output(tiny_m
 
 
 def test_a_trace_keeps_the_stop_reason(tiny_model, free_run):
-    from paged_kv_lab.record.trace import Trace, read_trace
+    from paged_kv_lab.run.trace_file import Trace, read_trace
 
     stop = tiny_model.decode(free_run[0][:3])[1:]
     eng, recs = run(tiny_model, [stop])

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from paged_kv_lab.lesson import BY_ID
-from paged_kv_lab.lesson.casebook import CASES
+from paged_kv_lab.content import BY_ID
+from paged_kv_lab.content.casebook import CASES
 from paged_kv_lab.text.i18n import (
     LANGS,
     PLAYER_PREFIX,
@@ -123,7 +123,7 @@ def test_every_key_the_python_code_uses_is_there():
     for prefix in prefixes:
         assert any(k.startswith(prefix) for k in keys), prefix
     # the keys built at run time, from what they are built of
-    from paged_kv_lab.app.modelstate import DEVICES, MODELS
+    from paged_kv_lab.ui.modelstate import DEVICES, MODELS
 
     built = [f"model_{m}" for m in MODELS] + [f"device_{d}" for d in DEVICES]
     built += [f"why.{m}" for m in ("request", "block", "two", "calls")]
@@ -133,8 +133,8 @@ def test_every_key_the_python_code_uses_is_there():
 
 
 def test_every_word_the_player_reads_is_there_in_both_languages():
-    from paged_kv_lab.app.player_component import UNTIL_KINDS
-    from paged_kv_lab.record.events import EventKind
+    from paged_kv_lab.recording.events import EventKind
+    from paged_kv_lab.ui.player_component import UNTIL_KINDS
 
     names, prefixes = player_names()
     assert prefixes == {"kind_"}
@@ -158,7 +158,7 @@ def test_every_fmt_call_fills_the_fields_its_template_names():
 
 
 def test_every_entry_is_used():
-    from paged_kv_lab.app.registry import pages, sections
+    from paged_kv_lab.content.registry import pages, sections
 
     literal, prefixes = python_keys()
     # the page registry's data names the pages' and sections' titles and summaries

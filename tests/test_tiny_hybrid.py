@@ -1,7 +1,7 @@
 """tiny-hybrid (Qwen3.5's 3 gated delta-net layers + 1 full-attention layer) through the paged
 engine equals transformers' own greedy generate on the same checkpoint: alone, batched, with a
 prefix hit resumed from a state block, across chunked prefill, after preemption. Also: the
-checkpoint ``python -m kvcore model save`` writes loads in transformers with the same weights,
+checkpoint ``python -m paged_kv_lab model save`` writes loads in transformers with the same weights,
 and the worker's block copy moves a block's states and K/V together."""
 
 import pytest
@@ -98,13 +98,13 @@ def test_partial_hits_inside_a_block_with_copy_on_write(hybrid):
     from kvcore.engine.core import EngineCore
     from kvcore.request import Request
     from kvcore.worker.gpu_model_runner import GPUModelRunner
-    from paged_kv_lab.record.engine import (
+    from paged_kv_lab.run.engine import (
         block_hasher_for,
         kv_cache_groups,
         kv_cache_manager_for,
         scheduler_config_for,
     )
-    from paged_kv_lab.record.scenario import EngineSettings
+    from paged_kv_lab.run.scenario import EngineSettings
 
     types = tuple(hybrid.config.layer_types)
     s = EngineSettings(block_size=8, num_gpu_blocks=40, prefix_match_unit=2, layer_types=types)
@@ -129,7 +129,7 @@ def test_partial_hits_inside_a_block_with_copy_on_write(hybrid):
 
 
 def test_speculative_decoding_and_offload_are_refused(hybrid):
-    from paged_kv_lab.record.scenario import CPUOffloadConfig, SpeculativeConfig
+    from paged_kv_lab.run.scenario import CPUOffloadConfig, SpeculativeConfig
 
     with pytest.raises(ValueError, match="linear-attention"):
         run_engine(

@@ -17,11 +17,10 @@ import pytest
 from _app_helpers import APP, TIMEOUT, Browser, app, tiny_model_env  # noqa: F401
 from kvcore.core.block_pool import BlockHashToBlockMap
 from kvcore.core.kv_cache_utils import KVCacheBlock
-from paged_kv_lab.app.panels import narration
-from paged_kv_lab.app.registry import page_file, sections
-from paged_kv_lab.lesson import BY_ID
-from paged_kv_lab.lesson.catalog import moment_steps
-from paged_kv_lab.lesson.topics import (
+from paged_kv_lab.content import BY_ID
+from paged_kv_lab.content.catalog import moment_steps
+from paged_kv_lab.content.registry import page_file, sections
+from paged_kv_lab.content.topics import (
     block_size_study,
     collision_probability,
     common_prefix,
@@ -29,8 +28,9 @@ from paged_kv_lab.lesson.topics import (
     hashes_for_probability,
     ttft_study,
 )
-from paged_kv_lab.runs.timeline import lesson_run
+from paged_kv_lab.store.timeline import lesson_run
 from paged_kv_lab.text.i18n import tr
+from paged_kv_lab.ui.panels import narration
 
 
 @pytest.fixture(
@@ -168,7 +168,7 @@ def test_one_hash_page_plays_the_lesson():
 def measured(at):
     """The page once its studies are measured (the server's warm-up does it ahead; until then the
     page shows a note that fills in: test_a_topic_page_shows_a_note_until_measured)."""
-    from paged_kv_lab.app.topic_pages import prepare_studies
+    from paged_kv_lab.ui.topic_pages import prepare_studies
 
     prepare_studies(at.session_state["_model_state"].model)
     return at.run()
@@ -179,7 +179,7 @@ def test_a_topic_page_shows_a_note_until_measured(monkeypatch):
     in the background, and the page fills in on a later run."""
     import threading
 
-    from paged_kv_lab.app import topic_pages
+    from paged_kv_lab.ui import topic_pages
 
     gate = threading.Event()
     studies = topic_pages.topic_studies
@@ -228,7 +228,7 @@ def test_collisions_and_ttft_pages():
 
 
 def test_measure_again_is_rate_limited(monkeypatch):
-    from paged_kv_lab.app import topic_pages
+    from paged_kv_lab.ui import topic_pages
 
     calls = []
 

@@ -7,10 +7,10 @@ from test_browser import browser, wait_step  # noqa: F401  (the fixture)
 
 @pytest.mark.browser
 def test_hash_tree_draws_twins_as_one_node(browser, tiny_model, tmp_path):  # noqa: F811
-    from paged_kv_lab.lesson import BY_ID
+    from paged_kv_lab.content import BY_ID
     from paged_kv_lab.player import run_payload, static_html
-    from paged_kv_lab.record.engine import Engine
-    from paged_kv_lab.runs.timeline import lesson_scenario
+    from paged_kv_lab.run.engine import Engine
+    from paged_kv_lab.store.timeline import lesson_scenario
 
     model = tiny_model
     engine = Engine(

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from _kv_helpers import events_of, make_engine, spec, vllm_chain
-from paged_kv_lab.record import events, trace
-from paged_kv_lab.record.recorder import Recorder
-from paged_kv_lab.record.snapshot import Snapshot, StepRecord
+from paged_kv_lab.recording import events
+from paged_kv_lab.recording.recorder import Recorder
+from paged_kv_lab.recording.snapshot import Snapshot, StepRecord
+from paged_kv_lab.run import trace_file as trace
 
 SHARED = list(range(10))
 
@@ -169,7 +170,7 @@ def test_snapshot_with_caching_off():
 def engine_trace(**kw):
     """A small run as a trace file written with the CLI's own line writers; (text, engine,
     initial)."""
-    from paged_kv_lab.record.scenario import scenario_to_dict
+    from paged_kv_lab.run.scenario import scenario_to_dict
 
     eng = make_engine(
         [
@@ -187,7 +188,7 @@ def engine_trace(**kw):
 
 
 def test_trace_file_round_trip():
-    from paged_kv_lab.record.scenario import scenario_to_dict
+    from paged_kv_lab.run.scenario import scenario_to_dict
 
     text, eng, initial = engine_trace()
     t = trace.read_trace(text)

@@ -285,7 +285,15 @@ def test_cli_watch_stops_after_duration_and_refuses_bad_endpoints(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     t0 = time.monotonic()
     r = subprocess.run(
-        [sys.executable, "-m", "kvcore", "watch", f"tcp://127.0.0.1:{port}", "--duration", "1"],
+        [
+            sys.executable,
+            "-m",
+            "paged_kv_lab",
+            "watch",
+            f"tcp://127.0.0.1:{port}",
+            "--duration",
+            "1",
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -294,7 +302,7 @@ def test_cli_watch_stops_after_duration_and_refuses_bad_endpoints(tmp_path):
     )
     assert r.returncode == 0 and time.monotonic() - t0 < 25
     r = subprocess.run(
-        [sys.executable, "-m", "kvcore", "watch", "http://example.com"],
+        [sys.executable, "-m", "paged_kv_lab", "watch", "http://example.com"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -305,8 +313,8 @@ def test_cli_watch_stops_after_duration_and_refuses_bad_endpoints(tmp_path):
 
 
 def test_a_scenario_with_engine_kv_events_publishes_every_step_that_had_events(ctx, tmp_path):
-    from paged_kv_lab.record.engine import Engine, NoModelRunner
-    from paged_kv_lab.record.scenario import load_scenario
+    from paged_kv_lab.run.engine import Engine, NoModelRunner
+    from paged_kv_lab.run.scenario import load_scenario
     from paged_kv_lab.watch.prefix_index import PrefixCacheIndex
 
     pub_ep, replay_ep = f"ipc://{tmp_path}/p", f"ipc://{tmp_path}/r"

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from paged_kv_lab.app.panels import _Safe
-from paged_kv_lab.lesson.myths import cached_within_tokens, hash_losses, myth_sections, myths
-from paged_kv_lab.lesson.quiz import miss_why
-from paged_kv_lab.record.engine import Engine, NoModelRunner
-from paged_kv_lab.record.scenario import load_scenario
+from paged_kv_lab.content.myths import cached_within_tokens, hash_losses, myth_sections, myths
+from paged_kv_lab.content.quiz import miss_why
+from paged_kv_lab.run.engine import Engine, NoModelRunner
+from paged_kv_lab.run.scenario import load_scenario
 from paged_kv_lab.text.i18n import tr
+from paged_kv_lab.ui.panels import _Safe
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_SOURCES = [
@@ -45,7 +45,7 @@ WRONG = (
 
 def shown_text_files() -> list[Path]:
     lab = ROOT / "paged_kv_lab"
-    dirs = [lab / "lesson", lab / "text", lab / "why", ROOT / "docs", lab / "player" / "assets"]
+    dirs = [lab / "content", lab / "text", lab / "why", ROOT / "docs", lab / "player" / "assets"]
     files = [p for d in dirs for p in d.rglob("*") if p.suffix in {".py", ".json", ".md", ".js"}]
     return files + [ROOT / "README.md"]
 
@@ -119,8 +119,8 @@ def tiny(tiny_model, one_torch_thread):
 
 
 def finished(lesson_id, model):
-    from paged_kv_lab.lesson import BY_ID
-    from paged_kv_lab.runs.timeline import lesson_run
+    from paged_kv_lab.content import BY_ID
+    from paged_kv_lab.store.timeline import lesson_run
 
     run = lesson_run(BY_ID[lesson_id], model)
     run.run_to_end(timeout=300)
@@ -129,8 +129,8 @@ def finished(lesson_id, model):
 
 
 def test_the_eviction_myth_names_lesson_3s_eviction_moment(tiny):
-    from paged_kv_lab.lesson import BY_ID
-    from paged_kv_lab.lesson.catalog import moment_steps
+    from paged_kv_lab.content import BY_ID
+    from paged_kv_lab.content.catalog import moment_steps
 
     lesson = BY_ID["eviction"]
     run = finished("eviction", tiny)
@@ -199,8 +199,8 @@ def test_the_names_the_myths_cite_exist_in_vllm_0_33():
 def test_the_queue_caption_states_the_runs_free_order():
     from types import SimpleNamespace
 
-    from paged_kv_lab.app.panels import player_panels
     from paged_kv_lab.text.i18n import player_strings
+    from paged_kv_lab.ui.panels import player_panels
 
     for lang in ("en", "zh"):
         default = player_strings(lang)["queue_caption"]

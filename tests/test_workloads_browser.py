@@ -32,10 +32,10 @@ def server():
 
 def state_at_step(step: int):
     """An independent replay's blocks and requests after ``step`` (the page's default settings)."""
-    from paged_kv_lab.app.workloads_data import Settings, record_window
-    from paged_kv_lab.record.pool_frames import state_at
-    from paged_kv_lab.workload.budget import page_trace_limits
-    from paged_kv_lab.workload.trace import load_trace
+    from paged_kv_lab.recording.pool_frames import state_at
+    from paged_kv_lab.workloads.page_data import Settings, record_window
+    from paged_kv_lab.workloads.trace_formats import load_trace
+    from paged_kv_lab.workloads.trace_limits import page_trace_limits
 
     w = record_window(load_trace(SLICE), Settings(), step, page_trace_limits(), before=0, after=0)
     assert w.frames[w.start].step == step
@@ -119,9 +119,9 @@ def test_step_into_a_moment_and_hover_a_block_of_a_10000_block_pool(server, brow
     page.locator(".pkv-pool [data-act=step]").click()
     assert int(pool.get_attribute("data-step")) == step + 1
     # a request picked: the player opens where it was admitted, following it
-    from paged_kv_lab.app.workloads_data import Settings, run_workload
-    from paged_kv_lab.workload.budget import page_trace_limits
-    from paged_kv_lab.workload.trace import load_trace
+    from paged_kv_lab.workloads.page_data import Settings, run_workload
+    from paged_kv_lab.workloads.trace_formats import load_trace
+    from paged_kv_lab.workloads.trace_limits import page_trace_limits
 
     run = run_workload(load_trace(SLICE), Settings(), page_trace_limits())
     hit = next(p for p in run.result.per_request if p.hit_tokens > 0)

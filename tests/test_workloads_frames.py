@@ -1,4 +1,4 @@
-"""The large-pool player's recording (record/pool_frames.py): keyframes plus deltas rebuild,
+"""The large-pool player's recording (recording/pool_frames.py): keyframes plus deltas rebuild,
 at every recorded step, what ``take_snapshot`` reads from the live engine; its payload is
 compact; the replay's cache history answers "why?" consistently with the replay's own hits."""
 
@@ -6,15 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from paged_kv_lab.app.workloads_data import Settings, record_window, run_workload
 from paged_kv_lab.player.pool_payload import encode_frames, pool_payload
-from paged_kv_lab.record.pool_frames import FrameRecorder, state_at
-from paged_kv_lab.record.recorder import Recorder
-from paged_kv_lab.record.snapshot import take_snapshot
+from paged_kv_lab.recording.pool_frames import FrameRecorder, state_at
+from paged_kv_lab.recording.recorder import Recorder
+from paged_kv_lab.recording.snapshot import take_snapshot
 from paged_kv_lab.why.explain_replay import EVICTED, NEVER_COMPUTED, replay_hit_sentences
-from paged_kv_lab.workload.budget import page_trace_limits
-from paged_kv_lab.workload.replay import Replay
-from paged_kv_lab.workload.trace import load_trace
+from paged_kv_lab.workloads.page_data import Settings, record_window, run_workload
+from paged_kv_lab.workloads.replay import Replay
+from paged_kv_lab.workloads.trace_formats import load_trace
+from paged_kv_lab.workloads.trace_limits import page_trace_limits
 
 SLICE = Path(__file__).parent / "fixtures" / "mooncake_shared_slice.jsonl"
 

@@ -10,14 +10,9 @@ from pathlib import Path
 import pytest
 
 from _app_helpers import app, sidebar_set, tiny_model_env, vega_charts  # noqa: F401  (fixtures)
-from paged_kv_lab.app.registry import page_file
-from paged_kv_lab.app.workloads_data import (
-    Settings,
-    record_window,
-    run_workload,
-    series_rows,
-)
-from paged_kv_lab.app.workloads_page import (
+from paged_kv_lab.content.registry import page_file
+from paged_kv_lab.player.pool_payload import encode_frames
+from paged_kv_lab.ui.workloads_page import (
     KEY,
     MOMENT,
     SERIES,
@@ -26,10 +21,15 @@ from paged_kv_lab.app.workloads_page import (
     load_shipped,
     load_upload,
 )
-from paged_kv_lab.player.pool_payload import encode_frames
 from paged_kv_lab.why.explain_replay import replay_hit_sentences
-from paged_kv_lab.workload.budget import PAGE_ENV, page_trace_limits
-from paged_kv_lab.workload.trace import load_trace
+from paged_kv_lab.workloads.page_data import (
+    Settings,
+    record_window,
+    run_workload,
+    series_rows,
+)
+from paged_kv_lab.workloads.trace_formats import load_trace
+from paged_kv_lab.workloads.trace_limits import PAGE_ENV, page_trace_limits
 
 SLICE = Path(__file__).parent / "fixtures" / "mooncake_shared_slice.jsonl"
 
@@ -65,7 +65,7 @@ def independent():
 def test_the_page_opens_on_the_first_slice_replayed(independent):
     """No click needed: the shipped trace's first slice, replayed with the form's defaults (the
     server's warm-up replays it ahead; until then a note stands where the figures go)."""
-    from paged_kv_lab.app.workloads_page import RUNS, first_slice, prepare_first_slice
+    from paged_kv_lab.ui.workloads_page import RUNS, first_slice, prepare_first_slice
 
     prepare_first_slice()
     at = app(page_file("workloads"))
@@ -115,7 +115,7 @@ def test_the_figures_are_the_replays(page, independent):
 def test_a_click_on_the_chart_opens_the_player_there(independent, monkeypatch):
     """The click handler: Streamlit's selection state for the chart holds the step clicked; the
     page sets the "at step" field to it and records the window around it, once per click."""
-    from paged_kv_lab.app import workloads_page as wp
+    from paged_kv_lab.ui import workloads_page as wp
 
     assert clicked_step({"selection": {MOMENT: [{"step": 212}]}}) == 212
     assert clicked_step({"selection": {MOMENT: []}}) is None and clicked_step(None) is None

@@ -12,7 +12,7 @@ wheel at all.
 ``tiny-hybrid`` is a 4-layer Qwen3.5 text model (transformers' ``Qwen3_5ForCausalLM``): three
 gated delta-net (linear-attention) layers and one full-attention layer, as Qwen3.5 / Qwen3-Next
 interleave them, with seeded random weights and the same tokenizer as ``tiny-random``.
-``python -m kvcore model save tiny-hybrid DIR`` writes it as a checkpoint that
+``python -m paged_kv_lab model save tiny-hybrid DIR`` writes it as a checkpoint that
 ``AutoModelForCausalLM.from_pretrained(DIR)`` loads (:func:`save_model`).
 """
 

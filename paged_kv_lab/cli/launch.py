@@ -6,7 +6,7 @@ It is ``python -m streamlit run <this package>/streamlit_app.py`` with the argum
 through: the pages (``pages/``) and the app's Streamlit settings (``.streamlit/config.toml``, read
 as the main script's own config) sit beside that file, so the app is the same from a checkout, an
 editable install or a wheel, and from any working directory. The command line is
-``python -m kvcore`` (also installed as ``paged-kv-lab-cli``).
+``python -m paged_kv_lab`` (also installed as ``paged-kv-lab-cli``).
 """
 
 from __future__ import annotations

@@ -1,21 +1,24 @@
 """Command line: replay a scenario step by step.
 
-    python -m kvcore run SCENARIO.json [--trace OUT.jsonl] [--html OUT.html] [--until EVENT]
+    python -m paged_kv_lab run SCENARIO.json [--trace OUT.jsonl] [--html OUT.html] [--until EVENT]
                              [--model M] [--device D] [--set KEY=VALUE ...]
-    python -m kvcore explain (SCENARIO.json | --trace OUT.jsonl)
+    python -m paged_kv_lab explain (SCENARIO.json | --trace OUT.jsonl)
                              (--request ID [--step N] [--vs ID] | --block N | --calls --step N)
                              [--lang zh]
-    python -m kvcore profile [--model M] [--device D] [--block-size N] [--gpu-memory-utilization F]
+    python -m paged_kv_lab profile [--model M] [--device D] [--block-size N]
+    [--gpu-memory-utilization F]
                              [--max-num-batched-tokens N] [--max-model-len N]
-    python -m kvcore replay TRACE.jsonl [--set KEY=VALUE ...] [--arrival sequential|timestamps]
+    python -m paged_kv_lab replay TRACE.jsonl [--set KEY=VALUE ...] [--arrival
+    sequential|timestamps]
                              [--speedup X] [--json [PATH]] [--sweep KEY=V1,V2,...] [--csv [PATH]]
-    python -m kvcore compare TRACE.jsonl [--designs vllm,sglang,nano] [--set KEY=VALUE ...]
+    python -m paged_kv_lab compare TRACE.jsonl [--designs vllm,sglang,nano] [--set KEY=VALUE ...]
                              [--page-size N] [--json [PATH]] [--sweep num_gpu_blocks=V1,V2,...]
-    python -m kvcore pack --out DIR [--lessons all|ID,ID,...] [--lang en,zh] [--model M]
-    python -m kvcore fleet TRACE.jsonl [--replicas N] [--router POLICY] [--set KEY=VALUE ...]
+    python -m paged_kv_lab pack --out DIR [--lessons all|ID,ID,...] [--lang en,zh] [--model M]
+    python -m paged_kv_lab fleet TRACE.jsonl [--replicas N] [--router POLICY] [--set KEY=VALUE ...]
                              [--arrival sequential|timestamps] [--json [PATH]]
                              [--sweep router=P1,P2,... | replicas=N1,N2,...]
-    python -m kvcore serve-events [SCENARIO.json | TRACE.jsonl] [--replicas N] [--router POLICY]
+    python -m paged_kv_lab serve-events [SCENARIO.json | TRACE.jsonl] [--replicas N] [--router
+    POLICY]
                              [--endpoint tcp://127.0.0.1:5557] [--replay-endpoint ENDPOINT]
                              [--pace-ms MS]
 
@@ -30,8 +33,9 @@ import sys
 from dataclasses import replace
 from typing import TextIO
 
-from paged_kv_lab.record import events, snapshot, trace
-from paged_kv_lab.record.scenario import (
+from paged_kv_lab.recording import events, snapshot
+from paged_kv_lab.run import trace_file as trace
+from paged_kv_lab.run.scenario import (
     DEVICES,
     DTYPES,
     MODELS,
@@ -43,7 +47,7 @@ from paged_kv_lab.record.scenario import (
     with_engine_overrides,
 )
 from paged_kv_lab.text.i18n import Text, languages, said, tr
-from paged_kv_lab.text.sentences import kept_blocks, sentence
+from paged_kv_lab.why.sentences import kept_blocks, sentence
 
 
 def _loading():
@@ -118,11 +122,11 @@ def open_engine(args: argparse.Namespace, scenario, kv_events):
     import zmq
 
     from kvcore.model import DeviceNotAvailable, ModelNotAvailable
-    from paged_kv_lab.record.engine import Engine
+    from paged_kv_lab.run.engine import Engine
 
     try:
         from kvcore.model import load_model
-        from paged_kv_lab.record.budget import check_scenario, cli_limits, prompt_encoder
+        from paged_kv_lab.run.budget import check_scenario, cli_limits, prompt_encoder
 
         limits = cli_limits()
         auto = scenario.engine.num_gpu_blocks == "auto"
@@ -136,7 +140,7 @@ def open_engine(args: argparse.Namespace, scenario, kv_events):
         with _loading():
             model = load_model(scenario.model, scenario.device, scenario.dtype)
         if auto:  # profile the model, derive the pool as vLLM does; the trace records the number
-            from paged_kv_lab.record.engine import size_kv_cache
+            from paged_kv_lab.run.engine import size_kv_cache
 
             sizing = size_kv_cache(model, scenario.engine)
             print("\n".join(sizing.lines()))
@@ -146,7 +150,7 @@ def open_engine(args: argparse.Namespace, scenario, kv_events):
         check_scenario(scenario, limits, model.config, prompt_encoder(model))
         if scenario.engine.kv_transfer == "pd":  # a prefill replica and a decode replica
             from paged_kv_lab.disagg.pd import PDEngine
-            from paged_kv_lab.record.engine import EngineRefused
+            from paged_kv_lab.run.engine import EngineRefused
 
             if kv_events is not None:
                 raise EngineRefused("engine.pd_no_kv_events")
@@ -271,7 +275,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m kvcore", description=tr("cli.description"))
+    p = argparse.ArgumentParser(prog="python -m paged_kv_lab", description=tr("cli.description"))
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help=tr("cli.run.help"))
     r.add_argument("scenario", help=tr("cli.run.scenario"))
@@ -393,39 +397,39 @@ def main(argv=None) -> int:
     save = mdl_sub.add_parser("save", help=tr("cli.model.save.help"))
     save.add_argument("name", choices=("tiny-random", "tiny-hybrid"), help=tr("cli.model.name"))
     save.add_argument("folder", help=tr("cli.model.folder"))
-    from paged_kv_lab.cli.replay import add_parser as add_replay_parser
+    from paged_kv_lab.cli.replay_command import add_parser as add_replay_parser
 
     add_replay_parser(sub)
-    from paged_kv_lab.cli.compare import add_parser as add_compare_parser
+    from paged_kv_lab.cli.compare_command import add_parser as add_compare_parser
 
     add_compare_parser(sub)
-    from paged_kv_lab.cli.pack import add_parser as add_pack_parser
+    from paged_kv_lab.cli.pack_command import add_parser as add_pack_parser
 
     add_pack_parser(sub)
-    from paged_kv_lab.cli.fleet import add_parser as add_fleet_parser
-    from paged_kv_lab.cli.fleet import add_serve_parser
+    from paged_kv_lab.cli.fleet_command import add_parser as add_fleet_parser
+    from paged_kv_lab.cli.fleet_command import add_serve_parser
 
     add_fleet_parser(sub)
     add_serve_parser(sub)
     args = p.parse_args(argv)
     if args.cmd == "pack":
-        from paged_kv_lab.cli.pack import cmd_pack
+        from paged_kv_lab.cli.pack_command import cmd_pack
 
         return cmd_pack(args)
     if args.cmd == "replay":
-        from paged_kv_lab.cli.replay import cmd_replay
+        from paged_kv_lab.cli.replay_command import cmd_replay
 
         return cmd_replay(args)
     if args.cmd == "compare":
-        from paged_kv_lab.cli.compare import cmd_compare
+        from paged_kv_lab.cli.compare_command import cmd_compare
 
         return cmd_compare(args)
     if args.cmd == "fleet":
-        from paged_kv_lab.cli.fleet import cmd_fleet
+        from paged_kv_lab.cli.fleet_command import cmd_fleet
 
         return cmd_fleet(args)
     if args.cmd == "serve-events":
-        from paged_kv_lab.cli.fleet import cmd_serve_events
+        from paged_kv_lab.cli.fleet_command import cmd_serve_events
 
         return cmd_serve_events(args)
     if args.cmd == "explain":
@@ -447,7 +451,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from kvcore.model import DeviceNotAvailable, ModelNotAvailable, load_model
     from kvcore.model.memory import DEFAULT_BLOCK_SIZE, num_gpu_blocks_from_profile
     from kvcore.model.profile import profile_model
-    from paged_kv_lab.record.scenario import model_page_sizes
+    from paged_kv_lab.run.scenario import model_page_sizes
 
     if args.block_size is None:  # a hybrid model's as vLLM resolves it, as a scenario's
         sizes = model_page_sizes(args.model, args.dtype)
@@ -593,8 +597,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
             scenario = load_scenario(args.scenario, _model_device(args))
             if args.set:
                 scenario = with_engine_overrides(scenario, parse_engine_overrides(args.set))
-            from paged_kv_lab.record.budget import check_scenario, cli_limits
-            from paged_kv_lab.record.engine import Engine
+            from paged_kv_lab.run.budget import check_scenario, cli_limits
+            from paged_kv_lab.run.engine import Engine
 
             auto = scenario.engine.num_gpu_blocks == "auto"
             check_scenario(

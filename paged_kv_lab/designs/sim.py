@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from paged_kv_lab.designs import events as ev
+from paged_kv_lab.designs import design_events as ev
 from paged_kv_lab.designs.nanovllm import HEAD
 from paged_kv_lab.designs.nanovllm.engine.block_manager import BlockManager
 from paged_kv_lab.designs.nanovllm.engine.scheduler import (

@@ -1,7 +1,7 @@
 """Prefill here, decode there: two engines and the proxy between them (vLLM's disaggregated
 prefill with the NIXL connector, as its toy P/D proxy drives it).
 
-Both replicas are :class:`paged_kv_lab.record.engine.Engine`\\ s built from the same scenario and
+Both replicas are :class:`paged_kv_lab.run.engine.Engine`\\ s built from the same scenario and
 sharing one loaded model (one copy of the weights, a KV pool each). A request goes first to the
 prefill replica with ``max_tokens = 1`` and ``kv_transfer_params = {"do_remote_decode": True}``;
 when it finishes there, the params it returns (its blocks' ids, its engine id) go with the
@@ -21,9 +21,9 @@ from typing import Callable, Optional
 from kvcore.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from kvcore.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlConnector
 from kvcore.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlAgentRegistry
-from paged_kv_lab.record.engine import Engine
-from paged_kv_lab.record.scenario import KVTransferConfig, RequestSpec, Scenario
-from paged_kv_lab.record.snapshot import StepRecord
+from paged_kv_lab.recording.snapshot import StepRecord
+from paged_kv_lab.run.engine import Engine
+from paged_kv_lab.run.scenario import KVTransferConfig, RequestSpec, Scenario
 
 PREFILL, DECODE = "prefill", "decode"
 REPLICAS = (PREFILL, DECODE)

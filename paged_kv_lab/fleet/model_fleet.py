@@ -74,7 +74,7 @@ class ModelFleet:
         sessions: Optional[dict[str, str]] = None,
         router_overrides: Optional[dict] = None,
     ) -> None:
-        from paged_kv_lab.record.engine import Engine
+        from paged_kv_lab.run.engine import Engine
 
         self.scenario = scenario
         self.specs = list(scenario.requests)
@@ -90,7 +90,8 @@ class ModelFleet:
     def done(self) -> bool:
         return self.next >= len(self.specs)
 
-    # as a demo source reads a fleet (fleet/demo.py): every batch, routing done, nothing left
+    # as a demo source reads a fleet (fleet/demo_publisher.py): every batch, routing done, nothing
+    # left
     def add_listener(self, fn) -> None:
         """``fn(replica, step, payload)`` for every KV event batch a replica publishes."""
         self._listeners.append(fn)

@@ -45,7 +45,7 @@ class RouterError(ValueError):
 @dataclass(frozen=True)
 class FleetRequest:
     """What a router may read of a request: its id, prompt length, session key (a conversation's
-    id; see fleet/fleet.py for the trace formats) and its full prompt blocks' hashes as the KV
+    id; see fleet/trace_fleet.py for the trace formats) and its full prompt blocks' hashes as the KV
     events name them (16 hex digits each), in prompt order."""
 
     request_id: str

@@ -1,7 +1,7 @@
 """A router and what it knows: the policy, its global index fed by KV events, and its own
 bookkeeping of the requests it routed (Dynamo's: prompt load still to prefill, blocks in flight).
 
-Shared by the model-free fleet (fleet/fleet.py) and the fleet on the real model
+Shared by the model-free fleet (fleet/trace_fleet.py) and the fleet on the real model
 (fleet/model_fleet.py). A replica, to the router, is anything with an ``index``, a
 ``scheduler`` (vLLM's), an ``inbox`` of requests routed but not yet added, ``used_blocks()``
 and a ``block_pool``.

@@ -1,5 +1,5 @@
 """Lesson page 'parallel' (the layout and controls are shared: app/lesson_page.py)."""
 
-from paged_kv_lab.app.entry import lesson_page
+from paged_kv_lab.ui.entry import lesson_page
 
 lesson_page("parallel")

@@ -19,9 +19,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from paged_kv_lab.record.snapshot import BlockView, RequestView, Snapshot, StepRecord
+from paged_kv_lab.recording.snapshot import BlockView, RequestView, Snapshot, StepRecord
 from paged_kv_lab.text.i18n import player_strings, tr
-from paged_kv_lab.text.sentences import changed_blocks, kept_blocks, reason, step_sentences
+from paged_kv_lab.why.sentences import changed_blocks, kept_blocks, reason, step_sentences
 
 # The wire keys, per kind: the name the code uses -> the key on the wire (assets/wire.json).
 WIRE: dict[str, Any] = {

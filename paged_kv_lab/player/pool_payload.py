@@ -1,4 +1,4 @@
-"""The large-pool player's payload: recorded PoolFrames (record/pool_frames.py) as compact JSON,
+"""The large-pool player's payload: recorded PoolFrames (recording/pool_frames.py) as compact JSON,
 and the player's assets (assets/pool.html, pool.css, pool.js over text.js).
 
 A frame on the wire (short keys, arrays in a fixed order):
@@ -19,9 +19,9 @@ from importlib import resources
 from typing import Any, Optional, Sequence
 
 from paged_kv_lab.player.export import asset
-from paged_kv_lab.record.pool_frames import PoolFrame
+from paged_kv_lab.recording.pool_frames import PoolFrame
 from paged_kv_lab.text.i18n import player_strings, tr
-from paged_kv_lab.text.sentences import step_sentences
+from paged_kv_lab.why.sentences import step_sentences
 
 POOL_ASSETS = ("pool.html", "pool.css", "pool.js")
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from paged_kv_lab.record import events as E
-from paged_kv_lab.record.scenario import EngineSettings, load_scenario
-from paged_kv_lab.record.snapshot import RequestView, Snapshot, StepRecord
+from paged_kv_lab.recording import events as E
+from paged_kv_lab.recording.snapshot import RequestView, Snapshot, StepRecord
+from paged_kv_lab.run.scenario import EngineSettings, load_scenario
 from paged_kv_lab.text.i18n import Text, tr
 
 Decode = Callable[[Sequence[int]], str]

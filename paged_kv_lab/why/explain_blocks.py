@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from paged_kv_lab.record import events as E
-from paged_kv_lab.record.snapshot import Snapshot
+from paged_kv_lab.recording import events as E
+from paged_kv_lab.recording.snapshot import Snapshot
 from paged_kv_lab.text.i18n import Text
 from paged_kv_lab.why.explain import (
     EXTRA_KEYS,

@@ -1,7 +1,8 @@
 """The "Why?" of SGLang's radix tree and nano-vllm's block table, from their recorded events.
 
 The lesson "Hash chains vs radix tree" feeds the two designs the requests of vLLM's recorded run
-(designs/lesson.py) and keeps, per step, what each decided (designs/events.py). Three questions
+(designs/side_by_side.py) and keeps, per step, what each decided (designs/design_events.py). Three
+questions
 are answered from those events alone, up to the player's step:
 
 - ``explain_sglang_hit``: why a request matched ``prefix_len`` tokens in the tree: the whole key

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from paged_kv_lab.disagg.pd import DECODE, PREFILL, REPLICAS, pair_at
-from paged_kv_lab.record.snapshot import StepRecord
+from paged_kv_lab.recording.snapshot import StepRecord
 from paged_kv_lab.text.i18n import Text
 from paged_kv_lab.why.explain import ExplainError, RecordedSteps
 

@@ -1,6 +1,6 @@
 """The "Why?" of a replayed trace: why did request 4711 hit 3 of its 9 shared blocks?
 
-A replay keeps no snapshot per step; its CacheLog (record/pool_frames.py) keeps every cache
+A replay keeps no snapshot per step; its CacheLog (recording/pool_frames.py) keeps every cache
 change (a hash cached in a block, a block evicted and whom it went to) and every admission's
 lookup (the request's chain of full-block hashes and the hit vLLM found). From those alone:
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from paged_kv_lab.record.pool_frames import HASH_HEX, Admission, CacheChange, CacheLog
+from paged_kv_lab.recording.pool_frames import HASH_HEX, Admission, CacheChange, CacheLog
 from paged_kv_lab.text.i18n import tr
 
 NEVER_COMPUTED = "never_computed"

@@ -2,7 +2,7 @@
 
 Plain text, shared by the CLI and the app; token text only ever comes from the caller's
 decoder and is quoted, never formatted as markup. Each answer ends with the code that made
-the decision (paged_kv_lab.text.source_links): the vLLM 0.33.0 permalink and our function.
+the decision (paged_kv_lab.why.source_links): the vLLM 0.33.0 permalink and our function.
 """
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from paged_kv_lab.text.i18n import Text, tr
-from paged_kv_lab.text.sentences import reason as reason_words
-from paged_kv_lab.text.sentences import short_hash
-from paged_kv_lab.text.source_links import FUNCTIONS, Call, CodeLink
 from paged_kv_lab.why import explain as X
 from paged_kv_lab.why.explain_blocks import BlockLife, BlockMoment, Comparison
+from paged_kv_lab.why.sentences import reason as reason_words
+from paged_kv_lab.why.sentences import short_hash
+from paged_kv_lab.why.source_links import FUNCTIONS, Call, CodeLink
 
 
 def _quote(text: Optional[str], ids: Sequence[int]) -> str:
@@ -258,7 +258,7 @@ def call_lines(calls: Sequence[Call], lang: str = "en") -> list[str]:
 
 def step_calls(run: X.RecordedSteps, step: int) -> list:
     """The functions that ran in ``step``, in call order (text.source_links.call_order)."""
-    from paged_kv_lab.text.source_links import call_order
+    from paged_kv_lab.why.source_links import call_order
 
     if not 1 <= step <= len(run.records):
         raise X.ExplainError(Text("why.error.no_step", {"step": step, "last": len(run.records)}))

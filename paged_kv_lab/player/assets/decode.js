@@ -4,7 +4,7 @@
 //
 // The wire's short keys are not written here either: they are player/assets/wire.json, sent
 // with a run's head (or inlined by the static export). Every object comes out under the names
-// of record/snapshot.py (vLLM's names): block.ref_cnt, request.block_tables, snap.free_queue...
+// of recording/snapshot.py (vLLM's names): block.ref_cnt, request.block_tables, snap.free_queue...
 
 let WIRE = null;
 

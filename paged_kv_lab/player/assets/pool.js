@@ -1,5 +1,5 @@
 // The large-pool player: a replayed trace's recorded steps on a pool of thousands of blocks.
-// The server sends keyframes plus deltas (record/pool_frames.py, encoded by
+// The server sends keyframes plus deltas (recording/pool_frames.py, encoded by
 // player/pool_payload.py); the browser keeps one state (typed arrays, one slot per block) and
 // moves it: one delta forward, or the nearest keyframe and the deltas after it for a jump.
 // The block grid is a canvas (one cell per block, zoomable to a range), the free queue a summary

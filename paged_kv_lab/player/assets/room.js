@@ -1,5 +1,5 @@
 // A player in a room (a class following its teacher): the WebSocket to the room server
-// (paged_kv_lab/runs/rooms.py) and the room's bar above the player. The teacher's player sends
+// (paged_kv_lab/classroom/rooms.py) and the room's bar above the player. The teacher's player sends
 // its step on every move; a student's player shows the teacher's step as soon as it arrives
 // (the steps are already in the browser), until the student steps on their own ("on your own")
 // and until they snap back (the button or the F key). A question to the class is answered by a

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import xxhash
 
-from paged_kv_lab.designs import events as ev
+from paged_kv_lab.designs import design_events as ev
 from paged_kv_lab.designs.nanovllm import HEAD, OLD, check_commit
 from paged_kv_lab.designs.nanovllm.engine.sequence import Sequence
 

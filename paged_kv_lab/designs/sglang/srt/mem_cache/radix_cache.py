@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from paged_kv_lab.designs import events as ev
+from paged_kv_lab.designs import design_events as ev
 from paged_kv_lab.designs.sglang.srt.mem_cache.evict_policy import get_eviction_strategy
 
 

@@ -1,0 +1,237 @@
+"""The casebook: "Why is my hit rate ...?", questions users asked on vLLM's issue tracker, each
+reproduced as a scenario on the real model.
+
+A ``Case`` is data, like a lesson: one YAML file per case (``lesson/cases/<id>.yaml``) with the
+issue it comes from, the scenario (a file under ``paged_kv_lab/content/examples/``, often a
+lesson's with
+named changes), its narration, and the "try the fix" switch (``Fix``: the same scenario with
+some settings or requests changed). Its sentences (the question as it was asked, the answer in
+vLLM 0.33.0's behaviour, which ours follows) are in ``text/catalogue/cases/<id>.json`` under
+``case.<id>.*``. The scenario is played as a ``Lesson``, so the lesson page's player, narration
+and "why?" panel play it unchanged. The tests hold each case's claim as a check over the two
+recorded runs (tests/_casebook_claims.py), so what the page says is what the engine does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Mapping, Optional
+
+from pydantic import BeforeValidator, Field, StrictBool, StrictInt, StrictStr
+from typing_extensions import Annotated
+
+from paged_kv_lab.content.catalog import (
+    HERE,
+    DataFile,
+    Focus,
+    Lesson,
+    LessonDataError,
+    Moment,
+    MomentData,
+    Panel,
+    ScenarioChanges,
+    ScenarioRef,
+    Texts,
+    build_moments,
+    file_ref,
+    load_scenario_ref,
+    read_data,
+    scenario_problems,
+)
+from paged_kv_lab.content.sources import Source
+from paged_kv_lab.recording.snapshot import Snapshot
+
+CASE_DIR = HERE / "cases"
+
+
+def issue_url(ref: str) -> str:
+    """ "owner/repo#n" -> the issue's address on GitHub."""
+    repo, n = ref.split("#")
+    return f"https://github.com/{repo}/issues/{int(n)}"
+
+
+@dataclass(frozen=True)
+class Fix:
+    """The switch "try the fix": ``changes`` to the case's scenario, and the fixed run's
+    narration. Texts are catalogue keys."""
+
+    label: str
+    explain: str
+    changes: ScenarioChanges
+    moments: tuple[Moment, ...] = ()  # narration of the fixed run
+
+
+@dataclass(frozen=True)
+class Case:
+    """One question and its reproduction. Invariant (tests/test_casebook.py): every key moment
+    of ``lesson`` and of the fixed run happens, and the case's claim (tests/_casebook_claims.py)
+    holds over the two runs. Texts are catalogue keys."""
+
+    id: str
+    number: int
+    icon: str
+    title: str  # the question, as users put it
+    issue: str  # "owner/repo#n": the thread the question comes from
+    asked: str  # what was asked, in a few sentences
+    answer: str  # why, in vLLM 0.33.0 (and here)
+    lesson: Lesson  # the scenario, its narration and "run until" kinds
+    fix: Optional[Fix] = None
+    figure: str = "hit_rate"  # the number the before/after figure compares (NUMBERS)
+    related: tuple[str, ...] = ()  # more threads asking the same ("owner/repo#n")
+    sources: tuple[Source, ...] = ()  # where vLLM 0.33.0 decides what the answer says
+
+    @property
+    def url(self) -> str:
+        return issue_url(self.issue)
+
+    def texts(self) -> tuple[str, ...]:
+        """Every catalogue key the case shows (its scenario's and its fix's included)."""
+        keys = [self.title, self.asked, self.answer, *self.lesson.texts()]
+        if self.fix is not None:
+            keys += [self.fix.label, self.fix.explain, *(m.text for m in self.fix.moments)]
+        return tuple(keys)
+
+    def fixed_lesson(self) -> Optional[Lesson]:
+        """The case's scenario with the fix applied, as a lesson of its own (its own id, so the
+        page keeps the two runs apart)."""
+        if self.fix is None:
+            return None
+        scenario = self.fix.changes.apply(self.lesson.scenario)
+        scenario["name"] = scenario.get("name", self.id) + "-fixed"
+        return dataclasses.replace(
+            self.lesson, id=self.lesson.id + "-fixed", scenario=scenario, moments=self.fix.moments
+        )
+
+
+# -- the numbers a case shows, from a run's last snapshot ----------------------------------
+# numbers()' keys: what a case's before/after figure may compare (``figure``)
+NUMBERS = (
+    "hits",
+    "queries",
+    "hit_rate",
+    "preempted_hits",
+    "preempted_queries",
+    "hit_rate_with_preempted",
+    "usage",
+    "cached_blocks",
+)
+
+
+def numbers(snap: Snapshot) -> dict[str, float]:
+    """Hit counters as vLLM 0.33.0 keeps them (PrefixCacheStats since the last reset), and the
+    rate as it was counted before vLLM #25787 (resumed requests' hits included)."""
+    pc = snap.prefix_cache
+    hits, queries = int(pc.get("hits", 0)), int(pc.get("queries", 0))
+    p_hits, p_queries = int(pc.get("preempted_hits", 0)), int(pc.get("preempted_queries", 0))
+    return {
+        "hits": hits,
+        "queries": queries,
+        "hit_rate": hits / queries if queries else 0.0,
+        "preempted_hits": p_hits,
+        "preempted_queries": p_queries,
+        "hit_rate_with_preempted": (
+            (hits + p_hits) / (queries + p_queries) if queries + p_queries else 0.0
+        ),
+        "usage": snap.usage,
+        "cached_blocks": sum(1 for b in snap.blocks if b.block_hash is not None),
+    }
+
+
+# -- the file format -------------------------------------------------------------------------
+Issue = Annotated[StrictStr, Field(pattern=r"^[\w.-]+/[\w.-]+#[0-9]+$")]
+
+
+class FixData(ScenarioChanges):
+    moments: list[MomentData] = Field(default_factory=list)
+
+
+class CaseData(DataFile):
+    id: Annotated[StrictStr, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")]
+    number: Annotated[StrictInt, Field(ge=1)]
+    icon: StrictStr
+    issue: Issue
+    related: list[Issue] = Field(default_factory=list)
+    sources: list[Source] = Field(min_length=1)
+    figure: Literal[NUMBERS] = "hit_rate"
+    scenario: Annotated[ScenarioRef, BeforeValidator(file_ref)]
+    moments: list[MomentData] = Field(default_factory=list)
+    focus: Focus = ["cache_hit"]
+    panels: list[Panel] = Field(default_factory=list)
+    fix: Optional[FixData] = None
+    own_model: StrictBool = False  # plays on its scenario's model, not the sidebar's
+
+
+def load_case(path: Path, catalogue: Mapping[str, Any]) -> Case:
+    """One case file, its texts checked against ``catalogue`` (key -> {lang: text})."""
+    data: CaseData = read_data(path, CaseData)
+    scenario = load_scenario_ref(data.scenario, path)
+    texts = Texts(f"case.{data.id}", catalogue)
+    title = texts.key("lesson_title", "lesson_title") or ""
+    lesson = Lesson(
+        id=f"case-{data.id}",
+        number=0,
+        icon=data.icon,
+        title=title,
+        summary=title,
+        scenario=scenario,
+        intro=texts.key("intro", "intro") or "",
+        moments=build_moments(data.moments, texts),
+        focus=tuple(data.focus),
+        panels=tuple(data.panels),
+        model=scenario.get("model") if data.own_model else None,
+    )
+    fix = None
+    if data.fix is not None:
+        changes = ScenarioChanges(**data.fix.model_dump(exclude={"moments"}, exclude_unset=True))
+        fix = Fix(
+            label=texts.key("fix.label", "fix") or "",
+            explain=texts.key("fix.explain", "fix") or "",
+            changes=changes,
+            moments=build_moments(data.fix.moments, texts, "fix.moment", "fix.moments"),
+        )
+    case = Case(
+        id=data.id,
+        number=data.number,
+        icon=data.icon,
+        title=texts.key("title", "title") or "",
+        issue=data.issue,
+        asked=texts.key("asked", "asked") or "",
+        answer=texts.key("answer", "answer") or "",
+        lesson=lesson,
+        fix=fix,
+        figure=data.figure,
+        related=tuple(data.related),
+        sources=tuple(data.sources),
+    )
+    texts.check(path)
+    if fix is not None:
+        try:
+            fixed = case.fixed_lesson()
+        except ValueError as e:
+            raise LessonDataError(path, [f"fix.{e}"]) from None
+        problems = scenario_problems(fixed.scenario, "fix")
+        if problems:
+            raise LessonDataError(path, problems)
+    return case
+
+
+def load_cases(
+    folder: Path = CASE_DIR, catalogue: Mapping[str, Any] | None = None
+) -> tuple[Case, ...]:
+    """Every ``*.yaml`` case in ``folder``, by number (the whole catalogue when none is given)."""
+    if catalogue is None:
+        from paged_kv_lab.text.i18n import catalogue as read_catalogue
+
+        catalogue = read_catalogue()
+    cases = sorted((load_case(p, catalogue) for p in folder.glob("*.yaml")), key=lambda c: c.number)
+    numbers_seen = [c.number for c in cases]
+    if len(set(numbers_seen)) != len(numbers_seen):
+        raise ValueError(f"{folder}: two cases share a number ({numbers_seen})")
+    return tuple(cases)
+
+
+# Every case file, loaded and checked once.
+CASES: tuple[Case, ...] = load_cases()
+CASES_BY_ID: dict[str, Case] = {c.id: c for c in CASES}

@@ -1,0 +1,342 @@
+"""The Recorder: kvcore's decisions, as they are made, turned into typed events (record.events).
+
+kvcore keeps vLLM's method signatures, so its calls do not say whom the pool is working for.
+Instead kvcore tells one declared observer (``kvcore.core.kv_cache_observer.KVCacheObserver``,
+as vLLM's pool tells its metrics collector), and the Recorder is one: set once as the pool's
+``observer`` by :meth:`Recorder.attach`, it hears
+
+- the block hooks from ``BlockPool`` (allocated, evicted, touched, freed, cached, reset);
+- the request scopes the KV cache managers and the CPU tier open around the pool calls they
+  make for a request (``on_request_begin``/``on_request_end``), which name the request, the KV
+  cache group and, for frees, the reason, so the block-level events name them too;
+- ``on_decision(kind, request_id, **fields)`` from the scheduler, the KV cache manager, the
+  connector and the engine, for decisions about a request (``kind`` is an ``EventKind`` value).
+
+Nothing in kvcore is wrapped or patched; with no recorder attached kvcore calls nothing.
+
+The recorder also keeps what the pool itself does not need: what each block hash stands for
+(``hash_meta``: parent hash, tokens, extra keys), for the hash chains the player draws and the
+invariant checks.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any, Optional, Sequence
+
+from kvcore.core.kv_cache_observer import KVCacheObserver
+from kvcore.core.kv_cache_utils import KVCacheBlock, get_block_hash, get_group_id
+from paged_kv_lab.recording.events import (
+    EVENT_TYPES,
+    Allocated,
+    Cached,
+    CachedPartial,
+    Event,
+    Evicted,
+    Freed,
+    PrefixCacheReset,
+    Touched,
+)
+
+_BY_KIND: dict[str, type[Event]] = {k.value: cls for k, cls in EVENT_TYPES.items()}
+_ID = attrgetter("block_id")
+
+
+@dataclass
+class HashMeta:
+    """What a block hash stands for: parent hash, the tokens it hashes, extra keys. With hashes
+    finer than the block (``prefix_match_unit``) those are one hash unit's, and ``block_parent``
+    / ``block_tokens`` say what the player draws: the key of the block before and the block's
+    tokens up to the key's boundary (None when every hash covers one whole block)."""
+
+    parent: Optional[bytes]
+    token_ids: tuple[int, ...]
+    extra_keys: Optional[tuple] = None
+    block_parent: Optional[bytes] = None
+    block_tokens: Optional[tuple[int, ...]] = None
+
+
+class Recorder(KVCacheObserver):
+    """Collects the events of the current step, in the order the decisions were made.
+
+    Invariant: ``events`` holds exactly the decisions since the last ``drain``, each naming its
+    request and group as the innermost open request scope did (None outside any scope).
+    """
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.hash_meta: dict[bytes, HashMeta] = {}
+        # Whom the pool works for right now: (request id, group, the reason a free gives), and
+        # the enclosing scopes' (kvcore opens and closes them in nested order).
+        self._context: tuple[Optional[str], Optional[int], str] = (None, None, "")
+        self._outer: list[tuple[Optional[str], Optional[int], str]] = []
+        self._evicted: list[tuple[int, bytes]] = []  # evicted by the allocation in progress
+        self.block_pool = None
+        # Where a revived block stood in the free queue, without walking it (on_blocks_touched):
+        # each block entering the queue gets a key, increasing towards the tail; keys between the
+        # head's and the tail's that are no longer in the queue were taken out of the middle.
+        self._qkey: dict[int, int] = {}
+        self._hi = -1  # the largest key given so far
+        self._holes: list[int] = []
+
+    # -- attaching ---------------------------------------------------------------------
+    def attach(self, kv_cache_manager) -> "Recorder":
+        """Observe a KVCacheManager: its pool, the managers over it, the scheduler over those
+        and any connector bound to the pool all tell the pool's observer."""
+        return self.attach_block_pool(kv_cache_manager.block_pool)
+
+    def attach_block_pool(self, pool) -> "Recorder":
+        """Observe a BlockPool (a lone one's events name no request)."""
+        pool.observer = self
+        self.block_pool = pool
+        free = pool.free_block_queue.get_all_free_blocks()
+        self._qkey = {b.block_id: k for k, b in enumerate(free)}
+        self._hi, self._holes = len(free) - 1, []
+        return self
+
+    # -- whom the pool works for ----------------------------------------------------------
+    def on_request_begin(
+        self, request_id: Optional[str], group: Optional[int], reason: Optional[str] = None
+    ) -> None:
+        outer = self._context
+        if reason is None:
+            reason = outer[2] if outer[0] == request_id else ""
+        self._outer.append(outer)
+        self._context = (request_id, group, reason)
+
+    def on_request_end(self) -> None:
+        self._context = self._outer.pop()
+
+    # -- decisions about a request --------------------------------------------------------
+    def on_decision(self, kind: str, request_id: Optional[str], **fields: Any) -> None:
+        if kind == "copied" and self.block_pool is not None:
+            # the cache entries a copy took over (none when the request's own table gets it)
+            dst = self.block_pool.blocks[fields["block_ids"][0]]
+            fields["block_hashes"] = tuple(k.hex() for k in self._keys_of(dst))
+        self.events.append(_BY_KIND[kind](request_id=request_id, **fields))
+
+    def _keys_of(self, block: KVCacheBlock) -> list[bytes]:
+        """The raw hashes of every key the block carries, its primary one first."""
+        if block.block_hash is None:
+            return []
+        more = self.block_pool.cached_block_hashes_by_block.get(block.block_id, ())
+        return [get_block_hash(k) for k in (block.block_hash, *sorted(more))]
+
+    # -- block-level hooks (BlockPool) -----------------------------------------------------
+    def on_block_evicted(self, block: KVCacheBlock) -> None:
+        key = block.block_hash
+        more = self.block_pool.cached_block_hashes_by_block.get(block.block_id, ())
+        if block.ref_cnt == 0 and block.prev_free_block is None:
+            # Popped from the queue head by get_new_blocks: reported with that allocation.
+            self._evicted.append((block.block_id, key))
+            self._evicted.extend((block.block_id, k) for k in sorted(more))
+            return
+        for k in (key, *sorted(more)):
+            self.events.append(
+                Evicted(
+                    block_ids=(block.block_id,),
+                    group=get_group_id(k),
+                    block_hash=get_block_hash(k).hex(),
+                    reason="evict_blocks",
+                )
+            )
+
+    def on_block_rekeyed(self, block: KVCacheBlock, keys: Sequence[bytes]) -> None:
+        request_id = self._context[0]
+        for k in keys:
+            self.events.append(
+                Evicted(
+                    request_id=request_id,
+                    block_ids=(block.block_id,),
+                    group=get_group_id(k),
+                    block_hash=get_block_hash(k).hex(),
+                    reason="rekeyed",
+                )
+            )
+
+    def on_blocks_allocated(self, blocks: Sequence[KVCacheBlock]) -> None:
+        request_id, group, _ = self._context
+        evicted, self._evicted = self._evicted, []
+        hexes: dict[int, str] = {}
+        for bid, key in evicted:  # a block's primary key first (partial entries after it)
+            hexes.setdefault(bid, get_block_hash(key).hex())
+        for bid, key in evicted:
+            self.events.append(
+                Evicted(
+                    request_id=request_id,
+                    block_ids=(bid,),
+                    group=get_group_id(key),
+                    block_hash=get_block_hash(key).hex(),
+                    reason="reused from queue head",
+                )
+            )
+        self.events.append(
+            Allocated(
+                request_id=request_id,
+                block_ids=tuple(map(_ID, blocks)),
+                group=group,
+                queue_positions=tuple(range(len(blocks))),
+                evicted_hashes=hexes,
+            )
+        )
+
+    def on_blocks_touched(self, blocks: Sequence[KVCacheBlock]) -> None:
+        """Called before the blocks leave the queue, so their positions can still be read.
+
+        A block's position is how many free blocks stand before it: every key from the head's up
+        to its own belongs to a block in the queue, except the keys of blocks taken out of the
+        middle (``_holes``, sorted). So no walk along the queue: a lookup and a bisect per block.
+        """
+        request_id, group, _ = self._context
+        from_queue = [b.block_id for b in blocks if b.ref_cnt == 0 and not b.is_null]
+        positions: tuple[int, ...] = ()
+        if from_queue:
+            qkey, holes = self._qkey, self._holes
+            head = self.block_pool.free_block_queue.fake_free_list_head.next_free_block
+            lo = qkey[head.block_id]
+            if holes and holes[0] < lo:
+                del holes[: bisect_left(holes, lo)]  # left behind by the head: forget them
+            keys = list(map(qkey.__getitem__, from_queue))
+            first, last = min(keys), max(keys)
+            run = last - first == len(keys) - 1  # distinct keys: a run of consecutive ones
+            at = bisect_left(holes, first)
+            if run and at == bisect_left(holes, last):
+                # The usual case (a request's blocks were freed together): no hole among them, so
+                # the same number of holes stands before each, and they go in as one run.
+                positions = tuple(map((lo + at).__rsub__, keys))
+                holes[at:at] = range(first, last + 1)
+            else:
+                positions = tuple(k - lo - bisect_left(holes, k) for k in keys)
+                holes.extend(keys)
+                holes.sort()
+        from_queue = tuple(from_queue)
+        self.events.append(
+            Touched(
+                request_id=request_id,
+                group=group,
+                from_queue=from_queue,
+                queue_positions=positions,
+                block_ids=from_queue if len(from_queue) == len(blocks) else tuple(map(_ID, blocks)),
+            )
+        )
+
+    def on_blocks_freed(
+        self,
+        blocks: Sequence[KVCacheBlock],
+        to_head: Sequence[KVCacheBlock],
+        to_tail: Sequence[KVCacheBlock],
+    ) -> None:
+        request_id, group, reason = self._context
+        head_ids = tuple(map(_ID, to_head)) if to_head else ()
+        tail_ids = tuple(map(_ID, to_tail)) if to_tail else ()
+        if head_ids or tail_ids:
+            self._key_new_queue_entries(head_ids, tail_ids)
+        # the common case: every block joined the queue
+        if len(head_ids) + len(tail_ids) == len(blocks):
+            ids = (
+                head_ids if not tail_ids else tail_ids if not head_ids else tuple(map(_ID, blocks))
+            )
+            still_used: tuple[int, ...] = ()
+        else:
+            ids = tuple(b.block_id for b in blocks if not b.is_null)
+            still_used = tuple(b.block_id for b in blocks if b.ref_cnt > 0 and not b.is_null)
+        self.events.append(
+            Freed(
+                request_id=request_id,
+                block_ids=ids,
+                group=group,
+                to_head=head_ids,
+                to_tail=tail_ids,
+                still_used=still_used,
+                reason=reason,
+            )
+        )
+
+    def _key_new_queue_entries(self, head_ids: tuple[int, ...], tail_ids: tuple[int, ...]) -> None:
+        """Keys for blocks that just joined the queue: the head's go just below the old head's key,
+        the tail's above every key given so far (so the keys of blocks taken from the middle stay
+        holes between them)."""
+        qkey, holes = self._qkey, self._holes
+        queue = self.block_pool.free_block_queue
+        if queue.num_free_blocks == len(head_ids) + len(tail_ids):  # it was empty: start afresh
+            holes.clear()
+            base = self._hi + 1
+            qkey.update(zip(head_ids + tail_ids, range(base, base + len(head_ids) + len(tail_ids))))
+            self._hi = base + len(head_ids) + len(tail_ids) - 1
+            return
+        if head_ids:
+            # the old head now stands right after the blocks put before it
+            old_head = qkey[self.block_pool.blocks[head_ids[-1]].next_free_block.block_id]
+            del holes[: bisect_left(holes, old_head)]  # below the old head: stale
+            qkey.update(zip(head_ids, range(old_head - len(head_ids), old_head)))
+        if tail_ids:
+            qkey.update(zip(tail_ids, range(self._hi + 1, self._hi + 1 + len(tail_ids))))
+            self._hi += len(tail_ids)
+
+    def _remember(self, request, raw: bytes, num_tokens: int, block_size: int) -> None:
+        """What ``raw``, the request's hash at the prefix boundary ``num_tokens``, stands for."""
+        if raw in self.hash_meta:
+            return
+        hashes = request.block_hashes
+        unit = self.block_pool.hash_block_size if self.block_pool is not None else block_size
+        j = num_tokens // unit - 1
+        meta = HashMeta(
+            hashes[j - 1] if j else None,
+            tuple(request.all_token_ids[j * unit : (j + 1) * unit]),
+            request.extra_keys_for_block(j),
+        )
+        if unit != block_size:
+            start = (num_tokens - 1) // block_size * block_size
+            meta.block_parent = hashes[start // unit - 1] if start else None
+            meta.block_tokens = tuple(request.all_token_ids[start:num_tokens])
+        self.hash_meta[raw] = meta
+
+    def on_block_cached_partial(
+        self, request, block: KVCacheBlock, key: bytes, num_tokens: int, block_size: int
+    ) -> None:
+        raw = get_block_hash(key)
+        self._remember(request, raw, num_tokens, block_size)
+        self.events.append(
+            CachedPartial(
+                request_id=request.request_id,
+                block_ids=(block.block_id,),
+                group=get_group_id(key),
+                block_hash=raw.hex(),
+                num_tokens=num_tokens,
+            )
+        )
+
+    def on_blocks_cached(self, request, blocks: Sequence[KVCacheBlock], block_size: int) -> None:
+        raws = []
+        for blk in blocks:
+            raw = get_block_hash(blk.block_hash)
+            raws.append(raw)
+            self._remember(request, raw, blk.block_hash_num_tokens, block_size)
+        self.events.append(
+            Cached(
+                request_id=request.request_id,
+                block_ids=tuple(b.block_id for b in blocks),
+                group=get_group_id(blocks[0].block_hash),
+                block_hashes=tuple(r.hex() for r in raws),
+                num_tokens=len(blocks) * block_size,
+            )
+        )
+
+    def on_prefix_cache_reset(self, ok: bool, blocks_in_use: int) -> None:
+        if ok:
+            # hash_meta stays: what a hash stands for never changes, and a hash seen again later
+            # (the same tokens cached anew) finds its record.
+            self.events.append(PrefixCacheReset(ok=True))
+        else:
+            self.events.append(PrefixCacheReset(ok=False, blocks_in_use=blocks_in_use))
+
+    # -- reading -------------------------------------------------------------------------
+    def emit(self, event: Event) -> None:
+        """Record an event made outside kvcore (the engine driver's own decisions)."""
+        self.events.append(event)
+
+    def drain(self) -> list[Event]:
+        out, self.events = self.events, []
+        return out

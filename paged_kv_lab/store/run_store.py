@@ -1,0 +1,415 @@
+"""The run store: recorded runs (runstore/recorded_run.py), computed once per server process and
+shared by every session that plays them.
+
+A run is (model, device, dtype, scenario) -> its StepRecords. The RunStore keeps them
+by key, computes the steps that sessions want on one background thread -- one engine
+step at a time under the process-wide ENGINE_LOCK, round-robin across runs, so no
+session's long run holds the engine from another's -- and forgets the least recently
+used runs nobody holds once their bytes pass a limit. Sessions own only a cursor over
+a RecordedRun (runstore/runtime.py: Timeline). No Streamlit here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import os
+import threading
+import time
+import uuid
+import weakref
+from collections import OrderedDict
+from typing import Any, Callable, Optional
+
+from paged_kv_lab.run.budget import (
+    BudgetError,
+    Limits,
+    app_limits,
+    check_scenario,
+    check_steps,
+    prompt_encoder,
+)
+from paged_kv_lab.run.scenario import Scenario, load_scenario
+from paged_kv_lab.store.recorded_run import RecordedRun, estimate_nbytes, run_key
+from paged_kv_lab.store.token_text import decoder_for
+from paged_kv_lab.text.i18n import Text
+
+# one forward at a time per process: the weights are shared, the box has 2 cores
+ENGINE_LOCK = threading.Lock()
+
+ENV_STORE_BYTES = "PAGED_KV_LAB_RUN_STORE_BYTES"
+ENV_STORE_HARD_BYTES = "PAGED_KV_LAB_RUN_STORE_HARD_BYTES"
+DEFAULT_STORE_BYTES = 512 * 10**6
+ENV_BACKGROUND_PAUSE = "PAGED_KV_LAB_BACKGROUND_PAUSE"
+DEFAULT_BACKGROUND_PAUSE = 1.0  # computing ahead takes at most half of the time (and of the GIL)
+ENV_BACKGROUND_MAX_WAIT = "PAGED_KV_LAB_BACKGROUND_MAX_WAIT"
+DEFAULT_BACKGROUND_MAX_WAIT = 2.0  # clicks never starve long work for longer than this
+
+EngineFactory = Callable[[Scenario], Any]
+
+
+# -- the store -------------------------------------------------------------------------------
+class RunStore:
+    """Recorded runs by key, a worker that computes wanted steps fairly, and an LRU bound by bytes.
+
+    Invariants: ``total_bytes == sum(r.nbytes for r in runs)``; above ``max_bytes`` the least
+    recently used runs no session holds are forgotten; above ``hard_bytes`` held runs go too (their
+    sessions keep what was recorded and are told why no more steps come). The worker holds the
+    engine lock for one step at a time and visits runs with work in turn.
+
+    Two classes of work: a step some session is blocked on at its frontier (a click: "urgent") and
+    everything else (steps computed ahead, Run to end, a far step, Play). Urgent steps go first,
+    round-robin among themselves. Other work starts only after an idle gap of ``background_pause``
+    times the last step's duration with nobody waiting -- a session that just got its step usually
+    clicks again within that gap, and its next step must not queue behind work ahead -- except that
+    once other work has waited ``background_max_wait`` seconds it gets one step even under clicks,
+    so it is slowed but never starved.
+    """
+
+    def __init__(
+        self,
+        max_bytes: Optional[int] = None,
+        hard_bytes: Optional[int] = None,
+        max_steps: Optional[int] = None,
+        lock: Optional[threading.Lock] = None,
+        limits: Optional[Limits] = None,
+        background_pause: Optional[float] = None,
+        background_max_wait: Optional[float] = None,
+    ) -> None:
+        env = os.environ
+        if background_pause is None:
+            background_pause = float(env.get(ENV_BACKGROUND_PAUSE, DEFAULT_BACKGROUND_PAUSE))
+        if background_max_wait is None:
+            background_max_wait = float(
+                env.get(ENV_BACKGROUND_MAX_WAIT, DEFAULT_BACKGROUND_MAX_WAIT)
+            )
+        self.max_bytes = int(
+            max_bytes if max_bytes is not None else env.get(ENV_STORE_BYTES, DEFAULT_STORE_BYTES)
+        )
+        self.hard_bytes = int(
+            hard_bytes
+            if hard_bytes is not None
+            else env.get(ENV_STORE_HARD_BYTES, 2 * self.max_bytes)
+        )
+        self.limits = limits if limits is not None else app_limits()
+        self.max_steps = int(max_steps if max_steps is not None else self.limits.max_run_steps)
+        self.lock = lock if lock is not None else ENGINE_LOCK
+        self._runs: OrderedDict[str, RecordedRun] = OrderedDict()
+        self._cond = threading.Condition()
+        self._rr: list[str] = []  # keys of runs in the worker's round-robin order
+        self.total_bytes = 0
+        self.steps_computed = 0
+        # keys of the last steps computed (tests read the interleaving)
+        self.step_log: list[str] = []
+        self.background_pause = background_pause  # idle gap before other work, per last step's time
+        self.background_max_wait = background_max_wait
+        self._last_step_end = 0.0  # perf_counter at the end of the last step (any kind)
+        self._last_step_time = 0.0
+        # when other work last got a step (None: none pending)
+        self._background_since: Optional[float] = None
+        self._worker: Optional[threading.Thread] = None
+        self._closed = False
+        _OPEN_STORES.add(self)
+
+    # -- getting runs -----------------------------------------------------------------------
+    def run(
+        self,
+        scenario: Scenario,
+        factory: EngineFactory,
+        model_key: Any = None,
+        model: Any = None,
+        limits: Optional[Limits] = None,
+    ) -> RecordedRun:
+        """The shared run of ``scenario`` on the model ``model_key`` names; created (after the
+        budget check, with the engine built under the engine lock) if the store does not hold it.
+        ``model_key=None`` makes a private run nobody else shares (an opaque factory)."""
+        key = (
+            run_key(model_key, scenario) if model_key is not None else "private:" + uuid.uuid4().hex
+        )
+        with self._cond:
+            run = self._runs.get(key)
+            if run is not None:
+                self._runs.move_to_end(key)
+                return run
+        limits = limits or self.limits
+        config = getattr(model, "config", None)
+        with self.lock:
+            if scenario.engine.lora_modules:
+                # a visitor's file names no folder of this server for the engine to read
+                raise BudgetError(Text("refusal.lora_modules"))
+            check_scenario(scenario, limits, config, prompt_encoder(model))
+            engine = factory(scenario)
+            initial = engine.snapshot()
+            self._drain(engine)
+        engine_bytes = 0
+        if getattr(engine, "model", None) is not None:
+            try:
+                engine_bytes = int(engine.bytes_per_block()) * scenario.engine.num_gpu_blocks
+            except Exception:
+                engine_bytes = 0
+        run = RecordedRun(
+            key,
+            scenario,
+            initial,
+            store=self,
+            engine=engine,
+            engine_bytes=engine_bytes,
+            decode=decoder_for(model),
+        )
+        with self._cond:
+            if key in self._runs:
+                return self._runs[key]  # another session made it meanwhile
+            self._add(run)
+            if not engine.has_unfinished():
+                self._finish(run, None, engine.outputs())
+        return run
+
+    def trace_run(self, trace) -> RecordedRun:
+        """A trace file as a finished run (nothing computed); identical files share one."""
+        check_steps(len(trace.records), self.limits)
+        key = "trace:" + hashlib.sha256(trace.to_jsonl().encode()).hexdigest()[:32]
+        with self._cond:
+            run = self._runs.get(key)
+            if run is not None:
+                self._runs.move_to_end(key)
+                return run
+        scenario = load_scenario(trace.scenario) if trace.scenario is not None else None
+        run = RecordedRun(
+            key,
+            scenario,
+            trace.initial,
+            store=self,
+            records=trace.records,
+            done=True,
+            outputs=trace.outputs,
+            trace=trace,
+        )
+        with self._cond:
+            if key in self._runs:
+                return self._runs[key]
+            self._add(run)
+        return run
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._runs
+
+    def runs(self) -> list[RecordedRun]:
+        with self._cond:
+            return list(self._runs.values())
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the worker after the step it is computing, if any; runs stay readable."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._worker is not None and self._worker is not threading.current_thread():
+            self._worker.join(timeout=timeout)
+
+    # -- bookkeeping (under self._cond) ------------------------------------------------------
+    def _add(self, run: RecordedRun) -> None:
+        self._runs[run.key] = run
+        self._rr.append(run.key)
+        self.total_bytes += run.nbytes
+        self._evict(keep=run)
+
+    def _forget(self, key: str, reason: Optional[str] = None) -> None:
+        run = self._runs.pop(key)
+        self._rr.remove(key)
+        held = self.total_bytes  # what the store held when it gave this run up
+        self.total_bytes -= run.nbytes
+        if not run.done:
+            run.done, run.error = True, reason or "this run was dropped from the server's run store"
+            run.error_key = (
+                (
+                    "store_full",
+                    {
+                        "bytes": f"{held:,}",
+                        "var": ENV_STORE_HARD_BYTES,
+                        "limit": f"{self.hard_bytes:,}",
+                    },
+                )
+                if reason
+                else ("dropped", {})
+            )
+            run._engine = None
+        self._cond.notify_all()
+
+    def _evict(self, keep: Optional[RecordedRun] = None) -> None:
+        for key, run in list(self._runs.items()):
+            if self.total_bytes <= self.max_bytes:
+                break
+            if run is not keep and not run.held and not run.computing:
+                self._forget(key)
+        for key, run in list(self._runs.items()):
+            if self.total_bytes <= self.hard_bytes:
+                break
+            if run is not keep:
+                self._forget(
+                    key,
+                    f"the server's run store is full ({self.total_bytes:,} bytes; "
+                    f"{ENV_STORE_HARD_BYTES}={self.hard_bytes:,}); no more steps of this run",
+                )
+
+    def _want(self, run: RecordedRun, n: int) -> None:
+        with self._cond:
+            n = min(int(n), self.max_steps)
+            if n > run._wanted:
+                run._wanted = n
+                if run.key in self._runs and run.computing:
+                    self._ensure_worker()
+                    self._cond.notify_all()
+
+    def _ensure_worker(self) -> None:
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=self._loop, name="run-store-worker", daemon=True)
+            self._worker.start()
+
+    def _finish(
+        self, run: RecordedRun, error: Optional[str], outputs: Optional[dict] = None
+    ) -> None:
+        run.done, run.error = True, error
+        if outputs is not None:
+            run._outputs = outputs
+        run._engine = None
+        run.nbytes -= run._engine_bytes
+        if run.key in self._runs:
+            self.total_bytes -= run._engine_bytes
+        run._engine_bytes = 0
+        self._cond.notify_all()
+
+    def _next_run(self, background: bool) -> Optional[RecordedRun]:
+        """The next run to step, round-robin after the last one served: a run some session waits
+        for at its frontier, else (when ``background``) any run with wanted steps."""
+        ready = []
+        for i, key in enumerate(self._rr):
+            run = self._runs[key]
+            if run._held_once and not run.held:
+                run._wanted = len(run.records)  # every session left: stop computing it
+            if run.computing and run._engine is not None:
+                ready.append(i)
+        if not ready:
+            self._background_since = None
+            return None
+        urgent = [i for i in ready if self._runs[self._rr[i]]._waiters]
+        others = [i for i in ready if not self._runs[self._rr[i]]._waiters]
+        now = time.perf_counter()
+        if not others:
+            self._background_since = None
+        elif self._background_since is None:
+            self._background_since = now
+        starved = bool(others) and now - self._background_since >= self.background_max_wait
+        if urgent and not starved:
+            i = urgent[0]
+        elif others and (background or starved):
+            i = others[0]
+            self._background_since = None  # served: its wait starts again
+        else:
+            return None
+        key = self._rr.pop(i)
+        self._rr.append(key)  # served now, so it goes to the back of the line
+        return self._runs[key]
+
+    # -- the worker ---------------------------------------------------------------------------
+    @staticmethod
+    def _drain(engine) -> None:
+        """Take the engine's KV-cache events: nobody here publishes them, so the queue must not
+        grow."""
+        take = getattr(engine, "take_kv_events", None)
+        if take is not None:
+            take()
+
+    def _gap_left(self) -> float:
+        """Seconds until other work may start: the idle gap after the last step not yet over."""
+        return (
+            self._last_step_end + self.background_pause * self._last_step_time - time.perf_counter()
+        )
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed:
+                    gap = self._gap_left()
+                    run = self._next_run(background=gap <= 0)
+                    if run is not None:
+                        break
+                    # nothing urgent: sleep out the gap (or until work comes); a waiter wakes us
+                    self._cond.wait(timeout=gap if gap > 0 and self._has_work() else 30)
+                if self._closed:
+                    return
+                engine = run._engine
+            t0 = time.perf_counter()
+            self._step(run, engine)
+            with self._cond:
+                self._last_step_end = time.perf_counter()
+                self._last_step_time = self._last_step_end - t0
+
+    def _has_work(self) -> bool:
+        return any(r.computing and r._engine is not None for r in self._runs.values())
+
+    def _step(self, run: RecordedRun, engine) -> None:
+        outputs = None
+        try:
+            with self.lock:
+                rec = engine.step()
+                self._drain(engine)
+                finished = not engine.has_unfinished()
+                capped = not finished and rec.step >= self.max_steps
+                if finished or capped:
+                    outputs = engine.outputs()
+        except Exception as e:  # one run's failure never stops the worker or other runs
+            with self._cond:
+                if not run.done:
+                    self._finish(
+                        run, f"step {len(run.records) + 1} failed: {type(e).__name__}: {e}"
+                    )
+            return
+        size = estimate_nbytes(rec)
+        with self._cond:
+            if run.done:  # dropped while this step ran
+                return
+            run.records.append(rec)
+            run.nbytes += size
+            if run.key in self._runs:
+                self.total_bytes += size
+            self.steps_computed += 1
+            self.step_log.append(run.key)
+            del self.step_log[:-200]
+            if finished:
+                self._finish(run, None, outputs)
+            elif capped:
+                run.capped_at = self.max_steps
+                self._finish(
+                    run,
+                    f"stopped after {rec.step} steps: this server computes at most "
+                    f"{self.max_steps} steps per run (PAGED_KV_LAB_MAX_RUN_STEPS)",
+                    outputs,
+                )
+            self._evict()  # over the hard limit the growing run itself may have to stop
+            self._cond.notify_all()
+
+
+_STORE: Optional[RunStore] = None
+_STORE_LOCK = threading.Lock()
+
+
+# Every store still open, closed at interpreter exit: the worker is a daemon thread, and one
+# killed in the middle of a model step while the interpreter tears down can abort the process.
+_OPEN_STORES: "weakref.WeakSet[RunStore]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_stores() -> None:
+    for store in list(_OPEN_STORES):
+        store.close(timeout=30.0)
+
+
+def default_store() -> RunStore:
+    """The process-wide store (limits from the environment at first use)."""
+    global _STORE
+    with _STORE_LOCK:
+        if _STORE is None:
+            _STORE = RunStore()
+        return _STORE

@@ -1,0 +1,115 @@
+"""The server's warm-up: once a model is loaded, one background thread computes what the pages
+show, so that a first visit finds it ready instead of computing it in the page's script.
+
+In order: the page modules are imported (plotly, pandas and the player's assets load once); every
+case's run (and its fixed twin) and every lesson's is opened in the run store and asked for to its
+end as background work (the store's worker records them, keeping any session's clicks first);
+meanwhile the shipped trace's first slice is replayed for Real workloads and the topic pages'
+studies are measured. The sidebar says whether it is under way or done (``warm_up_line``). A page
+visited before its part is ready shows a note that fills in (store/shared.py:
+``ready_or_placeholder``), or, for a run, plays the steps recorded so far.
+
+Once per model, device and dtype per server process. ``PAGED_KV_LAB_WARM_UP=0`` turns it off
+(the pages then compute on first need, behind the same notes).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+from paged_kv_lab.store.shared import Shared
+
+ENV = "PAGED_KV_LAB_WARM_UP"
+RUN_WAIT_S = 600.0  # how long the warm-up holds a run it opened for the run to end
+PAGE_MODULES = (
+    "paged_kv_lab.ui.casebook_page",
+    "paged_kv_lab.ui.designs_page",
+    "paged_kv_lab.ui.fleet_page",
+    "paged_kv_lab.ui.live_page",
+    "paged_kv_lab.ui.topic_pages",
+    "paged_kv_lab.ui.trace_page",
+    "paged_kv_lab.ui.workloads_page",
+)
+WARM_UPS: Shared[None] = Shared("warm-up")
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV, "1").strip() not in ("0", "false", "no", "off")
+
+
+def start_warm_up(ms) -> None:
+    """Start the warm-up for the loaded model ``ms`` (a ModelState) unless it ran or runs."""
+    if ms.model is None or not enabled():
+        return
+    from paged_kv_lab.ui.state import model_key
+
+    WARM_UPS.start(model_key(ms), lambda: warm_up(ms))
+
+
+def open_ahead(lessons, ms) -> list:
+    """Open each lesson's run as a first visit would (its scenario, no overrides) and ask the
+    store for every step as background work; the cursors returned hold the runs (the store stops
+    computing a run nobody holds). A scenario the store refuses is skipped: its page says why."""
+    from paged_kv_lab.ui.modelstate import played_model_state
+    from paged_kv_lab.ui.state import build_scenario, open_run
+
+    held = []
+    for lesson in lessons:
+        lms = played_model_state(lesson, ms)  # a lesson's own model (hybrid), as its page has it
+        try:
+            timeline = open_run(build_scenario(lesson, lesson.scenario, {}, lms), lms)
+        except Exception:  # over the budget or refused by the engine: the page tells
+            continue
+        timeline.run.want(1 << 30)
+        held.append(timeline)
+    return held
+
+
+def record_ahead(lessons, ms, wait_s: float = RUN_WAIT_S) -> None:
+    """``open_ahead``, then wait up to ``wait_s`` s for each run to end."""
+    for timeline in open_ahead(lessons, ms):
+        timeline.run.wait(1 << 30, wait_s, urgent=False)
+
+
+def warm_up(ms) -> None:
+    """The cases' runs first (their page waits for their ends), then the lessons' (a lesson page
+    needs only its first steps, which a visit asks for first anyway); while the store's worker
+    records them, this thread replays the first slice and then measures the studies (each
+    holding the engine lock, which the worker takes one step at a time)."""
+    for name in PAGE_MODULES:
+        importlib.import_module(name)
+    from paged_kv_lab.content import BY_ID
+    from paged_kv_lab.content.casebook import CASES
+    from paged_kv_lab.ui.casebook_page import case_lessons
+    from paged_kv_lab.ui.fleet_page import prepare_fleet_lesson
+    from paged_kv_lab.ui.topic_pages import prepare_studies
+    from paged_kv_lab.ui.workloads_page import prepare_first_slice
+
+    cases = [x for c in CASES for x in case_lessons(c)]
+    held = open_ahead(cases + list(BY_ID.values()), ms)
+    prepare_first_slice()
+    prepare_studies(ms.model)
+    prepare_fleet_lesson(ms)
+    for timeline in held:
+        timeline.run.wait(1 << 30, RUN_WAIT_S, urgent=False)
+
+
+def warm_up_line(ms, lang: str) -> None:
+    """The sidebar's line about the warm-up: under way (it looks again every POLL_S s, so it
+    changes by itself when the warm-up ends) or done. Nothing when there is none."""
+    import streamlit as st
+
+    from paged_kv_lab.store.shared import POLL_S
+    from paged_kv_lab.text.i18n import tr
+    from paged_kv_lab.ui.state import model_key
+
+    if ms.model is None or not enabled():
+        return
+    key = model_key(ms)
+
+    def line() -> None:
+        done = WARM_UPS.ready(key)
+        st.caption(tr("page.warm_up.done", lang) if done else tr("page.warm_up.running", lang))
+
+    st.fragment(run_every=None if WARM_UPS.ready(key) else POLL_S)(line)()

@@ -1,0 +1,794 @@
+"""A trace replayed through the real kvcore Scheduler / KVCacheManager / BlockPool, model-free.
+
+Each trace request becomes a kvcore ``Request`` whose prompt tokens come from its hash ids
+(``workload.tokens``) and whose answer is ``output_length`` placeholder tokens, with no EOS: the
+runner samples ``PLACEHOLDER_TOKEN`` for every request that reached the end of its tokens, and
+``Scheduler.update_from_output`` stops it at ``max_tokens``. Everything else (admission, chunked
+prefill, prefix-cache hits, allocation, eviction, preemption, freeing) is kvcore's own code.
+
+Arrival rules:
+
+- ``sequential``: a request is added when no request is unfinished (one at a time).
+- ``timestamps``: the trace's clock, compressed by ``speedup``. The engine's clock follows a
+  stated step-time model: a step that schedules ``n`` tokens lasts ``step_ms + token_ms * n``.
+  A request is added at the start of the first step whose clock has reached its arrival; an idle
+  engine jumps to the next arrival. The clock counts integer nanoseconds, so a fast-forwarded
+  stretch lands on exactly the clock the step-by-step run reaches.
+
+Fast-forward: a stretch of steps in which every running request only decodes one token into a
+block it already holds (no allocation, no block filled, no finish, no arrival, no admission
+possible) changes nothing but the requests' tokens; it is applied in one go. Every figure and
+every per-step series point is the same as stepping (tests/test_replay_fastforward.py).
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Callable, Optional
+
+from kvcore.core.kv_cache_observer import KVCacheObserver
+from kvcore.core.sched.scheduler import Scheduler
+from kvcore.model.memory import hybrid_bytes_per_block
+from kvcore.model.shapes import hybrid_shape
+from kvcore.outputs import ModelRunnerOutput
+from kvcore.request import Request
+from kvcore.utils.math_utils import cdiv
+from paged_kv_lab.run.engine import (
+    block_hasher_for,
+    kv_cache_groups,
+    kv_cache_manager_for,
+    scheduler_config_for,
+)
+from paged_kv_lab.run.scenario import (
+    EngineSettings,
+    ScenarioError,
+    load_scenario,
+    resolve_from_model,
+)
+from paged_kv_lab.text.i18n import Text
+from paged_kv_lab.workloads.tokens import PLACEHOLDER_TOKEN, check_block_size, prompt_token_ids
+from paged_kv_lab.workloads.trace_formats import Trace, TraceRequest
+
+SEQUENTIAL = "sequential"
+TIMESTAMPS = "timestamps"
+ARRIVALS = (SEQUENTIAL, TIMESTAMPS)
+# A replay's pool when none is given: this many token slots (plus the null block).
+DEFAULT_POOL_TOKENS = 1 << 20
+REPLAY_ENGINE_DEFAULTS = {"block_size": 16, "max_num_seqs": 256, "max_num_batched_tokens": 8192}
+# Engine settings a model-free replay cannot honour.
+_UNSUPPORTED = {
+    "speculative": Text("problem.replay.no_speculative"),
+    "kv_events": Text("problem.replay.no_kv_events"),
+    "cpu_offload": Text("problem.replay.no_cpu_offload"),
+}
+
+
+class ReplayError(ValueError):
+    """A replay that cannot run as asked (a request that never fits, a bad setting)."""
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    """Engine settings plus the arrival rule. ``step_ms`` / ``token_ms``: the step-time model of
+    ``timestamps`` arrival (a step lasts step_ms + token_ms x scheduled tokens)."""
+
+    engine: EngineSettings
+    arrival: str = SEQUENTIAL
+    speedup: float = 1.0
+    step_ms: float = 10.0
+    token_ms: float = 0.05
+    fast_forward: bool = True
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["engine"] = {k: v for k, v in d["engine"].items() if k not in _UNSUPPORTED}
+        return d
+
+
+def replay_settings(
+    trace: Trace,
+    overrides: Optional[dict[str, Any]] = None,
+    arrival: str = SEQUENTIAL,
+    speedup: float = 1.0,
+    step_ms: float = 10.0,
+    token_ms: float = 0.05,
+    fast_forward: bool = True,
+) -> ReplaySettings:
+    """Replay defaults for this trace, then ``overrides`` (engine settings, checked as a scenario
+    file's are: ScenarioError lists every problem). ``max_model_len`` follows the trace."""
+    overrides = dict(overrides or {})
+    for key, why in _UNSUPPORTED.items():
+        if overrides.get(key) is not None:
+            raise ScenarioError([Text("problem.replay.unsupported", {"key": key, "why": why})])
+    # model / dtype (a scenario's top-level fields): a hybrid model's layers, and the block size
+    # and pool resolved from its shape as a scenario's are
+    top = {k: overrides.pop(k) for k in ("model", "dtype") if k in overrides}
+    engine = {**REPLAY_ENGINE_DEFAULTS, "max_model_len": trace.max_model_len, **overrides}
+    shape = hybrid_shape(top["model"]) if isinstance(top.get("model"), str) else None
+    if shape is not None:
+        engine.setdefault("layer_types", list(shape.layer_types))
+        if "block_size" not in overrides:
+            del engine["block_size"]
+    raw = resolve_from_model({"name": trace.name, **top, "engine": engine})
+    engine = raw["engine"]
+    if "num_gpu_blocks" not in engine:
+        bs = engine.get("block_size")
+        if isinstance(bs, int) and not isinstance(bs, bool) and bs >= 1:
+            engine["num_gpu_blocks"] = DEFAULT_POOL_TOKENS // bs + 1
+    scenario = load_scenario(raw)
+    settings = scenario.engine
+    if settings.num_gpu_blocks == "auto":
+        if shape is None or settings.kv_cache_memory_bytes is None:
+            raise ScenarioError([Text("problem.replay.auto_blocks")])
+        # the stated KV budget over one block of the hybrid pool, as vLLM divides it
+        per_block = hybrid_bytes_per_block(shape, settings.block_size, scenario.dtype)
+        blocks = settings.kv_cache_memory_bytes // per_block
+        if blocks < 2:
+            at = {"bytes": settings.kv_cache_memory_bytes, "per_block": per_block}
+            raise ScenarioError([Text("problem.replay.budget_too_small", at)])
+        settings = replace(settings, num_gpu_blocks=blocks)
+    if arrival not in ARRIVALS:
+        at = {"choices": ", ".join(ARRIVALS), "got": repr(arrival)}
+        raise ScenarioError([Text("problem.replay.arrival", at)])
+    for name, v, low in (("speedup", speedup, 0.0), ("step_ms", step_ms, 0.0)):
+        if not isinstance(v, (int, float)) or not v > low:
+            at = {"name": name, "low": f"{low:g}", "got": repr(v)}
+            raise ScenarioError([Text("problem.replay.above", at)])
+    if not isinstance(token_ms, (int, float)) or token_ms < 0:
+        raise ScenarioError([Text("problem.replay.token_ms", {"got": repr(token_ms)})])
+    check_block_size(settings.block_size, trace.block_size)
+    return ReplaySettings(
+        settings, arrival, float(speedup), float(step_ms), float(token_ms), fast_forward
+    )
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What one step (or one fast-forwarded stretch of ``num_steps`` steps) did; ``step`` is the
+    last step it covers, ``clock_ms`` the clock after it. ``queries`` / ``hits`` are cumulative
+    (vLLM's PrefixCacheStats over first admissions)."""
+
+    step: int
+    num_steps: int
+    clock_ms: float
+    num_running: int
+    num_waiting: int
+    num_scheduled_tokens: int
+    used_blocks: int
+    usage: float
+    admitted: tuple[str, ...]
+    preempted: tuple[str, ...]
+    finished: tuple[str, ...]
+    evictions: int
+    queries: int
+    hits: int
+
+
+@dataclass(frozen=True)
+class RequestResult:
+    """One trace request's replay. ``hit_tokens``: its prefix-cache hit at first admission
+    (vLLM's ``num_cached_tokens``); -1 fields: it never got there."""
+
+    request_id: str
+    prompt_tokens: int
+    output_tokens: int
+    arrival_ms: float
+    hit_tokens: int
+    admitted_step: int
+    finished_step: int
+    num_preemptions: int
+
+
+@dataclass(frozen=True)
+class TimeSeries:
+    """Change points over the run: a point after every step at which the running or waiting
+    count, the blocks in use or the cumulative hit counts changed, plus the first and last step.
+    Between two points every value stays as at the earlier one."""
+
+    step: tuple[int, ...]
+    clock_ms: tuple[float, ...]
+    running: tuple[int, ...]
+    waiting: tuple[int, ...]
+    used_blocks: tuple[int, ...]
+    queries: tuple[int, ...]
+    hits: tuple[int, ...]
+    usable_blocks: int
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def usage(self) -> list[float]:
+        n = self.usable_blocks or 1
+        return [u / n for u in self.used_blocks]
+
+    def hit_rate(self) -> list[float]:
+        """The cumulative hit rate after each point."""
+        return [h / q if q else 0.0 for q, h in zip(self.queries, self.hits)]
+
+    def sample(self, max_points: int) -> "TimeSeries":
+        """At most ``max_points`` points, evenly spread over the points (first and last kept)."""
+        n = len(self.step)
+        if n <= max_points or max_points < 2:
+            return self
+        idx = sorted({round(i * (n - 1) / (max_points - 1)) for i in range(max_points)})
+        return TimeSeries(
+            *(tuple(getattr(self, f)[i] for i in idx) for f in _SERIES_FIELDS),
+            usable_blocks=self.usable_blocks,
+        )
+
+    def to_dict(self) -> dict:
+        d = {f: list(getattr(self, f)) for f in _SERIES_FIELDS}
+        d["usage"] = self.usage()
+        d["hit_rate"] = self.hit_rate()
+        return d
+
+
+_SERIES_FIELDS = ("step", "clock_ms", "running", "waiting", "used_blocks", "queries", "hits")
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """The figures of a replay (complete when ``done``). Hit counts mean what vLLM's
+    ``PrefixCacheStats`` means: tokens at admission, first admissions in ``queries`` /
+    ``hit_tokens``, requests resumed after preemption apart in ``preempted_*``."""
+
+    trace: str
+    format: str
+    settings: dict
+    done: bool
+    requests: int
+    prompt_tokens: int
+    output_tokens: int
+    queries: int
+    hit_tokens: int
+    preempted_requests: int
+    preempted_queries: int
+    preempted_hits: int
+    evictions: int
+    preemptions: int
+    steps: int
+    fast_forwarded_steps: int
+    simulated_s: float
+    wall_s: float
+    upper_bound_hit_tokens: int
+    per_request: tuple[RequestResult, ...]
+    series: TimeSeries
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queries if self.queries else 0.0
+
+    @property
+    def upper_bound_hit_rate(self) -> float:
+        return self.upper_bound_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def to_dict(self, series_points: Optional[int] = 1000) -> dict:
+        """The CLI's ``--json``: every figure, ``per_request`` in trace order."""
+        series = self.series if series_points is None else self.series.sample(series_points)
+        return {
+            "trace": self.trace,
+            "format": self.format,
+            "settings": self.settings,
+            "done": self.done,
+            "requests": self.requests,
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "queries": self.queries,
+            "hit_tokens": self.hit_tokens,
+            "hit_rate": self.hit_rate,
+            "preempted_requests": self.preempted_requests,
+            "preempted_queries": self.preempted_queries,
+            "preempted_hits": self.preempted_hits,
+            "evictions": self.evictions,
+            "preemptions": self.preemptions,
+            "steps": self.steps,
+            "fast_forwarded_steps": self.fast_forwarded_steps,
+            "simulated_s": self.simulated_s,
+            "wall_s": self.wall_s,
+            "upper_bound": {
+                "hit_tokens": self.upper_bound_hit_tokens,
+                "hit_rate": self.upper_bound_hit_rate,
+                "meaning": "an infinite cache: each prompt hits the longest prefix any earlier "
+                "request in trace order had (in full blocks, capped as vLLM caps a hit)",
+            },
+            "per_request": [asdict(r) for r in self.per_request],
+            "series": series.to_dict(),
+        }
+
+
+def max_hit_tokens(num_tokens: int, block_size: int, max_cache_hit_length: Optional[int]) -> int:
+    """The longest hit vLLM allows a prompt of ``num_tokens``: full blocks of at most
+    num_tokens - 1 tokens (the last token is always computed) and ``max_cache_hit_length``."""
+    cap = num_tokens - 1
+    if max_cache_hit_length is not None:
+        cap = min(cap, max_cache_hit_length)
+    return cap // block_size * block_size
+
+
+def upper_bound_hits(trace: Trace, block_size: int, max_cache_hit_length=None) -> list[int]:
+    """Per request, in trace order: the hit an infinite cache gives, i.e. the longest prefix
+    (in full cache blocks, capped as a hit is) that any earlier request's prompt had.
+
+    A cache block's content is named by the trace ids up to its trace block (interned as one
+    chain id per prefix) and where it ends inside that trace block: the same naming as the
+    derived tokens, so it counts exactly the blocks the replay's chained hashes can share."""
+    tb = trace.block_size
+    chains: dict[tuple[int, int], int] = {}
+    seen: set[tuple[int, int]] = set()
+    out = []
+    for r in trace.requests:
+        keys = []
+        chain = -1
+        full = r.input_length // block_size
+        for j, h in enumerate(r.hash_ids):
+            chain = chains.setdefault((chain, h), len(chains))
+            start = j * tb
+            for k in range(start // block_size, min(full, (start + tb) // block_size)):
+                keys.append((chain, k))
+        cap = max_hit_tokens(r.input_length, block_size, max_cache_hit_length) // block_size
+        hit = 0
+        while hit < cap and keys[hit] in seen:
+            hit += 1
+        out.append(hit * block_size)
+        seen.update(keys)
+    return out
+
+
+def _fast_forward_allowed(observer) -> bool:
+    """Skipped steps make no block operation and no decision, so an observer that only hears
+    block operations (it says so with ``allows_fast_forward``) misses nothing; a recorder, which
+    records every step, does."""
+    return observer is None or getattr(observer, "allows_fast_forward", False)
+
+
+class EvictionCounter(KVCacheObserver):
+    """A pool's metrics collector that counts evictions (vLLM's collector hears them at the
+    same place, ``BlockPool._maybe_evict_cached_block``)."""
+
+    def __init__(self) -> None:
+        self.evicted = 0
+
+    def on_block_evicted(self, block) -> None:
+        self.evicted += 1
+
+
+class Replay:
+    """One trace through one kvcore engine, stepped on demand.
+
+    Invariants: requests enter the scheduler in trace order; ``step_count`` counts engine steps
+    (fast-forwarded ones included) and the clock is an integer count of nanoseconds; the figures
+    kept per request are fixed once the request was first admitted / finished.
+    """
+
+    # A replica of a fleet (paged_kv_lab/fleet) turns this on: its router reads the pool's KV
+    # events; a plain replay has no reader for them.
+    enable_kv_cache_events = False
+
+    def __init__(self, trace: Trace, settings: ReplaySettings) -> None:
+        s = settings.engine
+        check_block_size(s.block_size, trace.block_size)
+        self.trace = trace
+        self.settings = settings
+        num_layers = 1 if s.layer_types is None else len(s.layer_types)
+        self.groups, _ = kv_cache_groups(s, num_layers)
+        self.max_model_len = s.max_model_len or trace.max_model_len
+        self.kv_cache_manager = kv_cache_manager_for(
+            s, self.groups, self.max_model_len, self.enable_kv_cache_events
+        )
+        self.block_pool = self.kv_cache_manager.block_pool
+        self.scheduler = Scheduler(
+            scheduler_config_for(s, self.max_model_len), self.kv_cache_manager
+        )
+        self.hasher = block_hasher_for(s) if s.enable_prefix_caching else None
+        self._all_full = all(g.kv_cache_spec.kind == "full" for g in self.groups)
+        self._check_fits()
+        # Evictions: counted where vLLM counts them, in the pool's metrics collector (the pool's
+        # observer stays free for a recorder or a log).
+        self._counters = EvictionCounter()
+        self.block_pool.metrics_collector = self._counters
+        n = len(trace)
+        self.step_count = 0
+        self.fast_forwarded_steps = 0
+        self._clock_ns = 0
+        self._step_ns = max(1, round(settings.step_ms * 1e6))  # a step always takes time
+        self._token_ns = round(settings.token_ms * 1e6)
+        self._arrival_ns = [round(r.arrival_ms * 1e6 / settings.speedup) for r in trace.requests]
+        if settings.arrival == TIMESTAMPS and n:
+            t0 = min(self._arrival_ns)
+            self._arrival_ns = [a - t0 for a in self._arrival_ns]
+        self._next = 0  # the next trace request to add
+        self.hit_tokens = array("q", [-1]) * n
+        self.admitted_step = array("q", [-1]) * n
+        self.finished_step = array("q", [-1]) * n
+        self.num_preemptions = array("q", [0]) * n
+        self.preemptions = 0
+        self.num_finished = 0
+        self._hooks: list[Callable[[StepInfo], None]] = []
+        self._last_changed = True  # the last step admitted, preempted, finished or added
+        self._series = tuple(array("q") for _ in range(7))
+        self._last_point: Optional[tuple] = None
+        self._wall = 0.0
+        self._upper: Optional[list[int]] = None
+
+    # -- set-up -------------------------------------------------------------------------
+    def _check_fits(self) -> None:
+        s = self.settings.engine
+        full_groups = sum(1 for g in self.groups if g.kv_cache_spec.kind == "full")
+        usable = s.num_gpu_blocks - 1
+        for r in self.trace.requests:
+            if r.input_length >= self.max_model_len:
+                raise ReplayError(
+                    f"request {r.index}: its prompt of {r.input_length:,} tokens reaches "
+                    f"max_model_len {self.max_model_len:,}"
+                )
+            # The last sampled token never gets a slot.
+            tokens = min(r.input_length + r.output_length - 1, self.max_model_len - 1)
+            need = cdiv(tokens, s.block_size) * full_groups
+            if need > usable:
+                raise ReplayError(
+                    f"request {r.index} needs {need:,} blocks of {s.block_size} tokens "
+                    f"({r.input_length:,} prompt + {r.output_length:,} output tokens) but the "
+                    f"pool has {usable:,} usable blocks (num_gpu_blocks={s.num_gpu_blocks:,}); "
+                    f"raise num_gpu_blocks to at least {need + 1:,}"
+                )
+
+    @property
+    def evictions(self) -> int:
+        """Cached blocks evicted so far (their hash dropped to reuse the block)."""
+        return self._counters.evicted
+
+    def attach(self, recorder) -> Any:
+        """Attach a ``record.recorder.Recorder`` as the pool's observer (it then hears every
+        decision; fast-forward is off while the pool has an observer that does not allow it).
+        The eviction count, in the pool's metrics collector, is unaffected. Returns the
+        recorder."""
+        recorder.attach(self.kv_cache_manager)
+        return recorder
+
+    def add_step_hook(self, fn: Callable[[StepInfo], None]) -> None:
+        """``fn(info)`` after every step (one call per fast-forwarded stretch)."""
+        self._hooks.append(fn)
+
+    # -- reading ------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self._next >= len(self.trace) and not self.scheduler.has_unfinished_requests()
+
+    @property
+    def clock_ms(self) -> float:
+        return self._clock_ns / 1e6
+
+    @property
+    def requests(self) -> dict[str, Request]:
+        return self.scheduler.requests
+
+    def trace_request(self, request_id: str) -> TraceRequest:
+        return self.trace.requests[int(request_id)]
+
+    def used_blocks(self) -> int:
+        pool = self.block_pool
+        return pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
+
+    # -- arrivals -----------------------------------------------------------------------
+    def _make_request(self, tr: TraceRequest) -> Request:
+        return Request(
+            tr.request_id,
+            prompt_token_ids(tr, self.trace.block_size),
+            tr.output_length,
+            arrival_time=tr.index,
+            block_hasher=self.hasher,
+        )
+
+    def _add_arrivals(self) -> int:
+        """Add the requests due at the start of this step; returns how many."""
+        trace = self.trace.requests
+        n = len(trace)
+        if self._next >= n:
+            return 0
+        sched = self.scheduler
+        if self.settings.arrival == SEQUENTIAL:
+            if sched.has_unfinished_requests():
+                return 0
+            sched.add_request(self._make_request(trace[self._next]))
+            self._next += 1
+            return 1
+        if not sched.has_unfinished_requests() and self._arrival_ns[self._next] > self._clock_ns:
+            self._clock_ns = self._arrival_ns[self._next]  # idle: jump to the next arrival
+        added = 0
+        while self._next < n and self._arrival_ns[self._next] <= self._clock_ns:
+            sched.add_request(self._make_request(trace[self._next]))
+            self._next += 1
+            added += 1
+        return added
+
+    # -- stepping -----------------------------------------------------------------------
+    def step(self) -> StepInfo:
+        """One engine step (never fast-forwarded)."""
+        t0 = time.perf_counter()
+        info = self._step(want_info=True)
+        self._wall += time.perf_counter() - t0
+        return info
+
+    def _step(self, want_info: bool = False) -> Optional[StepInfo]:
+        if self.done:
+            raise ReplayError("the replay is done: every request finished")
+        added = self._add_arrivals()
+        sched = self.scheduler
+        kvm = self.kv_cache_manager
+        evictions_before = self.evictions
+        out = sched.schedule()
+        self.step_count += 1
+        step = self.step_count
+        num_scheduled = out.num_scheduled_tokens
+        if not num_scheduled and not sched.running:
+            raise ReplayError(
+                f"step {step}: nothing could be scheduled and nothing runs (the waiting request "
+                f"{sched.waiting.peek_request().request_id} never fits these settings)"
+            )
+        req_ids = list(num_scheduled)
+        requests = sched.requests
+        sampled = [
+            [PLACEHOLDER_TOKEN]
+            if requests[rid].num_computed_tokens >= requests[rid].num_tokens
+            else []
+            for rid in req_ids
+        ]
+        finished = sched.update_from_output(
+            out, ModelRunnerOutput(req_ids, {r: i for i, r in enumerate(req_ids)}, sampled)
+        )
+        kvm.make_prefix_cache_stats()
+        for new in out.scheduled_new_reqs:
+            i = int(new.req_id)
+            self.hit_tokens[i] = new.num_computed_tokens
+            self.admitted_step[i] = step
+        preempted = out.preempted_req_ids
+        for rid in preempted:
+            self.num_preemptions[int(rid)] += 1
+        self.preemptions += len(preempted)
+        for rid in finished:
+            self.finished_step[int(rid)] = step
+        self.num_finished += len(finished)
+        total = out.total_num_scheduled_tokens
+        self._clock_ns += self._step_ns + self._token_ns * total
+        self._last_changed = bool(
+            added or out.scheduled_new_reqs or out.scheduled_cached_reqs.resumed_req_ids
+        ) or bool(preempted or finished)
+        self._point()
+        if not self._hooks and not want_info:
+            return None
+        info = self._info(
+            1,
+            total,
+            tuple(n.req_id for n in out.scheduled_new_reqs)
+            + tuple(out.scheduled_cached_reqs.resumed_req_ids),
+            tuple(sorted(preempted, key=int)),
+            tuple(finished),
+            self.evictions - evictions_before,
+        )
+        for fn in self._hooks:
+            fn(info)
+        return info
+
+    def _info(self, num_steps, tokens, admitted, preempted, finished, evictions) -> StepInfo:
+        totals = self.kv_cache_manager.prefix_cache_totals
+        used = self.used_blocks()
+        usable = self.block_pool.num_gpu_blocks - 1
+        return StepInfo(
+            self.step_count,
+            num_steps,
+            self.clock_ms,
+            len(self.scheduler.running),
+            len(self.scheduler.waiting),
+            tokens,
+            used,
+            used / usable if usable else 0.0,
+            admitted,
+            preempted,
+            finished,
+            evictions,
+            totals.queries,
+            totals.hits,
+        )
+
+    def _point(self) -> None:
+        """A series point if anything it shows changed since the last one."""
+        totals = self.kv_cache_manager.prefix_cache_totals
+        sched = self.scheduler
+        values = (
+            len(sched.running),
+            len(sched.waiting),
+            self.used_blocks(),
+            totals.queries,
+            totals.hits,
+        )
+        if values == self._last_point and not self.done:
+            return
+        self._last_point = values
+        step, clock, running, waiting, used, queries, hits = self._series
+        step.append(self.step_count)
+        clock.append(self._clock_ns)
+        running.append(values[0])
+        waiting.append(values[1])
+        used.append(values[2])
+        queries.append(values[3])
+        hits.append(values[4])
+
+    # -- fast-forward -------------------------------------------------------------------
+    def _fast_forward_steps(self, limit: int) -> int:
+        """How many of the next steps (at most ``limit``) are pure decode into blocks already
+        held, with nothing else able to happen; 0 when fast-forward does not apply."""
+        s = self.settings
+        sched = self.scheduler
+        running = sched.running
+        if (
+            not s.fast_forward
+            or limit <= 0
+            or not running
+            or self._last_changed
+            or not _fast_forward_allowed(self.block_pool.observer)
+            or not self._all_full
+            or sched.config.num_spec_tokens
+            or sched.finished_req_ids
+            or len(running) > sched.config.max_num_batched_tokens
+        ):
+            return 0
+        # A waiting request refused in the last step (which changed nothing) is refused again
+        # in each step of the stretch: the pool, the running set and the budget stay the same.
+        bs = self.kv_cache_manager.block_size
+        managers = self.kv_cache_manager.coordinator.single_type_managers
+        m0 = managers[0]
+        caching = self.kv_cache_manager.enable_caching
+        max_len = self.max_model_len
+        k = limit
+        for req in running:
+            n = req.num_tokens
+            if req.num_computed_tokens != n - 1 or req.spec_token_ids:
+                return 0
+            rid = req.request_id
+            k = min(
+                k,
+                len(m0.req_to_blocks[rid]) * bs - n + 1,  # steps before a new block is needed
+                req.max_tokens - req.num_output_tokens - 1,  # steps before it finishes
+                max_len - n - 1,
+            )
+            if caching:
+                k = min(k, (m0.num_cached_block.get(rid, 0) + 1) * bs - n)  # before one fills
+            if k <= 0:
+                return 0
+        if s.arrival == TIMESTAMPS and self._next < len(self.trace):
+            d = self._step_ns + self._token_ns * len(running)
+            gap = self._arrival_ns[self._next] - self._clock_ns
+            if gap <= 0:
+                return 0
+            k = min(k, -(-gap // d))  # the steps that start before the arrival
+        return max(k, 0)
+
+    def _apply_fast_forward(self, k: int) -> None:
+        running = self.scheduler.running
+        tokens = [PLACEHOLDER_TOKEN] * k
+        for req in running:
+            req.append_output_token_ids(tokens)
+            req.num_computed_tokens += k
+        self.step_count += k
+        self.fast_forwarded_steps += k
+        self._clock_ns += k * (self._step_ns + self._token_ns * len(running))
+        if self._hooks:
+            info = self._info(k, k * len(running), (), (), (), 0)
+            for fn in self._hooks:
+                fn(info)
+
+    def advance(
+        self,
+        until_step: Optional[int] = None,
+        progress: Optional[Callable[[int, int], None]] = None,
+    ) -> None:
+        """Run until ``step_count`` reaches ``until_step`` (never past it) or every request
+        finished, fast-forwarding where exact. ``progress(finished, total)`` is called now and
+        then."""
+        t0 = time.perf_counter()
+        total = len(self.trace)
+        last_report = -1
+        try:
+            while not self.done and (until_step is None or self.step_count < until_step):
+                limit = (until_step - self.step_count) if until_step is not None else 1 << 62
+                k = self._fast_forward_steps(limit)
+                if k > 0:
+                    self._apply_fast_forward(k)
+                else:
+                    self._step()
+                if progress is not None and self.num_finished != last_report:
+                    if self.num_finished - last_report >= 16 or self.done:
+                        last_report = self.num_finished
+                        progress(self.num_finished, total)
+        finally:
+            self._wall += time.perf_counter() - t0
+
+    def upper_bound(self) -> list[int]:
+        if self._upper is None:
+            s = self.settings.engine
+            if s.enable_prefix_caching:
+                self._upper = upper_bound_hits(self.trace, s.block_size, s.max_cache_hit_length)
+            else:
+                self._upper = [0] * len(self.trace)
+        return self._upper
+
+    def result(self) -> ReplayResult:
+        totals = self.kv_cache_manager.prefix_cache_totals
+        trace = self.trace
+        per_request = tuple(
+            RequestResult(
+                r.request_id,
+                r.input_length,
+                r.output_length,
+                r.arrival_ms,
+                self.hit_tokens[i],
+                self.admitted_step[i],
+                self.finished_step[i],
+                self.num_preemptions[i],
+            )
+            for i, r in enumerate(trace.requests)
+        )
+        step, clock, running, waiting, used, queries, hits = self._series
+        series = TimeSeries(
+            tuple(step),
+            tuple(c / 1e6 for c in clock),
+            tuple(running),
+            tuple(waiting),
+            tuple(used),
+            tuple(queries),
+            tuple(hits),
+            self.block_pool.num_gpu_blocks - 1,
+        )
+        return ReplayResult(
+            trace=trace.name,
+            format=trace.format,
+            settings=self.settings.to_dict(),
+            done=self.done,
+            requests=len(trace),
+            prompt_tokens=trace.prompt_tokens,
+            output_tokens=trace.output_tokens,
+            queries=totals.queries,
+            hit_tokens=totals.hits,
+            preempted_requests=totals.preempted_requests,
+            preempted_queries=totals.preempted_queries,
+            preempted_hits=totals.preempted_hits,
+            evictions=self.evictions,
+            preemptions=self.preemptions,
+            steps=self.step_count,
+            fast_forwarded_steps=self.fast_forwarded_steps,
+            simulated_s=self._clock_ns / 1e9,
+            wall_s=self._wall,
+            upper_bound_hit_tokens=sum(self.upper_bound()),
+            per_request=per_request,
+            series=series,
+        )
+
+
+def replay(
+    trace: Trace,
+    settings: ReplaySettings,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> ReplayResult:
+    """The whole trace, replayed; its figures."""
+    r = Replay(trace, settings)
+    r.advance(progress=progress)
+    return r.result()
+
+
+__all__ = [
+    "ARRIVALS",
+    "SEQUENTIAL",
+    "TIMESTAMPS",
+    "Replay",
+    "ReplayError",
+    "ReplayResult",
+    "ReplaySettings",
+    "RequestResult",
+    "StepInfo",
+    "TimeSeries",
+    "replay",
+    "replay_settings",
+    "upper_bound_hits",
+]
