@@ -2,13 +2,16 @@
 entries of known size go least recently used first, a key is computed once however many ask at
 once, entries in use stay below the hard limit, and everything sessions share goes through it."""
 
+import ast
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from paged_kv_lab.runs.server_cache import ServerCache, Shared, estimate_nbytes
+from paged_kv_lab.runs.server_cache import ServerCache, Shared, default_cache, estimate_nbytes
 
+ROOT = Path(__file__).resolve().parent.parent
 JOIN_S = 10.0
 
 
@@ -108,6 +111,24 @@ def test_an_entry_being_computed_is_never_evicted():
     assert slow.wait("k", JOIN_S) == "slow" and calls == [1]
 
 
+def test_a_value_long_to_walk_is_measured_once_stored():
+    cache = ServerCache(max_bytes=10**6)
+    gate = threading.Event()
+
+    def size(value):
+        gate.wait(JOIN_S)
+        return 1234
+
+    kind = Shared("t", size=size, measure_later=True, cache=cache)
+    assert kind.get("k", lambda: "v") == "v", "its asker does not wait for the walk"
+    assert kind.nbytes("k") == 0 and cache.total_bytes == 0
+    gate.set()
+    deadline = time.monotonic() + JOIN_S
+    while kind.nbytes("k") != 1234 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert kind.nbytes("k") == 1234 and cache.total_bytes == 1234
+
+
 def test_errors_are_kept_unless_the_kind_says_not():
     cache = ServerCache(max_bytes=10**6)
     calls = []
@@ -123,3 +144,114 @@ def test_errors_are_kept_unless_the_kind_says_not():
                 kind.get("k", fail)
     assert calls == [1, 1, 1], "a kept error is raised again; the other kind computes again"
     assert kept.ready("k") and not retried.ready("k")
+
+
+# -- everything sessions share goes through it ---------------------------------------------
+def _calls(tree: ast.AST):
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            yield node
+
+
+def _dotted(node: ast.AST) -> str:
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def test_streamlit_caches_only_the_model():
+    """``st.cache_resource`` / ``st.cache_data`` hold no shared value but the loaded model (and
+    its tokenizer, which rides with it): everything else is in the one cache."""
+    found = []
+    for path in sorted((ROOT / "paged_kv_lab").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        decorating = {}  # id of a decorator's node -> the function it decorates
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for dec in node.decorator_list:
+                    for sub in ast.walk(dec):
+                        decorating[id(sub)] = node.name
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in ("cache_resource", "cache_data"):
+                where = decorating.get(id(node), f"line {node.lineno}")
+                found.append(f"{path.relative_to(ROOT).as_posix()}:{where}")
+    assert found == ["paged_kv_lab/app/modelstate.py:_load"]
+
+
+def test_every_kind_sessions_share_is_in_the_process_cache():
+    """Runs, topic studies, memory profiles, the shipped trace, replays, sweeps, both fleets and
+    the warm-up's mark: each a ``Shared`` of the process's one cache."""
+    from paged_kv_lab.app import (
+        fleet_page,
+        fleet_workloads,
+        how_many_blocks,
+        topic_pages,
+        warm_up,
+        workloads_data,
+        workloads_page,
+    )
+    from paged_kv_lab.runs.store import default_store
+
+    kinds = {
+        "runs": default_store()._kind,
+        "topics": topic_pages.STUDIES,
+        "memory profiles": how_many_blocks.PROFILES,
+        "shipped traces": workloads_data.SHIPPED,
+        "workloads": workloads_page.RUNS,
+        "sweeps": workloads_page.SWEEPS,
+        "fleet lesson": fleet_page.FLEETS,
+        "fleet workloads": fleet_workloads.FLEETS,
+        "warm-up": warm_up.WARM_UPS,
+    }
+    for name, kind in kinds.items():
+        assert isinstance(kind, Shared) and kind.name == name and kind.cache is default_cache()
+    # and no other Shared is made in the lab with a cache of its own
+    for path in sorted((ROOT / "paged_kv_lab").rglob("*.py")):
+        for call in _calls(ast.parse(path.read_text(encoding="utf-8"))):
+            if _dotted(call.func) == "Shared" and any(k.arg == "cache" for k in call.keywords):
+                assert path.name == "store.py", f"{path}: a Shared outside the process's cache"
+
+
+def _measured(kind: Shared, key) -> int:
+    deadline = time.monotonic() + 60
+    while not kind.nbytes(key) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return kind.nbytes(key)
+
+
+def test_runs_replays_and_fleets_are_stored_in_the_process_cache_with_their_sizes():
+    """A recorded run, a replay, a sweep and a fleet of Real workloads, each computed through the
+    page's own function, is an entry of the process's cache, sized as documented
+    (docs/class-server.md): a run its ``nbytes``, the others measured over what they hold."""
+    from paged_kv_lab.app import fleet_workloads, workloads_page
+    from paged_kv_lab.app.workloads_data import Settings
+    from paged_kv_lab.record.budget import Limits
+    from paged_kv_lab.record.engine import Engine, NoModelRunner
+    from paged_kv_lab.record.scenario import load_scenario
+    from paged_kv_lab.runs.store import default_store
+    from paged_kv_lab.workload.budget import page_trace_limits
+    from paged_kv_lab.workload.trace import load_trace
+
+    store = default_store()
+    scenario = load_scenario(
+        {"requests": [{"id": "A", "prompt_token_ids": [1, 2, 3], "max_tokens": 2}]}
+    )
+    run = store.run(
+        scenario,
+        lambda s: Engine(s, runner=NoModelRunner()),
+        model_key="no-model:test_server_cache",
+        limits=Limits(),
+    )
+    assert store._kind.nbytes(run.key) == run.nbytes > 0
+
+    limits = page_trace_limits()
+    trace = load_trace(ROOT / "tests" / "fixtures" / "mooncake_shared_slice.jsonl").slice(0, 4)
+    settings = Settings(num_gpu_blocks=min(10_000, limits.max_num_gpu_blocks))
+    replay = workloads_page.shared_run("test:server_cache", trace, settings, limits)
+    key = ("test:server_cache", settings)
+    assert _measured(workloads_page.RUNS, key) == estimate_nbytes(replay)
+
+    fleet = fleet_workloads.fleet_result("test:server_cache", trace, settings, 2, "prefix")
+    key = ("test:server_cache", settings, 2, "prefix")
+    assert fleet_workloads.FLEETS.nbytes(key) == estimate_nbytes(fleet)
+    assert {"runs", "workloads", "fleet workloads"} <= set(default_cache().kinds())

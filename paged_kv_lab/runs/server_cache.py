@@ -148,7 +148,8 @@ class ServerCache:
         full = (kind.ns, key)
         try:
             value = compute()
-            nbytes = int(kind.size(value))  # measured outside the lock
+            # measured outside the lock (or after it is stored, for a value long to walk)
+            nbytes = 0 if kind.measure_later else int(kind.size(value))
             entry.value = value
         except Exception as e:  # kept (or not: the kind says) and raised to every asker
             entry.error, nbytes = e, _error_nbytes(e)
@@ -172,8 +173,24 @@ class ServerCache:
                 entry.done.set()
                 kind._trim(self, full)
                 self.evict(keep=full)
+                if entry.error is None and kind.measure_later:
+                    threading.Thread(
+                        target=self._measure,
+                        args=(full, entry),
+                        name=f"shared:{kind.name}:size",
+                        daemon=True,
+                    ).start()
             entry.done.set()
             self.cond.notify_all()
+
+    def _measure(self, full: tuple, entry: _Entry) -> None:
+        """A value's size, walked while its askers already use it (it counts 0 until then)."""
+        nbytes = int(entry.kind.size(entry.value))
+        with self.cond:
+            if self._entries.get(full) is entry:
+                self.total_bytes += nbytes - entry.nbytes
+                entry.nbytes = nbytes
+                self.evict()
 
     def get(
         self,
@@ -217,6 +234,12 @@ class ServerCache:
     def ready(self, kind: "Shared", key: Hashable) -> bool:
         with self.cond:
             return self._ready((kind.ns, key)) is not None
+
+    def nbytes(self, kind: "Shared", key: Hashable) -> Optional[int]:
+        """The bytes ``key``'s ready value counts for (None if it is not ready)."""
+        with self.cond:
+            entry = self._ready((kind.ns, key))
+            return None if entry is None else entry.nbytes
 
     def holds(self, kind: "Shared", key: Hashable, value: Any) -> bool:
         """Whether ``value`` is the ready value of ``key`` now."""
@@ -317,8 +340,10 @@ class Shared(Generic[T]):
     it goes (``hard_total``: the cache's bytes when the hard limit made it go, else None);
     ``on_insert(value)``: told when a computed value is stored, under the cache's condition;
     ``keep_errors``: an error stays in place of the value (else the next asker computes again);
-    ``keep``: at most this many values of the kind besides the byte bound, oldest out first.
-    Each instance is its own kind: two of the same name never share values."""
+    ``measure_later``: the size is walked in a background thread once the value is stored (its
+    askers do not wait for it; it counts 0 bytes until then): for values that take seconds to
+    walk. ``keep``: at most this many values of the kind besides the byte bound, oldest out
+    first. Each instance is its own kind: two of the same name never share values."""
 
     def __init__(
         self,
@@ -331,6 +356,7 @@ class Shared(Generic[T]):
         on_evict: Optional[Callable[[Any, Optional[int]], None]] = None,
         on_insert: Optional[Callable[[Any], None]] = None,
         keep_errors: bool = True,
+        measure_later: bool = False,
         cache: Optional[ServerCache] = None,
     ) -> None:
         self.name, self.keep = name, keep
@@ -339,6 +365,7 @@ class Shared(Generic[T]):
         self.in_use = (lambda _: True) if pinned else in_use
         self.on_evict, self.on_insert = on_evict, on_insert
         self.keep_errors = keep_errors
+        self.measure_later = measure_later
         self._cache = cache
 
     @property
@@ -386,3 +413,7 @@ class Shared(Generic[T]):
 
     def values(self) -> list[T]:
         return self.cache.values(self)
+
+    def nbytes(self, key: Hashable) -> Optional[int]:
+        """The bytes ``key``'s value counts for in the cache (None if it is not ready)."""
+        return self.cache.nbytes(self, key)
