@@ -30,6 +30,7 @@ import sys
 from dataclasses import replace
 from typing import TextIO
 
+from kvcore.model.shapes import TINY_MODELS
 from paged_kv_lab.record import events, snapshot, trace
 from paged_kv_lab.record.scenario import (
     DEVICES,
@@ -391,7 +392,7 @@ def main(argv=None) -> int:
     mdl = sub.add_parser("model", help=tr("cli.model.help"))
     mdl_sub = mdl.add_subparsers(dest="model_cmd", required=True)
     save = mdl_sub.add_parser("save", help=tr("cli.model.save.help"))
-    save.add_argument("name", choices=("tiny-random", "tiny-hybrid"), help=tr("cli.model.name"))
+    save.add_argument("name", choices=TINY_MODELS, help=tr("cli.model.name"))
     save.add_argument("folder", help=tr("cli.model.folder"))
     from paged_kv_lab.cli.replay import add_parser as add_replay_parser
 
