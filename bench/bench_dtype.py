@@ -37,7 +37,12 @@ import torch  # noqa: E402
 from bench.bench_engine import QUESTIONS, paged_runner_backend  # noqa: E402
 from bench.step_anatomy import BareEngine, bench_settings  # noqa: E402
 from bench.timing import step_seconds_interleaved  # noqa: E402
-from kvcore.model import load_model, smollm2_available  # noqa: E402
+from kvcore.model import (  # noqa: E402
+    ATTENTION_MODELS,
+    DTYPE_CHOICES,
+    load_model,
+    smollm2_available,
+)
 from kvcore.model.reference import Agreement, agreement_with_generate  # noqa: E402
 from kvcore.utils.math_utils import cdiv  # noqa: E402
 from kvcore.worker.gpu_model_runner import GPUModelRunner  # noqa: E402
@@ -84,13 +89,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--model", choices=["smollm2", "tiny-random"], default=None)
+    ap.add_argument("--model", choices=ATTENTION_MODELS, default=None)
     ap.add_argument("--device", default="cpu")
     ap.add_argument(
         "--dtypes",
         nargs="+",
         default=["float32", "bfloat16"],
-        choices=["float32", "bfloat16", "float16"],
+        choices=DTYPE_CHOICES,
     )
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--threads", type=int, default=None)

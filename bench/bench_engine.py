@@ -71,7 +71,7 @@ from bench.timing import (  # noqa: E402
     timed,
     ttft,
 )
-from kvcore.model import load_model, smollm2_available  # noqa: E402
+from kvcore.model import ATTENTION_MODELS, load_model, smollm2_available  # noqa: E402
 from kvcore.worker.gpu_model_runner import GPUModelRunner  # noqa: E402
 
 QUESTIONS = [
@@ -260,7 +260,7 @@ def main(argv=None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--quick", action="store_true", help="fewer tokens and repeats")
-    ap.add_argument("--model", choices=["smollm2", "tiny-random"], default=None)
+    ap.add_argument("--model", choices=ATTENTION_MODELS, default=None)
     ap.add_argument("--device", default="cpu")
     ap.add_argument(
         "--no-generate-batch", action="store_true", help="skip transformers' generate_batch"

@@ -67,8 +67,10 @@ def make_lora(
 
 
 def main(argv: list[str] | None = None) -> int:
+    from kvcore.model.shapes import ATTENTION_MODELS
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("model", choices=("smollm2", "tiny-random"))
+    p.add_argument("model", choices=ATTENTION_MODELS)
     p.add_argument("folder")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--r", type=int, default=8)

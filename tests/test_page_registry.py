@@ -16,9 +16,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from paged_kv_lab.content import registry  # noqa: E402
 from paged_kv_lab.content.registry import nav_title, pages, sections  # noqa: E402
 from paged_kv_lab.text.i18n import catalogue, languages, tr  # noqa: E402
-from paged_kv_lab.content import registry  # noqa: E402
 
 README = ROOT / "README.md"
 LESSONS_DOC = ROOT / "docs" / "lessons.md"

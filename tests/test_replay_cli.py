@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kvcore.core.block_pool import FREE_ORDERS
 from paged_kv_lab.cli.main import main
 from paged_kv_lab.workloads.bound import unbounded_answer
 from paged_kv_lab.workloads.replay import replay, replay_settings
@@ -100,7 +101,8 @@ def test_sweep_runs_points_in_processes_and_writes_csv(tmp_path, capsys):
 
 def test_parse_sweep_reads_json_values():
     assert parse_sweep("num_gpu_blocks=100, 200") == ("num_gpu_blocks", [100, 200])
-    assert parse_sweep("free_order=v0.33,legacy") == ("free_order", ["v0.33", "legacy"])
+    orders = ",".join(FREE_ORDERS)  # v0.33,legacy
+    assert parse_sweep(f"free_order={orders}") == ("free_order", list(FREE_ORDERS))
     assert parse_sweep("speedup=1,2.5") == ("speedup", [1, 2.5])
 
 

@@ -4,6 +4,8 @@ preemption under FCFS and priority, resume with prefix hits, finishing, aborting
 import pytest
 
 from _kv_helpers import events_of, make_engine, spec, table
+from kvcore.config.scheduler import ADMISSIONS
+from kvcore.core.sched.request_queue import POLICIES
 from kvcore.request import RequestStatus
 from kvcore.utils.math_utils import cdiv
 from paged_kv_lab.recording import events
@@ -84,7 +86,7 @@ def test_admission_blocked_by_max_num_seqs():
     assert recs[0].snapshot.waiting == ("b",) and recs[0].snapshot.running == ("a",)
 
 
-@pytest.mark.parametrize("admission", ["full_sequence", "first_chunk"])
+@pytest.mark.parametrize("admission", ADMISSIONS)
 def test_admission_blocked_by_free_blocks_full_sequence_vs_first_chunk(admission):
     eng = make_engine(
         [
@@ -183,7 +185,7 @@ def test_fcfs_preempted_request_goes_back_to_the_front_of_the_waiting_queue():
     assert r2.snapshot.waiting == ("B", "C")
 
 
-@pytest.mark.parametrize("policy", ["priority", "fcfs"])
+@pytest.mark.parametrize("policy", POLICIES)
 def test_preemption_victim_under_both_policies(policy):
     # X (priority 5, i.e. least important) is admitted first and so sits first in `running`.
     eng = make_engine(
@@ -524,7 +526,7 @@ def test_a_new_requests_data_carries_its_multimodal_items_as_vllms():
     ]
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+@pytest.mark.parametrize("policy", POLICIES)
 def test_a_waiting_queue_iterates_in_scheduling_order_as_vllms(policy):
     """vLLM's request queues are iterable (its tests and connectors read them that way)."""
     from kvcore.core.sched.request_queue import create_request_queue

@@ -1,4 +1,5 @@
-"""store/shared.py: a value computed once per key for every session, in the asking thread or in the
+"""store/server_cache.py: a value computed once per key for every session, in the asking thread or
+in the
 background, with its error kept, the oldest values pushed out past ``keep``, and a stale value
 replaced on demand."""
 
@@ -7,7 +8,7 @@ import time
 
 import pytest
 
-from paged_kv_lab.store.shared import Shared
+from paged_kv_lab.store.server_cache import Shared
 
 
 def counter():

@@ -18,7 +18,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from _kv_helpers import make_engine, make_manager, make_request, spec
+from kvcore.config.scheduler import ADMISSIONS
+from kvcore.core.block_pool import FREE_ORDERS
+from kvcore.core.sched.request_queue import POLICIES
 from kvcore.request import RequestStatus
+from kvcore.utils.hashing import HASH_ALGOS
 from paged_kv_lab.recording.invariants import InvariantError, check_invariants
 from paged_kv_lab.recording.recorder import Recorder
 
@@ -49,11 +53,9 @@ class KVCacheMachine(RuleBasedStateMachine):
             long_prefill_token_threshold=data.draw(
                 st.sampled_from([0, 0, 3, 8]), label="threshold"
             ),
-            policy=data.draw(st.sampled_from(["fcfs", "priority"]), label="policy"),
-            free_order=data.draw(st.sampled_from(["v0.33", "legacy"]), label="free_order"),
-            admission=data.draw(
-                st.sampled_from(["full_sequence", "first_chunk"]), label="admission"
-            ),
+            policy=data.draw(st.sampled_from(POLICIES), label="policy"),
+            free_order=data.draw(st.sampled_from(FREE_ORDERS), label="free_order"),
+            admission=data.draw(st.sampled_from(ADMISSIONS), label="admission"),
             enable_prefix_caching=data.draw(st.booleans(), label="caching"),
             prefix_cache_retention_interval=data.draw(
                 st.sampled_from([None, 0] + ([bs, 2 * bs, 3 * bs] if mode != "full" else [])),
@@ -63,10 +65,7 @@ class KVCacheMachine(RuleBasedStateMachine):
             max_cache_hit_length=data.draw(
                 st.sampled_from([None, None, 0, 5, 12]), label="max_cache_hit_length"
             ),
-            hash_algo=data.draw(
-                st.sampled_from(["xxhash", "sha256", "sha256_cbor", "xxhash_cbor"]),
-                label="hash_algo",
-            ),
+            hash_algo=data.draw(st.sampled_from(HASH_ALGOS), label="hash_algo"),
             hash_seed=data.draw(
                 st.sampled_from(["vllm-none-hash", "another seed", None]), label="hash_seed"
             ),

@@ -7,6 +7,7 @@ from typing import Optional
 
 ADMIT_FULL_SEQUENCE = "full_sequence"  # v0.33: a waiting request is admitted only if all of it fits
 ADMIT_FIRST_CHUNK = "first_chunk"  # older releases: only this step's chunk must fit
+# the one list of admission rules (the scenario schema and the playground's form derive theirs)
 ADMISSIONS = (ADMIT_FULL_SEQUENCE, ADMIT_FIRST_CHUNK)
 
 

@@ -25,6 +25,8 @@ from kvcore.distributed.kv_events import (
 
 FREE_ORDER_V033 = "v0.33"  # unhashed blocks to the head, hashed blocks to the tail
 FREE_ORDER_LEGACY = "legacy"  # every freed block to the tail (older releases)
+# the one list of free orders (the scenario schema, the playground's form and the tests derive
+# theirs from it)
 FREE_ORDERS = (FREE_ORDER_V033, FREE_ORDER_LEGACY)
 
 

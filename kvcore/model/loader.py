@@ -36,10 +36,7 @@ from kvcore.model.gguf_cache import (
     smollm2_cache_dir,
     smollm2_gguf_path,
 )
-
-MODEL_CHOICES: tuple[str, ...] = ("smollm2", "tiny-random", "tiny-hybrid")
-DEVICE_CHOICES: tuple[str, ...] = ("auto", "cpu", "cuda")
-DTYPE_CHOICES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+from kvcore.model.shapes import DEVICE_CHOICES, DTYPE_CHOICES, MODEL_CHOICES, TINY_MODELS
 
 # SmolLM2-135M's rope theta; the tiny model copies it.
 SMOLLM2_ROPE_THETA = 100000.0
@@ -274,7 +271,7 @@ def save_model(name: str, folder: str, *, progress: Progress = None) -> None:
     """Write a tiny model (``tiny-random`` or ``tiny-hybrid``) with its tokenizer to ``folder``
     as an ordinary checkpoint: ``AutoModelForCausalLM.from_pretrained(folder)`` loads the very
     weights :func:`load_model` builds."""
-    if name not in ("tiny-random", "tiny-hybrid"):
+    if name not in TINY_MODELS:
         raise ValueError(f"only the tiny models are built here; {name!r} is not one of them")
     loaded = load_model(name, "cpu", "float32", progress=progress)
     with _quiet_transformers():

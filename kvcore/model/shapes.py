@@ -1,6 +1,6 @@
-"""The tiny hybrid model's shape as plain numbers (no torch import): the loader builds its
-config from them, and a scenario's block size and pool are resolved from them before (or
-without) loading the model."""
+"""The models the loader loads, by name, and the tiny hybrid model's shape, as plain data (no
+torch import): the loader builds its config from them, and a scenario's choices, block size and
+pool are resolved from them before (or without) loading the model."""
 
 from __future__ import annotations
 
@@ -26,6 +26,18 @@ TINY_HYBRID: dict = {
 
 # the hybrid models a scenario can name, by name
 HYBRID_SHAPES: dict[str, dict] = {"tiny-hybrid": TINY_HYBRID}
+
+# The models kvcore/model/loader.py loads, the devices and dtypes it loads them on: the one list of
+# each (the scenario schema, the app's sidebar, the command lines, the benchmarks and the tests
+# derive theirs from these).
+MODEL_CHOICES: tuple[str, ...] = ("smollm2", "tiny-random", "tiny-hybrid")
+DEVICE_CHOICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+DTYPE_CHOICES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+# attention layers only: every lesson plays on these (the sidebar's choice); a hybrid model is
+# only a lesson's own model
+ATTENTION_MODELS: tuple[str, ...] = tuple(m for m in MODEL_CHOICES if m not in HYBRID_SHAPES)
+# built from a seed here rather than read from a wheel (``python -m kvcore model save`` writes them)
+TINY_MODELS: tuple[str, ...] = tuple(m for m in MODEL_CHOICES if m != "smollm2")
 
 
 def hybrid_shape(name: str):

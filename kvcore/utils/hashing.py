@@ -33,11 +33,14 @@ def xxhash_cbor(obj: Any) -> bytes:
 
 
 HASH_FUNCTIONS: dict[str, HashFn] = {
+    "xxhash": xxhash,
     "sha256": sha256,
     "sha256_cbor": sha256_cbor,
-    "xxhash": xxhash,
     "xxhash_cbor": xxhash_cbor,
 }
+# The names a block hash can be computed with, the default first: the one list of them (the
+# scenario schema, the playground's form and the tests derive theirs from it).
+HASH_ALGOS: tuple[str, ...] = tuple(HASH_FUNCTIONS)
 # Not collision resistant: vLLM keeps their seed secret (random) unless told otherwise.
 NON_CRYPTO_HASH_ALGOS = frozenset({"xxhash", "xxhash_cbor"})
 

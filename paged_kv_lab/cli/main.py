@@ -1,24 +1,21 @@
 """Command line: replay a scenario step by step.
 
-    python -m paged_kv_lab run SCENARIO.json [--trace OUT.jsonl] [--html OUT.html] [--until EVENT]
+    python -m kvcore run SCENARIO.json [--trace OUT.jsonl] [--html OUT.html] [--until EVENT]
                              [--model M] [--device D] [--set KEY=VALUE ...]
-    python -m paged_kv_lab explain (SCENARIO.json | --trace OUT.jsonl)
+    python -m kvcore explain (SCENARIO.json | --trace OUT.jsonl)
                              (--request ID [--step N] [--vs ID] | --block N | --calls --step N)
                              [--lang zh]
-    python -m paged_kv_lab profile [--model M] [--device D] [--block-size N]
-    [--gpu-memory-utilization F]
+    python -m kvcore profile [--model M] [--device D] [--block-size N] [--gpu-memory-utilization F]
                              [--max-num-batched-tokens N] [--max-model-len N]
-    python -m paged_kv_lab replay TRACE.jsonl [--set KEY=VALUE ...] [--arrival
-    sequential|timestamps]
+    python -m kvcore replay TRACE.jsonl [--set KEY=VALUE ...] [--arrival sequential|timestamps]
                              [--speedup X] [--json [PATH]] [--sweep KEY=V1,V2,...] [--csv [PATH]]
-    python -m paged_kv_lab compare TRACE.jsonl [--designs vllm,sglang,nano] [--set KEY=VALUE ...]
+    python -m kvcore compare TRACE.jsonl [--designs vllm,sglang,nano] [--set KEY=VALUE ...]
                              [--page-size N] [--json [PATH]] [--sweep num_gpu_blocks=V1,V2,...]
-    python -m paged_kv_lab pack --out DIR [--lessons all|ID,ID,...] [--lang en,zh] [--model M]
-    python -m paged_kv_lab fleet TRACE.jsonl [--replicas N] [--router POLICY] [--set KEY=VALUE ...]
+    python -m kvcore pack --out DIR [--lessons all|ID,ID,...] [--lang en,zh] [--model M]
+    python -m kvcore fleet TRACE.jsonl [--replicas N] [--router POLICY] [--set KEY=VALUE ...]
                              [--arrival sequential|timestamps] [--json [PATH]]
                              [--sweep router=P1,P2,... | replicas=N1,N2,...]
-    python -m paged_kv_lab serve-events [SCENARIO.json | TRACE.jsonl] [--replicas N] [--router
-    POLICY]
+    python -m kvcore serve-events [SCENARIO.json | TRACE.jsonl] [--replicas N] [--router POLICY]
                              [--endpoint tcp://127.0.0.1:5557] [--replay-endpoint ENDPOINT]
                              [--pace-ms MS]
 
@@ -33,6 +30,7 @@ import sys
 from dataclasses import replace
 from typing import TextIO
 
+from kvcore.model.shapes import TINY_MODELS
 from paged_kv_lab.recording import events, snapshot
 from paged_kv_lab.run import trace_file as trace
 from paged_kv_lab.run.scenario import (
@@ -275,7 +273,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m paged_kv_lab", description=tr("cli.description"))
+    p = argparse.ArgumentParser(prog="python -m kvcore", description=tr("cli.description"))
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help=tr("cli.run.help"))
     r.add_argument("scenario", help=tr("cli.run.scenario"))
@@ -395,7 +393,7 @@ def main(argv=None) -> int:
     mdl = sub.add_parser("model", help=tr("cli.model.help"))
     mdl_sub = mdl.add_subparsers(dest="model_cmd", required=True)
     save = mdl_sub.add_parser("save", help=tr("cli.model.save.help"))
-    save.add_argument("name", choices=("tiny-random", "tiny-hybrid"), help=tr("cli.model.name"))
+    save.add_argument("name", choices=TINY_MODELS, help=tr("cli.model.name"))
     save.add_argument("folder", help=tr("cli.model.folder"))
     from paged_kv_lab.cli.replay_command import add_parser as add_replay_parser
 

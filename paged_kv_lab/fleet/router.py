@@ -17,8 +17,6 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-POLICIES = ("round_robin", "random", "least_loaded", "session", "prefix", "dynamo", "approx")
-
 # Router settings (``--set`` keys besides the engine's), with their defaults; a policy reads its
 # own. Dynamo's defaults are KvRouterConfig's in ai-dynamo-runtime 1.6.1 (dynamo/_core.pyi);
 # sglang-router's are RouterArgs' in sglang-router 0.3.2 (sglang_router/router_args.py).
@@ -376,6 +374,9 @@ _ROUTERS = {
     c.name: c
     for c in (RoundRobin, RandomRouter, LeastLoaded, Session, PrefixAware, DynamoKv, ApproxTree)
 }
+# the routers by name, each named by its own class: the one list of them (the fleet's command
+# line, the Real workloads page's form, docs/fleet.md's check and the tests derive theirs from it)
+POLICIES: tuple[str, ...] = tuple(_ROUTERS)
 
 
 def router_settings(overrides: Optional[dict] = None) -> dict:

@@ -32,21 +32,23 @@ from pydantic import (
 
 from kvcore.config.kv_events import KVEventsConfig
 from kvcore.config.lora import MAX_LORA_RANKS
+from kvcore.config.scheduler import ADMISSIONS
+from kvcore.core.block_pool import FREE_ORDERS
+from kvcore.core.sched.request_queue import POLICIES
+from kvcore.kv_cache_interface import MAMBA_CACHE_MODES
 from kvcore.model.memory import HybridPageSizes, hybrid_page_sizes
-from kvcore.model.shapes import hybrid_shape
+from kvcore.model.shapes import DEVICE_CHOICES, DTYPE_CHOICES, MODEL_CHOICES, hybrid_shape
+from kvcore.utils.hashing import HASH_ALGOS
 from paged_kv_lab.text.i18n import ProblemsError, Text, tr
 
-MODELS = ("smollm2", "tiny-random", "tiny-hybrid")
-DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("float32", "bfloat16", "float16")
+# Each choice is kvcore's own list, where kvcore uses it (the model names where the models are
+# loaded); the playground's form, the command lines and the tests derive theirs from these.
+MODELS = MODEL_CHOICES
+DEVICES = DEVICE_CHOICES
+DTYPES = DTYPE_CHOICES
 # "linear_attention": a Mamba-style state layer (Qwen3-Next / Qwen3.5's gated delta-net): its
 # group holds state blocks (kvcore MambaSpec); only model-free runs have such layers so far.
 LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
-MAMBA_CACHE_MODES = ("align", "none")
-HASH_ALGOS = ("xxhash", "sha256", "sha256_cbor", "xxhash_cbor")
-POLICIES = ("fcfs", "priority")
-FREE_ORDERS = ("v0.33", "legacy")
-ADMISSIONS = ("full_sequence", "first_chunk")
 # engine.sliding_retention -> prefix_cache_retention_interval
 LEGACY_RETENTION = {"sparse": 0, "dense": None}
 _FORBID = ConfigDict(extra="forbid")

@@ -1,53 +1,27 @@
 """A recorded run: one scenario's steps, shared by every session that plays it, and what names
-and sizes it (``run_key``, ``estimate_nbytes``). The store that makes runs and computes their
-steps is runstore/store.py. No Streamlit here.
+it (``run_key``; its size is ``estimate_nbytes``'s, runs/server_cache.py). The store that makes
+runs and computes their steps is store/run_store.py; it changes a run only through the methods of
+"the store's side" below. No Streamlit here.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import weakref
-from dataclasses import fields, is_dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from paged_kv_lab.recording.snapshot import Snapshot, StepRecord
 from paged_kv_lab.run.scenario import Scenario, scenario_to_dict
+from paged_kv_lab.store.server_cache import estimate_nbytes
 
 if TYPE_CHECKING:
     from paged_kv_lab.store.run_store import RunStore
 
-
-# -- sizes and decoding -----------------------------------------------------------------------
-def estimate_nbytes(obj: Any, _seen: Optional[set] = None) -> int:
-    """Bytes held by a tree of records (dataclasses, tuples, lists, dicts, strings), each object
-    counted once. Small ints and interned strings are counted too: an overestimate is safe."""
-    seen = set() if _seen is None else _seen
-    stack, total = [obj], 0
-    while stack:
-        o = stack.pop()
-        if id(o) in seen:
-            continue
-        seen.add(id(o))
-        total += sys.getsizeof(o)
-        if isinstance(o, (str, bytes, int, float, bool)) or o is None:
-            continue
-        if isinstance(o, dict):
-            stack.extend(o.keys())
-            stack.extend(o.values())
-        elif isinstance(o, (list, tuple, set, frozenset)):
-            stack.extend(o)
-        elif is_dataclass(o):
-            stack.extend(getattr(o, f.name) for f in fields(o))
-            if hasattr(o, "__dict__"):
-                # the instance's attribute dict is not in getsizeof(o)
-                total += sys.getsizeof(vars(o))
-        elif hasattr(o, "__dict__"):
-            stack.append(vars(o))
-    return total
+__all__ = ["RecordedRun", "estimate_nbytes", "run_key"]
 
 
+# -- names -----------------------------------------------------------------------------------
 def run_key(model_key: Any, scenario: Scenario) -> str:
     """A stable key: the same model, device, dtype and scenario give the same key in any process."""
     doc = {
@@ -126,7 +100,7 @@ class RecordedRun:
     def want(self, n: int) -> None:
         """Ask for at least ``n`` records (capped at the run's step limit); returns at once."""
         if self._store is not None:
-            self._store._want(self, n)
+            self._store.want(self, n)
 
     def wait(self, n: int, timeout: float, urgent: bool = True) -> bool:
         """Block until ``n`` records exist or the run is done (at most ``timeout`` s); True if they
@@ -135,13 +109,14 @@ class RecordedRun:
         crowd out other sessions; ``urgent=False`` makes any wait a background one."""
         if self._store is None:
             return len(self.records) >= n
-        with self._store._cond:
+        cond = self._store.cond
+        with cond:
             # only the very next step is urgent
             urgent = bool(urgent) and n <= len(self.records) + 1
             self._waiters += urgent
-            self._store._cond.notify_all()  # wake a pausing worker: someone waits now
+            cond.notify_all()  # wake a pausing worker: someone waits now
             try:
-                self._store._cond.wait_for(lambda: len(self.records) >= n or self.done, timeout)
+                cond.wait_for(lambda: len(self.records) >= n or self.done, timeout)
             finally:
                 self._waiters -= urgent
         return len(self.records) >= n
@@ -151,15 +126,14 @@ class RecordedRun:
         computed."""
         if self._store is None:
             return
-        with self._store._cond:
+        with self._store.cond:
             self._holders.add(owner)
             self._held_once = True
-            if self._store._runs.get(self.key) is self:
-                self._store._runs.move_to_end(self.key)
+            self._store.touch(self)
 
     def release(self, owner: Any) -> None:
         if self._store is not None:
-            with self._store._cond:
+            with self._store.cond:
                 self._holders.discard(owner)
 
     @property
@@ -173,3 +147,53 @@ class RecordedRun:
             and self._wanted > len(self.records)
             and (self.held or not self._held_once)
         )
+
+    # -- the store's side (store/run_store.py, under its condition) --------------------------------
+    @property
+    def engine(self) -> Any:
+        """The live engine the store steps (None once the run is done)."""
+        return self._engine
+
+    @property
+    def waited_for(self) -> bool:
+        """Some session is blocked on this run's next step (its steps go first)."""
+        return self._waiters > 0
+
+    @property
+    def abandoned(self) -> bool:
+        """Every session that held this run is gone."""
+        return self._held_once and not self.held
+
+    def ask(self, n: int) -> bool:
+        """Want at least ``n`` records; True if that is more than was wanted."""
+        if n <= self._wanted:
+            return False
+        self._wanted = n
+        return True
+
+    def stop_computing(self) -> None:
+        """Want no more records than there are (every session left)."""
+        self._wanted = len(self.records)
+
+    def add_record(self, record: StepRecord, nbytes: int) -> None:
+        """The worker computed the next step; ``nbytes`` is its estimated size."""
+        self.records.append(record)
+        self.nbytes += nbytes
+
+    def finish(self, error: Optional[str], outputs: Optional[dict] = None) -> None:
+        """The run ended (``error`` says why early, or is None): its engine and the engine's
+        bytes go."""
+        self.done, self.error = True, error
+        if outputs is not None:
+            self._outputs = outputs
+        self._engine = None
+        self.nbytes -= self._engine_bytes
+        self._engine_bytes = 0
+
+    def drop(self, error: str, error_key: tuple[str, dict]) -> None:
+        """The store gave the run up before its end: no more steps come, and ``error`` /
+        ``error_key`` say why. A run already done keeps what it has."""
+        if self.done:
+            return
+        self.done, self.error, self.error_key = True, error, error_key
+        self._engine = None

@@ -1,12 +1,13 @@
-"""The run store: recorded runs (runstore/recorded_run.py), computed once per server process and
+"""The run store: recorded runs (store/recorded_run.py), computed once per server process and
 shared by every session that plays them.
 
-A run is (model, device, dtype, scenario) -> its StepRecords. The RunStore keeps them
-by key, computes the steps that sessions want on one background thread -- one engine
-step at a time under the process-wide ENGINE_LOCK, round-robin across runs, so no
-session's long run holds the engine from another's -- and forgets the least recently
-used runs nobody holds once their bytes pass a limit. Sessions own only a cursor over
-a RecordedRun (runstore/runtime.py: Timeline). No Streamlit here.
+A run is (model, device, dtype, scenario) -> its StepRecords. The RunStore keeps them in the
+server's one cache (runs/server_cache.py: ServerCache, bounded by bytes, which holds everything
+else sessions share too), computes the steps that sessions want on one background thread -- one
+engine step at a time under the process-wide ENGINE_LOCK, round-robin across runs, so no
+session's long run holds the engine from another's -- and lets the cache forget the least
+recently used runs nobody holds once its bytes pass its limit. Sessions own only a cursor over
+a RecordedRun (store/timeline.py: Timeline). No Streamlit here.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import threading
 import time
 import uuid
 import weakref
-from collections import OrderedDict
 from typing import Any, Callable, Optional
 
 from paged_kv_lab.run.budget import (
@@ -31,15 +31,24 @@ from paged_kv_lab.run.budget import (
 )
 from paged_kv_lab.run.scenario import Scenario, load_scenario
 from paged_kv_lab.store.recorded_run import RecordedRun, estimate_nbytes, run_key
+from paged_kv_lab.store.server_cache import (
+    DEFAULT_BYTES,
+    ENV_BYTES,
+    ENV_HARD_BYTES,
+    ServerCache,
+    Shared,
+    default_cache,
+)
 from paged_kv_lab.store.token_text import decoder_for
 from paged_kv_lab.text.i18n import Text
 
 # one forward at a time per process: the weights are shared, the box has 2 cores
 ENGINE_LOCK = threading.Lock()
 
-ENV_STORE_BYTES = "PAGED_KV_LAB_RUN_STORE_BYTES"
-ENV_STORE_HARD_BYTES = "PAGED_KV_LAB_RUN_STORE_HARD_BYTES"
-DEFAULT_STORE_BYTES = 512 * 10**6
+# the server cache's budget (runs/server_cache.py), under the names it had when it held runs only
+ENV_STORE_BYTES = ENV_BYTES
+ENV_STORE_HARD_BYTES = ENV_HARD_BYTES
+DEFAULT_STORE_BYTES = DEFAULT_BYTES
 ENV_BACKGROUND_PAUSE = "PAGED_KV_LAB_BACKGROUND_PAUSE"
 DEFAULT_BACKGROUND_PAUSE = 1.0  # computing ahead takes at most half of the time (and of the GIL)
 ENV_BACKGROUND_MAX_WAIT = "PAGED_KV_LAB_BACKGROUND_MAX_WAIT"
@@ -48,14 +57,22 @@ DEFAULT_BACKGROUND_MAX_WAIT = 2.0  # clicks never starve long work for longer th
 EngineFactory = Callable[[Scenario], Any]
 
 
+def _run_in_use(run: RecordedRun) -> bool:
+    """A run some session plays, or one the worker is computing, is not evicted below the hard
+    limit."""
+    return run.held or run.computing
+
+
 # -- the store -------------------------------------------------------------------------------
 class RunStore:
-    """Recorded runs by key, a worker that computes wanted steps fairly, and an LRU bound by bytes.
+    """Recorded runs by key in a ServerCache, and a worker that computes wanted steps fairly.
 
-    Invariants: ``total_bytes == sum(r.nbytes for r in runs)``; above ``max_bytes`` the least
-    recently used runs no session holds are forgotten; above ``hard_bytes`` held runs go too (their
-    sessions keep what was recorded and are told why no more steps come). The worker holds the
-    engine lock for one step at a time and visits runs with work in turn.
+    Invariants: each run's ``nbytes`` is its entry's bytes in the cache; above the cache's
+    ``max_bytes`` the least recently used runs no session holds (and the cache's other entries
+    not in use) are forgotten; above ``hard_bytes`` held runs go too (their sessions keep what
+    was recorded and are told why no more steps come). A run is made once per key: a second
+    session asking for it meanwhile waits for the first. The worker holds the engine lock for
+    one step at a time and visits runs with work in turn.
 
     Two classes of work: a step some session is blocked on at its frontier (a click: "urgent") and
     everything else (steps computed ahead, Run to end, a far step, Play). Urgent steps go first,
@@ -64,6 +81,10 @@ class RunStore:
     clicks again within that gap, and its next step must not queue behind work ahead -- except that
     once other work has waited ``background_max_wait`` seconds it gets one step even under clicks,
     so it is slowed but never starved.
+
+    ``cache``: the cache the runs go in; without one the store has a cache of its own, bounded
+    by ``max_bytes`` / ``hard_bytes`` (else the environment's budget). The process's store
+    (``default_store``) uses the process's cache (``default_cache``).
     """
 
     def __init__(
@@ -75,6 +96,7 @@ class RunStore:
         limits: Optional[Limits] = None,
         background_pause: Optional[float] = None,
         background_max_wait: Optional[float] = None,
+        cache: Optional[ServerCache] = None,
     ) -> None:
         env = os.environ
         if background_pause is None:
@@ -83,21 +105,23 @@ class RunStore:
             background_max_wait = float(
                 env.get(ENV_BACKGROUND_MAX_WAIT, DEFAULT_BACKGROUND_MAX_WAIT)
             )
-        self.max_bytes = int(
-            max_bytes if max_bytes is not None else env.get(ENV_STORE_BYTES, DEFAULT_STORE_BYTES)
-        )
-        self.hard_bytes = int(
-            hard_bytes
-            if hard_bytes is not None
-            else env.get(ENV_STORE_HARD_BYTES, 2 * self.max_bytes)
+        if cache is not None and (max_bytes is not None or hard_bytes is not None):
+            raise ValueError("a store in a given cache has that cache's limits")
+        self.cache = cache if cache is not None else ServerCache(max_bytes, hard_bytes)
+        self.cond = self.cache.cond  # the cache's condition: runs and the cache change under it
+        self._kind: Shared[RecordedRun] = Shared(
+            "runs",
+            size=lambda run: run.nbytes,
+            in_use=_run_in_use,
+            on_evict=self._forgotten,
+            on_insert=self._register,
+            keep_errors=False,  # a refusal depends on the limits asked with: not kept
+            cache=self.cache,
         )
         self.limits = limits if limits is not None else app_limits()
         self.max_steps = int(max_steps if max_steps is not None else self.limits.max_run_steps)
         self.lock = lock if lock is not None else ENGINE_LOCK
-        self._runs: OrderedDict[str, RecordedRun] = OrderedDict()
-        self._cond = threading.Condition()
-        self._rr: list[str] = []  # keys of runs in the worker's round-robin order
-        self.total_bytes = 0
+        self._rr: list[RecordedRun] = []  # the runs in the worker's round-robin order
         self.steps_computed = 0
         # keys of the last steps computed (tests read the interleaving)
         self.step_log: list[str] = []
@@ -110,6 +134,19 @@ class RunStore:
         self._worker: Optional[threading.Thread] = None
         self._closed = False
         _OPEN_STORES.add(self)
+
+    @property
+    def max_bytes(self) -> int:
+        return self.cache.max_bytes
+
+    @property
+    def hard_bytes(self) -> int:
+        return self.cache.hard_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        """The bytes of the store's cache: its runs and whatever else the cache holds."""
+        return self.cache.total_bytes
 
     # -- getting runs -----------------------------------------------------------------------
     def run(
@@ -126,141 +163,118 @@ class RunStore:
         key = (
             run_key(model_key, scenario) if model_key is not None else "private:" + uuid.uuid4().hex
         )
-        with self._cond:
-            run = self._runs.get(key)
-            if run is not None:
-                self._runs.move_to_end(key)
-                return run
-        limits = limits or self.limits
-        config = getattr(model, "config", None)
-        with self.lock:
-            if scenario.engine.lora_modules:
-                # a visitor's file names no folder of this server for the engine to read
-                raise BudgetError(Text("refusal.lora_modules"))
-            check_scenario(scenario, limits, config, prompt_encoder(model))
-            engine = factory(scenario)
-            initial = engine.snapshot()
-            self._drain(engine)
-        engine_bytes = 0
-        if getattr(engine, "model", None) is not None:
-            try:
-                engine_bytes = int(engine.bytes_per_block()) * scenario.engine.num_gpu_blocks
-            except Exception:
-                engine_bytes = 0
-        run = RecordedRun(
-            key,
-            scenario,
-            initial,
-            store=self,
-            engine=engine,
-            engine_bytes=engine_bytes,
-            decode=decoder_for(model),
-        )
-        with self._cond:
-            if key in self._runs:
-                return self._runs[key]  # another session made it meanwhile
-            self._add(run)
+
+        def make() -> RecordedRun:
+            checked = limits or self.limits
+            config = getattr(model, "config", None)
+            with self.lock:
+                if scenario.engine.lora_modules:
+                    # a visitor's file names no folder of this server for the engine to read
+                    raise BudgetError(Text("refusal.lora_modules"))
+                check_scenario(scenario, checked, config, prompt_encoder(model))
+                engine = factory(scenario)
+                initial = engine.snapshot()
+                self._drain(engine)
+            engine_bytes = 0
+            if getattr(engine, "model", None) is not None:
+                try:
+                    engine_bytes = int(engine.bytes_per_block()) * scenario.engine.num_gpu_blocks
+                except Exception:
+                    engine_bytes = 0
+            run = RecordedRun(
+                key,
+                scenario,
+                initial,
+                store=self,
+                engine=engine,
+                engine_bytes=engine_bytes,
+                decode=decoder_for(model),
+            )
             if not engine.has_unfinished():
-                self._finish(run, None, engine.outputs())
-        return run
+                with self.cond:
+                    self._finish(run, None, engine.outputs())
+            return run
+
+        return self._kind.get(key, make)
 
     def trace_run(self, trace) -> RecordedRun:
         """A trace file as a finished run (nothing computed); identical files share one."""
         check_steps(len(trace.records), self.limits)
         key = "trace:" + hashlib.sha256(trace.to_jsonl().encode()).hexdigest()[:32]
-        with self._cond:
-            run = self._runs.get(key)
-            if run is not None:
-                self._runs.move_to_end(key)
-                return run
-        scenario = load_scenario(trace.scenario) if trace.scenario is not None else None
-        run = RecordedRun(
-            key,
-            scenario,
-            trace.initial,
-            store=self,
-            records=trace.records,
-            done=True,
-            outputs=trace.outputs,
-            trace=trace,
-        )
-        with self._cond:
-            if key in self._runs:
-                return self._runs[key]
-            self._add(run)
-        return run
+
+        def make() -> RecordedRun:
+            scenario = load_scenario(trace.scenario) if trace.scenario is not None else None
+            return RecordedRun(
+                key,
+                scenario,
+                trace.initial,
+                store=self,
+                records=trace.records,
+                done=True,
+                outputs=trace.outputs,
+                trace=trace,
+            )
+
+        return self._kind.get(key, make)
 
     def __len__(self) -> int:
-        return len(self._runs)
+        return len(self._kind.values())
 
     def __contains__(self, key: str) -> bool:
-        return key in self._runs
+        return self._kind.ready(key)
 
     def runs(self) -> list[RecordedRun]:
-        with self._cond:
-            return list(self._runs.values())
+        return self._kind.values()
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the worker after the step it is computing, if any; runs stay readable."""
-        with self._cond:
+        with self.cond:
             self._closed = True
-            self._cond.notify_all()
+            self.cond.notify_all()
         if self._worker is not None and self._worker is not threading.current_thread():
             self._worker.join(timeout=timeout)
 
-    # -- bookkeeping (under self._cond) ------------------------------------------------------
-    def _add(self, run: RecordedRun) -> None:
-        self._runs[run.key] = run
-        self._rr.append(run.key)
-        self.total_bytes += run.nbytes
-        self._evict(keep=run)
+    # -- what sessions ask (store/recorded_run.py)
+    # --------------------------------------------------
+    def want(self, run: RecordedRun, n: int) -> None:
+        """Compute ``run`` up to ``n`` steps (capped at ``max_steps``)."""
+        with self.cond:
+            if run.ask(min(int(n), self.max_steps)) and self._holds(run) and run.computing:
+                self._ensure_worker()
+                self.cond.notify_all()
 
-    def _forget(self, key: str, reason: Optional[str] = None) -> None:
-        run = self._runs.pop(key)
-        self._rr.remove(key)
-        held = self.total_bytes  # what the store held when it gave this run up
-        self.total_bytes -= run.nbytes
-        if not run.done:
-            run.done, run.error = True, reason or "this run was dropped from the server's run store"
-            run.error_key = (
+    def touch(self, run: RecordedRun) -> None:
+        """A session took ``run`` up: it becomes the cache's most recently used entry."""
+        self.cache.touch(self._kind, run.key, run)
+
+    # -- bookkeeping (under self.cond) --------------------------------------------------------
+    def _holds(self, run: RecordedRun) -> bool:
+        return self.cache.holds(self._kind, run.key, run)
+
+    def _register(self, run: RecordedRun) -> None:
+        """The cache stored a new run: it joins the worker's round."""
+        self._rr.append(run)
+
+    def _forgotten(self, run: RecordedRun, hard_total: Optional[int]) -> None:
+        """The cache forgot ``run`` (``hard_total``: its bytes when its hard limit made it)."""
+        if run in self._rr:
+            self._rr.remove(run)
+        if hard_total is not None:
+            run.drop(
+                f"the server's run store is full ({hard_total:,} bytes; "
+                f"{ENV_STORE_HARD_BYTES}={self.hard_bytes:,}); no more steps of this run",
                 (
                     "store_full",
                     {
-                        "bytes": f"{held:,}",
+                        "bytes": f"{hard_total:,}",
                         "var": ENV_STORE_HARD_BYTES,
                         "limit": f"{self.hard_bytes:,}",
                     },
-                )
-                if reason
-                else ("dropped", {})
+                ),
             )
-            run._engine = None
-        self._cond.notify_all()
-
-    def _evict(self, keep: Optional[RecordedRun] = None) -> None:
-        for key, run in list(self._runs.items()):
-            if self.total_bytes <= self.max_bytes:
-                break
-            if run is not keep and not run.held and not run.computing:
-                self._forget(key)
-        for key, run in list(self._runs.items()):
-            if self.total_bytes <= self.hard_bytes:
-                break
-            if run is not keep:
-                self._forget(
-                    key,
-                    f"the server's run store is full ({self.total_bytes:,} bytes; "
-                    f"{ENV_STORE_HARD_BYTES}={self.hard_bytes:,}); no more steps of this run",
-                )
-
-    def _want(self, run: RecordedRun, n: int) -> None:
-        with self._cond:
-            n = min(int(n), self.max_steps)
-            if n > run._wanted:
-                run._wanted = n
-                if run.key in self._runs and run.computing:
-                    self._ensure_worker()
-                    self._cond.notify_all()
+        else:
+            run.drop("this run was dropped from the server's run store", ("dropped", {}))
+        self.cond.notify_all()
 
     def _ensure_worker(self) -> None:
         if self._worker is None or not self._worker.is_alive():
@@ -270,31 +284,24 @@ class RunStore:
     def _finish(
         self, run: RecordedRun, error: Optional[str], outputs: Optional[dict] = None
     ) -> None:
-        run.done, run.error = True, error
-        if outputs is not None:
-            run._outputs = outputs
-        run._engine = None
-        run.nbytes -= run._engine_bytes
-        if run.key in self._runs:
-            self.total_bytes -= run._engine_bytes
-        run._engine_bytes = 0
-        self._cond.notify_all()
+        run.finish(error, outputs)
+        self.cache.resize(self._kind, run.key, run, run.nbytes)  # its engine's bytes went
+        self.cond.notify_all()
 
     def _next_run(self, background: bool) -> Optional[RecordedRun]:
         """The next run to step, round-robin after the last one served: a run some session waits
         for at its frontier, else (when ``background``) any run with wanted steps."""
         ready = []
-        for i, key in enumerate(self._rr):
-            run = self._runs[key]
-            if run._held_once and not run.held:
-                run._wanted = len(run.records)  # every session left: stop computing it
-            if run.computing and run._engine is not None:
+        for i, run in enumerate(self._rr):
+            if run.abandoned:
+                run.stop_computing()  # every session left: stop computing it
+            if run.computing and run.engine is not None:
                 ready.append(i)
         if not ready:
             self._background_since = None
             return None
-        urgent = [i for i in ready if self._runs[self._rr[i]]._waiters]
-        others = [i for i in ready if not self._runs[self._rr[i]]._waiters]
+        urgent = [i for i in ready if self._rr[i].waited_for]
+        others = [i for i in ready if not self._rr[i].waited_for]
         now = time.perf_counter()
         if not others:
             self._background_since = None
@@ -308,9 +315,9 @@ class RunStore:
             self._background_since = None  # served: its wait starts again
         else:
             return None
-        key = self._rr.pop(i)
-        self._rr.append(key)  # served now, so it goes to the back of the line
-        return self._runs[key]
+        run = self._rr.pop(i)
+        self._rr.append(run)  # served now, so it goes to the back of the line
+        return run
 
     # -- the worker ---------------------------------------------------------------------------
     @staticmethod
@@ -329,25 +336,25 @@ class RunStore:
 
     def _loop(self) -> None:
         while True:
-            with self._cond:
+            with self.cond:
                 while not self._closed:
                     gap = self._gap_left()
                     run = self._next_run(background=gap <= 0)
                     if run is not None:
                         break
                     # nothing urgent: sleep out the gap (or until work comes); a waiter wakes us
-                    self._cond.wait(timeout=gap if gap > 0 and self._has_work() else 30)
+                    self.cond.wait(timeout=gap if gap > 0 and self._has_work() else 30)
                 if self._closed:
                     return
-                engine = run._engine
+                engine = run.engine
             t0 = time.perf_counter()
             self._step(run, engine)
-            with self._cond:
+            with self.cond:
                 self._last_step_end = time.perf_counter()
                 self._last_step_time = self._last_step_end - t0
 
     def _has_work(self) -> bool:
-        return any(r.computing and r._engine is not None for r in self._runs.values())
+        return any(r.computing and r.engine is not None for r in self._rr)
 
     def _step(self, run: RecordedRun, engine) -> None:
         outputs = None
@@ -360,20 +367,18 @@ class RunStore:
                 if finished or capped:
                     outputs = engine.outputs()
         except Exception as e:  # one run's failure never stops the worker or other runs
-            with self._cond:
+            with self.cond:
                 if not run.done:
                     self._finish(
                         run, f"step {len(run.records) + 1} failed: {type(e).__name__}: {e}"
                     )
             return
         size = estimate_nbytes(rec)
-        with self._cond:
+        with self.cond:
             if run.done:  # dropped while this step ran
                 return
-            run.records.append(rec)
-            run.nbytes += size
-            if run.key in self._runs:
-                self.total_bytes += size
+            run.add_record(rec, size)
+            self.cache.resize(self._kind, run.key, run, run.nbytes)
             self.steps_computed += 1
             self.step_log.append(run.key)
             del self.step_log[:-200]
@@ -387,8 +392,8 @@ class RunStore:
                     f"{self.max_steps} steps per run (PAGED_KV_LAB_MAX_RUN_STEPS)",
                     outputs,
                 )
-            self._evict()  # over the hard limit the growing run itself may have to stop
-            self._cond.notify_all()
+            self.cache.evict()  # over the hard limit the growing run itself may have to stop
+            self.cond.notify_all()
 
 
 _STORE: Optional[RunStore] = None
@@ -407,9 +412,10 @@ def _close_open_stores() -> None:
 
 
 def default_store() -> RunStore:
-    """The process-wide store (limits from the environment at first use)."""
+    """The process-wide store, in the process-wide cache (runs/server_cache.py: default_cache;
+    its budget from the environment at first use)."""
     global _STORE
     with _STORE_LOCK:
         if _STORE is None:
-            _STORE = RunStore()
+            _STORE = RunStore(cache=default_cache())
         return _STORE

@@ -5,18 +5,21 @@ router's index (built only from the engines' KV events), "why replica N?" with t
 numbers, and each policy's hit rate at the end.
 
 Every picture reads the recorded ``FleetMoment``s (fleet/model_fleet.py); a run is computed once
-per process and model, under the engine lock, and shared by every session.
+per process and model, under the engine lock, and shared by every session (``FLEETS``, a kind of
+the server's one cache: runs/server_cache.py).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import streamlit as st
 
 from kvcore.distributed.kv_events import external_hash_text
+from paged_kv_lab.store.server_cache import Shared, estimate_nbytes
 from paged_kv_lab.text.i18n import tr
 from paged_kv_lab.ui.panels import painted_grid
 
@@ -29,19 +32,38 @@ def lesson_data() -> dict:
     return json.loads(LESSON_FILE.read_text(encoding="utf-8"))
 
 
-@st.cache_resource(show_spinner=False, max_entries=16)
-def fleet_run(model_name: str, device: str, policy: str, _model):
-    """The lesson's requests through its fleet under ``policy`` on the loaded model."""
-    from paged_kv_lab.fleet.model_fleet import ModelFleet
-    from paged_kv_lab.run.scenario import load_scenario
-    from paged_kv_lab.ui.modelstate import engine_lock
+def fleet_nbytes(fleet) -> int:
+    """What a computed fleet holds: its moments and the router's index (estimated as a run's
+    records are), and each engine's KV cache (bytes per block x blocks, as a run counts its live
+    engine); the weights are the loaded model's, counted nowhere here."""
+    kv = sum(
+        int(r.engine.bytes_per_block()) * int(r.engine.settings.num_gpu_blocks)
+        for r in fleet.replicas
+    )
+    return estimate_nbytes((fleet.moments, fleet.routing)) + kv
 
-    d = lesson_data()
-    scenario = load_scenario({**d["scenario"], "model": model_name, "device": device})
-    with engine_lock():
-        fleet = ModelFleet(scenario, d["replicas"], policy, _model, d["sessions"])
-        fleet.run()
-    return fleet
+
+# (model, device, policy) -> the lesson's ModelFleet, run to its end; a failure is not kept (the
+# next visit tries again)
+FLEETS: Shared[Any] = Shared("fleet lesson", size=fleet_nbytes, keep_errors=False)
+
+
+def fleet_run(model_name: str, device: str, policy: str, model):
+    """The lesson's requests through its fleet under ``policy`` on the loaded model."""
+
+    def compute():
+        from paged_kv_lab.fleet.model_fleet import ModelFleet
+        from paged_kv_lab.run.scenario import load_scenario
+        from paged_kv_lab.ui.modelstate import engine_lock
+
+        d = lesson_data()
+        scenario = load_scenario({**d["scenario"], "model": model_name, "device": device})
+        with engine_lock():
+            fleet = ModelFleet(scenario, d["replicas"], policy, model, d["sessions"])
+            fleet.run()
+        return fleet
+
+    return FLEETS.get((model_name, device, policy), compute)
 
 
 def prepare_fleet_lesson(ms) -> None:

@@ -2,7 +2,8 @@
 replicas behind a router (fleet/trace_fleet.py); per-replica figures and curves over the trace's
 clock.
 
-A fleet run is computed once per (trace, settings, replicas, router) and process, and shared.
+A fleet run is computed once per (trace, settings, replicas, router) and process, and shared
+(``FLEETS``, a kind of the server's one cache: runs/server_cache.py).
 """
 
 from __future__ import annotations
@@ -10,22 +11,29 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
+from paged_kv_lab.store.server_cache import Shared
 from paged_kv_lab.text.i18n import tr
 
 MAX_REPLICAS = 8
 CHART_POINTS = 400
+# (trace key, settings, replicas, router) -> (figures, each replica's series, its sub-trace); a
+# failure is not kept (the next click tries again)
+FLEETS: Shared[tuple] = Shared("fleet workloads", keep_errors=False)
 
 
-@st.cache_resource(show_spinner=False, max_entries=8)
-def fleet_result(trace_key: str, _trace, settings, replicas: int, policy: str):
+def fleet_result(trace_key: str, trace, settings, replicas: int, policy: str):
     """The fleet's figures and each replica's series (sampled), for the page."""
-    from paged_kv_lab.fleet.trace_fleet import Fleet
 
-    fleet = Fleet(_trace, settings.replay_settings(_trace), replicas, policy)
-    result = fleet.run()
-    series = [r.result().series.sample(CHART_POINTS) for r in fleet.replicas]
-    subs = [fleet.sub_trace(i) for i in range(replicas)]
-    return result, series, subs
+    def compute():
+        from paged_kv_lab.fleet.trace_fleet import Fleet
+
+        fleet = Fleet(trace, settings.replay_settings(trace), replicas, policy)
+        result = fleet.run()
+        series = [r.result().series.sample(CHART_POINTS) for r in fleet.replicas]
+        subs = [fleet.sub_trace(i) for i in range(replicas)]
+        return result, series, subs
+
+    return FLEETS.get((trace_key, settings, replicas, policy), compute)
 
 
 def render_fleet_mode(trace, trace_key: str, settings, lang: str) -> None:

@@ -12,7 +12,7 @@ import streamlit as st
 
 from kvcore.model.memory import KVCacheSizing, MemoryProfile, num_gpu_blocks_from_profile
 from paged_kv_lab.content.memory_math import DTYPES, human_bytes
-from paged_kv_lab.store.shared import Shared
+from paged_kv_lab.store.server_cache import Shared
 from paged_kv_lab.text.i18n import tr
 
 PROFILE_TOKENS = 256  # the forward profiled: the lessons' token budget, well inside the run budget

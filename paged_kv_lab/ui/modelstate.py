@@ -9,8 +9,11 @@ from dataclasses import dataclass
 
 import streamlit as st
 
-MODELS = ("smollm2", "tiny-random")
-DEVICES = ("auto", "cpu", "cuda")
+from kvcore.model.shapes import ATTENTION_MODELS, DEVICE_CHOICES
+
+# the sidebar's choices: the models every lesson plays on, and the loader's devices
+MODELS = ATTENTION_MODELS
+DEVICES = DEVICE_CHOICES
 ENV_MODEL = "PAGED_KV_LAB_MODEL"
 ENV_DEVICE = "PAGED_KV_LAB_DEVICE"
 

@@ -12,16 +12,23 @@ import streamlit as st
 
 from paged_kv_lab.content.catalog import Lesson
 from paged_kv_lab.run.budget import ENV, SETTING_LIMITS, app_limits, fmt_bytes, kv_pool_bytes
-from paged_kv_lab.run.scenario import EngineSettings
+from paged_kv_lab.run.scenario import (
+    ADMISSIONS,
+    FREE_ORDERS,
+    HASH_ALGOS,
+    POLICIES,
+    EngineSettings,
+)
 from paged_kv_lab.text.i18n import tr
 from paged_kv_lab.ui.modelstate import ModelState
 from paged_kv_lab.ui.state import SETTING_DEFAULTS, LessonState, rebuild
 
+# the schema's choices (run/scenario.py, each kvcore's own list)
 CHOICES = {
-    "hash_algo": ("xxhash", "sha256", "sha256_cbor", "xxhash_cbor"),
-    "policy": ("fcfs", "priority"),
-    "free_order": ("v0.33", "legacy"),
-    "admission": ("full_sequence", "first_chunk"),
+    "hash_algo": HASH_ALGOS,
+    "policy": POLICIES,
+    "free_order": FREE_ORDERS,
+    "admission": ADMISSIONS,
 }
 
 

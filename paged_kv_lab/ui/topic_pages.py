@@ -32,7 +32,7 @@ from paged_kv_lab.content.topics import (
     max_image_offset,
     ttft_study,
 )
-from paged_kv_lab.store.shared import Shared
+from paged_kv_lab.store.server_cache import Shared
 from paged_kv_lab.text.i18n import Text, tr
 from paged_kv_lab.ui.lesson_page import current_lang, current_model
 from paged_kv_lab.ui.panels import painted_grid, questions_box

@@ -6,7 +6,7 @@ case's run (and its fixed twin) and every lesson's is opened in the run store an
 end as background work (the store's worker records them, keeping any session's clicks first);
 meanwhile the shipped trace's first slice is replayed for Real workloads and the topic pages'
 studies are measured. The sidebar says whether it is under way or done (``warm_up_line``). A page
-visited before its part is ready shows a note that fills in (store/shared.py:
+visited before its part is ready shows a note that fills in (store/server_cache.py:
 ``ready_or_placeholder``), or, for a run, plays the steps recorded so far.
 
 Once per model, device and dtype per server process. ``PAGED_KV_LAB_WARM_UP=0`` turns it off
@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 import os
 
-from paged_kv_lab.store.shared import Shared
+from paged_kv_lab.store.server_cache import Shared
 
 ENV = "PAGED_KV_LAB_WARM_UP"
 RUN_WAIT_S = 600.0  # how long the warm-up holds a run it opened for the run to end
@@ -31,7 +31,9 @@ PAGE_MODULES = (
     "paged_kv_lab.ui.trace_page",
     "paged_kv_lab.ui.workloads_page",
 )
-WARM_UPS: Shared[None] = Shared("warm-up")
+# (model, device, dtype) -> None once the warm-up ran: pinned in the server's one cache (a few
+# bytes, never evicted below its hard limit), so the warm-up runs once per model per process
+WARM_UPS: Shared[None] = Shared("warm-up", pinned=True)
 
 
 def enabled() -> bool:
@@ -100,9 +102,9 @@ def warm_up_line(ms, lang: str) -> None:
     changes by itself when the warm-up ends) or done. Nothing when there is none."""
     import streamlit as st
 
-    from paged_kv_lab.store.shared import POLL_S
     from paged_kv_lab.text.i18n import tr
     from paged_kv_lab.ui.state import model_key
+    from paged_kv_lab.ui.widgets import POLL_S
 
     if ms.model is None or not enabled():
         return

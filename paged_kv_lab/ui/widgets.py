@@ -11,13 +11,14 @@ import streamlit as st
 from paged_kv_lab.content.catalog import Lesson
 from paged_kv_lab.run.budget import BudgetError, app_limits, check_size
 from paged_kv_lab.run.scenario import scenario_to_dict
-from paged_kv_lab.store.shared import POLL_S, Shared
+from paged_kv_lab.store.server_cache import Shared
 from paged_kv_lab.text.i18n import Text, said, tr
 from paged_kv_lab.ui.modelstate import ModelState
 from paged_kv_lab.ui.panels import md_escape
 from paged_kv_lab.ui.state import LessonState, parse_scenario_text, rebuild
 
 T = TypeVar("T")
+POLL_S = 1.0  # how often a placeholder looks whether its value is ready
 
 
 def on_toggle(

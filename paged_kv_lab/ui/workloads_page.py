@@ -20,7 +20,7 @@ import streamlit as st
 
 from paged_kv_lab.player.pool_payload import pool_asset, pool_css, pool_module_js, pool_payload
 from paged_kv_lab.run.budget import BudgetError
-from paged_kv_lab.store.shared import Shared
+from paged_kv_lab.store.server_cache import Shared
 from paged_kv_lab.text.i18n import Text, said, tr
 from paged_kv_lab.ui import class_panel as classroom
 from paged_kv_lab.ui.lesson_page import current_lang
@@ -79,14 +79,19 @@ def get_workloads_state() -> WorkloadsState:
 
 
 # -- shared between sessions: a replay depends only on the trace and the settings ---------------
-MAX_SHARED_RUNS = 3
-RUNS: Shared[WorkloadRun] = Shared("workloads", keep=MAX_SHARED_RUNS)
+# (trace key, settings) -> the replay. Its size is measured over everything it holds (figures,
+# the cache history and the replay's pool, which the history keeps: some 40 MB and 700,000
+# objects for the first slice), in the background once stored, since that walk takes seconds;
+# it goes when the server's one cache (runs/server_cache.py) needs the room
+RUNS: Shared[WorkloadRun] = Shared("workloads", measure_later=True)
+# (trace key, settings) -> the sweep: (pool size, hit rate) points, errors, the one-pass answer
+SWEEPS: Shared[tuple] = Shared("sweeps")
 FIRST_COUNT = 100  # the shipped trace's first slice, replayed before anyone asks
 
 
 def shared_run(trace_key: str, trace: Trace, settings: Settings, limits) -> WorkloadRun:
     """The replay of ``trace`` with ``settings``, computed once for every session that asks
-    (a second asker waits for the first), the last MAX_SHARED_RUNS kept."""
+    (a second asker waits for the first)."""
     return RUNS.get((trace_key, settings), lambda: run_workload(trace, settings, limits))
 
 
@@ -167,30 +172,39 @@ def replay_now(state: WorkloadsState, settings: Settings, lang: str = "en") -> O
 def sweep_now(state: WorkloadsState, lang: str = "en") -> Optional[str]:
     """The hit rate at pool sizes around the chosen one (workload.sweep: each a whole replay,
     here in this process), and with sequential arrival the one-pass answer: what an unbounded
-    pool reaches and the smallest pool that does (paged_kv_lab.workloads.bound)."""
+    pool reaches and the smallest pool that does (paged_kv_lab.workloads.bound). Computed once per
+    trace and settings for every session that asks (``SWEEPS``)."""
     run = state.run
     if run is None:
         return None
-    s = run.settings
-    base = s.replay_settings(state.trace)
-    points = sweep(
-        state.trace,
-        {
-            "block_size": s.block_size,
-            "max_num_seqs": s.max_num_seqs,
-            "max_num_batched_tokens": s.max_num_batched_tokens,
-        },
-        "num_gpu_blocks",
-        sweep_values(state.trace, s, page_trace_limits()),
-        workers=1,
-        arrival=s.arrival,
-        speedup=s.speedup,
-    )
-    # a pool too small for the longest request is no point (its error says why)
-    state.sweep = [(p.value, p.result.hit_rate) for p in points if p.result is not None]
-    state.sweep_errors = [f"{p.value:,}: {p.error}" for p in points if p.result is None]
-    state.unbounded = unbounded_answer(state.trace, base) if not why_not_exact(base) else None
-    state.unbounded_why = why_not_exact(base)
+    trace, s = state.trace, run.settings
+
+    def compute() -> tuple:
+        base = s.replay_settings(trace)
+        points = sweep(
+            trace,
+            {
+                "block_size": s.block_size,
+                "max_num_seqs": s.max_num_seqs,
+                "max_num_batched_tokens": s.max_num_batched_tokens,
+            },
+            "num_gpu_blocks",
+            sweep_values(trace, s, page_trace_limits()),
+            workers=1,
+            arrival=s.arrival,
+            speedup=s.speedup,
+        )
+        # a pool too small for the longest request is no point (its error says why)
+        return (
+            [(p.value, p.result.hit_rate) for p in points if p.result is not None],
+            [f"{p.value:,}: {p.error}" for p in points if p.result is None],
+            unbounded_answer(trace, base) if not why_not_exact(base) else None,
+            why_not_exact(base),
+        )
+
+    found = SWEEPS.get((state.trace_key, s), compute)
+    state.sweep, state.sweep_errors = list(found[0]), list(found[1])
+    state.unbounded, state.unbounded_why = found[2], found[3]
     return None
 
 

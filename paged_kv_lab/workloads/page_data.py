@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 
 from paged_kv_lab.recording.pool_frames import CacheLog, FrameRecorder, PoolFrame
 from paged_kv_lab.recording.recorder import Recorder
-from paged_kv_lab.store.shared import Shared
+from paged_kv_lab.store.server_cache import Shared
 from paged_kv_lab.text.i18n import Text
 from paged_kv_lab.why.explain_replay import ReplayHit, explain_replay_hit
 from paged_kv_lab.workloads import SHIPPED_TRACE

@@ -9,6 +9,8 @@ from kvcore.request import Request
 
 FCFS = "fcfs"
 PRIORITY = "priority"
+# the one list of scheduling policies (the scenario schema, the playground's form and the tests
+# derive theirs from it)
 POLICIES = (FCFS, PRIORITY)
 
 
