@@ -188,9 +188,9 @@ def test_every_kind_sessions_share_is_in_the_process_cache():
         how_many_blocks,
         topic_pages,
         warm_up,
-        workloads_data,
         workloads_page,
     )
+    from paged_kv_lab.workloads import page_data as workloads_data
 
     kinds = {
         "runs": default_store()._kind,
