@@ -209,7 +209,7 @@ def test_every_kind_sessions_share_is_in_the_process_cache():
     for path in sorted((ROOT / "paged_kv_lab").rglob("*.py")):
         for call in _calls(ast.parse(path.read_text(encoding="utf-8"))):
             if _dotted(call.func) == "Shared" and any(k.arg == "cache" for k in call.keywords):
-                assert path.name == "store.py", f"{path}: a Shared outside the process's cache"
+                assert path.name == "run_store.py", f"{path}: a Shared outside the process's cache"
 
 
 def _measured(kind: Shared, key) -> int:
