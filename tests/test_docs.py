@@ -39,6 +39,8 @@ OURS = (
     # the observer interface the lab records through (vLLM's precedent, its metrics collector,
     # is a concrete class in v1/core/kv_cache_metrics.py)
     "kvcore/core/kv_cache_observer.py",
+    # the read-only view the lab reads state through (vLLM's readers are its own tests)
+    "kvcore/core/kv_cache_inspect.py",
 )
 OURS_TEXT = "ours: no vLLM counterpart"
 

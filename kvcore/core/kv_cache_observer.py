@@ -20,7 +20,9 @@ counter: it costs the hot path nothing else, since nothing is built for it). Eit
 None: then nothing is called and nothing is computed for it.
 
 Every hook here does nothing; an observer overrides the ones it needs. Hooks must not change
-kvcore's state: the same scenario gives the same blocks with or without an observer.
+kvcore's state: the same scenario gives the same blocks with or without an observer. What the
+state is between decisions (the free queue's order, block tables, a block's cache keys) is read
+through ``kv_cache_inspect.py`` beside this module, which only reads.
 """
 
 from __future__ import annotations

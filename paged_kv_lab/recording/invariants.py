@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from kvcore.core.kv_cache_inspect import (
+    all_block_tables,
+    block_cache_keys,
+    cached_block_ids,
+    free_queue_problem,
+)
 from kvcore.core.kv_cache_manager import KVCacheManager
 from kvcore.core.kv_cache_utils import get_block_hash, get_group_id, hash_block_tokens
 
@@ -41,12 +47,12 @@ def check_invariants(
     if hash_meta is None and getattr(pool.observer, "hash_meta", None) is not None:
         hash_meta = pool.observer.hash_meta
     null = pool.null_block
+    tables = list(all_block_tables(kvm))
     holders = [0] * pool.num_gpu_blocks
-    for m in kvm.coordinator.single_type_managers:
-        for table in m.req_to_blocks.values():
-            for blk in table:
-                if not blk.is_null:
-                    holders[blk.block_id] += 1
+    for _, _, table in tables:
+        for bid in table:
+            if bid != null.block_id:
+                holders[bid] += 1
     for block_id, n in (extra_refs or {}).items():
         holders[block_id] += n
     for blk in pool.blocks:
@@ -58,42 +64,17 @@ def check_invariants(
                 f"but held by {holders[blk.block_id]} table slots"
             )
 
-    q = pool.free_block_queue
-    seen = set()
-    prev = q.fake_free_list_head
-    curr = prev.next_free_block
-    while curr is not q.fake_free_list_tail:
-        if curr is None:
-            _fail("free queue broken: a link is None before the tail")
-        if curr.prev_free_block is not prev:
-            _fail(f"free queue: block {curr.block_id}.prev does not point back")
-        if curr.block_id in seen:
-            _fail(f"free queue: block {curr.block_id} appears twice")
-        if curr.is_null:
-            _fail("free queue holds the null block")
-        seen.add(curr.block_id)
-        prev, curr = curr, curr.next_free_block
-    if q.fake_free_list_tail.prev_free_block is not prev:
-        _fail("free queue: tail sentinel does not point at the last block")
-    expected = {b.block_id for b in pool.blocks if not b.is_null and b.ref_cnt == 0}
-    if seen != expected:
-        _fail(f"free queue holds {sorted(seen)} but the free blocks are {sorted(expected)}")
-    if q.num_free_blocks != len(seen):
-        _fail(f"num_free_blocks is {q.num_free_blocks} but the queue holds {len(seen)}")
-    for blk in pool.blocks:
-        if blk.block_id not in seen and (
-            blk.prev_free_block is not None or blk.next_free_block is not None
-        ):
-            _fail(f"block {blk.block_id} is outside the queue but keeps queue links")
+    problem = free_queue_problem(pool)
+    if problem is not None:
+        _fail(problem)
 
     registered = set()
-    more_keys = pool.cached_block_hashes_by_block
-    for key, ids in pool.cached_block_hash_to_block.block_ids():
+    for key, ids in cached_block_ids(pool):
         if not ids:
             _fail("hash map holds an empty entry")
         for bid in ids:
             blk = pool.blocks[bid]
-            if blk.block_hash != key and key not in more_keys.get(bid, ()):
+            if blk.block_hash != key and key not in block_cache_keys(pool, bid):
                 _fail(
                     f"hash map entry {key.hex()[:12]} points at block {bid}, which carries "
                     f"{blk.block_hash.hex()[:12] if blk.block_hash else None}"
@@ -105,7 +86,7 @@ def check_invariants(
         if blk.block_hash is not None and blk.block_id not in registered:
             _fail(f"block {blk.block_id} carries a hash that the map does not list")
         if blk.block_hash is not None and hash_fn is not None and hash_meta is not None:
-            for key in (blk.block_hash, *more_keys.get(blk.block_id, ())):
+            for key in block_cache_keys(pool, blk.block_id):
                 raw = get_block_hash(key)
                 meta = hash_meta.get(raw)
                 if meta is None:
@@ -121,27 +102,27 @@ def check_invariants(
         # A key covers the prefix up to its boundary: the block's end, or (hashes finer than the
         # block) a boundary inside the block (a partial entry); the request's hash there.
         unit, bs = pool.hash_block_size, kvm.block_size
-        for gid, m in enumerate(kvm.coordinator.single_type_managers):
-            for rid, table in m.req_to_blocks.items():
-                req = requests[rid]
-                for i, blk in enumerate(table):
-                    if blk.block_hash is None:
-                        continue
-                    end = blk.block_hash_num_tokens
-                    j = end // unit - 1
-                    if (
-                        not i * bs < end <= (i + 1) * bs
-                        or j >= len(req.block_hashes)
-                        or get_block_hash(blk.block_hash) != req.block_hashes[j]
-                    ):
-                        _fail(
-                            f"request {rid} slot {i}: block {blk.block_id} "
-                            "carries another content's hash"
-                        )
-                    if get_group_id(blk.block_hash) != gid:
-                        _fail(
-                            f"request {rid} group {gid}: block "
-                            f"{blk.block_id} is cached under another group"
-                        )
+        for gid, rid, table in tables:
+            req = requests[rid]
+            for i, bid in enumerate(table):
+                blk = pool.blocks[bid]
+                if blk.block_hash is None:
+                    continue
+                end = blk.block_hash_num_tokens
+                j = end // unit - 1
+                if (
+                    not i * bs < end <= (i + 1) * bs
+                    or j >= len(req.block_hashes)
+                    or get_block_hash(blk.block_hash) != req.block_hashes[j]
+                ):
+                    _fail(
+                        f"request {rid} slot {i}: block {blk.block_id} "
+                        "carries another content's hash"
+                    )
+                if get_group_id(blk.block_hash) != gid:
+                    _fail(
+                        f"request {rid} group {gid}: block "
+                        f"{blk.block_id} is cached under another group"
+                    )
     if null.block_hash is not None:
         _fail("the null block carries a hash")

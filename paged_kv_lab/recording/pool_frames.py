@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from kvcore.core.kv_cache_inspect import block_tables, free_queue_ends
 from kvcore.core.kv_cache_observer import KVCacheObserver
 from kvcore.core.kv_cache_utils import get_block_hash
 from paged_kv_lab.recording import events as E
@@ -99,7 +100,6 @@ class FrameRecorder:
         self.scheduler = scheduler
         self.kvm = scheduler.kv_cache_manager
         self.pool = self.kvm.block_pool
-        self.managers = self.kvm.coordinator.single_type_managers
         self.block_size = self.kvm.block_size
         self.keyframe_every = max(1, keyframe_every)
         self.blocks: dict[int, BlockState] = {}
@@ -114,22 +114,25 @@ class FrameRecorder:
         """The requests the view lists: unfinished ones, and those that finished this step."""
         return {**self.scheduler.requests, **finished}
 
-    def _owners_now(self, reqs: dict) -> tuple[dict[int, tuple[str, ...]], dict[int, int]]:
+    def _owners_now(
+        self, reqs: dict, tables: dict[str, tuple[tuple[int, ...], ...]]
+    ) -> tuple[dict[int, tuple[str, ...]], dict[int, int]]:
         owners: dict[int, list[str]] = {}
         held: dict[int, int] = {}
         bs = self.block_size
+        blocks = self.pool.blocks
+        null = self.pool.null_block.block_id
         for rid, req in reqs.items():
             hashes = req.block_hashes
-            for m in self.managers:
-                for i, blk in enumerate(m.req_to_blocks.get(rid, ())):
-                    if blk.is_null:
+            for table in tables[rid]:
+                for i, bid in enumerate(table):
+                    if bid == null:
                         continue
-                    bid = blk.block_id
                     owners.setdefault(bid, []).append(rid)
                     n = max(0, min(bs, req.num_computed_tokens - i * bs))
                     if n > held.get(bid, -1):
                         held[bid] = n
-                    if blk.block_hash is not None and i < len(hashes):
+                    if blocks[bid].block_hash is not None and i < len(hashes):
                         h = hashes[i].hex()[:HASH_HEX]
                         if i > 0 and h not in self.parents:
                             self.parents[h] = hashes[i - 1].hex()[:HASH_HEX]
@@ -150,32 +153,21 @@ class FrameRecorder:
             owners.get(bid, ()),
         )
 
-    def _request(self, req) -> RequestState:
-        rid = req.request_id
+    def _request(self, req, tables: tuple[tuple[int, ...], ...]) -> RequestState:
         return RequestState(
-            rid,
+            req.request_id,
             req.status.value,
             req.num_prompt_tokens,
             req.num_output_tokens,
             req.num_computed_tokens,
             max(req.num_cached_tokens, 0),
             req.num_preemptions,
-            tuple(tuple(b.block_id for b in m.req_to_blocks.get(rid, ())) for m in self.managers),
+            tables,
         )
 
     def _queue(self) -> QueueSummary:
-        q = self.pool.free_block_queue
-        head, node = [], q.fake_free_list_head.next_free_block
-        while node is not None and node is not q.fake_free_list_tail and len(head) < QUEUE_WINDOW:
-            head.append(node.block_id)
-            node = node.next_free_block
-        tail, node = [], q.fake_free_list_tail.prev_free_block
-        while node is not None and node is not q.fake_free_list_head and len(tail) < QUEUE_WINDOW:
-            tail.append(node.block_id)
-            node = node.prev_free_block
-        return QueueSummary(
-            tuple(head), tuple(reversed(tail)), q.num_free_blocks, self._num_cached_free
-        )
+        head, tail = free_queue_ends(self.pool, QUEUE_WINDOW)
+        return QueueSummary(head, tail, self.pool.get_num_free_blocks(), self._num_cached_free)
 
     @staticmethod
     def _cached_free(b: BlockState) -> int:
@@ -192,7 +184,8 @@ class FrameRecorder:
         """Record the state after ``step``; ``finished``: request id -> Request for the requests
         that finished in it (the scheduler has already forgotten them)."""
         reqs = self._shown(finished or {})
-        owners, held = self._owners_now(reqs)
+        tables = {rid: block_tables(self.kvm, rid) for rid in reqs}
+        owners, held = self._owners_now(reqs, tables)
         key = not self.frames or (len(self.frames) % self.keyframe_every == 0)
         if key:
             ids = set(owners) | {
@@ -222,7 +215,7 @@ class FrameRecorder:
             changed = [
                 b for b in changed if b.ref_cnt or b.block_hash or b.owners or b.block_id == 0
             ]
-        states = {rid: self._request(r) for rid, r in reqs.items()}
+        states = {rid: self._request(r, tables[rid]) for rid, r in reqs.items()}
         gone = tuple(rid for rid in self.requests if rid not in states)
         moved = tuple(s for rid, s in states.items() if key or self.requests.get(rid) != s)
         self.requests = states

@@ -26,6 +26,13 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, Optional, Sequence
 
+from kvcore.core.kv_cache_inspect import (
+    block_cache_keys,
+    free_queue_block_ids,
+    free_queue_head,
+    free_queue_next,
+    in_free_queue,
+)
 from kvcore.core.kv_cache_observer import KVCacheObserver
 from kvcore.core.kv_cache_utils import KVCacheBlock, get_block_hash, get_group_id
 from paged_kv_lab.recording.events import (
@@ -91,8 +98,8 @@ class Recorder(KVCacheObserver):
         """Observe a BlockPool (a lone one's events name no request)."""
         pool.observer = self
         self.block_pool = pool
-        free = pool.free_block_queue.get_all_free_blocks()
-        self._qkey = {b.block_id: k for k, b in enumerate(free)}
+        free = free_queue_block_ids(pool)
+        self._qkey = {bid: k for k, bid in enumerate(free)}
         self._hi, self._holes = len(free) - 1, []
         return self
 
@@ -119,21 +126,17 @@ class Recorder(KVCacheObserver):
 
     def _keys_of(self, block: KVCacheBlock) -> list[bytes]:
         """The raw hashes of every key the block carries, its primary one first."""
-        if block.block_hash is None:
-            return []
-        more = self.block_pool.cached_block_hashes_by_block.get(block.block_id, ())
-        return [get_block_hash(k) for k in (block.block_hash, *sorted(more))]
+        return [get_block_hash(k) for k in block_cache_keys(self.block_pool, block.block_id)]
 
     # -- block-level hooks (BlockPool) -----------------------------------------------------
     def on_block_evicted(self, block: KVCacheBlock) -> None:
-        key = block.block_hash
-        more = self.block_pool.cached_block_hashes_by_block.get(block.block_id, ())
-        if block.ref_cnt == 0 and block.prev_free_block is None:
+        keys = block_cache_keys(self.block_pool, block.block_id)
+        if block.ref_cnt == 0 and not in_free_queue(block):
             # Popped from the queue head by get_new_blocks: reported with that allocation.
-            self._evicted.append((block.block_id, key))
-            self._evicted.extend((block.block_id, k) for k in sorted(more))
+            bid = block.block_id
+            self._evicted.extend((bid, k) for k in keys)
             return
-        for k in (key, *sorted(more)):
+        for k in keys:
             self.events.append(
                 Evicted(
                     block_ids=(block.block_id,),
@@ -194,8 +197,7 @@ class Recorder(KVCacheObserver):
         positions: tuple[int, ...] = ()
         if from_queue:
             qkey, holes = self._qkey, self._holes
-            head = self.block_pool.free_block_queue.fake_free_list_head.next_free_block
-            lo = qkey[head.block_id]
+            lo = qkey[free_queue_head(self.block_pool)]
             if holes and holes[0] < lo:
                 del holes[: bisect_left(holes, lo)]  # left behind by the head: forget them
             keys = list(map(qkey.__getitem__, from_queue))
@@ -259,8 +261,8 @@ class Recorder(KVCacheObserver):
         the tail's above every key given so far (so the keys of blocks taken from the middle stay
         holes between them)."""
         qkey, holes = self._qkey, self._holes
-        queue = self.block_pool.free_block_queue
-        if queue.num_free_blocks == len(head_ids) + len(tail_ids):  # it was empty: start afresh
+        pool = self.block_pool
+        if pool.get_num_free_blocks() == len(head_ids) + len(tail_ids):  # was empty: start anew
             holes.clear()
             base = self._hi + 1
             qkey.update(zip(head_ids + tail_ids, range(base, base + len(head_ids) + len(tail_ids))))
@@ -268,7 +270,7 @@ class Recorder(KVCacheObserver):
             return
         if head_ids:
             # the old head now stands right after the blocks put before it
-            old_head = qkey[self.block_pool.blocks[head_ids[-1]].next_free_block.block_id]
+            old_head = qkey[free_queue_next(pool, head_ids[-1])]
             del holes[: bisect_left(holes, old_head)]  # below the old head: stale
             qkey.update(zip(head_ids, range(old_head - len(head_ids), old_head)))
         if tail_ids:

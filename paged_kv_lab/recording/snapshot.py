@@ -11,6 +11,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
 
+from kvcore.core.kv_cache_inspect import (
+    block_tables,
+    cached_block_ids,
+    free_queue_block_ids,
+    offload_is_lazy,
+)
 from kvcore.core.kv_cache_utils import get_block_hash, get_group_id
 from kvcore.worker.gpu_input_batch import ModelInputs
 from paged_kv_lab.recording.events import AnyEvent, Event
@@ -228,22 +234,23 @@ def take_snapshot(
     kvm = scheduler.kv_cache_manager
     pool = kvm.block_pool
     bs = kvm.block_size
-    managers = kvm.coordinator.single_type_managers
+    null = pool.null_block.block_id
 
-    queue = [b.block_id for b in pool.free_block_queue.get_all_free_blocks()]
+    queue = free_queue_block_ids(pool)
     queue_pos = {bid: i for i, bid in enumerate(queue)}
 
+    tables = {rid: block_tables(kvm, rid) for rid in requests}
     owners: dict[int, list[str]] = {}
     held_tokens: dict[int, tuple[int, ...]] = {}
     for rid, req in requests.items():
-        for m in managers:
-            for i, blk in enumerate(m.req_to_blocks.get(rid, ())):
-                if blk.is_null:
+        for table in tables[rid]:
+            for i, bid in enumerate(table):
+                if bid == null:
                     continue
-                owners.setdefault(blk.block_id, []).append(rid)
+                owners.setdefault(bid, []).append(rid)
                 toks = tuple(req.all_token_ids[i * bs : min((i + 1) * bs, req.num_computed_tokens)])
-                if len(toks) > len(held_tokens.get(blk.block_id, ())):
-                    held_tokens[blk.block_id] = toks
+                if len(toks) > len(held_tokens.get(bid, ())):
+                    held_tokens[bid] = toks
 
     blocks = []
     for blk in pool.blocks:
@@ -278,12 +285,11 @@ def take_snapshot(
 
     hash_map = {
         f"{get_block_hash(key).hex()}@{get_group_id(key)}": tuple(blocks_by_id)
-        for key, blocks_by_id in pool.cached_block_hash_to_block.block_ids()
+        for key, blocks_by_id in cached_block_ids(pool)
     }
 
     views = []
     for rid, req in requests.items():
-        tables = tuple(tuple(b.block_id for b in m.req_to_blocks.get(rid, ())) for m in managers)
         views.append(
             RequestView(
                 request_id=rid,
@@ -292,7 +298,7 @@ def take_snapshot(
                 num_output_tokens=req.num_output_tokens,
                 num_computed_tokens=req.num_computed_tokens,
                 num_cached_tokens=max(req.num_cached_tokens, 0),
-                block_tables=tables,
+                block_tables=tables[rid],
                 num_preemptions=req.num_preemptions,
                 priority=req.priority,
                 arrival=req.arrival_time,
@@ -326,7 +332,7 @@ def take_snapshot(
             "recent_hit_rate": kvm.caching_metrics.hit_rate,
             "recent_requests": kvm.caching_metrics.aggregated_requests,
         },
-        groups=tuple(g.to_dict() for g in kvm.coordinator.groups),
+        groups=tuple(g.to_dict() for g in kvm.kv_cache_config.kv_cache_groups),
         cpu_pool=cpu_pool_view(getattr(scheduler, "connector", None)),
     )
 
@@ -344,8 +350,8 @@ def cpu_pool_view(connector) -> Optional[CPUPoolView]:
             None if b.block_hash is None else get_block_hash(b.block_hash).hex()
             for b in pool.blocks
         ),
-        free_queue=tuple(b.block_id for b in pool.free_block_queue.get_all_free_blocks()),
-        lazy_offload=manager._lazy_mode,
+        free_queue=tuple(free_queue_block_ids(pool)),
+        lazy_offload=offload_is_lazy(manager),
     )
 
 

@@ -26,6 +26,7 @@ from array import array
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
+from kvcore.core.kv_cache_inspect import num_blocks_cached_under
 from kvcore.core.kv_cache_observer import KVCacheObserver
 from kvcore.utils.math_utils import cdiv
 from paged_kv_lab.workloads.replay import SEQUENTIAL, Replay, ReplaySettings, upper_bound_hits
@@ -145,9 +146,9 @@ class _StackObserver(KVCacheObserver):
             self.next += 1
 
     def on_blocks_cached(self, request, blocks, block_size) -> None:
-        cache = self.block_pool.cached_block_hash_to_block._cache
+        pool = self.block_pool
         for b in blocks:
-            if not hasattr(cache[b.block_hash], "block_id"):  # a dict: a second block holds it
+            if num_blocks_cached_under(pool, b.block_hash) > 1:  # a second block holds it
                 self.duplicates += 1
 
     def on_block_evicted(self, block) -> None:

@@ -28,6 +28,7 @@ from array import array
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Optional
 
+from kvcore.core.kv_cache_inspect import num_blocks_held, num_cached_blocks
 from kvcore.core.kv_cache_observer import KVCacheObserver
 from kvcore.core.sched.scheduler import Scheduler
 from kvcore.model.memory import hybrid_bytes_per_block
@@ -636,10 +637,9 @@ class Replay:
             return 0
         # A waiting request refused in the last step (which changed nothing) is refused again
         # in each step of the stretch: the pool, the running set and the budget stay the same.
-        bs = self.kv_cache_manager.block_size
-        managers = self.kv_cache_manager.coordinator.single_type_managers
-        m0 = managers[0]
-        caching = self.kv_cache_manager.enable_caching
+        kvm = self.kv_cache_manager
+        bs = kvm.block_size
+        caching = kvm.enable_caching
         max_len = self.max_model_len
         k = limit
         for req in running:
@@ -649,12 +649,12 @@ class Replay:
             rid = req.request_id
             k = min(
                 k,
-                len(m0.req_to_blocks[rid]) * bs - n + 1,  # steps before a new block is needed
+                num_blocks_held(kvm, rid) * bs - n + 1,  # steps before a new block is needed
                 req.max_tokens - req.num_output_tokens - 1,  # steps before it finishes
                 max_len - n - 1,
             )
             if caching:
-                k = min(k, (m0.num_cached_block.get(rid, 0) + 1) * bs - n)  # before one fills
+                k = min(k, (num_cached_blocks(kvm, rid) + 1) * bs - n)  # before one fills
             if k <= 0:
                 return 0
         if s.arrival == TIMESTAMPS and self._next < len(self.trace):
