@@ -150,7 +150,7 @@ def test_the_checker_finds_a_planted_reach():
     names = {"_lazy_mode", "_cache", "_evict"}
     planted = """
 from kvcore.core.block_pool import _private_helper
-from paged_kv_lab.record.budget import _env_int
+from paged_kv_lab.run.budget import _env_int
 
 class Reader:
     def __init__(self, manager):
