@@ -7,6 +7,12 @@ thread and returns at once; ``peek`` returns it if it is ready, else None, never
 visible note that polls and reruns the page once the value is there, so a page script never
 waits for a long computation.
 
+At interpreter exit (``stop_background``, an atexit hook) ``STOPPING`` is set and every
+background thread ``start`` made is joined (at most STOP_S s in all): the long computations call
+``stop_point()`` between their parts (a study, an engine built, a slice of a replay), which raises
+``Stopping`` then, so none is left inside a model step (a C++ call) while the interpreter tears
+down, which can abort the process (SIGABRT, "terminate called without an active exception").
+
 Invariants: a key is computed by one thread at a time, and once ready its value stays until
 ``keep`` newer keys push it out (oldest first) or ``get(..., again_after=s)`` replaces a value
 older than ``s`` seconds. A computation that raises keeps its error in place of a value (what is
@@ -16,6 +22,7 @@ raise it.
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
 from collections import OrderedDict
@@ -23,6 +30,34 @@ from typing import Any, Callable, Generic, Hashable, Optional, TypeVar
 
 T = TypeVar("T")
 POLL_S = 1.0  # how often a placeholder looks whether its value is ready
+STOP_S = 30.0  # how long the exit waits in all for background computations to end
+
+STOPPING = threading.Event()  # set at interpreter exit: background work ends at its next check
+_BACKGROUND: set[threading.Thread] = set()  # the threads ``start`` made that still run
+_BACKGROUND_LOCK = threading.Lock()
+
+
+class Stopping(Exception):
+    """Raised by ``stop_point`` once the process is exiting."""
+
+
+def stop_point() -> None:
+    """A long computation's place to end early: raises Stopping once the process is exiting."""
+    if STOPPING.is_set():
+        raise Stopping("the server is shutting down")
+
+
+@atexit.register
+def stop_background(timeout: float = STOP_S) -> list[str]:
+    """Set STOPPING and join the background computations (at most ``timeout`` s in all); the
+    names of those still running after it."""
+    STOPPING.set()
+    deadline = time.monotonic() + timeout
+    with _BACKGROUND_LOCK:
+        threads = list(_BACKGROUND)
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return [t.name for t in threads if t.is_alive()]
 
 
 class _Slot:
@@ -62,6 +97,7 @@ class Shared(Generic[T]):
 
     def _fill(self, key: Hashable, slot: _Slot, compute: Callable[[], T]) -> None:
         try:
+            stop_point()
             slot.value = compute()
         except Exception as e:  # kept: raised to every asker
             slot.error = e
@@ -98,7 +134,19 @@ class Shared(Generic[T]):
         if mine:
             name = f"shared:{self.name}"
             args = (key, slot, compute)
-            threading.Thread(target=self._fill, args=args, name=name, daemon=True).start()
+            # a daemon, so a computation past STOP_S never holds the exit; stop_background
+            # joins it first
+            thread = threading.Thread(target=self._background, args=args, name=name, daemon=True)
+            with _BACKGROUND_LOCK:
+                _BACKGROUND.add(thread)
+            thread.start()
+
+    def _background(self, key: Hashable, slot: _Slot, compute: Callable[[], T]) -> None:
+        try:
+            self._fill(key, slot, compute)
+        finally:
+            with _BACKGROUND_LOCK:
+                _BACKGROUND.discard(threading.current_thread())
 
     def peek(self, key: Hashable) -> Optional[T]:
         """The value if it is ready (its error raised if its computation failed), else None."""

@@ -18,7 +18,7 @@ from paged_kv_lab.app.lesson_page import current_lang, current_model
 from paged_kv_lab.app.memory import dims_from_config, formula, human_bytes
 from paged_kv_lab.app.panels import painted_grid, questions_box
 from paged_kv_lab.app.registry import page
-from paged_kv_lab.app.shared import Shared, ready_or_placeholder
+from paged_kv_lab.app.shared import Shared, ready_or_placeholder, stop_point
 from paged_kv_lab.lesson import BY_ID, TOPIC_QUESTIONS
 from paged_kv_lab.lesson.topics import (
     HASH_BITS,
@@ -49,12 +49,14 @@ def _model_key(model) -> tuple:
 
 
 def _locked(compute: Callable[[], Any]) -> Callable[[], Any]:
-    """A study steps the model every session shares: it runs under the engine lock."""
+    """A study steps the model every session shares: it runs under the engine lock (and not at
+    all once the process is exiting: shared.stop_point)."""
 
     def run() -> Any:
         from paged_kv_lab.runs.store import ENGINE_LOCK
 
         with ENGINE_LOCK:
+            stop_point()
             return compute()
 
     return run

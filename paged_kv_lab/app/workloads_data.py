@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from paged_kv_lab.app.shared import Shared
+from paged_kv_lab.app.shared import Shared, stop_point
 from paged_kv_lab.record.pool_frames import CacheLog, FrameRecorder, PoolFrame
 from paged_kv_lab.record.recorder import Recorder
 from paged_kv_lab.text.i18n import Text
@@ -138,6 +138,7 @@ def run_workload(
 
     r.add_step_hook(hook)
     while not r.done:
+        stop_point()  # a replay in the background ends here when the process exits
         r.advance(until_step=r.step_count + 2000, progress=progress)
         _budgeted(r, limits)
     return WorkloadRun(trace, settings, r.result(), cache)
