@@ -25,6 +25,7 @@ threads go through ``RoomServer.call``):
 from __future__ import annotations
 
 import asyncio
+import atexit
 import hmac
 import json
 import logging
@@ -33,6 +34,7 @@ import secrets
 import threading
 import time
 import unicodedata
+import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -564,7 +566,8 @@ def _buffered(conn) -> int:
 
 class RoomServer:
     """A RoomHub served over WebSocket on ``host:port`` from a thread of its own (port 0: any free
-    port; ``port`` is then the one bound)."""
+    port; ``port`` is then the one bound). ``stop()`` ends it; a server still running at
+    interpreter exit is stopped then (its thread is a daemon, joined by ``stop``)."""
 
     def __init__(self, host: Optional[str], port: int = 0, limits: RoomLimits | None = None):
         self.hub = RoomHub(limits)
@@ -579,6 +582,7 @@ class RoomServer:
         self._ready.wait(30)
         if self._error is not None:
             raise self._error
+        _RUNNING_SERVERS.add(self)
 
     def _run(self, host: Optional[str], port: int) -> None:
         asyncio.set_event_loop(self.loop)
@@ -606,10 +610,17 @@ class RoomServer:
                 except asyncio.TimeoutError:
                     self.hub.sweep()
 
-    def stop(self) -> None:
-        """Close the server and its connections, and end its thread."""
-        self.loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
+    def stop(self, timeout: float = 10.0) -> None:
+        """Close the server and its connections, and end its thread (waiting up to ``timeout``
+        s). Stopping a stopped server does nothing."""
+        _RUNNING_SERVERS.discard(self)
+        if not self._thread.is_alive():
+            return
+        try:
+            self.loop.call_soon_threadsafe(self._stop.set)
+        except RuntimeError:  # its loop is closed: the thread is ending
+            pass
+        self._thread.join(timeout)
 
     def call(self, fn: Callable[..., Any], *args, timeout: float = 5.0) -> Any:
         """``fn(*args)`` run on the server's loop (where the rooms live), its result here."""
@@ -623,6 +634,16 @@ class RoomServer:
 
 _SERVER: Optional[RoomServer] = None
 _SERVER_LOCK = threading.Lock()
+# Servers still running at interpreter exit are stopped then: a daemon thread torn down inside
+# its event loop's C call while the interpreter finalizes can abort the process.
+_RUNNING_SERVERS: "weakref.WeakSet[RoomServer]" = weakref.WeakSet()
+STOP_AT_EXIT_S = 5.0
+
+
+@atexit.register
+def _stop_running_servers() -> None:
+    for server in list(_RUNNING_SERVERS):
+        server.stop(STOP_AT_EXIT_S)
 
 
 def room_server(host: Optional[str] = None) -> RoomServer:
