@@ -9,13 +9,16 @@ fixtures' README (shared/fixtures/vllm-kv-events).
 ``ZmqEventPublisher`` puts batches on ZeroMQ as vLLM does: PUB frames
 (topic, 8-byte big-endian seq, payload), a ROUTER replay socket that answers
 ``[identity, b"", start_seq]`` with every buffered batch from start_seq and an
-end marker, and data-parallel rank r on port + r.
+end marker, and data-parallel rank r on port + r. A publisher not shut down by
+interpreter exit is shut down then (its thread is a daemon, in ZeroMQ calls).
 """
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import weakref
 from collections import deque
 from itertools import count
 from typing import Any, Optional, Union
@@ -300,6 +303,7 @@ class ZmqEventPublisher:
         self._running = True
         self._thread = threading.Thread(target=self._run, daemon=True, name="kv-events-publisher")
         self._thread.start()
+        _RUNNING_PUBLISHERS.add(self)
 
     @classmethod
     def from_config(
@@ -332,6 +336,7 @@ class ZmqEventPublisher:
         """Send what is queued (up to SHUTDOWN_TIMEOUT), stop the thread, close the sockets."""
         if not self._running:
             return
+        _RUNNING_PUBLISHERS.discard(self)
         self._running = False
         self._queue.put(None)
         self._thread.join(timeout=self.SHUTDOWN_TIMEOUT + 1.0)
@@ -373,3 +378,14 @@ class ZmqEventPublisher:
                     (ident, b"", self._topic, seq.to_bytes(8, "big"), payload)
                 )
         self._replay.send_multipart((ident, b"", b"", END_SEQ, b""))
+
+
+# Publishers still running at interpreter exit are shut down then: a daemon thread torn down in
+# the middle of a ZeroMQ call while the interpreter finalizes can abort the process.
+_RUNNING_PUBLISHERS: "weakref.WeakSet[ZmqEventPublisher]" = weakref.WeakSet()
+
+
+@atexit.register
+def _shut_down_running_publishers() -> None:
+    for publisher in list(_RUNNING_PUBLISHERS):
+        publisher.shutdown()

@@ -14,13 +14,18 @@ threads go through ``RoomServer.call``):
   teacher never connected counts from its creation); a closed room's students are told so;
 - at most ``max_rooms`` rooms per server, ``max_students`` students per room and
   ``max_frames_per_s`` frames a second from a student; a refusal names its environment variable;
-- a frame that is not a well-formed request is answered with a message and changes nothing; a
-  member's name is plain text (control characters dropped, at most ``NAME_CHARS``), never markup.
+- a frame that is not a well-formed request (not JSON, no ``op``, an unknown op, a missing,
+  mistyped or out-of-range field, a field its op does not take, an op the member's role may not
+  send) is answered with a message naming what is wrong and changes nothing; each one counts
+  toward ``BAD_FRAMES``, at which the connection is closed (code 1008); before its hello, one
+  closes it; a member's name is plain text (control characters dropped, at most ``NAME_CHARS``),
+  never markup.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import hmac
 import json
 import logging
@@ -29,6 +34,7 @@ import secrets
 import threading
 import time
 import unicodedata
+import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -39,7 +45,18 @@ from paged_kv_lab.text.i18n import Text, languages, tr
 CODE_ALPHABET = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"  # no 0/O, 1/I: read aloud and typed
 CODE_CHARS = 6
 NAME_CHARS = 40
-BAD_FRAMES = 50  # a connection that sends this many bad frames is closed
+BAD_FRAMES = 50  # a connection that sends this many bad (refused) frames is closed
+BAD_FRAMES_CLOSE = 1008  # the WebSocket close code then (policy violation)
+# the fields each op takes ("op" itself besides); any other field is refused, named
+FIELDS = {
+    "hello": ("room", "role", "secret", "name", "lang"),
+    "step": ("step",),
+    "where": ("step", "follow"),
+    "answer": ("choice",),
+    "name": ("name",),
+    "ping": ("t",),
+}
+STUDENT_OPS = ("where", "answer", "name")
 _LOG = logging.getLogger(__name__)
 
 
@@ -180,6 +197,24 @@ def _int(v: Any) -> Optional[int]:
     return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 31 else None
 
 
+def _field(name: str) -> Text:
+    return Text("rooms.error.field", {"field": name})
+
+
+def _extra(msg: dict) -> Optional[Text]:
+    """The refusal of a frame carrying fields its op does not take (at most three named, as plain
+    text), or None."""
+    allowed = FIELDS.get(msg["op"], ())
+    extra = [k for k in msg if k != "op" and k not in allowed]
+    if not extra:
+        return None
+    named = ", ".join(f'"{clean_name(k)}"' for k in extra[:3]) + (", …" if len(extra) > 3 else "")
+    return Text(
+        "rooms.error.extra",
+        {"op": msg["op"], "fields": named, "allowed": ", ".join(("op", *allowed))},
+    )
+
+
 class RoomHub:
     """The rooms of one server and the protocol its members speak (docs/classroom.md).
 
@@ -187,9 +222,11 @@ class RoomHub:
     (``{"op": "hello", "room", "role": "student"|"teacher", "secret"?, "name"?, "lang"?}``); then a
     teacher sends ``step`` (``{"op": "step", "step"}``), a student ``where``
     (``{"op": "where", "step", "follow"}``), ``answer`` (``{"op": "answer", "choice"}``) and
-    ``name`` (``{"op": "name", "name"}``). The
+    ``name`` (``{"op": "name", "name"}``); any member may send ``ping`` (``{"op": "ping", "t"?}``,
+    answered by ``pong`` with the same ``t``). An op takes exactly its fields (``FIELDS``). The
     server sends ``welcome``, ``step``, ``poll``, ``reveal``, ``class`` (to the teacher: how many
-    follow and wander, the tally), ``error`` (``key``, ``text``, ``env``) and ``closed``."""
+    follow and wander, the tally), ``pong``, ``error`` (``key``, ``text``, ``env``) and
+    ``closed``."""
 
     def __init__(
         self, limits: RoomLimits | None = None, clock: Callable[[], float] = time.monotonic
@@ -275,21 +312,24 @@ class RoomHub:
         try:
             async for raw in ws:
                 msg = self._parse(ws, raw, member)
-                if msg is None:
-                    if member is None:
-                        return
-                    member.bad += 1
-                    if member.bad >= BAD_FRAMES:
-                        return
-                    continue
-                if member is None:
-                    room, member = self._hello(ws, msg)
+                if member is None:  # the first frame: a hello, else the connection ends
+                    if msg is not None:
+                        room, member = self._hello(ws, msg)
                     if member is None:
                         return
                     continue
-                if member.role == "student" and self._too_fast(member):
-                    continue
-                self._dispatch(room, member, msg)
+                if msg is not None:
+                    if member.role == "student" and self._too_fast(member):
+                        continue  # dropped for its rate, not for what it says: not counted
+                    refusal = self._dispatch(room, member, msg)
+                    if refusal is None:
+                        continue
+                    self._error(member.ws, member.lang, refusal)
+                # refused, for whatever reason (_parse or _dispatch said which): counted
+                member.bad += 1
+                if member.bad >= BAD_FRAMES:
+                    await ws.close(BAD_FRAMES_CLOSE, f"{BAD_FRAMES} bad frames")
+                    return
         except Exception:  # a broken connection (or a bug a frame found) ends only itself
             _LOG.warning("a room connection ended on an error", exc_info=True)
         finally:
@@ -318,8 +358,8 @@ class RoomHub:
             )
         return m.frames > limit
 
-    def _error(self, ws, lang: str, text: Text, env: str = "", **fields) -> None:
-        said = tr(text, lang, **fields)
+    def _error(self, ws, lang: str, text: Text, env: str = "") -> None:
+        said = tr(text, lang)
         self._send_ws(ws, {"op": "error", "key": text.key, "text": said, "env": env})
 
     def _parse(self, ws, raw: Any, member: Optional[Member]) -> Optional[dict]:
@@ -354,6 +394,10 @@ class RoomHub:
         lang = msg.get("lang") if msg.get("lang") in languages() else "en"
         if msg["op"] != "hello":
             self._error(ws, lang, Text("rooms.error.hello_first"))
+            return None, None
+        extra = _extra(msg)
+        if extra is not None:
+            self._error(ws, lang, extra)
             return None, None
         room = self.lookup(msg.get("room"))
         if room is None:
@@ -397,46 +441,56 @@ class RoomHub:
         self._tell_teacher(room)
         return room, member
 
-    def _dispatch(self, room: Room, m: Member, msg: dict) -> None:
+    def _dispatch(self, room: Room, m: Member, msg: dict) -> Optional[Text]:
+        """Carry out one frame of a member; its refusal (what is wrong with it) if it is refused,
+        else None."""
         op = msg["op"]
         if self.rooms.get(room.code) is not room:
             self._send(m, {"op": "closed", "text": tr("rooms.closed", m.lang)})
-            return
+            return None
+        if op in ("step", "ask") and m.role != "teacher":
+            return Text("rooms.error.not_teacher")
+        if op in STUDENT_OPS and m.role != "student":
+            return Text("rooms.error.not_student", {"op": op})
+        if op == "hello":
+            return Text("rooms.error.hello_again")
+        if op not in FIELDS:
+            return Text("rooms.error.op", {"op": clean_name(op)})
+        extra = _extra(msg)
+        if extra is not None:
+            return extra
         if op == "ping":
-            self._send(m, {"op": "pong", "t": msg.get("t") if _int(msg.get("t")) else None})
-        elif op == "step" and m.role == "teacher":
+            t = msg.get("t")
+            if t is not None and _int(t) is None:
+                return _field("t")
+            self._send(m, {"op": "pong", "t": t})
+        elif op == "step":
             step = _int(msg.get("step"))
             if step is None:
-                self._error(m.ws, m.lang, Text("rooms.error.field"), field="step")
-                return
+                return _field("step")
             self._teacher_step(room, step)
-        elif op in ("step", "ask") and m.role != "teacher":
-            self._error(m.ws, m.lang, Text("rooms.error.not_teacher"))
-        elif op == "where" and m.role == "student":
-            step = _int(msg.get("step"))
-            follow = msg.get("follow")
-            if step is None or not isinstance(follow, bool):
-                self._error(m.ws, m.lang, Text("rooms.error.field"), field="step/follow")
-                return
+        elif op == "where":
+            step, follow = _int(msg.get("step")), msg.get("follow")
+            ok = {"step": step is not None, "follow": isinstance(follow, bool)}
+            wrong = [f for f in ("step", "follow") if not ok[f]]
+            if wrong:
+                return _field("/".join(wrong))
             m.step, m.following = step, follow
             self._tell_teacher(room)
-        elif op == "name" and m.role == "student":
+        elif op == "name":
             if not isinstance(msg.get("name"), str):
-                self._error(m.ws, m.lang, Text("rooms.error.field"), field="name")
-                return
+                return _field("name")
             m.name = clean_name(msg["name"])
             self._tell_teacher(room)
-        elif op == "answer" and m.role == "student":
+        else:  # answer
             choice = _int(msg.get("choice"))
             if room.poll is None or room.revealed:
-                self._error(m.ws, m.lang, Text("rooms.error.no_poll"))
-            elif choice is None or choice >= room.poll.size:
-                self._error(m.ws, m.lang, Text("rooms.error.field"), field="choice")
-            else:
-                m.answer = choice
-                self._tell_teacher(room)
-        else:
-            self._error(m.ws, m.lang, Text("rooms.error.op"))
+                return Text("rooms.error.no_poll")
+            if choice is None or choice >= room.poll.size:
+                return _field("choice")
+            m.answer = choice
+            self._tell_teacher(room)
+        return None
 
     def _teacher_step(self, room: Room, step: int) -> None:
         """Every student's player hears the step at once; reaching the polled step reveals it
@@ -512,7 +566,8 @@ def _buffered(conn) -> int:
 
 class RoomServer:
     """A RoomHub served over WebSocket on ``host:port`` from a thread of its own (port 0: any free
-    port; ``port`` is then the one bound)."""
+    port; ``port`` is then the one bound). ``stop()`` ends it; a server still running at
+    interpreter exit is stopped then (its thread is a daemon, joined by ``stop``)."""
 
     def __init__(self, host: Optional[str], port: int = 0, limits: RoomLimits | None = None):
         self.hub = RoomHub(limits)
@@ -527,6 +582,7 @@ class RoomServer:
         self._ready.wait(30)
         if self._error is not None:
             raise self._error
+        _RUNNING_SERVERS.add(self)
 
     def _run(self, host: Optional[str], port: int) -> None:
         asyncio.set_event_loop(self.loop)
@@ -554,10 +610,17 @@ class RoomServer:
                 except asyncio.TimeoutError:
                     self.hub.sweep()
 
-    def stop(self) -> None:
-        """Close the server and its connections, and end its thread."""
-        self.loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
+    def stop(self, timeout: float = 10.0) -> None:
+        """Close the server and its connections, and end its thread (waiting up to ``timeout``
+        s). Stopping a stopped server does nothing."""
+        _RUNNING_SERVERS.discard(self)
+        if not self._thread.is_alive():
+            return
+        try:
+            self.loop.call_soon_threadsafe(self._stop.set)
+        except RuntimeError:  # its loop is closed: the thread is ending
+            pass
+        self._thread.join(timeout)
 
     def call(self, fn: Callable[..., Any], *args, timeout: float = 5.0) -> Any:
         """``fn(*args)`` run on the server's loop (where the rooms live), its result here."""
@@ -571,6 +634,16 @@ class RoomServer:
 
 _SERVER: Optional[RoomServer] = None
 _SERVER_LOCK = threading.Lock()
+# Servers still running at interpreter exit are stopped then: a daemon thread torn down inside
+# its event loop's C call while the interpreter finalizes can abort the process.
+_RUNNING_SERVERS: "weakref.WeakSet[RoomServer]" = weakref.WeakSet()
+STOP_AT_EXIT_S = 5.0
+
+
+@atexit.register
+def _stop_running_servers() -> None:
+    for server in list(_RUNNING_SERVERS):
+        server.stop(STOP_AT_EXIT_S)
 
 
 def room_server(host: Optional[str] = None) -> RoomServer:

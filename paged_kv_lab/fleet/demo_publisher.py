@@ -13,9 +13,11 @@ PUB on port + r, its replay ROUTER on replay port + r). A host endpoint such as
 
 from __future__ import annotations
 
+import atexit
 import socket
 import threading
 import time
+import weakref
 from collections import deque
 from itertools import islice
 from typing import Optional
@@ -23,6 +25,7 @@ from typing import Optional
 from kvcore.distributed.kv_events import ZmqEventPublisher, encode_batch
 
 DEFAULT_PACE_MS = 150.0
+STOP_AT_EXIT_S = 5.0
 
 
 def free_port_run(
@@ -52,7 +55,8 @@ class DemoSource:
 
     ``start()`` runs the fleet in a thread (``stop()`` ends it and closes the sockets);
     ``run()`` runs it here. Once the trace is done the publishers stay up (their replay buffers
-    answer late watchers) until stopped or ``linger_s`` passed."""
+    answer late watchers) until stopped or ``linger_s`` passed. A source still running at
+    interpreter exit is stopped then (its thread, a daemon, ends after the step it is in)."""
 
     def __init__(
         self,
@@ -88,6 +92,7 @@ class DemoSource:
     def start(self) -> "DemoSource":
         self._thread = threading.Thread(target=self._run_safely, daemon=True, name="kv-demo")
         self._thread.start()
+        _RUNNING_SOURCES.add(self)
         return self
 
     @property
@@ -123,6 +128,7 @@ class DemoSource:
                 self._stop.wait(self.pace_s)
 
     def stop(self, timeout: float = 3.0) -> None:
+        _RUNNING_SOURCES.discard(self)
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
@@ -132,6 +138,17 @@ class DemoSource:
         for p in self.publishers:
             p.shutdown()
         self.publishers = []
+
+
+# Sources still running at interpreter exit are stopped first: a daemon thread torn down in the
+# middle of a model step or a ZeroMQ call while the interpreter finalizes can abort the process.
+_RUNNING_SOURCES: "weakref.WeakSet[DemoSource]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_running_sources() -> None:
+    for source in list(_RUNNING_SOURCES):
+        source.stop(STOP_AT_EXIT_S)
 
 
 class EngineFeed:

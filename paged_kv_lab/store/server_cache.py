@@ -20,10 +20,17 @@ Invariants, under ``cond`` (one condition for the whole cache; the run store wai
   a dropped run tells its sessions why no more steps come). The entry just stored is kept.
 - A computation that raises keeps its error in place of a value (what is computed is a function
   of its key, so asking again would fail again), unless its kind says otherwise (``keep_errors``).
+
+At interpreter exit (``stop_background``, an atexit hook) ``STOPPING`` is set and every
+background computation ``start`` made is joined (at most STOP_S s in all): the long computations
+call ``stop_point()`` between their parts (a study, an engine built, a slice of a replay), which
+raises ``Stopping`` then, so none is left inside a model step (a C++ call) while the interpreter
+tears down, which can abort the process (SIGABRT, "terminate called without an active exception").
 """
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import sys
@@ -34,6 +41,35 @@ from dataclasses import fields, is_dataclass
 from typing import Any, Callable, Generic, Hashable, Optional, TypeVar
 
 T = TypeVar("T")
+STOP_S = 30.0  # how long the exit waits in all for background computations to end
+
+STOPPING = threading.Event()  # set at interpreter exit: background work ends at its next check
+_BACKGROUND: set[threading.Thread] = set()  # the threads ``start`` made that still run
+_BACKGROUND_LOCK = threading.Lock()
+
+
+class Stopping(Exception):
+    """Raised by ``stop_point`` once the process is exiting."""
+
+
+def stop_point() -> None:
+    """A long computation's place to end early: raises Stopping once the process is exiting."""
+    if STOPPING.is_set():
+        raise Stopping("the server is shutting down")
+
+
+@atexit.register
+def stop_background(timeout: float = STOP_S) -> list[str]:
+    """Set STOPPING and join the background computations (at most ``timeout`` s in all); the
+    names of those still running after it."""
+    STOPPING.set()
+    deadline = time.monotonic() + timeout
+    with _BACKGROUND_LOCK:
+        threads = list(_BACKGROUND)
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return [t.name for t in threads if t.is_alive()]
+
 
 # The one budget (docs/class-server.md). The names are the run store's, which it grew out of.
 ENV_BYTES = "PAGED_KV_LAB_RUN_STORE_BYTES"
@@ -148,6 +184,7 @@ class ServerCache:
         kind = entry.kind
         full = (kind.ns, key)
         try:
+            stop_point()
             value = compute()
             # measured outside the lock (or after it is stored, for a value long to walk)
             nbytes = 0 if kind.measure_later else int(kind.size(value))
@@ -209,12 +246,24 @@ class ServerCache:
     def start(self, kind: "Shared", key: Hashable, compute: Callable[[], Any]) -> None:
         entry, mine = self._claim(kind, key)
         if mine:
-            threading.Thread(
-                target=self._fill,
+            # a daemon, so a computation past STOP_S never holds the exit; stop_background
+            # joins it first
+            thread = threading.Thread(
+                target=self._background,
                 args=(key, entry, compute),
                 name=f"shared:{kind.name}",
                 daemon=True,
-            ).start()
+            )
+            with _BACKGROUND_LOCK:
+                _BACKGROUND.add(thread)
+            thread.start()
+
+    def _background(self, key: Hashable, entry: _Entry, compute: Callable[[], Any]) -> None:
+        try:
+            self._fill(key, entry, compute)
+        finally:
+            with _BACKGROUND_LOCK:
+                _BACKGROUND.discard(threading.current_thread())
 
     def peek(self, kind: "Shared", key: Hashable) -> Any:
         full = (kind.ns, key)

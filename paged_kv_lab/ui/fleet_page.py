@@ -68,7 +68,10 @@ def fleet_run(model_name: str, device: str, policy: str, model):
 
 def prepare_fleet_lesson(ms) -> None:
     """The warm-up's part (app/warm_up.py): the policy a first visit shows, run ahead."""
+    from paged_kv_lab.store.server_cache import stop_point
+
     if ms.model is not None:
+        stop_point()
         fleet_run(ms.name, ms.device, DEFAULT_POLICY, ms.model)
 
 

@@ -32,7 +32,7 @@ from paged_kv_lab.content.topics import (
     max_image_offset,
     ttft_study,
 )
-from paged_kv_lab.store.server_cache import Shared
+from paged_kv_lab.store.server_cache import Shared, stop_point
 from paged_kv_lab.text.i18n import Text, tr
 from paged_kv_lab.ui.lesson_page import current_lang, current_model
 from paged_kv_lab.ui.panels import painted_grid, questions_box
@@ -50,12 +50,14 @@ def _model_key(model) -> tuple:
 
 
 def _locked(compute: Callable[[], Any]) -> Callable[[], Any]:
-    """A study steps the model every session shares: it runs under the engine lock."""
+    """A study steps the model every session shares: it runs under the engine lock (and not at
+    all once the process is exiting: server_cache.stop_point)."""
 
     def run() -> Any:
         from paged_kv_lab.store.run_store import ENGINE_LOCK
 
         with ENGINE_LOCK:
+            stop_point()
             return compute()
 
     return run

@@ -10,18 +10,23 @@ visited before its part is ready shows a note that fills in (store/server_cache.
 ``ready_or_placeholder``), or, for a run, plays the steps recorded so far.
 
 Once per model, device and dtype per server process. ``PAGED_KV_LAB_WARM_UP=0`` turns it off
-(the pages then compute on first need, behind the same notes).
+(the pages then compute on first need, behind the same notes). At interpreter exit it ends at its
+next ``stop_point`` (store/server_cache.py: between two parts, never inside a model step) and the
+exit
+waits for it.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import time
 
-from paged_kv_lab.store.server_cache import Shared
+from paged_kv_lab.store.server_cache import Shared, stop_point
 
 ENV = "PAGED_KV_LAB_WARM_UP"
 RUN_WAIT_S = 600.0  # how long the warm-up holds a run it opened for the run to end
+WAIT_SLICE_S = 0.5  # how often a wait for a run looks whether the process is exiting
 PAGE_MODULES = (
     "paged_kv_lab.ui.casebook_page",
     "paged_kv_lab.ui.designs_page",
@@ -58,6 +63,7 @@ def open_ahead(lessons, ms) -> list:
 
     held = []
     for lesson in lessons:
+        stop_point()
         lms = played_model_state(lesson, ms)  # a lesson's own model (hybrid), as its page has it
         try:
             timeline = open_run(build_scenario(lesson, lesson.scenario, {}, lms), lms)
@@ -71,7 +77,18 @@ def open_ahead(lessons, ms) -> list:
 def record_ahead(lessons, ms, wait_s: float = RUN_WAIT_S) -> None:
     """``open_ahead``, then wait up to ``wait_s`` s for each run to end."""
     for timeline in open_ahead(lessons, ms):
-        timeline.run.wait(1 << 30, wait_s, urgent=False)
+        wait_to_end(timeline.run, wait_s)
+
+
+def wait_to_end(run, wait_s: float) -> None:
+    """Wait up to ``wait_s`` s for ``run`` (a RecordedRun) to end, in slices: Stopping when the
+    process exits meanwhile."""
+    if run._store is None:  # no store computes it: it will not change
+        return
+    deadline = time.monotonic() + wait_s
+    while not run.done and time.monotonic() < deadline:
+        stop_point()
+        run.wait(1 << 30, min(WAIT_SLICE_S, max(0.0, deadline - time.monotonic())), urgent=False)
 
 
 def warm_up(ms) -> None:
@@ -80,6 +97,7 @@ def warm_up(ms) -> None:
     records them, this thread replays the first slice and then measures the studies (each
     holding the engine lock, which the worker takes one step at a time)."""
     for name in PAGE_MODULES:
+        stop_point()
         importlib.import_module(name)
     from paged_kv_lab.content import BY_ID
     from paged_kv_lab.content.casebook import CASES
@@ -90,11 +108,12 @@ def warm_up(ms) -> None:
 
     cases = [x for c in CASES for x in case_lessons(c)]
     held = open_ahead(cases + list(BY_ID.values()), ms)
+    stop_point()
     prepare_first_slice()
     prepare_studies(ms.model)
     prepare_fleet_lesson(ms)
     for timeline in held:
-        timeline.run.wait(1 << 30, RUN_WAIT_S, urgent=False)
+        wait_to_end(timeline.run, RUN_WAIT_S)
 
 
 def warm_up_line(ms, lang: str) -> None:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 
 from paged_kv_lab.recording.pool_frames import CacheLog, FrameRecorder, PoolFrame
 from paged_kv_lab.recording.recorder import Recorder
-from paged_kv_lab.store.server_cache import Shared
+from paged_kv_lab.store.server_cache import Shared, stop_point
 from paged_kv_lab.text.i18n import Text
 from paged_kv_lab.why.explain_replay import ReplayHit, explain_replay_hit
 from paged_kv_lab.workloads import SHIPPED_TRACE
@@ -138,6 +138,7 @@ def run_workload(
 
     r.add_step_hook(hook)
     while not r.done:
+        stop_point()  # a replay in the background ends here when the process exits
         r.advance(until_step=r.step_count + 2000, progress=progress)
         _budgeted(r, limits)
     return WorkloadRun(trace, settings, r.result(), cache)
