@@ -10,16 +10,16 @@ import pytest
 
 from paged_kv_lab.cli.main import main
 from paged_kv_lab.fleet.router import (
-    POLICIES,
     ApproxTree,
     DynamoKv,
     FleetRequest,
     ReplicaView,
     RouterError,
     Session,
+    policies,
     router_settings,
 )
-from paged_kv_lab.fleet.trace_fleet import Fleet, fleet_replay
+from paged_kv_lab.fleet.trace_fleet import fleet_replay, sub_trace, trace_fleet
 from paged_kv_lab.workloads.replay import replay, replay_settings
 from paged_kv_lab.workloads.trace_formats import load_trace
 
@@ -48,16 +48,16 @@ def test_the_index_is_exactly_the_pools_cached_hashes(trace):
     replica's pool holds in its prefix cache."""
     from kvcore.distributed.kv_events import hash_text, maybe_convert_block_hash
 
-    fleet = Fleet(trace, replay_settings(trace, SMALL, arrival="timestamps"), 3, "prefix")
+    fleet = trace_fleet(trace, replay_settings(trace, SMALL, arrival="timestamps"), 3, "prefix")
     fleet.run()
     assert fleet.index.events > 0
-    for r in fleet.replicas:
+    for j, r in enumerate(fleet.replicas):
         table = r.block_pool.cached_block_hash_to_block._cache
         truth = {hash_text(maybe_convert_block_hash(key[:-4])) for key in table}
-        assert set(fleet.index.blocks(r.index)) == set(truth)
+        assert set(fleet.index.blocks(j)) == set(truth)
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", policies())
 def test_every_policy_routes_each_request_once_and_repeats_itself(trace, policy):
     t = trace.slice(0, 12)
     settings = replay_settings(t, SMALL, arrival="timestamps")
@@ -185,12 +185,14 @@ def test_cli_json_contract_and_sweep(tmp_path, capsys):
 @pytest.mark.parametrize("arrival", ["sequential", "timestamps"])
 def test_each_replica_runs_exactly_the_replay_of_its_sub_trace(trace, arrival):
     settings = replay_settings(trace, SMALL, arrival=arrival)
-    fleet = Fleet(trace, settings, 3, "prefix")
+    fleet = trace_fleet(trace, settings, 3, "prefix")
     fleet.run()
-    for r in fleet.replicas:
-        sub = fleet.sub_trace(r.index)
+    for j, r in enumerate(fleet.replicas):
+        sub = sub_trace(fleet, j)
         alone = replay(sub, replay_settings(sub, SMALL, arrival=arrival))
-        assert [x.hit_tokens for x in alone.per_request] == [r.hit_tokens[i] for i in r.routed]
+        assert [x.hit_tokens for x in alone.per_request] == [
+            r.hit_tokens[i] for i in fleet.routed[j]
+        ]
         assert alone.evictions == r.evictions and alone.preemptions == r.preemptions
 
 

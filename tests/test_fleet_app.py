@@ -15,7 +15,7 @@ def _page():
 
 
 def test_the_model_fleet_routes_on_events_and_prefix_beats_round_robin(tiny_model):
-    from paged_kv_lab.fleet.model_fleet import ModelFleet
+    from paged_kv_lab.fleet.model_fleet import run_model_fleet
     from paged_kv_lab.run.scenario import load_scenario
 
     d = json.loads(LESSON_FILE.read_text(encoding="utf-8"))
@@ -25,11 +25,9 @@ def test_the_model_fleet_routes_on_events_and_prefix_beats_round_robin(tiny_mode
     scenario = load_scenario(
         {**d["scenario"], "requests": reqs, "model": "tiny-random", "device": "cpu"}
     )
-    rr = ModelFleet(scenario, 3, "round_robin", model, d["sessions"])
-    pre = ModelFleet(scenario, 3, "prefix", model, d["sessions"])
-    rr.run()
-    pre.run()
-    assert all(r.engine.model is model for r in pre.replicas)  # one copy of the weights
+    rr = run_model_fleet(scenario, 3, "round_robin", model, d["sessions"])
+    pre = run_model_fleet(scenario, 3, "prefix", model, d["sessions"])
+    assert all(e.model is model for e in pre.fleet.replicas)  # one copy of the weights
     assert [m.decision.replica for m in rr.moments] == [i % 3 for i in range(len(rr.moments))]
     assert pre.hit_rate() > rr.hit_rate() > 0
     for m in pre.moments[1:]:
