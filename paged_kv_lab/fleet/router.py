@@ -86,8 +86,8 @@ class ReplicaView:
 class Decision:
     """A routing decision and the numbers behind it, one entry per replica. ``score`` is what the
     policy compared (its meaning in ``score_name``: "cost" is lowest-wins, anything else
-    highest-wins or informative); ``rule`` names the branch taken (a catalogue key suffix:
-    ``fleet.rule.<rule>``)."""
+    highest-wins or informative); ``rule`` names the branch taken (one of its policy's
+    ``rules``; for a policy with several, the catalogue's ``fleet.rule.<rule>`` says it)."""
 
     replica: int
     policy: str
