@@ -96,43 +96,43 @@ def run_dynamo(job: dict, venv: str) -> dict:
 
 def vllm_equality(trace_path: str, trace, settings, routers, replicas) -> dict:
     from bench.bench_replay import run_vllm, vllm_job, vllm_venv
-    from paged_kv_lab.fleet.trace_fleet import Fleet
+    from paged_kv_lab.fleet.trace_fleet import fleet_result, trace_fleet
 
     venv = vllm_venv()
     if venv is None:
         return {"skipped": "no vLLM 0.33.0 environment (bash scripts/vllm_env.sh)"}
     fleets, jobs, where = {}, [], []
     for policy in routers:
-        fleet = Fleet(trace, settings, replicas, policy)
+        fleet = trace_fleet(trace, settings, replicas, policy)
         fleet.run()
         fleets[policy] = fleet
-        for r in fleet.replicas:
-            if r.routed:
+        for j, routed in enumerate(fleet.routed):
+            if routed:
                 job = vllm_job(trace_path, settings, len(trace), settings.engine.max_model_len)
-                job["indices"] = list(r.routed)
+                job["indices"] = list(routed)
                 jobs.append(job)
-                where.append((policy, r.index))
+                where.append((policy, j))
     theirs = dict(zip(where, run_vllm({"jobs": jobs}, venv)))
     out = {}
     for policy, fleet in fleets.items():
         rows = []
-        for r in fleet.replicas:
-            if not r.routed:
+        for j, (r, routed) in enumerate(zip(fleet.replicas, fleet.routed)):
+            if not routed:
                 continue
-            v = theirs[(policy, r.index)]
+            v = theirs[(policy, j)]
             totals = r.kv_cache_manager.prefix_cache_totals
             rows.append(
                 {
-                    "replica": r.index,
-                    "requests": len(r.routed),
+                    "replica": j,
+                    "requests": len(routed),
                     "hit_tokens": totals.hits,
                     "vllm_hit_tokens": v["totals"]["hits"],
-                    "equal": [r.hit_tokens[i] for i in r.routed] == v["hit_tokens"]
+                    "equal": [r.hit_tokens[i] for i in routed] == v["hit_tokens"]
                     and (totals.queries, totals.hits)
                     == (v["totals"]["queries"], v["totals"]["hits"]),
                 }
             )
-        out[policy] = {"hit_rate": fleet.result().hit_rate, "replicas": rows}
+        out[policy] = {"hit_rate": fleet_result(fleet).hit_rate, "replicas": rows}
     return out
 
 

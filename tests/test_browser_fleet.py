@@ -19,14 +19,13 @@ POOL_TABLES = (1, 2, 3)  # the page's tables: the decision, one per replica's po
 @pytest.fixture(scope="module")
 def expected(smollm2):
     """The lesson's fleet under the page's default policy, run here on the same weights."""
-    from paged_kv_lab.fleet.model_fleet import ModelFleet
+    from paged_kv_lab.fleet.model_fleet import run_model_fleet
     from paged_kv_lab.run.scenario import load_scenario
     from paged_kv_lab.ui.fleet_page import DEFAULT_POLICY, LESSON_FILE, wire
 
     d = json.loads(LESSON_FILE.read_text(encoding="utf-8"))
     scenario = load_scenario({**d["scenario"], "model": "smollm2", "device": "cpu"})
-    fleet = ModelFleet(scenario, d["replicas"], DEFAULT_POLICY, smollm2, d["sessions"])
-    fleet.run()
+    fleet = run_model_fleet(scenario, d["replicas"], DEFAULT_POLICY, smollm2, d["sessions"])
     moments = []
     for m in fleet.moments:
         heading = tr(

@@ -22,7 +22,9 @@ from kvcore.model.shapes import (
     TINY_MODELS,
 )
 from kvcore.utils.hashing import HASH_ALGOS, HASH_FUNCTIONS
-from paged_kv_lab.fleet.router import POLICIES as ROUTERS
+from paged_kv_lab.fleet.router import policies
+
+ROUTERS = policies()
 
 ROOT = Path(__file__).resolve().parent.parent
 SCANNED = ("kvcore", "paged_kv_lab", "bench", "scripts", "tests")

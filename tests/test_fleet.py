@@ -10,16 +10,16 @@ import pytest
 
 from paged_kv_lab.cli.main import main
 from paged_kv_lab.fleet.router import (
-    POLICIES,
     ApproxTree,
     DynamoKv,
     FleetRequest,
     ReplicaView,
     RouterError,
     Session,
+    policies,
     router_settings,
 )
-from paged_kv_lab.fleet.trace_fleet import Fleet, fleet_replay
+from paged_kv_lab.fleet.trace_fleet import fleet_replay, sub_trace, trace_fleet
 from paged_kv_lab.workloads.replay import replay, replay_settings
 from paged_kv_lab.workloads.trace_formats import load_trace
 
@@ -48,16 +48,16 @@ def test_the_index_is_exactly_the_pools_cached_hashes(trace):
     replica's pool holds in its prefix cache."""
     from kvcore.distributed.kv_events import hash_text, maybe_convert_block_hash
 
-    fleet = Fleet(trace, replay_settings(trace, SMALL, arrival="timestamps"), 3, "prefix")
+    fleet = trace_fleet(trace, replay_settings(trace, SMALL, arrival="timestamps"), 3, "prefix")
     fleet.run()
     assert fleet.index.events > 0
-    for r in fleet.replicas:
+    for j, r in enumerate(fleet.replicas):
         table = r.block_pool.cached_block_hash_to_block._cache
         truth = {hash_text(maybe_convert_block_hash(key[:-4])) for key in table}
-        assert set(fleet.index.blocks(r.index)) == set(truth)
+        assert set(fleet.index.blocks(j)) == set(truth)
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", policies())
 def test_every_policy_routes_each_request_once_and_repeats_itself(trace, policy):
     t = trace.slice(0, 12)
     settings = replay_settings(t, SMALL, arrival="timestamps")
@@ -185,12 +185,14 @@ def test_cli_json_contract_and_sweep(tmp_path, capsys):
 @pytest.mark.parametrize("arrival", ["sequential", "timestamps"])
 def test_each_replica_runs_exactly_the_replay_of_its_sub_trace(trace, arrival):
     settings = replay_settings(trace, SMALL, arrival=arrival)
-    fleet = Fleet(trace, settings, 3, "prefix")
+    fleet = trace_fleet(trace, settings, 3, "prefix")
     fleet.run()
-    for r in fleet.replicas:
-        sub = fleet.sub_trace(r.index)
+    for j, r in enumerate(fleet.replicas):
+        sub = sub_trace(fleet, j)
         alone = replay(sub, replay_settings(sub, SMALL, arrival=arrival))
-        assert [x.hit_tokens for x in alone.per_request] == [r.hit_tokens[i] for i in r.routed]
+        assert [x.hit_tokens for x in alone.per_request] == [
+            r.hit_tokens[i] for i in fleet.routed[j]
+        ]
         assert alone.evictions == r.evictions and alone.preemptions == r.preemptions
 
 
@@ -203,3 +205,137 @@ def test_fast_forward_changes_nothing_in_a_fleet(trace):
     assert runs[0][0] == runs[1][0] and runs[0][1] == runs[1][1]
     strip = [[{k: v for k, v in r.items() if k != "simulated_s"} for r in x[2]] for x in runs]
     assert strip[0] == strip[1]
+
+
+# -- the router registry -----------------------------------------------------------------------
+
+
+def test_every_router_has_its_sentences_in_every_language():
+    """A registered policy names itself, its source and its why (``fleet.why.<name>``) in every
+    language; a policy whose decisions take several branches has a sentence per branch
+    (``fleet.rule.<rule>``)."""
+    from paged_kv_lab.fleet.router import ROUTERS
+    from paged_kv_lab.text.i18n import LANGS, catalogue
+
+    cat = catalogue()
+    for name, cls in ROUTERS.items():
+        keys = [f"fleet.router.{name}", f"fleet.router.{name}.source", f"fleet.why.{name}"]
+        if len(cls.rules) > 1:
+            keys += [f"fleet.rule.{r}" for r in cls.rules]
+        for key in keys:
+            assert key in cat, key
+            assert set(LANGS) <= set(cat[key]), (key, sorted(cat[key]))
+
+
+def _why_texts(decision, settings) -> list[str]:
+    from paged_kv_lab.fleet.router import router_class
+    from paged_kv_lab.text.i18n import LANGS, tr
+
+    texts = [tr(router_class(decision.policy).why(decision, settings), lang) for lang in LANGS]
+    for text in texts:
+        assert "{" not in text and "fleet." not in text, text
+        assert str(decision.replica) in text, text
+    return texts
+
+
+@pytest.mark.parametrize("policy", policies())
+def test_every_decision_of_every_router_says_why_in_its_own_numbers(trace, policy):
+    t = trace.slice(0, 12)
+    f = fleet_replay(t, replay_settings(t, SMALL, arrival="timestamps"), 3, policy)
+    for p in f.per_request:
+        en = _why_texts(p.decision, f.router_settings)[0]
+        if p.decision.score is not None and p.decision.score_name == "cost":
+            assert f"{p.decision.score[p.replica]:g}" in en
+        if p.decision.policy == "session":
+            assert p.decision.detail["session"] in en
+
+
+def test_every_branch_of_a_router_has_a_sentence_that_names_what_it_compared():
+    settings = router_settings({"balance_abs_threshold": 2})
+    a = FleetRequest("a", 64, "s", ("x", "y", "z", "w"), 16)
+    idle = _views((0, 0, 0, 0, 10, 0), (0, 0, 0, 0, 10, 0))
+    router = ApproxTree(settings)
+    first = router.choose(a, idle)
+    again = router.choose(a, idle)
+    busy = list(idle)
+    busy[first.replica] = ReplicaView(first.replica, 0, 9, 0, 0, 10, 0)
+    imbalanced = router.choose(a, busy)
+    seen = {}
+    for d in (first, again, imbalanced):
+        seen[d.rule] = _why_texts(d, settings)[0]
+    assert set(seen) == set(ApproxTree.rules)
+    assert "threshold" in seen["approx_smallest_tree"] and "100.0%" in seen["approx_cache_hit"]
+    assert "9, 0" in seen["approx_imbalanced"] or "0, 9" in seen["approx_imbalanced"]
+    from paged_kv_lab.fleet.router import LeastLoaded, PrefixAware
+
+    load = _views((0, 2, 0, 50, 100, 0), (3, 1, 0, 10, 100, 0))
+    for metric, rule, shown in (
+        ("requests", "least_requests", "2, 1"),
+        ("kv_usage", "least_kv_usage", "50.0%, 10.0%"),
+    ):
+        s = router_settings({"load_metric": metric})
+        d = LeastLoaded(s).choose(a, load)
+        assert d.rule == rule and d.replica == 1 and shown in _why_texts(d, s)[0]
+    s = router_settings()
+    hit = PrefixAware(s).choose(a, load)
+    cold = PrefixAware(s).choose(a, _views((0, 2, 0, 0, 100, 0), (0, 1, 0, 0, 100, 0)))
+    assert (hit.rule, hit.replica, cold.rule, cold.replica) == (
+        "prefix_longest",
+        1,
+        "prefix_none_least_loaded",
+        1,
+    )
+    assert "0, 3" in _why_texts(hit, s)[0] and "2, 1" in _why_texts(cold, s)[0]
+
+
+def test_the_docs_list_every_router():
+    from paged_kv_lab.fleet.router import ROUTERS
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "fleet.md").read_text(encoding="utf-8")
+    for name in ROUTERS:
+        assert f"| `{name}` |" in page, name
+
+
+@pytest.fixture
+def first_router():
+    """A router registered here, with a setting of its own: replica ``first_pick`` always."""
+    from paged_kv_lab.fleet.router import ROUTERS, Decision, Router, router
+
+    @router("always_first")
+    class AlwaysFirst(Router):
+        defaults = {"first_pick": 0}
+
+        @classmethod
+        def check(cls, settings):
+            if settings["first_pick"] < 0:
+                raise RouterError("first_pick: must be >= 0")
+
+        def choose(self, request, views):
+            i = min(self.settings["first_pick"], len(views) - 1)
+            over = tuple(v.overlap_blocks for v in views)
+            return Decision(i, self.name, "always_first", over, tuple(v.requests for v in views))
+
+    try:
+        yield "always_first"
+    finally:
+        ROUTERS.pop("always_first")
+
+
+def test_a_router_registered_here_is_a_cli_choice_with_its_own_setting(first_router, tmp_path):
+    from paged_kv_lab.fleet.router import router_defaults
+
+    assert first_router in policies() and router_defaults()["first_pick"] == 0
+    out = tmp_path / "f.json"
+    args = ["fleet", str(SLICE), "--requests", "6", "--replicas", "3", "--router", first_router]
+    args += ["--set", "block_size=512", "--set", "first_pick=2", "--json", str(out)]
+    assert main(args) == 0
+    d = json.loads(out.read_text())
+    assert d["router"] == first_router and d["router_settings"]["first_pick"] == 2
+    assert [p["replica"] for p in d["per_request"]] == [2] * 6
+    assert main([*args[:-2], "--set", "first_pick=-1"]) == 2
+    with pytest.raises(SystemExit):
+        main(["fleet", str(SLICE), "--router", "never_registered"])
+    with pytest.raises(ValueError, match="registered already"):
+        from paged_kv_lab.fleet.router import Router, router
+
+        router(first_router)(type("Again", (Router,), {}))

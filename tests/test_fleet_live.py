@@ -84,7 +84,7 @@ def test_serve_events_publishes_a_scenario_run_on_its_model(tmp_path, tiny_model
     """``serve-events SCENARIO.json``: the watcher, fed only by the stream, ends up holding
     exactly the blocks the scenario's own run leaves cached (per replica with --replicas)."""
     from kvcore.config.kv_events import KVEventsConfig
-    from paged_kv_lab.fleet.model_fleet import ModelFleet
+    from paged_kv_lab.fleet.model_fleet import model_fleet
     from paged_kv_lab.run.engine import Engine
     from paged_kv_lab.run.scenario import load_scenario
 
@@ -95,9 +95,9 @@ def test_serve_events_publishes_a_scenario_run_on_its_model(tmp_path, tiny_model
         engine.run()
         expected = [_cached_hashes(engine)]
     else:
-        fleet = ModelFleet(scenario, replicas, "round_robin", tiny_model)
+        fleet = model_fleet(scenario, replicas, "round_robin", tiny_model)
         fleet.run()
-        expected = [_cached_hashes(r.engine) for r in fleet.replicas]
+        expected = [_cached_hashes(e) for e in fleet.replicas]
     assert all(expected) and len(set().union(*expected)) > 1
     port = ports(2 * replicas)
     endpoint, replay = f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port + replicas}"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.bench_replay import run_vllm, vllm_job, vllm_venv
-from paged_kv_lab.fleet.trace_fleet import Fleet
+from paged_kv_lab.fleet.trace_fleet import fleet_result, trace_fleet
 from paged_kv_lab.workloads.replay import replay_settings
 from paged_kv_lab.workloads.trace_formats import load_trace
 
@@ -40,16 +40,16 @@ def both():
     fleets, jobs, where = {}, [], []
     for name, (overrides, policy) in CASES.items():
         settings = replay_settings(trace, overrides)
-        fleet = Fleet(trace, settings, 3, policy)
+        fleet = trace_fleet(trace, settings, 3, policy)
         fleet.run()
         fleets[name] = fleet
-        for r in fleet.replicas:
-            if not r.routed:
+        for j, routed in enumerate(fleet.routed):
+            if not routed:
                 continue
             job = vllm_job(str(SLICE), settings, None, settings.engine.max_model_len)
-            job["indices"] = list(r.routed)
+            job["indices"] = list(routed)
             jobs.append(job)
-            where.append((name, r.index))
+            where.append((name, j))
     theirs = run_vllm({"jobs": jobs}, venv, timeout=900)
     return fleets, dict(zip(where, theirs))
 
@@ -58,13 +58,13 @@ def both():
 def test_each_replica_hits_what_vllm_hits_on_its_sub_trace(both, case):
     fleets, theirs = both
     fleet = fleets[case]
-    assert len({r.index for r in fleet.replicas if r.routed}) > 1
-    for r in fleet.replicas:
-        if not r.routed:
+    assert sum(1 for routed in fleet.routed if routed) > 1
+    for j, (r, routed) in enumerate(zip(fleet.replicas, fleet.routed)):
+        if not routed:
             continue
-        v = theirs[(case, r.index)]
+        v = theirs[(case, j)]
         assert v["vllm"] == "0.33.0"
-        assert [r.hit_tokens[i] for i in r.routed] == v["hit_tokens"]
+        assert [r.hit_tokens[i] for i in routed] == v["hit_tokens"]
         totals = r.kv_cache_manager.prefix_cache_totals
         assert (totals.queries, totals.hits) == (v["totals"]["queries"], v["totals"]["hits"])
-    assert fleet.result().hit_tokens > 0
+    assert fleet_result(fleet).hit_tokens > 0

@@ -5,9 +5,10 @@
                                  [--sweep router=P1,P2,... | --sweep replicas=N1,N2,...]
 
 ``--set`` takes engine settings (as ``replay``) and router settings (fleet/router.py's
-ROUTER_DEFAULTS: seed, kv_event_lag_ms, Dynamo's and sglang-router's weights). ``--sweep`` runs
-each point in its own process and prints one row per point. Exit codes: 0 ok, 1 a sweep point
-failed, 2 bad trace, settings or arguments.
+``router_defaults()``: seed, kv_event_lag_ms, each policy's own, such as Dynamo's and
+sglang-router's weights). ``--router`` is any registered policy (fleet/router.py's registry).
+``--sweep`` runs each point in its own process and prints one row per point. Exit codes: 0 ok,
+1 a sweep point failed, 2 bad trace, settings or arguments.
 """
 
 from __future__ import annotations
@@ -32,12 +33,12 @@ SWEEP_KEYS = ("router", "replicas")
 
 
 def add_parser(sub) -> None:
-    from paged_kv_lab.fleet.router import POLICIES
+    from paged_kv_lab.fleet.router import policies
 
     p = sub.add_parser("fleet", help=tr("cli.fleet.help"))
     add_trace_arguments(p)
     p.add_argument("--replicas", type=int, default=4, help=tr("cli.fleet.replicas"))
-    p.add_argument("--router", choices=POLICIES, default="prefix", help=tr("cli.fleet.router"))
+    p.add_argument("--router", choices=policies(), default="prefix", help=tr("cli.fleet.router"))
     p.add_argument(
         "--set", action="append", metavar="KEY=VALUE", default=[], help=tr("cli.fleet.set")
     )
@@ -57,10 +58,11 @@ def add_parser(sub) -> None:
 
 def split_overrides(overrides: dict) -> tuple[dict, dict]:
     """``--set`` pairs as (engine settings, router settings)."""
-    from paged_kv_lab.fleet.router import ROUTER_DEFAULTS
+    from paged_kv_lab.fleet.router import router_defaults
 
-    engine = {k: v for k, v in overrides.items() if k not in ROUTER_DEFAULTS}
-    router = {k: v for k, v in overrides.items() if k in ROUTER_DEFAULTS}
+    known = router_defaults()
+    engine = {k: v for k, v in overrides.items() if k not in known}
+    router = {k: v for k, v in overrides.items() if k in known}
     return engine, router
 
 
@@ -224,14 +226,14 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 
 def add_serve_parser(sub) -> None:
     from paged_kv_lab.fleet.demo_publisher import DEFAULT_PACE_MS
-    from paged_kv_lab.fleet.router import POLICIES
+    from paged_kv_lab.fleet.router import policies
 
     p = sub.add_parser("serve-events", help=tr("cli.serve.help"))
     p.add_argument("trace", nargs="?", metavar="SCENARIO|TRACE", help=tr("cli.serve.source"))
     p.add_argument("--lang", choices=tuple(languages()), default="en", help=tr("cli.replay.lang"))
     p.add_argument("--requests", type=int, default=60, metavar="N", help=tr("cli.serve.requests"))
     p.add_argument("--replicas", type=int, default=1, help=tr("cli.serve.replicas"))
-    p.add_argument("--router", choices=POLICIES, default="prefix", help=tr("cli.fleet.router"))
+    p.add_argument("--router", choices=policies(), default="prefix", help=tr("cli.fleet.router"))
     p.add_argument(
         "--set", action="append", metavar="KEY=VALUE", default=[], help=tr("cli.fleet.set")
     )
@@ -247,7 +249,7 @@ def cmd_serve_events(args: argparse.Namespace) -> int:
     if args.trace and args.trace.endswith(".json"):  # a scenario: the real model in the loop
         return serve_scenario(args)
     from paged_kv_lab.fleet.router import RouterError
-    from paged_kv_lab.fleet.trace_fleet import Fleet
+    from paged_kv_lab.fleet.trace_fleet import trace_fleet
     from paged_kv_lab.workloads import SHIPPED_TRACE
     from paged_kv_lab.workloads.replay import ReplayError, replay_settings
     from paged_kv_lab.workloads.trace_formats import TraceError, load_trace
@@ -262,7 +264,7 @@ def cmd_serve_events(args: argparse.Namespace) -> int:
         engine, router = split_overrides(overrides)
         settings = replay_settings(trace, engine, arrival="timestamps")
         check_trace(trace, settings, cli_trace_limits())
-        fleet = Fleet(trace, settings, args.replicas, args.router, router)
+        fleet = trace_fleet(trace, settings, args.replicas, args.router, router)
     except (TraceError, ScenarioError, BudgetError, RouterError, ReplayError, OSError) as e:
         print(f"error: {said(e, args.lang)}", file=sys.stderr)
         return 2
@@ -272,11 +274,12 @@ def cmd_serve_events(args: argparse.Namespace) -> int:
 def serve_scenario(args: argparse.Namespace) -> int:
     """``serve-events SCENARIO.json``: the scenario on its model, as ``kvcore run`` steps it (one
     replica), or routed request by request over ``--replicas`` engines sharing the weights
-    (fleet/model_fleet.py); each replica's KV events published as by a trace."""
+    (fleet/model_fleet.py: the one fleet, engines as its drivers); each replica's KV events
+    published as by a trace."""
     from kvcore.config.kv_events import KVEventsConfig
     from paged_kv_lab.cli.main import open_engine
     from paged_kv_lab.fleet.demo_publisher import EngineFeed
-    from paged_kv_lab.fleet.model_fleet import ModelFleet
+    from paged_kv_lab.fleet.model_fleet import model_fleet
     from paged_kv_lab.fleet.router import RouterError
     from paged_kv_lab.run.scenario import load_scenario, with_engine_overrides
 
@@ -306,7 +309,7 @@ def serve_scenario(args: argparse.Namespace) -> int:
             feed = EngineFeed(engine)
         else:
             engine.close()
-            feed = ModelFleet(scenario, args.replicas, args.router, engine.model, None, router_set)
+            feed = model_fleet(scenario, args.replicas, args.router, engine.model, None, router_set)
     except (RouterError, ValueError) as e:
         print(f"error: {args.trace}: {said(e, args.lang)}", file=sys.stderr)
         return 2

@@ -147,13 +147,13 @@ def open_engine(args: argparse.Namespace, scenario, kv_events):
             )
         check_scenario(scenario, limits, model.config, prompt_encoder(model))
         if scenario.engine.kv_transfer == "pd":  # a prefill replica and a decode replica
-            from paged_kv_lab.disagg.pd import PDEngine
+            from paged_kv_lab.disagg.pd import PDEngine, PDRun
             from paged_kv_lab.run.engine import EngineRefused
 
             if kv_events is not None:
                 raise EngineRefused("engine.pd_no_kv_events")
 
-            return scenario, PDEngine(scenario, model=model, debug=args.check)
+            return scenario, PDRun(PDEngine(scenario, model=model, debug=args.check))
         return scenario, Engine(scenario, model=model, debug=args.check, kv_events=kv_events)
     except (ModelNotAvailable, DeviceNotAvailable) as e:
         print(_error(args, f"{e}"), file=sys.stderr)
@@ -221,30 +221,27 @@ def cmd_run(args: argparse.Namespace) -> int:
             trace_file.write(
                 trace.header_line(scenario_to_dict(scenario), engine.snapshot()) + "\n"
             )
-        stopped = False
-        while engine.has_unfinished() and not stopped:
+        # one driver (run/driver.py): a plain engine, or a P/D pair whose records name their replica
+        while engine.has_unfinished():
             try:
-                done = engine.step()
+                rec = engine.step()
             # a request that cannot be added (too long for the pool, bad ids)
             except ValueError as e:
                 print(_error(args, f"{args.scenario}: {e}"), file=sys.stderr)
                 return 2
-            # a plain engine's step, or a P/D pair's records of one tick (each names its replica)
-            for rec in [done] if isinstance(done, snapshot.StepRecord) else done:
-                if not args.quiet:
-                    decode = engine.decode if engine.model is not None else None
-                    if rec.replica is not None:
-                        _log_replica(rec, sys.stdout, args.lang, decode)
-                    else:
-                        _log_step(rec, sys.stdout, args.lang, decode)
-                if trace_file:
-                    trace_file.write(trace.step_line(rec) + "\n")
-                if records is not None:
-                    records.append(rec)
-                if args.until and any(e.kind == args.until for e in rec.events):
-                    print(tr("cli.log.stopped", args.lang, kind=args.until, step=rec.step))
-                    stopped = True
-                    break
+            if not args.quiet:
+                decode = engine.decode if engine.model is not None else None
+                if rec.replica is not None:
+                    _log_replica(rec, sys.stdout, args.lang, decode)
+                else:
+                    _log_step(rec, sys.stdout, args.lang, decode)
+            if trace_file:
+                trace_file.write(trace.step_line(rec) + "\n")
+            if records is not None:
+                records.append(rec)
+            if args.until and any(e.kind == args.until for e in rec.events):
+                print(tr("cli.log.stopped", args.lang, kind=args.until, step=rec.step))
+                break
         outputs = engine.outputs()
         if trace_file:
             trace_file.write(trace.outputs_line(outputs, engine.parents()) + "\n")

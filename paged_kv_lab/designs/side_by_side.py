@@ -19,11 +19,16 @@ nano-vllm runs at ``nano_commit`` (bb823b3 unless it says 2f352ae).
 
 Every decision comes back as ``designs.events`` events, and after each step a frozen view of
 both structures for the page to draw.
+
+``SideBySide`` is a driver (paged_kv_lab/run/driver.py) that follows a recorded run: what it takes
+is the run's next step (its snapshot, holding the requests that step admitted, grew and
+finished), ``step`` makes that step's moves on both designs and returns a ``DesignStep``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple, Optional
 
 from paged_kv_lab.designs import design_events as ev
 from paged_kv_lab.designs.nanovllm import HEAD
@@ -91,6 +96,13 @@ class DesignStep:
     errors: tuple[str, ...] = ()  # what either design could not do, up to this step
 
 
+class HitTokens(NamedTuple):
+    """A request's prefix-cache hit at admission on each design (None: not admitted there)."""
+
+    sglang: Optional[int]
+    nano: Optional[int]
+
+
 class _Held:
     """What SGLang keeps for a running request: its slots and its locked node."""
 
@@ -99,7 +111,12 @@ class _Held:
 
 
 class SideBySide:
-    """Both designs fed from one recorded run's snapshots; ``steps`` grows with ``advance``."""
+    """Both designs fed from one recorded run's snapshots; ``steps`` grows with ``advance``.
+
+    Invariants: the followed run's steps are taken in order, one ``DesignStep`` each; a request
+    is admitted on both designs at the step the run admitted it and released at the step it
+    finished or was preempted there; what a design cannot do is kept in ``errors``, never
+    raised."""
 
     def __init__(
         self, num_gpu_blocks: int, block_size: int, page_size: int = 1, nano_commit: str = HEAD
@@ -129,6 +146,7 @@ class SideBySide:
         self.nano_hits: dict[str, int] = {}
         self.steps: list[DesignStep] = []
         self.errors: list[str] = []
+        self._pending: list = []  # the followed run's steps taken and not yet made
         self.initial = DesignStep(0, (), self.tree_view(), self.nano_view(), {}, {})
 
     def at(self, step: int) -> DesignStep:
@@ -201,8 +219,32 @@ class SideBySide:
 
     # ----- the step -----------------------------------------------------------------------------
 
+    def add_request(self, snapshot) -> None:
+        """Take the followed run's next step (``snapshot``: the state after it); the next
+        ``step`` makes its moves."""
+        self._pending.append(snapshot)
+
+    def step(self) -> DesignStep:
+        """The oldest step taken, made on both designs."""
+        return self._make(self._pending.pop(0))
+
+    def has_unfinished(self) -> bool:
+        return bool(self._pending)
+
+    def kv_events(self) -> tuple:
+        return ()
+
+    def outputs(self) -> dict[str, HitTokens]:
+        """Per request admitted on either design, in order, its hit on each."""
+        ids = dict.fromkeys([*self.nano_hits, *self.sglang_hits])
+        return {r: HitTokens(self.sglang_hits.get(r), self.nano_hits.get(r)) for r in ids}
+
     def advance(self, snapshot) -> DesignStep:
         """Make the moves that ``snapshot`` (the state after a step of the vLLM run) shows."""
+        self.add_request(snapshot)
+        return self.step()
+
+    def _make(self, snapshot) -> DesignStep:
         self._events.clear()
         admitted = set()
         for r in snapshot.requests:  # nano-vllm's schedule: the step's prefill batch

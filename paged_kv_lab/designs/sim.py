@@ -13,6 +13,11 @@ time (the replay's ``sequential`` arrival rule: the next request comes when the 
   included), one ``may_append`` per generated token after the first, after each step the
   ``postprocess`` that hashes what it computed (bb823b3), ``deallocate`` at the end.
 
+Each runner is a driver (paged_kv_lab/run/driver.py) whose unit is one request: ``add_request``
+queues a ``DesignRequest``, ``step`` runs the next one start to end and returns its
+``DesignRequestResult`` (the engine steps inside it are counted in ``steps``), ``outputs`` are the
+results by request; neither publishes vLLM KV events.
+
 A runner records the ops it made on the tree (``op_log``) in the form tests/_designs_sglang.py
 replays into SGLang's own code, so the fidelity test can check the two trees take the same
 decisions.
@@ -69,9 +74,42 @@ class DesignRequestResult:
     num_preemptions: int = 0
 
 
+class OneAtATime:
+    """The driver of a runner that takes one request at a time (its ``run``): a queue in front.
+
+    Invariants: requests run in the order taken, each start to end in one ``step``; ``outputs``
+    holds every request run, in that order."""
+
+    _queue: list[DesignRequest]
+    results: list[DesignRequestResult]
+
+    def run(self, req: DesignRequest) -> DesignRequestResult:
+        raise NotImplementedError
+
+    def add_request(self, req: DesignRequest) -> None:
+        """Take ``req``; a later ``step`` runs it."""
+        self._queue.append(req)
+
+    def step(self) -> DesignRequestResult:
+        """The oldest request taken, run start to end; its result."""
+        if not self._queue:
+            raise DesignError("no request is waiting to run")
+        return self.run(self._queue.pop(0))
+
+    def has_unfinished(self) -> bool:
+        return bool(self._queue)
+
+    def kv_events(self) -> tuple:
+        return ()
+
+    def outputs(self) -> dict[str, DesignRequestResult]:
+        return {r.request_id: r for r in self.results}
+
+
 @dataclass
-class SGLangRun:
-    """SGLang's tree under a token pool of ``size`` slots; feed it with ``run(request)``."""
+class SGLangRun(OneAtATime):
+    """SGLang's tree under a token pool of ``size`` slots; feed it with ``run(request)`` (or, as
+    a driver, ``add_request`` and ``step``)."""
 
     size: int
     page_size: int = 1
@@ -81,6 +119,7 @@ class SGLangRun:
     evicted_tokens: int = 0
     steps: int = 0
     results: list[DesignRequestResult] = field(default_factory=list)
+    _queue: list[DesignRequest] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         self.allocator = PagedTokenToKVPoolAllocator(self.size, self.page_size)
@@ -150,9 +189,9 @@ class SGLangRun:
 
 
 @dataclass
-class NanoRun:
+class NanoRun(OneAtATime):
     """nano-vllm's block manager (at ``commit``) with ``num_blocks`` blocks; feed it with
-    ``run(request)``."""
+    ``run(request)`` (or, as a driver, ``add_request`` and ``step``)."""
 
     num_blocks: int
     block_size: int
@@ -161,6 +200,7 @@ class NanoRun:
     evictions: int = 0
     steps: int = 0
     results: list[DesignRequestResult] = field(default_factory=list)
+    _queue: list[DesignRequest] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         self.block_manager = BlockManager(

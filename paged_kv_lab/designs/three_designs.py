@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 
 from paged_kv_lab.designs.nanovllm import COMMITS, HEAD, check_commit
 from paged_kv_lab.designs.sim import DesignError, DesignRequest, NanoRun, SGLangRun
+from paged_kv_lab.run.driver import run_to_end
 from paged_kv_lab.text.i18n import Refusal
 from paged_kv_lab.workloads.replay import ReplaySettings, replay
 from paged_kv_lab.workloads.tokens import prompt_token_ids
@@ -121,6 +122,13 @@ def _finish(
     )
 
 
+def _drive(run, requests: list[DesignRequest]) -> None:
+    """The requests, one after another (the sequential rule), through a design's driver."""
+    for req in requests:
+        run.add_request(req)
+    run_to_end(run, len(requests))
+
+
 def run_design(
     design: str,
     trace: Trace,
@@ -139,12 +147,10 @@ def run_design(
     if design == "sglang":
         ps = page_size or engine.block_size
         run = SGLangRun(size=engine.num_gpu_blocks * engine.block_size, page_size=ps)
-        for req in requests:
-            run.run(req)
+        _drive(run, requests)
         return _finish(design, run, trace, t0, run.evicted_tokens // ps, run.evicted_tokens)
     run = NanoRun(engine.num_gpu_blocks, engine.block_size, commit=nano_commit)
-    for req in requests:
-        run.run(req)
+    _drive(run, requests)
     evicted = run.evictions * engine.block_size
     return _finish(design, run, trace, t0, run.evictions, evicted, nano_commit=run.commit)
 

@@ -22,6 +22,7 @@ from kvcore.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from kvcore.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlConnector
 from kvcore.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlAgentRegistry
 from paged_kv_lab.recording.snapshot import StepRecord
+from paged_kv_lab.run.driver import run_to_end
 from paged_kv_lab.run.engine import Engine
 from paged_kv_lab.run.scenario import KVTransferConfig, RequestSpec, Scenario
 
@@ -49,6 +50,9 @@ class PDEngine:
     Invariants: a request reaches the decode replica only once the prefill replica finished
     it; the prefill replica's blocks of a request stay allocated until the decode replica's
     pull said it is done (or the lease ran out); same scenario -> same steps, every run.
+
+    A driver (paged_kv_lab/run/driver.py) whose unit is a tick: ``step()`` returns the records
+    of the replicas that had work in it, and ``kv_events()`` their KV events in that order.
     """
 
     def __init__(
@@ -106,6 +110,7 @@ class PDEngine:
         self._pending: list[RequestSpec] = sorted(scenario.requests, key=lambda r: r.arrival_step)
         self.specs: dict[str, RequestSpec] = {}  # every request sent, in arrival order
         self.history: list[StepRecord] = []
+        self._last: list[StepRecord] = []  # the last tick's records
         for spec in self._pending:
             for e in self.engines.values():
                 e._checked_prompt(spec)
@@ -166,7 +171,12 @@ class PDEngine:
                 out.append(self._numbered(DECODE, rec, dict(pulls)))
             pulls.clear()
         self.history += out
+        self._last = out
         return out
+
+    def kv_events(self) -> tuple:
+        """The KV cache events of the last tick: the prefill replica's, then the decode's."""
+        return tuple(e for rec in self._last for e in rec.kv_events)
 
     def _numbered(self, replica: str, rec: StepRecord, pulls=None) -> StepRecord:
         self.step_count += 1
@@ -215,6 +225,10 @@ class PDRun:
     Invariants: the records come out numbered 1, 2, 3... with none skipped or repeated, each
     naming its replica (``StepRecord.replica``) and the pulls it made (``StepRecord.pulls``);
     ``has_unfinished()`` is false only when the pair is done and nothing is queued.
+
+    A driver (paged_kv_lab/run/driver.py): ``add_request(RequestSpec)`` (the proxy's first leg),
+    ``step() -> StepRecord``, ``kv_events()`` (the events of the record last returned),
+    ``outputs()`` (the decode replica's).
     """
 
     def __init__(self, pair: PDEngine, max_idle_ticks: int = 1_000) -> None:
@@ -222,6 +236,11 @@ class PDRun:
         self.model = pair.model
         self.max_idle_ticks = max_idle_ticks
         self._queue: list[StepRecord] = []
+        self._last: Optional[StepRecord] = None
+
+    def add_request(self, spec: RequestSpec) -> None:
+        """Send ``spec`` to the pair now (its prefill replica first)."""
+        self.pair.add_request(spec)
 
     def has_unfinished(self) -> bool:
         return bool(self._queue) or self.pair.has_unfinished()
@@ -234,14 +253,15 @@ class PDRun:
                 raise RuntimeError("the P/D pair has no step left to make")
             self._queue += self.pair.step()
             idle += 1
-        return self._queue.pop(0)
+        self._last = self._queue.pop(0)
+        return self._last
+
+    def kv_events(self) -> tuple:
+        return self._last.kv_events if self._last is not None else ()
 
     def run(self, max_steps: int = 100_000) -> list[StepRecord]:
         """Step until both replicas are done (as Engine.run without ``until``)."""
-        records = []
-        while self.has_unfinished() and len(records) < max_steps:
-            records.append(self.step())
-        return records
+        return run_to_end(self, max_steps)
 
     def snapshot(self):
         return self.pair.snapshot()

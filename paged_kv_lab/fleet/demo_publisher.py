@@ -1,14 +1,14 @@
 """A demo source of KV events: our engine publishing as vLLM does, so the Live vLLM page has
 something real to watch without a vLLM server.
 
-``DemoSource`` steps a fleet (paged_kv_lab/fleet: a trace replayed model-free, one replica being
+``DemoSource`` steps a fleet (fleet/fleet.py: a trace replayed model-free, one replica being
 a single server; or a scenario on the real model, :class:`EngineFeed` for one engine,
-``ModelFleet`` for several) and puts each replica's KV event batches on ZeroMQ with kvcore's
-``ZmqEventPublisher``, vLLM's wire format byte for byte: replica r is data-parallel rank r (its
-PUB on port + r, its replay ROUTER on replay port + r). A host endpoint such as
-``tcp://127.0.0.1:5557`` makes the PUB connect, as vLLM's does, so the watcher binds it
-(``--bind``; the Live page's "bind" box); the replay sockets bind on loopback. Batches go out at
-``pace_ms`` apart, in the order the replicas published them.
+fleet/model_fleet.py's ``model_fleet`` for several) and puts each replica's KV event batches
+on ZeroMQ with kvcore's ``ZmqEventPublisher``, vLLM's wire format byte for byte: replica r is
+data-parallel rank r (its PUB on port + r, its replay ROUTER on replay port + r). A host
+endpoint such as ``tcp://127.0.0.1:5557`` makes the PUB connect, as vLLM's does, so the watcher
+binds it (``--bind``; the Live page's "bind" box); the replay sockets bind on loopback. Batches
+go out at ``pace_ms`` apart, in the order the replicas published them.
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ def demo_fleet(
     """The fleet the demo button replays: the shipped trace's first ``requests`` requests,
     ``replicas`` replicas with pools small enough to evict (512-token blocks), timestamps
     arrival."""
-    from paged_kv_lab.fleet.trace_fleet import Fleet
+    from paged_kv_lab.fleet.trace_fleet import trace_fleet
     from paged_kv_lab.workloads import SHIPPED_TRACE
     from paged_kv_lab.workloads.replay import replay_settings
     from paged_kv_lab.workloads.trace_formats import parse_trace
@@ -205,7 +205,7 @@ def demo_fleet(
     settings = replay_settings(
         trace, engine or {"block_size": 512, "num_gpu_blocks": 300}, arrival="timestamps"
     )
-    return Fleet(trace, settings, replicas, policy)
+    return trace_fleet(trace, settings, replicas, policy)
 
 
 def wait_until(pred, timeout: float, every: float = 0.05) -> bool:

@@ -1,10 +1,11 @@
-"""A fleet on a real model: N engines (``record.engine.Engine``) sharing one copy of the weights,
-behind a router that reads only their KV events (fleet/routing.py).
+"""A fleet on a real model: N engines (``run.engine.Engine``) sharing one copy of the weights,
+behind a router that reads only their KV events: the one fleet (fleet/fleet.py) with engines as
+its drivers.
 
 Requests are routed one at a time, each run to its end before the next is routed (the fleet's
 sequential arrival), so every decision can be shown with the pools as they were when it was made.
-Each engine records its steps as any lesson's engine does; after each request the fleet keeps a
-:class:`FleetMoment`: the decision, every replica's snapshot, the router's index.
+Each engine records its steps as any lesson's engine does; :class:`FleetMoments` keeps, after each
+request, a :class:`FleetMoment`: the decision, every replica's snapshot, the router's index.
 """
 
 from __future__ import annotations
@@ -12,36 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from kvcore.distributed.kv_events import (
-    KVEventBatch,
-    encode_batch,
-    external_hash_text,
-)
+from kvcore.distributed.kv_events import external_hash_text
 from kvcore.request import Request
+from paged_kv_lab.fleet.fleet import Fleet, check_router
 from paged_kv_lab.fleet.router import Decision, FleetRequest
-from paged_kv_lab.fleet.routing import Routing
-
-
-class EngineReplica:
-    """An engine as the router sees a replica (its scheduler, its pool, nothing waiting
-    outside it)."""
-
-    def __init__(self, index: int, engine) -> None:
-        self.index = index
-        self.engine = engine
-        self.inbox: list = []
-
-    @property
-    def scheduler(self):
-        return self.engine.scheduler
-
-    @property
-    def block_pool(self):
-        return self.engine.kv_cache_manager.block_pool
-
-    def used_blocks(self) -> int:
-        pool = self.block_pool
-        return pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
 
 
 @dataclass(frozen=True)
@@ -58,101 +33,87 @@ class FleetMoment:
     holders: dict
 
 
-class ModelFleet:
-    """``num_replicas`` engines of ``scenario``'s settings on one ``model``, behind ``policy``.
+def model_fleet(
+    scenario,
+    num_replicas: int,
+    policy: str,
+    model,
+    sessions: Optional[dict[str, str]] = None,
+    router_overrides: Optional[dict] = None,
+) -> Fleet:
+    """``num_replicas`` engines of ``scenario``'s settings on one ``model``, behind ``policy``,
+    to route the scenario's requests in its order (the fleet's ``requests``); ``sessions``: each
+    request's conversation (the session router's key; by default its own id).
 
-    Invariants: the engines share the model object (one copy of the weights); requests are routed
-    in the scenario's order; the router sees each engine's KV events, encoded and decoded as on
-    the wire, and nothing else of its pool."""
+    Invariants: the engines share the model object (one copy of the weights); the router sees
+    each engine's KV events, encoded and decoded as on the wire, and nothing else of its pool."""
+    from paged_kv_lab.run.engine import Engine
 
-    def __init__(
-        self,
-        scenario,
-        num_replicas: int,
-        policy: str,
-        model,
-        sessions: Optional[dict[str, str]] = None,
-        router_overrides: Optional[dict] = None,
-    ) -> None:
-        from paged_kv_lab.run.engine import Engine
+    check_router(num_replicas, policy, router_overrides, sequential=True)
+    specs = list(scenario.requests)
+    sessions = sessions or {}
+    empty = replace(scenario, requests=())
+    engines = [Engine(empty, model=model) for _ in range(num_replicas)]
+    first = engines[0]
 
-        self.scenario = scenario
-        self.specs = list(scenario.requests)
-        self.sessions = sessions or {}
-        empty = replace(scenario, requests=())
-        self.replicas = [EngineReplica(i, Engine(empty, model=model)) for i in range(num_replicas)]
-        self.routing = Routing(num_replicas, policy, router_overrides)
-        self.moments: list[FleetMoment] = []
-        self.next = 0
-        self._listeners: list = []
-
-    @property
-    def done(self) -> bool:
-        return self.next >= len(self.specs)
-
-    # as a demo source reads a fleet (fleet/demo_publisher.py): every batch, routing done, nothing
-    # left
-    def add_listener(self, fn) -> None:
-        """``fn(replica, step, payload)`` for every KV event batch a replica publishes."""
-        self._listeners.append(fn)
-
-    @property
-    def routed_all(self) -> bool:
-        return self.done
-
-    def finish(self) -> None:
-        """Each request ran to its end when it was routed: nothing is left to run."""
-
-    def _fleet_request(self, spec) -> FleetRequest:
-        e = self.replicas[0].engine
-        ids = e.encode(spec)
-        probe = Request(spec.id, ids, 1, block_hasher=e.hasher)
-        return FleetRequest(
+    def prepare(i: int):
+        spec = specs[i]
+        ids = first.encode(spec)
+        probe = Request(spec.id, ids, 1, block_hasher=first.hasher)
+        fr = FleetRequest(
             spec.id,
             len(ids),
-            self.sessions.get(spec.id, spec.id),
+            sessions.get(spec.id, spec.id),
             tuple(external_hash_text(h) for h in probe.block_hashes),
-            e.settings.block_size,
+            first.settings.block_size,
         )
+        return fr, spec
 
-    def step(self) -> FleetMoment:
-        """Route the next request, run it to its end there, publish the events; the moment."""
-        spec = self.specs[self.next]
-        fr = self._fleet_request(spec)
-        self.routing.index.deliver(None)
-        decision = self.routing.decide(self.replicas, fr)
-        rep = self.replicas[decision.replica]
-        engine = rep.engine
-        engine.add_request(spec)
-        while engine.scheduler.has_requests():
-            rec = engine.step()
-            if rec.kv_events:
-                batch = KVEventBatch(ts=float(rec.step), events=list(rec.kv_events))
-                payload = encode_batch(batch)
-                self.routing.index.publish(rep.index, rec.step, payload)
-                for fn in self._listeners:
-                    fn(rep.index, rec.step, payload)
-        self.routing.index.deliver(None)
-        req = engine.requests[spec.id]
-        moment = FleetMoment(
-            spec.id,
-            fr.session,
-            decision,
-            req.num_cached_tokens,
-            fr.num_prompt_tokens,
-            tuple(r.engine.snapshot() for r in self.replicas),
-            self.routing.index.holders(),
+    return Fleet(engines, specs, prepare, policy, router_overrides)
+
+
+class FleetMoments:
+    """The moments of a model fleet, one after each request it routed (and ran to its end).
+
+    Invariant: ``moments[k]`` shows the pools and the index as they were right after the k-th
+    request finished, before the next was routed."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.moments: list[FleetMoment] = []
+        fleet.add_route_listener(self._see)
+
+    def _see(self, i: int, fr: FleetRequest, decision: Decision) -> None:
+        engines = self.fleet.replicas
+        req = engines[decision.replica].requests[fr.request_id]
+        self.moments.append(
+            FleetMoment(
+                fr.request_id,
+                fr.session,
+                decision,
+                req.num_cached_tokens,
+                fr.num_prompt_tokens,
+                tuple(e.snapshot() for e in engines),
+                self.fleet.index.holders(),
+            )
         )
-        self.moments.append(moment)
-        self.next += 1
-        return moment
-
-    def run(self) -> list[FleetMoment]:
-        while not self.done:
-            self.step()
-        return self.moments
 
     def hit_rate(self) -> float:
         """Prompt tokens hit over prompt tokens, over the requests routed so far."""
         total = sum(m.prompt_tokens for m in self.moments)
         return sum(m.hit_tokens for m in self.moments) / total if total else 0.0
+
+
+def run_model_fleet(
+    scenario,
+    num_replicas: int,
+    policy: str,
+    model,
+    sessions: Optional[dict[str, str]] = None,
+    router_overrides: Optional[dict] = None,
+) -> FleetMoments:
+    """Every request of ``scenario`` through ``model_fleet``; its moments."""
+    fleet = model_fleet(scenario, num_replicas, policy, model, sessions, router_overrides)
+    moments = FleetMoments(fleet)
+    fleet.run()
+    return moments

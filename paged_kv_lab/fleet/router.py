@@ -6,7 +6,13 @@ the KV events publish them) and, per replica, a :class:`ReplicaView` taken at th
 decision: the overlap of the prompt with that replica's blocks as the router's global index knows
 them (built only from the replicas' KV events, see fleet/index.py), and its load. It answers with
 a :class:`Decision` that carries the numbers it compared, so "why replica 2?" is answered by the
-decision itself.
+decision itself (``Router.why``: the catalogue sentence ``fleet.why.<name>`` filled with them).
+
+The policies are a registry: a router is one class, registered with ``@router("name")``. The
+command line's ``--router`` choices, the settings ``--set`` takes and their checks, the app's
+lists of policies and the tests all read the registry (``policies()``, ``router_defaults()``,
+``router_settings()``, ``make_router()``); the catalogue names it (``fleet.router.<name>``, its
+``.source``, its why-sentence ``fleet.why.<name>``).
 """
 
 from __future__ import annotations
@@ -15,24 +21,15 @@ import hashlib
 import random
 from bisect import bisect_right
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, ClassVar, Optional, Sequence
 
-# Router settings (``--set`` keys besides the engine's), with their defaults; a policy reads its
-# own. Dynamo's defaults are KvRouterConfig's in ai-dynamo-runtime 1.6.1 (dynamo/_core.pyi);
-# sglang-router's are RouterArgs' in sglang-router 0.3.2 (sglang_router/router_args.py).
-ROUTER_DEFAULTS: dict[str, Any] = {
-    "seed": 0,
-    "kv_event_lag_ms": 0.0,
-    "load_metric": "requests",
-    "virtual_nodes": 160,
-    "overlap_score_credit": 1.0,
-    "prefill_load_scale": 1.0,
-    "decode_active_request_weight": 0.0,
-    "router_temperature": 0.0,
-    "cache_threshold": 0.3,
-    "balance_abs_threshold": 64,
-    "balance_rel_threshold": 1.5,
-}
+from paged_kv_lab.text.i18n import Text
+
+# Settings every router takes (``--set`` keys besides the engine's); a policy's own settings are
+# its class's ``defaults``. Dynamo's defaults are KvRouterConfig's in ai-dynamo-runtime 1.6.1
+# (dynamo/_core.pyi); sglang-router's are RouterArgs' in sglang-router 0.3.2
+# (sglang_router/router_args.py).
+COMMON_DEFAULTS: dict[str, Any] = {"seed": 0, "kv_event_lag_ms": 0.0}
 LOAD_METRICS = ("requests", "kv_usage")
 
 
@@ -89,8 +86,8 @@ class ReplicaView:
 class Decision:
     """A routing decision and the numbers behind it, one entry per replica. ``score`` is what the
     policy compared (its meaning in ``score_name``: "cost" is lowest-wins, anything else
-    highest-wins or informative); ``rule`` names the branch taken (a catalogue key suffix:
-    ``fleet.rule.<rule>``)."""
+    highest-wins or informative); ``rule`` names the branch taken (one of its policy's
+    ``rules``; for a policy with several, the catalogue's ``fleet.rule.<rule>`` says it)."""
 
     replica: int
     policy: str
@@ -129,22 +126,119 @@ def _base(policy: str, replica: int, rule: str, views: Sequence[ReplicaView], **
 class Router:
     """Base: ``choose`` picks a replica for a request and says why. Invariant: a router's choices
     depend only on the requests and views it was shown and its seed (same inputs, same
-    choices)."""
+    choices).
 
-    name = ""
+    A policy is a subclass registered with ``@router("name")`` (which sets ``name``). It declares
+    its own settings and their defaults (``defaults``), refuses bad values of them (``check``),
+    lists the rules its decisions can name (``rules``), and fills its why-sentence
+    ``fleet.why.<name>`` with the numbers of a decision (``why_fields``)."""
+
+    name: ClassVar[str] = ""
+    defaults: ClassVar[dict[str, Any]] = {}
+    rules: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, settings: dict) -> None:
         self.settings = settings
 
+    @classmethod
+    def check(cls, settings: dict) -> None:
+        """RouterError for a value of one of this policy's own settings that cannot be used."""
+
     def choose(self, request: FleetRequest, views: Sequence[ReplicaView]) -> Decision:
         raise NotImplementedError
 
+    @classmethod
+    def why(cls, decision: Decision, settings: dict) -> Text:
+        """ "Why this replica?": the sentence ``fleet.why.<name>`` with the decision's numbers
+        (and, for the settings it compared with, ``settings``)."""
+        return Text(f"fleet.why.{cls.name}", cls.why_fields(decision, settings))
 
+    @classmethod
+    def why_fields(cls, decision: Decision, settings: dict) -> dict[str, Any]:
+        """The fields every why-sentence may name: the replica chosen (``replica``) among ``n``,
+        the prompt's leading blocks the index showed there (``overlap``), at the others
+        (``others``) and at each (``overlaps``), and the requests running or waiting there
+        (``load``) and at each (``loads``). A policy adds its own."""
+        d, j = decision, decision.replica
+        return {
+            "replica": j,
+            "n": len(d.overlap_blocks),
+            "overlap": d.overlap_blocks[j],
+            "others": ", ".join(str(x) for i, x in enumerate(d.overlap_blocks) if i != j) or "-",
+            "overlaps": _listed(d.overlap_blocks),
+            "load": d.load[j],
+            "loads": _listed(d.load),
+        }
+
+
+def _listed(values, fmt: str = "{}") -> str:
+    """Numbers per replica, replica 0 first."""
+    return ", ".join(fmt.format(v) for v in values)
+
+
+def _percent(x: float) -> str:
+    return f"{x:.1%}"
+
+
+def _rule(decision: Decision, fields: dict) -> Text:
+    """The branch a decision took, as its sentence ``fleet.rule.<rule>``."""
+    return Text(f"fleet.rule.{decision.rule}", fields)
+
+
+ROUTERS: dict[str, type[Router]] = {}
+
+
+def router(name: str) -> Callable[[type[Router]], type[Router]]:
+    """Register the Router subclass below as policy ``name``: one line, and it is a ``--router``
+    choice, in the app's lists and in the tests' loops. ValueError for a name taken, or for a
+    setting another policy already declares with another default."""
+
+    def register(cls: type[Router]) -> type[Router]:
+        if name in ROUTERS:
+            raise ValueError(f"a router named {name!r} is registered already")
+        known = router_defaults()
+        for key, value in cls.defaults.items():
+            if key in known and known[key] != value:
+                raise ValueError(f"router setting {key!r}: {name!r} gives another default")
+        cls.name = name
+        ROUTERS[name] = cls
+        return cls
+
+    return register
+
+
+def policies() -> tuple[str, ...]:
+    """The registered policies, in registration order."""
+    return tuple(ROUTERS)
+
+
+def router_class(policy: str) -> type[Router]:
+    if policy not in ROUTERS:
+        raise RouterError(f"router: one of {', '.join(policies())}; got {policy!r}")
+    return ROUTERS[policy]
+
+
+def router_defaults() -> dict[str, Any]:
+    """Every router setting with its default: the common ones, then each policy's own."""
+    out = dict(COMMON_DEFAULTS)
+    for cls in ROUTERS.values():
+        for key, value in cls.defaults.items():
+            out.setdefault(key, value)
+    return out
+
+
+def _at_least(settings: dict, keys: Sequence[str], low: float = 0) -> None:
+    for k in keys:
+        if settings[k] < low:
+            raise RouterError(f"{k}: must be >= {low}; got {settings[k]!r}")
+
+
+@router("round_robin")
 class RoundRobin(Router):
     """Replica 0, 1, ..., N-1, 0, ... in arrival order (Dynamo's ``--router-mode round-robin``,
     sglang-router's ``round_robin``)."""
 
-    name = "round_robin"
+    rules = ("round_robin",)
 
     def __init__(self, settings: dict) -> None:
         super().__init__(settings)
@@ -156,10 +250,11 @@ class RoundRobin(Router):
         return _base(self.name, i, "round_robin", views)
 
 
+@router("random")
 class RandomRouter(Router):
     """A uniformly random replica, seeded (``seed``), as sglang-router's ``random``."""
 
-    name = "random"
+    rules = ("random",)
 
     def __init__(self, settings: dict) -> None:
         super().__init__(settings)
@@ -168,13 +263,26 @@ class RandomRouter(Router):
     def choose(self, request, views):
         return _base(self.name, self._rng.randrange(len(views)), "random", views)
 
+    @classmethod
+    def why_fields(cls, decision, settings):
+        return {**super().why_fields(decision, settings), "seed": settings["seed"]}
 
+
+@router("least_loaded")
 class LeastLoaded(Router):
     """The replica with the fewest requests (running + waiting), or with ``load_metric=kv_usage``
     the lowest KV-cache usage; ties go to the lower index (Dynamo's ``least-loaded`` mode,
     vLLM production-stack's ``roundrobin``/``least-loaded`` routing by engine stats)."""
 
-    name = "least_loaded"
+    defaults = {"load_metric": "requests"}
+    rules = ("least_requests", "least_kv_usage")
+
+    @classmethod
+    def check(cls, settings):
+        if settings["load_metric"] not in LOAD_METRICS:
+            raise RouterError(
+                f"load_metric: one of {', '.join(LOAD_METRICS)}; got {settings['load_metric']!r}"
+            )
 
     def choose(self, request, views):
         kv = self.settings["load_metric"] == "kv_usage"
@@ -194,7 +302,16 @@ class LeastLoaded(Router):
             score=score,
         )
 
+    @classmethod
+    def why_fields(cls, decision, settings):
+        d, j = decision, decision.replica
+        fmt = _percent if d.rule == "least_kv_usage" else (lambda x: f"{x:g}")
+        scores = ", ".join(fmt(x) for x in d.score)
+        rule = _rule(d, {"replica": j, "scores": scores, "score": fmt(d.score[j])})
+        return {**super().why_fields(d, settings), "rule": rule}
 
+
+@router("session")
 class Session(Router):
     """Session affinity by consistent hashing: each replica owns ``virtual_nodes`` points on a
     ring of 2^64 (sha256 of "replica-i-v"); a session goes to the owner of the first point at or
@@ -203,7 +320,12 @@ class Session(Router):
     (src/vllm_router/routers/routing_logic.py, ``SessionRouter`` on a hash ring) and
     vllm-router's ``consistent_hash`` policy (docs/load_balancing/README.md)."""
 
-    name = "session"
+    defaults = {"virtual_nodes": 160}
+    rules = ("session",)
+
+    @classmethod
+    def check(cls, settings):
+        _at_least(settings, ("virtual_nodes",), 1)
 
     def __init__(self, settings: dict) -> None:
         super().__init__(settings)
@@ -230,7 +352,12 @@ class Session(Router):
         i = self.owner(request.session, len(views))
         return _base(self.name, i, "session", views, detail={"session": request.session})
 
+    @classmethod
+    def why_fields(cls, decision, settings):
+        return {**super().why_fields(decision, settings), "session": decision.detail["session"]}
 
+
+@router("prefix")
 class PrefixAware(Router):
     """The precise KV-aware choice: the replica whose blocks (in the router's global index, fed
     only by the replicas' KV events) cover the longest leading part of the prompt; ties go to
@@ -239,14 +366,20 @@ class PrefixAware(Router):
     prefix-cache scorer and Dynamo's KV indexer: a longest-prefix match over event-fed block
     hashes (llm-d-kv-cache-manager docs/architecture.md; Dynamo docs, "Router Design")."""
 
-    name = "prefix"
+    rules = ("prefix_longest", "prefix_none_least_loaded")
 
     def choose(self, request, views):
         best = min(views, key=lambda v: (-v.overlap_blocks, v.requests, v.cached_blocks, v.index))
         rule = "prefix_longest" if best.overlap_blocks else "prefix_none_least_loaded"
         return _base(self.name, best.index, rule, views)
 
+    @classmethod
+    def why_fields(cls, decision, settings):
+        fields = super().why_fields(decision, settings)
+        return {**fields, "rule": _rule(decision, fields)}
 
+
+@router("dynamo")
 class DynamoKv(Router):
     """Dynamo's KV router cost (ai-dynamo-runtime 1.6.1, ``KvRouterConfig`` in dynamo/_core.pyi;
     the formula from Dynamo's "Routing Concepts" page, Cost Calculation): per worker
@@ -265,7 +398,18 @@ class DynamoKv(Router):
     the requests in flight (``router_assume_kv_reuse``: shared full blocks count once, a partial
     last block is the request's own; output blocks are not tracked, the default)."""
 
-    name = "dynamo"
+    defaults = {
+        "overlap_score_credit": 1.0,
+        "prefill_load_scale": 1.0,
+        "decode_active_request_weight": 0.0,
+        "router_temperature": 0.0,
+    }
+    rules = ("dynamo_lowest_cost",)
+
+    @classmethod
+    def check(cls, settings):
+        keys = ("overlap_score_credit", "prefill_load_scale", "decode_active_request_weight")
+        _at_least(settings, keys)
 
     def __init__(self, settings: dict) -> None:
         super().__init__(settings)
@@ -298,7 +442,20 @@ class DynamoKv(Router):
             self.name, i, "dynamo_lowest_cost", views, score_name="cost", score=tuple(costs)
         )
 
+    @classmethod
+    def why_fields(cls, decision, settings):
+        d = decision
+        return {
+            **super().why_fields(d, settings),
+            "costs": _listed(d.score, "{:g}"),
+            "cost": f"{d.score[d.replica]:g}",
+            "scale": f"{settings['prefill_load_scale']:g}",
+            "credit": f"{settings['overlap_score_credit']:g}",
+            "weight": f"{settings['decode_active_request_weight']:g}",
+        }
 
+
+@router("approx")
 class ApproxTree(Router):
     """SGLang's cache-aware policy (sgl-router src/policies/cache_aware.rs, its header comment;
     defaults from sglang-router 0.3.2's router_args.py). The router keeps its own approximate
@@ -313,7 +470,12 @@ class ApproxTree(Router):
     blocks (the prompt's block hashes; SGLang matches characters) and is never trimmed
     (SGLang evicts it to ``max_tree_size`` every ``eviction_interval_secs``)."""
 
-    name = "approx"
+    defaults = {"cache_threshold": 0.3, "balance_abs_threshold": 64, "balance_rel_threshold": 1.5}
+    rules = ("approx_imbalanced", "approx_cache_hit", "approx_smallest_tree")
+
+    @classmethod
+    def check(cls, settings):
+        _at_least(settings, ("cache_threshold", "balance_rel_threshold"))
 
     def __init__(self, settings: dict) -> None:
         super().__init__(settings)
@@ -362,6 +524,21 @@ class ApproxTree(Router):
             detail={"tree_blocks": [len(t) for t in self._trees[:n]]},
         )
 
+    @classmethod
+    def why_fields(cls, decision, settings):
+        d, j = decision, decision.replica
+        fields = super().why_fields(d, settings)
+        rule = {
+            "replica": j,
+            "loads": fields["loads"],
+            "rate": _percent(d.score[j]),
+            "rates": ", ".join(_percent(x) for x in d.score),
+            "threshold": _percent(settings["cache_threshold"]),
+            "abs": settings["balance_abs_threshold"],
+            "rel": f"{settings['balance_rel_threshold']:g}",
+        }
+        return {**fields, "rule": _rule(d, rule)}
+
     def _recent(self, j: int, request: FleetRequest) -> int:
         """When worker j last had the prompt's first block routed to it (the tree's tenant
         touched last wins a tie of equal matches)."""
@@ -370,48 +547,26 @@ class ApproxTree(Router):
         return self._trees[j].get(request.block_hashes[0], -1)
 
 
-_ROUTERS = {
-    c.name: c
-    for c in (RoundRobin, RandomRouter, LeastLoaded, Session, PrefixAware, DynamoKv, ApproxTree)
-}
-# the routers by name, each named by its own class: the one list of them (the fleet's command
-# line, the Real workloads page's form, docs/fleet.md's check and the tests derive theirs from it)
-POLICIES: tuple[str, ...] = tuple(_ROUTERS)
-
-
 def router_settings(overrides: Optional[dict] = None) -> dict:
-    """The router settings: defaults, then ``overrides`` (checked: RouterError names a bad one)."""
-    out = dict(ROUTER_DEFAULTS)
+    """The router settings: defaults, then ``overrides`` (checked, by every registered policy:
+    RouterError names a bad one)."""
+    defaults = router_defaults()
+    out = dict(defaults)
     for k, v in (overrides or {}).items():
-        if k not in ROUTER_DEFAULTS:
-            raise RouterError(f"unknown router setting {k!r} (known: {', '.join(ROUTER_DEFAULTS)})")
-        want = type(ROUTER_DEFAULTS[k])
+        if k not in defaults:
+            raise RouterError(f"unknown router setting {k!r} (known: {', '.join(defaults)})")
+        want = type(defaults[k])
         if want is float and isinstance(v, int) and not isinstance(v, bool):
             v = float(v)
         if not isinstance(v, want) or isinstance(v, bool):
             raise RouterError(f"{k}: must be a {want.__name__}; got {v!r}")
         out[k] = v
-    if out["load_metric"] not in LOAD_METRICS:
-        raise RouterError(
-            f"load_metric: one of {', '.join(LOAD_METRICS)}; got {out['load_metric']!r}"
-        )
-    for k in (
-        "kv_event_lag_ms",
-        "overlap_score_credit",
-        "prefill_load_scale",
-        "decode_active_request_weight",
-        "cache_threshold",
-        "balance_rel_threshold",
-    ):
-        if out[k] < 0:
-            raise RouterError(f"{k}: must be >= 0; got {out[k]!r}")
-    if out["virtual_nodes"] < 1:
-        raise RouterError(f"virtual_nodes: must be >= 1; got {out['virtual_nodes']!r}")
+    _at_least(out, ("kv_event_lag_ms",))
+    for cls in ROUTERS.values():
+        cls.check(out)
     return out
 
 
 def make_router(policy: str, settings: Optional[dict] = None) -> Router:
-    """A fresh router of ``policy`` (one of POLICIES) over checked settings."""
-    if policy not in _ROUTERS:
-        raise RouterError(f"router: one of {', '.join(POLICIES)}; got {policy!r}")
-    return _ROUTERS[policy](router_settings(settings))
+    """A fresh router of ``policy`` (one of ``policies()``) over checked settings."""
+    return router_class(policy)(router_settings(settings))

@@ -1,10 +1,10 @@
 """A router and what it knows: the policy, its global index fed by KV events, and its own
 bookkeeping of the requests it routed (Dynamo's: prompt load still to prefill, blocks in flight).
 
-Shared by the model-free fleet (fleet/trace_fleet.py) and the fleet on the real model
-(fleet/model_fleet.py). A replica, to the router, is anything with an ``index``, a
-``scheduler`` (vLLM's), an ``inbox`` of requests routed but not yet added, ``used_blocks()``
-and a ``block_pool``.
+The fleet (fleet/fleet.py) keeps one. A replica, to the router, is its position in the fleet
+and what fleet/fleet.py's ``Replica`` protocol lets it read: its ``scheduler`` (vLLM's queues
+and requests), its ``block_pool`` (how many blocks are in use) and ``queued()`` (the requests
+routed there and not yet in its scheduler).
 """
 
 from __future__ import annotations
@@ -28,19 +28,19 @@ class Routing:
         self._active: list[dict[str, tuple[str, ...]]] = [{} for _ in range(num_replicas)]
         self._active_count: list[Counter] = [Counter() for _ in range(num_replicas)]
 
-    def _settle(self, r) -> None:
-        """Drop from the router's own bookkeeping what the replica has answered: the prompt load
-        of requests that sampled their first token, the blocks of requests that finished (as
-        Dynamo's router hears them on the response path)."""
-        inbox = {q.request_id for q in r.inbox}
+    def _settle(self, i: int, r) -> None:
+        """Drop from the router's own bookkeeping what replica ``i`` has answered: the prompt
+        load of requests that sampled their first token, the blocks of requests that finished
+        (as Dynamo's router hears them on the response path)."""
+        inbox = set(r.queued())
         reqs = r.scheduler.requests
-        pending = self._prefill[r.index]
+        pending = self._prefill[i]
         for rid in list(pending):
             req = reqs.get(rid)
             if rid in inbox or (req is not None and not req.num_output_tokens):
                 continue
             del pending[rid]
-        active, count = self._active[r.index], self._active_count[r.index]
+        active, count = self._active[i], self._active_count[i]
         for rid in list(active):
             if rid in inbox or rid in reqs:
                 continue
@@ -59,20 +59,22 @@ class Routing:
     def views(self, replicas: Sequence, fr: FleetRequest) -> list[ReplicaView]:
         views = []
         keys = self._block_keys(fr)
-        for r in replicas:
-            self._settle(r)
+        for i, r in enumerate(replicas):
+            self._settle(i, r)
             running, waiting = r.scheduler.get_request_counts()
-            count = self._active_count[r.index]
+            count = self._active_count[i]
+            pool = r.block_pool
+            usable = pool.num_gpu_blocks - 1
             views.append(
                 ReplicaView(
-                    r.index,
-                    self.index.overlap(r.index, fr.block_hashes),
+                    i,
+                    self.index.overlap(i, fr.block_hashes),
                     running,
-                    waiting + len(r.inbox),
-                    r.used_blocks(),
-                    r.block_pool.num_gpu_blocks - 1,
-                    sum(self._prefill[r.index].values()),
-                    len(self.index.blocks(r.index)),
+                    waiting + len(r.queued()),
+                    usable - pool.get_num_free_blocks(),
+                    usable,
+                    sum(self._prefill[i].values()),
+                    len(self.index.blocks(i)),
                     len(count),
                     sum(1 for k in keys if k not in count),
                 )

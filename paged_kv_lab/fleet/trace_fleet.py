@@ -1,9 +1,10 @@
-"""A fleet: N replicas of the engine behind a router, replaying a trace model-free.
+"""A fleet replaying a trace model-free: N replays of the engine behind a router.
 
-Each replica is a full kvcore engine (its own Scheduler, KVCacheManager and BlockPool, built as
-``workload.replay`` builds one) publishing its KV events; the router decides where each trace
-request goes, reading the replicas' load and a global index fed only by those events
-(fleet/index.py).
+Each replica is a full kvcore engine (its own Scheduler, KVCacheManager and BlockPool):
+``workloads.replay.Replay`` given its requests by the router (``own_arrivals=False``) and
+publishing its KV events (``kv_events=True``), a driver (paged_kv_lab/run/driver.py) in the one
+fleet (fleet/fleet.py). The router decides where each trace request goes, reading the replicas'
+load and a global index fed only by those events (fleet/index.py).
 
 Arrival rules (``workload.replay``'s, fleet-wide):
 
@@ -24,98 +25,14 @@ block's id stands in (requests that open with the same block are taken as one se
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from kvcore.distributed.kv_events import (
-    KVEventBatch,
-    encode_batch,
-    hash_text,
-    maybe_convert_block_hash,
-)
-from kvcore.request import Request
-from paged_kv_lab.fleet.router import Decision, FleetRequest, ReplicaView, RouterError
-from paged_kv_lab.fleet.routing import Routing
+from kvcore.distributed.kv_events import hash_text, maybe_convert_block_hash
+from paged_kv_lab.fleet.fleet import MAX_REPLICAS, Fleet, check_router
+from paged_kv_lab.fleet.router import Decision, FleetRequest
 from paged_kv_lab.workloads.replay import SEQUENTIAL, Replay, ReplayError, ReplaySettings
 from paged_kv_lab.workloads.trace_formats import Trace
-
-MAX_REPLICAS = 64
-
-
-class Replica(Replay):
-    """One replica: a replay engine whose requests come from the router (its ``inbox``) instead
-    of the trace, and whose pool's KV events go, encoded as on the wire, to ``publish``.
-
-    Invariant: requests are added at the start of the replica's first step after they were
-    routed, in routing order; ``_next`` is the fleet's next trace request (so a fast-forwarded
-    stretch never runs past the next arrival, as in a replay)."""
-
-    enable_kv_cache_events = True
-
-    def __init__(
-        self,
-        index: int,
-        trace: Trace,
-        settings: ReplaySettings,
-        publish: Callable[[int, int, bytes], None],
-    ) -> None:
-        super().__init__(trace, settings)
-        self.index = index
-        self.inbox: list[Request] = []
-        self.routed: list[int] = []
-        self._publish = publish
-
-    @property
-    def done(self) -> bool:
-        return not self.inbox and not self.scheduler.has_unfinished_requests()
-
-    @property
-    def busy(self) -> bool:
-        return not self.done
-
-    def route(self, request: Request, arrival_ns: int) -> None:
-        """Take a routed request; an idle replica's clock jumps to its arrival."""
-        if self.done and self._clock_ns < arrival_ns:
-            self._clock_ns = arrival_ns
-        self.inbox.append(request)
-        self.routed.append(int(request.request_id))
-
-    def _add_arrivals(self) -> int:
-        added = len(self.inbox)
-        for req in self.inbox:
-            self.scheduler.add_request(req)
-        self.inbox = []
-        return added
-
-    def _step(self, want_info: bool = False):
-        info = super()._step(want_info)
-        events = self.kv_cache_manager.take_events()
-        if events:
-            batch = KVEventBatch(ts=self._clock_ns / 1e9, events=events, data_parallel_rank=None)
-            self._publish(self.index, self._clock_ns, encode_batch(batch))
-        return info
-
-    def _fast_forward_steps(self, limit: int) -> int:
-        # A request routed here waits in the inbox for the next step: no stretch skips it.
-        return 0 if self.inbox else super()._fast_forward_steps(limit)
-
-    def run_until(self, clock_ns: Optional[int] = None) -> None:
-        """Step (fast-forwarding where exact) while busy and, if given, before ``clock_ns``."""
-        t0 = time.perf_counter()
-        try:
-            while self.busy and (clock_ns is None or self._clock_ns < clock_ns):
-                k = self._fast_forward_steps(1 << 62)
-                if k > 0:
-                    self._apply_fast_forward(k)
-                else:
-                    self._step()
-        finally:
-            self._wall += time.perf_counter() - t0
-
-    def peak_used_blocks(self) -> int:
-        used = self._series[4]
-        return max(used) if len(used) else 0
 
 
 @dataclass(frozen=True)
@@ -247,190 +164,108 @@ def session_keys(trace: Trace) -> list[str]:
     return out
 
 
-class Fleet:
-    """``num_replicas`` replicas of the settings' engine behind ``policy``'s router.
-
-    Invariants: requests are routed in trace order, each exactly once; the router reads the
-    index only through published payloads; ``step`` routes one request (after running the
-    replicas up to its arrival) so a caller can stop between any two decisions."""
-
-    def __init__(
-        self,
-        trace: Trace,
-        settings: ReplaySettings,
-        num_replicas: int,
-        policy: str,
-        router_overrides: Optional[dict] = None,
-    ) -> None:
-        if not isinstance(num_replicas, int) or not 1 <= num_replicas <= MAX_REPLICAS:
-            raise ReplayError(
-                f"replicas: a whole number from 1 to {MAX_REPLICAS}; got {num_replicas!r}"
-            )
-        self.trace = trace
-        self.settings = settings
-        self.policy = policy
-        self.routing = Routing(num_replicas, policy, router_overrides)
-        self.router = self.routing.router
-        lag = self.router.settings["kv_event_lag_ms"]
-        if lag and settings.arrival == SEQUENTIAL:
-            raise RouterError(
-                "kv_event_lag_ms: a lag needs --arrival timestamps (sequential arrival routes "
-                "only when every replica is idle, when the index is always current)"
-            )
-        self.index = self.routing.index
-        self.index.lag_ns = round(lag * 1e6 / settings.speedup)
-        self._listeners: list[Callable[[int, int, bytes], None]] = []
-        self.replicas = [Replica(i, trace, settings, self._publish) for i in range(num_replicas)]
-        first = self.replicas[0]
-        self._arrival_ns = list(first._arrival_ns)
-        self._sessions = session_keys(trace)
-        self.decisions: list[Decision] = []
-        self.next = 0
-        self._wall = 0.0
-
-    def _publish(self, replica: int, clock_ns: int, payload: bytes) -> None:
-        self.index.publish(replica, clock_ns, payload)
-        for fn in self._listeners:
-            fn(replica, clock_ns, payload)
-
-    def add_listener(self, fn: Callable[[int, int, bytes], None]) -> None:
-        """``fn(replica, clock_ns, payload)`` for every KV event batch a replica publishes (the
-        demo source puts them on ZeroMQ)."""
-        self._listeners.append(fn)
-
-    @property
-    def routed_all(self) -> bool:
-        return self.next >= len(self.trace)
-
-    @property
-    def done(self) -> bool:
-        return self.routed_all and all(r.done for r in self.replicas)
-
-    def _fleet_request(self, req: Request) -> FleetRequest:
-        return FleetRequest(
-            req.request_id,
-            req.num_prompt_tokens,
-            self._sessions[int(req.request_id)],
-            tuple(hash_text(maybe_convert_block_hash(h)) for h in req.block_hashes),
-            self.settings.engine.block_size,
+def trace_fleet(
+    trace: Trace,
+    settings: ReplaySettings,
+    num_replicas: int,
+    policy: str,
+    router_overrides: Optional[dict] = None,
+) -> Fleet:
+    """``num_replicas`` replays of the settings' engine behind ``policy``'s router, to route
+    ``trace``'s requests in trace order (the fleet's ``requests``)."""
+    if not isinstance(num_replicas, int) or not 1 <= num_replicas <= MAX_REPLICAS:
+        raise ReplayError(
+            f"replicas: a whole number from 1 to {MAX_REPLICAS}; got {num_replicas!r}"
         )
+    sequential = settings.arrival == SEQUENTIAL
+    check_router(num_replicas, policy, router_overrides, sequential)  # before any replica
+    replicas = [
+        Replay(trace, settings, own_arrivals=False, kv_events=True) for _ in range(num_replicas)
+    ]
+    first = replicas[0]
+    sessions = session_keys(trace)
+    block_size = settings.engine.block_size
 
-    def sub_trace(self, replica: int) -> Trace:
-        """The requests routed to ``replica`` as a trace of their own. Its run is exactly the
-        replay of that sub-trace, under either arrival rule (arrivals keep their spacing; a
-        replica idle until its first request starts there): the large-pool player can step
-        into any replica."""
-        return self.trace.subset(self.replicas[replica].routed, f"{self.trace.name} #{replica}")
+    def prepare(i: int):
+        req = first.make_request(trace.requests[i])
+        hashes = tuple(hash_text(maybe_convert_block_hash(h)) for h in req.block_hashes)
+        fr = FleetRequest(req.request_id, req.num_prompt_tokens, sessions[i], hashes, block_size)
+        return fr, req
 
-    def view(self) -> list[ReplicaView]:
-        """The replicas as a router would see them now, for the next request (none left: an
-        empty prompt)."""
-        if self.routed_all:
-            empty = FleetRequest("", 0, "", (), self.settings.engine.block_size)
-            return self.routing.views(self.replicas, empty)
-        req = self.replicas[0]._make_request(self.trace.requests[self.next])
-        return self.routing.views(self.replicas, self._fleet_request(req))
+    return Fleet(
+        replicas,
+        trace.requests,
+        prepare,
+        policy,
+        router_overrides,
+        arrival_ns=None if sequential else first.arrival_times_ns(),
+        speedup=settings.speedup,
+    )
 
-    def step(self) -> Decision:
-        """Route the next request (running the replicas up to its arrival first); returns the
-        decision. Under sequential arrival the request then runs to its end."""
-        if self.routed_all:
-            raise ReplayError("every request is routed")
-        t0 = time.perf_counter()
-        try:
-            i = self.next
-            sequential = self.settings.arrival == SEQUENTIAL
-            arrival = self._arrival_ns[i]
-            for r in self.replicas:
-                r._next = i
-                r.run_until(None if sequential else arrival)
-            self.index.deliver(None if sequential else arrival)
-            req = self.replicas[0]._make_request(self.trace.requests[i])
-            fr = self._fleet_request(req)
-            decision = self.routing.decide(self.replicas, fr)
-            j = decision.replica
-            self.replicas[j].route(req, arrival)
-            self.decisions.append(decision)
-            self.next = i + 1
-            if sequential:
-                self.replicas[j].run_until(None)
-            return decision
-        finally:
-            self._wall += time.perf_counter() - t0
 
-    def finish(self) -> None:
-        """Route what is left and run every replica to its end."""
-        while not self.routed_all:
-            self.step()
-        t0 = time.perf_counter()
-        for r in self.replicas:
-            r._next = len(self.trace)
-            r.run_until(None)
-        self.index.deliver(None)
-        self._wall += time.perf_counter() - t0
+def sub_trace(fleet: Fleet, replica: int) -> Trace:
+    """The requests routed to ``replica`` as a trace of their own. Its run is exactly the replay
+    of that sub-trace, under either arrival rule (arrivals keep their spacing; a replica idle
+    until its first request starts there): the large-pool player can step into any replica."""
+    trace = fleet.replicas[replica].trace
+    return trace.subset(fleet.routed[replica], f"{trace.name} #{replica}")
 
-    def run(self, progress: Optional[Callable[[int, int], None]] = None) -> "FleetResult":
-        n = len(self.trace)
-        while not self.routed_all:
-            self.step()
-            if progress is not None and (self.next % 16 == 0 or self.next == n):
-                progress(self.next, n)
-        self.finish()
-        return self.result()
 
-    def result(self) -> FleetResult:
-        reps = []
-        for r in self.replicas:
-            totals = r.kv_cache_manager.prefix_cache_totals
-            reps.append(
-                ReplicaResult(
-                    r.index,
-                    len(r.routed),
-                    sum(self.trace.requests[i].input_length for i in r.routed),
-                    totals.queries,
-                    totals.hits,
-                    r.evictions,
-                    r.preemptions,
-                    r.peak_used_blocks(),
-                    r.block_pool.num_gpu_blocks - 1,
-                    r.step_count,
-                    r.clock_ms / 1e3,
-                )
+def fleet_result(fleet: Fleet) -> FleetResult:
+    """The figures of a fleet of replays (so far; complete once it ``finish``-ed)."""
+    replicas: list[Replay] = fleet.replicas
+    trace = replicas[0].trace
+    reps = []
+    for j, r in enumerate(replicas):
+        totals = r.kv_cache_manager.prefix_cache_totals
+        reps.append(
+            ReplicaResult(
+                j,
+                len(fleet.routed[j]),
+                sum(trace.requests[i].input_length for i in fleet.routed[j]),
+                totals.queries,
+                totals.hits,
+                r.evictions,
+                r.preemptions,
+                r.peak_used_blocks(),
+                r.block_pool.num_gpu_blocks - 1,
+                r.step_count,
+                r.clock_ms / 1e3,
             )
-        per = []
-        for i, d in enumerate(self.decisions):
-            r = self.replicas[d.replica]
-            tr = self.trace.requests[i]
-            per.append(
-                FleetRequestResult(
-                    tr.request_id,
-                    d.replica,
-                    tr.input_length,
-                    r.hit_tokens[i],
-                    r.num_preemptions[i],
-                    d,
-                )
-            )
-        s = self.settings.to_dict()
-        return FleetResult(
-            trace=self.trace.name,
-            format=self.trace.format,
-            settings=s,
-            num_replicas=len(self.replicas),
-            router=self.policy,
-            router_settings=dict(self.router.settings),
-            requests=len(self.decisions),
-            prompt_tokens=sum(p.prompt_tokens for p in per),
-            queries=sum(x.queries for x in reps),
-            hit_tokens=sum(x.hit_tokens for x in reps),
-            evictions=sum(x.evictions for x in reps),
-            preemptions=sum(x.preemptions for x in reps),
-            index_batches=self.index.batches,
-            index_events=self.index.events,
-            wall_s=self._wall,
-            replicas=tuple(reps),
-            per_request=tuple(per),
         )
+    per = []
+    for i, d in enumerate(fleet.decisions):
+        r = replicas[d.replica]
+        tr = trace.requests[i]
+        per.append(
+            FleetRequestResult(
+                tr.request_id,
+                d.replica,
+                tr.input_length,
+                r.hit_tokens[i],
+                r.num_preemptions[i],
+                d,
+            )
+        )
+    return FleetResult(
+        trace=trace.name,
+        format=trace.format,
+        settings=replicas[0].settings.to_dict(),
+        num_replicas=len(replicas),
+        router=fleet.policy,
+        router_settings=dict(fleet.router.settings),
+        requests=len(fleet.decisions),
+        prompt_tokens=sum(p.prompt_tokens for p in per),
+        queries=sum(x.queries for x in reps),
+        hit_tokens=sum(x.hit_tokens for x in reps),
+        evictions=sum(x.evictions for x in reps),
+        preemptions=sum(x.preemptions for x in reps),
+        index_batches=fleet.index.batches,
+        index_events=fleet.index.events,
+        wall_s=fleet.wall_s,
+        replicas=tuple(reps),
+        per_request=tuple(per),
+    )
 
 
 def fleet_replay(
@@ -442,4 +277,6 @@ def fleet_replay(
     progress: Optional[Callable[[int, int], None]] = None,
 ) -> FleetResult:
     """The whole trace through a fleet; its figures."""
-    return Fleet(trace, settings, num_replicas, policy, router_overrides).run(progress)
+    fleet = trace_fleet(trace, settings, num_replicas, policy, router_overrides)
+    fleet.run(progress)
+    return fleet_result(fleet)

@@ -288,7 +288,11 @@ class NoModelRunner:
 
 
 class Engine:
-    """Drives one scenario. Same scenario -> same tokens, block ids and trace, every run."""
+    """Drives one scenario. Same scenario -> same tokens, block ids and trace, every run.
+
+    A driver (paged_kv_lab/run/driver.py): ``add_request(RequestSpec)``, ``step() ->
+    StepRecord``, ``has_unfinished()``, ``kv_events()``, ``outputs()``; the scenario's own
+    requests are added at the start of the first step after their ``arrival_step``."""
 
     def __init__(
         self,
@@ -591,6 +595,33 @@ class Engine:
 
     def has_unfinished(self) -> bool:
         return bool(self._pending) or self.scheduler.has_requests()
+
+    def kv_events(self) -> tuple:
+        """The KV cache events the last step published (its ``KVEventBatch``'s events, the
+        CPU tier's included), in order; () when it queued none."""
+        batch = self.last_kv_event_batch
+        return tuple(batch.events) if batch is not None else ()
+
+    # -- as a replica of a fleet (paged_kv_lab/fleet) --------------------------------------
+    @property
+    def block_pool(self):
+        return self.kv_cache_manager.block_pool
+
+    def queued(self) -> tuple[str, ...]:
+        """The requests taken and not yet in the scheduler: the scenario's, before their
+        arrival step (``add_request`` hands a request to the scheduler at once)."""
+        return tuple(spec.id for spec in self._pending)
+
+    @property
+    def clock_ns(self) -> int:
+        """The engine keeps no clock of its own: a fleet counts one step as one second (its KV
+        event batches carry the step number as their time)."""
+        return self.step_count * 1_000_000_000
+
+    def step_until(self, until_ns: Optional[int] = None) -> None:
+        """One step (an engine never skips steps; ``until_ns`` bounds what a fleet asks of a
+        replica that can, the model-free replay)."""
+        self.step()
 
     # -- stepping -----------------------------------------------------------------------
     def step(self) -> snapshot.StepRecord:

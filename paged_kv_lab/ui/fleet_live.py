@@ -186,6 +186,6 @@ def render_fleet_index(main_key: Optional[tuple], lang: str) -> None:
                 lang,
                 sent=src.sent,
                 routed=src.fleet.next,
-                total=len(src.fleet.trace),
+                total=len(src.fleet.requests),
             )
         )

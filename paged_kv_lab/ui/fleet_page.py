@@ -1,8 +1,8 @@
 """The fleet lesson: the same requests (two conversations and a third guest, one shared system
-prompt) routed over three engines sharing the loaded model, under each policy of
-``fleet/lesson.json``. Step through the decisions: the replicas' pools side by side, the
-router's index (built only from the engines' KV events), "why replica N?" with the policy's own
-numbers, and each policy's hit rate at the end.
+prompt, ``fleet/lesson.json``) routed over three engines sharing the loaded model, under each
+registered policy (fleet/router.py). Step through the decisions: the replicas' pools side by
+side, the router's index (built only from the engines' KV events), "why replica N?" in the
+policy's own sentence and numbers (``fleet.why.<policy>``), and each policy's hit rate at the end.
 
 Every picture reads the recorded ``FleetMoment``s (fleet/model_fleet.py); a run is computed once
 per process and model, under the engine lock, and shared by every session (``FLEETS``, a kind of
@@ -19,6 +19,7 @@ import pandas as pd
 import streamlit as st
 
 from kvcore.distributed.kv_events import external_hash_text
+from paged_kv_lab.fleet.router import policies, router_class
 from paged_kv_lab.store.server_cache import Shared, estimate_nbytes
 from paged_kv_lab.text.i18n import tr
 from paged_kv_lab.ui.panels import painted_grid
@@ -32,36 +33,33 @@ def lesson_data() -> dict:
     return json.loads(LESSON_FILE.read_text(encoding="utf-8"))
 
 
-def fleet_nbytes(fleet) -> int:
+def fleet_nbytes(moments) -> int:
     """What a computed fleet holds: its moments and the router's index (estimated as a run's
     records are), and each engine's KV cache (bytes per block x blocks, as a run counts its live
     engine); the weights are the loaded model's, counted nowhere here."""
-    kv = sum(
-        int(r.engine.bytes_per_block()) * int(r.engine.settings.num_gpu_blocks)
-        for r in fleet.replicas
-    )
-    return estimate_nbytes((fleet.moments, fleet.routing)) + kv
+    fleet = moments.fleet
+    kv = sum(int(e.bytes_per_block()) * int(e.settings.num_gpu_blocks) for e in fleet.replicas)
+    return estimate_nbytes((moments.moments, fleet.routing)) + kv
 
 
-# (model, device, policy) -> the lesson's ModelFleet, run to its end; a failure is not kept (the
-# next visit tries again)
+# (model, device, policy) -> the lesson's fleet moments, run to its end; a failure is not kept
+# (the next visit tries again)
 FLEETS: Shared[Any] = Shared("fleet lesson", size=fleet_nbytes, keep_errors=False)
 
 
 def fleet_run(model_name: str, device: str, policy: str, model):
-    """The lesson's requests through its fleet under ``policy`` on the loaded model."""
+    """The lesson's requests through its fleet under ``policy`` on the loaded model: its
+    moments (fleet/model_fleet.py's ``FleetMoments``)."""
 
     def compute():
-        from paged_kv_lab.fleet.model_fleet import ModelFleet
+        from paged_kv_lab.fleet.model_fleet import run_model_fleet
         from paged_kv_lab.run.scenario import load_scenario
         from paged_kv_lab.ui.modelstate import engine_lock
 
         d = lesson_data()
         scenario = load_scenario({**d["scenario"], "model": model_name, "device": device})
         with engine_lock():
-            fleet = ModelFleet(scenario, d["replicas"], policy, model, d["sessions"])
-            fleet.run()
-        return fleet
+            return run_model_fleet(scenario, d["replicas"], policy, model, d["sessions"])
 
     return FLEETS.get((model_name, device, policy), compute)
 
@@ -108,27 +106,11 @@ def pool_table(snap):
     return painted_grid(cells, states, colors, [str(c) for c in range(POOL_COLS)])
 
 
-def why_sentence(m, replicas: int, lang: str) -> str:
-    """'Why replica N?' in the policy's own numbers."""
+def why_sentence(m, router_settings: dict, lang: str) -> str:
+    """'Why replica N?': the policy's own sentence, ``fleet.why.<policy>``, with the numbers of
+    the decision it made (and the router settings it compared them with)."""
     d = m.decision
-    j = d.replica
-    fields = dict(
-        replica=j,
-        request=m.request_id,
-        overlap=d.overlap_blocks[j],
-        others=", ".join(str(x) for i, x in enumerate(d.overlap_blocks) if i != j) or "-",
-        load=d.load[j],
-    )
-    if d.policy == "round_robin":
-        return tr("fleet.why.round_robin", lang, n=replicas, **fields)
-    if d.policy == "session":
-        return tr("fleet.why.session", lang, session=m.session, **fields)
-    if d.policy == "dynamo":
-        costs = ", ".join(f"{c:g}" for c in d.score or ())
-        return tr("fleet.why.dynamo", lang, costs=costs, cost=f"{d.score[j]:g}", **fields)
-    if d.rule == "prefix_longest":
-        return tr("fleet.why.prefix", lang, **fields)
-    return tr("fleet.why.prefix_none", lang, **fields)
+    return tr(router_class(d.policy).why(d, router_settings), lang)
 
 
 def render_fleet_page() -> None:
@@ -142,18 +124,18 @@ def render_fleet_page() -> None:
     if ms.model is None:
         st.error(tr("fleet.lesson.no_model", lang))
         return
-    policies = d["policies"]
+    names = policies()
     policy = st.radio(
         tr("fleet.lesson.policy", lang),
-        policies,
-        index=policies.index(DEFAULT_POLICY),
+        names,
+        index=names.index(DEFAULT_POLICY),
         horizontal=True,
         key="fleet:policy",
         format_func=lambda p: tr(f"fleet.router.{p}", lang),
     )
     with st.spinner(tr("fleet.lesson.running", lang)):
-        fleet = fleet_run(ms.name, ms.device, policy, ms.model)
-    moments = fleet.moments
+        run = fleet_run(ms.name, ms.device, policy, ms.model)
+    moments = run.moments
     k = st.slider(tr("fleet.lesson.after", lang), 1, len(moments), 1, key="fleet:k")
     m = moments[k - 1]
     n = d["replicas"]
@@ -168,7 +150,7 @@ def render_fleet_page() -> None:
     )
     st.markdown(
         f"**{tr('fleet.lesson.why', lang, replica=m.decision.replica)}** "
-        + why_sentence(m, n, lang)
+        + why_sentence(m, run.fleet.router.settings, lang)
     )
     dec = m.decision
     rows = []
@@ -217,12 +199,12 @@ def render_fleet_page() -> None:
     done = st.session_state.setdefault("fleet:compared", [])
     if policy not in done:
         done.append(policy)
-    rest = [p for p in policies if p not in done]
+    rest = [p for p in names if p not in done]
     if rest and st.button(tr("fleet.lesson.compare_all", lang), key="fleet:compare_all"):
         done.extend(rest)
         rest = []
     compare = []
-    for p in [p for p in policies if p in done]:
+    for p in [p for p in names if p in done]:
         f = fleet_run(ms.name, ms.device, p, ms.model)
         compare.append(
             {

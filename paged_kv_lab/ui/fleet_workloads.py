@@ -25,19 +25,19 @@ def fleet_result(trace_key: str, trace, settings, replicas: int, policy: str):
     """The fleet's figures and each replica's series (sampled), for the page."""
 
     def compute():
-        from paged_kv_lab.fleet.trace_fleet import Fleet
+        from paged_kv_lab.fleet.trace_fleet import fleet_result, sub_trace, trace_fleet
 
-        fleet = Fleet(trace, settings.replay_settings(trace), replicas, policy)
-        result = fleet.run()
+        fleet = trace_fleet(trace, settings.replay_settings(trace), replicas, policy)
+        fleet.run()
         series = [r.result().series.sample(CHART_POINTS) for r in fleet.replicas]
-        subs = [fleet.sub_trace(i) for i in range(replicas)]
-        return result, series, subs
+        subs = [sub_trace(fleet, i) for i in range(replicas)]
+        return fleet_result(fleet), series, subs
 
     return FLEETS.get((trace_key, settings, replicas, policy), compute)
 
 
 def render_fleet_mode(trace, trace_key: str, settings, lang: str) -> None:
-    from paged_kv_lab.fleet.router import POLICIES
+    from paged_kv_lab.fleet.router import policies
 
     # drawn only once opened: a closed expander costs the page nothing
     box = st.expander(tr("fleet.workloads.title", lang), key="fleet:wl_open", on_change="rerun")
@@ -50,8 +50,8 @@ def render_fleet_mode(trace, trace_key: str, settings, lang: str) -> None:
             replicas = c1.number_input(tr("fleet.workloads.replicas", lang), 1, MAX_REPLICAS, 4)
             policy = c2.selectbox(
                 tr("fleet.lesson.policy", lang),
-                POLICIES,
-                index=POLICIES.index("prefix"),
+                policies(),
+                index=policies().index("prefix"),
                 format_func=lambda p: tr(f"fleet.router.{p}", lang),
             )
             go = st.form_submit_button(tr("fleet.workloads.run", lang))
@@ -107,7 +107,7 @@ def render_fleet_mode(trace, trace_key: str, settings, lang: str) -> None:
 
 def step_into_replica(subs, trace_key: str, fleet_key: tuple, lang: str) -> None:
     """Make one replica's requests the page's trace: its replay is exactly that replica's run
-    (fleet/trace_fleet.py, Fleet.sub_trace), so the page's over-time chart, step-into and large-pool
+    (fleet/trace_fleet.py, sub_trace), so the page's over-time chart, step-into and large-pool
     player show that replica's pool."""
     from paged_kv_lab.ui.workloads_page import get_workloads_state, use_trace
 

@@ -358,16 +358,25 @@ class EvictionCounter(KVCacheObserver):
 class Replay:
     """One trace through one kvcore engine, stepped on demand.
 
-    Invariants: requests enter the scheduler in trace order; ``step_count`` counts engine steps
-    (fast-forwarded ones included) and the clock is an integer count of nanoseconds; the figures
-    kept per request are fixed once the request was first admitted / finished.
+    Invariants: requests enter the scheduler in trace order (``own_arrivals``) or in the order
+    they were given (``add_request``); ``step_count`` counts engine steps (fast-forwarded ones
+    included) and the clock is an integer count of nanoseconds; the figures kept per request are
+    fixed once the request was first admitted / finished.
+
+    A driver (paged_kv_lab/run/driver.py): ``add_request(Request)``, ``step() -> StepInfo``,
+    ``has_unfinished()``, ``kv_events()``, ``outputs()`` (a ``RequestResult`` per request).
+    ``own_arrivals=False``: the replay adds only the requests given to ``add_request`` (a fleet's
+    router sends them; the trace names them and holds their arrival times). ``kv_events=True``:
+    the pool queues vLLM's KV events and each step publishes them (``kv_events()``).
     """
 
-    # A replica of a fleet (paged_kv_lab/fleet) turns this on: its router reads the pool's KV
-    # events; a plain replay has no reader for them.
-    enable_kv_cache_events = False
-
-    def __init__(self, trace: Trace, settings: ReplaySettings) -> None:
+    def __init__(
+        self,
+        trace: Trace,
+        settings: ReplaySettings,
+        own_arrivals: bool = True,
+        kv_events: bool = False,
+    ) -> None:
         s = settings.engine
         check_block_size(s.block_size, trace.block_size)
         self.trace = trace
@@ -375,9 +384,7 @@ class Replay:
         num_layers = 1 if s.layer_types is None else len(s.layer_types)
         self.groups, _ = kv_cache_groups(s, num_layers)
         self.max_model_len = s.max_model_len or trace.max_model_len
-        self.kv_cache_manager = kv_cache_manager_for(
-            s, self.groups, self.max_model_len, self.enable_kv_cache_events
-        )
+        self.kv_cache_manager = kv_cache_manager_for(s, self.groups, self.max_model_len, kv_events)
         self.block_pool = self.kv_cache_manager.block_pool
         self.scheduler = Scheduler(
             scheduler_config_for(s, self.max_model_len), self.kv_cache_manager
@@ -399,7 +406,12 @@ class Replay:
         if settings.arrival == TIMESTAMPS and n:
             t0 = min(self._arrival_ns)
             self._arrival_ns = [a - t0 for a in self._arrival_ns]
-        self._next = 0  # the next trace request to add
+        self.own_arrivals = own_arrivals
+        self._next = 0 if own_arrivals else n  # the next trace request to add
+        self._queued: list[Request] = []  # given to add_request, added at the next step
+        self._taken: list[int] = []  # the trace indices given to add_request
+        self._publishes = kv_events
+        self._kv_events: tuple = ()  # the last step's
         self.hit_tokens = array("q", [-1]) * n
         self.admitted_step = array("q", [-1]) * n
         self.finished_step = array("q", [-1]) * n
@@ -455,7 +467,27 @@ class Replay:
     # -- reading ------------------------------------------------------------------------
     @property
     def done(self) -> bool:
-        return self._next >= len(self.trace) and not self.scheduler.has_unfinished_requests()
+        return (
+            self._next >= len(self.trace)
+            and not self._queued
+            and not self.scheduler.has_unfinished_requests()
+        )
+
+    def has_unfinished(self) -> bool:
+        return not self.done
+
+    def kv_events(self) -> tuple:
+        """The KV cache events the last step published (none after a fast-forwarded stretch,
+        which touches no block; always none unless built with ``kv_events=True``)."""
+        return self._kv_events
+
+    def queued(self) -> tuple[str, ...]:
+        """The requests given to ``add_request`` and not yet in the scheduler."""
+        return tuple(r.request_id for r in self._queued)
+
+    @property
+    def clock_ns(self) -> int:
+        return self._clock_ns
 
     @property
     def clock_ms(self) -> float:
@@ -465,6 +497,11 @@ class Replay:
     def requests(self) -> dict[str, Request]:
         return self.scheduler.requests
 
+    def arrival_times_ns(self) -> list[int]:
+        """Each trace request's arrival on this replay's clock, in nanoseconds (under
+        ``timestamps``: the trace's clock compressed by ``speedup``, the first arrival at 0)."""
+        return list(self._arrival_ns)
+
     def trace_request(self, request_id: str) -> TraceRequest:
         return self.trace.requests[int(request_id)]
 
@@ -472,8 +509,15 @@ class Replay:
         pool = self.block_pool
         return pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()
 
+    def peak_used_blocks(self) -> int:
+        """The most blocks in use after any step so far."""
+        used = self._series[4]
+        return max(used) if len(used) else 0
+
     # -- arrivals -----------------------------------------------------------------------
-    def _make_request(self, tr: TraceRequest) -> Request:
+    def make_request(self, tr: TraceRequest) -> Request:
+        """The kvcore Request of trace request ``tr``: its prompt tokens (workloads/tokens.py),
+        ``output_length`` tokens to generate, its block hashes when prefix caching is on."""
         return Request(
             tr.request_id,
             prompt_token_ids(tr, self.trace.block_size),
@@ -482,8 +526,31 @@ class Replay:
             block_hasher=self.hasher,
         )
 
+    def add_request(self, request: Request) -> None:
+        """Take ``request`` (``make_request`` made it of one of this replay's trace requests): it
+        enters the scheduler at the start of the next step, after those taken before it. An idle
+        replay's clock first jumps to the request's arrival. Only a replay built with
+        ``own_arrivals=False`` takes requests this way."""
+        if self.own_arrivals:
+            raise ReplayError(
+                "this replay adds its trace's requests itself (build it with own_arrivals=False "
+                "to give it requests)"
+            )
+        i = int(request.request_id)
+        arrival = self._arrival_ns[i]
+        if self.done and self._clock_ns < arrival:
+            self._clock_ns = arrival
+        self._queued.append(request)
+        self._taken.append(i)
+
     def _add_arrivals(self) -> int:
         """Add the requests due at the start of this step; returns how many."""
+        if self._queued:
+            added = len(self._queued)
+            for req in self._queued:
+                self.scheduler.add_request(req)
+            self._queued = []
+            return added
         trace = self.trace.requests
         n = len(trace)
         if self._next >= n:
@@ -492,14 +559,14 @@ class Replay:
         if self.settings.arrival == SEQUENTIAL:
             if sched.has_unfinished_requests():
                 return 0
-            sched.add_request(self._make_request(trace[self._next]))
+            sched.add_request(self.make_request(trace[self._next]))
             self._next += 1
             return 1
         if not sched.has_unfinished_requests() and self._arrival_ns[self._next] > self._clock_ns:
             self._clock_ns = self._arrival_ns[self._next]  # idle: jump to the next arrival
         added = 0
         while self._next < n and self._arrival_ns[self._next] <= self._clock_ns:
-            sched.add_request(self._make_request(trace[self._next]))
+            sched.add_request(self.make_request(trace[self._next]))
             self._next += 1
             added += 1
         return added
@@ -557,6 +624,8 @@ class Replay:
             added or out.scheduled_new_reqs or out.scheduled_cached_reqs.resumed_req_ids
         ) or bool(preempted or finished)
         self._point()
+        if self._publishes:
+            self._kv_events = tuple(kvm.take_events())
         if not self._hooks and not want_info:
             return None
         info = self._info(
@@ -617,9 +686,11 @@ class Replay:
         hits.append(values[4])
 
     # -- fast-forward -------------------------------------------------------------------
-    def _fast_forward_steps(self, limit: int) -> int:
+    def _fast_forward_steps(self, limit: int, until_ns: Optional[int] = None) -> int:
         """How many of the next steps (at most ``limit``) are pure decode into blocks already
-        held, with nothing else able to happen; 0 when fast-forward does not apply."""
+        held, with nothing else able to happen; 0 when fast-forward does not apply. ``until_ns``
+        (a replay given its requests): the next arrival its caller knows of; no step of the
+        stretch starts at or after it."""
         s = self.settings
         sched = self.scheduler
         running = sched.running
@@ -628,6 +699,7 @@ class Replay:
             or limit <= 0
             or not running
             or self._last_changed
+            or self._queued
             or not _fast_forward_allowed(self.block_pool.observer)
             or not self._all_full
             or sched.config.num_spec_tokens
@@ -658,8 +730,10 @@ class Replay:
             if k <= 0:
                 return 0
         if s.arrival == TIMESTAMPS and self._next < len(self.trace):
+            until_ns = self._arrival_ns[self._next]
+        if until_ns is not None:
             d = self._step_ns + self._token_ns * len(running)
-            gap = self._arrival_ns[self._next] - self._clock_ns
+            gap = until_ns - self._clock_ns
             if gap <= 0:
                 return 0
             k = min(k, -(-gap // d))  # the steps that start before the arrival
@@ -673,11 +747,22 @@ class Replay:
             req.num_computed_tokens += k
         self.step_count += k
         self.fast_forwarded_steps += k
+        self._kv_events = ()
         self._clock_ns += k * (self._step_ns + self._token_ns * len(running))
         if self._hooks:
             info = self._info(k, k * len(running), (), (), (), 0)
             for fn in self._hooks:
                 fn(info)
+
+    def step_until(self, until_ns: Optional[int] = None) -> None:
+        """One step, or one exact fast-forwarded stretch in which no step starts at or after
+        ``until_ns`` (a fleet's next arrival; None: no bound). ``kv_events()`` then holds what
+        it published."""
+        k = self._fast_forward_steps(1 << 62, until_ns)
+        if k > 0:
+            self._apply_fast_forward(k)
+        else:
+            self._step()
 
     def advance(
         self,
@@ -714,22 +799,30 @@ class Replay:
                 self._upper = [0] * len(self.trace)
         return self._upper
 
+    def request_result(self, i: int) -> RequestResult:
+        """Trace request ``i``'s figures so far."""
+        r = self.trace.requests[i]
+        return RequestResult(
+            r.request_id,
+            r.input_length,
+            r.output_length,
+            r.arrival_ms,
+            self.hit_tokens[i],
+            self.admitted_step[i],
+            self.finished_step[i],
+            self.num_preemptions[i],
+        )
+
+    def outputs(self) -> dict[str, RequestResult]:
+        """Per request taken so far, in the order taken, its figures (a model-free replay
+        generates placeholder tokens: its output is what the pool did for the request)."""
+        taken = range(self._next) if self.own_arrivals else self._taken
+        return {self.trace.requests[i].request_id: self.request_result(i) for i in taken}
+
     def result(self) -> ReplayResult:
         totals = self.kv_cache_manager.prefix_cache_totals
         trace = self.trace
-        per_request = tuple(
-            RequestResult(
-                r.request_id,
-                r.input_length,
-                r.output_length,
-                r.arrival_ms,
-                self.hit_tokens[i],
-                self.admitted_step[i],
-                self.finished_step[i],
-                self.num_preemptions[i],
-            )
-            for i, r in enumerate(trace.requests)
-        )
+        per_request = tuple(self.request_result(i) for i in range(len(trace)))
         step, clock, running, waiting, used, queries, hits = self._series
         series = TimeSeries(
             tuple(step),
