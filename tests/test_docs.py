@@ -45,17 +45,9 @@ OURS_TEXT = "ours: no vLLM counterpart"
 # Top-level folders of this repository: a path in the docs that starts with one of them must exist.
 REPO_DIRS = (
     "kvcore",
-    "record",
-    "words",
-    "watch",
-    "runstore",
-    "player",
-    "ui",
-    "cli",
-    "pages",
+    "paged_kv_lab",
     "bench",
     "tests",
-    "examples",
     "scripts",
     "docs",
     ".streamlit",
