@@ -17,7 +17,7 @@ import pytest
 
 from _golden import read_golden, updating, write_golden
 from kvcore.model import load_model, smollm2_available
-from paged_kv_lab.content import HOME, LESSONS
+from paged_kv_lab.content import HOME, LESSONS, TOPIC_LESSONS
 from paged_kv_lab.player import run_payload
 from paged_kv_lab.run.scenario import scenario_to_dict
 from paged_kv_lab.run.trace_file import header_line, outputs_line, step_line
@@ -53,7 +53,7 @@ def tiny():
 
 
 def test_every_lesson_records_the_same_run(tiny):
-    got = {lesson.id: digests(lesson, tiny) for lesson in LESSONS + (HOME,)}
+    got = {lesson.id: digests(lesson, tiny) for lesson in LESSONS + TOPIC_LESSONS + (HOME,)}
     if updating():
         for lesson_id, run in got.items():
             write_golden("lessons", lesson_id, run=run)
