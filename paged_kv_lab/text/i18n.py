@@ -71,7 +71,7 @@ def content_dir() -> Path:
     and the page registry ``pages.json``. ``PAGED_KV_LAB_CONTENT_DIR`` names another one (a
     course of one's own, a test's copy); read at each call, so every lookup follows it."""
     raw = os.environ.get(CONTENT_DIR_ENV, "").strip()
-    return Path(raw).resolve() if raw else DEFAULT_CONTENT_DIR
+    return Path(os.path.abspath(raw)) if raw else DEFAULT_CONTENT_DIR
 
 
 def content_text_files(root: Path | None = None) -> list[Path]:
