@@ -1,5 +1,5 @@
 """Time to first token by tier on lesson 10's scenario
-(paged_kv_lab/content/examples/second_tier.json):
+(paged_kv_lab/content/lessons/secondtier/scenario.json):
 each request's prompt split into GPU hit, CPU hit and computed tokens, and its TTFT (the wall time
 of the steps from the one it arrived in to the one that sampled its first token), over several
 runs.
@@ -35,7 +35,9 @@ def main() -> int:
     from paged_kv_lab.run.scenario import load_scenario
 
     model = load_model(args.model, args.device)
-    scenario = load_scenario(os.path.join(REPO, "paged_kv_lab", "examples", "second_tier.json"))
+    scenario = load_scenario(
+        os.path.join(REPO, "paged_kv_lab", "content", "lessons", "secondtier", "scenario.json")
+    )
     by_request: dict[str, list] = {}
     for _ in range(args.runs):
         for row in tier_rows(Engine(scenario, model=model).run()):

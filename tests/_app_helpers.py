@@ -39,18 +39,35 @@ def tiny():
 
 
 def sidebar_set(at, key, value):
-    """Set a sidebar choice on a page. AppTest.switch_page runs the page file alone (not app.py),
-    so there is no sidebar there; the page reads the same session keys the sidebar widgets write."""
+    """Set a sidebar choice on a page as the sidebar's widgets would: the session keys they
+    write (``key`` and ``_prefs``), then a run."""
     at.session_state[key] = value
     at.session_state["_prefs"] = {**at.session_state["_prefs"], key: value}
     return at.run()
 
 
+def open_page(at: AppTest, page_id: str) -> AppTest:
+    """Go to the registry's page ``page_id`` at the next ``run()``, as a browser does at
+    ``/<slug>``: Streamlit routes by the page's URL path, whose hash is what st.Page registers
+    (``AppTest.switch_page`` takes page files only, and the app's pages are functions). Before
+    the first run it is a first visit (a deep link); after it, a page switch."""
+    from streamlit.util import calc_hash
+
+    from paged_kv_lab.content.registry import page
+
+    at._page_hash = calc_hash(page(page_id).url_path)  # AppTest has no public way for st.Page
+    registered = at._registered_pages
+    if registered:
+        assert at._page_hash in registered, f"{page_id}: not in the app's navigation"
+    return at
+
+
 def app(page: str | None = None) -> AppTest:
+    """The app (home page first), then the registry's page ``page`` (an id) if one is given."""
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     assert not at.exception, [e.value for e in at.exception]
     if page:
-        at.switch_page(page).run()
+        open_page(at, page).run()
         assert not at.exception, [e.value for e in at.exception]
     return at
 

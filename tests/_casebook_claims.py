@@ -1,7 +1,8 @@
 """Each casebook case's claim as a check over its two recorded runs (before and after the fix):
 (records before, records after) -> problems (empty: the claim holds). tests/test_casebook.py runs
 every check on the tiny model and on SmolLM2, so what the casebook page says is what the engine
-does. Test-only: the app shows the case's sentences (text/catalogue/cases/), not these checks."""
+does. Test-only: the app shows the case's sentences (content/cases/<id>/text.json), not these
+checks."""
 
 from __future__ import annotations
 

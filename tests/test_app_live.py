@@ -8,8 +8,8 @@ import pytest
 import zmq
 from streamlit.testing.v1 import AppTest
 
+from _app_helpers import open_page
 from _kv_pub import ScriptedPublisher, fixture, wait_for
-from paged_kv_lab.content.registry import page_file
 from paged_kv_lab.ui import live_page
 
 
@@ -123,7 +123,7 @@ def test_live_page_is_in_the_navigation_and_opens_from_the_app(monkeypatch):
         default_timeout=180,
     ).run()
     assert not at.exception, [e.value for e in at.exception]
-    at.switch_page(page_file("live")).run()
+    open_page(at, "live").run()
     assert not at.exception, [e.value for e in at.exception]
     assert any("Live vLLM" in t.value for t in at.title)
 

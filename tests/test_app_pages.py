@@ -13,6 +13,7 @@ from _app_helpers import (  # noqa: F401  (pytest fixtures)
     TIMEOUT,
     Browser,
     app,
+    open_page,
     player_data,
     server_drawn,
     sidebar_set,
@@ -20,7 +21,7 @@ from _app_helpers import (  # noqa: F401  (pytest fixtures)
     tiny_model_env,
 )
 from paged_kv_lab.content import BY_ID, LESSONS
-from paged_kv_lab.content.registry import nav_title, page_file, pages, sections
+from paged_kv_lab.content.registry import lesson_page, nav_title, pages, sections
 from paged_kv_lab.player import snapshot_dict
 from paged_kv_lab.text.i18n import tr
 
@@ -80,11 +81,11 @@ def test_home_sidebar_language_and_bad_device():
 
 
 def test_sidebar_choices_survive_page_switches():
-    """A page file's first run and the navigation are different scripts to Streamlit; the
-    sidebar's model, device and language must not fall back to their first options there."""
+    """The sidebar's model, device and language stay the session's across page switches: they
+    must not fall back to their first options on the page switched to."""
     at = app()
     at.sidebar.selectbox(key="_sidebar_lang").set_value("zh").run()
-    at.switch_page(page_file("blocks")).run()
+    open_page(at, "blocks").run()
     for _ in range(3):
         assert not at.exception, [e.value for e in at.exception]
         ms = at.session_state["_model_state"]
@@ -93,14 +94,14 @@ def test_sidebar_choices_survive_page_switches():
             at.query_params["model"] == ["tiny-random"] or at.query_params["model"] == "tiny-random"
         )
         at.run()
-    at.switch_page(page_file("prefix")).run()
+    open_page(at, "prefix").run()
     ms = at.session_state["_model_state"]
     assert (ms.name, ms.device, at.session_state["lang"]) == ("tiny-random", "cpu", "zh")
 
 
 @pytest.mark.parametrize("lesson", LESSONS, ids=lambda lesson: lesson.id)
 def test_every_lesson_page(lesson, tiny):  # noqa: F811
-    at = app(page_file(lesson.id))
+    at = app(lesson_page(lesson.id).id)
     assert any(tr(lesson.title, "en") in t.value for t in at.title)
     b = Browser(at, lesson.id)
     assert b.head["lang"] == "en" and b.head["intro"], "step 0 shows the lesson's introduction"
@@ -126,7 +127,7 @@ def test_every_lesson_page(lesson, tiny):  # noqa: F811
 
 
 def test_run_until_hit_and_events(tiny):  # noqa: F811
-    at = app(page_file("prefix"))
+    at = app("prefix")
     b = Browser(at, "prefix").until_recorded(1 << 30)
     hit = next(i + 1 for i, st in enumerate(b.steps) if any(e[0] == "cache_hit" for e in st["ev"]))
     assert any("hit 3 cached blocks" in t for t in b.texts(hit))
@@ -137,7 +138,7 @@ def test_run_until_hit_and_events(tiny):  # noqa: F811
 
 
 def test_language_switch_changes_text():
-    at = app(page_file("prefix"))
+    at = app("prefix")
     b = Browser(at, "prefix").show(1)
     assert b.head["lang"] == "en" and any("arrived" in t for t in b.texts(1))
     sidebar_set(at, "lang", "zh")
@@ -150,7 +151,7 @@ def test_language_switch_changes_text():
 
 
 def test_bad_scenario_shows_error_and_keeps_state():
-    at = app(page_file("prefix"))
+    at = app("prefix")
     Browser(at, "prefix").show(2)
     state = at.session_state["lesson:prefix"]
     before = (state.run.scenario, state.run.cursor)
@@ -183,7 +184,7 @@ def test_bad_scenario_shows_error_and_keeps_state():
 
 
 def test_good_scenario_upload_replaces_the_run():
-    at = app(page_file("playground"))
+    at = app("playground")
     good = {
         "name": "mine",
         "engine": {"block_size": 2, "num_gpu_blocks": 10},
@@ -203,7 +204,7 @@ def test_good_scenario_upload_replaces_the_run():
     link = {k: (v[0] if isinstance(v, list) else v) for k, v in at.query_params.items()}
     again = AppTest.from_file(APP, default_timeout=TIMEOUT)
     again.query_params.update(link)
-    again.switch_page(page_file("playground")).run()
+    open_page(again, "playground").run()
     other = again.session_state["lesson:playground"]
     assert other.run.scenario == state.run.scenario and other.run.cursor == 1, (
         "the link carries the scenario"
@@ -214,7 +215,7 @@ def test_url_reopens_the_same_view(tiny):  # noqa: F811
     link = {"lesson": "eviction", "step": "5", "lang": "zh", "num_gpu_blocks": "14"}
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     at.query_params.update(link)
-    at.switch_page(page_file("eviction")).run()  # a deep link: the first run is the lesson page
+    open_page(at, "eviction").run()  # a deep link: the first run is the lesson page
     assert not at.exception
     state = at.session_state["lesson:eviction"]
     assert state.run.cursor == 5 and state.run.scenario.engine.num_gpu_blocks == 14
@@ -224,7 +225,7 @@ def test_url_reopens_the_same_view(tiny):  # noqa: F811
 
 
 def test_toggle_rebuilds_at_the_same_step():
-    at = app(page_file("preemption"))
+    at = app("preemption")
     Browser(at, "preemption").show(4)
     at.segmented_control(key="tg:preemption:policy").set_value("priority").run()
     assert not at.exception
@@ -234,7 +235,7 @@ def test_toggle_rebuilds_at_the_same_step():
 
 
 def test_quiz_asks_then_reveals():
-    at = app(page_file("blocks"))
+    at = app("blocks")
     at.toggle(key="quiz:blocks").set_value(True).run()
     b = Browser(at, "blocks")
     state = at.session_state["lesson:blocks"]
@@ -253,7 +254,7 @@ def test_quiz_asks_then_reveals():
 
 
 def test_playground_adds_a_request():
-    at = app(page_file("playground"))
+    at = app("playground")
     Browser(at, "playground").show(1)
     at.text_input(key="pg_req_id").set_value("Q")
     at.text_input(key="pg_req_text").set_value("Why is the sea blue?")
@@ -267,7 +268,7 @@ def test_playground_adds_a_request():
 
 
 def test_two_sessions_do_not_share_state():
-    a, b = app(page_file("blocks")), app(page_file("blocks"))
+    a, b = app("blocks"), app("blocks")
     Browser(a, "blocks").show(2)
     b.run()
     assert (
@@ -283,7 +284,7 @@ def test_unavailable_device_keeps_the_app_running():
 
     if torch.cuda.is_available():
         pytest.skip("CUDA is available here; the failure path needs a machine without it")
-    at = app(page_file("blocks"))
+    at = app("blocks")
     sidebar_set(at, "device", "cuda")
     assert not at.exception
     assert any("cuda" in e.value.lower() for e in at.error)
@@ -292,7 +293,7 @@ def test_unavailable_device_keeps_the_app_running():
 
 
 def test_playground_refuses_a_request_that_never_fits():
-    at = app(page_file("playground"))
+    at = app("playground")
     state = at.session_state["lesson:playground"]
     before = state.run.scenario
     at.text_input(key="pg_req_text").set_value("many words " * 200)
@@ -302,27 +303,54 @@ def test_playground_refuses_a_request_that_never_fits():
     assert state.run.scenario == before
 
 
-def test_every_page_file_is_in_the_registry_under_streamlits_name():
-    """The pages/ folder holds exactly the registry's files, numbered in sidebar order with no
-    prefix twice; each file's URL path is the name Streamlit derives from it (a deep link opened
-    first on a fresh server is matched against the folder before st.navigation runs), and a
-    lesson's file carries the number the learner sees."""
+def navigation(monkeypatch) -> dict[str, list]:
+    """What the app hands st.navigation on its first run: section title -> its StreamlitPages."""
+    import streamlit as st
+
+    seen: dict = {}
+    real = st.navigation
+
+    def spy(pages, *a, **kw):
+        seen.update(pages)
+        return real(pages, *a, **kw)
+
+    monkeypatch.setattr(st, "navigation", spy)
+    app()
+    monkeypatch.setattr(st, "navigation", real)
+    return seen
+
+
+def test_the_navigation_is_the_registry_with_no_page_file(monkeypatch):
+    """The pages are built from the registry alone: its sections in order, each page a function
+    at its slug with its title and icon (a lesson's numbered by its place); no page file and no
+    pages/ folder (which would make Streamlit route a first visit by file names)."""
     from pathlib import Path
 
-    from streamlit.source_util import page_icon_and_name
-
     root = Path(APP).resolve().parent
-    files = sorted((root / "pages").glob("*.py"))
-    listed = [p for p in pages() if p.file is not None]
-    assert [f"pages/{f.name}" for f in files] == [p.file for p in listed], "sidebar order"
-    prefixes = [f.name.split("_", 1)[0] for f in files]
-    assert len(set(prefixes)) == len(prefixes), f"a prefix used twice: {prefixes}"
-    for p in listed:
-        assert page_icon_and_name(root / p.file)[1] == p.url_path, p.file
-        if p.number is not None:
-            assert int(Path(p.file).name.split("_", 1)[0]) == p.number == BY_ID[p.lesson].number
-    assert [BY_ID[p.lesson].id for p in listed if p.number] == [lesson.id for lesson in LESSONS]
+    assert not (root / "pages").exists() and not (root.parent / "pages").exists()
+    nav = navigation(monkeypatch)
+    assert list(nav) == [tr(s.title, "en") for s in sections()]
+    got = [(p.url_path, p.title, p.icon, callable(p._page)) for ps in nav.values() for p in ps]
+    assert got == [(p.url_path, nav_title(p, "en"), p.icon, True) for p in pages()]
+    assert [nav_title(p, "en").split(".")[0] for p in pages() if p.number] == [
+        str(n) for n in range(1, len(LESSONS) + 1)
+    ]
+    assert [BY_ID[p.lesson].id for p in pages() if p.number] == [lesson.id for lesson in LESSONS]
+    assert all(BY_ID[p.lesson].icon == p.icon for p in pages() if p.lesson)
     assert [s.id for s in sections()] == ["start", "lessons", "topics", "tools"]
+
+
+def test_the_root_app_py_is_the_same_app():
+    """``streamlit run app.py`` from a clone: the home page, then a page by its URL path."""
+    from pathlib import Path
+
+    at = AppTest.from_file(
+        str(Path(APP).resolve().parent.parent / "app.py"), default_timeout=TIMEOUT
+    )
+    at.run()
+    assert not at.exception and "Paged KV caching in a minute" in [h.value for h in at.header]
+    open_page(at, "eviction").run()
+    assert not at.exception and any("Eviction" in t.value for t in at.title)
 
 
 def test_the_home_cards_are_the_registrys_lessons_in_both_languages():
@@ -341,7 +369,7 @@ def test_the_home_cards_are_the_registrys_lessons_in_both_languages():
 
 def test_a_broken_browser_report_changes_nothing():
     """The page reads the player's reports defensively: garbage from a client is ignored."""
-    at = app(page_file("blocks"))
+    at = app("blocks")
     b = Browser(at, "blocks").show(2)
     for junk in (
         {"cursor": {"run": b.run_token, "step": "x"}},

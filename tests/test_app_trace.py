@@ -13,14 +13,23 @@ import pytest
 from _cli import run_cli_here
 from streamlit.testing.v1 import AppTest
 
-from _app_helpers import APP, TIMEOUT, Browser, app, player_data, sidebar_set, tiny, tiny_model_env  # noqa: F401  (pytest fixtures)
-from paged_kv_lab.content.registry import page_file
+from _app_helpers import (  # noqa: F401  (pytest fixtures)
+    APP,
+    TIMEOUT,
+    Browser,
+    app,
+    open_page,
+    player_data,
+    sidebar_set,
+    tiny,
+    tiny_model_env,
+)
 from paged_kv_lab.player import snapshot_dict
 from paged_kv_lab.run.scenario import load_scenario
 from paged_kv_lab.ui.trace_page import STATE_KEY
 from paged_kv_lab.why.sentences import step_sentences
 
-PAGE_FILE = page_file("trace")
+PAGE_ID = "trace"
 ROOT = Path(__file__).resolve().parent.parent
 EVICTION = ROOT / "paged_kv_lab" / "content" / "examples" / "eviction.json"
 
@@ -54,7 +63,7 @@ def snapshot_at(engine_records, step):
 def trace_app(lang: str = "en") -> AppTest:
     """The trace viewer, opened from the app, with the tiny model in the sidebar (the model that
     wrote the trace, so token text is decoded)."""
-    at = app(PAGE_FILE)
+    at = app(PAGE_ID)
     sidebar_set(at, "model_name", "tiny-random")
     if lang != "en":
         sidebar_set(at, "lang", lang)
@@ -171,7 +180,7 @@ def test_a_bad_file_shows_why_and_keeps_the_trace(cli_trace, engine_records):
 
 def test_a_trace_without_header_starts_at_step_one(cli_trace, engine_records):
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    at.switch_page(PAGE_FILE).run()  # a deep link: the first run is the trace page itself
+    open_page(at, PAGE_ID).run()  # a deep link: the first run is the trace page itself
     assert not at.exception
     lines = cli_trace.splitlines()
     upload(at, "\n".join(lines[1:-1]), "old.jsonl")  # no header, and cut before the outputs line

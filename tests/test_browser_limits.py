@@ -116,7 +116,7 @@ def assert_no_exception(page) -> None:
 @pytest.fixture(scope="module")
 def fresh_server():
     """A server of its own: the first link below is the first page it ever serves (a deep link
-    opened first runs the page file before st.navigation exists: docs/layout.md)."""
+    opened first on a fresh server, routed by st.navigation like any other: docs/layout.md)."""
     from test_browser import model_for_browser, streamlit_server
 
     with streamlit_server(model_for_browser()) as (url, _):

@@ -5,10 +5,9 @@ import pytest
 
 from _app_helpers import app, player_data, tiny_model_env  # noqa: F401  (fixtures)
 from paged_kv_lab.content.casebook import CASES
-from paged_kv_lab.content.registry import page_file
 from paged_kv_lab.text.i18n import tr
 
-PAGE = page_file("casebook")
+PAGE = "casebook"  # the registry's page id
 
 
 @pytest.fixture(autouse=True)

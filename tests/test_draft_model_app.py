@@ -3,13 +3,12 @@ other method and keeps it in the URL; the playground's settings form turns the d
 (with its k and depth), and its refusal names what was wrong."""
 
 from _app_helpers import app, tiny_model_env  # noqa: F401  (pytest fixture)
-from paged_kv_lab.content.registry import page_file
 
 APPLY = "FormSubmitter:settings:playground-Apply settings"
 
 
 def test_lesson_switch_changes_the_drafter_and_its_lookahead():
-    at = app(page_file("draftmodel"))
+    at = app("draftmodel")
     state = at.session_state["lesson:draftmodel"]
     assert state.run.scenario.engine.speculative.method == "draft_model"
     at.segmented_control(key="tg:draftmodel:spec_method").set_value("ngram").run()
@@ -20,7 +19,7 @@ def test_lesson_switch_changes_the_drafter_and_its_lookahead():
 
 
 def test_playground_turns_the_draft_model_on():
-    at = app(page_file("playground"))
+    at = app("playground")
     at.selectbox(key="pg_spec_method").set_value("draft_model")
     at.number_input(key="pg_num_draft_layers").set_value(40)
     at.button(key=APPLY).click().run()

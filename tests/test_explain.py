@@ -12,7 +12,6 @@ from _app_helpers import tiny_model_env  # noqa: F401  (the page test runs the a
 from _event_runs import every_kind_runs
 from _kv_helpers import make_engine, spec, vllm_chain
 from paged_kv_lab.cli.main import main
-from paged_kv_lab.content.registry import page_file
 from paged_kv_lab.recording import events as E
 from paged_kv_lab.run import trace_file as trace
 from paged_kv_lab.run.scenario import Scenario, scenario_to_dict
@@ -451,7 +450,7 @@ def test_why_panel_shows_a_request_and_a_block_in_both_languages():
 def test_why_panel_on_a_lesson_page_follows_the_player():
     from _app_helpers import Browser, app
 
-    at = app(page_file("prefix"))
+    at = app("prefix")
     at.toggle(key="why_open:prefix").set_value(True).run()
     # at step 0 there is nothing to ask
     assert "why_req:prefix" not in [s.key for s in at.selectbox]

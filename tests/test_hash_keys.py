@@ -23,14 +23,13 @@ from test_pseudo_language import (  # noqa: F401  (the pseudo-language fixtures)
     pseudo_language,
 )
 
-from _app_helpers import app, tiny_model_env  # noqa: F401
+from _app_helpers import app, open_page, tiny_model_env  # noqa: F401
 from _kv_helpers import VLLM_VENV as VENV
 from _kv_helpers import ask_vllm, make_engine, spec
 from kvcore.core.kv_cache_manager import KVCacheManager
 from kvcore.kv_cache_interface import KVCacheConfig, full_attention
 from paged_kv_lab.content import TOPIC_QUESTIONS
 from paged_kv_lab.content import myths as M
-from paged_kv_lab.content.registry import page_file
 from paged_kv_lab.content.topics import (
     HASH_KEYS_BLOCK_SIZE as BS,
 )
@@ -309,7 +308,7 @@ def prepared(at):
 
 
 def test_the_page_shows_the_study_and_follows_the_slider():
-    at = prepared(app(page_file("hashkeys")))
+    at = prepared(app("hashkeys"))
     assert not at.exception, [e.value for e in at.exception]
     from paged_kv_lab.ui.topic_pages import STUDIES, _model_key
 
@@ -335,7 +334,7 @@ def test_the_page_shows_the_study_and_follows_the_slider():
 
 
 def test_the_page_in_chinese_and_its_questions():
-    at = prepared(app(page_file("hashkeys")))
+    at = prepared(app("hashkeys"))
     at.session_state["lang"] = "zh"
     at.session_state["_prefs"] = {**at.session_state["_prefs"], "lang": "zh"}
     at.run()
@@ -357,7 +356,7 @@ def test_the_page_in_a_pseudo_language_says_only_catalogue_sentences(pseudo_lang
 
     at = AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     prepared(at)
-    at.switch_page(page_file("hashkeys"))
+    open_page(at, "hashkeys")
     at.session_state["lang"] = "xx"
     at.session_state["questions_open:hashkeys"] = True
     at.run()

@@ -33,7 +33,6 @@ OURS = (
     "classroom",
     "content",
     "ui",
-    "pages",
     "cli",
 )
 # Which of our packages each one may import (besides itself). A package's job (docs/layout.md):
@@ -62,11 +61,10 @@ MAY_IMPORT = {
     "fleet": {"kvcore", "recording", "run", "watch", "workloads"},
     "classroom": {"kvcore", "recording", "run", "player"},
     "content": {"kvcore", "recording", "run", "why"},
-    "ui": set(OURS) - {"ui", "pages", "cli"},
-    "pages": {"ui"},
+    "ui": set(OURS) - {"ui", "cli"},
     # the class pack's command builds the pack with the app's own code (ui/class_pack.py: the
     # pages' order, each lesson's narration and panels, the store's runs), not with a copy of it
-    "cli": set(OURS) - {"cli", "pages"},
+    "cli": set(OURS) - {"cli"},
 }
 # The catalogue lookup (Text, tr): a leaf every lab folder may import, kvcore not. It imports
 # nothing of the lab itself (tested below), so importing it never pulls a higher layer in.
@@ -165,7 +163,7 @@ def test_only_kvcores_model_and_worker_import_torch_and_none_imports_ui_librarie
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("pkg", [p for p in OURS if p not in ("ui", "pages")])
+@pytest.mark.parametrize("pkg", [p for p in OURS if p != "ui"])
 def test_only_the_ui_imports_streamlit(pkg):
     bad = [f"{f.relative_to(ROOT)}" for f in files(pkg) if imports_of(f) & {"streamlit", "plotly"}]
     assert not bad, bad

@@ -3,7 +3,6 @@ under AppTest on the tiny model; the figures equal KVCacheSizing computed indepe
 
 from _app_helpers import app, tiny, tiny_model_env  # noqa: F401  (pytest fixtures)
 from kvcore.model.memory import num_gpu_blocks_from_profile
-from paged_kv_lab.content.registry import page_file
 from paged_kv_lab.ui import how_many_blocks as H
 
 
@@ -13,7 +12,7 @@ def metric(at, label):
 
 def test_profile_then_sliders_give_vllms_num_gpu_blocks(tiny):  # noqa: F811
     H.PROFILES.clear()
-    at = app(page_file("blocks"))
+    at = app("blocks")
     button = next(b for b in at.button if b.key == "hmb_profile:blocks")
     button.click().run()
     assert not at.exception, [e.value for e in at.exception]
@@ -43,7 +42,7 @@ def test_profile_then_sliders_give_vllms_num_gpu_blocks(tiny):  # noqa: F811
     assert metric(at, "max concurrency") == f"{s2.max_concurrency:,.2f}"
 
     # a second session sees the shared profile at once, in Chinese, without profiling again
-    at2 = app(page_file("blocks"))
+    at2 = app("blocks")
     at2.session_state["lang"] = "zh"
     at2.session_state["_prefs"] = {**at2.session_state["_prefs"], "lang": "zh"}
     at2.run()

@@ -12,7 +12,6 @@ from _app_helpers import Browser, app, tiny  # noqa: F401
 from kvcore.model.memory import hybrid_page_sizes
 from paged_kv_lab.content import BY_ID
 from paged_kv_lab.content.hybrid_pages import real_models
-from paged_kv_lab.content.registry import page_file
 from paged_kv_lab.run.scenario import block_size_note
 from paged_kv_lab.store.timeline import lesson_model, lesson_run
 from paged_kv_lab.text.i18n import tr
@@ -58,7 +57,7 @@ def test_the_block_is_raised_until_an_attention_page_holds_a_state():
 
 
 def test_the_page_plays_on_tiny_hybrid_and_draws_the_page_table(tiny, hybrid):  # noqa: F811
-    at = app(page_file("hybrid"))
+    at = app("hybrid")
     assert not at.exception
     state = at.session_state["lesson:hybrid"]
     assert state.model_key[0] == "tiny-hybrid", "the sidebar's tiny-random is not used here"

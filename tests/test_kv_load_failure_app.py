@@ -4,11 +4,10 @@ evict_blocks myth's live line counts the failed load."""
 
 from _app_helpers import Browser, app  # noqa: F401  (sets the tiny model for the app)
 from _kv_helpers import events_of
-from paged_kv_lab.content.registry import page_file
 
 
 def test_lesson_10s_switch_makes_ds_load_fail_and_the_myth_counts_it():
-    at = app(page_file("secondtier"))
+    at = app("secondtier")
     at.segmented_control(key="tg:secondtier:failed_load").set_value("D:recompute").run()
     assert not at.exception
     tier = at.session_state["lesson:secondtier"].run.scenario.engine.cpu_offload

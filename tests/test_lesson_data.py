@@ -1,30 +1,26 @@
-"""Lessons and casebook cases as data (lesson/lessons/*.yaml, lesson/cases/*.yaml): they produce
+"""Lessons and casebook cases as data (content/lessons/<id>/, content/cases/<id>/): they produce
 the very scenarios the Python lessons did, a broken file is refused naming the file and the field,
-and a lesson is added by adding files only."""
+and a lesson is added by adding files only (the whole way, app and class pack included:
+tests/test_add_a_lesson.py)."""
 
 import itertools
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 
+from _golden import read_golden, updating, write_golden
 from paged_kv_lab.content import BY_ID, HOME, LESSONS, TOPIC_LESSONS
-from paged_kv_lab.content.casebook import CASE_DIR, CASES, load_cases
-from paged_kv_lab.content.catalog import (
-    EXAMPLES_DIR,
-    LESSON_DIR,
-    LessonDataError,
-    load_lesson,
-    load_lessons,
-)
+from paged_kv_lab.content.casebook import CASES, cases_dir, load_cases
+from paged_kv_lab.content.catalog import LessonDataError, lessons_dir, load_lesson, load_lessons
+from paged_kv_lab.content.registry import pages
 from paged_kv_lab.run.scenario import load_scenario
-from paged_kv_lab.text.i18n import CATALOGUE_DIR, catalogue
+from paged_kv_lab.text.i18n import catalogue, content_dir
 
-# every lesson's and case's scenario_dict for every combination of its switches' options, as the
-# Python lessons produced it before they became data (generated once from that code)
-SNAPSHOT = Path(__file__).with_name("fixtures") / "lesson_scenarios.json"
 CJK = re.compile(r"[\u3000-\u30ff\u3400-\u9fff\uff00-\uffef]")
+EXAMPLES = content_dir() / "examples"
 
 
 def played_lessons():
@@ -40,16 +36,35 @@ def combinations(lesson):
         yield {t.setting: v for t, v in zip(toggles, choice) if v is not None}
 
 
-def test_scenarios_equal_the_python_lessons_snapshot():
-    expected = json.loads(SNAPSHOT.read_text(encoding="utf-8"))
-    got = {
-        f"{lesson.id}|{n}|{json.dumps(over, sort_keys=True)}": lesson.scenario_dict(n, over)
-        for lesson in played_lessons()
+def scenarios(lesson) -> dict:
+    """Every scenario the lesson plays: "<num_layers>|<overrides>" -> its scenario_dict."""
+    return {
+        f"{n}|{json.dumps(over, sort_keys=True)}": lesson.scenario_dict(n, over)
         for n in (None, 4, 30)
         for over in combinations(lesson)
     }
-    assert got.keys() == expected.keys()
-    assert [k for k in got if got[k] != expected[k]] == []
+
+
+def golden_scenarios() -> list[tuple[str, str, str, dict]]:
+    """(kind, folder id, part of its golden file, the scenarios played now) of every lesson and
+    case (every switch combination, as the Python lessons produced them: tests/_golden.py)."""
+    out = [("lessons", x.id, "scenarios", scenarios(x)) for x in LESSONS + TOPIC_LESSONS + (HOME,)]
+    for case in CASES:
+        out.append(("cases", case.id, "scenarios", scenarios(case.lesson)))
+        if case.fix is not None:
+            out.append(("cases", case.id, "fixed_scenarios", scenarios(case.fixed_lesson())))
+    return out
+
+
+def test_scenarios_equal_the_golden_ones():
+    played = golden_scenarios()
+    if updating():
+        for kind, item, part, got in played:
+            write_golden(kind, item, **{part: got})
+    for kind, item, part, got in played:
+        expected = read_golden(kind, item).get(part, {})
+        assert got.keys() == expected.keys(), (kind, item, part)
+        assert [k for k in got if got[k] != expected[k]] == [], (kind, item, part)
 
 
 def test_switches_that_are_no_engine_setting_change_only_what_their_option_says():
@@ -79,29 +94,40 @@ def test_every_text_is_a_catalogue_key_in_both_languages():
     for lesson in played_lessons():
         for t in lesson.toggles:
             assert len(t.option_labels) in (0, len(t.options)), (lesson.id, t.setting)
-    # every key of a lesson's or case's catalogue file is shown by it
+    # every key of a lesson's or case's text.json is shown by it, or by the page that plays it
     shown = {k for _, k in keys}
-    for kind in ("lessons", "cases"):
-        for path in (CATALOGUE_DIR / kind).glob("*.json"):
+    shown |= {k for p in pages() if p.lesson for k in (p.title, p.summary)}
+    for folder in (lessons_dir(), cases_dir()):
+        for path in folder.glob("*/text.json"):
             assert set(json.loads(path.read_text(encoding="utf-8"))) <= shown, path
 
 
-def test_data_files_hold_no_prose_and_every_catalogue_file_has_its_data_file():
-    for path in list(LESSON_DIR.glob("*.yaml")) + list(CASE_DIR.glob("*.yaml")):
-        assert not CJK.search(path.read_text(encoding="utf-8")), path
-    for kind, folder in (("lessons", LESSON_DIR), ("cases", CASE_DIR)):
-        names = {p.stem for p in (CATALOGUE_DIR / kind).glob("*.json")}
-        assert names == {p.stem for p in folder.glob("*.yaml")}, kind
-    for path in EXAMPLES_DIR.rglob("*.json"):
+# what each content folder holds (docs/lessons.md: adding a lesson); besides: a scenario.json
+FOLDER_FILES = {
+    "lessons": {"lesson.yaml", "text.json", "golden.json"},
+    "cases": {"case.yaml", "text.json", "golden.json"},
+    "topics": {"text.json"},
+}
+
+
+def test_data_files_hold_no_prose_and_every_folder_has_its_files():
+    for kind, files in FOLDER_FILES.items():
+        for folder in (content_dir() / kind).iterdir():
+            held = {p.name for p in folder.iterdir()}
+            assert files <= held, (folder, sorted(files - held))
+            assert held - files <= {"scenario.json", "sources.yaml", "questions.yaml"}, folder
+            for path in folder.glob("*.yaml"):
+                assert not CJK.search(path.read_text(encoding="utf-8")), path
+    assert set(BY_ID) == {p.name for p in lessons_dir().iterdir()}
+    assert {c.id for c in CASES} == {p.name for p in cases_dir().iterdir()}
+    for path in list(EXAMPLES.rglob("*.json")) + list(content_dir().glob("*/*/scenario.json")):
         assert load_scenario(path).requests, path
 
 
 # -- a broken file names the file and the field ------------------------------------------
 GOOD = """\
 id: extra
-number: 12
-icon: "🧪"
-scenario: eviction.json
+scenario: scenario.json
 moments:
   - kind: cache_hit
     request: C
@@ -129,7 +155,12 @@ def good_texts(**drop) -> dict:
 
 
 def write(tmp_path: Path, text: str, name: str = "extra") -> Path:
-    path = tmp_path / f"{name}.yaml"
+    """A lesson folder in the content folder ``tmp_path`` (lessons/<name>/), with ``text`` as its
+    lesson.yaml and the shared example eviction.json as its scenario.json."""
+    folder = tmp_path / "lessons" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(EXAMPLES / "eviction.json", folder / "scenario.json")
+    path = folder / "lesson.yaml"
     path.write_text(text, encoding="utf-8")
     return path
 
@@ -142,22 +173,18 @@ def problems(path: Path, texts: dict) -> str:
 
 
 def test_a_lesson_is_added_by_data_alone(tmp_path):
-    """A YAML file and its catalogue entries, no Python: the lesson loads, its texts are keys of
-    the catalogue, its scenario is the example file's and the engine's loader accepts it."""
-    write(tmp_path, GOOD)
-    (tmp_path / "extra.json").write_text(json.dumps(good_texts()), encoding="utf-8")
-    texts = {**catalogue(), **json.loads((tmp_path / "extra.json").read_text(encoding="utf-8"))}
-    lessons = load_lessons(tmp_path, texts)
+    """A folder with a YAML file, a scenario and catalogue entries, no Python: the lesson loads,
+    its texts are keys of the catalogue, its scenario is the folder's and the engine's loader
+    accepts it (its number and icon come with its registry line: tests/test_add_a_lesson.py)."""
+    path = write(tmp_path, GOOD)
+    (path.parent / "text.json").write_text(json.dumps(good_texts()), encoding="utf-8")
+    texts = {**catalogue(), **json.loads((path.parent / "text.json").read_text(encoding="utf-8"))}
+    lessons = load_lessons(tmp_path / "lessons", texts)
     lesson = lessons["extra"]
-    assert (lesson.number, lesson.icon, lesson.focus, lesson.panels) == (
-        12,
-        "🧪",
-        ("evicted", "cache_hit"),
-        ("myths",),
-    )
+    assert (lesson.focus, lesson.panels) == (("evicted", "cache_hit"), ("myths",))
     assert texts[lesson.moments[0].text]["en"] == "[moment.1]" and lesson.summary is None
     assert lesson.questions[0].answer == 1 and len(lesson.questions[0].options) == 2
-    eviction = json.loads((EXAMPLES_DIR / "eviction.json").read_text(encoding="utf-8"))
+    eviction = json.loads((EXAMPLES / "eviction.json").read_text(encoding="utf-8"))
     assert lesson.scenario == eviction
     d = lesson.scenario_dict(None, {"num_gpu_blocks": 24})
     assert load_scenario(d).engine.num_gpu_blocks == 24
@@ -170,15 +197,16 @@ def test_a_lesson_is_added_by_data_alone(tmp_path):
 @pytest.mark.parametrize(
     "change, field, message",
     [
-        (("icon:", "colour: red\nicon:"), "colour", "Extra inputs are not permitted"),
-        (("number: 12", "number: twelve"), "number", "valid integer"),
+        (("scenario:", "colour: red\nscenario:"), "colour", "Extra inputs are not permitted"),
+        (("id: extra", "id: extra\nnumber: 12"), "number", "Extra inputs are not permitted"),
+        (("answer: 1", "answer: one"), "questions[0].answer", "valid integer"),
         (("- kind: evicted", "- kind: exploded"), "moments[1].kind", "unknown event kind"),
         (("focus: [evicted", "focus: [boom"), "focus[0]", "unknown event kind"),
         (("    request: C", "    request: C\n    where: nowhere"), "moments[0]", "nowhere"),
         (("answer: 1", "answer: 2"), "questions[0]", "not one of the 2 options"),
         (("panels: [myths]", "panels: [charts]"), "panels[0]", "Input should be"),
-        (("scenario: eviction.json", "scenario: nowhere.json"), "scenario.file", "nowhere"),
-        (("scenario: eviction.json", "scenario: ../../pyproject.toml"), "scenario.file", ""),
+        (("scenario: scenario.json", "scenario: nowhere.json"), "scenario.file", "nowhere"),
+        (("scenario: scenario.json", "scenario: ../../../pyproject.toml"), "scenario.file", ""),
         (("setting: num_gpu_blocks", "setting: num_gpu_blokcs"), "toggles[0]", "blokcs"),
         (
             (
@@ -189,7 +217,7 @@ def test_a_lesson_is_added_by_data_alone(tmp_path):
             "not an effect of 'spec_method'",
         ),
         (("options: [12, 24]", "options: [12, 1]"), "toggles[0].options[1]", "num_gpu_blocks"),
-        (("id: extra", "id: other"), "id", "must equal the file's name"),
+        (("id: extra", "id: other"), "id", "must equal its folder's name"),
     ],
 )
 def test_a_wrong_field_is_named(tmp_path, change, field, message):
@@ -215,20 +243,27 @@ def test_yaml_that_does_not_parse_is_named(tmp_path):
 
 
 def test_a_case_file_is_checked_the_same_way(tmp_path):
-    source = (CASE_DIR / "short-prefix.yaml").read_text(encoding="utf-8")
+    """The case's folder, in a content folder with the lesson scenario it names."""
+    source = (cases_dir() / "short-prefix" / "case.yaml").read_text(encoding="utf-8")
+    hybrid = tmp_path / "lessons" / "hybrid"
+    hybrid.mkdir(parents=True)
+    shutil.copy(lessons_dir() / "hybrid" / "scenario.json", hybrid)
     texts = {k: v for k, v in catalogue().items()}
-    path = write(tmp_path, source, "short-prefix")
-    assert [c.id for c in load_cases(tmp_path, texts)] == ["short-prefix"]
+    path = tmp_path / "cases" / "short-prefix" / "case.yaml"
+    path.parent.mkdir(parents=True)
+    path.write_text(source, encoding="utf-8")
+    folder = tmp_path / "cases"
+    assert [c.id for c in load_cases(folder, texts)] == ["short-prefix"]
     path.write_text(source.replace("only_requests: [A, B, C]", "only_requests: [A, Z]"))
     with pytest.raises(LessonDataError) as info:
-        load_cases(tmp_path, texts)
+        load_cases(folder, texts)
     assert f"{path}: scenario.only_requests: no request ['Z']" in str(info.value)
     path.write_text(source.replace("issue: vllm-project/vllm#47430", "issue: vllm#47430"))
     with pytest.raises(LessonDataError) as info:
-        load_cases(tmp_path, texts)
+        load_cases(folder, texts)
     assert f"{path}: issue: String should match pattern" in str(info.value)
     del texts["case.short-prefix.fix.label"]
     path.write_text(source)
     with pytest.raises(LessonDataError) as info:
-        load_cases(tmp_path, texts)
+        load_cases(folder, texts)
     assert "fix: catalogue key 'case.short-prefix.fix.label' is missing" in str(info.value)

@@ -2,13 +2,12 @@
 hit split by tier under the player; a bad CPU pool is refused by name."""
 
 from _app_helpers import Browser, app  # noqa: F401  (sets the tiny model for the app)
-from paged_kv_lab.content.registry import page_file
 
 APPLY = "FormSubmitter:settings:playground-Apply settings"
 
 
 def test_playground_turns_the_cpu_tier_on_and_off():
-    at = app(page_file("playground"))
+    at = app("playground")
     Browser(at, "playground").show(1)
     assert at.number_input(key="pg_num_cpu_blocks").value == 0  # off by default
     at.number_input(key="pg_num_cpu_blocks").set_value(16)
@@ -30,7 +29,7 @@ def test_playground_turns_the_cpu_tier_on_and_off():
 
 
 def test_the_second_tier_page_shows_the_tier_table():
-    at = app(page_file("secondtier"))
+    at = app("secondtier")
     b = Browser(at, "secondtier")
     b.until_recorded(1 << 30)
     b.show(len(b.steps))

@@ -121,13 +121,12 @@ def test_the_wheel_carries_the_data_files(wheel_names):
         "paged_kv_lab/player/assets/*",
         "paged_kv_lab/text/*.json",
         "paged_kv_lab/text/catalogue/**/*.json",
-        "paged_kv_lab/pages/*.py",
         "paged_kv_lab/content/**/*.yaml",
-        "paged_kv_lab/content/examples/**/*.json",
+        "paged_kv_lab/content/**/*.json",
     ):
         must += [p.relative_to(ROOT).as_posix() for p in ROOT.glob(pattern) if p.is_file()]
     assert any(m.startswith("paged_kv_lab/text/catalogue/") for m in must)
-    assert any(m.startswith("paged_kv_lab/pages/") for m in must)
+    assert any(m.startswith("paged_kv_lab/content/lessons/") for m in must)
     assert sorted(set(must) - wheel_names) == []
 
 
@@ -261,7 +260,7 @@ def test_paged_kv_lab_runs_streamlit_on_the_packages_own_script(monkeypatch):
     script = ROOT / "paged_kv_lab" / "streamlit_app.py"
     assert exe == sys.executable
     assert argv == [sys.executable, "-m", "streamlit", "run", str(script), "--server.port", "8765"]
-    assert (script.parent / "pages").is_dir() and (script.parent / ".streamlit").is_dir()
+    assert (script.parent / ".streamlit").is_dir() and not (script.parent / "pages").exists()
 
 
 @pytest.mark.parametrize("how", ["module moved", "signature changed"])
@@ -441,7 +440,7 @@ def test_the_wheel_installed_in_a_fresh_venv_replays_and_serves(installed):
 @pytest.mark.slow  # ~40 s on 2 busy cores: the home page records its run on the tiny model
 def test_the_installed_app_shows_its_pages(installed):
     """The installed app run by Streamlit's AppTest: the home page and a lesson page render with
-    no exception, from the files the wheel carries (pages, catalogue, lessons, scenarios)."""
+    no exception, from the files the wheel carries (page registry, catalogue, lesson folders)."""
     out = installed.run(
         "-c",
         "import json, paged_kv_lab\n"
@@ -450,8 +449,10 @@ def test_the_installed_app_shows_its_pages(installed):
         "app = Path(paged_kv_lab.__file__).parent / 'streamlit_app.py'\n"
         "at = AppTest.from_file(str(app), default_timeout=240).run()\n"
         "home = [e.value for e in at.exception], len(at.markdown)\n"
-        "from paged_kv_lab.content.registry import page_file\n"
-        "at.switch_page(page_file('blocks')).run()\n"
+        "from streamlit.util import calc_hash\n"
+        "from paged_kv_lab.content.registry import page\n"
+        "at._page_hash = calc_hash(page('blocks').url_path)  # as tests/_app_helpers.open_page\n"
+        "at.run()\n"
         "lesson = [e.value for e in at.exception], len(at.markdown)\n"
         "print(json.dumps({'app': str(app), 'home': home, 'lesson': lesson}))",
         timeout=600,

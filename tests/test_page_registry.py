@@ -1,6 +1,7 @@
 """The page registry (paged_kv_lab/content/pages.json) is the one list of pages: it loads with its
-invariants, every page has its title and summary in every language, and README.md's page table
-and docs/lessons.md's page list are generated from it. After changing the registry, regenerate:
+invariants, every page has its title and summary in every language and something that draws it,
+and README.md's page table and docs/lessons.md's page list are generated from it. After changing
+the registry, regenerate:
 
     .venv/bin/python tests/test_page_registry.py --write    # rewrite both tables
 """
@@ -16,8 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from paged_kv_lab.content import registry  # noqa: E402
-from paged_kv_lab.content.registry import nav_title, pages, sections  # noqa: E402
+from paged_kv_lab.content.registry import load_registry, nav_title, pages, sections  # noqa: E402
 from paged_kv_lab.text.i18n import catalogue, languages, tr  # noqa: E402
 
 README = ROOT / "README.md"
@@ -44,15 +44,23 @@ def readme_table() -> str:
     return "\n".join(lines)
 
 
+def drawn_by(p) -> str:
+    """What draws a page: its lesson's folder (played by the lesson page), or its function."""
+    from paged_kv_lab.ui.entry import RENDERERS
+
+    if p.id in RENDERERS:
+        module, name = RENDERERS[p.id]
+        return f"`{name}` in `paged_kv_lab/ui/{module}.py`"
+    return f"the lesson page, from `paged_kv_lab/content/lessons/{p.lesson}/`"
+
+
 def lessons_doc_list() -> str:
-    """Every page with its URL path and its file."""
-    lines = ["| Section | Page | URL path | File |", "|---|---|---|---|"]
+    """Every page with its URL path and what draws it."""
+    lines = ["| Section | Page | URL path | Drawn by |", "|---|---|---|---|"]
     for s in sections():
         for p in s.pages:
-            file = f"`paged_kv_lab/{p.file}`" if p.file else "— (the default page)"
-            lines.append(
-                f"| {tr(s.title)} | {p.icon} {nav_title(p, 'en')} | `/{p.url_path}` | {file} |"
-            )
+            title = f"{p.icon} {nav_title(p, 'en')}"
+            lines.append(f"| {tr(s.title)} | {title} | `/{p.url_path}` | {drawn_by(p)} |")
     return "\n".join(lines)
 
 
@@ -96,22 +104,32 @@ def test_the_readme_counts_no_pages_by_hand():
         assert f"{word} questions answered" not in text
 
 
-def _load(tmp_path, monkeypatch, data: dict):
+def test_every_page_is_drawn_by_its_lesson_or_its_function():
+    """ui/entry.py's RENDERERS names a function for each page that plays no lesson (or plays it
+    its own way), and no other id; each function exists."""
+    import importlib
+
+    from paged_kv_lab.ui.entry import RENDERERS, renderer
+
+    ids = {p.id for p in pages()}
+    assert set(RENDERERS) <= ids, f"not in the registry: {sorted(set(RENDERERS) - ids)}"
+    for p in pages():
+        assert callable(renderer(p)), p.id
+    for module, name in RENDERERS.values():
+        assert callable(getattr(importlib.import_module(f"paged_kv_lab.ui.{module}"), name))
+
+
+def _load(tmp_path, data: dict):
     path = tmp_path / "pages.json"
     path.write_text(json.dumps(data), encoding="utf-8")
-    monkeypatch.setattr(registry, "REGISTRY_FILE", path)
-    registry.sections.cache_clear()
-    try:
-        return registry.sections()
-    finally:
-        registry.sections.cache_clear()
+    return load_registry(path)
 
 
 def _page(pid: str, **kw) -> dict:
     return {"id": pid, "slug": pid, "icon": "x", "ready": [".x"], **kw}
 
 
-def test_the_registry_names_the_page_and_field_it_rejects(tmp_path, monkeypatch):
+def test_the_registry_names_the_page_and_field_it_rejects(tmp_path):
     home = _page("home", slug="")
     ok = {
         "sections": [
@@ -119,18 +137,22 @@ def test_the_registry_names_the_page_and_field_it_rejects(tmp_path, monkeypatch)
             {"id": "lessons", "title": "t", "pages": [_page("a", lesson="a"), _page("b")]},
         ]
     }
-    got = _load(tmp_path, monkeypatch, ok)
+    got = _load(tmp_path, ok)
+    assert got[0].pages[0].default and not got[1].pages[0].default
     a, b = got[1].pages
-    assert (a.file, a.number, b.file, b.number) == ("pages/01_a.py", 1, "pages/02_b.py", None)
-    twice = {"sections": [{"id": "start", "title": "t", "pages": [home, _page("a"), _page("a")]}]}
-    with pytest.raises(ValueError, match="pages.json: pages: id used twice: \\['a'\\]"):
-        _load(tmp_path, monkeypatch, twice)
-    bad = {"sections": [{"id": "start", "title": "t", "pages": [home, _page("a", icon=3)]}]}
-    with pytest.raises(ValueError, match="section 'start', page 1 \\('a'\\): 'icon' must be"):
-        _load(tmp_path, monkeypatch, bad)
-    odd = {"sections": [{"id": "start", "title": "t", "pages": [home, _page("a", colour="red")]}]}
-    with pytest.raises(ValueError, match="unknown field\\(s\\) \\['colour'\\]"):
-        _load(tmp_path, monkeypatch, odd)
+    assert (a.url_path, a.number, a.lesson, b.url_path, b.number) == ("a", 1, "a", "b", None)
+
+    def refused(pages, message):
+        with pytest.raises(ValueError, match=message):
+            _load(tmp_path, {"sections": [{"id": "start", "title": "t", "pages": pages}]})
+
+    refused([home, _page("a"), _page("a")], r"pages.json: pages: id used twice: \['a'\]")
+    refused([home, _page("a", icon=3)], r"section 'start', page 1 \('a'\): 'icon' must be")
+    refused([home, _page("a", colour="red")], r"unknown field\(s\) \['colour'\]")
+    refused([home, _page("a", slug="")], r"page 1 \('a'\): the first page, and only it")
+    refused([_page("home"), _page("a")], r"page 0 \('home'\): the first page, and only it")
+    refused([home, _page("a", slug="x/y")], "slug 'x/y': letters, digits")
+    refused([home, _page("a", lesson="z"), _page("b", lesson="z")], r"lesson used twice: \['z'\]")
 
 
 if __name__ == "__main__":

@@ -156,9 +156,8 @@ def test_trace_keeps_children_and_their_parent(model):
 
 def test_playground_adds_a_request_with_n():
     from _app_helpers import Browser, app
-    from paged_kv_lab.content.registry import page_file
 
-    at = app(page_file("playground"))
+    at = app("playground")
     Browser(at, "playground").show(1)
     at.text_input(key="pg_req_id").set_value("Q")
     at.number_input(key="pg_req_n").set_value(2)
@@ -178,7 +177,6 @@ def test_cli_trace_groups_children_in_the_trace_viewer(tmp_path):
     from _cli import run_cli_here
 
     from _app_helpers import app, sidebar_set
-    from paged_kv_lab.content.registry import page_file
 
     root = Path(__file__).resolve().parent.parent
     out = tmp_path / "ps.jsonl"
@@ -198,7 +196,7 @@ def test_cli_trace_groups_children_in_the_trace_viewer(tmp_path):
     t = read_trace(out.read_text())
     assert t.parents == {"A": ["0_A", "1_A", "2_A"], "B": ["0_B", "1_B"]}
     assert t.outputs["0_B"]["token_ids"] == t.outputs["1_B"]["token_ids"], "greedy children agree"
-    at = app(page_file("trace"))
+    at = app("trace")
     sidebar_set(at, "model_name", "tiny-random")
     at.file_uploader(key="up:trace").upload("ps.jsonl", out.read_bytes(), "application/jsonl").run()
     assert not at.exception, [e.value for e in at.exception]

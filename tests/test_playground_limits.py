@@ -7,9 +7,8 @@ import json
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from _app_helpers import APP, TIMEOUT, app, tiny  # noqa: F401  (sets the tiny model for the app)
+from _app_helpers import APP, TIMEOUT, app, open_page, tiny  # noqa: F401  (sets the tiny model for the app)
 from paged_kv_lab.content import BY_ID
-from paged_kv_lab.content.registry import page_file
 from paged_kv_lab.run.budget import app_limits
 from paged_kv_lab.ui.playground import FIELD_INT_MAX, form_range
 from paged_kv_lab.ui.state import _encode_base
@@ -48,7 +47,7 @@ def open_box(at):
 
 @pytest.mark.parametrize("setting,value", VALID)
 def test_pasted_valid_scenario_opens(setting, value):
-    at = open_box(app(page_file("playground")))
+    at = open_box(app("playground"))
     at.text_area(key="paste:playground").set_value(json.dumps(scenario_with(setting, value))).run()
     at.button(key="paste_btn:playground").click().run()
     assert_open(at, setting, value)
@@ -65,20 +64,20 @@ def test_linked_valid_scenario_opens(setting, value):
     at.query_params.update(
         {"lesson": "playground", "scn": _encode_base(scenario_with(setting, value))}
     )
-    at.switch_page(page_file("playground")).run()
+    open_page(at, "playground").run()
     open_box(at)
     assert_open(at, setting, value)
 
 
 def test_uploaded_valid_scenario_opens():
-    at = open_box(app(page_file("playground")))
+    at = open_box(app("playground"))
     data = json.dumps(scenario_with("sliding_window", 200_000)).encode()
     at.file_uploader(key="up:playground").upload("edge.json", data, "application/json").run()
     assert_open(at, "sliding_window", 200_000)
 
 
 def test_a_value_over_the_budget_is_a_named_refusal_and_the_box_stays():
-    at = open_box(app(page_file("playground")))
+    at = open_box(app("playground"))
     before = at.session_state["lesson:playground"].run.scenario
     big = app_limits().max_num_gpu_blocks + 1
     at.text_area(key="paste:playground").set_value(
@@ -109,7 +108,7 @@ def test_form_offers_no_pool_the_budget_refuses(monkeypatch, tiny):  # noqa: F81
 
     per_block = kv_pool_bytes(tiny.config, 8, 1)  # the playground's block_size
     monkeypatch.setenv("PAGED_KV_LAB_MAX_RUN_BYTES", str(per_block * 40))
-    at = app(page_file("playground"))
+    at = app("playground")
     assert at.number_input(key="pg_num_gpu_blocks").max == 40
     assert at.number_input(key="pg_block_size").max == 40 * 8 // 24  # at its 24 blocks
     note = " ".join(c.value for c in at.caption)
@@ -133,7 +132,7 @@ def test_the_step_cap_announces_itself_on_the_page_and_to_the_player(monkeypatch
     store = RunStore(max_steps=3, limits=app_limits())
     monkeypatch.setattr(store_mod, "_STORE", store)
     try:
-        at = app(page_file("playground"))
+        at = app("playground")
         b = Browser(at, "playground").until_recorded(10)
         assert b.done and len(b.steps) == 3
         assert player_data(at, "playground")["stop"] == {"steps": 3}
@@ -148,7 +147,7 @@ def test_the_step_cap_announces_itself_on_the_page_and_to_the_player(monkeypatch
 
 
 def test_an_over_long_prompt_is_refused_with_its_limit_and_nothing_else_is_added():
-    at = app(page_file("playground"))
+    at = app("playground")
     most = app_limits().max_prompt_chars
     note = " ".join(c.value for c in at.caption)
     assert f"{most:,} characters" in note and "PAGED_KV_LAB_MAX_PROMPT_CHARS" in note

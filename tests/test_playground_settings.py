@@ -1,11 +1,10 @@
 """The playground's settings form offers vLLM's settings and applies them to the run (AppTest)."""
 
 from _app_helpers import Browser, app  # noqa: F401  (sets the tiny model for the app)
-from paged_kv_lab.content.registry import page_file
 
 
 def test_playground_applies_the_vllm_settings():
-    at = app(page_file("playground"))
+    at = app("playground")
     Browser(at, "playground").show(1)
     assert "xxhash_cbor" in at.selectbox(key="pg_hash_algo").options
     at.selectbox(key="pg_hash_algo").set_value("sha256_cbor")

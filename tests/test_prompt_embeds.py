@@ -21,7 +21,6 @@ from test_engine_equality import check_equal as check_token_requests
 from _app_helpers import app, tiny_model_env  # noqa: F401  (the app on the tiny model)
 from _kv_helpers import VLLM_NONE_HASH_SHA256, vllm_sha256
 from kvcore.model.prompt_embeds import embedding_rows, rows_tensor
-from paged_kv_lab.content.registry import page_file
 from paged_kv_lab.recording.snapshot import Snapshot
 from paged_kv_lab.run.budget import BudgetError, Limits, check_scenario
 from paged_kv_lab.run.engine import Engine, EngineRefused, NoModelRunner
@@ -361,7 +360,7 @@ def test_the_engine_refuses_what_it_cannot_feed(tiny_model):
 
 
 def test_the_example_uploaded_to_the_app_runs_with_its_hits():
-    at = app(page_file("playground"))
+    at = app("playground")
     at.session_state["scenario_open:playground"] = True
     at.run()
     at.file_uploader(key="up:playground").upload(

@@ -256,7 +256,7 @@ def shown_texts(at) -> list[tuple[str, str]]:
 
 
 def navigation_pages(monkeypatch) -> list[str]:
-    """The page files the app's st.navigation lists, as AppTest's switch_page takes them."""
+    """The registry ids of the pages the app's st.navigation lists (by their URL paths)."""
     import streamlit as st
     from streamlit.testing.v1 import AppTest
 
@@ -271,24 +271,24 @@ def navigation_pages(monkeypatch) -> list[str]:
     monkeypatch.setattr(st, "navigation", spy)
     AppTest.from_file(APP, default_timeout=TIMEOUT).run()
     monkeypatch.setattr(st, "navigation", real)
-    app_dir = Path(APP).resolve().parent
-    files = []
-    for p in seen:
-        page = getattr(p, "_page", None)
-        files.append(
-            str(Path(page).resolve().relative_to(app_dir)) if isinstance(page, Path) else ""
-        )
-    assert files, "the app's navigation lists its pages"
-    return files  # "" is a page drawn by a function (the home page, the app's default)
+    from paged_kv_lab.content.registry import pages
+
+    by_path = {p.url_path: p.id for p in pages()}
+    ids = [by_path[p.url_path] for p in seen]
+    assert ids, "the app's navigation lists its pages"
+    return ids
 
 
 def open_in_xx(page: str):
+    """The page (a registry id) with the language set to xx."""
     from streamlit.testing.v1 import AppTest
 
+    from _app_helpers import open_page
+
     at = AppTest.from_file(APP, default_timeout=TIMEOUT)
-    if page:  # the first run draws the home page: in English, so that each page is judged alone
-        at.run()
-        at.switch_page(page)
+    if page != "home":  # the first run draws the home page: in English, so that each page is
+        at.run()  # judged alone
+        open_page(at, page)
     at.session_state["lang"] = "xx"
     at.run()
     assert not at.exception, failures(at)
@@ -371,11 +371,12 @@ def explore(at) -> list[tuple[str, str]]:
 
 
 def scenario_words() -> set[str]:
-    """The words of the scenario files in paged_kv_lab/content/examples/ (descriptions, prompts):
-    data a
+    """The words of the scenario files (descriptions, prompts): the shared examples
+    (content/examples/) and the lessons' and cases' (content/<kind>/<id>/scenario.json); data a
     trace carries, shown as the file has them, like a scenario a user uploads."""
     out: set[str] = set()
-    for path in (ROOT / "paged_kv_lab" / "content" / "examples").rglob("*.json"):
+    content = ROOT / "paged_kv_lab" / "content"
+    for path in [*(content / "examples").rglob("*.json"), *content.glob("*/*/scenario.json")]:
         out.update(_strings(json.loads(path.read_text(encoding="utf-8"))))
     return out
 
@@ -403,7 +404,7 @@ def test_every_page_in_a_pseudo_language_shows_no_english_or_chinese(pseudo_lang
     pages = navigation_pages(monkeypatch)
     bad: dict[str, list[str]] = {}
     for page in pages:
-        name = page or "home"
+        name = page
         try:
             at = open_in_xx(page)
         except AssertionError as e:  # a page that fails in xx: a text not taken from the catalogue

@@ -1,28 +1,27 @@
-"""Every lesson's recorded run is the same as the one we checked in: the trace file's text and the
-player's payload (EN and 中文), byte for byte, on the tiny model.
+"""Every lesson's recorded run is the same as the one we checked in (the ``run`` of its folder's
+``golden.json``: tests/_golden.py): the trace file's text and the player's payload (EN and 中文),
+byte for byte, on the tiny model.
 
 A change that moves a block id, an event, a sentence or a snapshot field fails here. When such a
 change is meant (say so in the commit), record the new digests with
-``PAGED_KV_LAB_UPDATE_RUNS=1 .venv/bin/python -m pytest tests/test_recorded_runs.py``.
+``PAGED_KV_LAB_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_recorded_runs.py``; a new
+lesson's are recorded the same way.
 History: the re-layout of issue #20 kept every payload byte-identical; the traces gained one field,
 each request's ``block_hashes`` (the engine's own hashes, which the "why?" answers now read).
 """
 
 import hashlib
 import json
-import os
-from pathlib import Path
 
 import pytest
 
+from _golden import read_golden, updating, write_golden
 from kvcore.model import load_model, smollm2_available
-from paged_kv_lab.content import HOME, LESSONS
+from paged_kv_lab.content import HOME, LESSONS, TOPIC_LESSONS
 from paged_kv_lab.player import run_payload
 from paged_kv_lab.run.scenario import scenario_to_dict
 from paged_kv_lab.run.trace_file import header_line, outputs_line, step_line
 from paged_kv_lab.store.timeline import lesson_run
-
-FIXTURE = Path(__file__).parent / "fixtures" / "lesson_runs.json"
 
 
 def digests(lesson, model) -> dict:
@@ -54,9 +53,10 @@ def tiny():
 
 
 def test_every_lesson_records_the_same_run(tiny):
-    got = {lesson.id: digests(lesson, tiny) for lesson in LESSONS + (HOME,)}
-    if os.environ.get("PAGED_KV_LAB_UPDATE_RUNS"):
-        FIXTURE.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
-    want = json.loads(FIXTURE.read_text())
-    changed = {k: (want.get(k), v) for k, v in got.items() if want.get(k) != v}
+    got = {lesson.id: digests(lesson, tiny) for lesson in LESSONS + TOPIC_LESSONS + (HOME,)}
+    if updating():
+        for lesson_id, run in got.items():
+            write_golden("lessons", lesson_id, run=run)
+    want = {k: read_golden("lessons", k).get("run") for k in got}
+    changed = {k: (want[k], v) for k, v in got.items() if want[k] != v}
     assert not changed, f"recorded runs changed: {json.dumps(changed, indent=1)}"

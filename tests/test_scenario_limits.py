@@ -17,9 +17,8 @@ import json
 import pytest
 from _scenario_cases import Case, cases, extremes
 
-from _app_helpers import APP, TIMEOUT, app, tiny, tiny_model_env  # noqa: F401  (fixtures)
+from _app_helpers import APP, TIMEOUT, app, open_page, tiny, tiny_model_env  # noqa: F401  (fixtures)
 from paged_kv_lab.content import BY_ID
-from paged_kv_lab.content.registry import page_file
 from paged_kv_lab.run.budget import ENV, Limits, app_limits
 from paged_kv_lab.run.scenario import EngineSettings, RequestSpec, Scenario
 from paged_kv_lab.ui.playground import form_values
@@ -156,7 +155,7 @@ def test_every_setting_at_its_limits_pasted():
     """Pasted: every case. An engine setting of the settings form that opened then goes through
     it: Apply with nothing edited keeps the engine exactly (a value the form cannot edit is kept, a
     null stays null, a seed of 0 stays a seed)."""
-    at = open_box(app(page_file("playground")))
+    at = open_box(app("playground"))
     applied = []
 
     def paste_and_apply(at, case):
@@ -176,7 +175,7 @@ def test_every_setting_at_its_limits_pasted():
 
 
 def test_every_setting_at_its_limits_uploaded():
-    at = open_box(app(page_file("playground")))
+    at = open_box(app("playground"))
     counter = iter(range(10**6))
 
     def upload(at, case):
@@ -192,7 +191,7 @@ def test_every_setting_at_its_limits_uploaded():
 def test_every_setting_at_its_limits_linked():
     """A link (``?lesson=playground&scn=...``) is read when a session opens the page: each case
     is a new session's state on the same server (the session's lesson state dropped)."""
-    at = app(page_file("playground"))
+    at = app("playground")
 
     def link(at, case):
         at.query_params.clear()
@@ -237,7 +236,7 @@ def test_every_setting_at_its_limits_in_a_trace_file(trace_lines):
     extreme accepted value, and every value the schema refuses) opens the trace or is refused by
     name (the trace shown before stays), and the viewer's upload takes the next. Nothing is
     computed from a trace, so the run budget does not apply: over it, the trace opens."""
-    at = app(page_file("trace"))
+    at = app("trace")
     counter = iter(range(10**6))
 
     def upload(at, case):
@@ -256,7 +255,7 @@ def test_every_setting_at_its_limits_in_a_trace_file(trace_lines):
 def test_every_setting_at_its_limits_from_a_trace_into_the_playground(trace_lines):
     """ "Open in the Playground" under a trace hands its header's scenario to the playground: the
     playground opens it (holding the value) or the viewer says by name why not."""
-    at = app(page_file("trace"))
+    at = app("trace")
     at.session_state["scenario_open:playground"] = True  # the playground's box, drawn there
     counter = iter(range(10**6))
     problems = []
@@ -280,7 +279,7 @@ def test_every_setting_at_its_limits_from_a_trace_into_the_playground(trace_line
             problem = outcome(at, state, case, lambda s: True)
             if problem:
                 problems.append(f"{case.id}: {problem}")
-            at.switch_page(page_file("trace")).run()
+            open_page(at, "trace").run()
     assert not problems, "\n".join(problems)
 
 
@@ -302,7 +301,7 @@ def test_a_linked_window_past_the_form_steps_and_reruns(monkeypatch):
     try:
         at = AppTest.from_file(APP, default_timeout=TIMEOUT)
         at.query_params.update({"lesson": "playground", "scn": _encode_base(d)})
-        at.switch_page(page_file("playground")).run()
+        open_page(at, "playground").run()
         assert not at.exception, [e.value for e in at.exception]
         b = Browser(at, "playground").until_recorded(4)
         for step in (1, 2, 3, 2, 4):
@@ -325,7 +324,7 @@ def test_each_cap_is_said_next_to_what_it_caps(lang):
     from paged_kv_lab.text.i18n import tr
     from paged_kv_lab.ui.playground import BUDGET_MAX
 
-    at = app(page_file("playground"))
+    at = app("playground")
     if lang != "en":
         sidebar_set(at, "lang", lang)
     lim = app_limits()
@@ -351,7 +350,7 @@ def test_a_scenario_too_large_for_a_link_says_so_and_leaves_the_link_openable(mo
     """The app never writes a link it would refuse to open: a scenario whose packed form is over
     PAGED_KV_LAB_MAX_LINK_CHARS stays out of the URL, and the page says why, by name."""
     monkeypatch.setenv("PAGED_KV_LAB_MAX_LINK_CHARS", "2000")
-    at = open_box(app(page_file("playground")))
+    at = open_box(app("playground"))
     d = copy.deepcopy(BASE)
     d["description"] = "".join(f"{i:x}" for i in range(2000))  # packs to about 5,000
     at.text_area(key=PASTE).set_value(json.dumps(d))
@@ -378,7 +377,7 @@ def test_a_link_to_the_trace_viewer_carries_no_scenario_into_it():
     ]:
         at = AppTest.from_file(APP, default_timeout=TIMEOUT)
         at.query_params.update({"lesson": "playground", "scn": _encode_base(case.scenario(BASE))})
-        at.switch_page(page_file("trace")).run()
+        open_page(at, "trace").run()
         assert not at.exception and not at.error, case.id
         assert any("No trace loaded" in i.value for i in at.info)
         assert "scn" not in at.query_params and box_drawn(at)

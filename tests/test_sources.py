@@ -25,7 +25,7 @@ from paged_kv_lab.content import BY_ID, LESSONS
 from paged_kv_lab.content.casebook import CASES
 from paged_kv_lab.content.myths import load_myths
 from paged_kv_lab.content.sources import ENGINES, Source, load_sourced_keys, topic_sources
-from paged_kv_lab.text.i18n import CATALOGUE_DIR, tr
+from paged_kv_lab.text.i18n import CATALOGUE_DIR, content_dir, tr
 from paged_kv_lab.why.source_links import FUNCTIONS
 
 # a sentence that says what an engine does: it names one, or quotes a name of its code
@@ -48,7 +48,12 @@ def all_sources() -> list[tuple[str, Source]]:
 def test_every_myth_case_and_topic_claim_has_its_source():
     assert all(m.sources for m in load_myths())
     assert all(c.sources for c in CASES), [c.id for c in CASES if not c.sources]
-    topics = json.loads((CATALOGUE_DIR / "topics.json").read_text(encoding="utf-8"))
+    topics = {  # the topics' sentences: each topic folder's, and the pages' shared ones
+        k: v
+        for path in [CATALOGUE_DIR / "topics.json", *(content_dir() / "topics").glob("*/text.json")]
+        for k, v in json.loads(path.read_text(encoding="utf-8")).items()
+        if k.startswith("topic.")
+    }
     claims = {k for k, v in topics.items() if NAMES_AN_ENGINE.search(json.dumps(v["en"]))}
     assert claims and claims <= set(topic_sources()), sorted(claims - set(topic_sources()))
     assert {s.engine for _, s in all_sources()} <= set(ENGINES)

@@ -14,12 +14,12 @@ import re
 
 import pytest
 
-from _app_helpers import APP, TIMEOUT, Browser, app, tiny_model_env  # noqa: F401
+from _app_helpers import APP, TIMEOUT, Browser, app, open_page, tiny_model_env  # noqa: F401
 from kvcore.core.block_pool import BlockHashToBlockMap
 from kvcore.core.kv_cache_utils import KVCacheBlock
 from paged_kv_lab.content import BY_ID
 from paged_kv_lab.content.catalog import moment_steps
-from paged_kv_lab.content.registry import page_file, sections
+from paged_kv_lab.content.registry import sections
 from paged_kv_lab.content.topics import (
     block_size_study,
     collision_probability,
@@ -150,15 +150,15 @@ def test_every_topic_page_renders():
     at = app()
     (topics,) = (s for s in sections() if s.id == "topics")
     for topic in (p.id for p in topics.pages):
-        at.switch_page(page_file(topic)).run()
+        open_page(at, topic).run()
         assert not at.exception, (topic, [e.value for e in at.exception])
         assert at.title, topic
-    title = at.switch_page(page_file("onehash")).run().title[0].value
+    title = open_page(at, "onehash").run().title[0].value
     assert tr(BY_ID["onehash"].title, "en") in title
 
 
 def test_one_hash_page_plays_the_lesson():
-    at = app(page_file("onehash"))
+    at = app("onehash")
     b = Browser(at, "onehash").until_recorded(1 << 30)
     assert b.done and b.head["intro"]
     narrated = [n for s in b.steps for n in s["nar"]]
@@ -189,7 +189,7 @@ def test_a_topic_page_shows_a_note_until_measured(monkeypatch):
 
     monkeypatch.setattr(topic_pages, "topic_studies", slow)
     monkeypatch.setattr(topic_pages, "STUDIES", topic_pages.Shared("test-topics"))
-    at = app(page_file("blocksize"))
+    at = app("blocksize")
     assert not at.dataframe and tr("topic.measuring", "en") in [i.value for i in at.info]
     gate.set()
     key = ("blocksize", *topic_pages._model_key(at.session_state["_model_state"].model))
@@ -200,7 +200,7 @@ def test_a_topic_page_shows_a_note_until_measured(monkeypatch):
 
 
 def test_block_size_page_in_both_languages():
-    at = measured(app(page_file("blocksize")))
+    at = measured(app("blocksize"))
     text = " ".join(m.value for m in at.markdown)
     assert "bigger blocks fragment less" in text and "backwards" in text
     (table,) = at.dataframe  # the one table of the page
@@ -213,13 +213,13 @@ def test_block_size_page_in_both_languages():
 
 
 def test_collisions_and_ttft_pages():
-    at = measured(app(page_file("collisions")))
+    at = measured(app("collisions"))
     text = " ".join(m.value for m in at.markdown)
     assert "nano-vllm" in text and "NONE_HASH" in text
     assert len(at.dataframe) == 2
     at.radio(key="topic_hash_algo").set_value("xxhash").run()
     assert not at.exception and "128 bits" in " ".join(m.value for m in at.markdown)
-    at.switch_page(page_file("hitttft")).run()
+    open_page(at, "hitttft").run()
     assert not at.exception
     cold, hit, speed = (m.value for m in at.metric)
     assert cold.endswith(" ms") and hit.endswith(" ms") and speed.endswith("×")

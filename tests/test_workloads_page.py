@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from _app_helpers import app, sidebar_set, tiny_model_env, vega_charts  # noqa: F401  (fixtures)
-from paged_kv_lab.content.registry import page_file
 from paged_kv_lab.player.pool_payload import encode_frames
 from paged_kv_lab.ui.workloads_page import (
     KEY,
@@ -47,7 +46,7 @@ def slice_as_shipped():
 
 @pytest.fixture(scope="module")
 def page():
-    at = app(page_file("workloads"))
+    at = app("workloads")
     assert not at.exception, [e.value for e in at.exception]
     assert at.session_state[KEY].trace is not None, "the first slice is open at once"
     at.button(key=f"load:{KEY}").click().run()
@@ -68,7 +67,7 @@ def test_the_page_opens_on_the_first_slice_replayed(independent):
     from paged_kv_lab.ui.workloads_page import RUNS, first_slice, prepare_first_slice
 
     prepare_first_slice()
-    at = app(page_file("workloads"))
+    at = app("workloads")
     assert not at.exception, [e.value for e in at.exception]
     key, trace, settings = first_slice(page_trace_limits())
     assert RUNS.ready((key, settings)) and settings == Settings()

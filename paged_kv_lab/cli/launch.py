@@ -3,9 +3,10 @@
     paged-kv-lab [STREAMLIT RUN OPTIONS ...]      e.g. paged-kv-lab --server.port 8502
 
 It is ``python -m streamlit run <this package>/streamlit_app.py`` with the arguments passed
-through: the pages (``pages/``) and the app's Streamlit settings (``.streamlit/config.toml``, read
-as the main script's own config) sit beside that file, so the app is the same from a checkout, an
-editable install or a wheel, and from any working directory. The command line is
+through: the content (``content/``: the page registry and the lesson folders) and the app's
+Streamlit settings (``.streamlit/config.toml``, read as the main script's own config) sit beside
+that file, so the app is the same from a checkout, an editable install or a wheel, and from any
+working directory. The command line is
 ``python -m paged_kv_lab`` (also installed as ``paged-kv-lab-cli``).
 """
 

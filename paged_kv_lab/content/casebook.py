@@ -1,14 +1,14 @@
 """The casebook: "Why is my hit rate ...?", questions users asked on vLLM's issue tracker, each
 reproduced as a scenario on the real model.
 
-A ``Case`` is data, like a lesson: one YAML file per case (``lesson/cases/<id>.yaml``) with the
-issue it comes from, the scenario (a file under ``paged_kv_lab/content/examples/``, often a
-lesson's with
-named changes), its narration, and the "try the fix" switch (``Fix``: the same scenario with
-some settings or requests changed). Its sentences (the question as it was asked, the answer in
-vLLM 0.33.0's behaviour, which ours follows) are in ``text/catalogue/cases/<id>.json`` under
-``case.<id>.*``. The scenario is played as a ``Lesson``, so the lesson page's player, narration
-and "why?" panel play it unchanged. The tests hold each case's claim as a check over the two
+A ``Case`` is data, like a lesson: one folder per case (``<content>/cases/<id>/``) holding
+``case.yaml`` with the issue it comes from, the scenario (its own ``scenario.json``, or a lesson's
+such as ``../../lessons/prefix/scenario.json``, with named changes), its narration, and the "try
+the fix" switch (``Fix``: the same scenario with some settings or requests changed); ``text.json``
+with its sentences (the question as it was asked, the answer in vLLM 0.33.0's behaviour, which
+ours follows) under ``case.<id>.*``; ``golden.json``, the scenarios the tests pin. The scenario
+is played as a ``Lesson``, so the lesson page's player, narration and "why?" panel play it
+unchanged. The tests hold each case's claim as a check over the two
 recorded runs (tests/_casebook_claims.py), so what the page says is what the engine does.
 """
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional
 
@@ -23,7 +24,6 @@ from pydantic import BeforeValidator, Field, StrictBool, StrictInt, StrictStr
 from typing_extensions import Annotated
 
 from paged_kv_lab.content.catalog import (
-    HERE,
     DataFile,
     Focus,
     Lesson,
@@ -42,8 +42,9 @@ from paged_kv_lab.content.catalog import (
 )
 from paged_kv_lab.content.sources import Source
 from paged_kv_lab.recording.snapshot import Snapshot
+from paged_kv_lab.text.i18n import content_dir
 
-CASE_DIR = HERE / "cases"
+CASE_FILE = "case.yaml"  # each case folder's data file (<content>/cases/<id>/case.yaml)
 
 
 def issue_url(ref: str) -> str:
@@ -217,21 +218,48 @@ def load_case(path: Path, catalogue: Mapping[str, Any]) -> Case:
     return case
 
 
+def cases_dir(root: Path | None = None) -> Path:
+    """The cases' folder of the content folder ``root`` (``content_dir()`` when None)."""
+    return (content_dir() if root is None else root) / "cases"
+
+
 def load_cases(
-    folder: Path = CASE_DIR, catalogue: Mapping[str, Any] | None = None
+    folder: Path | None = None, catalogue: Mapping[str, Any] | None = None
 ) -> tuple[Case, ...]:
-    """Every ``*.yaml`` case in ``folder``, by number (the whole catalogue when none is given)."""
+    """Every case folder in ``folder`` (``<content>/cases``; the content folder's when None), by
+    number (the whole catalogue when no ``catalogue`` is given)."""
+    folder = cases_dir() if folder is None else folder
     if catalogue is None:
         from paged_kv_lab.text.i18n import catalogue as read_catalogue
 
         catalogue = read_catalogue()
-    cases = sorted((load_case(p, catalogue) for p in folder.glob("*.yaml")), key=lambda c: c.number)
+    cases = sorted(
+        (load_case(p, catalogue) for p in folder.glob(f"*/{CASE_FILE}")), key=lambda c: c.number
+    )
     numbers_seen = [c.number for c in cases]
     if len(set(numbers_seen)) != len(numbers_seen):
         raise ValueError(f"{folder}: two cases share a number ({numbers_seen})")
     return tuple(cases)
 
 
-# Every case file, loaded and checked once.
-CASES: tuple[Case, ...] = load_cases()
-CASES_BY_ID: dict[str, Case] = {c.id: c for c in CASES}
+@lru_cache(maxsize=4)
+def _cases(root: Path) -> tuple[Case, ...]:
+    return load_cases(cases_dir(root))
+
+
+def cases() -> tuple[Case, ...]:
+    """Every case of the content folder in use, by number (read and checked once per folder)."""
+    return _cases(content_dir())
+
+
+def cases_by_id() -> dict[str, Case]:
+    return {c.id: c for c in cases()}
+
+
+def __getattr__(name: str):
+    # the old module-level names, read from the content folder in use when asked for
+    if name == "CASES":
+        return cases()
+    if name == "CASES_BY_ID":
+        return cases_by_id()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,12 +1,16 @@
-"""Lessons as data: one YAML file per lesson (``lesson/lessons/<id>.yaml``), validated on load.
+"""Lessons as data: one folder per lesson (``<content>/lessons/<id>/``), validated on load.
 
-A lesson is a scenario (a file under ``paged_kv_lab/content/examples/``, with named changes),
-narration
+The folder holds ``lesson.yaml`` (the settings, switches, moments, questions and class questions
+below), ``scenario.json`` (the scenario it plays), ``text.json`` (its sentences, every language)
+and ``golden.json`` (what the tests pin: its scenarios and its run). Its place, icon and URL are
+its line in the page registry (content/registry.py), nowhere else.
+
+A lesson is a scenario (a file named relative to its folder, with named changes), narration
 and questions. Narration is tied to what really happens, not to step numbers: a ``Moment`` names
 an event kind (and optionally a request and a predicate on the event) and its text is shown at the
 first step where such an event occurs. Tests check that every key moment of every lesson occurs.
 
-Every sentence lives in the catalogue (``text/catalogue/lessons/<id>.json``) under a key the
+Every sentence lives in the catalogue (the folder's ``text.json``) under a key the
 lesson's data implies (``lesson.<id>.intro``, ``lesson.<id>.moment.<n>``, ...; see ``_keys``);
 the YAML holds no prose. A required key that is missing, a key the lesson never uses, a wrong
 field or a wrong type is refused when the file is loaded, naming the file and the field.
@@ -49,10 +53,11 @@ from paged_kv_lab.recording.events import (
 )
 from paged_kv_lab.recording.snapshot import StepRecord
 from paged_kv_lab.run.scenario import LAYER_TYPES, EngineSettings, ScenarioError, load_scenario
+from paged_kv_lab.text.i18n import content_dir
 
-HERE = Path(__file__).resolve().parent
-LESSON_DIR = HERE / "lessons"
-EXAMPLES_DIR = HERE / "examples"
+# the data file of each kind of content folder (<content>/<kind>/<id>/<file>)
+LESSON_FILE = "lesson.yaml"
+TOPIC_QUESTIONS_FILE = "questions.yaml"
 # the panels a lesson page can add under the player (app/lesson_page.py)
 PANELS = ("memory", "budget", "held", "myths", "cpu_tier", "designs", "pd", "hybrid")
 # engine settings a switch may set besides EngineSettings' fields (old names load_scenario reads)
@@ -164,7 +169,9 @@ class ClassQuestion:
 
 @dataclass(frozen=True)
 class Lesson:
-    """A lesson as the app plays it. Invariant: every text is a catalogue key that exists."""
+    """A lesson as the app plays it. Invariant: every text is a catalogue key that exists.
+    ``number`` and ``icon`` are its page's (the registry's; 0 and "" until content/__init__.py
+    places it)."""
 
     id: str
     number: int
@@ -345,15 +352,19 @@ def file_ref(v: Any) -> Any:
 
 
 class ScenarioRef(ScenarioChanges):
-    """A scenario file under paged_kv_lab/content/examples/ (a path relative to it), with
-    changes."""
+    """A scenario file, with changes. ``file`` is relative to the folder of the file that names
+    it (``scenario.json``: the lesson's own), and stays inside the content folder that holds it
+    (``../../lessons/prefix/scenario.json``: another lesson's; ``../../examples/x.json``: a
+    shared example)."""
 
     file: StrictStr
 
-    def load(self) -> dict:
-        path = (EXAMPLES_DIR / self.file).resolve()
-        if EXAMPLES_DIR.resolve() not in path.parents or not path.is_file():
-            raise ValueError(f"file: no scenario file {self.file!r} in {EXAMPLES_DIR}")
+    def load(self, folder: Path) -> dict:
+        """The scenario, for a data file in ``folder`` (``<content>/<kind>/<id>/``)."""
+        root = folder.resolve().parent.parent
+        path = (folder / self.file).resolve()
+        if root not in path.parents or not path.is_file():
+            raise ValueError(f"file: no scenario file {self.file!r} in {root}")
         try:
             scenario = json.loads(path.read_text(encoding="utf-8"))
         except ValueError as e:
@@ -367,8 +378,6 @@ Panel = Literal[PANELS]
 
 class LessonData(DataFile):
     id: Annotated[StrictStr, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")]
-    number: Annotated[StrictInt, Field(ge=0)]  # 0: not a numbered lesson (home, topics)
-    icon: StrictStr
     scenario: Annotated[ScenarioRef, BeforeValidator(file_ref)]
     moments: list[MomentData] = Field(default_factory=list)
     questions: list[QuestionData] = Field(default_factory=list)
@@ -381,10 +390,12 @@ class LessonData(DataFile):
 
 # -- loading -------------------------------------------------------------------------------
 def read_data(path: Path, model: type[BaseModel]) -> Any:
-    """``path`` (YAML) parsed into ``model``; its ``id`` must be the file's name."""
+    """``path`` (YAML) parsed into ``model``; its ``id`` must be its folder's name."""
     data = load(path, model)
-    if data.id != path.stem:
-        raise LessonDataError(path, [f"id: {data.id!r} must equal the file's name {path.stem!r}"])
+    if data.id != path.parent.name:
+        raise LessonDataError(
+            path, [f"id: {data.id!r} must equal its folder's name {path.parent.name!r}"]
+        )
     return data
 
 
@@ -474,8 +485,9 @@ def scenario_problems(d: dict, field: str) -> list[str]:
 
 
 def load_scenario_ref(ref: ScenarioRef, path: Path, field: str = "scenario") -> dict:
+    """The scenario ``ref`` of the data file ``path`` names, checked by the engine's loader."""
     try:
-        d = ref.load()
+        d = ref.load(path.parent)
     except (OSError, ValueError) as e:
         raise LessonDataError(path, [f"{field}.{e}"]) from None
     problems = scenario_problems(d, field)
@@ -491,8 +503,8 @@ def load_lesson(path: Path, catalogue: Mapping[str, Any]) -> Lesson:
     texts = Texts(f"lesson.{data.id}", catalogue)
     lesson = Lesson(
         id=data.id,
-        number=data.number,
-        icon=data.icon,
+        number=0,
+        icon="",
         title=texts.key("title", "title") or "",
         summary=texts.key("summary", "summary", required=False),
         scenario=scenario,
@@ -522,34 +534,42 @@ def load_lesson(path: Path, catalogue: Mapping[str, Any]) -> Lesson:
     return lesson
 
 
+def lessons_dir(root: Path | None = None) -> Path:
+    """The lessons' folder of the content folder ``root`` (``content_dir()`` when None)."""
+    return (content_dir() if root is None else root) / "lessons"
+
+
 def load_lessons(
-    folder: Path = LESSON_DIR, catalogue: Mapping[str, Any] | None = None
+    folder: Path | None = None, catalogue: Mapping[str, Any] | None = None
 ) -> dict[str, Lesson]:
-    """Every ``*.yaml`` lesson in ``folder`` by id (the whole catalogue when none is given)."""
+    """Every lesson folder in ``folder`` (``<content>/lessons``; the content folder's when None)
+    by id, in the folders' order, their texts checked against ``catalogue`` (the whole catalogue
+    when none is given)."""
+    folder = lessons_dir() if folder is None else folder
     if catalogue is None:
         from paged_kv_lab.text.i18n import catalogue as read_catalogue
 
         catalogue = read_catalogue()
-    return {p.stem: load_lesson(p, catalogue) for p in sorted(folder.glob("*.yaml"))}
-
-
-TOPIC_QUESTIONS_FILE = Path(__file__).with_name("topic_questions.yaml")
+    return {
+        p.parent.name: load_lesson(p, catalogue) for p in sorted(folder.glob(f"*/{LESSON_FILE}"))
+    }
 
 
 def load_topic_questions(
-    path: Path = TOPIC_QUESTIONS_FILE, catalogue: Mapping[str, Any] | None = None
+    folder: Path | None = None, catalogue: Mapping[str, Any] | None = None
 ) -> dict[str, tuple[Question, ...]]:
-    """Topic page id -> its questions (``topic_questions.yaml``), their texts checked against
-    ``catalogue`` as a lesson's are (the whole catalogue when none is given)."""
+    """Topic page id -> its questions: each topic folder's ``questions.yaml``
+    (``<content>/topics/<id>/``; the content folder's when ``folder`` is None), their texts
+    checked against ``catalogue`` as a lesson's are (the whole catalogue when none is given)."""
+    folder = (content_dir() / "topics") if folder is None else folder
     if catalogue is None:
         from paged_kv_lab.text.i18n import catalogue as read_catalogue
 
         catalogue = read_catalogue()
-    data = load(
-        path, dict[Annotated[StrictStr, Field(pattern=r"^[a-z][a-z0-9_]*$")], list[QuestionData]]
-    )
     out = {}
-    for page_id, questions in data.items():
+    for path in sorted(folder.glob(f"*/{TOPIC_QUESTIONS_FILE}")):
+        page_id = path.parent.name
+        questions = load(path, list[QuestionData])
         texts = Texts(f"topic.{page_id}.quiz", catalogue)
         out[page_id] = tuple(_question(q, i, texts) for i, q in enumerate(questions))
         texts.check(path)

@@ -3,9 +3,10 @@ function, class or setting in it, at the version the lab models (vLLM 0.33.0, SG
 nano-vllm at the commit the designs page names).
 
 One shape, ``Source``, for every data file that cites one: a myth's ``sources`` (``myths.yaml``),
-a case's ``sources`` (``cases/<id>.yaml``, for its answer), a moment's ``sources`` (a lesson's or
-a case's ``moments``), and the topic pages' sentences, whose data is ``topics.yaml`` (catalogue
-key -> sources), since a topic has no data file of its own. tests/test_sources.py checks that each
+a case's ``sources`` (``cases/<id>/case.yaml``, for its answer), a moment's ``sources`` (a
+lesson's or a case's ``moments``), and the topic pages' sentences, whose data is each topic
+folder's ``sources.yaml`` (``<content>/topics/<id>/``: catalogue key -> sources), since a topic's
+page is code. tests/test_sources.py checks that each
 cited name is there in the engine's own source, where that source is installed."""
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from typing import Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 from paged_kv_lab.content.datafile import fail, load
+from paged_kv_lab.text.i18n import content_dir
 
-TOPIC_SOURCES_FILE = Path(__file__).with_name("topics.yaml")
+TOPIC_SOURCES_FILE = "sources.yaml"  # in a topic's folder (<content>/topics/<id>/)
 
 # the engines a source may name, by the first part of its path: the version the lab models
 ENGINES = {"vllm": "vLLM 0.33.0", "sglang": "SGLang 0.5.23", "nanovllm": "nano-vllm"}
@@ -47,7 +49,7 @@ class SourcedKey(BaseModel):
     sources: tuple[Source, ...] = Field(min_length=1)
 
 
-def load_sourced_keys(path: Path = TOPIC_SOURCES_FILE) -> tuple[SourcedKey, ...]:
+def load_sourced_keys(path: Path) -> tuple[SourcedKey, ...]:
     """The entries of ``path``; a repeated key or one the catalogue lacks is a DataFileError."""
     from paged_kv_lab.text.i18n import catalogue
 
@@ -62,7 +64,17 @@ def load_sourced_keys(path: Path = TOPIC_SOURCES_FILE) -> tuple[SourcedKey, ...]
     return entries
 
 
-@lru_cache(maxsize=1)
+@lru_cache(maxsize=4)
+def _topic_sources(root: Path) -> dict[str, tuple[Source, ...]]:
+    out: dict[str, tuple[Source, ...]] = {}
+    for path in sorted((root / "topics").glob(f"*/{TOPIC_SOURCES_FILE}")):
+        for i, e in enumerate(load_sourced_keys(path)):
+            if e.key in out:
+                raise fail(path, f"[{i}].key", f"{e.key!r} is also in another topic's file")
+            out[e.key] = e.sources
+    return out
+
+
 def topic_sources() -> dict[str, tuple[Source, ...]]:
-    """Topic sentence key -> its sources (``topics.yaml``)."""
-    return {e.key: e.sources for e in load_sourced_keys()}
+    """Topic sentence key -> its sources (every topic folder's ``sources.yaml``)."""
+    return _topic_sources(content_dir())

@@ -1,6 +1,8 @@
 """Every sentence a user reads, by key: the catalogue (data files), one ``Text`` type, one lookup.
 
-The catalogue is the JSON files under ``paged_kv_lab/text/catalogue/`` (any depth), each a map
+The catalogue is the JSON files under ``paged_kv_lab/text/catalogue/`` (any depth) and the
+``text.json`` of each content folder (``<content>/lessons/<id>/``, ``cases/<id>/``,
+``topics/<id>/``: a lesson's, a case's or a topic's own sentences, beside its data), each a map
 ``{key: {lang: text}}``; a key lives in one file only. A text is a string or a list of strings
 (table headers); ``{name}`` marks a field filled by ``tr`` (Python's str.format, so ``{{`` is a
 literal brace) or by the player's ``fmt``; every language of an entry names the same fields.
@@ -10,6 +12,10 @@ Languages are data too: ``paged_kv_lab/text/languages.json`` names them (``{code
 first is the fallback). Folders listed in ``PAGED_KV_LAB_TEXT_DIRS`` (os.pathsep-separated) add
 to both: their ``languages.json`` adds languages, their catalogue files add texts per key and
 language. So a third language is a folder of data, with no code changed.
+
+Where the content lives is said here, once (``content_dir``: ``PAGED_KV_LAB_CONTENT_DIR``, else
+``paged_kv_lab/content``), since this module imports nothing of the lab: the lesson, case and
+topic loaders and the page registry ask ``content_dir()`` too, so one variable moves them all.
 
 ``Text`` is a sentence not yet put into a language: a key and its fields (which may themselves be
 ``Text``); ``tr(text_or_key, lang, **fields)`` is the one lookup that renders it.
@@ -28,6 +34,12 @@ HERE = Path(__file__).resolve().parent
 CATALOGUE_DIR = HERE / "catalogue"
 LANGUAGES_FILE = HERE / "languages.json"
 TEXT_DIRS_ENV = "PAGED_KV_LAB_TEXT_DIRS"
+CONTENT_DIR_ENV = "PAGED_KV_LAB_CONTENT_DIR"
+DEFAULT_CONTENT_DIR = HERE.parent / "content"
+# the content folder's kinds, one folder per item each (<content>/<kind>/<id>/), and the file of an
+# item's sentences
+CONTENT_KINDS = ("lessons", "cases", "topics")
+CONTENT_TEXT = "text.json"
 PLAYER_PREFIX = "player."
 
 Entry = Union[str, tuple]
@@ -54,6 +66,21 @@ def extra_dirs() -> tuple[Path, ...]:
     return tuple(Path(p) for p in raw.split(os.pathsep) if p.strip())
 
 
+def content_dir() -> Path:
+    """The content folder: ``lessons/``, ``cases/``, ``topics/`` (a folder per item), ``examples/``
+    and the page registry ``pages.json``. ``PAGED_KV_LAB_CONTENT_DIR`` names another one (a
+    course of one's own, a test's copy); read at each call, so every lookup follows it."""
+    raw = os.environ.get(CONTENT_DIR_ENV, "").strip()
+    return Path(os.path.abspath(raw)) if raw else DEFAULT_CONTENT_DIR
+
+
+def content_text_files(root: Path | None = None) -> list[Path]:
+    """The sentence files of the content folder ``root`` (``content_dir()`` when None): each
+    lesson's, case's and topic's ``text.json``."""
+    root = content_dir() if root is None else root
+    return sorted(p for kind in CONTENT_KINDS for p in (root / kind).glob(f"*/{CONTENT_TEXT}"))
+
+
 def _read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -78,15 +105,19 @@ def languages() -> dict[str, str]:
     return _languages(extra_dirs())
 
 
-def catalogue_files(base: Path = CATALOGUE_DIR) -> list[Path]:
+def catalogue_files(base: Path | None = None) -> list[Path]:
+    """The catalogue files under ``base`` (any depth); None: the catalogue's own, the files under
+    text/catalogue/ and the content folder's ``text.json`` files."""
+    if base is None:
+        return catalogue_files(CATALOGUE_DIR) + content_text_files()
     return sorted(p for p in base.rglob("*.json") if p.name != "languages.json")
 
 
 @lru_cache(maxsize=4)
-def _catalogue(dirs: tuple[Path, ...]) -> dict[str, dict[str, Entry]]:
+def _catalogue(content: Path, dirs: tuple[Path, ...]) -> dict[str, dict[str, Entry]]:
     raw: dict[str, dict] = {}
     where: dict[str, Path] = {}
-    for path in catalogue_files():
+    for path in catalogue_files(CATALOGUE_DIR) + content_text_files(content):
         for key, entry in _read_json(path).items():
             if key in raw:
                 raise ValueError(f"{path}: key {key!r} is also in {where[key]}")
@@ -117,7 +148,7 @@ def _catalogue(dirs: tuple[Path, ...]) -> dict[str, dict[str, Entry]]:
 
 def catalogue() -> dict[str, dict[str, Entry]]:
     """Every entry with ``same_as`` resolved, lists as tuples: key -> {lang: text}."""
-    return _catalogue(extra_dirs())
+    return _catalogue(content_dir(), extra_dirs())
 
 
 def _unescape(text: str) -> str:
@@ -153,12 +184,12 @@ def tr(key: str | Text, lang: str = "en", **fields) -> Entry:
 
 
 @lru_cache(maxsize=None)
-def _player_strings(lang: str, dirs: tuple[Path, ...]) -> str:
+def _player_strings(lang: str, content: Path, dirs: tuple[Path, ...]) -> str:
     fallback = next(iter(_languages(dirs)))
     return json.dumps(
         {
             key[len(PLAYER_PREFIX) :]: list(v) if isinstance(v, tuple) else v
-            for key, entry in _catalogue(dirs).items()
+            for key, entry in _catalogue(content, dirs).items()
             if key.startswith(PLAYER_PREFIX)
             for v in [entry.get(lang) or entry[fallback]]
         },
@@ -169,7 +200,7 @@ def _player_strings(lang: str, dirs: tuple[Path, ...]) -> str:
 def player_strings(lang: str) -> dict[str, Union[str, list]]:
     """The player's words in ``lang``: ``player.<name>`` entries as ``{name: text}``, fields left
     as ``{name}`` for the player's ``fmt`` (a fresh dict: the caller may keep it)."""
-    return json.loads(_player_strings(lang, extra_dirs()))
+    return json.loads(_player_strings(lang, content_dir(), extra_dirs()))
 
 
 def pick(texts: dict | str | None, lang: str = "en", **fields) -> str:

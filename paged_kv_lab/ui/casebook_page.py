@@ -13,7 +13,7 @@ from typing import Optional
 import pandas as pd
 import streamlit as st
 
-from paged_kv_lab.content.casebook import CASES, CASES_BY_ID, Case, issue_url, numbers
+from paged_kv_lab.content.casebook import Case, cases_by_id, issue_url, numbers
 from paged_kv_lab.content.catalog import Lesson
 from paged_kv_lab.text.i18n import tr
 from paged_kv_lab.ui.lesson_page import (
@@ -47,9 +47,10 @@ def _from_link() -> None:
         return
     fixed = name.endswith("-fixed")
     case_id = name.removeprefix("case-").removesuffix("-fixed")
-    if case_id in CASES_BY_ID:
+    by_id = cases_by_id()
+    if case_id in by_id:
         st.session_state[CASE_KEY] = case_id
-        has_fix = CASES_BY_ID[case_id].fix is not None
+        has_fix = by_id[case_id].fix is not None
         st.session_state[FIX_KEY.format(id=case_id)] = fixed and has_fix
 
 
@@ -169,16 +170,17 @@ def render_casebook() -> None:
     ms = current_model()
     st.title(f"📒 {tr('casebook.title', lang)}")
     st.caption(tr("casebook.summary", lang))
-    ids = [c.id for c in CASES]
+    by_id = cases_by_id()
+    ids = list(by_id)
     if st.session_state.get(CASE_KEY) not in ids:
         st.session_state[CASE_KEY] = ids[0]
     case_id = st.radio(
         tr("casebook.pick", lang),
         ids,
         key=CASE_KEY,
-        format_func=lambda i: f"{CASES_BY_ID[i].icon} {tr(CASES_BY_ID[i].title, lang)}",
+        format_func=lambda i: f"{by_id[i].icon} {tr(by_id[i].title, lang)}",
     )
-    case = CASES_BY_ID[case_id]
+    case = by_id[case_id]
     ms = played_model_state(case.lesson, ms, lang)  # a case on a hybrid model plays on its own
     show_case_text(case, lang)
     if ms.model is None:

@@ -27,8 +27,8 @@ from paged_kv_lab.classroom.pack_site import (
     index_html,
     quiz_html,
 )
-from paged_kv_lab.content import BY_ID
-from paged_kv_lab.content.casebook import CASES, Case
+from paged_kv_lab.content import lessons
+from paged_kv_lab.content.casebook import Case, cases
 from paged_kv_lab.content.catalog import Lesson
 from paged_kv_lab.content.registry import Page, nav_title, sections
 from paged_kv_lab.text.i18n import Text, languages, tr
@@ -59,13 +59,13 @@ class PackItem:
 def pack_items() -> tuple[PackItem, ...]:
     """Every player the app has, in the sidebar's order: each page that plays a lesson, and the
     casebook's cases where the casebook page is."""
-    out = []
+    out, by_id = [], lessons().by_id
     for section in sections():
         for page in section.pages:
-            if page.lesson is not None and page.lesson in BY_ID:
-                out.append(PackItem(page.lesson, page, BY_ID[page.lesson]))
+            if page.lesson is not None and page.lesson in by_id:
+                out.append(PackItem(page.lesson, page, by_id[page.lesson]))
             elif page.id == CASEBOOK_PAGE:
-                out += [PackItem(c.lesson.id, page, c.lesson, c) for c in CASES]
+                out += [PackItem(c.lesson.id, page, c.lesson, c) for c in cases()]
     return tuple(out)
 
 

@@ -1,25 +1,23 @@
 """The app's entry: page config, sidebar (language, model, device, load state) and navigation.
 
-app.py (the root of a clone) and streamlit_app.py (the installed package) call ``main()``; the
-navigation is the page registry's (content/registry.py: its sections, titles and icons, in the
-sidebar's language). Each file in pages/ calls
-``lesson_page(id)`` (a tool page: ``run_page(render)``): inside the entry's navigation it draws
-the page; run on its own it runs the entry first, whose navigation then runs the page. A page
-file can run on its own because Streamlit still treats pages/ as a multipage folder until the
-first ``st.navigation`` call of the process (so a deep link opened first on a fresh server lands
-there), and because AppTest.switch_page runs page files alone.
+app.py (the root of a clone) and streamlit_app.py (the installed package) call ``main()``. The
+pages are the page registry's (content/registry.py: its sections, order, URL paths, titles and
+icons, in the sidebar's language), each an ``st.Page`` over a function: a page that plays a
+lesson draws it with ``render_lesson(<its lesson>)``, any other with the function ``RENDERERS``
+names for its id (imported when the page first runs). There is no page file: Streamlit routes
+``/<slug>`` to the registry's page by its URL path, a first visit on a fresh server included.
+``streamlit_page`` gives the same page for ``st.page_link`` and ``st.switch_page``.
 """
 
 from __future__ import annotations
 
-import threading
+import importlib
 from typing import Callable
 
 import streamlit as st
 
-from paged_kv_lab.content.registry import Page, nav_title, page_script, sections
+from paged_kv_lab.content.registry import Page, nav_title, page, sections
 from paged_kv_lab.text.i18n import languages, tr
-from paged_kv_lab.ui.home_page import render_home
 from paged_kv_lab.ui.lesson_page import render_lesson
 from paged_kv_lab.ui.modelstate import (
     DEVICES,
@@ -32,7 +30,23 @@ from paged_kv_lab.ui.modelstate import (
 from paged_kv_lab.ui.state import init_globals_from_url
 from paged_kv_lab.ui.warm_up import start_warm_up, warm_up_line
 
-_inside = threading.local()  # script runs are per-session threads
+# The pages that are drawn by a function of their own, not by the lesson page: registry page id ->
+# (module of paged_kv_lab.ui, function). The one map from the registry's ids to code; a page that
+# plays a lesson and is not listed here needs nothing: adding a lesson adds no line here.
+RENDERERS: dict[str, tuple[str, str]] = {
+    "home": ("home_page", "render_home"),
+    "fleet": ("fleet_page", "render_fleet_page"),
+    "casebook": ("casebook_page", "render_casebook"),
+    "blocksize": ("topic_pages", "render_block_size"),
+    "collisions": ("topic_pages", "render_collisions"),
+    "hitttft": ("topic_pages", "render_ttft"),
+    "designs": ("designs_page", "render_designs_page"),
+    "hashkeys": ("topic_pages", "render_hash_keys"),
+    "trace": ("trace_page", "render_trace_page"),
+    "workloads": ("workloads_page", "render_workloads_page"),
+    "live": ("live_page", "render_live_page"),
+    "join": ("class_panel", "render_join_page"),
+}
 
 
 def _copy_choice(widget_key: str, key: str) -> None:
@@ -42,10 +56,9 @@ def _copy_choice(widget_key: str, key: str) -> None:
 def _choice(label: str, options, key: str, format_func) -> None:
     """A sidebar selectbox whose value lives in the plain session key ``key``.
 
-    The widget has its own key and is handed the value before every run. Streamlit ties a
-    widget's value to the script that drew it: the first run of a deep-linked page file and
-    the entry's navigation are different scripts, and a widget keyed by the value itself came
-    back there at its first option (the sidebar fell back to smollm2 / auto)."""
+    The widget has its own key and is handed the value before every run, so the choice is the
+    session's, whatever page drew the widget last (a widget keyed by the value itself once came
+    back at its first option after a page switch: the sidebar fell back to smollm2 / auto)."""
     widget_key = f"_sidebar_{key}"
     st.session_state[widget_key] = st.session_state[key]
     st.selectbox(
@@ -92,37 +105,47 @@ def sidebar() -> str:
     return lang
 
 
-def st_page(page: Page, lang: str) -> st.Page:
-    if page.file is None:  # the default page
-        return st.Page(render_home, title=tr(page.title, lang), icon=page.icon, default=True)
+def renderer(p: Page) -> Callable[[], None]:
+    """The function that draws page ``p``: its own (``RENDERERS``), else its lesson's page."""
+    if p.id in RENDERERS:
+        module, name = RENDERERS[p.id]
+
+        def render() -> None:
+            getattr(importlib.import_module(f"paged_kv_lab.ui.{module}"), name)()
+
+    elif p.lesson is not None:
+        lesson_id = p.lesson
+
+        def render() -> None:
+            render_lesson(lesson_id)
+
+    else:
+        raise KeyError(f"page {p.id!r} plays no lesson and ui/entry.py's RENDERERS lacks it")
+    render.__name__ = f"page_{p.id}"
+    return render
+
+
+def streamlit_page(p: Page | str, lang: str) -> st.Page:
+    """Page ``p`` (a registry page or its id) as Streamlit's page: what st.navigation lists, and
+    what st.page_link and st.switch_page take (they find it by its URL path)."""
+    p = page(p) if isinstance(p, str) else p
     return st.Page(
-        page_script(page), title=nav_title(page, lang), icon=page.icon, url_path=page.url_path
+        renderer(p),
+        title=nav_title(p, lang),
+        icon=p.icon,
+        url_path=p.url_path,
+        default=p.default,
     )
 
 
 def main() -> None:
     st.set_page_config(page_title="Paged KV Lab", page_icon="🧱", layout="wide")
-    _inside.depth = getattr(_inside, "depth", 0) + 1
-    try:
-        lang = sidebar()
-        st.navigation(
-            {
-                tr(section.title, lang): [st_page(p, lang) for p in section.pages]
-                for section in sections()
-            },
-            # every page listed: collapsed, Streamlit shows ten and hides the rest behind a button
-            expanded=True,
-        ).run()
-    finally:
-        _inside.depth -= 1
-
-
-def run_page(render: Callable[[], None]) -> None:
-    if getattr(_inside, "depth", 0) > 0:
-        render()
-    else:
-        main()
-
-
-def lesson_page(lesson_id: str) -> None:
-    run_page(lambda: render_lesson(lesson_id))
+    lang = sidebar()
+    st.navigation(
+        {
+            tr(section.title, lang): [streamlit_page(p, lang) for p in section.pages]
+            for section in sections()
+        },
+        # every page listed: collapsed, Streamlit shows ten and hides the rest behind a button
+        expanded=True,
+    ).run()

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from paged_kv_lab.content.registry import LESSONS_SECTION, nav_title, page_script, sections
+from paged_kv_lab.content.registry import LESSONS_SECTION, nav_title, sections
 from paged_kv_lab.text.i18n import languages, tr
+from paged_kv_lab.ui.entry import streamlit_page
 from paged_kv_lab.ui.lesson_page import current_lang, current_model, render_lesson
 
 PACK_FOLDER = "paged-kv-lab-class-pack"
@@ -24,7 +25,7 @@ def render_home() -> None:
     (lessons,) = (s for s in sections() if s.id == LESSONS_SECTION)
     for i, page in enumerate(lessons.pages):
         with cols[i % 2].container(border=True):
-            st.page_link(page_script(page), label=nav_title(page, lang), icon=page.icon)
+            st.page_link(streamlit_page(page, lang), label=nav_title(page, lang), icon=page.icon)
             st.caption(tr(page.summary, lang))
     class_pack(lang)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from paged_kv_lab.content import BY_ID
+from paged_kv_lab.content import lesson as lesson_by_id
 from paged_kv_lab.run.scenario import block_size_note
 from paged_kv_lab.text.i18n import tr
 from paged_kv_lab.ui import panels as P
@@ -57,7 +57,7 @@ def decoder(model):
 
 
 def render_lesson(lesson_id: str, compact: bool = False) -> None:
-    lesson = BY_ID[lesson_id]
+    lesson = lesson_by_id(lesson_id)
     init_globals_from_url()
     lang = current_lang()
     ms = played_model_state(lesson, current_model(), lang)

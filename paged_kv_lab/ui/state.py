@@ -334,7 +334,8 @@ def init_globals_from_url() -> None:
 
 
 def pref(key: str, default: str) -> str:
-    """A sidebar choice. ``_prefs`` mirrors the sidebar widgets so a page run without app.py
-    (AppTest.switch_page runs only the page file) still sees them."""
+    """A sidebar choice. ``_prefs`` mirrors the sidebar widgets, so code that draws a page
+    without the sidebar in the same run (a test that sets the session's choices) still sees
+    them."""
     v = st.session_state.get(key)
     return v if v is not None else st.session_state.get("_prefs", {}).get(key, default)

@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import streamlit as st
 
-from paged_kv_lab.content import BY_ID, TOPIC_QUESTIONS
+from paged_kv_lab.content import lesson, topic_questions
 from paged_kv_lab.content.memory_math import dims_from_config, formula, human_bytes
 from paged_kv_lab.content.registry import page
 from paged_kv_lab.content.topics import (
@@ -67,7 +67,7 @@ def topic_studies(model) -> dict[tuple, Callable[[], Any]]:
     """Every study the topic pages show, by key (the page's choices included): what
     ``prepare_studies`` measures ahead, and what the pages read."""
     mk = _model_key(model)
-    scenario = BY_ID["prefix"].scenario_dict(model.num_layers)
+    scenario = lesson("prefix").scenario_dict(model.num_layers)
     return {
         ("blocksize", *mk): lambda: block_size_study(model),
         ("collisions", "sha256", *mk): lambda: hash_study(model, scenario, "sha256"),
@@ -456,4 +456,4 @@ def render_hash_keys() -> None:
     salt = s.by_id("salt")
     _md(Text("topic.hashkeys.salt"), lang, plain=salt.hit_after_plain, blocks=n, salt=f"`{SALT}`")
     _md(Text("topic.hashkeys.honest"), lang)
-    questions_box("hashkeys", TOPIC_QUESTIONS["hashkeys"], lang)
+    questions_box("hashkeys", topic_questions()["hashkeys"], lang)

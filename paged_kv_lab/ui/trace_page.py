@@ -17,8 +17,7 @@ import pandas as pd
 import streamlit as st
 
 from kvcore.engine.parallel_sampling import scenario_parents
-from paged_kv_lab.content import BY_ID
-from paged_kv_lab.content.registry import page, page_script
+from paged_kv_lab.content import lesson as lesson_by_id
 from paged_kv_lab.run.budget import BudgetError, app_limits, check_size
 from paged_kv_lab.run.scenario import load_scenario, scenario_to_dict
 from paged_kv_lab.run.trace_file import Trace, TraceError, read_trace
@@ -26,6 +25,7 @@ from paged_kv_lab.store.timeline import MAX_RUN_STEPS, TraceRun
 from paged_kv_lab.text.i18n import Text, said, tr
 from paged_kv_lab.ui import panels as P
 from paged_kv_lab.ui.class_panel import teach_param
+from paged_kv_lab.ui.entry import streamlit_page
 from paged_kv_lab.ui.lesson_page import current_lang, current_model, decoder
 from paged_kv_lab.ui.modelstate import ModelState
 from paged_kv_lab.ui.player_component import export_html, player_panel
@@ -134,7 +134,7 @@ def request_ids(run: TraceRun) -> list[str]:
 def open_in_playground(trace: Trace, ms: ModelState, lang: str) -> str | None:
     """Make the header's scenario the Playground's (as an uploaded scenario would); an error or
     None."""
-    lesson = BY_ID["playground"]
+    lesson = lesson_by_id("playground")
     pstate = get_state(lesson, ms)
     if apply_scenario_text(pstate, lesson, ms, json.dumps(trace.scenario), lang):
         return None
@@ -317,7 +317,7 @@ def show_scenario(trace: Trace, ms: ModelState, lang: str) -> None:
         ):
             err = open_in_playground(trace, ms, lang)
             if err is None:
-                st.switch_page(page_script(page("playground")))  # stops this run
+                st.switch_page(streamlit_page("playground", lang))  # stops this run
             else:
                 st.error(err)
 

@@ -99,15 +99,15 @@ def warm_up(ms) -> None:
     for name in PAGE_MODULES:
         stop_point()
         importlib.import_module(name)
-    from paged_kv_lab.content import BY_ID
-    from paged_kv_lab.content.casebook import CASES
+    from paged_kv_lab.content import lessons
+    from paged_kv_lab.content.casebook import cases as all_cases
     from paged_kv_lab.ui.casebook_page import case_lessons
     from paged_kv_lab.ui.fleet_page import prepare_fleet_lesson
     from paged_kv_lab.ui.topic_pages import prepare_studies
     from paged_kv_lab.ui.workloads_page import prepare_first_slice
 
-    cases = [x for c in CASES for x in case_lessons(c)]
-    held = open_ahead(cases + list(BY_ID.values()), ms)
+    cases = [x for c in all_cases() for x in case_lessons(c)]
+    held = open_ahead(cases + list(lessons().by_id.values()), ms)
     stop_point()
     prepare_first_slice()
     prepare_studies(ms.model)

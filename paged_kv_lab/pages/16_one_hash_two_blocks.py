@@ -1,5 +1,0 @@
-"""Topic lesson 'one hash, two blocks' (the layout and controls are shared: app/lesson_page.py)."""
-
-from paged_kv_lab.ui.entry import lesson_page
-
-lesson_page("onehash")

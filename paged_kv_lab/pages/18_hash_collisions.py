@@ -1,6 +1,0 @@
-"""Topic page 'hash collisions' (the page itself: app/topic_pages.py)."""
-
-from paged_kv_lab.ui.entry import run_page
-from paged_kv_lab.ui.topic_pages import render_collisions
-
-run_page(render_collisions)
