@@ -232,7 +232,7 @@ def test_cli_watch_dumps_the_fixture_state_and_stops_cleanly_on_sigterm(publishe
         [
             sys.executable,
             "-m",
-            "kvcore",
+            "paged_kv_lab",
             "watch",
             publisher.endpoint,
             "--replay",
