@@ -1,0 +1,189 @@
+"""Lessons and casebook cases as data (lesson/lessons/*.yaml, lesson/cases/*.yaml): they produce
+the very scenarios the Python lessons did, a broken file is refused naming the file and the field,
+and a lesson is added by adding files only."""
+
+import itertools
+import json
+import re
+
+import pytest
+
+from paged_kv_lab.lesson import BY_ID, HOME, LESSONS, TOPIC_LESSONS
+from paged_kv_lab.lesson.casebook import CASE_DIR, CASES, load_cases
+from paged_kv_lab.lesson.catalog import (
+    EXAMPLES_DIR,
+    LESSON_DIR,
+    LessonDataError,
+    load_lessons,
+)
+from paged_kv_lab.record.scenario import load_scenario
+from paged_kv_lab.text.i18n import CATALOGUE_DIR, catalogue
+from support.lesson_files import GOOD, good_texts, problems, write
+from support.paths import FIXTURES
+
+# every lesson's and case's scenario_dict for every combination of its switches' options, as the
+# Python lessons produced it before they became data (generated once from that code)
+SNAPSHOT = FIXTURES / "lesson_scenarios.json"
+CJK = re.compile(r"[\u3000-\u30ff\u3400-\u9fff\uff00-\uffef]")
+
+
+def played_lessons():
+    out = list(LESSONS + TOPIC_LESSONS + (HOME,))
+    for case in CASES:
+        out += [case.lesson, case.fixed_lesson()]
+    return out
+
+
+def combinations(lesson):
+    toggles = lesson.toggles
+    for choice in itertools.product(*[[None, *t.options] for t in toggles]):
+        yield {t.setting: v for t, v in zip(toggles, choice) if v is not None}
+
+
+def test_scenarios_equal_the_python_lessons_snapshot():
+    expected = json.loads(SNAPSHOT.read_text(encoding="utf-8"))
+    got = {
+        f"{lesson.id}|{n}|{json.dumps(over, sort_keys=True)}": lesson.scenario_dict(n, over)
+        for lesson in played_lessons()
+        for n in (None, 4, 30)
+        for over in combinations(lesson)
+    }
+    assert got.keys() == expected.keys()
+    assert [k for k in got if got[k] != expected[k]] == []
+
+
+def test_switches_that_are_no_engine_setting_change_only_what_their_option_says():
+    sliding, tier, draft = BY_ID["sliding"], BY_ID["secondtier"], BY_ID["draftmodel"]
+    eng = sliding.scenario_dict(4, {"layers": "hybrid"})["engine"]
+    assert eng["layer_types"] == ["full_attention", "sliding_attention"] * 2
+    assert "layer_types" not in sliding.scenario_dict(4, {"layers": "uniform"})["engine"]
+    offload = tier.scenario_dict(None, {"failed_load": "D:fail"})["engine"]["cpu_offload"]
+    assert offload["fail_loads"] == ["D"] and offload["kv_load_failure_policy"] == "fail"
+    assert (
+        "fail_loads"
+        not in tier.scenario_dict(None, {"failed_load": "none"})["engine"]["cpu_offload"]
+    )
+    # a value no option has, or a switch the lesson does not offer, changes nothing
+    assert tier.scenario_dict(None, {"failed_load": "E:fail"}) == tier.scenario_dict()
+    assert sliding.scenario_dict(4, {"spec_method": "ngram"}) == sliding.scenario_dict(4)
+    spec = draft.scenario_dict(None, {"spec_method": "ngram"})["engine"]["speculative"]
+    assert spec["method"] == "ngram"
+
+
+def test_every_text_is_a_catalogue_key_in_both_languages():
+    texts = catalogue()
+    keys = [(lesson.id, k) for lesson in played_lessons() for k in lesson.texts()]
+    keys += [(case.id, k) for case in CASES for k in case.texts()]
+    for owner, key in keys:
+        assert all(texts[key].get(lang, "").strip() for lang in ("en", "zh")), (owner, key)
+    for lesson in played_lessons():
+        for t in lesson.toggles:
+            assert len(t.option_labels) in (0, len(t.options)), (lesson.id, t.setting)
+    # every key of a lesson's or case's catalogue file is shown by it
+    shown = {k for _, k in keys}
+    for kind in ("lessons", "cases"):
+        for path in (CATALOGUE_DIR / kind).glob("*.json"):
+            assert set(json.loads(path.read_text(encoding="utf-8"))) <= shown, path
+
+
+def test_data_files_hold_no_prose_and_every_catalogue_file_has_its_data_file():
+    for path in list(LESSON_DIR.glob("*.yaml")) + list(CASE_DIR.glob("*.yaml")):
+        assert not CJK.search(path.read_text(encoding="utf-8")), path
+    for kind, folder in (("lessons", LESSON_DIR), ("cases", CASE_DIR)):
+        names = {p.stem for p in (CATALOGUE_DIR / kind).glob("*.json")}
+        assert names == {p.stem for p in folder.glob("*.yaml")}, kind
+    for path in EXAMPLES_DIR.rglob("*.json"):
+        assert load_scenario(path).requests, path
+
+
+def test_a_lesson_is_added_by_data_alone(tmp_path):
+    """A YAML file and its catalogue entries, no Python: the lesson loads, its texts are keys of
+    the catalogue, its scenario is the example file's and the engine's loader accepts it."""
+    write(tmp_path, GOOD)
+    (tmp_path / "extra.json").write_text(json.dumps(good_texts()), encoding="utf-8")
+    texts = {**catalogue(), **json.loads((tmp_path / "extra.json").read_text(encoding="utf-8"))}
+    lessons = load_lessons(tmp_path, texts)
+    lesson = lessons["extra"]
+    assert (lesson.number, lesson.icon, lesson.focus, lesson.panels) == (
+        12,
+        "🧪",
+        ("evicted", "cache_hit"),
+        ("myths",),
+    )
+    assert texts[lesson.moments[0].text]["en"] == "[moment.1]" and lesson.summary is None
+    assert lesson.questions[0].answer == 1 and len(lesson.questions[0].options) == 2
+    eviction = json.loads((EXAMPLES_DIR / "eviction.json").read_text(encoding="utf-8"))
+    assert lesson.scenario == eviction
+    d = lesson.scenario_dict(None, {"num_gpu_blocks": 24})
+    assert load_scenario(d).engine.num_gpu_blocks == 24
+    assert lesson.toggles[1].option_labels == (
+        "lesson.extra.toggle.spec_method.1",
+        "lesson.extra.toggle.spec_method.2",
+    )
+
+
+@pytest.mark.parametrize(
+    "change, field, message",
+    [
+        (("icon:", "colour: red\nicon:"), "colour", "Extra inputs are not permitted"),
+        (("number: 12", "number: twelve"), "number", "valid integer"),
+        (("- kind: evicted", "- kind: exploded"), "moments[1].kind", "unknown event kind"),
+        (("focus: [evicted", "focus: [boom"), "focus[0]", "unknown event kind"),
+        (("    request: C", "    request: C\n    where: nowhere"), "moments[0]", "nowhere"),
+        (("answer: 1", "answer: 2"), "questions[0]", "not one of the 2 options"),
+        (("panels: [myths]", "panels: [charts]"), "panels[0]", "Input should be"),
+        (("scenario: eviction.json", "scenario: nowhere.json"), "scenario.file", "nowhere"),
+        (("scenario: eviction.json", "scenario: ../../pyproject.toml"), "scenario.file", ""),
+        (("setting: num_gpu_blocks", "setting: num_gpu_blokcs"), "toggles[0]", "blokcs"),
+        (
+            (
+                "{value: ngram, spec_method: ngram}",
+                "{value: x, fail_load: {request: A, policy: fail}}",
+            ),
+            "toggles[1]",
+            "not an effect of 'spec_method'",
+        ),
+        (("options: [12, 24]", "options: [12, 1]"), "toggles[0].options[1]", "num_gpu_blocks"),
+        (("id: extra", "id: other"), "id", "must equal the file's name"),
+    ],
+)
+def test_a_wrong_field_is_named(tmp_path, change, field, message):
+    path = write(tmp_path, GOOD.replace(*change))
+    text = problems(path, good_texts())
+    assert f": {field}" in text and message in text, text
+
+
+def test_a_missing_or_stray_catalogue_key_is_named(tmp_path):
+    path = write(tmp_path, GOOD)
+    text = problems(path, good_texts(**{"moment.2": True}))
+    assert "moments[1]: catalogue key 'lesson.extra.moment.2' is missing" in text, text
+    stray = {**good_texts(), "lesson.extra.moment.3": {"en": "x", "zh": "x"}}
+    text = problems(path, stray)
+    assert "'lesson.extra.moment.3' belongs to no field of this file" in text, text
+    text = problems(path, good_texts(**{"toggle.spec_method.2": True}))
+    assert "toggles[1].options[1]: catalogue key 'lesson.extra.toggle.spec_method.2'" in text, text
+
+
+def test_yaml_that_does_not_parse_is_named(tmp_path):
+    path = write(tmp_path, GOOD + "moments: [\n")
+    assert "not a readable YAML file" in problems(path, good_texts())
+
+
+def test_a_case_file_is_checked_the_same_way(tmp_path):
+    source = (CASE_DIR / "short-prefix.yaml").read_text(encoding="utf-8")
+    texts = {k: v for k, v in catalogue().items()}
+    path = write(tmp_path, source, "short-prefix")
+    assert [c.id for c in load_cases(tmp_path, texts)] == ["short-prefix"]
+    path.write_text(source.replace("only_requests: [A, B, C]", "only_requests: [A, Z]"))
+    with pytest.raises(LessonDataError) as info:
+        load_cases(tmp_path, texts)
+    assert f"{path}: scenario.only_requests: no request ['Z']" in str(info.value)
+    path.write_text(source.replace("issue: vllm-project/vllm#47430", "issue: vllm#47430"))
+    with pytest.raises(LessonDataError) as info:
+        load_cases(tmp_path, texts)
+    assert f"{path}: issue: String should match pattern" in str(info.value)
+    del texts["case.short-prefix.fix.label"]
+    path.write_text(source)
+    with pytest.raises(LessonDataError) as info:
+        load_cases(tmp_path, texts)
+    assert "fix: catalogue key 'case.short-prefix.fix.label' is missing" in str(info.value)
