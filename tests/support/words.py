@@ -1,6 +1,6 @@
-"""What the myths, the quiz and the topic pages said before their sentences moved into data files
-(issue #30), and how to say it again: runs without a model that reach every branch of the myths'
-live lines and of the quiz, walked step by step in EN and 中文.
+"""What the myths and the quiz say, step by step, on runs without a model that reach every branch
+of the myths' live lines and of the quiz, in EN and 中文 (pinned in tests/fixtures/words_pinned.json
+by tests/lab/test_words_pinned.py), and ``FULL_RUN_S``, how long a test waits for a run's end.
 
 ``PAGED_KV_LAB_UPDATE_WORDS=1 .venv/bin/python -m pytest tests/lab/test_words_pinned.py`` rewrites
 the fixture; only do that for a change of wording that is meant (say so in the commit)."""
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 
 from paged_kv_lab.record.engine import Engine, NoModelRunner
 from paged_kv_lab.record.scenario import load_scenario
@@ -134,29 +133,5 @@ def myths_and_quiz(name: str) -> dict:
     return out
 
 
-def _fields(text: str) -> dict:
-    return {name: f"<{name}>" for name in re.findall(r"{(\w+)}", text)}
-
-
-def topic_texts(render) -> dict:
-    """Each topic page's sentence with every field filled by its own name: ``render(key, lang,
-    **fields)`` in the code of the day."""
-    return {key: {lang: render(key, lang) for lang in LANGS} for key in TOPIC_KEYS}
-
-
-TOPIC_KEYS = (
-    *(f"page.{t}.title" for t in ("onehash", "blocksize", "collisions", "hitttft", "designs")),
-    *(
-        f"topic.blocksize.{n}"
-        for n in ("summary", "intro", "table", "waste", "table_len", "hits", "bytes", "per_layer")
-    ),
-    *(f"topic.collisions.{n}" for n in ("summary", "bet", "nano", "seed", "live", "twins", "odds")),
-    *(f"topic.ttft.{n}" for n in ("summary", "intro", "note")),
-)
-
-
-def everything(render_topic) -> dict:
-    return {
-        "runs": {name: myths_and_quiz(name) for name in SCENARIOS},
-        "topics": topic_texts(render_topic),
-    }
+def everything() -> dict:
+    return {"runs": {name: myths_and_quiz(name) for name in SCENARIOS}}
