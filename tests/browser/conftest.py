@@ -1,6 +1,7 @@
-"""The browser tests' fixtures: a ``streamlit run`` server and a chromium per module (under xdist a
-browser module's tests share one worker, tests/conftest.py), and one SmolLM2 server for every
-test that needs the real model. The helpers they use are in tests/support/browser.py."""
+"""The browser tests' fixtures: chromium and a ``streamlit run`` server of the app on the tiny
+model, one of each per worker (under xdist a browser module's tests share one worker,
+tests/conftest.py), and one SmolLM2 server for every test that needs the real model. The helpers
+they use are in tests/support/browser.py."""
 
 from pathlib import Path
 
@@ -9,14 +10,19 @@ import pytest
 from support.browser import ARGS, CHROMIUM, model_for_browser, streamlit_server
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server():
+    """The app on the tiny model (or PAGED_KV_LAB_BROWSER_MODEL), one per worker: the modules that
+    need no server of their own share it (each start costs a Python with torch and the model,
+    and the first page's recording: 20-30 CPU-seconds). A module that needs a fresh server, a
+    warm-up or other settings starts its own (``fresh_server``, ``test_hostile``'s)."""
     with streamlit_server(model_for_browser()) as (url, _):
         yield url
 
 
-@pytest.fixture(scope="module")
-def browser():
+@pytest.fixture(scope="session")
+def chromium():
+    """One chromium per worker (a start and stop costs about 2 CPU-seconds)."""
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} not installed (apt-get install chromium)")
     try:
@@ -30,6 +36,17 @@ def browser():
             pytest.skip(f"chromium cannot start here: {str(e).splitlines()[0]}")
         yield b
         b.close()
+
+
+@pytest.fixture(scope="module")
+def browser(chromium):
+    """The worker's chromium for a module's tests; the windows (contexts, and the pages in them)
+    the module opened are closed at its end, so the next module starts with none."""
+    before = list(chromium.contexts)
+    yield chromium
+    for context in chromium.contexts:
+        if not any(context is b for b in before):
+            context.close()
 
 
 @pytest.fixture(scope="session")

@@ -6,10 +6,18 @@ import re
 
 import pytest
 
-from support.browser import wait_idle
+from support.browser import model_for_browser, streamlit_server, wait_idle
 from support.paths import ROOT
 
 pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def server():
+    """A server of its own, not the worker's shared one: the demo it starts goes on publishing
+    (and its watchers reading) after the test, which would load the next modules' server."""
+    with streamlit_server(model_for_browser()) as (url, _):
+        yield url
 
 
 def test_the_demo_server_streams_into_the_live_page(server, browser):  # noqa: F811
