@@ -10,8 +10,8 @@ The paged side is bare kvcore (``bench/step_anatomy.py: BareEngine``: KVCacheMan
 and EngineCore over a GPUModelRunner, no Recorder, no Snapshot), every prompt in one batch,
 stopping at EOS; the runner's ``execute_logits`` is kept for every sampled position and the
 greedy token is their argmax, as ``execute`` takes it.  The comparison is
-``kvcore.model.reference.agreement_with_generate``, the one tests/test_model_dtype.py holds to
-its bounds (the test drives the recording Engine instead).
+``kvcore.model.reference.agreement_with_generate``, the one tests/differential/test_model_dtype.py
+holds to its bounds (the test drives the recording Engine instead).
 
     python bench/bench_dtype.py                          # SmolLM2, cpu, float32 and bfloat16
     python bench/bench_dtype.py --dtypes float32 bfloat16 float16 --device cuda

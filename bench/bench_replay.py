@@ -23,7 +23,7 @@ What it reports, per block size:
   (``bash scripts/vllm_env.sh`` builds it). Reported side by side, with the ratio ours / vLLM.
 - **equality** (``--equality N``): the first N requests through both; every request's hit tokens
   (vLLM's ``Request.num_cached_tokens``), preemptions and the PrefixCacheStats totals must be
-  identical. tests/test_replay_vllm.py runs the same check on the test slice.
+  identical. tests/differential/test_replay_vllm.py runs the same check on the test slice.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Scratch copies of nano-vllm's block manager, one per modelled commit, for
-# tests/test_designs_fidelity.py (our model of it against its own code, same sequences).
+# tests/differential/test_designs_fidelity.py (our model of it against its own code, same sequences).
 # nano-vllm is not on PyPI, so the source comes from git.
 #
 #   bash scripts/nanovllm_env.sh                  # both commits: bb823b3 (main) and 2f352ae
 #   bash scripts/nanovllm_env.sh bb823b3          # one
-#   NANO_VLLM_SRC=/tmp/nanovllm-src .venv/bin/python -m pytest -q tests/test_designs_fidelity.py
+#   NANO_VLLM_SRC=/tmp/nanovllm-src .venv/bin/python -m pytest -q tests/differential/test_designs_fidelity.py
 #
 # Each commit's files land in $NANO_VLLM_SRC/<commit>/ (7-digit name): nanovllm/engine/
 # block_manager.py, nanovllm/engine/sequence.py and nanovllm/sampling_params.py (which
@@ -66,4 +66,4 @@ done
 PY="${PYTHON:-$HERE/.venv/bin/python}"
 "$PY" -c "import numpy, xxhash" \
     || { echo "$PY lacks numpy or xxhash (nano-vllm's imports)" >&2; exit 1; }
-echo "run:  NANO_VLLM_SRC=$SRC $PY -m pytest -q $HERE/tests/test_designs_fidelity.py"
+echo "run:  NANO_VLLM_SRC=$SRC $PY -m pytest -q $HERE/tests/differential/test_designs_fidelity.py"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # A scratch Python environment in which SGLang 0.5.23's own RadixCache imports, on a CPU-only
-# machine, for tests/test_designs_fidelity.py (our radix model against SGLang's, same ops).
+# machine, for tests/differential/test_designs_fidelity.py (our radix model against SGLang's, same ops).
 #
 #   bash scripts/sglang_env.sh              # builds /tmp/sglang-venv (idempotent: a ready one is kept)
-#   SGLANG_VENV=/tmp/sglang-venv .venv/bin/python -m pytest -q tests/test_designs_fidelity.py
+#   SGLANG_VENV=/tmp/sglang-venv .venv/bin/python -m pytest -q tests/differential/test_designs_fidelity.py
 #
 # What it installs, and why:
 # - the sglang==0.5.23 wheel with --no-deps (its full dependency list pulls GPU kernels, GBs);
@@ -35,7 +35,7 @@ RadixCache.create_simulated(page_size=1)
 
 done_msg() {
     echo "SGLang $VERSION's RadixCache imports in $VENV"
-    echo "run:  SGLANG_VENV=$VENV $HERE/.venv/bin/python -m pytest -q $HERE/tests/test_designs_fidelity.py"
+    echo "run:  SGLANG_VENV=$VENV $HERE/.venv/bin/python -m pytest -q $HERE/tests/differential/test_designs_fidelity.py"
 }
 
 if ready; then

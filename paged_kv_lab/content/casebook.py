@@ -9,7 +9,7 @@ with its sentences (the question as it was asked, the answer in vLLM 0.33.0's be
 ours follows) under ``case.<id>.*``; ``golden.json``, the scenarios the tests pin. The scenario
 is played as a ``Lesson``, so the lesson page's player, narration and "why?" panel play it
 unchanged. The tests hold each case's claim as a check over the two
-recorded runs (tests/_casebook_claims.py), so what the page says is what the engine does.
+recorded runs (tests/support/casebook_claims.py), so what the page says is what the engine does.
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ class Fix:
 
 @dataclass(frozen=True)
 class Case:
-    """One question and its reproduction. Invariant (tests/test_casebook.py): every key moment
-    of ``lesson`` and of the fixed run happens, and the case's claim (tests/_casebook_claims.py)
+    """One question and its reproduction. Invariant (tests/lab/test_casebook.py): every key moment
+    of ``lesson`` and of the fixed run happens, and the case's claim (tests/support/casebook_claims.py)
     holds over the two runs. Texts are catalogue keys."""
 
     id: str

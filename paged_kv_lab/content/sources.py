@@ -6,7 +6,7 @@ One shape, ``Source``, for every data file that cites one: a myth's ``sources`` 
 a case's ``sources`` (``cases/<id>/case.yaml``, for its answer), a moment's ``sources`` (a
 lesson's or a case's ``moments``), and the topic pages' sentences, whose data is each topic
 folder's ``sources.yaml`` (``<content>/topics/<id>/``: catalogue key -> sources), since a topic's
-page is code. tests/test_sources.py checks that each
+page is code. tests/lab/test_sources.py checks that each
 cited name is there in the engine's own source, where that source is installed."""
 
 from __future__ import annotations

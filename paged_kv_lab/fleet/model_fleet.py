@@ -1,5 +1,6 @@
 """A fleet on a real model: N engines (``run.engine.Engine``) sharing one copy of the weights,
-behind a router that reads only their KV events: the one fleet (fleet/fleet.py) with engines as
+behind a router that reads only their KV events: the one fleet (fleet/trace_fleet.py) with engines
+as
 its drivers.
 
 Requests are routed one at a time, each run to its end before the next is routed (the fleet's
@@ -15,8 +16,8 @@ from typing import Optional
 
 from kvcore.distributed.kv_events import external_hash_text
 from kvcore.request import Request
-from paged_kv_lab.fleet.fleet import Fleet, check_router
 from paged_kv_lab.fleet.router import Decision, FleetRequest
+from paged_kv_lab.fleet.trace_fleet import Fleet, check_router
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ tail, counts by kind) and the step's scalars. Every ``keyframe_every`` steps (an
 recorded step) the frame holds every block that is not plain free, and every request shown, so
 any step is the nearest keyframe at or before it plus the deltas after it.
 
-Invariant (tests/test_workloads_frames.py): applying the frames in order from a keyframe gives,
+Invariant (tests/lab/test_workloads_frames.py): applying the frames in order from a keyframe gives,
 for every block, the ref_cnt, hash and owners that ``take_snapshot`` reads from the live engine
 at that step, and for every shown request its status, counters and block table.
 """

@@ -110,7 +110,7 @@ def _pct(x: float) -> str:
 def show_figure(case: Case, before: dict, after: Optional[dict], lang: str) -> None:
     """Before / after: the case's number (and vLLM's own hit rate) at the end of each run, in %.
     A Vega-Lite bar chart, not plotly: plotly's 4.7 MB script would hold the whole page back on
-    a first visit (measured: tests/test_browser_pages_open.py)."""
+    a first visit (measured: tests/browser/test_browser_pages_open.py)."""
     keys = list(dict.fromkeys((case.figure, "hit_rate")))
     runs = [(tr("casebook.before", lang), before)] + (
         [(tr("casebook.after", lang), after)] if after else []

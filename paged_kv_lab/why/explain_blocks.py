@@ -2,7 +2,7 @@
 
 ``life_of_block`` replays every event that touched one physical block (allocations, hits,
 hashes it got and lost, frees) and keeps its state at the end of each step: the states are
-what the recorded snapshots say (tests/test_explain.py checks it on random runs).
+what the recorded snapshots say (tests/lab/test_explain.py checks it on random runs).
 ``compare_requests`` aligns two requests' hash chains block by block and finds the blocks they
 shared and for how long. Sentences for both live in ``paged_kv_lab.why.explain_text``.
 """

@@ -18,7 +18,7 @@ Arrival rules:
 Fast-forward: a stretch of steps in which every running request only decodes one token into a
 block it already holds (no allocation, no block filled, no finish, no arrival, no admission
 possible) changes nothing but the requests' tokens; it is applied in one go. Every figure and
-every per-step series point is the same as stepping (tests/test_replay_fastforward.py).
+every per-step series point is the same as stepping (tests/lab/test_replay_fastforward.py).
 """
 
 from __future__ import annotations

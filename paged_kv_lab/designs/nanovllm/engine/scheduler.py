@@ -11,7 +11,7 @@ sequence goes first) is not modelled.
   computed, then those tokens count as cached.
 
 Each takes ``commit`` (default the block manager's own), so the same calls drive nano-vllm's own
-code in tests/test_designs_fidelity.py.
+code in tests/differential/test_designs_fidelity.py.
 """
 
 from __future__ import annotations

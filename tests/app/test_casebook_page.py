@@ -1,0 +1,69 @@
+"""AppTest: the casebook page renders every case (question, thread link, player, answer, figure)
+on the tiny model, and each case's switch changes the hit rate the page shows."""
+
+import pytest
+
+from paged_kv_lab.content.casebook import CASES
+from paged_kv_lab.text.i18n import tr
+from support.app import app, player_data
+
+PAGE = "casebook"  # the registry's page id
+
+
+@pytest.fixture(autouse=True)
+def no_background_pause(monkeypatch):
+    """The page waits for each case's two runs, which the store computes as background work,
+    pacing it (one idle gap per step) for other sessions' clicks; here no one else clicks."""
+    from paged_kv_lab.store.run_store import default_store
+
+    monkeypatch.setattr(default_store(), "background_pause", 0.0)
+
+
+def recorded(at):
+    """The page once its cases' runs have ended (the server's warm-up records them ahead; until
+    then the page plays what is recorded and says the figure is being computed)."""
+    from paged_kv_lab.ui.casebook_page import case_lessons
+    from paged_kv_lab.ui.warm_up import record_ahead
+
+    record_ahead([x for c in CASES for x in case_lessons(c)], at.session_state["_model_state"])
+    return at.run()
+
+
+def shown(at) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def test_every_case_renders_and_its_switch_changes_the_hit_rate():
+    at = recorded(app(PAGE))
+    assert list(at.radio(key="casebook:case").options) == [
+        f"{c.icon} {tr(c.title, 'en')}" for c in CASES
+    ]
+    for case in CASES:
+        at.radio(key="casebook:case").set_value(case.id).run()
+        assert not at.exception, [e.value for e in at.exception]
+        text = "\n".join(m.value for m in at.markdown)
+        assert tr(case.asked, "en") in text and tr(case.answer, "en") in text
+        assert f"({case.url})" in text, "the thread is linked"
+        assert player_data(at, case.lesson.id)["run"], "the player is mounted for the case's run"
+        assert len(at.get("vega_lite_chart")) == 1, "the before/after figure"
+        label = tr(f"casebook.metric.{case.figure}", "en")
+        before = shown(at)[label]
+        at.toggle(key=f"casebook:fix:{case.id}").set_value(True).run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert player_data(at, case.lesson.id + "-fixed")["run"], "the switch plays the fixed run"
+        after = shown(at)[label]
+        assert before != after, (case.id, before, after)
+        assert tr(case.fix.explain, "en") in "\n".join(c.value for c in at.caption)
+        at.toggle(key=f"casebook:fix:{case.id}").set_value(False).run()
+        assert shown(at)[label] == before
+
+
+def test_the_page_speaks_chinese():
+    at = app(PAGE)
+    at.session_state["lang"] = "zh"
+    at.session_state["_prefs"] = {**at.session_state["_prefs"], "lang": "zh"}
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.title[0].value.endswith(tr("casebook.title", "zh"))
+    text = "\n".join(m.value for m in at.markdown)
+    assert tr(CASES[0].answer, "zh") in text

@@ -1,0 +1,51 @@
+"""Lesson 1's "How many blocks?": the loaded model's profile and vLLM's num_gpu_blocks arithmetic,
+under AppTest on the tiny model; the figures equal KVCacheSizing computed independently."""
+
+from kvcore.model.memory import num_gpu_blocks_from_profile
+from paged_kv_lab.ui import how_many_blocks as H
+from support.app import app
+
+
+def metric(at, label):
+    return next(m.value for m in at.metric if m.label == label)
+
+
+def test_profile_then_sliders_give_vllms_num_gpu_blocks(tiny):  # noqa: F811
+    H.PROFILES.clear()
+    at = app("blocks")
+    button = next(b for b in at.button if b.key == "hmb_profile:blocks")
+    button.click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    profile = H.profiled(tiny)
+    assert profile is not None and profile.weights_memory > 0 and profile.peak_activation_memory > 0
+    assert profile.max_num_batched_tokens == H.PROFILE_TOKENS
+
+    def expected(util, bs, mml):
+        return num_gpu_blocks_from_profile(profile, tiny.config, bs, "float32", util, mml)
+
+    max_len = (
+        H.MAX_MODEL_LENS[-1]
+        if tiny.config.max_position_embeddings >= 8192
+        else at.select_slider(key="hmb_len:blocks").value
+    )
+    s = expected(0.9, 16, max_len)
+    assert metric(at, "num_gpu_blocks") == f"{s.num_gpu_blocks:,}"
+    assert metric(at, "max concurrency") == f"{s.max_concurrency:,.2f}"
+    assert any("= num_gpu_blocks" in c.value for c in at.code)
+
+    at.slider(key="hmb_util:blocks").set_value(0.5).run()
+    at.select_slider(key="hmb_bs:blocks").set_value(32).run()
+    at.select_slider(key="hmb_len:blocks").set_value(1024).run()
+    s2 = expected(0.5, 32, 1024)
+    assert s2.num_gpu_blocks < s.num_gpu_blocks
+    assert metric(at, "num_gpu_blocks") == f"{s2.num_gpu_blocks:,}"
+    assert metric(at, "max concurrency") == f"{s2.max_concurrency:,.2f}"
+
+    # a second session sees the shared profile at once, in Chinese, without profiling again
+    at2 = app("blocks")
+    at2.session_state["lang"] = "zh"
+    at2.session_state["_prefs"] = {**at2.session_state["_prefs"], "lang": "zh"}
+    at2.run()
+    assert not any(b.key == "hmb_profile:blocks" for b in at2.button)
+    assert metric(at2, "最大并发") == f"{s.max_concurrency:,.2f}"
+    assert H.profiled(tiny) is profile

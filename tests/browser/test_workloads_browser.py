@@ -1,0 +1,140 @@
+"""A real browser (Debian's chromium) on the "Real workloads" page: replay a slice of Mooncake's
+trace on a 10,000-block pool, click a moment of the over-time chart, and the large-pool player
+opens at that step; hovering a cell of its canvas shows that block's owners, ref_cnt and hash,
+as an independent replay to the same step has them; zoomed to a range, the same; and a request
+picked opens the player where it was admitted, following it."""
+
+import os
+
+import pytest
+
+from support.browser import streamlit_server, wait_idle
+from support.paths import FIXTURES
+
+pytestmark = pytest.mark.browser
+
+SLICE = FIXTURES / "mooncake_shared_slice.jsonl"
+
+
+@pytest.fixture(scope="module")
+def server():
+    old = os.environ.get("PAGED_KV_LAB_REPLAY_TRACE")
+    os.environ["PAGED_KV_LAB_REPLAY_TRACE"] = str(SLICE)  # the page's "shipped" trace: the slice
+    try:
+        with streamlit_server("tiny-random") as (url, _):
+            yield url
+    finally:
+        if old is None:
+            os.environ.pop("PAGED_KV_LAB_REPLAY_TRACE", None)
+        else:
+            os.environ["PAGED_KV_LAB_REPLAY_TRACE"] = old
+
+
+def state_at_step(step: int):
+    """An independent replay's blocks and requests after ``step`` (the page's default settings)."""
+    from paged_kv_lab.recording.pool_frames import state_at
+    from paged_kv_lab.workloads.page_data import Settings, record_window
+    from paged_kv_lab.workloads.trace_formats import load_trace
+    from paged_kv_lab.workloads.trace_limits import page_trace_limits
+
+    w = record_window(load_trace(SLICE), Settings(), step, page_trace_limits(), before=0, after=0)
+    assert w.frames[w.start].step == step
+    return state_at(list(w.frames), w.start)
+
+
+def hover_block(page, block_id: int) -> str:
+    canvas = page.locator(".pkv-pool canvas[data-role=strip]")
+    d = canvas.evaluate("c => ({...c.dataset})")
+    lo, cell, cols = int(d["lo"]), int(d["cell"]), int(d["cols"])
+    k = block_id - lo
+    box = canvas.bounding_box()
+    page.mouse.move(
+        box["x"] + (k % cols) * cell + cell / 2, box["y"] + (k // cols) * cell + cell / 2
+    )
+    tip = page.locator(".pkv-pool [data-role=tip]")
+    page.wait_for_function(
+        "(id) => { const t = [...document.querySelectorAll('*')].map(e => e.shadowRoot || e)"
+        ".map(r => r.querySelector && r.querySelector('.pkv-pool [data-role=tip]')).find(Boolean);"
+        " return t && !t.hidden && t.dataset.block === String(id); }",
+        arg=block_id,
+        timeout=10_000,
+    )
+    return tip.inner_text()
+
+
+def replayed(page, server) -> None:
+    """The page opened (the sidebar loads the model first: minutes on a busy machine), the slice
+    loaded and replayed with the page's default settings."""
+    page.goto(server + "/real_workloads")
+    use = page.get_by_role("button", name="Use these requests")
+    use.wait_for(timeout=180_000)
+    wait_idle(page)
+    use.click()
+    wait_idle(page)
+    page.get_by_role("button", name="Replay", exact=True).click()
+    wait_idle(page)
+
+
+def check_tip(text: str, b) -> None:
+    assert text.splitlines()[0] == f"block {b.block_id}"
+    assert f"ref_cnt: {b.ref_cnt}" in text
+    assert f"owners: {', '.join(b.owners)}" in text
+    assert f"hash: {b.block_hash}" in text
+
+
+def test_step_into_a_moment_and_hover_a_block_of_a_10000_block_pool(server, browser):  # noqa: F811
+    page = browser.new_page(viewport={"width": 1400, "height": 2400})
+    replayed(page, server)
+    # the over-time chart (Vega-Lite): a click in its plot selects the nearest step
+    chart = page.locator("[data-testid=stVegaLiteChart]").first.locator("canvas, svg").first
+    chart.wait_for(timeout=30_000)
+    pool = page.locator(".pkv-pool[data-step]")
+    assert pool.count() == 0, "no moment is open before the click"
+    box = chart.bounding_box()
+    page.mouse.click(box["x"] + box["width"] * 0.4, box["y"] + box["height"] * 0.6)
+    wait_idle(page)
+    pool.wait_for(timeout=60_000)
+    step = int(pool.get_attribute("data-step"))
+    assert step > 1
+    # the click also set the "open at step" field to the moment, as the plotly click did
+    field = page.get_by_label("Step (1–", exact=False)
+    assert int(field.input_value()) == step
+    blocks, _ = state_at_step(step)
+    held = [b for b in blocks.values() if b.owners and b.block_hash]
+    assert held, "the moment must hold cached blocks"
+    b = max(held, key=lambda x: (x.ref_cnt, x.block_id))
+    check_tip(hover_block(page, b.block_id), b)
+    # a free block with a hash left (evictable) tells the same facts, no owners
+    free = [x for x in blocks.values() if not x.owners and x.block_hash and x.block_id]
+    if free:
+        check_tip(hover_block(page, free[0].block_id), free[0])
+    # zoomed to a range around the block: bigger cells, the same facts
+    page.locator(".pkv-pool [data-role=zlo]").fill(str(max(0, b.block_id - 50)))
+    page.locator(".pkv-pool [data-role=zhi]").fill(str(b.block_id + 50))
+    page.locator(".pkv-pool [data-act=zoom]").click()
+    canvas = page.locator(".pkv-pool canvas[data-role=strip]")
+    assert int(canvas.get_attribute("data-cell")) > 10
+    check_tip(hover_block(page, b.block_id), b)
+    # Step moves one recorded step, in the browser
+    page.locator(".pkv-pool [data-act=step]").click()
+    assert int(pool.get_attribute("data-step")) == step + 1
+    # a request picked: the player opens where it was admitted, following it
+    from paged_kv_lab.workloads.page_data import Settings, run_workload
+    from paged_kv_lab.workloads.trace_formats import load_trace
+    from paged_kv_lab.workloads.trace_limits import page_trace_limits
+
+    run = run_workload(load_trace(SLICE), Settings(), page_trace_limits())
+    hit = next(p for p in run.result.per_request if p.hit_tokens > 0)
+    box = page.locator("[data-testid=stSelectbox]").filter(has_text="Request").first
+    box.locator("input").first.click()
+    page.keyboard.type(hit.request_id)
+    page.get_by_role("option", name=hit.request_id, exact=True).first.click()
+    wait_idle(page)
+    page.get_by_role("button", name="Open where it was admitted").click()
+    wait_idle(page)
+    page.wait_for_selector(f'.pkv-pool[data-step="{hit.admitted_step}"]', timeout=60_000)
+    selected = page.locator(".pkv-pool [data-role=selected]")
+    assert f"request {hit.request_id}" in selected.inner_text().lower()
+    # the events of that step say it hit the cache
+    assert "hit" in page.locator(".pkv-pool [data-role=events]").inner_text()
+    page.close()

@@ -1,0 +1,56 @@
+"""The CPU tier against vLLM 0.33.0's own SimpleCPUOffloadScheduler (bench/offload_vs_vllm.py): a
+few random traces replayed on vLLM's KVCacheManager and offloading manager with a fake worker, as
+vLLM's own tests drive it; per step both sides agree on the lookups (GPU and CPU hit tokens), the
+blocks stored and loaded, the block tables and both free queues, and after a failed load on the
+requests cut back and the blocks given to ``evict_blocks`` (vLLM's own
+``Scheduler._handle_invalid_blocks`` deciding on its side). Needs the scratch environment with
+the real vllm==0.33.0 (``bash scripts/vllm_env.sh``; ``VLLM_VENV``, default /tmp/vllm-venv); the
+figures over 200 traces are in docs/cpu-offload.md."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from support.paths import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+
+import offload_vs_vllm  # noqa: E402
+
+VENV = os.environ.get("VLLM_VENV", "/tmp/vllm-venv")
+
+
+@pytest.mark.skipif(
+    not (Path(VENV) / "bin" / "python").exists(),
+    reason=f"no vLLM 0.33.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
+)
+def test_random_traces_store_find_and_load_the_blocks_vllm_does():
+    # 9 and 11: lazy mode; 0: synchronous failures evicted under "fail"; 4, 5: asynchronous ones
+    # failing their requests; 8, 19: asynchronous ones recomputed
+    res = offload_vs_vllm.differential(VENV, [*range(6), 8, 9, 11, 19])
+    assert not res["failures"], res["failures"]
+    for aspect, t in res["aspects"].items():
+        assert t["steps"] > 100 and t["differ"] == 0, aspect
+    ex = res["exercised"]
+    # the traces really store, find and load (else agreeing would prove little)
+    assert ex["blocks_stored"] > 50 and ex["blocks_loaded"] > 5 and ex["cpu_hit_tokens"] > 0
+    assert ex["lazy_traces"] > 0
+    assert ex["evict_blocks_calls"] > 0 and ex["requests_failed"] > 0
+    assert ex["requests_rolled_back"] - ex["requests_failed"] > 3  # recomputed
+
+
+@pytest.mark.skipif(
+    not (Path(VENV) / "bin" / "python").exists(),
+    reason=f"no vLLM 0.33.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
+)
+def test_an_asynchronous_load_is_held_back_where_vllm_holds_it_back():
+    # the two traces that once never finished here
+    # (tests/kvcore/test_offload_inflight_reservation.py):
+    # vLLM's side computes its own reserved_blocks and refuses or admits each load by itself
+    res = offload_vs_vllm.differential(VENV, [468023023, 536961063])
+    assert not res["failures"], res["failures"]
+    for aspect, t in res["aspects"].items():
+        assert t["steps"] >= 30 and t["differ"] == 0, aspect
+    assert res["exercised"]["blocks_loaded"] > 0

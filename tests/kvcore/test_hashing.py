@@ -1,0 +1,176 @@
+"""Chained block hashing, checked byte for byte against vLLM's formula computed here with
+hashlib + pickle (not with kvcore's code)."""
+
+import hashlib
+import os
+import pickle
+
+import pytest
+import xxhash
+
+from kvcore.core.kv_cache_utils import (
+    NONE_HASH_SEED,
+    BlockHasher,
+    cache_salt_extra_keys,
+    get_block_hash,
+    get_group_id,
+    hash_block_tokens,
+    make_block_hash_with_group_id,
+    none_hash,
+)
+from kvcore.utils.hashing import get_hash_fn_by_name
+from support.kv import VLLM_NONE_HASH_SHA256, make_request, vllm_chain
+
+
+def test_none_hash_is_vllms_with_pythonhashseed_set_to_the_seed_string(monkeypatch):
+    # vLLM (kv_cache_utils.init_none_hash): NONE_HASH = hash_fn(os.getenv("PYTHONHASHSEED"))
+    # when the variable is set. Our fixed seed equals PYTHONHASHSEED=vllm-none-hash.
+    monkeypatch.setenv("PYTHONHASHSEED", "vllm-none-hash")
+    seed = os.getenv("PYTHONHASHSEED")
+    expected = hashlib.sha256(pickle.dumps(seed, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+    assert NONE_HASH_SEED == "vllm-none-hash"
+    assert none_hash(get_hash_fn_by_name("sha256")) == expected == VLLM_NONE_HASH_SHA256
+    assert len(expected) == 32
+
+
+def test_sha256_block_hash_is_byte_identical_to_vllms_formula():
+    parent = VLLM_NONE_HASH_SHA256
+    toks = [101, 7, 9000, 3]
+    expected = hashlib.sha256(
+        pickle.dumps((parent, tuple(toks), None), protocol=pickle.HIGHEST_PROTOCOL)
+    ).digest()
+    fn = get_hash_fn_by_name("sha256")
+    assert hash_block_tokens(fn, None, toks) == expected  # None parent -> NONE_HASH
+    assert hash_block_tokens(fn, b"", toks) == expected  # falsy parent -> NONE_HASH
+    child = hashlib.sha256(
+        pickle.dumps((expected, (5, 6, 7, 8), None), protocol=pickle.HIGHEST_PROTOCOL)
+    ).digest()
+    assert hash_block_tokens(fn, expected, [5, 6, 7, 8]) == child
+
+
+def test_request_chain_matches_vllm_for_sha256():
+    toks = list(range(100, 123))  # 23 tokens, block_size 4 -> 5 full blocks
+    req = make_request("r", toks, 4)
+    assert req.block_hashes == vllm_chain(toks, 4)
+    assert len(req.block_hashes) == 5  # the partial last block has no hash
+
+
+def test_xxhash_is_xxh3_128_of_the_same_pickle():
+    toks = [1, 2, 3, 4]
+    fn = get_hash_fn_by_name("xxhash")
+    none = xxhash.xxh3_128_digest(pickle.dumps("vllm-none-hash", protocol=pickle.HIGHEST_PROTOCOL))
+    assert none_hash(fn) == none
+    expected = xxhash.xxh3_128_digest(
+        pickle.dumps((none, (1, 2, 3, 4), None), protocol=pickle.HIGHEST_PROTOCOL)
+    )
+    assert make_request("r", toks, 4, hash_algo="xxhash").block_hashes == [expected]
+    assert len(expected) == 16
+
+
+def test_unknown_hash_algo_is_rejected():
+    with pytest.raises(ValueError, match="unknown hash_algo 'md5'"):
+        get_hash_fn_by_name("md5")
+
+
+def test_only_full_blocks_are_hashed_and_hashes_grow_with_the_tokens():
+    req = make_request("r", [1, 2, 3, 4, 5], 2)
+    assert len(req.block_hashes) == 2
+    req.append_output_token_ids([6])
+    assert len(req.block_hashes) == 3
+    req.append_output_token_ids([7])
+    assert len(req.block_hashes) == 3
+    req.append_output_token_ids([8, 9, 10])
+    assert req.block_hashes == vllm_chain(list(range(1, 11)), 2)
+
+
+def test_hasher_extend_returns_only_the_new_hashes():
+    h = BlockHasher(get_hash_fn_by_name("sha256"), 3)
+    hashes: list = []
+    assert h.extend(hashes, [1, 2], None) == []
+    new = h.extend(hashes, [1, 2, 3, 4, 5, 6, 7], None)
+    assert new == hashes == vllm_chain([1, 2, 3, 4, 5, 6, 7], 3)
+
+
+def test_block_size_one_hashes_every_token():
+    req = make_request("r", [5, 6, 7], 1)
+    assert req.block_hashes == vllm_chain([5, 6, 7], 1)
+
+
+def test_cache_salt_goes_into_the_first_block_only_as_a_tagged_tuple():
+    assert cache_salt_extra_keys("s", 0) == (("cache_salt", "s"),)
+    assert cache_salt_extra_keys("s", 1) is None
+    assert cache_salt_extra_keys("", 0) is None  # an empty salt is no salt
+    assert cache_salt_extra_keys(None, 0) is None
+    toks = [1, 2, 3, 4, 5, 6]
+    salted = make_request("a", toks, 2, salt="tenant-1")
+    assert salted.block_hashes == vllm_chain(toks, 2, salt="tenant-1")
+    assert salted.extra_keys_for_block(0) == (("cache_salt", "tenant-1"),)
+    assert salted.extra_keys_for_block(1) is None
+
+
+def test_cache_salt_separates_identical_prompts_along_the_whole_chain():
+    toks = [1, 2, 3, 4, 5, 6]
+    plain = make_request("a", toks, 2)
+    s1 = make_request("b", toks, 2, salt="one")
+    s2 = make_request("c", toks, 2, salt="two")
+    for i in range(3):
+        assert len({plain.block_hashes[i], s1.block_hashes[i], s2.block_hashes[i]}) == 3
+    assert make_request("d", toks, 2, salt="").block_hashes == plain.block_hashes
+    assert make_request("e", toks, 2, salt="one").block_hashes == s1.block_hashes
+
+
+def test_cache_key_is_hash_plus_4_byte_big_endian_group_id():
+    h = VLLM_NONE_HASH_SHA256
+    k0 = make_block_hash_with_group_id(h, 0)
+    k1 = make_block_hash_with_group_id(h, 1)
+    assert k0 == h + b"\x00\x00\x00\x00" and k1 == h + b"\x00\x00\x00\x01"
+    assert get_block_hash(k1) == h and get_group_id(k1) == 1
+    assert get_group_id(make_block_hash_with_group_id(h, 258)) == 258
+
+
+# -- CBOR algorithms and NONE_HASH seeding as vLLM 0.33 does them ----------------------------------
+def test_cbor_algorithms_hash_canonical_cbor_of_the_same_tuple():
+    import cbor2
+
+    parent = hashlib.sha256(cbor2.dumps("vllm-none-hash", canonical=True)).digest()
+    toks = [5, 6, 7, 8]
+    req = make_request("r", toks, 4, hash_algo="sha256_cbor")
+    assert req.block_hashes == [
+        hashlib.sha256(cbor2.dumps((parent, tuple(toks), None), canonical=True)).digest()
+    ]
+    none_x = xxhash.xxh3_128_digest(cbor2.dumps("vllm-none-hash", canonical=True))
+    salted = make_request("s", toks, 4, hash_algo="xxhash_cbor", salt="k")
+    key = (none_x, tuple(toks), (("cache_salt", "k"),))
+    assert salted.block_hashes == [xxhash.xxh3_128_digest(cbor2.dumps(key, canonical=True))]
+
+
+def test_none_hash_seed_resolves_as_vllm_when_hash_seed_is_null(monkeypatch):
+    from kvcore.core.kv_cache_utils import resolve_none_hash_seed
+
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    assert (
+        resolve_none_hash_seed("sha256", None)
+        == resolve_none_hash_seed("sha256_cbor", None)
+        == "vllm-none-hash"
+    )
+    a, b = resolve_none_hash_seed("xxhash", None), resolve_none_hash_seed("xxhash_cbor", None)
+    assert a != b and len(a) == len(b) == 64 and int(a, 16) >= 0  # fresh random bytes each time
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    assert resolve_none_hash_seed("xxhash", None) == resolve_none_hash_seed("sha256", None) == "0"
+    assert resolve_none_hash_seed("xxhash", "mine") == "mine"  # an explicit seed wins
+
+
+def test_engine_hash_seed_reproduces_a_vllm_server_started_with_pythonhashseed(monkeypatch):
+    # The fixtures were recorded from vLLM 0.33 with PYTHONHASHSEED=0 and sha256: NONE_HASH is
+    # sha256(pickle("0")) = 1973e238..., so engine.hash_seed "0" gives the server's hashes.
+    from support.kv import make_engine, spec
+
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    eng = make_engine([spec("a", list(range(8)))], hash_algo="sha256", hash_seed="0")
+    assert eng.hasher.none_hash.hex().startswith("1973e23848344dc4")
+    # default seed
+    assert make_engine([], hash_algo="sha256").hasher.none_hash == VLLM_NONE_HASH_SHA256
+    x1, x2 = (
+        make_engine([], hash_algo="xxhash", hash_seed=None).hasher.none_hash for _ in range(2)
+    )
+    assert x1 != x2  # vLLM's random xxhash seed

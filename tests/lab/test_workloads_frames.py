@@ -1,0 +1,100 @@
+"""The large-pool player's recording (recording/pool_frames.py): keyframes plus deltas rebuild,
+at every recorded step, what ``take_snapshot`` reads from the live engine; its payload is
+compact; the replay's cache history answers "why?" consistently with the replay's own hits."""
+
+import pytest
+
+from paged_kv_lab.player.pool_payload import encode_frames, pool_payload
+from paged_kv_lab.recording.pool_frames import FrameRecorder, state_at
+from paged_kv_lab.recording.recorder import Recorder
+from paged_kv_lab.recording.snapshot import take_snapshot
+from paged_kv_lab.why.explain_replay import EVICTED, NEVER_COMPUTED, replay_hit_sentences
+from paged_kv_lab.workloads.page_data import Settings, record_window, run_workload
+from paged_kv_lab.workloads.replay import Replay
+from paged_kv_lab.workloads.trace_formats import load_trace
+from paged_kv_lab.workloads.trace_limits import page_trace_limits
+from support.paths import FIXTURES
+
+SLICE = FIXTURES / "mooncake_shared_slice.jsonl"
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return load_trace(SLICE)
+
+
+def test_keyframes_plus_deltas_rebuild_every_step(trace):
+    """A small pool (evictions, sharing): after each step the frames give every block's
+    ref_cnt, hash and owners, the shown requests, and the queue's ends and counts exactly."""
+    s = Settings(block_size=16, num_gpu_blocks=4000, arrival="timestamps")
+    r = Replay(trace, s.replay_settings(trace))
+    r.advance(until_step=398)
+    rec = r.attach(Recorder())
+    fr = FrameRecorder(r.scheduler, keyframe_every=8)
+    evicted = hit = 0
+    for _ in range(24):
+        shown = dict(r.requests)
+        info = r.step()
+        finished = {k: v for k, v in shown.items() if k not in r.requests}
+        events = tuple(rec.drain())
+        evicted += sum(e.kind == "evicted" for e in events)
+        hit += sum(e.kind == "cache_hit" for e in events)
+        f = fr.capture(info.step, {}, events, finished)
+        snap = take_snapshot(
+            r.scheduler, info.step, None, rec.hash_meta, {**r.requests, **finished}
+        )
+        blocks, reqs = state_at(fr.frames, len(fr.frames) - 1)
+        for bv in snap.blocks:
+            b = blocks.get(bv.block_id)
+            got = (b.ref_cnt, b.block_hash, b.owners) if b else (0, None, ())
+            want = (bv.ref_cnt, bv.block_hash[:16] if bv.block_hash else None, bv.owners)
+            assert got == want, (info.step, bv.block_id)
+        assert {k: v.block_tables for k, v in reqs.items()} == {
+            v.request_id: v.block_tables for v in snap.requests
+        }
+        assert f.queue.head == snap.free_queue[:16] and f.queue.tail == snap.free_queue[-16:]
+        assert f.queue.num_free == len(snap.free_queue)
+        assert f.queue.num_cached_free == sum(
+            1 for b in snap.blocks if b.ref_cnt == 0 and b.block_hash and not b.is_null
+        )
+        if r.done:
+            break
+    assert evicted and hit, "the stretch must evict and hit to test anything"
+    # deltas, not copies: most frames carry far fewer blocks than the pool
+    deltas = [len(f.blocks) for f in fr.frames if not f.keyframe]
+    assert deltas and sum(deltas) / len(deltas) < 4000 / 4
+
+
+def test_the_payload_sends_block_tables_as_appends_and_hashes_only_when_changed(trace):
+    s = Settings(block_size=16, num_gpu_blocks=10_000, arrival="timestamps")
+    w = record_window(trace, s, 300, page_trace_limits(), before=10, after=30)
+    wire = encode_frames(w.frames)
+    assert wire[0]["k"] == 1 and w.frames[w.start].step == 300
+    later = [b for f in wire[1:] if not f["k"] for b in f["b"]]
+    assert later and any(len(b) == 4 for b in later)  # ref / owners moved, hash unchanged
+    tables = [t for f in wire[1:] if not f["k"] for r in f["r"] for t in r[7]]
+    assert any(t[0] > 0 for t in tables)  # kept entries are not sent again
+    p = pool_payload(w.frames, num_gpu_blocks=10_000, block_size=16)
+    assert p["head"]["num_gpu_blocks"] == 10_000 and "pool_strip" in p["strings"]["en"]
+
+
+def test_why_agrees_with_the_replay_and_names_the_eviction(trace):
+    run = run_workload(trace, Settings(16, 4000, arrival="timestamps"), page_trace_limits())
+    reasons = set()
+    for p in run.result.per_request:
+        xs = run.explain(p.request_id)
+        assert xs and xs[0].hit_tokens == p.hit_tokens, p.request_id
+        assert xs[0].hit_blocks <= len(xs[0].shared) or xs[0].hit_blocks == 0
+        reasons.add(xs[0].reason)
+    assert {EVICTED, NEVER_COMPUTED} <= reasons
+    x = next(
+        x for p in run.result.per_request for x in run.explain(p.request_id) if x.reason == EVICTED
+    )
+    en = " ".join(
+        replay_hit_sentences(x, "en", trace.block_size, trace.requests[int(x.request_id)].hash_ids)
+    )
+    zh = " ".join(replay_hit_sentences(x, "zh"))
+    assert (
+        f"{len(x.shared)} of those blocks" in en and "evicted at step" in en and "trace block" in en
+    )
+    assert "驱逐" in zh

@@ -1,0 +1,140 @@
+"""Each casebook case's claim as a check over its two recorded runs (before and after the fix):
+(records before, records after) -> problems (empty: the claim holds). tests/lab/test_casebook.py
+runs every check on the tiny model and on SmolLM2, so what the casebook page says is what the engine
+does. Test-only: the app shows the case's sentences (content/cases/<id>/text.json), not these
+checks."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+from paged_kv_lab.content.casebook import numbers
+from paged_kv_lab.content.topics import common_prefix
+from paged_kv_lab.recording.snapshot import Snapshot, StepRecord
+
+Records = Sequence[StepRecord]
+
+
+def _events(records: Records, kind: str, request: Optional[str] = None):
+    return [
+        (rec, e)
+        for rec in records
+        for e in rec.events
+        if e.kind == kind and (request is None or e.request_id == request)
+    ]
+
+
+def _last(records: Records) -> Snapshot:
+    return records[-1].snapshot
+
+
+def _hit_tokens(records: Records, request: str) -> int:
+    return sum(e.num_tokens for _, e in _events(records, "cache_hit", request))
+
+
+def _claim_short_prefix(before: Records, after: Records) -> list[str]:
+    """On a hybrid model at the block size vLLM raises it to: B continues A's prompt, which is
+    shorter than a block, and misses; with prefix_match_unit, B hits inside the block (the block
+    as large as before) and writes into a copy; C, sharing only the system prompt, misses both
+    times."""
+    out = []
+    snap = _last(before)
+    a, b = snap.request("A").prompt_token_ids, snap.request("B").prompt_token_ids
+    shared = common_prefix(a, b)
+    if not (shared == len(a) < snap.block_size and any(g["kind"] == "mamba" for g in snap.groups)):
+        out.append("B should continue all of A's prompt, shorter than a hybrid model's block")
+    if numbers(snap)["hits"] != 0 or numbers(snap)["queries"] == 0:
+        out.append("before the fix: tokens were queried and none hit")
+    fixed = _last(after)
+    hit = _hit_tokens(after, "B")
+    if fixed.block_size != snap.block_size or not 0 < hit < fixed.block_size:
+        out.append("after the fix: B hits inside a block of the same size")
+    if not any(e.reason == "partial_hit" for _, e in _events(after, "copied", "B")):
+        out.append("after the fix: B writes into a private copy of the block its hit ends in")
+    if _hit_tokens(after, "C") or _hit_tokens(before, "C"):
+        out.append("C shares only the system prompt: no state is stored there, it misses")
+    return out
+
+
+def _claim_sliding_churn(before: Records, after: Records) -> list[str]:
+    out = []
+    if _hit_tokens(before, "A2") != 0:
+        out.append("dense retention: session A's second turn should find nothing")
+    if not any(e.block_hash for _, e in _events(before, "evicted")):
+        out.append("dense retention: cached blocks should be evicted by the churn")
+    if _hit_tokens(after, "A2") <= 0:
+        out.append("sparse retention: session A's second turn should hit its kept tail")
+    return out
+
+
+def _claim_preempted_hits(before: Records, after: Records) -> list[str]:
+    out = []
+    pre = _events(before, "preempted")
+    if not pre:
+        return ["nothing was preempted"]
+    victim = pre[0][1].request_id
+    if not any(e.preempted_before for _, e in _events(before, "cache_hit", victim)):
+        out.append(f"{victim} should resume with a hit on its own recomputed blocks")
+    n = numbers(_last(before))
+    if n["preempted_hits"] <= 0:
+        out.append("the resumed request's hits should be counted (as preempted hits)")
+    if n["hits"] != 0:
+        out.append("no prompt shares a prefix: vLLM 0.33.0's hit rate should be 0")
+    if not n["hit_rate_with_preempted"] > 0:
+        out.append("counted as before vLLM #25787, the hit rate should be above 0")
+    fixed = numbers(_last(after))
+    if _events(after, "preempted") or fixed["preempted_hits"] or fixed["hit_rate_with_preempted"]:
+        out.append("with enough blocks: no preemption and no recomputed 'hits'")
+    return out
+
+
+def _claim_salt(before: Records, after: Records) -> list[str]:
+    out = []
+    if _hit_tokens(before, "A2") <= 0:
+        out.append("tenant A's second request (same salt) should hit")
+    if _hit_tokens(before, "B1") != 0 or not _events(before, "cache_miss", "B1"):
+        out.append("tenant B (another salt) should miss A's cached prompt")
+    if _hit_tokens(after, "B1") <= 0:
+        out.append("with one shared salt, B should hit A's blocks")
+    return out
+
+
+def _claim_usage_zero(before: Records, after: Records) -> list[str]:
+    out = []
+    idle = [
+        r
+        for r in before
+        if r.snapshot.usage == 0.0 and not r.snapshot.running and not r.snapshot.waiting
+    ]
+    if not idle:
+        out.append("usage should drop to 0% once A finished")
+    elif not any(b.block_hash for b in idle[0].snapshot.blocks):
+        out.append("at 0% usage, A's blocks should still be cached (hashed, in the free queue)")
+    if _hit_tokens(before, "B") <= 0:
+        out.append("B, arriving later, should hit A's blocks")
+    idle_off = [r for r in after if r.snapshot.usage == 0.0 and not r.snapshot.running]
+    if not idle_off or _hit_tokens(after, "B") != 0:
+        out.append("with prefix caching off: the same 0% usage, and B finds nothing")
+    return out
+
+
+def _claim_timestamp(before: Records, after: Records) -> list[str]:
+    out = []
+    snap = _last(before)
+    if any(_hit_tokens(before, r.request_id) for r in snap.requests):
+        out.append("with the timestamp first, no request should hit")
+    fixed = _last(after)
+    later = [r.request_id for r in fixed.requests][1:]
+    if not later or not all(_hit_tokens(after, r) > 0 for r in later):
+        out.append("with the stable part first, every later request should hit")
+    return out
+
+
+CLAIMS: dict[str, Callable[[Records, Records], list[str]]] = {
+    "short-prefix": _claim_short_prefix,
+    "sliding-churn": _claim_sliding_churn,
+    "preempted-hits": _claim_preempted_hits,
+    "cache-salt": _claim_salt,
+    "usage-zero": _claim_usage_zero,
+    "timestamp-first": _claim_timestamp,
+}
