@@ -67,7 +67,8 @@ class Fix:
 @dataclass(frozen=True)
 class Case:
     """One question and its reproduction. Invariant (tests/lab/test_casebook.py): every key moment
-    of ``lesson`` and of the fixed run happens, and the case's claim (tests/support/casebook_claims.py)
+    of ``lesson`` and of the fixed run happens, and the case's claim
+    (tests/support/casebook_claims.py)
     holds over the two runs. Texts are catalogue keys."""
 
     id: str

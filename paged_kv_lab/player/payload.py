@@ -7,7 +7,8 @@ when it moved). The keys on the wire are short; each is defined once, in assets/
 this module encodes with and the browser's decoder (assets/decode.js) decodes with.
 
 The steps, applied in order onto the head's snapshot by the decoder, give exactly
-``snapshot_dict`` of every record's snapshot (tests/browser/test_browser_decoder.py holds this in a real
+``snapshot_dict`` of every record's snapshot (tests/browser/test_browser_decoder.py holds this in a
+real
 browser). No Streamlit here: the app, the static export and the CLI share this module.
 """
 

@@ -1,5 +1,6 @@
 """Every lesson's recorded run is the same as the one we checked in (the ``run`` of its folder's
-``golden.json``: tests/support/golden.py): the trace file's text and the player's payload (EN and 中文),
+``golden.json``: tests/support/golden.py): the trace file's text and the player's payload (EN and
+中文),
 byte for byte, on the tiny model.
 
 A change that moves a block id, an event, a sentence or a snapshot field fails here. When such a
