@@ -1,7 +1,7 @@
 """A demo source of KV events: our engine publishing as vLLM does, so the Live vLLM page has
 something real to watch without a vLLM server.
 
-``DemoSource`` steps a fleet (fleet/trace_fleet.py: a trace replayed model-free, one replica being
+``DemoSource`` steps a fleet (fleet/fleet.py: a trace replayed model-free, one replica being
 a single server; or a scenario on the real model, :class:`EngineFeed` for one engine,
 fleet/model_fleet.py's ``model_fleet`` for several) and puts each replica's KV event batches
 on ZeroMQ with kvcore's ``ZmqEventPublisher``, vLLM's wire format byte for byte: replica r is

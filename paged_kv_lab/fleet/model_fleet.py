@@ -16,8 +16,8 @@ from typing import Optional
 
 from kvcore.distributed.kv_events import external_hash_text
 from kvcore.request import Request
+from paged_kv_lab.fleet.fleet import Fleet, check_router
 from paged_kv_lab.fleet.router import Decision, FleetRequest
-from paged_kv_lab.fleet.trace_fleet import Fleet, check_router
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """A router and what it knows: the policy, its global index fed by KV events, and its own
 bookkeeping of the requests it routed (Dynamo's: prompt load still to prefill, blocks in flight).
 
-The fleet (fleet/trace_fleet.py) keeps one. A replica, to the router, is its position in the fleet
-and what fleet/trace_fleet.py's ``Replica`` protocol lets it read: its ``scheduler`` (vLLM's queues
+The fleet (fleet/fleet.py) keeps one. A replica, to the router, is its position in the fleet
+and what fleet/fleet.py's ``Replica`` protocol lets it read: its ``scheduler`` (vLLM's queues
 and requests), its ``block_pool`` (how many blocks are in use) and ``queued()`` (the requests
 routed there and not yet in its scheduler).
 """

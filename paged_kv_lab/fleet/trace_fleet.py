@@ -3,7 +3,7 @@
 Each replica is a full kvcore engine (its own Scheduler, KVCacheManager and BlockPool):
 ``workloads.replay.Replay`` given its requests by the router (``own_arrivals=False``) and
 publishing its KV events (``kv_events=True``), a driver (paged_kv_lab/run/driver.py) in the one
-fleet (fleet/trace_fleet.py). The router decides where each trace request goes, reading the
+fleet (fleet/fleet.py). The router decides where each trace request goes, reading the
 replicas'
 load and a global index fed only by those events (fleet/index.py).
 
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from kvcore.distributed.kv_events import hash_text, maybe_convert_block_hash
+from paged_kv_lab.fleet.fleet import MAX_REPLICAS, Fleet, check_router
 from paged_kv_lab.fleet.router import Decision, FleetRequest
-from paged_kv_lab.fleet.trace_fleet import MAX_REPLICAS, Fleet, check_router
 from paged_kv_lab.workloads.replay import SEQUENTIAL, Replay, ReplayError, ReplaySettings
 from paged_kv_lab.workloads.trace_formats import Trace
 
