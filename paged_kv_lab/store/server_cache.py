@@ -58,6 +58,23 @@ def stop_point() -> None:
         raise Stopping("the server is shutting down")
 
 
+def _background_thread(target: Callable[..., None], args: tuple, name: str) -> threading.Thread:
+    """A background computation's thread: a daemon, so one past STOP_S never holds the exit, and
+    listed in ``_BACKGROUND`` while it runs, so ``stop_background`` joins it first."""
+
+    def run() -> None:
+        try:
+            target(*args)
+        finally:
+            with _BACKGROUND_LOCK:
+                _BACKGROUND.discard(threading.current_thread())
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    with _BACKGROUND_LOCK:
+        _BACKGROUND.add(thread)
+    return thread
+
+
 @atexit.register
 def stop_background(timeout: float = STOP_S) -> list[str]:
     """Set STOPPING and join the background computations (at most ``timeout`` s in all); the
@@ -212,17 +229,16 @@ class ServerCache:
                 kind._trim(self, full)
                 self.evict(keep=full)
                 if entry.error is None and kind.measure_later:
-                    threading.Thread(
-                        target=self._measure,
-                        args=(full, entry),
-                        name=f"shared:{kind.name}:size",
-                        daemon=True,
+                    _background_thread(
+                        self._measure, (full, entry), f"shared:{kind.name}:size"
                     ).start()
             entry.done.set()
             self.cond.notify_all()
 
     def _measure(self, full: tuple, entry: _Entry) -> None:
         """A value's size, walked while its askers already use it (it counts 0 until then)."""
+        if STOPPING.is_set():  # the process is exiting: nobody will read the size
+            return
         nbytes = int(entry.kind.size(entry.value))
         with self.cond:
             if self._entries.get(full) is entry:
@@ -246,24 +262,7 @@ class ServerCache:
     def start(self, kind: "Shared", key: Hashable, compute: Callable[[], Any]) -> None:
         entry, mine = self._claim(kind, key)
         if mine:
-            # a daemon, so a computation past STOP_S never holds the exit; stop_background
-            # joins it first
-            thread = threading.Thread(
-                target=self._background,
-                args=(key, entry, compute),
-                name=f"shared:{kind.name}",
-                daemon=True,
-            )
-            with _BACKGROUND_LOCK:
-                _BACKGROUND.add(thread)
-            thread.start()
-
-    def _background(self, key: Hashable, entry: _Entry, compute: Callable[[], Any]) -> None:
-        try:
-            self._fill(key, entry, compute)
-        finally:
-            with _BACKGROUND_LOCK:
-                _BACKGROUND.discard(threading.current_thread())
+            _background_thread(self._fill, (key, entry, compute), f"shared:{kind.name}").start()
 
     def peek(self, kind: "Shared", key: Hashable) -> Any:
         full = (kind.ns, key)

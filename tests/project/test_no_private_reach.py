@@ -152,7 +152,6 @@ def test_the_checker_finds_a_planted_reach():
     planted = """
 from kvcore.core.block_pool import _private_helper
 from paged_kv_lab.run.budget import _env_int
-from support.paths import ROOT
 
 class Reader:
     def __init__(self, manager):
