@@ -327,11 +327,37 @@ class BlockPool:
             )
         ret = self.free_block_queue.popleft_n(num_blocks)
         if self.enable_caching:
-            for block in ret:
-                if block.block_hash is not None:
-                    self._maybe_evict_cached_block(block)
-                assert block.ref_cnt == 0
-                block.ref_cnt += 1
+            if (
+                self.observer is None
+                and self.metrics_collector is None
+                and not self.cached_block_hashes_by_block
+            ):
+                # The common case (nobody to tell, no block with a partial entry) in one loop:
+                # a block whose key maps to it alone is evicted right here, as
+                # _maybe_evict_cached_block would, without a call per block (the calls and
+                # lists per block that partial entries brought had made eviction slower than
+                # vLLM's); any other cached block goes through _maybe_evict_cached_block.
+                table = self.cached_block_hash_to_block._cache
+                kv_events = self.kv_event_queue if self.enable_kv_cache_events else None
+                for block in ret:
+                    key = block.block_hash
+                    if key is not None:
+                        if table.get(key) is block:
+                            del table[key]
+                            block.block_hash = None
+                            block.block_hash_num_tokens = None
+                            if kv_events is not None:
+                                kv_events.append(self._block_removed_event(key))
+                        else:
+                            self._maybe_evict_cached_block(block)
+                    assert block.ref_cnt == 0
+                    block.ref_cnt += 1
+            else:
+                for block in ret:
+                    if block.block_hash is not None:
+                        self._maybe_evict_cached_block(block)
+                    assert block.ref_cnt == 0
+                    block.ref_cnt += 1
         else:
             for block in ret:
                 assert block.ref_cnt == 0
@@ -347,14 +373,26 @@ class BlockPool:
         key = block.block_hash
         if key is None:
             return False
-        if not self.cached_block_hash_to_block.contain(key, block.block_id):
+        table = self.cached_block_hash_to_block._cache
+        # The common case (the key maps to this block alone) in one lookup, without a call.
+        sole = table.get(key) is block
+        if not sole and not self.cached_block_hash_to_block.contain(key, block.block_id):
             return False
         # before the hash is gone
         if self.metrics_collector is not None:
             self.metrics_collector.on_block_evicted(block)
         if self.observer is not None:
             self.observer.on_block_evicted(block)
-        self._emit_block_removed_events(self._remove_cached_block_hashes(block))
+        if sole and block.block_id not in self.cached_block_hashes_by_block:
+            # The block's one key (no partial entry): what _remove_cached_block_hashes and
+            # _emit_block_removed_events do for it, without their lists and calls.
+            del table[key]
+            block.block_hash = None
+            block.block_hash_num_tokens = None
+            if self.enable_kv_cache_events:
+                self.kv_event_queue.append(self._block_removed_event(key))
+        else:
+            self._emit_block_removed_events(self._remove_cached_block_hashes(block))
         return True
 
     # -- keys inside a block (prefix_match_unit finer than the block) -------------------
@@ -369,13 +407,14 @@ class BlockPool:
     def _emit_block_removed_events(self, keys: list[bytes]) -> None:
         if self.enable_kv_cache_events:
             for key in keys:
-                self.kv_event_queue.append(
-                    BlockRemoved(
-                        block_hashes=[self._external(get_block_hash(key))],
-                        medium=self.medium,
-                        group_idx=get_group_id(key),
-                    )
-                )
+                self.kv_event_queue.append(self._block_removed_event(key))
+
+    def _block_removed_event(self, key: bytes) -> BlockRemoved:
+        return BlockRemoved(
+            block_hashes=[self._external(get_block_hash(key))],
+            medium=self.medium,
+            group_idx=get_group_id(key),
+        )
 
     def _rekey(self, block: KVCacheBlock) -> None:
         """Drop the block's keys before it is keyed anew, telling the events and the observer."""
@@ -494,12 +533,12 @@ class BlockPool:
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         """Drop the hashes of these blocks (in use or not); nothing is freed."""
+        blocks = self.blocks
+        num_blocks = len(blocks)
         for block_id in block_ids:
-            if not 0 <= block_id < len(self.blocks):
-                raise ValueError(
-                    f"block id {block_id} is outside the pool (0..{len(self.blocks) - 1})"
-                )
-            self._maybe_evict_cached_block(self.blocks[block_id])
+            if not 0 <= block_id < num_blocks:
+                raise ValueError(f"block id {block_id} is outside the pool (0..{num_blocks - 1})")
+            self._maybe_evict_cached_block(blocks[block_id])
 
     def reset_prefix_cache(self) -> bool:
         """Forget every hash; refused (False) while any block other than the null block is in

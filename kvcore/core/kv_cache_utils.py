@@ -417,7 +417,7 @@ def get_block_hash(key: bytes) -> bytes:
 
 
 def get_group_id(key: bytes) -> int:
-    return int.from_bytes(key[-4:], "big", signed=False)
+    return int.from_bytes(key[-4:], "big")  # unsigned: int.from_bytes's default
 
 
 class BlockHasher:

@@ -199,7 +199,9 @@ def maybe_convert_block_hash(
     """The hash as the wire carries it: its last 8 bytes as a big-endian uint64, or all of it."""
     if not use_int_block_hashes:
         return block_hash
-    return int.from_bytes(block_hash, "big") & ((1 << 64) - 1)
+    # vLLM masks the whole hash to its low 64 bits; those are its last 8 bytes, read alone here
+    # (the same int, without building a 256-bit one first: every KV event pays for this).
+    return int.from_bytes(block_hash[-8:], "big")
 
 
 def hash_text(h: ExternalBlockHash) -> str:

@@ -7,6 +7,7 @@ from kvcore.core.block_pool import (
     BlockHashToBlockMap,
     BlockPool,
 )
+from kvcore.core.kv_cache_observer import KVCacheObserver
 from kvcore.core.kv_cache_utils import KVCacheBlock, get_block_hash, make_block_hash_with_group_id
 from kvcore.request import Request
 from kvcore.utils.math_utils import cdiv
@@ -293,6 +294,61 @@ def test_evict_blocks_drops_hashes_even_of_blocks_in_use_and_frees_nothing():
     assert p.take_events() == [removed(req.block_hashes[1])]
     p.evict_blocks([2, 4])  # nothing cached there: no event
     assert p.take_events() == []
+
+
+def _evicting_scenario(observed: bool, use_int: bool, partial: bool):
+    """The cached blocks the eviction path meets: a key held by one block, a key held by two
+    blocks (two requests computed one prompt), and with ``partial`` a block with a partial
+    entry besides its key (hashes every 2 tokens, blocks of 4). -> (the pool, each request's
+    blocks)."""
+    p = BlockPool(12, True, 2, True, use_int_block_hashes=use_int)
+    if observed:  # any observer: the pool takes its general path
+        p.observer = KVCacheObserver()
+    a, b = make_request("a", range(8), 2), make_request("b", range(8), 2)
+    blocks_a, blocks_b = p.get_new_blocks(2), p.get_new_blocks(2)
+    p.cache_full_blocks(a, blocks_a, 0, 2, 4, 0)
+    p.cache_full_blocks(b, blocks_b, 0, 2, 4, 0)  # the same keys: two blocks each
+    c = make_request("c", range(20, 28), 2)
+    blocks_c = p.get_new_blocks(2)
+    p.cache_full_blocks(c, blocks_c, 0, 1, 4, 0)
+    p.cache_partial_block(c, blocks_c[1], 8, 0, 4)  # at the block's end: its primary key
+    if partial:
+        p.cache_partial_block(c, blocks_c[1], 6, 0, 4)  # an earlier boundary: a further key
+    return p, [blocks_a, blocks_b, blocks_c]
+
+
+def _pool_state(p):
+    return (
+        queue_ids(p),
+        list(p.cached_block_hash_to_block.block_ids()),
+        sorted((i, sorted(keys)) for i, keys in p.cached_block_hashes_by_block.items()),
+        [(b.ref_cnt, b.block_hash, b.block_hash_num_tokens) for b in p.blocks],
+    )
+
+
+@pytest.mark.parametrize("partial", [False, True])
+@pytest.mark.parametrize("use_int", [True, False])
+def test_eviction_fast_path_matches_the_general_one(use_int, partial):
+    """Without an observer or partial entries, get_new_blocks evicts in a loop of its own, and
+    _maybe_evict_cached_block drops a block's one key without lists: the same blocks, queue,
+    map and KV events as with an observer (the general path, key by key)."""
+    runs = []
+    for observed in (False, True):
+        p, tables = _evicting_scenario(observed, use_int, partial)
+        out = [p.take_events()]
+        p.evict_blocks([tables[0][1].block_id])  # one of a key's two blocks, in use
+        out.append(p.take_events())
+        for blocks in tables:
+            p.free_blocks(reversed(blocks))
+        got = p.get_new_blocks(p.get_num_free_blocks())  # evicts every cached block
+        out += [ids(got), p.take_events(), _pool_state(p)]
+        p.free_blocks(got)
+        runs.append(out)
+    assert runs[0] == runs[1]
+    removed_events = runs[0][3]
+    # a's first key and b's two (a's second went by id), c's two keys (+ its partial entry)
+    assert len(removed_events) == 5 + partial
+    assert len(p.cached_block_hash_to_block) == 0 and not p.cached_block_hashes_by_block
 
 
 def test_evict_blocks_rejects_ids_outside_the_pool():

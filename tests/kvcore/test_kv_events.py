@@ -197,6 +197,9 @@ def test_hash_conversion_keeps_the_low_64_bits_big_endian():
     assert ke.maybe_convert_block_hash(h) == int.from_bytes(h[-8:], "big")
     assert ke.maybe_convert_block_hash(h, use_int_block_hashes=False) == h
     assert ke.hash_text(5) == "0000000000000005" and ke.hash_text(h) == h.hex()
+    for n in range(0, 40):  # vLLM's formula (the whole hash masked to 64 bits), any length
+        h = bytes(range(200, 200 - n, -1))
+        assert ke.maybe_convert_block_hash(h) == int.from_bytes(h, "big") & ((1 << 64) - 1)
 
 
 def test_endpoint_rules_follow_vllm():
