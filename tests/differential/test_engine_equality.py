@@ -2,7 +2,8 @@
 
 Alone, batched, with prefix hits (full-block and mid-block boundaries), after
 preemption, with chunked prefill, odd block sizes and sliding windows. The tiny
-model always; the real SmolLM2 in the slow set.
+model always; the real SmolLM2 in the slow set for single requests and the block sizes (its
+other scenarios are tests/kvcore/test_model_runner.py's, tokens and logits).
 """
 
 import pytest
@@ -12,6 +13,14 @@ from support.models import P, check_equal, greedy_no_eos, req, run_engine
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
+# On SmolLM2, tests/kvcore/test_model_runner.py runs these scenarios with the paged runner watched
+# and holds every sampled position's logits to a full transformers forward as well as the tokens
+# to generate's: batched prefills with chunked ones joining decodes
+# (test_smollm2_batched_mixed_chunked), a hit mid-block then a preemption and its recompute
+# (test_smollm2_prefix_reuse_and_preemption), a sliding window on every layer and on every other
+# (test_smollm2_sliding_window_and_hybrid). Here they run on the tiny model only.
+TINY_ONLY = pytest.mark.parametrize("loaded", ["tiny"], indirect=True)
+
 
 def test_single_requests(loaded):
     for n_prompt in (5, 13, 21):
@@ -20,6 +29,7 @@ def test_single_requests(loaded):
         check_equal(loaded, eng, reqs)
 
 
+@TINY_ONLY
 def test_batched_requests_of_different_lengths(loaded):
     reqs = [
         req("A", P[:3], 9),
@@ -33,6 +43,7 @@ def test_batched_requests_of_different_lengths(loaded):
     assert len(first.scheduled) == 4  # all four prefills in one packed forward
 
 
+@TINY_ONLY
 def test_prefix_hits_full_block_and_mid_block(loaded):
     a = req("A", P[:21], 6)
     b = req("B", P[:16] + [3, 1, 4, 1, 5], 6, arrival_step=2)  # shares 4 full blocks
@@ -45,6 +56,7 @@ def test_prefix_hits_full_block_and_mid_block(loaded):
     check_equal(loaded, eng, [a, b, c])
 
 
+@TINY_ONLY
 def test_preemption_and_recompute(loaded):
     # ignore_eos so every request decodes long enough to run the pool dry
     reqs = [
@@ -61,6 +73,7 @@ def test_preemption_and_recompute(loaded):
         )
 
 
+@TINY_ONLY
 def test_chunked_prefill(loaded):
     reqs = [req("A", P[:21], 8), req("B", P[:7], 8)]
     eng, kinds = run_engine(loaded, reqs, block_size=4, num_gpu_blocks=30, max_num_batched_tokens=8)
@@ -78,6 +91,7 @@ def test_block_sizes(loaded, block_size):
     check_equal(loaded, eng, reqs)
 
 
+@TINY_ONLY
 def test_sliding_window_all_layers(loaded):
     reqs = [req("A", P[:21], 10), req("B", P[:21], 6, arrival_step=14)]
     eng, kinds = run_engine(loaded, reqs, block_size=4, num_gpu_blocks=24, sliding_window=8)
@@ -89,6 +103,7 @@ def test_sliding_window_all_layers(loaded):
     check_equal(loaded, eng, reqs, ref=reference_model(loaded, 8, None))
 
 
+@TINY_ONLY
 def test_sliding_window_hybrid_layers(loaded):
     n = loaded.config.num_hidden_layers
     types = ["full_attention" if i % 2 == 0 else "sliding_attention" for i in range(n)]
