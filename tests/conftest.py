@@ -55,7 +55,7 @@ COMPILED_ONCE = (
     "hypothesis",
     "kvcore.model",
     "paged_kv_lab.cli.main",
-    "paged_kv_lab.app.entry",
+    "paged_kv_lab.ui.entry",
 )
 
 
