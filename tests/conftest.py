@@ -1,11 +1,17 @@
 """Shared fixtures, and how the suite spreads over pytest-xdist workers.
 
-``make test`` runs ``pytest -n 2 --dist loadgroup`` (docs/tests.md). Under it:
+Fixtures here serve every layer (docs/tests.md#where-the-tests-live): the models (``tiny_model``,
+``smollm2``, ``loaded`` over both), ``one_torch_thread``, and the app's (``tiny_model_env``,
+``tiny``, ``pseudo_language``); tests/app/conftest.py and tests/browser/conftest.py add their
+layer's own. Helpers that are not fixtures live in tests/support/.
+
+``make test`` runs ``pytest -n 4 --dist loadgroup`` (docs/tests.md). Under it:
 - every test has a timeout (pytest-timeout): ``timeout`` in pyproject.toml for the real-model and
   browser tests, LIGHT_TIMEOUT for the rest, so that a hang fails in minutes, not at the end;
-- the tests of one browser module share a worker (its Streamlit server and chromium start once),
-  and every test on the shared SmolLM2 server shares one worker too (one server, one model load);
+- the tests of one browser module share a worker, and every test on the shared SmolLM2 server
+  shares one worker too (one server, one model load);
 - each worker runs torch on one thread (two workers on two cores: more threads only spin);
+- on a fresh environment the controller compiles what every worker imports once, first;
 - SmolLM2's one-time GGUF conversion runs once, under a file lock, not once per worker;
 - a test marked ``alone`` (it compares timings) runs while no other worker runs a test.
 """

@@ -153,7 +153,7 @@ def agreement_with_generate(
     prompt at a time, up to ``new_tokens`` tokens.  Both stop at the model's EOS (no logits
     processor touches ``generate``'s greedy choice, so its raw logits are the ones it chose
     from); a request is compared over the tokens both produced.  Whoever drives the paged
-    runner (the recording engine in tests/test_model_dtype.py, bare kvcore in
+    runner (the recording engine in tests/differential/test_model_dtype.py, bare kvcore in
     bench/bench_dtype.py) hands its outputs here."""
     model = loaded.model
     dev = next(model.parameters()).device
