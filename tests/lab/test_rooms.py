@@ -23,6 +23,7 @@ from paged_kv_lab.classroom.rooms import (
     room_limits,
 )
 from paged_kv_lab.run.budget import BudgetError
+from support.aio import run_async
 
 
 @pytest.fixture
@@ -95,7 +96,7 @@ def test_thirty_followers_within_300ms(server):
             await ws.close()
         return delays
 
-    delays = asyncio.run(main())
+    delays = run_async(main())
     q = statistics.quantiles(delays, n=10)
     p50, p90 = statistics.median(delays), q[8]
     print(
@@ -138,7 +139,7 @@ def test_wander_poll_tally_and_reveal(server):
         for ws in (teacher, a, b):
             await ws.close()
 
-    asyncio.run(main())
+    run_async(main())
 
 
 def test_only_the_teachers_secret_moves_the_room(server):
@@ -163,7 +164,7 @@ def test_only_the_teachers_secret_moves_the_room(server):
         assert server.call(server.hub.lookup, room.code) is None
         await s.close()
 
-    asyncio.run(main())
+    run_async(main())
 
 
 def test_bad_frames_get_a_message_and_break_nothing(server):
@@ -205,7 +206,7 @@ def test_bad_frames_get_a_message_and_break_nothing(server):
         names = server.call(lambda: [m.name for m in server.hub.rooms[room.code].students])
         return names
 
-    asyncio.run(main())
+    run_async(main())
     assert clean_name("<b>x</b>\x00\u202e  y\n") == "<b>x</b> y"
     assert clean_name("x" * 500) == "x" * 40 and clean_name(5) == ""
     assert clean_code(" ab-c2 3d ") == "ABC23D" and clean_code("ABC0O1") == ""
@@ -241,7 +242,7 @@ def test_limits_name_their_variables():
         for c in (*s, late):
             await c.close()
 
-    asyncio.run(main())
+    run_async(main())
     server.stop()
     env = {ROOM_ENV["max_rooms"]: "7", ROOM_ENV["grace_s"]: "30"}
     assert room_limits(env).max_rooms == 7 and room_limits(env).grace_s == 30
@@ -271,7 +272,7 @@ def test_a_room_closes_after_its_teacher_left_and_the_grace_period():
         assert (await _recv(s, "closed"))["text"]
         await s.close()
 
-    asyncio.run(main())
+    run_async(main())
     server.stop()
 
 

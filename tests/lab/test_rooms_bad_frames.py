@@ -15,6 +15,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from paged_kv_lab.classroom.rooms import BAD_FRAMES, BAD_FRAMES_CLOSE, RoomLimits, RoomServer
+from support.aio import run_async
 from support.paths import ROOT
 
 WAIT_S = 5.0  # one frame's answer
@@ -110,7 +111,7 @@ def test_wrong_fields_count_toward_the_limit_and_the_class_goes_on(server):
         for ws in (teacher, good):
             await ws.close()
 
-    asyncio.run(asyncio.wait_for(main(), TEST_S))
+    run_async(asyncio.wait_for(main(), TEST_S))
     assert server.call(lambda: server.hub.rooms[room.code].step) == 99
 
 
@@ -129,7 +130,7 @@ def test_parsed_and_unparsed_bad_frames_share_one_count(server):
             assert (await _recv(bad, "error"))["key"] == key
         assert await _closed_code(bad) == BAD_FRAMES_CLOSE
 
-    asyncio.run(asyncio.wait_for(main(), TEST_S))
+    run_async(asyncio.wait_for(main(), TEST_S))
 
 
 def test_a_teachers_bad_frames_count_too_and_the_room_stays(server):
@@ -158,7 +159,7 @@ def test_a_teachers_bad_frames_count_too_and_the_room_stays(server):
         for ws in (again, student):
             await ws.close()
 
-    asyncio.run(asyncio.wait_for(main(), TEST_S))
+    run_async(asyncio.wait_for(main(), TEST_S))
 
 
 def test_the_docs_say_the_limit_and_its_close_code():
