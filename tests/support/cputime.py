@@ -46,34 +46,29 @@ def _total(row: dict) -> float:
     return sum(v[0] + v[1] for k, v in row.items() if k != "id")
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item):
-    timer = _timed(item, "setup")
+def _phase(item, phase: str):
+    """The body of the three hook wrappers below: the phase timed around pytest's own."""
+    timer = _timed(item, phase)
     next(timer)
     try:
         return (yield)
     finally:
         next(timer, None)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    return (yield from _phase(item, "setup"))
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    timer = _timed(item, "call")
-    next(timer)
-    try:
-        return (yield)
-    finally:
-        next(timer, None)
+    return (yield from _phase(item, "call"))
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item, nextitem):
-    timer = _timed(item, "teardown")
-    next(timer)
-    try:
-        return (yield)
-    finally:
-        next(timer, None)
+    return (yield from _phase(item, "teardown"))
 
 
 def pytest_terminal_summary(terminalreporter):
