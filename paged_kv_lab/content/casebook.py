@@ -83,6 +83,8 @@ class Case:
     figure: str = "hit_rate"  # the number the before/after figure compares (NUMBERS)
     related: tuple[str, ...] = ()  # more threads asking the same ("owner/repo#n")
     sources: tuple[Source, ...] = ()  # where vLLM 0.33.0 decides what the answer says
+    where: str = "engine"  # where the question arises (WHERE): the casebook page groups by it
+    holds_for: tuple[str, ...] = ()  # the vLLM releases whose source the answer was checked in
 
     @property
     def url(self) -> str:
@@ -142,6 +144,8 @@ def numbers(snap: Snapshot) -> dict[str, float]:
 
 
 # -- the file format -------------------------------------------------------------------------
+# where a case's question arises; the casebook page groups the cases in this order
+WHERE = ("engine", "hybrid", "fleet", "disaggregation")
 Issue = Annotated[StrictStr, Field(pattern=r"^[\w.-]+/[\w.-]+#[0-9]+$")]
 
 
@@ -163,6 +167,10 @@ class CaseData(DataFile):
     panels: list[Panel] = Field(default_factory=list)
     fix: Optional[FixData] = None
     own_model: StrictBool = False  # plays on its scenario's model, not the sidebar's
+    where: Literal[WHERE]
+    holds_for: list[Annotated[StrictStr, Field(pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$")]] = Field(
+        min_length=1
+    )
 
 
 def load_case(path: Path, catalogue: Mapping[str, Any]) -> Case:
@@ -206,6 +214,8 @@ def load_case(path: Path, catalogue: Mapping[str, Any]) -> Case:
         figure=data.figure,
         related=tuple(data.related),
         sources=tuple(data.sources),
+        where=data.where,
+        holds_for=tuple(data.holds_for),
     )
     texts.check(path)
     if fix is not None:
