@@ -30,7 +30,7 @@ class HybridModelData(BaseModel):
 @dataclass(frozen=True)
 class HybridRow:
     """One model's pages: ``sizes`` per layer, and what one cached state costs, a state page in
-    every linear layer (align mode keeps one per block boundary)."""
+    every linear layer (which states align mode keeps: prefix_cache_retention_interval's)."""
 
     name: str
     source: Optional[str]
