@@ -1,5 +1,10 @@
-"""The casebook page: pick a case, read the question, step its scenario in the lesson player,
-switch the fix on and compare the hit rate before and after (lessons/casebook.py holds the cases).
+"""The casebook page: pick where the question arises (one engine, a hybrid model, a fleet,
+disaggregation: ``casebook.WHERE``), then a case of that group; read the question, step its
+scenario in the lesson player, switch the fix on and compare the hit rate before and after, and
+read the answer with the vLLM releases it was checked in (content/casebook.py holds the cases).
+
+The case is what the page remembers (``CASE_KEY``, also what a link names); the group follows it,
+and picking another group picks that group's first case.
 
 Each case's scenario, and its fixed twin, is a ``Lesson``; the page gives each its own
 ``LessonState`` and player key, so the switch flips between two shared recorded runs and every
@@ -13,7 +18,7 @@ from typing import Optional
 import pandas as pd
 import streamlit as st
 
-from paged_kv_lab.content.casebook import Case, cases_by_id, issue_url, numbers
+from paged_kv_lab.content.casebook import WHERE, Case, cases_by_id, issue_url, numbers
 from paged_kv_lab.content.catalog import Lesson
 from paged_kv_lab.text.i18n import tr
 from paged_kv_lab.ui.lesson_page import (
@@ -32,6 +37,7 @@ from paged_kv_lab.ui.state import (
 from paged_kv_lab.ui.why_panel import why_panel
 
 CASE_KEY = "casebook:case"
+WHERE_KEY = "casebook:where"
 FIX_KEY = "casebook:fix:{id}"
 RESULTS_POLL = 1.0  # seconds between the results' reruns while a run is still being computed
 
@@ -69,6 +75,47 @@ def show_case_text(case: Case, lang: str) -> None:
 def show_answer(case: Case, lang: str) -> None:
     with st.container(border=True):
         st.markdown(f"**{tr('casebook.answer', lang)}** {tr(case.answer, lang)}")
+        st.caption(holds_for_line(case, lang))
+
+
+def holds_for_line(case: Case, lang: str) -> str:
+    """Which vLLM releases the answer was checked in (the case's ``holds_for``)."""
+    return tr("casebook.holds_for", lang, versions=", ".join(case.holds_for))
+
+
+def groups(by_id: dict[str, Case]) -> dict[str, list[str]]:
+    """Where each question arises -> its cases' ids, in ``WHERE``'s order and by number; only
+    the groups that have a case."""
+    out = {w: [i for i, c in by_id.items() if c.where == w] for w in WHERE}
+    return {w: ids for w, ids in out.items() if ids}
+
+
+def _follow_where(by_grouped: dict[str, list[str]]) -> None:
+    """A new group picks its first case (the group radio's on_change)."""
+    st.session_state[CASE_KEY] = by_grouped[st.session_state[WHERE_KEY]][0]
+
+
+def pick_case(by_id: dict[str, Case], lang: str) -> str:
+    """The group radio, then the case radio of that group; the chosen case's id."""
+    grouped = groups(by_id)
+    if st.session_state.get(CASE_KEY) not in by_id:
+        st.session_state[CASE_KEY] = next(iter(by_id))  # the first case by number
+    st.session_state[WHERE_KEY] = by_id[st.session_state[CASE_KEY]].where
+    where = st.radio(
+        tr("casebook.where", lang),
+        list(grouped),
+        key=WHERE_KEY,
+        horizontal=True,
+        format_func=lambda w: tr(f"casebook.where.{w}", lang, n=len(grouped[w])),
+        on_change=_follow_where,
+        args=(grouped,),
+    )
+    return st.radio(
+        tr("casebook.pick", lang),
+        grouped[where],
+        key=CASE_KEY,
+        format_func=lambda i: f"{by_id[i].icon} {by_id[i].number}. {tr(by_id[i].title, lang)}",
+    )
 
 
 def case_stage(lesson: Lesson, state: LessonState, ms, lang: str) -> None:
@@ -171,16 +218,7 @@ def render_casebook() -> None:
     st.title(f"📒 {tr('casebook.title', lang)}")
     st.caption(tr("casebook.summary", lang))
     by_id = cases_by_id()
-    ids = list(by_id)
-    if st.session_state.get(CASE_KEY) not in ids:
-        st.session_state[CASE_KEY] = ids[0]
-    case_id = st.radio(
-        tr("casebook.pick", lang),
-        ids,
-        key=CASE_KEY,
-        format_func=lambda i: f"{by_id[i].icon} {tr(by_id[i].title, lang)}",
-    )
-    case = by_id[case_id]
+    case = by_id[pick_case(by_id, lang)]
     ms = played_model_state(case.lesson, ms, lang)  # a case on a hybrid model plays on its own
     show_case_text(case, lang)
     if ms.model is None:

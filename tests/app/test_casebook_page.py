@@ -1,9 +1,10 @@
 """AppTest: the casebook page renders every case (question, thread link, player, answer, figure)
-on the tiny model, and each case's switch changes the hit rate the page shows."""
+on the tiny model, and each case's switch changes the hit rate the page shows; the cases are
+grouped by where the question arises, and each answer names the vLLM releases it was checked in."""
 
 import pytest
 
-from paged_kv_lab.content.casebook import CASES
+from paged_kv_lab.content.casebook import CASES, WHERE
 from paged_kv_lab.text.i18n import tr
 from support.app import app, player_data
 
@@ -33,13 +34,45 @@ def shown(at) -> dict[str, str]:
     return {m.label: m.value for m in at.metric}
 
 
+def pick(at, case):
+    """Choose the case's group, then the case, as a visitor does."""
+    if at.radio(key="casebook:where").value != case.where:
+        at.radio(key="casebook:where").set_value(case.where).run()
+    at.radio(key="casebook:case").set_value(case.id).run()
+
+
+def test_the_cases_are_grouped_by_where_the_question_arises_with_their_versions():
+    at = app(PAGE)
+    assert not at.exception, [e.value for e in at.exception]
+    grouped = {w: [c for c in CASES if c.where == w] for w in WHERE}
+    grouped = {w: cs for w, cs in grouped.items() if cs}
+    where = at.radio(key="casebook:where")
+    assert list(where.options) == [
+        tr(f"casebook.where.{w}", "en", n=len(cs)) for w, cs in grouped.items()
+    ]
+    assert len(grouped) > 1, "more than one group to tell apart"
+    for w, cs in grouped.items():
+        at.radio(key="casebook:where").set_value(w).run()
+        assert not at.exception, [e.value for e in at.exception]
+        # a new group shows its own cases and picks its first one
+        assert list(at.radio(key="casebook:case").options) == [
+            f"{c.icon} {c.number}. {tr(c.title, 'en')}" for c in cs
+        ]
+        assert at.radio(key="casebook:case").value == cs[0].id
+        captions = [c.value for c in at.caption]
+        for case in cs:
+            pick(at, case)
+            assert at.radio(key="casebook:where").value == w
+            captions = [c.value for c in at.caption]
+            line = tr("casebook.holds_for", "en", versions=", ".join(case.holds_for))
+            assert line in captions, (case.id, captions)
+            assert all(v in line for v in case.holds_for)
+
+
 def test_every_case_renders_and_its_switch_changes_the_hit_rate():
     at = recorded(app(PAGE))
-    assert list(at.radio(key="casebook:case").options) == [
-        f"{c.icon} {tr(c.title, 'en')}" for c in CASES
-    ]
     for case in CASES:
-        at.radio(key="casebook:case").set_value(case.id).run()
+        pick(at, case)
         assert not at.exception, [e.value for e in at.exception]
         text = "\n".join(m.value for m in at.markdown)
         assert tr(case.asked, "en") in text and tr(case.answer, "en") in text
