@@ -304,3 +304,36 @@ if __name__ == "__main__":
         write_pack_counts()
     else:
         sys.exit("usage: tests/lab/test_words_checked.py --write-pack-counts")
+
+
+@pytest.mark.parametrize("retention", [0, 32, None], ids=["0", "32", "None"])
+def test_case_1_a_prefix_shorter_than_the_block_misses_at_every_retention(retention):
+    """Case 1's central sentence, model-free at its shape: 32-token blocks, A's 24-token prompt;
+    B continues A's chat, C shares only A's first 12 tokens. With no finer unit nobody hits, at
+    any retention (no block boundary lies inside the shared part); with prefix_match_unit 4, B
+    hits A's key at 20 and C still misses."""
+    a = list(range(1, 25))
+    reqs = [
+        spec("A", a, max_tokens=4),
+        spec("B", a + list(range(60, 70)), max_tokens=2, arrival_step=6),
+        spec("C", a[:12] + list(range(80, 92)), max_tokens=2, arrival_step=6),
+    ]
+
+    def hits(**kw):
+        eng = make_engine(
+            reqs,
+            block_size=32,
+            num_gpu_blocks=60,
+            layer_types=LAYERS,
+            prefix_cache_retention_interval=retention,
+            **kw,
+        )
+        return [
+            (e.request_id, e.num_tokens)
+            for r in eng.run()
+            for e in r.events
+            if e.kind == "cache_hit"
+        ]
+
+    assert hits() == []
+    assert hits(prefix_match_unit=4) == [("B", 20)]
