@@ -337,3 +337,23 @@ def test_case_1_a_prefix_shorter_than_the_block_misses_at_every_retention(retent
 
     assert hits() == []
     assert hits(prefix_match_unit=4) == [("B", 20)]
+
+
+def test_the_raised_block_size_sentence_names_the_step_it_took():
+    """block_size.raised (the CLI's and the lesson page's sentence) says the step vLLM took for a
+    stated size on tiny-hybrid: max(16, 40) = 40, one step, rounded up to 48."""
+    from paged_kv_lab.run.scenario import block_size_note, load_scenario
+
+    note = block_size_note(load_scenario({"model": "tiny-hybrid", "engine": {"block_size": 40}}))
+    assert note.key == "block_size.raised" and note.fields["vllm"] == 48
+    assert "max(16, 40)" in tr(note, "en") and "max(16, 40)" in tr(note, "zh")
+
+
+def test_the_topics_count_in_docs_is_the_registrys():
+    """docs/lessons.md's "## Topics" opens with how many topic pages there are, in words."""
+    from paged_kv_lab.content.registry import sections
+
+    n = len(next(s for s in sections() if s.id == "topics").pages)
+    words = "zero one two three four five six seven eight nine ten eleven twelve".split()
+    text = (ROOT / "docs" / "lessons.md").read_text(encoding="utf-8")
+    assert f"## Topics\n\n{words[n].capitalize()} questions the seed articles raise" in text
