@@ -357,3 +357,22 @@ def test_the_topics_count_in_docs_is_the_registrys():
     words = "zero one two three four five six seven eight nine ten eleven twelve".split()
     text = (ROOT / "docs" / "lessons.md").read_text(encoding="utf-8")
     assert f"## Topics\n\n{words[n].capitalize()} questions the seed articles raise" in text
+
+
+def test_an_items_key_is_its_identifier_not_its_content():
+    """topic.hashkeys.intro: a block touched by a multimodal item carries the item's
+    ``identifier`` (vLLM's content hash, or the request's ``multi_modal_uuids`` entry for it):
+    the same identifier over other content keys alike, another identifier over the same content
+    keys apart."""
+    from kvcore.core.kv_cache_utils import BlockHasher
+    from kvcore.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+    from kvcore.request import Request
+    from kvcore.utils.hashing import get_hash_fn_by_name
+
+    def hashes(identifier, data):
+        item = MultiModalFeatureSpec(identifier, PlaceholderRange(2, 4), data=data)
+        hasher = BlockHasher(get_hash_fn_by_name("sha256"), 4)
+        return Request("r", list(range(8)), 4, block_hasher=hasher, mm_features=[item]).block_hashes
+
+    assert hashes("uuid-1", b"cat pixels") == hashes("uuid-1", b"dog pixels")
+    assert hashes("uuid-1", b"cat pixels") != hashes("uuid-2", b"cat pixels")
