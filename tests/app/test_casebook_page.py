@@ -67,6 +67,14 @@ def test_the_cases_are_grouped_by_where_the_question_arises_with_their_versions(
             line = tr("casebook.holds_for", "en", versions=", ".join(case.holds_for))
             assert line in captions, (case.id, captions)
             assert all(v in line for v in case.holds_for)
+    # a link to a case's run opens that case in its group
+    last = CASES[-1]
+    at.session_state["_casebook_link_read"] = False
+    at.query_params["lesson"] = f"case-{last.id}"
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.radio(key="casebook:case").value == last.id
+    assert at.radio(key="casebook:where").value == last.where
 
 
 def test_every_case_renders_and_its_switch_changes_the_hit_rate():
