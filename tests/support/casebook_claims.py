@@ -130,6 +130,43 @@ def _claim_timestamp(before: Records, after: Records) -> list[str]:
     return out
 
 
+def _claim_preemptions_seen(before: Records, after: Records) -> list[str]:
+    """A preemption is counted (vllm:num_preemptions: one per preempted request) but no KV event
+    reports it: a BlockRemoved at a preemption's step is an eviction for an allocation, each with
+    its evicted event, and the victim's hashed blocks keep their hashes; its resumed hits are
+    counted apart. With two requests at a time, nothing is preempted."""
+    out = []
+    pre = _events(before, "preempted")
+    if not pre:
+        return ["nothing was preempted"]
+    if numbers(_last(before))["preemptions"] != len(pre):
+        out.append("the preemption count should equal the preempted events")
+    by_step = {rec.step: i for i, rec in enumerate(before)}
+    for rec, e in pre:
+        removed = [k for k in rec.kv_events if type(k).__name__ == "BlockRemoved"]
+        evicted = [ev for ev in rec.events if ev.kind == "evicted"]
+        if len(removed) != len(evicted):
+            out.append(f"step {rec.step}: a BlockRemoved that is not an eviction")
+        i = by_step[rec.step]
+        held = before[i - 1].snapshot.request(e.request_id).block_tables if i else ()
+        was = {b.block_id: b.block_hash for b in before[i - 1].snapshot.blocks} if i else {}
+        now = {b.block_id: b.block_hash for b in rec.snapshot.blocks}
+        hashed = [b for t in held for b in t if was.get(b)]
+        evicted_ids = {b for ev in evicted for b in ev.block_ids}
+        if not hashed or any(now[b] != was[b] for b in hashed if b not in evicted_ids):
+            out.append(f"step {rec.step}: the victim's hashed blocks should keep their hashes")
+    n = numbers(_last(before))
+    if n["hits"] != 0 or n["preempted_hits"] <= 0:
+        out.append("the resumed request's own hits should be counted apart, the hit rate 0")
+    if not _events(before, "resumed", pre[0][1].request_id):
+        out.append("the preempted request should resume")
+    if _events(after, "preempted") or numbers(_last(after))["preemptions"]:
+        out.append("with max_num_seqs 2: no preemption")
+    if not any(e.reason == "max_num_seqs" for _, e in _events(after, "blocked")):
+        out.append("with max_num_seqs 2: a request should wait for a running one to finish")
+    return out
+
+
 CLAIMS: dict[str, Callable[[Records, Records], list[str]]] = {
     "short-prefix": _claim_short_prefix,
     "sliding-churn": _claim_sliding_churn,
@@ -137,4 +174,5 @@ CLAIMS: dict[str, Callable[[Records, Records], list[str]]] = {
     "cache-salt": _claim_salt,
     "usage-zero": _claim_usage_zero,
     "timestamp-first": _claim_timestamp,
+    "preemptions-seen": _claim_preemptions_seen,
 }
