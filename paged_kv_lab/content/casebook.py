@@ -120,12 +120,17 @@ NUMBERS = (
     "hit_rate_with_preempted",
     "usage",
     "cached_blocks",
+    "preemptions",
 )
+# the NUMBERS that are fractions (shown in %); the others are counts
+RATES = ("hit_rate", "hit_rate_with_preempted", "usage")
 
 
 def numbers(snap: Snapshot) -> dict[str, float]:
-    """Hit counters as vLLM 0.33.0 keeps them (PrefixCacheStats since the last reset), and the
-    rate as it was counted before vLLM #25787 (resumed requests' hits included)."""
+    """Hit counters as vLLM 0.33.0 keeps them (PrefixCacheStats since the last reset), the
+    rate as it was counted before vLLM #25787 (resumed requests' hits included), and the
+    preemptions of the run (what vLLM's counter ``vllm:num_preemptions`` adds up: one per
+    request preempted, finished requests included)."""
     pc = snap.prefix_cache
     hits, queries = int(pc.get("hits", 0)), int(pc.get("queries", 0))
     p_hits, p_queries = int(pc.get("preempted_hits", 0)), int(pc.get("preempted_queries", 0))
@@ -140,6 +145,7 @@ def numbers(snap: Snapshot) -> dict[str, float]:
         ),
         "usage": snap.usage,
         "cached_blocks": sum(1 for b in snap.blocks if b.block_hash is not None),
+        "preemptions": sum(r.num_preemptions for r in snap.requests),
     }
 
 

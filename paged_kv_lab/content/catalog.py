@@ -755,6 +755,9 @@ PREDICATES: dict[str, Callable[[Event, StepRecord], bool]] = {
     "after_load": _after_load,
     "partial_hit": _reason("partial_hit"),
     "keep_cached": _reason("keep_cached"),
+    # which replica of a P/D pair made the decision (StepRecord.replica)
+    "on_prefill": lambda e, rec: rec.replica == "prefill",
+    "on_decode": lambda e, rec: rec.replica == "decode",
 }
 
 

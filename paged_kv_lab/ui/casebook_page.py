@@ -18,7 +18,7 @@ from typing import Optional
 import pandas as pd
 import streamlit as st
 
-from paged_kv_lab.content.casebook import WHERE, Case, cases_by_id, issue_url, numbers
+from paged_kv_lab.content.casebook import RATES, WHERE, Case, cases_by_id, issue_url, numbers
 from paged_kv_lab.content.catalog import Lesson
 from paged_kv_lab.text.i18n import tr
 from paged_kv_lab.ui.lesson_page import (
@@ -154,16 +154,34 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def show_figure(case: Case, before: dict, after: Optional[dict], lang: str) -> None:
-    """Before / after: the case's number (and vLLM's own hit rate) at the end of each run, in %.
-    A Vega-Lite bar chart, not plotly: plotly's 4.7 MB script would hold the whole page back on
-    a first visit (measured: tests/browser/test_browser_pages_open.py)."""
+def _shown(key: str, x: float) -> str:
+    """A number as the page shows it: a rate in %, a count as it is."""
+    return _pct(x) if key in RATES else f"{x:g}"
+
+
+def _figure_keys(case: Case) -> list[str]:
+    """The numbers the case shows: its own and vLLM's hit rate, or its own alone when it is a
+    count (one axis holds one unit)."""
     keys = list(dict.fromkeys((case.figure, "hit_rate")))
+    return keys if case.figure in RATES else [case.figure]
+
+
+def show_figure(case: Case, before: dict, after: Optional[dict], lang: str) -> None:
+    """Before / after: the case's number (and vLLM's own hit rate) at the end of each run, in %
+    (a count as it is). A Vega-Lite bar chart, not plotly: plotly's 4.7 MB script would hold the
+    whole page back on a first visit (measured: tests/browser/test_browser_pages_open.py)."""
+    keys = _figure_keys(case)
+    rate = case.figure in RATES
+    y = "%" if rate else tr("casebook.count", lang)
     runs = [(tr("casebook.before", lang), before)] + (
         [(tr("casebook.after", lang), after)] if after else []
     )
     rows = [
-        {"run": label, "metric": tr(f"casebook.metric.{key}", lang), "%": round(100 * n[key], 1)}
+        {
+            "run": label,
+            "metric": tr(f"casebook.metric.{key}", lang),
+            y: round(100 * n[key], 1) if rate else n[key],
+        }
         for label, n in runs
         for key in keys
     ]
@@ -171,7 +189,7 @@ def show_figure(case: Case, before: dict, after: Optional[dict], lang: str) -> N
     st.bar_chart(
         pd.DataFrame(rows),
         x="run",
-        y="%",
+        y=y,
         color="metric",
         stack=False,
         sort=False,
@@ -184,7 +202,7 @@ def show_numbers(case: Case, shown: dict, lang: str) -> None:
     """The shown run's number as a metric (the switch changes it), with its counts."""
     cols = st.columns(2)
     for col, key in zip(cols, dict.fromkeys((case.figure, "hit_rate"))):
-        col.metric(tr(f"casebook.metric.{key}", lang), _pct(shown[key]))
+        col.metric(tr(f"casebook.metric.{key}", lang), _shown(key, shown[key]))
     counts = tr("casebook.metric.hits", lang, hits=shown["hits"], queries=shown["queries"])
     if shown["preempted_queries"]:
         counts += " · " + tr(

@@ -130,6 +130,80 @@ def _claim_timestamp(before: Records, after: Records) -> list[str]:
     return out
 
 
+def _claim_preemptions_seen(before: Records, after: Records) -> list[str]:
+    """A preemption is counted (vllm:num_preemptions: one per preempted request) but no KV event
+    reports it: a BlockRemoved at a preemption's step is an eviction for an allocation, each with
+    its evicted event, and the victim's hashed blocks keep their hashes; its resumed hits are
+    counted apart. With two requests at a time, nothing is preempted."""
+    out = []
+    pre = _events(before, "preempted")
+    if not pre:
+        return ["nothing was preempted"]
+    if numbers(_last(before))["preemptions"] != len(pre):
+        out.append("the preemption count should equal the preempted events")
+    by_step = {rec.step: i for i, rec in enumerate(before)}
+    for rec, e in pre:
+        removed = [k for k in rec.kv_events if type(k).__name__ == "BlockRemoved"]
+        evicted = [ev for ev in rec.events if ev.kind == "evicted"]
+        if len(removed) != len(evicted):
+            out.append(f"step {rec.step}: a BlockRemoved that is not an eviction")
+        i = by_step[rec.step]
+        held = before[i - 1].snapshot.request(e.request_id).block_tables if i else ()
+        was = {b.block_id: b.block_hash for b in before[i - 1].snapshot.blocks} if i else {}
+        now = {b.block_id: b.block_hash for b in rec.snapshot.blocks}
+        hashed = [b for t in held for b in t if was.get(b)]
+        evicted_ids = {b for ev in evicted for b in ev.block_ids}
+        if not hashed or any(now[b] != was[b] for b in hashed if b not in evicted_ids):
+            out.append(f"step {rec.step}: the victim's hashed blocks should keep their hashes")
+    n = numbers(_last(before))
+    if n["hits"] != 0 or n["preempted_hits"] <= 0:
+        out.append("the resumed request's own hits should be counted apart, the hit rate 0")
+    if not _events(before, "resumed", pre[0][1].request_id):
+        out.append("the preempted request should resume")
+    if _events(after, "preempted") or numbers(_last(after))["preemptions"]:
+        out.append("with max_num_seqs 2: no preemption")
+    if not any(e.reason == "max_num_seqs" for _, e in _events(after, "blocked")):
+        out.append("with max_num_seqs 2: a request should wait for a running one to finish")
+    return out
+
+
+def _on(records: Records, replica: str, kind: str, request: str):
+    return [e for rec, e in _events(records, kind, request) if rec.replica == replica]
+
+
+def _claim_pd_cached_tokens(before: Records, after: Records) -> list[str]:
+    """Each replica looks up its own prefix cache: A misses on both, B hits on both and the
+    decode replica pulls only the blocks past its own hit. The decode replica starts every
+    pulled request with its whole prompt computed but the last token (its own cached_tokens
+    count: the whole prompt), whatever the hits. With prefix caching off: no hit anywhere, and
+    the decode replica starts B the same way."""
+    out = []
+    snap = _last(before)
+    prompt = {r.request_id: r.num_prompt_tokens for r in snap.requests}
+    a_pre = _on(before, "prefill", "admitted", "A")
+    if not a_pre or a_pre[0].num_cached_tokens != 0 or _hit_tokens(before, "A"):
+        out.append("A's prompt is new: no hit on either replica")
+    b_hit = _on(before, "prefill", "cache_hit", "B")
+    if not b_hit or b_hit[0].num_tokens <= 0:
+        out.append("B should hit A's opening in the prefill replica's own cache")
+    if not _on(before, "decode", "cache_hit", "B"):
+        out.append("B should hit the blocks the decode replica pulled for A and cached")
+    pulled = {
+        rid: len(blocks[1]) for rec in before for rid, blocks in rec.pulls.items() if blocks[1]
+    }
+    if not 0 < pulled.get("B", 0) < pulled.get("A", 0):
+        out.append("the decode replica should pull fewer blocks for B than for A")
+    for records, rid in ((before, "A"), (before, "B"), (after, "B")):
+        dec = _on(records, "decode", "admitted", rid)
+        if not dec or dec[0].num_cached_tokens != prompt[rid] - 1:
+            out.append(f"{rid} should start on the decode replica with its prompt computed")
+    if numbers(snap)["hit_rate"] <= 0:
+        out.append("the decode replica's own hit rate should count B's local hit")
+    if _events(after, "cache_hit") or numbers(_last(after))["hit_rate"]:
+        out.append("with prefix caching off: no hit anywhere")
+    return out
+
+
 CLAIMS: dict[str, Callable[[Records, Records], list[str]]] = {
     "short-prefix": _claim_short_prefix,
     "sliding-churn": _claim_sliding_churn,
@@ -137,4 +211,6 @@ CLAIMS: dict[str, Callable[[Records, Records], list[str]]] = {
     "cache-salt": _claim_salt,
     "usage-zero": _claim_usage_zero,
     "timestamp-first": _claim_timestamp,
+    "preemptions-seen": _claim_preemptions_seen,
+    "pd-cached-tokens": _claim_pd_cached_tokens,
 }

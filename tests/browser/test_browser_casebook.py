@@ -1,0 +1,62 @@
+"""The casebook in a real browser (Debian's chromium, Playwright) on the tiny model: a link opens
+a case, its "try the fix" switch swaps the player's run for the fixed one, and the number under the
+player changes to the fixed run's, as the engine computes it for the same two scenarios here. For
+the cases whose figure is a count or whose run is a P/D pair (8, 10), where the page's path
+differs from the hit-rate cases the AppTest covers."""
+
+import pytest
+
+from paged_kv_lab.content.casebook import RATES, cases_by_id, numbers
+from paged_kv_lab.text.i18n import tr
+from support.browser import open_player, wait_idle
+
+pytestmark = pytest.mark.browser
+
+CASES = ("preemptions-seen", "pd-cached-tokens")
+
+
+def shown(key: str, x: float) -> str:
+    return f"{100 * x:.1f}%" if key in RATES else f"{x:g}"
+
+
+def expected(case, tiny_model) -> tuple[str, str]:
+    """The figure's number at the end of the run and of the fixed run, as the page writes it."""
+    from paged_kv_lab.store.timeline import lesson_run
+
+    out = []
+    for lesson in (case.lesson, case.fixed_lesson()):
+        run = lesson_run(lesson, tiny_model)
+        run.run_to_end(timeout=300)
+        out.append(shown(case.figure, numbers(run.records[-1].snapshot)[case.figure]))
+    return out[0], out[1]
+
+
+def metric(page, label: str, timeout_s: float = 120.0) -> str:
+    """The value of the page's metric called ``label``, once it is drawn."""
+    box = page.locator("[data-testid=stMetric]", has_text=label).first
+    box.wait_for(timeout=timeout_s * 1000)
+    return box.locator("[data-testid=stMetricValue]").inner_text().strip()
+
+
+@pytest.mark.parametrize("case_id", CASES)
+def test_the_switch_shows_the_fixed_run_and_its_number(server, browser, tiny_model, case_id):
+    case = cases_by_id()[case_id]
+    before, after = expected(case, tiny_model)
+    assert before != after, (case_id, before, after)
+    label = tr(f"casebook.metric.{case.figure}", "en")
+    page = browser.new_page(viewport={"width": 1400, "height": 2400})
+    open_player(page, f"{server}/casebook?lesson={case.lesson.id}")
+    wait_idle(page)
+    assert metric(page, label) == before
+    page.get_by_text(tr(case.fix.label, "en"), exact=True).click()
+    page.wait_for_function(
+        "(want) => [...document.querySelectorAll('[data-testid=stMetric]')]"
+        ".some(m => m.innerText.includes(want[0]) && m.innerText.includes(want[1]))",
+        arg=[label, after],
+        timeout=180_000,
+    )
+    assert metric(page, label) == after
+    # the player now plays the fixed run, and the link it writes says so
+    page.wait_for_selector(".pkv[data-total]", timeout=180_000)
+    assert f"lesson={case.lesson.id}-fixed" in page.url
+    page.close()
