@@ -376,3 +376,8 @@ def test_an_items_key_is_its_identifier_not_its_content():
 
     assert hashes("uuid-1", b"cat pixels") == hashes("uuid-1", b"dog pixels")
     assert hashes("uuid-1", b"cat pixels") != hashes("uuid-2", b"cat pixels")
+
+
+if __name__ == "__main__":  # .venv/bin/python tests/lab/test_words_checked.py --write-pack-counts
+    if "--write-pack-counts" in sys.argv[1:]:
+        write_pack_counts()
