@@ -52,7 +52,9 @@ def xdist_workers() -> int:
 # environment: the set-up's installer writes no .pyc), the controller imports them before it
 # starts the workers, so Python compiles them once and writes the bytecode instead of every
 # worker compiling them at once. With an empty bytecode cache, 4 workers collecting the suite:
-# 116.6 -> 95.7 CPU s, 97 -> 84 s wall (docs/tests.md#how-long-it-takes).
+# 116.6 -> 95.7 CPU s, 97 -> 84 s wall (docs/tests.md#how-long-it-takes). The checkout's own
+# modules and the test modules (asserts rewritten) are compiled by the controller on every run
+# (tests/support/compile_once.py): on a fresh clone they have no bytecode, whatever the venv has.
 COMPILED_ONCE = (
     "torch",
     "transformers.models.llama.modeling_llama",
@@ -73,6 +75,10 @@ def compile_once_for_the_workers(config) -> None:
         or config.getoption("collectonly")
     ):
         return
+    from support.compile_once import compile_packages, modules_to_rewrite, rewrite_test_modules
+
+    compile_packages()  # the checkout's own modules
+    rewrite_test_modules(config, modules_to_rewrite())  # the test modules, asserts rewritten
     torch = importlib.util.find_spec("torch")
     if torch is None or os.path.exists(importlib.util.cache_from_source(torch.origin)):
         return  # compiled already (or nothing to compile): the workers read the bytecode
