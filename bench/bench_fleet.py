@@ -13,8 +13,10 @@
   /tmp/dynamo-venv: ``python -m venv /tmp/dynamo-venv && /tmp/dynamo-venv/bin/pip install
   ai-dynamo-runtime==1.6.1``), round robin and its KV router with ``KvRouterConfig()``'s
   defaults, beside our fleet under timestamps arrival with round robin, ``dynamo`` and
-  ``prefix``. Reported: prefix reuse (tokens reused / prompt tokens) on both sides, and how many
-  requests each worker got. Skipped, with the reason, when the environment is absent.
+  ``prefix``. Reported: each run's wall time, prefix reuse (tokens reused / prompt tokens) on both
+  sides, how many requests each worker got, and our wall time over Dynamo's (round robin against
+  its round robin, ``dynamo`` against the median of its KV router's runs). Skipped, with the
+  reason, when the environment is absent.
 """
 
 from __future__ import annotations
@@ -92,6 +94,30 @@ def run_dynamo(job: dict, venv: str) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"Dynamo worker failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# our router -> Dynamo's mode it is set beside (``dynamo``: its KV router's cost function)
+SIDE_BY_SIDE = {"round_robin": "round_robin", "dynamo": "kv_router"}
+
+
+def ratios(ours: dict, dynamo: dict) -> dict:
+    """Our wall time over Dynamo's, per router that has a counterpart there (the KV router: the
+    median of its runs, which are unseeded there)."""
+    out = {}
+    for policy, mode in SIDE_BY_SIDE.items():
+        if policy not in ours:
+            continue
+        runs = sorted(v["wall_s"] for k, v in dynamo.items() if k.split("#")[0] == mode)
+        if not runs:
+            continue
+        theirs = runs[len(runs) // 2]
+        out[policy] = {
+            "against": mode,
+            "ours_s": ours[policy]["wall_s"],
+            "dynamo_s": theirs,
+            "ratio": ours[policy]["wall_s"] / theirs,
+        }
+    return out
 
 
 def vllm_equality(trace_path: str, trace, settings, routers, replicas) -> dict:
@@ -199,7 +225,7 @@ def main(argv=None) -> int:
             }
             timing = f"step {args.step_ms} ms + {args.token_ms} ms/token"
             print(
-                f"ours (timestamps, {timing}), {policy}: prefix reuse "
+                f"ours (timestamps, {timing}), {policy}: {f.wall_s:.2f} s, prefix reuse "
                 f"{ours[policy]['reused_ratio']:.2%}, requests per replica "
                 f"{ours[policy]['requests_per_worker']}"
             )
@@ -221,9 +247,15 @@ def main(argv=None) -> int:
             for mode in [k for k in d if k != "version"]:
                 m = d[mode]
                 print(
-                    f"Dynamo {d['version']} mocker, {mode}: prefix reuse {m['reused_ratio']:.2%}, "
-                    f"mean TTFT {m['mean_ttft_ms']:.0f} ms, requests per worker "
-                    f"{m['requests_per_worker']}"
+                    f"Dynamo {d['version']} mocker, {mode}: {m['wall_s']:.2f} s, prefix reuse "
+                    f"{m['reused_ratio']:.2%}, mean TTFT {m['mean_ttft_ms']:.0f} ms, requests per "
+                    f"worker {m['requests_per_worker']}"
+                )
+            report["ratio"] = ratios(ours, d)
+            for policy, r in report["ratio"].items():
+                print(
+                    f"ours / Dynamo's wall time, {policy} against its {r['against']}: "
+                    f"{r['ratio']:.2f}x ({r['ours_s']:.2f} s / {r['dynamo_s']:.2f} s)"
                 )
     os.unlink(tmp.name)
     if args.json:
