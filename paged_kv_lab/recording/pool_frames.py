@@ -106,7 +106,10 @@ class FrameRecorder:
         self.requests: dict[str, RequestState] = {}
         self.parents: dict[str, str] = {}  # hash hex -> parent hash hex
         self.frames: list[PoolFrame] = []
-        self._owners: dict[int, tuple[str, ...]] = {}
+        self._owners: dict[int, list[str]] = {}
+        # (request id, group) -> how many leading positions of its block table were read with
+        # their blocks cached, and that table (``_owners_now``)
+        self._parented: dict[tuple[str, int], tuple[int, tuple[int, ...]]] = {}
         self._num_cached_free = 0
 
     # -- reading the live engine --------------------------------------------------------------
@@ -116,27 +119,60 @@ class FrameRecorder:
 
     def _owners_now(
         self, reqs: dict, tables: dict[str, tuple[tuple[int, ...], ...]]
-    ) -> tuple[dict[int, tuple[str, ...]], dict[int, int]]:
+    ) -> tuple[dict[int, list[str]], dict[int, int]]:
+        """Per block held by a shown request: its owners (in the requests' order) and the most
+        tokens any of them holds in it (a position below the request's computed tokens' last
+        block is full, that block holds the rest, any later one none)."""
         owners: dict[int, list[str]] = {}
         held: dict[int, int] = {}
         bs = self.block_size
         blocks = self.pool.blocks
         null = self.pool.null_block.block_id
+        parents = self.parents
+        get_owners = owners.get
         for rid, req in reqs.items():
             hashes = req.block_hashes
-            for table in tables[rid]:
-                for i, bid in enumerate(table):
-                    if bid == null:
+            num_hashes = len(hashes)
+            full, part = divmod(req.num_computed_tokens, bs)
+            for g, table in enumerate(tables[rid]):
+                for bid in table:
+                    o = get_owners(bid)
+                    if o is None:
+                        owners[bid] = [rid]
+                    else:
+                        o.append(rid)
+                if null in table:
+                    owners.pop(null, None)
+                    for i, bid in enumerate(table):
+                        n = bs if i < full else (part if i == full else 0)
+                        if bid != null and n > held.get(bid, -1):
+                            held[bid] = n
+                else:
+                    held.update(dict.fromkeys(table[:full], bs))
+                    if full < len(table):
+                        bid = table[full]
+                        if part > held.get(bid, -1):
+                            held[bid] = part
+                        for bid in table[full + 1 :]:
+                            held.setdefault(bid, 0)
+                # The first ``done`` positions of the table as last read held cached blocks:
+                # their hashes are in ``parents`` already, which only grows (a request's hashes
+                # are fixed once made), so where the table still starts with those blocks,
+                # reading them again adds nothing.
+                done, before = self._parented.get((rid, g), (0, ()))
+                if done and table[:done] != before[:done]:
+                    done = 0
+                for i in range(done, min(len(table), num_hashes)):
+                    bid = table[i]
+                    if bid == null or blocks[bid].block_hash is None:
                         continue
-                    owners.setdefault(bid, []).append(rid)
-                    n = max(0, min(bs, req.num_computed_tokens - i * bs))
-                    if n > held.get(bid, -1):
-                        held[bid] = n
-                    if blocks[bid].block_hash is not None and i < len(hashes):
-                        h = hashes[i].hex()[:HASH_HEX]
-                        if i > 0 and h not in self.parents:
-                            self.parents[h] = hashes[i - 1].hex()[:HASH_HEX]
-        return {b: tuple(o) for b, o in owners.items()}, held
+                    if i == done:
+                        done += 1
+                    h = hashes[i].hex()[:HASH_HEX]
+                    if i > 0 and h not in parents:
+                        parents[h] = hashes[i - 1].hex()[:HASH_HEX]
+                self._parented[(rid, g)] = (done, table)
+        return owners, held
 
     def _block(self, bid: int, owners, held) -> BlockState:
         blk = self.pool.blocks[bid]
@@ -150,7 +186,7 @@ class FrameRecorder:
             h,
             self.parents.get(h) if h is not None else None,
             n,
-            owners.get(bid, ()),
+            tuple(owners.get(bid, ())),
         )
 
     def _request(self, req, tables: tuple[tuple[int, ...], ...]) -> RequestState:
