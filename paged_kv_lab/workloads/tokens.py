@@ -26,6 +26,7 @@ from paged_kv_lab.text.i18n import Text
 from paged_kv_lab.workloads.trace_formats import TraceRequest
 
 PLACEHOLDER_TOKEN = 0
+MEMO_BLOCKS = 1 << 18  # SharedBlockHasher's memo starts again past this many blocks
 
 
 def block_token(hash_id: int, position: int) -> int:
@@ -52,8 +53,9 @@ class SharedBlockHasher(BlockHasher):
     of its parent's hash and its tokens only, so one computed for (parent, value) is the hash of
     every later block with that parent and value. Each block is checked to hold one value before
     the memo is read (never assumed); any other block, and any request with a salt or extra hash
-    keys, is hashed by kvcore's own loop. The hashes are kvcore's, block for block
-    (tests/lab/test_replay.py)."""
+    keys, is hashed by kvcore's own loop. The memo holds at most ``MEMO_BLOCKS`` blocks (it
+    starts again when full). The hashes are kvcore's, block for block (tests/lab/
+    test_replay.py)."""
 
     def __init__(self, base: BlockHasher) -> None:
         super().__init__(base.hash_fn, base.block_size, base.none_hash_seed)
@@ -88,6 +90,8 @@ class SharedBlockHasher(BlockHasher):
                 key = (parent, value)
                 h = memo.get(key)
                 if h is None:
+                    if len(memo) >= MEMO_BLOCKS:
+                        memo.clear()
                     h = memo[key] = hash_fn((parent, tuple(block), None))
             else:
                 h = hash_fn((parent, tuple(block), None))
