@@ -16,6 +16,7 @@ at that step, and for every shown request its status, counters and block table.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Optional
 
 from kvcore.core.kv_cache_inspect import block_tables, free_queue_ends
@@ -106,7 +107,7 @@ class FrameRecorder:
         self.requests: dict[str, RequestState] = {}
         self.parents: dict[str, str] = {}  # hash hex -> parent hash hex
         self.frames: list[PoolFrame] = []
-        self._owners: dict[int, list[str]] = {}
+        self._owners: dict[int, tuple[str, ...]] = {}
         # (request id, group) -> how many leading positions of its block table were read with
         # their blocks cached, and that table (``_owners_now``)
         self._parented: dict[tuple[str, int], tuple[int, tuple[int, ...]]] = {}
@@ -119,30 +120,34 @@ class FrameRecorder:
 
     def _owners_now(
         self, reqs: dict, tables: dict[str, tuple[tuple[int, ...], ...]]
-    ) -> tuple[dict[int, list[str]], dict[int, int]]:
+    ) -> tuple[dict[int, tuple[str, ...]], dict[int, int]]:
         """Per block held by a shown request: its owners (in the requests' order) and the most
         tokens any of them holds in it (a position below the request's computed tokens' last
         block is full, that block holds the rest, any later one none)."""
-        owners: dict[int, list[str]] = {}
+        owners: dict[int, tuple[str, ...]] = {}
         held: dict[int, int] = {}
         bs = self.block_size
         blocks = self.pool.blocks
         null = self.pool.null_block.block_id
         parents = self.parents
-        get_owners = owners.get
         for rid, req in reqs.items():
             hashes = req.block_hashes
             num_hashes = len(hashes)
             full, part = divmod(req.num_computed_tokens, bs)
+            one = (rid,)
             for g, table in enumerate(tables[rid]):
-                for bid in table:
-                    o = get_owners(bid)
-                    if o is None:
-                        owners[bid] = [rid]
-                    else:
-                        o.append(rid)
+                known = len(owners)
+                if null not in table and owners.keys().isdisjoint(table):
+                    # blocks no request before holds (most): all at once
+                    owners.update(zip(table, repeat(one)))
+                    if len(owners) - known != len(table):  # a block twice in the table
+                        for bid in set(table):
+                            owners[bid] = one * table.count(bid)
+                else:
+                    for bid in table:
+                        if bid != null:
+                            owners[bid] = owners.get(bid, ()) + one
                 if null in table:
-                    owners.pop(null, None)
                     for i, bid in enumerate(table):
                         n = bs if i < full else (part if i == full else 0)
                         if bid != null and n > held.get(bid, -1):
@@ -186,7 +191,7 @@ class FrameRecorder:
             h,
             self.parents.get(h) if h is not None else None,
             n,
-            tuple(owners.get(bid, ())),
+            owners.get(bid, ()),
         )
 
     def _request(self, req, tables: tuple[tuple[int, ...], ...]) -> RequestState:
@@ -231,11 +236,7 @@ class FrameRecorder:
                 ids |= {0}
         else:
             ids = E.changed_block_ids(events)
-            ids |= {
-                b
-                for b in owners.keys() | self._owners.keys()
-                if owners.get(b) != self._owners.get(b)
-            }
+            ids |= {b for b, _ in owners.items() ^ self._owners.items()}
         changed = []
         for bid in sorted(ids):
             b = self._block(bid, owners, held)
