@@ -912,15 +912,18 @@ class Checkpoints:
     A checkpoint is taken after a step once the replay has run ``every_s`` seconds of wall time
     since the last one, and at least four times as long as taking that one took, so the run
     spends at most a fifth of its time on them and a resume replays at most about ``every_s``
-    worth of steps (fewer: a resumed replay fast-forwards, a recorded run does not). What a
+    worth of steps (fewer: a resumed replay fast-forwards, a recorded run does not). They hold at
+    most ``max_bytes`` (compressed): past it every other one goes and ``every_s`` doubles. What a
     resumed replay does next is what the replay it was taken from did (tests/lab/
     test_workloads_frames.py); only the observer and the step hooks are not in it, and its
     block hasher starts with an empty memo (tokens.SharedBlockHasher).
 
     Invariant: ``steps`` grows, each checkpoint's ``step_count`` is its entry there."""
 
-    def __init__(self, every_s: float = 0.25) -> None:
+    def __init__(self, every_s: float = 0.25, max_bytes: int = 64 << 20) -> None:
         self.every_s = every_s
+        self.max_bytes = max_bytes
+        self._nbytes = 0
         self.steps: list[int] = []
         self._data: list[bytes] = []
         self._last: Optional[float] = None  # when the last checkpoint (or first call) was
@@ -934,7 +937,7 @@ class Checkpoints:
 
     @property
     def nbytes(self) -> int:
-        return sum(len(d) for d in self._data)
+        return self._nbytes
 
     def due(self, replay: "Replay") -> None:
         """The replay made a step (a step hook calls this): a checkpoint if one is due."""
@@ -965,6 +968,15 @@ class Checkpoints:
         with self._lock:
             self.steps.append(replay.step_count)
             self._data.append(data)
+            self._nbytes += len(data)
+            while self._nbytes > self.max_bytes and len(self.steps) > 1:
+                # every other one goes (the last stays), and they are taken half as often
+                keep = [i for i in range(len(self.steps)) if i % 2 or i == len(self.steps) - 1]
+                self.steps = [self.steps[i] for i in keep]
+                self._data = [self._data[i] for i in keep]
+                self._nbytes = sum(len(d) for d in self._data)
+                self.every_s *= 2
+                self._wait *= 2
 
     def resume(self, trace: Trace, settings: ReplaySettings, until_step: int) -> Optional["Replay"]:
         """A fresh replay of ``trace`` with ``settings`` at the last checkpoint at or before

@@ -164,3 +164,29 @@ def test_a_checkpoint_of_a_large_pool_pickles_its_linked_free_queue():
     back.advance()
     r.advance()
     assert back.result().per_request == r.result().per_request
+
+
+def test_checkpoints_stay_within_their_bytes(trace):
+    """Past ``max_bytes`` every other checkpoint goes (the last stays) and the spacing doubles;
+    what is left still resumes to the replay's own end."""
+    from dataclasses import replace
+
+    from paged_kv_lab.workloads.replay import Checkpoints, replay
+
+    settings = Settings(block_size=16, num_gpu_blocks=4000).replay_settings(trace)
+    r = Replay(trace, settings)
+    r.advance(until_step=50)
+    one = Checkpoints(every_s=0.0)
+    one.take(r)
+    cp = Checkpoints(every_s=1.0, max_bytes=3 * one.nbytes)
+    taken = []
+    while not r.done and len(taken) < 8:
+        cp.take(r)
+        taken.append(r.step_count)
+        r.advance(until_step=r.step_count + 60)
+    assert cp.nbytes <= cp.max_bytes and cp.every_s > 1.0
+    assert cp.steps[-1] == taken[-1] and set(cp.steps) < set(taken)
+    whole = replace(replay(trace, settings), wall_s=0.0)
+    back = cp.resume(trace, settings, cp.steps[0])
+    back.advance()
+    assert replace(back.result(), wall_s=0.0) == whole
