@@ -78,9 +78,10 @@ def seconds_to_open(page, step: int) -> float:
 
 
 # Not reached yet (issue 45, point 2), so both cases are expected to fail, strictly: the day one
-# passes, its mark goes. Measured: the slice 6-60 s a click at load average 24 (the server's
-# work a click, in CPU seconds: the window 0.96, its payload 0.44, before the page's rerun and
-# the browser); the whole trace's replay on the page took 934 s at load 20, its windows 24-142 s.
+# passes, its mark goes. Measured: the slice 7.7-13.1 s a click at load average 16-19 (the
+# server's work a click, in CPU seconds: the window 0.96, its payload 0.44, before the page's rerun
+# and the browser); the whole trace's replay on the page took 934 s at load 20, its windows 24-142
+# s (docs/results.md).
 NOT_YET = pytest.mark.xfail(
     strict=True, reason="issue 45 point 2: a moment does not open within its bound yet"
 )
