@@ -13,8 +13,10 @@
   /tmp/dynamo-venv: ``python -m venv /tmp/dynamo-venv && /tmp/dynamo-venv/bin/pip install
   ai-dynamo-runtime==1.6.1``), round robin and its KV router with ``KvRouterConfig()``'s
   defaults, beside our fleet under timestamps arrival with round robin, ``dynamo`` and
-  ``prefix``. Reported: prefix reuse (tokens reused / prompt tokens) on both sides, and how many
-  requests each worker got. Skipped, with the reason, when the environment is absent.
+  ``prefix``. Reported: each run's wall time, prefix reuse (tokens reused / prompt tokens) on both
+  sides, how many requests each worker got, and our wall and CPU time over Dynamo's (round robin
+  against its round robin, ``dynamo`` against the median of its KV router's runs). Skipped, with the
+  reason, when the environment is absent.
 """
 
 from __future__ import annotations
@@ -59,8 +61,9 @@ def _dynamo_worker(job: dict) -> dict:
         )
         if mode == "kv_router":
             kw["router_config"] = KvRouterConfig()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         r = run_mocker_trace_replay([job["trace"]], **kw)
+        cpu = time.process_time() - c0  # every thread of the process
         s = r.summary
         per = r.per_request or []
         workers = [0] * job["replicas"]
@@ -73,6 +76,7 @@ def _dynamo_worker(job: dict) -> dict:
             "mean_ttft_ms": s["mean_ttft_ms"],
             "requests_per_worker": workers,
             "wall_s": time.perf_counter() - t0,
+            "cpu_s": cpu,
         }
     import importlib.metadata as md
 
@@ -92,6 +96,38 @@ def run_dynamo(job: dict, venv: str) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"Dynamo worker failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# our router -> Dynamo's mode it is set beside (``dynamo``: its KV router's cost function)
+SIDE_BY_SIDE = {"round_robin": "round_robin", "dynamo": "kv_router"}
+
+
+def ratios(ours: dict, dynamo: dict) -> dict:
+    """Our wall and CPU time over Dynamo's, per router that has a counterpart there (the KV
+    router: its median run by wall time, its runs being unseeded). CPU time counts every thread
+    of each process (Dynamo's mocker runs on a Tokio runtime), and a loaded machine disturbs it
+    far less than wall time."""
+    out = {}
+    for policy, mode in SIDE_BY_SIDE.items():
+        if policy not in ours:
+            continue
+        runs = sorted(
+            ((v["wall_s"], v["cpu_s"]) for k, v in dynamo.items() if k.split("#")[0] == mode)
+        )
+        if not runs:
+            continue
+        wall, cpu = runs[len(runs) // 2]
+        mine = ours[policy]
+        out[policy] = {
+            "against": mode,
+            "ours_s": mine["wall_s"],
+            "dynamo_s": wall,
+            "ratio": mine["wall_s"] / wall,
+            "ours_cpu_s": mine["cpu_s"],
+            "dynamo_cpu_s": cpu,
+            "cpu_ratio": mine["cpu_s"] / cpu if cpu else float("inf"),
+        }
+    return out
 
 
 def vllm_equality(trace_path: str, trace, settings, routers, replicas) -> dict:
@@ -191,15 +227,19 @@ def main(argv=None) -> int:
         )
         ours = {}
         for policy in routers:
+            c0 = time.process_time()
             f = fleet_replay(trace, settings, args.replicas, policy)
+            cpu = time.process_time() - c0
             ours[policy] = {
                 "reused_ratio": f.hit_tokens / f.prompt_tokens,
                 "requests_per_worker": [r.requests for r in f.replicas],
                 "wall_s": f.wall_s,
+                "cpu_s": cpu,
             }
             timing = f"step {args.step_ms} ms + {args.token_ms} ms/token"
             print(
-                f"ours (timestamps, {timing}), {policy}: prefix reuse "
+                f"ours (timestamps, {timing}), {policy}: {f.wall_s:.2f} s ({cpu:.2f} s CPU), "
+                f"prefix reuse "
                 f"{ours[policy]['reused_ratio']:.2%}, requests per replica "
                 f"{ours[policy]['requests_per_worker']}"
             )
@@ -221,9 +261,17 @@ def main(argv=None) -> int:
             for mode in [k for k in d if k != "version"]:
                 m = d[mode]
                 print(
-                    f"Dynamo {d['version']} mocker, {mode}: prefix reuse {m['reused_ratio']:.2%}, "
-                    f"mean TTFT {m['mean_ttft_ms']:.0f} ms, requests per worker "
-                    f"{m['requests_per_worker']}"
+                    f"Dynamo {d['version']} mocker, {mode}: {m['wall_s']:.2f} s "
+                    f"({m['cpu_s']:.2f} s CPU), prefix reuse "
+                    f"{m['reused_ratio']:.2%}, mean TTFT {m['mean_ttft_ms']:.0f} ms, requests per "
+                    f"worker {m['requests_per_worker']}"
+                )
+            report["ratio"] = ratios(ours, d)
+            for policy, r in report["ratio"].items():
+                print(
+                    f"ours / Dynamo's, {policy} against its {r['against']}: wall time "
+                    f"{r['ratio']:.2f}x ({r['ours_s']:.2f} s / {r['dynamo_s']:.2f} s), CPU time "
+                    f"{r['cpu_ratio']:.2f}x ({r['ours_cpu_s']:.2f} s / {r['dynamo_cpu_s']:.2f} s)"
                 )
     os.unlink(tmp.name)
     if args.json:

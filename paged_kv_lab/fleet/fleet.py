@@ -11,8 +11,8 @@ and keeps a clock (:class:`Replica`). Two kinds are built:
 The router (fleet/router.py, a policy from its registry) decides where each request goes,
 reading the replicas' load and a global index fed only by the KV events they publish
 (fleet/index.py): after every step of a replica the fleet takes the step's events
-(``kv_events()``), encodes them as on the wire and publishes them to the index and to any
-listener (fleet/demo_publisher.py puts them on ZeroMQ).
+(``kv_events()``) as one ``KVEventBatch`` and publishes it to the index, and its msgpack
+encoding, as on the wire, to any listener (fleet/demo_publisher.py puts them on ZeroMQ).
 
 Arrival rules:
 
@@ -130,10 +130,14 @@ class Fleet:
 
     def _publish(self, replica: int, clock_ns: int, events) -> None:
         batch = KVEventBatch(ts=clock_ns / 1e9, events=list(events), data_parallel_rank=None)
-        payload = encode_batch(batch)
-        self.index.publish(replica, clock_ns, payload)
-        for fn in self._listeners:
-            fn(replica, clock_ns, payload)
+        # The index takes the batch as published; decoding its msgpack encoding gives back an
+        # equal batch (tests/lab/test_fleet.py checks every batch of a whole trace), so it is
+        # encoded only for a listener that wants the bytes on the wire.
+        self.index.publish(replica, clock_ns, batch)
+        if self._listeners:
+            payload = encode_batch(batch)
+            for fn in self._listeners:
+                fn(replica, clock_ns, payload)
 
     # -- reading ------------------------------------------------------------------------
     @property

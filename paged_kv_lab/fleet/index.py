@@ -1,8 +1,8 @@
 """The router's global index: which replica holds which block hash, built only from KV events.
 
 Each replica's pool publishes its KV events as vLLM 0.33 does (one ``KVEventBatch`` per step
-that queued events, msgpack-encoded as on the wire, kvcore/distributed/kv_events.py). The index
-decodes every payload with the watcher's decoder and applies it to that replica's
+that queued events, kvcore/distributed/kv_events.py). The index takes the batch, or its msgpack
+encoding as on the wire decoded with the watcher's decoder, and applies it to that replica's
 ``PrefixCacheIndex`` (watch/prefix_index.py), the same code that rebuilds a real vLLM server's
 cache on the Live vLLM page. It never looks inside a replica.
 
@@ -13,9 +13,9 @@ t + lag, so a lagging index can be seen routing on stale knowledge.
 from __future__ import annotations
 
 from collections import deque
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
-from kvcore.distributed.kv_events import MEDIUM_GPU, decode_batch
+from kvcore.distributed.kv_events import MEDIUM_GPU, KVEventBatch, decode_batch
 from paged_kv_lab.watch.prefix_index import HashBudget, PrefixCacheIndex
 
 # One full-attention group: group 0 (the engine's only group in a model-free replay).
@@ -36,10 +36,10 @@ class GlobalIndex:
         self._pending: deque[tuple[int, int, bytes]] = deque()
         self.batches = 0
         self.events = 0
-        self.bytes = 0
 
-    def publish(self, replica: int, clock_ns: int, payload: bytes) -> None:
-        """A replica published ``payload`` (an encoded KVEventBatch) at ``clock_ns``."""
+    def publish(self, replica: int, clock_ns: int, payload: Union[bytes, KVEventBatch]) -> None:
+        """A replica published ``payload`` at ``clock_ns``: a KVEventBatch, or its encoding as
+        on the wire (decoded when it is applied)."""
         self._pending.append((clock_ns + self.lag_ns, replica, payload))
 
     def deliver(self, now_ns: Optional[int] = None) -> int:
@@ -53,13 +53,12 @@ class GlobalIndex:
             if now_ns is not None and due > now_ns:
                 keep.append(item)
                 continue
-            batch = decode_batch(payload)
+            batch = decode_batch(payload) if isinstance(payload, bytes) else payload
             idx = self.replicas[replica]
             for ev in batch.events:
                 idx.apply(ev)
             self.batches += 1
             self.events += len(batch.events)
-            self.bytes += len(payload)
             applied += 1
         self._pending = keep
         return applied

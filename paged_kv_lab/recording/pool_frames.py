@@ -16,6 +16,7 @@ at that step, and for every shown request its status, counters and block table.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, Optional
 
 from kvcore.core.kv_cache_inspect import block_tables, free_queue_ends
@@ -107,6 +108,9 @@ class FrameRecorder:
         self.parents: dict[str, str] = {}  # hash hex -> parent hash hex
         self.frames: list[PoolFrame] = []
         self._owners: dict[int, tuple[str, ...]] = {}
+        # (request id, group) -> how many leading positions of its block table were read with
+        # their blocks cached, and that table (``_owners_now``)
+        self._parented: dict[tuple[str, int], tuple[int, tuple[int, ...]]] = {}
         self._num_cached_free = 0
 
     # -- reading the live engine --------------------------------------------------------------
@@ -117,26 +121,63 @@ class FrameRecorder:
     def _owners_now(
         self, reqs: dict, tables: dict[str, tuple[tuple[int, ...], ...]]
     ) -> tuple[dict[int, tuple[str, ...]], dict[int, int]]:
-        owners: dict[int, list[str]] = {}
+        """Per block held by a shown request: its owners (in the requests' order) and the most
+        tokens any of them holds in it (a position below the request's computed tokens' last
+        block is full, that block holds the rest, any later one none)."""
+        owners: dict[int, tuple[str, ...]] = {}
         held: dict[int, int] = {}
         bs = self.block_size
         blocks = self.pool.blocks
         null = self.pool.null_block.block_id
+        parents = self.parents
         for rid, req in reqs.items():
             hashes = req.block_hashes
-            for table in tables[rid]:
-                for i, bid in enumerate(table):
-                    if bid == null:
+            num_hashes = len(hashes)
+            full, part = divmod(req.num_computed_tokens, bs)
+            one = (rid,)
+            for g, table in enumerate(tables[rid]):
+                known = len(owners)
+                if null not in table and owners.keys().isdisjoint(table):
+                    # blocks no request before holds (most): all at once
+                    owners.update(zip(table, repeat(one)))
+                    if len(owners) - known != len(table):  # a block twice in the table
+                        for bid in set(table):
+                            owners[bid] = one * table.count(bid)
+                else:
+                    for bid in table:
+                        if bid != null:
+                            owners[bid] = owners.get(bid, ()) + one
+                if null in table:
+                    for i, bid in enumerate(table):
+                        n = bs if i < full else (part if i == full else 0)
+                        if bid != null and n > held.get(bid, -1):
+                            held[bid] = n
+                else:
+                    held.update(dict.fromkeys(table[:full], bs))
+                    if full < len(table):
+                        bid = table[full]
+                        if part > held.get(bid, -1):
+                            held[bid] = part
+                        for bid in table[full + 1 :]:
+                            held.setdefault(bid, 0)
+                # The first ``done`` positions of the table as last read held cached blocks:
+                # their hashes are in ``parents`` already, which only grows (a request's hashes
+                # are fixed once made), so where the table still starts with those blocks,
+                # reading them again adds nothing.
+                done, before = self._parented.get((rid, g), (0, ()))
+                if done and table[:done] != before[:done]:
+                    done = 0
+                for i in range(done, min(len(table), num_hashes)):
+                    bid = table[i]
+                    if bid == null or blocks[bid].block_hash is None:
                         continue
-                    owners.setdefault(bid, []).append(rid)
-                    n = max(0, min(bs, req.num_computed_tokens - i * bs))
-                    if n > held.get(bid, -1):
-                        held[bid] = n
-                    if blocks[bid].block_hash is not None and i < len(hashes):
-                        h = hashes[i].hex()[:HASH_HEX]
-                        if i > 0 and h not in self.parents:
-                            self.parents[h] = hashes[i - 1].hex()[:HASH_HEX]
-        return {b: tuple(o) for b, o in owners.items()}, held
+                    if i == done:
+                        done += 1
+                    h = hashes[i].hex()[:HASH_HEX]
+                    if i > 0 and h not in parents:
+                        parents[h] = hashes[i - 1].hex()[:HASH_HEX]
+                self._parented[(rid, g)] = (done, table)
+        return owners, held
 
     def _block(self, bid: int, owners, held) -> BlockState:
         blk = self.pool.blocks[bid]
@@ -195,11 +236,7 @@ class FrameRecorder:
                 ids |= {0}
         else:
             ids = E.changed_block_ids(events)
-            ids |= {
-                b
-                for b in owners.keys() | self._owners.keys()
-                if owners.get(b) != self._owners.get(b)
-            }
+            ids |= {b for b, _ in owners.items() ^ self._owners.items()}
         changed = []
         for bid in sorted(ids):
             b = self._block(bid, owners, held)

@@ -217,7 +217,9 @@ def open_moment(
         return None
     step = max(1, min(int(step), run.result.steps))
     try:
-        state.window = record_window(state.trace, run.settings, step, page_trace_limits())
+        state.window = record_window(
+            run.trace, run.settings, step, page_trace_limits(), checkpoints=run.checkpoints
+        )
     except (BudgetError, ReplayError, ValueError) as e:
         state.error = tr("workloads.bad_replay", lang, error=said(e, lang))
         return state.error

@@ -5,8 +5,9 @@ pool sizes, and a window of steps recorded for the large-pool player.
 
 The replay is workloads/replay.py's (the real kvcore Scheduler / KVCacheManager / BlockPool,
 model-free). A window is recorded by replaying again, deterministically, to just before it with
-nothing attached, then attaching the Recorder and stepping one real step at a time while a
-FrameRecorder keeps keyframes plus deltas (recording/pool_frames.py).
+nothing attached (from the whole run's last checkpoint before it, ``Checkpoints``), then
+attaching the Recorder and stepping one real step at a time while a FrameRecorder keeps
+keyframes plus deltas (recording/pool_frames.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from paged_kv_lab.store.server_cache import Shared, stop_point
 from paged_kv_lab.text.i18n import Text
 from paged_kv_lab.why.explain_replay import ReplayHit, explain_replay_hit
 from paged_kv_lab.workloads import SHIPPED_TRACE
-from paged_kv_lab.workloads.replay import Replay, ReplaySettings, replay_settings
+from paged_kv_lab.workloads.replay import Checkpoints, Replay, ReplaySettings, replay_settings
 from paged_kv_lab.workloads.trace_formats import Trace, TraceError, load_trace, parse_trace
 from paged_kv_lab.workloads.trace_limits import TraceLimits, check, check_trace
 
@@ -109,6 +110,7 @@ class WorkloadRun:
     settings: Settings
     result: Any
     cache: CacheLog
+    checkpoints: Optional[Checkpoints] = None  # where a window's replay resumes
 
     def explain(self, request_id: str) -> list[ReplayHit]:
         return explain_replay_hit(self.cache, request_id)
@@ -133,15 +135,18 @@ def run_workload(
     r.block_pool.observer = cache
     cache.step = 1
 
+    checkpoints = Checkpoints()
+
     def hook(info) -> None:
         cache.step = info.step + 1
+        checkpoints.due(r)
 
     r.add_step_hook(hook)
     while not r.done:
         stop_point()  # a replay in the background ends here when the process exits
         r.advance(until_step=r.step_count + 2000, progress=progress)
         _budgeted(r, limits)
-    return WorkloadRun(trace, settings, r.result(), cache)
+    return WorkloadRun(trace, settings, r.result(), cache, checkpoints)
 
 
 @dataclass(frozen=True)
@@ -163,14 +168,18 @@ def record_window(
     before: int = 40,
     after: int = 80,
     keyframe_every: int = 64,
+    checkpoints: Optional[Checkpoints] = None,
 ) -> Window:
     """Steps around ``at_step`` for the player: replay to ``at_step - before - 1`` with nothing
-    attached, then record each step with the Recorder (events) and a FrameRecorder."""
+    attached (resuming from the last of ``checkpoints``, the whole run's, at or before that
+    step), then record each step with the Recorder (events) and a FrameRecorder."""
     replay = settings.replay_settings(trace)
     check_trace(trace, replay, limits)
     check(Text("refusal.what.window"), before + after + 1, limits, "max_window")
-    r = Replay(trace, replay)
     first = max(1, at_step - before)
+    r = checkpoints.resume(trace, replay, first - 1) if checkpoints is not None else None
+    if r is None:
+        r = Replay(trace, replay)
     if first > 1:
         r.advance(until_step=first - 1)
         _budgeted(r, limits)

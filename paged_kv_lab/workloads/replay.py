@@ -23,8 +23,13 @@ every per-step series point is the same as stepping (tests/lab/test_replay_fastf
 
 from __future__ import annotations
 
+import pickle
+import sys
+import threading
 import time
+import zlib
 from array import array
+from bisect import bisect_right
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Optional
 
@@ -49,7 +54,12 @@ from paged_kv_lab.run.scenario import (
     resolve_from_model,
 )
 from paged_kv_lab.text.i18n import Text
-from paged_kv_lab.workloads.tokens import PLACEHOLDER_TOKEN, check_block_size, prompt_token_ids
+from paged_kv_lab.workloads.tokens import (
+    PLACEHOLDER_TOKEN,
+    SharedBlockHasher,
+    check_block_size,
+    prompt_token_ids,
+)
 from paged_kv_lab.workloads.trace_formats import Trace, TraceRequest
 
 SEQUENTIAL = "sequential"
@@ -389,7 +399,7 @@ class Replay:
         self.scheduler = Scheduler(
             scheduler_config_for(s, self.max_model_len), self.kv_cache_manager
         )
-        self.hasher = block_hasher_for(s) if s.enable_prefix_caching else None
+        self.hasher = SharedBlockHasher(block_hasher_for(s)) if s.enable_prefix_caching else None
         self._all_full = all(g.kv_cache_spec.kind == "full" for g in self.groups)
         self._check_fits()
         # Evictions: counted where vLLM counts them, in the pool's metrics collector (the pool's
@@ -859,6 +869,134 @@ class Replay:
         )
 
 
+_DEEP = threading.Lock()
+_DEEP_STACK = 1 << 29  # bytes of stack for the pickling thread (reserved, touched as used)
+
+
+def _dumps_deep(obj: Any, num_blocks: int) -> bytes:
+    """``pickle.dumps(obj)`` for a replay: a pool's free blocks are a doubly linked list, which
+    pickle walks depth first, some levels per block. It runs in a thread of its own with the
+    stack for that, the recursion limit raised meanwhile (one at a time)."""
+    out: list[bytes] = []
+    failed: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            out.append(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL))
+        except BaseException as e:  # handed to the caller's thread
+            failed.append(e)
+
+    with _DEEP:
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(limit, 8 * num_blocks + 10_000))
+        try:
+            size = threading.stack_size(_DEEP_STACK)
+            try:
+                t = threading.Thread(target=work, name="replay-checkpoint")
+                t.start()
+            finally:
+                threading.stack_size(size)
+            t.join()
+        finally:
+            sys.setrecursionlimit(limit)
+    if failed:
+        raise failed[0]
+    return out[0]
+
+
+class Checkpoints:
+    """A replay's whole state at some of its steps, so that a later question about step N
+    resumes from the last one at or before N instead of replaying from step 0 (the Real
+    workloads page's "open the player at this step").
+
+    A checkpoint is taken after a step once the replay has run ``every_s`` seconds of wall time
+    since the last one, and at least four times as long as taking that one took, so the run
+    spends at most a fifth of its time on them and a resume replays at most about ``every_s``
+    worth of steps (fewer: a resumed replay fast-forwards, a recorded run does not). They hold at
+    most ``max_bytes`` (compressed): past it every other one goes and ``every_s`` doubles. What a
+    resumed replay does next is what the replay it was taken from did (tests/lab/
+    test_workloads_frames.py); only the observer and the step hooks are not in it, and its
+    block hasher starts with an empty memo (tokens.SharedBlockHasher).
+
+    Invariant: ``steps`` grows, each checkpoint's ``step_count`` is its entry there."""
+
+    def __init__(self, every_s: float = 0.25, max_bytes: int = 64 << 20) -> None:
+        self.every_s = every_s
+        self.max_bytes = max_bytes
+        self._nbytes = 0
+        self.steps: list[int] = []
+        self._data: list[bytes] = []
+        self._last: Optional[float] = None  # when the last checkpoint (or first call) was
+        self._wait = every_s
+        self._trace: Optional[Trace] = None
+        self._settings: Optional[ReplaySettings] = None
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    @property
+    def nbytes(self) -> int:
+        return self._nbytes
+
+    def due(self, replay: "Replay") -> None:
+        """The replay made a step (a step hook calls this): a checkpoint if one is due."""
+        now = time.perf_counter()
+        if self._last is None:
+            self._last = now
+        elif now - self._last >= self._wait and not replay.done:
+            self.take(replay)
+            took = time.perf_counter() - now
+            self._wait = max(self.every_s, 4 * took)
+            self._last = now + took
+
+    def take(self, replay: "Replay") -> None:
+        """A checkpoint of ``replay`` now (without its observer and step hooks)."""
+        if self._trace is None:
+            self._trace, self._settings = replay.trace, replay.settings
+        if replay.trace is not self._trace or replay.settings != self._settings:
+            raise ReplayError("checkpoints hold one replay's steps")
+        if self.steps and replay.step_count <= self.steps[-1]:
+            return
+        pool = replay.block_pool
+        observer, hooks, trace = pool.observer, replay._hooks, replay.trace
+        pool.observer, replay._hooks, replay.trace = None, [], None
+        try:
+            data = zlib.compress(_dumps_deep(replay, replay.block_pool.num_gpu_blocks), 1)
+        finally:
+            pool.observer, replay._hooks, replay.trace = observer, hooks, trace
+        with self._lock:
+            self.steps.append(replay.step_count)
+            self._data.append(data)
+            self._nbytes += len(data)
+            while self._nbytes > self.max_bytes and len(self.steps) > 1:
+                # every other one goes (the last stays), and they are taken half as often
+                keep = [i for i in range(len(self.steps)) if i % 2 or i == len(self.steps) - 1]
+                self.steps = [self.steps[i] for i in keep]
+                self._data = [self._data[i] for i in keep]
+                self._nbytes = sum(len(d) for d in self._data)
+                self.every_s *= 2
+                self._wait *= 2
+
+    def resume(self, trace: Trace, settings: ReplaySettings, until_step: int) -> Optional["Replay"]:
+        """A fresh replay of ``trace`` with ``settings`` at the last checkpoint at or before
+        ``until_step``; None when there is none, or these are another replay's checkpoints. Its
+        wall time counts from 0."""
+        if self._trace is None or (trace is not self._trace and trace != self._trace):
+            return None
+        if settings != self._settings:
+            return None
+        with self._lock:
+            i = bisect_right(self.steps, until_step) - 1
+            if i < 0:
+                return None
+            data = self._data[i]
+        r = pickle.loads(zlib.decompress(data))
+        r.trace = self._trace
+        r._wall = 0.0
+        return r
+
+
 def replay(
     trace: Trace,
     settings: ReplaySettings,
@@ -873,6 +1011,7 @@ def replay(
 __all__ = [
     "ARRIVALS",
     "SEQUENTIAL",
+    "Checkpoints",
     "TIMESTAMPS",
     "Replay",
     "ReplayError",

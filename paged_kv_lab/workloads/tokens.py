@@ -19,10 +19,14 @@ block that holds generated tokens (the trace says nothing about answers being re
 
 from __future__ import annotations
 
+from typing import Optional, Sequence
+
+from kvcore.core.kv_cache_utils import BlockHasher
 from paged_kv_lab.text.i18n import Text
 from paged_kv_lab.workloads.trace_formats import TraceRequest
 
 PLACEHOLDER_TOKEN = 0
+MEMO_BLOCKS = 1 << 18  # SharedBlockHasher's memo starts again past this many blocks
 
 
 def block_token(hash_id: int, position: int) -> int:
@@ -39,6 +43,62 @@ def prompt_token_ids(request: TraceRequest, trace_block_size: int) -> list[int]:
         n = trace_block_size if j < last else request.input_length - last * trace_block_size
         out += [block_token(h, j)] * n
     return out
+
+
+class SharedBlockHasher(BlockHasher):
+    """kvcore's ``BlockHasher`` with a memo of the blocks whose tokens all carry one value.
+
+    Every cache block of a prompt made here is such a block (a cache block lies inside one
+    trace block), and the requests of a trace share most of them: a block's hash is a function
+    of its parent's hash and its tokens only, so one computed for (parent, value) is the hash of
+    every later block with that parent and value. Each block is checked to hold one value before
+    the memo is read (never assumed); any other block, and any request with a salt or extra hash
+    keys, is hashed by kvcore's own loop. The memo holds at most ``MEMO_BLOCKS`` blocks (it
+    starts again when full). The hashes are kvcore's, block for block (tests/lab/
+    test_replay.py)."""
+
+    def __init__(self, base: BlockHasher) -> None:
+        super().__init__(base.hash_fn, base.block_size, base.none_hash_seed)
+        self._memo: dict[tuple[bytes, int], bytes] = {}
+
+    def __getstate__(self) -> dict:
+        """A copy (a replay's checkpoint) starts with an empty memo: it holds no state."""
+        return {**self.__dict__, "_memo": {}}
+
+    def extend(
+        self,
+        block_hashes: list[bytes],
+        token_ids: Sequence[int],
+        cache_salt: Optional[str],
+        request=None,
+    ) -> list[bytes]:
+        if cache_salt or (request is not None and request.has_extra_hash_keys):
+            return super().extend(block_hashes, token_ids, cache_salt, request)
+        bs = self.block_size
+        start = len(block_hashes) * bs
+        end = len(token_ids) - bs
+        if start > end:
+            return []
+        hash_fn = self.hash_fn
+        memo = self._memo
+        parent = block_hashes[-1] if block_hashes else self.none_hash
+        new = []
+        for i in range(start, end + 1, bs):
+            block = token_ids[i : i + bs]
+            value = block[0]
+            if block.count(value) == bs:
+                key = (parent, value)
+                h = memo.get(key)
+                if h is None:
+                    if len(memo) >= MEMO_BLOCKS:
+                        memo.clear()
+                    h = memo[key] = hash_fn((parent, tuple(block), None))
+            else:
+                h = hash_fn((parent, tuple(block), None))
+            new.append(h)
+            parent = h
+        block_hashes += new
+        return new
 
 
 def check_block_size(block_size: int, trace_block_size: int) -> None:

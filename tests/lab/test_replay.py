@@ -20,6 +20,7 @@ from paged_kv_lab.workloads.replay import (
 )
 from paged_kv_lab.workloads.tokens import (
     PLACEHOLDER_TOKEN,
+    SharedBlockHasher,
     block_token,
     check_block_size,
     prompt_token_ids,
@@ -149,6 +150,38 @@ def test_chained_hashes_share_exactly_what_the_trace_shares(bs):
     assert _shared_blocks(a, c, bs) == 1200 // bs
     assert _shared_blocks(a, d, bs) == 0
     assert _shared_blocks(a, e, bs) == 512 // bs
+
+
+@pytest.mark.parametrize("algo", ["sha256", "xxhash"])
+@pytest.mark.parametrize("bs", [16, 512])
+def test_the_shared_hasher_gives_kvcores_hashes_block_for_block(algo, bs):
+    """Over the whole shipped trace (prompts, then answers appended a few tokens at a time, as
+    a decode appends them), the memo's hashes are kvcore's own, and it was read."""
+    from kvcore.utils.hashing import get_hash_fn_by_name
+
+    trace = load_trace(SHIPPED_TRACE)
+    plain = BlockHasher(get_hash_fn_by_name(algo), bs)
+    shared = SharedBlockHasher(plain)
+    hits = 0
+    for r in trace.requests[: 4000 if bs == 512 else 600]:
+        tokens = prompt_token_ids(r, trace.block_size)
+        want, got = [], []
+        plain.extend(want, tokens, None)
+        before = len(shared._memo)
+        shared.extend(got, tokens, None)
+        hits += len(got) - (len(shared._memo) - before)
+        tail = list(tokens)
+        for add in ([PLACEHOLDER_TOKEN] * 7, [PLACEHOLDER_TOKEN] * (3 * bs), [5] * bs):
+            tail += add
+            plain.extend(want, tail, None)
+            shared.extend(got, tail, None)
+        assert got == want, r.index
+    assert hits > 1000
+    # a salt goes to kvcore's own loop, so block 0 differs from the unsalted chain
+    salted, plain_salted = [], []
+    shared.extend(salted, tokens, "salt")
+    plain.extend(plain_salted, tokens, "salt")
+    assert salted == plain_salted and salted[0] != want[0]
 
 
 def test_block_size_must_divide_the_trace_block():

@@ -98,3 +98,95 @@ def test_why_agrees_with_the_replay_and_names_the_eviction(trace):
         f"{len(x.shared)} of those blocks" in en and "evicted at step" in en and "trace block" in en
     )
     assert "驱逐" in zh
+
+
+def test_a_window_resumed_from_a_checkpoint_is_the_window_replayed_from_step_0(trace):
+    """The page's run keeps checkpoints; a window recorded from the last one before it equals,
+    frame for frame, the window replayed from step 0, at steps before, between and after them."""
+    from paged_kv_lab.workloads.replay import Checkpoints
+
+    s = Settings(block_size=16, num_gpu_blocks=4000, arrival="timestamps")
+    limits = page_trace_limits()
+    run = run_workload(trace, s, limits)
+    assert isinstance(run.checkpoints, Checkpoints)  # taken by time: how many depends on speed
+    cp = Checkpoints()
+    r = Replay(trace, s.replay_settings(trace))
+    for at in (150, 390, 700):
+        r.advance(until_step=at)
+        cp.take(r)
+    assert cp.steps == [150, 390, 700]
+    steps = run.result.steps
+    for at in (5, cp.steps[0] + 1, cp.steps[-1], cp.steps[-1] + 45, steps - 3):
+        resumed = record_window(trace, s, at, limits, before=10, after=20, checkpoints=cp)
+        fresh = record_window(trace, s, at, limits, before=10, after=20)
+        assert resumed == fresh, at
+
+
+@pytest.mark.parametrize("arrival", ["timestamps", "sequential"])
+def test_a_replay_resumed_from_a_checkpoint_ends_as_the_replay_itself(trace, arrival):
+    """Every checkpoint, run to the end, gives the replay's figures, per request and per step
+    (the wall time apart); a checkpoint is never another replay's."""
+    from dataclasses import replace
+
+    from paged_kv_lab.workloads.replay import Checkpoints, replay
+
+    settings = Settings(block_size=16, num_gpu_blocks=3600, arrival=arrival).replay_settings(trace)
+    whole = replace(replay(trace, settings), wall_s=0.0)
+    r = Replay(trace, settings)
+    cp = Checkpoints(every_s=0.0)
+    while not r.done:
+        r.advance(until_step=r.step_count + 97)
+        cp.take(r)
+    assert len(cp) >= 3
+    for at in cp.steps:
+        back = cp.resume(trace, settings, at)
+        assert back.step_count == at
+        back.advance()
+        assert replace(back.result(), wall_s=0.0) == whole, at
+    assert cp.resume(trace, settings, cp.steps[0] - 1) is None
+    other = Settings(block_size=16, num_gpu_blocks=3601, arrival=arrival).replay_settings(trace)
+    assert cp.resume(trace, other, cp.steps[-1]) is None
+    assert cp.resume(trace.slice(0, 10), settings, cp.steps[-1]) is None
+
+
+def test_a_checkpoint_of_a_large_pool_pickles_its_linked_free_queue():
+    """40,000 blocks, all free and linked, deeper than the recursion limit: the checkpoint is
+    taken on a thread with the stack for it, and resumes."""
+    from paged_kv_lab.workloads.replay import Checkpoints
+
+    t = load_trace(SLICE).slice(0, 3)
+    s = Settings(block_size=16, num_gpu_blocks=40_000).replay_settings(t)
+    r = Replay(t, s)
+    r.advance(until_step=2)
+    cp = Checkpoints()
+    cp.take(r)
+    back = cp.resume(t, s, 2)
+    back.advance()
+    r.advance()
+    assert back.result().per_request == r.result().per_request
+
+
+def test_checkpoints_stay_within_their_bytes(trace):
+    """Past ``max_bytes`` every other checkpoint goes (the last stays) and the spacing doubles;
+    what is left still resumes to the replay's own end."""
+    from dataclasses import replace
+
+    from paged_kv_lab.workloads.replay import Checkpoints, replay
+
+    settings = Settings(block_size=16, num_gpu_blocks=4000).replay_settings(trace)
+    r = Replay(trace, settings)
+    r.advance(until_step=50)
+    one = Checkpoints(every_s=0.0)
+    one.take(r)
+    cp = Checkpoints(every_s=1.0, max_bytes=3 * one.nbytes)
+    taken = []
+    while not r.done and len(taken) < 8:
+        cp.take(r)
+        taken.append(r.step_count)
+        r.advance(until_step=r.step_count + 60)
+    assert cp.nbytes <= cp.max_bytes and cp.every_s > 1.0
+    assert cp.steps[-1] == taken[-1] and set(cp.steps) < set(taken)
+    whole = replace(replay(trace, settings), wall_s=0.0)
+    back = cp.resume(trace, settings, cp.steps[0])
+    back.advance()
+    assert replace(back.result(), wall_s=0.0) == whole
