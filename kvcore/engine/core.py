@@ -56,6 +56,7 @@ class EngineCore:
         self.scheduler = scheduler
         self.model_runner = model_runner
         self.drafter = drafter
+        scheduler.use_eagle = bool(getattr(drafter, "uses_target_hidden_states", False))
         self.max_model_len = max_model_len
         self.spec_decoding_stats = SpecDecodingStats()
         # The KV connector's worker half (the CPU tier's copies), set by whoever builds the
