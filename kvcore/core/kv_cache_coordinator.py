@@ -103,7 +103,11 @@ class KVCacheCoordinator(ABC):
         if use_eagle and not self.eagle_group_ids:
             self.eagle_group_ids = set(range(len(self.groups)))
         self.drop_eagle_group_ids: set[int] = self.eagle_group_ids if use_eagle else set()
-        if self.drop_eagle_group_ids and any(m.kind == "mamba" for m in self.single_type_managers):
+        if (
+            enable_caching
+            and self.drop_eagle_group_ids
+            and any(m.kind == "mamba" for m in self.single_type_managers)
+        ):
             # vLLM moves a Mamba group's prefill checkpoints for EAGLE
             # (MambaManager.drop_eagle_checkpoint_block); kvcore's MambaManager has no
             # prefill checkpoints, so it cannot follow.

@@ -120,6 +120,7 @@ def test_a_mamba_group_with_the_drop_is_refused():
     with pytest.raises(ValueError, match="Mamba"):
         KVCacheManager(config, 1 << 30, True, use_eagle=True)
     KVCacheManager(config, 1 << 30, True)  # without the drop it is modelled
+    KVCacheManager(config, 1 << 30, False, use_eagle=True)  # and without prefix caching
 
 
 def test_replay_boundaries_move_one_block_down():
