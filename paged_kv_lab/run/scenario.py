@@ -860,6 +860,11 @@ _LATER_ENGINE_DEFAULTS = {
     "lora_modules": [],
     "enable_prompt_embeds": False,
 }
+# The same for settings inside engine.speculative.
+_LATER_SPECULATIVE_DEFAULTS = {
+    "disable_eagle_block_drop": False,
+    "disable_lookahead_block_hashes": False,
+}
 
 
 def scenario_to_dict(s: Scenario) -> dict:
@@ -868,6 +873,10 @@ def scenario_to_dict(s: Scenario) -> dict:
     for key, default in _LATER_ENGINE_DEFAULTS.items():
         if d["engine"].get(key, default) == default:
             d["engine"].pop(key, None)
+    speculative = d["engine"].get("speculative")
+    for key, default in _LATER_SPECULATIVE_DEFAULTS.items():
+        if speculative is not None and speculative.get(key, default) == default:
+            speculative.pop(key, None)
     default_req = asdict(RequestSpec(id=""))
     d["requests"] = [
         {k: v for k, v in r.items() if k == "id" or v != _plain(default_req[k])}
