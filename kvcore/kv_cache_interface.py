@@ -135,6 +135,9 @@ class KVCacheGroupSpec:
 
     layer_names: tuple[str, ...]
     kv_cache_spec: KVCacheSpec
+    # Whether the group holds an EAGLE/MTP drafter's layers, so its hits drop their last block
+    # (vLLM's kv_cache_planning flags the groups sharing a layer with the draft model).
+    is_eagle_group: bool = False
 
     @property
     def kind(self) -> str:

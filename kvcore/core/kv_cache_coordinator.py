@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 from kvcore.core.block_pool import FREE_ORDER_V033, BlockPool
 from kvcore.core.kv_cache_utils import (
     KVCacheBlock,
+    eagle_proof_margin,
     partial_hash_hits_enabled,
     resolve_kv_cache_block_sizes,
 )
@@ -35,10 +36,22 @@ __all__ = [
 ]
 
 
-def replay_boundaries(num_prompt_tokens: int) -> tuple[int, ...]:
+def replay_boundaries(
+    num_prompt_tokens: int, scheduler_block_size: int = 1, use_eagle: bool = False
+) -> tuple[int, ...]:
     """Where a later request replaying this prompt can stop its hit: a resend of the
-    same prompt is capped at ``num_prompt_tokens - 1`` (its last token is recomputed)."""
-    return (num_prompt_tokens - 1,)
+    same prompt is capped at ``num_prompt_tokens - 1`` (its last token is recomputed).
+
+    With the EAGLE drop a hit ends one block below what matched: a resend stops one block
+    under its last block boundary at or below ``num_prompt_tokens - 1``, a longer request
+    sharing the whole prompt one block under the prompt's last block boundary (the two differ
+    only when the prompt fills its last block exactly)."""
+    if not use_eagle:
+        return (num_prompt_tokens - 1,)
+    block = scheduler_block_size
+    resend = (num_prompt_tokens - 1) // block * block
+    extension = num_prompt_tokens // block * block
+    return tuple(sorted({max(resend - block, 0), max(extension - block, 0)}))
 
 
 class KVCacheCoordinator(ABC):
@@ -53,6 +66,7 @@ class KVCacheCoordinator(ABC):
         free_order: str = FREE_ORDER_V033,
         enable_kv_cache_events: bool = False,
         hash_block_size: Optional[int] = None,
+        use_eagle: bool = False,
     ) -> None:
         self.kv_cache_config = kv_cache_config
         self.block_size = kv_cache_config.block_size
@@ -81,6 +95,23 @@ class KVCacheCoordinator(ABC):
             )
             for gid, g in enumerate(self.groups)
         )
+        # The groups whose hits drop their last block for an EAGLE/MTP drafter: those flagged
+        # as holding its layers, or every group when none is flagged (vLLM's fallback).
+        self.eagle_group_ids: set[int] = {
+            i for i, g in enumerate(self.groups) if getattr(g, "is_eagle_group", False)
+        }
+        if use_eagle and not self.eagle_group_ids:
+            self.eagle_group_ids = set(range(len(self.groups)))
+        self.drop_eagle_group_ids: set[int] = self.eagle_group_ids if use_eagle else set()
+        if (
+            enable_caching
+            and self.drop_eagle_group_ids
+            and any(m.kind == "mamba" for m in self.single_type_managers)
+        ):
+            # vLLM moves a Mamba group's prefill checkpoints for EAGLE
+            # (MambaManager.drop_eagle_checkpoint_block); kvcore's MambaManager has no
+            # prefill checkpoints, so it cannot follow.
+            raise ValueError("the EAGLE block drop with a Mamba KV cache group is not modelled")
 
     def get_num_blocks_to_allocate(
         self,
@@ -123,14 +154,16 @@ class KVCacheCoordinator(ABC):
         for m in self.single_type_managers:
             m.new_step_starts()
 
-    def get_num_cacheable_tokens(self, num_computed_tokens: int) -> int:
+    def get_num_cacheable_tokens(self, num_computed_tokens: int, kv_cache_group_id: int) -> int:
         return num_computed_tokens
 
     def cache_blocks(self, request, num_computed_tokens: int) -> None:
-        boundaries = replay_boundaries(request.num_prompt_tokens)
-        num_tokens = self.get_num_cacheable_tokens(num_computed_tokens)
-        for m in self.single_type_managers:
+        boundaries = replay_boundaries(
+            request.num_prompt_tokens, self.block_size, bool(self.drop_eagle_group_ids)
+        )
+        for gid, m in enumerate(self.single_type_managers):
             if m.enable_caching:
+                num_tokens = self.get_num_cacheable_tokens(num_computed_tokens, gid)
                 m.cache_blocks(request, num_tokens, self.retention_interval, boundaries)
 
     def take_pending_cow_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
@@ -178,6 +211,7 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
         free_order: str = FREE_ORDER_V033,
         enable_kv_cache_events: bool = False,
         hash_block_size: Optional[int] = None,
+        use_eagle: bool = False,
     ) -> None:
         super().__init__(
             kv_cache_config,
@@ -187,6 +221,7 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
             free_order,
             enable_kv_cache_events,
             hash_block_size,
+            use_eagle,
         )
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
@@ -196,9 +231,16 @@ class KVCacheCoordinatorNoPrefixCache(KVCacheCoordinator):
 class UnitaryKVCacheCoordinator(KVCacheCoordinator):
     """One KV cache group (all layers full attention, or all sliding window)."""
 
+    def __init__(self, kv_cache_config: KVCacheConfig, *args, **kwargs) -> None:
+        super().__init__(kv_cache_config, *args, **kwargs)
+        self.single_type_managers[0].use_eagle = 0 in self.drop_eagle_group_ids
+
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
         hits, hit_length = self.single_type_managers[0].find_longest_cache_hit(
-            block_hashes, max_cache_hit_length, [0]
+            block_hashes,
+            max_cache_hit_length,
+            [0],
+            drop_eagle_block=0 in self.drop_eagle_group_ids,
         )
         return (hits[0],), hit_length, 0
 
@@ -217,14 +259,24 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             kv_cache_config.kv_cache_groups, self.hash_block_size
         )
         align = self.hash_block_size if self.enable_partial_hash_hits else self.block_size
-        for m in self.single_type_managers:
+        for gid, m in enumerate(self.single_type_managers):
             m.cache_hit_alignment_tokens = align
+            m.use_eagle = gid in self.drop_eagle_group_ids
 
-    def get_num_cacheable_tokens(self, num_computed_tokens: int) -> int:
+    def _align_cacheable(self, num_tokens: int) -> int:
         # Without hits inside a block no later request can use a sub-block boundary.
         if self.enable_partial_hash_hits:
-            return num_computed_tokens
-        return num_computed_tokens // self.block_size * self.block_size
+            return num_tokens
+        return num_tokens // self.block_size * self.block_size
+
+    def get_num_cacheable_tokens(self, num_computed_tokens: int, kv_cache_group_id: int) -> int:
+        cacheable = self._align_cacheable(num_computed_tokens)
+        manager = self.single_type_managers[kv_cache_group_id]
+        if manager.use_eagle and cacheable > 0:
+            # an EAGLE hit matches one of the group's blocks past the aligned boundary, then
+            # drops it: that block must be cached too
+            return min(num_computed_tokens, cacheable + manager.block_size)
+        return cacheable
 
     def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
         """Fixed point over the groups: each one accepts the candidate length or shortens it.
@@ -233,6 +285,11 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         trim it); the sliding-window search is capped at the current length. A hit
         that holds in one group only is therefore no hit — but its length is kept:
         past the agreed hit lies a shared prefix the other group has not cached yet.
+
+        An EAGLE group looks one margin (``eagle_proof_margin``) past the candidate and drops
+        its last matched block, so it lands back on the candidate when the block past it is
+        cached. It drops at most once per candidate length: once another group shortens the
+        candidate, every EAGLE group is asked again.
         """
         managers = self.single_type_managers
         order = sorted(range(len(managers)), key=lambda g: managers[g].kind != "full")
@@ -241,6 +298,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         hit_length = max_cache_hit_length
         longest_hit_length = 0
         simple = len(order) == 2 and managers[order[0]].kind == "full"
+        eagle_verified: set[int] = set()
         while True:
             curr = hit_length
             for g in order:
@@ -248,7 +306,23 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
                 if m.kind == "full" and hits[g] is not None:
                     curr = min(curr, lengths[g])
                     continue
-                found, curr = m.find_longest_cache_hit(block_hashes, curr, [g])
+                drop_eagle_block = g in self.drop_eagle_group_ids and g not in eagle_verified
+                max_length = curr
+                if drop_eagle_block and m.kind != "mamba":
+                    margin = eagle_proof_margin(
+                        m.block_size,
+                        self.hash_block_size,
+                        self.enable_partial_hash_hits and m.supports_fine_grained_hash_lookup,
+                    )
+                    max_length = min(curr + margin, len(block_hashes) * self.hash_block_size)
+                found, new_length = m.find_longest_cache_hit(
+                    block_hashes, max_length, [g], drop_eagle_block=drop_eagle_block
+                )
+                if drop_eagle_block:
+                    eagle_verified.add(g)
+                elif new_length < curr:
+                    eagle_verified.clear()
+                curr = new_length
                 hits[g], lengths[g] = found[0], curr
                 longest_hit_length = max(longest_hit_length, curr)
             if curr >= hit_length:
@@ -275,6 +349,7 @@ def get_kv_cache_coordinator(
     free_order: str = FREE_ORDER_V033,
     enable_kv_cache_events: bool = False,
     hash_block_size: Optional[int] = None,
+    use_eagle: bool = False,
 ) -> KVCacheCoordinator:
     if not enable_caching:
         return KVCacheCoordinatorNoPrefixCache(
@@ -284,6 +359,7 @@ def get_kv_cache_coordinator(
             free_order,
             enable_kv_cache_events,
             hash_block_size,
+            use_eagle,
         )
     cls = (
         UnitaryKVCacheCoordinator
@@ -298,4 +374,5 @@ def get_kv_cache_coordinator(
         free_order,
         enable_kv_cache_events,
         hash_block_size,
+        use_eagle,
     )

@@ -49,6 +49,7 @@ class KVCacheManager:
         enable_kv_cache_events: bool = False,
         max_recent_requests: int = 1000,
         hash_block_size: Optional[int] = None,
+        use_eagle: bool = False,
     ) -> None:
         if not 0.0 <= watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1); got {watermark!r}")
@@ -57,6 +58,10 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self.enable_kv_cache_events = enable_kv_cache_events
         self.max_model_len = max_model_len
+        # vLLM's use_eagle: what the scheduler passes for an EAGLE/MTP drafter whose block hashes
+        # do not look ahead (kvcore.config.speculative.use_eagle_block_drop); every hit then
+        # gives up its last matched block (the coordinator's drop_eagle_group_ids).
+        self.use_eagle = use_eagle
         # One step holds at most max_num_batched_tokens new tokens per request.
         max_in_flight_tokens = (
             max_num_batched_tokens if max_num_batched_tokens is not None else max_model_len
@@ -69,6 +74,7 @@ class KVCacheManager:
             free_order,
             enable_kv_cache_events,
             hash_block_size,
+            use_eagle=use_eagle,
         )
         self.hash_block_size = self.coordinator.hash_block_size
         self.block_pool = self.coordinator.block_pool

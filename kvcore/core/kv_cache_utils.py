@@ -367,6 +367,15 @@ def partial_hash_hits_enabled(kv_cache_groups, hash_block_size: int) -> bool:
     )
 
 
+def eagle_proof_margin(block_size: int, hash_block_size: int, fine_grained_lookup: bool) -> int:
+    """How far past a candidate hit an EAGLE/MTP group looks before dropping back to it: one
+    hash block when its lookup is fine-grained (hits inside a block) and its blocks are wider
+    than a hash block, else one of its own blocks (vLLM's ``eagle_proof_margin``)."""
+    if fine_grained_lookup and block_size > hash_block_size:
+        return hash_block_size
+    return block_size
+
+
 def align_hybrid_block_size(
     block_size: int,
     attn_page_size_1_token: int,

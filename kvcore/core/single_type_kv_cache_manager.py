@@ -65,6 +65,9 @@ class SingleTypeKVCacheManager(ABC):
         # Where hits may end: the block size, or the hash block size when the coordinator
         # enables hits inside a block (prefix_match_unit finer than the block).
         self.cache_hit_alignment_tokens = self.block_size
+        # Whether this group's hits drop their last block for an EAGLE/MTP drafter (set by the
+        # coordinator); it also moves which blocks sparse retention keeps.
+        self.use_eagle = False
         # A partial hit's tail block, shared with the cache, is written by this request from
         # inside: it gets a private copy (copy-on-write) at its next allocation.
         self._partial_hit_reqs: dict[str, tuple[int, KVCacheBlock]] = {}
@@ -225,6 +228,10 @@ class SingleTypeKVCacheManager(ABC):
         boundaries = list(replay_boundaries)
         if request.shared_prefix_boundary:
             boundaries.append(request.shared_prefix_boundary)
+            if self.use_eagle:
+                # a request that leaves the shared prefix right after it has no block past the
+                # junction to match and drop, so its hit ends one block lower
+                boundaries.append(request.shared_prefix_boundary - self.block_size)
         mask = self.reachable_block_mask(num_cached, num_full, retention_interval, boundaries)
         self.block_pool.cache_full_blocks(
             request,
@@ -291,20 +298,30 @@ class SingleTypeKVCacheManager(ABC):
 
     @abstractmethod
     def find_longest_cache_hit(
-        self, block_hashes: Sequence[bytes], max_length: int, kv_cache_group_ids: list[int]
+        self,
+        block_hashes: Sequence[bytes],
+        max_length: int,
+        kv_cache_group_ids: list[int],
+        drop_eagle_block: bool = False,
     ) -> tuple[list[list[KVCacheBlock]], int]:
         """(cached blocks of the longest hit per group in ``kv_cache_group_ids``, its length
         in tokens), at most ``max_length`` tokens and a multiple of
-        ``cache_hit_alignment_tokens``; each attention type defines its own search."""
+        ``cache_hit_alignment_tokens``; each attention type defines its own search.
+
+        ``drop_eagle_block`` (an EAGLE/MTP drafter): the last matched block is given up, so
+        it is computed again and the drafter gets the hidden states of its tokens."""
 
 
 class FullAttentionManager(SingleTypeKVCacheManager):
     supports_fine_grained_hash_lookup: ClassVar[bool] = True
 
-    def find_longest_cache_hit(self, block_hashes, max_length, kv_cache_group_ids):
+    def find_longest_cache_hit(
+        self, block_hashes, max_length, kv_cache_group_ids, drop_eagle_block=False
+    ):
         """Left to right; the chain means the first miss ends the hit. With hits inside a
         block, the first block not fully cached is then probed at each hash boundary inside
-        it, longest first (a partial entry, ``cache_partial_block``)."""
+        it, longest first (a partial entry, ``cache_partial_block``). The EAGLE drop takes
+        one block off a hit, or one hash block when hits end inside blocks."""
         bs, align = self.block_size, self.cache_hit_alignment_tokens
         pool = self.block_pool
         hashes = resolve_block_hashes(
@@ -336,6 +353,8 @@ class FullAttentionManager(SingleTypeKVCacheManager):
                     dst.append(blk)
                 hit_length = (fine_idx + 1) * align
                 break
+        if drop_eagle_block and hit_length > 0:
+            hit_length -= min(align, bs)
         hit_length -= hit_length % align
         for dst in out:
             del dst[cdiv(hit_length, bs) :]
@@ -350,7 +369,9 @@ class FullAttentionManager(SingleTypeKVCacheManager):
         """Key the prompt's last hash boundary (where a resend's hit stops) when it falls
         inside a block; the boundaries before it inside that block are not keyed."""
         hbs = self.block_pool.hash_block_size
-        boundary = min((request.num_prompt_tokens - 1) // hbs, len(request.block_hashes)) * hbs
+        # an EAGLE lookup reads the whole prompt before it drops a hash block
+        limit = request.num_prompt_tokens if self.use_eagle else request.num_prompt_tokens - 1
+        boundary = min(limit // hbs, len(request.block_hashes)) * hbs
         if boundary == 0 or boundary > num_tokens or boundary % self.block_size == 0:
             return
         blocks = self.req_to_blocks[request.request_id]
@@ -382,6 +403,11 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         # A token sees itself and the W-1 before it, so W-1 earlier tokens must be cached.
         self.contiguous_blocks = cdiv(self.sliding_window - 1, self.block_size)
 
+    def _contiguous_blocks_for_hit(self, use_eagle: bool) -> int:
+        """Cached blocks in a row a hit needs: the window's, and with the EAGLE drop one more
+        (matched, then dropped)."""
+        return self.contiguous_blocks + int(use_eagle)
+
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
         return max(0, num_computed_tokens - self.sliding_window + 1)
 
@@ -393,7 +419,9 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
         (all blocks, or none for a window of 1); n > 0: a tail every n tokens; and, unless
         None, the tails ending where a later request can stop (the resend cap
         ``num_prompt_tokens - 1`` and a shared-prefix boundary)."""
-        need = self.contiguous_blocks
+        need = self._contiguous_blocks_for_hit(self.use_eagle)
+        # with the EAGLE drop the matched run ends one block past the boundary it serves
+        shift = int(self.use_eagle)
         mask = [False] * (end_block - start_block)
         segment_tokens = self.block_size if retention_interval is None else retention_interval
         if segment_tokens:
@@ -401,24 +429,28 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             if need >= per_segment:
                 return None
             for i in range(start_block, end_block):
-                if i % per_segment >= per_segment - need:
+                if i >= shift and (i - shift) % per_segment >= per_segment - need:
                     mask[i - start_block] = True
         if retention_interval is not None:
             for boundary in reachable_boundaries:
-                end = boundary // self.block_size
+                end = boundary // self.block_size + shift
                 for j in range(max(start_block, end - need), min(end_block, end)):
                     mask[j - start_block] = True
         return mask
 
-    def find_longest_cache_hit(self, block_hashes, max_length, kv_cache_group_ids):
+    def find_longest_cache_hit(
+        self, block_hashes, max_length, kv_cache_group_ids, drop_eagle_block=False
+    ):
         """Right to left: the first run of ``contiguous_blocks`` cached blocks covers the
-        window; blocks before it are outside the window and become null."""
+        window; blocks before it are outside the window and become null. The EAGLE drop
+        asks for one block more in the run, then gives up its last block."""
         block_hashes = resolve_block_hashes(
             block_hashes, self.block_pool.hash_block_size, self.block_size
         )
         max_blocks = max_length // self.block_size
         null = self.block_pool.null_block
         out = [[null] * max_blocks for _ in kv_cache_group_ids]
+        need = self._contiguous_blocks_for_hit(drop_eagle_block)
         run = 0
         found = False
         for i in range(max_blocks - 1, -1, -1):
@@ -429,7 +461,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             for dst, blk in zip(out, cached):
                 dst[i] = blk
             run += 1
-            if run >= self.contiguous_blocks:
+            if run >= need:
                 for dst in out:
                     del dst[i + run :]
                 found = True
@@ -438,6 +470,9 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             # Fewer than a window's worth: only a run starting at block 0 counts.
             for dst in out:
                 del dst[run:]
+        if drop_eagle_block and out[0]:
+            for dst in out:
+                dst.pop()
         return out, len(out[0]) * self.block_size
 
 
@@ -487,10 +522,15 @@ class MambaManager(SingleTypeKVCacheManager):
         # Only the state after the last computed token is needed.
         return num_computed_tokens - 1
 
-    def find_longest_cache_hit(self, block_hashes, max_length, kv_cache_group_ids):
+    def find_longest_cache_hit(
+        self, block_hashes, max_length, kv_cache_group_ids, drop_eagle_block=False
+    ):
         """Right to left: the last cached state up to ``max_length`` is the whole hit (earlier
         states are not needed), padded in front with null blocks. With hits inside a block,
-        every hash boundary is probed (a state keyed there by ``cache_partial_block``)."""
+        every hash boundary is probed (a state keyed there by ``cache_partial_block``).
+        A state group never drops a block for EAGLE (a draft model has no Mamba layers); the
+        coordinator refuses the drop with a Mamba group, whose EAGLE checkpoints are not
+        modelled."""
         pool, bs, align = self.block_pool, self.block_size, self.cache_hit_alignment_tokens
         null = pool.null_block
         hashes = resolve_block_hashes(

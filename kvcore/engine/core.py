@@ -56,6 +56,7 @@ class EngineCore:
         self.scheduler = scheduler
         self.model_runner = model_runner
         self.drafter = drafter
+        scheduler.use_eagle = bool(getattr(drafter, "uses_target_hidden_states", False))
         self.max_model_len = max_model_len
         self.spec_decoding_stats = SpecDecodingStats()
         # The KV connector's worker half (the CPU tier's copies), set by whoever builds the
@@ -124,6 +125,8 @@ class EngineCore:
             scheduler.update_from_output(out, runner_output)
             if isinstance(self.drafter, DraftModelProposer):
                 self._propose_with_draft_model(out, computed_before, new_tokens)
+            elif getattr(self.drafter, "uses_target_hidden_states", False):
+                self._propose_with_hidden_states(new_tokens)
             elif self.drafter is not None:
                 self.propose_draft_token_ids(new_tokens)
         elif self.kv_connector is not None and self._kv_jobs(out):
@@ -236,6 +239,14 @@ class EngineCore:
                 continue
             proposals[rid] = self.drafter.propose(req.all_token_ids)
         self.scheduler.update_draft_token_ids(proposals)
+
+    def _propose_with_hidden_states(self, new_tokens: dict[str, list[int]]) -> None:
+        """An EAGLE drafter after the verify step: each request still running drafts from the
+        hidden state its last token came from (the runner kept them)."""
+        requests = self.scheduler.requests
+        gained = {rid: t for rid, t in new_tokens.items() if rid in requests}
+        num_tokens = {rid: requests[rid].num_tokens for rid in gained}
+        self.scheduler.update_draft_token_ids(self.drafter.propose(gained, num_tokens))
 
     def _propose_with_draft_model(
         self,

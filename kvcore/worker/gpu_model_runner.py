@@ -167,6 +167,11 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         self.request_generators: dict[str, torch.Generator] = {}
         self.last_inputs: ModelInputs | None = None  # the last step's inputs (for the step record)
         self.last_step: PagedStep | None = None  # what the last step's kernel indexed (tests)
+        # An EAGLE drafter's input (keep_hidden_states): per sampling request, the hidden states
+        # the LM head read in the last verify step, one row per logits position.
+        self.last_hidden_states: dict[str, torch.Tensor] = {}
+        self._lm_head_input: torch.Tensor | None = None
+        self._hidden_hook = None
 
     def add_request_seed(self, request_id: str, seed: int) -> None:
         """Sample ``request_id`` at temperature 1 from a generator of its own, seeded once here."""
@@ -292,6 +297,16 @@ class GPUModelRunner(LoRAModelRunnerMixin):
                     next_ids.append(int(torch.multinomial(probs, 1, generator=gen)))
         return dict(zip(rids, next_ids))
 
+    def keep_hidden_states(self) -> None:
+        """From now on ``execute_verify`` keeps what the LM head reads at each logits position
+        (``last_hidden_states``): the target's hidden states an EAGLE drafter drafts from."""
+        if self._hidden_hook is None:
+
+            def keep(module, args, output):
+                self._lm_head_input = args[0]
+
+            self._hidden_hook = self.model.lm_head.register_forward_hook(keep)
+
     @torch.inference_mode()
     def execute_verify(self, items: Sequence[SeqBatchItem]) -> dict[str, list[int]]:
         """Run one step; greedy tokens after each logits position of each item with sample=True:
@@ -299,10 +314,18 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         decoding)."""
         if not items:
             return {}
+        self._lm_head_input = None
+        self.last_hidden_states = {}
         rids, logits = self._forward(items)
         if logits is None:
             return {}
         out: dict[str, list[int]] = {}
         for rid, token in zip(rids, torch.argmax(logits, dim=-1).tolist()):
             out.setdefault(rid, []).append(token)
+        if self._lm_head_input is not None:
+            rows = self._lm_head_input[0]
+            at = 0
+            for rid, tokens in out.items():  # a request's rows are consecutive, in this order
+                self.last_hidden_states[rid] = rows[at : at + len(tokens)]
+                at += len(tokens)
         return out

@@ -404,13 +404,18 @@ class DraftProposed(Event):
     schedules them after its last token (kept by ``Scheduler.update_draft_token_ids``). With
     ``num_lookahead_tokens`` 0 the n-gram proposer found its latest tokens earlier in its text
     (vLLM: ``NgramProposer.propose``); with k > 0 a draft model proposed them, writing their K/V
-    into the lookahead slots the scheduler reserved (vLLM: ``DraftModelProposer.propose``)."""
+    into the lookahead slots the scheduler reserved (vLLM: ``DraftModelProposer.propose``), or,
+    with ``uses_target_hidden_states``, an EAGLE/MTP head from the target's hidden states (vLLM:
+    ``EagleProposer.propose``)."""
 
     kind = EventKind.DRAFT_PROPOSED
     request_id: str = dataclasses.field()
     draft_token_ids: IntTuple
     num_tokens: int
     num_lookahead_tokens: int = 0
+    uses_target_hidden_states: bool = dataclasses.field(
+        default=False, metadata={WRITTEN_WHEN_SET: True}
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,6 +16,13 @@ from typing import Callable, Optional
 from kvcore.config.kv_events import KVEventsConfig
 from kvcore.config.lora import LoRAConfig
 from kvcore.config.scheduler import SchedulerConfig
+from kvcore.config.speculative import (
+    SpeculativeConfig as VllmSpeculativeConfig,
+)
+from kvcore.config.speculative import (
+    resolve_num_hash_lookahead_tokens,
+    use_eagle_block_drop,
+)
 from kvcore.core.kv_cache_manager import KVCacheManager
 from kvcore.core.kv_cache_utils import (
     BlockHasher,
@@ -38,6 +45,7 @@ from kvcore.lora.request import LoRARequest
 from kvcore.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 from kvcore.request import Request, RequestStatus
 from kvcore.spec_decode.draft_model import DraftModelProposer
+from kvcore.spec_decode.eagle import EagleProposer
 from kvcore.spec_decode.ngram_proposer import NgramProposer
 from kvcore.utils.hashing import get_hash_fn_by_name
 from kvcore.utils.math_utils import cdiv
@@ -134,7 +142,42 @@ def kv_cache_manager_for(
         s.free_order,
         enable_kv_cache_events=enable_kv_cache_events,
         hash_block_size=s.prefix_match_unit,
+        use_eagle=eagle_block_drop(s),
     )
+
+
+EAGLE_METHODS = ("eagle", "mtp")  # the scenario's methods drafting from the target's hidden states
+
+
+def speculative_config_for(s: EngineSettings) -> Optional[VllmSpeculativeConfig]:
+    """The fields of vLLM's speculative_config kvcore reads, from the scenario's."""
+    sp = s.speculative
+    if sp is None:
+        return None
+    return VllmSpeculativeConfig(
+        sp.method,
+        sp.num_speculative_tokens,
+        disable_eagle_block_drop=sp.disable_eagle_block_drop,
+        disable_lookahead_block_hashes=sp.disable_lookahead_block_hashes,
+    )
+
+
+def eagle_block_drop(s: EngineSettings) -> bool:
+    """Whether every prefix-cache hit gives up its last matched block, decided as vLLM 0.34.0
+    decides it (kvcore/config/speculative.py). The CPU tier's connector (vLLM's
+    SimpleCPUOffloadConnector) supports lookahead hashes, the P/D pull's (NixlConnector) does
+    not; with no connector they follow prefix caching. Refused where vLLM would hash each block
+    with the tokens after it: the lab does not model lookahead hashes."""
+    sp = speculative_config_for(s)
+    connector = None
+    if s.kv_transfer is not None:
+        connector = False
+    elif s.cpu_offload is not None:
+        connector = True
+    lookahead = resolve_num_hash_lookahead_tokens(sp, s.enable_prefix_caching, connector)
+    if lookahead:
+        raise EngineRefused("engine.lookahead_block_hashes", method=repr(sp.method))
+    return use_eagle_block_drop(sp, lookahead)
 
 
 def scheduler_config_for(s: EngineSettings, max_model_len: int) -> SchedulerConfig:
@@ -153,9 +196,10 @@ def scheduler_config_for(s: EngineSettings, max_model_len: int) -> SchedulerConf
 
 
 def num_lookahead_tokens(speculative) -> int:
-    """vLLM's ``VllmConfig.num_lookahead_tokens``: a draft model writes K/V for up to
-    ``num_speculative_tokens`` positions past the scheduled ones; the n-gram proposer for none."""
-    if speculative is None or speculative.method != "draft_model":
+    """vLLM's ``VllmConfig.num_lookahead_tokens``: a draft model or an EAGLE/MTP head writes K/V
+    for up to ``num_speculative_tokens`` positions past the scheduled ones; the n-gram proposer
+    for none."""
+    if speculative is None or speculative.method not in ("draft_model",) + EAGLE_METHODS:
         return 0
     return speculative.num_speculative_tokens
 
@@ -379,7 +423,7 @@ class Engine:
             lora_config=self.lora_config,
         )
         # Speculative decoding: drafts from an n-gram proposer, verified greedily.
-        self.drafter: Optional[NgramProposer | DraftModelProposer] = None
+        self.drafter: Optional[NgramProposer | DraftModelProposer | EagleProposer] = None
         if s.speculative is not None:
             if s.seed is not None:
                 raise ValueError(
@@ -417,6 +461,8 @@ class Engine:
                     raise EngineRefused("engine.lora_refused", **at) from None
         if s.speculative is not None and s.speculative.method == "draft_model":
             self.drafter = self._draft_model_proposer(s.speculative, runner, num_layers)
+        if s.speculative is not None and s.speculative.method in EAGLE_METHODS:
+            self.drafter = self._eagle_proposer(s.speculative, runner)
         self.engine_core = EngineCore(self.scheduler, runner, self.drafter, self.max_model_len)
         if kv_connector_worker is not None:
             kv_connector_worker.register_kv_caches(getattr(runner, "kv_caches", None))
@@ -681,6 +727,17 @@ class Engine:
 
         draft = DraftModelRunner(runner, num_draft_layers(sp, num_layers))
         return DraftModelProposer(draft, sp.num_speculative_tokens, self.max_model_len)
+
+    def _eagle_proposer(self, sp, runner) -> EagleProposer:
+        """The EAGLE-style head over the runner's hidden states (made once per model and kept in
+        the model cache: kvcore/model/eagle_head.py)."""
+        if self.model is None or not hasattr(runner, "keep_hidden_states"):
+            raise EngineRefused("engine.eagle_needs_model", method=repr(sp.method))
+        from kvcore.model.eagle_head import eagle_head_for
+        from kvcore.worker.eagle_head_runner import EagleHeadRunner
+
+        head_runner = EagleHeadRunner(runner, eagle_head_for(self.model))
+        return EagleProposer(head_runner, sp.num_speculative_tokens, self.max_model_len)
 
     @property
     def spec_decoding_stats(self):

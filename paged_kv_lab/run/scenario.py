@@ -80,14 +80,19 @@ class SpeculativeConfig:
     head (kvcore/spec_decode/draft_model.py; null = three quarters of the model's layers, at
     least one), which writes K/V ahead, so the scheduler reserves ``num_speculative_tokens``
     lookahead slots. Unset lookup lengths follow vLLM: both unset -> 5 and 5, one set -> the
-    other equals it."""
+    other equals it. "eagle" / "mtp": a head over the target's hidden states
+    (kvcore/spec_decode/eagle.py, made by scripts/make_eagle_head.py); vLLM then hashes each block
+    with the token after it unless ``disable_lookahead_block_hashes`` (the lab models only that
+    case: every hit gives up its last matched block) or ``disable_eagle_block_drop`` (neither)."""
 
     __pydantic_config__ = _FORBID
-    method: Literal["ngram", "draft_model"] = "ngram"
+    method: Literal["ngram", "draft_model", "eagle", "mtp"] = "ngram"
     num_speculative_tokens: Int = 3
     prompt_lookup_min: OptInt = None
     prompt_lookup_max: OptInt = None
     num_draft_layers: OptInt = None
+    disable_eagle_block_drop: StrictBool = False
+    disable_lookahead_block_hashes: StrictBool = False
 
     def __post_init__(self) -> None:
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
@@ -366,7 +371,9 @@ _MUST: dict[str, Text] = {
     "chat": _BOOL,
     "max_tokens": _INT_GE1,
     "num_draft_layers": _must("num_draft_layers"),
-    "method": _one_of(('"ngram"', '"draft_model"')),
+    "method": _one_of(('"ngram"', '"draft_model"', '"eagle"', '"mtp"')),
+    "disable_eagle_block_drop": _BOOL,
+    "disable_lookahead_block_hashes": _BOOL,
     "num_speculative_tokens": _INT_GE1,
     "prompt_lookup_min": _NULL_GE1,
     "prompt_lookup_max": _NULL_GE1,
@@ -853,6 +860,11 @@ _LATER_ENGINE_DEFAULTS = {
     "lora_modules": [],
     "enable_prompt_embeds": False,
 }
+# The same for settings inside engine.speculative.
+_LATER_SPECULATIVE_DEFAULTS = {
+    "disable_eagle_block_drop": False,
+    "disable_lookahead_block_hashes": False,
+}
 
 
 def scenario_to_dict(s: Scenario) -> dict:
@@ -861,6 +873,10 @@ def scenario_to_dict(s: Scenario) -> dict:
     for key, default in _LATER_ENGINE_DEFAULTS.items():
         if d["engine"].get(key, default) == default:
             d["engine"].pop(key, None)
+    speculative = d["engine"].get("speculative")
+    for key, default in _LATER_SPECULATIVE_DEFAULTS.items():
+        if speculative is not None and speculative.get(key, default) == default:
+            speculative.pop(key, None)
     default_req = asdict(RequestSpec(id=""))
     d["requests"] = [
         {k: v for k, v in r.items() if k == "id" or v != _plain(default_req[k])}

@@ -268,11 +268,12 @@ def settings_form(state: LessonState, lesson: Lesson, ms: ModelState, lang: str)
         )
 
 
-SPEC_METHODS = ("off", "ngram", "draft_model")
+SPEC_METHODS = ("off", "ngram", "draft_model", "eagle", "mtp")
 
 
 def _speculative_fields(sp: dict | None, lang: str) -> None:
-    """Speculative decoding: off, n-gram, or the draft model (its k and its depth)."""
+    """Speculative decoding: off, n-gram, the draft model (its k and its depth), or an EAGLE/MTP
+    head (its k)."""
     sp = sp or {}
     c = st.columns(3)
     method = sp.get("method", "ngram") if sp else "off"
@@ -318,8 +319,11 @@ def _speculative_value(ss, old: dict | None) -> dict | None:
     }
     layers = int(ss["pg_num_draft_layers"])
     new["num_draft_layers"] = layers or None
-    if method == "ngram":  # unused by n-gram: the scenario's own stays (Apply changes no value)
+    if method in ("ngram", "eagle", "mtp"):  # unused: the scenario's own stays
         new["num_draft_layers"] = (old or {}).get("num_draft_layers")
+    if method in ("eagle", "mtp"):
+        # the lab models EAGLE on plain block hashes only (the help says so)
+        new.setdefault("disable_lookahead_block_hashes", True)
     return new
 
 

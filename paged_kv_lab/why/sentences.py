@@ -296,8 +296,9 @@ def _tokens(ids: Sequence[int], s: Style) -> str:
 def _draft_proposed(e: E.DraftProposed, s: Style) -> Text:
     d = len(e.draft_token_ids)
     k = e.num_lookahead_tokens
+    how = "eagle" if e.uses_target_hidden_states else ("lookahead" if k else "ngram")
     return Text(
-        f"event.draft_proposed.{'lookahead' if k else 'ngram'}.{_plural(d)}",
+        f"event.draft_proposed.{how}.{_plural(d)}",
         {
             "rid": e.request_id,
             "d": d,

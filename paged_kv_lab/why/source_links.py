@@ -366,6 +366,14 @@ FUNCTIONS: dict[str, CodeLink] = {
             "SpecDecodeBaseProposer.propose",
             "kvcore.spec_decode.draft_model:DraftModelProposer.propose",
         ),
+        _link(  # vLLM's EagleProposer drafts through its base class's propose
+            "propose_eagle",
+            "vllm/v1/spec_decode/llm_base_proposer.py",
+            511,
+            773,
+            "SpecDecodeBaseProposer.propose",
+            "kvcore.spec_decode.eagle:EagleProposer.propose",
+        ),
         _link(
             "update_draft_token_ids",
             _SCHED,
@@ -517,6 +525,8 @@ def event_calls(ev: E.Event, num_groups: int = 1) -> tuple[str, ...]:
     if k == E.SAMPLED:
         return ("sample",)
     if k == E.DRAFT_PROPOSED:
+        if ev.uses_target_hidden_states:
+            return ("propose_eagle",)
         return ("propose_draft_model",) if ev.num_lookahead_tokens else ("propose",)
     if k == E.DRAFT_ACCEPTED:
         return ("rejection_sample",)

@@ -97,7 +97,7 @@ def test_scenario_file_accepts_the_draft_model_and_lookahead_follows_it(tmp_path
     assert num_lookahead_tokens(SpeculativeConfig(num_speculative_tokens=4)) == 0  # n-gram
     assert num_lookahead_tokens(None) == 0
     bad = tmp_path / "bad.json"
-    bad.write_text('{"engine": {"speculative": {"method": "eagle", "num_draft_layers": 0}}}')
+    bad.write_text('{"engine": {"speculative": {"method": "medusa", "num_draft_layers": 0}}}')
     with pytest.raises(ScenarioError) as e:
         load_scenario(bad)
     text = str(e.value)

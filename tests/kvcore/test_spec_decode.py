@@ -78,7 +78,7 @@ def test_the_setting_is_off_by_default_and_validated():
     )
     assert load_scenario({"engine": {"speculative": {}}}).engine.speculative.prompt_lookup_min == 5
     for bad in (
-        {"method": "eagle"},
+        {"method": "medusa"},
         {"num_speculative_tokens": 0},
         {"prompt_lookup_min": 4, "prompt_lookup_max": 2},
         {"k": 3},

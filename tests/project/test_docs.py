@@ -42,6 +42,8 @@ OURS = (
     "kvcore/worker/paged_attention.py",  # our attention kernel over the paged pool
     # the draft model's forward (vLLM's proposer runs its own model; kvcore's torch stays here)
     "kvcore/worker/draft_model_runner.py",
+    # the EAGLE-style head's passes (vLLM's EagleProposer runs its head itself; torch stays here)
+    "kvcore/worker/eagle_head_runner.py",
     # the observer interface the lab records through (vLLM's precedent, its metrics collector,
     # is a concrete class in v1/core/kv_cache_metrics.py)
     "kvcore/core/kv_cache_observer.py",

@@ -204,6 +204,29 @@ def _claim_pd_cached_tokens(before: Records, after: Records) -> list[str]:
     return out
 
 
+def _claim_eagle_drop(before: Records, after: Records) -> list[str]:
+    """With the EAGLE drop (plain block hashes) a hit gives up its last matched block: B, a
+    resend, hits one block less than with disable_eagle_block_drop, where it hits every full
+    block below its num_tokens - 1; C, sharing one block of system prompt, misses, then hits
+    that block; drafts are proposed in both runs; the hit rate vLLM logs goes up with the fix."""
+    out = []
+    snap = _last(before)
+    bs = snap.block_size
+    b_before, b_after = _hit_tokens(before, "B"), _hit_tokens(after, "B")
+    c_before, c_after = _hit_tokens(before, "C"), _hit_tokens(after, "C")
+    b = snap.request("B")
+    if b_after != (b.num_prompt_tokens - 1) // bs * bs or b_before != b_after - bs:
+        out.append("B: the drop gives up exactly one block of the hit it has without the drop")
+    if c_before != 0 or c_after != bs:
+        out.append("C: a one-block hit becomes a miss with the drop")
+    for name, records in (("before", before), ("after", after)):
+        if not _events(records, "draft_proposed"):
+            out.append(f"{name} the fix: the EAGLE head drafts")
+    if not numbers(snap)["hit_rate"] < numbers(_last(after))["hit_rate"]:
+        out.append("the hit rate vLLM logs is lower with the drop")
+    return out
+
+
 CLAIMS: dict[str, Callable[[Records, Records], list[str]]] = {
     "short-prefix": _claim_short_prefix,
     "sliding-churn": _claim_sliding_churn,
@@ -213,4 +236,5 @@ CLAIMS: dict[str, Callable[[Records, Records], list[str]]] = {
     "timestamp-first": _claim_timestamp,
     "preemptions-seen": _claim_preemptions_seen,
     "pd-cached-tokens": _claim_pd_cached_tokens,
+    "eagle-drop": _claim_eagle_drop,
 }

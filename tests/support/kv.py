@@ -127,6 +127,7 @@ def make_manager(
     max_model_len: int = 1 << 30,
     max_num_batched_tokens: Optional[int] = None,
     watermark: float = 0.0,
+    use_eagle: bool = False,
 ) -> KVCacheManager:
     config = KVCacheConfig(num_blocks, group_specs(groups, block_size), retention_interval)
     kvm = KVCacheManager(
@@ -137,6 +138,7 @@ def make_manager(
         watermark,
         free_order,
         enable_kv_cache_events=True,
+        use_eagle=use_eagle,
     )
     if recorder is not None:
         recorder.attach(kvm)

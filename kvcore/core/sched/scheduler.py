@@ -150,6 +150,9 @@ class Scheduler:
         # keeps that many positions free below max_model_len, and a one-token admission is
         # padded to 1 + num_spec_tokens rows only while it is not 0.
         self.num_sampled_tokens_per_step = 1
+        # vLLM's use_eagle: the drafter reads the target's hidden states (an EAGLE or MTP head;
+        # set by EngineCore from its drafter). Only the draft_proposed decision reports it.
+        self.use_eagle = False
 
     def _mamba_block_aligned_split(
         self, request: Request, num_new_tokens: int, num_new_local_computed_tokens: int = 0
@@ -947,6 +950,7 @@ class Scheduler:
                     draft_token_ids=tuple(drafts),
                     num_tokens=req.num_tokens,
                     num_lookahead_tokens=self.config.num_lookahead_tokens,
+                    uses_target_hidden_states=self.use_eagle,
                 )
 
     def finish_requests(
