@@ -83,7 +83,12 @@ def case_stage(lesson: Lesson, state: LessonState, ms, lang: str) -> None:
         **{k: kw[k] for k in ("decode", "narrate", "intro", "outro", "request_ids", "meta")},
     )
     step_cap_note(state.run, lang)
-    why_panel(state.run, lang, lesson.id, kw["decode"])
+    if getattr(state.run.scenario.engine, "fleet", None) is not None:  # a case on a fleet
+        from paged_kv_lab.ui.fleet_page import show_fleet
+
+        show_fleet(state.run, lang)
+    else:
+        why_panel(state.run, lang, lesson.id, kw["decode"])
     write_url(state, lesson, lang, ms)
 
 
