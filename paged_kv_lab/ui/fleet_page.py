@@ -133,16 +133,25 @@ def show_fleet(run: Any, lang: str, lesson=None, ms=None, overrides=None) -> Non
         show_compare(lesson, ms, overrides or {}, conf.router, lang)
 
 
-def _policy_runs(lesson, ms, overrides: dict) -> dict:
-    """Every policy's run of the lesson's scenario (its other switches as the page has them),
-    opened once per session and held so the store computes them."""
+def _policy_runs(lesson, ms, overrides: dict, current: str, lang: str) -> dict:
+    """The runs of the lesson's scenario (its other switches as the page has them) under the
+    policies this session played, or under every registered one once asked (a button: each is
+    a whole fleet on the model, computed once per server); opened once per session and held, so
+    the store computes them."""
     from paged_kv_lab.ui.state import build_scenario, open_run
 
-    key = f"fleet:policy_runs:{lesson.id}"
-    held = st.session_state.setdefault(key, {})
+    held = st.session_state.setdefault(f"fleet:policy_runs:{lesson.id}", {})
+    played = st.session_state.setdefault(f"fleet:compared:{lesson.id}", [])
+    if current not in played:
+        played.append(current)
+    names = policies()
+    rest = [p for p in names if p not in played]
+    ask = tr("fleet.lesson.compare_all", lang)
+    if rest and st.button(ask, key=f"fleet:compare_all:{lesson.id}"):
+        played.extend(rest)
     base = {k: v for k, v in overrides.items() if k != ROUTER_SETTING}
     out = {}
-    for p in policies():
+    for p in [p for p in names if p in played]:
         name = (p, ms.name, ms.device, tuple(sorted(base.items())))
         timeline = held.get(name)
         if timeline is None:
@@ -192,7 +201,7 @@ def peak_waiting(records, num_replicas: int) -> list[int]:
 
 def show_compare(lesson, ms, overrides: dict, current: str, lang: str) -> None:
     st.markdown(f"**{tr('fleet.lesson.compare', lang)}**")
-    runs = _policy_runs(lesson, ms, overrides)
+    runs = _policy_runs(lesson, ms, overrides, current, lang)
     n = lesson_replicas(runs)
     st.dataframe(pd.DataFrame(compare_rows(runs, n, lang)), hide_index=True, key="fleet:compare")
     pending = [p for p, t in runs.items() if not t.run.done]
