@@ -389,3 +389,33 @@ def fleet_figures(records, num_replicas: int, initial=None) -> FleetFigures:
         sum(r.hits for r in reps),
         sum(r.queries for r in reps),
     )
+
+
+def one_pass_bound(scenario, model=None):
+    """The hit rate no router can beat on this scenario's requests: the lab's one-pass bound
+    (workloads/bound.py) on one engine of its settings with a pool that never evicts, the
+    requests in arrival order, one at a time. Each prompt goes in as a trace whose block ids
+    are its full blocks' hashes as the engines compute them (equal exactly where two prompts
+    share a prefix), its partial last block an id of its own. An ``UnboundedAnswer``."""
+    from paged_kv_lab.run.engine import Engine
+    from paged_kv_lab.workloads.bound import unbounded_answer
+    from paged_kv_lab.workloads.replay import replay_settings
+    from paged_kv_lab.workloads.trace_formats import Trace, TraceRequest
+
+    bare = replace(scenario, engine=replace(scenario.engine, fleet=None), requests=())
+    engine = Engine(bare, model=model)
+    bs = engine.hasher.block_size
+    ids: dict[bytes, int] = {}
+    requests = []
+    for i, spec in enumerate(sorted(scenario.requests, key=lambda r: r.arrival_step)):
+        tokens = engine.encode(spec)
+        hashes = Request(spec.id, tokens, 1, block_hasher=engine.hasher).block_hashes
+        chain = [ids.setdefault(h, len(ids)) for h in hashes]
+        if len(tokens) % bs:
+            chain.append(-1 - i)  # the partial last block: no other prompt's
+        requests.append(
+            TraceRequest(i, float(spec.arrival_step), len(tokens), spec.max_tokens, tuple(chain))
+        )
+    engine.close()
+    trace = Trace(scenario.name, "scenario", bs, tuple(requests))
+    return unbounded_answer(trace, replay_settings(trace, {"block_size": bs}))
