@@ -101,3 +101,19 @@ def test_a_router_hashing_with_another_block_size_or_seed_sees_no_overlap(tiny_m
         assert all(max(d.overlap_blocks) == 0 for d in decisions), wrong
     right = fleet_run(tiny_model, router="prefix")
     assert any(max(r.decision.overlap_blocks) for rec in right.records for r in rec.routed)
+
+
+def test_a_trace_fleet_refuses_router_hash_settings_it_cannot_honour():
+    """A trace fleet's router reads the replicas' own hashes: it refuses another block size or
+    seed for them rather than ignore it."""
+    from paged_kv_lab.fleet.trace_fleet import trace_fleet
+    from paged_kv_lab.workloads.replay import ReplayError, replay_settings
+    from paged_kv_lab.workloads.trace_formats import load_trace
+    from support.paths import ROOT
+
+    trace = load_trace(ROOT / "tests/fixtures/traces/mooncake_slice.jsonl").slice(0, 4)
+    settings = replay_settings(trace, {"block_size": 512})
+    for wrong in ({"kv_cache_block_size": 32}, {"none_hash_seed": "0"}):
+        with pytest.raises(ReplayError, match="kv_cache_block_size, none_hash_seed"):
+            trace_fleet(trace, settings, 2, "prefix", wrong)
+    assert trace_fleet(trace, settings, 2, "prefix").run()
