@@ -13,7 +13,13 @@ from typing import Optional
 import pandas as pd
 import streamlit as st
 
-from paged_kv_lab.content.casebook import Case, cases_by_id, issue_url, run_numbers
+from paged_kv_lab.content.casebook import (
+    FLEET_NUMBERS,
+    Case,
+    cases_by_id,
+    issue_url,
+    run_numbers,
+)
 from paged_kv_lab.content.catalog import Lesson
 from paged_kv_lab.store.server_cache import Shared
 from paged_kv_lab.text.i18n import tr
@@ -166,8 +172,9 @@ def show_fleet_numbers(case: Case, shown: dict, lang: str) -> None:
     from paged_kv_lab.fleet.model_fleet import one_pass_bound
     from paged_kv_lab.ui.modelstate import engine_lock
 
-    cols = st.columns(4)
-    for col, key in zip(cols, ("router_hit_rate", "router_mean_hit_rate", "busiest_share")):
+    keys = [k for k in FLEET_NUMBERS if k != case.figure]  # the figure's is shown already
+    cols = st.columns(len(keys) + 1)
+    for col, key in zip(cols, keys):
         col.metric(tr(f"casebook.metric.{key}", lang), _pct(shown[key]))
     ms = current_model()
     scenario = get_state(case.lesson, ms).run.scenario
@@ -178,7 +185,7 @@ def show_fleet_numbers(case: Case, shown: dict, lang: str) -> None:
 
     bound = BOUNDS.get((case.id, ms.name, ms.device), compute)
     if bound.hit_rate is not None:
-        cols[3].metric(tr("casebook.metric.bound", lang), _pct(bound.hit_rate))
+        cols[-1].metric(tr("casebook.metric.bound", lang), _pct(bound.hit_rate))
 
 
 def case_results(case: Case, states, fixed: bool, pending: bool, lang: str) -> None:

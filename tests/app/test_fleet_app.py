@@ -111,3 +111,38 @@ def test_real_workloads_fleet_mode_draws_per_replica_figures():
     assert len(at.dataframe) == 1 and len(at.dataframe[0].value) == 4
     assert any("hit rate" in m.value for m in at.markdown)
     assert len(at.button) == 2  # and one to open a replica's requests as the trace
+
+
+@FLEET_TIMEOUT
+def test_a_fleet_case_on_the_casebook_page_shows_the_routers_numbers_and_the_bound(monkeypatch):
+    """Case 11 on the casebook page: its player plays the fleet, the router's hit rate is 0 with
+    the router's wrong block size and seed and the engines' with the switch, beside the one-pass
+    bound of its requests."""
+    from paged_kv_lab.content.casebook import cases_by_id, run_numbers
+    from paged_kv_lab.fleet.model_fleet import one_pass_bound
+    from paged_kv_lab.store.run_store import default_store
+    from paged_kv_lab.ui.casebook_page import case_lessons
+    from paged_kv_lab.ui.warm_up import record_ahead
+    from support.app import player_data
+
+    monkeypatch.setattr(default_store(), "background_pause", 0.0)
+    case = cases_by_id()["router-hashes-differ"]
+    at = app("casebook")
+    record_ahead(case_lessons(case), at.session_state["_model_state"])
+    at.radio(key="casebook:case").set_value(case.id).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert player_data(at, case.lesson.id)["run"]
+    shown = {m.label: m.value for m in at.metric}
+    router = tr("casebook.metric.router_hit_rate", "en")
+    bound = tr("casebook.metric.bound", "en")
+    assert shown[router] == "0.0%"
+    run = at.session_state[f"lesson:{case.lesson.id}"].run
+    want = one_pass_bound(run.scenario, at.session_state["_model_state"].model)
+    assert shown[bound] == f"{100 * want.hit_rate:.1f}%"
+    at.toggle(key=f"casebook:fix:{case.id}").set_value(True).run()
+    assert not at.exception, [e.value for e in at.exception]
+    fixed = at.session_state[f"lesson:{case.lesson.id}-fixed"].run
+    after = run_numbers(fixed.records)
+    shown = {m.label: m.value for m in at.metric}
+    assert shown[router] == f"{100 * after['router_hit_rate']:.1f}%" != "0.0%"
+    assert shown[bound] == f"{100 * want.hit_rate:.1f}%"  # the same requests: the same bound
