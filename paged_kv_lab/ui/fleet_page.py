@@ -7,20 +7,22 @@ the player's narration: which replica made a step, and why the router sent it th
 takes in that step.
 
 Everything shown is read from the recorded steps (``StepRecord.replica``, ``StepRecord.routed``;
-fleet/model_fleet.py: ``fleet_figures``). Request ids and sessions come from scenario files:
-they reach the page only as data frame cells and catalogue fields, never as HTML.
+fleet/model_fleet.py: ``fleet_figures``). Text only (Markdown tables, as the P/D panel's: the
+per-step pictures are the browser player's, and this part of the page reruns on every cursor
+report). Request ids and sessions come from scenario files: they go through md_escape, never in
+as HTML.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
 
-import pandas as pd
 import streamlit as st
 
 from paged_kv_lab.fleet.model_fleet import fleet_figures
 from paged_kv_lab.fleet.router import policies, router_class, router_settings
 from paged_kv_lab.text.i18n import Text, tr
+from paged_kv_lab.ui.panels import md_escape
 
 ROUTER_SETTING = "router"  # the lesson's switch (content/catalog.py: OPTION_EFFECTS)
 
@@ -70,11 +72,22 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
+def md_table(rows: list[dict]) -> str:
+    """Rows (column -> cell) as a Markdown table; cells escaped."""
+    if not rows:
+        return ""
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    lines = ["| " + " | ".join(md_escape(str(c)) for c in cols) + " |"]
+    lines.append("|" + "---|" * len(cols))
+    for r in rows:
+        lines.append("| " + " | ".join(md_escape(str(r.get(c, ""))) for c in cols) + " |")
+    return "\n".join(lines)
+
+
 def show_decision(routed, settings: dict, lang: str) -> None:
     """One decision: where the request went, why, and the numbers per replica it compared."""
-    st.markdown(
-        f"**{tr('fleet.panel.decision', lang, req=routed.request_id, replica=routed.replica)}**"
-    )
+    req = md_escape(routed.request_id)
+    st.markdown(f"**{tr('fleet.panel.decision', lang, req=req, replica=routed.replica)}**")
     st.caption(tr(why_text(routed, settings), lang))
     d = routed.decision
     rows = []
@@ -87,7 +100,8 @@ def show_decision(routed, settings: dict, lang: str) -> None:
         if d.score is not None:
             row[tr(f"fleet.lesson.col_{d.score_name}", lang)] = round(d.score[i], 3)
         rows.append(row)
-    st.dataframe(pd.DataFrame(rows), hide_index=True, key="fleet:decision")
+    with st.container(key="fleet-decision"):
+        st.markdown(md_table(rows))
 
 
 def replica_rows(figures, lang: str) -> list[dict]:
@@ -118,7 +132,8 @@ def show_fleet(run: Any, lang: str, lesson=None, ms=None, overrides=None) -> Non
         show_decision(figures.routed[-1], settings, lang)
     else:
         st.caption(tr("fleet.panel.none_routed", lang))
-    st.dataframe(pd.DataFrame(replica_rows(figures, lang)), hide_index=True, key="fleet:replicas")
+    with st.container(key="fleet-replicas"):
+        st.markdown(md_table(replica_rows(figures, lang)))
     st.caption(
         tr(
             "fleet.panel.rates",
@@ -203,7 +218,8 @@ def show_compare(lesson, ms, overrides: dict, current: str, lang: str) -> None:
     st.markdown(f"**{tr('fleet.lesson.compare', lang)}**")
     runs = _policy_runs(lesson, ms, overrides, current, lang)
     n = lesson_replicas(runs)
-    st.dataframe(pd.DataFrame(compare_rows(runs, n, lang)), hide_index=True, key="fleet:compare")
+    with st.container(key="fleet-compare"):
+        st.markdown(md_table(compare_rows(runs, n, lang)))
     pending = [p for p, t in runs.items() if not t.run.done]
     st.caption(
         tr("fleet.lesson.compare_caption", lang, policy=Text(f"fleet.router.{current}"))

@@ -14,8 +14,18 @@ WAIT = 300  # seconds for a fleet's run on a busy machine
 FLEET_TIMEOUT = pytest.mark.timeout(900)
 
 
-def _frames(at) -> list:
-    return [d.value for d in at.dataframe]
+def _tables(at) -> list[list[dict]]:
+    """The panel's Markdown tables under the player, in order (decision, replicas, routers),
+    each as rows of column -> cell (unescaped)."""
+    out = []
+    for m in at.markdown:
+        lines = [x for x in m.value.splitlines() if x.startswith("|")]
+        if len(lines) < 2 or not set(lines[1]) <= set("|-"):
+            continue
+        cell = lambda x: [c.strip().replace("\\", "") for c in x.strip("|").split(" | ")]  # noqa: E731
+        cols = cell(lines[0])
+        out.append([dict(zip(cols, cell(x))) for x in lines[2:]])
+    return out
 
 
 @FLEET_TIMEOUT
@@ -35,13 +45,15 @@ def test_the_fleet_lesson_plays_in_the_player_and_says_why_replica_n():
     b.show(step)
     text = "\n".join(m.value for m in at.markdown) + "\n".join(c.value for c in at.caption)
     assert why in text
-    decision, replicas, compare = _frames(at)[:3]
+    decision, replicas, compare = _tables(at)[:3]
     n = run.scenario.engine.fleet.replicas
-    assert len(decision) == n and list(decision.iloc[:, 1]) == list(routed.decision.overlap_blocks)
-    assert tr("fleet.lesson.col_cost", "en") in decision.columns
+    overlap = tr("fleet.lesson.col_overlap", "en")
+    assert [int(r[overlap]) for r in decision] == list(routed.decision.overlap_blocks)
+    assert tr("fleet.lesson.col_cost", "en") in decision[0]
     assert len(replicas) == n
     # the routers played so far, side by side: this one, its numbers once its run ended
-    assert list(compare.iloc[:, 0]) == [tr("fleet.router.dynamo", "en")]
+    policy = tr("fleet.lesson.col_policy", "en")
+    assert [r[policy] for r in compare] == [tr("fleet.router.dynamo", "en")]
 
 
 @FLEET_TIMEOUT
@@ -54,9 +66,9 @@ def test_the_switch_plays_another_router_beside_the_first():
     assert at.query_params.get("router") in ("round_robin", ["round_robin"])
     b = Browser(at, "fleet").until_recorded(1 << 30, WAIT)
     b.show(len(b.steps))
-    compare = _frames(at)[2]
-    col = tr("fleet.panel.col_per_replica", "en")
-    rows = dict(zip(compare.iloc[:, 0], compare[col]))
+    compare = _tables(at)[2]
+    col, policy = tr("fleet.panel.col_per_replica", "en"), tr("fleet.lesson.col_policy", "en")
+    rows = {r[policy]: r[col] for r in compare}
     assert rows[tr("fleet.router.round_robin", "en")] == "3 · 3 · 3"  # nine requests in turn
     assert tr("fleet.router.dynamo", "en") in rows  # the first router played stays beside it
     assert rows[tr("fleet.router.dynamo", "en")] != rows[tr("fleet.router.round_robin", "en")]
@@ -94,8 +106,9 @@ def test_a_router_registered_here_is_on_the_workloads_list_and_in_the_lessons_co
         at = app("fleet")
         at.button(key="fleet:compare_all:fleet").click().run()
         assert not at.exception, [e.value for e in at.exception]
-        compare = _frames(at)[-1]  # at step 0 no decision yet: the replicas, the comparison
-        assert "fleet.router.turn_taker" in list(compare.iloc[:, 0])
+        compare = _tables(at)[-1]  # at step 0 no decision yet: the replicas, the comparison
+        policy = tr("fleet.lesson.col_policy", "en")
+        assert "fleet.router.turn_taker" in [r[policy] for r in compare]
         assert len(compare) == len(policies())
     finally:
         ROUTERS.pop("turn_taker")
