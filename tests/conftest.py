@@ -26,6 +26,10 @@ from pathlib import Path
 
 import pytest
 
+# A fleet's kind of run registers itself when its module is imported (run/driver.py: RUN_KINDS),
+# as the app's run factory imports it (ui/state.py): here for store.timeline.lesson_run's runs
+import paged_kv_lab.fleet.model_fleet  # noqa: E402, F401
+
 # The model fixtures' device: "cpu" (default; CI has no GPU) or "cuda" to run the model tests on a
 # GPU machine (the engine must give the same tokens there).
 TEST_DEVICE = os.environ.get("PAGED_KV_LAB_TEST_DEVICE", "cpu")

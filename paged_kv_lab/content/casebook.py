@@ -80,7 +80,8 @@ class Case:
     answer: str  # why, in vLLM 0.33.0 (and here)
     lesson: Lesson  # the scenario, its narration and "run until" kinds
     fix: Optional[Fix] = None
-    figure: str = "hit_rate"  # the number the before/after figure compares (NUMBERS)
+    figure: str = "hit_rate"  # the number the before/after figure compares (NUMBERS, a fleet's
+    # FLEET_NUMBERS too: run_numbers)
     related: tuple[str, ...] = ()  # more threads asking the same ("owner/repo#n")
     sources: tuple[Source, ...] = ()  # where vLLM 0.33.0 decides what the answer says
     where: str = "engine"  # where the question arises (WHERE): the casebook page groups by it
@@ -149,6 +150,59 @@ def numbers(snap: Snapshot) -> dict[str, float]:
     }
 
 
+# what a fleet case's figure may compare besides NUMBERS (run_numbers of a fleet's run)
+FLEET_NUMBERS = ("router_hit_rate", "router_mean_hit_rate", "busiest_share")
+
+
+def run_numbers(records) -> dict[str, float]:
+    """The numbers a run ends with. One engine's: its last snapshot's (``numbers``). A fleet's
+    (records naming their replica, paged_kv_lab/fleet/model_fleet.py): vLLM's counters summed
+    over every replica's last snapshot, as a dashboard sums the replicas' metrics; the router's
+    hit rate, the prompt tokens its index showed on the replicas it chose over the prompt tokens
+    routed (a ratio of sums, as the engines' is), and the same as the mean of each request's
+    ratio of blocks (how Dynamo's ``router_kv_hit_rate`` histogram averages, ai-dynamo/dynamo
+    #14903); and the busiest replica's share of the requests. ``usage`` is the fullest pool's."""
+    last: dict[int, Snapshot] = {}
+    for rec in records:
+        if isinstance(rec.replica, int):
+            last[rec.replica] = rec.snapshot
+    if not last:
+        return numbers(records[-1].snapshot)
+    per = [numbers(s) for s in last.values()]
+    out: dict[str, float] = {
+        k: sum(p[k] for p in per)
+        for k in (
+            "hits",
+            "queries",
+            "preempted_hits",
+            "preempted_queries",
+            "cached_blocks",
+            "preemptions",
+        )
+    }
+    q, pq = out["queries"], out["queries"] + out["preempted_queries"]
+    out["hit_rate"] = out["hits"] / q if q else 0.0
+    out["hit_rate_with_preempted"] = (out["hits"] + out["preempted_hits"]) / pq if pq else 0.0
+    out["usage"] = max(p["usage"] for p in per)
+    routed = [r for rec in records for r in rec.routed]
+    prompt = sum(r.num_prompt_tokens for r in routed)
+    out["router_hit_rate"] = sum(r.predicted_tokens for r in routed) / prompt if prompt else 0.0
+    ratios = [
+        r.decision.overlap_blocks[r.replica] / -(-r.num_prompt_tokens // r.block_size)
+        for r in routed
+    ]
+    out["router_mean_hit_rate"] = sum(ratios) / len(ratios) if ratios else 0.0
+    counts: dict[int, int] = {}
+    for r in routed:
+        counts[r.replica] = counts.get(r.replica, 0) + 1
+    out["busiest_share"] = max(counts.values()) / len(routed) if routed else 0.0
+    return out
+
+
+# every number a case shows that is a fraction (shown in %): the others are counts
+RATES = RATES + FLEET_NUMBERS
+
+
 # -- the file format -------------------------------------------------------------------------
 # where a case's question arises; the casebook page groups the cases in this order
 WHERE = ("engine", "hybrid", "fleet", "disaggregation")
@@ -166,7 +220,7 @@ class CaseData(DataFile):
     issue: Issue
     related: list[Issue] = Field(default_factory=list)
     sources: list[Source] = Field(min_length=1)
-    figure: Literal[NUMBERS] = "hit_rate"
+    figure: Literal[NUMBERS + FLEET_NUMBERS] = "hit_rate"
     scenario: Annotated[ScenarioRef, BeforeValidator(file_ref)]
     moments: list[MomentData] = Field(default_factory=list)
     focus: Focus = ["cache_hit"]

@@ -59,7 +59,7 @@ from paged_kv_lab.text.i18n import content_dir
 LESSON_FILE = "lesson.yaml"
 TOPIC_QUESTIONS_FILE = "questions.yaml"
 # the panels a lesson page can add under the player (app/lesson_page.py)
-PANELS = ("memory", "budget", "held", "myths", "cpu_tier", "designs", "pd", "hybrid")
+PANELS = ("memory", "budget", "held", "myths", "cpu_tier", "designs", "pd", "hybrid", "fleet")
 # engine settings a switch may set besides EngineSettings' fields (old names load_scenario reads)
 LEGACY_SETTINGS = ("sliding_retention",)
 # Switches that are no engine setting: the name a switch stores (in the URL, in overrides) ->
@@ -68,6 +68,7 @@ OPTION_EFFECTS = {
     "layers": "layer_pattern",
     "spec_method": "spec_method",
     "failed_load": "fail_load",
+    "router": "router",
 }
 
 
@@ -112,6 +113,7 @@ class Option:
     layer_pattern: tuple[str, ...] | None = None  # repeated over the model's layers
     spec_method: str | None = None  # the drafter of engine.speculative
     fail_load: FailLoad | None = None
+    router: str | None = None  # the policy of engine.fleet's router
 
     def apply(self, eng: dict, num_layers: int | None) -> None:
         """Change the engine dict ``eng`` as this option says (a no-op where the scenario has
@@ -125,6 +127,8 @@ class Option:
                 eng["cpu_offload"] = {**eng["cpu_offload"], **failing}
             elif eng.get("kv_transfer") == "pd":
                 eng["kv_transfer_config"] = {**(eng.get("kv_transfer_config") or {}), **failing}
+        if self.router and isinstance(eng.get("fleet"), dict):
+            eng["fleet"] = {**eng["fleet"], "router": self.router}
         if self.spec_method and isinstance(eng.get("speculative"), dict):
             eng["speculative"] = {**eng["speculative"], "method": self.spec_method}
         if self.layer_pattern and num_layers and eng.get("sliding_window"):
@@ -288,6 +292,7 @@ class OptionData(DataFile):
     layer_pattern: Optional[Annotated[list[Literal[LAYER_TYPES]], Field(min_length=1)]] = None
     spec_method: Optional[Literal["ngram", "draft_model"]] = None
     fail_load: Optional[FailLoadData] = None
+    router: Optional[StrictStr] = None
 
 
 def _option(v: Any) -> Any:
@@ -456,6 +461,7 @@ def _toggle(t: ToggleData, i: int, texts: Texts) -> Toggle:
                 tuple(o.layer_pattern) if o.layer_pattern else None,
                 o.spec_method,
                 FailLoad(o.fail_load.request, o.fail_load.policy) if o.fail_load else None,
+                o.router,
             )
             for j, o in enumerate(t.options)
         ),

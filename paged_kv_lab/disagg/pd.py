@@ -22,7 +22,7 @@ from kvcore.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from kvcore.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlConnector
 from kvcore.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlAgentRegistry
 from paged_kv_lab.recording.snapshot import StepRecord
-from paged_kv_lab.run.driver import run_to_end
+from paged_kv_lab.run.driver import run_kind_for, run_to_end
 from paged_kv_lab.run.engine import Engine
 from paged_kv_lab.run.scenario import KVTransferConfig, RequestSpec, Scenario
 
@@ -428,4 +428,12 @@ def engine_for(scenario: Scenario, model=None):
     = "pd"``, a prefill and a decode replica on the one model (PDRun)."""
     if scenario.engine.kv_transfer == "pd":
         return PDRun(PDEngine(scenario, model=model))
+    kind = run_kind_for(scenario)  # a kind another package registered (a fleet)
+    if kind is not None:
+        return kind(scenario, model=model)
+    if getattr(scenario.engine, "fleet", None) is not None:
+        raise ValueError(
+            "engine.fleet runs replicas behind a router: import paged_kv_lab.fleet.model_fleet, "
+            "which builds them"
+        )
     return Engine(scenario, model=model)

@@ -198,6 +198,16 @@ class Fleet:
             fn(i, fr, decision)
         return decision
 
+    def advance(self, until_ns: int) -> None:
+        """Run every busy replica until its clock reaches ``until_ns`` and deliver what was
+        published by then, routing nothing (a caller that steps the fleet between arrivals:
+        fleet/model_fleet.py)."""
+        t0 = time.perf_counter()
+        for j in range(len(self.replicas)):
+            self._run(j, until_ns)
+        self.index.deliver(until_ns)
+        self._wall += time.perf_counter() - t0
+
     def finish(self) -> None:
         """Route what is left and run every replica to its end."""
         while not self.routed_all:

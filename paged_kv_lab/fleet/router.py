@@ -23,13 +23,25 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Optional, Sequence
 
+from kvcore.core.kv_cache_utils import BlockHasher
 from paged_kv_lab.text.i18n import Text
 
 # Settings every router takes (``--set`` keys besides the engine's); a policy's own settings are
 # its class's ``defaults``. Dynamo's defaults are KvRouterConfig's in ai-dynamo-runtime 1.6.1
 # (dynamo/_core.pyi); sglang-router's are RouterArgs' in sglang-router 0.3.2
 # (sglang_router/router_args.py).
-COMMON_DEFAULTS: dict[str, Any] = {"seed": 0, "kv_event_lag_ms": 0.0}
+#
+# The router hashes a prompt itself and looks the hashes up in its index, which holds the hashes
+# the engines published: ``kv_cache_block_size`` (Dynamo's name for the block size its router is
+# given) and ``none_hash_seed`` (the seed of the chain's root, NONE_HASH, which vLLM reads from
+# PYTHONHASHSEED or its hash_seed) must be the engine's, or no prompt overlaps any replica. 0 and
+# "" stand for "the engine's" (what a correctly configured router has).
+COMMON_DEFAULTS: dict[str, Any] = {
+    "seed": 0,
+    "kv_event_lag_ms": 0.0,
+    "kv_cache_block_size": 0,
+    "none_hash_seed": "",
+}
 LOAD_METRICS = ("requests", "kv_usage")
 
 
@@ -561,10 +573,21 @@ def router_settings(overrides: Optional[dict] = None) -> dict:
         if not isinstance(v, want) or isinstance(v, bool):
             raise RouterError(f"{k}: must be a {want.__name__}; got {v!r}")
         out[k] = v
-    _at_least(out, ("kv_event_lag_ms",))
+    _at_least(out, ("kv_event_lag_ms", "kv_cache_block_size"))
     for cls in ROUTERS.values():
         cls.check(out)
     return out
+
+
+def router_hasher(engine_hasher: BlockHasher, settings: dict) -> BlockHasher:
+    """The hasher the router hashes prompts with: the engine's (``engine_hasher``), except where
+    ``settings`` give the router another block size (``kv_cache_block_size``) or another root
+    seed (``none_hash_seed``). Its hashes then name no block the engines published."""
+    size = settings["kv_cache_block_size"] or engine_hasher.block_size
+    seed = settings["none_hash_seed"] or engine_hasher.none_hash_seed
+    if (size, seed) == (engine_hasher.block_size, engine_hasher.none_hash_seed):
+        return engine_hasher
+    return BlockHasher(engine_hasher.hash_fn, size, seed)
 
 
 def make_router(policy: str, settings: Optional[dict] = None) -> Router:

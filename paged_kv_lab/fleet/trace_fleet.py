@@ -179,7 +179,12 @@ def trace_fleet(
             f"replicas: a whole number from 1 to {MAX_REPLICAS}; got {num_replicas!r}"
         )
     sequential = settings.arrival == SEQUENTIAL
-    check_router(num_replicas, policy, router_overrides, sequential)  # before any replica
+    routing = check_router(num_replicas, policy, router_overrides, sequential)  # before any replica
+    if routing.router.settings["kv_cache_block_size"] or routing.router.settings["none_hash_seed"]:
+        raise ReplayError(
+            "kv_cache_block_size, none_hash_seed: a trace fleet's router reads the replicas' own "
+            "hashes (a scenario's engine.fleet can give its router others)"
+        )
     replicas = [
         Replay(trace, settings, own_arrivals=False, kv_events=True) for _ in range(num_replicas)
     ]

@@ -9,7 +9,7 @@ scheduler and block pool into one (O(blocks + requests)).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional, Union
 
 from kvcore.core.kv_cache_inspect import (
     block_tables,
@@ -180,12 +180,15 @@ class StepRecord:
     # which do not carry it: a timing is no part of what the run decided)
     seconds: float = field(default=0.0, compare=False, repr=False)
     # In a P/D pair's run (paged_kv_lab/disagg/pd.py) the replica that made this step, whose pool
-    # the snapshot is; None for one engine. Written out only when set, so a plain run's file is
-    # unchanged.
-    replica: Optional[Literal["prefill", "decode"]] = None
+    # the snapshot is ("prefill" / "decode"); in a fleet's (paged_kv_lab/fleet/model_fleet.py) its
+    # index; None for one engine. Written out only when set, so a plain run's file is unchanged.
+    replica: Optional[Union[Literal["prefill", "decode"], int]] = None
     # the K/V the replica's connector pulled in this step: request -> (prefill block ids, decode
     # block ids), the i-th of one copied into the i-th of the other; written out only when some
     pulls: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
+    # in a fleet's run, the requests the router sent to this replica just before this step, each
+    # with its decision (fleet/model_fleet.py: Routed); written out only when some
+    routed: tuple[Any, ...] = field(default=(), compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         d = {
@@ -201,6 +204,8 @@ class StepRecord:
             d["replica"] = self.replica
         if self.pulls:
             d["pulls"] = {k: [list(p), list(q)] for k, (p, q) in self.pulls.items()}
+        if self.routed:
+            d["routed"] = [r.to_dict() for r in self.routed]
         return d
 
     @staticmethod

@@ -316,6 +316,9 @@ def check_scenario(
         pool += gpu_pool * draft // n_layers
     if getattr(s, "kv_transfer", None) == "pd":
         pool *= 2  # a prefill replica and a decode replica, a pool each
+    fleet = getattr(s, "fleet", None)
+    if fleet is not None:
+        pool *= fleet.replicas  # replicas behind a router, a pool each
     if pool > limits.max_run_bytes:
         what = "(num_gpu_blocks + cpu_offload.num_cpu_blocks)" if cpu_offload else "num_gpu_blocks"
         fields = {"blocks": f"engine.{what}", "slots": f"{slots:,}", "need": fmt_bytes(pool)}

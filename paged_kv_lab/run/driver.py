@@ -21,7 +21,7 @@ with no base class; ``isinstance(x, Driver)`` checks that they are there.
 
 from __future__ import annotations
 
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Callable, Optional, Protocol, TypeVar, runtime_checkable
 
 Req = TypeVar("Req", contravariant=True)
 Rec = TypeVar("Rec", covariant=True)
@@ -66,6 +66,25 @@ class Driver(Protocol[Req, Rec, Out]):
         ...
 
 
+# Kinds of run a scenario can ask for beyond one engine and the P/D pair, each registered by the
+# package that builds it (a fleet: paged_kv_lab/fleet/model_fleet.py), so the store builds one
+# without importing the layers above it: name -> (does this scenario ask for it, its driver).
+RUN_KINDS: dict[str, tuple[Callable[[Any], bool], Callable[..., Any]]] = {}
+
+
+def register_run_kind(name: str, wants: Callable[[Any], bool], driver: Callable[..., Any]) -> None:
+    """``driver(scenario, model=...)`` steps every scenario ``wants(scenario)`` says is its."""
+    RUN_KINDS[name] = (wants, driver)
+
+
+def run_kind_for(scenario: Any) -> Optional[Callable[..., Any]]:
+    """The registered driver a scenario asks for (None: one engine or a P/D pair)."""
+    for wants, driver in RUN_KINDS.values():
+        if wants(scenario):
+            return driver
+    return None
+
+
 def run_to_end(driver: Driver[Any, Rec, Any], max_steps: int = 100_000) -> list[Rec]:
     """Step ``driver`` until nothing is left (at most ``max_steps`` steps); the records."""
     records = []
@@ -74,4 +93,4 @@ def run_to_end(driver: Driver[Any, Rec, Any], max_steps: int = 100_000) -> list[
     return records
 
 
-__all__ = ["Driver", "run_to_end"]
+__all__ = ["RUN_KINDS", "Driver", "register_run_kind", "run_kind_for", "run_to_end"]

@@ -357,6 +357,11 @@ class Engine:
                 f"engine.kv_transfer {s.kv_transfer!r} runs two replicas: "
                 "paged_kv_lab.disagg.pd.PDEngine builds them"
             )
+        if getattr(s, "fleet", None) is not None:
+            raise ValueError(
+                "engine.fleet runs replicas behind a router: "
+                "paged_kv_lab.fleet.model_fleet.FleetRun builds them"
+            )
         self.scenario = scenario
         self.settings = s
         self.debug = debug

@@ -207,6 +207,30 @@ class KVTransferConfig:
     fail_loads: Annotated[tuple[StrictStr, ...], Field(max_length=1024)] = ()
 
 
+MAX_FLEET_REPLICAS = 8  # a fleet's engines share the model; each holds a KV pool of its own
+RouterValue = Union[StrictInt, float, StrictStr]
+
+
+@dataclass(frozen=True)
+class FleetConfig:
+    """Replicas of this engine behind a router (``engine.fleet``; paged_kv_lab/fleet/
+    model_fleet.py): ``replicas`` engines of these settings, one copy of the model, each with a
+    pool of ``num_gpu_blocks``; ``router`` one of the router registry's policies
+    (paged_kv_lab/fleet/router.py) with ``router_settings`` over its defaults (the router's own
+    block size and hash seed among them); ``sessions`` each request's conversation, the session
+    router's key (a request left out is its own). A request's ``arrival_step`` is on the fleet's
+    clock: it is routed once every replica made that many steps. Checked against the router
+    registry when the fleet is built."""
+
+    __pydantic_config__ = _FORBID
+    replicas: Annotated[StrictInt, Field(ge=1, le=MAX_FLEET_REPLICAS)] = 2
+    router: Annotated[StrictStr, Field(min_length=1, max_length=64)] = "round_robin"
+    router_settings: dict[Annotated[StrictStr, Field(max_length=64)], RouterValue] = field(
+        default_factory=dict
+    )
+    sessions: dict[StrictStr, StrictStr] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class EngineSettings:
     __pydantic_config__ = _FORBID
@@ -258,6 +282,8 @@ class EngineSettings:
     kv_transfer: Optional[Literal["pd"]] = None
     # the pair's vLLM KVTransferConfig settings (a failed pull's policy); null: vLLM's defaults
     kv_transfer_config: Optional[KVTransferConfig] = None
+    # replicas of this engine behind a router (paged_kv_lab/fleet); null: one engine
+    fleet: Optional[FleetConfig] = None
     # LoRA (vLLM's names): serve the adapters of lora_modules; at most max_loras of them run in one
     # step, each of rank <= max_lora_rank (kvcore/lora/, kvcore/worker/lora_model_runner_mixin.py)
     enable_lora: StrictBool = False
@@ -407,6 +433,11 @@ _MUST: dict[str, Text] = {
     "fail_loads": _must("request_ids"),
     "kv_transfer": _must("either", a="null", b='"pd"'),
     "kv_transfer_config": _must("object"),
+    "fleet": _must("object"),
+    "replicas": _must("int_in", range=f"[1, {MAX_FLEET_REPLICAS}]"),
+    "router": _must("non_empty_string"),
+    "router_settings": _must("object"),
+    "sessions": _must("object"),
     "enable_lora": _BOOL,
     "max_loras": _INT_GE1,
     "max_lora_rank": _one_of(tuple(str(r) for r in MAX_LORA_RANKS)),
@@ -433,6 +464,7 @@ _SECTIONS = {
     ("engine", "speculative"): SpeculativeConfig,
     ("engine", "cpu_offload"): CPUOffloadConfig,
     ("engine", "kv_transfer_config"): KVTransferConfig,
+    ("engine", "fleet"): FleetConfig,
     ("engine", "lora_modules", int): LoRAModulePath,
     ("requests", int, "prompt_embeds"): EmbedsSource,
     ("requests", int, "prompt_embeds", "noise"): EmbedsNoise,
@@ -854,6 +886,7 @@ _LATER_ENGINE_DEFAULTS = {
     "prefix_match_unit": None,
     "kv_transfer": None,
     "kv_transfer_config": None,
+    "fleet": None,
     "enable_lora": False,
     "max_loras": 1,
     "max_lora_rank": 16,

@@ -18,8 +18,17 @@ from typing import Optional
 import pandas as pd
 import streamlit as st
 
-from paged_kv_lab.content.casebook import RATES, WHERE, Case, cases_by_id, issue_url, numbers
+from paged_kv_lab.content.casebook import (
+    FLEET_NUMBERS,
+    RATES,
+    WHERE,
+    Case,
+    cases_by_id,
+    issue_url,
+    run_numbers,
+)
 from paged_kv_lab.content.catalog import Lesson
+from paged_kv_lab.store.server_cache import Shared
 from paged_kv_lab.text.i18n import tr
 from paged_kv_lab.ui.lesson_page import (
     current_lang,
@@ -36,6 +45,8 @@ from paged_kv_lab.ui.state import (
 )
 from paged_kv_lab.ui.why_panel import why_panel
 
+# (case, model, device) -> the one-pass bound of a fleet case's requests (a few bytes)
+BOUNDS: Shared = Shared("fleet case bounds", size=lambda _: 256, keep_errors=False)
 CASE_KEY = "casebook:case"
 WHERE_KEY = "casebook:where"
 FIX_KEY = "casebook:fix:{id}"
@@ -130,7 +141,12 @@ def case_stage(lesson: Lesson, state: LessonState, ms, lang: str) -> None:
         **{k: kw[k] for k in ("decode", "narrate", "intro", "outro", "request_ids", "meta")},
     )
     step_cap_note(state.run, lang)
-    why_panel(state.run, lang, lesson.id, kw["decode"])
+    if getattr(state.run.scenario.engine, "fleet", None) is not None:  # a case on a fleet
+        from paged_kv_lab.ui.fleet_page import show_fleet
+
+        show_fleet(state.run, lang)
+    else:
+        why_panel(state.run, lang, lesson.id, kw["decode"])
     write_url(state, lesson, lang, ms)
 
 
@@ -147,7 +163,7 @@ def final_numbers(state: LessonState) -> Optional[dict]:
         run.want(1 << 30)
     if not run.done or not run.records:
         return None
-    return numbers(run.records[-1].snapshot)
+    return run_numbers(run.records)  # a fleet's: over every replica
 
 
 def _pct(x: float) -> str:
@@ -203,6 +219,8 @@ def show_numbers(case: Case, shown: dict, lang: str) -> None:
     cols = st.columns(2)
     for col, key in zip(cols, dict.fromkeys((case.figure, "hit_rate"))):
         col.metric(tr(f"casebook.metric.{key}", lang), _shown(key, shown[key]))
+    if case.where == "fleet":  # the router's view beside the engines', and what is achievable
+        show_fleet_numbers(case, shown, lang)
     counts = tr("casebook.metric.hits", lang, hits=shown["hits"], queries=shown["queries"])
     if shown["preempted_queries"]:
         counts += " · " + tr(
@@ -212,6 +230,29 @@ def show_numbers(case: Case, shown: dict, lang: str) -> None:
             queries=shown["preempted_queries"],
         )
     st.caption(counts)
+
+
+def show_fleet_numbers(case: Case, shown: dict, lang: str) -> None:
+    """A fleet case's other numbers: the router's hit rate (summed over tokens, and as Dynamo's
+    histogram averages it per request), the busiest replica's share, and the one-pass bound of
+    the case's requests (fleet/model_fleet.py: one_pass_bound; computed once per server)."""
+    from paged_kv_lab.fleet.model_fleet import one_pass_bound
+    from paged_kv_lab.ui.modelstate import engine_lock
+
+    keys = [k for k in FLEET_NUMBERS if k != case.figure]  # the figure's is shown already
+    cols = st.columns(len(keys) + 1)
+    for col, key in zip(cols, keys):
+        col.metric(tr(f"casebook.metric.{key}", lang), _pct(shown[key]))
+    ms = current_model()
+    scenario = get_state(case.lesson, ms).run.scenario
+
+    def compute():
+        with engine_lock():
+            return one_pass_bound(scenario, ms.model)
+
+    bound = BOUNDS.get((case.id, ms.name, ms.device), compute)
+    if bound.hit_rate is not None:
+        cols[-1].metric(tr("casebook.metric.bound", lang), _pct(bound.hit_rate))
 
 
 def case_results(case: Case, states, fixed: bool, pending: bool, lang: str) -> None:

@@ -35,7 +35,6 @@ from paged_kv_lab.ui.warm_up import start_warm_up, warm_up_line
 # plays a lesson and is not listed here needs nothing: adding a lesson adds no line here.
 RENDERERS: dict[str, tuple[str, str]] = {
     "home": ("home_page", "render_home"),
-    "fleet": ("fleet_page", "render_fleet_page"),
     "casebook": ("casebook_page", "render_casebook"),
     "blocksize": ("topic_pages", "render_block_size"),
     "collisions": ("topic_pages", "render_collisions"),

@@ -1,219 +1,232 @@
-"""The fleet lesson: the same requests (two conversations and a third guest, one shared system
-prompt, ``fleet/lesson.json``) routed over three engines sharing the loaded model, under each
-registered policy (fleet/router.py). Step through the decisions: the replicas' pools side by
-side, the router's index (built only from the engines' KV events), "why replica N?" in the
-policy's own sentence and numbers (``fleet.why.<policy>``), and each policy's hit rate at the end.
+"""Under the player, for a run of a fleet (a scenario with ``engine.fleet``: the fleet lesson, a
+fleet case): the router's last decision up to the player's step with its numbers per replica
+and the policy's own sentence (``fleet.why.<policy>``, the router registry's name), each
+replica's load and prefix-cache counters at that step, the router's and the engines' hit rates,
+and the same requests under every registered policy side by side. Also the fleet's lines of
+the player's narration: which replica made a step, and why the router sent it the requests it
+takes in that step.
 
-Every picture reads the recorded ``FleetMoment``s (fleet/model_fleet.py); a run is computed once
-per process and model, under the engine lock, and shared by every session (``FLEETS``, a kind of
-the server's one cache: runs/server_cache.py).
+Everything shown is read from the recorded steps (``StepRecord.replica``, ``StepRecord.routed``;
+fleet/model_fleet.py: ``fleet_figures``). Text only (Markdown tables, as the P/D panel's: the
+per-step pictures are the browser player's, and this part of the page reruns on every cursor
+report). Request ids and sessions come from scenario files: they go through md_escape, never in
+as HTML.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-import pandas as pd
 import streamlit as st
 
-from kvcore.distributed.kv_events import external_hash_text
-from paged_kv_lab.fleet.router import policies, router_class
-from paged_kv_lab.store.server_cache import Shared, estimate_nbytes
-from paged_kv_lab.text.i18n import tr
-from paged_kv_lab.ui.panels import painted_grid
+from paged_kv_lab.fleet.model_fleet import fleet_figures
+from paged_kv_lab.fleet.router import policies, router_class, router_settings
+from paged_kv_lab.text.i18n import Text, tr
+from paged_kv_lab.ui.panels import md_escape
 
-LESSON_FILE = Path(__file__).resolve().parent.parent / "fleet" / "lesson.json"
-MAX_INDEX_ROWS = 12
-DEFAULT_POLICY = "prefix"
+ROUTER_SETTING = "router"  # the lesson's switch (content/catalog.py: OPTION_EFFECTS)
 
 
-def lesson_data() -> dict:
-    return json.loads(LESSON_FILE.read_text(encoding="utf-8"))
+def is_fleet(scenario) -> bool:
+    return scenario is not None and getattr(scenario.engine, "fleet", None) is not None
 
 
-def fleet_nbytes(moments) -> int:
-    """What a computed fleet holds: its moments and the router's index (estimated as a run's
-    records are), and each engine's KV cache (bytes per block x blocks, as a run counts its live
-    engine); the weights are the loaded model's, counted nowhere here."""
-    fleet = moments.fleet
-    kv = sum(int(e.bytes_per_block()) * int(e.settings.num_gpu_blocks) for e in fleet.replicas)
-    return estimate_nbytes((moments.moments, fleet.routing)) + kv
+def why_text(routed, settings: dict) -> Text:
+    """ "Why this replica?": the policy's sentence ``fleet.why.<policy>`` with its decision's
+    numbers (fleet/router.py: ``Router.why``)."""
+    d = routed.decision
+    return router_class(d.policy).why(d, settings)
 
 
-# (model, device, policy) -> the lesson's fleet moments, run to its end; a failure is not kept
-# (the next visit tries again)
-FLEETS: Shared[Any] = Shared("fleet lesson", size=fleet_nbytes, keep_errors=False)
-
-
-def fleet_run(model_name: str, device: str, policy: str, model):
-    """The lesson's requests through its fleet under ``policy`` on the loaded model: its
-    moments (fleet/model_fleet.py's ``FleetMoments``)."""
-
-    def compute():
-        from paged_kv_lab.fleet.model_fleet import run_model_fleet
-        from paged_kv_lab.run.scenario import load_scenario
-        from paged_kv_lab.ui.modelstate import engine_lock
-
-        d = lesson_data()
-        scenario = load_scenario({**d["scenario"], "model": model_name, "device": device})
-        with engine_lock():
-            return run_model_fleet(scenario, d["replicas"], policy, model, d["sessions"])
-
-    return FLEETS.get((model_name, device, policy), compute)
-
-
-def prepare_fleet_lesson(ms) -> None:
-    """The warm-up's part (app/warm_up.py): the policy a first visit shows, run ahead."""
-    from paged_kv_lab.store.server_cache import stop_point
-
-    if ms.model is not None:
-        stop_point()
-        fleet_run(ms.name, ms.device, DEFAULT_POLICY, ms.model)
-
-
-POOL_COLS = 12  # a replica's pool is a full-width grid, one below the other
-# a block's state on its cell: in use by a request, free but still cached, free and empty
-POOL_COLORS = {"used": "#3182bd", "cached": "#9ecae1", "free": "#eeeeee"}
-POOL_TEXT = {"used": "#ffffff", "cached": "#000000", "free": "#666666"}
-
-
-def wire(block_hash: str) -> str:
-    """A block's hash as the router's index holds it: the KV event's form (its last 8 bytes)."""
-    return external_hash_text(bytes.fromhex(block_hash))
-
-
-def pool_table(snap):
-    """One replica's pool as a grid of POOL_COLS cells, one block each ("id · the first hex digits
-    of its hash as the index holds it" when cached), coloured by state (panels.painted_grid)."""
-    blocks = [b for b in snap.blocks if not b.is_null]
-    cells, states = [], []
-    for i in range(0, len(blocks), POOL_COLS):
-        row = blocks[i : i + POOL_COLS]
-        cells.append(
-            [
-                f"{b.block_id} · {wire(b.block_hash)[:6]}" if b.block_hash else str(b.block_id)
-                for b in row
-            ]
-            + [""] * (POOL_COLS - len(row))
-        )
-        states.append(
-            [("used" if b.ref_cnt > 0 else "cached" if b.block_hash else "free") for b in row]
-            + [""] * (POOL_COLS - len(row))
-        )
-    colors = {k: (POOL_COLORS[k], POOL_TEXT[k]) for k in POOL_COLORS}
-    return painted_grid(cells, states, colors, [str(c) for c in range(POOL_COLS)])
-
-
-def why_sentence(m, router_settings: dict, lang: str) -> str:
-    """'Why replica N?': the policy's own sentence, ``fleet.why.<policy>``, with the numbers of
-    the decision it made (and the router settings it compared them with)."""
-    d = m.decision
-    return tr(router_class(d.policy).why(d, router_settings), lang)
-
-
-def render_fleet_page() -> None:
-    from paged_kv_lab.ui.lesson_page import current_lang, current_model
-
-    lang = current_lang()
-    d = lesson_data()
-    st.title(f"🚦 {tr('page.fleet.title', lang)}")
-    st.caption(tr("fleet.lesson.intro", lang, n=d["replicas"]))
-    ms = current_model()
-    if ms.model is None:
-        st.error(tr("fleet.lesson.no_model", lang))
-        return
-    names = policies()
-    policy = st.radio(
-        tr("fleet.lesson.policy", lang),
-        names,
-        index=names.index(DEFAULT_POLICY),
-        horizontal=True,
-        key="fleet:policy",
-        format_func=lambda p: tr(f"fleet.router.{p}", lang),
-    )
-    with st.spinner(tr("fleet.lesson.running", lang)):
-        run = fleet_run(ms.name, ms.device, policy, ms.model)
-    moments = run.moments
-    k = st.slider(tr("fleet.lesson.after", lang), 1, len(moments), 1, key="fleet:k")
-    m = moments[k - 1]
-    n = d["replicas"]
-    st.subheader(
-        tr(
-            "fleet.lesson.decision",
-            lang,
-            request=m.request_id,
-            session=m.session,
-            replica=m.decision.replica,
-        )
-    )
-    st.markdown(
-        f"**{tr('fleet.lesson.why', lang, replica=m.decision.replica)}** "
-        + why_sentence(m, run.fleet.router.settings, lang)
-    )
-    dec = m.decision
-    rows = []
-    for i in range(n):
-        row = {
-            tr("fleet.lesson.col_replica", lang): i,
-            tr("fleet.lesson.col_overlap", lang): dec.overlap_blocks[i],
-            tr("fleet.lesson.col_load", lang): dec.load[i],
-        }
-        if dec.score is not None:
-            row[tr(f"fleet.lesson.col_{dec.score_name}", lang)] = round(dec.score[i], 3)
-        rows.append(row)
-    st.dataframe(pd.DataFrame(rows), hide_index=True, key="fleet:decision")
-    st.caption(
-        tr("fleet.lesson.hit", lang, hit=m.hit_tokens, prompt=m.prompt_tokens, replica=dec.replica)
-    )
-    st.subheader(tr("fleet.lesson.pools", lang))
-    # one grid per replica, one below the other: side by side, a pool's cells were too narrow for
-    # a block's id and hash
-    blank = {str(c): st.column_config.TextColumn(" ") for c in range(POOL_COLS)}
-    for i, snap in enumerate(m.snapshots):
-        st.markdown(
+def fleet_lines(rec, settings: dict, lang: str) -> list[str]:
+    """The fleet's narration of one step: the replica that made it, and each request routed to
+    it just before, with the router's reason."""
+    if not isinstance(rec.replica, int):
+        return []
+    lines = [tr("fleet.step.replica", lang, replica=rec.replica)]
+    for r in rec.routed:
+        lines.append(
             tr(
-                "fleet.lesson.pool",
+                "fleet.step.routed",
                 lang,
-                replica=i,
-                cached=sum(1 for b in snap.blocks if b.block_hash),
-                requests=sum(1 for x in moments[:k] if x.decision.replica == i),
+                req=r.request_id,
+                session=r.session,
+                replica=r.replica,
+                why=why_text(r, settings),
             )
         )
-        st.dataframe(pool_table(snap), hide_index=True, column_config=blank, key=f"fleet:pool{i}")
-    st.caption(tr("fleet.lesson.pool_legend", lang))
-    st.subheader(tr("fleet.lesson.index", lang))
-    holders = m.holders
-    shared = sum(1 for v in holders.values() if len(v) > 1)
-    st.caption(tr("fleet.lesson.index_caption", lang, hashes=len(holders), shared=shared))
-    index_rows = [
-        {
-            tr("fleet.live.col_hash", lang): h[:16],
-            tr("fleet.live.col_holders", lang): ", ".join(str(i) for i in v),
+    return lines
+
+
+def fleet_narrator(inner: Callable, scenario, lang: str) -> Callable:
+    """The lesson's narration of a step (``inner``) after the fleet's own lines."""
+    settings = router_settings(dict(scenario.engine.fleet.router_settings))
+
+    def narrate(rec) -> list[str]:
+        return fleet_lines(rec, settings, lang) + list(inner(rec))
+
+    return narrate
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def md_table(rows: list[dict]) -> str:
+    """Rows (column -> cell) as a Markdown table; cells escaped."""
+    if not rows:
+        return ""
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    lines = ["| " + " | ".join(md_escape(str(c)) for c in cols) + " |"]
+    lines.append("|" + "---|" * len(cols))
+    for r in rows:
+        lines.append("| " + " | ".join(md_escape(str(r.get(c, ""))) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def show_decision(routed, settings: dict, lang: str) -> None:
+    """One decision: where the request went, why, and the numbers per replica it compared."""
+    req = md_escape(routed.request_id)
+    st.markdown(f"**{tr('fleet.panel.decision', lang, req=req, replica=routed.replica)}**")
+    st.caption(tr(why_text(routed, settings), lang))
+    d = routed.decision
+    rows = []
+    for i in range(len(d.overlap_blocks)):
+        row = {
+            tr("fleet.lesson.col_replica", lang): i,
+            tr("fleet.lesson.col_overlap", lang): d.overlap_blocks[i],
+            tr("fleet.lesson.col_load", lang): d.load[i],
         }
-        for h, v in sorted(holders.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:MAX_INDEX_ROWS]
+        if d.score is not None:
+            row[tr(f"fleet.lesson.col_{d.score_name}", lang)] = round(d.score[i], 3)
+        rows.append(row)
+    with st.container(key="fleet-decision"):
+        st.markdown(md_table(rows))
+
+
+def replica_rows(figures, lang: str) -> list[dict]:
+    return [
+        {
+            tr("fleet.lesson.col_replica", lang): r.replica,
+            tr("fleet.panel.col_routed", lang): r.routed,
+            tr("fleet.panel.col_running", lang): r.running,
+            tr("fleet.panel.col_waiting", lang): r.waiting,
+            tr("fleet.panel.col_usage", lang): _pct(r.usage),
+            tr("fleet.panel.col_hits", lang): f"{r.hits} / {r.queries}",
+        }
+        for r in figures.replicas
     ]
-    st.dataframe(pd.DataFrame(index_rows), hide_index=True, key="fleet:index")
-    st.subheader(tr("fleet.lesson.compare", lang))
-    done = st.session_state.setdefault("fleet:compared", [])
-    if policy not in done:
-        done.append(policy)
-    rest = [p for p in names if p not in done]
-    if rest and st.button(tr("fleet.lesson.compare_all", lang), key="fleet:compare_all"):
-        done.extend(rest)
-        rest = []
-    compare = []
-    for p in [p for p in names if p in done]:
-        f = fleet_run(ms.name, ms.device, p, ms.model)
-        compare.append(
+
+
+def show_fleet(run: Any, lang: str, lesson=None, ms=None, overrides=None) -> None:
+    """The panel at the player's step (``run``: the session's Timeline over a fleet's run);
+    with ``lesson`` and ``ms``, the comparison of every policy under it."""
+    scenario = run.scenario
+    conf = scenario.engine.fleet
+    settings = router_settings(dict(conf.router_settings))
+    shown = run.shown_records()
+    figures = fleet_figures(shown, conf.replicas, run.initial)
+    step = shown[-1].step if shown else 0
+    st.markdown(f"**{tr('fleet.panel.title', lang, step=step)}**")
+    if figures.routed:
+        show_decision(figures.routed[-1], settings, lang)
+    else:
+        st.caption(tr("fleet.panel.none_routed", lang))
+    with st.container(key="fleet-replicas"):
+        st.markdown(md_table(replica_rows(figures, lang)))
+    st.caption(
+        tr(
+            "fleet.panel.rates",
+            lang,
+            router=_pct(figures.router_hit_rate),
+            engine=_pct(figures.engine_hit_rate),
+            hits=figures.engine_hits,
+            queries=figures.engine_queries,
+        )
+    )
+    if lesson is not None and ms is not None:
+        show_compare(lesson, ms, overrides or {}, conf.router, lang)
+
+
+def _policy_runs(lesson, ms, overrides: dict, current: str, lang: str) -> dict:
+    """The runs of the lesson's scenario (its other switches as the page has them) under the
+    policies this session played, or under every registered one once asked (a button: each is
+    a whole fleet on the model, computed once per server); opened once per session and held, so
+    the store computes them."""
+    from paged_kv_lab.ui.state import build_scenario, open_run
+
+    held = st.session_state.setdefault(f"fleet:policy_runs:{lesson.id}", {})
+    played = st.session_state.setdefault(f"fleet:compared:{lesson.id}", [])
+    if current not in played:
+        played.append(current)
+    names = policies()
+    rest = [p for p in names if p not in played]
+    ask = tr("fleet.lesson.compare_all", lang)
+    if rest and st.button(ask, key=f"fleet:compare_all:{lesson.id}"):
+        played.extend(rest)
+    base = {k: v for k, v in overrides.items() if k != ROUTER_SETTING}
+    out = {}
+    for p in [p for p in names if p in played]:
+        name = (p, ms.name, ms.device, tuple(sorted(base.items())))
+        timeline = held.get(name)
+        if timeline is None:
+            scenario = build_scenario(lesson, lesson.scenario, {**base, ROUTER_SETTING: p}, ms)
+            timeline = held[name] = open_run(scenario, ms)
+        timeline.run.want(1 << 30)
+        out[p] = timeline
+    return out
+
+
+def compare_rows(runs: dict, num_replicas: int, lang: str) -> list[dict]:
+    rows = []
+    for p, timeline in runs.items():
+        run = timeline.run
+        label = tr(f"fleet.router.{p}", lang)
+        if not run.done:
+            rows.append({tr("fleet.lesson.col_policy", lang): label})
+            continue
+        f = fleet_figures(run.records, num_replicas, run.initial)
+        rows.append(
             {
-                tr("fleet.lesson.col_policy", lang): tr(f"fleet.router.{p}", lang),
-                tr("fleet.lesson.col_hit_rate", lang): f"{f.hit_rate():.1%}",
+                tr("fleet.lesson.col_policy", lang): label,
+                tr("fleet.panel.col_engine_rate", lang): _pct(f.engine_hit_rate),
+                tr("fleet.panel.col_router_rate", lang): _pct(f.router_hit_rate),
+                tr("fleet.panel.col_per_replica", lang): " · ".join(
+                    str(r.routed) for r in f.replicas
+                ),
+                tr("fleet.panel.col_peak_waiting", lang): " · ".join(
+                    str(w) for w in peak_waiting(run.records, num_replicas)
+                ),
                 tr("fleet.lesson.col_placement", lang): " ".join(
-                    str(x.decision.replica) for x in f.moments
+                    f"{r.request_id}→{r.replica}" for r in f.routed
                 ),
             }
         )
-    st.dataframe(pd.DataFrame(compare), hide_index=True, key="fleet:compare")
-    st.caption(tr("fleet.lesson.compare_caption", lang))
+    return rows
+
+
+def peak_waiting(records, num_replicas: int) -> list[int]:
+    """Per replica, the most requests its scheduler held waiting after any of its steps."""
+    peak = [0] * num_replicas
+    for rec in records:
+        if isinstance(rec.replica, int):
+            peak[rec.replica] = max(peak[rec.replica], len(rec.snapshot.waiting))
+    return peak
+
+
+def show_compare(lesson, ms, overrides: dict, current: str, lang: str) -> None:
+    st.markdown(f"**{tr('fleet.lesson.compare', lang)}**")
+    runs = _policy_runs(lesson, ms, overrides, current, lang)
+    n = lesson_replicas(runs)
+    with st.container(key="fleet-compare"):
+        st.markdown(md_table(compare_rows(runs, n, lang)))
+    pending = [p for p, t in runs.items() if not t.run.done]
+    st.caption(
+        tr("fleet.lesson.compare_caption", lang, policy=Text(f"fleet.router.{current}"))
+        + (" " + tr("fleet.panel.computing", lang, n=len(pending)) if pending else "")
+    )
+
+
+def lesson_replicas(runs: dict) -> int:
+    timeline = next(iter(runs.values()))
+    return timeline.run.scenario.engine.fleet.replicas

@@ -110,9 +110,14 @@ def lesson_player(state, lesson, ms, lang: str) -> dict:
     """What the player needs besides the run, for a lesson (the page and the export share it)."""
     run = state.run
     decode = decoder(ms.model)
+    narrate = P.LessonNarrator(lesson, run, lang)
+    if getattr(run.scenario.engine, "fleet", None) is not None:  # replicas behind a router
+        from paged_kv_lab.ui.fleet_page import fleet_narrator
+
+        narrate = fleet_narrator(narrate, run.scenario, lang)
     return {
         "decode": decode,
-        "narrate": P.LessonNarrator(lesson, run, lang),
+        "narrate": narrate,
         "intro": P.intro_text(lesson, run, lang),
         "outro": P.outro_text(lesson, run, lang),
         "request_ids": [r.id for r in run.scenario.requests],
@@ -152,8 +157,13 @@ def lesson_stage(lesson, state, ms, lang: str, compact: bool) -> None:
             from paged_kv_lab.ui.designs_page import show_designs
 
             designs = show_designs(run, lang, kw["decode"], lesson.id)
+        if "fleet" in lesson.panels:  # the router's decisions and the replicas at the step
+            from paged_kv_lab.ui.fleet_page import show_fleet
+
+            show_fleet(run, lang, lesson, ms, state.overrides)
         P.show_myths(run, lang, lesson.id, expanded="myths" in lesson.panels)
-        why_panel(run, lang, lesson.id, kw["decode"], designs=designs)
+        if getattr(run.scenario.engine, "fleet", None) is None:  # a fleet's "why?" is above
+            why_panel(run, lang, lesson.id, kw["decode"], designs=designs)
     write_url(state, lesson, lang, ms)
 
 

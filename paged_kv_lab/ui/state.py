@@ -78,6 +78,7 @@ def build_scenario(lesson: Lesson, base: dict, overrides: dict, ms: ModelState) 
 
 def make_factory(ms: ModelState):
     def factory(scenario: Scenario):
+        import paged_kv_lab.fleet.model_fleet  # noqa: F401  (registers the fleet kind of run)
         from paged_kv_lab.disagg.pd import engine_for
 
         return engine_for(scenario, model=ms.model)

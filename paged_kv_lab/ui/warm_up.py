@@ -102,7 +102,6 @@ def warm_up(ms) -> None:
     from paged_kv_lab.content import lessons
     from paged_kv_lab.content.casebook import cases as all_cases
     from paged_kv_lab.ui.casebook_page import case_lessons
-    from paged_kv_lab.ui.fleet_page import prepare_fleet_lesson
     from paged_kv_lab.ui.topic_pages import prepare_studies
     from paged_kv_lab.ui.workloads_page import prepare_first_slice
 
@@ -111,7 +110,6 @@ def warm_up(ms) -> None:
     stop_point()
     prepare_first_slice()
     prepare_studies(ms.model)
-    prepare_fleet_lesson(ms)
     for timeline in held:
         wait_to_end(timeline.run, RUN_WAIT_S)
 

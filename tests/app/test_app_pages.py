@@ -33,8 +33,8 @@ def engine_snapshot(lesson_id, step, model):
     scenario = lesson_scenario(BY_ID[lesson_id], model.num_layers, model=model.name, device="cpu")
     engine = engine_for(scenario, model=model)
     records = [engine.step() for _ in range(step)]
-    if records and scenario.engine.kv_transfer == "pd":  # a step is one replica's: its pool
-        return records[-1].snapshot
+    if records and records[-1].replica is not None:  # a step is one replica's: its pool (P/D,
+        return records[-1].snapshot  # a fleet)
     return engine.snapshot()
 
 

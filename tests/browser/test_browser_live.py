@@ -55,35 +55,3 @@ def test_the_demo_server_streams_into_the_live_page(server, browser):  # noqa: F
         raise
     finally:
         page.close()
-
-
-def test_the_fleet_lesson_steps_and_answers_why_replica_n(server, browser):  # noqa: F811
-    from paged_kv_lab.text.i18n import tr
-
-    page = browser.new_page(viewport={"width": 1400, "height": 2400})
-    try:
-        page.goto(f"{server}/fleet")
-        page.wait_for_selector("[data-testid=stDataFrame]", timeout=240_000)
-        wait_idle(page, timeout=240_000)
-        why = tr("fleet.lesson.why", "en", replica=0).split(" 0")[0]  # "Why replica"
-        body = page.inner_text("body")
-        assert why in body and "went to replica" in body
-        first = page.locator("h3", has_text="went to replica").first.inner_text()
-        slider = page.get_by_role("slider").first
-        slider.focus()
-        for _ in range(3):
-            page.keyboard.press("ArrowRight")
-        wait_idle(page)
-        page.wait_for_function(
-            "(t) => [...document.querySelectorAll('h3')].some("
-            "h => h.innerText.includes('went to replica') && h.innerText !== t)",
-            arg=first,
-            timeout=60_000,
-        )
-        assert why in page.inner_text("body")
-    except Exception:
-        (ROOT / "test-artifacts").mkdir(exist_ok=True)
-        page.screenshot(path=str(ROOT / "test-artifacts" / "fleet-lesson.png"))
-        raise
-    finally:
-        page.close()

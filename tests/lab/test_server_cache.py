@@ -178,11 +178,12 @@ def test_streamlit_caches_only_the_model():
 
 
 def test_every_kind_sessions_share_is_in_the_process_cache():
-    """Runs, topic studies, memory profiles, the shipped trace, replays, sweeps, both fleets and
-    the warm-up's mark: each a ``Shared`` of the process's one cache."""
+    """Runs (a fleet lesson's and case's among them), topic studies, memory profiles, the shipped
+    trace, replays, sweeps, Real workloads' fleets, fleet cases' bounds and the warm-up's mark:
+    each a ``Shared`` of the process's one cache."""
     from paged_kv_lab.store.run_store import default_store
     from paged_kv_lab.ui import (
-        fleet_page,
+        casebook_page,
         fleet_workloads,
         how_many_blocks,
         topic_pages,
@@ -198,7 +199,7 @@ def test_every_kind_sessions_share_is_in_the_process_cache():
         "shipped traces": workloads_data.SHIPPED,
         "workloads": workloads_page.RUNS,
         "sweeps": workloads_page.SWEEPS,
-        "fleet lesson": fleet_page.FLEETS,
+        "fleet case bounds": casebook_page.BOUNDS,
         "fleet workloads": fleet_workloads.FLEETS,
         "warm-up": warm_up.WARM_UPS,
     }

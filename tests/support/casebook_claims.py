@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
-from paged_kv_lab.content.casebook import numbers
+from paged_kv_lab.content.casebook import numbers, run_numbers
 from paged_kv_lab.content.topics import common_prefix
 from paged_kv_lab.recording.snapshot import Snapshot, StepRecord
 
@@ -227,7 +227,79 @@ def _claim_eagle_drop(before: Records, after: Records) -> list[str]:
     return out
 
 
+def _routed(records: Records) -> list:
+    """A fleet's decisions, in the order its replicas took the requests."""
+    return [r for rec in records for r in rec.routed]
+
+
+def _scattered(records: Records) -> bool:
+    """Some conversation ran on more than one replica."""
+    where: dict[str, set] = {}
+    for r in _routed(records):
+        where.setdefault(r.session, set()).add(r.replica)
+    return any(len(js) > 1 for js in where.values())
+
+
+def _claim_router_hashes(before: Records, after: Records) -> list[str]:
+    """Hashing with another block size and seed than the engines', the router finds none of any
+    prompt on any replica: its hit rate is 0, only the load decides and conversations scatter,
+    while the engines still hit what happens to be cached where the load sent a request. With
+    the engines' settings, it sees the blocks, and its hit rate is the engines'."""
+    out = []
+    if any(max(r.decision.overlap_blocks) for r in _routed(before)):
+        out.append("before: the router should find no overlap on any replica")
+    b, a = run_numbers(before), run_numbers(after)
+    if b["router_hit_rate"] != 0 or b["hits"] == 0:
+        out.append("before: the router's hit rate is 0 while the engines still hit")
+    if not _scattered(before):
+        out.append("before: a conversation should run on several replicas")
+    if not any(max(r.decision.overlap_blocks) for r in _routed(after)):
+        out.append("after: the router should see cached blocks")
+    if not 0 < a["router_hit_rate"] == a["hit_rate"] or a["hit_rate"] <= b["hit_rate"]:
+        out.append("after: the router's hit rate is the engines', and higher than before")
+    return out
+
+
+def _claim_one_replica(before: Records, after: Records) -> list[str]:
+    """Longest cached prefix with a shared system prompt: every request on one replica, whose
+    scheduler has to keep some waiting while the others idle; Dynamo's load term spreads them,
+    at the cost of some hits."""
+    out = []
+    b, a = run_numbers(before), run_numbers(after)
+    if b["busiest_share"] != 1.0:
+        out.append("before: one replica should get every request")
+    if not any(len(rec.snapshot.waiting) for rec in before):
+        out.append("before: the busy replica should keep requests waiting")
+    if not 0 < a["busiest_share"] < 1.0 or len({r.replica for r in _routed(after)}) < 2:
+        out.append("after: the requests should spread over the replicas")
+    if not b["hit_rate"] > a["hit_rate"] > 0:
+        out.append("the pile-up hits more: every request finds the system prompt there")
+    return out
+
+
+def _claim_router_vs_engine(before: Records, after: Records) -> list[str]:
+    """The router's rate summed over tokens equals the engines' (nothing cached or evicted
+    between a decision and its admission); Dynamo's per-request mean is lower; round robin stays
+    below the engines' rate under Dynamo's cost, and both are at or below the one-pass bound."""
+    out = []
+    b, a = run_numbers(before), run_numbers(after)
+    for name, n in (("before", b), ("after", a)):
+        if abs(n["router_hit_rate"] - n["hit_rate"]) > 1e-9:
+            out.append(f"{name}: the router's token-weighted rate should equal the engines'")
+        if not n["router_mean_hit_rate"] < n["router_hit_rate"]:
+            out.append(f"{name}: the per-request mean should be below the token-weighted rate")
+    if not b["hit_rate"] < a["hit_rate"]:
+        out.append("round robin should hit less than Dynamo's cost")
+    routed = _routed(before)
+    if not routed or any(r.decision.policy != "round_robin" for r in routed):
+        out.append("before: round robin routes")
+    return out
+
+
 CLAIMS: dict[str, Callable[[Records, Records], list[str]]] = {
+    "router-hashes-differ": _claim_router_hashes,
+    "one-replica-gets-everything": _claim_one_replica,
+    "router-vs-engine-hit-rate": _claim_router_vs_engine,
     "short-prefix": _claim_short_prefix,
     "sliding-churn": _claim_sliding_churn,
     "preempted-hits": _claim_preempted_hits,
