@@ -123,8 +123,6 @@ NUMBERS = (
     "cached_blocks",
     "preemptions",
 )
-# the NUMBERS that are fractions (shown in %); the others are counts
-RATES = ("hit_rate", "hit_rate_with_preempted", "usage")
 
 
 def numbers(snap: Snapshot) -> dict[str, float]:
@@ -152,6 +150,8 @@ def numbers(snap: Snapshot) -> dict[str, float]:
 
 # what a fleet case's figure may compare besides NUMBERS (run_numbers of a fleet's run)
 FLEET_NUMBERS = ("router_hit_rate", "router_mean_hit_rate", "busiest_share")
+# the numbers that are fractions (shown in %); the others are counts
+RATES = ("hit_rate", "hit_rate_with_preempted", "usage", *FLEET_NUMBERS)
 
 
 def run_numbers(records) -> dict[str, float]:
@@ -197,10 +197,6 @@ def run_numbers(records) -> dict[str, float]:
         counts[r.replica] = counts.get(r.replica, 0) + 1
     out["busiest_share"] = max(counts.values()) / len(routed) if routed else 0.0
     return out
-
-
-# every number a case shows that is a fraction (shown in %): the others are counts
-RATES = RATES + FLEET_NUMBERS
 
 
 # -- the file format -------------------------------------------------------------------------
