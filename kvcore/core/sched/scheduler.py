@@ -10,7 +10,7 @@ from kvcore.config.scheduler import ADMISSIONS, ADMIT_FULL_SEQUENCE, SchedulerCo
 from kvcore.core.kv_cache_manager import KVCacheManager
 from kvcore.core.kv_cache_observer import FREE_COPIED, KVCacheObserver, call_for_request
 from kvcore.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
-from kvcore.core.sched.request_queue import PRIORITY, create_request_queue
+from kvcore.core.sched.request_queue import FCFS, PRIORITY, create_request_queue
 from kvcore.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from kvcore.kv_cache_interface import MambaSpec
 from kvcore.metrics.stats import PrefixCacheStats
@@ -150,6 +150,14 @@ class Scheduler:
         # keeps that many positions free below max_model_len, and a one-token admission is
         # padded to 1 + num_spec_tokens rows only while it is not 0.
         self.num_sampled_tokens_per_step = 1
+        # vLLM 0.34's cache-aware admission: it needs a prefix cache to consult, and it reorders
+        # by position, which only the FCFS queue has; otherwise the window is 0 (off).
+        self.cache_aware_window = (
+            config.cache_aware_admission_window
+            if self.policy == FCFS and kv_cache_manager.enable_caching
+            else 0
+        )
+        self.cache_aware_threshold = config.cache_aware_admission_threshold
 
     def _mamba_block_aligned_split(
         self, request: Request, num_new_tokens: int, num_new_local_computed_tokens: int = 0
@@ -333,6 +341,9 @@ class Scheduler:
             for r in [r for r in self.waiting.ordered() if self._holds_kv_blocks(r)]:
                 self.waiting.remove_request(r)
                 holding.add_request(r)
+            # vLLM 0.34 reorders its waiting queue (never the block-holders') before admitting.
+            if self.cache_aware_window:
+                self._reorder_waiting_by_cached_prefix()
             while (holding or self.waiting) and token_budget > 0:
                 queue = holding if holding else self.waiting
                 request = queue.peek_request()
@@ -566,6 +577,42 @@ class Scheduler:
                 self._inflight_prefills.discard(req)
         return out
 
+    def _reorder_waiting_by_cached_prefix(self) -> None:
+        """vLLM 0.34's cache-aware admission: among the first ``cache_aware_window`` waiting
+        requests, those with the longest cached prefix move to the front, arrival order breaking
+        ties, so a cold request does not evict the blocks a warm one is about to hit.
+
+        Only the slots of requests that are plainly waiting (status WAITING, nothing computed)
+        take part: a preempted or partially computed request keeps its exact place and nobody
+        moves past it; the queue beyond the window is untouched. Nothing happens below
+        ``cache_aware_threshold`` usage (there is room for both prompts, so reordering would
+        cost fairness and save no eviction), nor with fewer than two such requests. Each
+        request in the window costs one ``KVCacheManager.get_num_cached_tokens`` probe, which
+        takes no reference and records nothing."""
+        if len(self.waiting) < 2:
+            return
+        if self.kv_cache_manager.usage < self.cache_aware_threshold:
+            return
+        head = self.waiting.ordered()[: self.cache_aware_window]
+        slots = [
+            i
+            for i, request in enumerate(head)
+            if request.status == RequestStatus.WAITING and not request.num_computed_tokens
+        ]
+        if len(slots) < 2:
+            return
+        probe = self.kv_cache_manager.get_num_cached_tokens
+        cached = {i: probe(head[i]) for i in slots}
+        order = sorted(slots, key=lambda i: (-cached[i], i))
+        if order == slots:
+            return
+        reordered = list(head)
+        for slot, source in zip(slots, order):
+            reordered[slot] = head[source]
+        self.waiting.remove_requests(head)
+        for request in reversed(reordered):
+            self.waiting.prepend_request(request)
+
     def _make_output(
         self,
         num_scheduled_tokens,
@@ -581,7 +628,6 @@ class Scheduler:
         this step (None if none), a resumed one its whole new table; ``all_token_ids`` goes to
         the runner for every request it did not see in the previous step. ``new_token_ids``
         stays empty: vLLM fills it only under pipeline parallelism."""
-        kvm = self.kv_cache_manager
         new_reqs = [
             NewRequestData(
                 r.request_id,
@@ -604,7 +650,6 @@ class Scheduler:
             cached.new_block_ids.append(block_ids if any(block_ids) else None)
             cached.num_computed_tokens.append(num_computed_before[rid])
             cached.num_output_tokens.append(r.num_output_tokens)
-        running = self.running[0].request_id if self.running else None
         finished, self.finished_req_ids = self.finished_req_ids, set()
         return SchedulerOutput(
             scheduled_new_reqs=new_reqs,
@@ -613,9 +658,6 @@ class Scheduler:
             total_num_scheduled_tokens=sum(num_scheduled_tokens.values()),
             finished_req_ids=finished,
             preempted_req_ids={r.request_id for r in preempted},
-            num_common_prefix_blocks=kvm.get_num_common_prefix_blocks(running)
-            if running
-            else [0] * kvm.num_kv_cache_groups,
             scheduled_spec_decode_tokens=dict(scheduled_spec_decode_tokens or {}),
         )
 
