@@ -210,7 +210,6 @@ def vllm_replay(job: dict) -> dict:
             out,
             ModelRunnerOutput(
                 req_ids=ids,
-                req_id_to_index={r: i for i, r in enumerate(ids)},
                 sampled_token_ids=sampled,
             ),
         )

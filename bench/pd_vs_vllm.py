@@ -329,7 +329,6 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
                 )
             mro = ModelRunnerOutput(
                 req_ids=ids,
-                req_id_to_index={r: i for i, r in enumerate(ids)},
                 sampled_token_ids=[step["new_tokens"].get(r, []) for r in ids],
                 kv_connector_output=kv_out,
             )

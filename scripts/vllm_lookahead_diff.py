@@ -28,8 +28,9 @@ adapter would be one too many is skipped, on both sides, and the adapter is in i
 stream of its own, so the traces without the flag stay as they were)
 ``cache_aware_admission_window`` (0, 1, 2, 3 or 8) and ``cache_aware_admission_threshold`` (0,
 0.25, 0.5, 0.75 or 1), more requests and two shared prefixes, so that warm and cold requests
-wait together in a pool that is often more than half used; the count of steps where vLLM's
-``_reorder_waiting_by_cached_prefix`` changed its waiting queue is printed.
+wait together in a pool that is often more than half used; the counts of steps where vLLM's
+``_reorder_waiting_by_cached_prefix`` changed its waiting queue, and where it left it as it was
+because the usage was below the threshold, are printed.
 
 Padding is compared too: when others run (or the request has computed tokens already), vLLM
 pads the admission of a request with one token left to compute to 1 + k rows with placeholder
@@ -69,6 +70,7 @@ STATS = {
     "lora_skips": 0,
     "padded": 0,
     "reordered": 0,
+    "below_threshold": 0,
 }
 LORA = False  # main's --lora: requests with adapters, schedulers with max_loras
 CACHE_AWARE = False  # main's --cache-aware: cache-aware admission's window and threshold drawn
@@ -294,6 +296,8 @@ def run_trace(t: dict, max_steps: int = 400) -> str | None:
 
         def counted():
             before = [r.request_id for r in vs.waiting]
+            if len(before) > 1 and vs.kv_cache_manager.usage < vs.cache_aware_threshold:
+                STATS["below_threshold"] += 1
             reorder()
             STATS["reordered"] += before != [r.request_id for r in vs.waiting]
 
@@ -370,7 +374,6 @@ def run_trace(t: dict, max_steps: int = 400) -> str | None:
             vo,
             VOutput(
                 req_ids=req_ids,
-                req_id_to_index={r: i for i, r in enumerate(req_ids)},
                 sampled_token_ids=[gained.get(r, []) for r in req_ids],
             ),
         )
@@ -431,7 +434,8 @@ def main() -> int:
         )
         + (
             f"; with cache-aware admission's window and threshold drawn per trace "
-            f"({STATS['reordered']} steps where the window reordered the waiting queue)"
+            f"({STATS['reordered']} steps where the window reordered the waiting queue, "
+            f"{STATS['below_threshold']} where the usage was below the threshold)"
             if CACHE_AWARE
             else ""
         )
