@@ -228,7 +228,12 @@ class KVCacheManager:
         if full_sequence_must_fit:
             full = min(request.num_tokens, self.max_model_len)
             need = self.coordinator.get_num_blocks_to_allocate(
-                request.request_id, full, hits, total_computed, apply_admission_cap=True
+                request.request_id,
+                full,
+                hits,
+                total_computed,
+                apply_admission_cap=True,
+                num_local_computed_tokens=num_local_computed,
             )
             if need + watermark_blocks > self.block_pool.get_num_free_blocks():
                 return None
@@ -240,8 +245,9 @@ class KVCacheManager:
             request.request_id,
             num_tokens_need_slot,
             hits,
-            num_local_computed,
+            num_local_computed + num_external_computed_tokens,
             num_tokens_main_model=num_tokens_main_model,
+            num_local_computed_tokens=num_local_computed,
         )
         if need + watermark_blocks > self.block_pool.get_num_free_blocks() - reserved_blocks:
             return None

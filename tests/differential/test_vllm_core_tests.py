@@ -7,7 +7,7 @@ tests as the yardstick").
 Slow (a pytest run of about 600 tests under vLLM's interpreter and one of test_scheduler.py's
 215 with kvcore's own Scheduler, one more where vLLM alone's outcomes are not yet cached) and
 skipped, with the reason, without the vLLM scratch environment (``bash scripts/vllm_env.sh``;
-VLLM_VENV, default /tmp/vllm-venv) or without vLLM's sdist in VLLM_SDIST_CACHE (default
+VLLM_VENV, default /tmp/vllm034-venv) or without vLLM's sdist in VLLM_SDIST_CACHE (default
 /tmp/vllm-sdist-cache; the script downloads it there on its first run)."""
 
 import json
@@ -21,7 +21,7 @@ import pytest
 from support.paths import ROOT
 
 REPO = ROOT
-VENV = os.environ.get("VLLM_VENV", "/tmp/vllm-venv")
+VENV = os.environ.get("VLLM_VENV", "/tmp/vllm034-venv")
 CACHE = Path(os.environ.get("VLLM_SDIST_CACHE", "/tmp/vllm-sdist-cache"))
 # docs/fidelity.md: passed with kvcore's code running, on the three files of issue 36, and the
 # behaviour differences (a ratchet: it may never rise above 0 again)

@@ -28,8 +28,8 @@ from paged_kv_lab.run.engine import Engine, NoModelRunner
 from paged_kv_lab.run.scenario import EngineSettings, RequestSpec, Scenario
 from support.paths import REFERENCE
 
-# the vLLM 0.33.0 scratch environment (bash scripts/vllm_env.sh): differential tests skip without it
-VLLM_VENV = os.environ.get("VLLM_VENV", "/tmp/vllm-venv")
+# the vLLM 0.34.0 scratch environment (bash scripts/vllm_env.sh): differential tests skip without it
+VLLM_VENV = os.environ.get("VLLM_VENV", "/tmp/vllm034-venv")
 
 
 def ask_vllm(script: str, spec: Any, *, hash_seed: bool = True) -> Any:

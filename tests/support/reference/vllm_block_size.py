@@ -1,4 +1,4 @@
-"""vLLM 0.33.0's side of tests/lab/test_hybrid_block_size.py, run by the vLLM scratch environment's
+"""vLLM 0.34.0's side of tests/lab/test_hybrid_block_size.py, run by the vLLM scratch environment's
 Python: for each case (JSON on stdin: a Qwen3.5-style shape, dtypes, mamba_cache_mode, a stated
 block size or null, the KV budget in bytes), vLLM's own ``Platform._align_hybrid_block_size``
 resolves the block size on a GPU with the FlashAttention backend, vLLM's own specs are built for
