@@ -348,6 +348,7 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
         model_config=SimpleNamespace(max_model_len=max_model_len),
         max_in_flight_tokens=256,
         num_prefill_lookahead_tokens=0,
+        num_hash_lookahead_tokens=0,  # read by 0.34's SimpleCPUOffloadScheduler
         scheduler_config=SimpleNamespace(max_num_batched_tokens=256),
     )
     mgr = SimpleCPUOffloadScheduler(
@@ -378,6 +379,9 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
     sch.num_lookahead_tokens = 0
     sch._spec_decode_step_blocks = 0
     sch._inflight_prefills = set()
+    # 0.34's parked loads' reservations, kept apart (_reserve_parked)
+    sch._parked_reservations = {}
+    sch._parked_reserved_blocks = 0
     evicted: list[int] = []
     kvm_evict = kvm.evict_blocks
 

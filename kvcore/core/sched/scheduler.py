@@ -289,8 +289,11 @@ class Scheduler:
         # The threshold keeps one long prefill from starving the others; a lone
         # request starves nobody, so it gets the whole budget.
         num_running, num_waiting = self.get_request_counts()
+        # vLLM 0.34: and only with chunked prefill (without it a prompt is never cut)
         long_prefill_token_threshold = (
-            cfg.long_prefill_token_threshold if num_running + num_waiting > 1 else 0
+            cfg.long_prefill_token_threshold
+            if cfg.enable_chunked_prefill and num_running + num_waiting > 1
+            else 0
         )
 
         self.kv_cache_manager.new_step_starts()
