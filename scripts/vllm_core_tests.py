@@ -52,7 +52,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent / "vllm_core_tests"
-VERSION = "0.33.0"
+VERSION = "0.34.0"
 SDIST = f"vllm-{VERSION}.tar.gz"
 FILES = ("test_kv_cache_utils.py", "test_prefix_caching.py", "test_scheduler.py")
 # the files whose tests build a scheduler with tests/v1/core/utils.py's create_scheduler: the
