@@ -1,12 +1,12 @@
-"""A fleet of replicas (paged_kv_lab/fleet) against vLLM 0.33.0's Scheduler and Dynamo's mocker.
+"""A fleet of replicas (paged_kv_lab/fleet) against vLLM 0.34.0's Scheduler and Dynamo's mocker.
 
     .venv/bin/python bench/bench_fleet.py --vllm --requests 300          # per-replica equality
     .venv/bin/python bench/bench_fleet.py --dynamo --requests 300        # side by side with Dynamo
     ... --replicas 4 --num-gpu-blocks 4000 --block-size 512 --json out.json
 
 - ``--vllm``: a fleet under sequential arrival (each router in ``--routers``); every replica's
-  requests, in trace order, go through vLLM 0.33.0's own Scheduler / KVCacheManager / BlockPool
-  (bench/bench_replay.py's driver, ``VLLM_VENV``, default /tmp/vllm-venv); every request's hit
+  requests, in trace order, go through vLLM 0.34.0's own Scheduler / KVCacheManager / BlockPool
+  (bench/bench_replay.py's driver, ``VLLM_VENV``, default /tmp/vllm034-venv); every request's hit
   tokens and each replica's PrefixCacheStats totals must be identical.
 - ``--dynamo``: the same trace, workers and pool through Dynamo's mocker
   (``dynamo._core.run_mocker_trace_replay``, ai-dynamo-runtime 1.6.1 in ``DYNAMO_VENV``, default
@@ -136,7 +136,7 @@ def vllm_equality(trace_path: str, trace, settings, routers, replicas) -> dict:
 
     venv = vllm_venv()
     if venv is None:
-        return {"skipped": "no vLLM 0.33.0 environment (bash scripts/vllm_env.sh)"}
+        return {"skipped": "no vLLM 0.34.0 environment (bash scripts/vllm_env.sh)"}
     fleets, jobs, where = {}, [], []
     for policy in routers:
         fleet = trace_fleet(trace, settings, replicas, policy)
@@ -217,7 +217,7 @@ def main(argv=None) -> int:
                 continue
             ok = all(r["equal"] for r in d["replicas"])
             print(
-                f"vLLM 0.33.0, sequential, {policy}: hit rate {d['hit_rate']:.2%}; per replica "
+                f"vLLM 0.34.0, sequential, {policy}: hit rate {d['hit_rate']:.2%}; per replica "
                 + ", ".join(f"{r['replica']}: {r['requests']} req" for r in d["replicas"])
                 + f"; every hit equal: {ok}"
             )

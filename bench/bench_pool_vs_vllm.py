@@ -1,4 +1,4 @@
-"""Our BlockPool against vLLM 0.33.0's own BlockPool: every pool operation, the same op sequence.
+"""Our BlockPool against vLLM 0.34.0's own BlockPool: every pool operation, the same op sequence.
 
 Both pools are built the way an engine has them (prefix caching on, KV cache events on) and driven
 through one op sequence, written once below (``pool_round``), over the whole pool in chunks of
@@ -15,15 +15,15 @@ garbage collector off while it runs, and the best of several rounds is kept:
 - ``reset_prefix_cache``         forget every hash of a pool whose blocks are all free
 
 vLLM's pool runs in a worker process started with the Python of a scratch environment that has
-the real vllm==0.33.0 package (``bash scripts/vllm_env.sh`` builds it; ``VLLM_VENV`` names it).
+the real vllm==0.34.0 package (``bash scripts/vllm_env.sh`` builds it; ``VLLM_VENV`` names it).
 Ours runs here, with recording off and on (a ``record.recorder.Recorder`` attached). Rounds of
 the three alternate, so a busy machine slows them alike; the figures that matter are the ratios
 ours/vLLM (target: recording off <= 1.0, on <= 1.5), which survive a noisy machine where times
 do not. Both sides must also publish the same KV events, op by op: the bench checks it.
 
     bash scripts/vllm_env.sh
-    VLLM_VENV=/tmp/vllm-venv .venv/bin/python bench/bench_pool_vs_vllm.py            # 10k, 100k
-    VLLM_VENV=/tmp/vllm-venv .venv/bin/python bench/bench_pool_vs_vllm.py --quick    # 10k only
+    VLLM_VENV=/tmp/vllm034-venv .venv/bin/python bench/bench_pool_vs_vllm.py            # 10k, 100k
+    VLLM_VENV=/tmp/vllm034-venv .venv/bin/python bench/bench_pool_vs_vllm.py --quick    # 10k only
     ... --json out.json                                                              # also as JSON
 
 Without ``VLLM_VENV`` it says how to make one and exits 0 (skipped).
@@ -50,7 +50,7 @@ from bench.timing import timed_without_gc  # noqa: E402  (stdlib only: fine in t
 BLOCK_SIZE = 16
 CHUNK = 32  # blocks per call: a request's table growing by a prompt's worth
 GROUP_IDS = [0]  # one KV cache group (a full-attention model)
-VLLM_VERSION = "0.33.0"
+VLLM_VERSION = "0.34.0"
 
 OPS = (
     "get_new_blocks",
@@ -398,8 +398,8 @@ def main(argv=None) -> int:
     if not venv or not os.path.exists(os.path.join(venv, "bin", "python")):
         print(
             f"skipped: no vLLM {VLLM_VERSION} environment (VLLM_VENV={venv or 'unset'}).\n"
-            f"Make one with `bash scripts/vllm_env.sh` (builds /tmp/vllm-venv), then run\n"
-            f"  VLLM_VENV=/tmp/vllm-venv .venv/bin/python bench/bench_pool_vs_vllm.py"
+            f"Make one with `bash scripts/vllm_env.sh` (builds /tmp/vllm034-venv), then run\n"
+            f"  VLLM_VENV=/tmp/vllm034-venv .venv/bin/python bench/bench_pool_vs_vllm.py"
         )
         return 0
     repeat = args.repeat or (3 if args.quick else 7)

@@ -1,9 +1,10 @@
-"""Replay speed, scaling, and ours against vLLM 0.33.0's own Scheduler on the same trace.
+"""Replay speed, scaling, and ours against vLLM 0.34.0's own Scheduler on the same trace.
 
     .venv/bin/python bench/bench_replay.py                 # the full shipped trace, bs 16 and 512
     .venv/bin/python bench/bench_replay.py --block-sizes 512 --requests 1000
-    VLLM_VENV=/tmp/vllm-venv .venv/bin/python bench/bench_replay.py --vllm    # + vLLM side by side
-    VLLM_VENV=/tmp/vllm-venv .venv/bin/python bench/bench_replay.py --equality 200 --block-sizes 16
+    VLLM_VENV=/tmp/vllm034-venv .venv/bin/python bench/bench_replay.py --vllm  # + vLLM side by side
+    VLLM_VENV=/tmp/vllm034-venv .venv/bin/python bench/bench_replay.py --equality 200 \
+        --block-sizes 16
     ... --json out.json
 
 What it reports, per block size:
@@ -16,7 +17,7 @@ What it reports, per block size:
   pool: blocks allocated (``get_new_blocks``), touched, freed, newly cached, evicted.
 - **scaling**: the CPU time of the first quarter, half and whole trace, per request and per
   token (prompt + answer; the trace's later requests are longer, so per token is the fair unit).
-- **vs vLLM** (``--vllm``): vLLM 0.33.0's own ``Scheduler`` + ``KVCacheManager`` + ``BlockPool``,
+- **vs vLLM** (``--vllm``): vLLM 0.34.0's own ``Scheduler`` + ``KVCacheManager`` + ``BlockPool``,
   built from a real ``VllmConfig`` (a one-layer Llama config written to a temporary folder, no
   weights, ``skip_tokenizer_init``; the same engine settings), driven model-free with the same
   tokens and the same sequential arrival in a worker process under vLLM's interpreter
@@ -41,12 +42,12 @@ REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 if REPO not in sys.path:  # the worker runs this file isolated (-I), under vLLM's interpreter
     sys.path.insert(0, REPO)
 
-VLLM_VERSION = "0.33.0"
+VLLM_VERSION = "0.34.0"
 
 
 # -- the vLLM side (runs under vLLM's interpreter) -------------------------------------------
 def _vllm_scheduler(settings: dict, max_model_len: int):
-    """vLLM 0.33.0's Scheduler as its engine builds it, for a one-layer full-attention model."""
+    """vLLM 0.34.0's Scheduler as its engine builds it, for a one-layer full-attention model."""
     import torch
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.core.sched.scheduler import Scheduler
@@ -210,7 +211,6 @@ def vllm_replay(job: dict) -> dict:
             out,
             ModelRunnerOutput(
                 req_ids=ids,
-                req_id_to_index={r: i for i, r in enumerate(ids)},
                 sampled_token_ids=sampled,
             ),
         )
@@ -257,8 +257,8 @@ def run_vllm(job: dict, venv: str, timeout: float = 3600) -> dict:
 
 
 def vllm_venv() -> str | None:
-    """The scratch environment with vLLM 0.33.0 (VLLM_VENV, else /tmp/vllm-venv), or None."""
-    venv = os.environ.get("VLLM_VENV", "/tmp/vllm-venv")
+    """The scratch environment with vLLM 0.34.0 (VLLM_VENV, else /tmp/vllm034-venv), or None."""
+    venv = os.environ.get("VLLM_VENV", "/tmp/vllm034-venv")
     return venv if os.path.isfile(os.path.join(venv, "bin", "python")) else None
 
 
@@ -375,7 +375,7 @@ def main(argv=None) -> int:
     print(f"trace {path}: {len(trace):,} requests; machine {report['machine']}")
     venv = vllm_venv()
     if (args.vllm or args.equality) and venv is None:
-        print("no vLLM environment (bash scripts/vllm_env.sh builds /tmp/vllm-venv): skipped")
+        print("no vLLM environment (bash scripts/vllm_env.sh builds /tmp/vllm034-venv): skipped")
     for bs in [int(x) for x in args.block_sizes.split(",")]:
         settings = replay_settings(trace, {**overrides, "block_size": bs})
         row: dict = {"block_size": bs, "num_gpu_blocks": settings.engine.num_gpu_blocks}

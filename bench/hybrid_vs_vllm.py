@@ -1,4 +1,4 @@
-"""kvcore's KVCacheManager against vLLM 0.33.0's own on hybrid KV cache configs, step by step.
+"""kvcore's KVCacheManager against vLLM 0.34.0's own on hybrid KV cache configs, step by step.
 
 A hybrid model here is one full-attention group and one Mamba group (``MambaSpec``, the state of
 a linear-attention layer such as Mamba2 or a gated delta-net) sharing one block pool. Both
@@ -16,8 +16,8 @@ state kept), align mode with speculative (lookahead) slots and one speculative M
 "none" mode without prefix caching. Both sides run in one process under vLLM's Python (kvcore
 needs no torch for its manager), so the command is:
 
-    VLLM_VENV=/tmp/vllm-venv .venv/bin/python bench/hybrid_vs_vllm.py --seeds 200
-    /tmp/vllm-venv/bin/python -I bench/hybrid_vs_vllm.py --worker --seeds 200   # the same, direct
+    VLLM_VENV=/tmp/vllm034-venv .venv/bin/python bench/hybrid_vs_vllm.py --seeds 200
+    /tmp/vllm034-venv/bin/python -I bench/hybrid_vs_vllm.py --worker --seeds 200  # the same
 
 Without ``VLLM_VENV`` it says how to make one and exits 0 (skipped). Not covered yet:
 ``prefix_match_unit`` (hash blocks finer than the Mamba block: partial hits and the tail block's
@@ -37,7 +37,7 @@ from collections import deque
 from types import SimpleNamespace
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-VLLM_VERSION = "0.33.0"
+VLLM_VERSION = "0.34.0"
 
 CONFIGS = {
     "align": dict(mode="align", retention=0, lookahead=0, spec_blocks=0, caching=True),
@@ -467,8 +467,8 @@ def main(argv=None) -> int:
     if not venv or not os.path.exists(os.path.join(venv, "bin", "python")):
         print(
             f"skipped: no vLLM {VLLM_VERSION} environment (VLLM_VENV={venv or 'unset'}).\n"
-            f"Make one with `bash scripts/vllm_env.sh` (builds /tmp/vllm-venv), then run\n"
-            f"  VLLM_VENV=/tmp/vllm-venv .venv/bin/python bench/hybrid_vs_vllm.py"
+            f"Make one with `bash scripts/vllm_env.sh` (builds /tmp/vllm034-venv), then run\n"
+            f"  VLLM_VENV=/tmp/vllm034-venv .venv/bin/python bench/hybrid_vs_vllm.py"
         )
         return 0
     summary = differential(venv, seeds, configs)

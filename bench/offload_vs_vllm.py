@@ -1,4 +1,4 @@
-"""The CPU tier against vLLM 0.33.0's own SimpleCPUOffloadScheduler, on random traces.
+"""The CPU tier against vLLM 0.34.0's own SimpleCPUOffloadScheduler, on random traces.
 
 Each trace is a few requests over three shared prefixes, arriving one after another, in a GPU pool
 too small to keep them all: blocks are stored to the CPU, evicted from the GPU, found on the CPU
@@ -33,10 +33,11 @@ given just the state those methods read: the running requests in our order, the 
 for their loads, the KV cache manager), and applies what they decide.
 
 vLLM runs in a worker process started with the Python of a scratch environment that has the real
-vllm==0.33.0 package (``bash scripts/vllm_env.sh`` builds it; ``VLLM_VENV`` names it).
+vllm==0.34.0 package (``bash scripts/vllm_env.sh`` builds it; ``VLLM_VENV`` names it).
 
-    VLLM_VENV=/tmp/vllm-venv .venv/bin/python bench/offload_vs_vllm.py            # 200 traces
-    VLLM_VENV=/tmp/vllm-venv .venv/bin/python bench/offload_vs_vllm.py --traces 20 --json out.json
+    VLLM_VENV=/tmp/vllm034-venv .venv/bin/python bench/offload_vs_vllm.py            # 200 traces
+    VLLM_VENV=/tmp/vllm034-venv .venv/bin/python bench/offload_vs_vllm.py --traces 20 \
+        --json out.json
 
 Without ``VLLM_VENV`` it says how to make one and exits 0 (skipped).
 """
@@ -55,7 +56,7 @@ REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-VLLM_VERSION = "0.33.0"
+VLLM_VERSION = "0.34.0"
 ASPECTS = (
     "lookups",
     "store",
@@ -347,6 +348,7 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
         model_config=SimpleNamespace(max_model_len=max_model_len),
         max_in_flight_tokens=256,
         num_prefill_lookahead_tokens=0,
+        num_hash_lookahead_tokens=0,  # read by 0.34's SimpleCPUOffloadScheduler
         scheduler_config=SimpleNamespace(max_num_batched_tokens=256),
     )
     mgr = SimpleCPUOffloadScheduler(
@@ -377,6 +379,9 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
     sch.num_lookahead_tokens = 0
     sch._spec_decode_step_blocks = 0
     sch._inflight_prefills = set()
+    # 0.34's parked loads' reservations, kept apart (_reserve_parked)
+    sch._parked_reservations = {}
+    sch._parked_reserved_blocks = 0
     evicted: list[int] = []
     kvm_evict = kvm.evict_blocks
 
@@ -722,7 +727,7 @@ def main() -> int:
     if not venv or not os.path.exists(os.path.join(venv, "bin", "python")):
         print(
             f"skipped: no vLLM {VLLM_VERSION} environment (VLLM_VENV={venv or 'unset'}).\n"
-            "make one with:  bash scripts/vllm_env.sh   then  VLLM_VENV=/tmp/vllm-venv ..."
+            "make one with:  bash scripts/vllm_env.sh   then  VLLM_VENV=/tmp/vllm034-venv ..."
         )
         return 0
     res = differential(venv, list(range(args.seed, args.seed + args.traces)))

@@ -1,4 +1,4 @@
-"""Prefill here, decode there, against vLLM 0.33.0's own Scheduler with its own NixlConnector.
+"""Prefill here, decode there, against vLLM 0.34.0's own Scheduler with its own NixlConnector.
 
 Each trace is a few requests over three shared prefixes, arriving one after another. Our P/D
 pair runs it (paged_kv_lab/disagg/pd.py: two kvcore engines with our NixlConnector, a stand-in
@@ -21,13 +21,15 @@ proxy does. Per step both sides must agree on:
 - ``free_queue``: the free queue, head to tail; ``cached``: the blocks with a hash (so the
   delayed caching of pulled blocks shows).
 
-Some traces make pulls fail (``kv_load_failure_policy`` "recompute" or "fail").
+Some traces make pulls fail (``kv_load_failure_policy`` "recompute" or "fail"); some cap the
+loads in flight (vLLM 0.34's ``max_num_inflight_kv_loads``: 1, 2 or 3), so that a pull may
+start while the decode replica's running batch is full.
 
 vLLM runs in a worker process under the Python of a scratch environment with the real
-vllm==0.33.0 (``bash scripts/vllm_env.sh``; ``VLLM_VENV`` names it):
+vllm==0.34.0 (``bash scripts/vllm_env.sh``; ``VLLM_VENV`` names it):
 
-    VLLM_VENV=/tmp/vllm-venv .venv/bin/python bench/pd_vs_vllm.py              # 200 traces
-    VLLM_VENV=/tmp/vllm-venv .venv/bin/python bench/pd_vs_vllm.py --traces 20 --json out.json
+    VLLM_VENV=/tmp/vllm034-venv .venv/bin/python bench/pd_vs_vllm.py              # 200 traces
+    VLLM_VENV=/tmp/vllm034-venv .venv/bin/python bench/pd_vs_vllm.py --traces 20 --json out.json
 
 Without ``VLLM_VENV`` it says how to make one and exits 0 (skipped).
 """
@@ -46,7 +48,7 @@ REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-VLLM_VERSION = "0.33.0"
+VLLM_VERSION = "0.34.0"
 ASPECTS = ("scheduled", "pulls", "params", "tables", "status", "computed", "free_queue", "cached")
 
 
@@ -69,6 +71,12 @@ def random_case(seed: int) -> dict[str, Any]:
         )
         tick += rng.randint(0, 4)
     failing = rng.random() < 0.4
+    # vLLM 0.34's cap on in-flight loads, from a stream of its own (the other draws stay as
+    # they were): set, the decode replica's pulls may start while its running batch is full
+    inflight = random.Random(f"inflight/{seed}").choice([None, None, 1, 2, 3])
+    if inflight:  # arrivals closer together, so that pulls wait for a full batch
+        for r in requests:
+            r["arrival"] //= 4
     return {
         "seed": seed,
         "block_size": block_size,
@@ -78,6 +86,7 @@ def random_case(seed: int) -> dict[str, Any]:
         "requests": requests,
         "kv_load_failure_policy": rng.choice(["recompute", "fail"]),
         "fail_loads": [r["id"] for r in requests if failing and rng.random() < 0.5],
+        "max_num_inflight_kv_loads": inflight,
     }
 
 
@@ -89,6 +98,7 @@ def _settings(case: dict, num_gpu_blocks: int):
         num_gpu_blocks=num_gpu_blocks,
         max_num_seqs=case["max_num_seqs"],
         hash_algo="sha256",
+        max_num_inflight_kv_loads=case.get("max_num_inflight_kv_loads"),
     )
 
 
@@ -183,9 +193,19 @@ def _hook(name: str, eng, script: list[dict], seen: list[dict]) -> None:
                 },
             )
         )
+        seen[-1]["num_running"] = report["num_running"]
         return done
 
+    sched = eng.scheduler
+    schedule = sched.schedule
+
+    def schedule_and_count():
+        out = schedule()
+        report["num_running"] = len(sched.running)  # the batch as scheduled, before it ends
+        return out
+
     core.step, core._kv_finish = step, kv_finish_and_keep
+    sched.schedule = schedule_and_count
 
 
 def _observe(scheduler, scheduled, pulls, params) -> dict:
@@ -206,7 +226,7 @@ def _observe(scheduler, scheduled, pulls, params) -> dict:
 
 # -- vLLM's side (runs under vLLM's interpreter) ------------------------------------------------
 def _vllm_scheduler(case: dict, num_blocks: int, role: str):
-    """vLLM 0.33.0's Scheduler as its engine builds it, with vLLM's NixlConnector."""
+    """vLLM 0.34.0's Scheduler as its engine builds it, with vLLM's NixlConnector."""
     import tempfile
 
     import torch
@@ -250,6 +270,7 @@ def _vllm_scheduler(case: dict, num_blocks: int, role: str):
             max_model_len=1 << 16,
             enable_chunked_prefill=True,
             is_encoder_decoder=False,
+            max_num_inflight_kv_loads=case.get("max_num_inflight_kv_loads"),
         ),
         cache_config=CacheConfig(
             block_size=bs, enable_prefix_caching=True, prefix_caching_hash_algo="sha256"
@@ -329,7 +350,6 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
                 )
             mro = ModelRunnerOutput(
                 req_ids=ids,
-                req_id_to_index={r: i for i, r in enumerate(ids)},
                 sampled_token_ids=[step["new_tokens"].get(r, []) for r in ids],
                 kv_connector_output=kv_out,
             )
@@ -405,7 +425,16 @@ def differential(venv: str, seeds: list[int]) -> dict[str, Any]:
     totals: dict[str, Any] = {a: {"steps": 0, "differ": 0} for a in ASPECTS}
     failures = []
     exercised = dict.fromkeys(
-        ("steps", "pulls", "blocks_pulled", "partial_pulls", "held_steps", "failed_pulls"), 0
+        (
+            "steps",
+            "pulls",
+            "blocks_pulled",
+            "partial_pulls",
+            "held_steps",
+            "failed_pulls",
+            "pulls_while_full",
+        ),
+        0,
     )
     for seed, mine, job, other in zip(seeds, ours, jobs, theirs):
         rep = compare(mine, other)
@@ -423,6 +452,10 @@ def differential(venv: str, seeds: list[int]) -> dict[str, Any]:
             )
             exercised["held_steps"] += any(st.startswith("FINISHED") for st in s["status"].values())
             exercised["failed_pulls"] += len((sc["kv"] or {}).get("failed_recving", ()))
+            # a pull started in a step whose running batch was full (needs the 0.34 cap)
+            exercised["pulls_while_full"] += bool(s["pulls"]) and (
+                s["num_running"] >= job["case"]["max_num_seqs"]
+            )
     return {"traces": len(seeds), "aspects": totals, "exercised": exercised, "failures": failures}
 
 
@@ -440,7 +473,7 @@ def main() -> int:
     if not venv or not os.path.exists(os.path.join(venv, "bin", "python")):
         print(
             f"skipped: no vLLM {VLLM_VERSION} environment (VLLM_VENV={venv or 'unset'}).\n"
-            "make one with:  bash scripts/vllm_env.sh   then  VLLM_VENV=/tmp/vllm-venv ..."
+            "make one with:  bash scripts/vllm_env.sh   then  VLLM_VENV=/tmp/vllm034-venv ..."
         )
         return 0
     res = differential(venv, list(range(args.seed, args.seed + args.traces)))
@@ -451,7 +484,9 @@ def main() -> int:
     print(
         f"  exercised: {ex['steps']} steps, {ex['pulls']} pulls ({ex['blocks_pulled']} blocks, "
         f"{ex['partial_pulls']} past a decode-side hit), {ex['held_steps']} steps with finished "
-        f"requests' blocks held for the reader, {ex['failed_pulls']} failed pulls"
+        f"requests' blocks held for the reader, {ex['failed_pulls']} failed pulls, "
+        f"{ex['pulls_while_full']} steps starting a pull while the running batch was full "
+        "(max_num_inflight_kv_loads)"
     )
     for f in res["failures"][:10]:
         print(f"  differs: {f}")

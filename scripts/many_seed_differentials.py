@@ -1,4 +1,4 @@
-"""The differentials against vLLM 0.33.0 on many random seeds: a slow job, not a test (issue 36).
+"""The differentials against vLLM 0.34.0 on many random seeds: a slow job, not a test (issue 36).
 
 Three differentials that the test suite runs on a handful of fixed seeds, here on as many random
 ones as asked, the seeds drawn from a master seed that is printed first (give it back with
@@ -14,7 +14,7 @@ ones as asked, the seeds drawn from a master seed that is printed first (give it
   (bench/bench_replay.py): every request's hit tokens and preemptions, the step count and the
   prefix-cache totals.
 
-    VLLM_VENV=/tmp/vllm-venv .venv/bin/python scripts/many_seed_differentials.py --count 2000
+    VLLM_VENV=/tmp/vllm034-venv .venv/bin/python scripts/many_seed_differentials.py --count 2000
     .venv/bin/python scripts/many_seed_differentials.py --count 300 --only offload --seed 7
 
 Every seed where a differential differs is printed (the offload and replay differentials go on
@@ -161,9 +161,9 @@ def main() -> int:
     ap.add_argument("--chunk", type=int, default=100, help="traces per vLLM process")
     ap.add_argument("--json", help="also write the figures here")
     args = ap.parse_args()
-    venv = os.environ.get("VLLM_VENV", "/tmp/vllm-venv")
+    venv = os.environ.get("VLLM_VENV", "/tmp/vllm034-venv")
     if not os.path.exists(os.path.join(venv, "bin", "python")):
-        print(f"skipped: no vLLM 0.33.0 environment at {venv} (bash scripts/vllm_env.sh)")
+        print(f"skipped: no vLLM 0.34.0 environment at {venv} (bash scripts/vllm_env.sh)")
         return 0
     master = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31)
     print(f"master seed {master} (--seed {master} runs these seeds again)", flush=True)

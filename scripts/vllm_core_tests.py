@@ -30,7 +30,9 @@ Each test that passed in the baseline then lands in one row of the table:
 
 The sdist (vllm-0.33.0.tar.gz, sha256-checked against PyPI's index) and pytest for the vLLM
 environment are cached under VLLM_SDIST_CACHE (default /tmp/vllm-sdist-cache). Without the vLLM
-environment (VLLM_VENV, default /tmp/vllm-venv) it says how to make one and exits 0.
+environment (VLLM_VENV, default /tmp/vllm-venv: this yardstick has not moved to vLLM 0.34.0's
+tests yet, so it runs 0.33.0's tests in 0.33.0's environment, the one scripts/vllm_env.sh built
+there before the move) it says how to make one and exits 0.
 """
 
 from __future__ import annotations

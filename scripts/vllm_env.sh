@@ -1,31 +1,32 @@
 #!/usr/bin/env bash
-# A scratch Python environment in which vLLM 0.33.0's own BlockPool imports, on a CPU-only machine,
+# A scratch Python environment in which vLLM 0.34.0's own BlockPool imports, on a CPU-only machine,
 # for bench/bench_pool_vs_vllm.py (our BlockPool against vLLM's, same op sequence), and its Scheduler
 # for scripts/vllm_lookahead_diff.py (tests/differential/test_draft_model_vllm.py: allocations with lookahead),
 # and its SimpleCPUOffloadScheduler for bench/offload_vs_vllm.py (tests/differential/test_offload_vs_vllm.py: the
 # CPU tier; its import chain needs nothing more).
 #
-#   bash scripts/vllm_env.sh                 # builds /tmp/vllm-venv (idempotent: a ready one is kept)
-#   VLLM_VENV=/tmp/vllm-venv .venv/bin/python bench/bench_pool_vs_vllm.py
+#   bash scripts/vllm_env.sh                 # builds /tmp/vllm034-venv (idempotent: a ready one is kept)
+#   VLLM_VENV=/tmp/vllm034-venv .venv/bin/python bench/bench_pool_vs_vllm.py
 #
 # What it installs, and why so little:
-# - the real vllm==0.33.0 wheel with --no-deps (its full dependency list pulls CUDA kernels, GBs);
+# - the real vllm==0.34.0 wheel with --no-deps (its full dependency list pulls CUDA kernels, GBs);
 # - torch==2.13.0 (vllm/__init__ imports torch; this machine has a local CPU build of 2.13.0,
 #   vLLM pins 2.14.0 but nothing BlockPool runs touches torch);
 # - the packages that the import chain of vllm.v1.core.block_pool really needs (found by importing
-#   it until nothing was missing), at the versions vLLM 0.33.0's metadata asks for where it names them;
+#   it until nothing was missing), at the versions vLLM 0.34.0's metadata asks for where it names them;
 #   einops for vllm.v1.core.sched.scheduler's chain, xxhash for our own kvcore, which the
 #   scheduler comparison imports beside vLLM.
 # Nothing else of vLLM (no GPU, no model, no server) is needed or used.
 #
-# Environment: VLLM_VENV (where, default /tmp/vllm-venv), VLLM_WHEEL (a local wheel; default the one
-# in /tmp/vllm033/, else `pip download vllm==0.33.0 --no-deps`), PYTHON (the interpreter; default
+# Environment: VLLM_VENV (where, default /tmp/vllm034-venv; vLLM 0.33.0's, from before the move, stays at
+# /tmp/vllm-venv), VLLM_WHEEL (a local wheel; default the one in /tmp/vllm034/, else
+# `pip download vllm==0.34.0 --no-deps` into it), PYTHON (the interpreter; default
 # the base interpreter of the repo's .venv, so both pools run on the same Python build).
 set -euo pipefail
 
-VERSION=0.33.0
+VERSION=0.34.0
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${VLLM_VENV:-/tmp/vllm-venv}"
+VENV="${VLLM_VENV:-/tmp/vllm034-venv}"
 if [ -z "${PYTHON:-}" ]; then
     if [ -x "$HERE/.venv/bin/python" ]; then
         PYTHON="$("$HERE/.venv/bin/python" -c 'import sys; print(sys._base_executable)')"
@@ -56,7 +57,7 @@ if ready; then
 fi
 
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
-PKG=vllm WHEEL_DIR=/tmp/vllm033
+PKG=vllm WHEEL_DIR=/tmp/vllm034
 # shellcheck source=scripts/_scratch_env.sh
 source "$HERE/scripts/_scratch_env.sh"
 

@@ -1,8 +1,8 @@
-"""Our Scheduler against vLLM 0.33.0's own, with ``num_lookahead_tokens > 0``, on random traces.
+"""Our Scheduler against vLLM 0.34.0's own, with ``num_lookahead_tokens > 0``, on random traces.
 
 Run it with the Python of the scratch vLLM environment (``bash scripts/vllm_env.sh``):
 
-    /tmp/vllm-venv/bin/python scripts/vllm_lookahead_diff.py --traces 40 --seed 1
+    /tmp/vllm034-venv/bin/python scripts/vllm_lookahead_diff.py --traces 40 --seed 1
 
 Both schedulers get the same requests (random prompts, some sharing prefixes, random arrivals)
 and, every step, the same model output: each request's tokens are a fixed function of its id and
@@ -23,6 +23,14 @@ model is encoder-decoder or uses M-RoPE), so a stand-in gives them. ``num_lookah
 ``--lora``: requests carry LoRA adapters too (three adapters, some requests none) and both
 schedulers serve LoRA with ``max_loras`` 1 or 2 (vLLM's ``LoRAConfig``): a waiting request whose
 adapter would be one too many is skipped, on both sides, and the adapter is in its blocks' hashes.
+
+``--cache-aware``: vLLM 0.34's cache-aware admission on both sides. Each trace draws (from a
+stream of its own, so the traces without the flag stay as they were)
+``cache_aware_admission_window`` (0, 1, 2, 3 or 8) and ``cache_aware_admission_threshold`` (0,
+0.25, 0.5, 0.75 or 1), more requests and two shared prefixes, so that warm and cold requests
+wait together in a pool that is often more than half used; the counts of steps where vLLM's
+``_reorder_waiting_by_cached_prefix`` changed its waiting queue, and where it left it as it was
+because the usage was below the threshold, are printed.
 
 Padding is compared too: when others run (or the request has computed tokens already), vLLM
 pads the admission of a request with one token left to compute to 1 + k rows with placeholder
@@ -61,8 +69,11 @@ STATS = {
     "blocks_only_for_lookahead": 0,
     "lora_skips": 0,
     "padded": 0,
+    "reordered": 0,
+    "below_threshold": 0,
 }
 LORA = False  # main's --lora: requests with adapters, schedulers with max_loras
+CACHE_AWARE = False  # main's --cache-aware: cache-aware admission's window and threshold drawn
 
 
 def token_at(rid: str, pos: int) -> int:
@@ -101,6 +112,20 @@ def make_trace(rng: random.Random) -> dict:
     t["max_loras"] = lora.randint(1, 2) if LORA else None
     for r in reqs:
         r["lora"] = lora.choice([None, 1, 2, 3]) if LORA else None
+    t["window"], t["threshold"] = 0, 0.5  # vLLM 0.34's defaults: arrival order
+    if CACHE_AWARE:  # a stream of its own too: warm and cold requests queued together
+        ca = random.Random(t["draft_seed"] + 2)
+        t["window"] = ca.choice([0, 1, 2, 3, 8])
+        t["threshold"] = ca.choice([0.0, 0.25, 0.5, 0.75, 1.0])
+        prefixes = [[ca.randrange(1, VOCAB) for _ in range(ca.randint(bs, 4 * bs))] for _ in "ab"]
+        for i in range(len(reqs), ca.randint(len(reqs), 9)):
+            reqs.append(
+                dict(id=f"r{i}", prompt=[], max_tokens=ca.randint(1, 12), arrival=0, lora=None)
+            )
+        for r in reqs:
+            own = [ca.randrange(1, VOCAB) for _ in range(ca.randint(1, 2 * bs))]
+            r["prompt"] = ca.choice([*prefixes, []]) + own
+            r["arrival"] = ca.randint(0, 8)
     return t
 
 
@@ -124,6 +149,14 @@ def vllm_scheduler(t: dict):
         max_model_len=t["max_model_len"],
         is_encoder_decoder=False,
         enable_chunked_prefill=True,
+        **(
+            dict(
+                cache_aware_admission_window=t["window"],
+                cache_aware_admission_threshold=t["threshold"],
+            )
+            if t["window"]
+            else {}
+        ),
     )
     cc = CacheConfig(block_size=t["block_size"], enable_prefix_caching=True)
     cc.num_gpu_blocks = t["num_blocks"]
@@ -157,7 +190,8 @@ def vllm_scheduler(t: dict):
         vllm_config=cfg,
         kv_cache_config=kv,
         structured_output_manager=types.SimpleNamespace(  # no grammar: drafts pass as they are
-            validate_tokens=lambda request, tokens: tokens,
+            validate_tokens=lambda request, tokens: tokens,  # 0.33's name
+            trim_spec_tokens=lambda request, tokens: tokens,  # 0.34's
             accept_tokens=lambda request, tokens: True,
             grammar_bitmask=lambda *a, **kw: None,
         ),
@@ -194,6 +228,8 @@ def our_scheduler(t: dict) -> OurScheduler:
         speculative=SpeculativeConfig(method="draft_model", num_speculative_tokens=t["k"]),
         enable_lora=t["max_loras"] is not None,
         max_loras=t["max_loras"] or 1,
+        cache_aware_admission_window=t["window"],
+        cache_aware_admission_threshold=t["threshold"],
     )
     groups, _ = kv_cache_groups(s, 1)
     kvm = kv_cache_manager_for(s, groups, t["max_model_len"], enable_kv_cache_events=False)
@@ -255,6 +291,17 @@ def run_trace(t: dict, max_steps: int = 400) -> str | None:
 
     vs, vhasher = vllm_scheduler(t)
     ours = our_scheduler(t)
+    if t["window"]:  # count the steps where vLLM's reorder moved someone
+        reorder = vs._reorder_waiting_by_cached_prefix
+
+        def counted():
+            before = [r.request_id for r in vs.waiting]
+            if len(before) > 1 and vs.kv_cache_manager.usage < vs.cache_aware_threshold:
+                STATS["below_threshold"] += 1
+            reorder()
+            STATS["reordered"] += before != [r.request_id for r in vs.waiting]
+
+        vs._reorder_waiting_by_cached_prefix = counted
     pending = sorted(t["requests"], key=lambda r: r["arrival"])
     for step in range(max_steps):
         for spec in [r for r in pending if r["arrival"] <= step]:
@@ -327,7 +374,6 @@ def run_trace(t: dict, max_steps: int = 400) -> str | None:
             vo,
             VOutput(
                 req_ids=req_ids,
-                req_id_to_index={r: i for i, r in enumerate(req_ids)},
                 sampled_token_ids=[gained.get(r, []) for r in req_ids],
             ),
         )
@@ -359,9 +405,12 @@ def main() -> int:
     ap.add_argument("--traces", type=int, default=40)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--lora", action="store_true", help="requests with LoRA adapters")
+    ap.add_argument(
+        "--cache-aware", action="store_true", help="cache-aware admission's window and threshold"
+    )
     args = ap.parse_args()
-    global LORA
-    LORA = args.lora
+    global LORA, CACHE_AWARE
+    LORA, CACHE_AWARE = args.lora, args.cache_aware
     rng = random.Random(args.seed)
     for i in range(args.traces):
         t = make_trace(rng)
@@ -376,11 +425,18 @@ def main() -> int:
         f"SAME: {args.traces} random traces (seed {args.seed}), {STATS['steps']} steps "
         f"({STATS['preemptions']} preemptions, {STATS['blocks_only_for_lookahead']} times a "
         f"block held only for lookahead, {STATS['padded']} one-token admissions padded to "
-        "1 + k rows), each as vLLM 0.33.0's Scheduler with num_lookahead_tokens = k"
+        "1 + k rows), each as vLLM 0.34.0's Scheduler with num_lookahead_tokens = k"
         + (
             f"; with LoRA adapters and max_loras 1-2 ({STATS['lora_skips']} times a waiting "
             "request with an adapter stayed out while another was admitted)"
             if LORA
+            else ""
+        )
+        + (
+            f"; with cache-aware admission's window and threshold drawn per trace "
+            f"({STATS['reordered']} steps where the window reordered the waiting queue, "
+            f"{STATS['below_threshold']} where the usage was below the threshold)"
+            if CACHE_AWARE
             else ""
         )
     )

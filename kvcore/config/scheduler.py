@@ -29,3 +29,22 @@ class SchedulerConfig:
     # that write K/V beyond the verified range (EAGLE, draft models) need them; the n-gram
     # proposer writes none, so with it this stays 0 and drafts get their slots as scheduled tokens.
     num_lookahead_tokens: int = 0
+    # vLLM 0.34's cache-aware admission: within the first ``cache_aware_admission_window``
+    # waiting requests, those whose prefix is cached go before those that would compute theirs
+    # (0 = strict arrival order), once the pool's usage is at least
+    # ``cache_aware_admission_threshold``. Only with prefix caching and the "fcfs" policy.
+    cache_aware_admission_window: int = 0
+    cache_aware_admission_threshold: float = 0.5
+    # vLLM 0.34's cap on requests holding blocks for an asynchronous connector load (loading,
+    # or landed and waiting for a running slot). Set, it also lets such loads start while the
+    # running batch is full; None = no cap, and loads start only when a running slot is free.
+    max_num_inflight_kv_loads: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        # vLLM's pydantic bounds on the three 0.34 fields (ge=0; ge=0.0, le=1.0; ge=1)
+        if self.cache_aware_admission_window < 0:
+            raise ValueError("cache_aware_admission_window must be >= 0")
+        if not 0.0 <= self.cache_aware_admission_threshold <= 1.0:
+            raise ValueError("cache_aware_admission_threshold must be in [0, 1]")
+        if self.max_num_inflight_kv_loads is not None and self.max_num_inflight_kv_loads < 1:
+            raise ValueError("max_num_inflight_kv_loads must be >= 1 or None")

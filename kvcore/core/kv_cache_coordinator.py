@@ -121,6 +121,7 @@ class KVCacheCoordinator(ABC):
         total_computed_tokens: int,
         apply_admission_cap: bool = False,
         num_tokens_main_model: Optional[int] = None,
+        num_local_computed_tokens: Optional[int] = None,
     ) -> int:
         return sum(
             m.get_num_blocks_to_allocate(
@@ -130,6 +131,7 @@ class KVCacheCoordinator(ABC):
                 total_computed_tokens,
                 apply_admission_cap,
                 num_tokens_main_model,
+                num_local_computed_tokens=num_local_computed_tokens,
             )
             for i, m in enumerate(self.single_type_managers)
         )

@@ -114,12 +114,20 @@ class KVCacheManager:
         self.caching_metrics.observe(stats)
         return stats
 
-    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
-        """Per group, the leading blocks every running request shares. vLLM 0.33 removed
-        cascade attention, the only reader, and reports 0 for every group; so do we."""
-        return [0] * self.num_kv_cache_groups
-
     # -- lookup and allocation ----------------------------------------------------------
+    def get_num_cached_tokens(self, request) -> int:
+        """How many of ``request``'s tokens the prefix cache holds now (vLLM 0.34's probe for
+        cache-aware admission): the hit ``get_computed_blocks`` would find with its default
+        bound (the last token is always computed), but nothing is touched, allocated,
+        counted or told to the observer, so it may be asked about a request that is not
+        admitted. 0 when the request may not read the cache."""
+        if not self.prefix_cache_lookup_enabled(request):
+            return 0
+        _, num_tokens, _ = self.coordinator.find_longest_cache_hit(
+            request.block_hashes, request.num_tokens - 1
+        )
+        return num_tokens
+
     def get_computed_blocks(
         self, request, max_cache_hit_length: Optional[int] = None
     ) -> tuple[KVCacheBlocks, int, int]:
@@ -226,7 +234,12 @@ class KVCacheManager:
         if full_sequence_must_fit:
             full = min(request.num_tokens, self.max_model_len)
             need = self.coordinator.get_num_blocks_to_allocate(
-                request.request_id, full, hits, total_computed, apply_admission_cap=True
+                request.request_id,
+                full,
+                hits,
+                total_computed,
+                apply_admission_cap=True,
+                num_local_computed_tokens=num_local_computed,
             )
             if need + watermark_blocks > self.block_pool.get_num_free_blocks():
                 return None
@@ -238,8 +251,9 @@ class KVCacheManager:
             request.request_id,
             num_tokens_need_slot,
             hits,
-            num_local_computed,
+            num_local_computed + num_external_computed_tokens,
             num_tokens_main_model=num_tokens_main_model,
+            num_local_computed_tokens=num_local_computed,
         )
         if need + watermark_blocks > self.block_pool.get_num_free_blocks() - reserved_blocks:
             return None

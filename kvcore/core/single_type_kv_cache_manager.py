@@ -88,10 +88,15 @@ class SingleTypeKVCacheManager(ABC):
         total_computed_tokens: int,
         apply_admission_cap: bool = False,
         num_tokens_main_model: Optional[int] = None,
+        num_local_computed_tokens: Optional[int] = None,
     ) -> int:
         """Blocks this call would take from the free queue, hits sitting in the queue included.
         ``num_tokens_main_model`` is ``num_tokens`` less the lookahead (draft) slots; only a
-        Mamba group in align mode reads it."""
+        Mamba group in align mode reads it. ``total_computed_tokens`` counts a connector's
+        tokens too, ``num_local_computed_tokens`` (default: the same) only the prefix cache's:
+        a hit ending inside a block needs a copy only if the local hit ends there."""
+        if num_local_computed_tokens is None:
+            num_local_computed_tokens = total_computed_tokens
         num_required = cdiv(num_tokens, self.block_size)
         if apply_admission_cap and self.max_admission_blocks_per_request is not None:
             num_required = min(num_required, self.max_admission_blocks_per_request)
@@ -106,7 +111,7 @@ class SingleTypeKVCacheManager(ABC):
         evictable = sum(
             1 for b in new_computed_blocks[skip_hits:] if b.ref_cnt == 0 and not b.is_null
         )
-        if self._has_partial_local_hit(new_computed_blocks, total_computed_tokens):
+        if self._has_partial_local_hit(new_computed_blocks, num_local_computed_tokens):
             num_new += 1  # the tail block's private copy
         return num_new + evictable
 
@@ -586,7 +591,10 @@ class MambaManager(SingleTypeKVCacheManager):
         total_computed_tokens,
         apply_admission_cap=False,
         num_tokens_main_model=None,
+        num_local_computed_tokens=None,
     ):
+        if num_local_computed_tokens is None:
+            num_local_computed_tokens = total_computed_tokens
         if new_computed_blocks and new_computed_blocks[-1].block_hash in (
             self.cached_blocks_this_step
         ):
@@ -599,6 +607,7 @@ class MambaManager(SingleTypeKVCacheManager):
                 new_computed_blocks,
                 total_computed_tokens,
                 apply_admission_cap,
+                num_local_computed_tokens=num_local_computed_tokens,
             )
         # Lookahead slots are left out: draft models have no Mamba layers, and they would
         # break the alignment.
@@ -607,7 +616,7 @@ class MambaManager(SingleTypeKVCacheManager):
         num_required = cdiv(num_tokens, self.block_size) + self.num_speculative_blocks
         num_new = num_required - len(new_computed_blocks) - len(self.req_to_blocks[request_id])
         has_partial_hit = (
-            self._has_partial_local_hit(new_computed_blocks, total_computed_tokens)
+            self._has_partial_local_hit(new_computed_blocks, num_local_computed_tokens)
             or request_id in self._partial_hit_reqs
         )
         if has_partial_hit:

@@ -10,6 +10,14 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import asdict, dataclass
 
+# The stages of a request's asynchronous KV load (vLLM 0.34's KV_FETCH_STAGES): waiting for the
+# load to start, loading, loaded and waiting for a running slot. The scheduler counts requests
+# by stage (Scheduler._kv_fetch_counts) for --max-num-inflight-kv-loads.
+KV_FETCH_WAITING_TO_START = "waiting_to_start"
+KV_FETCH_IN_PROGRESS = "in_progress"
+KV_FETCH_COMPLETED_WAITING = "completed_waiting"
+KV_FETCH_STAGES = (KV_FETCH_WAITING_TO_START, KV_FETCH_IN_PROGRESS, KV_FETCH_COMPLETED_WAITING)
+
 
 @dataclass
 class PrefixCacheStats:

@@ -192,6 +192,9 @@ def scheduler_config_for(s: EngineSettings, max_model_len: int) -> SchedulerConf
         max_cache_hit_length=s.max_cache_hit_length,
         num_spec_tokens=s.speculative.num_speculative_tokens if s.speculative else 0,
         num_lookahead_tokens=num_lookahead_tokens(s.speculative),
+        cache_aware_admission_window=s.cache_aware_admission_window,
+        cache_aware_admission_threshold=s.cache_aware_admission_threshold,
+        max_num_inflight_kv_loads=s.max_num_inflight_kv_loads,
     )
 
 

@@ -70,6 +70,8 @@ Int = Annotated[StrictInt, Field(ge=1, le=INT64_MAX)]
 Fraction = Annotated[Union[StrictInt, StrictFloat], Field(ge=0, lt=1), AfterValidator(float)]
 Utilization = Annotated[Union[StrictInt, StrictFloat], Field(gt=0, le=1), AfterValidator(float)]
 Count = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
+# a fraction with both ends allowed (vLLM's cache_aware_admission_threshold: ge=0.0, le=1.0)
+ClosedFraction = Annotated[Union[StrictInt, StrictFloat], Field(ge=0, le=1), AfterValidator(float)]
 OptInt = Optional[Int]
 
 
@@ -271,6 +273,13 @@ class EngineSettings:
     seed: Optional[Count] = None
     max_model_len: OptInt = None
     long_prefill_token_threshold: Count = 0
+    # vLLM 0.34's SchedulerConfig: cache-aware admission (within the first this many waiting
+    # requests, those with a cached prefix are admitted first; 0 = arrival order), once the pool
+    # is at least cache_aware_admission_threshold used; and the cap on requests holding blocks
+    # for an asynchronous KV load (null: no cap, loads start only when a running slot is free).
+    cache_aware_admission_window: Count = 0
+    cache_aware_admission_threshold: ClosedFraction = 0.5
+    max_num_inflight_kv_loads: OptInt = None
     # KV cache events published on ZeroMQ as vLLM does (vLLM's --kv-events-config); off when null.
     kv_events: Optional[KVEventsConfig] = None
     # Speculative decoding (kvcore/spec_decode/ngram_proposer.py); off when null.

@@ -41,6 +41,7 @@ NONE_AS = {
     "seed": -1,
     "prefix_cache_retention_interval": -1,
     "max_cache_hit_length": -1,
+    "max_num_inflight_kv_loads": 0,  # the schema has no cap of 0
 }
 # The budget's limit on a setting (run/budget.py: Limits field), where it has one; more
 # sequences than the requests a run may have would never fill, so the form stops there too.
@@ -121,6 +122,10 @@ def form_values(eng: dict) -> dict[str, Any]:
         shown[name] = null if eng.get(name) is None else int(eng[name])
     shown["watermark"] = float(eng.get("watermark") or 0.0)
     shown["hash_seed"] = eng.get("hash_seed") or ""
+    # vLLM 0.34's settings (cache-aware admission, in-flight KV loads): vLLM's defaults
+    shown["cache_aware_admission_window"] = int(eng.get("cache_aware_admission_window") or 0)
+    threshold = eng.get("cache_aware_admission_threshold")
+    shown["cache_aware_admission_threshold"] = 0.5 if threshold is None else float(threshold)
     return shown
 
 
@@ -261,11 +266,45 @@ def settings_form(state: LessonState, lesson: Lesson, ms: ModelState, lang: str)
             key="pg_hash_seed",
             help=hint("hash_seed"),
         )
+        _vllm_034_fields(shown, lang, hint)
         _speculative_fields(eng.get("speculative"), lang)
         _cpu_offload_fields(eng.get("cpu_offload"), lang)
         st.form_submit_button(
             tr("playground.apply", lang), on_click=on_apply_settings, args=(state, lesson, ms)
         )
+
+
+def _vllm_034_fields(shown: dict[str, Any], lang: str, hint) -> None:
+    """The scheduler settings vLLM 0.34 added, under vLLM's names and with its defaults:
+    cache-aware admission's window and threshold, and the cap on in-flight KV loads."""
+    c = st.columns(3)
+    _int_field(
+        c[0],
+        "cache_aware_admission_window",
+        shown["cache_aware_admission_window"],
+        None,
+        lang,
+        key="pg_cache_aware_admission_window",
+        help=hint("cache_aware_admission_window"),
+    )
+    c[1].number_input(
+        "cache_aware_admission_threshold",
+        min_value=0.0,
+        max_value=1.0,  # the schema's [0, 1], as vLLM's
+        value=shown["cache_aware_admission_threshold"],
+        step=0.05,
+        key="pg_cache_aware_admission_threshold",
+        help=hint("cache_aware_admission_threshold"),
+    )
+    _int_field(
+        c[2],
+        "max_num_inflight_kv_loads",
+        shown["max_num_inflight_kv_loads"],
+        None,
+        lang,
+        key="pg_max_num_inflight_kv_loads",
+        help=hint("max_num_inflight_kv_loads"),
+    )
 
 
 SPEC_METHODS = ("off", "ngram", "draft_model", "eagle", "mtp")
@@ -372,6 +411,9 @@ def on_apply_settings(state: LessonState, lesson: Lesson, ms: ModelState) -> Non
     cap = int(ss["pg_max_cache_hit_length"])
     vals["max_cache_hit_length"] = None if cap < 0 else cap
     vals["hash_seed"] = str(ss["pg_hash_seed"]) or None
+    vals["cache_aware_admission_window"] = int(ss["pg_cache_aware_admission_window"])
+    vals["cache_aware_admission_threshold"] = float(ss["pg_cache_aware_admission_threshold"])
+    vals["max_num_inflight_kv_loads"] = int(ss["pg_max_num_inflight_kv_loads"]) or None
     eng = {**SETTING_DEFAULTS, **state.base.get("engine", {})}
     shown = form_values(eng)
     for name in vals:  # a field left as drawn keeps the scenario's own value ("" and null differ)

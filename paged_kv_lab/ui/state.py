@@ -251,6 +251,7 @@ def _parse_value(key: str, v: str) -> Any:
         "seed",
         "max_model_len",
         "max_cache_hit_length",
+        "max_num_inflight_kv_loads",
     ):
         return int(v)
     if isinstance(default, float):

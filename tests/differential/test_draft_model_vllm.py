@@ -1,4 +1,4 @@
-"""Our Scheduler makes vLLM 0.33.0's own allocations with ``num_lookahead_tokens > 0``.
+"""Our Scheduler makes vLLM 0.34.0's own allocations with ``num_lookahead_tokens > 0``.
 
 Runs ``scripts/vllm_lookahead_diff.py`` under the scratch vLLM environment (built by
 ``bash scripts/vllm_env.sh``; ``VLLM_VENV`` names another place): random traces with drafts

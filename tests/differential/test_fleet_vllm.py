@@ -1,10 +1,10 @@
-"""Each replica of a fleet against vLLM 0.33.0's own Scheduler on the requests routed to it.
+"""Each replica of a fleet against vLLM 0.34.0's own Scheduler on the requests routed to it.
 
 Sequential arrival: every replica sees exactly the sequential replay of its sub-trace, in trace
 order, so vLLM's Scheduler / KVCacheManager / BlockPool, driven model-free by
 bench/bench_replay.py on that sub-trace, must give every request the same hit tokens and the same
 PrefixCacheStats totals. Skipped, with the reason, without the vLLM environment (``VLLM_VENV``,
-default /tmp/vllm-venv; ``bash scripts/vllm_env.sh`` builds it). Slow: one worker process
+default /tmp/vllm034-venv; ``bash scripts/vllm_env.sh`` builds it). Slow: one worker process
 imports vLLM once for every case.
 """
 
@@ -32,7 +32,7 @@ def both():
     venv = vllm_venv()
     if venv is None:
         pytest.skip(
-            "no vLLM 0.33.0 environment: `bash scripts/vllm_env.sh` builds /tmp/vllm-venv "
+            "no vLLM 0.34.0 environment: `bash scripts/vllm_env.sh` builds /tmp/vllm034-venv "
             "(or set VLLM_VENV)"
         )
     trace = load_trace(SLICE)
@@ -62,7 +62,7 @@ def test_each_replica_hits_what_vllm_hits_on_its_sub_trace(both, case):
         if not routed:
             continue
         v = theirs[(case, j)]
-        assert v["vllm"] == "0.33.0"
+        assert v["vllm"] == "0.34.0"
         assert [r.hit_tokens[i] for i in routed] == v["hit_tokens"]
         totals = r.kv_cache_manager.prefix_cache_totals
         assert (totals.queries, totals.hits) == (v["totals"]["queries"], v["totals"]["hits"])

@@ -1,9 +1,9 @@
-"""Hybrid (full attention + Mamba) KV cache groups against vLLM 0.33.0's own KVCacheManager
+"""Hybrid (full attention + Mamba) KV cache groups against vLLM 0.34.0's own KVCacheManager
 (bench/hybrid_vs_vllm.py): random traces through one scheduler loop on both sides, every step
 compared (each group's block tables, the free queue, hits, blocks handed out, block copies, KV
 events), with and without prefix_match_unit, lookahead and extra keys. Needs
-the scratch environment with the real vllm==0.33.0 (``bash scripts/vllm_env.sh``; ``VLLM_VENV``,
-default /tmp/vllm-venv); the figure over 200 traces a config is in docs/fidelity.md."""
+the scratch environment with the real vllm==0.34.0 (``bash scripts/vllm_env.sh``; ``VLLM_VENV``,
+default /tmp/vllm034-venv); the figure over 200 traces a config is in docs/fidelity.md."""
 
 import os
 import sys
@@ -17,12 +17,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import hybrid_vs_vllm  # noqa: E402
 
-VENV = os.environ.get("VLLM_VENV", "/tmp/vllm-venv")
+VENV = os.environ.get("VLLM_VENV", "/tmp/vllm034-venv")
 
 
 @pytest.mark.skipif(
     not (Path(VENV) / "bin" / "python").exists(),
-    reason=f"no vLLM 0.33.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
+    reason=f"no vLLM 0.34.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
 )
 def test_hybrid_mamba_groups_step_as_vllms_do():
     configs = list(hybrid_vs_vllm.CONFIGS)

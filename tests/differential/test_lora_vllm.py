@@ -1,4 +1,4 @@
-"""Our Scheduler admits requests with LoRA adapters as vLLM 0.33.0's own does (``max_loras``).
+"""Our Scheduler admits requests with LoRA adapters as vLLM 0.34.0's own does (``max_loras``).
 
 Runs ``scripts/vllm_lookahead_diff.py --lora`` under the scratch vLLM environment (built by
 ``bash scripts/vllm_env.sh``; ``VLLM_VENV`` names another place): random traces whose requests

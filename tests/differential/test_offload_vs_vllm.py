@@ -1,10 +1,10 @@
-"""The CPU tier against vLLM 0.33.0's own SimpleCPUOffloadScheduler (bench/offload_vs_vllm.py): a
+"""The CPU tier against vLLM 0.34.0's own SimpleCPUOffloadScheduler (bench/offload_vs_vllm.py): a
 few random traces replayed on vLLM's KVCacheManager and offloading manager with a fake worker, as
 vLLM's own tests drive it; per step both sides agree on the lookups (GPU and CPU hit tokens), the
 blocks stored and loaded, the block tables and both free queues, and after a failed load on the
 requests cut back and the blocks given to ``evict_blocks`` (vLLM's own
 ``Scheduler._handle_invalid_blocks`` deciding on its side). Needs the scratch environment with
-the real vllm==0.33.0 (``bash scripts/vllm_env.sh``; ``VLLM_VENV``, default /tmp/vllm-venv); the
+the real vllm==0.34.0 (``bash scripts/vllm_env.sh``; ``VLLM_VENV``, default /tmp/vllm034-venv); the
 figures over 200 traces are in docs/cpu-offload.md."""
 
 import os
@@ -19,12 +19,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import offload_vs_vllm  # noqa: E402
 
-VENV = os.environ.get("VLLM_VENV", "/tmp/vllm-venv")
+VENV = os.environ.get("VLLM_VENV", "/tmp/vllm034-venv")
 
 
 @pytest.mark.skipif(
     not (Path(VENV) / "bin" / "python").exists(),
-    reason=f"no vLLM 0.33.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
+    reason=f"no vLLM 0.34.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
 )
 def test_random_traces_store_find_and_load_the_blocks_vllm_does():
     # 9 and 11: lazy mode; 0: synchronous failures evicted under "fail"; 4, 5: asynchronous ones
@@ -43,7 +43,7 @@ def test_random_traces_store_find_and_load_the_blocks_vllm_does():
 
 @pytest.mark.skipif(
     not (Path(VENV) / "bin" / "python").exists(),
-    reason=f"no vLLM 0.33.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
+    reason=f"no vLLM 0.34.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
 )
 def test_an_asynchronous_load_is_held_back_where_vllm_holds_it_back():
     # the two traces that once never finished here

@@ -1,9 +1,9 @@
-"""The test slice replayed through vLLM 0.33.0's own Scheduler / KVCacheManager / BlockPool and
+"""The test slice replayed through vLLM 0.34.0's own Scheduler / KVCacheManager / BlockPool and
 through ours: every request's hit tokens, preemptions, the PrefixCacheStats totals and the step
 count must be identical.
 
 vLLM runs in a worker process under the scratch environment ``scripts/vllm_env.sh`` builds
-(``VLLM_VENV``, default /tmp/vllm-venv), driven model-free by bench/bench_replay.py with the same
+(``VLLM_VENV``, default /tmp/vllm034-venv), driven model-free by bench/bench_replay.py with the same
 tokens and arrival rules. Skipped, with the reason, when that environment is absent. Slow: the
 worker imports vLLM (about 30-60 s on the 2-core test machine), once for all the cases.
 """
@@ -43,7 +43,7 @@ def both():
     venv = vllm_venv()
     if venv is None:
         pytest.skip(
-            "no vLLM 0.33.0 environment: `bash scripts/vllm_env.sh` builds /tmp/vllm-venv "
+            "no vLLM 0.34.0 environment: `bash scripts/vllm_env.sh` builds /tmp/vllm034-venv "
             "(or set VLLM_VENV)"
         )
     trace = load_trace(SLICE)
@@ -60,7 +60,7 @@ def both():
 def test_same_hits_preemptions_and_stats_as_vllm(both, case):
     ours, theirs = both
     mine, v = ours[case], theirs[case]
-    assert v["vllm"] == "0.33.0"
+    assert v["vllm"] == "0.34.0"
     assert [r.hit_tokens for r in mine.per_request] == v["hit_tokens"]
     assert [r.num_preemptions for r in mine.per_request] == v["num_preemptions"]
     assert mine.steps == v["steps"]

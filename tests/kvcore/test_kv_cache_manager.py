@@ -292,11 +292,49 @@ def test_max_cache_hit_length_caps_the_hit():
     assert kvm.get_computed_blocks(b, max_cache_hit_length=0)[1] == 0
 
 
-def test_num_common_prefix_blocks_is_zero_per_group_as_in_vllm_033():
-    kvm = make_manager(20, 4, hybrid(4))
-    a = make_request("a", COMMON, 4)
+def test_get_num_cached_tokens_probes_without_touching_anything():
+    """vLLM 0.34's KVCacheManager.get_num_cached_tokens: the hit get_computed_blocks would
+    find (the last token left out), with no reference taken, no block moved in the free queue,
+    no stats counted and nothing told to the observer."""
+    rec = Recorder()
+    kvm = make_manager(20, 4, recorder=rec)
+    a = make_request("a", COMMON + [1, 2, 3], 4)
     admit(kvm, a)
-    assert kvm.get_num_common_prefix_blocks("a") == [0, 0]
+    kvm.free(a)  # its blocks are cached and free, in the free queue
+    pool = kvm.block_pool
+    rec.events.clear()
+    stats = kvm.prefix_cache_stats.requests
+    before = (queue_ids(pool), [b.ref_cnt for b in pool.blocks], pool.get_num_free_blocks())
+    b = make_request("b", COMMON + [7, 8], 4)
+    assert kvm.get_num_cached_tokens(b) == 12
+    exact = make_request("c", COMMON, 4)  # its whole prompt is cached: the last block is not
+    assert kvm.get_num_cached_tokens(exact) == 8
+    cold = make_request("d", [90, 91, 92, 93, 94], 4)
+    assert kvm.get_num_cached_tokens(cold) == 0
+    after = (queue_ids(pool), [b.ref_cnt for b in pool.blocks], pool.get_num_free_blocks())
+    assert after == before and rec.events == []
+    assert kvm.prefix_cache_stats.requests == stats
+    # the same length the admission's own lookup then finds
+    assert kvm.get_computed_blocks(b)[1] == 12
+
+
+def test_get_num_cached_tokens_is_0_when_the_request_may_not_read_the_cache():
+    kvm = make_manager(20, 4)
+    admit(kvm, make_request("a", COMMON + [1, 2, 3], 4))
+    b = make_request("b", COMMON + [7, 8], 4)
+    b.skip_reading_prefix_cache = True
+    assert kvm.get_num_cached_tokens(b) == 0
+    off = make_manager(20, 4, caching=False)
+    admit(off, make_request("a", COMMON + [1, 2, 3], 4, caching=False))
+    assert off.get_num_cached_tokens(make_request("b", COMMON + [7, 8], 4, caching=False)) == 0
+
+
+def test_hybrid_get_num_cached_tokens_is_the_hit_every_group_agrees_on():
+    kvm = make_manager(40, 4, hybrid(4))  # full attention + a 4-token sliding window
+    admit(kvm, make_request("a", COMMON + [1, 2, 3], 4))
+    b = make_request("b", COMMON + [7, 8], 4)
+    assert kvm.get_num_cached_tokens(b) == 12 == kvm.get_computed_blocks(b)[1]
+    assert not hasattr(kvm, "get_num_common_prefix_blocks")  # 0.34 removed it
 
 
 def test_kv_cache_events_through_the_manager():

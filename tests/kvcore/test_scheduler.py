@@ -437,7 +437,7 @@ def test_scheduler_output_has_vllms_fields_and_finished_ids_are_handed_out_once(
     ].prompt_token_ids == [50, 51, 52]
     assert out.scheduled_cached_reqs.req_ids == [] and out.total_num_scheduled_tokens == 9
     assert out.num_scheduled_tokens == {"a": 6, "b": 3} and out.finished_req_ids == set()
-    assert out.preempted_req_ids == set() and out.num_common_prefix_blocks == [0]
+    assert out.preempted_req_ids == set() and not hasattr(out, "num_common_prefix_blocks")
     finished = sched.update_from_output(
         out, ModelRunnerOutput.from_sampled(["a", "b"], {"a": 7, "b": 8})
     )
@@ -538,3 +538,79 @@ def test_a_waiting_queue_iterates_in_scheduling_order_as_vllms(policy):
     order = [r.request_id for r in queue]
     assert order == [r.request_id for r in queue.ordered()]
     assert order == (["a", "b", "c"] if policy == "fcfs" else ["b", "c", "a"])
+
+
+# -- vLLM 0.34's cache-aware admission ------------------------------------------------------------
+PREFIX = list(range(100, 108))  # two full blocks of 4
+
+
+def admission_order(**engine) -> list[str]:
+    """The order the requests are first scheduled in: "long" keeps 6 of the 11 usable blocks
+    (usage above one half), "warm0" caches PREFIX and leaves; at step 3 a cold request and a warm
+    one (PREFIX and more) arrive in that order, with one running slot free for them."""
+    eng = make_engine(
+        [
+            spec("long", list(range(24)), max_tokens=30),
+            spec("warm0", PREFIX + [1, 2], max_tokens=1),
+            spec("cold", list(range(200, 210)), max_tokens=2, arrival_step=3),
+            spec("warm", PREFIX + [7, 8], max_tokens=2, arrival_step=3),
+        ],
+        num_gpu_blocks=12,
+        max_num_seqs=2,
+        **engine,
+    )
+    first = []
+    for rec in eng.run():
+        first += [rid for rid in rec.scheduled if rid not in first]
+    return first
+
+
+def test_window_0_admits_in_arrival_order():
+    assert admission_order() == ["long", "warm0", "cold", "warm"]
+
+
+def test_window_admits_the_warm_request_before_the_cold_one():
+    assert admission_order(cache_aware_admission_window=2) == ["long", "warm0", "warm", "cold"]
+
+
+def test_below_the_threshold_the_window_moves_nothing():
+    # usage is 6/11 and a little more as "long" grows: under 0.75, so arrival order
+    assert admission_order(cache_aware_admission_window=2, cache_aware_admission_threshold=0.75)[
+        2:
+    ] == ["cold", "warm"]
+    assert admission_order(cache_aware_admission_window=2, cache_aware_admission_threshold=0.0)[
+        2:
+    ] == ["warm", "cold"]
+
+
+def test_a_window_of_one_or_the_priority_policy_moves_nothing():
+    assert admission_order(cache_aware_admission_window=1)[2:] == ["cold", "warm"]
+    assert admission_order(cache_aware_admission_window=2, policy="priority")[2:] == [
+        "cold",
+        "warm",
+    ]
+
+
+def test_reorder_keeps_preempted_and_partly_computed_requests_in_their_slots():
+    """vLLM's _reorder_waiting_by_cached_prefix: only plainly waiting requests trade slots,
+    deepest cached prefix first, arrival order breaking ties; the queue past the window stays."""
+    eng = make_engine(
+        [spec("warm0", PREFIX + [1, 2], max_tokens=1)],
+        cache_aware_admission_window=4,
+        cache_aware_admission_threshold=0.0,
+    )
+    eng.run()
+    sched = eng.scheduler
+    for rid, toks in [
+        ("cold1", [300, 301, 302, 303, 304]),
+        ("pre", [400, 401, 402, 403, 404]),
+        ("one", PREFIX[:4] + [9, 9]),
+        ("two", PREFIX + [5]),
+        ("past", PREFIX + [6]),
+    ]:
+        eng.add_request(spec(rid, toks, max_tokens=2))
+    reqs = eng.requests
+    reqs["pre"].status = RequestStatus.PREEMPTED
+    assert sched.kv_cache_manager.get_num_cached_tokens(reqs["two"]) == 8
+    sched._reorder_waiting_by_cached_prefix()
+    assert [r.request_id for r in sched.waiting] == ["two", "pre", "one", "cold1", "past"]

@@ -1,5 +1,5 @@
 """One run of scripts/vllm_lookahead_diff.py under the scratch vLLM environment (``VLLM_VENV``,
-default /tmp/vllm-venv), for the tests that compare our Scheduler with vLLM's through it."""
+default /tmp/vllm034-venv), for the tests that compare our Scheduler with vLLM's through it."""
 
 import os
 import subprocess
@@ -9,7 +9,7 @@ import pytest
 
 from support.paths import ROOT
 
-VENV = Path(os.environ.get("VLLM_VENV", "/tmp/vllm-venv"))
+VENV = Path(os.environ.get("VLLM_VENV", "/tmp/vllm034-venv"))
 PYTHON = VENV / "bin" / "python"
 
 

@@ -60,7 +60,6 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int
     finished_req_ids: set[str]
     preempted_req_ids: set[str] | None = None
-    num_common_prefix_blocks: list[int] = field(default_factory=list)
     # request id -> the draft tokens scheduled after its last token (speculative decoding)
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     # the KV connector's plan for the step (its KVConnectorMetadata); None without a connector

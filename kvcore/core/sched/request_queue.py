@@ -34,6 +34,11 @@ class FCFSRequestQueue:
     def remove_request(self, request: Request) -> None:
         self._q.remove(request)
 
+    def remove_requests(self, requests) -> None:
+        """Several at once, in one pass over the queue (vLLM's ``remove_requests``)."""
+        gone = set(map(id, requests))
+        self._q = deque(r for r in self._q if id(r) not in gone)
+
     def ordered(self) -> list[Request]:
         return list(self._q)
 
@@ -66,6 +71,12 @@ class PriorityRequestQueue:
 
     def remove_request(self, request: Request) -> None:
         self._heap.remove(request)
+        heapq.heapify(self._heap)
+
+    def remove_requests(self, requests) -> None:
+        """Several at once, re-heaped once (vLLM's ``remove_requests``)."""
+        gone = set(map(id, requests))
+        self._heap = [r for r in self._heap if id(r) not in gone]
         heapq.heapify(self._heap)
 
     def ordered(self) -> list[Request]:

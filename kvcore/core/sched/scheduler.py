@@ -10,10 +10,16 @@ from kvcore.config.scheduler import ADMISSIONS, ADMIT_FULL_SEQUENCE, SchedulerCo
 from kvcore.core.kv_cache_manager import KVCacheManager
 from kvcore.core.kv_cache_observer import FREE_COPIED, KVCacheObserver, call_for_request
 from kvcore.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
-from kvcore.core.sched.request_queue import PRIORITY, create_request_queue
+from kvcore.core.sched.request_queue import FCFS, PRIORITY, create_request_queue
 from kvcore.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from kvcore.kv_cache_interface import MambaSpec
-from kvcore.metrics.stats import PrefixCacheStats
+from kvcore.metrics.stats import (
+    KV_FETCH_COMPLETED_WAITING,
+    KV_FETCH_IN_PROGRESS,
+    KV_FETCH_STAGES,
+    KV_FETCH_WAITING_TO_START,
+    PrefixCacheStats,
+)
 from kvcore.outputs import ModelRunnerOutput
 from kvcore.request import Request, RequestStatus
 from kvcore.structured_output.utils import PADDING_SPEC_TOKEN_ID, strip_speculative_padding
@@ -130,6 +136,22 @@ class Scheduler:
         # running and cannot be preempted: two loads each holding part of what the other
         # needs would wait on each other for ever.
         self._inflight_prefills: set[Request] = set()
+        # vLLM 0.34: a parked asynchronous load's reservation is computed when it parks and
+        # when it is promoted (the only times its blocks change), and kept until it is scheduled.
+        self._parked_reservations: dict[Request, int] = {}
+        self._parked_reserved_blocks = 0
+        # vLLM 0.34's --max-num-inflight-kv-loads: with it set, requests the connector may load
+        # asynchronously wait in a queue of their own, so that their loads can start while the
+        # running batch is full; empty otherwise.
+        self.async_kv_waiting = create_request_queue(config.policy)
+        # Requests with an asynchronous load, by stage (KV_FETCH_STAGES), and the counts; only
+        # kept with a connector and a cap (vLLM also keeps them for its stats logging).
+        self._kv_fetch_stages: Optional[dict[Request, str]] = (
+            {} if connector is not None and config.max_num_inflight_kv_loads else None
+        )
+        self._kv_fetch_counts: dict[str, int] = dict.fromkeys(KV_FETCH_STAGES, 0)
+        # aborted while loading: their blocks stay taken until the load reports them
+        self._aborted_kv_loads: set[str] = set()
         num_spec_decode_tokens = (
             1 + config.num_spec_tokens + config.num_lookahead_tokens
             if config.num_spec_tokens
@@ -153,6 +175,14 @@ class Scheduler:
         # vLLM's use_eagle: the drafter reads the target's hidden states (an EAGLE or MTP head;
         # set by EngineCore from its drafter). Only the draft_proposed decision reports it.
         self.use_eagle = False
+        # vLLM 0.34's cache-aware admission: it needs a prefix cache to consult, and it reorders
+        # by position, which only the FCFS queue has; otherwise the window is 0 (off).
+        self.cache_aware_window = (
+            config.cache_aware_admission_window
+            if self.policy == FCFS and kv_cache_manager.enable_caching
+            else 0
+        )
+        self.cache_aware_threshold = config.cache_aware_admission_threshold
 
     def _mamba_block_aligned_split(
         self, request: Request, num_new_tokens: int, num_new_local_computed_tokens: int = 0
@@ -188,9 +218,14 @@ class Scheduler:
         if request.request_id in self.requests:
             raise ValueError(f"duplicate request id {request.request_id!r}")
         self.requests[request.request_id] = request
-        self.waiting.add_request(request)
         if self.connector is not None:
+            # vLLM 0.34: before it is queued, as may_load_async may read what this records
             self.connector.on_new_request(request)
+        self._enqueue_waiting_request(request)
+        if self.connector is not None:
+            params = request.kv_transfer_params
+            if params and params.get("do_remote_prefill"):
+                self._set_kv_fetch_stage(request, KV_FETCH_WAITING_TO_START)
         self._emit(
             "arrived",
             request,
@@ -198,11 +233,26 @@ class Scheduler:
             priority=request.priority,
         )
 
+    def _enqueue_waiting_request(self, request: Request) -> None:
+        """Into the waiting queue, or, with ``max_num_inflight_kv_loads`` set and a request the
+        connector may load asynchronously, into ``async_kv_waiting`` (vLLM 0.34). Requests
+        holding blocks share ``waiting`` here: ``schedule`` takes them out first, as vLLM's
+        ``kv_holding_waiting``."""
+        if (
+            not self._holds_kv_blocks(request)
+            and self.connector is not None
+            and self.config.max_num_inflight_kv_loads
+            and self.connector.may_load_async(request)
+        ):
+            self.async_kv_waiting.add_request(request)
+        else:
+            self.waiting.add_request(request)
+
     def get_request_counts(self) -> tuple[int, int]:
-        return len(self.running), len(self.waiting)
+        return len(self.running), len(self.waiting) + len(self.async_kv_waiting)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting) or bool(self.running)
+        return bool(self.waiting) or bool(self.async_kv_waiting) or bool(self.running)
 
     def has_finished_requests(self) -> bool:
         """Finished requests not yet reported to the worker, or whose blocks the connector
@@ -242,8 +292,11 @@ class Scheduler:
         # The threshold keeps one long prefill from starving the others; a lone
         # request starves nobody, so it gets the whole budget.
         num_running, num_waiting = self.get_request_counts()
+        # vLLM 0.34: and only with chunked prefill (without it a prompt is never cut)
         long_prefill_token_threshold = (
-            cfg.long_prefill_token_threshold if num_running + num_waiting > 1 else 0
+            cfg.long_prefill_token_threshold
+            if cfg.enable_chunked_prefill and num_running + num_waiting > 1
+            else 0
         )
 
         self.kv_cache_manager.new_step_starts()
@@ -336,19 +389,52 @@ class Scheduler:
             for r in [r for r in self.waiting.ordered() if self._holds_kv_blocks(r)]:
                 self.waiting.remove_request(r)
                 holding.add_request(r)
-            while (holding or self.waiting) and token_budget > 0:
-                queue = holding if holding else self.waiting
-                request = queue.peek_request()
-                if len(self.running) >= cfg.max_num_seqs:
-                    self._emit(
-                        "blocked", request, reason="max_num_seqs", max_num_seqs=cfg.max_num_seqs
-                    )
+            # vLLM 0.34 reorders its waiting queue (never the block-holders') before admitting.
+            if self.cache_aware_window:
+                self._reorder_waiting_by_cached_prefix()
+            # vLLM 0.34's step_started_kv_loads: loads started this step, newer than any holder
+            started_loads: list[Request] = []
+            skipped_async: list[Request] = []  # from async_kv_waiting, back to its front
+
+            def skip(queue) -> None:
+                request = queue.pop_request()
+                if self._holds_kv_blocks(request) and queue is not holding:
+                    started_loads.append(request)
+                elif queue is self.async_kv_waiting and not self._holds_kv_blocks(request):
+                    skipped_async.append(request)
+                else:
+                    skipped.append(request)
+
+            # cleared once async_kv_waiting's head cannot start a load (vLLM 0.34)
+            take_async_kv = True
+            while True:
+                # No running slot or token left: only asynchronous loads may start (they take
+                # neither until their K/V has arrived); without a cap that queue is empty.
+                loads_only = len(self.running) >= cfg.max_num_seqs or token_budget <= 0
+                if not loads_only:
+                    queue = holding if holding else self._next_waiting_queue(take_async_kv)
+                elif take_async_kv:
+                    queue = self.async_kv_waiting
+                else:
+                    queue = None
+                if not queue:
+                    if token_budget > 0 and len(self.running) >= cfg.max_num_seqs:
+                        head = holding or self.waiting or self.async_kv_waiting
+                        if head:
+                            self._emit(
+                                "blocked",
+                                head.peek_request(),
+                                reason="max_num_seqs",
+                                max_num_seqs=cfg.max_num_seqs,
+                            )
                     break
+                request = queue.peek_request()
                 if request.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
                     if request.request_id not in self.finished_recving_kv_req_ids:
-                        skipped.append(queue.pop_request())
+                        skip(queue)
                         continue
                     self._update_waiting_for_remote_kv(request)
+                    self._reserve_parked(request)
                     resumed = request.num_preemptions > 0
                     request.status = RequestStatus.PREEMPTED if resumed else RequestStatus.WAITING
                 if (
@@ -358,7 +444,7 @@ class Scheduler:
                     and request.lora_request.lora_int_id not in scheduled_loras
                 ):
                     self._emit("blocked", request, reason="max_loras")
-                    skipped.append(queue.pop_request())
+                    skip(queue)
                     continue
                 num_external, load_kv_async = 0, False
                 if request.num_computed_tokens == 0:
@@ -376,12 +462,22 @@ class Scheduler:
                         if request.skip_reading_prefix_cache:  # nor a connector's hit
                             num_external, load_kv_async = 0, False
                         if num_external is None:
-                            skipped.append(queue.pop_request())
+                            skip(queue)
                             continue
                     num_computed = num_hit + num_external
                 else:
                     # Back from an asynchronous load: its tokens are computed already.
                     hits, num_hit, num_computed = None, 0, request.num_computed_tokens
+                if (load_kv_async and not self._admits_inflight_kv_load()) or (
+                    loads_only and not load_kv_async
+                ):
+                    # vLLM 0.34: past max_num_inflight_kv_loads, or it needs a running slot
+                    # while none is free. It waits at the head of its queue; another queue may
+                    # still admit.
+                    if queue is not self.async_kv_waiting:
+                        break
+                    take_async_kv = False
+                    continue
                 pad_spec_decode = False
                 if load_kv_async:
                     num_new = 0  # this step only loads
@@ -475,8 +571,9 @@ class Scheduler:
                     # runs from the end of the hit in a later one.
                     request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
                     request.num_computed_tokens = num_computed
-                    self._inflight_prefills.add(request)
-                    skipped.append(queue.pop_request())
+                    self._reserve_parked(request)
+                    self._set_kv_fetch_stage(request, KV_FETCH_IN_PROGRESS)
+                    skip(queue)
                     continue
                 queue.pop_request()
                 self.running.append(request)
@@ -497,8 +594,15 @@ class Scheduler:
                     scheduled_spec_decode_tokens[request.request_id] = [
                         PADDING_SPEC_TOKEN_ID
                     ] * cfg.num_spec_tokens
-                if num_computed + num_new < request.num_tokens:
+                self._set_kv_fetch_stage(request, None)
+                # still prefilling after this chunk; a promoted load stays tracked until the
+                # end of the step drops it
+                if (
+                    num_computed + num_new < request.num_tokens
+                    or request in self._parked_reservations
+                ):
                     self._inflight_prefills.add(request)
+                self._unreserve_parked(request)
                 self._emit(
                     "resumed" if resumed else "admitted",
                     request,
@@ -510,9 +614,11 @@ class Scheduler:
                     "blocked", self.waiting.peek_request(), reason="token_budget", token_budget=0
                 )
             front = [r for r in skipped if self._holds_kv_blocks(r)] + holding.ordered()
-            front += [r for r in skipped if not self._holds_kv_blocks(r)]
+            front += started_loads + [r for r in skipped if not self._holds_kv_blocks(r)]
             for request in reversed(front):
                 self.waiting.prepend_request(request)
+            for request in reversed(skipped_async):
+                self.async_kv_waiting.prepend_request(request)
 
         if self.observer is not None:  # the phases only serve the record: nothing to do else
             running_ids = {r.request_id for r in scheduled_running}
@@ -569,6 +675,42 @@ class Scheduler:
                 self._inflight_prefills.discard(req)
         return out
 
+    def _reorder_waiting_by_cached_prefix(self) -> None:
+        """vLLM 0.34's cache-aware admission: among the first ``cache_aware_window`` waiting
+        requests, those with the longest cached prefix move to the front, arrival order breaking
+        ties, so a cold request does not evict the blocks a warm one is about to hit.
+
+        Only the slots of requests that are plainly waiting (status WAITING, nothing computed)
+        take part: a preempted or partially computed request keeps its exact place and nobody
+        moves past it; the queue beyond the window is untouched. Nothing happens below
+        ``cache_aware_threshold`` usage (there is room for both prompts, so reordering would
+        cost fairness and save no eviction), nor with fewer than two such requests. Each
+        request in the window costs one ``KVCacheManager.get_num_cached_tokens`` probe, which
+        takes no reference and records nothing."""
+        if len(self.waiting) < 2:
+            return
+        if self.kv_cache_manager.usage < self.cache_aware_threshold:
+            return
+        head = self.waiting.ordered()[: self.cache_aware_window]
+        slots = [
+            i
+            for i, request in enumerate(head)
+            if request.status == RequestStatus.WAITING and not request.num_computed_tokens
+        ]
+        if len(slots) < 2:
+            return
+        probe = self.kv_cache_manager.get_num_cached_tokens
+        cached = {i: probe(head[i]) for i in slots}
+        order = sorted(slots, key=lambda i: (-cached[i], i))
+        if order == slots:
+            return
+        reordered = list(head)
+        for slot, source in zip(slots, order):
+            reordered[slot] = head[source]
+        self.waiting.remove_requests(head)
+        for request in reversed(reordered):
+            self.waiting.prepend_request(request)
+
     def _make_output(
         self,
         num_scheduled_tokens,
@@ -584,7 +726,6 @@ class Scheduler:
         this step (None if none), a resumed one its whole new table; ``all_token_ids`` goes to
         the runner for every request it did not see in the previous step. ``new_token_ids``
         stays empty: vLLM fills it only under pipeline parallelism."""
-        kvm = self.kv_cache_manager
         new_reqs = [
             NewRequestData(
                 r.request_id,
@@ -607,7 +748,6 @@ class Scheduler:
             cached.new_block_ids.append(block_ids if any(block_ids) else None)
             cached.num_computed_tokens.append(num_computed_before[rid])
             cached.num_output_tokens.append(r.num_output_tokens)
-        running = self.running[0].request_id if self.running else None
         finished, self.finished_req_ids = self.finished_req_ids, set()
         return SchedulerOutput(
             scheduled_new_reqs=new_reqs,
@@ -616,9 +756,6 @@ class Scheduler:
             total_num_scheduled_tokens=sum(num_scheduled_tokens.values()),
             finished_req_ids=finished,
             preempted_req_ids={r.request_id for r in preempted},
-            num_common_prefix_blocks=kvm.get_num_common_prefix_blocks(running)
-            if running
-            else [0] * kvm.num_kv_cache_groups,
             scheduled_spec_decode_tokens=dict(scheduled_spec_decode_tokens or {}),
         )
 
@@ -642,8 +779,57 @@ class Scheduler:
 
     def _inflight_prefill_reserved_blocks(self) -> int:
         """The blocks the in-flight prefills still need: what an asynchronous load must leave
-        free."""
-        return sum(self._request_remaining_blocks(r) for r in self._inflight_prefills)
+        free (the parked loads' reservations, kept, and the prefill chunks', summed now)."""
+        return self._parked_reserved_blocks + sum(
+            self._request_remaining_blocks(r) for r in self._inflight_prefills
+        )
+
+    def _reserve_parked(self, request: Request) -> None:
+        """Keep a parked asynchronous load's reservation (vLLM 0.34): set when it parks and
+        refreshed when it is promoted, the only points where the blocks it holds change."""
+        blocks = self._request_remaining_blocks(request)
+        self._parked_reserved_blocks += blocks - self._parked_reservations.get(request, 0)
+        self._parked_reservations[request] = blocks
+
+    def _unreserve_parked(self, request: Request) -> None:
+        self._parked_reserved_blocks -= self._parked_reservations.pop(request, 0)
+
+    def _set_kv_fetch_stage(self, request: Request, stage: Optional[str]) -> None:
+        """Move ``request`` to ``stage`` of its asynchronous load (None: it has none now)."""
+        stages = self._kv_fetch_stages
+        if stages is None:
+            return
+        previous = stages.pop(request, None)
+        if previous is not None:
+            self._kv_fetch_counts[previous] -= 1
+        if stage is not None:
+            stages[request] = stage
+            self._kv_fetch_counts[stage] += 1
+
+    def _next_waiting_queue(self, take_async_kv: bool):
+        """``waiting`` or ``async_kv_waiting``, whichever head goes first (vLLM 0.34): by
+        arrival under FCFS, by the queue's own order under the priority policy."""
+        async_kv = self.async_kv_waiting
+        if not take_async_kv or not async_kv:
+            return self.waiting
+        if not self.waiting:
+            return async_kv
+        async_head, head = async_kv.peek_request(), self.waiting.peek_request()
+        if self.policy == PRIORITY:
+            return async_kv if async_head < head else self.waiting
+        return async_kv if async_head.arrival_time < head.arrival_time else self.waiting
+
+    def _admits_inflight_kv_load(self) -> bool:
+        """Whether one more asynchronous load stays within ``max_num_inflight_kv_loads``:
+        loads in progress, loads landed and waiting for a slot, and aborted loads still
+        writing their blocks all count."""
+        limit = self.config.max_num_inflight_kv_loads
+        return limit is None or (
+            self._kv_fetch_counts[KV_FETCH_IN_PROGRESS]
+            + self._kv_fetch_counts[KV_FETCH_COMPLETED_WAITING]
+            + len(self._aborted_kv_loads)
+            < limit
+        )
 
     @staticmethod
     def _holds_kv_blocks(request: Request) -> bool:
@@ -783,8 +969,10 @@ class Scheduler:
             req = self.requests[req_id]
             if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
                 self.finished_recving_kv_req_ids.add(req_id)
+                self._set_kv_fetch_stage(req, KV_FETCH_COMPLETED_WAITING)
             else:
                 assert req.is_finished(), req
+                self._aborted_kv_loads.discard(req_id)
                 self._free_blocks(req)
         for req_id in sorted(kv_connector_output.finished_sending or ()):
             self._free_blocks(self.requests[req_id])
@@ -972,6 +1160,8 @@ class Scheduler:
             running = req.status == RequestStatus.RUNNING
             if running:
                 self.running.remove(req)
+            elif req in self.async_kv_waiting:
+                self.async_kv_waiting.remove_request(req)
             else:
                 self.waiting.remove_request(req)
             delay_free_blocks = False
@@ -985,6 +1175,8 @@ class Scheduler:
             reason = "error" if finished_status == RequestStatus.FINISHED_ERROR else "aborted"
             self._emit("finished", req, reason=reason)
             self._free_request(req, delay_free_blocks=delay_free_blocks)
+            if delay_free_blocks:
+                self._aborted_kv_loads.add(rid)
             done.append(req)
         return done
 
@@ -1002,6 +1194,8 @@ class Scheduler:
         transfer params for the request's output."""
         assert request.is_finished()
         self._inflight_prefills.discard(request)
+        self._unreserve_parked(request)
+        self._set_kv_fetch_stage(request, None)
         connector_delay_free_blocks, kv_xfer_params = self._connector_finished(request)
         self.finished_req_ids.add(request.request_id)
         if not (delay_free_blocks or connector_delay_free_blocks):

@@ -1,4 +1,4 @@
-"""vLLM 0.33.0's side of tests/lab/test_hybrid_block_size.py, run by the vLLM scratch environment's
+"""vLLM 0.34.0's side of tests/lab/test_hybrid_block_size.py, run by the vLLM scratch environment's
 Python: for each case (JSON on stdin: a Qwen3.5-style shape, dtypes, mamba_cache_mode, a stated
 block size or null, the KV budget in bytes), vLLM's own ``Platform._align_hybrid_block_size``
 resolves the block size on a GPU with the FlashAttention backend, vLLM's own specs are built for
@@ -99,6 +99,7 @@ def resolve(case: dict) -> dict:
         speculative_config=None,
         scheduler_config=NS(disable_hybrid_kv_cache_manager=False),
         attention_config=NS(hisparse_config=None),
+        use_flashinfer_replayssm=False,  # read by 0.34's mamba_state_alignment (1 without it)
     )
     mamba_abstract.get_mamba_prefill_checkpoint_alignment = lambda c: case["checkpoint_alignment"]
     if stated is None:  # Phase 1 of update_block_size_for_backend: the backend's preference

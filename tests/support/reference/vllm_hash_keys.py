@@ -1,4 +1,4 @@
-"""vLLM 0.33.0's side of tests/lab/test_hash_keys.py, run by the vLLM scratch environment's Python:
+"""vLLM 0.34.0's side of tests/lab/test_hash_keys.py, run by the vLLM scratch environment's Python:
 reads the variants (JSON on stdin), builds each as vLLM's own Request with vLLM's own block hasher,
 and runs the same admissions on vLLM's own KVCacheManager. Writes, as JSON: each variant's block
 hashes (hex) and extra keys, and the blocks each (first, second) pair's second request hits.

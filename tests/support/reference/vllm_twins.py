@@ -1,4 +1,4 @@
-"""Run under vLLM 0.33.0's own Python (a scratch venv, scripts/vllm_env.sh): vLLM's KVCacheManager
+"""Run under vLLM 0.34.0's own Python (a scratch venv, scripts/vllm_env.sh): vLLM's KVCacheManager
 driven through the schedule of the lesson "One hash, two blocks" (tests/lab/test_topics.py).
 
 Two requests with the same prompt are admitted in one step, A first: each looks the cache up

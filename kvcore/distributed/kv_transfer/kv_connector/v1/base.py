@@ -132,7 +132,17 @@ class KVConnectorBase_V1(ABC):
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata: ...
 
     def on_new_request(self, request: Any) -> None:
-        """A request was added to the scheduler."""
+        """A request was added to the scheduler (vLLM 0.34: before it is queued, so that
+        ``may_load_async`` can read what this records)."""
+
+    def may_load_async(self, request: Any) -> bool:
+        """Whether ``get_num_new_matched_tokens`` may answer ``load_kv_async=True`` for
+        ``request`` (vLLM 0.34). With ``max_num_inflight_kv_loads`` set, the scheduler queues
+        such requests apart (``Scheduler.async_kv_waiting``) so that their loads can start while
+        the running batch is full. Asked each time the request is queued. vLLM's default: the
+        P/D flag ``do_remote_prefill`` of its ``kv_transfer_params``."""
+        params = request.kv_transfer_params
+        return bool(params and params.get("do_remote_prefill"))
 
     def update_connector_output(self, connector_output: Any) -> None:
         """The worker's report for the step (kvcore.outputs.KVConnectorOutput)."""
