@@ -17,6 +17,7 @@ from typing import Callable
 import streamlit as st
 
 from paged_kv_lab.content.registry import Page, nav_title, page, sections
+from paged_kv_lab.store.server_cache import VISITORS
 from paged_kv_lab.text.i18n import languages, tr
 from paged_kv_lab.ui.lesson_page import render_lesson
 from paged_kv_lab.ui.modelstate import (
@@ -139,6 +140,12 @@ def streamlit_page(p: Page | str, lang: str) -> st.Page:
 
 
 def main() -> None:
+    # while a session draws its page, the work done ahead of visitors waits (store/server_cache.py)
+    with VISITORS.drawing():
+        _draw()
+
+
+def _draw() -> None:
     st.set_page_config(page_title="Paged KV Lab", page_icon="🧱", layout="wide")
     lang = sidebar()
     st.navigation(

@@ -22,7 +22,7 @@ import importlib
 import os
 import time
 
-from paged_kv_lab.store.server_cache import Shared, stop_point
+from paged_kv_lab.store.server_cache import Shared, stop_point, yielding
 
 ENV = "PAGED_KV_LAB_WARM_UP"
 RUN_WAIT_S = 600.0  # how long the warm-up holds a run it opened for the run to end
@@ -95,7 +95,17 @@ def warm_up(ms) -> None:
     """The cases' runs first (their page waits for their ends), then the lessons' (a lesson page
     needs only its first steps, which a visit asks for first anyway); while the store's worker
     records them, this thread replays the first slice and then measures the studies (each
-    holding the engine lock, which the worker takes one step at a time)."""
+    holding the engine lock, which the worker takes one step at a time).
+
+    It yields to visitors: while some session draws a page, this thread waits at its next
+    ``stop_point`` (between two parts, never holding the engine lock) and the store's worker
+    computes no step ahead (store/server_cache.py: ``VISITORS``), so a page opened meanwhile has
+    the two cores and the GIL to itself."""
+    with yielding():
+        _warm_up(ms)
+
+
+def _warm_up(ms) -> None:
     for name in PAGE_MODULES:
         stop_point()
         importlib.import_module(name)
