@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from paged_kv_lab.recording.snapshot import Snapshot, StepRecord
 from paged_kv_lab.run.scenario import Scenario, scenario_to_dict
-from paged_kv_lab.store.server_cache import VISITORS, estimate_nbytes
+from paged_kv_lab.store.server_cache import estimate_nbytes
 
 if TYPE_CHECKING:
     from paged_kv_lab.store.run_store import RunStore
@@ -117,7 +117,7 @@ class RecordedRun:
             cond.notify_all()  # wake a pausing worker: someone waits now
             try:
                 # a page waiting for steps does not hold back the steps computed ahead
-                with VISITORS.blocked():
+                with self._store.visitors.blocked():
                     cond.wait_for(lambda: len(self.records) >= n or self.done, timeout)
             finally:
                 self._waiters -= urgent
