@@ -68,6 +68,7 @@ def stop_point() -> None:
 
 # -- visitors first ----------------------------------------------------------------------------
 YIELD_MAX_S = 10.0  # the longest a yielding thread waits at one stop_point for visitors
+PAGE_GRACE_S = 1.0  # after a page is drawn, work ahead waits this long more (its browser draws it)
 _LOCAL = threading.local()  # per thread: drawing (depth), blocked, yields, locks_held
 
 
@@ -79,14 +80,20 @@ class Visitors:
     computed ahead (store/run_store.py), so a new session's page has the cores (and the GIL).
     A page that waits for such work does not hold it back: it counts as blocked while it waits."""
 
-    def __init__(self) -> None:
+    def __init__(self, grace_s: float = PAGE_GRACE_S) -> None:
         self.cond = threading.Condition()
         self.drawing_now = 0
         self.blocked_now = 0
+        self.grace_s = grace_s
+        self._last_end = -float("inf")  # time.monotonic() when the last page was drawn
 
     def busy(self) -> bool:
-        """Some session draws a page and is not blocked waiting for other work."""
-        return self.drawing_now - self.blocked_now > 0
+        """Some session draws a page and is not blocked waiting for other work, or one was drawn
+        less than ``grace_s`` s ago (its browser draws what it was sent, and asks for more)."""
+        return (
+            self.drawing_now - self.blocked_now > 0
+            or time.monotonic() - self._last_end < self.grace_s
+        )
 
     @contextlib.contextmanager
     def drawing(self) -> Iterator[None]:
@@ -103,6 +110,7 @@ class Visitors:
             if depth == 0:
                 with self.cond:
                     self.drawing_now -= 1
+                    self._last_end = time.monotonic()
                     self.cond.notify_all()
 
     @contextlib.contextmanager

@@ -53,6 +53,13 @@ class Engine:
         return {}
 
 
+@pytest.fixture(autouse=True)
+def no_page_drawn():
+    """Each test starts with no page drawn in the process (nor just drawn: its grace over)."""
+    VISITORS.wait_idle(10.0)
+    assert not VISITORS.busy()
+
+
 def scenario(name: str):
     return load_scenario({"name": name, "requests": [{"id": "r", "prompt_token_ids": [1, 2]}]})
 
@@ -64,7 +71,7 @@ def in_thread(target, *args) -> threading.Thread:
 
 
 def test_a_page_counts_while_drawn_once_and_not_while_it_waits():
-    v = Visitors()
+    v = Visitors(grace_s=0.0)
     assert not v.busy()
     with v.blocked():  # not drawing: nothing to take back
         assert (v.drawing_now, v.blocked_now) == (0, 0)
@@ -81,7 +88,7 @@ def test_a_page_counts_while_drawn_once_and_not_while_it_waits():
 
 
 def test_wait_idle_returns_when_the_page_is_drawn_and_is_bounded():
-    v = Visitors()
+    v = Visitors(grace_s=0.0)
     assert v.wait_idle(5.0) < 0.1  # nobody draws: no wait
     release = threading.Event()
 
@@ -121,6 +128,7 @@ def test_a_yielding_thread_waits_at_its_stop_points_while_a_page_is_drawn():
         stop_point()
     assert time.monotonic() - t0 >= 0.5, "the warm-up's stop point waited for the page"
     page.join(5)
+    VISITORS.wait_idle(10.0)  # and its grace is over
     t0 = time.monotonic()
     with yielding():
         stop_point()  # nobody draws now
@@ -202,9 +210,20 @@ def test_the_warm_up_runs_yielding(monkeypatch):
     assert waited and waited[0] >= 0.4
 
 
+def test_work_ahead_waits_a_grace_after_a_page_is_drawn():
+    """The page's browser draws what it was sent (and asks for the steps after) just after its
+    script run: work ahead waits ``grace_s`` more."""
+    v = Visitors(grace_s=0.4)
+    with v.drawing():
+        pass
+    assert v.busy()
+    waited = v.wait_idle(5.0)
+    assert 0.2 <= waited < 2.0 and not v.busy()
+
+
 @pytest.fixture
 def store():
-    visitors = Visitors()
+    visitors = Visitors(grace_s=0.0)
     s = RunStore(
         max_bytes=10**9,
         max_steps=1000,
