@@ -21,6 +21,12 @@ Invariants, under ``cond`` (one condition for the whole cache; the run store wai
 - A computation that raises keeps its error in place of a value (what is computed is a function
   of its key, so asking again would fail again), unless its kind says otherwise (``keep_errors``).
 
+Visitors first (``Visitors``, the process's ``VISITORS``): while a session draws a page, and for a
+grace after, the work done ahead of visitors waits -- a thread inside ``yielding()`` (the warm-up)
+at its ``stop_point``s, never while it holds an ``OwnedLock`` (the engine lock), and the run
+store's steps computed ahead (store/run_store.py) -- and a page that waits for such work meanwhile
+does not count (docs/class-server.md#visitors-first-the-warm-up-yields).
+
 At interpreter exit (``stop_background``, an atexit hook) ``STOPPING`` is set and every
 background computation ``start`` made is joined (at most STOP_S s in all): the long computations
 call ``stop_point()`` between their parts (a study, an engine built, a slice of a replay), which

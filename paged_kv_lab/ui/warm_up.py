@@ -9,6 +9,9 @@ studies are measured. The sidebar says whether it is under way or done (``warm_u
 visited before its part is ready shows a note that fills in (store/server_cache.py:
 ``ready_or_placeholder``), or, for a run, plays the steps recorded so far.
 
+It yields to visitors: while some session draws a page, it waits at its next ``stop_point`` and
+the store computes no step ahead (store/server_cache.py: ``VISITORS``; docs/class-server.md).
+
 Once per model, device and dtype per server process. ``PAGED_KV_LAB_WARM_UP=0`` turns it off
 (the pages then compute on first need, behind the same notes). At interpreter exit it ends at its
 next ``stop_point`` (store/server_cache.py: between two parts, never inside a model step) and the
