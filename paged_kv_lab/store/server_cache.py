@@ -93,6 +93,11 @@ class Visitors:
         self.grace_s = grace_s
         self._last_end = -float("inf")  # time.monotonic() when the last page was drawn
 
+    @property
+    def last_drawn(self) -> float:
+        """``time.monotonic()`` when the last page was drawn (-inf: none yet)."""
+        return self._last_end
+
     def busy(self) -> bool:
         """Some session draws a page and is not blocked waiting for other work, or one was drawn
         less than ``grace_s`` s ago (its browser draws what it was sent, and asks for more)."""
