@@ -30,6 +30,7 @@ OPEN_S = float(os.environ.get("PAGED_KV_LAB_PAGE_OPEN_S", "3.0"))
 JOIN_S = float(os.environ.get("PAGED_KV_LAB_JOIN_S", "10.0"))
 JOINERS = 30
 LOAD_S = 300  # the model's load on the first visit (not timed)
+WARM_UP_S = 600  # the warm-up's end, waited for (not timed)
 CONTENT_S = 60  # how long a page may take before the test stops waiting (then it fails)
 TEACHER = "eviction"  # the lesson the teacher teaches (its "Teach this")
 TABS = ("blocks", "prefix_caching", "preemption")  # lessons opened in new tabs (URL paths)
@@ -37,6 +38,12 @@ FRAME = ("h1", "[data-testid=stSidebarNav]", "[data-testid=stDownloadButton]")
 PLAYER = ".pkv[data-total]"
 RUNNING = tr("page.warm_up.running", "en")
 DONE = tr("page.warm_up.done", "en")
+
+
+def written(lines: list[str]) -> None:
+    (ROOT / "test-artifacts").mkdir(exist_ok=True)
+    text = "\n".join(lines) + "\n"
+    (ROOT / "test-artifacts" / "warm-up-visits.txt").write_text(text, encoding="utf-8")
 
 
 def warm_up_shown(tab) -> str:
@@ -90,30 +97,25 @@ def test_pages_paint_during_the_warm_up_and_thirty_students_join(browser):  # no
 
         # thirty students open the link at once
         joins = run_async(visit_all(url, "join_a_class", f"room={code}", JOINERS, CONTENT_S))
-
-        # lessons in new tabs, during the warm-up (a tab that finds it ended says so)
-        during = {slug: open_tab(context, f"{url}/{slug}") for slug in TABS}
-
-        # ... and after it
-        teacher.locator("[data-testid=stSidebar]").get_by_text(DONE, exact=True).wait_for(
-            timeout=LOAD_S * 1000
-        )
-        after = {slug: open_tab(context, f"{url}/{slug}") for slug in TABS}
+        players = sorted(j.player_s if j.player_s is not None else float("inf") for j in joins)
+        lines = [
+            f"({model_for_browser()}) {JOINERS} students at once, until the server sent each its "
+            "player (s): " + ", ".join(f"{s:.2f}" for s in players),
+            "new tab                  frame     player   warm-up",
+        ]
+        written(lines)
+        during, after = {}, {}
+        for when, tabs in (("", during), (" (after)", after)):
+            if when:  # ... and after the warm-up
+                side = teacher.locator("[data-testid=stSidebar]")
+                side.get_by_text(DONE, exact=True).wait_for(timeout=WARM_UP_S * 1000)
+            for slug in TABS:  # lessons in new tabs (a tab that finds the warm-up ended says so)
+                frame, player, state = tabs[slug] = open_tab(context, f"{url}/{slug}")
+                lines.append(f"{slug + when:<24} {frame:6.2f} s  {player:6.2f} s  {state}")
+                written(lines)  # each figure as it comes: a later wait may fail
         context.close()
-
-    players = sorted(j.player_s if j.player_s is not None else float("inf") for j in joins)
-    lines = [
-        f"{JOINERS} students at once, until the server sent each its player (s): "
-        + ", ".join(f"{s:.2f}" for s in players),
-        "new tab            frame     player   warm-up",
-    ]
-    for when, tabs in (("", during), (" (after)", after)):
-        for slug, (frame, player, state) in tabs.items():
-            lines.append(f"{slug + when:<18} {frame:6.2f} s  {player:6.2f} s  {state}")
     table = "\n".join(lines)
-    (ROOT / "test-artifacts").mkdir(exist_ok=True)
-    (ROOT / "test-artifacts" / "warm-up-visits.txt").write_text(table + "\n", encoding="utf-8")
-    print(f"\n({model_for_browser()})\n{table}")
+    print(f"\n{table}")
 
     errors = [j.error for j in joins if j.error]
     assert not errors, f"students whose session failed: {errors}\n{table}"
