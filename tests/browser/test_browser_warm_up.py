@@ -8,8 +8,10 @@ test's two cores would time the test's browser, not the server; a student's brow
 student's machine), each timed until the server has sent its player with the run's head, which is
 what the browser draws the player from; then lessons open in new tabs of chromium, each timed
 from the navigation until its frame and controls show (title, sidebar, the run's download button)
-and until its player shows. Once the warm-up has ended, the same lessons open again in new tabs.
-Every session says whether the warm-up was under way when it opened (its sidebar's line)."""
+and until its player shows (beside it, not asserted: when the server had sent the same page to a
+session without a browser, which tells the server's time from the browser's). Once the warm-up has
+ended, the same lessons open again in new tabs. Every session says whether the warm-up was under
+way when it opened (its sidebar's line). The figures: test-artifacts/warm-up-visits.txt."""
 
 import os
 import re
@@ -21,7 +23,7 @@ from paged_kv_lab.text.i18n import tr
 from support.aio import run_async
 from support.browser import model_for_browser, streamlit_server
 from support.paths import ROOT
-from support.wire import visit_all
+from support.wire import visit, visit_all
 
 pytestmark = pytest.mark.browser
 
@@ -101,7 +103,7 @@ def test_pages_paint_during_the_warm_up_and_thirty_students_join(browser):  # no
         lines = [
             f"({model_for_browser()}) {JOINERS} students at once, until the server sent each its "
             "player (s): " + ", ".join(f"{s:.2f}" for s in players),
-            "new tab                  frame     player   warm-up",
+            "new tab                  frame     player   warm-up   (its server: frame, player)",
         ]
         written(lines)
         during, after = {}, {}
@@ -111,7 +113,14 @@ def test_pages_paint_during_the_warm_up_and_thirty_students_join(browser):  # no
                 side.get_by_text(DONE, exact=True).wait_for(timeout=WARM_UP_S * 1000)
             for slug in TABS:  # lessons in new tabs (a tab that finds the warm-up ended says so)
                 frame, player, state = tabs[slug] = open_tab(context, f"{url}/{slug}")
-                lines.append(f"{slug + when:<24} {frame:6.2f} s  {player:6.2f} s  {state}")
+                # the same page as a session without a browser: when the server had sent it (not
+                # asserted; where the tab is slow and this is not, the time is the browser's)
+                sent = run_async(visit(url, slug, "", CONTENT_S))
+                lines.append(
+                    f"{slug + when:<24} {frame:6.2f} s  {player:6.2f} s  {state:<9} "
+                    f"({sent.first_element_s or float('inf'):.2f} s, "
+                    f"{sent.player_s or float('inf'):.2f} s)"
+                )
                 written(lines)  # each figure as it comes: a later wait may fail
         context.close()
     table = "\n".join(lines)
