@@ -56,41 +56,43 @@ async def visit(url: str, page: str, query: str = "", timeout: float = 60.0) -> 
     """Open ``page`` (its URL path, "" for the home page) with ``query`` as a new session of the
     server at ``url`` and read what it sends until its first script run ends with the player
     (or without one), at most ``timeout`` s."""
+    out = Visit()
+    try:
+        await asyncio.wait_for(_read(url, page, query, timeout, out, time.monotonic()), timeout)
+    except (asyncio.TimeoutError, OSError) as e:
+        out.error = f"{type(e).__name__}: {e}"
+    return out
+
+
+async def _read(url: str, page: str, query: str, timeout: float, out: Visit, t0: float) -> None:
     from streamlit.proto.BackMsg_pb2 import BackMsg
     from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
     from websockets.asyncio.client import connect
 
     parts = urlsplit(url)
-    out = Visit()
-    t0 = time.monotonic()
-    try:
-        async with asyncio.timeout(timeout):
-            async with connect(
-                f"ws://{parts.netloc}/_stcore/stream",
-                subprotocols=["streamlit"],
-                max_size=None,
-                open_timeout=timeout,
-            ) as ws:
-                back = BackMsg()
-                back.rerun_script.query_string = query
-                back.rerun_script.page_name = page
-                await ws.send(back.SerializeToString())
-                while True:
-                    msg = ForwardMsg()
-                    msg.ParseFromString(await ws.recv())
-                    kind = msg.WhichOneof("type")
-                    if kind == "delta" and msg.delta.WhichOneof("type") == "new_element":
-                        element = msg.delta.new_element
-                        if out.first_element_s is None:
-                            out.first_element_s = time.monotonic() - t0
-                        out.texts += _texts(element)
-                        if out.player_s is None and _player_with_head(element):
-                            out.player_s = time.monotonic() - t0
-                    elif kind == "script_finished" and out.first_element_s is not None:
-                        return out
-    except (TimeoutError, OSError) as e:
-        out.error = f"{type(e).__name__}: {e}"
-    return out
+    async with connect(
+        f"ws://{parts.netloc}/_stcore/stream",
+        subprotocols=["streamlit"],
+        max_size=None,
+        open_timeout=timeout,
+    ) as ws:
+        back = BackMsg()
+        back.rerun_script.query_string = query
+        back.rerun_script.page_name = page
+        await ws.send(back.SerializeToString())
+        while True:
+            msg = ForwardMsg()
+            msg.ParseFromString(await ws.recv())
+            kind = msg.WhichOneof("type")
+            if kind == "delta" and msg.delta.WhichOneof("type") == "new_element":
+                element = msg.delta.new_element
+                if out.first_element_s is None:
+                    out.first_element_s = time.monotonic() - t0
+                out.texts += _texts(element)
+                if out.player_s is None and _player_with_head(element):
+                    out.player_s = time.monotonic() - t0
+            elif kind == "script_finished" and out.first_element_s is not None:
+                return
 
 
 async def visit_all(url: str, page: str, query: str, n: int, timeout: float) -> list[Visit]:
