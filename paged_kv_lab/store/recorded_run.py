@@ -116,7 +116,9 @@ class RecordedRun:
             self._waiters += urgent
             cond.notify_all()  # wake a pausing worker: someone waits now
             try:
-                cond.wait_for(lambda: len(self.records) >= n or self.done, timeout)
+                # a page waiting for steps does not hold back the steps computed ahead
+                with self._store.visitors.blocked():
+                    cond.wait_for(lambda: len(self.records) >= n or self.done, timeout)
             finally:
                 self._waiters -= urgent
         return len(self.records) >= n

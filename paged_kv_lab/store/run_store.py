@@ -35,15 +35,19 @@ from paged_kv_lab.store.server_cache import (
     DEFAULT_BYTES,
     ENV_BYTES,
     ENV_HARD_BYTES,
+    VISITORS,
+    OwnedLock,
     ServerCache,
     Shared,
+    Visitors,
     default_cache,
 )
 from paged_kv_lab.store.token_text import decoder_for
 from paged_kv_lab.text.i18n import Text
 
-# one forward at a time per process: the weights are shared, the box has 2 cores
-ENGINE_LOCK = threading.Lock()
+# one forward at a time per process: the weights are shared, the box has 2 cores (an OwnedLock:
+# the warm-up never waits for visitors while it holds it, and a page waiting for it is not drawing)
+ENGINE_LOCK = OwnedLock()
 
 # the server cache's budget (runs/server_cache.py), under the names it had when it held runs only
 ENV_STORE_BYTES = ENV_BYTES
@@ -54,6 +58,7 @@ DEFAULT_BACKGROUND_PAUSE = 1.0  # computing ahead takes at most half of the time
 ENV_BACKGROUND_MAX_WAIT = "PAGED_KV_LAB_BACKGROUND_MAX_WAIT"
 DEFAULT_BACKGROUND_MAX_WAIT = 2.0  # clicks never starve long work for longer than this
 
+PAGE_POLL_S = 0.05  # while a page is drawn, how often the worker looks whether it still is
 EngineFactory = Callable[[Scenario], Any]
 
 
@@ -78,9 +83,10 @@ class RunStore:
     everything else (steps computed ahead, Run to end, a far step, Play). Urgent steps go first,
     round-robin among themselves. Other work starts only after an idle gap of ``background_pause``
     times the last step's duration with nobody waiting -- a session that just got its step usually
-    clicks again within that gap, and its next step must not queue behind work ahead -- except that
-    once other work has waited ``background_max_wait`` seconds it gets one step even under clicks,
-    so it is slowed but never starved.
+    clicks again within that gap, and its next step must not queue behind work ahead -- and while
+    no session draws a page (``visitors``: store/server_cache.py's VISITORS, a page that opens
+    gets the cores first) -- except that once other work has waited ``background_max_wait``
+    seconds it gets one step even under clicks or pages, so it is slowed but never starved.
 
     ``cache``: the cache the runs go in; without one the store has a cache of its own, bounded
     by ``max_bytes`` / ``hard_bytes`` (else the environment's budget). The process's store
@@ -97,6 +103,7 @@ class RunStore:
         background_pause: Optional[float] = None,
         background_max_wait: Optional[float] = None,
         cache: Optional[ServerCache] = None,
+        visitors: Optional[Visitors] = None,
     ) -> None:
         env = os.environ
         if background_pause is None:
@@ -121,6 +128,7 @@ class RunStore:
         self.limits = limits if limits is not None else app_limits()
         self.max_steps = int(max_steps if max_steps is not None else self.limits.max_run_steps)
         self.lock = lock if lock is not None else ENGINE_LOCK
+        self.visitors = visitors if visitors is not None else VISITORS
         self._rr: list[RecordedRun] = []  # the runs in the worker's round-robin order
         self.steps_computed = 0
         # keys of the last steps computed (tests read the interleaving)
@@ -339,11 +347,17 @@ class RunStore:
             with self.cond:
                 while not self._closed:
                     gap = self._gap_left()
-                    run = self._next_run(background=gap <= 0)
+                    drawn = self.visitors.busy()  # a page being drawn goes first
+                    run = self._next_run(background=gap <= 0 and not drawn)
                     if run is not None:
                         break
-                    # nothing urgent: sleep out the gap (or until work comes); a waiter wakes us
-                    self.cond.wait(timeout=gap if gap > 0 and self._has_work() else 30)
+                    # nothing urgent: sleep out the gap (or until work comes; a waiter wakes us),
+                    # or look again soon while a page is drawn (its end notifies no one here)
+                    if not self._has_work():
+                        wait = 30.0
+                    else:
+                        wait = PAGE_POLL_S if drawn else gap if gap > 0 else 30.0
+                    self.cond.wait(timeout=wait)
                 if self._closed:
                     return
                 engine = run.engine

@@ -21,6 +21,12 @@ Invariants, under ``cond`` (one condition for the whole cache; the run store wai
 - A computation that raises keeps its error in place of a value (what is computed is a function
   of its key, so asking again would fail again), unless its kind says otherwise (``keep_errors``).
 
+Visitors first (``Visitors``, the process's ``VISITORS``): while a session draws a page, and for a
+grace after, the work done ahead of visitors waits -- a thread inside ``yielding()`` (the warm-up)
+at its ``stop_point``s, never while it holds an ``OwnedLock`` (the engine lock), and the run
+store's steps computed ahead (store/run_store.py) -- and a page that waits for such work meanwhile
+does not count (docs/class-server.md#visitors-first-the-warm-up-yields).
+
 At interpreter exit (``stop_background``, an atexit hook) ``STOPPING`` is set and every
 background computation ``start`` made is joined (at most STOP_S s in all): the long computations
 call ``stop_point()`` between their parts (a study, an engine built, a slice of a replay), which
@@ -31,6 +37,7 @@ tears down, which can abort the process (SIGABRT, "terminate called without an a
 from __future__ import annotations
 
 import atexit
+import contextlib
 import itertools
 import os
 import sys
@@ -38,7 +45,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import fields, is_dataclass
-from typing import Any, Callable, Generic, Hashable, Optional, TypeVar
+from typing import Any, Callable, Generic, Hashable, Iterator, Optional, TypeVar
 
 T = TypeVar("T")
 STOP_S = 30.0  # how long the exit waits in all for background computations to end
@@ -53,9 +60,149 @@ class Stopping(Exception):
 
 
 def stop_point() -> None:
-    """A long computation's place to end early: raises Stopping once the process is exiting."""
+    """A long computation's place to end early: raises Stopping once the process is exiting. In a
+    thread that yields to visitors (``yielding``: the warm-up), also its place to wait while some
+    session draws a page (``VISITORS``), at most YIELD_MAX_S s, unless it holds an ``OwnedLock``
+    (the engine lock: a visitor's page may wait for it)."""
     if STOPPING.is_set():
         raise Stopping("the server is shutting down")
+    if getattr(_LOCAL, "yields", False) and not getattr(_LOCAL, "locks_held", 0):
+        VISITORS.wait_idle(YIELD_MAX_S)
+        if STOPPING.is_set():
+            raise Stopping("the server is shutting down")
+
+
+# -- visitors first ----------------------------------------------------------------------------
+YIELD_MAX_S = 10.0  # the longest a yielding thread waits at one stop_point for visitors
+PAGE_GRACE_S = 1.0  # after a page is drawn, work ahead waits this long more (its browser draws it)
+_LOCAL = threading.local()  # per thread: drawing (depth), blocked, yields, locks_held
+
+
+class Visitors:
+    """How many sessions are drawing a page now (a script run of the app, inside ``drawing``),
+    less those blocked waiting for other work (``blocked``: a value computed elsewhere, a step of a
+    run, the engine lock). Work done ahead of visitors waits while that number is above 0
+    (``busy``): the warm-up thread at its stop points (``yielding``) and the run store's steps
+    computed ahead (store/run_store.py), so a new session's page has the cores (and the GIL).
+    A page that waits for such work does not hold it back: it counts as blocked while it waits."""
+
+    def __init__(self, grace_s: float = PAGE_GRACE_S) -> None:
+        self.cond = threading.Condition()
+        self.drawing_now = 0
+        self.blocked_now = 0
+        self.grace_s = grace_s
+        self._last_end = -float("inf")  # time.monotonic() when the last page was drawn
+
+    @property
+    def last_drawn(self) -> float:
+        """``time.monotonic()`` when the last page was drawn (-inf: none yet)."""
+        return self._last_end
+
+    def busy(self) -> bool:
+        """Some session draws a page and is not blocked waiting for other work, or one was drawn
+        less than ``grace_s`` s ago (its browser draws what it was sent, and asks for more)."""
+        return (
+            self.drawing_now - self.blocked_now > 0
+            or time.monotonic() - self._last_end < self.grace_s
+        )
+
+    @contextlib.contextmanager
+    def drawing(self) -> Iterator[None]:
+        """A session draws a page in this thread (nested: counted once)."""
+        depth = getattr(_LOCAL, "drawing", 0)
+        _LOCAL.drawing = depth + 1
+        if depth == 0:
+            with self.cond:
+                self.drawing_now += 1
+        try:
+            yield
+        finally:
+            _LOCAL.drawing = depth
+            if depth == 0:
+                with self.cond:
+                    self.drawing_now -= 1
+                    self._last_end = time.monotonic()
+                    self.cond.notify_all()
+
+    @contextlib.contextmanager
+    def blocked(self) -> Iterator[None]:
+        """This thread waits for other work meanwhile: while it draws a page, that page does not
+        hold back the work done ahead (which may be what it waits for)."""
+        counts = getattr(_LOCAL, "drawing", 0) > 0 and not getattr(_LOCAL, "blocked", False)
+        if counts:
+            _LOCAL.blocked = True
+            with self.cond:
+                self.blocked_now += 1
+                self.cond.notify_all()
+        try:
+            yield
+        finally:
+            if counts:
+                _LOCAL.blocked = False
+                with self.cond:
+                    self.blocked_now -= 1
+
+    def wait_idle(self, timeout: float) -> float:
+        """Wait until no session is ``busy`` (at most ``timeout`` s; at once when the process is
+        exiting); the seconds waited."""
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        with self.cond:
+            while self.busy() and not STOPPING.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                # a short slice: STOPPING is set without this condition
+                self.cond.wait(min(left, 0.25))
+        return time.monotonic() - t0
+
+
+VISITORS = Visitors()  # the process's sessions
+
+
+@contextlib.contextmanager
+def yielding() -> Iterator[None]:
+    """Work in this thread is done ahead of visitors: its ``stop_point``s wait while they draw."""
+    before = getattr(_LOCAL, "yields", False)
+    _LOCAL.yields = True
+    try:
+        yield
+    finally:
+        _LOCAL.yields = before
+
+
+class OwnedLock:
+    """A lock (``with``, ``acquire``, ``release``, ``locked``) that a yielding thread never waits
+    for visitors while holding (``stop_point``), and that a page waiting for it does not count as
+    drawing (``Visitors.blocked``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if self._lock.acquire(False):
+            got = True
+        elif not blocking:
+            return False
+        else:
+            with VISITORS.blocked():
+                got = self._lock.acquire(True, timeout)
+        if got:
+            _LOCAL.locks_held = getattr(_LOCAL, "locks_held", 0) + 1
+        return got
+
+    def release(self) -> None:
+        _LOCAL.locks_held = getattr(_LOCAL, "locks_held", 0) - 1
+        self._lock.release()
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
 
 
 def _background_thread(target: Callable[..., None], args: tuple, name: str) -> threading.Thread:
@@ -256,7 +403,9 @@ class ServerCache:
         entry, mine = self._claim(kind, key, again_after)
         if mine:
             self._fill(key, entry, compute)
-        entry.done.wait()
+        elif not entry.done.is_set():
+            with VISITORS.blocked():  # computed elsewhere (perhaps ahead, by the warm-up)
+                entry.done.wait()
         return _value(entry)
 
     def start(self, kind: "Shared", key: Hashable, compute: Callable[[], Any]) -> None:
@@ -276,8 +425,9 @@ class ServerCache:
     def wait(self, kind: "Shared", key: Hashable, timeout: float) -> Any:
         with self.cond:
             entry = self._entries.get((kind.ns, key))
-        if entry is not None:
-            entry.done.wait(timeout)
+        if entry is not None and not entry.done.is_set():
+            with VISITORS.blocked():
+                entry.done.wait(timeout)
         return self.peek(kind, key)
 
     def ready(self, kind: "Shared", key: Hashable) -> bool:

@@ -11,12 +11,14 @@ names for its id (imported when the page first runs). There is no page file: Str
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from typing import Callable
 
 import streamlit as st
 
 from paged_kv_lab.content.registry import Page, nav_title, page, sections
+from paged_kv_lab.store.server_cache import VISITORS
 from paged_kv_lab.text.i18n import languages, tr
 from paged_kv_lab.ui.lesson_page import render_lesson
 from paged_kv_lab.ui.modelstate import (
@@ -29,6 +31,8 @@ from paged_kv_lab.ui.modelstate import (
 )
 from paged_kv_lab.ui.state import init_globals_from_url
 from paged_kv_lab.ui.warm_up import start_warm_up, warm_up_line
+
+PAGE_DRAWN = "_page_drawn"  # session state: the URL path of the page this session drew last
 
 # The pages that are drawn by a function of their own, not by the lesson page: registry page id ->
 # (module of paged_kv_lab.ui, function). The one map from the registry's ids to code; a page that
@@ -138,13 +142,23 @@ def streamlit_page(p: Page | str, lang: str) -> st.Page:
 
 
 def main() -> None:
-    st.set_page_config(page_title="Paged KV Lab", page_icon="🧱", layout="wide")
-    lang = sidebar()
-    st.navigation(
-        {
-            tr(section.title, lang): [streamlit_page(p, lang) for p in section.pages]
-            for section in sections()
-        },
-        # every page listed: collapsed, Streamlit shows ten and hides the rest behind a button
-        expanded=True,
-    ).run()
+    """One script run. A new session's first, and a run that draws another page than the
+    session's last, run inside ``VISITORS.drawing()``: the work done ahead of visitors (the
+    warm-up, steps computed ahead) waits meanwhile (store/server_cache.py). A rerun of the same
+    page (a widget, a fragment) does not: a page polling its run must not hold that run back."""
+    first = PAGE_DRAWN not in st.session_state
+    with VISITORS.drawing() if first else contextlib.nullcontext():
+        st.set_page_config(page_title="Paged KV Lab", page_icon="🧱", layout="wide")
+        lang = sidebar()
+        shown = st.navigation(
+            {
+                tr(section.title, lang): [streamlit_page(p, lang) for p in section.pages]
+                for section in sections()
+            },
+            # every page listed: collapsed, Streamlit shows ten and hides the rest behind a button
+            expanded=True,
+        )
+        other = st.session_state.get(PAGE_DRAWN) != shown.url_path
+        st.session_state[PAGE_DRAWN] = shown.url_path
+        with VISITORS.drawing() if other else contextlib.nullcontext():
+            shown.run()

@@ -9,6 +9,9 @@ studies are measured. The sidebar says whether it is under way or done (``warm_u
 visited before its part is ready shows a note that fills in (store/server_cache.py:
 ``ready_or_placeholder``), or, for a run, plays the steps recorded so far.
 
+It yields to visitors: while some session draws a page, it waits at its next ``stop_point`` and
+the store computes no step ahead (store/server_cache.py: ``VISITORS``; docs/class-server.md).
+
 Once per model, device and dtype per server process. ``PAGED_KV_LAB_WARM_UP=0`` turns it off
 (the pages then compute on first need, behind the same notes). At interpreter exit it ends at its
 next ``stop_point`` (store/server_cache.py: between two parts, never inside a model step) and the
@@ -22,7 +25,7 @@ import importlib
 import os
 import time
 
-from paged_kv_lab.store.server_cache import Shared, stop_point
+from paged_kv_lab.store.server_cache import Shared, stop_point, yielding
 
 ENV = "PAGED_KV_LAB_WARM_UP"
 RUN_WAIT_S = 600.0  # how long the warm-up holds a run it opened for the run to end
@@ -95,7 +98,17 @@ def warm_up(ms) -> None:
     """The cases' runs first (their page waits for their ends), then the lessons' (a lesson page
     needs only its first steps, which a visit asks for first anyway); while the store's worker
     records them, this thread replays the first slice and then measures the studies (each
-    holding the engine lock, which the worker takes one step at a time)."""
+    holding the engine lock, which the worker takes one step at a time).
+
+    It yields to visitors: while some session draws a page, this thread waits at its next
+    ``stop_point`` (between two parts, never holding the engine lock) and the store's worker
+    computes no step ahead (store/server_cache.py: ``VISITORS``), so a page opened meanwhile has
+    the two cores and the GIL to itself."""
+    with yielding():
+        _warm_up(ms)
+
+
+def _warm_up(ms) -> None:
     for name in PAGE_MODULES:
         stop_point()
         importlib.import_module(name)
