@@ -20,11 +20,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from kvcore.model import load_model  # noqa: E402
 from kvcore.model.eagle_head import eagle_head_for, head_path  # noqa: E402
+from kvcore.model.shapes import ATTENTION_MODELS  # noqa: E402
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="smollm2", choices=("smollm2", "tiny-random"))
+    ap.add_argument("--model", default="smollm2", choices=ATTENTION_MODELS)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--refit", action="store_true", help="fit again even if the file exists")
     args = ap.parse_args(argv)
