@@ -452,13 +452,14 @@ MOMENT = "moment"  # the over-time chart's point selection: a click picks the ne
 def over_time_chart(rows: list[dict], lang: str) -> tuple[pd.DataFrame, dict]:
     """The replay's usage, hit rate, running and waiting over its steps as a Vega-Lite layered
     chart (data, spec). The data is series_rows' table as it is, its columns named by the
-    series' labels; the chart folds each axis' columns into (series, value) rows. Hover shows
-    the step and the value, and the point selection ``MOMENT`` (a click on the plot) selects the
-    nearest step. Vega-Lite, not plotly: plotly's 4.7 MB script would hold the whole page back
-    on a first visit."""
+    series' labels; the lines fold each axis' columns into (series, value) rows. One invisible
+    point per step carries the hover (the step and the four values) and the point selection
+    ``MOMENT`` (a click on the plot selects the nearest step): one per step, not one per series
+    and step, as drawing the points is most of the page's first paint. Vega-Lite, not plotly:
+    plotly's 4.7 MB script would hold the whole page back on a first visit."""
     labels = {key: tr(f"workloads.{key}", lang) for key, _ in SERIES}
     data = pd.DataFrame(rows, columns=["step", *labels]).rename(columns=labels)
-    step = tr("workloads.step", lang)
+    x = {"field": "step", "type": "quantitative", "title": tr("workloads.step", lang)}
     color = {
         "field": "series",
         "type": "nominal",
@@ -466,70 +467,59 @@ def over_time_chart(rows: list[dict], lang: str) -> tuple[pd.DataFrame, dict]:
         "legend": {"orient": "top", "title": None},
     }
 
-    def fold(axis: str) -> dict:
+    def field(name: str) -> str:
         # a field name escapes Vega-Lite's path characters
+        return re.sub(r"([.\[\]\\])", r"\\\1", name)
+
+    def side(axis: str, title: str, y: dict) -> dict:
         names = [labels[key] for key, a in SERIES if a == axis]
         return {
-            "fold": [re.sub(r"([.\[\]\\])", r"\\\1", n) for n in names],
-            "as": ["series", "value"],
+            "transform": [{"fold": [field(n) for n in names], "as": ["series", "value"]}],
+            "mark": {"type": "line", "strokeWidth": 1.5},
+            "encoding": {
+                "x": x,
+                "y": {"field": "value", "type": "quantitative", "title": title, **y},
+                "color": color,
+            },
         }
 
-    def side(axis: str, title: str, y: dict, params: bool) -> dict:
-        enc = {
-            "x": {"field": "step", "type": "quantitative", "title": step},
-            "y": {"field": "value", "type": "quantitative", "title": title, **y},
-            "color": color,
+    fraction = {"scale": {"domain": [0, 1.02]}, "axis": {"orient": "left"}}
+    tip = [x] + [
+        {
+            "field": field(labels[key]),
+            "type": "quantitative",
+            "title": labels[key],
+            "format": ",.3~f" if axis == "fraction" else ",d",
         }
-        tip = [
-            {"field": "step", "type": "quantitative", "title": step},
-            {"field": "series", "type": "nominal", "title": " "},
-            {"field": "value", "type": "quantitative", "title": title, "format": ",.3~f"},
-        ]
-        return {
-            "transform": [fold(axis)],
-            "encoding": enc,
-            "layer": [
-                {"mark": {"type": "line", "strokeWidth": 1.5}},
-                {
-                    "mark": {"type": "point", "filled": True, "size": 16, "tooltip": True},
-                    "encoding": {"tooltip": tip},
-                    **(
-                        {
-                            "params": [
-                                {
-                                    "name": MOMENT,
-                                    "select": {
-                                        "type": "point",
-                                        "fields": ["step"],
-                                        "nearest": True,
-                                        "on": "click",
-                                    },
-                                }
-                            ]
-                        }
-                        if params
-                        else {}
-                    ),
-                },
-            ],
-        }
-
+        for key, axis in SERIES
+    ]
+    picker = {
+        "mark": {"type": "point", "opacity": 0, "tooltip": True},
+        "encoding": {
+            "x": x,
+            "y": {
+                "field": field(labels["usage"]),
+                "type": "quantitative",
+                "scale": fraction["scale"],
+                "axis": None,
+            },
+            "tooltip": tip,
+        },
+        "params": [
+            {
+                "name": MOMENT,
+                "select": {"type": "point", "fields": ["step"], "nearest": True, "on": "click"},
+            }
+        ],
+    }
+    requests = {"scale": {"zero": True}, "axis": {"orient": "right"}}
+    layers = [
+        side("fraction", tr("workloads.fraction", lang), fraction),
+        side("requests", tr("workloads.requests_axis", lang), requests),
+    ]
     spec = {
         "height": 320,
-        "layer": [
-            side(
-                "fraction",
-                tr("workloads.fraction", lang),
-                {"scale": {"domain": [0, 1.02]}, "axis": {"orient": "left"}},
-                params=True,
-            ),
-            side(
-                "requests",
-                tr("workloads.requests_axis", lang),
-                {"scale": {"zero": True}, "axis": {"orient": "right"}},
-                params=False,
-            ),
-        ],
+        "layer": [*layers, picker],
         "resolve": {"scale": {"y": "independent"}},
     }
     return data, spec

@@ -97,16 +97,19 @@ def test_the_figures_are_the_replays(page, independent):
     assert list(data["step"]) == [x["step"] for x in rows]
     for key, label in labels.items():
         assert list(data[label]) == [x[key] for x in rows], key
-    # fractions on the left axis, request counts on the right; hover names step and value
-    left, right = spec["layer"]
+    # fractions on the left axis, request counts on the right, as lines; one invisible point per
+    # step carries the hover (the step and the four values) and the click
+    left, right, picker = spec["layer"]
     assert left["transform"][0]["fold"] == ["KV usage", "hit rate (so far)"]
     assert right["transform"][0]["fold"] == ["running", "waiting"]
+    assert left["mark"]["type"] == right["mark"]["type"] == "line"
     assert left["encoding"]["y"]["scale"]["domain"] == [0, 1.02]
     assert right["encoding"]["y"]["axis"]["orient"] == "right"
-    tips = [t["field"] for t in left["layer"][1]["encoding"]["tooltip"]]
-    assert tips == ["step", "series", "value"]
+    assert picker["mark"]["opacity"] == 0 and "transform" not in picker
+    tips = [t["field"] for t in picker["encoding"]["tooltip"]]
+    assert tips == ["step", *labels.values()]
     # a click selects the nearest step (the browser test clicks it for real)
-    (param,) = left["layer"][1]["params"]
+    (param,) = picker["params"]
     assert param["name"] == MOMENT and param["select"]["fields"] == ["step"]
     assert param["select"]["nearest"] and param["select"]["on"] == "click"
 
