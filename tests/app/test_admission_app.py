@@ -47,3 +47,17 @@ def test_why_was_b_admitted_before_a():
     text = "\n".join(m.value for m in at.markdown).replace("\\", "")  # markdown escapes
     assert "cache-aware admission moved it ahead" in text, text[-2000:]
     assert "cache_aware_admission_threshold 0.50" in text
+
+
+def test_the_pd_lessons_inflight_switch_reruns_it_with_the_setting():
+    at = app("pd")
+    at.segmented_control(key="tg:pd:max_num_inflight_kv_loads").set_value(1).run()
+    assert not at.exception
+    assert at.session_state["lesson:pd"].run.scenario.engine.max_num_inflight_kv_loads == 1
+    b = Browser(at, "pd")
+    b.until_recorded(1 << 30)
+    b.show(len(b.steps))
+    assert not at.exception
+    run = at.session_state["lesson:pd"].run
+    pulls = [r for r in run.records if "B" in r.pulls]
+    assert pulls and pulls[0].snapshot.running == ("A",)
