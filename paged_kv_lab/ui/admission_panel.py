@@ -7,6 +7,7 @@ one is still being computed the table says so and polls."""
 
 from __future__ import annotations
 
+import pandas as pd
 import streamlit as st
 
 from paged_kv_lab.text.i18n import tr
@@ -75,5 +76,6 @@ def _table(runs, shown, requests: list[str], pending: bool, lang: str) -> None:
     if pending:
         st.rerun()
     rows = [_row(v, v == shown, r, requests, lang) for v, r in runs]
-    st.dataframe(rows, hide_index=True, key="admission:compare")
+    with st.container(key="admission-compare"):  # a plain table: its text is in the page
+        st.table(pd.DataFrame(rows).set_index(tr("admission.col.run", lang)))
     st.caption(tr("admission.caption", lang))

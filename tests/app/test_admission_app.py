@@ -16,7 +16,7 @@ def test_the_lesson_opens_and_shows_both_runs_side_by_side():
         at.session_state["lesson:admission"].run.scenario.engine.cache_aware_admission_window == 4
     )
     for _ in range(240):  # the other run is computed in the background; the table polls
-        frames = [d for d in at.dataframe if "admission order" in d.value.columns]
+        frames = [d for d in at.table if "admission order" in d.value.columns]
         if frames:
             break
         time.sleep(0.5)
@@ -24,7 +24,7 @@ def test_the_lesson_opens_and_shows_both_runs_side_by_side():
     assert frames, [i.value for i in at.info]
     (frame,) = frames
     df = frame.value
-    runs = list(df.iloc[:, 0])
+    runs = list(df.index)
     assert runs == ["cache_aware_admission_window = 0", "cache_aware_admission_window = 4 (shown)"]
     order = list(df["admission order"])
     assert order[0].index("C") < order[0].index("A2")
