@@ -22,7 +22,10 @@ def words(i: int) -> str:
 
 def test_the_lesson_steps_on_smollm2_with_both_runs_side_by_side(smollm2_server, browser):  # noqa: F811
     page = browser.new_page(viewport={"width": 1500, "height": 2600})
-    open_player(page, smollm2_server + "/cache_aware_admission?cache_aware_admission_window=4")
+    open_player(
+        page,
+        smollm2_server + "/cache_aware_admission?lesson=admission&cache_aware_admission_window=4",
+    )
     assert "Cache-aware admission" in page.inner_text("h1")
     total = int(page.locator(".pkv").get_attribute("data-total"))
     said = []
