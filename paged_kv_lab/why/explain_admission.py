@@ -15,19 +15,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from paged_kv_lab.content.sources import Source
 from paged_kv_lab.recording import events as E
 from paged_kv_lab.text.i18n import Text, tr
 from paged_kv_lab.why.explain import ExplainError, RecordedSteps, request_list
 
-# where vLLM 0.34.0 decides the order the answer explains
+# where vLLM 0.34.0 decides the order the answer explains: (vLLM's file, the name in it), the
+# shape of content/sources.py's Source
 ADMISSION_SOURCES = (
-    Source(file="vllm/config/scheduler.py", name="SchedulerConfig.cache_aware_admission_window"),
-    Source(file="vllm/config/scheduler.py", name="SchedulerConfig.cache_aware_admission_threshold"),
-    Source(
-        file="vllm/v1/core/sched/scheduler.py", name="Scheduler._reorder_waiting_by_cached_prefix"
-    ),
-    Source(file="vllm/v1/core/kv_cache_manager.py", name="KVCacheManager.get_num_cached_tokens"),
+    ("vllm/config/scheduler.py", "SchedulerConfig.cache_aware_admission_window"),
+    ("vllm/config/scheduler.py", "SchedulerConfig.cache_aware_admission_threshold"),
+    ("vllm/v1/core/sched/scheduler.py", "Scheduler._reorder_waiting_by_cached_prefix"),
+    ("vllm/v1/core/kv_cache_manager.py", "KVCacheManager.get_num_cached_tokens"),
 )
 
 
@@ -170,4 +168,4 @@ def order_sentences(x: OrderAnswer, lang: str = "en") -> list[str]:
 
 def source_lines(lang: str = "en") -> list[str]:
     """Where vLLM 0.34.0 decides it, one line per source."""
-    return [tr("why.order.source", lang, f=s.file, n=s.name) for s in ADMISSION_SOURCES]
+    return [tr("why.order.source", lang, f=f, n=n) for f, n in ADMISSION_SOURCES]
