@@ -30,7 +30,9 @@ Each test that passed in the baseline then lands in one row of the table:
 
 The sdist (vllm-0.33.0.tar.gz, sha256-checked against PyPI's index) and pytest for the vLLM
 environment are cached under VLLM_SDIST_CACHE (default /tmp/vllm-sdist-cache). Without the vLLM
-environment (VLLM_VENV, default /tmp/vllm034-venv) it says how to make one and exits 0.
+environment (VLLM_VENV, default /tmp/vllm-venv: this yardstick has not moved to vLLM 0.34.0's
+tests yet, so it runs 0.33.0's tests in 0.33.0's environment, the one scripts/vllm_env.sh built
+there before the move) it says how to make one and exits 0.
 """
 
 from __future__ import annotations
@@ -231,7 +233,7 @@ def main() -> int:
         help="skip the second mode (kvcore's own Scheduler under test_scheduler.py)",
     )
     args = ap.parse_args()
-    venv = os.environ.get("VLLM_VENV", "/tmp/vllm034-venv")
+    venv = os.environ.get("VLLM_VENV", "/tmp/vllm-venv")
     venv_python = os.path.join(venv, "bin", "python")
     if not os.path.exists(venv_python):
         print(f"skipped: no vLLM {VERSION} environment at {venv} (bash scripts/vllm_env.sh)")

@@ -505,11 +505,15 @@ class BlockPool:
                 remove(block)
             block.ref_cnt += 1
 
-    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+    def free_blocks(
+        self, ordered_blocks: Iterable[KVCacheBlock], evict_first: bool = False
+    ) -> None:
         """ref_cnt -= 1 in the given order; blocks reaching 0 join the queue in that order.
 
         v0.33: blocks without a hash can never be hit, so they go to the head
-        (reused first) and hashed blocks go to the tail (LRU).
+        (reused first) and hashed blocks go to the tail (LRU). ``evict_first`` (vLLM 0.34):
+        hashed blocks go to the head too, for blocks another tier already holds (the CPU
+        tier's lazy stores).
         """
         to_head: list[KVCacheBlock] = []
         to_tail: list[KVCacheBlock] = []
@@ -520,7 +524,7 @@ class BlockPool:
         for block in ordered_blocks:
             block.ref_cnt -= 1
             if block.ref_cnt == 0 and not block.is_null:
-                if block.block_hash is None and head_ok:
+                if (block.block_hash is None and head_ok) or evict_first:
                     to_head.append(block)
                 else:
                     to_tail.append(block)

@@ -129,12 +129,16 @@ class EngineCore:
         elif self.kv_connector is not None and self._kv_jobs(out):
             # Only copies this step (a load, or a store that pinned blocks): nothing is stuck.
             scheduler.update_from_output(out, ModelRunnerOutput([], {}, [], self._kv_finish(out)))
-        elif not scheduler.running and scheduler.waiting and not self._retry_after_drafts(out):
+        elif (
+            not scheduler.running
+            and (scheduler.waiting or scheduler.async_kv_waiting)
+            and not self._retry_after_drafts(out)
+        ):
             # Nothing runs and the head of the queue was refused by an empty pool: it never fits.
             # If its tokens alone fit, what never fits is the 1 + num_spec_tokens rows vLLM pads
             # its one-token admission to (vLLM would keep it waiting, every step refused).
             # (Or the padded rows exceed max_num_batched_tokens: vLLM's budget break, every step.)
-            head = scheduler.waiting.peek_request()
+            head = (scheduler.waiting or scheduler.async_kv_waiting).peek_request()
             reason, budget = "never_fits", {}
             if self._fits_without_drafts(head):
                 cfg = scheduler.config

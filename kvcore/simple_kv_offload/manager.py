@@ -199,8 +199,11 @@ class SimpleCPUOffloadScheduler:
         # pinned between get_num_new_matched_tokens and update_state_after_alloc
         self._pending_cpu_hits: dict[str, tuple[tuple[list[KVCacheBlock], ...], int, int]] = {}
 
+        # Eager mode (vLLM 0.34): the local (GPU) hit a lookup found, by request: once the
+        # request is allocated, the CPU copies of those blocks move to the CPU pool's MRU end
+        self._pending_local_hits: dict[str, int] = {}
+
         self._lazy_mode = lazy_offload
-        self._cursor: Optional[KVCacheBlock] = None
         self._target_free = (
             self._estimate_lazy_target_blocks(kv_cache_config, max_num_batched_tokens)
             if lazy_offload
@@ -251,8 +254,12 @@ class SimpleCPUOffloadScheduler:
         """
         if stale := self._pending_cpu_hits.pop(request.request_id, None):
             self._free_pending_cpu_hit(stale)
+        self._pending_local_hits.pop(request.request_id, None)
         if request.skip_reading_prefix_cache:
             return 0, False
+        if num_computed_tokens and not self._lazy_mode:
+            # refreshed at admission (a request waiting for blocks looks up every step)
+            self._pending_local_hits[request.request_id] = num_computed_tokens
         if num_computed_tokens % self.block_size != 0:
             return 0, False  # copies are whole blocks
         remaining_hashes = request.block_hashes[num_computed_tokens // self.block_size :]
@@ -296,6 +303,15 @@ class SimpleCPUOffloadScheduler:
                 block_ids=tuple([] for _ in range(num_groups)),
                 num_stored_blocks=[0] * num_groups,
             )
+        if num_local_tokens := self._pending_local_hits.pop(req_id, None):
+            # vLLM 0.34: the eager CPU pool holds what the GPU hit holds too, and eager stores
+            # skip those blocks, so their CPU copies move to the MRU end here
+            prefix_hit, _, _ = self.cpu_coordinator.find_longest_cache_hit(
+                request.block_hashes, num_local_tokens
+            )
+            prefix_blocks = [b for group in prefix_hit for b in group if not b.is_null]
+            self.cpu_block_pool.touch(prefix_blocks)
+            self.cpu_block_pool.free_blocks(reversed(prefix_blocks))
         pending = self._pending_cpu_hits.pop(req_id, None)
         if num_external_tokens == 0:
             if pending is not None:
@@ -405,21 +421,17 @@ class SimpleCPUOffloadScheduler:
             return [], [], [], []
         cpu_pool = self.cpu_block_pool
         num_cpu_free = cpu_pool.get_num_free_blocks()
-        if self._cursor is not None and self._cursor.ref_cnt > 0:
-            self._cursor = None  # it left the free queue: start again from the head
         gpu_ids: list[int] = []
-        last_visited = self._cursor
-        for covered, node in enumerate(gpu_pool.free_block_queue.iter_blocks_after(self._cursor)):
+        # vLLM 0.34: from the queue's head every time (0.33 went on from a cursor)
+        for covered, node in enumerate(gpu_pool.free_block_queue.iter_blocks_after(None)):
             if covered >= self._target_free or len(gpu_ids) >= num_cpu_free:
                 break
-            last_visited = node
             if (
                 node.block_hash is not None
                 and not node.is_null
                 and cpu_pool.cached_block_hash_to_block.get_one_block(node.block_hash) is None
             ):
                 gpu_ids.append(node.block_id)
-        self._cursor = last_visited
         if not gpu_ids:
             return [], [], [], []
         cpu_ids = [b.block_id for b in cpu_pool.get_new_blocks(len(gpu_ids))]
@@ -600,7 +612,10 @@ class SimpleCPUOffloadScheduler:
             req_ids=tuple(transfer.req_ids),
         )
         cpu_pool.free_blocks(cpu_blocks)
-        gpu_pool.free_blocks(gpu_pool.blocks[b] for b in transfer.gpu_block_ids)
+        # vLLM 0.34: lazy stores came from the GPU queue's eviction end; they go back there
+        gpu_pool.free_blocks(
+            (gpu_pool.blocks[b] for b in transfer.gpu_block_ids), evict_first=self._lazy_mode
+        )
 
     def gpu_block_refs(self) -> dict[int, int]:
         """GPU block id -> the references this manager holds on it (copies in flight or
@@ -627,6 +642,7 @@ class SimpleCPUOffloadScheduler:
         pending = self._pending_cpu_hits.pop(req_id, None)
         if pending is not None:
             self._free_pending_cpu_hit(pending)
+        self._pending_local_hits.pop(req_id, None)
         load_state = self._reqs_to_load.get(req_id)
         if load_state is not None:
             if load_state.load_event is not None:

@@ -230,7 +230,11 @@ class FrameRecorder:
             requests=moved,
             gone=() if key else gone,
             queue=self._queue(),
-            waiting=tuple(r.request_id for r in self.scheduler.waiting.ordered()),
+            waiting=tuple(
+                r.request_id
+                for q in (self.scheduler.waiting, self.scheduler.async_kv_waiting)
+                for r in q.ordered()
+            ),
             running=tuple(r.request_id for r in self.scheduler.running),
             usage=kvm.usage,
             prefix_cache={

@@ -323,7 +323,12 @@ def take_snapshot(
         free_queue=tuple(queue),
         hash_map=hash_map,
         requests=tuple(views),
-        waiting=tuple(r.request_id for r in scheduler.waiting.ordered()),
+        # vLLM 0.34: requests whose KV a connector may load asynchronously wait apart while
+        # max_num_inflight_kv_loads is set (Scheduler.async_kv_waiting); both are waiting
+        waiting=tuple(
+            r.request_id
+            for r in (*scheduler.waiting.ordered(), *scheduler.async_kv_waiting.ordered())
+        ),
         running=tuple(r.request_id for r in scheduler.running),
         usage=kvm.usage,
         num_free_blocks=pool.get_num_free_blocks(),

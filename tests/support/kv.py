@@ -28,8 +28,11 @@ from paged_kv_lab.run.engine import Engine, NoModelRunner
 from paged_kv_lab.run.scenario import EngineSettings, RequestSpec, Scenario
 from support.paths import REFERENCE
 
-# the vLLM 0.34.0 scratch environment (bash scripts/vllm_env.sh): differential tests skip without it
-VLLM_VENV = os.environ.get("VLLM_VENV", "/tmp/vllm034-venv")
+# the vLLM scratch environment of the lab's reference checks (tests/support/reference/: hash keys,
+# the hybrid block size); they skip without it. Still 0.33.0's (/tmp/vllm-venv): vLLM 0.34.0
+# resolves an unstated hybrid block size from 64 (CacheConfig.DEFAULT_BLOCK_SIZE), and
+# kvcore/model/memory.py still resolves it from 0.33.0's 16 (docs/from-0.33-to-0.34.md).
+VLLM_VENV = os.environ.get("VLLM_VENV_033", "/tmp/vllm-venv")
 
 
 def ask_vllm(script: str, spec: Any, *, hash_seed: bool = True) -> Any:

@@ -99,6 +99,7 @@ def resolve(case: dict) -> dict:
         speculative_config=None,
         scheduler_config=NS(disable_hybrid_kv_cache_manager=False),
         attention_config=NS(hisparse_config=None),
+        use_flashinfer_replayssm=False,  # read by 0.34's mamba_state_alignment (1 without it)
     )
     mamba_abstract.get_mamba_prefill_checkpoint_alignment = lambda c: case["checkpoint_alignment"]
     if stated is None:  # Phase 1 of update_block_size_for_backend: the backend's preference
