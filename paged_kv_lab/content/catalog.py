@@ -59,7 +59,18 @@ from paged_kv_lab.text.i18n import content_dir
 LESSON_FILE = "lesson.yaml"
 TOPIC_QUESTIONS_FILE = "questions.yaml"
 # the panels a lesson page can add under the player (app/lesson_page.py)
-PANELS = ("memory", "budget", "held", "myths", "cpu_tier", "designs", "pd", "hybrid", "fleet")
+PANELS = (
+    "memory",
+    "budget",
+    "held",
+    "myths",
+    "cpu_tier",
+    "designs",
+    "pd",
+    "hybrid",
+    "fleet",
+    "admission",
+)
 # engine settings a switch may set besides EngineSettings' fields (old names load_scenario reads)
 LEGACY_SETTINGS = ("sliding_retention",)
 # Switches that are no engine setting: the name a switch stores (in the URL, in overrides) ->

@@ -97,6 +97,10 @@ def render_lesson(lesson_id: str, compact: bool = False) -> None:
             P.show_memory(state.run, lang, ms.model, lesson.id)
         if "hybrid" in lesson.panels and ms.model is not None:
             P.show_hybrid_pages(state.run, lang, ms.model)
+        if "admission" in lesson.panels:  # the window switch's runs side by side
+            from paged_kv_lab.ui.admission_panel import show_admission
+
+            show_admission(state, lesson, ms, lang)
         if lesson.id == "playground":
             from paged_kv_lab.ui.playground import request_form, settings_form
 

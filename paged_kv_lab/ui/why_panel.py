@@ -78,7 +78,7 @@ def why_panel(
         if not steps.records:
             st.caption(tr("why.not_yet", lang))
             return
-        modes = ("request", "block", "two", "calls")
+        modes = ("request", "block", "two", "order", "calls")
         if any(r.replica for r in steps.records):  # a P/D pair: either replica's blocks
             modes = ("pd", *modes)
         if designs is not None:
@@ -112,6 +112,8 @@ def why_panel(
                     st.dataframe(
                         block_table(life, lang), hide_index=True, key=f"why_block_table:{key}"
                     )
+            elif mode == "order":
+                _order_answer(steps, requests, lang, key)
             elif mode == "two":
                 c1, c2 = st.columns(2)
                 a = c1.selectbox(tr("why.pick_request", lang), requests, key=f"why_a:{key}")
@@ -210,6 +212,25 @@ def _pd_answer(steps: RecordedSteps, requests: list, lang: str, key: str) -> Non
     _lines([tr(text, lang) for text in answer.texts])
     for name in answer.sources:
         _code(name, lang, key)
+
+
+def _order_answer(steps, requests: list, lang: str, key: str) -> None:
+    """ "Why was B admitted before A?": the window, the threshold and the usage at that step
+    (why/explain_admission.py), and where vLLM 0.34.0 decides it."""
+    from paged_kv_lab.why.explain_admission import (
+        admissions,
+        explain_order,
+        order_sentences,
+        source_lines,
+    )
+
+    by_step = [a.request_id for a in sorted(admissions(steps), key=lambda a: a.step or 1 << 30)]
+    c1, c2 = st.columns(2)
+    b = c1.selectbox(tr("why.pick_second", lang), by_step or requests, key=f"why_ob:{key}")
+    rest = [r for r in requests if r != b] or requests
+    a = c2.selectbox(tr("why.pick_first", lang), rest, key=f"why_oa:{key}")
+    _lines(order_sentences(explain_order(steps, a, b), lang))
+    st.caption(" · ".join(md_escape(line) for line in source_lines(lang)))
 
 
 def _code(name: str, lang: str, key: str) -> None:

@@ -125,7 +125,7 @@ def test_every_key_the_python_code_uses_is_there():
     from paged_kv_lab.ui.modelstate import DEVICES, MODELS
 
     built = [f"model_{m}" for m in MODELS] + [f"device_{d}" for d in DEVICES]
-    built += [f"why.{m}" for m in ("request", "block", "two", "calls")]
+    built += [f"why.{m}" for m in ("request", "block", "two", "order", "calls")]
     built += [f"live.{f}" for f in ("endpoint", "replay", "orphans", "unknown_tokens")]
     assert not set(built) - keys, sorted(set(built) - keys)
     assert {f"playground.help.{n}" for n in ("block_size", "num_gpu_blocks", "admission")} <= keys

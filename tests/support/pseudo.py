@@ -276,7 +276,7 @@ def play(at, steps: int = 8) -> list[str]:
     return out
 
 
-WHY_MODES = ("request", "block", "two", "calls", "sglang", "nano")  # app/why_panel.py's
+WHY_MODES = ("request", "block", "two", "order", "calls", "sglang", "nano")  # app/why_panel.py's
 
 
 def explore(at) -> list[tuple[str, str]]:
