@@ -23,7 +23,7 @@ from paged_kv_lab.text.i18n import content_dir
 TOPIC_SOURCES_FILE = "sources.yaml"  # in a topic's folder (<content>/topics/<id>/)
 
 # the engines a source may name, by the first part of its path: the version the lab models
-ENGINES = {"vllm": "vLLM 0.33.0", "sglang": "SGLang 0.5.23", "nanovllm": "nano-vllm"}
+ENGINES = {"vllm": "vLLM 0.34.0", "sglang": "SGLang 0.5.23", "nanovllm": "nano-vllm"}
 
 
 class Source(BaseModel):

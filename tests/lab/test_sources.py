@@ -4,7 +4,7 @@ version modelled), lesson moments may carry theirs, and each cited name is in th
 source where that source is installed.
 
 The data checks run always (and cost nothing). The checks against an engine's source skip, with
-the reason, when it is absent: vLLM 0.33.0 in ``VLLM_VENV`` (default /tmp/vllm-venv, made by
+the reason, when it is absent: vLLM 0.34.0 in ``VLLM_VENV`` (default /tmp/vllm034-venv, made by
 scripts/vllm_env.sh), SGLang 0.5.23 in ``SGLANG_VENV`` (default /tmp/sglang-venv,
 scripts/sglang_env.sh), nano-vllm in ``NANO_VLLM_SRC`` (default /tmp/nanovllm-src,
 scripts/nanovllm_env.sh; a source naming a commit is read at that commit when it is a git
@@ -116,7 +116,7 @@ def engine_root(engine: str) -> tuple[Optional[Path], str]:
             f"no nano-vllm source in {src} (`bash scripts/nanovllm_env.sh`, or set NANO_VLLM_SRC)"
         )
     env, default, script = {
-        "vllm": ("VLLM_VENV", "/tmp/vllm-venv", "scripts/vllm_env.sh"),
+        "vllm": ("VLLM_VENV", "/tmp/vllm034-venv", "scripts/vllm_env.sh"),
         "sglang": ("SGLANG_VENV", "/tmp/sglang-venv", "scripts/sglang_env.sh"),
     }[engine]
     venv = Path(os.environ.get(env, default))
