@@ -211,6 +211,9 @@ def _leaf_cases(path: tuple, tp: Any, limits: Limits, base: dict) -> list[Case]:
                     out.append(Case(path, [c.value], f"item {c.what}", c.expect))
         elif dataclasses.is_dataclass(bare):
             out.append(Case(path, "not an object", "not an object", "refused"))
+        elif get_origin(bare) is dict:  # a mapping: empty is its default; a list is no mapping
+            out.append(Case(path, {}, "empty", "valid"))
+            out.append(Case(path, ["not", "an", "object"], "not an object", "refused"))
         else:
             raise TypeError(
                 f"{path}: no cases for the type {bare!r}: teach tests/support/scenario_cases.py"
