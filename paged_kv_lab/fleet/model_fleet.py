@@ -24,7 +24,14 @@ from typing import Any, Optional
 from kvcore.distributed.kv_events import external_hash_text
 from kvcore.request import Request
 from paged_kv_lab.fleet.fleet import Fleet, check_router
-from paged_kv_lab.fleet.router import Decision, FleetRequest, router_hasher, router_settings
+from paged_kv_lab.fleet.router import (
+    Decision,
+    FleetRequest,
+    RouterError,
+    policies,
+    router_hasher,
+    router_settings,
+)
 from paged_kv_lab.recording.snapshot import StepRecord
 from paged_kv_lab.run.driver import register_run_kind
 
@@ -188,14 +195,21 @@ class FleetRun:
         for spec in self.specs:
             engines[0]._checked_prompt(spec)
         self.sessions = {r.id: conf.sessions.get(r.id, r.id) for r in self.specs}
-        self.fleet = Fleet(
-            self.replicas,
-            self.specs,
-            self._prepare,
-            conf.router,
-            dict(conf.router_settings),
-            arrival_ns=[r.arrival_step * NS for r in self.specs],
-        )
+        if conf.router not in policies():  # named by its path in the scenario
+            raise RouterError(
+                f"engine.fleet.router: one of {', '.join(policies())}; got {conf.router!r}"
+            )
+        try:
+            self.fleet = Fleet(
+                self.replicas,
+                self.specs,
+                self._prepare,
+                conf.router,
+                dict(conf.router_settings),
+                arrival_ns=[r.arrival_step * NS for r in self.specs],
+            )
+        except RouterError as e:  # a setting of the router's, named by its path in the scenario
+            raise RouterError(f"engine.fleet.router_settings: {e}") from e
         self._router_view = router_view_of(engines[0], self.fleet.router.settings)
         self.routed: list[Routed] = []
         self._tick_routed: dict[int, list[Routed]] = {}

@@ -73,6 +73,7 @@ def stop_point() -> None:
 
 
 # -- visitors first ----------------------------------------------------------------------------
+MEASURE_STOP_EVERY = 20_000  # objects a size walked ahead of visitors walks between stop points
 YIELD_MAX_S = 10.0  # the longest a yielding thread waits at one stop_point for visitors
 PAGE_GRACE_S = 1.0  # after a page is drawn, work ahead waits this long more (its browser draws it)
 _LOCAL = threading.local()  # per thread: drawing (depth), blocked, yields, locks_held
@@ -171,6 +172,25 @@ def yielding() -> Iterator[None]:
         _LOCAL.yields = before
 
 
+AHEAD_NICE = 19  # the OS priority of a thread that only works ahead (the warm-up's): the lowest
+
+
+def lower_this_threads_priority(nice: int = AHEAD_NICE) -> bool:
+    """Run the calling thread at OS priority ``nice`` (Linux: niceness is per thread); False where
+    the platform cannot. A thread that only works ahead of visitors (the warm-up) calls it once,
+    for good: it cannot raise its priority back unprivileged. Inside the process the GIL is shared
+    whatever the priority (``yielding`` is for that); this is for the processes beside the server,
+    above all a browser on the same machine, which otherwise shares the cores with the warm-up
+    while it loads and draws a page (before and after the script run that ``Visitors`` sees)."""
+    if not hasattr(os, "setpriority") or not hasattr(threading, "get_native_id"):
+        return False
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except OSError:
+        return False
+    return True
+
+
 class OwnedLock:
     """A lock (``with``, ``acquire``, ``release``, ``locked``) that a yielding thread never waits
     for visitors while holding (``stop_point``), and that a page waiting for it does not count as
@@ -242,12 +262,17 @@ DEFAULT_BYTES = 512 * 10**6
 
 
 # -- sizes -------------------------------------------------------------------------------------
-def estimate_nbytes(obj: Any, _seen: Optional[set] = None) -> int:
+def estimate_nbytes(obj: Any, _seen: Optional[set] = None, stop_every: int = 0) -> int:
     """Bytes held by a tree of records (dataclasses, tuples, lists, dicts, strings), each object
-    counted once. Small ints and interned strings are counted too: an overestimate is safe."""
+    counted once. Small ints and interned strings are counted too: an overestimate is safe.
+    ``stop_every``: a ``stop_point`` after each that many objects (a walk done ahead of visitors,
+    seconds long for a whole replay's log)."""
     seen = set() if _seen is None else _seen
-    stack, total = [obj], 0
+    stack, total, walked = [obj], 0, 0
     while stack:
+        walked += 1
+        if stop_every and walked % stop_every == 0:
+            stop_point()
         o = stack.pop()
         if id(o) in seen:
             continue
@@ -386,7 +411,17 @@ class ServerCache:
         """A value's size, walked while its askers already use it (it counts 0 until then)."""
         if STOPPING.is_set():  # the process is exiting: nobody will read the size
             return
-        nbytes = int(entry.kind.size(entry.value))
+        # work ahead of visitors: the lowest OS priority, and it waits while a page is drawn
+        lower_this_threads_priority()
+        try:
+            with yielding():
+                size, value = entry.kind.size, entry.value
+                if size is estimate_nbytes:
+                    nbytes = estimate_nbytes(value, stop_every=MEASURE_STOP_EVERY)
+                else:
+                    nbytes = int(size(value))
+        except Stopping:
+            return
         with self.cond:
             if self._entries.get(full) is entry:
                 self.total_bytes += nbytes - entry.nbytes

@@ -25,7 +25,12 @@ import importlib
 import os
 import time
 
-from paged_kv_lab.store.server_cache import Shared, stop_point, yielding
+from paged_kv_lab.store.server_cache import (
+    Shared,
+    lower_this_threads_priority,
+    stop_point,
+    yielding,
+)
 
 ENV = "PAGED_KV_LAB_WARM_UP"
 RUN_WAIT_S = 600.0  # how long the warm-up holds a run it opened for the run to end
@@ -103,7 +108,10 @@ def warm_up(ms) -> None:
     It yields to visitors: while some session draws a page, this thread waits at its next
     ``stop_point`` (between two parts, never holding the engine lock) and the store's worker
     computes no step ahead (store/server_cache.py: ``VISITORS``), so a page opened meanwhile has
-    the two cores and the GIL to itself."""
+    the two cores and the GIL to itself. It runs at the lowest OS priority, so that a browser on
+    the same machine loading a page (before its script run, which is all ``VISITORS`` sees) has
+    the cores first."""
+    lower_this_threads_priority()  # a browser on this machine loads and draws its page first
     with yielding():
         _warm_up(ms)
 

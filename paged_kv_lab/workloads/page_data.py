@@ -120,6 +120,9 @@ def _budgeted(r: Replay, limits: TraceLimits) -> None:
     check(Text("refusal.what.replay_steps"), r.step_count, limits, "max_steps")
 
 
+STEPS_PER_STOP = 16  # replay steps between two stop points (one is ~0.1 s or less)
+
+
 def run_workload(
     trace: Trace,
     settings: Settings,
@@ -140,6 +143,10 @@ def run_workload(
     def hook(info) -> None:
         cache.step = info.step + 1
         checkpoints.due(r)
+        if info.step % STEPS_PER_STOP == 0:
+            # the warm-up replays the first slice: it waits here while a page is drawn (a step
+            # early in the trace, full of arrivals, takes ~5 ms on two cores)
+            stop_point()
 
     r.add_step_hook(hook)
     while not r.done:

@@ -6,7 +6,7 @@ import pytest
 
 from paged_kv_lab.content.casebook import CASES, WHERE
 from paged_kv_lab.text.i18n import tr
-from support.app import app, player_data
+from support.app import app, pick_case, player_data
 
 PAGE = "casebook"  # the registry's page id
 
@@ -34,13 +34,6 @@ def shown(at) -> dict[str, str]:
     return {m.label: m.value for m in at.metric}
 
 
-def pick(at, case):
-    """Choose the case's group, then the case, as a visitor does."""
-    if at.radio(key="casebook:where").value != case.where:
-        at.radio(key="casebook:where").set_value(case.where).run()
-    at.radio(key="casebook:case").set_value(case.id).run()
-
-
 def test_the_cases_are_grouped_by_where_the_question_arises_with_their_versions():
     at = app(PAGE)
     assert not at.exception, [e.value for e in at.exception]
@@ -61,7 +54,7 @@ def test_the_cases_are_grouped_by_where_the_question_arises_with_their_versions(
         assert at.radio(key="casebook:case").value == cs[0].id
         captions = [c.value for c in at.caption]
         for case in cs:
-            pick(at, case)
+            pick_case(at, case)
             assert at.radio(key="casebook:where").value == w
             captions = [c.value for c in at.caption]
             line = tr("casebook.holds_for", "en", versions=", ".join(case.holds_for))
@@ -80,7 +73,7 @@ def test_the_cases_are_grouped_by_where_the_question_arises_with_their_versions(
 def test_every_case_renders_and_its_switch_changes_the_hit_rate():
     at = recorded(app(PAGE))
     for case in CASES:
-        pick(at, case)
+        pick_case(at, case)
         assert not at.exception, [e.value for e in at.exception]
         text = "\n".join(m.value for m in at.markdown)
         assert tr(case.asked, "en") in text and tr(case.answer, "en") in text

@@ -136,13 +136,13 @@ def test_a_fleet_case_on_the_casebook_page_shows_the_routers_numbers_and_the_bou
     from paged_kv_lab.store.run_store import default_store
     from paged_kv_lab.ui.casebook_page import case_lessons
     from paged_kv_lab.ui.warm_up import record_ahead
-    from support.app import player_data
+    from support.app import pick_case, player_data
 
     monkeypatch.setattr(default_store(), "background_pause", 0.0)
     case = cases_by_id()["router-hashes-differ"]
     at = app("casebook")
     record_ahead(case_lessons(case), at.session_state["_model_state"])
-    at.radio(key="casebook:case").set_value(case.id).run()
+    pick_case(at, case)
     assert not at.exception, [e.value for e in at.exception]
     assert player_data(at, case.lesson.id)["run"]
     shown = {m.label: m.value for m in at.metric}

@@ -126,7 +126,7 @@ def test_kvcore_keeps_vllms_signatures_and_a_recorder_attaches_without_changing_
     want = {
         BlockPool.get_new_blocks: ["self", "num_blocks"],
         BlockPool.touch: ["self", "blocks"],
-        BlockPool.free_blocks: ["self", "ordered_blocks"],
+        BlockPool.free_blocks: ["self", "ordered_blocks", "evict_first"],
         BlockPool.evict_blocks: ["self", "block_ids"],
         BlockPool.cache_full_blocks: [
             "self",

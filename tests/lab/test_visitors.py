@@ -3,6 +3,7 @@ a session draws a page, the work done ahead of visitors waits -- the warm-up thr
 points, the run store's steps computed ahead -- and a page that itself waits for such work does not
 hold it back. No browser: the policy itself, with the store's fake engines."""
 
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -269,3 +270,24 @@ def test_a_page_waiting_for_steps_does_not_hold_them_back(store):
         assert run.wait(40, 5.0, urgent=False), "a far step the page waits for is computed"
         assert time.monotonic() - t0 < 4.0
     assert tl
+
+
+@pytest.mark.skipif(not hasattr(os, "getpriority"), reason="no per-thread OS priority here")
+def test_the_warm_up_thread_runs_at_the_lowest_os_priority_and_no_other_thread_does(monkeypatch):
+    """The warm-up's thread (ui/warm_up.py: warm_up) lowers its own OS priority, once, for good:
+    a browser on the same machine loading a page has the cores first; the thread that started
+    it, a page's, keeps its priority."""
+    from paged_kv_lab.ui import warm_up
+
+    seen = {}
+
+    def body(ms):
+        seen["warm_up"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    monkeypatch.setattr(warm_up, "_warm_up", body)
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    t = threading.Thread(target=warm_up.warm_up, args=(None,))
+    t.start()
+    t.join(10)
+    assert seen["warm_up"] == server_cache.AHEAD_NICE == 19
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine

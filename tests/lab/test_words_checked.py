@@ -20,7 +20,8 @@ import sys
 if __name__ == "__main__":  # run as a script (--write-pack-counts): tests/ on sys.path
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    # tests/ for the support helpers, the checkout itself before any installed copy
+    sys.path[:0] = [str(Path(__file__).resolve().parents[i]) for i in (1, 2)]
 
 import pytest
 
@@ -299,13 +300,6 @@ def write_pack_counts() -> None:
     PACK_DOC.write_text(re.sub(pattern, lambda _: pack_block(), text, flags=re.S), encoding="utf-8")
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--write-pack-counts"]:
-        write_pack_counts()
-    else:
-        sys.exit("usage: tests/lab/test_words_checked.py --write-pack-counts")
-
-
 @pytest.mark.parametrize("retention", [0, 32, None], ids=["0", "32", "None"])
 def test_case_1_a_prefix_shorter_than_the_block_misses_at_every_retention(retention):
     """Case 1's central sentence, model-free at its shape: 32-token blocks, A's 24-token prompt;
@@ -379,5 +373,6 @@ def test_an_items_key_is_its_identifier_not_its_content():
 
 
 if __name__ == "__main__":  # .venv/bin/python tests/lab/test_words_checked.py --write-pack-counts
-    if "--write-pack-counts" in sys.argv[1:]:
-        write_pack_counts()
+    if sys.argv[1:] != ["--write-pack-counts"]:
+        sys.exit("usage: tests/lab/test_words_checked.py --write-pack-counts")
+    write_pack_counts()

@@ -166,3 +166,10 @@ class Browser:
 
 def metric(at, label: str) -> str:
     return next(m.value for m in at.metric if m.label == label)
+
+
+def pick_case(at, case):
+    """On the casebook page: choose the case's group, then the case, as a visitor does."""
+    if at.radio(key="casebook:where").value != case.where:
+        at.radio(key="casebook:where").set_value(case.where).run()
+    at.radio(key="casebook:case").set_value(case.id).run()
