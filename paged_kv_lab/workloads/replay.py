@@ -219,11 +219,28 @@ class TimeSeries:
         return [h / q if q else 0.0 for q, h in zip(self.queries, self.hits)]
 
     def sample(self, max_points: int) -> "TimeSeries":
-        """At most ``max_points`` points, evenly spread over the points (first and last kept)."""
+        """At most ``max_points`` of the points, spread evenly, with every peak and trough kept:
+        the points fall into equal buckets, and each bucket keeps its first point and those
+        where the blocks in use, the running and the waiting counts are at their highest and
+        lowest in it (the first and last points kept). Even spacing alone would lose the usage
+        peak a chart is read for. Fewer than 14 points asked: evenly spread only."""
         n = len(self.step)
         if n <= max_points or max_points < 2:
             return self
-        idx = sorted({round(i * (n - 1) / (max_points - 1)) for i in range(max_points)})
+        if max_points < 14:
+            keep = {round(i * (n - 1) / (max_points - 1)) for i in range(max_points)}
+        else:
+            buckets = (max_points - 1) // 7  # at most 7 points a bucket, and the last point
+            keep = {n - 1}
+            extremes = (self.used_blocks, self.running, self.waiting)
+            for b in range(buckets):
+                lo, hi = b * n // buckets, (b + 1) * n // buckets
+                keep.add(lo)
+                for values in extremes:
+                    part = values[lo:hi]
+                    keep.add(lo + part.index(max(part)))
+                    keep.add(lo + part.index(min(part)))
+        idx = sorted(keep)
         return TimeSeries(
             *(tuple(getattr(self, f)[i] for i in idx) for f in _SERIES_FIELDS),
             usable_blocks=self.usable_blocks,

@@ -12,6 +12,7 @@ from paged_kv_lab.player.pool_payload import encode_frames
 from paged_kv_lab.ui.workloads_page import (
     KEY,
     MOMENT,
+    OVER_TIME_POINTS,
     SERIES,
     WorkloadsState,
     clicked_step,
@@ -89,7 +90,7 @@ def test_the_figures_are_the_replays(page, independent):
     (spec, data), *_ = vega_charts(page)
     assert len(vega_charts(page)) == 1 and not page.get("plotly_chart")
     # usage / hit rate / running / waiting over steps: each series is the replay's, row by row
-    rows = series_rows(r)
+    rows = series_rows(r, OVER_TIME_POINTS)
     labels = {"usage": "KV usage", "hit_rate": "hit rate (so far)"}
     labels |= {"running": "running", "waiting": "waiting"}
     assert [k for k, _ in SERIES] == list(labels)

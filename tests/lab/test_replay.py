@@ -4,6 +4,8 @@ import json
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvcore.core.kv_cache_utils import BlockHasher
 from kvcore.utils.hashing import sha256
@@ -13,6 +15,7 @@ from paged_kv_lab.workloads import SHIPPED_TRACE
 from paged_kv_lab.workloads.replay import (
     Replay,
     ReplayError,
+    TimeSeries,
     max_hit_tokens,
     replay,
     replay_settings,
@@ -389,3 +392,40 @@ def test_bench_counts_block_operations_consistently():
     assert ops["touched"] == result.hit_tokens // 512
     assert ops["evicted"] == result.evictions > 0
     assert ops["total"] == sum(v for k, v in ops.items() if k != "total")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 50), st.integers(0, 9), st.integers(0, 9)),
+        min_size=1,
+        max_size=600,
+    ),
+    st.integers(2, 120),
+)
+def test_a_sampled_series_keeps_its_ends_and_every_peak_and_trough(points, max_points):
+    """TimeSeries.sample: at most max_points of the points, the first and last among them, and
+    (from 14 points asked) the highest and lowest blocks in use, running and waiting of the
+    whole run: a chart of the sample shows the run's peak usage."""
+    n = len(points)
+    used, running, waiting = (tuple(p[k] for p in points) for k in range(3))
+    series = TimeSeries(
+        step=tuple(range(1, n + 1)),
+        clock_ms=tuple(float(i) for i in range(n)),
+        running=running,
+        waiting=waiting,
+        used_blocks=used,
+        queries=tuple(range(n)),
+        hits=tuple(i // 2 for i in range(n)),
+        usable_blocks=50,
+    )
+    got = series.sample(max_points)
+    assert len(got) <= max(max_points, 2) or len(got) == n
+    assert got.step[0] == 1 and got.step[-1] == n and list(got.step) == sorted(set(got.step))
+    kept = {s - 1 for s in got.step}
+    for field in ("used_blocks", "running", "waiting", "queries", "hits", "clock_ms"):
+        assert getattr(got, field) == tuple(getattr(series, field)[i] for i in sorted(kept))
+    if n > max_points >= 14:
+        for values in (used, running, waiting):
+            assert max(values[i] for i in kept) == max(values)
+            assert min(values[i] for i in kept) == min(values)
