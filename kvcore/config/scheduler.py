@@ -39,6 +39,10 @@ class SchedulerConfig:
     # or landed and waiting for a running slot). Set, it also lets such loads start while the
     # running batch is full; None = no cap, and loads start only when a running slot is free.
     max_num_inflight_kv_loads: Optional[int] = None
+    # vLLM's flag: True = every attention layer is managed as full attention in one group (the
+    # hybrid KV cache manager off); None = decided from the rest of the configuration
+    # (kvcore/config/vllm.py: resolve_disable_hybrid_kv_cache_manager).
+    disable_hybrid_kv_cache_manager: Optional[bool] = None
 
     def __post_init__(self) -> None:
         # vLLM's pydantic bounds on the three 0.34 fields (ge=0; ge=0.0, le=1.0; ge=1)

@@ -190,6 +190,10 @@ class KVCacheSizing:
     # Mamba groups hold for a request; attention-only: one group, no state blocks
     num_attention_groups: int = 1
     num_state_blocks_per_request: int = 0
+    # an attention-only model's blocks for one request of max_model_len, summed over its KV
+    # cache groups (a sliding-window group's capped by its window); None: one full-attention
+    # group's, ceil(max_model_len / block_size)
+    group_blocks_per_request: int | None = None
 
     @property
     def requested_memory(self) -> int:
@@ -209,6 +213,8 @@ class KVCacheSizing:
     def blocks_per_request(self) -> int:
         """Blocks one request of ``max_model_len`` tokens takes from the pool, summed over the
         KV cache groups (vLLM's ``get_max_concurrency_for_kv_cache_config``)."""
+        if self.group_blocks_per_request is not None:
+            return self.group_blocks_per_request
         attention = self.num_attention_groups * cdiv(self.max_model_len, self.block_size)
         return attention + self.num_state_blocks_per_request
 
@@ -262,6 +268,8 @@ class KVCacheSizing:
                 f"({self.num_attention_groups} x ceil({self.max_model_len} / {self.block_size})"
                 f" + {self.num_state_blocks_per_request} state blocks)"
                 if self.num_state_blocks_per_request
+                else f"{self.group_blocks_per_request} (blocks of the KV cache groups)"
+                if self.group_blocks_per_request is not None
                 else f"ceil({self.max_model_len} / {self.block_size})"
             )
             + f" = {self.max_concurrency:.2f} requests of max_model_len {self.max_model_len}",
@@ -312,8 +320,14 @@ def num_gpu_blocks_from_profile(
     max_model_len: int,
     environ: Any = None,
     kv_cache_memory_bytes: int | None = None,
+    layers_per_block: int | None = None,
+    group_blocks_per_request: int | None = None,
 ) -> KVCacheSizing:
-    """The :class:`KVCacheSizing` of ``profile`` for these settings (pure arithmetic)."""
+    """The :class:`KVCacheSizing` of ``profile`` for these settings (pure arithmetic).
+    ``layers_per_block``: an attention-only model's block holds a page for this many layers (the
+    largest KV cache group's, as vLLM 0.34.0 sizes a block); None: every layer's.
+    ``group_blocks_per_request``: its KV cache groups' blocks for one request of
+    ``max_model_len`` (vLLM's ``get_max_concurrency_for_kv_cache_config``); None: one group's."""
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1]; got {gpu_memory_utilization}")
     if max_model_len < 1:
@@ -326,12 +340,22 @@ def num_gpu_blocks_from_profile(
         # a hybrid model's pool: one block is a KV cache group's pages, as vLLM divides it
         hybrid_bytes_per_block(config, block_size, dtype)
         if hybrid
-        else bytes_per_block(config, block_size, dtype),
+        else _attention_bytes_per_block(config, block_size, dtype, layers_per_block),
         int(max_model_len),
         cpu_kvcache_space_gib(environ),
         kv_cache_memory_bytes,
         *(hybrid_group_counts(config) if hybrid else (1, 0)),
+        None if hybrid else group_blocks_per_request,
     )
+
+
+def _attention_bytes_per_block(
+    config: Any, block_size: int, dtype: Any, layers_per_block: int | None
+) -> int:
+    if layers_per_block is None:
+        return bytes_per_block(config, block_size, dtype)
+    _, n_kv, head_dim = model_dims(config)
+    return bytes_per_block_dims(block_size, layers_per_block, n_kv, head_dim, dtype)
 
 
 @dataclass(frozen=True)

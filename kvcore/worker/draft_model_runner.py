@@ -62,7 +62,9 @@ class DraftModelRunner:
         if not items:
             return {}
         t = self.target
-        inputs = prepare_inputs(items, t.block_size, t.group_sliding_window, t.num_blocks)
+        inputs = prepare_inputs(
+            t.worker_items(items), t.block_size, t.group_sliding_window, t.num_blocks
+        )
         self.last_inputs = inputs
         t.set_active_loras(items)  # the draft runs the target's (wrapped) layers
         step = build_paged_step(

@@ -16,6 +16,7 @@ Read top to bottom, a step is what vLLM's ``GPUModelRunner.execute_model`` does:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 import torch
@@ -92,6 +93,7 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         group_sliding_window: Sequence[int | None] | None = None,
         seed: int | None = None,
         lora_config: LoRAConfig | None = None,
+        table_of_group: Sequence[int] | None = None,
     ) -> None:
         cfg = loaded.config
         n_layers = int(cfg.num_hidden_layers)
@@ -121,6 +123,14 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         self.block_size = int(block_size)
         self.layer_group = layer_group
         self.group_sliding_window = group_sliding_window
+        # worker group g reads the block table of KV cache group table_of_group[g]: with the
+        # hybrid KV cache manager off, full-attention and sliding-window layers share one table
+        # (one KV cache group) and each still attends as it is built to; None: group g's own
+        self.table_of_group = None if table_of_group is None else [int(t) for t in table_of_group]
+        if self.table_of_group is not None and len(self.table_of_group) != len(
+            group_sliding_window
+        ):
+            raise ValueError("table_of_group needs one KV cache group per worker group")
         self.seed = seed
         self.device = loaded.device
         self.dtype = loaded.dtype
@@ -197,6 +207,15 @@ class GPUModelRunner(LoRAModelRunnerMixin):
                 t[dst].copy_(t[src])
         self.state_pools.copy_blocks(copies)
 
+    def worker_items(self, items: Sequence[SeqBatchItem]) -> Sequence[SeqBatchItem]:
+        """The items with one block table per worker group (``table_of_group``)."""
+        if self.table_of_group is None:
+            return items
+        return [
+            replace(it, block_tables=tuple(it.block_tables[t] for t in self.table_of_group))
+            for it in items
+        ]
+
     def read_block(self, layer: int, block_id: int) -> torch.Tensor:
         """A copy of one block of one layer: [2 (K,V), num_kv_heads, block_size, head_dim]."""
         return self.kv_caches[layer][block_id].detach().clone()
@@ -206,7 +225,11 @@ class GPUModelRunner(LoRAModelRunnerMixin):
     ) -> tuple[tuple[str, ...], torch.Tensor | None]:
         """Steps 1-3: the sampled requests' ids and their logits ([num_sampled, vocab])."""
         inputs = prepare_inputs(
-            items, self.block_size, self.group_sliding_window, self.num_blocks, self.state_groups
+            self.worker_items(items),
+            self.block_size,
+            self.group_sliding_window,
+            self.num_blocks,
+            self.state_groups,
         )
         self.last_inputs = inputs
         self.set_active_loras(items)

@@ -23,14 +23,17 @@ from kvcore.config.speculative import (
     resolve_num_hash_lookahead_tokens,
     use_eagle_block_drop,
 )
+from kvcore.config.vllm import resolve_disable_hybrid_kv_cache_manager
 from kvcore.core.kv_cache_manager import KVCacheManager
 from kvcore.core.kv_cache_utils import (
     BlockHasher,
     resolve_none_hash_seed,
     uniform_page_group_size,
+    unify_hybrid_kv_cache_specs,
 )
 from kvcore.core.sched.scheduler import Scheduler
 from kvcore.distributed.kv_events import KVEventBatch, ZmqEventPublisher
+from kvcore.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from kvcore.engine.core import EngineCore
 from kvcore.engine.detokenizer import IncrementalDetokenizer
 from kvcore.engine.parallel_sampling import ParentRequest, fan_out, group_outputs, parent_groups
@@ -69,32 +72,78 @@ class EngineRefused(Refusal):
 
 
 def kv_cache_groups(
-    settings: EngineSettings, num_layers: int
+    settings: EngineSettings, num_layers: int, hma_off: bool = False
 ) -> tuple[list[KVCacheGroupSpec], list[int]]:
     """KV cache groups and, per decoder layer, the group it reads.
 
     No window: one full-attention group. A window without layer_types: every layer
     slides, one sliding group. A mix: group 0 = full layers, group 1 = sliding layers.
-    With linear-attention layers, vLLM's rule (``linear_attention_groups``).
+    With linear-attention layers, vLLM's rule (``linear_attention_groups``). ``hma_off`` (the
+    hybrid KV cache manager off): the layers' specs are first made one kind as vLLM makes them
+    (``unify_hybrid_kv_cache_specs``), so a mix is one full-attention group of every layer.
     """
+    W = settings.sliding_window
+    types = layer_types_of(settings, num_layers)
+    if "linear_attention" in types:
+        if hma_off:
+            raise EngineRefused("engine.hma_off_linear")
+        return linear_attention_groups(settings, types)
+    bs = settings.block_size
+    specs = {
+        f"layers.{i}": FullAttentionSpec(bs) if t == "full_attention" else SlidingWindowSpec(bs, W)
+        for i, t in enumerate(types)
+    }
+    if hma_off:
+        unify_hybrid_kv_cache_specs(specs)
+    kinds = sorted({s_.kind for s_ in specs.values()}, key=lambda k: k != "full")
+    layer_kind = [specs[f"layers.{i}"].kind for i in range(len(types))]
+    groups = [
+        KVCacheGroupSpec(
+            tuple(name for name, s_ in specs.items() if s_.kind == k),
+            next(s_ for s_ in specs.values() if s_.kind == k),
+        )
+        for k in kinds
+    ]
+    return groups, [kinds.index(k) for k in layer_kind]
+
+
+def layer_types_of(settings: EngineSettings, num_layers: int) -> tuple[str, ...]:
+    """Each decoder layer's kind: ``layer_types``, or every layer sliding when there is a window
+    (full attention when there is none); refused when the list does not fit the model."""
     W = settings.sliding_window
     types = settings.layer_types
     if types is None:
         types = ("sliding_attention" if W else "full_attention",) * num_layers
     if len(types) != num_layers:
         raise EngineRefused("engine.layer_count", listed=len(types), layers=num_layers)
-    if "linear_attention" in types:
-        return linear_attention_groups(settings, types)
-    kinds = sorted(set(types), key=lambda t: t != "full_attention")
-    bs = settings.block_size
-    groups = [
-        KVCacheGroupSpec(
-            tuple(f"layers.{i}" for i, t in enumerate(types) if t == k),
-            FullAttentionSpec(bs) if k == "full_attention" else SlidingWindowSpec(bs, W),
-        )
-        for k in kinds
-    ]
-    return groups, [kinds.index(t) for t in types]
+    return tuple(types)
+
+
+def kv_connector_name(s: EngineSettings) -> Optional[str]:
+    """The connector vLLM's kv_transfer_config would name for these settings: the CPU tier's
+    (SimpleCPUOffloadConnector), the P/D pair's (NixlConnector), or ``engine.kv_connector``;
+    None: no connector. Refused when kv_connector names a second one."""
+    own = {"cpu_offload": "SimpleCPUOffloadConnector", "kv_transfer": "NixlConnector"}
+    given = [(k, name) for k, name in own.items() if getattr(s, k) is not None]
+    if s.kv_connector is not None:
+        if given:
+            raise EngineRefused("engine.connector_twice", other=given[0][0])
+        return s.kv_connector
+    return given[0][1] if given else None
+
+
+def hybrid_kv_cache_manager_off(s: EngineSettings, num_layers: int) -> bool:
+    """``disable_hybrid_kv_cache_manager`` as vLLM 0.34.0 resolves it for these settings
+    (kvcore/config/vllm.py). Refused where vLLM would start with the manager on under a
+    connector without SupportsHMA and several KV cache groups: its scheduler asserts one group
+    when a request finishes."""
+    connector = kv_connector_name(s)
+    off = resolve_disable_hybrid_kv_cache_manager(s.disable_hybrid_kv_cache_manager, connector)
+    if not off and connector is not None and not KVConnectorFactory.supports_hma_config(connector):
+        groups, _ = kv_cache_groups(s, num_layers)
+        if len(groups) > 1:
+            raise EngineRefused("engine.hma_forced_on", connector=connector, groups=len(groups))
+    return off
 
 
 def linear_attention_groups(
@@ -271,11 +320,19 @@ def block_hasher_for(s: EngineSettings) -> BlockHasher:
 def size_kv_cache(model, settings: EngineSettings):
     """``num_gpu_blocks: "auto"``: profile the loaded model and derive the pool as vLLM does
     (a :class:`kvcore.model.memory.KVCacheSizing`); ValueError when not even one usable block
-    fits."""
+    fits. For a model of attention layers only, one block holds a page for each layer of the
+    largest KV cache group, as vLLM 0.34.0 sizes a block
+    (``kv_cache_planning._get_kv_cache_bytes_per_block``): with full-attention and
+    sliding-window layers, half as many layers per block while the hybrid KV cache manager
+    keeps them in two groups."""
     from kvcore.model.memory import num_gpu_blocks_from_profile
     from kvcore.model.profile import profile_model
 
     max_model_len = settings.max_model_len or getattr(model.config, "max_position_embeddings", 8192)
+    num_layers = int(model.config.num_hidden_layers)
+    groups, _ = kv_cache_groups(
+        settings, num_layers, hybrid_kv_cache_manager_off(settings, num_layers)
+    )
     profile = profile_model(model, settings.max_num_batched_tokens, settings.block_size)
     sizing = num_gpu_blocks_from_profile(
         profile,
@@ -285,6 +342,16 @@ def size_kv_cache(model, settings: EngineSettings):
         settings.gpu_memory_utilization,
         max_model_len,
         kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
+        layers_per_block=max(len(g.layer_names) for g in groups),
+        group_blocks_per_request=sum(
+            g.kv_cache_spec.max_admission_blocks_per_request(
+                settings.max_num_batched_tokens, max_model_len
+            )
+            or cdiv(max_model_len, settings.block_size)
+            for g in groups
+        )
+        if any(g.kind != "full" for g in groups)
+        else None,
     )
     if sizing.num_gpu_blocks < 2:
         raise EngineRefused(
@@ -396,7 +463,18 @@ class Engine:
             self.model = model
             num_layers = 1 if s.layer_types is None else len(s.layer_types)
             max_len = 1 << 20
-        self.groups, layer_group = kv_cache_groups(s, num_layers)
+        # vLLM's disable_hybrid_kv_cache_manager, resolved (kvcore/config/vllm.py)
+        self.hybrid_kv_cache_manager_off = hybrid_kv_cache_manager_off(s, num_layers)
+        self.groups, layer_group = kv_cache_groups(s, num_layers, self.hybrid_kv_cache_manager_off)
+        # what the worker computes: each group's window, and which group's block table a layer
+        # reads (a sliding-window layer managed as full attention still attends to its window)
+        worker_windows = [g.sliding_window for g in self.groups]
+        table_of_group = None
+        types = layer_types_of(s, num_layers)
+        if self.hybrid_kv_cache_manager_off and s.sliding_window and len(self.groups) == 1:
+            if "sliding_attention" in types and self.groups[0].sliding_window is None:
+                worker_windows, table_of_group = [None, s.sliding_window], [0, 0]
+                layer_group = [int(t == "sliding_attention") for t in types]
         self.max_model_len = s.max_model_len or max_len
         # how num_gpu_blocks "auto" was derived (kvcore.model.memory.KVCacheSizing)
         self.kv_cache_sizing = None
@@ -453,9 +531,10 @@ class Engine:
                 s.num_gpu_blocks,
                 s.block_size,
                 layer_group,
-                [g.sliding_window for g in self.groups],
+                worker_windows,
                 seed=s.seed,
                 lora_config=self.lora_config,
+                table_of_group=table_of_group,
             )
         self.runner = runner
         if hasattr(runner, "add_lora"):

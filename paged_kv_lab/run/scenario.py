@@ -35,6 +35,7 @@ from kvcore.config.lora import MAX_LORA_RANKS
 from kvcore.config.scheduler import ADMISSIONS
 from kvcore.core.block_pool import FREE_ORDERS
 from kvcore.core.sched.request_queue import POLICIES
+from kvcore.distributed.kv_transfer.kv_connector.factory import NAMED_ONLY_CONNECTORS
 from kvcore.kv_cache_interface import MAMBA_CACHE_MODES
 from kvcore.model.memory import HybridPageSizes, hybrid_page_sizes
 from kvcore.model.shapes import DEVICE_CHOICES, DTYPE_CHOICES, MODEL_CHOICES, hybrid_shape
@@ -291,6 +292,16 @@ class EngineSettings:
     kv_transfer: Optional[Literal["pd"]] = None
     # the pair's vLLM KVTransferConfig settings (a failed pull's policy); null: vLLM's defaults
     kv_transfer_config: Optional[KVTransferConfig] = None
+    # vLLM's kv_transfer_config.kv_connector, for a connector the lab does not run (LMCache,
+    # FlexKV, Mooncake...): only what vLLM's configuration reads from its class is modelled,
+    # whether it declares SupportsHMA (kvcore/distributed/kv_transfer/kv_connector/factory.py);
+    # no KV moves. null: none (the CPU tier and the P/D pair name their own connectors).
+    kv_connector: Optional[Literal[NAMED_ONLY_CONNECTORS]] = None
+    # vLLM's SchedulerConfig.disable_hybrid_kv_cache_manager: true = sliding-window layers are
+    # managed as full attention (one KV cache group); null = vLLM 0.34's rule decides, from the
+    # connector (kvcore/config/vllm.py); false = kept on (refused with a connector without
+    # SupportsHMA on a model with several groups, where vLLM fails an assertion)
+    disable_hybrid_kv_cache_manager: Optional[StrictBool] = None
     # replicas of this engine behind a router (paged_kv_lab/fleet); null: one engine
     fleet: Optional[FleetConfig] = None
     # LoRA (vLLM's names): serve the adapters of lora_modules; at most max_loras of them run in one
@@ -399,6 +410,8 @@ _MUST: dict[str, Text] = {
     "watermark": _must("number_in", range="[0, 1)"),
     "layer_types": _must("non_empty_list_of", choices=" / ".join(LAYER_TYPES)),
     "mamba_cache_mode": _one_of(MAMBA_CACHE_MODES),
+    "kv_connector": _must("null_or_one_of", choices=", ".join(NAMED_ONLY_CONNECTORS)),
+    "disable_hybrid_kv_cache_manager": _must("null_or_bool"),
     "prefix_match_unit": _POSITIVE,
     "id": _must("non_empty_string"),
     "prompt": _must("non_empty_string"),
@@ -901,6 +914,8 @@ _LATER_ENGINE_DEFAULTS = {
     "max_lora_rank": 16,
     "lora_modules": [],
     "enable_prompt_embeds": False,
+    "kv_connector": None,
+    "disable_hybrid_kv_cache_manager": None,
 }
 # The same for settings inside engine.speculative.
 _LATER_SPECULATIVE_DEFAULTS = {

@@ -43,6 +43,7 @@ from kvcore.request import Request
 from kvcore.utils.math_utils import cdiv
 from paged_kv_lab.run.engine import (
     block_hasher_for,
+    hybrid_kv_cache_manager_off,
     kv_cache_groups,
     kv_cache_manager_for,
     scheduler_config_for,
@@ -409,7 +410,7 @@ class Replay:
         self.trace = trace
         self.settings = settings
         num_layers = 1 if s.layer_types is None else len(s.layer_types)
-        self.groups, _ = kv_cache_groups(s, num_layers)
+        self.groups, _ = kv_cache_groups(s, num_layers, hybrid_kv_cache_manager_off(s, num_layers))
         self.max_model_len = s.max_model_len or trace.max_model_len
         self.kv_cache_manager = kv_cache_manager_for(s, self.groups, self.max_model_len, kv_events)
         self.block_pool = self.kv_cache_manager.block_pool

@@ -1,7 +1,7 @@
 """The casebook in a real browser (Debian's chromium, Playwright) on the tiny model: a link opens
 a case, its "try the fix" switch swaps the player's run for the fixed one, and the number under the
 player changes to the fixed run's, as the engine computes it for the same two scenarios here. For
-the cases whose figure is a count or whose run is a P/D pair (8, 10), where the page's path
+the cases whose figure is a count or whose run is a P/D pair (8, 9, 10), where the page's path
 differs from the hit-rate cases the AppTest covers."""
 
 import pytest
@@ -12,7 +12,7 @@ from support.browser import open_player, wait_idle
 
 pytestmark = pytest.mark.browser
 
-CASES = ("preemptions-seen", "pd-cached-tokens")
+CASES = ("preemptions-seen", "connector-hma-off", "pd-cached-tokens")
 
 
 def shown(key: str, x: float) -> str:

@@ -290,7 +290,7 @@ def test_the_pack_index_names_the_model_of_each_entry_that_plays_on_its_own():
 
 def _intro_fields() -> dict:
     """Values for the placeholders an intro may hold (the check reads the model's name only)."""
-    return {"block_size": 32, "prefix_match_unit": 4}
+    return {"block_size": 32, "prefix_match_unit": 4, "sliding_window": 8, "num_gpu_blocks": 16}
 
 
 def write_pack_counts() -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
+from kvcore.model.loader import tiny_random_config
+from kvcore.model.memory import bytes_per_block_dims, model_dims
 from paged_kv_lab.content.casebook import numbers, run_numbers
 from paged_kv_lab.content.topics import common_prefix
 from paged_kv_lab.recording.snapshot import Snapshot, StepRecord
@@ -296,6 +298,39 @@ def _claim_router_vs_engine(before: Records, after: Records) -> list[str]:
     return out
 
 
+def _claim_connector_hma_off(before: Records, after: Records) -> list[str]:
+    """A connector without SupportsHMA: the hybrid KV cache manager is off, so the four layers
+    are one full-attention group, the same KV memory makes half the blocks, no block leaves a
+    window, and the sessions are preempted; with one that declares it: a full-attention and a
+    sliding-window group, twice the blocks, blocks freed behind the window, no preemption, a
+    lower peak usage; the same tokens come out both times (the sliding-window layers attend to
+    their window either way)."""
+    out = []
+    snap, fixed = _last(before), _last(after)
+    if [g["kind"] for g in snap.groups] != ["full"]:
+        out.append("manager off: one full-attention group")
+    if [g["kind"] for g in fixed.groups] != ["full", "sliding"]:
+        out.append("manager on: a full-attention and a sliding-window group")
+    # both pools are the same 64 KiB of float32 KV cache, divided as vLLM 0.34.0 divides it (a
+    # block: a page for each layer of the largest group; kvcore/model/memory.py)
+    _, heads, dims = model_dims(tiny_random_config())
+    for s_, layers in ((snap, 4), (fixed, 2)):
+        page = bytes_per_block_dims(s_.block_size, layers, heads, dims, "float32")
+        if s_.num_gpu_blocks * page != 64 * 1024:
+            out.append(f"{s_.num_gpu_blocks} blocks of {layers} layers' pages: not 64 KiB")
+    if _events(before, "window_skipped") or not _events(after, "window_skipped"):
+        out.append("only with the manager on should blocks leave a window and be freed")
+    if numbers(snap)["preemptions"] <= 0 or numbers(fixed)["preemptions"] != 0:
+        out.append("manager off: sessions preempted; on: none")
+    peak = [max(r.snapshot.usage for r in records) for records in (before, after)]
+    if not peak[1] < peak[0]:
+        out.append("the peak KV cache usage should be lower with the manager on")
+    for r in snap.requests:
+        if fixed.request(r.request_id).output_token_ids != r.output_token_ids:
+            out.append(f"{r.request_id}: the same tokens should come out both times")
+    return out
+
+
 CLAIMS: dict[str, Callable[[Records, Records], list[str]]] = {
     "router-hashes-differ": _claim_router_hashes,
     "one-replica-gets-everything": _claim_one_replica,
@@ -309,4 +344,5 @@ CLAIMS: dict[str, Callable[[Records, Records], list[str]]] = {
     "preemptions-seen": _claim_preemptions_seen,
     "pd-cached-tokens": _claim_pd_cached_tokens,
     "eagle-drop": _claim_eagle_drop,
+    "connector-hma-off": _claim_connector_hma_off,
 }

@@ -181,3 +181,11 @@ class SupportsHMA(ABC):
     def request_finished_all_groups(
         self, request: Any, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, Optional[dict[str, Any]]]: ...
+
+
+def supports_hma(connector: Any) -> bool:
+    """Whether a connector (a class or an instance) declares SupportsHMA (vLLM's helper of the
+    same name in kv_connector/v1/base.py)."""
+    if isinstance(connector, type):
+        return issubclass(connector, SupportsHMA)
+    return isinstance(connector, SupportsHMA)
