@@ -13,7 +13,9 @@ layer's own. Helpers that are not fixtures live in tests/support/.
 - each worker runs torch on one thread (two workers on two cores: more threads only spin);
 - on a fresh environment the controller compiles what every worker imports once, first;
 - SmolLM2's one-time GGUF conversion runs once, under a file lock, not once per worker;
-- a test marked ``alone`` (it compares timings) runs while no other worker runs a test.
+- a test marked ``alone`` (it compares timings) runs while no other worker runs a test, and the
+  other workers' servers are paused meanwhile (SIGSTOP; their run stores compute ahead between
+  tests).
 """
 
 import contextlib
@@ -99,6 +101,11 @@ def pytest_configure(config):
         torch.set_num_threads(1)
         # the servers and CLI runs the tests start are in the same position
         os.environ["OMP_NUM_THREADS"] = "1"
+        basetemp = config.option.basetemp
+        if basetemp is not None:  # where the workers list their servers (support/browser.py)
+            from support.browser import SERVERS_ENV
+
+            os.environ[SERVERS_ENV] = str(Path(basetemp).parent / "servers")
 
 
 @contextlib.contextmanager
@@ -134,15 +141,21 @@ def pytest_runtest_protocol(item, nextitem):
         with _flock(base.with_suffix(".gate"), fcntl.LOCK_EX):
             held = _flock(base.with_suffix(".run"), fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
             held.__enter__()
-        if alone:
-            _alone_held.append(held)
+        if alone:  # and the other workers' servers paused while it (and the next alone) runs
+            from support.browser import others_paused
+
+            paused = others_paused(str(base.parent / "servers"))
+            paused.__enter__()
+            _alone_held.append((held, paused))
     try:
         return (yield)
     finally:
         if not alone:
             held.__exit__(None, None, None)
         elif nextitem is None or nextitem.get_closest_marker("alone") is None:
-            _alone_held.pop().__exit__(None, None, None)
+            held, paused = _alone_held.pop()
+            paused.__exit__(None, None, None)
+            held.__exit__(None, None, None)
 
 
 def xdist_group_of(item) -> str | None:

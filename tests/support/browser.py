@@ -98,13 +98,59 @@ def streamlit_server(model: str, warm_up: bool = False):
                 out = log.read().decode(errors="replace")
                 pytest.fail(f"streamlit did not become healthy: {out[-2000:]}")
             time.sleep(0.3)
-        yield url, proc
+        with registered_server(proc.pid):
+            yield url, proc
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+# Under xdist, the folder where each worker lists the servers it runs (tests/conftest.py sets it):
+# an ``alone`` test pauses the other workers' servers while it runs (their run stores go on
+# computing steps ahead between tests, SmolLM2's on two threads, and would time themselves into
+# the alone test's figures)
+SERVERS_ENV = "PAKV_TEST_SERVERS"
+
+
+@contextlib.contextmanager
+def registered_server(pgid: int):
+    """List the server (its process group) as this worker's while it runs."""
+    folder = os.environ.get(SERVERS_ENV)
+    if not folder:
+        yield
+        return
+    entry = os.path.join(folder, f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.{pgid}")
+    os.makedirs(folder, exist_ok=True)
+    open(entry, "w").close()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(entry)
+
+
+@contextlib.contextmanager
+def others_paused(folder: str):
+    """The other workers' listed servers stopped (SIGSTOP to each process group) for the block,
+    then continued. Their workers wait for the block's end anyway (the alone lock)."""
+    me = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    paused = []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        worker, _, pgid = name.rpartition(".")
+        if worker == me or not pgid.isdigit():
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(int(pgid), signal.SIGSTOP)
+            paused.append(int(pgid))
+    try:
+        yield paused
+    finally:
+        for pgid in paused:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGCONT)
 
 
 def wait_idle(page, timeout=120_000):
