@@ -147,6 +147,10 @@ def pytest_runtest_protocol(item, nextitem):
             paused = others_paused(str(base.parent / "servers"))
             paused.__enter__()
             _alone_held.append((held, paused))
+        else:  # no alone test runs now: this worker's servers run (one killed mid-pause left them)
+            from support.browser import resume_mine
+
+            resume_mine(str(base.parent / "servers"))
     try:
         return (yield)
     finally:

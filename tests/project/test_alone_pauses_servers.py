@@ -7,7 +7,7 @@ import signal
 import subprocess
 import time
 
-from support.browser import SERVERS_ENV, others_paused, registered_server
+from support.browser import SERVERS_ENV, others_paused, registered_server, resume_mine
 
 
 def state(pid: int) -> str:
@@ -42,6 +42,12 @@ def test_other_workers_servers_stop_for_the_block_and_this_workers_run_on(tmp_pa
                 assert state(mine.pid) in ("S", "R")
             assert wait_state(other.pid, {"S", "R"}) in ("S", "R")
         assert os.listdir(folder) == [f"gw3.{other.pid}"]  # this worker's entry went with it
+        # an alone test's worker killed mid-pause: the owner's next test continues its server
+        os.killpg(other.pid, signal.SIGSTOP)
+        assert wait_state(other.pid, {"T", "t"}) in ("T", "t")
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")
+        resume_mine(str(folder))
+        assert wait_state(other.pid, {"S", "R"}) in ("S", "R")
     finally:
         for p in procs:
             os.killpg(p.pid, signal.SIGKILL)

@@ -153,6 +153,17 @@ def others_paused(folder: str):
                 os.killpg(pgid, signal.SIGCONT)
 
 
+def resume_mine(folder: str) -> None:
+    """SIGCONT to this worker's listed servers: a no-op unless an alone test's worker ended
+    without continuing them (killed), when this worker's next test would find them stopped."""
+    me = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    for name in os.listdir(folder) if os.path.isdir(folder) else []:
+        worker, _, pgid = name.rpartition(".")
+        if worker == me and pgid.isdigit():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(int(pgid), signal.SIGCONT)
+
+
 def wait_idle(page, timeout=120_000):
     """Until Streamlit finished the rerun (its status widget disappears)."""
     page.wait_for_timeout(250)
