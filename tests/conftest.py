@@ -14,8 +14,8 @@ layer's own. Helpers that are not fixtures live in tests/support/.
 - on a fresh environment the controller compiles what every worker imports once, first;
 - SmolLM2's one-time GGUF conversion runs once, under a file lock, not once per worker;
 - a test marked ``alone`` (it compares timings) runs while no other worker runs a test, and the
-  other workers' servers are paused meanwhile (SIGSTOP; their run stores compute ahead between
-  tests).
+  other workers and their servers are paused meanwhile (SIGSTOP: their run stores compute ahead
+  between tests; a worker may still be collecting).
 """
 
 import contextlib
@@ -93,6 +93,15 @@ def compile_once_for_the_workers(config) -> None:
             importlib.import_module(name)
 
 
+def pytest_unconfigure(config):
+    """This worker's entry goes (support/browser.py: register_worker): its pid may be reused."""
+    folder = os.environ.get("PAKV_TEST_SERVERS")
+    if folder and hasattr(config, "workerinput"):
+        with contextlib.suppress(FileNotFoundError):
+            me = os.environ.get("PYTEST_XDIST_WORKER", "main")
+            os.remove(os.path.join(folder, f"{me}.p{os.getpid()}"))
+
+
 def pytest_configure(config):
     compile_once_for_the_workers(config)
     if xdist_workers() > 1:
@@ -102,10 +111,13 @@ def pytest_configure(config):
         # the servers and CLI runs the tests start are in the same position
         os.environ["OMP_NUM_THREADS"] = "1"
         basetemp = config.option.basetemp
-        if basetemp is not None:  # where the workers list their servers (support/browser.py)
-            from support.browser import SERVERS_ENV
+        if basetemp is not None and hasattr(config, "workerinput"):
+            # where the workers list themselves and their servers (support/browser.py), for an
+            # alone test to pause
+            from support.browser import SERVERS_ENV, register_worker
 
             os.environ[SERVERS_ENV] = str(Path(basetemp).parent / "servers")
+            register_worker(os.environ[SERVERS_ENV])
 
 
 @contextlib.contextmanager

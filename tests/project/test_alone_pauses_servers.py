@@ -1,6 +1,7 @@
-"""An ``alone`` test's figures are its own (tests/conftest.py): while it runs, the servers the other
-xdist workers listed (tests/support/browser.py: registered_server) are stopped, and they go on
-afterwards; this worker's own servers keep running."""
+"""An ``alone`` test's figures are its own (tests/conftest.py): while it runs, the other xdist
+workers and the servers they listed (tests/support/browser.py: register_worker,
+registered_server) are stopped, and they go on afterwards; this worker's own servers keep
+running."""
 
 import os
 import signal
@@ -37,7 +38,7 @@ def test_other_workers_servers_stop_for_the_block_and_this_workers_run_on(tmp_pa
         with registered_server(mine.pid):  # this worker's
             assert sorted(os.listdir(folder)) == sorted([f"gw3.{other.pid}", f"gw7.{mine.pid}"])
             with others_paused(str(folder)) as paused:
-                assert paused == [other.pid]
+                assert paused == [f"gw3.{other.pid}"]
                 assert wait_state(other.pid, {"T", "t"}) in ("T", "t")
                 assert state(mine.pid) in ("S", "R")
             assert wait_state(other.pid, {"S", "R"}) in ("S", "R")
@@ -52,3 +53,19 @@ def test_other_workers_servers_stop_for_the_block_and_this_workers_run_on(tmp_pa
         for p in procs:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+
+
+def test_another_workers_process_stops_for_the_block_too(tmp_path, monkeypatch):
+    folder = tmp_path / "servers"
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw7")
+    worker = subprocess.Popen(["sleep", "30"])  # stands for another worker's process
+    try:
+        folder.mkdir()
+        (folder / f"gw2.p{worker.pid}").touch()
+        with others_paused(str(folder)) as paused:
+            assert paused == [f"gw2.p{worker.pid}"]
+            assert wait_state(worker.pid, {"T", "t"}) in ("T", "t")
+        assert wait_state(worker.pid, {"S", "R"}) in ("S", "R")
+    finally:
+        worker.kill()
+        worker.wait()

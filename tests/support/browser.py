@@ -132,25 +132,46 @@ def registered_server(pgid: int):
             os.remove(entry)
 
 
+def register_worker(folder: str) -> None:
+    """List this xdist worker's own process (``<worker>.p<pid>``): its background threads (a run
+    store computing ahead in an app test's process) pause with its servers."""
+    os.makedirs(folder, exist_ok=True)
+    me = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    open(os.path.join(folder, f"{me}.p{os.getpid()}"), "w").close()
+
+
+def _signal_entry(name: str, sig: int) -> bool:
+    """``sig`` to a listed server's process group (``<worker>.<pgid>``) or a worker's process
+    (``<worker>.p<pid>``); False if it is gone."""
+    _, _, ref = name.rpartition(".")
+    try:
+        if ref.startswith("p") and ref[1:].isdigit():
+            os.kill(int(ref[1:]), sig)
+        elif ref.isdigit():
+            os.killpg(int(ref), sig)
+        else:
+            return False
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
 @contextlib.contextmanager
 def others_paused(folder: str):
-    """The other workers' listed servers stopped (SIGSTOP to each process group) for the block,
-    then continued. Their workers wait for the block's end anyway (the alone lock)."""
+    """The other workers, and the servers they listed, stopped (SIGSTOP) for the block, then
+    continued (SIGCONT). Their tests wait for the block's end anyway (the alone lock); what they
+    do besides (a run store computing ahead, a server's, or one in the worker's own process; a
+    worker still collecting) stops too."""
     me = os.environ.get("PYTEST_XDIST_WORKER", "main")
     paused = []
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
-        worker, _, pgid = name.rpartition(".")
-        if worker == me or not pgid.isdigit():
-            continue
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(int(pgid), signal.SIGSTOP)
-            paused.append(int(pgid))
+        if name.rpartition(".")[0] != me and _signal_entry(name, signal.SIGSTOP):
+            paused.append(name)
     try:
         yield paused
     finally:
-        for pgid in paused:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGCONT)
+        for name in paused:
+            _signal_entry(name, signal.SIGCONT)
 
 
 def resume_mine(folder: str) -> None:
@@ -158,10 +179,8 @@ def resume_mine(folder: str) -> None:
     without continuing them (killed), when this worker's next test would find them stopped."""
     me = os.environ.get("PYTEST_XDIST_WORKER", "main")
     for name in os.listdir(folder) if os.path.isdir(folder) else []:
-        worker, _, pgid = name.rpartition(".")
-        if worker == me and pgid.isdigit():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(int(pgid), signal.SIGCONT)
+        if name.rpartition(".")[0] == me:
+            _signal_entry(name, signal.SIGCONT)
 
 
 def wait_idle(page, timeout=120_000):
