@@ -172,16 +172,16 @@ def yielding() -> Iterator[None]:
         _LOCAL.yields = before
 
 
-AHEAD_NICE = 19  # the OS priority of a thread that only works ahead (the warm-up's): the lowest
+AHEAD_NICE = 19  # the OS priority of a thread that only works ahead, holding no lock: the lowest
 
 
 def lower_this_threads_priority(nice: int = AHEAD_NICE) -> bool:
     """Run the calling thread at OS priority ``nice`` (Linux: niceness is per thread); False where
-    the platform cannot. A thread that only works ahead of visitors (the warm-up) calls it once,
-    for good: it cannot raise its priority back unprivileged. Inside the process the GIL is shared
-    whatever the priority (``yielding`` is for that); this is for the processes beside the server,
-    above all a browser on the same machine, which otherwise shares the cores with the warm-up
-    while it loads and draws a page (before and after the script run that ``Visitors`` sees)."""
+    the platform cannot. Only for a thread that works ahead of visitors and holds no lock a
+    visitor waits for (the walk of a stored value's size), and once, for good: it cannot raise
+    its priority back unprivileged. Inside the process the GIL is shared whatever the priority
+    (``yielding`` is for that); this is for the processes beside the server, above all a browser
+    on the same machine loading and drawing a page."""
     if not hasattr(os, "setpriority") or not hasattr(threading, "get_native_id"):
         return False
     try:

@@ -27,7 +27,6 @@ import time
 
 from paged_kv_lab.store.server_cache import (
     Shared,
-    lower_this_threads_priority,
     stop_point,
     yielding,
 )
@@ -108,10 +107,9 @@ def warm_up(ms) -> None:
     It yields to visitors: while some session draws a page, this thread waits at its next
     ``stop_point`` (between two parts, never holding the engine lock) and the store's worker
     computes no step ahead (store/server_cache.py: ``VISITORS``), so a page opened meanwhile has
-    the two cores and the GIL to itself. It runs at the lowest OS priority, so that a browser on
-    the same machine loading a page (before its script run, which is all ``VISITORS`` sees) has
-    the cores first."""
-    lower_this_threads_priority()  # a browser on this machine loads and draws its page first
+    the two cores and the GIL to itself. It keeps the normal OS priority: its studies hold the
+    engine lock, which a visitor's page and the run store's worker wait for (at a low priority,
+    on a loaded machine, a study held it for minutes and the exit waited past its bound)."""
     with yielding():
         _warm_up(ms)
 

@@ -9,7 +9,11 @@ student's machine), each timed until the server has sent its player with the run
 what the browser draws the player from; then lessons open in new tabs of chromium, each timed
 from the navigation until its frame and controls show (title, sidebar, the run's download button)
 and until its player shows (beside it, not asserted: when the server had sent the same page to a
-session without a browser, which tells the server's time from the browser's). Once the warm-up has
+session without a browser, which tells the server's time from the browser's). A tab over the
+bound is opened once more and judged by that visit if the warm-up was in the same state, as
+test_browser_pages_open.py judges a page: the first tab of the suite's run (a fresh chromium,
+the test's 2-core machine) took 3.2-4.8 s where the same test alone takes 1.5-2.5 s, while the
+server had sent it in 0.1 s; a tab that is slow every time fails. Once the warm-up has
 ended, the same lessons open again in new tabs. Every session says whether the warm-up was under
 way when it opened (its sidebar's line). The figures: test-artifacts/warm-up-visits.txt."""
 
@@ -113,6 +117,13 @@ def test_pages_paint_during_the_warm_up_and_thirty_students_join(browser):  # no
                 side.get_by_text(DONE, exact=True).wait_for(timeout=WARM_UP_S * 1000)
             for slug in TABS:  # lessons in new tabs (a tab that finds the warm-up ended says so)
                 frame, player, state = tabs[slug] = open_tab(context, f"{url}/{slug}")
+                if max(frame, player) > OPEN_S:  # once more, as test_browser_pages_open does
+                    again = open_tab(context, f"{url}/{slug}")
+                    lines.append(
+                        f"{slug + when:<24} {frame:6.2f} s  {player:6.2f} s  {state:<9} (again:)"
+                    )
+                    if again[2] == state:  # judged by a visit at the same moment (warm-up or not)
+                        frame, player, state = tabs[slug] = again
                 # the same page as a session without a browser: when the server had sent it (not
                 # asserted; where the tab is slow and this is not, the time is the browser's)
                 sent = run_async(visit(url, slug, "", CONTENT_S))

@@ -273,21 +273,35 @@ def test_a_page_waiting_for_steps_does_not_hold_them_back(store):
 
 
 @pytest.mark.skipif(not hasattr(os, "getpriority"), reason="no per-thread OS priority here")
-def test_the_warm_up_thread_runs_at_the_lowest_os_priority_and_no_other_thread_does(monkeypatch):
-    """The warm-up's thread (ui/warm_up.py: warm_up) lowers its own OS priority, once, for good:
-    a browser on the same machine loading a page has the cores first; the thread that started
-    it, a page's, keeps its priority."""
+def test_a_stored_values_size_is_walked_at_the_lowest_os_priority_and_the_warm_up_keeps_its_own(
+    monkeypatch,
+):
+    """Shared(measure_later=True): the walk of a stored value's size runs in a thread of its own at
+    the lowest OS priority (a browser on the same machine has the cores first); the warm-up's
+    thread keeps the normal priority (its studies hold the engine lock); so does the caller."""
     from paged_kv_lab.ui import warm_up
 
     seen = {}
+
+    def size(value, stop_every=0):
+        seen["walk"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        return 10
+
+    monkeypatch.setattr(server_cache, "estimate_nbytes", size)
+    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    kind = Shared("priority test", measure_later=True, size=size, cache=ServerCache(10**6))
+    assert kind.get("k", lambda: [1, 2, 3]) == [1, 2, 3]
+    deadline = time.monotonic() + 10
+    while "walk" not in seen and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert seen["walk"] == server_cache.AHEAD_NICE == 19
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
 
     def body(ms):
         seen["warm_up"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
 
     monkeypatch.setattr(warm_up, "_warm_up", body)
-    mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     t = threading.Thread(target=warm_up.warm_up, args=(None,))
     t.start()
     t.join(10)
-    assert seen["warm_up"] == server_cache.AHEAD_NICE == 19
-    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == mine
+    assert seen["warm_up"] == mine
