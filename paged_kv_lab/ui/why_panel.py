@@ -10,6 +10,7 @@ the panel never tells what has not happened yet. Text from tokens and prompts go
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Optional
 
 import streamlit as st
@@ -37,6 +38,7 @@ from paged_kv_lab.why.explain_text import (
     step_calls,
 )
 from paged_kv_lab.why.sentences import short_hash
+from paged_kv_lab.why.source_links import VLLM_TAG
 
 
 def recorded_steps(run: Any, decode: Optional[Callable] = None) -> RecordedSteps:
@@ -127,20 +129,22 @@ def why_panel(
                 st.dataframe(chain_table(c, lang), hide_index=True, key=f"why_chain_table:{key}")
             else:
                 step = len(steps.records)
+                # the column is named after the tag its permalinks point into
+                vllm_col = "vLLM " + VLLM_TAG.removeprefix("v")
                 rows = [
                     {
                         "": "  " * k.depth + k.link.name,
-                        "vLLM 0.33.0": k.link.vllm.url,
+                        vllm_col: k.link.vllm.url,
                         "kvcore": k.link.ours.target,
                     }
                     for k in step_calls(steps, step)
                 ]
-                link = st.column_config.LinkColumn(display_text=r"v0\.33\.0/(.*)$")
+                link = st.column_config.LinkColumn(display_text=re.escape(VLLM_TAG) + "/(.*)$")
                 st.dataframe(
                     rows,
                     hide_index=True,
                     key=f"why_calls:{key}",
-                    column_config={"vLLM 0.33.0": link},
+                    column_config={vllm_col: link},
                 )
                 names = list(dict.fromkeys(k.link.name for k in step_calls(steps, step)))
                 name = st.selectbox(tr("why.source_of", lang), names, key=f"why_src:{key}")

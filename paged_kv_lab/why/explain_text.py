@@ -2,7 +2,8 @@
 
 Plain text, shared by the CLI and the app; token text only ever comes from the caller's
 decoder and is quoted, never formatted as markup. Each answer ends with the code that made
-the decision (paged_kv_lab.why.source_links): the vLLM 0.33.0 permalink and our function.
+the decision (paged_kv_lab.why.source_links): the vLLM permalink, into the tag that
+``source_links.VLLM_TAG`` names, and our function.
 """
 
 from __future__ import annotations

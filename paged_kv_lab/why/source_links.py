@@ -1,13 +1,41 @@
-"""The code behind each decision: every event kind -> the vLLM 0.33.0 function that makes it
+"""The code behind each decision: every event kind -> the vLLM 0.34.0 function that makes it
 and the kvcore function that makes it here.
 
-A vLLM link is a permalink into the ``v0.33.0`` tag: file path and line range, read from the
-0.33.0 wheel (its ``vllm/...py`` files are the tag's files). ``VLLM_FILE_LINES`` records each
-linked file's line count at that tag, so tests check every range without the network. A kvcore
-link names ``module:Qualified.name``; ``OurLink.source()`` reads the function's source from the
-installed package at run time, so it is always the code that ran.
+A vLLM link is a permalink into the ``v0.34.0`` tag: file path and line range, read from the
+0.34.0 wheel (its ``vllm/...py`` files are the tag's files) with ``ast``: the range runs from the
+function's first decorator (else its ``def``) to its last line. ``VLLM_FILE_LINES`` records each
+linked file's line count at that tag, so tests check every range without the network; where the
+0.34.0 wheel is installed, tests/lab/test_source_links.py derives each range again and compares.
+A kvcore link names ``module:Qualified.name``; ``OurLink.source()`` reads the function's source
+from the installed package at run time, so it is always the code that ran.
 
-``EVENT_CALLS`` gives, per event, the call chain (outermost first) down to the function that
+Moving the links from v0.33.0 to v0.34.0: each function was looked up by its qualified name.
+The linked functions of the scheduler, the KV cache managers and coordinators, the block pool,
+block hashing, the CPU offload connector and the NIXL connector kept their files and names; only
+their line numbers changed. 0.34.0 deleted the files in which the worker sampled and
+drafted (``v1/sample/sampler.py``, ``v1/sample/rejection_sampler.py`` and the proposers of
+``v1/spec_decode/``): its GPU model runner (``v1/worker/gpu/``) does that work, so these links go
+to its code, read to be the same step:
+
+- ``sample``: ``Sampler.forward`` -> ``Sampler.__call__`` (``v1/worker/gpu/sample/sampler.py``),
+  the sampler's entry point, which turns the step's logits into the sampled tokens;
+- ``propose``: ``NgramProposer.propose`` -> ``NgramGPUSpeculator.propose``, the class that
+  ``method="ngram"`` (and ``"ngram_gpu"``) selects in 0.34.0. It differs from 0.33.0's in what
+  it proposes: of the earlier occurrences of the longest matching suffix it takes the last one,
+  not the first; and it fills all ``num_speculative_tokens`` places of a request that sampled,
+  the places past the tokens it found (every place, when nothing matches) with the last sampled
+  token. kvcore's proposer follows 0.33.0's rule;
+- ``propose_draft_model``: ``SpecDecodeBaseProposer.propose`` -> ``StandaloneARSpeculator.propose``
+  (``method="draft_model"``);
+- ``propose_eagle``: ``SpecDecodeBaseProposer.propose`` -> ``TargetDependentARSpeculator.propose``,
+  the propose that ``EagleSpeculator`` (``method="eagle"``) inherits;
+- ``rejection_sample``: the function of that name, now in
+  ``v1/worker/gpu/spec_decode/rejection_sampler_utils.py``. With ``rejection_sample_method``
+  "standard" (the default) or "block", it keeps a greedy request's drafts up to the first one
+  that differs from the target's argmax, as 0.33.0's did ("synthetic" and "fly" accept by other
+  rules).
+
+``event_calls`` gives, per event, the call chain (outermost first) down to the function that
 made the decision; ``call_order`` turns a step's events into the functions that ran, in order.
 """
 
@@ -20,23 +48,24 @@ from typing import Callable, Iterable, Sequence
 
 from paged_kv_lab.recording import events as E
 
-VLLM_TAG = "v0.33.0"
+VLLM_TAG = "v0.34.0"
 VLLM_REPO = "https://github.com/vllm-project/vllm"
 
-# Line counts of the linked files at the v0.33.0 tag (from the vllm-0.33.0 wheel).
+# Line counts of the linked files at the v0.34.0 tag (from the vllm-0.34.0 wheel).
 VLLM_FILE_LINES: dict[str, int] = {
-    "vllm/v1/core/sched/scheduler.py": 3783,
-    "vllm/v1/core/kv_cache_manager.py": 931,
+    "vllm/distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py": 296,
+    "vllm/v1/core/block_pool.py": 936,
     "vllm/v1/core/kv_cache_coordinator.py": 1052,
-    "vllm/v1/core/single_type_kv_cache_manager.py": 2730,
-    "vllm/v1/core/block_pool.py": 945,
-    "vllm/v1/core/kv_cache_utils.py": 1263,
-    "vllm/v1/sample/sampler.py": 501,
-    "vllm/v1/spec_decode/ngram_proposer.py": 295,
-    "vllm/v1/spec_decode/llm_base_proposer.py": 1862,
-    "vllm/v1/sample/rejection_sampler.py": 1197,
-    "vllm/v1/simple_kv_offload/manager.py": 1481,
-    "vllm/distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py": 293,
+    "vllm/v1/core/kv_cache_manager.py": 947,
+    "vllm/v1/core/kv_cache_utils.py": 1284,
+    "vllm/v1/core/sched/scheduler.py": 3934,
+    "vllm/v1/core/single_type_kv_cache_manager.py": 2756,
+    "vllm/v1/simple_kv_offload/manager.py": 1535,
+    "vllm/v1/worker/gpu/sample/sampler.py": 357,
+    "vllm/v1/worker/gpu/spec_decode/ngram/speculator.py": 276,
+    "vllm/v1/worker/gpu/spec_decode/rejection_sampler_utils.py": 1465,
+    "vllm/v1/worker/gpu/spec_decode/standalone_ar/speculator.py": 584,
+    "vllm/v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py": 724,
 }
 
 
@@ -110,56 +139,56 @@ FUNCTIONS: dict[str, CodeLink] = {
         _link(
             "add_request",
             _SCHED,
-            2931,
-            2962,
+            3065,
+            3098,
             "Scheduler.add_request",
             "kvcore.core.sched.scheduler:Scheduler.add_request",
         ),
         _link(
             "schedule",
             _SCHED,
-            699,
-            1784,
+            716,
+            1838,
             "Scheduler.schedule",
             "kvcore.core.sched.scheduler:Scheduler.schedule",
         ),
         _link(
             "_preempt_request",
             _SCHED,
-            1799,
-            1843,
+            1853,
+            1897,
             "Scheduler._preempt_request",
             "kvcore.core.sched.scheduler:Scheduler._preempt_request",
         ),
         _link(
             "update_from_output",
             _SCHED,
-            2259,
-            2676,
+            2301,
+            2743,
             "Scheduler.update_from_output",
             "kvcore.core.sched.scheduler:Scheduler.update_from_output",
         ),
         _link(
             "finish_requests",
             _SCHED,
-            2964,
-            3029,
+            3100,
+            3168,
             "Scheduler.finish_requests",
             "kvcore.core.sched.scheduler:Scheduler.finish_requests",
         ),
         _link(
             "_free_request",
             _SCHED,
-            3031,
-            3062,
+            3170,
+            3202,
             "Scheduler._free_request",
             "kvcore.core.sched.scheduler:Scheduler._free_request",
         ),
         _link(
             "get_computed_blocks",
             _KVM,
-            266,
-            328,
+            288,
+            350,
             "KVCacheManager.get_computed_blocks",
             "kvcore.core.kv_cache_manager:KVCacheManager.get_computed_blocks",
         ),
@@ -174,16 +203,16 @@ FUNCTIONS: dict[str, CodeLink] = {
         _link(
             "allocate_slots",
             _KVM,
-            380,
-            627,
+            401,
+            648,
             "KVCacheManager.allocate_slots",
             "kvcore.core.kv_cache_manager:KVCacheManager.allocate_slots",
         ),
         _link(
             "find_longest_cache_hit",
             _SINGLE,
-            742,
-            838,
+            747,
+            843,
             "FullAttentionManager.find_longest_cache_hit",
             "kvcore.core.single_type_kv_cache_manager:FullAttentionManager.find_longest_cache_hit",
         ),
@@ -198,8 +227,8 @@ FUNCTIONS: dict[str, CodeLink] = {
         _link(
             "sliding_find_longest_cache_hit",
             _SINGLE,
-            968,
-            1064,
+            973,
+            1069,
             "SlidingWindowManager.find_longest_cache_hit",
             "kvcore.core.single_type_kv_cache_manager:SlidingWindowManager.find_longest_cache_hit",
         ),
@@ -214,179 +243,179 @@ FUNCTIONS: dict[str, CodeLink] = {
         _link(
             "allocate_new_blocks",
             _SINGLE,
-            370,
-            410,
+            375,
+            415,
             "SingleTypeKVCacheManager.allocate_new_blocks",
             "kvcore.core.single_type_kv_cache_manager:SingleTypeKVCacheManager.allocate_new_blocks",
         ),
         _link(
             "remove_skipped_blocks",
             _SINGLE,
-            682,
-            720,
+            687,
+            725,
             "SingleTypeKVCacheManager.remove_skipped_blocks",
             "kvcore.core.single_type_kv_cache_manager:SingleTypeKVCacheManager.remove_skipped_blocks",
         ),
         _link(
             "cache_blocks",
             _SINGLE,
-            477,
-            542,
+            482,
+            547,
             "SingleTypeKVCacheManager.cache_blocks",
             "kvcore.core.single_type_kv_cache_manager:SingleTypeKVCacheManager.cache_blocks",
         ),
         _link(
             "free",
             _SINGLE,
-            591,
-            599,
+            596,
+            604,
             "SingleTypeKVCacheManager.free",
             "kvcore.core.single_type_kv_cache_manager:SingleTypeKVCacheManager.free",
         ),
         _link(
-            "touch", _POOL, 792, 810, "BlockPool.touch", "kvcore.core.block_pool:BlockPool.touch"
+            "touch", _POOL, 774, 792, "BlockPool.touch", "kvcore.core.block_pool:BlockPool.touch"
         ),
         _link(
             "get_new_blocks",
             _POOL,
-            706,
-            740,
+            681,
+            722,
             "BlockPool.get_new_blocks",
             "kvcore.core.block_pool:BlockPool.get_new_blocks",
         ),
         _link(
             "_maybe_evict_cached_block",
             _POOL,
-            769,
-            790,
+            751,
+            772,
             "BlockPool._maybe_evict_cached_block",
             "kvcore.core.block_pool:BlockPool._maybe_evict_cached_block",
         ),
         _link(
             "evict_blocks",
             _POOL,
-            851,
-            869,
+            841,
+            859,
             "BlockPool.evict_blocks",
             "kvcore.core.block_pool:BlockPool.evict_blocks",
         ),
         _link(
             "cache_full_blocks",
             _POOL,
-            230,
-            356,
+            203,
+            329,
             "BlockPool.cache_full_blocks",
             "kvcore.core.block_pool:BlockPool.cache_full_blocks",
         ),
         _link(
             "free_blocks",
             _POOL,
-            816,
-            849,
+            798,
+            839,
             "BlockPool.free_blocks",
             "kvcore.core.block_pool:BlockPool.free_blocks",
         ),
         _link(
             "reset_prefix_cache",
             _POOL,
-            871,
-            910,
+            861,
+            901,
             "BlockPool.reset_prefix_cache",
             "kvcore.core.block_pool:BlockPool.reset_prefix_cache",
         ),
         _link(
             "cache_partial_block",
             _POOL,
-            486,
-            603,
+            459,
+            578,
             "BlockPool.cache_partial_block",
             "kvcore.core.block_pool:BlockPool.cache_partial_block",
         ),
         _link(
             "_cache_partial_tail_block",
             _SINGLE,
-            859,
-            897,
+            864,
+            902,
             "FullAttentionManager._cache_partial_tail_block",
             "kvcore.core.single_type_kv_cache_manager:FullAttentionManager._cache_partial_tail_block",
         ),
         _link(
             "_apply_cow",
             _SINGLE,
-            455,
-            475,
+            460,
+            480,
             "SingleTypeKVCacheManager._apply_cow",
             "kvcore.core.single_type_kv_cache_manager:SingleTypeKVCacheManager._apply_cow",
         ),
         _link(
             "mamba_allocate_new_blocks",
             _SINGLE,
-            1797,
-            1923,
+            1802,
+            1928,
             "MambaManager.allocate_new_blocks",
             "kvcore.core.single_type_kv_cache_manager:MambaManager.allocate_new_blocks",
         ),
         _link(
             "take_kv_cache_block_copies",
             _KVM,
-            863,
-            878,
+            879,
+            894,
             "KVCacheManager.take_kv_cache_block_copies",
             "kvcore.core.kv_cache_manager:KVCacheManager.take_kv_cache_block_copies",
         ),
         _link(
             "hash_block_tokens",
             _UTILS,
-            707,
-            737,
+            703,
+            733,
             "hash_block_tokens",
             "kvcore.core.kv_cache_utils:hash_block_tokens",
         ),
         _link(
             "sample",
-            "vllm/v1/sample/sampler.py",
-            129,
-            211,
-            "Sampler.forward",
+            "vllm/v1/worker/gpu/sample/sampler.py",
+            131,
+            221,
+            "Sampler.__call__",
             "paged_kv_lab.run.engine:Engine.step",
         ),
         _link(
             "propose",
-            "vllm/v1/spec_decode/ngram_proposer.py",
-            138,
-            173,
-            "NgramProposer.propose",
+            "vllm/v1/worker/gpu/spec_decode/ngram/speculator.py",
+            212,
+            276,
+            "NgramGPUSpeculator.propose",
             "kvcore.spec_decode.ngram_proposer:NgramProposer.propose",
         ),
         _link(
             "propose_draft_model",
-            "vllm/v1/spec_decode/llm_base_proposer.py",
-            511,
-            773,
-            "SpecDecodeBaseProposer.propose",
+            "vllm/v1/worker/gpu/spec_decode/standalone_ar/speculator.py",
+            301,
+            453,
+            "StandaloneARSpeculator.propose",
             "kvcore.spec_decode.draft_model:DraftModelProposer.propose",
         ),
-        _link(  # vLLM's EagleProposer drafts through its base class's propose
+        _link(  # vLLM's EagleSpeculator drafts through its base class's propose
             "propose_eagle",
-            "vllm/v1/spec_decode/llm_base_proposer.py",
-            511,
-            773,
-            "SpecDecodeBaseProposer.propose",
+            "vllm/v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py",
+            102,
+            270,
+            "TargetDependentARSpeculator.propose",
             "kvcore.spec_decode.eagle:EagleProposer.propose",
         ),
         _link(
             "update_draft_token_ids",
             _SCHED,
-            2862,
-            2881,
+            2995,
+            3014,
             "Scheduler.update_draft_token_ids",
             "kvcore.core.sched.scheduler:Scheduler.update_draft_token_ids",
         ),
         _link(
             "rejection_sample",
-            "vllm/v1/sample/rejection_sampler.py",
-            432,
-            586,
+            "vllm/v1/worker/gpu/spec_decode/rejection_sampler_utils.py",
+            1125,
+            1465,
             "rejection_sample",
             "kvcore.sample.rejection_sampler:rejection_sample",
         ),
@@ -394,32 +423,32 @@ FUNCTIONS: dict[str, CodeLink] = {
         _link(
             "_update_waiting_for_remote_kv",
             _SCHED,
-            3467,
-            3517,
+            3616,
+            3666,
             "Scheduler._update_waiting_for_remote_kv",
             "kvcore.core.sched.scheduler:Scheduler._update_waiting_for_remote_kv",
         ),
         _link(
             "_handle_invalid_blocks",
             _SCHED,
-            3703,
-            3783,
+            3854,
+            3934,
             "Scheduler._handle_invalid_blocks",
             "kvcore.core.sched.scheduler:Scheduler._handle_invalid_blocks",
         ),
         _link(
             "_update_requests_with_invalid_blocks",
             _SCHED,
-            3584,
-            3686,
+            3735,
+            3837,
             "Scheduler._update_requests_with_invalid_blocks",
             "kvcore.core.sched.scheduler:Scheduler._update_requests_with_invalid_blocks",
         ),
         _link(
             "_update_from_kv_xfer_finished",
             _SCHED,
-            3556,
-            3582,
+            3706,
+            3733,
             "Scheduler._update_from_kv_xfer_finished",
             "kvcore.core.sched.scheduler:Scheduler._update_from_kv_xfer_finished",
         ),
@@ -427,8 +456,8 @@ FUNCTIONS: dict[str, CodeLink] = {
         _link(
             "request_finished",
             "vllm/distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py",
-            191,
-            293,
+            194,
+            296,
             "NixlPullConnectorScheduler.request_finished",
             "kvcore.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler:"
             "NixlPullConnectorScheduler.request_finished",
@@ -443,11 +472,11 @@ FUNCTIONS: dict[str, CodeLink] = {
                 _OURS_OFFLOAD + name,
             )
             for name, start, end in (
-                ("get_num_new_matched_tokens", 361, 423),
-                ("update_state_after_alloc", 427, 538),
-                ("build_connector_meta", 540, 602),
-                ("update_connector_output", 1040, 1064),
-                ("_process_store_completion", 1100, 1197),
+                ("get_num_new_matched_tokens", 371, 439),
+                ("update_state_after_alloc", 443, 564),
+                ("build_connector_meta", 566, 628),
+                ("update_connector_output", 1077, 1101),
+                ("_process_store_completion", 1137, 1243),
             )
         ),
     )

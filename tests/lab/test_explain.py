@@ -22,6 +22,7 @@ from support.kv import make_engine, spec, vllm_chain
 # the app tests here run the app on the tiny model (tests/conftest.py)
 pytestmark = pytest.mark.usefixtures("tiny_model_env")
 
+VLLM_BLOB = "https://github.com/vllm-project/vllm/blob/v0.34.0/"  # the tag the links point into
 A = list(range(100, 108))  # two blocks of 4
 
 
@@ -357,9 +358,7 @@ def trace_file(tmp_path):
 def test_cli_explains_a_trace(trace_file, capsys):
     assert main(["explain", "--trace", str(trace_file), "--request", "C"]) == 0
     out = capsys.readouterr().out
-    assert (
-        "evicted at step 3" in out and "https://github.com/vllm-project/vllm/blob/v0.33.0/" in out
-    )
+    assert "evicted at step 3" in out and VLLM_BLOB in out
     assert main(["explain", "--trace", str(trace_file), "--block", "2", "--lang", "zh"]) == 0
     out = capsys.readouterr().out
     assert "块 2 的一生" in out and "被驱逐" in out
@@ -444,9 +443,13 @@ def test_why_panel_shows_a_request_and_a_block_in_both_languages():
         for mode in ("two", "calls"):
             at.radio(key="why_mode:t").set_value(mode).run()
             assert not at.exception and len(at.dataframe) == 1, mode
+        # the calls' vLLM column is named after the tag its permalinks point into
+        urls = list(at.dataframe[0].value["vLLM 0.34.0"])
+        assert urls and all(VLLM_BLOB in u for u in urls)
         at.selectbox(key="why_src:t").set_value("get_new_blocks").run()
         # our source, read at run time
         assert any("def get_new_blocks(" in c.value for c in at.code)
+        assert any(VLLM_BLOB + "vllm/v1/core/block_pool.py#L" in m.value for m in at.markdown)
 
 
 def test_why_panel_on_a_lesson_page_follows_the_player():
