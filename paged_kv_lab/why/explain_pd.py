@@ -4,7 +4,7 @@ answered from the recorded steps up to the last one read (each names its replica
 A block's answer starts from its part at that step (disagg/pd.py: ``pair_at``): kept for a
 transfer on the prefill replica, waiting uncached for its K/V on the decode replica, read or
 filled by the step's pull, a failed pull, or an ordinary state; it then says where that began
-and what ends it, with the vLLM functions that decide it (names of text/source_links.FUNCTIONS).
+and what ends it, with the vLLM functions that decide it (names of why.source_links.FUNCTIONS).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ SOURCES = {
 @dataclass(frozen=True)
 class PDAnswer:
     """An answer: its sentences (catalogue Texts) and the vLLM functions that decide what they
-    say (names of text/source_links.FUNCTIONS; empty for an answer about an ordinary state)."""
+    say (names of why.source_links.FUNCTIONS; empty for an answer about an ordinary state)."""
 
     texts: tuple[Text, ...]
     sources: tuple[str, ...] = ()

@@ -258,7 +258,7 @@ def call_lines(calls: Sequence[Call], lang: str = "en") -> list[str]:
 
 
 def step_calls(run: X.RecordedSteps, step: int) -> list:
-    """The functions that ran in ``step``, in call order (text.source_links.call_order)."""
+    """The functions that ran in ``step``, in call order (why.source_links.call_order)."""
     from paged_kv_lab.why.source_links import call_order
 
     if not 1 <= step <= len(run.records):

@@ -75,7 +75,7 @@ LAB_VALUES = {"token_budget"}  # an event's reason, as the lab records it
 
 
 def test_every_vllm_name_a_lesson_moment_quotes_is_cited():
-    """The event's own code is linked already (text.source_links: each event kind's call chain);
+    """The event's own code is linked already (why.source_links: each event kind's call chain);
     a name beyond it must be among the moment's sources."""
     linked = {f.vllm.qualname.rsplit(".", 1)[-1] for f in FUNCTIONS.values()}
     missing = []
