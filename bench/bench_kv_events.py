@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_kv_events.py [--batches 20000] [--blocks 8]
 
-Synthetic batches shaped like vLLM 0.33's (one BlockStored of ``--blocks`` 16-token blocks
+Synthetic batches shaped like vLLM 0.34's (one BlockStored of ``--blocks`` 16-token blocks
 and, every other batch, one BlockRemoved), uint64 hashes. The end-to-end figure is our
 ZmqEventPublisher sending as fast as it can to a KVEventWatcher over ipc:// on this machine,
 counted until every batch is applied (replay fills what the PUB socket drops).

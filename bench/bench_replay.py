@@ -84,8 +84,8 @@ def _vllm_scheduler(settings: dict, max_model_len: int):
         policy=settings["policy"],
         long_prefill_token_threshold=settings["long_prefill_token_threshold"],
         watermark=settings["watermark"],
-        # v0.33 admits a waiting request only if its whole prompt fits (our "full_sequence");
-        # False is the older first-chunk admission.
+        # True (vLLM 0.33's and 0.34's default) admits a waiting request only if its whole prompt
+        # fits (our "full_sequence"); False is the older first-chunk admission.
         scheduler_reserve_full_isl=settings["admission"] == "full_sequence",
     )
     cache = CacheConfig(

@@ -65,7 +65,7 @@ class SlidingWindowSpec(KVCacheSpec):
 
 # Bytes per element of the state dtypes a MambaSpec names (kvcore's manager side has no torch).
 DTYPE_SIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "int8": 1}
-MAMBA_CACHE_MODES = ("align", "none")  # vLLM 0.33's CacheConfig.mamba_cache_mode
+MAMBA_CACHE_MODES = ("align", "none")  # vLLM 0.34's CacheConfig.mamba_cache_mode
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class MambaSpec(KVCacheSpec):
     that state stands for. ``mamba_cache_mode`` "none": a request keeps one running state
     (plus ``num_speculative_blocks``) and nothing is prefix-cached; "align": the state
     after every ``block_size`` tokens lands in that position's block, so a block boundary
-    can be a prefix hit (vLLM 0.33 requires "align" for prefix caching of Mamba groups).
+    can be a prefix hit (vLLM 0.34 requires "align" for prefix caching of Mamba groups).
     """
 
     shapes: tuple[tuple[int, ...], ...] = ()

@@ -190,8 +190,9 @@ def vllm_scheduler(t: dict):
         vllm_config=cfg,
         kv_cache_config=kv,
         structured_output_manager=types.SimpleNamespace(  # no grammar: drafts pass as they are
-            validate_tokens=lambda request, tokens: tokens,  # 0.33's name
-            trim_spec_tokens=lambda request, tokens: tokens,  # 0.34's
+            # 0.34 calls trim_spec_tokens; 0.33 called the same hook validate_tokens
+            validate_tokens=lambda request, tokens: tokens,
+            trim_spec_tokens=lambda request, tokens: tokens,
             accept_tokens=lambda request, tokens: True,
             grammar_bitmask=lambda *a, **kw: None,
         ),

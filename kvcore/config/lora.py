@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-# the ranks vLLM 0.33 accepts for max_lora_rank (its MaxLoRARanks)
+# the ranks vLLM 0.34 accepts for max_lora_rank (its MaxLoRARanks)
 MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 

@@ -5,8 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-ADMIT_FULL_SEQUENCE = "full_sequence"  # v0.33: a waiting request is admitted only if all of it fits
-ADMIT_FIRST_CHUNK = "first_chunk"  # older releases: only this step's chunk must fit
+# vLLM 0.33 and 0.34 by default (scheduler_reserve_full_isl=True): a waiting request is admitted
+# only if all of it fits
+ADMIT_FULL_SEQUENCE = "full_sequence"
+# older releases, and 0.33 / 0.34 with scheduler_reserve_full_isl=False: only this step's
+# chunk must fit
+ADMIT_FIRST_CHUNK = "first_chunk"
 # the one list of admission rules (the scenario schema and the playground's form derive theirs)
 ADMISSIONS = (ADMIT_FULL_SEQUENCE, ADMIT_FIRST_CHUNK)
 

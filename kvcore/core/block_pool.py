@@ -23,7 +23,9 @@ from kvcore.distributed.kv_events import (
     maybe_convert_block_hash,
 )
 
-FREE_ORDER_V033 = "v0.33"  # unhashed blocks to the head, hashed blocks to the tail
+# vLLM 0.34's free order, as 0.33's (unhashed blocks to the head, hashed blocks to the tail). Its
+# value is a setting scenario files and the playground use, named when kvcore followed 0.33: kept
+FREE_ORDER_V033 = "v0.33"
 FREE_ORDER_LEGACY = "legacy"  # every freed block to the tail (older releases)
 # the one list of free orders (the scenario schema, the playground's form and the tests derive
 # theirs from it)
@@ -131,7 +133,8 @@ class BlockPool:
         self.medium = medium
         self.enable_caching = enable_caching
         self.hash_block_size = hash_block_size
-        # Ours: the free order of older releases, kept to show what v0.33 changed.
+        # Ours: the free order of older releases, kept to show what 0.33 changed (0.34 keeps
+        # 0.33's order).
         self.free_order = free_order
         self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
@@ -510,10 +513,10 @@ class BlockPool:
     ) -> None:
         """ref_cnt -= 1 in the given order; blocks reaching 0 join the queue in that order.
 
-        v0.33: blocks without a hash can never be hit, so they go to the head
-        (reused first) and hashed blocks go to the tail (LRU). ``evict_first`` (vLLM 0.34):
-        hashed blocks go to the head too, for blocks another tier already holds (the CPU
-        tier's lazy stores).
+        vLLM 0.34 (free order "v0.33", as 0.33): blocks without a hash can never be hit, so
+        they go to the head (reused first) and hashed blocks go to the tail (LRU).
+        ``evict_first`` (new in 0.34): hashed blocks go to the head too, for blocks another
+        tier already holds (the CPU tier's lazy stores).
         """
         to_head: list[KVCacheBlock] = []
         to_tail: list[KVCacheBlock] = []

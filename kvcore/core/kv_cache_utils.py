@@ -323,7 +323,7 @@ def resolve_block_hashes(
 def resolve_kv_cache_block_sizes(
     kv_cache_groups, prefix_match_unit: Optional[int], enable_prefix_caching: bool
 ) -> tuple[int, int]:
-    """(scheduler_block_size, hash_block_size) as vLLM 0.33 resolves them. kvcore's groups
+    """(scheduler_block_size, hash_block_size) as vLLM 0.34 resolves them. kvcore's groups
     share one block size, which is the scheduler's. One group: hashes every block, and a
     ``prefix_match_unit`` other than the block size is refused (prefix caching on). Several:
     the block size without prefix caching or with a Mamba group outside align mode, else
@@ -384,13 +384,19 @@ def align_hybrid_block_size(
     backend_block_alignment: int = 16,
     prefill_checkpoint_alignment: Optional[int] = None,
 ) -> tuple[int, Optional[int]]:
-    """vLLM 0.33's ``Platform._align_hybrid_block_size``: both kinds of blocks live in one pool,
+    """vLLM 0.34's ``Platform._align_hybrid_block_size``: both kinds of blocks live in one pool,
     so an attention page (``block_size`` tokens x ``attn_page_size_1_token`` bytes, all layers
     of one group) must hold a whole Mamba state. The attention block size is raised to the
     smallest multiple of the kernel's block alignment whose page is at least the state, then
     to the backends' common alignment; the state's page is padded up to the attention page.
     -> (block_size, mamba_page_size_padded or None when the pages are already equal). In
     align mode the Mamba block size is this block size too.
+
+    ``block_size`` is where the raising starts: the stated size, else
+    ``CacheConfig.DEFAULT_BLOCK_SIZE`` where the attention backends accept it (16 in 0.33, 64 in
+    0.34; kvcore's callers still pass 0.33's 16: ``kvcore.model.memory.DEFAULT_BLOCK_SIZE``).
+    The kernel alignment is at least ``block_size``, so from 0.34's 64 the result is a multiple
+    of 64.
 
     ``prefill_checkpoint_alignment``: in align mode, the Mamba layers' prefill checkpoint
     alignment (vLLM's ``get_mamba_prefill_checkpoint_alignment``: 64 with FlashInfer's gated
@@ -409,7 +415,7 @@ def align_hybrid_block_size(
 
 
 def uniform_page_group_size(bucket_sizes: Sequence[int]) -> int:
-    """How many layers each KV cache group of a hybrid model holds (vLLM 0.33's
+    """How many layers each KV cache group of a hybrid model holds (vLLM 0.34's
     ``kv_cache_planning._get_kv_cache_groups_uniform_page_size``), given the number of layers
     of each kind: the smallest kind's count, or the largest's when no kind has 1.5 times as
     many layers as the smallest. One block of the shared pool is this many pages."""

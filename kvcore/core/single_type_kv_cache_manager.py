@@ -482,7 +482,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
 
 
 class MambaManager(SingleTypeKVCacheManager):
-    """State blocks of a linear-attention group (vLLM 0.33's MambaManager, without
+    """State blocks of a linear-attention group (vLLM 0.34's MambaManager, without
     prefill-checkpoint blocks, EAGLE and the connector's boundary-state hand-offs).
 
     Invariants. Mode "none": the table is one running state (plus ``num_speculative_blocks``)

@@ -1,4 +1,4 @@
-"""vLLM 0.33's KV cache events on the wire (vllm.distributed.kv_events).
+"""vLLM 0.34's KV cache events on the wire (vllm.distributed.kv_events, the same file as 0.33's).
 
 The structs below encode to the same msgpack bytes as vLLM's: a batch is an
 array ``[ts, events, data_parallel_rank]``; each event is a map whose first key
@@ -36,7 +36,7 @@ MEDIUM_STORAGE = "STORAGE"
 # (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1, vLLM's default) or all its bytes.
 ExternalBlockHash = Union[bytes, int]
 
-# The spec kinds vLLM 0.33 puts in BlockStored.kv_cache_spec_kind.
+# The spec kinds vLLM 0.34 puts in BlockStored.kv_cache_spec_kind (its KVCacheSpecKind).
 KV_CACHE_SPEC_KINDS = (
     "full_attention",
     "mla_attention",
@@ -60,7 +60,7 @@ class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
 
 
 class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
-    """Base of the events: tagged by class name, encoded as a map (not array_like in 0.33)."""
+    """Base of the events: tagged by class name, encoded as a map (not array_like since 0.33)."""
 
 
 class BlockStored(KVCacheEvent):
@@ -128,7 +128,8 @@ def kv_cache_spec_metadata(group: Any) -> tuple[str, Optional[int]]:
 
 
 # Releases before 0.33 sent each event as an array ["BlockStored", hashes, parent, ...]
-# (array_like), with fewer trailing fields. Read them too, into the 0.33 structs.
+# (array_like), with fewer trailing fields. Read them too, into the structs above (0.33's map
+# format, which 0.34 keeps).
 class _LegacyEvent(msgspec.Struct, array_like=True, tag=True, gc=False):
     pass
 
@@ -175,7 +176,7 @@ def encode_batch(batch: KVEventBatch) -> bytes:
 
 
 def decode_batch(payload: bytes) -> KVEventBatch:
-    """Decode one payload (0.33's map events, or older array events); raises
+    """Decode one payload (map events, as 0.33 and 0.34 send them, or older array events); raises
     msgspec.DecodeError (a ValueError) on anything else."""
     try:
         return _decoder.decode(payload)

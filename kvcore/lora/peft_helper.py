@@ -2,7 +2,7 @@
 
 What kvcore serves is plain LoRA: per target module ``y += (x @ A^T @ B^T) * scaling`` with
 ``scaling = lora_alpha / r`` (rsLoRA: ``lora_alpha / sqrt(r)``), ``r`` and ``lora_alpha``
-per module where ``rank_pattern`` / ``alpha_pattern`` name it.  The peft features vLLM 0.33
+per module where ``rank_pattern`` / ``alpha_pattern`` name it.  The peft features vLLM 0.34
 refuses are refused here too, by the same checks.
 """
 

@@ -158,7 +158,8 @@ class MemoryProfile:
 
 @dataclass(frozen=True)
 class KVCacheSizing:
-    """num_gpu_blocks from a :class:`MemoryProfile`, as vLLM 0.33 derives it:
+    """num_gpu_blocks from a :class:`MemoryProfile`, as vLLM derives it from its profiling
+    estimate (0.33, and 0.34 where its extensible KV cache is off):
 
         requested_memory          = ceil(total_memory * gpu_memory_utilization)
         available_kv_cache_memory = requested_memory - weights - peak activations - other
@@ -175,6 +176,12 @@ class KVCacheSizing:
     divides max_model_len.)  Beside it, vLLM's CPU backend's own rule: the KV cache gets
     ``VLLM_CPU_KVCACHE_SPACE`` GiB when that variable is set, else
     ``ceil(total_memory * gpu_memory_utilization) - process_memory``; it does not profile a forward.
+
+    Not modelled: vLLM 0.34's extensible KV cache (``CacheConfig.enable_extensible_kv_cache``, on
+    by default on CUDA and ROCm unless ``kv_cache_memory_bytes`` is stated) sizes the cache from
+    the memory free after warm-up, CUDA graphs captured, and an unset ``gpu_memory_utilization``
+    then resolves to 1.0 instead of 0.92 (``CacheConfig.resolved_gpu_memory_utilization``), so
+    such a server usually gets more blocks than this arithmetic gives.
     """
 
     profile: MemoryProfile
@@ -360,12 +367,14 @@ def _attention_bytes_per_block(
 
 @dataclass(frozen=True)
 class HybridPageSizes:
-    """How vLLM 0.33 sizes the one pool a hybrid (gated delta-net + full attention) model shares
-    (``Platform._align_hybrid_block_size``), for one layer of each kind: an attention page is
-    ``block_size`` tokens of one layer's K and V, a state page one linear layer's conv and
-    recurrent states (``MambaStateShapeCalculator.gated_delta_net_state_shape``: conv
-    ``[conv_dim, conv_kernel - 1]``, recurrent ``[num_v_heads, head_v_dim, head_k_dim]``).
-    Invariant: ``block_size * attn_bytes_per_token == page_bytes >= state_bytes``."""
+    """How vLLM 0.34 (as 0.33) sizes the one pool a hybrid (gated delta-net + full attention)
+    model shares (``Platform._align_hybrid_block_size``), for one layer of each kind: an
+    attention page is ``block_size`` tokens of one layer's K and V, a state page one linear
+    layer's conv and recurrent states (``MambaStateShapeCalculator.gated_delta_net_state_shape``:
+    conv ``[conv_dim, conv_kernel - 1]``, recurrent ``[num_v_heads, head_v_dim, head_k_dim]``;
+    0.34 rounds each state up to ``mamba_state_alignment`` bytes, which is 1 unless
+    ``VllmConfig.use_flashinfer_replayssm``). Invariant:
+    ``block_size * attn_bytes_per_token == page_bytes >= state_bytes``."""
 
     attn_bytes_per_token: int
     conv_state_bytes: int
@@ -382,8 +391,13 @@ class HybridPageSizes:
         return self.page_bytes - self.state_bytes
 
 
-# vLLM 0.33's CacheConfig.DEFAULT_BLOCK_SIZE: where the CUDA platform starts before a hybrid
-# model's alignment (its attention backends prefer it); vLLM's CPU platform starts at 128
+# vLLM 0.33's CacheConfig.DEFAULT_BLOCK_SIZE: where its CUDA platform starts, when block_size
+# is not set, before a hybrid model's alignment (its attention backends accept it). vLLM 0.34
+# raised it to 64 (kept where every attention backend accepts 64, as FlashAttention does), so
+# 0.34 resolves larger hybrid blocks than kvcore (tiny-hybrid: 64 where this gives 32;
+# Qwen3-Next-80B-A3B: 576 where this gives 544) and gives an attention-only model 64-token
+# blocks where ``profile`` without --block-size uses 16. Not moved yet
+# (docs/from-0.33-to-0.34.md). vLLM's CPU platform starts at 128 (0.33 and 0.34).
 DEFAULT_BLOCK_SIZE = 16
 
 
@@ -401,7 +415,8 @@ def hybrid_page_sizes(
     as vLLM's Qwen3.5 config reads it, else ``dtype``). The block size starts at ``block_size``
     and is raised as ``align_hybrid_block_size`` raises it (``prefill_checkpoint_alignment``:
     see there). With the defaults this is the block size vLLM 0.33 resolves on a GPU when
-    ``block_size`` is left out and the gated delta-net prefill exports no checkpoints."""
+    ``block_size`` is left out and the gated delta-net prefill exports no checkpoints; vLLM
+    0.34's is this function's with ``block_size=64`` (its DEFAULT_BLOCK_SIZE, see above)."""
     from kvcore.core.kv_cache_utils import align_hybrid_block_size
 
     if ssm_dtype is None:
@@ -439,7 +454,7 @@ def is_hybrid_config(config: Any) -> bool:
 def hybrid_bytes_per_block(
     config: Any, block_size: int, dtype: Any = "float32", ssm_dtype: Any = None
 ) -> int:
-    """Bytes of one block of a hybrid model's shared pool, the size vLLM 0.33 divides the KV
+    """Bytes of one block of a hybrid model's shared pool, the size vLLM 0.34 divides the KV
     budget by (``kv_cache_planning.get_kv_cache_config_from_groups``): each KV cache group holds
     ``uniform_page_group_size`` layers, every layer's page has one size (an attention page of
     ``block_size`` tokens; a state page padded up to it), and a block is one group's pages.

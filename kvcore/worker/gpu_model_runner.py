@@ -200,8 +200,8 @@ class GPUModelRunner(LoRAModelRunnerMixin):
     @torch.inference_mode()
     def copy_blocks(self, copies: Sequence[tuple[int, int]]) -> None:
         """Perform ``SchedulerOutput.kv_cache_block_copies`` before the step's forward: each
-        (src, dst) copies block src into block dst in every layer's pool (a partially hit
-        tail block's copy-on-write, the one place vLLM 0.33 copies a block)."""
+        (src, dst) copies block src into block dst in every layer's pool (the copy-on-write of
+        a block hit only in part, the copies vLLM 0.34's scheduler sends the worker)."""
         for t in self.kv_caches:
             for src, dst in copies:
                 t[dst].copy_(t[src])

@@ -1,6 +1,6 @@
 """The router's global index: which replica holds which block hash, built only from KV events.
 
-Each replica's pool publishes its KV events as vLLM 0.33 does (one ``KVEventBatch`` per step
+Each replica's pool publishes its KV events as vLLM 0.34 does (one ``KVEventBatch`` per step
 that queued events, kvcore/distributed/kv_events.py). The index takes the batch, or its msgpack
 encoding as on the wire decoded with the watcher's decoder, and applies it to that replica's
 ``PrefixCacheIndex`` (watch/prefix_index.py), the same code that rebuilds a real vLLM server's

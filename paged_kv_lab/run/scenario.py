@@ -258,6 +258,7 @@ class EngineSettings:
     policy: Literal[POLICIES] = "fcfs"
     sliding_window: OptInt = None
     layer_types: Optional[Annotated[tuple[Literal[LAYER_TYPES], ...], Field(min_length=1)]] = None
+    # "v0.33": vLLM 0.34's free order, as 0.33's (the value is a setting: kvcore/core/block_pool.py)
     free_order: Literal[FREE_ORDERS] = "v0.33"
     admission: Literal[ADMISSIONS] = "full_sequence"
     # None: hash every full block of a sliding-window group; 0: only the blocks a later
@@ -795,7 +796,9 @@ def model_page_sizes(model: Any, dtype: Any) -> Optional[HybridPageSizes]:
     is left out (``HybridPageSizes.block_size``: the attention block raised until its page holds
     a gated delta-net state; ``Platform._align_hybrid_block_size`` on a GPU, the gated delta-net
     prefill exporting no checkpoints, as kvcore's does not); None for a model without
-    linear-attention layers or a name or dtype that is not one."""
+    linear-attention layers or a name or dtype that is not one. vLLM 0.34 starts the raising
+    from 64 instead of 16, so its size can be larger (tiny-hybrid: 64, not 32); not moved yet
+    (``kvcore.model.memory.DEFAULT_BLOCK_SIZE``)."""
     shape = hybrid_shape(model) if isinstance(model, str) else None
     if shape is None or dtype not in DTYPES:
         return None
@@ -803,10 +806,11 @@ def model_page_sizes(model: Any, dtype: Any) -> Optional[HybridPageSizes]:
 
 
 def block_size_note(s: Scenario) -> Optional[Text]:
-    """What vLLM 0.33 does with this scenario's block size on its hybrid model, as a catalogue
+    """What vLLM does with this scenario's block size on its hybrid model, as a catalogue
     sentence with vLLM's source beside it: the size resolved from the model (the one a scenario
-    that leaves ``block_size`` out runs at), a stated size vLLM keeps, or one it would raise
-    (kvcore keeps a stated size); None for a model without linear-attention layers."""
+    that leaves ``block_size`` out runs at: 0.33's, see :func:`model_page_sizes`), a stated size
+    vLLM keeps, or one it would raise (0.33 and 0.34 alike; kvcore keeps a stated size); None
+    for a model without linear-attention layers."""
     resolved = model_page_sizes(s.model, s.dtype)
     if resolved is None:
         return None
@@ -829,11 +833,11 @@ def block_size_note(s: Scenario) -> Optional[Text]:
 
 
 def resolve_from_model(raw: dict) -> dict:
-    """The raw scenario with the settings it leaves out resolved as vLLM 0.33 resolves them:
-    a hybrid model's ``block_size`` (:func:`model_page_sizes`), and ``num_gpu_blocks`` "auto"
-    when ``kv_cache_memory_bytes`` states the KV budget (the engine divides it by one block of
-    the pool, as ``kvcore.model.memory.num_gpu_blocks_from_profile`` does). Anything not
-    resolvable is left for validation to report."""
+    """The raw scenario with the settings it leaves out resolved as vLLM resolves them: a hybrid
+    model's ``block_size`` (:func:`model_page_sizes`: 0.33's size, which 0.34's can exceed), and
+    ``num_gpu_blocks`` "auto" when ``kv_cache_memory_bytes`` states the KV budget (the engine
+    divides it by one block of the pool, as ``kvcore.model.memory.num_gpu_blocks_from_profile``
+    does). Anything not resolvable is left for validation to report."""
     eng = raw.get("engine", {})
     if not isinstance(eng, dict):
         return raw

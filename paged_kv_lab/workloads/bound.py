@@ -1,9 +1,9 @@
 """One pass over a trace: the hit rate an unbounded pool reaches, and the smallest pool reaching it.
 
 When it is exact: **sequential** arrival (one request at a time), prefix caching on, one
-full-attention KV cache group, vLLM 0.33's free order, and no cache key ever held by two blocks
-at once (checked during the pass; a capped hit that recomputes a cached block makes a second
-copy, and then the pool found is sufficient but may not be the smallest).
+full-attention KV cache group, free order "v0.33" (vLLM 0.34's, as 0.33's), and no cache key
+ever held by two blocks at once (checked during the pass; a capped hit that recomputes a cached
+block makes a second copy, and then the pool found is sufficient but may not be the smallest).
 
 Why one pass suffices. The pass replays the trace through kvcore with a pool so large that
 nothing is evicted, numbering each block as it joins the free queue's tail. Freed blocks join

@@ -40,7 +40,7 @@ def mamba_block_aligned_split(
     hash_block_size: Optional[int] = None,
     partial_cache_hit: bool = False,
 ) -> int:
-    """A prefill chunk cut so it ends where a Mamba state is kept (align mode; vLLM 0.33's
+    """A prefill chunk cut so it ends where a Mamba state is kept (align mode; vLLM 0.34's
     ``Scheduler._mamba_block_aligned_split`` without partial hash hits, prefill-checkpoint
     blocks or EAGLE). The state is written where a chunk ends, so a chunk that does not finish
     the prefill ends on a block boundary; it also stops at the last boundary a later request
@@ -898,7 +898,7 @@ class Scheduler:
             status = None
             for num_new, token in enumerate(generated, 1):
                 req.append_output_token_ids([token])
-                # vLLM 0.33's check_stop: EOS, then stop tokens, then the length cap.
+                # vLLM 0.34's check_stop: EOS, then stop tokens, then the length cap.
                 if not req.ignore_eos and token in req.eos_token_ids:
                     status, reason = RequestStatus.FINISHED_STOPPED, "eos"
                 elif token in req.stop_token_ids:
