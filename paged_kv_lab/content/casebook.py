@@ -5,10 +5,10 @@ A ``Case`` is data, like a lesson: one folder per case (``<content>/cases/<id>/`
 ``case.yaml`` with the issue it comes from, the scenario (its own ``scenario.json``, or a lesson's
 such as ``../../lessons/prefix/scenario.json``, with named changes), its narration, and the "try
 the fix" switch (``Fix``: the same scenario with some settings or requests changed); ``text.json``
-with its sentences (the question as it was asked, the answer in vLLM 0.33.0's behaviour, which
-ours follows) under ``case.<id>.*``; ``golden.json``, the scenarios the tests pin. The scenario
-is played as a ``Lesson``, so the lesson page's player, narration and "why?" panel play it
-unchanged. The tests hold each case's claim as a check over the two
+with its sentences (the question as it was asked, the answer in vLLM's behaviour, in the releases
+its ``holds_for`` names, which ours follows) under ``case.<id>.*``; ``golden.json``, the scenarios
+the tests pin. The scenario is played as a ``Lesson``, so the lesson page's player, narration
+and "why?" panel play it unchanged. The tests hold each case's claim as a check over the two
 recorded runs (tests/support/casebook_claims.py), so what the page says is what the engine does.
 """
 
@@ -77,13 +77,13 @@ class Case:
     title: str  # the question, as users put it
     issue: str  # "owner/repo#n": the thread the question comes from
     asked: str  # what was asked, in a few sentences
-    answer: str  # why, in vLLM 0.33.0 (and here)
+    answer: str  # why, in vLLM (the releases holds_for names) and here
     lesson: Lesson  # the scenario, its narration and "run until" kinds
     fix: Optional[Fix] = None
     figure: str = "hit_rate"  # the number the before/after figure compares (NUMBERS, a fleet's
     # FLEET_NUMBERS too: run_numbers)
     related: tuple[str, ...] = ()  # more threads asking the same ("owner/repo#n")
-    sources: tuple[Source, ...] = ()  # where vLLM 0.33.0 decides what the answer says
+    sources: tuple[Source, ...] = ()  # where vLLM 0.34.0 decides what the answer says
     where: str = "engine"  # where the question arises (WHERE): the casebook page groups by it
     holds_for: tuple[str, ...] = ()  # the vLLM releases whose source the answer was checked in
 
@@ -126,7 +126,7 @@ NUMBERS = (
 
 
 def numbers(snap: Snapshot) -> dict[str, float]:
-    """Hit counters as vLLM 0.33.0 keeps them (PrefixCacheStats since the last reset), the
+    """Hit counters as vLLM 0.33.0 and 0.34.0 keep them (PrefixCacheStats since the last reset), the
     rate as it was counted before vLLM #25787 (resumed requests' hits included), and the
     preemptions of the run (what vLLM's counter ``vllm:num_preemptions`` adds up: one per
     request preempted, finished requests included)."""

@@ -1,6 +1,6 @@
 """Myths some articles tell about vLLM's block manager, checked against the live pool.
 
-The myths are data (``myths.yaml``: id, seed article, vLLM 0.33.0 sources) and their sentences are
+The myths are data (``myths.yaml``: id, seed article, vLLM 0.34.0 sources) and their sentences are
 catalogue entries (``myth.<id>.claim`` / ``.truth`` / ``.live…``). What stays here is the live
 check of each myth: a computation on the run's snapshots (and records), keyed by the myth's id in
 ``LIVE``, that returns the catalogue sentences for its outcome with their fields (``Text``)."""

@@ -1,5 +1,5 @@
 """Where a sentence about vLLM, SGLang or nano-vllm comes from: a file of that engine and a
-function, class or setting in it, at the version the lab models (vLLM 0.33.0, SGLang 0.5.23,
+function, class or setting in it, at the version the lab models (vLLM 0.34.0, SGLang 0.5.23,
 nano-vllm at the commit the designs page names).
 
 One shape, ``Source``, for every data file that cites one: a myth's ``sources`` (``myths.yaml``),

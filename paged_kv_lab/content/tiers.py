@@ -1,5 +1,5 @@
 """Lesson 10's table: each request's prompt split by tier (GPU hit, CPU hit, computed) and its
-time to first token, from a recorded run (vLLM 0.33's SimpleCPUOffloadConnector keeps copies of GPU
+time to first token, from a recorded run (vLLM 0.34's SimpleCPUOffloadConnector keeps copies of GPU
 blocks in a CPU pool of its own, so a block evicted from the GPU is not always lost)."""
 
 from __future__ import annotations
