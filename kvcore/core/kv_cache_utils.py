@@ -394,7 +394,7 @@ def align_hybrid_block_size(
 
     ``block_size`` is where the raising starts: the stated size, else
     ``CacheConfig.DEFAULT_BLOCK_SIZE`` where the attention backends accept it (16 in 0.33, 64 in
-    0.34; kvcore's callers still pass 0.33's 16: ``kvcore.model.memory.DEFAULT_BLOCK_SIZE``).
+    0.34: ``kvcore.model.memory.DEFAULT_BLOCK_SIZE``).
     The kernel alignment is at least ``block_size``, so from 0.34's 64 the result is a multiple
     of 64.
 

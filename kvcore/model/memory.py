@@ -391,14 +391,19 @@ class HybridPageSizes:
         return self.page_bytes - self.state_bytes
 
 
-# vLLM 0.33's CacheConfig.DEFAULT_BLOCK_SIZE: where its CUDA platform starts, when block_size
-# is not set, before a hybrid model's alignment (its attention backends accept it). vLLM 0.34
-# raised it to 64 (kept where every attention backend accepts 64, as FlashAttention does), so
-# 0.34 resolves larger hybrid blocks than kvcore (tiny-hybrid: 64 where this gives 32;
-# Qwen3-Next-80B-A3B: 576 where this gives 544) and gives an attention-only model 64-token
-# blocks where ``profile`` without --block-size uses 16. Not moved yet
-# (docs/from-0.33-to-0.34.md). vLLM's CPU platform starts at 128 (0.33 and 0.34).
-DEFAULT_BLOCK_SIZE = 16
+# vLLM 0.34's CacheConfig.DEFAULT_BLOCK_SIZE (0.33's was 16): where a hybrid model's block size
+# starts on a GPU when block_size is not set, before ``Platform._align_hybrid_block_size`` raises
+# it. On a CUDA GPU, FlashAttention with kernel blocks of any multiple of 16 (FlashAttention 3 on
+# Hopper) keeps 64 in phase 1 of ``update_block_size_for_backend``; a backend with other kernel
+# sizes (FlashAttention 4 for some head sizes) starts from its preferred size instead, and vLLM's
+# CPU platform starts at 128.
+DEFAULT_BLOCK_SIZE = 64
+
+# The size the lab gives an attention-only model when block_size is not set (``profile``
+# without --block-size, a scenario's ``engine.block_size``): vLLM 0.33's default, 16. vLLM 0.34
+# on a CUDA GPU gives such a model DEFAULT_BLOCK_SIZE (64) instead; the lab keeps 16, the size
+# its lessons and recorded runs are built on. Not moved yet (docs/from-0.33-to-0.34.md).
+ATTENTION_ONLY_BLOCK_SIZE = 16
 
 
 def hybrid_page_sizes(
@@ -414,9 +419,9 @@ def hybrid_page_sizes(
     ``ssm_dtype`` (vLLM's ``mamba_ssm_cache_dtype``; default: the config's ``mamba_ssm_dtype``
     as vLLM's Qwen3.5 config reads it, else ``dtype``). The block size starts at ``block_size``
     and is raised as ``align_hybrid_block_size`` raises it (``prefill_checkpoint_alignment``:
-    see there). With the defaults this is the block size vLLM 0.33 resolves on a GPU when
-    ``block_size`` is left out and the gated delta-net prefill exports no checkpoints; vLLM
-    0.34's is this function's with ``block_size=64`` (its DEFAULT_BLOCK_SIZE, see above)."""
+    see there). With the defaults this is the block size vLLM 0.34 resolves on a GPU when
+    ``block_size`` is left out (FlashAttention's kernel alignment of 16; from 64, a checkpoint
+    alignment of 64 changes nothing)."""
     from kvcore.core.kv_cache_utils import align_hybrid_block_size
 
     if ssm_dtype is None:

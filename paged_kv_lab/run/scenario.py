@@ -792,13 +792,13 @@ def _upgrade(raw: dict) -> dict:
 
 
 def model_page_sizes(model: Any, dtype: Any) -> Optional[HybridPageSizes]:
-    """The page arithmetic vLLM 0.33 does for a hybrid ``model`` in ``dtype`` when its block size
-    is left out (``HybridPageSizes.block_size``: the attention block raised until its page holds
-    a gated delta-net state; ``Platform._align_hybrid_block_size`` on a GPU, the gated delta-net
-    prefill exporting no checkpoints, as kvcore's does not); None for a model without
-    linear-attention layers or a name or dtype that is not one. vLLM 0.34 starts the raising
-    from 64 instead of 16, so its size can be larger (tiny-hybrid: 64, not 32); not moved yet
-    (``kvcore.model.memory.DEFAULT_BLOCK_SIZE``)."""
+    """The page arithmetic vLLM 0.34 does for a hybrid ``model`` in ``dtype`` when its block size
+    is left out (``HybridPageSizes.block_size``: from ``CacheConfig.DEFAULT_BLOCK_SIZE``, 64,
+    the attention block raised until its page holds a gated delta-net state;
+    ``Platform._align_hybrid_block_size`` on a GPU whose attention backend keeps 64, see
+    ``kvcore.model.memory.DEFAULT_BLOCK_SIZE``); None for a model without linear-attention
+    layers or a name or dtype that is not one. vLLM 0.33 started from 16, so its sizes could be
+    smaller (tiny-hybrid: 32, not 64)."""
     shape = hybrid_shape(model) if isinstance(model, str) else None
     if shape is None or dtype not in DTYPES:
         return None
@@ -808,8 +808,8 @@ def model_page_sizes(model: Any, dtype: Any) -> Optional[HybridPageSizes]:
 def block_size_note(s: Scenario) -> Optional[Text]:
     """What vLLM does with this scenario's block size on its hybrid model, as a catalogue
     sentence with vLLM's source beside it: the size resolved from the model (the one a scenario
-    that leaves ``block_size`` out runs at: 0.33's, see :func:`model_page_sizes`), a stated size
-    vLLM keeps, or one it would raise (0.33 and 0.34 alike; kvcore keeps a stated size); None
+    that leaves ``block_size`` out runs at, see :func:`model_page_sizes`), a stated size vLLM
+    0.34 keeps, or one it would raise (kvcore keeps a stated size); None
     for a model without linear-attention layers."""
     resolved = model_page_sizes(s.model, s.dtype)
     if resolved is None:
@@ -834,7 +834,7 @@ def block_size_note(s: Scenario) -> Optional[Text]:
 
 def resolve_from_model(raw: dict) -> dict:
     """The raw scenario with the settings it leaves out resolved as vLLM resolves them: a hybrid
-    model's ``block_size`` (:func:`model_page_sizes`: 0.33's size, which 0.34's can exceed), and
+    model's ``block_size`` (:func:`model_page_sizes`: vLLM 0.34's size on a GPU), and
     ``num_gpu_blocks`` "auto" when ``kv_cache_memory_bytes`` states the KV budget (the engine
     divides it by one block of the pool, as ``kvcore.model.memory.num_gpu_blocks_from_profile``
     does). Anything not resolvable is left for validation to report."""

@@ -1,9 +1,11 @@
 """A hybrid scenario that leaves ``block_size`` or ``num_gpu_blocks`` out gets them resolved from
-its model as vLLM 0.33 resolves them: the attention block raised until its page holds a gated
-delta-net state (``Platform._align_hybrid_block_size``), and the stated KV budget
+its model as vLLM 0.34 resolves them on a GPU: the attention block, from
+``CacheConfig.DEFAULT_BLOCK_SIZE`` (64), raised until its page holds a gated delta-net state
+(``Platform._align_hybrid_block_size``), and the stated KV budget
 (``kv_cache_memory_bytes``) divided by one block of the shared pool, a group's pages
 (``get_kv_cache_config_from_groups``). Hand-checked numbers for tiny-hybrid and real models'
-shapes; the same numbers from vLLM's own functions (the scratch environment, ``VLLM_VENV``); the
+shapes; the same numbers from vLLM 0.34.0's own functions (its scratch environment,
+``VLLM_VENV``); the
 scenario, ``run`` and ``replay`` ends; attention-only scenarios unchanged."""
 
 import json
@@ -31,7 +33,7 @@ from paged_kv_lab.run.scenario import (
 )
 from paged_kv_lab.text.i18n import tr
 from support.cli import run_cli_here
-from support.kv import VLLM_VENV as VENV
+from support.kv import VLLM_VENV_034 as VENV
 from support.kv import ask_vllm
 
 TINY = hybrid_shape("tiny-hybrid")
@@ -55,19 +57,21 @@ def real(name: str):
 def test_tiny_hybrid_by_hand():
     # one layer's K + V per token: 2 x 2 kv heads x 16 x 4 B = 256 B; a state: conv
     # (2 x 2 x 16 + 4 x 16 = 128 channels) x 3 x 4 B = 1,536 B + recurrent 4 x 16 x 16 x 4 B
-    # = 4,096 B; 16 tokens x 256 B = 4,096 B < 5,632 B <= 32 x 256 B
+    # = 4,096 B; from vLLM 0.34's 64 tokens: 64 x 256 B = 16,384 B >= 5,632 B, kept
     z = hybrid_page_sizes(TINY, "float32")
     assert (z.attn_bytes_per_token, z.conv_state_bytes, z.recurrent_state_bytes) == (
         256,
         1536,
         4096,
     )
-    assert (z.block_size, z.page_bytes, z.padding_bytes) == (32, 8192, 2560)
-    # bf16 halves both sides: the same 32 tokens, a 4,096 B page
+    assert (z.block_size, z.page_bytes, z.padding_bytes) == (64, 16384, 10752)
+    # bf16 halves both sides: the same 64 tokens, an 8,192 B page
     half = hybrid_page_sizes(TINY, "bfloat16")
-    assert (half.block_size, half.page_bytes) == (32, 4096)
-    # FlashInfer's gated delta-net prefill in align mode: steps of lcm(16, 64) = 64 tokens
+    assert (half.block_size, half.page_bytes) == (64, 8192)
+    # FlashInfer's gated delta-net prefill in align mode: steps of lcm(64, 64) = 64 tokens
     assert hybrid_page_sizes(TINY, "float32", prefill_checkpoint_alignment=64).block_size == 64
+    # vLLM 0.33 started from 16: steps of 16, 16 x 256 B = 4,096 B < 5,632 B <= 32 x 256 B
+    assert hybrid_page_sizes(TINY, "float32", block_size=16).block_size == 32
     # 3 linear layers and 1 full: 3 >= 1.5 x 1, so groups of 1 layer, a block is one page
     assert uniform_page_group_size([3, 1]) == 1
     assert hybrid_bytes_per_block(TINY, 32, "float32") == 8192
@@ -80,24 +84,26 @@ def test_qwen3_next_and_qwen35_shapes_by_hand():
     z = hybrid_page_sizes(cfg, dtype, ssm)
     # K + V: 2 x 2 kv heads x 256 x 2 B = 2,048 B a token; state: conv (2 x 16 x 128 + 32 x 128
     # = 8,192 channels) x 3 x 2 B = 49,152 B + recurrent 32 x 128 x 128 x 2 B = 1,048,576 B;
-    # 33 x 16 x 2,048 B = 1,081,344 B < 1,097,728 B <= 34 x 16 x 2,048 B
-    assert (z.attn_bytes_per_token, z.state_bytes, z.block_size) == (2048, 1_097_728, 544)
+    # steps of 64 tokens: 8 x 64 x 2,048 B = 1,048,576 B < 1,097,728 B <= 9 x 64 x 2,048 B
+    assert (z.attn_bytes_per_token, z.state_bytes, z.block_size) == (2048, 1_097_728, 576)
     assert hybrid_page_sizes(cfg, dtype, ssm, prefill_checkpoint_alignment=64).block_size == 576
+    # from 0.33's 16, in steps of 16: 34 x 16 = 544
+    assert hybrid_page_sizes(cfg, dtype, ssm, block_size=16).block_size == 544
     # 36 linear and 12 full layers: 36 >= 1.5 x 12, groups of 12; a block is 12 pages
     assert uniform_page_group_size([36, 12]) == 12
-    assert hybrid_bytes_per_block(cfg, 544, dtype, ssm) == 12 * 544 * 2048 == 13_369_344
+    assert hybrid_bytes_per_block(cfg, 576, dtype, ssm) == 12 * 576 * 2048 == 14_155_776
     cfg, dtype, ssm = real("Qwen3.5-9B")
     z = hybrid_page_sizes(cfg, dtype, ssm)
     # 2 x 4 x 256 x 2 B = 4,096 B a token; state 49,152 B + 32 x 128 x 128 x 4 B (float32
-    # recurrent state) = 2,146,304 B; 32 x 16 x 4,096 B = 2,097,152 B is one short, 33 x 16 holds
-    assert (z.attn_bytes_per_token, z.state_bytes, z.block_size) == (4096, 2_146_304, 528)
-    assert hybrid_bytes_per_block(cfg, 528, dtype, ssm) == 8 * 528 * 4096
+    # recurrent state) = 2,146,304 B; 8 x 64 x 4,096 B = 2,097,152 B is one short, 9 x 64 holds
+    assert (z.attn_bytes_per_token, z.state_bytes, z.block_size) == (4096, 2_146_304, 576)
+    assert hybrid_bytes_per_block(cfg, 576, dtype, ssm) == 8 * 576 * 4096
 
 
 def test_a_hybrid_scenario_without_block_size_runs_at_vllms_size():
     resolved = load_scenario({"model": "tiny-hybrid"})
     assert resolved.engine.block_size == hybrid_page_sizes(TINY, "float32").block_size
-    assert load_scenario({"model": "tiny-hybrid", "dtype": "bfloat16"}).engine.block_size == 32
+    assert load_scenario({"model": "tiny-hybrid", "dtype": "bfloat16"}).engine.block_size == 64
     # a stated size is kept (vLLM would raise 4 to 32; the note says so)
     stated = load_scenario({"model": "tiny-hybrid", "engine": {"block_size": 4}})
     assert stated.engine.block_size == 4
@@ -106,7 +112,7 @@ def test_a_hybrid_scenario_without_block_size_runs_at_vllms_size():
     assert plain.engine.block_size == 16 and block_size_note(plain) is None
     assert "kv_cache_memory_bytes" not in scenario_to_dict(plain)["engine"]
     # --model replaces the file's model before the block size is resolved
-    assert load_scenario({}, {"model": "tiny-hybrid"}).engine.block_size == 32
+    assert load_scenario({}, {"model": "tiny-hybrid"}).engine.block_size == 64
     assert load_scenario({"model": "tiny-hybrid"}, {"model": "smollm2"}).engine.block_size == 16
     # linear layers come from the model: prefix_match_unit finer than the block is allowed
     finer = load_scenario({"model": "tiny-hybrid", "engine": {"prefix_match_unit": 4}})
@@ -114,7 +120,7 @@ def test_a_hybrid_scenario_without_block_size_runs_at_vllms_size():
     with pytest.raises(ScenarioError, match="hits land on the block size"):
         load_scenario({"model": "tiny-random", "engine": {"prefix_match_unit": 4}})
     # vLLM refuses a prefix_match_unit that does not divide the resolved block size
-    with pytest.raises(ScenarioError, match=r"must divide block_size \(32\); got 12"):
+    with pytest.raises(ScenarioError, match=r"must divide block_size \(64\); got 12"):
         load_scenario({"model": "tiny-hybrid", "engine": {"prefix_match_unit": 12}})
 
 
@@ -134,8 +140,9 @@ def test_the_note_says_resolved_kept_or_raised(lang):
         engine = {} if bs is None else {"block_size": bs}
         return block_size_note(load_scenario({"model": "tiny-hybrid", "engine": engine}))
 
-    assert note(None).key == note(32).key == "block_size.resolved"
-    assert note(64).key == "block_size.kept"
+    assert note(None).key == note(64).key == "block_size.resolved"
+    # 32 tokens (0.33's size) hold a state: vLLM 0.34 keeps a stated 32
+    assert note(32).key == note(128).key == "block_size.kept"
     # 40 tokens hold a state, yet the backends' alignment of 16 takes vLLM to 48
     assert note(40).key == note(4).key == "block_size.raised"
     assert note(40).fields["vllm"] == 48 and note(4).fields["vllm"] == 32
@@ -173,7 +180,7 @@ def test_run_prints_the_resolved_block_size_and_records_the_pool(tmp_path, monke
     assert r.stdout.startswith(tr(block_size_note(load_scenario(path)), "en"))
     assert "kv_cache_memory_bytes as stated" in r.stdout
     header = json.loads(out.read_text().splitlines()[0])["scenario"]["engine"]
-    assert header["block_size"] == 32 and header["num_gpu_blocks"] == budget // 8192
+    assert header["block_size"] == 64 and header["num_gpu_blocks"] == budget // 16384
 
 
 def test_replay_resolves_from_a_named_hybrid_model():
@@ -183,13 +190,13 @@ def test_replay_resolves_from_a_named_hybrid_model():
 
     trace = load_trace(SHIPPED_TRACE).slice(0, 5)
     s = replay_settings(trace, {"model": "tiny-hybrid"}).engine
-    assert s.block_size == 32 and s.layer_types == TINY_HYBRID["layer_types"]
+    assert s.block_size == 64 and s.layer_types == TINY_HYBRID["layer_types"]
     budget = replay_settings(trace, {"model": "tiny-hybrid", "kv_cache_memory_bytes": 10**8})
-    assert budget.engine.num_gpu_blocks == 10**8 // 8192
+    assert budget.engine.num_gpu_blocks == 10**8 // 16384
     bf16 = {"model": "tiny-hybrid", "dtype": "bfloat16", "kv_cache_memory_bytes": 10**8}
-    assert replay_settings(trace, bf16).engine.num_gpu_blocks == 10**8 // 4096
+    assert replay_settings(trace, bf16).engine.num_gpu_blocks == 10**8 // 8192
     assert (
-        replay_settings(trace, {"model": "tiny-hybrid", "block_size": 64}).engine.block_size == 64
+        replay_settings(trace, {"model": "tiny-hybrid", "block_size": 32}).engine.block_size == 32
     )
     assert replay_settings(trace, {}).engine.block_size == 16
     with pytest.raises(ScenarioError, match="kv_cache_memory_bytes"):
@@ -207,7 +214,7 @@ def vllm_cases():
 
 @pytest.mark.skipif(
     not (Path(VENV) / "bin" / "python").exists(),
-    reason=f"no vLLM 0.33.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
+    reason=f"no vLLM 0.34.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
 )
 def test_vllms_own_functions_resolve_the_same_block_size_and_pool():
     cases = list(vllm_cases())
@@ -224,11 +231,11 @@ def test_vllms_own_functions_resolve_the_same_block_size_and_pool():
         }
         for cfg, dtype, ssm, budget, stated, mode, alignment in cases
     ]
-    theirs = ask_vllm("vllm_block_size.py", spec)
+    theirs = ask_vllm("vllm_block_size.py", spec, venv=VENV)
     raised = 0
     for (cfg, dtype, ssm, budget, stated, mode, alignment), vllm in zip(cases, theirs):
         z = hybrid_page_sizes(
-            cfg, dtype, ssm, block_size=stated or 16, prefill_checkpoint_alignment=alignment
+            cfg, dtype, ssm, block_size=stated or 64, prefill_checkpoint_alignment=alignment
         )
         at = (dtype, stated, mode, alignment, vllm)
         assert z.block_size == vllm["block_size"], at

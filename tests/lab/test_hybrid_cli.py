@@ -1,11 +1,12 @@
 """``python -m paged_kv_lab run`` on tiny-hybrid equals transformers' greedy output (issue 33's
 first
 done-when): scenario files on prompts nobody here wrote (the Zen of Python, Tim Peters), run by
-the command line exactly as a user runs them, the block size left out (vLLM's resolution: 32),
-with full prefix hits, hits that end inside a block (``prefix_match_unit`` 8: the tail block is
-copied) and preemption. The reference is independent of kvcore's loader: the checkpoint
-``python -m paged_kv_lab model save tiny-hybrid DIR`` writes, read back by transformers'
-``AutoTokenizer`` and ``AutoModelForCausalLM``."""
+the command line exactly as a user runs them, at a stated block size of 32 (vLLM 0.34 keeps it
+with no prefill checkpoints: its page holds a state; left out, the size resolves to 64, and these
+short prompts would each fill less than one block), with full prefix hits, hits that end inside a
+block (``prefix_match_unit`` 8: the tail block is copied) and preemption. The reference is
+independent of kvcore's loader: the checkpoint ``python -m paged_kv_lab model save tiny-hybrid
+DIR`` writes, read back by transformers' ``AutoTokenizer`` and ``AutoModelForCausalLM``."""
 
 import json
 
@@ -64,11 +65,11 @@ def test_full_and_partial_hits_equal_transformers(tmp_path, reference):
     scenario = {
         "model": "tiny-hybrid",
         "device": "cpu",
-        "engine": {"num_gpu_blocks": 40, "prefix_match_unit": 8},
+        "engine": {"block_size": 32, "num_gpu_blocks": 40, "prefix_match_unit": 8},
         "requests": requests,
     }
     t = run(tmp_path, scenario)
-    assert t.scenario["engine"]["block_size"] == 32  # resolved from the model, as vLLM does
+    assert t.scenario["engine"]["block_size"] == 32  # stated, and kept as vLLM keeps it
     hits = {e.request_id: e.num_tokens for e in events(t, "cache_hit")}
     assert hits == {"B": 40, "C": 40, "D": 32}
     assert events(t, "copied"), "a hit inside a block copies the tail block"
@@ -85,7 +86,7 @@ def test_preemption_and_resume_equal_transformers(tmp_path, reference):
     scenario = {
         "model": "tiny-hybrid",
         "device": "cpu",
-        "engine": {"num_gpu_blocks": 14},
+        "engine": {"block_size": 32, "num_gpu_blocks": 14},
         "requests": requests,
     }
     t = run(tmp_path, scenario)

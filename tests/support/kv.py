@@ -28,20 +28,21 @@ from paged_kv_lab.run.engine import Engine, NoModelRunner
 from paged_kv_lab.run.scenario import EngineSettings, RequestSpec, Scenario
 from support.paths import REFERENCE
 
-# the vLLM scratch environment of the lab's reference checks (tests/support/reference/: hash keys,
-# the hybrid block size); they skip without it. Still 0.33.0's (/tmp/vllm-venv): vLLM 0.34.0
-# resolves an unstated hybrid block size from 64 (CacheConfig.DEFAULT_BLOCK_SIZE), and
-# kvcore/model/memory.py still resolves it from 0.33.0's 16 (docs/from-0.33-to-0.34.md).
+# the vLLM scratch environments of the lab's reference checks (tests/support/reference/); they
+# skip without them. The hash keys' is still 0.33.0's (/tmp/vllm-venv); the hybrid block size's
+# is 0.34.0's (/tmp/vllm034-venv, ``bash scripts/vllm_env.sh``), as kvcore/model/memory.py
+# resolves it.
 VLLM_VENV = os.environ.get("VLLM_VENV_033", "/tmp/vllm-venv")
+VLLM_VENV_034 = os.environ.get("VLLM_VENV", "/tmp/vllm034-venv")
 
 
-def ask_vllm(script: str, spec: Any, *, hash_seed: bool = True) -> Any:
+def ask_vllm(script: str, spec: Any, *, hash_seed: bool = True, venv: str = VLLM_VENV) -> Any:
     """The JSON that tests/support/reference/``script`` writes for ``spec`` (JSON on its stdin),
-    run by the vLLM environment's Python. ``hash_seed=False`` leaves PYTHONHASHSEED out of its
-    environment (vLLM's rule for NONE_HASH then applies)."""
+    run by the Python of the vLLM environment at ``venv``. ``hash_seed=False`` leaves
+    PYTHONHASHSEED out of its environment (vLLM's rule for NONE_HASH then applies)."""
     env = {k: v for k, v in os.environ.items() if hash_seed or k != "PYTHONHASHSEED"}
     done = subprocess.run(
-        [str(Path(VLLM_VENV) / "bin" / "python"), str(REFERENCE / script)],
+        [str(Path(venv) / "bin" / "python"), str(REFERENCE / script)],
         input=json.dumps(spec),
         capture_output=True,
         text=True,
