@@ -1,4 +1,4 @@
-"""vLLM 0.33.0's own tests/v1/core run against kvcore: the yardstick (issue 36).
+"""vLLM 0.34.0's own tests/v1/core run against kvcore: the yardstick (issues 36 and 44).
 
 Takes vLLM's unit tests from its source distribution, unchanged, into a scratch directory, and runs
 them three times under the Python of the vLLM scratch environment (``bash scripts/vllm_env.sh``):
@@ -28,11 +28,11 @@ Each test that passed in the baseline then lands in one row of the table:
     .venv/bin/python scripts/vllm_core_tests.py                # the three files of issue 36
     .venv/bin/python scripts/vllm_core_tests.py --json out.json --files test_prefix_caching.py
 
-The sdist (vllm-0.33.0.tar.gz, sha256-checked against PyPI's index) and pytest for the vLLM
-environment are cached under VLLM_SDIST_CACHE (default /tmp/vllm-sdist-cache). Without the vLLM
-environment (VLLM_VENV, default /tmp/vllm-venv: this yardstick has not moved to vLLM 0.34.0's
-tests yet, so it runs 0.33.0's tests in 0.33.0's environment, the one scripts/vllm_env.sh built
-there before the move) it says how to make one and exits 0.
+The sdist (vllm-0.34.0.tar.gz, sha256-checked against PyPI's index) and pytest for the vLLM
+environment are cached under VLLM_SDIST_CACHE (default /tmp/vllm-sdist-cache); each version's
+scratch directory is its own there (run-0.34.0). Without the vLLM 0.34.0 environment (VLLM_VENV,
+default /tmp/vllm034-venv, the one scripts/vllm_env.sh builds) it says how to make one and
+exits 0.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent / "vllm_core_tests"
-VERSION = "0.33.0"
+VERSION = "0.34.0"
 SDIST = f"vllm-{VERSION}.tar.gz"
 FILES = ("test_kv_cache_utils.py", "test_prefix_caching.py", "test_scheduler.py")
 # the files whose tests build a scheduler with tests/v1/core/utils.py's create_scheduler: the
@@ -233,7 +233,7 @@ def main() -> int:
         help="skip the second mode (kvcore's own Scheduler under test_scheduler.py)",
     )
     args = ap.parse_args()
-    venv = os.environ.get("VLLM_VENV", "/tmp/vllm-venv")
+    venv = os.environ.get("VLLM_VENV", "/tmp/vllm034-venv")
     venv_python = os.path.join(venv, "bin", "python")
     if not os.path.exists(venv_python):
         print(f"skipped: no vLLM {VERSION} environment at {venv} (bash scripts/vllm_env.sh)")
@@ -241,7 +241,7 @@ def main() -> int:
     cache = Path(os.environ.get("VLLM_SDIST_CACHE", "/tmp/vllm-sdist-cache"))
     sdist = fetch_sdist(cache, venv_python)
     pytest_dir = ensure_pytest(cache, venv_python)
-    scratch = cache / "run"
+    scratch = cache / f"run-{VERSION}"
     prepare(sdist, scratch, venv_python)
     mapping = yaml.safe_load((HERE / "unmodelled.yaml").read_text()) or {}
     kept = cache / f"baseline-{baseline_key(sdist, venv, args.files)}"

@@ -35,60 +35,71 @@ FREE_ORDERS = (FREE_ORDER_V033, FREE_ORDER_LEGACY)
 class BlockHashToBlockMap:
     """Cache key (block hash + group id) -> the block, or the blocks, holding that content.
 
-    Almost always one block holds a key, and it is stored directly; only when two requests
-    computed the same content at the same time does the key map to a dict ``{block_id: block}``
-    (vLLM keeps the common case a bare block to spare the garbage collector a dict per key).
-    Blocks are never de-duplicated, so block tables stay append-only. Within a dict, blocks
-    keep insertion order.
+    As vLLM 0.34 keeps it: ``_cache`` maps each key to one block id, the first inserted of the
+    blocks still under it (the one ``get_one_block`` returns); only when two requests computed
+    the same content at the same time does a key hold several blocks, and then ``_dup_ids``
+    holds all of that key's block ids, in insertion order (vLLM keeps ``_cache`` a dict of only
+    bytes and ints, which the garbage collector does not track). Blocks are never
+    de-duplicated, so block tables stay append-only. A key keeps its place in ``_cache``'s
+    order while any block remains under it.
     """
 
-    def __init__(self) -> None:
-        self._cache: dict[bytes, KVCacheBlock | dict[int, KVCacheBlock]] = {}
+    def __init__(self, blocks: list[KVCacheBlock]) -> None:
+        self._blocks = blocks
+        self._cache: dict[bytes, int] = {}
+        self._dup_ids: dict[bytes, dict[int, None]] = {}
 
     def get_one_block(self, key: bytes) -> Optional[KVCacheBlock]:
-        blocks = self._cache.get(key)
-        if blocks is None:
-            return None
-        if isinstance(blocks, KVCacheBlock):
-            return blocks
-        return next(iter(blocks.values()))
+        block_id = self._cache.get(key)
+        return None if block_id is None else self._blocks[block_id]
 
     def contain(self, key: bytes, block_id: int) -> bool:
-        blocks = self._cache.get(key)
-        if blocks is None:
-            return False
-        if isinstance(blocks, KVCacheBlock):
-            return blocks.block_id == block_id
-        return block_id in blocks
+        dup_ids = self._dup_ids.get(key)
+        if dup_ids is not None:
+            return block_id in dup_ids
+        return self._cache.get(key) == block_id
 
     def insert(self, key: bytes, block: KVCacheBlock) -> None:
-        blocks = self._cache.get(key)
-        if blocks is None:
-            self._cache[key] = block
-        elif isinstance(blocks, KVCacheBlock):
-            self._cache[key] = {blocks.block_id: blocks, block.block_id: block}
-        else:
-            blocks[block.block_id] = block
+        block_id = self._cache.setdefault(key, block.block_id)
+        if block_id != block.block_id:
+            self._dup_ids.setdefault(key, {block_id: None})[block.block_id] = None
 
     def pop(self, key: bytes, block_id: int) -> Optional[KVCacheBlock]:
-        # As vLLM: the key is taken out and put back (at the end) while blocks remain.
-        blocks = self._cache.pop(key, None)
-        if blocks is None:
-            return None
-        if isinstance(blocks, KVCacheBlock):
-            if blocks.block_id == block_id:
-                return blocks
-            self._cache[key] = blocks
-            return None
-        block = blocks.pop(block_id, None)
-        if blocks:
-            self._cache[key] = blocks
-        return block
+        dup_ids = self._dup_ids.get(key)
+        if dup_ids is None:
+            if self._cache.get(key) != block_id:
+                return None
+            del self._cache[key]
+        else:
+            if dup_ids.pop(block_id, False) is False:
+                return None
+            # assigning an existing key keeps its place in the dict's order
+            self._cache[key] = next(iter(dup_ids))
+            if len(dup_ids) == 1:
+                del self._dup_ids[key]
+        return self._blocks[block_id]
+
+    def clear(self) -> None:
+        self._cache.clear()
+        self._dup_ids.clear()
+
+    def num_blocks(self, key: bytes) -> int:
+        """How many blocks hold ``key`` (0: none). Ours (the lab's inspection)."""
+        dup_ids = self._dup_ids.get(key)
+        if dup_ids is not None:
+            return len(dup_ids)
+        return 0 if key not in self._cache else 1
+
+    def is_sole_block(self, key: bytes, block_id: int) -> bool:
+        """Whether ``block_id`` is the one block under ``key``: the common case, in which
+        popping it drops the key. Ours (the pool's eviction fast path)."""
+        return self._cache.get(key) == block_id and key not in self._dup_ids
 
     def block_ids(self) -> Iterable[tuple[bytes, tuple[int, ...]]]:
         """(key, ids of the blocks holding it) for every key, in the map's order (for snapshots)."""
-        for key, blocks in self._cache.items():
-            yield key, (blocks.block_id,) if isinstance(blocks, KVCacheBlock) else tuple(blocks)
+        dup = self._dup_ids
+        for key, block_id in self._cache.items():
+            yield key, tuple(dup[key]) if key in dup else (block_id,)
 
     def __len__(self) -> int:
         return len(self._cache)
@@ -138,7 +149,7 @@ class BlockPool:
         self.free_order = free_order
         self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
-        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        self.cached_block_hash_to_block = BlockHashToBlockMap(self.blocks)
         # A block's keys besides its primary one (``block.block_hash``): partial entries
         # (``cache_partial_block``), so eviction and reset can drop every key of a block.
         self.cached_block_hashes_by_block: dict[int, set[bytes]] = {}
@@ -211,7 +222,7 @@ class BlockPool:
                 if key in table:
                     cache.insert(key, blk)
                 else:
-                    table[key] = blk
+                    table[key] = blk.block_id
             return
         new_hashes: list[bytes] = []
         new_extra_keys: list = []
@@ -341,11 +352,12 @@ class BlockPool:
                 # lists per block that partial entries brought had made eviction slower than
                 # vLLM's); any other cached block goes through _maybe_evict_cached_block.
                 table = self.cached_block_hash_to_block._cache
+                dup_ids = self.cached_block_hash_to_block._dup_ids
                 kv_events = self.kv_event_queue if self.enable_kv_cache_events else None
                 for block in ret:
                     key = block.block_hash
                     if key is not None:
-                        if table.get(key) is block:
+                        if table.get(key) == block.block_id and key not in dup_ids:
                             del table[key]
                             block.block_hash = None
                             block.block_hash_num_tokens = None
@@ -376,9 +388,9 @@ class BlockPool:
         key = block.block_hash
         if key is None:
             return False
-        table = self.cached_block_hash_to_block._cache
-        # The common case (the key maps to this block alone) in one lookup, without a call.
-        sole = table.get(key) is block
+        hash_map = self.cached_block_hash_to_block
+        # The common case (the key maps to this block alone), tested first.
+        sole = hash_map.is_sole_block(key, block.block_id)
         if not sole and not self.cached_block_hash_to_block.contain(key, block.block_id):
             return False
         # before the hash is gone
@@ -389,7 +401,7 @@ class BlockPool:
         if sole and block.block_id not in self.cached_block_hashes_by_block:
             # The block's one key (no partial entry): what _remove_cached_block_hashes and
             # _emit_block_removed_events do for it, without their lists and calls.
-            del table[key]
+            del hash_map._cache[key]
             block.block_hash = None
             block.block_hash_num_tokens = None
             if self.enable_kv_cache_events:
@@ -554,7 +566,9 @@ class BlockPool:
         if num_used != 1:
             self._tell_reset(False, num_used - 1)
             return False
-        self.cached_block_hash_to_block = BlockHashToBlockMap()
+        # in place, as vLLM 0.34 (a new map made after the engine's gc.freeze() at start-up
+        # would not be frozen)
+        self.cached_block_hash_to_block.clear()
         self.cached_block_hashes_by_block.clear()
         for block in self.blocks:
             block.reset_hash()

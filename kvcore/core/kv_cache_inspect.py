@@ -174,10 +174,7 @@ def cached_block_ids(pool: "BlockPool") -> Iterable[tuple[bytes, tuple[int, ...]
 def num_blocks_cached_under(pool: "BlockPool", key: bytes) -> int:
     """How many blocks the prefix cache holds under ``key`` (0: none). More than one when
     requests computed the same content at the same time: vLLM never merges them. O(1)."""
-    held = pool.cached_block_hash_to_block._cache.get(key)
-    if held is None:
-        return 0
-    return len(held) if isinstance(held, dict) else 1
+    return pool.cached_block_hash_to_block.num_blocks(key)
 
 
 def block_cache_keys(pool: "BlockPool", block_id: int) -> tuple[bytes, ...]:

@@ -1,4 +1,4 @@
-"""The adapter that swaps kvcore in for vLLM 0.33.0's block layer under vLLM's own tests.
+"""The adapter that swaps kvcore in for vLLM 0.34.0's block layer under vLLM's own tests.
 
 scripts/vllm_core_tests.py copies this file as the root conftest.py of a scratch directory that
 holds vLLM's tests/ from its sdist, unchanged, and runs pytest there under the Python of the vLLM
@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import weakref
 
 REPO = os.environ["KVCORE_REPO"]
 KVCORE_DIR = os.path.join(os.path.realpath(REPO), "kvcore") + os.sep
@@ -116,6 +117,9 @@ def _swap() -> None:
     block_init = ku.KVCacheBlock.__init__
 
     def init_block(self, *args, pool=None, **kwargs):
+        # vLLM 0.34's blocks hold their pool by weak reference
+        if isinstance(pool, weakref.ref):
+            pool = pool()
         if pool is not None and not isinstance(pool, kb.BlockPool):
             # vLLM's own pool subclasses (HiSparse host pages, shared event queues) build their
             # blocks with their pool; kvcore has no such pools
@@ -123,7 +127,6 @@ def _swap() -> None:
         block_init(self, *args, **kwargs)
 
     ku.KVCacheBlock.__init__ = init_block
-    ku.KVCacheBlock._block_hash_num_tokens = property(lambda self: self.block_hash_num_tokens)
 
     # kvcore's KV events are its own structs with vLLM's fields and wire bytes; vLLM's code and
     # tests test them by class (isinstance), so kvcore's modules build vLLM's structs here.
@@ -160,6 +163,27 @@ def _swap() -> None:
             setattr(mod, attr, swaps[value])
 
 
+def _allow_cpu_without_triton() -> None:
+    """vLLM 0.34's CPU platform refuses an x86 machine without triton-cpu when it checks a
+    config (its model runner's kernels need it). The core tests build configs, managers and
+    schedulers, never a kernel, so the check is told Triton is there; both runs (vLLM alone
+    and with kvcore) get this, so it moves no test from one row of the table to another."""
+    import vllm.triton_utils as vt
+    from vllm.platforms.cpu import CpuPlatform
+
+    check = CpuPlatform.check_and_update_config.__func__
+
+    def check_and_update_config(cls, vllm_config) -> None:
+        has_triton, vt.HAS_TRITON = vt.HAS_TRITON, True
+        try:
+            check(cls, vllm_config)
+        finally:
+            vt.HAS_TRITON = has_triton
+
+    CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
+
+
+_allow_cpu_without_triton()
 if SWAP:
     _swap()
 if os.environ.get("YARDSTICK_SCHEDULER") == "1":

@@ -1,4 +1,4 @@
-"""The second adapter mode: vLLM 0.33.0's scheduler tests get kvcore's own Scheduler.
+"""The second adapter mode: vLLM 0.34.0's scheduler tests get kvcore's own Scheduler.
 
 Loaded by the root conftest (conftest.py beside this file) when YARDSTICK_SCHEDULER=1, after the
 block-layer swap. It replaces ``create_scheduler`` of vLLM's tests/v1/core/utils.py (which
@@ -19,11 +19,12 @@ from __future__ import annotations
 import inspect
 import sys
 from collections import defaultdict
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 
 def install(Unmodelled):  # noqa: N803  (the conftest's exception class)
     import tests.v1.core.utils as tu
+    import vllm.v1.outputs as vo
     import vllm.v1.request as vr
     from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs
     from vllm.v1.metrics.stats import SchedulerStats
@@ -61,6 +62,15 @@ def install(Unmodelled):  # noqa: N803  (the conftest's exception class)
     )
     vr.Request.stop_token_ids = property(
         lambda r: frozenset((sampling(r).stop_token_ids or ()) if sampling(r) else ())
+    )
+
+    # vLLM 0.34 bounds a request's prefix-cache hit by prefix_cache_hit_limit (0: it reads no
+    # hit, as 0.33's skip_reading_prefix_cache; more: prompt scoring from prompt_logprob_start,
+    # refused in add_request), and its ModelRunnerOutput lists the requests without the index
+    # by id that kvcore reads (0.33's req_id_to_index).
+    vr.Request.skip_reading_prefix_cache = property(lambda r: r.prefix_cache_hit_limit == 0)
+    vo.ModelRunnerOutput.req_id_to_index = property(
+        lambda o: {rid: i for i, rid in enumerate(o.req_ids)}
     )
 
     original = tu.create_scheduler
@@ -107,7 +117,6 @@ def install(Unmodelled):  # noqa: N803  (the conftest's exception class)
                 "speculative decoding other than n-gram",
             ),
             (a["num_speculative_tokens_per_batch_size"] is not None, "per-batch-size drafts"),
-            (a["parallel_drafting"], "parallel drafting"),
         ]
         for flagged, feature in unmodelled:
             if flagged:
@@ -116,7 +125,7 @@ def install(Unmodelled):  # noqa: N803  (the conftest's exception class)
 
     def from_vllm(vllm_scheduler):
         """kvcore's Scheduler for what vLLM's helper built: its config, its KV cache config and
-        the connector vLLM's factory made (the helper also set use_v2_model_runner on it)."""
+        the connector vLLM's factory made."""
         config = vllm_scheduler.vllm_config
         kv_cache_config = vllm_scheduler.kv_cache_manager.kv_cache_config
         if len(kv_cache_config.kv_cache_groups) != 1:
@@ -146,6 +155,9 @@ def install(Unmodelled):  # noqa: N803  (the conftest's exception class)
                 long_prefill_token_threshold=sc.long_prefill_token_threshold,
                 enable_chunked_prefill=sc.enable_chunked_prefill,
                 num_spec_tokens=spec_cfg.num_speculative_tokens if spec_cfg else 0,
+                cache_aware_admission_window=sc.cache_aware_admission_window,
+                cache_aware_admission_threshold=sc.cache_aware_admission_threshold,
+                max_num_inflight_kv_loads=sc.max_num_inflight_kv_loads,
             ),
             kvm,
             vllm_scheduler.connector,
@@ -160,7 +172,6 @@ def install(Unmodelled):  # noqa: N803  (the conftest's exception class)
         # tests that count both count kvcore's waiting requests; one that reads the second
         # queue itself, or fills it, fails)
         scheduler.kv_holding_waiting = create_request_queue(sc.policy)
-        scheduler.use_v2_model_runner = vllm_scheduler.use_v2_model_runner
         scheduler.block_size = spec.block_size
         return scheduler
 
@@ -184,25 +195,43 @@ def install(Unmodelled):  # noqa: N803  (the conftest's exception class)
         create_scheduler_with_priority.kvcore = True
         module.create_scheduler_with_priority = create_scheduler_with_priority
 
+    @dataclass(frozen=True)
+    class NewRequestData(ko.NewRequestData):
+        """kvcore's NewRequestData with vLLM 0.34's ``prefill_token_ids``."""
+
+        prefill_token_ids: list = field(default_factory=list)
+
     class KvcoreScheduler(ks.Scheduler):
         """kvcore's Scheduler answering in vLLM's shapes where only the shape differs."""
 
-        def schedule(self):
-            """kvcore's batch; for vLLM's V2 model runner in its shape: a resumed request goes
-            out as a new one (with its blocks) and no cached request carries all its tokens."""
-            out = super().schedule()
+        def _make_output(self, *args, **kwargs):
+            """kvcore's batch in vLLM 0.34's shape, before the connector sees it: a resumed
+            request goes out as a new one (with its blocks), no cached request carries all its
+            tokens, and every new request carries the tokens to prefill (``prefill_token_ids``:
+            the prompt, and the outputs of a resumed one). kvcore keeps 0.33's V1-runner shape
+            (resumed requests among the cached ones), which its own engine reads."""
+            out = super()._make_output(*args, **kwargs)
             c = out.scheduled_cached_reqs
-            if not self.use_v2_model_runner or not (c.resumed_req_ids or c.all_token_ids):
-                return out
             resumed = [i for i, rid in enumerate(c.req_ids) if rid in c.resumed_req_ids]
             keep = [i for i in range(c.num_reqs) if i not in resumed]
-            new_reqs = list(out.scheduled_new_reqs) + [
-                ko.NewRequestData(
+            new_reqs = [
+                NewRequestData(
+                    n.req_id,
+                    n.prompt_token_ids,
+                    n.block_ids,
+                    n.num_computed_tokens,
+                    n.mm_features,
+                    list(self.requests[n.req_id].all_token_ids),
+                )
+                for n in out.scheduled_new_reqs
+            ] + [
+                NewRequestData(
                     c.req_ids[i],
                     list(self.requests[c.req_ids[i]].prompt_token_ids),
                     c.new_block_ids[i],
                     c.num_computed_tokens[i],
                     list(self.requests[c.req_ids[i]].mm_features),
+                    list(self.requests[c.req_ids[i]].all_token_ids),
                 )
                 for i in resumed
             ]
@@ -272,6 +301,10 @@ def install(Unmodelled):  # noqa: N803  (the conftest's exception class)
                     "repetition detection",
                 ),
                 (request.resumable, "streaming (resumable) requests"),
+                (
+                    request.prefix_cache_hit_limit not in (None, 0),
+                    "prompt scoring from a prompt position (prompt_logprob_start)",
+                ),
             ]
             for flagged, feature in unmodelled:
                 if flagged:

@@ -222,25 +222,29 @@ def test_two_blocks_with_one_hash_get_cached_block_returns_the_first_inserted():
     assert p.get_cached_block(h0, [0]) is None
 
 
-def test_block_hash_to_block_map_holds_one_block_bare_and_several_in_a_dict_as_vllm():
-    """vLLM 0.33 stores the common case (one block per key) as the block itself and only a
-    key with several blocks as {block_id: block}; popping moves a remaining key to the end."""
-    m = BlockHashToBlockMap()
-    b1, b2, b3 = KVCacheBlock(1), KVCacheBlock(2), KVCacheBlock(3)
-    m.insert(b"k", b1)
-    assert m._cache[b"k"] is b1
-    m.insert(b"k", b2)
-    assert m._cache[b"k"] == {1: b1, 2: b2}
-    m.insert(b"j", b3)
+def test_block_hash_to_block_map_stores_block_ids_and_keeps_a_keys_place_as_vllm_034():
+    """vLLM 0.34 maps each key to one block id (the first inserted of those remaining) and keeps
+    a key's other block ids apart, in insertion order; popping one of a key's blocks, or an id
+    the key does not hold, leaves the key where it is in the map's order (0.33 took the key out
+    and put it back at the end)."""
+    blocks = [KVCacheBlock(i) for i in range(4)]
+    m = BlockHashToBlockMap(blocks)
+    m.insert(b"k", blocks[1])
+    m.insert(b"j", blocks[3])
+    m.insert(b"k", blocks[2])
+    assert m._cache == {b"k": 1, b"j": 3} and m._dup_ids == {b"k": {1: None, 2: None}}
+    assert list(m.block_ids()) == [(b"k", (1, 2)), (b"j", (3,))]
     assert m.contain(b"k", 2) and not m.contain(b"j", 1)
-    assert m.pop(b"k", 1) is b1
-    assert m._cache[b"k"] == {2: b2} and list(m._cache) == [b"j", b"k"]
-    assert m.pop(b"j", 9) is None and m._cache[b"j"] is b3
+    assert m.pop(b"j", 9) is None and list(m._cache) == [b"k", b"j"]
+    assert m.pop(b"k", 1) is blocks[1]
+    assert list(m._cache) == [b"k", b"j"] and m._dup_ids == {}
+    assert m.get_one_block(b"k") is blocks[2]
+    assert list(m.block_ids()) == [(b"k", (2,)), (b"j", (3,))]
 
 
 def test_block_hash_to_block_map_semantics():
-    m = BlockHashToBlockMap()
-    b1, b2 = KVCacheBlock(1), KVCacheBlock(2)
+    b0, b1, b2 = (KVCacheBlock(i) for i in range(3))
+    m = BlockHashToBlockMap([b0, b1, b2])
     assert m.get_one_block(b"k") is None and m.pop(b"k", 1) is None
     m.insert(b"k", b1)
     m.insert(b"k", b2)
@@ -377,9 +381,12 @@ def test_reset_prefix_cache_clears_every_hash_once_all_blocks_are_free():
     p.free_blocks(reversed(blocks))
     p.take_events()
     order = queue_ids(p)
+    cache = p.cached_block_hash_to_block
     assert p.reset_prefix_cache() is True
     assert all(b.block_hash is None for b in p.blocks)
-    assert len(p.cached_block_hash_to_block) == 0
+    # vLLM 0.34 clears the map in place (a new map made after the engine's gc.freeze() at
+    # start-up would not be frozen), so whoever holds the map sees it emptied
+    assert p.cached_block_hash_to_block is cache and len(cache) == 0
     assert p.get_cached_block(req.block_hashes[0], [0]) is None
     assert p.take_events() == [AllBlocksCleared()]
     assert queue_ids(p) == order  # the queue itself is untouched

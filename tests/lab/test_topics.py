@@ -94,8 +94,9 @@ def test_one_hash_two_blocks_happens(model, one_torch_thread):
 
 
 def test_block_hash_to_block_map_keeps_twins_like_vllm():
-    m = BlockHashToBlockMap()
-    a, b, c = KVCacheBlock(3), KVCacheBlock(5), KVCacheBlock(7)
+    blocks = [KVCacheBlock(i) for i in range(8)]
+    m = BlockHashToBlockMap(blocks)
+    a, b, c = blocks[3], blocks[5], blocks[7]
     m.insert(b"h", a)
     m.insert(b"h", b)
     assert m.get_one_block(b"h") is a and m.contain(b"h", 5) and len(m) == 1

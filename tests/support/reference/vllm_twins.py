@@ -52,9 +52,9 @@ def main(args: dict) -> dict:
                 manager.allocate_slots(r, num_new)
                 r.num_computed_tokens += num_new
     twins = []
-    for value in manager.block_pool.cached_block_hash_to_block._cache.values():
-        if isinstance(value, dict) and len(value) > 1:
-            twins.append(list(value))
+    # vLLM 0.34 keeps the block ids of a key several blocks hold apart, in insertion order
+    for block_ids in manager.block_pool.cached_block_hash_to_block._dup_ids.values():
+        twins.append(list(block_ids))
     return {"hits": hits, "twins": sorted(twins)}
 
 
