@@ -7,7 +7,7 @@ One step of it, as the engine runs it:
 1. after a request samples, :class:`NgramProposer` looks for the longest n-gram ending its tokens
    that occurs earlier in those same tokens, takes the last such occurrence, and proposes the
    tokens that followed it there, then pads to k with the last sampled token: the *drafts*
-   (``Request.spec_token_ids``), always k of them;
+   (``Request.spec_token_ids``), k of them (fewer only where they would pass ``max_model_len``);
 2. next step the scheduler schedules ``1 + len(drafts)`` tokens for the request — the last
    sampled token and the drafts, fewer where the token budget or ``max_model_len`` cuts them —
    and ``allocate_slots`` gives all of them KV slots, padding included;
@@ -33,8 +33,9 @@ class NgramProposer:
     """Prompt lookup: drafts come from the request's own tokens, no draft model.
 
     Invariants: ``1 <= min_n <= max_n``; ``k >= 1``; a proposal for a request that sampled has
-    exactly ``k`` tokens (vLLM 0.34.0 fills every draft slot); ``max_model_len`` only bounds the
-    tokens a request can have: the scheduler, not the proposer, cuts drafts that would pass it.
+    exactly ``min(k, max_model_len - len(token_ids))`` tokens. vLLM 0.34.0 fills all k draft
+    slots and its scheduler never schedules a draft at or past ``max_model_len``; kvcore stops
+    the list there, which schedules the same tokens and keeps a huge k from building a huge list.
     """
 
     min_n: int
@@ -75,10 +76,14 @@ class NgramProposer:
         k; every slot left (all k when nothing matches, or the request has fewer than ``min_n``
         tokens) holds the last sampled token, ``token_ids[-1]``. Those padding drafts are
         scheduled and verified like any other, so they take KV slots and are rejected unless
-        the target's greedy token equals them.
+        the target's greedy token equals them. The list stops below ``max_model_len`` (class
+        docstring).
         """
         if not token_ids:
             raise ValueError("a request that sampled has at least one token")
+        k = min(self.k, self.max_model_len - len(token_ids))
+        if k <= 0:
+            return []
         n, pos = self.find_match(token_ids)
-        drafts = list(token_ids[pos + n : pos + n + self.k]) if n else []
-        return drafts + [token_ids[-1]] * (self.k - len(drafts))
+        drafts = list(token_ids[pos + n : pos + n + k]) if n else []
+        return drafts + [token_ids[-1]] * (k - len(drafts))

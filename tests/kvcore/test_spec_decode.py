@@ -60,13 +60,15 @@ def test_proposer_fills_every_draft_slot_with_the_last_sampled_token():
         p.propose([])
 
 
-def test_the_scheduler_not_the_proposer_stops_drafts_at_max_model_len():
-    """0.34.0's proposer drafts k tokens whatever max_model_len is (0.33.0's cut k to
-    max_model_len - len(tokens)); the scheduler schedules no token at or past
-    max_model_len - 1, so the drafts it runs stop there."""
+def test_drafts_stop_where_the_scheduler_would_cut_them():
+    """0.34.0's proposer drafts k tokens whatever max_model_len is, and its scheduler schedules
+    no token at or past max_model_len; kvcore's list stops there (as 0.33.0's did), so the same
+    tokens run, and a huge k builds no huge list."""
     toks = [1, 2, 3, 1, 2, 3, 1, 2]
-    assert NgramProposer(1, 2, k=5, max_model_len=10).propose(toks) == [3, 1, 2, 2, 2]
-    assert NgramProposer(1, 2, k=5, max_model_len=8).propose(toks) == [3, 1, 2, 2, 2]
+    assert NgramProposer(1, 2, k=5, max_model_len=20).propose(toks) == [3, 1, 2, 2, 2]
+    assert NgramProposer(1, 2, k=5, max_model_len=10).propose(toks) == [3, 1]
+    assert NgramProposer(1, 2, k=5, max_model_len=8).propose(toks) == []
+    assert NgramProposer(1, 1, k=2**62, max_model_len=12).propose([7, 5]) == [5] * 10
     eng = make_engine(
         [spec("S", toks, max_tokens=50)],
         runner=NoModelRunner(vocab_size=5),
@@ -75,9 +77,12 @@ def test_the_scheduler_not_the_proposer_stops_drafts_at_max_model_len():
             num_speculative_tokens=5, prompt_lookup_min=1, prompt_lookup_max=2
         ),
     )
-    for rec in eng.run():
-        for ev in events_of(rec, events.DRAFT_PROPOSED, "S"):
-            assert len(ev.draft_token_ids) == 5
+    recs = eng.run()
+    for prev, rec in zip(recs, recs[1:]):
+        for ev in events_of(prev, events.DRAFT_PROPOSED, "S"):
+            assert len(ev.draft_token_ids) == min(5, 12 - ev.num_tokens)
+            # the last token and the drafts, none at or past position 12 (vLLM's cut)
+            assert rec.scheduled["S"] == min(1 + 5, 12 - ev.num_tokens)
     assert len(eng.outputs()["S"]["token_ids"]) == 12 - len(toks)
 
 
