@@ -86,6 +86,28 @@ def test_drafts_stop_where_the_scheduler_would_cut_them():
     assert len(eng.outputs()["S"]["token_ids"]) == 12 - len(toks)
 
 
+def test_a_huge_k_and_max_model_len_draft_only_what_a_step_can_schedule():
+    """The lab builds the proposer with k cut to max_num_batched_tokens (a step never schedules
+    more), so a scenario's k and max_model_len at their limits run, with the same tokens."""
+    big = 2**62
+
+    def run(k, max_model_len):
+        eng = make_engine(
+            [spec("S", [1, 2, 1, 2], max_tokens=6)],
+            runner=NoModelRunner(vocab_size=5),
+            max_model_len=max_model_len,
+            max_num_batched_tokens=8,
+            speculative=SpeculativeConfig(
+                num_speculative_tokens=k, prompt_lookup_min=1, prompt_lookup_max=2
+            ),
+        )
+        recs = eng.run()
+        assert all(n <= 8 for r in recs for n in r.scheduled.values())
+        return eng.outputs()["S"]["token_ids"]
+
+    assert run(big, big) == run(3, 100)
+
+
 @pytest.mark.parametrize(
     "bad", [dict(min_n=0, max_n=2, k=1), dict(min_n=3, max_n=2, k=1), dict(min_n=1, max_n=2, k=0)]
 )
