@@ -402,9 +402,12 @@ class Sampled(Event):
 class DraftProposed(Event):
     """Drafts for the request's next step, after its own ``num_tokens`` tokens; the next step
     schedules them after its last token (kept by ``Scheduler.update_draft_token_ids``). With
-    ``num_lookahead_tokens`` 0 the n-gram proposer found its latest tokens earlier in its text
-    (vLLM: ``NgramProposer.propose``); with k > 0 a draft model proposed them, writing their K/V
-    into the lookahead slots the scheduler reserved (vLLM: ``DraftModelProposer.propose``), or,
+    ``num_lookahead_tokens`` 0 the n-gram proposer drafted them: what followed the last earlier
+    occurrence of its latest tokens, padded with its last token to ``num_speculative_tokens``
+    (or to ``max_model_len``), all of them padding when nothing matched (vLLM 0.34.0:
+    ``NgramGPUSpeculator.propose``);
+    with k > 0 a draft model proposed them, writing their K/V into the lookahead slots the
+    scheduler reserved (vLLM: ``DraftModelProposer.propose``), or,
     with ``uses_target_hidden_states``, an EAGLE/MTP head from the target's hidden states (vLLM:
     ``EagleProposer.propose``)."""
 

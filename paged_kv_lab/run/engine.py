@@ -517,10 +517,14 @@ class Engine:
                 )
             sp = s.speculative
             if sp.method == "ngram":
+                # vLLM drafts num_speculative_tokens, but a step never schedules more than
+                # max_num_batched_tokens tokens and drops the drafts it cut: a longer list would
+                # schedule the same tokens, and a huge k (a scenario may give one) would not fit
+                # in memory.
                 self.drafter = NgramProposer(
                     sp.prompt_lookup_min,
                     sp.prompt_lookup_max,
-                    sp.num_speculative_tokens,
+                    min(sp.num_speculative_tokens, s.max_num_batched_tokens),
                     self.max_model_len,
                 )
         if runner is None:

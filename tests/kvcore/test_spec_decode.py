@@ -29,22 +29,83 @@ REP = [17, 254, 1033, 88, 4012, 7, 391]  # repeated: the proposer finds it again
 
 
 # -- the proposer and the acceptance rule ---------------------------------------------------
-def test_proposer_takes_the_longest_ngram_and_its_first_occurrence():
+def test_proposer_takes_the_longest_ngram_and_its_last_occurrence():
+    """vLLM 0.34.0 (worker/gpu/spec_decode/ngram/speculator.py): the scan scores a match as
+    ``n * (max_model_len + 1) + pos + 1`` and keeps the maximum (lines 82-86), so the longest n
+    wins and, among its occurrences, the one starting last; 0.33.0's KMP search
+    (v1/spec_decode/ngram_proposer.py) kept the first."""
     p = NgramProposer(min_n=2, max_n=3, k=4, max_model_len=100)
-    assert p.propose([1, 2, 3, 4, 2, 3]) == [4, 2, 3]  # vLLM's docstring example
-    # 1-grams are too short here; [9, 5] occurs twice: the first occurrence is used
-    assert p.propose([9, 5, 6, 9, 5, 7, 9, 5]) == [6, 9, 5, 7]
-    # a 3-gram match beats a 2-gram one
+    # 1-grams are too short here; [9, 5] occurs twice before the end: the later one is used
+    assert p.find_match([9, 5, 6, 9, 5, 7, 9, 5]) == (2, 3)
+    assert p.propose([9, 5, 6, 9, 5, 7, 9, 5]) == [7, 9, 5, 5]  # 0.33: [6, 9, 5, 7]
+    # a 3-gram match beats a later 2-gram one
+    assert p.find_match([7, 8, 1, 0, 8, 1, 2, 7, 8, 1]) == (3, 0)
     assert p.propose([7, 8, 1, 0, 8, 1, 2, 7, 8, 1]) == [0, 8, 1, 2]
-    assert p.propose([1, 2, 3]) == [] and p.propose([5]) == []
-    assert NgramProposer(1, 1, 3, 100).propose([4, 4]) == [4]  # only one token follows the match
+    # an earlier occurrence may overlap the suffix: [4, 4] at 1 ends one token before the end
+    assert NgramProposer(2, 2, 2, 100).propose([4, 4, 4, 4]) == [4, 4]
+    assert NgramProposer(1, 1, 3, 100).find_match([6, 4, 6, 4]) == (1, 1)
 
 
-def test_proposer_never_drafts_past_max_model_len():
-    p = NgramProposer(1, 2, k=5, max_model_len=10)
+def test_proposer_fills_every_draft_slot_with_the_last_sampled_token():
+    """vLLM 0.34.0's finalize kernel writes all num_speculative_tokens slots for every request:
+    slots past the matched continuation, and every slot when nothing matches or the request has
+    fewer than prompt_lookup_min tokens, get the last sampled token (speculator.py lines
+    132-148); 0.33.0 returned fewer drafts, or none."""
+    p = NgramProposer(min_n=2, max_n=3, k=4, max_model_len=100)
+    assert p.propose([1, 2, 3, 4, 2, 3]) == [4, 2, 3, 3]  # 0.33: [4, 2, 3]
+    assert p.propose([1, 2, 3]) == [3, 3, 3, 3]  # no match; 0.33: []
+    assert p.propose([5]) == [5, 5, 5, 5]  # shorter than min_n; 0.33: []
+    assert NgramProposer(1, 1, 3, 100).propose([4, 4]) == [4, 4, 4]  # one token followed it
+    with pytest.raises(ValueError):
+        p.propose([])
+
+
+def test_drafts_stop_where_the_scheduler_would_cut_them():
+    """0.34.0's proposer drafts k tokens whatever max_model_len is, and its scheduler schedules
+    no token at or past max_model_len; kvcore's list stops there (as 0.33.0's did), so the same
+    tokens run, and a huge k builds no huge list."""
     toks = [1, 2, 3, 1, 2, 3, 1, 2]
-    assert p.propose(toks) == [3, 1]
+    assert NgramProposer(1, 2, k=5, max_model_len=20).propose(toks) == [3, 1, 2, 2, 2]
+    assert NgramProposer(1, 2, k=5, max_model_len=10).propose(toks) == [3, 1]
     assert NgramProposer(1, 2, k=5, max_model_len=8).propose(toks) == []
+    assert NgramProposer(1, 1, k=2**62, max_model_len=12).propose([7, 5]) == [5] * 10
+    eng = make_engine(
+        [spec("S", toks, max_tokens=50)],
+        runner=NoModelRunner(vocab_size=5),
+        max_model_len=12,
+        speculative=SpeculativeConfig(
+            num_speculative_tokens=5, prompt_lookup_min=1, prompt_lookup_max=2
+        ),
+    )
+    recs = eng.run()
+    for prev, rec in zip(recs, recs[1:]):
+        for ev in events_of(prev, events.DRAFT_PROPOSED, "S"):
+            assert len(ev.draft_token_ids) == min(5, 12 - ev.num_tokens)
+            # the last token and the drafts, none at or past position 12 (vLLM's cut)
+            assert rec.scheduled["S"] == min(1 + 5, 12 - ev.num_tokens)
+    assert len(eng.outputs()["S"]["token_ids"]) == 12 - len(toks)
+
+
+def test_a_huge_k_and_max_model_len_draft_only_what_a_step_can_schedule():
+    """The lab builds the proposer with k cut to max_num_batched_tokens (a step never schedules
+    more), so a scenario's k and max_model_len at their limits run, with the same tokens."""
+    big = 2**62
+
+    def run(k, max_model_len):
+        eng = make_engine(
+            [spec("S", [1, 2, 1, 2], max_tokens=6)],
+            runner=NoModelRunner(vocab_size=5),
+            max_model_len=max_model_len,
+            max_num_batched_tokens=8,
+            speculative=SpeculativeConfig(
+                num_speculative_tokens=k, prompt_lookup_min=1, prompt_lookup_max=2
+            ),
+        )
+        recs = eng.run()
+        assert all(n <= 8 for r in recs for n in r.scheduled.values())
+        return eng.outputs()["S"]["token_ids"]
+
+    assert run(big, big) == run(3, 100)
 
 
 @pytest.mark.parametrize(
