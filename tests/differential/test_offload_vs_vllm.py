@@ -54,3 +54,20 @@ def test_an_asynchronous_load_is_held_back_where_vllm_holds_it_back():
     for aspect, t in res["aspects"].items():
         assert t["steps"] >= 30 and t["differ"] == 0, aspect
     assert res["exercised"]["blocks_loaded"] > 0
+
+
+@pytest.mark.skipif(
+    not (Path(VENV) / "bin" / "python").exists(),
+    reason=f"no vLLM 0.34.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
+)
+def test_a_trace_no_scheduler_can_finish_runs_as_vllm_runs_it():
+    # a 12-token prompt with 4 answer tokens needs 8 blocks of 2, the pool has 7: once preempted
+    # it is refused at every step on both sides, while the lazy tier keeps storing; compared over
+    # the harness's 500 steps instead of failing as "did not finish"
+    case = offload_vs_vllm.random_case(316581130)
+    assert offload_vs_vllm.never_finishes(case)
+    assert not offload_vs_vllm.never_finishes(offload_vs_vllm.random_case(9))
+    res = offload_vs_vllm.differential(VENV, [316581130])
+    assert not res["failures"], res["failures"]
+    for aspect, t in res["aspects"].items():
+        assert t["steps"] == 500 and t["differ"] == 0, aspect
