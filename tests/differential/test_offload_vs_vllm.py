@@ -60,14 +60,12 @@ def test_an_asynchronous_load_is_held_back_where_vllm_holds_it_back():
     not (Path(VENV) / "bin" / "python").exists(),
     reason=f"no vLLM 0.34.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
 )
-def test_a_trace_no_scheduler_can_finish_runs_as_vllm_runs_it():
-    # a 12-token prompt with 4 answer tokens needs 8 blocks of 2, the pool has 7: once preempted
-    # it is refused at every step on both sides, while the lazy tier keeps storing; compared over
-    # the harness's 500 steps instead of failing as "did not finish"
-    case = offload_vs_vllm.random_case(316581130)
-    assert offload_vs_vllm.never_finishes(case)
-    assert not offload_vs_vllm.never_finishes(offload_vs_vllm.random_case(9))
-    res = offload_vs_vllm.differential(VENV, [316581130])
+def test_a_request_no_pool_can_finish_is_aborted_and_the_rest_run_as_vllm():
+    # in each, a 12-token prompt with 4 answer tokens needs 8 blocks of 2 and the pool has 7: once
+    # preempted it is refused at every step while the lazy tier keeps storing; the engine aborts
+    # it as never fitting (both traces once waited past the harness's 500 steps), and vLLM's
+    # side, told of the abort, agrees at every step
+    res = offload_vs_vllm.differential(VENV, [316581130, 14539304])
     assert not res["failures"], res["failures"]
     for aspect, t in res["aspects"].items():
-        assert t["steps"] == 500 and t["differ"] == 0, aspect
+        assert 30 <= t["steps"] < 100 and t["differ"] == 0, aspect
