@@ -35,7 +35,6 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 import time
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -54,65 +53,52 @@ def _vllm_scheduler(settings: dict, max_model_len: int):
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
-    folder = tempfile.mkdtemp(prefix="vllm-replay-")
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(
-            {
-                "architectures": ["LlamaForCausalLM"],
-                "model_type": "llama",
-                "hidden_size": 64,
-                "intermediate_size": 128,
-                "num_attention_heads": 2,
-                "num_key_value_heads": 1,
-                "num_hidden_layers": 1,
-                "vocab_size": 1000,
-                "max_position_embeddings": max_model_len,
-                "torch_dtype": "float32",
-            },
-            f,
-        )
+    from bench.vllm_tiny_model import tiny_model_folder
+
     bs = settings["block_size"]
-    model = ModelConfig(
-        model=folder, skip_tokenizer_init=True, max_model_len=max_model_len, dtype="float32"
-    )
-    sched = SchedulerConfig(
-        max_num_seqs=settings["max_num_seqs"],
-        max_num_batched_tokens=settings["max_num_batched_tokens"],
-        max_model_len=max_model_len,
-        enable_chunked_prefill=True,
-        is_encoder_decoder=False,
-        policy=settings["policy"],
-        long_prefill_token_threshold=settings["long_prefill_token_threshold"],
-        watermark=settings["watermark"],
-        # True (vLLM 0.33's and 0.34's default) admits a waiting request only if its whole prompt
-        # fits (our "full_sequence"); False is the older first-chunk admission.
-        scheduler_reserve_full_isl=settings["admission"] == "full_sequence",
-    )
-    cache = CacheConfig(
-        block_size=bs,
-        enable_prefix_caching=settings["enable_prefix_caching"],
-        prefix_caching_hash_algo=settings["hash_algo"],  # the same hashing work on both sides
-    )
-    config = VllmConfig(
-        model_config=model,
-        scheduler_config=sched,
-        cache_config=cache,
-        device_config=DeviceConfig(device="cpu"),
-    )
-    config.cache_config.num_gpu_blocks = settings["num_gpu_blocks"]
-    spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
-    kv_cache_config = KVCacheConfig(
-        num_blocks=settings["num_gpu_blocks"],
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn.attn"], spec)],
-    )
-    return Scheduler(
-        config,
-        kv_cache_config,
-        structured_output_manager=StructuredOutputManager(config),
-        block_size=bs,
-        log_stats=True,
-    )
+    # the folder is read while the config and the Scheduler are built
+    with tiny_model_folder(max_model_len, prefix="vllm-replay-") as folder:
+        model = ModelConfig(
+            model=folder, skip_tokenizer_init=True, max_model_len=max_model_len, dtype="float32"
+        )
+        sched = SchedulerConfig(
+            max_num_seqs=settings["max_num_seqs"],
+            max_num_batched_tokens=settings["max_num_batched_tokens"],
+            max_model_len=max_model_len,
+            enable_chunked_prefill=True,
+            is_encoder_decoder=False,
+            policy=settings["policy"],
+            long_prefill_token_threshold=settings["long_prefill_token_threshold"],
+            watermark=settings["watermark"],
+            # True (vLLM 0.33's and 0.34's default) admits a waiting request only if its whole
+            # prompt fits (our "full_sequence"); False is the older first-chunk admission.
+            scheduler_reserve_full_isl=settings["admission"] == "full_sequence",
+        )
+        cache = CacheConfig(
+            block_size=bs,
+            enable_prefix_caching=settings["enable_prefix_caching"],
+            prefix_caching_hash_algo=settings["hash_algo"],  # the same hashing work on both sides
+        )
+        config = VllmConfig(
+            model_config=model,
+            scheduler_config=sched,
+            cache_config=cache,
+            device_config=DeviceConfig(device="cpu"),
+        )
+        config.cache_config.num_gpu_blocks = settings["num_gpu_blocks"]
+        spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        kv_cache_config = KVCacheConfig(
+            num_blocks=settings["num_gpu_blocks"],
+            kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn.attn"], spec)],
+        )
+        return Scheduler(
+            config,
+            kv_cache_config,
+            structured_output_manager=StructuredOutputManager(config),
+            block_size=bs,
+            log_stats=True,
+        )
 
 
 def vllm_replay(job: dict) -> dict:

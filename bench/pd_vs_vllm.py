@@ -227,8 +227,6 @@ def _observe(scheduler, scheduled, pulls, params) -> dict:
 # -- vLLM's side (runs under vLLM's interpreter) ------------------------------------------------
 def _vllm_scheduler(case: dict, num_blocks: int, role: str):
     """vLLM 0.34.0's Scheduler as its engine builds it, with vLLM's NixlConnector."""
-    import tempfile
-
     import torch
     from vllm.config import (
         CacheConfig,
@@ -242,61 +240,48 @@ def _vllm_scheduler(case: dict, num_blocks: int, role: str):
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
-    folder = tempfile.mkdtemp(prefix="vllm-pd-")
-    with open(os.path.join(folder, "config.json"), "w") as f:
-        json.dump(
-            {
-                "architectures": ["LlamaForCausalLM"],
-                "model_type": "llama",
-                "hidden_size": 64,
-                "intermediate_size": 128,
-                "num_attention_heads": 2,
-                "num_key_value_heads": 1,
-                "num_hidden_layers": 1,
-                "vocab_size": 1000,
-                "max_position_embeddings": 1 << 16,
-                "torch_dtype": "float32",
-            },
-            f,
-        )
+    from bench.vllm_tiny_model import tiny_model_folder
+
     bs = case["block_size"]
-    config = VllmConfig(
-        model_config=ModelConfig(
-            model=folder, skip_tokenizer_init=True, max_model_len=1 << 16, dtype="float32"
-        ),
-        scheduler_config=SchedulerConfig(
-            max_num_seqs=case["max_num_seqs"],
-            max_num_batched_tokens=256,
-            max_model_len=1 << 16,
-            enable_chunked_prefill=True,
-            is_encoder_decoder=False,
-            max_num_inflight_kv_loads=case.get("max_num_inflight_kv_loads"),
-        ),
-        cache_config=CacheConfig(
-            block_size=bs, enable_prefix_caching=True, prefix_caching_hash_algo="sha256"
-        ),
-        device_config=DeviceConfig(device="cpu"),
-        kv_transfer_config=KVTransferConfig(
-            kv_connector="NixlConnector",
-            kv_role=role,
-            kv_load_failure_policy=case["kv_load_failure_policy"],
-            engine_id=role,
-        ),
-    )
-    config.cache_config.num_gpu_blocks = num_blocks
-    spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
-    kv_cache_config = KVCacheConfig(
-        num_blocks=num_blocks,
-        kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn.attn"], spec)],
-    )
-    return Scheduler(
-        config,
-        kv_cache_config,
-        structured_output_manager=StructuredOutputManager(config),
-        block_size=bs,
-        log_stats=True,
-    )
+    # the folder is read while the config and the Scheduler are built
+    with tiny_model_folder(1 << 16, prefix="vllm-pd-") as folder:
+        config = VllmConfig(
+            model_config=ModelConfig(
+                model=folder, skip_tokenizer_init=True, max_model_len=1 << 16, dtype="float32"
+            ),
+            scheduler_config=SchedulerConfig(
+                max_num_seqs=case["max_num_seqs"],
+                max_num_batched_tokens=256,
+                max_model_len=1 << 16,
+                enable_chunked_prefill=True,
+                is_encoder_decoder=False,
+                max_num_inflight_kv_loads=case.get("max_num_inflight_kv_loads"),
+            ),
+            cache_config=CacheConfig(
+                block_size=bs, enable_prefix_caching=True, prefix_caching_hash_algo="sha256"
+            ),
+            device_config=DeviceConfig(device="cpu"),
+            kv_transfer_config=KVTransferConfig(
+                kv_connector="NixlConnector",
+                kv_role=role,
+                kv_load_failure_policy=case["kv_load_failure_policy"],
+                engine_id=role,
+            ),
+        )
+        config.cache_config.num_gpu_blocks = num_blocks
+        spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
+        kv_cache_config = KVCacheConfig(
+            num_blocks=num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn.attn"], spec)],
+        )
+        return Scheduler(
+            config,
+            kv_cache_config,
+            structured_output_manager=StructuredOutputManager(config),
+            block_size=bs,
+            log_stats=True,
+        )
 
 
 def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:

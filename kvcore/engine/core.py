@@ -130,9 +130,45 @@ class EngineCore:
             elif self.drafter is not None:
                 self.propose_draft_token_ids(new_tokens)
         elif self.kv_connector is not None and self._kv_jobs(out):
-            # Only copies this step (a load, or a store that pinned blocks): nothing is stuck.
+            # Only copies this step (a load, or a store that pinned blocks): nothing is stuck,
+            # unless they are stores alone behind a head no pool could hold (a lazy CPU tier
+            # stores free blocks at almost every step, which would hide it for ever).
             scheduler.update_from_output(out, ModelRunnerOutput([], {}, [], self._kv_finish(out)))
-        elif (
+            if self._only_stores(out) and self._head_exceeds_pool():
+                self._abort_if_never_fits(out)
+        else:
+            self._abort_if_never_fits(out)
+        return result
+
+    def _only_stores(self, out: SchedulerOutput) -> bool:
+        """The step's connector work is stores alone: no load, no request waiting for its K/V,
+        no finished request whose blocks the connector holds."""
+        scheduler = self.scheduler
+        return (
+            getattr(out.kv_connector_metadata, "load_event", -1) < 0
+            and not scheduler.has_finished_requests()
+            and not any(
+                r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+                for r in scheduler.waiting.ordered()
+            )
+        )
+
+    def _head_exceeds_pool(self) -> bool:
+        """Whether the head of the queue needs more blocks for its tokens than the whole pool
+        has, full-attention groups only (a sliding window caps its group's blocks): under either
+        admission rule it can then never compute them all, so never finish."""
+        scheduler = self.scheduler
+        queue = scheduler.waiting or scheduler.async_kv_waiting
+        kvm = scheduler.kv_cache_manager
+        groups = len(kvm.coordinator.groups)
+        if not queue or scheduler.running or self._full_groups() != groups:
+            return False
+        need = cdiv(queue.peek_request().num_tokens, kvm.block_size) * groups
+        return need > kvm.block_pool.num_gpu_blocks - 1
+
+    def _abort_if_never_fits(self, out: SchedulerOutput) -> None:
+        scheduler = self.scheduler
+        if (
             not scheduler.running
             and (scheduler.waiting or scheduler.async_kv_waiting)
             and not self._retry_after_drafts(out)
@@ -160,7 +196,6 @@ class EngineCore:
                 usable_blocks=scheduler.kv_cache_manager.block_pool.num_gpu_blocks - 1,
                 **budget,
             )
-        return result
 
     def _kv_jobs(self, out: SchedulerOutput) -> bool:
         """Whether the connector's worker has something to do or report though no token runs:

@@ -1,12 +1,18 @@
 """Prompt tokens from a trace's hash ids, so the prefix cache shares exactly what the trace shares.
 
-Trace block ``h`` at position ``j`` of a prompt becomes tokens that all carry one value,
-``block_token(h, j)``, a one-to-one function of the pair (Cantor's pairing, plus one). So two
-prompts have equal tokens at a position exactly when the trace gives them the same id at the
-same block position. With chained block hashing at any ``block_size`` that divides the trace's
-block, two requests then share their first k cache blocks exactly when their first
-``k * block_size`` tokens lie in trace blocks with equal ids: the trace's sharing, no more and no
-less.
+Trace block ``h`` of a prompt becomes tokens that all carry one value, ``block_token(h) = h + 1``,
+a one-to-one function of the id. Two prompts compare tokens at the same position, which lies
+in the same trace block position ``j`` of both, so they have equal tokens there exactly when the
+trace gives them the same id at that block position. With chained block hashing at any
+``block_size`` that divides the trace's block, two requests then share their first k cache blocks
+exactly when their first ``k * block_size`` tokens lie in trace blocks with equal ids: the trace's
+sharing, no more and no less.
+
+The values fit a signed 32-bit token id for every hash id up to ``MAX_HASH_ID``: vLLM
+0.34 keeps a request's token ids in an int32 buffer (``vllm/v1/token_buffer.py``), which refuses a
+larger value, as a real vocabulary never needs one. (An earlier pairing of id and position
+overflowed it from ids near 65,536 on, and made the replay on vLLM 0.34 crash on such traces.)
+kvcore's own lists take any value.
 
 The last trace block is partial when ``input_length`` is not a multiple of the trace block: it
 yields only its ``input_length - (n - 1) * trace_block`` tokens. Equal ids there mean equal
@@ -26,13 +32,14 @@ from paged_kv_lab.text.i18n import Text
 from paged_kv_lab.workloads.trace_formats import TraceRequest
 
 PLACEHOLDER_TOKEN = 0
+MAX_HASH_ID = (1 << 31) - 2  # the largest id whose token fits a signed 32-bit token id
 MEMO_BLOCKS = 1 << 18  # SharedBlockHasher's memo starts again past this many blocks
 
 
-def block_token(hash_id: int, position: int) -> int:
-    """The token value of trace block ``hash_id`` at block position ``position`` (>= 1)."""
-    s = hash_id + position
-    return s * (s + 1) // 2 + position + 1
+def block_token(hash_id: int) -> int:
+    """The token value of trace block ``hash_id`` (>= 1, never the placeholder); a signed 32-bit
+    value when ``hash_id <= MAX_HASH_ID``."""
+    return hash_id + 1
 
 
 def prompt_token_ids(request: TraceRequest, trace_block_size: int) -> list[int]:
@@ -41,7 +48,7 @@ def prompt_token_ids(request: TraceRequest, trace_block_size: int) -> list[int]:
     last = len(request.hash_ids) - 1
     for j, h in enumerate(request.hash_ids):
         n = trace_block_size if j < last else request.input_length - last * trace_block_size
-        out += [block_token(h, j)] * n
+        out += [block_token(h)] * n
     return out
 
 

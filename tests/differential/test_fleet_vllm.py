@@ -8,6 +8,8 @@ default /tmp/vllm034-venv; ``bash scripts/vllm_env.sh`` builds it). Slow: one wo
 imports vLLM once for every case.
 """
 
+import json
+
 import pytest
 
 from bench.bench_replay import run_vllm, vllm_job, vllm_venv
@@ -17,27 +19,49 @@ from paged_kv_lab.workloads.trace_formats import load_trace
 from support.paths import FIXTURES
 
 SLICE = FIXTURES / "traces" / "mooncake_slice.jsonl"
+# (engine overrides, router, added to every hash id of the slice)
 CASES = {
-    "prefix, block 512, evicting": ({"block_size": 512, "num_gpu_blocks": 140}, "prefix"),
-    "dynamo, block 16": ({"block_size": 16, "num_gpu_blocks": 4200}, "dynamo"),
-    "round robin, block 16": ({"block_size": 16, "num_gpu_blocks": 4200}, "round_robin"),
+    "prefix, block 512, evicting": ({"block_size": 512, "num_gpu_blocks": 140}, "prefix", 0),
+    "dynamo, block 16": ({"block_size": 16, "num_gpu_blocks": 4200}, "dynamo", 0),
+    "round robin, block 16": ({"block_size": 16, "num_gpu_blocks": 4200}, "round_robin", 0),
+    # ids past 65,536: the replay's tokens once overflowed vLLM 0.34's int32 token ids there
+    "dynamo, block 16, large hash ids": (
+        {"block_size": 16, "num_gpu_blocks": 4200},
+        "dynamo",
+        10**8,
+    ),
 }
+
+
+def shifted_slice(folder, shift: int):
+    """The slice with ``shift`` added to every hash id: the same sharing, larger ids."""
+    path = folder / f"slice_plus_{shift}.jsonl"
+    with open(SLICE, encoding="utf-8") as src, open(path, "w", encoding="utf-8") as dst:
+        for line in src:
+            if line.strip():
+                row = json.loads(line)
+                row["hash_ids"] = [h + shift for h in row["hash_ids"]]
+                dst.write(json.dumps(row) + "\n")
+    return path
+
 
 # one worker runs every case, so the module fixture (one vLLM process) runs once
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("vllm-fleet")]
 
 
 @pytest.fixture(scope="module")
-def both():
+def both(tmp_path_factory):
     venv = vllm_venv()
     if venv is None:
         pytest.skip(
             "no vLLM 0.34.0 environment: `bash scripts/vllm_env.sh` builds /tmp/vllm034-venv "
             "(or set VLLM_VENV)"
         )
-    trace = load_trace(SLICE)
+    folder = tmp_path_factory.mktemp("fleet-traces")
     fleets, jobs, where = {}, [], []
-    for name, (overrides, policy) in CASES.items():
+    for name, (overrides, policy, shift) in CASES.items():
+        path = shifted_slice(folder, shift) if shift else SLICE
+        trace = load_trace(path)
         settings = replay_settings(trace, overrides)
         fleet = trace_fleet(trace, settings, 3, policy)
         fleet.run()
@@ -45,7 +69,7 @@ def both():
         for j, routed in enumerate(fleet.routed):
             if not routed:
                 continue
-            job = vllm_job(str(SLICE), settings, None, settings.engine.max_model_len)
+            job = vllm_job(str(path), settings, None, settings.engine.max_model_len)
             job["indices"] = list(routed)
             jobs.append(job)
             where.append((name, j))

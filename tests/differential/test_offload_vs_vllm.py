@@ -54,3 +54,18 @@ def test_an_asynchronous_load_is_held_back_where_vllm_holds_it_back():
     for aspect, t in res["aspects"].items():
         assert t["steps"] >= 30 and t["differ"] == 0, aspect
     assert res["exercised"]["blocks_loaded"] > 0
+
+
+@pytest.mark.skipif(
+    not (Path(VENV) / "bin" / "python").exists(),
+    reason=f"no vLLM 0.34.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
+)
+def test_a_request_no_pool_can_finish_is_aborted_and_the_rest_run_as_vllm():
+    # in each, a 12-token prompt with 4 answer tokens needs 8 blocks of 2 and the pool has 7: once
+    # preempted it is refused at every step while the lazy tier keeps storing; the engine aborts
+    # it as never fitting (both traces once waited past the harness's 500 steps), and vLLM's
+    # side, told of the abort, agrees at every step
+    res = offload_vs_vllm.differential(VENV, [316581130, 14539304])
+    assert not res["failures"], res["failures"]
+    for aspect, t in res["aspects"].items():
+        assert 30 <= t["steps"] < 100 and t["differ"] == 0, aspect

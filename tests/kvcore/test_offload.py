@@ -430,3 +430,25 @@ def test_the_life_of_a_block_names_the_cpu_tiers_pins():
     for lang, words in (("en", "pinned by the CPU tier"), ("zh", "CPU 层钉住")):
         text = "\n".join(life_sentences(life_of_block(run, stored.block_ids[0]), lang))
         assert words in text and "None" not in text
+
+
+@pytest.mark.parametrize("with_other", [False, True])
+def test_a_request_no_pool_can_finish_is_aborted_between_lazy_stores(with_other):
+    """12 prompt tokens and 4 answer tokens need 8 blocks of 2; the pool has 7. Preempted once its
+    table cannot grow, the request is refused at every step while the lazy tier stores free
+    blocks at almost every step: those copies must not hide that it never fits (it once waited
+    for ever, every step a store)."""
+    reqs = [spec("R1", list(range(12)), max_tokens=4, arrival_step=5 if with_other else 0)]
+    if with_other:
+        reqs.insert(0, spec("R0", list(range(100, 105)), max_tokens=3))
+    eng = make_engine(
+        reqs,
+        block_size=2,
+        num_gpu_blocks=8,
+        max_num_seqs=2,
+        cpu_offload=CPUOffloadConfig(num_cpu_blocks=3, lazy_offload=True),
+    )
+    recs = eng.run(max_steps=50)
+    assert not eng.has_unfinished()
+    assert [e.reason for e in events_of(recs, "blocked", "R1")][-1] == "never_fits"
+    assert events_of(recs, "cpu_stored")  # the stores that hid it

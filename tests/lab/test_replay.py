@@ -1,6 +1,7 @@
 """Replaying production traces (workload/): formats, tokens, arrival rules, results, limits."""
 
 import json
+from array import array
 from dataclasses import replace
 
 import pytest
@@ -22,6 +23,7 @@ from paged_kv_lab.workloads.replay import (
     upper_bound_hits,
 )
 from paged_kv_lab.workloads.tokens import (
+    MAX_HASH_ID,
     PLACEHOLDER_TOKEN,
     SharedBlockHasher,
     block_token,
@@ -121,11 +123,21 @@ def test_empty_and_oversized_traces_and_bad_format():
 # -- tokens -----------------------------------------------------------------------------------
 def test_block_tokens_are_one_to_one_and_never_the_placeholder():
     seen = {}
-    for h in range(60):
-        for j in range(60):
-            t = block_token(h, j)
-            assert t != PLACEHOLDER_TOKEN and t not in seen, (h, j, seen.get(t))
-            seen[t] = (h, j)
+    for h in list(range(3600)) + [MAX_HASH_ID - 1, MAX_HASH_ID]:
+        t = block_token(h)
+        assert t != PLACEHOLDER_TOKEN and t not in seen, (h, seen.get(t))
+        seen[t] = h
+
+
+def test_prompt_tokens_fit_vllms_32_bit_token_ids():
+    """vLLM 0.34 keeps token ids in an int32 array (``TokenBuffer``): a prompt made from a trace
+    whose hash ids reach ``MAX_HASH_ID`` must fit it (the pairing of id and block position that
+    came before overflowed it from ids near 65,536 on, and the replay crashed on vLLM's side)."""
+    req = TraceRequest(0, 0, 3 * 512 + 7, 1, (70_000, 100_000 + 5, 1 << 20, MAX_HASH_ID))
+    tokens = prompt_token_ids(req, 512)
+    assert len(tokens) == req.input_length
+    assert array("i", tokens).tolist() == tokens  # raises OverflowError past 2**31 - 1
+    assert max(tokens) == MAX_HASH_ID + 1 == (1 << 31) - 1
 
 
 def _shared_blocks(a: TraceRequest, b: TraceRequest, bs: int, tb: int = 512) -> int:
@@ -147,7 +159,7 @@ def test_chained_hashes_share_exactly_what_the_trace_shares(bs):
     d = TraceRequest(3, 0, 1536, 1, (9, 2, 3))  # same ids later on, another first block
     e = TraceRequest(4, 0, 700, 1, (1, 5))  # shares the first trace block only
     assert len(prompt_token_ids(a, 512)) == 1200
-    assert prompt_token_ids(a, 512)[1024:] == [block_token(3, 2)] * 176
+    assert prompt_token_ids(a, 512)[1024:] == [block_token(3)] * 176
     assert _shared_blocks(a, b, bs) == 1024 // bs
     # the partial block: its full cache blocks are shared, its partial end never is
     assert _shared_blocks(a, c, bs) == 1200 // bs
