@@ -4,8 +4,9 @@ kvcore's own KVCacheManager (no model), and the page that shows it (AppTest, tin
 
 The study is checked three ways: against the rule each extra key follows (written out here),
 against its own hash table (a second request hits exactly the leading blocks whose hashes it
-shares), and against vLLM 0.33.0's own Request, block hasher and KVCacheManager (skipped without
-the vLLM scratch environment, ``VLLM_VENV``). The myth it answers is checked live on a run."""
+shares), and against vLLM 0.34.0's own Request, block hasher and KVCacheManager (skipped without
+the vLLM scratch environment, ``VLLM_VENV``, default /tmp/vllm034-venv). The myth it answers is
+checked live on a run."""
 
 import hashlib
 import struct
@@ -36,7 +37,7 @@ from paged_kv_lab.run.engine import Engine
 from paged_kv_lab.run.scenario import load_scenario
 from paged_kv_lab.text.i18n import tr
 from support.app import APP, TIMEOUT, app, open_page
-from support.kv import VLLM_VENV as VENV
+from support.kv import VLLM_VENV_034 as VENV
 from support.kv import ask_vllm, make_engine, spec
 from support.paths import ROOT
 from support.pseudo import explore, page_leftovers
@@ -182,7 +183,7 @@ def plain_keys(keys):
 def vllm_says(spec):
     """What tests/support/reference/vllm_hash_keys.py answers for ``spec`` (for a list of specs,
     a list of answers; NONE_HASH by vLLM's rule for sha256: no PYTHONHASHSEED)."""
-    return ask_vllm("vllm_hash_keys.py", spec, hash_seed=False)
+    return ask_vllm("vllm_hash_keys.py", spec, hash_seed=False, venv=VENV)
 
 
 OFFSETS_VS_VLLM = (20, 21, 40)
@@ -200,7 +201,7 @@ def vllm_studies():
 
 @pytest.mark.skipif(
     not (Path(VENV) / "bin" / "python").exists(),
-    reason=f"no vLLM 0.33.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
+    reason=f"no vLLM 0.34.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
 )
 @pytest.mark.xdist_group("vllm-hash-keys")  # one worker: the module fixture's one interpreter
 @pytest.mark.parametrize("offset", OFFSETS_VS_VLLM)
@@ -231,7 +232,7 @@ def admissions(requests, block_size: int) -> list[int]:
 
 @pytest.mark.skipif(
     not (Path(VENV) / "bin" / "python").exists(),
-    reason=f"no vLLM 0.33.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
+    reason=f"no vLLM 0.34.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
 )
 def test_the_example_scenarios_requests_hash_and_hit_as_vllms(tiny_model):
     """paged_kv_lab/content/examples/prompt_embeds.json's requests as the engine builds them (the

@@ -251,9 +251,9 @@ def test_measure_again_is_rate_limited(monkeypatch):
 
 
 def test_vllms_own_manager_makes_the_same_twins(tiny_model):
-    """vLLM 0.33.0's KVCacheManager, given the lesson's schedule, holds the same blocks under the
-    same hashes as our engine (needs VLLM_VENV: a scratch venv with vllm==0.33.0, built by
-    scripts/vllm_env.sh; skipped without one)."""
+    """vLLM 0.34.0's KVCacheManager, given the lesson's schedule, holds the same blocks under the
+    same hashes as our engine (needs VLLM_VENV set: a scratch venv with vllm==0.34.0, built by
+    scripts/vllm_env.sh; skipped without it)."""
     import json
     import os
     import subprocess
