@@ -75,7 +75,10 @@ def stop_point() -> None:
 # -- visitors first ----------------------------------------------------------------------------
 MEASURE_STOP_EVERY = 20_000  # objects a size walked ahead of visitors walks between stop points
 YIELD_MAX_S = 10.0  # the longest a yielding thread waits at one stop_point for visitors
-PAGE_GRACE_S = 1.0  # after a page is drawn, work ahead waits this long more (its browser draws it)
+# after a page is drawn, work ahead waits this long more: its browser loads the app's scripts and
+# draws what it was sent (on two cores shared with the server, 1.5-2.5 s for a new tab; at 1 s
+# the warm-up came back mid-load and a new tab took over 3 s in the full suite's runs)
+PAGE_GRACE_S = 3.0
 _LOCAL = threading.local()  # per thread: drawing (depth), blocked, yields, locks_held
 
 
