@@ -347,7 +347,7 @@ class RunStore:
             with self.cond:
                 while not self._closed:
                     gap = self._gap_left()
-                    drawn = self.visitors.busy()  # a page being drawn goes first
+                    drawn = self.visitors.busy(ahead=True)  # a page being drawn goes first
                     run = self._next_run(background=gap <= 0 and not drawn)
                     if run is not None:
                         break

@@ -75,10 +75,13 @@ def stop_point() -> None:
 # -- visitors first ----------------------------------------------------------------------------
 MEASURE_STOP_EVERY = 20_000  # objects a size walked ahead of visitors walks between stop points
 YIELD_MAX_S = 10.0  # the longest a yielding thread waits at one stop_point for visitors
-# after a page is drawn, work ahead waits this long more: its browser loads the app's scripts and
+# after a page is drawn, the warm-up waits this long more: its browser loads the app's scripts and
 # draws what it was sent (on two cores shared with the server, 1.5-2.5 s for a new tab; at 1 s
 # the warm-up came back mid-load and a new tab took over 3 s in the full suite's runs)
 PAGE_GRACE_S = 3.0
+# the run store's steps computed ahead wait less: they are the steps that page's player asks for
+# next, and a session waiting a few seconds for a far step (``Timeline.goto``) needs them
+AHEAD_GRACE_S = 1.0
 _LOCAL = threading.local()  # per thread: drawing (depth), blocked, yields, locks_held
 
 
@@ -90,11 +93,15 @@ class Visitors:
     computed ahead (store/run_store.py), so a new session's page has the cores (and the GIL).
     A page that waits for such work does not hold it back: it counts as blocked while it waits."""
 
-    def __init__(self, grace_s: float = PAGE_GRACE_S) -> None:
+    def __init__(
+        self, grace_s: float = PAGE_GRACE_S, ahead_grace_s: Optional[float] = None
+    ) -> None:
         self.cond = threading.Condition()
         self.drawing_now = 0
         self.blocked_now = 0
-        self.grace_s = grace_s
+        self.grace_s = grace_s  # the warm-up's (``wait_idle``)
+        # the run store's steps ahead (``busy(ahead=True)``): never longer than the warm-up's
+        self.ahead_grace_s = min(AHEAD_GRACE_S, grace_s) if ahead_grace_s is None else ahead_grace_s
         self._last_end = -float("inf")  # time.monotonic() when the last page was drawn
 
     @property
@@ -102,13 +109,12 @@ class Visitors:
         """``time.monotonic()`` when the last page was drawn (-inf: none yet)."""
         return self._last_end
 
-    def busy(self) -> bool:
+    def busy(self, ahead: bool = False) -> bool:
         """Some session draws a page and is not blocked waiting for other work, or one was drawn
-        less than ``grace_s`` s ago (its browser draws what it was sent, and asks for more)."""
-        return (
-            self.drawing_now - self.blocked_now > 0
-            or time.monotonic() - self._last_end < self.grace_s
-        )
+        less than ``grace_s`` s ago (``ahead_grace_s`` for the run store's steps ahead: ``ahead``)
+        -- its browser draws what it was sent, and asks for more."""
+        grace = self.ahead_grace_s if ahead else self.grace_s
+        return self.drawing_now - self.blocked_now > 0 or time.monotonic() - self._last_end < grace
 
     @contextlib.contextmanager
     def drawing(self) -> Iterator[None]:

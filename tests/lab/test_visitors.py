@@ -222,6 +222,22 @@ def test_work_ahead_waits_a_grace_after_a_page_is_drawn():
     assert 0.2 <= waited < 2.0 and not v.busy()
 
 
+def test_the_run_stores_steps_ahead_wait_a_shorter_grace_than_the_warm_up():
+    """The warm-up waits ``PAGE_GRACE_S`` after a page (a new tab's browser loads the app's
+    scripts meanwhile); the run store's steps ahead only ``AHEAD_GRACE_S``, as they are what that
+    page's player asks for next and a session's far step waits for them."""
+    from paged_kv_lab.store.server_cache import AHEAD_GRACE_S, PAGE_GRACE_S
+
+    assert AHEAD_GRACE_S < PAGE_GRACE_S
+    assert Visitors().ahead_grace_s == AHEAD_GRACE_S and Visitors(grace_s=0.0).ahead_grace_s == 0
+    v = Visitors(grace_s=5.0, ahead_grace_s=0.2)
+    with v.drawing():
+        pass
+    assert v.busy() and v.busy(ahead=True)
+    time.sleep(0.3)
+    assert v.busy() and not v.busy(ahead=True)
+
+
 @pytest.fixture
 def store():
     visitors = Visitors(grace_s=0.0)
