@@ -47,13 +47,9 @@ VLLM_VERSION = "0.34.0"
 # -- the vLLM side (runs under vLLM's interpreter) -------------------------------------------
 def _vllm_scheduler(settings: dict, max_model_len: int):
     """vLLM 0.34.0's Scheduler as its engine builds it, for a one-layer full-attention model."""
-    import torch
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.structured_output import StructuredOutputManager
 
-    from bench.vllm_tiny_model import tiny_model_folder
+    from bench.vllm_tiny_model import one_layer_scheduler, tiny_model_folder
 
     bs = settings["block_size"]
     # the folder is read while the config and the Scheduler are built
@@ -85,20 +81,7 @@ def _vllm_scheduler(settings: dict, max_model_len: int):
             cache_config=cache,
             device_config=DeviceConfig(device="cpu"),
         )
-        config.cache_config.num_gpu_blocks = settings["num_gpu_blocks"]
-        spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
-        kv_cache_config = KVCacheConfig(
-            num_blocks=settings["num_gpu_blocks"],
-            kv_cache_tensors=[],
-            kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn.attn"], spec)],
-        )
-        return Scheduler(
-            config,
-            kv_cache_config,
-            structured_output_manager=StructuredOutputManager(config),
-            block_size=bs,
-            log_stats=True,
-        )
+        return one_layer_scheduler(config, settings["num_gpu_blocks"], bs)
 
 
 def vllm_replay(job: dict) -> dict:

@@ -227,7 +227,6 @@ def _observe(scheduler, scheduled, pulls, params) -> dict:
 # -- vLLM's side (runs under vLLM's interpreter) ------------------------------------------------
 def _vllm_scheduler(case: dict, num_blocks: int, role: str):
     """vLLM 0.34.0's Scheduler as its engine builds it, with vLLM's NixlConnector."""
-    import torch
     from vllm.config import (
         CacheConfig,
         DeviceConfig,
@@ -236,11 +235,8 @@ def _vllm_scheduler(case: dict, num_blocks: int, role: str):
         SchedulerConfig,
         VllmConfig,
     )
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.structured_output import StructuredOutputManager
 
-    from bench.vllm_tiny_model import tiny_model_folder
+    from bench.vllm_tiny_model import one_layer_scheduler, tiny_model_folder
 
     bs = case["block_size"]
     # the folder is read while the config and the Scheduler are built
@@ -268,20 +264,7 @@ def _vllm_scheduler(case: dict, num_blocks: int, role: str):
                 engine_id=role,
             ),
         )
-        config.cache_config.num_gpu_blocks = num_blocks
-        spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
-        kv_cache_config = KVCacheConfig(
-            num_blocks=num_blocks,
-            kv_cache_tensors=[],
-            kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn.attn"], spec)],
-        )
-        return Scheduler(
-            config,
-            kv_cache_config,
-            structured_output_manager=StructuredOutputManager(config),
-            block_size=bs,
-            log_stats=True,
-        )
+        return one_layer_scheduler(config, num_blocks, bs)
 
 
 def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
