@@ -139,8 +139,10 @@ class KVCacheObserver:
     # -- decisions about a request -----------------------------------------------------
     def on_decision(self, kind: str, request_id: Optional[str], **fields: Any) -> None:
         """A decision about ``request_id``; ``kind`` names it ("admitted", "preempted",
-        "cache_hit", ...) and ``fields`` are its details, by name. Only ``observer`` hears
-        these, never ``metrics_collector``."""
+        "cache_hit", ...) and ``fields`` are its details, by name. ``request_id`` is None for a
+        decision about the waiting queue as a whole ("cache_aware_reorder": vLLM 0.34's
+        cache-aware admission changed its order; the requests are in ``fields``). Only
+        ``observer`` hears these, never ``metrics_collector``."""
 
 
 def call_for_request(

@@ -53,6 +53,7 @@ class EventKind(str, Enum):
     KV_LOAD_FAILED = "kv_load_failed"
     CACHED_PARTIAL = "cached_partial"
     COPIED = "copied"
+    CACHE_AWARE_REORDER = "cache_aware_reorder"
 
     def __str__(self) -> str:
         return self.value
@@ -91,6 +92,7 @@ class EventKind(str, Enum):
     KV_LOAD_FAILED,
     CACHED_PARTIAL,
     COPIED,
+    CACHE_AWARE_REORDER,
 ) = tuple(EventKind)
 EVENT_KINDS: tuple[EventKind, ...] = tuple(EventKind)
 
@@ -228,6 +230,28 @@ class Preempted(Event):
     needed_by: str
     victim_priority: int = 0
     num_computed_tokens: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheAwareReorder(Event):
+    """vLLM 0.34's cache-aware admission changed the waiting queue's order before admitting
+    (vLLM: ``Scheduler._reorder_waiting_by_cached_prefix``): among the first ``window`` waiting
+    requests, those with a longer cached prefix went ahead, arrival order breaking ties.
+    Recorded only when the order changed. ``order_before`` and ``order_after`` are the window's
+    requests, front first; ``moved_ahead`` maps each request that moved ahead to those it
+    passed; ``num_cached_tokens`` is each probed request's cached prefix
+    (``KVCacheManager.get_num_cached_tokens``; blocked or partly computed requests are not
+    probed and keep their place); ``usage`` was at least ``threshold``. About the queue, not
+    one request: ``request_id`` is None."""
+
+    kind = EventKind.CACHE_AWARE_REORDER
+    order_before: tuple[str, ...]
+    order_after: tuple[str, ...]
+    moved_ahead: dict[str, tuple[str, ...]]
+    num_cached_tokens: dict[str, int]
+    window: int
+    threshold: float
+    usage: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -565,6 +589,7 @@ EVENT_TYPES: dict[EventKind, type[Event]] = {
         KVLoadFailed,
         CachedPartial,
         Copied,
+        CacheAwareReorder,
     )
 }
 

@@ -3,11 +3,14 @@ and "why was B admitted before A?" answered with vLLM 0.34's cache-aware admissi
 scheduler's ``cache_aware_admission_window``, ``cache_aware_admission_threshold`` and the pool's
 usage when the step began).
 
-Computed from the recording only (snapshots and events), as every answer in ``why``: the usage a
-step began with is the snapshot before it, and a waiting request's cached prefix then is the
-longest run of its block hashes the prefix cache held, as ``KVCacheManager.get_num_cached_tokens``
-probes it (the last prompt token is always computed). ``admission_sentences`` turns an answer
-into catalogue sentences.
+Computed from the recording only (snapshots and events), as every answer in ``why``. A reorder is
+read from the ``cache_aware_reorder`` event kvcore records when, and only when, it changes the
+waiting queue's order: who went ahead of whom, the window, the threshold, the usage it compared
+and each request's cached prefix as ``KVCacheManager.get_num_cached_tokens`` probed it. Where no
+such event put B ahead of A, the answer says why the window did not: the usage a step began with
+is the snapshot before it, and a waiting request's cached prefix then is the longest run of its
+block hashes the prefix cache held (the last prompt token is always computed).
+``order_sentences`` turns an answer into catalogue sentences.
 """
 
 from __future__ import annotations
@@ -103,6 +106,22 @@ class OrderAnswer:
     usage: float
     cached_first: int
     cached_second: int
+    reorder_step: Optional[int] = None  # "reordered": the step whose reorder put it ahead
+
+
+def reorder_that_moved(
+    run: RecordedSteps, mover: str, passed: str, until: int
+) -> Optional[tuple[int, E.CacheAwareReorder]]:
+    """The last recorded reorder, at or before step ``until``, in which ``mover`` went ahead of
+    ``passed`` (step, event); None if none did."""
+    found = None
+    for rec in run.records:
+        if rec.step > until:
+            break
+        for ev in rec.events:
+            if ev.kind == E.CACHE_AWARE_REORDER and passed in ev.moved_ahead.get(mover, ()):
+                found = (rec.step, ev)
+    return found
 
 
 def explain_order(run: RecordedSteps, first: str, second: str) -> OrderAnswer:
@@ -127,14 +146,26 @@ def explain_order(run: RecordedSteps, first: str, second: str) -> OrderAnswer:
         verdict = "not_before"
     elif b.arrival_rank < a.arrival_rank:
         verdict = "arrived_first"
+    elif (moved := reorder_that_moved(run, second, first, step)) is not None:
+        rstep, ev = moved  # what the scheduler compared when it reordered
+        return OrderAnswer(
+            first,
+            second,
+            "reordered",
+            step,
+            ev.window,
+            ev.threshold,
+            ev.usage,
+            ev.num_cached_tokens.get(first, 0),
+            ev.num_cached_tokens.get(second, 0),
+            rstep,
+        )
     elif not window:
         verdict = "window_off"
     elif usage < threshold:
         verdict = "below_threshold"
     elif snap is not None and not _both_in_window(snap.waiting, first, second, window):
         verdict = "outside_window"
-    elif cached_b > cached_a:
-        verdict = "reordered"
     else:
         verdict = "other"
     return OrderAnswer(first, second, verdict, step, window, threshold, usage, cached_a, cached_b)
@@ -159,9 +190,12 @@ def order_sentences(x: OrderAnswer, lang: str = "en") -> list[str]:
         "usage": f"{x.usage:.2f}",
         "ca": x.cached_first,
         "cb": x.cached_second,
+        "rstep": x.reorder_step,
     }
     out = [tr(f"why.order.{x.verdict}", lang, **fields)]
-    if x.verdict != "not_before":
+    if x.verdict == "reordered":  # the numbers the scheduler compared, from the recorded reorder
+        out.append(tr("why.order.settings.reorder", lang, **fields))
+    elif x.verdict != "not_before":
         out.append(tr("why.order.settings", lang, **fields))
     return out
 

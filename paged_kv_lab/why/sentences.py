@@ -63,6 +63,7 @@ ICONS: dict[EventKind, str] = {
     E.KV_LOAD_FAILED: "💥",
     E.CACHED_PARTIAL: "🔐",
     E.COPIED: "📑",
+    E.CACHE_AWARE_REORDER: "🔀",
 }
 
 
@@ -270,6 +271,22 @@ def _preempted(e: E.Preempted, s: Style) -> Text:
     )
 
 
+def _cache_aware_reorder(e: E.CacheAwareReorder, s: Style) -> Text:
+    moves = None
+    for rid, passed in e.moved_ahead.items():
+        move = Text("event.cache_aware_reorder.move", {"rid": rid, "passed": ", ".join(passed)})
+        moves = move if moves is None else Text("event.list", {"a": moves, "b": move})
+    cached = ", ".join(f"{rid} {n}" for rid, n in e.num_cached_tokens.items())
+    fields = {
+        "moves": moves,
+        "cached": cached,
+        "window": e.window,
+        "usage": f"{e.usage:.2f}",
+        "threshold": f"{e.threshold:.2f}",
+    }
+    return Text("event.cache_aware_reorder", fields)
+
+
 def _finished(e: E.Finished, s: Style) -> Text:
     fields = {"rid": e.request_id, "why": reason_text(e.reason)}
     if e.request_id in s.kept:  # a P/D prefill replica keeps its blocks until they are read
@@ -425,6 +442,7 @@ SENTENCES: dict[EventKind, Render] = {
     E.KV_LOAD_FAILED: _kv_load_failed,
     E.CACHED_PARTIAL: _cached_partial,
     E.COPIED: _copied,
+    E.CACHE_AWARE_REORDER: _cache_aware_reorder,
 }
 
 

@@ -161,6 +161,14 @@ FUNCTIONS: dict[str, CodeLink] = {
             "kvcore.core.sched.scheduler:Scheduler._preempt_request",
         ),
         _link(
+            "_reorder_waiting_by_cached_prefix",
+            _SCHED,
+            2790,
+            2828,
+            "Scheduler._reorder_waiting_by_cached_prefix",
+            "kvcore.core.sched.scheduler:Scheduler._reorder_waiting_by_cached_prefix",
+        ),
+        _link(
             "update_from_output",
             _SCHED,
             2301,
@@ -545,6 +553,8 @@ def event_calls(ev: E.Event, num_groups: int = 1) -> tuple[str, ...]:
         return ("schedule", "allocate_slots", "remove_skipped_blocks")
     if k == E.PREEMPTED:
         return ("schedule", "_preempt_request")
+    if k == E.CACHE_AWARE_REORDER:
+        return ("schedule", "_reorder_waiting_by_cached_prefix")
     if k == E.FINISHED:
         if ev.reason == "error":
             return ("update_from_output", "finish_requests")

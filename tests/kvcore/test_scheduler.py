@@ -2,8 +2,11 @@
 preemption under FCFS and priority, resume with prefix hits, finishing, aborting."""
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kvcore.config.scheduler import ADMISSIONS
+from kvcore.core.kv_cache_observer import KVCacheObserver
 from kvcore.core.sched.request_queue import POLICIES
 from kvcore.request import RequestStatus
 from kvcore.utils.math_utils import cdiv
@@ -614,3 +617,77 @@ def test_reorder_keeps_preempted_and_partly_computed_requests_in_their_slots():
     assert sched.kv_cache_manager.get_num_cached_tokens(reqs["two"]) == 8
     sched._reorder_waiting_by_cached_prefix()
     assert [r.request_id for r in sched.waiting] == ["two", "pre", "one", "cold1", "past"]
+
+
+class _Decisions(KVCacheObserver):
+    """Keeps the decisions kvcore reports (the block hooks stay no-ops)."""
+
+    def __init__(self):
+        self.decisions = []
+
+    def on_decision(self, kind, request_id, **fields):
+        self.decisions.append((kind, request_id, fields))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shared=st.lists(st.integers(0, 2), min_size=0, max_size=6),
+    held=st.lists(st.booleans(), min_size=6, max_size=6),
+    window=st.integers(0, 7),
+    threshold=st.sampled_from([0.0, 0.0, 0.99]),
+)
+def test_cache_aware_reorder_is_reported_exactly_when_the_order_changes(
+    shared, held, window, threshold
+):
+    """The observer hears "cache_aware_reorder" once for a reorder that changed the waiting
+    queue and never otherwise (a window under 2, usage under the threshold, every request
+    already in place), and what it hears is the change: the window's order before and after,
+    who went ahead of whom, the probed prefixes, the window, the threshold and the usage."""
+    eng = make_engine(
+        [spec("warm0", PREFIX + [1, 2], max_tokens=1)],
+        cache_aware_admission_window=window,
+        cache_aware_admission_threshold=threshold,
+    )
+    eng.run()
+    sched = eng.scheduler
+    for k, blocks in enumerate(shared):  # 0, 1 or 2 of PREFIX's blocks, then its own tokens
+        eng.add_request(spec(f"r{k}", PREFIX[: 4 * blocks] + [500 + k] * 5, max_tokens=2))
+        if held[k]:  # a preempted request keeps its slot
+            eng.requests[f"r{k}"].status = RequestStatus.PREEMPTED
+    before = [r.request_id for r in sched.waiting]
+    log = _Decisions()
+    sched.kv_cache_manager.block_pool.observer = log
+    sched._reorder_waiting_by_cached_prefix()
+    after = [r.request_id for r in sched.waiting]
+    told = [(rid, f) for kind, rid, f in log.decisions if kind == "cache_aware_reorder"]
+    assert len(told) == (before != after)
+    if before == after:
+        return
+    ((rid, f),) = told
+    n = len(f["order_before"])
+    assert rid is None and n == min(sched.cache_aware_window, len(before)) >= 2
+    assert list(f["order_before"]) == before[:n] and list(f["order_after"]) == after[:n]
+    assert after[n:] == before[n:]  # the queue past the window is untouched
+    assert f["window"] == window and f["threshold"] == threshold
+    assert f["usage"] == sched.kv_cache_manager.usage >= threshold
+    for mover, passed in f["moved_ahead"].items():
+        assert passed and all(
+            before.index(p) < before.index(mover) and after.index(mover) < after.index(p)
+            for p in passed
+        )
+    moved = {(m, p) for m, ps in f["moved_ahead"].items() for p in ps}
+    # the pairs that changed order, the one now ahead a plainly waiting request
+    assert moved == {
+        (a, b)
+        for a in after[:n]
+        for b in after[:n]
+        if not held[int(a[1:])]
+        and before.index(b) < before.index(a)
+        and after.index(a) < after.index(b)
+    }
+    for r in before[:n]:  # a preempted request keeps its slot
+        assert not held[int(r[1:])] or before.index(r) == after.index(r)
+    probe = sched.kv_cache_manager.get_num_cached_tokens
+    assert f["num_cached_tokens"] == {
+        r: probe(eng.requests[r]) for r in before[:n] if not held[int(r[1:])]
+    }

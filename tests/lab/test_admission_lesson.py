@@ -4,6 +4,8 @@ A2 (the conversation's next turn) misses; with the window on A2 goes first and h
 waits instead; with the roomy pool (usage below cache_aware_admission_threshold) the window
 changes nothing. The "why was B admitted before A?" answer names what decided each order."""
 
+import dataclasses
+
 import pytest
 
 from kvcore.model import smollm2_available
@@ -96,3 +98,37 @@ def test_the_answer_names_a_request_that_was_not_admitted_first(runs):
     x = explain_order(runs[4, 20], "A2", "C")
     assert x.verdict == "not_before"
     assert order_sentences(x, "en") == ["C was not admitted before A2."]
+
+
+def test_the_answer_reads_the_reorder_kvcore_recorded(runs):
+    """With the window on, the run records one reorder: A2 went ahead of C, with the usage the
+    scheduler compared at that point of the step; the answer takes its numbers from it, and the
+    same records without that event no longer say "reordered"."""
+    on = runs[4, 20]
+    told = [(r.step, e) for r in on.records for e in r.events if e.kind == "cache_aware_reorder"]
+    ((step, ev),) = told
+    assert "C" in ev.moved_ahead["A2"] and ev.order_before.index("C") < ev.order_before.index("A2")
+    assert ev.window == 4 and ev.usage >= ev.threshold == 0.5
+    x = explain_order(on, "C", "A2")
+    assert (x.verdict, x.reorder_step, x.usage) == ("reordered", step, ev.usage)
+    assert (x.cached_first, x.cached_second) == (
+        ev.num_cached_tokens["C"],
+        ev.num_cached_tokens["A2"],
+    )
+    assert f"at step {step}" in " ".join(order_sentences(x, "en"))
+    stripped = RecordedSteps(
+        on.initial,
+        tuple(
+            dataclasses.replace(
+                r, events=tuple(e for e in r.events if e.kind != "cache_aware_reorder")
+            )
+            for r in on.records
+        ),
+        on.settings,
+    )
+    assert explain_order(stripped, "C", "A2").verdict == "other"
+    assert not any(
+        e.kind == "cache_aware_reorder"
+        for r in runs[0, 20].records + runs[4, 32].records
+        for e in r.events
+    )  # the window off, or usage under the threshold: the order never changed

@@ -54,6 +54,7 @@ def test_kind_strings_are_the_ones_traces_have_always_used():
         "kv_load_failed",
         "cached_partial",
         "copied",
+        "cache_aware_reorder",
     ]
     assert (
         events.EVICTED == "evicted"

@@ -388,6 +388,7 @@ def test_traces_written_before_events_were_typed_still_read():
         events.KV_LOAD_FAILED,
         events.CACHED_PARTIAL,
         events.COPIED,
+        events.CACHE_AWARE_REORDER,
     }
     for rec, d in zip(t.records, old):
         assert len(rec.events) == len(d["events"])

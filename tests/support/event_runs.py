@@ -103,6 +103,22 @@ def every_kind_runs() -> tuple[tuple[str, tuple], ...]:
         layer_types=("linear_attention",) * 3 + ("full_attention",),
     )
     runs.append(("partial_hits", tuple(eng.run())))
+    # vLLM 0.34's cache-aware admission: "long" keeps the pool over half used, "warm0" caches a
+    # prefix; "cold" then arrives just before "warm" (that prefix and more), and the window of 2
+    # lets "warm" go ahead of it.
+    prefix = list(range(100, 108))
+    eng = make_engine(
+        [
+            spec("long", list(range(24)), max_tokens=30),
+            spec("warm0", [*prefix, 1, 2], max_tokens=1),
+            spec("cold", list(range(200, 210)), max_tokens=2, arrival_step=3),
+            spec("warm", [*prefix, 7, 8], max_tokens=2, arrival_step=3),
+        ],
+        num_gpu_blocks=12,
+        max_num_seqs=2,
+        cache_aware_admission_window=2,
+    )
+    runs.append(("cache_aware", tuple(eng.run())))
     return tuple(runs)
 
 

@@ -681,15 +681,23 @@ class Scheduler:
         ties, so a cold request does not evict the blocks a warm one is about to hit.
 
         Only the slots of requests that are plainly waiting (status WAITING, nothing computed)
-        take part: a preempted or partially computed request keeps its exact place and nobody
-        moves past it; the queue beyond the window is untouched. Nothing happens below
+        take part: a preempted or partially computed request keeps its exact slot, while the
+        plainly waiting ones trade theirs, so one may go from behind it to before it (vLLM's
+        docstring says nothing is moved past it; its code, like this one, permutes the slots
+        around it). The queue beyond the window is untouched. Nothing happens below
         ``cache_aware_threshold`` usage (there is room for both prompts, so reordering would
         cost fairness and save no eviction), nor with fewer than two such requests. Each
         request in the window costs one ``KVCacheManager.get_num_cached_tokens`` probe, which
-        takes no reference and records nothing."""
+        takes no reference and records nothing.
+
+        The observer, if any, is told ``"cache_aware_reorder"`` exactly when the order
+        changes (never when every request keeps its place): the window's order before and
+        after, which request moved ahead of which, each probed request's cached prefix, the
+        window, the threshold and the usage that let it happen."""
         if len(self.waiting) < 2:
             return
-        if self.kv_cache_manager.usage < self.cache_aware_threshold:
+        usage = self.kv_cache_manager.usage
+        if usage < self.cache_aware_threshold:
             return
         head = self.waiting.ordered()[: self.cache_aware_window]
         slots = [
@@ -710,6 +718,32 @@ class Scheduler:
         self.waiting.remove_requests(head)
         for request in reversed(reordered):
             self.waiting.prepend_request(request)
+        if self.observer is not None:
+            self._tell_reorder(head, reordered, slots, cached, usage)
+
+    def _tell_reorder(self, head, reordered, slots, cached, usage) -> None:
+        """The observer's ``"cache_aware_reorder"``: built only for an observer (the decision is
+        already made; this reads it). A plainly waiting request went ahead of every request of
+        the window that stood before it and now stands after it, one that keeps its slot
+        included; a request that keeps its slot goes ahead of no one."""
+        new_place = {id(r): k for k, r in enumerate(reordered)}
+        moved_ahead = {}
+        for i in slots:
+            me = new_place[id(head[i])]
+            passed = tuple(r.request_id for r in head[:i] if new_place[id(r)] > me)
+            if passed:
+                moved_ahead[head[i].request_id] = passed
+        self.observer.on_decision(
+            "cache_aware_reorder",
+            None,
+            order_before=tuple(r.request_id for r in head),
+            order_after=tuple(r.request_id for r in reordered),
+            moved_ahead=moved_ahead,
+            num_cached_tokens={head[i].request_id: cached[i] for i in slots},
+            window=self.cache_aware_window,
+            threshold=self.cache_aware_threshold,
+            usage=usage,
+        )
 
     def _make_output(
         self,
