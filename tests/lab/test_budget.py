@@ -134,7 +134,15 @@ def test_activation_memory_of_the_largest_prefill():
     assert "PAGED_KV_LAB_MAX_ACTIVATION_BYTES" in str(e) and "activations" in str(e)
     # the same requests one at a time (max_num_seqs 1) and a smaller chunk fit
     check_scenario(
-        scenario({"num_gpu_blocks": 300, "max_num_batched_tokens": 256, "max_num_seqs": 1}, reqs),
+        scenario(
+            {
+                "block_size": 16,
+                "num_gpu_blocks": 300,
+                "max_num_batched_tokens": 256,
+                "max_num_seqs": 1,
+            },
+            reqs,
+        ),
         L,
         CFG,
     )
