@@ -391,19 +391,15 @@ class HybridPageSizes:
         return self.page_bytes - self.state_bytes
 
 
-# vLLM 0.34's CacheConfig.DEFAULT_BLOCK_SIZE (0.33's was 16): where a hybrid model's block size
-# starts on a GPU when block_size is not set, before ``Platform._align_hybrid_block_size`` raises
-# it. On a CUDA GPU, FlashAttention with kernel blocks of any multiple of 16 (FlashAttention 3 on
-# Hopper) keeps 64 in phase 1 of ``update_block_size_for_backend``; a backend with other kernel
-# sizes (FlashAttention 4 for some head sizes) starts from its preferred size instead, and vLLM's
-# CPU platform starts at 128.
+# vLLM 0.34's CacheConfig.DEFAULT_BLOCK_SIZE (0.33's was 16): the block size vLLM gives a model
+# on a GPU when --block-size is not set. ``update_block_size_for_backend`` keeps it when every
+# attention backend accepts it (FlashAttention and FlashInfer take any multiple of 16), a backend
+# with other kernel sizes (FlashAttention 4 for some head sizes, MLA backends) starts from its own
+# preferred size instead, and ``Platform._align_hybrid_block_size`` then raises a hybrid model's
+# until its page holds a state. vLLM's CPU platform starts from 128 instead; the lab models a GPU
+# server whichever device runs the model, so its unset size is the GPU's, 64 (a scenario's
+# ``engine.block_size`` left out, ``profile`` without --block-size).
 DEFAULT_BLOCK_SIZE = 64
-
-# The size the lab gives an attention-only model when block_size is not set (``profile``
-# without --block-size, a scenario's ``engine.block_size``): vLLM 0.33's default, 16. vLLM 0.34
-# on a CUDA GPU gives such a model DEFAULT_BLOCK_SIZE (64) instead; the lab keeps 16, the size
-# its lessons and recorded runs are built on. Not moved yet (docs/from-0.33-to-0.34.md).
-ATTENTION_ONLY_BLOCK_SIZE = 16
 
 
 def hybrid_page_sizes(

@@ -444,13 +444,13 @@ def main(argv=None) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     """Print the memory profile of the loaded model and the num_gpu_blocks it gives."""
     from kvcore.model import DeviceNotAvailable, ModelNotAvailable, load_model
-    from kvcore.model.memory import ATTENTION_ONLY_BLOCK_SIZE, num_gpu_blocks_from_profile
+    from kvcore.model.memory import DEFAULT_BLOCK_SIZE, num_gpu_blocks_from_profile
     from kvcore.model.profile import profile_model
     from paged_kv_lab.run.scenario import model_page_sizes
 
     if args.block_size is None:  # a hybrid model's as vLLM resolves it, as a scenario's
         sizes = model_page_sizes(args.model, args.dtype)
-        args.block_size = ATTENTION_ONLY_BLOCK_SIZE if sizes is None else sizes.block_size
+        args.block_size = DEFAULT_BLOCK_SIZE if sizes is None else sizes.block_size
     for name, value, lo in (
         ("--block-size", args.block_size, 1),
         ("--max-num-batched-tokens", args.max_num_batched_tokens, 1),

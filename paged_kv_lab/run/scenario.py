@@ -37,7 +37,7 @@ from kvcore.core.block_pool import FREE_ORDERS
 from kvcore.core.sched.request_queue import POLICIES
 from kvcore.distributed.kv_transfer.kv_connector.factory import NAMED_ONLY_CONNECTORS
 from kvcore.kv_cache_interface import MAMBA_CACHE_MODES
-from kvcore.model.memory import HybridPageSizes, hybrid_page_sizes
+from kvcore.model.memory import DEFAULT_BLOCK_SIZE, HybridPageSizes, hybrid_page_sizes
 from kvcore.model.shapes import DEVICE_CHOICES, DTYPE_CHOICES, MODEL_CHOICES, hybrid_shape
 from kvcore.utils.hashing import HASH_ALGOS
 from paged_kv_lab.text.i18n import ProblemsError, Text, tr
@@ -237,8 +237,9 @@ class FleetConfig:
 @dataclass(frozen=True)
 class EngineSettings:
     __pydantic_config__ = _FORBID
-    # left out: 16, or for a hybrid model the size vLLM resolves for it (resolve_from_model)
-    block_size: Int = 16
+    # left out: vLLM 0.34's default on a GPU (64), or for a hybrid model the size vLLM resolves
+    # for it (resolve_from_model)
+    block_size: Int = DEFAULT_BLOCK_SIZE
     # counts the null block, as vLLM does; "auto": profile the model and derive it from
     # gpu_memory_utilization, or from kv_cache_memory_bytes when that is set (kvcore/model/
     # profile.py, kvcore/model/memory.py: KVCacheSizing); left out: 64, or "auto" when
@@ -649,7 +650,7 @@ def _cross_checks(raw: dict) -> list[Text]:
         if isinstance(lt, list) and "sliding_attention" in lt and eng.get("sliding_window") is None:
             problems.append(Text("problem.sliding_needs_window"))
         linear = isinstance(lt, list) and "linear_attention" in lt
-        unit, bs0 = eng.get("prefix_match_unit"), eng.get("block_size", 16)
+        unit, bs0 = eng.get("prefix_match_unit"), eng.get("block_size", DEFAULT_BLOCK_SIZE)
         if isinstance(unit, int) and isinstance(bs0, int) and unit > 0 and bs0 > 0:
             if bs0 % unit:
                 problems.append(Text("problem.unit_divides", {"block_size": bs0, "got": unit}))
@@ -657,7 +658,10 @@ def _cross_checks(raw: dict) -> list[Text]:
                 problems.append(Text("problem.unit_one_kind", {"block_size": bs0}))
         if linear and eng.get("enable_prefix_caching") is False:
             problems.append(Text("problem.linear_needs_caching"))
-        r, bs = eng.get("prefix_cache_retention_interval"), eng.get("block_size", 16)
+        r, bs = (
+            eng.get("prefix_cache_retention_interval"),
+            eng.get("block_size", DEFAULT_BLOCK_SIZE),
+        )
         if (
             isinstance(r, int)
             and not isinstance(r, bool)

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import streamlit as st
 
-from kvcore.model.memory import KVCacheSizing, MemoryProfile, num_gpu_blocks_from_profile
+from kvcore.model.memory import (
+    DEFAULT_BLOCK_SIZE,
+    KVCacheSizing,
+    MemoryProfile,
+    num_gpu_blocks_from_profile,
+)
 from paged_kv_lab.content.memory_math import DTYPES, human_bytes
 from paged_kv_lab.store.server_cache import Shared
 from paged_kv_lab.text.i18n import tr
@@ -74,7 +79,9 @@ def show_how_many_blocks(model, lang: str, key: str) -> None:
     lens = [n for n in MAX_MODEL_LENS if n <= max_len] or [max_len]
     c1, c2, c3, c4 = st.columns(4)
     util = c1.slider("gpu_memory_utilization", 0.05, 1.0, 0.9, 0.05, key=f"hmb_util:{key}")
-    bs = c2.select_slider("block_size", options=list(BLOCK_SIZES), value=16, key=f"hmb_bs:{key}")
+    bs = c2.select_slider(
+        "block_size", options=list(BLOCK_SIZES), value=DEFAULT_BLOCK_SIZE, key=f"hmb_bs:{key}"
+    )
     kv_dtype = c3.selectbox(
         tr("hmb.kv_dtype", lang),
         DTYPES,

@@ -1,7 +1,7 @@
 """Lesson 1's "How many blocks?": the loaded model's profile and vLLM's num_gpu_blocks arithmetic,
 under AppTest on the tiny model; the figures equal KVCacheSizing computed independently."""
 
-from kvcore.model.memory import num_gpu_blocks_from_profile
+from kvcore.model.memory import DEFAULT_BLOCK_SIZE, num_gpu_blocks_from_profile
 from paged_kv_lab.ui import how_many_blocks as H
 from support.app import app
 
@@ -28,15 +28,17 @@ def test_profile_then_sliders_give_vllms_num_gpu_blocks(tiny):  # noqa: F811
         if tiny.config.max_position_embeddings >= 8192
         else at.select_slider(key="hmb_len:blocks").value
     )
-    s = expected(0.9, 16, max_len)
+    # the block size starts where vLLM 0.34 starts without --block-size on a GPU
+    assert at.select_slider(key="hmb_bs:blocks").value == DEFAULT_BLOCK_SIZE
+    s = expected(0.9, DEFAULT_BLOCK_SIZE, max_len)
     assert metric(at, "num_gpu_blocks") == f"{s.num_gpu_blocks:,}"
     assert metric(at, "max concurrency") == f"{s.max_concurrency:,.2f}"
     assert any("= num_gpu_blocks" in c.value for c in at.code)
 
     at.slider(key="hmb_util:blocks").set_value(0.5).run()
-    at.select_slider(key="hmb_bs:blocks").set_value(32).run()
+    at.select_slider(key="hmb_bs:blocks").set_value(128).run()
     at.select_slider(key="hmb_len:blocks").set_value(1024).run()
-    s2 = expected(0.5, 32, 1024)
+    s2 = expected(0.5, 128, 1024)
     assert s2.num_gpu_blocks < s.num_gpu_blocks
     assert metric(at, "num_gpu_blocks") == f"{s2.num_gpu_blocks:,}"
     assert metric(at, "max concurrency") == f"{s2.max_concurrency:,.2f}"

@@ -121,12 +121,28 @@ def test_prompt_tokens_are_counted_after_tokenizing():
 
 def test_activation_memory_of_the_largest_prefill():
     reqs = [{"id": f"r{i}", "prompt_token_ids": [1] * 1000, "max_tokens": 8} for i in range(4)]
-    sc = scenario({"num_gpu_blocks": 300, "max_num_batched_tokens": 2048, "max_num_seqs": 4}, reqs)
+    sc = scenario(
+        {
+            "block_size": 16,
+            "num_gpu_blocks": 300,
+            "max_num_batched_tokens": 2048,
+            "max_num_seqs": 4,
+        },
+        reqs,
+    )
     e = refused(sc)
     assert "PAGED_KV_LAB_MAX_ACTIVATION_BYTES" in str(e) and "activations" in str(e)
     # the same requests one at a time (max_num_seqs 1) and a smaller chunk fit
     check_scenario(
-        scenario({"num_gpu_blocks": 300, "max_num_batched_tokens": 256, "max_num_seqs": 1}, reqs),
+        scenario(
+            {
+                "block_size": 16,
+                "num_gpu_blocks": 300,
+                "max_num_batched_tokens": 256,
+                "max_num_seqs": 1,
+            },
+            reqs,
+        ),
         L,
         CFG,
     )

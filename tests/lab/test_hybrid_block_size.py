@@ -6,7 +6,8 @@ its model as vLLM 0.34 resolves them on a GPU: the attention block, from
 (``get_kv_cache_config_from_groups``). Hand-checked numbers for tiny-hybrid and real models'
 shapes; the same numbers from vLLM 0.34.0's own functions (its scratch environment,
 ``VLLM_VENV``); the
-scenario, ``run`` and ``replay`` ends; attention-only scenarios unchanged."""
+scenario, ``run`` and ``replay`` ends; an attention-only scenario without ``block_size`` at
+vLLM 0.34's GPU default, 64 (the same from vLLM 0.34.0's own classes)."""
 
 import json
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 
 from kvcore.core.kv_cache_utils import uniform_page_group_size
 from kvcore.model.memory import (
+    DEFAULT_BLOCK_SIZE,
     MemoryProfile,
     hybrid_bytes_per_block,
     hybrid_group_counts,
@@ -107,13 +109,13 @@ def test_a_hybrid_scenario_without_block_size_runs_at_vllms_size():
     # a stated size is kept (vLLM would raise 4 to 32; the note says so)
     stated = load_scenario({"model": "tiny-hybrid", "engine": {"block_size": 4}})
     assert stated.engine.block_size == 4
-    # attention-only models: 16, and the file format is what it was
+    # attention-only models: vLLM 0.34's GPU default, and the file format is what it was
     plain = load_scenario({"model": "tiny-random"})
-    assert plain.engine.block_size == 16 and block_size_note(plain) is None
+    assert plain.engine.block_size == DEFAULT_BLOCK_SIZE == 64 and block_size_note(plain) is None
     assert "kv_cache_memory_bytes" not in scenario_to_dict(plain)["engine"]
     # --model replaces the file's model before the block size is resolved
     assert load_scenario({}, {"model": "tiny-hybrid"}).engine.block_size == 64
-    assert load_scenario({"model": "tiny-hybrid"}, {"model": "smollm2"}).engine.block_size == 16
+    assert load_scenario({"model": "tiny-hybrid"}, {"model": "smollm2"}).engine.block_size == 64
     # linear layers come from the model: prefix_match_unit finer than the block is allowed
     finer = load_scenario({"model": "tiny-hybrid", "engine": {"prefix_match_unit": 4}})
     assert finer.engine.prefix_match_unit == 4
@@ -201,6 +203,17 @@ def test_replay_resolves_from_a_named_hybrid_model():
     assert replay_settings(trace, {}).engine.block_size == 16
     with pytest.raises(ScenarioError, match="kv_cache_memory_bytes"):
         replay_settings(trace, {"num_gpu_blocks": "auto"})
+
+
+@pytest.mark.skipif(
+    not (Path(VENV) / "bin" / "python").exists(),
+    reason=f"no vLLM 0.34.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
+)
+def test_an_attention_only_model_without_block_size_gets_vllms_gpu_default():
+    """The lab models a GPU server on any device: vLLM 0.34.0's GPU size, not its CPU platform's."""
+    theirs = ask_vllm("vllm_default_block_size.py", {}, venv=VENV)
+    assert theirs == {"gpu": DEFAULT_BLOCK_SIZE, "cpu": 128}
+    assert load_scenario({"model": "smollm2"}).engine.block_size == theirs["gpu"]
 
 
 def vllm_cases():

@@ -163,7 +163,7 @@ def test_example_scenarios_load(path):
             "engine.prefix_cache_retention_interval: must be a multiple of block_size (4); got 6",
         ),
         (
-            {"prefix_cache_retention_interval": 16},
+            {"prefix_cache_retention_interval": 16, "block_size": 16},
             "engine.prefix_cache_retention_interval: > 0 needs a sliding window",
         ),
         ({"watermark": 1}, "engine.watermark: must be a number in [0, 1); got 1"),
