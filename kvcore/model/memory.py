@@ -472,7 +472,7 @@ def hybrid_bytes_per_block(
 
 def _hybrid_layers(config: Any) -> tuple[int, int, int]:
     """(full-attention layers, linear layers, layers per KV cache group) of a hybrid config."""
-    from kvcore.core.kv_cache_utils import uniform_page_group_size
+    from kvcore.core.kv_cache_planning import uniform_page_group_size
 
     linear = num_linear_layers(config)
     full = int(config.num_hidden_layers) - linear

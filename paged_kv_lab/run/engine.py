@@ -25,12 +25,8 @@ from kvcore.config.speculative import (
 )
 from kvcore.config.vllm import resolve_disable_hybrid_kv_cache_manager
 from kvcore.core.kv_cache_manager import KVCacheManager
-from kvcore.core.kv_cache_utils import (
-    BlockHasher,
-    resolve_none_hash_seed,
-    uniform_page_group_size,
-    unify_hybrid_kv_cache_specs,
-)
+from kvcore.core.kv_cache_planning import uniform_page_group_size, unify_hybrid_kv_cache_specs
+from kvcore.core.kv_cache_utils import BlockHasher, resolve_none_hash_seed
 from kvcore.core.sched.scheduler import Scheduler
 from kvcore.distributed.kv_events import KVEventBatch, ZmqEventPublisher
 from kvcore.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvcore.core.kv_cache_utils import uniform_page_group_size
+from kvcore.core.kv_cache_planning import uniform_page_group_size
 from kvcore.model.memory import (
     MemoryProfile,
     hybrid_bytes_per_block,
