@@ -104,15 +104,14 @@ class _StoreAdmission(Enum):
 
 def yield_req_data(scheduler_output) -> Iterable[tuple[str, Optional[tuple], bool]]:
     """(request id, block ids handed out this step, whether they are the whole table) for every
-    request of the step (vLLM: distributed/kv_transfer/kv_connector/utils.py)."""
+    request of the step (vLLM: distributed/kv_transfer/kv_connector/utils.py). The whole table
+    comes with every admitted request, new or resumed (both in ``scheduled_new_reqs``); a
+    running one brings only this step's additions."""
     for req_data in scheduler_output.scheduled_new_reqs:
         yield req_data.req_id, req_data.block_ids, True
     cached = scheduler_output.scheduled_cached_reqs
-    yield from zip(
-        cached.req_ids,
-        cached.new_block_ids,
-        (rid in cached.resumed_req_ids for rid in cached.req_ids),
-    )
+    for req_id, block_id_groups in zip(cached.req_ids, cached.new_block_ids):
+        yield req_id, block_id_groups, False
 
 
 class _CPUPoolEvictions(KVCacheObserver):
