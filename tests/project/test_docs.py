@@ -71,7 +71,7 @@ REPO_DIRS = (
 def vllm_path(rel: str) -> str:
     """kvcore/<path>.py -> the vLLM file at the same place, by the layout's rule."""
     path = rel.removeprefix("kvcore/")
-    if path.startswith(("distributed/", "utils/", "config/", "lora/", "multimodal/")):
+    if path.startswith(("distributed/", "utils/", "config/", "lora/", "multimodal/", "platforms/")):
         return "vllm/" + path
     return "vllm/v1/" + path
 
