@@ -45,7 +45,7 @@ from kvcore.model import (  # noqa: E402
 )
 from kvcore.model.reference import Agreement, agreement_with_generate  # noqa: E402
 from kvcore.utils.math_utils import cdiv  # noqa: E402
-from kvcore.worker.gpu_model_runner import GPUModelRunner  # noqa: E402
+from kvcore.worker.gpu.model_runner import GPUModelRunner  # noqa: E402
 
 
 class LogitsTap:

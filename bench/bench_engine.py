@@ -72,7 +72,7 @@ from bench.timing import (  # noqa: E402
     ttft,
 )
 from kvcore.model import ATTENTION_MODELS, load_model, smollm2_available  # noqa: E402
-from kvcore.worker.gpu_model_runner import GPUModelRunner  # noqa: E402
+from kvcore.worker.gpu.model_runner import GPUModelRunner  # noqa: E402
 
 QUESTIONS = [
     "What is the capital of France?",

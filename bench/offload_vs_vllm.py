@@ -233,10 +233,8 @@ def our_run(case: dict[str, Any]) -> tuple[list[dict], list[dict]]:
         known.update(eng.requests)
         loads = {e.request_id for e in rec.events if e.kind == "cpu_load"}
         actions, lookups = [], []
-        resumed = out.scheduled_cached_reqs.resumed_req_ids
-        for rid in out.scheduled_cached_reqs.req_ids:
-            if rid not in resumed:
-                actions.append(["run", rid, out.num_scheduled_tokens[rid]])
+        for rid in out.scheduled_cached_reqs.req_ids:  # running; a resumed one is a new one
+            actions.append(["run", rid, out.num_scheduled_tokens[rid]])
         for e in rec.events:
             if e.kind in ("cache_hit", "cache_miss"):
                 n = out.num_scheduled_tokens.get(e.request_id)
@@ -413,7 +411,7 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
                 block_hasher=hasher,
             )
         new_reqs, cached_ids, cached_blocks, sched, lookups = [], [], [], {}, []
-        victims, preempted, resumed = list(step["preempted"]), set(), set()
+        victims, preempted = list(step["preempted"]), set()
 
         def preempt(victim):
             v = reqs[victim]
@@ -474,14 +472,8 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
                     sch._inflight_prefills.add(r)
                 else:
                     admitted(r, local, n)
-                    if r.status == RequestStatus.PREEMPTED:  # resumed: its whole new table
-                        cached_ids.append(rid)
-                        cached_blocks.append(kvm.get_block_ids(rid))
-                        resumed.add(rid)
-                    else:
-                        new_reqs.append(
-                            SimpleNamespace(req_id=rid, block_ids=kvm.get_block_ids(rid))
-                        )
+                    # new or resumed: its whole table, among the new requests (vLLM 0.34)
+                    new_reqs.append(SimpleNamespace(req_id=rid, block_ids=kvm.get_block_ids(rid)))
                     r.status = RequestStatus.RUNNING
                     r.num_computed_tokens = local
                     sched[rid] = n
@@ -508,12 +500,7 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
                     assert n is None, f"vLLM refused {rid} where ours admitted it"
                     continue
                 assert n is not None, f"vLLM admitted {rid} where ours refused it"
-                if r.num_preemptions:
-                    cached_ids.append(rid)
-                    cached_blocks.append(kvm.get_block_ids(rid))
-                    resumed.add(rid)
-                else:
-                    new_reqs.append(SimpleNamespace(req_id=rid, block_ids=kvm.get_block_ids(rid)))
+                new_reqs.append(SimpleNamespace(req_id=rid, block_ids=kvm.get_block_ids(rid)))
                 admitted(r, r.num_computed_tokens, n)
                 r.status = RequestStatus.RUNNING
                 sched[rid] = n
@@ -521,9 +508,7 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
             preempt(victim)
         out = SimpleNamespace(
             scheduled_new_reqs=new_reqs,
-            scheduled_cached_reqs=SimpleNamespace(
-                req_ids=cached_ids, new_block_ids=cached_blocks, resumed_req_ids=resumed
-            ),
+            scheduled_cached_reqs=SimpleNamespace(req_ids=cached_ids, new_block_ids=cached_blocks),
             num_scheduled_tokens=sched,
             preempted_req_ids=preempted,
             finished_req_ids=finished_prev,

@@ -21,7 +21,7 @@ import torch
 from kvcore.core.sched.scheduler import Scheduler
 from kvcore.engine.core import EngineCore, EngineCoreStep
 from kvcore.request import Request
-from kvcore.worker.gpu_model_runner import GPUModelRunner
+from kvcore.worker.gpu.model_runner import GPUModelRunner
 from paged_kv_lab.run.engine import (
     block_hasher_for,
     kv_cache_groups,

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
 
-from kvcore.spec_decode.ngram_proposer import NgramProposer  # noqa: E402
+from kvcore.worker.gpu.spec_decode.ngram.speculator import NgramGPUSpeculator  # noqa: E402
 
 _masked_load = interpreter.InterpreterBuilder.create_masked_load
 
@@ -87,7 +87,7 @@ def vllm_drafts(histories, min_n, max_n, k, max_model_len, block_l) -> list[list
 
 
 def ours(history, min_n, max_n, k, max_model_len) -> list[int]:
-    return NgramProposer(min_n, max_n, k, max_model_len).propose(history)
+    return NgramGPUSpeculator(min_n, max_n, k, max_model_len).propose(history)
 
 
 def history(rng: random.Random, max_len: int) -> list[int]:
@@ -131,7 +131,7 @@ def main() -> int:
                 )
                 return 1
             checked += 1
-            n, _ = NgramProposer(min_n, max_n, k, max_model_len).find_match(h)
+            n, _ = NgramGPUSpeculator(min_n, max_n, k, max_model_len).find_match(h)
             matched += bool(n)
     print(f"SAME: {checked} random histories ({matched} with a match) in {args.groups} groups")
     return 0

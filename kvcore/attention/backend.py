@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # annotations only: the tensors come from the worker, which i
 class CommonAttentionMetadata:
     """One KV cache group's view of a step, shared by all its layers (vLLM's name and fields).
 
-    Built on the host from :class:`kvcore.worker.gpu_input_batch.ModelInputs`;
+    Built on the host from :class:`kvcore.worker.gpu.input_batch.InputBatch`;
     :func:`build_paged_step` turns it into the device index tensors the kernel uses.  Invariant:
     ``slot_mapping[t]`` is the slot of packed token t in this group's pool, and
     ``block_table_tensor[i]`` holds request i's table (padded with the null block 0, never read).

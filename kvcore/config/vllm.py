@@ -1,7 +1,7 @@
 """The rule vLLM 0.34.0 applies, in ``VllmConfig.__post_init__`` (vllm/config/vllm.py), to decide
 ``SchedulerConfig.disable_hybrid_kv_cache_manager``: whether the KV cache manager runs one
 group per kind of layer (the hybrid KV cache manager, "HMA") or treats every attention layer as
-full attention (``unify_hybrid_kv_cache_specs`` in kvcore/core/kv_cache_utils.py).
+full attention (``unify_hybrid_kv_cache_specs`` in kvcore/core/kv_cache_planning.py).
 
 - set to True: HMA is off, whatever else is configured;
 - left unset (None, vLLM's default): HMA is off when a ``kv_transfer_config`` names a connector

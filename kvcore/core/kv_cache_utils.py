@@ -20,13 +20,11 @@ resolves it as vLLM does.
 from __future__ import annotations
 
 import hashlib
-import math
 import os
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
 from kvcore.utils.hashing import NON_CRYPTO_HASH_ALGOS, HashFn
-from kvcore.utils.math_utils import cdiv
 
 DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
 NONE_HASH_SEED = DEFAULT_NONE_HASH_SEED
@@ -374,82 +372,6 @@ def eagle_proof_margin(block_size: int, hash_block_size: int, fine_grained_looku
     if fine_grained_lookup and block_size > hash_block_size:
         return hash_block_size
     return block_size
-
-
-def align_hybrid_block_size(
-    block_size: int,
-    attn_page_size_1_token: int,
-    mamba_page_size: int,
-    kernel_block_alignment: int = 16,
-    backend_block_alignment: int = 16,
-    prefill_checkpoint_alignment: Optional[int] = None,
-) -> tuple[int, Optional[int]]:
-    """vLLM 0.34's ``Platform._align_hybrid_block_size``: both kinds of blocks live in one pool,
-    so an attention page (``block_size`` tokens x ``attn_page_size_1_token`` bytes, all layers
-    of one group) must hold a whole Mamba state. The attention block size is raised to the
-    smallest multiple of the kernel's block alignment whose page is at least the state, then
-    to the backends' common alignment; the state's page is padded up to the attention page.
-    -> (block_size, mamba_page_size_padded or None when the pages are already equal). In
-    align mode the Mamba block size is this block size too.
-
-    ``block_size`` is where the raising starts: the stated size, else
-    ``CacheConfig.DEFAULT_BLOCK_SIZE`` where the attention backends accept it (16 in 0.33, 64 in
-    0.34: ``kvcore.model.memory.DEFAULT_BLOCK_SIZE``).
-    The kernel alignment is at least ``block_size``, so from 0.34's 64 the result is a multiple
-    of 64.
-
-    ``prefill_checkpoint_alignment``: in align mode, the Mamba layers' prefill checkpoint
-    alignment (vLLM's ``get_mamba_prefill_checkpoint_alignment``: 64 with FlashInfer's gated
-    delta-net prefill, None for a backend that exports no checkpoints); the kernel alignment
-    becomes its least common multiple with it. Pass None outside align mode. A block size
-    already large enough is kept: the result is never below ``block_size``."""
-    if mamba_page_size <= 0:
-        return block_size, None
-    kernel = max(kernel_block_alignment, block_size)
-    kernel = math.lcm(kernel, prefill_checkpoint_alignment or 1)
-    attn_block_size = kernel * cdiv(mamba_page_size, kernel * attn_page_size_1_token)
-    attn_block_size = backend_block_alignment * cdiv(attn_block_size, backend_block_alignment)
-    block_size = max(block_size, attn_block_size)
-    attn_page_size = block_size * attn_page_size_1_token
-    return block_size, (None if attn_page_size == mamba_page_size else attn_page_size)
-
-
-def uniform_page_group_size(bucket_sizes: Sequence[int]) -> int:
-    """How many layers each KV cache group of a hybrid model holds (vLLM 0.34's
-    ``kv_cache_planning._get_kv_cache_groups_uniform_page_size``), given the number of layers
-    of each kind: the smallest kind's count, or the largest's when no kind has 1.5 times as
-    many layers as the smallest. One block of the shared pool is this many pages."""
-    smallest, largest = min(bucket_sizes), max(bucket_sizes)
-    return largest if largest < smallest * 1.5 else smallest
-
-
-def unify_hybrid_kv_cache_specs(kv_cache_spec: dict) -> None:
-    """With the hybrid KV cache manager off, make every layer's spec one kind, in place (vLLM
-    0.34.0: ``kv_cache_planning.unify_hybrid_kv_cache_specs``, called first thing by
-    ``get_kv_cache_groups`` when ``disable_hybrid_kv_cache_manager`` is set).
-
-    ``kv_cache_spec`` maps layer names to specs. Specs that are already one kind are left as they
-    are (every layer sliding with one window stays sliding). When full-attention and
-    sliding-window layers are both present, every sliding-window layer gets a
-    ``FullAttentionSpec`` (of the full-attention layers' block size when they share one): it is
-    then given a block for every token of a request, and keeps them all, though its attention
-    still reads only its window. Nothing else is converted: a Mamba (state) layer beside
-    attention layers leaves two kinds, and that is a ValueError, as in vLLM ("Failed to promote
-    local KV cache specs to one unified type"; vLLM keeps apart only the attention layers whose
-    cache is not sharded across decode context parallel ranks, which the lab does not model)."""
-    from kvcore.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
-
-    if len(set(kv_cache_spec.values())) <= 1:
-        return
-    specs = kv_cache_spec.values()
-    full_sizes = {s.block_size for s in specs if isinstance(s, FullAttentionSpec)}
-    if full_sizes and any(isinstance(s, SlidingWindowSpec) for s in specs):
-        for name, spec in list(kv_cache_spec.items()):
-            if isinstance(spec, SlidingWindowSpec):
-                size = next(iter(full_sizes)) if len(full_sizes) == 1 else spec.block_size
-                kv_cache_spec[name] = FullAttentionSpec(size)
-    if len(set(kv_cache_spec.values())) > 1:
-        raise ValueError("Failed to promote local KV cache specs to one unified type.")
 
 
 def make_block_hash_with_group_id(block_hash: bytes, group_id: int) -> bytes:

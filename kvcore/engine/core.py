@@ -20,13 +20,13 @@ from kvcore.core.sched.output import SchedulerOutput
 from kvcore.core.sched.scheduler import Scheduler
 from kvcore.outputs import KVConnectorOutput, ModelRunnerOutput
 from kvcore.request import RequestStatus
-from kvcore.sample.rejection_sampler import rejection_sample
-from kvcore.spec_decode.draft_model import DraftModelProposer
 from kvcore.spec_decode.metrics import SpecDecodingStats
-from kvcore.spec_decode.ngram_proposer import NgramProposer
 from kvcore.structured_output.utils import strip_speculative_padding
 from kvcore.utils.math_utils import cdiv
-from kvcore.worker.gpu_input_batch import SeqBatchItem, rows_fed
+from kvcore.worker.gpu.input_batch import SeqBatchItem, rows_fed
+from kvcore.worker.gpu.spec_decode.ngram.speculator import NgramGPUSpeculator
+from kvcore.worker.gpu.spec_decode.rejection_sampler_utils import rejection_sample
+from kvcore.worker.gpu.spec_decode.standalone_ar.speculator import StandaloneARSpeculator
 
 
 @dataclass
@@ -50,7 +50,7 @@ class EngineCore:
         self,
         scheduler: Scheduler,
         model_runner,
-        drafter: Optional[NgramProposer | DraftModelProposer] = None,
+        drafter: Optional[NgramGPUSpeculator | StandaloneARSpeculator] = None,
         max_model_len: int = 1 << 30,
     ) -> None:
         self.scheduler = scheduler
@@ -123,7 +123,7 @@ class EngineCore:
             if self.kv_connector is not None:
                 runner_output = replace(runner_output, kv_connector_output=self._kv_finish(out))
             scheduler.update_from_output(out, runner_output)
-            if isinstance(self.drafter, DraftModelProposer):
+            if isinstance(self.drafter, StandaloneARSpeculator):
                 self._propose_with_draft_model(out, computed_before, new_tokens)
             elif getattr(self.drafter, "uses_target_hidden_states", False):
                 self._propose_with_hidden_states(new_tokens)

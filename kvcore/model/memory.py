@@ -418,7 +418,7 @@ def hybrid_page_sizes(
     see there). With the defaults this is the block size vLLM 0.34 resolves on a GPU when
     ``block_size`` is left out (FlashAttention's kernel alignment of 16; from 64, a checkpoint
     alignment of 64 changes nothing)."""
-    from kvcore.core.kv_cache_utils import align_hybrid_block_size
+    from kvcore.platforms.interface import align_hybrid_block_size
 
     if ssm_dtype is None:
         ssm_dtype = getattr(config, "mamba_ssm_dtype", None)
@@ -468,7 +468,7 @@ def hybrid_bytes_per_block(
 
 def _hybrid_layers(config: Any) -> tuple[int, int, int]:
     """(full-attention layers, linear layers, layers per KV cache group) of a hybrid config."""
-    from kvcore.core.kv_cache_utils import uniform_page_group_size
+    from kvcore.core.kv_cache_planning import uniform_page_group_size
 
     linear = num_linear_layers(config)
     full = int(config.num_hidden_layers) - linear

@@ -99,7 +99,7 @@ def weights_bytes(model: torch.nn.Module) -> int:
 
 
 def _dummy_items(num_tokens: int, block_size: int, num_groups: int = 1):
-    from kvcore.worker.gpu_input_batch import SeqBatchItem
+    from kvcore.worker.gpu.input_batch import SeqBatchItem
 
     table = list(range(1, 1 + cdiv(num_tokens, block_size)))
     return [SeqBatchItem("profile", [0] * num_tokens, 0, (table,) * num_groups, True)]
@@ -120,7 +120,7 @@ def profile_model(
 ) -> MemoryProfile:
     """Weights, peak activations of one forward of ``max_num_batched_tokens`` tokens, and the
     rest, measured on ``loaded``'s device (see the module docstring)."""
-    from kvcore.worker.gpu_model_runner import GPUModelRunner
+    from kvcore.worker.gpu.model_runner import GPUModelRunner
 
     n = int(max_num_batched_tokens)
     if n < 1:

@@ -31,7 +31,7 @@ import contextlib
 import functools
 from dataclasses import dataclass, field, replace
 from enum import Enum, auto
-from typing import Any, Callable, Iterable, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 from kvcore.core.block_pool import BlockPool
 from kvcore.core.kv_cache_coordinator import KVCacheCoordinator, get_kv_cache_coordinator
@@ -43,6 +43,7 @@ from kvcore.distributed.kv_events import (
     KVCacheEvent,
     kv_cache_spec_metadata,
 )
+from kvcore.distributed.kv_transfer.kv_connector.utils import yield_req_data
 from kvcore.kv_cache_interface import KVCacheConfig
 from kvcore.simple_kv_offload.metadata import (
     INVALID_JOB_ID,
@@ -100,19 +101,6 @@ class _StoreAdmission(Enum):
     NOT_HASHED = auto()
     IN_FLIGHT = auto()
     ALREADY_CACHED = auto()
-
-
-def yield_req_data(scheduler_output) -> Iterable[tuple[str, Optional[tuple], bool]]:
-    """(request id, block ids handed out this step, whether they are the whole table) for every
-    request of the step (vLLM: distributed/kv_transfer/kv_connector/utils.py)."""
-    for req_data in scheduler_output.scheduled_new_reqs:
-        yield req_data.req_id, req_data.block_ids, True
-    cached = scheduler_output.scheduled_cached_reqs
-    yield from zip(
-        cached.req_ids,
-        cached.new_block_ids,
-        (rid in cached.resumed_req_ids for rid in cached.req_ids),
-    )
 
 
 class _CPUPoolEvictions(KVCacheObserver):

@@ -7,9 +7,10 @@ through the *same* block tables and slot mapping. That is how vLLM lays out a dr
 attention layers in the KV cache config: extra layers in the target's KV cache group, so one
 block id names a slot in every layer, target and draft alike.
 
-:class:`kvcore.spec_decode.draft_model.DraftModelProposer` decides what the draft reads and where
-it writes (positions, tokens, how many passes); this module only runs the forward, with the same
-inputs, metadata and kernel as :class:`kvcore.worker.gpu_model_runner.GPUModelRunner`.
+:class:`kvcore.worker.gpu.spec_decode.standalone_ar.speculator.StandaloneARSpeculator`
+decides what the draft reads and where it writes (positions, tokens, how many passes); this
+module only runs the forward, with the same inputs, metadata and kernel as
+:class:`kvcore.worker.gpu.model_runner.GPUModelRunner`.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from typing import Sequence
 
 import torch
 
-from kvcore.worker.gpu_input_batch import ModelInputs, SeqBatchItem, prepare_inputs
-from kvcore.worker.gpu_model_runner import GPUModelRunner, attention_metadata
+from kvcore.worker.gpu.input_batch import InputBatch, SeqBatchItem, prepare_inputs
+from kvcore.worker.gpu.model_runner import GPUModelRunner, attention_metadata
 from kvcore.worker.paged_attention import build_paged_step, pool_views_of
 
 
@@ -45,7 +46,7 @@ class DraftModelRunner:
                 torch.zeros_like(target.kv_caches[i]) for i in range(self.num_layers)
             ]
         self._pool_views = pool_views_of(self.kv_caches)
-        self.last_inputs: ModelInputs | None = None  # the last draft pass's inputs (tests, UI)
+        self.last_inputs: InputBatch | None = None  # the last draft pass's inputs (tests, UI)
 
     @property
     def kv_cache_bytes(self) -> int:

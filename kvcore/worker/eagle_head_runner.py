@@ -1,5 +1,6 @@
-"""The EAGLE-style head's forward passes over the target's hidden states (the proposer's
-decisions are in :mod:`kvcore.spec_decode.eagle`, the head in :mod:`kvcore.model.eagle_head`).
+"""The EAGLE-style head's forward passes over the target's hidden states (the speculator's
+decisions are in :mod:`kvcore.worker.gpu.spec_decode.eagle.speculator`, the head in
+:mod:`kvcore.model.eagle_head`).
 
 The runner asks the target's runner to keep, at each verify step, what its LM head reads at each
 logits position (``GPUModelRunner.keep_hidden_states``); a draft pass feeds one of those rows and
@@ -14,7 +15,7 @@ from typing import Sequence
 import torch
 
 from kvcore.model.eagle_head import EagleHead
-from kvcore.worker.gpu_model_runner import GPUModelRunner
+from kvcore.worker.gpu.model_runner import GPUModelRunner
 
 
 class EagleHeadRunner:

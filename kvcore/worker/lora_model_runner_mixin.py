@@ -11,7 +11,7 @@ import torch
 from kvcore.config.lora import LoRAConfig
 from kvcore.lora.request import LoRARequest
 from kvcore.lora.worker_manager import LRUCacheWorkerLoRAManager
-from kvcore.worker.gpu_input_batch import SeqBatchItem
+from kvcore.worker.gpu.input_batch import SeqBatchItem
 
 
 class LoRAModelRunnerMixin:

@@ -204,7 +204,7 @@ def paged_attention_forward(
     if paged_step is None:
         raise RuntimeError(
             f"attention '{ATTN_NAME}' was called without a paged_step; "
-            "use kvcore.worker.gpu_model_runner.GPUModelRunner"
+            "use kvcore.worker.gpu.model_runner.GPUModelRunner"
         )
     step = paged_step
     layer = module.layer_idx

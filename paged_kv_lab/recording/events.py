@@ -431,9 +431,9 @@ class DraftProposed(Event):
     (or to ``max_model_len``), all of them padding when nothing matched (vLLM 0.34.0:
     ``NgramGPUSpeculator.propose``);
     with k > 0 a draft model proposed them, writing their K/V into the lookahead slots the
-    scheduler reserved (vLLM: ``DraftModelProposer.propose``), or,
+    scheduler reserved (vLLM: ``StandaloneARSpeculator.propose``), or,
     with ``uses_target_hidden_states``, an EAGLE/MTP head from the target's hidden states (vLLM:
-    ``EagleProposer.propose``)."""
+    ``EagleSpeculator.propose``)."""
 
     kind = EventKind.DRAFT_PROPOSED
     request_id: str = dataclasses.field()

@@ -18,7 +18,7 @@ from kvcore.core.kv_cache_inspect import (
     offload_is_lazy,
 )
 from kvcore.core.kv_cache_utils import get_block_hash, get_group_id
-from kvcore.worker.gpu_input_batch import ModelInputs
+from kvcore.worker.gpu.input_batch import InputBatch
 from paged_kv_lab.recording.events import AnyEvent, Event
 
 if TYPE_CHECKING:
@@ -172,10 +172,10 @@ class StepRecord:
     # vLLM's KV cache events queued this step (kvcore.distributed.kv_events structs), the step's
     # KVEventBatch. Kept in memory for the app; trace files do not carry them.
     kv_events: tuple[Any, ...] = field(default=(), compare=False, repr=False)
-    # what the model runner was given (kvcore.worker.gpu_input_batch.ModelInputs: slot_mapping,
+    # what the model runner was given (kvcore.worker.gpu.input_batch.InputBatch: slot_mapping,
     # block tables, query_start_loc, seq_lens); None when no forward ran or no model runs, and in
     # older traces
-    model_inputs: Optional[ModelInputs] = None
+    model_inputs: Optional[InputBatch] = None
     # how long the step took on this machine (wall seconds; 0.0 when unknown, as in trace files,
     # which do not carry it: a timing is no part of what the run decided)
     seconds: float = field(default=0.0, compare=False, repr=False)
@@ -217,7 +217,7 @@ class StepRecord:
             Snapshot.from_dict(d["snapshot"]),
             {k: list(v) for k, v in d.get("new_tokens", {}).items()},
             model_inputs=(
-                None if d.get("model_inputs") is None else ModelInputs.from_dict(d["model_inputs"])
+                None if d.get("model_inputs") is None else InputBatch.from_dict(d["model_inputs"])
             ),
             replica=d.get("replica"),
             pulls={k: (tuple(p), tuple(q)) for k, (p, q) in d.get("pulls", {}).items()},

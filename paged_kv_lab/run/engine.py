@@ -25,12 +25,8 @@ from kvcore.config.speculative import (
 )
 from kvcore.config.vllm import resolve_disable_hybrid_kv_cache_manager
 from kvcore.core.kv_cache_manager import KVCacheManager
-from kvcore.core.kv_cache_utils import (
-    BlockHasher,
-    resolve_none_hash_seed,
-    uniform_page_group_size,
-    unify_hybrid_kv_cache_specs,
-)
+from kvcore.core.kv_cache_planning import uniform_page_group_size, unify_hybrid_kv_cache_specs
+from kvcore.core.kv_cache_utils import BlockHasher, resolve_none_hash_seed
 from kvcore.core.sched.scheduler import Scheduler
 from kvcore.distributed.kv_events import KVEventBatch, ZmqEventPublisher
 from kvcore.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
@@ -47,11 +43,11 @@ from kvcore.kv_cache_interface import (
 from kvcore.lora.request import LoRARequest
 from kvcore.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 from kvcore.request import Request, RequestStatus
-from kvcore.spec_decode.draft_model import DraftModelProposer
-from kvcore.spec_decode.eagle import EagleProposer
-from kvcore.spec_decode.ngram_proposer import NgramProposer
 from kvcore.utils.hashing import get_hash_fn_by_name
 from kvcore.utils.math_utils import cdiv
+from kvcore.worker.gpu.spec_decode.eagle.speculator import EagleSpeculator
+from kvcore.worker.gpu.spec_decode.ngram.speculator import NgramGPUSpeculator
+from kvcore.worker.gpu.spec_decode.standalone_ar.speculator import StandaloneARSpeculator
 from paged_kv_lab.recording import snapshot
 from paged_kv_lab.recording.invariants import check_invariants
 from paged_kv_lab.recording.recorder import Recorder
@@ -509,7 +505,7 @@ class Engine:
             lora_config=self.lora_config,
         )
         # Speculative decoding: drafts from an n-gram proposer, verified greedily.
-        self.drafter: Optional[NgramProposer | DraftModelProposer | EagleProposer] = None
+        self.drafter: Optional[NgramGPUSpeculator | StandaloneARSpeculator | EagleSpeculator] = None
         if s.speculative is not None:
             if s.seed is not None:
                 raise ValueError(
@@ -521,14 +517,14 @@ class Engine:
                 # max_num_batched_tokens tokens and drops the drafts it cut: a longer list would
                 # schedule the same tokens, and a huge k (a scenario may give one) would not fit
                 # in memory.
-                self.drafter = NgramProposer(
+                self.drafter = NgramGPUSpeculator(
                     sp.prompt_lookup_min,
                     sp.prompt_lookup_max,
                     min(sp.num_speculative_tokens, s.max_num_batched_tokens),
                     self.max_model_len,
                 )
         if runner is None:
-            from kvcore.worker.gpu_model_runner import GPUModelRunner
+            from kvcore.worker.gpu.model_runner import GPUModelRunner
 
             runner = GPUModelRunner(
                 self.model,
@@ -709,7 +705,7 @@ class Engine:
             path = f"{spec.id}.prompt_embeds"
             raise EngineRefused("prompt_embeds_need_enable", path=path)
         rows = spec.prompt_embeds is not None or spec.mm_features
-        if rows and isinstance(self.drafter, DraftModelProposer):
+        if rows and isinstance(self.drafter, StandaloneARSpeculator):
             raise EngineRefused("engine.embeds_draft_model")
         ids = self.encode(spec)
         if spec.stop and self.model is None:
@@ -806,7 +802,7 @@ class Engine:
         if to_abort:
             self.scheduler.finish_requests(to_abort, RequestStatus.FINISHED_ABORTED)
 
-    def _draft_model_proposer(self, sp, runner, num_layers: int) -> DraftModelProposer:
+    def _draft_model_proposer(self, sp, runner, num_layers: int) -> StandaloneARSpeculator:
         """The draft model: the runner's model cut after its first ``num_draft_layers`` layers,
         with K/V pools of its own (the runner's block ids address them)."""
         if self.model is None or not hasattr(runner, "kv_caches"):
@@ -817,9 +813,9 @@ class Engine:
         from kvcore.worker.draft_model_runner import DraftModelRunner
 
         draft = DraftModelRunner(runner, num_draft_layers(sp, num_layers))
-        return DraftModelProposer(draft, sp.num_speculative_tokens, self.max_model_len)
+        return StandaloneARSpeculator(draft, sp.num_speculative_tokens, self.max_model_len)
 
-    def _eagle_proposer(self, sp, runner) -> EagleProposer:
+    def _eagle_proposer(self, sp, runner) -> EagleSpeculator:
         """The EAGLE-style head over the runner's hidden states (made once per model and kept in
         the model cache: kvcore/model/eagle_head.py)."""
         if self.model is None or not hasattr(runner, "keep_hidden_states"):
@@ -828,7 +824,7 @@ class Engine:
         from kvcore.worker.eagle_head_runner import EagleHeadRunner
 
         head_runner = EagleHeadRunner(runner, eagle_head_for(self.model))
-        return EagleProposer(head_runner, sp.num_speculative_tokens, self.max_model_len)
+        return EagleSpeculator(head_runner, sp.num_speculative_tokens, self.max_model_len)
 
     @property
     def spec_decoding_stats(self):

@@ -80,13 +80,14 @@ OptInt = Optional[Int]
 class SpeculativeConfig:
     """vLLM's speculative_config, verified greedily. ``method``: "ngram" (prompt lookup) or
     "draft_model": the target's own first ``num_draft_layers`` layers with its final norm and LM
-    head (kvcore/spec_decode/draft_model.py; null = three quarters of the model's layers, at
-    least one), which writes K/V ahead, so the scheduler reserves ``num_speculative_tokens``
-    lookahead slots. Unset lookup lengths follow vLLM: both unset -> 5 and 5, one set -> the
-    other equals it. "eagle" / "mtp": a head over the target's hidden states
-    (kvcore/spec_decode/eagle.py, made by scripts/make_eagle_head.py); vLLM then hashes each block
-    with the token after it unless ``disable_lookahead_block_hashes`` (the lab models only that
-    case: every hit gives up its last matched block) or ``disable_eagle_block_drop`` (neither)."""
+    head (kvcore/worker/gpu/spec_decode/standalone_ar/speculator.py; null = three quarters of the
+    model's layers, at least one), which writes K/V ahead, so the scheduler reserves
+    ``num_speculative_tokens`` lookahead slots. Unset lookup lengths follow vLLM: both unset -> 5
+    and 5, one set -> the other equals it. "eagle" / "mtp": a head over the target's hidden states
+    (kvcore/worker/gpu/spec_decode/eagle/speculator.py, made by scripts/make_eagle_head.py); vLLM
+    then hashes each block with the token after it unless ``disable_lookahead_block_hashes`` (the
+    lab models only that case: every hit gives up its last matched block) or
+    ``disable_eagle_block_drop`` (neither)."""
 
     __pydantic_config__ = _FORBID
     method: Literal["ngram", "draft_model", "eagle", "mtp"] = "ngram"
@@ -285,7 +286,7 @@ class EngineSettings:
     max_num_inflight_kv_loads: OptInt = None
     # KV cache events published on ZeroMQ as vLLM does (vLLM's --kv-events-config); off when null.
     kv_events: Optional[KVEventsConfig] = None
-    # Speculative decoding (kvcore/spec_decode/ngram_proposer.py); off when null.
+    # Speculative decoding (kvcore/worker/gpu/spec_decode/ngram/speculator.py); off when null.
     speculative: Optional[SpeculativeConfig] = None
     # A second tier: CPU offloading (kvcore/simple_kv_offload/); off when null.
     cpu_offload: Optional[CPUOffloadConfig] = None

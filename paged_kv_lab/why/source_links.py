@@ -24,7 +24,7 @@ to its code, read to be the same step:
   it proposes: of the earlier occurrences of the longest matching suffix it takes the last one,
   not the first; and it fills all ``num_speculative_tokens`` places of a request that sampled,
   the places past the tokens it found (every place, when nothing matches) with the last sampled
-  token. kvcore's proposer follows 0.33.0's rule;
+  token. kvcore's ``NgramGPUSpeculator`` follows 0.34.0's rule;
 - ``propose_draft_model``: ``SpecDecodeBaseProposer.propose`` -> ``StandaloneARSpeculator.propose``
   (``method="draft_model"``);
 - ``propose_eagle``: ``SpecDecodeBaseProposer.propose`` -> ``TargetDependentARSpeculator.propose``,
@@ -393,7 +393,7 @@ FUNCTIONS: dict[str, CodeLink] = {
             212,
             276,
             "NgramGPUSpeculator.propose",
-            "kvcore.spec_decode.ngram_proposer:NgramProposer.propose",
+            "kvcore.worker.gpu.spec_decode.ngram.speculator:NgramGPUSpeculator.propose",
         ),
         _link(
             "propose_draft_model",
@@ -401,7 +401,7 @@ FUNCTIONS: dict[str, CodeLink] = {
             301,
             453,
             "StandaloneARSpeculator.propose",
-            "kvcore.spec_decode.draft_model:DraftModelProposer.propose",
+            "kvcore.worker.gpu.spec_decode.standalone_ar.speculator:StandaloneARSpeculator.propose",
         ),
         _link(  # vLLM's EagleSpeculator drafts through its base class's propose
             "propose_eagle",
@@ -409,7 +409,7 @@ FUNCTIONS: dict[str, CodeLink] = {
             102,
             270,
             "TargetDependentARSpeculator.propose",
-            "kvcore.spec_decode.eagle:EagleProposer.propose",
+            "kvcore.worker.gpu.spec_decode.eagle.speculator:EagleSpeculator.propose",
         ),
         _link(
             "update_draft_token_ids",
@@ -425,7 +425,7 @@ FUNCTIONS: dict[str, CodeLink] = {
             1125,
             1465,
             "rejection_sample",
-            "kvcore.sample.rejection_sampler:rejection_sample",
+            "kvcore.worker.gpu.spec_decode.rejection_sampler_utils:rejection_sample",
         ),
         # -- the CPU tier (SimpleCPUOffloadConnector) --
         _link(

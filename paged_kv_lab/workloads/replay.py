@@ -637,6 +637,8 @@ class Replay:
         kvm.make_prefix_cache_stats()
         for new in out.scheduled_new_reqs:
             i = int(new.req_id)
+            if self.num_preemptions[i]:
+                continue  # resumed after preemption: its first admission's figures stand
             self.hit_tokens[i] = new.num_computed_tokens
             self.admitted_step[i] = step
         preempted = out.preempted_req_ids
@@ -648,9 +650,7 @@ class Replay:
         self.num_finished += len(finished)
         total = out.total_num_scheduled_tokens
         self._clock_ns += self._step_ns + self._token_ns * total
-        self._last_changed = bool(
-            added or out.scheduled_new_reqs or out.scheduled_cached_reqs.resumed_req_ids
-        ) or bool(preempted or finished)
+        self._last_changed = bool(added or out.scheduled_new_reqs or preempted or finished)
         self._point()
         if self._publishes:
             self._kv_events = tuple(kvm.take_events())
@@ -659,8 +659,7 @@ class Replay:
         info = self._info(
             1,
             total,
-            tuple(n.req_id for n in out.scheduled_new_reqs)
-            + tuple(out.scheduled_cached_reqs.resumed_req_ids),
+            tuple(n.req_id for n in out.scheduled_new_reqs),  # new and resumed, in order
             tuple(sorted(preempted, key=int)),
             tuple(finished),
             self.evictions - evictions_before,

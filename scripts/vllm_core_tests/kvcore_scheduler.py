@@ -19,7 +19,6 @@ from __future__ import annotations
 import inspect
 import sys
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
 
 
 def install(Unmodelled):  # noqa: N803  (the conftest's exception class)
@@ -30,7 +29,6 @@ def install(Unmodelled):  # noqa: N803  (the conftest's exception class)
     from vllm.v1.metrics.stats import SchedulerStats
 
     import kvcore.core.kv_cache_manager as kkm
-    import kvcore.core.sched.output as ko
     import kvcore.core.sched.scheduler as ks
     import kvcore.kv_cache_interface as ki
     import kvcore.request as kr
@@ -195,54 +193,8 @@ def install(Unmodelled):  # noqa: N803  (the conftest's exception class)
         create_scheduler_with_priority.kvcore = True
         module.create_scheduler_with_priority = create_scheduler_with_priority
 
-    @dataclass(frozen=True)
-    class NewRequestData(ko.NewRequestData):
-        """kvcore's NewRequestData with vLLM 0.34's ``prefill_token_ids``."""
-
-        prefill_token_ids: list = field(default_factory=list)
-
     class KvcoreScheduler(ks.Scheduler):
         """kvcore's Scheduler answering in vLLM's shapes where only the shape differs."""
-
-        def _make_output(self, *args, **kwargs):
-            """kvcore's batch in vLLM 0.34's shape, before the connector sees it: a resumed
-            request goes out as a new one (with its blocks), no cached request carries all its
-            tokens, and every new request carries the tokens to prefill (``prefill_token_ids``:
-            the prompt, and the outputs of a resumed one). kvcore keeps 0.33's V1-runner shape
-            (resumed requests among the cached ones), which its own engine reads."""
-            out = super()._make_output(*args, **kwargs)
-            c = out.scheduled_cached_reqs
-            resumed = [i for i, rid in enumerate(c.req_ids) if rid in c.resumed_req_ids]
-            keep = [i for i in range(c.num_reqs) if i not in resumed]
-            new_reqs = [
-                NewRequestData(
-                    n.req_id,
-                    n.prompt_token_ids,
-                    n.block_ids,
-                    n.num_computed_tokens,
-                    n.mm_features,
-                    list(self.requests[n.req_id].all_token_ids),
-                )
-                for n in out.scheduled_new_reqs
-            ] + [
-                NewRequestData(
-                    c.req_ids[i],
-                    list(self.requests[c.req_ids[i]].prompt_token_ids),
-                    c.new_block_ids[i],
-                    c.num_computed_tokens[i],
-                    list(self.requests[c.req_ids[i]].mm_features),
-                    list(self.requests[c.req_ids[i]].all_token_ids),
-                )
-                for i in resumed
-            ]
-            cached = ko.CachedRequestData(
-                req_ids=[c.req_ids[i] for i in keep],
-                new_token_ids=[c.new_token_ids[i] for i in keep] if c.new_token_ids else [],
-                new_block_ids=[c.new_block_ids[i] for i in keep],
-                num_computed_tokens=[c.num_computed_tokens[i] for i in keep],
-                num_output_tokens=[c.num_output_tokens[i] for i in keep],
-            )
-            return replace(out, scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached)
 
         def update_from_output(self, scheduler_output, model_runner_output):
             scheduled = [

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from kvcore.core.kv_cache_utils import unify_hybrid_kv_cache_specs
+from kvcore.core.kv_cache_planning import unify_hybrid_kv_cache_specs
 from kvcore.distributed.kv_transfer.kv_connector.factory import (
     CONNECTOR_NAMES,
     KVConnectorFactory,

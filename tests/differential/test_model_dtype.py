@@ -15,7 +15,7 @@ import torch
 from kvcore.model import load_model
 from kvcore.model.reference import Agreement, agreement_with_generate
 from kvcore.utils.math_utils import cdiv
-from kvcore.worker.gpu_model_runner import GPUModelRunner
+from kvcore.worker.gpu.model_runner import GPUModelRunner
 from paged_kv_lab.run.engine import Engine
 from paged_kv_lab.run.scenario import EngineSettings, RequestSpec, Scenario
 from support.runner_tap import TappedRun, req

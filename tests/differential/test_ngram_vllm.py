@@ -3,7 +3,7 @@
 Runs ``scripts/vllm_ngram_diff.py`` under the scratch vLLM environment (built by
 ``bash scripts/vllm_env.sh``; ``VLLM_VENV`` names another place): vLLM's own Triton kernels
 (vllm/v1/worker/gpu/spec_decode/ngram/speculator.py), run on the CPU by Triton's interpreter,
-and kvcore's ``NgramProposer.propose`` draft for the same random token histories under random
+and kvcore's ``NgramGPUSpeculator.propose`` draft for the same random token histories under random
 ``prompt_lookup_min``/``prompt_lookup_max``/``num_speculative_tokens``. Skipped, with the reason,
 where that environment is absent. Importing vLLM takes a while, so it is in the slow set.
 """
@@ -33,7 +33,7 @@ BOTH = (
     "sys.argv = ['x', '--groups', '3']\n"
     "print('first occurrence: exit', d.main())\n"
     "def unpadded(h, min_n, max_n, k, max_model_len):\n"
-    "    n, pos = d.NgramProposer(min_n, max_n, k, max_model_len).find_match(h)\n"
+    "    n, pos = d.NgramGPUSpeculator(min_n, max_n, k, max_model_len).find_match(h)\n"
     "    return h[pos + n : pos + n + min(k, max_model_len - len(h))] if n else []\n"
     "d.ours = unpadded\n"
     "print('no padding: exit', d.main())\n"

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from kvcore.model.reference import shared_clone
-from kvcore.spec_decode.draft_model import DraftModelProposer
 from kvcore.utils.math_utils import cdiv
-from kvcore.worker.gpu_input_batch import SeqBatchItem
+from kvcore.worker.gpu.input_batch import SeqBatchItem
+from kvcore.worker.gpu.spec_decode.standalone_ar.speculator import StandaloneARSpeculator
 from paged_kv_lab.recording import events
 from paged_kv_lab.run.engine import Engine, NoModelRunner, num_lookahead_tokens
 from paged_kv_lab.run.scenario import (
@@ -56,7 +56,7 @@ def item(rid, tokens, start, sample=True):
 
 def test_first_pass_then_one_token_per_pass_at_the_next_positions():
     draft = EchoDraft()
-    p = DraftModelProposer(draft, num_speculative_tokens=3, max_model_len=100)
+    p = StandaloneARSpeculator(draft, num_speculative_tokens=3, max_model_len=100)
     out = p.propose([item("A", [5, 6, 7], 4), item("B", [1, 2], 0, sample=False)], {"A": 7, "B": 9})
     assert out == {"A": [8, 9, 10]}  # B ran a prefill chunk: draft K/V written, nothing proposed
     assert len(draft.passes) == 3 and p.num_forwards == 3
@@ -75,12 +75,12 @@ def test_first_pass_then_one_token_per_pass_at_the_next_positions():
 
 def test_no_draft_reaches_past_max_model_len():
     draft = EchoDraft()
-    p = DraftModelProposer(draft, num_speculative_tokens=4, max_model_len=9)
+    p = StandaloneARSpeculator(draft, num_speculative_tokens=4, max_model_len=9)
     out = p.propose([item("A", [5], 6), item("B", [3], 7)], {"A": 7, "B": 8})
     assert out == {"A": [6, 7], "B": [4]}
     assert p.propose([item("C", [5], 8)], {"C": 9}) == {}
     with pytest.raises(ValueError, match="num_speculative_tokens"):
-        DraftModelProposer(draft, 0, 10)
+        StandaloneARSpeculator(draft, 0, 10)
 
 
 # -- settings --------------------------------------------------------------------------------

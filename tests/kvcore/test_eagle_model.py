@@ -1,8 +1,9 @@
-"""Speculative decoding with the EAGLE-style head (kvcore/spec_decode/eagle.py) on the real model
-path: greedy output equal to transformers' ``generate`` whatever the head guesses (alone,
-batched, with prefix hits, with preemption; the tiny model always, SmolLM2 in the slow set), each
-draft equal to the head's own chain over the target's hidden states, every hit exactly one block
-shorter than without a drafter, and the settings vLLM's rule turns on or refuses."""
+"""Speculative decoding with the EAGLE-style head (kvcore/worker/gpu/spec_decode/eagle/
+speculator.py) on the real model path: greedy output equal to transformers' ``generate`` whatever
+the head guesses (alone, batched, with prefix hits, with preemption; the tiny model always, SmolLM2
+in the slow set), each draft equal to the head's own chain over the target's hidden states, every
+hit exactly one block shorter than without a drafter, and the settings vLLM's rule turns on or
+refuses."""
 
 from __future__ import annotations
 

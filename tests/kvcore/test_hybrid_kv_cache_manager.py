@@ -9,7 +9,7 @@ import pytest
 
 from kvcore.config.scheduler import SchedulerConfig
 from kvcore.config.vllm import resolve_disable_hybrid_kv_cache_manager
-from kvcore.core.kv_cache_utils import unify_hybrid_kv_cache_specs
+from kvcore.core.kv_cache_planning import unify_hybrid_kv_cache_specs
 from kvcore.distributed.kv_transfer.kv_connector.factory import (
     NAMED_ONLY_CONNECTORS,
     KVConnectorFactory,

@@ -127,8 +127,8 @@ def test_base_rows_are_exactly_the_base_models(tiny_model, tiny_adapters):
     """A base request batched with an adapter request gets the very logits a runner without LoRA
     computes: the adapter touches its own rows only."""
     from kvcore.lora.request import LoRARequest
-    from kvcore.worker.gpu_input_batch import SeqBatchItem
-    from kvcore.worker.gpu_model_runner import GPUModelRunner
+    from kvcore.worker.gpu.input_batch import SeqBatchItem
+    from kvcore.worker.gpu.model_runner import GPUModelRunner
 
     lora = LoRARequest("a", 1, str(tiny_adapters["a"]))
     base = SeqBatchItem("base", P[:7], 0, ([1, 2],), True)

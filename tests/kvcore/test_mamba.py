@@ -287,7 +287,7 @@ def test_a_trace_replays_as_a_hybrid_model_would_cache_it():
 
 
 def test_the_attention_block_grows_until_its_page_holds_a_state():
-    from kvcore.core.kv_cache_utils import align_hybrid_block_size
+    from kvcore.platforms.interface import align_hybrid_block_size
 
     # Qwen3-Next's shapes, bf16, one GPU: a gated delta-net layer's state is its convolution
     # window (8192 channels x 3) plus its recurrent state (32 heads x 128 x 128)

@@ -1,11 +1,11 @@
-"""The runner's step inputs (kvcore/worker/gpu_input_batch.py: ModelInputs, vLLM's names) and their
+"""The runner's step inputs (kvcore/worker/gpu/input_batch.py: InputBatch, vLLM's names) and their
 place in the step record."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvcore.worker.gpu_input_batch import ModelInputs, SeqBatchItem, prepare_inputs
+from kvcore.worker.gpu.input_batch import InputBatch, SeqBatchItem, prepare_inputs
 from paged_kv_lab.run import trace_file as trace
 from paged_kv_lab.run.engine import Engine
 from paged_kv_lab.run.scenario import EngineSettings, RequestSpec, Scenario
@@ -30,7 +30,7 @@ def test_prepare_inputs_lays_out_two_requests_and_two_groups():
     assert mi.block_table == (((7, 2, 9), (4, 5, 6)), ((7, 2, 9), (0, 5, 8)))
     assert mi.slots_of("A", 0) == mi.slot_mapping[0][:5] and mi.positions_of("B") == (9,)
     assert (mi.num_reqs, mi.num_actual_tokens, mi.max_query_len, mi.max_seq_len) == (2, 6, 5, 10)
-    assert ModelInputs.from_dict(mi.to_dict()) == mi
+    assert InputBatch.from_dict(mi.to_dict()) == mi
 
 
 @pytest.mark.parametrize(

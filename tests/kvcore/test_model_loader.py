@@ -192,7 +192,7 @@ def test_bytes_per_block_smollm2_shape():
 
 
 def test_bytes_per_block_matches_the_runner_pools(tiny_model):
-    from kvcore.worker.gpu_model_runner import GPUModelRunner
+    from kvcore.worker.gpu.model_runner import GPUModelRunner
 
     r = GPUModelRunner(tiny_model, 10, 4)
     assert r.kv_cache_bytes == 10 * bytes_per_block(tiny_model.config, 4, tiny_model.dtype)

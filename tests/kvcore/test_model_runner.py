@@ -26,8 +26,8 @@ from kvcore.model import reference_model
 from kvcore.model.cpu_packing import PackedLinear
 from kvcore.model.reference import reference_logits
 from kvcore.utils.math_utils import cdiv
-from kvcore.worker.gpu_input_batch import SeqBatchItem
-from kvcore.worker.gpu_model_runner import GPUModelRunner
+from kvcore.worker.gpu.input_batch import SeqBatchItem
+from kvcore.worker.gpu.model_runner import GPUModelRunner
 from support.runner_tap import TappedRun, pad_id, reference_generate, req
 
 # oneDNN-packed linear layers are the runner's CPU path (kvcore/model/cpu_packing.py); on a GPU

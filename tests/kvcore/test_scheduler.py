@@ -438,6 +438,7 @@ def test_scheduler_output_has_vllms_fields_and_finished_ids_are_handed_out_once(
     assert out.scheduled_new_reqs[0].block_ids == ([1, 2],) and out.scheduled_new_reqs[
         1
     ].prompt_token_ids == [50, 51, 52]
+    assert out.scheduled_new_reqs[1].prefill_token_ids == [50, 51, 52]
     assert out.scheduled_cached_reqs.req_ids == [] and out.total_num_scheduled_tokens == 9
     assert out.num_scheduled_tokens == {"a": 6, "b": 3} and out.finished_req_ids == set()
     assert out.preempted_req_ids == set() and not hasattr(out, "num_common_prefix_blocks")
@@ -449,7 +450,8 @@ def test_scheduler_output_has_vllms_fields_and_finished_ids_are_handed_out_once(
     assert out2.finished_req_ids == {"a"}  # handed out once...
     c = out2.scheduled_cached_reqs
     assert c.req_ids == ["b"] and c.new_token_ids == [] and c.num_computed_tokens == [3]
-    assert c.num_output_tokens == [1] and c.resumed_req_ids == set() and c.all_token_ids == {}
+    assert c.num_output_tokens == [1] and not hasattr(c, "resumed_req_ids")
+    assert not hasattr(c, "all_token_ids")  # 0.33.0's fields, gone in 0.34.0
     assert c.new_block_ids == [None]  # its one block still has room
     assert sched.finished_req_ids == set()  # ...then forgotten: no unbounded growth
     done = sched.finish_requests(None, RequestStatus.FINISHED_ABORTED)
@@ -460,7 +462,9 @@ def test_scheduler_output_has_vllms_fields_and_finished_ids_are_handed_out_once(
         sched.finish_requests("b", RequestStatus.RUNNING)
 
 
-def test_a_resumed_request_travels_as_cached_data_with_its_whole_table_and_tokens():
+def test_a_resumed_request_travels_as_new_data_with_its_whole_table_and_tokens():
+    """vLLM 0.34: a request resumed after preemption is sent in full among the new requests
+    (its table, and the prompt and outputs to prefill), never among the cached ones."""
     eng = make_engine(
         [spec("A", list(range(8)), max_tokens=6), spec("B", list(range(20, 28)), max_tokens=6)],
         num_gpu_blocks=6,
@@ -471,14 +475,15 @@ def test_a_resumed_request_travels_as_cached_data_with_its_whole_table_and_token
     eng.run()
     pre = next(o for o in outs if o.preempted_req_ids)
     assert pre.preempted_req_ids == {"B"}
-    res = next(o for o in outs if o.scheduled_cached_reqs.resumed_req_ids)
-    c = res.scheduled_cached_reqs
-    i = c.req_ids.index("B")
-    assert c.resumed_req_ids == {"B"} and not [d for d in res.scheduled_new_reqs if d.req_id == "B"]
-    (table,) = c.new_block_ids[i]
+    after = outs[outs.index(pre) + 1 :]
+    res = next(o for o in after if any(d.req_id == "B" for d in o.scheduled_new_reqs))
+    assert "B" not in res.scheduled_cached_reqs.req_ids
+    (b,) = [d for d in res.scheduled_new_reqs if d.req_id == "B"]
+    (table,) = b.block_ids
     # the hit, then the rest
-    assert table[0] == 3 and len(table) == cdiv(len(c.all_token_ids["B"]), 4)
-    assert c.all_token_ids["B"][:8] == list(range(20, 28)) and c.num_computed_tokens[i] == 4
+    assert table[0] == 3 and len(table) == cdiv(len(b.prefill_token_ids), 4)
+    assert b.prefill_token_ids[:8] == list(range(20, 28)) and len(b.prefill_token_ids) > 8
+    assert b.prompt_token_ids == list(range(20, 28)) and b.num_computed_tokens == 4
 
 
 def test_a_finished_request_leaves_the_scheduler_and_its_id_can_be_used_again():

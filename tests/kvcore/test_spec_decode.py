@@ -7,10 +7,10 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from kvcore.sample.rejection_sampler import rejection_sample
 from kvcore.spec_decode.metrics import SpecDecodingStats
-from kvcore.spec_decode.ngram_proposer import NgramProposer
 from kvcore.utils.math_utils import cdiv
+from kvcore.worker.gpu.spec_decode.ngram.speculator import NgramGPUSpeculator
+from kvcore.worker.gpu.spec_decode.rejection_sampler_utils import rejection_sample
 from paged_kv_lab.recording import events
 from paged_kv_lab.run.engine import Engine, NoModelRunner
 from paged_kv_lab.run.scenario import (
@@ -34,7 +34,7 @@ def test_proposer_takes_the_longest_ngram_and_its_last_occurrence():
     ``n * (max_model_len + 1) + pos + 1`` and keeps the maximum (lines 82-86), so the longest n
     wins and, among its occurrences, the one starting last; 0.33.0's KMP search
     (v1/spec_decode/ngram_proposer.py) kept the first."""
-    p = NgramProposer(min_n=2, max_n=3, k=4, max_model_len=100)
+    p = NgramGPUSpeculator(min_n=2, max_n=3, k=4, max_model_len=100)
     # 1-grams are too short here; [9, 5] occurs twice before the end: the later one is used
     assert p.find_match([9, 5, 6, 9, 5, 7, 9, 5]) == (2, 3)
     assert p.propose([9, 5, 6, 9, 5, 7, 9, 5]) == [7, 9, 5, 5]  # 0.33: [6, 9, 5, 7]
@@ -42,8 +42,8 @@ def test_proposer_takes_the_longest_ngram_and_its_last_occurrence():
     assert p.find_match([7, 8, 1, 0, 8, 1, 2, 7, 8, 1]) == (3, 0)
     assert p.propose([7, 8, 1, 0, 8, 1, 2, 7, 8, 1]) == [0, 8, 1, 2]
     # an earlier occurrence may overlap the suffix: [4, 4] at 1 ends one token before the end
-    assert NgramProposer(2, 2, 2, 100).propose([4, 4, 4, 4]) == [4, 4]
-    assert NgramProposer(1, 1, 3, 100).find_match([6, 4, 6, 4]) == (1, 1)
+    assert NgramGPUSpeculator(2, 2, 2, 100).propose([4, 4, 4, 4]) == [4, 4]
+    assert NgramGPUSpeculator(1, 1, 3, 100).find_match([6, 4, 6, 4]) == (1, 1)
 
 
 def test_proposer_fills_every_draft_slot_with_the_last_sampled_token():
@@ -51,11 +51,11 @@ def test_proposer_fills_every_draft_slot_with_the_last_sampled_token():
     slots past the matched continuation, and every slot when nothing matches or the request has
     fewer than prompt_lookup_min tokens, get the last sampled token (speculator.py lines
     132-148); 0.33.0 returned fewer drafts, or none."""
-    p = NgramProposer(min_n=2, max_n=3, k=4, max_model_len=100)
+    p = NgramGPUSpeculator(min_n=2, max_n=3, k=4, max_model_len=100)
     assert p.propose([1, 2, 3, 4, 2, 3]) == [4, 2, 3, 3]  # 0.33: [4, 2, 3]
     assert p.propose([1, 2, 3]) == [3, 3, 3, 3]  # no match; 0.33: []
     assert p.propose([5]) == [5, 5, 5, 5]  # shorter than min_n; 0.33: []
-    assert NgramProposer(1, 1, 3, 100).propose([4, 4]) == [4, 4, 4]  # one token followed it
+    assert NgramGPUSpeculator(1, 1, 3, 100).propose([4, 4]) == [4, 4, 4]  # one token followed it
     with pytest.raises(ValueError):
         p.propose([])
 
@@ -65,10 +65,10 @@ def test_drafts_stop_where_the_scheduler_would_cut_them():
     no token at or past max_model_len; kvcore's list stops there (as 0.33.0's did), so the same
     tokens run, and a huge k builds no huge list."""
     toks = [1, 2, 3, 1, 2, 3, 1, 2]
-    assert NgramProposer(1, 2, k=5, max_model_len=20).propose(toks) == [3, 1, 2, 2, 2]
-    assert NgramProposer(1, 2, k=5, max_model_len=10).propose(toks) == [3, 1]
-    assert NgramProposer(1, 2, k=5, max_model_len=8).propose(toks) == []
-    assert NgramProposer(1, 1, k=2**62, max_model_len=12).propose([7, 5]) == [5] * 10
+    assert NgramGPUSpeculator(1, 2, k=5, max_model_len=20).propose(toks) == [3, 1, 2, 2, 2]
+    assert NgramGPUSpeculator(1, 2, k=5, max_model_len=10).propose(toks) == [3, 1]
+    assert NgramGPUSpeculator(1, 2, k=5, max_model_len=8).propose(toks) == []
+    assert NgramGPUSpeculator(1, 1, k=2**62, max_model_len=12).propose([7, 5]) == [5] * 10
     eng = make_engine(
         [spec("S", toks, max_tokens=50)],
         runner=NoModelRunner(vocab_size=5),
@@ -113,7 +113,7 @@ def test_a_huge_k_and_max_model_len_draft_only_what_a_step_can_schedule():
 )
 def test_proposer_refuses_bad_settings(bad):
     with pytest.raises(ValueError):
-        NgramProposer(max_model_len=100, **bad)
+        NgramGPUSpeculator(max_model_len=100, **bad)
 
 
 def test_greedy_acceptance_is_the_longest_matching_prefix_plus_one_token():

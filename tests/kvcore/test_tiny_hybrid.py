@@ -95,7 +95,7 @@ def test_partial_hits_inside_a_block_with_copy_on_write(hybrid):
     from kvcore.core.sched.scheduler import Scheduler
     from kvcore.engine.core import EngineCore
     from kvcore.request import Request
-    from kvcore.worker.gpu_model_runner import GPUModelRunner
+    from kvcore.worker.gpu.model_runner import GPUModelRunner
     from paged_kv_lab.run.engine import (
         block_hasher_for,
         kv_cache_groups,

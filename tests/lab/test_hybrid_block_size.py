@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvcore.core.kv_cache_utils import uniform_page_group_size
+from kvcore.core.kv_cache_planning import uniform_page_group_size
 from kvcore.model.memory import (
     DEFAULT_BLOCK_SIZE,
     MemoryProfile,

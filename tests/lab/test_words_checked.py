@@ -26,7 +26,8 @@ if __name__ == "__main__":  # run as a script (--write-pack-counts): tests/ on s
 import pytest
 
 from kvcore.core.kv_cache_inspect import block_cache_keys
-from kvcore.core.kv_cache_utils import align_hybrid_block_size, get_group_id
+from kvcore.core.kv_cache_utils import get_group_id
+from kvcore.platforms.interface import align_hybrid_block_size
 from paged_kv_lab.text.i18n import languages, tr
 from support.kv import make_engine, spec
 from support.paths import ROOT

@@ -25,8 +25,6 @@ from support.paths import FIXTURES, ROOT  # noqa: E402
 DOCS = ROOT / "docs"
 LAYOUT_PAGE = DOCS / "layout.md"
 VLLM_FILES = FIXTURES / "vllm_034_files.txt"
-# kvcore keeps a few files at 0.33.0 paths that 0.34.0 removed (docs/from-0.33-to-0.34.md)
-VLLM_FILES_033 = FIXTURES / "vllm_033_files.txt"
 README_MAX_LINES = 250
 
 TABLE_START = (
@@ -36,7 +34,7 @@ TABLE_END = "<!-- kvcore-table:end -->"
 REGENERATE = "regenerate it with: .venv/bin/python tests/project/test_docs.py --write-layout"
 
 # kvcore files with no vLLM counterpart (a folder ends with "/"). Every other kvcore file must sit
-# at the path vLLM 0.34.0 uses for it, or at a 0.33.0 path that 0.34.0 removed (the table says so).
+# at the path vLLM 0.34.0 uses for it.
 OURS = (
     "kvcore/__init__.py",
     "kvcore/__main__.py",
@@ -44,7 +42,7 @@ OURS = (
     "kvcore/worker/paged_attention.py",  # our attention kernel over the paged pool
     # the draft model's forward (vLLM's proposer runs its own model; kvcore's torch stays here)
     "kvcore/worker/draft_model_runner.py",
-    # the EAGLE-style head's passes (vLLM's EagleProposer runs its head itself; torch stays here)
+    # the EAGLE-style head's passes (vLLM's EagleSpeculator runs its head itself; torch stays here)
     "kvcore/worker/eagle_head_runner.py",
     # the observer interface the lab records through (vLLM's precedent, its metrics collector,
     # is a concrete class in v1/core/kv_cache_metrics.py)
@@ -53,7 +51,6 @@ OURS = (
     "kvcore/core/kv_cache_inspect.py",
 )
 OURS_TEXT = "ours: no vLLM counterpart"
-REMOVED_TEXT = "(0.33.0's; removed in 0.34.0)"
 
 # Top-level folders of this repository: a path in the docs that starts with one of them must exist.
 REPO_DIRS = (
@@ -74,7 +71,7 @@ REPO_DIRS = (
 def vllm_path(rel: str) -> str:
     """kvcore/<path>.py -> the vLLM file at the same place, by the layout's rule."""
     path = rel.removeprefix("kvcore/")
-    if path.startswith(("distributed/", "utils/", "config/", "lora/", "multimodal/")):
+    if path.startswith(("distributed/", "utils/", "config/", "lora/", "multimodal/", "platforms/")):
         return "vllm/" + path
     return "vllm/v1/" + path
 
@@ -110,14 +107,8 @@ def layout_table() -> str:
         "| our file | vLLM 0.34.0 file it mirrors | main classes and functions |",
         "|---|---|---|",
     ]
-    in_034 = known_vllm_files()
     for rel, vllm, names in kvcore_rows():
-        if vllm == OURS_TEXT:
-            mirror = vllm
-        elif vllm in in_034:
-            mirror = f"`{vllm}`"
-        else:  # the test below checks that 0.33.0 had it
-            mirror = f"`{vllm}` {REMOVED_TEXT}"
+        mirror = vllm if vllm == OURS_TEXT else f"`{vllm}`"
         listed = ", ".join(f"`{n}`" for n in names) or "—"
         lines.append(f"| `{rel}` | {mirror} | {listed} |")
     return "\n".join(lines)
@@ -302,16 +293,16 @@ def test_layout_table_matches_the_code():
 
 
 def test_kvcore_files_sit_at_real_vllm_paths():
-    known = known_vllm_files() | known_vllm_files(VLLM_FILES_033)
+    known = known_vllm_files()
     wrong = [
         f"{rel} -> {vllm}"
         for rel, vllm, _ in kvcore_rows()
         if vllm != OURS_TEXT and vllm not in known
     ]
     assert not wrong, (
-        "these kvcore files name no vLLM 0.34.0 file (tests/fixtures/vllm_034_files.txt) nor a "
-        "0.33.0 one (vllm_033_files.txt); move each to vLLM's path, or list it in OURS in "
-        "tests/project/test_docs.py:\n" + "\n".join(wrong)
+        "these kvcore files name no vLLM 0.34.0 file (tests/fixtures/vllm_034_files.txt); move "
+        "each to vLLM's path, or list it in OURS in tests/project/test_docs.py:\n"
+        + "\n".join(wrong)
     )
 
 

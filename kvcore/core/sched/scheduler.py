@@ -113,7 +113,6 @@ class Scheduler:
         # can then be used again); whoever needs finished ones' outputs keeps them itself.
         self.requests: dict[str, Request] = {}
         self.finished_req_ids: set[str] = set()
-        self.prev_step_scheduled_req_ids: set[str] = set()
         # The KV connector's scheduler half, if any: any object with vLLM's KVConnectorBase_V1
         # scheduler-side methods (the CPU tier: SimpleCPUOffloadConnector).
         self.connector = connector
@@ -285,8 +284,9 @@ class Scheduler:
         num_computed_before: dict[str, int] = {}
         req_to_new_blocks: dict[str, tuple[list[int], ...]] = {}
         scheduled_running: list[Request] = []
+        # every admission in order, new and resumed alike (vLLM 0.34: scheduled_new_reqs)
         scheduled_new: list[Request] = []
-        scheduled_resumed: list[Request] = []
+        scheduled_resumed: list[Request] = []  # those of them resumed after preemption
         preempted: list[Request] = []
         scheduled_spec_decode_tokens: dict[str, list[int]] = {}
         # The threshold keeps one long prefill from starving the others; a lone
@@ -583,7 +583,9 @@ class Scheduler:
                     request.request_id
                 )
                 resumed = request.status == RequestStatus.PREEMPTED
-                (scheduled_resumed if resumed else scheduled_new).append(request)
+                scheduled_new.append(request)
+                if resumed:
+                    scheduled_resumed.append(request)
                 num_scheduled_tokens[request.request_id] = num_new
                 num_computed_before[request.request_id] = num_computed
                 token_budget -= num_new
@@ -649,7 +651,6 @@ class Scheduler:
             req_to_new_blocks,
             scheduled_new,
             scheduled_running,
-            scheduled_resumed,
             preempted,
             scheduled_spec_decode_tokens,
         )
@@ -663,7 +664,6 @@ class Scheduler:
             # Before num_computed_tokens advances: the connector stores only blocks whose
             # tokens were computed in earlier steps.
             out = replace(out, kv_connector_metadata=self.connector.build_connector_meta(out))
-        self.prev_step_scheduled_req_ids = set(num_scheduled_tokens)
         # vLLM advances num_computed_tokens when it schedules, before the model runs.
         for rid, n in num_scheduled_tokens.items():
             req = self.requests[rid]
@@ -752,32 +752,28 @@ class Scheduler:
         req_to_new_blocks,
         scheduled_new,
         scheduled_running,
-        scheduled_resumed,
         preempted,
         scheduled_spec_decode_tokens=None,
     ) -> SchedulerOutput:
-        """As vLLM: a new request carries its whole table, a running one only the blocks added
-        this step (None if none), a resumed one its whole new table; ``all_token_ids`` goes to
-        the runner for every request it did not see in the previous step. ``new_token_ids``
-        stays empty: vLLM fills it only under pipeline parallelism."""
+        """As vLLM 0.34: an admitted request, new or resumed after preemption, goes out in full
+        (its whole table and every token to prefill); a running one with only the blocks added
+        this step (None if none). ``new_token_ids`` stays empty: vLLM fills it only under
+        pipeline parallelism."""
         new_reqs = [
             NewRequestData(
-                r.request_id,
-                list(r.prompt_token_ids),
-                req_to_new_blocks[r.request_id],
-                num_computed_before[r.request_id],
-                list(r.mm_features),
+                req_id=r.request_id,
+                prompt_token_ids=list(r.prompt_token_ids),
+                mm_features=list(r.mm_features),
+                block_ids=req_to_new_blocks[r.request_id],
+                num_computed_tokens=num_computed_before[r.request_id],
+                prefill_token_ids=list(r.all_token_ids),
             )
             for r in scheduled_new
         ]
-        cached = CachedRequestData()
-        for r in scheduled_running + scheduled_resumed:
+        cached = CachedRequestData.make_empty()
+        for r in scheduled_running:
             rid = r.request_id
             cached.req_ids.append(rid)
-            if r in scheduled_resumed:
-                cached.resumed_req_ids.add(rid)
-            if rid not in self.prev_step_scheduled_req_ids:
-                cached.all_token_ids[rid] = list(r.all_token_ids)
             block_ids = req_to_new_blocks[rid]
             cached.new_block_ids.append(block_ids if any(block_ids) else None)
             cached.num_computed_tokens.append(num_computed_before[rid])

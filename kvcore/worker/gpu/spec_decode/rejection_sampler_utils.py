@@ -1,4 +1,12 @@
-"""Greedy verification of draft tokens (vLLM: v1/sample/rejection_sampler.py)."""
+"""Greedy verification of draft tokens (vLLM 0.34.0: v1/worker/gpu/spec_decode/
+rejection_sampler_utils.py, ``rejection_sample``; 0.33.0 kept it in v1/sample/rejection_sampler.py).
+
+vLLM's ``rejection_sample`` takes the whole batch's logits as tensors and runs Triton kernels;
+for a greedy request, with ``rejection_sample_method`` "standard" (vLLM's default) or "block", it
+keeps what this function keeps ("synthetic" and "fly" accept by other rules, not modelled).
+kvcore verifies one request at a time, on the target's greedy tokens
+(``GPUModelRunner.execute_verify`` takes the argmax at every position it verifies).
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,13 @@
-"""Speculative decoding with an EAGLE-style head on the target's hidden states (vLLM v1:
-spec_decode/eagle.py, ``EagleProposer``).
+"""Speculative decoding with an EAGLE-style head on the target's hidden states (vLLM 0.34.0:
+v1/worker/gpu/spec_decode/eagle/speculator.py, ``EagleSpeculator``, which ``method="eagle"``
+selects; its ``propose`` is the one it inherits from
+spec_decode/target_dependent_ar/speculator.py. 0.33.0 had ``EagleProposer`` in
+v1/spec_decode/eagle.py, a file 0.34.0 removed).
+
+vLLM's class is built from the ``VllmConfig`` and a device and loads the EAGLE model itself;
+kvcore's is handed the head's passes (``EagleForward``, run by
+:class:`kvcore.worker.eagle_head_runner.EagleHeadRunner`, which keeps torch out of this file) and
+decides which request asks for how many drafts from which row of the target's hidden states.
 
 After the target's verify forward of a step, for every request that sampled: the hidden state at
 the position whose logits gave the step's last token (the bonus token after the accepted drafts)
@@ -32,7 +40,7 @@ class EagleForward(Protocol):
 
 
 @dataclass
-class EagleProposer:
+class EagleSpeculator:
     """Drafts ``num_speculative_tokens`` tokens per request from the target's hidden states.
 
     Invariant: a proposal has at most ``num_speculative_tokens`` tokens and never makes a

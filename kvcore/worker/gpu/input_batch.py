@@ -1,11 +1,15 @@
 """What the engine hands the model runner for one step, and the step's inputs in vLLM's names.
 
 The engine gives one :class:`SeqBatchItem` per scheduled request; :func:`prepare_inputs`
-turns them into :class:`ModelInputs`: the flat arrays vLLM's ``GPUModelRunner._prepare_inputs``
-builds (``input_ids``, ``positions``, ``query_start_loc``, ``seq_lens``, ``logits_indices``,
-and per KV cache group the ``block_table`` and ``slot_mapping``).  Plain ints, no torch: the
-runner makes its tensors from exactly these values, and the step record keeps them, so what a
-page shows is what the model used.
+turns them into :class:`InputBatch`: the flat arrays vLLM 0.34.0's ``GPUModelRunner.prepare_inputs``
+builds into its ``InputBatch`` (this file's path in vLLM: v1/worker/gpu/input_batch.py):
+``input_ids``, ``positions``, ``query_start_loc``, ``seq_lens``, ``logits_indices``. vLLM keeps
+each KV cache group's ``block_table`` and ``slot_mapping`` apart, in ``BlockTables``
+(v1/worker/gpu/block_table.py); kvcore carries them in the same record. Plain ints, no torch:
+the runner makes its tensors from exactly these values, and the step record keeps them, so what
+a page shows is what the model used. (0.33.0's v1/worker/gpu_input_batch.py, which 0.34.0
+removed, had an ``InputBatch`` that was the persistent batch kept across steps, not one step's
+inputs.)
 
 A token at position ``p`` of a request is written to slot
 ``block_table[p // block_size] * block_size + p % block_size`` of its group.
@@ -38,7 +42,7 @@ class SeqBatchItem:
 
 
 @dataclass(frozen=True)
-class ModelInputs:
+class InputBatch:
     """One step's model inputs, packed along one token axis in the order of ``req_ids``.
 
     Invariants: request i's tokens are ``query_start_loc[i]:query_start_loc[i+1]``; their
@@ -102,8 +106,8 @@ class ModelInputs:
         }
 
     @staticmethod
-    def from_dict(d: dict[str, Any]) -> "ModelInputs":
-        return ModelInputs(
+    def from_dict(d: dict[str, Any]) -> "InputBatch":
+        return InputBatch(
             block_size=int(d["block_size"]),
             req_ids=tuple(d["req_ids"]),
             input_ids=tuple(d["input_ids"]),
@@ -180,8 +184,8 @@ def prepare_inputs(
     group_sliding_window: Sequence[int | None],
     num_blocks: int,
     state_groups: frozenset[int] = frozenset(),
-) -> ModelInputs:
-    """The step's :class:`ModelInputs`; ValueError naming the request if a table cannot serve it.
+) -> InputBatch:
+    """The step's :class:`InputBatch`; ValueError naming the request if a table cannot serve it.
 
     ``state_groups``: the Mamba (state-block) groups, whose tables are null between the states
     align mode keeps; :func:`kvcore.worker.mamba_utils.state_step_metadata` checks the two
@@ -239,7 +243,7 @@ def prepare_inputs(
             end = query_start_loc[-1]
             logits_indices.extend(range(end - 1 - it.num_draft_tokens, end))
             sample_req_ids.extend([it.request_id] * (it.num_draft_tokens + 1))
-    return ModelInputs(
+    return InputBatch(
         block_size=int(block_size),
         req_ids=tuple(it.request_id for it in items),
         input_ids=tuple(input_ids),

@@ -1,20 +1,27 @@
 """Speculative decoding with an n-gram proposer, verified greedily (vLLM 0.34.0:
-worker/gpu/spec_decode/ngram/speculator.py ``NgramGPUSpeculator``, worker/gpu/spec_decode/
-rejection_sampler.py; 0.33.0 had v1/spec_decode/ngram_proposer.py).
+v1/worker/gpu/spec_decode/ngram/speculator.py, ``NgramGPUSpeculator``, which ``method="ngram"``
+and ``"ngram_gpu"`` select; the verification is in spec_decode/rejection_sampler_utils.py. 0.33.0
+had ``NgramProposer`` in v1/spec_decode/ngram_proposer.py, a file 0.34.0 removed).
+
+vLLM's class is built from the ``VllmConfig`` and a device and drafts for the whole batch with
+two Triton kernels; kvcore's holds the four numbers it decides by (``prompt_lookup_min``,
+``prompt_lookup_max``, ``num_speculative_tokens``, ``max_model_len``) and drafts for one
+request's token ids, with the same result.
 
 One step of it, as the engine runs it:
 
-1. after a request samples, :class:`NgramProposer` looks for the longest n-gram ending its tokens
-   that occurs earlier in those same tokens, takes the last such occurrence, and proposes the
-   tokens that followed it there, then pads to k with the last sampled token: the *drafts*
+1. after a request samples, :class:`NgramGPUSpeculator` looks for the longest n-gram ending its
+   tokens that occurs earlier in those same tokens, takes the last such occurrence, and proposes
+   the tokens that followed it there, then pads to k with the last sampled token: the *drafts*
    (``Request.spec_token_ids``), k of them (fewer only where they would pass ``max_model_len``);
 2. next step the scheduler schedules ``1 + len(drafts)`` tokens for the request — the last
    sampled token and the drafts, fewer where the token budget or ``max_model_len`` cuts them —
    and ``allocate_slots`` gives all of them KV slots, padding included;
 3. one packed forward computes the target model's greedy choice after each of them;
-4. :func:`rejection_sample` keeps the drafts up to the first disagreement, plus the target's own
-   token there (or one bonus token if every draft was right): a padding draft is kept only where
-   the target's greedy token happens to equal it;
+4. ``rejection_sample`` (:mod:`kvcore.worker.gpu.spec_decode.rejection_sampler_utils`) keeps
+   the drafts up to the first disagreement, plus the target's own token there (or one bonus
+   token if every draft was right): a padding draft is kept only where the target's greedy
+   token happens to equal it;
 5. ``update_from_output`` moves ``num_computed_tokens`` back over the rejected drafts: their K/V
    stays in the slots but is never read and is overwritten later.
 
@@ -29,7 +36,7 @@ from typing import Sequence
 
 
 @dataclass(frozen=True)
-class NgramProposer:
+class NgramGPUSpeculator:
     """Prompt lookup: drafts come from the request's own tokens, no draft model.
 
     Invariants: ``1 <= min_n <= max_n``; ``k >= 1``; a proposal for a request that sampled has

@@ -1,5 +1,14 @@
-"""Speculative decoding with a draft model that writes K/V ahead (vLLM v1:
-spec_decode/draft_model.py, on the shared logic of spec_decode/llm_base_proposer.py).
+"""Speculative decoding with a draft model that writes K/V ahead (vLLM 0.34.0:
+v1/worker/gpu/spec_decode/standalone_ar/speculator.py, ``StandaloneARSpeculator``, which
+``method="draft_model"`` selects, on the autoregressive drafting of
+spec_decode/autoregressive/speculator.py. 0.33.0 had ``DraftModelProposer`` in
+v1/spec_decode/draft_model.py, on spec_decode/llm_base_proposer.py; 0.34.0 removed both files).
+
+vLLM's class is built from the ``VllmConfig`` and a device, loads the draft model itself and
+drafts for the batch on the GPU; kvcore's is handed the draft's forward (``DraftForward``, run
+by :class:`kvcore.worker.draft_model_runner.DraftModelRunner`, which keeps torch out of this
+file) and decides the same passes: which tokens each pass feeds, at which positions, and how
+many drafts a request gets.
 
 Our draft model is the target cut short (self-speculative, early-exit drafting): SmolLM2's first
 L decoder layers with its final norm and LM head. Its layers keep K/V of their own in the paged
@@ -30,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
-from kvcore.worker.gpu_input_batch import SeqBatchItem
+from kvcore.worker.gpu.input_batch import SeqBatchItem
 
 
 class DraftForward(Protocol):
@@ -42,7 +51,7 @@ class DraftForward(Protocol):
 
 
 @dataclass
-class DraftModelProposer:
+class StandaloneARSpeculator:
     """Drafts ``num_speculative_tokens`` tokens per request with a draft model.
 
     Invariants: a proposal has at most ``num_speculative_tokens`` tokens and never makes a

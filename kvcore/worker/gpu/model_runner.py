@@ -1,15 +1,19 @@
-"""ModelRunner: one engine step = one packed forward over the paged KV pools.
+"""GPUModelRunner: one engine step = one packed forward over the paged KV pools (vLLM 0.34.0:
+v1/worker/gpu/model_runner.py; 0.33.0 had v1/worker/gpu_model_runner.py, which 0.34.0 removed).
 
-Read top to bottom, a step is what vLLM's ``GPUModelRunner.execute_model`` does:
+Read top to bottom, a step is what vLLM's ``GPUModelRunner.execute_model`` and then
+``sample_tokens`` do:
 
-1. :func:`kvcore.worker.gpu_input_batch.prepare_inputs` lays the scheduled requests' tokens along
+1. :func:`kvcore.worker.gpu.input_batch.prepare_inputs` lays the scheduled requests' tokens along
    one axis: ``input_ids``, ``positions``, ``query_start_loc``, ``seq_lens``, ``logits_indices``
    and, per KV cache group, the ``block_table`` and ``slot_mapping``;
 2. each group's :class:`CommonAttentionMetadata` is made from those arrays;
 3. the model runs once (batch dimension 1); every decoder layer writes its new K/V to the
    ``slot_mapping`` slots and reads through the block table
    (:mod:`kvcore.worker.paged_attention`);
-4. logits are computed only at ``logits_indices``, and the next tokens sampled.
+4. logits are computed only at ``logits_indices``, and the next tokens sampled (vLLM samples
+   with its ``Sampler``, v1/worker/gpu/sample/sampler.py; kvcore takes the argmax, or draws
+   from a seeded generator, here, and has no sampler file).
 
 ``last_inputs`` keeps step 1's result, which the engine stores in the step's record.
 """
@@ -26,15 +30,15 @@ from kvcore.config.lora import LoRAConfig
 from kvcore.model.cpu_packing import pack_for_cpu
 from kvcore.model.loader import LoadedModel
 from kvcore.model.reference import shared_clone
-from kvcore.worker.gpu_input_batch import ModelInputs, SeqBatchItem, prepare_inputs
+from kvcore.worker.gpu.input_batch import InputBatch, SeqBatchItem, prepare_inputs
 from kvcore.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
 from kvcore.worker.mamba_utils import MambaStatePools, PagedLinearAttention, state_step_metadata
 from kvcore.worker.paged_attention import ATTN_NAME, PagedStep, build_paged_step, pool_views_of
 
-__all__ = ["GPUModelRunner", "SeqBatchItem", "ModelInputs", "attention_metadata"]
+__all__ = ["GPUModelRunner", "SeqBatchItem", "InputBatch", "attention_metadata"]
 
 
-def attention_metadata(inputs: ModelInputs) -> list[CommonAttentionMetadata]:
+def attention_metadata(inputs: InputBatch) -> list[CommonAttentionMetadata]:
     """One :class:`CommonAttentionMetadata` per KV cache group (host tensors)."""
     query_start_loc = torch.tensor(inputs.query_start_loc, dtype=torch.long)
     seq_lens = torch.tensor(inputs.seq_lens, dtype=torch.long)
@@ -175,7 +179,7 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             self._generator.manual_seed(int(seed))
         # vLLM's per-request SamplingParams.seed: request id -> its own generator
         self.request_generators: dict[str, torch.Generator] = {}
-        self.last_inputs: ModelInputs | None = None  # the last step's inputs (for the step record)
+        self.last_inputs: InputBatch | None = None  # the last step's inputs (for the step record)
         self.last_step: PagedStep | None = None  # what the last step's kernel indexed (tests)
         # An EAGLE drafter's input (keep_hidden_states): per sampling request, the hidden states
         # the LM head read in the last verify step, one row per logits position.
