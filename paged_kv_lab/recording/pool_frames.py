@@ -108,6 +108,7 @@ class FrameRecorder:
         self.parents: dict[str, str] = {}  # hash hex -> parent hash hex
         self.frames: list[PoolFrame] = []
         self._owners: dict[int, tuple[str, ...]] = {}
+        self._held: dict[int, int] = {}  # the tokens held per block at the last capture
         # (request id, group) -> how many leading positions of its block table were read with
         # their blocks cached, and that table (``_owners_now``)
         self._parented: dict[tuple[str, int], tuple[int, tuple[int, ...]]] = {}
@@ -127,12 +128,9 @@ class FrameRecorder:
         owners: dict[int, tuple[str, ...]] = {}
         held: dict[int, int] = {}
         bs = self.block_size
-        blocks = self.pool.blocks
         null = self.pool.null_block.block_id
-        parents = self.parents
         for rid, req in reqs.items():
             hashes = req.block_hashes
-            num_hashes = len(hashes)
             full, part = divmod(req.num_computed_tokens, bs)
             one = (rid,)
             for g, table in enumerate(tables[rid]):
@@ -160,24 +158,29 @@ class FrameRecorder:
                             held[bid] = part
                         for bid in table[full + 1 :]:
                             held.setdefault(bid, 0)
-                # The first ``done`` positions of the table as last read held cached blocks:
-                # their hashes are in ``parents`` already, which only grows (a request's hashes
-                # are fixed once made), so where the table still starts with those blocks,
-                # reading them again adds nothing.
-                done, before = self._parented.get((rid, g), (0, ()))
-                if done and table[:done] != before[:done]:
-                    done = 0
-                for i in range(done, min(len(table), num_hashes)):
-                    bid = table[i]
-                    if bid == null or blocks[bid].block_hash is None:
-                        continue
-                    if i == done:
-                        done += 1
-                    h = hashes[i].hex()[:HASH_HEX]
-                    if i > 0 and h not in parents:
-                        parents[h] = hashes[i - 1].hex()[:HASH_HEX]
-                self._parented[(rid, g)] = (done, table)
+                self._learn_parents(rid, g, table, hashes)
         return owners, held
+
+    def _learn_parents(self, rid: str, g: int, table: tuple[int, ...], hashes) -> None:
+        """The parents of the cached blocks in ``rid``'s block table of group ``g``."""
+        blocks, null, parents = self.pool.blocks, self.pool.null_block.block_id, self.parents
+        # The first ``done`` positions of the table as last read held cached blocks: their
+        # hashes are in ``parents`` already, which only grows (a request's hashes are fixed
+        # once made), so where the table still starts with those blocks, reading them again
+        # adds nothing.
+        done, before = self._parented.get((rid, g), (0, ()))
+        if done and table[:done] != before[:done]:
+            done = 0
+        for i in range(done, min(len(table), len(hashes))):
+            bid = table[i]
+            if bid == null or blocks[bid].block_hash is None:
+                continue
+            if i == done:
+                done += 1
+            h = hashes[i].hex()[:HASH_HEX]
+            if i > 0 and h not in parents:
+                parents[h] = hashes[i - 1].hex()[:HASH_HEX]
+        self._parented[(rid, g)] = (done, table)
 
     def _block(self, bid: int, owners, held) -> BlockState:
         blk = self.pool.blocks[bid]
@@ -215,6 +218,15 @@ class FrameRecorder:
         return 1 if b.ref_cnt == 0 and b.block_hash is not None and b.block_id != 0 else 0
 
     # -- recording ---------------------------------------------------------------------------
+    def follow(self, finished: Optional[dict] = None) -> None:
+        """Learn what ``capture`` would have learned of the blocks' parents after a step, without
+        recording a frame (``finished`` as there). A block's parent is known only once a shown
+        request held it cached, so the frames of a window that starts later but was followed
+        from the same step are those of the window recorded from that step."""
+        for rid, req in self._shown(finished or {}).items():
+            for g, table in enumerate(block_tables(self.kvm, rid)):
+                self._learn_parents(rid, g, table, req.block_hashes)
+
     def capture(
         self,
         step: int,
@@ -237,6 +249,8 @@ class FrameRecorder:
         else:
             ids = E.changed_block_ids(events)
             ids |= {b for b, _ in owners.items() ^ self._owners.items()}
+            # a decode step fills a request's last block with no event and no owner moved
+            ids |= {b for b, _ in held.items() ^ self._held.items()}
         changed = []
         for bid in sorted(ids):
             b = self._block(bid, owners, held)
@@ -256,7 +270,7 @@ class FrameRecorder:
         gone = tuple(rid for rid in self.requests if rid not in states)
         moved = tuple(s for rid, s in states.items() if key or self.requests.get(rid) != s)
         self.requests = states
-        self._owners = owners
+        self._owners, self._held = owners, held
         kvm = self.kvm
         frame = PoolFrame(
             step=step,

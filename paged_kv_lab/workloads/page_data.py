@@ -176,14 +176,24 @@ def record_window(
     after: int = 80,
     keyframe_every: int = 64,
     checkpoints: Optional[Checkpoints] = None,
+    show_before: Optional[int] = None,
+    show_after: Optional[int] = None,
 ) -> Window:
     """Steps around ``at_step`` for the player: replay to ``at_step - before - 1`` with nothing
     attached (resuming from the last of ``checkpoints``, the whole run's, at or before that
-    step), then record each step with the Recorder (events) and a FrameRecorder."""
+    step), then record each step with the Recorder (events) and a FrameRecorder.
+
+    ``show_before`` / ``show_after`` (at most ``before`` / ``after``) keep fewer frames: from
+    ``at_step - show_before`` to ``at_step + show_after``. The steps before those are still
+    followed from ``at_step - before`` (the FrameRecorder learns the blocks' parents there), so
+    each frame kept shows what the same step of the whole window shows; the page sends such a
+    glimpse first, as it costs a few recorded steps instead of ``before + after + 1``."""
     replay = settings.replay_settings(trace)
     check_trace(trace, replay, limits)
     check(Text("refusal.what.window"), before + after + 1, limits, "max_window")
     first = max(1, at_step - before)
+    shown = max(1, at_step - min(before, before if show_before is None else show_before))
+    last = at_step + min(after, after if show_after is None else show_after)
     r = checkpoints.resume(trace, replay, first - 1) if checkpoints is not None else None
     if r is None:
         r = Replay(trace, replay)
@@ -193,11 +203,14 @@ def record_window(
     recorder = Recorder()
     r.attach(recorder)
     frames = FrameRecorder(r.scheduler, keyframe_every=keyframe_every)
-    while not r.done and r.step_count < at_step + after:
-        shown = dict(r.requests)
+    while not r.done and r.step_count < last:
+        requests = dict(r.requests)
         info = r.step()
-        finished = {rid: req for rid, req in shown.items() if rid not in r.requests}
+        finished = {rid: req for rid, req in requests.items() if rid not in r.requests}
         events = tuple(recorder.drain())
+        if info.step < shown:
+            frames.follow(finished)
+            continue
         scheduled = {e.request_id: e.num_tokens for e in events if e.kind == "scheduled"}
         frames.capture(info.step, scheduled, events, finished)
     if not frames.frames:

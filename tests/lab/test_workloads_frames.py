@@ -25,7 +25,8 @@ def trace():
 
 def test_keyframes_plus_deltas_rebuild_every_step(trace):
     """A small pool (evictions, sharing): after each step the frames give every block's
-    ref_cnt, hash and owners, the shown requests, and the queue's ends and counts exactly."""
+    ref_cnt, hash, owners and tokens held, the shown requests, and the queue's ends and counts
+    exactly (tokens held too: a decode step fills a request's last block with no event)."""
     s = Settings(block_size=16, num_gpu_blocks=4000, arrival="timestamps")
     r = Replay(trace, s.replay_settings(trace))
     r.advance(until_step=398)
@@ -48,6 +49,8 @@ def test_keyframes_plus_deltas_rebuild_every_step(trace):
             b = blocks.get(bv.block_id)
             got = (b.ref_cnt, b.block_hash, b.owners) if b else (0, None, ())
             want = (bv.ref_cnt, bv.block_hash[:16] if bv.block_hash else None, bv.owners)
+            if bv.owners:  # the tokens a request holds in it
+                got, want = (*got, b.num_tokens), (*want, len(bv.token_ids))
             assert got == want, (info.step, bv.block_id)
         assert {k: v.block_tables for k, v in reqs.items()} == {
             v.request_id: v.block_tables for v in snap.requests
@@ -120,6 +123,32 @@ def test_a_window_resumed_from_a_checkpoint_is_the_window_replayed_from_step_0(t
         resumed = record_window(trace, s, at, limits, before=10, after=20, checkpoints=cp)
         fresh = record_window(trace, s, at, limits, before=10, after=20)
         assert resumed == fresh, at
+
+
+def test_a_glimpse_shows_each_step_as_its_whole_window_does(trace):
+    """The page's first answer to a click (``show_before`` / ``show_after``: a few frames around
+    the step) rebuilds, at each of its steps, the blocks (ref_cnt, hash, parent, tokens held,
+    owners), the requests, the events and the step's figures of the whole window around it: a
+    block's parent is known from the whole window's first step on, so the glimpse follows those
+    steps too."""
+    s = Settings(block_size=16, num_gpu_blocks=4000, arrival="timestamps")
+    limits = page_trace_limits()
+
+    def shown(frames, i):
+        f = frames[i]
+        fields = (f.step, f.events, f.queue, f.waiting, f.running, f.usage, f.prefix_cache)
+        return (state_at(list(frames), i), *fields, f.scheduled)
+
+    for at in (3, 41, 400, 700):
+        whole = record_window(trace, s, at, limits)
+        glimpse = record_window(trace, s, at, limits, show_before=2, show_after=8)
+        assert [f.step for f in glimpse.frames] == list(range(max(1, at - 2), at + 9))
+        assert glimpse.frames[glimpse.start].step == at == whole.frames[whole.start].step
+        index = {f.step: i for i, f in enumerate(whole.frames)}
+        for i, f in enumerate(glimpse.frames):
+            assert shown(glimpse.frames, i) == shown(whole.frames, index[f.step]), (at, f.step)
+    # parents learned before the glimpse's first step show in it
+    assert any(b.parent_hash for b in glimpse.frames[0].blocks)
 
 
 @pytest.mark.parametrize("arrival", ["timestamps", "sequential"])
