@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 from paged_kv_lab.recording.pool_frames import CacheLog, FrameRecorder, PoolFrame
 from paged_kv_lab.recording.recorder import Recorder
-from paged_kv_lab.store.server_cache import Shared, stop_point
+from paged_kv_lab.store.server_cache import Shared, stop_point, yielding
 from paged_kv_lab.text.i18n import Text
 from paged_kv_lab.why.explain_replay import ReplayHit, explain_replay_hit
 from paged_kv_lab.workloads import SHIPPED_TRACE
@@ -154,6 +154,26 @@ def run_workload(
         r.advance(until_step=r.step_count + 2000, progress=progress)
         _budgeted(r, limits)
     return WorkloadRun(trace, settings, r.result(), cache, checkpoints)
+
+
+FILL_EVERY_STEPS = 64  # a filled run's checkpoints: at most this many steps apart
+
+
+def fill_checkpoints(run: WorkloadRun, every_steps: int = FILL_EVERY_STEPS) -> int:
+    """Checkpoints of ``run`` at most ``every_steps`` apart (``Checkpoints.fill``), taken ahead
+    of visitors (it waits while a page is drawn), so that a moment's window resumes near it: the
+    ones taken while it ran are as far apart as a quarter second of replay or more. The bytes
+    added (up to the checkpoints' bound)."""
+    if run.checkpoints is None:
+        return 0
+    with yielding():
+        return run.checkpoints.fill(
+            run.trace,
+            run.settings.replay_settings(run.trace),
+            run.result.steps,
+            every_steps,
+            stop_point,
+        )
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,12 @@ from paged_kv_lab.recording.pool_frames import FrameRecorder, state_at
 from paged_kv_lab.recording.recorder import Recorder
 from paged_kv_lab.recording.snapshot import take_snapshot
 from paged_kv_lab.why.explain_replay import EVICTED, NEVER_COMPUTED, replay_hit_sentences
-from paged_kv_lab.workloads.page_data import Settings, record_window, run_workload
+from paged_kv_lab.workloads.page_data import (
+    Settings,
+    fill_checkpoints,
+    record_window,
+    run_workload,
+)
 from paged_kv_lab.workloads.replay import Replay
 from paged_kv_lab.workloads.trace_formats import load_trace
 from paged_kv_lab.workloads.trace_limits import page_trace_limits
@@ -123,6 +128,25 @@ def test_a_window_resumed_from_a_checkpoint_is_the_window_replayed_from_step_0(t
         resumed = record_window(trace, s, at, limits, before=10, after=20, checkpoints=cp)
         fresh = record_window(trace, s, at, limits, before=10, after=20)
         assert resumed == fresh, at
+
+
+def test_filled_checkpoints_are_close_and_resume_the_same_replay(trace):
+    """A run's checkpoints filled after it are at most ``every_steps`` apart and within their
+    bytes; a window resumed from them equals the window replayed from step 0."""
+    s = Settings(block_size=16, num_gpu_blocks=4000, arrival="timestamps")
+    limits = page_trace_limits()
+    run = run_workload(trace, s, limits)
+    taken = list(run.checkpoints.steps)
+    assert fill_checkpoints(run, every_steps=50) > 0
+    cp = run.checkpoints
+    assert set(taken) <= set(cp.steps) and cp.steps == sorted(set(cp.steps))
+    gaps = [b - a for a, b in zip([0, *cp.steps], [*cp.steps, run.result.steps])]
+    assert max(gaps) <= 50, gaps
+    assert cp.nbytes <= cp.max_bytes
+    for at in (60, run.result.steps // 2, run.result.steps - 2):
+        resumed = record_window(trace, s, at, limits, before=5, after=10, checkpoints=cp)
+        assert resumed == record_window(trace, s, at, limits, before=5, after=10), at
+    assert fill_checkpoints(run, every_steps=50) == 0  # filled once
 
 
 def test_a_glimpse_shows_each_step_as_its_whole_window_does(trace):
