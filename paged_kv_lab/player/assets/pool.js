@@ -106,7 +106,9 @@ class PoolPlayer {
   get n() { return this.run ? this.run.frames.length : 0; }
 
   // The frames come once per window; afterwards the page sends only the run's name and where to
-  // go. The browser says which window it holds ("have"), or that it lost it (asks again).
+  // go. The browser says which window it holds ("have"), or that it lost it (asks again). A window
+  // whose head names the one shown as the one it extends (the page's first glimpse of a moment,
+  // then the whole window around it) keeps the step shown, the zoom and the selection.
   receive(data) {
     if (!data || !data.run) return;
     addStrings(data.strings);
@@ -125,8 +127,13 @@ class PoolPlayer {
     }
     if (!run) return;
     const fresh = this.run !== run;
+    const grown = fresh && this.run && run.head.extends && RUNS.get(run.head.extends) === this.run;
+    const at = grown ? this.run.frames[this.cursor].s : null;
     this.run = run;
-    if (fresh) {
+    if (grown) {
+      const i = run.frames.findIndex((f) => f.s === at);
+      this.cursor = i >= 0 ? i : Math.max(0, Math.min(run.head.start || 0, this.n - 1));
+    } else if (fresh) {
       this.lo = 0; this.hi = run.head.num_gpu_blocks; this.sel = null; this.reqPage = 0;
       this.staticLabels();
       this.cursor = Math.max(0, Math.min(run.head.start || 0, this.n - 1));
