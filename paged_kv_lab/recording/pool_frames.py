@@ -109,6 +109,7 @@ class FrameRecorder:
         self.frames: list[PoolFrame] = []
         self._owners: dict[int, tuple[str, ...]] = {}
         self._held: dict[int, int] = {}  # the tokens held per block at the last capture
+        self._new_parents: set[str] = set()  # hashes whose parent was learned since then
         # (request id, group) -> how many leading positions of its block table were read with
         # their blocks cached, and that table (``_owners_now``)
         self._parented: dict[tuple[str, int], tuple[int, tuple[int, ...]]] = {}
@@ -180,6 +181,7 @@ class FrameRecorder:
             h = hashes[i].hex()[:HASH_HEX]
             if i > 0 and h not in parents:
                 parents[h] = hashes[i - 1].hex()[:HASH_HEX]
+                self._new_parents.add(h)
         self._parented[(rid, g)] = (done, table)
 
     def _block(self, bid: int, owners, held) -> BlockState:
@@ -249,8 +251,13 @@ class FrameRecorder:
         else:
             ids = E.changed_block_ids(events)
             ids |= {b for b, _ in owners.items() ^ self._owners.items()}
-            # a decode step fills a request's last block with no event and no owner moved
+            # a decode step fills a request's last block with no event and no owner moved; a
+            # hash's parent can be learned after a block was cached with it, from a request
+            # holding another block of the same hash (vLLM may cache a hash in two blocks)
             ids |= {b for b, _ in held.items() ^ self._held.items()}
+            if self._new_parents:
+                new = self._new_parents
+                ids |= {bid for bid, b in self.blocks.items() if b.block_hash in new}
         changed = []
         for bid in sorted(ids):
             b = self._block(bid, owners, held)
@@ -271,6 +278,7 @@ class FrameRecorder:
         moved = tuple(s for rid, s in states.items() if key or self.requests.get(rid) != s)
         self.requests = states
         self._owners, self._held = owners, held
+        self._new_parents.clear()
         kvm = self.kvm
         frame = PoolFrame(
             step=step,

@@ -220,17 +220,25 @@ def record_window(
     if first > 1:
         r.advance(until_step=first - 1)
         _budgeted(r, limits)
+    frames = FrameRecorder(r.scheduler, keyframe_every=keyframe_every)
+    if shown > first:  # followed with nothing attached: stretches of decodes fast-forward
+        requests = dict(r.requests)
+
+        def follow(info) -> None:
+            nonlocal requests
+            frames.follow({rid: req for rid, req in requests.items() if rid not in r.requests})
+            requests = dict(r.requests)
+
+        r.add_step_hook(follow)
+        r.advance(until_step=shown - 1)
+        r._hooks.remove(follow)
     recorder = Recorder()
     r.attach(recorder)
-    frames = FrameRecorder(r.scheduler, keyframe_every=keyframe_every)
     while not r.done and r.step_count < last:
         requests = dict(r.requests)
         info = r.step()
         finished = {rid: req for rid, req in requests.items() if rid not in r.requests}
         events = tuple(recorder.drain())
-        if info.step < shown:
-            frames.follow(finished)
-            continue
         scheduled = {e.request_id: e.num_tokens for e in events if e.kind == "scheduled"}
         frames.capture(info.step, scheduled, events, finished)
     if not frames.frames:

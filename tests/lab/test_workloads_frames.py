@@ -152,18 +152,21 @@ def test_filled_checkpoints_are_close_and_resume_the_same_replay(trace):
 def test_a_glimpse_shows_each_step_as_its_whole_window_does(trace):
     """The page's first answer to a click (``show_before`` / ``show_after``: a few frames around
     the step) rebuilds, at each of its steps, the blocks (ref_cnt, hash, parent, tokens held,
-    owners), the requests, the events and the step's figures of the whole window around it: a
-    block's parent is known from the whole window's first step on, so the glimpse follows those
-    steps too."""
-    s = Settings(block_size=16, num_gpu_blocks=4000, arrival="timestamps")
+    owners; a plain free block listed or not), the requests, the events and the step's figures
+    of the whole window around it: a block's parent is known from the whole window's first step
+    on, so the glimpse follows those steps too. The steps: where a parent is learned from a
+    request holding another block of the same hash (3,600 blocks, step 415), and others."""
     limits = page_trace_limits()
 
     def shown(frames, i):
         f = frames[i]
+        blocks, reqs = state_at(list(frames), i)
+        held = {k: b for k, b in blocks.items() if b.ref_cnt or b.block_hash or b.owners}
         fields = (f.step, f.events, f.queue, f.waiting, f.running, f.usage, f.prefix_cache)
-        return (state_at(list(frames), i), *fields, f.scheduled)
+        return (held, reqs, *fields, f.scheduled)
 
-    for at in (3, 41, 400, 700):
+    for blocks, at in ((4000, 3), (4000, 41), (4000, 169), (4000, 700), (3600, 417)):
+        s = Settings(block_size=16, num_gpu_blocks=blocks, arrival="timestamps")
         whole = record_window(trace, s, at, limits)
         glimpse = record_window(trace, s, at, limits, show_before=2, show_after=8)
         assert [f.step for f in glimpse.frames] == list(range(max(1, at - 2), at + 9))
