@@ -123,7 +123,10 @@ class PoolPlayer {
     if (this.component && this.component.setStateValue) {
       this.asks = (this.asks || 0) + 1;
       const have = run ? { run: data.run } : { run: null, ask: this.asks };
-      if (JSON.stringify(have) !== this.told) { this.told = JSON.stringify(have); this.component.setStateValue("have", have); }
+      const said = JSON.stringify(have), component = this.component;
+      // told after the step is drawn: telling the page starts its rerun, and the browser's
+      // work for it would come before the drawing
+      if (said !== this.told) { this.told = said; setTimeout(() => component.setStateValue("have", have), 0); }
     }
     if (!run) return;
     const fresh = this.run !== run;
@@ -375,7 +378,12 @@ class PoolPlayer {
       g.strokeStyle = "#e00000"; g.lineWidth = 2;
       g.strokeRect((k % cols) * cell, Math.floor(k / cols) * cell, cell - gap, cell - gap);
     }
-    this.q("zlo").value = String(lo); this.q("zhi").value = String(hi);
+    // the fields say the range drawn when it changes; a redraw of the same range (the page's
+    // rerun, the whole window after its glimpse) leaves what the learner is typing there
+    if (this.fieldsSay !== `${lo}:${hi}`) {
+      this.fieldsSay = `${lo}:${hi}`;
+      this.q("zlo").value = String(lo); this.q("zhi").value = String(hi);
+    }
     this.q("range").textContent = fmt(L.pool_range, { lo, hi: hi - 1, n: count, cell });
   }
 
