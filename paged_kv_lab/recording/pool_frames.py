@@ -10,7 +10,10 @@ any step is the nearest keyframe at or before it plus the deltas after it.
 
 Invariant (tests/lab/test_workloads_frames.py): applying the frames in order from a keyframe gives,
 for every block, the ref_cnt, hash and owners that ``take_snapshot`` reads from the live engine
-at that step, and for every shown request its status, counters and block table.
+at that step (and, for a block a request holds, the tokens it holds there), and for every shown
+request its status, counters and block table. A block's parent shows from the first frame after
+a shown request held a cached block of its hash, past its table's first position, at a step since
+the recorder's first (``follow``ed or captured), in keyframes and deltas alike.
 """
 
 from __future__ import annotations

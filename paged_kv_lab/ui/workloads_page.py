@@ -101,7 +101,7 @@ WINDOWS: Shared[Window] = Shared("moment windows", keep=8, measure_later=True)
 # GLIMPSE[1] after, each frame as the whole window has it, recorded in a fraction of the time;
 # the whole window replaces it once recorded, the player staying at its step
 GLIMPSE = (2, 8)
-WINDOW_POLL_S = 0.25  # how often the page looks whether the whole window is ready
+WINDOW_POLL_S = 0.5  # how often the page looks whether the whole window is ready
 
 
 def shared_run(trace_key: str, trace: Trace, settings: Settings, limits) -> WorkloadRun:

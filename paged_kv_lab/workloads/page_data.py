@@ -231,7 +231,7 @@ def record_window(
 
         r.add_step_hook(follow)
         r.advance(until_step=shown - 1)
-        r._hooks.remove(follow)
+        r.remove_step_hook(follow)
     recorder = Recorder()
     r.attach(recorder)
     while not r.done and r.step_count < last:

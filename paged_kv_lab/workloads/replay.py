@@ -492,6 +492,9 @@ class Replay:
         """``fn(info)`` after every step (one call per fast-forwarded stretch)."""
         self._hooks.append(fn)
 
+    def remove_step_hook(self, fn: Callable[[StepInfo], None]) -> None:
+        self._hooks.remove(fn)
+
     # -- reading ------------------------------------------------------------------------
     @property
     def done(self) -> bool:
