@@ -50,10 +50,12 @@ def _tables(old, new: tuple[tuple[int, ...], ...]) -> list[list[int]]:
     out = []
     for gi, t in enumerate(new):
         prev = old[gi] if old is not None and gi < len(old) else ()
-        keep = 0
         n = min(len(prev), len(t))
-        while keep < n and prev[keep] == t[keep]:
-            keep += 1
+        keep = n
+        if t[:n] != prev[:n]:  # most tables only grow: one comparison says so
+            keep = 0
+            while prev[keep] == t[keep]:
+                keep += 1
         out.append([keep, *t[keep:]])
     return out
 
@@ -139,16 +141,22 @@ def pool_payload(
     lang: str = "en",
     start: int = 0,
     run: str = "pool",
+    extends: Optional[str] = None,
 ) -> dict[str, Any]:
-    """What the pool player is given: the head, every frame, and the player's words."""
+    """What the pool player is given: the head, every frame, and the player's words.
+    ``extends``: the run this window holds more steps of (the same step of both shows the same
+    frame); a player showing that run stays at its step, zoom and selection."""
+    head = {
+        "lang": lang,
+        "num_gpu_blocks": num_gpu_blocks,
+        "block_size": block_size,
+        "start": start,
+    }
+    if extends is not None:
+        head["extends"] = extends
     return {
         "run": run,
-        "head": {
-            "lang": lang,
-            "num_gpu_blocks": num_gpu_blocks,
-            "block_size": block_size,
-            "start": start,
-        },
+        "head": head,
         "frames": encode_frames(frames, lang),
         "strings": {lang: player_strings(lang)},
     }

@@ -10,7 +10,10 @@ any step is the nearest keyframe at or before it plus the deltas after it.
 
 Invariant (tests/lab/test_workloads_frames.py): applying the frames in order from a keyframe gives,
 for every block, the ref_cnt, hash and owners that ``take_snapshot`` reads from the live engine
-at that step, and for every shown request its status, counters and block table.
+at that step (and, for a block a request holds, the tokens it holds there), and for every shown
+request its status, counters and block table. A block's parent shows from the first frame after
+a shown request held a cached block of its hash, past its table's first position, at a step since
+the recorder's first (``follow``ed or captured), in keyframes and deltas alike.
 """
 
 from __future__ import annotations
@@ -108,6 +111,8 @@ class FrameRecorder:
         self.parents: dict[str, str] = {}  # hash hex -> parent hash hex
         self.frames: list[PoolFrame] = []
         self._owners: dict[int, tuple[str, ...]] = {}
+        self._held: dict[int, int] = {}  # the tokens held per block at the last capture
+        self._new_parents: set[str] = set()  # hashes whose parent was learned since then
         # (request id, group) -> how many leading positions of its block table were read with
         # their blocks cached, and that table (``_owners_now``)
         self._parented: dict[tuple[str, int], tuple[int, tuple[int, ...]]] = {}
@@ -127,12 +132,9 @@ class FrameRecorder:
         owners: dict[int, tuple[str, ...]] = {}
         held: dict[int, int] = {}
         bs = self.block_size
-        blocks = self.pool.blocks
         null = self.pool.null_block.block_id
-        parents = self.parents
         for rid, req in reqs.items():
             hashes = req.block_hashes
-            num_hashes = len(hashes)
             full, part = divmod(req.num_computed_tokens, bs)
             one = (rid,)
             for g, table in enumerate(tables[rid]):
@@ -160,24 +162,30 @@ class FrameRecorder:
                             held[bid] = part
                         for bid in table[full + 1 :]:
                             held.setdefault(bid, 0)
-                # The first ``done`` positions of the table as last read held cached blocks:
-                # their hashes are in ``parents`` already, which only grows (a request's hashes
-                # are fixed once made), so where the table still starts with those blocks,
-                # reading them again adds nothing.
-                done, before = self._parented.get((rid, g), (0, ()))
-                if done and table[:done] != before[:done]:
-                    done = 0
-                for i in range(done, min(len(table), num_hashes)):
-                    bid = table[i]
-                    if bid == null or blocks[bid].block_hash is None:
-                        continue
-                    if i == done:
-                        done += 1
-                    h = hashes[i].hex()[:HASH_HEX]
-                    if i > 0 and h not in parents:
-                        parents[h] = hashes[i - 1].hex()[:HASH_HEX]
-                self._parented[(rid, g)] = (done, table)
+                self._learn_parents(rid, g, table, hashes)
         return owners, held
+
+    def _learn_parents(self, rid: str, g: int, table: tuple[int, ...], hashes) -> None:
+        """The parents of the cached blocks in ``rid``'s block table of group ``g``."""
+        blocks, null, parents = self.pool.blocks, self.pool.null_block.block_id, self.parents
+        # The first ``done`` positions of the table as last read held cached blocks: their
+        # hashes are in ``parents`` already, which only grows (a request's hashes are fixed
+        # once made), so where the table still starts with those blocks, reading them again
+        # adds nothing.
+        done, before = self._parented.get((rid, g), (0, ()))
+        if done and table[:done] != before[:done]:
+            done = 0
+        for i in range(done, min(len(table), len(hashes))):
+            bid = table[i]
+            if bid == null or blocks[bid].block_hash is None:
+                continue
+            if i == done:
+                done += 1
+            h = hashes[i].hex()[:HASH_HEX]
+            if i > 0 and h not in parents:
+                parents[h] = hashes[i - 1].hex()[:HASH_HEX]
+                self._new_parents.add(h)
+        self._parented[(rid, g)] = (done, table)
 
     def _block(self, bid: int, owners, held) -> BlockState:
         blk = self.pool.blocks[bid]
@@ -215,6 +223,15 @@ class FrameRecorder:
         return 1 if b.ref_cnt == 0 and b.block_hash is not None and b.block_id != 0 else 0
 
     # -- recording ---------------------------------------------------------------------------
+    def follow(self, finished: Optional[dict] = None) -> None:
+        """Learn what ``capture`` would have learned of the blocks' parents after a step, without
+        recording a frame (``finished`` as there). A block's parent is known only once a shown
+        request held it cached, so the frames of a window that starts later but was followed
+        from the same step are those of the window recorded from that step."""
+        for rid, req in self._shown(finished or {}).items():
+            for g, table in enumerate(block_tables(self.kvm, rid)):
+                self._learn_parents(rid, g, table, req.block_hashes)
+
     def capture(
         self,
         step: int,
@@ -237,6 +254,13 @@ class FrameRecorder:
         else:
             ids = E.changed_block_ids(events)
             ids |= {b for b, _ in owners.items() ^ self._owners.items()}
+            # a decode step fills a request's last block with no event and no owner moved; a
+            # hash's parent can be learned after a block was cached with it, from a request
+            # holding another block of the same hash (vLLM may cache a hash in two blocks)
+            ids |= {b for b, _ in held.items() ^ self._held.items()}
+            if self._new_parents:
+                new = self._new_parents
+                ids |= {bid for bid, b in self.blocks.items() if b.block_hash in new}
         changed = []
         for bid in sorted(ids):
             b = self._block(bid, owners, held)
@@ -256,7 +280,8 @@ class FrameRecorder:
         gone = tuple(rid for rid in self.requests if rid not in states)
         moved = tuple(s for rid, s in states.items() if key or self.requests.get(rid) != s)
         self.requests = states
-        self._owners = owners
+        self._owners, self._held = owners, held
+        self._new_parents.clear()
         kvm = self.kvm
         frame = PoolFrame(
             step=step,

@@ -33,6 +33,7 @@ from paged_kv_lab.workloads.page_data import (
     Window,
     WorkloadRun,
     admission_step,
+    fill_checkpoints,
     read_upload,
     record_window,
     run_workload,
@@ -64,6 +65,9 @@ class WorkloadsState:
     unbounded_why: str = ""
     window: Optional[Window] = None
     window_token: str = ""
+    # while ``window`` is a moment's glimpse: the WINDOWS key of the whole window around it
+    window_key: Optional[tuple] = None
+    window_extends: Optional[str] = None  # the run (token) the whole window replaced
     goto_seq: int = 0
     error: Optional[str] = None
     upload_id: Any = None
@@ -87,12 +91,28 @@ RUNS: Shared[WorkloadRun] = Shared("workloads", measure_later=True)
 # (trace key, settings) -> the sweep: (pool size, hit rate) points, errors, the one-pass answer
 SWEEPS: Shared[tuple] = Shared("sweeps")
 FIRST_COUNT = 100  # the shipped trace's first slice, replayed before anyone asks
+# (trace key, settings) -> the bytes of checkpoints added to that replay (fill_checkpoints: a
+# moment's window then resumes near it), computed ahead of visitors once the replay is shown
+FILLED: Shared[int] = Shared("filled checkpoints", size=lambda added: added)
+# (trace key, settings, step) -> the whole window around a moment (record_window's default
+# extent: 40 steps before it, 80 after), recorded in the background after its glimpse showed
+WINDOWS: Shared[Window] = Shared("moment windows", keep=8, measure_later=True)
+# A click opens the player on a glimpse first: the step, GLIMPSE[0] steps before it and
+# GLIMPSE[1] after, each frame as the whole window has it, recorded in a fraction of the time;
+# the whole window replaces it once recorded, the player staying at its step
+GLIMPSE = (2, 8)
+WINDOW_POLL_S = 0.5  # how often the page looks whether the whole window is ready
 
 
 def shared_run(trace_key: str, trace: Trace, settings: Settings, limits) -> WorkloadRun:
     """The replay of ``trace`` with ``settings``, computed once for every session that asks
     (a second asker waits for the first)."""
     return RUNS.get((trace_key, settings), lambda: run_workload(trace, settings, limits))
+
+
+def fill_ahead(trace_key: str, run: WorkloadRun) -> None:
+    """Fill the run's checkpoints in the background (once per replay, for every session)."""
+    FILLED.start((trace_key, run.settings), lambda: fill_checkpoints(run))
 
 
 def first_slice(limits) -> tuple[str, Trace, Settings]:
@@ -110,7 +130,8 @@ def prepare_first_slice() -> None:
         key, trace, settings = first_slice(limits)
     except (BudgetError, TraceError):
         return
-    shared_run(key, trace, settings, limits)
+    run = shared_run(key, trace, settings, limits)
+    FILLED.get((key, settings), lambda: fill_checkpoints(run))
 
 
 # -- actions (plain functions: the page's buttons and the tests call them) -------------------------
@@ -211,24 +232,67 @@ def sweep_now(state: WorkloadsState, lang: str = "en") -> Optional[str]:
 def open_moment(
     state: WorkloadsState, step: int, lang: str = "en", request: Optional[str] = None
 ) -> Optional[str]:
-    """Record the steps around ``step`` and open the player there (following ``request``)."""
+    """Open the player at ``step`` (following ``request``): on the whole window around it if
+    some session opened that step before, else on its glimpse (``GLIMPSE``), whose whole window
+    is recorded once the browser holds the glimpse (``pool_player``)."""
     run = state.run
     if run is None:
         return None
     step = max(1, min(int(step), run.result.steps))
+    key = (state.trace_key, run.settings, step)
     try:
-        state.window = record_window(
-            run.trace, run.settings, step, page_trace_limits(), checkpoints=run.checkpoints
+        whole = WINDOWS.peek(key)
+    except (BudgetError, ReplayError, ValueError):  # its recording failed: the glimpse says why
+        whole = None
+    try:
+        state.window = whole or record_window(
+            run.trace,
+            run.settings,
+            step,
+            page_trace_limits(),
+            checkpoints=run.checkpoints,
+            show_before=GLIMPSE[0],
+            show_after=GLIMPSE[1],
         )
     except (BudgetError, ReplayError, ValueError) as e:
         state.error = tr("workloads.bad_replay", lang, error=said(e, lang))
         return state.error
+    state.window_key = None if whole else key
+    state.window_extends = None
     state.goto_seq += 1
-    state.window_token = hashlib.sha256(
-        f"{state.trace_key}|{run.settings}|{step}|{state.goto_seq}".encode()
-    ).hexdigest()[:12]
+    state.window_token = _window_token(state, step, "whole" if whole else "glimpse")
     st.session_state[f"{KEY}:follow"] = request
     return None
+
+
+def _window_token(state: WorkloadsState, step: int, extent: str) -> str:
+    run = state.run
+    text = f"{state.trace_key}|{run.settings}|{step}|{state.goto_seq}|{extent}"
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _record_whole(run: WorkloadRun, step: int) -> Window:
+    return record_window(
+        run.trace, run.settings, step, page_trace_limits(), checkpoints=run.checkpoints
+    )
+
+
+def complete_window(state: WorkloadsState, lang: str) -> None:
+    """The glimpse shown gives way to its whole window once that is recorded (the player, told
+    which run it extends, stays at its step)."""
+    key = state.window_key
+    if key is None or state.run is None:
+        return
+    try:
+        whole = WINDOWS.peek(key)
+    except (BudgetError, ReplayError, ValueError):
+        state.window_key = None  # the glimpse stays
+        return
+    if whole is None:
+        return
+    state.window_extends = state.window_token + lang
+    state.window, state.window_key = whole, None
+    state.window_token = _window_token(state, key[2], "whole")
 
 
 # -- the player --------------------------------------------------------------------------------
@@ -256,6 +320,7 @@ def pool_player(state: WorkloadsState, lang: str) -> None:
             lang=lang,
             start=w.start,
             run=token,
+            extends=state.window_extends,
         )
     data["goto"] = {"seq": state.goto_seq, "index": w.start, "request": follow}
     teaching = classroom.teaching(KEY)
@@ -263,6 +328,12 @@ def pool_player(state: WorkloadsState, lang: str) -> None:
     pool_component()(
         key=f"pool:{KEY}", data=data, default={"have": None}, on_have_change=_noop, height="content"
     )
+    key = state.window_key
+    if key is not None:
+        if have.get("run") == token:  # the browser shows the glimpse: now the whole window
+            run, step = state.run, key[2]
+            WINDOWS.start(key, lambda: _record_whole(run, step))
+        st.fragment(run_every=WINDOW_POLL_S)(_whole_window_ready)(key)
 
     def whole() -> dict:
         return pool_payload(
@@ -279,6 +350,11 @@ def pool_player(state: WorkloadsState, lang: str) -> None:
 
 def _noop() -> None:
     pass
+
+
+def _whole_window_ready(key: tuple) -> None:
+    if WINDOWS.ready(key):
+        st.rerun()
 
 
 # -- the page ----------------------------------------------------------------------------------
@@ -365,14 +441,13 @@ def render_workloads_page() -> None:
     run = state.run
     if run is None:
         return
+    fill_ahead(state.trace_key, run)
     if run.settings != settings:
         st.caption(tr("workloads.settings_changed", lang))
     show_figures(run, lang)
     show_over_time(state, lang)
     show_sweep(state, lang)
-    show_step_into(state, lang)
-    if state.window is not None:
-        pool_player(state, lang)
+    show_moment(state, lang)
     why_panel(state, lang)
     show_requests(run, lang)
     from paged_kv_lab.ui.fleet_workloads import render_fleet_mode
@@ -651,6 +726,16 @@ def show_sweep(state: WorkloadsState, lang: str) -> None:
         st.caption(tr("workloads.unbounded_not", lang, why=state.unbounded_why))
 
 
+@st.fragment
+def show_moment(state: WorkloadsState, lang: str) -> None:
+    """The section that steps into a moment, and the player: a fragment, so that a click there
+    reruns only this part of the page (the figures and charts above it are not sent again)."""
+    complete_window(state, lang)
+    show_step_into(state, lang)
+    if state.window is not None:
+        pool_player(state, lang)
+
+
 def show_step_into(state: WorkloadsState, lang: str) -> None:
     st.subheader(tr("workloads.step_into", lang))
     run = state.run
@@ -669,6 +754,9 @@ def show_step_into(state: WorkloadsState, lang: str) -> None:
     if c2.button(tr("workloads.open_request", lang), key=f"openreq:{KEY}") and rid is not None:
         step = admission_step(run, rid) or 1
         open_moment(state, step, lang, request=rid)
+    if state.error:  # the page's top is not drawn again in this fragment's rerun
+        st.error(state.error)
+        state.error = None
     if state.window is not None:
         w = state.window
         c3.caption(tr("workloads.window", lang, first=w.frames[0].step, last=w.frames[-1].step))

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 
 from paged_kv_lab.recording.pool_frames import CacheLog, FrameRecorder, PoolFrame
 from paged_kv_lab.recording.recorder import Recorder
-from paged_kv_lab.store.server_cache import Shared, stop_point
+from paged_kv_lab.store.server_cache import Shared, stop_point, yielding
 from paged_kv_lab.text.i18n import Text
 from paged_kv_lab.why.explain_replay import ReplayHit, explain_replay_hit
 from paged_kv_lab.workloads import SHIPPED_TRACE
@@ -156,6 +156,26 @@ def run_workload(
     return WorkloadRun(trace, settings, r.result(), cache, checkpoints)
 
 
+FILL_EVERY_STEPS = 64  # a filled run's checkpoints: at most this many steps apart
+
+
+def fill_checkpoints(run: WorkloadRun, every_steps: int = FILL_EVERY_STEPS) -> int:
+    """Checkpoints of ``run`` at most ``every_steps`` apart (``Checkpoints.fill``), taken ahead
+    of visitors (it waits while a page is drawn), so that a moment's window resumes near it: the
+    ones taken while it ran are as far apart as a quarter second of replay or more. The bytes
+    added (up to the checkpoints' bound)."""
+    if run.checkpoints is None:
+        return 0
+    with yielding():
+        return run.checkpoints.fill(
+            run.trace,
+            run.settings.replay_settings(run.trace),
+            run.result.steps,
+            every_steps,
+            stop_point,
+        )
+
+
 @dataclass(frozen=True)
 class Window:
     """Recorded steps ``frames[0].step .. frames[-1].step`` of a replay, ``start`` the frame the
@@ -176,27 +196,48 @@ def record_window(
     after: int = 80,
     keyframe_every: int = 64,
     checkpoints: Optional[Checkpoints] = None,
+    show_before: Optional[int] = None,
+    show_after: Optional[int] = None,
 ) -> Window:
     """Steps around ``at_step`` for the player: replay to ``at_step - before - 1`` with nothing
     attached (resuming from the last of ``checkpoints``, the whole run's, at or before that
-    step), then record each step with the Recorder (events) and a FrameRecorder."""
+    step), then record each step with the Recorder (events) and a FrameRecorder.
+
+    ``show_before`` / ``show_after`` (at most ``before`` / ``after``) keep fewer frames: from
+    ``at_step - show_before`` to ``at_step + show_after``. The steps before those are still
+    followed from ``at_step - before`` (the FrameRecorder learns the blocks' parents there), so
+    each frame kept shows what the same step of the whole window shows; the page sends such a
+    glimpse first, as it costs a few recorded steps instead of ``before + after + 1``."""
     replay = settings.replay_settings(trace)
     check_trace(trace, replay, limits)
     check(Text("refusal.what.window"), before + after + 1, limits, "max_window")
     first = max(1, at_step - before)
+    shown = max(1, at_step - min(before, before if show_before is None else show_before))
+    last = at_step + min(after, after if show_after is None else show_after)
     r = checkpoints.resume(trace, replay, first - 1) if checkpoints is not None else None
     if r is None:
         r = Replay(trace, replay)
     if first > 1:
         r.advance(until_step=first - 1)
         _budgeted(r, limits)
+    frames = FrameRecorder(r.scheduler, keyframe_every=keyframe_every)
+    if shown > first:  # followed with nothing attached: stretches of decodes fast-forward
+        requests = dict(r.requests)
+
+        def follow(info) -> None:
+            nonlocal requests
+            frames.follow({rid: req for rid, req in requests.items() if rid not in r.requests})
+            requests = dict(r.requests)
+
+        r.add_step_hook(follow)
+        r.advance(until_step=shown - 1)
+        r.remove_step_hook(follow)
     recorder = Recorder()
     r.attach(recorder)
-    frames = FrameRecorder(r.scheduler, keyframe_every=keyframe_every)
-    while not r.done and r.step_count < at_step + after:
-        shown = dict(r.requests)
+    while not r.done and r.step_count < last:
+        requests = dict(r.requests)
         info = r.step()
-        finished = {rid: req for rid, req in shown.items() if rid not in r.requests}
+        finished = {rid: req for rid, req in requests.items() if rid not in r.requests}
         events = tuple(recorder.drain())
         scheduled = {e.request_id: e.num_tokens for e in events if e.kind == "scheduled"}
         frames.capture(info.step, scheduled, events, finished)

@@ -492,6 +492,9 @@ class Replay:
         """``fn(info)`` after every step (one call per fast-forwarded stretch)."""
         self._hooks.append(fn)
 
+    def remove_step_hook(self, fn: Callable[[StepInfo], None]) -> None:
+        self._hooks.remove(fn)
+
     # -- reading ------------------------------------------------------------------------
     @property
     def done(self) -> bool:
@@ -975,13 +978,7 @@ class Checkpoints:
             raise ReplayError("checkpoints hold one replay's steps")
         if self.steps and replay.step_count <= self.steps[-1]:
             return
-        pool = replay.block_pool
-        observer, hooks, trace = pool.observer, replay._hooks, replay.trace
-        pool.observer, replay._hooks, replay.trace = None, [], None
-        try:
-            data = zlib.compress(_dumps_deep(replay, replay.block_pool.num_gpu_blocks), 1)
-        finally:
-            pool.observer, replay._hooks, replay.trace = observer, hooks, trace
+        data = self._pack(replay)
         with self._lock:
             self.steps.append(replay.step_count)
             self._data.append(data)
@@ -994,6 +991,61 @@ class Checkpoints:
                 self._nbytes = sum(len(d) for d in self._data)
                 self.every_s *= 2
                 self._wait *= 2
+
+    @staticmethod
+    def _pack(replay: "Replay") -> bytes:
+        """``replay`` pickled and compressed, without its observer, step hooks and trace."""
+        pool = replay.block_pool
+        observer, hooks, trace = pool.observer, replay._hooks, replay.trace
+        pool.observer, replay._hooks, replay.trace = None, [], None
+        try:
+            return zlib.compress(_dumps_deep(replay, replay.block_pool.num_gpu_blocks), 1)
+        finally:
+            pool.observer, replay._hooks, replay.trace = observer, hooks, trace
+
+    def fill(
+        self,
+        trace: Trace,
+        settings: ReplaySettings,
+        end_step: int,
+        every_steps: int = 64,
+        stop_point: Callable[[], None] = lambda: None,
+    ) -> int:
+        """More checkpoints of the same replay, between those taken while it ran: after it, so
+        that from step 0 to ``end_step`` no stretch longer than ``every_steps`` has none (a
+        window's replay then fast-forwards at most that many steps before it records). Each
+        stretch is replayed from the checkpoint that starts it (from step 0 for the first);
+        ``stop_point()`` runs between stretches. Stops before the checkpoints would pass
+        ``max_bytes`` (the ones taken while the replay ran are kept whole). Returns the bytes
+        added."""
+        if self._trace is None:
+            self._trace, self._settings = trace, settings
+        if settings != self._settings or (trace is not self._trace and trace != self._trace):
+            raise ReplayError("checkpoints hold one replay's steps")
+        added = 0
+        bounds = [0, *self.steps, end_step]
+        for a, b in zip(bounds, bounds[1:]):
+            if b - a <= every_steps:
+                continue
+            stop_point()
+            r = self.resume(trace, settings, a) if a > 0 else None
+            if r is None:
+                r = Replay(self._trace, settings)
+            while r.step_count + every_steps < b and not r.done:
+                r.advance(until_step=r.step_count + every_steps)
+                data = self._pack(r)
+                with self._lock:
+                    if self._nbytes + len(data) > self.max_bytes:
+                        return added
+                    i = bisect_right(self.steps, r.step_count)
+                    if i and self.steps[i - 1] == r.step_count:
+                        continue
+                    self.steps.insert(i, r.step_count)
+                    self._data.insert(i, data)
+                    self._nbytes += len(data)
+                added += len(data)
+                stop_point()
+        return added
 
     def resume(self, trace: Trace, settings: ReplaySettings, until_step: int) -> Optional["Replay"]:
         """A fresh replay of ``trace`` with ``settings`` at the last checkpoint at or before

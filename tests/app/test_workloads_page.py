@@ -139,17 +139,40 @@ def test_a_click_on_the_chart_opens_the_player_there(independent, monkeypatch):
     assert opened == [212] and session[f"at:{KEY}"] == 212
 
 
-def test_a_moment_opens_the_player_with_the_recorded_frames(page, independent):
-    trace, _ = independent
-    page.number_input(key=f"at:{KEY}").set_value(300)
-    page.button(key=f"open:{KEY}").click().run()
+def pool_data(page) -> dict:
     els = [e for e in page.get("bidi_component") if e.proto.id.endswith(f"pool:{KEY}")]
     assert len(els) == 1
-    data = json.loads(els[0].proto.json)
-    w = record_window(trace, Settings(), 300, page_trace_limits())
-    assert data["frames"] == json.loads(json.dumps(encode_frames(w.frames)))
-    assert data["frames"][data["head"]["start"]]["s"] == 300
-    assert data["head"]["num_gpu_blocks"] == 10_000
+    return json.loads(els[0].proto.json)
+
+
+def test_a_moment_opens_the_player_on_a_glimpse_then_on_its_whole_window(page, independent):
+    """A click sends the glimpse at once (the step, GLIMPSE around it); the whole window, recorded
+    in the background once the browser holds the glimpse, follows, its head naming the glimpse's
+    run as the one it extends; each is exactly what an independent recording gives."""
+    from paged_kv_lab.ui import workloads_page as wp
+
+    trace, _ = independent
+    limits = page_trace_limits()
+    page.number_input(key=f"at:{KEY}").set_value(300)
+    page.button(key=f"open:{KEY}").click().run()
+    first = pool_data(page)
+    before, after = wp.GLIMPSE
+    g = record_window(trace, Settings(), 300, limits, show_before=before, show_after=after)
+    assert first["frames"] == json.loads(json.dumps(encode_frames(g.frames)))
+    assert [f["s"] for f in first["frames"]] == list(range(300 - before, 301 + after))
+    assert first["frames"][first["head"]["start"]]["s"] == 300
+    assert first["head"]["num_gpu_blocks"] == 10_000 and "extends" not in first["head"]
+    state = page.session_state[KEY]
+    key = state.window_key
+    assert key is not None, "the whole window is still to come"
+    wp.WINDOWS.get(key, lambda: wp._record_whole(state.run, 300))  # what the browser's ask starts
+    page.run()
+    whole = pool_data(page)
+    w = record_window(trace, Settings(), 300, limits)
+    assert whole["frames"] == json.loads(json.dumps(encode_frames(w.frames)))
+    assert whole["frames"][whole["head"]["start"]]["s"] == 300
+    assert whole["head"]["extends"] == first["run"] and whole["run"] != first["run"]
+    assert page.session_state[KEY].window_key is None
 
 
 def test_why_tells_a_requests_hit(page, independent):

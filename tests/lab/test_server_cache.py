@@ -179,8 +179,8 @@ def test_streamlit_caches_only_the_model():
 
 def test_every_kind_sessions_share_is_in_the_process_cache():
     """Runs (a fleet lesson's and case's among them), topic studies, memory profiles, the shipped
-    trace, replays, sweeps, Real workloads' fleets, fleet cases' bounds and the warm-up's mark:
-    each a ``Shared`` of the process's one cache."""
+    trace, replays, their filled checkpoints, moments' windows, sweeps, Real workloads' fleets,
+    fleet cases' bounds and the warm-up's mark: each a ``Shared`` of the process's one cache."""
     from paged_kv_lab.store.run_store import default_store
     from paged_kv_lab.ui import (
         casebook_page,
@@ -198,6 +198,8 @@ def test_every_kind_sessions_share_is_in_the_process_cache():
         "memory profiles": how_many_blocks.PROFILES,
         "shipped traces": workloads_data.SHIPPED,
         "workloads": workloads_page.RUNS,
+        "filled checkpoints": workloads_page.FILLED,
+        "moment windows": workloads_page.WINDOWS,
         "sweeps": workloads_page.SWEEPS,
         "fleet case bounds": casebook_page.BOUNDS,
         "fleet workloads": fleet_workloads.FLEETS,

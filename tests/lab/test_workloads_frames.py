@@ -9,7 +9,12 @@ from paged_kv_lab.recording.pool_frames import FrameRecorder, state_at
 from paged_kv_lab.recording.recorder import Recorder
 from paged_kv_lab.recording.snapshot import take_snapshot
 from paged_kv_lab.why.explain_replay import EVICTED, NEVER_COMPUTED, replay_hit_sentences
-from paged_kv_lab.workloads.page_data import Settings, record_window, run_workload
+from paged_kv_lab.workloads.page_data import (
+    Settings,
+    fill_checkpoints,
+    record_window,
+    run_workload,
+)
 from paged_kv_lab.workloads.replay import Replay
 from paged_kv_lab.workloads.trace_formats import load_trace
 from paged_kv_lab.workloads.trace_limits import page_trace_limits
@@ -25,7 +30,8 @@ def trace():
 
 def test_keyframes_plus_deltas_rebuild_every_step(trace):
     """A small pool (evictions, sharing): after each step the frames give every block's
-    ref_cnt, hash and owners, the shown requests, and the queue's ends and counts exactly."""
+    ref_cnt, hash, owners and tokens held, the shown requests, and the queue's ends and counts
+    exactly (tokens held too: a decode step fills a request's last block with no event)."""
     s = Settings(block_size=16, num_gpu_blocks=4000, arrival="timestamps")
     r = Replay(trace, s.replay_settings(trace))
     r.advance(until_step=398)
@@ -48,6 +54,8 @@ def test_keyframes_plus_deltas_rebuild_every_step(trace):
             b = blocks.get(bv.block_id)
             got = (b.ref_cnt, b.block_hash, b.owners) if b else (0, None, ())
             want = (bv.ref_cnt, bv.block_hash[:16] if bv.block_hash else None, bv.owners)
+            if bv.owners:  # the tokens a request holds in it
+                got, want = (*got, b.num_tokens), (*want, len(bv.token_ids))
             assert got == want, (info.step, bv.block_id)
         assert {k: v.block_tables for k, v in reqs.items()} == {
             v.request_id: v.block_tables for v in snap.requests
@@ -120,6 +128,54 @@ def test_a_window_resumed_from_a_checkpoint_is_the_window_replayed_from_step_0(t
         resumed = record_window(trace, s, at, limits, before=10, after=20, checkpoints=cp)
         fresh = record_window(trace, s, at, limits, before=10, after=20)
         assert resumed == fresh, at
+
+
+def test_filled_checkpoints_are_close_and_resume_the_same_replay(trace):
+    """A run's checkpoints filled after it are at most ``every_steps`` apart and within their
+    bytes; a window resumed from them equals the window replayed from step 0."""
+    s = Settings(block_size=16, num_gpu_blocks=4000, arrival="timestamps")
+    limits = page_trace_limits()
+    run = run_workload(trace, s, limits)
+    taken = list(run.checkpoints.steps)
+    assert fill_checkpoints(run, every_steps=50) > 0
+    cp = run.checkpoints
+    assert set(taken) <= set(cp.steps) and cp.steps == sorted(set(cp.steps))
+    gaps = [b - a for a, b in zip([0, *cp.steps], [*cp.steps, run.result.steps])]
+    assert max(gaps) <= 50, gaps
+    assert cp.nbytes <= cp.max_bytes
+    for at in (60, run.result.steps // 2, run.result.steps - 2):
+        resumed = record_window(trace, s, at, limits, before=5, after=10, checkpoints=cp)
+        assert resumed == record_window(trace, s, at, limits, before=5, after=10), at
+    assert fill_checkpoints(run, every_steps=50) == 0  # filled once
+
+
+def test_a_glimpse_shows_each_step_as_its_whole_window_does(trace):
+    """The page's first answer to a click (``show_before`` / ``show_after``: a few frames around
+    the step) rebuilds, at each of its steps, the blocks (ref_cnt, hash, parent, tokens held,
+    owners; a plain free block listed or not), the requests, the events and the step's figures
+    of the whole window around it: a block's parent is known from the whole window's first step
+    on, so the glimpse follows those steps too. The steps: where a parent is learned from a
+    request holding another block of the same hash (3,600 blocks, step 415), and others."""
+    limits = page_trace_limits()
+
+    def shown(frames, i):
+        f = frames[i]
+        blocks, reqs = state_at(list(frames), i)
+        held = {k: b for k, b in blocks.items() if b.ref_cnt or b.block_hash or b.owners}
+        fields = (f.step, f.events, f.queue, f.waiting, f.running, f.usage, f.prefix_cache)
+        return (held, reqs, *fields, f.scheduled)
+
+    for blocks, at in ((4000, 3), (4000, 41), (4000, 169), (4000, 700), (3600, 417)):
+        s = Settings(block_size=16, num_gpu_blocks=blocks, arrival="timestamps")
+        whole = record_window(trace, s, at, limits)
+        glimpse = record_window(trace, s, at, limits, show_before=2, show_after=8)
+        assert [f.step for f in glimpse.frames] == list(range(max(1, at - 2), at + 9))
+        assert glimpse.frames[glimpse.start].step == at == whole.frames[whole.start].step
+        index = {f.step: i for i, f in enumerate(whole.frames)}
+        for i, f in enumerate(glimpse.frames):
+            assert shown(glimpse.frames, i) == shown(whole.frames, index[f.step]), (at, f.step)
+    # parents learned before the glimpse's first step show in it
+    assert any(b.parent_hash for b in glimpse.frames[0].blocks)
 
 
 @pytest.mark.parametrize("arrival", ["timestamps", "sequential"])

@@ -106,7 +106,9 @@ class PoolPlayer {
   get n() { return this.run ? this.run.frames.length : 0; }
 
   // The frames come once per window; afterwards the page sends only the run's name and where to
-  // go. The browser says which window it holds ("have"), or that it lost it (asks again).
+  // go. The browser says which window it holds ("have"), or that it lost it (asks again). A window
+  // whose head names the one shown as the one it extends (the page's first glimpse of a moment,
+  // then the whole window around it) keeps the step shown, the zoom and the selection.
   receive(data) {
     if (!data || !data.run) return;
     addStrings(data.strings);
@@ -121,12 +123,20 @@ class PoolPlayer {
     if (this.component && this.component.setStateValue) {
       this.asks = (this.asks || 0) + 1;
       const have = run ? { run: data.run } : { run: null, ask: this.asks };
-      if (JSON.stringify(have) !== this.told) { this.told = JSON.stringify(have); this.component.setStateValue("have", have); }
+      const said = JSON.stringify(have), component = this.component;
+      // told after the step is drawn: telling the page starts its rerun, and the browser's
+      // work for it would come before the drawing
+      if (said !== this.told) { this.told = said; setTimeout(() => component.setStateValue("have", have), 0); }
     }
     if (!run) return;
     const fresh = this.run !== run;
+    const grown = fresh && this.run && run.head.extends && RUNS.get(run.head.extends) === this.run;
+    const at = grown ? this.run.frames[this.cursor].s : null;
     this.run = run;
-    if (fresh) {
+    if (grown) {
+      const i = run.frames.findIndex((f) => f.s === at);
+      this.cursor = i >= 0 ? i : Math.max(0, Math.min(run.head.start || 0, this.n - 1));
+    } else if (fresh) {
       this.lo = 0; this.hi = run.head.num_gpu_blocks; this.sel = null; this.reqPage = 0;
       this.staticLabels();
       this.cursor = Math.max(0, Math.min(run.head.start || 0, this.n - 1));
@@ -368,7 +378,12 @@ class PoolPlayer {
       g.strokeStyle = "#e00000"; g.lineWidth = 2;
       g.strokeRect((k % cols) * cell, Math.floor(k / cols) * cell, cell - gap, cell - gap);
     }
-    this.q("zlo").value = String(lo); this.q("zhi").value = String(hi);
+    // the fields say the range drawn when it changes; a redraw of the same range (the page's
+    // rerun, the whole window after its glimpse) leaves what the learner is typing there
+    if (this.fieldsSay !== `${lo}:${hi}`) {
+      this.fieldsSay = `${lo}:${hi}`;
+      this.q("zlo").value = String(lo); this.q("zhi").value = String(hi);
+    }
     this.q("range").textContent = fmt(L.pool_range, { lo, hi: hi - 1, n: count, cell });
   }
 
