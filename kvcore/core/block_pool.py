@@ -397,8 +397,8 @@ class BlockPool:
             ret[i] = block
             next_block = block.next_free_block
             block.prev_free_block = block.next_free_block = None
-            key = block.block_hash
-            if key is not None:
+            if block.block_hash is not None:
+                key = block.block_hash
                 if table.get(key) == block.block_id and key not in dup_ids:
                     del table[key]
                     block.block_hash = None
