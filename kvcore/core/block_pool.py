@@ -179,8 +179,8 @@ class BlockPool:
         """The first-inserted block for the hash in every given group, or None if any group
         misses."""
         # get_one_block and make_block_hash_with_group_id, inlined with each group's key suffix
-        # packed once: this is the prefix-cache lookup of every block of every prompt, and the
-        # two calls and the packing were most of its time.
+        # packed once: the prefix-cache lookup runs for a prompt's blocks up to its first miss,
+        # and the two calls and the packing were most of its time.
         cache = self.cached_block_hash_to_block
         table = cache._cache
         out = []
@@ -546,9 +546,9 @@ class BlockPool:
                 self.metrics_collector.on_blocks_touched(blocks)
             if self.observer is not None:
                 self.observer.on_blocks_touched(blocks)
-        # The free queue's remove, inlined (a prefix hit touches every block it reuses, most of
-        # them free: a call per block was most of touch's time); the count is settled even if
-        # a block turns out not to be in the queue, as remove's own would be.
+        # The free queue's remove, inlined (a prefix hit touches each block it reuses, and each
+        # free one leaves the queue: a call per such block was most of touch's time); the count
+        # is settled even if a block turns out not to be in the queue, as remove's own would be.
         queue = self.free_block_queue
         num_removed = 0
         try:

@@ -94,7 +94,7 @@ class FreeKVCacheBlockQueue:
             raise ValueError(f"Cannot pop {n} blocks: only {self.num_free_blocks} free")
         out: list[KVCacheBlock] = []
         # No per-block None check: n <= num_free_blocks, so the walk ends before the tail
-        # sentinel (every allocation pays for this loop).
+        # sentinel (allocation pays for this loop, block by block).
         curr = self.fake_free_list_head.next_free_block
         for _ in range(n):
             out.append(curr)
