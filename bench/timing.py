@@ -35,6 +35,28 @@ def timed_without_gc(fn: Callable[[], object]) -> float:
         gc.enable()
 
 
+def step_seconds_without_gc(step: Callable[[int], object], count: int) -> list[float]:
+    """Seconds of each of ``step(0)`` .. ``step(count - 1)``, each timed on its own, with the
+    garbage collector off (collected first).
+
+    On a shared machine a whole pass gets preempted now and then; timing each call lets a
+    benchmark keep, call by call, the best of several rounds (a preemption then costs one
+    call of one round, not the round). Each time includes the call of ``step`` and one timer
+    read, the same for every side compared."""
+    gc.collect()
+    gc.disable()
+    clock = time.perf_counter
+    times = [0.0] * count
+    try:
+        for i in range(count):
+            t0 = clock()
+            step(i)
+            times[i] = clock() - t0
+        return times
+    finally:
+        gc.enable()
+
+
 def decode_tps_interleaved(
     cases: dict[str, tuple[RunFn, list[list[int]]]],
     new_tokens: int,

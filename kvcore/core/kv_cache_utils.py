@@ -91,9 +91,10 @@ class FreeKVCacheBlockQueue:
         if n > self.num_free_blocks:
             raise ValueError(f"Cannot pop {n} blocks: only {self.num_free_blocks} free")
         out: list[KVCacheBlock] = []
+        # No per-block None check: n <= num_free_blocks, so the walk ends before the tail
+        # sentinel (allocation pays for this loop, block by block).
         curr = self.fake_free_list_head.next_free_block
         for _ in range(n):
-            assert curr is not None
             out.append(curr)
             nxt = curr.next_free_block
             curr.prev_free_block = curr.next_free_block = None

@@ -333,9 +333,10 @@ def _pool_state(p):
 @pytest.mark.parametrize("partial", [False, True])
 @pytest.mark.parametrize("use_int", [True, False])
 def test_eviction_fast_path_matches_the_general_one(use_int, partial):
-    """Without an observer or partial entries, get_new_blocks evicts in a loop of its own, and
-    _maybe_evict_cached_block drops a block's one key without lists: the same blocks, queue,
-    map and KV events as with an observer (the general path, key by key)."""
+    """Without an observer or partial entries, get_new_blocks pops and evicts in one loop of
+    its own (the queue's popleft_n fused in), and _maybe_evict_cached_block drops a block's one
+    key without lists: the same blocks, queue, map and KV events as with an observer (the
+    general path, key by key), after taking part of the queue and after taking the rest."""
     runs = []
     for observed in (False, True):
         p, tables = _evicting_scenario(observed, use_int, partial)
@@ -344,12 +345,16 @@ def test_eviction_fast_path_matches_the_general_one(use_int, partial):
         out.append(p.take_events())
         for blocks in tables:
             p.free_blocks(reversed(blocks))
-        got = p.get_new_blocks(p.get_num_free_blocks())  # evicts every cached block
+        first = p.get_new_blocks(7)  # part of the queue (fresh and cached blocks): head relinked
+        out += [ids(first), p.take_events(), _pool_state(p), p.get_num_free_blocks()]
+        got = first + p.get_new_blocks(p.get_num_free_blocks())  # evicts every cached block
         out += [ids(got), p.take_events(), _pool_state(p)]
+        assert all(b.prev_free_block is None and b.next_free_block is None for b in got)
         p.free_blocks(got)
+        out.append(_pool_state(p))
         runs.append(out)
     assert runs[0] == runs[1]
-    removed_events = runs[0][3]
+    removed_events = runs[0][3] + runs[0][7]
     # a's first key and b's two (a's second went by id), c's two keys (+ its partial entry)
     assert len(removed_events) == 5 + partial
     assert len(p.cached_block_hash_to_block) == 0 and not p.cached_block_hashes_by_block
