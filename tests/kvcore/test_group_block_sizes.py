@@ -77,3 +77,51 @@ def test_one_size_for_both_groups_brings_short_prompts_back():
     kvm.free(a)
     _, _, num_hit = admit(kvm, make_request("b", prompt, 4))
     assert num_hit == 4
+
+
+def test_the_lab_engine_runs_groups_of_different_block_sizes_on_the_model():
+    """engine.sliding_block_multiple on the tiny model (full and sliding layers): the same
+    tokens come out whatever the layout, and B, continuing A's 24-token prompt, hits nothing
+    at a 32-token scheduler block (8 x 4) but 16 tokens at 16 (block_size 4)."""
+    from paged_kv_lab.run.engine import Engine
+    from paged_kv_lab.run.scenario import load_scenario
+
+    def run(block_size, multiple):
+        layers = ["full_attention", "sliding_attention"] * 2
+        eng = Engine(
+            load_scenario(
+                {
+                    "name": "sizes",
+                    "model": "tiny-random",
+                    "engine": {
+                        "block_size": block_size,
+                        "sliding_block_multiple": multiple,
+                        "sliding_window": 8,
+                        "layer_types": layers,
+                        "prefix_cache_retention_interval": None,
+                    },
+                    "requests": [
+                        {"id": "A", "prompt_token_ids": list(range(1, 25)), "max_tokens": 3},
+                        {
+                            "id": "B",
+                            "prompt_token_ids": list(range(1, 25)) + [40, 41],
+                            "max_tokens": 3,
+                            "arrival_step": 6,
+                        },
+                    ],
+                }
+            )
+        )
+        records = list(eng.run())
+        hits = {
+            e.request_id: e.num_tokens for r in records for e in r.events if e.kind == "cache_hit"
+        }
+        snap = records[-1].snapshot
+        outputs = [snap.request(r).output_token_ids for r in ("A", "B")]
+        return eng.kv_cache_manager.coordinator.group_block_sizes, hits, outputs
+
+    sizes, hits, outputs = run(8, 4)
+    assert sizes == (8, 32) and hits == {}
+    fixed_sizes, fixed_hits, fixed_outputs = run(4, 4)
+    assert fixed_sizes == (4, 16) and fixed_hits == {"B": 16}
+    assert outputs == fixed_outputs == run(8, 1)[2]
