@@ -527,7 +527,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=50, help="random traces per config")
     ap.add_argument("--first-seed", type=int, default=0)
-    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma separated")
+    ap.add_argument(
+        "--configs",
+        default=",".join(HYBRID_CONFIGS),
+        help="comma separated (default: the Mamba ones; the others: "
+        + ",".join(GROUP_SIZE_CONFIGS)
+        + ")",
+    )
     ap.add_argument("--worker", action="store_true", help="run here (under vLLM's Python)")
     args = ap.parse_args(argv)
     seeds = range(args.first_seed, args.first_seed + args.seeds)
