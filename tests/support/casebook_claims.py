@@ -333,9 +333,10 @@ def _claim_connector_hma_off(before: Records, after: Records) -> list[str]:
 
 def _claim_which_block_size(before: Records, after: Records) -> list[str]:
     """Full-attention blocks of 8 tokens and sliding-window blocks of 32: the scheduler's block is
-    32, B's 19-token resend misses though whole full-attention blocks of A's are cached, and D's
-    hit is a multiple of 32; at block_size 4 (blocks of 4 and 16) the scheduler's block is 16, B
-    hits and D hits more, so the hit rate rises; the same tokens come out both times."""
+    32, B's 19-token resend misses (A's two full-attention blocks are not cached: caching stops
+    at a multiple of 32 too), and D's hit is a multiple of 32; at block_size 4 (blocks of 4 and
+    16) the scheduler's block is 16, B hits and D hits more, so the hit rate rises; the same
+    tokens come out both times."""
     out = []
     snap, fixed = _last(before), _last(after)
     if [g["kind"] for g in snap.groups] != ["full", "sliding"]:
@@ -345,6 +346,11 @@ def _claim_which_block_size(before: Records, after: Records) -> list[str]:
     b_len = snap.request("B").num_prompt_tokens
     if not (8 <= b_len - 1 < snap.block_size) or _hit_tokens(before, "B"):
         out.append("before: B's resend covers a full-attention block, not a scheduler one: a miss")
+    a_len = snap.request("A").num_prompt_tokens
+    a_hashes = set(snap.request("A").block_hashes)
+    cached = {key.split("@")[0] for rec in before for key in rec.snapshot.hash_map}
+    if not a_len >= 16 or a_hashes & cached:
+        out.append("before: A fills two full-attention blocks, and none of them is cached")
     for records, s_ in ((before, snap), (after, fixed)):
         d = _hit_tokens(records, "D")
         if d <= 0 or d % s_.block_size:
