@@ -84,15 +84,16 @@ def kv_cache_groups(
     """
     W = settings.sliding_window
     types = layer_types_of(settings, num_layers)
+    if settings.sliding_block_multiple != 1 and (
+        hma_off or set(types) != {"full_attention", "sliding_attention"}
+    ):
+        # the multiple is the ratio of two kinds' pages: it needs both kinds, in two groups
+        raise EngineRefused("engine.sliding_block_multiple_unsupported")
     if "linear_attention" in types:
         if hma_off:
             raise EngineRefused("engine.hma_off_linear")
-        if settings.sliding_block_multiple != 1:
-            raise EngineRefused("engine.sliding_block_multiple_unsupported")
         return linear_attention_groups(settings, types)
     bs = settings.block_size
-    if settings.sliding_block_multiple != 1 and hma_off:
-        raise EngineRefused("engine.sliding_block_multiple_unsupported")
     sliding_bs = bs * settings.sliding_block_multiple
     specs = {
         f"layers.{i}": FullAttentionSpec(bs)

@@ -125,3 +125,33 @@ def test_the_lab_engine_runs_groups_of_different_block_sizes_on_the_model():
     fixed_sizes, fixed_hits, fixed_outputs = run(4, 4)
     assert fixed_sizes == (4, 16) and fixed_hits == {"B": 16}
     assert outputs == fixed_outputs == run(8, 1)[2]
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        {"sliding_window": 8},  # every layer slides: one group, no ratio
+        {"layer_types": ["full_attention"] * 4},
+        {
+            "sliding_window": 8,
+            "layer_types": ["full_attention", "sliding_attention"] * 2,
+            "disable_hybrid_kv_cache_manager": True,
+        },
+    ],
+)
+def test_a_sliding_block_multiple_needs_full_and_sliding_groups(engine):
+    from paged_kv_lab.run.engine import EngineRefused, kv_cache_groups
+    from paged_kv_lab.run.scenario import EngineSettings
+
+    s = EngineSettings(sliding_block_multiple=2, **engine)
+    with pytest.raises(EngineRefused):
+        kv_cache_groups(s, 4, bool(engine.get("disable_hybrid_kv_cache_manager")))
+    groups, _ = kv_cache_groups(
+        EngineSettings(
+            sliding_block_multiple=2,
+            sliding_window=8,
+            layer_types=("full_attention", "sliding_attention") * 2,
+        ),
+        4,
+    )
+    assert [g.kv_cache_spec.block_size for g in groups] == [16, 32]
