@@ -82,7 +82,9 @@ def test_one_size_for_both_groups_brings_short_prompts_back():
 def test_the_lab_engine_runs_groups_of_different_block_sizes_on_the_model():
     """engine.sliding_block_multiple on the tiny model (full and sliding layers): the same
     tokens come out whatever the layout, and B, continuing A's 24-token prompt, hits nothing
-    at a 32-token scheduler block (8 x 4) but 16 tokens at 16 (block_size 4)."""
+    at a 32-token scheduler block (8 x 4) but 16 tokens at 16 (block_size 4). The engine's
+    invariants hold at every step (debug), and the snapshot draws each group's blocks at its
+    own size."""
     from paged_kv_lab.run.engine import Engine
     from paged_kv_lab.run.scenario import load_scenario
 
@@ -110,9 +112,17 @@ def test_the_lab_engine_runs_groups_of_different_block_sizes_on_the_model():
                         },
                     ],
                 }
-            )
+            ),
+            debug=True,
         )
         records = list(eng.run())
+        for rec in records:  # each block holds at most its own group's block size of tokens
+            held = {b.block_id: len(b.token_ids) for b in rec.snapshot.blocks}
+            for r in rec.snapshot.requests:
+                for table, size in zip(
+                    r.block_tables, eng.kv_cache_manager.coordinator.group_block_sizes
+                ):
+                    assert all(held[b] <= size for b in table)
         hits = {
             e.request_id: e.num_tokens for r in records for e in r.events if e.kind == "cache_hit"
         }
