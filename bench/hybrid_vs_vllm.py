@@ -19,6 +19,12 @@ needs no torch for its manager), so the command is:
     VLLM_VENV=/tmp/vllm034-venv .venv/bin/python bench/hybrid_vs_vllm.py --seeds 200
     /tmp/vllm034-venv/bin/python -I bench/hybrid_vs_vllm.py --worker --seeds 200  # the same
 
+Groups of different block sizes (``GROUP_SIZE_CONFIGS``): a full-attention group and a
+sliding-window or second full-attention group, one at the trace's block size and one at twice
+it, as vLLM 0.34 makes them when one layer kind's page is half the other's
+(``unify_kv_cache_spec_page_size`` doubles that kind's block). Hits then align to the scheduler's
+block size (the least common multiple) and hashes are made every greatest common divisor.
+
 Without ``VLLM_VENV`` it says how to make one and exits 0 (skipped). Not covered yet:
 ``prefix_match_unit`` (hash blocks finer than the Mamba block: partial hits and the tail block's
 copy-on-write) and prefill-checkpoint blocks; kvcore does not model them.
@@ -58,6 +64,31 @@ CONFIGS = {
         mode="align", retention=None, lookahead=0, spec_blocks=0, caching=True, unit=2
     ),
 }
+
+
+# Two groups whose block sizes differ: (kind, multiple of the trace's block size) per group.
+# Sliding windows are 3 of the trace's blocks. Attention only, so no chunk alignment.
+GROUP_SIZE_CONFIGS = {
+    "sizes-full-sliding": dict(groups=(("full", 1), ("sliding", 2)), retention=0),
+    "sizes-full-sliding-dense": dict(groups=(("full", 1), ("sliding", 2)), retention=None),
+    "sizes-sliding-full": dict(groups=(("full", 2), ("sliding", 1)), retention=0),
+    "sizes-full-full": dict(groups=(("full", 1), ("full", 2)), retention=0),
+}
+for _cfg in GROUP_SIZE_CONFIGS.values():
+    _cfg.update(mode="attention", lookahead=0, spec_blocks=0, caching=True)
+CONFIGS.update(GROUP_SIZE_CONFIGS)
+HYBRID_CONFIGS = [name for name in CONFIGS if name not in GROUP_SIZE_CONFIGS]
+
+
+def group_block_sizes(trace: dict, cfg: dict) -> tuple[int, int]:
+    """(scheduler_block_size, hash_block_size) vLLM 0.34 resolves for the trace's groups."""
+    import math
+
+    bs = trace["block_size"]
+    if "groups" not in cfg:
+        return bs, min(cfg.get("unit") or bs, bs)
+    sizes = [bs * k for _, k in cfg["groups"]]
+    return math.lcm(*sizes), math.gcd(*sizes)
 
 
 def make_trace(seed: int) -> dict:
@@ -108,20 +139,36 @@ class KvcoreSide:
         from kvcore.core.kv_cache_manager import KVCacheManager
         from kvcore.core.kv_cache_utils import BlockHasher
         from kvcore.core.sched.scheduler import mamba_block_aligned_split
-        from kvcore.kv_cache_interface import KVCacheConfig, full_attention, mamba
+        from kvcore.kv_cache_interface import (
+            KVCacheConfig,
+            full_attention,
+            mamba,
+            sliding_window,
+        )
         from kvcore.request import Request, RequestStatus
         from kvcore.utils.hashing import get_hash_fn_by_name
 
         bs = trace["block_size"]
-        hbs = min(cfg.get("unit") or bs, bs)
-        groups = (
-            full_attention(bs),
-            mamba(bs, cfg["mode"], num_speculative_blocks=cfg["spec_blocks"]),
-        )
+        if "groups" in cfg:
+            window = 3 * bs
+            groups = tuple(
+                full_attention(bs * k, (f"g{i}",))
+                if kind == "full"
+                else sliding_window(bs * k, window, (f"g{i}",))
+                for i, (kind, k) in enumerate(cfg["groups"])
+            )
+            hbs = None  # kvcore resolves it (the groups' greatest common divisor)
+        else:
+            hbs = min(cfg.get("unit") or bs, bs)
+            groups = (
+                full_attention(bs),
+                mamba(bs, cfg["mode"], num_speculative_blocks=cfg["spec_blocks"]),
+            )
         config = KVCacheConfig(trace["num_blocks"], groups, cfg["retention"])
         self.manager = KVCacheManager(
             config, 4096, cfg["caching"], enable_kv_cache_events=True, hash_block_size=hbs
         )
+        hbs = self.manager.hash_block_size
         self.hash_fn = get_hash_fn_by_name("sha256")
         self._Request, self._Hasher, self.status = Request, BlockHasher, RequestStatus
         partial = getattr(self.manager.coordinator, "enable_partial_hash_hits", False)
@@ -180,30 +227,49 @@ class VllmSide:
             KVCacheConfig,
             KVCacheGroupSpec,
             MambaSpec,
+            SlidingWindowSpec,
         )
         from vllm.v1.request import Request, RequestStatus
 
         init_none_hash(sha256)
         bs = trace["block_size"]
-        hbs = min(cfg.get("unit") or bs, bs)
-        full = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=8, dtype=torch.float32)
-        state = MambaSpec(
-            block_size=bs,
-            shapes=((1,),),
-            dtypes=(torch.float32,),
-            mamba_cache_mode=cfg["mode"],
-            num_speculative_blocks=cfg["spec_blocks"],
-        )
+        scheduler_bs, hbs = group_block_sizes(trace, cfg)
+        if "groups" in cfg:
+            # a layer with half the page bytes gets twice the block (unify_kv_cache_spec_page_size)
+            kw = dict(num_kv_heads=1, dtype=torch.float32)
+            group_specs = [
+                KVCacheGroupSpec(
+                    [f"g{i}"],
+                    FullAttentionSpec(block_size=bs * k, head_size=16 // k, **kw)
+                    if kind == "full"
+                    else SlidingWindowSpec(
+                        block_size=bs * k, head_size=16 // k, sliding_window=3 * bs, **kw
+                    ),
+                )
+                for i, (kind, k) in enumerate(cfg["groups"])
+            ]
+        else:
+            full = FullAttentionSpec(
+                block_size=bs, num_kv_heads=1, head_size=8, dtype=torch.float32
+            )
+            state = MambaSpec(
+                block_size=bs,
+                shapes=((1,),),
+                dtypes=(torch.float32,),
+                mamba_cache_mode=cfg["mode"],
+                num_speculative_blocks=cfg["spec_blocks"],
+            )
+            group_specs = [KVCacheGroupSpec(["full"], full), KVCacheGroupSpec(["mamba"], state)]
         config = KVCacheConfig(
             num_blocks=trace["num_blocks"],
             kv_cache_tensors=[],
-            kv_cache_groups=[KVCacheGroupSpec(["full"], full), KVCacheGroupSpec(["mamba"], state)],
+            kv_cache_groups=group_specs,
             prefix_cache_retention_interval=cfg["retention"],
         )
         self.manager = KVCacheManager(
             config,
             max_model_len=4096,
-            scheduler_block_size=bs,
+            scheduler_block_size=scheduler_bs,
             hash_block_size=hbs,
             enable_caching=cfg["caching"],
             enable_kv_cache_events=True,
@@ -417,6 +483,10 @@ def compare(seed: int, name: str) -> dict:
         "evictions": sum(1 for r in a for e in r["events"] if e[0] == "BlockRemoved"),
         "block_copies": sum(len(r["copies"]) for r in a),
         "partial_hits": sum(1 for r in a for h in r["hits"].values() if h[0] % trace["block_size"]),
+        # hits on a multiple of the finer group's block but not of the scheduler's (none may be)
+        "unaligned_hits": sum(
+            1 for r in a for h in r["hits"].values() if h[0] % group_block_sizes(trace, cfg)[0]
+        ),
         "stored_with_extra_keys": sum(
             1 for r in a for e in r["events"] if e[0] == "BlockStored" and e[4] and any(e[4])
         ),
@@ -445,6 +515,7 @@ def worker_main(seeds: range, configs: list[str]) -> int:
         "block_copies": sum(r.get("block_copies", 0) for r in results),
         "partial_hits": sum(r.get("partial_hits", 0) for r in results),
         "stored_with_extra_keys": sum(r.get("stored_with_extra_keys", 0) for r in results),
+        "unaligned_hits": sum(r.get("unaligned_hits", 0) for r in results),
         "configs": configs,
         "first_differences": bad[:3],
     }
@@ -456,7 +527,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, default=50, help="random traces per config")
     ap.add_argument("--first-seed", type=int, default=0)
-    ap.add_argument("--configs", default=",".join(CONFIGS), help="comma separated")
+    ap.add_argument(
+        "--configs",
+        default=",".join(HYBRID_CONFIGS),
+        help="comma separated (default: the Mamba ones; the others: "
+        + ",".join(GROUP_SIZE_CONFIGS)
+        + ")",
+    )
     ap.add_argument("--worker", action="store_true", help="run here (under vLLM's Python)")
     args = ap.parse_args(argv)
     seeds = range(args.first_seed, args.first_seed + args.seeds)

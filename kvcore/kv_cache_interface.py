@@ -7,6 +7,7 @@ Only the fields the block manager reads are kept; vLLM's byte-level fields
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
@@ -155,9 +156,15 @@ class KVCacheGroupSpec:
 class KVCacheConfig:
     """The whole cache: ``num_blocks`` blocks (the null block included) shared by the groups.
 
+    Groups may differ in block size (vLLM 0.34: ``unify_kv_cache_spec_page_size`` gives a layer
+    whose page is smaller a proportionally larger block, so every page has the same bytes);
+    ``scheduler_block_size``, the least common multiple of the groups' sizes, is then the grain
+    the scheduler and prefix-cache hits align to.
+
     ``prefix_cache_retention_interval`` says which full blocks of a sliding-window
     or Mamba group get a hash: None = every one, 0 = only those a later request can reach
-    (vLLM's default), n > 0 = those plus a checkpoint every n tokens.
+    (vLLM's default), n > 0 = those plus a checkpoint every n tokens (n a multiple of
+    ``scheduler_block_size``).
     """
 
     num_blocks: int
@@ -167,16 +174,14 @@ class KVCacheConfig:
     def __post_init__(self) -> None:
         if not self.kv_cache_groups:
             raise ValueError("at least one KV cache group is needed")
-        sizes = {g.kv_cache_spec.block_size for g in self.kv_cache_groups}
-        if len(sizes) != 1:
-            raise ValueError(f"every KV cache group must use one block size; got {sorted(sizes)}")
         r = self.prefix_cache_retention_interval
         if r is None:
             return
-        if not isinstance(r, int) or isinstance(r, bool) or r < 0 or r % self.block_size:
+        unit = self.scheduler_block_size
+        if not isinstance(r, int) or isinstance(r, bool) or r < 0 or r % unit:
             raise ValueError(
                 f"prefix_cache_retention_interval must be null or a non-negative multiple "
-                f"of block_size ({self.block_size}); got {r!r}"
+                f"of scheduler_block_size ({unit}); got {r!r}"
             )
         if r > 0 and not any(g.kind in ("sliding", "mamba") for g in self.kv_cache_groups):
             raise ValueError(
@@ -185,8 +190,20 @@ class KVCacheConfig:
             )
 
     @property
+    def group_block_sizes(self) -> tuple[int, ...]:
+        """Each group's own block size, in group order."""
+        return tuple(g.kv_cache_spec.block_size for g in self.kv_cache_groups)
+
+    @property
+    def scheduler_block_size(self) -> int:
+        """The least common multiple of the groups' block sizes (vLLM 0.34's
+        ``resolve_kv_cache_block_sizes``; the one size when every group shares it)."""
+        return math.lcm(*self.group_block_sizes)
+
+    @property
     def block_size(self) -> int:
-        return self.kv_cache_groups[0].kv_cache_spec.block_size
+        """The scheduler's block size (``scheduler_block_size``)."""
+        return self.scheduler_block_size
 
 
 def full_attention(block_size: int, layer_names: tuple[str, ...] = ("full",)) -> KVCacheGroupSpec:

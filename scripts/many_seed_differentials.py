@@ -85,7 +85,7 @@ def run_hybrid(venv: str, seeds: list[int], chunk: int) -> dict:
     failures, traces, steps = [], 0, 0
     for first in seeds[: max(1, len(seeds) // chunk)]:
         res = hybrid_vs_vllm.differential(
-            venv, range(first, first + chunk), list(hybrid_vs_vllm.CONFIGS)
+            venv, range(first, first + chunk), list(hybrid_vs_vllm.HYBRID_CONFIGS)
         )
         traces += res["runs"]
         steps += res["steps"]

@@ -3,7 +3,9 @@
 
 A uniform model has one group; a model mixing full attention with sliding-window
 or linear-attention (Mamba) layers has one group per kind. Every request has one
-block table per group, all drawn from the same free queue.
+block table per group, all drawn from the same free queue. Groups may have different block
+sizes (``group_block_sizes``); hits and cacheable prefixes then align to
+``scheduler_block_size``, their least common multiple, unless hits may end inside blocks.
 """
 
 from __future__ import annotations
@@ -69,9 +71,10 @@ class KVCacheCoordinator(ABC):
         use_eagle: bool = False,
     ) -> None:
         self.kv_cache_config = kv_cache_config
-        self.block_size = kv_cache_config.block_size
-        # Request.block_hashes are made every hash_block_size tokens (prefix_match_unit).
-        _, self.hash_block_size = resolve_kv_cache_block_sizes(
+        # The scheduling grain: a multiple of every group's block size and of hash_block_size.
+        # Request.block_hashes are made every hash_block_size tokens (prefix_match_unit, or
+        # the groups' greatest common divisor).
+        self.scheduler_block_size, self.hash_block_size = resolve_kv_cache_block_sizes(
             kv_cache_config.kv_cache_groups, hash_block_size, enable_caching
         )
         self.enable_caching = enable_caching
@@ -95,6 +98,7 @@ class KVCacheCoordinator(ABC):
             )
             for gid, g in enumerate(self.groups)
         )
+        self.group_block_sizes = tuple(m.block_size for m in self.single_type_managers)
         # The groups whose hits drop their last block for an EAGLE/MTP drafter: those flagged
         # as holding its layers, or every group when none is flagged (vLLM's fallback).
         self.eagle_group_ids: set[int] = {
@@ -161,7 +165,9 @@ class KVCacheCoordinator(ABC):
 
     def cache_blocks(self, request, num_computed_tokens: int) -> None:
         boundaries = replay_boundaries(
-            request.num_prompt_tokens, self.block_size, bool(self.drop_eagle_group_ids)
+            request.num_prompt_tokens,
+            self.scheduler_block_size,
+            bool(self.drop_eagle_group_ids),
         )
         for gid, m in enumerate(self.single_type_managers):
             if m.enable_caching:
@@ -260,7 +266,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         self.enable_partial_hash_hits = partial_hash_hits_enabled(
             kv_cache_config.kv_cache_groups, self.hash_block_size
         )
-        align = self.hash_block_size if self.enable_partial_hash_hits else self.block_size
+        align = self.hash_block_size if self.enable_partial_hash_hits else self.scheduler_block_size
         for gid, m in enumerate(self.single_type_managers):
             m.cache_hit_alignment_tokens = align
             m.use_eagle = gid in self.drop_eagle_group_ids
@@ -269,7 +275,7 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
         # Without hits inside a block no later request can use a sub-block boundary.
         if self.enable_partial_hash_hits:
             return num_tokens
-        return num_tokens // self.block_size * self.block_size
+        return num_tokens // self.scheduler_block_size * self.scheduler_block_size
 
     def get_num_cacheable_tokens(self, num_computed_tokens: int, kv_cache_group_id: int) -> int:
         cacheable = self._align_cacheable(num_computed_tokens)
@@ -332,10 +338,9 @@ class HybridKVCacheCoordinator(KVCacheCoordinator):
             hit_length = curr
             if simple:
                 break  # one full + one other group: the first round is already final
-        num_blocks = cdiv(hit_length, self.block_size)
         for g in order:
             if managers[g].kind == "full" and hits[g] is not None:
-                del hits[g][num_blocks:]
+                del hits[g][cdiv(hit_length, managers[g].block_size) :]
         return (
             tuple(h if h is not None else [] for h in hits),
             hit_length,

@@ -54,7 +54,9 @@ class KVCacheManager:
         if not 0.0 <= watermark < 1.0:
             raise ValueError(f"watermark must be in [0, 1); got {watermark!r}")
         self.kv_cache_config = kv_cache_config
-        self.block_size = kv_cache_config.block_size
+        # The scheduler's block size: the least common multiple of the groups' block sizes
+        # (each group's own is in coordinator.group_block_sizes).
+        self.block_size = self.scheduler_block_size = kv_cache_config.scheduler_block_size
         self.enable_caching = enable_caching
         self.enable_kv_cache_events = enable_kv_cache_events
         self.max_model_len = max_model_len

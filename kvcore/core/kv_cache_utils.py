@@ -20,6 +20,7 @@ resolves it as vLLM does.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
@@ -322,31 +323,34 @@ def resolve_block_hashes(
 def resolve_kv_cache_block_sizes(
     kv_cache_groups, prefix_match_unit: Optional[int], enable_prefix_caching: bool
 ) -> tuple[int, int]:
-    """(scheduler_block_size, hash_block_size) as vLLM 0.34 resolves them. kvcore's groups
-    share one block size, which is the scheduler's. One group: hashes every block, and a
-    ``prefix_match_unit`` other than the block size is refused (prefix caching on). Several:
-    the block size without prefix caching or with a Mamba group outside align mode, else
-    ``prefix_match_unit`` if set (it must divide the block size), else the block size."""
-    bs = kv_cache_groups[0].kv_cache_spec.block_size
+    """(scheduler_block_size, hash_block_size) as vLLM 0.34 resolves them (no context
+    parallelism). One group: both are its block size, and a ``prefix_match_unit`` other than
+    it is refused while prefix caching is on. Several: the scheduler's is the least common
+    multiple of the groups' block sizes; the hash block is the same without prefix caching or
+    with a Mamba group outside align mode, else ``prefix_match_unit`` if set, else the greatest
+    common divisor of the groups' sizes; every group's size must be a multiple of it."""
+    sizes = [g.kv_cache_spec.block_size for g in kv_cache_groups]
     if len(kv_cache_groups) <= 1:
+        bs = sizes[0]
         if prefix_match_unit not in (None, bs) and enable_prefix_caching:
             raise ValueError(
                 f"Invalid prefix_match_unit={prefix_match_unit}; with a single KV cache group, "
                 f"prefix-cache hits land on the block size ({bs}). Unset it or set it to {bs}."
             )
         return bs, bs
+    scheduler_block_size = math.lcm(*sizes)
     if not enable_prefix_caching or any(
         g.kv_cache_spec.kind == "mamba" and g.kv_cache_spec.mamba_cache_mode != "align"
         for g in kv_cache_groups
     ):
-        return bs, bs
-    unit = prefix_match_unit if prefix_match_unit is not None else bs
-    if bs % unit:
+        return scheduler_block_size, scheduler_block_size
+    unit = prefix_match_unit if prefix_match_unit is not None else math.gcd(*sizes)
+    if any(bs % unit for bs in sizes):
         raise ValueError(
             f"Invalid prefix_match_unit={unit}; KV cache group block sizes must be divisible "
-            f"by prefix_match_unit. Got block size {bs}."
+            f"by prefix_match_unit. Got group block sizes={sizes}."
         )
-    return bs, unit
+    return scheduler_block_size, unit
 
 
 def partial_hash_hits_enabled(kv_cache_groups, hash_block_size: int) -> bool:

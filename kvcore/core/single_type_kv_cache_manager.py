@@ -62,7 +62,8 @@ class SingleTypeKVCacheManager(ABC):
         self.req_to_blocks: defaultdict[str, list[KVCacheBlock]] = defaultdict(list)
         self.num_cached_block: dict[str, int] = {}
         self._null_block = block_pool.null_block
-        # Where hits may end: the block size, or the hash block size when the coordinator
+        # Where hits may end: the block size; with several groups the coordinator sets the
+        # scheduler's block size (a multiple of every group's), or the hash block size when it
         # enables hits inside a block (prefix_match_unit finer than the block).
         self.cache_hit_alignment_tokens = self.block_size
         # Whether this group's hits drop their last block for an EAGLE/MTP drafter (set by the
@@ -419,16 +420,21 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     def reachable_block_mask(
         self, start_block, end_block, retention_interval, reachable_boundaries
     ):
-        """A hit ending at a block boundary needs the ``contiguous_blocks`` blocks before it,
-        so only those tails are worth a hash. Interval None: a tail at every boundary
-        (all blocks, or none for a window of 1); n > 0: a tail every n tokens; and, unless
-        None, the tails ending where a later request can stop (the resend cap
-        ``num_prompt_tokens - 1`` and a shared-prefix boundary)."""
+        """A hit ending at an aligned boundary (``cache_hit_alignment_tokens``) needs the
+        ``contiguous_blocks`` blocks before it, so only those tails are worth a hash. Interval
+        None: a tail at every aligned boundary (all blocks, or none for a window of 1); n > 0:
+        a tail every n tokens; and, unless None, the tails ending where a later request can
+        stop (the resend cap ``num_prompt_tokens - 1`` and a shared-prefix boundary, each
+        rounded down to the alignment). An alignment that is not a multiple of the block size
+        cannot be drawn block by block: every block then gets a hash."""
+        align = self.cache_hit_alignment_tokens
+        if align % self.block_size:
+            return None
         need = self._contiguous_blocks_for_hit(self.use_eagle)
         # with the EAGLE drop the matched run ends one block past the boundary it serves
         shift = int(self.use_eagle)
         mask = [False] * (end_block - start_block)
-        segment_tokens = self.block_size if retention_interval is None else retention_interval
+        segment_tokens = align if retention_interval is None else retention_interval
         if segment_tokens:
             per_segment = segment_tokens // self.block_size
             if need >= per_segment:
@@ -438,7 +444,7 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
                     mask[i - start_block] = True
         if retention_interval is not None:
             for boundary in reachable_boundaries:
-                end = boundary // self.block_size + shift
+                end = boundary // align * align // self.block_size + shift
                 for j in range(max(start_block, end - need), min(end_block, end)):
                     mask[j - start_block] = True
         return mask
@@ -448,11 +454,12 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
     ):
         """Right to left: the first run of ``contiguous_blocks`` cached blocks covers the
         window; blocks before it are outside the window and become null. The EAGLE drop
-        asks for one block more in the run, then gives up its last block."""
-        block_hashes = resolve_block_hashes(
-            block_hashes, self.block_pool.hash_block_size, self.block_size
-        )
-        max_blocks = max_length // self.block_size
+        asks for one block more in the run, then gives up its last block. A run must end on
+        the alignment (``cache_hit_alignment_tokens``, after the drop), and a hit shorter
+        than a window is cut back to it."""
+        bs, align = self.block_size, self.cache_hit_alignment_tokens
+        block_hashes = resolve_block_hashes(block_hashes, self.block_pool.hash_block_size, bs)
+        max_blocks = max_length // bs
         null = self.block_pool.null_block
         out = [[null] * max_blocks for _ in kv_cache_group_ids]
         need = self._contiguous_blocks_for_hit(drop_eagle_block)
@@ -463,6 +470,10 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             if cached is None:
                 run = 0
                 continue
+            if run == 0 and bs != align:
+                # a run may only end where the hit (after the drop) lands on the alignment
+                if ((i if drop_eagle_block else i + 1) * bs) % align:
+                    continue
             for dst, blk in zip(out, cached):
                 dst[i] = blk
             run += 1
@@ -475,10 +486,20 @@ class SlidingWindowManager(SingleTypeKVCacheManager):
             # Fewer than a window's worth: only a run starting at block 0 counts.
             for dst in out:
                 del dst[run:]
+            self._cut_to_alignment(out)
         if drop_eagle_block and out[0]:
             for dst in out:
                 dst.pop()
+            # the drop can leave the hit off the alignment when blocks are finer than it
+            self._cut_to_alignment(out)
         return out, len(out[0]) * self.block_size
+
+    def _cut_to_alignment(self, out: list[list[KVCacheBlock]]) -> None:
+        """Drop trailing blocks until the hit ends on ``cache_hit_alignment_tokens``."""
+        bs, align = self.block_size, self.cache_hit_alignment_tokens
+        while bs != align and len(out[0]) * bs % align:
+            for dst in out:
+                dst.pop()
 
 
 class MambaManager(SingleTypeKVCacheManager):
@@ -577,8 +598,10 @@ class MambaManager(SingleTypeKVCacheManager):
             first = (start_block + per_segment) // per_segment * per_segment - 1
             for i in range(first - start_block, len(mask), per_segment):
                 mask[i] = True
+        align = self.cache_hit_alignment_tokens
         for boundary in reachable_boundaries:
-            block = boundary // self.block_size - 1
+            # a hit lands on the alignment, so the state kept is the one there
+            block = boundary // align * align // self.block_size - 1
             if start_block <= block < end_block:
                 mask[block - start_block] = True
         return mask

@@ -163,7 +163,7 @@ class EngineCore:
         groups = len(kvm.coordinator.groups)
         if not queue or scheduler.running or self._full_groups() != groups:
             return False
-        need = cdiv(queue.peek_request().num_tokens, kvm.block_size) * groups
+        need = self._full_group_blocks(queue.peek_request().num_tokens)
         return need > kvm.block_pool.num_gpu_blocks - 1
 
     def _abort_if_never_fits(self, out: SchedulerOutput) -> None:
@@ -227,6 +227,16 @@ class EngineCore:
         conn.clear_connector_metadata()
         return kv_out
 
+    def _full_group_blocks(self, num_tokens: int) -> int:
+        """Blocks the full-attention groups need for ``num_tokens`` tokens, each group at its
+        own block size."""
+        coordinator = self.scheduler.kv_cache_manager.coordinator
+        return sum(
+            cdiv(num_tokens, bs)
+            for g, bs in zip(coordinator.groups, coordinator.group_block_sizes)
+            if g.kind == "full"
+        )
+
     def _full_groups(self) -> int:
         return sum(
             1 for g in self.scheduler.kv_cache_manager.coordinator.groups if g.kind == "full"
@@ -248,7 +258,7 @@ class EngineCore:
         kvm = self.scheduler.kv_cache_manager
         # admitted again it needs its tokens and the lookahead slots (a draft model's), or one more
         lookahead = max(1, self.scheduler.config.num_lookahead_tokens)
-        need = cdiv(head.num_tokens + lookahead, kvm.block_size) * self._full_groups()
+        need = self._full_group_blocks(head.num_tokens + lookahead)
         return need <= kvm.block_pool.num_gpu_blocks - 1
 
     def _verify(

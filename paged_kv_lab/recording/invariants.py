@@ -101,9 +101,10 @@ def check_invariants(
     if requests is not None:
         # A key covers the prefix up to its boundary: the block's end, or (hashes finer than the
         # block) a boundary inside the block (a partial entry); the request's hash there.
-        unit, bs = pool.hash_block_size, kvm.block_size
+        unit = pool.hash_block_size
         for gid, rid, table in tables:
             req = requests[rid]
+            bs = kvm.coordinator.group_block_sizes[gid]  # the group's own block size
             for i, bid in enumerate(table):
                 blk = pool.blocks[bid]
                 if blk.block_hash is None:

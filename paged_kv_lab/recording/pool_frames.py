@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from kvcore.core.kv_cache_inspect import block_tables, free_queue_ends
 from kvcore.core.kv_cache_observer import KVCacheObserver
-from kvcore.core.kv_cache_utils import get_block_hash
+from kvcore.core.kv_cache_utils import get_block_hash, get_group_id
 from paged_kv_lab.recording import events as E
 from paged_kv_lab.recording.events import AnyEvent
 
@@ -105,6 +105,8 @@ class FrameRecorder:
         self.kvm = scheduler.kv_cache_manager
         self.pool = self.kvm.block_pool
         self.block_size = self.kvm.block_size
+        # each group's own block size (the scheduler's block_size is their least common multiple)
+        self.group_block_sizes = self.kvm.coordinator.group_block_sizes
         self.keyframe_every = max(1, keyframe_every)
         self.blocks: dict[int, BlockState] = {}
         self.requests: dict[str, RequestState] = {}
@@ -131,13 +133,13 @@ class FrameRecorder:
         block is full, that block holds the rest, any later one none)."""
         owners: dict[int, tuple[str, ...]] = {}
         held: dict[int, int] = {}
-        bs = self.block_size
         null = self.pool.null_block.block_id
         for rid, req in reqs.items():
             hashes = req.block_hashes
-            full, part = divmod(req.num_computed_tokens, bs)
             one = (rid,)
             for g, table in enumerate(tables[rid]):
+                bs = self.group_block_sizes[g]
+                full, part = divmod(req.num_computed_tokens, bs)
                 known = len(owners)
                 if null not in table and owners.keys().isdisjoint(table):
                     # blocks no request before holds (most): all at once
@@ -192,7 +194,7 @@ class FrameRecorder:
         h = _hex(blk.block_hash)
         n = held.get(bid)
         if n is None:
-            n = self.block_size if h is not None else 0
+            n = self.group_block_sizes[get_group_id(blk.block_hash)] if h is not None else 0
         return BlockState(
             bid,
             0 if blk.is_null else blk.ref_cnt,

@@ -248,12 +248,15 @@ def take_snapshot(
     owners: dict[int, list[str]] = {}
     held_tokens: dict[int, tuple[int, ...]] = {}
     for rid, req in requests.items():
-        for table in tables[rid]:
+        # each group's table at its own block size (groups may differ: the snapshot's block_size
+        # is the scheduler's, their least common multiple)
+        for table, gbs in zip(tables[rid], kvm.coordinator.group_block_sizes):
             for i, bid in enumerate(table):
                 if bid == null:
                     continue
                 owners.setdefault(bid, []).append(rid)
-                toks = tuple(req.all_token_ids[i * bs : min((i + 1) * bs, req.num_computed_tokens)])
+                end = min((i + 1) * gbs, req.num_computed_tokens)
+                toks = tuple(req.all_token_ids[i * gbs : end])
                 if len(toks) > len(held_tokens.get(bid, ())):
                     held_tokens[bid] = toks
 

@@ -80,13 +80,21 @@ def kv_cache_groups(
     """
     W = settings.sliding_window
     types = layer_types_of(settings, num_layers)
+    if settings.sliding_block_multiple != 1 and (
+        hma_off or set(types) != {"full_attention", "sliding_attention"}
+    ):
+        # the multiple is the ratio of two kinds' pages: it needs both kinds, in two groups
+        raise EngineRefused("engine.sliding_block_multiple_unsupported")
     if "linear_attention" in types:
         if hma_off:
             raise EngineRefused("engine.hma_off_linear")
         return linear_attention_groups(settings, types)
     bs = settings.block_size
+    sliding_bs = bs * settings.sliding_block_multiple
     specs = {
-        f"layers.{i}": FullAttentionSpec(bs) if t == "full_attention" else SlidingWindowSpec(bs, W)
+        f"layers.{i}": FullAttentionSpec(bs)
+        if t == "full_attention"
+        else SlidingWindowSpec(sliding_bs, W)
         for i, t in enumerate(types)
     }
     if hma_off:
@@ -524,18 +532,7 @@ class Engine:
                     self.max_model_len,
                 )
         if runner is None:
-            from kvcore.worker.gpu.model_runner import GPUModelRunner
-
-            runner = GPUModelRunner(
-                self.model,
-                s.num_gpu_blocks,
-                s.block_size,
-                layer_group,
-                worker_windows,
-                seed=s.seed,
-                lora_config=self.lora_config,
-                table_of_group=table_of_group,
-            )
+            runner = self._model_runner(layer_group, worker_windows, table_of_group)
         self.runner = runner
         if hasattr(runner, "add_lora"):
             # the adapters are read now, as vLLM loads the ones it starts with: a folder that
@@ -801,6 +798,27 @@ class Engine:
                 to_abort.append(rid)
         if to_abort:
             self.scheduler.finish_requests(to_abort, RequestStatus.FINISHED_ABORTED)
+
+    def _model_runner(self, layer_group, worker_windows, table_of_group):
+        """The worker: one block size for every group, or, where the groups' block sizes
+        differ, pages of their greatest common divisor (paged_kv_lab/run/group_pages.py)."""
+        from kvcore.worker.gpu.model_runner import GPUModelRunner
+
+        s = self.settings
+        sizes = self.kv_cache_manager.coordinator.group_block_sizes
+        kw = dict(seed=s.seed, lora_config=self.lora_config, table_of_group=table_of_group)
+        if len(set(sizes)) == 1:
+            return GPUModelRunner(
+                self.model, s.num_gpu_blocks, sizes[0], layer_group, worker_windows, **kw
+            )
+        if s.speculative is not None or s.cpu_offload is not None or s.kv_transfer is not None:
+            # drafters, the CPU tier and the P/D pair address blocks at one block size
+            raise EngineRefused("engine.sliding_block_multiple_unsupported")
+        from paged_kv_lab.run.group_pages import GroupPagesRunner
+
+        return GroupPagesRunner(
+            self.model, s.num_gpu_blocks, sizes, layer_group, worker_windows, **kw
+        )
 
     def _draft_model_proposer(self, sp, runner, num_layers: int) -> StandaloneARSpeculator:
         """The draft model: the runner's model cut after its first ``num_draft_layers`` layers,

@@ -259,6 +259,11 @@ class EngineSettings:
     max_num_batched_tokens: Int = 256
     policy: Literal[POLICIES] = "fcfs"
     sliding_window: OptInt = None
+    # The sliding-window layers' block as a multiple of block_size. vLLM 0.34 gives every page
+    # the same bytes (kv_cache_planning.unify_kv_cache_spec_page_size): a layer whose page per
+    # token is 1/k of the largest gets k times the block (gemma-4-E4B: sliding 32, full 16).
+    # The scheduler's block is then the least common multiple of the groups' sizes.
+    sliding_block_multiple: Int = 1
     layer_types: Optional[Annotated[tuple[Literal[LAYER_TYPES], ...], Field(min_length=1)]] = None
     # "v0.33": vLLM 0.34's free order, as 0.33's (the value is a setting: kvcore/core/block_pool.py)
     free_order: Literal[FREE_ORDERS] = "v0.33"
@@ -406,6 +411,7 @@ _MUST: dict[str, Text] = {
     "free_order": _one_of(FREE_ORDERS),
     "admission": _one_of(ADMISSIONS),
     "sliding_window": _POSITIVE,
+    "sliding_block_multiple": _POSITIVE,
     "max_model_len": _POSITIVE,
     "seed": _NULL_GE0,
     "prefix_cache_retention_interval": _NULL_GE0,

@@ -2,7 +2,9 @@
 a case, its "try the fix" switch swaps the player's run for the fixed one, and the number under the
 player changes to the fixed run's, as the engine computes it for the same two scenarios here. For
 the cases whose figure is a count or whose run is a P/D pair (8, 9, 10), where the page's path
-differs from the hit-rate cases the AppTest covers."""
+differs from the hit-rate cases the AppTest covers, and for case 7, whose fix changes the block
+size of KV cache groups of different block sizes (a worker laid out in pages of their greatest
+common divisor)."""
 
 import pytest
 
@@ -12,7 +14,7 @@ from support.browser import open_player, wait_idle
 
 pytestmark = pytest.mark.browser
 
-CASES = ("preemptions-seen", "connector-hma-off", "pd-cached-tokens")
+CASES = ("preemptions-seen", "connector-hma-off", "pd-cached-tokens", "which-block-size")
 
 
 def shown(key: str, x: float) -> str:

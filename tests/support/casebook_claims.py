@@ -331,6 +331,43 @@ def _claim_connector_hma_off(before: Records, after: Records) -> list[str]:
     return out
 
 
+def _claim_which_block_size(before: Records, after: Records) -> list[str]:
+    """Full-attention blocks of 8 tokens and sliding-window blocks of 32: the scheduler's block is
+    32, B's 19-token resend misses (A's two full-attention blocks are not cached: caching stops
+    at a multiple of 32 too), and D's hit is a multiple of 32; at block_size 4 (blocks of 4 and
+    16) the scheduler's block is 16, B hits and D hits more, so the hit rate rises; the same
+    tokens come out both times."""
+    out = []
+    snap, fixed = _last(before), _last(after)
+    if [g["kind"] for g in snap.groups] != ["full", "sliding"]:
+        out.append("a full-attention and a sliding-window group")
+    if (snap.block_size, fixed.block_size) != (32, 16):
+        out.append("the scheduler's block: 32 tokens before the fix, 16 after")
+    b_len = snap.request("B").num_prompt_tokens
+    if not (8 <= b_len - 1 < snap.block_size) or _hit_tokens(before, "B"):
+        out.append("before: B's resend covers a full-attention block, not a scheduler one: a miss")
+    a_len = snap.request("A").num_prompt_tokens
+    a_hashes = set(snap.request("A").block_hashes)
+    cached = {key.split("@")[0] for rec in before for key in rec.snapshot.hash_map}
+    if not a_len >= 16 or a_hashes & cached:
+        out.append("before: A fills two full-attention blocks, and none of them is cached")
+    for records, s_ in ((before, snap), (after, fixed)):
+        d = _hit_tokens(records, "D")
+        if d <= 0 or d % s_.block_size:
+            out.append(f"D's hit should be a positive multiple of {s_.block_size}")
+    b_hit = _hit_tokens(after, "B")
+    if not (b_hit > 0 and b_hit % fixed.block_size == 0):
+        out.append("after: B hits a multiple of the smaller scheduler block")
+    if not _hit_tokens(after, "D") > _hit_tokens(before, "D"):
+        out.append("after: D hits more")
+    if not numbers(fixed)["hit_rate"] > numbers(snap)["hit_rate"]:
+        out.append("the hit rate should rise with the smaller block")
+    for r in snap.requests:
+        if fixed.request(r.request_id).output_token_ids != r.output_token_ids:
+            out.append(f"{r.request_id}: the same tokens should come out both times")
+    return out
+
+
 CLAIMS: dict[str, Callable[[Records, Records], list[str]]] = {
     "router-hashes-differ": _claim_router_hashes,
     "one-replica-gets-everything": _claim_one_replica,
@@ -345,4 +382,5 @@ CLAIMS: dict[str, Callable[[Records, Records], list[str]]] = {
     "pd-cached-tokens": _claim_pd_cached_tokens,
     "eagle-drop": _claim_eagle_drop,
     "connector-hma-off": _claim_connector_hma_off,
+    "which-block-size": _claim_which_block_size,
 }
