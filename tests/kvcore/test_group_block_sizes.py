@@ -158,6 +158,7 @@ def test_a_sliding_block_multiple_needs_full_and_sliding_groups(engine):
         kv_cache_groups(s, 4, bool(engine.get("disable_hybrid_kv_cache_manager")))
     groups, _ = kv_cache_groups(
         EngineSettings(
+            block_size=16,
             sliding_block_multiple=2,
             sliding_window=8,
             layer_types=("full_attention", "sliding_attention") * 2,
