@@ -106,7 +106,7 @@ def victim(server, browser):  # noqa: F811
     v = Victim()
     # both runs exist in the store after these two: later switches only rerun the page. Each
     # computes a run, untimed, on a machine the other workers share: they get longer than the
-    # timed switches (in one fresh clone's full run the first took over 30 s; alone it takes ~2 s)
+    # timed switches (in one fresh clone's full run the first took over 30 s)
     v.step(120), v.step(120)
     v.baseline = v.median(3)
     yield v
