@@ -37,7 +37,9 @@ def test_the_lesson_steps_on_smollm2_with_both_runs_side_by_side(smollm2_server,
     assert hit and hit[0] == 5, said  # A2 hits at step 5, before C is admitted
     wait_idle(page)
     table = page.locator(".st-key-admission-compare")
-    table.wait_for(timeout=180_000)
+    # the second run is computed after the page draws its container: wait for both rows (a
+    # loaded machine drew the table empty first)
+    table.locator("tbody tr").nth(1).wait_for(timeout=180_000)
     rows = table.locator("tbody tr").all_inner_texts()
     assert len(rows) == 2, rows
     off, on = rows
