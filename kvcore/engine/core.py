@@ -114,9 +114,10 @@ class EngineCore:
         """The Request for what a frontend sent, as vLLM 0.34 makes it: the frontend's prompt
         block hashes when ``frontend_block_hashes`` takes them (the engine hashes blocks and
         their count fits the prompt), the engine's own hasher for the rest (the blocks past them
-        and every block the request's outputs complete). Hashes not taken are dropped and the
-        engine hashes the whole prompt. vLLM also returns the request's wave (data parallel);
-        kvcore has none."""
+        and every block the request's outputs complete). Hashes not taken are dropped: an
+        engine that hashes blocks then hashes the whole prompt itself, one that does not (no
+        prefix caching, no KV connector) leaves the request without hashes. vLLM also returns
+        the request's wave (data parallel); kvcore has none."""
         frontend_hashes = frontend_block_hashes(request, self.prefix_hash_config)
         return Request.from_engine_core_request(request, self.request_block_hasher, frontend_hashes)
 
