@@ -335,6 +335,10 @@ def _snapshot_problems(s: Snapshot) -> list[Text]:
     out = []
     if s.block_size < 1 or n < 1:
         out.append(Text("problem.record.snapshot_sizes", {"block_size": s.block_size, "n": n}))
+    sizes = s.group_block_sizes  # empty: every group's is block_size
+    if sizes and (len(sizes) != len(s.groups) or any(b < 1 or s.block_size % b for b in sizes)):
+        at = {"sizes": list(sizes), "groups": len(s.groups), "block_size": s.block_size}
+        out.append(Text("problem.record.snapshot_group_sizes", at))
     if [b.block_id for b in s.blocks] != list(range(n)):
         out.append(Text("problem.record.snapshot_order", {"last": n - 1}))
     refs = (
