@@ -262,16 +262,30 @@ def test_each_group_carries_its_own_block_size(tiny_model):
             Snapshot.from_dict(old).group_block_size(g) == snap.block_size
             for g in range(len(sizes))
         )
+    # the trace file keeps them; sizes that do not fit the groups are refused
+    from paged_kv_lab.run.scenario import scenario_to_dict
+    from paged_kv_lab.run.trace_file import TraceError, header_line, read_trace
+
+    header = header_line(scenario_to_dict(scenario), initial)
+    assert read_trace(header).initial == initial
+    bad = dataclasses.replace(initial, group_block_sizes=(sizes[0], 3 * sizes[0]))
+    with pytest.raises(TraceError, match="group_block_sizes"):
+        read_trace(header_line(scenario_to_dict(scenario), bad))
     # each group's blocks hold at most its own size of tokens, and a full one exactly that many
-    ends = [r.snapshot for r in records]
-    for snap in ends:
+    for snap in (r.snapshot for r in records):
         for r in snap.requests:
             for g, table in enumerate(r.block_tables):
                 for i, bid in enumerate(table):
                     held = len(snap.blocks[bid].token_ids)
                     if bid and (i + 1) * sizes[g] <= r.num_computed_tokens:
                         assert held == sizes[g], (snap.step, r.request_id, g, i)
-    one = lesson_scenario(BY_ID["eviction"], tiny_model.num_layers, model="tiny-random")
+    one = load_scenario(
+        {
+            "model": "tiny-random",
+            "engine": {"block_size": 4, "num_gpu_blocks": 8},
+            "requests": [{"id": "a", "prompt": "one size", "max_tokens": 2}],
+        }
+    )
     plain, plain_records, _ = recorded(one, tiny_model)
     assert plain.group_block_sizes == () and "group_block_sizes" not in plain.to_dict()
     assert all("block_size" not in g for g in run_payload(plain, plain_records)["head"]["groups"])

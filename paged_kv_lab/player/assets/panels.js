@@ -300,7 +300,7 @@ export class PlayerPanels extends PlayerCharts {
 
   blockLines(snap, b) {
     const L = this.L;
-    const qpos = snap.free_queue.indexOf(b.block_id);
+    const qpos = snap.free_queue.indexOf(b.block_id), bs = this.blockSize(snap, b);
     return [
       `${L.block} ${b.block_id}${b.is_null ? ` (${L.null_block})` : ""}`,
       `${L.ref}: ${b.ref_cnt} · ${L.owners}: ${b.owners.length ? b.owners.join(", ") : "—"}`,
@@ -308,8 +308,8 @@ export class PlayerPanels extends PlayerCharts {
         + (b.block_hash && b.block_hash_num_tokens ? ` · block_hash_num_tokens: ${b.block_hash_num_tokens}` : ""),
       `${L.parent}: ${b.block_hash ? (b.parent_hash || "NONE_HASH") : "—"}`,
       `${L.tokens}: ${b.token_ids.length}${this.run.head.decoded ? "" : " " + L.decoded_ids}`,
-      ...(b.owners.length && !b.is_null && b.token_ids.length < this.blockSize(snap, b)
-        ? [fmt(L.slots_line, { held: b.token_ids.length, empty: this.blockSize(snap, b) - b.token_ids.length })] : []),
+      ...(b.owners.length && !b.is_null && b.token_ids.length < bs
+        ? [fmt(L.slots_line, { held: b.token_ids.length, empty: bs - b.token_ids.length })] : []),
       `${L.text}: «${this.tokText(b.token_ids)}»`,
       `${L.qpos}: ${qpos < 0 ? L.not_free : `${qpos} (${L.head} = 0)`}`,
     ];
