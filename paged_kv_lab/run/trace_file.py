@@ -17,6 +17,8 @@ from paged_kv_lab.text.i18n import ProblemsError, Text
 # What ``python -m paged_kv_lab run SCENARIO --trace OUT.jsonl`` writes, one JSON object a line:
 #   header   {"scenario": <scenario file>, "snapshot": <Snapshot before step 1>}
 #            (first line; traces written before the header existed lack it)
+#            A snapshot's "group_block_sizes" (KV cache groups of different block sizes) is written
+#            only where the sizes differ; without it every group's block size is "block_size".
 #   steps    StepRecord.to_dict() for steps 1, 2, 3... in order
 # outputs  {"outputs": {request id: {"token_ids": [...], "text": str, "finish_reason": str | None,
 #                                      "stop_reason": str (only when a stop string ended it)}}}

@@ -36,8 +36,9 @@ def expected(case, tiny_model) -> tuple[str, str]:
 
 def check_group_block_sizes(page, case, tiny_model) -> None:
     """At the first step where a request's table in the group of the longer blocks reaches a
-    second block, each group's label names its block size, that block's cell its tokens, and the
-    address view computes each group's slot with the group's own size (numbers from the engine)."""
+    second block, each group's label names its block size, that block's cell its tokens, the grid
+    leaves a block's slots hollow up to its group's size, and the address view computes each
+    group's slot with the group's own size (numbers from the engine)."""
     from paged_kv_lab.store.timeline import lesson_run
 
     run = lesson_run(case.lesson, tiny_model)
@@ -59,6 +60,18 @@ def check_group_block_sizes(page, case, tiny_model) -> None:
     cell = tr("player.block_tokens", "en", first=max(sizes), last=2 * max(sizes) - 1)
     cells = page.locator(f'[data-role="tables"] table[data-group="{wide}"] .pkv-logical')
     assert f"L1 · {cell}" in cells.all_text_contents()
+    # the block grid's hollow slots: a held block's empty slots at its own group's block size
+    group_of = {b: g for v in snap.requests for g, t in enumerate(v.block_tables) for b in t}
+    want = {
+        str(b.block_id): str(sizes[group_of[b.block_id]] - len(b.token_ids))
+        for b in snap.blocks
+        if b.owners and not b.is_null and len(b.token_ids) < sizes[group_of[b.block_id]]
+    }
+    got = page.locator('[data-role="grid"] [data-block]').evaluate_all(
+        "els => Object.fromEntries(els.filter(e => e.dataset.empty)"
+        ".map(e => [e.dataset.block, e.dataset.empty]))"
+    )
+    assert got == want
     # the address view's request and position by default: the first holding blocks, its last
     # computed token
     r = next(v for v in snap.requests if any(v.block_tables))

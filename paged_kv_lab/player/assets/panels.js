@@ -64,14 +64,17 @@ export class PlayerPanels extends PlayerCharts {
 
   sizesDiffer() { return (this.run.head.groups || []).some((g) => g.block_size); }
 
-  // The block size of the group whose table holds block b (a block id sits in one group's tables).
+  // The block size of the group whose table holds block b (a block id sits in one group's tables),
+  // else of the group its hash keys it in; the block -> group map is built once per snapshot.
   blockSize(snap, b) {
     if (!this.sizesDiffer()) return this.run.head.block_size;
-    for (const r of snap.requests) {
-      const gi = r.block_tables.findIndex((t) => t.includes(b.block_id));
-      if (gi >= 0) return this.groupBlockSize(gi);
+    if (this.groupOfSnap !== snap) {
+      this.groupOfSnap = snap;
+      this.groupOf = new Map();
+      for (const r of snap.requests) r.block_tables.forEach((t, gi) => t.forEach((id) => this.groupOf.set(id, gi)));
     }
-    return b.group === null || b.group === undefined ? this.run.head.block_size : this.groupBlockSize(b.group);
+    const gi = this.groupOf.has(b.block_id) ? this.groupOf.get(b.block_id) : b.group;
+    return gi === null || gi === undefined ? this.run.head.block_size : this.groupBlockSize(gi);
   }
 
   drawGrid(snap, changed) {
