@@ -204,7 +204,7 @@ class EngineCore:
             and not scheduler.has_finished_requests()
             and not any(
                 r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
-                for r in scheduler.waiting.ordered()
+                for r in scheduler.kv_holding_waiting.ordered()
             )
         )
 
@@ -213,7 +213,7 @@ class EngineCore:
         has, full-attention groups only (a sliding window caps its group's blocks): under either
         admission rule it can then never compute them all, so never finish."""
         scheduler = self.scheduler
-        queue = scheduler.waiting or scheduler.async_kv_waiting
+        queue = scheduler.kv_holding_waiting or scheduler.waiting or scheduler.async_kv_waiting
         kvm = scheduler.kv_cache_manager
         groups = len(kvm.coordinator.groups)
         if not queue or scheduler.running or self._full_groups() != groups:
@@ -225,14 +225,16 @@ class EngineCore:
         scheduler = self.scheduler
         if (
             not scheduler.running
-            and (scheduler.waiting or scheduler.async_kv_waiting)
+            and (scheduler.kv_holding_waiting or scheduler.waiting or scheduler.async_kv_waiting)
             and not self._retry_after_drafts(out)
         ):
             # Nothing runs and the head of the queue was refused by an empty pool: it never fits.
             # If its tokens alone fit, what never fits is the 1 + num_spec_tokens rows vLLM pads
             # its one-token admission to (vLLM would keep it waiting, every step refused).
             # (Or the padded rows exceed max_num_batched_tokens: vLLM's budget break, every step.)
-            head = (scheduler.waiting or scheduler.async_kv_waiting).peek_request()
+            head = (
+                scheduler.kv_holding_waiting or scheduler.waiting or scheduler.async_kv_waiting
+            ).peek_request()
             reason, budget = "never_fits", {}
             if self._fits_without_drafts(head):
                 cfg = scheduler.config
@@ -264,7 +266,8 @@ class EngineCore:
             return True
         scheduler = self.scheduler
         return scheduler.has_finished_requests() or any(
-            r.status == RequestStatus.WAITING_FOR_REMOTE_KVS for r in scheduler.waiting.ordered()
+            r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+            for r in scheduler.kv_holding_waiting.ordered()
         )
 
     def _kv_finish(self, out: SchedulerOutput) -> KVConnectorOutput:

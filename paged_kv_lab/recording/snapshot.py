@@ -343,11 +343,14 @@ def take_snapshot(
         free_queue=tuple(queue),
         hash_map=hash_map,
         requests=tuple(views),
-        # vLLM 0.34: requests whose KV a connector may load asynchronously wait apart while
-        # max_num_inflight_kv_loads is set (Scheduler.async_kv_waiting); both are waiting
+        # vLLM 0.34's three waiting queues, in the order schedule() drains them: requests
+        # holding KV blocks (Scheduler.kv_holding_waiting), the plain queue, and, while
+        # max_num_inflight_kv_loads is set, those a connector may load asynchronously
+        # (Scheduler.async_kv_waiting); all three are waiting
         waiting=tuple(
             r.request_id
-            for r in (*scheduler.waiting.ordered(), *scheduler.async_kv_waiting.ordered())
+            for q in (scheduler.kv_holding_waiting, scheduler.waiting, scheduler.async_kv_waiting)
+            for r in q.ordered()
         ),
         running=tuple(r.request_id for r in scheduler.running),
         usage=kvm.usage,
