@@ -780,15 +780,20 @@ class Scheduler:
         """As vLLM 0.34: an admitted request, new or resumed after preemption, goes out in full
         (its whole table and every token to prefill); a running one with only the blocks added
         this step (None if none). ``new_token_ids`` stays empty: vLLM fills it only under
-        pipeline parallelism."""
+        pipeline parallelism. The prompt goes by reference, as in vLLM (a request never changes
+        it): ``prefill_token_ids`` is the prompt list itself while the request has no output
+        (vLLM's ``Request.prefill_token_ids``), else a copy of every token taken now (vLLM hands
+        its live buffer; the copy holds what it held at this step)."""
         new_reqs = [
             NewRequestData(
                 req_id=r.request_id,
-                prompt_token_ids=list(r.prompt_token_ids),
+                prompt_token_ids=r.prompt_token_ids,
                 mm_features=list(r.mm_features),
                 block_ids=req_to_new_blocks[r.request_id],
                 num_computed_tokens=num_computed_before[r.request_id],
-                prefill_token_ids=list(r.all_token_ids),
+                prefill_token_ids=r.prompt_token_ids
+                if len(r.prompt_token_ids) == len(r.all_token_ids)
+                else list(r.all_token_ids),
             )
             for r in scheduled_new
         ]
