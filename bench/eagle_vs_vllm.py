@@ -107,7 +107,7 @@ class KvcoreSide:
         if REPO not in sys.path:
             sys.path.insert(0, REPO)
         from kvcore.core.kv_cache_manager import KVCacheManager
-        from kvcore.core.kv_cache_utils import BlockHasher
+        from kvcore.core.kv_cache_utils import get_request_block_hasher
         from kvcore.kv_cache_interface import (
             FullAttentionSpec,
             KVCacheConfig,
@@ -133,7 +133,7 @@ class KvcoreSide:
             config, 4096, True, enable_kv_cache_events=True, use_eagle=cfg["eagle"]
         )
         self.hash_fn = get_hash_fn_by_name("sha256")
-        self._Request, self._Hasher, self.status = Request, BlockHasher, RequestStatus
+        self._Request, self._Hasher, self.status = Request, get_request_block_hasher, RequestStatus
         self.bs = bs
 
     def make_request(self, spec):
@@ -141,7 +141,7 @@ class KvcoreSide:
             spec["id"],
             list(spec["prompt"]),
             len(spec["outputs"]),
-            block_hasher=self._Hasher(self.hash_fn, self.bs),
+            block_hasher=self._Hasher(self.bs, self.hash_fn),
         )
 
     def append(self, req, token):

@@ -137,7 +137,7 @@ class KvcoreSide:
         if REPO not in sys.path:
             sys.path.insert(0, REPO)
         from kvcore.core.kv_cache_manager import KVCacheManager
-        from kvcore.core.kv_cache_utils import BlockHasher
+        from kvcore.core.kv_cache_utils import get_request_block_hasher
         from kvcore.core.sched.scheduler import mamba_block_aligned_split
         from kvcore.kv_cache_interface import (
             KVCacheConfig,
@@ -170,7 +170,7 @@ class KvcoreSide:
         )
         hbs = self.manager.hash_block_size
         self.hash_fn = get_hash_fn_by_name("sha256")
-        self._Request, self._Hasher, self.status = Request, BlockHasher, RequestStatus
+        self._Request, self._Hasher, self.status = Request, get_request_block_hasher, RequestStatus
         partial = getattr(self.manager.coordinator, "enable_partial_hash_hits", False)
         self.split = lambda req, n, hit=0: mamba_block_aligned_split(
             req,
@@ -201,7 +201,7 @@ class KvcoreSide:
             spec["id"],
             list(spec["prompt"]),
             len(spec["outputs"]),
-            block_hasher=self._Hasher(self.hash_fn, self.bs),
+            block_hasher=self._Hasher(self.bs, self.hash_fn),
             **kw,
         )
 

@@ -207,7 +207,7 @@ def our_run(case: dict[str, Any]) -> tuple[list[dict], list[dict]]:
         order["running"] = [r.request_id for r in eng.scheduler.running]
         order["loading"] = [
             r.request_id
-            for r in eng.scheduler.waiting.ordered()
+            for r in eng.scheduler.kv_holding_waiting.ordered()
             if r.status.value == "waiting_for_remote_kvs"
         ]
         return update(out, runner_output)

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import enum
-from typing import Any, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 from kvcore.core.kv_cache_utils import (
-    BlockHasher,
+    RequestBlockHasher,
     cache_salt_extra_keys,
     generate_block_hash_extra_keys,
 )
 from kvcore.lora.request import LoRARequest
 from kvcore.multimodal.inputs import MultiModalFeatureSpec
+
+if TYPE_CHECKING:
+    from kvcore.engine import EngineCoreRequest
 
 # vLLM's SamplingParams.extra_args["kv_cache_report_mode"]: "incremental" (the default) publishes
 # a BlockStored only when a block enters the prefix cache; "full" also publishes the blocks a
@@ -57,7 +60,7 @@ class Request:
         cache_salt: Optional[str] = None,
         eos_token_ids: Iterable[int] = (),
         ignore_eos: bool = False,
-        block_hasher: Optional[BlockHasher] = None,
+        block_hasher: Optional[RequestBlockHasher] = None,
         lora_request: Optional[LoRARequest] = None,
         mm_features: Sequence[MultiModalFeatureSpec] = (),
         prompt_embeds: Optional[Sequence[bytes]] = None,
@@ -67,6 +70,7 @@ class Request:
         skip_reading_prefix_cache: Optional[bool] = None,
         session_id: Optional[str] = None,
         kv_cache_report_mode: str = KV_CACHE_REPORT_INCREMENTAL,
+        block_hashes: Optional[list[bytes]] = None,
     ) -> None:
         if max_tokens < 1:
             raise ValueError(f"request {request_id!r}: max_tokens must be >= 1")
@@ -108,7 +112,10 @@ class Request:
         # Set at each admission: where a hybrid model's longest single-group hit ends
         # (0 if none); the sliding-window group keeps the blocks ending there.
         self.shared_prefix_boundary = 0
-        self.block_hashes: list[bytes] = []
+        # Prompt block hashes a frontend computed (vLLM 0.34: ``frontend_block_hashes`` let them
+        # through); the hasher goes on from the first block they do not cover. As vLLM's, the
+        # request keeps the list it is given (no copy) and appends to it.
+        self.block_hashes: list[bytes] = block_hashes or []
         # Draft tokens proposed for the next step (speculative decoding); never in all_token_ids.
         self.spec_token_ids: list[int] = []
         # Set when scheduled: this step ends before the request's last token (it samples nothing)
@@ -122,15 +129,37 @@ class Request:
         self.prompt_embeds = prompt_embeds
         self._prompt_embeds_per_block_hashes: dict[tuple[int, int], bytes] = {}
         self.has_extra_hash_keys = bool(lora_request or self.mm_features or prompt_embeds)
-        self._hasher = block_hasher
+        self._block_hasher = block_hasher
         # vLLM's SamplingParams.extra_args["kv_transfer_params"]: what a KV connector needs to
         # move this request's K/V between engines (disaggregated prefill); None: nothing moves.
         self.kv_transfer_params = kv_transfer_params
         # The session that sent it: published on its BlockStored events, no part of any hash.
         self.session_id = session_id
         self.kv_cache_report_mode = kv_cache_report_mode
-        if block_hasher is not None:
-            block_hasher.extend(self.block_hashes, self.all_token_ids, self.cache_salt, self)
+        self.update_block_hashes()
+
+    @classmethod
+    def from_engine_core_request(
+        cls,
+        request: "EngineCoreRequest",
+        block_hasher: Optional[RequestBlockHasher],
+        block_hashes: Optional[list[bytes]] = None,
+    ) -> "Request":
+        """The engine core's Request for what a frontend sent (vLLM's name). ``block_hashes``:
+        the frontend's prompt hashes that ``frontend_block_hashes`` let through (None: the
+        hasher hashes the prompt itself)."""
+        return cls(
+            request.request_id,
+            request.prompt_token_ids,
+            request.max_tokens,
+            arrival_time=request.arrival_time,
+            priority=request.priority,
+            cache_salt=request.cache_salt,
+            block_hasher=block_hasher,
+            lora_request=request.lora_request,
+            mm_features=request.mm_features,
+            block_hashes=block_hashes,
+        )
 
     @property
     def num_tokens(self) -> int:
@@ -153,9 +182,9 @@ class Request:
 
     def extra_keys_for_block(self, block_index: int) -> Optional[tuple]:
         """The extra keys hash ``block_index`` (at the hasher's block size) was made with."""
-        if not self.has_extra_hash_keys or self._hasher is None:
+        if not self.has_extra_hash_keys or self._block_hasher is None:
             return cache_salt_extra_keys(self.cache_salt, block_index)
-        bs = self._hasher.block_size
+        bs = self._block_hasher.block_size
         return self.extra_keys_for_range(block_index * bs, (block_index + 1) * bs)
 
     def extra_keys_for_range(self, start: int, end: int) -> Optional[tuple]:
@@ -166,8 +195,12 @@ class Request:
         token_ids = list(token_ids)
         self.output_token_ids.extend(token_ids)  # as vLLM: two extends, then the new hashes
         self.all_token_ids.extend(token_ids)
-        if self._hasher is not None:
-            self._hasher.extend(self.block_hashes, self.all_token_ids, self.cache_salt, self)
+        self.update_block_hashes()
+
+    def update_block_hashes(self) -> None:
+        """Append the hashes of the full blocks the list does not cover yet (vLLM's name)."""
+        if self._block_hasher is not None:
+            self.block_hashes.extend(self._block_hasher(self))
 
     def __lt__(self, other: "Request") -> bool:
         return (self.priority, self.arrival_time, self.request_id) < (

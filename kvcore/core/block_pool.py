@@ -41,6 +41,12 @@ def _suffix(group_id: int) -> bytes:
     return suffix
 
 
+def _as_list(token_ids: Sequence[int]) -> list[int]:
+    """A slice of a request's tokens as a list: a list's slice is one already (no second copy);
+    any other sequence is copied into one."""
+    return token_ids if type(token_ids) is list else list(token_ids)
+
+
 class BlockHashToBlockMap:
     """Cache key (block hash + group id) -> the block, or the blocks, holding that content.
 
@@ -333,7 +339,7 @@ class BlockPool:
         return BlockStored(
             block_hashes=[self._external(h) for h in block_hashes],
             parent_block_hash=None if parent is None else self._external(parent),
-            token_ids=list(request.all_token_ids[start:end]),
+            token_ids=_as_list(request.all_token_ids[start:end]),
             block_size=block_size,
             lora_id=lora.adapter_id if lora else None,
             medium=self.medium,

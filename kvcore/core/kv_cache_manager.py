@@ -328,6 +328,8 @@ class KVCacheManager:
     def take_events(self) -> list:
         """The pool's KV events, BlockStored stamped with its group's spec kind and window."""
         taken = self.block_pool.take_events()
+        if not taken:  # most steps publish nothing: no group metadata to look up
+            return taken
         meta = [kv_cache_spec_metadata(g) for g in self.coordinator.groups]
         for ev in taken:
             if (

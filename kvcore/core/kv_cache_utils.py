@@ -29,6 +29,11 @@ from kvcore.utils.hashing import NON_CRYPTO_HASH_ALGOS, HashFn
 
 DEFAULT_NONE_HASH_SEED = "vllm-none-hash"
 NONE_HASH_SEED = DEFAULT_NONE_HASH_SEED
+# The root of the chain (the parent of block 0), set by ``init_none_hash``; vLLM's name. Empty
+# until an engine is built.
+NONE_HASH: bytes = b""
+# The seed NONE_HASH was derived from (None: init_none_hash has not run).
+_NONE_HASH_SEED: Optional[str] = None
 
 
 @dataclass(eq=False, slots=True)
@@ -180,20 +185,41 @@ def resolve_none_hash_seed(
     return DEFAULT_NONE_HASH_SEED
 
 
-def none_hash(hash_fn: HashFn, seed: str = DEFAULT_NONE_HASH_SEED) -> bytes:
-    return hash_fn(seed)
+def init_none_hash(hash_fn: HashFn, seed: str = DEFAULT_NONE_HASH_SEED) -> bytes:
+    """Set ``NONE_HASH = hash_fn(seed)`` (and the seed it came from), as vLLM's does, and return it.
+
+    vLLM resolves the seed inside (``resolve_none_hash_seed``); here the caller resolves it
+    first, because ``engine.hash_seed`` may fix it. vLLM runs one engine per process, so its
+    hashers read the module's ``NONE_HASH``; one kvcore process may hold engines of several
+    algorithms and seeds (a fleet's router, two runs compared), so a hasher keeps the value this
+    returns instead of reading the module's, which the engine built last set."""
+    global NONE_HASH, _NONE_HASH_SEED
+    _NONE_HASH_SEED = seed
+    NONE_HASH = hash_fn(seed)
+    return NONE_HASH
+
+
+def get_none_hash_seed() -> str:
+    """The seed ``NONE_HASH`` was derived from; the default seed before ``init_none_hash`` ran."""
+    return DEFAULT_NONE_HASH_SEED if _NONE_HASH_SEED is None else _NONE_HASH_SEED
 
 
 def hash_block_tokens(
-    hash_fn: HashFn,
+    hash_function: HashFn,
     parent_block_hash: Optional[bytes],
-    block_token_ids: Sequence[int],
+    curr_block_token_ids: Sequence[int],
     extra_keys: Optional[tuple] = None,
-    none: Optional[bytes] = None,
+    none_hash: Optional[bytes] = None,
 ) -> bytes:
+    """hash_function((parent or the root, tuple(tokens), extra_keys)); a falsy parent is block
+    0's. The root is ``none_hash`` when given (the engine's, from ``init_none_hash``), else
+    ``hash_function`` of the default seed (vLLM reads its module's ``NONE_HASH``: see
+    ``init_none_hash`` for why kvcore takes it as an argument)."""
     if not parent_block_hash:
-        parent_block_hash = none if none is not None else none_hash(hash_fn)
-    return hash_fn((parent_block_hash, tuple(block_token_ids), extra_keys))
+        if none_hash is None:
+            none_hash = hash_function(DEFAULT_NONE_HASH_SEED)
+        parent_block_hash = none_hash
+    return hash_function((parent_block_hash, tuple(curr_block_token_ids), extra_keys))
 
 
 def cache_salt_extra_keys(cache_salt: Optional[str], block_index: int) -> Optional[tuple]:
@@ -391,8 +417,14 @@ def get_group_id(key: bytes) -> int:
     return int.from_bytes(key[-4:], "big")  # unsigned: int.from_bytes's default
 
 
-class BlockHasher:
-    """Computes a request's block hashes incrementally as its tokens grow."""
+class RequestBlockHasher:
+    """A request's block hasher: called with a request, it returns the hashes of the full blocks
+    past ``request.block_hashes`` (vLLM: the ``request_block_hasher`` closure that
+    ``get_request_block_hasher`` returns; kvcore's is an object, so the lab can read its block
+    size and seed and a replay can call ``extend`` on bare token lists).
+
+    Invariant: the hashes it gives are those of ``hash_block_tokens`` block by block, chained
+    from ``none_hash`` (= ``hash_fn(none_hash_seed)``)."""
 
     def __init__(
         self, hash_fn: HashFn, block_size: int, none_hash_seed: str = DEFAULT_NONE_HASH_SEED
@@ -400,7 +432,13 @@ class BlockHasher:
         self.hash_fn = hash_fn
         self.block_size = block_size
         self.none_hash_seed = none_hash_seed
-        self.none_hash = none_hash(hash_fn, none_hash_seed)
+        self.none_hash = hash_fn(none_hash_seed)
+
+    def __call__(self, request) -> list[bytes]:
+        """The new hashes of ``request``'s full blocks, not yet appended (the caller extends)."""
+        return self.new_block_hashes(
+            request.block_hashes, request.all_token_ids, request.cache_salt, request
+        )
 
     def extend(
         self,
@@ -409,7 +447,20 @@ class BlockHasher:
         cache_salt: Optional[str],
         request=None,
     ) -> list[bytes]:
-        """Append the hashes of newly completed full blocks; returns the new ones.
+        """Append the hashes of newly completed full blocks to ``block_hashes``; returns the new
+        ones."""
+        new = self.new_block_hashes(block_hashes, token_ids, cache_salt, request)
+        block_hashes += new
+        return new
+
+    def new_block_hashes(
+        self,
+        block_hashes: Sequence[bytes],
+        token_ids: Sequence[int],
+        cache_salt: Optional[str],
+        request=None,
+    ) -> list[bytes]:
+        """The hashes of the full blocks of ``token_ids`` past the ``block_hashes`` given.
 
         The same chain as ``hash_block_tokens`` block by block, computed in one loop: a replay
         hashes millions of blocks, and the per-block calls were most of its time. A
@@ -429,7 +480,6 @@ class BlockHasher:
                 keys, mm_idx = generate_block_hash_extra_keys(request, i, i + bs, mm_idx)
                 parent = hash_fn((parent, tuple(token_ids[i : i + bs]), keys))
                 new.append(parent)
-            block_hashes += new
             return new
         if start == 0 and cache_salt:  # the salt goes into block 0's extra keys only
             parent = hash_fn((parent, tuple(token_ids[:bs]), cache_salt_extra_keys(cache_salt, 0)))
@@ -438,5 +488,51 @@ class BlockHasher:
         for i in range(start, end + 1, bs):
             parent = hash_fn((parent, tuple(token_ids[i : i + bs]), None))
             new.append(parent)
-        block_hashes += new
         return new
+
+
+def get_request_block_hasher(
+    hash_block_size: int,
+    caching_hash_fn: HashFn,
+    num_hash_lookahead_tokens: int = 0,
+    none_hash_seed: str = DEFAULT_NONE_HASH_SEED,
+) -> RequestBlockHasher:
+    """The function that hashes a request's new full blocks, every ``hash_block_size`` tokens
+    (vLLM's name and first three arguments). ``none_hash_seed`` is kvcore's: the root of the
+    chain is ``caching_hash_fn(none_hash_seed)`` (vLLM reads its module's ``NONE_HASH``; see
+    ``init_none_hash``).
+
+    kvcore hashes plain blocks only: ``num_hash_lookahead_tokens`` > 0 (vLLM 0.34's hashes that
+    also cover the tokens after each block, with an EAGLE or MTP drafter whose block drop is on)
+    raises NotImplementedError; the lab refuses that configuration by name before it gets here
+    (``engine.lookahead_block_hashes``)."""
+    if num_hash_lookahead_tokens:
+        raise NotImplementedError("kvcore does not model lookahead block hashes")
+    return RequestBlockHasher(caching_hash_fn, hash_block_size, none_hash_seed)
+
+
+def frontend_block_hashes(request, prefix_hash_config) -> Optional[list[bytes]]:
+    """The prompt block hashes a frontend sent with ``request`` (an ``EngineCoreRequest``), or
+    None when it sent none or they cannot be the prompt's (vLLM 0.34).
+
+    Taken when the engine hashes blocks (``prefix_hash_config`` is not None: prefix caching or
+    a KV connector on) and there is one hash per block the engine would hash now: a block
+    counts once its ``num_lookahead_tokens`` following tokens are in the prompt too, so
+    ``max(len(prompt) - num_lookahead_tokens, 0) // hash_block_size`` of them. Only the count is
+    checked, never the bytes: a frontend that hashes with another algorithm or root but the
+    right count is believed. With None the engine hashes the prompt itself (vLLM logs a warning
+    once; kvcore's caller sees the None)."""
+    block_hashes = request.block_hashes
+    if block_hashes is None:
+        return None
+    prompt_ids = request.prompt_token_ids
+    prompt_len = len(prompt_ids) if prompt_ids is not None else 0
+    if prefix_hash_config is None:
+        return None
+    expected = (
+        max(prompt_len - prefix_hash_config.num_lookahead_tokens, 0)
+        // prefix_hash_config.hash_block_size
+    )
+    if len(block_hashes) != expected:
+        return None
+    return block_hashes

@@ -16,12 +16,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
+from kvcore.core.kv_cache_utils import (
+    DEFAULT_NONE_HASH_SEED,
+    RequestBlockHasher,
+    frontend_block_hashes,
+    get_request_block_hasher,
+    init_none_hash,
+)
 from kvcore.core.sched.output import SchedulerOutput
 from kvcore.core.sched.scheduler import Scheduler
+from kvcore.engine import EngineCoreRequest, PrefixHashConfig
 from kvcore.outputs import KVConnectorOutput, ModelRunnerOutput
-from kvcore.request import RequestStatus
+from kvcore.request import Request, RequestStatus
 from kvcore.spec_decode.metrics import SpecDecodingStats
 from kvcore.structured_output.utils import strip_speculative_padding
+from kvcore.utils.hashing import get_hash_fn_by_name
 from kvcore.utils.math_utils import cdiv
 from kvcore.worker.gpu.input_batch import SeqBatchItem, rows_fed
 from kvcore.worker.gpu.spec_decode.ngram.speculator import NgramGPUSpeculator
@@ -52,19 +61,65 @@ class EngineCore:
         model_runner,
         drafter: Optional[NgramGPUSpeculator | StandaloneARSpeculator] = None,
         max_model_len: int = 1 << 30,
+        *,
+        enable_prefix_caching: Optional[bool] = None,
+        prefix_caching_hash_algo: str = "sha256",
+        hash_block_size: Optional[int] = None,
+        none_hash_seed: str = DEFAULT_NONE_HASH_SEED,
+        num_hash_lookahead_tokens: int = 0,
     ) -> None:
+        """The keywords are vLLM's CacheConfig settings the block hasher is built from;
+        ``enable_prefix_caching`` None reads the KV cache manager's, ``hash_block_size`` None
+        the manager's hash block size, ``none_hash_seed`` is the seed already resolved
+        (``kv_cache_utils.resolve_none_hash_seed``)."""
         self.scheduler = scheduler
         self.model_runner = model_runner
         self.drafter = drafter
         scheduler.use_eagle = bool(getattr(drafter, "uses_target_hidden_states", False))
         self.max_model_len = max_model_len
         self.spec_decoding_stats = SpecDecodingStats()
+        kv_cache_manager = scheduler.kv_cache_manager
+        if enable_prefix_caching is None:
+            enable_prefix_caching = kv_cache_manager.enable_caching
+        if hash_block_size is None:
+            hash_block_size = kv_cache_manager.hash_block_size
+        # As vLLM 0.34 builds them: a hasher, and the config a frontend needs to hash prompts
+        # itself, whenever the engine hashes blocks (prefix caching on, or a KV connector, which
+        # names blocks by their hashes too); both None otherwise.
+        self.request_block_hasher: Optional[RequestBlockHasher] = None
+        self.prefix_hash_config: Optional[PrefixHashConfig] = None
+        if enable_prefix_caching or scheduler.connector is not None:
+            caching_hash_fn = get_hash_fn_by_name(prefix_caching_hash_algo)
+            none_hash = init_none_hash(caching_hash_fn, none_hash_seed)
+            self.request_block_hasher = get_request_block_hasher(
+                hash_block_size,
+                caching_hash_fn,
+                num_hash_lookahead_tokens,
+                none_hash_seed=none_hash_seed,
+            )
+            self.prefix_hash_config = PrefixHashConfig(
+                hash_algo=prefix_caching_hash_algo,
+                hash_block_size=hash_block_size,
+                none_hash=none_hash,
+                num_lookahead_tokens=num_hash_lookahead_tokens,
+            )
         # The KV connector's worker half (the CPU tier's copies), set by whoever builds the
         # engine with one; it runs around the forward as vLLM's model runner runs it.
         self.kv_connector = None
 
     def add_request(self, request) -> None:
         self.scheduler.add_request(request)
+
+    def preprocess_add_request(self, request: EngineCoreRequest) -> Request:
+        """The Request for what a frontend sent, as vLLM 0.34 makes it: the frontend's prompt
+        block hashes when ``frontend_block_hashes`` takes them (the engine hashes blocks and
+        their count fits the prompt), the engine's own hasher for the rest (the blocks past them
+        and every block the request's outputs complete). Hashes not taken are dropped: an
+        engine that hashes blocks then hashes the whole prompt itself, one that does not (no
+        prefix caching, no KV connector) leaves the request without hashes. vLLM also returns
+        the request's wave (data parallel); kvcore has none."""
+        frontend_hashes = frontend_block_hashes(request, self.prefix_hash_config)
+        return Request.from_engine_core_request(request, self.request_block_hasher, frontend_hashes)
 
     def _observe(self, kind: str, request_id: Optional[str], **fields) -> None:
         observer = self.scheduler.observer
@@ -149,7 +204,7 @@ class EngineCore:
             and not scheduler.has_finished_requests()
             and not any(
                 r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
-                for r in scheduler.waiting.ordered()
+                for r in scheduler.kv_holding_waiting.ordered()
             )
         )
 
@@ -158,7 +213,7 @@ class EngineCore:
         has, full-attention groups only (a sliding window caps its group's blocks): under either
         admission rule it can then never compute them all, so never finish."""
         scheduler = self.scheduler
-        queue = scheduler.waiting or scheduler.async_kv_waiting
+        queue = scheduler.kv_holding_waiting or scheduler.waiting or scheduler.async_kv_waiting
         kvm = scheduler.kv_cache_manager
         groups = len(kvm.coordinator.groups)
         if not queue or scheduler.running or self._full_groups() != groups:
@@ -170,14 +225,16 @@ class EngineCore:
         scheduler = self.scheduler
         if (
             not scheduler.running
-            and (scheduler.waiting or scheduler.async_kv_waiting)
+            and (scheduler.kv_holding_waiting or scheduler.waiting or scheduler.async_kv_waiting)
             and not self._retry_after_drafts(out)
         ):
             # Nothing runs and the head of the queue was refused by an empty pool: it never fits.
             # If its tokens alone fit, what never fits is the 1 + num_spec_tokens rows vLLM pads
             # its one-token admission to (vLLM would keep it waiting, every step refused).
             # (Or the padded rows exceed max_num_batched_tokens: vLLM's budget break, every step.)
-            head = (scheduler.waiting or scheduler.async_kv_waiting).peek_request()
+            head = (
+                scheduler.kv_holding_waiting or scheduler.waiting or scheduler.async_kv_waiting
+            ).peek_request()
             reason, budget = "never_fits", {}
             if self._fits_without_drafts(head):
                 cfg = scheduler.config
@@ -209,7 +266,8 @@ class EngineCore:
             return True
         scheduler = self.scheduler
         return scheduler.has_finished_requests() or any(
-            r.status == RequestStatus.WAITING_FOR_REMOTE_KVS for r in scheduler.waiting.ordered()
+            r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+            for r in scheduler.kv_holding_waiting.ordered()
         )
 
     def _kv_finish(self, out: SchedulerOutput) -> KVConnectorOutput:

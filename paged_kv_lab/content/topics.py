@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from kvcore.core.kv_cache_manager import KVCacheManager
-from kvcore.core.kv_cache_utils import BlockHasher
+from kvcore.core.kv_cache_utils import get_request_block_hasher
 from kvcore.kv_cache_interface import KVCacheConfig, full_attention
 from kvcore.lora.request import LoRARequest
 from kvcore.model.memory import bytes_per_block, model_dims
@@ -426,7 +426,7 @@ def hash_keys_request(variant: str, rid: str, study_ids, image_offset: int, embe
         kw["prompt_embeds"] = _embeds(study_ids, embeds_row if variant == "embeds_b" else None)
     elif variant == "salt":
         kw["cache_salt"] = SALT
-    hasher = BlockHasher(get_hash_fn_by_name("sha256"), HASH_KEYS_BLOCK_SIZE)
+    hasher = get_request_block_hasher(HASH_KEYS_BLOCK_SIZE, get_hash_fn_by_name("sha256"))
     return Request(rid, list(study_ids), 1, block_hasher=hasher, **kw)
 
 

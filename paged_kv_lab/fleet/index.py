@@ -4,7 +4,8 @@ Each replica's pool publishes its KV events as vLLM 0.34 does (one ``KVEventBatc
 that queued events, kvcore/distributed/kv_events.py). The index takes the batch, or its msgpack
 encoding as on the wire decoded with the watcher's decoder, and applies it to that replica's
 ``PrefixCacheIndex`` (watch/prefix_index.py), the same code that rebuilds a real vLLM server's
-cache on the Live vLLM page. It never looks inside a replica.
+cache on the Live vLLM page, keeping no token ids (the router never reads them). It never
+looks inside a replica.
 
 ``kv_event_lag_ms``: a payload published at clock t is applied once the router's clock reaches
 t + lag, so a lagging index can be seen routing on stale knowledge.
@@ -31,7 +32,8 @@ class GlobalIndex:
 
     def __init__(self, num_replicas: int, lag_ns: int = 0) -> None:
         budget = HashBudget(MAX_INDEX_HASHES)
-        self.replicas = [PrefixCacheIndex(budget) for _ in range(num_replicas)]
+        # The router matches prompts by hash alone: its entries keep no token ids.
+        self.replicas = [PrefixCacheIndex(budget, keep_tokens=False) for _ in range(num_replicas)]
         self.lag_ns = lag_ns
         self._pending: deque[tuple[int, int, bytes]] = deque()
         self.batches = 0

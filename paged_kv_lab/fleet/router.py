@@ -23,7 +23,7 @@ from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Optional, Sequence
 
-from kvcore.core.kv_cache_utils import BlockHasher
+from kvcore.core.kv_cache_utils import RequestBlockHasher, get_request_block_hasher
 from paged_kv_lab.text.i18n import Text
 
 # Settings every router takes (``--set`` keys besides the engine's); a policy's own settings are
@@ -579,7 +579,7 @@ def router_settings(overrides: Optional[dict] = None) -> dict:
     return out
 
 
-def router_hasher(engine_hasher: BlockHasher, settings: dict) -> BlockHasher:
+def router_hasher(engine_hasher: RequestBlockHasher, settings: dict) -> RequestBlockHasher:
     """The hasher the router hashes prompts with: the engine's (``engine_hasher``), except where
     ``settings`` give the router another block size (``kv_cache_block_size``) or another root
     seed (``none_hash_seed``). Its hashes then name no block the engines published."""
@@ -587,7 +587,7 @@ def router_hasher(engine_hasher: BlockHasher, settings: dict) -> BlockHasher:
     seed = settings["none_hash_seed"] or engine_hasher.none_hash_seed
     if (size, seed) == (engine_hasher.block_size, engine_hasher.none_hash_seed):
         return engine_hasher
-    return BlockHasher(engine_hasher.hash_fn, size, seed)
+    return get_request_block_hasher(size, engine_hasher.hash_fn, none_hash_seed=seed)
 
 
 def make_router(policy: str, settings: Optional[dict] = None) -> Router:

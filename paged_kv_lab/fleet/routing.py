@@ -76,7 +76,7 @@ class Routing:
                     sum(self._prefill[i].values()),
                     len(self.index.blocks(i)),
                     len(count),
-                    sum(1 for k in keys if k not in count),
+                    len(keys) - sum(map(count.__contains__, keys)),  # those not in count
                 )
             )
         return views

@@ -134,6 +134,15 @@ def delta(prev: dict[str, Any], cur: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
+def head_groups(snap: Snapshot) -> list[dict[str, Any]]:
+    """The head's KV cache groups: each group's description, with its own ``block_size`` where the
+    groups' sizes differ (``Snapshot.group_block_sizes``). A group without one has the head's
+    ``block_size``, so a run whose groups share one size is encoded as before the field existed."""
+    if not snap.group_block_sizes:
+        return [dict(g) for g in snap.groups]
+    return [{**g, "block_size": bs} for g, bs in zip(snap.groups, snap.group_block_sizes)]
+
+
 def player_book(lang: str) -> dict[str, Any]:
     """What the browser needs besides a run to play it: the wire keys and its words in ``lang``
     (paged_kv_lab/text/catalogue/). Sent with a run's head, never inside it."""
@@ -199,7 +208,7 @@ class RunEncoder:
             "lang": lang,
             "block_size": initial.block_size,
             "num_gpu_blocks": initial.num_gpu_blocks,
-            "groups": [dict(g) for g in initial.groups],
+            "groups": head_groups(initial),
             "colors": color_map(ids),
             "prompts": prompts,
             "initial": self._prev,

@@ -296,7 +296,11 @@ class FrameRecorder:
             queue=self._queue(),
             waiting=tuple(
                 r.request_id
-                for q in (self.scheduler.waiting, self.scheduler.async_kv_waiting)
+                for q in (
+                    self.scheduler.kv_holding_waiting,
+                    self.scheduler.waiting,
+                    self.scheduler.async_kv_waiting,
+                )
                 for r in q.ordered()
             ),
             running=tuple(r.request_id for r in self.scheduler.running),

@@ -22,7 +22,7 @@ invariant checks.
 from __future__ import annotations
 
 from bisect import bisect_left
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any, Optional, Sequence
 
@@ -54,15 +54,17 @@ _ID = attrgetter("block_id")
 @dataclass
 class HashMeta:
     """What a block hash stands for: parent hash, the tokens it hashes, extra keys. With hashes
-    finer than the block (``prefix_match_unit``) those are one hash unit's, and ``block_parent``
-    / ``block_tokens`` say what the player draws: the key of the block before and the block's
-    tokens up to the key's boundary (None when every hash covers one whole block)."""
+    finer than the block (``prefix_match_unit``, or KV cache groups of different block sizes,
+    whose hash unit is their greatest common divisor) those are one hash unit's, and
+    ``blocks[block_size]`` says what the player draws for a block of that size keyed by this hash:
+    (the key of the block before, the block's tokens up to the key's boundary). The same hash keys
+    blocks of several sizes where the groups' sizes differ (each group its own), so each size has
+    its own entry; a block whose size is the hash unit has none (the hash's own are its)."""
 
     parent: Optional[bytes]
     token_ids: tuple[int, ...]
     extra_keys: Optional[tuple] = None
-    block_parent: Optional[bytes] = None
-    block_tokens: Optional[tuple[int, ...]] = None
+    blocks: dict[int, tuple[Optional[bytes], tuple[int, ...]]] = field(default_factory=dict)
 
 
 class Recorder(KVCacheObserver):
@@ -279,21 +281,23 @@ class Recorder(KVCacheObserver):
 
     def _remember(self, request, raw: bytes, num_tokens: int, block_size: int) -> None:
         """What ``raw``, the request's hash at the prefix boundary ``num_tokens``, stands for."""
-        if raw in self.hash_meta:
-            return
         hashes = request.block_hashes
         unit = self.block_pool.hash_block_size if self.block_pool is not None else block_size
-        j = num_tokens // unit - 1
-        meta = HashMeta(
-            hashes[j - 1] if j else None,
-            tuple(request.all_token_ids[j * unit : (j + 1) * unit]),
-            request.extra_keys_for_block(j),
-        )
-        if unit != block_size:
+        meta = self.hash_meta.get(raw)
+        if meta is None:
+            j = num_tokens // unit - 1
+            meta = HashMeta(
+                hashes[j - 1] if j else None,
+                tuple(request.all_token_ids[j * unit : (j + 1) * unit]),
+                request.extra_keys_for_block(j),
+            )
+            self.hash_meta[raw] = meta
+        if unit != block_size and block_size not in meta.blocks:
             start = (num_tokens - 1) // block_size * block_size
-            meta.block_parent = hashes[start // unit - 1] if start else None
-            meta.block_tokens = tuple(request.all_token_ids[start:num_tokens])
-        self.hash_meta[raw] = meta
+            meta.blocks[block_size] = (
+                hashes[start // unit - 1] if start else None,
+                tuple(request.all_token_ids[start:num_tokens]),
+            )
 
     def on_block_cached_partial(
         self, request, block: KVCacheBlock, key: bytes, num_tokens: int, block_size: int

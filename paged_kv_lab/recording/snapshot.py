@@ -107,11 +107,22 @@ class Snapshot:
     groups: tuple[dict[str, Any], ...]
     # the CPU tier's pool (engine.cpu_offload); None without one, and then not written out
     cpu_pool: Optional[CPUPoolView] = None
+    # Per KV cache group, its own block size, where the groups' sizes differ (vLLM 0.34 gives a
+    # group whose page per token is smaller a proportionally longer block; block_size above is
+    # then the scheduler's, their least common multiple). Empty where every group's block size
+    # is block_size: then not written out, and a trace without it means exactly that.
+    group_block_sizes: tuple[int, ...] = ()
+
+    def group_block_size(self, group: int) -> int:
+        """Tokens one block of KV cache group ``group`` holds."""
+        return self.group_block_sizes[group] if self.group_block_sizes else self.block_size
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         if self.cpu_pool is None:
             del d["cpu_pool"]
+        if not self.group_block_sizes:
+            del d["group_block_sizes"]
         for r in d["requests"]:
             if not r["block_extra_keys"]:
                 del r["block_extra_keys"]
@@ -151,6 +162,7 @@ class Snapshot:
             prefix_cache=dict(d["prefix_cache"]),
             groups=tuple(d["groups"]),
             cpu_pool=_cpu_pool_from_dict(d.get("cpu_pool")),
+            group_block_sizes=tuple(d.get("group_block_sizes", ())),
         )
 
     def request(self, request_id: str) -> RequestView:
@@ -240,6 +252,7 @@ def take_snapshot(
     pool = kvm.block_pool
     bs = kvm.block_size
     null = pool.null_block.block_id
+    sizes = tuple(kvm.coordinator.group_block_sizes)
 
     queue = free_queue_block_ids(pool)
     queue_pos = {bid: i for i, bid in enumerate(queue)}
@@ -250,7 +263,7 @@ def take_snapshot(
     for rid, req in requests.items():
         # each group's table at its own block size (groups may differ: the snapshot's block_size
         # is the scheduler's, their least common multiple)
-        for table, gbs in zip(tables[rid], kvm.coordinator.group_block_sizes):
+        for table, gbs in zip(tables[rid], sizes):
             for i, bid in enumerate(table):
                 if bid == null:
                     continue
@@ -271,11 +284,10 @@ def take_snapshot(
             h = raw.hex()
             meta = hash_meta.get(raw) if hash_meta is not None else None
             if meta is not None:
-                # hashes finer than the block: draw the block's own chain link and tokens
-                whole = meta.block_tokens is None
-                up = meta.parent if whole else meta.block_parent
+                # hashes finer than the block: draw the block's own chain link and tokens, at
+                # the block size of the group the hash keys it in
+                up, toks = meta.blocks.get(sizes[group], (meta.parent, meta.token_ids))
                 parent = up.hex() if up else None
-                toks = meta.token_ids if whole else meta.block_tokens
         blocks.append(
             BlockView(
                 block_id=blk.block_id,
@@ -331,11 +343,14 @@ def take_snapshot(
         free_queue=tuple(queue),
         hash_map=hash_map,
         requests=tuple(views),
-        # vLLM 0.34: requests whose KV a connector may load asynchronously wait apart while
-        # max_num_inflight_kv_loads is set (Scheduler.async_kv_waiting); both are waiting
+        # vLLM 0.34's three waiting queues, in the order schedule() drains them: requests
+        # holding KV blocks (Scheduler.kv_holding_waiting), the plain queue, and, while
+        # max_num_inflight_kv_loads is set, those a connector may load asynchronously
+        # (Scheduler.async_kv_waiting); all three are waiting
         waiting=tuple(
             r.request_id
-            for r in (*scheduler.waiting.ordered(), *scheduler.async_kv_waiting.ordered())
+            for q in (scheduler.kv_holding_waiting, scheduler.waiting, scheduler.async_kv_waiting)
+            for r in q.ordered()
         ),
         running=tuple(r.request_id for r in scheduler.running),
         usage=kvm.usage,
@@ -347,6 +362,7 @@ def take_snapshot(
         },
         groups=tuple(g.to_dict() for g in kvm.kv_cache_config.kv_cache_groups),
         cpu_pool=cpu_pool_view(getattr(scheduler, "connector", None)),
+        group_block_sizes=sizes if any(s != bs for s in sizes) else (),
     )
 
 

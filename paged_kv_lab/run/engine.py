@@ -26,7 +26,11 @@ from kvcore.config.speculative import (
 from kvcore.config.vllm import resolve_disable_hybrid_kv_cache_manager
 from kvcore.core.kv_cache_manager import KVCacheManager
 from kvcore.core.kv_cache_planning import uniform_page_group_size, unify_hybrid_kv_cache_specs
-from kvcore.core.kv_cache_utils import BlockHasher, resolve_none_hash_seed
+from kvcore.core.kv_cache_utils import (
+    RequestBlockHasher,
+    get_request_block_hasher,
+    resolve_none_hash_seed,
+)
 from kvcore.core.sched.scheduler import Scheduler
 from kvcore.distributed.kv_events import KVEventBatch, ZmqEventPublisher
 from kvcore.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
@@ -314,11 +318,13 @@ def lora_requests_for(s: EngineSettings) -> dict[str, LoRARequest]:
     return {m.name: LoRARequest(m.name, i + 1, m.path) for i, m in enumerate(s.lora_modules)}
 
 
-def block_hasher_for(s: EngineSettings) -> BlockHasher:
+def block_hasher_for(s: EngineSettings) -> RequestBlockHasher:
     """Hashes requests' full blocks with the settings' algorithm and NONE_HASH seed."""
     fn = get_hash_fn_by_name(s.hash_algo)
     size = s.prefix_match_unit or s.block_size  # hashes every prefix_match_unit tokens
-    return BlockHasher(fn, size, resolve_none_hash_seed(s.hash_algo, s.hash_seed))
+    return get_request_block_hasher(
+        size, fn, none_hash_seed=resolve_none_hash_seed(s.hash_algo, s.hash_seed)
+    )
 
 
 def size_kv_cache(model, settings: EngineSettings):
@@ -547,7 +553,20 @@ class Engine:
             self.drafter = self._draft_model_proposer(s.speculative, runner, num_layers)
         if s.speculative is not None and s.speculative.method in EAGLE_METHODS:
             self.drafter = self._eagle_proposer(s.speculative, runner)
-        self.engine_core = EngineCore(self.scheduler, runner, self.drafter, self.max_model_len)
+        # The engine core builds its hasher and PrefixHashConfig as vLLM 0.34 does, from the
+        # settings self.hasher came from (its seed already resolved, so both give the same
+        # bytes). The lab makes its Requests itself, with self.hasher, and never sends
+        # frontend hashes.
+        self.engine_core = EngineCore(
+            self.scheduler,
+            runner,
+            self.drafter,
+            self.max_model_len,
+            enable_prefix_caching=s.enable_prefix_caching,
+            prefix_caching_hash_algo=s.hash_algo,
+            hash_block_size=self.hasher.block_size,
+            none_hash_seed=self.hasher.none_hash_seed,
+        )
         if kv_connector_worker is not None:
             kv_connector_worker.register_kv_caches(getattr(runner, "kv_caches", None))
             if s.cpu_offload is not None and kv_connectors is None:

@@ -17,6 +17,8 @@ from paged_kv_lab.text.i18n import ProblemsError, Text
 # What ``python -m paged_kv_lab run SCENARIO --trace OUT.jsonl`` writes, one JSON object a line:
 #   header   {"scenario": <scenario file>, "snapshot": <Snapshot before step 1>}
 #            (first line; traces written before the header existed lack it)
+#            A snapshot's "group_block_sizes" (KV cache groups of different block sizes) is written
+#            only where the sizes differ; without it every group's block size is "block_size".
 #   steps    StepRecord.to_dict() for steps 1, 2, 3... in order
 # outputs  {"outputs": {request id: {"token_ids": [...], "text": str, "finish_reason": str | None,
 #                                      "stop_reason": str (only when a stop string ended it)}}}
@@ -335,6 +337,10 @@ def _snapshot_problems(s: Snapshot) -> list[Text]:
     out = []
     if s.block_size < 1 or n < 1:
         out.append(Text("problem.record.snapshot_sizes", {"block_size": s.block_size, "n": n}))
+    sizes = s.group_block_sizes  # empty: every group's is block_size
+    if sizes and (len(sizes) != len(s.groups) or any(b < 1 or s.block_size % b for b in sizes)):
+        at = {"sizes": list(sizes), "groups": len(s.groups), "block_size": s.block_size}
+        out.append(Text("problem.record.snapshot_group_sizes", at))
     if [b.block_id for b in s.blocks] != list(range(n)):
         out.append(Text("problem.record.snapshot_order", {"last": n - 1}))
     refs = (

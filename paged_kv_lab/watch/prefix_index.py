@@ -51,29 +51,41 @@ class PrefixCacheIndex:
 
     Invariant: every kept entry has count >= 1, and an entry's token ids and
     parent were set by an aligned BlockStored of that hash (else they are None).
+
+    ``keep_tokens=False``: entries keep no token ids (always None), for a reader that matches
+    prompts by hash alone (the fleet's router, fleet/index.py), where copying each stored
+    block's tokens was most of the cost of applying a store. Counts, tiers and group info are
+    as with them; a parent is the first one an aligned store of the hash named (with token
+    ids: the one of the store that gave them; a hash names its whole chain, so the two agree).
     """
 
-    def __init__(self, budget: Optional["HashBudget"] = None) -> None:
+    def __init__(self, budget: Optional["HashBudget"] = None, keep_tokens: bool = True) -> None:
         self.tiers: dict[tuple[str, str], dict[str, CacheEntry]] = {}
         self.group_info: dict[str, GroupInfo] = {}
         self._budget = budget or HashBudget(MAX_HASHES)
+        self.keep_tokens = keep_tokens
 
     def apply(self, ev) -> None:
-        if isinstance(ev, BlockStored):
-            self._stored(ev)
-        elif isinstance(ev, BlockRemoved):
-            tier = self.tiers.get(self._key(ev.medium, ev.group_idx))
+        # Removals first: a pool under pressure publishes one per evicted block, the most
+        # frequent event by far.
+        if isinstance(ev, BlockRemoved):
+            key = self._key(ev.medium, ev.group_idx)
+            tier = self.tiers.get(key)
+            if tier is None:
+                return  # removals from a tier we never saw (joined late, or over the cap)
             for h in ev.block_hashes:
                 text = hash_text(h)
-                entry = tier.get(text) if tier is not None else None
+                entry = tier.get(text)
                 if entry is None:
                     continue  # removal of a hash we never saw (joined late, or over the cap)
                 entry.count -= 1
                 if entry.count <= 0:
                     del tier[text]
                     self._budget.release(1)
-            if tier is not None and not tier:
-                del self.tiers[self._key(ev.medium, ev.group_idx)]
+            if not tier:
+                del self.tiers[key]
+        elif isinstance(ev, BlockStored):
+            self._stored(ev)
         elif isinstance(ev, AllBlocksCleared):
             self.clear(MEDIUM_GPU)
 
@@ -94,25 +106,41 @@ class PrefixCacheIndex:
             info.sliding_window = ev.kv_cache_spec_sliding_window
         tier = self.tiers.setdefault(key, {})
         bs = ev.block_size
-        aligned = len(ev.token_ids) == len(ev.block_hashes) * bs
+        hashes = ev.block_hashes
+        token_ids = ev.token_ids
+        aligned = len(token_ids) == len(hashes) * bs
+        # The parent of block 0 is the event's; of block i > 0, block i - 1's hash. Each hash is
+        # turned into text once (a replay's router applies every store of every replica).
         parent = None if ev.parent_block_hash is None else hash_text(ev.parent_block_hash)
         extra = ev.extra_keys or []
-        for i, h in enumerate(ev.block_hashes):
+        budget = self._budget
+        keep = self.keep_tokens
+        for i, h in enumerate(hashes):
             text = hash_text(h)
-            tokens = tuple(ev.token_ids[i * bs : (i + 1) * bs]) if aligned else None
-            par = (parent if i == 0 else hash_text(ev.block_hashes[i - 1])) if aligned else None
-            keys = extra[i] if i < len(extra) else None
+            par = parent if aligned else None
+            parent = text
             entry = tier.get(text)
             if entry is None:
-                if not self._budget.take(1):
+                if not budget.take(1):
                     continue
+                keys = extra[i] if i < len(extra) else None
                 tier[text] = CacheEntry(
-                    1, par, tokens, bs, None if keys is None else list(keys), ev.lora_name
+                    1,
+                    par,
+                    tuple(token_ids[i * bs : (i + 1) * bs]) if aligned and keep else None,
+                    bs,
+                    None if keys is None else list(keys),
+                    ev.lora_name,
                 )
                 continue
             entry.count += 1
-            if aligned and entry.token_ids is None:
-                entry.token_ids, entry.parent_block_hash = tokens, par
+            if not aligned or entry.token_ids is not None:
+                continue
+            if keep:
+                entry.token_ids = tuple(token_ids[i * bs : (i + 1) * bs])
+                entry.parent_block_hash = par
+            elif entry.parent_block_hash is None:
+                entry.parent_block_hash = par
         if not tier:
             del self.tiers[key]
 

@@ -680,7 +680,7 @@ class Replay:
             num_steps,
             self.clock_ms,
             len(self.scheduler.running),
-            len(self.scheduler.waiting),
+            self.scheduler.get_request_counts()[1],
             tokens,
             used,
             used / usable if usable else 0.0,
@@ -698,7 +698,7 @@ class Replay:
         sched = self.scheduler
         values = (
             len(sched.running),
-            len(sched.waiting),
+            sched.get_request_counts()[1],
             self.used_blocks(),
             totals.queries,
             totals.hits,

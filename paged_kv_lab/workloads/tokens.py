@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from kvcore.core.kv_cache_utils import BlockHasher
+from kvcore.core.kv_cache_utils import RequestBlockHasher
 from paged_kv_lab.text.i18n import Text
 from paged_kv_lab.workloads.trace_formats import TraceRequest
 
@@ -52,8 +52,8 @@ def prompt_token_ids(request: TraceRequest, trace_block_size: int) -> list[int]:
     return out
 
 
-class SharedBlockHasher(BlockHasher):
-    """kvcore's ``BlockHasher`` with a memo of the blocks whose tokens all carry one value.
+class SharedBlockHasher(RequestBlockHasher):
+    """kvcore's ``RequestBlockHasher`` with a memo of the blocks whose tokens all carry one value.
 
     Every cache block of a prompt made here is such a block (a cache block lies inside one
     trace block), and the requests of a trace share most of them: a block's hash is a function
@@ -64,7 +64,7 @@ class SharedBlockHasher(BlockHasher):
     starts again when full). The hashes are kvcore's, block for block (tests/lab/
     test_replay.py)."""
 
-    def __init__(self, base: BlockHasher) -> None:
+    def __init__(self, base: RequestBlockHasher) -> None:
         super().__init__(base.hash_fn, base.block_size, base.none_hash_seed)
         self._memo: dict[tuple[bytes, int], bytes] = {}
 
@@ -72,15 +72,15 @@ class SharedBlockHasher(BlockHasher):
         """A copy (a replay's checkpoint) starts with an empty memo: it holds no state."""
         return {**self.__dict__, "_memo": {}}
 
-    def extend(
+    def new_block_hashes(
         self,
-        block_hashes: list[bytes],
+        block_hashes: Sequence[bytes],
         token_ids: Sequence[int],
         cache_salt: Optional[str],
         request=None,
     ) -> list[bytes]:
         if cache_salt or (request is not None and request.has_extra_hash_keys):
-            return super().extend(block_hashes, token_ids, cache_salt, request)
+            return super().new_block_hashes(block_hashes, token_ids, cache_salt, request)
         bs = self.block_size
         start = len(block_hashes) * bs
         end = len(token_ids) - bs
@@ -104,7 +104,6 @@ class SharedBlockHasher(BlockHasher):
                 h = hash_fn((parent, tuple(block), None))
             new.append(h)
             parent = h
-        block_hashes += new
         return new
 
 

@@ -33,7 +33,6 @@ def install(Unmodelled):  # noqa: N803  (the conftest's exception class)
     import kvcore.kv_cache_interface as ki
     import kvcore.request as kr
     from kvcore.config.scheduler import SchedulerConfig
-    from kvcore.core.sched.request_queue import create_request_queue
 
     # kvcore's code sets and compares statuses by name; the tests compare them with vLLM's enum,
     # so kvcore's modules use vLLM's (its "finished" is vLLM's is_finished).
@@ -165,11 +164,6 @@ def install(Unmodelled):  # noqa: N803  (the conftest's exception class)
         )
         scheduler.vllm_config = config
         scheduler.ec_connector = None  # kvcore has no encoder-cache connector (refused)
-        # vLLM keeps waiting requests that hold KV blocks in a second queue, drained first;
-        # kvcore keeps them in its one waiting queue, so vLLM's second queue is empty here (the
-        # tests that count both count kvcore's waiting requests; one that reads the second
-        # queue itself, or fills it, fails)
-        scheduler.kv_holding_waiting = create_request_queue(sc.policy)
         scheduler.block_size = spec.block_size
         return scheduler
 

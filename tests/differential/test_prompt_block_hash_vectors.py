@@ -6,9 +6,9 @@ frontend hashes prompts itself and is tested against them, and its own
 tests/v1/core/test_prompt_block_hash_vectors.py checks that the engine still makes them). They
 cover token ids at every width boundary of both encodings (pickle for "sha256", canonical CBOR
 for "sha256_cbor"), block sizes from 1 to 300, a LoRA adapter and a cache salt as extra keys,
-and NONE_HASH from the default seed. kvcore's BlockHasher must give the same bytes for every
-case it models: all but the ones with lookahead tokens in the hash (num_hash_lookahead_tokens,
-which kvcore does not model).
+and NONE_HASH from the default seed. kvcore's request block hasher (get_request_block_hasher)
+must give the same bytes for every case it models: all but the ones with lookahead tokens in
+the hash (num_hash_lookahead_tokens, which kvcore does not model).
 
 Read from the sdist scripts/vllm_core_tests.py caches (VLLM_SDIST_CACHE, default
 /tmp/vllm-sdist-cache); skipped, with the reason, without it. No vLLM interpreter is needed."""
@@ -20,7 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from kvcore.core.kv_cache_utils import DEFAULT_NONE_HASH_SEED, BlockHasher, none_hash
+from kvcore.core.kv_cache_utils import (
+    DEFAULT_NONE_HASH_SEED,
+    get_request_block_hasher,
+    init_none_hash,
+)
 from kvcore.lora.request import LoRARequest
 from kvcore.request import Request
 from kvcore.utils.hashing import sha256, sha256_cbor
@@ -52,14 +56,14 @@ def kvcore_block_hashes(case: dict) -> list[str]:
         max_tokens=17,
         cache_salt=case["cache_salt"],
         lora_request=None if lora is None else LoRARequest(lora["name"], 1, lora["path"]),
-        block_hasher=BlockHasher(HASH_FNS[case["hash_algo"]], case["block_size"]),
+        block_hasher=get_request_block_hasher(case["block_size"], HASH_FNS[case["hash_algo"]]),
     )
     return [h.hex() for h in request.block_hashes]
 
 
 def test_none_hash_from_the_default_seed_is_vllms(vectors):
     for algo, expected in vectors["none_hashes"].items():
-        assert none_hash(HASH_FNS[algo], DEFAULT_NONE_HASH_SEED).hex() == expected, algo
+        assert init_none_hash(HASH_FNS[algo], DEFAULT_NONE_HASH_SEED).hex() == expected, algo
 
 
 def test_every_prompt_block_hash_kvcore_models_is_vllms(vectors):

@@ -448,7 +448,9 @@ def test_a_full_report_mode_request_publishes_its_hit_blocks_on_lookup(mode, rep
     first = make_request("a", [1, 2, 3, 4, 5], 2)
     admit(kvm, first)
     kvm.take_events()
-    again = Request("b", [1, 2, 3, 4, 5], 4, block_hasher=first._hasher, kv_cache_report_mode=mode)
+    again = Request(
+        "b", [1, 2, 3, 4, 5], 4, block_hasher=first._block_hasher, kv_cache_report_mode=mode
+    )
     hits, num_hit, _ = kvm.get_computed_blocks(again)
     assert num_hit == 4
     h = again.block_hashes

@@ -8,7 +8,7 @@ venv)."""
 import hashlib
 import struct
 
-from kvcore.core.kv_cache_utils import BlockHasher
+from kvcore.core.kv_cache_utils import get_request_block_hasher
 from kvcore.distributed.kv_events import BlockStored
 from kvcore.lora.request import LoRARequest
 from kvcore.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
@@ -21,7 +21,7 @@ SQL = LoRARequest("sql", 1, "/adapters/sql")
 
 
 def req(rid, tokens, **kw):
-    hasher = BlockHasher(get_hash_fn_by_name("sha256"), BS)
+    hasher = get_request_block_hasher(BS, get_hash_fn_by_name("sha256"))
     return Request(rid, list(tokens), 4, block_hasher=hasher, **kw)
 
 

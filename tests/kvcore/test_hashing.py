@@ -8,15 +8,18 @@ import pickle
 import pytest
 import xxhash
 
+import kvcore.core.kv_cache_utils as kv_cache_utils
 from kvcore.core.kv_cache_utils import (
     NONE_HASH_SEED,
-    BlockHasher,
     cache_salt_extra_keys,
+    frontend_block_hashes,
     get_block_hash,
     get_group_id,
+    get_none_hash_seed,
+    get_request_block_hasher,
     hash_block_tokens,
+    init_none_hash,
     make_block_hash_with_group_id,
-    none_hash,
 )
 from kvcore.utils.hashing import get_hash_fn_by_name
 from support.kv import VLLM_NONE_HASH_SHA256, make_request, vllm_chain
@@ -29,7 +32,9 @@ def test_none_hash_is_vllms_with_pythonhashseed_set_to_the_seed_string(monkeypat
     seed = os.getenv("PYTHONHASHSEED")
     expected = hashlib.sha256(pickle.dumps(seed, protocol=pickle.HIGHEST_PROTOCOL)).digest()
     assert NONE_HASH_SEED == "vllm-none-hash"
-    assert none_hash(get_hash_fn_by_name("sha256")) == expected == VLLM_NONE_HASH_SHA256
+    assert init_none_hash(get_hash_fn_by_name("sha256")) == expected == VLLM_NONE_HASH_SHA256
+    # as vLLM's, init_none_hash sets the module's NONE_HASH and the seed it came from
+    assert kv_cache_utils.NONE_HASH == expected and get_none_hash_seed() == NONE_HASH_SEED
     assert len(expected) == 32
 
 
@@ -59,7 +64,7 @@ def test_xxhash_is_xxh3_128_of_the_same_pickle():
     toks = [1, 2, 3, 4]
     fn = get_hash_fn_by_name("xxhash")
     none = xxhash.xxh3_128_digest(pickle.dumps("vllm-none-hash", protocol=pickle.HIGHEST_PROTOCOL))
-    assert none_hash(fn) == none
+    assert init_none_hash(fn) == none
     expected = xxhash.xxh3_128_digest(
         pickle.dumps((none, (1, 2, 3, 4), None), protocol=pickle.HIGHEST_PROTOCOL)
     )
@@ -84,7 +89,7 @@ def test_only_full_blocks_are_hashed_and_hashes_grow_with_the_tokens():
 
 
 def test_hasher_extend_returns_only_the_new_hashes():
-    h = BlockHasher(get_hash_fn_by_name("sha256"), 3)
+    h = get_request_block_hasher(3, get_hash_fn_by_name("sha256"))
     hashes: list = []
     assert h.extend(hashes, [1, 2], None) == []
     new = h.extend(hashes, [1, 2, 3, 4, 5, 6, 7], None)
@@ -174,3 +179,35 @@ def test_engine_hash_seed_reproduces_a_vllm_server_started_with_pythonhashseed(m
         make_engine([], hash_algo="xxhash", hash_seed=None).hasher.none_hash for _ in range(2)
     )
     assert x1 != x2  # vLLM's random xxhash seed
+
+
+def test_frontend_hashes_of_the_prompts_count_are_kept_and_the_engine_hashes_on_from_them():
+    """vLLM 0.34's rule (EngineCore.preprocess_add_request, frontend_block_hashes), on
+    made-up bytes so that keeping them shows: one hash per full prompt block is taken as sent
+    and the engine's hasher chains the output blocks from the last of them; any other count is
+    dropped and the engine hashes the prompt itself. tests/lab/test_hash_keys.py checks the same
+    against vLLM 0.34.0's own code."""
+    from kvcore.engine import EngineCoreRequest, PrefixHashConfig
+    from support.kv import make_engine, vllm_sha256
+
+    core = make_engine(block_size=4).engine_core
+    assert core.prefix_hash_config == PrefixHashConfig("sha256", 4, VLLM_NONE_HASH_SHA256, 0)
+    prompt = list(range(1, 11))  # 2 full blocks and 2 tokens over
+    fake = [b"\x01" * 32, b"\x02" * 32]
+    req = core.preprocess_add_request(EngineCoreRequest("r", prompt, 4, block_hashes=list(fake)))
+    req.append_output_token_ids([11, 12])
+    assert req.block_hashes == fake + [vllm_sha256((fake[1], (9, 10, 11, 12), None))]
+    for wrong in (fake[:1], fake + fake[:1], []):
+        req = core.preprocess_add_request(EngineCoreRequest("r", prompt, 4, block_hashes=wrong))
+        assert req.block_hashes == vllm_chain(prompt, 4)
+    # the count that fits leaves out the blocks whose lookahead tokens are not there yet
+    config = PrefixHashConfig("sha256", 4, VLLM_NONE_HASH_SHA256, num_lookahead_tokens=3)
+    sent = EngineCoreRequest("r", prompt, 4, block_hashes=fake)
+    assert frontend_block_hashes(sent, config) is None
+    sent.block_hashes = fake[:1]  # (10 - 3) // 4
+    assert frontend_block_hashes(sent, config) == fake[:1]
+    # an engine that hashes nothing (no prefix caching, no KV connector) takes no hashes
+    off = make_engine(block_size=4, enable_prefix_caching=False).engine_core
+    assert off.prefix_hash_config is None and off.request_block_hasher is None
+    req = off.preprocess_add_request(EngineCoreRequest("r", prompt, 4, block_hashes=list(fake)))
+    assert req.block_hashes == []

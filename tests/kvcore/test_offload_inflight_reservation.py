@@ -105,3 +105,18 @@ def test_a_retried_load_reserves_its_own_blocks_as_in_vllm():
     retry = [e for e in events_of(recs, "blocked", "C") if e.reason == "reserved_blocks"]
     assert retry and retry[0].num_reserved_blocks == 5  # C's own 18 tokens, no one else's
     assert [e.reason for e in events_of(recs, "finished", "C")] == ["aborted"]
+
+
+def test_a_request_whose_load_failed_whole_leaves_the_holding_queue():
+    """Trace 19 (``kv_load_failure_policy`` "recompute"): R3's load fails with no valid block, so
+    it gives its blocks back while it still sits in ``kv_holding_waiting``, ahead of R5, whose
+    load lands. R3's new load is refused by the parked reservations (its own among them); left
+    at the holding queue's head, as vLLM 0.34.0 leaves it, it would end every step's scan before
+    R5 and the run would never finish. kvcore moves it to the front of ``waiting`` instead
+    (docs/fidelity.md, "What is still different")."""
+    case = offload_vs_vllm.random_case(19)
+    assert case["kv_load_failure_policy"] == "recompute" and "R3" in case["fail_loads"]
+    script, _ = offload_vs_vllm.our_run(case)  # asserts that the trace finishes
+    assert sorted(sum((x["finished"] for x in script), [])) == sorted(
+        r["id"] for r in case["requests"]
+    )

@@ -17,7 +17,7 @@ COMMON = list(range(12))  # three full blocks of 4
 
 
 def plp_request(rid, tokens, block_size):
-    hasher = make_request(rid, tokens, block_size)._hasher
+    hasher = make_request(rid, tokens, block_size)._block_hasher
     return Request(rid, list(tokens), 16, prompt_logprobs=5, block_hasher=hasher)
 
 

@@ -515,7 +515,7 @@ def test_a_new_requests_data_carries_its_multimodal_items_as_vllms():
     """vLLM's NewRequestData has mm_features: a KV connector's build_connector_meta keys stored
     K/V by their identifiers (vLLM's ExampleConnector reads new_req.mm_features)."""
     from kvcore.config.scheduler import SchedulerConfig
-    from kvcore.core.kv_cache_utils import BlockHasher
+    from kvcore.core.kv_cache_utils import get_request_block_hasher
     from kvcore.core.sched.scheduler import Scheduler
     from kvcore.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
     from kvcore.request import Request
@@ -523,7 +523,7 @@ def test_a_new_requests_data_carries_its_multimodal_items_as_vllms():
     from support.kv import make_manager
 
     sched = Scheduler(SchedulerConfig(), make_manager(16, 4))
-    hasher = BlockHasher(get_hash_fn_by_name("sha256"), 4)
+    hasher = get_request_block_hasher(4, get_hash_fn_by_name("sha256"))
     items = [MultiModalFeatureSpec("cat", PlaceholderRange(2, 3))]
     sched.add_request(Request("img", list(range(8)), 2, block_hasher=hasher, mm_features=items))
     sched.add_request(Request("text", list(range(20, 28)), 2, block_hasher=hasher))

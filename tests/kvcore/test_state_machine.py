@@ -170,7 +170,14 @@ class KVCacheMachine(RuleBasedStateMachine):
         assert not sched.finished_req_ids & set(sched.requests)
         assert all(eng.requests[rid].is_finished() for rid in sched.finished_req_ids)
         running = {r.request_id for r in sched.running}
-        waiting = {r.request_id for r in sched.waiting.ordered()}
+        waiting = [
+            r.request_id
+            for q in (sched.kv_holding_waiting, sched.waiting, sched.async_kv_waiting)
+            for r in q.ordered()
+        ]
+        # every waiting request is in exactly one of the three queues
+        assert len(waiting) == len(set(waiting))
+        waiting = set(waiting)
         assert len(sched.running) == len(running) <= self.kw["max_num_seqs"]
         assert not running & waiting
         bs = self.kw["block_size"]

@@ -3,7 +3,7 @@ request's stop tokens (``stop_reason`` is the token), then the length cap; a sto
 request even when it is its last allowed token, as in vLLM."""
 
 from kvcore.config.scheduler import SchedulerConfig
-from kvcore.core.kv_cache_utils import BlockHasher
+from kvcore.core.kv_cache_utils import get_request_block_hasher
 from kvcore.core.sched.scheduler import Scheduler
 from kvcore.outputs import ModelRunnerOutput
 from kvcore.request import Request, RequestStatus
@@ -23,7 +23,7 @@ def run_one(req: Request, tokens: list[int]) -> Request:
 
 
 def request(max_tokens: int, **kw) -> Request:
-    hasher = BlockHasher(get_hash_fn_by_name("sha256"), 4)
+    hasher = get_request_block_hasher(4, get_hash_fn_by_name("sha256"))
     return Request("R", list(range(6)), max_tokens, eos_token_ids=(2,), block_hasher=hasher, **kw)
 
 

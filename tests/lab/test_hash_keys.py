@@ -9,6 +9,7 @@ the vLLM scratch environment, ``VLLM_VENV``, default /tmp/vllm034-venv). The myt
 checked live on a run."""
 
 import hashlib
+import random
 import struct
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +17,11 @@ from pathlib import Path
 import pytest
 
 from kvcore.core.kv_cache_manager import KVCacheManager
+from kvcore.core.kv_cache_utils import frontend_block_hashes
+from kvcore.engine import EngineCoreRequest
 from kvcore.kv_cache_interface import KVCacheConfig, full_attention
+from kvcore.lora.request import LoRARequest
+from kvcore.utils.hashing import HASH_ALGOS
 from paged_kv_lab.content import TOPIC_QUESTIONS
 from paged_kv_lab.content import myths as M
 from paged_kv_lab.content.topics import (
@@ -189,14 +194,55 @@ def vllm_says(spec):
 OFFSETS_VS_VLLM = (20, 21, 40)
 
 
+def frontend_cases(n: int = 320, seed: int = 3400) -> list[dict]:
+    """Requests that arrive with a frontend's prompt hashes (vLLM 0.34): every hash algorithm,
+    block sizes 1 to 64, lookahead tokens 0 or more, PYTHONHASHSEED set or not (sha256 only:
+    the xxhash algorithms' seed is random without it), salts and LoRA adapters, engines that do
+    not hash at all, and hash lists of the right count (made-up bytes: taken as sent), of a
+    wrong count, or none."""
+    rng = random.Random(seed)
+    cases = []
+    for i in range(n):
+        algo = HASH_ALGOS[i % len(HASH_ALGOS)]
+        bs = rng.choice((1, 4, 16, 64))
+        lookahead = rng.choice((0, 0, 1, 3))
+        prompt = [rng.randrange(1, 50_000) for _ in range(rng.randrange(1, 4 * bs + 8))]
+        fits = max(len(prompt) - lookahead, 0) // bs  # what frontend_block_hashes accepts
+        count = rng.choice((None, fits, fits, fits, fits + 1, max(fits - 1, 0), fits + 3))
+        width = 16 if algo.startswith("xxhash") else 32
+        seed_env = "0" if algo.startswith("xxhash") else rng.choice((None, "0", "lab"))
+        cases.append(
+            {
+                "hash_algo": algo,
+                "hash_block_size": bs,
+                "lookahead": lookahead,
+                "pythonhashseed": seed_env,
+                "engine_hashes": rng.random() > 0.1,
+                "prompt": prompt,
+                "salt": rng.choice((None, None, "", "tenant-a")),
+                "lora": rng.choice((None, None, ["sql", 1, "/adapters/sql"])),
+                "block_hashes": None
+                if count is None
+                else [rng.randbytes(width).hex() for _ in range(count)],
+                "outputs": [rng.randrange(1, 50_000) for _ in range(rng.randrange(0, 2 * bs + 2))],
+            }
+        )
+    return cases
+
+
+FRONTEND_CASES = frontend_cases()
+
+
 @pytest.fixture(scope="module")
 def vllm_studies():
-    """vLLM's answers for the study at each of OFFSETS_VS_VLLM, from one vLLM interpreter."""
+    """vLLM's answers for the study at each of OFFSETS_VS_VLLM and for FRONTEND_CASES (key
+    "frontend"), from one vLLM interpreter."""
     specs = []
     for offset in OFFSETS_VS_VLLM:
         s = hash_keys_study(TOKENS, offset)
         specs.append(vllm_spec(TOKENS, s.image_offset, s.embeds_row))
-    return dict(zip(OFFSETS_VS_VLLM, vllm_says(specs)))
+    specs.append({"frontend": FRONTEND_CASES})
+    return dict(zip(OFFSETS_VS_VLLM + ("frontend",), vllm_says(specs)))
 
 
 @pytest.mark.skipif(
@@ -215,6 +261,71 @@ def test_vllms_own_code_gives_the_same_hashes_keys_and_hits(offset, vllm_studies
         assert v.hit_after_itself == theirs["hits"][f"{v.variant}>{v.variant}"], v.variant
         if v.neighbour:
             assert v.hit_after_neighbour == theirs["hits"][f"{v.neighbour}>{v.variant}"]
+
+
+def kvcore_frontend_case(case: dict, engines: dict, monkeypatch) -> dict:
+    """kvcore's answer for a frontend case: the lab's engine (its seed resolved from
+    PYTHONHASHSEED as vLLM resolves it) builds the PrefixHashConfig and takes the request in
+    (``EngineCore.preprocess_add_request``). kvcore does not hash with lookahead tokens, so with
+    them only the config's root and ``frontend_block_hashes``' answer are compared."""
+    if case["pythonhashseed"] is None:
+        monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    else:
+        monkeypatch.setenv("PYTHONHASHSEED", case["pythonhashseed"])
+    algo, bs, caching = case["hash_algo"], case["hash_block_size"], case["engine_hashes"]
+    key = (algo, bs, caching, case["pythonhashseed"])
+    if key not in engines:
+        engines[key] = make_engine(
+            block_size=bs, hash_algo=algo, hash_seed=None, enable_prefix_caching=caching
+        ).engine_core
+    core = engines[key]
+    lora = case["lora"]
+    sent = case["block_hashes"]
+    request = EngineCoreRequest(
+        "r",
+        list(case["prompt"]),
+        max_tokens=1 + len(case["outputs"]),
+        cache_salt=case["salt"],
+        lora_request=None if lora is None else LoRARequest(*lora),
+        block_hashes=None if sent is None else [bytes.fromhex(h) for h in sent],
+    )
+    config = core.prefix_hash_config
+    if config is not None and case["lookahead"]:
+        config = replace(config, num_lookahead_tokens=case["lookahead"])
+    taken = frontend_block_hashes(request, config)
+    out = {
+        "none_hash": None if config is None else config.none_hash.hex(),
+        "taken": None if taken is None else [h.hex() for h in taken],
+    }
+    if case["lookahead"]:
+        return out
+    req = core.preprocess_add_request(request)
+    if case["outputs"]:
+        req.append_output_token_ids(case["outputs"])
+    out["hashes"] = [h.hex() for h in req.block_hashes]
+    return out
+
+
+@pytest.mark.skipif(
+    not (Path(VENV) / "bin" / "python").exists(),
+    reason=f"no vLLM 0.34.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
+)
+@pytest.mark.xdist_group("vllm-hash-keys")  # one worker: the module fixture's one interpreter
+def test_frontend_block_hashes_are_taken_and_continued_as_vllms(vllm_studies, monkeypatch):
+    """vLLM 0.34.0's EngineCore against kvcore's on FRONTEND_CASES: the same NONE_HASH in the
+    PrefixHashConfig, the same frontend hashes taken (or the same None), and the same block
+    hashes once the request's outputs are appended (the engine's hasher goes on after the
+    frontend's hashes, or hashes the whole prompt when it refused them)."""
+    theirs = vllm_studies["frontend"]
+    engines: dict = {}
+    outcomes = set()
+    for i, case in enumerate(FRONTEND_CASES):
+        ours = kvcore_frontend_case(case, engines, monkeypatch)
+        want = {k: v for k, v in theirs[i].items() if k in ours}
+        assert ours == want, (i, case)
+        outcomes.add((case["lookahead"] > 0, ours["taken"] is not None))
+    # every kind of answer came up, with and without lookahead tokens
+    assert outcomes == {(False, False), (False, True), (True, False), (True, True)}
 
 
 def admissions(requests, block_size: int) -> list[int]:

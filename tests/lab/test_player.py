@@ -230,3 +230,62 @@ def test_the_wire_keys_name_the_snapshots_fields():
         assert len(set(WIRE[kind].values())) == len(WIRE[kind])
     assert not set(WIRE["step"].values()) & set(WIRE["snapshot"].values())
     assert WIRE["event"] == ["kind", "request_id", "block_ids", "text", "group"]
+
+
+def test_each_group_carries_its_own_block_size(tiny_model):
+    """Casebook case 7: KV cache groups of different block sizes. The head names each group's own
+    block size, as the engine's groups have it (the head's ``block_size`` is the scheduler's, their
+    least common multiple); the trace keeps the sizes and reads back the same, and a trace without
+    them means one size for every group. A run whose groups share one size carries none (its
+    payload as before the field existed)."""
+    import math
+
+    from paged_kv_lab.content.casebook import cases_by_id
+    from paged_kv_lab.recording.snapshot import Snapshot
+
+    lesson = cases_by_id()["which-block-size"].lesson
+    model = played_model(lesson, tiny_model)
+    scenario = lesson_scenario(lesson, model.num_layers, model=model.name, device="cpu")
+    initial, records, engine = recorded(scenario, model)
+    kvm = engine.scheduler.kv_cache_manager
+    sizes = tuple(kvm.kv_cache_config.group_block_sizes)
+    assert len(set(sizes)) > 1, sizes  # the case is about groups whose sizes differ
+    head = run_payload(initial, records)["head"]
+    assert [g["block_size"] for g in head["groups"]] == list(sizes)
+    assert head["block_size"] == kvm.block_size == math.lcm(*sizes)
+    for rec in (records[0], records[-1]):
+        snap = rec.snapshot
+        assert snap.group_block_sizes == sizes
+        assert Snapshot.from_dict(json.loads(json.dumps(snap.to_dict()))) == snap
+        old = {k: v for k, v in snap.to_dict().items() if k != "group_block_sizes"}
+        assert all(
+            Snapshot.from_dict(old).group_block_size(g) == snap.block_size
+            for g in range(len(sizes))
+        )
+    # the trace file keeps them; sizes that do not fit the groups are refused
+    from paged_kv_lab.run.scenario import scenario_to_dict
+    from paged_kv_lab.run.trace_file import TraceError, header_line, read_trace
+
+    header = header_line(scenario_to_dict(scenario), initial)
+    assert read_trace(header).initial == initial
+    bad = dataclasses.replace(initial, group_block_sizes=(sizes[0], 3 * sizes[0]))
+    with pytest.raises(TraceError, match="group_block_sizes"):
+        read_trace(header_line(scenario_to_dict(scenario), bad))
+    # each group's blocks hold at most its own size of tokens, and a full one exactly that many
+    for snap in (r.snapshot for r in records):
+        for r in snap.requests:
+            for g, table in enumerate(r.block_tables):
+                for i, bid in enumerate(table):
+                    held = len(snap.blocks[bid].token_ids)
+                    if bid and (i + 1) * sizes[g] <= r.num_computed_tokens:
+                        assert held == sizes[g], (snap.step, r.request_id, g, i)
+    one = load_scenario(
+        {
+            "model": "tiny-random",
+            "engine": {"block_size": 4, "num_gpu_blocks": 8},
+            "requests": [{"id": "a", "prompt": "one size", "max_tokens": 2}],
+        }
+    )
+    plain, plain_records, _ = recorded(one, tiny_model)
+    assert plain.group_block_sizes == () and "group_block_sizes" not in plain.to_dict()
+    assert all("block_size" not in g for g in run_payload(plain, plain_records)["head"]["groups"])

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcore.core.kv_cache_utils import BlockHasher
+from kvcore.core.kv_cache_utils import get_request_block_hasher
 from kvcore.utils.hashing import sha256
 from paged_kv_lab.run.budget import BudgetError, Limits, cli_limits
 from paged_kv_lab.run.scenario import ScenarioError
@@ -141,7 +141,7 @@ def test_prompt_tokens_fit_vllms_32_bit_token_ids():
 
 
 def _shared_blocks(a: TraceRequest, b: TraceRequest, bs: int, tb: int = 512) -> int:
-    hasher = BlockHasher(sha256, bs)
+    hasher = get_request_block_hasher(bs, sha256)
     ha, hb = [], []
     hasher.extend(ha, prompt_token_ids(a, tb), None)
     hasher.extend(hb, prompt_token_ids(b, tb), None)
@@ -175,7 +175,7 @@ def test_the_shared_hasher_gives_kvcores_hashes_block_for_block(algo, bs):
     from kvcore.utils.hashing import get_hash_fn_by_name
 
     trace = load_trace(SHIPPED_TRACE)
-    plain = BlockHasher(get_hash_fn_by_name(algo), bs)
+    plain = get_request_block_hasher(bs, get_hash_fn_by_name(algo))
     shared = SharedBlockHasher(plain)
     hits = 0
     for r in trace.requests[: 4000 if bs == 512 else 600]:

@@ -194,6 +194,27 @@ def test_leading_hits_hashes_a_prompt_as_the_server_did():
     assert leading_hits(held, [5] + e2[1:], 4, "sha256", "0")[0] == 0
 
 
+@pytest.mark.parametrize("name", ["eviction", "hybrid", "shared_prefix", "shared_prefix_bytes"])
+def test_an_index_without_token_ids_keeps_everything_else(name):
+    """The fleet's router index (keep_tokens=False) ends as the full one, token ids apart, on
+    every recorded vLLM stream (stores aligned and sparse, repeats, removals, clears)."""
+    from paged_kv_lab.watch.prefix_index import PrefixCacheIndex
+
+    full, lean = PrefixCacheIndex(), PrefixCacheIndex(keep_tokens=False)
+    for _, _, payload in fixture(name)[1]:
+        for ev in ke.decode_batch(payload).events:
+            full.apply(ev)
+            lean.apply(ev)
+            for medium in full.media():
+                want = full.state(medium)
+                for group in want["groups"].values():
+                    for entry in group.values():
+                        entry["token_ids"] = None
+                assert lean.state(medium) == want
+    assert lean.num_blocks() == full.num_blocks() and full.num_blocks()
+    assert lean.group_info == full.group_info and lean.media() == full.media()
+
+
 def test_our_engine_publishes_frames_the_watcher_reads_as_vllm_events(ctx, tmp_path):
     from support.kv_events import engine_for, run_ops  # the same ops as the fixture tests
 

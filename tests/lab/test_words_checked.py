@@ -359,14 +359,14 @@ def test_an_items_key_is_its_identifier_not_its_content():
     ``identifier`` (vLLM's content hash, or the request's ``multi_modal_uuids`` entry for it):
     the same identifier over other content keys alike, another identifier over the same content
     keys apart."""
-    from kvcore.core.kv_cache_utils import BlockHasher
+    from kvcore.core.kv_cache_utils import get_request_block_hasher
     from kvcore.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
     from kvcore.request import Request
     from kvcore.utils.hashing import get_hash_fn_by_name
 
     def hashes(identifier, data):
         item = MultiModalFeatureSpec(identifier, PlaceholderRange(2, 4), data=data)
-        hasher = BlockHasher(get_hash_fn_by_name("sha256"), 4)
+        hasher = get_request_block_hasher(4, get_hash_fn_by_name("sha256"))
         return Request("r", list(range(8)), 4, block_hasher=hasher, mm_features=[item]).block_hashes
 
     assert hashes("uuid-1", b"cat pixels") == hashes("uuid-1", b"dog pixels")

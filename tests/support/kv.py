@@ -12,7 +12,7 @@ from typing import Any, Optional, Sequence
 
 from kvcore.core.block_pool import BlockPool, BlockRemoved, BlockStored
 from kvcore.core.kv_cache_manager import KVCacheManager
-from kvcore.core.kv_cache_utils import BlockHasher
+from kvcore.core.kv_cache_utils import get_request_block_hasher
 from kvcore.distributed.kv_events import maybe_convert_block_hash
 from kvcore.kv_cache_interface import (
     FullAttentionSpec,
@@ -107,7 +107,9 @@ def make_request(
     hash_algo: str = "sha256",
     caching: bool = True,
 ) -> Request:
-    hasher = BlockHasher(get_hash_fn_by_name(hash_algo), block_size) if caching else None
+    hasher = (
+        get_request_block_hasher(block_size, get_hash_fn_by_name(hash_algo)) if caching else None
+    )
     return Request(
         rid,
         list(tokens),

@@ -77,7 +77,8 @@ def mamba_block_aligned_split(
 class Scheduler:
     """Waiting and running queues over one KVCacheManager.
 
-    Invariants: a request is in exactly one of waiting / running / finished; every
+    Invariants: a request is in exactly one of the waiting queues (``kv_holding_waiting``,
+    ``waiting``, ``async_kv_waiting``) / running / finished; every
     running request holds blocks for all its computed tokens; at most
     ``max_num_seqs`` run and at most ``max_num_batched_tokens`` are computed per step;
     ``finished_req_ids`` holds only the requests finished since the last ``schedule``.
@@ -108,6 +109,10 @@ class Scheduler:
         self.lora_config = lora_config
         self.policy = config.policy
         self.waiting = create_request_queue(config.policy)
+        # vLLM 0.34: waiting requests that hold KV blocks (an asynchronous load in flight or
+        # landed) wait here and are drained before ``waiting``, so a request whose allocation
+        # fails (which ends the scan) never stands in front of one that would give blocks back.
+        self.kv_holding_waiting = create_request_queue(config.policy)
         self.running: list[Request] = []
         # The unfinished requests, by id: as in vLLM a request leaves when it finishes (its id
         # can then be used again); whoever needs finished ones' outputs keeps them itself.
@@ -233,13 +238,13 @@ class Scheduler:
         )
 
     def _enqueue_waiting_request(self, request: Request) -> None:
-        """Into the waiting queue, or, with ``max_num_inflight_kv_loads`` set and a request the
-        connector may load asynchronously, into ``async_kv_waiting`` (vLLM 0.34). Requests
-        holding blocks share ``waiting`` here: ``schedule`` takes them out first, as vLLM's
-        ``kv_holding_waiting``."""
-        if (
-            not self._holds_kv_blocks(request)
-            and self.connector is not None
+        """Into ``kv_holding_waiting`` if it holds blocks; else, with
+        ``max_num_inflight_kv_loads`` set and a request the connector may load asynchronously,
+        into ``async_kv_waiting``; else into ``waiting`` (vLLM 0.34's three queues)."""
+        if self._holds_kv_blocks(request):
+            self.kv_holding_waiting.add_request(request)
+        elif (
+            self.connector is not None
             and self.config.max_num_inflight_kv_loads
             and self.connector.may_load_async(request)
         ):
@@ -248,10 +253,12 @@ class Scheduler:
             self.waiting.add_request(request)
 
     def get_request_counts(self) -> tuple[int, int]:
-        return len(self.running), len(self.waiting) + len(self.async_kv_waiting)
+        return len(self.running), (
+            len(self.waiting) + len(self.kv_holding_waiting) + len(self.async_kv_waiting)
+        )
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.waiting) or bool(self.async_kv_waiting) or bool(self.running)
+        return any(self.get_request_counts())
 
     def has_finished_requests(self) -> bool:
         """Finished requests not yet reported to the worker, or whose blocks the connector
@@ -374,7 +381,6 @@ class Scheduler:
             if self.waiting and self.observer is not None:
                 self._emit("blocked", self.waiting.peek_request(), reason="preempted_this_step")
         else:
-            skipped: list[Request] = []  # waiting for their KV: looked at next step
             # the adapters of every running request (scheduled this step or not): a waiting
             # request with another adapter is skipped once max_loras of them are running
             scheduled_loras = {
@@ -382,28 +388,41 @@ class Scheduler:
                 for r in self.running
                 if self.lora_config is not None and r.lora_request is not None
             }
-            # As vLLM's kv_holding_waiting queue: requests that hold blocks (their K/V is
-            # loading, or has landed) go before the others, so a request that cannot get
-            # blocks never keeps them from running and giving their blocks back.
-            holding = create_request_queue(self.policy)
-            for r in [r for r in self.waiting.ordered() if self._holds_kv_blocks(r)]:
-                self.waiting.remove_request(r)
-                holding.add_request(r)
-            # vLLM 0.34 reorders its waiting queue (never the block-holders') before admitting.
+            # Unlike vLLM 0.34.0: a request in kv_holding_waiting that holds no blocks any more
+            # (its asynchronous load failed with no valid block, so they went back) returns to
+            # the front of ``waiting``, as kvcore's one queue used to order it. vLLM leaves it in
+            # kv_holding_waiting, where its new load can be refused by the parked reservations
+            # (its own counted among them) and stop the scan before the holders behind it: in
+            # bench/offload_vs_vllm.py's trace 19 that repeats every step and the run never
+            # ends (docs/fidelity.md).
+            dropped = [r for r in self.kv_holding_waiting if not self._holds_kv_blocks(r)]
+            if dropped:
+                self.kv_holding_waiting.remove_requests(dropped)
+                for request in reversed(dropped):
+                    self.waiting.prepend_request(request)
+            # vLLM 0.34 reorders ``waiting`` (never ``kv_holding_waiting``) before admitting.
             if self.cache_aware_window:
                 self._reorder_waiting_by_cached_prefix()
-            # vLLM 0.34's step_started_kv_loads: loads started this step, newer than any holder
+            # Skipped requests go back to the front of their queues, in the order they were
+            # skipped (vLLM's step_skipped_kv_holding / _waiting / _async_kv); a request that
+            # began holding blocks this step (a load started) joins kv_holding_waiting's back,
+            # as it is newer than every holder there (vLLM's step_started_kv_loads).
+            skipped_kv_holding: list[Request] = []
+            skipped_waiting: list[Request] = []
+            skipped_async: list[Request] = []
             started_loads: list[Request] = []
-            skipped_async: list[Request] = []  # from async_kv_waiting, back to its front
 
             def skip(queue) -> None:
                 request = queue.pop_request()
-                if self._holds_kv_blocks(request) and queue is not holding:
+                holds_blocks = self._holds_kv_blocks(request)
+                if holds_blocks and queue is not self.kv_holding_waiting:
                     started_loads.append(request)
-                elif queue is self.async_kv_waiting and not self._holds_kv_blocks(request):
+                elif holds_blocks:
+                    skipped_kv_holding.append(request)
+                elif queue is self.async_kv_waiting:
                     skipped_async.append(request)
                 else:
-                    skipped.append(request)
+                    skipped_waiting.append(request)
 
             # cleared once async_kv_waiting's head cannot start a load (vLLM 0.34)
             take_async_kv = True
@@ -412,14 +431,15 @@ class Scheduler:
                 # neither until their K/V has arrived); without a cap that queue is empty.
                 loads_only = len(self.running) >= cfg.max_num_seqs or token_budget <= 0
                 if not loads_only:
-                    queue = holding if holding else self._next_waiting_queue(take_async_kv)
+                    # block-holders are always drained first
+                    queue = self.kv_holding_waiting or self._next_waiting_queue(take_async_kv)
                 elif take_async_kv:
                     queue = self.async_kv_waiting
                 else:
                     queue = None
                 if not queue:
                     if token_budget > 0 and len(self.running) >= cfg.max_num_seqs:
-                        head = holding or self.waiting or self.async_kv_waiting
+                        head = self.kv_holding_waiting or self.waiting or self.async_kv_waiting
                         if head:
                             self._emit(
                                 "blocked",
@@ -615,9 +635,11 @@ class Scheduler:
                 self._emit(
                     "blocked", self.waiting.peek_request(), reason="token_budget", token_budget=0
                 )
-            front = [r for r in skipped if self._holds_kv_blocks(r)] + holding.ordered()
-            front += started_loads + [r for r in skipped if not self._holds_kv_blocks(r)]
-            for request in reversed(front):
+            for request in reversed(skipped_kv_holding):
+                self.kv_holding_waiting.prepend_request(request)
+            for request in started_loads:
+                self.kv_holding_waiting.add_request(request)
+            for request in reversed(skipped_waiting):
                 self.waiting.prepend_request(request)
             for request in reversed(skipped_async):
                 self.async_kv_waiting.prepend_request(request)
@@ -758,15 +780,20 @@ class Scheduler:
         """As vLLM 0.34: an admitted request, new or resumed after preemption, goes out in full
         (its whole table and every token to prefill); a running one with only the blocks added
         this step (None if none). ``new_token_ids`` stays empty: vLLM fills it only under
-        pipeline parallelism."""
+        pipeline parallelism. The prompt goes by reference, as in vLLM (a request never changes
+        it): ``prefill_token_ids`` is the prompt list itself while the request has no output
+        (vLLM's ``Request.prefill_token_ids``), else a copy of every token taken now (vLLM hands
+        its live buffer; the copy holds what it held at this step)."""
         new_reqs = [
             NewRequestData(
                 req_id=r.request_id,
-                prompt_token_ids=list(r.prompt_token_ids),
+                prompt_token_ids=r.prompt_token_ids,
                 mm_features=list(r.mm_features),
                 block_ids=req_to_new_blocks[r.request_id],
                 num_computed_tokens=num_computed_before[r.request_id],
-                prefill_token_ids=list(r.all_token_ids),
+                prefill_token_ids=r.prompt_token_ids
+                if len(r.prompt_token_ids) == len(r.all_token_ids)
+                else list(r.all_token_ids),
             )
             for r in scheduled_new
         ]
@@ -1132,7 +1159,9 @@ class Scheduler:
                 "invalid_block_ids cannot be mapped back to requests with several KV cache groups"
             )
         async_load_reqs = [
-            r for r in self.waiting.ordered() if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+            r
+            for r in self.kv_holding_waiting.ordered()
+            if r.status == RequestStatus.WAITING_FOR_REMOTE_KVS
         ]
         async_failed, _, _ = self._update_requests_with_invalid_blocks(
             async_load_reqs, invalid_block_ids, num_scheduled_tokens, evict_blocks=False
@@ -1190,10 +1219,11 @@ class Scheduler:
             running = req.status == RequestStatus.RUNNING
             if running:
                 self.running.remove(req)
-            elif req in self.async_kv_waiting:
-                self.async_kv_waiting.remove_request(req)
             else:
-                self.waiting.remove_request(req)
+                for queue in (self.kv_holding_waiting, self.waiting, self.async_kv_waiting):
+                    if req in queue:
+                        queue.remove_request(req)
+                        break
             delay_free_blocks = False
             if req.status == RequestStatus.WAITING_FOR_REMOTE_KVS:
                 # Its load is still running (it will report the request finished receiving):

@@ -54,6 +54,29 @@ export class PlayerPanels extends PlayerCharts {
     return b.owners.includes(this.sel.id) ? " pkv-sel" : " pkv-dim";
   }
 
+  // Each KV cache group's own block size: the head's groups carry one only where the sizes differ
+  // (vLLM 0.34: a group with a smaller page per token gets longer blocks; head.block_size is then
+  // the scheduler's, their least common multiple); a group without one has head.block_size.
+  groupBlockSize(gi) {
+    const g = (this.run.head.groups || [])[gi];
+    return (g && g.block_size) || this.run.head.block_size;
+  }
+
+  sizesDiffer() { return (this.run.head.groups || []).some((g) => g.block_size); }
+
+  // The block size of the group whose table holds block b (a block id sits in one group's tables),
+  // else of the group its hash keys it in; the block -> group map is built once per snapshot.
+  blockSize(snap, b) {
+    if (!this.sizesDiffer()) return this.run.head.block_size;
+    if (this.groupOfSnap !== snap) {
+      this.groupOfSnap = snap;
+      this.groupOf = new Map();
+      for (const r of snap.requests) r.block_tables.forEach((t, gi) => t.forEach((id) => this.groupOf.set(id, gi)));
+    }
+    const gi = this.groupOf.has(b.block_id) ? this.groupOf.get(b.block_id) : b.group;
+    return gi === null || gi === undefined ? this.run.head.block_size : this.groupBlockSize(gi);
+  }
+
   drawGrid(snap, changed) {
     const nodes = snap.blocks.map((b) => {
       const d = el("div", this.blockClass(b, "pkv-block") + (changed.has(b.block_id) ? " changed" : "") + this.selState(b));
@@ -65,7 +88,7 @@ export class PlayerPanels extends PlayerCharts {
         el("span", "pkv-ref", b.is_null ? this.L.null_block : `${this.L.ref_short} ${b.ref_cnt}`));
       // A held block's slots: filled = a computed token's K/V, hollow = allocated, no token yet
       // (the next decode slot, or lookahead slots reserved for a draft model).
-      const held = b.token_ids.length, bs = this.run.head.block_size;
+      const held = b.token_ids.length, bs = this.blockSize(snap, b);
       if (!b.is_null && b.owners.length && held < bs && bs <= 64) {
         const strip = el("span", "pkv-slots");
         for (let i = 0; i < bs; i++) strip.append(el("i", i < held ? null : "empty"));
@@ -158,12 +181,17 @@ export class PlayerPanels extends PlayerCharts {
     if (this.prevShown) {
       for (const r of this.prevShown.requests) for (const t of r.block_tables) for (const id of t) prevHeld.add(`${r.request_id}:${id}`);
     }
-    const out = [];
+    const out = [], differ = this.sizesDiffer();
     groups.forEach((g, gi) => {
       const reqs = snap.requests.filter((r) => r.block_tables[gi] && r.block_tables[gi].length);
+      const gbs = this.groupBlockSize(gi);
       if (groups.length > 1) {
         const win = g.sliding_window ? ` (${this.L.window} ${g.sliding_window})` : "";
-        out.push(el("div", "pkv-muted", `${this.L.group} ${gi}: ${g.kind || ""}${win}`));
+        const size = differ ? ` · ${fmt(this.L.group_block_size, { block_size: gbs })}` : "";
+        const label = el("div", "pkv-muted", `${this.L.group} ${gi}: ${g.kind || ""}${win}${size}`);
+        label.dataset.group = String(gi);
+        if (differ) label.dataset.blockSize = String(gbs);
+        out.push(label);
       }
       const table = el("table");
       table.dataset.group = String(gi);
@@ -174,7 +202,9 @@ export class PlayerPanels extends PlayerCharts {
         r.block_tables[gi].forEach((id, li) => {
           const td = el("td");
           const enter = this.prevShown && !prevHeld.has(`${r.request_id}:${id}`) ? "pkv-enter-table" : "";
-          td.append(this.chip(snap.blocks[id], enter), el("div", "pkv-logical", `L${li}`));
+          // where the groups' sizes differ, each logical block names the tokens it covers
+          const span = differ ? ` · ${fmt(this.L.block_tokens, { first: li * gbs, last: (li + 1) * gbs - 1 })}` : "";
+          td.append(this.chip(snap.blocks[id], enter), el("div", "pkv-logical", `L${li}${span}`));
           tr.append(td);
         });
         table.append(tr);
@@ -234,7 +264,6 @@ export class PlayerPanels extends PlayerCharts {
     const toks = prompt.concat(r.output_token_ids);
     const n = Math.max(1, toks.length);
     const pos = this.addrPos === null ? Math.max(0, Math.min(n - 1, r.num_computed_tokens - 1)) : Math.min(this.addrPos, n - 1);
-    const bs = this.run.head.block_size;
     const sel = el("select", "pkv-select");
     sel.replaceChildren(...reqs.map((x) => { const o = el("option", null, x.request_id); o.value = x.request_id; return o; }));
     sel.value = r.request_id;
@@ -246,16 +275,21 @@ export class PlayerPanels extends PlayerCharts {
     const l2 = el("label", null, `${L.pos_label} ${pos} `); l2.append(range);
     const parts = [l1, l2];
     const nulls = new Set(snap.blocks.filter((b) => b.is_null).map((b) => b.block_id));
-    const lb = Math.floor(pos / bs), off = pos % bs;
+    const differ = this.sizesDiffer();
     r.block_tables.forEach((table, gi) => {
+      // each group's own arithmetic: vLLM's slot_mapping is block id × that group's block size + offset
+      const bs = this.groupBlockSize(gi);
+      const lb = Math.floor(pos / bs), off = pos % bs;
       const pb = lb < table.length ? table[lb] : null;
       const phys = pb === null ? "—" : (nulls.has(pb) ? L.null_slot : String(pb));
       const slot = pb === null || nulls.has(pb) ? "—" : String(pb * bs + off);
       const tok = pos < toks.length ? this.tokText([toks[pos]]) : "?";
-      const gl = r.block_tables.length > 1 ? ` [${L.group} ${gi}]` : "";
+      const size = differ ? `, ${fmt(L.group_block_size, { block_size: bs })}` : "";
+      const gl = r.block_tables.length > 1 ? ` [${L.group} ${gi}${size}]` : "";
       const line = el("div", "pkv-addr-line",
         fmt(L.address_line, { pos, token: tok, group: gl, block_size: bs, logical: lb, offset: off, physical: phys, slot }) +
         (pos < r.num_computed_tokens ? "" : " " + L.not_computed));
+      line.dataset.group = String(gi);
       const row = el("div", "pkv-addr-row");
       table.forEach((id, i) => {
         const c = this.chip(snap.blocks[id], i === lb ? "pkv-target" : "");
@@ -269,7 +303,7 @@ export class PlayerPanels extends PlayerCharts {
 
   blockLines(snap, b) {
     const L = this.L;
-    const qpos = snap.free_queue.indexOf(b.block_id);
+    const qpos = snap.free_queue.indexOf(b.block_id), bs = this.blockSize(snap, b);
     return [
       `${L.block} ${b.block_id}${b.is_null ? ` (${L.null_block})` : ""}`,
       `${L.ref}: ${b.ref_cnt} · ${L.owners}: ${b.owners.length ? b.owners.join(", ") : "—"}`,
@@ -277,8 +311,8 @@ export class PlayerPanels extends PlayerCharts {
         + (b.block_hash && b.block_hash_num_tokens ? ` · block_hash_num_tokens: ${b.block_hash_num_tokens}` : ""),
       `${L.parent}: ${b.block_hash ? (b.parent_hash || "NONE_HASH") : "—"}`,
       `${L.tokens}: ${b.token_ids.length}${this.run.head.decoded ? "" : " " + L.decoded_ids}`,
-      ...(b.owners.length && !b.is_null && b.token_ids.length < this.run.head.block_size
-        ? [fmt(L.slots_line, { held: b.token_ids.length, empty: this.run.head.block_size - b.token_ids.length })] : []),
+      ...(b.owners.length && !b.is_null && b.token_ids.length < bs
+        ? [fmt(L.slots_line, { held: b.token_ids.length, empty: bs - b.token_ids.length })] : []),
       `${L.text}: «${this.tokText(b.token_ids)}»`,
       `${L.qpos}: ${qpos < 0 ? L.not_free : `${qpos} (${L.head} = 0)`}`,
     ];

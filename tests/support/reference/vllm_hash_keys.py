@@ -6,22 +6,35 @@ hashes (hex) and extra keys, and the blocks each (first, second) pair's second r
 Given ``requests`` instead (a scenario's requests as the engine builds them: token ids, or
 embedding rows as raw float32 bytes in hex, multimodal items, salt), admits them one after the
 other on one KVCacheManager, each freed before the next, and writes each one's block hashes and
-the tokens it hit."""
+the tokens it hit.
+
+Given ``frontend`` (a list of cases: hash algorithm, hash block size, lookahead tokens,
+PYTHONHASHSEED, whether the engine hashes at all, a prompt, a salt, a LoRA adapter, the prompt
+block hashes a frontend sends, the output tokens appended after), does what vLLM 0.34.0's
+EngineCore does with them: builds the PrefixHashConfig as its __init__ builds it (init_none_hash,
+get_request_block_hasher), passes the EngineCoreRequest through frontend_block_hashes and
+Request.from_engine_core_request, appends the outputs; writes, per case, the config's NONE_HASH,
+the hashes frontend_block_hashes let through (or None) and the request's block hashes at the
+end."""
 
 import json
+import os
 import sys
 
 import torch
 from vllm.lora.request import LoRARequest
 from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
 from vllm.sampling_params import SamplingParams
-from vllm.utils.hashing import sha256
+from vllm.utils.hashing import get_hash_fn_by_name, sha256
+from vllm.v1.core import kv_cache_utils
 from vllm.v1.core.kv_cache_manager import KVCacheManager
 from vllm.v1.core.kv_cache_utils import (
+    frontend_block_hashes,
     generate_block_hash_extra_keys,
     get_request_block_hasher,
     init_none_hash,
 )
+from vllm.v1.engine import EngineCoreRequest, PrefixHashConfig
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.request import Request
 
@@ -81,6 +94,55 @@ def admissions(spec: dict) -> dict:
     return out
 
 
+def frontend_case(case: dict) -> dict:
+    """One request that arrives with (or without) a frontend's prompt hashes, as EngineCore
+    (vllm/v1/engine/core.py, 0.34.0) takes it in."""
+    saved = os.environ.pop("PYTHONHASHSEED", None)
+    if case["pythonhashseed"] is not None:
+        os.environ["PYTHONHASHSEED"] = case["pythonhashseed"]
+    try:
+        hasher, config = None, None
+        if case["engine_hashes"]:  # prefix caching on (or a KV connector): EngineCore.__init__
+            fn = get_hash_fn_by_name(case["hash_algo"])
+            init_none_hash(fn)
+            hasher = get_request_block_hasher(case["hash_block_size"], fn, case["lookahead"])
+            config = PrefixHashConfig(
+                hash_algo=case["hash_algo"],
+                hash_block_size=case["hash_block_size"],
+                none_hash=kv_cache_utils.NONE_HASH,
+                num_lookahead_tokens=case["lookahead"],
+            )
+    finally:
+        os.environ.pop("PYTHONHASHSEED", None)
+        if saved is not None:
+            os.environ["PYTHONHASHSEED"] = saved
+    sent = case["block_hashes"]
+    lora = case["lora"]
+    request = EngineCoreRequest(
+        request_id="r",
+        prompt_token_ids=list(case["prompt"]),
+        mm_features=None,
+        sampling_params=SamplingParams(max_tokens=1 + len(case["outputs"])),
+        pooling_params=None,
+        arrival_time=0.0,
+        lora_request=None if lora is None else LoRARequest(*lora),
+        cache_salt=case["salt"],
+        data_parallel_rank=None,
+        block_hashes=None if sent is None else [bytes.fromhex(h) for h in sent],
+    )
+    taken = frontend_block_hashes(request, config)  # EngineCore.preprocess_add_request
+    out = {
+        "none_hash": None if config is None else config.none_hash.hex(),
+        # written before the request grows: vLLM's Request keeps the very list it was given
+        "taken": None if taken is None else [bytes(h).hex() for h in taken],
+    }
+    req = Request.from_engine_core_request(request, hasher, taken)
+    if case["outputs"]:
+        req.append_output_token_ids(list(case["outputs"]))
+    out["hashes"] = [bytes(h).hex() for h in req.block_hashes]
+    return out
+
+
 def main() -> None:
     spec = json.load(sys.stdin)
     init_none_hash(sha256)
@@ -91,6 +153,8 @@ def main() -> None:
 
 
 def answer(spec: dict):
+    if "frontend" in spec:
+        return [frontend_case(c) for c in spec["frontend"]]
     if "requests" in spec:
         return admissions(spec)
     bs, tokens = spec["block_size"], spec["token_ids"]
