@@ -240,9 +240,10 @@ def test_a_moment_of_the_default_slice_opens_within_a_second(shipped_page):
     the whole window around it at the same step. A moment over the bound is judged by the next
     step's (another moment, as a learner's second try): the other workers' servers may be
     recording in the background, and one moment's load should not fail a page that opens in
-    time, while a slow page is slow on both. Judged where the machine was quiet in the second
-    before the first click (at most BUSY_SHARE of its CPU time busy: the other workers and
-    their servers are paused, this server has filled its checkpoints while the learner read)."""
+    time, while a slow page is slow on both. Over STUCK_S fails; over MOMENT_S is an xfail that
+    says whether the machine was quiet in the second before the first click (at most BUSY_SHARE
+    of its CPU time busy: the other workers and their servers are paused, this server has
+    filled its checkpoints while the learner read) and so whether the bound itself was missed."""
     page, steps = shipped_page
     wait_idle(page)
     busy = busy_share()
