@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from kvcore.core.block_pool import BlockPool
     from kvcore.core.kv_cache_manager import KVCacheManager
     from kvcore.core.kv_cache_utils import KVCacheBlock
+    from kvcore.core.sched.scheduler import Scheduler
     from kvcore.simple_kv_offload.manager import SimpleCPUOffloadScheduler
 
 
@@ -186,6 +187,19 @@ def block_cache_keys(pool: "BlockPool", block_id: int) -> tuple[bytes, ...]:
         return ()
     more = pool.cached_block_hashes_by_block.get(block_id)
     return (primary, *sorted(more)) if more else (primary,)
+
+
+# -- the waiting queues (Scheduler) --------------------------------------------------------------
+def waiting_request_ids(scheduler: "Scheduler") -> tuple[str, ...]:
+    """Every waiting request's id, in the order ``schedule()`` takes the queues: those holding KV
+    blocks (``kv_holding_waiting``), the plain queue (``waiting``), and those a connector may
+    load asynchronously (``async_kv_waiting``, with ``max_num_inflight_kv_loads`` set); each
+    queue in its own order. O(waiting requests)."""
+    return tuple(
+        r.request_id
+        for q in (scheduler.kv_holding_waiting, scheduler.waiting, scheduler.async_kv_waiting)
+        for r in q.ordered()
+    )
 
 
 # -- the CPU tier (SimpleCPUOffloadScheduler) ----------------------------------------------------

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, Optional
 
-from kvcore.core.kv_cache_inspect import block_tables, free_queue_ends
+from kvcore.core.kv_cache_inspect import block_tables, free_queue_ends, waiting_request_ids
 from kvcore.core.kv_cache_observer import KVCacheObserver
 from kvcore.core.kv_cache_utils import get_block_hash, get_group_id
 from paged_kv_lab.recording import events as E
@@ -294,15 +294,7 @@ class FrameRecorder:
             requests=moved,
             gone=() if key else gone,
             queue=self._queue(),
-            waiting=tuple(
-                r.request_id
-                for q in (
-                    self.scheduler.kv_holding_waiting,
-                    self.scheduler.waiting,
-                    self.scheduler.async_kv_waiting,
-                )
-                for r in q.ordered()
-            ),
+            waiting=waiting_request_ids(self.scheduler),
             running=tuple(r.request_id for r in self.scheduler.running),
             usage=kvm.usage,
             prefix_cache={

@@ -16,6 +16,7 @@ from kvcore.core.kv_cache_inspect import (
     cached_block_ids,
     free_queue_block_ids,
     offload_is_lazy,
+    waiting_request_ids,
 )
 from kvcore.core.kv_cache_utils import get_block_hash, get_group_id
 from kvcore.worker.gpu.input_batch import InputBatch
@@ -343,15 +344,9 @@ def take_snapshot(
         free_queue=tuple(queue),
         hash_map=hash_map,
         requests=tuple(views),
-        # vLLM 0.34's three waiting queues, in the order schedule() drains them: requests
-        # holding KV blocks (Scheduler.kv_holding_waiting), the plain queue, and, while
-        # max_num_inflight_kv_loads is set, those a connector may load asynchronously
-        # (Scheduler.async_kv_waiting); all three are waiting
-        waiting=tuple(
-            r.request_id
-            for q in (scheduler.kv_holding_waiting, scheduler.waiting, scheduler.async_kv_waiting)
-            for r in q.ordered()
-        ),
+        waiting=waiting_request_ids(
+            scheduler
+        ),  # vLLM 0.34's three queues, as schedule() takes them
         running=tuple(r.request_id for r in scheduler.running),
         usage=kvm.usage,
         num_free_blocks=pool.get_num_free_blocks(),
