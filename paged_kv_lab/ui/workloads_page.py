@@ -50,6 +50,7 @@ from paged_kv_lab.workloads.trace_limits import check, page_trace_limits
 KEY = "workloads"
 COMPONENT = "paged_kv_lab.pool_player"
 BLOCK_SIZES = (16, 32, 64, 128, 256, 512)
+SLIDING_MULTIPLES = (1, 2, 4, 8)  # the sliding-window layers' block over block_size
 
 
 @dataclass
@@ -204,11 +205,7 @@ def sweep_now(state: WorkloadsState, lang: str = "en") -> Optional[str]:
         base = s.replay_settings(trace)
         points = sweep(
             trace,
-            {
-                "block_size": s.block_size,
-                "max_num_seqs": s.max_num_seqs,
-                "max_num_batched_tokens": s.max_num_batched_tokens,
-            },
+            {k: v for k, v in s.engine_overrides().items() if k != "num_gpu_blocks"},
             "num_gpu_blocks",
             sweep_values(trace, s, page_trace_limits()),
             workers=1,
@@ -320,6 +317,8 @@ def pool_player(state: WorkloadsState, lang: str) -> None:
             lang=lang,
             start=w.start,
             run=token,
+            groups=w.groups,
+            group_block_sizes=w.group_block_sizes,
             extends=state.window_extends,
         )
     data["goto"] = {"seq": state.goto_seq, "index": w.start, "request": follow}
@@ -343,6 +342,8 @@ def pool_player(state: WorkloadsState, lang: str) -> None:
             lang=lang,
             start=w.start,
             run=token,
+            groups=w.groups,
+            group_block_sizes=w.group_block_sizes,
         )
 
     classroom.teach_pool_panel(KEY, lang, teaching, state.window_token, whole)
@@ -485,7 +486,35 @@ def settings_form(trace: Trace, lang: str, limits) -> Settings:
         key=f"speedup:{KEY}",
         disabled=arrival != "timestamps",
     )
-    return Settings(int(bs), int(blocks), int(seqs), int(batched), arrival, float(speedup))
+    c1, c2 = st.columns(2)
+    window = c1.number_input(
+        "sliding_window",
+        0,
+        max(trace.max_model_len, 1),
+        0,
+        step=256,
+        key=f"window:{KEY}",
+        help=tr("workloads.sliding_help", lang),
+    )
+    # the sliding-window layers' block (block_size times this) divides the trace's block too
+    multiples = [k for k in SLIDING_MULTIPLES if trace.block_size % (bs * k) == 0] or [1]
+    multiple = c2.selectbox(
+        "sliding_block_multiple",
+        multiples,
+        key=f"multiple:{KEY}",
+        disabled=not window,
+        help=tr("workloads.sliding_multiple_help", lang),
+    )
+    return Settings(
+        int(bs),
+        int(blocks),
+        int(seqs),
+        int(batched),
+        arrival,
+        float(speedup),
+        int(window),
+        int(multiple) if window else 1,
+    )
 
 
 def show_figures(run: WorkloadRun, lang: str) -> None:
