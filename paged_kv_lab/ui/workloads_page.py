@@ -519,10 +519,16 @@ def settings_form(trace: Trace, lang: str, limits) -> Settings:
 
 def show_figures(run: WorkloadRun, lang: str) -> None:
     r = run.result
+    # the infinite-cache figure counts full-attention hits only (workloads/replay.py's
+    # upper_bound_hits): not shown for a run with a sliding-window layer
+    full_only = run.settings.sliding_window > 0
     cells = (
         (tr("workloads.m_requests", lang), f"{r.requests:,}"),
         (tr("workloads.m_hit_rate", lang), f"{100 * r.hit_rate:.1f}%"),
-        (tr("workloads.m_upper", lang), f"{100 * r.upper_bound_hit_rate:.1f}%"),
+        (
+            tr("workloads.m_upper", lang),
+            "—" if full_only else f"{100 * r.upper_bound_hit_rate:.1f}%",
+        ),
         (tr("workloads.m_evictions", lang), f"{r.evictions:,}"),
         (tr("workloads.m_preemptions", lang), f"{r.preemptions:,}"),
         (tr("workloads.m_steps", lang), f"{r.steps:,}"),
@@ -540,6 +546,8 @@ def show_figures(run: WorkloadRun, lang: str) -> None:
             pre_queries=r.preempted_queries,
         )
     )
+    if full_only:
+        st.caption(tr("workloads.full_attention_only", lang))
 
 
 # The series over time, each with the axis it is drawn against: fractions on the left, request
@@ -655,13 +663,14 @@ def show_over_time(state: WorkloadsState, lang: str) -> None:
 
 def sweep_chart(
     vllm: list[tuple[int, float]],
-    upper: float,
+    upper: Optional[float],
     curves: list[tuple[str, list[tuple[int, float]]]],
     lang: str,
 ) -> tuple[pd.DataFrame, dict]:
     """Hit rate against pool size (data, spec): vLLM's curve, a dotted curve per other design
     (``curves``: name and points, designs_page.design_curves) and the trace's upper bound as a
-    dashed rule; the x axis is logarithmic, as the swept sizes are."""
+    dashed rule (none where ``upper`` is None); the x axis is logarithmic, as the swept sizes
+    are."""
     vllm_name = tr("workloads.hit_rate", lang)
     data = pd.DataFrame(
         [
@@ -673,33 +682,34 @@ def sweep_chart(
     upper_name = tr("workloads.m_upper", lang)
     hit = tr("workloads.hit_rate", lang)
     x = {"field": "num_gpu_blocks", "type": "quantitative", "scale": {"type": "log"}}
-    spec = {
-        "height": 300,
-        "layer": [
-            {
-                "mark": {"type": "line", "point": True, "tooltip": True},
-                "encoding": {
-                    "x": {**x, "title": "num_gpu_blocks"},
-                    "y": {
-                        "field": "hit_rate",
-                        "type": "quantitative",
-                        "title": hit,
-                        "scale": {"domain": [0, 1.02]},
-                    },
-                    "color": {
-                        "field": "design",
-                        "type": "nominal",
-                        "scale": {"domain": [vllm_name] + [name for name, _ in curves]},
-                        "legend": {"orient": "top", "title": None},
-                    },
-                    "strokeDash": {
-                        "field": "vllm",
-                        "type": "nominal",
-                        "scale": {"domain": [True, False], "range": [[1, 0], [2, 2]]},
-                        "legend": None,
-                    },
+    layers = [
+        {
+            "mark": {"type": "line", "point": True, "tooltip": True},
+            "encoding": {
+                "x": {**x, "title": "num_gpu_blocks"},
+                "y": {
+                    "field": "hit_rate",
+                    "type": "quantitative",
+                    "title": hit,
+                    "scale": {"domain": [0, 1.02]},
+                },
+                "color": {
+                    "field": "design",
+                    "type": "nominal",
+                    "scale": {"domain": [vllm_name] + [name for name, _ in curves]},
+                    "legend": {"orient": "top", "title": None},
+                },
+                "strokeDash": {
+                    "field": "vllm",
+                    "type": "nominal",
+                    "scale": {"domain": [True, False], "range": [[1, 0], [2, 2]]},
+                    "legend": None,
                 },
             },
+        }
+    ]
+    if upper is not None:
+        layers.append(
             {
                 "data": {"values": [{"upper": upper, "label": upper_name}]},
                 "layer": [
@@ -715,9 +725,9 @@ def sweep_chart(
                         },
                     },
                 ],
-            },
-        ],
-    }
+            }
+        )
+    spec = {"height": 300, "layer": layers}
     return data, spec
 
 
@@ -736,7 +746,8 @@ def show_sweep(state: WorkloadsState, lang: str) -> None:
     from paged_kv_lab.ui.designs_page import design_curves  # SGLang's and nano-vllm's, asked for
 
     curves = design_curves(state.trace, run.settings, [n for n, _ in state.sweep], lang)
-    data, spec = sweep_chart(state.sweep, run.result.upper_bound_hit_rate, curves, lang)
+    upper = None if run.settings.sliding_window else run.result.upper_bound_hit_rate
+    data, spec = sweep_chart(state.sweep, upper, curves, lang)
     st.vega_lite_chart(data, spec, key=f"sweepchart:{KEY}")
     if state.sweep_errors:
         st.caption(tr("workloads.sweep_skipped", lang, points="; ".join(state.sweep_errors)))
@@ -795,6 +806,9 @@ def why_panel(state: WorkloadsState, lang: str) -> None:
     """Why? on the replay: a request's hit against its shared blocks (words/explain_replay.py)."""
     run = state.run
     if not st.toggle(tr("why.title", lang), key=f"why_open:{KEY}"):
+        return
+    if run.settings.sliding_window:  # its answers follow full-attention hits only
+        st.caption(tr("workloads.full_attention_only", lang))
         return
     with st.container(border=True):
         ids = [p.request_id for p in run.result.per_request if p.admitted_step >= 0]
