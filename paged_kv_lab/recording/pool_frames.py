@@ -10,10 +10,13 @@ any step is the nearest keyframe at or before it plus the deltas after it.
 
 Invariant (tests/lab/test_workloads_frames.py): applying the frames in order from a keyframe gives,
 for every block, the ref_cnt, hash and owners that ``take_snapshot`` reads from the live engine
-at that step (and, for a block a request holds, the tokens it holds there), and for every shown
-request its status, counters and block table. A block's parent shows from the first frame after
-a shown request held a cached block of its hash, past its table's first position, at a step since
-the recorder's first (``follow``ed or captured), in keyframes and deltas alike.
+at that step (and, for a block a request holds, the tokens it holds there, at most its own KV
+cache group's block size), and for every shown request its status, counters and block table.
+Where the groups' block sizes differ, each block also carries its group (the table holding it,
+else its cached hash's), and that group's size is the one its tokens are counted against. A
+block's parent shows from the first frame after a shown request held a cached block of its hash,
+past its table's first position, at a step since the recorder's first (``follow``ed or
+captured), in keyframes and deltas alike.
 """
 
 from __future__ import annotations
