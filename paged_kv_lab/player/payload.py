@@ -134,13 +134,16 @@ def delta(prev: dict[str, Any], cur: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
-def head_groups(snap: Snapshot) -> list[dict[str, Any]]:
+def head_groups(
+    groups: Sequence[dict[str, Any]], group_block_sizes: Sequence[int] = ()
+) -> list[dict[str, Any]]:
     """The head's KV cache groups: each group's description, with its own ``block_size`` where the
-    groups' sizes differ (``Snapshot.group_block_sizes``). A group without one has the head's
-    ``block_size``, so a run whose groups share one size is encoded as before the field existed."""
-    if not snap.group_block_sizes:
-        return [dict(g) for g in snap.groups]
-    return [{**g, "block_size": bs} for g, bs in zip(snap.groups, snap.group_block_sizes)]
+    groups' sizes differ (``Snapshot.group_block_sizes``, empty otherwise). A group without one has
+    the head's ``block_size``, so a run whose groups share one size is encoded as before the field
+    existed. The step player's head and the pool player's both take theirs from here."""
+    if not group_block_sizes:
+        return [dict(g) for g in groups]
+    return [{**g, "block_size": bs} for g, bs in zip(groups, group_block_sizes)]
 
 
 def player_book(lang: str) -> dict[str, Any]:
@@ -208,7 +211,7 @@ class RunEncoder:
             "lang": lang,
             "block_size": initial.block_size,
             "num_gpu_blocks": initial.num_gpu_blocks,
-            "groups": head_groups(initial),
+            "groups": head_groups(initial.groups, initial.group_block_sizes),
             "colors": color_map(ids),
             "prompts": prompts,
             "initial": self._prev,

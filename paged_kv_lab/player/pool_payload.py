@@ -6,8 +6,12 @@ A frame on the wire (short keys, arrays in a fixed order):
 "r": [[request_id, status, num_prompt, num_output, num_computed, num_cached, num_preemptions,
 [[keep, *ids] per group]]], "g": [gone ids], "q": [head, tail, num_free, num_cached_free],
 "w": waiting, "u": running, "us": usage, "pc": prefix cache stats, "sc": scheduled tokens,
-"ev": [[kind, request_id, block_ids, sentence]], "sum": summary}``. A block's hash and parent
-travel only when they changed (and in every keyframe). A block table travels as
+"ev": [[kind, request_id, block_ids, sentence]], "sum": summary}``, and, only where the KV cache
+groups' block sizes differ, ``"bg"``: each listed block's group (None: it serves none), in the
+order of ``"b"``, with the head's ``groups`` giving each group its ``block_size`` (as the step
+player's head does); a run whose groups share one size has neither, byte for byte as before.
+A block's hash and parent travel only when they changed (and in every keyframe). A block table
+travels as
 the number of entries kept from the request's table in the frame before plus the new ones, so a
 decode step that appends nothing sends ``[n]``. No Streamlit here.
 """
@@ -19,6 +23,7 @@ from importlib import resources
 from typing import Any, Optional, Sequence
 
 from paged_kv_lab.player.export import asset
+from paged_kv_lab.player.payload import head_groups
 from paged_kv_lab.recording.pool_frames import PoolFrame
 from paged_kv_lab.text.i18n import player_strings, tr
 from paged_kv_lab.why.sentences import step_sentences
@@ -108,28 +113,29 @@ def encode_frames(frames: Sequence[PoolFrame], lang: str = "en") -> list[dict[st
             [e.kind.value, e.request_id, list(e.block_ids), text]
             for e, (_, text) in zip(f.events, step_sentences(f.events, lang))
         ]
-        out.append(
-            {
-                "s": f.step,
-                "k": 1 if f.keyframe else 0,
-                "b": [_block(b, hashes, f.keyframe) for b in f.blocks],
-                "r": reqs,
-                "g": list(f.gone),
-                "q": [
-                    list(f.queue.head),
-                    list(f.queue.tail),
-                    f.queue.num_free,
-                    f.queue.num_cached_free,
-                ],
-                "w": list(f.waiting),
-                "u": list(f.running),
-                "us": round(f.usage, 6),
-                "pc": {k: v for k, v in f.prefix_cache.items()},
-                "sc": dict(f.scheduled),
-                "ev": events,
-                "sum": _summary(f, lang),
-            }
-        )
+        frame = {
+            "s": f.step,
+            "k": 1 if f.keyframe else 0,
+            "b": [_block(b, hashes, f.keyframe) for b in f.blocks],
+            "r": reqs,
+            "g": list(f.gone),
+            "q": [
+                list(f.queue.head),
+                list(f.queue.tail),
+                f.queue.num_free,
+                f.queue.num_cached_free,
+            ],
+            "w": list(f.waiting),
+            "u": list(f.running),
+            "us": round(f.usage, 6),
+            "pc": {k: v for k, v in f.prefix_cache.items()},
+            "sc": dict(f.scheduled),
+            "ev": events,
+            "sum": _summary(f, lang),
+        }
+        if any(b.group is not None for b in f.blocks):
+            frame["bg"] = [b.group for b in f.blocks]
+        out.append(frame)
     return out
 
 
@@ -142,16 +148,23 @@ def pool_payload(
     start: int = 0,
     run: str = "pool",
     extends: Optional[str] = None,
+    groups: Sequence[dict[str, Any]] = (),
+    group_block_sizes: Sequence[int] = (),
 ) -> dict[str, Any]:
     """What the pool player is given: the head, every frame, and the player's words.
     ``extends``: the run this window holds more steps of (the same step of both shows the same
-    frame); a player showing that run stays at its step, zoom and selection."""
+    frame); a player showing that run stays at its step, zoom and selection. ``groups`` /
+    ``group_block_sizes``: the KV cache groups and, where their sizes differ, each one's (then
+    ``block_size`` is the scheduler's, their least common multiple); the head names the groups
+    only then."""
     head = {
         "lang": lang,
         "num_gpu_blocks": num_gpu_blocks,
         "block_size": block_size,
         "start": start,
     }
+    if group_block_sizes:
+        head["groups"] = head_groups(groups, group_block_sizes)
     if extends is not None:
         head["extends"] = extends
     return {

@@ -10,10 +10,13 @@ any step is the nearest keyframe at or before it plus the deltas after it.
 
 Invariant (tests/lab/test_workloads_frames.py): applying the frames in order from a keyframe gives,
 for every block, the ref_cnt, hash and owners that ``take_snapshot`` reads from the live engine
-at that step (and, for a block a request holds, the tokens it holds there), and for every shown
-request its status, counters and block table. A block's parent shows from the first frame after
-a shown request held a cached block of its hash, past its table's first position, at a step since
-the recorder's first (``follow``ed or captured), in keyframes and deltas alike.
+at that step (and, for a block a request holds, the tokens it holds there, at most its own KV
+cache group's block size), and for every shown request its status, counters and block table.
+Where the groups' block sizes differ, each block also carries its group (the table holding it,
+else its cached hash's), and that group's size is the one its tokens are counted against. A
+block's parent shows from the first frame after a shown request held a cached block of its hash,
+past its table's first position, at a step since the recorder's first (``follow``ed or
+captured), in keyframes and deltas alike.
 """
 
 from __future__ import annotations
@@ -43,6 +46,9 @@ class BlockState:
     parent_hash: Optional[str]  # the parent's, when known (a block cached while recorded)
     num_tokens: int  # tokens whose K/V it holds
     owners: tuple[str, ...]
+    # the KV cache group it serves (the table holding it, else its hash's group), kept only where
+    # the groups' block sizes differ (``FrameRecorder.sizes_differ``); None otherwise
+    group: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +113,10 @@ class FrameRecorder:
         self.block_size = self.kvm.block_size
         # each group's own block size (the scheduler's block_size is their least common multiple)
         self.group_block_sizes = self.kvm.coordinator.group_block_sizes
+        # the same rule as a Snapshot's group_block_sizes: only where a group's size is not the
+        # scheduler's does a block carry its group (a run of one size records as before)
+        self.sizes_differ = any(s != self.block_size for s in self.group_block_sizes)
+        self.groups = tuple(g.to_dict() for g in self.kvm.kv_cache_config.kv_cache_groups)
         self.keyframe_every = max(1, keyframe_every)
         self.blocks: dict[int, BlockState] = {}
         self.requests: dict[str, RequestState] = {}
@@ -114,6 +124,7 @@ class FrameRecorder:
         self.frames: list[PoolFrame] = []
         self._owners: dict[int, tuple[str, ...]] = {}
         self._held: dict[int, int] = {}  # the tokens held per block at the last capture
+        self._group: dict[int, int] = {}  # held block -> its group (only where sizes differ)
         self._new_parents: set[str] = set()  # hashes whose parent was learned since then
         # (request id, group) -> how many leading positions of its block table were read with
         # their blocks cached, and that table (``_owners_now``)
@@ -133,6 +144,8 @@ class FrameRecorder:
         block is full, that block holds the rest, any later one none)."""
         owners: dict[int, tuple[str, ...]] = {}
         held: dict[int, int] = {}
+        group = self._group
+        group.clear()
         null = self.pool.null_block.block_id
         for rid, req in reqs.items():
             hashes = req.block_hashes
@@ -140,6 +153,8 @@ class FrameRecorder:
             for g, table in enumerate(tables[rid]):
                 bs = self.group_block_sizes[g]
                 full, part = divmod(req.num_computed_tokens, bs)
+                if self.sizes_differ:
+                    group.update(dict.fromkeys(table, g))
                 known = len(owners)
                 if null not in table and owners.keys().isdisjoint(table):
                     # blocks no request before holds (most): all at once
@@ -165,6 +180,7 @@ class FrameRecorder:
                         for bid in table[full + 1 :]:
                             held.setdefault(bid, 0)
                 self._learn_parents(rid, g, table, hashes)
+        group.pop(null, None)
         return owners, held
 
     def _learn_parents(self, rid: str, g: int, table: tuple[int, ...], hashes) -> None:
@@ -195,6 +211,11 @@ class FrameRecorder:
         n = held.get(bid)
         if n is None:
             n = self.group_block_sizes[get_group_id(blk.block_hash)] if h is not None else 0
+        g = None
+        if self.sizes_differ:
+            g = self._group.get(bid)
+            if g is None and h is not None:
+                g = get_group_id(blk.block_hash)
         return BlockState(
             bid,
             0 if blk.is_null else blk.ref_cnt,
@@ -202,6 +223,7 @@ class FrameRecorder:
             self.parents.get(h) if h is not None else None,
             n,
             owners.get(bid, ()),
+            g,
         )
 
     def _request(self, req, tables: tuple[tuple[int, ...], ...]) -> RequestState:

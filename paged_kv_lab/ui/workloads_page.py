@@ -50,6 +50,7 @@ from paged_kv_lab.workloads.trace_limits import check, page_trace_limits
 KEY = "workloads"
 COMPONENT = "paged_kv_lab.pool_player"
 BLOCK_SIZES = (16, 32, 64, 128, 256, 512)
+SLIDING_MULTIPLES = (1, 2, 4, 8)  # the sliding-window layers' block over block_size
 
 
 @dataclass
@@ -204,11 +205,7 @@ def sweep_now(state: WorkloadsState, lang: str = "en") -> Optional[str]:
         base = s.replay_settings(trace)
         points = sweep(
             trace,
-            {
-                "block_size": s.block_size,
-                "max_num_seqs": s.max_num_seqs,
-                "max_num_batched_tokens": s.max_num_batched_tokens,
-            },
+            {k: v for k, v in s.engine_overrides().items() if k != "num_gpu_blocks"},
             "num_gpu_blocks",
             sweep_values(trace, s, page_trace_limits()),
             workers=1,
@@ -320,6 +317,8 @@ def pool_player(state: WorkloadsState, lang: str) -> None:
             lang=lang,
             start=w.start,
             run=token,
+            groups=w.groups,
+            group_block_sizes=w.group_block_sizes,
             extends=state.window_extends,
         )
     data["goto"] = {"seq": state.goto_seq, "index": w.start, "request": follow}
@@ -343,6 +342,8 @@ def pool_player(state: WorkloadsState, lang: str) -> None:
             lang=lang,
             start=w.start,
             run=token,
+            groups=w.groups,
+            group_block_sizes=w.group_block_sizes,
         )
 
     classroom.teach_pool_panel(KEY, lang, teaching, state.window_token, whole)
@@ -485,15 +486,49 @@ def settings_form(trace: Trace, lang: str, limits) -> Settings:
         key=f"speedup:{KEY}",
         disabled=arrival != "timestamps",
     )
-    return Settings(int(bs), int(blocks), int(seqs), int(batched), arrival, float(speedup))
+    c1, c2 = st.columns(2)
+    window = c1.number_input(
+        "sliding_window",
+        0,
+        max(trace.max_model_len, 1),
+        0,
+        step=256,
+        key=f"window:{KEY}",
+        help=tr("workloads.sliding_help", lang),
+    )
+    # the sliding-window layers' block (block_size times this) divides the trace's block too
+    multiples = [k for k in SLIDING_MULTIPLES if trace.block_size % (bs * k) == 0] or [1]
+    multiple = c2.selectbox(
+        "sliding_block_multiple",
+        multiples,
+        key=f"multiple:{KEY}",
+        disabled=not window,
+        help=tr("workloads.sliding_multiple_help", lang),
+    )
+    return Settings(
+        int(bs),
+        int(blocks),
+        int(seqs),
+        int(batched),
+        arrival,
+        float(speedup),
+        int(window),
+        int(multiple) if window else 1,
+    )
 
 
 def show_figures(run: WorkloadRun, lang: str) -> None:
     r = run.result
+    # the infinite-cache figure counts full-attention hits only (workloads/replay.py's
+    # upper_bound_hits): not shown for a run with a sliding-window layer
+    full_only = run.settings.sliding_window > 0
     cells = (
         (tr("workloads.m_requests", lang), f"{r.requests:,}"),
         (tr("workloads.m_hit_rate", lang), f"{100 * r.hit_rate:.1f}%"),
-        (tr("workloads.m_upper", lang), f"{100 * r.upper_bound_hit_rate:.1f}%"),
+        (
+            tr("workloads.m_upper", lang),
+            "—" if full_only else f"{100 * r.upper_bound_hit_rate:.1f}%",
+        ),
         (tr("workloads.m_evictions", lang), f"{r.evictions:,}"),
         (tr("workloads.m_preemptions", lang), f"{r.preemptions:,}"),
         (tr("workloads.m_steps", lang), f"{r.steps:,}"),
@@ -511,6 +546,8 @@ def show_figures(run: WorkloadRun, lang: str) -> None:
             pre_queries=r.preempted_queries,
         )
     )
+    if full_only:
+        st.caption(tr("workloads.full_attention_only", lang))
 
 
 # The series over time, each with the axis it is drawn against: fractions on the left, request
@@ -626,13 +663,14 @@ def show_over_time(state: WorkloadsState, lang: str) -> None:
 
 def sweep_chart(
     vllm: list[tuple[int, float]],
-    upper: float,
+    upper: Optional[float],
     curves: list[tuple[str, list[tuple[int, float]]]],
     lang: str,
 ) -> tuple[pd.DataFrame, dict]:
     """Hit rate against pool size (data, spec): vLLM's curve, a dotted curve per other design
     (``curves``: name and points, designs_page.design_curves) and the trace's upper bound as a
-    dashed rule; the x axis is logarithmic, as the swept sizes are."""
+    dashed rule (none where ``upper`` is None); the x axis is logarithmic, as the swept sizes
+    are."""
     vllm_name = tr("workloads.hit_rate", lang)
     data = pd.DataFrame(
         [
@@ -644,33 +682,34 @@ def sweep_chart(
     upper_name = tr("workloads.m_upper", lang)
     hit = tr("workloads.hit_rate", lang)
     x = {"field": "num_gpu_blocks", "type": "quantitative", "scale": {"type": "log"}}
-    spec = {
-        "height": 300,
-        "layer": [
-            {
-                "mark": {"type": "line", "point": True, "tooltip": True},
-                "encoding": {
-                    "x": {**x, "title": "num_gpu_blocks"},
-                    "y": {
-                        "field": "hit_rate",
-                        "type": "quantitative",
-                        "title": hit,
-                        "scale": {"domain": [0, 1.02]},
-                    },
-                    "color": {
-                        "field": "design",
-                        "type": "nominal",
-                        "scale": {"domain": [vllm_name] + [name for name, _ in curves]},
-                        "legend": {"orient": "top", "title": None},
-                    },
-                    "strokeDash": {
-                        "field": "vllm",
-                        "type": "nominal",
-                        "scale": {"domain": [True, False], "range": [[1, 0], [2, 2]]},
-                        "legend": None,
-                    },
+    layers = [
+        {
+            "mark": {"type": "line", "point": True, "tooltip": True},
+            "encoding": {
+                "x": {**x, "title": "num_gpu_blocks"},
+                "y": {
+                    "field": "hit_rate",
+                    "type": "quantitative",
+                    "title": hit,
+                    "scale": {"domain": [0, 1.02]},
+                },
+                "color": {
+                    "field": "design",
+                    "type": "nominal",
+                    "scale": {"domain": [vllm_name] + [name for name, _ in curves]},
+                    "legend": {"orient": "top", "title": None},
+                },
+                "strokeDash": {
+                    "field": "vllm",
+                    "type": "nominal",
+                    "scale": {"domain": [True, False], "range": [[1, 0], [2, 2]]},
+                    "legend": None,
                 },
             },
+        }
+    ]
+    if upper is not None:
+        layers.append(
             {
                 "data": {"values": [{"upper": upper, "label": upper_name}]},
                 "layer": [
@@ -686,9 +725,9 @@ def sweep_chart(
                         },
                     },
                 ],
-            },
-        ],
-    }
+            }
+        )
+    spec = {"height": 300, "layer": layers}
     return data, spec
 
 
@@ -707,7 +746,8 @@ def show_sweep(state: WorkloadsState, lang: str) -> None:
     from paged_kv_lab.ui.designs_page import design_curves  # SGLang's and nano-vllm's, asked for
 
     curves = design_curves(state.trace, run.settings, [n for n, _ in state.sweep], lang)
-    data, spec = sweep_chart(state.sweep, run.result.upper_bound_hit_rate, curves, lang)
+    upper = None if run.settings.sliding_window else run.result.upper_bound_hit_rate
+    data, spec = sweep_chart(state.sweep, upper, curves, lang)
     st.vega_lite_chart(data, spec, key=f"sweepchart:{KEY}")
     if state.sweep_errors:
         st.caption(tr("workloads.sweep_skipped", lang, points="; ".join(state.sweep_errors)))
@@ -766,6 +806,9 @@ def why_panel(state: WorkloadsState, lang: str) -> None:
     """Why? on the replay: a request's hit against its shared blocks (words/explain_replay.py)."""
     run = state.run
     if not st.toggle(tr("why.title", lang), key=f"why_open:{KEY}"):
+        return
+    if run.settings.sliding_window:  # its answers follow full-attention hits only
+        st.caption(tr("workloads.full_attention_only", lang))
         return
     with st.container(border=True):
         ids = [p.request_id for p in run.result.per_request if p.admitted_step >= 0]

@@ -86,16 +86,30 @@ class Settings:
     max_num_batched_tokens: int = 8192
     arrival: str = "timestamps"
     speedup: float = 1.0
+    # 0: one full-attention layer (one KV cache group); else a full-attention layer and a
+    # sliding-window layer of this window, two groups, the sliding one's blocks
+    # ``sliding_block_multiple`` times block_size (vLLM's equal pages, as case 7 plays them)
+    sliding_window: int = 0
+    sliding_block_multiple: int = 1
+
+    def engine_overrides(self) -> dict[str, Any]:
+        """The engine settings the page sets (the replay's defaults for the rest)."""
+        out: dict[str, Any] = {
+            "block_size": self.block_size,
+            "num_gpu_blocks": self.num_gpu_blocks,
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+        }
+        if self.sliding_window:
+            out["layer_types"] = ["full_attention", "sliding_attention"]
+            out["sliding_window"] = self.sliding_window
+            out["sliding_block_multiple"] = self.sliding_block_multiple
+        return out
 
     def replay_settings(self, trace: Trace) -> ReplaySettings:
         return replay_settings(
             trace,
-            overrides={
-                "block_size": self.block_size,
-                "num_gpu_blocks": self.num_gpu_blocks,
-                "max_num_seqs": self.max_num_seqs,
-                "max_num_batched_tokens": self.max_num_batched_tokens,
-            },
+            overrides=self.engine_overrides(),
             arrival=self.arrival,
             speedup=self.speedup,
         )
@@ -184,7 +198,9 @@ class Window:
     frames: tuple[PoolFrame, ...]
     start: int
     num_gpu_blocks: int
-    block_size: int
+    block_size: int  # the scheduler's (where the groups' sizes differ, their least common multiple)
+    groups: tuple[dict[str, Any], ...] = ()  # the KV cache groups (kind, sliding_window)
+    group_block_sizes: tuple[int, ...] = ()  # each group's own, only where they differ
 
 
 def record_window(
@@ -246,7 +262,14 @@ def record_window(
     start = next(
         (i for i, f in enumerate(frames.frames) if f.step >= at_step), len(frames.frames) - 1
     )
-    return Window(tuple(frames.frames), start, settings.num_gpu_blocks, settings.block_size)
+    return Window(
+        tuple(frames.frames),
+        start,
+        settings.num_gpu_blocks,
+        frames.block_size,
+        frames.groups,
+        tuple(frames.group_block_sizes) if frames.sizes_differ else (),
+    )
 
 
 def admission_step(run: WorkloadRun, request_id: str) -> Optional[int]:

@@ -9,6 +9,7 @@ import os
 import pytest
 
 from paged_kv_lab.player.pool_payload import encode_frames
+from paged_kv_lab.text.i18n import tr
 from paged_kv_lab.ui.workloads_page import (
     KEY,
     MOMENT,
@@ -239,3 +240,49 @@ def test_refusals_name_the_limit_and_its_variable(monkeypatch):
     err = load_upload(state, b'{"timestamp": 0, "input_length": 10}\n', "bad.jsonl")
     assert "line 1" in err and state.trace is None  # the reader names the line and field
     assert load_upload(state, data, "slice.jsonl") is None and len(state.trace) == 28
+
+
+def test_a_sliding_window_layer_with_longer_blocks_opens_the_player_with_each_groups_size():
+    """The form's sliding_window and sliding_block_multiple replay with a full-attention and a
+    sliding-window layer whose blocks are 4 x block_size: the player's head gives each group the
+    block size the engine's own kv_cache_config has (the scheduler's block is their least common
+    multiple), and its frames are an independent recording's, each block's group beside it."""
+    from paged_kv_lab.workloads.replay import Replay
+
+    at = app("workloads")
+    at.button(key=f"load:{KEY}").click().run()
+    at.number_input(key=f"window:{KEY}").set_value(1024).run()
+    at.selectbox(key=f"multiple:{KEY}").set_value(4)
+    at.button(key=f"replay:{KEY}").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    settings = at.session_state[KEY].run.settings
+    assert (settings.sliding_window, settings.sliding_block_multiple) == (1024, 4)
+    # the infinite-cache figure and Why? count full-attention hits only: left out, and said so
+    said = tr("workloads.full_attention_only", "en")
+    assert {m.label: m.value for m in at.metric}["Infinite cache would hit"] == "—"
+    assert said in [c.value for c in at.caption]
+    at.toggle(key=f"why_open:{KEY}").set_value(True).run()
+    assert [c.value for c in at.caption].count(said) == 2
+    assert f"why_req:{KEY}" not in [b.key for b in at.selectbox]
+    at.number_input(key=f"at:{KEY}").set_value(300)
+    at.button(key=f"open:{KEY}").click().run()
+    data = pool_data(at)
+    trace = load_trace(SLICE)
+    kvm = Replay(trace, settings.replay_settings(trace)).kv_cache_manager
+    sizes = [g.kv_cache_spec.block_size for g in kvm.kv_cache_config.kv_cache_groups]
+    assert sizes == [16, 64]
+    assert [g["block_size"] for g in data["head"]["groups"]] == sizes
+    assert data["head"]["block_size"] == kvm.block_size == 64
+    g = record_window(trace, settings, 300, page_trace_limits(), show_before=2, show_after=8)
+    assert data["frames"] == json.loads(json.dumps(encode_frames(g.frames)))
+    assert all("bg" in f for f in data["frames"] if f["b"])
+
+
+def test_the_sweep_chart_draws_the_infinite_cache_rule_only_when_given():
+    from paged_kv_lab.ui.workloads_page import sweep_chart
+
+    points = [(1000, 0.2), (4000, 0.5)]
+    _, with_rule = sweep_chart(points, 0.7, [], "en")
+    _, without = sweep_chart(points, None, [], "en")
+    assert with_rule["layer"][1]["data"]["values"][0]["upper"] == 0.7
+    assert without["layer"] == with_rule["layer"][:1]

@@ -144,6 +144,72 @@ def test_step_into_a_moment_and_hover_a_block_of_a_10000_block_pool(server, brow
     page.close()
 
 
+# -- KV cache groups of different block sizes in the pool view ------------------------------------
+def test_a_sliding_window_layer_with_longer_blocks_shows_each_groups_block_size(server, browser):  # noqa: F811
+    """The form's sliding_window (1024) and sliding_block_multiple (4): a full-attention group of
+    16-token blocks and a sliding-window group of 64-token ones, as the engine's own
+    kv_cache_config has them. In the pool view at step 300, the legend gives each group its
+    size, and hovering a held block of each group tells its tokens, its group and that group's
+    block size: a full sliding-window block holds 64 tokens, a full-attention block never more
+    than 16, a partly filled one counts its empty slots against 16 (the scheduler's block, 64,
+    would count 48 more)."""
+    from paged_kv_lab.recording.pool_frames import state_at
+    from paged_kv_lab.workloads.page_data import Settings, record_window
+    from paged_kv_lab.workloads.replay import Replay
+    from paged_kv_lab.workloads.trace_formats import load_trace
+    from paged_kv_lab.workloads.trace_limits import page_trace_limits
+
+    step = 300
+    settings = Settings(sliding_window=1024, sliding_block_multiple=4)
+    trace = load_trace(SLICE)
+    kvm = Replay(trace, settings.replay_settings(trace)).kv_cache_manager
+    sizes = [g.kv_cache_spec.block_size for g in kvm.kv_cache_config.kv_cache_groups]
+    assert sizes == [16, 64] and kvm.block_size == 64
+    w = record_window(trace, settings, step, page_trace_limits(), before=0, after=0)
+    blocks, _ = state_at(list(w.frames), w.start)
+    held = [b for b in blocks.values() if b.owners and b.group is not None]
+    full_sliding = next(b for b in held if b.group == 1 and b.num_tokens == sizes[1])
+    partial_full = next(b for b in held if b.group == 0 and 0 < b.num_tokens < sizes[0])
+    assert all(b.num_tokens <= sizes[b.group] for b in held)
+
+    page = browser.new_page(viewport={"width": 1400, "height": 2400})
+    page.goto(server + "/real_workloads")
+    use = page.get_by_role("button", name="Use these requests")
+    use.wait_for(timeout=180_000)
+    wait_idle(page)
+    use.click()
+    wait_idle(page)
+    window = page.get_by_label("sliding_window", exact=True)
+    window.fill("1024")
+    window.press("Enter")
+    wait_idle(page)
+    box = page.locator("[data-testid=stSelectbox]").filter(has_text="sliding_block_multiple")
+    box.locator("input").first.click()
+    page.get_by_role("option", name="4", exact=True).first.click()
+    wait_idle(page)
+    page.get_by_role("button", name="Replay", exact=True).click()
+    wait_idle(page)
+    field = page.get_by_label("Step (1–", exact=False)
+    field.fill(str(step))
+    field.press("Enter")
+    wait_idle(page)
+    page.get_by_role("button", name="Open the player at this step").click()
+    page.wait_for_selector(f'.pkv-pool[data-step="{step}"]', timeout=60_000)
+    legend = page.locator(".pkv-pool [data-role=legend] [data-group]")
+    assert [int(x) for x in legend.evaluate_all("es => es.map(e => e.dataset.blockSize)")] == sizes
+    assert "blocks of 64 tokens" in legend.nth(1).inner_text()
+    for b in (full_sliding, partial_full):
+        text = hover_block(page, b.block_id)
+        assert text.splitlines()[0] == f"block {b.block_id}"
+        assert f"ref_cnt: {b.ref_cnt} · owners: {', '.join(b.owners)}" in text
+        assert f"hash: {b.block_hash or '—'}" in text  # a partly filled block has no hash yet
+        size = sizes[b.group]
+        assert f"tokens: {b.num_tokens} · group {b.group}, blocks of {size} tokens" in text
+        slots = f"slots: {b.num_tokens} hold a computed token, {size - b.num_tokens} allocated"
+        assert (slots in text) == (b.num_tokens < size), text
+    page.close()
+
+
 # -- stepping into a moment, timed (issue 45, point 2) -------------------------------------------
 MOMENT_S = 1.0  # the bound: from the click to the player showing that step
 READ_S = 15.0  # a learner reads the replay's figures before picking a moment (the page fills its

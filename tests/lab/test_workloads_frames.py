@@ -246,3 +246,142 @@ def test_checkpoints_stay_within_their_bytes(trace):
     back = cp.resume(trace, settings, cp.steps[0])
     back.advance()
     assert replace(back.result(), wall_s=0.0) == whole
+
+
+# -- KV cache groups of different block sizes (case 7's engine, on a replayed trace) -------------
+HYBRID = dict(arrival="timestamps", sliding_window=1024, sliding_block_multiple=4)
+
+
+def _engine_block_sizes(r) -> list[int]:
+    """Each KV cache group's block size, as the engine's own kv_cache_config has it."""
+    return [g.kv_cache_spec.block_size for g in r.kv_cache_manager.kv_cache_config.kv_cache_groups]
+
+
+def test_with_two_group_sizes_each_block_holds_at_most_its_own_groups_size(trace):
+    """A full-attention group of 16-token blocks beside a sliding-window group of 64-token ones
+    (the scheduler's block, 64): after each step every block's group is the group whose table
+    holds it (else its hash's), the tokens it holds never exceed that group's block size and
+    equal what ``take_snapshot`` reads from the live engine, and a full block of either group
+    holds exactly its group's size (not the scheduler's)."""
+    s = Settings(block_size=16, num_gpu_blocks=4000, **HYBRID)
+    r = Replay(trace, s.replay_settings(trace))
+    sizes = _engine_block_sizes(r)
+    assert sizes == [16, 64] and r.kv_cache_manager.block_size == 64
+    r.advance(until_step=290)
+    rec = r.attach(Recorder())
+    fr = FrameRecorder(r.scheduler, keyframe_every=8)
+    assert fr.sizes_differ and list(fr.group_block_sizes) == sizes
+    full = {0: 0, 1: 0}
+    partial = 0
+    for _ in range(24):
+        shown = dict(r.requests)
+        info = r.step()
+        finished = {k: v for k, v in shown.items() if k not in r.requests}
+        fr.capture(info.step, {}, tuple(rec.drain()), finished)
+        snap = take_snapshot(
+            r.scheduler, info.step, None, rec.hash_meta, {**r.requests, **finished}
+        )
+        held_in = {
+            bid: g
+            for v in snap.requests
+            for g, table in enumerate(v.block_tables)
+            for bid in table
+            if bid != 0
+        }
+        blocks, _ = state_at(fr.frames, len(fr.frames) - 1)
+        for bv in snap.blocks:
+            b = blocks.get(bv.block_id)
+            if bv.is_null or b is None:
+                assert not bv.owners and bv.block_hash is None
+                continue
+            group = held_in.get(bv.block_id, bv.group)
+            assert b.group == group, (info.step, bv.block_id)
+            assert 0 <= b.num_tokens <= sizes[group], (info.step, bv.block_id)
+            if bv.owners:
+                assert b.num_tokens == len(bv.token_ids), (info.step, bv.block_id)
+            if b.num_tokens == sizes[group]:
+                full[group] += 1
+            elif bv.owners and b.num_tokens:
+                partial += 1
+        if r.done:
+            break
+    assert full[0] and full[1] and partial, "full blocks of both groups and a partial one"
+
+
+def _decode(wire: list[dict], n: int) -> list[dict[int, tuple]]:
+    """What the browser's PoolState holds after each frame (pool.js's apply, in Python): per
+    block its ref_cnt, tokens held, group (-1: none) and hash, for blocks not plain free."""
+    out, state = [], {}
+    for f in wire:
+        if f["k"]:
+            state = {}
+        bg = f.get("bg")
+        for j, b in enumerate(f["b"]):
+            old = state.get(b[0], (0, 0, -1, None))
+            h = b[4] if len(b) > 4 else old[3]
+            g = bg[j] if bg is not None and bg[j] is not None else -1
+            state[b[0]] = (b[1], b[2], g, h)
+        out.append({k: v for k, v in state.items() if v != (0, 0, -1, None) and k < n})
+    return out
+
+
+def test_the_pool_payload_with_two_group_sizes_round_trips(trace):
+    """On the wire the head gives each group its own block size (the engine's), every frame
+    lists each block's group beside it, and the browser's state rebuilt from the wire is, at
+    every frame, the recorded state: each block's ref_cnt, tokens held, group and hash."""
+    import json
+
+    s = Settings(block_size=16, num_gpu_blocks=4000, **HYBRID)
+    w = record_window(trace, s, 300, page_trace_limits(), before=10, after=30, keyframe_every=16)
+    r = Replay(trace, s.replay_settings(trace))
+    p = json.loads(
+        json.dumps(
+            pool_payload(
+                w.frames,
+                num_gpu_blocks=w.num_gpu_blocks,
+                block_size=w.block_size,
+                groups=w.groups,
+                group_block_sizes=w.group_block_sizes,
+            )
+        )
+    )
+    head = p["head"]
+    assert head["block_size"] == r.kv_cache_manager.block_size == 64
+    assert [g["block_size"] for g in head["groups"]] == _engine_block_sizes(r)
+    assert [g["kind"] for g in head["groups"]] == ["full", "sliding"]
+    assert all(len(f["bg"]) == len(f["b"]) for f in p["frames"] if f["b"])
+    got = _decode(p["frames"], w.num_gpu_blocks)
+    for i in range(len(w.frames)):
+        blocks, _ = state_at(list(w.frames), i)
+        want = {
+            k: (b.ref_cnt, b.num_tokens, -1 if b.group is None else b.group, b.block_hash)
+            for k, b in blocks.items()
+        }
+        want = {k: v for k, v in want.items() if v != (0, 0, -1, None)}
+        assert got[i] == want, w.frames[i].step
+        assert all(v[1] <= head["groups"][v[2]]["block_size"] for v in got[i].values() if v[2] >= 0)
+
+
+def test_one_block_size_sends_no_groups(trace):
+    """Where every group has the scheduler's block size (one group here, or a sliding-window
+    group of the same size) the frames name no group and the head no groups: the wire is what
+    it was before groups could differ."""
+    # (the sliding-window group's 16-token blocks: a prefill chunk holds more of them than of
+    # 64-token ones, so a bigger pool)
+    for blocks, extra in (
+        (4000, {}),
+        (8000, {"sliding_window": 1024, "sliding_block_multiple": 1}),
+    ):
+        s = Settings(block_size=16, num_gpu_blocks=blocks, arrival="timestamps", **extra)
+        w = record_window(trace, s, 300, page_trace_limits(), before=4, after=8)
+        assert w.group_block_sizes == () and w.block_size == 16
+        assert all(b.group is None for f in w.frames for b in f.blocks)
+        p = pool_payload(
+            w.frames,
+            num_gpu_blocks=w.num_gpu_blocks,
+            block_size=w.block_size,
+            groups=w.groups,
+            group_block_sizes=w.group_block_sizes,
+        )
+        assert "groups" not in p["head"] and not any("bg" in f for f in p["frames"])
+        assert p == pool_payload(w.frames, num_gpu_blocks=blocks, block_size=16)

@@ -47,12 +47,14 @@ function colorOf(rid) {
   return c;
 }
 
-// The state after one frame: per block ref_cnt, hash, parent, tokens held, owners; the requests.
+// The state after one frame: per block ref_cnt, hash, parent, tokens held, owners, its KV cache
+// group (-1: none, or the groups share one block size and the frames name none); the requests.
 class PoolState {
   constructor(n) {
     this.n = n;
     this.ref = new Int32Array(n);
     this.ntok = new Int32Array(n);
+    this.grp = new Int16Array(n).fill(-1);
     this.hash = new Array(n).fill(null);
     this.parent = new Array(n).fill(null);
     this.owners = new Array(n).fill(null);
@@ -61,19 +63,22 @@ class PoolState {
   }
 
   reset() {
-    this.ref.fill(0); this.ntok.fill(0); this.hash.fill(null); this.parent.fill(null); this.owners.fill(null);
+    this.ref.fill(0); this.ntok.fill(0); this.grp.fill(-1); this.hash.fill(null); this.parent.fill(null); this.owners.fill(null);
     this.reqs = new Map();
   }
 
   apply(f, i) {
     if (f.k) this.reset();
-    for (const b of f.b) {
+    const bg = f.bg;   // each listed block's group, only where the groups' block sizes differ
+    f.b.forEach((b, j) => {
       const [id, ref, nt, own] = b;
-      if (id < 0 || id >= this.n) continue;
+      if (id < 0 || id >= this.n) return;
       this.ref[id] = ref; this.ntok[id] = nt;
+      const g = bg ? bg[j] : null;
+      this.grp[id] = g === null || g === undefined ? -1 : g;
       this.owners[id] = own && own.length ? own : null;
       if (b.length > 4) { this.hash[id] = b[4]; this.parent[id] = b[5]; }
-    }
+    });
     for (const rid of f.g || []) this.reqs.delete(rid);
     for (const [id, st, np, no, nc, nk, pe, bt] of f.r) {
       const old = this.reqs.get(id);
@@ -104,6 +109,22 @@ class PoolPlayer {
 
   get L() { return wordsFor((this.run && this.run.head.lang) || "en"); }
   get n() { return this.run ? this.run.frames.length : 0; }
+
+  // Each KV cache group's own block size, as the step player reads it (panels.js): the head's
+  // groups come, each with its block_size, only where the groups' sizes differ (head.block_size
+  // is then the scheduler's, their least common multiple).
+  sizesDiffer() { return (this.run.head.groups || []).some((g) => g.block_size); }
+
+  groupBlockSize(gi) {
+    const g = (this.run.head.groups || [])[gi];
+    return (g && g.block_size) || this.run.head.block_size;
+  }
+
+  groupLabel(gi) {
+    const L = this.L, g = (this.run.head.groups || [])[gi] || {};
+    const win = g.sliding_window ? ` (${L.window} ${g.sliding_window})` : "";
+    return `${L.group} ${gi}: ${g.kind || ""}${win} · ${fmt(L.group_block_size, { block_size: this.groupBlockSize(gi) })}`;
+  }
 
   // The frames come once per window; afterwards the page sends only the run's name and where to
   // go. The browser says which window it holds ("have"), or that it lost it (asks again). A window
@@ -276,10 +297,19 @@ class PoolPlayer {
     const acts = { back: L.back, step: L.step, play: L.play, zoom: L.pool_zoom, zoomsel: L.pool_zoom_sel, whole: L.pool_whole };
     for (const b of this.root.querySelectorAll("[data-act]")) if (acts[b.dataset.act]) b.textContent = acts[b.dataset.act];
     const legend = [[FREE, L.pool_free], [CACHED, L.pool_cached], [NULLC, L.null_block], ["#1f77b4", L.pool_used]];
-    this.q("legend").replaceChildren(...legend.map(([c, t]) => {
+    const items = legend.map(([c, t]) => {
       const s = el("span", "pkv-legend-item"), sw = el("span", "pkv-swatch"); sw.style.background = c;
       s.append(sw, el("span", null, t)); return s;
-    }));
+    });
+    // where the groups' block sizes differ, each group with its own
+    if (this.sizesDiffer()) {
+      this.run.head.groups.forEach((g, gi) => {
+        const s = el("span", "pkv-legend-item", this.groupLabel(gi));
+        s.dataset.group = String(gi); s.dataset.blockSize = String(this.groupBlockSize(gi));
+        items.push(s);
+      });
+    }
+    this.q("legend").replaceChildren(...items);
   }
 
   // -- drawing ---------------------------------------------------------------------------
@@ -427,12 +457,18 @@ class PoolPlayer {
     const own = s.owners[id];
     const free = s.ref[id] === 0;
     const where = this.queueWhere(f, id);
+    // where the groups' sizes differ: the block's group and its size, and a held block's empty
+    // slots counted against that size (its own group's, not the scheduler's)
+    const gi = this.sizesDiffer() ? s.grp[id] : -1, bs = gi >= 0 ? this.groupBlockSize(gi) : 0;
+    const size = gi >= 0 ? ` · ${L.group} ${gi}, ${fmt(L.group_block_size, { block_size: bs })}` : "";
+    const slots = gi >= 0 && own && s.ntok[id] < bs ? [fmt(L.slots_line, { held: s.ntok[id], empty: bs - s.ntok[id] })] : [];
     return [
       `${L.block} ${id}`,
       `${L.ref}: ${s.ref[id]} · ${L.owners}: ${own ? own.join(", ") : "—"}`,
       `${L.hash}: ${s.hash[id] || "—"}`,
       `${L.parent}: ${s.hash[id] ? (s.parent[id] || L.pool_parent_unknown) : "—"}`,
-      `${L.tokens}: ${s.ntok[id]}`,
+      `${L.tokens}: ${s.ntok[id]}${size}`,
+      ...slots,
       `${L.qpos}: ${free ? (where || L.pool_q_middle) : L.not_free}`,
     ];
   }
@@ -524,7 +560,7 @@ class PoolPlayer {
     box.textContent = [
       `${L.req} ${r.id} · ${L.status}: ${r.st}`,
       `${L.prompt}: ${r.np} ${L.tok} · ${L.computed}: ${r.nc} · ${L.cached}: ${r.nk} · ${L.preemptions}: ${r.pe}`,
-      `${L.tables}: ${r.bt.map((t) => t.length).join(" + ")}`,
+      `${L.tables}: ${r.bt.map((t, gi) => (this.sizesDiffer() ? `${t.length} (${this.groupLabel(gi)})` : t.length)).join(" + ")}`,
     ].join("\n");
     const table = r.bt[0] || [];
     const pages = Math.max(1, Math.ceil(table.length / CHIP_PAGE));
