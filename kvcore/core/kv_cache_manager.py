@@ -61,7 +61,7 @@ class KVCacheManager:
         self.enable_kv_cache_events = enable_kv_cache_events
         self.max_model_len = max_model_len
         # vLLM's use_eagle: what the scheduler passes for an EAGLE/MTP drafter whose block hashes
-        # do not look ahead (kvcore.config.speculative.use_eagle_block_drop); every hit then
+        # do not look ahead (kvcore.core.sched.scheduler.use_eagle_block_drop); every hit then
         # gives up its last matched block (the coordinator's drop_eagle_group_ids).
         self.use_eagle = use_eagle
         # One step holds at most max_num_batched_tokens new tokens per request.

@@ -9,6 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from kvcore.core.kv_cache_utils import maybe_convert_block_hash
 from kvcore.distributed import kv_events as ke
 from paged_kv_lab.watch.prefix_index import PrefixCacheIndex
 from support.kv_events import run_ops
@@ -193,13 +194,14 @@ def test_garbage_payloads_raise_decode_errors():
 
 
 def test_hash_conversion_keeps_the_low_64_bits_big_endian():
+    # maybe_convert_block_hash sits where vLLM 0.34.0 keeps it (v1/core/kv_cache_utils.py)
     h = bytes(range(32))
-    assert ke.maybe_convert_block_hash(h) == int.from_bytes(h[-8:], "big")
-    assert ke.maybe_convert_block_hash(h, use_int_block_hashes=False) == h
+    assert maybe_convert_block_hash(h) == int.from_bytes(h[-8:], "big")
+    assert maybe_convert_block_hash(h, use_int_block_hashes=False) == h
     assert ke.hash_text(5) == "0000000000000005" and ke.hash_text(h) == h.hex()
     for n in range(0, 40):  # vLLM's formula (the whole hash masked to 64 bits), any length
         h = bytes(range(200, 200 - n, -1))
-        assert ke.maybe_convert_block_hash(h) == int.from_bytes(h, "big") & ((1 << 64) - 1)
+        assert maybe_convert_block_hash(h) == int.from_bytes(h, "big") & ((1 << 64) - 1)
 
 
 def test_endpoint_rules_follow_vllm():
