@@ -10,8 +10,12 @@ from kvcore.core.block_pool import FREE_ORDER_V033
 from kvcore.core.kv_cache_coordinator import get_kv_cache_coordinator
 from kvcore.core.kv_cache_observer import call_for_request, free_reason
 from kvcore.core.kv_cache_utils import KVCacheBlock
-from kvcore.distributed.kv_events import BlockStored, kv_cache_spec_metadata
-from kvcore.kv_cache_interface import KVCacheConfig
+from kvcore.distributed.kv_events import BlockStored
+from kvcore.kv_cache_interface import (
+    KVCacheConfig,
+    get_kv_cache_spec_kind,
+    get_kv_cache_spec_sliding_window,
+)
 from kvcore.metrics.stats import CachingMetrics, PrefixCacheStats
 from kvcore.request import (
     KV_CACHE_REPORT_FULL,
@@ -330,7 +334,13 @@ class KVCacheManager:
         taken = self.block_pool.take_events()
         if not taken:  # most steps publish nothing: no group metadata to look up
             return taken
-        meta = [kv_cache_spec_metadata(g) for g in self.coordinator.groups]
+        meta = [
+            (
+                get_kv_cache_spec_kind(g.kv_cache_spec),
+                get_kv_cache_spec_sliding_window(g.kv_cache_spec),
+            )
+            for g in self.coordinator.groups
+        ]
         for ev in taken:
             if (
                 isinstance(ev, BlockStored)

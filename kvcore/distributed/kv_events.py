@@ -107,23 +107,6 @@ class KVEventBatch(EventBatch):
     events: list[KVCacheEventType]
 
 
-def kv_cache_spec_metadata(group: Any) -> tuple[str, Optional[int]]:
-    """(kv_cache_spec_kind, kv_cache_spec_sliding_window) of one KV cache group, as
-    KVCacheManager stamps them on BlockStored events. Reads a vLLM-shaped group
-    (``.kv_cache_spec``) or a plain spec with ``kind`` "full"/"sliding"."""
-    spec = getattr(group, "kv_cache_spec", group)
-    window = getattr(spec, "sliding_window", None)
-    kind = getattr(spec, "kind", None)
-    name = type(spec).__name__
-    if name == "SlidingWindowSpec" or kind in ("sliding", "sliding_window"):
-        return "sliding_window", window
-    if name == "FullAttentionSpec" or kind in ("full", "full_attention"):
-        return "full_attention", None
-    if name == "MambaSpec" or kind == "mamba":
-        return "mamba", None
-    return "unknown", window
-
-
 # Releases before 0.33 sent each event as an array ["BlockStored", hashes, parent, ...]
 # (array_like), with fewer trailing fields. Read them too, into the structs above (0.33's map
 # format, which 0.34 keeps).
