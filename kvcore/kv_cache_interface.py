@@ -206,6 +206,32 @@ class KVCacheConfig:
         return self.scheduler_block_size
 
 
+# The kinds below are vLLM 0.34.0's ``KVCacheSpecKind`` values (kvcore has three of its kinds);
+# they and the window are what KVCacheManager stamps on each BlockStored event. A spec is read by
+# its class name or its ``kind``, so vLLM's own spec classes read the same (kvcore's Scheduler
+# under vLLM's scheduler tests).
+def get_kv_cache_spec_kind(kv_cache_spec) -> str:
+    """The spec's kind as vLLM's KV events name it: "full_attention", "sliding_window",
+    "mamba", or "unknown" for a kind kvcore does not model."""
+    kind = getattr(kv_cache_spec, "kind", None)
+    name = type(kv_cache_spec).__name__
+    if name == "SlidingWindowSpec" or kind in ("sliding", "sliding_window"):
+        return "sliding_window"
+    if name == "FullAttentionSpec" or kind in ("full", "full_attention"):
+        return "full_attention"
+    if name == "MambaSpec" or kind == "mamba":
+        return "mamba"
+    return "unknown"
+
+
+def get_kv_cache_spec_sliding_window(kv_cache_spec) -> Optional[int]:
+    """The window of a sliding-window spec; None for full attention and Mamba. (A kind kvcore
+    does not model keeps its own ``sliding_window``, if it has one.)"""
+    if get_kv_cache_spec_kind(kv_cache_spec) in ("full_attention", "mamba"):
+        return None
+    return getattr(kv_cache_spec, "sliding_window", None)
+
+
 def full_attention(block_size: int, layer_names: tuple[str, ...] = ("full",)) -> KVCacheGroupSpec:
     return KVCacheGroupSpec(layer_names, FullAttentionSpec(block_size))
 

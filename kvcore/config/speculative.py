@@ -1,8 +1,9 @@
-"""The speculative-decoding settings the KV cache reads (vLLM: vllm/config/speculative.py), and
-the two decisions vLLM derives from them for the prefix cache: whether block hashes look ahead
-(``VllmConfig._resolve_num_hash_lookahead_tokens`` in vllm/config/vllm.py) and whether the KV
-cache manager drops the last matched block of a hit (``Scheduler.__init__`` in
-vllm/v1/core/sched/scheduler.py passes it as ``KVCacheManager(use_eagle=...)``).
+"""The speculative-decoding settings the KV cache reads (vLLM: vllm/config/speculative.py). vLLM
+derives two decisions from them for the prefix cache, each where vLLM makes it: whether block
+hashes look ahead (``resolve_num_hash_lookahead_tokens`` in kvcore/config/vllm.py, vLLM's
+``VllmConfig._resolve_num_hash_lookahead_tokens``) and whether the KV cache manager drops the
+last matched block of a hit (``use_eagle_block_drop`` in kvcore/core/sched/scheduler.py, what
+vLLM's ``Scheduler.__init__`` passes as ``KVCacheManager(use_eagle=...)``).
 
 Why a drop at all: an EAGLE or MTP drafter builds its own K/V at a position from the target's
 hidden state there *and the token after it*. The hash of a block covers only the block's tokens,
@@ -15,7 +16,6 @@ give up the last matched block of every hit so it is computed again (the drop).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 # vLLM's SpeculativeConfig.use_eagle() is true for these methods; the rest of its list
 # ("dflash", "dspark") builds draft K/V from the hidden state alone and needs no drop.
@@ -50,37 +50,3 @@ class SpeculativeConfig:
         target's hidden states (EAGLE, EAGLE-3, single-module MTP), none otherwise. (vLLM's
         multi-module MTP reads ``num_speculative_tokens``; it is not modelled here.)"""
         return 1 if self.use_eagle() else 0
-
-
-def resolve_num_hash_lookahead_tokens(
-    speculative_config: Optional[SpeculativeConfig],
-    enable_prefix_caching: bool,
-    connector_supports_lookahead_block_hashes: Optional[bool] = None,
-) -> int:
-    """Tokens after each block that its hash also covers (vLLM 0.34.0's
-    ``VllmConfig._resolve_num_hash_lookahead_tokens``): the drafter's prefill lookahead when the
-    block drop is on and lookahead hashes are not disabled, with prefix caching on and no KV
-    connector, or a connector that supports them (``connector_supports_lookahead_block_hashes``;
-    None = no connector). 0 keeps plain hashes."""
-    if (
-        speculative_config is None
-        or not speculative_config.use_eagle_block_drop()
-        or speculative_config.disable_lookahead_block_hashes
-    ):
-        return 0
-    if connector_supports_lookahead_block_hashes is not None:
-        if not connector_supports_lookahead_block_hashes:
-            return 0
-    elif not enable_prefix_caching:
-        return 0
-    return speculative_config.num_prefill_lookahead_tokens
-
-
-def use_eagle_block_drop(
-    speculative_config: Optional[SpeculativeConfig], num_hash_lookahead_tokens: int
-) -> bool:
-    """What vLLM's Scheduler passes as ``KVCacheManager(use_eagle=...)``: the drop, unless
-    lookahead hashes already prove the token after each block."""
-    if speculative_config is None or num_hash_lookahead_tokens:
-        return False
-    return speculative_config.use_eagle_block_drop()

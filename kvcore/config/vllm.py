@@ -12,12 +12,16 @@ full attention (``unify_hybrid_kv_cache_specs`` in kvcore/core/kv_cache_planning
 - set to False: HMA is on. vLLM skips the connector check then (only the platform and
   chunked-local rules can refuse it, with a ValueError), so a connector without ``SupportsHMA``
   gets several groups, and vLLM's scheduler asserts there is one group when a request finishes.
+
+The same file resolves the block hashes' lookahead (``resolve_num_hash_lookahead_tokens``, vLLM's
+``VllmConfig._resolve_num_hash_lookahead_tokens``) once the speculative settings are final.
 """
 
 from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from kvcore.config.speculative import SpeculativeConfig
 from kvcore.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
 
@@ -34,3 +38,27 @@ def resolve_disable_hybrid_kv_cache_manager(
     if kv_connector is None:
         return False
     return not KVConnectorFactory.supports_hma_config(kv_connector, connector_children)
+
+
+def resolve_num_hash_lookahead_tokens(
+    speculative_config: Optional[SpeculativeConfig],
+    enable_prefix_caching: bool,
+    connector_supports_lookahead_block_hashes: Optional[bool] = None,
+) -> int:
+    """Tokens after each block that its hash also covers (vLLM 0.34.0's
+    ``VllmConfig._resolve_num_hash_lookahead_tokens``): the drafter's prefill lookahead when the
+    block drop is on and lookahead hashes are not disabled, with prefix caching on and no KV
+    connector, or a connector that supports them (``connector_supports_lookahead_block_hashes``;
+    None = no connector). 0 keeps plain hashes."""
+    if (
+        speculative_config is None
+        or not speculative_config.use_eagle_block_drop()
+        or speculative_config.disable_lookahead_block_hashes
+    ):
+        return 0
+    if connector_supports_lookahead_block_hashes is not None:
+        if not connector_supports_lookahead_block_hashes:
+            return 0
+    elif not enable_prefix_caching:
+        return 0
+    return speculative_config.num_prefill_lookahead_tokens

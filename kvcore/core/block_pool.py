@@ -12,6 +12,7 @@ from kvcore.core.kv_cache_utils import (
     get_block_hash,
     get_group_id,
     make_block_hash_with_group_id,
+    maybe_convert_block_hash,
     resolve_block_hashes,
 )
 from kvcore.distributed.kv_events import (
@@ -20,7 +21,6 @@ from kvcore.distributed.kv_events import (
     BlockRemoved,
     BlockStored,
     KVCacheEvent,
-    maybe_convert_block_hash,
 )
 
 # vLLM 0.34's free order, as 0.33's (unhashed blocks to the head, hashed blocks to the tail). Its

@@ -10,8 +10,12 @@ from kvcore.core.block_pool import FREE_ORDER_V033
 from kvcore.core.kv_cache_coordinator import get_kv_cache_coordinator
 from kvcore.core.kv_cache_observer import call_for_request, free_reason
 from kvcore.core.kv_cache_utils import KVCacheBlock
-from kvcore.distributed.kv_events import BlockStored, kv_cache_spec_metadata
-from kvcore.kv_cache_interface import KVCacheConfig
+from kvcore.distributed.kv_events import BlockStored
+from kvcore.kv_cache_interface import (
+    KVCacheConfig,
+    get_kv_cache_spec_kind,
+    get_kv_cache_spec_sliding_window,
+)
 from kvcore.metrics.stats import CachingMetrics, PrefixCacheStats
 from kvcore.request import (
     KV_CACHE_REPORT_FULL,
@@ -61,7 +65,7 @@ class KVCacheManager:
         self.enable_kv_cache_events = enable_kv_cache_events
         self.max_model_len = max_model_len
         # vLLM's use_eagle: what the scheduler passes for an EAGLE/MTP drafter whose block hashes
-        # do not look ahead (kvcore.config.speculative.use_eagle_block_drop); every hit then
+        # do not look ahead (kvcore.core.sched.scheduler.use_eagle_block_drop); every hit then
         # gives up its last matched block (the coordinator's drop_eagle_group_ids).
         self.use_eagle = use_eagle
         # One step holds at most max_num_batched_tokens new tokens per request.
@@ -330,7 +334,13 @@ class KVCacheManager:
         taken = self.block_pool.take_events()
         if not taken:  # most steps publish nothing: no group metadata to look up
             return taken
-        meta = [kv_cache_spec_metadata(g) for g in self.coordinator.groups]
+        meta = [
+            (
+                get_kv_cache_spec_kind(g.kv_cache_spec),
+                get_kv_cache_spec_sliding_window(g.kv_cache_spec),
+            )
+            for g in self.coordinator.groups
+        ]
         for ev in taken:
             if (
                 isinstance(ev, BlockStored)

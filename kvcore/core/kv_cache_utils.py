@@ -23,7 +23,7 @@ import hashlib
 import math
 import os
 from dataclasses import dataclass
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence, Union
 
 from kvcore.utils.hashing import NON_CRYPTO_HASH_ALGOS, HashFn
 
@@ -34,6 +34,26 @@ NONE_HASH_SEED = DEFAULT_NONE_HASH_SEED
 NONE_HASH: bytes = b""
 # The seed NONE_HASH was derived from (None: init_none_hash has not run).
 _NONE_HASH_SEED: Optional[str] = None
+
+
+# A block hash as published in KV events (vLLM keeps the alias and its conversion here, and its
+# kv_events imports them): the low 64 bits of the hash as an unsigned int
+# (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1, vLLM's default) or all its bytes.
+ExternalBlockHash = Union[bytes, int]
+
+
+def maybe_convert_block_hash(
+    block_hash: bytes, use_int_block_hashes: bool = True
+) -> ExternalBlockHash:
+    """The hash as the wire carries it: its last 8 bytes as a big-endian uint64, or all of it.
+
+    vLLM reads ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`` from its environment here; kvcore takes
+    the setting as ``use_int_block_hashes`` (its block pool passes its own)."""
+    if not use_int_block_hashes:
+        return block_hash
+    # vLLM masks the whole hash to its low 64 bits; those are its last 8 bytes, read alone here
+    # (the same int, without building a 256-bit one first: every KV event pays for this).
+    return int.from_bytes(block_hash[-8:], "big")
 
 
 @dataclass(eq=False, slots=True)

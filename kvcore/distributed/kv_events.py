@@ -27,14 +27,11 @@ import msgspec
 import zmq
 
 from kvcore.config.kv_events import KVEventsConfig
+from kvcore.core.kv_cache_utils import ExternalBlockHash, maybe_convert_block_hash
 
 MEDIUM_GPU = "GPU"
 MEDIUM_CPU = "CPU"
 MEDIUM_STORAGE = "STORAGE"
-
-# A block hash as published: the low 64 bits of the hash as an unsigned int
-# (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1, vLLM's default) or all its bytes.
-ExternalBlockHash = Union[bytes, int]
 
 # The spec kinds vLLM 0.34 puts in BlockStored.kv_cache_spec_kind (its KVCacheSpecKind).
 KV_CACHE_SPEC_KINDS = (
@@ -110,23 +107,6 @@ class KVEventBatch(EventBatch):
     events: list[KVCacheEventType]
 
 
-def kv_cache_spec_metadata(group: Any) -> tuple[str, Optional[int]]:
-    """(kv_cache_spec_kind, kv_cache_spec_sliding_window) of one KV cache group, as
-    KVCacheManager stamps them on BlockStored events. Reads a vLLM-shaped group
-    (``.kv_cache_spec``) or a plain spec with ``kind`` "full"/"sliding"."""
-    spec = getattr(group, "kv_cache_spec", group)
-    window = getattr(spec, "sliding_window", None)
-    kind = getattr(spec, "kind", None)
-    name = type(spec).__name__
-    if name == "SlidingWindowSpec" or kind in ("sliding", "sliding_window"):
-        return "sliding_window", window
-    if name == "FullAttentionSpec" or kind in ("full", "full_attention"):
-        return "full_attention", None
-    if name == "MambaSpec" or kind == "mamba":
-        return "mamba", None
-    return "unknown", window
-
-
 # Releases before 0.33 sent each event as an array ["BlockStored", hashes, parent, ...]
 # (array_like), with fewer trailing fields. Read them too, into the structs above (0.33's map
 # format, which 0.34 keeps).
@@ -192,17 +172,6 @@ def decode_batch(payload: bytes) -> KVEventBatch:
             ]
             return KVEventBatch(ts=old.ts, events=events, data_parallel_rank=old.data_parallel_rank)
         raise
-
-
-def maybe_convert_block_hash(
-    block_hash: bytes, use_int_block_hashes: bool = True
-) -> ExternalBlockHash:
-    """The hash as the wire carries it: its last 8 bytes as a big-endian uint64, or all of it."""
-    if not use_int_block_hashes:
-        return block_hash
-    # vLLM masks the whole hash to its low 64 bits; those are its last 8 bytes, read alone here
-    # (the same int, without building a 256-bit one first: every KV event pays for this).
-    return int.from_bytes(block_hash[-8:], "big")
 
 
 def hash_text(h: ExternalBlockHash) -> str:

@@ -15,20 +15,7 @@ from safetensors.torch import load_file
 
 from kvcore.lora.lora_weights import LoRALayerWeights
 from kvcore.lora.peft_helper import PEFTHelper
-
-_PREFIX = "base_model.model."
-_A, _B = ".lora_A.weight", ".lora_B.weight"
-
-
-def parse_fine_tuned_lora_name(name: str) -> tuple[str, bool]:
-    """(module name, is lora_A) of one checkpoint key; ValueError for a key that is neither a
-    LoRA A nor a LoRA B weight (an embedding LoRA, a bias, a saved whole module)."""
-    if name.startswith(_PREFIX):
-        name = name[len(_PREFIX) :]
-    for suffix, is_a in ((_A, True), (_B, False)):
-        if name.endswith(suffix):
-            return name[: -len(suffix)], is_a
-    raise ValueError(f"{name} is not a LoRA weight this engine serves")
+from kvcore.lora.utils import parse_fine_tuned_lora_name
 
 
 class LoRAModel:

@@ -41,10 +41,13 @@ from kvcore.distributed.kv_events import (
     MEDIUM_CPU,
     BlockStored,
     KVCacheEvent,
-    kv_cache_spec_metadata,
 )
 from kvcore.distributed.kv_transfer.kv_connector.utils import yield_req_data
-from kvcore.kv_cache_interface import KVCacheConfig
+from kvcore.kv_cache_interface import (
+    KVCacheConfig,
+    get_kv_cache_spec_kind,
+    get_kv_cache_spec_sliding_window,
+)
 from kvcore.simple_kv_offload.metadata import (
     INVALID_JOB_ID,
     SimpleCPUOffloadMetadata,
@@ -570,7 +573,9 @@ class SimpleCPUOffloadScheduler:
             cpu_pool.cached_block_hash_to_block.insert(key, cpu_block)
             hashes.append(get_block_hash(key).hex())
             if self.enable_kv_cache_events:
-                spec_kind, spec_window = kv_cache_spec_metadata(groups[get_group_id(key)])
+                spec = groups[get_group_id(key)].kv_cache_spec
+                spec_kind = get_kv_cache_spec_kind(spec)
+                spec_window = get_kv_cache_spec_sliding_window(spec)
                 cpu_pool.kv_event_queue.append(
                     BlockStored(
                         block_hashes=[gpu_pool._external(get_block_hash(key))],

@@ -19,8 +19,9 @@ from typing import Sequence
 
 import torch
 
-from kvcore.worker.gpu.input_batch import InputBatch, SeqBatchItem, prepare_inputs
-from kvcore.worker.gpu.model_runner import GPUModelRunner, attention_metadata
+from kvcore.worker.gpu.attn_utils import build_attn_metadata
+from kvcore.worker.gpu.input_batch import InputBatch, SeqBatchItem
+from kvcore.worker.gpu.model_runner import GPUModelRunner
 from kvcore.worker.paged_attention import build_paged_step, pool_views_of
 
 
@@ -63,13 +64,22 @@ class DraftModelRunner:
         if not items:
             return {}
         t = self.target
-        inputs = prepare_inputs(
-            t.worker_items(items), t.block_size, t.group_sliding_window, t.num_blocks
-        )
+        # the target's inputs and tables (a model with state-block groups runs no drafter)
+        inputs = t.prepare_inputs(items)
         self.last_inputs = inputs
         t.set_active_loras(items)  # the draft runs the target's (wrapped) layers
+        block_tables, slot_mappings = t.prepare_attn(inputs)
         step = build_paged_step(
-            attention_metadata(inputs),
+            build_attn_metadata(  # as vLLM's speculators build theirs (spec_decode/speculator.py)
+                num_reqs=inputs.num_reqs,
+                num_tokens=inputs.num_actual_tokens,
+                query_start_loc=torch.tensor(inputs.query_start_loc, dtype=torch.long),
+                max_query_len=inputs.max_query_len,
+                seq_lens=torch.tensor(inputs.seq_lens, dtype=torch.long),
+                max_seq_len=inputs.max_seq_len,
+                block_tables=block_tables,
+                slot_mappings=slot_mappings,
+            ),
             t.group_sliding_window,
             self.kv_caches,
             self.layer_group,

@@ -30,8 +30,8 @@ from paged_kv_lab.workloads.trace_formats import Trace
 DESIGNS = ("vllm", "sglang", "nano")
 # vLLM's design is kvcore's replay at the settings it is given (block size, free order, admission)
 # and the scheduler's defaults, where vLLM 0.34.0 schedules as 0.33.0 did (cache-aware admission
-# off, no cap on in-flight loads), so its figures are 0.34.0's. One 0.33 rule remains: a hybrid
-# model's block size, when not set, is resolved as 0.33 resolved it (kvcore/model/memory.py).
+# off, no cap on in-flight loads), so its figures are 0.34.0's; a hybrid model's block size, when
+# not set, is resolved as 0.34.0 resolves it on a GPU (kvcore/model/memory.py).
 NAMES = {"vllm": "vLLM 0.34.0", "sglang": "SGLang 0.5.23", "nano": f"nano-vllm {HEAD}"}
 
 

@@ -29,7 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from kvcore.distributed.kv_events import hash_text, maybe_convert_block_hash
+from kvcore.core.kv_cache_utils import maybe_convert_block_hash
+from kvcore.distributed.kv_events import hash_text
 from paged_kv_lab.fleet.fleet import MAX_REPLICAS, Fleet, check_router
 from paged_kv_lab.fleet.router import Decision, FleetRequest
 from paged_kv_lab.workloads.replay import SEQUENTIAL, Replay, ReplayError, ReplaySettings

@@ -19,11 +19,10 @@ from kvcore.config.scheduler import SchedulerConfig
 from kvcore.config.speculative import (
     SpeculativeConfig as VllmSpeculativeConfig,
 )
-from kvcore.config.speculative import (
+from kvcore.config.vllm import (
+    resolve_disable_hybrid_kv_cache_manager,
     resolve_num_hash_lookahead_tokens,
-    use_eagle_block_drop,
 )
-from kvcore.config.vllm import resolve_disable_hybrid_kv_cache_manager
 from kvcore.core.kv_cache_manager import KVCacheManager
 from kvcore.core.kv_cache_planning import uniform_page_group_size, unify_hybrid_kv_cache_specs
 from kvcore.core.kv_cache_utils import (
@@ -31,7 +30,7 @@ from kvcore.core.kv_cache_utils import (
     get_request_block_hasher,
     resolve_none_hash_seed,
 )
-from kvcore.core.sched.scheduler import Scheduler
+from kvcore.core.sched.scheduler import Scheduler, use_eagle_block_drop
 from kvcore.distributed.kv_events import KVEventBatch, ZmqEventPublisher
 from kvcore.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from kvcore.engine.core import EngineCore
@@ -221,7 +220,8 @@ def speculative_config_for(s: EngineSettings) -> Optional[VllmSpeculativeConfig]
 
 def eagle_block_drop(s: EngineSettings) -> bool:
     """Whether every prefix-cache hit gives up its last matched block, decided as vLLM 0.34.0
-    decides it (kvcore/config/speculative.py). The CPU tier's connector (vLLM's
+    decides it (kvcore/config/vllm.py: the lookahead, kvcore/core/sched/scheduler.py: the drop,
+    where vLLM decides each). The CPU tier's connector (vLLM's
     SimpleCPUOffloadConnector) supports lookahead hashes, the P/D pull's (NixlConnector) does
     not; with no connector they follow prefix caching. Refused where vLLM would hash each block
     with the tokens after it: the lab does not model lookahead hashes."""

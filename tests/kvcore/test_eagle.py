@@ -8,13 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvcore.config.speculative import (
-    SpeculativeConfig,
-    resolve_num_hash_lookahead_tokens,
-    use_eagle_block_drop,
-)
+from kvcore.config.speculative import SpeculativeConfig
+from kvcore.config.vllm import resolve_num_hash_lookahead_tokens
 from kvcore.core.kv_cache_coordinator import replay_boundaries
 from kvcore.core.kv_cache_manager import KVCacheManager
+from kvcore.core.sched.scheduler import use_eagle_block_drop
 from kvcore.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,

@@ -9,6 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from kvcore.core.kv_cache_utils import maybe_convert_block_hash
 from kvcore.distributed import kv_events as ke
 from paged_kv_lab.watch.prefix_index import PrefixCacheIndex
 from support.kv_events import run_ops
@@ -193,13 +194,14 @@ def test_garbage_payloads_raise_decode_errors():
 
 
 def test_hash_conversion_keeps_the_low_64_bits_big_endian():
+    # maybe_convert_block_hash sits where vLLM 0.34.0 keeps it (v1/core/kv_cache_utils.py)
     h = bytes(range(32))
-    assert ke.maybe_convert_block_hash(h) == int.from_bytes(h[-8:], "big")
-    assert ke.maybe_convert_block_hash(h, use_int_block_hashes=False) == h
+    assert maybe_convert_block_hash(h) == int.from_bytes(h[-8:], "big")
+    assert maybe_convert_block_hash(h, use_int_block_hashes=False) == h
     assert ke.hash_text(5) == "0000000000000005" and ke.hash_text(h) == h.hex()
     for n in range(0, 40):  # vLLM's formula (the whole hash masked to 64 bits), any length
         h = bytes(range(200, 200 - n, -1))
-        assert ke.maybe_convert_block_hash(h) == int.from_bytes(h, "big") & ((1 << 64) - 1)
+        assert maybe_convert_block_hash(h) == int.from_bytes(h, "big") & ((1 << 64) - 1)
 
 
 def test_endpoint_rules_follow_vllm():
@@ -227,3 +229,36 @@ def test_our_engine_publishes_the_same_events_and_bytes_for_the_same_ops(name):
         b.data_parallel_rank = 0  # the publisher fills it in
         b.ts = want["ts"]  # the only field that differs between runs
         assert ke.encode_batch(b) == base64.b64decode(frame["payload_b64"])
+
+
+def test_spec_kind_and_window_are_read_as_vllm_stamps_them():
+    # get_kv_cache_spec_kind / get_kv_cache_spec_sliding_window sit where vLLM 0.34.0 keeps them
+    # (v1/kv_cache_interface.py); a spec of vLLM's own classes is read by its class name
+    from dataclasses import dataclass
+
+    from kvcore.kv_cache_interface import (
+        full_attention,
+        get_kv_cache_spec_kind,
+        get_kv_cache_spec_sliding_window,
+        mamba,
+        sliding_window,
+    )
+
+    @dataclass
+    class SlidingWindowSpec:  # the name vLLM's class has
+        sliding_window: int
+
+    @dataclass
+    class MLAAttentionSpec:  # a kind kvcore does not model
+        block_size: int
+
+    cases = [
+        (full_attention(16).kv_cache_spec, "full_attention", None),
+        (sliding_window(16, 128).kv_cache_spec, "sliding_window", 128),
+        (mamba(16).kv_cache_spec, "mamba", None),
+        (SlidingWindowSpec(64), "sliding_window", 64),
+        (MLAAttentionSpec(16), "unknown", None),
+    ]
+    for spec, kind, window in cases:
+        assert get_kv_cache_spec_kind(spec) == kind
+        assert get_kv_cache_spec_sliding_window(spec) == window

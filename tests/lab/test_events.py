@@ -201,7 +201,7 @@ def test_the_engine_takes_the_kv_cache_events_every_step():
     """vLLM's KV cache events go onto the step's record; the pool's queue is empty after every
     step (it used to grow for the life of the engine). Each block the step cached is in one of
     the step's BlockStored events, each eviction is one BlockRemoved."""
-    from kvcore.distributed.kv_events import maybe_convert_block_hash
+    from kvcore.core.kv_cache_utils import maybe_convert_block_hash
 
     eng = make_engine(
         [spec("A", range(8), max_tokens=6), spec("B", range(20, 28), max_tokens=6)],

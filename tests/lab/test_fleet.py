@@ -46,7 +46,8 @@ def test_a_fleet_of_one_is_the_replay(trace, arrival):
 def test_the_index_is_exactly_the_pools_cached_hashes(trace):
     """Built only from the events on the wire, the router's index ends equal to what each
     replica's pool holds in its prefix cache."""
-    from kvcore.distributed.kv_events import hash_text, maybe_convert_block_hash
+    from kvcore.core.kv_cache_utils import maybe_convert_block_hash
+    from kvcore.distributed.kv_events import hash_text
 
     fleet = trace_fleet(trace, replay_settings(trace, SMALL, arrival="timestamps"), 3, "prefix")
     fleet.run()

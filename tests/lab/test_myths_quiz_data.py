@@ -1,6 +1,6 @@
 """The myths and the quiz as data (issue #30): ``lesson/myths.yaml`` and ``lesson/quiz.yaml`` load
 validated, a broken file is refused with its name and the field, every myth has its sentences in
-every language and a live check, every source it cites is where vLLM 0.33.0 has it, the outcomes
+every language and a live check, every source it cites is where vLLM 0.34.0 has it, the outcomes
 the pinned runs do not reach still read right, and the Python of the myths, the quiz and the
 topics holds no Chinese."""
 
@@ -50,7 +50,7 @@ def mirror(file: str) -> Path:
 
 def test_every_source_is_in_our_mirror_of_vllm_or_cited_by_the_truth():
     """A source kvcore mirrors must define the name there; one it does not mirror must be a name
-    the truth cites (test_words_right checks those against vLLM 0.33.0's own source)."""
+    the truth cites (test_words_right checks those against vLLM 0.34.0's own source)."""
     for m in M.load_myths():
         truth = tr(m.truth, "en")
         for s in m.sources:

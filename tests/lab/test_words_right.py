@@ -1,9 +1,10 @@
 """Every word right (issue #21): the corrected claims stay corrected, the names the myths cite exist
-in vLLM 0.33.0's source, seed 003's three claims are checked on the live pool (evict_blocks counted
+in vLLM 0.34.0's source, seed 003's three claims are checked on the live pool (evict_blocks counted
 from the run's events, and linked to lesson 3's eviction), the quiz explains a miss by how each KV
 cache group is searched, and a value filled into a lesson's Markdown shows as written."""
 
 import dataclasses
+import os
 import re
 from pathlib import Path
 
@@ -17,9 +18,10 @@ from paged_kv_lab.text.i18n import tr
 from paged_kv_lab.ui.panels import _Safe
 from support.paths import ROOT
 
+# vLLM 0.34.0's source, unpacked (scripts/vllm_env.sh), then its scratch environment's package
 VLLM_SOURCES = [
-    Path("/tmp/vllm033/src/vllm"),
-    Path("/tmp/vllm-venv/lib/python3.11/site-packages/vllm"),
+    Path("/tmp/vsrc034/vllm"),
+    Path(os.environ.get("VLLM_VENV", "/tmp/vllm034-venv")) / "lib/python3.11/site-packages/vllm",
 ]
 
 # Claims issue #21 found wrong, as they were written; none may come back in any language.
@@ -174,10 +176,10 @@ def test_a_value_filled_into_lesson_markdown_is_escaped():
     assert "{missing}".format_map(_Safe({})) == "{missing}"
 
 
-def test_the_names_the_myths_cite_exist_in_vllm_0_33():
+def test_the_names_the_myths_cite_exist_in_vllm_0_34():
     roots = [r for r in VLLM_SOURCES if r.is_dir()]
     if not roots:
-        pytest.skip("vLLM 0.33.0's source is not unpacked here (scripts/vllm_env.sh)")
+        pytest.skip("vLLM 0.34.0's source is not unpacked here (scripts/vllm_env.sh)")
     snaps, records, _ = scenario_run()
     cited = set()
     for lang in ("en", "zh"):

@@ -13,6 +13,6 @@ module (tests/project/test_layout_of_tests.py checks it): what two modules share
 - ``cli``, ``event_runs``, ``kv_events``, ``kv_pub``, ``runner_tap``, ``scenario_cases``,
   ``casebook_claims``, ``lesson_files``, ``pseudo``, ``words``, ``lookahead_driver``: one
   subject each (see each module's docstring);
-- ``reference/``: scripts run by the reference environments' own Python (vLLM 0.33.0, SGLang),
+- ``reference/``: scripts run by the reference environments' own Python (vLLM 0.34.0, SGLang),
   by path, never imported here.
 """

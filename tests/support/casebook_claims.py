@@ -81,7 +81,7 @@ def _claim_preempted_hits(before: Records, after: Records) -> list[str]:
     if n["preempted_hits"] <= 0:
         out.append("the resumed request's hits should be counted (as preempted hits)")
     if n["hits"] != 0:
-        out.append("no prompt shares a prefix: vLLM 0.33.0's hit rate should be 0")
+        out.append("no prompt shares a prefix: vLLM 0.34.0's hit rate should be 0")
     if not n["hit_rate_with_preempted"] > 0:
         out.append("counted as before vLLM #25787, the hit rate should be above 0")
     fixed = numbers(_last(after))

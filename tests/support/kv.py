@@ -12,8 +12,7 @@ from typing import Any, Optional, Sequence
 
 from kvcore.core.block_pool import BlockPool, BlockRemoved, BlockStored
 from kvcore.core.kv_cache_manager import KVCacheManager
-from kvcore.core.kv_cache_utils import get_request_block_hasher
-from kvcore.distributed.kv_events import maybe_convert_block_hash
+from kvcore.core.kv_cache_utils import get_request_block_hasher, maybe_convert_block_hash
 from kvcore.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,

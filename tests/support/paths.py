@@ -6,5 +6,5 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parents[1]
 ROOT = TESTS.parent
 FIXTURES = TESTS / "fixtures"
-# scripts run by a reference environment's own Python (vLLM 0.33.0, SGLang), by path
+# scripts run by a reference environment's own Python (vLLM 0.34.0, SGLang), by path
 REFERENCE = TESTS / "support" / "reference"

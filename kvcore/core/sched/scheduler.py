@@ -7,6 +7,7 @@ from typing import Any, Iterable, Optional, Union
 
 from kvcore.config.lora import LoRAConfig
 from kvcore.config.scheduler import ADMISSIONS, ADMIT_FULL_SEQUENCE, SchedulerConfig
+from kvcore.config.speculative import SpeculativeConfig
 from kvcore.core.kv_cache_manager import KVCacheManager
 from kvcore.core.kv_cache_observer import FREE_COPIED, KVCacheObserver, call_for_request
 from kvcore.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
@@ -27,6 +28,18 @@ from kvcore.utils.math_utils import cdiv
 
 KV_LOAD_RECOMPUTE, KV_LOAD_FAIL = "recompute", "fail"
 KV_LOAD_FAILURE_POLICIES = (KV_LOAD_RECOMPUTE, KV_LOAD_FAIL)
+
+
+def use_eagle_block_drop(
+    speculative_config: Optional[SpeculativeConfig], num_hash_lookahead_tokens: int
+) -> bool:
+    """What vLLM's Scheduler passes as ``KVCacheManager(use_eagle=...)``: the drop, unless
+    lookahead hashes already prove the token after each block (vLLM 0.34.0's
+    ``Scheduler.__init__`` sets ``self.use_eagle_block_drop`` so; kvcore's engine decides it
+    before building the scheduler, from the same two settings)."""
+    if speculative_config is None or num_hash_lookahead_tokens:
+        return False
+    return speculative_config.use_eagle_block_drop()
 
 
 def mamba_block_aligned_split(

@@ -1,8 +1,9 @@
 """What the engine hands the model runner for one step, and the step's inputs in vLLM's names.
 
-The engine gives one :class:`SeqBatchItem` per scheduled request; :func:`prepare_inputs`
-turns them into :class:`InputBatch`: the flat arrays vLLM 0.34.0's ``GPUModelRunner.prepare_inputs``
-builds into its ``InputBatch`` (this file's path in vLLM: v1/worker/gpu/input_batch.py):
+The engine gives one :class:`SeqBatchItem` per scheduled request;
+``GPUModelRunner.prepare_inputs`` (:mod:`kvcore.worker.gpu.model_runner`, a method there as in
+vLLM 0.34.0) turns them into :class:`InputBatch`: the flat arrays vLLM's method builds into its
+``InputBatch`` (this file's path in vLLM: v1/worker/gpu/input_batch.py):
 ``input_ids``, ``positions``, ``query_start_loc``, ``seq_lens``, ``logits_indices``. vLLM keeps
 each KV cache group's ``block_table`` and ``slot_mapping`` apart, in ``BlockTables``
 (v1/worker/gpu/block_table.py); kvcore carries them in the same record. Plain ints, no torch:
@@ -18,11 +19,9 @@ A token at position ``p`` of a request is written to slot
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from kvcore.lora.request import LoRARequest
-
-NULL_BLOCK = 0
 
 
 @dataclass(frozen=True)
@@ -143,115 +142,6 @@ def rows_fed(request, start: int, end: int) -> Optional[tuple[Optional[bytes], .
     return tuple(rows) if any(r is not None for r in rows) else None
 
 
-def _check_table(
-    item: SeqBatchItem,
-    group: int,
-    table: Sequence[int],
-    first: int,
-    last: int,
-    num_blocks: int,
-    window: int | None,
-) -> None:
-    rid = item.request_id
-    if len(table) <= last:
-        raise ValueError(
-            f"request {rid!r}: block table of group {group} has {len(table)} entries "
-            f"but the step needs logical block {last}"
-        )
-    used = list(table[first : last + 1])
-    if NULL_BLOCK in used:
-        where = first + used.index(NULL_BLOCK)
-        what = "inside the sliding window" if window else "in a full-attention table"
-        raise ValueError(
-            f"request {rid!r}: logical block {where} of group {group} is the null block "
-            f"{what}; only blocks wholly before position start-W+1 may be null"
-        )
-    bad = [b for b in used if b < 0 or b >= num_blocks]
-    if bad:
-        raise ValueError(
-            f"request {rid!r}: block id {bad[0]} is outside the pool of {num_blocks} blocks"
-        )
-
-
 def first_visible_block(start_pos: int, block_size: int, window: int | None) -> int:
     """The first logical block any of a step's queries may read (0 without a window)."""
     return 0 if window is None else max(0, start_pos - window + 1) // block_size
-
-
-def prepare_inputs(
-    items: Sequence[SeqBatchItem],
-    block_size: int,
-    group_sliding_window: Sequence[int | None],
-    num_blocks: int,
-    state_groups: frozenset[int] = frozenset(),
-) -> InputBatch:
-    """The step's :class:`InputBatch`; ValueError naming the request if a table cannot serve it.
-
-    ``state_groups``: the Mamba (state-block) groups, whose tables are null between the states
-    align mode keeps; :func:`kvcore.worker.mamba_utils.state_step_metadata` checks the two
-    blocks a step uses there."""
-    if len({it.request_id for it in items}) != len(items):
-        raise ValueError("a request appears twice in one step")
-    input_ids: list[int] = []
-    positions: list[int] = []
-    query_start_loc = [0]
-    seq_lens: list[int] = []
-    logits_indices: list[int] = []
-    sample_req_ids: list[str] = []
-    tables: list[list[tuple[int, ...]]] = [[] for _ in group_sliding_window]
-    slots: list[list[int]] = [[] for _ in group_sliding_window]
-    for it in items:
-        n = len(it.token_ids)
-        if n == 0:
-            raise ValueError(f"request {it.request_id!r}: no tokens to feed")
-        if it.start_pos < 0:
-            raise ValueError(f"request {it.request_id!r}: negative start_pos")
-        if len(it.block_tables) != len(group_sliding_window):
-            raise ValueError(
-                f"request {it.request_id!r}: {len(it.block_tables)} block tables for "
-                f"{len(group_sliding_window)} KV cache groups"
-            )
-        pos = range(it.start_pos, it.start_pos + n)
-        last = (pos[-1]) // block_size
-        for g, window in enumerate(group_sliding_window):
-            table = it.block_tables[g]
-            if g not in state_groups:
-                _check_table(
-                    it,
-                    g,
-                    table,
-                    first_visible_block(it.start_pos, block_size, window),
-                    last,
-                    num_blocks,
-                    window,
-                )
-            tables[g].append(tuple(int(b) for b in table))
-            slots[g].extend(table[p // block_size] * block_size + p % block_size for p in pos)
-        if it.embeds is not None and len(it.embeds) != n:
-            raise ValueError(
-                f"request {it.request_id!r}: {len(it.embeds)} embedding entries for {n} tokens"
-            )
-        input_ids.extend(int(t) for t in it.token_ids)
-        positions.extend(pos)
-        query_start_loc.append(query_start_loc[-1] + n)
-        seq_lens.append(it.start_pos + n)
-        if it.sample:
-            if not 0 <= it.num_draft_tokens < n:
-                raise ValueError(
-                    f"request {it.request_id!r}: {it.num_draft_tokens} drafts among {n} tokens"
-                )
-            end = query_start_loc[-1]
-            logits_indices.extend(range(end - 1 - it.num_draft_tokens, end))
-            sample_req_ids.extend([it.request_id] * (it.num_draft_tokens + 1))
-    return InputBatch(
-        block_size=int(block_size),
-        req_ids=tuple(it.request_id for it in items),
-        input_ids=tuple(input_ids),
-        positions=tuple(positions),
-        query_start_loc=tuple(query_start_loc),
-        seq_lens=tuple(seq_lens),
-        logits_indices=tuple(logits_indices),
-        sample_req_ids=tuple(sample_req_ids),
-        block_table=tuple(tuple(g) for g in tables),
-        slot_mapping=tuple(tuple(g) for g in slots),
-    )

@@ -4,10 +4,13 @@ v1/worker/gpu/model_runner.py; 0.33.0 had v1/worker/gpu_model_runner.py, which 0
 Read top to bottom, a step is what vLLM's ``GPUModelRunner.execute_model`` and then
 ``sample_tokens`` do:
 
-1. :func:`kvcore.worker.gpu.input_batch.prepare_inputs` lays the scheduled requests' tokens along
-   one axis: ``input_ids``, ``positions``, ``query_start_loc``, ``seq_lens``, ``logits_indices``
-   and, per KV cache group, the ``block_table`` and ``slot_mapping``;
-2. each group's :class:`CommonAttentionMetadata` is made from those arrays;
+1. :meth:`GPUModelRunner.prepare_inputs` lays the scheduled requests' tokens along one axis
+   (an :class:`kvcore.worker.gpu.input_batch.InputBatch`): ``input_ids``, ``positions``,
+   ``query_start_loc``, ``seq_lens``, ``logits_indices`` and, per KV cache group, the
+   ``block_table`` and ``slot_mapping``;
+2. :meth:`GPUModelRunner.prepare_attn` makes each group's block table and slot mapping tensors,
+   and :func:`kvcore.worker.gpu.attn_utils.build_attn_metadata` each group's
+   ``CommonAttentionMetadata`` from them and the batch's lengths;
 3. the model runs once (batch dimension 1); every decoder layer writes its new K/V to the
    ``slot_mapping`` slots and reads through the block table
    (:mod:`kvcore.worker.paged_attention`);
@@ -25,43 +28,50 @@ from typing import Sequence
 
 import torch
 
-from kvcore.attention.backend import CommonAttentionMetadata
 from kvcore.config.lora import LoRAConfig
 from kvcore.model.cpu_packing import pack_for_cpu
 from kvcore.model.loader import LoadedModel
 from kvcore.model.reference import shared_clone
-from kvcore.worker.gpu.input_batch import InputBatch, SeqBatchItem, prepare_inputs
+from kvcore.worker.gpu.attn_utils import build_attn_metadata
+from kvcore.worker.gpu.input_batch import InputBatch, SeqBatchItem, first_visible_block
 from kvcore.worker.lora_model_runner_mixin import LoRAModelRunnerMixin
 from kvcore.worker.mamba_utils import MambaStatePools, PagedLinearAttention, state_step_metadata
 from kvcore.worker.paged_attention import ATTN_NAME, PagedStep, build_paged_step, pool_views_of
 
-__all__ = ["GPUModelRunner", "SeqBatchItem", "InputBatch", "attention_metadata"]
+__all__ = ["GPUModelRunner", "SeqBatchItem", "InputBatch"]
 
 
-def attention_metadata(inputs: InputBatch) -> list[CommonAttentionMetadata]:
-    """One :class:`CommonAttentionMetadata` per KV cache group (host tensors)."""
-    query_start_loc = torch.tensor(inputs.query_start_loc, dtype=torch.long)
-    seq_lens = torch.tensor(inputs.seq_lens, dtype=torch.long)
-    out = []
-    for tables, slots in zip(inputs.block_table, inputs.slot_mapping):
-        width = max(len(t) for t in tables)
-        # pad: null block
-        block_table_tensor = torch.zeros((inputs.num_reqs, width), dtype=torch.long)
-        for i, t in enumerate(tables):
-            block_table_tensor[i, : len(t)] = torch.tensor(t, dtype=torch.long)
-        out.append(
-            CommonAttentionMetadata(
-                query_start_loc=query_start_loc,
-                seq_lens=seq_lens,
-                num_reqs=inputs.num_reqs,
-                num_actual_tokens=inputs.num_actual_tokens,
-                max_query_len=inputs.max_query_len,
-                max_seq_len=inputs.max_seq_len,
-                block_table_tensor=block_table_tensor,
-                slot_mapping=torch.tensor(slots, dtype=torch.long),
-            )
+NULL_BLOCK = 0  # block 0: a table entry that is never read
+
+
+def _check_table(
+    item: SeqBatchItem,
+    group: int,
+    table: Sequence[int],
+    first: int,
+    last: int,
+    num_blocks: int,
+    window: int | None,
+) -> None:
+    rid = item.request_id
+    if len(table) <= last:
+        raise ValueError(
+            f"request {rid!r}: block table of group {group} has {len(table)} entries "
+            f"but the step needs logical block {last}"
         )
-    return out
+    used = list(table[first : last + 1])
+    if NULL_BLOCK in used:
+        where = first + used.index(NULL_BLOCK)
+        what = "inside the sliding window" if window else "in a full-attention table"
+        raise ValueError(
+            f"request {rid!r}: logical block {where} of group {group} is the null block "
+            f"{what}; only blocks wholly before position start-W+1 may be null"
+        )
+    bad = [b for b in used if b < 0 or b >= num_blocks]
+    if bad:
+        raise ValueError(
+            f"request {rid!r}: block id {bad[0]} is outside the pool of {num_blocks} blocks"
+        )
 
 
 class GPUModelRunner(LoRAModelRunnerMixin):
@@ -220,6 +230,107 @@ class GPUModelRunner(LoRAModelRunnerMixin):
             for it in items
         ]
 
+    def prepare_inputs(self, items: Sequence[SeqBatchItem]) -> InputBatch:
+        """The step's :class:`InputBatch` from the scheduled items, in their order (vLLM
+        0.34.0's ``GPUModelRunner.prepare_inputs``); ValueError naming the request if a table
+        cannot serve it.
+
+        vLLM's method reads the ``SchedulerOutput`` and the request states the runner keeps across
+        steps (``batch_req_state``), and pads the batch for a CUDA graph (``batch_desc``); kvcore's
+        engine hands the runner one :class:`SeqBatchItem` per scheduled request instead, and
+        nothing is padded. The items go through :meth:`worker_items` first (one block table per
+        worker group). A table is checked only for the blocks the step may read; the tables of
+        ``state_groups`` (the Mamba state-block groups, null between the states align mode keeps)
+        are not: :func:`kvcore.worker.mamba_utils.state_step_metadata` checks the two blocks a step
+        uses there."""
+        items = self.worker_items(items)
+        block_size = self.block_size
+        group_sliding_window = self.group_sliding_window
+        num_blocks = self.num_blocks
+        state_groups = self.state_groups
+        if len({it.request_id for it in items}) != len(items):
+            raise ValueError("a request appears twice in one step")
+        input_ids: list[int] = []
+        positions: list[int] = []
+        query_start_loc = [0]
+        seq_lens: list[int] = []
+        logits_indices: list[int] = []
+        sample_req_ids: list[str] = []
+        tables: list[list[tuple[int, ...]]] = [[] for _ in group_sliding_window]
+        slots: list[list[int]] = [[] for _ in group_sliding_window]
+        for it in items:
+            n = len(it.token_ids)
+            if n == 0:
+                raise ValueError(f"request {it.request_id!r}: no tokens to feed")
+            if it.start_pos < 0:
+                raise ValueError(f"request {it.request_id!r}: negative start_pos")
+            if len(it.block_tables) != len(group_sliding_window):
+                raise ValueError(
+                    f"request {it.request_id!r}: {len(it.block_tables)} block tables for "
+                    f"{len(group_sliding_window)} KV cache groups"
+                )
+            pos = range(it.start_pos, it.start_pos + n)
+            last = (pos[-1]) // block_size
+            for g, window in enumerate(group_sliding_window):
+                table = it.block_tables[g]
+                if g not in state_groups:
+                    _check_table(
+                        it,
+                        g,
+                        table,
+                        first_visible_block(it.start_pos, block_size, window),
+                        last,
+                        num_blocks,
+                        window,
+                    )
+                tables[g].append(tuple(int(b) for b in table))
+                slots[g].extend(table[p // block_size] * block_size + p % block_size for p in pos)
+            if it.embeds is not None and len(it.embeds) != n:
+                raise ValueError(
+                    f"request {it.request_id!r}: {len(it.embeds)} embedding entries for {n} tokens"
+                )
+            input_ids.extend(int(t) for t in it.token_ids)
+            positions.extend(pos)
+            query_start_loc.append(query_start_loc[-1] + n)
+            seq_lens.append(it.start_pos + n)
+            if it.sample:
+                if not 0 <= it.num_draft_tokens < n:
+                    raise ValueError(
+                        f"request {it.request_id!r}: {it.num_draft_tokens} drafts among {n} tokens"
+                    )
+                end = query_start_loc[-1]
+                logits_indices.extend(range(end - 1 - it.num_draft_tokens, end))
+                sample_req_ids.extend([it.request_id] * (it.num_draft_tokens + 1))
+        return InputBatch(
+            block_size=int(block_size),
+            req_ids=tuple(it.request_id for it in items),
+            input_ids=tuple(input_ids),
+            positions=tuple(positions),
+            query_start_loc=tuple(query_start_loc),
+            seq_lens=tuple(seq_lens),
+            logits_indices=tuple(logits_indices),
+            sample_req_ids=tuple(sample_req_ids),
+            block_table=tuple(tuple(g) for g in tables),
+            slot_mapping=tuple(tuple(g) for g in slots),
+        )
+
+    def prepare_attn(
+        self, input_batch: InputBatch
+    ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """Each KV cache group's block table, ``[num_reqs, max_num_blocks]`` padded with the
+        null block 0 (never read), and the slot mappings, ``[num_kv_cache_groups, num_tokens]``
+        (vLLM 0.34.0's ``GPUModelRunner.prepare_attn``, which gathers them from the tables it
+        keeps on the GPU; kvcore's are in the batch already). Host tensors."""
+        block_tables = []
+        for tables in input_batch.block_table:
+            width = max(len(t) for t in tables)
+            block_table = torch.zeros((input_batch.num_reqs, width), dtype=torch.long)
+            for i, t in enumerate(tables):
+                block_table[i, : len(t)] = torch.tensor(t, dtype=torch.long)
+            block_tables.append(block_table)
+        slot_mappings = torch.tensor(input_batch.slot_mapping, dtype=torch.long)
+        return tuple(block_tables), slot_mappings
+
     def read_block(self, layer: int, block_id: int) -> torch.Tensor:
         """A copy of one block of one layer: [2 (K,V), num_kv_heads, block_size, head_dim]."""
         return self.kv_caches[layer][block_id].detach().clone()
@@ -228,18 +339,21 @@ class GPUModelRunner(LoRAModelRunnerMixin):
         self, items: Sequence[SeqBatchItem]
     ) -> tuple[tuple[str, ...], torch.Tensor | None]:
         """Steps 1-3: the sampled requests' ids and their logits ([num_sampled, vocab])."""
-        inputs = prepare_inputs(
-            self.worker_items(items),
-            self.block_size,
-            self.group_sliding_window,
-            self.num_blocks,
-            self.state_groups,
-        )
+        inputs = self.prepare_inputs(items)
         self.last_inputs = inputs
         self.set_active_loras(items)
-        metadata = attention_metadata(inputs)
+        block_tables, slot_mappings = self.prepare_attn(inputs)
         self.last_step = step = build_paged_step(
-            metadata,
+            build_attn_metadata(
+                num_reqs=inputs.num_reqs,
+                num_tokens=inputs.num_actual_tokens,
+                query_start_loc=torch.tensor(inputs.query_start_loc, dtype=torch.long),
+                max_query_len=inputs.max_query_len,
+                seq_lens=torch.tensor(inputs.seq_lens, dtype=torch.long),
+                max_seq_len=inputs.max_seq_len,
+                block_tables=block_tables,
+                slot_mappings=slot_mappings,
+            ),
             self.group_sliding_window,
             self.kv_caches,
             self.layer_group,

@@ -18,7 +18,8 @@ draft 2, and so on, ``num_speculative_tokens`` times (the forward is
 hidden states up to the last computed token, and vLLM's head also writes K/V of its own there,
 which depends on the token after each position: that is why, with plain block hashes, vLLM gives
 up the last matched block of every prefix-cache hit (``KVCacheManager(use_eagle=True)``,
-decided in :mod:`kvcore.config.speculative`) and computes it again.
+decided by ``use_eagle_block_drop`` in :mod:`kvcore.core.sched.scheduler`) and computes it
+again.
 
 The scheduler reserves ``num_lookahead_tokens = num_speculative_tokens`` slots, as vLLM does for
 EAGLE (its head's K/V layer writes there); our head is one linear map and writes none.
