@@ -377,8 +377,14 @@ def main(argv=None) -> int:
     f.add_argument(
         "--gpu-memory-utilization",
         type=float,
-        default=0.9,
+        default=None,
         help=tr("cli.profile.gpu_memory_utilization"),
+    )
+    f.add_argument(
+        "--enable-extensible-kv-cache",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=tr("cli.profile.enable_extensible_kv_cache"),
     )
     f.add_argument(
         "--max-num-batched-tokens",
@@ -460,7 +466,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             too_small = Text("cli.error.too_small", {"name": name, "lo": lo, "value": value})
             print(_error(args, too_small), file=sys.stderr)
             return 2
-    if not 0 < args.gpu_memory_utilization <= 1:
+    if args.gpu_memory_utilization is not None and not 0 < args.gpu_memory_utilization <= 1:
         bad = Text("cli.error.gpu_memory_utilization", {"value": args.gpu_memory_utilization})
         print(_error(args, bad), file=sys.stderr)
         return 2
@@ -480,11 +486,16 @@ def cmd_profile(args: argparse.Namespace) -> int:
             model.dtype,
             args.gpu_memory_utilization,
             max_model_len,
+            enable_extensible_kv_cache=args.enable_extensible_kv_cache,
         )
     except ValueError as e:  # e.g. a VLLM_CPU_KVCACHE_SPACE that is not a number
         print(_error(args, f"{e}"), file=sys.stderr)
         return 2
+    from paged_kv_lab.why.sentences import sizing_sentences
+
     print("\n".join(sizing.lines()))
+    for line in sizing_sentences(sizing):
+        print(tr(line, getattr(args, "lang", "en")))
     return 0
 
 

@@ -362,13 +362,39 @@ def size_kv_cache(model, settings: EngineSettings):
         )
         if any(g.kind != "full" for g in groups)
         else None,
+        enable_extensible_kv_cache=settings.enable_extensible_kv_cache,
     )
-    if sizing.num_gpu_blocks < 2:
+    if sizing.estimate_num_gpu_blocks < 2:
         raise EngineRefused(
             "engine.auto_no_room",
-            utilization=settings.gpu_memory_utilization,
+            utilization=sizing.gpu_memory_utilization,
             derivation="\n".join(sizing.lines()),
         )
+    if sizing.sizing_path == "measured":
+        # vLLM 0.34's last step: the count measured after warm-up, within the capacity reserved,
+        # refused when max_model_len no longer fits (kv_cache_planning.finalize_extensible_kv_cache)
+        from kvcore.config.cache import CacheConfig
+        from kvcore.config.scheduler import SchedulerConfig
+        from kvcore.core.kv_cache_planning import finalize_extensible_kv_cache
+        from kvcore.kv_cache_interface import KVCacheConfig
+        from kvcore.worker.worker_base import CompilationTimes
+
+        reserved = KVCacheConfig(sizing.capacity_blocks, tuple(groups))
+        try:
+            finalize_extensible_kv_cache(
+                SchedulerConfig(
+                    max_model_len=max_model_len,
+                    max_num_batched_tokens=settings.max_num_batched_tokens,
+                ),
+                CacheConfig(enable_extensible_kv_cache=True),
+                [reserved],
+                reserved,
+                [CompilationTimes(num_kv_blocks=sizing.measured_num_blocks)],
+            )
+        except ValueError as e:
+            raise EngineRefused(
+                "engine.extensible_no_fit", error=str(e), derivation="\n".join(sizing.lines())
+            ) from None
     return sizing
 
 

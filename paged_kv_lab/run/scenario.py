@@ -250,6 +250,12 @@ class EngineSettings:
     # vLLM's CacheConfig.kv_cache_memory_bytes: the KV budget stated in bytes (then
     # gpu_memory_utilization is not used); null: derived from gpu_memory_utilization
     kv_cache_memory_bytes: OptInt = None
+    # vLLM 0.34's CacheConfig.enable_extensible_kv_cache: with num_gpu_blocks "auto", size the
+    # pool from the memory measured free after the model's warm-up, within the capacity the
+    # estimate reserves (kvcore/model/memory.py: KVCacheSizing.sizing_path). null: resolved as
+    # vLLM resolves it on a GPU (kvcore/config/vllm.py): on, unless num_gpu_blocks is a number or
+    # kv_cache_memory_bytes is set; true where those are stated is refused, as vLLM refuses it
+    enable_extensible_kv_cache: Optional[StrictBool] = None
     enable_prefix_caching: StrictBool = True
     hash_algo: Literal[HASH_ALGOS] = "xxhash"
     # NONE_HASH seed: a string is the seed; null = vLLM's rule (PYTHONHASHSEED, else fixed
@@ -401,6 +407,7 @@ _MUST: dict[str, Text] = {
     "num_gpu_blocks": _must("num_gpu_blocks"),
     "gpu_memory_utilization": _must("number_in", range="(0, 1]"),
     "kv_cache_memory_bytes": _POSITIVE,
+    "enable_extensible_kv_cache": _must("null_or_bool"),
     "max_num_seqs": _INT_GE1,
     "max_num_batched_tokens": _INT_GE1,
     "long_prefill_token_threshold": _INT_GE0,
@@ -665,6 +672,13 @@ def _cross_checks(raw: dict) -> list[Text]:
                 problems.append(Text("problem.unit_one_kind", {"block_size": bs0}))
         if linear and eng.get("enable_prefix_caching") is False:
             problems.append(Text("problem.linear_needs_caching"))
+        if eng.get("enable_extensible_kv_cache") is True:  # vLLM's _resolve_extensible_kv_cache
+            if eng.get("kv_cache_memory_bytes") is not None:
+                problems.append(
+                    Text("problem.extensible_stated", {"name": "kv_cache_memory_bytes"})
+                )
+            elif eng.get("num_gpu_blocks", 64) != "auto":
+                problems.append(Text("problem.extensible_stated", {"name": "num_gpu_blocks"}))
         r, bs = (
             eng.get("prefix_cache_retention_interval"),
             eng.get("block_size", DEFAULT_BLOCK_SIZE),
@@ -919,6 +933,7 @@ def _plain(v: Any) -> Any:
 # their defaults, so a recorded run (whose header holds the scenario) stays byte for byte.
 _LATER_ENGINE_DEFAULTS = {
     "kv_cache_memory_bytes": None,
+    "enable_extensible_kv_cache": None,
     "mamba_cache_mode": "none",
     "prefix_match_unit": None,
     "kv_transfer": None,

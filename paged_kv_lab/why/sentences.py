@@ -483,3 +483,44 @@ def kept_blocks(snapshot) -> frozenset[str]:
 def changed_blocks(evs: Sequence[Event]) -> set[int]:
     """Blocks whose state an event of the step changed (for the grid's 'changed' outline)."""
     return E.changed_block_ids(evs)
+
+
+def sizing_sentences(sizing) -> list[Text]:
+    """What a reader is told about a :class:`kvcore.model.memory.KVCacheSizing` (the "How many
+    blocks?" panel, the profile command): vLLM 0.34's extensible KV cache setting, with its name
+    and default, and which path gave num_gpu_blocks, each with the vLLM code behind it."""
+    from paged_kv_lab.why.source_links import FUNCTIONS
+
+    link = FUNCTIONS["finalize_extensible_kv_cache"].vllm.url
+    util = sizing.stated_gpu_memory_utilization
+    out = [
+        Text(
+            "sizing.setting",
+            {
+                "value": str(sizing.enable_extensible_kv_cache).lower(),
+                "utilization": "None" if util is None else util,
+                "resolved": sizing.gpu_memory_utilization,
+                "source": link,
+            },
+        )
+    ]
+    if sizing.sizing_path == "measured":
+        cpu = sizing.profile.device.startswith("cpu")
+        out.append(
+            Text(
+                "sizing.path.measured",
+                {
+                    "blocks": f"{sizing.num_gpu_blocks:,}",
+                    "capacity": f"{sizing.capacity_blocks:,}",
+                    "measured": f"{sizing.measured_num_blocks:,}",
+                    "source": link,
+                },
+            )
+        )
+        if cpu:
+            out.append(Text("sizing.cpu_stands_for"))
+    else:
+        out.append(
+            Text("sizing.path.estimate", {"blocks": f"{sizing.num_gpu_blocks:,}", "source": link})
+        )
+    return out

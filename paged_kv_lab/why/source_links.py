@@ -57,6 +57,7 @@ VLLM_FILE_LINES: dict[str, int] = {
     "vllm/v1/core/block_pool.py": 936,
     "vllm/v1/core/kv_cache_coordinator.py": 1052,
     "vllm/v1/core/kv_cache_manager.py": 947,
+    "vllm/v1/core/kv_cache_planning.py": 1906,
     "vllm/v1/core/kv_cache_utils.py": 1284,
     "vllm/v1/core/sched/scheduler.py": 3934,
     "vllm/v1/core/single_type_kv_cache_manager.py": 2756,
@@ -130,6 +131,7 @@ _COORD = "vllm/v1/core/kv_cache_coordinator.py"
 _SINGLE = "vllm/v1/core/single_type_kv_cache_manager.py"
 _POOL = "vllm/v1/core/block_pool.py"
 _UTILS = "vllm/v1/core/kv_cache_utils.py"
+_PLANNING = "vllm/v1/core/kv_cache_planning.py"
 _OFFLOAD = "vllm/v1/simple_kv_offload/manager.py"
 _OURS_OFFLOAD = "kvcore.simple_kv_offload.manager:SimpleCPUOffloadScheduler."
 
@@ -486,6 +488,23 @@ FUNCTIONS: dict[str, CodeLink] = {
                 ("update_connector_output", 1077, 1101),
                 ("_process_store_completion", 1137, 1243),
             )
+        ),
+        # the extensible KV cache's sizing (the "How many blocks?" panel, the profile command)
+        _link(
+            "finalize_extensible_kv_cache",
+            _PLANNING,
+            1864,
+            1906,
+            "finalize_extensible_kv_cache",
+            "kvcore.core.kv_cache_planning:finalize_extensible_kv_cache",
+        ),
+        _link(
+            "shrink_kv_cache_configs",
+            _PLANNING,
+            1827,
+            1861,
+            "shrink_kv_cache_configs",
+            "kvcore.core.kv_cache_planning:shrink_kv_cache_configs",
         ),
     )
 }

@@ -6,6 +6,7 @@ vLLM 0.34.0's own functions (tests/support/reference/vllm_extensible_kv_cache.py
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,11 @@ from kvcore.kv_cache_interface import (
     full_attention,
     sliding_window,
 )
+from kvcore.model.memory import MemoryProfile, num_gpu_blocks_from_profile
+from kvcore.worker.extensible_kv_cache import measure_kv_cache_bytes
 from kvcore.worker.worker_base import CompilationTimes
+from paged_kv_lab.text.i18n import tr
+from paged_kv_lab.why.sentences import sizing_sentences
 from support.kv import VLLM_VENV_034 as VENV
 from support.kv import ask_vllm
 
@@ -147,6 +152,38 @@ def test_the_count_is_the_min_capped_by_capacity(measured, capacity, max_model_l
         assert expect - 1 < -(-max_model_len // 16)
 
 
+def test_measure_keeps_the_peak_and_a_margin_free():
+    g = 1 << 30
+    # a 80 GiB device, 20 GiB taken by weights and warm-up, 2 GiB activation peak
+    m = dict(
+        init_free_memory=80 * g, free_memory=60 * g, committed_bytes=0, transient_peak_bytes=2 * g
+    )
+    assert (
+        measure_kv_cache_bytes(requested_memory=80 * g, **m) == 60 * g - 3 * g // 2 - 2 * g
+    )  # margin: 0.75 x the peak
+    # a utilization of 0.5 caps it: 40 GiB less the 20 used, less the peak
+    assert measure_kv_cache_bytes(requested_memory=40 * g, **m) == 18 * g
+    assert measure_kv_cache_bytes(requested_memory=10 * g, **m) == 0
+
+
+MEASURES = [
+    dict(
+        init_free_memory=i << 28,
+        free_memory=f << 28,
+        committed_bytes=c << 20,
+        requested_memory=r << 28,
+        transient_peak_bytes=p << 24,
+        torch_reserve_growth_bytes=t << 24,
+    )
+    for i, f, c, r, p, t in [
+        (320, 240, 0, 320, 100, 0),
+        (320, 240, 64, 160, 100, 300),
+        (320, 300, 0, 320, 0, 0),
+        (320, 10, 0, 320, 50, 0),
+        (100, 90, 512, 95, 400, 10),
+    ]
+]
+
 # -- against vLLM 0.34.0 -----------------------------------------------------------------------
 
 CASES = [
@@ -171,8 +208,10 @@ CASES = [
     not (Path(VENV) / "bin" / "python").exists(),
     reason=f"no vLLM 0.34.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
 )
-def test_finalize_equals_vllms_own_functions():
-    theirs = ask_vllm("vllm_extensible_kv_cache.py", CASES)
+def test_finalize_and_measure_equal_vllms_own_functions():
+    got = ask_vllm("vllm_extensible_kv_cache.py", {"finalize": CASES, "measure": MEASURES})
+    assert got["measure"] == [measure_kv_cache_bytes(**m) for m in MEASURES]
+    theirs = got["finalize"]
     for c, ours, vllm in zip(CASES, map(finalize, CASES), theirs):
         if "error" in vllm:
             assert ours.get("error") == vllm["error"], (c, ours, vllm)
@@ -188,3 +227,92 @@ def test_finalize_equals_vllms_own_functions():
                 "num_gpu_blocks": vllm["num_gpu_blocks"],
             }
             assert set(vllm["num_blocks_after"]) == {vllm["num_blocks"]}
+
+
+# -- the lab's sizing, both ways (kvcore/model/memory.py) --------------------------------------
+
+
+class _SmolLM2:  # SmolLM2-135M's shape: 16 x 30 x 2 x 3 x 64 x 4 = 737,280 bytes a 16-token block
+    num_hidden_layers, num_attention_heads, num_key_value_heads, hidden_size, head_dim = (
+        30,
+        9,
+        3,
+        576,
+        64,
+    )
+
+
+G = 1 << 30
+BLOCK = 737_280
+# an 80 GiB GPU: 10 GiB of weights, a 2 GiB activation peak, 1 GiB else; after warm-up 66 GiB
+# free of the 79 GiB free at start (CUDA graphs and workspaces took 2 GiB more than profiled)
+MEASURED = MemoryProfile(
+    "cuda:0", "shape", "float32", 256, 80 * G, 10 * G, 2 * G, 1 * G,
+    init_free_memory=79 * G, free_memory=66 * G,
+)  # fmt: skip
+
+
+def test_unset_settings_take_the_measured_path_at_utilization_one():
+    s = num_gpu_blocks_from_profile(MEASURED, _SmolLM2, 16, "float32", None, 4096, None)
+    assert s.enable_extensible_kv_cache and s.gpu_memory_utilization == 1.0
+    assert s.sizing_path == "measured"
+    assert s.capacity_blocks == (80 * G - 13 * G) // BLOCK  # the estimate at 1.0, reserved
+    # min(80 - 13, 66 - 1.5) - 2 GiB: the free memory less the margin and the peak
+    assert s.measured_kv_cache_memory == 66 * G - 3 * G // 2 - 2 * G
+    assert s.num_gpu_blocks == s.measured_num_blocks == (62 * G + G // 2) // BLOCK
+    assert s.num_gpu_blocks < s.capacity_blocks
+    assert any("(measured)" in line for line in s.lines())
+
+
+def test_a_stated_utilization_caps_the_measured_count_and_the_capacity_caps_it_too():
+    s = num_gpu_blocks_from_profile(MEASURED, _SmolLM2, 16, "float32", 0.2, 4096, None)
+    assert s.sizing_path == "measured" and s.gpu_memory_utilization == 0.2
+    # 16 GiB requested, 13 GiB used by the engine after warm-up, the 2 GiB peak kept free
+    assert s.num_gpu_blocks == s.measured_num_blocks == G // BLOCK
+    assert s.capacity_blocks == 3 * G // BLOCK
+    # warm-up took less than the profile's estimate: the measurement exceeds the reservation
+    light = replace(MEASURED, free_memory=70 * G)
+    s = num_gpu_blocks_from_profile(light, _SmolLM2, 16, "float32", 0.2, 4096, None)
+    assert s.measured_kv_cache_memory == 5 * G
+    assert s.num_gpu_blocks == s.measured_num_blocks == s.capacity_blocks == 3 * G // BLOCK
+
+
+def test_off_or_stated_bytes_take_the_estimate_at_092():
+    off = num_gpu_blocks_from_profile(MEASURED, _SmolLM2, 16, "float32", None, 4096, None, **{
+        "enable_extensible_kv_cache": False})  # fmt: skip
+    assert off.sizing_path == "estimate" and off.gpu_memory_utilization == 0.92
+    assert off.num_gpu_blocks == off.estimate_num_gpu_blocks
+    stated = num_gpu_blocks_from_profile(
+        MEASURED, _SmolLM2, 16, "float32", None, 4096, None, kv_cache_memory_bytes=G
+    )
+    assert not stated.enable_extensible_kv_cache and stated.num_gpu_blocks == G // BLOCK
+    with pytest.raises(ValueError, match="kv_cache_memory_bytes"):
+        num_gpu_blocks_from_profile(
+            MEASURED, _SmolLM2, 16, "float32", None, 4096, None,
+            kv_cache_memory_bytes=G, enable_extensible_kv_cache=True,
+        )  # fmt: skip
+    # a profile that measured nothing after warm-up keeps the estimate
+    bare = replace(MEASURED, init_free_memory=None, free_memory=None)
+    s = num_gpu_blocks_from_profile(bare, _SmolLM2, 16, "float32", None, 4096, None)
+    assert s.sizing_path == "estimate" and s.gpu_memory_utilization == 1.0
+
+
+def test_the_reader_is_told_the_setting_and_the_path_in_each_language():
+    measured = num_gpu_blocks_from_profile(MEASURED, _SmolLM2, 16, "float32", None, 4096, None)
+    off = num_gpu_blocks_from_profile(
+        MEASURED, _SmolLM2, 16, "float32", 0.5, 4096, None, enable_extensible_kv_cache=False
+    )
+    for lang in ("en", "zh"):
+        said = [tr(t, lang) for t in sizing_sentences(measured)]
+        assert "enable_extensible_kv_cache" in said[0] and "None" in said[0]
+        assert (
+            f"{measured.num_gpu_blocks:,}" in said[1] and f"{measured.capacity_blocks:,}" in said[1]
+        )
+        assert all("kv_cache_planning.py#L1864-L1906" in t for t in said)
+        said_off = [tr(t, lang) for t in sizing_sentences(off)]
+        assert "false" in said_off[0] and "0.5" in said_off[0]
+    assert [t.key for t in sizing_sentences(off)] == ["sizing.setting", "sizing.path.estimate"]
+    assert [t.key for t in sizing_sentences(measured)] == ["sizing.setting", "sizing.path.measured"]
+    cpu = replace(MEASURED, device="cpu")
+    cpu_sizing = num_gpu_blocks_from_profile(cpu, _SmolLM2, 16, "float32", None, 4096, {}, None)
+    assert sizing_sentences(cpu_sizing)[-1].key == "sizing.cpu_stands_for"

@@ -6,7 +6,8 @@ vLLM's own ``get_kv_cache_config_from_groups`` builds every worker's ``KVCacheCo
 capacity, and vLLM's own ``finalize_extensible_kv_cache`` settles the count (calling vLLM's own
 ``shrink_kv_cache_configs``). Writes, as JSON, one
 ``{num_blocks, num_gpu_blocks, num_blocks_after}`` per case, or ``{error, message}`` when vLLM
-refuses.
+refuses (under "finalize"); and, under "measure", vLLM's own ``measure_kv_cache_bytes`` for each
+keyword case of the spec's "measure" list.
 
 What is not vLLM's here is only the configuration a server would carry: a namespace with the
 fields these functions read (as tests/support/reference/vllm_block_size.py builds it), on a CUDA
@@ -86,5 +87,20 @@ def run(case: dict) -> dict:
     }
 
 
+def measure(case: dict) -> int:
+    """vLLM's own ``measure_kv_cache_bytes`` for a case of keyword arguments (CUDA's margins)."""
+    from vllm.v1.worker.extensible_kv_cache import measure_kv_cache_bytes
+
+    return measure_kv_cache_bytes(**case)
+
+
 if __name__ == "__main__":
-    print(json.dumps([run(case) for case in json.load(sys.stdin)]))
+    spec = json.load(sys.stdin)
+    print(
+        json.dumps(
+            {
+                "finalize": [run(c) for c in spec["finalize"]],
+                "measure": [measure(c) for c in spec["measure"]],
+            }
+        )
+    )
