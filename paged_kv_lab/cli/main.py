@@ -45,7 +45,7 @@ from paged_kv_lab.run.scenario import (
     with_engine_overrides,
 )
 from paged_kv_lab.text.i18n import Text, languages, said, tr
-from paged_kv_lab.why.sentences import kept_blocks, sentence
+from paged_kv_lab.why.sentences import kept_blocks, sentence, sizing_sentences
 
 
 def _loading():
@@ -138,13 +138,13 @@ def open_engine(args: argparse.Namespace, scenario, kv_events):
         with _loading():
             model = load_model(scenario.model, scenario.device, scenario.dtype)
         if auto:  # profile the model, derive the pool as vLLM does; the trace records the number
-            from paged_kv_lab.run.engine import size_kv_cache
+            from paged_kv_lab.run.engine import size_kv_cache, sized_settings
 
             sizing = size_kv_cache(model, scenario.engine)
             print("\n".join(sizing.lines()))
-            scenario = replace(
-                scenario, engine=replace(scenario.engine, num_gpu_blocks=sizing.num_gpu_blocks)
-            )
+            for line in sizing_sentences(sizing):
+                print(tr(line, getattr(args, "lang", "en")))
+            scenario = replace(scenario, engine=sized_settings(scenario.engine, sizing))
         check_scenario(scenario, limits, model.config, prompt_encoder(model))
         if scenario.engine.kv_transfer == "pd":  # a prefill replica and a decode replica
             from paged_kv_lab.disagg.pd import PDEngine, PDRun
@@ -491,8 +491,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
     except ValueError as e:  # e.g. a VLLM_CPU_KVCACHE_SPACE that is not a number
         print(_error(args, f"{e}"), file=sys.stderr)
         return 2
-    from paged_kv_lab.why.sentences import sizing_sentences
-
     print("\n".join(sizing.lines()))
     for line in sizing_sentences(sizing):
         print(tr(line, getattr(args, "lang", "en")))

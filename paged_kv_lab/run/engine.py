@@ -398,6 +398,19 @@ def size_kv_cache(model, settings: EngineSettings):
     return sizing
 
 
+def sized_settings(settings: EngineSettings, sizing) -> EngineSettings:
+    """The settings with "auto" replaced by the count ``sizing`` derived, as the run records
+    them. A stated ``enable_extensible_kv_cache: true`` becomes null there: beside a stated
+    num_gpu_blocks it would be refused when the record is read back (vLLM refuses it beside
+    ``num_gpu_blocks_override``), and the count already holds what the extensible path gave."""
+    extensible = (
+        None if settings.enable_extensible_kv_cache else settings.enable_extensible_kv_cache
+    )
+    return replace(
+        settings, num_gpu_blocks=sizing.num_gpu_blocks, enable_extensible_kv_cache=extensible
+    )
+
+
 class NoModelRunner:
     """Stands in for the model when only the block manager is studied (benchmarks,
     property tests): the next token is a fixed function of the request and its length."""
@@ -518,7 +531,7 @@ class Engine:
             if self.model is None:
                 raise EngineRefused("engine.auto_needs_model")
             self.kv_cache_sizing = size_kv_cache(self.model, s)
-            s = self.settings = replace(s, num_gpu_blocks=self.kv_cache_sizing.num_gpu_blocks)
+            s = self.settings = sized_settings(s, self.kv_cache_sizing)
         self.recorder = Recorder()
         self.hasher = block_hasher_for(s)
         self.hash_fn = self.hasher.hash_fn

@@ -214,6 +214,7 @@ def test_cli_profile_and_run_print_the_derivation(tiny_model, tmp_path, capsys):
                 "engine": {
                     "num_gpu_blocks": "auto",
                     "gpu_memory_utilization": util,
+                    "enable_extensible_kv_cache": True,
                     "max_num_batched_tokens": 64,
                     "block_size": 64,
                 },
@@ -229,3 +230,9 @@ def test_cli_profile_and_run_print_the_derivation(tiny_model, tmp_path, capsys):
     header = json.loads(trace_file.read_text().splitlines()[0])
     # the trace replays anywhere
     assert isinstance(header["scenario"]["engine"]["num_gpu_blocks"], int)
+    # the count came from the extensible path; the record states the count, and reads back
+    assert "comes from the memory measured free" in out
+    assert "enable_extensible_kv_cache" not in header["scenario"]["engine"]
+    assert load_scenario(header["scenario"]).engine.num_gpu_blocks == (
+        header["scenario"]["engine"]["num_gpu_blocks"]
+    )
