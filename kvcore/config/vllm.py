@@ -1,4 +1,6 @@
-"""The rule vLLM 0.34.0 applies, in ``VllmConfig.__post_init__`` (vllm/config/vllm.py), to decide
+"""Two rules vLLM 0.34.0's ``VllmConfig`` (vllm/config/vllm.py) applies to settings left unset:
+``resolve_enable_extensible_kv_cache`` (its ``_resolve_extensible_kv_cache``, below), and the
+rule it applies, in ``VllmConfig.__post_init__``, to decide
 ``SchedulerConfig.disable_hybrid_kv_cache_manager``: whether the KV cache manager runs one
 group per kind of layer (the hybrid KV cache manager, "HMA") or treats every attention layer as
 full attention (``unify_hybrid_kv_cache_specs`` in kvcore/core/kv_cache_planning.py).

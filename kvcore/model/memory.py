@@ -292,10 +292,20 @@ class KVCacheSizing:
         return self.num_gpu_blocks / self.blocks_per_request
 
     @property
+    def cpu_backend_gpu_memory_utilization(self) -> float:
+        """The utilization vLLM's CPU backend uses: the stated one, else 0.92 (the extensible KV
+        cache is only for CUDA and ROCm, so an unset utilization resolves without it)."""
+        from kvcore.config.cache import CacheConfig
+
+        stated = self.stated_gpu_memory_utilization
+        return CacheConfig.DEFAULT_GPU_MEMORY_UTILIZATION if stated is None else stated
+
+    @property
     def cpu_backend_kv_cache_memory(self) -> int:
         if self.cpu_kvcache_space_gib is not None:
             return self.cpu_kvcache_space_gib * GiB
-        return self.requested_memory - self.profile.process_memory
+        requested = math.ceil(self.profile.total_memory * self.cpu_backend_gpu_memory_utilization)
+        return requested - self.profile.process_memory
 
     @property
     def cpu_backend_num_blocks(self) -> int:
@@ -311,7 +321,7 @@ class KVCacheSizing:
         rule = (
             f"{CPU_KVCACHE_SPACE_ENV}={self.cpu_kvcache_space_gib} GiB"
             if self.cpu_kvcache_space_gib is not None
-            else f"ceil(total x {self.gpu_memory_utilization}) "
+            else f"ceil(total x {self.cpu_backend_gpu_memory_utilization}) "
             f"- process RSS {gib(p.process_memory)}"
         )
         out = [

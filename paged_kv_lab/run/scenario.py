@@ -246,7 +246,9 @@ class EngineSettings:
     # profile.py, kvcore/model/memory.py: KVCacheSizing); left out: 64, or "auto" when
     # kv_cache_memory_bytes is set
     num_gpu_blocks: Union[Annotated[StrictInt, Field(ge=2, le=INT64_MAX)], Literal["auto"]] = 64
-    gpu_memory_utilization: Utilization = 0.9
+    # null: vLLM 0.34's default, resolved to 1.0 with the extensible KV cache and 0.92 without
+    # (kvcore/config/cache.py); the lab's default stays 0.9, which the recorded runs hold
+    gpu_memory_utilization: Optional[Utilization] = 0.9
     # vLLM's CacheConfig.kv_cache_memory_bytes: the KV budget stated in bytes (then
     # gpu_memory_utilization is not used); null: derived from gpu_memory_utilization
     kv_cache_memory_bytes: OptInt = None
@@ -405,7 +407,7 @@ def _one_of(choices: tuple[str, ...]) -> Text:
 _MUST: dict[str, Text] = {
     "block_size": _INT_GE1,
     "num_gpu_blocks": _must("num_gpu_blocks"),
-    "gpu_memory_utilization": _must("number_in", range="(0, 1]"),
+    "gpu_memory_utilization": _must("either", a="null", b=_must("number_in", range="(0, 1]")),
     "kv_cache_memory_bytes": _POSITIVE,
     "enable_extensible_kv_cache": _must("null_or_bool"),
     "max_num_seqs": _INT_GE1,

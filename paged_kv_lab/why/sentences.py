@@ -489,9 +489,13 @@ def sizing_sentences(sizing) -> list[Text]:
     """What a reader is told about a :class:`kvcore.model.memory.KVCacheSizing` (the "How many
     blocks?" panel, the profile command): vLLM 0.34's extensible KV cache setting, with its name
     and default, and which path gave num_gpu_blocks, each with the vLLM code behind it."""
-    from paged_kv_lab.why.source_links import FUNCTIONS
+    from paged_kv_lab.why.source_links import FUNCTIONS, SIZING_LINKS
 
     link = FUNCTIONS["finalize_extensible_kv_cache"].vllm.url
+    setting = " ".join(
+        SIZING_LINKS[n].url
+        for n in ("resolve_extensible_kv_cache", "resolved_gpu_memory_utilization")
+    )
     util = sizing.stated_gpu_memory_utilization
     out = [
         Text(
@@ -500,7 +504,7 @@ def sizing_sentences(sizing) -> list[Text]:
                 "value": str(sizing.enable_extensible_kv_cache).lower(),
                 "utilization": "None" if util is None else util,
                 "resolved": sizing.gpu_memory_utilization,
-                "source": link,
+                "source": setting,
             },
         )
     ]
@@ -521,6 +525,12 @@ def sizing_sentences(sizing) -> list[Text]:
             out.append(Text("sizing.cpu_stands_for"))
     else:
         out.append(
-            Text("sizing.path.estimate", {"blocks": f"{sizing.num_gpu_blocks:,}", "source": link})
+            Text(
+                "sizing.path.estimate",
+                {
+                    "blocks": f"{sizing.num_gpu_blocks:,}",
+                    "source": SIZING_LINKS["determine_available_memory"].url,
+                },
+            )
         )
     return out

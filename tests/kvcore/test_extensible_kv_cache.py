@@ -308,7 +308,8 @@ def test_the_reader_is_told_the_setting_and_the_path_in_each_language():
         assert (
             f"{measured.num_gpu_blocks:,}" in said[1] and f"{measured.capacity_blocks:,}" in said[1]
         )
-        assert all("kv_cache_planning.py#L1864-L1906" in t for t in said)
+        assert "kv_cache_planning.py#L1864-L1906" in said[1] and "vllm.py#L3180-L3269" in said[0]
+        assert "gpu_worker.py#L672-L841" in tr(sizing_sentences(off)[1], lang)
         said_off = [tr(t, lang) for t in sizing_sentences(off)]
         assert "false" in said_off[0] and "0.5" in said_off[0]
     assert [t.key for t in sizing_sentences(off)] == ["sizing.setting", "sizing.path.estimate"]

@@ -233,6 +233,7 @@ def test_cli_profile_and_run_print_the_derivation(tiny_model, tmp_path, capsys):
     # the count came from the extensible path; the record states the count, and reads back
     assert "comes from the memory measured free" in out
     assert "enable_extensible_kv_cache" not in header["scenario"]["engine"]
-    assert load_scenario(header["scenario"]).engine.num_gpu_blocks == (
-        header["scenario"]["engine"]["num_gpu_blocks"]
+    assert (
+        load_scenario(header["scenario"]).engine.num_gpu_blocks
+        == (header["scenario"]["engine"]["num_gpu_blocks"])
     )

@@ -389,3 +389,14 @@ def test_enable_extensible_kv_cache_is_refused_where_vllm_refuses_it():
     off = {"engine": {"enable_extensible_kv_cache": False, "num_gpu_blocks": 64}}
     assert load_scenario(off).engine.enable_extensible_kv_cache is False
     assert "null, true or false" in one_problem({"engine": {"enable_extensible_kv_cache": 1}})
+
+
+def test_gpu_memory_utilization_may_be_left_to_vllms_resolution():
+    """null is vLLM 0.34's default (1.0 with the extensible KV cache, 0.92 without); the lab's
+    default stays 0.9, which every recorded lesson run holds in its header."""
+    assert load_scenario({}).engine.gpu_memory_utilization == 0.9
+    unset = load_scenario({"engine": {"gpu_memory_utilization": None, "num_gpu_blocks": "auto"}})
+    assert unset.engine.gpu_memory_utilization is None
+    assert scenario_to_dict(unset)["engine"]["gpu_memory_utilization"] is None
+    p = one_problem({"engine": {"gpu_memory_utilization": 1.5}})
+    assert "null or a number in (0, 1]" in p
