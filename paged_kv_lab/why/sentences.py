@@ -533,4 +533,19 @@ def sizing_sentences(sizing) -> list[Text]:
                 },
             )
         )
+    usable, needed = sizing.num_gpu_blocks - 1, sizing.blocks_per_request
+    if (
+        usable < needed
+    ):  # vLLM's _check_enough_kv_cache_memory (shrink_kv_cache_configs after warm-up)
+        out.append(
+            Text(
+                "sizing.would_refuse",
+                {
+                    "max_model_len": f"{sizing.max_model_len:,}",
+                    "needed": f"{needed:,}",
+                    "usable": f"{usable:,}",
+                    "source": FUNCTIONS["shrink_kv_cache_configs"].vllm.url,
+                },
+            )
+        )
     return out

@@ -317,3 +317,14 @@ def test_the_reader_is_told_the_setting_and_the_path_in_each_language():
     cpu = replace(MEASURED, device="cpu")
     cpu_sizing = num_gpu_blocks_from_profile(cpu, _SmolLM2, 16, "float32", None, 4096, {}, None)
     assert sizing_sentences(cpu_sizing)[-1].key == "sizing.cpu_stands_for"
+
+
+def test_the_reader_is_told_when_vllm_would_refuse_the_pool():
+    # 0.2 of 80 GiB: 1 GiB measured, 1,456 blocks of 16 tokens; 4,096 tokens need 256, 65,536 need
+    # 4,096
+    fits = num_gpu_blocks_from_profile(MEASURED, _SmolLM2, 16, "float32", 0.2, 4096, None)
+    assert "sizing.would_refuse" not in [t.key for t in sizing_sentences(fits)]
+    long = num_gpu_blocks_from_profile(MEASURED, _SmolLM2, 16, "float32", 0.2, 65536, None)
+    (refusal,) = [t for t in sizing_sentences(long) if t.key == "sizing.would_refuse"]
+    assert "4,096 blocks" in tr(refusal) and f"{long.num_gpu_blocks - 1:,} beside" in tr(refusal)
+    assert "kv_cache_planning.py#L1827-L1861" in tr(refusal, "zh")
