@@ -1,4 +1,6 @@
-"""The rule vLLM 0.34.0 applies, in ``VllmConfig.__post_init__`` (vllm/config/vllm.py), to decide
+"""Two rules vLLM 0.34.0's ``VllmConfig`` (vllm/config/vllm.py) applies to settings left unset:
+``resolve_enable_extensible_kv_cache`` (its ``_resolve_extensible_kv_cache``, below), and the
+rule it applies, in ``VllmConfig.__post_init__``, to decide
 ``SchedulerConfig.disable_hybrid_kv_cache_manager``: whether the KV cache manager runs one
 group per kind of layer (the hybrid KV cache manager, "HMA") or treats every attention layer as
 full attention (``unify_hybrid_kv_cache_specs`` in kvcore/core/kv_cache_planning.py).
@@ -62,3 +64,34 @@ def resolve_num_hash_lookahead_tokens(
     elif not enable_prefix_caching:
         return 0
     return speculative_config.num_prefill_lookahead_tokens
+
+
+def resolve_enable_extensible_kv_cache(cache_config, cuda_alike: bool = True) -> bool:
+    """Settle ``cache_config.enable_extensible_kv_cache`` in place, as vLLM 0.34.0's
+    ``VllmConfig._resolve_extensible_kv_cache`` does, and return it.
+
+    It is unsupported off CUDA and ROCm (``cuda_alike`` False: vLLM's CPU platform), and where
+    the cache is not sized from measured memory: ``kv_cache_memory_bytes`` or
+    ``num_gpu_blocks_override`` stated. Unset (None), it becomes True where supported and False
+    elsewhere; stated True where unsupported, a ValueError naming the reason; stated False stays
+    False. The lab models a GPU server, so ``cuda_alike`` defaults to True. vLLM's further reasons
+    (elastic EP, KV connectors that share the cache through legacy CUDA IPC or a custom memory
+    pool, ROCm with connectors that register the cache for RDMA, a driver without virtual memory
+    management, no IMEX channel for NIXL) concern setups the lab does not model."""
+    unsupported = None
+    if not cuda_alike:
+        unsupported = "it is only supported on CUDA and ROCm"
+    elif cache_config.kv_cache_memory_bytes is not None:
+        unsupported = (
+            "it sizes the KV cache from measured memory, which kv_cache_memory_bytes overrides"
+        )
+    elif cache_config.num_gpu_blocks_override is not None:
+        unsupported = (
+            "it sizes the KV cache from measured memory, which num_gpu_blocks_override overrides"
+        )
+    requested = cache_config.enable_extensible_kv_cache
+    if requested is None:
+        cache_config.enable_extensible_kv_cache = unsupported is None
+    elif requested and unsupported is not None:
+        raise ValueError(f"enable_extensible_kv_cache: {unsupported}.")
+    return bool(cache_config.enable_extensible_kv_cache)

@@ -150,6 +150,14 @@ class MemoryProfile:
     other_memory: int
     process_memory: int = 0
     seconds: float = 0.0
+    # what the extensible KV cache measures after the model's warm-up (None: not measured).
+    # free_memory: the device's free memory then (CUDA: mem_get_info's free after emptying
+    # torch's cache; CPU, where nothing reserves device memory: the machine's available memory,
+    # psutil's, stands for it). init_free_memory: the free memory before the engine took any,
+    # as vLLM's worker snapshots it at start (CUDA: the free memory plus what torch holds; CPU:
+    # the available memory plus the process's resident memory).
+    init_free_memory: int | None = None
+    free_memory: int | None = None
 
     @property
     def non_kv_cache_memory(self) -> int:
@@ -177,11 +185,17 @@ class KVCacheSizing:
     ``VLLM_CPU_KVCACHE_SPACE`` GiB when that variable is set, else
     ``ceil(total_memory * gpu_memory_utilization) - process_memory``; it does not profile a forward.
 
-    Not modelled: vLLM 0.34's extensible KV cache (``CacheConfig.enable_extensible_kv_cache``, on
-    by default on CUDA and ROCm unless ``kv_cache_memory_bytes`` is stated) sizes the cache from
-    the memory free after warm-up, CUDA graphs captured, and an unset ``gpu_memory_utilization``
-    then resolves to 1.0 instead of 0.92 (``CacheConfig.resolved_gpu_memory_utilization``), so
-    such a server usually gets more blocks than this arithmetic gives.
+    vLLM 0.34's extensible KV cache (``enable_extensible_kv_cache`` True: the default on CUDA and
+    ROCm unless ``kv_cache_memory_bytes`` is stated, kvcore/config/vllm.py) takes another path.
+    The estimate above, with an unset ``gpu_memory_utilization`` resolved to 1.0, is only the
+    capacity reserved in virtual memory (``capacity_blocks``); after the warm-up the count is what
+    fits in the memory measured free then (kvcore/worker/extensible_kv_cache.py:
+    ``measure_kv_cache_bytes``, with the profiled activation peak kept free and nothing
+    committed), never above that capacity (``finalize_extensible_kv_cache``, one worker):
+
+        num_gpu_blocks = min(measure_kv_cache_bytes(...) // bytes_per_block, capacity_blocks)
+
+    ``sizing_path`` says which path gave ``num_gpu_blocks``: "estimate" or "measured".
     """
 
     profile: MemoryProfile
@@ -201,6 +215,17 @@ class KVCacheSizing:
     # cache groups (a sliding-window group's capped by its window); None: one full-attention
     # group's, ceil(max_model_len / block_size)
     group_blocks_per_request: int | None = None
+    # vLLM 0.34's CacheConfig.enable_extensible_kv_cache as resolved (kvcore/config/vllm.py), and
+    # gpu_memory_utilization as stated (None: resolved, 1.0 or 0.92)
+    enable_extensible_kv_cache: bool = False
+    stated_gpu_memory_utilization: float | None = None
+
+    @property
+    def sizing_path(self) -> str:
+        """ "measured": the extensible KV cache's count, from the memory free after warm-up;
+        "estimate": the profiling estimate's (extensible off, or nothing measured)."""
+        measured = self.profile.free_memory is not None
+        return "measured" if self.enable_extensible_kv_cache and measured else "estimate"
 
     @property
     def requested_memory(self) -> int:
@@ -213,8 +238,45 @@ class KVCacheSizing:
         return self.requested_memory - self.profile.non_kv_cache_memory
 
     @property
-    def num_gpu_blocks(self) -> int:
+    def estimate_num_gpu_blocks(self) -> int:
+        """The profiling estimate's count: the pool without the extensible KV cache, and the
+        capacity it reserves with it."""
         return max(self.available_kv_cache_memory, 0) // self.bytes_per_block
+
+    @property
+    def capacity_blocks(self) -> int:
+        return self.estimate_num_gpu_blocks
+
+    @property
+    def measured_kv_cache_memory(self) -> int | None:
+        """The bytes ``measure_kv_cache_bytes`` gives from the memory free after warm-up; None
+        when the profile measured none."""
+        from kvcore.worker.extensible_kv_cache import measure_kv_cache_bytes
+
+        p = self.profile
+        if p.free_memory is None or p.init_free_memory is None:
+            return None
+        return measure_kv_cache_bytes(
+            init_free_memory=p.init_free_memory,
+            free_memory=p.free_memory,
+            committed_bytes=0,
+            requested_memory=self.requested_memory,
+            transient_peak_bytes=p.peak_activation_memory,
+        )
+
+    @property
+    def measured_num_blocks(self) -> int | None:
+        """The blocks one worker reports after warm-up (``CompilationTimes.num_kv_blocks``)."""
+        measured = self.measured_kv_cache_memory
+        if measured is None:
+            return None
+        return min(measured // self.bytes_per_block, self.capacity_blocks)
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        if self.sizing_path == "measured":
+            return min(self.measured_num_blocks, self.capacity_blocks)
+        return self.estimate_num_gpu_blocks
 
     @property
     def blocks_per_request(self) -> int:
@@ -230,10 +292,20 @@ class KVCacheSizing:
         return self.num_gpu_blocks / self.blocks_per_request
 
     @property
+    def cpu_backend_gpu_memory_utilization(self) -> float:
+        """The utilization vLLM's CPU backend uses: the stated one, else 0.92 (the extensible KV
+        cache is only for CUDA and ROCm, so an unset utilization resolves without it)."""
+        from kvcore.config.cache import CacheConfig
+
+        stated = self.stated_gpu_memory_utilization
+        return CacheConfig.DEFAULT_GPU_MEMORY_UTILIZATION if stated is None else stated
+
+    @property
     def cpu_backend_kv_cache_memory(self) -> int:
         if self.cpu_kvcache_space_gib is not None:
             return self.cpu_kvcache_space_gib * GiB
-        return self.requested_memory - self.profile.process_memory
+        requested = math.ceil(self.profile.total_memory * self.cpu_backend_gpu_memory_utilization)
+        return requested - self.profile.process_memory
 
     @property
     def cpu_backend_num_blocks(self) -> int:
@@ -249,7 +321,7 @@ class KVCacheSizing:
         rule = (
             f"{CPU_KVCACHE_SPACE_ENV}={self.cpu_kvcache_space_gib} GiB"
             if self.cpu_kvcache_space_gib is not None
-            else f"ceil(total x {self.gpu_memory_utilization}) "
+            else f"ceil(total x {self.cpu_backend_gpu_memory_utilization}) "
             f"- process RSS {gib(p.process_memory)}"
         )
         out = [
@@ -268,8 +340,9 @@ class KVCacheSizing:
                 else ""
             ),
             f"  / bytes per block          {self.bytes_per_block:,} (block_size {self.block_size})",
-            f"  = num_gpu_blocks           {self.num_gpu_blocks:,} "
-            "(block 0, the null block, included)",
+            f"  = num_gpu_blocks           {self.estimate_num_gpu_blocks:,} "
+            "(block 0, the null block, included)"
+            + (" = capacity reserved" if self.sizing_path == "measured" else ""),
             f"  max concurrency            {self.num_gpu_blocks:,} / "
             + (
                 f"({self.num_attention_groups} x ceil({self.max_model_len} / {self.block_size})"
@@ -281,6 +354,14 @@ class KVCacheSizing:
             )
             + f" = {self.max_concurrency:.2f} requests of max_model_len {self.max_model_len}",
         ]
+        if self.sizing_path == "measured":
+            out[-1:-1] = [
+                f"  after warm-up: free {gib(p.free_memory)} of {gib(p.init_free_memory)} "
+                f"free at start, peak {gib(p.peak_activation_memory)} kept free",
+                f"  measure_kv_cache_bytes     {gib(self.measured_kv_cache_memory)}",
+                f"  = num_gpu_blocks           min({self.measured_num_blocks:,}, "
+                f"{self.capacity_blocks:,}) = {self.num_gpu_blocks:,} (measured)",
+            ]
         if p.device.startswith("cpu"):
             out.append(
                 f"  vLLM's CPU backend instead: KV cache = {rule} = "
@@ -293,6 +374,9 @@ class KVCacheSizing:
         for name in (
             "requested_memory",
             "available_kv_cache_memory",
+            "sizing_path",
+            "estimate_num_gpu_blocks",
+            "measured_kv_cache_memory",
             "num_gpu_blocks",
             "max_concurrency",
             "cpu_backend_kv_cache_memory",
@@ -323,26 +407,38 @@ def num_gpu_blocks_from_profile(
     config: Any,
     block_size: int,
     dtype: Any,
-    gpu_memory_utilization: float,
+    gpu_memory_utilization: float | None,
     max_model_len: int,
     environ: Any = None,
     kv_cache_memory_bytes: int | None = None,
     layers_per_block: int | None = None,
     group_blocks_per_request: int | None = None,
+    enable_extensible_kv_cache: bool | None = None,
 ) -> KVCacheSizing:
     """The :class:`KVCacheSizing` of ``profile`` for these settings (pure arithmetic).
     ``layers_per_block``: an attention-only model's block holds a page for this many layers (the
     largest KV cache group's, as vLLM 0.34.0 sizes a block); None: every layer's.
     ``group_blocks_per_request``: its KV cache groups' blocks for one request of
-    ``max_model_len`` (vLLM's ``get_max_concurrency_for_kv_cache_config``); None: one group's."""
-    if not 0 < gpu_memory_utilization <= 1:
-        raise ValueError(f"gpu_memory_utilization must be in (0, 1]; got {gpu_memory_utilization}")
+    ``max_model_len`` (vLLM's ``get_max_concurrency_for_kv_cache_config``); None: one group's.
+    ``gpu_memory_utilization`` None and ``enable_extensible_kv_cache`` None (vLLM 0.34.0's
+    defaults): resolved as vLLM resolves them on a GPU (kvcore/config/cache.py,
+    kvcore/config/vllm.py). The extensible path needs a profile that measured the memory free
+    after warm-up (``profile_model``'s do); without one the estimate gives the count."""
+    from kvcore.config.cache import CacheConfig
+    from kvcore.config.vllm import resolve_enable_extensible_kv_cache
+
+    cache = CacheConfig(
+        gpu_memory_utilization=gpu_memory_utilization,
+        kv_cache_memory_bytes=kv_cache_memory_bytes,
+        enable_extensible_kv_cache=enable_extensible_kv_cache,
+    )
+    extensible = resolve_enable_extensible_kv_cache(cache)
     if max_model_len < 1:
         raise ValueError(f"max_model_len must be >= 1; got {max_model_len}")
     hybrid = is_hybrid_config(config)
     return KVCacheSizing(
         profile,
-        float(gpu_memory_utilization),
+        float(cache.resolved_gpu_memory_utilization),
         int(block_size),
         # a hybrid model's pool: one block is a KV cache group's pages, as vLLM divides it
         hybrid_bytes_per_block(config, block_size, dtype)
@@ -353,6 +449,8 @@ def num_gpu_blocks_from_profile(
         kv_cache_memory_bytes,
         *(hybrid_group_counts(config) if hybrid else (1, 0)),
         None if hybrid else group_blocks_per_request,
+        extensible,
+        gpu_memory_utilization,
     )
 
 

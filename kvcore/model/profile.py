@@ -11,6 +11,13 @@ tokens, so what the forward allocates is activations and nothing else.
   every op of the forward (a ``TorchDispatchMode``) and keeps the running sum of the bytes of
   storages the ops create, minus those freed when their last tensor dies: its peak is the
   CPU's equivalent of ``max_memory_allocated``.
+
+After the profile, the memory free is measured as vLLM 0.34's extensible KV cache measures it
+after warm-up (``MemoryProfile.free_memory`` and ``init_free_memory``): the forwards above are
+the model's warm-up, and the throw-away runner is gone by then. CUDA: ``mem_get_info``'s free
+memory once torch's cache is emptied; at start, that plus what torch holds. CPU, where no
+allocator reserves the device: the machine's available memory (psutil) stands for the free
+memory, and that plus the process's resident memory for the memory free at start.
 """
 
 from __future__ import annotations
@@ -154,6 +161,7 @@ def profile_model(
         free, total = torch.cuda.mem_get_info(dev)
         other = max(total - free - torch.cuda.memory_reserved(dev), 0)
         rss = 0
+        init_free = free + torch.cuda.memory_reserved(dev)
     else:
         runner.execute(items)  # warm-up: one-time set-up inside torch is not an activation
         gc.collect()
@@ -164,6 +172,9 @@ def profile_model(
         total = psutil.virtual_memory().total
         other = max(rss - weights, 0)
         del runner
+        gc.collect()
+        free = psutil.virtual_memory().available
+        init_free = free + proc.memory_info().rss
     return MemoryProfile(
         device=str(dev),
         model=loaded.name,
@@ -175,4 +186,6 @@ def profile_model(
         other_memory=int(other),
         process_memory=int(rss),
         seconds=time.perf_counter() - t0,
+        init_free_memory=int(init_free),
+        free_memory=int(free),
     )

@@ -45,7 +45,7 @@ from paged_kv_lab.run.scenario import (
     with_engine_overrides,
 )
 from paged_kv_lab.text.i18n import Text, languages, said, tr
-from paged_kv_lab.why.sentences import kept_blocks, sentence
+from paged_kv_lab.why.sentences import kept_blocks, sentence, sizing_sentences
 
 
 def _loading():
@@ -138,13 +138,13 @@ def open_engine(args: argparse.Namespace, scenario, kv_events):
         with _loading():
             model = load_model(scenario.model, scenario.device, scenario.dtype)
         if auto:  # profile the model, derive the pool as vLLM does; the trace records the number
-            from paged_kv_lab.run.engine import size_kv_cache
+            from paged_kv_lab.run.engine import size_kv_cache, sized_settings
 
             sizing = size_kv_cache(model, scenario.engine)
             print("\n".join(sizing.lines()))
-            scenario = replace(
-                scenario, engine=replace(scenario.engine, num_gpu_blocks=sizing.num_gpu_blocks)
-            )
+            for line in sizing_sentences(sizing):
+                print(tr(line, getattr(args, "lang", "en")))
+            scenario = replace(scenario, engine=sized_settings(scenario.engine, sizing))
         check_scenario(scenario, limits, model.config, prompt_encoder(model))
         if scenario.engine.kv_transfer == "pd":  # a prefill replica and a decode replica
             from paged_kv_lab.disagg.pd import PDEngine, PDRun
@@ -377,8 +377,14 @@ def main(argv=None) -> int:
     f.add_argument(
         "--gpu-memory-utilization",
         type=float,
-        default=0.9,
+        default=None,
         help=tr("cli.profile.gpu_memory_utilization"),
+    )
+    f.add_argument(
+        "--enable-extensible-kv-cache",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=tr("cli.profile.enable_extensible_kv_cache"),
     )
     f.add_argument(
         "--max-num-batched-tokens",
@@ -460,7 +466,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             too_small = Text("cli.error.too_small", {"name": name, "lo": lo, "value": value})
             print(_error(args, too_small), file=sys.stderr)
             return 2
-    if not 0 < args.gpu_memory_utilization <= 1:
+    if args.gpu_memory_utilization is not None and not 0 < args.gpu_memory_utilization <= 1:
         bad = Text("cli.error.gpu_memory_utilization", {"value": args.gpu_memory_utilization})
         print(_error(args, bad), file=sys.stderr)
         return 2
@@ -480,11 +486,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
             model.dtype,
             args.gpu_memory_utilization,
             max_model_len,
+            enable_extensible_kv_cache=args.enable_extensible_kv_cache,
         )
     except ValueError as e:  # e.g. a VLLM_CPU_KVCACHE_SPACE that is not a number
         print(_error(args, f"{e}"), file=sys.stderr)
         return 2
     print("\n".join(sizing.lines()))
+    for line in sizing_sentences(sizing):
+        print(tr(line, getattr(args, "lang", "en")))
     return 0
 
 

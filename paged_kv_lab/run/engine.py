@@ -362,14 +362,53 @@ def size_kv_cache(model, settings: EngineSettings):
         )
         if any(g.kind != "full" for g in groups)
         else None,
+        enable_extensible_kv_cache=settings.enable_extensible_kv_cache,
     )
-    if sizing.num_gpu_blocks < 2:
+    if sizing.estimate_num_gpu_blocks < 2:
         raise EngineRefused(
             "engine.auto_no_room",
-            utilization=settings.gpu_memory_utilization,
+            utilization=sizing.gpu_memory_utilization,
             derivation="\n".join(sizing.lines()),
         )
+    if sizing.sizing_path == "measured":
+        # vLLM 0.34's last step: the count measured after warm-up, within the capacity reserved,
+        # refused when max_model_len no longer fits (kv_cache_planning.finalize_extensible_kv_cache)
+        from kvcore.config.cache import CacheConfig
+        from kvcore.config.scheduler import SchedulerConfig
+        from kvcore.core.kv_cache_planning import finalize_extensible_kv_cache
+        from kvcore.kv_cache_interface import KVCacheConfig
+        from kvcore.worker.worker_base import CompilationTimes
+
+        reserved = KVCacheConfig(sizing.capacity_blocks, tuple(groups))
+        try:
+            finalize_extensible_kv_cache(
+                SchedulerConfig(
+                    max_model_len=max_model_len,
+                    max_num_batched_tokens=settings.max_num_batched_tokens,
+                ),
+                CacheConfig(enable_extensible_kv_cache=True),
+                [reserved],
+                reserved,
+                [CompilationTimes(num_kv_blocks=sizing.measured_num_blocks)],
+            )
+        except ValueError as e:
+            raise EngineRefused(
+                "engine.extensible_no_fit", error=str(e), derivation="\n".join(sizing.lines())
+            ) from None
     return sizing
+
+
+def sized_settings(settings: EngineSettings, sizing) -> EngineSettings:
+    """The settings with "auto" replaced by the count ``sizing`` derived, as the run records
+    them. A stated ``enable_extensible_kv_cache: true`` becomes null there: beside a stated
+    num_gpu_blocks it would be refused when the record is read back (vLLM refuses it beside
+    ``num_gpu_blocks_override``), and the count already holds what the extensible path gave."""
+    extensible = (
+        None if settings.enable_extensible_kv_cache else settings.enable_extensible_kv_cache
+    )
+    return replace(
+        settings, num_gpu_blocks=sizing.num_gpu_blocks, enable_extensible_kv_cache=extensible
+    )
 
 
 class NoModelRunner:
@@ -492,7 +531,7 @@ class Engine:
             if self.model is None:
                 raise EngineRefused("engine.auto_needs_model")
             self.kv_cache_sizing = size_kv_cache(self.model, s)
-            s = self.settings = replace(s, num_gpu_blocks=self.kv_cache_sizing.num_gpu_blocks)
+            s = self.settings = sized_settings(s, self.kv_cache_sizing)
         self.recorder = Recorder()
         self.hasher = block_hasher_for(s)
         self.hash_fn = self.hasher.hash_fn

@@ -246,10 +246,18 @@ class EngineSettings:
     # profile.py, kvcore/model/memory.py: KVCacheSizing); left out: 64, or "auto" when
     # kv_cache_memory_bytes is set
     num_gpu_blocks: Union[Annotated[StrictInt, Field(ge=2, le=INT64_MAX)], Literal["auto"]] = 64
-    gpu_memory_utilization: Utilization = 0.9
+    # null: vLLM 0.34's default, resolved to 1.0 with the extensible KV cache and 0.92 without
+    # (kvcore/config/cache.py); the lab's default stays 0.9, which the recorded runs hold
+    gpu_memory_utilization: Optional[Utilization] = 0.9
     # vLLM's CacheConfig.kv_cache_memory_bytes: the KV budget stated in bytes (then
     # gpu_memory_utilization is not used); null: derived from gpu_memory_utilization
     kv_cache_memory_bytes: OptInt = None
+    # vLLM 0.34's CacheConfig.enable_extensible_kv_cache: with num_gpu_blocks "auto", size the
+    # pool from the memory measured free after the model's warm-up, within the capacity the
+    # estimate reserves (kvcore/model/memory.py: KVCacheSizing.sizing_path). null: resolved as
+    # vLLM resolves it on a GPU (kvcore/config/vllm.py): on, unless num_gpu_blocks is a number or
+    # kv_cache_memory_bytes is set; true where those are stated is refused, as vLLM refuses it
+    enable_extensible_kv_cache: Optional[StrictBool] = None
     enable_prefix_caching: StrictBool = True
     hash_algo: Literal[HASH_ALGOS] = "xxhash"
     # NONE_HASH seed: a string is the seed; null = vLLM's rule (PYTHONHASHSEED, else fixed
@@ -399,8 +407,9 @@ def _one_of(choices: tuple[str, ...]) -> Text:
 _MUST: dict[str, Text] = {
     "block_size": _INT_GE1,
     "num_gpu_blocks": _must("num_gpu_blocks"),
-    "gpu_memory_utilization": _must("number_in", range="(0, 1]"),
+    "gpu_memory_utilization": _must("either", a="null", b=_must("number_in", range="(0, 1]")),
     "kv_cache_memory_bytes": _POSITIVE,
+    "enable_extensible_kv_cache": _must("null_or_bool"),
     "max_num_seqs": _INT_GE1,
     "max_num_batched_tokens": _INT_GE1,
     "long_prefill_token_threshold": _INT_GE0,
@@ -665,6 +674,13 @@ def _cross_checks(raw: dict) -> list[Text]:
                 problems.append(Text("problem.unit_one_kind", {"block_size": bs0}))
         if linear and eng.get("enable_prefix_caching") is False:
             problems.append(Text("problem.linear_needs_caching"))
+        if eng.get("enable_extensible_kv_cache") is True:  # vLLM's _resolve_extensible_kv_cache
+            if eng.get("kv_cache_memory_bytes") is not None:
+                problems.append(
+                    Text("problem.extensible_stated", {"name": "kv_cache_memory_bytes"})
+                )
+            elif eng.get("num_gpu_blocks", 64) != "auto":
+                problems.append(Text("problem.extensible_stated", {"name": "num_gpu_blocks"}))
         r, bs = (
             eng.get("prefix_cache_retention_interval"),
             eng.get("block_size", DEFAULT_BLOCK_SIZE),
@@ -919,6 +935,7 @@ def _plain(v: Any) -> Any:
 # their defaults, so a recorded run (whose header holds the scenario) stays byte for byte.
 _LATER_ENGINE_DEFAULTS = {
     "kv_cache_memory_bytes": None,
+    "enable_extensible_kv_cache": None,
     "mamba_cache_mode": "none",
     "prefix_match_unit": None,
     "kv_transfer": None,

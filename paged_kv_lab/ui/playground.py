@@ -190,6 +190,8 @@ def settings_form(state: LessonState, lesson: Lesson, ms: ModelState, lang: str)
                     size=pool[1],
                 )
             )
+        # vLLM 0.34's extensible KV cache: a stated pool size turns it off (kvcore/config/vllm.py)
+        st.caption(tr("playground.extensible_off", lang, num_gpu_blocks=int(eng["num_gpu_blocks"])))
         c = st.columns(5)
         for i, (name, opts) in enumerate(CHOICES.items()):
             c[i].selectbox(

@@ -483,3 +483,69 @@ def kept_blocks(snapshot) -> frozenset[str]:
 def changed_blocks(evs: Sequence[Event]) -> set[int]:
     """Blocks whose state an event of the step changed (for the grid's 'changed' outline)."""
     return E.changed_block_ids(evs)
+
+
+def sizing_sentences(sizing) -> list[Text]:
+    """What a reader is told about a :class:`kvcore.model.memory.KVCacheSizing` (the "How many
+    blocks?" panel, the profile command): vLLM 0.34's extensible KV cache setting, with its name
+    and default, and which path gave num_gpu_blocks, each with the vLLM code behind it."""
+    from paged_kv_lab.why.source_links import FUNCTIONS, SIZING_LINKS
+
+    link = FUNCTIONS["finalize_extensible_kv_cache"].vllm.url
+    setting = " ".join(
+        SIZING_LINKS[n].url
+        for n in ("resolve_extensible_kv_cache", "resolved_gpu_memory_utilization")
+    )
+    util = sizing.stated_gpu_memory_utilization
+    out = [
+        Text(
+            "sizing.setting",
+            {
+                "value": str(sizing.enable_extensible_kv_cache).lower(),
+                "utilization": "None" if util is None else util,
+                "resolved": sizing.gpu_memory_utilization,
+                "source": setting,
+            },
+        )
+    ]
+    if sizing.sizing_path == "measured":
+        cpu = sizing.profile.device.startswith("cpu")
+        out.append(
+            Text(
+                "sizing.path.measured",
+                {
+                    "blocks": f"{sizing.num_gpu_blocks:,}",
+                    "capacity": f"{sizing.capacity_blocks:,}",
+                    "measured": f"{sizing.measured_num_blocks:,}",
+                    "source": link,
+                },
+            )
+        )
+        if cpu:
+            out.append(Text("sizing.cpu_stands_for"))
+    else:
+        out.append(
+            Text(
+                "sizing.path.estimate",
+                {
+                    "blocks": f"{sizing.num_gpu_blocks:,}",
+                    "source": SIZING_LINKS["determine_available_memory"].url,
+                },
+            )
+        )
+    usable, needed = sizing.num_gpu_blocks - 1, sizing.blocks_per_request
+    if (
+        usable < needed
+    ):  # vLLM's _check_enough_kv_cache_memory (shrink_kv_cache_configs after warm-up)
+        out.append(
+            Text(
+                "sizing.would_refuse",
+                {
+                    "max_model_len": f"{sizing.max_model_len:,}",
+                    "needed": f"{needed:,}",
+                    "usable": f"{usable:,}",
+                    "source": FUNCTIONS["shrink_kv_cache_configs"].vllm.url,
+                },
+            )
+        )
+    return out

@@ -62,3 +62,14 @@ def test_playground_offers_vllm_034s_settings_with_vllms_names_and_defaults():
     assert (
         at.session_state["lesson:playground"].run.scenario.engine.max_num_inflight_kv_loads is None
     )
+
+
+def test_playground_says_the_extensible_kv_cache_is_off_for_a_stated_pool():
+    """vLLM 0.34's enable_extensible_kv_cache by its name and default: the playground's pool is a
+    stated num_gpu_blocks (vLLM's num_gpu_blocks_override), so vLLM resolves it off."""
+    at = app("playground")
+    Browser(at, "playground").show(1)
+    blocks = at.session_state["lesson:playground"].run.scenario.engine.num_gpu_blocks
+    told = [c.value for c in at.caption if "enable_extensible_kv_cache" in c.value]
+    assert len(told) == 1 and "false" in told[0] and "(None)" in told[0]
+    assert f"num_gpu_blocks {blocks} is stated" in told[0] and "0.92" in told[0]

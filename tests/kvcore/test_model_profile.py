@@ -134,7 +134,13 @@ def _utilization_for(lm, blocks: int, block_size: int = 16) -> float:
 
 def test_auto_sizes_a_working_engine(tiny_model):
     util = _utilization_for(tiny_model, 300)
-    eng = Engine(_scenario(num_gpu_blocks="auto", gpu_memory_utilization=util), model=tiny_model)
+    # max_model_len stated: the extensible KV cache (on by default) refuses a pool that cannot
+    # hold one request of the model's 8,192 tokens, as vLLM 0.34 does
+    eng = Engine(
+        _scenario(num_gpu_blocks="auto", gpu_memory_utilization=util, max_model_len=1024),
+        model=tiny_model,
+    )
+    assert eng.kv_cache_sizing.sizing_path == "measured"
     n = eng.settings.num_gpu_blocks
     # the RSS moves a little between profiles
     assert n == eng.kv_cache_sizing.num_gpu_blocks and 2 <= n < 5000
@@ -145,6 +151,20 @@ def test_auto_sizes_a_working_engine(tiny_model):
     assert eng.outputs() == fixed.outputs() and all(
         len(o["token_ids"]) == 6 for o in eng.outputs().values()
     )
+
+
+def test_the_extensible_kv_cache_refuses_a_max_model_len_that_no_longer_fits(tiny_model):
+    util = _utilization_for(tiny_model, 300)
+    with pytest.raises(ValueError, match="no longer fits"):
+        Engine(_scenario(num_gpu_blocks="auto", gpu_memory_utilization=util), model=tiny_model)
+    # off, the estimate sizes the pool and, as before, no such check is made
+    off = Engine(
+        _scenario(
+            num_gpu_blocks="auto", gpu_memory_utilization=util, enable_extensible_kv_cache=False
+        ),
+        model=tiny_model,
+    )
+    assert off.kv_cache_sizing.sizing_path == "estimate"
 
 
 def test_auto_without_room_says_why(tiny_model):
@@ -171,6 +191,15 @@ def test_cli_profile_and_run_print_the_derivation(tiny_model, tmp_path, capsys):
     )
     out = capsys.readouterr().out
     assert "num_gpu_blocks" in out and "peak activations" in out and "vLLM's CPU backend" in out
+    # vLLM 0.34's setting by its name, and the path that gave the count
+    assert "enable_extensible_kv_cache: true" in out and "(measured)" in out
+    assert "comes from the memory measured free after the model's warm-up" in out
+    assert "machine's available memory stands for" in out
+    off = ["--no-enable-extensible-kv-cache", "--max-num-batched-tokens", "64"]
+    assert main(["profile", "--model", "tiny-random", "--device", "cpu", *off]) == 0
+    out = capsys.readouterr().out
+    assert "enable_extensible_kv_cache: false" in out and "used as 0.92" in out
+    assert "comes from the profiling estimate" in out
     assert main(["profile", "--model", "tiny-random", "--gpu-memory-utilization", "1.5"]) == 2
     # the run loads its own model, and this process may have grown since it was measured (an xdist
     # worker that ran the real-model tests before this one): 8,000 blocks of 64 KiB (512 MB) leave
@@ -185,6 +214,7 @@ def test_cli_profile_and_run_print_the_derivation(tiny_model, tmp_path, capsys):
                 "engine": {
                     "num_gpu_blocks": "auto",
                     "gpu_memory_utilization": util,
+                    "enable_extensible_kv_cache": True,
                     "max_num_batched_tokens": 64,
                     "block_size": 64,
                 },
@@ -200,3 +230,10 @@ def test_cli_profile_and_run_print_the_derivation(tiny_model, tmp_path, capsys):
     header = json.loads(trace_file.read_text().splitlines()[0])
     # the trace replays anywhere
     assert isinstance(header["scenario"]["engine"]["num_gpu_blocks"], int)
+    # the count came from the extensible path; the record states the count, and reads back
+    assert "comes from the memory measured free" in out
+    assert "enable_extensible_kv_cache" not in header["scenario"]["engine"]
+    assert (
+        load_scenario(header["scenario"]).engine.num_gpu_blocks
+        == (header["scenario"]["engine"]["num_gpu_blocks"])
+    )

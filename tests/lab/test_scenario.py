@@ -372,3 +372,31 @@ def test_cli_set_overrides_an_engine_setting(tmp_path, capsys):
     )
     engine = json.loads(trace.read_text().splitlines()[0])["scenario"]["engine"]
     assert (engine["hash_algo"], engine["hash_seed"]) == ("sha256_cbor", "0")
+
+
+def test_enable_extensible_kv_cache_is_refused_where_vllm_refuses_it():
+    """vLLM 0.34's extensible KV cache sizes the pool from measured memory: stated true beside a
+    stated num_gpu_blocks (vLLM's num_gpu_blocks_override) or kv_cache_memory_bytes is refused,
+    as ``VllmConfig._resolve_extensible_kv_cache`` refuses it; null (the default) and false pass,
+    and the file format leaves the default out."""
+    for stated in ({"num_gpu_blocks": 64}, {"kv_cache_memory_bytes": 1 << 20}, {}):
+        p = one_problem({"engine": {"enable_extensible_kv_cache": True, **stated}})
+        assert "enable_extensible_kv_cache true" in p and "measured after warm-up" in p
+    on = load_scenario({"engine": {"enable_extensible_kv_cache": True, "num_gpu_blocks": "auto"}})
+    assert on.engine.enable_extensible_kv_cache is True
+    assert load_scenario({}).engine.enable_extensible_kv_cache is None
+    assert "enable_extensible_kv_cache" not in scenario_to_dict(load_scenario({}))["engine"]
+    off = {"engine": {"enable_extensible_kv_cache": False, "num_gpu_blocks": 64}}
+    assert load_scenario(off).engine.enable_extensible_kv_cache is False
+    assert "null, true or false" in one_problem({"engine": {"enable_extensible_kv_cache": 1}})
+
+
+def test_gpu_memory_utilization_may_be_left_to_vllms_resolution():
+    """null is vLLM 0.34's default (1.0 with the extensible KV cache, 0.92 without); the lab's
+    default stays 0.9, which every recorded lesson run holds in its header."""
+    assert load_scenario({}).engine.gpu_memory_utilization == 0.9
+    unset = load_scenario({"engine": {"gpu_memory_utilization": None, "num_gpu_blocks": "auto"}})
+    assert unset.engine.gpu_memory_utilization is None
+    assert scenario_to_dict(unset)["engine"]["gpu_memory_utilization"] is None
+    p = one_problem({"engine": {"gpu_memory_utilization": 1.5}})
+    assert "null or a number in (0, 1]" in p

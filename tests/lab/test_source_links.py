@@ -21,6 +21,7 @@ import pytest
 from paged_kv_lab.recording import events as E
 from paged_kv_lab.why.source_links import (
     FUNCTIONS,
+    SIZING_LINKS,
     VLLM_FILE_LINES,
     VLLM_TAG,
     call_order,
@@ -51,7 +52,10 @@ def test_vllm_permalinks_lie_in_the_tag_files(name):
 
 
 def test_every_recorded_file_is_linked():
-    assert set(VLLM_FILE_LINES) == {f.vllm.path for f in FUNCTIONS.values()}
+    linked = {f.vllm.path for f in FUNCTIONS.values()} | {v.path for v in SIZING_LINKS.values()}
+    assert set(VLLM_FILE_LINES) == linked
+    for link in SIZING_LINKS.values():
+        assert 1 <= link.start < link.end <= VLLM_FILE_LINES[link.path]
 
 
 # -- against vLLM 0.34.0's own source, where it is installed ---------------------------------------
@@ -91,10 +95,11 @@ def test_each_range_is_its_function_in_vllms_own_source():
     lengths = {p: len((site / p).read_text(encoding="utf-8").splitlines()) for p in VLLM_FILE_LINES}
     assert lengths == VLLM_FILE_LINES
     wrong = []
-    for name, f in sorted(FUNCTIONS.items()):
-        found = function_lines((site / f.vllm.path).read_text(encoding="utf-8"), f.vllm.qualname)
-        if found != (f.vllm.start, f.vllm.end):
-            wrong.append((name, f.vllm.path, f.vllm.qualname, found))
+    links = {**{n: f.vllm for n, f in FUNCTIONS.items()}, **SIZING_LINKS}
+    for name, v in sorted(links.items()):
+        found = function_lines((site / v.path).read_text(encoding="utf-8"), v.qualname)
+        if found != (v.start, v.end):
+            wrong.append((name, v.path, v.qualname, found))
     assert not wrong, f"(name, path, qualname, its lines at {VLLM_TAG}): {wrong}"
 
 
