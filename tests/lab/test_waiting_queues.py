@@ -11,34 +11,17 @@ import pytest
 
 from paged_kv_lab.player.payload import WAITING_QUEUES_SOURCE, WIRE, run_payload
 from paged_kv_lab.recording.snapshot import Snapshot
-from paged_kv_lab.run.scenario import CPUOffloadConfig, scenario_to_dict
+from paged_kv_lab.run.scenario import scenario_to_dict
 from paged_kv_lab.run.trace_file import TraceError, header_line, read_trace, step_line
 from paged_kv_lab.why.explain import RecordedSteps
 from paged_kv_lab.why.explain_admission import explain_order
-from support.kv import make_engine, spec
+from support.kv import cpu_tier_holding_run, make_engine, spec
 
 P = [17, 254, 1033, 88, 4012, 7, 391, 2290, 56, 1777, 640, 12, 9001, 345, 78, 2048, 31, 4444]
 
 
-def cpu_tier_run():
-    """A's blocks are stored on the CPU and evicted by B's; C shares A's prefix, finds it on the
-    CPU and waits in kv_holding_waiting while it is loaded."""
-    eng = make_engine(
-        [
-            spec("A", P[:17], max_tokens=4),
-            spec("B", P[::-1][:17], max_tokens=4, arrival_step=6),
-            spec("C", P[:16] + [5, 6], max_tokens=4, arrival_step=12),
-        ],
-        block_size=4,
-        num_gpu_blocks=9,
-        cpu_offload=CPUOffloadConfig(num_cpu_blocks=12),
-    )
-    initial = eng.snapshot()
-    return eng, initial, eng.run()
-
-
 def test_a_request_holding_blocks_is_recorded_in_kv_holding_waiting_and_kept_on_the_way():
-    eng, initial, recs = cpu_tier_run()
+    eng, initial, recs = cpu_tier_holding_run()
     marked = [r for r in recs if r.snapshot.waiting_queues]
     assert marked, "no step left a request outside plain waiting"
     for rec in marked:
@@ -73,7 +56,7 @@ def test_a_request_holding_blocks_is_recorded_in_kv_holding_waiting_and_kept_on_
 
 
 def test_a_trace_naming_an_unknown_queue_or_the_wrong_count_is_refused():
-    eng, initial, recs = cpu_tier_run()
+    eng, initial, recs = cpu_tier_holding_run()
     rec = next(r for r in recs if r.snapshot.waiting_queues)
     head = header_line(scenario_to_dict(eng.scenario), initial)
     for bad in (("running",), ("waiting", "waiting")):
