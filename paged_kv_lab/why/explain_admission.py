@@ -137,7 +137,10 @@ def explain_order(run: RecordedSteps, first: str, second: str) -> OrderAnswer:
                 Text("why.error.no_request", {"rid": rid, "ids": request_list(rows)})
             )
     s = run.settings
-    window = s.cache_aware_admission_window if s is not None else 0
+    # the window vLLM's Scheduler applies: none under the priority policy or without prefix
+    # caching (Scheduler.cache_aware_window), whatever the setting says
+    on = s is not None and s.policy == "fcfs" and s.enable_prefix_caching
+    window = s.cache_aware_admission_window if on else 0
     threshold = s.cache_aware_admission_threshold if s is not None else 0.5
     a, b = rows[first], rows[second]
     step = b.step

@@ -6,16 +6,23 @@ cache-aware window against the queue vLLM reorders (``waiting`` alone)."""
 
 import dataclasses
 import json
+import sys
 
 import pytest
 
 from paged_kv_lab.player.payload import WAITING_QUEUES_SOURCE, WIRE, run_payload
 from paged_kv_lab.recording.snapshot import Snapshot
+from paged_kv_lab.run.engine import Engine, NoModelRunner
 from paged_kv_lab.run.scenario import scenario_to_dict
 from paged_kv_lab.run.trace_file import TraceError, header_line, read_trace, step_line
 from paged_kv_lab.why.explain import RecordedSteps
 from paged_kv_lab.why.explain_admission import explain_order
-from support.kv import cpu_tier_holding_run, make_engine, spec
+from support.kv import cpu_tier_holding_run
+from support.paths import ROOT
+
+sys.path.insert(0, str(ROOT / "bench"))
+
+import offload_vs_vllm  # noqa: E402
 
 P = [17, 254, 1033, 88, 4012, 7, 391, 2290, 56, 1777, 640, 12, 9001, 345, 78, 2048, 31, 4444]
 
@@ -67,44 +74,36 @@ def test_a_trace_naming_an_unknown_queue_or_the_wrong_count_is_refused():
 
 
 def test_the_admission_window_covers_the_queue_vllm_reorders_not_the_holding_queue():
-    """Priority scheduling: Y (priority 1) is admitted before X (priority 2), which arrived
-    first; no reorder put it there. With window 2, whether both were in vLLM's window decides the
-    answer's verdict. A request H holding blocks at the head of kv_holding_waiting is not in the
-    window (vLLM reorders ``waiting`` alone): X and Y are, so the window is no reason ("other").
-    Were H in plain ``waiting``, the window would have been [H, Y] and X outside it."""
-    eng = make_engine(
-        [
-            spec("Z", P[:5], max_tokens=3),
-            spec("X", P[5:10], max_tokens=1, priority=2, arrival_step=1),
-            spec("Y", P[10:15], max_tokens=1, priority=1, arrival_step=1),
-        ],
-        block_size=4,
-        num_gpu_blocks=16,
-        max_num_seqs=1,
-        policy="priority",
-        cache_aware_admission_window=2,
-        cache_aware_admission_threshold=0.0,
+    """CPU-tier trace 4 of bench/offload_vs_vllm.py (no failed load) with window 2 and threshold
+    0: R3 finds its prefix on the CPU and waits in kv_holding_waiting while it loads; R4 arrives
+    the next step and is admitted first. vLLM reorders ``waiting`` alone, so R3 was never in
+    its window: the window is no reason for the order ("outside_window"). Read against the
+    combined list, as the answer used to be, R3 heads the window and R4 has room behind it."""
+    case = offload_vs_vllm.random_case(4)
+    case["fail_loads"] = []
+    scen = offload_vs_vllm.scenario(case)
+    engine = dataclasses.replace(
+        scen.engine, cache_aware_admission_window=2, cache_aware_admission_threshold=0.0
     )
+    eng = Engine(dataclasses.replace(scen, engine=engine), runner=NoModelRunner())
     initial = eng.snapshot()
-    recs = eng.run()
+    recs = eng.run(max_steps=200)
+    assert not eng.has_unfinished()
     run = RecordedSteps(initial, tuple(recs), eng.settings)
-    x = explain_order(run, "X", "Y")
-    assert x.verdict == "other" and x.window == 2
+    x = explain_order(run, "R3", "R4")
+    assert (x.verdict, x.window) == ("outside_window", 2)
     before = run.snapshot_before(x.step)
-    assert before.waiting == ("Y", "X") and not before.waiting_queues
-
-    def with_h(queue: str) -> RecordedSteps:
-        snap = dataclasses.replace(
-            before,
-            waiting=("H", *before.waiting),
-            waiting_queues=(queue, "waiting", "waiting") if queue != "waiting" else (),
-        )
-        i = x.step - 2  # the record whose snapshot is the state before Y's step
-        records = list(recs)
-        records[i] = dataclasses.replace(records[i], snapshot=snap)
-        return RecordedSteps(initial, tuple(records), eng.settings)
-
-    assert explain_order(with_h("kv_holding_waiting"), "X", "Y").verdict == "other"
-    assert explain_order(with_h("async_kv_waiting"), "X", "Y").verdict == "other"
-    # the combined list's answer, which the explanation used to give
-    assert explain_order(with_h("waiting"), "X", "Y").verdict == "outside_window"
+    assert before.waiting == ("R3",) and before.queue_of("R3") == "kv_holding_waiting"
+    # the same records with every waiting request read as in plain waiting (the combined list)
+    combined = RecordedSteps(
+        initial,
+        tuple(
+            dataclasses.replace(r, snapshot=dataclasses.replace(r.snapshot, waiting_queues=()))
+            for r in recs
+        ),
+        eng.settings,
+    )
+    assert explain_order(combined, "R3", "R4").verdict == "other"
+    # the priority policy has no window in vLLM (Scheduler.cache_aware_window is 0)
+    prio = RecordedSteps(initial, tuple(recs), dataclasses.replace(eng.settings, policy="priority"))
+    assert explain_order(prio, "R3", "R4").verdict == "window_off"
