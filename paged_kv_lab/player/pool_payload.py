@@ -6,8 +6,9 @@ A frame on the wire (short keys, arrays in a fixed order):
 "r": [[request_id, status, num_prompt, num_output, num_computed, num_cached, num_preemptions,
 [[keep, *ids] per group]]], "g": [gone ids], "q": [head, tail, num_free, num_cached_free],
 "w": waiting, "u": running, "us": usage, "pc": prefix cache stats, "sc": scheduled tokens,
-"ev": [[kind, request_id, block_ids, sentence]], "sum": summary}``. A block's hash and parent
-travel only when they changed (and in every keyframe). A block table travels as
+"ev": [[kind, request_id, block_ids, sentence]], "sum": summary}``, and ``"wq"``: beside "w",
+each waiting request's vLLM 0.34 queue, only where one is outside plain ``waiting``. A block's
+hash and parent travel only when they changed (and in every keyframe). A block table travels as
 the number of entries kept from the request's table in the frame before plus the new ones, so a
 decode step that appends nothing sends ``[n]``. No Streamlit here.
 """
@@ -128,6 +129,7 @@ def encode_frames(frames: Sequence[PoolFrame], lang: str = "en") -> list[dict[st
                 "sc": dict(f.scheduled),
                 "ev": events,
                 "sum": _summary(f, lang),
+                **({"wq": list(f.waiting_queues)} if f.waiting_queues else {}),
             }
         )
     return out

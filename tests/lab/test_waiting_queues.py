@@ -107,3 +107,31 @@ def test_the_admission_window_covers_the_queue_vllm_reorders_not_the_holding_que
     # the priority policy has no window in vLLM (Scheduler.cache_aware_window is 0)
     prio = RecordedSteps(initial, tuple(recs), dataclasses.replace(eng.settings, policy="priority"))
     assert explain_order(prio, "R3", "R4").verdict == "window_off"
+
+
+def test_the_large_pool_frames_name_the_queues_as_the_snapshots_do():
+    """The large-pool view's frames (recording/pool_frames.py) carry the same queues, on the wire
+    only where one is outside plain waiting."""
+    from paged_kv_lab.player.pool_payload import encode_frames
+    from paged_kv_lab.recording.pool_frames import FrameRecorder
+    from support.kv import make_engine, spec
+
+    eng, _, recs = cpu_tier_holding_run()
+    # the same run again, step by step, with the frame recorder beside the snapshots
+    again = make_engine(
+        [
+            spec(r.id, r.prompt_token_ids, max_tokens=r.max_tokens, arrival_step=r.arrival_step)
+            for r in eng.scenario.requests
+        ],
+        **{k: getattr(eng.settings, k) for k in ("block_size", "num_gpu_blocks", "cpu_offload")},
+    )
+    fr = FrameRecorder(again.scheduler, keyframe_every=4)
+    for rec in recs:
+        got = again.step()
+        fr.capture(got.step, got.scheduled, got.events)
+        assert got.snapshot.waiting_queues == rec.snapshot.waiting_queues
+        assert fr.frames[-1].waiting == got.snapshot.waiting
+        assert fr.frames[-1].waiting_queues == got.snapshot.waiting_queues
+    wire = encode_frames(fr.frames)
+    assert [w.get("wq", []) for w in wire] == [list(f.waiting_queues) for f in fr.frames]
+    assert any("wq" in w for w in wire) and any("wq" not in w for w in wire)
