@@ -426,3 +426,36 @@ def test_the_waiting_rows_name_vllms_queues(browser, tmp_path, lang):  # noqa: F
             assert tr("player.queue_source", lang) in title
             assert page.locator(labels).count() == 1  # only C waits outside plain waiting
     page.close()
+
+
+@pytest.mark.browser
+def test_a_pd_decode_replicas_rows_name_all_three_queues(browser, tmp_path):  # noqa: F811
+    """The decode replica of a P/D trace with max_num_inflight_kv_loads: at the first step where
+    requests wait in all three queues, each waiting row names its own, as the snapshot says;
+    each label's words are the catalogue's for that queue."""
+    from paged_kv_lab.player import run_payload, static_html
+    from paged_kv_lab.text.i18n import tr
+    from support.kv import pd_async_waiting_run
+
+    _, initial, recs = pd_async_waiting_run()
+    rec = next(r for r in recs if len(set(r.snapshot.waiting_queues)) == 3)
+    want = dict(zip(rec.snapshot.waiting, rec.snapshot.waiting_queues))
+    path = tmp_path / "pd.html"
+    path.write_text(static_html(run_payload(initial, recs)))
+    page = browser.new_page(viewport={"width": 1500, "height": 1900})
+    page.goto(path.as_uri())
+    page.wait_for_selector(".pkv[data-total]", timeout=30_000)
+    for step in range(1, rec.step + 1):
+        page.keyboard.press("ArrowRight")
+        wait_step(page, step)
+    shown = page.locator('[data-role="outputs"] [data-req]').evaluate_all(
+        "rows => rows.map(r => [r.dataset.req,"
+        " (r.querySelector('.pkv-queue') || {}).textContent || null,"
+        " (r.querySelector('.pkv-queue') || {}).title || null])"
+    )
+    got = {rid: q for rid, q, _ in shown if q is not None}
+    assert got == want
+    for rid, q, title in shown:
+        if q is not None:
+            assert title.startswith(tr(f"player.queue_{q}", "en")), (rid, q, title)
+    page.close()

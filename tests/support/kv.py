@@ -252,3 +252,24 @@ def cpu_tier_holding_run():
     )
     initial = eng.snapshot()
     return eng, initial, eng.run()
+
+
+def pd_async_waiting_run():
+    """The decode replica of P/D trace 0 of bench/pd_vs_vllm.py (``max_num_inflight_kv_loads``
+    3): requests wait in ``async_kv_waiting`` for a pull to start, and in ``kv_holding_waiting``
+    while it is in flight. (the decode engine, its state before step 1, its records)."""
+    import sys
+
+    from paged_kv_lab.disagg.pd import DECODE
+    from support.paths import ROOT
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import pd_vs_vllm
+
+    pd = pd_vs_vllm.pd_engine(pd_vs_vllm.random_case(0))
+    eng = pd.engines[DECODE]
+    initial = eng.snapshot()
+    while pd.has_unfinished() and pd.tick < 1000:
+        pd.step()
+    assert not pd.has_unfinished()
+    return eng, initial, list(eng.history)
