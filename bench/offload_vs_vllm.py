@@ -39,6 +39,15 @@ vllm==0.34.0 package (``bash scripts/vllm_env.sh`` builds it; ``VLLM_VENV`` name
     VLLM_VENV=/tmp/vllm034-venv .venv/bin/python bench/offload_vs_vllm.py --traces 20 \
         --json out.json
 
+With ``--scheduler`` it runs instead vLLM 0.34.0's own ``Scheduler`` (``schedule()``,
+``update_from_output()``, its ``SimpleCPUOffloadConnector`` in the scheduler role) and kvcore's
+Engine side by side on each trace, each deciding by itself with the same fake worker, and compares
+every step's three waiting queues, admissions, tokens, statuses and block tables. A run that makes
+no progress for ``STALL_STEPS`` steps is reported as stalled, naming its queues, and must stall on
+both sides alike (``our_run`` stops there too):
+
+    VLLM_VENV=/tmp/vllm034-venv .venv/bin/python bench/offload_vs_vllm.py --scheduler --traces 200
+
 Without ``VLLM_VENV`` it says how to make one and exits 0 (skipped).
 """
 
