@@ -39,6 +39,15 @@ vllm==0.34.0 package (``bash scripts/vllm_env.sh`` builds it; ``VLLM_VENV`` name
     VLLM_VENV=/tmp/vllm034-venv .venv/bin/python bench/offload_vs_vllm.py --traces 20 \
         --json out.json
 
+With ``--scheduler`` it runs instead vLLM 0.34.0's own ``Scheduler`` (``schedule()``,
+``update_from_output()``, its ``SimpleCPUOffloadConnector`` in the scheduler role) and kvcore's
+Engine side by side on each trace, each deciding by itself with the same fake worker, and compares
+every step's three waiting queues, admissions, tokens, statuses and block tables. A run that makes
+no progress for ``STALL_STEPS`` steps is reported as stalled, naming its queues, and must stall on
+both sides alike (``our_run`` stops there too):
+
+    VLLM_VENV=/tmp/vllm034-venv .venv/bin/python bench/offload_vs_vllm.py --scheduler --traces 200
+
 Without ``VLLM_VENV`` it says how to make one and exits 0 (skipped).
 """
 
@@ -50,7 +59,7 @@ import os
 import random
 import subprocess
 import sys
-from typing import Any
+from typing import Any, Optional
 
 REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 if REPO not in sys.path:
@@ -219,6 +228,8 @@ def our_run(case: dict[str, Any]) -> tuple[list[dict], list[dict]]:
     rng = random.Random(case.get("failure_seed", 0))
     script, seen = [], []
     known: set[str] = set()
+    watch = StallWatch()
+    finished_ids: set[str] = set()
     while eng.has_unfinished() and len(outs) < 500:
         reported_ids.clear()
         evicted_ids.clear()
@@ -297,6 +308,14 @@ def our_run(case: dict[str, Any]) -> tuple[list[dict], list[dict]]:
                 "evict_blocks": sorted(evicted_ids),
             }
         )
+        sched = eng.scheduler
+        gone = [rid for rid in known if rid not in sched.requests and rid not in finished_ids]
+        finished_ids.update(gone)
+        state = scheduler_state(sched, out, gone)
+        if watch.stalled(state, bool(loads) or bool(reported_ids)):
+            # vLLM 0.34.0's own Scheduler stalls on the same traces (--scheduler): stop here
+            script[-1]["stalled"] = stall_report(len(script), state)
+            return script, seen
     assert not eng.has_unfinished(), f"trace {case['seed']} did not finish"
     return script, seen
 
@@ -592,6 +611,285 @@ def vllm_replay(case: dict[str, Any], script: list[dict]) -> list[dict]:
     return seen
 
 
+# -- both Schedulers themselves, step by step (issue 44) ------------------------------------------
+# The replay above drives vLLM's parts with our admissions; this drives vLLM 0.34.0's own
+# ``Scheduler.schedule()`` / ``update_from_output()`` (with its ``SimpleCPUOffloadConnector``,
+# scheduler role) and kvcore's Engine side by side on the same trace, each deciding by itself.
+# One fake worker for both: every copy of a step is done by its end, the first load job serving
+# a request of ``fail_loads`` fails (its GPU blocks reported invalid, as kvcore's
+# SimpleCPUOffloadWorker does), and the model samples NoModelRunner's token. The random
+# synchronous failures of ``our_run`` are not injected here.
+STALL_STEPS = 5  # this many steps with no progress at all: the run has stalled
+
+
+def sampled_token(rid: str, num_computed: int) -> int:
+    """NoModelRunner's token after ``num_computed`` tokens of ``rid`` (run/engine.py)."""
+    import zlib
+
+    return (zlib.crc32(rid.encode()) + 7919 * num_computed) % 1000
+
+
+def scheduler_state(sched, out, gone: list[str]) -> dict[str, Any]:
+    """What one step left, read the same way from vLLM's Scheduler and from kvcore's: the three
+    waiting queues in order, the admissions (``scheduled_new_reqs``) and tokens scheduled, each
+    request's status, computed tokens and block table, and the requests finished."""
+    kvm = sched.kv_cache_manager
+    return {
+        "queues": {
+            name: [r.request_id for r in getattr(sched, name)]
+            for name in ("kv_holding_waiting", "waiting", "async_kv_waiting")
+        },
+        "running": [r.request_id for r in sched.running],
+        "new": [r.req_id for r in out.scheduled_new_reqs],
+        "scheduled": sorted([rid, n] for rid, n in out.num_scheduled_tokens.items()),
+        "requests": {
+            rid: [r.status.name, r.num_computed_tokens, list(kvm.get_block_ids(rid)[0])]
+            for rid, r in sorted(sched.requests.items())
+        },
+        "finished": gone,
+    }
+
+
+class StallWatch:
+    """Says when a run has made no progress for ``STALL_STEPS`` steps: nothing scheduled, no
+    load, nobody finished, and the requests' queues, statuses and tables as the step before."""
+
+    def __init__(self) -> None:
+        self.prev: Any = None
+        self.idle = 0
+
+    def stalled(self, state: dict[str, Any], loaded: bool) -> bool:
+        key = json.dumps([state["queues"], state["requests"]])
+        quiet = not state["scheduled"] and not state["finished"] and not loaded
+        self.idle = self.idle + 1 if quiet and key == self.prev else 0
+        self.prev = key
+        return self.idle >= STALL_STEPS
+
+
+def stall_report(step: int, state: dict[str, Any]) -> dict[str, Any]:
+    """The no-progress state, named by the requests in it."""
+    return {
+        "step": step,
+        "queues": state["queues"],
+        "waiting_for_remote_kvs": [
+            rid for rid, (st, _, _) in state["requests"].items() if st == "WAITING_FOR_REMOTE_KVS"
+        ],
+    }
+
+
+def vllm_scheduler_run(case: dict[str, Any], max_steps: int = 500) -> dict[str, Any]:
+    """The trace on vLLM 0.34.0's own Scheduler (under vLLM's interpreter): per step, what
+    ``scheduler_state`` reads; ``stalled`` names the no-progress state if the run stalled."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.config import (
+        CacheConfig,
+        DeviceConfig,
+        KVTransferConfig,
+        SchedulerConfig,
+        VllmConfig,
+    )
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        KVCacheTensor,
+    )
+    from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+    from vllm.v1.request import Request
+    from vllm.v1.simple_kv_offload.metadata import SimpleCPUOffloadWorkerMetadata
+
+    bs, n_gpu = case["block_size"], case["num_gpu_blocks"]
+    max_model_len = 1 << 20  # kvcore's EngineSettings without a model
+    sc = SchedulerConfig(
+        max_num_seqs=case["max_num_seqs"],
+        max_num_batched_tokens=256,
+        max_model_len=max_model_len,
+        is_encoder_decoder=False,
+        enable_chunked_prefill=True,
+    )
+    cc = CacheConfig(block_size=bs, enable_prefix_caching=True)
+    cc.num_gpu_blocks = n_gpu
+    kt = KVTransferConfig(
+        kv_connector="SimpleCPUOffloadConnector",
+        kv_role="kv_both",
+        kv_load_failure_policy=case.get("kv_load_failure_policy", "fail"),
+        kv_connector_extra_config={
+            "num_cpu_blocks": case["num_cpu_blocks"],
+            "lazy_offload": case["lazy_offload"],
+            "cpu_bytes_to_use": 1 << 30,
+        },
+    )
+    cfg = VllmConfig(
+        scheduler_config=sc,
+        cache_config=cc,
+        device_config=DeviceConfig("cpu"),
+        kv_transfer_config=kt,
+    )
+    cfg.model_config = SimpleNamespace(  # the few model fields the scheduler reads
+        max_model_len=max_model_len,
+        is_encoder_decoder=False,
+        uses_mrope=False,
+        is_diffusion=False,
+        return_sampling_mask=False,
+        runner_type="generate",
+        supports_multimodal_inputs=False,
+        multimodal_config=None,
+        get_multimodal_config=lambda: None,
+    )
+    spec = FullAttentionSpec(bs, num_kv_heads=1, head_size=8, dtype=torch.float32)
+    page = spec.page_size_bytes
+    kv = KVCacheConfig(
+        num_blocks=n_gpu,
+        kv_cache_tensors=[
+            KVCacheTensor(size=page * n_gpu, layers=["l0"], layer_stride=0, block_stride=page)
+        ],
+        kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)],
+    )
+    init_none_hash(sha256)
+    sched = Scheduler(
+        vllm_config=cfg,
+        kv_cache_config=kv,
+        structured_output_manager=SimpleNamespace(  # no grammar
+            trim_spec_tokens=lambda request, tokens: tokens,
+            accept_tokens=lambda request, tokens: True,
+            grammar_bitmask=lambda *a, **kw: None,
+        ),
+        block_size=bs,
+    )
+    hasher = get_request_block_hasher(bs, sha256)
+    pending = sorted(case["requests"], key=lambda r: r["arrival"])
+    failing = set(case.get("fail_loads", ()))
+    steps: list[dict] = []
+    watch = StallWatch()
+
+    def work_left() -> bool:
+        """vLLM's ``has_requests`` less the step that only reports finished ids to the worker
+        (it runs nothing; kvcore's runs end with their last request: docs/fidelity.md)."""
+        num_running, num_waiting = sched.get_request_counts()
+        return (
+            sched.has_unfinished_requests()
+            or len(sched.requests) > num_running + num_waiting
+            or sched.connector.has_pending_push_work()
+        )
+
+    while (pending or work_left()) and len(steps) < max_steps:
+        while pending and pending[0]["arrival"] <= len(steps):
+            r = pending.pop(0)
+            sp = SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True, temperature=0.0)
+            sched.add_request(Request(r["id"], list(r["prompt"]), sp, None, block_hasher=hasher))
+        before = list(sched.requests)
+        out = sched.schedule()
+        md = out.kv_connector_metadata
+        invalid: set[int] = set()
+        recving: list[str] = []
+        if md is not None and md.load_event >= 0:
+            recving = list(md.load_event_to_reqs.get(md.load_event, ()))
+            if failing.intersection(recving):
+                failing -= set(recving)
+                invalid = set(md.load_gpu_blocks)
+        stored = md is not None and md.store_event >= 0
+        ids, toks = [], []
+        for rid in out.num_scheduled_tokens:
+            r = sched.requests[rid]  # schedule() advanced its computed tokens already
+            ids.append(rid)
+            done = r.num_computed_tokens >= r.num_tokens
+            toks.append([sampled_token(rid, r.num_computed_tokens)] if done else [])
+        kv_out = KVConnectorOutput(
+            # a list, not a set: vLLM walks it as given, kvcore in the load's planned order
+            finished_recving=recving or None,
+            invalid_block_ids=invalid,
+            kv_connector_worker_meta=(
+                SimpleCPUOffloadWorkerMetadata({md.store_event: 1}) if stored else None
+            ),
+        )
+        sched.update_from_output(
+            out, ModelRunnerOutput(req_ids=ids, sampled_token_ids=toks, kv_connector_output=kv_out)
+        )
+        state = scheduler_state(sched, out, [rid for rid in before if rid not in sched.requests])
+        steps.append(state)
+        if watch.stalled(state, bool(recving)):
+            return {"steps": steps, "stalled": stall_report(len(steps), state)}
+    return {"steps": steps, "stalled": None}
+
+
+def our_scheduler_run(case: dict[str, Any], max_steps: int = 500) -> dict[str, Any]:
+    """The same trace on kvcore, as the lab runs it (the Engine, its worker failing the listed
+    loads), read as ``vllm_scheduler_run`` reads vLLM's."""
+    from paged_kv_lab.run.engine import Engine, NoModelRunner
+
+    eng = Engine(scenario(case), runner=NoModelRunner())
+    sched = eng.scheduler
+    # the Scheduler's decisions alone: not the lab's abort of a request no pool can ever hold
+    # (vLLM leaves it waiting; docs/fidelity.md)
+    eng.engine_core._abort_if_never_fits = lambda out: None
+    outs = []
+    core_step = eng.engine_core.step
+
+    def step():
+        done = core_step()
+        outs.append(done.scheduler_output)
+        return done
+
+    eng.engine_core.step = step
+    steps: list[dict] = []
+    watch = StallWatch()
+    gone_before: set[str] = set()
+    while eng.has_unfinished() and len(steps) < max_steps:
+        rec = eng.step()
+        gone = [rid for rid in eng.requests if rid not in sched.requests and rid not in gone_before]
+        gone_before.update(gone)
+        state = scheduler_state(sched, outs[-1], gone)
+        steps.append(state)
+        loaded = any(e.kind == "cpu_loaded" for e in rec.events) or any(
+            e.kind == "kv_load_failed" for e in rec.events
+        )
+        if watch.stalled(state, loaded):
+            return {"steps": steps, "stalled": stall_report(len(steps), state)}
+    return {"steps": steps, "stalled": None}
+
+
+def scheduler_worker_main() -> None:
+    """Under vLLM's interpreter: cases in on stdin, vLLM's Scheduler's steps out."""
+    import logging
+
+    logging.disable(logging.WARNING)
+    json.dump([vllm_scheduler_run(case) for case in json.load(sys.stdin)], sys.stdout)
+
+
+def scheduler_differential(venv: str, seeds: list[int]) -> dict[str, Any]:
+    """Both Schedulers on each trace: the first step where they differ (queues, admissions,
+    tokens, statuses, tables, finished), and which traces stalled on each side."""
+    cases = [random_case(seed) for seed in seeds]
+    ours = [our_scheduler_run(case) for case in cases]
+    theirs = run_vllm(venv, cases, flag="--scheduler-worker")
+    traces, failures, steps = [], [], 0
+    for seed, a, b in zip(seeds, ours, theirs):
+        first = next(
+            (
+                f"step {i + 1} {k}: ours {x[k]} vLLM {y[k]}"
+                for i, (x, y) in enumerate(zip(a["steps"], b["steps"]))
+                for k in x
+                if x[k] != y[k]
+            ),
+            None,
+        )
+        if first is None and len(a["steps"]) != len(b["steps"]):
+            first = f"{len(a['steps'])} steps here, {len(b['steps'])} in vLLM"
+        if first is None and a["stalled"] != b["stalled"]:
+            first = f"stalled here {a['stalled']}, in vLLM {b['stalled']}"
+        steps += len(a["steps"])
+        traces.append({"seed": seed, "steps": len(a["steps"]), "stalled": b["stalled"]})
+        if first is not None:
+            failures.append({"seed": seed, "first": first})
+    return {"traces": traces, "steps": steps, "failures": failures}
+
+
 def worker_main() -> None:
     """Under vLLM's interpreter: cases and scripts in on stdin, vLLM's observations out."""
     import logging
@@ -627,9 +925,9 @@ def compare(ours: list[dict], theirs: dict) -> dict[str, Any]:
     return report
 
 
-def run_vllm(venv: str, jobs: list[dict]) -> list[dict]:
+def run_vllm(venv: str, jobs: list[dict], flag: str = "--worker") -> list[dict]:
     proc = subprocess.run(
-        [os.path.join(venv, "bin", "python"), "-I", os.path.abspath(__file__), "--worker"],
+        [os.path.join(venv, "bin", "python"), "-I", os.path.abspath(__file__), flag],
         input=json.dumps(jobs),
         capture_output=True,
         text=True,
@@ -698,15 +996,47 @@ def differential(venv: str, seeds: list[int]) -> dict[str, Any]:
     return {"traces": len(seeds), "aspects": totals, "exercised": exercised, "failures": failures}
 
 
+def scheduler_main(venv: str, seeds: list[int], json_path: Optional[str]) -> int:
+    res = scheduler_differential(venv, seeds)
+    stalled = [t for t in res["traces"] if t["stalled"]]
+    print(
+        f"{len(seeds)} random traces, kvcore's Scheduler vs vLLM {VLLM_VERSION}'s own "
+        f"Scheduler.schedule(): {res['steps']} steps, "
+        f"{len(seeds) - len(res['failures'])} traces equal at every step"
+    )
+    for t in stalled:
+        s = t["stalled"]
+        print(
+            f"  trace {t['seed']}: vLLM {VLLM_VERSION} stalls here too, from step "
+            f"{s['step'] - STALL_STEPS} (queues {s['queues']}, "
+            f"loads landed but never looked at: {s['waiting_for_remote_kvs']})"
+        )
+    for f in res["failures"][:10]:
+        print(f"  differs: {f}")
+    if json_path:
+        with open(json_path, "w") as fh:
+            json.dump(res, fh, indent=1)
+    return 1 if res["failures"] else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--traces", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0, help="the first trace's seed")
     ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument(
+        "--scheduler",
+        action="store_true",
+        help="run vLLM's own Scheduler and kvcore's side by side instead of the replay",
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--scheduler-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         worker_main()
+        return 0
+    if args.scheduler_worker:
+        scheduler_worker_main()
         return 0
     venv = os.environ.get("VLLM_VENV")
     if not venv or not os.path.exists(os.path.join(venv, "bin", "python")):
@@ -715,7 +1045,10 @@ def main() -> int:
             "make one with:  bash scripts/vllm_env.sh   then  VLLM_VENV=/tmp/vllm034-venv ..."
         )
         return 0
-    res = differential(venv, list(range(args.seed, args.seed + args.traces)))
+    seeds = list(range(args.seed, args.seed + args.traces))
+    if args.scheduler:
+        return scheduler_main(venv, seeds, args.json)
+    res = differential(venv, seeds)
     print(f"{res['traces']} random traces, ours vs vLLM {VLLM_VERSION}'s SimpleCPUOffloadScheduler")
     for a, t in res["aspects"].items():
         print(f"  {a:16s} {t['steps'] - t['differ']:6d} / {t['steps']:6d} steps equal")

@@ -102,8 +102,8 @@ def _settings(case: dict, num_gpu_blocks: int):
     )
 
 
-def our_run(case: dict[str, Any]) -> tuple[list[dict], list[dict]]:
-    """(the replay script, our observations), one entry per step of either replica."""
+def pd_engine(case: dict[str, Any]):
+    """Our P/D pair for the trace (a PDEngine, not yet stepped)."""
     from paged_kv_lab.disagg.pd import DECODE, PREFILL, PDEngine
     from paged_kv_lab.run.engine import NoModelRunner
     from paged_kv_lab.run.scenario import RequestSpec, Scenario
@@ -122,7 +122,7 @@ def our_run(case: dict[str, Any]) -> tuple[list[dict], list[dict]]:
             for r in case["requests"]
         ),
     )
-    pd = PDEngine(
+    return PDEngine(
         sc,
         runner_factory=NoModelRunner,
         debug=True,
@@ -130,6 +130,11 @@ def our_run(case: dict[str, Any]) -> tuple[list[dict], list[dict]]:
         fail_loads=tuple(case["fail_loads"]),
         pool_sizes={PREFILL: case["prefill_blocks"], DECODE: case["decode_blocks"]},
     )
+
+
+def our_run(case: dict[str, Any]) -> tuple[list[dict], list[dict]]:
+    """(the replay script, our observations), one entry per step of either replica."""
+    pd = pd_engine(case)
     script: list[dict] = []
     seen: list[dict] = []
     for name, eng in pd.engines.items():

@@ -1,6 +1,6 @@
 """The differentials against vLLM 0.34.0 on many random seeds: a slow job, not a test (issue 36).
 
-Six differentials that the test suite runs on a handful of fixed seeds, here on as many random
+Seven differentials that the test suite runs on a handful of fixed seeds, here on as many random
 ones as asked, the seeds drawn from a master seed that is printed first (give it back with
 ``--seed`` to run the same seeds again):
 
@@ -13,6 +13,10 @@ ones as asked, the seeds drawn from a master seed that is printed first (give it
 - ``offload``: the CPU tier (bench/offload_vs_vllm.py): one random trace per seed, ours against
   vLLM's SimpleCPUOffloadScheduler and KVCacheManager, every step's lookups, stores, loads, block
   tables, free queues and failed-load rollbacks;
+- ``offload_scheduler``: the same traces on vLLM's own ``Scheduler.schedule()`` with its
+  SimpleCPUOffloadConnector and on kvcore's (``bench/offload_vs_vllm.py --scheduler``), each
+  deciding by itself: every step's three waiting queues, admissions, statuses and block tables; a
+  run that stalls must stall on both sides in the same state (counted apart, not a difference);
 - ``pd``: prefill here, decode there (bench/pd_vs_vllm.py): one random trace per seed through our
   P/D pair and two of vLLM's Schedulers with its NixlConnector, every step;
 - ``lookahead``: our Scheduler against vLLM's with ``num_lookahead_tokens > 0``
@@ -45,7 +49,7 @@ REPO = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "bench"))
 
-DIFFERENTIALS = ("replay", "hybrid", "offload", "pd", "lookahead", "fleet")
+DIFFERENTIALS = ("replay", "hybrid", "offload", "offload_scheduler", "pd", "lookahead", "fleet")
 
 
 def chunks(seq, n):
@@ -75,6 +79,24 @@ def run_offload(venv: str, seeds: list[int], chunk: int) -> dict:
         n = len(crashed) + len(res["failures"])
         print(f"  offload: {len(part)} traces, {n} differ", flush=True)
     return {"traces": traces, "steps": steps, "failures": failures}
+
+
+def run_offload_scheduler(venv: str, seeds: list[int], chunk: int) -> dict:
+    import offload_vs_vllm
+
+    steps, failures, traces, stalled = 0, [], 0, []
+    for part in chunks(seeds, chunk):
+        res = offload_vs_vllm.scheduler_differential(venv, part)
+        steps += res["steps"]
+        traces += len(part)
+        failures += res["failures"]
+        stalled += [t["seed"] for t in res["traces"] if t["stalled"]]
+        print(
+            f"  offload_scheduler: {len(part)} traces, {len(res['failures'])} differ, "
+            f"{sum(1 for t in res['traces'] if t['stalled'])} stall on both sides",
+            flush=True,
+        )
+    return {"traces": traces, "steps": steps, "failures": failures, "stalled": stalled}
 
 
 def run_hybrid(venv: str, seeds: list[int], chunk: int) -> dict:
@@ -286,6 +308,7 @@ def main() -> int:
             "replay": run_replay,
             "hybrid": run_hybrid,
             "offload": run_offload,
+            "offload_scheduler": run_offload_scheduler,
             "pd": run_pd,
             "lookahead": run_lookahead,
             "fleet": run_fleet,

@@ -202,6 +202,17 @@ def waiting_request_ids(scheduler: "Scheduler") -> tuple[str, ...]:
     )
 
 
+def waiting_request_queues(scheduler: "Scheduler") -> tuple[str, ...]:
+    """For each id ``waiting_request_ids`` gives, in its order, the name of the queue the request
+    waits in: ``"kv_holding_waiting"``, ``"waiting"`` or ``"async_kv_waiting"`` (vLLM 0.34's
+    attribute names). O(waiting requests)."""
+    return tuple(
+        name
+        for name in ("kv_holding_waiting", "waiting", "async_kv_waiting")
+        for _ in getattr(scheduler, name).ordered()
+    )
+
+
 # -- the CPU tier (SimpleCPUOffloadScheduler) ----------------------------------------------------
 def offload_is_lazy(manager: "SimpleCPUOffloadScheduler") -> bool:
     """Whether the CPU tier stores lazily (the hashed blocks near the GPU free queue's head,

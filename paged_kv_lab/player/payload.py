@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterable, Sequence
 from paged_kv_lab.recording.snapshot import BlockView, RequestView, Snapshot, StepRecord
 from paged_kv_lab.text.i18n import player_strings, tr
 from paged_kv_lab.why.sentences import changed_blocks, kept_blocks, reason, step_sentences
+from paged_kv_lab.why.source_links import VLLM_REPO, VLLM_TAG
 
 # The wire keys, per kind: the name the code uses -> the key on the wire (assets/wire.json).
 WIRE: dict[str, Any] = {
@@ -33,6 +34,10 @@ WIRE: dict[str, Any] = {
     if not k.startswith("_")
 }
 B, R, S, T = WIRE["block"], WIRE["request"], WIRE["snapshot"], WIRE["step"]
+
+# where vLLM 0.34.0 keeps its three waiting queues (Scheduler.__init__ makes them; schedule()
+# takes kv_holding_waiting first): the player's labels link here
+WAITING_QUEUES_SOURCE = f"{VLLM_REPO}/blob/{VLLM_TAG}/vllm/v1/core/sched/scheduler.py"
 
 Decode = Callable[[Sequence[int]], str]
 Narrate = Callable[[StepRecord], list[str]]
@@ -291,6 +296,11 @@ class RunEncoder:
             d[T["new_prompts"]] = new_prompts
         if rec.snapshot.cpu_pool is not None:  # the CPU tier's pool, whole (it is small)
             d[T["cpu_pool"]] = asdict(rec.snapshot.cpu_pool)
+        if rec.snapshot.waiting_queues:  # only where a request waits outside plain "waiting"
+            d[T["waiting_queues"]] = {
+                "queues": dict(zip(rec.snapshot.waiting, rec.snapshot.waiting_queues)),
+                "source": WAITING_QUEUES_SOURCE,
+            }
         return d
 
 

@@ -6,14 +6,14 @@ A frame on the wire (short keys, arrays in a fixed order):
 "r": [[request_id, status, num_prompt, num_output, num_computed, num_cached, num_preemptions,
 [[keep, *ids] per group]]], "g": [gone ids], "q": [head, tail, num_free, num_cached_free],
 "w": waiting, "u": running, "us": usage, "pc": prefix cache stats, "sc": scheduled tokens,
-"ev": [[kind, request_id, block_ids, sentence]], "sum": summary}``, and, only where the KV cache
-groups' block sizes differ, ``"bg"``: each listed block's group (None: it serves none), in the
-order of ``"b"``, with the head's ``groups`` giving each group its ``block_size`` (as the step
-player's head does); a run whose groups share one size has neither, byte for byte as before.
-A block's hash and parent travel only when they changed (and in every keyframe). A block table
-travels as
-the number of entries kept from the request's table in the frame before plus the new ones, so a
-decode step that appends nothing sends ``[n]``. No Streamlit here.
+"ev": [[kind, request_id, block_ids, sentence]], "sum": summary}``; ``"wq"``: beside "w", each
+waiting request's vLLM 0.34 queue, only where one is outside plain ``waiting``; and, only where
+the KV cache groups' block sizes differ, ``"bg"``: each listed block's group (None: it serves
+none), in the order of ``"b"``, with the head's ``groups`` giving each group its ``block_size``
+(as the step player's head does); a run whose groups share one size has neither, byte for byte as
+before. A block's hash and parent travel only when they changed (and in every keyframe). A block
+table travels as the number of entries kept from the request's table in the frame before plus
+the new ones, so a decode step that appends nothing sends ``[n]``. No Streamlit here.
 """
 
 from __future__ import annotations
@@ -133,6 +133,8 @@ def encode_frames(frames: Sequence[PoolFrame], lang: str = "en") -> list[dict[st
             "ev": events,
             "sum": _summary(f, lang),
         }
+        if f.waiting_queues:
+            frame["wq"] = list(f.waiting_queues)
         if any(b.group is not None for b in f.blocks):
             frame["bg"] = [b.group for b in f.blocks]
         out.append(frame)

@@ -25,7 +25,12 @@ from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, Optional
 
-from kvcore.core.kv_cache_inspect import block_tables, free_queue_ends, waiting_request_ids
+from kvcore.core.kv_cache_inspect import (
+    block_tables,
+    free_queue_ends,
+    waiting_request_ids,
+    waiting_request_queues,
+)
 from kvcore.core.kv_cache_observer import KVCacheObserver
 from kvcore.core.kv_cache_utils import get_block_hash, get_group_id
 from paged_kv_lab.recording import events as E
@@ -93,6 +98,9 @@ class PoolFrame:
     running: tuple[str, ...]
     usage: float
     prefix_cache: dict[str, Any] = field(default_factory=dict)
+    # Snapshot.waiting_queues: beside ``waiting``, the vLLM 0.34 queue of each; empty where
+    # every waiting request is in plain "waiting"
+    waiting_queues: tuple[str, ...] = ()
 
 
 def _hex(block_hash) -> Optional[str]:
@@ -307,6 +315,7 @@ class FrameRecorder:
         self._owners, self._held = owners, held
         self._new_parents.clear()
         kvm = self.kvm
+        queues = waiting_request_queues(self.scheduler)
         frame = PoolFrame(
             step=step,
             keyframe=key,
@@ -317,6 +326,7 @@ class FrameRecorder:
             gone=() if key else gone,
             queue=self._queue(),
             waiting=waiting_request_ids(self.scheduler),
+            waiting_queues=queues if any(q != "waiting" for q in queues) else (),
             running=tuple(r.request_id for r in self.scheduler.running),
             usage=kvm.usage,
             prefix_cache={

@@ -17,6 +17,7 @@ from kvcore.core.kv_cache_inspect import (
     free_queue_block_ids,
     offload_is_lazy,
     waiting_request_ids,
+    waiting_request_queues,
 )
 from kvcore.core.kv_cache_utils import get_block_hash, get_group_id
 from kvcore.worker.gpu.input_batch import InputBatch
@@ -87,6 +88,11 @@ def keys_text(keys: Optional[tuple]) -> str:
     )
 
 
+# vLLM 0.34's three waiting queues, in the order Scheduler.schedule() takes them
+WAITING_QUEUES = ("kv_holding_waiting", "waiting", "async_kv_waiting")
+WaitingQueue = Literal["kv_holding_waiting", "waiting", "async_kv_waiting"]
+
+
 @dataclass(frozen=True)
 class Snapshot:
     step: int
@@ -113,6 +119,20 @@ class Snapshot:
     # then the scheduler's, their least common multiple). Empty where every group's block size
     # is block_size: then not written out, and a trace without it means exactly that.
     group_block_sizes: tuple[int, ...] = ()
+    # For each request in ``waiting``, in its order, the vLLM 0.34 queue it waits in:
+    # "kv_holding_waiting" (it holds KV blocks: a load landed or in flight), "waiting" or
+    # "async_kv_waiting" (a connector may load it while the batch is full). Empty where every
+    # waiting request is in plain "waiting": then not written out, and a trace without it means
+    # exactly that.
+    waiting_queues: tuple[WaitingQueue, ...] = ()
+
+    def queue_of(self, request_id: str) -> Optional[str]:
+        """The queue ``request_id`` waits in (None: it is not waiting)."""
+        if request_id not in self.waiting:
+            return None
+        if not self.waiting_queues:
+            return "waiting"
+        return self.waiting_queues[self.waiting.index(request_id)]
 
     def group_block_size(self, group: int) -> int:
         """Tokens one block of KV cache group ``group`` holds."""
@@ -124,6 +144,8 @@ class Snapshot:
             del d["cpu_pool"]
         if not self.group_block_sizes:
             del d["group_block_sizes"]
+        if not self.waiting_queues:
+            del d["waiting_queues"]
         for r in d["requests"]:
             if not r["block_extra_keys"]:
                 del r["block_extra_keys"]
@@ -164,6 +186,7 @@ class Snapshot:
             groups=tuple(d["groups"]),
             cpu_pool=_cpu_pool_from_dict(d.get("cpu_pool")),
             group_block_sizes=tuple(d.get("group_block_sizes", ())),
+            waiting_queues=tuple(d.get("waiting_queues", ())),
         )
 
     def request(self, request_id: str) -> RequestView:
@@ -336,6 +359,7 @@ def take_snapshot(
             )
         )
 
+    queues = waiting_request_queues(scheduler)
     return Snapshot(
         step=step,
         block_size=bs,
@@ -344,9 +368,8 @@ def take_snapshot(
         free_queue=tuple(queue),
         hash_map=hash_map,
         requests=tuple(views),
-        waiting=waiting_request_ids(
-            scheduler
-        ),  # vLLM 0.34's three queues, as schedule() takes them
+        waiting=waiting_request_ids(scheduler),  # the three queues, as schedule() takes them
+        waiting_queues=queues if any(q != "waiting" for q in queues) else (),
         running=tuple(r.request_id for r in scheduler.running),
         usage=kvm.usage,
         num_free_blocks=pool.get_num_free_blocks(),

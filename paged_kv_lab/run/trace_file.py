@@ -10,7 +10,7 @@ from typing import Any, Optional
 from pydantic import TypeAdapter, ValidationError
 from typing_extensions import NotRequired, TypedDict  # pydantic: typing's only from 3.12
 
-from paged_kv_lab.recording.snapshot import Snapshot, StepRecord
+from paged_kv_lab.recording.snapshot import WAITING_QUEUES, Snapshot, StepRecord
 from paged_kv_lab.text.i18n import ProblemsError, Text
 
 # -- trace files (JSONL) ----------------------------------------------------------------
@@ -19,6 +19,9 @@ from paged_kv_lab.text.i18n import ProblemsError, Text
 #            (first line; traces written before the header existed lack it)
 #            A snapshot's "group_block_sizes" (KV cache groups of different block sizes) is written
 #            only where the sizes differ; without it every group's block size is "block_size".
+#            Its "waiting_queues" (beside "waiting", the vLLM 0.34 queue each waiting request is
+#            in: kv_holding_waiting, waiting, async_kv_waiting) only where one is not in
+#            "waiting"; without it every waiting request is in plain "waiting".
 #   steps    StepRecord.to_dict() for steps 1, 2, 3... in order
 # outputs  {"outputs": {request id: {"token_ids": [...], "text": str, "finish_reason": str | None,
 #                                      "stop_reason": str (only when a stop string ended it)}}}
@@ -341,6 +344,10 @@ def _snapshot_problems(s: Snapshot) -> list[Text]:
     if sizes and (len(sizes) != len(s.groups) or any(b < 1 or s.block_size % b for b in sizes)):
         at = {"sizes": list(sizes), "groups": len(s.groups), "block_size": s.block_size}
         out.append(Text("problem.record.snapshot_group_sizes", at))
+    wq = s.waiting_queues  # empty: every waiting request is in plain "waiting"
+    if wq and (len(wq) != len(s.waiting) or not set(wq) <= set(WAITING_QUEUES)):
+        at = {"n": len(s.waiting), "queues": _short(list(wq))}
+        out.append(Text("problem.record.snapshot_waiting_queues", at))
     if [b.block_id for b in s.blocks] != list(range(n)):
         out.append(Text("problem.record.snapshot_order", {"last": n - 1}))
     refs = (

@@ -3,7 +3,9 @@ and "why was B admitted before A?" answered with vLLM 0.34's cache-aware admissi
 scheduler's ``cache_aware_admission_window``, ``cache_aware_admission_threshold`` and the pool's
 usage when the step began).
 
-Computed from the recording only (snapshots and events), as every answer in ``why``. A reorder is
+Computed from the recording only (snapshots and events), as every answer in ``why``. The window
+covers the queue vLLM reorders, ``waiting`` alone: a snapshot's ``waiting_queues`` says which
+waiting requests sit in ``kv_holding_waiting`` or ``async_kv_waiting`` instead. A reorder is
 read from the ``cache_aware_reorder`` event kvcore records when, and only when, it changes the
 waiting queue's order: who went ahead of whom, the window, the threshold, the usage it compared
 and each request's cached prefix as ``KVCacheManager.get_num_cached_tokens`` probed it. Where no
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from paged_kv_lab.recording import events as E
+from paged_kv_lab.recording.snapshot import Snapshot
 from paged_kv_lab.text.i18n import Text, tr
 from paged_kv_lab.why.explain import ExplainError, RecordedSteps, request_list
 
@@ -134,7 +137,10 @@ def explain_order(run: RecordedSteps, first: str, second: str) -> OrderAnswer:
                 Text("why.error.no_request", {"rid": rid, "ids": request_list(rows)})
             )
     s = run.settings
-    window = s.cache_aware_admission_window if s is not None else 0
+    # the window vLLM's Scheduler applies: none under the priority policy or without prefix
+    # caching (Scheduler.cache_aware_window), whatever the setting says
+    on = s is not None and s.policy == "fcfs" and s.enable_prefix_caching
+    window = s.cache_aware_admission_window if on else 0
     threshold = s.cache_aware_admission_threshold if s is not None else 0.5
     a, b = rows[first], rows[second]
     step = b.step
@@ -164,19 +170,23 @@ def explain_order(run: RecordedSteps, first: str, second: str) -> OrderAnswer:
         verdict = "window_off"
     elif usage < threshold:
         verdict = "below_threshold"
-    elif snap is not None and not _both_in_window(snap.waiting, first, second, window):
+    elif snap is not None and not _both_in_window(snap, first, second, window):
         verdict = "outside_window"
     else:
         verdict = "other"
     return OrderAnswer(first, second, verdict, step, window, threshold, usage, cached_a, cached_b)
 
 
-def _both_in_window(waiting: tuple[str, ...], a: str, b: str, window: int) -> bool:
-    """Whether both were among the first ``window`` waiting requests when the step began (a
-    request that arrived at that step joins behind the queue the snapshot shows)."""
-    head = list(waiting)[:window]
+def _both_in_window(snap: Snapshot, a: str, b: str, window: int) -> bool:
+    """Whether both were among the first ``window`` requests of the queue vLLM reorders when the
+    step began: ``Scheduler.waiting`` alone (``_reorder_waiting_by_cached_prefix``), not the
+    requests in ``kv_holding_waiting`` or ``async_kv_waiting`` (``Snapshot.waiting_queues``),
+    which are never in its window. A request that arrived at that step joins behind the queue
+    the snapshot shows."""
+    queue = [r for r in snap.waiting if snap.queue_of(r) == "waiting"]
+    head = queue[:window]
     room = window - len(head)
-    return all(r in head or (r not in waiting and room > 0) for r in (a, b))
+    return all(r in head or (r not in snap.waiting and room > 0) for r in (a, b))
 
 
 def order_sentences(x: OrderAnswer, lang: str = "en") -> list[str]:

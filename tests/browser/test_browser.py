@@ -388,3 +388,74 @@ def test_a_recording_run_streams_in_by_the_players_own_asks(server, browser):
         "still on the page the learner chose"
     )
     page.close()
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_the_waiting_rows_name_vllms_queues(browser, tmp_path, lang):  # noqa: F811
+    """A CPU-tier run where C waits in kv_holding_waiting while its K/V loads, exported: at that
+    step C's row names the queue with vLLM's name, its words from the catalogue in the run's
+    language and a link to vLLM's scheduler.py; the step after, with C running, no row carries
+    one."""
+    from paged_kv_lab.player import run_payload, static_html
+    from paged_kv_lab.player.payload import WAITING_QUEUES_SOURCE
+    from paged_kv_lab.text.i18n import tr
+    from support.kv import cpu_tier_holding_run
+
+    _, initial, recs = cpu_tier_holding_run()
+    held = next(r.step for r in recs if r.snapshot.waiting_queues)
+    plain = held + 1  # C's K/V has landed: it runs, and no row is labelled
+    assert not recs[plain - 1].snapshot.waiting_queues and "C" in recs[plain - 1].snapshot.running
+    path = tmp_path / "queues.html"
+    path.write_text(static_html(run_payload(initial, recs, lang=lang)))
+    page = browser.new_page(viewport={"width": 1500, "height": 1900})
+    page.goto(path.as_uri())
+    page.wait_for_selector(".pkv[data-total]", timeout=30_000)
+    labels = '[data-role="outputs"] .pkv-queue'
+    for step in range(1, max(held, plain) + 1):
+        page.keyboard.press("ArrowRight")
+        wait_step(page, step)
+        if step == plain:
+            assert page.locator(labels).count() == 0
+        if step == held:
+            label = page.locator('[data-role="outputs"] [data-req="C"] .pkv-queue')
+            assert label.inner_text() == "kv_holding_waiting"
+            assert label.get_attribute("href") == WAITING_QUEUES_SOURCE
+            title = label.get_attribute("title")
+            assert tr("player.queue_kv_holding_waiting", lang) in title
+            assert tr("player.queue_source", lang) in title
+            assert page.locator(labels).count() == 1  # only C waits outside plain waiting
+    page.close()
+
+
+@pytest.mark.browser
+def test_a_pd_decode_replicas_rows_name_all_three_queues(browser, tmp_path):  # noqa: F811
+    """The decode replica of a P/D trace with max_num_inflight_kv_loads: at the first step where
+    requests wait in all three queues, each waiting row names its own, as the snapshot says;
+    each label's words are the catalogue's for that queue."""
+    from paged_kv_lab.player import run_payload, static_html
+    from paged_kv_lab.text.i18n import tr
+    from support.kv import pd_async_waiting_run
+
+    _, initial, recs = pd_async_waiting_run()
+    rec = next(r for r in recs if len(set(r.snapshot.waiting_queues)) == 3)
+    want = dict(zip(rec.snapshot.waiting, rec.snapshot.waiting_queues))
+    path = tmp_path / "pd.html"
+    path.write_text(static_html(run_payload(initial, recs)))
+    page = browser.new_page(viewport={"width": 1500, "height": 1900})
+    page.goto(path.as_uri())
+    page.wait_for_selector(".pkv[data-total]", timeout=30_000)
+    for step in range(1, rec.step + 1):
+        page.keyboard.press("ArrowRight")
+        wait_step(page, step)
+    shown = page.locator('[data-role="outputs"] [data-req]').evaluate_all(
+        "rows => rows.map(r => [r.dataset.req,"
+        " (r.querySelector('.pkv-queue') || {}).textContent || null,"
+        " (r.querySelector('.pkv-queue') || {}).title || null])"
+    )
+    got = {rid: q for rid, q, _ in shown if q is not None}
+    assert got == want
+    for rid, q, title in shown:
+        if q is not None:
+            assert title.startswith(tr(f"player.queue_{q}", "en")), (rid, q, title)
+    page.close()

@@ -69,3 +69,30 @@ def test_a_request_no_pool_can_finish_is_aborted_and_the_rest_run_as_vllm():
     assert not res["failures"], res["failures"]
     for aspect, t in res["aspects"].items():
         assert 30 <= t["steps"] < 100 and t["differ"] == 0, aspect
+
+
+@pytest.mark.skipif(
+    not (Path(VENV) / "bin" / "python").exists(),
+    reason=f"no vLLM 0.34.0 scratch environment at {VENV} (bash scripts/vllm_env.sh builds it)",
+)
+def test_vllms_own_scheduler_decides_as_kvcore_and_stalls_where_it_stalls():
+    """vLLM 0.34.0's own ``Scheduler.schedule()`` and ``update_from_output()`` (its
+    SimpleCPUOffloadConnector, scheduler role) against kvcore's Engine on the same traces, each
+    deciding by itself: per step the three waiting queues in order, the admissions, the tokens
+    scheduled, every request's status, computed tokens and block table, and who finished.
+    Trace 19: a request whose load failed with no valid block stays in kv_holding_waiting, its
+    new load refused, ahead of a request whose load landed; vLLM 0.34.0 stalls there too, and
+    both sides name the same no-progress state (never an endless loop: the harness stops after
+    ``STALL_STEPS`` quiet steps)."""
+    # 19: the stall; 8: an asynchronous load recomputed; 4, 5: loads failing their requests;
+    # 9, 11: lazy mode; 468023023, 536961063: loads held back by the reservations
+    seeds = [19, 8, 4, 5, 9, 11, 468023023, 536961063]
+    res = offload_vs_vllm.scheduler_differential(VENV, seeds)
+    assert not res["failures"], res["failures"]
+    by_seed = {t["seed"]: t for t in res["traces"]}
+    stalled = by_seed[19]["stalled"]
+    assert stalled is not None, "vLLM's Scheduler finished trace 19"
+    assert stalled["queues"]["kv_holding_waiting"] == ["R3", "R5"]
+    assert stalled["waiting_for_remote_kvs"] == ["R5"]
+    assert [s for s, t in by_seed.items() if t["stalled"]] == [19]
+    assert res["steps"] > 150

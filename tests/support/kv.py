@@ -230,3 +230,45 @@ def stored(hashes, parent, token_ids, block_size, group=0, kind=None):
 
 def removed(h, group=0):
     return BlockRemoved(block_hashes=[ext(h)], medium="GPU", group_idx=group)
+
+
+def cpu_tier_holding_run():
+    """A CPU-tier run in which a request waits in ``kv_holding_waiting`` while its K/V loads:
+    A's blocks are stored on the CPU and evicted by B's; C shares A's prefix, finds it on the CPU
+    and is loaded. (engine, the state before step 1, the records)."""
+    from paged_kv_lab.run.scenario import CPUOffloadConfig
+
+    p = [17, 254, 1033, 88, 4012, 7, 391, 2290, 56, 1777, 640, 12, 9001, 345, 78, 2048, 31, 4444]
+    eng = make_engine(
+        [
+            spec("A", p[:17], max_tokens=4),
+            spec("B", p[::-1][:17], max_tokens=4, arrival_step=6),
+            spec("C", p[:16] + [5, 6], max_tokens=4, arrival_step=12),
+        ],
+        block_size=4,
+        num_gpu_blocks=9,
+        cpu_offload=CPUOffloadConfig(num_cpu_blocks=12),
+    )
+    initial = eng.snapshot()
+    return eng, initial, eng.run()
+
+
+def pd_async_waiting_run():
+    """The decode replica of P/D trace 0 of bench/pd_vs_vllm.py (``max_num_inflight_kv_loads``
+    3): requests wait in ``async_kv_waiting`` for a pull to start, and in ``kv_holding_waiting``
+    while it is in flight. (the decode engine, its state before step 1, its records)."""
+    import sys
+
+    from paged_kv_lab.disagg.pd import DECODE
+    from support.paths import ROOT
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    import pd_vs_vllm
+
+    pd = pd_vs_vllm.pd_engine(pd_vs_vllm.random_case(0))
+    eng = pd.engines[DECODE]
+    initial = eng.snapshot()
+    while pd.has_unfinished() and pd.tick < 1000:
+        pd.step()
+    assert not pd.has_unfinished()
+    return eng, initial, list(eng.history)

@@ -401,18 +401,10 @@ class Scheduler:
                 for r in self.running
                 if self.lora_config is not None and r.lora_request is not None
             }
-            # Unlike vLLM 0.34.0: a request in kv_holding_waiting that holds no blocks any more
-            # (its asynchronous load failed with no valid block, so they went back) returns to
-            # the front of ``waiting``, as kvcore's one queue used to order it. vLLM leaves it in
-            # kv_holding_waiting, where its new load can be refused by the parked reservations
-            # (its own counted among them) and stop the scan before the holders behind it: in
-            # bench/offload_vs_vllm.py's trace 19 that repeats every step and the run never
-            # ends (docs/fidelity.md).
-            dropped = [r for r in self.kv_holding_waiting if not self._holds_kv_blocks(r)]
-            if dropped:
-                self.kv_holding_waiting.remove_requests(dropped)
-                for request in reversed(dropped):
-                    self.waiting.prepend_request(request)
+            # A request whose asynchronous load failed with no valid block gave its blocks back
+            # (_update_waiting_for_remote_kv) and stays where it is, in kv_holding_waiting, as in
+            # vLLM 0.34.0: refused there, it ends the scan before the holders behind it
+            # (docs/fidelity.md, bench/offload_vs_vllm.py --scheduler: trace 19 stalls on both).
             # vLLM 0.34 reorders ``waiting`` (never ``kv_holding_waiting``) before admitting.
             if self.cache_aware_window:
                 self._reorder_waiting_by_cached_prefix()

@@ -163,11 +163,25 @@ export class PlayerPanels extends PlayerCharts {
     return b;
   }
 
-  drawOutputs(snap) {
+  // A step where some request waits outside plain `waiting` carries waiting_queues: each waiting
+  // request's row then names its vLLM 0.34 queue, linked to vLLM's scheduler.py.
+  queueLabel(rid, wq) {
+    const name = wq.queues[rid];
+    if (!name) return null;
+    const a = el("a", "pkv-queue", name);
+    a.href = wq.source; a.target = "_blank"; a.rel = "noopener noreferrer";
+    a.dataset.queue = name;
+    a.title = `${this.L["queue_" + name] || name} — ${this.L.queue_source}`;
+    return a;
+  }
+
+  drawOutputs(snap, st) {
+    const wq = st && st.waiting_queues;
     const rows = snap.requests.map((r) => {
       const d = el("div");
       d.dataset.req = r.request_id;
-      d.append(this.badge(r.request_id), el("code", null, r.status),
+      const queue = wq ? this.queueLabel(r.request_id, wq) : null;
+      d.append(this.badge(r.request_id), el("code", null, r.status), ...(queue ? [" ", queue] : []),
         el("span", "pkv-muted", ` · ${r.num_output_tokens} ${this.L.tok} — `),
         el("span", "pkv-text", oneLine(r.text || (r.output_token_ids.length ? this.tokText(r.output_token_ids) : "…"))));
       return d;

@@ -383,7 +383,7 @@ class Player extends PlayerPanels {
     this.drawEvents(st);
     this.drawQueue(snap);
     this.drawCpuPool(st);
-    this.drawOutputs(snap);
+    this.drawOutputs(snap, st);
     this.drawTables(snap);
     this.drawChains(snap);
     this.drawAddress(snap);
