@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 from paged_kv_lab.recording.snapshot import Snapshot, StepRecord
 from paged_kv_lab.run.trace_file import Trace
-from paged_kv_lab.store.recorded_run import RecordedRun
+from paged_kv_lab.store.recorded_run import RecordedRun, model_key
 from paged_kv_lab.store.run_store import RunStore, default_store
 
 EngineFactory = Callable[[Any], Any]  # Scenario -> Engine
@@ -275,7 +275,7 @@ def lesson_run(
     loaded_model = played_model(lesson, loaded_model)
 
     scenario = lesson_scenario(lesson, loaded_model.num_layers, overrides, loaded_model.name)
-    key = (loaded_model.name, str(loaded_model.device), str(loaded_model.dtype))
+    key = model_key(loaded_model.name, loaded_model)
     return LabRun(
         scenario,
         lambda s: engine_for(s, model=loaded_model),
