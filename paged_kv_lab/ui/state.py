@@ -104,7 +104,9 @@ def open_run(scenario: Scenario, ms: ModelState, step: int = 0) -> Timeline:
     run = default_store().run(
         scenario, make_factory(ms), model_key=model_key(ms), model=ms.model, limits=app_limits()
     )
-    return Timeline(run, cursor=min(int(step), run.recorded() if run.done else 1 << 30))
+    return Timeline(
+        run, cursor=min(int(step), run.recorded() if run.done else 1 << 30), scenario=scenario
+    )
 
 
 def new_run(state: LessonState, lesson: Lesson, ms: ModelState, step: int = 0) -> None:
