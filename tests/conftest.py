@@ -22,7 +22,9 @@ import contextlib
 import fcntl
 import importlib.util
 import os
+import shutil
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -94,7 +96,10 @@ def compile_once_for_the_workers(config) -> None:
 
 
 def pytest_unconfigure(config):
-    """This worker's entry goes (support/browser.py: register_worker): its pid may be reused."""
+    """This worker's entry goes (support/browser.py: register_worker): its pid may be reused;
+    the run's run files go with the run."""
+    if getattr(config, "_run_files", None):
+        shutil.rmtree(config._run_files, ignore_errors=True)
     folder = os.environ.get("PAKV_TEST_SERVERS")
     if folder and hasattr(config, "workerinput"):
         with contextlib.suppress(FileNotFoundError):
@@ -104,6 +109,14 @@ def pytest_unconfigure(config):
 
 def pytest_configure(config):
     compile_once_for_the_workers(config)
+    if not hasattr(config, "workerinput"):
+        # One folder of run files (store/run_files.py) for the whole run, made here before the
+        # workers start so every worker and every server they start reads and writes it: a run
+        # one process recorded is played by the others, not recorded again. Fresh each run, so
+        # no test sees a run from before; the servers whose warm-up is timed turn it off
+        # (support/browser.py: streamlit_server).
+        config._run_files = tempfile.mkdtemp(prefix="pkv-run-files-")
+        os.environ["PAGED_KV_LAB_RUN_FILES"] = config._run_files
     if xdist_workers() > 1:
         import torch
 

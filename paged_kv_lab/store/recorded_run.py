@@ -18,15 +18,27 @@ from paged_kv_lab.store.server_cache import estimate_nbytes
 if TYPE_CHECKING:
     from paged_kv_lab.store.run_store import RunStore
 
-__all__ = ["RecordedRun", "estimate_nbytes", "run_key"]
+__all__ = ["RecordedRun", "estimate_nbytes", "model_key", "run_key"]
 
 
 # -- names -----------------------------------------------------------------------------------
+def model_key(name: str, model: Any, device: Any = None) -> tuple[str, str, str]:
+    """What names a loaded model in a run's key: its name, the device it is on and its dtype
+    ("cpu", "float32"), the same in the app and in scripts and tests, so their runs are shared."""
+    dtype = str(getattr(model, "dtype", "float32")).replace("torch.", "")
+    return (name, str(getattr(model, "device", device)), dtype)
+
+
 def run_key(model_key: Any, scenario: Scenario) -> str:
-    """A stable key: the same model, device, dtype and scenario give the same key in any process."""
+    """A stable key: the same model, device, dtype and scenario give the same key in any process.
+    The scenario's own ``model`` and ``device`` are left out: the loaded model ``model_key`` names
+    is what runs (a scenario asking for "auto" and one asking for "cpu" run alike on it)."""
+    d = scenario_to_dict(scenario)
+    d.pop("model", None)
+    d.pop("device", None)
     doc = {
         "model": list(model_key) if isinstance(model_key, tuple) else model_key,
-        "scenario": scenario_to_dict(scenario),
+        "scenario": d,
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True, ensure_ascii=False).encode()).hexdigest()[
         :32

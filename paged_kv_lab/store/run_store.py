@@ -29,8 +29,9 @@ from paged_kv_lab.run.budget import (
     check_steps,
     prompt_encoder,
 )
-from paged_kv_lab.run.scenario import Scenario, load_scenario
+from paged_kv_lab.run.scenario import Scenario, load_scenario, scenario_to_dict
 from paged_kv_lab.store.recorded_run import RecordedRun, estimate_nbytes, run_key
+from paged_kv_lab.store.run_files import RunFiles, run_files_from_env
 from paged_kv_lab.store.server_cache import (
     DEFAULT_BYTES,
     ENV_BYTES,
@@ -104,6 +105,7 @@ class RunStore:
         background_max_wait: Optional[float] = None,
         cache: Optional[ServerCache] = None,
         visitors: Optional[Visitors] = None,
+        files: Optional[RunFiles] = None,
     ) -> None:
         env = os.environ
         if background_pause is None:
@@ -141,6 +143,8 @@ class RunStore:
         self._background_since: Optional[float] = None
         self._worker: Optional[threading.Thread] = None
         self._closed = False
+        # finished runs on disk (store/run_files.py), shared with other processes of this code
+        self.files = files
         _OPEN_STORES.add(self)
 
     @property
@@ -180,6 +184,10 @@ class RunStore:
                     # a visitor's file names no folder of this server for the engine to read
                     raise BudgetError(Text("refusal.lora_modules"))
                 check_scenario(scenario, checked, config, prompt_encoder(model))
+            kept = self._kept_run(key, scenario, model)
+            if kept is not None:
+                return kept
+            with self.lock:
                 engine = factory(scenario)
                 initial = engine.snapshot()
                 self._drain(engine)
@@ -204,6 +212,39 @@ class RunStore:
             return run
 
         return self._kind.get(key, make)
+
+    def _kept_run(self, key: str, scenario: Scenario, model: Any) -> Optional[RecordedRun]:
+        """The finished run of ``key`` from the run files, if this code wrote one that fits the
+        store's step cap (its budget checks passed already), else None."""
+        if self.files is None or key.startswith("private:"):
+            return None
+        trace = self.files.load(key)
+        if trace is None or len(trace.records) > self.max_steps:
+            return None
+        return RecordedRun(
+            key,
+            scenario,
+            trace.initial,
+            store=self,
+            records=trace.records,
+            done=True,
+            outputs=trace.outputs,
+            decode=decoder_for(model),
+        )
+
+    def _keep(self, run: RecordedRun) -> None:
+        """Write a run that reached its end with no error to the run files (outside the store's
+        condition: a file is written and read back, which sessions need not wait for)."""
+        if self.files is None or run.key.startswith("private:") or run.scenario is None:
+            return
+        if run.error is not None or run.initial is None or run.outputs() is None:
+            return
+        try:
+            self.files.save(
+                run.key, scenario_to_dict(run.scenario), run.initial, run.records, run.outputs()
+            )
+        except Exception:  # a disk that refuses costs a later recomputation, nothing else
+            pass
 
     def trace_run(self, trace) -> RecordedRun:
         """A trace file as a finished run (nothing computed); identical files share one."""
@@ -408,6 +449,8 @@ class RunStore:
                 )
             self.cache.evict()  # over the hard limit the growing run itself may have to stop
             self.cond.notify_all()
+        if finished:
+            self._keep(run)
 
 
 _STORE: Optional[RunStore] = None
@@ -427,9 +470,10 @@ def _close_open_stores() -> None:
 
 def default_store() -> RunStore:
     """The process-wide store, in the process-wide cache (runs/server_cache.py: default_cache;
-    its budget from the environment at first use)."""
+    its budget from the environment at first use), with the run files of this code
+    (store/run_files.py: finished runs other processes computed are played, not computed again)."""
     global _STORE
     with _STORE_LOCK:
         if _STORE is None:
-            _STORE = RunStore(cache=default_cache())
+            _STORE = RunStore(cache=default_cache(), files=run_files_from_env())
         return _STORE

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 from paged_kv_lab.recording.snapshot import Snapshot, StepRecord
 from paged_kv_lab.run.trace_file import Trace
-from paged_kv_lab.store.recorded_run import RecordedRun
+from paged_kv_lab.store.recorded_run import RecordedRun, model_key
 from paged_kv_lab.store.run_store import RunStore, default_store
 
 EngineFactory = Callable[[Any], Any]  # Scenario -> Engine
@@ -40,8 +40,14 @@ class Timeline:
     computing it while this Timeline lives; a live run is computed ahead up to its end or cap.
     """
 
-    def __init__(self, run: RecordedRun, cursor: int = 0, ahead: bool = True) -> None:
+    def __init__(
+        self, run: RecordedRun, cursor: int = 0, ahead: bool = True, scenario: Any = None
+    ) -> None:
         self.run = run
+        # the scenario this cursor's session asked with: a run is shared by every scenario that
+        # differs from it only in the names it gives the model and device (store/recorded_run.py:
+        # run_key), and each session is shown its own
+        self._scenario = scenario
         self.first = 0 if run.initial is not None else 1
         if self.first > len(run.records) and run.done:
             raise ValueError("a timeline without the state before step 1 needs a step record")
@@ -55,7 +61,7 @@ class Timeline:
     # -- reading ---------------------------------------------------------
     @property
     def scenario(self):
-        return self.run.scenario
+        return self._scenario if self._scenario is not None else self.run.scenario
 
     @property
     def initial(self) -> Snapshot | None:
@@ -198,7 +204,9 @@ class LabRun(Timeline):
             model_key,
         )
         super().__init__(
-            self._store.run(scenario, factory, model_key=model_key, model=model), cursor
+            self._store.run(scenario, factory, model_key=model_key, model=model),
+            cursor,
+            scenario=scenario,
         )
 
     def replace_scenario(self, scenario, keep_step: bool = True) -> None:
@@ -275,7 +283,7 @@ def lesson_run(
     loaded_model = played_model(lesson, loaded_model)
 
     scenario = lesson_scenario(lesson, loaded_model.num_layers, overrides, loaded_model.name)
-    key = (loaded_model.name, str(loaded_model.device), str(loaded_model.dtype))
+    key = model_key(loaded_model.name, loaded_model)
     return LabRun(
         scenario,
         lambda s: engine_for(s, model=loaded_model),

@@ -29,6 +29,7 @@ from paged_kv_lab.run.scenario import (
     load_scenario,
     scenario_to_dict,
 )
+from paged_kv_lab.store import recorded_run
 from paged_kv_lab.store.run_store import default_store
 from paged_kv_lab.store.timeline import Timeline
 from paged_kv_lab.text.i18n import Text, languages, said, tr
@@ -94,8 +95,7 @@ def locked(fn, *args, **kwargs):
 
 
 def model_key(ms: ModelState) -> tuple[str, str, str]:
-    dtype = str(getattr(ms.model, "dtype", "float32")).replace("torch.", "")
-    return (ms.name, str(getattr(ms.model, "device", ms.device)), dtype)
+    return recorded_run.model_key(ms.name, ms.model, ms.device)
 
 
 def open_run(scenario: Scenario, ms: ModelState, step: int = 0) -> Timeline:
@@ -104,7 +104,9 @@ def open_run(scenario: Scenario, ms: ModelState, step: int = 0) -> Timeline:
     run = default_store().run(
         scenario, make_factory(ms), model_key=model_key(ms), model=ms.model, limits=app_limits()
     )
-    return Timeline(run, cursor=min(int(step), run.recorded() if run.done else 1 << 30))
+    return Timeline(
+        run, cursor=min(int(step), run.recorded() if run.done else 1 << 30), scenario=scenario
+    )
 
 
 def new_run(state: LessonState, lesson: Lesson, ms: ModelState, step: int = 0) -> None:

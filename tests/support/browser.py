@@ -57,6 +57,10 @@ def streamlit_server(model: str, warm_up: bool = False):
         "PAGED_KV_LAB_DEVICE": "cpu",
         "PAGED_KV_LAB_WARM_UP": "1" if warm_up else "0",
     }
+    if warm_up:
+        # a warm-up that is timed records its runs itself: runs other processes kept on disk
+        # (store/run_files.py) would end it before the tests could visit during it
+        env["PAGED_KV_LAB_RUN_FILES"] = "off"
     # the server's log goes to a file: an undrained pipe fills up and then blocks the server
     log = tempfile.TemporaryFile()
     proc = subprocess.Popen(
