@@ -20,7 +20,7 @@ import streamlit as st
 
 from paged_kv_lab.player.pool_payload import pool_asset, pool_css, pool_module_js, pool_payload
 from paged_kv_lab.run.budget import BudgetError
-from paged_kv_lab.store.server_cache import Shared
+from paged_kv_lab.store.server_cache import Shared, collector_paused
 from paged_kv_lab.text.i18n import Text, said, tr
 from paged_kv_lab.ui import class_panel as classroom
 from paged_kv_lab.ui.lesson_page import current_lang
@@ -100,7 +100,7 @@ WINDOWS: Shared[Window] = Shared("moment windows", keep=8, measure_later=True)
 # A click opens the player on a glimpse first: the step, GLIMPSE[0] steps before it and
 # GLIMPSE[1] after, each frame as the whole window has it, recorded in a fraction of the time;
 # the whole window replaces it once recorded, the player staying at its step
-GLIMPSE = (2, 8)
+GLIMPSE = (2, 4)
 WINDOW_POLL_S = 0.5  # how often the page looks whether the whole window is ready
 
 
@@ -112,7 +112,28 @@ def shared_run(trace_key: str, trace: Trace, settings: Settings, limits) -> Work
 
 def fill_ahead(trace_key: str, run: WorkloadRun) -> None:
     """Fill the run's checkpoints in the background (once per replay, for every session)."""
-    FILLED.start((trace_key, run.settings), lambda: fill_checkpoints(run))
+    FILLED.start((trace_key, run.settings), lambda: filled_and_warm(run))
+
+
+def filled_and_warm(run: WorkloadRun) -> int:
+    """``fill_checkpoints``, then one moment's glimpse recorded and encoded, unshown: the first
+    moment a visitor opens then costs what any later one does (in a fresh process the first
+    took some 0.2 s more: the code and words it reads the first time). The bytes added."""
+    added = fill_checkpoints(run)
+    try:
+        w = record_window(
+            run.trace,
+            run.settings,
+            max(1, run.result.steps // 2),
+            page_trace_limits(),
+            checkpoints=run.checkpoints,
+            show_before=GLIMPSE[0],
+            show_after=GLIMPSE[1],
+        )
+    except (BudgetError, ReplayError, ValueError):  # the moment the visitor opens will say why
+        return added
+    pool_payload(w.frames, num_gpu_blocks=w.num_gpu_blocks, block_size=w.block_size, start=w.start)
+    return added
 
 
 def first_slice(limits) -> tuple[str, Trace, Settings]:
@@ -131,7 +152,7 @@ def prepare_first_slice() -> None:
     except (BudgetError, TraceError):
         return
     run = shared_run(key, trace, settings, limits)
-    FILLED.get((key, settings), lambda: fill_checkpoints(run))
+    FILLED.get((key, settings), lambda: filled_and_warm(run))
 
 
 # -- actions (plain functions: the page's buttons and the tests call them) -------------------------
@@ -729,11 +750,14 @@ def show_sweep(state: WorkloadsState, lang: str) -> None:
 @st.fragment
 def show_moment(state: WorkloadsState, lang: str) -> None:
     """The section that steps into a moment, and the player: a fragment, so that a click there
-    reruns only this part of the page (the figures and charts above it are not sent again)."""
-    complete_window(state, lang)
-    show_step_into(state, lang)
-    if state.window is not None:
-        pool_player(state, lang)
+    reruns only this part of the page (the figures and charts above it are not sent again). A
+    moment opened here is a burst of allocation (a checkpoint unpickled, steps recorded, the
+    frames encoded and sent): the garbage collector waits for its end (``collector_paused``)."""
+    with collector_paused():
+        complete_window(state, lang)
+        show_step_into(state, lang)
+        if state.window is not None:
+            pool_player(state, lang)
 
 
 def show_step_into(state: WorkloadsState, lang: str) -> None:
