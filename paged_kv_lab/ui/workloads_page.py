@@ -101,6 +101,10 @@ WINDOWS: Shared[Window] = Shared("moment windows", keep=8, measure_later=True)
 # GLIMPSE[1] after, each frame as the whole window has it, recorded in a fraction of the time;
 # the whole window replaces it once recorded, the player staying at its step
 GLIMPSE = (2, 4)
+# (trace key, settings, step) -> that moment's glimpse: recorded when a click asks for it, or
+# ahead, once a step is entered in the "open at step" field or a request picked (the learner
+# then clicks the button: the glimpse is ready or under way, and no session records it twice)
+GLIMPSES: Shared[Window] = Shared("moment glimpses", keep=8, measure_later=True)
 WINDOW_POLL_S = 0.5  # how often the page looks whether the whole window is ready
 
 
@@ -266,15 +270,7 @@ def open_moment(
     except (BudgetError, ReplayError, ValueError):  # its recording failed: the glimpse says why
         whole = None
     try:
-        state.window = whole or record_window(
-            run.trace,
-            run.settings,
-            step,
-            page_trace_limits(),
-            checkpoints=run.checkpoints,
-            show_before=GLIMPSE[0],
-            show_after=GLIMPSE[1],
-        )
+        state.window = whole or GLIMPSES.get(key, lambda: _record_glimpse(run, step))
     except (BudgetError, ReplayError, ValueError) as e:
         state.error = tr("workloads.bad_replay", lang, error=said(e, lang))
         return state.error
@@ -290,6 +286,35 @@ def _window_token(state: WorkloadsState, step: int, extent: str) -> str:
     run = state.run
     text = f"{state.trace_key}|{run.settings}|{step}|{state.goto_seq}|{extent}"
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _record_glimpse(run: WorkloadRun, step: int) -> Window:
+    with collector_paused():  # a burst of allocation a visitor waits for
+        return record_window(
+            run.trace,
+            run.settings,
+            step,
+            page_trace_limits(),
+            checkpoints=run.checkpoints,
+            show_before=GLIMPSE[0],
+            show_after=GLIMPSE[1],
+        )
+
+
+def glimpse_ahead(state: WorkloadsState, step: Optional[int]) -> None:
+    """Record the glimpse of ``step`` in the background (``GLIMPSES``) when it is not the step
+    this session last asked ahead for: the learner entered it, and opens it next."""
+    run = state.run
+    if run is None or step is None:
+        return
+    step = max(1, min(int(step), run.result.steps))
+    if st.session_state.get(f"{KEY}:ahead") == step:
+        return
+    st.session_state[f"{KEY}:ahead"] = step
+    key = (state.trace_key, run.settings, step)
+    if WINDOWS.ready(key):
+        return
+    GLIMPSES.start(key, lambda: _record_glimpse(run, step))
 
 
 def _record_whole(run: WorkloadRun, step: int) -> Window:
@@ -771,13 +796,24 @@ def show_step_into(state: WorkloadsState, lang: str) -> None:
         max(1, run.result.steps),
         key=f"at:{KEY}",
     )
-    if c1.button(tr("workloads.open_here", lang), key=f"open:{KEY}"):
+    opened = c1.button(tr("workloads.open_here", lang), key=f"open:{KEY}")
+    if opened:
         open_moment(state, int(at), lang)
     ids = [p.request_id for p in run.result.per_request if p.admitted_step >= 0]
     rid = c2.selectbox(tr("workloads.pick_request", lang), ids, key=f"req:{KEY}")
     if c2.button(tr("workloads.open_request", lang), key=f"openreq:{KEY}") and rid is not None:
         step = admission_step(run, rid) or 1
         open_moment(state, step, lang, request=rid)
+    elif not opened:
+        # the step entered (or the picked request's admission, when it changed) is opened next
+        picked = st.session_state.get(f"{KEY}:picked")
+        st.session_state[f"{KEY}:picked"] = rid
+        if rid is not None and picked is not None and rid != picked:
+            glimpse_ahead(state, admission_step(run, rid) or 1)
+        elif f"{KEY}:ahead" in st.session_state:
+            glimpse_ahead(state, int(at))
+        else:  # the page's first drawing: nothing asked yet, the default step is not recorded
+            st.session_state[f"{KEY}:ahead"] = int(at)
     if state.error:  # the page's top is not drawn again in this fragment's rerun
         st.error(state.error)
         state.error = None
