@@ -371,9 +371,7 @@ def pool_player(state: WorkloadsState, lang: str) -> None:
     data["goto"] = {"seq": state.goto_seq, "index": w.start, "request": follow}
     teaching = classroom.teaching(KEY)
     data["room"] = classroom.room_cfg(teaching, state.window_token, lang)
-    pool_component()(
-        key=f"pool:{KEY}", data=data, default={"have": None}, on_have_change=_noop, height="content"
-    )
+    mount_pool(data)
     key = state.window_key
     if key is not None:
         if have.get("run") == token:  # the browser shows the glimpse: now the whole window
@@ -783,6 +781,16 @@ def show_moment(state: WorkloadsState, lang: str) -> None:
         show_step_into(state, lang)
         if state.window is not None:
             pool_player(state, lang)
+        else:
+            # the player mounted empty (hidden until it has a step: pool.css), so the browser
+            # loads its script and builds it before the first moment, not after that click
+            mount_pool(data={"run": None})
+
+
+def mount_pool(data: dict) -> None:
+    pool_component()(
+        key=f"pool:{KEY}", data=data, default={"have": None}, on_have_change=_noop, height="content"
+    )
 
 
 def show_step_into(state: WorkloadsState, lang: str) -> None:
