@@ -20,7 +20,7 @@ import streamlit as st
 
 from paged_kv_lab.player.pool_payload import pool_asset, pool_css, pool_module_js, pool_payload
 from paged_kv_lab.run.budget import BudgetError
-from paged_kv_lab.store.server_cache import Shared
+from paged_kv_lab.store.server_cache import Shared, collector_paused
 from paged_kv_lab.text.i18n import Text, said, tr
 from paged_kv_lab.ui import class_panel as classroom
 from paged_kv_lab.ui.lesson_page import current_lang
@@ -101,7 +101,11 @@ WINDOWS: Shared[Window] = Shared("moment windows", keep=8, measure_later=True)
 # A click opens the player on a glimpse first: the step, GLIMPSE[0] steps before it and
 # GLIMPSE[1] after, each frame as the whole window has it, recorded in a fraction of the time;
 # the whole window replaces it once recorded, the player staying at its step
-GLIMPSE = (2, 8)
+GLIMPSE = (2, 4)
+# (trace key, settings, step) -> that moment's glimpse: recorded when a click asks for it, or
+# ahead, once a step is entered in the "open at step" field or a request picked (the learner
+# then clicks the button: the glimpse is ready or under way, and no session records it twice)
+GLIMPSES: Shared[Window] = Shared("moment glimpses", keep=8, measure_later=True)
 WINDOW_POLL_S = 0.5  # how often the page looks whether the whole window is ready
 
 
@@ -113,7 +117,28 @@ def shared_run(trace_key: str, trace: Trace, settings: Settings, limits) -> Work
 
 def fill_ahead(trace_key: str, run: WorkloadRun) -> None:
     """Fill the run's checkpoints in the background (once per replay, for every session)."""
-    FILLED.start((trace_key, run.settings), lambda: fill_checkpoints(run))
+    FILLED.start((trace_key, run.settings), lambda: filled_and_warm(run))
+
+
+def filled_and_warm(run: WorkloadRun) -> int:
+    """``fill_checkpoints``, then one moment's glimpse recorded and encoded, unshown: the first
+    moment a visitor opens then costs what any later one does (in a fresh process the first
+    took some 0.2 s more: the code and words it reads the first time). The bytes added."""
+    added = fill_checkpoints(run)
+    try:
+        w = record_window(
+            run.trace,
+            run.settings,
+            max(1, run.result.steps // 2),
+            page_trace_limits(),
+            checkpoints=run.checkpoints,
+            show_before=GLIMPSE[0],
+            show_after=GLIMPSE[1],
+        )
+    except (BudgetError, ReplayError, ValueError):  # the moment the visitor opens will say why
+        return added
+    pool_payload(w.frames, num_gpu_blocks=w.num_gpu_blocks, block_size=w.block_size, start=w.start)
+    return added
 
 
 def first_slice(limits) -> tuple[str, Trace, Settings]:
@@ -132,7 +157,7 @@ def prepare_first_slice() -> None:
     except (BudgetError, TraceError):
         return
     run = shared_run(key, trace, settings, limits)
-    FILLED.get((key, settings), lambda: fill_checkpoints(run))
+    FILLED.get((key, settings), lambda: filled_and_warm(run))
 
 
 # -- actions (plain functions: the page's buttons and the tests call them) -------------------------
@@ -242,15 +267,7 @@ def open_moment(
     except (BudgetError, ReplayError, ValueError):  # its recording failed: the glimpse says why
         whole = None
     try:
-        state.window = whole or record_window(
-            run.trace,
-            run.settings,
-            step,
-            page_trace_limits(),
-            checkpoints=run.checkpoints,
-            show_before=GLIMPSE[0],
-            show_after=GLIMPSE[1],
-        )
+        state.window = whole or GLIMPSES.get(key, lambda: _record_glimpse(run, step))
     except (BudgetError, ReplayError, ValueError) as e:
         state.error = tr("workloads.bad_replay", lang, error=said(e, lang))
         return state.error
@@ -266,6 +283,35 @@ def _window_token(state: WorkloadsState, step: int, extent: str) -> str:
     run = state.run
     text = f"{state.trace_key}|{run.settings}|{step}|{state.goto_seq}|{extent}"
     return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _record_glimpse(run: WorkloadRun, step: int) -> Window:
+    with collector_paused():  # a burst of allocation a visitor waits for
+        return record_window(
+            run.trace,
+            run.settings,
+            step,
+            page_trace_limits(),
+            checkpoints=run.checkpoints,
+            show_before=GLIMPSE[0],
+            show_after=GLIMPSE[1],
+        )
+
+
+def glimpse_ahead(state: WorkloadsState, step: Optional[int]) -> None:
+    """Record the glimpse of ``step`` in the background (``GLIMPSES``) when it is not the step
+    this session last asked ahead for: the learner entered it, and opens it next."""
+    run = state.run
+    if run is None or step is None:
+        return
+    step = max(1, min(int(step), run.result.steps))
+    if st.session_state.get(f"{KEY}:ahead") == step:
+        return
+    st.session_state[f"{KEY}:ahead"] = step
+    key = (state.trace_key, run.settings, step)
+    if WINDOWS.ready(key):
+        return
+    GLIMPSES.start(key, lambda: _record_glimpse(run, step))
 
 
 def _record_whole(run: WorkloadRun, step: int) -> Window:
@@ -324,9 +370,7 @@ def pool_player(state: WorkloadsState, lang: str) -> None:
     data["goto"] = {"seq": state.goto_seq, "index": w.start, "request": follow}
     teaching = classroom.teaching(KEY)
     data["room"] = classroom.room_cfg(teaching, state.window_token, lang)
-    pool_component()(
-        key=f"pool:{KEY}", data=data, default={"have": None}, on_have_change=_noop, height="content"
-    )
+    mount_pool(data)
     key = state.window_key
     if key is not None:
         if have.get("run") == token:  # the browser shows the glimpse: now the whole window
@@ -769,11 +813,24 @@ def show_sweep(state: WorkloadsState, lang: str) -> None:
 @st.fragment
 def show_moment(state: WorkloadsState, lang: str) -> None:
     """The section that steps into a moment, and the player: a fragment, so that a click there
-    reruns only this part of the page (the figures and charts above it are not sent again)."""
-    complete_window(state, lang)
-    show_step_into(state, lang)
-    if state.window is not None:
-        pool_player(state, lang)
+    reruns only this part of the page (the figures and charts above it are not sent again). A
+    moment opened here is a burst of allocation (a checkpoint unpickled, steps recorded, the
+    frames encoded and sent): the garbage collector waits for its end (``collector_paused``)."""
+    with collector_paused():
+        complete_window(state, lang)
+        show_step_into(state, lang)
+        if state.window is not None:
+            pool_player(state, lang)
+        else:
+            # the player mounted empty (hidden until it has a step: pool.css), so the browser
+            # loads its script and builds it before the first moment, not after that click
+            mount_pool(data={"run": None})
+
+
+def mount_pool(data: dict) -> None:
+    pool_component()(
+        key=f"pool:{KEY}", data=data, default={"have": None}, on_have_change=_noop, height="content"
+    )
 
 
 def show_step_into(state: WorkloadsState, lang: str) -> None:
@@ -787,13 +844,24 @@ def show_step_into(state: WorkloadsState, lang: str) -> None:
         max(1, run.result.steps),
         key=f"at:{KEY}",
     )
-    if c1.button(tr("workloads.open_here", lang), key=f"open:{KEY}"):
+    opened = c1.button(tr("workloads.open_here", lang), key=f"open:{KEY}")
+    if opened:
         open_moment(state, int(at), lang)
     ids = [p.request_id for p in run.result.per_request if p.admitted_step >= 0]
     rid = c2.selectbox(tr("workloads.pick_request", lang), ids, key=f"req:{KEY}")
     if c2.button(tr("workloads.open_request", lang), key=f"openreq:{KEY}") and rid is not None:
         step = admission_step(run, rid) or 1
         open_moment(state, step, lang, request=rid)
+    elif not opened:
+        # the step entered (or the picked request's admission, when it changed) is opened next
+        picked = st.session_state.get(f"{KEY}:picked")
+        st.session_state[f"{KEY}:picked"] = rid
+        if rid is not None and picked is not None and rid != picked:
+            glimpse_ahead(state, admission_step(run, rid) or 1)
+        elif f"{KEY}:ahead" in st.session_state:
+            glimpse_ahead(state, int(at))
+        else:  # the page's first drawing: nothing asked yet, the default step is not recorded
+            st.session_state[f"{KEY}:ahead"] = int(at)
     if state.error:  # the page's top is not drawn again in this fragment's rerun
         st.error(state.error)
         state.error = None

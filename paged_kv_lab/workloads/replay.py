@@ -936,7 +936,9 @@ class Checkpoints:
     most ``max_bytes`` (compressed): past it every other one goes and ``every_s`` doubles. What a
     resumed replay does next is what the replay it was taken from did (tests/lab/
     test_workloads_frames.py); only the observer and the step hooks are not in it, and its
-    block hasher starts with an empty memo (tokens.SharedBlockHasher).
+    block hasher reads and fills the memo of the first replay checkpointed here
+    (tokens.SharedBlockHasher.share_memo), so the prompts that arrive while it runs are hashed
+    once for all of them.
 
     Invariant: ``steps`` grows, each checkpoint's ``step_count`` is its entry there."""
 
@@ -950,6 +952,7 @@ class Checkpoints:
         self._wait = every_s
         self._trace: Optional[Trace] = None
         self._settings: Optional[ReplaySettings] = None
+        self._hasher: Optional[SharedBlockHasher] = None  # whose memo the resumed replays share
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -976,6 +979,8 @@ class Checkpoints:
             self._trace, self._settings = replay.trace, replay.settings
         if replay.trace is not self._trace or replay.settings != self._settings:
             raise ReplayError("checkpoints hold one replay's steps")
+        if self._hasher is None:
+            self._hasher = replay.hasher
         if self.steps and replay.step_count <= self.steps[-1]:
             return
         data = self._pack(replay)
@@ -1031,6 +1036,10 @@ class Checkpoints:
             r = self.resume(trace, settings, a) if a > 0 else None
             if r is None:
                 r = Replay(self._trace, settings)
+                if self._hasher is None:
+                    self._hasher = r.hasher
+                elif r.hasher is not None:
+                    r.hasher.share_memo(self._hasher)
             while r.step_count + every_steps < b and not r.done:
                 r.advance(until_step=r.step_count + every_steps)
                 data = self._pack(r)
@@ -1063,6 +1072,8 @@ class Checkpoints:
         r = pickle.loads(zlib.decompress(data))
         r.trace = self._trace
         r._wall = 0.0
+        if r.hasher is not None and self._hasher is not None:
+            r.hasher.share_memo(self._hasher)
         return r
 
 

@@ -72,6 +72,18 @@ class SharedBlockHasher(RequestBlockHasher):
         """A copy (a replay's checkpoint) starts with an empty memo: it holds no state."""
         return {**self.__dict__, "_memo": {}}
 
+    def share_memo(self, other: "SharedBlockHasher") -> None:
+        """Read and fill ``other``'s memo from now on (a replay resumed from a checkpoint: the
+        one it was taken from made the hashes of the requests it is about to meet). The memo is
+        a function of (parent, value) under one hash function and block size; a hasher with
+        another keeps its own."""
+        if (other.hash_fn, other.block_size, other.none_hash) == (
+            self.hash_fn,
+            self.block_size,
+            self.none_hash,
+        ):
+            self._memo = other._memo
+
     def new_block_hashes(
         self,
         block_hashes: Sequence[bytes],

@@ -176,6 +176,33 @@ def test_a_moment_opens_the_player_on_a_glimpse_then_on_its_whole_window(page, i
     assert page.session_state[KEY].window_key is None
 
 
+def test_a_step_entered_or_a_request_picked_has_its_glimpse_recorded_ahead(page, independent):
+    """Entering a step in the "open at step" field records its glimpse in the background
+    (``GLIMPSES``), before the learner clicks; the click then opens that glimpse, as an
+    independent recording gives it. Picking a request does the same for its admission step."""
+    from paged_kv_lab.ui import workloads_page as wp
+    from paged_kv_lab.workloads.page_data import admission_step
+
+    trace, run = independent
+    state = page.session_state[KEY]
+    page.number_input(key=f"at:{KEY}").set_value(421).run()
+    key = (state.trace_key, state.run.settings, 421)
+    ahead = wp.GLIMPSES.wait(key, 120)
+    assert ahead is not None, "the glimpse of the step entered is recorded ahead"
+    page.button(key=f"open:{KEY}").click().run()
+    assert page.session_state[KEY].window is ahead
+    before, after = wp.GLIMPSE
+    g = record_window(
+        trace, Settings(), 421, page_trace_limits(), show_before=before, show_after=after
+    )
+    assert pool_data(page)["frames"] == json.loads(json.dumps(encode_frames(g.frames)))
+    # a request picked: the glimpse of the step it was admitted at
+    rid = next(p.request_id for p in run.result.per_request if p.admitted_step > 600)
+    page.selectbox(key=f"req:{KEY}").set_value(rid).run()
+    step = admission_step(state.run, rid)
+    assert wp.GLIMPSES.wait((state.trace_key, state.run.settings, step), 120) is not None
+
+
 def test_why_tells_a_requests_hit(page, independent):
     trace, run = independent
     hit = next(p for p in run.result.per_request if p.hit_tokens > 0)

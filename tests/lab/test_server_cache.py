@@ -257,3 +257,36 @@ def test_runs_replays_and_fleets_are_stored_in_the_process_cache_with_their_size
     key = ("test:server_cache", settings, 2, "prefix")
     assert fleet_workloads.FLEETS.nbytes(key) == estimate_nbytes(fleet)
     assert {"runs", "workloads", "fleet workloads"} <= set(default_cache().kinds())
+
+
+def test_the_collector_pauses_until_the_last_thread_leaves():
+    """``collector_paused``: the cyclic collector is off while any thread is inside such a block,
+    on again when the last one leaves (two threads overlapping), and stays off if it was off."""
+    import gc
+
+    from paged_kv_lab.store.server_cache import collector_paused
+
+    assert gc.isenabled()
+    inside, leave = threading.Event(), threading.Event()
+
+    def other() -> None:
+        with collector_paused():
+            inside.set()
+            leave.wait(10)
+
+    t = threading.Thread(target=other)
+    with collector_paused():
+        assert not gc.isenabled()
+        t.start()
+        assert inside.wait(10)
+    assert not gc.isenabled()  # the other thread is still inside
+    leave.set()
+    t.join(10)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collector_paused():
+            pass
+        assert not gc.isenabled()  # off before: off after
+    finally:
+        gc.enable()

@@ -385,3 +385,33 @@ def test_one_block_size_sends_no_groups(trace):
         )
         assert "groups" not in p["head"] and not any("bg" in f for f in p["frames"])
         assert p == pool_payload(w.frames, num_gpu_blocks=blocks, block_size=16)
+
+
+def test_resumed_replays_share_the_memo_of_the_replay_checkpointed(trace):
+    """A replay resumed from a checkpoint hashes the prompts that arrive with the memo of the
+    replay the checkpoints were taken from (filled by it, and by every resumed one): the same
+    hashes, computed once; the window it records is the window replayed from step 0."""
+    from paged_kv_lab.workloads.replay import Checkpoints
+
+    s = Settings(block_size=16, num_gpu_blocks=4000, arrival="timestamps")
+    settings = s.replay_settings(trace)
+    r = Replay(trace, settings)
+    r.advance(until_step=100)
+    cp = Checkpoints()
+    cp.take(r)
+    r.advance(until_step=400)  # the memo now holds the prompts that arrived up to step 400
+    memo = dict(r.hasher._memo)
+    back = cp.resume(trace, settings, 100)
+    assert back.hasher is not r.hasher and back.hasher._memo is r.hasher._memo
+    back.advance(until_step=400)
+    assert r.hasher._memo == memo  # nothing it met was missing: every prompt hashed once
+    assert [q.block_hashes for q in back.requests.values()] == [
+        q.block_hashes for q in r.requests.values()
+    ]
+    limits = page_trace_limits()
+    resumed = record_window(trace, s, 300, limits, before=10, after=5, checkpoints=cp)
+    assert resumed == record_window(trace, s, 300, limits, before=10, after=5)
+    # a replay under another hash function keeps its own memo
+    other = Replay(trace, Settings(block_size=32).replay_settings(trace))
+    other.hasher.share_memo(r.hasher)
+    assert other.hasher._memo is not r.hasher._memo
