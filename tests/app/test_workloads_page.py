@@ -300,7 +300,12 @@ def test_a_sliding_window_layer_with_longer_blocks_opens_the_player_with_each_gr
     assert sizes == [16, 64]
     assert [g["block_size"] for g in data["head"]["groups"]] == sizes
     assert data["head"]["block_size"] == kvm.block_size == 64
-    g = record_window(trace, settings, 300, page_trace_limits(), show_before=2, show_after=8)
+    from paged_kv_lab.ui.workloads_page import GLIMPSE
+
+    before, after = GLIMPSE
+    g = record_window(
+        trace, settings, 300, page_trace_limits(), show_before=before, show_after=after
+    )
     assert data["frames"] == json.loads(json.dumps(encode_frames(g.frames)))
     assert all("bg" in f for f in data["frames"] if f["b"])
 
