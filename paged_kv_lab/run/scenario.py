@@ -246,9 +246,9 @@ class EngineSettings:
     # profile.py, kvcore/model/memory.py: KVCacheSizing); left out: 64, or "auto" when
     # kv_cache_memory_bytes is set
     num_gpu_blocks: Union[Annotated[StrictInt, Field(ge=2, le=INT64_MAX)], Literal["auto"]] = 64
-    # null: vLLM 0.34's default, resolved to 1.0 with the extensible KV cache and 0.92 without
-    # (kvcore/config/cache.py); the lab's default stays 0.9, which the recorded runs hold
-    gpu_memory_utilization: Optional[Utilization] = 0.9
+    # null (vLLM 0.34's default): resolved to 1.0 with the extensible KV cache and 0.92 without
+    # (kvcore/config/cache.py: resolved_gpu_memory_utilization)
+    gpu_memory_utilization: Optional[Utilization] = None
     # vLLM's CacheConfig.kv_cache_memory_bytes: the KV budget stated in bytes (then
     # gpu_memory_utilization is not used); null: derived from gpu_memory_utilization
     kv_cache_memory_bytes: OptInt = None

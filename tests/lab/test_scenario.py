@@ -392,9 +392,9 @@ def test_enable_extensible_kv_cache_is_refused_where_vllm_refuses_it():
 
 
 def test_gpu_memory_utilization_may_be_left_to_vllms_resolution():
-    """null is vLLM 0.34's default (1.0 with the extensible KV cache, 0.92 without); the lab's
-    default stays 0.9, which every recorded lesson run holds in its header."""
-    assert load_scenario({}).engine.gpu_memory_utilization == 0.9
+    """null is vLLM 0.34's default, and the lab's (1.0 with the extensible KV cache, 0.92
+    without)."""
+    assert load_scenario({}).engine.gpu_memory_utilization is None  # vLLM 0.34's default
     unset = load_scenario({"engine": {"gpu_memory_utilization": None, "num_gpu_blocks": "auto"}})
     assert unset.engine.gpu_memory_utilization is None
     assert scenario_to_dict(unset)["engine"]["gpu_memory_utilization"] is None
