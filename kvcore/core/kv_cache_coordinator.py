@@ -141,11 +141,24 @@ class KVCacheCoordinator(ABC):
         )
 
     def allocate_new_computed_blocks(
-        self, request_id: str, new_computed_blocks, num_local_computed_tokens: int
+        self,
+        request_id: str,
+        new_computed_blocks,
+        num_local_computed_tokens: int,
+        num_external_computed_tokens: int = 0,
     ) -> None:
+        """Each group's hits into its table, after the nulls for what its window skips of all
+        computed tokens (local and the connector's). vLLM 0.34 then allocates the connector's
+        blocks in a second pass over the groups (``allocate_external_computed_blocks``), after
+        every group has touched its hits; kvcore allocates them with the step's new blocks
+        (``allocate_new_blocks``), the same blocks in the same order from the free queue's head,
+        since nothing is allocated between the two."""
         for i, m in enumerate(self.single_type_managers):
             m.allocate_new_computed_blocks(
-                request_id, new_computed_blocks[i], num_local_computed_tokens
+                request_id,
+                new_computed_blocks[i],
+                num_local_computed_tokens,
+                num_external_computed_tokens,
             )
 
     def allocate_new_blocks(

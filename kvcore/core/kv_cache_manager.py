@@ -264,9 +264,11 @@ class KVCacheManager:
         if need + watermark_blocks > self.block_pool.get_num_free_blocks() - reserved_blocks:
             return None
 
-        if hits is not self.empty_kv_cache_blocks.blocks:
+        if hits is not self.empty_kv_cache_blocks.blocks or num_external_computed_tokens > 0:
+            # as vLLM 0.34: a connector's tokens alone (no local hit) also start the table, so
+            # a sliding window's blocks below its window are nulls, not allocated
             self.coordinator.allocate_new_computed_blocks(
-                request.request_id, hits, num_local_computed
+                request.request_id, hits, num_local_computed, num_external_computed_tokens
             )
         new_blocks = self.coordinator.allocate_new_blocks(
             request.request_id, num_tokens_need_slot, num_tokens_main_model

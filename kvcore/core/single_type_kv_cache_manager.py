@@ -127,15 +127,19 @@ class SingleTypeKVCacheManager(ABC):
         request_id: str,
         new_computed_blocks: Sequence[KVCacheBlock],
         num_local_computed_tokens: int,
+        num_external_computed_tokens: int = 0,
     ) -> None:
-        """Take the prefix-cache hits into the table (touching them); skipped ones become null."""
+        """Take the prefix-cache hits into the table (touching them); the blocks skipped below
+        the window of all computed tokens, the connector's included, become null (vLLM 0.34:
+        ``add_local_computed_blocks``)."""
         if request_id in self.num_cached_block:
             assert not new_computed_blocks
             return
         req_blocks = self.req_to_blocks[request_id]
         assert not req_blocks
         num_skipped_blocks = (
-            self.get_num_skipped_tokens(num_local_computed_tokens) // self.block_size
+            self.get_num_skipped_tokens(num_local_computed_tokens + num_external_computed_tokens)
+            // self.block_size
         )
         hits = list(new_computed_blocks[num_skipped_blocks:])
         if self.enable_caching and hits:

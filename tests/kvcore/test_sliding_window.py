@@ -263,3 +263,21 @@ def test_retention_interval_keeps_a_checkpoint_every_n_tokens():
     r = make_request("r", list(range(17)), BS)
     admit(kvm, r)
     assert sum(b.block_hash is not None for b in kvm.block_pool.blocks) == 8
+
+
+def test_a_connectors_tokens_alone_leave_the_blocks_below_the_window_null():
+    """An asynchronous load of 144 external tokens (no local hit) into a 64-token window of
+    16-token blocks: the 5 blocks wholly below the window are nulls and only the 4 the window
+    needs are allocated, as many as the admission check counted (vLLM 0.34.0:
+    ``add_local_computed_blocks`` pads by all computed tokens, the connector's included). Before,
+    kvcore allocated all 9 and, on a pool with 8 free, failed where vLLM admits (vLLM's own
+    ``test_cached_reservations_admit_like_on_demand_sum[sliding_window]``)."""
+    kvm = make_manager(9, 16, sliding(64))  # 8 free blocks and the null block
+    req = make_request("R", list(range(150)), 16)
+    new = kvm.allocate_slots(
+        req, 0, 0, None, num_external_computed_tokens=144, delay_cache_blocks=True
+    )
+    assert new is not None
+    (table,) = kvm.get_block_ids("R")
+    assert table[:5] == [0] * 5 and 0 not in table[5:] and len(table) == 9
+    assert kvm.block_pool.get_num_free_blocks() == 4
