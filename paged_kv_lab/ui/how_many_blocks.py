@@ -95,7 +95,7 @@ def show_how_many_blocks(model, lang: str, key: str) -> None:
     extensible = e1.selectbox(
         "enable_extensible_kv_cache",
         EXTENSIBLE_CHOICES,
-        format_func=lambda v: "None" if v is None else str(v).lower(),
+        format_func=lambda v: tr(f"hmb.extensible.{str(v).lower()}", lang),
         key=f"hmb_ext:{key}",
     )
     stated = e2.checkbox(tr("hmb.state_utilization", lang), key=f"hmb_util_on:{key}")

@@ -264,7 +264,8 @@ def test_no_markdown_mark_shows_on_any_page_or_in_an_export(fresh_server, warm, 
     for url in dict.fromkeys(links):
         go(page, url)
         settle(page)
-        if page.locator(".pkv").count():
+        # a player shown (Real workloads mounts its pool player hidden before any moment)
+        if page.locator(".pkv:visible").count():
             page.wait_for_selector(".pkv[data-total]", timeout=60_000)
         shown[url] = marks(page)
         if url.rstrip("/").endswith("/eviction"):  # its myths are open: seed 003's three there too
