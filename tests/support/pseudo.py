@@ -266,6 +266,8 @@ def play(at, steps: int = 8) -> list[str]:
     t = WIRE["step"]
     out: list[str] = []
     for el in at.get("bidi_component"):
+        if "pkv:" not in el.proto.id:
+            continue  # not a step player (Real workloads mounts its pool player ahead, empty)
         key = el.proto.id.rsplit("pkv:", 1)[-1]
         b = Browser(at, key).until_recorded(steps)
         if b.steps:
