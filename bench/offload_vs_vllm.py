@@ -144,12 +144,10 @@ def scenario(case: dict[str, Any]):
     )
 
 
-def our_run(case: dict[str, Any]) -> tuple[list[dict], list[dict]]:
-    """(the replay script, our observations), one entry per step."""
-    from paged_kv_lab.run.engine import Engine, NoModelRunner
-
-    eng = Engine(scenario(case), runner=NoModelRunner(), debug=True)
-    outs = []
+def kept_scheduler_outputs(eng) -> list:
+    """The list every step of ``eng``'s engine core appends its SchedulerOutput to, from now on
+    (the harnesses read what each step scheduled, which the Engine does not keep)."""
+    outs: list = []
     core_step = eng.engine_core.step
 
     def step():
@@ -158,6 +156,15 @@ def our_run(case: dict[str, Any]) -> tuple[list[dict], list[dict]]:
         return done
 
     eng.engine_core.step = step
+    return outs
+
+
+def our_run(case: dict[str, Any]) -> tuple[list[dict], list[dict]]:
+    """(the replay script, our observations), one entry per step."""
+    from paged_kv_lab.run.engine import Engine, NoModelRunner
+
+    eng = Engine(scenario(case), runner=NoModelRunner(), debug=True)
+    outs = kept_scheduler_outputs(eng)
     manager = eng.kv_connector.scheduler_manager
     # what the step's failed loads were, and what the scheduler did with them
     worker = eng.engine_core.kv_connector.worker_handler
@@ -828,15 +835,7 @@ def our_scheduler_run(case: dict[str, Any], max_steps: int = 500) -> dict[str, A
     # the Scheduler's decisions alone: not the lab's abort of a request no pool can ever hold
     # (vLLM leaves it waiting; docs/fidelity.md)
     eng.engine_core._abort_if_never_fits = lambda out: None
-    outs = []
-    core_step = eng.engine_core.step
-
-    def step():
-        done = core_step()
-        outs.append(done.scheduler_output)
-        return done
-
-    eng.engine_core.step = step
+    outs = kept_scheduler_outputs(eng)
     steps: list[dict] = []
     watch = StallWatch()
     gone_before: set[str] = set()

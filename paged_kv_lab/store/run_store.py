@@ -221,15 +221,19 @@ class RunStore:
         trace = self.files.load(key)
         if trace is None or len(trace.records) > self.max_steps:
             return None
+        return self._finished_run(key, scenario, trace, decode=decoder_for(model))
+
+    def _finished_run(self, key: str, scenario: Any, read, **kw: Any) -> RecordedRun:
+        """A run read whole from a trace (an uploaded file, the run files): nothing to compute."""
         return RecordedRun(
             key,
             scenario,
-            trace.initial,
+            read.initial,
             store=self,
-            records=trace.records,
+            records=read.records,
             done=True,
-            outputs=trace.outputs,
-            decode=decoder_for(model),
+            outputs=read.outputs,
+            **kw,
         )
 
     def _keep(self, run: RecordedRun) -> None:
@@ -253,16 +257,7 @@ class RunStore:
 
         def make() -> RecordedRun:
             scenario = load_scenario(trace.scenario) if trace.scenario is not None else None
-            return RecordedRun(
-                key,
-                scenario,
-                trace.initial,
-                store=self,
-                records=trace.records,
-                done=True,
-                outputs=trace.outputs,
-                trace=trace,
-            )
+            return self._finished_run(key, scenario, trace, trace=trace)
 
         return self._kind.get(key, make)
 
